@@ -1,0 +1,83 @@
+// backend.hpp: the one op interface the model and the trainer call. Every op exists on the CPU
+// (backend/cpu, the readable reference) and later on CUDA (backend/cuda), and is tested against the
+// CPU one. Conventions: activation gradients are overwritten, except where a comment says
+// "accumulated" (the residual stream); parameter gradients are always accumulated. Shapes are in
+// comments: N is the number of tokens (B*T), C the hidden size, V a vocabulary shard.
+#pragma once
+
+#include <memory>
+
+#include "core/tensor.hpp"
+
+namespace tessera {
+
+struct AdamWHyper {
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual const char* name() const = 0;
+  virtual Allocator& allocator() = 0;
+
+  virtual void zero(Tensor& t) = 0;
+
+  // out (N,C) = table[ids - row_begin], zero rows for ids outside this shard of the vocabulary.
+  virtual void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table,
+                                 int64_t row_begin) = 0;
+  // dtable (V,C) accumulated from dout (N,C); deterministic.
+  virtual void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids,
+                                  int64_t row_begin) = 0;
+  // out (B,T,C) += wpe[0:T]; dwpe accumulated with the batch sum of dout.
+  virtual void position_embedding_forward(Tensor& out, const Tensor& wpe) = 0;
+  virtual void position_embedding_backward(Tensor& dwpe, const Tensor& dout) = 0;
+
+  // out (N,C), mean and rstd (N) saved for the backward; dinp is accumulated.
+  virtual void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
+                                 const Tensor& weight, const Tensor& bias, double eps) = 0;
+  virtual void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
+                                  const Tensor& inp, const Tensor& weight, const Tensor& mean,
+                                  const Tensor& rstd) = 0;
+
+  // out (N,OC) = inp (N,IC) * weight (OC,IC)^T + bias (OC, optional).
+  virtual void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
+                              const Tensor* bias) = 0;
+  // dinp (N,IC) overwritten when given; dweight and dbias (when given) accumulated.
+  virtual void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+                               const Tensor& inp, const Tensor& weight) = 0;
+
+  // Causal attention. qkv (B,T,3*H*hd) in [3,H,hd] order, out (B,T,H*hd), lse (B,H,T) saved.
+  virtual void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads) = 0;
+  virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                  const Tensor& out, const Tensor& lse, int64_t heads) = 0;
+
+  virtual void gelu_forward(Tensor& out, const Tensor& inp) = 0;
+  // dinp = dout * gelu'(inp); dinp may be dout.
+  virtual void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
+  virtual void add(Tensor& out, const Tensor& a, const Tensor& b) = 0;
+
+  // Vocab-parallel softmax cross-entropy in three passes (see backend/cpu/cross_entropy.hpp):
+  // logits (N,V) hold columns [col_begin, col_begin+V) of the padded vocabulary, of which the
+  // first valid_cols are real tokens. targets (N) int32, < 0 means "no loss here".
+  virtual void xent_row_max(Tensor& rowmax, const Tensor& logits, int64_t valid_cols) = 0;
+  virtual void xent_row_sums(Tensor& sumexp, Tensor& target_logit, const Tensor& logits,
+                             const Tensor& rowmax, const Tensor& targets, int64_t valid_cols,
+                             int64_t col_begin) = 0;
+  // losses (N); logits overwritten with dloss/dlogits * grad_scale.
+  virtual void xent_loss_and_grad(Tensor& losses, Tensor& logits, const Tensor& rowmax,
+                                  const Tensor& sumexp, const Tensor& target_logit,
+                                  const Tensor& targets, int64_t valid_cols, int64_t col_begin,
+                                  float grad_scale) = 0;
+
+  // AdamW on one parameter range; step counts from 1.
+  virtual void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                          const AdamWHyper& h, double weight_decay, int64_t step) = 0;
+  virtual double sum_squares(const Tensor& x) = 0;
+  virtual void scale(Tensor& x, float s) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace tessera

@@ -1,0 +1,107 @@
+// attention.hpp: fused causal self-attention, flash style: scores are computed per block of query
+// rows into per-thread scratch and never stored; the forward keeps only the log-sum-exp per row.
+#pragma once
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "backend/cpu/gemm.hpp"
+
+namespace tessera::cpu {
+
+constexpr int64_t kAttnBlockRows = 64;
+
+// Scratch elements the attention functions need for sequence length Tn (both passes).
+inline int64_t attention_scratch_elems(int64_t Tn) {
+  return static_cast<int64_t>(omp_get_max_threads()) * 2 * kAttnBlockRows * Tn;
+}
+
+// qkv is (B,T,3,NH,hd) (fused projection output), out is (B,T,NH,hd), lse is (B,NH,T).
+template <typename T>
+void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t hd,
+                       T* scratch) {
+  const int64_t C = NH * hd, C3 = 3 * C;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hd)));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < B * NH; ++bh) {
+    const int64_t b = bh / NH, h = bh % NH;
+    T* S = scratch + static_cast<int64_t>(omp_get_thread_num()) * 2 * kAttnBlockRows * Tn;
+    const T* q = qkv + b * Tn * C3 + h * hd;
+    const T* k = q + C;
+    const T* v = q + 2 * C;
+    for (int64_t t0 = 0; t0 < Tn; t0 += kAttnBlockRows) {
+      const int64_t t1 = t0 + kAttnBlockRows < Tn ? t0 + kAttnBlockRows : Tn;
+      const int64_t rows = t1 - t0, cols = t1;  // keys 0..t1-1 are all a causal row here can see
+      gemm(false, true, rows, cols, hd, scale, q + t0 * C3, C3, k, C3, T(0), S, cols);
+      for (int64_t i = 0; i < rows; ++i) {
+        T* s = S + i * cols;
+        const int64_t t = t0 + i;
+        T m = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j <= t; ++j) m = s[j] > m ? s[j] : m;
+        T sum = 0;
+        for (int64_t j = 0; j <= t; ++j) {
+          s[j] = std::exp(s[j] - m);
+          sum += s[j];
+        }
+        const T inv = T(1) / sum;
+        for (int64_t j = 0; j <= t; ++j) s[j] *= inv;
+        for (int64_t j = t + 1; j < cols; ++j) s[j] = 0;
+        lse[(b * NH + h) * Tn + t] = m + std::log(sum);
+      }
+      gemm(false, false, rows, hd, cols, T(1), S, cols, v, C3, T(0), out + (b * Tn + t0) * C + h * hd,
+           C);
+    }
+  }
+}
+
+// dqkv (B,T,3,NH,hd) is overwritten; dout, out (B,T,NH,hd); lse (B,NH,T) from the forward.
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t B,
+                        int64_t Tn, int64_t NH, int64_t hd, T* scratch) {
+  const int64_t C = NH * hd, C3 = 3 * C;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hd)));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < B * NH; ++bh) {
+    const int64_t b = bh / NH, h = bh % NH;
+    T* P = scratch + static_cast<int64_t>(omp_get_thread_num()) * 2 * kAttnBlockRows * Tn;
+    T* dP = P + kAttnBlockRows * Tn;
+    const T* q = qkv + b * Tn * C3 + h * hd;
+    const T* k = q + C;
+    const T* v = q + 2 * C;
+    T* dq = dqkv + b * Tn * C3 + h * hd;
+    T* dk = dq + C;
+    T* dv = dq + 2 * C;
+    for (int64_t t = 0; t < Tn; ++t)
+      for (int64_t d = 0; d < hd; ++d) dk[t * C3 + d] = dv[t * C3 + d] = 0;
+    const T* o = out + b * Tn * C + h * hd;
+    const T* dO = dout + b * Tn * C + h * hd;
+    const T* L = lse + (b * NH + h) * Tn;
+    for (int64_t t0 = 0; t0 < Tn; t0 += kAttnBlockRows) {
+      const int64_t t1 = t0 + kAttnBlockRows < Tn ? t0 + kAttnBlockRows : Tn;
+      const int64_t rows = t1 - t0, cols = t1;
+      gemm(false, true, rows, cols, hd, scale, q + t0 * C3, C3, k, C3, T(0), P, cols);
+      gemm(false, true, rows, cols, hd, T(1), dO + t0 * C, C, v, C3, T(0), dP, cols);
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t t = t0 + i;
+        T Dt = 0;  // rowsum(dO * O)
+        for (int64_t d = 0; d < hd; ++d) Dt += dO[t * C + d] * o[t * C + d];
+        T* p = P + i * cols;
+        T* dp = dP + i * cols;
+        for (int64_t j = 0; j <= t; ++j) {
+          p[j] = std::exp(p[j] - L[t]);
+          dp[j] = p[j] * (dp[j] - Dt);  // dS
+        }
+        for (int64_t j = t + 1; j < cols; ++j) p[j] = dp[j] = 0;
+      }
+      // dQ = scale * dS K ; dK += scale * dS^T Q ; dV += P^T dO
+      gemm(false, false, rows, hd, cols, scale, dP, cols, k, C3, T(0), dq + t0 * C3, C3);
+      gemm(true, false, cols, hd, rows, scale, dP, cols, q + t0 * C3, C3, T(1), dk, C3);
+      gemm(true, false, cols, hd, rows, T(1), P, cols, dO + t0 * C, C, T(1), dv, C3);
+    }
+  }
+}
+
+}  // namespace tessera::cpu

@@ -1,0 +1,61 @@
+// config.cpp: parsing the command line and the INI config file.
+#include "core/config.hpp"
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace tessera {
+
+OptionParser::OptionParser(std::string program, std::string usage)
+    : program_(std::move(program)), usage_(std::move(usage)) {
+  auto& g = group("General");
+  g.add_options()("help,h", "print this help and exit")(
+      "config", po::value<std::string>(),
+      "INI file with the same keys as the command line (`hidden-size = 768`); the command line "
+      "overrides it");
+}
+
+po::options_description& OptionParser::group(const std::string& title) {
+  groups_.push_back(std::make_unique<po::options_description>(title, 100, 50));
+  return *groups_.back();
+}
+
+std::string OptionParser::help() const {
+  std::ostringstream os;
+  os << "Usage: " << program_ << " " << usage_ << "\n";
+  for (const auto& g : groups_) os << "\n" << *g;
+  return os.str();
+}
+
+bool OptionParser::parse(int argc, const char* const* argv) {
+  po::options_description all;
+  for (const auto& g : groups_) all.add(*g);
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).run(), vm_);
+    if (vm_.count("help")) {
+      std::cout << help();
+      return false;
+    }
+    if (vm_.count("config")) {
+      const std::string path = vm_["config"].as<std::string>();
+      std::ifstream in(path);
+      if (!in)
+        throw ConfigError("--config '" + path + "' cannot be opened; check the path");
+      try {
+        po::store(po::parse_config_file(in, all, /*allow_unregistered=*/false), vm_);
+      } catch (const po::error& e) {
+        throw ConfigError("config file '" + path + "': " + e.what() +
+                          " (keys are the command-line option names without dashes; see --help)");
+      }
+    }
+    po::notify(vm_);
+  } catch (const po::error& e) {
+    throw ConfigError(std::string(e.what()) + " (run " + program_ + " --help for the options)");
+  }
+  return true;
+}
+
+}  // namespace tessera

@@ -1,0 +1,226 @@
+// gpt.cpp: GPT-2 forward and backward on one rank's shard.
+#include "model/gpt.hpp"
+
+namespace tessera {
+
+namespace {
+// The parameters (and their gradients) of one layer, resolved once so the step does no look-ups.
+struct LayerWeights {
+  Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+};
+LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads) {
+  const std::string p = "layers." + std::to_string(l) + ".";
+  auto get = [&](const char* n) { return grads ? ps.grad(p + n) : ps.param(p + n); };
+  return {get("ln1.weight"), get("ln1.bias"), get("attn.qkv.weight"), get("attn.qkv.bias"),
+          get("attn.proj.weight"), get("attn.proj.bias"), get("ln2.weight"), get("ln2.bias"),
+          get("mlp.fc1.weight"), get("mlp.fc1.bias"), get("mlp.fc2.weight"), get("mlp.fc2.bias")};
+}
+}  // namespace
+
+GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backend,
+                   Communicator& tp)
+    : cfg_(cfg), shard_(shard), be_(backend), tp_(tp) {
+  cfg_.validate();
+  TESSERA_CHECK(tp.size() == shard.tp_size && tp.rank() == shard.tp_rank,
+                "tensor-parallel communicator does not match the model shard");
+  TESSERA_CHECK(cfg.num_attention_heads % shard.tp_size == 0 && cfg.ffn() % shard.tp_size == 0,
+                "heads and ffn width must divide by the tensor-parallel size");
+  padded_vocab_ = cfg_.padded_vocab_size(shard.tp_size);
+  vocab_local_ = padded_vocab_ / shard.tp_size;
+  vocab_begin_ = vocab_local_ * shard.tp_rank;
+  valid_cols_ = std::max<int64_t>(0, std::min<int64_t>(vocab_local_, cfg_.vocab_size - vocab_begin_));
+  heads_local_ = cfg.num_attention_heads / shard.tp_size;
+  hidden_local_ = heads_local_ * cfg.head_dim();
+  ffn_local_ = cfg.ffn() / shard.tp_size;
+  params_ = std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator());
+}
+
+void GPTModel::init_parameters(uint64_t seed) {
+  TESSERA_CHECK(be_.device() == Device::CPU, "host initialization needs the CPU backend");
+  for (const ParamSpec& s : params_->specs()) init_param(s, seed, params_->param(s).f32());
+  zero_grads();
+}
+
+void GPTModel::zero_grads() { be_.zero(params_->flat_grads()); }
+
+int64_t activation_elems(const GPTConfig& cfg, const ModelShard& shard, int B, int T) {
+  const int64_t N = int64_t(B) * T, C = cfg.hidden_size;
+  const int64_t hl = C / shard.tp_size, heads_l = cfg.num_attention_heads / shard.tp_size;
+  const int64_t fl = cfg.ffn() / shard.tp_size, vl = cfg.padded_vocab_size(shard.tp_size) / shard.tp_size;
+  const int64_t per_layer = N * C * 5 + N * 4 + N * 3 * hl + N * hl + int64_t(B) * heads_l * T + 2 * N * fl;
+  int64_t total = 2 * N /*ids, targets*/ + N * C /*input*/ + per_layer * (shard.layer_end - shard.layer_begin);
+  if (shard.has_head) total += N * C + 2 * N + N * vl + 4 * N;
+  total += 3 * N * C + N * 3 * hl + N * hl + N * fl;  // scratch
+  return total;
+}
+
+int64_t GPTModel::activation_elems(int B, int T) const {
+  return tessera::activation_elems(cfg_, shard_, B, T);
+}
+
+Activations GPTModel::make_activations(int B, int T) const {
+  TESSERA_CHECK(T <= cfg_.max_positions(), "sequence of ", T, " tokens exceeds the ",
+                cfg_.max_positions(), " positions of the model");
+  Allocator& al = be_.allocator();
+  const int64_t N = int64_t(B) * T, C = cfg_.hidden_size;
+  auto f = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };
+  Activations a;
+  a.B = B;
+  a.T = T;
+  a.ids = Tensor({B, T}, DType::I32, al);
+  a.targets = Tensor({B, T}, DType::I32, al);
+  a.input = f({B, T, C});
+  for (int l = shard_.layer_begin; l < shard_.layer_end; ++l) {
+    LayerActivations la;
+    la.ln1 = f({N, C});
+    la.ln1_mean = f({N});
+    la.ln1_rstd = f({N});
+    la.qkv = f({B, T, 3 * hidden_local_});
+    la.att = f({B, T, hidden_local_});
+    la.lse = f({B, heads_local_, T});
+    la.res1 = f({B, T, C});
+    la.ln2 = f({N, C});
+    la.ln2_mean = f({N});
+    la.ln2_rstd = f({N});
+    la.fc1 = f({N, ffn_local_});
+    la.gelu = f({N, ffn_local_});
+    la.res2 = f({B, T, C});
+    a.layers.push_back(std::move(la));
+  }
+  if (shard_.has_head) {
+    a.lnf = f({N, C});
+    a.lnf_mean = f({N});
+    a.lnf_rstd = f({N});
+    a.logits = f({N, vocab_local_});
+    a.losses = f({N});
+    a.rowmax = f({N});
+    a.sumexp = f({N});
+    a.target_logit = f({N});
+  }
+  a.tmp_c = f({N, C});
+  a.dres = f({B, T, C});
+  a.dln = f({N, C});
+  a.dqkv = f({B, T, 3 * hidden_local_});
+  a.datt = f({B, T, hidden_local_});
+  a.dfc = f({N, ffn_local_});
+  return a;
+}
+
+LayerActivations& GPTModel::acts_of(int layer, Activations& a) const {
+  return a.layers[layer - shard_.layer_begin];
+}
+
+const Tensor& GPTModel::layer_input(int layer, const Activations& a) const {
+  return layer == shard_.layer_begin ? a.input : a.layers[layer - 1 - shard_.layer_begin].res2;
+}
+
+Tensor& GPTModel::stage_output(Activations& a) {
+  return a.layers.empty() ? a.input : a.layers.back().res2;
+}
+
+// ---------------------------------------------------------------------------------------------
+// forward
+
+void GPTModel::embed_forward(Activations& a) {
+  TESSERA_CHECK(shard_.has_embedding, "embed_forward on a stage without the embedding");
+  Tensor x = a.input.reshape({int64_t(a.B) * a.T, cfg_.hidden_size});
+  be_.embedding_forward(x, a.ids, params_->param("wte"), vocab_begin_);
+  tp_.all_reduce(a.input, ReduceOp::Sum);  // each TP rank filled the rows of its vocab shard
+  be_.position_embedding_forward(a.input, params_->param("wpe"));
+}
+
+void GPTModel::block_forward(int l, Activations& a) {
+  const LayerWeights w = layer_tensors(*params_, l, false);
+  LayerActivations& la = acts_of(l, a);
+  const Tensor& x = layer_input(l, a);
+  const double eps = cfg_.layernorm_epsilon;
+  const bool bias_here = shard_.tp_rank == 0;  // row-parallel bias: added once across the group
+  be_.layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, w.ln1_w, w.ln1_b, eps);
+  be_.matmul_forward(la.qkv, la.ln1, w.qkv_w, &w.qkv_b);
+  be_.attention_forward(la.att, la.lse, la.qkv, heads_local_);
+  be_.matmul_forward(a.tmp_c, la.att, w.proj_w, bias_here ? &w.proj_b : nullptr);
+  tp_.all_reduce(a.tmp_c, ReduceOp::Sum);
+  be_.add(la.res1, x, a.tmp_c);
+  be_.layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res1, w.ln2_w, w.ln2_b, eps);
+  be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, &w.fc1_b);
+  be_.gelu_forward(la.gelu, la.fc1);
+  be_.matmul_forward(a.tmp_c, la.gelu, w.fc2_w, bias_here ? &w.fc2_b : nullptr);
+  tp_.all_reduce(a.tmp_c, ReduceOp::Sum);
+  be_.add(la.res2, la.res1, a.tmp_c);
+}
+
+double GPTModel::head_forward(Activations& a, float grad_scale) {
+  TESSERA_CHECK(shard_.has_head, "head_forward on a stage without the output layer");
+  const Tensor& h = stage_output(a);
+  be_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, h, params_->param("lnf.weight"),
+                        params_->param("lnf.bias"), cfg_.layernorm_epsilon);
+  be_.matmul_forward(a.logits, a.lnf, params_->param("wte"), nullptr);
+  be_.xent_row_max(a.rowmax, a.logits, valid_cols_);
+  tp_.all_reduce(a.rowmax, ReduceOp::Max);
+  be_.xent_row_sums(a.sumexp, a.target_logit, a.logits, a.rowmax, a.targets, valid_cols_,
+                    vocab_begin_);
+  tp_.all_reduce(a.sumexp, ReduceOp::Sum);
+  tp_.all_reduce(a.target_logit, ReduceOp::Sum);
+  be_.xent_loss_and_grad(a.losses, a.logits, a.rowmax, a.sumexp, a.target_logit, a.targets,
+                         valid_cols_, vocab_begin_, grad_scale);
+  TESSERA_CHECK(a.losses.device() == Device::CPU, "loss readback from device not wired here");
+  double sum = 0;
+  const float* l = a.losses.f32();
+  for (int64_t i = 0; i < a.losses.numel(); ++i) sum += l[i];
+  return sum;
+}
+
+double GPTModel::forward(Activations& a, float grad_scale) {
+  if (shard_.has_embedding) embed_forward(a);
+  for (int l = shard_.layer_begin; l < shard_.layer_end; ++l) block_forward(l, a);
+  return shard_.has_head ? head_forward(a, grad_scale) : 0.0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// backward
+
+void GPTModel::head_backward(Activations& a) {
+  // logits now hold dlogits. dlnf = dlogits * wte is a partial sum over vocabulary shards.
+  Tensor dwte = params_->grad("wte");
+  be_.matmul_backward(&a.dln, dwte, nullptr, a.logits, a.lnf, params_->param("wte"));
+  tp_.all_reduce(a.dln, ReduceOp::Sum);
+  be_.zero(a.dres);
+  Tensor dlnf_w = params_->grad("lnf.weight"), dlnf_b = params_->grad("lnf.bias");
+  be_.layernorm_backward(a.dres, dlnf_w, dlnf_b, a.dln, stage_output(a),
+                         params_->param("lnf.weight"), a.lnf_mean, a.lnf_rstd);
+}
+
+void GPTModel::block_backward(int l, Activations& a) {
+  const LayerWeights w = layer_tensors(*params_, l, false);
+  LayerWeights g = layer_tensors(*params_, l, true);
+  LayerActivations& la = acts_of(l, a);
+  const Tensor& x = layer_input(l, a);
+  // MLP: res2 = res1 + fc2(gelu(fc1(ln2(res1)))); dres holds d res2 and becomes d res1.
+  be_.matmul_backward(&a.dfc, g.fc2_w, &g.fc2_b, a.dres, la.gelu, w.fc2_w);
+  be_.gelu_backward(a.dfc, la.fc1, a.dfc);
+  be_.matmul_backward(&a.dln, g.fc1_w, &g.fc1_b, a.dfc, la.ln2, w.fc1_w);
+  tp_.all_reduce(a.dln, ReduceOp::Sum);  // column-parallel input gradient
+  be_.layernorm_backward(a.dres, g.ln2_w, g.ln2_b, a.dln, la.res1, w.ln2_w, la.ln2_mean,
+                         la.ln2_rstd);
+  // Attention: res1 = x + proj(attn(qkv(ln1(x)))); dres becomes d x.
+  be_.matmul_backward(&a.datt, g.proj_w, &g.proj_b, a.dres, la.att, w.proj_w);
+  be_.attention_backward(a.dqkv, a.datt, la.qkv, la.att, la.lse, heads_local_);
+  be_.matmul_backward(&a.dln, g.qkv_w, &g.qkv_b, a.dqkv, la.ln1, w.qkv_w);
+  tp_.all_reduce(a.dln, ReduceOp::Sum);
+  be_.layernorm_backward(a.dres, g.ln1_w, g.ln1_b, a.dln, x, w.ln1_w, la.ln1_mean, la.ln1_rstd);
+}
+
+void GPTModel::embed_backward(Activations& a) {
+  Tensor dwte = params_->grad("wte"), dwpe = params_->grad("wpe");
+  const Tensor d = a.dres.reshape({int64_t(a.B) * a.T, cfg_.hidden_size});
+  be_.embedding_backward(dwte, d, a.ids, vocab_begin_);
+  be_.position_embedding_backward(dwpe, a.dres);
+}
+
+void GPTModel::backward(Activations& a) {
+  if (shard_.has_head) head_backward(a);
+  for (int l = shard_.layer_end - 1; l >= shard_.layer_begin; --l) block_backward(l, a);
+  if (shard_.has_embedding) embed_backward(a);
+}
+
+}  // namespace tessera

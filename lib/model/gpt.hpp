@@ -1,0 +1,98 @@
+// gpt.hpp: the GPT-2 model (DESIGN.md invariant 3) on one rank's shard, with explicit forward and
+// backward passes over preallocated buffers. Tensor parallelism is Megatron's: vocab-parallel
+// embedding and cross-entropy, column-parallel QKV and fc1, row-parallel attention projection
+// and fc2; `tp` is the tensor-parallel group (a LocalCommunicator for TP=1).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "comm/communicator.hpp"
+#include "model/gpt_config.hpp"
+#include "model/params.hpp"
+
+namespace tessera {
+
+// Saved activations of one transformer layer for one micro-batch. N = B*T tokens; Cl, Fl, Hl are
+// this rank's shares of the hidden width, ffn width and heads.
+struct LayerActivations {
+  Tensor ln1, ln1_mean, ln1_rstd;  // (N,C), (N), (N)
+  Tensor qkv;                      // (B,T,3*Cl)
+  Tensor att, lse;                 // (B,T,Cl), (B,Hl,T)
+  Tensor res1;                     // (N,C)  x + attention
+  Tensor ln2, ln2_mean, ln2_rstd;
+  Tensor fc1, gelu;                // (N,Fl)
+  Tensor res2;                     // (N,C)  layer output
+};
+
+// Everything one micro-batch needs on this stage, allocated once for a fixed (B,T).
+struct Activations {
+  int B = 0, T = 0;
+  Tensor ids, targets;             // (B,T) int32; targets < 0 carry no loss
+  Tensor input;                    // (B,T,C): embedding output, or what the previous stage sent
+  std::vector<LayerActivations> layers;
+  Tensor lnf, lnf_mean, lnf_rstd;  // last stage
+  Tensor logits;                   // (N,Vl), overwritten in place by dlogits
+  Tensor losses, rowmax, sumexp, target_logit;  // (N)
+  // Scratch shared by all layers (not saved between forward and backward).
+  Tensor tmp_c;                    // (N,C)   row-parallel outputs
+  Tensor dres;                     // (B,T,C) gradient of the residual stream
+  Tensor dln;                      // (N,C)
+  Tensor dqkv, datt, dfc;          // (N,3Cl), (N,Cl), (N,Fl)
+};
+
+// Elements (4 bytes each) of the activation buffers of one (B,T) micro-batch on a shard; the same
+// sizes make_activations allocates, so --dry-run can report them without allocating anything.
+int64_t activation_elems(const GPTConfig& cfg, const ModelShard& shard, int B, int T);
+
+class GPTModel {
+ public:
+  GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backend, Communicator& tp);
+
+  const GPTConfig& config() const { return cfg_; }
+  const ModelShard& shard() const { return shard_; }
+  ParamStore& params() { return *params_; }
+  const ParamStore& params() const { return *params_; }
+  int64_t padded_vocab() const { return padded_vocab_; }
+
+  // Counter-based initialization: the same global values whatever the layout.
+  void init_parameters(uint64_t seed);
+  void zero_grads();
+
+  // Elements of the activation buffers for a (B,T) micro-batch (used by --dry-run too).
+  int64_t activation_elems(int B, int T) const;
+  Activations make_activations(int B, int T) const;
+
+  // The forward pieces. embed: ids -> input. block l: input of layer l -> layers[l].res2.
+  // head: last hidden -> loss; returns the sum of token losses and leaves dlogits (scaled by
+  // grad_scale, normally 1/loss tokens in the global batch) in acts.logits.
+  void embed_forward(Activations& a);
+  void block_forward(int layer, Activations& a);
+  double head_forward(Activations& a, float grad_scale);
+  // All of this stage (first and last stage together when PP = 1).
+  double forward(Activations& a, float grad_scale);
+
+  // The backward pieces mirror the forward; each reads and writes a.dres.
+  void head_backward(Activations& a);
+  void block_backward(int layer, Activations& a);
+  void embed_backward(Activations& a);
+  void backward(Activations& a);
+
+  // Output of this stage's last layer (what the next stage receives).
+  Tensor& stage_output(Activations& a);
+
+ private:
+  const Tensor& layer_input(int layer, const Activations& a) const;
+  LayerActivations& acts_of(int layer, Activations& a) const;
+
+  GPTConfig cfg_;
+  ModelShard shard_;
+  Backend& be_;
+  Communicator& tp_;
+  int64_t padded_vocab_ = 0, vocab_local_ = 0, vocab_begin_ = 0, valid_cols_ = 0;
+  int64_t heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
+  std::unique_ptr<ParamStore> params_;
+};
+
+}  // namespace tessera

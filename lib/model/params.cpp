@@ -1,0 +1,126 @@
+// params.cpp: building the parameter layout and the counter-based initialization.
+#include "model/params.hpp"
+
+#include <cmath>
+
+#include "core/rng.hpp"
+
+namespace tessera {
+
+namespace {
+
+struct SpecBuilder {
+  const ModelShard& shard;
+  std::vector<ParamSpec> specs;
+  int64_t offset = 0;
+
+  // split_axis -1: replicated. Otherwise the global extent along the axis is split evenly.
+  void add(std::string name, Shape global, int split_axis, ParamInit init, double std,
+           bool decay, int64_t init_rows = -1) {
+    ParamSpec s;
+    s.name = std::move(name);
+    s.global_shape = global;
+    s.split_axis = split_axis;
+    s.local_shape = global;
+    if (split_axis >= 0) {
+      const int64_t extent = global[split_axis];
+      TESSERA_CHECK(extent % shard.tp_size == 0, s.name, " axis ", split_axis, " of ",
+                    shape_str(global), " does not split over ", shard.tp_size, " ranks");
+      s.local_shape[split_axis] = extent / shard.tp_size;
+      s.split_offset = s.local_shape[split_axis] * shard.tp_rank;
+    }
+    s.init = init;
+    s.init_std = std;
+    s.weight_decay = decay;
+    s.init_rows = init_rows;
+    s.flat_offset = offset;
+    offset += s.numel();
+    specs.push_back(std::move(s));
+  }
+};
+
+}  // namespace
+
+std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard& shard) {
+  const int64_t h = cfg.hidden_size, heads = cfg.num_attention_heads, hd = cfg.head_dim();
+  const int64_t f = cfg.ffn(), V = cfg.padded_vocab_size(shard.tp_size);
+  const double std = cfg.init_method_std;
+  const double out_std = std / std::sqrt(2.0 * cfg.num_layers);  // residual output projections
+  SpecBuilder b{shard, {}, 0};
+  // The tied word embedding lives on the first stage, and a copy on the last (Megatron's scheme).
+  if (shard.has_embedding || shard.has_head)
+    b.add("wte", {V, h}, 0, ParamInit::Normal, std, true, cfg.vocab_size);
+  if (shard.has_embedding) b.add("wpe", {cfg.max_positions(), h}, -1, ParamInit::Normal, std, true);
+  for (int l = shard.layer_begin; l < shard.layer_end; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    b.add(p + "ln1.weight", {h}, -1, ParamInit::Ones, 0, false);
+    b.add(p + "ln1.bias", {h}, -1, ParamInit::Zeros, 0, false);
+    b.add(p + "attn.qkv.weight", {3, heads, hd, h}, 1, ParamInit::Normal, std, true);
+    b.add(p + "attn.qkv.bias", {3, heads, hd}, 1, ParamInit::Zeros, 0, false);
+    b.add(p + "attn.proj.weight", {h, heads * hd}, 1, ParamInit::Normal, out_std, true);
+    b.add(p + "attn.proj.bias", {h}, -1, ParamInit::Zeros, 0, false);
+    b.add(p + "ln2.weight", {h}, -1, ParamInit::Ones, 0, false);
+    b.add(p + "ln2.bias", {h}, -1, ParamInit::Zeros, 0, false);
+    b.add(p + "mlp.fc1.weight", {f, h}, 0, ParamInit::Normal, std, true);
+    b.add(p + "mlp.fc1.bias", {f}, 0, ParamInit::Zeros, 0, false);
+    b.add(p + "mlp.fc2.weight", {h, f}, 1, ParamInit::Normal, out_std, true);
+    b.add(p + "mlp.fc2.bias", {h}, -1, ParamInit::Zeros, 0, false);
+  }
+  if (shard.has_head) {
+    b.add("lnf.weight", {h}, -1, ParamInit::Ones, 0, false);
+    b.add("lnf.bias", {h}, -1, ParamInit::Zeros, 0, false);
+  }
+  return std::move(b.specs);
+}
+
+int64_t global_element_index(const ParamSpec& spec, int64_t local_index) {
+  if (spec.split_axis < 0) return local_index;
+  const int ax = spec.split_axis;
+  int64_t inner = 1;
+  for (size_t d = ax + 1; d < spec.global_shape.size(); ++d) inner *= spec.global_shape[d];
+  const int64_t local_extent = spec.local_shape[ax], global_extent = spec.global_shape[ax];
+  const int64_t i = local_index % inner;
+  const int64_t a = (local_index / inner) % local_extent;
+  const int64_t o = local_index / (inner * local_extent);
+  return (o * global_extent + a + spec.split_offset) * inner + i;
+}
+
+void init_param(const ParamSpec& spec, uint64_t seed, float* out) {
+  const int64_t n = spec.numel();
+  if (spec.init != ParamInit::Normal) {
+    const float v = spec.init == ParamInit::Ones ? 1.f : 0.f;
+    for (int64_t i = 0; i < n; ++i) out[i] = v;
+    return;
+  }
+  const CounterRng rng(seed, stable_hash(spec.name));
+  int64_t row_elems = 1;
+  for (size_t d = 1; d < spec.global_shape.size(); ++d) row_elems *= spec.global_shape[d];
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = global_element_index(spec, i);
+    if (spec.init_rows >= 0 && g / row_elems >= spec.init_rows)
+      out[i] = 0.f;  // padded vocabulary rows: never looked up, never in the loss
+    else
+      out[i] = static_cast<float>(spec.init_std * rng.normal(static_cast<uint64_t>(g)));
+  }
+}
+
+ParamStore::ParamStore(std::vector<ParamSpec> specs, Allocator& alloc) : specs_(std::move(specs)) {
+  int64_t total = 0;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    index_[specs_[i].name] = i;
+    total = specs_[i].flat_offset + specs_[i].numel();
+  }
+  flat_params_ = Tensor({total}, DType::F32, alloc);
+  flat_grads_ = Tensor({total}, DType::F32, alloc);
+}
+
+const ParamSpec& ParamStore::spec(const std::string& name) const {
+  auto it = index_.find(name);
+  TESSERA_CHECK(it != index_.end(), "no parameter named ", name, " on this rank");
+  return specs_[it->second];
+}
+Tensor ParamStore::param(const std::string& name) const { return param(spec(name)); }
+Tensor ParamStore::grad(const std::string& name) const { return grad(spec(name)); }
+
+}  // namespace tessera

@@ -1,0 +1,74 @@
+// params.hpp: the global layout of every parameter (DESIGN.md invariant 4) and the flat buffers
+// that hold this rank's shards of them.
+//
+// Each parameter has one global shape; a tensor-parallel shard is one contiguous slice along one
+// axis, described by (name, global shape, split axis, offset), like Megatron's ShardedTensor. This
+// description drives initialization (by global element index), checkpoints and resharding.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.hpp"
+#include "model/gpt_config.hpp"
+
+namespace tessera {
+
+enum class ParamInit { Normal, Zeros, Ones };
+
+struct ParamSpec {
+  std::string name;       // e.g. "layers.3.attn.qkv.weight"
+  Shape global_shape;     // e.g. [3, heads, head_dim, hidden]
+  int split_axis = -1;    // -1: replicated on every tensor-parallel rank
+  int64_t split_offset = 0;  // first global index along split_axis held here
+  Shape local_shape;
+  ParamInit init = ParamInit::Zeros;
+  double init_std = 0;
+  int64_t init_rows = -1;  // if >= 0, global rows (axis 0) at or past this are zero (vocab padding)
+  bool weight_decay = false;  // matrices and embeddings decay; biases and LayerNorm do not
+  int64_t flat_offset = 0;    // into the flat parameter / gradient buffers
+  int64_t numel() const { return shape_numel(local_shape); }
+};
+
+// Which piece of the model a rank holds.
+struct ModelShard {
+  int tp_size = 1, tp_rank = 0;
+  int layer_begin = 0, layer_end = 0;  // transformer layers [begin, end) on this pipeline stage
+  bool has_embedding = true;           // first pipeline stage: wte and wpe
+  bool has_head = true;                // last pipeline stage: final LayerNorm and the (tied) head
+};
+
+// The specs of this shard's parameters, in flat-buffer order.
+std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard& shard);
+
+// Global linear index of local element `i` of a shard (for counter-based init and checks).
+int64_t global_element_index(const ParamSpec& spec, int64_t local_index);
+
+// Fills `out` (local_shape, f32) from the counter-based RNG keyed by (seed, name, global index).
+void init_param(const ParamSpec& spec, uint64_t seed, float* out);
+
+// This rank's parameters and gradients, each in one flat f32 buffer (room for ZeRO-style
+// reduce-scatter by range later); every parameter is a view into them.
+class ParamStore {
+ public:
+  ParamStore(std::vector<ParamSpec> specs, Allocator& alloc);
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  int64_t numel() const { return flat_params_.numel(); }
+  Tensor& flat_params() { return flat_params_; }
+  Tensor& flat_grads() { return flat_grads_; }
+  bool has(const std::string& name) const { return index_.count(name) != 0; }
+  const ParamSpec& spec(const std::string& name) const;
+  Tensor param(const std::string& name) const;
+  Tensor grad(const std::string& name) const;
+  Tensor param(const ParamSpec& s) const { return flat_params_.view(s.flat_offset, s.local_shape); }
+  Tensor grad(const ParamSpec& s) const { return flat_grads_.view(s.flat_offset, s.local_shape); }
+
+ private:
+  std::vector<ParamSpec> specs_;
+  std::map<std::string, size_t> index_;
+  Tensor flat_params_, flat_grads_;
+};
+
+}  // namespace tessera

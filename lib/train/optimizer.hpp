@@ -1,0 +1,34 @@
+// optimizer.hpp: AdamW with fp32 moments over a ParamStore, global-norm gradient clipping.
+#pragma once
+
+#include "backend/backend.hpp"
+#include "model/params.hpp"
+
+namespace tessera {
+
+class AdamW {
+ public:
+  AdamW(ParamStore& params, Backend& backend, double beta1, double beta2, double eps,
+        double weight_decay);
+  // One update with learning rate lr; decay only for parameters whose spec says so.
+  void step(double lr);
+  int64_t steps_taken() const { return step_; }
+  Tensor& exp_avg() { return m_; }
+  Tensor& exp_avg_sq() { return v_; }
+
+ private:
+  ParamStore& params_;
+  Backend& be_;
+  AdamWHyper hyper_;
+  double weight_decay_;
+  Tensor m_, v_;  // flat, same layout as the parameters
+  int64_t step_ = 0;
+};
+
+// Sum of squares of this rank's gradients (the caller reduces it across ranks and takes the root).
+double grad_sum_squares(ParamStore& params, Backend& backend);
+// Scales all gradients by max_norm / (norm + 1e-6) when that is below 1 (torch's clip_grad_norm_).
+// Returns the factor applied (1 when not clipped).
+double clip_grads(ParamStore& params, Backend& backend, double norm, double max_norm);
+
+}  // namespace tessera

@@ -1,0 +1,114 @@
+// options.cpp: option definitions for tessera-train, the thread set-up and the --dry-run report.
+#include "train/options.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+#include <sched.h>
+
+#include <cstdio>
+#include <sstream>
+
+#include "core/config.hpp"
+#include "model/gpt.hpp"
+#include "model/params.hpp"
+
+namespace tessera {
+
+bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
+  OptionParser p("tessera-train", "[--config FILE] [options]");
+  GPTConfig& m = o.model;
+  TrainConfig& t = o.train;
+  std::string log_level = "info";
+  p.group("Model").add_options()
+    ("num-layers", po::value(&m.num_layers)->default_value(m.num_layers), "transformer layers")
+    ("hidden-size", po::value(&m.hidden_size)->default_value(m.hidden_size), "hidden width")
+    ("num-attention-heads", po::value(&m.num_attention_heads)->default_value(m.num_attention_heads), "attention heads (must divide hidden-size)")
+    ("ffn-hidden-size", po::value(&m.ffn_hidden_size)->default_value(0), "MLP width (0: 4 * hidden-size)")
+    ("seq-length", po::value(&m.seq_length)->default_value(m.seq_length), "tokens per sample")
+    ("max-position-embeddings", po::value(&m.max_position_embeddings)->default_value(0), "positions of the model (0: seq-length)")
+    ("vocab-size", po::value(&m.vocab_size)->default_value(512), "vocabulary size of the tokenizer / mock data")
+    ("make-vocab-size-divisible-by", po::value(&m.make_vocab_size_divisible_by)->default_value(128), "pad the vocabulary to a multiple of this times TP (padding is masked out of the loss)")
+    ("init-method-std", po::value(&m.init_method_std)->default_value(0.02), "std of the normal init (residual projections use std/sqrt(2*layers))")
+    ("layernorm-epsilon", po::value(&m.layernorm_epsilon)->default_value(1e-5), "LayerNorm epsilon");
+  p.group("Training").add_options()
+    ("micro-batch-size", po::value(&t.micro_batch_size)->default_value(1), "samples per micro-batch")
+    ("global-batch-size", po::value(&t.global_batch_size)->default_value(0), "samples per iteration (0: micro-batch-size * DP); gradients accumulate over micro-batches")
+    ("train-iters", po::value(&t.train_iters)->default_value(0), "iterations to train")
+    ("lr", po::value(&t.lr)->default_value(1e-4), "peak learning rate")
+    ("min-lr", po::value(&t.min_lr)->default_value(0.0), "learning rate at the end of decay")
+    ("lr-decay-style", po::value(&t.lr_decay_style)->default_value("linear"), "constant | linear | cosine")
+    ("lr-warmup-iters", po::value(&t.lr_warmup_iters)->default_value(0), "linear warm-up iterations")
+    ("lr-decay-iters", po::value(&t.lr_decay_iters)->default_value(0), "iterations over which to decay (0: train-iters)")
+    ("weight-decay", po::value(&t.weight_decay)->default_value(0.01), "decoupled weight decay for weight matrices and embeddings (not biases or LayerNorm)")
+    ("clip-grad", po::value(&t.clip_grad)->default_value(1.0), "clip the global gradient norm to this (0: off)")
+    ("adam-beta1", po::value(&t.adam_beta1)->default_value(0.9), "Adam beta1")
+    ("adam-beta2", po::value(&t.adam_beta2)->default_value(0.999), "Adam beta2")
+    ("adam-eps", po::value(&t.adam_eps)->default_value(1e-8), "Adam epsilon")
+    ("seed", po::value(&t.seed)->default_value(1234), "seed of initialization and data order")
+    ("dry-run", po::bool_switch(&t.dry_run), "print parameter count and memory estimate, then exit");
+  p.group("Data").add_options()
+    ("mock-data", po::value(&o.mock_data)->default_value(true)->implicit_value(true), "train on synthetic Markov-chain data (the only source until the HDF5 loader lands)");
+  p.group("Logging and system").add_options()
+    ("log-interval", po::value(&t.log_interval)->default_value(10), "iterations between log lines")
+    ("log-level", po::value(&log_level)->default_value("info"), "debug | info | warning | error")
+    ("log-file", po::value(&o.log.file), "also append this rank's log to this file")
+    ("log-all-ranks", po::bool_switch(&o.log.all_ranks), "every rank prints, prefixed with its rank")
+    ("metrics-file", po::value(&t.metrics_file), "append one JSON line per logged iteration to this file")
+    ("peak-tflops", po::value(&t.peak_tflops)->default_value(0.0), "peak TFLOP/s per rank, to print MFU")
+    ("threads", po::value(&o.threads)->default_value(0), "OpenMP/BLAS threads per rank (0: the cores in this rank's affinity mask)")
+    ("device", po::value(&o.device)->default_value("cpu"), "cpu (the CUDA backend is not part of this build's trainer yet)");
+  if (!p.parse(argc, argv)) return false;
+  o.log.level = log_level_from_name(log_level);
+  if (o.device != "cpu")
+    throw ConfigError("--device=" + o.device + " is not available (allowed: cpu)");
+  if (!o.mock_data)
+    throw ConfigError("--mock-data=false leaves no data source (allowed: true until --data-path exists)");
+  if (o.threads < 0)
+    throw ConfigError(detail::concat("--threads=", o.threads, " is out of range (allowed: >= 0)"));
+  m.validate();
+  t.validate(1);
+  return true;
+}
+
+int affinity_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  const int n = CPU_COUNT(&set);
+  return n > 0 ? n : 1;
+}
+
+void set_num_threads(int n) {
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+std::string dry_run_report(const RunOptions& o) {
+  ModelShard shard;
+  shard.layer_end = o.model.num_layers;
+  const auto specs = build_param_specs(o.model, shard);
+  int64_t local = 0;
+  for (const auto& s : specs) local += s.numel();
+  const int64_t act = activation_elems(o.model, shard, o.train.micro_batch_size, o.model.seq_length);
+  auto gib = [](double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); };
+  std::ostringstream os;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "parameters: %lld (model, tied head counted once), %lld on this rank incl. %lld vocab padding\n",
+                (long long)o.model.num_parameters(), (long long)local,
+                (long long)((o.model.padded_vocab_size(1) - o.model.vocab_size) * o.model.hidden_size));
+  os << buf;
+  std::snprintf(buf, sizeof buf, "padded vocabulary: %lld (true %lld, multiple of %d)\n",
+                (long long)o.model.padded_vocab_size(1), (long long)o.model.vocab_size,
+                o.model.make_vocab_size_divisible_by);
+  os << buf;
+  const double p = 4.0 * local, g = 4.0 * local, adam = 8.0 * local, a = 4.0 * act;
+  std::snprintf(buf, sizeof buf,
+                "memory estimate per rank (GiB): parameters %.3f | gradients %.3f | optimizer "
+                "state %.3f | activations %.3f (micro-batch %d x seq %d) | total %.3f\n",
+                gib(p), gib(g), gib(adam), gib(a), o.train.micro_batch_size, o.model.seq_length,
+                gib(p + g + adam + a));
+  os << buf;
+  return os.str();
+}
+
+}  // namespace tessera

@@ -1,0 +1,37 @@
+// train_config.hpp: optimizer, schedule, batch and logging settings of a training run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tessera {
+
+struct TrainConfig {
+  int micro_batch_size = 1;
+  int global_batch_size = 0;  // 0: micro-batch size * data-parallel size (no accumulation)
+  int64_t train_iters = 0;
+  double lr = 1e-4;
+  double min_lr = 0.0;
+  std::string lr_decay_style = "linear";  // constant | linear | cosine
+  int64_t lr_warmup_iters = 0;
+  int64_t lr_decay_iters = 0;  // 0: train_iters
+  double weight_decay = 0.01;
+  double clip_grad = 1.0;      // 0: no clipping
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  uint64_t seed = 1234;
+  int log_interval = 10;
+  std::string metrics_file;    // JSONL, one line per logged iteration; empty: none
+  double peak_tflops = 0;      // per rank, for MFU in the log; 0: MFU not printed
+  bool dry_run = false;
+
+  int global_batch(int dp_size) const {
+    return global_batch_size > 0 ? global_batch_size : micro_batch_size * dp_size;
+  }
+  int num_micro_batches(int dp_size) const {
+    return global_batch(dp_size) / (micro_batch_size * dp_size);
+  }
+  // Throws ConfigError naming the option and the allowed values.
+  void validate(int dp_size) const;
+};
+
+}  // namespace tessera
