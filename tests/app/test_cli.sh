@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# test_cli.sh: tessera-train's command-line contract: bad input exits 2 with one "error:" line
+# naming the option; --help documents the Megatron option names; --dry-run exits 0.
+set -u
+bin=$1
+configs=$2
+fail=0
+expect() {  # expect CODE PATTERN -- ARGS...
+  local code=$1 pattern=$2
+  shift 3
+  local out rc
+  out=$("$bin" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne "$code" ] || ! grep -qE -- "$pattern" <<<"$out"; then
+    echo "FAIL: tessera-train $* -> rc=$rc (want $code), output: $out"
+    fail=1
+  elif [ "$code" -eq 2 ] && [ "$(grep -c 'error:' <<<"$out")" -ne 1 ]; then
+    echo "FAIL: tessera-train $* -> want exactly one error line, got: $out"
+    fail=1
+  else
+    echo "ok: $* -> $rc"
+  fi
+}
+expect 2 "unrecognised option '--no-such-option'" -- --no-such-option
+expect 2 "num-attention-heads=5 must divide --hidden-size=64" -- --hidden-size 64 --num-attention-heads 5
+expect 2 "seq-length=256 exceeds --max-position-embeddings=128" -- --seq-length 256 --max-position-embeddings 128
+expect 2 "micro-batch-size=0" -- --micro-batch-size 0
+expect 2 "/does/not/exist.ini" -- --config /does/not/exist.ini
+expect 2 "lr-decay-style" -- --lr-decay-style sometimes
+expect 0 "--tensor-model-parallel-size|--num-layers" -- --help
+expect 0 "memory estimate per rank" -- --config "$configs/gpt2-tiny.ini" --dry-run
+for opt in num-layers hidden-size num-attention-heads seq-length max-position-embeddings \
+           micro-batch-size global-batch-size train-iters lr min-lr lr-decay-style \
+           lr-warmup-iters weight-decay clip-grad adam-beta1 adam-beta2 adam-eps seed \
+           make-vocab-size-divisible-by log-interval; do
+  "$bin" --help | grep -q -- "--$opt" || { echo "FAIL: --help does not document --$opt"; fail=1; }
+done
+[ $fail -eq 0 ] && echo "app.cli_errors: all passed"
+exit $fail

@@ -1,0 +1,37 @@
+// test_cuda_device.cpp: device discovery, the device allocator and host<->device copies. Skips
+// itself where no GPU is visible (this is a CUDA build on a machine that may have none).
+#include <gtest/gtest.h>
+
+#include "backend/cuda/device.hpp"
+
+using namespace tessera;
+
+TEST(CudaDevice, CountNeverThrows) {
+  const int n = cuda::device_count();
+  EXPECT_GE(n, 0);
+  if (n == 0) GTEST_SKIP() << "no CUDA device visible";
+  EXPECT_FALSE(cuda::device_description(0).empty());
+}
+
+TEST(CudaDevice, RoundTripThroughDeviceMemory) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  cuda::set_device(0);
+  Tensor host({1001});
+  for (int i = 0; i < 1001; ++i) host.f32()[i] = 0.5f * i - 3.f;
+  Tensor dev({1001}, DType::F32, cuda::device_allocator());
+  EXPECT_EQ(dev.device(), Device::CUDA);
+  cuda::copy_to_device(dev, host);
+  Tensor back = Tensor::zeros({1001});
+  cuda::copy_to_host(back, dev);
+  for (int i = 0; i < 1001; ++i) ASSERT_EQ(back.f32()[i], host.f32()[i]);
+}
+
+TEST(CudaDevice, OutOfMemoryNamesTheRequest) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  try {
+    Tensor huge({int64_t(1) << 42}, DType::F32, cuda::device_allocator());  // 16 TiB
+    FAIL() << "a 16 TiB allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of device memory"), std::string::npos) << e.what();
+  }
+}

@@ -1,0 +1,21 @@
+// reference_gpt.hpp: an independent, naive double-precision GPT-2 forward (plain loops, the full
+// T x T attention matrix, HF GPT2LMHeadModel semantics) for checking the real model against.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/gpt_config.hpp"
+
+namespace tessera::testing {
+
+// Parameters by name in their global layout (TP = 1): wte is [V_padded, C] (only rows < vocab_size
+// are read), qkv.weight [3, H, hd, C], proj.weight [C, C], fc1.weight [F, C], fc2.weight [C, F].
+using RefParams = std::map<std::string, std::vector<double>>;
+
+// Mean cross-entropy over all positions with target >= 0. ids, targets are (B,T).
+double reference_loss(const GPTConfig& cfg, const RefParams& p, const std::vector<int>& ids,
+                      const std::vector<int>& targets, int B, int T);
+
+}  // namespace tessera::testing

@@ -1,0 +1,155 @@
+// test_trainer.cpp: the training loop: learning, micro-batch invariance, determinism, the LR
+// schedule, clipping, AdamW against PyTorch's formula, and the NaN stop.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/backend.hpp"
+#include "data/dataset.hpp"
+#include "train/lr_schedule.hpp"
+#include "train/trainer.hpp"
+
+using namespace tessera;
+
+namespace {
+GPTConfig tiny_model() {
+  GPTConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.seq_length = 32;
+  c.vocab_size = 64;
+  c.make_vocab_size_divisible_by = 128;
+  return c;
+}
+TrainConfig tiny_train() {
+  TrainConfig t;
+  t.micro_batch_size = 4;
+  t.global_batch_size = 8;
+  t.train_iters = 50;
+  t.lr = 1e-2;
+  t.min_lr = 1e-3;
+  t.lr_decay_style = "cosine";
+  t.lr_warmup_iters = 5;
+  t.weight_decay = 0.1;
+  t.adam_beta2 = 0.95;
+  t.log_interval = 1000;
+  return t;
+}
+std::vector<double> run(const GPTConfig& m, const TrainConfig& t) {
+  auto be = make_cpu_backend();
+  auto data = make_mock_dataset(m.vocab_size, m.seq_length, t.seed);
+  Trainer tr(m, t, *be, *data);
+  std::vector<double> losses;
+  for (const StepStats& s : tr.train()) losses.push_back(s.loss);
+  return losses;
+}
+}  // namespace
+
+TEST(Trainer, LossFallsOnTinyModelIn50Steps) {
+  const std::vector<double> l = run(tiny_model(), tiny_train());
+  ASSERT_EQ(l.size(), 50u);
+  EXPECT_NEAR(l.front(), std::log(64.0), 0.15);  // starts at chance
+  double last5 = 0;
+  for (int i = 45; i < 50; ++i) last5 += l[i] / 5;
+  // The mock data's floor is 1.21 nats; 50 steps of the tiny model get well below chance (4.16).
+  EXPECT_LT(last5, 2.6) << "loss after 50 steps: " << last5;
+  EXPECT_GT(last5, kMockDataEntropyNats - 0.05);
+}
+
+TEST(Trainer, MicroBatchSizeDoesNotChangeTheTrajectory) {
+  TrainConfig t = tiny_train();
+  t.train_iters = 8;
+  std::vector<std::vector<double>> runs;
+  for (int mbs : {1, 2, 8}) {
+    t.micro_batch_size = mbs;
+    runs.push_back(run(tiny_model(), t));
+  }
+  for (int k = 1; k < 3; ++k)
+    for (size_t i = 0; i < runs[0].size(); ++i)
+      EXPECT_NEAR(runs[k][i], runs[0][i], 1e-5 * runs[0][i]) << "run " << k << " step " << i;
+}
+
+TEST(Trainer, SameSeedSameLossesBitwise) {
+  TrainConfig t = tiny_train();
+  t.train_iters = 5;
+  const auto a = run(tiny_model(), t), b = run(tiny_model(), t);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]);
+  t.seed = 99;
+  const auto c = run(tiny_model(), t);
+  EXPECT_NE(a[0], c[0]);
+}
+
+TEST(Trainer, NonFiniteLossStopsNamingTheIteration) {
+  TrainConfig t = tiny_train();
+  t.lr = 1e6;
+  t.lr_warmup_iters = 0;
+  t.clip_grad = 0;
+  t.lr_decay_style = "constant";
+  auto be = make_cpu_backend();
+  auto data = make_mock_dataset(64, 32, t.seed);
+  Trainer tr(tiny_model(), t, *be, *data);
+  try {
+    tr.train();
+    FAIL() << "training with lr 1e6 did not stop";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("iteration "), std::string::npos) << e.what();
+    EXPECT_GT(tr.iteration(), 0);
+  }
+}
+
+TEST(LrSchedule, WarmupThenDecay) {
+  LrSchedule cos(1.0, 0.1, 10, 110, "cosine");
+  EXPECT_DOUBLE_EQ(cos.lr(1), 0.1);
+  EXPECT_DOUBLE_EQ(cos.lr(5), 0.5);
+  EXPECT_DOUBLE_EQ(cos.lr(10), 1.0);
+  EXPECT_NEAR(cos.lr(60), 0.55, 1e-12);  // halfway: min + (max-min)/2
+  EXPECT_DOUBLE_EQ(cos.lr(110), 0.1);
+  EXPECT_DOUBLE_EQ(cos.lr(500), 0.1);
+  LrSchedule lin(1.0, 0.0, 0, 100, "linear");
+  EXPECT_DOUBLE_EQ(lin.lr(25), 0.75);
+  LrSchedule con(0.3, 0.0, 4, 100, "constant");
+  EXPECT_DOUBLE_EQ(con.lr(2), 0.15);
+  EXPECT_DOUBLE_EQ(con.lr(80), 0.3);
+  EXPECT_THROW(LrSchedule(1, 0, 0, 10, "step"), ConfigError);
+}
+
+TEST(Optimizer, AdamWDecaysOnlyWeightsAndMatchesTorch) {
+  GPTConfig c = tiny_model();
+  auto be = make_cpu_backend();
+  LocalCommunicator tp;
+  ModelShard sh;
+  sh.layer_end = c.num_layers;
+  GPTModel m(c, sh, *be, tp);
+  m.init_parameters(1);
+  ParamStore& ps = m.params();
+  Tensor w = ps.param("layers.0.mlp.fc1.weight"), b = ps.param("layers.0.mlp.fc1.bias");
+  w.f32()[0] = 1.0f;
+  b.f32()[0] = 1.0f;
+  ps.flat_grads().fill_(0.5f);
+  AdamW opt(ps, *be, 0.9, 0.999, 1e-8, 0.1);
+  opt.step(0.1);
+  // torch.optim.AdamW(lr=0.1, weight_decay=0.1), p=1, g=0.5: p = 0.99 - 0.1*0.5/(0.5+1e-8)
+  EXPECT_NEAR(w.f32()[0], 0.99 - 0.1 * 0.5 / (0.5 + 1e-8), 1e-6);
+  EXPECT_NEAR(b.f32()[0], 1.0 - 0.1 * 0.5 / (0.5 + 1e-8), 1e-6);  // bias: no decay
+  opt.step(0.1);
+  // second step: m = 0.095, v = 0.00049975; mhat = 0.5, vhat = 0.25 again
+  EXPECT_NEAR(b.f32()[0], 1.0 - 2 * 0.1 * 0.5 / (0.5 + 1e-8), 5e-6);  // fp32 moments, as torch
+}
+
+TEST(Optimizer, ClipScalesToMaxNorm) {
+  GPTConfig c = tiny_model();
+  auto be = make_cpu_backend();
+  LocalCommunicator tp;
+  ModelShard sh;
+  sh.layer_end = c.num_layers;
+  GPTModel m(c, sh, *be, tp);
+  ParamStore& ps = m.params();
+  ps.flat_grads().fill_(0.01f);
+  const double n = std::sqrt(grad_sum_squares(ps, *be));
+  EXPECT_NEAR(n, 0.01 * std::sqrt(double(ps.numel())), 1e-6 * n);
+  EXPECT_EQ(clip_grads(ps, *be, n, 10 * n), 1.0);  // below the limit: untouched
+  const double coef = clip_grads(ps, *be, n, 0.5);
+  EXPECT_NEAR(coef, 0.5 / (n + 1e-6), 1e-12);
+  EXPECT_NEAR(std::sqrt(grad_sum_squares(ps, *be)), 0.5, 1e-5);
+}
