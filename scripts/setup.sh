@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# setup.sh: installs the Debian packages Tessera builds and tests with (idempotent), then
+# configures and builds. Usage: scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build]
+# CUDA is used when /usr/local/cuda (or nvcc on PATH) exists; set CUDA_ARCH to override sm_90.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build_dir=build
+sanitize=OFF
+do_build=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir) build_dir=$2; shift 2 ;;
+    --sanitize) sanitize=ON; shift ;;
+    --no-build) do_build=0; shift ;;
+    -h|--help) sed -n '2,4p' "$0"; exit 0 ;;
+    *) echo "setup.sh: error: unknown option '$1' (allowed: --build-dir DIR, --sanitize, --no-build)" >&2; exit 2 ;;
+  esac
+done
+
+packages=(build-essential cmake ninja-build pkg-config git
+          openmpi-bin libopenmpi-dev
+          libhdf5-dev hdf5-tools
+          libboost-program-options-dev libboost-log-dev
+          libgtest-dev libgmock-dev
+          libopenblas-openmp-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+[ $do_build -eq 1 ] || exit 0
+cuda_args=()
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  cuda_args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}")
+fi
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_SANITIZE=$sanitize "${cuda_args[@]}"
+cmake --build "$build_dir" -j "$(nproc)"
