@@ -83,3 +83,38 @@ TEST(Rng, NormalHasUnitMoments) {
   EXPECT_EQ(rng.normal(12345), CounterRng(42, stable_hash("x")).normal(12345));
   EXPECT_NE(rng.normal(12345), CounterRng(43, stable_hash("x")).normal(12345));
 }
+
+// ---- check macros -----------------------------------------------------------------------------
+
+#include "comm/mpi_check.hpp"
+#include "core/hdf5_check.hpp"
+
+namespace {
+int failing_mpi_call() { return MPI_ERR_COUNT; }
+herr_t failing_hdf5_call() { return -1; }
+}  // namespace
+
+TEST(Errors, CheckMacrosNameExpressionFileAndLine) {
+  try {
+    MPI_CHECK(failing_mpi_call());
+    FAIL() << "MPI_CHECK did not throw";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("failing_mpi_call()"), std::string::npos) << m;
+    EXPECT_NE(m.find("test_tensor.cpp:"), std::string::npos) << m;
+    EXPECT_NE(m.find("MPI error"), std::string::npos) << m;
+  }
+  try {
+    HDF5_CHECK(failing_hdf5_call());
+    FAIL() << "HDF5_CHECK did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("failing_hdf5_call()"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(MPI_CHECK(MPI_SUCCESS));
+  try {
+    TESSERA_CHECK(1 + 1 == 3, "arithmetic is ", "broken");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("arithmetic is broken"), std::string::npos) << e.what();
+  }
+}
