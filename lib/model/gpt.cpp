@@ -4,10 +4,6 @@
 namespace tessera {
 
 namespace {
-// The parameters (and their gradients) of one layer, resolved once so the step does no look-ups.
-struct LayerWeights {
-  Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
-};
 LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads) {
   const std::string p = "layers." + std::to_string(l) + ".";
   auto get = [&](const char* n) { return grads ? ps.grad(p + n) : ps.param(p + n); };
@@ -33,6 +29,10 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   hidden_local_ = heads_local_ * cfg.head_dim();
   ffn_local_ = cfg.ffn() / shard.tp_size;
   params_ = std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator());
+  for (int l = shard_.layer_begin; l < shard_.layer_end; ++l) {
+    weights_.push_back(layer_tensors(*params_, l, false));
+    grads_.push_back(layer_tensors(*params_, l, true));
+  }
 }
 
 void GPTModel::init_parameters(uint64_t seed) {
@@ -130,7 +130,7 @@ void GPTModel::embed_forward(Activations& a) {
 }
 
 void GPTModel::block_forward(int l, Activations& a) {
-  const LayerWeights w = layer_tensors(*params_, l, false);
+  const LayerWeights& w = weights_[l - shard_.layer_begin];
   LayerActivations& la = acts_of(l, a);
   const Tensor& x = layer_input(l, a);
   const double eps = cfg_.layernorm_epsilon;
@@ -191,8 +191,8 @@ void GPTModel::head_backward(Activations& a) {
 }
 
 void GPTModel::block_backward(int l, Activations& a) {
-  const LayerWeights w = layer_tensors(*params_, l, false);
-  LayerWeights g = layer_tensors(*params_, l, true);
+  const LayerWeights& w = weights_[l - shard_.layer_begin];
+  LayerWeights& g = grads_[l - shard_.layer_begin];
   LayerActivations& la = acts_of(l, a);
   const Tensor& x = layer_input(l, a);
   // MLP: res2 = res1 + fc2(gelu(fc1(ln2(res1)))); dres holds d res2 and becomes d res1.

@@ -26,6 +26,11 @@ struct LayerActivations {
   Tensor res2;                     // (N,C)  layer output
 };
 
+// The parameters (or gradients) of one layer, resolved once so a step does no name look-ups.
+struct LayerWeights {
+  Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+};
+
 // Everything one micro-batch needs on this stage, allocated once for a fixed (B,T).
 struct Activations {
   int B = 0, T = 0;
@@ -93,6 +98,7 @@ class GPTModel {
   int64_t padded_vocab_ = 0, vocab_local_ = 0, vocab_begin_ = 0, valid_cols_ = 0;
   int64_t heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
   std::unique_ptr<ParamStore> params_;
+  std::vector<LayerWeights> weights_, grads_;  // indexed by layer - layer_begin
 };
 
 }  // namespace tessera

@@ -141,7 +141,9 @@ TEST(GPT, WholeModelGradientsMatchFiniteDifferences) {
       const double got = gr.f32()[i];
       EXPECT_NEAR(got, fd, 2e-4 * max_grad + 2e-3 * std::fabs(fd))
           << s.name << "[" << i << "]";
-      if (padding) EXPECT_EQ(got, 0.0f) << "padding row of wte got a gradient";
+      if (padding) {
+        EXPECT_EQ(got, 0.0f) << "padding row of wte got a gradient";
+      }
       ++checked;
     }
   }
