@@ -1,10 +1,13 @@
-// tessera-train: trains a GPT model (see --help). Thin: parses options and calls lib/.
+// tessera-train: trains a GPT model with tensor, pipeline and data parallelism (see --help).
+// Runs as a single process, under mpirun, or under srun; thin: parses options and calls lib/.
 #include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
 
 #include "backend/backend.hpp"
+#include "comm/mpi.hpp"
+#include "comm/process_grid.hpp"
 #include "core/error.hpp"
 #include "core/logging.hpp"
 #include "data/dataset.hpp"
@@ -13,51 +16,54 @@
 
 using namespace tessera;
 
-namespace {
-std::string host_name() {
-  char buf[256] = {0};
-  gethostname(buf, sizeof buf - 1);
-  return buf;
-}
-}  // namespace
-
 int main(int argc, char** argv) {
-  RunOptions opts;
-  const std::string host = host_name();
+  std::unique_ptr<MpiRuntime> mpi;
   try {
-    if (!parse_run_options(argc, argv, opts)) return 0;
-  } catch (const ConfigError& e) {
-    std::fprintf(stderr, "rank 0 (%s): error: %s\n", host.c_str(), e.what());
-    return 2;
+    mpi = std::make_unique<MpiRuntime>(&argc, &argv);
+  } catch (const std::exception& e) {
+    abort_job(std::string("MPI start-up failed: ") + e.what());
   }
+  const bool root = mpi->world_rank() == 0;
+  RunOptions opts;
   try {
-    opts.log.rank = 0;
-    opts.log.host = host;
-    init_logging(opts.log);
-    const int threads = opts.threads > 0 ? opts.threads : affinity_cores();
-    set_num_threads(threads);
+    // Every rank parses and validates the same input; only rank 0 reports, all exit 2.
+    if (!parse_run_options(argc, argv, opts)) return 0;
     if (opts.train.dry_run) {
-      std::cout << dry_run_report(opts);
+      if (root) std::cout << dry_run_report(opts, mpi->world_size());
       return 0;
     }
+    ProcessGrid grid(opts.tp, opts.pp);
+    ParallelContext ctx = grid.context();
+    validate_layout(opts.model, opts.train, opts.tp, opts.pp, ctx.dp_size);
+    opts.log.rank = grid.world_rank();
+    opts.log.host = grid.host();
+    init_logging(opts.log);
+    const int threads = opts.threads > 0 ? opts.threads : default_threads(grid.node_comm());
+    set_num_threads(threads);
+    const std::string table = grid.layout_table();
     auto backend = make_cpu_backend();
     auto data = make_mock_dataset(opts.model.vocab_size, opts.model.seq_length, opts.train.seed);
-    TLOG(info) << "tessera-train: " << opts.model.num_layers << " layers, hidden "
+    TLOG(info) << table << "tessera-train: " << opts.model.num_layers << " layers, hidden "
                << opts.model.hidden_size << ", " << opts.model.num_attention_heads << " heads, seq "
                << opts.model.seq_length << ", vocab " << opts.model.vocab_size << " (padded "
-               << opts.model.padded_vocab_size(1) << "), " << opts.model.num_parameters()
+               << opts.model.padded_vocab_size(opts.tp) << "), " << opts.model.num_parameters()
                << " parameters; backend " << backend->name() << ", " << threads
-               << " threads; data: " << data->describe();
-    Trainer trainer(opts.model, opts.train, *backend, *data);
+               << " threads per rank; data: " << data->describe();
+    Trainer trainer(opts.model, opts.train, *backend, *data, ctx);
+    TLOG(info) << "global batch " << opts.train.global_batch(ctx.dp_size) << " = "
+               << trainer.num_micro_batches() << " micro-batches of " << opts.train.micro_batch_size
+               << " x DP " << ctx.dp_size << "; 1F1B pipeline bubble (theoretical) "
+               << theoretical_bubble(ctx.pp_size, trainer.num_micro_batches());
     trainer.train();
     TLOG(info) << "training finished after " << trainer.iteration() << " iterations, "
                << trainer.consumed_samples() << " samples";
   } catch (const ConfigError& e) {
-    std::fprintf(stderr, "rank 0 (%s): error: %s\n", host.c_str(), e.what());
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    if (root) std::fprintf(stderr, "rank 0 (%s): error: %s\n", host, e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank 0 (%s): error: %s\n", host.c_str(), e.what());
-    return 1;
+    abort_job(e.what());
   }
   return 0;
 }

@@ -1,6 +1,7 @@
-// communicator.hpp: the one collective interface layers and schedules talk to. Implementations:
-// LocalCommunicator (a group of one: every collective is the identity) here; MPI for host tensors
-// and NCCL for device tensors over the process grid's groups.
+// communicator.hpp: the one collective interface layers and schedules talk to, so a layer never
+// reaches into MPI or NCCL. Implementations: LocalCommunicator (a group of one), MpiCommunicator
+// (host tensors, comm/mpi.hpp) and NcclCommunicator (device tensors, comm/nccl_communicator.hpp),
+// all built on the process grid's MPI groups.
 #pragma once
 
 #include <cstdint>
@@ -12,22 +13,67 @@ namespace tessera {
 
 enum class ReduceOp { Sum, Max };
 
+// A collective started by an *_async call; wait() completes it (and is called by the destructor).
+class PendingOp {
+ public:
+  virtual ~PendingOp() = default;
+  virtual void wait() = 0;
+  // Lets the library progress the operation; true when it is complete.
+  virtual bool test() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // In place over a whole f32 tensor (host or device, per implementation).
+  // In place over a whole f32 tensor.
   virtual void all_reduce(Tensor& t, ReduceOp op) = 0;
+  virtual std::unique_ptr<PendingOp> all_reduce_async(Tensor& t, ReduceOp op) = 0;
+  // Host doubles (losses, norms, counts), in place.
+  virtual void all_reduce_f64(double* data, int64_t n, ReduceOp op) = 0;
+  virtual void broadcast(Tensor& t, int root) = 0;
+  // out (size * in.numel()) = the inputs of all ranks, in rank order.
+  virtual void all_gather(Tensor& out, const Tensor& in) = 0;
+  // out (in.numel() / size) = this rank's block of the element-wise sum of all inputs.
+  virtual void reduce_scatter(Tensor& out, const Tensor& in) = 0;
+  // Point-to-point. Sends never block (the tensor must stay untouched until the returned op is
+  // complete), so neighbouring pipeline stages sending to each other cannot deadlock.
+  virtual std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int tag) = 0;
+  virtual void recv(Tensor& t, int peer, int tag) = 0;
   virtual void barrier() = 0;
 };
 
-// A group of one rank.
+// Everything a model and a schedule need to know about the parallel layout of this rank.
+struct ParallelContext {
+  int tp_size = 1, pp_size = 1, dp_size = 1;
+  int tp_rank = 0, pp_rank = 0, dp_rank = 0;
+  int world_rank = 0;
+  Communicator* world = nullptr;
+  Communicator* tp = nullptr;
+  Communicator* pp = nullptr;
+  Communicator* dp = nullptr;
+  Communicator* model_parallel = nullptr;  // TP x PP of this DP replica
+  Communicator* embedding = nullptr;       // first and last stage of this (tp, dp)
+  bool first_stage() const { return pp_rank == 0; }
+  bool last_stage() const { return pp_rank == pp_size - 1; }
+  // One process, no MPI: every group is a LocalCommunicator.
+  static ParallelContext single();
+};
+
+// A group of one rank: every collective is the identity.
 class LocalCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
   void all_reduce(Tensor&, ReduceOp) override {}
+  std::unique_ptr<PendingOp> all_reduce_async(Tensor&, ReduceOp) override;
+  void all_reduce_f64(double*, int64_t, ReduceOp) override {}
+  void broadcast(Tensor&, int) override {}
+  void all_gather(Tensor& out, const Tensor& in) override { out.copy_from(in); }
+  void reduce_scatter(Tensor& out, const Tensor& in) override { out.copy_from(in); }
+  std::unique_ptr<PendingOp> send_async(const Tensor&, int, int) override;
+  void recv(Tensor&, int, int) override;
   void barrier() override {}
 };
 

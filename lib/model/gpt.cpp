@@ -218,9 +218,21 @@ void GPTModel::embed_backward(Activations& a) {
 }
 
 void GPTModel::backward(Activations& a) {
-  if (shard_.has_head) head_backward(a);
-  for (int l = shard_.layer_end - 1; l >= shard_.layer_begin; --l) block_backward(l, a);
-  if (shard_.has_embedding) embed_backward(a);
+  auto ready = [this](int piece) {
+    if (on_grads_ready) on_grads_ready(piece);
+  };
+  if (shard_.has_head) {
+    head_backward(a);
+    ready(kHeadPiece);
+  }
+  for (int l = shard_.layer_end - 1; l >= shard_.layer_begin; --l) {
+    block_backward(l, a);
+    ready(l);
+  }
+  if (shard_.has_embedding) {
+    embed_backward(a);
+    ready(kEmbedPiece);
+  }
 }
 
 }  // namespace tessera

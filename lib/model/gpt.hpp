@@ -4,6 +4,7 @@
 // and fc2; `tp` is the tensor-parallel group (a LocalCommunicator for TP=1).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -83,6 +84,12 @@ class GPTModel {
   void block_backward(int layer, Activations& a);
   void embed_backward(Activations& a);
   void backward(Activations& a);
+
+  // Called after each backward piece whose parameter gradients are then complete for this
+  // micro-batch: a layer index, kHeadPiece or kEmbedPiece. The data-parallel reducer uses it to
+  // start reducing buckets while the rest of the backward runs.
+  static constexpr int kHeadPiece = -1, kEmbedPiece = -2;
+  std::function<void(int piece)> on_grads_ready;
 
   // Output of this stage's last layer (what the next stage receives).
   Tensor& stage_output(Activations& a);

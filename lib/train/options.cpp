@@ -6,11 +6,16 @@
 #include <sched.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <sstream>
+#include <vector>
 
 #include "core/config.hpp"
 #include "model/gpt.hpp"
+#include "comm/process_grid.hpp"
 #include "model/params.hpp"
+#include "train/pipeline.hpp"
+#include "train/trainer.hpp"
 
 namespace tessera {
 
@@ -30,6 +35,10 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     ("make-vocab-size-divisible-by", po::value(&m.make_vocab_size_divisible_by)->default_value(128), "pad the vocabulary to a multiple of this times TP (padding is masked out of the loss)")
     ("init-method-std", po::value(&m.init_method_std)->default_value(0.02), "std of the normal init (residual projections use std/sqrt(2*layers))")
     ("layernorm-epsilon", po::value(&m.layernorm_epsilon)->default_value(1e-5), "LayerNorm epsilon");
+  p.group("Parallelism").add_options()
+    ("tensor-model-parallel-size", po::value(&o.tp)->default_value(1), "tensor-parallel ranks (consecutive ranks; keep them in one node)")
+    ("pipeline-model-parallel-size", po::value(&o.pp)->default_value(1), "pipeline stages (layers split evenly); DP = world / (TP * PP)")
+    ("ddp-bucket-size", po::value(&t.ddp_bucket_size)->default_value(t.ddp_bucket_size), "elements per data-parallel gradient all-reduce bucket");
   p.group("Training").add_options()
     ("micro-batch-size", po::value(&t.micro_batch_size)->default_value(1), "samples per micro-batch")
     ("global-batch-size", po::value(&t.global_batch_size)->default_value(0), "samples per iteration (0: micro-batch-size * DP); gradients accumulate over micro-batches")
@@ -55,7 +64,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     ("log-all-ranks", po::bool_switch(&o.log.all_ranks), "every rank prints, prefixed with its rank")
     ("metrics-file", po::value(&t.metrics_file), "append one JSON line per logged iteration to this file")
     ("peak-tflops", po::value(&t.peak_tflops)->default_value(0.0), "peak TFLOP/s per rank, to print MFU")
-    ("threads", po::value(&o.threads)->default_value(0), "OpenMP/BLAS threads per rank (0: the cores in this rank's affinity mask)")
+    ("threads", po::value(&o.threads)->default_value(0), "OpenMP/BLAS threads per rank (0: this rank's share of the cores in its affinity mask)")
     ("device", po::value(&o.device)->default_value("cpu"), "cpu (the CUDA backend is not part of this build's trainer yet)");
   if (!p.parse(argc, argv)) return false;
   o.log.level = log_level_from_name(log_level);
@@ -65,6 +74,10 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     throw ConfigError("--mock-data=false leaves no data source (allowed: true until --data-path exists)");
   if (o.threads < 0)
     throw ConfigError(detail::concat("--threads=", o.threads, " is out of range (allowed: >= 0)"));
+  if (o.tp < 1)
+    throw ConfigError(detail::concat("--tensor-model-parallel-size=", o.tp, " is out of range (allowed: >= 1)"));
+  if (o.pp < 1)
+    throw ConfigError(detail::concat("--pipeline-model-parallel-size=", o.pp, " is out of range (allowed: >= 1)"));
   m.validate();
   t.validate(1);
   return true;
@@ -78,36 +91,70 @@ int affinity_cores() {
   return n > 0 ? n : 1;
 }
 
+int default_threads(MPI_Comm node) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) return 1;
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  std::vector<cpu_set_t> all(n);
+  MPI_Allgather(&mine, sizeof(cpu_set_t), MPI_BYTE, all.data(), sizeof(cpu_set_t), MPI_BYTE, node);
+  int sharing = 0;
+  for (cpu_set_t& other : all) {
+    cpu_set_t both;
+    CPU_AND(&both, &mine, &other);
+    sharing += CPU_COUNT(&both) > 0;
+  }
+  return std::max(1, CPU_COUNT(&mine) / std::max(1, sharing));
+}
+
 void set_num_threads(int n) {
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
 }
 
-std::string dry_run_report(const RunOptions& o) {
-  ModelShard shard;
-  shard.layer_end = o.model.num_layers;
-  const auto specs = build_param_specs(o.model, shard);
-  int64_t local = 0;
-  for (const auto& s : specs) local += s.numel();
-  const int64_t act = activation_elems(o.model, shard, o.train.micro_batch_size, o.model.seq_length);
+std::string dry_run_report(const RunOptions& o, int world_size) {
+  const int world = world_size > 1 ? world_size : o.tp * o.pp;
+  const GridLayout layout = GridLayout::make(world, o.tp, o.pp);
+  validate_layout(o.model, o.train, layout.tp, layout.pp, layout.dp);
   auto gib = [](double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); };
   std::ostringstream os;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "parameters: %lld (model, tied head counted once), %lld on this rank incl. %lld vocab padding\n",
-                (long long)o.model.num_parameters(), (long long)local,
-                (long long)((o.model.padded_vocab_size(1) - o.model.vocab_size) * o.model.hidden_size));
-  os << buf;
-  std::snprintf(buf, sizeof buf, "padded vocabulary: %lld (true %lld, multiple of %d)\n",
-                (long long)o.model.padded_vocab_size(1), (long long)o.model.vocab_size,
-                o.model.make_vocab_size_divisible_by);
-  os << buf;
-  const double p = 4.0 * local, g = 4.0 * local, adam = 8.0 * local, a = 4.0 * act;
+  char buf[400];
   std::snprintf(buf, sizeof buf,
-                "memory estimate per rank (GiB): parameters %.3f | gradients %.3f | optimizer "
-                "state %.3f | activations %.3f (micro-batch %d x seq %d) | total %.3f\n",
-                gib(p), gib(g), gib(adam), gib(a), o.train.micro_batch_size, o.model.seq_length,
-                gib(p + g + adam + a));
+                "parameters: %lld (model, tied head counted once); padded vocabulary %lld (true "
+                "%lld, multiple of %d x TP)\n",
+                (long long)o.model.num_parameters(), (long long)o.model.padded_vocab_size(o.tp),
+                (long long)o.model.vocab_size, o.model.make_vocab_size_divisible_by);
   os << buf;
+  const int micro = o.train.num_micro_batches(layout.dp);
+  std::snprintf(buf, sizeof buf,
+                "layout: world %d = TP %d x PP %d x DP %d%s; global batch %d = micro-batch %d x "
+                "%d micro-batches x DP %d\n",
+                world, layout.tp, layout.pp, layout.dp,
+                world_size > 1 ? "" : " (assumed: run under mpirun for another DP)",
+                o.train.global_batch(layout.dp), o.train.micro_batch_size, micro, layout.dp);
+  os << buf;
+  for (int stage = 0; stage < layout.pp; ++stage) {
+    ParallelContext ctx;
+    ctx.tp_size = layout.tp;
+    ctx.pp_size = layout.pp;
+    ctx.pp_rank = stage;
+    const ModelShard shard = make_model_shard(o.model, ctx);
+    int64_t local = 0;
+    for (const auto& s : build_param_specs(o.model, shard)) local += s.numel();
+    const int slots = pipeline_slots(layout.pp, stage, micro);
+    const double act = 4.0 * slots *
+        activation_elems(o.model, shard, o.train.micro_batch_size, o.model.seq_length);
+    const double p = 4.0 * local, g = 4.0 * local, adam = 8.0 * local;
+    std::snprintf(buf, sizeof buf,
+                  "stage %d (layers %d-%d%s%s): parameters per rank %lld | memory per rank (GiB): "
+                  "parameters %.3f, gradients %.3f, optimizer state %.3f, activations %.3f "
+                  "(%d micro-batch%s in flight), total %.3f\n",
+                  stage, shard.layer_begin, shard.layer_end - 1, shard.has_embedding ? ", embedding" : "",
+                  shard.has_head ? ", head" : "", (long long)local, gib(p), gib(g), gib(adam),
+                  gib(act), slots, slots == 1 ? "" : "es", gib(p + g + adam + act));
+    os << buf;
+  }
   return os.str();
 }
 

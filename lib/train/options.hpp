@@ -1,6 +1,8 @@
 // options.hpp: the command-line / config-file options of tessera-train, with Megatron's names.
 #pragma once
 
+#include <mpi.h>
+
 #include <string>
 
 #include "core/logging.hpp"
@@ -13,7 +15,8 @@ struct RunOptions {
   GPTConfig model;
   TrainConfig train;
   LogOptions log;
-  int threads = 0;            // 0: the cores in this process's affinity mask
+  int tp = 1, pp = 1;         // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
+  int threads = 0;            // 0: this rank's share of the cores in its affinity mask
   std::string device = "cpu";
   bool mock_data = true;
 };
@@ -24,10 +27,14 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& out);
 
 // Cores this process may run on (sched_getaffinity), at least 1.
 int affinity_cores();
+// This rank's share of its cores: affinity cores / ranks on the node whose masks overlap it, so
+// 8 unbound ranks on 2 cores run one thread each. node is MPI_COMM_TYPE_SHARED of the world.
+int default_threads(MPI_Comm node);
 // Sets the OpenMP and OpenBLAS thread counts.
 void set_num_threads(int n);
 
-// What --dry-run prints: parameters and estimated memory of this rank.
-std::string dry_run_report(const RunOptions& opts);
+// What --dry-run prints: the layout, and per pipeline stage the parameters and estimated memory
+// of one rank of that stage.
+std::string dry_run_report(const RunOptions& opts, int world_size);
 
 }  // namespace tessera

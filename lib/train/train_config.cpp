@@ -41,6 +41,8 @@ void TrainConfig::validate(int dp_size) const {
     throw ConfigError(concat("--adam-eps=", adam_eps, " is out of range (allowed: > 0)"));
   if (log_interval <= 0)
     throw ConfigError(concat("--log-interval=", log_interval, " is out of range (allowed: >= 1)"));
+  if (ddp_bucket_size <= 0)
+    throw ConfigError(concat("--ddp-bucket-size=", ddp_bucket_size, " is out of range (allowed: >= 1)"));
   if (!(peak_tflops >= 0))
     throw ConfigError(concat("--peak-tflops=", peak_tflops, " is out of range (allowed: >= 0)"));
 }

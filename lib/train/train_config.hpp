@@ -21,6 +21,7 @@ struct TrainConfig {
   uint64_t seed = 1234;
   int log_interval = 10;
   std::string metrics_file;    // JSONL, one line per logged iteration; empty: none
+  int64_t ddp_bucket_size = 4 << 20;  // elements per data-parallel all-reduce bucket
   double peak_tflops = 0;      // per rank, for MFU in the log; 0: MFU not printed
   bool dry_run = false;
 

@@ -1,4 +1,4 @@
-// trainer.cpp: the training loop.
+// trainer.cpp: the training loop over the process grid.
 #include "train/trainer.hpp"
 
 #include <cmath>
@@ -10,25 +10,70 @@
 
 namespace tessera {
 
+namespace {
+constexpr int kTagForward = 1, kTagBackward = 2;
+}
+
+ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx) {
+  ModelShard s;
+  s.tp_size = ctx.tp_size;
+  s.tp_rank = ctx.tp_rank;
+  const int per_stage = cfg.num_layers / ctx.pp_size;
+  s.layer_begin = ctx.pp_rank * per_stage;
+  s.layer_end = s.layer_begin + per_stage;
+  s.has_embedding = ctx.first_stage();
+  s.has_head = ctx.last_stage();
+  return s;
+}
+
+void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp) {
+  using detail::concat;
+  if (cfg.num_attention_heads % tp != 0)
+    throw ConfigError(concat("--num-attention-heads=", cfg.num_attention_heads,
+                             " is not divisible by --tensor-model-parallel-size=", tp,
+                             " (allowed TP: a divisor of ", cfg.num_attention_heads, ")"));
+  if (cfg.ffn() % tp != 0)
+    throw ConfigError(concat("--ffn-hidden-size=", cfg.ffn(), " is not divisible by --tensor-model-parallel-size=", tp));
+  if (cfg.num_layers % pp != 0)
+    throw ConfigError(concat("--num-layers=", cfg.num_layers,
+                             " is not divisible by --pipeline-model-parallel-size=", pp,
+                             " (allowed PP: a divisor of ", cfg.num_layers, ")"));
+  if (cfg.padded_vocab_size(tp) % tp != 0)
+    throw ConfigError(concat("padded vocabulary ", cfg.padded_vocab_size(tp), " is not divisible by TP ", tp));
+  const int g = t.global_batch(dp);
+  if (g % (t.micro_batch_size * dp) != 0)
+    throw ConfigError(concat("--global-batch-size=", g, " is not divisible by --micro-batch-size=",
+                             t.micro_batch_size, " x data-parallel size ", dp, " = ",
+                             t.micro_batch_size * dp, " (allowed: multiples of ",
+                             t.micro_batch_size * dp, ")"));
+}
+
 Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backend& backend,
-                 TokenDataset& data)
-    : model_cfg_(model_cfg), cfg_(train_cfg), be_(backend), data_(data),
+                 TokenDataset& data, const ParallelContext& ctx)
+    : model_cfg_(model_cfg), cfg_(train_cfg), be_(backend), data_(data), ctx_(ctx),
       schedule_(train_cfg.lr, train_cfg.min_lr, train_cfg.lr_warmup_iters,
                 train_cfg.lr_decay_iters > 0 ? train_cfg.lr_decay_iters : train_cfg.train_iters,
                 train_cfg.lr_decay_style) {
   model_cfg_.validate();
-  cfg_.validate(1);
+  cfg_.validate(ctx_.dp_size);
+  validate_layout(model_cfg_, cfg_, ctx_.tp_size, ctx_.pp_size, ctx_.dp_size);
   TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "dataset sequence length ",
                 data.seq_length(), " differs from --seq-length ", model_cfg_.seq_length);
-  ModelShard shard;
-  shard.layer_end = model_cfg_.num_layers;
-  model_ = std::make_unique<GPTModel>(model_cfg_, shard, be_, tp_comm_);
+  model_ = std::make_unique<GPTModel>(model_cfg_, make_model_shard(model_cfg_, ctx_), be_, *ctx_.tp);
   model_->init_parameters(cfg_.seed);
   optimizer_ = std::make_unique<AdamW>(model_->params(), be_, cfg_.adam_beta1, cfg_.adam_beta2,
                                        cfg_.adam_eps, cfg_.weight_decay);
-  acts_ = model_->make_activations(cfg_.micro_batch_size, model_cfg_.seq_length);
-  batch_.resize(static_cast<size_t>(cfg_.global_batch(1)) * (model_cfg_.seq_length + 1));
-  if (!cfg_.metrics_file.empty()) {
+  reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, cfg_.ddp_bucket_size);
+  model_->on_grads_ready = [this](int piece) { reducer_->piece_ready(piece); };
+  const int micro = num_micro_batches();
+  schedule_steps_ = schedule_1f1b(ctx_.pp_size, ctx_.pp_rank, micro);
+  const int slots = pipeline_slots(ctx_.pp_size, ctx_.pp_rank, micro);
+  for (int i = 0; i < slots; ++i)
+    slots_.push_back(model_->make_activations(cfg_.micro_batch_size, model_cfg_.seq_length));
+  sends_.resize(slots);
+  const int64_t local = cfg_.global_batch(ctx_.dp_size) / ctx_.dp_size;
+  batch_.resize(static_cast<size_t>(local) * (model_cfg_.seq_length + 1));
+  if (!cfg_.metrics_file.empty() && ctx_.world_rank == 0) {
     metrics_.open(cfg_.metrics_file, std::ios::app);
     if (!metrics_)
       throw ConfigError("--metrics-file '" + cfg_.metrics_file +
@@ -36,46 +81,115 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   }
 }
 
-void Trainer::load_global_batch() {
-  // The global batch is samples [consumed, consumed + global batch) of the dataset, whatever the
-  // micro-batch size, so the trajectory does not depend on how the batch is cut.
-  const int64_t gbs = cfg_.global_batch(1), S = model_cfg_.seq_length + 1;
-  for (int64_t i = 0; i < gbs; ++i) data_.get(consumed_samples_ + i, batch_.data() + i * S);
+void Trainer::load_batch() {
+  // The global batch is samples [consumed, consumed + G) whatever the layout; DP rank d takes the
+  // d-th contiguous G/DP of them, so no layout changes which samples form an iteration.
+  const int64_t G = cfg_.global_batch(ctx_.dp_size), local = G / ctx_.dp_size;
+  const int64_t S = model_cfg_.seq_length + 1;
+  const int64_t first = consumed_samples_ + ctx_.dp_rank * local;
+  for (int64_t i = 0; i < local; ++i) data_.get(first + i, batch_.data() + i * S);
+}
+
+void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepStats& st) {
+  const int B = cfg_.micro_batch_size, T = model_cfg_.seq_length;
+  const int64_t S = T + 1;
+  const int slot = static_cast<int>(&a - slots_.data());
+  if (sends_[slot]) sends_[slot]->wait();  // the slot's buffers may still be on their way out
+  int32_t* ids = a.ids.i32();
+  int32_t* tg = a.targets.i32();
+  for (int b = 0; b < B; ++b) {
+    const int32_t* sample = batch_.data() + (int64_t(micro) * B + b) * S;
+    std::memcpy(ids + b * T, sample, sizeof(int32_t) * T);
+    std::memcpy(tg + b * T, sample + 1, sizeof(int32_t) * T);
+  }
+  if (ctx_.first_stage()) {
+    model_->embed_forward(a);
+  } else {
+    Timer w;
+    ctx_.pp->recv(a.input, ctx_.pp_rank - 1, kTagForward);
+    st.pipeline_wait_seconds += w.seconds();
+  }
+  for (int l = model_->shard().layer_begin; l < model_->shard().layer_end; ++l)
+    model_->block_forward(l, a);
+  if (ctx_.last_stage()) {
+    loss_sum_ += model_->head_forward(a, grad_scale);
+  } else {
+    const Tensor& out = model_->stage_output(a);
+    sends_[slot] = ctx_.pp->send_async(out, ctx_.pp_rank + 1, kTagForward);
+    st.p2p_bytes += out.nbytes();
+  }
+}
+
+void Trainer::backward_micro(int micro, Activations& a, StepStats& st) {
+  const int slot = static_cast<int>(&a - slots_.data());
+  if (micro == num_micro_batches() - 1) reducer_->begin();  // last micro-batch: grads finish now
+  if (!ctx_.last_stage()) {
+    Timer w;
+    ctx_.pp->recv(a.dres, ctx_.pp_rank + 1, kTagBackward);
+    st.pipeline_wait_seconds += w.seconds();
+  }
+  model_->backward(a);
+  if (!ctx_.first_stage()) {
+    if (sends_[slot]) sends_[slot]->wait();
+    sends_[slot] = ctx_.pp->send_async(a.dres, ctx_.pp_rank - 1, kTagBackward);
+    st.p2p_bytes += a.dres.nbytes();
+  }
+}
+
+double Trainer::grad_norm_squared() {
+  // Each parameter counted once across the grid: TP-replicated ones on tp rank 0 only, the tied
+  // embedding copy of the last stage not at all (the first stage counts it); then summed over the
+  // model-parallel group. After the DP reduction all DP replicas hold the same gradients.
+  const bool tied_copy = ctx_.pp_size > 1 && !ctx_.first_stage();
+  double local = 0;
+  for (const ParamSpec& s : model_->params().specs()) {
+    if (s.split_axis < 0 && ctx_.tp_rank != 0) continue;
+    if (tied_copy && s.name == "wte") continue;
+    local += be_.sum_squares(model_->params().grad(s));
+  }
+  ctx_.model_parallel->all_reduce_f64(&local, 1, ReduceOp::Sum);
+  return local;
 }
 
 StepStats Trainer::train_step() {
   Timer timer;
-  const int B = cfg_.micro_batch_size, T = model_cfg_.seq_length;
-  const int64_t S = T + 1;
-  const int micro = cfg_.num_micro_batches(1);
-  load_global_batch();
-  // Loss tokens of the whole global batch, known before any backward so every micro-batch's
-  // gradient is scaled by the same 1/N (the loss is the mean over the global batch).
-  int64_t loss_tokens = 0;
-  for (int64_t s = 0; s < int64_t(micro) * B; ++s)
-    for (int t = 1; t <= T; ++t) loss_tokens += batch_[s * S + t] >= 0;
-  TESSERA_CHECK(loss_tokens > 0, "iteration ", iteration_ + 1, ": the global batch has no loss tokens");
-  const float grad_scale = static_cast<float>(1.0 / static_cast<double>(loss_tokens));
-
-  model_->zero_grads();
-  double loss_sum = 0;
-  for (int mb = 0; mb < micro; ++mb) {
-    int32_t* ids = acts_.ids.i32();
-    int32_t* tg = acts_.targets.i32();
-    for (int b = 0; b < B; ++b) {
-      const int32_t* sample = batch_.data() + (int64_t(mb) * B + b) * S;
-      std::memcpy(ids + b * T, sample, sizeof(int32_t) * T);
-      std::memcpy(tg + b * T, sample + 1, sizeof(int32_t) * T);
-    }
-    loss_sum += model_->forward(acts_, grad_scale);
-    model_->backward(acts_);
-  }
-
   StepStats st;
   st.iteration = iteration_ + 1;
-  st.loss_tokens = loss_tokens;
-  st.loss = loss_sum / static_cast<double>(loss_tokens);
-  st.grad_norm = std::sqrt(grad_sum_squares(model_->params(), be_));
+  const int T = model_cfg_.seq_length;
+  const int64_t S = T + 1;
+  load_batch();
+  // Loss tokens of the whole global batch, known before any backward so every micro-batch's
+  // gradient is scaled by the same 1/N (the loss is the mean over the global batch).
+  double tokens = 0;
+  for (size_t s = 0; s < batch_.size() / S; ++s)
+    for (int t = 1; t <= T; ++t) tokens += batch_[s * S + t] >= 0;
+  ctx_.dp->all_reduce_f64(&tokens, 1, ReduceOp::Sum);
+  st.loss_tokens = static_cast<int64_t>(tokens);
+  TESSERA_CHECK(st.loss_tokens > 0, "iteration ", st.iteration, ": the global batch has no loss tokens");
+  const float grad_scale = static_cast<float>(1.0 / tokens);
+
+  model_->zero_grads();
+  loss_sum_ = 0;
+  for (const PipeStep& p : schedule_steps_) {
+    Activations& a = slots_[p.micro % slots_.size()];
+    if (p.forward) forward_micro(p.micro, a, grad_scale, st);
+    else backward_micro(p.micro, a, st);
+  }
+  for (auto& s : sends_)
+    if (s) s->wait();
+  Timer dp_wait;
+  reducer_->finish();
+  if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage())) {
+    Tensor dwte = model_->params().grad("wte");
+    ctx_.embedding->all_reduce(dwte, ReduceOp::Sum);  // the tied embedding's two halves
+  }
+  st.dp_wait_seconds = dp_wait.seconds();
+
+  // Every rank learns the loss: only the last stage's tp-rank-0 ranks contribute their DP slice.
+  double loss = (ctx_.last_stage() && ctx_.tp_rank == 0) ? loss_sum_ : 0.0;
+  ctx_.world->all_reduce_f64(&loss, 1, ReduceOp::Sum);
+  st.loss = loss / tokens;
+  st.grad_norm = std::sqrt(grad_norm_squared());
   if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
     throw Error(detail::concat("iteration ", st.iteration, ": loss is ", st.loss,
                                " and grad norm is ", st.grad_norm,
@@ -84,7 +198,7 @@ StepStats Trainer::train_step() {
   st.lr = schedule_.lr(st.iteration);
   optimizer_->step(st.lr);
   iteration_ = st.iteration;
-  consumed_samples_ += cfg_.global_batch(1);
+  consumed_samples_ += cfg_.global_batch(ctx_.dp_size);
   st.seconds = timer.seconds();
   return st;
 }
@@ -92,17 +206,18 @@ StepStats Trainer::train_step() {
 void Trainer::log_iteration(const StepStats& s, double interval_loss, double interval_seconds,
                             int n) {
   const double sec = interval_seconds / n;
-  const double tokens = static_cast<double>(cfg_.global_batch(1)) * model_cfg_.seq_length;
-  const double tok_s = tokens / sec;
-  const double gflops = model_cfg_.train_flops_per_token() * tok_s / 1e9;
+  const int gbs = cfg_.global_batch(ctx_.dp_size);
+  const int ranks = ctx_.tp_size * ctx_.pp_size * ctx_.dp_size;
+  const double tok_s = static_cast<double>(gbs) * model_cfg_.seq_length / sec;
+  const double gflops = model_cfg_.train_flops_per_token() * tok_s / 1e9 / ranks;  // per rank
   char line[512];
   int len = std::snprintf(
       line, sizeof line,
       " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
       "learning rate: %.6E | global batch size: %5d | lm loss: %.6E | grad norm: %.3f | "
-      "tokens/s: %.0f | GFLOP/s: %.2f",
+      "tokens/s: %.0f | GFLOP/s per rank: %.2f",
       (long long)s.iteration, (long long)cfg_.train_iters, (long long)consumed_samples_, sec * 1e3,
-      s.lr, cfg_.global_batch(1), interval_loss / n, s.grad_norm, tok_s, gflops);
+      s.lr, gbs, interval_loss / n, s.grad_norm, tok_s, gflops);
   if (cfg_.peak_tflops > 0 && len > 0 && len < (int)sizeof line)
     std::snprintf(line + len, sizeof line - len, " | MFU: %.1f%%",
                   100.0 * gflops / (cfg_.peak_tflops * 1e3));
@@ -112,7 +227,7 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
     std::snprintf(js, sizeof js,
                   "{\"iteration\": %lld, \"consumed_samples\": %lld, \"lm_loss\": %.9g, "
                   "\"lr\": %.9g, \"grad_norm\": %.9g, \"ms_per_iter\": %.4f, \"tokens_per_s\": "
-                  "%.3f, \"gflops_per_s\": %.4f}\n",
+                  "%.3f, \"gflops_per_s_per_rank\": %.4f}\n",
                   (long long)s.iteration, (long long)consumed_samples_, interval_loss / n, s.lr,
                   s.grad_norm, sec * 1e3, tok_s, gflops);
     metrics_ << js;

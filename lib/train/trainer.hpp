@@ -1,5 +1,7 @@
-// trainer.hpp: the training loop: global batch -> micro-batches with gradient accumulation ->
-// grad norm, clipping -> AdamW -> log line and JSONL metrics.
+// trainer.hpp: the training loop on one rank of the process grid: this DP rank's slice of the
+// global batch -> micro-batches through the 1F1B pipeline schedule (gradients accumulate) ->
+// tied-embedding and bucketed DP gradient reduction -> global grad norm, clipping -> AdamW ->
+// log line and JSONL metrics.
 #pragma once
 
 #include <fstream>
@@ -10,8 +12,10 @@
 #include "comm/communicator.hpp"
 #include "data/dataset.hpp"
 #include "model/gpt.hpp"
+#include "train/grad_reducer.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/optimizer.hpp"
+#include "train/pipeline.hpp"
 #include "train/train_config.hpp"
 
 namespace tessera {
@@ -23,38 +27,56 @@ struct StepStats {
   double lr = 0;
   double seconds = 0;
   int64_t loss_tokens = 0;
+  double pipeline_wait_seconds = 0;  // blocked receiving from neighbouring stages (the bubble)
+  double dp_wait_seconds = 0;        // waiting for data-parallel reductions after the backward
+  double p2p_bytes = 0;              // sent to neighbouring stages by this rank
 };
+
+// Which layers pipeline stage `pp_rank` of `pp_size` holds: an even split (validated earlier).
+ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx);
+
+// Checks the layout against the model and batch, naming the numbers (ConfigError).
+void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp);
 
 class Trainer {
  public:
   Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backend& backend,
-          TokenDataset& data);
+          TokenDataset& data, const ParallelContext& ctx = ParallelContext::single());
 
   GPTModel& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_samples_; }
+  int num_micro_batches() const { return cfg_.num_micro_batches(ctx_.dp_size); }
+  const GradReducer& grad_reducer() const { return *reducer_; }
 
-  // Runs one iteration on the next global batch. Throws Error naming the iteration when the loss
-  // or the gradient norm is not finite.
+  // Runs one iteration on the next global batch; every rank returns the same loss and norm.
+  // Throws Error naming the iteration when the loss or the gradient norm is not finite.
   StepStats train_step();
   // Runs train_iters iterations with logging; returns the stats of every iteration.
   std::vector<StepStats> train();
 
  private:
-  void load_global_batch();
+  void load_batch();
+  void forward_micro(int micro, Activations& a, float grad_scale, StepStats& st);
+  void backward_micro(int micro, Activations& a, StepStats& st);
+  double grad_norm_squared();
   void log_iteration(const StepStats& s, double interval_loss, double interval_seconds, int n);
 
   GPTConfig model_cfg_;
   TrainConfig cfg_;
   Backend& be_;
   TokenDataset& data_;
-  LocalCommunicator tp_comm_;
+  ParallelContext ctx_;
   std::unique_ptr<GPTModel> model_;
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<GradReducer> reducer_;
   LrSchedule schedule_;
-  Activations acts_;
-  std::vector<int32_t> batch_;  // (micro-batches, B, T+1) tokens of this rank's share of the step
+  std::vector<Activations> slots_;          // one per micro-batch in flight on this stage
+  std::vector<std::unique_ptr<PendingOp>> sends_;  // per slot: the last send from its buffers
+  std::vector<PipeStep> schedule_steps_;
+  std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
+  double loss_sum_ = 0;
   int64_t iteration_ = 0, consumed_samples_ = 0;
   std::ofstream metrics_;
 };

@@ -79,7 +79,7 @@ TEST(Config, DryRunReportCountsGpt2Small) {
                     o));
   EXPECT_EQ(o.model.num_parameters(), 124439808);  // GPT-2 small, as Hugging Face counts it
   EXPECT_EQ(o.model.padded_vocab_size(1), 50304);
-  const std::string r = dry_run_report(o);
+  const std::string r = dry_run_report(o, 1);
   EXPECT_NE(r.find("parameters: 124439808"), std::string::npos) << r;
   EXPECT_NE(r.find("activations"), std::string::npos) << r;
 }

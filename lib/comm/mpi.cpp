@@ -1,0 +1,162 @@
+// mpi.cpp: MPI runtime, communicator handles and host collectives.
+#include "comm/mpi.hpp"
+
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+
+#include "comm/mpi_check.hpp"
+
+namespace tessera {
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_CHECK(MPI_Initialized(&initialized));
+  if (!initialized) {
+    int provided = 0;
+    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    owns_ = true;
+  }
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+}
+
+MpiRuntime::~MpiRuntime() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owns_ && !finalized) MPI_Finalize();
+}
+
+void abort_job(const std::string& message, int exit_code) {
+  int initialized = 0, finalized = 0, rank = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  std::fprintf(stderr, "rank %d (%s): error: %s\n", rank, host, message.c_str());
+  std::fflush(stderr);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+MpiComm::~MpiComm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+MpiComm& MpiComm::operator=(MpiComm&& o) noexcept {
+  if (this != &o) {
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    comm_ = o.comm_;
+    o.comm_ = MPI_COMM_NULL;
+  }
+  return *this;
+}
+
+int MpiComm::rank() const {
+  int r = 0;
+  MPI_CHECK(MPI_Comm_rank(comm_, &r));
+  return r;
+}
+int MpiComm::size() const {
+  int s = 0;
+  MPI_CHECK(MPI_Comm_size(comm_, &s));
+  return s;
+}
+
+namespace {
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
+
+int count_of(const Tensor& t) {
+  TESSERA_CHECK(t.numel() <= INT_MAX, "MPI message of ", t.numel(), " elements exceeds INT_MAX");
+  return static_cast<int>(t.numel());
+}
+
+void expect_host_f32(const Tensor& t) {
+  TESSERA_CHECK(t.device() == Device::CPU && t.dtype() == DType::F32,
+                "the MPI communicator moves host f32 tensors (got ", device_name(t.device()), " ",
+                dtype_name(t.dtype()), ")");
+}
+
+class MpiPending final : public PendingOp {
+ public:
+  explicit MpiPending(MPI_Request r) : req_(r) {}
+  ~MpiPending() override {
+    if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+  }
+  void wait() override { MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE)); }
+  bool test() override {
+    int done = 0;
+    MPI_CHECK(MPI_Test(&req_, &done, MPI_STATUS_IGNORE));
+    return done != 0;
+  }
+
+ private:
+  MPI_Request req_;
+};
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
+  expect_host_f32(t);
+  if (size_ == 1) return;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t.raw(), count_of(t), MPI_FLOAT, mpi_op(op), comm_));
+}
+
+std::unique_ptr<PendingOp> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) {
+  expect_host_f32(t);
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (size_ > 1)
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count_of(t), MPI_FLOAT, mpi_op(op), comm_, &req));
+  return std::make_unique<MpiPending>(req);
+}
+
+void MpiCommunicator::all_reduce_f64(double* data, int64_t n, ReduceOp op) {
+  if (size_ == 1) return;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, mpi_op(op), comm_));
+}
+
+void MpiCommunicator::broadcast(Tensor& t, int root) {
+  expect_host_f32(t);
+  MPI_CHECK(MPI_Bcast(t.raw(), count_of(t), MPI_FLOAT, root, comm_));
+}
+
+void MpiCommunicator::all_gather(Tensor& out, const Tensor& in) {
+  expect_host_f32(in);
+  TESSERA_CHECK(out.numel() == in.numel() * size_, "all_gather output of ", out.numel(),
+                " elements for ", size_, " x ", in.numel());
+  MPI_CHECK(MPI_Allgather(in.raw(), count_of(in), MPI_FLOAT, out.raw(), count_of(in), MPI_FLOAT, comm_));
+}
+
+void MpiCommunicator::reduce_scatter(Tensor& out, const Tensor& in) {
+  expect_host_f32(in);
+  TESSERA_CHECK(in.numel() == out.numel() * size_, "reduce_scatter input of ", in.numel(),
+                " elements for ", size_, " x ", out.numel());
+  MPI_CHECK(MPI_Reduce_scatter_block(in.raw(), out.raw(), count_of(out), MPI_FLOAT, MPI_SUM, comm_));
+}
+
+std::unique_ptr<PendingOp> MpiCommunicator::send_async(const Tensor& t, int peer, int tag) {
+  expect_host_f32(t);
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Isend(t.raw(), count_of(t), MPI_FLOAT, peer, tag, comm_, &req));
+  return std::make_unique<MpiPending>(req);
+}
+
+void MpiCommunicator::recv(Tensor& t, int peer, int tag) {
+  expect_host_f32(t);
+  MPI_CHECK(MPI_Recv(t.raw(), count_of(t), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE));
+}
+
+void MpiCommunicator::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+
+}  // namespace tessera

@@ -1,0 +1,172 @@
+// process_grid.cpp: layout arithmetic and the MPI_Comm_split of every group.
+#include "comm/process_grid.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "comm/mpi_check.hpp"
+
+namespace tessera {
+
+GridLayout GridLayout::make(int world, int tp, int pp) {
+  using detail::concat;
+  if (tp < 1) throw ConfigError(concat("--tensor-model-parallel-size=", tp, " is out of range (allowed: >= 1)"));
+  if (pp < 1) throw ConfigError(concat("--pipeline-model-parallel-size=", pp, " is out of range (allowed: >= 1)"));
+  if (world % (tp * pp) != 0)
+    throw ConfigError(concat("world size ", world, " is not divisible by --tensor-model-parallel-size=", tp,
+                             " x --pipeline-model-parallel-size=", pp, " = ", tp * pp,
+                             " (run a multiple of ", tp * pp, " ranks, or change TP/PP)"));
+  GridLayout g;
+  g.world = world;
+  g.tp = tp;
+  g.pp = pp;
+  g.dp = world / (tp * pp);
+  return g;
+}
+
+GridCoords GridLayout::coords(int rank) const {
+  GridCoords c;
+  c.tp = rank % tp;
+  c.dp = (rank / tp) % dp;
+  c.pp = rank / (tp * dp);
+  return c;
+}
+
+std::vector<std::vector<int>> GridLayout::tp_groups() const {
+  std::vector<std::vector<int>> g;
+  for (int p = 0; p < pp; ++p)
+    for (int d = 0; d < dp; ++d) {
+      g.emplace_back();
+      for (int t = 0; t < tp; ++t) g.back().push_back(rank_of(t, p, d));
+    }
+  return g;
+}
+
+std::vector<std::vector<int>> GridLayout::pp_groups() const {
+  std::vector<std::vector<int>> g;
+  for (int d = 0; d < dp; ++d)
+    for (int t = 0; t < tp; ++t) {
+      g.emplace_back();
+      for (int p = 0; p < pp; ++p) g.back().push_back(rank_of(t, p, d));
+    }
+  return g;
+}
+
+std::vector<std::vector<int>> GridLayout::dp_groups() const {
+  std::vector<std::vector<int>> g;
+  for (int p = 0; p < pp; ++p)
+    for (int t = 0; t < tp; ++t) {
+      g.emplace_back();
+      for (int d = 0; d < dp; ++d) g.back().push_back(rank_of(t, p, d));
+    }
+  return g;
+}
+
+std::vector<std::vector<int>> GridLayout::model_parallel_groups() const {
+  std::vector<std::vector<int>> g;
+  for (int d = 0; d < dp; ++d) {
+    g.emplace_back();
+    for (int p = 0; p < pp; ++p)
+      for (int t = 0; t < tp; ++t) g.back().push_back(rank_of(t, p, d));
+  }
+  return g;
+}
+
+std::vector<std::vector<int>> GridLayout::embedding_groups() const {
+  std::vector<std::vector<int>> g;
+  for (const auto& p : pp_groups()) {
+    if (p.size() == 1) g.push_back({p[0]});
+    else g.push_back({p.front(), p.back()});
+  }
+  return g;
+}
+
+namespace {
+// Splits world so that ranks with the same `color` share a communicator, ordered by `key`.
+MpiComm split(int color, int key) {
+  MPI_Comm c = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &c));
+  return MpiComm(c);
+}
+}  // namespace
+
+ProcessGrid::ProcessGrid(int tp, int pp) {
+  int world = 1;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  layout_ = GridLayout::make(world, tp, pp);
+  coords_ = layout_.coords(world_rank_);
+  const GridCoords& c = coords_;
+  const int TP = layout_.tp, DP = layout_.dp, PP = layout_.pp;
+  // Every rank makes the same splits in the same order (MPI_Comm_split is collective).
+  tp_ = split(c.pp * DP + c.dp, c.tp);
+  pp_ = split(c.dp * TP + c.tp, c.pp);
+  dp_ = split(c.pp * TP + c.tp, c.dp);
+  mp_ = split(c.dp, c.pp * TP + c.tp);
+  const bool in_embedding = c.pp == 0 || c.pp == PP - 1;
+  emb_ = split(in_embedding ? c.dp * TP + c.tp : MPI_UNDEFINED, c.pp);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node));
+  node_ = MpiComm(node);
+  local_rank_ = node_.rank();
+  local_size_ = node_.size();
+  char h[256] = {0};
+  gethostname(h, sizeof h - 1);
+  host_ = h;
+
+  world_comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+  tp_comm_ = std::make_unique<MpiCommunicator>(tp_.get());
+  pp_comm_ = std::make_unique<MpiCommunicator>(pp_.get());
+  dp_comm_ = std::make_unique<MpiCommunicator>(dp_.get());
+  mp_comm_ = std::make_unique<MpiCommunicator>(mp_.get());
+  if (in_embedding) emb_comm_ = std::make_unique<MpiCommunicator>(emb_.get());
+  else emb_comm_ = std::make_unique<LocalCommunicator>();
+}
+
+ParallelContext ProcessGrid::context() {
+  ParallelContext c;
+  c.tp_size = layout_.tp;
+  c.pp_size = layout_.pp;
+  c.dp_size = layout_.dp;
+  c.tp_rank = coords_.tp;
+  c.pp_rank = coords_.pp;
+  c.dp_rank = coords_.dp;
+  c.world_rank = world_rank_;
+  c.world = world_comm_.get();
+  c.tp = tp_comm_.get();
+  c.pp = pp_comm_.get();
+  c.dp = dp_comm_.get();
+  c.model_parallel = mp_comm_.get();
+  c.embedding = emb_comm_.get();
+  return c;
+}
+
+std::string ProcessGrid::layout_table() {
+  // Gather (local rank, host) of every rank on rank 0; collective, other ranks get "".
+  constexpr int kRec = 96;
+  char mine[kRec] = {0};
+  std::snprintf(mine, sizeof mine, "%d %s", local_rank_, host_.c_str());
+  std::vector<char> all(world_rank_ == 0 ? size_t(kRec) * layout_.world : 1);
+  MPI_CHECK(MPI_Gather(mine, kRec, MPI_CHAR, all.data(), kRec, MPI_CHAR, 0, MPI_COMM_WORLD));
+  if (world_rank_ != 0) return "";
+  std::ostringstream os;
+  os << "process grid: world " << layout_.world << " = TP " << layout_.tp << " x PP " << layout_.pp
+     << " x DP " << layout_.dp << " (rank = tp + TP*(dp + DP*pp)); groups: TP size " << layout_.tp
+     << ", PP size " << layout_.pp << ", DP size " << layout_.dp << ", model-parallel size "
+     << layout_.tp * layout_.pp << "\n";
+  os << "  rank   tp   pp   dp  local  host\n";
+  for (int r = 0; r < layout_.world; ++r) {
+    const GridCoords c = layout_.coords(r);
+    int local = 0;
+    char host[kRec] = {0};
+    std::sscanf(all.data() + size_t(r) * kRec, "%d %95s", &local, host);
+    char line[200];
+    std::snprintf(line, sizeof line, "  %4d %4d %4d %4d %6d  %s\n", r, c.tp, c.pp, c.dp, local, host);
+    os << line;
+  }
+  return os.str();
+}
+
+}  // namespace tessera

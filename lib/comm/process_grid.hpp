@@ -1,0 +1,61 @@
+// process_grid.hpp: the (TP, PP, DP) process grid of DESIGN.md invariant 1, Megatron's default
+// order: rank = tp + TP * (dp + DP * pp). TP groups are consecutive ranks (keep them in one node).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/mpi.hpp"
+
+namespace tessera {
+
+struct GridCoords {
+  int tp = 0, pp = 0, dp = 0;
+};
+
+// The pure arithmetic of the layout, usable without MPI (tests, --dry-run, the layout table).
+struct GridLayout {
+  int world = 1, tp = 1, pp = 1, dp = 1;
+  // Throws ConfigError naming the numbers when world is not divisible by tp * pp.
+  static GridLayout make(int world, int tp, int pp);
+  GridCoords coords(int rank) const;
+  int rank_of(int tp_rank, int pp_rank, int dp_rank) const { return tp_rank + tp * (dp_rank + dp * pp_rank); }
+  // The world ranks of each group, in group-rank order, one vector per group.
+  std::vector<std::vector<int>> tp_groups() const;
+  std::vector<std::vector<int>> pp_groups() const;
+  std::vector<std::vector<int>> dp_groups() const;
+  std::vector<std::vector<int>> model_parallel_groups() const;  // TP x PP of one DP replica
+  std::vector<std::vector<int>> embedding_groups() const;       // first and last stage of (tp, dp)
+};
+
+// This rank's place in the grid and its communicators. Built collectively by every rank, in the
+// same order, from MPI_COMM_WORLD.
+class ProcessGrid {
+ public:
+  ProcessGrid(int tp, int pp);  // needs MPI initialized; throws ConfigError on a bad layout
+  const GridLayout& layout() const { return layout_; }
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return layout_.world; }
+  const GridCoords& coords() const { return coords_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  const std::string& host() const { return host_; }
+
+  MPI_Comm node_comm() const { return node_.get(); }
+
+  ParallelContext context();
+
+  // The table printed at start-up: one line per rank with (tp, pp, dp), local rank and host.
+  std::string layout_table();
+
+ private:
+  GridLayout layout_;
+  GridCoords coords_;
+  int world_rank_ = 0, local_rank_ = 0, local_size_ = 1;
+  std::string host_;
+  MpiComm tp_, pp_, dp_, mp_, emb_, node_;
+  std::unique_ptr<Communicator> world_comm_, tp_comm_, pp_comm_, dp_comm_, mp_comm_, emb_comm_;
+};
+
+}  // namespace tessera

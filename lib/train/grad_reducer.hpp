@@ -1,0 +1,49 @@
+// grad_reducer.hpp: data-parallel gradient reduction in buckets. The flat gradient buffer is cut
+// into buckets of whole parameters, in reverse order (the order backward finishes them); a
+// bucket's all-reduce starts as soon as all of its parameters are final, overlapping the rest of
+// the backward pass. Gradients are summed, not averaged: every rank already scaled its loss by
+// 1 / (loss tokens of the whole global batch).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "model/gpt.hpp"
+
+namespace tessera {
+
+class GradReducer {
+ public:
+  // bucket_elems: the minimum elements per bucket (the last one may be smaller).
+  GradReducer(GPTModel& model, Communicator& dp, int64_t bucket_elems);
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Arms the reducer for the last micro-batch's backward of this step.
+  void begin();
+  // The model's on_grads_ready hook: marks the piece's parameters final.
+  void piece_ready(int piece);
+  // Starts what has not started (nothing, if every piece reported) and waits for all buckets.
+  void finish();
+  int64_t bytes_reduced_per_step() const { return 4 * total_elems_; }
+
+ private:
+  struct Bucket {
+    int64_t begin = 0, end = 0;  // flat element range
+    int pending = 0, params = 0;
+    std::unique_ptr<PendingOp> op;
+  };
+  void start(Bucket& b);
+
+  GPTModel& model_;
+  Communicator& dp_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_param_;
+  std::vector<int> sources_;          // backward pieces that write each parameter's gradient
+  std::vector<int> remaining_;        // per parameter, this step
+  std::vector<std::vector<int>> params_of_layer_;
+  std::vector<int> head_params_, embed_params_;
+  int64_t total_elems_ = 0;
+  bool armed_ = false;
+};
+
+}  // namespace tessera
