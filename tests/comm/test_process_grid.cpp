@@ -1,0 +1,94 @@
+// test_process_grid.cpp: the rank layout against Megatron-LM's tables, and the 1F1B schedule.
+#include <gtest/gtest.h>
+
+#include "comm/process_grid.hpp"
+#include "train/pipeline.hpp"
+
+using namespace tessera;
+using Groups = std::vector<std::vector<int>>;
+
+TEST(GridLayout, MegatronSixteenRanksTp2Pp4) {
+  // The example of Megatron-LM's initialize_model_parallel docstring: 16 GPUs, TP 2, PP 4.
+  const GridLayout g = GridLayout::make(16, 2, 4);
+  EXPECT_EQ(g.dp, 2);
+  EXPECT_EQ(g.tp_groups(), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(g.dp_groups(), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(g.pp_groups(), (Groups{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}));
+  EXPECT_EQ(g.embedding_groups(), (Groups{{0, 12}, {1, 13}, {2, 14}, {3, 15}}));
+  EXPECT_EQ(g.model_parallel_groups(), (Groups{{0, 1, 4, 5, 8, 9, 12, 13}, {2, 3, 6, 7, 10, 11, 14, 15}}));
+  const GridCoords c = g.coords(13);  // 13 = tp 1 + 2 * (dp 0 + 2 * pp 3)
+  EXPECT_EQ(c.tp, 1);
+  EXPECT_EQ(c.dp, 0);
+  EXPECT_EQ(c.pp, 3);
+}
+
+TEST(GridLayout, EightRanksAndDegenerateLayouts) {
+  const GridLayout g = GridLayout::make(8, 2, 2);
+  EXPECT_EQ(g.dp, 2);
+  EXPECT_EQ(g.tp_groups(), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(g.dp_groups(), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(g.pp_groups(), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  for (int r = 0; r < 8; ++r) {
+    const GridCoords c = g.coords(r);
+    EXPECT_EQ(g.rank_of(c.tp, c.pp, c.dp), r);
+  }
+  const GridLayout dp_only = GridLayout::make(4, 1, 1);
+  EXPECT_EQ(dp_only.dp_groups(), (Groups{{0, 1, 2, 3}}));
+  EXPECT_EQ(dp_only.embedding_groups(), (Groups{{0}, {1}, {2}, {3}}));
+  const GridLayout tp_only = GridLayout::make(4, 4, 1);
+  EXPECT_EQ(tp_only.tp_groups(), (Groups{{0, 1, 2, 3}}));
+  EXPECT_EQ(tp_only.dp, 1);
+}
+
+TEST(GridLayout, ImpossibleLayoutNamesTheNumbers) {
+  try {
+    GridLayout::make(6, 4, 1);
+    FAIL() << "6 ranks with TP 4 accepted";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("world size 6"), std::string::npos) << m;
+    EXPECT_NE(m.find("--tensor-model-parallel-size=4"), std::string::npos) << m;
+  }
+  EXPECT_THROW(GridLayout::make(4, 0, 1), ConfigError);
+}
+
+TEST(Pipeline, OneFOneBOrderForFourStagesEightMicroBatches) {
+  EXPECT_EQ(schedule_string(schedule_1f1b(4, 0, 8)),
+            "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  EXPECT_EQ(schedule_string(schedule_1f1b(4, 1, 8)),
+            "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
+  EXPECT_EQ(schedule_string(schedule_1f1b(4, 2, 8)),
+            "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7");
+  EXPECT_EQ(schedule_string(schedule_1f1b(4, 3, 8)),
+            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+  EXPECT_EQ(pipeline_slots(4, 0, 8), 4);
+  EXPECT_EQ(pipeline_slots(4, 3, 8), 1);
+  // Fewer micro-batches than stages: all forwards, then all backwards.
+  EXPECT_EQ(schedule_string(schedule_1f1b(4, 0, 2)), "F0 F1 B0 B1");
+  EXPECT_EQ(pipeline_slots(4, 0, 2), 2);
+  EXPECT_NEAR(theoretical_bubble(4, 8), 3.0 / 11.0, 1e-15);
+}
+
+TEST(Pipeline, EveryStageRunsEachMicroBatchOnceAndSlotsSuffice) {
+  for (int P : {1, 2, 3, 4, 8})
+    for (int m : {1, 2, 5, 8, 13})
+      for (int s = 0; s < P; ++s) {
+        const auto steps = schedule_1f1b(P, s, m);
+        ASSERT_EQ(steps.size(), size_t(2 * m));
+        std::vector<int> fwd(m, -1), bwd(m, -1);
+        int in_flight = 0, most = 0;
+        for (size_t i = 0; i < steps.size(); ++i) {
+          (steps[i].forward ? fwd : bwd)[steps[i].micro] = int(i);
+          in_flight += steps[i].forward ? 1 : -1;
+          most = std::max(most, in_flight);
+        }
+        for (int k = 0; k < m; ++k) {
+          ASSERT_GE(fwd[k], 0);
+          ASSERT_GT(bwd[k], fwd[k]);
+          if (k > 0) {
+            ASSERT_GT(bwd[k], bwd[k - 1]);  // backwards in order: slot k % slots is free
+          }
+        }
+        ASSERT_EQ(most, pipeline_slots(P, s, m)) << "P " << P << " s " << s << " m " << m;
+      }
+}
