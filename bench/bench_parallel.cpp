@@ -1,0 +1,137 @@
+// bench_parallel: communication volume and time per training step of one layout, and the measured
+// pipeline bubble next to the 1F1B theory (P-1)/(m+P-1). Run it under mpirun for the layout and
+// once on one rank for the reference (bench/run_parallel_bench.sh does both).
+// Usage: bench_parallel TP PP [steps=5] [layers=8] [hidden=256] [seq=128] [global_batch=16] [micro=2]
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include "backend/backend.hpp"
+#include "comm/process_grid.hpp"
+#include "core/timer.hpp"
+#include "data/dataset.hpp"
+#include "train/options.hpp"
+#include "train/trainer.hpp"
+
+using namespace tessera;
+
+namespace {
+// Wraps a communicator and adds up the bytes each rank sends into it and the time spent inside.
+class CountingCommunicator final : public Communicator {
+ public:
+  explicit CountingCommunicator(Communicator& inner) : in_(inner) {}
+  double bytes = 0, seconds = 0;
+  int rank() const override { return in_.rank(); }
+  int size() const override { return in_.size(); }
+  void all_reduce(Tensor& t, ReduceOp op) override {
+    Timer w;
+    in_.all_reduce(t, op);
+    account(t.nbytes() * ring_factor(), w);
+  }
+  std::unique_ptr<PendingOp> all_reduce_async(Tensor& t, ReduceOp op) override {
+    Timer w;
+    auto p = in_.all_reduce_async(t, op);
+    account(t.nbytes() * ring_factor(), w);
+    return p;
+  }
+  void all_reduce_f64(double* d, int64_t n, ReduceOp op) override {
+    Timer w;
+    in_.all_reduce_f64(d, n, op);
+    account(8.0 * n * ring_factor(), w);
+  }
+  void broadcast(Tensor& t, int root) override { in_.broadcast(t, root); }
+  void all_gather(Tensor& out, const Tensor& in) override { in_.all_gather(out, in); }
+  void reduce_scatter(Tensor& out, const Tensor& in) override { in_.reduce_scatter(out, in); }
+  std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int tag) override {
+    Timer w;
+    auto p = in_.send_async(t, peer, tag);
+    account(t.nbytes(), w);
+    return p;
+  }
+  void recv(Tensor& t, int peer, int tag) override {
+    Timer w;
+    in_.recv(t, peer, tag);
+    seconds += w.seconds();
+  }
+  void barrier() override { in_.barrier(); }
+
+ private:
+  // Bytes a rank sends in a bandwidth-optimal (ring) all-reduce: 2 (n-1)/n of the buffer.
+  double ring_factor() const { return size() > 1 ? 2.0 * (size() - 1) / size() : 0.0; }
+  void account(double b, const Timer& w) {
+    bytes += b;
+    seconds += w.seconds();
+  }
+  Communicator& in_;
+};
+}  // namespace
+
+int main(int argc, char** argv) {
+  MpiRuntime mpi(&argc, &argv);
+  auto arg = [&](int i, int def) { return argc > i ? std::atoi(argv[i]) : def; };
+  const int tp = arg(1, 1), pp = arg(2, 1), steps = arg(3, 5);
+  GPTConfig m;
+  m.num_layers = arg(4, 8);
+  m.hidden_size = arg(5, 256);
+  m.num_attention_heads = 8;
+  m.seq_length = arg(6, 128);
+  m.vocab_size = 8192;
+  TrainConfig t;
+  t.global_batch_size = arg(7, 16);
+  t.micro_batch_size = arg(8, 2);
+  t.train_iters = steps + 1;
+  t.log_interval = 1 << 30;
+  try {
+    ProcessGrid grid(tp, pp);
+    ParallelContext ctx = grid.context();
+    set_num_threads(default_threads(grid.node_comm()));
+    CountingCommunicator ctp(*ctx.tp), cpp(*ctx.pp), cdp(*ctx.dp), cemb(*ctx.embedding);
+    ctx.tp = &ctp;
+    ctx.pp = &cpp;
+    ctx.dp = &cdp;
+    ctx.embedding = &cemb;
+    auto be = make_cpu_backend();
+    auto data = make_mock_dataset(m.vocab_size, m.seq_length, 1);
+    Trainer tr(m, t, *be, *data, ctx);
+    tr.train_step();  // warm-up
+    ctp.bytes = cpp.bytes = cdp.bytes = cemb.bytes = 0;
+    ctp.seconds = cpp.seconds = cdp.seconds = cemb.seconds = 0;
+    double step = 0, bubble = 0;
+    for (int i = 0; i < steps; ++i) {
+      const StepStats s = tr.train_step();
+      step += s.seconds;
+      bubble += s.pipeline_wait_seconds;
+    }
+    // Per-rank figures, averaged over steps; then the max over ranks (the slowest sets the pace).
+    double mine[7] = {step / steps, ctp.bytes / steps, cpp.bytes / steps,
+                      (cdp.bytes + cemb.bytes) / steps, ctp.seconds / steps,
+                      (cdp.seconds + cemb.seconds) / steps, bubble / step};
+    double most[7], sum[7];
+    MPI_Reduce(mine, most, 7, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    MPI_Reduce(mine, sum, 7, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (grid.world_rank() == 0) {
+      const int world = grid.world_size();
+      const int micro = tr.num_micro_batches();
+      std::printf("bench_parallel: TP %d x PP %d x DP %d (%d ranks), %d layers, hidden %d, seq %d, "
+                  "global batch %d, micro-batch %d (%d per DP rank per step)\n",
+                  tp, pp, ctx.dp_size, world, m.num_layers, m.hidden_size, m.seq_length,
+                  t.global_batch_size, t.micro_batch_size, micro);
+      std::printf("%-46s %14s\n", "figure (per step)", "value");
+      std::printf("%-46s %14.1f\n", "step time, slowest rank (ms)", most[0] * 1e3);
+      std::printf("%-46s %14.0f\n", "tokens/s", t.global_batch_size * double(m.seq_length) / most[0]);
+      std::printf("%-46s %14.3f\n", "TP all-reduce MB sent per rank (mean)", sum[1] / world / 1e6);
+      std::printf("%-46s %14.3f\n", "PP p2p MB sent per rank (mean)", sum[2] / world / 1e6);
+      std::printf("%-46s %14.3f\n", "DP + embedding all-reduce MB per rank (mean)", sum[3] / world / 1e6);
+      std::printf("%-46s %14.1f\n", "TP collective time per rank (ms, mean)", sum[4] / world * 1e3);
+      std::printf("%-46s %14.1f\n", "DP wait after backward (ms, mean)", sum[5] / world * 1e3);
+      std::printf("%-46s %13.1f%%\n", "pipeline bubble measured (mean over ranks)", 100.0 * sum[6] / world);
+      std::printf("%-46s %13.1f%%\n", "pipeline bubble theory (P-1)/(m+P-1)", 100.0 * theoretical_bubble(pp, micro));
+    }
+  } catch (const std::exception& e) {
+    abort_job(e.what());
+  }
+  return 0;
+}
