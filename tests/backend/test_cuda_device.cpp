@@ -35,3 +35,26 @@ TEST(CudaDevice, OutOfMemoryNamesTheRequest) {
     EXPECT_NE(std::string(e.what()).find("out of device memory"), std::string::npos) << e.what();
   }
 }
+
+// ---- NCCL over the world communicator (one rank here; the MPI tests cover the groups) -----------
+
+#include <mpi.h>
+
+#include "comm/nccl_communicator.hpp"
+
+TEST(Nccl, AllReduceOnDeviceTensors) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) MPI_Init(nullptr, nullptr);
+  cuda::set_device(0);
+  auto comm = make_nccl_communicator(MPI_COMM_WORLD);
+  Tensor host({37});
+  for (int i = 0; i < 37; ++i) host.f32()[i] = float(i);
+  Tensor dev({37}, DType::F32, cuda::device_allocator());
+  cuda::copy_to_device(dev, host);
+  comm->all_reduce(dev, ReduceOp::Sum);
+  Tensor back = Tensor::zeros({37});
+  cuda::copy_to_host(back, dev);
+  for (int i = 0; i < 37; ++i) ASSERT_EQ(back.f32()[i], float(i * comm->size()));
+}
