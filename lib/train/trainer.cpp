@@ -73,6 +73,7 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   sends_.resize(slots);
   const int64_t local = cfg_.global_batch(ctx_.dp_size) / ctx_.dp_size;
   batch_.resize(static_cast<size_t>(local) * (model_cfg_.seq_length + 1));
+  prefetch_ = std::make_unique<Prefetcher>(data_, local);
   if (!cfg_.metrics_file.empty() && ctx_.world_rank == 0) {
     metrics_.open(cfg_.metrics_file, std::ios::app);
     if (!metrics_)
@@ -81,13 +82,16 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   }
 }
 
-void Trainer::load_batch() {
+int64_t Trainer::first_sample(int64_t consumed) const {
   // The global batch is samples [consumed, consumed + G) whatever the layout; DP rank d takes the
   // d-th contiguous G/DP of them, so no layout changes which samples form an iteration.
-  const int64_t G = cfg_.global_batch(ctx_.dp_size), local = G / ctx_.dp_size;
-  const int64_t S = model_cfg_.seq_length + 1;
-  const int64_t first = consumed_samples_ + ctx_.dp_rank * local;
-  for (int64_t i = 0; i < local; ++i) data_.get(first + i, batch_.data() + i * S);
+  return consumed + ctx_.dp_rank * (cfg_.global_batch(ctx_.dp_size) / ctx_.dp_size);
+}
+
+void Trainer::load_batch(StepStats& st) {
+  const int64_t G = cfg_.global_batch(ctx_.dp_size);
+  prefetch_->fetch(first_sample(consumed_samples_), batch_.data(), first_sample(consumed_samples_ + G));
+  st.data_wait_seconds = prefetch_->take_wait_seconds();
 }
 
 void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepStats& st) {
@@ -157,7 +161,7 @@ StepStats Trainer::train_step() {
   st.iteration = iteration_ + 1;
   const int T = model_cfg_.seq_length;
   const int64_t S = T + 1;
-  load_batch();
+  load_batch(st);
   // Loss tokens of the whole global batch, known before any backward so every micro-batch's
   // gradient is scaled by the same 1/N (the loss is the mean over the global batch).
   double tokens = 0;

@@ -11,6 +11,7 @@
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "data/dataset.hpp"
+#include "data/prefetcher.hpp"
 #include "model/gpt.hpp"
 #include "train/grad_reducer.hpp"
 #include "train/lr_schedule.hpp"
@@ -30,6 +31,7 @@ struct StepStats {
   double pipeline_wait_seconds = 0;  // blocked receiving from neighbouring stages (the bubble)
   double dp_wait_seconds = 0;        // waiting for data-parallel reductions after the backward
   double p2p_bytes = 0;              // sent to neighbouring stages by this rank
+  double data_wait_seconds = 0;      // blocked waiting for this step's samples
 };
 
 // Which layers pipeline stage `pp_rank` of `pp_size` holds: an even split (validated earlier).
@@ -57,7 +59,9 @@ class Trainer {
   std::vector<StepStats> train();
 
  private:
-  void load_batch();
+  // Samples of this DP rank for the step that starts at `consumed` samples.
+  int64_t first_sample(int64_t consumed) const;
+  void load_batch(StepStats& st);
   void forward_micro(int micro, Activations& a, float grad_scale, StepStats& st);
   void backward_micro(int micro, Activations& a, StepStats& st);
   double grad_norm_squared();
@@ -76,6 +80,7 @@ class Trainer {
   std::vector<std::unique_ptr<PendingOp>> sends_;  // per slot: the last send from its buffers
   std::vector<PipeStep> schedule_steps_;
   std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
+  std::unique_ptr<Prefetcher> prefetch_;
   double loss_sum_ = 0;
   int64_t iteration_ = 0, consumed_samples_ = 0;
   std::ofstream metrics_;

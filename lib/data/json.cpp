@@ -1,0 +1,182 @@
+// json.cpp: the JSON reader.
+#include "data/json.hpp"
+
+#include <cctype>
+
+namespace tessera {
+
+void JsonReader::fail(const std::string& what) const {
+  throw JsonError{what + " at byte " + std::to_string(i_)};
+}
+
+void JsonReader::ws() {
+  while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r'))
+    ++i_;
+}
+
+char JsonReader::peek() {
+  ws();
+  if (i_ >= s_.size()) fail("unexpected end of input");
+  return s_[i_];
+}
+
+void JsonReader::append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+std::string JsonReader::parse_string() {
+  if (peek() != '"') fail("expected a string");
+  ++i_;
+  std::string out;
+  auto hex4 = [&]() {
+    if (i_ + 4 > s_.size()) fail("truncated \\u escape");
+    uint32_t v = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char c = s_[i_++];
+      v <<= 4;
+      if (c >= '0' && c <= '9') v |= c - '0';
+      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
+      else fail("bad hex digit in \\u escape");
+    }
+    return v;
+  };
+  while (true) {
+    if (i_ >= s_.size()) fail("unterminated string");
+    const char c = s_[i_++];
+    if (c == '"') break;
+    if (static_cast<unsigned char>(c) < 0x20) fail("control character in string");
+    if (c != '\\') {
+      out += c;
+      continue;
+    }
+    if (i_ >= s_.size()) fail("unterminated escape");
+    const char e = s_[i_++];
+    switch (e) {
+      case '"': out += '"'; break;
+      case '\\': out += '\\'; break;
+      case '/': out += '/'; break;
+      case 'b': out += '\b'; break;
+      case 'f': out += '\f'; break;
+      case 'n': out += '\n'; break;
+      case 'r': out += '\r'; break;
+      case 't': out += '\t'; break;
+      case 'u': {
+        uint32_t cp = hex4();
+        if (cp >= 0xD800 && cp < 0xDC00 && i_ + 1 < s_.size() && s_[i_] == '\\' && s_[i_ + 1] == 'u') {
+          const size_t save = i_;
+          i_ += 2;
+          const uint32_t lo = hex4();
+          if (lo >= 0xDC00 && lo < 0xE000) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          else i_ = save;  // a lone high surrogate; the next escape stands alone
+        }
+        if (cp >= 0xD800 && cp < 0xE000) cp = 0xFFFD;  // lone surrogate: replacement character
+        append_utf8(out, cp);
+        break;
+      }
+      default: fail(std::string("bad escape \\") + e);
+    }
+  }
+  return out;
+}
+
+void JsonReader::object(const std::function<void(const std::string&)>& on_member) {
+  if (peek() != '{') fail("expected a JSON object");
+  ++i_;
+  if (peek() == '}') {
+    ++i_;
+    return;
+  }
+  while (true) {
+    const std::string key = parse_string();
+    if (peek() != ':') fail("expected ':' after a key");
+    ++i_;
+    on_member(key);
+    const char c = peek();
+    ++i_;
+    if (c == '}') return;
+    if (c != ',') fail("expected ',' or '}'");
+  }
+}
+
+std::string JsonReader::string_value() { return parse_string(); }
+
+int64_t JsonReader::int_value() {
+  ws();
+  const size_t start = i_;
+  if (i_ < s_.size() && s_[i_] == '-') ++i_;
+  while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') ++i_;
+  if (i_ == start || (i_ == start + 1 && s_[start] == '-')) fail("expected an integer");
+  return std::stoll(std::string(s_.substr(start, i_ - start)));
+}
+
+void JsonReader::skip_value() {
+  const char c = peek();
+  if (c == '"') {
+    parse_string();
+  } else if (c == '{') {
+    object([this](const std::string&) { skip_value(); });
+  } else if (c == '[') {
+    ++i_;
+    if (peek() == ']') {
+      ++i_;
+      return;
+    }
+    while (true) {
+      skip_value();
+      const char d = peek();
+      ++i_;
+      if (d == ']') return;
+      if (d != ',') fail("expected ',' or ']'");
+    }
+  } else if (s_.substr(i_, 4) == "true" || s_.substr(i_, 4) == "null") {
+    i_ += 4;
+  } else if (s_.substr(i_, 5) == "false") {
+    i_ += 5;
+  } else if (c == '-' || (c >= '0' && c <= '9')) {
+    ++i_;
+    while (i_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[i_])) || s_[i_] == '.' ||
+                              s_[i_] == 'e' || s_[i_] == 'E' || s_[i_] == '+' || s_[i_] == '-'))
+      ++i_;
+  } else {
+    fail("unexpected character");
+  }
+}
+
+void JsonReader::expect_end() {
+  ws();
+  if (i_ != s_.size()) fail("unexpected text after the JSON value");
+}
+
+std::string json_string_member(std::string_view line, const std::string& key) {
+  JsonReader r(line);
+  std::string value;
+  bool found = false;
+  r.object([&](const std::string& k) {
+    if (k == key && !found) {
+      value = r.string_value();
+      found = true;
+    } else {
+      r.skip_value();
+    }
+  });
+  r.expect_end();
+  if (!found) throw JsonError{"no string member \"" + key + "\""};
+  return value;
+}
+
+}  // namespace tessera

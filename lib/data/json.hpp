@@ -1,0 +1,43 @@
+// json.hpp: a small strict JSON reader for what Tessera reads: jsonl documents (one object per
+// line, one string field wanted) and the GPT-2 encoder.json (one object of string -> integer).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace tessera {
+
+// Thrown with a message that says what is wrong and at which byte offset.
+struct JsonError {
+  std::string message;
+};
+
+// Calls `on_member(key, value_start, reader)` for each member of the object in `text`; the
+// callback must consume the value with one of the reader's functions. Throws JsonError.
+class JsonReader {
+ public:
+  explicit JsonReader(std::string_view text) : s_(text) {}
+  // Iterates the members of a top-level object.
+  void object(const std::function<void(const std::string& key)>& on_member);
+  std::string string_value();   // the next value must be a string (escapes decoded to UTF-8)
+  int64_t int_value();          // the next value must be an integer
+  void skip_value();            // any value
+  void expect_end();            // only whitespace may follow
+
+ private:
+  void ws();
+  [[noreturn]] void fail(const std::string& what) const;
+  char peek();
+  std::string parse_string();
+  void append_utf8(std::string& out, uint32_t cp);
+  std::string_view s_;
+  size_t i_ = 0;
+};
+
+// The string member `key` of the JSON object on one line; throws JsonError when the line is not a
+// JSON object or has no string member of that name.
+std::string json_string_member(std::string_view line, const std::string& key);
+
+}  // namespace tessera

@@ -1,0 +1,207 @@
+// shard.cpp: writing and reading HDF5 token shards.
+#include "data/shard.hpp"
+
+#include <glob.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/error.hpp"
+#include "core/hdf5_check.hpp"
+
+namespace tessera {
+
+namespace {
+
+void write_attr_i64(hid_t obj, const char* name, int64_t v) {
+  H5Id space(H5Screate(H5S_SCALAR));
+  H5Id attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
+  HDF5_CHECK(attr.get());
+  HDF5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_INT64, &v));
+}
+
+void write_attr_str(hid_t obj, const char* name, const std::string& v) {
+  H5Id type(H5Tcopy(H5T_C_S1));
+  HDF5_CHECK(H5Tset_size(type.get(), v.size() ? v.size() : 1));
+  H5Id space(H5Screate(H5S_SCALAR));
+  H5Id attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT));
+  HDF5_CHECK(attr.get());
+  HDF5_CHECK(H5Awrite(attr.get(), type.get(), v.c_str()));
+}
+
+bool read_attr_i64(hid_t obj, const char* name, int64_t& v) {
+  if (H5Aexists(obj, name) <= 0) return false;
+  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT));
+  return attr.valid() && H5Aread(attr.get(), H5T_NATIVE_INT64, &v) >= 0;
+}
+
+bool read_attr_str(hid_t obj, const char* name, std::string& v) {
+  if (H5Aexists(obj, name) <= 0) return false;
+  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT));
+  H5Id type(H5Aget_type(attr.get()));
+  if (!type.valid() || H5Tget_class(type.get()) != H5T_STRING) return false;
+  const size_t n = H5Tget_size(type.get());
+  std::string buf(n + 1, '\0');
+  H5Id mem(H5Tcopy(H5T_C_S1));
+  H5Tset_size(mem.get(), n + 1);
+  if (H5Aread(attr.get(), mem.get(), buf.data()) < 0) return false;
+  v = buf.c_str();
+  return true;
+}
+
+template <typename T>
+void write_1d(hid_t file, const char* name, hid_t file_type, hid_t mem_type, const T* data,
+              int64_t n, int64_t chunk) {
+  const hsize_t dims[1] = {static_cast<hsize_t>(n)};
+  H5Id space(H5Screate_simple(1, dims, nullptr));
+  H5Id plist(H5Pcreate(H5P_DATASET_CREATE));
+  if (n > 0) {
+    const hsize_t c[1] = {static_cast<hsize_t>(std::min<int64_t>(n, chunk))};
+    HDF5_CHECK(H5Pset_chunk(plist.get(), 1, c));
+  }
+  H5Id ds(H5Dcreate2(file, name, file_type, space.get(), H5P_DEFAULT, plist.get(), H5P_DEFAULT));
+  HDF5_CHECK(ds.get());
+  if (n > 0) HDF5_CHECK(H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+}
+
+}  // namespace
+
+void write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
+                 const std::vector<uint64_t>& doc_offsets, const ShardMeta& meta) {
+  TESSERA_CHECK(!doc_offsets.empty() && doc_offsets.front() == 0 &&
+                    doc_offsets.back() == tokens.size(),
+                "doc_offsets must run from 0 to the number of tokens");
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  silence_hdf5_errors();
+  const std::string tmp = path + ".tmp";
+  try {
+    H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+    if (!file.valid())
+      throw Error("cannot create shard '" + tmp + "'; check the directory exists and is writable");
+    const bool u16 = meta.vocab_size <= 65536;
+    if (u16) {
+      std::vector<uint16_t> t16(tokens.begin(), tokens.end());
+      write_1d(file.get(), "tokens", H5T_STD_U16LE, H5T_NATIVE_UINT16, t16.data(),
+               static_cast<int64_t>(t16.size()), 1 << 20);
+    } else {
+      write_1d(file.get(), "tokens", H5T_STD_U32LE, H5T_NATIVE_UINT32, tokens.data(),
+               static_cast<int64_t>(tokens.size()), 1 << 20);
+    }
+    write_1d(file.get(), "doc_offsets", H5T_STD_U64LE, H5T_NATIVE_UINT64, doc_offsets.data(),
+             static_cast<int64_t>(doc_offsets.size()), 1 << 16);
+    write_attr_i64(file.get(), "vocab_size", meta.vocab_size);
+    write_attr_i64(file.get(), "eod_id", meta.eod_id);
+    write_attr_str(file.get(), "tokenizer", meta.tokenizer);
+    write_attr_i64(file.get(), "format_version", kShardFormatVersion);
+    HDF5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error("cannot rename '" + tmp + "' to '" + path + "'");
+  }
+}
+
+ShardReader::ShardReader(const std::string& path) : path_(path) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  silence_hdf5_errors();
+  auto bad = [&](const std::string& what) {
+    return Error("data shard '" + path + "': " + what);
+  };
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0)
+    throw bad("does not exist; check --data-path (shards are <prefix>_NNNNN.h5)");
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    throw bad("is not an HDF5 file (truncated or not a shard); re-run tessera-preprocess");
+  file_ = H5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!file_.valid()) throw bad("cannot be opened (truncated?); re-run tessera-preprocess");
+  if (!read_attr_i64(file_.get(), "format_version", meta_.format_version))
+    throw bad("has no format_version attribute; it was not written by tessera-preprocess");
+  if (meta_.format_version != kShardFormatVersion)
+    throw bad("has format_version " + std::to_string(meta_.format_version) + ", this build reads " +
+              std::to_string(kShardFormatVersion) + "; re-run tessera-preprocess");
+  if (!read_attr_i64(file_.get(), "vocab_size", meta_.vocab_size) ||
+      !read_attr_i64(file_.get(), "eod_id", meta_.eod_id) ||
+      !read_attr_str(file_.get(), "tokenizer", meta_.tokenizer))
+    throw bad("lacks the vocab_size, eod_id or tokenizer attribute");
+  if (H5Lexists(file_.get(), "tokens", H5P_DEFAULT) <= 0 ||
+      H5Lexists(file_.get(), "doc_offsets", H5P_DEFAULT) <= 0)
+    throw bad("lacks the /tokens or /doc_offsets dataset");
+  tokens_ = H5Id(H5Dopen2(file_.get(), "tokens", H5P_DEFAULT));
+  H5Id tspace(H5Dget_space(tokens_.get()));
+  H5Id ttype(H5Dget_type(tokens_.get()));
+  if (!tspace.valid() || H5Sget_simple_extent_ndims(tspace.get()) != 1 ||
+      H5Tget_class(ttype.get()) != H5T_INTEGER || H5Tget_sign(ttype.get()) != H5T_SGN_NONE)
+    throw bad("/tokens is not a 1-D unsigned integer dataset");
+  u16_ = H5Tget_size(ttype.get()) == 2;
+  if (!u16_ && H5Tget_size(ttype.get()) != 4) throw bad("/tokens is neither uint16 nor uint32");
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(tspace.get(), &n, nullptr);
+  num_tokens_ = static_cast<int64_t>(n);
+  H5Id ds(H5Dopen2(file_.get(), "doc_offsets", H5P_DEFAULT));
+  H5Id dspace(H5Dget_space(ds.get()));
+  hsize_t nd = 0;
+  if (!dspace.valid() || H5Sget_simple_extent_ndims(dspace.get()) != 1)
+    throw bad("/doc_offsets is not 1-D");
+  H5Sget_simple_extent_dims(dspace.get(), &nd, nullptr);
+  doc_offsets_.resize(nd);
+  if (nd == 0 ||
+      H5Dread(ds.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, doc_offsets_.data()) < 0)
+    throw bad("/doc_offsets cannot be read (truncated?); re-run tessera-preprocess");
+  if (doc_offsets_.front() != 0 || doc_offsets_.back() != n ||
+      !std::is_sorted(doc_offsets_.begin(), doc_offsets_.end()))
+    throw bad("/doc_offsets does not run from 0 to the number of tokens in order");
+}
+
+void ShardReader::read(int64_t begin, int64_t count, int32_t* out) const {
+  TESSERA_CHECK(begin >= 0 && count >= 0 && begin + count <= num_tokens_, "read of tokens [", begin,
+                ", ", begin + count, ") past the end of ", path_);
+  if (count == 0) return;
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  H5Id fspace(H5Dget_space(tokens_.get()));
+  const hsize_t start[1] = {static_cast<hsize_t>(begin)}, cnt[1] = {static_cast<hsize_t>(count)};
+  HDF5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, cnt, nullptr));
+  H5Id mspace(H5Screate_simple(1, cnt, nullptr));
+  // Read as uint32 straight into the int32 output (ids < 2^31), converting from uint16 if needed.
+  if (H5Dread(tokens_.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
+    throw Error("data shard '" + path_ + "': reading tokens [" + std::to_string(begin) + ", " +
+                std::to_string(begin + count) + ") failed (truncated or corrupt); re-run tessera-preprocess");
+}
+
+std::string shard_path(const std::string& prefix, int index) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "_%05d.h5", index);
+  return prefix + buf;
+}
+
+std::vector<std::string> shard_paths(const std::string& prefix) {
+  struct stat st;
+  if (prefix.size() > 3 && prefix.compare(prefix.size() - 3, 3, ".h5") == 0 &&
+      stat(prefix.c_str(), &st) == 0)
+    return {prefix};
+  std::vector<std::string> out;
+  for (int i = 0;; ++i) {
+    const std::string p = shard_path(prefix, i);
+    if (stat(p.c_str(), &st) != 0) break;
+    out.push_back(p);
+  }
+  if (out.empty() && stat((prefix + ".h5").c_str(), &st) == 0) out.push_back(prefix + ".h5");
+  if (out.empty())
+    throw ConfigError("--data-path '" + prefix + "' names no shards (looked for " +
+                      shard_path(prefix, 0) + " and " + prefix + ".h5); run tessera-preprocess first");
+  // A gap (shard 3 missing while 4 exists) would silently drop data: refuse it.
+  glob_t g;
+  if (glob((prefix + "_[0-9][0-9][0-9][0-9][0-9].h5").c_str(), 0, nullptr, &g) == 0) {
+    const size_t found = g.gl_pathc;
+    globfree(&g);
+    if (found != out.size())
+      throw ConfigError("--data-path '" + prefix + "': shard " + shard_path(prefix, (int)out.size()) +
+                        " is missing but later shards exist; restore it or re-run tessera-preprocess");
+  }
+  return out;
+}
+
+}  // namespace tessera
