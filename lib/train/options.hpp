@@ -3,9 +3,11 @@
 
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 
 #include "core/logging.hpp"
+#include "data/dataset.hpp"
 #include "model/gpt_config.hpp"
 #include "train/train_config.hpp"
 
@@ -18,12 +20,18 @@ struct RunOptions {
   int tp = 1, pp = 1;         // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
   int threads = 0;            // 0: this rank's share of the cores in its affinity mask
   std::string device = "cpu";
-  bool mock_data = true;
+  bool mock_data = false;     // synthetic data; also the source when no --data-path is given
+  std::string data_path;      // prefix of HDF5 token shards
+  std::string split = "969,30,1";
 };
 
 // Parses argv (and --config). Returns false when --help was printed. Throws ConfigError for an
 // unknown option, a bad value or a missing config file; validates everything before returning.
 bool parse_run_options(int argc, const char* const* argv, RunOptions& out);
+
+// The training dataset the options ask for: the train split of --data-path, or mock data. Sets
+// model.vocab_size from the shards when it was not given. ConfigError for an empty train split.
+std::unique_ptr<TokenDataset> open_train_data(RunOptions& opts);
 
 // Cores this process may run on (sched_getaffinity), at least 1.
 int affinity_cores();

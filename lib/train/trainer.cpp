@@ -83,9 +83,7 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
 }
 
 int64_t Trainer::first_sample(int64_t consumed) const {
-  // The global batch is samples [consumed, consumed + G) whatever the layout; DP rank d takes the
-  // d-th contiguous G/DP of them, so no layout changes which samples form an iteration.
-  return consumed + ctx_.dp_rank * (cfg_.global_batch(ctx_.dp_size) / ctx_.dp_size);
+  return dp_slice_begin(consumed, cfg_.global_batch(ctx_.dp_size), ctx_.dp_size, ctx_.dp_rank);
 }
 
 void Trainer::load_batch(StepStats& st) {

@@ -34,6 +34,13 @@ struct StepStats {
   double data_wait_seconds = 0;      // blocked waiting for this step's samples
 };
 
+// The first sample of DP rank `dp_rank`'s slice of the global batch that starts after `consumed`
+// samples: the global batch is samples [consumed, consumed + G) in every layout, and DP rank d
+// takes its d-th contiguous G/DP of them.
+inline int64_t dp_slice_begin(int64_t consumed, int64_t global_batch, int dp_size, int dp_rank) {
+  return consumed + dp_rank * (global_batch / dp_size);
+}
+
 // Which layers pipeline stage `pp_rank` of `pp_size` holds: an even split (validated earlier).
 ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx);
 

@@ -1,0 +1,309 @@
+// preprocess.cpp: the reader -> workers -> ordered writer pipeline of tessera-preprocess.
+#include "data/preprocess.hpp"
+
+#include <glob.h>
+#include <sys/stat.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/timer.hpp"
+#include "data/json.hpp"
+#include "data/shard.hpp"
+
+namespace tessera {
+
+std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns) {
+  std::vector<std::string> out;
+  for (const std::string& p : patterns) {
+    glob_t g;
+    const int rc = glob(p.c_str(), GLOB_NOCHECK, nullptr, &g);
+    if (rc == 0)
+      for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+    globfree(&g);
+  }
+  for (const std::string& f : out) {
+    struct stat st;
+    if (stat(f.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      throw ConfigError("--input '" + f + "' is not a readable file (or matches nothing)");
+  }
+  if (out.empty()) throw ConfigError("--input names no files");
+  return out;
+}
+
+int64_t parse_token_count(const std::string& text) {
+  if (text.empty()) throw ConfigError("--shard-size is empty (e.g. 100M)");
+  int64_t mult = 1;
+  std::string num = text;
+  const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(text.back())));
+  if (last == 'K' || last == 'M' || last == 'G') {
+    mult = last == 'K' ? 1000 : last == 'M' ? 1000000 : 1000000000;
+    num.pop_back();
+  }
+  try {
+    size_t used = 0;
+    const double v = std::stod(num, &used);
+    if (used != num.size() || !(v >= 1)) throw std::invalid_argument(text);
+    return static_cast<int64_t>(v * static_cast<double>(mult));
+  } catch (const std::exception&) {
+    throw ConfigError("--shard-size '" + text + "' is not a token count (e.g. 100M, 5000000, 2G)");
+  }
+}
+
+namespace {
+
+struct Batch {
+  int64_t seq = 0;
+  std::vector<std::string> docs;
+  std::vector<uint32_t> tokens;   // filled by a worker
+  std::vector<uint64_t> lengths;  // tokens per document
+  int64_t bytes = 0;
+};
+
+bool is_jsonl(const std::string& path) {
+  auto ends = [&](const char* s) {
+    const std::string e(s);
+    return path.size() >= e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0;
+  };
+  return ends(".jsonl") || ends(".json") || ends(".ndjson");
+}
+
+// Shared state of the pipeline.
+struct Pipeline {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::unique_ptr<Batch>> todo;
+  std::map<int64_t, std::unique_ptr<Batch>> done;
+  bool reading_finished = false, failed = false;
+  std::string error;
+  int64_t batches_read = 0;
+  static constexpr size_t kMaxQueued = 64;
+
+  void fail(const std::string& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!failed) error = e;
+    failed = true;
+    cv.notify_all();
+  }
+};
+
+}  // namespace
+
+PreprocessResult preprocess(const PreprocessOptions& opts, const GPT2Tokenizer& tok,
+                            const std::function<void(const std::string&, bool)>& progress,
+                            bool tty) {
+  TESSERA_CHECK(opts.workers >= 1, "--workers must be >= 1");
+  const std::vector<std::string> files = expand_inputs(opts.inputs);
+  if (opts.output_prefix.empty()) throw ConfigError("--output-prefix is required");
+  Timer clock;
+  Pipeline pl;
+  PreprocessResult res;
+
+  // Workers: tokenize batches, each with its own BPE cache.
+  std::vector<std::thread> workers;
+  for (int w = 0; w < opts.workers; ++w) {
+    workers.emplace_back([&] {
+      GPT2Tokenizer::Cache cache;
+      std::vector<int32_t> ids;
+      while (true) {
+        std::unique_ptr<Batch> b;
+        {
+          std::unique_lock<std::mutex> lock(pl.mu);
+          pl.cv.wait(lock, [&] { return pl.failed || !pl.todo.empty() || pl.reading_finished; });
+          if (pl.failed || (pl.todo.empty() && pl.reading_finished)) return;
+          b = std::move(pl.todo.front());
+          pl.todo.pop_front();
+          pl.cv.notify_all();
+        }
+        for (const std::string& d : b->docs) {
+          ids.clear();
+          tok.encode(d, ids, cache);
+          if (opts.append_eod) ids.push_back(tok.eod_id());
+          b->tokens.insert(b->tokens.end(), ids.begin(), ids.end());
+          b->lengths.push_back(ids.size());
+        }
+        b->docs.clear();
+        b->docs.shrink_to_fit();
+        std::lock_guard<std::mutex> lock(pl.mu);
+        pl.done.emplace(b->seq, std::move(b));
+        pl.cv.notify_all();
+      }
+    });
+  }
+
+  // Reader: documents in input order, in batches of ~1 MB.
+  std::thread reader([&] {
+    try {
+      int64_t seq = 0;
+      auto batch = std::make_unique<Batch>();
+      auto push = [&](bool force) {
+        if (batch->docs.empty() || (!force && batch->bytes < (1 << 20) && batch->docs.size() < 1024))
+          return;
+        batch->seq = seq++;
+        std::unique_lock<std::mutex> lock(pl.mu);
+        pl.cv.wait(lock, [&] { return pl.failed || pl.todo.size() + pl.done.size() < Pipeline::kMaxQueued; });
+        if (pl.failed) throw Error("stopped");
+        pl.todo.push_back(std::move(batch));
+        ++pl.batches_read;
+        pl.cv.notify_all();
+        batch = std::make_unique<Batch>();
+      };
+      auto add = [&](std::string doc) {
+        batch->bytes += static_cast<int64_t>(doc.size());
+        batch->docs.push_back(std::move(doc));
+        push(false);
+      };
+      for (const std::string& f : files) {
+        std::ifstream in(f, std::ios::binary);
+        if (!in) throw Error("--input '" + f + "' cannot be read");
+        if (is_jsonl(f)) {
+          std::string line;
+          int64_t lineno = 0;
+          while (std::getline(in, line)) {
+            ++lineno;
+            if (!line.empty() && line.back() == '\r') line.pop_back();
+            if (line.find_first_not_of(" \t") == std::string::npos) continue;
+            try {
+              add(json_string_member(line, opts.json_key));
+            } catch (const JsonError& e) {
+              throw Error(f + ":" + std::to_string(lineno) + ": " + e.message +
+                          " (each line must be a JSON object with a string \"" + opts.json_key +
+                          "\"; see --json-key)");
+            }
+          }
+        } else if (opts.split_lines) {
+          std::string line;
+          while (std::getline(in, line))
+            if (line.find_first_not_of(" \t\r") != std::string::npos) add(line);
+        } else {
+          std::ostringstream ss;
+          ss << in.rdbuf();
+          add(ss.str());
+        }
+      }
+      push(true);
+      std::lock_guard<std::mutex> lock(pl.mu);
+      pl.reading_finished = true;
+      pl.cv.notify_all();
+    } catch (const std::exception& e) {
+      pl.fail(e.what());
+    }
+  });
+
+  // Writer (this thread): batches in order into shards under temporary names.
+  std::vector<std::string> tmp_shards;
+  std::vector<uint32_t> shard_tokens;
+  std::vector<uint64_t> offsets{0};
+  ShardMeta meta;
+  meta.vocab_size = tok.vocab_size();
+  meta.eod_id = tok.eod_id();
+  meta.tokenizer = GPT2Tokenizer::name();
+  Timer since_report;
+  auto report = [&](bool final) {
+    if (!progress) return;
+    const double s = std::max(clock.seconds(), 1e-9);
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "%s%lld documents (%.0f docs/s), %lld tokens (%.0f tokens/s, %.0f per worker), "
+                  "%zu shard%s",
+                  final ? "done: " : "", (long long)res.documents, res.documents / s,
+                  (long long)res.tokens, res.tokens / s, res.tokens / s / opts.workers,
+                  tmp_shards.size() + (offsets.size() > 1 ? 1 : 0),
+                  tmp_shards.size() + (offsets.size() > 1 ? 1 : 0) == 1 ? "" : "s");
+    progress(line, final);
+  };
+  auto flush_shard = [&] {
+    if (offsets.size() == 1) return;
+    const std::string final_name = shard_path(opts.output_prefix, static_cast<int>(tmp_shards.size()));
+    const std::string tmp = final_name + ".part";
+    write_shard(tmp, shard_tokens, offsets, meta);
+    tmp_shards.push_back(tmp);
+    shard_tokens.clear();
+    offsets.assign(1, 0);
+  };
+  auto cleanup = [&] {
+    for (const std::string& t : tmp_shards) std::remove(t.c_str());
+  };
+  int64_t next = 0;
+  try {
+    while (true) {
+      std::unique_ptr<Batch> b;
+      {
+        std::unique_lock<std::mutex> lock(pl.mu);
+        pl.cv.wait_for(lock, std::chrono::milliseconds(200), [&] {
+          return pl.failed || pl.done.count(next) ||
+                 (pl.reading_finished && next == pl.batches_read);
+        });
+        if (pl.failed) break;
+        if (pl.reading_finished && next == pl.batches_read && !pl.done.count(next)) break;
+        auto it = pl.done.find(next);
+        if (it != pl.done.end()) {
+          b = std::move(it->second);
+          pl.done.erase(it);
+          ++next;
+          pl.cv.notify_all();
+        }
+      }
+      if (b) {
+        size_t pos = 0;
+        for (uint64_t len : b->lengths) {
+          shard_tokens.insert(shard_tokens.end(), b->tokens.begin() + pos, b->tokens.begin() + pos + len);
+          pos += len;
+          offsets.push_back(shard_tokens.size());
+          ++res.documents;
+          res.tokens += static_cast<int64_t>(len);
+          if (static_cast<int64_t>(shard_tokens.size()) >= opts.shard_tokens) flush_shard();
+        }
+        res.bytes += b->bytes;
+      }
+      if (tty || since_report.seconds() >= opts.progress_seconds) {
+        if (!tty || since_report.seconds() >= 0.2) {
+          report(false);
+          since_report.reset();
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    pl.fail(e.what());
+  }
+  reader.join();
+  for (auto& w : workers) w.join();
+  if (pl.failed) {
+    cleanup();
+    throw Error(pl.error);
+  }
+  try {
+    flush_shard();
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  if (res.documents == 0) {
+    cleanup();
+    throw ConfigError("the inputs hold no documents (empty files, or no non-empty lines)");
+  }
+  // Everything succeeded: move the shards under their final names, then drop stale shards of an
+  // earlier, longer run of the same prefix (they would otherwise be read as part of this corpus).
+  for (size_t i = 0; i < tmp_shards.size(); ++i) {
+    const std::string final_name = shard_path(opts.output_prefix, static_cast<int>(i));
+    if (std::rename(tmp_shards[i].c_str(), final_name.c_str()) != 0)
+      throw Error("cannot rename '" + tmp_shards[i] + "' to '" + final_name + "'");
+    res.shards.push_back(final_name);
+  }
+  for (int i = static_cast<int>(tmp_shards.size());; ++i) {
+    const std::string stale = shard_path(opts.output_prefix, i);
+    if (std::remove(stale.c_str()) != 0) break;
+  }
+  res.seconds = clock.seconds();
+  report(true);
+  return res;
+}
+
+}  // namespace tessera

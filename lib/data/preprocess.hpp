@@ -1,0 +1,47 @@
+// preprocess.hpp: text -> HDF5 token shards. A reader streams documents from jsonl or text files in
+// order, N worker threads tokenize batches of them, a writer puts them back in input order and cuts
+// shards of about `shard_tokens` tokens (documents are never split). Shards are written under
+// temporary names and renamed only when the whole run succeeded, so a failed run leaves nothing
+// under the final names.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/tokenizer.hpp"
+
+namespace tessera {
+
+struct PreprocessOptions {
+  std::vector<std::string> inputs;  // files or glob patterns
+  std::string json_key = "text";
+  bool split_lines = false;         // plain text: one document per non-empty line
+  std::string output_prefix;
+  int workers = 1;
+  int64_t shard_tokens = 100'000'000;
+  bool append_eod = true;
+  double progress_seconds = 5;      // between plain progress lines when not on a terminal
+};
+
+struct PreprocessResult {
+  int64_t documents = 0, tokens = 0, bytes = 0;
+  std::vector<std::string> shards;
+  double seconds = 0;
+};
+
+// Expands globs and checks every input exists (ConfigError naming the first that does not).
+std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns);
+// "100M" -> 100000000 (K, M, G suffixes, powers of 1000). ConfigError naming --shard-size.
+int64_t parse_token_count(const std::string& text);
+
+// Runs the pipeline. `progress` (may be empty) receives one status line at a time; `tty` chooses
+// a carriage-return progress bar over periodic lines. Throws Error naming the file and line of a
+// bad input; then no shard of this run exists under its final name.
+PreprocessResult preprocess(const PreprocessOptions& opts, const GPT2Tokenizer& tokenizer,
+                            const std::function<void(const std::string&, bool final)>& progress,
+                            bool tty);
+
+}  // namespace tessera
