@@ -275,12 +275,14 @@ void GPT2Tokenizer::bpe(std::string_view word, std::vector<int32_t>& out) const 
 }
 
 void GPT2Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, Cache& cache) const {
+  std::string key;  // reused: the cache look-up allocates nothing once it has grown
   for (std::string_view piece : pretokenize(text)) {
     if (piece.size() == 1) {
       out.push_back(byte_id_[static_cast<unsigned char>(piece[0])]);
       continue;
     }
-    auto it = cache.find(std::string(piece));
+    key.assign(piece.data(), piece.size());
+    auto it = cache.find(key);
     if (it != cache.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       continue;
@@ -288,7 +290,7 @@ void GPT2Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, Cac
     std::vector<int32_t> ids;
     bpe(piece, ids);
     out.insert(out.end(), ids.begin(), ids.end());
-    if (cache.size() < (1u << 20)) cache.emplace(std::string(piece), std::move(ids));
+    if (cache.size() < (1u << 20)) cache.emplace(key, std::move(ids));
   }
 }
 
