@@ -2,6 +2,8 @@
 // Runs as a single process, under mpirun, or under srun; thin: parses options and calls lib/.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -29,6 +31,8 @@ int main(int argc, char** argv) {
     // Every rank parses and validates the same input; only rank 0 reports, all exit 2.
     if (!parse_run_options(argc, argv, opts)) return 0;
     std::unique_ptr<TokenDataset> data = open_train_data(opts);
+    const bool evaluating = opts.skip_train || opts.train.eval_interval > 0;
+    std::unique_ptr<TokenDataset> valid = evaluating ? open_valid_data(opts) : nullptr;
     if (opts.train.dry_run) {
       if (root) std::cout << dry_run_report(opts, mpi->world_size());
       return 0;
@@ -54,7 +58,16 @@ int main(int argc, char** argv) {
                << trainer.num_micro_batches() << " micro-batches of " << opts.train.micro_batch_size
                << " x DP " << ctx.dp_size << "; 1F1B pipeline bubble (theoretical) "
                << theoretical_bubble(ctx.pp_size, trainer.num_micro_batches());
-    trainer.train();
+    if (!opts.load.empty()) trainer.load_checkpoint(opts.load, opts.finetune);
+    if (opts.skip_train) {
+      const double l = trainer.evaluate(*valid, 0, opts.train.eval_iters);
+      char line[200];
+      std::snprintf(line, sizeof line, " validation loss at iteration %lld | lm loss value: %.9E | lm loss PPL: %.6E",
+                    (long long)trainer.iteration(), l, std::exp(std::min(l, 700.0)));
+      TLOG(info) << line;
+      return 0;
+    }
+    trainer.train(valid.get());
     TLOG(info) << "training finished after " << trainer.iteration() << " iterations, "
                << trainer.consumed_samples() << " samples";
   } catch (const ConfigError& e) {

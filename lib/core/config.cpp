@@ -30,6 +30,26 @@ std::string OptionParser::help() const {
   return os.str();
 }
 
+std::string OptionParser::to_ini() const {
+  std::ostringstream os;
+  for (const auto& [key, value] : vm_) {
+    if (key == "help" || key == "config") continue;
+    const boost::any& v = value.value();
+    os << key << " = ";
+    if (auto p = boost::any_cast<int>(&v)) os << *p;
+    else if (auto p = boost::any_cast<int64_t>(&v)) os << *p;
+    else if (auto p = boost::any_cast<uint64_t>(&v)) os << *p;
+    else if (auto p = boost::any_cast<double>(&v)) os << *p;
+    else if (auto p = boost::any_cast<bool>(&v)) os << (*p ? "true" : "false");
+    else if (auto p = boost::any_cast<std::string>(&v)) os << *p;
+    else if (auto p = boost::any_cast<std::vector<std::string>>(&v)) {
+      for (size_t i = 0; i < p->size(); ++i) os << (i ? " " : "") << (*p)[i];
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
 bool OptionParser::parse(int argc, const char* const* argv) {
   po::options_description all;
   for (const auto& g : groups_) all.add(*g);

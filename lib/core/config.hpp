@@ -26,6 +26,8 @@ class OptionParser {
     return vm_[name].as<T>();
   }
   std::string help() const;
+  // Every option's effective value as INI text (`key = value` lines), for checkpoints.
+  std::string to_ini() const;
 
  private:
   std::string program_, usage_;

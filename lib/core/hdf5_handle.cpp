@@ -1,6 +1,8 @@
 // hdf5_handle.cpp: closing HDF5 ids by type.
 #include "core/hdf5_handle.hpp"
 
+#include "core/hdf5_check.hpp"
+
 namespace tessera {
 
 std::recursive_mutex& hdf5_mutex() {
@@ -22,6 +24,62 @@ void H5Id::reset() {
     default: break;
   }
   id_ = H5I_INVALID_HID;
+}
+
+void h5_write_attr(hid_t obj, const char* name, int64_t v) {
+  H5Id space(H5Screate(H5S_SCALAR));
+  H5Id attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
+  HDF5_CHECK(attr.get());
+  HDF5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_INT64, &v));
+}
+
+void h5_write_attr(hid_t obj, const char* name, const std::string& v) {
+  H5Id type(H5Tcopy(H5T_C_S1));
+  HDF5_CHECK(H5Tset_size(type.get(), v.size() ? v.size() : 1));
+  H5Id space(H5Screate(H5S_SCALAR));
+  H5Id attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT));
+  HDF5_CHECK(attr.get());
+  HDF5_CHECK(H5Awrite(attr.get(), type.get(), v.c_str()));
+}
+
+void h5_write_attr(hid_t obj, const char* name, const std::vector<int64_t>& v) {
+  const hsize_t n[1] = {v.size()};
+  H5Id space(v.empty() ? H5Screate(H5S_NULL) : H5Screate_simple(1, n, nullptr));
+  H5Id attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
+  HDF5_CHECK(attr.get());
+  if (!v.empty()) HDF5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_INT64, v.data()));
+}
+
+bool h5_read_attr(hid_t obj, const char* name, int64_t& v) {
+  if (H5Aexists(obj, name) <= 0) return false;
+  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT));
+  H5Id space(H5Aget_space(attr.get()));
+  if (!space.valid() || H5Sget_simple_extent_npoints(space.get()) != 1) return false;
+  return H5Aread(attr.get(), H5T_NATIVE_INT64, &v) >= 0;
+}
+
+bool h5_read_attr(hid_t obj, const char* name, std::string& v) {
+  if (H5Aexists(obj, name) <= 0) return false;
+  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT));
+  H5Id type(H5Aget_type(attr.get()));
+  if (!type.valid() || H5Tget_class(type.get()) != H5T_STRING) return false;
+  const size_t n = H5Tget_size(type.get());
+  std::string buf(n + 1, '\0');
+  H5Id mem(H5Tcopy(H5T_C_S1));
+  H5Tset_size(mem.get(), n + 1);
+  if (H5Aread(attr.get(), mem.get(), buf.data()) < 0) return false;
+  v = buf.c_str();
+  return true;
+}
+
+bool h5_read_attr(hid_t obj, const char* name, std::vector<int64_t>& v) {
+  if (H5Aexists(obj, name) <= 0) return false;
+  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT));
+  H5Id space(H5Aget_space(attr.get()));
+  if (!space.valid()) return false;
+  const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  v.assign(n > 0 ? static_cast<size_t>(n) : 0, 0);
+  return n <= 0 || H5Aread(attr.get(), H5T_NATIVE_INT64, v.data()) >= 0;
 }
 
 void silence_hdf5_errors() {

@@ -4,9 +4,11 @@
 
 #include <hdf5.h>
 
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace tessera {
 
@@ -36,6 +38,15 @@ class H5Id {
  private:
   hid_t id_ = H5I_INVALID_HID;
 };
+
+// Attributes on a file, group or dataset. Writers throw Error; readers return false when the
+// attribute is missing or of another kind.
+void h5_write_attr(hid_t obj, const char* name, int64_t v);
+void h5_write_attr(hid_t obj, const char* name, const std::string& v);
+void h5_write_attr(hid_t obj, const char* name, const std::vector<int64_t>& v);
+bool h5_read_attr(hid_t obj, const char* name, int64_t& v);
+bool h5_read_attr(hid_t obj, const char* name, std::string& v);
+bool h5_read_attr(hid_t obj, const char* name, std::vector<int64_t>& v);
 
 // Turns off HDF5's automatic error stack printing: Tessera reports its own one-line errors.
 void silence_hdf5_errors();

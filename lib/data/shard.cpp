@@ -14,42 +14,6 @@ namespace tessera {
 
 namespace {
 
-void write_attr_i64(hid_t obj, const char* name, int64_t v) {
-  H5Id space(H5Screate(H5S_SCALAR));
-  H5Id attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
-  HDF5_CHECK(attr.get());
-  HDF5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_INT64, &v));
-}
-
-void write_attr_str(hid_t obj, const char* name, const std::string& v) {
-  H5Id type(H5Tcopy(H5T_C_S1));
-  HDF5_CHECK(H5Tset_size(type.get(), v.size() ? v.size() : 1));
-  H5Id space(H5Screate(H5S_SCALAR));
-  H5Id attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT));
-  HDF5_CHECK(attr.get());
-  HDF5_CHECK(H5Awrite(attr.get(), type.get(), v.c_str()));
-}
-
-bool read_attr_i64(hid_t obj, const char* name, int64_t& v) {
-  if (H5Aexists(obj, name) <= 0) return false;
-  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT));
-  return attr.valid() && H5Aread(attr.get(), H5T_NATIVE_INT64, &v) >= 0;
-}
-
-bool read_attr_str(hid_t obj, const char* name, std::string& v) {
-  if (H5Aexists(obj, name) <= 0) return false;
-  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT));
-  H5Id type(H5Aget_type(attr.get()));
-  if (!type.valid() || H5Tget_class(type.get()) != H5T_STRING) return false;
-  const size_t n = H5Tget_size(type.get());
-  std::string buf(n + 1, '\0');
-  H5Id mem(H5Tcopy(H5T_C_S1));
-  H5Tset_size(mem.get(), n + 1);
-  if (H5Aread(attr.get(), mem.get(), buf.data()) < 0) return false;
-  v = buf.c_str();
-  return true;
-}
-
 template <typename T>
 void write_1d(hid_t file, const char* name, hid_t file_type, hid_t mem_type, const T* data,
               int64_t n, int64_t chunk) {
@@ -90,10 +54,10 @@ void write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
     }
     write_1d(file.get(), "doc_offsets", H5T_STD_U64LE, H5T_NATIVE_UINT64, doc_offsets.data(),
              static_cast<int64_t>(doc_offsets.size()), 1 << 16);
-    write_attr_i64(file.get(), "vocab_size", meta.vocab_size);
-    write_attr_i64(file.get(), "eod_id", meta.eod_id);
-    write_attr_str(file.get(), "tokenizer", meta.tokenizer);
-    write_attr_i64(file.get(), "format_version", kShardFormatVersion);
+    h5_write_attr(file.get(), "vocab_size", meta.vocab_size);
+    h5_write_attr(file.get(), "eod_id", meta.eod_id);
+    h5_write_attr(file.get(), "tokenizer", meta.tokenizer);
+    h5_write_attr(file.get(), "format_version", kShardFormatVersion);
     HDF5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));
   } catch (...) {
     std::remove(tmp.c_str());
@@ -118,14 +82,14 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
     throw bad("is not an HDF5 file (truncated or not a shard); re-run tessera-preprocess");
   file_ = H5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!file_.valid()) throw bad("cannot be opened (truncated?); re-run tessera-preprocess");
-  if (!read_attr_i64(file_.get(), "format_version", meta_.format_version))
+  if (!h5_read_attr(file_.get(), "format_version", meta_.format_version))
     throw bad("has no format_version attribute; it was not written by tessera-preprocess");
   if (meta_.format_version != kShardFormatVersion)
     throw bad("has format_version " + std::to_string(meta_.format_version) + ", this build reads " +
               std::to_string(kShardFormatVersion) + "; re-run tessera-preprocess");
-  if (!read_attr_i64(file_.get(), "vocab_size", meta_.vocab_size) ||
-      !read_attr_i64(file_.get(), "eod_id", meta_.eod_id) ||
-      !read_attr_str(file_.get(), "tokenizer", meta_.tokenizer))
+  if (!h5_read_attr(file_.get(), "vocab_size", meta_.vocab_size) ||
+      !h5_read_attr(file_.get(), "eod_id", meta_.eod_id) ||
+      !h5_read_attr(file_.get(), "tokenizer", meta_.tokenizer))
     throw bad("lacks the vocab_size, eod_id or tokenizer attribute");
   if (H5Lexists(file_.get(), "tokens", H5P_DEFAULT) <= 0 ||
       H5Lexists(file_.get(), "doc_offsets", H5P_DEFAULT) <= 0)

@@ -13,6 +13,7 @@ class AdamW {
   // One update with learning rate lr; decay only for parameters whose spec says so.
   void step(double lr);
   int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t steps) { step_ = steps; }
   Tensor& exp_avg() { return m_; }
   Tensor& exp_avg_sq() { return v_; }
 

@@ -60,6 +60,15 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     ("data-path", po::value(&o.data_path), "prefix of the HDF5 token shards made by tessera-preprocess (PREFIX_00000.h5, ...)")
     ("split", po::value(&o.split)->default_value(o.split), "train,valid,test weights over the documents, in order (e.g. 949,50,1)")
     ("mock-data", po::bool_switch(&o.mock_data), "train on synthetic Markov-chain data (the default when no --data-path is given)");
+  p.group("Checkpoints and evaluation").add_options()
+    ("save", po::value(&t.save), "directory for checkpoints (iter_NNNNNNN/ and latest_checkpointed_iteration.txt)")
+    ("save-interval", po::value(&t.save_interval)->default_value(0), "iterations between checkpoints (0: only at the end)")
+    ("keep-checkpoints", po::value(&t.keep_checkpoints)->default_value(0), "keep the newest N checkpoints (0: all)")
+    ("load", po::value(&o.load), "checkpoint directory to resume from (any TP/PP layout; resharded on load)")
+    ("finetune", po::bool_switch(&o.finetune), "with --load: take the model only; iteration, data position and optimizer start fresh")
+    ("eval-interval", po::value(&t.eval_interval)->default_value(0), "iterations between evaluations on the validation data (0: none)")
+    ("eval-iters", po::value(&t.eval_iters)->default_value(10), "global batches per evaluation")
+    ("skip-train", po::bool_switch(&o.skip_train), "do not train: evaluate --eval-iters batches (after --load) and exit");
   p.group("Logging and system").add_options()
     ("log-interval", po::value(&t.log_interval)->default_value(10), "iterations between log lines")
     ("log-level", po::value(&log_level)->default_value("info"), "debug | info | warning | error")
@@ -86,11 +95,26 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     throw ConfigError(detail::concat("--tensor-model-parallel-size=", o.tp, " is out of range (allowed: >= 1)"));
   if (o.pp < 1)
     throw ConfigError(detail::concat("--pipeline-model-parallel-size=", o.pp, " is out of range (allowed: >= 1)"));
+  if (o.finetune && o.load.empty()) throw ConfigError("--finetune needs --load");
+  t.config_text = p.to_ini();
   GPTConfig check = m;
   if (check.vocab_size == 0) check.vocab_size = 2;  // known once the shards are open
   check.validate();
   t.validate(1);
   return true;
+}
+
+std::unique_ptr<TokenDataset> open_valid_data(const RunOptions& o) {
+  if (o.mock_data)  // another stream of the same chain: unseen samples
+    return make_mock_dataset(o.model.vocab_size, o.model.seq_length, o.train.seed + 1000003);
+  auto corpus = std::make_shared<const ShardedCorpus>(o.data_path);
+  auto ds = std::make_unique<GPTDataset>(corpus, Split::Valid, parse_split(o.split),
+                                         o.model.seq_length, o.train.seed);
+  if (ds->num_samples() == 0)
+    throw ConfigError("evaluation needs the valid split of --data-path '" + o.data_path +
+                      "', which is empty with --split " + o.split + ": " + ds->describe() +
+                      "; give valid a share or turn evaluation off (--eval-interval 0)");
+  return ds;
 }
 
 std::unique_ptr<TokenDataset> open_train_data(RunOptions& o) {

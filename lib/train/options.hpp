@@ -23,6 +23,9 @@ struct RunOptions {
   bool mock_data = false;     // synthetic data; also the source when no --data-path is given
   std::string data_path;      // prefix of HDF5 token shards
   std::string split = "969,30,1";
+  std::string load;           // checkpoint directory to start from
+  bool finetune = false;      // --load the model only: iteration, data and optimizer start fresh
+  bool skip_train = false;    // evaluate (after --load) and exit
 };
 
 // Parses argv (and --config). Returns false when --help was printed. Throws ConfigError for an
@@ -32,6 +35,10 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& out);
 // The training dataset the options ask for: the train split of --data-path, or mock data. Sets
 // model.vocab_size from the shards when it was not given. ConfigError for an empty train split.
 std::unique_ptr<TokenDataset> open_train_data(RunOptions& opts);
+
+// The validation data for --eval-interval / --skip-train: the valid split of --data-path, or mock
+// data of another stream. ConfigError when the split is needed but empty.
+std::unique_ptr<TokenDataset> open_valid_data(const RunOptions& opts);
 
 // Cores this process may run on (sched_getaffinity), at least 1.
 int affinity_cores();

@@ -43,6 +43,13 @@ void TrainConfig::validate(int dp_size) const {
     throw ConfigError(concat("--log-interval=", log_interval, " is out of range (allowed: >= 1)"));
   if (ddp_bucket_size <= 0)
     throw ConfigError(concat("--ddp-bucket-size=", ddp_bucket_size, " is out of range (allowed: >= 1)"));
+  if (eval_interval < 0 || eval_iters < 0)
+    throw ConfigError(concat("--eval-interval=", eval_interval, " / --eval-iters=", eval_iters,
+                             " are out of range (allowed: >= 0)"));
+  if (save_interval < 0)
+    throw ConfigError(concat("--save-interval=", save_interval, " is out of range (allowed: >= 0)"));
+  if (keep_checkpoints < 0)
+    throw ConfigError(concat("--keep-checkpoints=", keep_checkpoints, " is out of range (allowed: >= 0)"));
   if (!(peak_tflops >= 0))
     throw ConfigError(concat("--peak-tflops=", peak_tflops, " is out of range (allowed: >= 0)"));
 }

@@ -24,6 +24,15 @@ struct TrainConfig {
   int64_t ddp_bucket_size = 4 << 20;  // elements per data-parallel all-reduce bucket
   double peak_tflops = 0;      // per rank, for MFU in the log; 0: MFU not printed
   bool dry_run = false;
+  // Evaluation: every eval_interval iterations (0: never), eval_iters global batches of the
+  // validation data, the same samples each time.
+  int64_t eval_interval = 0;
+  int64_t eval_iters = 10;
+  // Checkpoints.
+  std::string save;            // directory; empty: no checkpoints
+  int64_t save_interval = 0;   // 0: only at the end of training
+  int keep_checkpoints = 0;    // keep the newest N (0: all)
+  std::string config_text;     // the run's options (INI), stored in every checkpoint
 
   int global_batch(int dp_size) const {
     return global_batch_size > 0 ? global_batch_size : micro_batch_size * dp_size;

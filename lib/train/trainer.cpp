@@ -4,9 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
+#include <algorithm>
 
 #include "core/logging.hpp"
 #include "core/timer.hpp"
+#include "checkpoint/checkpoint.hpp"
 
 namespace tessera {
 
@@ -153,32 +156,65 @@ double Trainer::grad_norm_squared() {
   return local;
 }
 
-StepStats Trainer::train_step() {
-  Timer timer;
-  StepStats st;
-  st.iteration = iteration_ + 1;
+double Trainer::count_loss_tokens() {
   const int T = model_cfg_.seq_length;
   const int64_t S = T + 1;
-  load_batch(st);
-  // Loss tokens of the whole global batch, known before any backward so every micro-batch's
-  // gradient is scaled by the same 1/N (the loss is the mean over the global batch).
   double tokens = 0;
   for (size_t s = 0; s < batch_.size() / S; ++s)
     for (int t = 1; t <= T; ++t) tokens += batch_[s * S + t] >= 0;
   ctx_.dp->all_reduce_f64(&tokens, 1, ReduceOp::Sum);
+  return tokens;
+}
+
+void Trainer::run_micro_batches(bool with_backward, float grad_scale, StepStats& st) {
+  loss_sum_ = 0;
+  if (with_backward) {
+    for (const PipeStep& p : schedule_steps_) {
+      Activations& a = slots_[p.micro % slots_.size()];
+      if (p.forward) forward_micro(p.micro, a, grad_scale, st);
+      else backward_micro(p.micro, a, st);
+    }
+  } else {  // forward only: every stage runs the micro-batches in order
+    for (int m = 0; m < num_micro_batches(); ++m)
+      forward_micro(m, slots_[m % slots_.size()], grad_scale, st);
+  }
+  for (auto& s : sends_)
+    if (s) s->wait();
+}
+
+double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters) {
+  TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "evaluation data has sequence length ",
+                data.seq_length(), ", the model ", model_cfg_.seq_length);
+  const int64_t G = cfg_.global_batch(ctx_.dp_size), local = G / ctx_.dp_size;
+  const int64_t S = model_cfg_.seq_length + 1;
+  double loss = 0, tokens = 0;
+  StepStats st;
+  for (int64_t it = 0; it < iters; ++it) {
+    const int64_t begin = dp_slice_begin(first + it * G, G, ctx_.dp_size, ctx_.dp_rank);
+    for (int64_t i = 0; i < local; ++i) data.get(begin + i, batch_.data() + i * S);
+    tokens += count_loss_tokens();
+    run_micro_batches(false, 0.0f, st);
+    loss += (ctx_.last_stage() && ctx_.tp_rank == 0) ? loss_sum_ : 0.0;
+  }
+  ctx_.world->all_reduce_f64(&loss, 1, ReduceOp::Sum);
+  TESSERA_CHECK(tokens > 0, "evaluation over no loss tokens");
+  return loss / tokens;
+}
+
+StepStats Trainer::train_step() {
+  Timer timer;
+  StepStats st;
+  st.iteration = iteration_ + 1;
+  load_batch(st);
+  // Loss tokens of the whole global batch, known before any backward so every micro-batch's
+  // gradient is scaled by the same 1/N (the loss is the mean over the global batch).
+  const double tokens = count_loss_tokens();
   st.loss_tokens = static_cast<int64_t>(tokens);
   TESSERA_CHECK(st.loss_tokens > 0, "iteration ", st.iteration, ": the global batch has no loss tokens");
   const float grad_scale = static_cast<float>(1.0 / tokens);
 
   model_->zero_grads();
-  loss_sum_ = 0;
-  for (const PipeStep& p : schedule_steps_) {
-    Activations& a = slots_[p.micro % slots_.size()];
-    if (p.forward) forward_micro(p.micro, a, grad_scale, st);
-    else backward_micro(p.micro, a, st);
-  }
-  for (auto& s : sends_)
-    if (s) s->wait();
+  run_micro_batches(true, grad_scale, st);
   Timer dp_wait;
   reducer_->finish();
   if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage())) {
@@ -227,8 +263,8 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
   if (metrics_.is_open()) {
     char js[512];
     std::snprintf(js, sizeof js,
-                  "{\"iteration\": %lld, \"consumed_samples\": %lld, \"lm_loss\": %.9g, "
-                  "\"lr\": %.9g, \"grad_norm\": %.9g, \"ms_per_iter\": %.4f, \"tokens_per_s\": "
+                  "{\"iteration\": %lld, \"consumed_samples\": %lld, \"lm_loss\": %.17g, "
+                  "\"lr\": %.17g, \"grad_norm\": %.17g, \"ms_per_iter\": %.4f, \"tokens_per_s\": "
                   "%.3f, \"gflops_per_s_per_rank\": %.4f}\n",
                   (long long)s.iteration, (long long)consumed_samples_, interval_loss / n, s.lr,
                   s.grad_norm, sec * 1e3, tok_s, gflops);
@@ -237,7 +273,7 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
   }
 }
 
-std::vector<StepStats> Trainer::train() {
+std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
   std::vector<StepStats> all;
   double interval_loss = 0, interval_seconds = 0;
   int in_interval = 0;
@@ -252,8 +288,127 @@ std::vector<StepStats> Trainer::train() {
       interval_loss = interval_seconds = 0;
       in_interval = 0;
     }
+    if (eval_data && cfg_.eval_interval > 0 && s.iteration % cfg_.eval_interval == 0) {
+      const double l = evaluate(*eval_data, 0, cfg_.eval_iters);
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E",
+                    (long long)s.iteration, l, std::exp(std::min(l, 700.0)));
+      TLOG(info) << line;
+      if (metrics_.is_open())
+        metrics_ << "{\"iteration\": " << s.iteration << ", \"valid_lm_loss\": " << l << "}\n" << std::flush;
+    }
+    if (!cfg_.save.empty() && cfg_.save_interval > 0 && s.iteration % cfg_.save_interval == 0)
+      save_checkpoint(cfg_.save);
   }
+  if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
   return all;
+}
+
+
+// ---- checkpoints ------------------------------------------------------------------------------
+
+void Trainer::save_checkpoint(const std::string& dir) {
+  Timer t;
+  CheckpointMeta meta;
+  meta.iteration = iteration_;
+  meta.consumed_samples = consumed_samples_;
+  meta.optimizer_steps = optimizer_->steps_taken();
+  meta.seed = cfg_.seed;
+  meta.model = model_cfg_;
+  meta.tp_size = ctx_.tp_size;
+  meta.pp_size = ctx_.pp_size;
+  meta.dp_size = ctx_.dp_size;
+  meta.has_optimizer = true;
+  meta.config_text = cfg_.config_text;
+  // Directory set-up by rank 0; a failure there is everyone's failure.
+  double failed = 0;
+  std::string error;
+  if (ctx_.world_rank == 0) {
+    try {
+      begin_checkpoint_dir(dir, iteration_);
+    } catch (const std::exception& e) {
+      failed = 1;
+      error = e.what();
+    }
+  }
+  ctx_.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
+  if (failed) throw Error(ctx_.world_rank == 0 ? error : "checkpoint directory set-up failed on rank 0");
+  // DP replicas hold the same state: data-parallel rank 0 of each (tp, pp) writes its file.
+  if (ctx_.dp_rank == 0) {
+    try {
+      const char* fault = std::getenv("TESSERA_FAULT_SAVE_RANK");  // testing: fail this rank's save
+      const int fail_after = fault && std::atoi(fault) == ctx_.world_rank ? 3 : -1;
+      ParamStore& ps = model_->params();
+      ShardTensors tensors{&ps.specs(), ps.flat_params().f32(), optimizer_->exp_avg().f32(),
+                           optimizer_->exp_avg_sq().f32()};
+      write_checkpoint_shard(dir + "/" + iteration_dir_name(iteration_) + ".tmp/" +
+                                 shard_file_name(ctx_.tp_rank, ctx_.pp_rank),
+                             meta, model_->shard(), tensors, fail_after);
+    } catch (const std::exception& e) {
+      failed = 1;
+      error = e.what();
+      TLOG(error) << "checkpoint save failed here: " << error;
+    }
+  }
+  ctx_.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
+  if (ctx_.world_rank == 0) {
+    try {
+      if (failed) abandon_checkpoint_dir(dir, iteration_);
+      else commit_checkpoint_dir(dir, iteration_, cfg_.keep_checkpoints);
+    } catch (const std::exception& e) {
+      failed = 2;
+      error = e.what();
+    }
+  }
+  ctx_.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
+  if (failed)
+    throw Error(detail::concat("saving the checkpoint of iteration ", iteration_, " to '", dir,
+                               "' failed", error.empty() ? " on another rank" : ": " + error,
+                               "; the previous checkpoint is intact"));
+  last_saved_ = iteration_;
+  TLOG(info) << "saved checkpoint " << dir << "/" << iteration_dir_name(iteration_) << " in "
+             << t.seconds() << " s";
+}
+
+void Trainer::load_checkpoint(const std::string& dir, bool model_only) {
+  Timer t;
+  CheckpointReader r(dir);
+  r.check_model(model_cfg_);
+  const CheckpointMeta& m = r.meta();
+  ParamStore& ps = model_->params();
+  const bool optimizer = m.has_optimizer && !model_only;
+  for (const ParamSpec& s : ps.specs()) {
+    r.read_slice("model", s, ps.param(s).f32());
+    if (optimizer) {
+      r.read_slice("optimizer/exp_avg", s, optimizer_->exp_avg().view(s.flat_offset, s.local_shape).f32());
+      r.read_slice("optimizer/exp_avg_sq", s, optimizer_->exp_avg_sq().view(s.flat_offset, s.local_shape).f32());
+    }
+  }
+  if (!optimizer) {
+    be_.zero(optimizer_->exp_avg());
+    be_.zero(optimizer_->exp_avg_sq());
+  }
+  if (model_only) {
+    iteration_ = consumed_samples_ = 0;
+    optimizer_->set_steps_taken(0);
+  } else {
+    iteration_ = m.iteration;
+    consumed_samples_ = m.consumed_samples;
+    optimizer_->set_steps_taken(m.has_optimizer ? m.optimizer_steps : 0);
+  }
+  last_saved_ = iteration_;
+  const bool same = m.tp_size == ctx_.tp_size && m.pp_size == ctx_.pp_size;
+  TLOG(info) << "loaded checkpoint " << r.path() << " (iteration " << m.iteration
+             << ", consumed samples " << m.consumed_samples << ", saved at TP " << m.tp_size
+             << " x PP " << m.pp_size << " x DP " << m.dp_size
+             << (same ? "" : "; resharded on load to TP " + std::to_string(ctx_.tp_size) + " x PP " +
+                                 std::to_string(ctx_.pp_size))
+             << (m.has_optimizer ? "" : "; no optimizer state in it: Adam starts from zero")
+             << (model_only ? "; model only: iteration, data and optimizer start fresh" : "")
+             << ") in " << t.seconds() << " s";
+  if (!m.has_optimizer && !model_only)
+    TLOG(warning) << "checkpoint " << r.path() << " holds no optimizer state; Adam moments start at zero";
 }
 
 }  // namespace tessera

@@ -62,13 +62,27 @@ class Trainer {
   // Runs one iteration on the next global batch; every rank returns the same loss and norm.
   // Throws Error naming the iteration when the loss or the gradient norm is not finite.
   StepStats train_step();
-  // Runs train_iters iterations with logging; returns the stats of every iteration.
-  std::vector<StepStats> train();
+  // Runs train_iters iterations with logging, evaluation (eval_data, when eval_interval > 0) and
+  // checkpoints (--save); returns the stats of every iteration.
+  std::vector<StepStats> train(const TokenDataset* eval_data = nullptr);
+
+  // Mean loss per loss token over `iters` global batches of `data` starting at sample `first`,
+  // forward only; the same value on every rank.
+  double evaluate(const TokenDataset& data, int64_t first, int64_t iters);
+
+  // Collective. Writes a checkpoint of the current state under `dir` (DESIGN.md invariant 6);
+  // throws Error (on every rank) when any rank failed, with the previous checkpoint intact.
+  void save_checkpoint(const std::string& dir);
+  // Collective. Loads the checkpoint `dir` points to, whatever layout it was saved with. With
+  // `model_only`, the optimizer state, iteration and data position start fresh.
+  void load_checkpoint(const std::string& dir, bool model_only = false);
 
  private:
   // Samples of this DP rank for the step that starts at `consumed` samples.
   int64_t first_sample(int64_t consumed) const;
   void load_batch(StepStats& st);
+  void run_micro_batches(bool with_backward, float grad_scale, StepStats& st);
+  double count_loss_tokens();
   void forward_micro(int micro, Activations& a, float grad_scale, StepStats& st);
   void backward_micro(int micro, Activations& a, StepStats& st);
   double grad_norm_squared();
@@ -89,6 +103,7 @@ class Trainer {
   std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
   std::unique_ptr<Prefetcher> prefetch_;
   double loss_sum_ = 0;
+  int64_t last_saved_ = -1;
   int64_t iteration_ = 0, consumed_samples_ = 0;
   std::ofstream metrics_;
 };

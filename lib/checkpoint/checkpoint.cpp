@@ -1,0 +1,427 @@
+// checkpoint.cpp: writing, verifying and reading sharded checkpoints.
+#include "checkpoint/checkpoint.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "core/hdf5_check.hpp"
+
+namespace tessera {
+
+namespace {
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+bool is_file(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+void remove_tree(const std::string& path) {
+  DIR* d = opendir(path.c_str());
+  if (d) {
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (n == "." || n == "..") continue;
+      const std::string p = path + "/" + n;
+      if (is_dir(p)) remove_tree(p);
+      else ::unlink(p.c_str());
+    }
+    closedir(d);
+  }
+  ::rmdir(path.c_str());
+}
+
+void fsync_path(const std::string& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// Chunks of about 1 M elements along axis 0 (Fletcher32 needs chunked storage).
+std::vector<hsize_t> chunk_dims(const Shape& s) {
+  std::vector<hsize_t> c(s.begin(), s.end());
+  int64_t inner = 1;
+  for (size_t i = 1; i < s.size(); ++i) inner *= s[i];
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(s[0], (1 << 20) / std::max<int64_t>(1, inner)));
+  c[0] = static_cast<hsize_t>(std::max<int64_t>(1, rows));
+  for (hsize_t& d : c) d = std::max<hsize_t>(1, d);
+  return c;
+}
+
+void write_tensor(hid_t group, const ParamSpec& s, const float* data) {
+  std::vector<hsize_t> dims(s.local_shape.begin(), s.local_shape.end());
+  H5Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+  H5Id plist(H5Pcreate(H5P_DATASET_CREATE));
+  const auto chunk = chunk_dims(s.local_shape);
+  HDF5_CHECK(H5Pset_chunk(plist.get(), static_cast<int>(chunk.size()), chunk.data()));
+  HDF5_CHECK(H5Pset_fletcher32(plist.get()));
+  H5Id ds(H5Dcreate2(group, s.name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, plist.get(), H5P_DEFAULT));
+  HDF5_CHECK(ds.get());
+  HDF5_CHECK(H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+  h5_write_attr(ds.get(), "global_shape", std::vector<int64_t>(s.global_shape.begin(), s.global_shape.end()));
+  h5_write_attr(ds.get(), "split_axis", static_cast<int64_t>(s.split_axis));
+  h5_write_attr(ds.get(), "split_offset", s.split_offset);
+  h5_write_attr(ds.get(), "dtype", std::string("f32"));
+}
+
+void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
+  h5_write_attr(f, "format_version", kCheckpointFormatVersion);
+  h5_write_attr(f, "iteration", m.iteration);
+  h5_write_attr(f, "consumed_samples", m.consumed_samples);
+  h5_write_attr(f, "optimizer_steps", m.optimizer_steps);
+  h5_write_attr(f, "seed", static_cast<int64_t>(m.seed));
+  h5_write_attr(f, "num_layers", static_cast<int64_t>(m.model.num_layers));
+  h5_write_attr(f, "hidden_size", static_cast<int64_t>(m.model.hidden_size));
+  h5_write_attr(f, "num_attention_heads", static_cast<int64_t>(m.model.num_attention_heads));
+  h5_write_attr(f, "ffn_hidden_size", static_cast<int64_t>(m.model.ffn()));
+  h5_write_attr(f, "seq_length", static_cast<int64_t>(m.model.seq_length));
+  h5_write_attr(f, "max_position_embeddings", static_cast<int64_t>(m.model.max_positions()));
+  h5_write_attr(f, "vocab_size", m.model.vocab_size);
+  h5_write_attr(f, "make_vocab_size_divisible_by", static_cast<int64_t>(m.model.make_vocab_size_divisible_by));
+  h5_write_attr(f, "padded_vocab_size", m.model.padded_vocab_size(m.tp_size));
+  h5_write_attr(f, "layernorm_epsilon_x1e9", static_cast<int64_t>(std::llround(m.model.layernorm_epsilon * 1e9)));
+  h5_write_attr(f, "tensor_model_parallel_size", static_cast<int64_t>(m.tp_size));
+  h5_write_attr(f, "pipeline_model_parallel_size", static_cast<int64_t>(m.pp_size));
+  h5_write_attr(f, "data_parallel_size", static_cast<int64_t>(m.dp_size));
+  h5_write_attr(f, "tp_rank", static_cast<int64_t>(sh.tp_rank));
+  h5_write_attr(f, "layer_begin", static_cast<int64_t>(sh.layer_begin));
+  h5_write_attr(f, "layer_end", static_cast<int64_t>(sh.layer_end));
+  h5_write_attr(f, "has_optimizer", static_cast<int64_t>(m.has_optimizer));
+  h5_write_attr(f, "config", m.config_text);
+}
+
+// Reads every dataset of the file back: HDF5 verifies each chunk's Fletcher32 checksum.
+void verify_file(const std::string& path, const ShardTensors& t) {
+  H5Id f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!f.valid()) throw Error("checkpoint file '" + path + "' cannot be reopened for verification");
+  std::vector<float> buf;
+  const char* groups[3] = {"model", "optimizer/exp_avg", "optimizer/exp_avg_sq"};
+  const float* sources[3] = {t.params, t.exp_avg, t.exp_avg_sq};
+  for (int g = 0; g < 3; ++g) {
+    if (!sources[g]) continue;
+    for (const ParamSpec& s : *t.specs) {
+      const std::string name = std::string(groups[g]) + "/" + s.name;
+      H5Id ds(H5Dopen2(f.get(), name.c_str(), H5P_DEFAULT));
+      buf.resize(s.numel());
+      if (!ds.valid() ||
+          H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0 ||
+          std::memcmp(buf.data(), sources[g] + s.flat_offset, sizeof(float) * s.numel()) != 0)
+        throw Error("checkpoint file '" + path + "': " + name + " did not read back as written (disk full or failing?)");
+    }
+  }
+}
+
+}  // namespace
+
+std::string iteration_dir_name(int64_t iteration) {
+  char b[32];
+  std::snprintf(b, sizeof b, "iter_%07lld", (long long)iteration);
+  return b;
+}
+
+std::string shard_file_name(int tp_rank, int pp_rank) {
+  char b[40];
+  std::snprintf(b, sizeof b, "mp_rank_%02d_%03d.h5", tp_rank, pp_rank);
+  return b;
+}
+
+void write_checkpoint_shard(const std::string& path, const CheckpointMeta& meta,
+                            const ModelShard& shard, const ShardTensors& t, int fail_after) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  silence_hdf5_errors();
+  {
+    H5Id f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+    if (!f.valid())
+      throw Error("cannot create checkpoint file '" + path + "'; check --save is writable and has space");
+    write_meta(f.get(), meta, shard);
+    H5Id model(H5Gcreate2(f.get(), "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    int written = 0;
+    auto maybe_fail = [&] {
+      if (fail_after >= 0 && written++ >= fail_after)
+        throw Error("checkpoint file '" + path + "': write failed (injected fault)");
+    };
+    for (const ParamSpec& s : *t.specs) {
+      maybe_fail();
+      write_tensor(model.get(), s, t.params + s.flat_offset);
+    }
+    if (t.exp_avg) {
+      H5Id opt(H5Gcreate2(f.get(), "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+      H5Id m(H5Gcreate2(opt.get(), "exp_avg", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+      H5Id v(H5Gcreate2(opt.get(), "exp_avg_sq", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+      for (const ParamSpec& s : *t.specs) {
+        maybe_fail();
+        write_tensor(m.get(), s, t.exp_avg + s.flat_offset);
+        write_tensor(v.get(), s, t.exp_avg_sq + s.flat_offset);
+      }
+    }
+    if (H5Fflush(f.get(), H5F_SCOPE_GLOBAL) < 0)
+      throw Error("checkpoint file '" + path + "': flush failed (disk full?)");
+  }
+  fsync_path(path);
+  verify_file(path, t);
+}
+
+// ---- reading ------------------------------------------------------------------------------------
+
+std::string resolve_checkpoint_dir(const std::string& dir) {
+  if (!is_dir(dir))
+    throw ConfigError("--load '" + dir + "' is not a directory; pass the --save directory of a run");
+  const std::string latest = dir + "/latest_checkpointed_iteration.txt";
+  if (is_file(latest)) {
+    std::ifstream in(latest);
+    int64_t it = -1;
+    if (!(in >> it) || it < 0)
+      throw ConfigError("'" + latest + "' does not hold an iteration number; fix or remove it");
+    const std::string sub = dir + "/" + iteration_dir_name(it);
+    if (!is_dir(sub))
+      throw ConfigError("'" + latest + "' points at iteration " + std::to_string(it) + " but " + sub +
+                        " does not exist");
+    return sub;
+  }
+  if (is_file(dir + "/" + shard_file_name(0, 0))) return dir;  // an iter_N directory itself
+  throw ConfigError("--load '" + dir + "' has no latest_checkpointed_iteration.txt and no " +
+                    shard_file_name(0, 0) + "; pass a directory written by --save");
+}
+
+CheckpointReader::CheckpointReader(const std::string& dir) {
+  path_ = resolve_checkpoint_dir(dir);
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  silence_hdf5_errors();
+  auto open = [&](const std::string& file) {
+    if (!is_file(file))
+      throw ConfigError("checkpoint '" + path_ + "' is missing shard file " + file +
+                        " (incomplete copy?); restore it or use another checkpoint");
+    if (H5Fis_hdf5(file.c_str()) <= 0)
+      throw ConfigError("checkpoint file '" + file + "' is not an HDF5 file (truncated or corrupt)");
+    auto h = std::make_unique<H5Id>(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    if (!h->valid()) throw ConfigError("checkpoint file '" + file + "' cannot be opened (truncated or corrupt)");
+    return h;
+  };
+  const std::string first = path_ + "/" + shard_file_name(0, 0);
+  auto h0 = open(first);
+  int64_t v = 0;
+  auto need = [&](hid_t f, const char* name, int64_t& out, const std::string& file) {
+    if (!h5_read_attr(f, name, out))
+      throw ConfigError("checkpoint file '" + file + "' lacks attribute '" + name +
+                        "'; it was not written by tessera (or is corrupt)");
+  };
+  need(h0->get(), "format_version", v, first);
+  if (v != kCheckpointFormatVersion)
+    throw ConfigError("checkpoint file '" + first + "' has format_version " + std::to_string(v) +
+                      "; this build reads version " + std::to_string(kCheckpointFormatVersion));
+  meta_.format_version = v;
+  int64_t x = 0;
+  need(h0->get(), "iteration", meta_.iteration, first);
+  need(h0->get(), "consumed_samples", meta_.consumed_samples, first);
+  need(h0->get(), "optimizer_steps", meta_.optimizer_steps, first);
+  need(h0->get(), "seed", x, first);
+  meta_.seed = static_cast<uint64_t>(x);
+  GPTConfig& m = meta_.model;
+  need(h0->get(), "num_layers", x, first); m.num_layers = static_cast<int>(x);
+  need(h0->get(), "hidden_size", x, first); m.hidden_size = static_cast<int>(x);
+  need(h0->get(), "num_attention_heads", x, first); m.num_attention_heads = static_cast<int>(x);
+  need(h0->get(), "ffn_hidden_size", x, first); m.ffn_hidden_size = static_cast<int>(x);
+  need(h0->get(), "seq_length", x, first); m.seq_length = static_cast<int>(x);
+  need(h0->get(), "max_position_embeddings", x, first); m.max_position_embeddings = static_cast<int>(x);
+  need(h0->get(), "vocab_size", m.vocab_size, first);
+  need(h0->get(), "make_vocab_size_divisible_by", x, first); m.make_vocab_size_divisible_by = static_cast<int>(x);
+  need(h0->get(), "layernorm_epsilon_x1e9", x, first); m.layernorm_epsilon = static_cast<double>(x) * 1e-9;
+  need(h0->get(), "tensor_model_parallel_size", x, first); meta_.tp_size = static_cast<int>(x);
+  need(h0->get(), "pipeline_model_parallel_size", x, first); meta_.pp_size = static_cast<int>(x);
+  need(h0->get(), "data_parallel_size", x, first); meta_.dp_size = static_cast<int>(x);
+  need(h0->get(), "has_optimizer", x, first); meta_.has_optimizer = x != 0;
+  h5_read_attr(h0->get(), "config", meta_.config_text);
+
+  for (int pp = 0; pp < meta_.pp_size; ++pp)
+    for (int tp = 0; tp < meta_.tp_size; ++tp) {
+      const std::string file = path_ + "/" + shard_file_name(tp, pp);
+      auto h = (tp == 0 && pp == 0) ? std::move(h0) : open(file);
+      int64_t it = -1, ftp = -1;
+      need(h->get(), "iteration", it, file);
+      need(h->get(), "tp_rank", ftp, file);
+      if (it != meta_.iteration || ftp != tp)
+        throw ConfigError("checkpoint file '" + file + "' belongs to another checkpoint (iteration " +
+                          std::to_string(it) + ", tp rank " + std::to_string(ftp) + ")");
+      // Index the model tensors of this file.
+      H5Id g(H5Gopen2(h->get(), "model", H5P_DEFAULT));
+      if (!g.valid()) throw ConfigError("checkpoint file '" + file + "' has no /model group");
+      hsize_t n = 0;
+      H5Gget_num_objs(g.get(), &n);
+      for (hsize_t i = 0; i < n; ++i) {
+        char name[512];
+        H5Gget_objname_by_idx(g.get(), i, name, sizeof name);
+        H5Id ds(H5Dopen2(g.get(), name, H5P_DEFAULT));
+        SourceTensor st;
+        st.file = static_cast<int>(files_.size());
+        st.pp_rank = pp;
+        std::vector<int64_t> gs;
+        int64_t ax = -1;
+        if (!h5_read_attr(ds.get(), "global_shape", gs) || !h5_read_attr(ds.get(), "split_axis", ax) ||
+            !h5_read_attr(ds.get(), "split_offset", st.split_offset))
+          throw ConfigError("checkpoint file '" + file + "': /model/" + name + " lacks its layout attributes");
+        st.global_shape.assign(gs.begin(), gs.end());
+        st.split_axis = static_cast<int>(ax);
+        H5Id space(H5Dget_space(ds.get()));
+        const int nd = H5Sget_simple_extent_ndims(space.get());
+        std::vector<hsize_t> dims(std::max(nd, 0));
+        H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+        st.local_shape.assign(dims.begin(), dims.end());
+        tensors_[name].push_back(st);
+      }
+      files_.push_back(file);
+      handles_.push_back(std::move(h));
+    }
+}
+
+void CheckpointReader::check_model(const GPTConfig& c) const {
+  const GPTConfig& m = meta_.model;
+  auto differ = [&](const char* opt, int64_t have, int64_t want) {
+    if (have != want)
+      throw ConfigError(detail::concat("checkpoint '", path_, "' has --", opt, "=", have,
+                                       " but this run has ", want,
+                                       "; load it with the model options it was trained with"));
+  };
+  differ("num-layers", m.num_layers, c.num_layers);
+  differ("hidden-size", m.hidden_size, c.hidden_size);
+  differ("num-attention-heads", m.num_attention_heads, c.num_attention_heads);
+  differ("ffn-hidden-size", m.ffn(), c.ffn());
+  differ("max-position-embeddings", m.max_positions(), c.max_positions());
+  differ("vocab-size", m.vocab_size, c.vocab_size);
+}
+
+void CheckpointReader::read_slice(const std::string& group, const ParamSpec& t, float* out) const {
+  auto it = tensors_.find(t.name);
+  if (it == tensors_.end())
+    throw ConfigError("checkpoint '" + path_ + "' has no tensor " + t.name + " (another model?)");
+  std::fill(out, out + t.numel(), 0.f);
+  // Read from the first pipeline stage that holds the tensor (the tied wte exists twice).
+  int pp = INT32_MAX;
+  for (const SourceTensor& s : it->second) pp = std::min(pp, s.pp_rank);
+  const int ax = t.split_axis;
+  const bool vocab = t.name == "wte";
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  bool covered = false;
+  for (const SourceTensor& s : it->second) {
+    if (s.pp_rank != pp) continue;
+    if (s.split_axis != ax || s.global_shape.size() != t.global_shape.size())
+      throw ConfigError("checkpoint '" + path_ + "': " + t.name + " has global shape " +
+                        shape_str(s.global_shape) + " split on axis " + std::to_string(s.split_axis) +
+                        ", expected " + shape_str(t.global_shape) + " on axis " + std::to_string(ax));
+    for (size_t d = 0; d < t.global_shape.size(); ++d)
+      if (static_cast<int>(d) != (vocab ? 0 : -1) && s.global_shape[d] != t.global_shape[d])
+        throw ConfigError("checkpoint '" + path_ + "': " + t.name + " has global shape " +
+                          shape_str(s.global_shape) + ", this model needs " + shape_str(t.global_shape));
+    // The overlap along the split axis (all of it for replicated tensors); vocabulary rows only up
+    // to the true vocabulary (padding differs between layouts and is zero).
+    int64_t lo = 0, hi = 0, t_off = 0, s_off = 0;
+    if (ax >= 0) {
+      t_off = t.split_offset;
+      s_off = s.split_offset;
+      lo = std::max(t_off, s_off);
+      hi = std::min(t_off + t.local_shape[ax], s_off + s.local_shape[ax]);
+      if (vocab) hi = std::min<int64_t>(hi, meta_.model.vocab_size);
+      if (hi <= lo) continue;
+    }
+    const int nd = static_cast<int>(t.local_shape.size());
+    std::vector<hsize_t> fstart(nd, 0), mstart(nd, 0), count(t.local_shape.begin(), t.local_shape.end());
+    std::vector<hsize_t> mdims(t.local_shape.begin(), t.local_shape.end());
+    if (ax >= 0) {
+      fstart[ax] = static_cast<hsize_t>(lo - s_off);
+      mstart[ax] = static_cast<hsize_t>(lo - t_off);
+      count[ax] = static_cast<hsize_t>(hi - lo);
+    } else if (vocab) {
+      count[0] = static_cast<hsize_t>(meta_.model.vocab_size);
+    }
+    const hid_t file = handles_[s.file]->get();
+    const std::string name = group + "/" + t.name;
+    H5Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
+    if (!ds.valid())
+      throw ConfigError("checkpoint file '" + files_[s.file] + "' has no " + name +
+                        (group == "model" ? "" : " (saved without optimizer state)"));
+    H5Id fspace(H5Dget_space(ds.get()));
+    HDF5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, fstart.data(), nullptr, count.data(), nullptr));
+    H5Id mspace(H5Screate_simple(nd, mdims.data(), nullptr));
+    HDF5_CHECK(H5Sselect_hyperslab(mspace.get(), H5S_SELECT_SET, mstart.data(), nullptr, count.data(), nullptr));
+    if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
+      throw ConfigError("checkpoint file '" + files_[s.file] + "': " + name +
+                        " fails its checksum or cannot be read (corrupt); use another checkpoint");
+    covered = true;
+    if (ax < 0) break;
+  }
+  if (!covered)
+    throw ConfigError("checkpoint '" + path_ + "' does not cover " + t.name + " [" +
+                      std::to_string(t.split_offset) + "...] (missing shard?)");
+}
+
+// ---- directory operations -----------------------------------------------------------------------
+
+std::string begin_checkpoint_dir(const std::string& save_dir, int64_t iteration) {
+  ::mkdir(save_dir.c_str(), 0755);
+  if (!is_dir(save_dir))
+    throw ConfigError("--save '" + save_dir + "' cannot be created; check the path and permissions");
+  const std::string tmp = save_dir + "/" + iteration_dir_name(iteration) + ".tmp";
+  remove_tree(tmp);  // the leftovers of a save that died
+  if (::mkdir(tmp.c_str(), 0755) != 0)
+    throw Error("cannot create '" + tmp + "': " + std::strerror(errno) + "; check --save is writable");
+  return tmp;
+}
+
+void abandon_checkpoint_dir(const std::string& save_dir, int64_t iteration) {
+  remove_tree(save_dir + "/" + iteration_dir_name(iteration) + ".tmp");
+}
+
+void commit_checkpoint_dir(const std::string& save_dir, int64_t iteration, int keep) {
+  const std::string name = iteration_dir_name(iteration);
+  const std::string tmp = save_dir + "/" + name + ".tmp", final_dir = save_dir + "/" + name;
+  if (is_dir(final_dir)) {  // saving the same iteration again: the new one replaces it
+    const std::string old = final_dir + ".old";
+    remove_tree(old);
+    if (std::rename(final_dir.c_str(), old.c_str()) != 0)
+      throw Error("cannot move aside '" + final_dir + "': " + std::strerror(errno));
+  }
+  if (std::rename(tmp.c_str(), final_dir.c_str()) != 0)
+    throw Error("cannot rename '" + tmp + "' to '" + final_dir + "': " + std::strerror(errno));
+  fsync_path(save_dir);
+  const std::string latest = save_dir + "/latest_checkpointed_iteration.txt";
+  {
+    std::ofstream out(latest + ".tmp");
+    out << iteration << "\n";
+    out.flush();
+    if (!out) throw Error("cannot write '" + latest + ".tmp' (disk full?)");
+  }
+  fsync_path(latest + ".tmp");
+  if (std::rename((latest + ".tmp").c_str(), latest.c_str()) != 0)
+    throw Error("cannot update '" + latest + "': " + std::strerror(errno));
+  fsync_path(save_dir);
+  remove_tree(final_dir + ".old");
+  if (keep <= 0) return;
+  std::vector<int64_t> iters;
+  if (DIR* d = opendir(save_dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      long long it = 0;
+      char tail = 0;
+      if (std::sscanf(e->d_name, "iter_%lld%c", &it, &tail) == 1) iters.push_back(it);
+    }
+    closedir(d);
+  }
+  std::sort(iters.begin(), iters.end());
+  for (size_t i = 0; i + keep < iters.size(); ++i)
+    if (iters[i] != iteration) remove_tree(save_dir + "/" + iteration_dir_name(iters[i]));
+}
+
+}  // namespace tessera

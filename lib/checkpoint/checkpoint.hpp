@@ -1,0 +1,101 @@
+// checkpoint.hpp: sharded HDF5 checkpoints (DESIGN.md invariants 4 and 6).
+//
+//   DIR/latest_checkpointed_iteration.txt        the iteration of the newest complete checkpoint
+//   DIR/iter_0000100/mp_rank_TT_PPP.h5           one file per (tensor rank TT, pipeline stage PPP)
+//     /model/<param>                              this shard of the parameter (fp32)
+//     /optimizer/exp_avg/<param>, /exp_avg_sq/<param>   Adam moments (fp32; the parameters are the
+//                                                 fp32 master weights)
+//     each dataset: attributes global_shape, split_axis, split_offset, dtype; Fletcher32 checksums
+//     root attributes: format_version, iteration, consumed_samples, optimizer_steps, seed, the model
+//     shape, vocab_size, padded_vocab_size, the layout (tp/pp/dp sizes, this file's tp/pp rank and
+//     layers), has_optimizer, config (the full option set as INI text)
+//
+// A checkpoint is written into iter_N.tmp/, every file is read back (checksums verified), all
+// ranks agree, and only then is the directory renamed into place and the latest file replaced
+// (atomically, last). Any layout can load any checkpoint: each rank reads exactly its slice of
+// every global tensor from whichever files hold it (resharding on load).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/hdf5_handle.hpp"
+#include "model/gpt_config.hpp"
+#include "model/params.hpp"
+
+namespace tessera {
+
+constexpr int64_t kCheckpointFormatVersion = 1;
+
+// Everything of a checkpoint besides the tensors.
+struct CheckpointMeta {
+  int64_t format_version = kCheckpointFormatVersion;
+  int64_t iteration = 0;
+  int64_t consumed_samples = 0;
+  int64_t optimizer_steps = 0;
+  uint64_t seed = 0;
+  GPTConfig model;
+  int tp_size = 1, pp_size = 1, dp_size = 1;
+  bool has_optimizer = true;
+  std::string config_text;  // the run's options, INI
+};
+
+std::string iteration_dir_name(int64_t iteration);  // "iter_0000100"
+std::string shard_file_name(int tp_rank, int pp_rank);  // "mp_rank_00_000.h5"
+
+// The tensors of one shard file: the parameters, and the Adam moments when `exp_avg` is given.
+struct ShardTensors {
+  const std::vector<ParamSpec>* specs = nullptr;
+  const float* params = nullptr;   // flat, in spec order (flat_offset)
+  const float* exp_avg = nullptr;  // flat or null
+  const float* exp_avg_sq = nullptr;
+};
+
+// Writes and verifies one shard file (meta + tensors) at `path`. `fail_after` >= 0 stops with an
+// error after that many datasets (fault injection for tests). Throws Error naming the file.
+void write_checkpoint_shard(const std::string& path, const CheckpointMeta& meta,
+                            const ModelShard& shard, const ShardTensors& t, int fail_after = -1);
+
+// Reads a checkpoint directory (iter_N/ or a --load directory with its latest file).
+class CheckpointReader {
+ public:
+  // `dir`: a directory with latest_checkpointed_iteration.txt, or an iter_NNNNNNN directory.
+  explicit CheckpointReader(const std::string& dir);
+  const CheckpointMeta& meta() const { return meta_; }
+  const std::string& path() const { return path_; }
+  // Throws ConfigError naming both values when the model shape differs from `cfg`.
+  void check_model(const GPTConfig& cfg) const;
+  // Fills `out` (target.local_shape) with the target's slice of tensor `target.name` from group
+  // "model", "optimizer/exp_avg" or "optimizer/exp_avg_sq". Vocabulary padding rows are zero.
+  void read_slice(const std::string& group, const ParamSpec& target, float* out) const;
+
+ private:
+  struct SourceTensor {
+    int file = 0;
+    int pp_rank = 0;
+    Shape global_shape, local_shape;
+    int split_axis = -1;
+    int64_t split_offset = 0;
+  };
+  std::string path_;
+  CheckpointMeta meta_;
+  std::vector<std::string> files_;
+  std::vector<std::unique_ptr<H5Id>> handles_;
+  std::map<std::string, std::vector<SourceTensor>> tensors_;  // model tensors by name
+};
+
+// Resolves --load: the iteration directory the latest file points to. Throws ConfigError naming
+// the directory when there is no checkpoint.
+std::string resolve_checkpoint_dir(const std::string& dir);
+
+// The directory operations of a save, done by one rank: create DIR/iter_N.tmp/ (fresh), and after
+// all shards are written, move it into place, update the latest file, and keep only the newest
+// `keep` checkpoints (0: all).
+std::string begin_checkpoint_dir(const std::string& save_dir, int64_t iteration);
+void commit_checkpoint_dir(const std::string& save_dir, int64_t iteration, int keep);
+void abandon_checkpoint_dir(const std::string& save_dir, int64_t iteration);
+
+}  // namespace tessera
