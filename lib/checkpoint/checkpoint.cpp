@@ -105,27 +105,6 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
   h5_write_attr(f, "config", m.config_text);
 }
 
-// Reads every dataset of the file back: HDF5 verifies each chunk's Fletcher32 checksum.
-void verify_file(const std::string& path, const ShardTensors& t) {
-  H5Id f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-  if (!f.valid()) throw Error("checkpoint file '" + path + "' cannot be reopened for verification");
-  std::vector<float> buf;
-  const char* groups[3] = {"model", "optimizer/exp_avg", "optimizer/exp_avg_sq"};
-  const float* sources[3] = {t.params, t.exp_avg, t.exp_avg_sq};
-  for (int g = 0; g < 3; ++g) {
-    if (!sources[g]) continue;
-    for (const ParamSpec& s : *t.specs) {
-      const std::string name = std::string(groups[g]) + "/" + s.name;
-      H5Id ds(H5Dopen2(f.get(), name.c_str(), H5P_DEFAULT));
-      buf.resize(s.numel());
-      if (!ds.valid() ||
-          H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0 ||
-          std::memcmp(buf.data(), sources[g] + s.flat_offset, sizeof(float) * s.numel()) != 0)
-        throw Error("checkpoint file '" + path + "': " + name + " did not read back as written (disk full or failing?)");
-    }
-  }
-}
-
 }  // namespace
 
 std::string iteration_dir_name(int64_t iteration) {
@@ -140,40 +119,71 @@ std::string shard_file_name(int tp_rank, int pp_rank) {
   return b;
 }
 
-void write_checkpoint_shard(const std::string& path, const CheckpointMeta& meta,
-                            const ModelShard& shard, const ShardTensors& t, int fail_after) {
+CheckpointShardWriter::CheckpointShardWriter(const std::string& path, const CheckpointMeta& meta,
+                                             const ModelShard& shard, int fail_after)
+    : path_(path), fail_after_(fail_after) {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   silence_hdf5_errors();
-  {
-    H5Id f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
-    if (!f.valid())
-      throw Error("cannot create checkpoint file '" + path + "'; check --save is writable and has space");
-    write_meta(f.get(), meta, shard);
-    H5Id model(H5Gcreate2(f.get(), "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-    int written = 0;
-    auto maybe_fail = [&] {
-      if (fail_after >= 0 && written++ >= fail_after)
-        throw Error("checkpoint file '" + path + "': write failed (injected fault)");
-    };
-    for (const ParamSpec& s : *t.specs) {
-      maybe_fail();
-      write_tensor(model.get(), s, t.params + s.flat_offset);
-    }
-    if (t.exp_avg) {
-      H5Id opt(H5Gcreate2(f.get(), "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-      H5Id m(H5Gcreate2(opt.get(), "exp_avg", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-      H5Id v(H5Gcreate2(opt.get(), "exp_avg_sq", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-      for (const ParamSpec& s : *t.specs) {
-        maybe_fail();
-        write_tensor(m.get(), s, t.exp_avg + s.flat_offset);
-        write_tensor(v.get(), s, t.exp_avg_sq + s.flat_offset);
-      }
-    }
-    if (H5Fflush(f.get(), H5F_SCOPE_GLOBAL) < 0)
-      throw Error("checkpoint file '" + path + "': flush failed (disk full?)");
+  file_ = std::make_unique<H5Id>(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  if (!file_->valid())
+    throw Error("cannot create checkpoint file '" + path + "'; check the directory is writable and has space");
+  write_meta(file_->get(), meta, shard);
+  for (const char* g : {"model", "optimizer", "optimizer/exp_avg", "optimizer/exp_avg_sq"}) {
+    if (std::string(g) != "model" && !meta.has_optimizer) break;
+    H5Id grp(H5Gcreate2(file_->get(), g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    HDF5_CHECK(grp.get());
   }
-  fsync_path(path);
-  verify_file(path, t);
+}
+
+CheckpointShardWriter::~CheckpointShardWriter() {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  file_.reset();
+}
+
+void CheckpointShardWriter::write(const std::string& group, const ParamSpec& spec, const float* data) {
+  if (fail_after_ >= 0 && written_ >= fail_after_)
+    throw Error("checkpoint file '" + path_ + "': write failed (injected fault)");
+  ++written_;
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  H5Id g(H5Gopen2(file_->get(), group.c_str(), H5P_DEFAULT));
+  if (!g.valid()) throw Error("checkpoint file '" + path_ + "' has no group " + group);
+  try {
+    write_tensor(g.get(), spec, data);
+  } catch (const Error& e) {
+    throw Error("checkpoint file '" + path_ + "': writing " + group + "/" + spec.name +
+                " failed (disk full?): " + e.what());
+  }
+  // Read it back: HDF5 checks every chunk's Fletcher32 checksum on the way.
+  H5Id ds(H5Dopen2(g.get(), spec.name.c_str(), H5P_DEFAULT));
+  readback_.resize(spec.numel());
+  if (!ds.valid() ||
+      H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, readback_.data()) < 0 ||
+      std::memcmp(readback_.data(), data, sizeof(float) * spec.numel()) != 0)
+    throw Error("checkpoint file '" + path_ + "': " + group + "/" + spec.name +
+                " did not read back as written (disk full or failing?)");
+}
+
+void CheckpointShardWriter::finish() {
+  {
+    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+    if (H5Fflush(file_->get(), H5F_SCOPE_GLOBAL) < 0)
+      throw Error("checkpoint file '" + path_ + "': flush failed (disk full?)");
+    file_.reset();
+  }
+  fsync_path(path_);
+}
+
+void write_checkpoint_shard(const std::string& path, const CheckpointMeta& meta,
+                            const ModelShard& shard, const ShardTensors& t, int fail_after) {
+  CheckpointShardWriter w(path, meta, shard, fail_after);
+  for (const ParamSpec& s : *t.specs) w.write("model", s, t.params + s.flat_offset);
+  if (meta.has_optimizer && t.exp_avg) {
+    for (const ParamSpec& s : *t.specs) {
+      w.write("optimizer/exp_avg", s, t.exp_avg + s.flat_offset);
+      w.write("optimizer/exp_avg_sq", s, t.exp_avg_sq + s.flat_offset);
+    }
+  }
+  w.finish();
 }
 
 // ---- reading ------------------------------------------------------------------------------------

@@ -54,8 +54,27 @@ struct ShardTensors {
   const float* exp_avg_sq = nullptr;
 };
 
-// Writes and verifies one shard file (meta + tensors) at `path`. `fail_after` >= 0 stops with an
-// error after that many datasets (fault injection for tests). Throws Error naming the file.
+// Writes one shard file tensor by tensor (so a converter needs memory for one tensor only); each
+// tensor is read back after it is written (Fletcher32 checksums verified). Throws Error naming
+// the file. `fail_after` >= 0 fails after that many tensors (fault injection for tests).
+class CheckpointShardWriter {
+ public:
+  CheckpointShardWriter(const std::string& path, const CheckpointMeta& meta, const ModelShard& shard,
+                        int fail_after = -1);
+  ~CheckpointShardWriter();
+  // group: "model", "optimizer/exp_avg" or "optimizer/exp_avg_sq"; data holds spec.local_shape.
+  void write(const std::string& group, const ParamSpec& spec, const float* data);
+  // Flushes and syncs the file; call once after the last tensor.
+  void finish();
+
+ private:
+  std::string path_;
+  std::unique_ptr<H5Id> file_;
+  int written_ = 0, fail_after_;
+  std::vector<float> readback_;
+};
+
+// Writes a whole shard from flat buffers (the trainer's parameters and Adam moments).
 void write_checkpoint_shard(const std::string& path, const CheckpointMeta& meta,
                             const ModelShard& shard, const ShardTensors& t, int fail_after = -1);
 

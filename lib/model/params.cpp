@@ -41,6 +41,20 @@ struct SpecBuilder {
 
 }  // namespace
 
+ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size, int pp_rank) {
+  TESSERA_CHECK(pp_size >= 1 && cfg.num_layers % pp_size == 0, "--num-layers=", cfg.num_layers,
+                " is not divisible by the pipeline size ", pp_size);
+  ModelShard s;
+  s.tp_size = tp_size;
+  s.tp_rank = tp_rank;
+  const int per_stage = cfg.num_layers / pp_size;
+  s.layer_begin = pp_rank * per_stage;
+  s.layer_end = s.layer_begin + per_stage;
+  s.has_embedding = pp_rank == 0;
+  s.has_head = pp_rank == pp_size - 1;
+  return s;
+}
+
 std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard& shard) {
   const int64_t h = cfg.hidden_size, heads = cfg.num_attention_heads, hd = cfg.head_dim();
   const int64_t f = cfg.ffn(), V = cfg.padded_vocab_size(shard.tp_size);

@@ -40,6 +40,10 @@ struct ModelShard {
   bool has_head = true;                // last pipeline stage: final LayerNorm and the (tied) head
 };
 
+// The shard of (tp_rank, pp_rank) in a TP x PP layout: layers split evenly over the stages, the
+// embedding on the first stage, the final LayerNorm and tied head on the last.
+ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size, int pp_rank);
+
 // The specs of this shard's parameters, in flat-buffer order.
 std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard& shard);
 

@@ -18,15 +18,7 @@ constexpr int kTagForward = 1, kTagBackward = 2;
 }
 
 ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx) {
-  ModelShard s;
-  s.tp_size = ctx.tp_size;
-  s.tp_rank = ctx.tp_rank;
-  const int per_stage = cfg.num_layers / ctx.pp_size;
-  s.layer_begin = ctx.pp_rank * per_stage;
-  s.layer_end = s.layer_begin + per_stage;
-  s.has_embedding = ctx.first_stage();
-  s.has_head = ctx.last_stage();
-  return s;
+  return model_shard_for(cfg, ctx.tp_size, ctx.tp_rank, ctx.pp_size, ctx.pp_rank);
 }
 
 void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp) {

@@ -1,0 +1,69 @@
+// reshard.cpp: a checkpoint at a target layout, one tensor at a time.
+#include "checkpoint/reshard.hpp"
+
+#include <cstdio>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace tessera {
+
+void validate_model_layout(const GPTConfig& cfg, int tp, int pp) {
+  using detail::concat;
+  if (tp < 1 || pp < 1)
+    throw ConfigError(concat("target layout TP ", tp, " x PP ", pp, " is out of range (allowed: >= 1)"));
+  if (cfg.num_attention_heads % tp != 0)
+    throw ConfigError(concat("target tensor-parallel size ", tp, " does not divide the ",
+                             cfg.num_attention_heads, " attention heads"));
+  if (cfg.ffn() % tp != 0)
+    throw ConfigError(concat("target tensor-parallel size ", tp, " does not divide the ffn width ", cfg.ffn()));
+  if (cfg.num_layers % pp != 0)
+    throw ConfigError(concat("target pipeline size ", pp, " does not divide the ", cfg.num_layers, " layers"));
+}
+
+void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
+                      const SliceSource& source, const std::function<void(const std::string&)>& progress) {
+  validate_model_layout(meta.model, meta.tp_size, meta.pp_size);
+  const std::string tmp = begin_checkpoint_dir(save_dir, meta.iteration);
+  try {
+    std::vector<float> buf;
+    const int files = meta.tp_size * meta.pp_size;
+    int done = 0;
+    for (int pp = 0; pp < meta.pp_size; ++pp)
+      for (int tp = 0; tp < meta.tp_size; ++tp) {
+        const ModelShard shard = model_shard_for(meta.model, meta.tp_size, tp, meta.pp_size, pp);
+        const auto specs = build_param_specs(meta.model, shard);
+        const std::string name = shard_file_name(tp, pp);
+        CheckpointShardWriter w(tmp + "/" + name, meta, shard);
+        int64_t elems = 0;
+        for (const ParamSpec& s : specs) {
+          buf.resize(s.numel());
+          source("model", s, buf.data());
+          w.write("model", s, buf.data());
+          if (meta.has_optimizer) {
+            source("optimizer/exp_avg", s, buf.data());
+            w.write("optimizer/exp_avg", s, buf.data());
+            source("optimizer/exp_avg_sq", s, buf.data());
+            w.write("optimizer/exp_avg_sq", s, buf.data());
+          }
+          elems += s.numel();
+        }
+        w.finish();
+        ++done;
+        if (progress) {
+          char line[256];
+          std::snprintf(line, sizeof line, "[%d/%d] %s: %zu tensors, %lld parameters (layers %d-%d%s%s)",
+                        done, files, name.c_str(), specs.size(), (long long)elems, shard.layer_begin,
+                        shard.layer_end - 1, shard.has_embedding ? ", embedding" : "",
+                        shard.has_head ? ", head" : "");
+          progress(line);
+        }
+      }
+    commit_checkpoint_dir(save_dir, meta.iteration, 0);
+  } catch (...) {
+    abandon_checkpoint_dir(save_dir, meta.iteration);
+    throw;
+  }
+}
+
+}  // namespace tessera
