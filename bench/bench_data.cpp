@@ -11,7 +11,7 @@
 #include "backend/backend.hpp"
 #include "core/timer.hpp"
 #include "data/gpt_dataset.hpp"
-#include "data/json.hpp"
+#include "core/json.hpp"
 #include "data/preprocess.hpp"
 #include "train/options.hpp"
 #include "train/trainer.hpp"

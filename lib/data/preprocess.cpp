@@ -15,7 +15,7 @@
 
 #include "core/error.hpp"
 #include "core/timer.hpp"
-#include "data/json.hpp"
+#include "core/json.hpp"
 #include "data/shard.hpp"
 
 namespace tessera {

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
-#include "data/json.hpp"
+#include "core/json.hpp"
 
 namespace tessera {
 

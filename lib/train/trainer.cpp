@@ -330,7 +330,10 @@ void Trainer::save_checkpoint(const std::string& dir) {
   if (ctx_.dp_rank == 0) {
     try {
       const char* fault = std::getenv("TESSERA_FAULT_SAVE_RANK");  // testing: fail this rank's save
-      const int fail_after = fault && std::atoi(fault) == ctx_.world_rank ? 3 : -1;
+      int fault_rank = -1;
+      long long fault_iter = 0;
+      if (fault) std::sscanf(fault, "%d:%lld", &fault_rank, &fault_iter);  // "RANK[:FROM_ITERATION]"
+      const int fail_after = fault_rank == ctx_.world_rank && iteration_ >= fault_iter ? 3 : -1;
       ParamStore& ps = model_->params();
       ShardTensors tensors{&ps.specs(), ps.flat_params().f32(), optimizer_->exp_avg().f32(),
                            optimizer_->exp_avg_sq().f32()};

@@ -23,6 +23,10 @@ class JsonReader {
   void object(const std::function<void(const std::string& key)>& on_member);
   std::string string_value();   // the next value must be a string (escapes decoded to UTF-8)
   int64_t int_value();          // the next value must be an integer
+  double number_value();        // the next value must be a number
+  bool null_value();            // consumes `null` and returns true if the next value is null
+  // Iterates the elements of an array value; the callback must consume each element.
+  void array(const std::function<void()>& on_element);
   void skip_value();            // any value
   void expect_end();            // only whitespace may follow
 

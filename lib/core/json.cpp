@@ -1,7 +1,8 @@
 // json.cpp: the JSON reader.
-#include "data/json.hpp"
+#include "core/json.hpp"
 
 #include <cctype>
+#include <string>
 
 namespace tessera {
 
@@ -124,6 +125,46 @@ int64_t JsonReader::int_value() {
   return std::stoll(std::string(s_.substr(start, i_ - start)));
 }
 
+double JsonReader::number_value() {
+  ws();
+  const size_t start = i_;
+  while (i_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[i_])) || s_[i_] == '.' ||
+                            s_[i_] == 'e' || s_[i_] == 'E' || s_[i_] == '+' || s_[i_] == '-'))
+    ++i_;
+  if (i_ == start) fail("expected a number");
+  try {
+    return std::stod(std::string(s_.substr(start, i_ - start)));
+  } catch (const std::exception&) {
+    i_ = start;
+    fail("malformed number");
+  }
+}
+
+bool JsonReader::null_value() {
+  ws();
+  if (s_.substr(i_, 4) == "null") {
+    i_ += 4;
+    return true;
+  }
+  return false;
+}
+
+void JsonReader::array(const std::function<void()>& on_element) {
+  if (peek() != '[') fail("expected an array");
+  ++i_;
+  if (peek() == ']') {
+    ++i_;
+    return;
+  }
+  while (true) {
+    on_element();
+    const char d = peek();
+    ++i_;
+    if (d == ']') return;
+    if (d != ',') fail("expected ',' or ']'");
+  }
+}
+
 void JsonReader::skip_value() {
   const char c = peek();
   if (c == '"') {
@@ -131,18 +172,7 @@ void JsonReader::skip_value() {
   } else if (c == '{') {
     object([this](const std::string&) { skip_value(); });
   } else if (c == '[') {
-    ++i_;
-    if (peek() == ']') {
-      ++i_;
-      return;
-    }
-    while (true) {
-      skip_value();
-      const char d = peek();
-      ++i_;
-      if (d == ']') return;
-      if (d != ',') fail("expected ',' or ']'");
-    }
+    array([this] { skip_value(); });
   } else if (s_.substr(i_, 4) == "true" || s_.substr(i_, 4) == "null") {
     i_ += 4;
   } else if (s_.substr(i_, 5) == "false") {

@@ -1,0 +1,169 @@
+// safetensors.cpp: streaming writer and mmap reader of the safetensors format.
+#include "checkpoint/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/json.hpp"
+
+namespace tessera {
+
+namespace {
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o;
+}
+}  // namespace
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::map<std::string, std::string>& metadata)
+    : path_(path), metadata_(metadata) {}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (f_) {
+    std::fclose(f_);
+    std::remove((path_ + ".tmp").c_str());
+  }
+}
+
+void SafetensorsWriter::declare(const std::string& name, const Shape& shape) {
+  TESSERA_CHECK(!header_done_, "declare after the first write");
+  tensors_.emplace_back(name, shape);
+}
+
+void SafetensorsWriter::write_header() {
+  std::ostringstream h;
+  h << "{\"__metadata__\":{";
+  bool first = true;
+  for (const auto& [k, v] : metadata_) {
+    h << (first ? "" : ",") << "\"" << json_escape(k) << "\":\"" << json_escape(v) << "\"";
+    first = false;
+  }
+  h << "}";
+  uint64_t off = 0;
+  for (const auto& [name, shape] : tensors_) {
+    const uint64_t bytes = 4 * static_cast<uint64_t>(shape_numel(shape));
+    h << ",\"" << json_escape(name) << "\":{\"dtype\":\"F32\",\"shape\":[";
+    for (size_t i = 0; i < shape.size(); ++i) h << (i ? "," : "") << shape[i];
+    h << "],\"data_offsets\":[" << off << "," << off + bytes << "]}";
+    off += bytes;
+  }
+  h << "}";
+  std::string header = h.str();
+  while (header.size() % 8) header += ' ';
+  f_ = std::fopen((path_ + ".tmp").c_str(), "wb");
+  if (!f_) throw Error("cannot create '" + path_ + ".tmp'; check the directory is writable");
+  unsigned char len[8];
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  if (std::fwrite(len, 1, 8, f_) != 8 || std::fwrite(header.data(), 1, header.size(), f_) != header.size())
+    throw Error("writing '" + path_ + ".tmp' failed (disk full?)");
+  header_done_ = true;
+}
+
+void SafetensorsWriter::write(const std::string& name, const float* data) {
+  if (!header_done_) write_header();
+  TESSERA_CHECK(next_ < tensors_.size() && tensors_[next_].first == name, "safetensors tensor ", name,
+                " written out of declaration order");
+  const size_t n = static_cast<size_t>(shape_numel(tensors_[next_].second));
+  if (std::fwrite(data, sizeof(float), n, f_) != n)
+    throw Error("writing '" + path_ + ".tmp' failed (disk full?)");
+  ++next_;
+}
+
+void SafetensorsWriter::finish() {
+  if (!header_done_) write_header();
+  TESSERA_CHECK(next_ == tensors_.size(), "safetensors: ", tensors_.size() - next_, " tensors not written");
+  const bool ok = std::fflush(f_) == 0 && fsync(fileno(f_)) == 0;
+  std::fclose(f_);
+  f_ = nullptr;
+  if (!ok) throw Error("writing '" + path_ + ".tmp' failed (disk full?)");
+  if (std::rename((path_ + ".tmp").c_str(), path_.c_str()) != 0)
+    throw Error("cannot rename '" + path_ + ".tmp' to '" + path_ + "'");
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw ConfigError("'" + path + "' cannot be opened; check the path");
+  struct stat st;
+  fstat(fd, &st);
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ < 8) {
+    ::close(fd);
+    throw ConfigError("'" + path + "' is too short to be a safetensors file (truncated?)");
+  }
+  void* m = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) throw ConfigError("'" + path + "' cannot be mapped");
+  map_ = static_cast<const unsigned char*>(m);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(map_[i]) << (8 * i);
+  if (n > size_ - 8) throw ConfigError("'" + path + "': header length " + std::to_string(n) + " exceeds the file (truncated?)");
+  data_start_ = 8 + n;
+  const std::string_view header(reinterpret_cast<const char*>(map_ + 8), n);
+  try {
+    JsonReader r(header);
+    r.object([&](const std::string& key) {
+      if (key == "__metadata__") {
+        r.skip_value();
+        return;
+      }
+      SafetensorsEntry e;
+      std::vector<int64_t> offs;
+      r.object([&](const std::string& field) {
+        if (field == "dtype") e.dtype = r.string_value();
+        else if (field == "shape") r.array([&] { e.shape.push_back(r.int_value()); });
+        else if (field == "data_offsets") r.array([&] { offs.push_back(r.int_value()); });
+        else r.skip_value();
+      });
+      if (offs.size() != 2 || offs[0] < 0 || offs[1] < offs[0])
+        throw JsonError{"tensor " + key + " has bad data_offsets"};
+      e.begin = static_cast<uint64_t>(offs[0]);
+      e.end = static_cast<uint64_t>(offs[1]);
+      entries_[key] = e;
+    });
+    r.expect_end();
+  } catch (const JsonError& e) {
+    throw ConfigError("'" + path + "': the safetensors header does not parse: " + e.message);
+  }
+  for (const auto& [name, e] : entries_) {
+    const size_t width = e.dtype == "F32" ? 4 : (e.dtype == "F16" || e.dtype == "BF16") ? 2 : 0;
+    if (!width) throw ConfigError("'" + path + "': tensor " + name + " has dtype " + e.dtype + " (supported: F32, F16, BF16)");
+    if (e.end - e.begin != width * static_cast<uint64_t>(shape_numel(e.shape)) || data_start_ + e.end > size_)
+      throw ConfigError("'" + path + "': tensor " + name + " does not fit its shape or the file (truncated?)");
+  }
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (map_) munmap(const_cast<unsigned char*>(map_), size_);
+}
+
+std::vector<float> SafetensorsReader::read(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw ConfigError("'" + path_ + "' has no tensor " + name);
+  const SafetensorsEntry& e = it->second;
+  const unsigned char* p = map_ + data_start_ + e.begin;
+  const size_t n = static_cast<size_t>(shape_numel(e.shape));
+  std::vector<float> out(n);
+  if (e.dtype == "F32") {
+    std::memcpy(out.data(), p, 4 * n);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t h = static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8));
+      out[i] = e.dtype == "BF16" ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera
