@@ -58,7 +58,13 @@ int main(int argc, char** argv) {
                << trainer.num_micro_batches() << " micro-batches of " << opts.train.micro_batch_size
                << " x DP " << ctx.dp_size << "; 1F1B pipeline bubble (theoretical) "
                << theoretical_bubble(ctx.pp_size, trainer.num_micro_batches());
-    if (!opts.load.empty()) trainer.load_checkpoint(opts.load, opts.finetune);
+    if (!opts.load.empty()) {
+      try {
+        trainer.load_checkpoint(opts.load, opts.finetune);
+      } catch (const ConfigError& e) {
+        abort_job(e.what(), 2);  // may fail on some ranks only: say which, and end the job
+      }
+    }
     if (opts.skip_train) {
       const double l = trainer.evaluate(*valid, 0, opts.train.eval_iters);
       char line[200];

@@ -324,6 +324,7 @@ void CheckpointReader::read_slice(const std::string& group, const ParamSpec& t, 
   for (const SourceTensor& s : it->second) pp = std::min(pp, s.pp_rank);
   const int ax = t.split_axis;
   const bool vocab = t.name == "wte";
+  if (vocab && ax == 0 && t.split_offset >= meta_.model.vocab_size) return;  // all padding rows
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   bool covered = false;
   for (const SourceTensor& s : it->second) {

@@ -66,6 +66,8 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     ("keep-checkpoints", po::value(&t.keep_checkpoints)->default_value(0), "keep the newest N checkpoints (0: all)")
     ("load", po::value(&o.load), "checkpoint directory to resume from (any TP/PP layout; resharded on load)")
     ("finetune", po::bool_switch(&o.finetune), "with --load: take the model only; iteration, data position and optimizer start fresh")
+    ("exit-interval", po::value(&t.exit_interval)->default_value(0), "stop (after saving) once the iteration is divisible by this (0: never)")
+    ("exit-duration-in-mins", po::value(&t.exit_duration_mins)->default_value(0.0), "stop (after saving) once training has run this long (0: never)")
     ("eval-interval", po::value(&t.eval_interval)->default_value(0), "iterations between evaluations on the validation data (0: none)")
     ("eval-iters", po::value(&t.eval_iters)->default_value(10), "global batches per evaluation")
     ("skip-train", po::bool_switch(&o.skip_train), "do not train: evaluate --eval-iters batches (after --load) and exit");

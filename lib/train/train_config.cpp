@@ -48,6 +48,9 @@ void TrainConfig::validate(int dp_size) const {
                              " are out of range (allowed: >= 0)"));
   if (save_interval < 0)
     throw ConfigError(concat("--save-interval=", save_interval, " is out of range (allowed: >= 0)"));
+  if (exit_interval < 0 || !(exit_duration_mins >= 0))
+    throw ConfigError(concat("--exit-interval=", exit_interval, " / --exit-duration-in-mins=",
+                             exit_duration_mins, " are out of range (allowed: >= 0)"));
   if (keep_checkpoints < 0)
     throw ConfigError(concat("--keep-checkpoints=", keep_checkpoints, " is out of range (allowed: >= 0)"));
   if (!(peak_tflops >= 0))

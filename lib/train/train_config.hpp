@@ -33,6 +33,10 @@ struct TrainConfig {
   int64_t save_interval = 0;   // 0: only at the end of training
   int keep_checkpoints = 0;    // keep the newest N (0: all)
   std::string config_text;     // the run's options (INI), stored in every checkpoint
+  // Stopping early (Megatron's): after an iteration divisible by exit_interval, or once
+  // exit_duration_mins have passed; both save a checkpoint first when --save is set.
+  int64_t exit_interval = 0;
+  double exit_duration_mins = 0;
 
   int global_batch(int dp_size) const {
     return global_batch_size > 0 ? global_batch_size : micro_batch_size * dp_size;

@@ -266,6 +266,7 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
 }
 
 std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
+  Timer since_start;
   std::vector<StepStats> all;
   double interval_loss = 0, interval_seconds = 0;
   int in_interval = 0;
@@ -292,6 +293,16 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
     }
     if (!cfg_.save.empty() && cfg_.save_interval > 0 && s.iteration % cfg_.save_interval == 0)
       save_checkpoint(cfg_.save);
+    bool exit_now = cfg_.exit_interval > 0 && s.iteration % cfg_.exit_interval == 0;
+    if (cfg_.exit_duration_mins > 0) {  // rank 0's clock decides, so every rank stops together
+      double over = ctx_.world_rank == 0 && since_start.seconds() >= cfg_.exit_duration_mins * 60 ? 1 : 0;
+      ctx_.world->all_reduce_f64(&over, 1, ReduceOp::Max);
+      exit_now = exit_now || over > 0;
+    }
+    if (exit_now && s.iteration < cfg_.train_iters) {
+      TLOG(info) << "exiting at iteration " << s.iteration << " (--exit-interval / --exit-duration-in-mins)";
+      break;
+    }
   }
   if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
   return all;

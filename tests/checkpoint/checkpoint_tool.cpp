@@ -1,0 +1,51 @@
+// checkpoint_tool: test helper that damages a checkpoint file the way a foreign or corrupted file
+// would look. Usage:
+//   test_checkpoint_tool set-version FILE N          rewrite the format_version attribute
+//   test_checkpoint_tool flip-byte FILE DATASET      flip one byte inside the dataset's first chunk
+#include <hdf5.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+int main(int argc, char** argv) {
+  if (argc == 4 && std::strcmp(argv[1], "set-version") == 0) {
+    const long long v = std::atoll(argv[3]);
+    hid_t f = H5Fopen(argv[2], H5F_ACC_RDWR, H5P_DEFAULT);
+    if (f < 0) return 1;
+    hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+    const int rc = a >= 0 && H5Awrite(a, H5T_NATIVE_LLONG, &v) >= 0 ? 0 : 1;
+    if (a >= 0) H5Aclose(a);
+    H5Fclose(f);
+    return rc;
+  }
+  if (argc == 4 && std::strcmp(argv[1], "flip-byte") == 0) {
+    hid_t f = H5Fopen(argv[2], H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) return 1;
+    hid_t d = H5Dopen2(f, argv[3], H5P_DEFAULT);
+    if (d < 0) return 1;
+    hsize_t offset[8];
+    unsigned mask = 0;
+    haddr_t addr = 0;
+    hsize_t size = 0;
+    hid_t space = H5Dget_space(d);
+    const herr_t rc = H5Dget_chunk_info(d, space, 0, offset, &mask, &addr, &size);
+    H5Sclose(space);
+    H5Dclose(d);
+    H5Fclose(f);
+    if (rc < 0 || size < 16) return 1;
+    std::FILE* fp = std::fopen(argv[2], "r+b");
+    if (!fp) return 1;
+    const long pos = static_cast<long>(addr + size / 2);
+    std::fseek(fp, pos, SEEK_SET);
+    const int c = std::fgetc(fp);
+    std::fseek(fp, pos, SEEK_SET);
+    std::fputc(c ^ 0x5a, fp);
+    std::fclose(fp);
+    std::printf("flipped byte %ld of %s (chunk of %s at %llu, %llu bytes)\n", pos, argv[2], argv[3],
+                (unsigned long long)addr, (unsigned long long)size);
+    return 0;
+  }
+  std::fprintf(stderr, "usage: test_checkpoint_tool set-version FILE N | flip-byte FILE DATASET\n");
+  return 2;
+}

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# test_checkpoint.sh: checkpoints as a user meets them: save/load per layout, exact resume (bitwise
+# on CPU) at 1 rank and TP2 x PP2 x DP2, resharding TP2xPP2 -> TP1 -> TP4 -> TP2xPP2 with equal
+# evaluation losses and identical tensors, HF export/import, damaged checkpoints, a save that fails
+# half-way, and bad --load input.
+# Usage: test_checkpoint.sh BIN_DIR CONFIG_DIR
+set -u
+bin=$1
+configs=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# vocab 600: padded to 640 at TP1, 768 at TP2, 1024 at TP4, so resharding re-pads.
+common=(--config "$configs/gpt2-tiny.ini" --num-layers 4 --hidden-size 32 --num-attention-heads 4
+        --seq-length 32 --max-position-embeddings 32 --vocab-size 600 --global-batch-size 8
+        --micro-batch-size 2 --log-interval 1 --lr-warmup-iters 2 --threads 1)
+fail=0
+ok() { echo "ok: $*"; }
+bad() { echo "FAIL: $*"; fail=1; }
+train() {  # train NP TP PP ARGS...
+  local np=$1 tp=$2 pp=$3
+  shift 3
+  local cmd=("$bin/tessera-train" "${common[@]}" --tensor-model-parallel-size "$tp" --pipeline-model-parallel-size "$pp" "$@")
+  if [ "$np" -gt 1 ]; then timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "${cmd[@]}"
+  else timeout 300 "${cmd[@]}"; fi
+}
+losses() { sed 's/"ms_per_iter.*//' "$1"; }  # iteration, samples, loss, lr, grad norm (%.17g)
+evalloss() { grep -o 'lm loss value: [0-9.E+-]*' | awk '{print $4}'; }
+close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 1e-6 * a) }'; }
+
+# ---- exact resume, bitwise, at 1 rank and at TP2 x PP2 x DP2 ----
+for layout in "1 1 1" "8 2 2"; do
+  set -- $layout
+  np=$1 tp=$2 pp=$3
+  d=$work/resume-$np
+  train "$np" "$tp" "$pp" --train-iters 12 --metrics-file "$d-full.jsonl" > "$d-full.log" 2>&1 || bad "full run np $np"
+  train "$np" "$tp" "$pp" --train-iters 12 --exit-interval 6 --save "$d" > "$d-a.log" 2>&1 || bad "first half np $np"
+  train "$np" "$tp" "$pp" --train-iters 12 --load "$d" --save "$d" --metrics-file "$d-res.jsonl" > "$d-b.log" 2>&1 || bad "resumed half np $np"
+  if diff <(losses "$d-full.jsonl" | tail -6) <(losses "$d-res.jsonl") > /dev/null && [ "$(wc -l < "$d-res.jsonl")" -eq 6 ]; then
+    ok "exact resume at np $np (TP $tp PP $pp): iterations 7-12 bitwise equal to the uninterrupted run"
+  else
+    bad "resume at np $np differs:"; diff <(losses "$d-full.jsonl" | tail -6) <(losses "$d-res.jsonl") | head -4
+  fi
+done
+[ "$(cat "$work/resume-1/latest_checkpointed_iteration.txt")" = "12" ] && ok "latest points at the end-of-training save (12)" || bad "latest file: $(cat "$work/resume-1/latest_checkpointed_iteration.txt")"
+
+# ---- save/load per layout and resharding ----
+src=$work/tp2pp2
+train 4 2 2 --train-iters 8 --save "$src" > "$work/src.log" 2>&1 || bad "training at TP2 x PP2"
+"$bin/tessera-reshard" --load "$src" --save "$work/tp1" --target-tensor-model-parallel-size 1 > "$work/r1.log" 2>&1 || bad "reshard to TP1: $(cat "$work/r1.log")"
+"$bin/tessera-reshard" --load "$work/tp1" --save "$work/tp4" --target-tensor-model-parallel-size 4 > "$work/r4.log" 2>&1 || bad "reshard to TP4"
+"$bin/tessera-reshard" --load "$work/tp4" --save "$work/back" --target-tensor-model-parallel-size 2 --target-pipeline-model-parallel-size 2 > "$work/rb.log" 2>&1 || bad "reshard back to TP2 x PP2"
+grep -q "padded to 1024" "$work/r4.log" && ok "TP4 re-pads the vocabulary (600 -> 1024)" || bad "no re-padding in: $(head -1 "$work/r4.log")"
+ref=$(train 4 2 2 --load "$src" --skip-train --eval-iters 2 2>&1 | evalloss)
+for case in "tp1 1 1 1" "tp4 4 4 1" "back 4 2 2" "tp1 2 1 2" "tp2pp2 2 2 1"; do
+  set -- $case
+  name=$1 np=$2 tp=$3 pp=$4
+  got=$(train "$np" "$tp" "$pp" --load "$work/$name" --skip-train --eval-iters 2 2>&1 | evalloss)
+  close "$ref" "$got" && ok "eval loss of $name loaded at TP $tp x PP $pp: $got (TP2xPP2 original: $ref)" \
+                      || bad "eval loss of $name at TP $tp x PP $pp: '$got' vs '$ref'"
+done
+same=1
+for f in "$src"/iter_0000008/*.h5; do
+  h5diff -q "$f" "$work/back/iter_0000008/$(basename "$f")" /model /model > /dev/null 2>&1 || same=0
+  h5diff -q "$f" "$work/back/iter_0000008/$(basename "$f")" /optimizer /optimizer > /dev/null 2>&1 || same=0
+done
+[ $same -eq 1 ] && ok "TP2xPP2 -> TP1 -> TP4 -> TP2xPP2 gives bitwise identical model and optimizer tensors" || bad "round trip changed tensors"
+# Training continues at another layout from the resharded checkpoint.
+train 1 1 1 --train-iters 10 --load "$work/tp1" > "$work/cont.log" 2>&1 && grep -q "iteration       10/" "$work/cont.log" \
+  && ok "training continues on 1 rank from the TP1 checkpoint" || bad "continue from tp1: $(tail -2 "$work/cont.log")"
+
+# ---- Hugging Face export and import ----
+"$bin/tessera-convert" --to-hf --load "$src" --save "$work/hf" > /dev/null 2>&1 || bad "export to HF"
+"$bin/tessera-convert" --from-hf "$work/hf" --save "$work/fromhf" --target-tensor-model-parallel-size 2 --target-pipeline-model-parallel-size 2 > /dev/null 2>&1 || bad "import from HF"
+same=1
+for f in "$src"/iter_0000008/*.h5; do
+  h5diff -q "$f" "$work/fromhf/iter_0000000/$(basename "$f")" /model /model > /dev/null 2>&1 || same=0
+done
+[ $same -eq 1 ] && ok "HF export then import at TP2 x PP2 gives identical tensors" || bad "HF round trip changed tensors"
+grep -q '"n_embd": 32' "$work/hf/config.json" && grep -q '"vocab_size": 600' "$work/hf/config.json" && ok "config.json" || bad "config.json: $(cat "$work/hf/config.json")"
+
+# ---- damaged checkpoints: one clear line naming the file, exit 2, nothing overwritten ----
+expect_error() {  # expect_error DESCRIPTION PATTERN CKPT
+  local out rc
+  out=$(train 1 1 1 --load "$3" --skip-train --eval-iters 1 2>&1)
+  rc=$?
+  if [ $rc -ne 0 ] && grep -qE -- "$2" <<<"$out"; then ok "$1 -> rc $rc: $(grep -m1 'error:' <<<"$out")"
+  else bad "$1: rc $rc, output: $(tail -3 <<<"$out")"; fi
+}
+cp -r "$work/tp1" "$work/trunc"
+f=$work/trunc/iter_0000008/mp_rank_00_000.h5
+truncate -s $(( $(stat -c %s "$f") / 2 )) "$f"
+expect_error "truncated file" "mp_rank_00_000.h5" "$work/trunc"
+cp -r "$work/tp1" "$work/flip"
+f=$work/flip/iter_0000008/mp_rank_00_000.h5
+"$bin/test_checkpoint_tool" flip-byte "$f" /model/layers.1.mlp.fc1.weight > /dev/null || bad "could not flip a byte"
+expect_error "flipped byte" "checksum|corrupt" "$work/flip"
+cp -r "$work/tp1" "$work/ver"
+# Rewrite the format_version attribute with the small helper built for this test.
+"$bin/test_checkpoint_tool" set-version "$work/ver/iter_0000008/mp_rank_00_000.h5" 99 || bad "could not edit the version"
+expect_error "wrong format version" "format_version 99" "$work/ver"
+cp -r "$src" "$work/missing"
+rm "$work/missing/iter_0000008/mp_rank_01_001.h5"
+expect_error "missing shard" "missing shard file .*mp_rank_01_001.h5" "$work/missing"
+mkdir -p "$work/empty"
+expect_error "no latest file" "no latest_checkpointed_iteration.txt" "$work/empty"
+out=$("$bin/tessera-train" --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
+      --max-position-embeddings 32 --vocab-size 600 --load "$src" --skip-train 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "hidden-size=32 but this run has 64" <<<"$out" && ok "another model shape -> rc 2" || bad "shape mismatch: rc $rc $out"
+
+# ---- a save that fails half-way on one rank leaves the previous checkpoint loadable ----
+d=$work/faulty
+out=$(TESSERA_FAULT_SAVE_RANK=1:10 train 2 2 1 --train-iters 12 --save "$d" --save-interval 5 2>&1); rc=$?
+if [ $rc -ne 0 ] && [ "$(cat "$d/latest_checkpointed_iteration.txt")" = "5" ] && [ ! -e "$d/iter_0000010" ] && [ ! -e "$d/iter_0000010.tmp" ]; then
+  ok "save failing on rank 1 at iteration 10: job exits $rc, latest stays 5, no partial iter_0000010"
+else
+  bad "faulty save: rc $rc, latest $(cat "$d/latest_checkpointed_iteration.txt" 2>/dev/null), $(ls "$d")"
+fi
+train 2 2 1 --train-iters 6 --load "$d" > "$work/after.log" 2>&1 && grep -q "loaded checkpoint.*iteration 5" "$work/after.log" \
+  && ok "the previous checkpoint (5) loads after the failed save" || bad "load after failed save: $(tail -2 "$work/after.log")"
+
+[ $fail -eq 0 ] && echo "checkpoints: all passed"
+exit $fail
