@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/hash.hpp"
 #include "core/hdf5_check.hpp"
 
 namespace tessera {
@@ -52,31 +53,27 @@ void fsync_path(const std::string& p) {
   }
 }
 
-// Chunks of about 1 M elements along axis 0 (Fletcher32 needs chunked storage).
-std::vector<hsize_t> chunk_dims(const Shape& s) {
-  std::vector<hsize_t> c(s.begin(), s.end());
-  int64_t inner = 1;
-  for (size_t i = 1; i < s.size(); ++i) inner *= s[i];
-  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(s[0], (1 << 20) / std::max<int64_t>(1, inner)));
-  c[0] = static_cast<hsize_t>(std::max<int64_t>(1, rows));
-  for (hsize_t& d : c) d = std::max<hsize_t>(1, d);
-  return c;
-}
-
+// Contiguous storage (large sequential writes straight from the tensor) with the tensor's XXH64
+// in the attribute "xxh64", checked whenever the tensor is read.
 void write_tensor(hid_t group, const ParamSpec& s, const float* data) {
   std::vector<hsize_t> dims(s.local_shape.begin(), s.local_shape.end());
   H5Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
-  H5Id plist(H5Pcreate(H5P_DATASET_CREATE));
-  const auto chunk = chunk_dims(s.local_shape);
-  HDF5_CHECK(H5Pset_chunk(plist.get(), static_cast<int>(chunk.size()), chunk.data()));
-  HDF5_CHECK(H5Pset_fletcher32(plist.get()));
-  H5Id ds(H5Dcreate2(group, s.name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, plist.get(), H5P_DEFAULT));
+  H5Id ds(H5Dcreate2(group, s.name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   HDF5_CHECK(ds.get());
   HDF5_CHECK(H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
   h5_write_attr(ds.get(), "global_shape", std::vector<int64_t>(s.global_shape.begin(), s.global_shape.end()));
   h5_write_attr(ds.get(), "split_axis", static_cast<int64_t>(s.split_axis));
   h5_write_attr(ds.get(), "split_offset", s.split_offset);
   h5_write_attr(ds.get(), "dtype", std::string("f32"));
+  h5_write_attr(ds.get(), "xxh64", static_cast<int64_t>(xxh64(data, sizeof(float) * s.numel())));
+}
+
+// Reads a whole dataset into `out` and checks it against its stored XXH64; false when either fails.
+bool read_verified(hid_t ds, float* out, int64_t n) {
+  int64_t stored = 0;
+  if (!h5_read_attr(ds, "xxh64", stored)) return false;
+  if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) return false;
+  return static_cast<uint64_t>(stored) == xxh64(out, sizeof(float) * n);
 }
 
 void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
@@ -153,12 +150,10 @@ void CheckpointShardWriter::write(const std::string& group, const ParamSpec& spe
     throw Error("checkpoint file '" + path_ + "': writing " + group + "/" + spec.name +
                 " failed (disk full?): " + e.what());
   }
-  // Read it back: HDF5 checks every chunk's Fletcher32 checksum on the way.
+  // Read it back and check it against the checksum of what was meant to be written.
   H5Id ds(H5Dopen2(g.get(), spec.name.c_str(), H5P_DEFAULT));
   readback_.resize(spec.numel());
-  if (!ds.valid() ||
-      H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, readback_.data()) < 0 ||
-      std::memcmp(readback_.data(), data, sizeof(float) * spec.numel()) != 0)
+  if (!ds.valid() || !read_verified(ds.get(), readback_.data(), spec.numel()))
     throw Error("checkpoint file '" + path_ + "': " + group + "/" + spec.name +
                 " did not read back as written (disk full or failing?)");
 }
@@ -348,29 +343,37 @@ void CheckpointReader::read_slice(const std::string& group, const ParamSpec& t, 
       if (vocab) hi = std::min<int64_t>(hi, meta_.model.vocab_size);
       if (hi <= lo) continue;
     }
-    const int nd = static_cast<int>(t.local_shape.size());
-    std::vector<hsize_t> fstart(nd, 0), mstart(nd, 0), count(t.local_shape.begin(), t.local_shape.end());
-    std::vector<hsize_t> mdims(t.local_shape.begin(), t.local_shape.end());
-    if (ax >= 0) {
-      fstart[ax] = static_cast<hsize_t>(lo - s_off);
-      mstart[ax] = static_cast<hsize_t>(lo - t_off);
-      count[ax] = static_cast<hsize_t>(hi - lo);
-    } else if (vocab) {
-      count[0] = static_cast<hsize_t>(meta_.model.vocab_size);
-    }
     const hid_t file = handles_[s.file]->get();
     const std::string name = group + "/" + t.name;
     H5Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
     if (!ds.valid())
       throw ConfigError("checkpoint file '" + files_[s.file] + "' has no " + name +
                         (group == "model" ? "" : " (saved without optimizer state)"));
-    H5Id fspace(H5Dget_space(ds.get()));
-    HDF5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, fstart.data(), nullptr, count.data(), nullptr));
-    H5Id mspace(H5Screate_simple(nd, mdims.data(), nullptr));
-    HDF5_CHECK(H5Sselect_hyperslab(mspace.get(), H5S_SELECT_SET, mstart.data(), nullptr, count.data(), nullptr));
-    if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
+    const int64_t src_n = shape_numel(s.local_shape);
+    const bool whole = s.local_shape == t.local_shape && (ax < 0 || (lo == s_off && lo == t_off));
+    // The whole source tensor is read (and its checksum checked); the overlap is copied out.
+    float* dst = out;
+    if (!whole) {
+      scratch_.resize(static_cast<size_t>(src_n));
+      dst = scratch_.data();
+    }
+    if (!read_verified(ds.get(), dst, src_n))
       throw ConfigError("checkpoint file '" + files_[s.file] + "': " + name +
                         " fails its checksum or cannot be read (corrupt); use another checkpoint");
+    if (!whole) {
+      // Copy rows [lo, hi) along the axis (vocabulary rows < vocab_size for replicated wte).
+      const int64_t a_lo = ax >= 0 ? lo - s_off : 0, a_hi = ax >= 0 ? hi - s_off
+                                                          : (vocab ? meta_.model.vocab_size : s.local_shape[0]);
+      const int a = ax >= 0 ? ax : 0;
+      int64_t inner = 1, outer = 1;
+      for (size_t d = a + 1; d < s.local_shape.size(); ++d) inner *= s.local_shape[d];
+      for (int d = 0; d < a; ++d) outer *= s.local_shape[d];
+      const int64_t s_ext = s.local_shape[a], t_ext = t.local_shape[a];
+      const int64_t t_shift = ax >= 0 ? lo - t_off - a_lo : 0;
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(out + (o * t_ext + a_lo + t_shift) * inner, dst + (o * s_ext + a_lo) * inner,
+                    sizeof(float) * (a_hi - a_lo) * inner);
+    }
     covered = true;
     if (ax < 0) break;
   }

@@ -5,7 +5,8 @@
 //     /model/<param>                              this shard of the parameter (fp32)
 //     /optimizer/exp_avg/<param>, /exp_avg_sq/<param>   Adam moments (fp32; the parameters are the
 //                                                 fp32 master weights)
-//     each dataset: attributes global_shape, split_axis, split_offset, dtype; Fletcher32 checksums
+//     each dataset: contiguous, attributes global_shape, split_axis, split_offset, dtype and xxh64
+//     (XXH64 of the tensor's little-endian bytes, checked on every read)
 //     root attributes: format_version, iteration, consumed_samples, optimizer_steps, seed, the model
 //     shape, vocab_size, padded_vocab_size, the layout (tp/pp/dp sizes, this file's tp/pp rank and
 //     layers), has_optimizer, config (the full option set as INI text)
@@ -55,7 +56,7 @@ struct ShardTensors {
 };
 
 // Writes one shard file tensor by tensor (so a converter needs memory for one tensor only); each
-// tensor is read back after it is written (Fletcher32 checksums verified). Throws Error naming
+// tensor is read back after it is written and checked against its checksum. Throws Error naming
 // the file. `fail_after` >= 0 fails after that many tensors (fault injection for tests).
 class CheckpointShardWriter {
  public:
@@ -104,6 +105,7 @@ class CheckpointReader {
   std::vector<std::string> files_;
   std::vector<std::unique_ptr<H5Id>> handles_;
   std::map<std::string, std::vector<SourceTensor>> tensors_;  // model tensors by name
+  mutable std::vector<float> scratch_;  // one source tensor, when a slice needs part of it
 };
 
 // Resolves --load: the iteration directory the latest file points to. Throws ConfigError naming

@@ -1,7 +1,7 @@
 // checkpoint_tool: test helper that damages a checkpoint file the way a foreign or corrupted file
 // would look. Usage:
 //   test_checkpoint_tool set-version FILE N          rewrite the format_version attribute
-//   test_checkpoint_tool flip-byte FILE DATASET      flip one byte inside the dataset's first chunk
+//   test_checkpoint_tool flip-byte FILE DATASET      flip one byte inside the dataset's data
 #include <hdf5.h>
 
 #include <cstdio>
@@ -28,9 +28,18 @@ int main(int argc, char** argv) {
     unsigned mask = 0;
     haddr_t addr = 0;
     hsize_t size = 0;
-    hid_t space = H5Dget_space(d);
-    const herr_t rc = H5Dget_chunk_info(d, space, 0, offset, &mask, &addr, &size);
-    H5Sclose(space);
+    herr_t rc = 0;
+    hid_t plist = H5Dget_create_plist(d);
+    if (H5Pget_layout(plist) == H5D_CONTIGUOUS) {
+      addr = H5Dget_offset(d);
+      size = H5Dget_storage_size(d);
+      rc = addr == HADDR_UNDEF ? -1 : 0;
+    } else {
+      hid_t space = H5Dget_space(d);
+      rc = H5Dget_chunk_info(d, space, 0, offset, &mask, &addr, &size);
+      H5Sclose(space);
+    }
+    H5Pclose(plist);
     H5Dclose(d);
     H5Fclose(f);
     if (rc < 0 || size < 16) return 1;

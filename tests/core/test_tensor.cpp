@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/dtype.hpp"
 #include "core/rng.hpp"
@@ -117,4 +118,16 @@ TEST(Errors, CheckMacrosNameExpressionFileAndLine) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("arithmetic is broken"), std::string::npos) << e.what();
   }
+}
+
+// ---- checksums ----------------------------------------------------------------------------------
+
+#include "core/hash.hpp"
+
+TEST(Hash, Xxh64KnownValues) {
+  // Reference values from `xxhsum -H1` (xxHash 0.8.1).
+  EXPECT_EQ(xxh64("", 0), 0xef46db3751d8e999ull);
+  EXPECT_EQ(xxh64("abc", 3), 0x44bc2cf5ad770999ull);
+  const char* s = "The quick brown fox jumps over the lazy dog, then again and again!";
+  EXPECT_EQ(xxh64(s, std::strlen(s)), 0xe2db77193fb44329ull);
 }
