@@ -6,7 +6,9 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
+#include "backend/cpu/kv_attention.hpp"
 #include "core/tensor.hpp"
 
 namespace tessera {
@@ -52,6 +54,12 @@ class Backend {
   virtual void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads) = 0;
   virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                   const Tensor& out, const Tensor& lse, int64_t heads) = 0;
+
+  // Generation: appends the new tokens' keys and values (from qkv (N, 3*H*hd)) to the caches
+  // (slots, H, Tmax, hd) and attends each new query to its sequence's cached positions.
+  using KvSegment = cpu::KvSegment;
+  virtual void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
+                            const std::vector<KvSegment>& segments, int64_t heads) = 0;
 
   virtual void gelu_forward(Tensor& out, const Tensor& inp) = 0;
   // dinp = dout * gelu'(inp); dinp may be dout.

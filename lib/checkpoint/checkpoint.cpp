@@ -384,10 +384,24 @@ void CheckpointReader::read_slice(const std::string& group, const ParamSpec& t, 
 
 // ---- directory operations -----------------------------------------------------------------------
 
-std::string begin_checkpoint_dir(const std::string& save_dir, int64_t iteration) {
-  ::mkdir(save_dir.c_str(), 0755);
+void prepare_save_dir(const std::string& save_dir) {
+  // mkdir -p
+  for (size_t i = 1; i <= save_dir.size(); ++i)
+    if (i == save_dir.size() || save_dir[i] == '/') ::mkdir(save_dir.substr(0, i).c_str(), 0755);
   if (!is_dir(save_dir))
-    throw ConfigError("--save '" + save_dir + "' cannot be created; check the path and permissions");
+    throw ConfigError("--save '" + save_dir + "' cannot be created (" + std::strerror(errno) +
+                      "); check the path and permissions");
+  const std::string probe = save_dir + "/.tessera_write_test";
+  std::FILE* f = std::fopen(probe.c_str(), "w");
+  const bool ok = f && std::fputs("ok\n", f) >= 0 && std::fclose(f) == 0;
+  std::remove(probe.c_str());
+  if (!ok)
+    throw ConfigError("--save '" + save_dir + "' is not writable (" + std::strerror(errno) +
+                      "); choose a directory this job can write");
+}
+
+std::string begin_checkpoint_dir(const std::string& save_dir, int64_t iteration) {
+  prepare_save_dir(save_dir);
   const std::string tmp = save_dir + "/" + iteration_dir_name(iteration) + ".tmp";
   remove_tree(tmp);  // the leftovers of a save that died
   if (::mkdir(tmp.c_str(), 0755) != 0)

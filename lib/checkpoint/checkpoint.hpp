@@ -112,6 +112,9 @@ class CheckpointReader {
 // the directory when there is no checkpoint.
 std::string resolve_checkpoint_dir(const std::string& dir);
 
+// Creates --save (with parents) and checks a file can be written there; ConfigError otherwise.
+void prepare_save_dir(const std::string& save_dir);
+
 // The directory operations of a save, done by one rank: create DIR/iter_N.tmp/ (fresh), and after
 // all shards are written, move it into place, update the latest file, and keep only the newest
 // `keep` checkpoints (0: all).

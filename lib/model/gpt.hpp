@@ -91,6 +91,13 @@ class GPTModel {
   static constexpr int kHeadPiece = -1, kEmbedPiece = -2;
   std::function<void(int piece)> on_grads_ready;
 
+  const LayerWeights& layer_weights(int layer) const { return weights_[layer - shard_.layer_begin]; }
+  int64_t vocab_begin() const { return vocab_begin_; }
+  int64_t vocab_local() const { return vocab_local_; }
+  int64_t heads_local() const { return heads_local_; }
+  Backend& backend() { return be_; }
+  Communicator& tp_comm() { return tp_; }
+
   // Output of this stage's last layer (what the next stage receives).
   Tensor& stage_output(Activations& a);
 

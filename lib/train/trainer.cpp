@@ -69,6 +69,20 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   const int64_t local = cfg_.global_batch(ctx_.dp_size) / ctx_.dp_size;
   batch_.resize(static_cast<size_t>(local) * (model_cfg_.seq_length + 1));
   prefetch_ = std::make_unique<Prefetcher>(data_, local);
+  if (!cfg_.save.empty()) {  // an unwritable --save is an error now, not after hours of training
+    double bad = 0;
+    std::string why;
+    if (ctx_.world_rank == 0) {
+      try {
+        prepare_save_dir(cfg_.save);
+      } catch (const ConfigError& e) {
+        bad = 1;
+        why = e.what();
+      }
+    }
+    ctx_.world->all_reduce_f64(&bad, 1, ReduceOp::Max);
+    if (bad) throw ConfigError(ctx_.world_rank == 0 ? why : "--save is not usable (reported by rank 0)");
+  }
   if (!cfg_.metrics_file.empty() && ctx_.world_rank == 0) {
     metrics_.open(cfg_.metrics_file, std::ios::app);
     if (!metrics_)

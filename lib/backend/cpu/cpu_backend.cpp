@@ -107,6 +107,19 @@ class CpuBackend final : public Backend {
                             hd, scratch(T));
   }
 
+  void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
+                    const std::vector<KvSegment>& segments, int64_t heads) override {
+    TESSERA_CHECK(k_cache.ndim() == 4 && k_cache.dim(1) == heads, "kv cache shape ",
+                  shape_str(k_cache.shape()));
+    const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2);
+    TESSERA_CHECK(cols_of(qkv) == 3 * heads * hd && cols_of(out) == heads * hd, "kv attention shapes");
+    for (const KvSegment& s : segments)
+      TESSERA_CHECK(s.slot >= 0 && s.slot < k_cache.dim(0) && s.pos0 + s.count <= Tmax &&
+                        s.row0 + s.count <= rows_of(qkv),
+                    "kv attention segment outside the cache or the rows");
+    cpu::kv_attention(out.f32(), qkv.f32(), k_cache.f32(), v_cache.f32(), segments, heads, hd, Tmax);
+  }
+
   void gelu_forward(Tensor& out, const Tensor& inp) override {
     TESSERA_CHECK(out.numel() == inp.numel(), "gelu shapes");
     cpu::gelu_forward(out.f32(), inp.f32(), inp.numel());

@@ -1,0 +1,141 @@
+// engine.cpp: the inference forward pass with a KV cache.
+#include "inference/engine.hpp"
+
+#include <cstring>
+
+namespace tessera {
+
+namespace {
+constexpr int kTagHidden = 11;
+}
+
+InferenceEngine::InferenceEngine(GPTModel& model, const ParallelContext& ctx, int max_sequences,
+                                 int64_t max_positions)
+    : model_(model), ctx_(ctx), be_(model.backend()), max_positions_(max_positions) {
+  const GPTConfig& cfg = model.config();
+  TESSERA_CHECK(max_positions <= cfg.max_positions(), "context of ", max_positions,
+                " exceeds the model's ", cfg.max_positions(), " positions");
+  const ModelShard& sh = model.shard();
+  for (int l = sh.layer_begin; l < sh.layer_end; ++l) {
+    const Shape s{max_sequences, model.heads_local(), max_positions, cfg.head_dim()};
+    k_cache_.push_back(Tensor::zeros(s, DType::F32, be_.allocator()));
+    v_cache_.push_back(Tensor::zeros(s, DType::F32, be_.allocator()));
+  }
+}
+
+void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
+  if (n <= rows_ && segs <= segs_) return;
+  rows_ = std::max(n, rows_);
+  segs_ = std::max(segs, segs_);
+  const GPTConfig& cfg = model_.config();
+  const int64_t C = cfg.hidden_size, Cl = model_.heads_local() * cfg.head_dim();
+  const int64_t Fl = cfg.ffn() / model_.shard().tp_size, Vl = model_.vocab_local();
+  Allocator& al = be_.allocator();
+  auto f = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };
+  ids_ = Tensor({rows_}, DType::I32, al);
+  pos_ = Tensor({rows_}, DType::I32, al);
+  x_ = f({rows_, C});
+  ln_ = f({rows_, C});
+  qkv_ = f({rows_, 3 * Cl});
+  att_ = f({rows_, Cl});
+  tmp_ = f({rows_, C});
+  fc_ = f({rows_, Fl});
+  gelu_ = f({rows_, Fl});
+  mean_ = f({rows_});
+  rstd_ = f({rows_});
+  last_rows_ = Tensor({segs_}, DType::I32, al);
+  last_x_ = f({segs_, C});
+  lnf_ = f({segs_, C});
+  lnf_mean_ = f({segs_});
+  lnf_rstd_ = f({segs_});
+  logits_ = f({segs_, Vl});
+  gathered_ = f({model_.shard().tp_size * segs_ * Vl});
+}
+
+void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
+                              const std::vector<int32_t>& tokens, std::vector<float>& logits) {
+  int64_t n = 0;
+  for (const TokenSegment& s : segments) {
+    TESSERA_CHECK(s.pos0 + s.count <= max_positions_, "sequence of ", s.pos0 + s.count,
+                  " tokens exceeds the context of ", max_positions_);
+    n += s.count;
+  }
+  TESSERA_CHECK(static_cast<int64_t>(tokens.size()) == n, "tokens do not match the segments");
+  const int64_t S = static_cast<int64_t>(segments.size());
+  ensure_rows(n, S);
+  const GPTConfig& cfg = model_.config();
+  const ModelShard& sh = model_.shard();
+  const int64_t C = cfg.hidden_size;
+  // Views of exactly n rows.
+  Tensor x = x_.view(0, {n, C}), ln = ln_.view(0, {n, C}), tmp = tmp_.view(0, {n, C});
+  Tensor qkv = qkv_.view(0, {n, qkv_.dim(1)}), att = att_.view(0, {n, att_.dim(1)});
+  Tensor fc = fc_.view(0, {n, fc_.dim(1)}), gl = gelu_.view(0, {n, gelu_.dim(1)});
+  Tensor mean = mean_.view(0, {n}), rstd = rstd_.view(0, {n});
+  std::vector<Backend::KvSegment> kv;
+  int64_t row = 0;
+  for (const TokenSegment& s : segments) {
+    kv.push_back({s.slot, s.pos0, s.count, row});
+    for (int64_t t = 0; t < s.count; ++t) {
+      ids_.i32()[row + t] = tokens[row + t];
+      pos_.i32()[row + t] = static_cast<int32_t>(s.pos0 + t);
+    }
+    row += s.count;
+  }
+  if (sh.has_embedding) {
+    be_.embedding_forward(x, ids_.view(0, {n}), model_.params().param("wte"), model_.vocab_begin());
+    model_.tp_comm().all_reduce(x, ReduceOp::Sum);
+    be_.embedding_forward(tmp, pos_.view(0, {n}), model_.params().param("wpe"), 0);
+    be_.add(x, x, tmp);
+  } else {
+    ctx_.pp->recv(x, ctx_.pp_rank - 1, kTagHidden);
+  }
+  const double eps = cfg.layernorm_epsilon;
+  const bool bias_here = sh.tp_rank == 0;
+  for (int l = sh.layer_begin; l < sh.layer_end; ++l) {
+    const LayerWeights& w = model_.layer_weights(l);
+    be_.layernorm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b, eps);
+    be_.matmul_forward(qkv, ln, w.qkv_w, &w.qkv_b);
+    be_.kv_attention(att, qkv, k_cache_[l - sh.layer_begin], v_cache_[l - sh.layer_begin], kv,
+                     model_.heads_local());
+    be_.matmul_forward(tmp, att, w.proj_w, bias_here ? &w.proj_b : nullptr);
+    model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
+    be_.add(x, x, tmp);
+    be_.layernorm_forward(ln, mean, rstd, x, w.ln2_w, w.ln2_b, eps);
+    be_.matmul_forward(fc, ln, w.fc1_w, &w.fc1_b);
+    be_.gelu_forward(gl, fc);
+    be_.matmul_forward(tmp, gl, w.fc2_w, bias_here ? &w.fc2_b : nullptr);
+    model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
+    be_.add(x, x, tmp);
+  }
+  if (!sh.has_head) {
+    ctx_.pp->send_async(x, ctx_.pp_rank + 1, kTagHidden)->wait();
+    return;
+  }
+  // The last row of every segment, its final LayerNorm and vocabulary-parallel logits.
+  row = 0;
+  for (int64_t i = 0; i < S; ++i) {
+    row += segments[i].count;
+    last_rows_.i32()[i] = static_cast<int32_t>(row - 1);
+  }
+  Tensor lx = last_x_.view(0, {S, C}), lnf = lnf_.view(0, {S, C});
+  Tensor lm = lnf_mean_.view(0, {S}), lr = lnf_rstd_.view(0, {S});
+  be_.embedding_forward(lx, last_rows_.view(0, {S}), x, 0);  // gathers rows of x
+  be_.layernorm_forward(lnf, lm, lr, lx, model_.params().param("lnf.weight"),
+                        model_.params().param("lnf.bias"), eps);
+  const int64_t Vl = model_.vocab_local();
+  Tensor lg = logits_.view(0, {S, Vl});
+  be_.matmul_forward(lg, lnf, model_.params().param("wte"), nullptr);
+  const int tp = sh.tp_size;
+  Tensor all = gathered_.view(0, {tp * S * Vl});
+  model_.tp_comm().all_gather(all, lg.reshape({S * Vl}));
+  const int64_t V = cfg.vocab_size;
+  logits.assign(static_cast<size_t>(S * V), 0.f);
+  for (int r = 0; r < tp; ++r)
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t begin = r * Vl, count = std::max<int64_t>(0, std::min(Vl, V - begin));
+      if (count > 0)
+        std::memcpy(logits.data() + i * V + begin, all.f32() + (r * S + i) * Vl, sizeof(float) * count);
+    }
+}
+
+}  // namespace tessera

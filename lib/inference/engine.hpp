@@ -1,0 +1,45 @@
+// engine.hpp: GPT inference with a KV cache on one rank's shard (any TP x PP layout): the new
+// tokens of several sequences go through this stage's layers in one batch, each attending to its
+// own cached keys and values; the last stage returns the logits of each sequence's last new token
+// over the whole (true) vocabulary, gathered across tensor-parallel ranks.
+#pragma once
+
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "model/gpt.hpp"
+
+namespace tessera {
+
+// New tokens of one sequence: `count` tokens at positions [pos0, pos0 + count) of cache slot `slot`.
+struct TokenSegment {
+  int slot = 0;
+  int64_t pos0 = 0, count = 0;
+};
+
+class InferenceEngine {
+ public:
+  // Caches for `max_sequences` sequences of up to `max_positions` tokens.
+  InferenceEngine(GPTModel& model, const ParallelContext& ctx, int max_sequences, int64_t max_positions);
+  int64_t max_positions() const { return max_positions_; }
+
+  // Collective over the model-parallel group. `tokens` holds the new tokens of all segments in
+  // order (every rank passes the same segments and tokens). On the last stage, `logits` becomes
+  // (segments, vocab_size): the next-token logits after each segment's last token.
+  void forward(const std::vector<TokenSegment>& segments, const std::vector<int32_t>& tokens,
+               std::vector<float>& logits);
+
+ private:
+  void ensure_rows(int64_t n, int64_t segments);
+
+  GPTModel& model_;
+  ParallelContext ctx_;
+  Backend& be_;
+  int64_t max_positions_;
+  std::vector<Tensor> k_cache_, v_cache_;  // per local layer (slots, heads_local, Tmax, head_dim)
+  int64_t rows_ = 0, segs_ = 0;
+  Tensor ids_, pos_, x_, ln_, qkv_, att_, tmp_, fc_, gelu_, mean_, rstd_;
+  Tensor last_rows_, last_x_, lnf_, lnf_mean_, lnf_rstd_, logits_, gathered_;
+};
+
+}  // namespace tessera
