@@ -55,6 +55,13 @@ int main(int argc, char** argv) {
                 (unsigned long long)addr, (unsigned long long)size);
     return 0;
   }
-  std::fprintf(stderr, "usage: test_checkpoint_tool set-version FILE N | flip-byte FILE DATASET\n");
+  if (argc == 3 && std::strcmp(argv[1], "drop-model") == 0) {  // a checkpoint without weights
+    hid_t f = H5Fopen(argv[2], H5F_ACC_RDWR, H5P_DEFAULT);
+    if (f < 0) return 1;
+    const herr_t rc = H5Ldelete(f, "model", H5P_DEFAULT);
+    H5Fclose(f);
+    return rc < 0 ? 1 : 0;
+  }
+  std::fprintf(stderr, "usage: test_checkpoint_tool set-version FILE N | flip-byte FILE DATASET | drop-model FILE\n");
   return 2;
 }
