@@ -24,7 +24,8 @@ packages=(build-essential cmake ninja-build pkg-config git
           libboost-program-options-dev libboost-log-dev
           libgtest-dev libgmock-dev
           libopenblas-openmp-dev
-          libicu-dev)
+          libicu-dev
+          gnuplot-nox)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
