@@ -15,6 +15,7 @@
 #include "data/dataset.hpp"
 #include "train/options.hpp"
 #include "train/trainer.hpp"
+#include "train/watchdog.hpp"
 
 using namespace tessera;
 
@@ -53,7 +54,10 @@ int main(int argc, char** argv) {
                << opts.model.padded_vocab_size(opts.tp) << "), " << opts.model.num_parameters()
                << " parameters; backend " << backend->name() << ", " << threads
                << " threads per rank; data: " << data->describe();
+    install_stop_signals();
+    Watchdog watchdog(opts.train.distributed_timeout_minutes, MPI_COMM_WORLD);
     Trainer trainer(opts.model, opts.train, *backend, *data, ctx);
+    trainer.on_progress = [&](int64_t it) { watchdog.progress(it); };
     TLOG(info) << "global batch " << opts.train.global_batch(ctx.dp_size) << " = "
                << trainer.num_micro_batches() << " micro-batches of " << opts.train.micro_batch_size
                << " x DP " << ctx.dp_size << "; 1F1B pipeline bubble (theoretical) "
@@ -61,6 +65,7 @@ int main(int argc, char** argv) {
     if (!opts.load.empty()) {
       try {
         trainer.load_checkpoint(opts.load, opts.finetune);
+        watchdog.progress(trainer.iteration());
       } catch (const ConfigError& e) {
         abort_job(e.what(), 2);  // may fail on some ranks only: say which, and end the job
       }
@@ -74,8 +79,12 @@ int main(int argc, char** argv) {
       return 0;
     }
     trainer.train(valid.get());
-    TLOG(info) << "training finished after " << trainer.iteration() << " iterations, "
-               << trainer.consumed_samples() << " samples";
+    if (trainer.stopped_by_signal())
+      TLOG(info) << "stopped by signal " << trainer.stopped_by_signal() << " after " << trainer.iteration()
+                 << " iterations, " << trainer.consumed_samples() << " samples; exiting cleanly";
+    else
+      TLOG(info) << "training finished after " << trainer.iteration() << " iterations, "
+                 << trainer.consumed_samples() << " samples";
   } catch (const ConfigError& e) {
     char host[256] = {0};
     gethostname(host, sizeof host - 1);

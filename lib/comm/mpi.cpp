@@ -15,7 +15,8 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   MPI_CHECK(MPI_Initialized(&initialized));
   if (!initialized) {
     int provided = 0;
-    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    // MULTIPLE: the watchdog thread sends heartbeats while the main thread is in a collective.
+    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
     owns_ = true;
   }
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));

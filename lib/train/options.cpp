@@ -78,6 +78,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     ("log-all-ranks", po::bool_switch(&o.log.all_ranks), "every rank prints, prefixed with its rank")
     ("metrics-file", po::value(&t.metrics_file), "append one JSON line per logged iteration to this file")
     ("peak-tflops", po::value(&t.peak_tflops)->default_value(0.0), "peak TFLOP/s per rank, to print MFU")
+    ("distributed-timeout-minutes", po::value(&t.distributed_timeout_minutes)->default_value(10.0), "no progress for this long (a rank died or hangs) ends the job with an error naming the rank (0: wait forever)")
     ("threads", po::value(&o.threads)->default_value(0), "OpenMP/BLAS threads per rank (0: this rank's share of the cores in its affinity mask)")
     ("device", po::value(&o.device)->default_value("cpu"), "cpu (the CUDA backend is not part of this build's trainer yet)");
   if (!p.parse(argc, argv)) return false;

@@ -37,6 +37,8 @@ struct TrainConfig {
   // exit_duration_mins have passed; both save a checkpoint first when --save is set.
   int64_t exit_interval = 0;
   double exit_duration_mins = 0;
+  // A collective waiting longer than this ends the job (train/watchdog.hpp); 0: wait forever.
+  double distributed_timeout_minutes = 10;
 
   int global_batch(int dp_size) const {
     return global_batch_size > 0 ? global_batch_size : micro_batch_size * dp_size;

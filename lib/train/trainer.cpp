@@ -2,6 +2,7 @@
 #include "train/trainer.hpp"
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include "core/logging.hpp"
 #include "core/timer.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "train/watchdog.hpp"
 
 namespace tessera {
 
@@ -304,9 +306,22 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
       TLOG(info) << line;
       if (metrics_.is_open())
         metrics_ << "{\"iteration\": " << s.iteration << ", \"valid_lm_loss\": " << l << "}\n" << std::flush;
+      if (on_progress) on_progress(s.iteration);
     }
     if (!cfg_.save.empty() && cfg_.save_interval > 0 && s.iteration % cfg_.save_interval == 0)
       save_checkpoint(cfg_.save);
+    if (on_progress) on_progress(s.iteration);
+    // SIGTERM / SIGUSR1 on any rank: every rank agrees here, saves and stops cleanly.
+    double sig = stop_signal();
+    ctx_.world->all_reduce_f64(&sig, 1, ReduceOp::Max);
+    if (sig > 0) {
+      stopped_by_signal_ = static_cast<int>(sig);
+      TLOG(info) << "received signal " << stopped_by_signal_ << " (" << (stopped_by_signal_ == SIGUSR1 ? "SIGUSR1" : "SIGTERM")
+                 << "): stopping after iteration " << s.iteration
+                 << (cfg_.save.empty() ? " (no --save: nothing is saved)" : ", saving a checkpoint");
+      if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
+      return all;
+    }
     bool exit_now = cfg_.exit_interval > 0 && s.iteration % cfg_.exit_interval == 0;
     if (cfg_.exit_duration_mins > 0) {  // rank 0's clock decides, so every rank stops together
       double over = ctx_.world_rank == 0 && since_start.seconds() >= cfg_.exit_duration_mins * 60 ? 1 : 0;
@@ -387,6 +402,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
                                "' failed", error.empty() ? " on another rank" : ": " + error,
                                "; the previous checkpoint is intact"));
   last_saved_ = iteration_;
+  if (on_progress) on_progress(iteration_);
   TLOG(info) << "saved checkpoint " << dir << "/" << iteration_dir_name(iteration_) << " in "
              << t.seconds() << " s";
 }

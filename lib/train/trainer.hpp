@@ -5,6 +5,7 @@
 #pragma once
 
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -66,6 +67,11 @@ class Trainer {
   // checkpoints (--save); returns the stats of every iteration.
   std::vector<StepStats> train(const TokenDataset* eval_data = nullptr);
 
+  // Called after every iteration and every checkpoint (the watchdog's progress mark).
+  std::function<void(int64_t iteration)> on_progress;
+  // The signal (SIGTERM, SIGUSR1) that stopped the last train() call early, or 0.
+  int stopped_by_signal() const { return stopped_by_signal_; }
+
   // Mean loss per loss token over `iters` global batches of `data` starting at sample `first`,
   // forward only; the same value on every rank.
   double evaluate(const TokenDataset& data, int64_t first, int64_t iters);
@@ -104,6 +110,7 @@ class Trainer {
   std::unique_ptr<Prefetcher> prefetch_;
   double loss_sum_ = 0;
   int64_t last_saved_ = -1;
+  int stopped_by_signal_ = 0;
   int64_t iteration_ = 0, consumed_samples_ = 0;
   std::ofstream metrics_;
 };
