@@ -29,6 +29,9 @@ expect 2 "/does/not/exist.ini" -- --config /does/not/exist.ini
 expect 2 "lr-decay-style" -- --lr-decay-style sometimes
 expect 0 "--tensor-model-parallel-size|--num-layers" -- --help
 expect 0 "stage 0 .*memory per rank" -- --config "$configs/gpt2-tiny.ini" --dry-run
+for c in gpt2-124m gpt2-345m gpt2-1.3b; do  # the shipped configurations are valid
+  expect 0 "stage 0 .*memory per rank" -- --config "$configs/$c.ini" --vocab-size 50257 --dry-run
+done
 for opt in num-layers hidden-size num-attention-heads seq-length max-position-embeddings \
            micro-batch-size global-batch-size train-iters lr min-lr lr-decay-style \
            lr-warmup-iters weight-decay clip-grad adam-beta1 adam-beta2 adam-eps seed \

@@ -45,5 +45,42 @@ else
   check "killed rank ends the job (rc $rc after $(( $(date +%s) - start )) s)" $([ -n "$victim" ] && [ $rc -ne 0 ]; echo $?) "victim '$victim', rc=$rc"
 fi
 rm -f "$log"
+
+# SIGUSR1 (Slurm's time-limit warning): every rank saves at the next step and the job exits 0.
+ck=$(mktemp -d)
+log=$(mktemp)
+"${mpirun[@]}" -np 2 "$bin" --config "$configs/gpt2-tiny.ini" --train-iters 100000 --log-interval 5 \
+  --tensor-model-parallel-size 2 --save "$ck" > "$log" 2>&1 &
+job=$!
+for _ in $(seq 1 100); do grep -q 'iteration' "$log" && break; sleep 0.2; done
+pkill -USR1 -P "$job" -f tessera-train
+for _ in $(seq 1 300); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+wait "$job"
+rc=$?
+check "SIGUSR1 saves and exits 0 (rc $rc, checkpoint $(cat "$ck/latest_checkpointed_iteration.txt" 2>/dev/null))" \
+  $([ $rc -eq 0 ] && grep -q 'received signal 10 (SIGUSR1)' "$log" && [ -s "$ck/latest_checkpointed_iteration.txt" ]; echo $?) "$(tail -3 "$log")"
+rm -rf "$ck" "$log"
+
+# A rank that stops answering (SIGSTOP): the watchdog ends the job and rank 0 names it.
+log=$(mktemp)
+"${mpirun[@]}" -np 4 "$bin" --config "$configs/gpt2-tiny.ini" --train-iters 100000 --log-interval 5 \
+  --distributed-timeout-minutes 0.1 > "$log" 2>&1 &
+job=$!
+for _ in $(seq 1 100); do grep -q 'iteration' "$log" && break; sleep 0.2; done
+victim=$(pgrep -P "$job" -f tessera-train | sed -n 3p)
+[ -n "$victim" ] && kill -STOP "$victim"
+for _ in $(seq 1 400); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$job" 2>/dev/null; then
+  check "hung rank ends the job" 1 "still running 40 s after a rank was stopped"
+  kill -CONT "$victim" 2>/dev/null
+  kill -9 "$job"
+else
+  wait "$job"
+  rc=$?
+  check "hung rank ends the job (rc $rc): $(grep -m1 'stopped answering' "$log")" \
+    $([ -n "$victim" ] && [ $rc -ne 0 ] && grep -q 'rank(s) [0-9]* stopped answering' "$log"; echo $?) "$(tail -5 "$log")"
+fi
+[ -n "$victim" ] && kill -9 "$victim" 2>/dev/null
+rm -f "$log"
 [ $fail -eq 0 ] && echo "mpi cli: all passed"
 exit $fail
