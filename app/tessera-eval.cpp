@@ -26,8 +26,10 @@ class FirstSamples final : public TokenDataset {
   int seq_length() const override { return d_.seq_length(); }
   int64_t num_samples() const override { return n_; }
   void get(int64_t i, int32_t* out) const override {
-    if (i < n_) d_.get(i, out);
-    else std::fill(out, out + d_.seq_length() + 1, -1);
+    if (i < n_)
+      d_.get(i, out);
+    else
+      std::fill(out, out + d_.seq_length() + 1, -1);
   }
 
  private:
@@ -47,19 +49,28 @@ int main(int argc, char** argv) {
   std::string load, data_path, split = "969,30,1", which = "valid";
   int tp = 1, pp = 1, mbs = 4, threads = 0;
   try {
-    OptionParser p("tessera-eval", "--load CKPT --data-path PREFIX [--split 949,50,1] [--eval-split valid]");
-    p.group("Evaluation").add_options()
-      ("load", po::value(&load)->required(), "checkpoint directory (any layout)")
-      ("data-path", po::value(&data_path)->required(), "prefix of the HDF5 token shards")
-      ("split", po::value(&split)->default_value(split), "train,valid,test weights (as in training)")
-      ("eval-split", po::value(&which)->default_value(which), "train | valid | test")
-      ("micro-batch-size", po::value(&mbs)->default_value(mbs), "samples per forward pass")
-      ("tensor-model-parallel-size", po::value(&tp)->default_value(1), "tensor-parallel ranks")
-      ("pipeline-model-parallel-size", po::value(&pp)->default_value(1), "pipeline stages")
-      ("threads", po::value(&threads)->default_value(0), "threads per rank (0: this rank's share)");
+    OptionParser p("tessera-eval",
+                   "--load CKPT --data-path PREFIX [--split 949,50,1] [--eval-split valid]");
+    p.group("Evaluation")
+        .add_options()("load", po::value(&load)->required(), "checkpoint directory (any layout)")(
+            "data-path", po::value(&data_path)->required(), "prefix of the HDF5 token shards")(
+            "split", po::value(&split)->default_value(split),
+            "train,valid,test weights (as in training)")(
+            "eval-split", po::value(&which)->default_value(which), "train | valid | test")(
+            "micro-batch-size", po::value(&mbs)->default_value(mbs), "samples per forward pass")(
+            "tensor-model-parallel-size", po::value(&tp)->default_value(1),
+            "tensor-parallel ranks")("pipeline-model-parallel-size",
+                                     po::value(&pp)->default_value(1), "pipeline stages")(
+            "threads", po::value(&threads)->default_value(0),
+            "threads per rank (0: this rank's share)");
     if (!p.parse(argc, argv)) return 0;
-    const Split sp = which == "train" ? Split::Train : which == "valid" ? Split::Valid : which == "test" ? Split::Test : Split(-1);
-    if (static_cast<int>(sp) < 0) throw ConfigError("--eval-split '" + which + "' is not a split (allowed: train, valid, test)");
+    const Split sp = which == "train"   ? Split::Train
+                     : which == "valid" ? Split::Valid
+                     : which == "test"  ? Split::Test
+                                        : Split(-1);
+    if (static_cast<int>(sp) < 0)
+      throw ConfigError("--eval-split '" + which +
+                        "' is not a split (allowed: train, valid, test)");
     ProcessGrid grid(tp, pp);
     ParallelContext ctx = grid.context();
     LogOptions lo;
@@ -72,11 +83,13 @@ int main(int argc, char** argv) {
     GPTConfig cfg = ckpt.meta().model;
     auto corpus = std::make_shared<const ShardedCorpus>(data_path);
     if (corpus->meta().vocab_size != cfg.vocab_size)
-      throw ConfigError(detail::concat("--data-path '", data_path, "' has a vocabulary of ", corpus->meta().vocab_size,
-                                       " tokens, the checkpoint ", cfg.vocab_size));
+      throw ConfigError(detail::concat("--data-path '", data_path, "' has a vocabulary of ",
+                                       corpus->meta().vocab_size, " tokens, the checkpoint ",
+                                       cfg.vocab_size));
     GPTDataset ds(corpus, sp, parse_split(split), cfg.seq_length, 0);
     if (ds.num_samples() == 0)
-      throw ConfigError("the " + which + " split of '" + data_path + "' (--split " + split + ") has no sample: " + ds.describe());
+      throw ConfigError("the " + which + " split of '" + data_path + "' (--split " + split +
+                        ") has no sample: " + ds.describe());
     TrainConfig t;
     t.micro_batch_size = mbs;
     t.global_batch_size = mbs * ctx.dp_size;
@@ -89,11 +102,12 @@ int main(int argc, char** argv) {
     const int64_t G = t.global_batch_size, iters = (ds.num_samples() + G - 1) / G;
     const double loss = trainer.evaluate(data, 0, iters);
     if (root)
-      std::printf("tessera-eval: %s | iteration %lld | %s split: %lld samples, %lld tokens evaluated | "
-                  "loss %.9f | perplexity %.6f\n",
-                  ckpt.path().c_str(), (long long)ckpt.meta().iteration, which.c_str(),
-                  (long long)ds.num_samples(), (long long)ds.num_samples() * cfg.seq_length, loss,
-                  std::exp(loss));
+      std::printf(
+          "tessera-eval: %s | iteration %lld | %s split: %lld samples, %lld tokens evaluated | "
+          "loss %.9f | perplexity %.6f\n",
+          ckpt.path().c_str(), (long long)ckpt.meta().iteration, which.c_str(),
+          (long long)ds.num_samples(), (long long)ds.num_samples() * cfg.seq_length, loss,
+          std::exp(loss));
   } catch (const ConfigError& e) {
     if (root) std::fprintf(stderr, "tessera-eval: error: %s\n", e.what());
     return 2;

@@ -53,27 +53,40 @@ int main(int argc, char** argv) {
   int tp = 1, pp = 1, threads = 0;
   bool interactive = false, no_cache = false, ids_out = false;
   try {
-    OptionParser p("tessera-generate", "--load CKPT (--prompt TEXT... | --prompt-file F | --interactive) [options]");
-    p.group("Model").add_options()
-      ("load", po::value(&load)->required(), "checkpoint directory (any layout; resharded on load)")
-      ("tensor-model-parallel-size", po::value(&tp)->default_value(1), "tensor-parallel ranks for generation")
-      ("pipeline-model-parallel-size", po::value(&pp)->default_value(1), "pipeline stages for generation")
-      ("vocab-file", po::value(&vocab)->default_value(vocab), "GPT-2 encoder.json")
-      ("merge-file", po::value(&merges)->default_value(merges), "GPT-2 vocab.bpe")
-      ("threads", po::value(&threads)->default_value(0), "threads per rank (0: this rank's share of its cores)");
-    p.group("Prompts").add_options()
-      ("prompt", po::value(&prompts_text)->composing(), "a prompt (repeat for a batch of prompts of any lengths)")
-      ("prompt-file", po::value(&prompt_file), "one prompt per line")
-      ("prompt-ids", po::value(&prompt_ids)->composing(), "a prompt as space-separated token ids (no tokenizer); output is ids too")
-      ("interactive", po::bool_switch(&interactive), "read prompts from standard input until 'stop' or end of input");
-    p.group("Sampling").add_options()
-      ("max-new-tokens", po::value(&g.max_new_tokens)->default_value(64), "tokens to generate per prompt (fewer on <|endoftext|>)")
-      ("temperature", po::value(&g.sampling.temperature)->default_value(1.0), "softmax temperature (0: greedy)")
-      ("top-k", po::value(&g.sampling.top_k)->default_value(0), "sample among the k most likely tokens (0: all; 1: greedy)")
-      ("top-p", po::value(&g.sampling.top_p)->default_value(1.0), "nucleus sampling mass, in (0, 1]")
-      ("greedy", po::bool_switch(), "always take the most likely token (same as --temperature 0)")
-      ("seed", po::value(&g.sampling.seed)->default_value(1234), "sampling seed (same seed, same text, any layout)")
-      ("no-kv-cache", po::bool_switch(&no_cache), "recompute every sequence at each step (slow; for checking the cache)");
+    OptionParser p("tessera-generate",
+                   "--load CKPT (--prompt TEXT... | --prompt-file F | --interactive) [options]");
+    p.group("Model").add_options()("load", po::value(&load)->required(),
+                                   "checkpoint directory (any layout; resharded on load)")(
+        "tensor-model-parallel-size", po::value(&tp)->default_value(1),
+        "tensor-parallel ranks for generation")("pipeline-model-parallel-size",
+                                                po::value(&pp)->default_value(1),
+                                                "pipeline stages for generation")(
+        "vocab-file", po::value(&vocab)->default_value(vocab), "GPT-2 encoder.json")(
+        "merge-file", po::value(&merges)->default_value(merges), "GPT-2 vocab.bpe")(
+        "threads", po::value(&threads)->default_value(0),
+        "threads per rank (0: this rank's share of its cores)");
+    p.group("Prompts").add_options()("prompt", po::value(&prompts_text)->composing(),
+                                     "a prompt (repeat for a batch of prompts of any lengths)")(
+        "prompt-file", po::value(&prompt_file), "one prompt per line")(
+        "prompt-ids", po::value(&prompt_ids)->composing(),
+        "a prompt as space-separated token ids (no tokenizer); output is ids too")(
+        "interactive", po::bool_switch(&interactive),
+        "read prompts from standard input until 'stop' or end of input");
+    p.group("Sampling")
+        .add_options()("max-new-tokens", po::value(&g.max_new_tokens)->default_value(64),
+                       "tokens to generate per prompt (fewer on <|endoftext|>)")(
+            "temperature", po::value(&g.sampling.temperature)->default_value(1.0),
+            "softmax temperature (0: greedy)")(
+            "top-k", po::value(&g.sampling.top_k)->default_value(0),
+            "sample among the k most likely tokens (0: all; 1: greedy)")(
+            "top-p", po::value(&g.sampling.top_p)->default_value(1.0),
+            "nucleus sampling mass, in (0, 1]")(
+            "greedy", po::bool_switch(),
+            "always take the most likely token (same as --temperature 0)")(
+            "seed", po::value(&g.sampling.seed)->default_value(1234),
+            "sampling seed (same seed, same text, any layout)")(
+            "no-kv-cache", po::bool_switch(&no_cache),
+            "recompute every sequence at each step (slow; for checking the cache)");
     if (!p.parse(argc, argv)) return 0;
     if (p.vm()["greedy"].as<bool>()) g.sampling.temperature = 0;
     g.use_kv_cache = !no_cache;
@@ -96,21 +109,25 @@ int main(int argc, char** argv) {
     if (!ids_out) {
       tok = GPT2Tokenizer::load(vocab, merges);
       if (tok->vocab_size() != cfg.vocab_size)
-        throw ConfigError(detail::concat("the checkpoint's vocabulary has ", cfg.vocab_size,
-                                         " tokens, the tokenizer (", vocab, ") ", tok->vocab_size(),
-                                         "; use the tokenizer the model was trained with, or --prompt-ids"));
+        throw ConfigError(
+            detail::concat("the checkpoint's vocabulary has ", cfg.vocab_size,
+                           " tokens, the tokenizer (", vocab, ") ", tok->vocab_size(),
+                           "; use the tokenizer the model was trained with, or --prompt-ids"));
       g.eod_id = tok->eod_id();
     }
     if (cfg.num_attention_heads % tp != 0 || cfg.num_layers % pp != 0)
-      throw ConfigError(detail::concat("the model (", cfg.num_attention_heads, " heads, ", cfg.num_layers,
-                                       " layers) cannot be split TP ", tp, " x PP ", pp));
+      throw ConfigError(detail::concat("the model (", cfg.num_attention_heads, " heads, ",
+                                       cfg.num_layers, " layers) cannot be split TP ", tp, " x PP ",
+                                       pp));
     auto be = make_cpu_backend();
     GPTModel model(cfg, model_shard_for(cfg, tp, ctx.tp_rank, pp, ctx.pp_rank), *be, *ctx.tp);
-    for (const ParamSpec& s : model.params().specs()) ckpt.read_slice("model", s, model.params().param(s).f32());
+    for (const ParamSpec& s : model.params().specs())
+      ckpt.read_slice("model", s, model.params().param(s).f32());
     if (root)
-      std::cerr << "tessera-generate: " << ckpt.path() << " (" << cfg.num_layers << " layers, hidden "
-                << cfg.hidden_size << ", saved at TP " << ckpt.meta().tp_size << " x PP "
-                << ckpt.meta().pp_size << ") on TP " << tp << " x PP " << pp << std::endl;
+      std::cerr << "tessera-generate: " << ckpt.path() << " (" << cfg.num_layers
+                << " layers, hidden " << cfg.hidden_size << ", saved at TP " << ckpt.meta().tp_size
+                << " x PP " << ckpt.meta().pp_size << ") on TP " << tp << " x PP " << pp
+                << std::endl;
 
     auto encode = [&](const std::string& s) { return tok ? tok->encode(s) : parse_ids(s); };
     auto text_of = [&](const std::vector<int32_t>& ids) {
@@ -141,9 +158,15 @@ int main(int argc, char** argv) {
                     << text_of(r.completions[i]) << "\n";
         }
       }
-      const double dec = r.decode_seconds > 0 ? (r.generated_tokens - static_cast<double>(prompts.size())) / r.decode_seconds : 0;
-      std::fprintf(stderr, "tessera-generate: %lld prompt tokens prefilled in %.3f s (%.0f tokens/s), %lld tokens generated, decode %.1f tokens/s\n",
-                   (long long)r.prompt_tokens, r.prefill_seconds, r.prompt_tokens / std::max(r.prefill_seconds, 1e-9),
+      const double dec =
+          r.decode_seconds > 0
+              ? (r.generated_tokens - static_cast<double>(prompts.size())) / r.decode_seconds
+              : 0;
+      std::fprintf(stderr,
+                   "tessera-generate: %lld prompt tokens prefilled in %.3f s (%.0f tokens/s), %lld "
+                   "tokens generated, decode %.1f tokens/s\n",
+                   (long long)r.prompt_tokens, r.prefill_seconds,
+                   r.prompt_tokens / std::max(r.prefill_seconds, 1e-9),
                    (long long)r.generated_tokens, dec);
     };
     std::vector<std::string> texts = prompts_text;
@@ -162,16 +185,19 @@ int main(int argc, char** argv) {
         double len = -1;
         if (root) {
           std::cout << "prompt> " << std::flush;
-          if (std::getline(std::cin, line) && line != "stop") len = static_cast<double>(line.size());
+          if (std::getline(std::cin, line) && line != "stop")
+            len = static_cast<double>(line.size());
         }
         ctx.world->all_reduce_f64(&len, 1, ReduceOp::Max);
         if (len < 0) break;
         Tensor bytes({std::max<int64_t>(1, static_cast<int64_t>(len))});
         if (root)
-          for (size_t i = 0; i < line.size(); ++i) bytes.f32()[i] = static_cast<unsigned char>(line[i]);
+          for (size_t i = 0; i < line.size(); ++i)
+            bytes.f32()[i] = static_cast<unsigned char>(line[i]);
         ctx.world->broadcast(bytes, 0);
         line.resize(static_cast<size_t>(len));
-        for (size_t i = 0; i < line.size(); ++i) line[i] = static_cast<char>(static_cast<int>(bytes.f32()[i]));
+        for (size_t i = 0; i < line.size(); ++i)
+          line[i] = static_cast<char>(static_cast<int>(bytes.f32()[i]));
         if (line.empty()) continue;
         run({line});
       }

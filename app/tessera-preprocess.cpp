@@ -16,30 +16,45 @@ int main(int argc, char** argv) {
   PreprocessOptions o;
   std::string vocab, merges, shard_size;
   try {
-    OptionParser p("tessera-preprocess",
-                   "--input FILES... --output-prefix PREFIX --vocab-file encoder.json --merge-file vocab.bpe");
-    p.group("Input").add_options()
-      ("input", po::value(&o.inputs)->multitoken()->required(), "input files or quoted globs: .jsonl/.json (one JSON object per line) or plain text")
-      ("json-key", po::value(&o.json_key)->default_value("text"), "member of each jsonl object that holds the document")
-      ("split-lines", po::bool_switch(&o.split_lines), "plain text: every non-empty line is a document (default: one document per file)");
-    p.group("Tokenizer").add_options()
-      ("vocab-file", po::value(&vocab)->required(), "GPT-2 encoder.json (vocab.json)")
-      ("merge-file", po::value(&merges)->required(), "GPT-2 vocab.bpe (merges.txt)")
-      ("append-eod", po::value(&o.append_eod)->default_value(true), "end every document with <|endoftext|>");
-    p.group("Output").add_options()
-      ("output-prefix", po::value(&o.output_prefix)->required(), "shards are written as PREFIX_00000.h5, PREFIX_00001.h5, ...")
-      ("shard-size", po::value(&shard_size)->default_value("100M"), "tokens per shard, about (K, M, G suffixes)")
-      ("workers", po::value(&o.workers)->default_value(0), "tokenizer threads (0: the cores this process may use)");
+    OptionParser p(
+        "tessera-preprocess",
+        "--input FILES... --output-prefix PREFIX --vocab-file encoder.json --merge-file vocab.bpe");
+    p.group("Input").add_options()(
+        "input", po::value(&o.inputs)->multitoken()->required(),
+        "input files or quoted globs: .jsonl/.json (one JSON object per line) or plain text")(
+        "json-key", po::value(&o.json_key)->default_value("text"),
+        "member of each jsonl object that holds the document")(
+        "split-lines", po::bool_switch(&o.split_lines),
+        "plain text: every non-empty line is a document (default: one document per file)");
+    p.group("Tokenizer")
+        .add_options()("vocab-file", po::value(&vocab)->required(),
+                       "GPT-2 encoder.json (vocab.json)")(
+            "merge-file", po::value(&merges)->required(), "GPT-2 vocab.bpe (merges.txt)")(
+            "append-eod", po::value(&o.append_eod)->default_value(true),
+            "end every document with <|endoftext|>");
+    p.group("Output").add_options()("output-prefix", po::value(&o.output_prefix)->required(),
+                                    "shards are written as PREFIX_00000.h5, PREFIX_00001.h5, ...")(
+        "shard-size", po::value(&shard_size)->default_value("100M"),
+        "tokens per shard, about (K, M, G suffixes)")(
+        "workers", po::value(&o.workers)->default_value(0),
+        "tokenizer threads (0: the cores this process may use)");
     if (!p.parse(argc, argv)) return 0;
     o.shard_tokens = parse_token_count(shard_size);
-    if (o.workers < 0) throw ConfigError("--workers=" + std::to_string(o.workers) + " is out of range (allowed: >= 0)");
+    if (o.workers < 0)
+      throw ConfigError("--workers=" + std::to_string(o.workers) +
+                        " is out of range (allowed: >= 0)");
     if (o.workers == 0) o.workers = affinity_cores();
     const auto tok = GPT2Tokenizer::load(vocab, merges);
     const bool tty = isatty(STDOUT_FILENO);
-    const PreprocessResult r = preprocess(o, *tok, [&](const std::string& line, bool final) {
-      if (tty) std::cout << "\r\033[K" << line << (final ? "\n" : "") << std::flush;
-      else std::cout << line << std::endl;
-    }, tty);
+    const PreprocessResult r = preprocess(
+        o, *tok,
+        [&](const std::string& line, bool final) {
+          if (tty)
+            std::cout << "\r\033[K" << line << (final ? "\n" : "") << std::flush;
+          else
+            std::cout << line << std::endl;
+        },
+        tty);
     std::cout << "tessera-preprocess: " << r.documents << " documents, " << r.tokens << " tokens ("
               << r.bytes << " bytes of text) in " << r.shards.size() << " shard(s) "
               << o.output_prefix << "_*.h5 in " << r.seconds << " s with " << o.workers

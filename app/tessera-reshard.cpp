@@ -16,30 +16,41 @@ int main(int argc, char** argv) {
   int tp = 1, pp = 1;
   try {
     OptionParser p("tessera-reshard",
-                   "--load CKPT --save OUT --target-tensor-model-parallel-size T --target-pipeline-model-parallel-size P");
-    p.group("Resharding").add_options()
-      ("load", po::value(&load)->required(), "checkpoint directory (with latest_checkpointed_iteration.txt) or an iter_NNNNNNN directory")
-      ("save", po::value(&save)->required(), "output checkpoint directory (a new one; the source is never modified)")
-      ("target-tensor-model-parallel-size", po::value(&tp)->default_value(1), "tensor-parallel size of the output")
-      ("target-pipeline-model-parallel-size", po::value(&pp)->default_value(1), "pipeline-parallel size of the output");
+                   "--load CKPT --save OUT --target-tensor-model-parallel-size T "
+                   "--target-pipeline-model-parallel-size P");
+    p.group("Resharding")
+        .add_options()("load", po::value(&load)->required(),
+                       "checkpoint directory (with latest_checkpointed_iteration.txt) or an "
+                       "iter_NNNNNNN directory")(
+            "save", po::value(&save)->required(),
+            "output checkpoint directory (a new one; the source is never modified)")(
+            "target-tensor-model-parallel-size", po::value(&tp)->default_value(1),
+            "tensor-parallel size of the output")("target-pipeline-model-parallel-size",
+                                                  po::value(&pp)->default_value(1),
+                                                  "pipeline-parallel size of the output");
     if (!p.parse(argc, argv)) return 0;
     Timer t;
     CheckpointReader src(load);
     if (src.path().rfind(save + "/", 0) == 0 || src.path() == save)
-      throw ConfigError("--save '" + save + "' is the checkpoint being read; write to a new directory");
+      throw ConfigError("--save '" + save +
+                        "' is the checkpoint being read; write to a new directory");
     CheckpointMeta meta = src.meta();
     std::cout << "tessera-reshard: " << src.path() << " (iteration " << meta.iteration << ", TP "
-              << meta.tp_size << " x PP " << meta.pp_size << ", vocabulary " << meta.model.vocab_size
-              << " padded to " << meta.model.padded_vocab_size(meta.tp_size) << ") -> " << save
-              << " (TP " << tp << " x PP " << pp << ", padded to " << meta.model.padded_vocab_size(tp)
-              << ")" << std::endl;
+              << meta.tp_size << " x PP " << meta.pp_size << ", vocabulary "
+              << meta.model.vocab_size << " padded to "
+              << meta.model.padded_vocab_size(meta.tp_size) << ") -> " << save << " (TP " << tp
+              << " x PP " << pp << ", padded to " << meta.model.padded_vocab_size(tp) << ")"
+              << std::endl;
     meta.tp_size = tp;
     meta.pp_size = pp;
-    write_checkpoint(save, meta,
-                     [&](const std::string& group, const ParamSpec& s, float* out) { src.read_slice(group, s, out); },
-                     [](const std::string& line) { std::cout << line << std::endl; });
-    std::cout << "tessera-reshard: wrote " << save << "/" << iteration_dir_name(meta.iteration) << " in "
-              << t.seconds() << " s" << std::endl;
+    write_checkpoint(
+        save, meta,
+        [&](const std::string& group, const ParamSpec& s, float* out) {
+          src.read_slice(group, s, out);
+        },
+        [](const std::string& line) { std::cout << line << std::endl; });
+    std::cout << "tessera-reshard: wrote " << save << "/" << iteration_dir_name(meta.iteration)
+              << " in " << t.seconds() << " s" << std::endl;
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "tessera-reshard: error: %s\n", e.what());
     return 2;

@@ -73,15 +73,17 @@ int main(int argc, char** argv) {
     if (opts.skip_train) {
       const double l = trainer.evaluate(*valid, 0, opts.train.eval_iters);
       char line[200];
-      std::snprintf(line, sizeof line, " validation loss at iteration %lld | lm loss value: %.9E | lm loss PPL: %.6E",
+      std::snprintf(line, sizeof line,
+                    " validation loss at iteration %lld | lm loss value: %.9E | lm loss PPL: %.6E",
                     (long long)trainer.iteration(), l, std::exp(std::min(l, 700.0)));
       TLOG(info) << line;
       return 0;
     }
     trainer.train(valid.get());
     if (trainer.stopped_by_signal())
-      TLOG(info) << "stopped by signal " << trainer.stopped_by_signal() << " after " << trainer.iteration()
-                 << " iterations, " << trainer.consumed_samples() << " samples; exiting cleanly";
+      TLOG(info) << "stopped by signal " << trainer.stopped_by_signal() << " after "
+                 << trainer.iteration() << " iterations, " << trainer.consumed_samples()
+                 << " samples; exiting cleanly";
     else
       TLOG(info) << "training finished after " << trainer.iteration() << " iterations, "
                  << trainer.consumed_samples() << " samples";

@@ -5,8 +5,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < n; ++i) p[i] = d(g), m[i] = d(g) * 0.1f, v[i] = std::fabs(d(g)) * 1e-3f;
     for (const ParamSpec& s : specs)  // vocabulary padding rows are zero, as the model keeps them
       if (s.name == "wte")
-        for (int64_t i = cfg.vocab_size * cfg.hidden_size; i < s.numel(); ++i) p[s.flat_offset + i] = 0.f;
+        for (int64_t i = cfg.vocab_size * cfg.hidden_size; i < s.numel(); ++i)
+          p[s.flat_offset + i] = 0.f;
     const double bytes = 3.0 * 4.0 * n;
     CheckpointMeta meta;
     meta.model = cfg;
@@ -66,7 +67,8 @@ int main(int argc, char** argv) {
     Timer ts;
     begin_checkpoint_dir(ck, 100);
     ShardTensors t{&specs, p.data(), m.data(), v.data()};
-    write_checkpoint_shard(ck + "/" + iteration_dir_name(100) + ".tmp/" + shard_file_name(0, 0), meta, shard, t);
+    write_checkpoint_shard(ck + "/" + iteration_dir_name(100) + ".tmp/" + shard_file_name(0, 0),
+                           meta, shard, t);
     commit_checkpoint_dir(ck, 100, 0);
     const double save = bytes / ts.seconds() / 1e9;
     // Tessera load: every tensor and moment through the slice reader.
@@ -84,19 +86,24 @@ int main(int argc, char** argv) {
     target.tp_size = 2;
     target.pp_size = 2;
     Timer tx;
-    write_checkpoint(base + "/tp2pp2", target,
-                     [&](const std::string& grp, const ParamSpec& s, float* out) { r.read_slice(grp, s, out); }, nullptr);
+    write_checkpoint(
+        base + "/tp2pp2", target,
+        [&](const std::string& grp, const ParamSpec& s, float* out) { r.read_slice(grp, s, out); },
+        nullptr);
     const double reshard = bytes / tx.seconds() / 1e9;
     std::system(("rm -rf " + base).c_str());
-    std::printf("bench_checkpoint: %lld parameters (hidden %d, %d layers, vocab %lld), %.2f GB of "
-                "parameters + Adam moments, in %s\n",
-                (long long)n, cfg.hidden_size, cfg.num_layers, (long long)cfg.vocab_size, bytes / 1e9,
-                base.c_str());
+    std::printf(
+        "bench_checkpoint: %lld parameters (hidden %d, %d layers, vocab %lld), %.2f GB of "
+        "parameters + Adam moments, in %s\n",
+        (long long)n, cfg.hidden_size, cfg.num_layers, (long long)cfg.vocab_size, bytes / 1e9,
+        base.c_str());
     std::printf("%-44s %10s %12s\n", "figure", "GB/s", "vs plain");
     std::printf("%-44s %10.2f %12s\n", "plain sequential write (+fsync)", plain_write, "-");
-    std::printf("%-44s %10.2f %11.0f%%\n", "checkpoint save (write, verify, rename)", save, 100 * save / plain_write);
+    std::printf("%-44s %10.2f %11.0f%%\n", "checkpoint save (write, verify, rename)", save,
+                100 * save / plain_write);
     std::printf("%-44s %10.2f %12s\n", "plain sequential read", plain_read, "-");
-    std::printf("%-44s %10.2f %11.0f%%\n", "checkpoint load (all tensors, checksums)", load, 100 * load / plain_read);
+    std::printf("%-44s %10.2f %11.0f%%\n", "checkpoint load (all tensors, checksums)", load,
+                100 * load / plain_read);
     std::printf("%-44s %10.2f %12s\n", "reshard TP1 -> TP2 x PP2 (read + write)", reshard, "-");
     std::printf("target: save and load >= 70%% of the plain rates\n");
   } catch (const std::exception& e) {

@@ -1,7 +1,7 @@
-// bench_cpu_train: tokens/s and achieved GFLOP/s of a CPU training step of GPT-2-small-shaped layers
-// (hidden 768, 12 heads, seq 1024, vocab 50257), next to the sgemm GFLOP/s of this machine measured
-// in the same run. Target: the step reaches >= 50% of the sgemm rate.
-// Usage: bench_cpu_train [layers=2] [steps=3] [micro_batch=1] [seq=1024]
+// bench_cpu_train: tokens/s and achieved GFLOP/s of a CPU training step of GPT-2-small-shaped
+// layers (hidden 768, 12 heads, seq 1024, vocab 50257), next to the sgemm GFLOP/s of this machine
+// measured in the same run. Target: the step reaches >= 50% of the sgemm rate. Usage:
+// bench_cpu_train [layers=2] [steps=3] [micro_batch=1] [seq=1024]
 #include <cblas.h>
 #include <omp.h>
 
@@ -67,12 +67,14 @@ int main(int argc, char** argv) {
   const double gflops = flops / best / 1e9;
   const double peak = sgemm_gflops(static_cast<int64_t>(tokens));
   std::printf("bench_cpu_train: GPT-2-small-shaped layers on CPU, %d threads\n", threads);
-  std::printf("FLOPs counted (Megatron): per token 6*(12*L*h^2 + V*h) + 12*L*s*h = %.4g; full "
-              "attention counted, causal half not subtracted\n",
-              m.train_flops_per_token());
+  std::printf(
+      "FLOPs counted (Megatron): per token 6*(12*L*h^2 + V*h) + 12*L*s*h = %.4g; full "
+      "attention counted, causal half not subtracted\n",
+      m.train_flops_per_token());
   std::printf("%-34s %14s\n", "figure", "value");
   std::printf("%-34s %14d\n", "layers", layers);
-  std::printf("%-34s %14s\n", "micro-batch x seq", (std::to_string(mbs) + " x " + std::to_string(seq)).c_str());
+  std::printf("%-34s %14s\n", "micro-batch x seq",
+              (std::to_string(mbs) + " x " + std::to_string(seq)).c_str());
   std::printf("%-34s %14.1f\n", "step time (ms, best)", best * 1e3);
   std::printf("%-34s %14.0f\n", "tokens/s", tokens / best);
   std::printf("%-34s %14.2f\n", "achieved GFLOP/s (train step)", gflops);

@@ -1,7 +1,8 @@
 // bench_data: tokenizer throughput (tokens/s per core, English text), tessera-preprocess pipeline
 // throughput per worker, loader throughput (samples/s), and how long a training step waits for
 // data. Targets: tokenizer >= 2 M tokens/s per core; data wait < 1 % of step time.
-// Usage: bench_data CORPUS.jsonl VOCAB_DIR [workers=2]   (scripts/prepare-corpus.sh makes the corpus)
+// Usage: bench_data CORPUS.jsonl VOCAB_DIR [workers=2]   (scripts/prepare-corpus.sh makes the
+// corpus)
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,9 +10,9 @@
 #include <fstream>
 
 #include "backend/backend.hpp"
+#include "core/json.hpp"
 #include "core/timer.hpp"
 #include "data/gpt_dataset.hpp"
-#include "core/json.hpp"
 #include "data/preprocess.hpp"
 #include "train/options.hpp"
 #include "train/trainer.hpp"
@@ -31,7 +32,8 @@ int main(int argc, char** argv) {
     {
       std::ifstream in(corpus);
       if (!in) throw Error("cannot read " + corpus + " (run scripts/prepare-corpus.sh)");
-      for (std::string line; std::getline(in, line);) docs.push_back(json_string_member(line, "text"));
+      for (std::string line; std::getline(in, line);)
+        docs.push_back(json_string_member(line, "text"));
     }
     int64_t bytes = 0;
     for (auto& d : docs) bytes += static_cast<int64_t>(d.size());
@@ -94,11 +96,15 @@ int main(int argc, char** argv) {
     std::printf("%-52s %14.2f\n", "tokenizer, 1 core, cold cache (M tokens/s)", rate[0] / 1e6);
     std::printf("%-52s %14.2f\n", "tokenizer, 1 core, warm cache (M tokens/s)", rate[1] / 1e6);
     std::printf("%-52s %14.2f\n", "  target (M tokens/s per core)", 2.0);
-    std::printf("%-52s %14.2f\n", "preprocess pipeline total (M tokens/s)", r.tokens / r.seconds / 1e6);
-    std::printf("%-52s %14.2f\n", ("preprocess per worker, " + std::to_string(workers) + " workers (M tokens/s)").c_str(),
-                r.tokens / r.seconds / workers / 1e6);
+    std::printf("%-52s %14.2f\n", "preprocess pipeline total (M tokens/s)",
+                r.tokens / r.seconds / 1e6);
+    std::printf(
+        "%-52s %14.2f\n",
+        ("preprocess per worker, " + std::to_string(workers) + " workers (M tokens/s)").c_str(),
+        r.tokens / r.seconds / workers / 1e6);
     std::printf("%-52s %14.0f\n", "loader samples/s (seq 1024, shuffled, HDF5)", samples_s);
-    std::printf("%-52s %14.2f\n", "training step (ms, 2x128 model, 8 x 256 tokens)", step / 8 * 1e3);
+    std::printf("%-52s %14.2f\n", "training step (ms, 2x128 model, 8 x 256 tokens)",
+                step / 8 * 1e3);
     std::printf("%-52s %13.3f%%\n", "data wait / step time (target < 1%)", 100.0 * wait / step);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_data: error: %s\n", e.what());

@@ -54,14 +54,20 @@ int main(int argc, char** argv) {
   const double decode = (r.generated_tokens - 1) / r.decode_seconds;
   const double weight_bytes = 4.0 * model.params().numel();
   const double bw = triad_gbs();
-  std::printf("bench_generate: GPT-2-small-shaped (%d layers, hidden 768, vocab 50257), %.1fM parameters, fp32, CPU %d threads, batch 1\n",
-              cfg.num_layers, model.params().numel() / 1e6, affinity_cores());
+  std::printf(
+      "bench_generate: GPT-2-small-shaped (%d layers, hidden 768, vocab 50257), %.1fM parameters, "
+      "fp32, CPU %d threads, batch 1\n",
+      cfg.num_layers, model.params().numel() / 1e6, affinity_cores());
   std::printf("%-48s %12s\n", "figure", "value");
-  std::printf("%-48s %12.0f\n", ("prefill tokens/s (prompt " + std::to_string(prompt_len) + ")").c_str(), prefill);
-  std::printf("%-48s %12.1f\n", ("decode tokens/s (" + std::to_string(new_tokens) + " tokens, KV cache)").c_str(), decode);
+  std::printf("%-48s %12.0f\n",
+              ("prefill tokens/s (prompt " + std::to_string(prompt_len) + ")").c_str(), prefill);
+  std::printf("%-48s %12.1f\n",
+              ("decode tokens/s (" + std::to_string(new_tokens) + " tokens, KV cache)").c_str(),
+              decode);
   std::printf("%-48s %12.2f\n", "memory bandwidth, STREAM triad (GB/s)", bw);
   std::printf("%-48s %12.3f\n", "weights read per decoded token (GB)", weight_bytes / 1e9);
-  std::printf("%-48s %12.1f\n", "decode bound = bandwidth / weight bytes (tok/s)", bw * 1e9 / weight_bytes);
+  std::printf("%-48s %12.1f\n", "decode bound = bandwidth / weight bytes (tok/s)",
+              bw * 1e9 / weight_bytes);
   std::printf("%-48s %11.0f%%\n", "decode / bound", 100.0 * decode / (bw * 1e9 / weight_bytes));
   return 0;
 }

@@ -1,7 +1,8 @@
 // bench_parallel: communication volume and time per training step of one layout, and the measured
 // pipeline bubble next to the 1F1B theory (P-1)/(m+P-1). Run it under mpirun for the layout and
 // once on one rank for the reference (bench/run_parallel_bench.sh does both).
-// Usage: bench_parallel TP PP [steps=5] [layers=8] [hidden=256] [seq=128] [global_batch=16] [micro=2]
+// Usage: bench_parallel TP PP [steps=5] [layers=8] [hidden=256] [seq=128] [global_batch=16]
+// [micro=2]
 #include <mpi.h>
 
 #include <algorithm>
@@ -106,29 +107,35 @@ int main(int argc, char** argv) {
       bubble += s.pipeline_wait_seconds;
     }
     // Per-rank figures, averaged over steps; then the max over ranks (the slowest sets the pace).
-    double mine[7] = {step / steps, ctp.bytes / steps, cpp.bytes / steps,
-                      (cdp.bytes + cemb.bytes) / steps, ctp.seconds / steps,
-                      (cdp.seconds + cemb.seconds) / steps, bubble / step};
+    double mine[7] = {step / steps,        ctp.bytes / steps,
+                      cpp.bytes / steps,   (cdp.bytes + cemb.bytes) / steps,
+                      ctp.seconds / steps, (cdp.seconds + cemb.seconds) / steps,
+                      bubble / step};
     double most[7], sum[7];
     MPI_Reduce(mine, most, 7, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(mine, sum, 7, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
     if (grid.world_rank() == 0) {
       const int world = grid.world_size();
       const int micro = tr.num_micro_batches();
-      std::printf("bench_parallel: TP %d x PP %d x DP %d (%d ranks), %d layers, hidden %d, seq %d, "
-                  "global batch %d, micro-batch %d (%d per DP rank per step)\n",
-                  tp, pp, ctx.dp_size, world, m.num_layers, m.hidden_size, m.seq_length,
-                  t.global_batch_size, t.micro_batch_size, micro);
+      std::printf(
+          "bench_parallel: TP %d x PP %d x DP %d (%d ranks), %d layers, hidden %d, seq %d, "
+          "global batch %d, micro-batch %d (%d per DP rank per step)\n",
+          tp, pp, ctx.dp_size, world, m.num_layers, m.hidden_size, m.seq_length,
+          t.global_batch_size, t.micro_batch_size, micro);
       std::printf("%-46s %14s\n", "figure (per step)", "value");
       std::printf("%-46s %14.1f\n", "step time, slowest rank (ms)", most[0] * 1e3);
-      std::printf("%-46s %14.0f\n", "tokens/s", t.global_batch_size * double(m.seq_length) / most[0]);
+      std::printf("%-46s %14.0f\n", "tokens/s",
+                  t.global_batch_size * double(m.seq_length) / most[0]);
       std::printf("%-46s %14.3f\n", "TP all-reduce MB sent per rank (mean)", sum[1] / world / 1e6);
       std::printf("%-46s %14.3f\n", "PP p2p MB sent per rank (mean)", sum[2] / world / 1e6);
-      std::printf("%-46s %14.3f\n", "DP + embedding all-reduce MB per rank (mean)", sum[3] / world / 1e6);
+      std::printf("%-46s %14.3f\n", "DP + embedding all-reduce MB per rank (mean)",
+                  sum[3] / world / 1e6);
       std::printf("%-46s %14.1f\n", "TP collective time per rank (ms, mean)", sum[4] / world * 1e3);
       std::printf("%-46s %14.1f\n", "DP wait after backward (ms, mean)", sum[5] / world * 1e3);
-      std::printf("%-46s %13.1f%%\n", "pipeline bubble measured (mean over ranks)", 100.0 * sum[6] / world);
-      std::printf("%-46s %13.1f%%\n", "pipeline bubble theory (P-1)/(m+P-1)", 100.0 * theoretical_bubble(pp, micro));
+      std::printf("%-46s %13.1f%%\n", "pipeline bubble measured (mean over ranks)",
+                  100.0 * sum[6] / world);
+      std::printf("%-46s %13.1f%%\n", "pipeline bubble theory (P-1)/(m+P-1)",
+                  100.0 * theoretical_bubble(pp, micro));
     }
   } catch (const std::exception& e) {
     abort_job(e.what());

@@ -37,8 +37,10 @@ void remove_tree(const std::string& path) {
       const std::string n = e->d_name;
       if (n == "." || n == "..") continue;
       const std::string p = path + "/" + n;
-      if (is_dir(p)) remove_tree(p);
-      else ::unlink(p.c_str());
+      if (is_dir(p))
+        remove_tree(p);
+      else
+        ::unlink(p.c_str());
     }
     closedir(d);
   }
@@ -58,10 +60,12 @@ void fsync_path(const std::string& p) {
 void write_tensor(hid_t group, const ParamSpec& s, const float* data) {
   std::vector<hsize_t> dims(s.local_shape.begin(), s.local_shape.end());
   H5Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
-  H5Id ds(H5Dcreate2(group, s.name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  H5Id ds(H5Dcreate2(group, s.name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                     H5P_DEFAULT));
   HDF5_CHECK(ds.get());
   HDF5_CHECK(H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
-  h5_write_attr(ds.get(), "global_shape", std::vector<int64_t>(s.global_shape.begin(), s.global_shape.end()));
+  h5_write_attr(ds.get(), "global_shape",
+                std::vector<int64_t>(s.global_shape.begin(), s.global_shape.end()));
   h5_write_attr(ds.get(), "split_axis", static_cast<int64_t>(s.split_axis));
   h5_write_attr(ds.get(), "split_offset", s.split_offset);
   h5_write_attr(ds.get(), "dtype", std::string("f32"));
@@ -89,9 +93,11 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
   h5_write_attr(f, "seq_length", static_cast<int64_t>(m.model.seq_length));
   h5_write_attr(f, "max_position_embeddings", static_cast<int64_t>(m.model.max_positions()));
   h5_write_attr(f, "vocab_size", m.model.vocab_size);
-  h5_write_attr(f, "make_vocab_size_divisible_by", static_cast<int64_t>(m.model.make_vocab_size_divisible_by));
+  h5_write_attr(f, "make_vocab_size_divisible_by",
+                static_cast<int64_t>(m.model.make_vocab_size_divisible_by));
   h5_write_attr(f, "padded_vocab_size", m.model.padded_vocab_size(m.tp_size));
-  h5_write_attr(f, "layernorm_epsilon_x1e9", static_cast<int64_t>(std::llround(m.model.layernorm_epsilon * 1e9)));
+  h5_write_attr(f, "layernorm_epsilon_x1e9",
+                static_cast<int64_t>(std::llround(m.model.layernorm_epsilon * 1e9)));
   h5_write_attr(f, "tensor_model_parallel_size", static_cast<int64_t>(m.tp_size));
   h5_write_attr(f, "pipeline_model_parallel_size", static_cast<int64_t>(m.pp_size));
   h5_write_attr(f, "data_parallel_size", static_cast<int64_t>(m.dp_size));
@@ -123,7 +129,8 @@ CheckpointShardWriter::CheckpointShardWriter(const std::string& path, const Chec
   silence_hdf5_errors();
   file_ = std::make_unique<H5Id>(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
   if (!file_->valid())
-    throw Error("cannot create checkpoint file '" + path + "'; check the directory is writable and has space");
+    throw Error("cannot create checkpoint file '" + path +
+                "'; check the directory is writable and has space");
   write_meta(file_->get(), meta, shard);
   for (const char* g : {"model", "optimizer", "optimizer/exp_avg", "optimizer/exp_avg_sq"}) {
     if (std::string(g) != "model" && !meta.has_optimizer) break;
@@ -137,7 +144,8 @@ CheckpointShardWriter::~CheckpointShardWriter() {
   file_.reset();
 }
 
-void CheckpointShardWriter::write(const std::string& group, const ParamSpec& spec, const float* data) {
+void CheckpointShardWriter::write(const std::string& group, const ParamSpec& spec,
+                                  const float* data) {
   if (fail_after_ >= 0 && written_ >= fail_after_)
     throw Error("checkpoint file '" + path_ + "': write failed (injected fault)");
   ++written_;
@@ -185,7 +193,8 @@ void write_checkpoint_shard(const std::string& path, const CheckpointMeta& meta,
 
 std::string resolve_checkpoint_dir(const std::string& dir) {
   if (!is_dir(dir))
-    throw ConfigError("--load '" + dir + "' is not a directory; pass the --save directory of a run");
+    throw ConfigError("--load '" + dir +
+                      "' is not a directory; pass the --save directory of a run");
   const std::string latest = dir + "/latest_checkpointed_iteration.txt";
   if (is_file(latest)) {
     std::ifstream in(latest);
@@ -194,8 +203,8 @@ std::string resolve_checkpoint_dir(const std::string& dir) {
       throw ConfigError("'" + latest + "' does not hold an iteration number; fix or remove it");
     const std::string sub = dir + "/" + iteration_dir_name(it);
     if (!is_dir(sub))
-      throw ConfigError("'" + latest + "' points at iteration " + std::to_string(it) + " but " + sub +
-                        " does not exist");
+      throw ConfigError("'" + latest + "' points at iteration " + std::to_string(it) + " but " +
+                        sub + " does not exist");
     return sub;
   }
   if (is_file(dir + "/" + shard_file_name(0, 0))) return dir;  // an iter_N directory itself
@@ -212,9 +221,11 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
       throw ConfigError("checkpoint '" + path_ + "' is missing shard file " + file +
                         " (incomplete copy?); restore it or use another checkpoint");
     if (H5Fis_hdf5(file.c_str()) <= 0)
-      throw ConfigError("checkpoint file '" + file + "' is not an HDF5 file (truncated or corrupt)");
+      throw ConfigError("checkpoint file '" + file +
+                        "' is not an HDF5 file (truncated or corrupt)");
     auto h = std::make_unique<H5Id>(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-    if (!h->valid()) throw ConfigError("checkpoint file '" + file + "' cannot be opened (truncated or corrupt)");
+    if (!h->valid())
+      throw ConfigError("checkpoint file '" + file + "' cannot be opened (truncated or corrupt)");
     return h;
   };
   const std::string first = path_ + "/" + shard_file_name(0, 0);
@@ -237,19 +248,31 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
   need(h0->get(), "seed", x, first);
   meta_.seed = static_cast<uint64_t>(x);
   GPTConfig& m = meta_.model;
-  need(h0->get(), "num_layers", x, first); m.num_layers = static_cast<int>(x);
-  need(h0->get(), "hidden_size", x, first); m.hidden_size = static_cast<int>(x);
-  need(h0->get(), "num_attention_heads", x, first); m.num_attention_heads = static_cast<int>(x);
-  need(h0->get(), "ffn_hidden_size", x, first); m.ffn_hidden_size = static_cast<int>(x);
-  need(h0->get(), "seq_length", x, first); m.seq_length = static_cast<int>(x);
-  need(h0->get(), "max_position_embeddings", x, first); m.max_position_embeddings = static_cast<int>(x);
+  need(h0->get(), "num_layers", x, first);
+  m.num_layers = static_cast<int>(x);
+  need(h0->get(), "hidden_size", x, first);
+  m.hidden_size = static_cast<int>(x);
+  need(h0->get(), "num_attention_heads", x, first);
+  m.num_attention_heads = static_cast<int>(x);
+  need(h0->get(), "ffn_hidden_size", x, first);
+  m.ffn_hidden_size = static_cast<int>(x);
+  need(h0->get(), "seq_length", x, first);
+  m.seq_length = static_cast<int>(x);
+  need(h0->get(), "max_position_embeddings", x, first);
+  m.max_position_embeddings = static_cast<int>(x);
   need(h0->get(), "vocab_size", m.vocab_size, first);
-  need(h0->get(), "make_vocab_size_divisible_by", x, first); m.make_vocab_size_divisible_by = static_cast<int>(x);
-  need(h0->get(), "layernorm_epsilon_x1e9", x, first); m.layernorm_epsilon = static_cast<double>(x) * 1e-9;
-  need(h0->get(), "tensor_model_parallel_size", x, first); meta_.tp_size = static_cast<int>(x);
-  need(h0->get(), "pipeline_model_parallel_size", x, first); meta_.pp_size = static_cast<int>(x);
-  need(h0->get(), "data_parallel_size", x, first); meta_.dp_size = static_cast<int>(x);
-  need(h0->get(), "has_optimizer", x, first); meta_.has_optimizer = x != 0;
+  need(h0->get(), "make_vocab_size_divisible_by", x, first);
+  m.make_vocab_size_divisible_by = static_cast<int>(x);
+  need(h0->get(), "layernorm_epsilon_x1e9", x, first);
+  m.layernorm_epsilon = static_cast<double>(x) * 1e-9;
+  need(h0->get(), "tensor_model_parallel_size", x, first);
+  meta_.tp_size = static_cast<int>(x);
+  need(h0->get(), "pipeline_model_parallel_size", x, first);
+  meta_.pp_size = static_cast<int>(x);
+  need(h0->get(), "data_parallel_size", x, first);
+  meta_.dp_size = static_cast<int>(x);
+  need(h0->get(), "has_optimizer", x, first);
+  meta_.has_optimizer = x != 0;
   h5_read_attr(h0->get(), "config", meta_.config_text);
 
   for (int pp = 0; pp < meta_.pp_size; ++pp)
@@ -260,8 +283,9 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
       need(h->get(), "iteration", it, file);
       need(h->get(), "tp_rank", ftp, file);
       if (it != meta_.iteration || ftp != tp)
-        throw ConfigError("checkpoint file '" + file + "' belongs to another checkpoint (iteration " +
-                          std::to_string(it) + ", tp rank " + std::to_string(ftp) + ")");
+        throw ConfigError("checkpoint file '" + file +
+                          "' belongs to another checkpoint (iteration " + std::to_string(it) +
+                          ", tp rank " + std::to_string(ftp) + ")");
       // Index the model tensors of this file.
       H5Id g(H5Gopen2(h->get(), "model", H5P_DEFAULT));
       if (!g.valid()) throw ConfigError("checkpoint file '" + file + "' has no /model group");
@@ -276,9 +300,11 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
         st.pp_rank = pp;
         std::vector<int64_t> gs;
         int64_t ax = -1;
-        if (!h5_read_attr(ds.get(), "global_shape", gs) || !h5_read_attr(ds.get(), "split_axis", ax) ||
+        if (!h5_read_attr(ds.get(), "global_shape", gs) ||
+            !h5_read_attr(ds.get(), "split_axis", ax) ||
             !h5_read_attr(ds.get(), "split_offset", st.split_offset))
-          throw ConfigError("checkpoint file '" + file + "': /model/" + name + " lacks its layout attributes");
+          throw ConfigError("checkpoint file '" + file + "': /model/" + name +
+                            " lacks its layout attributes");
         st.global_shape.assign(gs.begin(), gs.end());
         st.split_axis = static_cast<int>(ax);
         H5Id space(H5Dget_space(ds.get()));
@@ -326,12 +352,14 @@ void CheckpointReader::read_slice(const std::string& group, const ParamSpec& t, 
     if (s.pp_rank != pp) continue;
     if (s.split_axis != ax || s.global_shape.size() != t.global_shape.size())
       throw ConfigError("checkpoint '" + path_ + "': " + t.name + " has global shape " +
-                        shape_str(s.global_shape) + " split on axis " + std::to_string(s.split_axis) +
-                        ", expected " + shape_str(t.global_shape) + " on axis " + std::to_string(ax));
+                        shape_str(s.global_shape) + " split on axis " +
+                        std::to_string(s.split_axis) + ", expected " + shape_str(t.global_shape) +
+                        " on axis " + std::to_string(ax));
     for (size_t d = 0; d < t.global_shape.size(); ++d)
       if (static_cast<int>(d) != (vocab ? 0 : -1) && s.global_shape[d] != t.global_shape[d])
         throw ConfigError("checkpoint '" + path_ + "': " + t.name + " has global shape " +
-                          shape_str(s.global_shape) + ", this model needs " + shape_str(t.global_shape));
+                          shape_str(s.global_shape) + ", this model needs " +
+                          shape_str(t.global_shape));
     // The overlap along the split axis (all of it for replicated tensors); vocabulary rows only up
     // to the true vocabulary (padding differs between layouts and is zero).
     int64_t lo = 0, hi = 0, t_off = 0, s_off = 0;
@@ -362,8 +390,9 @@ void CheckpointReader::read_slice(const std::string& group, const ParamSpec& t, 
                         " fails its checksum or cannot be read (corrupt); use another checkpoint");
     if (!whole) {
       // Copy rows [lo, hi) along the axis (vocabulary rows < vocab_size for replicated wte).
-      const int64_t a_lo = ax >= 0 ? lo - s_off : 0, a_hi = ax >= 0 ? hi - s_off
-                                                          : (vocab ? meta_.model.vocab_size : s.local_shape[0]);
+      const int64_t a_lo = ax >= 0 ? lo - s_off : 0,
+                    a_hi =
+                        ax >= 0 ? hi - s_off : (vocab ? meta_.model.vocab_size : s.local_shape[0]);
       const int a = ax >= 0 ? ax : 0;
       int64_t inner = 1, outer = 1;
       for (size_t d = a + 1; d < s.local_shape.size(); ++d) inner *= s.local_shape[d];
@@ -405,7 +434,8 @@ std::string begin_checkpoint_dir(const std::string& save_dir, int64_t iteration)
   const std::string tmp = save_dir + "/" + iteration_dir_name(iteration) + ".tmp";
   remove_tree(tmp);  // the leftovers of a save that died
   if (::mkdir(tmp.c_str(), 0755) != 0)
-    throw Error("cannot create '" + tmp + "': " + std::strerror(errno) + "; check --save is writable");
+    throw Error("cannot create '" + tmp + "': " + std::strerror(errno) +
+                "; check --save is writable");
   return tmp;
 }
 

@@ -7,9 +7,9 @@
 //                                                 fp32 master weights)
 //     each dataset: contiguous, attributes global_shape, split_axis, split_offset, dtype and xxh64
 //     (XXH64 of the tensor's little-endian bytes, checked on every read)
-//     root attributes: format_version, iteration, consumed_samples, optimizer_steps, seed, the model
-//     shape, vocab_size, padded_vocab_size, the layout (tp/pp/dp sizes, this file's tp/pp rank and
-//     layers), has_optimizer, config (the full option set as INI text)
+//     root attributes: format_version, iteration, consumed_samples, optimizer_steps, seed, the
+//     model shape, vocab_size, padded_vocab_size, the layout (tp/pp/dp sizes, this file's tp/pp
+//     rank and layers), has_optimizer, config (the full option set as INI text)
 //
 // A checkpoint is written into iter_N.tmp/, every file is read back (checksums verified), all
 // ranks agree, and only then is the directory renamed into place and the latest file replaced
@@ -44,7 +44,7 @@ struct CheckpointMeta {
   std::string config_text;  // the run's options, INI
 };
 
-std::string iteration_dir_name(int64_t iteration);  // "iter_0000100"
+std::string iteration_dir_name(int64_t iteration);      // "iter_0000100"
 std::string shard_file_name(int tp_rank, int pp_rank);  // "mp_rank_00_000.h5"
 
 // The tensors of one shard file: the parameters, and the Adam moments when `exp_avg` is given.
@@ -60,8 +60,8 @@ struct ShardTensors {
 // the file. `fail_after` >= 0 fails after that many tensors (fault injection for tests).
 class CheckpointShardWriter {
  public:
-  CheckpointShardWriter(const std::string& path, const CheckpointMeta& meta, const ModelShard& shard,
-                        int fail_after = -1);
+  CheckpointShardWriter(const std::string& path, const CheckpointMeta& meta,
+                        const ModelShard& shard, int fail_after = -1);
   ~CheckpointShardWriter();
   // group: "model", "optimizer/exp_avg" or "optimizer/exp_avg_sq"; data holds spec.local_shape.
   void write(const std::string& group, const ParamSpec& spec, const float* data);

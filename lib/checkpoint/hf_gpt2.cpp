@@ -55,7 +55,8 @@ Shape hf_shape(const ParamSpec& s, int64_t vocab) {
     const int64_t in = s.global_shape.back();
     return {in, rows * inner / in};
   }
-  if (s.global_shape.size() > 1 && s.name != "wpe") return {rows * inner};  // qkv bias [3,H,hd] -> [3C]
+  if (s.global_shape.size() > 1 && s.name != "wpe")
+    return {rows * inner};  // qkv bias [3,H,hd] -> [3C]
   return s.global_shape;
 }
 
@@ -73,8 +74,10 @@ void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& dir,
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     throw ConfigError("--save '" + dir + "' cannot be created as a directory");
   const auto specs = global_specs(cfg);
-  SafetensorsWriter w(dir + "/model.safetensors", {{"format", "pt"}, {"source", "tessera " + ckpt.path()}});
-  for (const ParamSpec& s : specs) w.declare("transformer." + hf_name(s.name).name, hf_shape(s, cfg.vocab_size));
+  SafetensorsWriter w(dir + "/model.safetensors",
+                      {{"format", "pt"}, {"source", "tessera " + ckpt.path()}});
+  for (const ParamSpec& s : specs)
+    w.declare("transformer." + hf_name(s.name).name, hf_shape(s, cfg.vocab_size));
   std::vector<float> global, hf;
   for (const ParamSpec& s : specs) {
     global.resize(s.numel());
@@ -100,11 +103,13 @@ void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& dir,
     << "  \"activation_function\": \"gelu_new\",\n  \"n_embd\": " << cfg.hidden_size
     << ",\n  \"n_layer\": " << cfg.num_layers << ",\n  \"n_head\": " << cfg.num_attention_heads
     << ",\n  \"n_positions\": " << cfg.max_positions() << ",\n  \"n_ctx\": " << cfg.max_positions()
-    << ",\n  \"n_inner\": " << (cfg.ffn() == 4 * cfg.hidden_size ? std::string("null") : std::to_string(cfg.ffn()))
+    << ",\n  \"n_inner\": "
+    << (cfg.ffn() == 4 * cfg.hidden_size ? std::string("null") : std::to_string(cfg.ffn()))
     << ",\n  \"vocab_size\": " << cfg.vocab_size << ",\n  \"layer_norm_epsilon\": " << eps
     << ",\n  \"initializer_range\": " << cfg.init_method_std
     << ",\n  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n"
-    << "  \"bos_token_id\": " << cfg.vocab_size - 1 << ",\n  \"eos_token_id\": " << cfg.vocab_size - 1
+    << "  \"bos_token_id\": " << cfg.vocab_size - 1
+    << ",\n  \"eos_token_id\": " << cfg.vocab_size - 1
     << ",\n  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"float32\"\n}\n";
   const std::string tmp = dir + "/config.json.tmp";
   {
@@ -119,7 +124,9 @@ void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& dir,
 HfGpt2::HfGpt2(const std::string& dir, int divisible_by) {
   const std::string cfg_path = dir + "/config.json";
   std::ifstream in(cfg_path);
-  if (!in) throw ConfigError("'" + cfg_path + "' cannot be opened; --from-hf needs a Hugging Face GPT-2 directory");
+  if (!in)
+    throw ConfigError("'" + cfg_path +
+                      "' cannot be opened; --from-hf needs a Hugging Face GPT-2 directory");
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();
@@ -128,21 +135,31 @@ HfGpt2::HfGpt2(const std::string& dir, int divisible_by) {
   try {
     JsonReader r(text);
     r.object([&](const std::string& k) {
-      if (k == "n_embd") cfg_.hidden_size = static_cast<int>(r.int_value());
-      else if (k == "n_layer") cfg_.num_layers = static_cast<int>(r.int_value());
-      else if (k == "n_head") cfg_.num_attention_heads = static_cast<int>(r.int_value());
-      else if (k == "n_positions") cfg_.max_position_embeddings = static_cast<int>(r.int_value());
-      else if (k == "vocab_size") cfg_.vocab_size = r.int_value();
-      else if (k == "layer_norm_epsilon") cfg_.layernorm_epsilon = r.number_value();
-      else if (k == "n_inner") n_inner = r.null_value() ? 0 : r.int_value();
-      else if (k == "model_type") model_type = r.string_value();
-      else r.skip_value();
+      if (k == "n_embd")
+        cfg_.hidden_size = static_cast<int>(r.int_value());
+      else if (k == "n_layer")
+        cfg_.num_layers = static_cast<int>(r.int_value());
+      else if (k == "n_head")
+        cfg_.num_attention_heads = static_cast<int>(r.int_value());
+      else if (k == "n_positions")
+        cfg_.max_position_embeddings = static_cast<int>(r.int_value());
+      else if (k == "vocab_size")
+        cfg_.vocab_size = r.int_value();
+      else if (k == "layer_norm_epsilon")
+        cfg_.layernorm_epsilon = r.number_value();
+      else if (k == "n_inner")
+        n_inner = r.null_value() ? 0 : r.int_value();
+      else if (k == "model_type")
+        model_type = r.string_value();
+      else
+        r.skip_value();
     });
   } catch (const JsonError& e) {
     throw ConfigError("'" + cfg_path + "' does not parse: " + e.message);
   }
   if (model_type != "gpt2")
-    throw ConfigError("'" + cfg_path + "' has model_type \"" + model_type + "\"; only gpt2 is supported");
+    throw ConfigError("'" + cfg_path + "' has model_type \"" + model_type +
+                      "\"; only gpt2 is supported");
   cfg_.ffn_hidden_size = static_cast<int>(n_inner);
   cfg_.seq_length = cfg_.max_position_embeddings;
   cfg_.make_vocab_size_divisible_by = divisible_by;
@@ -158,8 +175,9 @@ HfGpt2::HfGpt2(const std::string& dir, int divisible_by) {
     if (!st_->has(n)) throw ConfigError("'" + st_->path() + "' has no tensor " + n);
     const Shape want = hf_shape(s, cfg_.vocab_size);
     if (st_->entries().at(n).shape != want)
-      throw ConfigError("'" + st_->path() + "': " + n + " has shape " + shape_str(st_->entries().at(n).shape) +
-                        ", config.json implies " + shape_str(want));
+      throw ConfigError("'" + st_->path() + "': " + n + " has shape " +
+                        shape_str(st_->entries().at(n).shape) + ", config.json implies " +
+                        shape_str(want));
   }
 }
 

@@ -11,18 +11,22 @@ namespace tessera {
 void validate_model_layout(const GPTConfig& cfg, int tp, int pp) {
   using detail::concat;
   if (tp < 1 || pp < 1)
-    throw ConfigError(concat("target layout TP ", tp, " x PP ", pp, " is out of range (allowed: >= 1)"));
+    throw ConfigError(
+        concat("target layout TP ", tp, " x PP ", pp, " is out of range (allowed: >= 1)"));
   if (cfg.num_attention_heads % tp != 0)
     throw ConfigError(concat("target tensor-parallel size ", tp, " does not divide the ",
                              cfg.num_attention_heads, " attention heads"));
   if (cfg.ffn() % tp != 0)
-    throw ConfigError(concat("target tensor-parallel size ", tp, " does not divide the ffn width ", cfg.ffn()));
+    throw ConfigError(
+        concat("target tensor-parallel size ", tp, " does not divide the ffn width ", cfg.ffn()));
   if (cfg.num_layers % pp != 0)
-    throw ConfigError(concat("target pipeline size ", pp, " does not divide the ", cfg.num_layers, " layers"));
+    throw ConfigError(
+        concat("target pipeline size ", pp, " does not divide the ", cfg.num_layers, " layers"));
 }
 
 void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
-                      const SliceSource& source, const std::function<void(const std::string&)>& progress) {
+                      const SliceSource& source,
+                      const std::function<void(const std::string&)>& progress) {
   validate_model_layout(meta.model, meta.tp_size, meta.pp_size);
   const std::string tmp = begin_checkpoint_dir(save_dir, meta.iteration);
   try {
@@ -52,8 +56,9 @@ void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
         ++done;
         if (progress) {
           char line[256];
-          std::snprintf(line, sizeof line, "[%d/%d] %s: %zu tensors, %lld parameters (layers %d-%d%s%s)",
-                        done, files, name.c_str(), specs.size(), (long long)elems, shard.layer_begin,
+          std::snprintf(line, sizeof line,
+                        "[%d/%d] %s: %zu tensors, %lld parameters (layers %d-%d%s%s)", done, files,
+                        name.c_str(), specs.size(), (long long)elems, shard.layer_begin,
                         shard.layer_end - 1, shard.has_embedding ? ", embedding" : "",
                         shard.has_head ? ", head" : "");
           progress(line);

@@ -12,12 +12,14 @@ namespace tessera {
 
 // Fills `out` (spec.local_shape) with the slice of `group`'s tensor `spec.name` that `spec`
 // describes; group is "model", "optimizer/exp_avg" or "optimizer/exp_avg_sq".
-using SliceSource = std::function<void(const std::string& group, const ParamSpec& spec, float* out)>;
+using SliceSource =
+    std::function<void(const std::string& group, const ParamSpec& spec, float* out)>;
 
 // Writes DIR/iter_N/ (atomically, latest file last) for meta.tp_size x meta.pp_size. Validates the
 // layout against the model (ConfigError naming the numbers). `progress` gets one line per file.
 void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
-                      const SliceSource& source, const std::function<void(const std::string&)>& progress);
+                      const SliceSource& source,
+                      const std::function<void(const std::string&)>& progress);
 
 // Checks that the model can be split TP x PP (heads and ffn by TP, layers by PP).
 void validate_model_layout(const GPTConfig& cfg, int tp, int pp);

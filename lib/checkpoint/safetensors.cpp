@@ -26,7 +26,8 @@ std::string json_escape(const std::string& s) {
 }
 }  // namespace
 
-SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::map<std::string, std::string>& metadata)
+SafetensorsWriter::SafetensorsWriter(const std::string& path,
+                                     const std::map<std::string, std::string>& metadata)
     : path_(path), metadata_(metadata) {}
 
 SafetensorsWriter::~SafetensorsWriter() {
@@ -66,15 +67,16 @@ void SafetensorsWriter::write_header() {
   unsigned char len[8];
   uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  if (std::fwrite(len, 1, 8, f_) != 8 || std::fwrite(header.data(), 1, header.size(), f_) != header.size())
+  if (std::fwrite(len, 1, 8, f_) != 8 ||
+      std::fwrite(header.data(), 1, header.size(), f_) != header.size())
     throw Error("writing '" + path_ + ".tmp' failed (disk full?)");
   header_done_ = true;
 }
 
 void SafetensorsWriter::write(const std::string& name, const float* data) {
   if (!header_done_) write_header();
-  TESSERA_CHECK(next_ < tensors_.size() && tensors_[next_].first == name, "safetensors tensor ", name,
-                " written out of declaration order");
+  TESSERA_CHECK(next_ < tensors_.size() && tensors_[next_].first == name, "safetensors tensor ",
+                name, " written out of declaration order");
   const size_t n = static_cast<size_t>(shape_numel(tensors_[next_].second));
   if (std::fwrite(data, sizeof(float), n, f_) != n)
     throw Error("writing '" + path_ + ".tmp' failed (disk full?)");
@@ -83,7 +85,8 @@ void SafetensorsWriter::write(const std::string& name, const float* data) {
 
 void SafetensorsWriter::finish() {
   if (!header_done_) write_header();
-  TESSERA_CHECK(next_ == tensors_.size(), "safetensors: ", tensors_.size() - next_, " tensors not written");
+  TESSERA_CHECK(next_ == tensors_.size(), "safetensors: ", tensors_.size() - next_,
+                " tensors not written");
   const bool ok = std::fflush(f_) == 0 && fsync(fileno(f_)) == 0;
   std::fclose(f_);
   f_ = nullptr;
@@ -108,7 +111,9 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   map_ = static_cast<const unsigned char*>(m);
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(map_[i]) << (8 * i);
-  if (n > size_ - 8) throw ConfigError("'" + path + "': header length " + std::to_string(n) + " exceeds the file (truncated?)");
+  if (n > size_ - 8)
+    throw ConfigError("'" + path + "': header length " + std::to_string(n) +
+                      " exceeds the file (truncated?)");
   data_start_ = 8 + n;
   const std::string_view header(reinterpret_cast<const char*>(map_ + 8), n);
   try {
@@ -121,10 +126,14 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       SafetensorsEntry e;
       std::vector<int64_t> offs;
       r.object([&](const std::string& field) {
-        if (field == "dtype") e.dtype = r.string_value();
-        else if (field == "shape") r.array([&] { e.shape.push_back(r.int_value()); });
-        else if (field == "data_offsets") r.array([&] { offs.push_back(r.int_value()); });
-        else r.skip_value();
+        if (field == "dtype")
+          e.dtype = r.string_value();
+        else if (field == "shape")
+          r.array([&] { e.shape.push_back(r.int_value()); });
+        else if (field == "data_offsets")
+          r.array([&] { offs.push_back(r.int_value()); });
+        else
+          r.skip_value();
       });
       if (offs.size() != 2 || offs[0] < 0 || offs[1] < offs[0])
         throw JsonError{"tensor " + key + " has bad data_offsets"};
@@ -138,9 +147,13 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   }
   for (const auto& [name, e] : entries_) {
     const size_t width = e.dtype == "F32" ? 4 : (e.dtype == "F16" || e.dtype == "BF16") ? 2 : 0;
-    if (!width) throw ConfigError("'" + path + "': tensor " + name + " has dtype " + e.dtype + " (supported: F32, F16, BF16)");
-    if (e.end - e.begin != width * static_cast<uint64_t>(shape_numel(e.shape)) || data_start_ + e.end > size_)
-      throw ConfigError("'" + path + "': tensor " + name + " does not fit its shape or the file (truncated?)");
+    if (!width)
+      throw ConfigError("'" + path + "': tensor " + name + " has dtype " + e.dtype +
+                        " (supported: F32, F16, BF16)");
+    if (e.end - e.begin != width * static_cast<uint64_t>(shape_numel(e.shape)) ||
+        data_start_ + e.end > size_)
+      throw ConfigError("'" + path + "': tensor " + name +
+                        " does not fit its shape or the file (truncated?)");
   }
 }
 

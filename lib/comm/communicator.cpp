@@ -18,7 +18,8 @@ std::unique_ptr<PendingOp> LocalCommunicator::send_async(const Tensor&, int, int
   throw Error("send on a one-rank group: there is no peer (a pipeline of one stage never sends)");
 }
 void LocalCommunicator::recv(Tensor&, int, int) {
-  throw Error("recv on a one-rank group: there is no peer (a pipeline of one stage never receives)");
+  throw Error(
+      "recv on a one-rank group: there is no peer (a pipeline of one stage never receives)");
 }
 ParallelContext ParallelContext::single() {
   static LocalCommunicator local;

@@ -71,7 +71,9 @@ int MpiComm::size() const {
 
 namespace {
 
-MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
+MPI_Op mpi_op(ReduceOp op) {
+  return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
+}
 
 int count_of(const Tensor& t) {
   TESSERA_CHECK(t.numel() <= INT_MAX, "MPI message of ", t.numel(), " elements exceeds INT_MAX");
@@ -118,7 +120,8 @@ std::unique_ptr<PendingOp> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp
   expect_host_f32(t);
   MPI_Request req = MPI_REQUEST_NULL;
   if (size_ > 1)
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count_of(t), MPI_FLOAT, mpi_op(op), comm_, &req));
+    MPI_CHECK(
+        MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count_of(t), MPI_FLOAT, mpi_op(op), comm_, &req));
   return std::make_unique<MpiPending>(req);
 }
 
@@ -136,14 +139,16 @@ void MpiCommunicator::all_gather(Tensor& out, const Tensor& in) {
   expect_host_f32(in);
   TESSERA_CHECK(out.numel() == in.numel() * size_, "all_gather output of ", out.numel(),
                 " elements for ", size_, " x ", in.numel());
-  MPI_CHECK(MPI_Allgather(in.raw(), count_of(in), MPI_FLOAT, out.raw(), count_of(in), MPI_FLOAT, comm_));
+  MPI_CHECK(
+      MPI_Allgather(in.raw(), count_of(in), MPI_FLOAT, out.raw(), count_of(in), MPI_FLOAT, comm_));
 }
 
 void MpiCommunicator::reduce_scatter(Tensor& out, const Tensor& in) {
   expect_host_f32(in);
   TESSERA_CHECK(in.numel() == out.numel() * size_, "reduce_scatter input of ", in.numel(),
                 " elements for ", size_, " x ", out.numel());
-  MPI_CHECK(MPI_Reduce_scatter_block(in.raw(), out.raw(), count_of(out), MPI_FLOAT, MPI_SUM, comm_));
+  MPI_CHECK(
+      MPI_Reduce_scatter_block(in.raw(), out.raw(), count_of(out), MPI_FLOAT, MPI_SUM, comm_));
 }
 
 std::unique_ptr<PendingOp> MpiCommunicator::send_async(const Tensor& t, int peer, int tag) {
@@ -158,6 +163,8 @@ void MpiCommunicator::recv(Tensor& t, int peer, int tag) {
   MPI_CHECK(MPI_Recv(t.raw(), count_of(t), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE));
 }
 
-void MpiCommunicator::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::barrier() {
+  MPI_CHECK(MPI_Barrier(comm_));
+}
 
 }  // namespace tessera

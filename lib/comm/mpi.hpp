@@ -26,8 +26,8 @@ class MpiRuntime {
   int rank_ = 0, size_ = 1;
 };
 
-// Prints `rank R (host): error: <message>` to stderr and ends the whole job (MPI_Abort), so an error
-// on one rank never leaves the others hanging in a collective.
+// Prints `rank R (host): error: <message>` to stderr and ends the whole job (MPI_Abort), so an
+// error on one rank never leaves the others hanging in a collective.
 [[noreturn]] void abort_job(const std::string& message, int exit_code = 1);
 
 // Owns an MPI_Comm from MPI_Comm_split / _split_type / _dup and frees it.

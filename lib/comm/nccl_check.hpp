@@ -10,8 +10,7 @@
 
 namespace tessera::detail {
 inline std::string describe_nccl(ncclResult_t r) {
-  return std::string("NCCL error: ") + ncclGetErrorString(r) +
-         " (set NCCL_DEBUG=INFO for details)";
+  return std::string("NCCL error: ") + ncclGetErrorString(r) + " (set NCCL_DEBUG=INFO for details)";
 }
 }  // namespace tessera::detail
 

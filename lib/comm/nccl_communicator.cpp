@@ -12,12 +12,14 @@ namespace tessera {
 
 namespace {
 
-ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
+ncclRedOp_t nccl_op(ReduceOp op) {
+  return op == ReduceOp::Sum ? ncclSum : ncclMax;
+}
 
 void expect_device_f32(const Tensor& t) {
   TESSERA_CHECK(t.device() == Device::CUDA && t.dtype() == DType::F32,
-                "the NCCL communicator moves device f32 tensors (got ", device_name(t.device()), " ",
-                dtype_name(t.dtype()), ")");
+                "the NCCL communicator moves device f32 tensors (got ", device_name(t.device()),
+                " ", dtype_name(t.dtype()), ")");
 }
 
 class EventPending final : public PendingOp {
@@ -87,8 +89,8 @@ class NcclCommunicator final : public Communicator {
   void all_gather(Tensor& out, const Tensor& in) override {
     expect_device_f32(in);
     TESSERA_CHECK(out.numel() == in.numel() * size_, "all_gather output size");
-    NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()), ncclFloat,
-                             comm_, stream_));
+    NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()), ncclFloat, comm_,
+                             stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void reduce_scatter(Tensor& out, const Tensor& in) override {

@@ -12,10 +12,15 @@ namespace tessera {
 
 GridLayout GridLayout::make(int world, int tp, int pp) {
   using detail::concat;
-  if (tp < 1) throw ConfigError(concat("--tensor-model-parallel-size=", tp, " is out of range (allowed: >= 1)"));
-  if (pp < 1) throw ConfigError(concat("--pipeline-model-parallel-size=", pp, " is out of range (allowed: >= 1)"));
+  if (tp < 1)
+    throw ConfigError(
+        concat("--tensor-model-parallel-size=", tp, " is out of range (allowed: >= 1)"));
+  if (pp < 1)
+    throw ConfigError(
+        concat("--pipeline-model-parallel-size=", pp, " is out of range (allowed: >= 1)"));
   if (world % (tp * pp) != 0)
-    throw ConfigError(concat("world size ", world, " is not divisible by --tensor-model-parallel-size=", tp,
+    throw ConfigError(concat("world size ", world,
+                             " is not divisible by --tensor-model-parallel-size=", tp,
                              " x --pipeline-model-parallel-size=", pp, " = ", tp * pp,
                              " (run a multiple of ", tp * pp, " ranks, or change TP/PP)"));
   GridLayout g;
@@ -77,8 +82,10 @@ std::vector<std::vector<int>> GridLayout::model_parallel_groups() const {
 std::vector<std::vector<int>> GridLayout::embedding_groups() const {
   std::vector<std::vector<int>> g;
   for (const auto& p : pp_groups()) {
-    if (p.size() == 1) g.push_back({p[0]});
-    else g.push_back({p.front(), p.back()});
+    if (p.size() == 1)
+      g.push_back({p[0]});
+    else
+      g.push_back({p.front(), p.back()});
   }
   return g;
 }
@@ -108,7 +115,8 @@ ProcessGrid::ProcessGrid(int tp, int pp) {
   const bool in_embedding = c.pp == 0 || c.pp == PP - 1;
   emb_ = split(in_embedding ? c.dp * TP + c.tp : MPI_UNDEFINED, c.pp);
   MPI_Comm node = MPI_COMM_NULL;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node));
+  MPI_CHECK(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node));
   node_ = MpiComm(node);
   local_rank_ = node_.rank();
   local_size_ = node_.size();
@@ -121,8 +129,10 @@ ProcessGrid::ProcessGrid(int tp, int pp) {
   pp_comm_ = std::make_unique<MpiCommunicator>(pp_.get());
   dp_comm_ = std::make_unique<MpiCommunicator>(dp_.get());
   mp_comm_ = std::make_unique<MpiCommunicator>(mp_.get());
-  if (in_embedding) emb_comm_ = std::make_unique<MpiCommunicator>(emb_.get());
-  else emb_comm_ = std::make_unique<LocalCommunicator>();
+  if (in_embedding)
+    emb_comm_ = std::make_unique<MpiCommunicator>(emb_.get());
+  else
+    emb_comm_ = std::make_unique<LocalCommunicator>();
 }
 
 ParallelContext ProcessGrid::context() {
@@ -163,7 +173,8 @@ std::string ProcessGrid::layout_table() {
     char host[kRec] = {0};
     std::sscanf(all.data() + size_t(r) * kRec, "%d %95s", &local, host);
     char line[200];
-    std::snprintf(line, sizeof line, "  %4d %4d %4d %4d %6d  %s\n", r, c.tp, c.pp, c.dp, local, host);
+    std::snprintf(line, sizeof line, "  %4d %4d %4d %4d %6d  %s\n", r, c.tp, c.pp, c.dp, local,
+                  host);
     os << line;
   }
   return os.str();

@@ -20,7 +20,9 @@ struct GridLayout {
   // Throws ConfigError naming the numbers when world is not divisible by tp * pp.
   static GridLayout make(int world, int tp, int pp);
   GridCoords coords(int rank) const;
-  int rank_of(int tp_rank, int pp_rank, int dp_rank) const { return tp_rank + tp * (dp_rank + dp * pp_rank); }
+  int rank_of(int tp_rank, int pp_rank, int dp_rank) const {
+    return tp_rank + tp * (dp_rank + dp * pp_rank);
+  }
   // The world ranks of each group, in group-rank order, one vector per group.
   std::vector<std::vector<int>> tp_groups() const;
   std::vector<std::vector<int>> pp_groups() const;

@@ -36,12 +36,18 @@ std::string OptionParser::to_ini() const {
     if (key == "help" || key == "config") continue;
     const boost::any& v = value.value();
     os << key << " = ";
-    if (auto p = boost::any_cast<int>(&v)) os << *p;
-    else if (auto p = boost::any_cast<int64_t>(&v)) os << *p;
-    else if (auto p = boost::any_cast<uint64_t>(&v)) os << *p;
-    else if (auto p = boost::any_cast<double>(&v)) os << *p;
-    else if (auto p = boost::any_cast<bool>(&v)) os << (*p ? "true" : "false");
-    else if (auto p = boost::any_cast<std::string>(&v)) os << *p;
+    if (auto p = boost::any_cast<int>(&v))
+      os << *p;
+    else if (auto p = boost::any_cast<int64_t>(&v))
+      os << *p;
+    else if (auto p = boost::any_cast<uint64_t>(&v))
+      os << *p;
+    else if (auto p = boost::any_cast<double>(&v))
+      os << *p;
+    else if (auto p = boost::any_cast<bool>(&v))
+      os << (*p ? "true" : "false");
+    else if (auto p = boost::any_cast<std::string>(&v))
+      os << *p;
     else if (auto p = boost::any_cast<std::vector<std::string>>(&v)) {
       for (size_t i = 0; i < p->size(); ++i) os << (i ? " " : "") << (*p)[i];
     }
@@ -62,8 +68,7 @@ bool OptionParser::parse(int argc, const char* const* argv) {
     if (vm_.count("config")) {
       const std::string path = vm_["config"].as<std::string>();
       std::ifstream in(path);
-      if (!in)
-        throw ConfigError("--config '" + path + "' cannot be opened; check the path");
+      if (!in) throw ConfigError("--config '" + path + "' cannot be opened; check the path");
       try {
         po::store(po::parse_config_file(in, all, /*allow_unregistered=*/false), vm_);
       } catch (const po::error& e) {

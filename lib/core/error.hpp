@@ -35,20 +35,20 @@ std::string concat(Args&&... args) {
 }  // namespace tessera
 
 // TESSERA_CHECK(cond, msg...): an internal precondition; msg pieces are streamed together.
-#define TESSERA_CHECK(cond, ...)                                                 \
-  do {                                                                           \
-    if (!(cond))                                                                 \
-      ::tessera::throw_check_failure(#cond, __FILE__, __LINE__,                  \
-                                     ::tessera::detail::concat(__VA_ARGS__));    \
+#define TESSERA_CHECK(cond, ...)                                              \
+  do {                                                                        \
+    if (!(cond))                                                              \
+      ::tessera::throw_check_failure(#cond, __FILE__, __LINE__,               \
+                                     ::tessera::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 // TESSERA_CHECK_CALL(expr, ok, describe): runs a C library call returning a status code and throws
 // naming the expression, file, line and describe(status) when it is not `ok`. The per-library
 // macros are built on it: CUDA_CHECK/CUBLAS_CHECK (backend/cuda/cuda_check.hpp), MPI_CHECK and
 // NCCL_CHECK (comm/), HDF5_CHECK (core/hdf5_check.hpp).
-#define TESSERA_CHECK_CALL(expr, ok, describe)                                           \
-  do {                                                                                   \
-    auto tessera_status_ = (expr);                                                       \
-    if (tessera_status_ != (ok))                                                         \
+#define TESSERA_CHECK_CALL(expr, ok, describe)                                              \
+  do {                                                                                      \
+    auto tessera_status_ = (expr);                                                          \
+    if (tessera_status_ != (ok))                                                            \
       ::tessera::throw_check_failure(#expr, __FILE__, __LINE__, describe(tessera_status_)); \
   } while (0)

@@ -9,7 +9,9 @@ namespace {
 constexpr uint64_t P1 = 0x9E3779B185EBCA87ull, P2 = 0xC2B2AE3D27D4EB4Full,
                    P3 = 0x165667B19E3779F9ull, P4 = 0x85EBCA77C2B2AE63ull,
                    P5 = 0x27D4EB2F165667C5ull;
-inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline uint64_t rotl(uint64_t x, int r) {
+  return (x << r) | (x >> (64 - r));
+}
 inline uint64_t read64(const unsigned char* p) {
   uint64_t v;
   std::memcpy(&v, p, 8);

@@ -12,10 +12,10 @@ inline std::string describe_hdf5(long long status) {
 }
 }  // namespace tessera::detail
 
-#define HDF5_CHECK(expr)                                                                 \
-  do {                                                                                   \
-    auto tessera_h5_ = (expr);                                                           \
-    if (tessera_h5_ < 0)                                                                 \
-      ::tessera::throw_check_failure(#expr, __FILE__, __LINE__,                          \
+#define HDF5_CHECK(expr)                                                                        \
+  do {                                                                                          \
+    auto tessera_h5_ = (expr);                                                                  \
+    if (tessera_h5_ < 0)                                                                        \
+      ::tessera::throw_check_failure(#expr, __FILE__, __LINE__,                                 \
                                      ::tessera::detail::describe_hdf5((long long)tessera_h5_)); \
   } while (0)

@@ -1,5 +1,6 @@
 // hdf5_handle.hpp: RAII for HDF5 ids, and the process-wide lock around HDF5 calls (Debian's
-// libhdf5 is not built thread-safe; the data loader's prefetch thread and checkpointing both use it).
+// libhdf5 is not built thread-safe; the data loader's prefetch thread and checkpointing both use
+// it).
 #pragma once
 
 #include <hdf5.h>

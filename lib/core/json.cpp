@@ -49,10 +49,14 @@ std::string JsonReader::parse_string() {
     for (int k = 0; k < 4; ++k) {
       const char c = s_[i_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else fail("bad hex digit in \\u escape");
+      if (c >= '0' && c <= '9')
+        v |= c - '0';
+      else if (c >= 'a' && c <= 'f')
+        v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        v |= c - 'A' + 10;
+      else
+        fail("bad hex digit in \\u escape");
     }
     return v;
   };
@@ -68,28 +72,48 @@ std::string JsonReader::parse_string() {
     if (i_ >= s_.size()) fail("unterminated escape");
     const char e = s_[i_++];
     switch (e) {
-      case '"': out += '"'; break;
-      case '\\': out += '\\'; break;
-      case '/': out += '/'; break;
-      case 'b': out += '\b'; break;
-      case 'f': out += '\f'; break;
-      case 'n': out += '\n'; break;
-      case 'r': out += '\r'; break;
-      case 't': out += '\t'; break;
+      case '"':
+        out += '"';
+        break;
+      case '\\':
+        out += '\\';
+        break;
+      case '/':
+        out += '/';
+        break;
+      case 'b':
+        out += '\b';
+        break;
+      case 'f':
+        out += '\f';
+        break;
+      case 'n':
+        out += '\n';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case 't':
+        out += '\t';
+        break;
       case 'u': {
         uint32_t cp = hex4();
-        if (cp >= 0xD800 && cp < 0xDC00 && i_ + 1 < s_.size() && s_[i_] == '\\' && s_[i_ + 1] == 'u') {
+        if (cp >= 0xD800 && cp < 0xDC00 && i_ + 1 < s_.size() && s_[i_] == '\\' &&
+            s_[i_ + 1] == 'u') {
           const size_t save = i_;
           i_ += 2;
           const uint32_t lo = hex4();
-          if (lo >= 0xDC00 && lo < 0xE000) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          else i_ = save;  // a lone high surrogate; the next escape stands alone
+          if (lo >= 0xDC00 && lo < 0xE000)
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          else
+            i_ = save;  // a lone high surrogate; the next escape stands alone
         }
         if (cp >= 0xD800 && cp < 0xE000) cp = 0xFFFD;  // lone surrogate: replacement character
         append_utf8(out, cp);
         break;
       }
-      default: fail(std::string("bad escape \\") + e);
+      default:
+        fail(std::string("bad escape \\") + e);
     }
   }
   return out;
@@ -114,7 +138,9 @@ void JsonReader::object(const std::function<void(const std::string&)>& on_member
   }
 }
 
-std::string JsonReader::string_value() { return parse_string(); }
+std::string JsonReader::string_value() {
+  return parse_string();
+}
 
 int64_t JsonReader::int_value() {
   ws();

@@ -21,14 +21,14 @@ class JsonReader {
   explicit JsonReader(std::string_view text) : s_(text) {}
   // Iterates the members of a top-level object.
   void object(const std::function<void(const std::string& key)>& on_member);
-  std::string string_value();   // the next value must be a string (escapes decoded to UTF-8)
-  int64_t int_value();          // the next value must be an integer
-  double number_value();        // the next value must be a number
-  bool null_value();            // consumes `null` and returns true if the next value is null
+  std::string string_value();  // the next value must be a string (escapes decoded to UTF-8)
+  int64_t int_value();         // the next value must be an integer
+  double number_value();       // the next value must be a number
+  bool null_value();           // consumes `null` and returns true if the next value is null
   // Iterates the elements of an array value; the callback must consume each element.
   void array(const std::function<void()>& on_element);
-  void skip_value();            // any value
-  void expect_end();            // only whitespace may follow
+  void skip_value();  // any value
+  void expect_end();  // only whitespace may follow
 
  private:
   void ws();

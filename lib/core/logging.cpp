@@ -8,8 +8,8 @@
 #include <boost/log/sinks/sync_frontend.hpp>
 #include <boost/log/sinks/text_ostream_backend.hpp>
 #include <boost/log/utility/setup/file.hpp>
-#include <boost/shared_ptr.hpp>
 #include <boost/make_shared.hpp>
+#include <boost/shared_ptr.hpp>
 #include <fstream>
 #include <iostream>
 
@@ -28,10 +28,14 @@ LogOptions g_opts;
 
 const char* level_prefix(LogLevel l) {
   switch (l) {
-    case LogLevel::debug: return "debug: ";
-    case LogLevel::warning: return "warning: ";
-    case LogLevel::error: return "error: ";
-    default: return "";
+    case LogLevel::debug:
+      return "debug: ";
+    case LogLevel::warning:
+      return "warning: ";
+    case LogLevel::error:
+      return "error: ";
+    default:
+      return "";
   }
 }
 
@@ -49,14 +53,17 @@ boost::log::sources::severity_logger_mt<LogLevel>& logger() {
   return lg;
 }
 
-const LogOptions& log_options() { return g_opts; }
+const LogOptions& log_options() {
+  return g_opts;
+}
 
 LogLevel log_level_from_name(const std::string& name) {
   if (name == "debug") return LogLevel::debug;
   if (name == "info") return LogLevel::info;
   if (name == "warning") return LogLevel::warning;
   if (name == "error") return LogLevel::error;
-  throw ConfigError("--log-level '" + name + "' is not a level (allowed: debug, info, warning, error)");
+  throw ConfigError("--log-level '" + name +
+                    "' is not a level (allowed: debug, info, warning, error)");
 }
 
 void init_logging(const LogOptions& opts) {
@@ -66,7 +73,8 @@ void init_logging(const LogOptions& opts) {
 
   using text_sink = sinks::synchronous_sink<sinks::text_ostream_backend>;
   auto console = boost::make_shared<text_sink>();
-  console->locked_backend()->add_stream(boost::shared_ptr<std::ostream>(&std::cout, boost::null_deleter()));
+  console->locked_backend()->add_stream(
+      boost::shared_ptr<std::ostream>(&std::cout, boost::null_deleter()));
   console->locked_backend()->auto_flush(true);
   console->set_formatter(&format_record);
   const LogLevel min_level = opts.level;
@@ -81,7 +89,9 @@ void init_logging(const LogOptions& opts) {
 
   if (!opts.file.empty()) {
     auto stream = boost::make_shared<std::ofstream>(opts.file, std::ios::app);
-    if (!*stream) throw ConfigError("--log-file '" + opts.file + "' cannot be opened for writing; check the directory exists");
+    if (!*stream)
+      throw ConfigError("--log-file '" + opts.file +
+                        "' cannot be opened for writing; check the directory exists");
     auto file_sink = boost::make_shared<text_sink>();
     file_sink->locked_backend()->add_stream(stream);
     file_sink->locked_backend()->auto_flush(true);

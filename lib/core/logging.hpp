@@ -11,10 +11,10 @@ enum class LogLevel { debug, info, warning, error };
 
 struct LogOptions {
   int rank = 0;
-  std::string host;           // shown in error lines
+  std::string host;  // shown in error lines
   LogLevel level = LogLevel::info;
-  bool all_ranks = false;     // false: only rank 0 prints info and below to the console
-  std::string file;           // optional: every record of this rank also goes here
+  bool all_ranks = false;  // false: only rank 0 prints info and below to the console
+  std::string file;        // optional: every record of this rank also goes here
 };
 
 // Sets up the sinks; safe to call again (replaces the previous set-up).

@@ -1,6 +1,7 @@
 // rng.hpp: Philox4x32-10, a counter-based RNG: value = f(key, counter), no state, no communication.
-// Every random number in Tessera (init, mock data, later dropout) is keyed by what it is for and the
-// global index of the element it belongs to, so any rank can draw exactly its slice (DESIGN.md inv. 2).
+// Every random number in Tessera (init, mock data, later dropout) is keyed by what it is for and
+// the global index of the element it belongs to, so any rank can draw exactly its slice (DESIGN.md
+// inv. 2).
 #pragma once
 
 #include <array>
@@ -36,7 +37,9 @@ inline uint64_t stable_hash(std::string_view s) {
 }
 
 // Uniform in (0, 1) from 32 random bits.
-inline double uniform_open01(uint32_t x) { return (static_cast<double>(x) + 0.5) / 4294967296.0; }
+inline double uniform_open01(uint32_t x) {
+  return (static_cast<double>(x) + 0.5) / 4294967296.0;
+}
 
 // Random draws for the element `index` of stream `stream` under `seed`.
 class CounterRng {

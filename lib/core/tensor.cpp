@@ -8,7 +8,9 @@
 
 namespace tessera {
 
-const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+const char* device_name(Device d) {
+  return d == Device::CPU ? "cpu" : "cuda";
+}
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
@@ -52,7 +54,9 @@ Allocator& cpu_allocator() {
 Storage::Storage(Allocator& alloc, size_t bytes) : alloc_(alloc), bytes_(bytes) {
   ptr_ = alloc_.allocate(bytes);
 }
-Storage::~Storage() { alloc_.deallocate(ptr_, bytes_); }
+Storage::~Storage() {
+  alloc_.deallocate(ptr_, bytes_);
+}
 
 Tensor::Tensor(Shape shape, DType dtype, Allocator& alloc)
     : shape_(std::move(shape)), dtype_(dtype) {
@@ -113,9 +117,11 @@ void Tensor::fill_(float v) {
 }
 
 void Tensor::copy_from(const Tensor& src) {
-  TESSERA_CHECK(device() == Device::CPU && src.device() == Device::CPU, "copy_from needs host tensors");
-  TESSERA_CHECK(src.dtype() == dtype_ && src.numel() == numel_, "copy_from ", shape_str(src.shape()),
-                " ", dtype_name(src.dtype()), " into ", shape_str(shape_), " ", dtype_name(dtype_));
+  TESSERA_CHECK(device() == Device::CPU && src.device() == Device::CPU,
+                "copy_from needs host tensors");
+  TESSERA_CHECK(src.dtype() == dtype_ && src.numel() == numel_, "copy_from ",
+                shape_str(src.shape()), " ", dtype_name(src.dtype()), " into ", shape_str(shape_),
+                " ", dtype_name(dtype_));
   std::memcpy(raw(), src.raw(), nbytes());
 }
 

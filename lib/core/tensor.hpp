@@ -1,4 +1,5 @@
-// tensor.hpp: a contiguous n-d array (shape, dtype, device) viewing owning storage from an allocator.
+// tensor.hpp: a contiguous n-d array (shape, dtype, device) viewing owning storage from an
+// allocator.
 #pragma once
 
 #include <cstddef>
@@ -67,7 +68,9 @@ class Tensor {
 
   void* raw() const { return static_cast<char*>(storage_->data()) + offset_bytes_; }
   template <typename T>
-  T* data() const { return static_cast<T*>(raw()); }
+  T* data() const {
+    return static_cast<T*>(raw());
+  }
   float* f32() const;  // checks the dtype
   int32_t* i32() const;
 
@@ -77,7 +80,7 @@ class Tensor {
   // Rows [begin, end) along the first axis.
   Tensor slice0(int64_t begin, int64_t end) const;
 
-  void zero_();       // CPU tensors only; device tensors are zeroed by their backend
+  void zero_();         // CPU tensors only; device tensors are zeroed by their backend
   void fill_(float v);  // CPU f32 only
   void copy_from(const Tensor& src);  // CPU, same dtype and numel
 

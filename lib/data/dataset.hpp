@@ -17,7 +17,8 @@ class TokenDataset {
   virtual int seq_length() const = 0;
   // Samples available without repeating; the loader wraps around in epochs past it.
   virtual int64_t num_samples() const = 0;
-  // Writes seq_length()+1 tokens of sample `index` (0 <= index, any value: epochs are handled here).
+  // Writes seq_length()+1 tokens of sample `index` (0 <= index, any value: epochs are handled
+  // here).
   virtual void get(int64_t index, int32_t* out) const = 0;
 };
 

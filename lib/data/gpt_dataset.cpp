@@ -24,7 +24,8 @@ ShardedCorpus::ShardedCorpus(const std::string& prefix) : prefix_(prefix) {
     }
     const int64_t base = shard_start_.back();
     const auto& offs = r->doc_offsets();
-    for (size_t i = 1; i < offs.size(); ++i) doc_start_.push_back(base + static_cast<int64_t>(offs[i]));
+    for (size_t i = 1; i < offs.size(); ++i)
+      doc_start_.push_back(base + static_cast<int64_t>(offs[i]));
     shard_start_.push_back(base + r->num_tokens());
     shards_.push_back(std::move(r));
   }
@@ -33,7 +34,8 @@ ShardedCorpus::ShardedCorpus(const std::string& prefix) : prefix_(prefix) {
 void ShardedCorpus::read(int64_t begin, int64_t count, int32_t* out) const {
   TESSERA_CHECK(begin >= 0 && begin + count <= num_tokens(), "corpus read past the end");
   // The shard holding `begin`: the last start at or before it.
-  size_t s = std::upper_bound(shard_start_.begin(), shard_start_.end(), begin) - shard_start_.begin() - 1;
+  size_t s =
+      std::upper_bound(shard_start_.begin(), shard_start_.end(), begin) - shard_start_.begin() - 1;
   while (count > 0) {
     const int64_t local = begin - shard_start_[s];
     const int64_t n = std::min(count, shard_start_[s + 1] - begin);
@@ -55,7 +57,8 @@ std::array<double, 3> parse_split(const std::string& spec) {
   std::string part;
   int i = 0;
   while (std::getline(ss, part, ',')) {
-    if (i >= 3) throw ConfigError("--split '" + spec + "' has more than three parts (train,valid,test)");
+    if (i >= 3)
+      throw ConfigError("--split '" + spec + "' has more than three parts (train,valid,test)");
     try {
       size_t used = 0;
       w[i] = std::stod(part, &used);
@@ -103,7 +106,8 @@ std::string GPTDataset::describe() const {
 const std::vector<int64_t>& GPTDataset::permutation(int64_t epoch) const {
   if (perm_epoch_ == epoch) return perm_;
   // Fisher-Yates with counter-based draws keyed by (seed, split, epoch): the same on every rank.
-  const CounterRng rng(seed_, stable_hash("data.shuffle") + static_cast<uint64_t>(split_) * 1000003u +
+  const CounterRng rng(seed_, stable_hash("data.shuffle") +
+                                  static_cast<uint64_t>(split_) * 1000003u +
                                   static_cast<uint64_t>(epoch) * 0x9E3779B97F4A7C15ull);
   perm_.resize(samples_per_epoch_);
   for (int64_t i = 0; i < samples_per_epoch_; ++i) perm_[i] = i;

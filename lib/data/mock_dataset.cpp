@@ -12,7 +12,9 @@ namespace {
 class MockDataset final : public TokenDataset {
  public:
   MockDataset(int64_t vocab, int seq, uint64_t seed)
-      : vocab_(vocab), seq_(seq), chain_(seed, stable_hash("mock.chain")),
+      : vocab_(vocab),
+        seq_(seq),
+        chain_(seed, stable_hash("mock.chain")),
         draws_(seed, stable_hash("mock.samples")) {
     TESSERA_CHECK(vocab >= 2 && seq >= 1, "mock data needs vocab >= 2 and seq >= 1");
   }

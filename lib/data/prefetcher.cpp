@@ -9,7 +9,9 @@
 namespace tessera {
 
 Prefetcher::Prefetcher(const TokenDataset& data, int64_t count)
-    : data_(data), count_(count), stride_(data.seq_length() + 1),
+    : data_(data),
+      count_(count),
+      stride_(data.seq_length() + 1),
       buffer_(static_cast<size_t>(count * (data.seq_length() + 1))) {
   thread_ = std::thread([this] { worker(); });
 }

@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "core/error.hpp"
-#include "core/timer.hpp"
 #include "core/json.hpp"
+#include "core/timer.hpp"
 #include "data/shard.hpp"
 
 namespace tessera {
@@ -144,11 +144,14 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const GPT2Tokenizer& 
       int64_t seq = 0;
       auto batch = std::make_unique<Batch>();
       auto push = [&](bool force) {
-        if (batch->docs.empty() || (!force && batch->bytes < (1 << 20) && batch->docs.size() < 1024))
+        if (batch->docs.empty() ||
+            (!force && batch->bytes < (1 << 20) && batch->docs.size() < 1024))
           return;
         batch->seq = seq++;
         std::unique_lock<std::mutex> lock(pl.mu);
-        pl.cv.wait(lock, [&] { return pl.failed || pl.todo.size() + pl.done.size() < Pipeline::kMaxQueued; });
+        pl.cv.wait(lock, [&] {
+          return pl.failed || pl.todo.size() + pl.done.size() < Pipeline::kMaxQueued;
+        });
         if (pl.failed) throw Error("stopped");
         pl.todo.push_back(std::move(batch));
         ++pl.batches_read;
@@ -221,7 +224,8 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const GPT2Tokenizer& 
   };
   auto flush_shard = [&] {
     if (offsets.size() == 1) return;
-    const std::string final_name = shard_path(opts.output_prefix, static_cast<int>(tmp_shards.size()));
+    const std::string final_name =
+        shard_path(opts.output_prefix, static_cast<int>(tmp_shards.size()));
     const std::string tmp = final_name + ".part";
     write_shard(tmp, shard_tokens, offsets, meta);
     tmp_shards.push_back(tmp);
@@ -254,7 +258,8 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const GPT2Tokenizer& 
       if (b) {
         size_t pos = 0;
         for (uint64_t len : b->lengths) {
-          shard_tokens.insert(shard_tokens.end(), b->tokens.begin() + pos, b->tokens.begin() + pos + len);
+          shard_tokens.insert(shard_tokens.end(), b->tokens.begin() + pos,
+                              b->tokens.begin() + pos + len);
           pos += len;
           offsets.push_back(shard_tokens.size());
           ++res.documents;

@@ -18,12 +18,12 @@ namespace tessera {
 struct PreprocessOptions {
   std::vector<std::string> inputs;  // files or glob patterns
   std::string json_key = "text";
-  bool split_lines = false;         // plain text: one document per non-empty line
+  bool split_lines = false;  // plain text: one document per non-empty line
   std::string output_prefix;
   int workers = 1;
   int64_t shard_tokens = 100'000'000;
   bool append_eod = true;
-  double progress_seconds = 5;      // between plain progress lines when not on a terminal
+  double progress_seconds = 5;  // between plain progress lines when not on a terminal
 };
 
 struct PreprocessResult {

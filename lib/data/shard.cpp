@@ -33,9 +33,9 @@ void write_1d(hid_t file, const char* name, hid_t file_type, hid_t mem_type, con
 
 void write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
                  const std::vector<uint64_t>& doc_offsets, const ShardMeta& meta) {
-  TESSERA_CHECK(!doc_offsets.empty() && doc_offsets.front() == 0 &&
-                    doc_offsets.back() == tokens.size(),
-                "doc_offsets must run from 0 to the number of tokens");
+  TESSERA_CHECK(
+      !doc_offsets.empty() && doc_offsets.front() == 0 && doc_offsets.back() == tokens.size(),
+      "doc_offsets must run from 0 to the number of tokens");
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   silence_hdf5_errors();
   const std::string tmp = path + ".tmp";
@@ -72,9 +72,7 @@ void write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
 ShardReader::ShardReader(const std::string& path) : path_(path) {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   silence_hdf5_errors();
-  auto bad = [&](const std::string& what) {
-    return Error("data shard '" + path + "': " + what);
-  };
+  auto bad = [&](const std::string& what) { return Error("data shard '" + path + "': " + what); };
   struct stat st;
   if (stat(path.c_str(), &st) != 0)
     throw bad("does not exist; check --data-path (shards are <prefix>_NNNNN.h5)");
@@ -132,7 +130,8 @@ void ShardReader::read(int64_t begin, int64_t count, int32_t* out) const {
   // Read as uint32 straight into the int32 output (ids < 2^31), converting from uint16 if needed.
   if (H5Dread(tokens_.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
     throw Error("data shard '" + path_ + "': reading tokens [" + std::to_string(begin) + ", " +
-                std::to_string(begin + count) + ") failed (truncated or corrupt); re-run tessera-preprocess");
+                std::to_string(begin + count) +
+                ") failed (truncated or corrupt); re-run tessera-preprocess");
 }
 
 std::string shard_path(const std::string& prefix, int index) {
@@ -155,15 +154,17 @@ std::vector<std::string> shard_paths(const std::string& prefix) {
   if (out.empty() && stat((prefix + ".h5").c_str(), &st) == 0) out.push_back(prefix + ".h5");
   if (out.empty())
     throw ConfigError("--data-path '" + prefix + "' names no shards (looked for " +
-                      shard_path(prefix, 0) + " and " + prefix + ".h5); run tessera-preprocess first");
+                      shard_path(prefix, 0) + " and " + prefix +
+                      ".h5); run tessera-preprocess first");
   // A gap (shard 3 missing while 4 exists) would silently drop data: refuse it.
   glob_t g;
   if (glob((prefix + "_[0-9][0-9][0-9][0-9][0-9].h5").c_str(), 0, nullptr, &g) == 0) {
     const size_t found = g.gl_pathc;
     globfree(&g);
     if (found != out.size())
-      throw ConfigError("--data-path '" + prefix + "': shard " + shard_path(prefix, (int)out.size()) +
-                        " is missing but later shards exist; restore it or re-run tessera-preprocess");
+      throw ConfigError(
+          "--data-path '" + prefix + "': shard " + shard_path(prefix, (int)out.size()) +
+          " is missing but later shards exist; restore it or re-run tessera-preprocess");
   }
   return out;
 }

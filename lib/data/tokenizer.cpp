@@ -29,7 +29,9 @@ std::vector<uint32_t> byte_to_codepoint() {
 // cp = 0xFFFFFFFF (a symbol that is neither letter, number nor space).
 uint32_t next_cp(std::string_view s, size_t i, size_t& len) {
   const unsigned char c = s[i];
-  auto cont = [&](size_t k) { return i + k < s.size() && (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80; };
+  auto cont = [&](size_t k) {
+    return i + k < s.size() && (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+  };
   if (c < 0x80) {
     len = 1;
     return c;
@@ -70,10 +72,15 @@ Cls classify(uint32_t cp) {
   const UChar32 c = static_cast<UChar32>(cp);
   if (u_isUWhiteSpace(c)) return Cls::Space;
   switch (u_charType(c)) {
-    case U_UPPERCASE_LETTER: case U_LOWERCASE_LETTER: case U_TITLECASE_LETTER:
-    case U_MODIFIER_LETTER: case U_OTHER_LETTER:
+    case U_UPPERCASE_LETTER:
+    case U_LOWERCASE_LETTER:
+    case U_TITLECASE_LETTER:
+    case U_MODIFIER_LETTER:
+    case U_OTHER_LETTER:
       return Cls::Letter;
-    case U_DECIMAL_DIGIT_NUMBER: case U_LETTER_NUMBER: case U_OTHER_NUMBER:
+    case U_DECIMAL_DIGIT_NUMBER:
+    case U_LETTER_NUMBER:
+    case U_OTHER_NUMBER:
       return Cls::Number;
     default:
       return Cls::Other;
@@ -189,7 +196,8 @@ std::shared_ptr<const GPT2Tokenizer> GPT2Tokenizer::load(const std::string& voca
       std::string bytes;
       r.object([&](const std::string& key) {
         const int64_t id = r.int_value();
-        if (id < 0 || id > 10000000) throw JsonError{"token id " + std::to_string(id) + " out of range"};
+        if (id < 0 || id > 10000000)
+          throw JsonError{"token id " + std::to_string(id) + " out of range"};
         if (key == "<|endoftext|>") {
           bytes = key;
           t->eod_id_ = static_cast<int32_t>(id);
@@ -202,8 +210,8 @@ std::shared_ptr<const GPT2Tokenizer> GPT2Tokenizer::load(const std::string& voca
       });
       r.expect_end();
     } catch (const JsonError& e) {
-      throw ConfigError("--vocab-file '" + vocab_file + "' does not parse as GPT-2 encoder.json: " +
-                        e.message);
+      throw ConfigError("--vocab-file '" + vocab_file +
+                        "' does not parse as GPT-2 encoder.json: " + e.message);
     }
     if (t->eod_id_ < 0)
       throw ConfigError("--vocab-file '" + vocab_file + "' has no <|endoftext|> token");
@@ -235,7 +243,8 @@ std::shared_ptr<const GPT2Tokenizer> GPT2Tokenizer::load(const std::string& voca
       if (ia == token_to_id.end() || ib == token_to_id.end() || im == token_to_id.end())
         throw ConfigError("--merge-file '" + merge_file + "' line " + std::to_string(lineno) +
                           ": merge '" + line + "' uses a token missing from the vocabulary file");
-      const uint64_t key = (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
+      const uint64_t key =
+          (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
       t->merges_.emplace(key, std::make_pair(rank++, im->second));
     }
     if (rank == 0) throw ConfigError("--merge-file '" + merge_file + "' has no merges");

@@ -40,8 +40,8 @@ class GPT2Tokenizer {
   GPT2Tokenizer() = default;
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
 
-  std::vector<std::string> id_to_token_;   // decoded bytes of every token
-  int32_t byte_id_[256] = {};              // the one-byte token of each byte
+  std::vector<std::string> id_to_token_;  // decoded bytes of every token
+  int32_t byte_id_[256] = {};             // the one-byte token of each byte
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (a,b) -> (rank, merged)
   int32_t eod_id_ = -1;
 };

@@ -134,7 +134,8 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
     for (int64_t i = 0; i < S; ++i) {
       const int64_t begin = r * Vl, count = std::max<int64_t>(0, std::min(Vl, V - begin));
       if (count > 0)
-        std::memcpy(logits.data() + i * V + begin, all.f32() + (r * S + i) * Vl, sizeof(float) * count);
+        std::memcpy(logits.data() + i * V + begin, all.f32() + (r * S + i) * Vl,
+                    sizeof(float) * count);
     }
 }
 

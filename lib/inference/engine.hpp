@@ -11,7 +11,8 @@
 
 namespace tessera {
 
-// New tokens of one sequence: `count` tokens at positions [pos0, pos0 + count) of cache slot `slot`.
+// New tokens of one sequence: `count` tokens at positions [pos0, pos0 + count) of cache slot
+// `slot`.
 struct TokenSegment {
   int slot = 0;
   int64_t pos0 = 0, count = 0;
@@ -20,7 +21,8 @@ struct TokenSegment {
 class InferenceEngine {
  public:
   // Caches for `max_sequences` sequences of up to `max_positions` tokens.
-  InferenceEngine(GPTModel& model, const ParallelContext& ctx, int max_sequences, int64_t max_positions);
+  InferenceEngine(GPTModel& model, const ParallelContext& ctx, int max_sequences,
+                  int64_t max_positions);
   int64_t max_positions() const { return max_positions_; }
 
   // Collective over the model-parallel group. `tokens` holds the new tokens of all segments in

@@ -9,11 +9,14 @@ namespace tessera {
 
 namespace {
 // Rank (tp 0, last stage, dp 0) samples; everyone learns the tokens from it.
-int sampler_world_rank(const ParallelContext& c) { return c.tp_size * (c.dp_size * (c.pp_size - 1)); }
+int sampler_world_rank(const ParallelContext& c) {
+  return c.tp_size * (c.dp_size * (c.pp_size - 1));
+}
 }  // namespace
 
 GenerationResult generate(InferenceEngine& engine, const ParallelContext& ctx,
-                          const std::vector<std::vector<int32_t>>& prompts, const GenerationOptions& o,
+                          const std::vector<std::vector<int32_t>>& prompts,
+                          const GenerationOptions& o,
                           const std::function<void(int, int32_t)>& on_token) {
   o.sampling.validate();
   const int B = static_cast<int>(prompts.size());
@@ -52,7 +55,8 @@ GenerationResult generate(InferenceEngine& engine, const ParallelContext& ctx,
     if (sampler) {
       const int64_t V = static_cast<int64_t>(logits.size() / segs.size());
       for (size_t k = 0; k < who.size(); ++k) {
-        const double u = rng.uniform(static_cast<uint64_t>(who[k]) << 32 | static_cast<uint64_t>(step));
+        const double u =
+            rng.uniform(static_cast<uint64_t>(who[k]) << 32 | static_cast<uint64_t>(step));
         chosen.f32()[k] = static_cast<float>(sample_token(logits.data() + k * V, V, o.sampling, u));
       }
     }
@@ -64,7 +68,8 @@ GenerationResult generate(InferenceEngine& engine, const ParallelContext& ctx,
       res.completions[i].push_back(tok);
       ++res.generated_tokens;
       if (on_token) on_token(i, tok);
-      if (tok == o.eod_id || static_cast<int64_t>(seqs[i].size()) >= engine.max_positions()) done[i] = true;
+      if (tok == o.eod_id || static_cast<int64_t>(seqs[i].size()) >= engine.max_positions())
+        done[i] = true;
     }
     (step == 0 ? res.prefill_seconds : res.decode_seconds) += t.seconds();
   }

@@ -28,7 +28,8 @@ struct GenerationResult {
 // Collective over all ranks of the engine's layout; every rank returns the same result.
 // on_token(sequence, token) is called on every rank as tokens are chosen (for streaming).
 GenerationResult generate(InferenceEngine& engine, const ParallelContext& ctx,
-                          const std::vector<std::vector<int32_t>>& prompts, const GenerationOptions& opts,
+                          const std::vector<std::vector<int32_t>>& prompts,
+                          const GenerationOptions& opts,
                           const std::function<void(int, int32_t)>& on_token = nullptr);
 
 }  // namespace tessera

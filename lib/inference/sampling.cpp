@@ -13,8 +13,10 @@ namespace tessera {
 void SamplingOptions::validate() const {
   using detail::concat;
   if (!(temperature >= 0) || !std::isfinite(temperature))
-    throw ConfigError(concat("--temperature=", temperature, " is out of range (allowed: >= 0; 0 is greedy)"));
-  if (top_k < 0) throw ConfigError(concat("--top-k=", top_k, " is out of range (allowed: >= 0; 0 is no limit)"));
+    throw ConfigError(
+        concat("--temperature=", temperature, " is out of range (allowed: >= 0; 0 is greedy)"));
+  if (top_k < 0)
+    throw ConfigError(concat("--top-k=", top_k, " is out of range (allowed: >= 0; 0 is no limit)"));
   if (!(top_p > 0 && top_p <= 1))
     throw ConfigError(concat("--top-p=", top_p, " is out of range (allowed: (0, 1])"));
 }

@@ -7,9 +7,10 @@ namespace {
 LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads) {
   const std::string p = "layers." + std::to_string(l) + ".";
   auto get = [&](const char* n) { return grads ? ps.grad(p + n) : ps.param(p + n); };
-  return {get("ln1.weight"), get("ln1.bias"), get("attn.qkv.weight"), get("attn.qkv.bias"),
-          get("attn.proj.weight"), get("attn.proj.bias"), get("ln2.weight"), get("ln2.bias"),
-          get("mlp.fc1.weight"), get("mlp.fc1.bias"), get("mlp.fc2.weight"), get("mlp.fc2.bias")};
+  return {get("ln1.weight"),    get("ln1.bias"),         get("attn.qkv.weight"),
+          get("attn.qkv.bias"), get("attn.proj.weight"), get("attn.proj.bias"),
+          get("ln2.weight"),    get("ln2.bias"),         get("mlp.fc1.weight"),
+          get("mlp.fc1.bias"),  get("mlp.fc2.weight"),   get("mlp.fc2.bias")};
 }
 }  // namespace
 
@@ -24,7 +25,8 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   padded_vocab_ = cfg_.padded_vocab_size(shard.tp_size);
   vocab_local_ = padded_vocab_ / shard.tp_size;
   vocab_begin_ = vocab_local_ * shard.tp_rank;
-  valid_cols_ = std::max<int64_t>(0, std::min<int64_t>(vocab_local_, cfg_.vocab_size - vocab_begin_));
+  valid_cols_ =
+      std::max<int64_t>(0, std::min<int64_t>(vocab_local_, cfg_.vocab_size - vocab_begin_));
   heads_local_ = cfg.num_attention_heads / shard.tp_size;
   hidden_local_ = heads_local_ * cfg.head_dim();
   ffn_local_ = cfg.ffn() / shard.tp_size;
@@ -41,14 +43,19 @@ void GPTModel::init_parameters(uint64_t seed) {
   zero_grads();
 }
 
-void GPTModel::zero_grads() { be_.zero(params_->flat_grads()); }
+void GPTModel::zero_grads() {
+  be_.zero(params_->flat_grads());
+}
 
 int64_t activation_elems(const GPTConfig& cfg, const ModelShard& shard, int B, int T) {
   const int64_t N = int64_t(B) * T, C = cfg.hidden_size;
   const int64_t hl = C / shard.tp_size, heads_l = cfg.num_attention_heads / shard.tp_size;
-  const int64_t fl = cfg.ffn() / shard.tp_size, vl = cfg.padded_vocab_size(shard.tp_size) / shard.tp_size;
-  const int64_t per_layer = N * C * 5 + N * 4 + N * 3 * hl + N * hl + int64_t(B) * heads_l * T + 2 * N * fl;
-  int64_t total = 2 * N /*ids, targets*/ + N * C /*input*/ + per_layer * (shard.layer_end - shard.layer_begin);
+  const int64_t fl = cfg.ffn() / shard.tp_size,
+                vl = cfg.padded_vocab_size(shard.tp_size) / shard.tp_size;
+  const int64_t per_layer =
+      N * C * 5 + N * 4 + N * 3 * hl + N * hl + int64_t(B) * heads_l * T + 2 * N * fl;
+  int64_t total =
+      2 * N /*ids, targets*/ + N * C /*input*/ + per_layer * (shard.layer_end - shard.layer_begin);
   if (shard.has_head) total += N * C + 2 * N + N * vl + 4 * N;
   total += 3 * N * C + N * 3 * hl + N * hl + N * fl;  // scratch
   return total;

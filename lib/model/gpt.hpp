@@ -23,8 +23,8 @@ struct LayerActivations {
   Tensor att, lse;                 // (B,T,Cl), (B,Hl,T)
   Tensor res1;                     // (N,C)  x + attention
   Tensor ln2, ln2_mean, ln2_rstd;
-  Tensor fc1, gelu;                // (N,Fl)
-  Tensor res2;                     // (N,C)  layer output
+  Tensor fc1, gelu;  // (N,Fl)
+  Tensor res2;       // (N,C)  layer output
 };
 
 // The parameters (or gradients) of one layer, resolved once so a step does no name look-ups.
@@ -35,17 +35,17 @@ struct LayerWeights {
 // Everything one micro-batch needs on this stage, allocated once for a fixed (B,T).
 struct Activations {
   int B = 0, T = 0;
-  Tensor ids, targets;             // (B,T) int32; targets < 0 carry no loss
-  Tensor input;                    // (B,T,C): embedding output, or what the previous stage sent
+  Tensor ids, targets;  // (B,T) int32; targets < 0 carry no loss
+  Tensor input;         // (B,T,C): embedding output, or what the previous stage sent
   std::vector<LayerActivations> layers;
-  Tensor lnf, lnf_mean, lnf_rstd;  // last stage
-  Tensor logits;                   // (N,Vl), overwritten in place by dlogits
+  Tensor lnf, lnf_mean, lnf_rstd;               // last stage
+  Tensor logits;                                // (N,Vl), overwritten in place by dlogits
   Tensor losses, rowmax, sumexp, target_logit;  // (N)
   // Scratch shared by all layers (not saved between forward and backward).
-  Tensor tmp_c;                    // (N,C)   row-parallel outputs
-  Tensor dres;                     // (B,T,C) gradient of the residual stream
-  Tensor dln;                      // (N,C)
-  Tensor dqkv, datt, dfc;          // (N,3Cl), (N,Cl), (N,Fl)
+  Tensor tmp_c;            // (N,C)   row-parallel outputs
+  Tensor dres;             // (B,T,C) gradient of the residual stream
+  Tensor dln;              // (N,C)
+  Tensor dqkv, datt, dfc;  // (N,3Cl), (N,Cl), (N,Fl)
 };
 
 // Elements (4 bytes each) of the activation buffers of one (B,T) micro-batch on a shard; the same
@@ -91,7 +91,9 @@ class GPTModel {
   static constexpr int kHeadPiece = -1, kEmbedPiece = -2;
   std::function<void(int piece)> on_grads_ready;
 
-  const LayerWeights& layer_weights(int layer) const { return weights_[layer - shard_.layer_begin]; }
+  const LayerWeights& layer_weights(int layer) const {
+    return weights_[layer - shard_.layer_begin];
+  }
   int64_t vocab_begin() const { return vocab_begin_; }
   int64_t vocab_local() const { return vocab_local_; }
   int64_t heads_local() const { return heads_local_; }

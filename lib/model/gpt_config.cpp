@@ -21,9 +21,11 @@ void GPTConfig::validate() const {
   positive("seq-length", seq_length);
   positive("make-vocab-size-divisible-by", make_vocab_size_divisible_by);
   if (vocab_size < 2)
-    throw ConfigError(detail::concat("--vocab-size=", vocab_size, " is out of range (allowed: >= 2)"));
+    throw ConfigError(
+        detail::concat("--vocab-size=", vocab_size, " is out of range (allowed: >= 2)"));
   if (vocab_size > (int64_t(1) << 31) - 1)
-    throw ConfigError(detail::concat("--vocab-size=", vocab_size, " is too large (allowed: < 2^31)"));
+    throw ConfigError(
+        detail::concat("--vocab-size=", vocab_size, " is too large (allowed: < 2^31)"));
   if (hidden_size % num_attention_heads != 0)
     throw ConfigError(detail::concat("--num-attention-heads=", num_attention_heads,
                                      " must divide --hidden-size=", hidden_size,
@@ -46,7 +48,8 @@ void GPTConfig::validate() const {
 
 int64_t GPTConfig::num_parameters() const {
   const int64_t h = hidden_size, f = ffn(), L = num_layers;
-  const int64_t per_layer = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (f * h + f) + (h * f + h);
+  const int64_t per_layer =
+      2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (f * h + f) + (h * f + h);
   return vocab_size * h + static_cast<int64_t>(max_positions()) * h + L * per_layer + 2 * h;
 }
 

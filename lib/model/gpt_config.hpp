@@ -10,7 +10,7 @@ struct GPTConfig {
   int num_layers = 2;
   int hidden_size = 64;
   int num_attention_heads = 4;
-  int ffn_hidden_size = 0;          // 0: 4 * hidden_size
+  int ffn_hidden_size = 0;  // 0: 4 * hidden_size
   int seq_length = 64;
   int max_position_embeddings = 0;  // 0: seq_length
   int64_t vocab_size = 0;           // the tokenizer's (true) vocabulary size

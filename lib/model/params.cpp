@@ -15,8 +15,8 @@ struct SpecBuilder {
   int64_t offset = 0;
 
   // split_axis -1: replicated. Otherwise the global extent along the axis is split evenly.
-  void add(std::string name, Shape global, int split_axis, ParamInit init, double std,
-           bool decay, int64_t init_rows = -1) {
+  void add(std::string name, Shape global, int split_axis, ParamInit init, double std, bool decay,
+           int64_t init_rows = -1) {
     ParamSpec s;
     s.name = std::move(name);
     s.global_shape = global;
@@ -41,7 +41,8 @@ struct SpecBuilder {
 
 }  // namespace
 
-ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size, int pp_rank) {
+ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size,
+                           int pp_rank) {
   TESSERA_CHECK(pp_size >= 1 && cfg.num_layers % pp_size == 0, "--num-layers=", cfg.num_layers,
                 " is not divisible by the pipeline size ", pp_size);
   ModelShard s;
@@ -134,7 +135,11 @@ const ParamSpec& ParamStore::spec(const std::string& name) const {
   TESSERA_CHECK(it != index_.end(), "no parameter named ", name, " on this rank");
   return specs_[it->second];
 }
-Tensor ParamStore::param(const std::string& name) const { return param(spec(name)); }
-Tensor ParamStore::grad(const std::string& name) const { return grad(spec(name)); }
+Tensor ParamStore::param(const std::string& name) const {
+  return param(spec(name));
+}
+Tensor ParamStore::grad(const std::string& name) const {
+  return grad(spec(name));
+}
 
 }  // namespace tessera

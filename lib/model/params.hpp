@@ -19,9 +19,9 @@ namespace tessera {
 enum class ParamInit { Normal, Zeros, Ones };
 
 struct ParamSpec {
-  std::string name;       // e.g. "layers.3.attn.qkv.weight"
-  Shape global_shape;     // e.g. [3, heads, head_dim, hidden]
-  int split_axis = -1;    // -1: replicated on every tensor-parallel rank
+  std::string name;          // e.g. "layers.3.attn.qkv.weight"
+  Shape global_shape;        // e.g. [3, heads, head_dim, hidden]
+  int split_axis = -1;       // -1: replicated on every tensor-parallel rank
   int64_t split_offset = 0;  // first global index along split_axis held here
   Shape local_shape;
   ParamInit init = ParamInit::Zeros;
@@ -42,7 +42,8 @@ struct ModelShard {
 
 // The shard of (tp_rank, pp_rank) in a TP x PP layout: layers split evenly over the stages, the
 // embedding on the first stage, the final LayerNorm and tied head on the last.
-ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size, int pp_rank);
+ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size,
+                           int pp_rank);
 
 // The specs of this shard's parameters, in flat-buffer order.
 std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard& shard);

@@ -59,9 +59,10 @@ void GradReducer::start(Bucket& b) {
 
 void GradReducer::piece_ready(int piece) {
   if (!armed_) return;
-  const std::vector<int>& params = piece == GPTModel::kHeadPiece    ? head_params_
-                                   : piece == GPTModel::kEmbedPiece ? embed_params_
-                                   : params_of_layer_[piece - model_.shard().layer_begin];
+  const std::vector<int>& params = piece == GPTModel::kHeadPiece ? head_params_
+                                   : piece == GPTModel::kEmbedPiece
+                                       ? embed_params_
+                                       : params_of_layer_[piece - model_.shard().layer_begin];
   for (int p : params) {
     if (--remaining_[p] > 0) continue;
     Bucket& b = buckets_[bucket_of_param_[p]];

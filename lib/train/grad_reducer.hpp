@@ -38,8 +38,8 @@ class GradReducer {
   Communicator& dp_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_param_;
-  std::vector<int> sources_;          // backward pieces that write each parameter's gradient
-  std::vector<int> remaining_;        // per parameter, this step
+  std::vector<int> sources_;    // backward pieces that write each parameter's gradient
+  std::vector<int> remaining_;  // per parameter, this step
   std::vector<std::vector<int>> params_of_layer_;
   std::vector<int> head_params_, embed_params_;
   int64_t total_elems_ = 0;

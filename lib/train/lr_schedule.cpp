@@ -9,10 +9,14 @@ namespace tessera {
 
 LrSchedule::LrSchedule(double max_lr, double min_lr, int64_t warmup_iters, int64_t decay_iters,
                        std::string style)
-    : max_lr_(max_lr), min_lr_(min_lr), warmup_(warmup_iters), decay_(decay_iters),
+    : max_lr_(max_lr),
+      min_lr_(min_lr),
+      warmup_(warmup_iters),
+      decay_(decay_iters),
       style_(std::move(style)) {
   if (style_ != "constant" && style_ != "linear" && style_ != "cosine")
-    throw ConfigError("--lr-decay-style=" + style_ + " is not a style (allowed: constant, linear, cosine)");
+    throw ConfigError("--lr-decay-style=" + style_ +
+                      " is not a style (allowed: constant, linear, cosine)");
 }
 
 double LrSchedule::lr(int64_t iter) const {

@@ -5,15 +5,15 @@
 #include <omp.h>
 #include <sched.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 #include <vector>
 
-#include "core/config.hpp"
-#include "model/gpt.hpp"
 #include "comm/process_grid.hpp"
+#include "core/config.hpp"
 #include "data/gpt_dataset.hpp"
+#include "model/gpt.hpp"
 #include "model/params.hpp"
 #include "train/pipeline.hpp"
 #include "train/trainer.hpp"
@@ -25,62 +25,107 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   GPTConfig& m = o.model;
   TrainConfig& t = o.train;
   std::string log_level = "info";
-  p.group("Model").add_options()
-    ("num-layers", po::value(&m.num_layers)->default_value(m.num_layers), "transformer layers")
-    ("hidden-size", po::value(&m.hidden_size)->default_value(m.hidden_size), "hidden width")
-    ("num-attention-heads", po::value(&m.num_attention_heads)->default_value(m.num_attention_heads), "attention heads (must divide hidden-size)")
-    ("ffn-hidden-size", po::value(&m.ffn_hidden_size)->default_value(0), "MLP width (0: 4 * hidden-size)")
-    ("seq-length", po::value(&m.seq_length)->default_value(m.seq_length), "tokens per sample")
-    ("max-position-embeddings", po::value(&m.max_position_embeddings)->default_value(0), "positions of the model (0: seq-length)")
-    ("vocab-size", po::value(&m.vocab_size)->default_value(0), "vocabulary size (0: from the data's shards; 512 for mock data)")
-    ("make-vocab-size-divisible-by", po::value(&m.make_vocab_size_divisible_by)->default_value(128), "pad the vocabulary to a multiple of this times TP (padding is masked out of the loss)")
-    ("init-method-std", po::value(&m.init_method_std)->default_value(0.02), "std of the normal init (residual projections use std/sqrt(2*layers))")
-    ("layernorm-epsilon", po::value(&m.layernorm_epsilon)->default_value(1e-5), "LayerNorm epsilon");
-  p.group("Parallelism").add_options()
-    ("tensor-model-parallel-size", po::value(&o.tp)->default_value(1), "tensor-parallel ranks (consecutive ranks; keep them in one node)")
-    ("pipeline-model-parallel-size", po::value(&o.pp)->default_value(1), "pipeline stages (layers split evenly); DP = world / (TP * PP)")
-    ("ddp-bucket-size", po::value(&t.ddp_bucket_size)->default_value(t.ddp_bucket_size), "elements per data-parallel gradient all-reduce bucket");
-  p.group("Training").add_options()
-    ("micro-batch-size", po::value(&t.micro_batch_size)->default_value(1), "samples per micro-batch")
-    ("global-batch-size", po::value(&t.global_batch_size)->default_value(0), "samples per iteration (0: micro-batch-size * DP); gradients accumulate over micro-batches")
-    ("train-iters", po::value(&t.train_iters)->default_value(0), "iterations to train")
-    ("lr", po::value(&t.lr)->default_value(1e-4), "peak learning rate")
-    ("min-lr", po::value(&t.min_lr)->default_value(0.0), "learning rate at the end of decay")
-    ("lr-decay-style", po::value(&t.lr_decay_style)->default_value("linear"), "constant | linear | cosine")
-    ("lr-warmup-iters", po::value(&t.lr_warmup_iters)->default_value(0), "linear warm-up iterations")
-    ("lr-decay-iters", po::value(&t.lr_decay_iters)->default_value(0), "iterations over which to decay (0: train-iters)")
-    ("weight-decay", po::value(&t.weight_decay)->default_value(0.01), "decoupled weight decay for weight matrices and embeddings (not biases or LayerNorm)")
-    ("clip-grad", po::value(&t.clip_grad)->default_value(1.0), "clip the global gradient norm to this (0: off)")
-    ("adam-beta1", po::value(&t.adam_beta1)->default_value(0.9), "Adam beta1")
-    ("adam-beta2", po::value(&t.adam_beta2)->default_value(0.999), "Adam beta2")
-    ("adam-eps", po::value(&t.adam_eps)->default_value(1e-8), "Adam epsilon")
-    ("seed", po::value(&t.seed)->default_value(1234), "seed of initialization and data order")
-    ("dry-run", po::bool_switch(&t.dry_run), "print parameter count and memory estimate, then exit");
-  p.group("Data").add_options()
-    ("data-path", po::value(&o.data_path), "prefix of the HDF5 token shards made by tessera-preprocess (PREFIX_00000.h5, ...)")
-    ("split", po::value(&o.split)->default_value(o.split), "train,valid,test weights over the documents, in order (e.g. 949,50,1)")
-    ("mock-data", po::bool_switch(&o.mock_data), "train on synthetic Markov-chain data (the default when no --data-path is given)");
-  p.group("Checkpoints and evaluation").add_options()
-    ("save", po::value(&t.save), "directory for checkpoints (iter_NNNNNNN/ and latest_checkpointed_iteration.txt)")
-    ("save-interval", po::value(&t.save_interval)->default_value(0), "iterations between checkpoints (0: only at the end)")
-    ("keep-checkpoints", po::value(&t.keep_checkpoints)->default_value(0), "keep the newest N checkpoints (0: all)")
-    ("load", po::value(&o.load), "checkpoint directory to resume from (any TP/PP layout; resharded on load)")
-    ("finetune", po::bool_switch(&o.finetune), "with --load: take the model only; iteration, data position and optimizer start fresh")
-    ("exit-interval", po::value(&t.exit_interval)->default_value(0), "stop (after saving) once the iteration is divisible by this (0: never)")
-    ("exit-duration-in-mins", po::value(&t.exit_duration_mins)->default_value(0.0), "stop (after saving) once training has run this long (0: never)")
-    ("eval-interval", po::value(&t.eval_interval)->default_value(0), "iterations between evaluations on the validation data (0: none)")
-    ("eval-iters", po::value(&t.eval_iters)->default_value(10), "global batches per evaluation")
-    ("skip-train", po::bool_switch(&o.skip_train), "do not train: evaluate --eval-iters batches (after --load) and exit");
-  p.group("Logging and system").add_options()
-    ("log-interval", po::value(&t.log_interval)->default_value(10), "iterations between log lines")
-    ("log-level", po::value(&log_level)->default_value("info"), "debug | info | warning | error")
-    ("log-file", po::value(&o.log.file), "also append this rank's log to this file")
-    ("log-all-ranks", po::bool_switch(&o.log.all_ranks), "every rank prints, prefixed with its rank")
-    ("metrics-file", po::value(&t.metrics_file), "append one JSON line per logged iteration to this file")
-    ("peak-tflops", po::value(&t.peak_tflops)->default_value(0.0), "peak TFLOP/s per rank, to print MFU")
-    ("distributed-timeout-minutes", po::value(&t.distributed_timeout_minutes)->default_value(10.0), "no progress for this long (a rank died or hangs) ends the job with an error naming the rank (0: wait forever)")
-    ("threads", po::value(&o.threads)->default_value(0), "OpenMP/BLAS threads per rank (0: this rank's share of the cores in its affinity mask)")
-    ("device", po::value(&o.device)->default_value("cpu"), "cpu (the CUDA backend is not part of this build's trainer yet)");
+  p.group("Model").add_options()(
+      "num-layers", po::value(&m.num_layers)->default_value(m.num_layers), "transformer layers")(
+      "hidden-size", po::value(&m.hidden_size)->default_value(m.hidden_size), "hidden width")(
+      "num-attention-heads",
+      po::value(&m.num_attention_heads)->default_value(m.num_attention_heads),
+      "attention heads (must divide hidden-size)")("ffn-hidden-size",
+                                                   po::value(&m.ffn_hidden_size)->default_value(0),
+                                                   "MLP width (0: 4 * hidden-size)")(
+      "seq-length", po::value(&m.seq_length)->default_value(m.seq_length), "tokens per sample")(
+      "max-position-embeddings", po::value(&m.max_position_embeddings)->default_value(0),
+      "positions of the model (0: seq-length)")(
+      "vocab-size", po::value(&m.vocab_size)->default_value(0),
+      "vocabulary size (0: from the data's shards; 512 for mock data)")(
+      "make-vocab-size-divisible-by",
+      po::value(&m.make_vocab_size_divisible_by)->default_value(128),
+      "pad the vocabulary to a multiple of this times TP (padding is masked out of the loss)")(
+      "init-method-std", po::value(&m.init_method_std)->default_value(0.02),
+      "std of the normal init (residual projections use std/sqrt(2*layers))")(
+      "layernorm-epsilon", po::value(&m.layernorm_epsilon)->default_value(1e-5),
+      "LayerNorm epsilon");
+  p.group("Parallelism")
+      .add_options()("tensor-model-parallel-size", po::value(&o.tp)->default_value(1),
+                     "tensor-parallel ranks (consecutive ranks; keep them in one node)")(
+          "pipeline-model-parallel-size", po::value(&o.pp)->default_value(1),
+          "pipeline stages (layers split evenly); DP = world / (TP * PP)")(
+          "ddp-bucket-size", po::value(&t.ddp_bucket_size)->default_value(t.ddp_bucket_size),
+          "elements per data-parallel gradient all-reduce bucket");
+  p.group("Training")
+      .add_options()("micro-batch-size", po::value(&t.micro_batch_size)->default_value(1),
+                     "samples per micro-batch")("global-batch-size",
+                                                po::value(&t.global_batch_size)->default_value(0),
+                                                "samples per iteration (0: micro-batch-size * DP); "
+                                                "gradients accumulate over micro-batches")(
+          "train-iters", po::value(&t.train_iters)->default_value(0), "iterations to train")(
+          "lr", po::value(&t.lr)->default_value(1e-4), "peak learning rate")(
+          "min-lr", po::value(&t.min_lr)->default_value(0.0), "learning rate at the end of decay")(
+          "lr-decay-style", po::value(&t.lr_decay_style)->default_value("linear"),
+          "constant | linear | cosine")("lr-warmup-iters",
+                                        po::value(&t.lr_warmup_iters)->default_value(0),
+                                        "linear warm-up iterations")(
+          "lr-decay-iters", po::value(&t.lr_decay_iters)->default_value(0),
+          "iterations over which to decay (0: train-iters)")(
+          "weight-decay", po::value(&t.weight_decay)->default_value(0.01),
+          "decoupled weight decay for weight matrices and embeddings (not biases or LayerNorm)")(
+          "clip-grad", po::value(&t.clip_grad)->default_value(1.0),
+          "clip the global gradient norm to this (0: off)")(
+          "adam-beta1", po::value(&t.adam_beta1)->default_value(0.9), "Adam beta1")(
+          "adam-beta2", po::value(&t.adam_beta2)->default_value(0.999), "Adam beta2")(
+          "adam-eps", po::value(&t.adam_eps)->default_value(1e-8), "Adam epsilon")(
+          "seed", po::value(&t.seed)->default_value(1234), "seed of initialization and data order")(
+          "dry-run", po::bool_switch(&t.dry_run),
+          "print parameter count and memory estimate, then exit");
+  p.group("Data").add_options()(
+      "data-path", po::value(&o.data_path),
+      "prefix of the HDF5 token shards made by tessera-preprocess (PREFIX_00000.h5, ...)")(
+      "split", po::value(&o.split)->default_value(o.split),
+      "train,valid,test weights over the documents, in order (e.g. 949,50,1)")(
+      "mock-data", po::bool_switch(&o.mock_data),
+      "train on synthetic Markov-chain data (the default when no --data-path is given)");
+  p.group("Checkpoints and evaluation")
+      .add_options()(
+          "save", po::value(&t.save),
+          "directory for checkpoints (iter_NNNNNNN/ and latest_checkpointed_iteration.txt)")(
+          "save-interval", po::value(&t.save_interval)->default_value(0),
+          "iterations between checkpoints (0: only at the end)")(
+          "keep-checkpoints", po::value(&t.keep_checkpoints)->default_value(0),
+          "keep the newest N checkpoints (0: all)")(
+          "load", po::value(&o.load),
+          "checkpoint directory to resume from (any TP/PP layout; resharded on load)")(
+          "finetune", po::bool_switch(&o.finetune),
+          "with --load: take the model only; iteration, data position and optimizer start fresh")(
+          "exit-interval", po::value(&t.exit_interval)->default_value(0),
+          "stop (after saving) once the iteration is divisible by this (0: never)")(
+          "exit-duration-in-mins", po::value(&t.exit_duration_mins)->default_value(0.0),
+          "stop (after saving) once training has run this long (0: never)")(
+          "eval-interval", po::value(&t.eval_interval)->default_value(0),
+          "iterations between evaluations on the validation data (0: none)")(
+          "eval-iters", po::value(&t.eval_iters)->default_value(10),
+          "global batches per evaluation")(
+          "skip-train", po::bool_switch(&o.skip_train),
+          "do not train: evaluate --eval-iters batches (after --load) and exit");
+  p.group("Logging and system")
+      .add_options()("log-interval", po::value(&t.log_interval)->default_value(10),
+                     "iterations between log lines")("log-level",
+                                                     po::value(&log_level)->default_value("info"),
+                                                     "debug | info | warning | error")(
+          "log-file", po::value(&o.log.file), "also append this rank's log to this file")(
+          "log-all-ranks", po::bool_switch(&o.log.all_ranks),
+          "every rank prints, prefixed with its rank")(
+          "metrics-file", po::value(&t.metrics_file),
+          "append one JSON line per logged iteration to this file")(
+          "peak-tflops", po::value(&t.peak_tflops)->default_value(0.0),
+          "peak TFLOP/s per rank, to print MFU")(
+          "distributed-timeout-minutes",
+          po::value(&t.distributed_timeout_minutes)->default_value(10.0),
+          "no progress for this long (a rank died or hangs) ends the job with an error naming the "
+          "rank (0: wait forever)")(
+          "threads", po::value(&o.threads)->default_value(0),
+          "OpenMP/BLAS threads per rank (0: this rank's share of the cores in its affinity mask)")(
+          "device", po::value(&o.device)->default_value("cpu"),
+          "cpu (the CUDA backend is not part of this build's trainer yet)");
   if (!p.parse(argc, argv)) return false;
   o.log.level = log_level_from_name(log_level);
   if (o.device != "cpu")
@@ -95,9 +140,11 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   if (o.threads < 0)
     throw ConfigError(detail::concat("--threads=", o.threads, " is out of range (allowed: >= 0)"));
   if (o.tp < 1)
-    throw ConfigError(detail::concat("--tensor-model-parallel-size=", o.tp, " is out of range (allowed: >= 1)"));
+    throw ConfigError(
+        detail::concat("--tensor-model-parallel-size=", o.tp, " is out of range (allowed: >= 1)"));
   if (o.pp < 1)
-    throw ConfigError(detail::concat("--pipeline-model-parallel-size=", o.pp, " is out of range (allowed: >= 1)"));
+    throw ConfigError(detail::concat("--pipeline-model-parallel-size=", o.pp,
+                                     " is out of range (allowed: >= 1)"));
   if (o.finetune && o.load.empty()) throw ConfigError("--finetune needs --load");
   t.config_text = p.to_ini();
   GPTConfig check = m;
@@ -127,18 +174,19 @@ std::unique_ptr<TokenDataset> open_train_data(RunOptions& o) {
   if (o.model.vocab_size == 0) {
     o.model.vocab_size = vocab;
   } else if (o.model.vocab_size != vocab) {
-    throw ConfigError(detail::concat("--vocab-size=", o.model.vocab_size, " differs from the ", vocab,
-                                     " tokens of the tokenizer of --data-path '", o.data_path,
+    throw ConfigError(detail::concat("--vocab-size=", o.model.vocab_size, " differs from the ",
+                                     vocab, " tokens of the tokenizer of --data-path '",
+                                     o.data_path,
                                      "' (leave --vocab-size out to take it from the data)"));
   }
   o.model.validate();
   auto ds = std::make_unique<GPTDataset>(corpus, Split::Train, parse_split(o.split),
                                          o.model.seq_length, o.train.seed);
   if (ds->num_samples() == 0)
-    throw ConfigError("the train split of --data-path '" + o.data_path + "' (--split " + o.split +
-                      ") has no sample of --seq-length+1 = " + std::to_string(o.model.seq_length + 1) +
-                      " tokens: " + ds->describe() +
-                      "; give train a larger share or lower --seq-length");
+    throw ConfigError(
+        "the train split of --data-path '" + o.data_path + "' (--split " + o.split +
+        ") has no sample of --seq-length+1 = " + std::to_string(o.model.seq_length + 1) +
+        " tokens: " + ds->describe() + "; give train a larger share or lower --seq-length");
   return ds;
 }
 
@@ -202,16 +250,18 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
     int64_t local = 0;
     for (const auto& s : build_param_specs(o.model, shard)) local += s.numel();
     const int slots = pipeline_slots(layout.pp, stage, micro);
-    const double act = 4.0 * slots *
+    const double act =
+        4.0 * slots *
         activation_elems(o.model, shard, o.train.micro_batch_size, o.model.seq_length);
     const double p = 4.0 * local, g = 4.0 * local, adam = 8.0 * local;
     std::snprintf(buf, sizeof buf,
                   "stage %d (layers %d-%d%s%s): parameters per rank %lld | memory per rank (GiB): "
                   "parameters %.3f, gradients %.3f, optimizer state %.3f, activations %.3f "
                   "(%d micro-batch%s in flight), total %.3f\n",
-                  stage, shard.layer_begin, shard.layer_end - 1, shard.has_embedding ? ", embedding" : "",
-                  shard.has_head ? ", head" : "", (long long)local, gib(p), gib(g), gib(adam),
-                  gib(act), slots, slots == 1 ? "" : "es", gib(p + g + adam + act));
+                  stage, shard.layer_begin, shard.layer_end - 1,
+                  shard.has_embedding ? ", embedding" : "", shard.has_head ? ", head" : "",
+                  (long long)local, gib(p), gib(g), gib(adam), gib(act), slots,
+                  slots == 1 ? "" : "es", gib(p + g + adam + act));
     os << buf;
   }
   return os.str();

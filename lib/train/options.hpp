@@ -17,15 +17,15 @@ struct RunOptions {
   GPTConfig model;
   TrainConfig train;
   LogOptions log;
-  int tp = 1, pp = 1;         // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
-  int threads = 0;            // 0: this rank's share of the cores in its affinity mask
+  int tp = 1, pp = 1;  // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
+  int threads = 0;     // 0: this rank's share of the cores in its affinity mask
   std::string device = "cpu";
-  bool mock_data = false;     // synthetic data; also the source when no --data-path is given
-  std::string data_path;      // prefix of HDF5 token shards
+  bool mock_data = false;  // synthetic data; also the source when no --data-path is given
+  std::string data_path;   // prefix of HDF5 token shards
   std::string split = "969,30,1";
-  std::string load;           // checkpoint directory to start from
-  bool finetune = false;      // --load the model only: iteration, data and optimizer start fresh
-  bool skip_train = false;    // evaluate (after --load) and exit
+  std::string load;         // checkpoint directory to start from
+  bool finetune = false;    // --load the model only: iteration, data and optimizer start fresh
+  bool skip_train = false;  // evaluate (after --load) and exit
 };
 
 // Parses argv (and --config). Returns false when --help was printed. Throws ConfigError for an

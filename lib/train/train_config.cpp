@@ -8,7 +8,8 @@ namespace tessera {
 void TrainConfig::validate(int dp_size) const {
   using detail::concat;
   if (micro_batch_size <= 0)
-    throw ConfigError(concat("--micro-batch-size=", micro_batch_size, " is out of range (allowed: >= 1)"));
+    throw ConfigError(
+        concat("--micro-batch-size=", micro_batch_size, " is out of range (allowed: >= 1)"));
   if (global_batch_size < 0)
     throw ConfigError(concat("--global-batch-size=", global_batch_size,
                              " is out of range (allowed: >= 1, or 0 for micro-batch * DP)"));
@@ -21,18 +22,22 @@ void TrainConfig::validate(int dp_size) const {
     throw ConfigError(concat("--train-iters=", train_iters, " is out of range (allowed: >= 0)"));
   if (!(lr >= 0)) throw ConfigError(concat("--lr=", lr, " is out of range (allowed: >= 0)"));
   if (!(min_lr >= 0 && min_lr <= lr))
-    throw ConfigError(concat("--min-lr=", min_lr, " is out of range (allowed: 0 <= min-lr <= --lr=", lr, ")"));
+    throw ConfigError(
+        concat("--min-lr=", min_lr, " is out of range (allowed: 0 <= min-lr <= --lr=", lr, ")"));
   if (lr_decay_style != "constant" && lr_decay_style != "linear" && lr_decay_style != "cosine")
     throw ConfigError("--lr-decay-style=" + lr_decay_style +
                       " is not a style (allowed: constant, linear, cosine)");
   if (lr_warmup_iters < 0)
-    throw ConfigError(concat("--lr-warmup-iters=", lr_warmup_iters, " is out of range (allowed: >= 0)"));
+    throw ConfigError(
+        concat("--lr-warmup-iters=", lr_warmup_iters, " is out of range (allowed: >= 0)"));
   if (lr_decay_iters < 0)
-    throw ConfigError(concat("--lr-decay-iters=", lr_decay_iters, " is out of range (allowed: >= 0)"));
+    throw ConfigError(
+        concat("--lr-decay-iters=", lr_decay_iters, " is out of range (allowed: >= 0)"));
   if (!(weight_decay >= 0))
     throw ConfigError(concat("--weight-decay=", weight_decay, " is out of range (allowed: >= 0)"));
   if (!(clip_grad >= 0))
-    throw ConfigError(concat("--clip-grad=", clip_grad, " is out of range (allowed: >= 0, 0 = off)"));
+    throw ConfigError(
+        concat("--clip-grad=", clip_grad, " is out of range (allowed: >= 0, 0 = off)"));
   if (!(adam_beta1 >= 0 && adam_beta1 < 1))
     throw ConfigError(concat("--adam-beta1=", adam_beta1, " is out of range (allowed: [0, 1))"));
   if (!(adam_beta2 >= 0 && adam_beta2 < 1))
@@ -42,17 +47,20 @@ void TrainConfig::validate(int dp_size) const {
   if (log_interval <= 0)
     throw ConfigError(concat("--log-interval=", log_interval, " is out of range (allowed: >= 1)"));
   if (ddp_bucket_size <= 0)
-    throw ConfigError(concat("--ddp-bucket-size=", ddp_bucket_size, " is out of range (allowed: >= 1)"));
+    throw ConfigError(
+        concat("--ddp-bucket-size=", ddp_bucket_size, " is out of range (allowed: >= 1)"));
   if (eval_interval < 0 || eval_iters < 0)
     throw ConfigError(concat("--eval-interval=", eval_interval, " / --eval-iters=", eval_iters,
                              " are out of range (allowed: >= 0)"));
   if (save_interval < 0)
-    throw ConfigError(concat("--save-interval=", save_interval, " is out of range (allowed: >= 0)"));
+    throw ConfigError(
+        concat("--save-interval=", save_interval, " is out of range (allowed: >= 0)"));
   if (exit_interval < 0 || !(exit_duration_mins >= 0))
     throw ConfigError(concat("--exit-interval=", exit_interval, " / --exit-duration-in-mins=",
                              exit_duration_mins, " are out of range (allowed: >= 0)"));
   if (keep_checkpoints < 0)
-    throw ConfigError(concat("--keep-checkpoints=", keep_checkpoints, " is out of range (allowed: >= 0)"));
+    throw ConfigError(
+        concat("--keep-checkpoints=", keep_checkpoints, " is out of range (allowed: >= 0)"));
   if (!(peak_tflops >= 0))
     throw ConfigError(concat("--peak-tflops=", peak_tflops, " is out of range (allowed: >= 0)"));
 }

@@ -16,23 +16,23 @@ struct TrainConfig {
   int64_t lr_warmup_iters = 0;
   int64_t lr_decay_iters = 0;  // 0: train_iters
   double weight_decay = 0.01;
-  double clip_grad = 1.0;      // 0: no clipping
+  double clip_grad = 1.0;  // 0: no clipping
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   uint64_t seed = 1234;
   int log_interval = 10;
-  std::string metrics_file;    // JSONL, one line per logged iteration; empty: none
+  std::string metrics_file;           // JSONL, one line per logged iteration; empty: none
   int64_t ddp_bucket_size = 4 << 20;  // elements per data-parallel all-reduce bucket
-  double peak_tflops = 0;      // per rank, for MFU in the log; 0: MFU not printed
+  double peak_tflops = 0;             // per rank, for MFU in the log; 0: MFU not printed
   bool dry_run = false;
   // Evaluation: every eval_interval iterations (0: never), eval_iters global batches of the
   // validation data, the same samples each time.
   int64_t eval_interval = 0;
   int64_t eval_iters = 10;
   // Checkpoints.
-  std::string save;            // directory; empty: no checkpoints
-  int64_t save_interval = 0;   // 0: only at the end of training
-  int keep_checkpoints = 0;    // keep the newest N (0: all)
-  std::string config_text;     // the run's options (INI), stored in every checkpoint
+  std::string save;           // directory; empty: no checkpoints
+  int64_t save_interval = 0;  // 0: only at the end of training
+  int keep_checkpoints = 0;   // keep the newest N (0: all)
+  std::string config_text;    // the run's options (INI), stored in every checkpoint
   // Stopping early (Megatron's): after an iteration divisible by exit_interval, or once
   // exit_duration_mins have passed; both save a checkpoint first when --save is set.
   int64_t exit_interval = 0;

@@ -1,16 +1,16 @@
 // trainer.cpp: the training loop over the process grid.
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
-#include <algorithm>
+#include <cstring>
 
+#include "checkpoint/checkpoint.hpp"
 #include "core/logging.hpp"
 #include "core/timer.hpp"
-#include "checkpoint/checkpoint.hpp"
 #include "train/watchdog.hpp"
 
 namespace tessera {
@@ -30,24 +30,30 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
                              " is not divisible by --tensor-model-parallel-size=", tp,
                              " (allowed TP: a divisor of ", cfg.num_attention_heads, ")"));
   if (cfg.ffn() % tp != 0)
-    throw ConfigError(concat("--ffn-hidden-size=", cfg.ffn(), " is not divisible by --tensor-model-parallel-size=", tp));
+    throw ConfigError(concat("--ffn-hidden-size=", cfg.ffn(),
+                             " is not divisible by --tensor-model-parallel-size=", tp));
   if (cfg.num_layers % pp != 0)
     throw ConfigError(concat("--num-layers=", cfg.num_layers,
                              " is not divisible by --pipeline-model-parallel-size=", pp,
                              " (allowed PP: a divisor of ", cfg.num_layers, ")"));
   if (cfg.padded_vocab_size(tp) % tp != 0)
-    throw ConfigError(concat("padded vocabulary ", cfg.padded_vocab_size(tp), " is not divisible by TP ", tp));
+    throw ConfigError(
+        concat("padded vocabulary ", cfg.padded_vocab_size(tp), " is not divisible by TP ", tp));
   const int g = t.global_batch(dp);
   if (g % (t.micro_batch_size * dp) != 0)
-    throw ConfigError(concat("--global-batch-size=", g, " is not divisible by --micro-batch-size=",
-                             t.micro_batch_size, " x data-parallel size ", dp, " = ",
-                             t.micro_batch_size * dp, " (allowed: multiples of ",
-                             t.micro_batch_size * dp, ")"));
+    throw ConfigError(concat("--global-batch-size=", g,
+                             " is not divisible by --micro-batch-size=", t.micro_batch_size,
+                             " x data-parallel size ", dp, " = ", t.micro_batch_size * dp,
+                             " (allowed: multiples of ", t.micro_batch_size * dp, ")"));
 }
 
 Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backend& backend,
                  TokenDataset& data, const ParallelContext& ctx)
-    : model_cfg_(model_cfg), cfg_(train_cfg), be_(backend), data_(data), ctx_(ctx),
+    : model_cfg_(model_cfg),
+      cfg_(train_cfg),
+      be_(backend),
+      data_(data),
+      ctx_(ctx),
       schedule_(train_cfg.lr, train_cfg.min_lr, train_cfg.lr_warmup_iters,
                 train_cfg.lr_decay_iters > 0 ? train_cfg.lr_decay_iters : train_cfg.train_iters,
                 train_cfg.lr_decay_style) {
@@ -56,7 +62,8 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   validate_layout(model_cfg_, cfg_, ctx_.tp_size, ctx_.pp_size, ctx_.dp_size);
   TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "dataset sequence length ",
                 data.seq_length(), " differs from --seq-length ", model_cfg_.seq_length);
-  model_ = std::make_unique<GPTModel>(model_cfg_, make_model_shard(model_cfg_, ctx_), be_, *ctx_.tp);
+  model_ =
+      std::make_unique<GPTModel>(model_cfg_, make_model_shard(model_cfg_, ctx_), be_, *ctx_.tp);
   model_->init_parameters(cfg_.seed);
   optimizer_ = std::make_unique<AdamW>(model_->params(), be_, cfg_.adam_beta1, cfg_.adam_beta2,
                                        cfg_.adam_eps, cfg_.weight_decay);
@@ -83,7 +90,8 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
       }
     }
     ctx_.world->all_reduce_f64(&bad, 1, ReduceOp::Max);
-    if (bad) throw ConfigError(ctx_.world_rank == 0 ? why : "--save is not usable (reported by rank 0)");
+    if (bad)
+      throw ConfigError(ctx_.world_rank == 0 ? why : "--save is not usable (reported by rank 0)");
   }
   if (!cfg_.metrics_file.empty() && ctx_.world_rank == 0) {
     metrics_.open(cfg_.metrics_file, std::ios::app);
@@ -99,7 +107,8 @@ int64_t Trainer::first_sample(int64_t consumed) const {
 
 void Trainer::load_batch(StepStats& st) {
   const int64_t G = cfg_.global_batch(ctx_.dp_size);
-  prefetch_->fetch(first_sample(consumed_samples_), batch_.data(), first_sample(consumed_samples_ + G));
+  prefetch_->fetch(first_sample(consumed_samples_), batch_.data(),
+                   first_sample(consumed_samples_ + G));
   st.data_wait_seconds = prefetch_->take_wait_seconds();
 }
 
@@ -179,8 +188,10 @@ void Trainer::run_micro_batches(bool with_backward, float grad_scale, StepStats&
   if (with_backward) {
     for (const PipeStep& p : schedule_steps_) {
       Activations& a = slots_[p.micro % slots_.size()];
-      if (p.forward) forward_micro(p.micro, a, grad_scale, st);
-      else backward_micro(p.micro, a, st);
+      if (p.forward)
+        forward_micro(p.micro, a, grad_scale, st);
+      else
+        backward_micro(p.micro, a, st);
     }
   } else {  // forward only: every stage runs the micro-batches in order
     for (int m = 0; m < num_micro_batches(); ++m)
@@ -218,7 +229,8 @@ StepStats Trainer::train_step() {
   // gradient is scaled by the same 1/N (the loss is the mean over the global batch).
   const double tokens = count_loss_tokens();
   st.loss_tokens = static_cast<int64_t>(tokens);
-  TESSERA_CHECK(st.loss_tokens > 0, "iteration ", st.iteration, ": the global batch has no loss tokens");
+  TESSERA_CHECK(st.loss_tokens > 0, "iteration ", st.iteration,
+                ": the global batch has no loss tokens");
   const float grad_scale = static_cast<float>(1.0 / tokens);
 
   model_->zero_grads();
@@ -237,9 +249,9 @@ StepStats Trainer::train_step() {
   st.loss = loss / tokens;
   st.grad_norm = std::sqrt(grad_norm_squared());
   if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
-    throw Error(detail::concat("iteration ", st.iteration, ": loss is ", st.loss,
-                               " and grad norm is ", st.grad_norm,
-                               "; training stopped (lower --lr, raise --lr-warmup-iters or set --clip-grad)"));
+    throw Error(detail::concat(
+        "iteration ", st.iteration, ": loss is ", st.loss, " and grad norm is ", st.grad_norm,
+        "; training stopped (lower --lr, raise --lr-warmup-iters or set --clip-grad)"));
   clip_grads(model_->params(), be_, st.grad_norm, cfg_.clip_grad);
   st.lr = schedule_.lr(st.iteration);
   optimizer_->step(st.lr);
@@ -305,7 +317,8 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
                     (long long)s.iteration, l, std::exp(std::min(l, 700.0)));
       TLOG(info) << line;
       if (metrics_.is_open())
-        metrics_ << "{\"iteration\": " << s.iteration << ", \"valid_lm_loss\": " << l << "}\n" << std::flush;
+        metrics_ << "{\"iteration\": " << s.iteration << ", \"valid_lm_loss\": " << l << "}\n"
+                 << std::flush;
       if (on_progress) on_progress(s.iteration);
     }
     if (!cfg_.save.empty() && cfg_.save_interval > 0 && s.iteration % cfg_.save_interval == 0)
@@ -316,27 +329,30 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
     ctx_.world->all_reduce_f64(&sig, 1, ReduceOp::Max);
     if (sig > 0) {
       stopped_by_signal_ = static_cast<int>(sig);
-      TLOG(info) << "received signal " << stopped_by_signal_ << " (" << (stopped_by_signal_ == SIGUSR1 ? "SIGUSR1" : "SIGTERM")
+      TLOG(info) << "received signal " << stopped_by_signal_ << " ("
+                 << (stopped_by_signal_ == SIGUSR1 ? "SIGUSR1" : "SIGTERM")
                  << "): stopping after iteration " << s.iteration
-                 << (cfg_.save.empty() ? " (no --save: nothing is saved)" : ", saving a checkpoint");
+                 << (cfg_.save.empty() ? " (no --save: nothing is saved)"
+                                       : ", saving a checkpoint");
       if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
       return all;
     }
     bool exit_now = cfg_.exit_interval > 0 && s.iteration % cfg_.exit_interval == 0;
     if (cfg_.exit_duration_mins > 0) {  // rank 0's clock decides, so every rank stops together
-      double over = ctx_.world_rank == 0 && since_start.seconds() >= cfg_.exit_duration_mins * 60 ? 1 : 0;
+      double over =
+          ctx_.world_rank == 0 && since_start.seconds() >= cfg_.exit_duration_mins * 60 ? 1 : 0;
       ctx_.world->all_reduce_f64(&over, 1, ReduceOp::Max);
       exit_now = exit_now || over > 0;
     }
     if (exit_now && s.iteration < cfg_.train_iters) {
-      TLOG(info) << "exiting at iteration " << s.iteration << " (--exit-interval / --exit-duration-in-mins)";
+      TLOG(info) << "exiting at iteration " << s.iteration
+                 << " (--exit-interval / --exit-duration-in-mins)";
       break;
     }
   }
   if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
   return all;
 }
-
 
 // ---- checkpoints ------------------------------------------------------------------------------
 
@@ -365,14 +381,16 @@ void Trainer::save_checkpoint(const std::string& dir) {
     }
   }
   ctx_.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
-  if (failed) throw Error(ctx_.world_rank == 0 ? error : "checkpoint directory set-up failed on rank 0");
+  if (failed)
+    throw Error(ctx_.world_rank == 0 ? error : "checkpoint directory set-up failed on rank 0");
   // DP replicas hold the same state: data-parallel rank 0 of each (tp, pp) writes its file.
   if (ctx_.dp_rank == 0) {
     try {
       const char* fault = std::getenv("TESSERA_FAULT_SAVE_RANK");  // testing: fail this rank's save
       int fault_rank = -1;
       long long fault_iter = 0;
-      if (fault) std::sscanf(fault, "%d:%lld", &fault_rank, &fault_iter);  // "RANK[:FROM_ITERATION]"
+      if (fault)
+        std::sscanf(fault, "%d:%lld", &fault_rank, &fault_iter);  // "RANK[:FROM_ITERATION]"
       const int fail_after = fault_rank == ctx_.world_rank && iteration_ >= fault_iter ? 3 : -1;
       ParamStore& ps = model_->params();
       ShardTensors tensors{&ps.specs(), ps.flat_params().f32(), optimizer_->exp_avg().f32(),
@@ -389,8 +407,10 @@ void Trainer::save_checkpoint(const std::string& dir) {
   ctx_.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
   if (ctx_.world_rank == 0) {
     try {
-      if (failed) abandon_checkpoint_dir(dir, iteration_);
-      else commit_checkpoint_dir(dir, iteration_, cfg_.keep_checkpoints);
+      if (failed)
+        abandon_checkpoint_dir(dir, iteration_);
+      else
+        commit_checkpoint_dir(dir, iteration_, cfg_.keep_checkpoints);
     } catch (const std::exception& e) {
       failed = 2;
       error = e.what();
@@ -417,8 +437,10 @@ void Trainer::load_checkpoint(const std::string& dir, bool model_only) {
   for (const ParamSpec& s : ps.specs()) {
     r.read_slice("model", s, ps.param(s).f32());
     if (optimizer) {
-      r.read_slice("optimizer/exp_avg", s, optimizer_->exp_avg().view(s.flat_offset, s.local_shape).f32());
-      r.read_slice("optimizer/exp_avg_sq", s, optimizer_->exp_avg_sq().view(s.flat_offset, s.local_shape).f32());
+      r.read_slice("optimizer/exp_avg", s,
+                   optimizer_->exp_avg().view(s.flat_offset, s.local_shape).f32());
+      r.read_slice("optimizer/exp_avg_sq", s,
+                   optimizer_->exp_avg_sq().view(s.flat_offset, s.local_shape).f32());
     }
   }
   if (!optimizer) {
@@ -438,13 +460,15 @@ void Trainer::load_checkpoint(const std::string& dir, bool model_only) {
   TLOG(info) << "loaded checkpoint " << r.path() << " (iteration " << m.iteration
              << ", consumed samples " << m.consumed_samples << ", saved at TP " << m.tp_size
              << " x PP " << m.pp_size << " x DP " << m.dp_size
-             << (same ? "" : "; resharded on load to TP " + std::to_string(ctx_.tp_size) + " x PP " +
-                                 std::to_string(ctx_.pp_size))
+             << (same ? ""
+                      : "; resharded on load to TP " + std::to_string(ctx_.tp_size) + " x PP " +
+                            std::to_string(ctx_.pp_size))
              << (m.has_optimizer ? "" : "; no optimizer state in it: Adam starts from zero")
              << (model_only ? "; model only: iteration, data and optimizer start fresh" : "")
              << ") in " << t.seconds() << " s";
   if (!m.has_optimizer && !model_only)
-    TLOG(warning) << "checkpoint " << r.path() << " holds no optimizer state; Adam moments start at zero";
+    TLOG(warning) << "checkpoint " << r.path()
+                  << " holds no optimizer state; Adam moments start at zero";
 }
 
 }  // namespace tessera

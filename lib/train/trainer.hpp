@@ -24,8 +24,8 @@ namespace tessera {
 
 struct StepStats {
   int64_t iteration = 0;
-  double loss = 0;        // sum of token losses / loss tokens of the global batch
-  double grad_norm = 0;   // before clipping
+  double loss = 0;       // sum of token losses / loss tokens of the global batch
+  double grad_norm = 0;  // before clipping
   double lr = 0;
   double seconds = 0;
   int64_t loss_tokens = 0;
@@ -103,7 +103,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradReducer> reducer_;
   LrSchedule schedule_;
-  std::vector<Activations> slots_;          // one per micro-batch in flight on this stage
+  std::vector<Activations> slots_;                 // one per micro-batch in flight on this stage
   std::vector<std::unique_ptr<PendingOp>> sends_;  // per slot: the last send from its buffers
   std::vector<PipeStep> schedule_steps_;
   std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step

@@ -12,7 +12,9 @@ namespace tessera {
 
 namespace {
 volatile std::sig_atomic_t g_signal = 0;
-void on_stop_signal(int sig) { g_signal = sig; }  // only a flag: a second signal changes nothing
+void on_stop_signal(int sig) {
+  g_signal = sig;
+}  // only a flag: a second signal changes nothing
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -29,7 +31,9 @@ void install_stop_signals() {
   sigaction(SIGUSR1, &sa, nullptr);
 }
 
-int stop_signal() { return g_signal; }
+int stop_signal() {
+  return g_signal;
+}
 
 Watchdog::Watchdog(double timeout_minutes, MPI_Comm world) : timeout_s_(timeout_minutes * 60) {
   if (timeout_s_ <= 0) return;
@@ -97,8 +101,9 @@ void Watchdog::run() {
                    "rank 0 (%s): error: no progress for %.1f minutes after iteration %lld "
                    "(--distributed-timeout-minutes); %s; ending the job\n",
                    host, idle / 60, (long long)iteration_.load(),
-                   silent.empty() ? "every rank still answers, so a collective is stuck"
-                                  : ("rank(s) " + silent + " stopped answering (dead or hung)").c_str());
+                   silent.empty()
+                       ? "every rank still answers, so a collective is stuck"
+                       : ("rank(s) " + silent + " stopped answering (dead or hung)").c_str());
     } else {
       std::fprintf(stderr,
                    "rank %d (%s): error: no progress for %.1f minutes after iteration %lld "

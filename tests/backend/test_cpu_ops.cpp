@@ -24,7 +24,8 @@ namespace {
 
 using Vec = std::vector<double>;
 
-// ---- helpers -------------------------------------------------------------------------------------
+// ---- helpers
+// -------------------------------------------------------------------------------------
 
 // Central-difference step and the tolerances used for every finite-difference gradient check.
 constexpr double kFdEps = 1e-6;
@@ -103,7 +104,8 @@ struct OmpThreadsGuard {
   ~OmpThreadsGuard() { omp_set_num_threads(saved); }
 };
 
-// ---- matmul --------------------------------------------------------------------------------------
+// ---- matmul
+// --------------------------------------------------------------------------------------
 
 TEST(CpuMatmul, ForwardMatchesNaive) {
   std::mt19937_64 gen(1);
@@ -153,7 +155,8 @@ TEST(CpuMatmul, BackwardFiniteDifference) {
   expect_fd_close(dw, add(dw0, add(dw_fd, dw_fd)), "dweight (second accumulation)");
 }
 
-// ---- layernorm -----------------------------------------------------------------------------------
+// ---- layernorm
+// -----------------------------------------------------------------------------------
 
 TEST(CpuLayernorm, ForwardHandComputed) {
   const Vec x = {1, 2, 3, 4}, w = {1, 1, 1, 1}, b = {0, 0, 0, 0};
@@ -197,7 +200,8 @@ TEST(CpuLayernorm, BackwardFiniteDifferenceAccumulates) {
   expect_fd_close(db, add(db0, db_fd), "dbias");
 }
 
-// ---- gelu ----------------------------------------------------------------------------------------
+// ---- gelu
+// ----------------------------------------------------------------------------------------
 
 TEST(CpuGelu, ForwardHandComputed) {
   const Vec x = {1.0, -0.5};
@@ -235,7 +239,8 @@ TEST(CpuGelu, BackwardFiniteDifference) {
   for (int64_t i = 0; i < N; ++i) EXPECT_EQ(inplace[i], dx[i]) << "i=" << i;
 }
 
-// ---- embeddings ----------------------------------------------------------------------------------
+// ---- embeddings
+// ----------------------------------------------------------------------------------
 
 // A shard holding global rows [row_begin, row_begin + rows); ids include ones below and above it,
 // and repeats.
@@ -324,7 +329,8 @@ TEST(CpuPositionEmbedding, BackwardFiniteDifference) {
   for (int64_t i = T * C; i < Tmax * C; ++i) EXPECT_EQ(dwpe[i], dwpe0[i]) << "unused row, i=" << i;
 }
 
-// ---- attention -----------------------------------------------------------------------------------
+// ---- attention
+// -----------------------------------------------------------------------------------
 
 // Forward through the flash-style kernel with freshly sized scratch. qkv (B,T,3,NH,hd).
 template <typename T>
@@ -459,7 +465,8 @@ TEST(CpuAttention, BackwardFiniteDifference) {
   }
 }
 
-// ---- cross-entropy -------------------------------------------------------------------------------
+// ---- cross-entropy
+// -------------------------------------------------------------------------------
 
 struct XentResult {
   Vec losses, grad;
@@ -509,8 +516,10 @@ TEST(CpuCrossEntropy, ChainFiniteDifferenceWithPaddingAndIgnoredRow) {
   std::vector<size_t> valid_idx;
   for (int64_t n = 0; n < N; ++n)
     for (int64_t j = 0; j < V; ++j) {
-      if (j >= valid) logits[n * V + j] = 1e30;  // padding: must never be read
-      else valid_idx.push_back(n * V + j);
+      if (j >= valid)
+        logits[n * V + j] = 1e30;  // padding: must never be read
+      else
+        valid_idx.push_back(n * V + j);
     }
 
   auto loss = [&] { return sum(xent_chain(logits, targets, N, V, valid, col_begin).losses); };
@@ -527,7 +536,8 @@ TEST(CpuCrossEntropy, ChainFiniteDifferenceWithPaddingAndIgnoredRow) {
   for (int64_t n = 0; n < N; ++n) {
     EXPECT_EQ(r.losses[n], rz.losses[n]) << "row " << n;
     EXPECT_TRUE(std::isfinite(r.losses[n])) << "row " << n;
-    for (int64_t j = valid; j < V; ++j) EXPECT_EQ(r.grad[n * V + j], 0.0) << "n=" << n << " j=" << j;
+    for (int64_t j = valid; j < V; ++j)
+      EXPECT_EQ(r.grad[n * V + j], 0.0) << "n=" << n << " j=" << j;
   }
   EXPECT_EQ(r.losses[kIgnored], 0.0);
   for (int64_t j = 0; j < V; ++j) EXPECT_EQ(r.grad[kIgnored * V + j], 0.0) << "j=" << j;
@@ -548,7 +558,8 @@ TEST(CpuCrossEntropy, ChainFiniteDifferenceWithPaddingAndIgnoredRow) {
   expect_all_close(rs.grad, quarter, 1e-15, 1e-17, "grad with grad_scale 0.25");
 }
 
-// ---- optimizer -----------------------------------------------------------------------------------
+// ---- optimizer
+// -----------------------------------------------------------------------------------
 
 TEST(CpuAdamW, OneStepMatchesPyTorch) {
   // lr 0.1, betas 0.9/0.999, eps 1e-8, wd 0.1, p = 1, g = 0.5, step 1:
@@ -591,7 +602,8 @@ TEST(CpuAdamW, SeveralStepsMatchReference) {
   expect_all_close(v, rv, 1e-14, 0.0, "v");
 }
 
-// ---- reductions and elementwise helpers ----------------------------------------------------------
+// ---- reductions and elementwise helpers
+// ----------------------------------------------------------
 
 TEST(CpuSumSquares, MatchesNaiveAndIsThreadCountInvariant) {
   OmpThreadsGuard guard;

@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
     H5Fclose(f);
     return rc < 0 ? 1 : 0;
   }
-  std::fprintf(stderr, "usage: test_checkpoint_tool set-version FILE N | flip-byte FILE DATASET | drop-model FILE\n");
+  std::fprintf(stderr,
+               "usage: test_checkpoint_tool set-version FILE N | flip-byte FILE DATASET | "
+               "drop-model FILE\n");
   return 2;
 }

@@ -41,9 +41,12 @@ TEST(Safetensors, WriteThenReadFollowsTheFormat) {
   EXPECT_EQ(bytes.size(), 8 + n + 4 * (6 + 5));
   const std::string header = bytes.substr(8, n);
   EXPECT_NE(header.find("\"__metadata__\":{\"format\":\"pt\"}"), std::string::npos) << header;
-  EXPECT_NE(header.find("\"transformer.h.0.attn.c_attn.weight\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}"),
-            std::string::npos) << header;
-  EXPECT_NE(header.find("\"lm.bias\":{\"dtype\":\"F32\",\"shape\":[5],\"data_offsets\":[24,44]}"), std::string::npos);
+  EXPECT_NE(header.find("\"transformer.h.0.attn.c_attn.weight\":{\"dtype\":\"F32\",\"shape\":[2,3],"
+                        "\"data_offsets\":[0,24]}"),
+            std::string::npos)
+      << header;
+  EXPECT_NE(header.find("\"lm.bias\":{\"dtype\":\"F32\",\"shape\":[5],\"data_offsets\":[24,44]}"),
+            std::string::npos);
   SafetensorsReader r(path);
   EXPECT_EQ(r.entries().size(), 2u);
   EXPECT_EQ(r.entries().at("lm.bias").shape, (Shape{5}));
@@ -55,8 +58,9 @@ TEST(Safetensors, WriteThenReadFollowsTheFormat) {
 
 TEST(Safetensors, ReadsHalfPrecisionAndRejectsDamage) {
   const std::string path = "/tmp/tessera_test16.safetensors";
-  std::string header = "{\"x\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]},"
-                       "\"y\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[4,6]}}";
+  std::string header =
+      "{\"x\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]},"
+      "\"y\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[4,6]}}";
   while (header.size() % 8) header += ' ';
   std::string file(8, '\0');
   const uint64_t n = header.size();

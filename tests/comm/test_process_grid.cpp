@@ -11,11 +11,14 @@ TEST(GridLayout, MegatronSixteenRanksTp2Pp4) {
   // The example of Megatron-LM's initialize_model_parallel docstring: 16 GPUs, TP 2, PP 4.
   const GridLayout g = GridLayout::make(16, 2, 4);
   EXPECT_EQ(g.dp, 2);
-  EXPECT_EQ(g.tp_groups(), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
-  EXPECT_EQ(g.dp_groups(), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(g.tp_groups(),
+            (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(g.dp_groups(),
+            (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
   EXPECT_EQ(g.pp_groups(), (Groups{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}));
   EXPECT_EQ(g.embedding_groups(), (Groups{{0, 12}, {1, 13}, {2, 14}, {3, 15}}));
-  EXPECT_EQ(g.model_parallel_groups(), (Groups{{0, 1, 4, 5, 8, 9, 12, 13}, {2, 3, 6, 7, 10, 11, 14, 15}}));
+  EXPECT_EQ(g.model_parallel_groups(),
+            (Groups{{0, 1, 4, 5, 8, 9, 12, 13}, {2, 3, 6, 7, 10, 11, 14, 15}}));
   const GridCoords c = g.coords(13);  // 13 = tp 1 + 2 * (dp 0 + 2 * pp 3)
   EXPECT_EQ(c.tp, 1);
   EXPECT_EQ(c.dp, 0);

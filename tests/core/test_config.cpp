@@ -62,8 +62,10 @@ TEST(Config, BadInputNamesTheOption) {
   EXPECT_NE(error_of({"--micro-batch-size", "0"}).find("--micro-batch-size=0"), std::string::npos);
   EXPECT_NE(error_of({"--global-batch-size", "6", "--micro-batch-size", "4"}).find("multiple"),
             std::string::npos);
-  EXPECT_NE(error_of({"--lr-decay-style", "step"}).find("constant, linear, cosine"), std::string::npos);
-  EXPECT_NE(error_of({"--config", "/nonexistent/x.ini"}).find("/nonexistent/x.ini"), std::string::npos);
+  EXPECT_NE(error_of({"--lr-decay-style", "step"}).find("constant, linear, cosine"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--config", "/nonexistent/x.ini"}).find("/nonexistent/x.ini"),
+            std::string::npos);
   EXPECT_NE(error_of({"--num-layers", "abc"}).find("num-layers"), std::string::npos);
   const std::string ini = write_ini("hidden-sise = 64\n");
   const std::string bad_key = error_of({"--config", ini});

@@ -51,7 +51,7 @@ TEST(DType, F16KnownValues) {
   EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
   EXPECT_EQ(f32_to_f16(-2.0f), 0xc000);
   EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);
-  EXPECT_EQ(f32_to_f16(1e6f), 0x7c00);            // overflow to inf
+  EXPECT_EQ(f32_to_f16(1e6f), 0x7c00);                    // overflow to inf
   EXPECT_EQ(f32_to_f16(5.960464477539063e-08f), 0x0001);  // smallest subnormal
   EXPECT_EQ(f16_to_f32(0x0001), 5.960464477539063e-08f);
   EXPECT_EQ(f16_to_f32(0x3555), 0.333251953125f);
@@ -63,11 +63,14 @@ TEST(DType, F16KnownValues) {
 
 TEST(Rng, PhiloxKnownAnswers) {
   // Known-answer vectors of Philox4x32-10 from the Random123 distribution.
-  EXPECT_EQ(philox4x32({0, 0, 0, 0}, 0, 0), (Philox4{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
-  EXPECT_EQ(philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, 0xffffffffu, 0xffffffffu),
-            (Philox4{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
-  EXPECT_EQ(philox4x32({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0xa4093822u, 0x299f31d0u),
-            (Philox4{0xd16cfe09u, 0x94fdcceBu, 0x5001e420u, 0x24126ea1u}));
+  EXPECT_EQ(philox4x32({0, 0, 0, 0}, 0, 0),
+            (Philox4{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
+  EXPECT_EQ(
+      philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, 0xffffffffu, 0xffffffffu),
+      (Philox4{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
+  EXPECT_EQ(
+      philox4x32({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0xa4093822u, 0x299f31d0u),
+      (Philox4{0xd16cfe09u, 0x94fdcceBu, 0x5001e420u, 0x24126ea1u}));
 }
 
 TEST(Rng, NormalHasUnitMoments) {
@@ -91,8 +94,12 @@ TEST(Rng, NormalHasUnitMoments) {
 #include "core/hdf5_check.hpp"
 
 namespace {
-int failing_mpi_call() { return MPI_ERR_COUNT; }
-herr_t failing_hdf5_call() { return -1; }
+int failing_mpi_call() {
+  return MPI_ERR_COUNT;
+}
+herr_t failing_hdf5_call() {
+  return -1;
+}
 }  // namespace
 
 TEST(Errors, CheckMacrosNameExpressionFileAndLine) {

@@ -41,7 +41,8 @@ class DataPipeline : public ::testing::Test {
     std::ofstream out(dir_ + "/corpus.jsonl");
     for (int i = 0; i < 60; ++i) {
       std::string text = "Document " + std::to_string(i) + ": \\\"quoted\\\" caf\\u00e9 ";
-      for (int k = 0; k <= i % 7; ++k) text += "the quick brown fox " + std::to_string(i * k) + ". ";
+      for (int k = 0; k <= i % 7; ++k)
+        text += "the quick brown fox " + std::to_string(i * k) + ". ";
       out << "{\"id\": " << i << ", \"text\": \"" << text << "\", \"meta\": {\"a\": [1, 2]}}\n";
       docs_.push_back(text);
     }
@@ -199,7 +200,9 @@ TEST_F(DataPipeline, BadInputsNameTheFileAndLeaveNoOutput) {
     run("bad", 1);
     FAIL() << "a line without the key was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("corpus.jsonl:2: no string member \"text\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("corpus.jsonl:2: no string member \"text\""),
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -216,7 +219,8 @@ TEST_F(DataPipeline, DamagedShardsGiveClearErrors) {
   ASSERT_EQ(error_of(dir_ + "/c"), "");
   // Missing shard in the middle.
   std::rename((dir_ + "/c_00001.h5").c_str(), (dir_ + "/c_00001.h5.bak").c_str());
-  EXPECT_NE(error_of(dir_ + "/c").find("c_00001.h5 is missing"), std::string::npos) << error_of(dir_ + "/c");
+  EXPECT_NE(error_of(dir_ + "/c").find("c_00001.h5 is missing"), std::string::npos)
+      << error_of(dir_ + "/c");
   std::rename((dir_ + "/c_00001.h5.bak").c_str(), (dir_ + "/c_00001.h5").c_str());
   // Truncated shard.
   const std::string s0 = dir_ + "/c_00000.h5";

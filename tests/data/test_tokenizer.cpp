@@ -28,9 +28,9 @@ std::vector<int32_t> reference_ids(const std::string& text) {
   EXPECT_GE(fd, 0);
   close(fd);
   std::ofstream(path, std::ios::binary) << text;
-  const std::string cmd = "node -e 'const fs=require(\"fs\"); const {encode}=require(\"" + kVocabDir +
-                          "/Encoder.js\"); console.log(encode(fs.readFileSync(\"" + path +
-                          "\",\"utf8\")).join(\" \"))'";
+  const std::string cmd = "node -e 'const fs=require(\"fs\"); const {encode}=require(\"" +
+                          kVocabDir + "/Encoder.js\"); console.log(encode(fs.readFileSync(\"" +
+                          path + "\",\"utf8\")).join(\" \"))'";
   FILE* p = popen(cmd.c_str(), "r");
   EXPECT_NE(p, nullptr);
   std::string out;
@@ -80,7 +80,8 @@ TEST(Tokenizer, MatchesReferenceEncoderOnTrickyText) {
       "Emoji 🎉🚀 👍🏽 family: 👨‍👩‍👧!",
       "...!!!??? (a) [b] {c} <d> --e-- @f #g $h %i ^j &k *l ~m `n` |o| \\p",
       "def f(x):\n    return x**2  # a comment\n\n\nclass A:\n\tpass\n",
-      "The quick brown fox jumps over the lazy dog. THE QUICK BROWN FOX! antidisestablishmentarianism",
+      "The quick brown fox jumps over the lazy dog. THE QUICK BROWN FOX! "
+      "antidisestablishmentarianism",
   };
   for (const std::string& c : cases) {
     const std::vector<int32_t> want = reference_ids(c);
@@ -95,10 +96,21 @@ TEST(Tokenizer, RoundTripsRandomUtf8AndInvalidBytes) {
   std::mt19937 g(7);
   auto utf8 = [](uint32_t cp) {
     std::string o;
-    if (cp < 0x80) o += char(cp);
-    else if (cp < 0x800) { o += char(0xC0 | (cp >> 6)); o += char(0x80 | (cp & 0x3F)); }
-    else if (cp < 0x10000) { o += char(0xE0 | (cp >> 12)); o += char(0x80 | ((cp >> 6) & 0x3F)); o += char(0x80 | (cp & 0x3F)); }
-    else { o += char(0xF0 | (cp >> 18)); o += char(0x80 | ((cp >> 12) & 0x3F)); o += char(0x80 | ((cp >> 6) & 0x3F)); o += char(0x80 | (cp & 0x3F)); }
+    if (cp < 0x80)
+      o += char(cp);
+    else if (cp < 0x800) {
+      o += char(0xC0 | (cp >> 6));
+      o += char(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      o += char(0xE0 | (cp >> 12));
+      o += char(0x80 | ((cp >> 6) & 0x3F));
+      o += char(0x80 | (cp & 0x3F));
+    } else {
+      o += char(0xF0 | (cp >> 18));
+      o += char(0x80 | ((cp >> 12) & 0x3F));
+      o += char(0x80 | ((cp >> 6) & 0x3F));
+      o += char(0x80 | (cp & 0x3F));
+    }
     return o;
   };
   for (int trial = 0; trial < 200; ++trial) {
@@ -107,10 +119,18 @@ TEST(Tokenizer, RoundTripsRandomUtf8AndInvalidBytes) {
     for (int i = 0; i < n; ++i) {
       uint32_t cp;
       switch (std::uniform_int_distribution<int>(0, 3)(g)) {
-        case 0: cp = std::uniform_int_distribution<uint32_t>(0x20, 0x7E)(g); break;
-        case 1: cp = std::uniform_int_distribution<uint32_t>(0x80, 0x7FF)(g); break;
-        case 2: cp = std::uniform_int_distribution<uint32_t>(0x800, 0xD7FF)(g); break;
-        default: cp = std::uniform_int_distribution<uint32_t>(0x10000, 0x10FFFF)(g); break;
+        case 0:
+          cp = std::uniform_int_distribution<uint32_t>(0x20, 0x7E)(g);
+          break;
+        case 1:
+          cp = std::uniform_int_distribution<uint32_t>(0x80, 0x7FF)(g);
+          break;
+        case 2:
+          cp = std::uniform_int_distribution<uint32_t>(0x800, 0xD7FF)(g);
+          break;
+        default:
+          cp = std::uniform_int_distribution<uint32_t>(0x10000, 0x10FFFF)(g);
+          break;
       }
       s += utf8(cp);
     }
@@ -132,8 +152,9 @@ TEST(Tokenizer, BadVocabularyFilesNameTheFile) {
     }
     return "";
   };
-  EXPECT_NE(error_of("/no/such/encoder.json", kVocabDir + "/vocab.bpe").find("/no/such/encoder.json"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of("/no/such/encoder.json", kVocabDir + "/vocab.bpe").find("/no/such/encoder.json"),
+      std::string::npos);
   const std::string bad = "/tmp/tessera_bad_encoder.json";
   std::ofstream(bad) << "{\"a\": 1, \"b\": }";
   const std::string e = error_of(bad, kVocabDir + "/vocab.bpe");

@@ -18,7 +18,8 @@ TEST(Sampling, GreedyTopKAndTopP) {
   EXPECT_EQ(sample_token(logits, 5, o, 0.99), 1);
   o.temperature = 1.0;
   o.top_k = 1;
-  for (double u : {0.0, 0.5, 0.999}) EXPECT_EQ(sample_token(logits, 5, o, u), 1) << "top-k 1 is greedy";
+  for (double u : {0.0, 0.5, 0.999})
+    EXPECT_EQ(sample_token(logits, 5, o, u), 1) << "top-k 1 is greedy";
   o.top_k = 2;  // only indices 1 and 3 (equal logits): u < 0.5 -> 1, else 3
   EXPECT_EQ(sample_token(logits, 5, o, 0.25), 1);
   EXPECT_EQ(sample_token(logits, 5, o, 0.75), 3);

@@ -1,5 +1,6 @@
-// test_gpt.cpp: the GPT-2 model against an independent double-precision reference: loss, whole-model
-// gradients by finite differences, initialization by global index, and vocabulary padding.
+// test_gpt.cpp: the GPT-2 model against an independent double-precision reference: loss,
+// whole-model gradients by finite differences, initialization by global index, and vocabulary
+// padding.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,8 +12,8 @@
 #include "reference_gpt.hpp"
 
 using namespace tessera;
-using tessera::testing::RefParams;
 using tessera::testing::reference_loss;
+using tessera::testing::RefParams;
 
 namespace {
 
@@ -120,7 +121,8 @@ TEST(GPT, WholeModelGradientsMatchFiniteDifferences) {
   double max_grad = 0;
   for (const ParamSpec& s : model.params().specs()) {
     const Tensor gr = model.params().grad(s);
-    for (int64_t i = 0; i < gr.numel(); ++i) max_grad = std::max(max_grad, (double)std::fabs(gr.f32()[i]));
+    for (int64_t i = 0; i < gr.numel(); ++i)
+      max_grad = std::max(max_grad, (double)std::fabs(gr.f32()[i]));
   }
   ASSERT_GT(max_grad, 1e-3);
   for (const ParamSpec& s : model.params().specs()) {
@@ -139,8 +141,7 @@ TEST(GPT, WholeModelGradientsMatchFiniteDifferences) {
       p[i] = orig;
       const double fd = padding ? 0.0 : (lp - lm) / (2 * eps);
       const double got = gr.f32()[i];
-      EXPECT_NEAR(got, fd, 2e-4 * max_grad + 2e-3 * std::fabs(fd))
-          << s.name << "[" << i << "]";
+      EXPECT_NEAR(got, fd, 2e-4 * max_grad + 2e-3 * std::fabs(fd)) << s.name << "[" << i << "]";
       if (padding) {
         EXPECT_EQ(got, 0.0f) << "padding row of wte got a gradient";
       }
@@ -173,7 +174,8 @@ TEST(GPT, InitIsKeyedByGlobalIndexAndFollowsGpt2) {
   EXPECT_EQ(m.params().param("layers.0.ln1.weight").f32()[5], 1.0f);
   EXPECT_EQ(m.params().param("layers.0.attn.qkv.bias").f32()[5], 0.0f);
   const Tensor wte = m.params().param("wte");
-  for (int64_t i = cfg.vocab_size * cfg.hidden_size; i < wte.numel(); ++i) ASSERT_EQ(wte.f32()[i], 0.f);
+  for (int64_t i = cfg.vocab_size * cfg.hidden_size; i < wte.numel(); ++i)
+    ASSERT_EQ(wte.f32()[i], 0.f);
 
   // A tensor-parallel shard draws exactly its slice of the global tensor.
   for (const ParamSpec& full : m.params().specs()) {

@@ -18,7 +18,8 @@ namespace {
 void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
   ASSERT_EQ(got.numel(), want.numel()) << what;
   double max_abs = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) max_abs = std::max(max_abs, (double)std::fabs(want.f32()[i]));
+  for (int64_t i = 0; i < want.numel(); ++i)
+    max_abs = std::max(max_abs, (double)std::fabs(want.f32()[i]));
   ASSERT_GT(max_abs, 0.0) << what << " is all zeros";
   for (int64_t i = 0; i < want.numel(); ++i)
     ASSERT_NEAR(got.f32()[i], want.f32()[i], tol * max_abs) << what << " element " << i;
@@ -80,10 +81,12 @@ TEST(TensorParallel, EveryLayerMatchesTheSingleRankLayer) {
     const Tensor gp = par.params().grad(s), gr = ref.params().grad(s.name);
     Tensor want({s.numel()});
     double max_abs = 0;
-    for (int64_t i = 0; i < gr.numel(); ++i) max_abs = std::max(max_abs, (double)std::fabs(gr.f32()[i]));
-    const int64_t ref_row = ref.params().spec(s.name).global_shape.size() > 1
-                                ? shape_numel(Shape(s.global_shape.begin() + 1, s.global_shape.end()))
-                                : 1;
+    for (int64_t i = 0; i < gr.numel(); ++i)
+      max_abs = std::max(max_abs, (double)std::fabs(gr.f32()[i]));
+    const int64_t ref_row =
+        ref.params().spec(s.name).global_shape.size() > 1
+            ? shape_numel(Shape(s.global_shape.begin() + 1, s.global_shape.end()))
+            : 1;
     for (int64_t i = 0; i < s.numel(); ++i) {
       int64_t gi = global_element_index(s, i);
       // wte: global rows past the single-rank padding have no counterpart (and are padding).

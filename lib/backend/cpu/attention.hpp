@@ -51,8 +51,8 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int6
         for (int64_t j = t + 1; j < cols; ++j) s[j] = 0;
         lse[(b * NH + h) * Tn + t] = m + std::log(sum);
       }
-      gemm(false, false, rows, hd, cols, T(1), S, cols, v, C3, T(0), out + (b * Tn + t0) * C + h * hd,
-           C);
+      gemm(false, false, rows, hd, cols, T(1), S, cols, v, C3, T(0),
+           out + (b * Tn + t0) * C + h * hd, C);
     }
   }
 }

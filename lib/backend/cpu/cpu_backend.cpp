@@ -1,4 +1,5 @@
-// cpu_backend.cpp: the reference backend: the templated kernels of backend/cpu/ on f32 host tensors.
+// cpu_backend.cpp: the reference backend: the templated kernels of backend/cpu/ on f32 host
+// tensors.
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -14,8 +15,12 @@ namespace tessera {
 
 namespace {
 
-int64_t rows_of(const Tensor& t) { return t.numel() / t.shape().back(); }
-int64_t cols_of(const Tensor& t) { return t.shape().back(); }
+int64_t rows_of(const Tensor& t) {
+  return t.numel() / t.shape().back();
+}
+int64_t cols_of(const Tensor& t) {
+  return t.shape().back();
+}
 
 void expect_cpu_f32(const Tensor& t, const char* what) {
   TESSERA_CHECK(t.defined(), what, " is undefined");
@@ -34,7 +39,8 @@ class CpuBackend final : public Backend {
   void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table,
                          int64_t row_begin) override {
     expect_cpu_f32(out, "embedding output");
-    TESSERA_CHECK(ids.numel() == rows_of(out) && cols_of(table) == cols_of(out), "embedding shapes");
+    TESSERA_CHECK(ids.numel() == rows_of(out) && cols_of(table) == cols_of(out),
+                  "embedding shapes");
     cpu::embedding_forward(out.f32(), ids.i32(), table.f32(), ids.numel(), cols_of(out), row_begin,
                            rows_of(table));
   }
@@ -77,14 +83,15 @@ class CpuBackend final : public Backend {
     TESSERA_CHECK(cols_of(weight) == IC && out.numel() == N * OC && (!bias || bias->numel() == OC),
                   "matmul shapes: inp ", shape_str(inp.shape()), " weight ",
                   shape_str(weight.shape()), " out ", shape_str(out.shape()));
-    cpu::matmul_forward(out.f32(), inp.f32(), weight.f32(), bias ? bias->f32() : nullptr, N, IC, OC);
+    cpu::matmul_forward(out.f32(), inp.f32(), weight.f32(), bias ? bias->f32() : nullptr, N, IC,
+                        OC);
   }
   void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
                        const Tensor& inp, const Tensor& weight) override {
     const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
-    TESSERA_CHECK(dout.numel() == N * OC && dweight.numel() == OC * IC &&
-                      (!dinp || dinp->numel() == N * IC),
-                  "matmul backward shapes");
+    TESSERA_CHECK(
+        dout.numel() == N * OC && dweight.numel() == OC * IC && (!dinp || dinp->numel() == N * IC),
+        "matmul backward shapes");
     cpu::matmul_backward(dinp ? dinp->f32() : nullptr, dweight.f32(),
                          dbias ? dbias->f32() : nullptr, dout.f32(), inp.f32(), weight.f32(), N, IC,
                          OC);
@@ -112,12 +119,14 @@ class CpuBackend final : public Backend {
     TESSERA_CHECK(k_cache.ndim() == 4 && k_cache.dim(1) == heads, "kv cache shape ",
                   shape_str(k_cache.shape()));
     const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2);
-    TESSERA_CHECK(cols_of(qkv) == 3 * heads * hd && cols_of(out) == heads * hd, "kv attention shapes");
+    TESSERA_CHECK(cols_of(qkv) == 3 * heads * hd && cols_of(out) == heads * hd,
+                  "kv attention shapes");
     for (const KvSegment& s : segments)
       TESSERA_CHECK(s.slot >= 0 && s.slot < k_cache.dim(0) && s.pos0 + s.count <= Tmax &&
                         s.row0 + s.count <= rows_of(qkv),
                     "kv attention segment outside the cache or the rows");
-    cpu::kv_attention(out.f32(), qkv.f32(), k_cache.f32(), v_cache.f32(), segments, heads, hd, Tmax);
+    cpu::kv_attention(out.f32(), qkv.f32(), k_cache.f32(), v_cache.f32(), segments, heads, hd,
+                      Tmax);
   }
 
   void gelu_forward(Tensor& out, const Tensor& inp) override {
@@ -153,9 +162,9 @@ class CpuBackend final : public Backend {
 
   void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& h,
                   double weight_decay, int64_t step) override {
-    TESSERA_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() &&
-                      v.numel() == param.numel(),
-                  "adamw shapes");
+    TESSERA_CHECK(
+        grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(),
+        "adamw shapes");
     cpu::adamw_step(param.f32(), grad.f32(), m.f32(), v.f32(), param.numel(), h.lr, h.beta1,
                     h.beta2, h.eps, weight_decay, step);
   }
@@ -174,6 +183,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>();
+}
 
 }  // namespace tessera

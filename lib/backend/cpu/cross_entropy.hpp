@@ -39,8 +39,8 @@ void xent_row_sums(T* sumexp, T* target_logit, const T* logits, const T* rowmax,
   }
 }
 
-// losses (N) = log(sumexp) + rowmax - target_logit (0 for ignored rows); logits are overwritten with
-// dloss/dlogits * grad_scale, where grad_scale is 1 / (loss tokens in the global batch).
+// losses (N) = log(sumexp) + rowmax - target_logit (0 for ignored rows); logits are overwritten
+// with dloss/dlogits * grad_scale, where grad_scale is 1 / (loss tokens in the global batch).
 template <typename T>
 void xent_loss_and_grad(T* losses, T* logits, const T* rowmax, const T* sumexp,
                         const T* target_logit, const int32_t* targets, int64_t N, int64_t V,

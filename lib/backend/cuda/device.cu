@@ -24,7 +24,9 @@ std::string device_description(int index) {
   return buf;
 }
 
-void set_device(int index) { CUDA_CHECK(cudaSetDevice(index)); }
+void set_device(int index) {
+  CUDA_CHECK(cudaSetDevice(index));
+}
 
 namespace {
 class DeviceAllocator final : public Allocator {
