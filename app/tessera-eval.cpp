@@ -39,13 +39,8 @@ class FirstSamples final : public TokenDataset {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::unique_ptr<MpiRuntime> mpi;
-  try {
-    mpi = std::make_unique<MpiRuntime>(&argc, &argv);
-  } catch (const std::exception& e) {
-    abort_job(std::string("MPI start-up failed: ") + e.what());
-  }
-  const bool root = mpi->world_rank() == 0;
+  MpiRuntime mpi(&argc, &argv);
+  const bool root = mpi.world_rank() == 0;
   std::string load, data_path, split = "969,30,1", which = "valid";
   int tp = 1, pp = 1, mbs = 4, threads = 0;
   try {

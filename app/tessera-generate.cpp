@@ -40,13 +40,8 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::unique_ptr<MpiRuntime> mpi;
-  try {
-    mpi = std::make_unique<MpiRuntime>(&argc, &argv);
-  } catch (const std::exception& e) {
-    abort_job(std::string("MPI start-up failed: ") + e.what());
-  }
-  const bool root = mpi->world_rank() == 0;
+  MpiRuntime mpi(&argc, &argv);
+  const bool root = mpi.world_rank() == 0;
   std::string load, vocab = "data/gpt2/encoder.json", merges = "data/gpt2/vocab.bpe", prompt_file;
   std::vector<std::string> prompts_text, prompt_ids;
   GenerationOptions g;

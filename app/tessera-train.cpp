@@ -20,13 +20,8 @@
 using namespace tessera;
 
 int main(int argc, char** argv) {
-  std::unique_ptr<MpiRuntime> mpi;
-  try {
-    mpi = std::make_unique<MpiRuntime>(&argc, &argv);
-  } catch (const std::exception& e) {
-    abort_job(std::string("MPI start-up failed: ") + e.what());
-  }
-  const bool root = mpi->world_rank() == 0;
+  MpiRuntime mpi(&argc, &argv);
+  const bool root = mpi.world_rank() == 0;
   RunOptions opts;
   try {
     // Every rank parses and validates the same input; only rank 0 reports, all exit 2.
@@ -35,7 +30,7 @@ int main(int argc, char** argv) {
     const bool evaluating = opts.skip_train || opts.train.eval_interval > 0;
     std::unique_ptr<TokenDataset> valid = evaluating ? open_valid_data(opts) : nullptr;
     if (opts.train.dry_run) {
-      if (root) std::cout << dry_run_report(opts, mpi->world_size());
+      if (root) std::cout << dry_run_report(opts, mpi.world_size());
       return 0;
     }
     ProcessGrid grid(opts.tp, opts.pp);

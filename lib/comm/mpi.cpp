@@ -11,17 +11,21 @@
 namespace tessera {
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
-  int initialized = 0;
-  MPI_CHECK(MPI_Initialized(&initialized));
-  if (!initialized) {
-    int provided = 0;
-    // MULTIPLE: the watchdog thread sends heartbeats while the main thread is in a collective.
-    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
-    owns_ = true;
+  try {
+    int initialized = 0;
+    MPI_CHECK(MPI_Initialized(&initialized));
+    if (!initialized) {
+      int provided = 0;
+      // MULTIPLE: the watchdog thread sends heartbeats while the main thread is in a collective.
+      MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+      owns_ = true;
+    }
+    MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  } catch (const std::exception& e) {
+    abort_job(std::string("MPI start-up failed: ") + e.what());
   }
-  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
-  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
-  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
 }
 
 MpiRuntime::~MpiRuntime() {
