@@ -58,7 +58,6 @@ class Trainer {
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_samples_; }
   int num_micro_batches() const { return cfg_.num_micro_batches(ctx_.dp_size); }
-  const GradReducer& grad_reducer() const { return *reducer_; }
 
   // Runs one iteration on the next global batch; every rank returns the same loss and norm.
   // Throws Error naming the iteration when the loss or the gradient norm is not finite.
