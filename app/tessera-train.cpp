@@ -74,7 +74,12 @@ int main(int argc, char** argv) {
       TLOG(info) << line;
       return 0;
     }
-    trainer.train(valid.get());
+    try {
+      trainer.train(valid.get());
+    } catch (const std::exception& e) {
+      // End the job before the trainer's destructors wait on transfers peers will never match.
+      abort_job(e.what());
+    }
     if (trainer.stopped_by_signal())
       TLOG(info) << "stopped by signal " << trainer.stopped_by_signal() << " after "
                  << trainer.iteration() << " iterations, " << trainer.consumed_samples()

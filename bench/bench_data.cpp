@@ -10,9 +10,9 @@
 #include <fstream>
 
 #include "backend/backend.hpp"
+#include "core/hdf5_handle.hpp"
 #include "core/json.hpp"
 #include "core/timer.hpp"
-#include "core/hdf5_handle.hpp"
 #include "data/gpt_dataset.hpp"
 #include "data/preprocess.hpp"
 #include "train/options.hpp"
@@ -91,8 +91,8 @@ int main(int argc, char** argv) {
       wait += s.data_wait_seconds;
     }
     // Start-up on 10^9 tokens: a shard whose /tokens (10^9, chunked) holds no written chunks (reads
-    // give the fill value), with 2M documents of 500 tokens: the loader reads doc_offsets and builds
-    // the first epoch's permutation, which is all the start-up work there is.
+    // give the fill value), with 2M documents of 500 tokens: the loader reads doc_offsets and
+    // builds the first epoch's permutation, which is all the start-up work there is.
     const int64_t big_tokens = 1000000000, big_docs = 2000000;
     {
       const std::string path = tmp + "/big_00000.h5";
@@ -102,10 +102,12 @@ int main(int argc, char** argv) {
       H5Pset_chunk(pl, 1, &chunk);
       H5Dclose(H5Dcreate2(f, "tokens", H5T_STD_U16LE, sp, H5P_DEFAULT, pl, H5P_DEFAULT));
       std::vector<uint64_t> offs(big_docs + 1);
-      for (int64_t i = 0; i <= big_docs; ++i) offs[i] = static_cast<uint64_t>(i) * (big_tokens / big_docs);
+      for (int64_t i = 0; i <= big_docs; ++i)
+        offs[i] = static_cast<uint64_t>(i) * (big_tokens / big_docs);
       hsize_t nd = offs.size();
       hid_t sp2 = H5Screate_simple(1, &nd, nullptr);
-      hid_t ds = H5Dcreate2(f, "doc_offsets", H5T_STD_U64LE, sp2, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      hid_t ds =
+          H5Dcreate2(f, "doc_offsets", H5T_STD_U64LE, sp2, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
       H5Dwrite(ds, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offs.data());
       H5Dclose(ds);
       h5_write_attr(f, "vocab_size", int64_t(50257));

@@ -452,8 +452,11 @@ void commit_checkpoint_dir(const std::string& save_dir, int64_t iteration, int k
     if (std::rename(final_dir.c_str(), old.c_str()) != 0)
       throw Error("cannot move aside '" + final_dir + "': " + std::strerror(errno));
   }
-  if (std::rename(tmp.c_str(), final_dir.c_str()) != 0)
-    throw Error("cannot rename '" + tmp + "' to '" + final_dir + "': " + std::strerror(errno));
+  if (std::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::rename((final_dir + ".old").c_str(), final_dir.c_str());  // put the previous one back
+    throw Error("cannot rename '" + tmp + "' to '" + final_dir + "': " + why);
+  }
   fsync_path(save_dir);
   const std::string latest = save_dir + "/latest_checkpointed_iteration.txt";
   {

@@ -56,7 +56,10 @@ void Prefetcher::fetch(int64_t first, int32_t* out, int64_t next_first) {
   std::unique_lock<std::mutex> lock(mu_);
   if (want_ == first) {  // requested earlier: wait for the background read to complete
     cv_.wait(lock, [&] { return have_ == first && !busy_; });
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    if (error_) {
+      want_ = have_ = -1;  // the buffer is partly filled: never hand it out
+      std::rethrow_exception(std::exchange(error_, nullptr));
+    }
     std::memcpy(out, buffer_.data(), buffer_.size() * sizeof(int32_t));
   } else {
     cv_.wait(lock, [this] { return !busy_; });  // the buffer is ours to reuse after this

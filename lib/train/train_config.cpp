@@ -52,6 +52,10 @@ void TrainConfig::validate(int dp_size) const {
   if (eval_interval < 0 || eval_iters < 0)
     throw ConfigError(concat("--eval-interval=", eval_interval, " / --eval-iters=", eval_iters,
                              " are out of range (allowed: >= 0)"));
+  if (eval_interval > 0 && eval_iters < 1)
+    throw ConfigError(concat("--eval-iters=", eval_iters,
+                             " evaluates nothing; with --eval-interval=", eval_interval,
+                             " it must be >= 1"));
   if (save_interval < 0)
     throw ConfigError(
         concat("--save-interval=", save_interval, " is out of range (allowed: >= 0)"));

@@ -93,9 +93,14 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
     if (bad)
       throw ConfigError(ctx_.world_rank == 0 ? why : "--save is not usable (reported by rank 0)");
   }
-  if (!cfg_.metrics_file.empty() && ctx_.world_rank == 0) {
-    metrics_.open(cfg_.metrics_file, std::ios::app);
-    if (!metrics_)
+  {  // rank 0 writes the metrics; a file it cannot open is every rank's configuration error
+    double bad = 0;
+    if (!cfg_.metrics_file.empty() && ctx_.world_rank == 0) {
+      metrics_.open(cfg_.metrics_file, std::ios::app);
+      bad = metrics_ ? 0 : 1;
+    }
+    ctx_.world->all_reduce_f64(&bad, 1, ReduceOp::Max);
+    if (bad)
       throw ConfigError("--metrics-file '" + cfg_.metrics_file +
                         "' cannot be opened for appending; check the directory exists");
   }
@@ -214,6 +219,7 @@ double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters)
     tokens += count_loss_tokens();
     run_micro_batches(false, 0.0f, st);
     loss += (ctx_.last_stage() && ctx_.tp_rank == 0) ? loss_sum_ : 0.0;
+    if (on_progress) on_progress(iteration_);
   }
   ctx_.world->all_reduce_f64(&loss, 1, ReduceOp::Sum);
   TESSERA_CHECK(tokens > 0, "evaluation over no loss tokens");

@@ -55,7 +55,11 @@ Watchdog::~Watchdog() {
   }
   cv_.notify_all();
   thread_.join();
-  // Heartbeats still in flight to rank 0 are dropped with the communicator.
+  // A heartbeat rank 0 never received is cancelled, then dropped with the communicator.
+  if (beat_req_ != MPI_REQUEST_NULL) {
+    MPI_Cancel(&beat_req_);
+    MPI_Request_free(&beat_req_);
+  }
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
@@ -73,10 +77,12 @@ void Watchdog::run() {
     const double t = now_s();
     if (heartbeats_) {
       if (rank_ != 0) {
-        int64_t it = iteration_;
-        MPI_Request req;
-        MPI_Isend(&it, 1, MPI_INT64_T, 0, kTagBeat, comm_, &req);
-        MPI_Request_free(&req);
+        int done = 1;
+        if (beat_req_ != MPI_REQUEST_NULL) MPI_Test(&beat_req_, &done, MPI_STATUS_IGNORE);
+        if (done) {
+          beat_ = iteration_;
+          MPI_Isend(&beat_, 1, MPI_INT64_T, 0, kTagBeat, comm_, &beat_req_);
+        }
       } else {
         last_beat[0] = t;
         int flag = 1;

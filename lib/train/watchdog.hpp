@@ -42,6 +42,8 @@ class Watchdog {
   std::atomic<double> last_progress_{0};
   std::atomic<int64_t> iteration_{0};
   std::atomic<bool> stop_{false};
+  int64_t beat_ = 0;  // the heartbeat in flight (its buffer must live on)
+  MPI_Request beat_req_ = MPI_REQUEST_NULL;
   std::mutex mu_;
   std::condition_variable cv_;
   std::thread thread_;

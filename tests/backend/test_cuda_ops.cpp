@@ -80,7 +80,8 @@ TEST_F(CudaOps, MatmulForwardBackward) {
   expect_close(yd, y, 1e-5, "matmul out");
   Tensor dx({N, IC}), dw = Tensor::zeros({OC, IC}), db = Tensor::zeros({OC});
   cpu_->matmul_backward(&dx, dw, &db, dy, x, w);
-  Tensor dxd = poisoned({N, IC}), dwd = dev(Tensor::zeros({OC, IC})), dbd = dev(Tensor::zeros({OC}));
+  Tensor dxd = poisoned({N, IC}), dwd = dev(Tensor::zeros({OC, IC})),
+         dbd = dev(Tensor::zeros({OC}));
   Tensor dyd = dev(dy);
   gpu_->matmul_backward(&dxd, dwd, &dbd, dyd, xd, wd);
   expect_close(dxd, dx, 1e-5, "dinp");
@@ -93,7 +94,8 @@ TEST_F(CudaOps, LayerNormGeluAdd) {
   Tensor x = rand({N, C}), w = rand({C}), b = rand({C}), dy = rand({N, C});
   Tensor y({N, C}), m({N}), r({N});
   cpu_->layernorm_forward(y, m, r, x, w, b, 1e-5);
-  Tensor yd = poisoned({N, C}), md = poisoned({N}), rd = poisoned({N}), xd = dev(x), wd = dev(w), bd = dev(b);
+  Tensor yd = poisoned({N, C}), md = poisoned({N}), rd = poisoned({N}), xd = dev(x), wd = dev(w),
+         bd = dev(b);
   gpu_->layernorm_forward(yd, md, rd, xd, wd, bd, 1e-5);
   expect_close(yd, y, 1e-5, "layernorm out");
   expect_close(rd, r, 1e-5, "rstd");
@@ -102,7 +104,8 @@ TEST_F(CudaOps, LayerNormGeluAdd) {
   dx.copy_from(base);
   Tensor dw = Tensor::zeros({C}), db = Tensor::zeros({C});
   cpu_->layernorm_backward(dx, dw, db, dy, x, w, m, r);
-  Tensor dxd = dev(base), dwd = dev(Tensor::zeros({C})), dbd = dev(Tensor::zeros({C})), dyd = dev(dy);
+  Tensor dxd = dev(base), dwd = dev(Tensor::zeros({C})), dbd = dev(Tensor::zeros({C})),
+         dyd = dev(dy);
   gpu_->layernorm_backward(dxd, dwd, dbd, dyd, xd, wd, md, rd);
   expect_close(dxd, dx, 1e-5, "layernorm dinp (accumulated)");
   expect_close(dwd, dw, 1e-5, "layernorm dweight");
@@ -151,7 +154,8 @@ TEST_F(CudaOps, EmbeddingsAndCrossEntropy) {
   targets.i32()[4] = -1;
   const int64_t valid = 35, col = 7;
   Tensor mx({N}), se({N}), tl({N}), loss({N});
-  Tensor lgd = dev(logits), tgd = dev(targets), mxd = poisoned({N}), sed = poisoned({N}), tld = poisoned({N}), lossd = poisoned({N});
+  Tensor lgd = dev(logits), tgd = dev(targets), mxd = poisoned({N}), sed = poisoned({N}),
+         tld = poisoned({N}), lossd = poisoned({N});
   cpu_->xent_row_max(mx, logits, valid);
   cpu_->xent_row_sums(se, tl, logits, mx, targets, valid, col);
   cpu_->xent_loss_and_grad(loss, logits, mx, se, tl, targets, valid, col, 0.25f);
@@ -182,9 +186,11 @@ TEST_F(CudaOps, KvAttentionMatchesCpu) {
   const int64_t H = 2, hd = 7, Tmax = 20, slots = 3, rows = 9;
   Tensor qkv = rand({rows, 3 * H * hd});
   std::vector<Backend::KvSegment> segs = {{0, 0, 6, 0}, {2, 0, 2, 6}, {1, 0, 1, 8}};
-  Tensor kc = Tensor::zeros({slots, H, Tmax, hd}), vc = Tensor::zeros({slots, H, Tmax, hd}), out({rows, H * hd});
+  Tensor kc = Tensor::zeros({slots, H, Tmax, hd}), vc = Tensor::zeros({slots, H, Tmax, hd}),
+         out({rows, H * hd});
   cpu_->kv_attention(out, qkv, kc, vc, segs, H);
-  Tensor qd = dev(qkv), kcd = dev(Tensor::zeros({slots, H, Tmax, hd})), vcd = dev(Tensor::zeros({slots, H, Tmax, hd}));
+  Tensor qd = dev(qkv), kcd = dev(Tensor::zeros({slots, H, Tmax, hd})),
+         vcd = dev(Tensor::zeros({slots, H, Tmax, hd}));
   Tensor od = poisoned({rows, H * hd});
   gpu_->kv_attention(od, qd, kcd, vcd, segs, H);
   expect_close(od, out, 1e-5, "kv attention");

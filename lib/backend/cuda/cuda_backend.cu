@@ -17,11 +17,17 @@ namespace tessera {
 namespace {
 
 constexpr int kThreads = 256;
-inline int blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+inline int blocks_for(int64_t n) {
+  return static_cast<int>((n + kThreads - 1) / kThreads);
+}
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
-int64_t rows_of(const Tensor& t) { return t.numel() / t.shape().back(); }
-int64_t cols_of(const Tensor& t) { return t.shape().back(); }
+int64_t rows_of(const Tensor& t) {
+  return t.numel() / t.shape().back();
+}
+int64_t cols_of(const Tensor& t) {
+  return t.shape().back();
+}
 
 void expect_device(const Tensor& t, const char* what) {
   TESSERA_CHECK(t.defined() && t.device() == Device::CUDA, what, " must be a CUDA tensor");
@@ -63,7 +69,8 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* ids, const f
   const int64_t r = static_cast<int64_t>(ids[n]) - row_begin;
   out[i] = (r >= 0 && r < rows) ? table[r * C + c] : 0.f;
 }
-// One thread per channel walks the tokens in order: each table entry has one writer (deterministic).
+// One thread per channel walks the tokens in order: each table entry has one writer
+// (deterministic).
 __global__ void embedding_backward_kernel(float* dtable, const float* dout, const int32_t* ids,
                                           int64_t N, int64_t C, int64_t row_begin, int64_t rows) {
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -73,12 +80,14 @@ __global__ void embedding_backward_kernel(float* dtable, const float* dout, cons
     if (r >= 0 && r < rows) dtable[r * C + c] += dout[n * C + c];
   }
 }
-__global__ void position_forward_kernel(float* out, const float* wpe, int64_t B, int64_t T, int64_t C) {
+__global__ void position_forward_kernel(float* out, const float* wpe, int64_t B, int64_t T,
+                                        int64_t C) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= B * T * C) return;
   out[i] += wpe[((i / C) % T) * C + i % C];
 }
-__global__ void position_backward_kernel(float* dwpe, const float* dout, int64_t B, int64_t T, int64_t C) {
+__global__ void position_backward_kernel(float* dwpe, const float* dout, int64_t B, int64_t T,
+                                         int64_t C) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= T * C) return;
   float s = 0.f;
@@ -131,15 +140,16 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   float v = 0.f;
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x) v += (x[i] - m) * (x[i] - m);
   const float r = rsqrtf(block_sum(v, sh) / C + eps);
-  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) out[n * C + i] = (x[i] - m) * r * w[i] + b[i];
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+    out[n * C + i] = (x[i] - m) * r * w[i] + b[i];
   if (threadIdx.x == 0) {
     mean[n] = m;
     rstd[n] = r;
   }
 }
 __global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp,
-                                                const float* w, const float* mean, const float* rstd,
-                                                int64_t C) {
+                                                const float* w, const float* mean,
+                                                const float* rstd, int64_t C) {
   __shared__ float sh[33];
   const int64_t n = blockIdx.x;
   const float m = mean[n], r = rstd[n];
@@ -218,7 +228,8 @@ __global__ void attention_rowdot_kernel(float* D, const float* dout, const float
   const int64_t t = i % T, h = (i / T) % H, b = i / (T * H);
   const int64_t C = H * hd;
   float s = 0.f;
-  for (int64_t d = 0; d < hd; ++d) s += dout[(b * T + t) * C + h * hd + d] * out[(b * T + t) * C + h * hd + d];
+  for (int64_t d = 0; d < hd; ++d)
+    s += dout[(b * T + t) * C + h * hd + d] * out[(b * T + t) * C + h * hd + d];
   D[i] = s;
 }
 // dq for query row t; dk, dv for key row s (= the same index): one writer per output row.
@@ -329,7 +340,8 @@ __global__ void xent_sums_kernel(float* sumexp, float* target_logit, const float
   __shared__ float sh[33];
   const int64_t n = blockIdx.x;
   float s = 0.f;
-  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) s += expf(logits[n * V + j] - rowmax[n]);
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x)
+    s += expf(logits[n * V + j] - rowmax[n]);
   s = block_sum(s, sh);
   if (threadIdx.x == 0) {
     sumexp[n] = s;
@@ -372,7 +384,8 @@ constexpr int kSumBlocks = 256;
 __global__ void sum_squares_kernel(double* partial, const float* x, int64_t n) {
   __shared__ double sh[kThreads];
   double s = 0;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
     s += static_cast<double>(x[i]) * x[i];
   sh[threadIdx.x] = s;
   __syncthreads();
@@ -402,7 +415,8 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend() {
     if (cuda::device_count() == 0)
-      throw Error("--device cuda: no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)");
+      throw Error(
+          "--device cuda: no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)");
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     blas_ = std::make_unique<CublasHandle>(stream_);
     CUDA_CHECK(cudaMalloc(&partials_, sizeof(double) * kSumBlocks));
@@ -421,38 +435,50 @@ class CudaBackend final : public Backend {
     expect_device(t, "zero");
     CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, t.nbytes(), stream_));
   }
-  void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table, int64_t row_begin) override {
+  void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table,
+                         int64_t row_begin) override {
     const int64_t N = ids.numel(), C = cols_of(out);
-    embedding_forward_kernel<<<blocks_for(N * C), kThreads, 0, stream_>>>(out.f32(), ids.i32(), table.f32(), N, C, row_begin, rows_of(table));
+    embedding_forward_kernel<<<blocks_for(N * C), kThreads, 0, stream_>>>(
+        out.f32(), ids.i32(), table.f32(), N, C, row_begin, rows_of(table));
     LAUNCH_CHECK();
   }
-  void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids, int64_t row_begin) override {
+  void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids,
+                          int64_t row_begin) override {
     const int64_t N = ids.numel(), C = cols_of(dout);
-    embedding_backward_kernel<<<blocks_for(C), kThreads, 0, stream_>>>(dtable.f32(), dout.f32(), ids.i32(), N, C, row_begin, rows_of(dtable));
+    embedding_backward_kernel<<<blocks_for(C), kThreads, 0, stream_>>>(
+        dtable.f32(), dout.f32(), ids.i32(), N, C, row_begin, rows_of(dtable));
     LAUNCH_CHECK();
   }
   void position_embedding_forward(Tensor& out, const Tensor& wpe) override {
-    position_forward_kernel<<<blocks_for(out.numel()), kThreads, 0, stream_>>>(out.f32(), wpe.f32(), out.dim(0), out.dim(1), out.dim(2));
+    position_forward_kernel<<<blocks_for(out.numel()), kThreads, 0, stream_>>>(
+        out.f32(), wpe.f32(), out.dim(0), out.dim(1), out.dim(2));
     LAUNCH_CHECK();
   }
   void position_embedding_backward(Tensor& dwpe, const Tensor& dout) override {
-    position_backward_kernel<<<blocks_for(dout.dim(1) * dout.dim(2)), kThreads, 0, stream_>>>(dwpe.f32(), dout.f32(), dout.dim(0), dout.dim(1), dout.dim(2));
+    position_backward_kernel<<<blocks_for(dout.dim(1) * dout.dim(2)), kThreads, 0, stream_>>>(
+        dwpe.f32(), dout.f32(), dout.dim(0), dout.dim(1), dout.dim(2));
     LAUNCH_CHECK();
   }
-  void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w,
-                         const Tensor& b, double eps) override {
-    layernorm_forward_kernel<<<static_cast<unsigned>(rows_of(inp)), kThreads, 0, stream_>>>(out.f32(), mean.f32(), rstd.f32(), inp.f32(), w.f32(), b.f32(), cols_of(inp), static_cast<float>(eps));
+  void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
+                         const Tensor& w, const Tensor& b, double eps) override {
+    layernorm_forward_kernel<<<static_cast<unsigned>(rows_of(inp)), kThreads, 0, stream_>>>(
+        out.f32(), mean.f32(), rstd.f32(), inp.f32(), w.f32(), b.f32(), cols_of(inp),
+        static_cast<float>(eps));
     LAUNCH_CHECK();
   }
-  void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
-                          const Tensor& w, const Tensor& mean, const Tensor& rstd) override {
+  void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
+                          const Tensor& inp, const Tensor& w, const Tensor& mean,
+                          const Tensor& rstd) override {
     const int64_t N = rows_of(inp), C = cols_of(inp);
-    layernorm_backward_input_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream_>>>(dinp.f32(), dout.f32(), inp.f32(), w.f32(), mean.f32(), rstd.f32(), C);
+    layernorm_backward_input_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream_>>>(
+        dinp.f32(), dout.f32(), inp.f32(), w.f32(), mean.f32(), rstd.f32(), C);
     LAUNCH_CHECK();
-    layernorm_backward_params_kernel<<<blocks_for(C), kThreads, 0, stream_>>>(dw.f32(), db.f32(), dout.f32(), inp.f32(), mean.f32(), rstd.f32(), N, C);
+    layernorm_backward_params_kernel<<<blocks_for(C), kThreads, 0, stream_>>>(
+        dw.f32(), db.f32(), dout.f32(), inp.f32(), mean.f32(), rstd.f32(), N, C);
     LAUNCH_CHECK();
   }
-  void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) override {
+  void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
+                      const Tensor* bias) override {
     const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
     TESSERA_CHECK(cols_of(weight) == IC && out.numel() == N * OC, "matmul shapes");
     if (bias) {
@@ -464,15 +490,17 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSgemm(blas_->get(), CUBLAS_OP_T, CUBLAS_OP_N, (int)OC, (int)N, (int)IC, &one,
                              weight.f32(), (int)IC, inp.f32(), (int)IC, &beta, out.f32(), (int)OC));
   }
-  void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
-                       const Tensor& weight) override {
+  void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+                       const Tensor& inp, const Tensor& weight) override {
     const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
     const float one = 1.f, zero = 0.f;
     if (dinp)
-      CUBLAS_CHECK(cublasSgemm(blas_->get(), CUBLAS_OP_N, CUBLAS_OP_N, (int)IC, (int)N, (int)OC, &one,
-                               weight.f32(), (int)IC, dout.f32(), (int)OC, &zero, dinp->f32(), (int)IC));
+      CUBLAS_CHECK(cublasSgemm(blas_->get(), CUBLAS_OP_N, CUBLAS_OP_N, (int)IC, (int)N, (int)OC,
+                               &one, weight.f32(), (int)IC, dout.f32(), (int)OC, &zero, dinp->f32(),
+                               (int)IC));
     CUBLAS_CHECK(cublasSgemm(blas_->get(), CUBLAS_OP_N, CUBLAS_OP_T, (int)IC, (int)OC, (int)N, &one,
-                             inp.f32(), (int)IC, dout.f32(), (int)OC, &one, dweight.f32(), (int)IC));
+                             inp.f32(), (int)IC, dout.f32(), (int)OC, &one, dweight.f32(),
+                             (int)IC));
     if (dbias) {
       column_sum_kernel<<<blocks_for(OC), kThreads, 0, stream_>>>(dbias->f32(), dout.f32(), N, OC);
       LAUNCH_CHECK();
@@ -480,16 +508,19 @@ class CudaBackend final : public Backend {
   }
   void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads) override {
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
-    attention_forward_kernel<<<blocks_for(B * heads * T), kThreads, 0, stream_>>>(out.f32(), lse.f32(), qkv.f32(), B, T, heads, hd);
+    attention_forward_kernel<<<blocks_for(B * heads * T), kThreads, 0, stream_>>>(
+        out.f32(), lse.f32(), qkv.f32(), B, T, heads, hd);
     LAUNCH_CHECK();
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads) override {
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
     if (rowdot_.numel() < B * heads * T) rowdot_ = Tensor({B * heads * T}, DType::F32, allocator());
-    attention_rowdot_kernel<<<blocks_for(B * heads * T), kThreads, 0, stream_>>>(rowdot_.f32(), dout.f32(), out.f32(), B, T, heads, hd);
+    attention_rowdot_kernel<<<blocks_for(B * heads * T), kThreads, 0, stream_>>>(
+        rowdot_.f32(), dout.f32(), out.f32(), B, T, heads, hd);
     LAUNCH_CHECK();
-    attention_backward_kernel<<<blocks_for(B * heads * T), kThreads, 0, stream_>>>(dqkv.f32(), dout.f32(), qkv.f32(), lse.f32(), rowdot_.f32(), B, T, heads, hd);
+    attention_backward_kernel<<<blocks_for(B * heads * T), kThreads, 0, stream_>>>(
+        dqkv.f32(), dout.f32(), qkv.f32(), lse.f32(), rowdot_.f32(), B, T, heads, hd);
     LAUNCH_CHECK();
   }
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
@@ -503,46 +534,61 @@ class CudaBackend final : public Backend {
       CUDA_CHECK(cudaMalloc(&segs_, sizeof(DevSegment) * h.size()));
       seg_capacity_ = h.size();
     }
-    CUDA_CHECK(cudaMemcpyAsync(segs_, h.data(), sizeof(DevSegment) * h.size(), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(segs_, h.data(), sizeof(DevSegment) * h.size(),
+                               cudaMemcpyHostToDevice, stream_));
     const int n = static_cast<int>(h.size());
-    kv_store_kernel<<<blocks_for(rows * heads * hd), kThreads, 0, stream_>>>(k_cache.f32(), v_cache.f32(), qkv.f32(), segs_, n, heads, hd, Tmax, rows);
+    kv_store_kernel<<<blocks_for(rows * heads * hd), kThreads, 0, stream_>>>(
+        k_cache.f32(), v_cache.f32(), qkv.f32(), segs_, n, heads, hd, Tmax, rows);
     LAUNCH_CHECK();
-    kv_attend_kernel<<<blocks_for(rows * heads), kThreads, 0, stream_>>>(out.f32(), qkv.f32(), k_cache.f32(), v_cache.f32(), segs_, n, heads, hd, Tmax, rows);
+    kv_attend_kernel<<<blocks_for(rows * heads), kThreads, 0, stream_>>>(
+        out.f32(), qkv.f32(), k_cache.f32(), v_cache.f32(), segs_, n, heads, hd, Tmax, rows);
     LAUNCH_CHECK();
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // h is released when this returns
   }
   void gelu_forward(Tensor& out, const Tensor& inp) override {
-    gelu_forward_kernel<<<blocks_for(inp.numel()), kThreads, 0, stream_>>>(out.f32(), inp.f32(), inp.numel());
+    gelu_forward_kernel<<<blocks_for(inp.numel()), kThreads, 0, stream_>>>(out.f32(), inp.f32(),
+                                                                           inp.numel());
     LAUNCH_CHECK();
   }
   void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
-    gelu_backward_kernel<<<blocks_for(inp.numel()), kThreads, 0, stream_>>>(dinp.f32(), inp.f32(), dout.f32(), inp.numel());
+    gelu_backward_kernel<<<blocks_for(inp.numel()), kThreads, 0, stream_>>>(
+        dinp.f32(), inp.f32(), dout.f32(), inp.numel());
     LAUNCH_CHECK();
   }
   void add(Tensor& out, const Tensor& a, const Tensor& b) override {
-    add_kernel<<<blocks_for(a.numel()), kThreads, 0, stream_>>>(out.f32(), a.f32(), b.f32(), a.numel());
+    add_kernel<<<blocks_for(a.numel()), kThreads, 0, stream_>>>(out.f32(), a.f32(), b.f32(),
+                                                                a.numel());
     LAUNCH_CHECK();
   }
   void xent_row_max(Tensor& rowmax, const Tensor& logits, int64_t valid) override {
-    xent_max_kernel<<<static_cast<unsigned>(rows_of(logits)), kThreads, 0, stream_>>>(rowmax.f32(), logits.f32(), cols_of(logits), valid);
+    xent_max_kernel<<<static_cast<unsigned>(rows_of(logits)), kThreads, 0, stream_>>>(
+        rowmax.f32(), logits.f32(), cols_of(logits), valid);
     LAUNCH_CHECK();
   }
-  void xent_row_sums(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& rowmax,
-                     const Tensor& targets, int64_t valid, int64_t col_begin) override {
-    xent_sums_kernel<<<static_cast<unsigned>(rows_of(logits)), kThreads, 0, stream_>>>(sumexp.f32(), target_logit.f32(), logits.f32(), rowmax.f32(), targets.i32(), cols_of(logits), valid, col_begin);
+  void xent_row_sums(Tensor& sumexp, Tensor& target_logit, const Tensor& logits,
+                     const Tensor& rowmax, const Tensor& targets, int64_t valid,
+                     int64_t col_begin) override {
+    xent_sums_kernel<<<static_cast<unsigned>(rows_of(logits)), kThreads, 0, stream_>>>(
+        sumexp.f32(), target_logit.f32(), logits.f32(), rowmax.f32(), targets.i32(),
+        cols_of(logits), valid, col_begin);
     LAUNCH_CHECK();
   }
-  void xent_loss_and_grad(Tensor& losses, Tensor& logits, const Tensor& rowmax, const Tensor& sumexp,
-                          const Tensor& target_logit, const Tensor& targets, int64_t valid,
-                          int64_t col_begin, float grad_scale) override {
-    xent_grad_kernel<<<static_cast<unsigned>(rows_of(logits)), kThreads, 0, stream_>>>(losses.f32(), logits.f32(), rowmax.f32(), sumexp.f32(), target_logit.f32(), targets.i32(), cols_of(logits), valid, col_begin, grad_scale);
+  void xent_loss_and_grad(Tensor& losses, Tensor& logits, const Tensor& rowmax,
+                          const Tensor& sumexp, const Tensor& target_logit, const Tensor& targets,
+                          int64_t valid, int64_t col_begin, float grad_scale) override {
+    xent_grad_kernel<<<static_cast<unsigned>(rows_of(logits)), kThreads, 0, stream_>>>(
+        losses.f32(), logits.f32(), rowmax.f32(), sumexp.f32(), target_logit.f32(), targets.i32(),
+        cols_of(logits), valid, col_begin, grad_scale);
     LAUNCH_CHECK();
   }
   void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& h,
                   double weight_decay, int64_t step) override {
     const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
     const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
-    adamw_kernel<<<blocks_for(param.numel()), kThreads, 0, stream_>>>(param.f32(), grad.f32(), m.f32(), v.f32(), param.numel(), (float)h.beta1, (float)h.beta2, (float)h.eps, (float)(h.lr / bc1), (float)std::sqrt(bc2), (float)(1.0 - h.lr * weight_decay));
+    adamw_kernel<<<blocks_for(param.numel()), kThreads, 0, stream_>>>(
+        param.f32(), grad.f32(), m.f32(), v.f32(), param.numel(), (float)h.beta1, (float)h.beta2,
+        (float)h.eps, (float)(h.lr / bc1), (float)std::sqrt(bc2),
+        (float)(1.0 - h.lr * weight_decay));
     LAUNCH_CHECK();
   }
   double sum_squares(const Tensor& x) override {
@@ -571,6 +617,8 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+std::unique_ptr<Backend> make_cuda_backend() {
+  return std::make_unique<CudaBackend>();
+}
 
 }  // namespace tessera
