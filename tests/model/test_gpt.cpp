@@ -30,9 +30,7 @@ GPTConfig tiny_config() {
 }
 
 ModelShard whole(const GPTConfig& c) {
-  ModelShard s;
-  s.layer_end = c.num_layers;
-  return s;
+  return model_shard_for(c, 1, 0, 1, 0);
 }
 
 struct Batch {

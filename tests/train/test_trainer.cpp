@@ -118,9 +118,7 @@ TEST(Optimizer, AdamWDecaysOnlyWeightsAndMatchesTorch) {
   GPTConfig c = tiny_model();
   auto be = make_cpu_backend();
   LocalCommunicator tp;
-  ModelShard sh;
-  sh.layer_end = c.num_layers;
-  GPTModel m(c, sh, *be, tp);
+  GPTModel m(c, model_shard_for(c, 1, 0, 1, 0), *be, tp);
   m.init_parameters(1);
   ParamStore& ps = m.params();
   Tensor w = ps.param("layers.0.mlp.fc1.weight"), b = ps.param("layers.0.mlp.fc1.bias");
@@ -141,9 +139,7 @@ TEST(Optimizer, ClipScalesToMaxNorm) {
   GPTConfig c = tiny_model();
   auto be = make_cpu_backend();
   LocalCommunicator tp;
-  ModelShard sh;
-  sh.layer_end = c.num_layers;
-  GPTModel m(c, sh, *be, tp);
+  GPTModel m(c, model_shard_for(c, 1, 0, 1, 0), *be, tp);
   ParamStore& ps = m.params();
   ps.flat_grads().fill_(0.01f);
   const double n = std::sqrt(grad_sum_squares(ps, *be));
