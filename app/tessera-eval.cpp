@@ -7,6 +7,7 @@
 #include "backend/backend.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "comm/mpi.hpp"
+#include "backend/select.hpp"
 #include "comm/process_grid.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
   const bool root = mpi.world_rank() == 0;
   std::string load, data_path, split = "969,30,1", which = "valid";
+  std::string device;
   int tp = 1, pp = 1, mbs = 4, threads = 0;
   try {
     OptionParser p("tessera-eval",
@@ -57,7 +59,9 @@ int main(int argc, char** argv) {
             "tensor-parallel ranks")("pipeline-model-parallel-size",
                                      po::value(&pp)->default_value(1), "pipeline stages")(
             "threads", po::value(&threads)->default_value(0),
-            "threads per rank (0: this rank's share)");
+            "threads per rank (0: this rank's share)")(
+            "device", po::value(&device)->default_value("auto"),
+            "cpu | cuda | auto (cuda when a GPU is visible)");
     if (!p.parse(argc, argv)) return 0;
     const Split sp = which == "train"   ? Split::Train
                      : which == "valid" ? Split::Valid
@@ -67,6 +71,7 @@ int main(int argc, char** argv) {
       throw ConfigError("--eval-split '" + which +
                         "' is not a split (allowed: train, valid, test)");
     ProcessGrid grid(tp, pp);
+    device = resolve_device(device, grid.host());
     ParallelContext ctx = grid.context();
     LogOptions lo;
     lo.rank = grid.world_rank();
@@ -90,7 +95,8 @@ int main(int argc, char** argv) {
     t.global_batch_size = mbs * ctx.dp_size;
     t.log_interval = 1 << 30;
     validate_layout(cfg, t, tp, pp, ctx.dp_size);
-    auto be = make_cpu_backend();
+    auto be = make_rank_backend(grid, device);
+    ctx = grid.context();  // NCCL groups on CUDA
     FirstSamples data(ds, ds.num_samples());
     Trainer trainer(cfg, t, *be, data, ctx);
     trainer.load_checkpoint(load, /*model_only=*/true);

@@ -10,6 +10,7 @@
 #include "backend/backend.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "comm/mpi.hpp"
+#include "backend/select.hpp"
 #include "comm/process_grid.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   std::string load, vocab = "data/gpt2/encoder.json", merges = "data/gpt2/vocab.bpe", prompt_file;
   std::vector<std::string> prompts_text, prompt_ids;
   GenerationOptions g;
+  std::string device;
   int tp = 1, pp = 1, threads = 0;
   bool interactive = false, no_cache = false, ids_out = false;
   try {
@@ -59,7 +61,9 @@ int main(int argc, char** argv) {
         "vocab-file", po::value(&vocab)->default_value(vocab), "GPT-2 encoder.json")(
         "merge-file", po::value(&merges)->default_value(merges), "GPT-2 vocab.bpe")(
         "threads", po::value(&threads)->default_value(0),
-        "threads per rank (0: this rank's share of its cores)");
+        "threads per rank (0: this rank's share of its cores)")(
+            "device", po::value(&device)->default_value("auto"),
+            "cpu | cuda | auto (cuda when a GPU is visible)");
     p.group("Prompts").add_options()("prompt", po::value(&prompts_text)->composing(),
                                      "a prompt (repeat for a batch of prompts of any lengths)")(
         "prompt-file", po::value(&prompt_file), "one prompt per line")(
@@ -92,6 +96,7 @@ int main(int argc, char** argv) {
       throw ConfigError("give --prompt, --prompt-file, --prompt-ids or --interactive");
 
     ProcessGrid grid(tp, pp);
+    device = resolve_device(device, grid.host());
     ParallelContext ctx = grid.context();
     LogOptions lo;
     lo.rank = grid.world_rank();
@@ -114,10 +119,16 @@ int main(int argc, char** argv) {
       throw ConfigError(detail::concat("the model (", cfg.num_attention_heads, " heads, ",
                                        cfg.num_layers, " layers) cannot be split TP ", tp, " x PP ",
                                        pp));
-    auto be = make_cpu_backend();
+    auto be = make_rank_backend(grid, device);
+    ctx = grid.context();  // NCCL groups on CUDA
     GPTModel model(cfg, model_shard_for(cfg, tp, ctx.tp_rank, pp, ctx.pp_rank), *be, *ctx.tp);
-    for (const ParamSpec& s : model.params().specs())
-      ckpt.read_slice("model", s, model.params().param(s).f32());
+    std::vector<float> host;  // read on the host, copied to the backend
+    for (const ParamSpec& s : model.params().specs()) {
+      host.resize(static_cast<size_t>(s.numel()));
+      ckpt.read_slice("model", s, host.data());
+      Tensor p = model.params().param(s);
+      be->copy_from_host(p, host.data());
+    }
     if (root)
       std::cerr << "tessera-generate: " << ckpt.path() << " (" << cfg.num_layers
                 << " layers, hidden " << cfg.hidden_size << ", saved at TP " << ckpt.meta().tp_size

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "backend/backend.hpp"
+#include "backend/select.hpp"
 #include "comm/mpi.hpp"
 #include "comm/process_grid.hpp"
 #include "core/error.hpp"
@@ -34,20 +35,20 @@ int main(int argc, char** argv) {
       return 0;
     }
     ProcessGrid grid(opts.tp, opts.pp);
-    ParallelContext ctx = grid.context();
-    validate_layout(opts.model, opts.train, opts.tp, opts.pp, ctx.dp_size);
+    validate_layout(opts.model, opts.train, opts.tp, opts.pp, grid.layout().dp);
     opts.log.rank = grid.world_rank();
     opts.log.host = grid.host();
     init_logging(opts.log);
     const int threads = opts.threads > 0 ? opts.threads : default_threads(grid.node_comm());
     set_num_threads(threads);
     const std::string table = grid.layout_table();
-    auto backend = make_cpu_backend();
+    auto backend = make_rank_backend(grid, opts.device);
+    ParallelContext ctx = grid.context();
     TLOG(info) << table << "tessera-train: " << opts.model.num_layers << " layers, hidden "
                << opts.model.hidden_size << ", " << opts.model.num_attention_heads << " heads, seq "
                << opts.model.seq_length << ", vocab " << opts.model.vocab_size << " (padded "
                << opts.model.padded_vocab_size(opts.tp) << "), " << opts.model.num_parameters()
-               << " parameters; backend " << backend->name() << ", " << threads
+               << " parameters; backend " << backend_description(*backend) << ", " << threads
                << " threads per rank; data: " << data->describe();
     install_stop_signals();
     Watchdog watchdog(opts.train.distributed_timeout_minutes, MPI_COMM_WORLD);

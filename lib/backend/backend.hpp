@@ -26,6 +26,20 @@ class Backend {
 
   virtual void zero(Tensor& t) = 0;
 
+  // Transfers between this backend's tensors and host memory of t.nbytes() bytes. They are
+  // ordered with the backend's work: copy_to_host returns when the data has arrived; the host
+  // buffer of copy_from_host may be reused as soon as the call returns.
+  virtual void copy_from_host(Tensor& dst, const void* src) = 0;
+  virtual void copy_to_host(void* dst, const Tensor& src) = 0;
+  // Waits until the work queued so far has finished (timers, profiling).
+  virtual void synchronize() {}
+  // The stream the backend's work runs on (a cudaStream_t), for communicators to order against;
+  // null on the CPU.
+  virtual void* stream() { return nullptr; }
+  // Brackets the steps a profiler should capture (cudaProfilerStart/Stop on CUDA).
+  virtual void profiler_start() {}
+  virtual void profiler_stop() {}
+
   // out (N,C) = table[ids - row_begin], zero rows for ids outside this shard of the vocabulary.
   virtual void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table,
                                  int64_t row_begin) = 0;
@@ -83,6 +97,12 @@ class Backend {
   virtual void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                           const AdamWHyper& h, double weight_decay, int64_t step) = 0;
   virtual double sum_squares(const Tensor& x) = 0;
+  // Sum of squares over several tensors with one result (one device round trip on CUDA).
+  virtual double sum_squares_all(const std::vector<Tensor>& xs) {
+    double s = 0;
+    for (const Tensor& x : xs) s += sum_squares(x);
+    return s;
+  }
   virtual void scale(Tensor& x, float s) = 0;
 };
 

@@ -51,10 +51,12 @@ struct ParallelContext {
   int world_rank = 0;
   Communicator* world = nullptr;
   Communicator* tp = nullptr;
-  Communicator* pp = nullptr;
+  Communicator* pp = nullptr;       // pipeline activations (and everything else on the PP group)
+  Communicator* pp_grad = nullptr;  // pipeline gradients flowing back; null: pp carries them
   Communicator* dp = nullptr;
   Communicator* model_parallel = nullptr;  // TP x PP of this DP replica
   Communicator* embedding = nullptr;       // first and last stage of this (tp, dp)
+  Communicator* pp_backward() const { return pp_grad ? pp_grad : pp; }
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1; }
   // One process, no MPI: every group is a LocalCommunicator.

@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_check.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/nccl_check.hpp"
+#include "core/nvtx.hpp"
 
 namespace tessera {
 
@@ -22,18 +23,27 @@ void expect_device_f32(const Tensor& t) {
                 " ", dtype_name(t.dtype()), ")");
 }
 
+// Completion of work enqueued on the communication stream. wait() orders the compute stream
+// after it (the device waits, not the host) and blocks the host too, so buffers the host hands
+// back (pipeline sends) are free to reuse either way.
 class EventPending final : public PendingOp {
  public:
-  explicit EventPending(cudaStream_t s) {
+  EventPending(cudaStream_t comm, cudaStream_t compute) : compute_(compute) {
     CUDA_CHECK(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(ev_, s));
+    CUDA_CHECK(cudaEventRecord(ev_, comm));
   }
   ~EventPending() override {
-    cudaEventSynchronize(ev_);
+    if (!done_) cudaEventSynchronize(ev_);
     cudaEventDestroy(ev_);
   }
-  void wait() override { CUDA_CHECK(cudaEventSynchronize(ev_)); }
+  void wait() override {
+    if (done_) return;
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, ev_, 0));
+    CUDA_CHECK(cudaEventSynchronize(ev_));
+    done_ = true;
+  }
   bool test() override {
+    if (done_) return true;
     const cudaError_t e = cudaEventQuery(ev_);
     if (e == cudaErrorNotReady) return false;
     CUDA_CHECK(e);
@@ -41,89 +51,125 @@ class EventPending final : public PendingOp {
   }
 
  private:
+  cudaStream_t compute_;
   cudaEvent_t ev_ = nullptr;
+  bool done_ = false;
 };
 
+// Collectives run on the communicator's own stream. Each one first waits (on the device) for the
+// work already queued on the compute stream, so it sees the tensor the backend just wrote; the
+// blocking forms then make the compute stream wait for the collective, so the backend's next op
+// sees its result. The host never blocks except where a result must be on the host.
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(MPI_Comm group, cudaStream_t stream) : group_(group) {
+  NcclCommunicator(MPI_Comm group, cudaStream_t compute) : group_(group), compute_(compute) {
     MPI_CHECK(MPI_Comm_rank(group, &rank_));
     MPI_CHECK(MPI_Comm_size(group, &size_));
     ncclUniqueId id;
     if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, group));
-    if (stream) {
-      stream_ = stream;
-    } else {
-      CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-      owns_stream_ = true;
-    }
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
   }
   ~NcclCommunicator() override {  // reverse order of creation
     if (comm_) ncclCommDestroy(comm_);
-    if (owns_stream_) cudaStreamDestroy(stream_);
+    cudaEventDestroy(done_);
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(stream_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void all_reduce(Tensor& t, ReduceOp op) override {
-    all_reduce_async(t, op);
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-  }
-  std::unique_ptr<PendingOp> all_reduce_async(Tensor& t, ReduceOp op) override {
+    NVTX_RANGE("nccl-all-reduce");
     expect_device_f32(t);
+    after_compute();
     NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), ncclFloat,
                              nccl_op(op), comm_, stream_));
-    return std::make_unique<EventPending>(stream_);
+    before_compute();
+  }
+  std::unique_ptr<PendingOp> all_reduce_async(Tensor& t, ReduceOp op) override {
+    NVTX_RANGE("nccl-all-reduce-async");
+    expect_device_f32(t);
+    after_compute();
+    NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), ncclFloat,
+                             nccl_op(op), comm_, stream_));
+    return std::make_unique<EventPending>(stream_, compute_);
   }
   void all_reduce_f64(double* data, int64_t n, ReduceOp op) override {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE,
                             op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, group_));
   }
   void broadcast(Tensor& t, int root) override {
+    NVTX_RANGE("nccl-broadcast");
     expect_device_f32(t);
+    after_compute();
     NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), static_cast<size_t>(t.numel()), ncclFloat, root,
                              comm_, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    before_compute();
   }
   void all_gather(Tensor& out, const Tensor& in) override {
+    NVTX_RANGE("nccl-all-gather");
     expect_device_f32(in);
+    expect_device_f32(out);
     TESSERA_CHECK(out.numel() == in.numel() * size_, "all_gather output size");
+    after_compute();
     NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()), ncclFloat, comm_,
                              stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    before_compute();
   }
   void reduce_scatter(Tensor& out, const Tensor& in) override {
+    NVTX_RANGE("nccl-reduce-scatter");
     expect_device_f32(in);
+    expect_device_f32(out);
     TESSERA_CHECK(in.numel() == out.numel() * size_, "reduce_scatter input size");
+    after_compute();
     NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<size_t>(out.numel()), ncclFloat,
                                  ncclSum, comm_, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    before_compute();
   }
   std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int) override {
+    NVTX_RANGE("nccl-send");
     expect_device_f32(t);
+    after_compute();
     NCCL_CHECK(ncclSend(t.raw(), static_cast<size_t>(t.numel()), ncclFloat, peer, comm_, stream_));
-    return std::make_unique<EventPending>(stream_);
+    return std::make_unique<EventPending>(stream_, compute_);
   }
   void recv(Tensor& t, int peer, int) override {
+    NVTX_RANGE("nccl-recv");
     expect_device_f32(t);
+    after_compute();
     NCCL_CHECK(ncclRecv(t.raw(), static_cast<size_t>(t.numel()), ncclFloat, peer, comm_, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    before_compute();
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(group_)); }
 
  private:
+  // The communication stream waits for everything queued on the compute stream so far.
+  void after_compute() {
+    CUDA_CHECK(cudaEventRecord(ready_, compute_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  }
+  // The compute stream waits for the collective just queued.
+  void before_compute() {
+    CUDA_CHECK(cudaEventRecord(done_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+  }
+
   MPI_Comm group_;
+  cudaStream_t compute_;
   int rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
-  bool owns_stream_ = false;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
   ncclComm_t comm_ = nullptr;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm group, void* stream) {
-  return std::make_unique<NcclCommunicator>(group, static_cast<cudaStream_t>(stream));
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm group, void* compute_stream) {
+  TESSERA_CHECK(compute_stream != nullptr, "make_nccl_communicator needs the compute stream");
+  return std::make_unique<NcclCommunicator>(group, static_cast<cudaStream_t>(compute_stream));
 }
 
 }  // namespace tessera

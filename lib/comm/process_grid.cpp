@@ -1,6 +1,10 @@
 // process_grid.cpp: layout arithmetic and the MPI_Comm_split of every group.
 #include "comm/process_grid.hpp"
 
+#ifdef TESSERA_HAVE_CUDA
+#include "comm/nccl_communicator.hpp"
+#endif
+
 #include <unistd.h>
 
 #include <cstring>
@@ -113,6 +117,7 @@ ProcessGrid::ProcessGrid(int tp, int pp) {
   dp_ = split(c.pp * TP + c.tp, c.dp);
   mp_ = split(c.dp, c.pp * TP + c.tp);
   const bool in_embedding = c.pp == 0 || c.pp == PP - 1;
+  in_embedding_ = in_embedding;
   emb_ = split(in_embedding ? c.dp * TP + c.tp : MPI_UNDEFINED, c.pp);
   MPI_Comm node = MPI_COMM_NULL;
   MPI_CHECK(
@@ -135,6 +140,27 @@ ProcessGrid::ProcessGrid(int tp, int pp) {
     emb_comm_ = std::make_unique<LocalCommunicator>();
 }
 
+void ProcessGrid::use_nccl(void* compute_stream) {
+#ifdef TESSERA_HAVE_CUDA
+  TESSERA_CHECK(!nccl_, "use_nccl called twice");
+  auto make = [&](MPI_Comm group, int size) -> std::unique_ptr<Communicator> {
+    if (size == 1) return std::make_unique<LocalCommunicator>();
+    return make_nccl_communicator(group, compute_stream);
+  };
+  // The same order on every rank: TP, PP activations, PP gradients, DP, embedding.
+  tp_comm_ = make(tp_.get(), layout_.tp);
+  pp_comm_ = make(pp_.get(), layout_.pp);
+  pp_grad_comm_ = make(pp_.get(), layout_.pp);
+  dp_comm_ = make(dp_.get(), layout_.dp);
+  // Every rank takes part in the split above; only the embedding group's members create it.
+  if (in_embedding_ && layout_.pp > 1) emb_comm_ = make(emb_.get(), 2);
+  nccl_ = true;
+#else
+  (void)compute_stream;
+  throw Error("use_nccl: this build has no CUDA/NCCL");
+#endif
+}
+
 ParallelContext ProcessGrid::context() {
   ParallelContext c;
   c.tp_size = layout_.tp;
@@ -147,6 +173,7 @@ ParallelContext ProcessGrid::context() {
   c.world = world_comm_.get();
   c.tp = tp_comm_.get();
   c.pp = pp_comm_.get();
+  c.pp_grad = pp_grad_comm_ ? pp_grad_comm_.get() : pp_comm_.get();
   c.dp = dp_comm_.get();
   c.model_parallel = mp_comm_.get();
   c.embedding = emb_comm_.get();

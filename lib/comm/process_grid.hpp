@@ -46,6 +46,13 @@ class ProcessGrid {
 
   MPI_Comm node_comm() const { return node_.get(); }
 
+  // Collective. Replaces the communicators that move device tensors (TP, PP, DP, embedding) by
+  // NCCL ones ordered against `compute_stream` (the backend's), created eagerly, by every rank in
+  // the same order. Groups of one rank need no communicator. Pipeline activations and gradients
+  // get one NCCL communicator each, so the two directions never wait on each other.
+  void use_nccl(void* compute_stream);
+  bool uses_nccl() const { return nccl_; }
+
   ParallelContext context();
 
   // The table printed at start-up: one line per rank with (tp, pp, dp), local rank and host.
@@ -58,6 +65,8 @@ class ProcessGrid {
   std::string host_;
   MpiComm tp_, pp_, dp_, mp_, emb_, node_;
   std::unique_ptr<Communicator> world_comm_, tp_comm_, pp_comm_, dp_comm_, mp_comm_, emb_comm_;
+  std::unique_ptr<Communicator> pp_grad_comm_;  // set by use_nccl; else pp_comm_ carries both
+  bool in_embedding_ = false, nccl_ = false;
 };
 
 }  // namespace tessera

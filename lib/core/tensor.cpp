@@ -8,6 +8,20 @@
 
 namespace tessera {
 
+namespace {
+thread_local std::string g_alloc_label;
+}
+
+AllocationLabel::AllocationLabel(std::string what) : previous_(std::move(g_alloc_label)) {
+  g_alloc_label = std::move(what);
+}
+AllocationLabel::~AllocationLabel() {
+  g_alloc_label = std::move(previous_);
+}
+const std::string& AllocationLabel::current() {
+  return g_alloc_label;
+}
+
 const char* device_name(Device d) {
   return d == Device::CPU ? "cpu" : "cuda";
 }

@@ -32,6 +32,21 @@ class Allocator {
 };
 Allocator& cpu_allocator();
 
+// Names what the allocations made while it lives are for ("Adam moments", "activations of one
+// micro-batch"), so an out-of-memory error can say which buffer did not fit. Thread-local, nests.
+class AllocationLabel {
+ public:
+  explicit AllocationLabel(std::string what);
+  ~AllocationLabel();
+  AllocationLabel(const AllocationLabel&) = delete;
+  AllocationLabel& operator=(const AllocationLabel&) = delete;
+  // The innermost label of this thread, or "" outside any.
+  static const std::string& current();
+
+ private:
+  std::string previous_;
+};
+
 // One allocation; freed by its allocator when the last Tensor viewing it goes away.
 class Storage {
  public:

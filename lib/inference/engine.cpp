@@ -18,8 +18,11 @@ InferenceEngine::InferenceEngine(GPTModel& model, const ParallelContext& ctx, in
   const ModelShard& sh = model.shard();
   for (int l = sh.layer_begin; l < sh.layer_end; ++l) {
     const Shape s{max_sequences, model.heads_local(), max_positions, cfg.head_dim()};
-    k_cache_.push_back(Tensor::zeros(s, DType::F32, be_.allocator()));
-    v_cache_.push_back(Tensor::zeros(s, DType::F32, be_.allocator()));
+    AllocationLabel label("the KV cache");
+    k_cache_.push_back(Tensor(s, DType::F32, be_.allocator()));
+    v_cache_.push_back(Tensor(s, DType::F32, be_.allocator()));
+    be_.zero(k_cache_.back());
+    be_.zero(v_cache_.back());
   }
 }
 
@@ -73,18 +76,19 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
   Tensor mean = mean_.view(0, {n}), rstd = rstd_.view(0, {n});
   std::vector<Backend::KvSegment> kv;
   int64_t row = 0;
+  host_pos_.resize(static_cast<size_t>(n));
   for (const TokenSegment& s : segments) {
     kv.push_back({s.slot, s.pos0, s.count, row});
-    for (int64_t t = 0; t < s.count; ++t) {
-      ids_.i32()[row + t] = tokens[row + t];
-      pos_.i32()[row + t] = static_cast<int32_t>(s.pos0 + t);
-    }
+    for (int64_t t = 0; t < s.count; ++t) host_pos_[row + t] = static_cast<int32_t>(s.pos0 + t);
     row += s.count;
   }
+  Tensor ids = ids_.view(0, {n}), pos = pos_.view(0, {n});
+  be_.copy_from_host(ids, tokens.data());
+  be_.copy_from_host(pos, host_pos_.data());
   if (sh.has_embedding) {
-    be_.embedding_forward(x, ids_.view(0, {n}), model_.params().param("wte"), model_.vocab_begin());
+    be_.embedding_forward(x, ids, model_.params().param("wte"), model_.vocab_begin());
     model_.tp_comm().all_reduce(x, ReduceOp::Sum);
-    be_.embedding_forward(tmp, pos_.view(0, {n}), model_.params().param("wpe"), 0);
+    be_.embedding_forward(tmp, pos, model_.params().param("wpe"), 0);
     be_.add(x, x, tmp);
   } else {
     ctx_.pp->recv(x, ctx_.pp_rank - 1, kTagHidden);
@@ -113,13 +117,16 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
   }
   // The last row of every segment, its final LayerNorm and vocabulary-parallel logits.
   row = 0;
+  host_pos_.resize(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) {
     row += segments[i].count;
-    last_rows_.i32()[i] = static_cast<int32_t>(row - 1);
+    host_pos_[i] = static_cast<int32_t>(row - 1);
   }
+  Tensor last_rows = last_rows_.view(0, {S});
+  be_.copy_from_host(last_rows, host_pos_.data());
   Tensor lx = last_x_.view(0, {S, C}), lnf = lnf_.view(0, {S, C});
   Tensor lm = lnf_mean_.view(0, {S}), lr = lnf_rstd_.view(0, {S});
-  be_.embedding_forward(lx, last_rows_.view(0, {S}), x, 0);  // gathers rows of x
+  be_.embedding_forward(lx, last_rows, x, 0);  // gathers rows of x
   be_.layernorm_forward(lnf, lm, lr, lx, model_.params().param("lnf.weight"),
                         model_.params().param("lnf.bias"), eps);
   const int64_t Vl = model_.vocab_local();
@@ -127,14 +134,19 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
   be_.matmul_forward(lg, lnf, model_.params().param("wte"), nullptr);
   const int tp = sh.tp_size;
   Tensor all = gathered_.view(0, {tp * S * Vl});
-  model_.tp_comm().all_gather(all, lg.reshape({S * Vl}));
+  if (tp == 1)
+    all = lg.reshape({S * Vl});
+  else
+    model_.tp_comm().all_gather(all, lg.reshape({S * Vl}));
+  host_logits_.resize(static_cast<size_t>(all.numel()));
+  be_.copy_to_host(host_logits_.data(), all);
   const int64_t V = cfg.vocab_size;
   logits.assign(static_cast<size_t>(S * V), 0.f);
   for (int r = 0; r < tp; ++r)
     for (int64_t i = 0; i < S; ++i) {
       const int64_t begin = r * Vl, count = std::max<int64_t>(0, std::min(Vl, V - begin));
       if (count > 0)
-        std::memcpy(logits.data() + i * V + begin, all.f32() + (r * S + i) * Vl,
+        std::memcpy(logits.data() + i * V + begin, host_logits_.data() + (r * S + i) * Vl,
                     sizeof(float) * count);
     }
 }

@@ -42,6 +42,8 @@ class InferenceEngine {
   int64_t rows_ = 0, segs_ = 0;
   Tensor ids_, pos_, x_, ln_, qkv_, att_, tmp_, fc_, gelu_, mean_, rstd_;
   Tensor last_rows_, last_x_, lnf_, lnf_mean_, lnf_rstd_, logits_, gathered_;
+  std::vector<int32_t> host_pos_;   // positions / last rows, staged for the backend
+  std::vector<float> host_logits_;  // the gathered logits, back on the host
 };
 
 }  // namespace tessera

@@ -30,7 +30,10 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   heads_local_ = cfg.num_attention_heads / shard.tp_size;
   hidden_local_ = heads_local_ * cfg.head_dim();
   ffn_local_ = cfg.ffn() / shard.tp_size;
-  params_ = std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator());
+  {
+    AllocationLabel label("the parameters and gradients of this rank's shard");
+    params_ = std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator());
+  }
   for (int l = shard_.layer_begin; l < shard_.layer_end; ++l) {
     weights_.push_back(layer_tensors(*params_, l, false));
     grads_.push_back(layer_tensors(*params_, l, true));
@@ -38,8 +41,15 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
 }
 
 void GPTModel::init_parameters(uint64_t seed) {
-  TESSERA_CHECK(be_.device() == Device::CPU, "host initialization needs the CPU backend");
-  for (const ParamSpec& s : params_->specs()) init_param(s, seed, params_->param(s).f32());
+  // Drawn on the host (the counter-based RNG defines the values), then copied to the device one
+  // parameter at a time so the staging buffer stays small.
+  std::vector<float> host;
+  for (const ParamSpec& s : params_->specs()) {
+    host.resize(static_cast<size_t>(s.numel()));
+    init_param(s, seed, host.data());
+    Tensor p = params_->param(s);
+    be_.copy_from_host(p, host.data());
+  }
   zero_grads();
 }
 
@@ -70,6 +80,8 @@ Activations GPTModel::make_activations(int B, int T) const {
                 cfg_.max_positions(), " positions of the model");
   Allocator& al = be_.allocator();
   const int64_t N = int64_t(B) * T, C = cfg_.hidden_size;
+  AllocationLabel label(detail::concat("the activations of one micro-batch (", B, " x ", T,
+                                       " tokens)"));
   auto f = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };
   Activations a;
   a.B = B;
@@ -170,10 +182,12 @@ double GPTModel::head_forward(Activations& a, float grad_scale) {
   tp_.all_reduce(a.target_logit, ReduceOp::Sum);
   be_.xent_loss_and_grad(a.losses, a.logits, a.rowmax, a.sumexp, a.target_logit, a.targets,
                          valid_cols_, vocab_begin_, grad_scale);
-  TESSERA_CHECK(a.losses.device() == Device::CPU, "loss readback from device not wired here");
+  // Token losses come back to the host and are summed in double, in order (any layout, any
+  // backend: the same sum).
+  host_losses_.resize(static_cast<size_t>(a.losses.numel()));
+  be_.copy_to_host(host_losses_.data(), a.losses);
   double sum = 0;
-  const float* l = a.losses.f32();
-  for (int64_t i = 0; i < a.losses.numel(); ++i) sum += l[i];
+  for (float l : host_losses_) sum += l;
   return sum;
 }
 

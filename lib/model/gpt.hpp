@@ -115,6 +115,7 @@ class GPTModel {
   int64_t heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
   std::unique_ptr<ParamStore> params_;
   std::vector<LayerWeights> weights_, grads_;  // indexed by layer - layer_begin
+  std::vector<float> host_losses_;              // staging for the loss readback
 };
 
 }  // namespace tessera

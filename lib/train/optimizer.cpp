@@ -9,6 +9,7 @@ AdamW::AdamW(ParamStore& params, Backend& backend, double beta1, double beta2, d
   hyper_.beta1 = beta1;
   hyper_.beta2 = beta2;
   hyper_.eps = eps;
+  AllocationLabel label("the Adam moments (2 x fp32 per parameter)");
   m_ = Tensor({params.numel()}, DType::F32, backend.allocator());
   v_ = Tensor({params.numel()}, DType::F32, backend.allocator());
   be_.zero(m_);

@@ -4,12 +4,14 @@
 #include <cblas.h>
 #include <omp.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <vector>
 
+#include "backend/select.hpp"
 #include "comm/process_grid.hpp"
 #include "core/config.hpp"
 #include "data/gpt_dataset.hpp"
@@ -20,11 +22,35 @@
 
 namespace tessera {
 
+std::vector<int> parse_rank_list(const std::string& text, const std::string& option) {
+  std::vector<int> ranks;
+  if (text == "all") return ranks;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    int r = -1;
+    try {
+      r = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || r < 0)
+      throw ConfigError(option + "=" + text +
+                        " is not a list of ranks (allowed: 'all' or e.g. 0,8,16)");
+    ranks.push_back(r);
+  }
+  if (ranks.empty())
+    throw ConfigError(option + " is empty (allowed: 'all' or e.g. 0,8,16)");
+  return ranks;
+}
+
 bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   OptionParser p("tessera-train", "[--config FILE] [options]");
   GPTConfig& m = o.model;
   TrainConfig& t = o.train;
   std::string log_level = "info";
+  std::string profile_ranks;
   p.group("Model").add_options()(
       "num-layers", po::value(&m.num_layers)->default_value(m.num_layers), "transformer layers")(
       "hidden-size", po::value(&m.hidden_size)->default_value(m.hidden_size), "hidden width")(
@@ -124,12 +150,26 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "rank (0: wait forever)")(
           "threads", po::value(&o.threads)->default_value(0),
           "OpenMP/BLAS threads per rank (0: this rank's share of the cores in its affinity mask)")(
-          "device", po::value(&o.device)->default_value("cpu"),
-          "cpu (the CUDA backend is not part of this build's trainer yet)");
+          "device", po::value(&o.device)->default_value("auto"),
+          "cpu | cuda | auto (cuda when a GPU is visible and the build has CUDA); each rank "
+          "takes the GPU of its local rank")(
+          "profile", po::bool_switch(&t.profile),
+          "bracket iterations with cudaProfilerStart/Stop for nsys --capture-range=cudaProfilerApi "
+          "(docs/profiling.md)")(
+          "profile-step-start", po::value(&t.profile_step_start)->default_value(10),
+          "with --profile: start capturing before iteration N+1")(
+          "profile-step-end", po::value(&t.profile_step_end)->default_value(12),
+          "with --profile: stop capturing after iteration N")(
+          "profile-ranks", po::value(&profile_ranks)->default_value("0"),
+          "with --profile: comma-separated global ranks that capture, or 'all'");
   if (!p.parse(argc, argv)) return false;
   o.log.level = log_level_from_name(log_level);
-  if (o.device != "cpu")
-    throw ConfigError("--device=" + o.device + " is not available (allowed: cpu)");
+  t.profile_ranks = parse_rank_list(profile_ranks, "--profile-ranks");
+  {
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    o.device = resolve_device(o.device, host);
+  }
   if (o.mock_data && !o.data_path.empty())
     throw ConfigError("--mock-data and --data-path both given; choose one");
   if (o.data_path.empty()) {
@@ -152,6 +192,17 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   check.validate();
   t.validate(1);
   return true;
+}
+
+std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string& device) {
+  std::unique_ptr<Backend> be;
+  try {
+    be = make_backend(device, grid.local_rank(), grid.local_size(), grid.host());
+  } catch (const ConfigError& e) {
+    abort_job(e.what(), 2);
+  }
+  if (be->device() == Device::CUDA) grid.use_nccl(be->stream());
+  return be;
 }
 
 std::unique_ptr<TokenDataset> open_valid_data(const RunOptions& o) {

@@ -5,7 +5,9 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "backend/backend.hpp"
 #include "core/logging.hpp"
 #include "data/dataset.hpp"
 #include "model/gpt_config.hpp"
@@ -19,7 +21,7 @@ struct RunOptions {
   LogOptions log;
   int tp = 1, pp = 1;  // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
   int threads = 0;     // 0: this rank's share of the cores in its affinity mask
-  std::string device = "cpu";
+  std::string device = "auto";  // resolved to "cpu" or "cuda" by parse_run_options
   bool mock_data = false;  // synthetic data; also the source when no --data-path is given
   std::string data_path;   // prefix of HDF5 token shards
   std::string split = "969,30,1";
@@ -27,6 +29,9 @@ struct RunOptions {
   bool finetune = false;    // --load the model only: iteration, data and optimizer start fresh
   bool skip_train = false;  // evaluate (after --load) and exit
 };
+
+// "0,8,16" -> {0, 8, 16}; "all" -> {} (every rank). ConfigError naming `option` otherwise.
+std::vector<int> parse_rank_list(const std::string& text, const std::string& option);
 
 // Parses argv (and --config). Returns false when --help was printed. Throws ConfigError for an
 // unknown option, a bad value or a missing config file; validates everything before returning.
@@ -47,6 +52,12 @@ int affinity_cores();
 int default_threads(MPI_Comm node);
 // Sets the OpenMP and OpenBLAS thread counts.
 void set_num_threads(int n);
+
+class ProcessGrid;
+// This rank's backend for a resolved --device (resolve_device), on the GPU of its local rank;
+// with CUDA, the grid's device-tensor groups switch to NCCL (collective: every rank calls it).
+// A rank that cannot take its GPU ends the whole job with the reason (exit code 2).
+std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string& device);
 
 // What --dry-run prints: the layout, and per pipeline stage the parameters and estimated memory
 // of one rank of that stage.

@@ -65,6 +65,9 @@ void TrainConfig::validate(int dp_size) const {
   if (keep_checkpoints < 0)
     throw ConfigError(
         concat("--keep-checkpoints=", keep_checkpoints, " is out of range (allowed: >= 0)"));
+  if (profile && !(profile_step_start >= 0 && profile_step_end > profile_step_start))
+    throw ConfigError(concat("--profile-step-start=", profile_step_start, " / --profile-step-end=",
+                             profile_step_end, " capture nothing (allowed: 0 <= start < end)"));
   if (!(peak_tflops >= 0))
     throw ConfigError(concat("--peak-tflops=", peak_tflops, " is out of range (allowed: >= 0)"));
 }

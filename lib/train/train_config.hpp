@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tessera {
 
@@ -39,6 +40,12 @@ struct TrainConfig {
   double exit_duration_mins = 0;
   // A collective waiting longer than this ends the job (train/watchdog.hpp); 0: wait forever.
   double distributed_timeout_minutes = 10;
+  // Profiling (docs/profiling.md): with profile, cudaProfilerStart before iteration
+  // profile_step_start + 1 and cudaProfilerStop after iteration profile_step_end, on the ranks in
+  // profile_ranks (empty: every rank).
+  bool profile = false;
+  int64_t profile_step_start = 10, profile_step_end = 12;
+  std::vector<int> profile_ranks{0};
 
   int global_batch(int dp_size) const {
     return global_batch_size > 0 ? global_batch_size : micro_batch_size * dp_size;

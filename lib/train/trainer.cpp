@@ -10,6 +10,7 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "core/logging.hpp"
+#include "core/nvtx.hpp"
 #include "core/timer.hpp"
 #include "train/watchdog.hpp"
 
@@ -120,15 +121,19 @@ void Trainer::load_batch(StepStats& st) {
 void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepStats& st) {
   const int B = cfg_.micro_batch_size, T = model_cfg_.seq_length;
   const int64_t S = T + 1;
+  NVTX_RANGE("forward");
   const int slot = static_cast<int>(&a - slots_.data());
   if (sends_[slot]) sends_[slot]->wait();  // the slot's buffers may still be on their way out
-  int32_t* ids = a.ids.i32();
-  int32_t* tg = a.targets.i32();
+  // Inputs and targets of the micro-batch, staged on the host and copied to the backend.
+  host_ids_.resize(static_cast<size_t>(B) * T);
+  host_targets_.resize(static_cast<size_t>(B) * T);
   for (int b = 0; b < B; ++b) {
     const int32_t* sample = batch_.data() + (int64_t(micro) * B + b) * S;
-    std::memcpy(ids + b * T, sample, sizeof(int32_t) * T);
-    std::memcpy(tg + b * T, sample + 1, sizeof(int32_t) * T);
+    std::memcpy(host_ids_.data() + b * T, sample, sizeof(int32_t) * T);
+    std::memcpy(host_targets_.data() + b * T, sample + 1, sizeof(int32_t) * T);
   }
+  if (ctx_.first_stage()) be_.copy_from_host(a.ids, host_ids_.data());
+  if (ctx_.last_stage()) be_.copy_from_host(a.targets, host_targets_.data());
   if (ctx_.first_stage()) {
     model_->embed_forward(a);
   } else {
@@ -148,17 +153,18 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
 }
 
 void Trainer::backward_micro(int micro, Activations& a, StepStats& st) {
+  NVTX_RANGE("backward");
   const int slot = static_cast<int>(&a - slots_.data());
   if (micro == num_micro_batches() - 1) reducer_->begin();  // last micro-batch: grads finish now
   if (!ctx_.last_stage()) {
     Timer w;
-    ctx_.pp->recv(a.dres, ctx_.pp_rank + 1, kTagBackward);
+    ctx_.pp_backward()->recv(a.dres, ctx_.pp_rank + 1, kTagBackward);
     st.pipeline_wait_seconds += w.seconds();
   }
   model_->backward(a);
   if (!ctx_.first_stage()) {
     if (sends_[slot]) sends_[slot]->wait();
-    sends_[slot] = ctx_.pp->send_async(a.dres, ctx_.pp_rank - 1, kTagBackward);
+    sends_[slot] = ctx_.pp_backward()->send_async(a.dres, ctx_.pp_rank - 1, kTagBackward);
     st.p2p_bytes += a.dres.nbytes();
   }
 }
@@ -167,13 +173,16 @@ double Trainer::grad_norm_squared() {
   // Each parameter counted once across the grid: TP-replicated ones on tp rank 0 only, the tied
   // embedding copy of the last stage not at all (the first stage counts it); then summed over the
   // model-parallel group. After the DP reduction all DP replicas hold the same gradients.
-  const bool tied_copy = ctx_.pp_size > 1 && !ctx_.first_stage();
-  double local = 0;
-  for (const ParamSpec& s : model_->params().specs()) {
-    if (s.split_axis < 0 && ctx_.tp_rank != 0) continue;
-    if (tied_copy && s.name == "wte") continue;
-    local += be_.sum_squares(model_->params().grad(s));
+  NVTX_RANGE("grad-norm");
+  if (norm_grads_.empty()) {
+    const bool tied_copy = ctx_.pp_size > 1 && !ctx_.first_stage();
+    for (const ParamSpec& s : model_->params().specs()) {
+      if (s.split_axis < 0 && ctx_.tp_rank != 0) continue;
+      if (tied_copy && s.name == "wte") continue;
+      norm_grads_.push_back(model_->params().grad(s));
+    }
   }
+  double local = be_.sum_squares_all(norm_grads_);
   ctx_.model_parallel->all_reduce_f64(&local, 1, ReduceOp::Sum);
   return local;
 }
@@ -227,6 +236,7 @@ double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters)
 }
 
 StepStats Trainer::train_step() {
+  NVTX_RANGE("train-step");
   Timer timer;
   StepStats st;
   st.iteration = iteration_ + 1;
@@ -242,8 +252,12 @@ StepStats Trainer::train_step() {
   model_->zero_grads();
   run_micro_batches(true, grad_scale, st);
   Timer dp_wait;
-  reducer_->finish();
+  {
+    NVTX_RANGE("dp-grad-reduce-wait");
+    reducer_->finish();
+  }
   if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage())) {
+    NVTX_RANGE("embedding-grad-allreduce");
     Tensor dwte = model_->params().grad("wte");
     ctx_.embedding->all_reduce(dwte, ReduceOp::Sum);  // the tied embedding's two halves
   }
@@ -258,11 +272,15 @@ StepStats Trainer::train_step() {
     throw Error(detail::concat(
         "iteration ", st.iteration, ": loss is ", st.loss, " and grad norm is ", st.grad_norm,
         "; training stopped (lower --lr, raise --lr-warmup-iters or set --clip-grad)"));
-  clip_grads(model_->params(), be_, st.grad_norm, cfg_.clip_grad);
-  st.lr = schedule_.lr(st.iteration);
-  optimizer_->step(st.lr);
+  {
+    NVTX_RANGE("optimizer");
+    clip_grads(model_->params(), be_, st.grad_norm, cfg_.clip_grad);
+    st.lr = schedule_.lr(st.iteration);
+    optimizer_->step(st.lr);
+  }
   iteration_ = st.iteration;
   consumed_samples_ += cfg_.global_batch(ctx_.dp_size);
+  be_.synchronize();  // the step's time includes the device work it queued
   st.seconds = timer.seconds();
   return st;
 }
@@ -304,8 +322,22 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
   std::vector<StepStats> all;
   double interval_loss = 0, interval_seconds = 0;
   int in_interval = 0;
+  const bool profiling = cfg_.profile && profile_this_rank();
+  bool profiler_on = false;
   while (iteration_ < cfg_.train_iters) {
+    // Megatron's --profile-step-start/end: capture iterations start+1 .. end (as logged).
+    if (profiling && !profiler_on && iteration_ >= cfg_.profile_step_start &&
+        iteration_ < cfg_.profile_step_end) {
+      be_.profiler_start();
+      profiler_on = true;
+      TLOG(info) << "profiler started before iteration " << iteration_ + 1;
+    }
     StepStats s = train_step();
+    if (profiler_on && iteration_ >= cfg_.profile_step_end) {
+      be_.profiler_stop();
+      profiler_on = false;
+      TLOG(info) << "profiler stopped after iteration " << iteration_;
+    }
     all.push_back(s);
     interval_loss += s.loss;
     interval_seconds += s.seconds;
@@ -340,6 +372,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
                  << "): stopping after iteration " << s.iteration
                  << (cfg_.save.empty() ? " (no --save: nothing is saved)"
                                        : ", saving a checkpoint");
+      if (profiler_on) be_.profiler_stop();
       if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
       return all;
     }
@@ -356,13 +389,20 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
       break;
     }
   }
+  if (profiler_on) be_.profiler_stop();
   if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
   return all;
+}
+
+bool Trainer::profile_this_rank() const {
+  const std::vector<int>& r = cfg_.profile_ranks;
+  return r.empty() || std::find(r.begin(), r.end(), ctx_.world_rank) != r.end();
 }
 
 // ---- checkpoints ------------------------------------------------------------------------------
 
 void Trainer::save_checkpoint(const std::string& dir) {
+  NVTX_RANGE("checkpoint-save");
   Timer t;
   CheckpointMeta meta;
   meta.iteration = iteration_;
@@ -399,8 +439,20 @@ void Trainer::save_checkpoint(const std::string& dir) {
         std::sscanf(fault, "%d:%lld", &fault_rank, &fault_iter);  // "RANK[:FROM_ITERATION]"
       const int fail_after = fault_rank == ctx_.world_rank && iteration_ >= fault_iter ? 3 : -1;
       ParamStore& ps = model_->params();
-      ShardTensors tensors{&ps.specs(), ps.flat_params().f32(), optimizer_->exp_avg().f32(),
-                           optimizer_->exp_avg_sq().f32()};
+      // The writer reads host memory: device state is staged through host buffers first.
+      const float* host[3];
+      Tensor* state[3] = {&ps.flat_params(), &optimizer_->exp_avg(), &optimizer_->exp_avg_sq()};
+      std::vector<float> staged[3];
+      for (int k = 0; k < 3; ++k) {
+        if (be_.device() == Device::CPU) {
+          host[k] = state[k]->f32();
+        } else {
+          staged[k].resize(static_cast<size_t>(state[k]->numel()));
+          be_.copy_to_host(staged[k].data(), *state[k]);
+          host[k] = staged[k].data();
+        }
+      }
+      ShardTensors tensors{&ps.specs(), host[0], host[1], host[2]};
       write_checkpoint_shard(dir + "/" + iteration_dir_name(iteration_) + ".tmp/" +
                                  shard_file_name(ctx_.tp_rank, ctx_.pp_rank),
                              meta, model_->shard(), tensors, fail_after);
@@ -440,13 +492,17 @@ void Trainer::load_checkpoint(const std::string& dir, bool model_only) {
   const CheckpointMeta& m = r.meta();
   ParamStore& ps = model_->params();
   const bool optimizer = m.has_optimizer && !model_only;
+  std::vector<float> host;  // each slice is read on the host, then copied to the backend
+  auto load = [&](const char* group, const ParamSpec& s, Tensor dst) {
+    host.resize(static_cast<size_t>(s.numel()));
+    r.read_slice(group, s, host.data());
+    be_.copy_from_host(dst, host.data());
+  };
   for (const ParamSpec& s : ps.specs()) {
-    r.read_slice("model", s, ps.param(s).f32());
+    load("model", s, ps.param(s));
     if (optimizer) {
-      r.read_slice("optimizer/exp_avg", s,
-                   optimizer_->exp_avg().view(s.flat_offset, s.local_shape).f32());
-      r.read_slice("optimizer/exp_avg_sq", s,
-                   optimizer_->exp_avg_sq().view(s.flat_offset, s.local_shape).f32());
+      load("optimizer/exp_avg", s, optimizer_->exp_avg().view(s.flat_offset, s.local_shape));
+      load("optimizer/exp_avg_sq", s, optimizer_->exp_avg_sq().view(s.flat_offset, s.local_shape));
     }
   }
   if (!optimizer) {

@@ -91,6 +91,7 @@ class Trainer {
   void forward_micro(int micro, Activations& a, float grad_scale, StepStats& st);
   void backward_micro(int micro, Activations& a, StepStats& st);
   double grad_norm_squared();
+  bool profile_this_rank() const;
   void log_iteration(const StepStats& s, double interval_loss, double interval_seconds, int n);
 
   GPTConfig model_cfg_;
@@ -106,6 +107,8 @@ class Trainer {
   std::vector<std::unique_ptr<PendingOp>> sends_;  // per slot: the last send from its buffers
   std::vector<PipeStep> schedule_steps_;
   std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
+  std::vector<int32_t> host_ids_, host_targets_;  // one micro-batch, staged for the backend
+  std::vector<Tensor> norm_grads_;  // the gradients the global norm counts on this rank
   std::unique_ptr<Prefetcher> prefetch_;
   double loss_sum_ = 0;
   int64_t last_saved_ = -1;

@@ -2,6 +2,7 @@
 // itself where no GPU is visible (this is a CUDA build on a machine that may have none).
 #include <gtest/gtest.h>
 
+#include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/device.hpp"
 
 using namespace tessera;
@@ -32,7 +33,7 @@ TEST(CudaDevice, OutOfMemoryNamesTheRequest) {
     Tensor huge({int64_t(1) << 42}, DType::F32, cuda::device_allocator());  // 16 TiB
     FAIL() << "a 16 TiB allocation succeeded";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("out of device memory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("out of GPU memory"), std::string::npos) << e.what();
   }
 }
 
@@ -48,13 +49,14 @@ TEST(Nccl, AllReduceOnDeviceTensors) {
   MPI_Initialized(&initialized);
   if (!initialized) MPI_Init(nullptr, nullptr);
   cuda::set_device(0);
-  auto comm = make_nccl_communicator(MPI_COMM_WORLD);
+  auto be = make_cuda_backend();
+  auto comm = make_nccl_communicator(MPI_COMM_WORLD, be->stream());
   Tensor host({37});
   for (int i = 0; i < 37; ++i) host.f32()[i] = float(i);
   Tensor dev({37}, DType::F32, cuda::device_allocator());
-  cuda::copy_to_device(dev, host);
+  be->copy_from_host(dev, host.raw());
   comm->all_reduce(dev, ReduceOp::Sum);
   Tensor back = Tensor::zeros({37});
-  cuda::copy_to_host(back, dev);
+  be->copy_to_host(back.raw(), dev);
   for (int i = 0; i < 37; ++i) ASSERT_EQ(back.f32()[i], float(i * comm->size()));
 }

@@ -37,19 +37,19 @@ class CudaOps : public ::testing::Test {
   }
   Tensor dev(const Tensor& h) {
     Tensor d(h.shape(), h.dtype(), cuda::device_allocator());
-    cuda::copy_to_device(d, h);
+    gpu_->copy_from_host(d, h.raw());
     return d;
   }
   Tensor poisoned(Shape s) {  // all bits set: NaN in f32
     Tensor d(std::move(s), DType::F32, cuda::device_allocator());
     Tensor h(d.shape());
     std::memset(h.raw(), 0xff, h.nbytes());
-    cuda::copy_to_device(d, h);
+    gpu_->copy_from_host(d, h.raw());
     return d;
   }
   Tensor host(const Tensor& d) {
     Tensor h(d.shape(), d.dtype());
-    cuda::copy_to_host(h, d);
+    gpu_->copy_to_host(h.raw(), d);
     return h;
   }
   // |gpu - cpu| <= tol * max|cpu| for every element, cpu not all zero, gpu fully written.

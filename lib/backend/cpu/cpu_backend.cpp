@@ -1,5 +1,6 @@
 // cpu_backend.cpp: the reference backend: the templated kernels of backend/cpu/ on f32 host
 // tensors.
+#include <cstring>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -35,6 +36,14 @@ class CpuBackend final : public Backend {
   Allocator& allocator() override { return cpu_allocator(); }
 
   void zero(Tensor& t) override { t.zero_(); }
+  void copy_from_host(Tensor& dst, const void* src) override {
+    TESSERA_CHECK(dst.device() == Device::CPU, "copy_from_host: not a host tensor");
+    std::memcpy(dst.raw(), src, dst.nbytes());
+  }
+  void copy_to_host(void* dst, const Tensor& src) override {
+    TESSERA_CHECK(src.device() == Device::CPU, "copy_to_host: not a host tensor");
+    std::memcpy(dst, src.raw(), src.nbytes());
+  }
 
   void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table,
                          int64_t row_begin) override {

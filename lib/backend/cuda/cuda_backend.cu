@@ -2,6 +2,7 @@
 // Kernels favour determinism over speed where the two conflict: every reduction has one owner
 // thread or a fixed order, so results do not change from run to run (exact resume needs this).
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -381,7 +382,9 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
 }
 constexpr int kSumBlocks = 256;
 // Fixed grid and fixed per-thread order: the same partial sums on every run.
-__global__ void sum_squares_kernel(double* partial, const float* x, int64_t n) {
+// partial[block] (+)= the block's sum of squares; accumulate chains several tensors in a fixed
+// order (deterministic).
+__global__ void sum_squares_kernel(double* partial, const float* x, int64_t n, bool accumulate) {
   __shared__ double sh[kThreads];
   double s = 0;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -392,7 +395,7 @@ __global__ void sum_squares_kernel(double* partial, const float* x, int64_t n) {
   if (threadIdx.x == 0) {
     double t = 0;
     for (int k = 0; k < blockDim.x; ++k) t += sh[k];
-    partial[blockIdx.x] = t;
+    partial[blockIdx.x] = accumulate ? partial[blockIdx.x] + t : t;
   }
 }
 
@@ -434,6 +437,26 @@ class CudaBackend final : public Backend {
   void zero(Tensor& t) override {
     expect_device(t, "zero");
     CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, t.nbytes(), stream_));
+  }
+  void copy_from_host(Tensor& dst, const void* src) override {
+    expect_device(dst, "copy_from_host destination");
+    // Pageable source: cudaMemcpyAsync stages it before returning, so src may be reused.
+    CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+  }
+  void copy_to_host(void* dst, const Tensor& src) override {
+    expect_device(src, "copy_to_host source");
+    CUDA_CHECK(cudaMemcpyAsync(dst, src.raw(), src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void* stream() override { return stream_; }
+  void profiler_start() override {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaProfilerStart());
+  }
+  void profiler_stop() override {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaProfilerStop());
   }
   void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table,
                          int64_t row_begin) override {
@@ -591,9 +614,17 @@ class CudaBackend final : public Backend {
         (float)(1.0 - h.lr * weight_decay));
     LAUNCH_CHECK();
   }
-  double sum_squares(const Tensor& x) override {
-    sum_squares_kernel<<<kSumBlocks, kThreads, 0, stream_>>>(partials_, x.f32(), x.numel());
-    LAUNCH_CHECK();
+  double sum_squares(const Tensor& x) override { return sum_squares_all({x}); }
+  double sum_squares_all(const std::vector<Tensor>& xs) override {
+    bool first = true;
+    for (const Tensor& x : xs) {
+      expect_device(x, "sum_squares input");
+      sum_squares_kernel<<<kSumBlocks, kThreads, 0, stream_>>>(partials_, x.f32(), x.numel(),
+                                                               !first);
+      LAUNCH_CHECK();
+      first = false;
+    }
+    if (first) return 0.0;
     double host[kSumBlocks];
     CUDA_CHECK(cudaMemcpyAsync(host, partials_, sizeof host, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -1,5 +1,7 @@
 // device.cu: device discovery, the device allocator and host<->device copies.
+#include <atomic>
 #include <cstdio>
+#include <string>
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/device.hpp"
@@ -28,7 +30,19 @@ void set_device(int index) {
   CUDA_CHECK(cudaSetDevice(index));
 }
 
+int current_device() {
+  int d = 0;
+  CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+void memory_info(size_t* free_bytes, size_t* total_bytes) {
+  CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
 namespace {
+std::atomic<size_t> g_allocated{0}, g_peak{0};
+
 class DeviceAllocator final : public Allocator {
  public:
   void* allocate(size_t bytes) override {
@@ -38,19 +52,38 @@ class DeviceAllocator final : public Allocator {
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
-      char buf[256];
+      const std::string& what = AllocationLabel::current();
+      char buf[512];
       std::snprintf(buf, sizeof buf,
-                    "out of device memory: needed %.3f GiB, %.3f GiB free of %.3f GiB; reduce "
-                    "--micro-batch-size or use more tensor/pipeline parallelism",
-                    bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
+                    "out of GPU memory allocating %s: needed %.3f GiB, %.3f GiB free of %.3f GiB "
+                    "(%.3f GiB already held by Tessera); lower --micro-batch-size, or raise "
+                    "--tensor-model-parallel-size / --pipeline-model-parallel-size (--dry-run "
+                    "prints the estimate per rank)",
+                    what.empty() ? "a buffer" : what.c_str(), bytes / 1073741824.0,
+                    free_b / 1073741824.0, total_b / 1073741824.0,
+                    g_allocated.load() / 1073741824.0);
       throw Error(buf);
+    }
+    const size_t now = g_allocated += bytes;
+    size_t peak = g_peak.load();
+    while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
     }
     return p;
   }
-  void deallocate(void* p, size_t) override { cudaFree(p); }
+  void deallocate(void* p, size_t bytes) override {
+    cudaFree(p);
+    g_allocated -= bytes;
+  }
   Device device() const override { return Device::CUDA; }
 };
 }  // namespace
+
+size_t allocated_bytes() {
+  return g_allocated.load();
+}
+size_t peak_allocated_bytes() {
+  return g_peak.load();
+}
 
 Allocator& device_allocator() {
   static DeviceAllocator alloc;
@@ -61,6 +94,7 @@ void copy_to_device(Tensor& dst, const Tensor& src) {
   TESSERA_CHECK(dst.device() == Device::CUDA && src.device() == Device::CPU &&
                     dst.nbytes() == src.nbytes() && dst.dtype() == src.dtype(),
                 "copy_to_device needs a device destination and a host source of equal size");
+  CUDA_CHECK(cudaDeviceSynchronize());  // after every stream's work (backends use their own)
   CUDA_CHECK(cudaMemcpy(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyHostToDevice));
 }
 
@@ -68,6 +102,7 @@ void copy_to_host(Tensor& dst, const Tensor& src) {
   TESSERA_CHECK(dst.device() == Device::CPU && src.device() == Device::CUDA &&
                     dst.nbytes() == src.nbytes() && dst.dtype() == src.dtype(),
                 "copy_to_host needs a host destination and a device source of equal size");
+  CUDA_CHECK(cudaDeviceSynchronize());
   CUDA_CHECK(cudaMemcpy(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToHost));
 }
 

@@ -13,9 +13,16 @@ int device_count();
 std::string device_description(int index);
 // Makes `index` current for this thread.
 void set_device(int index);
+int current_device();
+// Free and total bytes of the current device.
+void memory_info(size_t* free_bytes, size_t* total_bytes);
 
-// Device memory from cudaMalloc; out-of-memory names the request and the free memory.
+// Device memory from cudaMalloc; out-of-memory names the buffer (AllocationLabel), the request
+// and the free memory, and says what to change.
 Allocator& device_allocator();
+// Bytes held through device_allocator() now, and the most ever held at once.
+size_t allocated_bytes();
+size_t peak_allocated_bytes();
 
 // Copies between host and device tensors of the same dtype and size.
 void copy_to_device(Tensor& dst, const Tensor& src);

@@ -1,0 +1,86 @@
+// select.cpp: --device resolution and per-rank GPU selection.
+#include "backend/select.hpp"
+
+#include <cstdlib>
+
+#include "core/error.hpp"
+
+#ifdef TESSERA_HAVE_CUDA
+#include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda/device.hpp"
+#endif
+
+namespace tessera {
+
+using detail::concat;
+
+bool cuda_built() {
+#ifdef TESSERA_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int visible_gpus() {
+#ifdef TESSERA_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+std::string resolve_device(const std::string& device, const std::string& host) {
+  if (device == "cpu") return "cpu";
+  if (device == "auto") return cuda_built() && visible_gpus() > 0 ? "cuda" : "cpu";
+  if (device != "cuda")
+    throw ConfigError("--device=" + device + " is not a device (allowed: cpu, cuda, auto)");
+  if (!cuda_built())
+    throw ConfigError(
+        "--device=cuda: this build has no CUDA backend (nvcc was not found when CMake ran); "
+        "rebuild with the CUDA toolkit in /usr/local/cuda, or use --device cpu");
+  if (visible_gpus() == 0) {
+    const char* vis = std::getenv("CUDA_VISIBLE_DEVICES");
+    throw ConfigError(concat("--device=cuda: no CUDA device is visible on ", host,
+                             vis ? concat(" (CUDA_VISIBLE_DEVICES=", vis, ")") : std::string(),
+                             "; check the driver (nvidia-smi) and the job's GPU request "
+                             "(--gpus-per-node), or use --device cpu"));
+  }
+  return "cuda";
+}
+
+int choose_gpu(int local_rank, int local_size, int gpus, const std::string& host) {
+  if (gpus <= 0)
+    throw ConfigError(concat("--device=cuda: no CUDA device is visible on ", host));
+  if (local_size > gpus)
+    throw ConfigError(concat(local_size, " ranks share ", host, ", which has ", gpus,
+                             " visible GPU", gpus == 1 ? "" : "s",
+                             "; start at most one rank per GPU (e.g. srun --ntasks-per-node=",
+                             gpus, ", or mpirun -np ", gpus, " per node)"));
+  TESSERA_CHECK(local_rank >= 0 && local_rank < local_size, "local rank ", local_rank,
+                " outside the ", local_size, " ranks of the node");
+  return local_rank;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank, int local_size,
+                                      const std::string& host) {
+  if (device == "cpu") return make_cpu_backend();
+  TESSERA_CHECK(device == "cuda", "make_backend: unresolved device '", device, "'");
+#ifdef TESSERA_HAVE_CUDA
+  cuda::set_device(choose_gpu(local_rank, local_size, visible_gpus(), host));
+  return make_cuda_backend();
+#else
+  (void)local_rank;
+  (void)local_size;
+  throw ConfigError("--device=cuda: this build has no CUDA backend (" + host + ")");
+#endif
+}
+
+std::string backend_description(Backend& be) {
+#ifdef TESSERA_HAVE_CUDA
+  if (be.device() == Device::CUDA) return cuda::device_description(cuda::current_device());
+#endif
+  return be.name();
+}
+
+}  // namespace tessera

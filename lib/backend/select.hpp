@@ -1,0 +1,32 @@
+// select.hpp: which backend a rank runs on (--device cpu|cuda|auto) and which GPU it takes
+// (DESIGN.md invariant 1: the local rank's GPU, from MPI_COMM_TYPE_SHARED).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.hpp"
+
+namespace tessera {
+
+// True when this build contains the CUDA backend (nvcc was found at configure time).
+bool cuda_built();
+// GPUs visible to this process (0 without CUDA, a driver or a device).
+int visible_gpus();
+
+// "cpu" or "cuda" for a --device value: "auto" is cuda when a GPU is visible and this build has
+// CUDA, else cpu. ConfigError for another value, or cuda where it cannot run (names the host).
+std::string resolve_device(const std::string& device, const std::string& host);
+
+// The GPU of local rank `local_rank` of `local_size` ranks on a node with `gpus` GPUs: the local
+// rank itself. ConfigError when more ranks than GPUs share the node (each rank needs its own).
+int choose_gpu(int local_rank, int local_size, int gpus, const std::string& host);
+
+// The backend for a resolved device; for cuda, selects the GPU (choose_gpu) first.
+std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank, int local_size,
+                                      const std::string& host);
+
+// "NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90" for the current GPU, "cpu" on the CPU backend.
+std::string backend_description(Backend& be);
+
+}  // namespace tessera
