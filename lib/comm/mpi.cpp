@@ -1,6 +1,8 @@
 // mpi.cpp: MPI runtime, communicator handles and host collectives.
 #include "comm/mpi.hpp"
 
+#include "core/nvtx.hpp"
+
 #include <unistd.h>
 
 #include <climits>
@@ -115,12 +117,14 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
 }
 
 void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
+  NVTX_RANGE("mpi-all-reduce");
   expect_host_f32(t);
   if (size_ == 1) return;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t.raw(), count_of(t), MPI_FLOAT, mpi_op(op), comm_));
 }
 
 std::unique_ptr<PendingOp> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) {
+  NVTX_RANGE("mpi-all-reduce-async");
   expect_host_f32(t);
   MPI_Request req = MPI_REQUEST_NULL;
   if (size_ > 1)
@@ -130,16 +134,19 @@ std::unique_ptr<PendingOp> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp
 }
 
 void MpiCommunicator::all_reduce_f64(double* data, int64_t n, ReduceOp op) {
+  NVTX_RANGE("mpi-all-reduce-f64");
   if (size_ == 1) return;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, mpi_op(op), comm_));
 }
 
 void MpiCommunicator::broadcast(Tensor& t, int root) {
+  NVTX_RANGE("mpi-broadcast");
   expect_host_f32(t);
   MPI_CHECK(MPI_Bcast(t.raw(), count_of(t), MPI_FLOAT, root, comm_));
 }
 
 void MpiCommunicator::all_gather(Tensor& out, const Tensor& in) {
+  NVTX_RANGE("mpi-all-gather");
   expect_host_f32(in);
   TESSERA_CHECK(out.numel() == in.numel() * size_, "all_gather output of ", out.numel(),
                 " elements for ", size_, " x ", in.numel());
@@ -148,6 +155,7 @@ void MpiCommunicator::all_gather(Tensor& out, const Tensor& in) {
 }
 
 void MpiCommunicator::reduce_scatter(Tensor& out, const Tensor& in) {
+  NVTX_RANGE("mpi-reduce-scatter");
   expect_host_f32(in);
   TESSERA_CHECK(in.numel() == out.numel() * size_, "reduce_scatter input of ", in.numel(),
                 " elements for ", size_, " x ", out.numel());
@@ -156,6 +164,7 @@ void MpiCommunicator::reduce_scatter(Tensor& out, const Tensor& in) {
 }
 
 std::unique_ptr<PendingOp> MpiCommunicator::send_async(const Tensor& t, int peer, int tag) {
+  NVTX_RANGE("mpi-send");
   expect_host_f32(t);
   MPI_Request req = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Isend(t.raw(), count_of(t), MPI_FLOAT, peer, tag, comm_, &req));
@@ -163,6 +172,7 @@ std::unique_ptr<PendingOp> MpiCommunicator::send_async(const Tensor& t, int peer
 }
 
 void MpiCommunicator::recv(Tensor& t, int peer, int tag) {
+  NVTX_RANGE("mpi-recv");
   expect_host_f32(t);
   MPI_CHECK(MPI_Recv(t.raw(), count_of(t), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE));
 }

@@ -10,6 +10,8 @@
 #endif
 #endif
 
+#include <cstdint>
+
 namespace tessera {
 
 // Pushes a named range for the lifetime of the object (one thread's nested ranges).
@@ -24,6 +26,22 @@ class NvtxRange {
   NvtxRange(const NvtxRange&) = delete;
   NvtxRange& operator=(const NvtxRange&) = delete;
 };
+
+// A range that may start and end in different scopes (e.g. the captured iterations), for
+// nsys --capture-range=nvtx. Returns an id for nvtx_range_end.
+#ifdef TESSERA_HAVE_NVTX
+inline uint64_t nvtx_range_start(const char* name) {
+  return nvtxRangeStartA(name);
+}
+inline void nvtx_range_end(uint64_t id) {
+  nvtxRangeEnd(id);
+}
+#else
+inline uint64_t nvtx_range_start(const char*) {
+  return 0;
+}
+inline void nvtx_range_end(uint64_t) {}
+#endif
 
 }  // namespace tessera
 

@@ -1,6 +1,8 @@
 // gpt.cpp: GPT-2 forward and backward on one rank's shard.
 #include "model/gpt.hpp"
 
+#include "core/nvtx.hpp"
+
 namespace tessera {
 
 namespace {
@@ -37,6 +39,8 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   for (int l = shard_.layer_begin; l < shard_.layer_end; ++l) {
     weights_.push_back(layer_tensors(*params_, l, false));
     grads_.push_back(layer_tensors(*params_, l, true));
+    range_names_.push_back("layer-" + std::to_string(l) + "-forward");
+    range_names_.push_back("layer-" + std::to_string(l) + "-backward");
   }
 }
 
@@ -141,6 +145,7 @@ Tensor& GPTModel::stage_output(Activations& a) {
 // forward
 
 void GPTModel::embed_forward(Activations& a) {
+  NVTX_RANGE("embedding-forward");
   TESSERA_CHECK(shard_.has_embedding, "embed_forward on a stage without the embedding");
   Tensor x = a.input.reshape({int64_t(a.B) * a.T, cfg_.hidden_size});
   be_.embedding_forward(x, a.ids, params_->param("wte"), vocab_begin_);
@@ -149,6 +154,7 @@ void GPTModel::embed_forward(Activations& a) {
 }
 
 void GPTModel::block_forward(int l, Activations& a) {
+  NvtxRange range(range_names_[2 * (l - shard_.layer_begin)].c_str());
   const LayerWeights& w = weights_[l - shard_.layer_begin];
   LayerActivations& la = acts_of(l, a);
   const Tensor& x = layer_input(l, a);
@@ -169,6 +175,7 @@ void GPTModel::block_forward(int l, Activations& a) {
 }
 
 double GPTModel::head_forward(Activations& a, float grad_scale) {
+  NVTX_RANGE("head-forward-loss");
   TESSERA_CHECK(shard_.has_head, "head_forward on a stage without the output layer");
   const Tensor& h = stage_output(a);
   be_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, h, params_->param("lnf.weight"),
@@ -201,6 +208,7 @@ double GPTModel::forward(Activations& a, float grad_scale) {
 // backward
 
 void GPTModel::head_backward(Activations& a) {
+  NVTX_RANGE("head-backward");
   // logits now hold dlogits. dlnf = dlogits * wte is a partial sum over vocabulary shards.
   Tensor dwte = params_->grad("wte");
   be_.matmul_backward(&a.dln, dwte, nullptr, a.logits, a.lnf, params_->param("wte"));
@@ -212,6 +220,7 @@ void GPTModel::head_backward(Activations& a) {
 }
 
 void GPTModel::block_backward(int l, Activations& a) {
+  NvtxRange range(range_names_[2 * (l - shard_.layer_begin) + 1].c_str());
   const LayerWeights& w = weights_[l - shard_.layer_begin];
   LayerWeights& g = grads_[l - shard_.layer_begin];
   LayerActivations& la = acts_of(l, a);
@@ -232,6 +241,7 @@ void GPTModel::block_backward(int l, Activations& a) {
 }
 
 void GPTModel::embed_backward(Activations& a) {
+  NVTX_RANGE("embedding-backward");
   Tensor dwte = params_->grad("wte"), dwpe = params_->grad("wpe");
   const Tensor d = a.dres.reshape({int64_t(a.B) * a.T, cfg_.hidden_size});
   be_.embedding_backward(dwte, d, a.ids, vocab_begin_);

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -116,6 +117,7 @@ class GPTModel {
   std::unique_ptr<ParamStore> params_;
   std::vector<LayerWeights> weights_, grads_;  // indexed by layer - layer_begin
   std::vector<float> host_losses_;              // staging for the loss readback
+  std::vector<std::string> range_names_;        // NVTX: layer-L-forward, layer-L-backward
 };
 
 }  // namespace tessera

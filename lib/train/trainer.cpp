@@ -329,11 +329,16 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
     if (profiling && !profiler_on && iteration_ >= cfg_.profile_step_start &&
         iteration_ < cfg_.profile_step_end) {
       be_.profiler_start();
+      profile_range_ = nvtx_range_start("profile");
       profiler_on = true;
-      TLOG(info) << "profiler started before iteration " << iteration_ + 1;
+      TLOG(info) << "profiling iterations " << iteration_ + 1 << " to " << cfg_.profile_step_end
+                 << (be_.device() == Device::CPU
+                         ? " (CPU backend: NVTX range 'profile', for nsys --capture-range=nvtx)"
+                         : " (cudaProfilerStart; NVTX range 'profile')");
     }
     StepStats s = train_step();
     if (profiler_on && iteration_ >= cfg_.profile_step_end) {
+      nvtx_range_end(profile_range_);
       be_.profiler_stop();
       profiler_on = false;
       TLOG(info) << "profiler stopped after iteration " << iteration_;
@@ -372,7 +377,10 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
                  << "): stopping after iteration " << s.iteration
                  << (cfg_.save.empty() ? " (no --save: nothing is saved)"
                                        : ", saving a checkpoint");
-      if (profiler_on) be_.profiler_stop();
+      if (profiler_on) {
+        nvtx_range_end(profile_range_);
+        be_.profiler_stop();
+      }
       if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
       return all;
     }
@@ -389,7 +397,10 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
       break;
     }
   }
-  if (profiler_on) be_.profiler_stop();
+  if (profiler_on) {
+    nvtx_range_end(profile_range_);
+    be_.profiler_stop();
+  }
   if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
   return all;
 }

@@ -27,6 +27,13 @@ expect 2 "seq-length=256 exceeds --max-position-embeddings=128" -- --seq-length 
 expect 2 "micro-batch-size=0" -- --micro-batch-size 0
 expect 2 "/does/not/exist.ini" -- --config /does/not/exist.ini
 expect 2 "lr-decay-style" -- --lr-decay-style sometimes
+expect 2 "--device=tpu is not a device" -- --device tpu
+if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must say so, not crash
+  expect 2 "--device=cuda: (no CUDA device is visible|this build has no CUDA)" -- --device cuda
+fi
+expect 2 "profile-step-start=5 / --profile-step-end=5 capture nothing" -- --profile --profile-step-start 5 --profile-step-end 5
+expect 2 "--profile-ranks=0,x is not a list of ranks" -- --profile-ranks 0,x
+expect 0 "profiling iterations 2 to 3" -- --config "$configs/gpt2-tiny.ini" --device cpu --train-iters 4 --log-interval 1 --profile --profile-step-start 1 --profile-step-end 3
 expect 0 "--tensor-model-parallel-size|--num-layers" -- --help
 expect 0 "stage 0 .*memory per rank" -- --config "$configs/gpt2-tiny.ini" --dry-run
 for c in gpt2-124m gpt2-345m gpt2-1.3b; do  # the shipped configurations are valid

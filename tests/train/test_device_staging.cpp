@@ -128,3 +128,52 @@ TEST(SimDevice, EvaluationAndGenerationEqualTheCpuBackend) {
   EXPECT_EQ(rc.completions, rs.completions);
   EXPECT_EQ(rc.generated_tokens, 18);
 }
+
+// ---- device selection (DESIGN.md invariant 1) ---------------------------------------------------
+
+#include "backend/select.hpp"
+#include "train/options.hpp"
+
+TEST(DeviceSelection, EachLocalRankTakesItsOwnGpu) {
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(choose_gpu(r, 8, 8, "node1"), r);
+  EXPECT_EQ(choose_gpu(1, 2, 4, "node1"), 1);  // fewer ranks than GPUs: the first ones
+}
+
+TEST(DeviceSelection, MoreRanksThanGpusIsAnErrorNamingTheHost) {
+  try {
+    choose_gpu(0, 8, 4, "node7");
+    FAIL() << "8 ranks on 4 GPUs accepted";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("8 ranks share node7, which has 4 visible GPUs"), std::string::npos) << m;
+    EXPECT_NE(m.find("--ntasks-per-node=4"), std::string::npos) << m;
+  }
+  EXPECT_THROW(choose_gpu(0, 1, 0, "node7"), ConfigError);
+}
+
+TEST(DeviceSelection, DeviceOptionValues) {
+  EXPECT_EQ(resolve_device("cpu", "h"), "cpu");
+  EXPECT_THROW(resolve_device("tpu", "h"), ConfigError);
+  const std::string a = resolve_device("auto", "h");
+  EXPECT_EQ(a, visible_gpus() > 0 && cuda_built() ? "cuda" : "cpu");
+  if (visible_gpus() == 0) {
+    try {
+      resolve_device("cuda", "nodeX");
+      FAIL() << "--device cuda accepted without a GPU";
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(cuda_built() ? "no CUDA device is visible on nodeX" : "no CUDA backend"),
+                std::string::npos)
+          << m;
+    }
+  }
+}
+
+TEST(DeviceSelection, ProfileRankLists) {
+  EXPECT_EQ(parse_rank_list("0", "--profile-ranks"), std::vector<int>{0});
+  EXPECT_EQ(parse_rank_list("0,8,16", "--profile-ranks"), (std::vector<int>{0, 8, 16}));
+  EXPECT_TRUE(parse_rank_list("all", "--profile-ranks").empty());
+  EXPECT_THROW(parse_rank_list("0,x", "--profile-ranks"), ConfigError);
+  EXPECT_THROW(parse_rank_list("-1", "--profile-ranks"), ConfigError);
+  EXPECT_THROW(parse_rank_list("", "--profile-ranks"), ConfigError);
+}
