@@ -271,6 +271,24 @@ void set_num_threads(int n) {
   openblas_set_num_threads(n);
 }
 
+MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
+                                    const GridLayout& layout, int stage) {
+  ParallelContext ctx;
+  ctx.tp_size = layout.tp;
+  ctx.pp_size = layout.pp;
+  ctx.pp_rank = stage;
+  const ModelShard shard = make_model_shard(cfg, ctx);
+  MemoryEstimate e;
+  for (const auto& s : build_param_specs(cfg, shard)) e.parameters += s.numel();
+  e.slots = pipeline_slots(layout.pp, stage, t.num_micro_batches(layout.dp));
+  e.param_bytes = 4.0 * e.parameters;
+  e.grad_bytes = 4.0 * e.parameters;
+  e.optimizer_bytes = 8.0 * e.parameters;
+  e.activation_bytes =
+      4.0 * e.slots * activation_elems(cfg, shard, t.micro_batch_size, cfg.seq_length);
+  return e;
+}
+
 std::string dry_run_report(const RunOptions& o, int world_size) {
   const int world = world_size > 1 ? world_size : o.tp * o.pp;
   const GridLayout layout = GridLayout::make(world, o.tp, o.pp);
@@ -298,13 +316,11 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
     ctx.pp_size = layout.pp;
     ctx.pp_rank = stage;
     const ModelShard shard = make_model_shard(o.model, ctx);
-    int64_t local = 0;
-    for (const auto& s : build_param_specs(o.model, shard)) local += s.numel();
-    const int slots = pipeline_slots(layout.pp, stage, micro);
-    const double act =
-        4.0 * slots *
-        activation_elems(o.model, shard, o.train.micro_batch_size, o.model.seq_length);
-    const double p = 4.0 * local, g = 4.0 * local, adam = 8.0 * local;
+    const MemoryEstimate e = estimate_rank_memory(o.model, o.train, layout, stage);
+    const int64_t local = e.parameters;
+    const int slots = e.slots;
+    const double act = e.activation_bytes, p = e.param_bytes, g = e.grad_bytes,
+                 adam = e.optimizer_bytes;
     std::snprintf(buf, sizeof buf,
                   "stage %d (layers %d-%d%s%s): parameters per rank %lld | memory per rank (GiB): "
                   "parameters %.3f, gradients %.3f, optimizer state %.3f, activations %.3f "

@@ -59,6 +59,18 @@ class ProcessGrid;
 // A rank that cannot take its GPU ends the whole job with the reason (exit code 2).
 std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string& device);
 
+// What one rank of pipeline stage `stage` holds (fp32 training): the figures --dry-run prints
+// and the GPU benchmark compares its measured peak with.
+struct MemoryEstimate {
+  int64_t parameters = 0;  // on this rank
+  int slots = 1;           // micro-batches whose activations are alive at once (1F1B)
+  double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+  double total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes; }
+};
+struct GridLayout;
+MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
+                                    const GridLayout& layout, int stage);
+
 // What --dry-run prints: the layout, and per pipeline stage the parameters and estimated memory
 // of one rank of that stage.
 std::string dry_run_report(const RunOptions& opts, int world_size);

@@ -84,6 +84,9 @@ size_t allocated_bytes() {
 size_t peak_allocated_bytes() {
   return g_peak.load();
 }
+void reset_peak_allocated_bytes() {
+  g_peak = g_allocated.load();
+}
 
 Allocator& device_allocator() {
   static DeviceAllocator alloc;

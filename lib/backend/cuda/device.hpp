@@ -23,6 +23,7 @@ Allocator& device_allocator();
 // Bytes held through device_allocator() now, and the most ever held at once.
 size_t allocated_bytes();
 size_t peak_allocated_bytes();
+void reset_peak_allocated_bytes();  // the peak restarts from what is held now
 
 // Copies between host and device tensors of the same dtype and size.
 void copy_to_device(Tensor& dst, const Tensor& src);

@@ -1,0 +1,117 @@
+// bench_gpu_train: training-step throughput of one GPU on GPT-2 124M (seq 1024) and a 1.3B
+// config (24 layers, hidden 2048, 16 heads, seq 2048), printing tokens/s, achieved TFLOP/s and
+// MFU against the device's peak dense bf16 rate, and the peak device memory against the
+// --dry-run estimate. Target: >= 45% MFU on one H100 for the 1.3B config (docs/performance.md).
+//
+// FLOPs are Megatron's count (Narayanan et al. 2021, without recomputation):
+//   per token = 72 L h^2 + 12 L s h + 6 h V   (= GPTConfig::train_flops_per_token)
+// i.e. 6 x (matmul parameters) plus the attention score and value products, forward and backward.
+//
+// Usage: bench_gpu_train [124m|1.3b|all=all] [steps=10] [micro_batch=0: per model] [peak_tflops=0:
+// from the device name]
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/select.hpp"
+#include "comm/process_grid.hpp"
+#include "core/timer.hpp"
+#include "data/dataset.hpp"
+#include "train/options.hpp"
+#include "train/trainer.hpp"
+
+#ifdef TESSERA_HAVE_CUDA
+#include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda/device.hpp"
+#endif
+
+using namespace tessera;
+
+namespace {
+
+struct Preset {
+  const char* name;
+  int layers, hidden, heads, seq, micro_batch;
+};
+const Preset kPresets[] = {{"124m", 12, 768, 12, 1024, 8}, {"1.3b", 24, 2048, 16, 2048, 2}};
+
+// Dense bf16 tensor-core peak (TFLOP/s, no sparsity) from the device name; 0 when unknown.
+double peak_bf16_tflops(const std::string& device) {
+  if (device.find("H100") != std::string::npos)
+    return device.find("PCIe") != std::string::npos ? 756.0 : 989.4;  // SXM5 (and NVL ~ SXM)
+  if (device.find("H200") != std::string::npos) return 989.4;
+  if (device.find("A100") != std::string::npos) return 312.0;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string which = argc > 1 ? argv[1] : "all";
+  const int steps = argc > 2 ? std::atoi(argv[2]) : 10;
+  const int mbs_arg = argc > 3 ? std::atoi(argv[3]) : 0;
+  double peak = argc > 4 ? std::atof(argv[4]) : 0;
+#ifndef TESSERA_HAVE_CUDA
+  (void)which, (void)steps, (void)mbs_arg, (void)peak;
+  std::fprintf(stderr, "bench_gpu_train: this build has no CUDA backend\n");
+  return 2;
+#else
+  if (cuda::device_count() == 0) {
+    std::fprintf(stderr, "bench_gpu_train: no CUDA device is visible; run it on the GPU machine "
+                         "(scripts/gpu-check.sh)\n");
+    return 2;
+  }
+  cuda::set_device(0);
+  const std::string device = cuda::device_description(0);
+  if (peak <= 0) peak = peak_bf16_tflops(device);
+  std::printf("bench_gpu_train: %s; peak dense bf16 %.1f TFLOP/s%s; fp32 training (the CUDA "
+              "backend's only precision so far)\n",
+              device.c_str(), peak, peak > 0 ? "" : " (unknown device: MFU not printed)");
+  for (const Preset& p : kPresets) {
+    if (which != "all" && which != p.name) continue;
+    GPTConfig m;
+    m.num_layers = p.layers;
+    m.hidden_size = p.hidden;
+    m.num_attention_heads = p.heads;
+    m.seq_length = p.seq;
+    m.max_position_embeddings = p.seq;
+    m.vocab_size = 50257;
+    TrainConfig t;
+    t.micro_batch_size = mbs_arg > 0 ? mbs_arg : p.micro_batch;
+    t.global_batch_size = t.micro_batch_size;
+    t.train_iters = steps + 2;
+    t.lr = 1e-4;
+    t.log_interval = 1 << 30;
+    const MemoryEstimate est = estimate_rank_memory(m, t, GridLayout::make(1, 1, 1), 0);
+    try {
+      cuda::reset_peak_allocated_bytes();
+      auto be = make_cuda_backend();
+      auto data = make_mock_dataset(m.vocab_size, m.seq_length, 1);
+      Trainer trainer(m, t, *be, *data);
+      for (int i = 0; i < 2; ++i) trainer.train_step();  // warm-up: cuBLAS heuristics, caches
+      be->synchronize();
+      Timer timer;
+      double loss = 0;
+      for (int i = 0; i < steps; ++i) loss = trainer.train_step().loss;
+      be->synchronize();
+      const double sec = timer.seconds() / steps;
+      const double tokens = double(t.micro_batch_size) * m.seq_length;
+      const double tflops = m.train_flops_per_token() * tokens / sec / 1e12;
+      std::printf(
+          "%-5s: %d layers, hidden %d, seq %d, micro-batch %d, %lld parameters | %.1f ms/step | "
+          "%.0f tokens/s | %.1f TFLOP/s",
+          p.name, p.layers, p.hidden, p.seq, t.micro_batch_size, (long long)m.num_parameters(),
+          sec * 1e3, tokens / sec, tflops);
+      if (peak > 0) std::printf(" | MFU %.1f%%", 100.0 * tflops / peak);
+      std::printf(" | peak memory %.2f GiB held by Tessera (--dry-run estimate %.2f GiB) | loss %.3f\n",
+                  cuda::peak_allocated_bytes() / 1073741824.0, est.total_bytes() / 1073741824.0,
+                  loss);
+    } catch (const std::exception& e) {
+      std::printf("%-5s: failed: %s\n", p.name, e.what());
+    }
+  }
+  return 0;
+#endif
+}
