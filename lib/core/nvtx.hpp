@@ -10,8 +10,6 @@
 #endif
 #endif
 
-#include <cstdint>
-
 namespace tessera {
 
 // Pushes a named range for the lifetime of the object (one thread's nested ranges).
@@ -27,20 +25,18 @@ class NvtxRange {
   NvtxRange& operator=(const NvtxRange&) = delete;
 };
 
-// A range that may start and end in different scopes (e.g. the captured iterations), for
-// nsys --capture-range=nvtx. Returns an id for nvtx_range_end.
+// A range opened and closed in different scopes of one thread (e.g. the profiled iterations),
+// properly nested with the scoped ranges inside it; nsys --capture-range=nvtx can key on it.
 #ifdef TESSERA_HAVE_NVTX
-inline uint64_t nvtx_range_start(const char* name) {
-  return nvtxRangeStartA(name);
+inline void nvtx_push(const char* name) {
+  nvtxRangePushA(name);
 }
-inline void nvtx_range_end(uint64_t id) {
-  nvtxRangeEnd(id);
+inline void nvtx_pop() {
+  nvtxRangePop();
 }
 #else
-inline uint64_t nvtx_range_start(const char*) {
-  return 0;
-}
-inline void nvtx_range_end(uint64_t) {}
+inline void nvtx_push(const char*) {}
+inline void nvtx_pop() {}
 #endif
 
 }  // namespace tessera

@@ -329,7 +329,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
     if (profiling && !profiler_on && iteration_ >= cfg_.profile_step_start &&
         iteration_ < cfg_.profile_step_end) {
       be_.profiler_start();
-      profile_range_ = nvtx_range_start("profile");
+      nvtx_push("profile");
       profiler_on = true;
       TLOG(info) << "profiling iterations " << iteration_ + 1 << " to " << cfg_.profile_step_end
                  << (be_.device() == Device::CPU
@@ -338,7 +338,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
     }
     StepStats s = train_step();
     if (profiler_on && iteration_ >= cfg_.profile_step_end) {
-      nvtx_range_end(profile_range_);
+      nvtx_pop();
       be_.profiler_stop();
       profiler_on = false;
       TLOG(info) << "profiler stopped after iteration " << iteration_;
@@ -378,7 +378,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
                  << (cfg_.save.empty() ? " (no --save: nothing is saved)"
                                        : ", saving a checkpoint");
       if (profiler_on) {
-        nvtx_range_end(profile_range_);
+        nvtx_pop();
         be_.profiler_stop();
       }
       if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
@@ -398,7 +398,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
     }
   }
   if (profiler_on) {
-    nvtx_range_end(profile_range_);
+    nvtx_pop();
     be_.profiler_stop();
   }
   if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
