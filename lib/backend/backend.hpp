@@ -3,6 +3,11 @@
 // CPU one. Conventions: activation gradients are overwritten, except where a comment says
 // "accumulated" (the residual stream); parameter gradients are always accumulated. Shapes are in
 // comments: N is the number of tokens (B*T), C the hidden size, V a vocabulary shard.
+//
+// Precision (docs/model.md, mixed precision): activations and the weights an op reads are in the
+// compute dtype (f32, bf16 or f16); parameter gradients, LayerNorm statistics, the attention
+// log-sum-exp, the cross-entropy row statistics and losses, and everything AdamW touches are f32.
+// Ops compute in f32 whatever the storage and round once on store.
 #pragma once
 
 #include <memory>
@@ -31,6 +36,8 @@ class Backend {
   // buffer of copy_from_host may be reused as soon as the call returns.
   virtual void copy_from_host(Tensor& dst, const void* src) = 0;
   virtual void copy_to_host(void* dst, const Tensor& src) = 0;
+  // dst = src converted to dst's dtype (f32 <-> bf16 / f16, round to nearest even).
+  virtual void cast(Tensor& dst, const Tensor& src) = 0;
   // Waits until the work queued so far has finished (timers, profiling).
   virtual void synchronize() {}
   // The stream the backend's work runs on (a cudaStream_t), for communicators to order against;

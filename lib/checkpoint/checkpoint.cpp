@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -85,6 +86,13 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
   h5_write_attr(f, "iteration", m.iteration);
   h5_write_attr(f, "consumed_samples", m.consumed_samples);
   h5_write_attr(f, "optimizer_steps", m.optimizer_steps);
+  if (m.has_loss_scale) {  // as text: exact for any double
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", m.loss_scale);
+    h5_write_attr(f, "loss_scale", std::string(buf));
+    h5_write_attr(f, "loss_scale_growth_tracker", m.loss_scale_growth_tracker);
+    h5_write_attr(f, "loss_scale_hysteresis_tracker", m.loss_scale_hysteresis_tracker);
+  }
   h5_write_attr(f, "seed", static_cast<int64_t>(m.seed));
   h5_write_attr(f, "num_layers", static_cast<int64_t>(m.model.num_layers));
   h5_write_attr(f, "hidden_size", static_cast<int64_t>(m.model.hidden_size));
@@ -245,6 +253,15 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
   need(h0->get(), "iteration", meta_.iteration, first);
   need(h0->get(), "consumed_samples", meta_.consumed_samples, first);
   need(h0->get(), "optimizer_steps", meta_.optimizer_steps, first);
+  {
+    std::string scale;
+    if (h5_read_attr(h0->get(), "loss_scale", scale)) {
+      meta_.has_loss_scale = true;
+      meta_.loss_scale = std::strtod(scale.c_str(), nullptr);
+      need(h0->get(), "loss_scale_growth_tracker", meta_.loss_scale_growth_tracker, first);
+      need(h0->get(), "loss_scale_hysteresis_tracker", meta_.loss_scale_hysteresis_tracker, first);
+    }
+  }
   need(h0->get(), "seed", x, first);
   meta_.seed = static_cast<uint64_t>(x);
   GPTConfig& m = meta_.model;

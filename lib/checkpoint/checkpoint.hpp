@@ -42,6 +42,10 @@ struct CheckpointMeta {
   int tp_size = 1, pp_size = 1, dp_size = 1;
   bool has_optimizer = true;
   std::string config_text;  // the run's options, INI
+  // fp16 dynamic loss scaling state (optional attributes; absent in f32/bf16 runs).
+  bool has_loss_scale = false;
+  double loss_scale = 0;
+  int64_t loss_scale_growth_tracker = 0, loss_scale_hysteresis_tracker = 0;
 };
 
 std::string iteration_dir_name(int64_t iteration);      // "iter_0000100"

@@ -86,10 +86,54 @@ int count_of(const Tensor& t) {
   return static_cast<int>(t.numel());
 }
 
-void expect_host_f32(const Tensor& t) {
-  TESSERA_CHECK(t.device() == Device::CPU && t.dtype() == DType::F32,
-                "the MPI communicator moves host f32 tensors (got ", device_name(t.device()), " ",
-                dtype_name(t.dtype()), ")");
+void expect_host_float(const Tensor& t) {
+  TESSERA_CHECK(t.device() == Device::CPU &&
+                    (t.dtype() == DType::F32 || t.dtype() == DType::BF16 ||
+                     t.dtype() == DType::F16),
+                "the MPI communicator moves host f32/bf16/f16 tensors (got ",
+                device_name(t.device()), " ", dtype_name(t.dtype()), ")");
+}
+
+MPI_Datatype mpi_type(const Tensor& t) {
+  return t.dtype() == DType::F32 ? MPI_FLOAT : MPI_UINT16_T;  // bf16 / f16: 2-byte words
+}
+
+// bf16 and f16 reductions as MPI user operations: each element in f32, rounded back once.
+template <float (*Load)(uint16_t), uint16_t (*Store)(float), bool Max>
+void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = Load(a[i]), y = Load(b[i]);
+    b[i] = Store(Max ? (x > y ? x : y) : x + y);
+  }
+}
+uint16_t to_bf16(float f) {
+  return f32_to_bf16(f);
+}
+float from_bf16(uint16_t h) {
+  return bf16_to_f32(h);
+}
+uint16_t to_f16(float f) {
+  return f32_to_f16(f);
+}
+float from_f16(uint16_t h) {
+  return f16_to_f32(h);
+}
+MPI_Op make_op(MPI_User_function* f) {
+  MPI_Op op;
+  MPI_CHECK(MPI_Op_create(f, 1, &op));
+  return op;
+}
+
+MPI_Op reduce_op(const Tensor& t, ReduceOp op) {
+  if (t.dtype() == DType::F32) return mpi_op(op);
+  static const MPI_Op bf16_sum = make_op(&half_op<from_bf16, to_bf16, false>);
+  static const MPI_Op bf16_max = make_op(&half_op<from_bf16, to_bf16, true>);
+  static const MPI_Op f16_sum = make_op(&half_op<from_f16, to_f16, false>);
+  static const MPI_Op f16_max = make_op(&half_op<from_f16, to_f16, true>);
+  if (t.dtype() == DType::BF16) return op == ReduceOp::Sum ? bf16_sum : bf16_max;
+  return op == ReduceOp::Sum ? f16_sum : f16_max;
 }
 
 class MpiPending final : public PendingOp {
@@ -118,18 +162,20 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
 
 void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
   NVTX_RANGE("mpi-all-reduce");
-  expect_host_f32(t);
+  expect_host_float(t);
   if (size_ == 1) return;
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t.raw(), count_of(t), MPI_FLOAT, mpi_op(op), comm_));
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t.raw(), count_of(t), mpi_type(t), reduce_op(t, op),
+                          comm_));
 }
 
 std::unique_ptr<PendingOp> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) {
   NVTX_RANGE("mpi-all-reduce-async");
-  expect_host_f32(t);
+  expect_host_float(t);
   MPI_Request req = MPI_REQUEST_NULL;
   if (size_ > 1)
     MPI_CHECK(
-        MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count_of(t), MPI_FLOAT, mpi_op(op), comm_, &req));
+        MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count_of(t), mpi_type(t), reduce_op(t, op), comm_,
+                       &req));
   return std::make_unique<MpiPending>(req);
 }
 
@@ -141,40 +187,42 @@ void MpiCommunicator::all_reduce_f64(double* data, int64_t n, ReduceOp op) {
 
 void MpiCommunicator::broadcast(Tensor& t, int root) {
   NVTX_RANGE("mpi-broadcast");
-  expect_host_f32(t);
-  MPI_CHECK(MPI_Bcast(t.raw(), count_of(t), MPI_FLOAT, root, comm_));
+  expect_host_float(t);
+  MPI_CHECK(MPI_Bcast(t.raw(), count_of(t), mpi_type(t), root, comm_));
 }
 
 void MpiCommunicator::all_gather(Tensor& out, const Tensor& in) {
   NVTX_RANGE("mpi-all-gather");
-  expect_host_f32(in);
+  expect_host_float(in);
   TESSERA_CHECK(out.numel() == in.numel() * size_, "all_gather output of ", out.numel(),
                 " elements for ", size_, " x ", in.numel());
-  MPI_CHECK(
-      MPI_Allgather(in.raw(), count_of(in), MPI_FLOAT, out.raw(), count_of(in), MPI_FLOAT, comm_));
+  TESSERA_CHECK(out.dtype() == in.dtype(), "all_gather dtypes differ");
+  MPI_CHECK(MPI_Allgather(in.raw(), count_of(in), mpi_type(in), out.raw(), count_of(in),
+                          mpi_type(in), comm_));
 }
 
 void MpiCommunicator::reduce_scatter(Tensor& out, const Tensor& in) {
   NVTX_RANGE("mpi-reduce-scatter");
-  expect_host_f32(in);
+  expect_host_float(in);
   TESSERA_CHECK(in.numel() == out.numel() * size_, "reduce_scatter input of ", in.numel(),
                 " elements for ", size_, " x ", out.numel());
-  MPI_CHECK(
-      MPI_Reduce_scatter_block(in.raw(), out.raw(), count_of(out), MPI_FLOAT, MPI_SUM, comm_));
+  TESSERA_CHECK(out.dtype() == in.dtype(), "reduce_scatter dtypes differ");
+  MPI_CHECK(MPI_Reduce_scatter_block(in.raw(), out.raw(), count_of(out), mpi_type(in),
+                                     reduce_op(in, ReduceOp::Sum), comm_));
 }
 
 std::unique_ptr<PendingOp> MpiCommunicator::send_async(const Tensor& t, int peer, int tag) {
   NVTX_RANGE("mpi-send");
-  expect_host_f32(t);
+  expect_host_float(t);
   MPI_Request req = MPI_REQUEST_NULL;
-  MPI_CHECK(MPI_Isend(t.raw(), count_of(t), MPI_FLOAT, peer, tag, comm_, &req));
+  MPI_CHECK(MPI_Isend(t.raw(), count_of(t), mpi_type(t), peer, tag, comm_, &req));
   return std::make_unique<MpiPending>(req);
 }
 
 void MpiCommunicator::recv(Tensor& t, int peer, int tag) {
   NVTX_RANGE("mpi-recv");
-  expect_host_f32(t);
-  MPI_CHECK(MPI_Recv(t.raw(), count_of(t), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE));
+  expect_host_float(t);
+  MPI_CHECK(MPI_Recv(t.raw(), count_of(t), mpi_type(t), peer, tag, comm_, MPI_STATUS_IGNORE));
 }
 
 void MpiCommunicator::barrier() {

@@ -18,9 +18,15 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 }
 
 void expect_device_f32(const Tensor& t) {
-  TESSERA_CHECK(t.device() == Device::CUDA && t.dtype() == DType::F32,
-                "the NCCL communicator moves device f32 tensors (got ", device_name(t.device()),
-                " ", dtype_name(t.dtype()), ")");
+  TESSERA_CHECK(t.device() == Device::CUDA &&
+                    (t.dtype() == DType::F32 || t.dtype() == DType::BF16 ||
+                     t.dtype() == DType::F16),
+                "the NCCL communicator moves device f32/bf16/f16 tensors (got ",
+                device_name(t.device()), " ", dtype_name(t.dtype()), ")");
+}
+
+ncclDataType_t nccl_type(const Tensor& t) {
+  return t.dtype() == DType::F32 ? ncclFloat : t.dtype() == DType::BF16 ? ncclBfloat16 : ncclHalf;
 }
 
 // Completion of work enqueued on the communication stream. wait() orders the compute stream
@@ -85,7 +91,7 @@ class NcclCommunicator final : public Communicator {
     NVTX_RANGE("nccl-all-reduce");
     expect_device_f32(t);
     after_compute();
-    NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), ncclFloat,
+    NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_type(t),
                              nccl_op(op), comm_, stream_));
     before_compute();
   }
@@ -93,7 +99,7 @@ class NcclCommunicator final : public Communicator {
     NVTX_RANGE("nccl-all-reduce-async");
     expect_device_f32(t);
     after_compute();
-    NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), ncclFloat,
+    NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_type(t),
                              nccl_op(op), comm_, stream_));
     return std::make_unique<EventPending>(stream_, compute_);
   }
@@ -105,7 +111,7 @@ class NcclCommunicator final : public Communicator {
     NVTX_RANGE("nccl-broadcast");
     expect_device_f32(t);
     after_compute();
-    NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), static_cast<size_t>(t.numel()), ncclFloat, root,
+    NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_type(t), root,
                              comm_, stream_));
     before_compute();
   }
@@ -115,7 +121,7 @@ class NcclCommunicator final : public Communicator {
     expect_device_f32(out);
     TESSERA_CHECK(out.numel() == in.numel() * size_, "all_gather output size");
     after_compute();
-    NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()), ncclFloat, comm_,
+    NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()), nccl_type(in), comm_,
                              stream_));
     before_compute();
   }
@@ -125,7 +131,7 @@ class NcclCommunicator final : public Communicator {
     expect_device_f32(out);
     TESSERA_CHECK(in.numel() == out.numel() * size_, "reduce_scatter input size");
     after_compute();
-    NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<size_t>(out.numel()), ncclFloat,
+    NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<size_t>(out.numel()), nccl_type(in),
                                  ncclSum, comm_, stream_));
     before_compute();
   }
@@ -133,14 +139,14 @@ class NcclCommunicator final : public Communicator {
     NVTX_RANGE("nccl-send");
     expect_device_f32(t);
     after_compute();
-    NCCL_CHECK(ncclSend(t.raw(), static_cast<size_t>(t.numel()), ncclFloat, peer, comm_, stream_));
+    NCCL_CHECK(ncclSend(t.raw(), static_cast<size_t>(t.numel()), nccl_type(t), peer, comm_, stream_));
     return std::make_unique<EventPending>(stream_, compute_);
   }
   void recv(Tensor& t, int peer, int) override {
     NVTX_RANGE("nccl-recv");
     expect_device_f32(t);
     after_compute();
-    NCCL_CHECK(ncclRecv(t.raw(), static_cast<size_t>(t.numel()), ncclFloat, peer, comm_, stream_));
+    NCCL_CHECK(ncclRecv(t.raw(), static_cast<size_t>(t.numel()), nccl_type(t), peer, comm_, stream_));
     before_compute();
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(group_)); }

@@ -13,6 +13,8 @@ InferenceEngine::InferenceEngine(GPTModel& model, const ParallelContext& ctx, in
                                  int64_t max_positions)
     : model_(model), ctx_(ctx), be_(model.backend()), max_positions_(max_positions) {
   const GPTConfig& cfg = model.config();
+  TESSERA_CHECK(model.compute_dtype() == DType::F32,
+                "generation runs in f32: build the model without --bf16/--fp16 for it");
   TESSERA_CHECK(max_positions <= cfg.max_positions(), "context of ", max_positions,
                 " exceeds the model's ", cfg.max_positions(), " positions");
   const ModelShard& sh = model.shard();

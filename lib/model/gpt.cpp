@@ -8,7 +8,7 @@ namespace tessera {
 namespace {
 LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads) {
   const std::string p = "layers." + std::to_string(l) + ".";
-  auto get = [&](const char* n) { return grads ? ps.grad(p + n) : ps.param(p + n); };
+  auto get = [&](const char* n) { return grads ? ps.grad(p + n) : ps.compute_param(p + n); };
   return {get("ln1.weight"),    get("ln1.bias"),         get("attn.qkv.weight"),
           get("attn.qkv.bias"), get("attn.proj.weight"), get("attn.proj.bias"),
           get("ln2.weight"),    get("ln2.bias"),         get("mlp.fc1.weight"),
@@ -17,8 +17,8 @@ LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads) {
 }  // namespace
 
 GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backend,
-                   Communicator& tp)
-    : cfg_(cfg), shard_(shard), be_(backend), tp_(tp) {
+                   Communicator& tp, DType compute)
+    : cfg_(cfg), shard_(shard), be_(backend), tp_(tp), compute_(compute) {
   cfg_.validate();
   TESSERA_CHECK(tp.size() == shard.tp_size && tp.rank() == shard.tp_rank,
                 "tensor-parallel communicator does not match the model shard");
@@ -34,7 +34,8 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   ffn_local_ = cfg.ffn() / shard.tp_size;
   {
     AllocationLabel label("the parameters and gradients of this rank's shard");
-    params_ = std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator());
+    params_ = std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator(),
+                                           compute);
   }
   for (int l = shard_.layer_begin; l < shard_.layer_end; ++l) {
     weights_.push_back(layer_tensors(*params_, l, false));
@@ -54,7 +55,12 @@ void GPTModel::init_parameters(uint64_t seed) {
     Tensor p = params_->param(s);
     be_.copy_from_host(p, host.data());
   }
+  sync_compute_weights();
   zero_grads();
+}
+
+void GPTModel::sync_compute_weights() {
+  if (compute_ != DType::F32) be_.cast(params_->flat_compute(), params_->flat_params());
 }
 
 void GPTModel::zero_grads() {
@@ -86,7 +92,8 @@ Activations GPTModel::make_activations(int B, int T) const {
   const int64_t N = int64_t(B) * T, C = cfg_.hidden_size;
   AllocationLabel label(detail::concat("the activations of one micro-batch (", B, " x ", T,
                                        " tokens)"));
-  auto f = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };
+  auto f = [&](Shape s) { return Tensor(std::move(s), compute_, al); };        // activations
+  auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };  // statistics
   Activations a;
   a.B = B;
   a.T = T;
@@ -96,15 +103,15 @@ Activations GPTModel::make_activations(int B, int T) const {
   for (int l = shard_.layer_begin; l < shard_.layer_end; ++l) {
     LayerActivations la;
     la.ln1 = f({N, C});
-    la.ln1_mean = f({N});
-    la.ln1_rstd = f({N});
+    la.ln1_mean = f32({N});
+    la.ln1_rstd = f32({N});
     la.qkv = f({B, T, 3 * hidden_local_});
     la.att = f({B, T, hidden_local_});
-    la.lse = f({B, heads_local_, T});
+    la.lse = f32({B, heads_local_, T});
     la.res1 = f({B, T, C});
     la.ln2 = f({N, C});
-    la.ln2_mean = f({N});
-    la.ln2_rstd = f({N});
+    la.ln2_mean = f32({N});
+    la.ln2_rstd = f32({N});
     la.fc1 = f({N, ffn_local_});
     la.gelu = f({N, ffn_local_});
     la.res2 = f({B, T, C});
@@ -112,13 +119,13 @@ Activations GPTModel::make_activations(int B, int T) const {
   }
   if (shard_.has_head) {
     a.lnf = f({N, C});
-    a.lnf_mean = f({N});
-    a.lnf_rstd = f({N});
+    a.lnf_mean = f32({N});
+    a.lnf_rstd = f32({N});
     a.logits = f({N, vocab_local_});
-    a.losses = f({N});
-    a.rowmax = f({N});
-    a.sumexp = f({N});
-    a.target_logit = f({N});
+    a.losses = f32({N});
+    a.rowmax = f32({N});
+    a.sumexp = f32({N});
+    a.target_logit = f32({N});
   }
   a.tmp_c = f({N, C});
   a.dres = f({B, T, C});
@@ -148,9 +155,9 @@ void GPTModel::embed_forward(Activations& a) {
   NVTX_RANGE("embedding-forward");
   TESSERA_CHECK(shard_.has_embedding, "embed_forward on a stage without the embedding");
   Tensor x = a.input.reshape({int64_t(a.B) * a.T, cfg_.hidden_size});
-  be_.embedding_forward(x, a.ids, params_->param("wte"), vocab_begin_);
+  be_.embedding_forward(x, a.ids, params_->compute_param("wte"), vocab_begin_);
   tp_.all_reduce(a.input, ReduceOp::Sum);  // each TP rank filled the rows of its vocab shard
-  be_.position_embedding_forward(a.input, params_->param("wpe"));
+  be_.position_embedding_forward(a.input, params_->compute_param("wpe"));
 }
 
 void GPTModel::block_forward(int l, Activations& a) {
@@ -178,9 +185,9 @@ double GPTModel::head_forward(Activations& a, float grad_scale) {
   NVTX_RANGE("head-forward-loss");
   TESSERA_CHECK(shard_.has_head, "head_forward on a stage without the output layer");
   const Tensor& h = stage_output(a);
-  be_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, h, params_->param("lnf.weight"),
-                        params_->param("lnf.bias"), cfg_.layernorm_epsilon);
-  be_.matmul_forward(a.logits, a.lnf, params_->param("wte"), nullptr);
+  be_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, h, params_->compute_param("lnf.weight"),
+                        params_->compute_param("lnf.bias"), cfg_.layernorm_epsilon);
+  be_.matmul_forward(a.logits, a.lnf, params_->compute_param("wte"), nullptr);
   be_.xent_row_max(a.rowmax, a.logits, valid_cols_);
   tp_.all_reduce(a.rowmax, ReduceOp::Max);
   be_.xent_row_sums(a.sumexp, a.target_logit, a.logits, a.rowmax, a.targets, valid_cols_,
@@ -211,12 +218,12 @@ void GPTModel::head_backward(Activations& a) {
   NVTX_RANGE("head-backward");
   // logits now hold dlogits. dlnf = dlogits * wte is a partial sum over vocabulary shards.
   Tensor dwte = params_->grad("wte");
-  be_.matmul_backward(&a.dln, dwte, nullptr, a.logits, a.lnf, params_->param("wte"));
+  be_.matmul_backward(&a.dln, dwte, nullptr, a.logits, a.lnf, params_->compute_param("wte"));
   tp_.all_reduce(a.dln, ReduceOp::Sum);
   be_.zero(a.dres);
   Tensor dlnf_w = params_->grad("lnf.weight"), dlnf_b = params_->grad("lnf.bias");
   be_.layernorm_backward(a.dres, dlnf_w, dlnf_b, a.dln, stage_output(a),
-                         params_->param("lnf.weight"), a.lnf_mean, a.lnf_rstd);
+                         params_->compute_param("lnf.weight"), a.lnf_mean, a.lnf_rstd);
 }
 
 void GPTModel::block_backward(int l, Activations& a) {

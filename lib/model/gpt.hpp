@@ -55,7 +55,11 @@ int64_t activation_elems(const GPTConfig& cfg, const ModelShard& shard, int B, i
 
 class GPTModel {
  public:
-  GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backend, Communicator& tp);
+  // `compute`: the dtype of activations and of the weights the passes read (f32, or bf16/f16 for
+  // mixed precision with f32 master weights and gradients).
+  GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backend, Communicator& tp,
+           DType compute = DType::F32);
+  DType compute_dtype() const { return compute_; }
 
   const GPTConfig& config() const { return cfg_; }
   const ModelShard& shard() const { return shard_; }
@@ -65,6 +69,9 @@ class GPTModel {
 
   // Counter-based initialization: the same global values whatever the layout.
   void init_parameters(uint64_t seed);
+  // Refreshes the compute-dtype copy of the weights from the f32 master weights (after an
+  // optimizer step or a load); nothing to do in f32.
+  void sync_compute_weights();
   void zero_grads();
 
   // Elements of the activation buffers for a (B,T) micro-batch (used by --dry-run too).
@@ -112,6 +119,7 @@ class GPTModel {
   ModelShard shard_;
   Backend& be_;
   Communicator& tp_;
+  DType compute_ = DType::F32;
   int64_t padded_vocab_ = 0, vocab_local_ = 0, vocab_begin_ = 0, valid_cols_ = 0;
   int64_t heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
   std::unique_ptr<ParamStore> params_;

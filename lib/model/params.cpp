@@ -120,14 +120,22 @@ void init_param(const ParamSpec& spec, uint64_t seed, float* out) {
   }
 }
 
-ParamStore::ParamStore(std::vector<ParamSpec> specs, Allocator& alloc) : specs_(std::move(specs)) {
+ParamStore::ParamStore(std::vector<ParamSpec> specs, Allocator& alloc, DType compute)
+    : specs_(std::move(specs)) {
   int64_t total = 0;
   for (size_t i = 0; i < specs_.size(); ++i) {
     index_[specs_[i].name] = i;
     total = specs_[i].flat_offset + specs_[i].numel();
   }
+  TESSERA_CHECK(compute == DType::F32 || compute == DType::BF16 || compute == DType::F16,
+                "compute dtype must be f32, bf16 or f16");
   flat_params_ = Tensor({total}, DType::F32, alloc);
   flat_grads_ = Tensor({total}, DType::F32, alloc);
+  flat_compute_ = compute == DType::F32 ? flat_params_ : Tensor({total}, compute, alloc);
+}
+
+Tensor ParamStore::compute_param(const std::string& name) const {
+  return compute_param(spec(name));
 }
 
 const ParamSpec& ParamStore::spec(const std::string& name) const {

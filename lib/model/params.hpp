@@ -55,25 +55,35 @@ int64_t global_element_index(const ParamSpec& spec, int64_t local_index);
 void init_param(const ParamSpec& spec, uint64_t seed, float* out);
 
 // This rank's parameters and gradients, each in one flat f32 buffer (room for ZeRO-style
-// reduce-scatter by range later); every parameter is a view into them.
+// reduce-scatter by range later); every parameter is a view into them. With a bf16 or f16 compute
+// dtype (mixed precision), a third flat buffer holds the parameters in that dtype for the forward
+// and backward: the f32 ones are the master weights the optimizer updates, and the compute copy
+// is refreshed from them (GPTModel::sync_compute_weights). In f32 the compute copy is the master.
 class ParamStore {
  public:
-  ParamStore(std::vector<ParamSpec> specs, Allocator& alloc);
+  ParamStore(std::vector<ParamSpec> specs, Allocator& alloc, DType compute = DType::F32);
   const std::vector<ParamSpec>& specs() const { return specs_; }
   int64_t numel() const { return flat_params_.numel(); }
   Tensor& flat_params() { return flat_params_; }
   Tensor& flat_grads() { return flat_grads_; }
+  Tensor& flat_compute() { return flat_compute_; }
+  DType compute_dtype() const { return flat_compute_.dtype(); }
   bool has(const std::string& name) const { return index_.count(name) != 0; }
   const ParamSpec& spec(const std::string& name) const;
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
   Tensor param(const ParamSpec& s) const { return flat_params_.view(s.flat_offset, s.local_shape); }
   Tensor grad(const ParamSpec& s) const { return flat_grads_.view(s.flat_offset, s.local_shape); }
+  // The weights the forward and backward read (the master ones in f32).
+  Tensor compute_param(const std::string& name) const;
+  Tensor compute_param(const ParamSpec& s) const {
+    return flat_compute_.view(s.flat_offset, s.local_shape);
+  }
 
  private:
   std::vector<ParamSpec> specs_;
   std::map<std::string, size_t> index_;
-  Tensor flat_params_, flat_grads_;
+  Tensor flat_params_, flat_grads_, flat_compute_;
 };
 
 }  // namespace tessera

@@ -51,6 +51,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   TrainConfig& t = o.train;
   std::string log_level = "info";
   std::string profile_ranks;
+  bool bf16 = false, fp16 = false;
   p.group("Model").add_options()(
       "num-layers", po::value(&m.num_layers)->default_value(m.num_layers), "transformer layers")(
       "hidden-size", po::value(&m.hidden_size)->default_value(m.hidden_size), "hidden width")(
@@ -101,6 +102,20 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "adam-beta2", po::value(&t.adam_beta2)->default_value(0.999), "Adam beta2")(
           "adam-eps", po::value(&t.adam_eps)->default_value(1e-8), "Adam epsilon")(
           "seed", po::value(&t.seed)->default_value(1234), "seed of initialization and data order")(
+          "bf16", po::bool_switch(&bf16),
+          "mixed precision: bf16 activations and weights in the passes, f32 master weights, "
+          "gradients and Adam moments")(
+          "fp16", po::bool_switch(&fp16), "mixed precision in fp16, with loss scaling")(
+          "loss-scale", po::value(&t.loss_scale)->default_value(0.0),
+          "--fp16: a constant loss scale (0: dynamic scaling)")(
+          "initial-loss-scale", po::value(&t.initial_loss_scale)->default_value(4294967296.0),
+          "--fp16 dynamic scaling: the first scale")(
+          "min-loss-scale", po::value(&t.min_loss_scale)->default_value(1.0),
+          "--fp16 dynamic scaling: the scale never goes below this")(
+          "loss-scale-window", po::value(&t.loss_scale_window)->default_value(1000),
+          "--fp16 dynamic scaling: good steps in a row before the scale doubles")(
+          "hysteresis", po::value(&t.hysteresis)->default_value(2),
+          "--fp16 dynamic scaling: overflows in a row before the scale halves")(
           "dry-run", po::bool_switch(&t.dry_run),
           "print parameter count and memory estimate, then exit");
   p.group("Data").add_options()(
@@ -165,6 +180,8 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   if (!p.parse(argc, argv)) return false;
   o.log.level = log_level_from_name(log_level);
   t.profile_ranks = parse_rank_list(profile_ranks, "--profile-ranks");
+  if (bf16 && fp16) throw ConfigError("--bf16 and --fp16 both given; choose one");
+  t.compute_dtype = bf16 ? DType::BF16 : fp16 ? DType::F16 : DType::F32;
   {
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
@@ -281,11 +298,13 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   MemoryEstimate e;
   for (const auto& s : build_param_specs(cfg, shard)) e.parameters += s.numel();
   e.slots = pipeline_slots(layout.pp, stage, t.num_micro_batches(layout.dp));
-  e.param_bytes = 4.0 * e.parameters;
+  const double act_size = static_cast<double>(dtype_size(t.compute_dtype));
+  // f32 master weights, plus their bf16/f16 copy in mixed precision.
+  e.param_bytes = (t.compute_dtype == DType::F32 ? 4.0 : 6.0) * e.parameters;
   e.grad_bytes = 4.0 * e.parameters;
   e.optimizer_bytes = 8.0 * e.parameters;
   e.activation_bytes =
-      4.0 * e.slots * activation_elems(cfg, shard, t.micro_batch_size, cfg.seq_length);
+      act_size * e.slots * activation_elems(cfg, shard, t.micro_batch_size, cfg.seq_length);
   return e;
 }
 

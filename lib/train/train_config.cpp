@@ -65,6 +65,14 @@ void TrainConfig::validate(int dp_size) const {
   if (keep_checkpoints < 0)
     throw ConfigError(
         concat("--keep-checkpoints=", keep_checkpoints, " is out of range (allowed: >= 0)"));
+  if (compute_dtype == DType::F16 &&
+      !(loss_scale >= 0 && initial_loss_scale > 0 && min_loss_scale > 0 &&
+        min_loss_scale <= initial_loss_scale && loss_scale_window >= 1 && hysteresis >= 1))
+    throw ConfigError(concat("--fp16 loss scaling: --loss-scale=", loss_scale,
+                             " (>= 0, 0 = dynamic), --initial-loss-scale=", initial_loss_scale,
+                             " and --min-loss-scale=", min_loss_scale,
+                             " (> 0, min <= initial), --loss-scale-window=", loss_scale_window,
+                             " and --hysteresis=", hysteresis, " (>= 1) are out of range"));
   if (profile && !(profile_step_start >= 0 && profile_step_end > profile_step_start))
     throw ConfigError(concat("--profile-step-start=", profile_step_start, " / --profile-step-end=",
                              profile_step_end, " capture nothing (allowed: 0 <= start < end)"));

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.hpp"
+
 namespace tessera {
 
 struct TrainConfig {
@@ -44,6 +46,15 @@ struct TrainConfig {
   // profile_step_start + 1 and cudaProfilerStop after iteration profile_step_end, on the ranks in
   // profile_ranks (empty: every rank).
   bool profile = false;
+  // Precision (--bf16 / --fp16): the dtype of activations and compute weights; master weights,
+  // gradients and Adam moments stay f32. fp16 scales the loss: loss_scale > 0 is a constant scale,
+  // 0 is dynamic scaling from initial_loss_scale (Megatron's defaults).
+  DType compute_dtype = DType::F32;
+  double loss_scale = 0;
+  double initial_loss_scale = 4294967296.0;  // 2^32
+  double min_loss_scale = 1.0;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
   int64_t profile_step_start = 10, profile_step_end = 12;
   std::vector<int> profile_ranks{0};
 

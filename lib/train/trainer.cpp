@@ -63,8 +63,13 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   validate_layout(model_cfg_, cfg_, ctx_.tp_size, ctx_.pp_size, ctx_.dp_size);
   TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "dataset sequence length ",
                 data.seq_length(), " differs from --seq-length ", model_cfg_.seq_length);
-  model_ =
-      std::make_unique<GPTModel>(model_cfg_, make_model_shard(model_cfg_, ctx_), be_, *ctx_.tp);
+  model_ = std::make_unique<GPTModel>(model_cfg_, make_model_shard(model_cfg_, ctx_), be_,
+                                      *ctx_.tp, cfg_.compute_dtype);
+  scaler_ = cfg_.compute_dtype != DType::F16 ? LossScaler::constant(1.0)
+            : cfg_.loss_scale > 0
+                ? LossScaler::constant(cfg_.loss_scale)
+                : LossScaler::dynamic(cfg_.initial_loss_scale, cfg_.min_loss_scale,
+                                      cfg_.loss_scale_window, cfg_.hysteresis);
   model_->init_parameters(cfg_.seed);
   optimizer_ = std::make_unique<AdamW>(model_->params(), be_, cfg_.adam_beta1, cfg_.adam_beta2,
                                        cfg_.adam_eps, cfg_.weight_decay);
@@ -247,7 +252,11 @@ StepStats Trainer::train_step() {
   st.loss_tokens = static_cast<int64_t>(tokens);
   TESSERA_CHECK(st.loss_tokens > 0, "iteration ", st.iteration,
                 ": the global batch has no loss tokens");
-  const float grad_scale = static_cast<float>(1.0 / tokens);
+  // fp16: the loss gradient carries the loss scale; the gradients are unscaled after the
+  // reduction. Scale 1 in f32 and bf16.
+  const double loss_scale = scaler_.scale();
+  st.loss_scale = loss_scale;
+  const float grad_scale = static_cast<float>(loss_scale / tokens);
 
   model_->zero_grads();
   run_micro_batches(true, grad_scale, st);
@@ -267,7 +276,23 @@ StepStats Trainer::train_step() {
   double loss = (ctx_.last_stage() && ctx_.tp_rank == 0) ? loss_sum_ : 0.0;
   ctx_.world->all_reduce_f64(&loss, 1, ReduceOp::Sum);
   st.loss = loss / tokens;
-  st.grad_norm = std::sqrt(grad_norm_squared());
+  const double norm2 = grad_norm_squared();  // of the scaled gradients; the same on every rank
+  if (scaler_.is_dynamic()) {
+    const bool overflow = !std::isfinite(norm2);
+    scaler_.update(overflow);
+    if (overflow) {  // fp16 overflow: skip the update, the scale has been lowered
+      st.skipped = true;
+      ++skipped_iterations_;
+      iteration_ = st.iteration;
+      consumed_samples_ += cfg_.global_batch(ctx_.dp_size);
+      be_.synchronize();
+      st.seconds = timer.seconds();
+      st.lr = schedule_.lr(st.iteration);
+      return st;
+    }
+  }
+  st.grad_norm = std::sqrt(norm2) / loss_scale;
+  if (loss_scale != 1.0) be_.scale(model_->params().flat_grads(), static_cast<float>(1.0 / loss_scale));
   if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
     throw Error(detail::concat(
         "iteration ", st.iteration, ": loss is ", st.loss, " and grad norm is ", st.grad_norm,
@@ -277,6 +302,7 @@ StepStats Trainer::train_step() {
     clip_grads(model_->params(), be_, st.grad_norm, cfg_.clip_grad);
     st.lr = schedule_.lr(st.iteration);
     optimizer_->step(st.lr);
+    model_->sync_compute_weights();
   }
   iteration_ = st.iteration;
   consumed_samples_ += cfg_.global_batch(ctx_.dp_size);
@@ -301,8 +327,12 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
       (long long)s.iteration, (long long)cfg_.train_iters, (long long)consumed_samples_, sec * 1e3,
       s.lr, gbs, interval_loss / n, s.grad_norm, tok_s, gflops);
   if (cfg_.peak_tflops > 0 && len > 0 && len < (int)sizeof line)
-    std::snprintf(line + len, sizeof line - len, " | MFU: %.1f%%",
-                  100.0 * gflops / (cfg_.peak_tflops * 1e3));
+    len += std::snprintf(line + len, sizeof line - len, " | MFU: %.1f%%",
+                         100.0 * gflops / (cfg_.peak_tflops * 1e3));
+  if (cfg_.compute_dtype == DType::F16 && len > 0 && len < (int)sizeof line)
+    std::snprintf(line + len, sizeof line - len,
+                  " | loss scale: %.1f | number of skipped iterations: %lld", scaler_.scale(),
+                  (long long)skipped_iterations_);
   TLOG(info) << line;
   if (metrics_.is_open()) {
     char js[512];
@@ -426,6 +456,12 @@ void Trainer::save_checkpoint(const std::string& dir) {
   meta.dp_size = ctx_.dp_size;
   meta.has_optimizer = true;
   meta.config_text = cfg_.config_text;
+  if (scaler_.is_dynamic()) {
+    meta.has_loss_scale = true;
+    meta.loss_scale = scaler_.scale();
+    meta.loss_scale_growth_tracker = scaler_.growth_tracker();
+    meta.loss_scale_hysteresis_tracker = scaler_.hysteresis_tracker();
+  }
   // Directory set-up by rank 0; a failure there is everyone's failure.
   double failed = 0;
   std::string error;
@@ -516,10 +552,13 @@ void Trainer::load_checkpoint(const std::string& dir, bool model_only) {
       load("optimizer/exp_avg_sq", s, optimizer_->exp_avg_sq().view(s.flat_offset, s.local_shape));
     }
   }
+  model_->sync_compute_weights();
   if (!optimizer) {
     be_.zero(optimizer_->exp_avg());
     be_.zero(optimizer_->exp_avg_sq());
   }
+  if (optimizer && m.has_loss_scale && scaler_.is_dynamic())
+    scaler_.restore(m.loss_scale, m.loss_scale_growth_tracker, m.loss_scale_hysteresis_tracker);
   if (model_only) {
     iteration_ = consumed_samples_ = 0;
     optimizer_->set_steps_taken(0);

@@ -15,6 +15,7 @@
 #include "data/prefetcher.hpp"
 #include "model/gpt.hpp"
 #include "train/grad_reducer.hpp"
+#include "train/loss_scaler.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/optimizer.hpp"
 #include "train/pipeline.hpp"
@@ -33,6 +34,8 @@ struct StepStats {
   double dp_wait_seconds = 0;        // waiting for data-parallel reductions after the backward
   double p2p_bytes = 0;              // sent to neighbouring stages by this rank
   double data_wait_seconds = 0;      // blocked waiting for this step's samples
+  double loss_scale = 1;             // fp16: the scale this step's backward used
+  bool skipped = false;              // fp16: gradients overflowed, no update (grad_norm is 0)
 };
 
 // The first sample of DP rank `dp_rank`'s slice of the global batch that starts after `consumed`
@@ -58,6 +61,8 @@ class Trainer {
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_samples_; }
   int num_micro_batches() const { return cfg_.num_micro_batches(ctx_.dp_size); }
+  const LossScaler& loss_scaler() const { return scaler_; }
+  int64_t skipped_iterations() const { return skipped_iterations_; }
 
   // Runs one iteration on the next global batch; every rank returns the same loss and norm.
   // Throws Error naming the iteration when the loss or the gradient norm is not finite.
@@ -103,6 +108,8 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradReducer> reducer_;
   LrSchedule schedule_;
+  LossScaler scaler_ = LossScaler::constant(1.0);
+  int64_t skipped_iterations_ = 0;
   std::vector<Activations> slots_;                 // one per micro-batch in flight on this stage
   std::vector<std::unique_ptr<PendingOp>> sends_;  // per slot: the last send from its buffers
   std::vector<PipeStep> schedule_steps_;

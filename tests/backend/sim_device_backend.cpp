@@ -175,6 +175,10 @@ class SimDeviceBackend final : public Backend {
     Open open;
     cpu_->zero(t);
   }
+  void cast(Tensor& dst, const Tensor& src) override {
+    Open open;
+    cpu_->cast(dst, src);
+  }
 
  private:
   std::unique_ptr<Backend> cpu_;

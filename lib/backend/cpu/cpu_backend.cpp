@@ -1,6 +1,7 @@
-// cpu_backend.cpp: the reference backend: the templated kernels of backend/cpu/ on f32 host
-// tensors.
+// cpu_backend.cpp: the reference backend: the templated kernels of backend/cpu/ on host tensors;
+// f32 in place, bf16/f16 through f32 copies (compute in f32, round on store).
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -23,10 +24,61 @@ int64_t cols_of(const Tensor& t) {
   return t.shape().back();
 }
 
-void expect_cpu_f32(const Tensor& t, const char* what) {
-  TESSERA_CHECK(t.defined(), what, " is undefined");
-  TESSERA_CHECK(t.device() == Device::CPU && t.dtype() == DType::F32, what,
-                " must be an f32 host tensor for the CPU backend");
+bool is_float(DType d) {
+  return d == DType::F32 || d == DType::BF16 || d == DType::F16;
+}
+
+// A float pointer to a host tensor of any floating dtype, for the f32 kernels. An f32 tensor is
+// used in place; a bf16 or f16 one (mixed precision) through an f32 copy, which an output view
+// rounds back into the tensor when it goes out of scope. So every precision runs the same
+// reference kernels: compute in f32, store in the tensor's dtype.
+class F32 {
+ public:
+  F32(const Tensor& t, bool read, bool write, const char* what) : t_(t), write_(write) {
+    TESSERA_CHECK(t.defined(), what, " is undefined");
+    TESSERA_CHECK(t.device() == Device::CPU && is_float(t.dtype()), what,
+                  " must be a floating-point host tensor for the CPU backend (got ",
+                  dtype_name(t.dtype()), " on ", device_name(t.device()), ")");
+    if (t.dtype() == DType::F32) {
+      p_ = t.data<float>();
+      return;
+    }
+    copy_.resize(static_cast<size_t>(t.numel()));
+    p_ = copy_.data();
+    if (!read) return;
+    const uint16_t* h = t.data<uint16_t>();
+    if (t.dtype() == DType::BF16)
+      for (size_t i = 0; i < copy_.size(); ++i) copy_[i] = bf16_to_f32(h[i]);
+    else
+      for (size_t i = 0; i < copy_.size(); ++i) copy_[i] = f16_to_f32(h[i]);
+  }
+  ~F32() {
+    if (!write_ || t_.dtype() == DType::F32) return;
+    uint16_t* h = t_.data<uint16_t>();
+    if (t_.dtype() == DType::BF16)
+      for (size_t i = 0; i < copy_.size(); ++i) h[i] = f32_to_bf16(copy_[i]);
+    else
+      for (size_t i = 0; i < copy_.size(); ++i) h[i] = f32_to_f16(copy_[i]);
+  }
+  F32(const F32&) = delete;
+  F32& operator=(const F32&) = delete;
+  float* get() const { return p_; }
+
+ private:
+  const Tensor& t_;
+  bool write_;
+  float* p_ = nullptr;
+  std::vector<float> copy_;
+};
+// The views an op needs, named after the tensor they view (for the error messages).
+#define TESSERA_F32_IN(name, t) F32 name(t, true, false, #t)
+#define TESSERA_F32_OUT(name, t) F32 name(t, false, true, #t)
+#define TESSERA_F32_INOUT(name, t) F32 name(t, true, true, #t)
+
+const int32_t* ids_of(const Tensor& t, const char* what) {
+  TESSERA_CHECK(t.device() == Device::CPU && t.dtype() == DType::I32, what,
+                " must be an i32 host tensor");
+  return t.i32();
 }
 
 class CpuBackend final : public Backend {
@@ -44,28 +96,45 @@ class CpuBackend final : public Backend {
     TESSERA_CHECK(src.device() == Device::CPU, "copy_to_host: not a host tensor");
     std::memcpy(dst, src.raw(), src.nbytes());
   }
+  void cast(Tensor& dst, const Tensor& src) override {
+    TESSERA_CHECK(dst.numel() == src.numel(), "cast shapes");
+    if (dst.dtype() == src.dtype()) {
+      if (dst.raw() != src.raw()) std::memcpy(dst.raw(), src.raw(), src.nbytes());
+      return;
+    }
+    TESSERA_F32_IN(s_, src);
+    TESSERA_F32_OUT(d_, dst);
+    std::memcpy(d_.get(), s_.get(), sizeof(float) * static_cast<size_t>(src.numel()));
+  }
 
   void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table,
                          int64_t row_begin) override {
-    expect_cpu_f32(out, "embedding output");
     TESSERA_CHECK(ids.numel() == rows_of(out) && cols_of(table) == cols_of(out),
                   "embedding shapes");
-    cpu::embedding_forward(out.f32(), ids.i32(), table.f32(), ids.numel(), cols_of(out), row_begin,
-                           rows_of(table));
+    TESSERA_F32_OUT(o, out);
+    TESSERA_F32_IN(tb, table);
+    cpu::embedding_forward(o.get(), ids_of(ids, "ids"), tb.get(), ids.numel(), cols_of(out),
+                           row_begin, rows_of(table));
   }
   void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids,
                           int64_t row_begin) override {
     TESSERA_CHECK(ids.numel() == rows_of(dout), "embedding backward shapes");
-    cpu::embedding_backward(dtable.f32(), dout.f32(), ids.i32(), ids.numel(), cols_of(dout),
+    TESSERA_F32_INOUT(dt, dtable);
+    TESSERA_F32_IN(d, dout);
+    cpu::embedding_backward(dt.get(), d.get(), ids_of(ids, "ids"), ids.numel(), cols_of(dout),
                             row_begin, rows_of(dtable));
   }
   void position_embedding_forward(Tensor& out, const Tensor& wpe) override {
     TESSERA_CHECK(out.ndim() == 3 && out.dim(1) <= wpe.dim(0), "position embedding shapes");
-    cpu::position_embedding_forward(out.f32(), wpe.f32(), out.dim(0), out.dim(1), out.dim(2));
+    TESSERA_F32_INOUT(o, out);
+    TESSERA_F32_IN(w, wpe);
+    cpu::position_embedding_forward(o.get(), w.get(), out.dim(0), out.dim(1), out.dim(2));
   }
   void position_embedding_backward(Tensor& dwpe, const Tensor& dout) override {
     TESSERA_CHECK(dout.ndim() == 3 && dout.dim(1) <= dwpe.dim(0), "position embedding shapes");
-    cpu::position_embedding_backward(dwpe.f32(), dout.f32(), dout.dim(0), dout.dim(1), dout.dim(2));
+    TESSERA_F32_INOUT(dw, dwpe);
+    TESSERA_F32_IN(d, dout);
+    cpu::position_embedding_backward(dw.get(), d.get(), dout.dim(0), dout.dim(1), dout.dim(2));
   }
 
   void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
@@ -74,16 +143,29 @@ class CpuBackend final : public Backend {
     TESSERA_CHECK(out.numel() == inp.numel() && mean.numel() == N && rstd.numel() == N &&
                       weight.numel() == C && bias.numel() == C,
                   "layernorm shapes");
-    cpu::layernorm_forward(out.f32(), mean.f32(), rstd.f32(), inp.f32(), weight.f32(), bias.f32(),
-                           N, C, eps);
+    TESSERA_F32_OUT(o, out);
+    TESSERA_F32_OUT(mu, mean);
+    TESSERA_F32_OUT(rs, rstd);
+    TESSERA_F32_IN(x, inp);
+    TESSERA_F32_IN(w, weight);
+    TESSERA_F32_IN(b, bias);
+    cpu::layernorm_forward(o.get(), mu.get(), rs.get(), x.get(), w.get(), b.get(), N, C, eps);
   }
   void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                           const Tensor& inp, const Tensor& weight, const Tensor& mean,
                           const Tensor& rstd) override {
     const int64_t N = rows_of(inp), C = cols_of(inp);
     TESSERA_CHECK(dinp.numel() == inp.numel() && dout.numel() == inp.numel(), "layernorm shapes");
-    cpu::layernorm_backward(dinp.f32(), dweight.f32(), dbias.f32(), dout.f32(), inp.f32(),
-                            weight.f32(), mean.f32(), rstd.f32(), N, C);
+    TESSERA_F32_INOUT(dx, dinp);
+    TESSERA_F32_INOUT(dw, dweight);
+    TESSERA_F32_INOUT(db, dbias);
+    TESSERA_F32_IN(d, dout);
+    TESSERA_F32_IN(x, inp);
+    TESSERA_F32_IN(w, weight);
+    TESSERA_F32_IN(mu, mean);
+    TESSERA_F32_IN(rs, rstd);
+    cpu::layernorm_backward(dx.get(), dw.get(), db.get(), d.get(), x.get(), w.get(), mu.get(),
+                            rs.get(), N, C);
   }
 
   void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
@@ -92,8 +174,12 @@ class CpuBackend final : public Backend {
     TESSERA_CHECK(cols_of(weight) == IC && out.numel() == N * OC && (!bias || bias->numel() == OC),
                   "matmul shapes: inp ", shape_str(inp.shape()), " weight ",
                   shape_str(weight.shape()), " out ", shape_str(out.shape()));
-    cpu::matmul_forward(out.f32(), inp.f32(), weight.f32(), bias ? bias->f32() : nullptr, N, IC,
-                        OC);
+    TESSERA_F32_OUT(o, out);
+    TESSERA_F32_IN(x, inp);
+    TESSERA_F32_IN(w, weight);
+    std::unique_ptr<F32> b;
+    if (bias) b = std::make_unique<F32>(*bias, true, false, "bias");
+    cpu::matmul_forward(o.get(), x.get(), w.get(), b ? b->get() : nullptr, N, IC, OC);
   }
   void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
                        const Tensor& inp, const Tensor& weight) override {
@@ -101,9 +187,15 @@ class CpuBackend final : public Backend {
     TESSERA_CHECK(
         dout.numel() == N * OC && dweight.numel() == OC * IC && (!dinp || dinp->numel() == N * IC),
         "matmul backward shapes");
-    cpu::matmul_backward(dinp ? dinp->f32() : nullptr, dweight.f32(),
-                         dbias ? dbias->f32() : nullptr, dout.f32(), inp.f32(), weight.f32(), N, IC,
-                         OC);
+    std::unique_ptr<F32> dx, db;
+    if (dinp) dx = std::make_unique<F32>(*dinp, false, true, "dinp");
+    if (dbias) db = std::make_unique<F32>(*dbias, true, true, "dbias");
+    TESSERA_F32_INOUT(dw, dweight);
+    TESSERA_F32_IN(d, dout);
+    TESSERA_F32_IN(x, inp);
+    TESSERA_F32_IN(w, weight);
+    cpu::matmul_backward(dx ? dx->get() : nullptr, dw.get(), db ? db->get() : nullptr, d.get(),
+                         x.get(), w.get(), N, IC, OC);
   }
 
   void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads) override {
@@ -112,15 +204,23 @@ class CpuBackend final : public Backend {
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
     TESSERA_CHECK(out.numel() == B * T * heads * hd && lse.numel() == B * heads * T,
                   "attention output shapes");
-    cpu::attention_forward(out.f32(), lse.f32(), qkv.f32(), B, T, heads, hd, scratch(T));
+    TESSERA_F32_OUT(o, out);
+    TESSERA_F32_OUT(l, lse);
+    TESSERA_F32_IN(q, qkv);
+    cpu::attention_forward(o.get(), l.get(), q.get(), B, T, heads, hd, scratch(T));
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads) override {
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
     TESSERA_CHECK(dqkv.numel() == qkv.numel() && dout.numel() == out.numel(),
                   "attention backward shapes");
-    cpu::attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), out.f32(), lse.f32(), B, T, heads,
-                            hd, scratch(T));
+    TESSERA_F32_OUT(dq, dqkv);
+    TESSERA_F32_IN(d, dout);
+    TESSERA_F32_IN(q, qkv);
+    TESSERA_F32_IN(o, out);
+    TESSERA_F32_IN(l, lse);
+    cpu::attention_backward(dq.get(), d.get(), q.get(), o.get(), l.get(), B, T, heads, hd,
+                            scratch(T));
   }
 
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
@@ -134,38 +234,64 @@ class CpuBackend final : public Backend {
       TESSERA_CHECK(s.slot >= 0 && s.slot < k_cache.dim(0) && s.pos0 + s.count <= Tmax &&
                         s.row0 + s.count <= rows_of(qkv),
                     "kv attention segment outside the cache or the rows");
-    cpu::kv_attention(out.f32(), qkv.f32(), k_cache.f32(), v_cache.f32(), segments, heads, hd,
-                      Tmax);
+    TESSERA_CHECK(k_cache.dtype() == DType::F32 && v_cache.dtype() == DType::F32,
+                  "the KV cache is f32");
+    TESSERA_F32_OUT(o, out);
+    TESSERA_F32_IN(q, qkv);
+    cpu::kv_attention(o.get(), q.get(), k_cache.f32(), v_cache.f32(), segments, heads, hd, Tmax);
   }
 
   void gelu_forward(Tensor& out, const Tensor& inp) override {
     TESSERA_CHECK(out.numel() == inp.numel(), "gelu shapes");
-    cpu::gelu_forward(out.f32(), inp.f32(), inp.numel());
+    TESSERA_F32_OUT(o, out);
+    TESSERA_F32_IN(x, inp);
+    cpu::gelu_forward(o.get(), x.get(), inp.numel());
   }
   void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
     TESSERA_CHECK(dinp.numel() == inp.numel() && dout.numel() == inp.numel(), "gelu shapes");
-    cpu::gelu_backward(dinp.f32(), inp.f32(), dout.f32(), inp.numel());
+    if (dinp.dtype() == DType::F32) {  // in place allowed (dinp may be dout)
+      cpu::gelu_backward(dinp.f32(), F32(inp, true, false, "inp").get(), dout.f32(), inp.numel());
+      return;
+    }
+    TESSERA_F32_IN(x, inp);
+    TESSERA_F32_IN(d, dout);
+    TESSERA_F32_OUT(dx, dinp);
+    cpu::gelu_backward(dx.get(), x.get(), d.get(), inp.numel());
   }
   void add(Tensor& out, const Tensor& a, const Tensor& b) override {
     TESSERA_CHECK(out.numel() == a.numel() && a.numel() == b.numel(), "add shapes");
-    cpu::add(out.f32(), a.f32(), b.f32(), a.numel());
+    TESSERA_F32_IN(x, a);
+    TESSERA_F32_IN(y, b);
+    TESSERA_F32_OUT(o, out);
+    cpu::add(o.get(), x.get(), y.get(), a.numel());
   }
 
   void xent_row_max(Tensor& rowmax, const Tensor& logits, int64_t valid_cols) override {
-    cpu::xent_row_max(rowmax.f32(), logits.f32(), rows_of(logits), cols_of(logits), valid_cols);
+    TESSERA_F32_OUT(m, rowmax);
+    TESSERA_F32_IN(lg, logits);
+    cpu::xent_row_max(m.get(), lg.get(), rows_of(logits), cols_of(logits), valid_cols);
   }
   void xent_row_sums(Tensor& sumexp, Tensor& target_logit, const Tensor& logits,
                      const Tensor& rowmax, const Tensor& targets, int64_t valid_cols,
                      int64_t col_begin) override {
     TESSERA_CHECK(targets.numel() == rows_of(logits), "cross-entropy targets shape");
-    cpu::xent_row_sums(sumexp.f32(), target_logit.f32(), logits.f32(), rowmax.f32(), targets.i32(),
+    TESSERA_F32_OUT(se, sumexp);
+    TESSERA_F32_OUT(tl, target_logit);
+    TESSERA_F32_IN(lg, logits);
+    TESSERA_F32_IN(m, rowmax);
+    cpu::xent_row_sums(se.get(), tl.get(), lg.get(), m.get(), ids_of(targets, "targets"),
                        rows_of(logits), cols_of(logits), valid_cols, col_begin);
   }
   void xent_loss_and_grad(Tensor& losses, Tensor& logits, const Tensor& rowmax,
                           const Tensor& sumexp, const Tensor& target_logit, const Tensor& targets,
                           int64_t valid_cols, int64_t col_begin, float grad_scale) override {
-    cpu::xent_loss_and_grad(losses.f32(), logits.f32(), rowmax.f32(), sumexp.f32(),
-                            target_logit.f32(), targets.i32(), rows_of(logits), cols_of(logits),
+    TESSERA_F32_OUT(l, losses);
+    TESSERA_F32_INOUT(lg, logits);
+    TESSERA_F32_IN(m, rowmax);
+    TESSERA_F32_IN(se, sumexp);
+    TESSERA_F32_IN(tl, target_logit);
+    cpu::xent_loss_and_grad(l.get(), lg.get(), m.get(), se.get(), tl.get(),
+                            ids_of(targets, "targets"), rows_of(logits), cols_of(logits),
                             valid_cols, col_begin, grad_scale);
   }
 
@@ -174,11 +300,20 @@ class CpuBackend final : public Backend {
     TESSERA_CHECK(
         grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(),
         "adamw shapes");
+    TESSERA_CHECK(param.dtype() == DType::F32 && grad.dtype() == DType::F32 &&
+                      m.dtype() == DType::F32 && v.dtype() == DType::F32,
+                  "AdamW runs on the f32 master weights, gradients and moments");
     cpu::adamw_step(param.f32(), grad.f32(), m.f32(), v.f32(), param.numel(), h.lr, h.beta1,
                     h.beta2, h.eps, weight_decay, step);
   }
-  double sum_squares(const Tensor& x) override { return cpu::sum_squares(x.f32(), x.numel()); }
-  void scale(Tensor& x, float s) override { cpu::scale_inplace(x.f32(), x.numel(), s); }
+  double sum_squares(const Tensor& x) override {
+    TESSERA_F32_IN(v, x);
+    return cpu::sum_squares(v.get(), x.numel());
+  }
+  void scale(Tensor& x, float s) override {
+    TESSERA_F32_INOUT(v, x);
+    cpu::scale_inplace(v.get(), x.numel(), s);
+  }
 
  private:
   // Grow-only workspace for attention, so steady-state steps allocate nothing.

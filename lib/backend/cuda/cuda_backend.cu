@@ -1,7 +1,12 @@
-// cuda_backend.cu: fp32 CUDA kernels for every op of the Backend interface, plus cuBLAS GEMMs.
-// Kernels favour determinism over speed where the two conflict: every reduction has one owner
-// thread or a fixed order, so results do not change from run to run (exact resume needs this).
+// cuda_backend.cu: CUDA kernels for every op of the Backend interface, plus cuBLAS GEMMs.
+// Activations and compute weights are f32, bf16 or f16 (kernels are templates over the storage
+// type T and compute in f32); gradients of parameters, statistics and optimizer state are f32
+// (backend.hpp). Kernels favour determinism over speed where the two conflict: every reduction
+// has one owner thread or a fixed order, so results do not change from run to run (exact resume
+// needs this).
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -34,65 +39,126 @@ void expect_device(const Tensor& t, const char* what) {
   TESSERA_CHECK(t.defined() && t.device() == Device::CUDA, what, " must be a CUDA tensor");
 }
 
+// f32 loads and rounded stores for every storage type.
+__device__ __forceinline__ float ld(float x) {
+  return x;
+}
+__device__ __forceinline__ float ld(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float ld(__half x) {
+  return __half2float(x);
+}
+template <typename T>
+__device__ __forceinline__ T to(float v);
+template <>
+__device__ __forceinline__ float to<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 to<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half to<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// Calls f(T{}) with T the storage type of `d` (float, __nv_bfloat16 or __half).
+template <typename F>
+void dispatch(DType d, const char* what, F&& f) {
+  switch (d) {
+    case DType::F32:
+      f(float{});
+      return;
+    case DType::BF16:
+      f(__nv_bfloat16{});
+      return;
+    case DType::F16:
+      f(__half{});
+      return;
+    default:
+      throw Error(std::string(what) + ": the CUDA backend computes in f32, bf16 or f16, not " +
+                  dtype_name(d));
+  }
+}
+void expect_dtype(const Tensor& t, DType d, const char* what) {
+  TESSERA_CHECK(t.dtype() == d, what, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(d));
+}
+cudaDataType_t cuda_type(DType d) {
+  return d == DType::F32 ? CUDA_R_32F : d == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
 // ---- elementwise ----------------------------------------------------------------------------
 
-__global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
+template <typename T>
+__global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i < n) out[i] = a[i] + b[i];
+  if (i < n) out[i] = to<T>(ld(a[i]) + ld(b[i]));
+}
+template <typename TO, typename TI>
+__global__ void cast_kernel(TO* out, const TI* in, int64_t n) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) out[i] = to<TO>(ld(in[i]));
 }
 __global__ void scale_kernel(float* x, int64_t n, float s) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i < n) x[i] *= s;
 }
-__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
+template <typename T>
+__global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float x = inp[i];
-  out[i] = 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  const float x = ld(inp[i]);
+  out[i] = to<T>(0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))));
 }
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t n) {
+template <typename T>
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t n) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float x = inp[i];
+  const float x = ld(inp[i]);
   const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
   const float th = tanhf(u);
   const float du = 0.7978845608028654f * (1.f + 3.f * 0.044715f * x * x);
-  dinp[i] = dout[i] * (0.5f * (1.f + th) + 0.5f * x * (1.f - th * th) * du);
+  dinp[i] = to<T>(ld(dout[i]) * (0.5f * (1.f + th) + 0.5f * x * (1.f - th * th) * du));
 }
 
 // ---- embeddings -------------------------------------------------------------------------------
 
-__global__ void embedding_forward_kernel(float* out, const int32_t* ids, const float* table,
-                                         int64_t N, int64_t C, int64_t row_begin, int64_t rows) {
+template <typename T>
+__global__ void embedding_forward_kernel(T* out, const int32_t* ids, const T* table, int64_t N,
+                                         int64_t C, int64_t row_begin, int64_t rows) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= N * C) return;
   const int64_t n = i / C, c = i % C;
   const int64_t r = static_cast<int64_t>(ids[n]) - row_begin;
-  out[i] = (r >= 0 && r < rows) ? table[r * C + c] : 0.f;
+  out[i] = (r >= 0 && r < rows) ? table[r * C + c] : to<T>(0.f);
 }
 // One thread per channel walks the tokens in order: each table entry has one writer
 // (deterministic).
-__global__ void embedding_backward_kernel(float* dtable, const float* dout, const int32_t* ids,
+template <typename T>
+__global__ void embedding_backward_kernel(float* dtable, const T* dout, const int32_t* ids,
                                           int64_t N, int64_t C, int64_t row_begin, int64_t rows) {
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (c >= C) return;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t r = static_cast<int64_t>(ids[n]) - row_begin;
-    if (r >= 0 && r < rows) dtable[r * C + c] += dout[n * C + c];
+    if (r >= 0 && r < rows) dtable[r * C + c] += ld(dout[n * C + c]);
   }
 }
-__global__ void position_forward_kernel(float* out, const float* wpe, int64_t B, int64_t T,
-                                        int64_t C) {
+template <typename S>
+__global__ void position_forward_kernel(S* out, const S* wpe, int64_t B, int64_t T, int64_t C) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= B * T * C) return;
-  out[i] += wpe[((i / C) % T) * C + i % C];
+  out[i] = to<S>(ld(out[i]) + ld(wpe[((i / C) % T) * C + i % C]));
 }
-__global__ void position_backward_kernel(float* dwpe, const float* dout, int64_t B, int64_t T,
+template <typename S>
+__global__ void position_backward_kernel(float* dwpe, const S* dout, int64_t B, int64_t T,
                                          int64_t C) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= T * C) return;
   float s = 0.f;
-  for (int64_t b = 0; b < B; ++b) s += dout[b * T * C + i];
+  for (int64_t b = 0; b < B; ++b) s += ld(dout[b * T * C + i]);
   dwpe[i] += s;
 }
 
@@ -130,51 +196,53 @@ __device__ float block_max(float v, float* shared) {
   return r;
 }
 
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
-                                         const float* w, const float* b, int64_t C, float eps) {
+template <typename T>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp,
+                                         const T* w, const T* b, int64_t C, float eps) {
   __shared__ float sh[33];
   const int64_t n = blockIdx.x;
-  const float* x = inp + n * C;
+  const T* x = inp + n * C;
   float s = 0.f;
-  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) s += x[i];
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) s += ld(x[i]);
   const float m = block_sum(s, sh) / C;
   float v = 0.f;
-  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) v += (x[i] - m) * (x[i] - m);
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) v += (ld(x[i]) - m) * (ld(x[i]) - m);
   const float r = rsqrtf(block_sum(v, sh) / C + eps);
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
-    out[n * C + i] = (x[i] - m) * r * w[i] + b[i];
+    out[n * C + i] = to<T>((ld(x[i]) - m) * r * ld(w[i]) + ld(b[i]));
   if (threadIdx.x == 0) {
     mean[n] = m;
     rstd[n] = r;
   }
 }
-__global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp,
-                                                const float* w, const float* mean,
-                                                const float* rstd, int64_t C) {
+template <typename T>
+__global__ void layernorm_backward_input_kernel(T* dinp, const T* dout, const T* inp, const T* w,
+                                                const float* mean, const float* rstd, int64_t C) {
   __shared__ float sh[33];
   const int64_t n = blockIdx.x;
   const float m = mean[n], r = rstd[n];
   float a = 0.f, bsum = 0.f;
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
-    const float xhat = (inp[n * C + i] - m) * r, dn = w[i] * dout[n * C + i];
+    const float xhat = (ld(inp[n * C + i]) - m) * r, dn = ld(w[i]) * ld(dout[n * C + i]);
     a += dn;
     bsum += dn * xhat;
   }
   const float dmean = block_sum(a, sh) / C, dnm = block_sum(bsum, sh) / C;
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
-    const float xhat = (inp[n * C + i] - m) * r, dn = w[i] * dout[n * C + i];
-    dinp[n * C + i] += (dn - dmean - xhat * dnm) * r;
+    const float xhat = (ld(inp[n * C + i]) - m) * r, dn = ld(w[i]) * ld(dout[n * C + i]);
+    dinp[n * C + i] = to<T>(ld(dinp[n * C + i]) + (dn - dmean - xhat * dnm) * r);
   }
 }
-__global__ void layernorm_backward_params_kernel(float* dw, float* db, const float* dout,
-                                                 const float* inp, const float* mean,
-                                                 const float* rstd, int64_t N, int64_t C) {
+template <typename T>
+__global__ void layernorm_backward_params_kernel(float* dw, float* db, const T* dout, const T* inp,
+                                                 const float* mean, const float* rstd, int64_t N,
+                                                 int64_t C) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= C) return;
   float sw = 0.f, sb = 0.f;
   for (int64_t n = 0; n < N; ++n) {
-    const float d = dout[n * C + i];
-    sw += (inp[n * C + i] - mean[n]) * rstd[n] * d;
+    const float d = ld(dout[n * C + i]);
+    sw += (ld(inp[n * C + i]) - mean[n]) * rstd[n] * d;
     sb += d;
   }
   dw[i] += sw;
@@ -183,99 +251,293 @@ __global__ void layernorm_backward_params_kernel(float* dw, float* db, const flo
 
 // ---- matmul helpers -----------------------------------------------------------------------------
 
-__global__ void fill_bias_kernel(float* out, const float* bias, int64_t N, int64_t OC) {
+template <typename T>
+__global__ void fill_bias_kernel(T* out, const T* bias, int64_t N, int64_t OC) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i < N * OC) out[i] = bias[i % OC];
 }
-__global__ void column_sum_kernel(float* dbias, const float* dout, int64_t N, int64_t OC) {
+template <typename T>
+__global__ void column_sum_kernel(float* dbias, const T* dout, int64_t N, int64_t OC) {
   const int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (o >= OC) return;
   float s = 0.f;
-  for (int64_t n = 0; n < N; ++n) s += dout[n * OC + o];
+  for (int64_t n = 0; n < N; ++n) s += ld(dout[n * OC + o]);
   dbias[o] += s;
 }
 
-// ---- attention (one thread per query row; the T x T matrix is never stored) -------------------
+// ---- attention ------------------------------------------------------------------------------------
+// Tiled causal attention in the manner of FlashAttention (Dao et al.): the T x T matrix is never
+// stored. One thread owns one query row (forward, dq) or one key row (dk, dv) and keeps it in
+// registers; the other side streams through shared memory in tiles of kTile rows, with an online
+// softmax. Head dimensions 32, 64 and 128 are compiled; others take the one-thread-per-row
+// kernels below, which read the tiles straight from global memory.
 
-__global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, int64_t B,
-                                         int64_t T, int64_t H, int64_t hd) {
-  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;  // (b, h, t)
-  if (i >= B * H * T) return;
-  const int64_t t = i % T, h = (i / T) % H, b = i / (T * H);
-  const int64_t C = H * hd, C3 = 3 * C;
-  const float scale = rsqrtf(static_cast<float>(hd));
-  const float* q = qkv + (b * T + t) * C3 + h * hd;
-  float m = -INFINITY, l = 0.f;
-  float* o = out + (b * T + t) * C + h * hd;
-  for (int64_t d = 0; d < hd; ++d) o[d] = 0.f;
-  for (int64_t s = 0; s <= t; ++s) {  // online softmax
-    const float* k = qkv + (b * T + s) * C3 + C + h * hd;
-    const float* v = k + C;
-    float dot = 0.f;
-    for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
-    dot *= scale;
-    const float mn = fmaxf(m, dot), corr = expf(m - mn), p = expf(dot - mn);
-    l = l * corr + p;
-    for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * corr + p * v[d];
-    m = mn;
-  }
-  for (int64_t d = 0; d < hd; ++d) o[d] /= l;
-  lse[(b * H + h) * T + t] = m + logf(l);
+constexpr int kRows = 64;  // query (or key) rows per block
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) {
+  return a < b ? a : b;
 }
-__global__ void attention_rowdot_kernel(float* D, const float* dout, const float* out, int64_t B,
-                                        int64_t T, int64_t H, int64_t hd) {
+constexpr int kTile = 32;  // rows of the streamed side per shared-memory tile
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kRows)
+    flash_forward_kernel(T* out, float* lse, const T* qkv, int64_t Tn, int64_t H) {
+  __shared__ float Ks[kTile][HD], Vs[kTile][HD];
+  const int64_t b = blockIdx.y / H, h = blockIdx.y % H, C = H * HD, C3 = 3 * C;
+  const int64_t t = int64_t(blockIdx.x) * kRows + threadIdx.x;
+  const bool active = t < Tn;
+  const float scale = rsqrtf(static_cast<float>(HD));
+  float q[HD], o[HD];
+#pragma unroll
+  for (int d = 0; d < HD; ++d) {
+    q[d] = active ? ld(qkv[(b * Tn + t) * C3 + h * HD + d]) * scale : 0.f;
+    o[d] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  const int64_t last = imin(Tn - 1, int64_t(blockIdx.x) * kRows + kRows - 1);
+  for (int64_t k0 = 0; k0 <= last; k0 += kTile) {
+    for (int i = threadIdx.x; i < kTile * HD; i += blockDim.x) {
+      const int r = i / HD, d = i % HD;
+      const int64_t s = k0 + r;
+      const bool in = s < Tn;
+      Ks[r][d] = in ? ld(qkv[(b * Tn + s) * C3 + C + h * HD + d]) : 0.f;
+      Vs[r][d] = in ? ld(qkv[(b * Tn + s) * C3 + 2 * C + h * HD + d]) : 0.f;
+    }
+    __syncthreads();
+    const int64_t n = active ? imin(kTile, t - k0 + 1) : 0;  // causal: keys s <= t
+    if (n > 0) {
+      float sc[kTile];
+      float tmax = -INFINITY;
+#pragma unroll
+      for (int r = 0; r < kTile; ++r) {
+        float dot = 0.f;
+        if (r < n) {
+#pragma unroll
+          for (int d = 0; d < HD; ++d) dot += q[d] * Ks[r][d];
+          tmax = fmaxf(tmax, dot);
+        }
+        sc[r] = dot;
+      }
+      const float mn = fmaxf(m, tmax), corr = expf(m - mn);
+      l *= corr;
+#pragma unroll
+      for (int d = 0; d < HD; ++d) o[d] *= corr;
+#pragma unroll
+      for (int r = 0; r < kTile; ++r) {
+        if (r < n) {
+          const float p = expf(sc[r] - mn);
+          l += p;
+#pragma unroll
+          for (int d = 0; d < HD; ++d) o[d] += p * Vs[r][d];
+        }
+      }
+      m = mn;
+    }
+    __syncthreads();
+  }
+  if (!active) return;
+  const float inv = 1.f / l;
+#pragma unroll
+  for (int d = 0; d < HD; ++d) out[(b * Tn + t) * C + h * HD + d] = to<T>(o[d] * inv);
+  lse[(b * H + h) * Tn + t] = m + logf(l);
+}
+
+// D[b,h,t] = dout[t] . out[t] (the softmax backward's row term).
+template <typename T>
+__global__ void attention_rowdot_kernel(float* D, const T* dout, const T* out, int64_t B,
+                                        int64_t Tn, int64_t H, int64_t hd) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i >= B * H * T) return;
-  const int64_t t = i % T, h = (i / T) % H, b = i / (T * H);
+  if (i >= B * H * Tn) return;
+  const int64_t t = i % Tn, h = (i / Tn) % H, b = i / (Tn * H);
   const int64_t C = H * hd;
   float s = 0.f;
   for (int64_t d = 0; d < hd; ++d)
-    s += dout[(b * T + t) * C + h * hd + d] * out[(b * T + t) * C + h * hd + d];
+    s += ld(dout[(b * Tn + t) * C + h * hd + d]) * ld(out[(b * Tn + t) * C + h * hd + d]);
   D[i] = s;
 }
-// dq for query row t; dk, dv for key row s (= the same index): one writer per output row.
-__global__ void attention_backward_kernel(float* dqkv, const float* dout, const float* qkv,
-                                          const float* lse, const float* D, int64_t B, int64_t T,
-                                          int64_t H, int64_t hd) {
-  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i >= B * H * T) return;
-  const int64_t r = i % T, h = (i / T) % H, b = i / (T * H);
+
+// dq for the query rows of this block, streaming keys and values.
+template <typename T, int HD>
+__global__ void __launch_bounds__(kRows)
+    flash_backward_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
+                             const float* D, int64_t Tn, int64_t H) {
+  __shared__ float Ks[kTile][HD], Vs[kTile][HD];
+  const int64_t b = blockIdx.y / H, h = blockIdx.y % H, C = H * HD, C3 = 3 * C;
+  const int64_t t = int64_t(blockIdx.x) * kRows + threadIdx.x;
+  const bool active = t < Tn;
+  const float scale = rsqrtf(static_cast<float>(HD));
+  float q[HD], g[HD], dq[HD];
+#pragma unroll
+  for (int d = 0; d < HD; ++d) {
+    q[d] = active ? ld(qkv[(b * Tn + t) * C3 + h * HD + d]) * scale : 0.f;
+    g[d] = active ? ld(dout[(b * Tn + t) * C + h * HD + d]) : 0.f;
+    dq[d] = 0.f;
+  }
+  const float L = active ? lse[(b * H + h) * Tn + t] : 0.f;
+  const float Dt = active ? D[(b * H + h) * Tn + t] : 0.f;
+  const int64_t last = imin(Tn - 1, int64_t(blockIdx.x) * kRows + kRows - 1);
+  for (int64_t k0 = 0; k0 <= last; k0 += kTile) {
+    for (int i = threadIdx.x; i < kTile * HD; i += blockDim.x) {
+      const int r = i / HD, d = i % HD;
+      const int64_t s = k0 + r;
+      const bool in = s < Tn;
+      Ks[r][d] = in ? ld(qkv[(b * Tn + s) * C3 + C + h * HD + d]) : 0.f;
+      Vs[r][d] = in ? ld(qkv[(b * Tn + s) * C3 + 2 * C + h * HD + d]) : 0.f;
+    }
+    __syncthreads();
+    const int64_t n = active ? imin(kTile, t - k0 + 1) : 0;
+    for (int r = 0; r < n; ++r) {
+      float qk = 0.f, dp = 0.f;
+#pragma unroll
+      for (int d = 0; d < HD; ++d) {
+        qk += q[d] * Ks[r][d];
+        dp += g[d] * Vs[r][d];
+      }
+      const float ds = expf(qk - L) * (dp - Dt) * scale;
+#pragma unroll
+      for (int d = 0; d < HD; ++d) dq[d] += ds * Ks[r][d];
+    }
+    __syncthreads();
+  }
+  if (!active) return;
+#pragma unroll
+  for (int d = 0; d < HD; ++d) dqkv[(b * Tn + t) * C3 + h * HD + d] = to<T>(dq[d]);
+}
+
+// dk and dv for the key rows of this block, streaming the queries at or after them.
+template <typename T, int HD>
+__global__ void __launch_bounds__(kRows)
+    flash_backward_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
+                              const float* D, int64_t Tn, int64_t H) {
+  __shared__ float Qs[kTile][HD], Gs[kTile][HD], Ls[kTile], Ds[kTile];
+  const int64_t b = blockIdx.y / H, h = blockIdx.y % H, C = H * HD, C3 = 3 * C;
+  const int64_t s = int64_t(blockIdx.x) * kRows + threadIdx.x;  // this thread's key row
+  const bool active = s < Tn;
+  const float scale = rsqrtf(static_cast<float>(HD));
+  float k[HD], v[HD], dk[HD], dv[HD];
+#pragma unroll
+  for (int d = 0; d < HD; ++d) {
+    k[d] = active ? ld(qkv[(b * Tn + s) * C3 + C + h * HD + d]) : 0.f;
+    v[d] = active ? ld(qkv[(b * Tn + s) * C3 + 2 * C + h * HD + d]) : 0.f;
+    dk[d] = dv[d] = 0.f;
+  }
+  const int64_t first = int64_t(blockIdx.x) * kRows;  // queries before the block see no key here
+  for (int64_t q0 = first; q0 < Tn; q0 += kTile) {
+    for (int i = threadIdx.x; i < kTile * HD; i += blockDim.x) {
+      const int r = i / HD, d = i % HD;
+      const int64_t t = q0 + r;
+      const bool in = t < Tn;
+      Qs[r][d] = in ? ld(qkv[(b * Tn + t) * C3 + h * HD + d]) * scale : 0.f;
+      Gs[r][d] = in ? ld(dout[(b * Tn + t) * C + h * HD + d]) : 0.f;
+    }
+    for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
+      const int64_t t = q0 + r;
+      Ls[r] = t < Tn ? lse[(b * H + h) * Tn + t] : 0.f;
+      Ds[r] = t < Tn ? D[(b * H + h) * Tn + t] : 0.f;
+    }
+    __syncthreads();
+    if (active) {
+      for (int r = 0; r < kTile; ++r) {
+        const int64_t t = q0 + r;
+        if (t < s || t >= Tn) continue;  // causal: query t sees key s when s <= t
+        float qk = 0.f, dp = 0.f;
+#pragma unroll
+        for (int d = 0; d < HD; ++d) {
+          qk += Qs[r][d] * k[d];
+          dp += Gs[r][d] * v[d];
+        }
+        const float p = expf(qk - Ls[r]);
+        const float ds = p * (dp - Ds[r]);
+#pragma unroll
+        for (int d = 0; d < HD; ++d) {
+          dv[d] += p * Gs[r][d];
+          dk[d] += ds * Qs[r][d];  // Qs holds q * scale: dS/dk carries the scale
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (!active) return;
+#pragma unroll
+  for (int d = 0; d < HD; ++d) {
+    dqkv[(b * Tn + s) * C3 + C + h * HD + d] = to<T>(dk[d]);
+    dqkv[(b * Tn + s) * C3 + 2 * C + h * HD + d] = to<T>(dv[d]);
+  }
+}
+
+// Any head dimension: one thread per query row, keys and values read from global memory.
+template <typename T>
+__global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int64_t B, int64_t Tn,
+                                         int64_t H, int64_t hd) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;  // (b, h, t)
+  if (i >= B * H * Tn) return;
+  const int64_t t = i % Tn, h = (i / Tn) % H, b = i / (Tn * H);
   const int64_t C = H * hd, C3 = 3 * C;
   const float scale = rsqrtf(static_cast<float>(hd));
-  const float* L = lse + (b * H + h) * T;
-  const float* Dr = D + (b * H + h) * T;
-  auto q_at = [&](int64_t t) { return qkv + (b * T + t) * C3 + h * hd; };
-  auto k_at = [&](int64_t s) { return qkv + (b * T + s) * C3 + C + h * hd; };
-  auto v_at = [&](int64_t s) { return qkv + (b * T + s) * C3 + 2 * C + h * hd; };
-  auto do_at = [&](int64_t t) { return dout + (b * T + t) * C + h * hd; };
+  const T* q = qkv + (b * Tn + t) * C3 + h * hd;
+  T* o = out + (b * Tn + t) * C + h * hd;
+  // Two passes (max and sum, then the weighted values) so nothing is rescaled in T.
+  float m = -INFINITY, l = 0.f;
+  for (int64_t s = 0; s <= t; ++s) {
+    const T* k = qkv + (b * Tn + s) * C3 + C + h * hd;
+    float dot = 0.f;
+    for (int64_t d = 0; d < hd; ++d) dot += ld(q[d]) * ld(k[d]);
+    dot *= scale;
+    const float mn = fmaxf(m, dot);
+    l = l * expf(m - mn) + expf(dot - mn);
+    m = mn;
+  }
+  for (int64_t d = 0; d < hd; ++d) {
+    float acc = 0.f;
+    for (int64_t s = 0; s <= t; ++s) {
+      const T* k = qkv + (b * Tn + s) * C3 + C + h * hd;
+      float dot = 0.f;
+      for (int64_t e = 0; e < hd; ++e) dot += ld(q[e]) * ld(k[e]);
+      acc += expf(dot * scale - m) * ld(k[C + d]);
+    }
+    o[d] = to<T>(acc / l);
+  }
+  lse[(b * H + h) * Tn + t] = m + logf(l);
+}
+// dq for query row t; dk, dv for key row s (= the same index): one writer per output row.
+template <typename T>
+__global__ void attention_backward_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
+                                          const float* D, int64_t B, int64_t Tn, int64_t H,
+                                          int64_t hd) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= B * H * Tn) return;
+  const int64_t r = i % Tn, h = (i / Tn) % H, b = i / (Tn * H);
+  const int64_t C = H * hd, C3 = 3 * C;
+  const float scale = rsqrtf(static_cast<float>(hd));
+  const float* L = lse + (b * H + h) * Tn;
+  const float* Dr = D + (b * H + h) * Tn;
+  auto q_at = [&](int64_t t) { return qkv + (b * Tn + t) * C3 + h * hd; };
+  auto k_at = [&](int64_t s) { return qkv + (b * Tn + s) * C3 + C + h * hd; };
+  auto v_at = [&](int64_t s) { return qkv + (b * Tn + s) * C3 + 2 * C + h * hd; };
+  auto do_at = [&](int64_t t) { return dout + (b * Tn + t) * C + h * hd; };
   auto dS = [&](int64_t t, int64_t s, float& p) {
     float qk = 0.f, dp = 0.f;
-    const float *q = q_at(t), *k = k_at(s), *v = v_at(s), *g = do_at(t);
+    const T *q = q_at(t), *k = k_at(s), *v = v_at(s), *g = do_at(t);
     for (int64_t d = 0; d < hd; ++d) {
-      qk += q[d] * k[d];
-      dp += g[d] * v[d];
+      qk += ld(q[d]) * ld(k[d]);
+      dp += ld(g[d]) * ld(v[d]);
     }
     p = expf(qk * scale - L[t]);
     return p * (dp - Dr[t]);
   };
-  float* dq = dqkv + (b * T + r) * C3 + h * hd;
-  float* dk = dq + C;
-  float* dv = dq + 2 * C;
-  for (int64_t d = 0; d < hd; ++d) dq[d] = dk[d] = dv[d] = 0.f;
-  for (int64_t s = 0; s <= r; ++s) {  // row r as a query
-    float p;
-    const float g = dS(r, s, p) * scale;
-    const float* k = k_at(s);
-    for (int64_t d = 0; d < hd; ++d) dq[d] += g * k[d];
-  }
-  for (int64_t t = r; t < T; ++t) {  // row r as a key / value
-    float p;
-    const float g = dS(t, r, p) * scale;
-    const float *q = q_at(t), *go = do_at(t);
-    for (int64_t d = 0; d < hd; ++d) {
-      dk[d] += g * q[d];
-      dv[d] += p * go[d];
+  T* dq = dqkv + (b * Tn + r) * C3 + h * hd;
+  T* dk = dq + C;
+  T* dv = dq + 2 * C;
+  for (int64_t d = 0; d < hd; ++d) {  // one output element at a time: f32 sums, one rounding
+    float aq = 0.f, ak = 0.f, av = 0.f, p;
+    for (int64_t s = 0; s <= r; ++s) aq += dS(r, s, p) * scale * ld(k_at(s)[d]);
+    for (int64_t t = r; t < Tn; ++t) {
+      const float g = dS(t, r, p) * scale;
+      ak += g * ld(q_at(t)[d]);
+      av += p * ld(do_at(t)[d]);
     }
+    dq[d] = to<T>(aq);
+    dk[d] = to<T>(ak);
+    dv[d] = to<T>(av);
   }
 }
 
@@ -327,42 +589,46 @@ __global__ void kv_attend_kernel(float* out, const float* qkv, const float* kc, 
 
 // ---- cross-entropy (one block per row) --------------------------------------------------------
 
-__global__ void xent_max_kernel(float* rowmax, const float* logits, int64_t V, int64_t valid) {
+template <typename T>
+__global__ void xent_max_kernel(float* rowmax, const T* logits, int64_t V, int64_t valid) {
   __shared__ float sh[33];
   const int64_t n = blockIdx.x;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, logits[n * V + j]);
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, ld(logits[n * V + j]));
   m = block_max(m, sh);
   if (threadIdx.x == 0) rowmax[n] = m;
 }
-__global__ void xent_sums_kernel(float* sumexp, float* target_logit, const float* logits,
+template <typename T>
+__global__ void xent_sums_kernel(float* sumexp, float* target_logit, const T* logits,
                                  const float* rowmax, const int32_t* targets, int64_t V,
                                  int64_t valid, int64_t col_begin) {
   __shared__ float sh[33];
   const int64_t n = blockIdx.x;
   float s = 0.f;
   for (int64_t j = threadIdx.x; j < valid; j += blockDim.x)
-    s += expf(logits[n * V + j] - rowmax[n]);
+    s += expf(ld(logits[n * V + j]) - rowmax[n]);
   s = block_sum(s, sh);
   if (threadIdx.x == 0) {
     sumexp[n] = s;
     const int64_t tj = static_cast<int64_t>(targets[n]) - col_begin;
-    target_logit[n] = (targets[n] >= 0 && tj >= 0 && tj < valid) ? logits[n * V + tj] : 0.f;
+    target_logit[n] = (targets[n] >= 0 && tj >= 0 && tj < valid) ? ld(logits[n * V + tj]) : 0.f;
   }
 }
-__global__ void xent_grad_kernel(float* losses, float* logits, const float* rowmax,
+template <typename T>
+__global__ void xent_grad_kernel(float* losses, T* logits, const float* rowmax,
                                  const float* sumexp, const float* target_logit,
                                  const int32_t* targets, int64_t V, int64_t valid,
                                  int64_t col_begin, float scale) {
   const int64_t n = blockIdx.x;
-  float* l = logits + n * V;
+  T* l = logits + n * V;
   const bool ignore = targets[n] < 0;
   const int64_t tj = static_cast<int64_t>(targets[n]) - col_begin;
   const float inv = 1.f / sumexp[n];
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
     float g = 0.f;
-    if (!ignore && j < valid) g = expf(l[j] - rowmax[n]) * inv * scale - (j == tj ? scale : 0.f);
-    l[j] = g;
+    if (!ignore && j < valid)
+      g = expf(ld(l[j]) - rowmax[n]) * inv * scale - (j == tj ? scale : 0.f);
+    l[j] = to<T>(g);
   }
   if (threadIdx.x == 0) losses[n] = ignore ? 0.f : logf(sumexp[n]) + rowmax[n] - target_logit[n];
 }
@@ -458,96 +724,199 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaDeviceSynchronize());
     CUDA_CHECK(cudaProfilerStop());
   }
+  void cast(Tensor& dst, const Tensor& src) override {
+    expect_device(dst, "cast destination");
+    expect_device(src, "cast source");
+    TESSERA_CHECK(dst.numel() == src.numel(), "cast shapes");
+    if (dst.numel() == 0) return;
+    dispatch(dst.dtype(), "cast", [&](auto to_tag) {
+      using TO = decltype(to_tag);
+      dispatch(src.dtype(), "cast", [&](auto from_tag) {
+        using TI = decltype(from_tag);
+        cast_kernel<TO, TI><<<blocks_for(src.numel()), kThreads, 0, stream_>>>(
+            dst.data<TO>(), src.data<TI>(), src.numel());
+      });
+    });
+    LAUNCH_CHECK();
+  }
   void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table,
                          int64_t row_begin) override {
     const int64_t N = ids.numel(), C = cols_of(out);
-    embedding_forward_kernel<<<blocks_for(N * C), kThreads, 0, stream_>>>(
-        out.f32(), ids.i32(), table.f32(), N, C, row_begin, rows_of(table));
+    TESSERA_CHECK(rows_of(out) == N && cols_of(table) == C, "embedding shapes");
+    expect_dtype(table, out.dtype(), "embedding table");
+    dispatch(out.dtype(), "embedding", [&](auto tag) {
+      using T = decltype(tag);
+      embedding_forward_kernel<T><<<blocks_for(N * C), kThreads, 0, stream_>>>(
+          out.data<T>(), ids.i32(), table.data<T>(), N, C, row_begin, rows_of(table));
+    });
     LAUNCH_CHECK();
   }
   void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids,
                           int64_t row_begin) override {
     const int64_t N = ids.numel(), C = cols_of(dout);
-    embedding_backward_kernel<<<blocks_for(C), kThreads, 0, stream_>>>(
-        dtable.f32(), dout.f32(), ids.i32(), N, C, row_begin, rows_of(dtable));
+    expect_dtype(dtable, DType::F32, "embedding gradient");
+    dispatch(dout.dtype(), "embedding backward", [&](auto tag) {
+      using T = decltype(tag);
+      embedding_backward_kernel<T><<<blocks_for(C), kThreads, 0, stream_>>>(
+          dtable.f32(), dout.data<T>(), ids.i32(), N, C, row_begin, rows_of(dtable));
+    });
     LAUNCH_CHECK();
   }
   void position_embedding_forward(Tensor& out, const Tensor& wpe) override {
-    position_forward_kernel<<<blocks_for(out.numel()), kThreads, 0, stream_>>>(
-        out.f32(), wpe.f32(), out.dim(0), out.dim(1), out.dim(2));
+    expect_dtype(wpe, out.dtype(), "position embedding");
+    dispatch(out.dtype(), "position embedding", [&](auto tag) {
+      using T = decltype(tag);
+      position_forward_kernel<T><<<blocks_for(out.numel()), kThreads, 0, stream_>>>(
+          out.data<T>(), wpe.data<T>(), out.dim(0), out.dim(1), out.dim(2));
+    });
     LAUNCH_CHECK();
   }
   void position_embedding_backward(Tensor& dwpe, const Tensor& dout) override {
-    position_backward_kernel<<<blocks_for(dout.dim(1) * dout.dim(2)), kThreads, 0, stream_>>>(
-        dwpe.f32(), dout.f32(), dout.dim(0), dout.dim(1), dout.dim(2));
+    expect_dtype(dwpe, DType::F32, "position embedding gradient");
+    dispatch(dout.dtype(), "position embedding backward", [&](auto tag) {
+      using T = decltype(tag);
+      position_backward_kernel<T><<<blocks_for(dout.dim(1) * dout.dim(2)), kThreads, 0, stream_>>>(
+          dwpe.f32(), dout.data<T>(), dout.dim(0), dout.dim(1), dout.dim(2));
+    });
     LAUNCH_CHECK();
   }
   void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                          const Tensor& w, const Tensor& b, double eps) override {
-    layernorm_forward_kernel<<<static_cast<unsigned>(rows_of(inp)), kThreads, 0, stream_>>>(
-        out.f32(), mean.f32(), rstd.f32(), inp.f32(), w.f32(), b.f32(), cols_of(inp),
-        static_cast<float>(eps));
+    expect_dtype(mean, DType::F32, "layernorm mean");
+    expect_dtype(rstd, DType::F32, "layernorm rstd");
+    dispatch(inp.dtype(), "layernorm", [&](auto tag) {
+      using T = decltype(tag);
+      layernorm_forward_kernel<T><<<static_cast<unsigned>(rows_of(inp)), kThreads, 0, stream_>>>(
+          out.data<T>(), mean.f32(), rstd.f32(), inp.data<T>(), w.data<T>(), b.data<T>(),
+          cols_of(inp), static_cast<float>(eps));
+    });
     LAUNCH_CHECK();
   }
   void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
                           const Tensor& inp, const Tensor& w, const Tensor& mean,
                           const Tensor& rstd) override {
     const int64_t N = rows_of(inp), C = cols_of(inp);
-    layernorm_backward_input_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream_>>>(
-        dinp.f32(), dout.f32(), inp.f32(), w.f32(), mean.f32(), rstd.f32(), C);
+    expect_dtype(dw, DType::F32, "layernorm weight gradient");
+    expect_dtype(db, DType::F32, "layernorm bias gradient");
+    dispatch(inp.dtype(), "layernorm backward", [&](auto tag) {
+      using T = decltype(tag);
+      layernorm_backward_input_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, stream_>>>(
+          dinp.data<T>(), dout.data<T>(), inp.data<T>(), w.data<T>(), mean.f32(), rstd.f32(), C);
+      LAUNCH_CHECK();
+      layernorm_backward_params_kernel<T><<<blocks_for(C), kThreads, 0, stream_>>>(
+          dw.f32(), db.f32(), dout.data<T>(), inp.data<T>(), mean.f32(), rstd.f32(), N, C);
+    });
     LAUNCH_CHECK();
-    layernorm_backward_params_kernel<<<blocks_for(C), kThreads, 0, stream_>>>(
-        dw.f32(), db.f32(), dout.f32(), inp.f32(), mean.f32(), rstd.f32(), N, C);
-    LAUNCH_CHECK();
+  }
+  // Row-major Y (N,OC) = X (N,IC) W^T is, in cuBLAS's column-major terms, Y^T = W X^T with W read
+  // transposed: (OC,IC)row = (IC,OC)col. All GEMMs accumulate in f32 (CUBLAS_COMPUTE_32F; bf16 and
+  // f16 inputs run on tensor cores).
+  void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+            const Tensor& A, int64_t lda, const Tensor& B, int64_t ldb, float beta, Tensor& Cm,
+            int64_t ldc) {
+    const float alpha = 1.f;
+    CUBLAS_CHECK(cublasGemmEx(blas_->get(), ta, tb, (int)m, (int)n, (int)k, &alpha, A.raw(),
+                              cuda_type(A.dtype()), (int)lda, B.raw(), cuda_type(B.dtype()),
+                              (int)ldb, &beta, Cm.raw(), cuda_type(Cm.dtype()), (int)ldc,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
                       const Tensor* bias) override {
     const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
     TESSERA_CHECK(cols_of(weight) == IC && out.numel() == N * OC, "matmul shapes");
+    expect_dtype(weight, inp.dtype(), "matmul weight");
+    expect_dtype(out, inp.dtype(), "matmul output");
     if (bias) {
-      fill_bias_kernel<<<blocks_for(N * OC), kThreads, 0, stream_>>>(out.f32(), bias->f32(), N, OC);
+      expect_dtype(*bias, inp.dtype(), "matmul bias");
+      dispatch(out.dtype(), "bias", [&](auto tag) {
+        using T = decltype(tag);
+        fill_bias_kernel<T><<<blocks_for(N * OC), kThreads, 0, stream_>>>(
+            out.data<T>(), bias->data<T>(), N, OC);
+      });
       LAUNCH_CHECK();
     }
-    const float one = 1.f, beta = bias ? 1.f : 0.f;
-    // Row-major out (N,OC) = inp (N,IC) * W^T is column-major out^T = W^T(col) ... see docs.
-    CUBLAS_CHECK(cublasSgemm(blas_->get(), CUBLAS_OP_T, CUBLAS_OP_N, (int)OC, (int)N, (int)IC, &one,
-                             weight.f32(), (int)IC, inp.f32(), (int)IC, &beta, out.f32(), (int)OC));
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, weight, IC, inp, IC, bias ? 1.f : 0.f, out, OC);
   }
   void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
                        const Tensor& inp, const Tensor& weight) override {
     const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
-    const float one = 1.f, zero = 0.f;
-    if (dinp)
-      CUBLAS_CHECK(cublasSgemm(blas_->get(), CUBLAS_OP_N, CUBLAS_OP_N, (int)IC, (int)N, (int)OC,
-                               &one, weight.f32(), (int)IC, dout.f32(), (int)OC, &zero, dinp->f32(),
-                               (int)IC));
-    CUBLAS_CHECK(cublasSgemm(blas_->get(), CUBLAS_OP_N, CUBLAS_OP_T, (int)IC, (int)OC, (int)N, &one,
-                             inp.f32(), (int)IC, dout.f32(), (int)OC, &one, dweight.f32(),
-                             (int)IC));
+    expect_dtype(dweight, DType::F32, "matmul weight gradient");
+    if (dinp) gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, weight, IC, dout, OC, 0.f, *dinp, IC);
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, OC, 1.f, dweight, IC);
     if (dbias) {
-      column_sum_kernel<<<blocks_for(OC), kThreads, 0, stream_>>>(dbias->f32(), dout.f32(), N, OC);
+      expect_dtype(*dbias, DType::F32, "matmul bias gradient");
+      dispatch(dout.dtype(), "bias gradient", [&](auto tag) {
+        using T = decltype(tag);
+        column_sum_kernel<T><<<blocks_for(OC), kThreads, 0, stream_>>>(dbias->f32(),
+                                                                        dout.data<T>(), N, OC);
+      });
       LAUNCH_CHECK();
     }
   }
+  template <typename T, int HD>
+  void flash_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t B, int64_t Tn,
+                     int64_t H) {
+    const dim3 grid(static_cast<unsigned>((Tn + kRows - 1) / kRows), static_cast<unsigned>(B * H));
+    flash_forward_kernel<T, HD><<<grid, kRows, 0, stream_>>>(out.data<T>(), lse.f32(),
+                                                            qkv.data<T>(), Tn, H);
+  }
+  template <typename T, int HD>
+  void flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, int64_t B, int64_t Tn,
+                      int64_t H, const Tensor& lse) {
+    const dim3 grid(static_cast<unsigned>((Tn + kRows - 1) / kRows), static_cast<unsigned>(B * H));
+    flash_backward_dq_kernel<T, HD><<<grid, kRows, 0, stream_>>>(
+        dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), lse.f32(), rowdot_.f32(), Tn, H);
+    LAUNCH_CHECK();
+    flash_backward_dkv_kernel<T, HD><<<grid, kRows, 0, stream_>>>(
+        dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), lse.f32(), rowdot_.f32(), Tn, H);
+  }
   void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads) override {
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
-    attention_forward_kernel<<<blocks_for(B * heads * T), kThreads, 0, stream_>>>(
-        out.f32(), lse.f32(), qkv.f32(), B, T, heads, hd);
+    expect_dtype(lse, DType::F32, "attention lse");
+    expect_dtype(out, qkv.dtype(), "attention output");
+    dispatch(qkv.dtype(), "attention", [&](auto tag) {
+      using S = decltype(tag);
+      if (hd == 32)
+        flash_forward<S, 32>(out, lse, qkv, B, T, heads);
+      else if (hd == 64)
+        flash_forward<S, 64>(out, lse, qkv, B, T, heads);
+      else if (hd == 128)
+        flash_forward<S, 128>(out, lse, qkv, B, T, heads);
+      else
+        attention_forward_kernel<S><<<blocks_for(B * heads * T), kThreads, 0, stream_>>>(
+            out.data<S>(), lse.f32(), qkv.data<S>(), B, T, heads, hd);
+    });
     LAUNCH_CHECK();
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads) override {
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
-    if (rowdot_.numel() < B * heads * T) rowdot_ = Tensor({B * heads * T}, DType::F32, allocator());
-    attention_rowdot_kernel<<<blocks_for(B * heads * T), kThreads, 0, stream_>>>(
-        rowdot_.f32(), dout.f32(), out.f32(), B, T, heads, hd);
-    LAUNCH_CHECK();
-    attention_backward_kernel<<<blocks_for(B * heads * T), kThreads, 0, stream_>>>(
-        dqkv.f32(), dout.f32(), qkv.f32(), lse.f32(), rowdot_.f32(), B, T, heads, hd);
+    if (rowdot_.numel() < B * heads * T) {
+      AllocationLabel label("attention backward workspace");
+      rowdot_ = Tensor({B * heads * T}, DType::F32, allocator());
+    }
+    dispatch(qkv.dtype(), "attention backward", [&](auto tag) {
+      using S = decltype(tag);
+      attention_rowdot_kernel<S><<<blocks_for(B * heads * T), kThreads, 0, stream_>>>(
+          rowdot_.f32(), dout.data<S>(), out.data<S>(), B, T, heads, hd);
+      LAUNCH_CHECK();
+      if (hd == 32)
+        flash_backward<S, 32>(dqkv, dout, qkv, B, T, heads, lse);
+      else if (hd == 64)
+        flash_backward<S, 64>(dqkv, dout, qkv, B, T, heads, lse);
+      else if (hd == 128)
+        flash_backward<S, 128>(dqkv, dout, qkv, B, T, heads, lse);
+      else
+        attention_backward_kernel<S><<<blocks_for(B * heads * T), kThreads, 0, stream_>>>(
+            dqkv.data<S>(), dout.data<S>(), qkv.data<S>(), lse.f32(), rowdot_.f32(), B, T, heads,
+            hd);
+    });
     LAUNCH_CHECK();
   }
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                     const std::vector<KvSegment>& segments, int64_t heads) override {
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &qkv, &k_cache, &v_cache})
+      expect_dtype(*t, DType::F32, "generation (KV attention)");
     const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2), rows = rows_of(qkv);
     std::vector<DevSegment> h(segments.size());
     for (size_t i = 0; i < segments.size(); ++i)
@@ -569,43 +938,66 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // h is released when this returns
   }
   void gelu_forward(Tensor& out, const Tensor& inp) override {
-    gelu_forward_kernel<<<blocks_for(inp.numel()), kThreads, 0, stream_>>>(out.f32(), inp.f32(),
-                                                                           inp.numel());
+    expect_dtype(out, inp.dtype(), "gelu output");
+    dispatch(inp.dtype(), "gelu", [&](auto tag) {
+      using T = decltype(tag);
+      gelu_forward_kernel<T><<<blocks_for(inp.numel()), kThreads, 0, stream_>>>(
+          out.data<T>(), inp.data<T>(), inp.numel());
+    });
     LAUNCH_CHECK();
   }
   void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
-    gelu_backward_kernel<<<blocks_for(inp.numel()), kThreads, 0, stream_>>>(
-        dinp.f32(), inp.f32(), dout.f32(), inp.numel());
+    dispatch(inp.dtype(), "gelu backward", [&](auto tag) {
+      using T = decltype(tag);
+      gelu_backward_kernel<T><<<blocks_for(inp.numel()), kThreads, 0, stream_>>>(
+          dinp.data<T>(), inp.data<T>(), dout.data<T>(), inp.numel());
+    });
     LAUNCH_CHECK();
   }
   void add(Tensor& out, const Tensor& a, const Tensor& b) override {
-    add_kernel<<<blocks_for(a.numel()), kThreads, 0, stream_>>>(out.f32(), a.f32(), b.f32(),
-                                                                a.numel());
+    expect_dtype(out, a.dtype(), "add output");
+    expect_dtype(b, a.dtype(), "add input");
+    dispatch(a.dtype(), "add", [&](auto tag) {
+      using T = decltype(tag);
+      add_kernel<T><<<blocks_for(a.numel()), kThreads, 0, stream_>>>(out.data<T>(), a.data<T>(),
+                                                                     b.data<T>(), a.numel());
+    });
     LAUNCH_CHECK();
   }
   void xent_row_max(Tensor& rowmax, const Tensor& logits, int64_t valid) override {
-    xent_max_kernel<<<static_cast<unsigned>(rows_of(logits)), kThreads, 0, stream_>>>(
-        rowmax.f32(), logits.f32(), cols_of(logits), valid);
+    dispatch(logits.dtype(), "cross-entropy", [&](auto tag) {
+      using T = decltype(tag);
+      xent_max_kernel<T><<<static_cast<unsigned>(rows_of(logits)), kThreads, 0, stream_>>>(
+          rowmax.f32(), logits.data<T>(), cols_of(logits), valid);
+    });
     LAUNCH_CHECK();
   }
   void xent_row_sums(Tensor& sumexp, Tensor& target_logit, const Tensor& logits,
                      const Tensor& rowmax, const Tensor& targets, int64_t valid,
                      int64_t col_begin) override {
-    xent_sums_kernel<<<static_cast<unsigned>(rows_of(logits)), kThreads, 0, stream_>>>(
-        sumexp.f32(), target_logit.f32(), logits.f32(), rowmax.f32(), targets.i32(),
-        cols_of(logits), valid, col_begin);
+    dispatch(logits.dtype(), "cross-entropy", [&](auto tag) {
+      using T = decltype(tag);
+      xent_sums_kernel<T><<<static_cast<unsigned>(rows_of(logits)), kThreads, 0, stream_>>>(
+          sumexp.f32(), target_logit.f32(), logits.data<T>(), rowmax.f32(), targets.i32(),
+          cols_of(logits), valid, col_begin);
+    });
     LAUNCH_CHECK();
   }
   void xent_loss_and_grad(Tensor& losses, Tensor& logits, const Tensor& rowmax,
                           const Tensor& sumexp, const Tensor& target_logit, const Tensor& targets,
                           int64_t valid, int64_t col_begin, float grad_scale) override {
-    xent_grad_kernel<<<static_cast<unsigned>(rows_of(logits)), kThreads, 0, stream_>>>(
-        losses.f32(), logits.f32(), rowmax.f32(), sumexp.f32(), target_logit.f32(), targets.i32(),
-        cols_of(logits), valid, col_begin, grad_scale);
+    dispatch(logits.dtype(), "cross-entropy", [&](auto tag) {
+      using T = decltype(tag);
+      xent_grad_kernel<T><<<static_cast<unsigned>(rows_of(logits)), kThreads, 0, stream_>>>(
+          losses.f32(), logits.data<T>(), rowmax.f32(), sumexp.f32(), target_logit.f32(),
+          targets.i32(), cols_of(logits), valid, col_begin, grad_scale);
+    });
     LAUNCH_CHECK();
   }
   void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& h,
                   double weight_decay, int64_t step) override {
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&param, &grad, &m, &v})
+      expect_dtype(*t, DType::F32, "AdamW operand (f32 master weights, gradients, moments)");
     const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
     const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
     adamw_kernel<<<blocks_for(param.numel()), kThreads, 0, stream_>>>(
@@ -619,6 +1011,7 @@ class CudaBackend final : public Backend {
     bool first = true;
     for (const Tensor& x : xs) {
       expect_device(x, "sum_squares input");
+      expect_dtype(x, DType::F32, "sum_squares input (gradients)");
       sum_squares_kernel<<<kSumBlocks, kThreads, 0, stream_>>>(partials_, x.f32(), x.numel(),
                                                                !first);
       LAUNCH_CHECK();
@@ -633,6 +1026,7 @@ class CudaBackend final : public Backend {
     return s;
   }
   void scale(Tensor& x, float s) override {
+    expect_dtype(x, DType::F32, "scale operand (gradients)");
     scale_kernel<<<blocks_for(x.numel()), kThreads, 0, stream_>>>(x.f32(), x.numel(), s);
     LAUNCH_CHECK();
   }
