@@ -287,7 +287,7 @@ StepStats Trainer::train_step() {
       consumed_samples_ += cfg_.global_batch(ctx_.dp_size);
       be_.synchronize();
       st.seconds = timer.seconds();
-      st.lr = schedule_.lr(st.iteration);
+      st.lr = schedule_.lr(optimizer_->steps_taken() + 1);
       return st;
     }
   }
@@ -300,7 +300,8 @@ StepStats Trainer::train_step() {
   {
     NVTX_RANGE("optimizer");
     clip_grads(model_->params(), be_, st.grad_norm, cfg_.clip_grad);
-    st.lr = schedule_.lr(st.iteration);
+    // The schedule counts updates (Megatron: skipped fp16 steps do not advance it).
+    st.lr = schedule_.lr(optimizer_->steps_taken() + 1);
     optimizer_->step(st.lr);
     model_->sync_compute_weights();
   }

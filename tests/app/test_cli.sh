@@ -28,6 +28,9 @@ expect 2 "micro-batch-size=0" -- --micro-batch-size 0
 expect 2 "/does/not/exist.ini" -- --config /does/not/exist.ini
 expect 2 "lr-decay-style" -- --lr-decay-style sometimes
 expect 2 "--device=tpu is not a device" -- --device tpu
+expect 2 "--bf16 and --fp16 both given" -- --bf16 --fp16
+expect 2 "--fp16 loss scaling" -- --fp16 --loss-scale-window 0
+expect 0 "loss scale: .* number of skipped iterations" -- --config "$configs/gpt2-tiny.ini" --device cpu --fp16 --train-iters 2 --log-interval 1
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: --device cuda must say so, not crash
   expect 2 "--device=cuda: (no CUDA device is visible|this build has no CUDA)" -- --device cuda
 fi

@@ -51,10 +51,12 @@ struct RunResult {
   std::vector<double> losses, norms;
   std::vector<float> params;
 };
-RunResult train(Backend& be, const std::string& save, int64_t iters, const std::string& load = "") {
+RunResult train(Backend& be, const std::string& save, int64_t iters, const std::string& load = "",
+                DType dtype = DType::F32) {
   const GPTConfig m = tiny_model();
   TrainConfig t = tiny_train(save);
   t.train_iters = iters;
+  t.compute_dtype = dtype;
   auto data = make_mock_dataset(m.vocab_size, m.seq_length, t.seed);
   Trainer tr(m, t, be, *data);
   if (!load.empty()) tr.load_checkpoint(load);
@@ -102,6 +104,25 @@ TEST(SimDevice, TrainingEqualsTheCpuBackendBitwise) {
   EXPECT_EQ(resumed.losses[1], cont_cpu.losses[5]);
   EXPECT_EQ(resumed.params, cont_cpu.params);
   for (const std::string& d : {dc, ds}) fs::remove_all(d);
+}
+
+TEST(SimDevice, MixedPrecisionEqualsTheCpuBackendBitwise) {
+  // bf16 and fp16: the compute copy of the weights, its refresh after each update and after a
+  // load, and (fp16) the loss scale all live in backend memory.
+  auto cpu = make_cpu_backend();
+  auto sim = simdev::make_sim_device_backend();
+  for (DType d : {DType::BF16, DType::F16}) {
+    const std::string dc = temp_dir("cpu_mp"), ds = temp_dir("sim_mp");
+    const RunResult a = train(*cpu, dc, 4, "", d), b = train(*sim, ds, 4, "", d);
+    EXPECT_EQ(a.losses, b.losses) << dtype_name(d);
+    EXPECT_EQ(a.params, b.params) << dtype_name(d);
+    const RunResult cont = train(*cpu, temp_dir("cpu_mp6"), 6, "", d);
+    const RunResult resumed = train(*sim, temp_dir("sim_mp6"), 6, ds, d);
+    ASSERT_EQ(resumed.losses.size(), 2u);
+    EXPECT_EQ(resumed.losses[1], cont.losses[5]) << dtype_name(d);
+    EXPECT_EQ(resumed.params, cont.params) << dtype_name(d);
+    for (const std::string& dir : {dc, ds}) fs::remove_all(dir);
+  }
 }
 
 TEST(SimDevice, EvaluationAndGenerationEqualTheCpuBackend) {
