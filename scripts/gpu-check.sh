@@ -21,10 +21,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 CUDA_ARCH=${CUDA_ARCH:-90} scripts/setup.sh --build-dir "$build" --no-build
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DTESSERA_BUILD_BENCH=ON > /dev/null
-cmake --build "$build" -j "$(nproc)" --target test_cuda_device test_cuda_ops test_device_staging \
+cmake --build "$build" -j "$(nproc)" --target test_cuda_device test_cuda_ops test_cuda_train test_device_staging \
   tessera-train bench_gpu_train
 status=0
-for t in test_cuda_device test_cuda_ops test_device_staging; do
+for t in test_cuda_device test_cuda_ops test_cuda_train test_device_staging; do
   echo "== $t =="
   "$build/bin/$t" || status=1
 done

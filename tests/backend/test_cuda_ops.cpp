@@ -1,5 +1,7 @@
-// test_cuda_ops.cpp: every CUDA op against the CPU reference on random inputs with odd sizes
-// (tolerance per op, fp32); outputs are poisoned with NaN before the call and must be fully
+// test_cuda_ops.cpp: every CUDA op against the CPU reference on random inputs with odd sizes, in
+// each compute dtype (f32, bf16, f16: the CPU reference computes the same dtypes in f32 and rounds
+// on store). Tolerances, relative to the largest reference value: f32 1e-5 (1e-4 for attention
+// backward), bf16 2e-2, f16 4e-3. Outputs are poisoned with NaN before the call and must be fully
 // written. Each test skips itself where no CUDA device is visible.
 #include <gtest/gtest.h>
 
@@ -15,18 +17,25 @@ using namespace tessera;
 
 namespace {
 
-class CudaOps : public ::testing::Test {
+class CudaOpsBase {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  bool start() {
+    if (cuda::device_count() == 0) return false;
     cuda::set_device(0);
     cpu_ = make_cpu_backend();
     gpu_ = make_cuda_backend();
+    return true;
   }
   Tensor rand(Shape s, float scale = 1.f) {
     Tensor t(std::move(s));
     std::normal_distribution<float> d(0.f, scale);
     for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = d(g_);
+    return t;
+  }
+  // A host tensor of dtype d holding f rounded to d.
+  Tensor as(DType d, const Tensor& f) {
+    Tensor t(f.shape(), d);
+    cpu_->cast(t, f);
     return t;
   }
   Tensor ids(Shape s, int hi) {
@@ -40,11 +49,10 @@ class CudaOps : public ::testing::Test {
     gpu_->copy_from_host(d, h.raw());
     return d;
   }
-  Tensor poisoned(Shape s) {  // all bits set: NaN in f32
-    Tensor d(std::move(s), DType::F32, cuda::device_allocator());
-    Tensor h(d.shape());
-    std::memset(h.raw(), 0xff, h.nbytes());
-    gpu_->copy_from_host(d, h.raw());
+  Tensor poisoned(Shape s, DType dt = DType::F32) {  // all bits set: NaN in f32, bf16 and f16
+    Tensor d(std::move(s), dt, cuda::device_allocator());
+    std::vector<unsigned char> h(d.nbytes(), 0xff);
+    gpu_->copy_from_host(d, h.data());
     return d;
   }
   Tensor host(const Tensor& d) {
@@ -52,9 +60,14 @@ class CudaOps : public ::testing::Test {
     gpu_->copy_to_host(h.raw(), d);
     return h;
   }
+  Tensor widened(const Tensor& h) {
+    Tensor f(h.shape());
+    cpu_->cast(f, h);
+    return f;
+  }
   // |gpu - cpu| <= tol * max|cpu| for every element, cpu not all zero, gpu fully written.
-  void expect_close(const Tensor& gpu_dev, const Tensor& cpu, double tol, const char* what) {
-    const Tensor gpu = host(gpu_dev);
+  void expect_close(const Tensor& gpu_dev, const Tensor& cpu_host, double tol, const char* what) {
+    const Tensor gpu = widened(host(gpu_dev)), cpu = widened(cpu_host);
     ASSERT_EQ(gpu.numel(), cpu.numel()) << what;
     double m = 0;
     for (int64_t i = 0; i < cpu.numel(); ++i) m = std::max(m, (double)std::fabs(cpu.f32()[i]));
@@ -68,89 +81,138 @@ class CudaOps : public ::testing::Test {
   std::unique_ptr<Backend> cpu_, gpu_;
 };
 
+class CudaOps : public CudaOpsBase, public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!start()) GTEST_SKIP() << "no CUDA device visible";
+  }
+};
+
+// The ops whose activations take the compute dtype, in every dtype.
+class CudaOpsDtype : public CudaOpsBase, public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!start()) GTEST_SKIP() << "no CUDA device visible";
+  }
+  DType d() const { return GetParam(); }
+  double tol(double f32_tol) const {
+    return d() == DType::F32 ? f32_tol : d() == DType::BF16 ? 2e-2 : 4e-3;
+  }
+  Tensor rnd(Shape s, float scale = 1.f) { return as(d(), rand(std::move(s), scale)); }
+};
+
 }  // namespace
 
-TEST_F(CudaOps, MatmulForwardBackward) {
-  const int64_t N = 37, IC = 29, OC = 51;
-  Tensor x = rand({N, IC}), w = rand({OC, IC}), b = rand({OC}), dy = rand({N, OC});
-  Tensor y({N, OC});
-  cpu_->matmul_forward(y, x, w, &b);
-  Tensor yd = poisoned({N, OC}), xd = dev(x), wd = dev(w), bd = dev(b);
-  gpu_->matmul_forward(yd, xd, wd, &bd);
-  expect_close(yd, y, 1e-5, "matmul out");
-  Tensor dx({N, IC}), dw = Tensor::zeros({OC, IC}), db = Tensor::zeros({OC});
-  cpu_->matmul_backward(&dx, dw, &db, dy, x, w);
-  Tensor dxd = poisoned({N, IC}), dwd = dev(Tensor::zeros({OC, IC})),
-         dbd = dev(Tensor::zeros({OC}));
-  Tensor dyd = dev(dy);
-  gpu_->matmul_backward(&dxd, dwd, &dbd, dyd, xd, wd);
-  expect_close(dxd, dx, 1e-5, "dinp");
-  expect_close(dwd, dw, 1e-5, "dweight");
-  expect_close(dbd, db, 1e-5, "dbias");
+TEST_P(CudaOpsDtype, CastRoundsLikeTheCpu) {
+  Tensor f = rand({1001}, 100.f);
+  Tensor h(f.shape(), d()), hd = poisoned({1001}, d()), fd = dev(f);
+  cpu_->cast(h, f);
+  gpu_->cast(hd, fd);
+  const Tensor back = host(hd);
+  EXPECT_EQ(std::memcmp(back.raw(), h.raw(), h.nbytes()), 0) << "round to nearest even";
 }
 
-TEST_F(CudaOps, LayerNormGeluAdd) {
+TEST_P(CudaOpsDtype, MatmulForwardBackward) {
+  const int64_t N = 37, IC = 29, OC = 51;
+  Tensor x = rnd({N, IC}), w = rnd({OC, IC}), b = rnd({OC}), dy = rnd({N, OC});
+  Tensor y({N, OC}, d());
+  cpu_->matmul_forward(y, x, w, &b);
+  Tensor yd = poisoned({N, OC}, d()), xd = dev(x), wd = dev(w), bd = dev(b);
+  gpu_->matmul_forward(yd, xd, wd, &bd);
+  expect_close(yd, y, tol(1e-5), "matmul out");
+  // Parameter gradients are f32 and accumulate onto what is there.
+  Tensor dx({N, IC}, d()), dw = rand({OC, IC}), db = rand({OC});
+  Tensor dwd = dev(dw), dbd = dev(db);
+  cpu_->matmul_backward(&dx, dw, &db, dy, x, w);
+  Tensor dxd = poisoned({N, IC}, d()), dyd = dev(dy);
+  gpu_->matmul_backward(&dxd, dwd, &dbd, dyd, xd, wd);
+  expect_close(dxd, dx, tol(1e-5), "dinp");
+  expect_close(dwd, dw, d() == DType::F32 ? 1e-5 : 1e-4, "dweight (f32)");
+  expect_close(dbd, db, d() == DType::F32 ? 1e-5 : 1e-4, "dbias (f32)");
+}
+
+TEST_P(CudaOpsDtype, LayerNormGeluAdd) {
   const int64_t N = 23, C = 77;
-  Tensor x = rand({N, C}), w = rand({C}), b = rand({C}), dy = rand({N, C});
-  Tensor y({N, C}), m({N}), r({N});
+  Tensor x = rnd({N, C}), w = rnd({C}), b = rnd({C}), dy = rnd({N, C});
+  Tensor y({N, C}, d()), m({N}), r({N});
   cpu_->layernorm_forward(y, m, r, x, w, b, 1e-5);
-  Tensor yd = poisoned({N, C}), md = poisoned({N}), rd = poisoned({N}), xd = dev(x), wd = dev(w),
-         bd = dev(b);
+  Tensor yd = poisoned({N, C}, d()), md = poisoned({N}), rd = poisoned({N}), xd = dev(x),
+         wd = dev(w), bd = dev(b);
   gpu_->layernorm_forward(yd, md, rd, xd, wd, bd, 1e-5);
-  expect_close(yd, y, 1e-5, "layernorm out");
-  expect_close(rd, r, 1e-5, "rstd");
-  Tensor base = rand({N, C});
-  Tensor dx = Tensor::zeros({N, C});
-  dx.copy_from(base);
+  expect_close(yd, y, tol(1e-5), "layernorm out");
+  expect_close(md, m, 1e-5, "mean (f32)");
+  expect_close(rd, r, 1e-5, "rstd (f32)");
+  Tensor base = rnd({N, C});
+  Tensor dx(base.shape(), d());
+  std::memcpy(dx.raw(), base.raw(), base.nbytes());
   Tensor dw = Tensor::zeros({C}), db = Tensor::zeros({C});
   cpu_->layernorm_backward(dx, dw, db, dy, x, w, m, r);
   Tensor dxd = dev(base), dwd = dev(Tensor::zeros({C})), dbd = dev(Tensor::zeros({C})),
          dyd = dev(dy);
   gpu_->layernorm_backward(dxd, dwd, dbd, dyd, xd, wd, md, rd);
-  expect_close(dxd, dx, 1e-5, "layernorm dinp (accumulated)");
-  expect_close(dwd, dw, 1e-5, "layernorm dweight");
-  expect_close(dbd, db, 1e-5, "layernorm dbias");
-  Tensor g({N, C}), gd = poisoned({N, C});
+  expect_close(dxd, dx, tol(1e-5), "layernorm dinp (accumulated)");
+  expect_close(dwd, dw, d() == DType::F32 ? 1e-5 : 1e-3, "layernorm dweight (f32)");
+  expect_close(dbd, db, d() == DType::F32 ? 1e-5 : 1e-3, "layernorm dbias (f32)");
+  Tensor g({N, C}, d()), gd = poisoned({N, C}, d());
   cpu_->gelu_forward(g, x);
   gpu_->gelu_forward(gd, xd);
-  expect_close(gd, g, 1e-6, "gelu");
+  expect_close(gd, g, tol(1e-6), "gelu");
   cpu_->gelu_backward(g, x, dy);
   gpu_->gelu_backward(gd, xd, dyd);
-  expect_close(gd, g, 1e-6, "gelu backward");
-  Tensor s({N, C}), sd = poisoned({N, C});
+  expect_close(gd, g, tol(1e-6), "gelu backward");
+  Tensor s({N, C}, d()), sd = poisoned({N, C}, d());
   cpu_->add(s, x, dy);
   gpu_->add(sd, xd, dyd);
-  expect_close(sd, s, 1e-7, "add");
+  expect_close(sd, s, tol(1e-7), "add");
 }
 
-TEST_F(CudaOps, AttentionForwardBackward) {
-  const int64_t B = 2, T = 67, H = 3, hd = 5;
-  Tensor qkv = rand({B, T, 3 * H * hd}), dout = rand({B, T, H * hd});
-  Tensor out({B, T, H * hd}), lse({B, H, T}), dqkv({B, T, 3 * H * hd});
-  cpu_->attention_forward(out, lse, qkv, H);
-  cpu_->attention_backward(dqkv, dout, qkv, out, lse, H);
-  Tensor qd = dev(qkv), od = poisoned({B, T, H * hd}), ld = poisoned({B, H, T}), dd = dev(dout);
-  gpu_->attention_forward(od, ld, qd, H);
-  expect_close(od, out, 1e-5, "attention out");
-  expect_close(ld, lse, 1e-5, "attention lse");
-  Tensor dqd = poisoned({B, T, 3 * H * hd});
-  gpu_->attention_backward(dqd, dd, qd, od, ld, H);
-  expect_close(dqd, dqkv, 1e-4, "attention dqkv");
+TEST_P(CudaOpsDtype, AttentionForwardBackward) {
+  // hd 5: the generic kernels; 32, 64, 128: the tiled ones, with T not a multiple of the tiles.
+  struct Case {
+    int64_t B, T, H, hd;
+  };
+  for (const Case c : {Case{2, 67, 3, 5}, Case{2, 100, 2, 32}, Case{1, 131, 2, 64},
+                       Case{1, 70, 1, 128}}) {
+    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " +
+                 std::to_string(c.H) + " hd " + std::to_string(c.hd));
+    const int64_t B = c.B, T = c.T, H = c.H, hd = c.hd;
+    Tensor qkv = rnd({B, T, 3 * H * hd}), dout = rnd({B, T, H * hd});
+    Tensor out({B, T, H * hd}, d()), lse({B, H, T}), dqkv({B, T, 3 * H * hd}, d());
+    cpu_->attention_forward(out, lse, qkv, H);
+    cpu_->attention_backward(dqkv, dout, qkv, out, lse, H);
+    Tensor qd = dev(qkv), od = poisoned({B, T, H * hd}, d()), ld = poisoned({B, H, T}),
+           dd = dev(dout);
+    gpu_->attention_forward(od, ld, qd, H);
+    expect_close(od, out, tol(1e-5), "attention out");
+    expect_close(ld, lse, d() == DType::F32 ? 1e-5 : 1e-3, "attention lse (f32)");
+    // The backward from the CPU's forward outputs, so only the backward is compared.
+    Tensor od2 = dev(out), ld2 = dev(lse), dqd = poisoned({B, T, 3 * H * hd}, d());
+    gpu_->attention_backward(dqd, dd, qd, od2, ld2, H);
+    expect_close(dqd, dqkv, tol(1e-4), "attention dqkv");
+  }
 }
 
-TEST_F(CudaOps, EmbeddingsAndCrossEntropy) {
+TEST_P(CudaOpsDtype, EmbeddingsAndCrossEntropy) {
   const int64_t N = 19, C = 33, V = 41, begin = 10;
-  Tensor table = rand({V, C}), id = ids({N}, 60), dy = rand({N, C});
-  Tensor y({N, C}), yd = poisoned({N, C}), td = dev(table), idd = dev(id);
+  Tensor table = rnd({V, C}), id = ids({N}, 60), dy = rnd({N, C});
+  Tensor y({N, C}, d()), yd = poisoned({N, C}, d()), td = dev(table), idd = dev(id);
   cpu_->embedding_forward(y, id, table, begin);
   gpu_->embedding_forward(yd, idd, td, begin);
   expect_close(yd, y, 0, "embedding");
   Tensor dt = Tensor::zeros({V, C}), dtd = dev(Tensor::zeros({V, C})), dyd = dev(dy);
   cpu_->embedding_backward(dt, dy, id, begin);
   gpu_->embedding_backward(dtd, dyd, idd, begin);
-  expect_close(dtd, dt, 1e-6, "embedding backward");
+  expect_close(dtd, dt, 1e-6, "embedding backward (f32)");
+  Tensor wpe = rnd({40, C}), seq = rnd({1, N, C}), seqd = dev(seq), wped = dev(wpe);
+  cpu_->position_embedding_forward(seq, wpe);
+  gpu_->position_embedding_forward(seqd, wped);
+  expect_close(seqd, seq, tol(1e-6), "position embedding");
+  Tensor dwpe = Tensor::zeros({40, C}), dwped = dev(Tensor::zeros({40, C}));
+  cpu_->position_embedding_backward(dwpe, seq);
+  gpu_->position_embedding_backward(dwped, seqd);
+  expect_close(dwped, dwpe, 1e-5, "position embedding backward (f32)");
   // Cross-entropy over a shard with padding columns and an ignored row.
-  Tensor logits = rand({N, V}, 3.f), targets = ids({N}, 50);
+  Tensor logits = rnd({N, V}, 3.f), targets = ids({N}, 50);
   targets.i32()[4] = -1;
   const int64_t valid = 35, col = 7;
   Tensor mx({N}), se({N}), tl({N}), loss({N});
@@ -162,9 +224,15 @@ TEST_F(CudaOps, EmbeddingsAndCrossEntropy) {
   gpu_->xent_row_max(mxd, lgd, valid);
   gpu_->xent_row_sums(sed, tld, lgd, mxd, tgd, valid, col);
   gpu_->xent_loss_and_grad(lossd, lgd, mxd, sed, tld, tgd, valid, col, 0.25f);
-  expect_close(lossd, loss, 1e-5, "losses");
-  expect_close(lgd, logits, 1e-5, "dlogits");
+  expect_close(lossd, loss, 1e-5, "losses (f32)");
+  expect_close(lgd, logits, tol(1e-5), "dlogits");
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOpsDtype,
+                         ::testing::Values(DType::F32, DType::BF16, DType::F16),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
 
 TEST_F(CudaOps, AdamWAndSumSquares) {
   const int64_t n = 100003;
@@ -180,6 +248,12 @@ TEST_F(CudaOps, AdamWAndSumSquares) {
   const double a = cpu_->sum_squares(g), b = gpu_->sum_squares(gd);
   EXPECT_NEAR(b, a, 1e-9 * a);
   EXPECT_EQ(b, gpu_->sum_squares(gd)) << "the GPU norm is deterministic";
+  const Tensor g2 = rand({777});
+  const double both = gpu_->sum_squares_all({gd, dev(g2)});
+  EXPECT_NEAR(both, a + cpu_->sum_squares(g2), 1e-9 * both);
+  gpu_->scale(gd, 0.5f);
+  cpu_->scale(g, 0.5f);
+  expect_close(gd, g, 0, "scale");
 }
 
 TEST_F(CudaOps, KvAttentionMatchesCpu) {
