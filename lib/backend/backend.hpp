@@ -21,6 +21,11 @@ namespace tessera {
 struct AdamWHyper {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
 };
+// A range [begin, end) of the flat parameter buffer with one weight decay.
+struct AdamWSegment {
+  int64_t begin = 0, end = 0;
+  double weight_decay = 0;
+};
 
 class Backend {
  public:
@@ -60,6 +65,14 @@ class Backend {
   // out (N,C), mean and rstd (N) saved for the backward; dinp is accumulated.
   virtual void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                                  const Tensor& weight, const Tensor& bias, double eps) = 0;
+  // sum = a + b (the residual stream) and out = LayerNorm(sum): one pass on CUDA. The default is
+  // add then layernorm_forward.
+  virtual void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd,
+                                     const Tensor& a, const Tensor& b, const Tensor& weight,
+                                     const Tensor& bias, double eps) {
+    add(sum, a, b);
+    layernorm_forward(out, mean, rstd, sum, weight, bias, eps);
+  }
   virtual void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                                   const Tensor& inp, const Tensor& weight, const Tensor& mean,
                                   const Tensor& rstd) = 0;
@@ -103,6 +116,17 @@ class Backend {
   // AdamW on one parameter range; step counts from 1.
   virtual void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                           const AdamWHyper& h, double weight_decay, int64_t step) = 0;
+  // AdamW over all the flat buffers at once, each segment with its weight decay (one launch on
+  // CUDA). The default applies adamw_step segment by segment: the same arithmetic.
+  virtual void adamw_step_flat(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
+                               const std::vector<AdamWSegment>& segments, const AdamWHyper& h,
+                               int64_t step) {
+    for (const AdamWSegment& s : segments) {
+      const Shape n{s.end - s.begin};
+      Tensor p = params.view(s.begin, n), mm = m.view(s.begin, n), vv = v.view(s.begin, n);
+      adamw_step(p, grads.view(s.begin, n), mm, vv, h, s.weight_decay, step);
+    }
+  }
   virtual double sum_squares(const Tensor& x) = 0;
   // Sum of squares over several tensors with one result (one device round trip on CUDA).
   virtual double sum_squares_all(const std::vector<Tensor>& xs) {

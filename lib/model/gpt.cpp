@@ -172,8 +172,8 @@ void GPTModel::block_forward(int l, Activations& a) {
   be_.attention_forward(la.att, la.lse, la.qkv, heads_local_);
   be_.matmul_forward(a.tmp_c, la.att, w.proj_w, bias_here ? &w.proj_b : nullptr);
   tp_.all_reduce(a.tmp_c, ReduceOp::Sum);
-  be_.add(la.res1, x, a.tmp_c);
-  be_.layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res1, w.ln2_w, w.ln2_b, eps);
+  be_.add_layernorm_forward(la.res1, la.ln2, la.ln2_mean, la.ln2_rstd, x, a.tmp_c, w.ln2_w,
+                            w.ln2_b, eps);
   be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, &w.fc1_b);
   be_.gelu_forward(la.gelu, la.fc1);
   be_.matmul_forward(a.tmp_c, la.gelu, w.fc2_w, bias_here ? &w.fc2_b : nullptr);

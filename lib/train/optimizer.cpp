@@ -19,12 +19,19 @@ AdamW::AdamW(ParamStore& params, Backend& backend, double beta1, double beta2, d
 void AdamW::step(double lr) {
   ++step_;
   hyper_.lr = lr;
-  for (const ParamSpec& s : params_.specs()) {
-    Tensor p = params_.param(s);
-    const Tensor g = params_.grad(s);
-    Tensor m = m_.view(s.flat_offset, s.local_shape), v = v_.view(s.flat_offset, s.local_shape);
-    be_.adamw_step(p, g, m, v, hyper_, s.weight_decay ? weight_decay_ : 0.0, step_);
+  if (segments_.empty()) {  // adjacent parameters with the same decay make one segment
+    for (const ParamSpec& s : params_.specs()) {
+      const double wd = s.weight_decay ? weight_decay_ : 0.0;
+      const int64_t end = s.flat_offset + s.numel();
+      if (!segments_.empty() && segments_.back().end == s.flat_offset &&
+          segments_.back().weight_decay == wd)
+        segments_.back().end = end;
+      else
+        segments_.push_back({s.flat_offset, end, wd});
+    }
   }
+  be_.adamw_step_flat(params_.flat_params(), params_.flat_grads(), m_, v_, segments_, hyper_,
+                      step_);
 }
 
 double grad_sum_squares(ParamStore& params, Backend& backend) {

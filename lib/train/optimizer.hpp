@@ -1,6 +1,8 @@
 // optimizer.hpp: AdamW with fp32 moments over a ParamStore, global-norm gradient clipping.
 #pragma once
 
+#include <vector>
+
 #include "backend/backend.hpp"
 #include "model/params.hpp"
 
@@ -23,6 +25,7 @@ class AdamW {
   AdamWHyper hyper_;
   double weight_decay_;
   Tensor m_, v_;  // flat, same layout as the parameters
+  std::vector<AdamWSegment> segments_;  // the flat buffer by weight decay, built on first step
   int64_t step_ = 0;
 };
 

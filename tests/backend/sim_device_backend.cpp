@@ -175,6 +175,18 @@ class SimDeviceBackend final : public Backend {
     Open open;
     cpu_->zero(t);
   }
+  void adamw_step_flat(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
+                       const std::vector<AdamWSegment>& segments, const AdamWHyper& h,
+                       int64_t step) override {
+    Open open;
+    cpu_->adamw_step_flat(params, grads, m, v, segments, h, step);
+  }
+  void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
+                             const Tensor& b, const Tensor& weight, const Tensor& bias,
+                             double eps) override {
+    Open open;
+    cpu_->add_layernorm_forward(sum, out, mean, rstd, a, b, weight, bias, eps);
+  }
   void cast(Tensor& dst, const Tensor& src) override {
     Open open;
     cpu_->cast(dst, src);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <random>
 
 #include "backend/backend.hpp"
@@ -14,6 +15,13 @@
 #include "backend/cuda/device.hpp"
 
 using namespace tessera;
+
+namespace tessera {
+// Test names and messages say "bf16", not the enum's bytes.
+void PrintTo(DType d, std::ostream* os) {
+  *os << dtype_name(d);
+}
+}  // namespace tessera
 
 namespace {
 
@@ -164,6 +172,15 @@ TEST_P(CudaOpsDtype, LayerNormGeluAdd) {
   cpu_->add(s, x, dy);
   gpu_->add(sd, xd, dyd);
   expect_close(sd, s, tol(1e-7), "add");
+  // The fused residual add + LayerNorm equals add then layernorm.
+  Tensor s2({N, C}, d()), y2({N, C}, d()), m2({N}), r2({N});
+  cpu_->add_layernorm_forward(s2, y2, m2, r2, x, dy, w, b, 1e-5);
+  Tensor s2d = poisoned({N, C}, d()), y2d = poisoned({N, C}, d()), m2d = poisoned({N}),
+         r2d = poisoned({N});
+  gpu_->add_layernorm_forward(s2d, y2d, m2d, r2d, xd, dyd, wd, bd, 1e-5);
+  expect_close(s2d, s2, tol(1e-7), "fused residual sum");
+  expect_close(y2d, y2, tol(1e-5), "fused layernorm out");
+  expect_close(r2d, r2, d() == DType::F32 ? 1e-5 : 1e-3, "fused rstd");
 }
 
 TEST_P(CudaOpsDtype, AttentionForwardBackward) {
@@ -248,6 +265,17 @@ TEST_F(CudaOps, AdamWAndSumSquares) {
   const double a = cpu_->sum_squares(g), b = gpu_->sum_squares(gd);
   EXPECT_NEAR(b, a, 1e-9 * a);
   EXPECT_EQ(b, gpu_->sum_squares(gd)) << "the GPU norm is deterministic";
+  // The fused AdamW over segments with different weight decay equals the per-range updates.
+  {
+    Tensor P = rand({5000}), G = rand({5000}), M = rand({5000}, 0.1f), Vv = rand({5000}, 0.1f);
+    for (int64_t i = 0; i < 5000; ++i) Vv.f32()[i] = std::fabs(Vv.f32()[i]);
+    Tensor Pd = dev(P), Gd = dev(G), Md = dev(M), Vd = dev(Vv);
+    const std::vector<AdamWSegment> segs = {{0, 1200, 0.1}, {1200, 1300, 0.0}, {1300, 5000, 0.1}};
+    cpu_->adamw_step_flat(P, G, M, Vv, segs, h, 3);
+    gpu_->adamw_step_flat(Pd, Gd, Md, Vd, segs, h, 3);
+    expect_close(Pd, P, 1e-6, "fused adamw param");
+    expect_close(Md, M, 1e-6, "fused adamw m");
+  }
   const Tensor g2 = rand({777});
   const double both = gpu_->sum_squares_all({gd, dev(g2)});
   EXPECT_NEAR(both, a + cpu_->sum_squares(g2), 1e-9 * both);

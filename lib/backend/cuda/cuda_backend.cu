@@ -12,6 +12,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.hpp"
@@ -646,6 +647,99 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
   v[i] = vi;
   p[i] = p[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
 }
+struct DevAdamSegment {
+  int64_t begin, end;
+  float decay;  // 1 - lr * weight_decay
+};
+// AdamW over the whole flat buffer: each element finds its segment (binary search over the
+// segment starts) for its weight decay.
+__global__ void adamw_flat_kernel(float* p, const float* g, float* m, float* v, int64_t n,
+                                  const DevAdamSegment* segs, int nseg, float b1, float b2,
+                                  float eps, float step_size, float bc2_sqrt) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  int lo = 0, hi = nseg - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (segs[mid].begin <= i)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  if (i < segs[lo].begin || i >= segs[lo].end) return;  // not a parameter of any segment
+  const float gi = g[i];
+  const float mi = b1 * m[i] + (1.f - b1) * gi;
+  const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  p[i] = p[i] * segs[lo].decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+}
+
+// Residual add and LayerNorm in one pass over the row: sum = a + b, out = LN(sum).
+template <typename T>
+__global__ void add_layernorm_kernel(T* sum, T* out, float* mean, float* rstd, const T* a,
+                                     const T* b, const T* w, const T* bias, int64_t C, float eps) {
+  __shared__ float sh[33];
+  const int64_t n = blockIdx.x;
+  float s = 0.f;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
+    const T x = to<T>(ld(a[n * C + i]) + ld(b[n * C + i]));  // rounded as stored
+    sum[n * C + i] = x;
+    s += ld(x);
+  }
+  const float m = block_sum(s, sh) / C;
+  float v = 0.f;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
+    const float d = ld(sum[n * C + i]) - m;
+    v += d * d;
+  }
+  const float r = rsqrtf(block_sum(v, sh) / C + eps);
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+    out[n * C + i] = to<T>((ld(sum[n * C + i]) - m) * r * ld(w[i]) + ld(bias[i]));
+  if (threadIdx.x == 0) {
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+// Column sums over many rows in two deterministic stages: each (column, chunk of rows) partial
+// in a fixed order, then each column's partials in chunk order.
+constexpr int kRowChunks = 64;
+template <typename T>
+__global__ void column_partials_kernel(float* part, const T* x, int64_t N, int64_t C) {
+  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t chunk = (N + kRowChunks - 1) / kRowChunks;
+  const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < N ? r0 + chunk : N;
+  float s = 0.f;
+  for (int64_t r = r0; r < r1; ++r) s += ld(x[r * C + c]);
+  part[blockIdx.y * C + c] = s;
+}
+template <typename T>
+__global__ void layernorm_param_partials_kernel(float* part_w, float* part_b, const T* dout,
+                                                const T* inp, const float* mean,
+                                                const float* rstd, int64_t N, int64_t C) {
+  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t chunk = (N + kRowChunks - 1) / kRowChunks;
+  const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < N ? r0 + chunk : N;
+  float sw = 0.f, sb = 0.f;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float d = ld(dout[r * C + c]);
+    sw += (ld(inp[r * C + c]) - mean[r]) * rstd[r] * d;
+    sb += d;
+  }
+  part_w[blockIdx.y * C + c] = sw;
+  part_b[blockIdx.y * C + c] = sb;
+}
+__global__ void sum_partials_kernel(float* out, const float* part, int64_t C) {
+  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float s = 0.f;
+  for (int k = 0; k < kRowChunks; ++k) s += part[k * C + c];
+  out[c] += s;
+}
+
 constexpr int kSumBlocks = 256;
 // Fixed grid and fixed per-thread order: the same partial sums on every run.
 // partial[block] (+)= the block's sum of squares; accumulate chains several tensors in a fixed
@@ -689,8 +783,18 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     blas_ = std::make_unique<CublasHandle>(stream_);
     CUDA_CHECK(cudaMalloc(&partials_, sizeof(double) * kSumBlocks));
+    for (Stage& st : stages_) {
+      CUDA_CHECK(cudaHostAlloc(&st.host, kStageBytes, cudaHostAllocDefault));
+      CUDA_CHECK(cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventRecord(st.done, stream_));
+    }
   }
   ~CudaBackend() override {  // reverse order of creation
+    cudaStreamSynchronize(stream_);
+    for (Stage& st : stages_) {
+      if (st.done) cudaEventDestroy(st.done);
+      if (st.host) cudaFreeHost(st.host);
+    }
     cudaFree(segs_);
     cudaFree(partials_);
     blas_.reset();
@@ -706,8 +810,21 @@ class CudaBackend final : public Backend {
   }
   void copy_from_host(Tensor& dst, const void* src) override {
     expect_device(dst, "copy_from_host destination");
-    // Pageable source: cudaMemcpyAsync stages it before returning, so src may be reused.
-    CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+    const size_t n = dst.nbytes();
+    if (n > kStageBytes) {
+      // Large copies (checkpoint loads): pageable, staged by the driver before the call returns.
+      CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src, n, cudaMemcpyHostToDevice, stream_));
+      return;
+    }
+    // Small per-step copies (token ids, targets): through a ring of pinned buffers, so the copy
+    // is a real asynchronous DMA and the caller's buffer is free at once. A buffer is reused once
+    // the copy that last read it has finished (its event).
+    Stage& st = stages_[next_stage_];
+    next_stage_ = (next_stage_ + 1) % kStages;
+    CUDA_CHECK(cudaEventSynchronize(st.done));
+    std::memcpy(st.host, src, n);
+    CUDA_CHECK(cudaMemcpyAsync(dst.raw(), st.host, n, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaEventRecord(st.done, stream_));
   }
   void copy_to_host(void* dst, const Tensor& src) override {
     expect_device(src, "copy_to_host source");
@@ -803,8 +920,31 @@ class CudaBackend final : public Backend {
       layernorm_backward_input_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, stream_>>>(
           dinp.data<T>(), dout.data<T>(), inp.data<T>(), w.data<T>(), mean.f32(), rstd.f32(), C);
       LAUNCH_CHECK();
-      layernorm_backward_params_kernel<T><<<blocks_for(C), kThreads, 0, stream_>>>(
-          dw.f32(), db.f32(), dout.data<T>(), inp.data<T>(), mean.f32(), rstd.f32(), N, C);
+      float* part = partials(2 * kRowChunks * C);
+      const dim3 grid(static_cast<unsigned>(blocks_for(C)), kRowChunks);
+      layernorm_param_partials_kernel<T><<<grid, kThreads, 0, stream_>>>(
+          part, part + kRowChunks * C, dout.data<T>(), inp.data<T>(), mean.f32(), rstd.f32(), N,
+          C);
+      LAUNCH_CHECK();
+      sum_partials_kernel<<<blocks_for(C), kThreads, 0, stream_>>>(dw.f32(), part, C);
+      LAUNCH_CHECK();
+      sum_partials_kernel<<<blocks_for(C), kThreads, 0, stream_>>>(db.f32(),
+                                                                   part + kRowChunks * C, C);
+    });
+    LAUNCH_CHECK();
+  }
+  void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
+                             const Tensor& b, const Tensor& w, const Tensor& bias,
+                             double eps) override {
+    expect_dtype(mean, DType::F32, "layernorm mean");
+    expect_dtype(rstd, DType::F32, "layernorm rstd");
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&sum, &out, &b, &w, &bias})
+      expect_dtype(*t, a.dtype(), "add+layernorm operand");
+    dispatch(a.dtype(), "add+layernorm", [&](auto tag) {
+      using T = decltype(tag);
+      add_layernorm_kernel<T><<<static_cast<unsigned>(rows_of(a)), kThreads, 0, stream_>>>(
+          sum.data<T>(), out.data<T>(), mean.f32(), rstd.f32(), a.data<T>(), b.data<T>(),
+          w.data<T>(), bias.data<T>(), cols_of(a), static_cast<float>(eps));
     });
     LAUNCH_CHECK();
   }
@@ -845,11 +985,14 @@ class CudaBackend final : public Backend {
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, OC, 1.f, dweight, IC);
     if (dbias) {
       expect_dtype(*dbias, DType::F32, "matmul bias gradient");
+      float* part = partials(kRowChunks * OC);
       dispatch(dout.dtype(), "bias gradient", [&](auto tag) {
         using T = decltype(tag);
-        column_sum_kernel<T><<<blocks_for(OC), kThreads, 0, stream_>>>(dbias->f32(),
-                                                                        dout.data<T>(), N, OC);
+        const dim3 grid(static_cast<unsigned>(blocks_for(OC)), kRowChunks);
+        column_partials_kernel<T><<<grid, kThreads, 0, stream_>>>(part, dout.data<T>(), N, OC);
       });
+      LAUNCH_CHECK();
+      sum_partials_kernel<<<blocks_for(OC), kThreads, 0, stream_>>>(dbias->f32(), part, OC);
       LAUNCH_CHECK();
     }
   }
@@ -1006,6 +1149,40 @@ class CudaBackend final : public Backend {
         (float)(1.0 - h.lr * weight_decay));
     LAUNCH_CHECK();
   }
+  void adamw_step_flat(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
+                       const std::vector<AdamWSegment>& segments, const AdamWHyper& h,
+                       int64_t step) override {
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&params, &grads, &m, &v})
+      expect_dtype(*t, DType::F32, "AdamW operand (f32 master weights, gradients, moments)");
+    if (segments.empty()) return;
+    // The segment table changes only with the learning rate's decay factor: rebuilt on the host,
+    // copied with the step (a few KB).
+    std::vector<DevAdamSegment> table(segments.size());
+    for (size_t i = 0; i < segments.size(); ++i) {
+      TESSERA_CHECK(i == 0 || segments[i].begin >= segments[i - 1].end,
+                    "AdamW segments must be sorted and disjoint");
+      table[i] = {segments[i].begin, segments[i].end,
+                  static_cast<float>(1.0 - h.lr * segments[i].weight_decay)};
+    }
+    if (table.size() > adam_capacity_) {
+      AllocationLabel label("the AdamW segment table");
+      const int64_t words = static_cast<int64_t>((sizeof(DevAdamSegment) * table.size() + 3) / 4);
+      adam_segs_ = Tensor({words}, DType::F32, allocator());  // raw storage for the table
+      adam_capacity_ = table.size();
+    }
+    adam_host_ = table;  // kept alive until the copy has been staged
+    CUDA_CHECK(cudaMemcpyAsync(adam_segs_.raw(), adam_host_.data(),
+                               sizeof(DevAdamSegment) * adam_host_.size(), cudaMemcpyHostToDevice,
+                               stream_));
+    const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
+    const int64_t n = segments.back().end;
+    adamw_flat_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(
+        params.f32(), grads.f32(), m.f32(), v.f32(), n,
+        static_cast<const DevAdamSegment*>(adam_segs_.raw()), static_cast<int>(table.size()),
+        (float)h.beta1, (float)h.beta2, (float)h.eps, (float)(h.lr / bc1), (float)std::sqrt(bc2));
+    LAUNCH_CHECK();
+  }
   double sum_squares(const Tensor& x) override { return sum_squares_all({x}); }
   double sum_squares_all(const std::vector<Tensor>& xs) override {
     bool first = true;
@@ -1032,7 +1209,28 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  static constexpr int kStages = 8;
+  static constexpr size_t kStageBytes = size_t(4) << 20;
+  struct Stage {
+    void* host = nullptr;  // pinned
+    cudaEvent_t done = nullptr;
+  };
+  Stage stages_[kStages];
+  int next_stage_ = 0;
+
+  // Grow-only f32 scratch for two-stage reductions (allocated in the first step only).
+  float* partials(int64_t n) {
+    if (scratch_.numel() < n) {
+      AllocationLabel label("reduction scratch");
+      scratch_ = Tensor({n}, DType::F32, allocator());
+    }
+    return scratch_.f32();
+  }
+
   cudaStream_t stream_ = nullptr;
+  Tensor scratch_, adam_segs_;
+  size_t adam_capacity_ = 0;
+  std::vector<DevAdamSegment> adam_host_;
   std::unique_ptr<CublasHandle> blas_;
   double* partials_ = nullptr;
   DevSegment* segs_ = nullptr;
