@@ -8,7 +8,7 @@
 // i.e. 6 x (matmul parameters) plus the attention score and value products, forward and backward.
 //
 // Usage: bench_gpu_train [124m|1.3b|all=all] [steps=10] [micro_batch=0: per model] [peak_tflops=0:
-// from the device name]
+// from the device name] [dtype=bf16|fp16|f32]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,8 +53,9 @@ int main(int argc, char** argv) {
   const int steps = argc > 2 ? std::atoi(argv[2]) : 10;
   const int mbs_arg = argc > 3 ? std::atoi(argv[3]) : 0;
   double peak = argc > 4 ? std::atof(argv[4]) : 0;
+  const std::string dtype_arg = argc > 5 ? argv[5] : "bf16";
 #ifndef TESSERA_HAVE_CUDA
-  (void)which, (void)steps, (void)mbs_arg, (void)peak;
+  (void)which, (void)steps, (void)mbs_arg, (void)peak, (void)dtype_arg;
   std::fprintf(stderr, "bench_gpu_train: this build has no CUDA backend\n");
   return 2;
 #else
@@ -63,12 +64,19 @@ int main(int argc, char** argv) {
                          "(scripts/gpu-check.sh)\n");
     return 2;
   }
+  DType dtype = DType::BF16;
+  try {
+    dtype = dtype_from_name(dtype_arg);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpu_train: %s\n", e.what());
+    return 2;
+  }
   cuda::set_device(0);
   const std::string device = cuda::device_description(0);
   if (peak <= 0) peak = peak_bf16_tflops(device);
-  std::printf("bench_gpu_train: %s; peak dense bf16 %.1f TFLOP/s%s; fp32 training (the CUDA "
-              "backend's only precision so far)\n",
-              device.c_str(), peak, peak > 0 ? "" : " (unknown device: MFU not printed)");
+  std::printf("bench_gpu_train: %s; peak dense bf16 %.1f TFLOP/s%s; %s training\n",
+              device.c_str(), peak, peak > 0 ? "" : " (unknown device: MFU not printed)",
+              dtype_name(dtype));
   for (const Preset& p : kPresets) {
     if (which != "all" && which != p.name) continue;
     GPTConfig m;
@@ -84,6 +92,7 @@ int main(int argc, char** argv) {
     t.train_iters = steps + 2;
     t.lr = 1e-4;
     t.log_interval = 1 << 30;
+    t.compute_dtype = dtype;
     const MemoryEstimate est = estimate_rank_memory(m, t, GridLayout::make(1, 1, 1), 0);
     try {
       cuda::reset_peak_allocated_bytes();

@@ -182,6 +182,17 @@ void GPTModel::block_forward(int l, Activations& a) {
 }
 
 double GPTModel::head_forward(Activations& a, float grad_scale) {
+  head_forward(a, grad_scale, a.losses);
+  // Token losses come back to the host and are summed in double, in order (any layout, any
+  // backend: the same sum).
+  host_losses_.resize(static_cast<size_t>(a.losses.numel()));
+  be_.copy_to_host(host_losses_.data(), a.losses);
+  double sum = 0;
+  for (float l : host_losses_) sum += l;
+  return sum;
+}
+
+void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out) {
   NVTX_RANGE("head-forward-loss");
   TESSERA_CHECK(shard_.has_head, "head_forward on a stage without the output layer");
   const Tensor& h = stage_output(a);
@@ -196,13 +207,7 @@ double GPTModel::head_forward(Activations& a, float grad_scale) {
   tp_.all_reduce(a.target_logit, ReduceOp::Sum);
   be_.xent_loss_and_grad(a.losses, a.logits, a.rowmax, a.sumexp, a.target_logit, a.targets,
                          valid_cols_, vocab_begin_, grad_scale);
-  // Token losses come back to the host and are summed in double, in order (any layout, any
-  // backend: the same sum).
-  host_losses_.resize(static_cast<size_t>(a.losses.numel()));
-  be_.copy_to_host(host_losses_.data(), a.losses);
-  double sum = 0;
-  for (float l : host_losses_) sum += l;
-  return sum;
+  if (losses_out.raw() != a.losses.raw()) be_.cast(losses_out, a.losses);  // a device copy
 }
 
 double GPTModel::forward(Activations& a, float grad_scale) {

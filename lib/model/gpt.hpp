@@ -84,6 +84,9 @@ class GPTModel {
   void embed_forward(Activations& a);
   void block_forward(int layer, Activations& a);
   double head_forward(Activations& a, float grad_scale);
+  // The same, leaving the token losses (N, f32) in `losses_out` (backend memory) instead of
+  // summing them on the host: no device round trip per micro-batch.
+  void head_forward(Activations& a, float grad_scale, Tensor& losses_out);
   // All of this stage (first and last stage together when PP = 1).
   double forward(Activations& a, float grad_scale);
 

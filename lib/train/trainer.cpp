@@ -81,6 +81,11 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   for (int i = 0; i < slots; ++i)
     slots_.push_back(model_->make_activations(cfg_.micro_batch_size, model_cfg_.seq_length));
   sends_.resize(slots);
+  if (ctx_.last_stage()) {
+    AllocationLabel label("the token losses of one step");
+    micro_losses_ = Tensor({int64_t(micro) * cfg_.micro_batch_size * model_cfg_.seq_length},
+                           DType::F32, be_.allocator());
+  }
   const int64_t local = cfg_.global_batch(ctx_.dp_size) / ctx_.dp_size;
   batch_.resize(static_cast<size_t>(local) * (model_cfg_.seq_length + 1));
   prefetch_ = std::make_unique<Prefetcher>(data_, local);
@@ -149,7 +154,8 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
   for (int l = model_->shard().layer_begin; l < model_->shard().layer_end; ++l)
     model_->block_forward(l, a);
   if (ctx_.last_stage()) {
-    loss_sum_ += model_->head_forward(a, grad_scale);
+    Tensor out = micro_losses_.view(int64_t(micro) * B * T, {int64_t(B) * T});
+    model_->head_forward(a, grad_scale, out);  // summed once per step, in sum_micro_losses
   } else {
     const Tensor& out = model_->stage_output(a);
     sends_[slot] = ctx_.pp->send_async(out, ctx_.pp_rank + 1, kTagForward);
@@ -218,6 +224,21 @@ void Trainer::run_micro_batches(bool with_backward, float grad_scale, StepStats&
   }
   for (auto& s : sends_)
     if (s) s->wait();
+  if (ctx_.last_stage()) sum_micro_losses();
+}
+
+void Trainer::sum_micro_losses() {
+  // One device round trip per step; summed in double, micro-batch by micro-batch, token by token
+  // (the order a host-side sum per micro-batch would take).
+  host_losses_.resize(static_cast<size_t>(micro_losses_.numel()));
+  be_.copy_to_host(host_losses_.data(), micro_losses_);
+  const size_t per = host_losses_.size() / static_cast<size_t>(num_micro_batches());
+  loss_sum_ = 0;
+  for (int m = 0; m < num_micro_batches(); ++m) {
+    double s = 0;
+    for (size_t i = 0; i < per; ++i) s += host_losses_[m * per + i];
+    loss_sum_ += s;
+  }
 }
 
 double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters) {
