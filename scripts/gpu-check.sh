@@ -4,6 +4,9 @@
 # NCCL, the simulated-device trainer test), a short training run on --device cuda compared with
 # the same run on the CPU, and the GPU benchmark (tokens/s, TFLOP/s, MFU, peak memory).
 # Usage: scripts/gpu-check.sh [BUILD_DIR=build-gpu] [--no-bench]   (CUDA_ARCH overrides 90)
+# For a machine with the build dependencies installed (scripts/setup.sh). The lent GPU machine of
+# this workplace has none and no package access: there, run scripts/gpu-run.sh on the archive that
+# scripts/gpu-bundle.sh builds here (docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build-gpu

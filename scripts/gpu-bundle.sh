@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# gpu-bundle.sh: packs what the lent GPU machine lacks into one archive, for scripts/gpu-run.sh.
+# That machine has the CUDA toolkit, cuBLAS and NCCL but no Open MPI, HDF5, Boost, OpenBLAS or
+# GoogleTest, and cannot install packages. So the CUDA programs are built here, for sm_90, and
+# travel with every shared library they load except the C/C++ runtime and CUDA's own, plus the
+# Open MPI runtime (plugins, help files, orted) relocated with OPAL_PREFIX.
+# Usage: scripts/gpu-bundle.sh [BUILD_DIR=build-gpu]   -> .gpu/tessera-gpu.tar.xz (git-ignored)
+# Then, with the device tool: run "bash scripts/gpu-run.sh" with carry [".gpu"].
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-gpu}
+targets=(test_cuda_device test_cuda_ops test_cuda_train test_device_staging tessera-train
+         bench_gpu_train)
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
+  -DTESSERA_BUILD_BENCH=ON > /dev/null
+cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+stage=$work/tessera-gpu
+mkdir -p "$stage/bin" "$stage/lib" "$stage/configs" "$stage/ompi/bin" \
+  "$stage/ompi/lib/x86_64-linux-gnu" "$stage/ompi/share"
+for t in "${targets[@]}"; do cp "$build/bin/$t" "$stage/bin/"; done
+cp configs/gpt2-tiny.ini "$stage/configs/"
+
+# Open MPI 4 and PMIx as installed under /usr, laid out again under ompi/ (OPAL_PREFIX).
+mpilib=/usr/lib/x86_64-linux-gnu
+cp -a "$mpilib/openmpi" "$stage/ompi/lib/x86_64-linux-gnu/"
+rm -rf "$stage/ompi/lib/x86_64-linux-gnu/openmpi/include"
+[ -d "$mpilib/pmix2" ] && cp -a "$mpilib/pmix2" "$stage/ompi/lib/x86_64-linux-gnu/"
+rm -f "$stage"/ompi/lib/x86_64-linux-gnu/pmix2/lib/*.a
+cp -a /usr/share/openmpi "$stage/ompi/share/"
+cp -L "$(command -v orted)" "$stage/ompi/bin/"
+
+# Every library those load, once, except the C/C++ runtime and CUDA's (the GPU machine has them,
+# matching its driver).
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libgcc_s|libstdc\+\+|libcuda\.so|libcudart|libcublas|libcublasLt|libnccl|libnvidia)'
+collect() {
+  ldd "$1" 2>/dev/null | awk '/=> \// {print $3}' | while read -r lib; do
+    name=$(basename "$lib")
+    [[ $name =~ $skip ]] && continue
+    [ -e "$stage/lib/$name" ] || cp -L "$lib" "$stage/lib/$name"
+  done
+}
+for f in "$stage"/bin/* "$stage/ompi/bin/orted"; do collect "$f"; done
+while IFS= read -r -d '' f; do collect "$f"; done < <(find "$stage/ompi" -name '*.so*' -type f -print0)
+
+mkdir -p .gpu
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+tar -C "$work" -cJf .gpu/tessera-gpu.tar.xz tessera-gpu
+echo "gpu-bundle.sh: .gpu/tessera-gpu.tar.xz ($(du -h .gpu/tessera-gpu.tar.xz | cut -f1)," \
+  "$(ls "$stage/lib" | wc -l) libraries); on the GPU machine: bash scripts/gpu-run.sh (carry .gpu)"
