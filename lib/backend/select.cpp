@@ -52,14 +52,32 @@ std::string resolve_device(const std::string& device, const std::string& host) {
 int choose_gpu(int local_rank, int local_size, int gpus, const std::string& host) {
   if (gpus <= 0)
     throw ConfigError(concat("--device=cuda: no CUDA device is visible on ", host));
-  if (local_size > gpus)
-    throw ConfigError(concat(local_size, " ranks share ", host, ", which has ", gpus,
-                             " visible GPU", gpus == 1 ? "" : "s",
-                             "; start at most one rank per GPU (e.g. srun --ntasks-per-node=",
-                             gpus, ", or mpirun -np ", gpus, " per node)"));
   TESSERA_CHECK(local_rank >= 0 && local_rank < local_size, "local rank ", local_rank,
                 " outside the ", local_size, " ranks of the node");
-  return local_rank;
+  if (gpus >= local_size) return local_rank;
+  if (gpus == 1) return 0;  // one GPU per task (checked across the node by check_distinct_gpus)
+  throw ConfigError(concat(local_size, " ranks share ", host, ", which has ", gpus,
+                           " visible GPUs; start at most one rank per GPU (e.g. srun "
+                           "--ntasks-per-node=",
+                           gpus, ", or mpirun -np ", gpus, " per node)"));
+}
+
+void check_distinct_gpus(const std::vector<std::string>& ids, const std::string& host) {
+  for (size_t a = 0; a < ids.size(); ++a)
+    for (size_t b = a + 1; b < ids.size(); ++b)
+      if (!ids[a].empty() && ids[a] == ids[b])
+        throw ConfigError(concat("local ranks ", a, " and ", b, " on ", host,
+                                 " would share the GPU at PCI ", ids[a],
+                                 "; give each task its own GPU (srun --gpus-per-task=1, or as "
+                                 "many ranks per node as GPUs)"));
+}
+
+std::string backend_gpu_id(Backend& be) {
+#ifdef TESSERA_HAVE_CUDA
+  if (be.device() == Device::CUDA) return cuda::pci_bus_id(cuda::current_device());
+#endif
+  (void)be;
+  return "";
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank, int local_size,

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.hpp"
 
@@ -18,9 +19,16 @@ int visible_gpus();
 // CUDA, else cpu. ConfigError for another value, or cuda where it cannot run (names the host).
 std::string resolve_device(const std::string& device, const std::string& host);
 
-// The GPU of local rank `local_rank` of `local_size` ranks on a node with `gpus` GPUs: the local
-// rank itself. ConfigError when more ranks than GPUs share the node (each rank needs its own).
+// The GPU of local rank `local_rank` of `local_size` ranks on a node where this rank sees `gpus`
+// GPUs: the local rank itself when there are enough; GPU 0 when the rank sees exactly one (Slurm's
+// --gpus-per-task / --gpu-bind gives each task its own; check_distinct_gpus then proves it).
+// ConfigError when several GPUs are visible but fewer than the ranks (each rank needs its own).
 int choose_gpu(int local_rank, int local_size, int gpus, const std::string& host);
+// `ids[r]` is the PCI bus id of the GPU local rank r took; ConfigError naming the ranks when two
+// share one.
+void check_distinct_gpus(const std::vector<std::string>& ids, const std::string& host);
+// The PCI bus id of the current GPU ("" on the CPU backend).
+std::string backend_gpu_id(Backend& be);
 
 // The backend for a resolved device; for cuda, selects the GPU (choose_gpu) first.
 std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank, int local_size,

@@ -92,6 +92,7 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
     h5_write_attr(f, "loss_scale", std::string(buf));
     h5_write_attr(f, "loss_scale_growth_tracker", m.loss_scale_growth_tracker);
     h5_write_attr(f, "loss_scale_hysteresis_tracker", m.loss_scale_hysteresis_tracker);
+    h5_write_attr(f, "skipped_iterations", m.skipped_iterations);
   }
   h5_write_attr(f, "seed", static_cast<int64_t>(m.seed));
   h5_write_attr(f, "num_layers", static_cast<int64_t>(m.model.num_layers));
@@ -260,6 +261,7 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
       meta_.loss_scale = std::strtod(scale.c_str(), nullptr);
       need(h0->get(), "loss_scale_growth_tracker", meta_.loss_scale_growth_tracker, first);
       need(h0->get(), "loss_scale_hysteresis_tracker", meta_.loss_scale_hysteresis_tracker, first);
+      h5_read_attr(h0->get(), "skipped_iterations", meta_.skipped_iterations);
     }
   }
   need(h0->get(), "seed", x, first);

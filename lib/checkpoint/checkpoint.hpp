@@ -46,6 +46,7 @@ struct CheckpointMeta {
   bool has_loss_scale = false;
   double loss_scale = 0;
   int64_t loss_scale_growth_tracker = 0, loss_scale_hysteresis_tracker = 0;
+  int64_t skipped_iterations = 0;  // fp16 steps skipped on overflow so far (for the log)
 };
 
 std::string iteration_dir_name(int64_t iteration);      // "iter_0000100"

@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <vector>
 
 #include "backend/select.hpp"
+#include "comm/mpi_check.hpp"
 #include "comm/process_grid.hpp"
 #include "core/config.hpp"
 #include "data/gpt_dataset.hpp"
@@ -212,9 +214,21 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
 }
 
 std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string& device) {
+  // Megatron's setting: one hardware queue, so kernels of the compute and NCCL streams start in
+  // the order the host issued them on every rank (no cross-stream reordering between ranks).
+  if (device == "cuda") setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", /*overwrite=*/0);
   std::unique_ptr<Backend> be;
   try {
     be = make_backend(device, grid.local_rank(), grid.local_size(), grid.host());
+    // Every rank of the node learns which GPU each took (collective over the node).
+    constexpr int kId = 32;
+    char mine[kId] = {0};
+    std::snprintf(mine, sizeof mine, "%s", backend_gpu_id(*be).c_str());
+    std::vector<char> all(static_cast<size_t>(kId) * grid.local_size());
+    MPI_CHECK(MPI_Allgather(mine, kId, MPI_CHAR, all.data(), kId, MPI_CHAR, grid.node_comm()));
+    std::vector<std::string> ids;
+    for (int r = 0; r < grid.local_size(); ++r) ids.emplace_back(all.data() + size_t(r) * kId);
+    check_distinct_gpus(ids, grid.host());
   } catch (const ConfigError& e) {
     abort_job(e.what(), 2);
   }

@@ -298,10 +298,10 @@ StepStats Trainer::train_step() {
   ctx_.world->all_reduce_f64(&loss, 1, ReduceOp::Sum);
   st.loss = loss / tokens;
   const double norm2 = grad_norm_squared();  // of the scaled gradients; the same on every rank
-  if (scaler_.is_dynamic()) {
+  if (cfg_.compute_dtype == DType::F16) {  // fp16, dynamic or constant scale (Megatron's check)
     const bool overflow = !std::isfinite(norm2);
-    scaler_.update(overflow);
-    if (overflow) {  // fp16 overflow: skip the update, the scale has been lowered
+    scaler_.update(overflow);  // a constant scaler ignores it
+    if (overflow) {  // skip the update; a dynamic scale has been lowered
       st.skipped = true;
       ++skipped_iterations_;
       iteration_ = st.iteration;
@@ -372,8 +372,8 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
 std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
   Timer since_start;
   std::vector<StepStats> all;
-  double interval_loss = 0, interval_seconds = 0;
-  int in_interval = 0;
+  double interval_loss = 0, interval_loss_all = 0, interval_seconds = 0;
+  int in_interval = 0, in_interval_updated = 0;
   const bool profiling = cfg_.profile && profile_this_rank();
   bool profiler_on = false;
   while (iteration_ < cfg_.train_iters) {
@@ -396,13 +396,21 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
       TLOG(info) << "profiler stopped after iteration " << iteration_;
     }
     all.push_back(s);
-    interval_loss += s.loss;
     interval_seconds += s.seconds;
     ++in_interval;
+    interval_loss_all += s.loss;
+    if (!s.skipped) {  // Megatron averages the loss over the steps that updated
+      interval_loss += s.loss;
+      ++in_interval_updated;
+    }
     if (s.iteration % cfg_.log_interval == 0 || s.iteration == cfg_.train_iters) {
-      log_iteration(s, interval_loss, interval_seconds, in_interval);
-      interval_loss = interval_seconds = 0;
-      in_interval = 0;
+      // log_iteration divides by the interval's length; an interval of skipped steps only shows
+      // their mean loss.
+      const double mean = in_interval_updated > 0 ? interval_loss / in_interval_updated
+                                                  : interval_loss_all / in_interval;
+      log_iteration(s, mean * in_interval, interval_seconds, in_interval);
+      interval_loss = interval_loss_all = interval_seconds = 0;
+      in_interval = in_interval_updated = 0;
     }
     if (eval_data && cfg_.eval_interval > 0 && s.iteration % cfg_.eval_interval == 0) {
       const double l = evaluate(*eval_data, 0, cfg_.eval_iters);
@@ -480,6 +488,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
   meta.config_text = cfg_.config_text;
   if (scaler_.is_dynamic()) {
     meta.has_loss_scale = true;
+    meta.skipped_iterations = skipped_iterations_;
     meta.loss_scale = scaler_.scale();
     meta.loss_scale_growth_tracker = scaler_.growth_tracker();
     meta.loss_scale_hysteresis_tracker = scaler_.hysteresis_tracker();
@@ -579,8 +588,10 @@ void Trainer::load_checkpoint(const std::string& dir, bool model_only) {
     be_.zero(optimizer_->exp_avg());
     be_.zero(optimizer_->exp_avg_sq());
   }
-  if (optimizer && m.has_loss_scale && scaler_.is_dynamic())
+  if (optimizer && m.has_loss_scale && scaler_.is_dynamic()) {
     scaler_.restore(m.loss_scale, m.loss_scale_growth_tracker, m.loss_scale_hysteresis_tracker);
+    skipped_iterations_ = m.skipped_iterations;
+  }
   if (model_only) {
     iteration_ = consumed_samples_ = 0;
     optimizer_->set_steps_taken(0);

@@ -158,6 +158,21 @@ TEST(SimDevice, EvaluationAndGenerationEqualTheCpuBackend) {
 TEST(DeviceSelection, EachLocalRankTakesItsOwnGpu) {
   for (int r = 0; r < 8; ++r) EXPECT_EQ(choose_gpu(r, 8, 8, "node1"), r);
   EXPECT_EQ(choose_gpu(1, 2, 4, "node1"), 1);  // fewer ranks than GPUs: the first ones
+  EXPECT_EQ(choose_gpu(3, 4, 1, "node1"), 0);  // srun --gpus-per-task=1: each sees its own
+}
+
+TEST(DeviceSelection, TwoRanksOnOneGpuAreRefused) {
+  EXPECT_NO_THROW(check_distinct_gpus({"0000:1B:00.0", "0000:1C:00.0", "0000:9A:00.0"}, "n"));
+  EXPECT_NO_THROW(check_distinct_gpus({"", ""}, "n"));  // CPU ranks
+  try {
+    check_distinct_gpus({"0000:1B:00.0", "0000:1C:00.0", "0000:1B:00.0"}, "node3");
+    FAIL() << "a shared GPU accepted";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("local ranks 0 and 2 on node3 would share the GPU at PCI 0000:1B:00.0"),
+              std::string::npos)
+        << m;
+  }
 }
 
 TEST(DeviceSelection, MoreRanksThanGpusIsAnErrorNamingTheHost) {

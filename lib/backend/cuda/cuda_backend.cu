@@ -234,22 +234,6 @@ __global__ void layernorm_backward_input_kernel(T* dinp, const T* dout, const T*
     dinp[n * C + i] = to<T>(ld(dinp[n * C + i]) + (dn - dmean - xhat * dnm) * r);
   }
 }
-template <typename T>
-__global__ void layernorm_backward_params_kernel(float* dw, float* db, const T* dout, const T* inp,
-                                                 const float* mean, const float* rstd, int64_t N,
-                                                 int64_t C) {
-  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i >= C) return;
-  float sw = 0.f, sb = 0.f;
-  for (int64_t n = 0; n < N; ++n) {
-    const float d = ld(dout[n * C + i]);
-    sw += (ld(inp[n * C + i]) - mean[n]) * rstd[n] * d;
-    sb += d;
-  }
-  dw[i] += sw;
-  db[i] += sb;
-}
-
 // ---- matmul helpers -----------------------------------------------------------------------------
 
 template <typename T>
@@ -257,15 +241,6 @@ __global__ void fill_bias_kernel(T* out, const T* bias, int64_t N, int64_t OC) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i < N * OC) out[i] = bias[i % OC];
 }
-template <typename T>
-__global__ void column_sum_kernel(float* dbias, const T* dout, int64_t N, int64_t OC) {
-  const int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (o >= OC) return;
-  float s = 0.f;
-  for (int64_t n = 0; n < N; ++n) s += ld(dout[n * OC + o]);
-  dbias[o] += s;
-}
-
 // ---- attention ------------------------------------------------------------------------------------
 // Tiled causal attention in the manner of FlashAttention (Dao et al.): the T x T matrix is never
 // stored. One thread owns one query row (forward, dq) or one key row (dk, dv) and keeps it in
@@ -1036,6 +1011,7 @@ class CudaBackend final : public Backend {
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
     if (rowdot_.numel() < B * heads * T) {
       AllocationLabel label("attention backward workspace");
+      retire(rowdot_);
       rowdot_ = Tensor({B * heads * T}, DType::F32, allocator());
     }
     dispatch(qkv.dtype(), "attention backward", [&](auto tag) {
@@ -1167,6 +1143,7 @@ class CudaBackend final : public Backend {
     if (table.size() > adam_capacity_) {
       AllocationLabel label("the AdamW segment table");
       const int64_t words = static_cast<int64_t>((sizeof(DevAdamSegment) * table.size() + 3) / 4);
+      retire(adam_segs_);
       adam_segs_ = Tensor({words}, DType::F32, allocator());  // raw storage for the table
       adam_capacity_ = table.size();
     }
@@ -1222,10 +1199,17 @@ class CudaBackend final : public Backend {
   float* partials(int64_t n) {
     if (scratch_.numel() < n) {
       AllocationLabel label("reduction scratch");
+      retire(scratch_);
       scratch_ = Tensor({n}, DType::F32, allocator());
     }
     return scratch_.f32();
   }
+  // A workspace outgrown in the first step is kept, not freed: cudaFree waits for the whole
+  // device, which can stall against NCCL work in flight on other streams.
+  void retire(Tensor& t) {
+    if (t.defined()) retired_.push_back(t);
+  }
+  std::vector<Tensor> retired_;
 
   cudaStream_t stream_ = nullptr;
   Tensor scratch_, adam_segs_;

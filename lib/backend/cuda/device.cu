@@ -36,6 +36,12 @@ int current_device() {
   return d;
 }
 
+std::string pci_bus_id(int index) {
+  char buf[64] = {0};
+  CUDA_CHECK(cudaDeviceGetPCIBusId(buf, sizeof buf - 1, index));
+  return buf;
+}
+
 void memory_info(size_t* free_bytes, size_t* total_bytes) {
   CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
 }

@@ -14,6 +14,8 @@ std::string device_description(int index);
 // Makes `index` current for this thread.
 void set_device(int index);
 int current_device();
+// "0000:1B:00.0": tells apart the GPUs of a node whatever CUDA_VISIBLE_DEVICES each rank has.
+std::string pci_bus_id(int index);
 // Free and total bytes of the current device.
 void memory_info(size_t* free_bytes, size_t* total_bytes);
 
