@@ -5,9 +5,9 @@
 #include <iostream>
 
 #include "backend/backend.hpp"
+#include "backend/select.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "comm/mpi.hpp"
-#include "backend/select.hpp"
 #include "comm/process_grid.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"

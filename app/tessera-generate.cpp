@@ -8,9 +8,9 @@
 #include <sstream>
 
 #include "backend/backend.hpp"
+#include "backend/select.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "comm/mpi.hpp"
-#include "backend/select.hpp"
 #include "comm/process_grid.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
@@ -62,8 +62,8 @@ int main(int argc, char** argv) {
         "merge-file", po::value(&merges)->default_value(merges), "GPT-2 vocab.bpe")(
         "threads", po::value(&threads)->default_value(0),
         "threads per rank (0: this rank's share of its cores)")(
-            "device", po::value(&device)->default_value("auto"),
-            "cpu | cuda | auto (cuda when a GPU is visible)");
+        "device", po::value(&device)->default_value("auto"),
+        "cpu | cuda | auto (cuda when a GPU is visible)");
     p.group("Prompts").add_options()("prompt", po::value(&prompts_text)->composing(),
                                      "a prompt (repeat for a batch of prompts of any lengths)")(
         "prompt-file", po::value(&prompt_file), "one prompt per line")(

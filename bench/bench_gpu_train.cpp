@@ -60,8 +60,9 @@ int main(int argc, char** argv) {
   return 2;
 #else
   if (cuda::device_count() == 0) {
-    std::fprintf(stderr, "bench_gpu_train: no CUDA device is visible; run it on the GPU machine "
-                         "(scripts/gpu-check.sh)\n");
+    std::fprintf(stderr,
+                 "bench_gpu_train: no CUDA device is visible; run it on the GPU machine "
+                 "(scripts/gpu-check.sh)\n");
     return 2;
   }
   DType dtype = DType::BF16;
@@ -74,9 +75,8 @@ int main(int argc, char** argv) {
   cuda::set_device(0);
   const std::string device = cuda::device_description(0);
   if (peak <= 0) peak = peak_bf16_tflops(device);
-  std::printf("bench_gpu_train: %s; peak dense bf16 %.1f TFLOP/s%s; %s training\n",
-              device.c_str(), peak, peak > 0 ? "" : " (unknown device: MFU not printed)",
-              dtype_name(dtype));
+  std::printf("bench_gpu_train: %s; peak dense bf16 %.1f TFLOP/s%s; %s training\n", device.c_str(),
+              peak, peak > 0 ? "" : " (unknown device: MFU not printed)", dtype_name(dtype));
   for (const Preset& p : kPresets) {
     if (which != "all" && which != p.name) continue;
     GPTConfig m;
@@ -114,9 +114,9 @@ int main(int argc, char** argv) {
           p.name, p.layers, p.hidden, p.seq, t.micro_batch_size, (long long)m.num_parameters(),
           sec * 1e3, tokens / sec, tflops);
       if (peak > 0) std::printf(" | MFU %.1f%%", 100.0 * tflops / peak);
-      std::printf(" | peak memory %.2f GiB held by Tessera (--dry-run estimate %.2f GiB) | loss %.3f\n",
-                  cuda::peak_allocated_bytes() / 1073741824.0, est.total_bytes() / 1073741824.0,
-                  loss);
+      std::printf(
+          " | peak memory %.2f GiB held by Tessera (--dry-run estimate %.2f GiB) | loss %.3f\n",
+          cuda::peak_allocated_bytes() / 1073741824.0, est.total_bytes() / 1073741824.0, loss);
     } catch (const std::exception& e) {
       std::printf("%-5s: failed: %s\n", p.name, e.what());
     }

@@ -50,8 +50,7 @@ std::string resolve_device(const std::string& device, const std::string& host) {
 }
 
 int choose_gpu(int local_rank, int local_size, int gpus, const std::string& host) {
-  if (gpus <= 0)
-    throw ConfigError(concat("--device=cuda: no CUDA device is visible on ", host));
+  if (gpus <= 0) throw ConfigError(concat("--device=cuda: no CUDA device is visible on ", host));
   TESSERA_CHECK(local_rank >= 0 && local_rank < local_size, "local rank ", local_rank,
                 " outside the ", local_size, " ranks of the node");
   if (gpus >= local_size) return local_rank;

@@ -87,9 +87,8 @@ int count_of(const Tensor& t) {
 }
 
 void expect_host_float(const Tensor& t) {
-  TESSERA_CHECK(t.device() == Device::CPU &&
-                    (t.dtype() == DType::F32 || t.dtype() == DType::BF16 ||
-                     t.dtype() == DType::F16),
+  TESSERA_CHECK(t.device() == Device::CPU && (t.dtype() == DType::F32 || t.dtype() == DType::BF16 ||
+                                              t.dtype() == DType::F16),
                 "the MPI communicator moves host f32/bf16/f16 tensors (got ",
                 device_name(t.device()), " ", dtype_name(t.dtype()), ")");
 }
@@ -164,8 +163,8 @@ void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
   NVTX_RANGE("mpi-all-reduce");
   expect_host_float(t);
   if (size_ == 1) return;
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t.raw(), count_of(t), mpi_type(t), reduce_op(t, op),
-                          comm_));
+  MPI_CHECK(
+      MPI_Allreduce(MPI_IN_PLACE, t.raw(), count_of(t), mpi_type(t), reduce_op(t, op), comm_));
 }
 
 std::unique_ptr<PendingOp> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) {
@@ -173,9 +172,8 @@ std::unique_ptr<PendingOp> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp
   expect_host_float(t);
   MPI_Request req = MPI_REQUEST_NULL;
   if (size_ > 1)
-    MPI_CHECK(
-        MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count_of(t), mpi_type(t), reduce_op(t, op), comm_,
-                       &req));
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count_of(t), mpi_type(t), reduce_op(t, op),
+                             comm_, &req));
   return std::make_unique<MpiPending>(req);
 }
 

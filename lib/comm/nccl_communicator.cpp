@@ -18,9 +18,8 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 }
 
 void expect_device_f32(const Tensor& t) {
-  TESSERA_CHECK(t.device() == Device::CUDA &&
-                    (t.dtype() == DType::F32 || t.dtype() == DType::BF16 ||
-                     t.dtype() == DType::F16),
+  TESSERA_CHECK(t.device() == Device::CUDA && (t.dtype() == DType::F32 ||
+                                               t.dtype() == DType::BF16 || t.dtype() == DType::F16),
                 "the NCCL communicator moves device f32/bf16/f16 tensors (got ",
                 device_name(t.device()), " ", dtype_name(t.dtype()), ")");
 }
@@ -121,8 +120,8 @@ class NcclCommunicator final : public Communicator {
     expect_device_f32(out);
     TESSERA_CHECK(out.numel() == in.numel() * size_, "all_gather output size");
     after_compute();
-    NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()), nccl_type(in), comm_,
-                             stream_));
+    NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()), nccl_type(in),
+                             comm_, stream_));
     before_compute();
   }
   void reduce_scatter(Tensor& out, const Tensor& in) override {
@@ -131,22 +130,24 @@ class NcclCommunicator final : public Communicator {
     expect_device_f32(out);
     TESSERA_CHECK(in.numel() == out.numel() * size_, "reduce_scatter input size");
     after_compute();
-    NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<size_t>(out.numel()), nccl_type(in),
-                                 ncclSum, comm_, stream_));
+    NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<size_t>(out.numel()),
+                                 nccl_type(in), ncclSum, comm_, stream_));
     before_compute();
   }
   std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int) override {
     NVTX_RANGE("nccl-send");
     expect_device_f32(t);
     after_compute();
-    NCCL_CHECK(ncclSend(t.raw(), static_cast<size_t>(t.numel()), nccl_type(t), peer, comm_, stream_));
+    NCCL_CHECK(
+        ncclSend(t.raw(), static_cast<size_t>(t.numel()), nccl_type(t), peer, comm_, stream_));
     return std::make_unique<EventPending>(stream_, compute_);
   }
   void recv(Tensor& t, int peer, int) override {
     NVTX_RANGE("nccl-recv");
     expect_device_f32(t);
     after_compute();
-    NCCL_CHECK(ncclRecv(t.raw(), static_cast<size_t>(t.numel()), nccl_type(t), peer, comm_, stream_));
+    NCCL_CHECK(
+        ncclRecv(t.raw(), static_cast<size_t>(t.numel()), nccl_type(t), peer, comm_, stream_));
     before_compute();
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(group_)); }

@@ -1,8 +1,9 @@
 // nccl_communicator.hpp: Communicator over NCCL for device tensors, built from one of the process
 // grid's MPI groups (DESIGN.md invariant 1): group rank 0 calls ncclGetUniqueId, MPI_Bcast sends
 // the id over the group's MPI communicator, every member calls ncclCommInitRank. Collectives run
-// on the communicator's own stream, ordered against the compute stream with events. Host doubles (losses, norms) go over MPI.
-// Only built where CUDA is (TESSERA_HAVE_CUDA); exercised where a GPU is.
+// on the communicator's own stream, ordered against the compute stream with events. Host doubles
+// (losses, norms) go over MPI. Only built where CUDA is (TESSERA_HAVE_CUDA); exercised where a GPU
+// is.
 #pragma once
 
 #include <mpi.h>

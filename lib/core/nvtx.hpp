@@ -16,8 +16,12 @@ namespace tessera {
 class NvtxRange {
  public:
 #ifdef TESSERA_HAVE_NVTX
-  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
-  ~NvtxRange() { nvtxRangePop(); }
+  explicit NvtxRange(const char* name) {
+    nvtxRangePushA(name);
+  }
+  ~NvtxRange() {
+    nvtxRangePop();
+  }
 #else
   explicit NvtxRange(const char*) {}
 #endif

@@ -34,8 +34,8 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   ffn_local_ = cfg.ffn() / shard.tp_size;
   {
     AllocationLabel label("the parameters and gradients of this rank's shard");
-    params_ = std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator(),
-                                           compute);
+    params_ =
+        std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator(), compute);
   }
   for (int l = shard_.layer_begin; l < shard_.layer_end; ++l) {
     weights_.push_back(layer_tensors(*params_, l, false));
@@ -90,9 +90,9 @@ Activations GPTModel::make_activations(int B, int T) const {
                 cfg_.max_positions(), " positions of the model");
   Allocator& al = be_.allocator();
   const int64_t N = int64_t(B) * T, C = cfg_.hidden_size;
-  AllocationLabel label(detail::concat("the activations of one micro-batch (", B, " x ", T,
-                                       " tokens)"));
-  auto f = [&](Shape s) { return Tensor(std::move(s), compute_, al); };        // activations
+  AllocationLabel label(
+      detail::concat("the activations of one micro-batch (", B, " x ", T, " tokens)"));
+  auto f = [&](Shape s) { return Tensor(std::move(s), compute_, al); };      // activations
   auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };  // statistics
   Activations a;
   a.B = B;
@@ -172,8 +172,8 @@ void GPTModel::block_forward(int l, Activations& a) {
   be_.attention_forward(la.att, la.lse, la.qkv, heads_local_);
   be_.matmul_forward(a.tmp_c, la.att, w.proj_w, bias_here ? &w.proj_b : nullptr);
   tp_.all_reduce(a.tmp_c, ReduceOp::Sum);
-  be_.add_layernorm_forward(la.res1, la.ln2, la.ln2_mean, la.ln2_rstd, x, a.tmp_c, w.ln2_w,
-                            w.ln2_b, eps);
+  be_.add_layernorm_forward(la.res1, la.ln2, la.ln2_mean, la.ln2_rstd, x, a.tmp_c, w.ln2_w, w.ln2_b,
+                            eps);
   be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, &w.fc1_b);
   be_.gelu_forward(la.gelu, la.fc1);
   be_.matmul_forward(a.tmp_c, la.gelu, w.fc2_w, bias_here ? &w.fc2_b : nullptr);

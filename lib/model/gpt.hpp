@@ -127,8 +127,8 @@ class GPTModel {
   int64_t heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
   std::unique_ptr<ParamStore> params_;
   std::vector<LayerWeights> weights_, grads_;  // indexed by layer - layer_begin
-  std::vector<float> host_losses_;              // staging for the loss readback
-  std::vector<std::string> range_names_;        // NVTX: layer-L-forward, layer-L-backward
+  std::vector<float> host_losses_;             // staging for the loss readback
+  std::vector<std::string> range_names_;       // NVTX: layer-L-forward, layer-L-backward
 };
 
 }  // namespace tessera

@@ -24,7 +24,7 @@ class AdamW {
   Backend& be_;
   AdamWHyper hyper_;
   double weight_decay_;
-  Tensor m_, v_;  // flat, same layout as the parameters
+  Tensor m_, v_;                        // flat, same layout as the parameters
   std::vector<AdamWSegment> segments_;  // the flat buffer by weight decay, built on first step
   int64_t step_ = 0;
 };

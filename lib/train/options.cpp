@@ -42,8 +42,7 @@ std::vector<int> parse_rank_list(const std::string& text, const std::string& opt
                         " is not a list of ranks (allowed: 'all' or e.g. 0,8,16)");
     ranks.push_back(r);
   }
-  if (ranks.empty())
-    throw ConfigError(option + " is empty (allowed: 'all' or e.g. 0,8,16)");
+  if (ranks.empty()) throw ConfigError(option + " is empty (allowed: 'all' or e.g. 0,8,16)");
   return ranks;
 }
 
@@ -106,8 +105,8 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "seed", po::value(&t.seed)->default_value(1234), "seed of initialization and data order")(
           "bf16", po::bool_switch(&bf16),
           "mixed precision: bf16 activations and weights in the passes, f32 master weights, "
-          "gradients and Adam moments")(
-          "fp16", po::bool_switch(&fp16), "mixed precision in fp16, with loss scaling")(
+          "gradients and Adam moments")("fp16", po::bool_switch(&fp16),
+                                        "mixed precision in fp16, with loss scaling")(
           "loss-scale", po::value(&t.loss_scale)->default_value(0.0),
           "--fp16: a constant loss scale (0: dynamic scaling)")(
           "initial-loss-scale", po::value(&t.initial_loss_scale)->default_value(4294967296.0),
@@ -172,9 +171,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "takes the GPU of its local rank")(
           "profile", po::bool_switch(&t.profile),
           "bracket iterations with cudaProfilerStart/Stop for nsys --capture-range=cudaProfilerApi "
-          "(docs/profiling.md)")(
-          "profile-step-start", po::value(&t.profile_step_start)->default_value(10),
-          "with --profile: start capturing before iteration N+1")(
+          "(docs/profiling.md)")("profile-step-start",
+                                 po::value(&t.profile_step_start)->default_value(10),
+                                 "with --profile: start capturing before iteration N+1")(
           "profile-step-end", po::value(&t.profile_step_end)->default_value(12),
           "with --profile: stop capturing after iteration N")(
           "profile-ranks", po::value(&profile_ranks)->default_value("0"),

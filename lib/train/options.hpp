@@ -19,11 +19,11 @@ struct RunOptions {
   GPTConfig model;
   TrainConfig train;
   LogOptions log;
-  int tp = 1, pp = 1;  // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
-  int threads = 0;     // 0: this rank's share of the cores in its affinity mask
+  int tp = 1, pp = 1;           // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
+  int threads = 0;              // 0: this rank's share of the cores in its affinity mask
   std::string device = "auto";  // resolved to "cpu" or "cuda" by parse_run_options
-  bool mock_data = false;  // synthetic data; also the source when no --data-path is given
-  std::string data_path;   // prefix of HDF5 token shards
+  bool mock_data = false;       // synthetic data; also the source when no --data-path is given
+  std::string data_path;        // prefix of HDF5 token shards
   std::string split = "969,30,1";
   std::string load;         // checkpoint directory to start from
   bool finetune = false;    // --load the model only: iteration, data and optimizer start fresh
@@ -65,7 +65,9 @@ struct MemoryEstimate {
   int64_t parameters = 0;  // on this rank
   int slots = 1;           // micro-batches whose activations are alive at once (1F1B)
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
-  double total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes; }
+  double total_bytes() const {
+    return param_bytes + grad_bytes + optimizer_bytes + activation_bytes;
+  }
 };
 struct GridLayout;
 MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,

@@ -63,8 +63,8 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   validate_layout(model_cfg_, cfg_, ctx_.tp_size, ctx_.pp_size, ctx_.dp_size);
   TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "dataset sequence length ",
                 data.seq_length(), " differs from --seq-length ", model_cfg_.seq_length);
-  model_ = std::make_unique<GPTModel>(model_cfg_, make_model_shard(model_cfg_, ctx_), be_,
-                                      *ctx_.tp, cfg_.compute_dtype);
+  model_ = std::make_unique<GPTModel>(model_cfg_, make_model_shard(model_cfg_, ctx_), be_, *ctx_.tp,
+                                      cfg_.compute_dtype);
   scaler_ = cfg_.compute_dtype != DType::F16 ? LossScaler::constant(1.0)
             : cfg_.loss_scale > 0
                 ? LossScaler::constant(cfg_.loss_scale)
@@ -298,10 +298,10 @@ StepStats Trainer::train_step() {
   ctx_.world->all_reduce_f64(&loss, 1, ReduceOp::Sum);
   st.loss = loss / tokens;
   const double norm2 = grad_norm_squared();  // of the scaled gradients; the same on every rank
-  if (cfg_.compute_dtype == DType::F16) {  // fp16, dynamic or constant scale (Megatron's check)
+  if (cfg_.compute_dtype == DType::F16) {    // fp16, dynamic or constant scale (Megatron's check)
     const bool overflow = !std::isfinite(norm2);
     scaler_.update(overflow);  // a constant scaler ignores it
-    if (overflow) {  // skip the update; a dynamic scale has been lowered
+    if (overflow) {            // skip the update; a dynamic scale has been lowered
       st.skipped = true;
       ++skipped_iterations_;
       iteration_ = st.iteration;
@@ -313,7 +313,8 @@ StepStats Trainer::train_step() {
     }
   }
   st.grad_norm = std::sqrt(norm2) / loss_scale;
-  if (loss_scale != 1.0) be_.scale(model_->params().flat_grads(), static_cast<float>(1.0 / loss_scale));
+  if (loss_scale != 1.0)
+    be_.scale(model_->params().flat_grads(), static_cast<float>(1.0 / loss_scale));
   if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
     throw Error(detail::concat(
         "iteration ", st.iteration, ": loss is ", st.loss, " and grad norm is ", st.grad_norm,

@@ -117,9 +117,10 @@ class Trainer {
   std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
   std::vector<int32_t> host_ids_, host_targets_;  // one micro-batch, staged for the backend
   std::vector<Tensor> norm_grads_;
-  Tensor micro_losses_;              // last stage: (micro-batches x B*T) token losses of a step
+  Tensor micro_losses_;  // last stage: (micro-batches x B*T) token losses of a step
   std::vector<float> host_losses_;
-  uint64_t profile_range_ = 0;  // the NVTX range over the profiled iterations  // the gradients the global norm counts on this rank
+  uint64_t profile_range_ = 0;  // the NVTX range over the profiled iterations  // the gradients the
+                                // global norm counts on this rank
   std::unique_ptr<Prefetcher> prefetch_;
   double loss_sum_ = 0;
   int64_t last_saved_ = -1;

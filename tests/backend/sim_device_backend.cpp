@@ -87,11 +87,13 @@ class SimDeviceBackend final : public Backend {
     Open open;
     std::memcpy(dst, src.raw(), src.nbytes());
   }
-  void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table, int64_t row_begin) override {
+  void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table,
+                         int64_t row_begin) override {
     Open open;
     cpu_->embedding_forward(out, ids, table, row_begin);
   }
-  void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids, int64_t row_begin) override {
+  void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids,
+                          int64_t row_begin) override {
     Open open;
     cpu_->embedding_backward(dtable, dout, ids, row_begin);
   }
@@ -103,19 +105,24 @@ class SimDeviceBackend final : public Backend {
     Open open;
     cpu_->position_embedding_backward(dwpe, dout);
   }
-  void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& weight, const Tensor& bias, double eps) override {
+  void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
+                         const Tensor& weight, const Tensor& bias, double eps) override {
     Open open;
     cpu_->layernorm_forward(out, mean, rstd, inp, weight, bias, eps);
   }
-  void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout, const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd) override {
+  void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
+                          const Tensor& inp, const Tensor& weight, const Tensor& mean,
+                          const Tensor& rstd) override {
     Open open;
     cpu_->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
   }
-  void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) override {
+  void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
+                      const Tensor* bias) override {
     Open open;
     cpu_->matmul_forward(out, inp, weight, bias);
   }
-  void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& weight) override {
+  void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+                       const Tensor& inp, const Tensor& weight) override {
     Open open;
     cpu_->matmul_backward(dinp, dweight, dbias, dout, inp, weight);
   }
@@ -123,11 +130,13 @@ class SimDeviceBackend final : public Backend {
     Open open;
     cpu_->attention_forward(out, lse, qkv, heads);
   }
-  void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t heads) override {
+  void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, int64_t heads) override {
     Open open;
     cpu_->attention_backward(dqkv, dout, qkv, out, lse, heads);
   }
-  void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, const std::vector<KvSegment>& segments, int64_t heads) override {
+  void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
+                    const std::vector<KvSegment>& segments, int64_t heads) override {
     Open open;
     cpu_->kv_attention(out, qkv, k_cache, v_cache, segments, heads);
   }
@@ -147,15 +156,21 @@ class SimDeviceBackend final : public Backend {
     Open open;
     cpu_->xent_row_max(rowmax, logits, valid_cols);
   }
-  void xent_row_sums(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& rowmax, const Tensor& targets, int64_t valid_cols, int64_t col_begin) override {
+  void xent_row_sums(Tensor& sumexp, Tensor& target_logit, const Tensor& logits,
+                     const Tensor& rowmax, const Tensor& targets, int64_t valid_cols,
+                     int64_t col_begin) override {
     Open open;
     cpu_->xent_row_sums(sumexp, target_logit, logits, rowmax, targets, valid_cols, col_begin);
   }
-  void xent_loss_and_grad(Tensor& losses, Tensor& logits, const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit, const Tensor& targets, int64_t valid_cols, int64_t col_begin, float grad_scale) override {
+  void xent_loss_and_grad(Tensor& losses, Tensor& logits, const Tensor& rowmax,
+                          const Tensor& sumexp, const Tensor& target_logit, const Tensor& targets,
+                          int64_t valid_cols, int64_t col_begin, float grad_scale) override {
     Open open;
-    cpu_->xent_loss_and_grad(losses, logits, rowmax, sumexp, target_logit, targets, valid_cols, col_begin, grad_scale);
+    cpu_->xent_loss_and_grad(losses, logits, rowmax, sumexp, target_logit, targets, valid_cols,
+                             col_begin, grad_scale);
   }
-  void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& h, double weight_decay, int64_t step) override {
+  void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& h,
+                  double weight_decay, int64_t step) override {
     Open open;
     cpu_->adamw_step(param, grad, m, v, h, weight_decay, step);
   }

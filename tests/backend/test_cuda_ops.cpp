@@ -188,8 +188,8 @@ TEST_P(CudaOpsDtype, AttentionForwardBackward) {
   struct Case {
     int64_t B, T, H, hd;
   };
-  for (const Case c : {Case{2, 67, 3, 5}, Case{2, 100, 2, 32}, Case{1, 131, 2, 64},
-                       Case{1, 70, 1, 128}}) {
+  for (const Case c :
+       {Case{2, 67, 3, 5}, Case{2, 100, 2, 32}, Case{1, 131, 2, 64}, Case{1, 70, 1, 128}}) {
     SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " +
                  std::to_string(c.H) + " hd " + std::to_string(c.hd));
     const int64_t B = c.B, T = c.T, H = c.H, hd = c.hd;

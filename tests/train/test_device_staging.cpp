@@ -80,7 +80,12 @@ TEST(SimDevice, HostAccessOutsideTheBackendCrashes) {
   std::vector<float> h(1024, 1.f);
   be->copy_to_host(h.data(), t);
   EXPECT_EQ(h[17], 0.f);
-  EXPECT_DEATH({ volatile float x = t.f32()[17]; (void)x; }, "");
+  EXPECT_DEATH(
+      {
+        volatile float x = t.f32()[17];
+        (void)x;
+      },
+      "");
 }
 
 TEST(SimDevice, TrainingEqualsTheCpuBackendBitwise) {

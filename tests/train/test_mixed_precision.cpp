@@ -158,8 +158,8 @@ TEST(MixedPrecision, Bf16TrainingTracksF32) {
 TEST(MixedPrecision, Fp16DynamicLossScalingSkipsOverflowsAndTracksF32) {
   const std::vector<StepStats> f = run(tiny_train(DType::F32));
   TrainConfig t = tiny_train(DType::F16);
-  t.train_iters = 90;      // the first steps overflow at 2^32 and are skipped
-  t.lr_decay_iters = 50;   // the schedule counts updates: the same as the f32 run's 50
+  t.train_iters = 90;     // the first steps overflow at 2^32 and are skipped
+  t.lr_decay_iters = 50;  // the schedule counts updates: the same as the f32 run's 50
   Trainer* tr = nullptr;
   const std::vector<StepStats> h = run(t, &tr);
   std::unique_ptr<Trainer> owner(tr);
@@ -181,8 +181,9 @@ TEST(MixedPrecision, Fp16DynamicLossScalingSkipsOverflowsAndTracksF32) {
   double mean_h = 0, mean_f = 0;
   for (size_t i = at - 5; i < at; ++i) mean_h += h[i].loss / 5;
   for (size_t i = 45; i < 50; ++i) mean_f += f[i].loss / 5;
-  std::printf("fp16: %d of 90 iterations skipped, final scale %.0f; after 50 updates %.4f vs f32 %.4f\n",
-              skipped, tr->loss_scaler().scale(), mean_h, mean_f);
+  std::printf(
+      "fp16: %d of 90 iterations skipped, final scale %.0f; after 50 updates %.4f vs f32 %.4f\n",
+      skipped, tr->loss_scaler().scale(), mean_h, mean_f);
   EXPECT_LT(std::fabs(mean_h - mean_f) / mean_f, 0.05) << "fp16 " << mean_h << " f32 " << mean_f;
 }
 

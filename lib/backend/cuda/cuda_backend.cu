@@ -198,8 +198,8 @@ __device__ float block_max(float v, float* shared) {
 }
 
 template <typename T>
-__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp,
-                                         const T* w, const T* b, int64_t C, float eps) {
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* w,
+                                         const T* b, int64_t C, float eps) {
   __shared__ float sh[33];
   const int64_t n = blockIdx.x;
   const T* x = inp + n * C;
@@ -241,12 +241,13 @@ __global__ void fill_bias_kernel(T* out, const T* bias, int64_t N, int64_t OC) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i < N * OC) out[i] = bias[i % OC];
 }
-// ---- attention ------------------------------------------------------------------------------------
-// Tiled causal attention in the manner of FlashAttention (Dao et al.): the T x T matrix is never
-// stored. One thread owns one query row (forward, dq) or one key row (dk, dv) and keeps it in
-// registers; the other side streams through shared memory in tiles of kTile rows, with an online
-// softmax. Head dimensions 32, 64 and 128 are compiled; others take the one-thread-per-row
-// kernels below, which read the tiles straight from global memory.
+// ---- attention
+// ------------------------------------------------------------------------------------ Tiled causal
+// attention in the manner of FlashAttention (Dao et al.): the T x T matrix is never stored. One
+// thread owns one query row (forward, dq) or one key row (dk, dv) and keeps it in registers; the
+// other side streams through shared memory in tiles of kTile rows, with an online softmax. Head
+// dimensions 32, 64 and 128 are compiled; others take the one-thread-per-row kernels below, which
+// read the tiles straight from global memory.
 
 constexpr int kRows = 64;  // query (or key) rows per block
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) {
@@ -334,8 +335,8 @@ __global__ void attention_rowdot_kernel(float* D, const T* dout, const T* out, i
 // dq for the query rows of this block, streaming keys and values.
 template <typename T, int HD>
 __global__ void __launch_bounds__(kRows)
-    flash_backward_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
-                             const float* D, int64_t Tn, int64_t H) {
+    flash_backward_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D,
+                             int64_t Tn, int64_t H) {
   __shared__ float Ks[kTile][HD], Vs[kTile][HD];
   const int64_t b = blockIdx.y / H, h = blockIdx.y % H, C = H * HD, C3 = 3 * C;
   const int64_t t = int64_t(blockIdx.x) * kRows + threadIdx.x;
@@ -591,10 +592,9 @@ __global__ void xent_sums_kernel(float* sumexp, float* target_logit, const T* lo
   }
 }
 template <typename T>
-__global__ void xent_grad_kernel(float* losses, T* logits, const float* rowmax,
-                                 const float* sumexp, const float* target_logit,
-                                 const int32_t* targets, int64_t V, int64_t valid,
-                                 int64_t col_begin, float scale) {
+__global__ void xent_grad_kernel(float* losses, T* logits, const float* rowmax, const float* sumexp,
+                                 const float* target_logit, const int32_t* targets, int64_t V,
+                                 int64_t valid, int64_t col_begin, float scale) {
   const int64_t n = blockIdx.x;
   T* l = logits + n * V;
   const bool ignore = targets[n] < 0;
@@ -692,8 +692,8 @@ __global__ void column_partials_kernel(float* part, const T* x, int64_t N, int64
 }
 template <typename T>
 __global__ void layernorm_param_partials_kernel(float* part_w, float* part_b, const T* dout,
-                                                const T* inp, const float* mean,
-                                                const float* rstd, int64_t N, int64_t C) {
+                                                const T* inp, const float* mean, const float* rstd,
+                                                int64_t N, int64_t C) {
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int64_t chunk = (N + kRowChunks - 1) / kRowChunks;
@@ -898,13 +898,12 @@ class CudaBackend final : public Backend {
       float* part = partials(2 * kRowChunks * C);
       const dim3 grid(static_cast<unsigned>(blocks_for(C)), kRowChunks);
       layernorm_param_partials_kernel<T><<<grid, kThreads, 0, stream_>>>(
-          part, part + kRowChunks * C, dout.data<T>(), inp.data<T>(), mean.f32(), rstd.f32(), N,
-          C);
+          part, part + kRowChunks * C, dout.data<T>(), inp.data<T>(), mean.f32(), rstd.f32(), N, C);
       LAUNCH_CHECK();
       sum_partials_kernel<<<blocks_for(C), kThreads, 0, stream_>>>(dw.f32(), part, C);
       LAUNCH_CHECK();
-      sum_partials_kernel<<<blocks_for(C), kThreads, 0, stream_>>>(db.f32(),
-                                                                   part + kRowChunks * C, C);
+      sum_partials_kernel<<<blocks_for(C), kThreads, 0, stream_>>>(db.f32(), part + kRowChunks * C,
+                                                                   C);
     });
     LAUNCH_CHECK();
   }
@@ -945,8 +944,8 @@ class CudaBackend final : public Backend {
       expect_dtype(*bias, inp.dtype(), "matmul bias");
       dispatch(out.dtype(), "bias", [&](auto tag) {
         using T = decltype(tag);
-        fill_bias_kernel<T><<<blocks_for(N * OC), kThreads, 0, stream_>>>(
-            out.data<T>(), bias->data<T>(), N, OC);
+        fill_bias_kernel<T>
+            <<<blocks_for(N * OC), kThreads, 0, stream_>>>(out.data<T>(), bias->data<T>(), N, OC);
       });
       LAUNCH_CHECK();
     }
@@ -975,8 +974,8 @@ class CudaBackend final : public Backend {
   void flash_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t B, int64_t Tn,
                      int64_t H) {
     const dim3 grid(static_cast<unsigned>((Tn + kRows - 1) / kRows), static_cast<unsigned>(B * H));
-    flash_forward_kernel<T, HD><<<grid, kRows, 0, stream_>>>(out.data<T>(), lse.f32(),
-                                                            qkv.data<T>(), Tn, H);
+    flash_forward_kernel<T, HD>
+        <<<grid, kRows, 0, stream_>>>(out.data<T>(), lse.f32(), qkv.data<T>(), Tn, H);
   }
   template <typename T, int HD>
   void flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, int64_t B, int64_t Tn,
