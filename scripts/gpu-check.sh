@@ -41,11 +41,7 @@ for d in cpu cuda; do
     echo "tessera-train --device $d failed:"; tail -5 "$tmp/$d.log"; status=1; }
 done
 if [ -s "$tmp/cpu.jsonl" ] && [ -s "$tmp/cuda.jsonl" ]; then
-  paste -d' ' <(grep -o '"lm_loss": [^,]*' "$tmp/cpu.jsonl" | cut -d' ' -f2) \
-              <(grep -o '"lm_loss": [^,]*' "$tmp/cuda.jsonl" | cut -d' ' -f2) |
-    awk '{d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; print "  iteration " NR ": cpu " $1 "  cuda " $2}
-         END {printf "  worst relative loss difference %.3g (bound 1e-4)\n", w; exit !(w < 1e-4)}' ||
-    status=1
+  scripts/compare-losses "$tmp/cpu.jsonl" "$tmp/cuda.jsonl" 1e-4 cpu cuda || status=1
 fi
 rm -rf "$tmp"
 

@@ -57,11 +57,7 @@ if [ $tests -eq 1 ]; then
       { echo "tessera-train --device $d failed:"; tail -5 "$out/train-$d.log"; status=1; }
   done
   if [ -s "$out/train-cpu.jsonl" ] && [ -s "$out/train-cuda.jsonl" ]; then
-    paste -d' ' <(grep -o '"lm_loss": [^,]*' "$out/train-cpu.jsonl" | cut -d' ' -f2) \
-                <(grep -o '"lm_loss": [^,]*' "$out/train-cuda.jsonl" | cut -d' ' -f2) |
-      awk '{d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; print "  iteration " NR ": cpu " $1 "  cuda " $2}
-           END {printf "  worst relative loss difference %.3g (bound 1e-4)\n", w; exit !(w < 1e-4)}' ||
-      status=1
+    scripts/compare-losses "$out/train-cpu.jsonl" "$out/train-cuda.jsonl" 1e-4 cpu cuda || status=1
   fi
 fi
 if [ $bench -eq 1 ]; then

@@ -9,19 +9,14 @@
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/device.hpp"
 #include "data/dataset.hpp"
+#include "train/tiny.hpp"
 #include "train/trainer.hpp"
 
 using namespace tessera;
 
 namespace {
 GPTConfig model() {
-  GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 128;
-  c.num_attention_heads = 2;  // head dim 64: the tiled attention kernels
-  c.seq_length = 96;
-  c.vocab_size = 300;  // padded to 384
-  return c;
+  return testing_util::small_gpt(128, 2, 96, 300);  // head dim 64: the tiled attention kernels
 }
 struct Result {
   std::vector<double> losses;

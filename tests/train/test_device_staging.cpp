@@ -14,6 +14,7 @@
 #include "data/dataset.hpp"
 #include "inference/engine.hpp"
 #include "inference/generator.hpp"
+#include "train/tiny.hpp"
 #include "train/trainer.hpp"
 
 using namespace tessera;
@@ -21,13 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 GPTConfig tiny_model() {
-  GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.seq_length = 16;
-  c.vocab_size = 60;  // padded to 128: the padding must stay out of the loss on both backends
-  return c;
+  return testing_util::small_gpt(32, 4, 16, 60);  // padded to 128: padding stays out of the loss
 }
 TrainConfig tiny_train(const std::string& save) {
   TrainConfig t;

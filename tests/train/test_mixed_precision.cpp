@@ -11,34 +11,17 @@
 #include "backend/backend.hpp"
 #include "data/dataset.hpp"
 #include "train/loss_scaler.hpp"
+#include "train/tiny.hpp"
 #include "train/trainer.hpp"
 
 using namespace tessera;
 
 namespace {
 GPTConfig tiny_model() {
-  GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.seq_length = 32;
-  c.vocab_size = 64;
-  return c;
+  return testing_util::small_gpt(32, 4, 32, 64);
 }
 TrainConfig tiny_train(DType d) {
-  TrainConfig t;
-  t.micro_batch_size = 4;
-  t.global_batch_size = 8;
-  t.train_iters = 50;
-  t.lr = 1e-2;
-  t.min_lr = 1e-3;
-  t.lr_decay_style = "cosine";
-  t.lr_warmup_iters = 5;
-  t.weight_decay = 0.1;
-  t.adam_beta2 = 0.95;
-  t.log_interval = 1000;
-  t.compute_dtype = d;
-  return t;
+  return testing_util::tiny_schedule(d);
 }
 std::vector<StepStats> run(const TrainConfig& t, Trainer** keep = nullptr) {
   static std::unique_ptr<Backend> be = make_cpu_backend();

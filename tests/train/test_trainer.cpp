@@ -7,34 +7,17 @@
 #include "backend/backend.hpp"
 #include "data/dataset.hpp"
 #include "train/lr_schedule.hpp"
+#include "train/tiny.hpp"
 #include "train/trainer.hpp"
 
 using namespace tessera;
 
 namespace {
 GPTConfig tiny_model() {
-  GPTConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.seq_length = 32;
-  c.vocab_size = 64;
-  c.make_vocab_size_divisible_by = 128;
-  return c;
+  return testing_util::small_gpt(32, 4, 32, 64);
 }
 TrainConfig tiny_train() {
-  TrainConfig t;
-  t.micro_batch_size = 4;
-  t.global_batch_size = 8;
-  t.train_iters = 50;
-  t.lr = 1e-2;
-  t.min_lr = 1e-3;
-  t.lr_decay_style = "cosine";
-  t.lr_warmup_iters = 5;
-  t.weight_decay = 0.1;
-  t.adam_beta2 = 0.95;
-  t.log_interval = 1000;
-  return t;
+  return testing_util::tiny_schedule();
 }
 std::vector<double> run(const GPTConfig& m, const TrainConfig& t) {
   auto be = make_cpu_backend();

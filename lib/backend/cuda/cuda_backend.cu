@@ -255,6 +255,19 @@ __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) {
 }
 constexpr int kTile = 32;  // rows of the streamed side per shared-memory tile
 
+// Keys and values of rows [k0, k0 + kTile) of head h into shared memory, zeros past the end.
+template <typename T, int HD>
+__device__ void load_kv_tile(float (*Ks)[HD], float (*Vs)[HD], const T* qkv, int64_t b, int64_t h,
+                             int64_t k0, int64_t Tn, int64_t C) {
+  for (int i = threadIdx.x; i < kTile * HD; i += blockDim.x) {
+    const int r = i / HD, d = i % HD;
+    const int64_t s = k0 + r;
+    const bool in = s < Tn;
+    Ks[r][d] = in ? ld(qkv[(b * Tn + s) * 3 * C + C + h * HD + d]) : 0.f;
+    Vs[r][d] = in ? ld(qkv[(b * Tn + s) * 3 * C + 2 * C + h * HD + d]) : 0.f;
+  }
+}
+
 template <typename T, int HD>
 __global__ void __launch_bounds__(kRows)
     flash_forward_kernel(T* out, float* lse, const T* qkv, int64_t Tn, int64_t H) {
@@ -272,13 +285,7 @@ __global__ void __launch_bounds__(kRows)
   float m = -INFINITY, l = 0.f;
   const int64_t last = imin(Tn - 1, int64_t(blockIdx.x) * kRows + kRows - 1);
   for (int64_t k0 = 0; k0 <= last; k0 += kTile) {
-    for (int i = threadIdx.x; i < kTile * HD; i += blockDim.x) {
-      const int r = i / HD, d = i % HD;
-      const int64_t s = k0 + r;
-      const bool in = s < Tn;
-      Ks[r][d] = in ? ld(qkv[(b * Tn + s) * C3 + C + h * HD + d]) : 0.f;
-      Vs[r][d] = in ? ld(qkv[(b * Tn + s) * C3 + 2 * C + h * HD + d]) : 0.f;
-    }
+    load_kv_tile<T, HD>(Ks, Vs, qkv, b, h, k0, Tn, C);
     __syncthreads();
     const int64_t n = active ? imin(kTile, t - k0 + 1) : 0;  // causal: keys s <= t
     if (n > 0) {
@@ -353,13 +360,7 @@ __global__ void __launch_bounds__(kRows)
   const float Dt = active ? D[(b * H + h) * Tn + t] : 0.f;
   const int64_t last = imin(Tn - 1, int64_t(blockIdx.x) * kRows + kRows - 1);
   for (int64_t k0 = 0; k0 <= last; k0 += kTile) {
-    for (int i = threadIdx.x; i < kTile * HD; i += blockDim.x) {
-      const int r = i / HD, d = i % HD;
-      const int64_t s = k0 + r;
-      const bool in = s < Tn;
-      Ks[r][d] = in ? ld(qkv[(b * Tn + s) * C3 + C + h * HD + d]) : 0.f;
-      Vs[r][d] = in ? ld(qkv[(b * Tn + s) * C3 + 2 * C + h * HD + d]) : 0.f;
-    }
+    load_kv_tile<T, HD>(Ks, Vs, qkv, b, h, k0, Tn, C);
     __syncthreads();
     const int64_t n = active ? imin(kTile, t - k0 + 1) : 0;
     for (int r = 0; r < n; ++r) {
