@@ -1,14 +1,22 @@
 // bench_gpu_train: training-step throughput of one GPU on GPT-2 124M (seq 1024) and a 1.3B
 // config (24 layers, hidden 2048, 16 heads, seq 2048), printing tokens/s, achieved TFLOP/s and
 // MFU against the device's peak dense bf16 rate, and the peak device memory against the
-// --dry-run estimate. Target: >= 45% MFU on one H100 for the 1.3B config (docs/performance.md).
+// --dry-run estimate, next to the PyTorch peer's figure for the same shape. Targets (issue 12):
+// 124M >= 400,000 tokens/s, 1.3B >= 48% MFU on one H100 (docs/performance.md).
 //
 // FLOPs are Megatron's count (Narayanan et al. 2021, without recomputation):
 //   per token = 72 L h^2 + 12 L s h + 6 h V   (= GPTConfig::train_flops_per_token)
 // i.e. 6 x (matmul parameters) plus the attention score and value products, forward and backward.
 //
 // Usage: bench_gpu_train [124m|1.3b|all=all] [steps=10] [micro_batch=0: per model] [peak_tflops=0:
-// from the device name] [dtype=bf16|fp16|f32]
+// from the device name] [dtype=bf16|fp16|f32] [--breakdown]
+//
+// --breakdown (anywhere on the line, or TESSERA_BENCH_BREAKDOWN=1): after the timed steps, as many
+// steps again with the phase timer on (core/phase_timer.hpp: CUDA events around each op kind on
+// the backend's stream), then a table of GPU time per phase per step, its share of the step, and
+// calls per step, longest first (docs/profiling.md). The headline figures come from the steps
+// without the timer.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +25,7 @@
 
 #include "backend/select.hpp"
 #include "comm/process_grid.hpp"
+#include "core/phase_timer.hpp"
 #include "core/timer.hpp"
 #include "data/dataset.hpp"
 #include "train/options.hpp"
@@ -31,11 +40,28 @@ using namespace tessera;
 
 namespace {
 
+// The per-phase table of `steps` profiled steps that took `step_ms` each on average.
+void print_breakdown(const std::vector<PhaseTotal>& phases, int steps, double step_ms) {
+  double sum = 0;
+  for (const PhaseTotal& p : phases) sum += p.ms / steps;
+  std::printf("  %-26s %12s %10s %12s\n", "phase", "ms/step", "% of step", "calls/step");
+  for (const PhaseTotal& p : phases)
+    std::printf("  %-26s %12.3f %9.1f%% %12.1f\n", p.name.c_str(), p.ms / steps,
+                100.0 * p.ms / steps / step_ms, double(p.calls) / steps);
+  std::printf("  %-26s %12.3f %9.1f%%\n", "(sum of phases)", sum, 100.0 * sum / step_ms);
+  std::printf("  %-26s %12.3f %9.1f%%\n", "(outside any phase)", std::max(0.0, step_ms - sum),
+              100.0 * std::max(0.0, step_ms - sum) / step_ms);
+}
+
 struct Preset {
   const char* name;
   int layers, hidden, heads, seq, micro_batch;
+  double peer_tokens_per_s, peer_mfu;  // PyTorch on one H100 at this shape (issue 12)
 };
-const Preset kPresets[] = {{"124m", 12, 768, 12, 1024, 8}, {"1.3b", 24, 2048, 16, 2048, 2}};
+// The shapes of the PyTorch peer of issue 12 (bf16 autocast, SDPA flash attention, torch.compile,
+// fused AdamW), measured on the same H100 as Tessera's first run.
+const Preset kPresets[] = {{"124m", 12, 768, 12, 1024, 16, 400066, 34.6},
+                           {"1.3b", 24, 2048, 16, 2048, 8, 52704, 48.4}};
 
 // Dense bf16 tensor-core peak (TFLOP/s, no sparsity) from the device name; 0 when unknown.
 double peak_bf16_tflops(const std::string& device) {
@@ -49,13 +75,25 @@ double peak_bf16_tflops(const std::string& device) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string which = argc > 1 ? argv[1] : "all";
-  const int steps = argc > 2 ? std::atoi(argv[2]) : 10;
-  const int mbs_arg = argc > 3 ? std::atoi(argv[3]) : 0;
-  double peak = argc > 4 ? std::atof(argv[4]) : 0;
-  const std::string dtype_arg = argc > 5 ? argv[5] : "bf16";
+  std::vector<std::string> args;  // the positional arguments, --breakdown taken out
+  const char* env = std::getenv("TESSERA_BENCH_BREAKDOWN");
+  bool breakdown = env && *env && std::strcmp(env, "0") != 0;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--breakdown") == 0)
+      breakdown = true;
+    else
+      args.push_back(argv[i]);
+  }
+  auto arg = [&](size_t i, const char* def) {
+    return i < args.size() ? args[i] : std::string(def);
+  };
+  const std::string which = arg(0, "all");
+  const int steps = std::atoi(arg(1, "10").c_str());
+  const int mbs_arg = std::atoi(arg(2, "0").c_str());
+  double peak = std::atof(arg(3, "0").c_str());
+  const std::string dtype_arg = arg(4, "bf16");
 #ifndef TESSERA_HAVE_CUDA
-  (void)which, (void)steps, (void)mbs_arg, (void)peak, (void)dtype_arg;
+  (void)which, (void)steps, (void)mbs_arg, (void)peak, (void)dtype_arg, (void)breakdown;
   std::fprintf(stderr, "bench_gpu_train: this build has no CUDA backend\n");
   return 2;
 #else
@@ -117,6 +155,33 @@ int main(int argc, char** argv) {
       std::printf(
           " | peak memory %.2f GiB held by Tessera (--dry-run estimate %.2f GiB) | loss %.3f\n",
           cuda::peak_allocated_bytes() / 1073741824.0, est.total_bytes() / 1073741824.0, loss);
+      if (t.micro_batch_size == p.micro_batch && dtype == DType::BF16)
+        std::printf(
+            "%-5s: PyTorch peer on an H100 at this shape: %.0f tokens/s, %.1f%% MFU (%.2fx)\n",
+            p.name, p.peer_tokens_per_s, p.peer_mfu, tokens / sec / p.peer_tokens_per_s);
+      if (breakdown && steps > 0) {
+        // The same number of steps again with a timestamp around each phase; train_step ends with
+        // a synchronize, so collecting after each step waits for nothing more.
+        PhaseTimer& pt = PhaseTimer::global();
+        struct Off {  // on an error: the clock goes before the backend whose stream it uses
+          ~Off() { PhaseTimer::global().discard(); }
+        } off;
+        pt.reset();
+        pt.enable(make_phase_clock(*be));
+        double timed_sec = 0;
+        for (int i = 0; i < steps; ++i) {
+          timed_sec += trainer.train_step().seconds;
+          pt.collect();
+        }
+        pt.disable();
+        const double step_ms = timed_sec * 1e3 / steps;
+        std::printf(
+            "%-5s: time per phase over %d steps with the phase timer on: %.1f ms/step (%.1f "
+            "ms/step without it)\n",
+            p.name, steps, step_ms, sec * 1e3);
+        print_breakdown(pt.totals(), steps, step_ms);
+        pt.reset();
+      }
     } catch (const std::exception& e) {
       std::printf("%-5s: failed: %s\n", p.name, e.what());
     }

@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
 # gpu-run.sh: runs on the lent GPU machine, from the repository root, the archive that
 # scripts/gpu-bundle.sh made here (.gpu/tessera-gpu.tar.xz, carried): the CUDA tests, the
-# simulated-device tests, 10 iterations of gpt2-tiny on --device cuda against --device cpu, and
-# bench_gpu_train. Logs go to $OUT (when set) and standard output.
-# Usage: bash scripts/gpu-run.sh [--no-bench] [--bench-only] [BENCH_ARGS...]
+# simulated-device tests, 10 iterations of gpt2-tiny on --device cuda against --device cpu,
+# bench_attention with PyTorch's figures from bench/attention_peer.py, and bench_gpu_train. Logs go to $OUT (when set) and standard output.
+# Usage: bash scripts/gpu-run.sh [--no-bench] [--bench-only] [--sanitize[=TOOL,...]] [BENCH_ARGS...]
+#
+# --sanitize runs, instead of the tests and the benchmark, the CUDA tests under NVIDIA's
+# compute-sanitizer (found on PATH, in /usr/local/cuda*/, or anywhere by `find`) with
+# --error-exitcode 1: memcheck and initcheck on test_cuda_ops, test_cuda_train and
+# test_cuda_device; racecheck and synccheck on test_cuda_ops (the kernels with shared memory and
+# barriers). --sanitize=initcheck,memcheck runs only those tools (one tool per call where a call
+# has a time limit). Each run logs to
+# $OUT/sanitize-<tool>-<test>.log; one line per run with its ERROR SUMMARY goes to standard output
+# and $OUT/sanitize-summary.txt; the exit status is 1 if any run reported an error or failed.
+# Runs are kept short by gtest filters (the intentional out-of-memory test is left out; the fp16
+# training test too): override with SANITIZE_FILTER_<test>=PATTERN (e.g.
+# SANITIZE_FILTER_test_cuda_train='*'). BENCH_ARGS go to bench_gpu_train as they are, e.g.
+# `124m 10 0 0 bf16 --breakdown` for the per-phase time table (docs/profiling.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 archive=.gpu/tessera-gpu.tar.xz
@@ -35,15 +48,67 @@ for b in "$root"/bin/*; do
 done
 
 status=0
-bench=1 tests=1
+bench=1 tests=1 sanitize=""
 bench_args=()
 for a in "$@"; do
   case $a in
     --no-bench) bench=0 ;;
     --bench-only) tests=0 ;;
+    --sanitize) sanitize="memcheck,initcheck,racecheck,synccheck" ;;
+    --sanitize=*) sanitize=${a#--sanitize=} ;;
     *) bench_args+=("$a") ;;
   esac
 done
+
+if [ -n "$sanitize" ]; then
+  cs=$(command -v compute-sanitizer || true)
+  for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer \
+           /usr/local/cuda*/compute-sanitizer/compute-sanitizer; do
+    [ -z "$cs" ] && [ -x "$c" ] && cs=$c
+  done
+  [ -n "$cs" ] || cs=$(find / -name compute-sanitizer -type f -perm -u+x -not -path '/proc/*' \
+                        -not -path "$root/*" 2>/dev/null | head -1)
+  [ -n "$cs" ] || { echo "gpu-run.sh: error: compute-sanitizer not found (PATH, /usr/local/cuda*/, find /)" >&2; exit 2; }
+  echo "== compute-sanitizer: $cs ($("$cs" --version 2>/dev/null | grep -m1 -i version)) =="
+  # Per tool: the tests it runs, and its options.
+  declare -A tool_tests=([memcheck]="test_cuda_ops test_cuda_train test_cuda_device"
+                         [initcheck]="test_cuda_ops test_cuda_train test_cuda_device"
+                         [racecheck]="test_cuda_ops" [synccheck]="test_cuda_ops")
+  declare -A tool_opts=([memcheck]="" [initcheck]="--nvtx yes" [racecheck]="--racecheck-report all"
+                        [synccheck]="")
+  default_filter() {
+    case $1 in
+      test_cuda_train) echo "CudaTrain.F32StepsMatchTheCpu:CudaTrain.Bf16TracksTheCpuAndF32" ;;
+      test_cuda_device) echo "-CudaDevice.OutOfMemoryNamesTheRequest" ;;  # fails a cudaMalloc on purpose
+      # The training-shape cases (T 2048, CPU reference included) take minutes under a tool; the
+      # small attention cases run the same tensor-core kernels.
+      test_cuda_ops) echo "-*TrainingShape*" ;;
+      *) echo "*" ;;
+    esac
+  }
+  for tool in ${sanitize//,/ }; do
+    [ -n "${tool_tests[$tool]:-}" ] || { echo "gpu-run.sh: error: --sanitize: unknown tool '$tool' (allowed: memcheck, initcheck, racecheck, synccheck)" >&2; exit 2; }
+  done
+  : > "$out/sanitize-summary.txt"
+  for tool in ${sanitize//,/ }; do
+    for t in ${tool_tests[$tool]}; do
+      var=SANITIZE_FILTER_$t
+      filter=${!var:-$(default_filter "$t")}
+      log="$out/sanitize-$tool-$t.log"
+      echo "== compute-sanitizer --tool $tool $t --gtest_filter=$filter =="
+      # shellcheck disable=SC2086
+      "$cs" --tool "$tool" --error-exitcode 1 --print-limit 200 ${tool_opts[$tool]} \
+        "$root/bin/$t" --gtest_brief=1 --gtest_filter="$filter" > "$log" 2>&1
+      rc=$?
+      summary=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1 | sed 's/^=* *//')
+      tests_line=$(grep -E '^\[  (PASSED|FAILED) +\]' "$log" | head -2 | tr '\n' ' ')
+      line="sanitize $tool $t: ${summary:-no summary (see $log)} | rc $rc | ${tests_line:-no gtest result}"
+      echo "$line" | tee -a "$out/sanitize-summary.txt"
+      [ $rc -eq 0 ] || { status=1; grep -m 20 -E '^=+ +(Uninitialized|Invalid|Race|Barrier|Error|Program hit|.*hazard)' "$log"; }
+    done
+  done
+  exit $status
+fi
 if [ $tests -eq 1 ]; then
   for t in test_cuda_device test_cuda_ops test_cuda_train test_device_staging; do
     echo "== $t =="
@@ -61,6 +126,9 @@ if [ $tests -eq 1 ]; then
   fi
 fi
 if [ $bench -eq 1 ]; then
+  echo "== bench_attention (Tessera) and bench/attention_peer.py (PyTorch SDPA, same GPU) =="
+  "$root/bin/bench_attention" 2>&1 | tee "$out/bench-attention.log" || status=1
+  python3 bench/attention_peer.py 2>&1 | tee "$out/bench-attention-peer.log"
   echo "== bench_gpu_train ${bench_args[*]:-all 10} =="
   "$root/bin/bench_gpu_train" "${bench_args[@]:-all}" 2>&1 | tee "$out/bench.log" || status=1
 fi

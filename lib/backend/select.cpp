@@ -8,6 +8,7 @@
 #ifdef TESSERA_HAVE_CUDA
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/device.hpp"
+#include "backend/cuda/phase_events.hpp"
 #endif
 
 namespace tessera {
@@ -98,6 +99,14 @@ std::string backend_description(Backend& be) {
   if (be.device() == Device::CUDA) return cuda::device_description(cuda::current_device());
 #endif
   return be.name();
+}
+
+std::unique_ptr<PhaseClock> make_phase_clock(Backend& be) {
+#ifdef TESSERA_HAVE_CUDA
+  if (be.device() == Device::CUDA && be.stream() != nullptr)
+    return cuda::make_event_clock(be.stream());
+#endif
+  return std::make_unique<ChronoPhaseClock>([&be] { be.synchronize(); });
 }
 
 }  // namespace tessera

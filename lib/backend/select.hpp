@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/phase_timer.hpp"
 
 namespace tessera {
 
@@ -36,5 +37,9 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank,
 
 // "NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90" for the current GPU, "cpu" on the CPU backend.
 std::string backend_description(Backend& be);
+
+// The clock that times phases of `be`'s work (core/phase_timer.hpp): CUDA events on its stream
+// for the CUDA backend, else the host clock after be.synchronize(). `be` must outlive it.
+std::unique_ptr<PhaseClock> make_phase_clock(Backend& be);
 
 }  // namespace tessera

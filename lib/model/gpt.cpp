@@ -2,6 +2,7 @@
 #include "model/gpt.hpp"
 
 #include "core/nvtx.hpp"
+#include "core/phase_timer.hpp"
 
 namespace tessera {
 
@@ -60,10 +61,13 @@ void GPTModel::init_parameters(uint64_t seed) {
 }
 
 void GPTModel::sync_compute_weights() {
-  if (compute_ != DType::F32) be_.cast(params_->flat_compute(), params_->flat_params());
+  if (compute_ == DType::F32) return;
+  TESSERA_PHASE("weights-cast");
+  be_.cast(params_->flat_compute(), params_->flat_params());
 }
 
 void GPTModel::zero_grads() {
+  TESSERA_PHASE("zero-grads");
   be_.zero(params_->flat_grads());
 }
 
@@ -151,8 +155,11 @@ Tensor& GPTModel::stage_output(Activations& a) {
 // ---------------------------------------------------------------------------------------------
 // forward
 
+// Phases (core/phase_timer.hpp, docs/profiling.md): one per op kind, each also an NVTX range. The
+// TP collectives inside a layer are a phase of their own ("tp-all-reduce") where TP > 1.
+
 void GPTModel::embed_forward(Activations& a) {
-  NVTX_RANGE("embedding-forward");
+  TESSERA_PHASE("embedding-forward");
   TESSERA_CHECK(shard_.has_embedding, "embed_forward on a stage without the embedding");
   Tensor x = a.input.reshape({int64_t(a.B) * a.T, cfg_.hidden_size});
   be_.embedding_forward(x, a.ids, params_->compute_param("wte"), vocab_begin_);
@@ -167,18 +174,33 @@ void GPTModel::block_forward(int l, Activations& a) {
   const Tensor& x = layer_input(l, a);
   const double eps = cfg_.layernorm_epsilon;
   const bool bias_here = shard_.tp_rank == 0;  // row-parallel bias: added once across the group
+  PhaseSequence phase;
+  phase("layernorm-forward");
   be_.layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, w.ln1_w, w.ln1_b, eps);
+  phase("qkv-gemm-forward");
   be_.matmul_forward(la.qkv, la.ln1, w.qkv_w, &w.qkv_b);
+  phase("attention-core-forward");
   be_.attention_forward(la.att, la.lse, la.qkv, heads_local_);
+  phase("proj-gemm-forward");
   be_.matmul_forward(a.tmp_c, la.att, w.proj_w, bias_here ? &w.proj_b : nullptr);
-  tp_.all_reduce(a.tmp_c, ReduceOp::Sum);
+  tp_reduce(phase, a.tmp_c);
+  phase("layernorm-forward");  // fused with the residual add
   be_.add_layernorm_forward(la.res1, la.ln2, la.ln2_mean, la.ln2_rstd, x, a.tmp_c, w.ln2_w, w.ln2_b,
                             eps);
+  phase("fc1-gemm-forward");
   be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, &w.fc1_b);
+  phase("gelu-forward");
   be_.gelu_forward(la.gelu, la.fc1);
+  phase("fc2-gemm-forward");
   be_.matmul_forward(a.tmp_c, la.gelu, w.fc2_w, bias_here ? &w.fc2_b : nullptr);
-  tp_.all_reduce(a.tmp_c, ReduceOp::Sum);
+  tp_reduce(phase, a.tmp_c);
+  phase("residual-add");
   be_.add(la.res2, la.res1, a.tmp_c);
+}
+
+void GPTModel::tp_reduce(PhaseSequence& phase, Tensor& t) {
+  if (tp_.size() > 1) phase("tp-all-reduce");  // TP 1: a no-op, no phase
+  tp_.all_reduce(t, ReduceOp::Sum);
 }
 
 double GPTModel::head_forward(Activations& a, float grad_scale) {
@@ -196,9 +218,13 @@ void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out
   NVTX_RANGE("head-forward-loss");
   TESSERA_CHECK(shard_.has_head, "head_forward on a stage without the output layer");
   const Tensor& h = stage_output(a);
+  PhaseSequence phase;
+  phase("layernorm-forward");
   be_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, h, params_->compute_param("lnf.weight"),
                         params_->compute_param("lnf.bias"), cfg_.layernorm_epsilon);
+  phase("lm-head-gemm-forward");
   be_.matmul_forward(a.logits, a.lnf, params_->compute_param("wte"), nullptr);
+  phase("cross-entropy");  // with its TP all-reduces of the row statistics
   be_.xent_row_max(a.rowmax, a.logits, valid_cols_);
   tp_.all_reduce(a.rowmax, ReduceOp::Max);
   be_.xent_row_sums(a.sumexp, a.target_logit, a.logits, a.rowmax, a.targets, valid_cols_,
@@ -223,8 +249,11 @@ void GPTModel::head_backward(Activations& a) {
   NVTX_RANGE("head-backward");
   // logits now hold dlogits. dlnf = dlogits * wte is a partial sum over vocabulary shards.
   Tensor dwte = params_->grad("wte");
+  PhaseSequence phase;
+  phase("lm-head-gemm-backward");
   be_.matmul_backward(&a.dln, dwte, nullptr, a.logits, a.lnf, params_->compute_param("wte"));
-  tp_.all_reduce(a.dln, ReduceOp::Sum);
+  tp_reduce(phase, a.dln);
+  phase("layernorm-backward");
   be_.zero(a.dres);
   Tensor dlnf_w = params_->grad("lnf.weight"), dlnf_b = params_->grad("lnf.bias");
   be_.layernorm_backward(a.dres, dlnf_w, dlnf_b, a.dln, stage_output(a),
@@ -237,23 +266,32 @@ void GPTModel::block_backward(int l, Activations& a) {
   LayerWeights& g = grads_[l - shard_.layer_begin];
   LayerActivations& la = acts_of(l, a);
   const Tensor& x = layer_input(l, a);
+  PhaseSequence phase;
   // MLP: res2 = res1 + fc2(gelu(fc1(ln2(res1)))); dres holds d res2 and becomes d res1.
+  phase("fc2-gemm-backward");
   be_.matmul_backward(&a.dfc, g.fc2_w, &g.fc2_b, a.dres, la.gelu, w.fc2_w);
+  phase("gelu-backward");
   be_.gelu_backward(a.dfc, la.fc1, a.dfc);
+  phase("fc1-gemm-backward");
   be_.matmul_backward(&a.dln, g.fc1_w, &g.fc1_b, a.dfc, la.ln2, w.fc1_w);
-  tp_.all_reduce(a.dln, ReduceOp::Sum);  // column-parallel input gradient
+  tp_reduce(phase, a.dln);  // column-parallel input gradient
+  phase("layernorm-backward");
   be_.layernorm_backward(a.dres, g.ln2_w, g.ln2_b, a.dln, la.res1, w.ln2_w, la.ln2_mean,
                          la.ln2_rstd);
   // Attention: res1 = x + proj(attn(qkv(ln1(x)))); dres becomes d x.
+  phase("proj-gemm-backward");
   be_.matmul_backward(&a.datt, g.proj_w, &g.proj_b, a.dres, la.att, w.proj_w);
+  phase("attention-core-backward");
   be_.attention_backward(a.dqkv, a.datt, la.qkv, la.att, la.lse, heads_local_);
+  phase("qkv-gemm-backward");
   be_.matmul_backward(&a.dln, g.qkv_w, &g.qkv_b, a.dqkv, la.ln1, w.qkv_w);
-  tp_.all_reduce(a.dln, ReduceOp::Sum);
+  tp_reduce(phase, a.dln);
+  phase("layernorm-backward");
   be_.layernorm_backward(a.dres, g.ln1_w, g.ln1_b, a.dln, x, w.ln1_w, la.ln1_mean, la.ln1_rstd);
 }
 
 void GPTModel::embed_backward(Activations& a) {
-  NVTX_RANGE("embedding-backward");
+  TESSERA_PHASE("embedding-backward");
   Tensor dwte = params_->grad("wte"), dwpe = params_->grad("wpe");
   const Tensor d = a.dres.reshape({int64_t(a.B) * a.T, cfg_.hidden_size});
   be_.embedding_backward(dwte, d, a.ids, vocab_begin_);

@@ -16,6 +16,8 @@
 
 namespace tessera {
 
+class PhaseSequence;  // core/phase_timer.hpp
+
 // Saved activations of one transformer layer for one micro-batch. N = B*T tokens; Cl, Fl, Hl are
 // this rank's shares of the hidden width, ffn width and heads.
 struct LayerActivations {
@@ -116,6 +118,8 @@ class GPTModel {
 
  private:
   const Tensor& layer_input(int layer, const Activations& a) const;
+  // A TP all-reduce inside a layer: phase "tp-all-reduce" where TP > 1.
+  void tp_reduce(PhaseSequence& phase, Tensor& t);
   LayerActivations& acts_of(int layer, Activations& a) const;
 
   GPTConfig cfg_;

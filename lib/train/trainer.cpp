@@ -11,6 +11,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "core/logging.hpp"
 #include "core/nvtx.hpp"
+#include "core/phase_timer.hpp"
 #include "core/timer.hpp"
 #include "train/watchdog.hpp"
 
@@ -122,6 +123,7 @@ int64_t Trainer::first_sample(int64_t consumed) const {
 }
 
 void Trainer::load_batch(StepStats& st) {
+  TESSERA_PHASE("data-wait");
   const int64_t G = cfg_.global_batch(ctx_.dp_size);
   prefetch_->fetch(first_sample(consumed_samples_), batch_.data(),
                    first_sample(consumed_samples_ + G));
@@ -133,8 +135,13 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
   const int64_t S = T + 1;
   NVTX_RANGE("forward");
   const int slot = static_cast<int>(&a - slots_.data());
-  if (sends_[slot]) sends_[slot]->wait();  // the slot's buffers may still be on their way out
+  PhaseSequence phase;
+  if (sends_[slot]) {
+    phase("pipeline-p2p");
+    sends_[slot]->wait();  // the slot's buffers may still be on their way out
+  }
   // Inputs and targets of the micro-batch, staged on the host and copied to the backend.
+  phase("batch-to-device");
   host_ids_.resize(static_cast<size_t>(B) * T);
   host_targets_.resize(static_cast<size_t>(B) * T);
   for (int b = 0; b < B; ++b) {
@@ -144,9 +151,11 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
   }
   if (ctx_.first_stage()) be_.copy_from_host(a.ids, host_ids_.data());
   if (ctx_.last_stage()) be_.copy_from_host(a.targets, host_targets_.data());
+  phase.close();
   if (ctx_.first_stage()) {
     model_->embed_forward(a);
   } else {
+    TESSERA_PHASE("pipeline-p2p");
     Timer w;
     ctx_.pp->recv(a.input, ctx_.pp_rank - 1, kTagForward);
     st.pipeline_wait_seconds += w.seconds();
@@ -157,6 +166,7 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
     Tensor out = micro_losses_.view(int64_t(micro) * B * T, {int64_t(B) * T});
     model_->head_forward(a, grad_scale, out);  // summed once per step, in sum_micro_losses
   } else {
+    TESSERA_PHASE("pipeline-p2p");
     const Tensor& out = model_->stage_output(a);
     sends_[slot] = ctx_.pp->send_async(out, ctx_.pp_rank + 1, kTagForward);
     st.p2p_bytes += out.nbytes();
@@ -168,12 +178,14 @@ void Trainer::backward_micro(int micro, Activations& a, StepStats& st) {
   const int slot = static_cast<int>(&a - slots_.data());
   if (micro == num_micro_batches() - 1) reducer_->begin();  // last micro-batch: grads finish now
   if (!ctx_.last_stage()) {
+    TESSERA_PHASE("pipeline-p2p");
     Timer w;
     ctx_.pp_backward()->recv(a.dres, ctx_.pp_rank + 1, kTagBackward);
     st.pipeline_wait_seconds += w.seconds();
   }
   model_->backward(a);
   if (!ctx_.first_stage()) {
+    TESSERA_PHASE("pipeline-p2p");
     if (sends_[slot]) sends_[slot]->wait();
     sends_[slot] = ctx_.pp_backward()->send_async(a.dres, ctx_.pp_rank - 1, kTagBackward);
     st.p2p_bytes += a.dres.nbytes();
@@ -184,7 +196,7 @@ double Trainer::grad_norm_squared() {
   // Each parameter counted once across the grid: TP-replicated ones on tp rank 0 only, the tied
   // embedding copy of the last stage not at all (the first stage counts it); then summed over the
   // model-parallel group. After the DP reduction all DP replicas hold the same gradients.
-  NVTX_RANGE("grad-norm");
+  TESSERA_PHASE("grad-norm");
   if (norm_grads_.empty()) {
     const bool tied_copy = ctx_.pp_size > 1 && !ctx_.first_stage();
     for (const ParamSpec& s : model_->params().specs()) {
@@ -222,14 +234,19 @@ void Trainer::run_micro_batches(bool with_backward, float grad_scale, StepStats&
     for (int m = 0; m < num_micro_batches(); ++m)
       forward_micro(m, slots_[m % slots_.size()], grad_scale, st);
   }
-  for (auto& s : sends_)
-    if (s) s->wait();
+  {
+    PhaseSequence phase;
+    if (ctx_.pp_size > 1) phase("pipeline-p2p");  // the last sends of the step
+    for (auto& s : sends_)
+      if (s) s->wait();
+  }
   if (ctx_.last_stage()) sum_micro_losses();
 }
 
 void Trainer::sum_micro_losses() {
   // One device round trip per step; summed in double, micro-batch by micro-batch, token by token
   // (the order a host-side sum per micro-batch would take).
+  TESSERA_PHASE("loss-readback");
   host_losses_.resize(static_cast<size_t>(micro_losses_.numel()));
   be_.copy_to_host(host_losses_.data(), micro_losses_);
   const size_t per = host_losses_.size() / static_cast<size_t>(num_micro_batches());
@@ -283,11 +300,11 @@ StepStats Trainer::train_step() {
   run_micro_batches(true, grad_scale, st);
   Timer dp_wait;
   {
-    NVTX_RANGE("dp-grad-reduce-wait");
+    TESSERA_PHASE("dp-grad-reduce-wait");
     reducer_->finish();
   }
   if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage())) {
-    NVTX_RANGE("embedding-grad-allreduce");
+    TESSERA_PHASE("embedding-grad-allreduce");
     Tensor dwte = model_->params().grad("wte");
     ctx_.embedding->all_reduce(dwte, ReduceOp::Sum);  // the tied embedding's two halves
   }
@@ -313,19 +330,27 @@ StepStats Trainer::train_step() {
     }
   }
   st.grad_norm = std::sqrt(norm2) / loss_scale;
-  if (loss_scale != 1.0)
+  if (loss_scale != 1.0) {
+    TESSERA_PHASE("grad-clip");  // unscaling (fp16) is the same kind of pass
     be_.scale(model_->params().flat_grads(), static_cast<float>(1.0 / loss_scale));
+  }
   if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
     throw Error(detail::concat(
         "iteration ", st.iteration, ": loss is ", st.loss, " and grad norm is ", st.grad_norm,
         "; training stopped (lower --lr, raise --lr-warmup-iters or set --clip-grad)"));
   {
     NVTX_RANGE("optimizer");
-    clip_grads(model_->params(), be_, st.grad_norm, cfg_.clip_grad);
+    {
+      TESSERA_PHASE("grad-clip");
+      clip_grads(model_->params(), be_, st.grad_norm, cfg_.clip_grad);
+    }
     // The schedule counts updates (Megatron: skipped fp16 steps do not advance it).
     st.lr = schedule_.lr(optimizer_->steps_taken() + 1);
-    optimizer_->step(st.lr);
-    model_->sync_compute_weights();
+    {
+      TESSERA_PHASE("optimizer-step");
+      optimizer_->step(st.lr);
+    }
+    model_->sync_compute_weights();  // phase "weights-cast" (mixed precision)
   }
   iteration_ = st.iteration;
   consumed_samples_ += cfg_.global_batch(ctx_.dp_size);

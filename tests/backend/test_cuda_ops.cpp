@@ -139,6 +139,27 @@ TEST_P(CudaOpsDtype, MatmulForwardBackward) {
   expect_close(dbd, db, d() == DType::F32 ? 1e-5 : 1e-4, "dbias (f32)");
 }
 
+// A training shape (GPT-2's QKV projection over 2048 tokens), aligned: in bf16 and f16 the
+// forward takes the cuBLASLt bias epilogue; again with bias and weight views 8 bytes off alignment,
+// which take the bias-fill + GEMM path. Both must match the CPU.
+TEST_P(CudaOpsDtype, MatmulBiasAtTrainingShape) {
+  const int64_t N = 2048, IC = 768, OC = 2304;
+  Tensor x = rnd({N, IC}), w = rnd({OC, IC}, 0.05f), b = rnd({OC});
+  Tensor y({N, OC}, d());
+  cpu_->matmul_forward(y, x, w, &b);
+  Tensor yd = poisoned({N, OC}, d()), xd = dev(x), wd = dev(w), bd = dev(b);
+  gpu_->matmul_forward(yd, xd, wd, &bd);
+  expect_close(yd, y, tol(1e-5), "matmul out (aligned)");
+  Tensor wb = rnd({OC * IC + OC + 8}, 0.05f);  // weight and bias views at element offset 4
+  Tensor wv = wb.view(4, {OC, IC}), bv = wb.view(4 + OC * IC, {OC});
+  Tensor y2({N, OC}, d());
+  cpu_->matmul_forward(y2, x, wv, &bv);
+  Tensor wbd = dev(wb), y2d = poisoned({N, OC}, d());
+  Tensor wvd = wbd.view(4, {OC, IC}), bvd = wbd.view(4 + OC * IC, {OC});
+  gpu_->matmul_forward(y2d, xd, wvd, &bvd);
+  expect_close(y2d, y2, tol(1e-5), "matmul out (misaligned views)");
+}
+
 TEST_P(CudaOpsDtype, LayerNormGeluAdd) {
   const int64_t N = 23, C = 77;
   Tensor x = rnd({N, C}), w = rnd({C}), b = rnd({C}), dy = rnd({N, C});
@@ -207,6 +228,53 @@ TEST_P(CudaOpsDtype, AttentionForwardBackward) {
     gpu_->attention_backward(dqd, dd, qd, od2, ld2, H);
     expect_close(dqd, dqkv, tol(1e-4), "attention dqkv");
   }
+}
+
+// Training shapes: the tensor-core kernels in bf16 and f16 (and the scalar ones in f32) at
+// T 1024 and 2048, head dims 64 and 128, batch > 1, fresh random inputs and poisoned outputs.
+// Tolerances as above, relative to the largest reference value (bf16 2e-2, f16 4e-3).
+TEST_P(CudaOpsDtype, AttentionAtTrainingShapes) {
+  struct Case {
+    int64_t B, T, H, hd;
+  };
+  for (const Case c : {Case{2, 1024, 4, 64}, Case{2, 2048, 2, 128}}) {
+    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " +
+                 std::to_string(c.H) + " hd " + std::to_string(c.hd));
+    const int64_t B = c.B, T = c.T, H = c.H, hd = c.hd;
+    Tensor qkv = rnd({B, T, 3 * H * hd}), dout = rnd({B, T, H * hd});
+    Tensor out({B, T, H * hd}, d()), lse({B, H, T}), dqkv({B, T, 3 * H * hd}, d());
+    cpu_->attention_forward(out, lse, qkv, H);
+    cpu_->attention_backward(dqkv, dout, qkv, out, lse, H);
+    Tensor qd = dev(qkv), od = poisoned({B, T, H * hd}, d()), ld = poisoned({B, H, T}),
+           dd = dev(dout), dqd = poisoned({B, T, 3 * H * hd}, d());
+    gpu_->attention_forward(od, ld, qd, H);
+    expect_close(od, out, tol(1e-5), "attention out");
+    expect_close(ld, lse, d() == DType::F32 ? 1e-5 : 1e-3, "attention lse (f32)");
+    // As in training: the backward from the GPU's own forward outputs.
+    gpu_->attention_backward(dqd, dd, qd, od, ld, H);
+    expect_close(dqd, dqkv, tol(1e-4), "attention dqkv");
+  }
+}
+
+// The embedding backward at a training shape (GPT-2's C, 8192 tokens, a vocabulary shard, many
+// repeats, ids of other shards): bitwise equal to the CPU, which adds each row's tokens in the same
+// order; a misaligned view of the gradient takes the scalar-load path.
+TEST_P(CudaOpsDtype, EmbeddingBackwardAtTrainingShape) {
+  const int64_t N = 8192, C = 768, V = 25000, begin = 12000;
+  Tensor id = ids({N}, 50257), dy = rnd({N, C});
+  for (int64_t i = 0; i < N; i += 7) id.i32()[i] = 13000;  // a very frequent token
+  Tensor dt = rand({V, C}), dtd = dev(dt), idd = dev(id), dyd = dev(dy);
+  cpu_->embedding_backward(dt, dy, id, begin);
+  gpu_->embedding_backward(dtd, dyd, idd, begin);
+  const Tensor got = host(dtd);
+  EXPECT_EQ(std::memcmp(got.raw(), dt.raw(), dt.nbytes()), 0) << "embedding backward, 16-byte path";
+  Tensor big = rand({V * C + 1}), bigd = dev(big);
+  Tensor view = big.view(1, {V, C}), viewd = bigd.view(1, {V, C});
+  cpu_->embedding_backward(view, dy, id, begin);
+  gpu_->embedding_backward(viewd, dyd, idd, begin);
+  const Tensor got2 = host(bigd);
+  EXPECT_EQ(std::memcmp(got2.raw(), big.raw(), big.nbytes()), 0)
+      << "embedding backward, scalar path";
 }
 
 TEST_P(CudaOpsDtype, EmbeddingsAndCrossEntropy) {

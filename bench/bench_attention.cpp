@@ -1,0 +1,108 @@
+// bench_attention: causal attention forward and backward on one GPU through the CUDA backend (the
+// kernels training uses), at the issue's two anchor shapes, printing ms and TFLOP/s next to the
+// figures PyTorch's scaled_dot_product_attention reached on an H100 (bench/attention_peer.py
+// measures those in the same run where PyTorch is installed).
+//
+// FLOPs (FlashAttention's convention for causal attention): forward 4*B*H*T^2*D / 2, backward
+// 2.5 times the forward.
+//
+// Usage: bench_attention [reps=20] [dtype=bf16|fp16] [B H T D ...: more shapes]
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "core/timer.hpp"
+
+#ifdef TESSERA_HAVE_CUDA
+#include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda/device.hpp"
+#endif
+
+using namespace tessera;
+
+namespace {
+
+struct Case {
+  int64_t B, H, T, D;
+  double fa2_fwd, fa2_bwd, cudnn_fwd, cudnn_bwd;  // TFLOP/s on an H100 (issue 12); 0 = none
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
+  const std::string dtype_arg = argc > 2 ? argv[2] : "bf16";
+  std::vector<Case> cases = {{16, 12, 1024, 64, 159, 112, 225, 147},
+                             {8, 16, 2048, 128, 260, 184, 450, 352}};
+  if (argc > 3) {
+    cases.clear();
+    for (int i = 3; i + 3 < argc; i += 4)
+      cases.push_back({std::atoll(argv[i]), std::atoll(argv[i + 1]), std::atoll(argv[i + 2]),
+                       std::atoll(argv[i + 3]), 0, 0, 0, 0});
+  }
+#ifndef TESSERA_HAVE_CUDA
+  (void)reps;
+  std::fprintf(stderr, "bench_attention: this build has no CUDA backend\n");
+  return 2;
+#else
+  if (cuda::device_count() == 0) {
+    std::fprintf(stderr, "bench_attention: no CUDA device is visible; run it on the GPU machine\n");
+    return 2;
+  }
+  DType dtype;
+  try {
+    dtype = dtype_from_name(dtype_arg);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_attention: %s\n", e.what());
+    return 2;
+  }
+  cuda::set_device(0);
+  std::printf("bench_attention: %s, %s, causal, %d repetitions%s\n",
+              cuda::device_description(0).c_str(), dtype_name(dtype), reps,
+              std::getenv("TESSERA_ATTENTION") ? " (TESSERA_ATTENTION set)" : "");
+  auto be = make_cuda_backend();
+  std::mt19937 gen(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const Case& c : cases) {
+    const int64_t C = c.H * c.D;
+    auto device_random = [&](Shape s) {
+      Tensor h(s);
+      for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] = nd(gen);
+      Tensor f(s, DType::F32, be->allocator()), d(s, dtype, be->allocator());
+      be->copy_from_host(f, h.raw());
+      be->cast(d, f);
+      return d;
+    };
+    Tensor qkv = device_random({c.B, c.T, 3 * C});
+    Tensor dout = device_random({c.B, c.T, C});
+    Tensor out({c.B, c.T, C}, dtype, be->allocator());
+    Tensor lse({c.B, c.H, c.T}, DType::F32, be->allocator());
+    Tensor dqkv({c.B, c.T, 3 * C}, dtype, be->allocator());
+    be->attention_forward(out, lse, qkv, c.H);  // warm-up (and shared-memory attributes)
+    be->attention_backward(dqkv, dout, qkv, out, lse, c.H);
+    be->synchronize();
+    Timer tf;
+    for (int i = 0; i < reps; ++i) be->attention_forward(out, lse, qkv, c.H);
+    be->synchronize();
+    const double fwd = tf.seconds() / reps;
+    Timer tb;
+    for (int i = 0; i < reps; ++i) be->attention_backward(dqkv, dout, qkv, out, lse, c.H);
+    be->synchronize();
+    const double bwd = tb.seconds() / reps;
+    const double flops = 4.0 * c.B * c.H * double(c.T) * c.T * c.D / 2;
+    std::printf(
+        "B%lld H%lld T%lld D%lld: forward %.3f ms %.1f TFLOP/s | backward %.3f ms %.1f "
+        "TFLOP/s",
+        (long long)c.B, (long long)c.H, (long long)c.T, (long long)c.D, fwd * 1e3,
+        flops / fwd / 1e12, bwd * 1e3, 2.5 * flops / bwd / 1e12);
+    if (c.fa2_fwd > 0)
+      std::printf(" | H100 PyTorch SDPA flash %.0f / %.0f, cuDNN %.0f / %.0f TFLOP/s", c.fa2_fwd,
+                  c.fa2_bwd, c.cudnn_fwd, c.cudnn_bwd);
+    std::printf("\n");
+  }
+  return 0;
+#endif
+}

@@ -1,0 +1,357 @@
+// attention.cu: fused causal self-attention. bf16 and f16 at head dims 64 and 128 (every GPT
+// config we ship) go to the tensor-core FlashAttention-2 kernels of flash_attention_tc.cuh; the
+// rest, and f32 always (the exact reference path), to the scalar kernels of this file, tiled in
+// the manner of FlashAttention (Dao et al.): the T x T matrix is never stored. One thread owns one
+// query row (forward, dq) or one key row (dk, dv) and keeps it in registers; the other side streams
+// through shared memory in tiles of kTile rows, with an online softmax. Head dimensions 32, 64 and
+// 128 are compiled; others take the one-thread-per-row kernels below, which read the tiles straight
+// from global memory. The forward keeps the log-sum-exp of every row for the backward. The CPU
+// reference is backend/cpu/attention.hpp.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/flash_attention_tc.hpp"
+#include "backend/cuda/ops.hpp"
+
+namespace tessera::cuda_ops {
+
+namespace {
+
+constexpr int kRows = 64;  // query (or key) rows per block
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+constexpr int kTile = 32;  // rows of the streamed side per shared-memory tile
+
+// Keys and values of rows [k0, k0 + kTile) of head h into shared memory, zeros past the end.
+template <typename T, int HD>
+__device__ void load_kv_tile(float (*Ks)[HD], float (*Vs)[HD], const T* qkv, int64_t b, int64_t h,
+                             int64_t k0, int64_t Tn, int64_t C) {
+  for (int i = threadIdx.x; i < kTile * HD; i += blockDim.x) {
+    const int r = i / HD, d = i % HD;
+    const int64_t s = k0 + r;
+    const bool in = s < Tn;
+    Ks[r][d] = in ? ld(qkv[(b * Tn + s) * 3 * C + C + h * HD + d]) : 0.f;
+    Vs[r][d] = in ? ld(qkv[(b * Tn + s) * 3 * C + 2 * C + h * HD + d]) : 0.f;
+  }
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kRows)
+    flash_forward_kernel(T* out, float* lse, const T* qkv, int64_t Tn, int64_t H) {
+  __shared__ float Ks[kTile][HD], Vs[kTile][HD];
+  const int64_t b = blockIdx.y / H, h = blockIdx.y % H, C = H * HD, C3 = 3 * C;
+  const int64_t t = int64_t(blockIdx.x) * kRows + threadIdx.x;
+  const bool active = t < Tn;
+  const float scale = rsqrtf(static_cast<float>(HD));
+  float q[HD], o[HD];
+#pragma unroll
+  for (int d = 0; d < HD; ++d) {
+    q[d] = active ? ld(qkv[(b * Tn + t) * C3 + h * HD + d]) * scale : 0.f;
+    o[d] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  const int64_t last = imin(Tn - 1, int64_t(blockIdx.x) * kRows + kRows - 1);
+  for (int64_t k0 = 0; k0 <= last; k0 += kTile) {
+    load_kv_tile<T, HD>(Ks, Vs, qkv, b, h, k0, Tn, C);
+    __syncthreads();
+    const int64_t n = active ? imin(kTile, t - k0 + 1) : 0;  // causal: keys s <= t
+    if (n > 0) {
+      float sc[kTile];
+      float tmax = -INFINITY;
+#pragma unroll
+      for (int r = 0; r < kTile; ++r) {
+        float dot = 0.f;
+        if (r < n) {
+#pragma unroll
+          for (int d = 0; d < HD; ++d) dot += q[d] * Ks[r][d];
+          tmax = fmaxf(tmax, dot);
+        }
+        sc[r] = dot;
+      }
+      const float mn = fmaxf(m, tmax), corr = expf(m - mn);
+      l *= corr;
+#pragma unroll
+      for (int d = 0; d < HD; ++d) o[d] *= corr;
+#pragma unroll
+      for (int r = 0; r < kTile; ++r) {
+        if (r < n) {
+          const float p = expf(sc[r] - mn);
+          l += p;
+#pragma unroll
+          for (int d = 0; d < HD; ++d) o[d] += p * Vs[r][d];
+        }
+      }
+      m = mn;
+    }
+    __syncthreads();
+  }
+  if (!active) return;
+  const float inv = 1.f / l;
+#pragma unroll
+  for (int d = 0; d < HD; ++d) out[(b * Tn + t) * C + h * HD + d] = to<T>(o[d] * inv);
+  lse[(b * H + h) * Tn + t] = m + logf(l);
+}
+
+// D[b,h,t] = dout[t] . out[t] (the softmax backward's row term).
+template <typename T>
+__global__ void attention_rowdot_kernel(float* D, const T* dout, const T* out, int64_t B,
+                                        int64_t Tn, int64_t H, int64_t hd) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= B * H * Tn) return;
+  const int64_t t = i % Tn, h = (i / Tn) % H, b = i / (Tn * H);
+  const int64_t C = H * hd;
+  float s = 0.f;
+  for (int64_t d = 0; d < hd; ++d)
+    s += ld(dout[(b * Tn + t) * C + h * hd + d]) * ld(out[(b * Tn + t) * C + h * hd + d]);
+  D[i] = s;
+}
+
+// dq for the query rows of this block, streaming keys and values.
+template <typename T, int HD>
+__global__ void __launch_bounds__(kRows)
+    flash_backward_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D,
+                             int64_t Tn, int64_t H) {
+  __shared__ float Ks[kTile][HD], Vs[kTile][HD];
+  const int64_t b = blockIdx.y / H, h = blockIdx.y % H, C = H * HD, C3 = 3 * C;
+  const int64_t t = int64_t(blockIdx.x) * kRows + threadIdx.x;
+  const bool active = t < Tn;
+  const float scale = rsqrtf(static_cast<float>(HD));
+  float q[HD], g[HD], dq[HD];
+#pragma unroll
+  for (int d = 0; d < HD; ++d) {
+    q[d] = active ? ld(qkv[(b * Tn + t) * C3 + h * HD + d]) * scale : 0.f;
+    g[d] = active ? ld(dout[(b * Tn + t) * C + h * HD + d]) : 0.f;
+    dq[d] = 0.f;
+  }
+  const float L = active ? lse[(b * H + h) * Tn + t] : 0.f;
+  const float Dt = active ? D[(b * H + h) * Tn + t] : 0.f;
+  const int64_t last = imin(Tn - 1, int64_t(blockIdx.x) * kRows + kRows - 1);
+  for (int64_t k0 = 0; k0 <= last; k0 += kTile) {
+    load_kv_tile<T, HD>(Ks, Vs, qkv, b, h, k0, Tn, C);
+    __syncthreads();
+    const int64_t n = active ? imin(kTile, t - k0 + 1) : 0;
+    for (int r = 0; r < n; ++r) {
+      float qk = 0.f, dp = 0.f;
+#pragma unroll
+      for (int d = 0; d < HD; ++d) {
+        qk += q[d] * Ks[r][d];
+        dp += g[d] * Vs[r][d];
+      }
+      const float ds = expf(qk - L) * (dp - Dt) * scale;
+#pragma unroll
+      for (int d = 0; d < HD; ++d) dq[d] += ds * Ks[r][d];
+    }
+    __syncthreads();
+  }
+  if (!active) return;
+#pragma unroll
+  for (int d = 0; d < HD; ++d) dqkv[(b * Tn + t) * C3 + h * HD + d] = to<T>(dq[d]);
+}
+
+// dk and dv for the key rows of this block, streaming the queries at or after them.
+template <typename T, int HD>
+__global__ void __launch_bounds__(kRows)
+    flash_backward_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
+                              const float* D, int64_t Tn, int64_t H) {
+  __shared__ float Qs[kTile][HD], Gs[kTile][HD], Ls[kTile], Ds[kTile];
+  const int64_t b = blockIdx.y / H, h = blockIdx.y % H, C = H * HD, C3 = 3 * C;
+  const int64_t s = int64_t(blockIdx.x) * kRows + threadIdx.x;  // this thread's key row
+  const bool active = s < Tn;
+  const float scale = rsqrtf(static_cast<float>(HD));
+  float k[HD], v[HD], dk[HD], dv[HD];
+#pragma unroll
+  for (int d = 0; d < HD; ++d) {
+    k[d] = active ? ld(qkv[(b * Tn + s) * C3 + C + h * HD + d]) : 0.f;
+    v[d] = active ? ld(qkv[(b * Tn + s) * C3 + 2 * C + h * HD + d]) : 0.f;
+    dk[d] = dv[d] = 0.f;
+  }
+  const int64_t first = int64_t(blockIdx.x) * kRows;  // queries before the block see no key here
+  for (int64_t q0 = first; q0 < Tn; q0 += kTile) {
+    for (int i = threadIdx.x; i < kTile * HD; i += blockDim.x) {
+      const int r = i / HD, d = i % HD;
+      const int64_t t = q0 + r;
+      const bool in = t < Tn;
+      Qs[r][d] = in ? ld(qkv[(b * Tn + t) * C3 + h * HD + d]) * scale : 0.f;
+      Gs[r][d] = in ? ld(dout[(b * Tn + t) * C + h * HD + d]) : 0.f;
+    }
+    for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
+      const int64_t t = q0 + r;
+      Ls[r] = t < Tn ? lse[(b * H + h) * Tn + t] : 0.f;
+      Ds[r] = t < Tn ? D[(b * H + h) * Tn + t] : 0.f;
+    }
+    __syncthreads();
+    if (active) {
+      for (int r = 0; r < kTile; ++r) {
+        const int64_t t = q0 + r;
+        if (t < s || t >= Tn) continue;  // causal: query t sees key s when s <= t
+        float qk = 0.f, dp = 0.f;
+#pragma unroll
+        for (int d = 0; d < HD; ++d) {
+          qk += Qs[r][d] * k[d];
+          dp += Gs[r][d] * v[d];
+        }
+        const float p = expf(qk - Ls[r]);
+        const float ds = p * (dp - Ds[r]);
+#pragma unroll
+        for (int d = 0; d < HD; ++d) {
+          dv[d] += p * Gs[r][d];
+          dk[d] += ds * Qs[r][d];  // Qs holds q * scale: dS/dk carries the scale
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (!active) return;
+#pragma unroll
+  for (int d = 0; d < HD; ++d) {
+    dqkv[(b * Tn + s) * C3 + C + h * HD + d] = to<T>(dk[d]);
+    dqkv[(b * Tn + s) * C3 + 2 * C + h * HD + d] = to<T>(dv[d]);
+  }
+}
+
+template <typename T, int HD>
+void flash_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t B, int64_t Tn, int64_t H,
+                   cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>((Tn + kRows - 1) / kRows), static_cast<unsigned>(B * H));
+  flash_forward_kernel<T, HD>
+      <<<grid, kRows, 0, s>>>(out.data<T>(), lse.f32(), qkv.data<T>(), Tn, H);
+}
+template <typename T, int HD>
+void flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, int64_t B, int64_t Tn,
+                    int64_t H, const Tensor& lse, const float* rowdot, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>((Tn + kRows - 1) / kRows), static_cast<unsigned>(B * H));
+  flash_backward_dq_kernel<T, HD><<<grid, kRows, 0, s>>>(dqkv.data<T>(), dout.data<T>(),
+                                                         qkv.data<T>(), lse.f32(), rowdot, Tn, H);
+  LAUNCH_CHECK();
+  flash_backward_dkv_kernel<T, HD><<<grid, kRows, 0, s>>>(dqkv.data<T>(), dout.data<T>(),
+                                                          qkv.data<T>(), lse.f32(), rowdot, Tn, H);
+}
+
+// Any head dimension: one thread per query row, keys and values read from global memory.
+template <typename T>
+__global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int64_t B, int64_t Tn,
+                                         int64_t H, int64_t hd) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;  // (b, h, t)
+  if (i >= B * H * Tn) return;
+  const int64_t t = i % Tn, h = (i / Tn) % H, b = i / (Tn * H);
+  const int64_t C = H * hd, C3 = 3 * C;
+  const float scale = rsqrtf(static_cast<float>(hd));
+  const T* q = qkv + (b * Tn + t) * C3 + h * hd;
+  T* o = out + (b * Tn + t) * C + h * hd;
+  // Two passes (max and sum, then the weighted values) so nothing is rescaled in T.
+  float m = -INFINITY, l = 0.f;
+  for (int64_t s = 0; s <= t; ++s) {
+    const T* k = qkv + (b * Tn + s) * C3 + C + h * hd;
+    float dot = 0.f;
+    for (int64_t d = 0; d < hd; ++d) dot += ld(q[d]) * ld(k[d]);
+    dot *= scale;
+    const float mn = fmaxf(m, dot);
+    l = l * expf(m - mn) + expf(dot - mn);
+    m = mn;
+  }
+  for (int64_t d = 0; d < hd; ++d) {
+    float acc = 0.f;
+    for (int64_t s = 0; s <= t; ++s) {
+      const T* k = qkv + (b * Tn + s) * C3 + C + h * hd;
+      float dot = 0.f;
+      for (int64_t e = 0; e < hd; ++e) dot += ld(q[e]) * ld(k[e]);
+      acc += expf(dot * scale - m) * ld(k[C + d]);
+    }
+    o[d] = to<T>(acc / l);
+  }
+  lse[(b * H + h) * Tn + t] = m + logf(l);
+}
+// dq for query row t; dk, dv for key row s (= the same index): one writer per output row.
+template <typename T>
+__global__ void attention_backward_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
+                                          const float* D, int64_t B, int64_t Tn, int64_t H,
+                                          int64_t hd) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= B * H * Tn) return;
+  const int64_t r = i % Tn, h = (i / Tn) % H, b = i / (Tn * H);
+  const int64_t C = H * hd, C3 = 3 * C;
+  const float scale = rsqrtf(static_cast<float>(hd));
+  const float* L = lse + (b * H + h) * Tn;
+  const float* Dr = D + (b * H + h) * Tn;
+  auto q_at = [&](int64_t t) { return qkv + (b * Tn + t) * C3 + h * hd; };
+  auto k_at = [&](int64_t s) { return qkv + (b * Tn + s) * C3 + C + h * hd; };
+  auto v_at = [&](int64_t s) { return qkv + (b * Tn + s) * C3 + 2 * C + h * hd; };
+  auto do_at = [&](int64_t t) { return dout + (b * Tn + t) * C + h * hd; };
+  auto dS = [&](int64_t t, int64_t s, float& p) {
+    float qk = 0.f, dp = 0.f;
+    const T *q = q_at(t), *k = k_at(s), *v = v_at(s), *g = do_at(t);
+    for (int64_t d = 0; d < hd; ++d) {
+      qk += ld(q[d]) * ld(k[d]);
+      dp += ld(g[d]) * ld(v[d]);
+    }
+    p = expf(qk * scale - L[t]);
+    return p * (dp - Dr[t]);
+  };
+  T* dq = dqkv + (b * Tn + r) * C3 + h * hd;
+  T* dk = dq + C;
+  T* dv = dq + 2 * C;
+  for (int64_t d = 0; d < hd; ++d) {  // one output element at a time: f32 sums, one rounding
+    float aq = 0.f, ak = 0.f, av = 0.f, p;
+    for (int64_t s = 0; s <= r; ++s) aq += dS(r, s, p) * scale * ld(k_at(s)[d]);
+    for (int64_t t = r; t < Tn; ++t) {
+      const float g = dS(t, r, p) * scale;
+      ak += g * ld(q_at(t)[d]);
+      av += p * ld(do_at(t)[d]);
+    }
+    dq[d] = to<T>(aq);
+    dk[d] = to<T>(ak);
+    dv[d] = to<T>(av);
+  }
+}
+
+}  // namespace
+
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
+                       [[maybe_unused]] Workspace& ws, cudaStream_t s) {
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
+  if (tc::flash_supported(qkv.dtype(), hd, {out.raw(), qkv.raw()})) {
+    tc::flash_forward(qkv.dtype(), out.raw(), lse.f32(), qkv.raw(), B, T, heads, hd, s);
+    return;
+  }
+  dispatch(qkv.dtype(), "attention", [&](auto tag) {
+    using S = decltype(tag);
+    if (hd == 32)
+      flash_forward<S, 32>(out, lse, qkv, B, T, heads, s);
+    else if (hd == 64)
+      flash_forward<S, 64>(out, lse, qkv, B, T, heads, s);
+    else if (hd == 128)
+      flash_forward<S, 128>(out, lse, qkv, B, T, heads, s);
+    else
+      attention_forward_kernel<S><<<blocks_for(B * heads * T), kThreads, 0, s>>>(
+          out.data<S>(), lse.f32(), qkv.data<S>(), B, T, heads, hd);
+  });
+  LAUNCH_CHECK();
+}
+
+void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                        const Tensor& lse, int64_t heads, Workspace& ws, cudaStream_t s) {
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
+  float* rowdot = ws.get<float>(Scratch::kAttentionRowdot, B * heads * T);
+  if (tc::flash_supported(qkv.dtype(), hd, {dqkv.raw(), dout.raw(), qkv.raw(), out.raw()})) {
+    tc::flash_backward(qkv.dtype(), dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), lse.f32(), rowdot,
+                       B, T, heads, hd, s);
+    return;
+  }
+  dispatch(qkv.dtype(), "attention backward", [&](auto tag) {
+    using S = decltype(tag);
+    attention_rowdot_kernel<S><<<blocks_for(B * heads * T), kThreads, 0, s>>>(
+        rowdot, dout.data<S>(), out.data<S>(), B, T, heads, hd);
+    LAUNCH_CHECK();
+    if (hd == 32)
+      flash_backward<S, 32>(dqkv, dout, qkv, B, T, heads, lse, rowdot, s);
+    else if (hd == 64)
+      flash_backward<S, 64>(dqkv, dout, qkv, B, T, heads, lse, rowdot, s);
+    else if (hd == 128)
+      flash_backward<S, 128>(dqkv, dout, qkv, B, T, heads, lse, rowdot, s);
+    else
+      attention_backward_kernel<S><<<blocks_for(B * heads * T), kThreads, 0, s>>>(
+          dqkv.data<S>(), dout.data<S>(), qkv.data<S>(), lse.f32(), rowdot, B, T, heads, hd);
+  });
+  LAUNCH_CHECK();
+}
+
+}  // namespace tessera::cuda_ops

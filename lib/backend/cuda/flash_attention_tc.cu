@@ -1,0 +1,146 @@
+// flash_attention_tc.cu: the __global__ wrappers and launchers of the tensor-core attention whose
+// bodies are in flash_attention_tc.cuh (shared with the warp emulator test), and the row-dot
+// kernel of the backward.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <type_traits>
+
+#include "backend/cuda/cuda_check.hpp"
+#include "backend/cuda/flash_attention_tc.cuh"
+#include "backend/cuda/flash_attention_tc.hpp"
+
+namespace tessera::tc {
+
+namespace {
+
+template <typename T, int D>
+__global__ void __launch_bounds__(FwdCfg<D>::W * 32) flash_fwd_kernel(FlashFwdArgs p) {
+  extern __shared__ __align__(16) char smem[];
+  flash_fwd_body<T, D>(p, smem);
+}
+template <typename T, int D>
+__global__ void __launch_bounds__(BwdKvCfg<D>::W * 32) flash_bwd_kv_kernel(FlashBwdArgs p) {
+  extern __shared__ __align__(16) char smem[];
+  flash_bwd_kv_body<T, D>(p, smem);
+}
+template <typename T, int D>
+__global__ void __launch_bounds__(BwdQCfg<D>::W * 32) flash_bwd_q_kernel(FlashBwdArgs p) {
+  extern __shared__ __align__(16) char smem[];
+  flash_bwd_q_body<T, D>(p, smem);
+}
+
+// rowdot[b, h, t] = dout[b, t, h, :] . out[b, t, h, :] in f32: one warp per (b, t, h), lanes over
+// pairs of the head dimension (coalesced), a fixed shuffle tree (deterministic).
+template <typename T, int D>
+__global__ void rowdot_kernel(float* rowdot, const T* dout, const T* out, int64_t rows, int Tn,
+                              int H) {
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;  // whole warps leave together
+  const T* g = dout + r * D;
+  const T* o = out + r * D;
+  float s = 0.f;
+#pragma unroll
+  for (int d = 2 * lane; d < D; d += 64) {
+    s += static_cast<float>(g[d]) * static_cast<float>(o[d]) +
+         static_cast<float>(g[d + 1]) * static_cast<float>(o[d + 1]);
+  }
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+  if (lane == 0) {
+    const int64_t h = r % H, t = (r / H) % Tn, b = r / (static_cast<int64_t>(H) * Tn);
+    rowdot[(b * H + h) * Tn + t] = s;
+  }
+}
+
+// Dynamic shared memory above 48 KB must be allowed per kernel once.
+template <typename K>
+void allow_smem(K kernel, int bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+template <typename T, int D>
+void forward(void* out, float* lse, const void* qkv, int64_t B, int64_t Tn, int64_t H,
+             cudaStream_t s) {
+  static bool ready = false;
+  constexpr int bytes = FwdCfg<D>::smem_bytes();
+  if (!ready) allow_smem(flash_fwd_kernel<T, D>, bytes), ready = true;
+  const dim3 grid(static_cast<unsigned>((Tn + FwdCfg<D>::Br - 1) / FwdCfg<D>::Br),
+                  static_cast<unsigned>(B * H));
+  flash_fwd_kernel<T, D><<<grid, FwdCfg<D>::W * 32, bytes, s>>>(
+      FlashFwdArgs{out, lse, qkv, static_cast<int>(Tn), static_cast<int>(H)});
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T, int D>
+void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+              float* rowdot, int64_t B, int64_t Tn, int64_t H, cudaStream_t s) {
+  static bool ready = false;
+  constexpr int kv_bytes = BwdKvCfg<D>::smem_bytes(), q_bytes = BwdQCfg<D>::smem_bytes();
+  if (!ready) {
+    allow_smem(flash_bwd_kv_kernel<T, D>, kv_bytes);
+    allow_smem(flash_bwd_q_kernel<T, D>, q_bytes);
+    ready = true;
+  }
+  const int64_t rows = B * Tn * H;
+  rowdot_kernel<T, D><<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, s>>>(
+      rowdot, static_cast<const T*>(dout), static_cast<const T*>(out), rows, static_cast<int>(Tn),
+      static_cast<int>(H));
+  CUDA_CHECK(cudaGetLastError());
+  const FlashBwdArgs a{dqkv, dout, qkv, lse, rowdot, static_cast<int>(Tn), static_cast<int>(H)};
+  const dim3 kv_grid(static_cast<unsigned>((Tn + BwdKvCfg<D>::Bk - 1) / BwdKvCfg<D>::Bk),
+                     static_cast<unsigned>(B * H));
+  flash_bwd_kv_kernel<T, D><<<kv_grid, BwdKvCfg<D>::W * 32, kv_bytes, s>>>(a);
+  CUDA_CHECK(cudaGetLastError());
+  const dim3 q_grid(static_cast<unsigned>((Tn + BwdQCfg<D>::Br - 1) / BwdQCfg<D>::Br),
+                    static_cast<unsigned>(B * H));
+  flash_bwd_q_kernel<T, D><<<q_grid, BwdQCfg<D>::W * 32, q_bytes, s>>>(a);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// Calls f.template operator()<T, D>() for the storage type and head dimension.
+template <typename F>
+void dispatch(DType dtype, int64_t D, F&& f) {
+  if (dtype == DType::BF16) {
+    if (D == 64) return f(__nv_bfloat16{}, std::integral_constant<int, 64>{});
+    return f(__nv_bfloat16{}, std::integral_constant<int, 128>{});
+  }
+  if (D == 64) return f(__half{}, std::integral_constant<int, 64>{});
+  f(__half{}, std::integral_constant<int, 128>{});
+}
+
+}  // namespace
+
+bool flash_supported(DType dtype, int64_t head_dim, std::initializer_list<const void*> ptrs) {
+  static const bool off = [] {
+    const char* v = std::getenv("TESSERA_ATTENTION");
+    return v && std::strcmp(v, "scalar") == 0;
+  }();
+  if (off || (dtype != DType::BF16 && dtype != DType::F16)) return false;
+  if (head_dim != 64 && head_dim != 128) return false;
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+void flash_forward(DType dtype, void* out, float* lse, const void* qkv, int64_t B, int64_t Tn,
+                   int64_t H, int64_t D, cudaStream_t stream) {
+  dispatch(dtype, D, [&](auto tag, auto d) {
+    forward<decltype(tag), decltype(d)::value>(out, lse, qkv, B, Tn, H, stream);
+  });
+}
+
+void flash_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
+                    const float* lse, float* rowdot, int64_t B, int64_t Tn, int64_t H, int64_t D,
+                    cudaStream_t stream) {
+  dispatch(dtype, D, [&](auto tag, auto d) {
+    backward<decltype(tag), decltype(d)::value>(dqkv, dout, qkv, out, lse, rowdot, B, Tn, H,
+                                                stream);
+  });
+}
+
+}  // namespace tessera::tc

@@ -1,0 +1,479 @@
+// flash_attention_tc.cuh: causal attention on tensor cores, bf16 or f16, head dims 64 and 128:
+// the FlashAttention-2 algorithm (Dao, 2023) written against the warp primitives of mma.cuh, so
+// that the same source runs on the GPU (flash_attention_tc.cu) and, without one, in the warp
+// emulator of test_flash_emu.
+//
+// Layouts are those of backend.hpp: qkv (B, T, 3, H, D), out and dout (B, T, H, D), lse (B, H, T)
+// in f32 (natural log), dqkv (B, T, 3, H, D).
+//
+// Forward (one block = one (b, h) and Br = 16 W query rows, each warp 16 rows): the Q tile is
+// loaded once and kept as A fragments in registers; K/V tiles of 64 keys stream through shared
+// memory, double-buffered with cp.async. S = Q K^T (mma), causal mask on the tiles that cross the
+// diagonal, online softmax in the exp2 domain (row max and sum across the quad of lanes that share
+// a row), P rounded to T and fed straight from the accumulator registers as the A operand of O += P
+// V (the m16n8k16 accumulator layout of two adjacent n8 tiles is the A layout of one k16 chunk).
+// Key tiles past the diagonal are never loaded; a warp whose rows are all before a tile's first key
+// skips it. Blocks with the most work (the last query rows) are launched first.
+//
+// Backward, deterministic, without atomics: two kernels that each recompute P from Q, K and the
+// saved log-sum-exp, as the scalar kernels did.
+//  - dK/dV: one block per Bk = 16 W keys (each warp 16 keys), query tiles streamed from the
+//    diagonal to the end: S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T * scale - lse),
+//    dS^T = P^T (dP^T - Drow), dV += P^T dO, dK += dS^T Q (times scale at the end).
+//  - dQ: one block per Br = 16 W queries, key tiles up to the diagonal: S, dP, dS as above and
+//    dQ += dS K (times scale).
+// Each output element has exactly one owner thread and a fixed order of accumulation, so results
+// are the same from run to run. The backward does 7 of the 5 matrix products FlashAttention-2 does
+// with atomics (S and dP twice); docs/performance.md has the arithmetic.
+//
+// Shared-memory tiles have rows of D + 8 elements: the 16-byte row skew puts the 8 rows an ldmatrix
+// phase reads in 8 different bank groups (no bank conflicts), and keeps rows 16-byte aligned.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/mma.cuh"
+
+namespace tessera::tc {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct FlashFwdArgs {
+  void* out;  // T (B, Tn, H, D)
+  float* lse;
+  const void* qkv;
+  int Tn, H;
+};
+struct FlashBwdArgs {
+  void* dqkv;
+  const void* dout;
+  const void* qkv;
+  const float* lse;
+  const float* rowdot;  // D[b, h, t] = dout[t] . out[t]
+  int Tn, H;
+};
+
+template <int D>
+constexpr int kLd = D + 8;  // shared-memory row stride in elements
+
+// Configuration per kernel. W warps of 16 rows each; tiles of the streamed side.
+template <int D>
+struct FwdCfg {
+  static constexpr int W = 8, Br = 16 * W, Bc = 64;
+  static constexpr int smem_bytes() { return (Br + 4 * Bc) * kLd<D> * 2; }
+};
+template <int D>
+struct BwdKvCfg {
+  static constexpr int W = 8, Bk = 16 * W, Bq = D == 128 ? 32 : 64;
+  static constexpr int smem_bytes() { return (2 * Bk + 4 * Bq) * kLd<D> * 2 + 4 * Bq * 4; }
+};
+template <int D>
+struct BwdQCfg {
+  static constexpr int W = 8, Br = 16 * W, Bc = D == 128 ? 32 : 64;
+  static constexpr int smem_bytes() { return (2 * Br + 4 * Bc) * kLd<D> * 2; }
+};
+
+// Rows [r0, r0 + ROWS) of a (Tn x D) matrix whose row r starts at src + r * stride, into a
+// shared-memory tile with rows of kLd<D> elements; rows at or past Tn are zero-filled.
+template <typename T, int D, int ROWS, int NT>
+TC_DEV void load_rows(T* dst, const T* src, int64_t stride, int r0, int Tn) {
+  constexpr int kChunks = D / 8;  // 16-byte pieces per row
+  for (int i = thread_id(); i < ROWS * kChunks; i += NT) {
+    const int r = i / kChunks, c = i % kChunks, row = r0 + r;
+    const bool ok = row < Tn;
+    cp_async16(dst + r * kLd<D> + c * 8, src + static_cast<int64_t>(ok ? row : 0) * stride + c * 8,
+               ok);
+  }
+}
+
+// A fragments (16 rows x 16 columns starting at column k0) of a row-major shared tile whose first
+// row is `rows`.
+template <int D, typename T>
+TC_DEV void load_a(uint32_t (&a)[4], const T* rows, int k0, int lane) {
+  ldsm_x4<false>(a, rows + ((lane & 7) + ((lane >> 3) & 1) * 8) * kLd<D> + k0 + (lane >> 4) * 8);
+}
+// B fragments for two n8 tiles, when the shared tile is stored [n][k] (keys x head dim for S = Q
+// K^T): b[0], b[1] for rows n0..n0+7, b[2], b[3] for n0+8..n0+15; k from k0.
+template <int D, typename T>
+TC_DEV void load_b_nk(uint32_t (&b)[4], const T* rows_n0, int k0, int lane) {
+  ldsm_x4<false>(b, rows_n0 + ((lane & 7) + (lane >> 4) * 8) * kLd<D> + k0 + ((lane >> 3) & 1) * 8);
+}
+// B fragments for two n8 tiles when the shared tile is stored [k][n] (keys x head dim for
+// O = P V): k rows from the tile's first row `rows_k0`, n columns n0..n0+15 (transposed load).
+template <int D, typename T>
+TC_DEV void load_b_kn(uint32_t (&b)[4], const T* rows_k0, int n0, int lane) {
+  ldsm_x4<true>(b, rows_k0 + ((lane & 7) + ((lane >> 3) & 1) * 8) * kLd<D> + n0 + (lane >> 4) * 8);
+}
+// The A fragment of k16 chunk kc from accumulator tiles acc[2 kc], acc[2 kc + 1], rounded to T.
+template <typename T, int N>
+TC_DEV void acc_to_a(uint32_t (&a)[4], const float (&acc)[N][4], int kc) {
+  a[0] = pack2<T>(acc[2 * kc][0], acc[2 * kc][1]);
+  a[1] = pack2<T>(acc[2 * kc][2], acc[2 * kc][3]);
+  a[2] = pack2<T>(acc[2 * kc + 1][0], acc[2 * kc + 1][1]);
+  a[3] = pack2<T>(acc[2 * kc + 1][2], acc[2 * kc + 1][3]);
+}
+// Writes a warp's 16 x D f32 accumulator, times `mul`, as T: staged through the warp's own 16
+// rows of shared memory `stage` (nobody else reads them any more), then 16-byte stores of rows
+// below Tn to dst + row * stride.
+template <typename T, int D>
+TC_DEV void store_rows(T* stage, const float (&acc)[D / 8][4], float mul0, float mul1, T* dst,
+                       int64_t stride, int row0, int Tn, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  sync_warp();
+  TC_UNROLL
+  for (int n = 0; n < D / 8; ++n) {
+    *reinterpret_cast<uint32_t*>(stage + g * kLd<D> + n * 8 + 2 * t) =
+        pack2<T>(acc[n][0] * mul0, acc[n][1] * mul0);
+    *reinterpret_cast<uint32_t*>(stage + (g + 8) * kLd<D> + n * 8 + 2 * t) =
+        pack2<T>(acc[n][2] * mul1, acc[n][3] * mul1);
+  }
+  sync_warp();
+  constexpr int kChunks = D / 8;
+  for (int i = lane; i < 16 * kChunks; i += 32) {
+    const int r = i / kChunks, c = i % kChunks;
+    if (row0 + r < Tn)
+      *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row0 + r) * stride + c * 8) =
+          *reinterpret_cast<const uint4*>(stage + r * kLd<D> + c * 8);
+  }
+}
+
+// Two products of the backward at once, over the head dimension: ax = X Y^T and ay = Z W^T,
+// where X and Z are this warp's 16 rows of shared tiles (A operands) and Y, W are N rows of shared
+// tiles stored [n][d] (B operands): (S, dP) in the dQ kernel, (S^T, dP^T) in the dK/dV kernel.
+template <typename T, int D, int N>
+TC_DEV void dual_products(float (&ax)[N / 8][4], float (&ay)[N / 8][4], const T* x_rows,
+                          const T* z_rows, const T* y_tile, const T* w_tile, int lane) {
+  TC_UNROLL
+  for (int n = 0; n < N / 8; ++n) {
+    TC_UNROLL
+    for (int e = 0; e < 4; ++e) ax[n][e] = ay[n][e] = 0.f;
+  }
+  TC_UNROLL
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t xa[4], za[4];
+    load_a<D>(xa, x_rows, kk * 16, lane);
+    load_a<D>(za, z_rows, kk * 16, lane);
+    TC_UNROLL
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t yb[4], wb[4];
+      load_b_nk<D>(yb, y_tile + np * 16 * kLd<D>, kk * 16, lane);
+      mma<T>(ax[2 * np], xa, yb[0], yb[1]);
+      mma<T>(ax[2 * np + 1], xa, yb[2], yb[3]);
+      load_b_nk<D>(wb, w_tile + np * 16 * kLd<D>, kk * 16, lane);
+      mma<T>(ay[2 * np], za, wb[0], wb[1]);
+      mma<T>(ay[2 * np + 1], za, wb[2], wb[3]);
+    }
+  }
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+
+template <typename T, int D>
+TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
+  using Cfg = FwdCfg<D>;
+  constexpr int W = Cfg::W, Br = Cfg::Br, Bc = Cfg::Bc, LD = kLd<D>, NT = 32 * W;
+  T* Qs = reinterpret_cast<T*>(smem);
+  T* Ks = Qs + Br * LD;      // two buffers of Bc rows
+  T* Vs = Ks + 2 * Bc * LD;  // two buffers of Bc rows
+  const int Tn = p.Tn, H = p.H;
+  const int nqb = (Tn + Br - 1) / Br;
+  const int q0 = (nqb - 1 - block_x()) * Br;  // heaviest blocks first
+  const int b = block_y() / H, h = block_y() % H;
+  const int64_t C = static_cast<int64_t>(H) * D, C3 = 3 * C;
+  const T* q_g = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * Tn * C3 + h * D;
+  const T* k_g = q_g + C;
+  const T* v_g = q_g + 2 * C;
+  const int tid = thread_id(), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+  const int row0 = q0 + warp * 16;  // this warp's first query row
+  const float sl2 = rsqrtf(static_cast<float>(D)) * kLog2e;
+
+  const int kend = Tn < q0 + Br ? Tn : q0 + Br;  // causal: keys [0, kend) matter to this block
+  const int ntiles = (kend + Bc - 1) / Bc;
+  load_rows<T, D, Br, NT>(Qs, q_g, C3, q0, Tn);
+  load_rows<T, D, Bc, NT>(Ks, k_g, C3, 0, Tn);
+  load_rows<T, D, Bc, NT>(Vs, v_g, C3, 0, Tn);
+  cp_async_commit();
+
+  float o[D / 8][4];
+  TC_UNROLL
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  uint32_t qf[D / 16][4];
+
+  for (int j = 0; j < ntiles; ++j) {
+    const int buf = j & 1;
+    if (j + 1 < ntiles) {
+      load_rows<T, D, Bc, NT>(Ks + (buf ^ 1) * Bc * LD, k_g, C3, (j + 1) * Bc, Tn);
+      load_rows<T, D, Bc, NT>(Vs + (buf ^ 1) * Bc * LD, v_g, C3, (j + 1) * Bc, Tn);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    sync_block();
+    if (j == 0) {
+      TC_UNROLL
+      for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], Qs + warp * 16 * LD, kk * 16, lane);
+    }
+    const int k0 = j * Bc;
+    if (k0 <= row0 + 15) {  // some row of this warp sees some key of the tile
+      const T* Kb = Ks + buf * Bc * LD;
+      const T* Vb = Vs + buf * Bc * LD;
+      float s[Bc / 8][4];
+      TC_UNROLL
+      for (int n = 0; n < Bc / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      TC_UNROLL
+      for (int kk = 0; kk < D / 16; ++kk) {
+        TC_UNROLL
+        for (int np = 0; np < Bc / 16; ++np) {
+          uint32_t kb[4];
+          load_b_nk<D>(kb, Kb + np * 16 * LD, kk * 16, lane);
+          mma<T>(s[2 * np], qf[kk], kb[0], kb[1]);
+          mma<T>(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+        }
+      }
+      if (k0 + Bc - 1 > row0) {  // the tile crosses this warp's diagonal: mask keys after the row
+        TC_UNROLL
+        for (int n = 0; n < Bc / 8; ++n) {
+          TC_UNROLL
+          for (int e = 0; e < 4; ++e)
+            if (k0 + n * 8 + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) s[n][e] = -INFINITY;
+        }
+      }
+      float mx[2] = {m[0], m[1]};
+      TC_UNROLL
+      for (int n = 0; n < Bc / 8; ++n) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+      }
+      // Every row sees key 0 in tile 0, so mx is finite from the first tile on.
+      float ms[2];
+      TC_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        mx[i] = quad_max(mx[i]);
+        const float corr = ex2((m[i] - mx[i]) * sl2);
+        m[i] = mx[i];
+        l[i] *= corr;
+        ms[i] = mx[i] * sl2;
+        TC_UNROLL
+        for (int n = 0; n < D / 8; ++n) {
+          o[n][2 * i] *= corr;
+          o[n][2 * i + 1] *= corr;
+        }
+      }
+      TC_UNROLL
+      for (int n = 0; n < Bc / 8; ++n) {
+        TC_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] = ex2(s[n][e] * sl2 - ms[e >> 1]);  // masked: exp2(-inf) = 0
+          l[e >> 1] += s[n][e];
+        }
+      }
+      TC_UNROLL
+      for (int kc = 0; kc < Bc / 16; ++kc) {
+        uint32_t pa[4];
+        acc_to_a<T>(pa, s, kc);
+        TC_UNROLL
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t vb[4];
+          load_b_kn<D>(vb, Vb + kc * 16 * LD, dp * 16, lane);
+          mma<T>(o[2 * dp], pa, vb[0], vb[1]);
+          mma<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+        }
+      }
+    }
+    sync_block();  // the buffer just read is refilled by the next iteration's prefetch
+  }
+  const float sc = rsqrtf(static_cast<float>(D));
+  float inv[2];
+  TC_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    l[i] = quad_sum(l[i]);
+    inv[i] = 1.f / l[i];
+    const int row = row0 + g + 8 * i;
+    if (t == 0 && row < Tn)
+      p.lse[(static_cast<int64_t>(b) * H + h) * Tn + row] = m[i] * sc + logf(l[i]);
+  }
+  T* out_g = static_cast<T*>(p.out) + static_cast<int64_t>(b) * Tn * C + h * D;
+  store_rows<T, D>(Qs + warp * 16 * LD, o, inv[0], inv[1], out_g, C, row0, Tn, lane);
+}
+
+// ---- backward: dK and dV
+// ----------------------------------------------------------------------------
+
+template <typename T, int D>
+TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
+  using Cfg = BwdKvCfg<D>;
+  constexpr int W = Cfg::W, Bk = Cfg::Bk, Bq = Cfg::Bq, LD = kLd<D>, NT = 32 * W;
+  T* Ks = reinterpret_cast<T*>(smem);
+  T* Vs = Ks + Bk * LD;
+  T* Qs = Vs + Bk * LD;                                    // two buffers of Bq rows
+  T* Gs = Qs + 2 * Bq * LD;                                // dO, two buffers
+  float* Ls = reinterpret_cast<float*>(Gs + 2 * Bq * LD);  // lse * log2(e), two buffers
+  float* Ds = Ls + 2 * Bq;                                 // rowdot, two buffers
+  const int Tn = p.Tn, H = p.H;
+  const int k0 = block_x() * Bk;  // the first blocks have the most queries to visit
+  const int b = block_y() / H, h = block_y() % H;
+  const int64_t C = static_cast<int64_t>(H) * D, C3 = 3 * C, bh = static_cast<int64_t>(b) * H + h;
+  const T* q_g = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * Tn * C3 + h * D;
+  const T* g_g = static_cast<const T*>(p.dout) + static_cast<int64_t>(b) * Tn * C + h * D;
+  const float* lse_g = p.lse + bh * Tn;
+  const float* rd_g = p.rowdot + bh * Tn;
+  const int tid = thread_id(), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+  const int kw0 = k0 + warp * 16;  // this warp's first key
+  const float sl2 = rsqrtf(static_cast<float>(D)) * kLog2e;
+
+  auto load_q_tile = [&](int buf, int q0) {
+    load_rows<T, D, Bq, NT>(Qs + buf * Bq * LD, q_g, C3, q0, Tn);
+    load_rows<T, D, Bq, NT>(Gs + buf * Bq * LD, g_g, C, q0, Tn);
+    for (int i = tid; i < Bq; i += NT) {
+      const bool ok = q0 + i < Tn;
+      Ls[buf * Bq + i] = ok ? lse_g[q0 + i] * kLog2e : 0.f;
+      Ds[buf * Bq + i] = ok ? rd_g[q0 + i] : 0.f;
+    }
+  };
+  load_rows<T, D, Bk, NT>(Ks, q_g + C, C3, k0, Tn);
+  load_rows<T, D, Bk, NT>(Vs, q_g + 2 * C, C3, k0, Tn);
+  const int qbegin = k0;  // queries before the block's first key see none of its keys
+  const int ntiles = (Tn - qbegin + Bq - 1) / Bq;
+  load_q_tile(0, qbegin);
+  cp_async_commit();
+
+  float dk[D / 8][4], dv[D / 8][4];
+  TC_UNROLL
+  for (int n = 0; n < D / 8; ++n) {
+    TC_UNROLL
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+  }
+
+  for (int j = 0; j < ntiles; ++j) {
+    const int buf = j & 1, q0 = qbegin + j * Bq;
+    if (j + 1 < ntiles) load_q_tile(buf ^ 1, q0 + Bq);
+    cp_async_commit();
+    cp_async_wait<1>();
+    sync_block();
+    if (q0 + Bq - 1 >= kw0) {  // some query of the tile sees some key of this warp
+      const T* Qb = Qs + buf * Bq * LD;
+      const T* Gb = Gs + buf * Bq * LD;
+      float st[Bq / 8][4], dpt[Bq / 8][4];
+      dual_products<T, D, Bq>(st, dpt, Ks + warp * 16 * LD, Vs + warp * 16 * LD, Qb, Gb, lane);
+      // Element (key kw0 + g + 8 (e >> 1), query q0 + 8 n + 2 t + (e & 1)).
+      TC_UNROLL
+      for (int n = 0; n < Bq / 8; ++n) {
+        TC_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int qi = n * 8 + 2 * t + (e & 1), q = q0 + qi, key = kw0 + g + (e >> 1) * 8;
+          const float pr = (key <= q && q < Tn) ? ex2(st[n][e] * sl2 - Ls[buf * Bq + qi]) : 0.f;
+          st[n][e] = pr;
+          dpt[n][e] = pr * (dpt[n][e] - Ds[buf * Bq + qi]);
+        }
+      }
+      TC_UNROLL
+      for (int kc = 0; kc < Bq / 16; ++kc) {
+        uint32_t pa[4], dsa[4];
+        acc_to_a<T>(pa, st, kc);
+        acc_to_a<T>(dsa, dpt, kc);
+        TC_UNROLL
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t gb[4], qb[4];
+          load_b_kn<D>(gb, Gb + kc * 16 * LD, dp * 16, lane);
+          mma<T>(dv[2 * dp], pa, gb[0], gb[1]);
+          mma<T>(dv[2 * dp + 1], pa, gb[2], gb[3]);
+          load_b_kn<D>(qb, Qb + kc * 16 * LD, dp * 16, lane);
+          mma<T>(dk[2 * dp], dsa, qb[0], qb[1]);
+          mma<T>(dk[2 * dp + 1], dsa, qb[2], qb[3]);
+        }
+      }
+    }
+    sync_block();
+  }
+  const float sc = rsqrtf(static_cast<float>(D));
+  T* dq_g = static_cast<T*>(p.dqkv) + static_cast<int64_t>(b) * Tn * C3 + h * D;
+  store_rows<T, D>(Ks + warp * 16 * LD, dk, sc, sc, dq_g + C, C3, kw0, Tn, lane);
+  store_rows<T, D>(Vs + warp * 16 * LD, dv, 1.f, 1.f, dq_g + 2 * C, C3, kw0, Tn, lane);
+}
+
+// ---- backward: dQ
+// -----------------------------------------------------------------------------------
+
+template <typename T, int D>
+TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
+  using Cfg = BwdQCfg<D>;
+  constexpr int W = Cfg::W, Br = Cfg::Br, Bc = Cfg::Bc, LD = kLd<D>, NT = 32 * W;
+  T* Qs = reinterpret_cast<T*>(smem);
+  T* Gs = Qs + Br * LD;
+  T* Ks = Gs + Br * LD;      // two buffers of Bc rows
+  T* Vs = Ks + 2 * Bc * LD;  // two buffers of Bc rows
+  const int Tn = p.Tn, H = p.H;
+  const int nqb = (Tn + Br - 1) / Br;
+  const int q0 = (nqb - 1 - block_x()) * Br;  // heaviest blocks first
+  const int b = block_y() / H, h = block_y() % H;
+  const int64_t C = static_cast<int64_t>(H) * D, C3 = 3 * C, bh = static_cast<int64_t>(b) * H + h;
+  const T* q_g = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * Tn * C3 + h * D;
+  const T* g_g = static_cast<const T*>(p.dout) + static_cast<int64_t>(b) * Tn * C + h * D;
+  const int tid = thread_id(), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+  const int row0 = q0 + warp * 16;
+  const float sl2 = rsqrtf(static_cast<float>(D)) * kLog2e;
+
+  float L[2], Dr[2];  // per row g, g + 8: lse * log2(e) and the rowdot (0 past the end)
+  TC_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + g + 8 * i;
+    L[i] = row < Tn ? p.lse[bh * Tn + row] * kLog2e : 0.f;
+    Dr[i] = row < Tn ? p.rowdot[bh * Tn + row] : 0.f;
+  }
+  const int kend = Tn < q0 + Br ? Tn : q0 + Br;
+  const int ntiles = (kend + Bc - 1) / Bc;
+  load_rows<T, D, Br, NT>(Qs, q_g, C3, q0, Tn);
+  load_rows<T, D, Br, NT>(Gs, g_g, C, q0, Tn);
+  load_rows<T, D, Bc, NT>(Ks, q_g + C, C3, 0, Tn);
+  load_rows<T, D, Bc, NT>(Vs, q_g + 2 * C, C3, 0, Tn);
+  cp_async_commit();
+
+  float dq[D / 8][4];
+  TC_UNROLL
+  for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+
+  for (int j = 0; j < ntiles; ++j) {
+    const int buf = j & 1, k0 = j * Bc;
+    if (j + 1 < ntiles) {
+      load_rows<T, D, Bc, NT>(Ks + (buf ^ 1) * Bc * LD, q_g + C, C3, k0 + Bc, Tn);
+      load_rows<T, D, Bc, NT>(Vs + (buf ^ 1) * Bc * LD, q_g + 2 * C, C3, k0 + Bc, Tn);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    sync_block();
+    if (k0 <= row0 + 15) {
+      const T* Kb = Ks + buf * Bc * LD;
+      const T* Vb = Vs + buf * Bc * LD;
+      float s[Bc / 8][4], dp[Bc / 8][4];
+      dual_products<T, D, Bc>(s, dp, Qs + warp * 16 * LD, Gs + warp * 16 * LD, Kb, Vb, lane);
+      // Element (query row0 + g + 8 (e >> 1), key k0 + 8 n + 2 t + (e & 1)).
+      TC_UNROLL
+      for (int n = 0; n < Bc / 8; ++n) {
+        TC_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + n * 8 + 2 * t + (e & 1), row = row0 + g + (e >> 1) * 8;
+          const float pr = key <= row ? ex2(s[n][e] * sl2 - L[e >> 1]) : 0.f;
+          dp[n][e] = pr * (dp[n][e] - Dr[e >> 1]);
+        }
+      }
+      TC_UNROLL
+      for (int kc = 0; kc < Bc / 16; ++kc) {
+        uint32_t dsa[4];
+        acc_to_a<T>(dsa, dp, kc);
+        TC_UNROLL
+        for (int dd = 0; dd < D / 16; ++dd) {
+          uint32_t kb[4];
+          load_b_kn<D>(kb, Kb + kc * 16 * LD, dd * 16, lane);
+          mma<T>(dq[2 * dd], dsa, kb[0], kb[1]);
+          mma<T>(dq[2 * dd + 1], dsa, kb[2], kb[3]);
+        }
+      }
+    }
+    sync_block();
+  }
+  const float sc = rsqrtf(static_cast<float>(D));
+  T* dq_g = static_cast<T*>(p.dqkv) + static_cast<int64_t>(b) * Tn * C3 + h * D;
+  store_rows<T, D>(Qs + warp * 16 * LD, dq, sc, sc, dq_g, C3, row0, Tn, lane);
+}
+
+}  // namespace tessera::tc

@@ -1,0 +1,27 @@
+// flash_attention_tc.hpp: launchers of the tensor-core causal attention (flash_attention_tc.cuh)
+// for the CUDA backend (attention.cu). bf16 and f16, head dims 64 and 128; every other case keeps
+// the scalar kernels, and f32 stays on them as the exact reference path.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "core/dtype.hpp"
+
+namespace tessera::tc {
+
+// Whether the tensor-core kernels take this case: dtype bf16/f16, head dim 64 or 128, every
+// pointer 16-byte aligned. TESSERA_ATTENTION=scalar in the environment turns them off (to compare).
+bool flash_supported(DType dtype, int64_t head_dim, std::initializer_list<const void*> ptrs);
+
+// out (B,T,H,D), lse (B,H,T) f32 from qkv (B,T,3,H,D).
+void flash_forward(DType dtype, void* out, float* lse, const void* qkv, int64_t B, int64_t Tn,
+                   int64_t H, int64_t D, cudaStream_t stream);
+// dqkv (B,T,3,H,D) overwritten; rowdot (B,H,T) f32 workspace filled here with dout . out.
+void flash_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
+                    const float* lse, float* rowdot, int64_t B, int64_t Tn, int64_t H, int64_t D,
+                    cudaStream_t stream);
+
+}  // namespace tessera::tc

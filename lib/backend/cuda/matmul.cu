@@ -1,0 +1,230 @@
+// matmul.cu: the linear layer y = x W^T + b (W stored [out, in]) on cuBLAS. With a bias, one
+// cuBLASLt matmul with the bias epilogue where cuBLASLt has an algorithm for the case (every
+// aligned training shape); otherwise the bias is written first and cublasGemmEx accumulates onto
+// it. The bias gradient is a column sum of dout in two deterministic stages (common.cuh). The CPU
+// reference is backend/cpu/matmul.hpp.
+#include <cublasLt.h>
+#include <nvtx3/nvToolsExtMemCudaRt.h>
+
+#include <map>
+#include <tuple>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/ops.hpp"
+
+namespace tessera::cuda_ops {
+
+namespace {
+
+// ---- matmul helpers -----------------------------------------------------------------------------
+
+template <typename T>
+__global__ void fill_bias_kernel(T* out, const T* bias, int64_t N, int64_t OC) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < N * OC) out[i] = bias[i % OC];
+}
+
+// The first stage of a column sum: part[chunk * C + c] = the sum of x[r, c] over the chunk's rows.
+template <typename T>
+__global__ void column_partials_kernel(float* part, const T* x, int64_t N, int64_t C) {
+  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t chunk = (N + kRowChunks - 1) / kRowChunks;
+  const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < N ? r0 + chunk : N;
+  float s = 0.f;
+  for (int64_t r = r0; r < r1; ++r) s += ld(x[r * C + c]);
+  part[blockIdx.y * C + c] = s;
+}
+__global__ void sum_partials_kernel(float* out, const float* part, int64_t C) {
+  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float s = 0.f;
+  for (int k = 0; k < kRowChunks; ++k) s += part[k * C + c];
+  out[c] += s;
+}
+
+// Tells compute-sanitizer's initcheck (run with --nvtx yes) that a cuBLAS output was written: the
+// Hopper kernels cuBLAS picks for bf16 store through paths initcheck does not track, so a later
+// read of the output is reported as uninitialised (docs/testing.md). Costs nothing without a tool.
+void mark_initialized(void* p, size_t bytes, cudaStream_t s) {
+  static const nvtxDomainHandle_t domain = nvtxDomainCreateA("tessera");
+  nvtxMemVirtualRangeDesc_t range{};
+  range.ptr = p;
+  range.size = bytes;
+  nvtxMemMarkInitializedBatch_t batch{};
+  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+  batch.structSize = sizeof batch;
+  batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  batch.regionDescCount = 1;
+  batch.regionDescElementSize = sizeof range;
+  batch.regionDescElements = &range;
+  nvtxMemCudaMarkInitialized(domain, s, 0, &batch);
+}
+
+// Row-major Y (N,OC) = X (N,IC) W^T is, in cuBLAS's column-major terms, Y^T = W X^T with W read
+// transposed: (OC,IC)row = (IC,OC)col. All GEMMs accumulate in f32 (CUBLAS_COMPUTE_32F; bf16 and
+// f16 inputs run on tensor cores).
+void gemm(cublasHandle_t blas, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+          int64_t k, const Tensor& A, int64_t lda, const Tensor& B, int64_t ldb, float beta,
+          Tensor& Cm, int64_t ldc) {
+  const float alpha = 1.f;
+  CUBLAS_CHECK(cublasGemmEx(blas, ta, tb, (int)m, (int)n, (int)k, &alpha, A.raw(),
+                            cuda_type(A.dtype()), (int)lda, B.raw(), cuda_type(B.dtype()), (int)ldb,
+                            &beta, Cm.raw(), cuda_type(Cm.dtype()), (int)ldc, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+  if (beta == 0.f) {
+    cudaStream_t s = nullptr;
+    CUBLAS_CHECK(cublasGetStream(blas, &s));
+    mark_initialized(Cm.raw(), Cm.nbytes(), s);
+  }
+}
+
+// The largest power of two (up to 256) that divides the address: cuBLASLt's alignment preference.
+uint32_t alignment_of(const void* p) {
+  uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+
+constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+
+}  // namespace
+
+// One cached cuBLASLt problem: y^T (OC x N) = W (OC x IC, read transposed from IC x OC) x^T (IC x
+// N)
+// + bias (OC), column-major as in gemm() above.
+struct LtMatmul::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool usable = false;
+};
+
+struct LtMatmul::Impl {
+  cublasLtHandle_t handle = nullptr;
+  // (OC, N, IC, dtype, alignments of W, x, y) -> plan
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t>, Plan> plans;
+  ~Impl() {
+    for (auto& kv : plans) {
+      Plan& p = kv.second;
+      if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+      if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+      if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+      if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+    }
+    if (handle) cublasLtDestroy(handle);
+  }
+};
+
+LtMatmul::LtMatmul() : impl_(std::make_unique<Impl>()) {}
+LtMatmul::~LtMatmul() = default;
+
+bool LtMatmul::bias_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
+                            const Tensor& bias, Workspace& ws, cudaStream_t s) {
+  if (out.dtype() == DType::F32) return false;  // f32 keeps the reference GEMM path
+  const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
+  if (IC % 8 != 0 || OC % 8 != 0) return false;
+  for (const void* p : {out.raw(), inp.raw(), weight.raw(), bias.raw()})
+    if (alignment_of(p) < 16) return false;
+  if (!impl_->handle) CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
+  const auto key =
+      std::make_tuple(OC, N, IC, static_cast<int>(out.dtype()), alignment_of(weight.raw()),
+                      alignment_of(inp.raw()), alignment_of(out.raw()));
+  auto [it, fresh] = impl_->plans.try_emplace(key);
+  Plan& p = it->second;
+  if (fresh) {
+    const cudaDataType_t t = cuda_type(out.dtype());
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, t, IC, OC, IC));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, t, IC, N, IC));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, t, OC, N, OC));
+    const void* bp = bias.raw();
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t wbytes = kLtWorkspaceBytes;
+    const uint32_t al_a = std::get<4>(key), al_b = std::get<5>(key), al_d = std::get<6>(key);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wbytes, sizeof wbytes));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, p.desc, p.a, p.b, p.d,
+                                                             p.d, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (p.usable) p.algo = result.algo;
+  }
+  if (!p.usable) return false;
+  const void* bp = bias.raw();
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+  void* work = ws.get(Scratch::kCublasLt, kLtWorkspaceBytes);
+  const float alpha = 1.f, beta = 0.f;
+  const cublasStatus_t st =
+      cublasLtMatmul(impl_->handle, p.desc, &alpha, weight.raw(), p.a, inp.raw(), p.b, &beta,
+                     out.raw(), p.d, out.raw(), p.d, &p.algo, work, kLtWorkspaceBytes, s);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // never again for this case: the GEMM path
+    p.usable = false;
+    return false;
+  }
+  CUBLAS_CHECK(st);
+  mark_initialized(out.raw(), out.nbytes(), s);
+  return true;
+}
+
+void sum_column_partials(float* out, const float* part, int64_t C, cudaStream_t s) {
+  sum_partials_kernel<<<blocks_for(C), kThreads, 0, s>>>(out, part, C);
+  LAUNCH_CHECK();
+}
+
+void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias,
+                    cublasHandle_t blas, LtMatmul* lt, Workspace& ws, cudaStream_t s) {
+  const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
+  if (bias && lt && lt->bias_forward(out, inp, weight, *bias, ws, s)) return;
+  if (bias) {
+    dispatch(out.dtype(), "bias", [&](auto tag) {
+      using T = decltype(tag);
+      fill_bias_kernel<T>
+          <<<blocks_for(N * OC), kThreads, 0, s>>>(out.data<T>(), bias->data<T>(), N, OC);
+    });
+    LAUNCH_CHECK();
+  }
+  gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, weight, IC, inp, IC, bias ? 1.f : 0.f, out, OC);
+}
+
+void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+                     const Tensor& inp, const Tensor& weight, cublasHandle_t blas, Workspace& ws,
+                     cudaStream_t s) {
+  const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
+  if (dinp) gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, weight, IC, dout, OC, 0.f, *dinp, IC);
+  gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, OC, 1.f, dweight, IC);
+  if (dbias) {
+    float* part = ws.get<float>(Scratch::kPartials, kRowChunks * OC);
+    dispatch(dout.dtype(), "bias gradient", [&](auto tag) {
+      using T = decltype(tag);
+      const dim3 grid(static_cast<unsigned>(blocks_for(OC)), kRowChunks);
+      column_partials_kernel<T><<<grid, kThreads, 0, s>>>(part, dout.data<T>(), N, OC);
+    });
+    LAUNCH_CHECK();
+    sum_column_partials(dbias->f32(), part, OC, s);
+  }
+}
+
+}  // namespace tessera::cuda_ops

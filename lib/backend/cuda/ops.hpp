@@ -1,0 +1,156 @@
+// ops.hpp: the host launchers of the CUDA kernels, one group per op file, each file named like its
+// CPU reference (backend/cpu/attention.hpp <-> backend/cuda/attention.cu, ...). CudaBackend
+// (cuda_backend.cu) checks an op's arguments and calls its launcher; the launcher picks the kernel
+// for the dtype and shape and enqueues it on stream `s`. Scratch memory comes from the backend's
+// Workspace, so no launcher allocates after the first step. Shapes are as in backend.hpp.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "core/tensor.hpp"
+
+namespace tessera::cuda_ops {
+
+// The backend's device scratch buffers, one per use.
+enum class Scratch {
+  kPartials,         // f32 column partials of two-stage reductions (layernorm.cu, matmul.cu)
+  kAttentionRowdot,  // attention backward: dout . out per (b, h, t) (attention.cu)
+  kEmbeddingSort,    // embedding backward: sorted tokens, their runs, CUB's temporary storage
+  kSumSquares,       // per-block partial sums of squares (optim.cu)
+  kAdamSegments,     // the AdamW segment table (optim.cu)
+  kKvSegments,       // the KV-attention segment table (kv_attention.cu)
+  kCublasLt,         // cuBLASLt's workspace for the GEMMs with epilogues (matmul.cu)
+  kCount
+};
+
+// Grow-only device scratch owned by the backend (defined in cuda_backend.cu). A buffer outgrown
+// (in the first step) is kept, not freed: cudaFree waits for the whole device, which can stall
+// against NCCL work in flight on other streams. Allocations go through the backend's allocator
+// under a label naming the buffer, so an out-of-memory error says which one did not fit.
+class Workspace {
+ public:
+  explicit Workspace(Allocator& alloc) : alloc_(alloc) {}
+  // At least `bytes` bytes of buffer `which` (aligned as cudaMalloc aligns; contents undefined).
+  void* get(Scratch which, size_t bytes);
+  template <typename T>
+  T* get(Scratch which, int64_t n) {
+    return static_cast<T*>(get(which, sizeof(T) * static_cast<size_t>(n)));
+  }
+  // Copies `bytes` bytes from `host` into buffer `which` on stream `s` and returns the buffer. The
+  // host bytes are copied here first and kept until the next upload to the same buffer, so the
+  // caller's memory is free at once.
+  void* upload(Scratch which, const void* host, size_t bytes, cudaStream_t s);
+
+ private:
+  static constexpr int kBuffers = static_cast<int>(Scratch::kCount);
+  Allocator& alloc_;
+  Tensor buffers_[kBuffers];
+  std::vector<char> host_[kBuffers];
+  std::vector<Tensor> retired_;
+};
+
+// ---- elementwise.cu -----------------------------------------------------------------------------
+
+// dst = src converted to dst's dtype (f32, bf16, f16 in any combination); same numel.
+void cast(Tensor& dst, const Tensor& src, cudaStream_t s);
+void add(Tensor& out, const Tensor& a, const Tensor& b, cudaStream_t s);
+
+// ---- embedding.cu -------------------------------------------------------------------------------
+
+void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table, int64_t row_begin,
+                       cudaStream_t s);
+void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids, int64_t row_begin,
+                        Workspace& ws, cudaStream_t s);
+void position_embedding_forward(Tensor& out, const Tensor& wpe, cudaStream_t s);
+void position_embedding_backward(Tensor& dwpe, const Tensor& dout, cudaStream_t s);
+
+// ---- gelu.cu ------------------------------------------------------------------------------------
+
+void gelu_forward(Tensor& out, const Tensor& inp, cudaStream_t s);
+void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout, cudaStream_t s);
+
+// ---- layernorm.cu -------------------------------------------------------------------------------
+
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w,
+                       const Tensor& b, float eps, cudaStream_t s);
+void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
+                        const Tensor& w, const Tensor& mean, const Tensor& rstd, Workspace& ws,
+                        cudaStream_t s);
+void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
+                           const Tensor& b, const Tensor& w, const Tensor& bias, float eps,
+                           cudaStream_t s);
+
+// ---- matmul.cu ----------------------------------------------------------------------------------
+
+// The bias epilogue of cuBLASLt: y = x W^T + b in one kernel (no bias fill, no read of y).
+// Plans (descriptors, layouts and the heuristic's algorithm) are cached per shape, dtype and
+// pointer alignment. Cases cuBLASLt has no algorithm for, or pointers not 16-byte aligned, return
+// false and the caller takes the fill + cublasGemmEx path. Defined in matmul.cu.
+class LtMatmul {
+ public:
+  LtMatmul();
+  ~LtMatmul();
+  LtMatmul(const LtMatmul&) = delete;
+  LtMatmul& operator=(const LtMatmul&) = delete;
+  bool bias_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                    Workspace& ws, cudaStream_t s);
+
+ private:
+  struct Plan;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// `blas` is bound to stream `s`; `lt` may be null (no cuBLASLt path).
+void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias,
+                    cublasHandle_t blas, LtMatmul* lt, Workspace& ws, cudaStream_t s);
+void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+                     const Tensor& inp, const Tensor& weight, cublasHandle_t blas, Workspace& ws,
+                     cudaStream_t s);
+
+// ---- attention.cu -------------------------------------------------------------------------------
+
+// Causal self-attention over qkv (B, T, 3*heads*hd): out (B, T, heads*hd) and the log-sum-exp of
+// every score row, lse (B, heads, T), f32. `ws` is for kernels that need scratch (none today).
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, Workspace& ws,
+                       cudaStream_t s);
+// dqkv (B, T, 3*heads*hd) from dout, the forward's inputs and outputs (out, lse).
+void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                        const Tensor& lse, int64_t heads, Workspace& ws, cudaStream_t s);
+
+// ---- kv_attention.cu ----------------------------------------------------------------------------
+
+// f32 only. Waits for the stream before returning.
+void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
+                  const std::vector<Backend::KvSegment>& segments, int64_t heads, Workspace& ws,
+                  cudaStream_t s);
+
+// ---- cross_entropy.cu ---------------------------------------------------------------------------
+
+void xent_row_max(Tensor& rowmax, const Tensor& logits, int64_t valid, cudaStream_t s);
+void xent_row_sums(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& rowmax,
+                   const Tensor& targets, int64_t valid, int64_t col_begin, cudaStream_t s);
+void xent_loss_and_grad(Tensor& losses, Tensor& logits, const Tensor& rowmax, const Tensor& sumexp,
+                        const Tensor& target_logit, const Tensor& targets, int64_t valid,
+                        int64_t col_begin, float grad_scale, cudaStream_t s);
+
+// ---- optim.cu -----------------------------------------------------------------------------------
+
+// All operands f32.
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& h,
+                double weight_decay, int64_t step, cudaStream_t s);
+void adamw_step_flat(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
+                     const std::vector<AdamWSegment>& segments, const AdamWHyper& h, int64_t step,
+                     Workspace& ws, cudaStream_t s);
+// The sum of squares of every element of xs (f32), in a fixed order; waits for the stream.
+double sum_squares_all(const std::vector<Tensor>& xs, Workspace& ws, cudaStream_t s);
+void scale(Tensor& x, float factor, cudaStream_t s);
+
+}  // namespace tessera::cuda_ops

@@ -1,0 +1,136 @@
+// optim.cu: AdamW (decoupled weight decay, PyTorch's update order) per tensor and over the whole
+// flat parameter buffer, and the gradient-norm helpers: a deterministic sum of squares (fixed grid,
+// fixed order) and an in-place scale. All operands are f32. The CPU reference is
+// backend/cpu/optim.hpp.
+#include <cmath>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/ops.hpp"
+
+namespace tessera::cuda_ops {
+
+namespace {
+
+// ---- optimizer and norms ------------------------------------------------------------------------
+
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float b1,
+                             float b2, float eps, float step_size, float bc2_sqrt, float decay) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float gi = g[i];
+  const float mi = b1 * m[i] + (1.f - b1) * gi;
+  const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  p[i] = p[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+}
+struct DevAdamSegment {
+  int64_t begin, end;
+  float decay;  // 1 - lr * weight_decay
+};
+// AdamW over the whole flat buffer: each element finds its segment (binary search over the
+// segment starts) for its weight decay.
+__global__ void adamw_flat_kernel(float* p, const float* g, float* m, float* v, int64_t n,
+                                  const DevAdamSegment* segs, int nseg, float b1, float b2,
+                                  float eps, float step_size, float bc2_sqrt) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  int lo = 0, hi = nseg - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (segs[mid].begin <= i)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  if (i < segs[lo].begin || i >= segs[lo].end) return;  // not a parameter of any segment
+  const float gi = g[i];
+  const float mi = b1 * m[i] + (1.f - b1) * gi;
+  const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  p[i] = p[i] * segs[lo].decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+}
+
+constexpr int kSumBlocks = 256;
+// Fixed grid and fixed per-thread order: the same partial sums on every run.
+// partial[block] (+)= the block's sum of squares; accumulate chains several tensors in a fixed
+// order (deterministic).
+__global__ void sum_squares_kernel(double* partial, const float* x, int64_t n, bool accumulate) {
+  __shared__ double sh[kThreads];
+  double s = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    s += static_cast<double>(x[i]) * x[i];
+  sh[threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = 0;
+    for (int k = 0; k < blockDim.x; ++k) t += sh[k];
+    partial[blockIdx.x] = accumulate ? partial[blockIdx.x] + t : t;
+  }
+}
+__global__ void scale_kernel(float* x, int64_t n, float s) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= s;
+}
+
+}  // namespace
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& h,
+                double weight_decay, int64_t step, cudaStream_t s) {
+  const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
+  adamw_kernel<<<blocks_for(param.numel()), kThreads, 0, s>>>(
+      param.f32(), grad.f32(), m.f32(), v.f32(), param.numel(), (float)h.beta1, (float)h.beta2,
+      (float)h.eps, (float)(h.lr / bc1), (float)std::sqrt(bc2), (float)(1.0 - h.lr * weight_decay));
+  LAUNCH_CHECK();
+}
+
+void adamw_step_flat(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
+                     const std::vector<AdamWSegment>& segments, const AdamWHyper& h, int64_t step,
+                     Workspace& ws, cudaStream_t s) {
+  if (segments.empty()) return;
+  // The segment table changes only with the learning rate's decay factor: rebuilt on the host,
+  // copied with the step (a few KB).
+  std::vector<DevAdamSegment> table(segments.size());
+  for (size_t i = 0; i < segments.size(); ++i) {
+    TESSERA_CHECK(i == 0 || segments[i].begin >= segments[i - 1].end,
+                  "AdamW segments must be sorted and disjoint");
+    table[i] = {segments[i].begin, segments[i].end,
+                static_cast<float>(1.0 - h.lr * segments[i].weight_decay)};
+  }
+  const auto* segs = static_cast<const DevAdamSegment*>(
+      ws.upload(Scratch::kAdamSegments, table.data(), sizeof(DevAdamSegment) * table.size(), s));
+  const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
+  const int64_t n = segments.back().end;
+  adamw_flat_kernel<<<blocks_for(n), kThreads, 0, s>>>(
+      params.f32(), grads.f32(), m.f32(), v.f32(), n, segs, static_cast<int>(table.size()),
+      (float)h.beta1, (float)h.beta2, (float)h.eps, (float)(h.lr / bc1), (float)std::sqrt(bc2));
+  LAUNCH_CHECK();
+}
+
+double sum_squares_all(const std::vector<Tensor>& xs, Workspace& ws, cudaStream_t s) {
+  if (xs.empty()) return 0.0;
+  double* partials = ws.get<double>(Scratch::kSumSquares, kSumBlocks);
+  bool first = true;
+  for (const Tensor& x : xs) {
+    sum_squares_kernel<<<kSumBlocks, kThreads, 0, s>>>(partials, x.f32(), x.numel(), !first);
+    LAUNCH_CHECK();
+    first = false;
+  }
+  double host[kSumBlocks];
+  CUDA_CHECK(cudaMemcpyAsync(host, partials, sizeof host, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  double sum = 0;
+  for (double p : host) sum += p;
+  return sum;
+}
+
+void scale(Tensor& x, float factor, cudaStream_t s) {
+  scale_kernel<<<blocks_for(x.numel()), kThreads, 0, s>>>(x.f32(), x.numel(), factor);
+  LAUNCH_CHECK();
+}
+
+}  // namespace tessera::cuda_ops
