@@ -3,7 +3,8 @@
 // reference attention, forward and backward, bf16 and f16, head dims 64 and 128, sequence lengths
 // that are and are not multiples of the tiles. Outputs start as NaN and must be fully written.
 // Tolerances, relative to the largest reference value: bf16 2e-2, f16 4e-3 (the CUDA op tests'),
-// lse 1e-4 absolute. On a GPU, test_cuda_ops runs the same kernels on the device at T 1024/2048.
+// lse 1e-4 absolute (the device's exp2 is MUFU's approximation; the emulator's is exact). On a GPU,
+// test_cuda_ops runs the same kernels on the device at T 1024/2048.
 #define TESSERA_WARP_EMU 1
 #include "backend/warp_emu.hpp"
 // (warp_emu.hpp first: mma.cuh's emulated primitives use it.)
@@ -132,9 +133,13 @@ void run_case(Shape s, double tol) {
   }
 }
 
-// Sequence lengths: one partial tile; several tiles with a ragged end; exact multiples.
+// Sequence lengths: one partial tile; several tiles with a ragged end; exact multiples. Batch and
+// heads above 1 in one case, so the (b, h) offsets are exercised.
 TEST(FlashEmu, Bf16HeadDim64) {
   run_case<__nv_bfloat16, 64>({1, 200, 1, 64}, 2e-2);
+}
+TEST(FlashEmu, Bf16HeadDim64SeveralBatchesAndHeads) {
+  run_case<__nv_bfloat16, 64>({2, 150, 3, 64}, 2e-2);
 }
 TEST(FlashEmu, Bf16HeadDim128) {
   run_case<__nv_bfloat16, 128>({1, 160, 1, 128}, 2e-2);

@@ -308,7 +308,7 @@ __global__ void attention_backward_kernel(T* dqkv, const T* dout, const T* qkv, 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
                        [[maybe_unused]] Workspace& ws, cudaStream_t s) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
-  if (tc::flash_supported(qkv.dtype(), hd, {out.raw(), qkv.raw()})) {
+  if (tc::flash_supported(qkv.dtype(), hd, B * heads, {out.raw(), qkv.raw()})) {
     tc::flash_forward(qkv.dtype(), out.raw(), lse.f32(), qkv.raw(), B, T, heads, hd, s);
     return;
   }
@@ -331,7 +331,8 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
                         const Tensor& lse, int64_t heads, Workspace& ws, cudaStream_t s) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
   float* rowdot = ws.get<float>(Scratch::kAttentionRowdot, B * heads * T);
-  if (tc::flash_supported(qkv.dtype(), hd, {dqkv.raw(), dout.raw(), qkv.raw(), out.raw()})) {
+  if (tc::flash_supported(qkv.dtype(), hd, B * heads,
+                          {dqkv.raw(), dout.raw(), qkv.raw(), out.raw()})) {
     tc::flash_backward(qkv.dtype(), dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), lse.f32(), rowdot,
                        B, T, heads, hd, s);
     return;

@@ -4,9 +4,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.hpp"
@@ -20,17 +24,44 @@ namespace {
 template <typename T, int D>
 __global__ void __launch_bounds__(FwdCfg<D>::W * 32) flash_fwd_kernel(FlashFwdArgs p) {
   extern __shared__ __align__(16) char smem[];
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   flash_fwd_body<T, D>(p, smem);
+#else
+  __trap();  // mma.sync bf16/f16 and cp.async need sm_80; flash_supported() never picks this
+#endif
 }
 template <typename T, int D>
 __global__ void __launch_bounds__(BwdKvCfg<D>::W * 32) flash_bwd_kv_kernel(FlashBwdArgs p) {
   extern __shared__ __align__(16) char smem[];
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   flash_bwd_kv_body<T, D>(p, smem);
+#else
+  __trap();  // mma.sync bf16/f16 and cp.async need sm_80; flash_supported() never picks this
+#endif
 }
 template <typename T, int D>
 __global__ void __launch_bounds__(BwdQCfg<D>::W * 32) flash_bwd_q_kernel(FlashBwdArgs p) {
   extern __shared__ __align__(16) char smem[];
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   flash_bwd_q_body<T, D>(p, smem);
+#else
+  __trap();  // mma.sync bf16/f16 and cp.async need sm_80; flash_supported() never picks this
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ float2 to_float2(uint32_t v);
+template <>
+__device__ __forceinline__ float2 to_float2<__nv_bfloat16>(uint32_t v) {
+  __nv_bfloat162 x;
+  memcpy(&x, &v, 4);
+  return __bfloat1622float2(x);
+}
+template <>
+__device__ __forceinline__ float2 to_float2<__half>(uint32_t v) {
+  __half2 x;
+  memcpy(&x, &v, 4);
+  return __half22float2(x);
 }
 
 // rowdot[b, h, t] = dout[b, t, h, :] . out[b, t, h, :] in f32: one warp per (b, t, h), lanes over
@@ -41,13 +72,14 @@ __global__ void rowdot_kernel(float* rowdot, const T* dout, const T* out, int64_
   const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;  // whole warps leave together
-  const T* g = dout + r * D;
-  const T* o = out + r * D;
+  // Pairs of the head dimension as one 32-bit load each (rows are D-aligned, D even).
+  const uint32_t* g = reinterpret_cast<const uint32_t*>(dout + r * D);
+  const uint32_t* o = reinterpret_cast<const uint32_t*>(out + r * D);
   float s = 0.f;
 #pragma unroll
-  for (int d = 2 * lane; d < D; d += 64) {
-    s += static_cast<float>(g[d]) * static_cast<float>(o[d]) +
-         static_cast<float>(g[d + 1]) * static_cast<float>(o[d + 1]);
+  for (int i = lane; i < D / 2; i += 32) {
+    const float2 a = to_float2<T>(g[i]), c = to_float2<T>(o[i]);
+    s += a.x * c.x + a.y * c.y;
   }
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
@@ -57,18 +89,24 @@ __global__ void rowdot_kernel(float* rowdot, const T* dout, const T* out, int64_
   }
 }
 
-// Dynamic shared memory above 48 KB must be allowed per kernel once.
+// Dynamic shared memory above 48 KB must be allowed per kernel, once on each device (the
+// attribute belongs to the device's context); `done` holds a bit per device.
 template <typename K>
-void allow_smem(K kernel, int bytes) {
+void allow_smem(K kernel, int bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev % 64);
+  if (done.load(std::memory_order_acquire) & bit) return;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.fetch_or(bit, std::memory_order_release);
 }
 
 template <typename T, int D>
 void forward(void* out, float* lse, const void* qkv, int64_t B, int64_t Tn, int64_t H,
              cudaStream_t s) {
-  static bool ready = false;
+  static std::atomic<uint64_t> ready{0};
   constexpr int bytes = FwdCfg<D>::smem_bytes();
-  if (!ready) allow_smem(flash_fwd_kernel<T, D>, bytes), ready = true;
+  allow_smem(flash_fwd_kernel<T, D>, bytes, ready);
   const dim3 grid(static_cast<unsigned>((Tn + FwdCfg<D>::Br - 1) / FwdCfg<D>::Br),
                   static_cast<unsigned>(B * H));
   flash_fwd_kernel<T, D><<<grid, FwdCfg<D>::W * 32, bytes, s>>>(
@@ -79,13 +117,10 @@ void forward(void* out, float* lse, const void* qkv, int64_t B, int64_t Tn, int6
 template <typename T, int D>
 void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
               float* rowdot, int64_t B, int64_t Tn, int64_t H, cudaStream_t s) {
-  static bool ready = false;
+  static std::atomic<uint64_t> kv_ready{0}, q_ready{0};
   constexpr int kv_bytes = BwdKvCfg<D>::smem_bytes(), q_bytes = BwdQCfg<D>::smem_bytes();
-  if (!ready) {
-    allow_smem(flash_bwd_kv_kernel<T, D>, kv_bytes);
-    allow_smem(flash_bwd_q_kernel<T, D>, q_bytes);
-    ready = true;
-  }
+  allow_smem(flash_bwd_kv_kernel<T, D>, kv_bytes, kv_ready);
+  allow_smem(flash_bwd_q_kernel<T, D>, q_bytes, q_ready);
   const int64_t rows = B * Tn * H;
   rowdot_kernel<T, D><<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, s>>>(
       rowdot, static_cast<const T*>(dout), static_cast<const T*>(out), rows, static_cast<int>(Tn),
@@ -115,16 +150,38 @@ void dispatch(DType dtype, int64_t D, F&& f) {
 
 }  // namespace
 
-bool flash_supported(DType dtype, int64_t head_dim, std::initializer_list<const void*> ptrs) {
+bool flash_supported(DType dtype, int64_t head_dim, int64_t batch_heads,
+                     std::initializer_list<const void*> ptrs) {
   static const bool off = [] {
     const char* v = std::getenv("TESSERA_ATTENTION");
     return v && std::strcmp(v, "scalar") == 0;
   }();
   if (off || (dtype != DType::BF16 && dtype != DType::F16)) return false;
   if (head_dim != 64 && head_dim != 128) return false;
+  if (batch_heads > 65535) return false;  // grid.y
   for (const void* p : ptrs)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
+  // The device: sm_80 or newer, and room for the largest of the three kernels' shared memory
+  // (sm_86/sm_89 allow 99 KB per block, less than the head-dim-128 kernels take). Cached per
+  // device and head dim.
+  static std::mutex mu;
+  static std::map<std::pair<int, int64_t>, bool> known;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find({dev, head_dim});
+  if (it != known.end()) return it->second;
+  int major = 0, optin = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const int need = head_dim == 64
+                       ? std::max({FwdCfg<64>::smem_bytes(), BwdKvCfg<64>::smem_bytes(),
+                                   BwdQCfg<64>::smem_bytes()})
+                       : std::max({FwdCfg<128>::smem_bytes(), BwdKvCfg<128>::smem_bytes(),
+                                   BwdQCfg<128>::smem_bytes()});
+  const bool ok = major >= 8 && optin >= need;
+  known[{dev, head_dim}] = ok;
+  return ok;
 }
 
 void flash_forward(DType dtype, void* out, float* lse, const void* qkv, int64_t B, int64_t Tn,

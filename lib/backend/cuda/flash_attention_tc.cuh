@@ -321,20 +321,34 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
   const int kw0 = k0 + warp * 16;  // this warp's first key
   const float sl2 = rsqrtf(static_cast<float>(D)) * kLog2e;
 
-  auto load_q_tile = [&](int buf, int q0) {
+  auto load_q_rows = [&](int buf, int q0) {
     load_rows<T, D, Bq, NT>(Qs + buf * Bq * LD, q_g, C3, q0, Tn);
     load_rows<T, D, Bq, NT>(Gs + buf * Bq * LD, g_g, C, q0, Tn);
-    for (int i = tid; i < Bq; i += NT) {
-      const bool ok = q0 + i < Tn;
-      Ls[buf * Bq + i] = ok ? lse_g[q0 + i] * kLog2e : 0.f;
-      Ds[buf * Bq + i] = ok ? rd_g[q0 + i] : 0.f;
+  };
+  // lse (times log2 e) and rowdot of query tile q0: thread tid < Bq loads entry tid into
+  // registers, and stores them into a buffer later (after the tile's work, so the global loads'
+  // latency is hidden behind it); 0 past the end.
+  auto load_stats = [&](int q0, float& l, float& d) {
+    const bool ok = tid < Bq && q0 + tid < Tn;
+    l = ok ? lse_g[q0 + tid] * kLog2e : 0.f;
+    d = ok ? rd_g[q0 + tid] : 0.f;
+  };
+  auto store_stats = [&](int buf, float l, float d) {
+    if (tid < Bq) {
+      Ls[buf * Bq + tid] = l;
+      Ds[buf * Bq + tid] = d;
     }
   };
   load_rows<T, D, Bk, NT>(Ks, q_g + C, C3, k0, Tn);
   load_rows<T, D, Bk, NT>(Vs, q_g + 2 * C, C3, k0, Tn);
   const int qbegin = k0;  // queries before the block's first key see none of its keys
   const int ntiles = (Tn - qbegin + Bq - 1) / Bq;
-  load_q_tile(0, qbegin);
+  load_q_rows(0, qbegin);
+  {
+    float l, d;
+    load_stats(qbegin, l, d);
+    store_stats(0, l, d);
+  }
   cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];
@@ -346,7 +360,11 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
 
   for (int j = 0; j < ntiles; ++j) {
     const int buf = j & 1, q0 = qbegin + j * Bq;
-    if (j + 1 < ntiles) load_q_tile(buf ^ 1, q0 + Bq);
+    float next_l = 0.f, next_d = 0.f;
+    if (j + 1 < ntiles) {
+      load_q_rows(buf ^ 1, q0 + Bq);
+      load_stats(q0 + Bq, next_l, next_d);
+    }
     cp_async_commit();
     cp_async_wait<1>();
     sync_block();
@@ -355,15 +373,18 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
       const T* Gb = Gs + buf * Bq * LD;
       float st[Bq / 8][4], dpt[Bq / 8][4];
       dual_products<T, D, Bq>(st, dpt, Ks + warp * 16 * LD, Vs + warp * 16 * LD, Qb, Gb, lane);
-      // Element (key kw0 + g + 8 (e >> 1), query q0 + 8 n + 2 t + (e & 1)).
+      // Element (key kw0 + g + 8 (e >> 1), query q0 + 8 n + 2 t + (e & 1)). Only tiles that cross
+      // this warp's diagonal or run past the sequence need the mask (warp-uniform test).
+      const bool masked = q0 < kw0 + 15 || q0 + Bq > Tn;
       TC_UNROLL
       for (int n = 0; n < Bq / 8; ++n) {
         TC_UNROLL
         for (int e = 0; e < 4; ++e) {
           const int qi = n * 8 + 2 * t + (e & 1), q = q0 + qi, key = kw0 + g + (e >> 1) * 8;
-          const float pr = (key <= q && q < Tn) ? ex2(st[n][e] * sl2 - Ls[buf * Bq + qi]) : 0.f;
+          const bool keep = !masked || (key <= q && q < Tn);
+          const float pr = keep ? ex2(st[n][e] * sl2 - Ls[buf * Bq + qi]) : 0.f;
           st[n][e] = pr;
-          dpt[n][e] = pr * (dpt[n][e] - Ds[buf * Bq + qi]);
+          dpt[n][e] = keep ? pr * (dpt[n][e] - Ds[buf * Bq + qi]) : 0.f;
         }
       }
       TC_UNROLL
@@ -383,6 +404,8 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
         }
       }
     }
+    // The other buffer's last readers were in the previous iteration, behind its closing barrier.
+    if (j + 1 < ntiles) store_stats(buf ^ 1, next_l, next_d);
     sync_block();
   }
   const float sc = rsqrtf(static_cast<float>(D));
@@ -446,14 +469,16 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
       const T* Vb = Vs + buf * Bc * LD;
       float s[Bc / 8][4], dp[Bc / 8][4];
       dual_products<T, D, Bc>(s, dp, Qs + warp * 16 * LD, Gs + warp * 16 * LD, Kb, Vb, lane);
-      // Element (query row0 + g + 8 (e >> 1), key k0 + 8 n + 2 t + (e & 1)).
+      // Element (query row0 + g + 8 (e >> 1), key k0 + 8 n + 2 t + (e & 1)); the mask only where
+      // the tile crosses this warp's diagonal (keys past the end are past every stored row too).
+      const bool masked = k0 + Bc - 1 > row0;
       TC_UNROLL
       for (int n = 0; n < Bc / 8; ++n) {
         TC_UNROLL
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + n * 8 + 2 * t + (e & 1), row = row0 + g + (e >> 1) * 8;
-          const float pr = key <= row ? ex2(s[n][e] * sl2 - L[e >> 1]) : 0.f;
-          dp[n][e] = pr * (dp[n][e] - Dr[e >> 1]);
+          const bool keep = !masked || key <= row;
+          dp[n][e] = keep ? ex2(s[n][e] * sl2 - L[e >> 1]) * (dp[n][e] - Dr[e >> 1]) : 0.f;
         }
       }
       TC_UNROLL

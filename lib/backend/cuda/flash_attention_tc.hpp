@@ -12,9 +12,12 @@
 
 namespace tessera::tc {
 
-// Whether the tensor-core kernels take this case: dtype bf16/f16, head dim 64 or 128, every
-// pointer 16-byte aligned. TESSERA_ATTENTION=scalar in the environment turns them off (to compare).
-bool flash_supported(DType dtype, int64_t head_dim, std::initializer_list<const void*> ptrs);
+// Whether the tensor-core kernels take this case: dtype bf16/f16, head dim 64 or 128, batch x
+// heads within the grid's y limit, every pointer 16-byte aligned, and a current device of sm_80 or
+// newer with the shared memory they need. TESSERA_ATTENTION=scalar in the environment turns them
+// off (to compare).
+bool flash_supported(DType dtype, int64_t head_dim, int64_t batch_heads,
+                     std::initializer_list<const void*> ptrs);
 
 // out (B,T,H,D), lse (B,H,T) f32 from qkv (B,T,3,H,D).
 void flash_forward(DType dtype, void* out, float* lse, const void* qkv, int64_t B, int64_t Tn,
