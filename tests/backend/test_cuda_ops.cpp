@@ -107,6 +107,34 @@ class CudaOpsDtype : public CudaOpsBase, public ::testing::TestWithParam<DType> 
     return d() == DType::F32 ? f32_tol : d() == DType::BF16 ? 2e-2 : 4e-3;
   }
   Tensor rnd(Shape s, float scale = 1.f) { return as(d(), rand(std::move(s), scale)); }
+  // One attention case against the CPU: the forward, then the backward from the CPU's forward
+  // outputs (only the backward compared) or, as in training, from the GPU's own.
+  struct AttentionCase {
+    int64_t B, T, H, hd;
+  };
+  void check_attention(const AttentionCase& c, bool backward_from_gpu_forward) {
+    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " +
+                 std::to_string(c.H) + " hd " + std::to_string(c.hd));
+    const int64_t B = c.B, T = c.T, H = c.H, hd = c.hd;
+    const DType dt = d();
+    Tensor qkv = rnd({B, T, 3 * H * hd}), dout = rnd({B, T, H * hd});
+    Tensor out({B, T, H * hd}, dt), lse({B, H, T}), dqkv({B, T, 3 * H * hd}, dt);
+    cpu_->attention_forward(out, lse, qkv, H);
+    cpu_->attention_backward(dqkv, dout, qkv, out, lse, H);
+    Tensor qd = dev(qkv), od = poisoned({B, T, H * hd}, dt), ld = poisoned({B, H, T}),
+           dd = dev(dout);
+    gpu_->attention_forward(od, ld, qd, H);
+    expect_close(od, out, tol(1e-5), "attention out");
+    expect_close(ld, lse, dt == DType::F32 ? 1e-5 : 1e-3, "attention lse (f32)");
+    Tensor dqd = poisoned({B, T, 3 * H * hd}, dt);
+    if (backward_from_gpu_forward) {
+      gpu_->attention_backward(dqd, dd, qd, od, ld, H);
+    } else {
+      Tensor od2 = dev(out), ld2 = dev(lse);
+      gpu_->attention_backward(dqd, dd, qd, od2, ld2, H);
+    }
+    expect_close(dqd, dqkv, tol(1e-4), "attention dqkv");
+  }
 };
 
 }  // namespace
@@ -206,54 +234,17 @@ TEST_P(CudaOpsDtype, LayerNormGeluAdd) {
 
 TEST_P(CudaOpsDtype, AttentionForwardBackward) {
   // hd 5: the generic kernels; 32, 64, 128: the tiled ones, with T not a multiple of the tiles.
-  struct Case {
-    int64_t B, T, H, hd;
-  };
-  for (const Case c :
-       {Case{2, 67, 3, 5}, Case{2, 100, 2, 32}, Case{1, 131, 2, 64}, Case{1, 70, 1, 128}}) {
-    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " +
-                 std::to_string(c.H) + " hd " + std::to_string(c.hd));
-    const int64_t B = c.B, T = c.T, H = c.H, hd = c.hd;
-    Tensor qkv = rnd({B, T, 3 * H * hd}), dout = rnd({B, T, H * hd});
-    Tensor out({B, T, H * hd}, d()), lse({B, H, T}), dqkv({B, T, 3 * H * hd}, d());
-    cpu_->attention_forward(out, lse, qkv, H);
-    cpu_->attention_backward(dqkv, dout, qkv, out, lse, H);
-    Tensor qd = dev(qkv), od = poisoned({B, T, H * hd}, d()), ld = poisoned({B, H, T}),
-           dd = dev(dout);
-    gpu_->attention_forward(od, ld, qd, H);
-    expect_close(od, out, tol(1e-5), "attention out");
-    expect_close(ld, lse, d() == DType::F32 ? 1e-5 : 1e-3, "attention lse (f32)");
-    // The backward from the CPU's forward outputs, so only the backward is compared.
-    Tensor od2 = dev(out), ld2 = dev(lse), dqd = poisoned({B, T, 3 * H * hd}, d());
-    gpu_->attention_backward(dqd, dd, qd, od2, ld2, H);
-    expect_close(dqd, dqkv, tol(1e-4), "attention dqkv");
-  }
+  for (const AttentionCase c : {AttentionCase{2, 67, 3, 5}, AttentionCase{2, 100, 2, 32},
+                                AttentionCase{1, 131, 2, 64}, AttentionCase{1, 70, 1, 128}})
+    check_attention(c, false);
 }
 
 // Training shapes: the tensor-core kernels in bf16 and f16 (and the scalar ones in f32) at
 // T 1024 and 2048, head dims 64 and 128, batch > 1, fresh random inputs and poisoned outputs.
 // Tolerances as above, relative to the largest reference value (bf16 2e-2, f16 4e-3).
 TEST_P(CudaOpsDtype, AttentionAtTrainingShapes) {
-  struct Case {
-    int64_t B, T, H, hd;
-  };
-  for (const Case c : {Case{2, 1024, 4, 64}, Case{2, 2048, 2, 128}}) {
-    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " +
-                 std::to_string(c.H) + " hd " + std::to_string(c.hd));
-    const int64_t B = c.B, T = c.T, H = c.H, hd = c.hd;
-    Tensor qkv = rnd({B, T, 3 * H * hd}), dout = rnd({B, T, H * hd});
-    Tensor out({B, T, H * hd}, d()), lse({B, H, T}), dqkv({B, T, 3 * H * hd}, d());
-    cpu_->attention_forward(out, lse, qkv, H);
-    cpu_->attention_backward(dqkv, dout, qkv, out, lse, H);
-    Tensor qd = dev(qkv), od = poisoned({B, T, H * hd}, d()), ld = poisoned({B, H, T}),
-           dd = dev(dout), dqd = poisoned({B, T, 3 * H * hd}, d());
-    gpu_->attention_forward(od, ld, qd, H);
-    expect_close(od, out, tol(1e-5), "attention out");
-    expect_close(ld, lse, d() == DType::F32 ? 1e-5 : 1e-3, "attention lse (f32)");
-    // As in training: the backward from the GPU's own forward outputs.
-    gpu_->attention_backward(dqd, dd, qd, od, ld, H);
-    expect_close(dqd, dqkv, tol(1e-4), "attention dqkv");
-  }
+  for (const AttentionCase c : {AttentionCase{2, 1024, 4, 64}, AttentionCase{2, 2048, 2, 128}})
+    check_attention(c, true);
 }
 
 // The embedding backward at a training shape (GPT-2's C, 8192 tokens, a vocabulary shard, many

@@ -21,32 +21,28 @@ namespace tessera::tc {
 
 namespace {
 
+// mma.sync bf16/f16 and cp.async need sm_80: older targets compile a trap (flash_supported() never
+// picks them at run time).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define TC_SM80(...) __VA_ARGS__
+#else
+#define TC_SM80(...) __trap()
+#endif
+
 template <typename T, int D>
 __global__ void __launch_bounds__(FwdCfg<D>::W * 32) flash_fwd_kernel(FlashFwdArgs p) {
   extern __shared__ __align__(16) char smem[];
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  flash_fwd_body<T, D>(p, smem);
-#else
-  __trap();  // mma.sync bf16/f16 and cp.async need sm_80; flash_supported() never picks this
-#endif
+  TC_SM80(flash_fwd_body<T, D>(p, smem));
 }
 template <typename T, int D>
 __global__ void __launch_bounds__(BwdKvCfg<D>::W * 32) flash_bwd_kv_kernel(FlashBwdArgs p) {
   extern __shared__ __align__(16) char smem[];
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  flash_bwd_kv_body<T, D>(p, smem);
-#else
-  __trap();  // mma.sync bf16/f16 and cp.async need sm_80; flash_supported() never picks this
-#endif
+  TC_SM80(flash_bwd_kv_body<T, D>(p, smem));
 }
 template <typename T, int D>
 __global__ void __launch_bounds__(BwdQCfg<D>::W * 32) flash_bwd_q_kernel(FlashBwdArgs p) {
   extern __shared__ __align__(16) char smem[];
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  flash_bwd_q_body<T, D>(p, smem);
-#else
-  __trap();  // mma.sync bf16/f16 and cp.async need sm_80; flash_supported() never picks this
-#endif
+  TC_SM80(flash_bwd_q_body<T, D>(p, smem));
 }
 
 template <typename T>

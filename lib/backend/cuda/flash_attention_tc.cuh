@@ -112,6 +112,25 @@ TC_DEV void acc_to_a(uint32_t (&a)[4], const float (&acc)[N][4], int kc) {
   a[2] = pack2<T>(acc[2 * kc + 1][0], acc[2 * kc + 1][1]);
   a[3] = pack2<T>(acc[2 * kc + 1][2], acc[2 * kc + 1][3]);
 }
+// acc (16 x D) += A (16 x N, the warp's accumulator tiles `a`, rounded to T) . tile (N x D, shared,
+// stored [n][d]): O += P V in the forward, dV += P^T dO, dK += dS^T Q, dQ += dS K in the backward.
+template <typename T, int D, int N>
+TC_DEV void acc_times_tile(float (&acc)[D / 8][4], const float (&a)[N / 8][4], const T* tile,
+                           int lane) {
+  TC_UNROLL
+  for (int kc = 0; kc < N / 16; ++kc) {
+    uint32_t af[4];
+    acc_to_a<T>(af, a, kc);
+    TC_UNROLL
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      load_b_kn<D>(b, tile + kc * 16 * kLd<D>, dp * 16, lane);
+      mma<T>(acc[2 * dp], af, b[0], b[1]);
+      mma<T>(acc[2 * dp + 1], af, b[2], b[3]);
+    }
+  }
+}
+
 // Writes a warp's 16 x D f32 accumulator, times `mul`, as T: staged through the warp's own 16
 // rows of shared memory `stage` (nobody else reads them any more), then 16-byte stores of rows
 // below Tn to dst + row * stride.
@@ -267,18 +286,7 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
           l[e >> 1] += s[n][e];
         }
       }
-      TC_UNROLL
-      for (int kc = 0; kc < Bc / 16; ++kc) {
-        uint32_t pa[4];
-        acc_to_a<T>(pa, s, kc);
-        TC_UNROLL
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t vb[4];
-          load_b_kn<D>(vb, Vb + kc * 16 * LD, dp * 16, lane);
-          mma<T>(o[2 * dp], pa, vb[0], vb[1]);
-          mma<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
-        }
-      }
+      acc_times_tile<T, D, Bc>(o, s, Vb, lane);
     }
     sync_block();  // the buffer just read is refilled by the next iteration's prefetch
   }
@@ -387,22 +395,8 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
           dpt[n][e] = keep ? pr * (dpt[n][e] - Ds[buf * Bq + qi]) : 0.f;
         }
       }
-      TC_UNROLL
-      for (int kc = 0; kc < Bq / 16; ++kc) {
-        uint32_t pa[4], dsa[4];
-        acc_to_a<T>(pa, st, kc);
-        acc_to_a<T>(dsa, dpt, kc);
-        TC_UNROLL
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t gb[4], qb[4];
-          load_b_kn<D>(gb, Gb + kc * 16 * LD, dp * 16, lane);
-          mma<T>(dv[2 * dp], pa, gb[0], gb[1]);
-          mma<T>(dv[2 * dp + 1], pa, gb[2], gb[3]);
-          load_b_kn<D>(qb, Qb + kc * 16 * LD, dp * 16, lane);
-          mma<T>(dk[2 * dp], dsa, qb[0], qb[1]);
-          mma<T>(dk[2 * dp + 1], dsa, qb[2], qb[3]);
-        }
-      }
+      acc_times_tile<T, D, Bq>(dv, st, Gb, lane);
+      acc_times_tile<T, D, Bq>(dk, dpt, Qb, lane);
     }
     // The other buffer's last readers were in the previous iteration, behind its closing barrier.
     if (j + 1 < ntiles) store_stats(buf ^ 1, next_l, next_d);
@@ -481,18 +475,7 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
           dp[n][e] = keep ? ex2(s[n][e] * sl2 - L[e >> 1]) * (dp[n][e] - Dr[e >> 1]) : 0.f;
         }
       }
-      TC_UNROLL
-      for (int kc = 0; kc < Bc / 16; ++kc) {
-        uint32_t dsa[4];
-        acc_to_a<T>(dsa, dp, kc);
-        TC_UNROLL
-        for (int dd = 0; dd < D / 16; ++dd) {
-          uint32_t kb[4];
-          load_b_kn<D>(kb, Kb + kc * 16 * LD, dd * 16, lane);
-          mma<T>(dq[2 * dd], dsa, kb[0], kb[1]);
-          mma<T>(dq[2 * dd + 1], dsa, kb[2], kb[3]);
-        }
-      }
+      acc_times_tile<T, D, Bc>(dq, dp, Kb, lane);
     }
     sync_block();
   }
