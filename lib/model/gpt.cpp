@@ -1,6 +1,8 @@
 // gpt.cpp: GPT-2 forward and backward on one rank's shard.
 #include "model/gpt.hpp"
 
+#include <algorithm>
+
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
 
@@ -18,9 +20,10 @@ LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads) {
 }  // namespace
 
 GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backend,
-                   Communicator& tp, DType compute)
-    : cfg_(cfg), shard_(shard), be_(backend), tp_(tp), compute_(compute) {
+                   Communicator& tp, DType compute, const RecomputeConfig& recompute)
+    : cfg_(cfg), shard_(shard), be_(backend), tp_(tp), compute_(compute), recompute_(recompute) {
   cfg_.validate();
+  plan_ = plan_recompute(recompute_, shard_.layer_begin, shard_.layer_end);
   TESSERA_CHECK(tp.size() == shard.tp_size && tp.rank() == shard.tp_rank,
                 "tensor-parallel communicator does not match the model shard");
   TESSERA_CHECK(cfg.num_attention_heads % shard.tp_size == 0 && cfg.ffn() % shard.tp_size == 0,
@@ -71,73 +74,157 @@ void GPTModel::zero_grads() {
   be_.zero(params_->flat_grads());
 }
 
-int64_t activation_elems(const GPTConfig& cfg, const ModelShard& shard, int B, int T) {
+namespace {
+
+// Builds the activation buffers of `count` micro-batch slots on `al`: the shared scratch and
+// recompute working set first, then each slot's own buffers. The one place that decides what is
+// allocated, for the model (make_activation_slots) and the estimate (activation_footprint).
+std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const ModelShard& shard,
+                                                const std::vector<LayerRecompute>& plan, int B,
+                                                int T, DType compute, Allocator& al, int count) {
   const int64_t N = int64_t(B) * T, C = cfg.hidden_size;
-  const int64_t hl = C / shard.tp_size, heads_l = cfg.num_attention_heads / shard.tp_size;
-  const int64_t fl = cfg.ffn() / shard.tp_size,
-                vl = cfg.padded_vocab_size(shard.tp_size) / shard.tp_size;
-  const int64_t per_layer =
-      N * C * 5 + N * 4 + N * 3 * hl + N * hl + int64_t(B) * heads_l * T + 2 * N * fl;
-  int64_t total =
-      2 * N /*ids, targets*/ + N * C /*input*/ + per_layer * (shard.layer_end - shard.layer_begin);
-  if (shard.has_head) total += N * C + 2 * N + N * vl + 4 * N;
-  total += 3 * N * C + N * 3 * hl + N * hl + N * fl;  // scratch
-  return total;
-}
-
-int64_t GPTModel::activation_elems(int B, int T) const {
-  return tessera::activation_elems(cfg_, shard_, B, T);
-}
-
-Activations GPTModel::make_activations(int B, int T) const {
-  TESSERA_CHECK(T <= cfg_.max_positions(), "sequence of ", T, " tokens exceeds the ",
-                cfg_.max_positions(), " positions of the model");
-  Allocator& al = be_.allocator();
-  const int64_t N = int64_t(B) * T, C = cfg_.hidden_size;
-  AllocationLabel label(
-      detail::concat("the activations of one micro-batch (", B, " x ", T, " tokens)"));
-  auto f = [&](Shape s) { return Tensor(std::move(s), compute_, al); };      // activations
+  const int64_t heads_l = cfg.num_attention_heads / shard.tp_size;
+  const int64_t hl = heads_l * cfg.head_dim(), fl = cfg.ffn() / shard.tp_size;
+  const int64_t vl = cfg.padded_vocab_size(shard.tp_size) / shard.tp_size;
+  auto f = [&](Shape s) { return Tensor(std::move(s), compute, al); };      // activations
   auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };  // statistics
-  Activations a;
-  a.B = B;
-  a.T = T;
-  a.ids = Tensor({B, T}, DType::I32, al);
-  a.targets = Tensor({B, T}, DType::I32, al);
-  a.input = f({B, T, C});
-  for (int l = shard_.layer_begin; l < shard_.layer_end; ++l) {
-    LayerActivations la;
+  auto ln1 = [&](LayerActivations& la) {
     la.ln1 = f({N, C});
     la.ln1_mean = f32({N});
     la.ln1_rstd = f32({N});
-    la.qkv = f({B, T, 3 * hidden_local_});
-    la.att = f({B, T, hidden_local_});
-    la.lse = f32({B, heads_local_, T});
-    la.res1 = f({B, T, C});
+  };
+  auto ln2_gelu = [&](LayerActivations& la) {
     la.ln2 = f({N, C});
     la.ln2_mean = f32({N});
     la.ln2_rstd = f32({N});
-    la.fc1 = f({N, ffn_local_});
-    la.gelu = f({N, ffn_local_});
-    la.res2 = f({B, T, C});
-    a.layers.push_back(std::move(la));
+    la.gelu = f({N, fl});
+  };
+  auto core = [&](LayerActivations& la) {  // the attention core's output and statistics
+    la.att = f({B, T, hl});
+    la.lse = f32({B, heads_l, T});
+  };
+  auto kept = [&](LayerActivations& la, bool res2) {  // what selective recomputation keeps
+    la.qkv = f({B, T, 3 * hl});
+    la.res1 = f({B, T, C});
+    la.fc1 = f({N, fl});
+    if (res2) la.res2 = f({B, T, C});
+  };
+  // Shared: the scratch of the passes, then the recompute working set.
+  Activations shared;
+  shared.tmp_c = f({N, C});
+  shared.dln = f({N, C});
+  shared.dqkv = f({B, T, 3 * hl});
+  shared.datt = f({B, T, hl});
+  shared.dfc = f({N, fl});
+  size_t max_chunk = 0;
+  bool selective = false;
+  for (const LayerRecompute& p : plan) {
+    if (p.kind == RecomputeGranularity::Full)
+      max_chunk = std::max(max_chunk, static_cast<size_t>(p.chunk_end - p.chunk_begin));
+    selective |= p.kind == RecomputeGranularity::Selective;
   }
-  if (shard_.has_head) {
-    a.lnf = f({N, C});
-    a.lnf_mean = f32({N});
-    a.lnf_rstd = f32({N});
-    a.logits = f({N, vocab_local_});
-    a.losses = f32({N});
-    a.rowmax = f32({N});
-    a.sumexp = f32({N});
-    a.target_logit = f32({N});
+  // Full: position j of a chunk uses work[j]; the output of a chunk's last layer is the next
+  // chunk's input and is kept per micro-batch, so the last position needs no res2 here.
+  std::vector<LayerActivations> work(max_chunk);
+  for (size_t j = 0; j < max_chunk; ++j) {
+    ln1(work[j]);
+    ln2_gelu(work[j]);
+    core(work[j]);
+    kept(work[j], j + 1 < max_chunk);
   }
-  a.tmp_c = f({N, C});
-  a.dres = f({B, T, C});
-  a.dln = f({N, C});
-  a.dqkv = f({B, T, 3 * hidden_local_});
-  a.datt = f({B, T, hidden_local_});
-  a.dfc = f({N, ffn_local_});
-  return a;
+  LayerActivations sel;  // selective: one set, refilled before each layer's backward
+  if (selective) {
+    ln1(sel);
+    ln2_gelu(sel);
+    core(sel);
+  }
+  std::vector<Activations> slots;
+  for (int k = 0; k < count; ++k) {
+    Activations a = shared;
+    a.B = B;
+    a.T = T;
+    a.ids = Tensor({B, T}, DType::I32, al);
+    a.targets = Tensor({B, T}, DType::I32, al);
+    a.input = f({B, T, C});
+    a.dres = f({B, T, C});
+    for (int l = shard.layer_begin; l < shard.layer_end; ++l) {
+      const LayerRecompute& p = plan[static_cast<size_t>(l - shard.layer_begin)];
+      LayerActivations la;
+      switch (p.kind) {
+        case RecomputeGranularity::None:
+          ln1(la);
+          ln2_gelu(la);
+          core(la);
+          kept(la, true);
+          break;
+        case RecomputeGranularity::Selective:
+          la = sel;
+          kept(la, true);
+          break;
+        case RecomputeGranularity::Full:
+          la = work[static_cast<size_t>(l - p.chunk_begin)];
+          if (p.chunk_last(l)) la.res2 = f({B, T, C});
+          break;
+      }
+      a.layers.push_back(std::move(la));
+    }
+    if (shard.has_head) {
+      a.lnf = f({N, C});
+      a.lnf_mean = f32({N});
+      a.lnf_rstd = f32({N});
+      a.logits = f({N, vl});
+      a.losses = f32({N});
+      a.rowmax = f32({N});
+      a.sumexp = f32({N});
+      a.target_logit = f32({N});
+    }
+    slots.push_back(std::move(a));
+  }
+  return slots;
+}
+
+// Hands out no memory; counts the bytes asked for.
+class CountingAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    bytes_ += static_cast<double>(bytes);
+    return &dummy_;
+  }
+  void deallocate(void*, size_t) override {}
+  Device device() const override { return Device::CPU; }
+  double bytes() const { return bytes_; }
+
+ private:
+  double bytes_ = 0;
+  char dummy_ = 0;
+};
+
+}  // namespace
+
+ActivationFootprint activation_footprint(const GPTConfig& cfg, const ModelShard& shard,
+                                         const RecomputeConfig& rc, int B, int T, DType compute) {
+  const auto plan = plan_recompute(rc, shard.layer_begin, shard.layer_end);
+  CountingAllocator one, two;
+  build_activation_slots(cfg, shard, plan, B, T, compute, one, 1);
+  build_activation_slots(cfg, shard, plan, B, T, compute, two, 2);
+  ActivationFootprint fp;
+  fp.per_micro_batch = two.bytes() - one.bytes();
+  fp.shared = one.bytes() - fp.per_micro_batch;
+  return fp;
+}
+
+ActivationFootprint GPTModel::activation_footprint(int B, int T) const {
+  return tessera::activation_footprint(cfg_, shard_, recompute_, B, T, compute_);
+}
+
+std::vector<Activations> GPTModel::make_activation_slots(int B, int T, int count) const {
+  TESSERA_CHECK(T <= cfg_.max_positions(), "sequence of ", T, " tokens exceeds the ",
+                cfg_.max_positions(), " positions of the model");
+  AllocationLabel label(
+      count == 1 ? detail::concat("the activations of one micro-batch (", B, " x ", T, " tokens)")
+                 : detail::concat("the activations of ", count, " micro-batches in flight (", B,
+                                  " x ", T, " tokens each)"));
+  return build_activation_slots(cfg_, shard_, plan_, B, T, compute_, be_.allocator(), count);
 }
 
 LayerActivations& GPTModel::acts_of(int layer, Activations& a) const {
@@ -260,7 +347,35 @@ void GPTModel::head_backward(Activations& a) {
                          params_->compute_param("lnf.weight"), a.lnf_mean, a.lnf_rstd);
 }
 
+void GPTModel::recompute_for_backward(int l, Activations& a) {
+  const LayerRecompute& p = plan_[static_cast<size_t>(l - shard_.layer_begin)];
+  if (p.kind == RecomputeGranularity::Full && p.chunk_last(l)) {
+    // The chunk's forward again from its kept input: every buffer of the chunk (the working set)
+    // is refilled, and the kept output is rewritten with the same bits.
+    NVTX_RANGE("recompute-full");
+    for (int k = p.chunk_begin; k < p.chunk_end; ++k) block_forward(k, a);
+  } else if (p.kind == RecomputeGranularity::Selective) {
+    // The LayerNorm outputs (with their statistics), the attention core's output and lse, and
+    // the GELU output, from the kept layer input, qkv, res1 and fc1 output: the same kernels on
+    // the same inputs as the forward.
+    NVTX_RANGE("recompute-selective");
+    const LayerWeights& w = weights_[l - shard_.layer_begin];
+    LayerActivations& la = acts_of(l, a);
+    const double eps = cfg_.layernorm_epsilon;
+    PhaseSequence phase;
+    phase("layernorm-forward");
+    be_.layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, layer_input(l, a), w.ln1_w, w.ln1_b,
+                          eps);
+    be_.layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res1, w.ln2_w, w.ln2_b, eps);
+    phase("attention-core-forward");
+    be_.attention_forward(la.att, la.lse, la.qkv, heads_local_);
+    phase("gelu-forward");
+    be_.gelu_forward(la.gelu, la.fc1);
+  }
+}
+
 void GPTModel::block_backward(int l, Activations& a) {
+  recompute_for_backward(l, a);
   NvtxRange range(range_names_[2 * (l - shard_.layer_begin) + 1].c_str());
   const LayerWeights& w = weights_[l - shard_.layer_begin];
   LayerWeights& g = grads_[l - shard_.layer_begin];

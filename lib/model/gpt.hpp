@@ -13,13 +13,16 @@
 #include "comm/communicator.hpp"
 #include "model/gpt_config.hpp"
 #include "model/params.hpp"
+#include "model/recompute.hpp"
 
 namespace tessera {
 
 class PhaseSequence;  // core/phase_timer.hpp
 
-// Saved activations of one transformer layer for one micro-batch. N = B*T tokens; Cl, Fl, Hl are
-// this rank's shares of the hidden width, ffn width and heads.
+// Activations of one transformer layer for one micro-batch. N = B*T tokens; Cl, Fl, Hl are this
+// rank's shares of the hidden width, ffn width and heads. With recomputation (model/recompute.hpp)
+// some of these tensors are views of a working set shared by every micro-batch in flight: they are
+// filled again just before the layer's backward reads them.
 struct LayerActivations {
   Tensor ln1, ln1_mean, ln1_rstd;  // (N,C), (N), (N)
   Tensor qkv;                      // (B,T,3*Cl)
@@ -44,23 +47,30 @@ struct Activations {
   Tensor lnf, lnf_mean, lnf_rstd;               // last stage
   Tensor logits;                                // (N,Vl), overwritten in place by dlogits
   Tensor losses, rowmax, sumexp, target_logit;  // (N)
-  // Scratch shared by all layers (not saved between forward and backward).
+  Tensor dres;                                  // (B,T,C) gradient of the residual stream
+  // Scratch, one set shared by every micro-batch in flight (nothing in it outlives a pass).
   Tensor tmp_c;            // (N,C)   row-parallel outputs
-  Tensor dres;             // (B,T,C) gradient of the residual stream
   Tensor dln;              // (N,C)
   Tensor dqkv, datt, dfc;  // (N,3Cl), (N,Cl), (N,Fl)
 };
 
-// Elements (4 bytes each) of the activation buffers of one (B,T) micro-batch on a shard; the same
-// sizes make_activations allocates, so --dry-run can report them without allocating anything.
-int64_t activation_elems(const GPTConfig& cfg, const ModelShard& shard, int B, int T);
+// Bytes of the activation buffers of a stage for (B,T) micro-batches: what each micro-batch in
+// flight keeps, and the scratch and recompute working set they share. Counted by building the
+// same buffers make_activation_slots allocates, on an allocator that only counts.
+struct ActivationFootprint {
+  double per_micro_batch = 0, shared = 0;
+  double total(int slots) const { return per_micro_batch * slots + shared; }
+};
+ActivationFootprint activation_footprint(const GPTConfig& cfg, const ModelShard& shard,
+                                         const RecomputeConfig& rc, int B, int T, DType compute);
 
 class GPTModel {
  public:
   // `compute`: the dtype of activations and of the weights the passes read (f32, or bf16/f16 for
   // mixed precision with f32 master weights and gradients).
+  // `recompute`: which activations are recomputed in the backward instead of stored.
   GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backend, Communicator& tp,
-           DType compute = DType::F32);
+           DType compute = DType::F32, const RecomputeConfig& recompute = {});
   DType compute_dtype() const { return compute_; }
 
   const GPTConfig& config() const { return cfg_; }
@@ -76,9 +86,12 @@ class GPTModel {
   void sync_compute_weights();
   void zero_grads();
 
-  // Elements of the activation buffers for a (B,T) micro-batch (used by --dry-run too).
-  int64_t activation_elems(int B, int T) const;
-  Activations make_activations(int B, int T) const;
+  const RecomputeConfig& recompute() const { return recompute_; }
+  ActivationFootprint activation_footprint(int B, int T) const;
+  // The buffers of `count` (B,T) micro-batches in flight at once (pipeline slots): each its own
+  // kept activations, all sharing one scratch and recompute working set.
+  std::vector<Activations> make_activation_slots(int B, int T, int count) const;
+  Activations make_activations(int B, int T) const { return make_activation_slots(B, T, 1)[0]; }
 
   // The forward pieces. embed: ids -> input. block l: input of layer l -> layers[l].res2.
   // head: last hidden -> loss; returns the sum of token losses and leaves dlogits (scaled by
@@ -92,7 +105,9 @@ class GPTModel {
   // All of this stage (first and last stage together when PP = 1).
   double forward(Activations& a, float grad_scale);
 
-  // The backward pieces mirror the forward; each reads and writes a.dres.
+  // The backward pieces mirror the forward; each reads and writes a.dres. block_backward runs the
+  // layers in reverse order (the last layer first): with full recomputation, the backward of a
+  // chunk's last layer first re-runs the chunk's forward.
   void head_backward(Activations& a);
   void block_backward(int layer, Activations& a);
   void embed_backward(Activations& a);
@@ -121,12 +136,16 @@ class GPTModel {
   // A TP all-reduce inside a layer: phase "tp-all-reduce" where TP > 1.
   void tp_reduce(PhaseSequence& phase, Tensor& t);
   LayerActivations& acts_of(int layer, Activations& a) const;
+  // Refills what the layer's backward reads and the plan did not keep.
+  void recompute_for_backward(int layer, Activations& a);
 
   GPTConfig cfg_;
   ModelShard shard_;
   Backend& be_;
   Communicator& tp_;
   DType compute_ = DType::F32;
+  RecomputeConfig recompute_;
+  std::vector<LayerRecompute> plan_;  // indexed by layer - layer_begin
   int64_t padded_vocab_ = 0, vocab_local_ = 0, vocab_begin_ = 0, valid_cols_ = 0;
   int64_t heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
   std::unique_ptr<ParamStore> params_;

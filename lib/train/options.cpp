@@ -46,6 +46,46 @@ std::vector<int> parse_rank_list(const std::string& text, const std::string& opt
   return ranks;
 }
 
+RecomputeConfig recompute_options(const std::string& granularity, const std::string& method,
+                                  int num_layers, bool checkpoint_activations,
+                                  int checkpoint_num_layers) {
+  using detail::concat;
+  RecomputeConfig rc;
+  if (checkpoint_activations) {  // Megatron's older spelling of full + uniform
+    if (!granularity.empty() && granularity != "full")
+      throw ConfigError("--checkpoint-activations means --recompute-granularity full; it was "
+                        "given with --recompute-granularity " +
+                        granularity + " (give one of them)");
+    if (!method.empty() && method != "uniform")
+      throw ConfigError("--checkpoint-activations means --recompute-method uniform; it was given "
+                        "with --recompute-method " +
+                        method + " (use --recompute-granularity full for block)");
+    rc.granularity = RecomputeGranularity::Full;
+  } else if (checkpoint_num_layers > 0) {
+    throw ConfigError(concat("--checkpoint-num-layers=", checkpoint_num_layers,
+                             " needs --checkpoint-activations"));
+  }
+  if (!granularity.empty()) rc.granularity = parse_recompute_granularity(granularity);
+  if (!method.empty()) {
+    if (!rc.full())
+      throw ConfigError("--recompute-method=" + method +
+                        " needs --recompute-granularity full (selective recomputes every layer)");
+    rc.method = parse_recompute_method(method);
+  }
+  if (checkpoint_num_layers > 0 && num_layers > 0 && checkpoint_num_layers != num_layers)
+    throw ConfigError(concat("--checkpoint-num-layers=", checkpoint_num_layers,
+                             " and --recompute-num-layers=", num_layers, " disagree; give one"));
+  const int n = num_layers > 0 ? num_layers : checkpoint_num_layers;
+  if (num_layers < 0 || checkpoint_num_layers < 0)
+    throw ConfigError(concat("--recompute-num-layers=", num_layers,
+                             " is out of range (allowed: >= 1)"));
+  if (n > 0 && !rc.full())
+    throw ConfigError(concat("--recompute-num-layers=", n,
+                             " needs --recompute-granularity full"));
+  if (n > 0) rc.num_layers = n;
+  return rc;
+}
+
 bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   OptionParser p("tessera-train", "[--config FILE] [options]");
   GPTConfig& m = o.model;
@@ -53,6 +93,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   std::string log_level = "info";
   std::string profile_ranks;
   bool bf16 = false, fp16 = false;
+  std::string recompute_granularity, recompute_method;
+  int recompute_num_layers = 0, checkpoint_num_layers = 0;
+  bool checkpoint_activations = false;
   p.group("Model").add_options()(
       "num-layers", po::value(&m.num_layers)->default_value(m.num_layers), "transformer layers")(
       "hidden-size", po::value(&m.hidden_size)->default_value(m.hidden_size), "hidden width")(
@@ -119,6 +162,20 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "--fp16 dynamic scaling: overflows in a row before the scale halves")(
           "dry-run", po::bool_switch(&t.dry_run),
           "print parameter count and memory estimate, then exit");
+  p.group("Memory")
+      .add_options()("recompute-granularity", po::value(&recompute_granularity),
+                     "recompute activations in the backward instead of storing them: full (only "
+                     "each chunk's input is kept) | selective (LayerNorm and GELU outputs "
+                     "recomputed); bitwise the same results")(
+          "recompute-method", po::value(&recompute_method),
+          "with full: uniform (the stage's layers in chunks of --recompute-num-layers; the "
+          "default) | block (only the first --recompute-num-layers layers of each stage)")(
+          "recompute-num-layers", po::value(&recompute_num_layers)->default_value(0),
+          "with full: layers per chunk (uniform) or recomputed layers per stage (block); "
+          "default 1")("checkpoint-activations", po::bool_switch(&checkpoint_activations),
+                       "older name of --recompute-granularity full --recompute-method uniform")(
+          "checkpoint-num-layers", po::value(&checkpoint_num_layers)->default_value(0),
+          "older name of --recompute-num-layers");
   p.group("Data").add_options()(
       "data-path", po::value(&o.data_path),
       "prefix of the HDF5 token shards made by tessera-preprocess (PREFIX_00000.h5, ...)")(
@@ -183,6 +240,8 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   t.profile_ranks = parse_rank_list(profile_ranks, "--profile-ranks");
   if (bf16 && fp16) throw ConfigError("--bf16 and --fp16 both given; choose one");
   t.compute_dtype = bf16 ? DType::BF16 : fp16 ? DType::F16 : DType::F32;
+  t.recompute = recompute_options(recompute_granularity, recompute_method, recompute_num_layers,
+                                  checkpoint_activations, checkpoint_num_layers);
   {
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
@@ -311,13 +370,23 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   MemoryEstimate e;
   for (const auto& s : build_param_specs(cfg, shard)) e.parameters += s.numel();
   e.slots = pipeline_slots(layout.pp, stage, t.num_micro_batches(layout.dp));
-  const double act_size = static_cast<double>(dtype_size(t.compute_dtype));
   // f32 master weights, plus their bf16/f16 copy in mixed precision.
   e.param_bytes = (t.compute_dtype == DType::F32 ? 4.0 : 6.0) * e.parameters;
   e.grad_bytes = 4.0 * e.parameters;
   e.optimizer_bytes = 8.0 * e.parameters;
-  e.activation_bytes =
-      act_size * e.slots * activation_elems(cfg, shard, t.micro_batch_size, cfg.seq_length);
+  const ActivationFootprint fp = activation_footprint(cfg, shard, t.recompute, t.micro_batch_size,
+                                                      cfg.seq_length, t.compute_dtype);
+  e.activation_bytes = fp.total(e.slots);
+  e.activation_shared_bytes = fp.shared;
+  e.stage_layers = shard.layer_end - shard.layer_begin;
+  if (e.stage_layers > 0) {  // what the layers add to a micro-batch, over the stage's layers
+    ModelShard none = shard;
+    none.layer_end = none.layer_begin;
+    const ActivationFootprint base = activation_footprint(cfg, none, RecomputeConfig{},
+                                                          t.micro_batch_size, cfg.seq_length,
+                                                          t.compute_dtype);
+    e.activation_layer_bytes = (fp.per_micro_batch - base.per_micro_batch) / e.stage_layers;
+  }
   return e;
 }
 
@@ -334,6 +403,7 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
                 (long long)o.model.num_parameters(), (long long)o.model.padded_vocab_size(o.tp),
                 (long long)o.model.vocab_size, o.model.make_vocab_size_divisible_by);
   os << buf;
+  os << "activation recomputation: " << o.train.recompute.describe() << "\n";
   const int micro = o.train.num_micro_batches(layout.dp);
   std::snprintf(buf, sizeof buf,
                 "layout: world %d = TP %d x PP %d x DP %d%s; global batch %d = micro-batch %d x "
@@ -361,6 +431,14 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
                   shard.has_embedding ? ", embedding" : "", shard.has_head ? ", head" : "",
                   (long long)local, gib(p), gib(g), gib(adam), gib(act), slots,
                   slots == 1 ? "" : "es", gib(p + g + adam + act));
+    os << buf;
+    std::snprintf(buf, sizeof buf,
+                  "  bytes per parameter %.1f (weights %.1f, gradients %.1f, optimizer %.1f) | "
+                  "activations kept per layer per micro-batch %.2f MiB, shared working set %.2f "
+                  "MiB\n",
+                  (p + g + adam) / local, p / local, g / local, adam / local,
+                  e.activation_layer_bytes / (1024.0 * 1024.0),
+                  e.activation_shared_bytes / (1024.0 * 1024.0));
     os << buf;
   }
   return os.str();

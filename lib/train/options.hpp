@@ -33,6 +33,13 @@ struct RunOptions {
 // "0,8,16" -> {0, 8, 16}; "all" -> {} (every rank). ConfigError naming `option` otherwise.
 std::vector<int> parse_rank_list(const std::string& text, const std::string& option);
 
+// The recomputation the Megatron options ask for (--recompute-granularity, --recompute-method,
+// --recompute-num-layers, and the older --checkpoint-activations / --checkpoint-num-layers);
+// empty strings and 0 mean "not given". ConfigError naming the option for a bad combination.
+RecomputeConfig recompute_options(const std::string& granularity, const std::string& method,
+                                  int num_layers, bool checkpoint_activations,
+                                  int checkpoint_num_layers);
+
 // Parses argv (and --config). Returns false when --help was printed. Throws ConfigError for an
 // unknown option, a bad value or a missing config file; validates everything before returning.
 bool parse_run_options(int argc, const char* const* argv, RunOptions& out);
@@ -59,12 +66,15 @@ class ProcessGrid;
 // A rank that cannot take its GPU ends the whole job with the reason (exit code 2).
 std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string& device);
 
-// What one rank of pipeline stage `stage` holds (fp32 training): the figures --dry-run prints
+// What one rank of pipeline stage `stage` holds: the figures --dry-run prints
 // and the GPU benchmark compares its measured peak with.
 struct MemoryEstimate {
   int64_t parameters = 0;  // on this rank
   int slots = 1;           // micro-batches whose activations are alive at once (1F1B)
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+  int stage_layers = 0;
+  double activation_layer_bytes = 0;   // kept per layer per micro-batch (mean over the stage)
+  double activation_shared_bytes = 0;  // scratch and recompute working set, counted once
   double total_bytes() const {
     return param_bytes + grad_bytes + optimizer_bytes + activation_bytes;
   }

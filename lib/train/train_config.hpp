@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "model/recompute.hpp"
 
 namespace tessera {
 
@@ -25,6 +26,8 @@ struct TrainConfig {
   int log_interval = 10;
   std::string metrics_file;           // JSONL, one line per logged iteration; empty: none
   int64_t ddp_bucket_size = 4 << 20;  // elements per data-parallel all-reduce bucket
+  // Activation recomputation (--recompute-granularity/-method/-num-layers, model/recompute.hpp).
+  RecomputeConfig recompute;
   double peak_tflops = 0;             // per rank, for MFU in the log; 0: MFU not printed
   bool dry_run = false;
   // Evaluation: every eval_interval iterations (0: never), eval_iters global batches of the

@@ -38,6 +38,7 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
     throw ConfigError(concat("--num-layers=", cfg.num_layers,
                              " is not divisible by --pipeline-model-parallel-size=", pp,
                              " (allowed PP: a divisor of ", cfg.num_layers, ")"));
+  t.recompute.validate(cfg.num_layers / pp);
   if (cfg.padded_vocab_size(tp) % tp != 0)
     throw ConfigError(
         concat("padded vocabulary ", cfg.padded_vocab_size(tp), " is not divisible by TP ", tp));
@@ -65,7 +66,7 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "dataset sequence length ",
                 data.seq_length(), " differs from --seq-length ", model_cfg_.seq_length);
   model_ = std::make_unique<GPTModel>(model_cfg_, make_model_shard(model_cfg_, ctx_), be_, *ctx_.tp,
-                                      cfg_.compute_dtype);
+                                      cfg_.compute_dtype, cfg_.recompute);
   scaler_ = cfg_.compute_dtype != DType::F16 ? LossScaler::constant(1.0)
             : cfg_.loss_scale > 0
                 ? LossScaler::constant(cfg_.loss_scale)
@@ -79,8 +80,7 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   const int micro = num_micro_batches();
   schedule_steps_ = schedule_1f1b(ctx_.pp_size, ctx_.pp_rank, micro);
   const int slots = pipeline_slots(ctx_.pp_size, ctx_.pp_rank, micro);
-  for (int i = 0; i < slots; ++i)
-    slots_.push_back(model_->make_activations(cfg_.micro_batch_size, model_cfg_.seq_length));
+  slots_ = model_->make_activation_slots(cfg_.micro_batch_size, model_cfg_.seq_length, slots);
   sends_.resize(slots);
   if (ctx_.last_stage()) {
     AllocationLabel label("the token losses of one step");

@@ -37,6 +37,13 @@ fi
 expect 2 "profile-step-start=5 / --profile-step-end=5 capture nothing" -- --profile --profile-step-start 5 --profile-step-end 5
 expect 2 "--profile-ranks=0,x is not a list of ranks" -- --profile-ranks 0,x
 expect 0 "profiling iterations 2 to 3" -- --config "$configs/gpt2-tiny.ini" --device cpu --train-iters 4 --log-interval 1 --profile --profile-step-start 1 --profile-step-end 3
+expect 2 "--recompute-method=block needs --recompute-granularity full" -- --recompute-method block
+expect 2 "--recompute-method=uniform needs --recompute-granularity full" -- --recompute-granularity selective --recompute-method uniform
+expect 2 "--recompute-num-layers=3 does not fit a pipeline stage of 2 layers" -- --num-layers 2 --recompute-granularity full --recompute-num-layers 3
+expect 2 "--recompute-granularity=some is not a granularity" -- --recompute-granularity some
+expect 2 "--checkpoint-num-layers=2 needs --checkpoint-activations" -- --checkpoint-num-layers 2
+expect 0 "activation recomputation: full \\(uniform, 2 layers per chunk\\)" -- --config "$configs/gpt2-tiny.ini" --num-layers 4 --checkpoint-activations --checkpoint-num-layers 2 --dry-run
+expect 0 "activation recomputation: selective" -- --config "$configs/gpt2-tiny.ini" --recompute-granularity selective --dry-run
 expect 0 "--tensor-model-parallel-size|--num-layers" -- --help
 expect 0 "stage 0 .*memory per rank" -- --config "$configs/gpt2-tiny.ini" --dry-run
 for c in gpt2-124m gpt2-345m gpt2-1.3b; do  # the shipped configurations are valid
@@ -45,7 +52,8 @@ done
 for opt in num-layers hidden-size num-attention-heads seq-length max-position-embeddings \
            micro-batch-size global-batch-size train-iters lr min-lr lr-decay-style \
            lr-warmup-iters weight-decay clip-grad adam-beta1 adam-beta2 adam-eps seed \
-           make-vocab-size-divisible-by log-interval; do
+           make-vocab-size-divisible-by log-interval recompute-granularity recompute-method \
+           recompute-num-layers checkpoint-activations checkpoint-num-layers; do
   "$bin" --help | grep -q -- "--$opt" || { echo "FAIL: --help does not document --$opt"; fail=1; }
 done
 [ $fail -eq 0 ] && echo "app.cli_errors: all passed"
