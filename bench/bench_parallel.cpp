@@ -46,6 +46,19 @@ class CountingCommunicator final : public Communicator {
   void broadcast(Tensor& t, int root) override { in_.broadcast(t, root); }
   void all_gather(Tensor& out, const Tensor& in) override { in_.all_gather(out, in); }
   void reduce_scatter(Tensor& out, const Tensor& in) override { in_.reduce_scatter(out, in); }
+  // Ring reduce-scatter and all-gather each send (n-1)/n of the buffer.
+  std::unique_ptr<PendingOp> reduce_scatter_async(Tensor& t) override {
+    Timer w;
+    auto p = in_.reduce_scatter_async(t);
+    account(t.nbytes() * ring_factor() / 2, w);
+    return p;
+  }
+  std::unique_ptr<PendingOp> all_gather_async(Tensor& t) override {
+    Timer w;
+    auto p = in_.all_gather_async(t);
+    account(t.nbytes() * ring_factor() / 2, w);
+    return p;
+  }
   std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int tag) override {
     Timer w;
     auto p = in_.send_async(t, peer, tag);

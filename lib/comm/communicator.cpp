@@ -14,6 +14,12 @@ class DonePending final : public PendingOp {
 std::unique_ptr<PendingOp> LocalCommunicator::all_reduce_async(Tensor&, ReduceOp) {
   return std::make_unique<DonePending>();
 }
+std::unique_ptr<PendingOp> LocalCommunicator::reduce_scatter_async(Tensor&) {
+  return std::make_unique<DonePending>();
+}
+std::unique_ptr<PendingOp> LocalCommunicator::all_gather_async(Tensor&) {
+  return std::make_unique<DonePending>();
+}
 std::unique_ptr<PendingOp> LocalCommunicator::send_async(const Tensor&, int, int) {
   throw Error("send on a one-rank group: there is no peer (a pipeline of one stage never sends)");
 }

@@ -37,6 +37,13 @@ class Communicator {
   virtual void all_gather(Tensor& out, const Tensor& in) = 0;
   // out (in.numel() / size) = this rank's block of the element-wise sum of all inputs.
   virtual void reduce_scatter(Tensor& out, const Tensor& in) = 0;
+  // In place over `buf` (numel divisible by size, cut into size equal blocks): when the op is
+  // complete, this rank's block (block `rank`) holds the sum of that block over all ranks; the
+  // other blocks hold unspecified values. The distributed optimizer's gradient reduction.
+  virtual std::unique_ptr<PendingOp> reduce_scatter_async(Tensor& buf) = 0;
+  // In place over `buf` (cut the same way): each rank's block, as it holds it, is copied to every
+  // rank. The distributed optimizer's parameter gather (f32, bf16 or f16).
+  virtual std::unique_ptr<PendingOp> all_gather_async(Tensor& buf) = 0;
   // Point-to-point. Sends never block (the tensor must stay untouched until the returned op is
   // complete), so neighbouring pipeline stages sending to each other cannot deadlock.
   virtual std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int tag) = 0;
@@ -74,6 +81,8 @@ class LocalCommunicator final : public Communicator {
   void broadcast(Tensor&, int) override {}
   void all_gather(Tensor& out, const Tensor& in) override { out.copy_from(in); }
   void reduce_scatter(Tensor& out, const Tensor& in) override { out.copy_from(in); }
+  std::unique_ptr<PendingOp> reduce_scatter_async(Tensor&) override;
+  std::unique_ptr<PendingOp> all_gather_async(Tensor&) override;
   std::unique_ptr<PendingOp> send_async(const Tensor&, int, int) override;
   void recv(Tensor&, int, int) override;
   void barrier() override {}

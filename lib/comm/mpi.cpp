@@ -7,6 +7,8 @@
 
 #include <climits>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 
 #include "comm/mpi_check.hpp"
 
@@ -137,19 +139,33 @@ MPI_Op reduce_op(const Tensor& t, ReduceOp op) {
 
 class MpiPending final : public PendingOp {
  public:
-  explicit MpiPending(MPI_Request r) : req_(r) {}
+  // `then` runs once, on the host, when the request is complete.
+  explicit MpiPending(MPI_Request r, std::function<void()> then = {})
+      : req_(r), then_(std::move(then)) {}
   ~MpiPending() override {
     if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    complete();
   }
-  void wait() override { MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE)); }
+  void wait() override {
+    MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+    complete();
+  }
   bool test() override {
     int done = 0;
     MPI_CHECK(MPI_Test(&req_, &done, MPI_STATUS_IGNORE));
+    if (done) complete();
     return done != 0;
   }
 
  private:
+  void complete() {
+    if (!then_) return;
+    auto f = std::move(then_);
+    then_ = nullptr;
+    f();
+  }
   MPI_Request req_;
+  std::function<void()> then_;
 };
 
 }  // namespace
@@ -207,6 +223,36 @@ void MpiCommunicator::reduce_scatter(Tensor& out, const Tensor& in) {
   TESSERA_CHECK(out.dtype() == in.dtype(), "reduce_scatter dtypes differ");
   MPI_CHECK(MPI_Reduce_scatter_block(in.raw(), out.raw(), count_of(out), mpi_type(in),
                                      reduce_op(in, ReduceOp::Sum), comm_));
+}
+
+std::unique_ptr<PendingOp> MpiCommunicator::reduce_scatter_async(Tensor& buf) {
+  NVTX_RANGE("mpi-reduce-scatter-async");
+  expect_host_float(buf);
+  TESSERA_CHECK(buf.numel() % size_ == 0, "reduce_scatter_async over ", buf.numel(),
+                " elements, not divisible by the group size ", size_);
+  if (size_ == 1) return std::make_unique<MpiPending>(MPI_REQUEST_NULL);
+  const int count = static_cast<int>(buf.numel() / size_);
+  MPI_Request req = MPI_REQUEST_NULL;
+  // MPI_IN_PLACE leaves the result at the start of the buffer; it moves to this rank's block.
+  MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf.raw(), count, mpi_type(buf),
+                                      reduce_op(buf, ReduceOp::Sum), comm_, &req));
+  if (rank_ == 0) return std::make_unique<MpiPending>(req);
+  char* base = static_cast<char*>(buf.raw());
+  const size_t bytes = static_cast<size_t>(count) * dtype_size(buf.dtype());
+  const size_t to = bytes * static_cast<size_t>(rank_);
+  return std::make_unique<MpiPending>(req, [base, bytes, to] { std::memmove(base + to, base, bytes); });
+}
+
+std::unique_ptr<PendingOp> MpiCommunicator::all_gather_async(Tensor& buf) {
+  NVTX_RANGE("mpi-all-gather-async");
+  expect_host_float(buf);
+  TESSERA_CHECK(buf.numel() % size_ == 0, "all_gather_async over ", buf.numel(),
+                " elements, not divisible by the group size ", size_);
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (size_ > 1)
+    MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.raw(),
+                             static_cast<int>(buf.numel() / size_), mpi_type(buf), comm_, &req));
+  return std::make_unique<MpiPending>(req);
 }
 
 std::unique_ptr<PendingOp> MpiCommunicator::send_async(const Tensor& t, int peer, int tag) {

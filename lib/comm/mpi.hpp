@@ -61,6 +61,8 @@ class MpiCommunicator final : public Communicator {
   void broadcast(Tensor& t, int root) override;
   void all_gather(Tensor& out, const Tensor& in) override;
   void reduce_scatter(Tensor& out, const Tensor& in) override;
+  std::unique_ptr<PendingOp> reduce_scatter_async(Tensor& buf) override;
+  std::unique_ptr<PendingOp> all_gather_async(Tensor& buf) override;
   std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int tag) override;
   void recv(Tensor& t, int peer, int tag) override;
   void barrier() override;

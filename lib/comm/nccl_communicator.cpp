@@ -134,6 +134,28 @@ class NcclCommunicator final : public Communicator {
                                  nccl_type(in), ncclSum, comm_, stream_));
     before_compute();
   }
+  std::unique_ptr<PendingOp> reduce_scatter_async(Tensor& buf) override {
+    NVTX_RANGE("nccl-reduce-scatter-async");
+    expect_device_f32(buf);
+    TESSERA_CHECK(buf.numel() % size_ == 0, "reduce_scatter_async size");
+    const size_t count = static_cast<size_t>(buf.numel() / size_);
+    char* base = static_cast<char*>(buf.raw());
+    after_compute();  // in place: the output is this rank's block of the input
+    NCCL_CHECK(ncclReduceScatter(base, base + count * dtype_size(buf.dtype()) * rank_, count,
+                                 nccl_type(buf), ncclSum, comm_, stream_));
+    return std::make_unique<EventPending>(stream_, compute_);
+  }
+  std::unique_ptr<PendingOp> all_gather_async(Tensor& buf) override {
+    NVTX_RANGE("nccl-all-gather-async");
+    expect_device_f32(buf);
+    TESSERA_CHECK(buf.numel() % size_ == 0, "all_gather_async size");
+    const size_t count = static_cast<size_t>(buf.numel() / size_);
+    char* base = static_cast<char*>(buf.raw());
+    after_compute();  // in place: the input is this rank's block of the output
+    NCCL_CHECK(ncclAllGather(base + count * dtype_size(buf.dtype()) * rank_, base, count,
+                             nccl_type(buf), comm_, stream_));
+    return std::make_unique<EventPending>(stream_, compute_);
+  }
   std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int) override {
     NVTX_RANGE("nccl-send");
     expect_device_f32(t);

@@ -20,7 +20,8 @@ LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads) {
 }  // namespace
 
 GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backend,
-                   Communicator& tp, DType compute, const RecomputeConfig& recompute)
+                   Communicator& tp, DType compute, const RecomputeConfig& recompute,
+                   const FlatLayout& layout)
     : cfg_(cfg), shard_(shard), be_(backend), tp_(tp), compute_(compute), recompute_(recompute) {
   cfg_.validate();
   plan_ = plan_recompute(recompute_, shard_.layer_begin, shard_.layer_end);
@@ -38,8 +39,8 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   ffn_local_ = cfg.ffn() / shard.tp_size;
   {
     AllocationLabel label("the parameters and gradients of this rank's shard");
-    params_ =
-        std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator(), compute);
+    params_ = std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator(),
+                                           compute, layout);
   }
   for (int l = shard_.layer_begin; l < shard_.layer_end; ++l) {
     weights_.push_back(layer_tensors(*params_, l, false));
@@ -49,22 +50,51 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   }
 }
 
-void GPTModel::init_parameters(uint64_t seed) {
+void GPTModel::init_parameters(uint64_t seed, const ParamSink& master_sink) {
   // Drawn on the host (the counter-based RNG defines the values), then copied to the device one
-  // parameter at a time so the staging buffer stays small.
+  // parameter at a time so the staging buffer stays small. Bucket padding is zero.
+  const bool master = params_->has_master();
+  TESSERA_CHECK(master || master_sink, "init_parameters: no master weights here and no sink");
+  if (master) be_.zero(params_->flat_params());
+  if (compute_ != DType::F32) be_.zero(params_->flat_compute());
   std::vector<float> host;
   for (const ParamSpec& s : params_->specs()) {
     host.resize(static_cast<size_t>(s.numel()));
     init_param(s, seed, host.data());
-    Tensor p = params_->param(s);
-    be_.copy_from_host(p, host.data());
+    if (master) {
+      Tensor p = params_->param(s);
+      be_.copy_from_host(p, host.data());
+    } else {
+      master_sink(s, host.data());
+    }
   }
-  sync_compute_weights();
+  if (master) sync_compute_weights();
   zero_grads();
+}
+
+std::vector<std::vector<int>> GPTModel::pieces_of_params() const {
+  std::vector<std::vector<int>> out;
+  for (const ParamSpec& s : params_->specs()) {
+    std::vector<int> pieces;
+    if (s.name == "wte") {
+      if (shard_.has_head) pieces.push_back(kHeadPiece);
+      if (shard_.has_embedding) pieces.push_back(kEmbedPiece);
+    } else if (s.name == "wpe") {
+      pieces.push_back(kEmbedPiece);
+    } else if (s.name.rfind("lnf.", 0) == 0) {
+      pieces.push_back(kHeadPiece);
+    } else {  // "layers.<l>.…"
+      pieces.push_back(std::stoi(s.name.substr(7, s.name.find('.', 7) - 7)));
+    }
+    out.push_back(std::move(pieces));
+  }
+  return out;
 }
 
 void GPTModel::sync_compute_weights() {
   if (compute_ == DType::F32) return;
+  TESSERA_CHECK(params_->has_master(), "sync_compute_weights without master weights: the "
+                                       "distributed optimizer refreshes the compute copy");
   TESSERA_PHASE("weights-cast");
   be_.cast(params_->flat_compute(), params_->flat_params());
 }
@@ -246,6 +276,7 @@ Tensor& GPTModel::stage_output(Activations& a) {
 // TP collectives inside a layer are a phase of their own ("tp-all-reduce") where TP > 1.
 
 void GPTModel::embed_forward(Activations& a) {
+  if (before_forward) before_forward(kEmbedPiece);
   TESSERA_PHASE("embedding-forward");
   TESSERA_CHECK(shard_.has_embedding, "embed_forward on a stage without the embedding");
   Tensor x = a.input.reshape({int64_t(a.B) * a.T, cfg_.hidden_size});
@@ -255,6 +286,7 @@ void GPTModel::embed_forward(Activations& a) {
 }
 
 void GPTModel::block_forward(int l, Activations& a) {
+  if (before_forward) before_forward(l);
   NvtxRange range(range_names_[2 * (l - shard_.layer_begin)].c_str());
   const LayerWeights& w = weights_[l - shard_.layer_begin];
   LayerActivations& la = acts_of(l, a);
@@ -302,6 +334,7 @@ double GPTModel::head_forward(Activations& a, float grad_scale) {
 }
 
 void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out) {
+  if (before_forward) before_forward(kHeadPiece);
   NVTX_RANGE("head-forward-loss");
   TESSERA_CHECK(shard_.has_head, "head_forward on a stage without the output layer");
   const Tensor& h = stage_output(a);

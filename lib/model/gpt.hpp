@@ -68,9 +68,11 @@ class GPTModel {
  public:
   // `compute`: the dtype of activations and of the weights the passes read (f32, or bf16/f16 for
   // mixed precision with f32 master weights and gradients).
-  // `recompute`: which activations are recomputed in the backward instead of stored.
+  // `recompute`: which activations are recomputed in the backward instead of stored. `layout`:
+  // the flat buffers' data-parallel buckets (and whether f32 master weights live here).
   GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backend, Communicator& tp,
-           DType compute = DType::F32, const RecomputeConfig& recompute = {});
+           DType compute = DType::F32, const RecomputeConfig& recompute = {},
+           const FlatLayout& layout = {});
   DType compute_dtype() const { return compute_; }
 
   const GPTConfig& config() const { return cfg_; }
@@ -79,8 +81,11 @@ class GPTModel {
   const ParamStore& params() const { return *params_; }
   int64_t padded_vocab() const { return padded_vocab_; }
 
-  // Counter-based initialization: the same global values whatever the layout.
-  void init_parameters(uint64_t seed);
+  // Counter-based initialization: the same global values whatever the layout. Without f32 master
+  // weights here (the distributed optimizer keeps them), each parameter's f32 values go to
+  // `master_sink` instead, and its owner fills the compute copy.
+  using ParamSink = std::function<void(const ParamSpec&, const float* values)>;
+  void init_parameters(uint64_t seed, const ParamSink& master_sink = {});
   // Refreshes the compute-dtype copy of the weights from the f32 master weights (after an
   // optimizer step or a load); nothing to do in f32.
   void sync_compute_weights();
@@ -118,6 +123,12 @@ class GPTModel {
   // start reducing buckets while the rest of the backward runs.
   static constexpr int kHeadPiece = -1, kEmbedPiece = -2;
   std::function<void(int piece)> on_grads_ready;
+  // Called before each forward piece reads its weights (the distributed optimizer's overlapped
+  // parameter gather waits there for the buckets the piece needs).
+  std::function<void(int piece)> before_forward;
+  // The pieces whose passes read or write each parameter (in spec order): a layer index,
+  // kHeadPiece or kEmbedPiece (the tied embedding: both on the stage that has both).
+  std::vector<std::vector<int>> pieces_of_params() const;
 
   const LayerWeights& layer_weights(int layer) const {
     return weights_[layer - shard_.layer_begin];

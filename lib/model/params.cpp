@@ -1,6 +1,8 @@
 // params.cpp: building the parameter layout and the counter-based initialization.
 #include "model/params.hpp"
 
+#include <algorithm>
+
 #include <cmath>
 
 #include "core/rng.hpp"
@@ -120,18 +122,62 @@ void init_param(const ParamSpec& spec, uint64_t seed, float* out) {
   }
 }
 
-ParamStore::ParamStore(std::vector<ParamSpec> specs, Allocator& alloc, DType compute)
-    : specs_(std::move(specs)) {
-  int64_t total = 0;
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    index_[specs_[i].name] = i;
-    total = specs_[i].flat_offset + specs_[i].numel();
+std::vector<FlatBucket> layout_flat_buffer(std::vector<ParamSpec>& specs, const FlatLayout& l) {
+  TESSERA_CHECK(l.shards >= 1 && l.bucket_elems >= 0, "bad flat layout");
+  const int n = static_cast<int>(specs.size());
+  // Group whole parameters into buckets from the last one backwards.
+  std::vector<FlatBucket> buckets;
+  auto alone = [&](int k) { return l.embedding_alone && specs[k].name == "wte"; };
+  for (int i = n - 1; i >= 0;) {
+    FlatBucket b;
+    b.end_param = i + 1;
+    if (alone(i)) {
+      --i;
+    } else {
+      int64_t size = 0;
+      while (i >= 0 && !alone(i) &&
+             (size == 0 || l.bucket_elems == 0 || size < l.bucket_elems)) {
+        size += specs[i].numel();
+        --i;
+      }
+    }
+    b.first_param = i + 1;
+    buckets.push_back(b);
   }
+  // Offsets from the start of the buffer; each bucket padded to a multiple of the shards.
+  int64_t offset = 0;
+  for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
+    it->begin = offset;
+    for (int p = it->first_param; p < it->end_param; ++p) {
+      specs[p].flat_offset = offset;
+      offset += specs[p].numel();
+    }
+    offset = (offset - it->begin + l.shards - 1) / l.shards * l.shards + it->begin;
+    it->end = offset;
+  }
+  return buckets;
+}
+
+ParamStore::ParamStore(std::vector<ParamSpec> specs, Allocator& alloc, DType compute,
+                       const FlatLayout& layout)
+    : specs_(std::move(specs)), layout_(layout) {
   TESSERA_CHECK(compute == DType::F32 || compute == DType::BF16 || compute == DType::F16,
                 "compute dtype must be f32, bf16 or f16");
-  flat_params_ = Tensor({total}, DType::F32, alloc);
+  TESSERA_CHECK(layout_.master || compute != DType::F32,
+                "f32 training keeps its f32 parameters: they are the compute weights");
+  buckets_ = layout_flat_buffer(specs_, layout_);
+  int64_t total = 0;
+  for (const FlatBucket& b : buckets_) total = std::max(total, b.end);
+  for (size_t i = 0; i < specs_.size(); ++i) index_[specs_[i].name] = i;
+  if (layout_.master) flat_params_ = Tensor({total}, DType::F32, alloc);
   flat_grads_ = Tensor({total}, DType::F32, alloc);
   flat_compute_ = compute == DType::F32 ? flat_params_ : Tensor({total}, compute, alloc);
+}
+
+void ParamStore::check_master() const {
+  TESSERA_CHECK(layout_.master,
+                "this rank keeps no full f32 master weights: the distributed optimizer holds "
+                "those of its blocks");
 }
 
 Tensor ParamStore::compute_param(const std::string& name) const {

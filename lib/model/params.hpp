@@ -54,6 +54,32 @@ int64_t global_element_index(const ParamSpec& spec, int64_t local_index);
 // Fills `out` (local_shape, f32) from the counter-based RNG keyed by (seed, name, global index).
 void init_param(const ParamSpec& spec, uint64_t seed, float* out);
 
+// How the flat buffers are cut into data-parallel gradient buckets: whole parameters, from the
+// end of the buffer backwards (the order the backward finishes them), each bucket at least
+// bucket_elems. With the distributed optimizer every bucket is padded at its end to a multiple of
+// `shards` (the DP size), so each DP rank owns one equal block of each bucket, and the tied
+// embedding gets a bucket of its own (its gradient is summed between the first and last pipeline
+// stage block by block, and the blocks must be the same elements on both).
+struct FlatLayout {
+  int64_t bucket_elems = 0;  // 0: one bucket
+  int shards = 1;
+  bool embedding_alone = false;
+  // false: no f32 master buffer here (mixed precision with the distributed optimizer, which
+  // keeps the master weights of its blocks); param()/flat_params() are then an error.
+  bool master = true;
+};
+
+struct FlatBucket {
+  int64_t begin = 0, end = 0;  // flat element range, padding included
+  int first_param = 0, end_param = 0;  // specs [first, end) in it
+  int64_t numel() const { return end - begin; }
+};
+
+// Assigns flat_offset to `specs` (in their order) for `layout`; returns the buckets in the order
+// the backward finishes them (the one at the end of the buffer first). With one shard and no
+// bucket of its own for the embedding, the offsets are the plain running sum.
+std::vector<FlatBucket> layout_flat_buffer(std::vector<ParamSpec>& specs, const FlatLayout& layout);
+
 // This rank's parameters and gradients, each in one flat f32 buffer (room for ZeRO-style
 // reduce-scatter by range later); every parameter is a view into them. With a bf16 or f16 compute
 // dtype (mixed precision), a third flat buffer holds the parameters in that dtype for the forward
@@ -61,10 +87,18 @@ void init_param(const ParamSpec& spec, uint64_t seed, float* out);
 // is refreshed from them (GPTModel::sync_compute_weights). In f32 the compute copy is the master.
 class ParamStore {
  public:
-  ParamStore(std::vector<ParamSpec> specs, Allocator& alloc, DType compute = DType::F32);
+  ParamStore(std::vector<ParamSpec> specs, Allocator& alloc, DType compute = DType::F32,
+             const FlatLayout& layout = {});
   const std::vector<ParamSpec>& specs() const { return specs_; }
-  int64_t numel() const { return flat_params_.numel(); }
-  Tensor& flat_params() { return flat_params_; }
+  const std::vector<FlatBucket>& buckets() const { return buckets_; }
+  const FlatLayout& layout() const { return layout_; }
+  // Elements of the flat buffers (parameters plus bucket padding).
+  int64_t numel() const { return flat_grads_.numel(); }
+  bool has_master() const { return layout_.master; }
+  Tensor& flat_params() {
+    check_master();
+    return flat_params_;
+  }
   Tensor& flat_grads() { return flat_grads_; }
   Tensor& flat_compute() { return flat_compute_; }
   DType compute_dtype() const { return flat_compute_.dtype(); }
@@ -72,7 +106,10 @@ class ParamStore {
   const ParamSpec& spec(const std::string& name) const;
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
-  Tensor param(const ParamSpec& s) const { return flat_params_.view(s.flat_offset, s.local_shape); }
+  Tensor param(const ParamSpec& s) const {
+    check_master();
+    return flat_params_.view(s.flat_offset, s.local_shape);
+  }
   Tensor grad(const ParamSpec& s) const { return flat_grads_.view(s.flat_offset, s.local_shape); }
   // The weights the forward and backward read (the master ones in f32).
   Tensor compute_param(const std::string& name) const;
@@ -81,7 +118,10 @@ class ParamStore {
   }
 
  private:
+  void check_master() const;
   std::vector<ParamSpec> specs_;
+  FlatLayout layout_;
+  std::vector<FlatBucket> buckets_;
   std::map<std::string, size_t> index_;
   Tensor flat_params_, flat_grads_, flat_compute_;
 };

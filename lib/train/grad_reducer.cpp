@@ -3,8 +3,8 @@
 
 namespace tessera {
 
-GradReducer::GradReducer(GPTModel& model, Communicator& dp, int64_t bucket_elems)
-    : model_(model), dp_(dp) {
+GradReducer::GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter, bool overlap)
+    : model_(model), dp_(dp), reduce_scatter_(reduce_scatter), overlap_(overlap) {
   const auto& specs = model.params().specs();
   const ModelShard& sh = model.shard();
   const int n = static_cast<int>(specs.size());
@@ -26,21 +26,19 @@ GradReducer::GradReducer(GPTModel& model, Communicator& dp, int64_t bucket_elems
       params_of_layer_[layer - sh.layer_begin].push_back(i);
     }
   }
-  // Buckets of whole parameters from the end of the buffer backwards.
-  for (int i = n - 1; i >= 0;) {
+  for (const FlatBucket& fb : model.params().buckets()) {
     Bucket b;
-    b.end = specs[i].flat_offset + specs[i].numel();
-    int64_t size = 0;
-    while (i >= 0 && (size < bucket_elems || b.params == 0)) {
-      size += specs[i].numel();
-      bucket_of_param_[i] = static_cast<int>(buckets_.size());
-      ++b.params;
-      --i;
-    }
-    b.begin = b.end - size;
-    total_elems_ += size;
+    b.begin = fb.begin;
+    b.end = fb.end;
+    b.params = fb.end_param - fb.first_param;
+    for (int p = fb.first_param; p < fb.end_param; ++p)
+      bucket_of_param_[p] = static_cast<int>(buckets_.size());
+    total_elems_ += fb.numel();
     buckets_.push_back(std::move(b));
   }
+  TESSERA_CHECK(!reduce_scatter_ || model.params().layout().shards == dp.size(),
+                "the flat buffers are laid out for ", model.params().layout().shards,
+                " data-parallel blocks, the DP group has ", dp.size(), " ranks");
 }
 
 void GradReducer::begin() {
@@ -54,11 +52,11 @@ void GradReducer::begin() {
 
 void GradReducer::start(Bucket& b) {
   Tensor view = model_.params().flat_grads().view(b.begin, {b.end - b.begin});
-  b.op = dp_.all_reduce_async(view, ReduceOp::Sum);
+  b.op = reduce_scatter_ ? dp_.reduce_scatter_async(view) : dp_.all_reduce_async(view, ReduceOp::Sum);
 }
 
 void GradReducer::piece_ready(int piece) {
-  if (!armed_) return;
+  if (!armed_ || !overlap_) return;
   const std::vector<int>& params = piece == GPTModel::kHeadPiece ? head_params_
                                    : piece == GPTModel::kEmbedPiece
                                        ? embed_params_

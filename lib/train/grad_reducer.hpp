@@ -1,7 +1,9 @@
 // grad_reducer.hpp: data-parallel gradient reduction in buckets. The flat gradient buffer is cut
-// into buckets of whole parameters, in reverse order (the order backward finishes them); a
-// bucket's all-reduce starts as soon as all of its parameters are final, overlapping the rest of
-// the backward pass. Gradients are summed, not averaged: every rank already scaled its loss by
+// into buckets of whole parameters (ParamStore::buckets, in the order the backward finishes
+// them); with overlap, a bucket's reduction starts as soon as all of its parameters are final,
+// overlapping the rest of the backward pass. The reduction is an all-reduce, or with the
+// distributed optimizer a reduce-scatter that leaves each DP rank the sum of its block of each
+// bucket. Gradients are summed, not averaged: every rank already scaled its loss by
 // 1 / (loss tokens of the whole global batch).
 #pragma once
 
@@ -15,8 +17,9 @@ namespace tessera {
 
 class GradReducer {
  public:
-  // bucket_elems: the minimum elements per bucket (the last one may be smaller).
-  GradReducer(GPTModel& model, Communicator& dp, int64_t bucket_elems);
+  // reduce_scatter: the distributed optimizer's reduction. overlap: start buckets during the
+  // backward (--overlap-grad-reduce); otherwise all start in finish().
+  GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter = false, bool overlap = true);
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Arms the reducer for the last micro-batch's backward of this step.
   void begin();
@@ -25,6 +28,7 @@ class GradReducer {
   // Starts what has not started (nothing, if every piece reported) and waits for all buckets.
   void finish();
   int64_t bytes_reduced_per_step() const { return 4 * total_elems_; }
+  bool reduce_scatter() const { return reduce_scatter_; }
 
  private:
   struct Bucket {
@@ -43,7 +47,7 @@ class GradReducer {
   std::vector<std::vector<int>> params_of_layer_;
   std::vector<int> head_params_, embed_params_;
   int64_t total_elems_ = 0;
-  bool armed_ = false;
+  bool armed_ = false, reduce_scatter_ = false, overlap_ = true;
 };
 
 }  // namespace tessera

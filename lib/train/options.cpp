@@ -122,7 +122,17 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "pipeline-model-parallel-size", po::value(&o.pp)->default_value(1),
           "pipeline stages (layers split evenly); DP = world / (TP * PP)")(
           "ddp-bucket-size", po::value(&t.ddp_bucket_size)->default_value(t.ddp_bucket_size),
-          "elements per data-parallel gradient all-reduce bucket");
+          "elements per data-parallel gradient all-reduce bucket")(
+          "use-distributed-optimizer", po::bool_switch(&t.use_distributed_optimizer),
+          "shard the fp32 master weights and Adam moments over the data-parallel ranks (ZeRO-1): "
+          "gradients reduce-scattered, updated weights all-gathered")(
+          "overlap-grad-reduce",
+          po::value(&t.overlap_grad_reduce)->default_value(true)->implicit_value(true),
+          "reduce gradient buckets while the backward runs (true | false; default true)")(
+          "overlap-param-gather",
+          po::value(&t.overlap_param_gather)->default_value(false)->implicit_value(true),
+          "with --use-distributed-optimizer: gather updated weights bucket by bucket while the "
+          "next forward runs");
   p.group("Training")
       .add_options()("micro-batch-size", po::value(&t.micro_batch_size)->default_value(1),
                      "samples per micro-batch")("global-batch-size",
@@ -370,10 +380,13 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   MemoryEstimate e;
   for (const auto& s : build_param_specs(cfg, shard)) e.parameters += s.numel();
   e.slots = pipeline_slots(layout.pp, stage, t.num_micro_batches(layout.dp));
-  // f32 master weights, plus their bf16/f16 copy in mixed precision.
-  e.param_bytes = (t.compute_dtype == DType::F32 ? 4.0 : 6.0) * e.parameters;
+  // f32 master weights, plus their bf16/f16 copy in mixed precision; with the distributed
+  // optimizer the master weights (mixed precision) and the Adam moments of 1/DP of them.
+  const bool mixed = t.compute_dtype != DType::F32;
+  const double dp = t.use_distributed_optimizer ? layout.dp : 1.0;
+  e.param_bytes = (mixed ? 2.0 + 4.0 / dp : 4.0) * e.parameters;
   e.grad_bytes = 4.0 * e.parameters;
-  e.optimizer_bytes = 8.0 * e.parameters;
+  e.optimizer_bytes = 8.0 / dp * e.parameters;
   const ActivationFootprint fp = activation_footprint(cfg, shard, t.recompute, t.micro_batch_size,
                                                       cfg.seq_length, t.compute_dtype);
   e.activation_bytes = fp.total(e.slots);
@@ -403,7 +416,11 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
                 (long long)o.model.num_parameters(), (long long)o.model.padded_vocab_size(o.tp),
                 (long long)o.model.vocab_size, o.model.make_vocab_size_divisible_by);
   os << buf;
-  os << "activation recomputation: " << o.train.recompute.describe() << "\n";
+  os << "activation recomputation: " << o.train.recompute.describe() << "; optimizer: "
+     << (o.train.use_distributed_optimizer ? "distributed (master weights and Adam moments of "
+                                             "1/DP of the parameters per rank)"
+                                           : "replicated on every DP rank")
+     << "\n";
   const int micro = o.train.num_micro_batches(layout.dp);
   std::snprintf(buf, sizeof buf,
                 "layout: world %d = TP %d x PP %d x DP %d%s; global batch %d = micro-batch %d x "

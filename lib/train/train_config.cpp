@@ -76,6 +76,10 @@ void TrainConfig::validate(int dp_size) const {
   if (profile && !(profile_step_start >= 0 && profile_step_end > profile_step_start))
     throw ConfigError(concat("--profile-step-start=", profile_step_start, " / --profile-step-end=",
                              profile_step_end, " capture nothing (allowed: 0 <= start < end)"));
+  if (overlap_param_gather && !use_distributed_optimizer)
+    throw ConfigError(
+        "--overlap-param-gather needs --use-distributed-optimizer (without it there is no "
+        "parameter gather to overlap)");
   if (!(peak_tflops >= 0))
     throw ConfigError(concat("--peak-tflops=", peak_tflops, " is out of range (allowed: >= 0)"));
 }

@@ -26,6 +26,11 @@ struct TrainConfig {
   int log_interval = 10;
   std::string metrics_file;           // JSONL, one line per logged iteration; empty: none
   int64_t ddp_bucket_size = 4 << 20;  // elements per data-parallel all-reduce bucket
+  // The distributed optimizer (ZeRO-1, train/dist_optimizer.hpp) and what overlaps the backward
+  // and the next forward. Gradient reduction overlaps the backward by default.
+  bool use_distributed_optimizer = false;
+  bool overlap_grad_reduce = true;
+  bool overlap_param_gather = false;  // needs the distributed optimizer
   // Activation recomputation (--recompute-granularity/-method/-num-layers, model/recompute.hpp).
   RecomputeConfig recompute;
   double peak_tflops = 0;             // per rank, for MFU in the log; 0: MFU not printed

@@ -65,17 +65,39 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   validate_layout(model_cfg_, cfg_, ctx_.tp_size, ctx_.pp_size, ctx_.dp_size);
   TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "dataset sequence length ",
                 data.seq_length(), " differs from --seq-length ", model_cfg_.seq_length);
+  const bool dist = cfg_.use_distributed_optimizer;
+  FlatLayout layout;
+  layout.bucket_elems = cfg_.ddp_bucket_size;
+  layout.shards = dist ? ctx_.dp_size : 1;
+  layout.embedding_alone = dist;
+  layout.master = !(dist && cfg_.compute_dtype != DType::F32);  // else the optimizer's blocks
   model_ = std::make_unique<GPTModel>(model_cfg_, make_model_shard(model_cfg_, ctx_), be_, *ctx_.tp,
-                                      cfg_.compute_dtype, cfg_.recompute);
+                                      cfg_.compute_dtype, cfg_.recompute, layout);
   scaler_ = cfg_.compute_dtype != DType::F16 ? LossScaler::constant(1.0)
             : cfg_.loss_scale > 0
                 ? LossScaler::constant(cfg_.loss_scale)
                 : LossScaler::dynamic(cfg_.initial_loss_scale, cfg_.min_loss_scale,
                                       cfg_.loss_scale_window, cfg_.hysteresis);
-  model_->init_parameters(cfg_.seed);
-  optimizer_ = std::make_unique<AdamW>(model_->params(), be_, cfg_.adam_beta1, cfg_.adam_beta2,
-                                       cfg_.adam_eps, cfg_.weight_decay);
-  reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, cfg_.ddp_bucket_size);
+  if (dist) {
+    dist_opt_ = std::make_unique<DistributedAdamW>(*model_, be_, *ctx_.dp, cfg_.adam_beta1,
+                                                   cfg_.adam_beta2, cfg_.adam_eps,
+                                                   cfg_.weight_decay);
+    if (dist_opt_->owns_master()) {
+      model_->init_parameters(cfg_.seed, [this](const ParamSpec& s, const float* v) {
+        dist_opt_->set_state("master", s, v);
+      });
+      dist_opt_->publish();
+    } else {
+      model_->init_parameters(cfg_.seed);
+    }
+    if (cfg_.overlap_param_gather)
+      model_->before_forward = [this](int piece) { dist_opt_->wait_params(piece); };
+  } else {
+    model_->init_parameters(cfg_.seed);
+    optimizer_ = std::make_unique<AdamW>(model_->params(), be_, cfg_.adam_beta1, cfg_.adam_beta2,
+                                         cfg_.adam_eps, cfg_.weight_decay);
+  }
+  reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, dist, cfg_.overlap_grad_reduce);
   model_->on_grads_ready = [this](int piece) { reducer_->piece_ready(piece); };
   const int micro = num_micro_batches();
   schedule_steps_ = schedule_1f1b(ctx_.pp_size, ctx_.pp_rank, micro);
@@ -199,14 +221,18 @@ double Trainer::grad_norm_squared() {
   TESSERA_PHASE("grad-norm");
   if (norm_grads_.empty()) {
     const bool tied_copy = ctx_.pp_size > 1 && !ctx_.first_stage();
-    for (const ParamSpec& s : model_->params().specs()) {
-      if (s.split_axis < 0 && ctx_.tp_rank != 0) continue;
-      if (tied_copy && s.name == "wte") continue;
-      norm_grads_.push_back(model_->params().grad(s));
+    std::vector<bool> counted;
+    for (const ParamSpec& s : model_->params().specs())
+      counted.push_back(!(s.split_axis < 0 && ctx_.tp_rank != 0) && !(tied_copy && s.name == "wte"));
+    if (dist_opt_) {  // each DP rank holds the summed gradient of its blocks only
+      norm_grads_ = dist_opt_->grad_blocks(counted);
+    } else {
+      for (size_t i = 0; i < counted.size(); ++i)
+        if (counted[i]) norm_grads_.push_back(model_->params().grad(model_->params().specs()[i]));
     }
   }
   double local = be_.sum_squares_all(norm_grads_);
-  ctx_.model_parallel->all_reduce_f64(&local, 1, ReduceOp::Sum);
+  (dist_opt_ ? ctx_.world : ctx_.model_parallel)->all_reduce_f64(&local, 1, ReduceOp::Sum);
   return local;
 }
 
@@ -258,7 +284,16 @@ void Trainer::sum_micro_losses() {
   }
 }
 
+int64_t Trainer::optimizer_steps() const {
+  return dist_opt_ ? dist_opt_->steps_taken() : optimizer_->steps_taken();
+}
+
+void Trainer::sync_params() {
+  if (dist_opt_) dist_opt_->wait_all();
+}
+
 double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters) {
+  sync_params();
   TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "evaluation data has sequence length ",
                 data.seq_length(), ", the model ", model_cfg_.seq_length);
   const int64_t G = cfg_.global_batch(ctx_.dp_size), local = G / ctx_.dp_size;
@@ -305,8 +340,10 @@ StepStats Trainer::train_step() {
   }
   if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage())) {
     TESSERA_PHASE("embedding-grad-allreduce");
-    Tensor dwte = model_->params().grad("wte");
-    ctx_.embedding->all_reduce(dwte, ReduceOp::Sum);  // the tied embedding's two halves
+    // The tied embedding's two halves; with the distributed optimizer, the block this DP rank
+    // owns (the same elements on both stages: wte has a bucket of its own).
+    Tensor dwte = dist_opt_ ? dist_opt_->embedding_grad_block() : model_->params().grad("wte");
+    ctx_.embedding->all_reduce(dwte, ReduceOp::Sum);
   }
   st.dp_wait_seconds = dp_wait.seconds();
 
@@ -325,7 +362,7 @@ StepStats Trainer::train_step() {
       consumed_samples_ += cfg_.global_batch(ctx_.dp_size);
       be_.synchronize();
       st.seconds = timer.seconds();
-      st.lr = schedule_.lr(optimizer_->steps_taken() + 1);
+      st.lr = schedule_.lr(optimizer_steps() + 1);
       return st;
     }
   }
@@ -345,12 +382,17 @@ StepStats Trainer::train_step() {
       clip_grads(model_->params(), be_, st.grad_norm, cfg_.clip_grad);
     }
     // The schedule counts updates (Megatron: skipped fp16 steps do not advance it).
-    st.lr = schedule_.lr(optimizer_->steps_taken() + 1);
-    {
-      TESSERA_PHASE("optimizer-step");
-      optimizer_->step(st.lr);
+    st.lr = schedule_.lr(optimizer_steps() + 1);
+    if (dist_opt_) {
+      TESSERA_PHASE("optimizer-step");  // its blocks, then the parameter gather
+      dist_opt_->step(st.lr, cfg_.overlap_param_gather);
+    } else {
+      {
+        TESSERA_PHASE("optimizer-step");
+        optimizer_->step(st.lr);
+      }
+      model_->sync_compute_weights();  // phase "weights-cast" (mixed precision)
     }
-    model_->sync_compute_weights();  // phase "weights-cast" (mixed precision)
   }
   iteration_ = st.iteration;
   consumed_samples_ += cfg_.global_batch(ctx_.dp_size);
@@ -468,6 +510,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
         be_.profiler_stop();
       }
       if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
+      sync_params();
       return all;
     }
     bool exit_now = cfg_.exit_interval > 0 && s.iteration % cfg_.exit_interval == 0;
@@ -488,6 +531,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
     be_.profiler_stop();
   }
   if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
+  sync_params();
   return all;
 }
 
@@ -504,7 +548,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
   CheckpointMeta meta;
   meta.iteration = iteration_;
   meta.consumed_samples = consumed_samples_;
-  meta.optimizer_steps = optimizer_->steps_taken();
+  meta.optimizer_steps = optimizer_steps();
   meta.seed = cfg_.seed;
   meta.model = model_cfg_;
   meta.tp_size = ctx_.tp_size;
@@ -533,6 +577,16 @@ void Trainer::save_checkpoint(const std::string& dir) {
   ctx_.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
   if (failed)
     throw Error(ctx_.world_rank == 0 ? error : "checkpoint directory set-up failed on rank 0");
+  // The distributed optimizer's state is gathered (collective over DP) into the global layout on
+  // data-parallel rank 0, which writes the same file as without it.
+  std::vector<float> gathered[3];
+  if (dist_opt_) {
+    sync_params();
+    const bool want = ctx_.dp_rank == 0;
+    if (dist_opt_->owns_master()) gathered[0] = dist_opt_->gather_state("master", want);
+    gathered[1] = dist_opt_->gather_state("exp_avg", want);
+    gathered[2] = dist_opt_->gather_state("exp_avg_sq", want);
+  }
   // DP replicas hold the same state: data-parallel rank 0 of each (tp, pp) writes its file.
   if (ctx_.dp_rank == 0) {
     try {
@@ -545,10 +599,17 @@ void Trainer::save_checkpoint(const std::string& dir) {
       ParamStore& ps = model_->params();
       // The writer reads host memory: device state is staged through host buffers first.
       const float* host[3];
-      Tensor* state[3] = {&ps.flat_params(), &optimizer_->exp_avg(), &optimizer_->exp_avg_sq()};
+      Tensor* state[3] = {nullptr, nullptr, nullptr};
+      if (ps.has_master()) state[0] = &ps.flat_params();
+      if (optimizer_) {
+        state[1] = &optimizer_->exp_avg();
+        state[2] = &optimizer_->exp_avg_sq();
+      }
       std::vector<float> staged[3];
       for (int k = 0; k < 3; ++k) {
-        if (be_.device() == Device::CPU) {
+        if (!state[k]) {
+          host[k] = gathered[k].data();
+        } else if (be_.device() == Device::CPU) {
           host[k] = state[k]->f32();
         } else {
           staged[k].resize(static_cast<size_t>(state[k]->numel()));
@@ -602,29 +663,54 @@ void Trainer::load_checkpoint(const std::string& dir, bool model_only) {
     r.read_slice(group, s, host.data());
     be_.copy_from_host(dst, host.data());
   };
-  for (const ParamSpec& s : ps.specs()) {
-    load("model", s, ps.param(s));
-    if (optimizer) {
-      load("optimizer/exp_avg", s, optimizer_->exp_avg().view(s.flat_offset, s.local_shape));
-      load("optimizer/exp_avg_sq", s, optimizer_->exp_avg_sq().view(s.flat_offset, s.local_shape));
+  if (dist_opt_) {  // each rank keeps the parts of the global tensors in its blocks
+    sync_params();
+    if (!optimizer) dist_opt_->zero_moments();
+    for (const ParamSpec& s : ps.specs()) {
+      host.resize(static_cast<size_t>(s.numel()));
+      r.read_slice("model", s, host.data());
+      if (dist_opt_->owns_master()) {
+        dist_opt_->set_state("master", s, host.data());
+      } else {
+        Tensor p = ps.param(s);
+        be_.copy_from_host(p, host.data());
+      }
+      if (optimizer)
+        for (const char* which : {"exp_avg", "exp_avg_sq"}) {
+          r.read_slice((std::string("optimizer/") + which).c_str(), s, host.data());
+          dist_opt_->set_state(which, s, host.data());
+        }
     }
-  }
-  model_->sync_compute_weights();
-  if (!optimizer) {
-    be_.zero(optimizer_->exp_avg());
-    be_.zero(optimizer_->exp_avg_sq());
+    dist_opt_->publish();
+  } else {
+    for (const ParamSpec& s : ps.specs()) {
+      load("model", s, ps.param(s));
+      if (optimizer) {
+        load("optimizer/exp_avg", s, optimizer_->exp_avg().view(s.flat_offset, s.local_shape));
+        load("optimizer/exp_avg_sq", s,
+             optimizer_->exp_avg_sq().view(s.flat_offset, s.local_shape));
+      }
+    }
+    model_->sync_compute_weights();
+    if (!optimizer) {
+      be_.zero(optimizer_->exp_avg());
+      be_.zero(optimizer_->exp_avg_sq());
+    }
   }
   if (optimizer && m.has_loss_scale && scaler_.is_dynamic()) {
     scaler_.restore(m.loss_scale, m.loss_scale_growth_tracker, m.loss_scale_hysteresis_tracker);
     skipped_iterations_ = m.skipped_iterations;
   }
+  const int64_t steps = model_only || !m.has_optimizer ? 0 : m.optimizer_steps;
+  if (dist_opt_)
+    dist_opt_->set_steps_taken(steps);
+  else
+    optimizer_->set_steps_taken(steps);
   if (model_only) {
     iteration_ = consumed_samples_ = 0;
-    optimizer_->set_steps_taken(0);
   } else {
     iteration_ = m.iteration;
     consumed_samples_ = m.consumed_samples;
-    optimizer_->set_steps_taken(m.has_optimizer ? m.optimizer_steps : 0);
   }
   last_saved_ = iteration_;
   const bool same = m.tp_size == ctx_.tp_size && m.pp_size == ctx_.pp_size;

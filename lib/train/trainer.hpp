@@ -14,6 +14,7 @@
 #include "data/dataset.hpp"
 #include "data/prefetcher.hpp"
 #include "model/gpt.hpp"
+#include "train/dist_optimizer.hpp"
 #include "train/grad_reducer.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/lr_schedule.hpp"
@@ -57,7 +58,13 @@ class Trainer {
           TokenDataset& data, const ParallelContext& ctx = ParallelContext::single());
 
   GPTModel& model() { return *model_; }
-  AdamW& optimizer() { return *optimizer_; }
+  // Updates taken so far (skipped fp16 steps do not count).
+  int64_t optimizer_steps() const;
+  // With the distributed optimizer (null otherwise).
+  DistributedAdamW* distributed_optimizer() { return dist_opt_.get(); }
+  // Completes an overlapped parameter gather (--overlap-param-gather), so every rank's compute
+  // weights are the updated ones; nothing to do otherwise. Evaluation and saving call it.
+  void sync_params();
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_samples_; }
   int num_micro_batches() const { return cfg_.num_micro_batches(ctx_.dp_size); }
@@ -106,7 +113,8 @@ class Trainer {
   TokenDataset& data_;
   ParallelContext ctx_;
   std::unique_ptr<GPTModel> model_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<AdamW> optimizer_;              // without the distributed optimizer
+  std::unique_ptr<DistributedAdamW> dist_opt_;    // --use-distributed-optimizer
   std::unique_ptr<GradReducer> reducer_;
   LrSchedule schedule_;
   LossScaler scaler_ = LossScaler::constant(1.0);

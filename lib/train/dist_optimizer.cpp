@@ -1,0 +1,202 @@
+// dist_optimizer.cpp: AdamW over this DP rank's blocks of the flat buffers.
+#include "train/dist_optimizer.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace tessera {
+
+namespace {
+int piece_index(int piece, const ModelShard& shard) {
+  if (piece == GPTModel::kEmbedPiece) return 0;
+  if (piece == GPTModel::kHeadPiece) return 1;
+  return 2 + piece - shard.layer_begin;
+}
+}  // namespace
+
+DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicator& dp,
+                                   double beta1, double beta2, double eps, double weight_decay)
+    : model_(model), params_(model.params()), be_(backend), dp_(dp), weight_decay_(weight_decay) {
+  hyper_.beta1 = beta1;
+  hyper_.beta2 = beta2;
+  hyper_.eps = eps;
+  const int P = dp.size(), r = dp.rank();
+  TESSERA_CHECK(params_.layout().shards == P, "the flat buffers are laid out for ",
+                params_.layout().shards, " data-parallel blocks, the DP group has ", P, " ranks");
+  const auto& buckets = params_.buckets();
+  const auto& specs = params_.specs();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const FlatBucket& fb = buckets[b];
+    const int64_t n = fb.numel() / P;
+    Block k;
+    k.bucket = static_cast<int>(b);
+    k.flat_begin = fb.begin + r * n;
+    k.flat_end = k.flat_begin + n;
+    k.shard_begin = shard_numel_;
+    shard_numel_ += n;
+    std::vector<AdamWSegment> seg;  // the parameters' parts in the block; padding is left out
+    for (int p = fb.first_param; p < fb.end_param; ++p) {
+      const ParamSpec& s = specs[p];
+      const int64_t lo = std::max(k.flat_begin, s.flat_offset);
+      const int64_t hi = std::min(k.flat_end, s.flat_offset + s.numel());
+      if (lo >= hi) continue;
+      const double wd = s.weight_decay ? weight_decay_ : 0.0;
+      if (!seg.empty() && seg.back().end == lo - k.flat_begin && seg.back().weight_decay == wd)
+        seg.back().end = hi - k.flat_begin;
+      else
+        seg.push_back({lo - k.flat_begin, hi - k.flat_begin, wd});
+    }
+    blocks_.push_back(k);
+    segments_.push_back(std::move(seg));
+  }
+  {
+    AllocationLabel label("the Adam moments of this rank's blocks (2 x fp32, distributed optimizer)");
+    m_ = Tensor({shard_numel_}, DType::F32, be_.allocator());
+    v_ = Tensor({shard_numel_}, DType::F32, be_.allocator());
+  }
+  zero_moments();
+  if (!params_.has_master()) {
+    AllocationLabel label("the fp32 master weights of this rank's blocks (distributed optimizer)");
+    master_ = Tensor({shard_numel_}, DType::F32, be_.allocator());
+    be_.zero(master_);
+  }
+  gathers_.resize(buckets.size());
+  const ModelShard& sh = model.shard();
+  buckets_of_piece_.resize(static_cast<size_t>(2 + sh.layer_end - sh.layer_begin));
+  const auto pieces = model.pieces_of_params();
+  for (size_t b = 0; b < buckets.size(); ++b)
+    for (int p = buckets[b].first_param; p < buckets[b].end_param; ++p)
+      for (int piece : pieces[static_cast<size_t>(p)]) {
+        auto& list = buckets_of_piece_[static_cast<size_t>(piece_index(piece, sh))];
+        if (list.empty() || list.back() != static_cast<int>(b)) list.push_back(static_cast<int>(b));
+      }
+}
+
+void DistributedAdamW::zero_moments() {
+  be_.zero(m_);
+  be_.zero(v_);
+}
+
+Tensor& DistributedAdamW::state(const char* which) {
+  if (std::strcmp(which, "exp_avg") == 0) return m_;
+  if (std::strcmp(which, "exp_avg_sq") == 0) return v_;
+  TESSERA_CHECK(std::strcmp(which, "master") == 0, "no optimizer state named ", which);
+  TESSERA_CHECK(owns_master(), "f32 training: the master weights are the parameters");
+  return master_;
+}
+
+void DistributedAdamW::step(double lr, bool overlap_gather) {
+  ++step_;
+  hyper_.lr = lr;
+  wait_all();  // a gather still in flight writes the compute copy
+  Tensor& grads = params_.flat_grads();
+  Tensor& compute = params_.flat_compute();
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const Block& k = blocks_[i];
+    const Shape n{k.numel()};
+    Tensor g = grads.view(k.flat_begin, n);
+    Tensor p = owns_master() ? master_.view(k.shard_begin, n) : compute.view(k.flat_begin, n);
+    Tensor m = m_.view(k.shard_begin, n), v = v_.view(k.shard_begin, n);
+    be_.adamw_step_flat(p, g, m, v, segments_[i], hyper_, step_);
+    if (owns_master()) {  // the block's compute copy (bf16/f16)
+      Tensor c = compute.view(k.flat_begin, n);
+      be_.cast(c, p);
+    }
+  }
+  // Forward order: the bucket holding the first parameters (the last bucket) first.
+  for (int b = static_cast<int>(gathers_.size()) - 1; b >= 0; --b) start_gather(b);
+  if (!overlap_gather) wait_all();
+}
+
+void DistributedAdamW::publish() {
+  wait_all();
+  if (owns_master())
+    for (const Block& k : blocks_) {
+      Tensor c = params_.flat_compute().view(k.flat_begin, {k.numel()});
+      be_.cast(c, master_.view(k.shard_begin, {k.numel()}));
+    }
+  for (int b = static_cast<int>(gathers_.size()) - 1; b >= 0; --b) start_gather(b);
+  wait_all();
+}
+
+void DistributedAdamW::start_gather(int b) {
+  const FlatBucket& fb = params_.buckets()[static_cast<size_t>(b)];
+  Tensor view = params_.flat_compute().view(fb.begin, {fb.numel()});
+  gathers_[static_cast<size_t>(b)] = dp_.all_gather_async(view);
+}
+
+void DistributedAdamW::wait_params(int piece) {
+  for (int b : buckets_of_piece_[static_cast<size_t>(piece_index(piece, model_.shard()))]) {
+    auto& g = gathers_[static_cast<size_t>(b)];
+    if (g) {
+      g->wait();
+      g.reset();
+    }
+  }
+}
+
+void DistributedAdamW::wait_all() {
+  for (auto& g : gathers_)
+    if (g) {
+      g->wait();
+      g.reset();
+    }
+}
+
+std::vector<Tensor> DistributedAdamW::grad_blocks(const std::vector<bool>& counted) const {
+  std::vector<Tensor> out;
+  const auto& specs = params_.specs();
+  for (const Block& k : blocks_) {
+    const FlatBucket& fb = params_.buckets()[static_cast<size_t>(k.bucket)];
+    for (int p = fb.first_param; p < fb.end_param; ++p) {
+      if (!counted[static_cast<size_t>(p)]) continue;
+      const ParamSpec& s = specs[static_cast<size_t>(p)];
+      const int64_t lo = std::max(k.flat_begin, s.flat_offset);
+      const int64_t hi = std::min(k.flat_end, s.flat_offset + s.numel());
+      if (lo < hi) out.push_back(params_.flat_grads().view(lo, {hi - lo}));
+    }
+  }
+  return out;
+}
+
+Tensor DistributedAdamW::embedding_grad_block() const {
+  if (!params_.has("wte")) return Tensor();
+  const ParamSpec& s = params_.spec("wte");
+  for (const Block& k : blocks_) {
+    const FlatBucket& fb = params_.buckets()[static_cast<size_t>(k.bucket)];
+    if (s.flat_offset >= fb.begin && s.flat_offset < fb.end) {
+      TESSERA_CHECK(fb.end_param - fb.first_param == 1, "wte shares its bucket");
+      return params_.flat_grads().view(k.flat_begin, {k.numel()});
+    }
+  }
+  throw Error("wte is in no bucket");
+}
+
+void DistributedAdamW::set_state(const char* which, const ParamSpec& spec, const float* values) {
+  Tensor& st = state(which);
+  for (const Block& k : blocks_) {
+    const int64_t lo = std::max(k.flat_begin, spec.flat_offset);
+    const int64_t hi = std::min(k.flat_end, spec.flat_offset + spec.numel());
+    if (lo >= hi) continue;
+    Tensor dst = st.view(k.shard_begin + (lo - k.flat_begin), {hi - lo});
+    be_.copy_from_host(dst, values + (lo - spec.flat_offset));
+  }
+}
+
+std::vector<float> DistributedAdamW::gather_state(const char* which, bool want) {
+  Tensor& st = state(which);
+  std::vector<float> host;
+  if (want) host.assign(static_cast<size_t>(params_.numel()), 0.f);
+  const int r = dp_.rank();
+  for (const Block& k : blocks_) {  // one bucket at a time: device scratch of one bucket
+    const FlatBucket& fb = params_.buckets()[static_cast<size_t>(k.bucket)];
+    Tensor full({fb.numel()}, DType::F32, be_.allocator());
+    Tensor mine = full.view(r * k.numel(), {k.numel()});
+    be_.cast(mine, st.view(k.shard_begin, {k.numel()}));  // a device copy
+    dp_.all_gather_async(full)->wait();
+    if (want) be_.copy_to_host(host.data() + fb.begin, full);
+  }
+  return host;
+}
+
+}  // namespace tessera

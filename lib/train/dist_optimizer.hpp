@@ -1,0 +1,89 @@
+// dist_optimizer.hpp: the distributed optimizer (Megatron's --use-distributed-optimizer, ZeRO
+// stage 1). The flat buffers are cut into buckets, each padded to a multiple of the DP size
+// (ParamStore::buckets); DP rank r owns block r of every bucket. After the backward the gradients
+// are reduce-scattered (GradReducer), so each rank holds the summed gradient of its blocks; it
+// keeps the Adam moments (and, in mixed precision, the f32 master weights) of its blocks only,
+// updates them, and the updated weights are all-gathered back into every rank's compute copy:
+// at once after the step, or bucket by bucket while the next forward runs
+// (--overlap-param-gather). Per parameter a rank keeps 2 (bf16 weights) + 4 (gradient) +
+// 12 / DP bytes in mixed precision (Megatron's 6 + 12/DP), 4 + 4 + 8 / DP in f32.
+//
+// The state is saved and loaded in the global tensor layout (checkpoint/), the same files as
+// without it, so a checkpoint moves between layouts and optimizers freely.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "comm/communicator.hpp"
+#include "model/gpt.hpp"
+
+namespace tessera {
+
+class DistributedAdamW {
+ public:
+  // `model`'s ParamStore must be laid out for dp.size() blocks (FlatLayout::shards).
+  DistributedAdamW(GPTModel& model, Backend& backend, Communicator& dp, double beta1,
+                   double beta2, double eps, double weight_decay);
+
+  // This rank's block of one bucket: flat elements [flat_begin, flat_end), stored from
+  // shard_begin in the shard buffers (moments, master weights).
+  struct Block {
+    int bucket = 0;
+    int64_t flat_begin = 0, flat_end = 0, shard_begin = 0;
+    int64_t numel() const { return flat_end - flat_begin; }
+  };
+  const std::vector<Block>& blocks() const { return blocks_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  // Mixed precision: the f32 master weights live here (the ParamStore has none).
+  bool owns_master() const { return master_.defined(); }
+
+  // AdamW on this rank's blocks (the summed gradients the reduce-scatter left there), then the
+  // compute copy of the blocks is refreshed and the parameter gather started (overlap) or done.
+  void step(double lr, bool overlap_gather);
+  int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t steps) { step_ = steps; }
+
+  // All-gathers every bucket's updated weights into the compute copy (blocking), after the
+  // master weights were set (initialization, checkpoint load).
+  void publish();
+  // Overlapped gather: waits for the buckets holding the piece's parameters; wait_all for all.
+  void wait_params(int piece);
+  void wait_all();
+
+  // The gradient of this rank's blocks, as views, for the parameters `counted` keeps (the global
+  // norm counts each parameter once across the grid).
+  std::vector<Tensor> grad_blocks(const std::vector<bool>& counted) const;
+  // The wte gradient block this rank owns (tied embedding: summed between the first and last
+  // stage block by block); undefined when this rank has no wte.
+  Tensor embedding_grad_block() const;
+
+  // State in the global layout. set_state copies the part of `values` (spec.local_shape, f32,
+  // on the host) that falls in this rank's blocks into "master", "exp_avg" or "exp_avg_sq".
+  void set_state(const char* which, const ParamSpec& spec, const float* values);
+  void zero_moments();
+  // Collective over DP: the full flat buffer of a state (as ParamStore offsets) on the host of
+  // the ranks with `want`; empty elsewhere.
+  std::vector<float> gather_state(const char* which, bool want);
+
+ private:
+  Tensor& state(const char* which);
+  void start_gather(int bucket);
+
+  GPTModel& model_;
+  ParamStore& params_;
+  Backend& be_;
+  Communicator& dp_;
+  AdamWHyper hyper_;
+  double weight_decay_;
+  std::vector<Block> blocks_;
+  std::vector<std::vector<AdamWSegment>> segments_;  // per block, relative to its start
+  int64_t shard_numel_ = 0;
+  Tensor m_, v_, master_;  // shard buffers
+  std::vector<std::unique_ptr<PendingOp>> gathers_;  // per bucket, while overlapped
+  std::vector<std::vector<int>> buckets_of_piece_;  // indexed by piece + 2 (embed, head, layers)
+  int64_t step_ = 0;
+};
+
+}  // namespace tessera
