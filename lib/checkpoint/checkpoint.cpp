@@ -395,7 +395,10 @@ void CheckpointReader::read_slice(const std::string& group, const ParamSpec& t, 
     H5Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
     if (!ds.valid())
       throw ConfigError("checkpoint file '" + files_[s.file] + "' has no " + name +
-                        (group == "model" ? "" : " (saved without optimizer state)"));
+                        (group == "model" ? "; use another checkpoint"
+                                          : ": its optimizer state is incomplete; resume from "
+                                            "another checkpoint, or take the weights only with "
+                                            "--finetune"));
     const int64_t src_n = shape_numel(s.local_shape);
     const bool whole = s.local_shape == t.local_shape && (ax < 0 || (lo == s_off && lo == t_off));
     // The whole source tensor is read (and its checksum checked); the overlap is copied out.

@@ -44,6 +44,8 @@ expect 2 "--recompute-granularity=some is not a granularity" -- --recompute-gran
 expect 2 "--checkpoint-num-layers=2 needs --checkpoint-activations" -- --checkpoint-num-layers 2
 expect 0 "activation recomputation: full \\(uniform, 2 layers per chunk\\)" -- --config "$configs/gpt2-tiny.ini" --num-layers 4 --checkpoint-activations --checkpoint-num-layers 2 --dry-run
 expect 0 "activation recomputation: selective" -- --config "$configs/gpt2-tiny.ini" --recompute-granularity selective --dry-run
+expect 2 "--overlap-param-gather needs --use-distributed-optimizer" -- --overlap-param-gather
+expect 0 "optimizer: distributed" -- --config "$configs/gpt2-tiny.ini" --use-distributed-optimizer --overlap-param-gather --dry-run
 expect 0 "--tensor-model-parallel-size|--num-layers" -- --help
 expect 0 "stage 0 .*memory per rank" -- --config "$configs/gpt2-tiny.ini" --dry-run
 for c in gpt2-124m gpt2-345m gpt2-1.3b; do  # the shipped configurations are valid
@@ -53,7 +55,8 @@ for opt in num-layers hidden-size num-attention-heads seq-length max-position-em
            micro-batch-size global-batch-size train-iters lr min-lr lr-decay-style \
            lr-warmup-iters weight-decay clip-grad adam-beta1 adam-beta2 adam-eps seed \
            make-vocab-size-divisible-by log-interval recompute-granularity recompute-method \
-           recompute-num-layers checkpoint-activations checkpoint-num-layers; do
+           recompute-num-layers checkpoint-activations checkpoint-num-layers \
+           use-distributed-optimizer overlap-grad-reduce overlap-param-gather; do
   "$bin" --help | grep -q -- "--$opt" || { echo "FAIL: --help does not document --$opt"; fail=1; }
 done
 [ $fail -eq 0 ] && echo "app.cli_errors: all passed"

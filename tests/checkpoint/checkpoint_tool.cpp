@@ -2,6 +2,8 @@
 // would look. Usage:
 //   test_checkpoint_tool set-version FILE N          rewrite the format_version attribute
 //   test_checkpoint_tool flip-byte FILE DATASET      flip one byte inside the dataset's data
+//   test_checkpoint_tool drop-model FILE             remove the /model group
+//   test_checkpoint_tool unlink FILE DATASET         remove one dataset
 #include <hdf5.h>
 
 #include <cstdio>
@@ -62,8 +64,15 @@ int main(int argc, char** argv) {
     H5Fclose(f);
     return rc < 0 ? 1 : 0;
   }
+  if (argc == 4 && std::strcmp(argv[1], "unlink") == 0) {  // one tensor missing from a file
+    hid_t f = H5Fopen(argv[2], H5F_ACC_RDWR, H5P_DEFAULT);
+    if (f < 0) return 1;
+    const herr_t rc = H5Ldelete(f, argv[3], H5P_DEFAULT);
+    H5Fclose(f);
+    return rc < 0 ? 1 : 0;
+  }
   std::fprintf(stderr,
                "usage: test_checkpoint_tool set-version FILE N | flip-byte FILE DATASET | "
-               "drop-model FILE\n");
+               "drop-model FILE | unlink FILE DATASET\n");
   return 2;
 }
