@@ -9,7 +9,13 @@
 // i.e. 6 x (matmul parameters) plus the attention score and value products, forward and backward.
 //
 // Usage: bench_gpu_train [124m|1.3b|all=all] [steps=10] [micro_batch=0: per model] [peak_tflops=0:
-// from the device name] [dtype=bf16|fp16|f32] [--breakdown]
+// from the device name] [dtype=bf16|fp16|f32] [--breakdown] [--recompute=full|selective]
+// [--distributed-optimizer] [--max-micro-batch]
+//
+// --recompute / --distributed-optimizer train with those memory features (issue 13; one GPU is
+// DP 1, so the distributed optimizer's memory only falls with more ranks: --dry-run shows it).
+// --max-micro-batch: instead of one timed size, tries micro-batches 8, 16, 24, 32, 48, 64, 96, 128
+// (two steps each) and reports the largest that trains, with its step time and peak memory.
 //
 // --breakdown (anywhere on the line, or TESSERA_BENCH_BREAKDOWN=1): after the timed steps, as many
 // steps again with the phase timer on (core/phase_timer.hpp: CUDA events around each op kind on
@@ -75,14 +81,28 @@ double peak_bf16_tflops(const std::string& device) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args;  // the positional arguments, --breakdown taken out
+  std::vector<std::string> args;  // the positional arguments, the flags taken out
   const char* env = std::getenv("TESSERA_BENCH_BREAKDOWN");
   bool breakdown = env && *env && std::strcmp(env, "0") != 0;
+  bool distributed = false, max_mbs = false;
+  RecomputeConfig recompute;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--breakdown") == 0)
+    if (std::strcmp(argv[i], "--breakdown") == 0) {
       breakdown = true;
-    else
+    } else if (std::strcmp(argv[i], "--distributed-optimizer") == 0) {
+      distributed = true;
+    } else if (std::strcmp(argv[i], "--max-micro-batch") == 0) {
+      max_mbs = true;
+    } else if (std::strncmp(argv[i], "--recompute=", 12) == 0) {
+      try {
+        recompute.granularity = parse_recompute_granularity(argv[i] + 12);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_gpu_train: %s\n", e.what());
+        return 2;
+      }
+    } else {
       args.push_back(argv[i]);
+    }
   }
   auto arg = [&](size_t i, const char* def) {
     return i < args.size() ? args[i] : std::string(def);
@@ -94,6 +114,7 @@ int main(int argc, char** argv) {
   const std::string dtype_arg = arg(4, "bf16");
 #ifndef TESSERA_HAVE_CUDA
   (void)which, (void)steps, (void)mbs_arg, (void)peak, (void)dtype_arg, (void)breakdown;
+  (void)distributed, (void)max_mbs;
   std::fprintf(stderr, "bench_gpu_train: this build has no CUDA backend\n");
   return 2;
 #else
@@ -113,8 +134,11 @@ int main(int argc, char** argv) {
   cuda::set_device(0);
   const std::string device = cuda::device_description(0);
   if (peak <= 0) peak = peak_bf16_tflops(device);
-  std::printf("bench_gpu_train: %s; peak dense bf16 %.1f TFLOP/s%s; %s training\n", device.c_str(),
-              peak, peak > 0 ? "" : " (unknown device: MFU not printed)", dtype_name(dtype));
+  std::printf("bench_gpu_train: %s; peak dense bf16 %.1f TFLOP/s%s; %s training; activation "
+              "recomputation %s; %s optimizer\n",
+              device.c_str(), peak, peak > 0 ? "" : " (unknown device: MFU not printed)",
+              dtype_name(dtype), recompute.describe().c_str(),
+              distributed ? "distributed" : "replicated");
   for (const Preset& p : kPresets) {
     if (which != "all" && which != p.name) continue;
     GPTConfig m;
@@ -131,6 +155,37 @@ int main(int argc, char** argv) {
     t.lr = 1e-4;
     t.log_interval = 1 << 30;
     t.compute_dtype = dtype;
+    t.recompute = recompute;
+    t.use_distributed_optimizer = distributed;
+    if (max_mbs) {  // the largest micro-batch that trains (two steps), smallest first
+      int best = 0;
+      for (int mbs : {8, 16, 24, 32, 48, 64, 96, 128}) {
+        t.micro_batch_size = t.global_batch_size = mbs;
+        t.train_iters = 2;
+        const MemoryEstimate e = estimate_rank_memory(m, t, GridLayout::make(1, 1, 1), 0);
+        try {
+          cuda::reset_peak_allocated_bytes();
+          auto be = make_cuda_backend();
+          auto data = make_mock_dataset(m.vocab_size, m.seq_length, 1);
+          Trainer trainer(m, t, *be, *data);
+          trainer.train_step();
+          Timer timer;
+          trainer.train_step();
+          const double sec = timer.seconds();
+          std::printf("%-5s: micro-batch %3d trains: %.1f ms/step, %.0f tokens/s, peak %.2f GiB "
+                      "(estimate %.2f GiB)\n",
+                      p.name, mbs, sec * 1e3, double(mbs) * m.seq_length / sec,
+                      cuda::peak_allocated_bytes() / 1073741824.0, e.total_bytes() / 1073741824.0);
+          best = mbs;
+        } catch (const std::exception& e) {
+          std::printf("%-5s: micro-batch %3d does not fit: %s\n", p.name, mbs, e.what());
+          break;
+        }
+      }
+      std::printf("%-5s: largest micro-batch that trains (%s recomputation): %d\n", p.name,
+                  recompute.describe().c_str(), best);
+      continue;
+    }
     const MemoryEstimate est = estimate_rank_memory(m, t, GridLayout::make(1, 1, 1), 0);
     try {
       cuda::reset_peak_allocated_bytes();

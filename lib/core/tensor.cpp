@@ -1,6 +1,8 @@
 // tensor.cpp: storage, views and the host allocator.
 #include "core/tensor.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -44,21 +46,39 @@ std::string shape_str(const Shape& s) {
 }
 
 namespace {
+std::atomic<size_t> g_host_live{0}, g_host_peak{0};
+
 class CpuAllocator final : public Allocator {
  public:
   void* allocate(size_t bytes) override {
-    if (bytes == 0) bytes = 64;
-    const size_t rounded = (bytes + 63) / 64 * 64;
+    const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (!p)
       throw Error("out of host memory allocating " + std::to_string(bytes) +
                   " bytes; reduce --micro-batch-size or the model size");
+    const size_t now = g_host_live += bytes;
+    size_t peak = g_host_peak.load();
+    while (now > peak && !g_host_peak.compare_exchange_weak(peak, now)) {
+    }
     return p;
   }
-  void deallocate(void* p, size_t) override { std::free(p); }
+  void deallocate(void* p, size_t bytes) override {
+    std::free(p);
+    g_host_live -= bytes;
+  }
   Device device() const override { return Device::CPU; }
 };
 }  // namespace
+
+size_t host_allocated_bytes() {
+  return g_host_live.load();
+}
+size_t host_peak_allocated_bytes() {
+  return g_host_peak.load();
+}
+void reset_host_peak_allocated_bytes() {
+  g_host_peak = g_host_live.load();
+}
 
 Allocator& cpu_allocator() {
   static CpuAllocator alloc;

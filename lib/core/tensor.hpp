@@ -31,6 +31,11 @@ class Allocator {
   virtual Device device() const = 0;
 };
 Allocator& cpu_allocator();
+// Bytes of tensor storage the host allocator holds now and at most since the last reset (the
+// memory benchmark compares them with the --dry-run estimate).
+size_t host_allocated_bytes();
+size_t host_peak_allocated_bytes();
+void reset_host_peak_allocated_bytes();
 
 // Names what the allocations made while it lives are for ("Adam moments", "activations of one
 // micro-batch"), so an out-of-memory error can say which buffer did not fit. Thread-local, nests.
