@@ -85,3 +85,48 @@ TEST(Config, DryRunReportCountsGpt2Small) {
   EXPECT_NE(r.find("parameters: 124439808"), std::string::npos) << r;
   EXPECT_NE(r.find("activations"), std::string::npos) << r;
 }
+
+TEST(Config, DryRunBytesPerParameterFollowMegatronsTable) {
+  // Mixed precision: 18 B per parameter replicated; 6 + 12/DP with the distributed optimizer.
+  auto bytes = [](std::vector<std::string> args, int world) {
+    RunOptions o;
+    args.insert(args.end(), {"--num-layers", "4", "--hidden-size", "256", "--num-attention-heads",
+                             "4", "--seq-length", "128", "--vocab-size", "1000",
+                             "--global-batch-size", "64"});
+    EXPECT_TRUE(parse(args, o));
+    const std::string r = dry_run_report(o, world);
+    const std::string key = "bytes per parameter ";
+    const size_t at = r.find(key);
+    EXPECT_NE(at, std::string::npos) << r;
+    return std::atof(r.c_str() + at + key.size());
+  };
+  EXPECT_DOUBLE_EQ(bytes({"--bf16"}, 4), 18.0);
+  EXPECT_DOUBLE_EQ(bytes({"--bf16", "--use-distributed-optimizer"}, 1), 18.0);
+  EXPECT_DOUBLE_EQ(bytes({"--bf16", "--use-distributed-optimizer"}, 2), 12.0);
+  EXPECT_DOUBLE_EQ(bytes({"--bf16", "--use-distributed-optimizer"}, 4), 9.0);
+  EXPECT_DOUBLE_EQ(bytes({"--bf16", "--use-distributed-optimizer"}, 8), 7.5);
+  EXPECT_DOUBLE_EQ(bytes({"--use-distributed-optimizer"}, 4), 10.0);  // f32: 8 + 8/DP
+  EXPECT_DOUBLE_EQ(bytes({}, 4), 16.0);
+}
+
+TEST(Config, DryRunActivationsShrinkWithRecomputation) {
+  auto act = [](std::vector<std::string> args) {
+    RunOptions o;
+    args.insert(args.end(), {"--num-layers", "4", "--hidden-size", "1024",
+                             "--num-attention-heads", "8", "--seq-length", "1024",
+                             "--vocab-size", "1000", "--bf16"});
+    EXPECT_TRUE(parse(args, o));
+    const std::string r = dry_run_report(o, 1);
+    const std::string key = "activations kept per layer per micro-batch ";
+    const size_t at = r.find(key);
+    EXPECT_NE(at, std::string::npos) << r;
+    return std::atof(r.c_str() + at + key.size());
+  };
+  // Per layer, N = 1024 tokens, C = 1024, bf16: none keeps 16 N C elements plus f32 statistics
+  // (32.05 MiB); selective 9 N C (18.00 MiB); full only the layer output (N C x 2 B = 2 MiB).
+  const double none = act({}), sel = act({"--recompute-granularity", "selective"}),
+               full = act({"--checkpoint-activations"});
+  EXPECT_DOUBLE_EQ(full, 2.0);
+  EXPECT_DOUBLE_EQ(sel, 18.0);
+  EXPECT_NEAR(none, 32.0 + 1024 * (4 + 8) * 4 / 1048576.0, 0.006);
+}
