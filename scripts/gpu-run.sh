@@ -3,7 +3,13 @@
 # scripts/gpu-bundle.sh made here (.gpu/tessera-gpu.tar.xz, carried): the CUDA tests, the
 # simulated-device tests, 10 iterations of gpt2-tiny on --device cuda against --device cpu,
 # bench_attention with PyTorch's figures from bench/attention_peer.py, and bench_gpu_train. Logs go to $OUT (when set) and standard output.
-# Usage: bash scripts/gpu-run.sh [--no-bench] [--bench-only] [--sanitize[=TOOL,...]] [BENCH_ARGS...]
+# Usage: bash scripts/gpu-run.sh [--no-bench] [--bench-only] [--memory] [--sanitize[=TOOL,...]]
+#        [BENCH_ARGS...]
+#
+# --memory runs, instead of the default benchmarks, issue 13's GPU figures on the 1.3B config
+# (bf16): the step at micro-batch 16 without, with selective and with full recomputation (and the
+# distributed optimizer, DP 1), then the largest micro-batch that trains without and with full
+# recomputation (bench_gpu_train --max-micro-batch); logs in $OUT/bench-memory-*.log.
 #
 # --sanitize runs, instead of the tests and the benchmark, the CUDA tests under NVIDIA's
 # compute-sanitizer (found on PATH, in /usr/local/cuda*/, or anywhere by `find`) with
@@ -48,12 +54,13 @@ for b in "$root"/bin/*; do
 done
 
 status=0
-bench=1 tests=1 sanitize=""
+bench=1 tests=1 sanitize="" memory=0
 bench_args=()
 for a in "$@"; do
   case $a in
     --no-bench) bench=0 ;;
     --bench-only) tests=0 ;;
+    --memory) memory=1 ;;
     --sanitize) sanitize="memcheck,initcheck,racecheck,synccheck" ;;
     --sanitize=*) sanitize=${a#--sanitize=} ;;
     *) bench_args+=("$a") ;;
@@ -125,7 +132,16 @@ if [ $tests -eq 1 ]; then
     scripts/compare-losses "$out/train-cpu.jsonl" "$out/train-cuda.jsonl" 1e-4 cpu cuda || status=1
   fi
 fi
-if [ $bench -eq 1 ]; then
+if [ $bench -eq 1 ] && [ $memory -eq 1 ]; then
+  for mode in "" --recompute=selective --recompute=full "--recompute=full --distributed-optimizer"; do
+    echo "== bench_gpu_train 1.3b 5 16 0 bf16 $mode =="
+    "$root/bin/bench_gpu_train" 1.3b 5 16 0 bf16 $mode 2>&1 | tee -a "$out/bench-memory-modes.log" || status=1
+  done
+  for mode in "" --recompute=full; do
+    echo "== bench_gpu_train 1.3b --max-micro-batch $mode =="
+    "$root/bin/bench_gpu_train" 1.3b 0 0 0 bf16 --max-micro-batch $mode 2>&1 | tee -a "$out/bench-memory-max.log" || status=1
+  done
+elif [ $bench -eq 1 ]; then
   echo "== bench_attention (Tessera) and bench/attention_peer.py (PyTorch SDPA, same GPU) =="
   "$root/bin/bench_attention" 2>&1 | tee "$out/bench-attention.log" || status=1
   python3 bench/attention_peer.py 2>&1 | tee "$out/bench-attention-peer.log"

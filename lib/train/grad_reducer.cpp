@@ -1,29 +1,25 @@
-// grad_reducer.cpp: bucketed, overlapped data-parallel all-reduce of gradients.
+// grad_reducer.cpp: bucketed, overlapped data-parallel reduction of gradients.
 #include "train/grad_reducer.hpp"
 
 namespace tessera {
 
 GradReducer::GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter, bool overlap)
     : model_(model), dp_(dp), reduce_scatter_(reduce_scatter), overlap_(overlap) {
-  const auto& specs = model.params().specs();
   const ModelShard& sh = model.shard();
-  const int n = static_cast<int>(specs.size());
+  const auto pieces = model.pieces_of_params();
+  const int n = static_cast<int>(pieces.size());
   bucket_of_param_.assign(n, -1);
   sources_.assign(n, 1);
   params_of_layer_.resize(sh.layer_end - sh.layer_begin);
   for (int i = 0; i < n; ++i) {
-    const std::string& name = specs[i].name;
-    if (name == "wte") {
-      sources_[i] = int(sh.has_head) + int(sh.has_embedding);
-      if (sh.has_head) head_params_.push_back(i);
-      if (sh.has_embedding) embed_params_.push_back(i);
-    } else if (name == "wpe") {
-      embed_params_.push_back(i);
-    } else if (name.rfind("lnf.", 0) == 0) {
-      head_params_.push_back(i);
-    } else {
-      const int layer = std::stoi(name.substr(7, name.find('.', 7) - 7));  // "layers.<l>."
-      params_of_layer_[layer - sh.layer_begin].push_back(i);
+    sources_[i] = static_cast<int>(pieces[i].size());  // wte on a stage with both ends: 2
+    for (int piece : pieces[i]) {
+      if (piece == GPTModel::kHeadPiece)
+        head_params_.push_back(i);
+      else if (piece == GPTModel::kEmbedPiece)
+        embed_params_.push_back(i);
+      else
+        params_of_layer_[piece - sh.layer_begin].push_back(i);
     }
   }
   for (const FlatBucket& fb : model.params().buckets()) {
@@ -52,7 +48,8 @@ void GradReducer::begin() {
 
 void GradReducer::start(Bucket& b) {
   Tensor view = model_.params().flat_grads().view(b.begin, {b.end - b.begin});
-  b.op = reduce_scatter_ ? dp_.reduce_scatter_async(view) : dp_.all_reduce_async(view, ReduceOp::Sum);
+  b.op = reduce_scatter_ ? dp_.reduce_scatter_async(view)
+                         : dp_.all_reduce_async(view, ReduceOp::Sum);
 }
 
 void GradReducer::piece_ready(int piece) {
