@@ -57,7 +57,14 @@ int main(int argc, char** argv) {
     TLOG(info) << "global batch " << opts.train.global_batch(ctx.dp_size) << " = "
                << trainer.num_micro_batches() << " micro-batches of " << opts.train.micro_batch_size
                << " x DP " << ctx.dp_size << "; 1F1B pipeline bubble (theoretical) "
-               << theoretical_bubble(ctx.pp_size, trainer.num_micro_batches());
+               << theoretical_bubble(ctx.pp_size, trainer.num_micro_batches())
+               << "; activation recomputation: " << opts.train.recompute.describe()
+               << "; optimizer: "
+               << (opts.train.use_distributed_optimizer
+                       ? "distributed over DP " + std::to_string(ctx.dp_size) +
+                             (opts.train.overlap_param_gather ? " (parameter gather overlapped)"
+                                                              : "")
+                       : std::string("replicated"));
     if (!opts.load.empty()) {
       try {
         trainer.load_checkpoint(opts.load, opts.finetune);
