@@ -24,7 +24,7 @@ void RecomputeConfig::validate(int stage_layers) const {
   if (!full()) return;
   if (num_layers < 1 || num_layers > stage_layers)
     throw ConfigError(detail::concat(
-        "--recompute-num-layers=", num_layers, " does not fit a pipeline stage of ", stage_layers,
+        num_layers_option, "=", num_layers, " does not fit a pipeline stage of ", stage_layers,
         " layer", stage_layers == 1 ? "" : "s", " (allowed: 1 to ", stage_layers, ")"));
 }
 

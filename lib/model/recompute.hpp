@@ -28,6 +28,7 @@ struct RecomputeConfig {
   // Block: the first num_layers layers of each stage recomputed one by one, the rest stored.
   RecomputeMethod method = RecomputeMethod::Uniform;
   int num_layers = 1;
+  const char* num_layers_option = "--recompute-num-layers";  // the option that set it (errors)
 
   bool full() const { return granularity == RecomputeGranularity::Full; }
   bool selective() const { return granularity == RecomputeGranularity::Selective; }

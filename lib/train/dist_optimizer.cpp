@@ -188,9 +188,18 @@ std::vector<float> DistributedAdamW::gather_state(const char* which, bool want) 
   std::vector<float> host;
   if (want) host.assign(static_cast<size_t>(params_.numel()), 0.f);
   const int r = dp_.rank();
-  for (const Block& k : blocks_) {  // one bucket at a time: device scratch of one bucket
+  // One device scratch of the largest bucket, allocated before the first collective (every rank
+  // asks for the same size), reused bucket by bucket.
+  int64_t largest = 0;
+  for (const FlatBucket& fb : params_.buckets()) largest = std::max(largest, fb.numel());
+  Tensor scratch;
+  {
+    AllocationLabel label("the gather buffer of one bucket (checkpoint save)");
+    scratch = Tensor({largest}, DType::F32, be_.allocator());
+  }
+  for (const Block& k : blocks_) {
     const FlatBucket& fb = params_.buckets()[static_cast<size_t>(k.bucket)];
-    Tensor full({fb.numel()}, DType::F32, be_.allocator());
+    Tensor full = scratch.view(0, {fb.numel()});
     Tensor mine = full.view(r * k.numel(), {k.numel()});
     be_.cast(mine, st.view(k.shard_begin, {k.numel()}));  // a device copy
     dp_.all_gather_async(full)->wait();

@@ -75,13 +75,17 @@ RecomputeConfig recompute_options(const std::string& granularity, const std::str
   if (checkpoint_num_layers > 0 && num_layers > 0 && checkpoint_num_layers != num_layers)
     throw ConfigError(concat("--checkpoint-num-layers=", checkpoint_num_layers,
                              " and --recompute-num-layers=", num_layers, " disagree; give one"));
-  const int n = num_layers > 0 ? num_layers : checkpoint_num_layers;
-  if (num_layers < 0 || checkpoint_num_layers < 0)
+  if (num_layers < 0)
     throw ConfigError(concat("--recompute-num-layers=", num_layers,
                              " is out of range (allowed: >= 1)"));
+  if (checkpoint_num_layers < 0)
+    throw ConfigError(concat("--checkpoint-num-layers=", checkpoint_num_layers,
+                             " is out of range (allowed: >= 1)"));
+  const int n = num_layers > 0 ? num_layers : checkpoint_num_layers;
+  const char* name = num_layers > 0 ? "--recompute-num-layers" : "--checkpoint-num-layers";
   if (n > 0 && !rc.full())
-    throw ConfigError(concat("--recompute-num-layers=", n,
-                             " needs --recompute-granularity full"));
+    throw ConfigError(concat(name, "=", n, " needs --recompute-granularity full"));
+  if (n > 0 && num_layers <= 0) rc.num_layers_option = name;
   if (n > 0) rc.num_layers = n;
   return rc;
 }
@@ -175,8 +179,8 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   p.group("Memory")
       .add_options()("recompute-granularity", po::value(&recompute_granularity),
                      "recompute activations in the backward instead of storing them: full (only "
-                     "each chunk's input is kept) | selective (LayerNorm and GELU outputs "
-                     "recomputed); bitwise the same results")(
+                     "each chunk's input is kept) | selective (the LayerNorm, attention core and "
+                     "GELU outputs are recomputed); bitwise the same results")(
           "recompute-method", po::value(&recompute_method),
           "with full: uniform (the stage's layers in chunks of --recompute-num-layers; the "
           "default) | block (only the first --recompute-num-layers layers of each stage)")(

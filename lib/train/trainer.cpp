@@ -205,6 +205,10 @@ void Trainer::backward_micro(int micro, Activations& a, StepStats& st) {
     ctx_.pp_backward()->recv(a.dres, ctx_.pp_rank + 1, kTagBackward);
     st.pipeline_wait_seconds += w.seconds();
   }
+  if (sends_[slot]) {  // the forward's send of the stage output: full recomputation rewrites it
+    TESSERA_PHASE("pipeline-p2p");
+    sends_[slot]->wait();
+  }
   model_->backward(a);
   if (!ctx_.first_stage()) {
     TESSERA_PHASE("pipeline-p2p");

@@ -72,7 +72,9 @@ class Trainer {
   int64_t skipped_iterations() const { return skipped_iterations_; }
 
   // Runs one iteration on the next global batch; every rank returns the same loss and norm.
-  // Throws Error naming the iteration when the loss or the gradient norm is not finite.
+  // Throws Error naming the iteration when the loss or the gradient norm is not finite. With
+  // --overlap-param-gather the updated weights may still be arriving when it returns: call
+  // sync_params() before reading them directly.
   StepStats train_step();
   // Runs train_iters iterations with logging, evaluation (eval_data, when eval_interval > 0) and
   // checkpoints (--save); returns the stats of every iteration.

@@ -42,6 +42,8 @@ expect 2 "--recompute-method=uniform needs --recompute-granularity full" -- --re
 expect 2 "--recompute-num-layers=3 does not fit a pipeline stage of 2 layers" -- --num-layers 2 --recompute-granularity full --recompute-num-layers 3
 expect 2 "--recompute-granularity=some is not a granularity" -- --recompute-granularity some
 expect 2 "--checkpoint-num-layers=2 needs --checkpoint-activations" -- --checkpoint-num-layers 2
+expect 2 "--checkpoint-num-layers=-2 is out of range" -- --checkpoint-activations --checkpoint-num-layers=-2
+expect 2 "--checkpoint-num-layers=3 does not fit a pipeline stage of 2 layers" -- --num-layers 2 --checkpoint-activations --checkpoint-num-layers 3
 expect 0 "activation recomputation: full \\(uniform, 2 layers per chunk\\)" -- --config "$configs/gpt2-tiny.ini" --num-layers 4 --checkpoint-activations --checkpoint-num-layers 2 --dry-run
 expect 0 "activation recomputation: selective" -- --config "$configs/gpt2-tiny.ini" --recompute-granularity selective --dry-run
 expect 2 "--overlap-param-gather needs --use-distributed-optimizer" -- --overlap-param-gather
