@@ -18,6 +18,10 @@ class PendingOp {
  public:
   virtual ~PendingOp() = default;
   virtual void wait() = 0;
+  // Orders the backend's later work after the operation without blocking the host where the
+  // implementation can (NCCL: the compute stream waits for the collective's event); the
+  // operation then counts as complete. Host implementations wait().
+  virtual void wait_device() { wait(); }
   // Lets the library progress the operation; true when it is complete.
   virtual bool test() = 0;
 };

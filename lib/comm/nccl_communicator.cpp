@@ -47,6 +47,11 @@ class EventPending final : public PendingOp {
     CUDA_CHECK(cudaEventSynchronize(ev_));
     done_ = true;
   }
+  void wait_device() override {  // the event is released once it completes
+    if (done_) return;
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, ev_, 0));
+    done_ = true;
+  }
   bool test() override {
     if (done_) return true;
     const cudaError_t e = cudaEventQuery(ev_);

@@ -126,10 +126,11 @@ void DistributedAdamW::start_gather(int b) {
 }
 
 void DistributedAdamW::wait_params(int piece) {
+  // The piece's kernels are queued after the gathers of its buckets; the host does not block.
   for (int b : buckets_of_piece_[static_cast<size_t>(piece_index(piece, model_.shard()))]) {
     auto& g = gathers_[static_cast<size_t>(b)];
     if (g) {
-      g->wait();
+      g->wait_device();
       g.reset();
     }
   }
