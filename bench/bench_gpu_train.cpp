@@ -134,11 +134,11 @@ int main(int argc, char** argv) {
   cuda::set_device(0);
   const std::string device = cuda::device_description(0);
   if (peak <= 0) peak = peak_bf16_tflops(device);
-  std::printf("bench_gpu_train: %s; peak dense bf16 %.1f TFLOP/s%s; %s training; activation "
-              "recomputation %s; %s optimizer\n",
-              device.c_str(), peak, peak > 0 ? "" : " (unknown device: MFU not printed)",
-              dtype_name(dtype), recompute.describe().c_str(),
-              distributed ? "distributed" : "replicated");
+  std::printf(
+      "bench_gpu_train: %s; peak dense bf16 %.1f TFLOP/s%s; %s training; activation "
+      "recomputation %s; %s optimizer\n",
+      device.c_str(), peak, peak > 0 ? "" : " (unknown device: MFU not printed)", dtype_name(dtype),
+      recompute.describe().c_str(), distributed ? "distributed" : "replicated");
   for (const Preset& p : kPresets) {
     if (which != "all" && which != p.name) continue;
     GPTConfig m;
@@ -172,10 +172,11 @@ int main(int argc, char** argv) {
           Timer timer;
           trainer.train_step();
           const double sec = timer.seconds();
-          std::printf("%-5s: micro-batch %3d trains: %.1f ms/step, %.0f tokens/s, peak %.2f GiB "
-                      "(estimate %.2f GiB)\n",
-                      p.name, mbs, sec * 1e3, double(mbs) * m.seq_length / sec,
-                      cuda::peak_allocated_bytes() / 1073741824.0, e.total_bytes() / 1073741824.0);
+          std::printf(
+              "%-5s: micro-batch %3d trains: %.1f ms/step, %.0f tokens/s, peak %.2f GiB "
+              "(estimate %.2f GiB)\n",
+              p.name, mbs, sec * 1e3, double(mbs) * m.seq_length / sec,
+              cuda::peak_allocated_bytes() / 1073741824.0, e.total_bytes() / 1073741824.0);
           best = mbs;
         } catch (const std::exception& e) {
           std::printf("%-5s: micro-batch %3d does not fit: %s\n", p.name, mbs, e.what());

@@ -41,11 +41,11 @@ int main(int argc, char** argv) {
   set_num_threads(std::max(1, affinity_cores() / std::max(1, grid.local_size())));
   const bool root = grid.world_rank() == 0;
   if (root)
-    std::printf("bench_memory: %d layers, hidden %d, %d heads, seq %d, vocab %lld, micro-batch %d, "
-                "%s, TP %d x PP %d x DP %d; per rank (rank 0), host tensors\n",
-                m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length,
-                (long long)m.vocab_size, mbs,
-                dtype_name(dtype), grid.layout().tp, grid.layout().pp, grid.layout().dp);
+    std::printf(
+        "bench_memory: %d layers, hidden %d, %d heads, seq %d, vocab %lld, micro-batch %d, "
+        "%s, TP %d x PP %d x DP %d; per rank (rank 0), host tensors\n",
+        m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length, (long long)m.vocab_size,
+        mbs, dtype_name(dtype), grid.layout().tp, grid.layout().pp, grid.layout().dp);
   auto backend = make_cpu_backend();
   double base_ms = 0;
   for (bool dist : {false, true}) {

@@ -240,7 +240,8 @@ std::unique_ptr<PendingOp> MpiCommunicator::reduce_scatter_async(Tensor& buf) {
   char* base = static_cast<char*>(buf.raw());
   const size_t bytes = static_cast<size_t>(count) * dtype_size(buf.dtype());
   const size_t to = bytes * static_cast<size_t>(rank_);
-  return std::make_unique<MpiPending>(req, [base, bytes, to] { std::memmove(base + to, base, bytes); });
+  return std::make_unique<MpiPending>(req,
+                                      [base, bytes, to] { std::memmove(base + to, base, bytes); });
 }
 
 std::unique_ptr<PendingOp> MpiCommunicator::all_gather_async(Tensor& buf) {

@@ -93,8 +93,9 @@ std::vector<std::vector<int>> GPTModel::pieces_of_params() const {
 
 void GPTModel::sync_compute_weights() {
   if (compute_ == DType::F32) return;
-  TESSERA_CHECK(params_->has_master(), "sync_compute_weights without master weights: the "
-                                       "distributed optimizer refreshes the compute copy");
+  TESSERA_CHECK(params_->has_master(),
+                "sync_compute_weights without master weights: the "
+                "distributed optimizer refreshes the compute copy");
   TESSERA_PHASE("weights-cast");
   be_.cast(params_->flat_compute(), params_->flat_params());
 }
@@ -116,7 +117,7 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
   const int64_t heads_l = cfg.num_attention_heads / shard.tp_size;
   const int64_t hl = heads_l * cfg.head_dim(), fl = cfg.ffn() / shard.tp_size;
   const int64_t vl = cfg.padded_vocab_size(shard.tp_size) / shard.tp_size;
-  auto f = [&](Shape s) { return Tensor(std::move(s), compute, al); };      // activations
+  auto f = [&](Shape s) { return Tensor(std::move(s), compute, al); };       // activations
   auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };  // statistics
   auto ln1 = [&](LayerActivations& la) {
     la.ln1 = f({N, C});

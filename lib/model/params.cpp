@@ -135,8 +135,7 @@ std::vector<FlatBucket> layout_flat_buffer(std::vector<ParamSpec>& specs, const 
       --i;
     } else {
       int64_t size = 0;
-      while (i >= 0 && !alone(i) &&
-             (size == 0 || l.bucket_elems == 0 || size < l.bucket_elems)) {
+      while (i >= 0 && !alone(i) && (size == 0 || l.bucket_elems == 0 || size < l.bucket_elems)) {
         size += specs[i].numel();
         --i;
       }

@@ -70,7 +70,7 @@ struct FlatLayout {
 };
 
 struct FlatBucket {
-  int64_t begin = 0, end = 0;  // flat element range, padding included
+  int64_t begin = 0, end = 0;          // flat element range, padding included
   int first_param = 0, end_param = 0;  // specs [first, end) in it
   int64_t numel() const { return end - begin; }
 };

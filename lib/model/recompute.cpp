@@ -9,15 +9,18 @@ namespace tessera {
 
 std::string RecomputeConfig::describe() const {
   switch (granularity) {
-    case RecomputeGranularity::None: return "none";
-    case RecomputeGranularity::Selective: return "selective";
-    case RecomputeGranularity::Full: break;
+    case RecomputeGranularity::None:
+      return "none";
+    case RecomputeGranularity::Selective:
+      return "selective";
+    case RecomputeGranularity::Full:
+      break;
   }
   if (method == RecomputeMethod::Uniform)
     return detail::concat("full (uniform, ", num_layers, " layer", num_layers == 1 ? "" : "s",
                           " per chunk)");
-  return detail::concat("full (block, the first ", num_layers, " layer",
-                        num_layers == 1 ? "" : "s", " of each stage)");
+  return detail::concat("full (block, the first ", num_layers, " layer", num_layers == 1 ? "" : "s",
+                        " of each stage)");
 }
 
 void RecomputeConfig::validate(int stage_layers) const {

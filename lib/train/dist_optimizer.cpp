@@ -50,7 +50,8 @@ DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicat
     segments_.push_back(std::move(seg));
   }
   {
-    AllocationLabel label("the Adam moments of this rank's blocks (2 x fp32, distributed optimizer)");
+    AllocationLabel label(
+        "the Adam moments of this rank's blocks (2 x fp32, distributed optimizer)");
     m_ = Tensor({shard_numel_}, DType::F32, be_.allocator());
     v_ = Tensor({shard_numel_}, DType::F32, be_.allocator());
   }

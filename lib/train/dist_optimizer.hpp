@@ -24,8 +24,8 @@ namespace tessera {
 class DistributedAdamW {
  public:
   // `model`'s ParamStore must be laid out for dp.size() blocks (FlatLayout::shards).
-  DistributedAdamW(GPTModel& model, Backend& backend, Communicator& dp, double beta1,
-                   double beta2, double eps, double weight_decay);
+  DistributedAdamW(GPTModel& model, Backend& backend, Communicator& dp, double beta1, double beta2,
+                   double eps, double weight_decay);
 
   // This rank's block of one bucket: flat elements [flat_begin, flat_end), stored from
   // shard_begin in the shard buffers (moments, master weights).
@@ -80,9 +80,9 @@ class DistributedAdamW {
   std::vector<Block> blocks_;
   std::vector<std::vector<AdamWSegment>> segments_;  // per block, relative to its start
   int64_t shard_numel_ = 0;
-  Tensor m_, v_, master_;  // shard buffers
+  Tensor m_, v_, master_;                            // shard buffers
   std::vector<std::unique_ptr<PendingOp>> gathers_;  // per bucket, while overlapped
-  std::vector<std::vector<int>> buckets_of_piece_;  // indexed by piece + 2 (embed, head, layers)
+  std::vector<std::vector<int>> buckets_of_piece_;   // indexed by piece + 2 (embed, head, layers)
   int64_t step_ = 0;
 };
 

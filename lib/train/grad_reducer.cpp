@@ -48,8 +48,8 @@ void GradReducer::begin() {
 
 void GradReducer::start(Bucket& b) {
   Tensor view = model_.params().flat_grads().view(b.begin, {b.end - b.begin});
-  b.op = reduce_scatter_ ? dp_.reduce_scatter_async(view)
-                         : dp_.all_reduce_async(view, ReduceOp::Sum);
+  b.op =
+      reduce_scatter_ ? dp_.reduce_scatter_async(view) : dp_.all_reduce_async(view, ReduceOp::Sum);
 }
 
 void GradReducer::piece_ready(int piece) {

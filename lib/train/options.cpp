@@ -53,13 +53,15 @@ RecomputeConfig recompute_options(const std::string& granularity, const std::str
   RecomputeConfig rc;
   if (checkpoint_activations) {  // Megatron's older spelling of full + uniform
     if (!granularity.empty() && granularity != "full")
-      throw ConfigError("--checkpoint-activations means --recompute-granularity full; it was "
-                        "given with --recompute-granularity " +
-                        granularity + " (give one of them)");
+      throw ConfigError(
+          "--checkpoint-activations means --recompute-granularity full; it was "
+          "given with --recompute-granularity " +
+          granularity + " (give one of them)");
     if (!method.empty() && method != "uniform")
-      throw ConfigError("--checkpoint-activations means --recompute-method uniform; it was given "
-                        "with --recompute-method " +
-                        method + " (use --recompute-granularity full for block)");
+      throw ConfigError(
+          "--checkpoint-activations means --recompute-method uniform; it was given "
+          "with --recompute-method " +
+          method + " (use --recompute-granularity full for block)");
     rc.granularity = RecomputeGranularity::Full;
   } else if (checkpoint_num_layers > 0) {
     throw ConfigError(concat("--checkpoint-num-layers=", checkpoint_num_layers,
@@ -76,8 +78,8 @@ RecomputeConfig recompute_options(const std::string& granularity, const std::str
     throw ConfigError(concat("--checkpoint-num-layers=", checkpoint_num_layers,
                              " and --recompute-num-layers=", num_layers, " disagree; give one"));
   if (num_layers < 0)
-    throw ConfigError(concat("--recompute-num-layers=", num_layers,
-                             " is out of range (allowed: >= 1)"));
+    throw ConfigError(
+        concat("--recompute-num-layers=", num_layers, " is out of range (allowed: >= 1)"));
   if (checkpoint_num_layers < 0)
     throw ConfigError(concat("--checkpoint-num-layers=", checkpoint_num_layers,
                              " is out of range (allowed: >= 1)"));
@@ -176,20 +178,20 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "--fp16 dynamic scaling: overflows in a row before the scale halves")(
           "dry-run", po::bool_switch(&t.dry_run),
           "print parameter count and memory estimate, then exit");
-  p.group("Memory")
-      .add_options()("recompute-granularity", po::value(&recompute_granularity),
-                     "recompute activations in the backward instead of storing them: full (only "
-                     "each chunk's input is kept) | selective (the LayerNorm, attention core and "
-                     "GELU outputs are recomputed); bitwise the same results")(
-          "recompute-method", po::value(&recompute_method),
-          "with full: uniform (the stage's layers in chunks of --recompute-num-layers; the "
-          "default) | block (only the first --recompute-num-layers layers of each stage)")(
-          "recompute-num-layers", po::value(&recompute_num_layers)->default_value(0),
-          "with full: layers per chunk (uniform) or recomputed layers per stage (block); "
-          "default 1")("checkpoint-activations", po::bool_switch(&checkpoint_activations),
-                       "older name of --recompute-granularity full --recompute-method uniform")(
-          "checkpoint-num-layers", po::value(&checkpoint_num_layers)->default_value(0),
-          "older name of --recompute-num-layers");
+  p.group("Memory").add_options()(
+      "recompute-granularity", po::value(&recompute_granularity),
+      "recompute activations in the backward instead of storing them: full (only "
+      "each chunk's input is kept) | selective (the LayerNorm, attention core and "
+      "GELU outputs are recomputed); bitwise the same results")(
+      "recompute-method", po::value(&recompute_method),
+      "with full: uniform (the stage's layers in chunks of --recompute-num-layers; the "
+      "default) | block (only the first --recompute-num-layers layers of each stage)")(
+      "recompute-num-layers", po::value(&recompute_num_layers)->default_value(0),
+      "with full: layers per chunk (uniform) or recomputed layers per stage (block); "
+      "default 1")("checkpoint-activations", po::bool_switch(&checkpoint_activations),
+                   "older name of --recompute-granularity full --recompute-method uniform")(
+      "checkpoint-num-layers", po::value(&checkpoint_num_layers)->default_value(0),
+      "older name of --recompute-num-layers");
   p.group("Data").add_options()(
       "data-path", po::value(&o.data_path),
       "prefix of the HDF5 token shards made by tessera-preprocess (PREFIX_00000.h5, ...)")(
@@ -399,9 +401,8 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   if (e.stage_layers > 0) {  // what the layers add to a micro-batch, over the stage's layers
     ModelShard none = shard;
     none.layer_end = none.layer_begin;
-    const ActivationFootprint base = activation_footprint(cfg, none, RecomputeConfig{},
-                                                          t.micro_batch_size, cfg.seq_length,
-                                                          t.compute_dtype);
+    const ActivationFootprint base = activation_footprint(
+        cfg, none, RecomputeConfig{}, t.micro_batch_size, cfg.seq_length, t.compute_dtype);
     e.activation_layer_bytes = (fp.per_micro_batch - base.per_micro_batch) / e.stage_layers;
   }
   return e;

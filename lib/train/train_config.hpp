@@ -33,7 +33,7 @@ struct TrainConfig {
   bool overlap_param_gather = false;  // needs the distributed optimizer
   // Activation recomputation (--recompute-granularity/-method/-num-layers, model/recompute.hpp).
   RecomputeConfig recompute;
-  double peak_tflops = 0;             // per rank, for MFU in the log; 0: MFU not printed
+  double peak_tflops = 0;  // per rank, for MFU in the log; 0: MFU not printed
   bool dry_run = false;
   // Evaluation: every eval_interval iterations (0: never), eval_iters global batches of the
   // validation data, the same samples each time.

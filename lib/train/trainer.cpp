@@ -79,9 +79,8 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
                 : LossScaler::dynamic(cfg_.initial_loss_scale, cfg_.min_loss_scale,
                                       cfg_.loss_scale_window, cfg_.hysteresis);
   if (dist) {
-    dist_opt_ = std::make_unique<DistributedAdamW>(*model_, be_, *ctx_.dp, cfg_.adam_beta1,
-                                                   cfg_.adam_beta2, cfg_.adam_eps,
-                                                   cfg_.weight_decay);
+    dist_opt_ = std::make_unique<DistributedAdamW>(
+        *model_, be_, *ctx_.dp, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, cfg_.weight_decay);
     if (dist_opt_->owns_master()) {
       model_->init_parameters(cfg_.seed, [this](const ParamSpec& s, const float* v) {
         dist_opt_->set_state("master", s, v);
@@ -227,7 +226,8 @@ double Trainer::grad_norm_squared() {
     const bool tied_copy = ctx_.pp_size > 1 && !ctx_.first_stage();
     std::vector<bool> counted;
     for (const ParamSpec& s : model_->params().specs())
-      counted.push_back(!(s.split_axis < 0 && ctx_.tp_rank != 0) && !(tied_copy && s.name == "wte"));
+      counted.push_back(!(s.split_axis < 0 && ctx_.tp_rank != 0) &&
+                        !(tied_copy && s.name == "wte"));
     if (dist_opt_) {  // each DP rank holds the summed gradient of its blocks only
       norm_grads_ = dist_opt_->grad_blocks(counted);
     } else {

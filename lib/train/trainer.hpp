@@ -115,8 +115,8 @@ class Trainer {
   TokenDataset& data_;
   ParallelContext ctx_;
   std::unique_ptr<GPTModel> model_;
-  std::unique_ptr<AdamW> optimizer_;              // without the distributed optimizer
-  std::unique_ptr<DistributedAdamW> dist_opt_;    // --use-distributed-optimizer
+  std::unique_ptr<AdamW> optimizer_;            // without the distributed optimizer
+  std::unique_ptr<DistributedAdamW> dist_opt_;  // --use-distributed-optimizer
   std::unique_ptr<GradReducer> reducer_;
   LrSchedule schedule_;
   LossScaler scaler_ = LossScaler::constant(1.0);

@@ -90,9 +90,9 @@ TEST(Config, DryRunBytesPerParameterFollowMegatronsTable) {
   // Mixed precision: 18 B per parameter replicated; 6 + 12/DP with the distributed optimizer.
   auto bytes = [](std::vector<std::string> args, int world) {
     RunOptions o;
-    args.insert(args.end(), {"--num-layers", "4", "--hidden-size", "256", "--num-attention-heads",
-                             "4", "--seq-length", "128", "--vocab-size", "1000",
-                             "--global-batch-size", "64"});
+    args.insert(args.end(),
+                {"--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
+                 "--seq-length", "128", "--vocab-size", "1000", "--global-batch-size", "64"});
     EXPECT_TRUE(parse(args, o));
     const std::string r = dry_run_report(o, world);
     const std::string key = "bytes per parameter ";
@@ -112,9 +112,8 @@ TEST(Config, DryRunBytesPerParameterFollowMegatronsTable) {
 TEST(Config, DryRunActivationsShrinkWithRecomputation) {
   auto act = [](std::vector<std::string> args) {
     RunOptions o;
-    args.insert(args.end(), {"--num-layers", "4", "--hidden-size", "1024",
-                             "--num-attention-heads", "8", "--seq-length", "1024",
-                             "--vocab-size", "1000", "--bf16"});
+    args.insert(args.end(), {"--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads",
+                             "8", "--seq-length", "1024", "--vocab-size", "1000", "--bf16"});
     EXPECT_TRUE(parse(args, o));
     const std::string r = dry_run_report(o, 1);
     const std::string key = "activations kept per layer per micro-batch ";

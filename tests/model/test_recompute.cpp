@@ -66,7 +66,8 @@ Result two_in_flight(const GPTConfig& cfg, DType dtype, const RecomputeConfig& r
   m.backward(slots[0]);
   m.backward(slots[1]);
   const Tensor gr = m.params().flat_grads();
-  r.grads.assign(static_cast<const char*>(gr.raw()), static_cast<const char*>(gr.raw()) + gr.nbytes());
+  r.grads.assign(static_cast<const char*>(gr.raw()),
+                 static_cast<const char*>(gr.raw()) + gr.nbytes());
   return r;
 }
 
@@ -120,9 +121,9 @@ TEST(Recompute, BuffersAreSharedWhereRecomputedAndKeptElsewhere) {
     GPTModel m(cfg, shard, *be, tp, DType::F32, full(RecomputeMethod::Uniform, 2));
     auto s = m.make_activation_slots(2, 8, 2);
     EXPECT_TRUE(same(s[0].layers[0].ln1, s[1].layers[0].ln1));
-    EXPECT_TRUE(same(s[0].layers[0].res2, s[1].layers[0].res2));  // inside a chunk
+    EXPECT_TRUE(same(s[0].layers[0].res2, s[1].layers[0].res2));   // inside a chunk
     EXPECT_FALSE(same(s[0].layers[1].res2, s[1].layers[1].res2));  // a chunk's output
-    EXPECT_TRUE(same(s[0].layers[2].fc1, s[0].layers[0].fc1));      // position 0 of both chunks
+    EXPECT_TRUE(same(s[0].layers[2].fc1, s[0].layers[0].fc1));     // position 0 of both chunks
     EXPECT_FALSE(same(s[0].layers[2].res2, s[1].layers[2].res2));
     EXPECT_FALSE(same(s[0].input, s[1].input));
     EXPECT_FALSE(same(s[0].dres, s[1].dres));
@@ -162,8 +163,7 @@ TEST(Recompute, FootprintCountsWhatEachModeKeeps) {
   EXPECT_DOUBLE_EQ(none.per_micro_batch - full1.per_micro_batch, 3 * (layer_none - layer_full));
   // Full, one chunk of 3: only the stage output is kept; the working set holds 3 layers but the
   // last one's output (which is kept per micro-batch).
-  EXPECT_DOUBLE_EQ(none.per_micro_batch - full3.per_micro_batch,
-                   3 * layer_none - layer_full);
+  EXPECT_DOUBLE_EQ(none.per_micro_batch - full3.per_micro_batch, 3 * layer_none - layer_full);
   EXPECT_DOUBLE_EQ(full3.shared - none.shared, 3 * layer_none - layer_full);
   EXPECT_DOUBLE_EQ(full1.shared - none.shared, layer_none - layer_full);
   EXPECT_DOUBLE_EQ(sel.shared - none.shared, layer_none - layer_sel);

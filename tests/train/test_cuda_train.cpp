@@ -101,11 +101,13 @@ TEST_F(CudaTrain, RecomputationIsBitwise) {
         t.recompute.granularity = g;
         t.recompute.num_layers = 2;
       });
-      const std::string what = std::string(dtype_name(d)) +
-                               (g == RecomputeGranularity::Full ? " full" : " selective");
+      const std::string what =
+          std::string(dtype_name(d)) + (g == RecomputeGranularity::Full ? " full" : " selective");
       ASSERT_EQ(got.losses.size(), ref.losses.size());
-      for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_EQ(got.losses[i], ref.losses[i]) << what;
-      EXPECT_EQ(std::memcmp(got.params.data(), ref.params.data(), 4 * ref.params.size()), 0) << what;
+      for (size_t i = 0; i < ref.losses.size(); ++i)
+        EXPECT_EQ(got.losses[i], ref.losses[i]) << what;
+      EXPECT_EQ(std::memcmp(got.params.data(), ref.params.data(), 4 * ref.params.size()), 0)
+          << what;
     }
   }
 }

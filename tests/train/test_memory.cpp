@@ -76,8 +76,7 @@ TrainConfig schedule(DType dt) {
   return t;
 }
 
-RunResult train(Grid& grid, const TrainConfig& t,
-               const std::function<void(Trainer&)>& check = {}) {
+RunResult train(Grid& grid, const TrainConfig& t, const std::function<void(Trainer&)>& check = {}) {
   auto be = make_cpu_backend();
   const GPTConfig m = model();
   auto data = make_mock_dataset(m.vocab_size, m.seq_length, 7);
