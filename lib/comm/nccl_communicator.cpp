@@ -141,24 +141,16 @@ class NcclCommunicator final : public Communicator {
   }
   std::unique_ptr<PendingOp> reduce_scatter_async(Tensor& buf) override {
     NVTX_RANGE("nccl-reduce-scatter-async");
-    expect_device_f32(buf);
-    TESSERA_CHECK(buf.numel() % size_ == 0, "reduce_scatter_async size");
-    const size_t count = static_cast<size_t>(buf.numel() / size_);
-    char* base = static_cast<char*>(buf.raw());
+    const Blocks b = blocks_of(buf);
     after_compute();  // in place: the output is this rank's block of the input
-    NCCL_CHECK(ncclReduceScatter(base, base + count * dtype_size(buf.dtype()) * rank_, count,
-                                 nccl_type(buf), ncclSum, comm_, stream_));
+    NCCL_CHECK(ncclReduceScatter(b.base, b.mine, b.count, nccl_type(buf), ncclSum, comm_, stream_));
     return std::make_unique<EventPending>(stream_, compute_);
   }
   std::unique_ptr<PendingOp> all_gather_async(Tensor& buf) override {
     NVTX_RANGE("nccl-all-gather-async");
-    expect_device_f32(buf);
-    TESSERA_CHECK(buf.numel() % size_ == 0, "all_gather_async size");
-    const size_t count = static_cast<size_t>(buf.numel() / size_);
-    char* base = static_cast<char*>(buf.raw());
+    const Blocks b = blocks_of(buf);
     after_compute();  // in place: the input is this rank's block of the output
-    NCCL_CHECK(ncclAllGather(base + count * dtype_size(buf.dtype()) * rank_, base, count,
-                             nccl_type(buf), comm_, stream_));
+    NCCL_CHECK(ncclAllGather(b.mine, b.base, b.count, nccl_type(buf), comm_, stream_));
     return std::make_unique<EventPending>(stream_, compute_);
   }
   std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int) override {
@@ -180,6 +172,20 @@ class NcclCommunicator final : public Communicator {
   void barrier() override { MPI_CHECK(MPI_Barrier(group_)); }
 
  private:
+  // `buf` cut into size_ equal blocks (the in-place collectives): its start, this rank's block
+  // and the elements per block.
+  struct Blocks {
+    char *base, *mine;
+    size_t count;
+  };
+  Blocks blocks_of(Tensor& buf) const {
+    expect_device_f32(buf);
+    TESSERA_CHECK(buf.numel() % size_ == 0, "in-place collective over ", buf.numel(),
+                  " elements, not divisible by the group size ", size_);
+    const size_t count = static_cast<size_t>(buf.numel() / size_);
+    char* base = static_cast<char*>(buf.raw());
+    return {base, base + count * dtype_size(buf.dtype()) * rank_, count};
+  }
   // The communication stream waits for everything queued on the compute stream so far.
   void after_compute() {
     CUDA_CHECK(cudaEventRecord(ready_, compute_));
