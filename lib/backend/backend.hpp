@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cpu/kv_attention.hpp"
+#include "core/dropout.hpp"
 #include "core/tensor.hpp"
 
 namespace tessera {
@@ -85,9 +86,13 @@ class Backend {
                                const Tensor& inp, const Tensor& weight) = 0;
 
   // Causal attention. qkv (B,T,3*H*hd) in [3,H,hd] order, out (B,T,H*hd), lse (B,H,T) saved.
-  virtual void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads) = 0;
+  // With `dropout`, attention dropout on the probabilities (core/dropout.hpp); the backward must
+  // get the forward's.
+  virtual void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
+                                 const AttentionDropout* dropout = nullptr) = 0;
   virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                  const Tensor& out, const Tensor& lse, int64_t heads) = 0;
+                                  const Tensor& out, const Tensor& lse, int64_t heads,
+                                  const AttentionDropout* dropout = nullptr) = 0;
 
   // Generation: appends the new tokens' keys and values (from qkv (N, 3*H*hd)) to the caches
   // (slots, H, Tmax, hd) and attends each new query to its sequence's cached positions.
@@ -99,6 +104,13 @@ class Backend {
   // dinp = dout * gelu'(inp); dinp may be dout.
   virtual void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
   virtual void add(Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  // Hidden dropout: out = in times the mask of `d` (0 or 1/(1-p)); in place allowed. The tensors
+  // are rows of the hidden width C (the last dimension); local row r is row row_begin + r of the
+  // micro-batch's B*T rows (sequence parallelism holds a slice of them), so element (r, c) is
+  // element t*C + c of sample d.sample_begin + (row_begin + r) / seq_len, t its position. The
+  // backward is the same call on the gradient.
+  virtual void dropout(Tensor& out, const Tensor& in, const DropoutSpec& d, int64_t row_begin,
+                       int64_t seq_len) = 0;
 
   // Vocab-parallel softmax cross-entropy in three passes (see backend/cpu/cross_entropy.hpp):
   // logits (N,V) hold columns [col_begin, col_begin+V) of the padded vocabulary, of which the

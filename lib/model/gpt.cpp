@@ -262,6 +262,22 @@ LayerActivations& GPTModel::acts_of(int layer, Activations& a) const {
   return a.layers[layer - shard_.layer_begin];
 }
 
+DropoutSpec GPTModel::hidden_dropout(int layer, DropoutKind kind, const Activations& a) const {
+  const DropoutContext& c = a.dropout;
+  if (!c.training || cfg_.hidden_dropout <= 0) return {};
+  return make_dropout_spec(cfg_.hidden_dropout, c.seed, c.iteration, layer, kind, c.sample_begin);
+}
+
+const AttentionDropout* GPTModel::attention_dropout(int layer, const Activations& a) {
+  const DropoutContext& c = a.dropout;
+  if (!c.training || cfg_.attention_dropout <= 0) return nullptr;
+  attn_drop_.spec = make_dropout_spec(cfg_.attention_dropout, c.seed, c.iteration, layer,
+                                      DropoutKind::Attention, c.sample_begin);
+  attn_drop_.head_begin = heads_local_ * shard_.tp_rank;
+  attn_drop_.heads_total = cfg_.num_attention_heads;
+  return &attn_drop_;
+}
+
 const Tensor& GPTModel::layer_input(int layer, const Activations& a) const {
   return layer == shard_.layer_begin ? a.input : a.layers[layer - 1 - shard_.layer_begin].res2;
 }
@@ -284,6 +300,8 @@ void GPTModel::embed_forward(Activations& a) {
   be_.embedding_forward(x, a.ids, params_->compute_param("wte"), vocab_begin_);
   tp_.all_reduce(a.input, ReduceOp::Sum);  // each TP rank filled the rows of its vocab shard
   be_.position_embedding_forward(a.input, params_->compute_param("wpe"));
+  const DropoutSpec d = hidden_dropout(0, DropoutKind::Embedding, a);
+  if (d.active()) be_.dropout(a.input, a.input, d, 0, a.T);
 }
 
 void GPTModel::block_forward(int l, Activations& a) {
@@ -300,10 +318,14 @@ void GPTModel::block_forward(int l, Activations& a) {
   phase("qkv-gemm-forward");
   be_.matmul_forward(la.qkv, la.ln1, w.qkv_w, &w.qkv_b);
   phase("attention-core-forward");
-  be_.attention_forward(la.att, la.lse, la.qkv, heads_local_);
+  be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a));
   phase("proj-gemm-forward");
   be_.matmul_forward(a.tmp_c, la.att, w.proj_w, bias_here ? &w.proj_b : nullptr);
   tp_reduce(phase, a.tmp_c);
+  if (const DropoutSpec d = hidden_dropout(l, DropoutKind::AttnOut, a); d.active()) {
+    phase("dropout");
+    be_.dropout(a.tmp_c, a.tmp_c, d, 0, a.T);
+  }
   phase("layernorm-forward");  // fused with the residual add
   be_.add_layernorm_forward(la.res1, la.ln2, la.ln2_mean, la.ln2_rstd, x, a.tmp_c, w.ln2_w, w.ln2_b,
                             eps);
@@ -314,6 +336,10 @@ void GPTModel::block_forward(int l, Activations& a) {
   phase("fc2-gemm-forward");
   be_.matmul_forward(a.tmp_c, la.gelu, w.fc2_w, bias_here ? &w.fc2_b : nullptr);
   tp_reduce(phase, a.tmp_c);
+  if (const DropoutSpec d = hidden_dropout(l, DropoutKind::MlpOut, a); d.active()) {
+    phase("dropout");
+    be_.dropout(a.tmp_c, a.tmp_c, d, 0, a.T);
+  }
   phase("residual-add");
   be_.add(la.res2, la.res1, a.tmp_c);
 }
@@ -402,7 +428,7 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
                           eps);
     be_.layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res1, w.ln2_w, w.ln2_b, eps);
     phase("attention-core-forward");
-    be_.attention_forward(la.att, la.lse, la.qkv, heads_local_);
+    be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a));
     phase("gelu-forward");
     be_.gelu_forward(la.gelu, la.fc1);
   }
@@ -416,9 +442,16 @@ void GPTModel::block_backward(int l, Activations& a) {
   LayerActivations& la = acts_of(l, a);
   const Tensor& x = layer_input(l, a);
   PhaseSequence phase;
-  // MLP: res2 = res1 + fc2(gelu(fc1(ln2(res1)))); dres holds d res2 and becomes d res1.
+  // MLP: res2 = res1 + drop(fc2(gelu(fc1(ln2(res1))))); dres holds d res2 and becomes d res1.
+  // With dropout, the branch's gradient is dres through the forward's mask (in tmp_c).
+  const Tensor* branch = &a.dres;
+  if (const DropoutSpec d = hidden_dropout(l, DropoutKind::MlpOut, a); d.active()) {
+    phase("dropout");
+    be_.dropout(a.tmp_c, a.dres, d, 0, a.T);
+    branch = &a.tmp_c;
+  }
   phase("fc2-gemm-backward");
-  be_.matmul_backward(&a.dfc, g.fc2_w, &g.fc2_b, a.dres, la.gelu, w.fc2_w);
+  be_.matmul_backward(&a.dfc, g.fc2_w, &g.fc2_b, *branch, la.gelu, w.fc2_w);
   phase("gelu-backward");
   be_.gelu_backward(a.dfc, la.fc1, a.dfc);
   phase("fc1-gemm-backward");
@@ -427,11 +460,18 @@ void GPTModel::block_backward(int l, Activations& a) {
   phase("layernorm-backward");
   be_.layernorm_backward(a.dres, g.ln2_w, g.ln2_b, a.dln, la.res1, w.ln2_w, la.ln2_mean,
                          la.ln2_rstd);
-  // Attention: res1 = x + proj(attn(qkv(ln1(x)))); dres becomes d x.
+  // Attention: res1 = x + drop(proj(attn(qkv(ln1(x))))); dres becomes d x.
+  branch = &a.dres;
+  if (const DropoutSpec d = hidden_dropout(l, DropoutKind::AttnOut, a); d.active()) {
+    phase("dropout");
+    be_.dropout(a.tmp_c, a.dres, d, 0, a.T);
+    branch = &a.tmp_c;
+  }
   phase("proj-gemm-backward");
-  be_.matmul_backward(&a.datt, g.proj_w, &g.proj_b, a.dres, la.att, w.proj_w);
+  be_.matmul_backward(&a.datt, g.proj_w, &g.proj_b, *branch, la.att, w.proj_w);
   phase("attention-core-backward");
-  be_.attention_backward(a.dqkv, a.datt, la.qkv, la.att, la.lse, heads_local_);
+  be_.attention_backward(a.dqkv, a.datt, la.qkv, la.att, la.lse, heads_local_,
+                         attention_dropout(l, a));
   phase("qkv-gemm-backward");
   be_.matmul_backward(&a.dln, g.qkv_w, &g.qkv_b, a.dqkv, la.ln1, w.qkv_w);
   tp_reduce(phase, a.dln);
@@ -442,9 +482,14 @@ void GPTModel::block_backward(int l, Activations& a) {
 void GPTModel::embed_backward(Activations& a) {
   TESSERA_PHASE("embedding-backward");
   Tensor dwte = params_->grad("wte"), dwpe = params_->grad("wpe");
-  const Tensor d = a.dres.reshape({int64_t(a.B) * a.T, cfg_.hidden_size});
+  Tensor demb = a.dres;  // d (wte[ids] + wpe), through the embedding dropout's mask if any
+  if (const DropoutSpec d = hidden_dropout(0, DropoutKind::Embedding, a); d.active()) {
+    demb = a.tmp_c.reshape(a.dres.shape());
+    be_.dropout(demb, a.dres, d, 0, a.T);
+  }
+  const Tensor d = demb.reshape({int64_t(a.B) * a.T, cfg_.hidden_size});
   be_.embedding_backward(dwte, d, a.ids, vocab_begin_);
-  be_.position_embedding_backward(dwpe, a.dres);
+  be_.position_embedding_backward(dwpe, demb);
 }
 
 void GPTModel::backward(Activations& a) {

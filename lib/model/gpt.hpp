@@ -38,9 +38,19 @@ struct LayerWeights {
   Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
 };
 
+// Which dropout masks a micro-batch draws (core/dropout.hpp): set by the trainer before its
+// forward and kept until its backward (and any recomputation) has run.
+struct DropoutContext {
+  bool training = false;  // false (evaluation, generation, tests): no dropout
+  uint64_t seed = 0;
+  int64_t iteration = 0;     // the training iteration, from 1
+  int64_t sample_begin = 0;  // global index of the micro-batch's first sample
+};
+
 // Everything one micro-batch needs on this stage, allocated once for a fixed (B,T).
 struct Activations {
   int B = 0, T = 0;
+  DropoutContext dropout;
   Tensor ids, targets;  // (B,T) int32; targets < 0 carry no loss
   Tensor input;         // (B,T,C): embedding output, or what the previous stage sent
   std::vector<LayerActivations> layers;
@@ -147,6 +157,10 @@ class GPTModel {
   // A TP all-reduce inside a layer: phase "tp-all-reduce" where TP > 1.
   void tp_reduce(PhaseSequence& phase, Tensor& t);
   LayerActivations& acts_of(int layer, Activations& a) const;
+  // The hidden dropout of a site (inactive outside training or at p = 0), and the attention
+  // dropout of a layer (null when inactive).
+  DropoutSpec hidden_dropout(int layer, DropoutKind kind, const Activations& a) const;
+  const AttentionDropout* attention_dropout(int layer, const Activations& a);
   // Refills what the layer's backward reads and the plan did not keep.
   void recompute_for_backward(int layer, Activations& a);
 
@@ -162,6 +176,7 @@ class GPTModel {
   std::unique_ptr<ParamStore> params_;
   std::vector<LayerWeights> weights_, grads_;  // indexed by layer - layer_begin
   std::vector<float> host_losses_;             // staging for the loss readback
+  AttentionDropout attn_drop_;                 // what attention_dropout() hands out
   std::vector<std::string> range_names_;       // NVTX: layer-L-forward, layer-L-backward
 };
 

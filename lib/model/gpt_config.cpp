@@ -44,6 +44,12 @@ void GPTConfig::validate() const {
     throw ConfigError(detail::concat("--init-method-std=", init_method_std, " must be > 0"));
   if (!(layernorm_epsilon > 0))
     throw ConfigError(detail::concat("--layernorm-epsilon=", layernorm_epsilon, " must be > 0"));
+  if (!(attention_dropout >= 0 && attention_dropout < 1))
+    throw ConfigError(detail::concat("--attention-dropout=", attention_dropout,
+                                     " is out of range (allowed: 0 <= p < 1)"));
+  if (!(hidden_dropout >= 0 && hidden_dropout < 1))
+    throw ConfigError(detail::concat("--hidden-dropout=", hidden_dropout,
+                                     " is out of range (allowed: 0 <= p < 1)"));
 }
 
 int64_t GPTConfig::num_parameters() const {

@@ -17,6 +17,10 @@ struct GPTConfig {
   int make_vocab_size_divisible_by = 128;
   double init_method_std = 0.02;
   double layernorm_epsilon = 1e-5;
+  // Dropout in training (GPT-2 used 0.1 for both); evaluation and generation never drop. Masks
+  // are keyed by global coordinates (core/dropout.hpp), so every layout drops the same elements.
+  double attention_dropout = 0;  // on the attention probabilities
+  double hidden_dropout = 0;     // on the embedding output and each residual branch's output
 
   int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int max_positions() const {

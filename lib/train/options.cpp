@@ -121,7 +121,12 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
       "init-method-std", po::value(&m.init_method_std)->default_value(0.02),
       "std of the normal init (residual projections use std/sqrt(2*layers))")(
       "layernorm-epsilon", po::value(&m.layernorm_epsilon)->default_value(1e-5),
-      "LayerNorm epsilon");
+      "LayerNorm epsilon")(
+      "attention-dropout", po::value(&m.attention_dropout)->default_value(0),
+      "dropout on the attention probabilities in training (GPT-2: 0.1)")(
+      "hidden-dropout", po::value(&m.hidden_dropout)->default_value(0),
+      "dropout on the embedding output and on each attention and MLP output before the residual "
+      "add, in training (GPT-2: 0.1)");
   p.group("Parallelism")
       .add_options()("tensor-model-parallel-size", po::value(&o.tp)->default_value(1),
                      "tensor-parallel ranks (consecutive ranks; keep them in one node)")(

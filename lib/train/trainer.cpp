@@ -173,6 +173,9 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
   if (ctx_.first_stage()) be_.copy_from_host(a.ids, host_ids_.data());
   if (ctx_.last_stage()) be_.copy_from_host(a.targets, host_targets_.data());
   phase.close();
+  // Dropout masks keyed by the micro-batch's global samples (the slot keeps them for the backward).
+  a.dropout = dropout_;
+  a.dropout.sample_begin = first_sample(consumed_samples_) + int64_t(micro) * B;
   if (ctx_.first_stage()) {
     model_->embed_forward(a);
   } else {
@@ -252,6 +255,12 @@ double Trainer::count_loss_tokens() {
 
 void Trainer::run_micro_batches(bool with_backward, float grad_scale, StepStats& st) {
   loss_sum_ = 0;
+  dropout_ = DropoutContext{};  // evaluation: none
+  if (with_backward) {
+    dropout_.training = true;
+    dropout_.seed = cfg_.seed;
+    dropout_.iteration = iteration_ + 1;
+  }
   if (with_backward) {
     for (const PipeStep& p : schedule_steps_) {
       Activations& a = slots_[p.micro % slots_.size()];

@@ -126,14 +126,15 @@ class SimDeviceBackend final : public Backend {
     Open open;
     cpu_->matmul_backward(dinp, dweight, dbias, dout, inp, weight);
   }
-  void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads) override {
+  void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
+                         const AttentionDropout* drop) override {
     Open open;
-    cpu_->attention_forward(out, lse, qkv, heads);
+    cpu_->attention_forward(out, lse, qkv, heads, drop);
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads) override {
+                          const Tensor& lse, int64_t heads, const AttentionDropout* drop) override {
     Open open;
-    cpu_->attention_backward(dqkv, dout, qkv, out, lse, heads);
+    cpu_->attention_backward(dqkv, dout, qkv, out, lse, heads, drop);
   }
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                     const std::vector<KvSegment>& segments, int64_t heads) override {
@@ -151,6 +152,11 @@ class SimDeviceBackend final : public Backend {
   void add(Tensor& out, const Tensor& a, const Tensor& b) override {
     Open open;
     cpu_->add(out, a, b);
+  }
+  void dropout(Tensor& out, const Tensor& in, const DropoutSpec& d, int64_t row_begin,
+               int64_t seq_len) override {
+    Open open;
+    cpu_->dropout(out, in, d, row_begin, seq_len);
   }
   void xent_row_max(Tensor& rowmax, const Tensor& logits, int64_t valid_cols) override {
     Open open;

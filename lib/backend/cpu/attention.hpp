@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "backend/cpu/gemm.hpp"
+#include "core/dropout.hpp"
 
 namespace tessera::cpu {
 
@@ -19,10 +20,12 @@ inline int64_t attention_scratch_elems(int64_t Tn) {
   return static_cast<int64_t>(omp_get_max_threads()) * 2 * kAttnBlockRows * Tn;
 }
 
-// qkv is (B,T,3,NH,hd) (fused projection output), out is (B,T,NH,hd), lse is (B,NH,T).
+// qkv is (B,T,3,NH,hd) (fused projection output), out is (B,T,NH,hd), lse is (B,NH,T). With
+// `drop`, the probabilities are dropped (core/dropout.hpp) after the softmax and before they weigh
+// the values; lse stays that of the softmax.
 template <typename T>
 void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t hd,
-                       T* scratch) {
+                       T* scratch, const AttentionDropout* drop = nullptr) {
   const int64_t C = NH * hd, C3 = 3 * C;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hd)));
 #pragma omp parallel for schedule(dynamic, 1)
@@ -50,6 +53,8 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int6
         for (int64_t j = 0; j <= t; ++j) s[j] *= inv;
         for (int64_t j = t + 1; j < cols; ++j) s[j] = 0;
         lse[(b * NH + h) * Tn + t] = m + std::log(sum);
+        if (drop)
+          for (int64_t j = 0; j <= t; ++j) s[j] *= static_cast<T>(drop->multiplier(b, h, t, j, Tn));
       }
       gemm(false, false, rows, hd, cols, T(1), S, cols, v, C3, T(0),
            out + (b * Tn + t0) * C + h * hd, C);
@@ -57,10 +62,12 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int6
   }
 }
 
-// dqkv (B,T,3,NH,hd) is overwritten; dout, out (B,T,NH,hd); lse (B,NH,T) from the forward.
+// dqkv (B,T,3,NH,hd) is overwritten; dout, out (B,T,NH,hd); lse (B,NH,T) from the forward. With
+// dropout (mask M, survivors scaled): dV = (P o M)^T dO, dS = P o (M o dO V^T - rowsum(dO o O)).
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t B,
-                        int64_t Tn, int64_t NH, int64_t hd, T* scratch) {
+                        int64_t Tn, int64_t NH, int64_t hd, T* scratch,
+                        const AttentionDropout* drop = nullptr) {
   const int64_t C = NH * hd, C3 = 3 * C;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hd)));
 #pragma omp parallel for schedule(dynamic, 1)
@@ -92,7 +99,13 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
         T* dp = dP + i * cols;
         for (int64_t j = 0; j <= t; ++j) {
           p[j] = std::exp(p[j] - L[t]);
-          dp[j] = p[j] * (dp[j] - Dt);  // dS
+          if (drop) {
+            const T mul = static_cast<T>(drop->multiplier(b, h, t, j, Tn));
+            dp[j] = p[j] * (dp[j] * mul - Dt);  // dS
+            p[j] *= mul;                        // the dropped P that weighed the values
+          } else {
+            dp[j] = p[j] * (dp[j] - Dt);  // dS
+          }
         }
         for (int64_t j = t + 1; j < cols; ++j) p[j] = dp[j] = 0;
       }

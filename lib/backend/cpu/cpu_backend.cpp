@@ -7,6 +7,7 @@
 #include "backend/backend.hpp"
 #include "backend/cpu/attention.hpp"
 #include "backend/cpu/cross_entropy.hpp"
+#include "backend/cpu/dropout.hpp"
 #include "backend/cpu/embedding.hpp"
 #include "backend/cpu/gelu.hpp"
 #include "backend/cpu/layernorm.hpp"
@@ -22,6 +23,11 @@ int64_t rows_of(const Tensor& t) {
 }
 int64_t cols_of(const Tensor& t) {
   return t.shape().back();
+}
+
+// The dropout the kernels should apply: none when absent or at p = 0.
+const AttentionDropout* live(const AttentionDropout* d) {
+  return d && d->spec.active() ? d : nullptr;
 }
 
 bool is_float(DType d) {
@@ -198,7 +204,8 @@ class CpuBackend final : public Backend {
                          x.get(), w.get(), N, IC, OC);
   }
 
-  void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads) override {
+  void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
+                         const AttentionDropout* drop) override {
     TESSERA_CHECK(qkv.ndim() == 3 && qkv.dim(2) % (3 * heads) == 0, "attention qkv shape ",
                   shape_str(qkv.shape()));
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
@@ -207,10 +214,10 @@ class CpuBackend final : public Backend {
     TESSERA_F32_OUT(o, out);
     TESSERA_F32_OUT(l, lse);
     TESSERA_F32_IN(q, qkv);
-    cpu::attention_forward(o.get(), l.get(), q.get(), B, T, heads, hd, scratch(T));
+    cpu::attention_forward(o.get(), l.get(), q.get(), B, T, heads, hd, scratch(T), live(drop));
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads) override {
+                          const Tensor& lse, int64_t heads, const AttentionDropout* drop) override {
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
     TESSERA_CHECK(dqkv.numel() == qkv.numel() && dout.numel() == out.numel(),
                   "attention backward shapes");
@@ -220,7 +227,7 @@ class CpuBackend final : public Backend {
     TESSERA_F32_IN(o, out);
     TESSERA_F32_IN(l, lse);
     cpu::attention_backward(dq.get(), d.get(), q.get(), o.get(), l.get(), B, T, heads, hd,
-                            scratch(T));
+                            scratch(T), live(drop));
   }
 
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
@@ -264,6 +271,18 @@ class CpuBackend final : public Backend {
     TESSERA_F32_IN(y, b);
     TESSERA_F32_OUT(o, out);
     cpu::add(o.get(), x.get(), y.get(), a.numel());
+  }
+  void dropout(Tensor& out, const Tensor& in, const DropoutSpec& d, int64_t row_begin,
+               int64_t seq_len) override {
+    TESSERA_CHECK(out.numel() == in.numel() && in.ndim() >= 1 && seq_len > 0, "dropout shapes");
+    const int64_t C = in.dim(in.ndim() - 1), rows = in.numel() / C;
+    if (out.dtype() == DType::F32 && in.dtype() == DType::F32) {  // in place allowed
+      cpu::dropout(out.f32(), in.f32(), d, rows, C, row_begin, seq_len);
+      return;
+    }
+    TESSERA_F32_IN(x, in);
+    TESSERA_F32_OUT(o, out);
+    cpu::dropout(o.get(), x.get(), d, rows, C, row_begin, seq_len);
   }
 
   void xent_row_max(Tensor& rowmax, const Tensor& logits, int64_t valid_cols) override {

@@ -226,10 +226,11 @@ void flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, int64_t
                                                           qkv.data<T>(), lse.f32(), rowdot, Tn, H);
 }
 
-// Any head dimension: one thread per query row, keys and values read from global memory.
+// Any head dimension, and attention dropout outside the tensor-core kernels: one thread per query
+// row, keys and values read from global memory. `drop` applies when drop.spec.active().
 template <typename T>
 __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int64_t B, int64_t Tn,
-                                         int64_t H, int64_t hd) {
+                                         int64_t H, int64_t hd, AttentionDropout drop) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;  // (b, h, t)
   if (i >= B * H * Tn) return;
   const int64_t t = i % Tn, h = (i / Tn) % H, b = i / (Tn * H);
@@ -254,7 +255,8 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int64
       const T* k = qkv + (b * Tn + s) * C3 + C + h * hd;
       float dot = 0.f;
       for (int64_t e = 0; e < hd; ++e) dot += ld(q[e]) * ld(k[e]);
-      acc += expf(dot * scale - m) * ld(k[C + d]);
+      const float mul = drop.spec.active() ? drop.multiplier(b, h, t, s, Tn) : 1.f;
+      acc += expf(dot * scale - m) * mul * ld(k[C + d]);
     }
     o[d] = to<T>(acc / l);
   }
@@ -264,7 +266,7 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int64
 template <typename T>
 __global__ void attention_backward_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
                                           const float* D, int64_t B, int64_t Tn, int64_t H,
-                                          int64_t hd) {
+                                          int64_t hd, AttentionDropout drop) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= B * H * Tn) return;
   const int64_t r = i % Tn, h = (i / Tn) % H, b = i / (Tn * H);
@@ -284,7 +286,11 @@ __global__ void attention_backward_kernel(T* dqkv, const T* dout, const T* qkv, 
       dp += ld(g[d]) * ld(v[d]);
     }
     p = expf(qk * scale - L[t]);
-    return p * (dp - Dr[t]);
+    if (!drop.spec.active()) return p * (dp - Dr[t]);
+    const float mul = drop.multiplier(b, h, t, s, Tn);
+    const float ds = p * (dp * mul - Dr[t]);
+    p *= mul;  // the dropped probability that weighed the values
+    return ds;
   };
   T* dq = dqkv + (b * Tn + r) * C3 + h * hd;
   T* dk = dq + C;
@@ -306,15 +312,20 @@ __global__ void attention_backward_kernel(T* dqkv, const T* dout, const T* qkv, 
 }  // namespace
 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
-                       [[maybe_unused]] Workspace& ws, cudaStream_t s) {
+                       const AttentionDropout* drop, [[maybe_unused]] Workspace& ws,
+                       cudaStream_t s) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
+  const AttentionDropout dr = drop && drop->spec.active() ? *drop : AttentionDropout{};
   if (tc::flash_supported(qkv.dtype(), hd, B * heads, {out.raw(), qkv.raw()})) {
-    tc::flash_forward(qkv.dtype(), out.raw(), lse.f32(), qkv.raw(), B, T, heads, hd, s);
+    tc::flash_forward(qkv.dtype(), out.raw(), lse.f32(), qkv.raw(), B, T, heads, hd, dr, s);
     return;
   }
   dispatch(qkv.dtype(), "attention", [&](auto tag) {
     using S = decltype(tag);
-    if (hd == 32)
+    if (dr.spec.active())
+      attention_forward_kernel<S><<<blocks_for(B * heads * T), kThreads, 0, s>>>(
+          out.data<S>(), lse.f32(), qkv.data<S>(), B, T, heads, hd, dr);
+    else if (hd == 32)
       flash_forward<S, 32>(out, lse, qkv, B, T, heads, s);
     else if (hd == 64)
       flash_forward<S, 64>(out, lse, qkv, B, T, heads, s);
@@ -322,19 +333,21 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t head
       flash_forward<S, 128>(out, lse, qkv, B, T, heads, s);
     else
       attention_forward_kernel<S><<<blocks_for(B * heads * T), kThreads, 0, s>>>(
-          out.data<S>(), lse.f32(), qkv.data<S>(), B, T, heads, hd);
+          out.data<S>(), lse.f32(), qkv.data<S>(), B, T, heads, hd, dr);
   });
   LAUNCH_CHECK();
 }
 
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                        const Tensor& lse, int64_t heads, Workspace& ws, cudaStream_t s) {
+                        const Tensor& lse, int64_t heads, const AttentionDropout* drop,
+                        Workspace& ws, cudaStream_t s) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
+  const AttentionDropout dr = drop && drop->spec.active() ? *drop : AttentionDropout{};
   float* rowdot = ws.get<float>(Scratch::kAttentionRowdot, B * heads * T);
   if (tc::flash_supported(qkv.dtype(), hd, B * heads,
                           {dqkv.raw(), dout.raw(), qkv.raw(), out.raw()})) {
     tc::flash_backward(qkv.dtype(), dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), lse.f32(), rowdot,
-                       B, T, heads, hd, s);
+                       B, T, heads, hd, dr, s);
     return;
   }
   dispatch(qkv.dtype(), "attention backward", [&](auto tag) {
@@ -342,7 +355,10 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
     attention_rowdot_kernel<S><<<blocks_for(B * heads * T), kThreads, 0, s>>>(
         rowdot, dout.data<S>(), out.data<S>(), B, T, heads, hd);
     LAUNCH_CHECK();
-    if (hd == 32)
+    if (dr.spec.active())
+      attention_backward_kernel<S><<<blocks_for(B * heads * T), kThreads, 0, s>>>(
+          dqkv.data<S>(), dout.data<S>(), qkv.data<S>(), lse.f32(), rowdot, B, T, heads, hd, dr);
+    else if (hd == 32)
       flash_backward<S, 32>(dqkv, dout, qkv, B, T, heads, lse, rowdot, s);
     else if (hd == 64)
       flash_backward<S, 64>(dqkv, dout, qkv, B, T, heads, lse, rowdot, s);
@@ -350,7 +366,7 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
       flash_backward<S, 128>(dqkv, dout, qkv, B, T, heads, lse, rowdot, s);
     else
       attention_backward_kernel<S><<<blocks_for(B * heads * T), kThreads, 0, s>>>(
-          dqkv.data<S>(), dout.data<S>(), qkv.data<S>(), lse.f32(), rowdot, B, T, heads, hd);
+          dqkv.data<S>(), dout.data<S>(), qkv.data<S>(), lse.f32(), rowdot, B, T, heads, hd, dr);
   });
   LAUNCH_CHECK();
 }

@@ -205,14 +205,15 @@ class CudaBackend final : public Backend {
     if (dbias) expect_dtype(*dbias, DType::F32, "matmul bias gradient");
     cuda_ops::matmul_backward(dinp, dweight, dbias, dout, inp, weight, blas_->get(), ws_, stream_);
   }
-  void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads) override {
+  void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
+                         const AttentionDropout* drop) override {
     expect_dtype(lse, DType::F32, "attention lse");
     expect_dtype(out, qkv.dtype(), "attention output");
-    cuda_ops::attention_forward(out, lse, qkv, heads, ws_, stream_);
+    cuda_ops::attention_forward(out, lse, qkv, heads, drop, ws_, stream_);
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads) override {
-    cuda_ops::attention_backward(dqkv, dout, qkv, out, lse, heads, ws_, stream_);
+                          const Tensor& lse, int64_t heads, const AttentionDropout* drop) override {
+    cuda_ops::attention_backward(dqkv, dout, qkv, out, lse, heads, drop, ws_, stream_);
   }
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                     const std::vector<KvSegment>& segments, int64_t heads) override {
@@ -231,6 +232,12 @@ class CudaBackend final : public Backend {
     expect_dtype(out, a.dtype(), "add output");
     expect_dtype(b, a.dtype(), "add input");
     cuda_ops::add(out, a, b, stream_);
+  }
+  void dropout(Tensor& out, const Tensor& in, const DropoutSpec& d, int64_t row_begin,
+               int64_t seq_len) override {
+    expect_dtype(out, in.dtype(), "dropout output");
+    TESSERA_CHECK(out.numel() == in.numel() && seq_len > 0, "dropout shapes");
+    cuda_ops::dropout(out, in, d, row_begin, seq_len, stream_);
   }
   void xent_row_max(Tensor& rowmax, const Tensor& logits, int64_t valid) override {
     cuda_ops::xent_row_max(rowmax, logits, valid, stream_);

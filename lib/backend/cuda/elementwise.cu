@@ -12,6 +12,20 @@ __global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i < n) out[i] = to<T>(ld(a[i]) + ld(b[i]));
 }
+// One thread per 4 consecutive elements of a row (one Philox call gives their 4 mask words when
+// they start at a multiple of 4 in the sample; otherwise the group straddles two calls).
+template <typename T>
+__global__ void dropout_kernel(T* out, const T* in, DropoutSpec d, int64_t rows, int64_t C,
+                               int64_t row_begin, int64_t seq_len) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  const int64_t per_row = (C + 3) / 4;
+  if (i >= rows * per_row) return;
+  const int64_t r = i / per_row, c0 = (i % per_row) * 4;
+  const int64_t g = row_begin + r, sample = d.sample_begin + g / seq_len, t = g % seq_len;
+  const uint64_t e0 = static_cast<uint64_t>(t) * static_cast<uint64_t>(C);
+  for (int64_t c = c0; c < c0 + 4 && c < C; ++c)
+    out[r * C + c] = to<T>(ld(in[r * C + c]) * dropout_multiplier(d, sample, e0 + c));
+}
 template <typename TO, typename TI>
 __global__ void cast_kernel(TO* out, const TI* in, int64_t n) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -37,6 +51,18 @@ void add(Tensor& out, const Tensor& a, const Tensor& b, cudaStream_t s) {
     using T = decltype(tag);
     add_kernel<T><<<blocks_for(a.numel()), kThreads, 0, s>>>(out.data<T>(), a.data<T>(),
                                                              b.data<T>(), a.numel());
+  });
+  LAUNCH_CHECK();
+}
+
+void dropout(Tensor& out, const Tensor& in, const DropoutSpec& d, int64_t row_begin,
+             int64_t seq_len, cudaStream_t s) {
+  const int64_t C = in.dim(in.ndim() - 1), rows = in.numel() / C;
+  const int64_t n = rows * ((C + 3) / 4);
+  dispatch(in.dtype(), "dropout", [&](auto tag) {
+    using T = decltype(tag);
+    dropout_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(out.data<T>(), in.data<T>(), d, rows, C,
+                                                         row_begin, seq_len);
   });
   LAUNCH_CHECK();
 }

@@ -99,20 +99,21 @@ void allow_smem(K kernel, int bytes, std::atomic<uint64_t>& done) {
 
 template <typename T, int D>
 void forward(void* out, float* lse, const void* qkv, int64_t B, int64_t Tn, int64_t H,
-             cudaStream_t s) {
+             const AttentionDropout& drop, cudaStream_t s) {
   static std::atomic<uint64_t> ready{0};
   constexpr int bytes = FwdCfg<D>::smem_bytes();
   allow_smem(flash_fwd_kernel<T, D>, bytes, ready);
   const dim3 grid(static_cast<unsigned>((Tn + FwdCfg<D>::Br - 1) / FwdCfg<D>::Br),
                   static_cast<unsigned>(B * H));
   flash_fwd_kernel<T, D><<<grid, FwdCfg<D>::W * 32, bytes, s>>>(
-      FlashFwdArgs{out, lse, qkv, static_cast<int>(Tn), static_cast<int>(H)});
+      FlashFwdArgs{out, lse, qkv, static_cast<int>(Tn), static_cast<int>(H), drop});
   CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T, int D>
 void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
-              float* rowdot, int64_t B, int64_t Tn, int64_t H, cudaStream_t s) {
+              float* rowdot, int64_t B, int64_t Tn, int64_t H, const AttentionDropout& drop,
+              cudaStream_t s) {
   static std::atomic<uint64_t> kv_ready{0}, q_ready{0};
   constexpr int kv_bytes = BwdKvCfg<D>::smem_bytes(), q_bytes = BwdQCfg<D>::smem_bytes();
   allow_smem(flash_bwd_kv_kernel<T, D>, kv_bytes, kv_ready);
@@ -122,7 +123,8 @@ void backward(void* dqkv, const void* dout, const void* qkv, const void* out, co
       rowdot, static_cast<const T*>(dout), static_cast<const T*>(out), rows, static_cast<int>(Tn),
       static_cast<int>(H));
   CUDA_CHECK(cudaGetLastError());
-  const FlashBwdArgs a{dqkv, dout, qkv, lse, rowdot, static_cast<int>(Tn), static_cast<int>(H)};
+  const FlashBwdArgs a{dqkv,   dout, qkv, lse, rowdot, static_cast<int>(Tn), static_cast<int>(H),
+                       drop};
   const dim3 kv_grid(static_cast<unsigned>((Tn + BwdKvCfg<D>::Bk - 1) / BwdKvCfg<D>::Bk),
                      static_cast<unsigned>(B * H));
   flash_bwd_kv_kernel<T, D><<<kv_grid, BwdKvCfg<D>::W * 32, kv_bytes, s>>>(a);
@@ -181,17 +183,17 @@ bool flash_supported(DType dtype, int64_t head_dim, int64_t batch_heads,
 }
 
 void flash_forward(DType dtype, void* out, float* lse, const void* qkv, int64_t B, int64_t Tn,
-                   int64_t H, int64_t D, cudaStream_t stream) {
+                   int64_t H, int64_t D, const AttentionDropout& drop, cudaStream_t stream) {
   dispatch(dtype, D, [&](auto tag, auto d) {
-    forward<decltype(tag), decltype(d)::value>(out, lse, qkv, B, Tn, H, stream);
+    forward<decltype(tag), decltype(d)::value>(out, lse, qkv, B, Tn, H, drop, stream);
   });
 }
 
 void flash_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
                     const float* lse, float* rowdot, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                    cudaStream_t stream) {
+                    const AttentionDropout& drop, cudaStream_t stream) {
   dispatch(dtype, D, [&](auto tag, auto d) {
-    backward<decltype(tag), decltype(d)::value>(dqkv, dout, qkv, out, lse, rowdot, B, Tn, H,
+    backward<decltype(tag), decltype(d)::value>(dqkv, dout, qkv, out, lse, rowdot, B, Tn, H, drop,
                                                 stream);
   });
 }

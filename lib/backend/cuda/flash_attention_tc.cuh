@@ -33,16 +33,22 @@
 #include <cstdint>
 
 #include "backend/cuda/mma.cuh"
+#include "core/dropout.hpp"
 
 namespace tessera::tc {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Attention dropout (when drop.spec.active()): the probabilities P that weigh V are P o M, with M
+// the mask of core/dropout.hpp (0 or 1/(1-p)); the softmax statistics are those of P. The
+// backward: dV = (P o M)^T dO and dS = P o (M o dP - rowsum(dO o O)). The mask is drawn again
+// in each kernel from (b, head, query, key), never stored.
 struct FlashFwdArgs {
   void* out;  // T (B, Tn, H, D)
   float* lse;
   const void* qkv;
   int Tn, H;
+  AttentionDropout drop;
 };
 struct FlashBwdArgs {
   void* dqkv;
@@ -51,6 +57,7 @@ struct FlashBwdArgs {
   const float* lse;
   const float* rowdot;  // D[b, h, t] = dout[t] . out[t]
   int Tn, H;
+  AttentionDropout drop;
 };
 
 template <int D>
@@ -286,6 +293,18 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
           l[e >> 1] += s[n][e];
         }
       }
+      if (p.drop.spec.active()) {  // after the row sums: the statistics are the softmax's
+        TC_UNROLL
+        for (int n = 0; n < Bc / 8; ++n) {
+          TC_UNROLL
+          for (int i = 0; i < 2; ++i) {
+            float m0, m1;
+            p.drop.multiplier2(b, h, row0 + g + 8 * i, k0 + n * 8 + 2 * t, Tn, m0, m1);
+            s[n][2 * i] *= m0;
+            s[n][2 * i + 1] *= m1;
+          }
+        }
+      }
       acc_times_tile<T, D, Bc>(o, s, Vb, lane);
     }
     sync_block();  // the buffer just read is refilled by the next iteration's prefetch
@@ -391,8 +410,9 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
           const int qi = n * 8 + 2 * t + (e & 1), q = q0 + qi, key = kw0 + g + (e >> 1) * 8;
           const bool keep = !masked || (key <= q && q < Tn);
           const float pr = keep ? ex2(st[n][e] * sl2 - Ls[buf * Bq + qi]) : 0.f;
-          st[n][e] = pr;
-          dpt[n][e] = keep ? pr * (dpt[n][e] - Ds[buf * Bq + qi]) : 0.f;
+          const float mul = p.drop.spec.active() && keep ? p.drop.multiplier(b, h, q, key, Tn) : 1.f;
+          st[n][e] = pr * mul;
+          dpt[n][e] = keep ? pr * (dpt[n][e] * mul - Ds[buf * Bq + qi]) : 0.f;
         }
       }
       acc_times_tile<T, D, Bq>(dv, st, Gb, lane);
@@ -466,13 +486,20 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
       // Element (query row0 + g + 8 (e >> 1), key k0 + 8 n + 2 t + (e & 1)); the mask only where
       // the tile crosses this warp's diagonal (keys past the end are past every stored row too).
       const bool masked = k0 + Bc - 1 > row0;
+      const bool drop = p.drop.spec.active();
       TC_UNROLL
       for (int n = 0; n < Bc / 8; ++n) {
+        float mul[4] = {1.f, 1.f, 1.f, 1.f};
+        if (drop) {
+          p.drop.multiplier2(b, h, row0 + g, k0 + n * 8 + 2 * t, Tn, mul[0], mul[1]);
+          p.drop.multiplier2(b, h, row0 + g + 8, k0 + n * 8 + 2 * t, Tn, mul[2], mul[3]);
+        }
         TC_UNROLL
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + n * 8 + 2 * t + (e & 1), row = row0 + g + (e >> 1) * 8;
           const bool keep = !masked || key <= row;
-          dp[n][e] = keep ? ex2(s[n][e] * sl2 - L[e >> 1]) * (dp[n][e] - Dr[e >> 1]) : 0.f;
+          dp[n][e] =
+              keep ? ex2(s[n][e] * sl2 - L[e >> 1]) * (dp[n][e] * mul[e] - Dr[e >> 1]) : 0.f;
         }
       }
       acc_times_tile<T, D, Bc>(dq, dp, Kb, lane);

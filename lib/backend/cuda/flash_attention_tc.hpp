@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "core/dropout.hpp"
 #include "core/dtype.hpp"
 
 namespace tessera::tc {
@@ -20,11 +21,12 @@ bool flash_supported(DType dtype, int64_t head_dim, int64_t batch_heads,
                      std::initializer_list<const void*> ptrs);
 
 // out (B,T,H,D), lse (B,H,T) f32 from qkv (B,T,3,H,D).
+// `drop`: attention dropout when drop.spec.active().
 void flash_forward(DType dtype, void* out, float* lse, const void* qkv, int64_t B, int64_t Tn,
-                   int64_t H, int64_t D, cudaStream_t stream);
+                   int64_t H, int64_t D, const AttentionDropout& drop, cudaStream_t stream);
 // dqkv (B,T,3,H,D) overwritten; rowdot (B,H,T) f32 workspace filled here with dout . out.
 void flash_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
                     const float* lse, float* rowdot, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                    cudaStream_t stream);
+                    const AttentionDropout& drop, cudaStream_t stream);
 
 }  // namespace tessera::tc

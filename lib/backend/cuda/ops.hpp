@@ -61,6 +61,9 @@ class Workspace {
 // dst = src converted to dst's dtype (f32, bf16, f16 in any combination); same numel.
 void cast(Tensor& dst, const Tensor& src, cudaStream_t s);
 void add(Tensor& out, const Tensor& a, const Tensor& b, cudaStream_t s);
+// Hidden dropout (Backend::dropout); in place allowed.
+void dropout(Tensor& out, const Tensor& in, const DropoutSpec& d, int64_t row_begin,
+             int64_t seq_len, cudaStream_t s);
 
 // ---- embedding.cu -------------------------------------------------------------------------------
 
@@ -119,11 +122,14 @@ void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor&
 
 // Causal self-attention over qkv (B, T, 3*heads*hd): out (B, T, heads*hd) and the log-sum-exp of
 // every score row, lse (B, heads, T), f32. `ws` is for kernels that need scratch (none today).
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, Workspace& ws,
-                       cudaStream_t s);
-// dqkv (B, T, 3*heads*hd) from dout, the forward's inputs and outputs (out, lse).
+// With `drop` (null: none), attention dropout on the probabilities: the tensor-core kernels where
+// they apply, else the one-thread-per-row kernels.
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
+                       const AttentionDropout* drop, Workspace& ws, cudaStream_t s);
+// dqkv (B, T, 3*heads*hd) from dout, the forward's inputs and outputs (out, lse) and its dropout.
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                        const Tensor& lse, int64_t heads, Workspace& ws, cudaStream_t s);
+                        const Tensor& lse, int64_t heads, const AttentionDropout* drop,
+                        Workspace& ws, cudaStream_t s);
 
 // ---- kv_attention.cu ----------------------------------------------------------------------------
 
