@@ -12,6 +12,7 @@
 
 #include "backend/cpu/attention.hpp"
 #include "backend/cpu/cross_entropy.hpp"
+#include "backend/cpu/dropout.hpp"
 #include "backend/cpu/embedding.hpp"
 #include "backend/cpu/gelu.hpp"
 #include "backend/cpu/layernorm.hpp"
@@ -19,6 +20,12 @@
 #include "backend/cpu/optim.hpp"
 
 namespace cpu = tessera::cpu;
+using tessera::AttentionDropout;
+using tessera::DropoutKind;
+using tessera::DropoutSpec;
+using tessera::make_dropout_spec;
+using tessera::dropout_multiplier;
+using tessera::dropout_multiplier2;
 
 namespace {
 
@@ -335,16 +342,18 @@ TEST(CpuPositionEmbedding, BackwardFiniteDifference) {
 // Forward through the flash-style kernel with freshly sized scratch. qkv (B,T,3,NH,hd).
 template <typename T>
 void run_attention_forward(std::vector<T>& out, std::vector<T>& lse, const std::vector<T>& qkv,
-                           int64_t B, int64_t Tn, int64_t NH, int64_t hd) {
+                           int64_t B, int64_t Tn, int64_t NH, int64_t hd,
+                           const AttentionDropout* drop = nullptr) {
   out.assign(B * Tn * NH * hd, T(0));
   lse.assign(B * NH * Tn, T(0));
   std::vector<T> scratch(cpu::attention_scratch_elems(Tn));
-  cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, Tn, NH, hd, scratch.data());
+  cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, Tn, NH, hd, scratch.data(), drop);
 }
 
-// Naive causal attention with an explicit T x T score matrix per (batch, head).
+// Naive causal attention with an explicit T x T score matrix per (batch, head); with `drop`, each
+// probability times its mask multiplier (drawn element by element, by global index).
 void naive_attention(Vec& out, Vec& lse, const Vec& qkv, int64_t B, int64_t Tn, int64_t NH,
-                     int64_t hd) {
+                     int64_t hd, const AttentionDropout* drop = nullptr) {
   const int64_t C = NH * hd, C3 = 3 * C;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   out.assign(B * Tn * C, 0.0);
@@ -369,7 +378,10 @@ void naive_attention(Vec& out, Vec& lse, const Vec& qkv, int64_t B, int64_t Tn, 
         lse[(b * NH + h) * Tn + t] = m + std::log(sum);
         for (int64_t d = 0; d < hd; ++d) {
           double o = 0;
-          for (int64_t j = 0; j < Tn; ++j) o += std::exp(S[t * Tn + j] - m) / sum * v(j, d);
+          for (int64_t j = 0; j < Tn; ++j) {
+            const double mul = drop && j <= t ? drop->multiplier(b, h, t, j, Tn) : 1.0;
+            o += std::exp(S[t * Tn + j] - m) / sum * mul * v(j, d);
+          }
           out[(b * Tn + t) * C + h * hd + d] = o;
         }
       }
@@ -462,6 +474,97 @@ TEST(CpuAttention, BackwardFiniteDifference) {
     expect_fd_close(got[0], want[0], "dq");
     expect_fd_close(got[1], want[1], "dk");
     expect_fd_close(got[2], want[2], "dv");
+  }
+}
+
+// Attention dropout (p = 0.3, heads placed as on TP rank 1 of 2): the forward against the naive
+// one with the same mask, the backward against finite differences with the mask held fixed.
+TEST(CpuAttention, DropoutForwardAndBackward) {
+  for (const AttnShape& s : {AttnShape{2, 11, 3, 5}, AttnShape{1, 67, 2, 3}}) {
+    SCOPED_TRACE("B=" + std::to_string(s.B) + " T=" + std::to_string(s.T));
+    AttentionDropout drop;
+    drop.spec = make_dropout_spec(0.3, 42, 7, 1, DropoutKind::Attention, 100);
+    drop.head_begin = s.NH;
+    drop.heads_total = 2 * s.NH;
+    std::mt19937_64 gen(40 + s.T);
+    const int64_t C = s.NH * s.hd;
+    Vec qkv = random_vec(s.B * s.T * 3 * C, gen);
+    const Vec R = random_vec(s.B * s.T * C, gen);
+    Vec out, lse, ref_out, ref_lse, plain, plain_lse;
+    run_attention_forward(out, lse, qkv, s.B, s.T, s.NH, s.hd, &drop);
+    naive_attention(ref_out, ref_lse, qkv, s.B, s.T, s.NH, s.hd, &drop);
+    expect_all_close(out, ref_out, 1e-12, 1e-13, "out with dropout");
+    expect_all_close(lse, ref_lse, 1e-12, 1e-13, "lse (the softmax's, dropout or not)");
+    run_attention_forward(plain, plain_lse, qkv, s.B, s.T, s.NH, s.hd);
+    double moved = 0;
+    for (size_t i = 0; i < out.size(); ++i) moved = std::max(moved, std::fabs(out[i] - plain[i]));
+    EXPECT_GT(moved, 0.05) << "dropout changed nothing";
+
+    auto loss = [&] {
+      Vec o, l;
+      run_attention_forward(o, l, qkv, s.B, s.T, s.NH, s.hd, &drop);
+      return dot(o, R);
+    };
+    const Vec fd = numeric_grad(qkv, loss);
+    Vec dqkv(qkv.size(), 77.0), scratch(cpu::attention_scratch_elems(s.T));
+    cpu::attention_backward(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), s.B, s.T,
+                            s.NH, s.hd, scratch.data(), &drop);
+    expect_fd_close(dqkv, fd, "dqkv with dropout");
+  }
+}
+
+// Hidden dropout: the drop rate, the survivors' scale, and the keying: a slice of rows (sequence
+// parallelism), a batch split in two (data parallelism, micro-batches) and another iteration.
+TEST(CpuDropout, RateScaleAndGlobalKeying) {
+  const int64_t B = 4, T = 16, C = 48, N = B * T;
+  const DropoutSpec d = make_dropout_spec(0.1, 1234, 3, 2, DropoutKind::MlpOut, 40);
+  std::mt19937_64 gen(5);
+  const Vec x = random_vec(N * C, gen, 0.5, 1.5);  // never 0: a 0 out means dropped
+  Vec y(N * C);
+  cpu::dropout(y.data(), x.data(), d, N, C, 0, T);
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < N * C; ++i) {
+    if (y[i] == 0) {
+      ++dropped;
+    } else {
+      EXPECT_DOUBLE_EQ(y[i], x[i] * static_cast<double>(1.0f / 0.9f)) << i;
+    }
+  }
+  const double rate = static_cast<double>(dropped) / (N * C);  // 3072 draws: sigma 0.0054
+  EXPECT_NEAR(rate, 0.1, 0.02);
+  // Rows 24.. alone (row_begin 24): the same values as in the full tensor.
+  Vec part(static_cast<size_t>((N - 24) * C));
+  cpu::dropout(part.data(), x.data() + 24 * C, d, N - 24, C, 24, T);
+  for (size_t i = 0; i < part.size(); ++i) ASSERT_EQ(part[i], y[24 * C + i]) << i;
+  // Samples 2..3 as their own batch (sample_begin 42): the same values.
+  DropoutSpec d2 = d;
+  d2.sample_begin = 42;
+  Vec half(static_cast<size_t>(2 * T * C));
+  cpu::dropout(half.data(), x.data() + 2 * T * C, d2, 2 * T, C, 0, T);
+  for (size_t i = 0; i < half.size(); ++i) ASSERT_EQ(half[i], y[2 * T * C + i]) << i;
+  // In place gives the same; another iteration or site gives another mask.
+  Vec z = x;
+  cpu::dropout(z.data(), z.data(), d, N, C, 0, T);
+  EXPECT_EQ(z, y);
+  const DropoutSpec other = make_dropout_spec(0.1, 1234, 4, 2, DropoutKind::MlpOut, 40);
+  const DropoutSpec site = make_dropout_spec(0.1, 1234, 3, 2, DropoutKind::AttnOut, 40);
+  for (const DropoutSpec& o : {other, site}) {
+    Vec w(N * C);
+    cpu::dropout(w.data(), x.data(), o, N, C, 0, T);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < N * C; ++i) differ += (w[i] == 0) != (y[i] == 0);
+    EXPECT_GT(differ, N * C / 20);
+  }
+}
+
+// The pair shortcut (one Philox call for two neighbours) gives what two single draws give.
+TEST(CpuDropout, PairDrawsEqualSingleDraws) {
+  const DropoutSpec d = make_dropout_spec(0.5, 9, 1, 0, DropoutKind::Attention, 3);
+  for (uint64_t e = 0; e < 64; ++e) {
+    float m0 = -1, m1 = -1;
+    dropout_multiplier2(d, 5, e, m0, m1);
+    EXPECT_EQ(m0, dropout_multiplier(d, 5, e)) << e;
+    EXPECT_EQ(m1, dropout_multiplier(d, 5, e + 1)) << e;
   }
 }
 

@@ -112,32 +112,61 @@ class CudaOpsDtype : public CudaOpsBase, public ::testing::TestWithParam<DType> 
   struct AttentionCase {
     int64_t B, T, H, hd;
   };
-  void check_attention(const AttentionCase& c, bool backward_from_gpu_forward) {
+  // `drop`: attention dropout (the CPU and the GPU draw the same mask).
+  void check_attention(const AttentionCase& c, bool backward_from_gpu_forward,
+                       const AttentionDropout* drop = nullptr) {
     SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " +
                  std::to_string(c.H) + " hd " + std::to_string(c.hd));
     const int64_t B = c.B, T = c.T, H = c.H, hd = c.hd;
     const DType dt = d();
     Tensor qkv = rnd({B, T, 3 * H * hd}), dout = rnd({B, T, H * hd});
     Tensor out({B, T, H * hd}, dt), lse({B, H, T}), dqkv({B, T, 3 * H * hd}, dt);
-    cpu_->attention_forward(out, lse, qkv, H);
-    cpu_->attention_backward(dqkv, dout, qkv, out, lse, H);
+    cpu_->attention_forward(out, lse, qkv, H, drop);
+    cpu_->attention_backward(dqkv, dout, qkv, out, lse, H, drop);
     Tensor qd = dev(qkv), od = poisoned({B, T, H * hd}, dt), ld = poisoned({B, H, T}),
            dd = dev(dout);
-    gpu_->attention_forward(od, ld, qd, H);
+    gpu_->attention_forward(od, ld, qd, H, drop);
     expect_close(od, out, tol(1e-5), "attention out");
     expect_close(ld, lse, dt == DType::F32 ? 1e-5 : 1e-3, "attention lse (f32)");
     Tensor dqd = poisoned({B, T, 3 * H * hd}, dt);
     if (backward_from_gpu_forward) {
-      gpu_->attention_backward(dqd, dd, qd, od, ld, H);
+      gpu_->attention_backward(dqd, dd, qd, od, ld, H, drop);
     } else {
       Tensor od2 = dev(out), ld2 = dev(lse);
-      gpu_->attention_backward(dqd, dd, qd, od2, ld2, H);
+      gpu_->attention_backward(dqd, dd, qd, od2, ld2, H, drop);
     }
     expect_close(dqd, dqkv, tol(1e-4), "attention dqkv");
   }
 };
 
 }  // namespace
+
+// Attention dropout 0.1 in every dtype: the tensor-core kernels (bf16/f16, head dims 64, 128) and
+// the one-thread-per-row kernels (f32, head dim 48) against the CPU, the same mask.
+TEST_P(CudaOpsDtype, AttentionDropoutMatchesCpu) {
+  AttentionDropout drop;
+  drop.spec = make_dropout_spec(0.1, 99, 12, 4, DropoutKind::Attention, 640);
+  drop.head_begin = 4;
+  drop.heads_total = 8;
+  check_attention({2, 256, 4, 64}, true, &drop);
+  check_attention({1, 200, 4, 128}, true, &drop);
+  check_attention({1, 70, 4, 48}, true, &drop);
+}
+
+// Hidden dropout: every element as the CPU draws it, with a row offset (sequence parallelism).
+TEST_P(CudaOpsDtype, HiddenDropoutMatchesCpu) {
+  const DropoutSpec dr = make_dropout_spec(0.1, 5, 3, 2, DropoutKind::MlpOut, 17);
+  const int64_t rows = 96, C = 771;  // C not a multiple of 4: groups straddle rows
+  Tensor x = rnd({rows, C}), y({rows, C}, d());
+  cpu_->dropout(y, x, dr, 32, 64);
+  Tensor xd = dev(x), yd = poisoned({rows, C}, d());
+  gpu_->dropout(yd, xd, dr, 32, 64);
+  const Tensor got = host(yd);
+  EXPECT_EQ(std::memcmp(got.raw(), y.raw(), y.nbytes()), 0) << "the same mask and rounding";
+  gpu_->dropout(xd, xd, dr, 32, 64);  // in place
+  const Tensor again = host(xd);
+  EXPECT_EQ(std::memcmp(again.raw(), y.raw(), y.nbytes()), 0) << "in place";
+}
 
 TEST_P(CudaOpsDtype, CastRoundsLikeTheCpu) {
   Tensor f = rand({1001}, 100.f);

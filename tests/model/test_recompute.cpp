@@ -45,7 +45,10 @@ struct Result {
   std::vector<char> grads;  // the flat f32 gradient buffer, as bytes
 };
 
-Result two_in_flight(const GPTConfig& cfg, DType dtype, const RecomputeConfig& rc) {
+// With `dropout`, both dropouts at 0.1 and the micro-batches at different global samples: the
+// recomputed forward must draw the masks of the first one again.
+Result two_in_flight(const GPTConfig& cfg, DType dtype, const RecomputeConfig& rc,
+                     bool dropout = false) {
   auto be = make_cpu_backend();
   LocalCommunicator tp;
   GPTModel m(cfg, model_shard_for(cfg, 1, 0, 1, 0), *be, tp, dtype, rc);
@@ -59,6 +62,8 @@ Result two_in_flight(const GPTConfig& cfg, DType dtype, const RecomputeConfig& r
       a.ids.i32()[i] = tok(g);
       a.targets.i32()[i] = tok(g);
     }
+  if (dropout)
+    for (int k = 0; k < 2; ++k) slots[k].dropout = DropoutContext{true, 11, 3, 100 + k * B};
   m.zero_grads();
   Result r;
   r.loss_a = m.forward(slots[0], 1.0f / (2 * B * T));
@@ -93,16 +98,22 @@ TEST(Recompute, PlanFollowsMegatronsMethods) {
 }
 
 TEST(Recompute, LossesAndGradientsAreBitwiseTheStoredRuns) {
-  const GPTConfig cfg = config(3);
-  for (DType dt : {DType::F32, DType::BF16}) {
-    const Result ref = two_in_flight(cfg, dt, RecomputeConfig{});
+  GPTConfig with_dropout = config(3);
+  with_dropout.attention_dropout = with_dropout.hidden_dropout = 0.1;
+  const Result no_drop = two_in_flight(with_dropout, DType::F32, RecomputeConfig{}, false);
+  for (auto [dt, dropout] : {std::pair{DType::F32, false}, std::pair{DType::BF16, false},
+                             std::pair{DType::F32, true}}) {
+    const GPTConfig cfg = dropout ? with_dropout : config(3);
+    const Result ref = two_in_flight(cfg, dt, RecomputeConfig{}, dropout);
+    if (dropout) ASSERT_NE(ref.loss_a, no_drop.loss_a);  // the masks are on
     ASSERT_GT(ref.loss_a, 1.0);
     ASSERT_NE(ref.loss_a, ref.loss_b);  // the two micro-batches differ
     for (const RecomputeConfig& rc :
          {full(RecomputeMethod::Uniform, 1), full(RecomputeMethod::Uniform, 2),
           full(RecomputeMethod::Uniform, 3), full(RecomputeMethod::Block, 2), selective()}) {
-      const Result got = two_in_flight(cfg, dt, rc);
-      const std::string what = std::string(dtype_name(dt)) + " " + rc.describe();
+      const Result got = two_in_flight(cfg, dt, rc, dropout);
+      const std::string what =
+          std::string(dtype_name(dt)) + " " + rc.describe() + (dropout ? " dropout" : "");
       EXPECT_EQ(got.loss_a, ref.loss_a) << what;
       EXPECT_EQ(got.loss_b, ref.loss_b) << what;
       ASSERT_EQ(got.grads.size(), ref.grads.size());
