@@ -37,6 +37,9 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   heads_local_ = cfg.num_attention_heads / shard.tp_size;
   hidden_local_ = heads_local_ * cfg.head_dim();
   ffn_local_ = cfg.ffn() / shard.tp_size;
+  sp_ = shard.sequence_parallel && shard.tp_size > 1;
+  TESSERA_CHECK(!sp_ || cfg.seq_length % shard.tp_size == 0, "sequence parallelism needs ",
+                "--seq-length divisible by the tensor-parallel size");
   {
     AllocationLabel label("the parameters and gradients of this rank's shard");
     params_ = std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator(),
@@ -114,20 +117,27 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
                                                 const std::vector<LayerRecompute>& plan, int B,
                                                 int T, DType compute, Allocator& al, int count) {
   const int64_t N = int64_t(B) * T, C = cfg.hidden_size;
+  // Sequence parallelism: the LayerNorm/dropout/residual tensors (and the LayerNorm statistics)
+  // hold this rank's Nl of the N token rows; the LayerNorm outputs stay whole (gathered for the
+  // GEMMs that read them).
+  const bool sp = shard.sequence_parallel && shard.tp_size > 1;
+  const int64_t Nl = sp ? N / shard.tp_size : N;
   const int64_t heads_l = cfg.num_attention_heads / shard.tp_size;
   const int64_t hl = heads_l * cfg.head_dim(), fl = cfg.ffn() / shard.tp_size;
   const int64_t vl = cfg.padded_vocab_size(shard.tp_size) / shard.tp_size;
   auto f = [&](Shape s) { return Tensor(std::move(s), compute, al); };       // activations
   auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };  // statistics
+  // A residual-stream tensor: (B,T,C), or this rank's (Nl,C) rows under sequence parallelism.
+  auto res = [&]() { return sp ? f({Nl, C}) : f({B, T, C}); };
   auto ln1 = [&](LayerActivations& la) {
     la.ln1 = f({N, C});
-    la.ln1_mean = f32({N});
-    la.ln1_rstd = f32({N});
+    la.ln1_mean = f32({Nl});
+    la.ln1_rstd = f32({Nl});
   };
   auto ln2_gelu = [&](LayerActivations& la) {
     la.ln2 = f({N, C});
-    la.ln2_mean = f32({N});
-    la.ln2_rstd = f32({N});
+    la.ln2_mean = f32({Nl});
+    la.ln2_rstd = f32({Nl});
     la.gelu = f({N, fl});
   };
   auto core = [&](LayerActivations& la) {  // the attention core's output and statistics
@@ -136,9 +146,9 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
   };
   auto kept = [&](LayerActivations& la, bool res2) {  // what selective recomputation keeps
     la.qkv = f({B, T, 3 * hl});
-    la.res1 = f({B, T, C});
+    la.res1 = res();
     la.fc1 = f({N, fl});
-    if (res2) la.res2 = f({B, T, C});
+    if (res2) la.res2 = res();
   };
   // Shared: the scratch of the passes, then the recompute working set.
   Activations shared;
@@ -176,8 +186,8 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
     a.T = T;
     a.ids = Tensor({B, T}, DType::I32, al);
     a.targets = Tensor({B, T}, DType::I32, al);
-    a.input = f({B, T, C});
-    a.dres = f({B, T, C});
+    a.input = res();
+    a.dres = res();
     for (int l = shard.layer_begin; l < shard.layer_end; ++l) {
       const LayerRecompute& p = plan[static_cast<size_t>(l - shard.layer_begin)];
       LayerActivations la;
@@ -194,15 +204,15 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
           break;
         case RecomputeGranularity::Full:
           la = work[static_cast<size_t>(l - p.chunk_begin)];
-          if (p.chunk_last(l)) la.res2 = f({B, T, C});
+          if (p.chunk_last(l)) la.res2 = res();
           break;
       }
       a.layers.push_back(std::move(la));
     }
     if (shard.has_head) {
       a.lnf = f({N, C});
-      a.lnf_mean = f32({N});
-      a.lnf_rstd = f32({N});
+      a.lnf_mean = f32({Nl});
+      a.lnf_rstd = f32({Nl});
       a.logits = f({N, vl});
       a.losses = f32({N});
       a.rowmax = f32({N});
@@ -286,6 +296,66 @@ Tensor& GPTModel::stage_output(Activations& a) {
   return a.layers.empty() ? a.input : a.layers.back().res2;
 }
 
+int64_t GPTModel::local_rows(const Activations& a) const {
+  const int64_t N = int64_t(a.B) * a.T;
+  return sp_ ? N / shard_.tp_size : N;
+}
+
+int64_t GPTModel::row_begin(const Activations& a) const {
+  return sp_ ? local_rows(a) * shard_.tp_rank : 0;
+}
+
+Tensor GPTModel::own_rows(const Tensor& full, const Activations& a) const {
+  const int64_t C = cfg_.hidden_size;
+  return sp_ ? full.view(row_begin(a) * C, {local_rows(a), C}) : full;
+}
+
+Tensor GPTModel::reduce_rows(PhaseSequence& phase, Tensor& full, const Activations& a) {
+  if (!sp_) {
+    tp_reduce(phase, full);
+    return full;
+  }
+  phase("sp-reduce-scatter");
+  tp_.reduce_scatter_async(full)->wait_device();
+  return own_rows(full, a);
+}
+
+void GPTModel::gather_rows(PhaseSequence& phase, Tensor& full) {
+  if (!sp_) return;
+  phase("sp-all-gather");
+  tp_.all_gather_async(full)->wait_device();
+}
+
+const Tensor& GPTModel::branch_grad(PhaseSequence& phase, Activations& a,
+                                    const DropoutSpec& site) {
+  if (!sp_ && !site.active()) return a.dres;
+  Tensor out = own_rows(a.tmp_c, a);  // a view: writes land in tmp_c
+  if (site.active()) {
+    phase("dropout");
+    be_.dropout(out, a.dres, site, row_begin(a), a.T);
+  } else {
+    be_.cast(out, a.dres);  // a copy
+  }
+  gather_rows(phase, a.tmp_c);
+  return a.tmp_c;
+}
+
+void GPTModel::reduce_sequence_parallel_grads(int piece) {
+  if (!sp_) return;
+  TESSERA_PHASE("sp-grad-all-reduce");
+  auto reduce = [&](const std::string& name) {
+    Tensor g = params_->grad(name);
+    tp_.all_reduce(g, ReduceOp::Sum);
+  };
+  if (piece == kHeadPiece) {
+    reduce("lnf.weight");
+    reduce("lnf.bias");
+  } else if (piece >= 0) {
+    LayerWeights& g = grads_[piece - shard_.layer_begin];
+    for (Tensor* t : {&g.ln1_w, &g.ln1_b, &g.ln2_w, &g.ln2_b}) tp_.all_reduce(*t, ReduceOp::Sum);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // forward
 
@@ -294,14 +364,33 @@ Tensor& GPTModel::stage_output(Activations& a) {
 
 void GPTModel::embed_forward(Activations& a) {
   if (before_forward) before_forward(kEmbedPiece);
-  TESSERA_PHASE("embedding-forward");
   TESSERA_CHECK(shard_.has_embedding, "embed_forward on a stage without the embedding");
-  Tensor x = a.input.reshape({int64_t(a.B) * a.T, cfg_.hidden_size});
-  be_.embedding_forward(x, a.ids, params_->compute_param("wte"), vocab_begin_);
-  tp_.all_reduce(a.input, ReduceOp::Sum);  // each TP rank filled the rows of its vocab shard
-  be_.position_embedding_forward(a.input, params_->compute_param("wpe"));
-  const DropoutSpec d = hidden_dropout(0, DropoutKind::Embedding, a);
-  if (d.active()) be_.dropout(a.input, a.input, d, 0, a.T);
+  PhaseSequence phase;
+  phase("embedding-forward");
+  const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size;
+  if (sp_) {
+    // Each TP rank fills the rows of its vocabulary shard (zeros elsewhere) and rank 0 adds the
+    // positions; the reduce-scatter sums them (wpe and one embedding row per element, the rest
+    // zeros: the all-reduce path's sum, bit for bit) and leaves each rank its rows.
+    Tensor full = a.tmp_c;
+    be_.embedding_forward(full, a.ids, params_->compute_param("wte"), vocab_begin_);
+    if (shard_.tp_rank == 0) {
+      Tensor btc = full.reshape({a.B, a.T, C});
+      be_.position_embedding_forward(btc, params_->compute_param("wpe"));
+    }
+    const Tensor mine = reduce_rows(phase, full, a);
+    phase("embedding-forward");
+    be_.cast(a.input, mine);  // a copy
+  } else {
+    Tensor x = a.input.reshape({N, C});
+    be_.embedding_forward(x, a.ids, params_->compute_param("wte"), vocab_begin_);
+    tp_.all_reduce(a.input, ReduceOp::Sum);  // each TP rank filled the rows of its vocab shard
+    be_.position_embedding_forward(a.input, params_->compute_param("wpe"));
+  }
+  if (const DropoutSpec d = hidden_dropout(0, DropoutKind::Embedding, a); d.active()) {
+    phase("dropout");
+    be_.dropout(a.input, a.input, d, row_begin(a), a.T);
+  }
 }
 
 void GPTModel::block_forward(int l, Activations& a) {
@@ -314,34 +403,38 @@ void GPTModel::block_forward(int l, Activations& a) {
   const bool bias_here = shard_.tp_rank == 0;  // row-parallel bias: added once across the group
   PhaseSequence phase;
   phase("layernorm-forward");
-  be_.layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, w.ln1_w, w.ln1_b, eps);
+  Tensor ln1 = own_rows(la.ln1, a);
+  be_.layernorm_forward(ln1, la.ln1_mean, la.ln1_rstd, x, w.ln1_w, w.ln1_b, eps);
+  gather_rows(phase, la.ln1);
   phase("qkv-gemm-forward");
   be_.matmul_forward(la.qkv, la.ln1, w.qkv_w, &w.qkv_b);
   phase("attention-core-forward");
   be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a));
   phase("proj-gemm-forward");
   be_.matmul_forward(a.tmp_c, la.att, w.proj_w, bias_here ? &w.proj_b : nullptr);
-  tp_reduce(phase, a.tmp_c);
+  Tensor branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::AttnOut, a); d.active()) {
     phase("dropout");
-    be_.dropout(a.tmp_c, a.tmp_c, d, 0, a.T);
+    be_.dropout(branch, branch, d, row_begin(a), a.T);
   }
   phase("layernorm-forward");  // fused with the residual add
-  be_.add_layernorm_forward(la.res1, la.ln2, la.ln2_mean, la.ln2_rstd, x, a.tmp_c, w.ln2_w, w.ln2_b,
+  Tensor ln2 = own_rows(la.ln2, a);
+  be_.add_layernorm_forward(la.res1, ln2, la.ln2_mean, la.ln2_rstd, x, branch, w.ln2_w, w.ln2_b,
                             eps);
+  gather_rows(phase, la.ln2);
   phase("fc1-gemm-forward");
   be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, &w.fc1_b);
   phase("gelu-forward");
   be_.gelu_forward(la.gelu, la.fc1);
   phase("fc2-gemm-forward");
   be_.matmul_forward(a.tmp_c, la.gelu, w.fc2_w, bias_here ? &w.fc2_b : nullptr);
-  tp_reduce(phase, a.tmp_c);
+  branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::MlpOut, a); d.active()) {
     phase("dropout");
-    be_.dropout(a.tmp_c, a.tmp_c, d, 0, a.T);
+    be_.dropout(branch, branch, d, row_begin(a), a.T);
   }
   phase("residual-add");
-  be_.add(la.res2, la.res1, a.tmp_c);
+  be_.add(la.res2, la.res1, branch);
 }
 
 void GPTModel::tp_reduce(PhaseSequence& phase, Tensor& t) {
@@ -367,8 +460,10 @@ void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out
   const Tensor& h = stage_output(a);
   PhaseSequence phase;
   phase("layernorm-forward");
-  be_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, h, params_->compute_param("lnf.weight"),
+  Tensor lnf = own_rows(a.lnf, a);
+  be_.layernorm_forward(lnf, a.lnf_mean, a.lnf_rstd, h, params_->compute_param("lnf.weight"),
                         params_->compute_param("lnf.bias"), cfg_.layernorm_epsilon);
+  gather_rows(phase, a.lnf);
   phase("lm-head-gemm-forward");
   be_.matmul_forward(a.logits, a.lnf, params_->compute_param("wte"), nullptr);
   phase("cross-entropy");  // with its TP all-reduces of the row statistics
@@ -399,11 +494,11 @@ void GPTModel::head_backward(Activations& a) {
   PhaseSequence phase;
   phase("lm-head-gemm-backward");
   be_.matmul_backward(&a.dln, dwte, nullptr, a.logits, a.lnf, params_->compute_param("wte"));
-  tp_reduce(phase, a.dln);
+  const Tensor dlnf = reduce_rows(phase, a.dln, a);
   phase("layernorm-backward");
   be_.zero(a.dres);
   Tensor dlnf_w = params_->grad("lnf.weight"), dlnf_b = params_->grad("lnf.bias");
-  be_.layernorm_backward(a.dres, dlnf_w, dlnf_b, a.dln, stage_output(a),
+  be_.layernorm_backward(a.dres, dlnf_w, dlnf_b, dlnf, stage_output(a),
                          params_->compute_param("lnf.weight"), a.lnf_mean, a.lnf_rstd);
 }
 
@@ -424,9 +519,12 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
     const double eps = cfg_.layernorm_epsilon;
     PhaseSequence phase;
     phase("layernorm-forward");
-    be_.layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, layer_input(l, a), w.ln1_w, w.ln1_b,
+    Tensor ln1 = own_rows(la.ln1, a), ln2 = own_rows(la.ln2, a);
+    be_.layernorm_forward(ln1, la.ln1_mean, la.ln1_rstd, layer_input(l, a), w.ln1_w, w.ln1_b,
                           eps);
-    be_.layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res1, w.ln2_w, w.ln2_b, eps);
+    be_.layernorm_forward(ln2, la.ln2_mean, la.ln2_rstd, la.res1, w.ln2_w, w.ln2_b, eps);
+    gather_rows(phase, la.ln1);  // the gathers of the forward again (sequence parallelism)
+    gather_rows(phase, la.ln2);
     phase("attention-core-forward");
     be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a));
     phase("gelu-forward");
@@ -443,53 +541,44 @@ void GPTModel::block_backward(int l, Activations& a) {
   const Tensor& x = layer_input(l, a);
   PhaseSequence phase;
   // MLP: res2 = res1 + drop(fc2(gelu(fc1(ln2(res1))))); dres holds d res2 and becomes d res1.
-  // With dropout, the branch's gradient is dres through the forward's mask (in tmp_c).
-  const Tensor* branch = &a.dres;
-  if (const DropoutSpec d = hidden_dropout(l, DropoutKind::MlpOut, a); d.active()) {
-    phase("dropout");
-    be_.dropout(a.tmp_c, a.dres, d, 0, a.T);
-    branch = &a.tmp_c;
-  }
+  // The branch's gradient is dres through the forward's mask, gathered over TP with sequence
+  // parallelism (branch_grad).
+  const Tensor& dmlp = branch_grad(phase, a, hidden_dropout(l, DropoutKind::MlpOut, a));
   phase("fc2-gemm-backward");
-  be_.matmul_backward(&a.dfc, g.fc2_w, &g.fc2_b, *branch, la.gelu, w.fc2_w);
+  be_.matmul_backward(&a.dfc, g.fc2_w, &g.fc2_b, dmlp, la.gelu, w.fc2_w);
   phase("gelu-backward");
   be_.gelu_backward(a.dfc, la.fc1, a.dfc);
   phase("fc1-gemm-backward");
   be_.matmul_backward(&a.dln, g.fc1_w, &g.fc1_b, a.dfc, la.ln2, w.fc1_w);
-  tp_reduce(phase, a.dln);  // column-parallel input gradient
+  Tensor dln = reduce_rows(phase, a.dln, a);  // column-parallel input gradient
   phase("layernorm-backward");
-  be_.layernorm_backward(a.dres, g.ln2_w, g.ln2_b, a.dln, la.res1, w.ln2_w, la.ln2_mean,
+  be_.layernorm_backward(a.dres, g.ln2_w, g.ln2_b, dln, la.res1, w.ln2_w, la.ln2_mean,
                          la.ln2_rstd);
   // Attention: res1 = x + drop(proj(attn(qkv(ln1(x))))); dres becomes d x.
-  branch = &a.dres;
-  if (const DropoutSpec d = hidden_dropout(l, DropoutKind::AttnOut, a); d.active()) {
-    phase("dropout");
-    be_.dropout(a.tmp_c, a.dres, d, 0, a.T);
-    branch = &a.tmp_c;
-  }
+  const Tensor& dattn = branch_grad(phase, a, hidden_dropout(l, DropoutKind::AttnOut, a));
   phase("proj-gemm-backward");
-  be_.matmul_backward(&a.datt, g.proj_w, &g.proj_b, *branch, la.att, w.proj_w);
+  be_.matmul_backward(&a.datt, g.proj_w, &g.proj_b, dattn, la.att, w.proj_w);
   phase("attention-core-backward");
   be_.attention_backward(a.dqkv, a.datt, la.qkv, la.att, la.lse, heads_local_,
                          attention_dropout(l, a));
   phase("qkv-gemm-backward");
   be_.matmul_backward(&a.dln, g.qkv_w, &g.qkv_b, a.dqkv, la.ln1, w.qkv_w);
-  tp_reduce(phase, a.dln);
+  dln = reduce_rows(phase, a.dln, a);
   phase("layernorm-backward");
-  be_.layernorm_backward(a.dres, g.ln1_w, g.ln1_b, a.dln, x, w.ln1_w, la.ln1_mean, la.ln1_rstd);
+  be_.layernorm_backward(a.dres, g.ln1_w, g.ln1_b, dln, x, w.ln1_w, la.ln1_mean, la.ln1_rstd);
 }
 
 void GPTModel::embed_backward(Activations& a) {
-  TESSERA_PHASE("embedding-backward");
   Tensor dwte = params_->grad("wte"), dwpe = params_->grad("wpe");
-  Tensor demb = a.dres;  // d (wte[ids] + wpe), through the embedding dropout's mask if any
-  if (const DropoutSpec d = hidden_dropout(0, DropoutKind::Embedding, a); d.active()) {
-    demb = a.tmp_c.reshape(a.dres.shape());
-    be_.dropout(demb, a.dres, d, 0, a.T);
-  }
-  const Tensor d = demb.reshape({int64_t(a.B) * a.T, cfg_.hidden_size});
-  be_.embedding_backward(dwte, d, a.ids, vocab_begin_);
-  be_.position_embedding_backward(dwpe, demb);
+  // d (wte[ids] + wpe): dres through the embedding dropout's mask, all rows (gathered over TP
+  // with sequence parallelism): every TP rank needs every row for its vocabulary shard, and
+  // computes the whole (replicated) position-embedding gradient.
+  PhaseSequence phase;
+  const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size;
+  const Tensor& demb = branch_grad(phase, a, hidden_dropout(0, DropoutKind::Embedding, a));
+  phase("embedding-backward");
+  be_.embedding_backward(dwte, demb.reshape({N, C}), a.ids, vocab_begin_);
+  be_.position_embedding_backward(dwpe, demb.reshape({a.B, a.T, C}));
 }
 
 void GPTModel::backward(Activations& a) {

@@ -152,10 +152,33 @@ class GPTModel {
   // Output of this stage's last layer (what the next stage receives).
   Tensor& stage_output(Activations& a);
 
+  // Sequence parallelism: the LayerNorm weights and biases see only this rank's tokens, so their
+  // gradients are partial sums over the TP group. Called once per step for each piece whose
+  // gradients are complete (after the last micro-batch's backward of it), it all-reduces them
+  // over TP (phase "sp-grad-all-reduce"); nothing to do without sequence parallelism.
+  void reduce_sequence_parallel_grads(int piece);
+  bool sequence_parallel() const { return sp_; }
+
  private:
   const Tensor& layer_input(int layer, const Activations& a) const;
   // A TP all-reduce inside a layer: phase "tp-all-reduce" where TP > 1.
   void tp_reduce(PhaseSequence& phase, Tensor& t);
+  // Sequence parallelism. Rows of a micro-batch's (B*T) token rows this rank holds in the
+  // LayerNorm/dropout/residual regions: [row_begin, row_begin + local_rows); all of them without.
+  int64_t local_rows(const Activations& a) const;
+  int64_t row_begin(const Activations& a) const;
+  // This rank's rows of a full (B*T, C) tensor (the whole tensor without sequence parallelism).
+  Tensor own_rows(const Tensor& full, const Activations& a) const;
+  // A row-parallel GEMM's partial output `full` (B*T rows) summed over TP: all-reduced in place
+  // (returns it), or with sequence parallelism reduce-scattered (returns this rank's rows).
+  Tensor reduce_rows(PhaseSequence& phase, Tensor& full, const Activations& a);
+  // With sequence parallelism: every rank's rows of `full`, each written into its own rows, to
+  // all (in place). Nothing to do without.
+  void gather_rows(PhaseSequence& phase, Tensor& full);
+  // The gradient a column-parallel GEMM's backward reads, from the residual gradient dres: through
+  // the dropout mask of `site` when active, gathered over TP with sequence parallelism (into
+  // tmp_c when either applies; else dres itself).
+  const Tensor& branch_grad(PhaseSequence& phase, Activations& a, const DropoutSpec& site);
   LayerActivations& acts_of(int layer, Activations& a) const;
   // The hidden dropout of a site (inactive outside training or at p = 0), and the attention
   // dropout of a layer (null when inactive).
@@ -173,6 +196,7 @@ class GPTModel {
   std::vector<LayerRecompute> plan_;  // indexed by layer - layer_begin
   int64_t padded_vocab_ = 0, vocab_local_ = 0, vocab_begin_ = 0, valid_cols_ = 0;
   int64_t heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
+  bool sp_ = false;  // sequence parallelism on (TP > 1)
   std::unique_ptr<ParamStore> params_;
   std::vector<LayerWeights> weights_, grads_;  // indexed by layer - layer_begin
   std::vector<float> host_losses_;             // staging for the loss readback

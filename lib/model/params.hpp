@@ -38,6 +38,9 @@ struct ModelShard {
   int layer_begin = 0, layer_end = 0;  // transformer layers [begin, end) on this pipeline stage
   bool has_embedding = true;           // first pipeline stage: wte and wpe
   bool has_head = true;                // last pipeline stage: final LayerNorm and the (tied) head
+  // Sequence parallelism (Megatron's, TP > 1): the LayerNorm, dropout and residual regions hold
+  // this rank's 1/TP of the micro-batch's tokens; it changes activations, never parameters.
+  bool sequence_parallel = false;
 };
 
 // The shard of (tp_rank, pp_rank) in a TP x PP layout: layers split evenly over the stages, the

@@ -132,6 +132,10 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
                      "tensor-parallel ranks (consecutive ranks; keep them in one node)")(
           "pipeline-model-parallel-size", po::value(&o.pp)->default_value(1),
           "pipeline stages (layers split evenly); DP = world / (TP * PP)")(
+          "sequence-parallel", po::bool_switch(&t.sequence_parallel),
+          "with TP > 1: split the LayerNorm, dropout and residual regions along the sequence "
+          "over the tensor-parallel group (all-gather before and reduce-scatter after the "
+          "tensor-parallel GEMMs instead of all-reduces; activations of those regions / TP)")(
           "ddp-bucket-size", po::value(&t.ddp_bucket_size)->default_value(t.ddp_bucket_size),
           "elements per data-parallel gradient all-reduce bucket")(
           "use-distributed-optimizer", po::bool_switch(&t.use_distributed_optimizer),

@@ -31,6 +31,9 @@ struct TrainConfig {
   bool use_distributed_optimizer = false;
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;  // needs the distributed optimizer
+  // Megatron's sequence parallelism (needs TP > 1): LayerNorm, dropout and residual regions split
+  // over the TP group along the tokens; all-gather / reduce-scatter instead of all-reduce.
+  bool sequence_parallel = false;
   // Activation recomputation (--recompute-granularity/-method/-num-layers, model/recompute.hpp).
   RecomputeConfig recompute;
   double peak_tflops = 0;  // per rank, for MFU in the log; 0: MFU not printed

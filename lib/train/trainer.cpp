@@ -21,8 +21,11 @@ namespace {
 constexpr int kTagForward = 1, kTagBackward = 2;
 }
 
-ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx) {
-  return model_shard_for(cfg, ctx.tp_size, ctx.tp_rank, ctx.pp_size, ctx.pp_rank);
+ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
+                            bool sequence_parallel) {
+  ModelShard s = model_shard_for(cfg, ctx.tp_size, ctx.tp_rank, ctx.pp_size, ctx.pp_rank);
+  s.sequence_parallel = sequence_parallel && ctx.tp_size > 1;
+  return s;
 }
 
 void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp) {
@@ -39,6 +42,15 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
                              " is not divisible by --pipeline-model-parallel-size=", pp,
                              " (allowed PP: a divisor of ", cfg.num_layers, ")"));
   t.recompute.validate(cfg.num_layers / pp);
+  if (t.sequence_parallel && tp == 1)
+    throw ConfigError(
+        "--sequence-parallel needs --tensor-model-parallel-size > 1 (it splits the LayerNorm and "
+        "dropout regions over the tensor-parallel group); drop it or raise TP");
+  if (t.sequence_parallel && cfg.seq_length % tp != 0)
+    throw ConfigError(concat("--seq-length=", cfg.seq_length,
+                             " is not divisible by --tensor-model-parallel-size=", tp,
+                             " as --sequence-parallel needs (each rank holds seq-length / TP "
+                             "tokens of every sample)"));
   if (cfg.padded_vocab_size(tp) % tp != 0)
     throw ConfigError(
         concat("padded vocabulary ", cfg.padded_vocab_size(tp), " is not divisible by TP ", tp));
@@ -71,7 +83,9 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   layout.shards = dist ? ctx_.dp_size : 1;
   layout.embedding_alone = dist;
   layout.master = !(dist && cfg_.compute_dtype != DType::F32);  // else the optimizer's blocks
-  model_ = std::make_unique<GPTModel>(model_cfg_, make_model_shard(model_cfg_, ctx_), be_, *ctx_.tp,
+  model_ = std::make_unique<GPTModel>(model_cfg_,
+                                      make_model_shard(model_cfg_, ctx_, cfg_.sequence_parallel),
+                                      be_, *ctx_.tp,
                                       cfg_.compute_dtype, cfg_.recompute, layout);
   scaler_ = cfg_.compute_dtype != DType::F16 ? LossScaler::constant(1.0)
             : cfg_.loss_scale > 0
@@ -97,7 +111,12 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
                                          cfg_.adam_eps, cfg_.weight_decay);
   }
   reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, dist, cfg_.overlap_grad_reduce);
-  model_->on_grads_ready = [this](int piece) { reducer_->piece_ready(piece); };
+  model_->on_grads_ready = [this](int piece) {
+    // The last micro-batch's backward completes a piece's gradients: sequence parallelism's
+    // LayerNorm gradients are summed over TP first, then the data-parallel reduction may start.
+    if (last_backward_) model_->reduce_sequence_parallel_grads(piece);
+    reducer_->piece_ready(piece);
+  };
   const int micro = num_micro_batches();
   schedule_steps_ = schedule_1f1b(ctx_.pp_size, ctx_.pp_rank, micro);
   const int slots = pipeline_slots(ctx_.pp_size, ctx_.pp_rank, micro);
@@ -200,7 +219,8 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
 void Trainer::backward_micro(int micro, Activations& a, StepStats& st) {
   NVTX_RANGE("backward");
   const int slot = static_cast<int>(&a - slots_.data());
-  if (micro == num_micro_batches() - 1) reducer_->begin();  // last micro-batch: grads finish now
+  last_backward_ = micro == num_micro_batches() - 1;
+  if (last_backward_) reducer_->begin();  // last micro-batch: grads finish now
   if (!ctx_.last_stage()) {
     TESSERA_PHASE("pipeline-p2p");
     Timer w;

@@ -46,8 +46,10 @@ inline int64_t dp_slice_begin(int64_t consumed, int64_t global_batch, int dp_siz
   return consumed + dp_rank * (global_batch / dp_size);
 }
 
-// Which layers pipeline stage `pp_rank` of `pp_size` holds: an even split (validated earlier).
-ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx);
+// Which layers pipeline stage `pp_rank` of `pp_size` holds: an even split (validated earlier);
+// with sequence parallelism where TP > 1.
+ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
+                            bool sequence_parallel = false);
 
 // Checks the layout against the model and batch, naming the numbers (ConfigError).
 void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp);
@@ -124,6 +126,7 @@ class Trainer {
   std::vector<Activations> slots_;                 // one per micro-batch in flight on this stage
   std::vector<std::unique_ptr<PendingOp>> sends_;  // per slot: the last send from its buffers
   std::vector<PipeStep> schedule_steps_;
+  bool last_backward_ = false;  // the backward running is the step's last micro-batch's
   DropoutContext dropout_;  // of the pass run_micro_batches runs (training: the step's)
   std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
   std::vector<int32_t> host_ids_, host_targets_;  // one micro-batch, staged for the backend
