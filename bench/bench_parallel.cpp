@@ -1,14 +1,17 @@
-// bench_parallel: communication volume and time per training step of one layout, and the measured
-// pipeline bubble next to the 1F1B theory (P-1)/(m+P-1). Run it under mpirun for the layout and
-// once on one rank for the reference (bench/run_parallel_bench.sh does both).
+// bench_parallel: communication volume and time per training step of one layout, the measured
+// pipeline bubble next to the 1F1B theory (P-1)/(m+P-1), and with --sequence-parallel the
+// activation memory of the regions it splits. Run it under mpirun for the layout and once on one
+// rank for the reference (bench/run_parallel_bench.sh does both).
 // Usage: bench_parallel TP PP [steps=5] [layers=8] [hidden=256] [seq=128] [global_batch=16]
-// [micro=2]
+// [micro=2] [--sequence-parallel]
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
+#include <vector>
 
 #include "backend/backend.hpp"
 #include "comm/process_grid.hpp"
@@ -20,6 +23,29 @@
 using namespace tessera;
 
 namespace {
+// An asynchronous collective whose completion time is added to `seconds` (the counting
+// communicator's time covers the start; this its wait).
+class TimedPending final : public PendingOp {
+ public:
+  TimedPending(std::unique_ptr<PendingOp> op, double& seconds)
+      : op_(std::move(op)), seconds_(seconds) {}
+  void wait() override {
+    Timer w;
+    op_->wait();
+    seconds_ += w.seconds();
+  }
+  void wait_device() override {
+    Timer w;
+    op_->wait_device();
+    seconds_ += w.seconds();
+  }
+  bool test() override { return op_->test(); }
+
+ private:
+  std::unique_ptr<PendingOp> op_;
+  double& seconds_;
+};
+
 // Wraps a communicator and adds up the bytes each rank sends into it and the time spent inside.
 class CountingCommunicator final : public Communicator {
  public:
@@ -51,13 +77,13 @@ class CountingCommunicator final : public Communicator {
     Timer w;
     auto p = in_.reduce_scatter_async(t);
     account(t.nbytes() * ring_factor() / 2, w);
-    return p;
+    return std::make_unique<TimedPending>(std::move(p), seconds);
   }
   std::unique_ptr<PendingOp> all_gather_async(Tensor& t) override {
     Timer w;
     auto p = in_.all_gather_async(t);
     account(t.nbytes() * ring_factor() / 2, w);
-    return p;
+    return std::make_unique<TimedPending>(std::move(p), seconds);
   }
   std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int tag) override {
     Timer w;
@@ -85,7 +111,15 @@ class CountingCommunicator final : public Communicator {
 
 int main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
-  auto arg = [&](int i, int def) { return argc > i ? std::atoi(argv[i]) : def; };
+  std::vector<const char*> pos{argv[0]};
+  bool sequence_parallel = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--sequence-parallel") == 0)
+      sequence_parallel = true;
+    else
+      pos.push_back(argv[i]);
+  }
+  auto arg = [&](size_t i, int def) { return pos.size() > i ? std::atoi(pos[i]) : def; };
   const int tp = arg(1, 1), pp = arg(2, 1), steps = arg(3, 5);
   GPTConfig m;
   m.num_layers = arg(4, 8);
@@ -98,6 +132,7 @@ int main(int argc, char** argv) {
   t.micro_batch_size = arg(8, 2);
   t.train_iters = steps + 1;
   t.log_interval = 1 << 30;
+  t.sequence_parallel = sequence_parallel;
   try {
     ProcessGrid grid(tp, pp);
     ParallelContext ctx = grid.context();
@@ -131,15 +166,19 @@ int main(int argc, char** argv) {
       const int world = grid.world_size();
       const int micro = tr.num_micro_batches();
       std::printf(
-          "bench_parallel: TP %d x PP %d x DP %d (%d ranks), %d layers, hidden %d, seq %d, "
+          "bench_parallel: TP %d x PP %d x DP %d (%d ranks)%s, %d layers, hidden %d, seq %d, "
           "global batch %d, micro-batch %d (%d per DP rank per step)\n",
-          tp, pp, ctx.dp_size, world, m.num_layers, m.hidden_size, m.seq_length,
-          t.global_batch_size, t.micro_batch_size, micro);
+          tp, pp, ctx.dp_size, world, sequence_parallel ? " + sequence parallelism" : "",
+          m.num_layers, m.hidden_size, m.seq_length, t.global_batch_size, t.micro_batch_size,
+          micro);
       std::printf("%-46s %14s\n", "figure (per step)", "value");
       std::printf("%-46s %14.1f\n", "step time, slowest rank (ms)", most[0] * 1e3);
       std::printf("%-46s %14.0f\n", "tokens/s",
                   t.global_batch_size * double(m.seq_length) / most[0]);
-      std::printf("%-46s %14.3f\n", "TP all-reduce MB sent per rank (mean)", sum[1] / world / 1e6);
+      std::printf("%-46s %14.3f\n",
+                  sequence_parallel ? "TP all-gather + reduce-scatter MB per rank (mean)"
+                                    : "TP all-reduce MB sent per rank (mean)",
+                  sum[1] / world / 1e6);
       std::printf("%-46s %14.3f\n", "PP p2p MB sent per rank (mean)", sum[2] / world / 1e6);
       std::printf("%-46s %14.3f\n", "DP + embedding all-reduce MB per rank (mean)",
                   sum[3] / world / 1e6);
@@ -149,6 +188,14 @@ int main(int argc, char** argv) {
                   100.0 * sum[6] / world);
       std::printf("%-46s %13.1f%%\n", "pipeline bubble theory (P-1)/(m+P-1)",
                   100.0 * theoretical_bubble(pp, micro));
+      const MemoryEstimate e = estimate_rank_memory(m, t, GridLayout::make(world, tp, pp), 0);
+      std::printf("%-46s %14.3f\n", "activations kept per layer per micro-batch MiB",
+                  e.activation_layer_bytes / (1024.0 * 1024.0));
+      if (tp > 1)
+        std::printf("%-46s %14.3f\n",
+                    sequence_parallel ? "  of it LN/dropout/residual regions MiB"
+                                      : "  of it LN/dropout/residual MiB (SP: / TP)",
+                    e.sp_region_layer_bytes / (1024.0 * 1024.0));
     }
   } catch (const std::exception& e) {
     abort_job(e.what());

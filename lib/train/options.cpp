@@ -391,7 +391,7 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   ctx.tp_size = layout.tp;
   ctx.pp_size = layout.pp;
   ctx.pp_rank = stage;
-  const ModelShard shard = make_model_shard(cfg, ctx);
+  const ModelShard shard = make_model_shard(cfg, ctx, t.sequence_parallel);
   MemoryEstimate e;
   for (const auto& s : build_param_specs(cfg, shard)) e.parameters += s.numel();
   e.slots = pipeline_slots(layout.pp, stage, t.num_micro_batches(layout.dp));
@@ -413,6 +413,26 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
     const ActivationFootprint base = activation_footprint(
         cfg, none, RecomputeConfig{}, t.micro_batch_size, cfg.seq_length, t.compute_dtype);
     e.activation_layer_bytes = (fp.per_micro_batch - base.per_micro_batch) / e.stage_layers;
+    if (layout.tp > 1) {
+      // The regions sequence parallelism splits: what a layer keeps with it off minus with it on
+      // is (1 - 1/TP) of them.
+      auto layer_bytes = [&](bool sp) {
+        ModelShard s = shard, n = none;
+        s.sequence_parallel = n.sequence_parallel = sp;
+        return (activation_footprint(cfg, s, t.recompute, t.micro_batch_size, cfg.seq_length,
+                                     t.compute_dtype)
+                    .per_micro_batch -
+                activation_footprint(cfg, n, t.recompute, t.micro_batch_size, cfg.seq_length,
+                                     t.compute_dtype)
+                    .per_micro_batch) /
+               e.stage_layers;
+      };
+      const double off = layer_bytes(false), on = layer_bytes(true);
+      e.sp_region_layer_bytes_without = (off - on) * layout.tp / (layout.tp - 1);
+      e.sp_region_layer_bytes =
+          t.sequence_parallel ? e.sp_region_layer_bytes_without / layout.tp
+                              : e.sp_region_layer_bytes_without;
+    }
   }
   return e;
 }
@@ -434,7 +454,7 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
      << (o.train.use_distributed_optimizer ? "distributed (master weights and Adam moments of "
                                              "1/DP of the parameters per rank)"
                                            : "replicated on every DP rank")
-     << "\n";
+     << "; sequence parallelism: " << (o.train.sequence_parallel ? "on" : "off") << "\n";
   const int micro = o.train.num_micro_batches(layout.dp);
   std::snprintf(buf, sizeof buf,
                 "layout: world %d = TP %d x PP %d x DP %d%s; global batch %d = micro-batch %d x "
@@ -448,7 +468,7 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
     ctx.tp_size = layout.tp;
     ctx.pp_size = layout.pp;
     ctx.pp_rank = stage;
-    const ModelShard shard = make_model_shard(o.model, ctx);
+    const ModelShard shard = make_model_shard(o.model, ctx, o.train.sequence_parallel);
     const MemoryEstimate e = estimate_rank_memory(o.model, o.train, layout, stage);
     const int64_t local = e.parameters;
     const int slots = e.slots;
@@ -471,6 +491,15 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
                   e.activation_layer_bytes / (1024.0 * 1024.0),
                   e.activation_shared_bytes / (1024.0 * 1024.0));
     os << buf;
+    if (layout.tp > 1) {
+      std::snprintf(buf, sizeof buf,
+                    "  LayerNorm/dropout/residual regions per layer per micro-batch %.2f MiB "
+                    "(%.2f MiB without sequence parallelism, %.2f MiB with it: / TP %d)\n",
+                    e.sp_region_layer_bytes / (1024.0 * 1024.0),
+                    e.sp_region_layer_bytes_without / (1024.0 * 1024.0),
+                    e.sp_region_layer_bytes_without / layout.tp / (1024.0 * 1024.0), layout.tp);
+      os << buf;
+    }
   }
   return os.str();
 }

@@ -75,6 +75,9 @@ struct MemoryEstimate {
   int stage_layers = 0;
   double activation_layer_bytes = 0;   // kept per layer per micro-batch (mean over the stage)
   double activation_shared_bytes = 0;  // scratch and recompute working set, counted once
+  // The LayerNorm/dropout/residual regions' share of activation_layer_bytes, and what it would be
+  // without sequence parallelism (TP times as much); both 0 at TP 1.
+  double sp_region_layer_bytes = 0, sp_region_layer_bytes_without = 0;
   double total_bytes() const {
     return param_bytes + grad_bytes + optimizer_bytes + activation_bytes;
   }
