@@ -3,7 +3,9 @@
 // activation memory of the regions it splits. Run it under mpirun for the layout and once on one
 // rank for the reference (bench/run_parallel_bench.sh does both).
 // Usage: bench_parallel TP PP [steps=5] [layers=8] [hidden=256] [seq=128] [global_batch=16]
-// [micro=2] [--sequence-parallel]
+// [micro=2] [--sequence-parallel] [--virtual-stages V]
+// The bubble is also printed as Megatron states it, blocked time over busy time, next to its
+// theory (P-1)/(V m) for the interleaved schedule with V model chunks per rank (V = 1: 1F1B).
 #include <mpi.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -113,9 +116,12 @@ int main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
   std::vector<const char*> pos{argv[0]};
   bool sequence_parallel = false;
+  int virtual_stages = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--sequence-parallel") == 0)
       sequence_parallel = true;
+    else if (std::strcmp(argv[i], "--virtual-stages") == 0 && i + 1 < argc)
+      virtual_stages = std::atoi(argv[++i]);
     else
       pos.push_back(argv[i]);
   }
@@ -133,6 +139,7 @@ int main(int argc, char** argv) {
   t.train_iters = steps + 1;
   t.log_interval = 1 << 30;
   t.sequence_parallel = sequence_parallel;
+  t.virtual_pipeline_size = virtual_stages;
   try {
     ProcessGrid grid(tp, pp);
     ParallelContext ctx = grid.context();
@@ -155,20 +162,22 @@ int main(int argc, char** argv) {
       bubble += s.pipeline_wait_seconds;
     }
     // Per-rank figures, averaged over steps; then the max over ranks (the slowest sets the pace).
-    double mine[7] = {step / steps,        ctp.bytes / steps,
+    double mine[8] = {step / steps,        ctp.bytes / steps,
                       cpp.bytes / steps,   (cdp.bytes + cemb.bytes) / steps,
                       ctp.seconds / steps, (cdp.seconds + cemb.seconds) / steps,
-                      bubble / step};
-    double most[7], sum[7];
-    MPI_Reduce(mine, most, 7, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    MPI_Reduce(mine, sum, 7, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+                      bubble / step,       bubble / std::max(1e-12, step - bubble)};
+    double most[8], sum[8];
+    MPI_Reduce(mine, most, 8, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    MPI_Reduce(mine, sum, 8, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
     if (grid.world_rank() == 0) {
       const int world = grid.world_size();
       const int micro = tr.num_micro_batches();
       std::printf(
-          "bench_parallel: TP %d x PP %d x DP %d (%d ranks)%s, %d layers, hidden %d, seq %d, "
+          "bench_parallel: TP %d x PP %d x DP %d (%d ranks)%s%s, %d layers, hidden %d, seq %d, "
           "global batch %d, micro-batch %d (%d per DP rank per step)\n",
           tp, pp, ctx.dp_size, world, sequence_parallel ? " + sequence parallelism" : "",
+          virtual_stages > 1 ? (" + " + std::to_string(virtual_stages) + " virtual stages").c_str()
+                             : "",
           m.num_layers, m.hidden_size, m.seq_length, t.global_batch_size, t.micro_batch_size,
           micro);
       std::printf("%-46s %14s\n", "figure (per step)", "value");
@@ -188,6 +197,11 @@ int main(int argc, char** argv) {
                   100.0 * sum[6] / world);
       std::printf("%-46s %13.1f%%\n", "pipeline bubble theory (P-1)/(m+P-1)",
                   100.0 * theoretical_bubble(pp, micro));
+      // Megatron's form: bubble time over busy time (per rank, then the mean).
+      std::printf("%-46s %13.1f%%\n", "bubble / busy time measured (mean over ranks)",
+                  100.0 * sum[7] / world);
+      std::printf("%-46s %13.1f%%\n", "bubble / busy theory (P-1)/(V m)",
+                  100.0 * theoretical_bubble_ratio(pp, micro, virtual_stages));
       const MemoryEstimate e = estimate_rank_memory(m, t, GridLayout::make(world, tp, pp), 0);
       std::printf("%-46s %14.3f\n", "activations kept per layer per micro-batch MiB",
                   e.activation_layer_bytes / (1024.0 * 1024.0));

@@ -111,8 +111,13 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
   h5_write_attr(f, "pipeline_model_parallel_size", static_cast<int64_t>(m.pp_size));
   h5_write_attr(f, "data_parallel_size", static_cast<int64_t>(m.dp_size));
   h5_write_attr(f, "tp_rank", static_cast<int64_t>(sh.tp_rank));
-  h5_write_attr(f, "layer_begin", static_cast<int64_t>(sh.layer_begin));
-  h5_write_attr(f, "layer_end", static_cast<int64_t>(sh.layer_end));
+  {  // the transformer layers in this file (several ranges with virtual pipeline stages)
+    std::vector<int64_t> layers;
+    for (int l : sh.layers()) layers.push_back(l);
+    h5_write_attr(f, "layers", layers);
+    h5_write_attr(f, "virtual_pipeline_model_parallel_size",
+                  static_cast<int64_t>(sh.num_chunks()));
+  }
   h5_write_attr(f, "has_optimizer", static_cast<int64_t>(m.has_optimizer));
   h5_write_attr(f, "config", m.config_text);
 }

@@ -57,9 +57,9 @@ void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
         if (progress) {
           char line[256];
           std::snprintf(line, sizeof line,
-                        "[%d/%d] %s: %zu tensors, %lld parameters (layers %d-%d%s%s)", done, files,
-                        name.c_str(), specs.size(), (long long)elems, shard.layer_begin,
-                        shard.layer_end - 1, shard.has_embedding ? ", embedding" : "",
+                        "[%d/%d] %s: %zu tensors, %lld parameters (layers %s%s%s)", done, files,
+                        name.c_str(), specs.size(), (long long)elems,
+                        shard.describe_layers().c_str(), shard.has_embedding ? ", embedding" : "",
                         shard.has_head ? ", head" : "");
           progress(line);
         }

@@ -18,7 +18,7 @@ InferenceEngine::InferenceEngine(GPTModel& model, const ParallelContext& ctx, in
   TESSERA_CHECK(max_positions <= cfg.max_positions(), "context of ", max_positions,
                 " exceeds the model's ", cfg.max_positions(), " positions");
   const ModelShard& sh = model.shard();
-  for (int l = sh.layer_begin; l < sh.layer_end; ++l) {
+  for (int l : sh.layers()) {
     const Shape s{max_sequences, model.heads_local(), max_positions, cfg.head_dim()};
     AllocationLabel label("the KV cache");
     k_cache_.push_back(Tensor(s, DType::F32, be_.allocator()));
@@ -97,11 +97,11 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
   }
   const double eps = cfg.layernorm_epsilon;
   const bool bias_here = sh.tp_rank == 0;
-  for (int l = sh.layer_begin; l < sh.layer_end; ++l) {
+  for (int l : sh.layers()) {
     const LayerWeights& w = model_.layer_weights(l);
     be_.layernorm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b, eps);
     be_.matmul_forward(qkv, ln, w.qkv_w, &w.qkv_b);
-    be_.kv_attention(att, qkv, k_cache_[l - sh.layer_begin], v_cache_[l - sh.layer_begin], kv,
+    be_.kv_attention(att, qkv, k_cache_[sh.local_index(l)], v_cache_[sh.local_index(l)], kv,
                      model_.heads_local());
     be_.matmul_forward(tmp, att, w.proj_w, bias_here ? &w.proj_b : nullptr);
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);

@@ -2,6 +2,8 @@
 #include "model/gpt.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
@@ -24,7 +26,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
                    const FlatLayout& layout)
     : cfg_(cfg), shard_(shard), be_(backend), tp_(tp), compute_(compute), recompute_(recompute) {
   cfg_.validate();
-  plan_ = plan_recompute(recompute_, shard_.layer_begin, shard_.layer_end);
+  plan_ = plan_recompute(recompute_, shard_);
   TESSERA_CHECK(tp.size() == shard.tp_size && tp.rank() == shard.tp_rank,
                 "tensor-parallel communicator does not match the model shard");
   TESSERA_CHECK(cfg.num_attention_heads % shard.tp_size == 0 && cfg.ffn() % shard.tp_size == 0,
@@ -45,7 +47,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
     params_ = std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator(),
                                            compute, layout);
   }
-  for (int l = shard_.layer_begin; l < shard_.layer_end; ++l) {
+  for (int l : shard_.layers()) {
     weights_.push_back(layer_tensors(*params_, l, false));
     grads_.push_back(layer_tensors(*params_, l, true));
     range_names_.push_back("layer-" + std::to_string(l) + "-forward");
@@ -115,7 +117,8 @@ namespace {
 // allocated, for the model (make_activation_slots) and the estimate (activation_footprint).
 std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const ModelShard& shard,
                                                 const std::vector<LayerRecompute>& plan, int B,
-                                                int T, DType compute, Allocator& al, int count) {
+                                                int T, DType compute, Allocator& al,
+                                                const std::vector<int>& counts) {
   const int64_t N = int64_t(B) * T, C = cfg.hidden_size;
   // Sequence parallelism: the LayerNorm/dropout/residual tensors (and the LayerNorm statistics)
   // hold this rank's Nl of the N token rows; the LayerNorm outputs stay whole (gathered for the
@@ -180,16 +183,21 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
     core(sel);
   }
   std::vector<Activations> slots;
-  for (int k = 0; k < count; ++k) {
+  TESSERA_CHECK(static_cast<int>(counts.size()) == shard.num_chunks(),
+                "activation slots: one count per model chunk");
+  for (int c = 0; c < shard.num_chunks(); ++c)
+  for (int k = 0; k < counts[c]; ++k) {
     Activations a = shared;
     a.B = B;
     a.T = T;
+    a.chunk = c;
+    const LayerRange& chunk = shard.chunks[c];
     a.ids = Tensor({B, T}, DType::I32, al);
     a.targets = Tensor({B, T}, DType::I32, al);
     a.input = res();
     a.dres = res();
-    for (int l = shard.layer_begin; l < shard.layer_end; ++l) {
-      const LayerRecompute& p = plan[static_cast<size_t>(l - shard.layer_begin)];
+    for (int l = chunk.begin; l < chunk.end; ++l) {
+      const LayerRecompute& p = plan[static_cast<size_t>(shard.local_index(l))];
       LayerActivations la;
       switch (p.kind) {
         case RecomputeGranularity::None:
@@ -209,7 +217,7 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
       }
       a.layers.push_back(std::move(la));
     }
-    if (shard.has_head) {
+    if (shard.has_head && c == shard.num_chunks() - 1) {
       a.lnf = f({N, C});
       a.lnf_mean = f32({Nl});
       a.lnf_rstd = f32({Nl});
@@ -244,14 +252,22 @@ class CountingAllocator final : public Allocator {
 
 ActivationFootprint activation_footprint(const GPTConfig& cfg, const ModelShard& shard,
                                          const RecomputeConfig& rc, int B, int T, DType compute) {
-  const auto plan = plan_recompute(rc, shard.layer_begin, shard.layer_end);
+  const auto plan = plan_recompute(rc, shard);
   CountingAllocator one, two;
-  build_activation_slots(cfg, shard, plan, B, T, compute, one, 1);
-  build_activation_slots(cfg, shard, plan, B, T, compute, two, 2);
+  const int V = shard.num_chunks();
+  build_activation_slots(cfg, shard, plan, B, T, compute, one, std::vector<int>(V, 1));
+  build_activation_slots(cfg, shard, plan, B, T, compute, two, std::vector<int>(V, 2));
   ActivationFootprint fp;
   fp.per_micro_batch = two.bytes() - one.bytes();
   fp.shared = one.bytes() - fp.per_micro_batch;
   return fp;
+}
+
+double activation_bytes(const GPTConfig& cfg, const ModelShard& shard, const RecomputeConfig& rc,
+                        int B, int T, DType compute, const std::vector<int>& counts) {
+  CountingAllocator al;
+  build_activation_slots(cfg, shard, plan_recompute(rc, shard), B, T, compute, al, counts);
+  return al.bytes();
 }
 
 ActivationFootprint GPTModel::activation_footprint(int B, int T) const {
@@ -259,17 +275,41 @@ ActivationFootprint GPTModel::activation_footprint(int B, int T) const {
 }
 
 std::vector<Activations> GPTModel::make_activation_slots(int B, int T, int count) const {
+  return make_activation_slots(B, T, std::vector<int>(shard_.num_chunks(), count));
+}
+
+std::vector<Activations> GPTModel::make_activation_slots(int B, int T,
+                                                         const std::vector<int>& counts) const {
   TESSERA_CHECK(T <= cfg_.max_positions(), "sequence of ", T, " tokens exceeds the ",
                 cfg_.max_positions(), " positions of the model");
+  int count = 0;
+  for (int c : counts) count += c;
   AllocationLabel label(
       count == 1 ? detail::concat("the activations of one micro-batch (", B, " x ", T, " tokens)")
                  : detail::concat("the activations of ", count, " micro-batches in flight (", B,
                                   " x ", T, " tokens each)"));
-  return build_activation_slots(cfg_, shard_, plan_, B, T, compute_, be_.allocator(), count);
+  return build_activation_slots(cfg_, shard_, plan_, B, T, compute_, be_.allocator(), counts);
 }
 
 LayerActivations& GPTModel::acts_of(int layer, Activations& a) const {
-  return a.layers[layer - shard_.layer_begin];
+  return a.layers[layer - shard_.chunks[a.chunk].begin];
+}
+
+namespace {
+// Testing (the layout-equivalence test's mutation check): TESSERA_FAULT_DROPOUT_KEY=ignore-tp-offset
+// keys dropout masks by rank-local instead of global positions (heads and sequence-parallel rows
+// counted from 0 on every tensor-parallel rank); the layouts must then disagree.
+bool fault_ignore_tp_offset() {
+  static const bool on = [] {
+    const char* v = std::getenv("TESSERA_FAULT_DROPOUT_KEY");
+    return v && std::strcmp(v, "ignore-tp-offset") == 0;
+  }();
+  return on;
+}
+}  // namespace
+
+int64_t GPTModel::dropout_row_begin(const Activations& a) const {
+  return fault_ignore_tp_offset() ? 0 : row_begin(a);
 }
 
 DropoutSpec GPTModel::hidden_dropout(int layer, DropoutKind kind, const Activations& a) const {
@@ -283,13 +323,14 @@ const AttentionDropout* GPTModel::attention_dropout(int layer, const Activations
   if (!c.training || cfg_.attention_dropout <= 0) return nullptr;
   attn_drop_.spec = make_dropout_spec(cfg_.attention_dropout, c.seed, c.iteration, layer,
                                       DropoutKind::Attention, c.sample_begin);
-  attn_drop_.head_begin = heads_local_ * shard_.tp_rank;
+  attn_drop_.head_begin = fault_ignore_tp_offset() ? 0 : heads_local_ * shard_.tp_rank;
   attn_drop_.heads_total = cfg_.num_attention_heads;
   return &attn_drop_;
 }
 
 const Tensor& GPTModel::layer_input(int layer, const Activations& a) const {
-  return layer == shard_.layer_begin ? a.input : a.layers[layer - 1 - shard_.layer_begin].res2;
+  const int begin = shard_.chunks[a.chunk].begin;
+  return layer == begin ? a.input : a.layers[layer - 1 - begin].res2;
 }
 
 Tensor& GPTModel::stage_output(Activations& a) {
@@ -332,7 +373,7 @@ const Tensor& GPTModel::branch_grad(PhaseSequence& phase, Activations& a,
   Tensor out = own_rows(a.tmp_c, a);  // a view: writes land in tmp_c
   if (site.active()) {
     phase("dropout");
-    be_.dropout(out, a.dres, site, row_begin(a), a.T);
+    be_.dropout(out, a.dres, site, dropout_row_begin(a), a.T);
   } else {
     be_.cast(out, a.dres);  // a copy
   }
@@ -351,7 +392,7 @@ void GPTModel::reduce_sequence_parallel_grads(int piece) {
     reduce("lnf.weight");
     reduce("lnf.bias");
   } else if (piece >= 0) {
-    LayerWeights& g = grads_[piece - shard_.layer_begin];
+    LayerWeights& g = grads_[shard_.local_index(piece)];
     for (Tensor* t : {&g.ln1_w, &g.ln1_b, &g.ln2_w, &g.ln2_b}) tp_.all_reduce(*t, ReduceOp::Sum);
   }
 }
@@ -364,7 +405,7 @@ void GPTModel::reduce_sequence_parallel_grads(int piece) {
 
 void GPTModel::embed_forward(Activations& a) {
   if (before_forward) before_forward(kEmbedPiece);
-  TESSERA_CHECK(shard_.has_embedding, "embed_forward on a stage without the embedding");
+  TESSERA_CHECK(embeds(a), "embed_forward on a stage (or model chunk) without the embedding");
   PhaseSequence phase;
   phase("embedding-forward");
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size;
@@ -389,14 +430,17 @@ void GPTModel::embed_forward(Activations& a) {
   }
   if (const DropoutSpec d = hidden_dropout(0, DropoutKind::Embedding, a); d.active()) {
     phase("dropout");
-    be_.dropout(a.input, a.input, d, row_begin(a), a.T);
+    be_.dropout(a.input, a.input, d, dropout_row_begin(a), a.T);
   }
 }
 
 void GPTModel::block_forward(int l, Activations& a) {
   if (before_forward) before_forward(l);
-  NvtxRange range(range_names_[2 * (l - shard_.layer_begin)].c_str());
-  const LayerWeights& w = weights_[l - shard_.layer_begin];
+  const int li = shard_.local_index(l);
+  TESSERA_CHECK(li >= 0 && shard_.chunk_of(l) == a.chunk, "layer ", l,
+                " is not in the activations' model chunk");
+  NvtxRange range(range_names_[2 * li].c_str());
+  const LayerWeights& w = weights_[li];
   LayerActivations& la = acts_of(l, a);
   const Tensor& x = layer_input(l, a);
   const double eps = cfg_.layernorm_epsilon;
@@ -415,7 +459,7 @@ void GPTModel::block_forward(int l, Activations& a) {
   Tensor branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::AttnOut, a); d.active()) {
     phase("dropout");
-    be_.dropout(branch, branch, d, row_begin(a), a.T);
+    be_.dropout(branch, branch, d, dropout_row_begin(a), a.T);
   }
   phase("layernorm-forward");  // fused with the residual add
   Tensor ln2 = own_rows(la.ln2, a);
@@ -431,7 +475,7 @@ void GPTModel::block_forward(int l, Activations& a) {
   branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::MlpOut, a); d.active()) {
     phase("dropout");
-    be_.dropout(branch, branch, d, row_begin(a), a.T);
+    be_.dropout(branch, branch, d, dropout_row_begin(a), a.T);
   }
   phase("residual-add");
   be_.add(la.res2, la.res1, branch);
@@ -456,7 +500,7 @@ double GPTModel::head_forward(Activations& a, float grad_scale) {
 void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out) {
   if (before_forward) before_forward(kHeadPiece);
   NVTX_RANGE("head-forward-loss");
-  TESSERA_CHECK(shard_.has_head, "head_forward on a stage without the output layer");
+  TESSERA_CHECK(ends_in_head(a), "head_forward on a stage (or model chunk) without the output layer");
   const Tensor& h = stage_output(a);
   PhaseSequence phase;
   phase("layernorm-forward");
@@ -479,9 +523,9 @@ void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out
 }
 
 double GPTModel::forward(Activations& a, float grad_scale) {
-  if (shard_.has_embedding) embed_forward(a);
-  for (int l = shard_.layer_begin; l < shard_.layer_end; ++l) block_forward(l, a);
-  return shard_.has_head ? head_forward(a, grad_scale) : 0.0;
+  if (embeds(a)) embed_forward(a);
+  for (int l = chunk_layers(a).begin; l < chunk_layers(a).end; ++l) block_forward(l, a);
+  return ends_in_head(a) ? head_forward(a, grad_scale) : 0.0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -503,7 +547,7 @@ void GPTModel::head_backward(Activations& a) {
 }
 
 void GPTModel::recompute_for_backward(int l, Activations& a) {
-  const LayerRecompute& p = plan_[static_cast<size_t>(l - shard_.layer_begin)];
+  const LayerRecompute& p = plan_[static_cast<size_t>(shard_.local_index(l))];
   if (p.kind == RecomputeGranularity::Full && p.chunk_last(l)) {
     // The chunk's forward again from its kept input: every buffer of the chunk (the working set)
     // is refilled, and the kept output is rewritten with the same bits.
@@ -514,7 +558,7 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
     // the GELU output, from the kept layer input, qkv, res1 and fc1 output: the same kernels on
     // the same inputs as the forward.
     NVTX_RANGE("recompute-selective");
-    const LayerWeights& w = weights_[l - shard_.layer_begin];
+    const LayerWeights& w = weights_[shard_.local_index(l)];
     LayerActivations& la = acts_of(l, a);
     const double eps = cfg_.layernorm_epsilon;
     PhaseSequence phase;
@@ -534,9 +578,10 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
 
 void GPTModel::block_backward(int l, Activations& a) {
   recompute_for_backward(l, a);
-  NvtxRange range(range_names_[2 * (l - shard_.layer_begin) + 1].c_str());
-  const LayerWeights& w = weights_[l - shard_.layer_begin];
-  LayerWeights& g = grads_[l - shard_.layer_begin];
+  const int li = shard_.local_index(l);
+  NvtxRange range(range_names_[2 * li + 1].c_str());
+  const LayerWeights& w = weights_[li];
+  LayerWeights& g = grads_[li];
   LayerActivations& la = acts_of(l, a);
   const Tensor& x = layer_input(l, a);
   PhaseSequence phase;
@@ -585,15 +630,15 @@ void GPTModel::backward(Activations& a) {
   auto ready = [this](int piece) {
     if (on_grads_ready) on_grads_ready(piece);
   };
-  if (shard_.has_head) {
+  if (ends_in_head(a)) {
     head_backward(a);
     ready(kHeadPiece);
   }
-  for (int l = shard_.layer_end - 1; l >= shard_.layer_begin; --l) {
+  for (int l = chunk_layers(a).end - 1; l >= chunk_layers(a).begin; --l) {
     block_backward(l, a);
     ready(l);
   }
-  if (shard_.has_embedding) {
+  if (embeds(a)) {
     embed_backward(a);
     ready(kEmbedPiece);
   }

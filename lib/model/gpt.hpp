@@ -47,9 +47,11 @@ struct DropoutContext {
   int64_t sample_begin = 0;  // global index of the micro-batch's first sample
 };
 
-// Everything one micro-batch needs on this stage, allocated once for a fixed (B,T).
+// Everything one micro-batch needs on this stage (one model chunk of it with the interleaved
+// schedule), allocated once for a fixed (B,T).
 struct Activations {
   int B = 0, T = 0;
+  int chunk = 0;  // the model chunk (ModelShard::chunks) whose layers these are
   DropoutContext dropout;
   Tensor ids, targets;  // (B,T) int32; targets < 0 carry no loss
   Tensor input;         // (B,T,C): embedding output, or what the previous stage sent
@@ -73,6 +75,9 @@ struct ActivationFootprint {
 };
 ActivationFootprint activation_footprint(const GPTConfig& cfg, const ModelShard& shard,
                                          const RecomputeConfig& rc, int B, int T, DType compute);
+// Bytes of make_activation_slots(B, T, counts): counts[c] slots of model chunk c.
+double activation_bytes(const GPTConfig& cfg, const ModelShard& shard, const RecomputeConfig& rc,
+                        int B, int T, DType compute, const std::vector<int>& counts);
 
 class GPTModel {
  public:
@@ -104,9 +109,18 @@ class GPTModel {
   const RecomputeConfig& recompute() const { return recompute_; }
   ActivationFootprint activation_footprint(int B, int T) const;
   // The buffers of `count` (B,T) micro-batches in flight at once (pipeline slots): each its own
-  // kept activations, all sharing one scratch and recompute working set.
+  // kept activations, all sharing one scratch and recompute working set. With several model
+  // chunks, counts[c] slots of chunk c (in chunk order), all sharing the scratch.
   std::vector<Activations> make_activation_slots(int B, int T, int count) const;
+  std::vector<Activations> make_activation_slots(int B, int T, const std::vector<int>& counts) const;
   Activations make_activations(int B, int T) const { return make_activation_slots(B, T, 1)[0]; }
+
+  // Whether a's chunk begins with the embedding / ends with the head (first / last virtual stage).
+  bool embeds(const Activations& a) const { return shard_.has_embedding && a.chunk == 0; }
+  bool ends_in_head(const Activations& a) const {
+    return shard_.has_head && a.chunk == shard_.num_chunks() - 1;
+  }
+  const LayerRange& chunk_layers(const Activations& a) const { return shard_.chunks[a.chunk]; }
 
   // The forward pieces. embed: ids -> input. block l: input of layer l -> layers[l].res2.
   // head: last hidden -> loss; returns the sum of token losses and leaves dlogits (scaled by
@@ -117,7 +131,7 @@ class GPTModel {
   // The same, leaving the token losses (N, f32) in `losses_out` (backend memory) instead of
   // summing them on the host: no device round trip per micro-batch.
   void head_forward(Activations& a, float grad_scale, Tensor& losses_out);
-  // All of this stage (first and last stage together when PP = 1).
+  // All of a's chunk (first and last stage together when PP = 1).
   double forward(Activations& a, float grad_scale);
 
   // The backward pieces mirror the forward; each reads and writes a.dres. block_backward runs the
@@ -141,7 +155,7 @@ class GPTModel {
   std::vector<std::vector<int>> pieces_of_params() const;
 
   const LayerWeights& layer_weights(int layer) const {
-    return weights_[layer - shard_.layer_begin];
+    return weights_[shard_.local_index(layer)];
   }
   int64_t vocab_begin() const { return vocab_begin_; }
   int64_t vocab_local() const { return vocab_local_; }
@@ -167,6 +181,7 @@ class GPTModel {
   // LayerNorm/dropout/residual regions: [row_begin, row_begin + local_rows); all of them without.
   int64_t local_rows(const Activations& a) const;
   int64_t row_begin(const Activations& a) const;
+  int64_t dropout_row_begin(const Activations& a) const;  // row_begin (a test hook aside)
   // This rank's rows of a full (B*T, C) tensor (the whole tensor without sequence parallelism).
   Tensor own_rows(const Tensor& full, const Activations& a) const;
   // A row-parallel GEMM's partial output `full` (B*T rows) summed over TP: all-reduced in place
@@ -193,12 +208,12 @@ class GPTModel {
   Communicator& tp_;
   DType compute_ = DType::F32;
   RecomputeConfig recompute_;
-  std::vector<LayerRecompute> plan_;  // indexed by layer - layer_begin
+  std::vector<LayerRecompute> plan_;  // indexed by shard_.local_index(layer)
   int64_t padded_vocab_ = 0, vocab_local_ = 0, vocab_begin_ = 0, valid_cols_ = 0;
   int64_t heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
   bool sp_ = false;  // sequence parallelism on (TP > 1)
   std::unique_ptr<ParamStore> params_;
-  std::vector<LayerWeights> weights_, grads_;  // indexed by layer - layer_begin
+  std::vector<LayerWeights> weights_, grads_;  // indexed by shard_.local_index(layer)
   std::vector<float> host_losses_;             // staging for the loss readback
   AttentionDropout attn_drop_;                 // what attention_dropout() hands out
   std::vector<std::string> range_names_;       // NVTX: layer-L-forward, layer-L-backward

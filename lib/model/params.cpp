@@ -43,16 +43,60 @@ struct SpecBuilder {
 
 }  // namespace
 
+std::vector<int> ModelShard::layers() const {
+  std::vector<int> out;
+  for (const LayerRange& c : chunks)
+    for (int l = c.begin; l < c.end; ++l) out.push_back(l);
+  return out;
+}
+
+int ModelShard::num_layers() const {
+  int n = 0;
+  for (const LayerRange& c : chunks) n += c.size();
+  return n;
+}
+
+int ModelShard::local_index(int layer) const {
+  int offset = 0;
+  for (const LayerRange& c : chunks) {
+    if (layer >= c.begin && layer < c.end) return offset + layer - c.begin;
+    offset += c.size();
+  }
+  return -1;
+}
+
+int ModelShard::chunk_of(int layer) const {
+  for (size_t i = 0; i < chunks.size(); ++i)
+    if (layer >= chunks[i].begin && layer < chunks[i].end) return static_cast<int>(i);
+  return -1;
+}
+
+std::string ModelShard::describe_layers() const {
+  std::string out;
+  for (const LayerRange& c : chunks) {
+    if (c.size() == 0) continue;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(c.begin);
+    if (c.size() > 1) out += "-" + std::to_string(c.end - 1);
+  }
+  return out.empty() ? "none" : out;
+}
+
 ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size,
-                           int pp_rank) {
-  TESSERA_CHECK(pp_size >= 1 && cfg.num_layers % pp_size == 0, "--num-layers=", cfg.num_layers,
-                " is not divisible by the pipeline size ", pp_size);
+                           int pp_rank, int virtual_stages) {
+  TESSERA_CHECK(pp_size >= 1 && virtual_stages >= 1 &&
+                    cfg.num_layers % (pp_size * virtual_stages) == 0,
+                "--num-layers=", cfg.num_layers, " is not divisible by the pipeline size ",
+                pp_size, " x virtual stages ", virtual_stages);
   ModelShard s;
   s.tp_size = tp_size;
   s.tp_rank = tp_rank;
-  const int per_stage = cfg.num_layers / pp_size;
-  s.layer_begin = pp_rank * per_stage;
-  s.layer_end = s.layer_begin + per_stage;
+  const int per_chunk = cfg.num_layers / (pp_size * virtual_stages);
+  s.chunks.clear();
+  for (int c = 0; c < virtual_stages; ++c) {
+    const int begin = (c * pp_size + pp_rank) * per_chunk;
+    s.chunks.push_back({begin, begin + per_chunk});
+  }
   s.has_embedding = pp_rank == 0;
   s.has_head = pp_rank == pp_size - 1;
   return s;
@@ -68,7 +112,7 @@ std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard&
   if (shard.has_embedding || shard.has_head)
     b.add("wte", {V, h}, 0, ParamInit::Normal, std, true, cfg.vocab_size);
   if (shard.has_embedding) b.add("wpe", {cfg.max_positions(), h}, -1, ParamInit::Normal, std, true);
-  for (int l = shard.layer_begin; l < shard.layer_end; ++l) {
+  for (int l : shard.layers()) {
     const std::string p = "layers." + std::to_string(l) + ".";
     b.add(p + "ln1.weight", {h}, -1, ParamInit::Ones, 0, false);
     b.add(p + "ln1.bias", {h}, -1, ParamInit::Zeros, 0, false);

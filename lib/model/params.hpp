@@ -32,21 +32,43 @@ struct ParamSpec {
   int64_t numel() const { return shape_numel(local_shape); }
 };
 
+// Transformer layers [begin, end).
+struct LayerRange {
+  int begin = 0, end = 0;
+  int size() const { return end - begin; }
+};
+
 // Which piece of the model a rank holds.
 struct ModelShard {
   int tp_size = 1, tp_rank = 0;
-  int layer_begin = 0, layer_end = 0;  // transformer layers [begin, end) on this pipeline stage
-  bool has_embedding = true;           // first pipeline stage: wte and wpe
-  bool has_head = true;                // last pipeline stage: final LayerNorm and the (tied) head
+  // The transformer layers on this pipeline rank: one range per model chunk (virtual pipeline
+  // stage; one chunk without the interleaved schedule), in order. Chunk c of pipeline rank p is
+  // virtual stage c * PP + p.
+  std::vector<LayerRange> chunks{LayerRange{}};
+  bool has_embedding = true;  // chunk 0 is the first (virtual) stage: wte and wpe
+  bool has_head = true;       // the last chunk is the last stage: final LayerNorm and the (tied) head
   // Sequence parallelism (Megatron's, TP > 1): the LayerNorm, dropout and residual regions hold
   // this rank's 1/TP of the micro-batch's tokens; it changes activations, never parameters.
   bool sequence_parallel = false;
+
+  int num_chunks() const { return static_cast<int>(chunks.size()); }
+  // This rank's layers in chunk order, and their number.
+  std::vector<int> layers() const;
+  int num_layers() const;
+  // The position of `layer` in layers(); -1 when this rank does not hold it.
+  int local_index(int layer) const;
+  // The chunk that holds `layer` (-1: none).
+  int chunk_of(int layer) const;
+  // "3-5" or "1, 5" (chunks' layer ranges) for messages.
+  std::string describe_layers() const;
 };
 
 // The shard of (tp_rank, pp_rank) in a TP x PP layout: layers split evenly over the stages, the
-// embedding on the first stage, the final LayerNorm and tied head on the last.
+// embedding on the first stage, the final LayerNorm and tied head on the last. With
+// `virtual_stages` V > 1 (the interleaved schedule) the layers are split into PP x V chunks and
+// pipeline rank p holds chunks p, p + PP, p + 2 PP, ...
 ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size,
-                           int pp_rank);
+                           int pp_rank, int virtual_stages = 1);
 
 // The specs of this shard's parameters, in flat-buffer order.
 std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard& shard);

@@ -1,6 +1,8 @@
 // recompute.cpp: the recomputation plan of a pipeline stage.
 #include "model/recompute.hpp"
 
+#include "model/params.hpp"
+
 #include <algorithm>
 
 #include "core/error.hpp"
@@ -65,6 +67,15 @@ std::vector<LayerRecompute> plan_recompute(const RecomputeConfig& rc, int layer_
       p.chunk_begin = l;
       p.chunk_end = l + 1;
     }
+  }
+  return plan;
+}
+
+std::vector<LayerRecompute> plan_recompute(const RecomputeConfig& rc, const ModelShard& shard) {
+  std::vector<LayerRecompute> plan;
+  for (const LayerRange& c : shard.chunks) {
+    const auto p = plan_recompute(rc, c.begin, c.end);
+    plan.insert(plan.end(), p.begin(), p.end());
   }
   return plan;
 }

@@ -51,6 +51,10 @@ struct LayerRecompute {
 };
 
 // The plan for layers [layer_begin, layer_end) of a stage, one entry per layer.
+struct ModelShard;
+// The plan of every layer of a shard, in ModelShard::layers() order: each model chunk planned on
+// its own (a full-recomputation group never spans two chunks).
+std::vector<LayerRecompute> plan_recompute(const RecomputeConfig& rc, const ModelShard& shard);
 std::vector<LayerRecompute> plan_recompute(const RecomputeConfig& rc, int layer_begin,
                                            int layer_end);
 

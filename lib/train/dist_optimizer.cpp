@@ -10,7 +10,7 @@ namespace {
 int piece_index(int piece, const ModelShard& shard) {
   if (piece == GPTModel::kEmbedPiece) return 0;
   if (piece == GPTModel::kHeadPiece) return 1;
-  return 2 + piece - shard.layer_begin;
+  return 2 + shard.local_index(piece);
 }
 }  // namespace
 
@@ -63,7 +63,7 @@ DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicat
   }
   gathers_.resize(buckets.size());
   const ModelShard& sh = model.shard();
-  buckets_of_piece_.resize(static_cast<size_t>(2 + sh.layer_end - sh.layer_begin));
+  buckets_of_piece_.resize(static_cast<size_t>(2 + sh.num_layers()));
   const auto pieces = model.pieces_of_params();
   for (size_t b = 0; b < buckets.size(); ++b)
     for (int p = buckets[b].first_param; p < buckets[b].end_param; ++p)

@@ -10,7 +10,7 @@ GradReducer::GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter,
   const int n = static_cast<int>(pieces.size());
   bucket_of_param_.assign(n, -1);
   sources_.assign(n, 1);
-  params_of_layer_.resize(sh.layer_end - sh.layer_begin);
+  params_of_layer_.resize(static_cast<size_t>(sh.num_layers()));
   for (int i = 0; i < n; ++i) {
     sources_[i] = static_cast<int>(pieces[i].size());  // wte on a stage with both ends: 2
     for (int piece : pieces[i]) {
@@ -19,7 +19,7 @@ GradReducer::GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter,
       else if (piece == GPTModel::kEmbedPiece)
         embed_params_.push_back(i);
       else
-        params_of_layer_[piece - sh.layer_begin].push_back(i);
+        params_of_layer_[sh.local_index(piece)].push_back(i);
     }
   }
   for (const FlatBucket& fb : model.params().buckets()) {
@@ -57,7 +57,7 @@ void GradReducer::piece_ready(int piece) {
   const std::vector<int>& params = piece == GPTModel::kHeadPiece ? head_params_
                                    : piece == GPTModel::kEmbedPiece
                                        ? embed_params_
-                                       : params_of_layer_[piece - model_.shard().layer_begin];
+                                       : params_of_layer_[model_.shard().local_index(piece)];
   for (int p : params) {
     if (--remaining_[p] > 0) continue;
     Bucket& b = buckets_[bucket_of_param_[p]];

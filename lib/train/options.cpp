@@ -101,6 +101,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   bool bf16 = false, fp16 = false;
   std::string recompute_granularity, recompute_method;
   int recompute_num_layers = 0, checkpoint_num_layers = 0;
+  int virtual_size = 0, layers_per_virtual_stage = 0;
   bool checkpoint_activations = false;
   p.group("Model").add_options()(
       "num-layers", po::value(&m.num_layers)->default_value(m.num_layers), "transformer layers")(
@@ -132,6 +133,12 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
                      "tensor-parallel ranks (consecutive ranks; keep them in one node)")(
           "pipeline-model-parallel-size", po::value(&o.pp)->default_value(1),
           "pipeline stages (layers split evenly); DP = world / (TP * PP)")(
+          "num-layers-per-virtual-pipeline-stage",
+          po::value(&layers_per_virtual_stage)->default_value(0),
+          "the interleaved 1F1B schedule: model chunks of N layers, each pipeline rank holding "
+          "every PP-th chunk (needs PP > 1 and micro-batches per step a multiple of PP)")(
+          "virtual-pipeline-model-parallel-size", po::value(&virtual_size)->default_value(0),
+          "the interleaved 1F1B schedule given as the number of model chunks per pipeline rank")(
           "sequence-parallel", po::bool_switch(&t.sequence_parallel),
           "with TP > 1: split the LayerNorm, dropout and residual regions along the sequence "
           "over the tensor-parallel group (all-gather before and reduce-scatter after the "
@@ -288,6 +295,29 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     throw ConfigError(detail::concat("--pipeline-model-parallel-size=", o.pp,
                                      " is out of range (allowed: >= 1)"));
   if (o.finetune && o.load.empty()) throw ConfigError("--finetune needs --load");
+  if (layers_per_virtual_stage < 0)
+    throw ConfigError(detail::concat("--num-layers-per-virtual-pipeline-stage=",
+                                     layers_per_virtual_stage, " is out of range (allowed: >= 1)"));
+  if (virtual_size < 0)
+    throw ConfigError(detail::concat("--virtual-pipeline-model-parallel-size=", virtual_size,
+                                     " is out of range (allowed: >= 1)"));
+  if (layers_per_virtual_stage > 0) {
+    if (m.num_layers % (o.pp * layers_per_virtual_stage) != 0)
+      throw ConfigError(detail::concat(
+          "--num-layers=", m.num_layers, " is not divisible by --pipeline-model-parallel-size=",
+          o.pp, " x --num-layers-per-virtual-pipeline-stage=", layers_per_virtual_stage, " = ",
+          o.pp * layers_per_virtual_stage));
+    const int v = m.num_layers / (o.pp * layers_per_virtual_stage);
+    if (virtual_size > 0 && virtual_size != v)
+      throw ConfigError(detail::concat(
+          "--virtual-pipeline-model-parallel-size=", virtual_size,
+          " and --num-layers-per-virtual-pipeline-stage=", layers_per_virtual_stage,
+          " disagree (the latter means ", v, " chunks per rank); give one"));
+    t.virtual_pipeline_size = v;
+    t.virtual_option = "--num-layers-per-virtual-pipeline-stage";
+  } else if (virtual_size > 0) {
+    t.virtual_pipeline_size = virtual_size;
+  }
   t.config_text = p.to_ini();
   GPTConfig check = m;
   if (check.vocab_size == 0) check.vocab_size = 2;  // known once the shards are open
@@ -391,10 +421,16 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   ctx.tp_size = layout.tp;
   ctx.pp_size = layout.pp;
   ctx.pp_rank = stage;
-  const ModelShard shard = make_model_shard(cfg, ctx, t.sequence_parallel);
+  const ModelShard shard =
+      make_model_shard(cfg, ctx, t.sequence_parallel, t.virtual_pipeline_size);
   MemoryEstimate e;
   for (const auto& s : build_param_specs(cfg, shard)) e.parameters += s.numel();
-  e.slots = pipeline_slots(layout.pp, stage, t.num_micro_batches(layout.dp));
+  const int V = t.virtual_pipeline_size;
+  const int micro = t.num_micro_batches(layout.dp);
+  std::vector<int> chunk_slots{pipeline_slots(layout.pp, stage, micro)};
+  if (V > 1) chunk_slots = pipeline_chunk_slots(schedule_interleaved(layout.pp, stage, micro, V), V);
+  e.slots = 0;
+  for (int n : chunk_slots) e.slots += n;
   // f32 master weights, plus their bf16/f16 copy in mixed precision; with the distributed
   // optimizer the master weights (mixed precision) and the Adam moments of 1/DP of them.
   const bool mixed = t.compute_dtype != DType::F32;
@@ -404,12 +440,13 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   e.optimizer_bytes = 8.0 / dp * e.parameters;
   const ActivationFootprint fp = activation_footprint(cfg, shard, t.recompute, t.micro_batch_size,
                                                       cfg.seq_length, t.compute_dtype);
-  e.activation_bytes = fp.total(e.slots);
+  e.activation_bytes = activation_bytes(cfg, shard, t.recompute, t.micro_batch_size,
+                                       cfg.seq_length, t.compute_dtype, chunk_slots);
   e.activation_shared_bytes = fp.shared;
-  e.stage_layers = shard.layer_end - shard.layer_begin;
+  e.stage_layers = shard.num_layers();
   if (e.stage_layers > 0) {  // what the layers add to a micro-batch, over the stage's layers
     ModelShard none = shard;
-    none.layer_end = none.layer_begin;
+    for (LayerRange& c : none.chunks) c.end = c.begin;
     const ActivationFootprint base = activation_footprint(
         cfg, none, RecomputeConfig{}, t.micro_batch_size, cfg.seq_length, t.compute_dtype);
     e.activation_layer_bytes = (fp.per_micro_batch - base.per_micro_batch) / e.stage_layers;
@@ -468,20 +505,22 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
     ctx.tp_size = layout.tp;
     ctx.pp_size = layout.pp;
     ctx.pp_rank = stage;
-    const ModelShard shard = make_model_shard(o.model, ctx, o.train.sequence_parallel);
+    const ModelShard shard = make_model_shard(o.model, ctx, o.train.sequence_parallel,
+                                              o.train.virtual_pipeline_size);
     const MemoryEstimate e = estimate_rank_memory(o.model, o.train, layout, stage);
     const int64_t local = e.parameters;
     const int slots = e.slots;
     const double act = e.activation_bytes, p = e.param_bytes, g = e.grad_bytes,
                  adam = e.optimizer_bytes;
     std::snprintf(buf, sizeof buf,
-                  "stage %d (layers %d-%d%s%s): parameters per rank %lld | memory per rank (GiB): "
+                  "stage %d (layers %s%s%s): parameters per rank %lld | memory per rank (GiB): "
                   "parameters %.3f, gradients %.3f, optimizer state %.3f, activations %.3f "
-                  "(%d micro-batch%s in flight), total %.3f\n",
-                  stage, shard.layer_begin, shard.layer_end - 1,
+                  "(%d micro-batch%s in flight%s), total %.3f\n",
+                  stage, shard.describe_layers().c_str(),
                   shard.has_embedding ? ", embedding" : "", shard.has_head ? ", head" : "",
                   (long long)local, gib(p), gib(g), gib(adam), gib(act), slots,
-                  slots == 1 ? "" : "es", gib(p + g + adam + act));
+                  slots == 1 ? "" : "es",
+                  shard.num_chunks() > 1 ? " over its model chunks" : "", gib(p + g + adam + act));
     os << buf;
     std::snprintf(buf, sizeof buf,
                   "  bytes per parameter %.1f (weights %.1f, gradients %.1f, optimizer %.1f) | "

@@ -70,7 +70,7 @@ std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string&
 // and the GPU benchmark compares its measured peak with.
 struct MemoryEstimate {
   int64_t parameters = 0;  // on this rank
-  int slots = 1;           // micro-batches whose activations are alive at once (1F1B)
+  int slots = 1;  // micro-batches whose activations are alive at once (summed over model chunks)
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
   int stage_layers = 0;
   double activation_layer_bytes = 0;   // kept per layer per micro-batch (mean over the stage)

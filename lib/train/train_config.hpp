@@ -34,6 +34,11 @@ struct TrainConfig {
   // Megatron's sequence parallelism (needs TP > 1): LayerNorm, dropout and residual regions split
   // over the TP group along the tokens; all-gather / reduce-scatter instead of all-reduce.
   bool sequence_parallel = false;
+  // The interleaved 1F1B schedule: model chunks (virtual pipeline stages) per pipeline rank, from
+  // --virtual-pipeline-model-parallel-size or --num-layers-per-virtual-pipeline-stage (named in
+  // errors by virtual_option). 1: plain 1F1B.
+  int virtual_pipeline_size = 1;
+  const char* virtual_option = "--virtual-pipeline-model-parallel-size";
   // Activation recomputation (--recompute-granularity/-method/-num-layers, model/recompute.hpp).
   RecomputeConfig recompute;
   double peak_tflops = 0;  // per rank, for MFU in the log; 0: MFU not printed

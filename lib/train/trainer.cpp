@@ -22,8 +22,9 @@ constexpr int kTagForward = 1, kTagBackward = 2;
 }
 
 ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
-                            bool sequence_parallel) {
-  ModelShard s = model_shard_for(cfg, ctx.tp_size, ctx.tp_rank, ctx.pp_size, ctx.pp_rank);
+                            bool sequence_parallel, int virtual_stages) {
+  ModelShard s =
+      model_shard_for(cfg, ctx.tp_size, ctx.tp_rank, ctx.pp_size, ctx.pp_rank, virtual_stages);
   s.sequence_parallel = sequence_parallel && ctx.tp_size > 1;
   return s;
 }
@@ -41,7 +42,25 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
     throw ConfigError(concat("--num-layers=", cfg.num_layers,
                              " is not divisible by --pipeline-model-parallel-size=", pp,
                              " (allowed PP: a divisor of ", cfg.num_layers, ")"));
-  t.recompute.validate(cfg.num_layers / pp);
+  const int V = t.virtual_pipeline_size;
+  if (V > 1) {
+    if (pp == 1)
+      throw ConfigError(concat(t.virtual_option, " needs --pipeline-model-parallel-size > 1 (the "
+                               "interleaved schedule spreads model chunks over pipeline stages)"));
+    if (cfg.num_layers % (pp * V) != 0)
+      throw ConfigError(concat("--num-layers=", cfg.num_layers,
+                               " is not divisible by --pipeline-model-parallel-size=", pp,
+                               " x virtual stages ", V, " = ", pp * V, " (", t.virtual_option,
+                               ")"));
+    const int micro = t.num_micro_batches(dp);
+    if (micro % pp != 0)
+      throw ConfigError(concat(
+          "the interleaved schedule (", t.virtual_option, ") needs the number of micro-batches ",
+          "per step, ", micro, " (global batch ", t.global_batch(dp), " / (micro-batch ",
+          t.micro_batch_size, " x DP ", dp, ")), to be a multiple of "
+          "--pipeline-model-parallel-size=", pp));
+  }
+  t.recompute.validate(cfg.num_layers / (pp * V));
   if (t.sequence_parallel && tp == 1)
     throw ConfigError(
         "--sequence-parallel needs --tensor-model-parallel-size > 1 (it splits the LayerNorm and "
@@ -84,7 +103,8 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   layout.embedding_alone = dist;
   layout.master = !(dist && cfg_.compute_dtype != DType::F32);  // else the optimizer's blocks
   model_ = std::make_unique<GPTModel>(model_cfg_,
-                                      make_model_shard(model_cfg_, ctx_, cfg_.sequence_parallel),
+                                      make_model_shard(model_cfg_, ctx_, cfg_.sequence_parallel,
+                                                       cfg_.virtual_pipeline_size),
                                       be_, *ctx_.tp,
                                       cfg_.compute_dtype, cfg_.recompute, layout);
   scaler_ = cfg_.compute_dtype != DType::F16 ? LossScaler::constant(1.0)
@@ -112,16 +132,27 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   }
   reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, dist, cfg_.overlap_grad_reduce);
   model_->on_grads_ready = [this](int piece) {
-    // The last micro-batch's backward completes a piece's gradients: sequence parallelism's
-    // LayerNorm gradients are summed over TP first, then the data-parallel reduction may start.
-    if (last_backward_) model_->reduce_sequence_parallel_grads(piece);
+    // The last micro-batch's backward (of the piece's chunk) completes a piece's gradients:
+    // sequence parallelism's LayerNorm gradients are summed over TP first, then the
+    // data-parallel reduction may start.
+    if (!last_backward_) return;
+    model_->reduce_sequence_parallel_grads(piece);
     reducer_->piece_ready(piece);
   };
   const int micro = num_micro_batches();
-  schedule_steps_ = schedule_1f1b(ctx_.pp_size, ctx_.pp_rank, micro);
-  const int slots = pipeline_slots(ctx_.pp_size, ctx_.pp_rank, micro);
-  slots_ = model_->make_activation_slots(cfg_.micro_batch_size, model_cfg_.seq_length, slots);
-  sends_.resize(slots);
+  const int V = cfg_.virtual_pipeline_size;
+  if (V > 1 && be_.device() != Device::CPU)
+    throw ConfigError(detail::concat(
+        cfg_.virtual_option, ": the interleaved schedule runs on the CPU backend's MPI pipeline "
+        "communicator in this version; NCCL serializes a rank's sends and receives on one stream, "
+        "and the schedule's wrap-around from the last stage to the first needs per-direction "
+        "communicators first. Train on --device cuda without virtual stages"));
+  schedule_steps_ = schedule_interleaved(ctx_.pp_size, ctx_.pp_rank, micro, V);
+  chunk_slots_ = V > 1 ? pipeline_chunk_slots(schedule_steps_, V)
+                       : std::vector<int>{pipeline_slots(ctx_.pp_size, ctx_.pp_rank, micro)};
+  slots_ = model_->make_activation_slots(cfg_.micro_batch_size, model_cfg_.seq_length, chunk_slots_);
+  for (int c = 0, offset = 0; c < V; offset += chunk_slots_[c++]) slot_offset_.push_back(offset);
+  sends_.resize(slots_.size());
   if (ctx_.last_stage()) {
     AllocationLabel label("the token losses of one step");
     micro_losses_ = Tensor({int64_t(micro) * cfg_.micro_batch_size * model_cfg_.seq_length},
@@ -158,6 +189,18 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   }
 }
 
+Activations& Trainer::slot(int chunk, int micro) {
+  return slots_[static_cast<size_t>(slot_offset_[chunk] + micro % chunk_slots_[chunk])];
+}
+
+int Trainer::next_stage() const {
+  return (ctx_.pp_rank + 1) % ctx_.pp_size;  // the last stage's next is the first (virtual stages)
+}
+
+int Trainer::prev_stage() const {
+  return (ctx_.pp_rank + ctx_.pp_size - 1) % ctx_.pp_size;
+}
+
 int64_t Trainer::first_sample(int64_t consumed) const {
   return dp_slice_begin(consumed, cfg_.global_batch(ctx_.dp_size), ctx_.dp_size, ctx_.dp_rank);
 }
@@ -189,29 +232,30 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
     std::memcpy(host_ids_.data() + b * T, sample, sizeof(int32_t) * T);
     std::memcpy(host_targets_.data() + b * T, sample + 1, sizeof(int32_t) * T);
   }
-  if (ctx_.first_stage()) be_.copy_from_host(a.ids, host_ids_.data());
-  if (ctx_.last_stage()) be_.copy_from_host(a.targets, host_targets_.data());
+  const bool first = model_->embeds(a), last = model_->ends_in_head(a);
+  if (first) be_.copy_from_host(a.ids, host_ids_.data());
+  if (last) be_.copy_from_host(a.targets, host_targets_.data());
   phase.close();
   // Dropout masks keyed by the micro-batch's global samples (the slot keeps them for the backward).
   a.dropout = dropout_;
   a.dropout.sample_begin = first_sample(consumed_samples_) + int64_t(micro) * B;
-  if (ctx_.first_stage()) {
+  if (first) {
     model_->embed_forward(a);
   } else {
     TESSERA_PHASE("pipeline-p2p");
     Timer w;
-    ctx_.pp->recv(a.input, ctx_.pp_rank - 1, kTagForward);
+    ctx_.pp->recv(a.input, prev_stage(), kTagForward);
     st.pipeline_wait_seconds += w.seconds();
   }
-  for (int l = model_->shard().layer_begin; l < model_->shard().layer_end; ++l)
+  for (int l = model_->chunk_layers(a).begin; l < model_->chunk_layers(a).end; ++l)
     model_->block_forward(l, a);
-  if (ctx_.last_stage()) {
+  if (last) {
     Tensor out = micro_losses_.view(int64_t(micro) * B * T, {int64_t(B) * T});
     model_->head_forward(a, grad_scale, out);  // summed once per step, in sum_micro_losses
   } else {
     TESSERA_PHASE("pipeline-p2p");
     const Tensor& out = model_->stage_output(a);
-    sends_[slot] = ctx_.pp->send_async(out, ctx_.pp_rank + 1, kTagForward);
+    sends_[slot] = ctx_.pp->send_async(out, next_stage(), kTagForward);
     st.p2p_bytes += out.nbytes();
   }
 }
@@ -219,12 +263,12 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
 void Trainer::backward_micro(int micro, Activations& a, StepStats& st) {
   NVTX_RANGE("backward");
   const int slot = static_cast<int>(&a - slots_.data());
+  // The last micro-batch of its chunk: the chunk's gradients are complete after it.
   last_backward_ = micro == num_micro_batches() - 1;
-  if (last_backward_) reducer_->begin();  // last micro-batch: grads finish now
-  if (!ctx_.last_stage()) {
+  if (!model_->ends_in_head(a)) {
     TESSERA_PHASE("pipeline-p2p");
     Timer w;
-    ctx_.pp_backward()->recv(a.dres, ctx_.pp_rank + 1, kTagBackward);
+    ctx_.pp_backward()->recv(a.dres, next_stage(), kTagBackward);
     st.pipeline_wait_seconds += w.seconds();
   }
   if (sends_[slot]) {  // the forward's send of the stage output: full recomputation rewrites it
@@ -232,10 +276,10 @@ void Trainer::backward_micro(int micro, Activations& a, StepStats& st) {
     sends_[slot]->wait();
   }
   model_->backward(a);
-  if (!ctx_.first_stage()) {
+  if (!model_->embeds(a)) {
     TESSERA_PHASE("pipeline-p2p");
     if (sends_[slot]) sends_[slot]->wait();
-    sends_[slot] = ctx_.pp_backward()->send_async(a.dres, ctx_.pp_rank - 1, kTagBackward);
+    sends_[slot] = ctx_.pp_backward()->send_async(a.dres, prev_stage(), kTagBackward);
     st.p2p_bytes += a.dres.nbytes();
   }
 }
@@ -283,15 +327,16 @@ void Trainer::run_micro_batches(bool with_backward, float grad_scale, StepStats&
   }
   if (with_backward) {
     for (const PipeStep& p : schedule_steps_) {
-      Activations& a = slots_[p.micro % slots_.size()];
+      Activations& a = slot(p.chunk, p.micro);
       if (p.forward)
         forward_micro(p.micro, a, grad_scale, st);
       else
         backward_micro(p.micro, a, st);
     }
-  } else {  // forward only: every stage runs the micro-batches in order
+  } else {  // forward only: every stage runs the micro-batches in order (each chunk in turn)
     for (int m = 0; m < num_micro_batches(); ++m)
-      forward_micro(m, slots_[m % slots_.size()], grad_scale, st);
+      for (int c = 0; c < cfg_.virtual_pipeline_size; ++c)
+        forward_micro(m, slot(c, m), grad_scale, st);
   }
   {
     PhaseSequence phase;
@@ -365,6 +410,7 @@ StepStats Trainer::train_step() {
   const float grad_scale = static_cast<float>(loss_scale / tokens);
 
   model_->zero_grads();
+  reducer_->begin();  // buckets start as the last micro-batch's backward completes them
   run_micro_batches(true, grad_scale, st);
   Timer dp_wait;
   {

@@ -49,7 +49,7 @@ inline int64_t dp_slice_begin(int64_t consumed, int64_t global_batch, int dp_siz
 // Which layers pipeline stage `pp_rank` of `pp_size` holds: an even split (validated earlier);
 // with sequence parallelism where TP > 1.
 ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
-                            bool sequence_parallel = false);
+                            bool sequence_parallel = false, int virtual_stages = 1);
 
 // Checks the layout against the model and batch, naming the numbers (ConfigError).
 void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp);
@@ -102,6 +102,11 @@ class Trainer {
   // Samples of this DP rank for the step that starts at `consumed` samples.
   int64_t first_sample(int64_t consumed) const;
   void load_batch(StepStats& st);
+  // The activation slot of micro-batch `micro` of model chunk `chunk`.
+  Activations& slot(int chunk, int micro);
+  // Pipeline neighbours (a ring with virtual stages: the last stage feeds the first).
+  int next_stage() const;
+  int prev_stage() const;
   void run_micro_batches(bool with_backward, float grad_scale, StepStats& st);
   double count_loss_tokens();
   void forward_micro(int micro, Activations& a, float grad_scale, StepStats& st);
@@ -123,7 +128,8 @@ class Trainer {
   LrSchedule schedule_;
   LossScaler scaler_ = LossScaler::constant(1.0);
   int64_t skipped_iterations_ = 0;
-  std::vector<Activations> slots_;                 // one per micro-batch in flight on this stage
+  std::vector<Activations> slots_;  // one per micro-batch in flight on this stage, chunk by chunk
+  std::vector<int> chunk_slots_, slot_offset_;  // per model chunk: its slots, the first one's index
   std::vector<std::unique_ptr<PendingOp>> sends_;  // per slot: the last send from its buffers
   std::vector<PipeStep> schedule_steps_;
   bool last_backward_ = false;  // the backward running is the step's last micro-batch's

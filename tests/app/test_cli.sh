@@ -41,6 +41,18 @@ expect 2 "--recompute-method=block needs --recompute-granularity full" -- --reco
 expect 2 "--recompute-method=uniform needs --recompute-granularity full" -- --recompute-granularity selective --recompute-method uniform
 expect 2 "--recompute-num-layers=3 does not fit a pipeline stage of 2 layers" -- --num-layers 2 --recompute-granularity full --recompute-num-layers 3
 expect 2 "--recompute-granularity=some is not a granularity" -- --recompute-granularity some
+# Megatron's schedules and dropout (issue 14): one clear line each.
+expect 2 "--sequence-parallel needs --tensor-model-parallel-size > 1" -- --config "$configs/gpt2-tiny.ini" --sequence-parallel
+expect 2 "--seq-length=30 is not divisible by --tensor-model-parallel-size=4 as --sequence-parallel needs" -- --config "$configs/gpt2-tiny.ini" --seq-length 30 --max-position-embeddings 32 --tensor-model-parallel-size 4 --sequence-parallel --dry-run
+expect 2 "--num-layers=2 is not divisible by --pipeline-model-parallel-size=2 x --num-layers-per-virtual-pipeline-stage=2" -- --config "$configs/gpt2-tiny.ini" --num-layers 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 --dry-run
+expect 2 "--num-layers=6 is not divisible by --pipeline-model-parallel-size=2 x virtual stages 2" -- --config "$configs/gpt2-tiny.ini" --num-layers 6 --pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2 --dry-run
+expect 2 "needs the number of micro-batches per step, 3 .* to be a multiple of --pipeline-model-parallel-size=2" -- --config "$configs/gpt2-tiny.ini" --num-layers 4 --pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2 --global-batch-size 6 --micro-batch-size 2 --dry-run
+expect 2 "--virtual-pipeline-model-parallel-size needs --pipeline-model-parallel-size > 1" -- --config "$configs/gpt2-tiny.ini" --virtual-pipeline-model-parallel-size 2
+expect 2 "--virtual-pipeline-model-parallel-size=3 and --num-layers-per-virtual-pipeline-stage=1 disagree" -- --config "$configs/gpt2-tiny.ini" --num-layers 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --virtual-pipeline-model-parallel-size 3 --dry-run
+expect 2 "--hidden-dropout=1 is out of range \(allowed: 0 <= p < 1\)" -- --hidden-dropout 1
+expect 2 "--attention-dropout=-0.1 is out of range" -- --attention-dropout -0.1
+expect 0 "sequence parallelism: on" -- --config "$configs/gpt2-tiny.ini" --tensor-model-parallel-size 2 --sequence-parallel --dry-run
+expect 0 "stage 0 \(layers 0, 2, embedding\)" -- --config "$configs/gpt2-tiny.ini" --num-layers 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --dry-run
 expect 2 "--checkpoint-num-layers=2 needs --checkpoint-activations" -- --checkpoint-num-layers 2
 expect 2 "--checkpoint-num-layers=-2 is out of range" -- --checkpoint-activations --checkpoint-num-layers=-2
 expect 2 "--checkpoint-num-layers=3 does not fit a pipeline stage of 2 layers" -- --num-layers 2 --checkpoint-activations --checkpoint-num-layers 3
@@ -58,7 +70,9 @@ for opt in num-layers hidden-size num-attention-heads seq-length max-position-em
            lr-warmup-iters weight-decay clip-grad adam-beta1 adam-beta2 adam-eps seed \
            make-vocab-size-divisible-by log-interval recompute-granularity recompute-method \
            recompute-num-layers checkpoint-activations checkpoint-num-layers \
-           use-distributed-optimizer overlap-grad-reduce overlap-param-gather; do
+           use-distributed-optimizer overlap-grad-reduce overlap-param-gather sequence-parallel \
+           num-layers-per-virtual-pipeline-stage virtual-pipeline-model-parallel-size \
+           attention-dropout hidden-dropout; do
   "$bin" --help | grep -q -- "--$opt" || { echo "FAIL: --help does not document --$opt"; fail=1; }
 done
 [ $fail -eq 0 ] && echo "app.cli_errors: all passed"

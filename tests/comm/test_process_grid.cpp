@@ -95,3 +95,77 @@ TEST(Pipeline, EveryStageRunsEachMicroBatchOnceAndSlotsSuffice) {
         ASSERT_EQ(most, pipeline_slots(P, s, m)) << "P " << P << " s " << s << " m " << m;
       }
 }
+
+// Megatron's interleaved schedule for 2 stages, 2 chunks each, 4 micro-batches, written out by
+// hand from its definition: forward k is micro-batch (k / 4) * 2 + k % 2 of chunk (k / 2) % 2,
+// backward k the same micro-batch of chunk 1 - (k / 2) % 2; stage 0 warms up with
+// (2 - 0 - 1) * 2 + (2 - 1) * 2 = 4 forwards, stage 1 with 2. "F2.1": micro-batch 2 of chunk 1.
+TEST(Pipeline, InterleavedOrderForTwoStagesTwoChunksFourMicroBatches) {
+  EXPECT_EQ(schedule_string(schedule_interleaved(2, 0, 4, 2)),
+            "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0");
+  EXPECT_EQ(schedule_string(schedule_interleaved(2, 1, 4, 2)),
+            "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0");
+  // As many micro-batches as stages: every forward first.
+  EXPECT_EQ(schedule_string(schedule_interleaved(2, 0, 2, 2)),
+            "F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0");
+  // One chunk is plain 1F1B.
+  EXPECT_EQ(schedule_interleaved(4, 1, 8, 1), schedule_1f1b(4, 1, 8));
+  // Stage 0 has all 4 micro-batches of chunk 0 in flight before B0.0, at most 2 of chunk 1.
+  EXPECT_EQ(pipeline_chunk_slots(schedule_interleaved(2, 0, 4, 2), 2), (std::vector<int>{4, 2}));
+  EXPECT_NEAR(theoretical_bubble_ratio(4, 8, 2), 3.0 / 16.0, 1e-15);
+}
+
+// Every rank of an interleaved pipeline, run together the way the trainer runs them (sends never
+// block, a step waits for the input it receives): the schedule always completes (no deadlock),
+// runs every micro-batch of every chunk forward once and backward once after it, and within a
+// chunk in micro-batch order (so slot m % slots is free), with no more in flight than
+// pipeline_chunk_slots says.
+TEST(Pipeline, InterleavedCompletesOnEveryRankWithoutDeadlock) {
+  for (int P : {2, 3, 4})
+    for (int V : {2, 3})
+      for (int m : {P, 2 * P, 3 * P}) {
+        SCOPED_TRACE("P " + std::to_string(P) + " V " + std::to_string(V) + " m " +
+                     std::to_string(m));
+        const int S = P * V;  // virtual stages
+        std::vector<std::vector<PipeStep>> steps;
+        for (int p = 0; p < P; ++p) steps.push_back(schedule_interleaved(P, p, m, V));
+        // done[f/b][virtual stage][micro]
+        std::vector<std::vector<char>> fdone(S, std::vector<char>(m, 0)), bdone = fdone;
+        std::vector<size_t> next(P, 0);
+        bool progress = true;
+        while (progress) {
+          progress = false;
+          for (int p = 0; p < P; ++p) {
+            while (next[p] < steps[p].size()) {
+              const PipeStep& st = steps[p][next[p]];
+              const int vs = st.chunk * P + p;
+              bool ready;
+              if (st.forward) {
+                ASSERT_FALSE(fdone[vs][st.micro]) << "forward twice";
+                ready = vs == 0 || fdone[vs - 1][st.micro];
+              } else {
+                ASSERT_TRUE(fdone[vs][st.micro]) << "backward before forward";
+                ASSERT_FALSE(bdone[vs][st.micro]) << "backward twice";
+                if (st.micro > 0) ASSERT_TRUE(bdone[vs][st.micro - 1]) << "out of order";
+                ready = vs == S - 1 || bdone[vs + 1][st.micro];
+              }
+              if (!ready) break;
+              (st.forward ? fdone : bdone)[vs][st.micro] = 1;
+              ++next[p];
+              progress = true;
+            }
+          }
+        }
+        for (int p = 0; p < P; ++p) ASSERT_EQ(next[p], steps[p].size()) << "rank " << p << " stuck";
+        for (int vs = 0; vs < S; ++vs)
+          for (int k = 0; k < m; ++k) ASSERT_TRUE(bdone[vs][k]);
+        for (int p = 0; p < P; ++p) {
+          const std::vector<int> slots = pipeline_chunk_slots(steps[p], V);
+          std::vector<int> live(V, 0);
+          for (const PipeStep& st : steps[p]) {
+            live[st.chunk] += st.forward ? 1 : -1;
+            ASSERT_LE(live[st.chunk], slots[st.chunk]);
+          }
+        }
+      }
+}

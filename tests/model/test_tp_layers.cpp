@@ -38,7 +38,7 @@ TEST(TensorParallel, EveryLayerMatchesTheSingleRankLayer) {
   cfg.make_vocab_size_divisible_by = 16;
   auto be = make_cpu_backend();
   ModelShard one;
-  one.layer_end = 2;
+  one.chunks = {{0, 2}};
   ModelShard mine = one;
   mine.tp_size = n;
   mine.tp_rank = tp.rank();

@@ -173,7 +173,7 @@ TEST(SimDevice, Bf16HeadReadsOnlyWrittenMemory) {
   const GPTConfig cfg = tiny_model();
   LocalCommunicator tp;
   ModelShard whole;
-  whole.layer_end = cfg.num_layers;
+  whole.chunks = {{0, cfg.num_layers}};
   GPTModel model(cfg, whole, *sim, tp, DType::BF16);
   model.init_parameters(3);
   const int B = 2, T = cfg.seq_length, N = B * T;

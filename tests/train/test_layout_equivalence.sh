@@ -66,6 +66,45 @@ for layout in "tp2pp2-bf16 4 2 2 2" "tp2dp2-bf16 4 2 1 2"; do
     echo "ok: $1 (np $2 TP $3 PP $4, bf16): worst relative difference $worst over 20 iterations"
   fi
 done
+# Megatron's schedules with GPT-2's dropout (0.1 on the attention probabilities and the hidden
+# states): masks keyed by global coordinates, so sequence parallelism, virtual pipeline stages,
+# tensor, pipeline and data parallelism and the micro-batch size all draw the same masks and the
+# trajectory is the single-rank one to 1e-5.
+compare() {  # compare BASE NAME DESCRIPTION: worst relative difference over 20 iterations
+  paste <(losses "$work/$1.jsonl") <(losses "$work/$2.jsonl") | awk '
+    { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
+    END { if (n != 20) print "missing"; else printf "%.3g", w }'
+}
+drop=(--attention-dropout 0.1 --hidden-dropout 0.1)
+run base-drop 1 1 1 2 "${drop[@]}" || fail=1
+if [ "$(compare base base-drop)" = "0" ]; then echo "FAIL: dropout 0.1 changed no loss"; fail=1; fi
+for layout in "tp2-sp 2 2 1 2 --sequence-parallel" \
+              "pp2-vp2 2 1 2 1 --num-layers-per-virtual-pipeline-stage 1" \
+              "tp2pp2dp2-sp-vp2 8 2 2 1 --sequence-parallel --virtual-pipeline-model-parallel-size 2" \
+              "tp4-sp 4 4 1 2 --sequence-parallel" \
+              "tp2pp2-sp-selective 4 2 2 2 --sequence-parallel --recompute-granularity selective"; do
+  set -- $layout
+  name=$1 np=$2
+  run "$@" "${drop[@]}" || { fail=1; continue; }
+  worst=$(compare base-drop "$name")
+  if [ "$worst" = "missing" ] || awk -v w="$worst" 'BEGIN { exit !(w > 1e-5) }'; then
+    echo "FAIL: $name (np $np, dropout 0.1): worst relative loss difference $worst"
+    fail=1
+  else
+    echo "ok: $name (np $np, dropout 0.1): worst relative difference $worst over 20 iterations"
+  fi
+done
+# The mutation check: keyed by rank-local positions (each TP rank counting its heads and its
+# sequence-parallel rows from 0), TP2+SP must disagree with one rank.
+TESSERA_FAULT_DROPOUT_KEY=ignore-tp-offset run tp2-sp-mutant 2 2 1 2 --sequence-parallel \
+  "${drop[@]}" || fail=1
+worst=$(compare base-drop tp2-sp-mutant)
+if [ "$worst" = "missing" ] || awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }'; then
+  echo "FAIL: the mutation check: masks keyed without the TP offset still agree ($worst)"
+  fail=1
+else
+  echo "ok: mutation check: masks keyed without the TP offset differ by $worst (the test can fail)"
+fi
 echo "first/last single-rank loss: $(losses "$work/base.jsonl" | head -1) -> $(losses "$work/base.jsonl" | tail -1)"
 [ $fail -eq 0 ] && echo "layout equivalence: all passed"
 exit $fail
