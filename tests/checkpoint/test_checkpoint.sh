@@ -45,6 +45,26 @@ for layout in "1 1 1" "8 2 2"; do
 done
 [ "$(cat "$work/resume-1/latest_checkpointed_iteration.txt")" = "12" ] && ok "latest points at the end-of-training save (12)" || bad "latest file: $(cat "$work/resume-1/latest_checkpointed_iteration.txt")"
 
+# ---- virtual pipeline stages (interleaved 1F1B) with dropout: exact resume in the same layout,
+# resume at 1 rank, and the checkpoint resharded like any other ----
+vp=(--num-layers-per-virtual-pipeline-stage 1 --attention-dropout 0.1 --hidden-dropout 0.1)
+d=$work/vp
+train 2 1 2 "${vp[@]}" --train-iters 12 --metrics-file "$d-full.jsonl" > "$d-full.log" 2>&1 || bad "full run with virtual stages: $(tail -2 "$d-full.log")"
+train 2 1 2 "${vp[@]}" --train-iters 12 --exit-interval 6 --save "$d" > "$d-a.log" 2>&1 || bad "first half with virtual stages"
+train 2 1 2 "${vp[@]}" --train-iters 12 --load "$d" --metrics-file "$d-res.jsonl" > "$d-b.log" 2>&1 || bad "resumed half with virtual stages"
+if diff <(losses "$d-full.jsonl" | tail -6) <(losses "$d-res.jsonl") > /dev/null && [ "$(wc -l < "$d-res.jsonl")" -eq 6 ]; then
+  ok "exact resume at PP2 with 2 virtual stages and dropout: iterations 7-12 bitwise equal"
+else
+  bad "resume with virtual stages differs:"; diff <(losses "$d-full.jsonl" | tail -6) <(losses "$d-res.jsonl") | head -4
+fi
+train 1 1 1 --attention-dropout 0.1 --hidden-dropout 0.1 --train-iters 12 --load "$d" --metrics-file "$d-one.jsonl" > "$d-c.log" 2>&1 || bad "virtual-stage checkpoint resumed at 1 rank"
+worst=$(paste <(sed 's/.*"lm_loss": \([^,]*\),.*/\1/' "$d-full.jsonl" | tail -6) <(sed 's/.*"lm_loss": \([^,]*\),.*/\1/' "$d-one.jsonl") | awk '{ x = $1 - $2; if (x < 0) x = -x; if (x / $1 > w) w = x / $1; n++ } END { print (n == 6 ? w : "missing") }')
+awk -v w="$worst" 'BEGIN { exit !(w != "missing" && w <= 1e-5) }' && ok "the virtual-stage checkpoint resumes at 1 rank: iterations 7-12 within $worst" || bad "1-rank resume of the virtual-stage checkpoint: $worst"
+"$bin/tessera-reshard" --load "$d" --save "$work/vp-tp2" --target-tensor-model-parallel-size 2 > "$work/rvp.log" 2>&1 || bad "reshard of the virtual-stage checkpoint: $(cat "$work/rvp.log")"
+ref=$(train 2 1 2 --num-layers-per-virtual-pipeline-stage 1 --load "$d" --skip-train --eval-iters 2 2>&1 | evalloss)
+got=$(train 2 2 1 --load "$work/vp-tp2" --skip-train --eval-iters 2 2>&1 | evalloss)
+close "$ref" "$got" && ok "virtual-stage checkpoint resharded to TP2: eval loss $got (original $ref)" || bad "resharded virtual-stage checkpoint: '$got' vs '$ref'"
+
 # ---- save/load per layout and resharding ----
 src=$work/tp2pp2
 train 4 2 2 --train-iters 8 --save "$src" > "$work/src.log" 2>&1 || bad "training at TP2 x PP2"
