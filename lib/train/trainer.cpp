@@ -411,7 +411,12 @@ StepStats Trainer::train_step() {
 
   model_->zero_grads();
   reducer_->begin();  // buckets start as the last micro-batch's backward completes them
-  run_micro_batches(true, grad_scale, st);
+  {
+    st.pipeline_start = timer.seconds();
+    Timer pipeline;
+    run_micro_batches(true, grad_scale, st);
+    st.pipeline_seconds = pipeline.seconds();
+  }
   Timer dp_wait;
   {
     TESSERA_PHASE("dp-grad-reduce-wait");

@@ -32,6 +32,8 @@ struct StepStats {
   double seconds = 0;
   int64_t loss_tokens = 0;
   double pipeline_wait_seconds = 0;  // blocked receiving from neighbouring stages (the bubble)
+  double pipeline_seconds = 0;       // the whole schedule: forwards, backwards and waits
+  double pipeline_start = 0;         // when the schedule started, seconds into the step
   double dp_wait_seconds = 0;        // waiting for data-parallel reductions after the backward
   double p2p_bytes = 0;              // sent to neighbouring stages by this rank
   double data_wait_seconds = 0;      // blocked waiting for this step's samples
