@@ -6,7 +6,9 @@
 // FLOPs (FlashAttention's convention for causal attention): forward 4*B*H*T^2*D / 2, backward
 // 2.5 times the forward.
 //
-// Usage: bench_attention [reps=20] [dtype=bf16|fp16] [B H T D ...: more shapes]
+// Usage: bench_attention [--dropout P] [reps=20] [dtype=bf16|fp16] [B H T D ...: more shapes]
+// With --dropout, each shape is timed again with attention dropout P (the mask drawn in the
+// kernels), and the cost printed against the run without.
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -32,7 +34,17 @@ struct Case {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc0, char** argv0) {
+  double dropout = 0;
+  std::vector<char*> args{argv0[0]};
+  for (int i = 1; i < argc0; ++i) {
+    if (std::string(argv0[i]) == "--dropout" && i + 1 < argc0)
+      dropout = std::atof(argv0[++i]);
+    else
+      args.push_back(argv0[i]);
+  }
+  const int argc = static_cast<int>(args.size());
+  char** argv = args.data();
   const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
   const std::string dtype_arg = argc > 2 ? argv[2] : "bf16";
   std::vector<Case> cases = {{16, 12, 1024, 64, 159, 112, 225, 147},
@@ -102,6 +114,24 @@ int main(int argc, char** argv) {
       std::printf(" | H100 PyTorch SDPA flash %.0f / %.0f, cuDNN %.0f / %.0f TFLOP/s", c.fa2_fwd,
                   c.fa2_bwd, c.cudnn_fwd, c.cudnn_bwd);
     std::printf("\n");
+    if (dropout > 0) {
+      AttentionDropout drop;
+      drop.spec = make_dropout_spec(dropout, 1234, 1, 0, DropoutKind::Attention, 0);
+      drop.heads_total = c.H;
+      be->attention_forward(out, lse, qkv, c.H, &drop);
+      be->synchronize();
+      Timer df;
+      for (int i = 0; i < reps; ++i) be->attention_forward(out, lse, qkv, c.H, &drop);
+      be->synchronize();
+      const double dfwd = df.seconds() / reps;
+      Timer db;
+      for (int i = 0; i < reps; ++i) be->attention_backward(dqkv, dout, qkv, out, lse, c.H, &drop);
+      be->synchronize();
+      const double dbwd = db.seconds() / reps;
+      std::printf("  with dropout %.2f: forward %.3f ms (%+.0f%%) | backward %.3f ms (%+.0f%%)\n",
+                  dropout, dfwd * 1e3, 100.0 * (dfwd / fwd - 1), dbwd * 1e3,
+                  100.0 * (dbwd / bwd - 1));
+    }
   }
   return 0;
 #endif

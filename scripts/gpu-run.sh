@@ -143,7 +143,7 @@ if [ $bench -eq 1 ] && [ $memory -eq 1 ]; then
   done
 elif [ $bench -eq 1 ]; then
   echo "== bench_attention (Tessera) and bench/attention_peer.py (PyTorch SDPA, same GPU) =="
-  "$root/bin/bench_attention" 2>&1 | tee "$out/bench-attention.log" || status=1
+  "$root/bin/bench_attention" --dropout 0.1 2>&1 | tee "$out/bench-attention.log" || status=1
   python3 bench/attention_peer.py 2>&1 | tee "$out/bench-attention-peer.log"
   echo "== bench_gpu_train ${bench_args[*]:-all 10} =="
   "$root/bin/bench_gpu_train" "${bench_args[@]:-all}" 2>&1 | tee "$out/bench.log" || status=1

@@ -88,11 +88,17 @@ TESSERA_HD void dropout_words(const DropoutSpec& d, int64_t sample, uint64_t gro
   dropout_philox(w, d.seed_lo, d.seed_hi);
 }
 
+// Word i of w, selected without indexing the array by a run-time value (which would put it in
+// local memory in a CUDA kernel).
+TESSERA_HD uint32_t dropout_pick(const uint32_t (&w)[4], uint32_t i) {
+  return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
+}
+
 // The multiplier of element `element` of global sample `sample`: 0 (dropped) or spec.scale.
 TESSERA_HD float dropout_multiplier(const DropoutSpec& d, int64_t sample, uint64_t element) {
   uint32_t w[4];
   dropout_words(d, sample, element >> 2, w);
-  return w[element & 3] >= d.threshold ? d.scale : 0.f;
+  return dropout_pick(w, static_cast<uint32_t>(element & 3)) >= d.threshold ? d.scale : 0.f;
 }
 
 // The multipliers of elements `element` and `element + 1`: one Philox call when both are in the
@@ -106,9 +112,9 @@ TESSERA_HD void dropout_multiplier2(const DropoutSpec& d, int64_t sample, uint64
   }
   uint32_t w[4];
   dropout_words(d, sample, element >> 2, w);
-  const uint32_t i = static_cast<uint32_t>(element & 3);
-  m0 = w[i] >= d.threshold ? d.scale : 0.f;
-  m1 = w[i + 1] >= d.threshold ? d.scale : 0.f;
+  const bool high = (element & 2) != 0;  // words 2, 3 (else 0, 1)
+  m0 = (high ? w[2] : w[0]) >= d.threshold ? d.scale : 0.f;
+  m1 = (high ? w[3] : w[1]) >= d.threshold ? d.scale : 0.f;
 }
 
 // Attention dropout: the spec, and where this rank's heads sit among all of them.

@@ -25,8 +25,9 @@ struct Result {
   std::vector<float> params;
 };
 Result train(Backend& be, DType d, int iters,
-             const std::function<void(TrainConfig&)>& options = {}) {
-  const GPTConfig m = model();
+             const std::function<void(TrainConfig&)>& options = {}, double dropout = 0) {
+  GPTConfig m = model();
+  m.attention_dropout = m.hidden_dropout = dropout;
   TrainConfig t;
   t.micro_batch_size = 2;
   t.global_batch_size = 4;
@@ -73,6 +74,17 @@ TEST_F(CudaTrain, F32StepsMatchTheCpu) {
     d = std::max(d, (double)std::fabs(c.params[i] - g.params[i]));
   }
   EXPECT_LT(d / m, 1e-4) << "weights after 5 AdamW steps";
+}
+
+// Dropout 0.1 (issue 14): the GPU draws the CPU's masks (hidden sites, and the attention
+// probabilities in the one-thread-per-row kernels in f32 and the tensor-core kernels in bf16).
+TEST_F(CudaTrain, DropoutMatchesTheCpu) {
+  const Result c = train(*cpu_, DType::F32, 5, {}, 0.1), g = train(*gpu_, DType::F32, 5, {}, 0.1);
+  const Result plain = train(*gpu_, DType::F32, 5);
+  EXPECT_LT(worst_rel(c.losses, g.losses), 1e-5) << "f32";
+  EXPECT_GT(worst_rel(plain.losses, g.losses), 1e-4) << "dropout changed nothing";
+  const Result cb = train(*cpu_, DType::BF16, 10, {}, 0.1), gb = train(*gpu_, DType::BF16, 10, {}, 0.1);
+  EXPECT_LT(worst_rel(cb.losses, gb.losses), 1e-2) << "bf16";
 }
 
 TEST_F(CudaTrain, Bf16TracksTheCpuAndF32) {
