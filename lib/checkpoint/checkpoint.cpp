@@ -115,8 +115,7 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
     std::vector<int64_t> layers;
     for (int l : sh.layers()) layers.push_back(l);
     h5_write_attr(f, "layers", layers);
-    h5_write_attr(f, "virtual_pipeline_model_parallel_size",
-                  static_cast<int64_t>(sh.num_chunks()));
+    h5_write_attr(f, "virtual_pipeline_model_parallel_size", static_cast<int64_t>(sh.num_chunks()));
   }
   h5_write_attr(f, "has_optimizer", static_cast<int64_t>(m.has_optimizer));
   h5_write_attr(f, "config", m.config_text);

@@ -56,11 +56,10 @@ void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
         ++done;
         if (progress) {
           char line[256];
-          std::snprintf(line, sizeof line,
-                        "[%d/%d] %s: %zu tensors, %lld parameters (layers %s%s%s)", done, files,
-                        name.c_str(), specs.size(), (long long)elems,
-                        shard.describe_layers().c_str(), shard.has_embedding ? ", embedding" : "",
-                        shard.has_head ? ", head" : "");
+          std::snprintf(
+              line, sizeof line, "[%d/%d] %s: %zu tensors, %lld parameters (layers %s%s%s)", done,
+              files, name.c_str(), specs.size(), (long long)elems, shard.describe_layers().c_str(),
+              shard.has_embedding ? ", embedding" : "", shard.has_head ? ", head" : "");
           progress(line);
         }
       }

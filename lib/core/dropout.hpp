@@ -49,8 +49,9 @@ inline DropoutSpec make_dropout_spec(double p, uint64_t seed, int64_t iteration,
   d.seed_lo = static_cast<uint32_t>(salted);
   d.seed_hi = static_cast<uint32_t>(salted >> 32);
   d.iteration = static_cast<uint32_t>(iteration);
-  d.site = kind == DropoutKind::Embedding ? 0u : 4u * static_cast<uint32_t>(layer + 1) +
-                                                     static_cast<uint32_t>(kind);
+  d.site = kind == DropoutKind::Embedding
+               ? 0u
+               : 4u * static_cast<uint32_t>(layer + 1) + static_cast<uint32_t>(kind);
   d.sample_begin = sample_begin;
   return d;
 }

@@ -186,49 +186,49 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
   TESSERA_CHECK(static_cast<int>(counts.size()) == shard.num_chunks(),
                 "activation slots: one count per model chunk");
   for (int c = 0; c < shard.num_chunks(); ++c)
-  for (int k = 0; k < counts[c]; ++k) {
-    Activations a = shared;
-    a.B = B;
-    a.T = T;
-    a.chunk = c;
-    const LayerRange& chunk = shard.chunks[c];
-    a.ids = Tensor({B, T}, DType::I32, al);
-    a.targets = Tensor({B, T}, DType::I32, al);
-    a.input = res();
-    a.dres = res();
-    for (int l = chunk.begin; l < chunk.end; ++l) {
-      const LayerRecompute& p = plan[static_cast<size_t>(shard.local_index(l))];
-      LayerActivations la;
-      switch (p.kind) {
-        case RecomputeGranularity::None:
-          ln1(la);
-          ln2_gelu(la);
-          core(la);
-          kept(la, true);
-          break;
-        case RecomputeGranularity::Selective:
-          la = sel;
-          kept(la, true);
-          break;
-        case RecomputeGranularity::Full:
-          la = work[static_cast<size_t>(l - p.chunk_begin)];
-          if (p.chunk_last(l)) la.res2 = res();
-          break;
+    for (int k = 0; k < counts[c]; ++k) {
+      Activations a = shared;
+      a.B = B;
+      a.T = T;
+      a.chunk = c;
+      const LayerRange& chunk = shard.chunks[c];
+      a.ids = Tensor({B, T}, DType::I32, al);
+      a.targets = Tensor({B, T}, DType::I32, al);
+      a.input = res();
+      a.dres = res();
+      for (int l = chunk.begin; l < chunk.end; ++l) {
+        const LayerRecompute& p = plan[static_cast<size_t>(shard.local_index(l))];
+        LayerActivations la;
+        switch (p.kind) {
+          case RecomputeGranularity::None:
+            ln1(la);
+            ln2_gelu(la);
+            core(la);
+            kept(la, true);
+            break;
+          case RecomputeGranularity::Selective:
+            la = sel;
+            kept(la, true);
+            break;
+          case RecomputeGranularity::Full:
+            la = work[static_cast<size_t>(l - p.chunk_begin)];
+            if (p.chunk_last(l)) la.res2 = res();
+            break;
+        }
+        a.layers.push_back(std::move(la));
       }
-      a.layers.push_back(std::move(la));
+      if (shard.has_head && c == shard.num_chunks() - 1) {
+        a.lnf = f({N, C});
+        a.lnf_mean = f32({Nl});
+        a.lnf_rstd = f32({Nl});
+        a.logits = f({N, vl});
+        a.losses = f32({N});
+        a.rowmax = f32({N});
+        a.sumexp = f32({N});
+        a.target_logit = f32({N});
+      }
+      slots.push_back(std::move(a));
     }
-    if (shard.has_head && c == shard.num_chunks() - 1) {
-      a.lnf = f({N, C});
-      a.lnf_mean = f32({Nl});
-      a.lnf_rstd = f32({Nl});
-      a.logits = f({N, vl});
-      a.losses = f32({N});
-      a.rowmax = f32({N});
-      a.sumexp = f32({N});
-      a.target_logit = f32({N});
-    }
-    slots.push_back(std::move(a));
-  }
   return slots;
 }
 
@@ -296,9 +296,10 @@ LayerActivations& GPTModel::acts_of(int layer, Activations& a) const {
 }
 
 namespace {
-// Testing (the layout-equivalence test's mutation check): TESSERA_FAULT_DROPOUT_KEY=ignore-tp-offset
-// keys dropout masks by rank-local instead of global positions (heads and sequence-parallel rows
-// counted from 0 on every tensor-parallel rank); the layouts must then disagree.
+// Testing (the layout-equivalence test's mutation check):
+// TESSERA_FAULT_DROPOUT_KEY=ignore-tp-offset keys dropout masks by rank-local instead of global
+// positions (heads and sequence-parallel rows counted from 0 on every tensor-parallel rank); the
+// layouts must then disagree.
 bool fault_ignore_tp_offset() {
   static const bool on = [] {
     const char* v = std::getenv("TESSERA_FAULT_DROPOUT_KEY");
@@ -367,8 +368,7 @@ void GPTModel::gather_rows(PhaseSequence& phase, Tensor& full) {
   tp_.all_gather_async(full)->wait_device();
 }
 
-const Tensor& GPTModel::branch_grad(PhaseSequence& phase, Activations& a,
-                                    const DropoutSpec& site) {
+const Tensor& GPTModel::branch_grad(PhaseSequence& phase, Activations& a, const DropoutSpec& site) {
   if (!sp_ && !site.active()) return a.dres;
   Tensor out = own_rows(a.tmp_c, a);  // a view: writes land in tmp_c
   if (site.active()) {
@@ -500,7 +500,8 @@ double GPTModel::head_forward(Activations& a, float grad_scale) {
 void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out) {
   if (before_forward) before_forward(kHeadPiece);
   NVTX_RANGE("head-forward-loss");
-  TESSERA_CHECK(ends_in_head(a), "head_forward on a stage (or model chunk) without the output layer");
+  TESSERA_CHECK(ends_in_head(a),
+                "head_forward on a stage (or model chunk) without the output layer");
   const Tensor& h = stage_output(a);
   PhaseSequence phase;
   phase("layernorm-forward");
@@ -564,8 +565,7 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
     PhaseSequence phase;
     phase("layernorm-forward");
     Tensor ln1 = own_rows(la.ln1, a), ln2 = own_rows(la.ln2, a);
-    be_.layernorm_forward(ln1, la.ln1_mean, la.ln1_rstd, layer_input(l, a), w.ln1_w, w.ln1_b,
-                          eps);
+    be_.layernorm_forward(ln1, la.ln1_mean, la.ln1_rstd, layer_input(l, a), w.ln1_w, w.ln1_b, eps);
     be_.layernorm_forward(ln2, la.ln2_mean, la.ln2_rstd, la.res1, w.ln2_w, w.ln2_b, eps);
     gather_rows(phase, la.ln1);  // the gathers of the forward again (sequence parallelism)
     gather_rows(phase, la.ln2);
@@ -597,8 +597,7 @@ void GPTModel::block_backward(int l, Activations& a) {
   be_.matmul_backward(&a.dln, g.fc1_w, &g.fc1_b, a.dfc, la.ln2, w.fc1_w);
   Tensor dln = reduce_rows(phase, a.dln, a);  // column-parallel input gradient
   phase("layernorm-backward");
-  be_.layernorm_backward(a.dres, g.ln2_w, g.ln2_b, dln, la.res1, w.ln2_w, la.ln2_mean,
-                         la.ln2_rstd);
+  be_.layernorm_backward(a.dres, g.ln2_w, g.ln2_b, dln, la.res1, w.ln2_w, la.ln2_mean, la.ln2_rstd);
   // Attention: res1 = x + drop(proj(attn(qkv(ln1(x))))); dres becomes d x.
   const Tensor& dattn = branch_grad(phase, a, hidden_dropout(l, DropoutKind::AttnOut, a));
   phase("proj-gemm-backward");

@@ -112,7 +112,8 @@ class GPTModel {
   // kept activations, all sharing one scratch and recompute working set. With several model
   // chunks, counts[c] slots of chunk c (in chunk order), all sharing the scratch.
   std::vector<Activations> make_activation_slots(int B, int T, int count) const;
-  std::vector<Activations> make_activation_slots(int B, int T, const std::vector<int>& counts) const;
+  std::vector<Activations> make_activation_slots(int B, int T,
+                                                 const std::vector<int>& counts) const;
   Activations make_activations(int B, int T) const { return make_activation_slots(B, T, 1)[0]; }
 
   // Whether a's chunk begins with the embedding / ends with the head (first / last virtual stage).
@@ -154,9 +155,7 @@ class GPTModel {
   // kHeadPiece or kEmbedPiece (the tied embedding: both on the stage that has both).
   std::vector<std::vector<int>> pieces_of_params() const;
 
-  const LayerWeights& layer_weights(int layer) const {
-    return weights_[shard_.local_index(layer)];
-  }
+  const LayerWeights& layer_weights(int layer) const { return weights_[shard_.local_index(layer)]; }
   int64_t vocab_begin() const { return vocab_begin_; }
   int64_t vocab_local() const { return vocab_local_; }
   int64_t heads_local() const { return heads_local_; }

@@ -82,12 +82,12 @@ std::string ModelShard::describe_layers() const {
   return out.empty() ? "none" : out;
 }
 
-ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size,
-                           int pp_rank, int virtual_stages) {
-  TESSERA_CHECK(pp_size >= 1 && virtual_stages >= 1 &&
-                    cfg.num_layers % (pp_size * virtual_stages) == 0,
-                "--num-layers=", cfg.num_layers, " is not divisible by the pipeline size ",
-                pp_size, " x virtual stages ", virtual_stages);
+ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size, int pp_rank,
+                           int virtual_stages) {
+  TESSERA_CHECK(
+      pp_size >= 1 && virtual_stages >= 1 && cfg.num_layers % (pp_size * virtual_stages) == 0,
+      "--num-layers=", cfg.num_layers, " is not divisible by the pipeline size ", pp_size,
+      " x virtual stages ", virtual_stages);
   ModelShard s;
   s.tp_size = tp_size;
   s.tp_rank = tp_rank;

@@ -46,7 +46,7 @@ struct ModelShard {
   // virtual stage c * PP + p.
   std::vector<LayerRange> chunks{LayerRange{}};
   bool has_embedding = true;  // chunk 0 is the first (virtual) stage: wte and wpe
-  bool has_head = true;       // the last chunk is the last stage: final LayerNorm and the (tied) head
+  bool has_head = true;  // the last chunk is the last stage: final LayerNorm and the (tied) head
   // Sequence parallelism (Megatron's, TP > 1): the LayerNorm, dropout and residual regions hold
   // this rank's 1/TP of the micro-batch's tokens; it changes activations, never parameters.
   bool sequence_parallel = false;
@@ -67,8 +67,8 @@ struct ModelShard {
 // embedding on the first stage, the final LayerNorm and tied head on the last. With
 // `virtual_stages` V > 1 (the interleaved schedule) the layers are split into PP x V chunks and
 // pipeline rank p holds chunks p, p + PP, p + 2 PP, ...
-ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size,
-                           int pp_rank, int virtual_stages = 1);
+ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size, int pp_rank,
+                           int virtual_stages = 1);
 
 // The specs of this shard's parameters, in flat-buffer order.
 std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard& shard);

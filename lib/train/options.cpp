@@ -122,9 +122,8 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
       "init-method-std", po::value(&m.init_method_std)->default_value(0.02),
       "std of the normal init (residual projections use std/sqrt(2*layers))")(
       "layernorm-epsilon", po::value(&m.layernorm_epsilon)->default_value(1e-5),
-      "LayerNorm epsilon")(
-      "attention-dropout", po::value(&m.attention_dropout)->default_value(0),
-      "dropout on the attention probabilities in training (GPT-2: 0.1)")(
+      "LayerNorm epsilon")("attention-dropout", po::value(&m.attention_dropout)->default_value(0),
+                           "dropout on the attention probabilities in training (GPT-2: 0.1)")(
       "hidden-dropout", po::value(&m.hidden_dropout)->default_value(0),
       "dropout on the embedding output and on each attention and MLP output before the residual "
       "add, in training (GPT-2: 0.1)");
@@ -309,10 +308,10 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           o.pp * layers_per_virtual_stage));
     const int v = m.num_layers / (o.pp * layers_per_virtual_stage);
     if (virtual_size > 0 && virtual_size != v)
-      throw ConfigError(detail::concat(
-          "--virtual-pipeline-model-parallel-size=", virtual_size,
-          " and --num-layers-per-virtual-pipeline-stage=", layers_per_virtual_stage,
-          " disagree (the latter means ", v, " chunks per rank); give one"));
+      throw ConfigError(
+          detail::concat("--virtual-pipeline-model-parallel-size=", virtual_size,
+                         " and --num-layers-per-virtual-pipeline-stage=", layers_per_virtual_stage,
+                         " disagree (the latter means ", v, " chunks per rank); give one"));
     t.virtual_pipeline_size = v;
     t.virtual_option = "--num-layers-per-virtual-pipeline-stage";
   } else if (virtual_size > 0) {
@@ -421,14 +420,14 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   ctx.tp_size = layout.tp;
   ctx.pp_size = layout.pp;
   ctx.pp_rank = stage;
-  const ModelShard shard =
-      make_model_shard(cfg, ctx, t.sequence_parallel, t.virtual_pipeline_size);
+  const ModelShard shard = make_model_shard(cfg, ctx, t.sequence_parallel, t.virtual_pipeline_size);
   MemoryEstimate e;
   for (const auto& s : build_param_specs(cfg, shard)) e.parameters += s.numel();
   const int V = t.virtual_pipeline_size;
   const int micro = t.num_micro_batches(layout.dp);
   std::vector<int> chunk_slots{pipeline_slots(layout.pp, stage, micro)};
-  if (V > 1) chunk_slots = pipeline_chunk_slots(schedule_interleaved(layout.pp, stage, micro, V), V);
+  if (V > 1)
+    chunk_slots = pipeline_chunk_slots(schedule_interleaved(layout.pp, stage, micro, V), V);
   e.slots = 0;
   for (int n : chunk_slots) e.slots += n;
   // f32 master weights, plus their bf16/f16 copy in mixed precision; with the distributed
@@ -440,8 +439,8 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   e.optimizer_bytes = 8.0 / dp * e.parameters;
   const ActivationFootprint fp = activation_footprint(cfg, shard, t.recompute, t.micro_batch_size,
                                                       cfg.seq_length, t.compute_dtype);
-  e.activation_bytes = activation_bytes(cfg, shard, t.recompute, t.micro_batch_size,
-                                       cfg.seq_length, t.compute_dtype, chunk_slots);
+  e.activation_bytes = activation_bytes(cfg, shard, t.recompute, t.micro_batch_size, cfg.seq_length,
+                                        t.compute_dtype, chunk_slots);
   e.activation_shared_bytes = fp.shared;
   e.stage_layers = shard.num_layers();
   if (e.stage_layers > 0) {  // what the layers add to a micro-batch, over the stage's layers
@@ -466,9 +465,8 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
       };
       const double off = layer_bytes(false), on = layer_bytes(true);
       e.sp_region_layer_bytes_without = (off - on) * layout.tp / (layout.tp - 1);
-      e.sp_region_layer_bytes =
-          t.sequence_parallel ? e.sp_region_layer_bytes_without / layout.tp
-                              : e.sp_region_layer_bytes_without;
+      e.sp_region_layer_bytes = t.sequence_parallel ? e.sp_region_layer_bytes_without / layout.tp
+                                                    : e.sp_region_layer_bytes_without;
     }
   }
   return e;
@@ -505,8 +503,8 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
     ctx.tp_size = layout.tp;
     ctx.pp_size = layout.pp;
     ctx.pp_rank = stage;
-    const ModelShard shard = make_model_shard(o.model, ctx, o.train.sequence_parallel,
-                                              o.train.virtual_pipeline_size);
+    const ModelShard shard =
+        make_model_shard(o.model, ctx, o.train.sequence_parallel, o.train.virtual_pipeline_size);
     const MemoryEstimate e = estimate_rank_memory(o.model, o.train, layout, stage);
     const int64_t local = e.parameters;
     const int slots = e.slots;
@@ -516,10 +514,9 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
                   "stage %d (layers %s%s%s): parameters per rank %lld | memory per rank (GiB): "
                   "parameters %.3f, gradients %.3f, optimizer state %.3f, activations %.3f "
                   "(%d micro-batch%s in flight%s), total %.3f\n",
-                  stage, shard.describe_layers().c_str(),
-                  shard.has_embedding ? ", embedding" : "", shard.has_head ? ", head" : "",
-                  (long long)local, gib(p), gib(g), gib(adam), gib(act), slots,
-                  slots == 1 ? "" : "es",
+                  stage, shard.describe_layers().c_str(), shard.has_embedding ? ", embedding" : "",
+                  shard.has_head ? ", head" : "", (long long)local, gib(p), gib(g), gib(adam),
+                  gib(act), slots, slots == 1 ? "" : "es",
                   shard.num_chunks() > 1 ? " over its model chunks" : "", gib(p + g + adam + act));
     os << buf;
     std::snprintf(buf, sizeof buf,

@@ -31,8 +31,7 @@ std::vector<PipeStep> schedule_interleaved(int pp_size, int pp_rank, int num_mic
     s.micro = (k / (P * V)) * P + k % P;
     return s;
   };
-  const int warmup =
-      num_micro == P ? total : std::min(total, (P - pp_rank - 1) * 2 + (V - 1) * P);
+  const int warmup = num_micro == P ? total : std::min(total, (P - pp_rank - 1) * 2 + (V - 1) * P);
   std::vector<PipeStep> s;
   int f = 0, b = 0;
   for (; f < warmup; ++f) s.push_back(step(f, true));

@@ -45,7 +45,8 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
   const int V = t.virtual_pipeline_size;
   if (V > 1) {
     if (pp == 1)
-      throw ConfigError(concat(t.virtual_option, " needs --pipeline-model-parallel-size > 1 (the "
+      throw ConfigError(concat(t.virtual_option,
+                               " needs --pipeline-model-parallel-size > 1 (the "
                                "interleaved schedule spreads model chunks over pipeline stages)"));
     if (cfg.num_layers % (pp * V) != 0)
       throw ConfigError(concat("--num-layers=", cfg.num_layers,
@@ -54,11 +55,13 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
                                ")"));
     const int micro = t.num_micro_batches(dp);
     if (micro % pp != 0)
-      throw ConfigError(concat(
-          "the interleaved schedule (", t.virtual_option, ") needs the number of micro-batches ",
-          "per step, ", micro, " (global batch ", t.global_batch(dp), " / (micro-batch ",
-          t.micro_batch_size, " x DP ", dp, ")), to be a multiple of "
-          "--pipeline-model-parallel-size=", pp));
+      throw ConfigError(concat("the interleaved schedule (", t.virtual_option,
+                               ") needs the number of micro-batches ", "per step, ", micro,
+                               " (global batch ", t.global_batch(dp), " / (micro-batch ",
+                               t.micro_batch_size, " x DP ", dp,
+                               ")), to be a multiple of "
+                               "--pipeline-model-parallel-size=",
+                               pp));
   }
   t.recompute.validate(cfg.num_layers / (pp * V));
   if (t.sequence_parallel && tp == 1)
@@ -102,11 +105,10 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   layout.shards = dist ? ctx_.dp_size : 1;
   layout.embedding_alone = dist;
   layout.master = !(dist && cfg_.compute_dtype != DType::F32);  // else the optimizer's blocks
-  model_ = std::make_unique<GPTModel>(model_cfg_,
-                                      make_model_shard(model_cfg_, ctx_, cfg_.sequence_parallel,
-                                                       cfg_.virtual_pipeline_size),
-                                      be_, *ctx_.tp,
-                                      cfg_.compute_dtype, cfg_.recompute, layout);
+  model_ = std::make_unique<GPTModel>(
+      model_cfg_,
+      make_model_shard(model_cfg_, ctx_, cfg_.sequence_parallel, cfg_.virtual_pipeline_size), be_,
+      *ctx_.tp, cfg_.compute_dtype, cfg_.recompute, layout);
   scaler_ = cfg_.compute_dtype != DType::F16 ? LossScaler::constant(1.0)
             : cfg_.loss_scale > 0
                 ? LossScaler::constant(cfg_.loss_scale)
@@ -143,14 +145,16 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   const int V = cfg_.virtual_pipeline_size;
   if (V > 1 && be_.device() != Device::CPU)
     throw ConfigError(detail::concat(
-        cfg_.virtual_option, ": the interleaved schedule runs on the CPU backend's MPI pipeline "
+        cfg_.virtual_option,
+        ": the interleaved schedule runs on the CPU backend's MPI pipeline "
         "communicator in this version; NCCL serializes a rank's sends and receives on one stream, "
         "and the schedule's wrap-around from the last stage to the first needs per-direction "
         "communicators first. Train on --device cuda without virtual stages"));
   schedule_steps_ = schedule_interleaved(ctx_.pp_size, ctx_.pp_rank, micro, V);
   chunk_slots_ = V > 1 ? pipeline_chunk_slots(schedule_steps_, V)
                        : std::vector<int>{pipeline_slots(ctx_.pp_size, ctx_.pp_rank, micro)};
-  slots_ = model_->make_activation_slots(cfg_.micro_batch_size, model_cfg_.seq_length, chunk_slots_);
+  slots_ =
+      model_->make_activation_slots(cfg_.micro_batch_size, model_cfg_.seq_length, chunk_slots_);
   for (int c = 0, offset = 0; c < V; offset += chunk_slots_[c++]) slot_offset_.push_back(offset);
   sends_.resize(slots_.size());
   if (ctx_.last_stage()) {

@@ -135,7 +135,7 @@ class Trainer {
   std::vector<std::unique_ptr<PendingOp>> sends_;  // per slot: the last send from its buffers
   std::vector<PipeStep> schedule_steps_;
   bool last_backward_ = false;  // the backward running is the step's last micro-batch's
-  DropoutContext dropout_;  // of the pass run_micro_batches runs (training: the step's)
+  DropoutContext dropout_;      // of the pass run_micro_batches runs (training: the step's)
   std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
   std::vector<int32_t> host_ids_, host_targets_;  // one micro-batch, staged for the backend
   std::vector<Tensor> norm_grads_;

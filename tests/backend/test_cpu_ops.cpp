@@ -21,11 +21,11 @@
 
 namespace cpu = tessera::cpu;
 using tessera::AttentionDropout;
+using tessera::dropout_multiplier;
+using tessera::dropout_multiplier2;
 using tessera::DropoutKind;
 using tessera::DropoutSpec;
 using tessera::make_dropout_spec;
-using tessera::dropout_multiplier;
-using tessera::dropout_multiplier2;
 
 namespace {
 

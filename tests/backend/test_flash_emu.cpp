@@ -118,8 +118,8 @@ void run_case(Shape s, double tol, double drop_p = 0) {
         rowdot[(int64_t(b) * s.H + h) * s.Tn + t] = acc;
       }
   std::vector<T> dqkv = nan_filled<T>(n_qkv);
-  const FlashBwdArgs a{dqkv.data(), dout.data(),          qkv.data(), lse.data(),
-                       rowdot.data(), s.Tn, s.H, drop};
+  const FlashBwdArgs a{dqkv.data(),   dout.data(), qkv.data(), lse.data(),
+                       rowdot.data(), s.Tn,        s.H,        drop};
   {
     using Cfg = BwdKvCfg<D>;
     emu::launch((s.Tn + Cfg::Bk - 1) / Cfg::Bk, s.B * s.H, Cfg::W * 32, Cfg::smem_bytes(),

@@ -180,7 +180,8 @@ TEST(GPT, DropoutGradientMatchesDirectionalDifference) {
   norm = std::sqrt(norm);
   ASSERT_GT(norm, 1e-2);
   auto loss_at = [&](double e) {
-    for (size_t i = 0; i < w0.size(); ++i) w.f32()[i] = w0[i] + static_cast<float>(e * g0[i] / norm);
+    for (size_t i = 0; i < w0.size(); ++i)
+      w.f32()[i] = w0[i] + static_cast<float>(e * g0[i] / norm);
     return model.forward(a, 1.0f / N) / N;
   };
   const double eps = 1e-3, fd = (loss_at(eps) - loss_at(-eps)) / (2 * eps);

@@ -101,8 +101,8 @@ TEST(Recompute, LossesAndGradientsAreBitwiseTheStoredRuns) {
   GPTConfig with_dropout = config(3);
   with_dropout.attention_dropout = with_dropout.hidden_dropout = 0.1;
   const Result no_drop = two_in_flight(with_dropout, DType::F32, RecomputeConfig{}, false);
-  for (auto [dt, dropout] : {std::pair{DType::F32, false}, std::pair{DType::BF16, false},
-                             std::pair{DType::F32, true}}) {
+  for (auto [dt, dropout] :
+       {std::pair{DType::F32, false}, std::pair{DType::BF16, false}, std::pair{DType::F32, true}}) {
     const GPTConfig cfg = dropout ? with_dropout : config(3);
     const Result ref = two_in_flight(cfg, dt, RecomputeConfig{}, dropout);
     if (dropout) ASSERT_NE(ref.loss_a, no_drop.loss_a);  // the masks are on

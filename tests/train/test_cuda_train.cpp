@@ -24,8 +24,8 @@ struct Result {
   std::vector<double> losses;
   std::vector<float> params;
 };
-Result train(Backend& be, DType d, int iters,
-             const std::function<void(TrainConfig&)>& options = {}, double dropout = 0) {
+Result train(Backend& be, DType d, int iters, const std::function<void(TrainConfig&)>& options = {},
+             double dropout = 0) {
   GPTConfig m = model();
   m.attention_dropout = m.hidden_dropout = dropout;
   TrainConfig t;
@@ -83,7 +83,8 @@ TEST_F(CudaTrain, DropoutMatchesTheCpu) {
   const Result plain = train(*gpu_, DType::F32, 5);
   EXPECT_LT(worst_rel(c.losses, g.losses), 1e-5) << "f32";
   EXPECT_GT(worst_rel(plain.losses, g.losses), 1e-4) << "dropout changed nothing";
-  const Result cb = train(*cpu_, DType::BF16, 10, {}, 0.1), gb = train(*gpu_, DType::BF16, 10, {}, 0.1);
+  const Result cb = train(*cpu_, DType::BF16, 10, {}, 0.1),
+               gb = train(*gpu_, DType::BF16, 10, {}, 0.1);
   EXPECT_LT(worst_rel(cb.losses, gb.losses), 1e-2) << "bf16";
 }
 

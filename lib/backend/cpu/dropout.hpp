@@ -17,8 +17,8 @@ void dropout(T* out, const T* in, const DropoutSpec& d, int64_t rows, int64_t C,
     const int64_t g = row_begin + r, sample = d.sample_begin + g / seq_len, t = g % seq_len;
     const uint64_t e0 = static_cast<uint64_t>(t) * static_cast<uint64_t>(C);
     for (int64_t c = 0; c < C; ++c)
-      out[r * C + c] =
-          in[r * C + c] * static_cast<T>(dropout_multiplier(d, sample, e0 + static_cast<uint64_t>(c)));
+      out[r * C + c] = in[r * C + c] *
+                       static_cast<T>(dropout_multiplier(d, sample, e0 + static_cast<uint64_t>(c)));
   }
 }
 

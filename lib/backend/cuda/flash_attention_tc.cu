@@ -123,7 +123,7 @@ void backward(void* dqkv, const void* dout, const void* qkv, const void* out, co
       rowdot, static_cast<const T*>(dout), static_cast<const T*>(out), rows, static_cast<int>(Tn),
       static_cast<int>(H));
   CUDA_CHECK(cudaGetLastError());
-  const FlashBwdArgs a{dqkv,   dout, qkv, lse, rowdot, static_cast<int>(Tn), static_cast<int>(H),
+  const FlashBwdArgs a{dqkv, dout, qkv, lse, rowdot, static_cast<int>(Tn), static_cast<int>(H),
                        drop};
   const dim3 kv_grid(static_cast<unsigned>((Tn + BwdKvCfg<D>::Bk - 1) / BwdKvCfg<D>::Bk),
                      static_cast<unsigned>(B * H));

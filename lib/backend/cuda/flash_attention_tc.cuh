@@ -410,7 +410,8 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
           const int qi = n * 8 + 2 * t + (e & 1), q = q0 + qi, key = kw0 + g + (e >> 1) * 8;
           const bool keep = !masked || (key <= q && q < Tn);
           const float pr = keep ? ex2(st[n][e] * sl2 - Ls[buf * Bq + qi]) : 0.f;
-          const float mul = p.drop.spec.active() && keep ? p.drop.multiplier(b, h, q, key, Tn) : 1.f;
+          const float mul =
+              p.drop.spec.active() && keep ? p.drop.multiplier(b, h, q, key, Tn) : 1.f;
           st[n][e] = pr * mul;
           dpt[n][e] = keep ? pr * (dpt[n][e] * mul - Ds[buf * Bq + qi]) : 0.f;
         }
@@ -498,8 +499,7 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + n * 8 + 2 * t + (e & 1), row = row0 + g + (e >> 1) * 8;
           const bool keep = !masked || key <= row;
-          dp[n][e] =
-              keep ? ex2(s[n][e] * sl2 - L[e >> 1]) * (dp[n][e] * mul[e] - Dr[e >> 1]) : 0.f;
+          dp[n][e] = keep ? ex2(s[n][e] * sl2 - L[e >> 1]) * (dp[n][e] * mul[e] - Dr[e >> 1]) : 0.f;
         }
       }
       acc_times_tile<T, D, Bc>(dq, dp, Kb, lane);
