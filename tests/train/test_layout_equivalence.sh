@@ -31,6 +31,11 @@ run() {  # run NAME NP TP PP MBS [more options]
   fi
 }
 losses() { sed 's/.*"lm_loss": \([^,]*\),.*/\1/' "$1"; }
+compare() {  # compare BASE NAME: the worst relative loss difference over 20 iterations
+  paste <(losses "$work/$1.jsonl") <(losses "$work/$2.jsonl") | awk '
+    { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
+    END { if (n != 20) print "missing"; else printf "%.3g", w }'
+}
 fail=0
 run base 1 1 1 2 || exit 1
 [ "$(wc -l < "$work/base.jsonl")" -eq 20 ] || { echo "FAIL: base run logged $(wc -l < "$work/base.jsonl") iterations"; exit 1; }
@@ -38,9 +43,7 @@ for layout in "mbs1 1 1 1 1" "tp2 2 2 1 2" "pp2 2 1 2 2" "dp2 2 1 1 2" "tp2pp2 4
               "tp2pp2dp2 8 2 2 2" "tp2pp2dp2-mbs1 8 2 2 1" "tp4 4 4 1 2" "pp4 4 1 4 1"; do
   set -- $layout
   run "$@" || { fail=1; continue; }
-  worst=$(paste <(losses "$work/base.jsonl") <(losses "$work/$1.jsonl") | awk '
-    { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
-    END { if (n != 20) print "missing"; else printf "%.3g", w }')
+  worst=$(compare base "$1")
   if [ "$worst" = "missing" ] || awk -v w="$worst" 'BEGIN { exit !(w > 1e-5) }'; then
     echo "FAIL: $1 (np $2 TP $3 PP $4 mbs $5): worst relative loss difference $worst"
     paste <(losses "$work/base.jsonl") <(losses "$work/$1.jsonl") | head -5
@@ -56,9 +59,7 @@ run base-bf16 1 1 1 2 --bf16 || fail=1
 for layout in "tp2pp2-bf16 4 2 2 2" "tp2dp2-bf16 4 2 1 2"; do
   set -- $layout
   run "$@" --bf16 || { fail=1; continue; }
-  worst=$(paste <(losses "$work/base-bf16.jsonl") <(losses "$work/$1.jsonl") | awk '
-    { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
-    END { if (n != 20) print "missing"; else printf "%.3g", w }')
+  worst=$(compare base-bf16 "$1")
   if [ "$worst" = "missing" ] || awk -v w="$worst" 'BEGIN { exit !(w > 1e-3) }'; then
     echo "FAIL: $1 (np $2 TP $3 PP $4, bf16): worst relative loss difference $worst"
     fail=1
@@ -70,11 +71,6 @@ done
 # states): masks keyed by global coordinates, so sequence parallelism, virtual pipeline stages,
 # tensor, pipeline and data parallelism and the micro-batch size all draw the same masks and the
 # trajectory is the single-rank one to 1e-5.
-compare() {  # compare BASE NAME DESCRIPTION: worst relative difference over 20 iterations
-  paste <(losses "$work/$1.jsonl") <(losses "$work/$2.jsonl") | awk '
-    { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
-    END { if (n != 20) print "missing"; else printf "%.3g", w }'
-}
 drop=(--attention-dropout 0.1 --hidden-dropout 0.1)
 run base-drop 1 1 1 2 "${drop[@]}" || fail=1
 if [ "$(compare base base-drop)" = "0" ]; then echo "FAIL: dropout 0.1 changed no loss"; fail=1; fi
