@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
     const int threads = opts.threads > 0 ? opts.threads : default_threads(grid.node_comm());
     set_num_threads(threads);
     const std::string table = grid.layout_table();
-    auto backend = make_rank_backend(grid, opts.device);
+    auto backend = make_rank_backend(grid, opts.device, opts.train.virtual_pipeline_size > 1);
     ParallelContext ctx = grid.context();
     TLOG(info) << table << "tessera-train: " << opts.model.num_layers << " layers, hidden "
                << opts.model.hidden_size << ", " << opts.model.num_attention_heads << " heads, seq "

@@ -144,18 +144,32 @@ int main(int argc, char** argv) {
   t.virtual_pipeline_size = virtual_stages;
   try {
     ProcessGrid grid(tp, pp);
+    if (virtual_stages > 1) grid.use_pipeline_ring();  // as tessera-train does
     ParallelContext ctx = grid.context();
     set_num_threads(default_threads(grid.node_comm()));
     CountingCommunicator ctp(*ctx.tp), cpp(*ctx.pp), cdp(*ctx.dp), cemb(*ctx.embedding);
     ctx.tp = &ctp;
+    if (ctx.pp_grad == ctx.pp) ctx.pp_grad = &cpp;  // MPI: one communicator carries both ways
     ctx.pp = &cpp;
     ctx.dp = &cdp;
     ctx.embedding = &cemb;
+    // The ring's wrap-around (virtual stages) counts as pipeline traffic.
+    std::unique_ptr<CountingCommunicator> cwrap, cwrap_grad;
+    if (ctx.pp_wrap) {
+      cwrap = std::make_unique<CountingCommunicator>(*ctx.pp_wrap);
+      cwrap_grad = std::make_unique<CountingCommunicator>(*ctx.pp_wrap_grad);
+      ctx.pp_wrap = cwrap.get();
+      ctx.pp_wrap_grad = cwrap_grad.get();
+    }
+    auto pp_bytes = [&] {
+      return cpp.bytes + (cwrap ? cwrap->bytes + cwrap_grad->bytes : 0.0);
+    };
     auto be = make_cpu_backend();
     auto data = make_mock_dataset(m.vocab_size, m.seq_length, 1);
     Trainer tr(m, t, *be, *data, ctx);
     tr.train_step();  // warm-up
     ctp.bytes = cpp.bytes = cdp.bytes = cemb.bytes = 0;
+    if (cwrap) cwrap->bytes = cwrap_grad->bytes = 0;
     ctp.seconds = cpp.seconds = cdp.seconds = cemb.seconds = 0;
     // Megatron's bubble: the schedule's wall time over all pipeline ranks (from a common start:
     // a barrier before each step) minus the ideal time (a rank's forwards and backwards without
@@ -178,7 +192,7 @@ int main(int argc, char** argv) {
     const double ratio = ratios[ratios.size() / 2];
     // Per-rank figures, averaged over steps; then the max over ranks (the slowest sets the pace).
     double mine[8] = {step / steps,        ctp.bytes / steps,
-                      cpp.bytes / steps,   (cdp.bytes + cemb.bytes) / steps,
+                      pp_bytes() / steps,  (cdp.bytes + cemb.bytes) / steps,
                       ctp.seconds / steps, (cdp.seconds + cemb.seconds) / steps,
                       bubble / step,       ratio};
     double most[8], sum[8];

@@ -67,6 +67,11 @@ struct ParallelContext {
   Communicator* dp = nullptr;
   Communicator* model_parallel = nullptr;  // TP x PP of this DP replica
   Communicator* embedding = nullptr;       // first and last stage of this (tp, dp)
+  // Virtual pipeline stages (ProcessGrid::use_pipeline_ring), on the first and last stage: the
+  // wrap-around's activations (last -> first) and gradients (first -> last); the first stage is
+  // rank 0 in both. Null without: the pipeline communicators carry them.
+  Communicator* pp_wrap = nullptr;
+  Communicator* pp_wrap_grad = nullptr;
   Communicator* pp_backward() const { return pp_grad ? pp_grad : pp; }
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1; }

@@ -140,6 +140,22 @@ ProcessGrid::ProcessGrid(int tp, int pp) {
     emb_comm_ = std::make_unique<LocalCommunicator>();
 }
 
+void ProcessGrid::use_pipeline_ring() {
+  TESSERA_CHECK(!nccl_, "use_pipeline_ring must come before use_nccl");
+  if (ring_ || layout_.pp == 1) return;
+  // Two more splits of the embedding group's members (every rank takes part; the others get
+  // MPI_COMM_NULL): key pp, so the first stage is rank 0 and the last rank 1.
+  const GridCoords& c = coords_;
+  const int color = in_embedding_ ? c.dp * layout_.tp + c.tp : MPI_UNDEFINED;
+  wrap_ = split(color, c.pp);
+  wrap_grad_ = split(color, c.pp);
+  if (in_embedding_) {
+    wrap_comm_ = std::make_unique<MpiCommunicator>(wrap_.get());
+    wrap_grad_comm_ = std::make_unique<MpiCommunicator>(wrap_grad_.get());
+  }
+  ring_ = true;
+}
+
 void ProcessGrid::use_nccl(void* compute_stream) {
 #ifdef TESSERA_HAVE_CUDA
   TESSERA_CHECK(!nccl_, "use_nccl called twice");
@@ -154,6 +170,10 @@ void ProcessGrid::use_nccl(void* compute_stream) {
   dp_comm_ = make(dp_.get(), layout_.dp);
   // Every rank takes part in the split above; only the embedding group's members create it.
   if (in_embedding_ && layout_.pp > 1) emb_comm_ = make(emb_.get(), 2);
+  if (ring_ && in_embedding_) {  // then the ring's wrap-around, activations first
+    wrap_comm_ = make(wrap_.get(), 2);
+    wrap_grad_comm_ = make(wrap_grad_.get(), 2);
+  }
   nccl_ = true;
 #else
   (void)compute_stream;
@@ -177,6 +197,8 @@ ParallelContext ProcessGrid::context() {
   c.dp = dp_comm_.get();
   c.model_parallel = mp_comm_.get();
   c.embedding = emb_comm_.get();
+  c.pp_wrap = wrap_comm_.get();
+  c.pp_wrap_grad = wrap_grad_comm_.get();
   return c;
 }
 

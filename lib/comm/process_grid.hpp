@@ -52,6 +52,12 @@ class ProcessGrid {
   // get one NCCL communicator each, so the two directions never wait on each other.
   void use_nccl(void* compute_stream);
   bool uses_nccl() const { return nccl_; }
+  // Collective; before use_nccl. Virtual pipeline stages make the pipeline a ring: the last stage
+  // sends activations to the first, the first gradients to the last. Each direction of that
+  // wrap-around gets a communicator of its own over (first, last) stage (MPI, or NCCL once
+  // use_nccl runs), so that on NCCL, which runs a communicator's operations in order on one
+  // stream, no wrap-around transfer waits behind the chain's others (a cycle, with a ring).
+  void use_pipeline_ring();
 
   ParallelContext context();
 
@@ -66,7 +72,11 @@ class ProcessGrid {
   MpiComm tp_, pp_, dp_, mp_, emb_, node_;
   std::unique_ptr<Communicator> world_comm_, tp_comm_, pp_comm_, dp_comm_, mp_comm_, emb_comm_;
   std::unique_ptr<Communicator> pp_grad_comm_;  // set by use_nccl; else pp_comm_ carries both
-  bool in_embedding_ = false, nccl_ = false;
+  // use_pipeline_ring, on the first and last stage: activations last -> first, gradients first ->
+  // last (MpiComm handles of their own, so MPI matching never mixes them with the embedding's).
+  MpiComm wrap_, wrap_grad_;
+  std::unique_ptr<Communicator> wrap_comm_, wrap_grad_comm_;
+  bool in_embedding_ = false, nccl_ = false, ring_ = false;
 };
 
 }  // namespace tessera

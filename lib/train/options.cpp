@@ -325,7 +325,8 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   return true;
 }
 
-std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string& device) {
+std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string& device,
+                                           bool pipeline_ring) {
   // Megatron's setting: one hardware queue, so kernels of the compute and NCCL streams start in
   // the order the host issued them on every rank (no cross-stream reordering between ranks).
   if (device == "cuda") setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", /*overwrite=*/0);
@@ -344,6 +345,7 @@ std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string&
   } catch (const ConfigError& e) {
     abort_job(e.what(), 2);
   }
+  if (pipeline_ring) grid.use_pipeline_ring();
   if (be->device() == Device::CUDA) grid.use_nccl(be->stream());
   return be;
 }

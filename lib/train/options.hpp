@@ -64,7 +64,10 @@ class ProcessGrid;
 // This rank's backend for a resolved --device (resolve_device), on the GPU of its local rank;
 // with CUDA, the grid's device-tensor groups switch to NCCL (collective: every rank calls it).
 // A rank that cannot take its GPU ends the whole job with the reason (exit code 2).
-std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string& device);
+// `pipeline_ring`: virtual pipeline stages (ProcessGrid::use_pipeline_ring before the NCCL
+// communicators are made).
+std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string& device,
+                                           bool pipeline_ring = false);
 
 // What one rank of pipeline stage `stage` holds: the figures --dry-run prints
 // and the GPU benchmark compares its measured peak with.

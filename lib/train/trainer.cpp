@@ -143,13 +143,10 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   };
   const int micro = num_micro_batches();
   const int V = cfg_.virtual_pipeline_size;
-  if (V > 1 && be_.device() != Device::CPU)
-    throw ConfigError(detail::concat(
-        cfg_.virtual_option,
-        ": the interleaved schedule runs on the CPU backend's MPI pipeline "
-        "communicator in this version; NCCL serializes a rank's sends and receives on one stream, "
-        "and the schedule's wrap-around from the last stage to the first needs per-direction "
-        "communicators first. Train on --device cuda without virtual stages"));
+  TESSERA_CHECK(V == 1 || ctx_.pp_size == 1 || !(ctx_.first_stage() || ctx_.last_stage()) ||
+                    be_.device() == Device::CPU || (ctx_.pp_wrap && ctx_.pp_wrap_grad),
+                "virtual pipeline stages on the GPU need the ring's own communicators "
+                "(ProcessGrid::use_pipeline_ring before use_nccl)");
   schedule_steps_ = schedule_interleaved(ctx_.pp_size, ctx_.pp_rank, micro, V);
   chunk_slots_ = V > 1 ? pipeline_chunk_slots(schedule_steps_, V)
                        : std::vector<int>{pipeline_slots(ctx_.pp_size, ctx_.pp_rank, micro)};
@@ -197,12 +194,25 @@ Activations& Trainer::slot(int chunk, int micro) {
   return slots_[static_cast<size_t>(slot_offset_[chunk] + micro % chunk_slots_[chunk])];
 }
 
-int Trainer::next_stage() const {
-  return (ctx_.pp_rank + 1) % ctx_.pp_size;  // the last stage's next is the first (virtual stages)
+// The pipeline's links. With virtual stages the pipeline is a ring: the last stage's next is the
+// first; the wrap-around takes its own communicators where the grid made them
+// (ProcessGrid::use_pipeline_ring; the first stage is rank 0 there, the last rank 1).
+Trainer::Link Trainer::forward_in() const {
+  if (ctx_.pp_rank > 0) return {ctx_.pp, ctx_.pp_rank - 1};
+  return ctx_.pp_wrap ? Link{ctx_.pp_wrap, 1} : Link{ctx_.pp, ctx_.pp_size - 1};
 }
-
-int Trainer::prev_stage() const {
-  return (ctx_.pp_rank + ctx_.pp_size - 1) % ctx_.pp_size;
+Trainer::Link Trainer::forward_out() const {
+  if (ctx_.pp_rank < ctx_.pp_size - 1) return {ctx_.pp, ctx_.pp_rank + 1};
+  return ctx_.pp_wrap ? Link{ctx_.pp_wrap, 0} : Link{ctx_.pp, 0};
+}
+Trainer::Link Trainer::backward_in() const {
+  if (ctx_.pp_rank < ctx_.pp_size - 1) return {ctx_.pp_backward(), ctx_.pp_rank + 1};
+  return ctx_.pp_wrap_grad ? Link{ctx_.pp_wrap_grad, 0} : Link{ctx_.pp_backward(), 0};
+}
+Trainer::Link Trainer::backward_out() const {
+  if (ctx_.pp_rank > 0) return {ctx_.pp_backward(), ctx_.pp_rank - 1};
+  return ctx_.pp_wrap_grad ? Link{ctx_.pp_wrap_grad, 1}
+                           : Link{ctx_.pp_backward(), ctx_.pp_size - 1};
 }
 
 int64_t Trainer::first_sample(int64_t consumed) const {
@@ -248,7 +258,8 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
   } else {
     TESSERA_PHASE("pipeline-p2p");
     Timer w;
-    ctx_.pp->recv(a.input, prev_stage(), kTagForward);
+    const Link in = forward_in();
+    in.comm->recv(a.input, in.peer, kTagForward);
     st.pipeline_wait_seconds += w.seconds();
   }
   for (int l = model_->chunk_layers(a).begin; l < model_->chunk_layers(a).end; ++l)
@@ -259,7 +270,8 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
   } else {
     TESSERA_PHASE("pipeline-p2p");
     const Tensor& out = model_->stage_output(a);
-    sends_[slot] = ctx_.pp->send_async(out, next_stage(), kTagForward);
+    const Link to = forward_out();
+    sends_[slot] = to.comm->send_async(out, to.peer, kTagForward);
     st.p2p_bytes += out.nbytes();
   }
 }
@@ -272,7 +284,8 @@ void Trainer::backward_micro(int micro, Activations& a, StepStats& st) {
   if (!model_->ends_in_head(a)) {
     TESSERA_PHASE("pipeline-p2p");
     Timer w;
-    ctx_.pp_backward()->recv(a.dres, next_stage(), kTagBackward);
+    const Link in = backward_in();
+    in.comm->recv(a.dres, in.peer, kTagBackward);
     st.pipeline_wait_seconds += w.seconds();
   }
   if (sends_[slot]) {  // the forward's send of the stage output: full recomputation rewrites it
@@ -283,7 +296,8 @@ void Trainer::backward_micro(int micro, Activations& a, StepStats& st) {
   if (!model_->embeds(a)) {
     TESSERA_PHASE("pipeline-p2p");
     if (sends_[slot]) sends_[slot]->wait();
-    sends_[slot] = ctx_.pp_backward()->send_async(a.dres, prev_stage(), kTagBackward);
+    const Link to = backward_out();
+    sends_[slot] = to.comm->send_async(a.dres, to.peer, kTagBackward);
     st.p2p_bytes += a.dres.nbytes();
   }
 }

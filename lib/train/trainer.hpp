@@ -106,9 +106,16 @@ class Trainer {
   void load_batch(StepStats& st);
   // The activation slot of micro-batch `micro` of model chunk `chunk`.
   Activations& slot(int chunk, int micro);
-  // Pipeline neighbours (a ring with virtual stages: the last stage feeds the first).
-  int next_stage() const;
-  int prev_stage() const;
+  // Pipeline links: where a forward's input comes from and its output goes, and a backward's
+  // gradient (a ring with virtual stages: the last stage feeds the first).
+  struct Link {
+    Communicator* comm;
+    int peer;
+  };
+  Link forward_in() const;
+  Link forward_out() const;
+  Link backward_in() const;
+  Link backward_out() const;
   void run_micro_batches(bool with_backward, float grad_scale, StepStats& st);
   double count_loss_tokens();
   void forward_micro(int micro, Activations& a, float grad_scale, StepStats& st);

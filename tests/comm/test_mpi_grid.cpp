@@ -47,6 +47,31 @@ TEST(ProcessGrid, GroupsMatchTheLayout) {
   }
 }
 
+// Virtual pipeline stages: the ring's wrap-around communicators hold the first and last stage of
+// the rank's (tp, dp), first stage rank 0, and exist on those stages only.
+TEST(ProcessGrid, PipelineRingCommunicators) {
+  ProcessGrid grid(2, 2);
+  EXPECT_EQ(grid.context().pp_wrap, nullptr);
+  grid.use_pipeline_ring();
+  const ParallelContext ctx = grid.context();
+  const int r = grid.world_rank();
+  ASSERT_NE(ctx.pp_wrap, nullptr);  // with PP 2 every rank is a first or last stage
+  ASSERT_NE(ctx.pp_wrap_grad, nullptr);
+  const std::vector<int> want = group_containing(grid.layout().embedding_groups(), r);
+  EXPECT_EQ(members(*ctx.pp_wrap, r), want);
+  EXPECT_EQ(members(*ctx.pp_wrap_grad, r), want);
+  EXPECT_EQ(ctx.pp_wrap->rank(), ctx.first_stage() ? 0 : 1);
+  // Last stage -> first stage on one, first -> last on the other, at the same time.
+  Tensor s({3}), got({3});
+  s.fill_(float(r));
+  Communicator& fwd = *ctx.pp_wrap;
+  Communicator& bwd = *ctx.pp_wrap_grad;
+  auto a = (ctx.last_stage() ? fwd : bwd).send_async(s, ctx.last_stage() ? 0 : 1, 1);
+  (ctx.first_stage() ? fwd : bwd).recv(got, ctx.first_stage() ? 1 : 0, 1);
+  a->wait();
+  EXPECT_EQ(got.f32()[0], float(want[ctx.first_stage() ? 1 : 0]));
+}
+
 TEST(MpiCommunicator, Collectives) {
   MpiCommunicator c(MPI_COMM_WORLD);
   const int n = c.size(), r = c.rank();
