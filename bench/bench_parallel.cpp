@@ -161,9 +161,7 @@ int main(int argc, char** argv) {
       ctx.pp_wrap = cwrap.get();
       ctx.pp_wrap_grad = cwrap_grad.get();
     }
-    auto pp_bytes = [&] {
-      return cpp.bytes + (cwrap ? cwrap->bytes + cwrap_grad->bytes : 0.0);
-    };
+    auto pp_bytes = [&] { return cpp.bytes + (cwrap ? cwrap->bytes + cwrap_grad->bytes : 0.0); };
     auto be = make_cpu_backend();
     auto data = make_mock_dataset(m.vocab_size, m.seq_length, 1);
     Trainer tr(m, t, *be, *data, ctx);

@@ -118,6 +118,27 @@ TESSERA_HD void dropout_multiplier2(const DropoutSpec& d, int64_t sample, uint64
   m1 = (high ? w[3] : w[1]) >= d.threshold ? d.scale : 0.f;
 }
 
+// Multipliers of one sample's elements read in increasing order (a row of a tensor): one Philox
+// call per group of 4 elements instead of one per element.
+class DropoutStream {
+ public:
+  TESSERA_HD DropoutStream(const DropoutSpec& d, int64_t sample) : d_(d), sample_(sample) {}
+  TESSERA_HD float operator()(uint64_t element) {
+    const uint64_t group = element >> 2;
+    if (group != group_) {
+      dropout_words(d_, sample_, group, w_);
+      group_ = group;
+    }
+    return dropout_pick(w_, static_cast<uint32_t>(element & 3)) >= d_.threshold ? d_.scale : 0.f;
+  }
+
+ private:
+  DropoutSpec d_;  // a copy: small, and no reference to outlive
+  int64_t sample_;
+  uint64_t group_ = ~uint64_t(0);
+  uint32_t w_[4] = {0, 0, 0, 0};
+};
+
 // Attention dropout: the spec, and where this rank's heads sit among all of them.
 struct AttentionDropout {
   DropoutSpec spec;

@@ -8,16 +8,20 @@
 #include <cstdint>
 #include <limits>
 
+#include "backend/cpu/dropout.hpp"
 #include "backend/cpu/gemm.hpp"
-#include "core/dropout.hpp"
 
 namespace tessera::cpu {
 
 constexpr int64_t kAttnBlockRows = 64;
 
+// Scratch of one thread: two blocks of score rows and one dropout mask row.
+inline int64_t attention_thread_scratch(int64_t Tn) {
+  return (2 * kAttnBlockRows + 1) * Tn;
+}
 // Scratch elements the attention functions need for sequence length Tn (both passes).
 inline int64_t attention_scratch_elems(int64_t Tn) {
-  return static_cast<int64_t>(omp_get_max_threads()) * 2 * kAttnBlockRows * Tn;
+  return static_cast<int64_t>(omp_get_max_threads()) * attention_thread_scratch(Tn);
 }
 
 // qkv is (B,T,3,NH,hd) (fused projection output), out is (B,T,NH,hd), lse is (B,NH,T). With
@@ -31,7 +35,7 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int6
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t bh = 0; bh < B * NH; ++bh) {
     const int64_t b = bh / NH, h = bh % NH;
-    T* S = scratch + static_cast<int64_t>(omp_get_thread_num()) * 2 * kAttnBlockRows * Tn;
+    T* S = scratch + static_cast<int64_t>(omp_get_thread_num()) * attention_thread_scratch(Tn);
     const T* q = qkv + b * Tn * C3 + h * hd;
     const T* k = q + C;
     const T* v = q + 2 * C;
@@ -53,8 +57,12 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int6
         for (int64_t j = 0; j <= t; ++j) s[j] *= inv;
         for (int64_t j = t + 1; j < cols; ++j) s[j] = 0;
         lse[(b * NH + h) * Tn + t] = m + std::log(sum);
-        if (drop)
-          for (int64_t j = 0; j <= t; ++j) s[j] *= static_cast<T>(drop->multiplier(b, h, t, j, Tn));
+        if (drop) {  // the mask row into this thread's mask scratch
+          T* mask = S + 2 * kAttnBlockRows * Tn;
+          dropout_mask(mask, drop->spec, drop->spec.sample_begin + b, drop->element(h, t, 0, Tn),
+                       t + 1);
+          for (int64_t j = 0; j <= t; ++j) s[j] *= mask[j];
+        }
       }
       gemm(false, false, rows, hd, cols, T(1), S, cols, v, C3, T(0),
            out + (b * Tn + t0) * C + h * hd, C);
@@ -73,8 +81,9 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t bh = 0; bh < B * NH; ++bh) {
     const int64_t b = bh / NH, h = bh % NH;
-    T* P = scratch + static_cast<int64_t>(omp_get_thread_num()) * 2 * kAttnBlockRows * Tn;
+    T* P = scratch + static_cast<int64_t>(omp_get_thread_num()) * attention_thread_scratch(Tn);
     T* dP = P + kAttnBlockRows * Tn;
+    T* mrow = dP + kAttnBlockRows * Tn;  // the dropout mask of one row
     const T* q = qkv + b * Tn * C3 + h * hd;
     const T* k = q + C;
     const T* v = q + 2 * C;
@@ -97,10 +106,13 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
         for (int64_t d = 0; d < hd; ++d) Dt += dO[t * C + d] * o[t * C + d];
         T* p = P + i * cols;
         T* dp = dP + i * cols;
+        if (drop)  // the mask row into this thread's mask scratch
+          dropout_mask(mrow, drop->spec, drop->spec.sample_begin + b, drop->element(h, t, 0, Tn),
+                       t + 1);
         for (int64_t j = 0; j <= t; ++j) {
           p[j] = std::exp(p[j] - L[t]);
           if (drop) {
-            const T mul = static_cast<T>(drop->multiplier(b, h, t, j, Tn));
+            const T mul = mrow[j];
             dp[j] = p[j] * (dp[j] * mul - Dt);  // dS
             p[j] *= mul;                        // the dropped P that weighed the values
           } else {

@@ -23,8 +23,9 @@ __global__ void dropout_kernel(T* out, const T* in, DropoutSpec d, int64_t rows,
   const int64_t r = i / per_row, c0 = (i % per_row) * 4;
   const int64_t g = row_begin + r, sample = d.sample_begin + g / seq_len, t = g % seq_len;
   const uint64_t e0 = static_cast<uint64_t>(t) * static_cast<uint64_t>(C);
+  DropoutStream mask(d, sample);  // one Philox call, two where the 4 straddle a group
   for (int64_t c = c0; c < c0 + 4 && c < C; ++c)
-    out[r * C + c] = to<T>(ld(in[r * C + c]) * dropout_multiplier(d, sample, e0 + c));
+    out[r * C + c] = to<T>(ld(in[r * C + c]) * mask(e0 + c));
 }
 template <typename TO, typename TI>
 __global__ void cast_kernel(TO* out, const TI* in, int64_t n) {
