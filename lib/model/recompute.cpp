@@ -22,15 +22,17 @@ std::string RecomputeConfig::describe() const {
     return detail::concat("full (uniform, ", num_layers, " layer", num_layers == 1 ? "" : "s",
                           " per chunk)");
   return detail::concat("full (block, the first ", num_layers, " layer", num_layers == 1 ? "" : "s",
-                        " of each stage)");
+                        " of each stage, or of each model chunk with virtual stages)");
 }
 
-void RecomputeConfig::validate(int stage_layers) const {
+void RecomputeConfig::validate(int stage_layers, bool virtual_stages) const {
   if (!full()) return;
   if (num_layers < 1 || num_layers > stage_layers)
     throw ConfigError(detail::concat(
-        num_layers_option, "=", num_layers, " does not fit a pipeline stage of ", stage_layers,
-        " layer", stage_layers == 1 ? "" : "s", " (allowed: 1 to ", stage_layers, ")"));
+        num_layers_option, "=", num_layers, " does not fit ",
+        virtual_stages ? "a model chunk (virtual pipeline stage) of " : "a pipeline stage of ",
+        stage_layers, " layer", stage_layers == 1 ? "" : "s", " (allowed: 1 to ", stage_layers,
+        ")"));
 }
 
 RecomputeGranularity parse_recompute_granularity(const std::string& s) {

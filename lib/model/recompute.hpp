@@ -34,8 +34,9 @@ struct RecomputeConfig {
   bool selective() const { return granularity == RecomputeGranularity::Selective; }
   // "none", "selective", "full (uniform, 2 layers per chunk)", ... for logs and --dry-run.
   std::string describe() const;
-  // ConfigError when num_layers does not fit a stage of `stage_layers` layers.
-  void validate(int stage_layers) const;
+  // ConfigError when num_layers does not fit a stage (a model chunk with virtual stages) of
+  // `stage_layers` layers.
+  void validate(int stage_layers, bool virtual_stages = false) const;
 };
 
 // "full" | "selective" | "none" -> granularity; ConfigError naming --recompute-granularity.
@@ -50,11 +51,11 @@ struct LayerRecompute {
   bool chunk_last(int layer) const { return layer == chunk_end - 1; }
 };
 
-// The plan for layers [layer_begin, layer_end) of a stage, one entry per layer.
 struct ModelShard;
 // The plan of every layer of a shard, in ModelShard::layers() order: each model chunk planned on
 // its own (a full-recomputation group never spans two chunks).
 std::vector<LayerRecompute> plan_recompute(const RecomputeConfig& rc, const ModelShard& shard);
+// The plan for layers [layer_begin, layer_end) of a stage (or model chunk), one entry per layer.
 std::vector<LayerRecompute> plan_recompute(const RecomputeConfig& rc, int layer_begin,
                                            int layer_end);
 

@@ -139,8 +139,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "virtual-pipeline-model-parallel-size", po::value(&virtual_size)->default_value(0),
           "the interleaved 1F1B schedule given as the number of model chunks per pipeline rank")(
           "sequence-parallel", po::bool_switch(&t.sequence_parallel),
-          "with TP > 1: split the LayerNorm, dropout and residual regions along the sequence "
-          "over the tensor-parallel group (all-gather before and reduce-scatter after the "
+          "with TP > 1: split the LayerNorm, dropout and residual regions along the tokens "
+          "(each rank 1/TP of a micro-batch's) over the tensor-parallel group (all-gather before "
+          "and reduce-scatter after the "
           "tensor-parallel GEMMs instead of all-reduces; activations of those regions / TP)")(
           "ddp-bucket-size", po::value(&t.ddp_bucket_size)->default_value(t.ddp_bucket_size),
           "elements per data-parallel gradient all-reduce bucket")(

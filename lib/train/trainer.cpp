@@ -63,7 +63,7 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
                                "--pipeline-model-parallel-size=",
                                pp));
   }
-  t.recompute.validate(cfg.num_layers / (pp * V));
+  t.recompute.validate(cfg.num_layers / (pp * V), V > 1);
   if (t.sequence_parallel && tp == 1)
     throw ConfigError(
         "--sequence-parallel needs --tensor-model-parallel-size > 1 (it splits the LayerNorm and "
@@ -71,8 +71,8 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
   if (t.sequence_parallel && cfg.seq_length % tp != 0)
     throw ConfigError(concat("--seq-length=", cfg.seq_length,
                              " is not divisible by --tensor-model-parallel-size=", tp,
-                             " as --sequence-parallel needs (each rank holds seq-length / TP "
-                             "tokens of every sample)"));
+                             " as --sequence-parallel needs (each rank holds 1/TP of every "
+                             "micro-batch's tokens, seq-length / TP of a sample)"));
   if (cfg.padded_vocab_size(tp) % tp != 0)
     throw ConfigError(
         concat("padded vocabulary ", cfg.padded_vocab_size(tp), " is not divisible by TP ", tp));
@@ -235,7 +235,10 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
   PhaseSequence phase;
   if (sends_[slot]) {
     phase("pipeline-p2p");
-    sends_[slot]->wait();  // the slot's buffers may still be on their way out
+    // The slot's buffers may still be on their way out. On the device the compute stream waits,
+    // not the host: a host blocked here could not post the receive another rank's send (ahead
+    // of ours on that rank's stream) is waiting for.
+    sends_[slot]->wait_device();
   }
   // Inputs and targets of the micro-batch, staged on the host and copied to the backend.
   phase("batch-to-device");
@@ -290,12 +293,12 @@ void Trainer::backward_micro(int micro, Activations& a, StepStats& st) {
   }
   if (sends_[slot]) {  // the forward's send of the stage output: full recomputation rewrites it
     TESSERA_PHASE("pipeline-p2p");
-    sends_[slot]->wait();
+    sends_[slot]->wait_device();
   }
   model_->backward(a);
   if (!model_->embeds(a)) {
     TESSERA_PHASE("pipeline-p2p");
-    if (sends_[slot]) sends_[slot]->wait();
+    if (sends_[slot]) sends_[slot]->wait_device();
     const Link to = backward_out();
     sends_[slot] = to.comm->send_async(a.dres, to.peer, kTagBackward);
     st.p2p_bytes += a.dres.nbytes();
