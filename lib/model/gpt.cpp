@@ -250,24 +250,22 @@ class CountingAllocator final : public Allocator {
 
 }  // namespace
 
-ActivationFootprint activation_footprint(const GPTConfig& cfg, const ModelShard& shard,
-                                         const RecomputeConfig& rc, int B, int T, DType compute) {
-  const auto plan = plan_recompute(rc, shard);
-  CountingAllocator one, two;
-  const int V = shard.num_chunks();
-  build_activation_slots(cfg, shard, plan, B, T, compute, one, std::vector<int>(V, 1));
-  build_activation_slots(cfg, shard, plan, B, T, compute, two, std::vector<int>(V, 2));
-  ActivationFootprint fp;
-  fp.per_micro_batch = two.bytes() - one.bytes();
-  fp.shared = one.bytes() - fp.per_micro_batch;
-  return fp;
-}
-
 double activation_bytes(const GPTConfig& cfg, const ModelShard& shard, const RecomputeConfig& rc,
                         int B, int T, DType compute, const std::vector<int>& counts) {
   CountingAllocator al;
   build_activation_slots(cfg, shard, plan_recompute(rc, shard), B, T, compute, al, counts);
   return al.bytes();
+}
+
+ActivationFootprint activation_footprint(const GPTConfig& cfg, const ModelShard& shard,
+                                         const RecomputeConfig& rc, int B, int T, DType compute) {
+  const int V = shard.num_chunks();
+  const double one = activation_bytes(cfg, shard, rc, B, T, compute, std::vector<int>(V, 1));
+  const double two = activation_bytes(cfg, shard, rc, B, T, compute, std::vector<int>(V, 2));
+  ActivationFootprint fp;
+  fp.per_micro_batch = two - one;
+  fp.shared = one - fp.per_micro_batch;
+  return fp;
 }
 
 ActivationFootprint GPTModel::activation_footprint(int B, int T) const {

@@ -59,19 +59,31 @@ TEST(Sampling, BadOptionsAreRejected) {
   EXPECT_THROW(o.validate(), ConfigError);
 }
 
-TEST(Evaluation, EqualsTheTrainingLossOnTheSameBatch) {
+namespace {
+// A 2-layer model and 4 micro-batches of 2 per step, for the evaluation tests.
+GPTConfig eval_model() {
   GPTConfig m;
   m.num_layers = 2;
   m.hidden_size = 32;
   m.num_attention_heads = 4;
   m.seq_length = 16;
   m.vocab_size = 64;
+  return m;
+}
+TrainConfig eval_training() {
   TrainConfig t;
   t.micro_batch_size = 2;
   t.global_batch_size = 8;
   t.train_iters = 10;
   t.lr = 1e-2;
   t.log_interval = 1000;
+  return t;
+}
+}  // namespace
+
+TEST(Evaluation, EqualsTheTrainingLossOnTheSameBatch) {
+  const GPTConfig m = eval_model();
+  const TrainConfig t = eval_training();
   auto be = make_cpu_backend();
   auto data = make_mock_dataset(64, 16, 7);
   Trainer tr(m, t, *be, *data);
@@ -86,17 +98,8 @@ TEST(Evaluation, EqualsTheTrainingLossOnTheSameBatch) {
 // without dropout (same weights: initialization does not depend on dropout), the training loss on
 // the same batch differs, and after the step evaluation is still mask-free (deterministic).
 TEST(Evaluation, RunsWithoutDropout) {
-  GPTConfig m;
-  m.num_layers = 2;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.seq_length = 16;
-  m.vocab_size = 64;
-  TrainConfig t;
-  t.micro_batch_size = 2;
-  t.global_batch_size = 8;
-  t.train_iters = 10;
-  t.log_interval = 1000;
+  const GPTConfig m = eval_model();
+  const TrainConfig t = eval_training();
   auto be = make_cpu_backend();
   auto data = make_mock_dataset(64, 16, 7);
   GPTConfig dropped = m;

@@ -37,20 +37,24 @@ compare() {  # compare BASE NAME: the worst relative loss difference over 20 ite
     END { if (n != 20) print "missing"; else printf "%.3g", w }'
 }
 fail=0
+within() {  # within BASE NAME TOLERANCE DESCRIPTION: one ok/FAIL line for NAME against BASE
+  local worst
+  worst=$(compare "$1" "$2")
+  if [ "$worst" = "missing" ] || awk -v w="$worst" -v t="$3" 'BEGIN { exit !(w > t) }'; then
+    echo "FAIL: $2 ($4): worst relative loss difference $worst"
+    paste <(losses "$work/$1.jsonl") <(losses "$work/$2.jsonl") | head -5
+    fail=1
+  else
+    echo "ok: $2 ($4): worst relative difference $worst over 20 iterations"
+  fi
+}
 run base 1 1 1 2 || exit 1
 [ "$(wc -l < "$work/base.jsonl")" -eq 20 ] || { echo "FAIL: base run logged $(wc -l < "$work/base.jsonl") iterations"; exit 1; }
 for layout in "mbs1 1 1 1 1" "tp2 2 2 1 2" "pp2 2 1 2 2" "dp2 2 1 1 2" "tp2pp2 4 2 2 2" \
               "tp2pp2dp2 8 2 2 2" "tp2pp2dp2-mbs1 8 2 2 1" "tp4 4 4 1 2" "pp4 4 1 4 1"; do
   set -- $layout
   run "$@" || { fail=1; continue; }
-  worst=$(compare base "$1")
-  if [ "$worst" = "missing" ] || awk -v w="$worst" 'BEGIN { exit !(w > 1e-5) }'; then
-    echo "FAIL: $1 (np $2 TP $3 PP $4 mbs $5): worst relative loss difference $worst"
-    paste <(losses "$work/base.jsonl") <(losses "$work/$1.jsonl") | head -5
-    fail=1
-  else
-    echo "ok: $1 (np $2 TP $3 PP $4 mbs $5): worst relative difference $worst over 20 iterations"
-  fi
+  within base "$1" 1e-5 "np $2 TP $3 PP $4 mbs $5"
 done
 # Mixed precision across ranks: bf16 activations cross TP all-reduces (MPI user op: sum in f32,
 # one rounding) and pipeline sends, so layouts agree to bf16 rounding, not fp32 (measured ~7e-5).
@@ -59,13 +63,7 @@ run base-bf16 1 1 1 2 --bf16 || fail=1
 for layout in "tp2pp2-bf16 4 2 2 2" "tp2dp2-bf16 4 2 1 2"; do
   set -- $layout
   run "$@" --bf16 || { fail=1; continue; }
-  worst=$(compare base-bf16 "$1")
-  if [ "$worst" = "missing" ] || awk -v w="$worst" 'BEGIN { exit !(w > 1e-3) }'; then
-    echo "FAIL: $1 (np $2 TP $3 PP $4, bf16): worst relative loss difference $worst"
-    fail=1
-  else
-    echo "ok: $1 (np $2 TP $3 PP $4, bf16): worst relative difference $worst over 20 iterations"
-  fi
+  within base-bf16 "$1" 1e-3 "np $2 TP $3 PP $4, bf16"
 done
 # Megatron's schedules with GPT-2's dropout (0.1 on the attention probabilities and the hidden
 # states): masks keyed by global coordinates, so sequence parallelism, virtual pipeline stages,
@@ -80,15 +78,8 @@ for layout in "tp2-sp 2 2 1 2 --sequence-parallel" \
               "tp4-sp 4 4 1 2 --sequence-parallel" \
               "tp2pp2-sp-selective 4 2 2 2 --sequence-parallel --recompute-granularity selective"; do
   set -- $layout
-  name=$1 np=$2
   run "$@" "${drop[@]}" || { fail=1; continue; }
-  worst=$(compare base-drop "$name")
-  if [ "$worst" = "missing" ] || awk -v w="$worst" 'BEGIN { exit !(w > 1e-5) }'; then
-    echo "FAIL: $name (np $np, dropout 0.1): worst relative loss difference $worst"
-    fail=1
-  else
-    echo "ok: $name (np $np, dropout 0.1): worst relative difference $worst over 20 iterations"
-  fi
+  within base-drop "$1" 1e-5 "np $2, dropout 0.1"
 done
 # The mutation check: keyed by rank-local positions (each TP rank counting its heads and its
 # sequence-parallel rows from 0), TP2+SP must disagree with one rank.
