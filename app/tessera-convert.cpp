@@ -1,9 +1,11 @@
-// tessera-convert: Hugging Face GPT-2 export (--to-hf: model.safetensors + config.json from a
-// checkpoint of any layout) and import (--from-hf: a checkpoint at any target layout).
+// tessera-convert: Hugging Face export (--to-hf: safetensors + config.json from a checkpoint of any
+// layout) and import (--from-hf: a checkpoint at any target layout), for GPT2LMHeadModel and
+// LlamaForCausalLM (chosen by the checkpoint's architecture / config.json's model_type).
 #include <cstdio>
 #include <iostream>
 
 #include "checkpoint/hf_gpt2.hpp"
+#include "checkpoint/hf_llama.hpp"
 #include "checkpoint/reshard.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
@@ -11,10 +13,33 @@
 
 using namespace tessera;
 
+namespace {
+// "5GB", "500MB", "64KB" (powers of 1000, as save_pretrained) or a byte count.
+uint64_t parse_byte_size(const std::string& text, const std::string& option) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = used ? text.substr(used) : "";
+  const double scale = unit.empty() || unit == "B" ? 1
+                       : unit == "KB"              ? 1e3
+                       : unit == "MB"              ? 1e6
+                       : unit == "GB"              ? 1e9
+                                                   : -1;
+  if (used == 0 || scale < 0 || !(v > 0))
+    throw ConfigError(option + "=" + text + " is not a size (allowed: e.g. 5GB, 500MB, 1000000)");
+  return static_cast<uint64_t>(v * scale);
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   bool to_hf = false;
   std::string from_hf, load, save;
-  int tp = 1, pp = 1, divisible = 128;
+  int tp = 1, pp = 1, divisible = 128, seq_length = 0;
+  std::string export_dtype, max_shard = "5GB";
   try {
     OptionParser p(
         "tessera-convert",
@@ -32,7 +57,16 @@ int main(int argc, char** argv) {
             "target-pipeline-model-parallel-size", po::value(&pp)->default_value(1),
             "with --from-hf: pipeline size of the checkpoint")(
             "make-vocab-size-divisible-by", po::value(&divisible)->default_value(128),
-            "with --from-hf: vocabulary padding multiple (times TP)");
+            "with --from-hf: vocabulary padding multiple (times TP)")(
+            "seq-length", po::value(&seq_length)->default_value(0),
+            "with --from-hf: the checkpoint's training sequence length (0: the model's "
+            "max_position_embeddings)")(
+            "export-dtype", po::value(&export_dtype),
+            "with --to-hf: bf16 | f32 | f16 (default: bf16 for Llama, f32 for GPT-2, which is "
+            "written in f32 only)")(
+            "max-shard-size", po::value(&max_shard)->default_value("5GB"),
+            "with --to-hf (Llama): largest safetensors file, e.g. 5GB, 500MB or bytes; larger "
+            "models are split into shards with model.safetensors.index.json");
     if (!p.parse(argc, argv)) return 0;
     if (to_hf == !from_hf.empty())
       throw ConfigError("give exactly one of --to-hf (with --load) and --from-hf DIR");
@@ -40,28 +74,60 @@ int main(int argc, char** argv) {
     if (to_hf) {
       if (load.empty()) throw ConfigError("--to-hf needs --load CKPT");
       CheckpointReader ckpt(load);
+      const bool llama = ckpt.meta().model.rope();
       std::cout << "tessera-convert: " << ckpt.path() << " (TP " << ckpt.meta().tp_size << " x PP "
-                << ckpt.meta().pp_size << ") -> " << save << "/model.safetensors, config.json"
-                << std::endl;
+                << ckpt.meta().pp_size << ") -> " << save << " ("
+                << (llama ? "LlamaForCausalLM" : "GPT2LMHeadModel") << ")" << std::endl;
       int n = 0;
-      export_hf_gpt2(ckpt, save, [&](const std::string&) { ++n; });
+      if (llama) {
+        HfExportOptions eo;
+        if (!export_dtype.empty()) eo.dtype = export_dtype;
+        eo.max_shard_bytes = parse_byte_size(max_shard, "--max-shard-size");
+        export_hf_llama(ckpt, save, eo, [&](const std::string&) { ++n; });
+      } else {
+        if (!export_dtype.empty() && export_dtype != "f32")
+          throw ConfigError("--export-dtype=" + export_dtype +
+                            ": the GPT-2 export writes f32 only (allowed: f32)");
+        export_hf_gpt2(ckpt, save, [&](const std::string&) { ++n; });
+      }
       std::cout << "tessera-convert: exported " << n << " tensors in " << t.seconds() << " s"
                 << std::endl;
     } else {
-      HfGpt2 hf(from_hf, divisible);
+      const std::string type = hf_model_type(from_hf);
+      if (type != "gpt2" && type != "llama")
+        throw ConfigError("'" + from_hf + "/config.json' has model_type \"" + type +
+                          "\" (allowed: gpt2, llama)");
+      std::unique_ptr<HfGpt2> gpt2;
+      std::unique_ptr<HfLlama> llama;
       CheckpointMeta meta;
-      meta.model = hf.config();
+      if (type == "gpt2") {
+        gpt2 = std::make_unique<HfGpt2>(from_hf, divisible);
+        meta.model = gpt2->config();
+      } else {
+        llama = std::make_unique<HfLlama>(from_hf, divisible);
+        meta.model = llama->config();
+      }
+      if (seq_length < 0 || seq_length > meta.model.max_positions())
+        throw ConfigError("--seq-length=" + std::to_string(seq_length) +
+                          " is out of range (allowed: 1 to the model's " +
+                          std::to_string(meta.model.max_positions()) + " positions, or 0)");
+      if (seq_length > 0) meta.model.seq_length = seq_length;
       meta.tp_size = tp;
       meta.pp_size = pp;
       meta.has_optimizer = false;
-      meta.config_text = "# imported from Hugging Face GPT-2 directory " + from_hf + "\n";
+      meta.config_text = "# imported from Hugging Face " + type + " directory " + from_hf + "\n";
       std::cout << "tessera-convert: " << from_hf << " (" << meta.model.num_layers
                 << " layers, hidden " << meta.model.hidden_size << ", vocabulary "
-                << meta.model.vocab_size << ") -> " << save << " (TP " << tp << " x PP " << pp
-                << ", no optimizer state)" << std::endl;
+                << meta.model.vocab_size << "; " << meta.model.describe() << ") -> " << save
+                << " (TP " << tp << " x PP " << pp << ", no optimizer state)" << std::endl;
       write_checkpoint(
           save, meta,
-          [&](const std::string&, const ParamSpec& s, float* out) { hf.read_slice(s, out); },
+          [&](const std::string&, const ParamSpec& s, float* out) {
+            if (gpt2)
+              gpt2->read_slice(s, out);
+            else
+              llama->read_slice(s, out);
+          },
           [](const std::string& line) { std::cout << line << std::endl; });
       std::cout << "tessera-convert: wrote " << save << " in " << t.seconds() << " s" << std::endl;
     }

@@ -43,7 +43,10 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 int main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
   const bool root = mpi.world_rank() == 0;
-  std::string load, vocab = "data/gpt2/encoder.json", merges = "data/gpt2/vocab.bpe", prompt_file;
+  std::string load, prompt_file;
+  TokenizerOptions to;
+  to.vocab_file = "data/gpt2/encoder.json";
+  to.merge_file = "data/gpt2/vocab.bpe";
   std::vector<std::string> prompts_text, prompt_ids;
   GenerationOptions g;
   std::string device;
@@ -58,10 +61,18 @@ int main(int argc, char** argv) {
         "tensor-parallel ranks for generation")("pipeline-model-parallel-size",
                                                 po::value(&pp)->default_value(1),
                                                 "pipeline stages for generation")(
-        "vocab-file", po::value(&vocab)->default_value(vocab), "GPT-2 encoder.json")(
-        "merge-file", po::value(&merges)->default_value(merges), "GPT-2 vocab.bpe")(
-        "threads", po::value(&threads)->default_value(0),
-        "threads per rank (0: this rank's share of its cores)")(
+        "tokenizer-type", po::value(&to.type)->default_value(to.type),
+        "GPT2BPETokenizer | HuggingFaceTokenizer")(
+        "vocab-file", po::value(&to.vocab_file)->default_value(to.vocab_file),
+        "GPT2BPETokenizer: encoder.json")("merge-file",
+                                          po::value(&to.merge_file)->default_value(to.merge_file),
+                                          "GPT2BPETokenizer: vocab.bpe")(
+        "tokenizer-model", po::value(&to.model),
+        "HuggingFaceTokenizer: tokenizer.json, or the directory that holds it")(
+        "eod-token", po::value(&to.eod_token),
+        "HuggingFaceTokenizer: the token that stops generation (default: eos_token of "
+        "tokenizer_config.json)")("threads", po::value(&threads)->default_value(0),
+                                  "threads per rank (0: this rank's share of its cores)")(
         "device", po::value(&device)->default_value("auto"),
         "cpu | cuda | auto (cuda when a GPU is visible)");
     p.group("Prompts").add_options()("prompt", po::value(&prompts_text)->composing(),
@@ -73,7 +84,7 @@ int main(int argc, char** argv) {
         "read prompts from standard input until 'stop' or end of input");
     p.group("Sampling")
         .add_options()("max-new-tokens", po::value(&g.max_new_tokens)->default_value(64),
-                       "tokens to generate per prompt (fewer on <|endoftext|>)")(
+                       "tokens to generate per prompt (fewer on the end-of-document token)")(
             "temperature", po::value(&g.sampling.temperature)->default_value(1.0),
             "softmax temperature (0: greedy)")(
             "top-k", po::value(&g.sampling.top_k)->default_value(0),
@@ -105,14 +116,14 @@ int main(int argc, char** argv) {
     set_num_threads(threads > 0 ? threads : default_threads(grid.node_comm()));
     CheckpointReader ckpt(load);
     const GPTConfig cfg = ckpt.meta().model;
-    std::shared_ptr<const GPT2Tokenizer> tok;
+    std::shared_ptr<const Tokenizer> tok;
     if (!ids_out) {
-      tok = GPT2Tokenizer::load(vocab, merges);
+      tok = load_tokenizer(to);
       if (tok->vocab_size() != cfg.vocab_size)
-        throw ConfigError(
-            detail::concat("the checkpoint's vocabulary has ", cfg.vocab_size,
-                           " tokens, the tokenizer (", vocab, ") ", tok->vocab_size(),
-                           "; use the tokenizer the model was trained with, or --prompt-ids"));
+        throw ConfigError(detail::concat(
+            "the checkpoint's vocabulary has ", cfg.vocab_size, " tokens, the tokenizer (",
+            to.type == "HuggingFaceTokenizer" ? to.model : to.vocab_file, ") ", tok->vocab_size(),
+            "; use the tokenizer the model was trained with, or --prompt-ids"));
       g.eod_id = tok->eod_id();
     }
     if (cfg.num_attention_heads % tp != 0 || cfg.num_layers % pp != 0)
@@ -136,13 +147,18 @@ int main(int argc, char** argv) {
                 << std::endl;
 
     auto encode = [&](const std::string& s) { return tok ? tok->encode(s) : parse_ids(s); };
+    // A completion continues its prompt's text, so its tokens are joined as they stream (a
+    // tokenizer's decode() would strip a leading space meant for the start of a text), without the
+    // end-of-document token that stopped it.
     auto text_of = [&](const std::vector<int32_t>& ids) {
-      if (!tok) {
-        std::string o;
-        for (int32_t t : ids) o += (o.empty() ? "" : " ") + std::to_string(t);
-        return o;
+      std::string o;
+      for (int32_t t : ids) {
+        if (!tok)
+          o += (o.empty() ? "" : " ") + std::to_string(t);
+        else if (t != g.eod_id)
+          o += tok->token_bytes(t);
       }
-      return tok->decode(ids);
+      return o;
     };
     const bool tty = isatty(STDOUT_FILENO);
     auto run = [&](const std::vector<std::string>& texts) {

@@ -1,5 +1,6 @@
-// tessera-preprocess: tokenizes jsonl or text files with GPT-2's BPE into HDF5 token shards
-// (DESIGN.md invariant 5), with many worker threads. Thin: parses options and calls lib/data.
+// tessera-preprocess: tokenizes jsonl or text files with GPT-2's BPE or a Hugging Face
+// tokenizer.json into HDF5 token shards (DESIGN.md invariant 5), with many worker threads. Thin:
+// parses options and calls lib/data.
 #include <unistd.h>
 
 #include <cstdio>
@@ -14,11 +15,13 @@ using namespace tessera;
 
 int main(int argc, char** argv) {
   PreprocessOptions o;
-  std::string vocab, merges, shard_size;
+  TokenizerOptions to;
+  std::string shard_size;
   try {
     OptionParser p(
         "tessera-preprocess",
-        "--input FILES... --output-prefix PREFIX --vocab-file encoder.json --merge-file vocab.bpe");
+        "--input FILES... --output-prefix PREFIX (--vocab-file encoder.json --merge-file vocab.bpe "
+        "| --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json)");
     p.group("Input").add_options()(
         "input", po::value(&o.inputs)->multitoken()->required(),
         "input files or quoted globs: .jsonl/.json (one JSON object per line) or plain text")(
@@ -27,11 +30,17 @@ int main(int argc, char** argv) {
         "split-lines", po::bool_switch(&o.split_lines),
         "plain text: every non-empty line is a document (default: one document per file)");
     p.group("Tokenizer")
-        .add_options()("vocab-file", po::value(&vocab)->required(),
-                       "GPT-2 encoder.json (vocab.json)")(
-            "merge-file", po::value(&merges)->required(), "GPT-2 vocab.bpe (merges.txt)")(
+        .add_options()("tokenizer-type", po::value(&to.type)->default_value(to.type),
+                       "GPT2BPETokenizer | HuggingFaceTokenizer")(
+            "vocab-file", po::value(&to.vocab_file), "GPT2BPETokenizer: encoder.json (vocab.json)")(
+            "merge-file", po::value(&to.merge_file), "GPT2BPETokenizer: vocab.bpe (merges.txt)")(
+            "tokenizer-model", po::value(&to.model),
+            "HuggingFaceTokenizer: tokenizer.json, or the directory that holds it")(
+            "eod-token", po::value(&to.eod_token),
+            "HuggingFaceTokenizer: the end-of-document token (default: eos_token of "
+            "tokenizer_config.json beside tokenizer.json)")(
             "append-eod", po::value(&o.append_eod)->default_value(true),
-            "end every document with <|endoftext|>");
+            "end every document with the end-of-document token");
     p.group("Output").add_options()("output-prefix", po::value(&o.output_prefix)->required(),
                                     "shards are written as PREFIX_00000.h5, PREFIX_00001.h5, ...")(
         "shard-size", po::value(&shard_size)->default_value("100M"),
@@ -44,7 +53,7 @@ int main(int argc, char** argv) {
       throw ConfigError("--workers=" + std::to_string(o.workers) +
                         " is out of range (allowed: >= 0)");
     if (o.workers == 0) o.workers = affinity_cores();
-    const auto tok = GPT2Tokenizer::load(vocab, merges);
+    const auto tok = load_tokenizer(to);
     const bool tty = isatty(STDOUT_FILENO);
     const PreprocessResult r = preprocess(
         o, *tok,

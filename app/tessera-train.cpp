@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
                << opts.model.hidden_size << ", " << opts.model.num_attention_heads << " heads, seq "
                << opts.model.seq_length << ", vocab " << opts.model.vocab_size << " (padded "
                << opts.model.padded_vocab_size(opts.tp) << "), " << opts.model.num_parameters()
-               << " parameters; backend " << backend_description(*backend) << ", " << threads
+               << " parameters (" << opts.model.describe() << "); backend "
+               << backend_description(*backend) << ", " << threads
                << " threads per rank; data: " << data->describe();
     install_stop_signals();
     Watchdog watchdog(opts.train.distributed_timeout_minutes, MPI_COMM_WORLD);

@@ -6,9 +6,12 @@
 // FLOPs (FlashAttention's convention for causal attention): forward 4*B*H*T^2*D / 2, backward
 // 2.5 times the forward.
 //
-// Usage: bench_attention [--dropout P] [reps=20] [dtype=bf16|fp16] [B H T D ...: more shapes]
+// Usage: bench_attention [--dropout P] [--kv-heads G] [reps=20] [dtype=bf16|fp16]
+//                        [B H T D ...: more shapes]
 // With --dropout, each shape is timed again with attention dropout P (the mask drawn in the
-// kernels), and the cost printed against the run without.
+// kernels), and the cost printed against the run without. With --kv-heads, grouped-query attention
+// with G key/value heads (G divides H; the FLOPs are those of H heads, K and V read in place); the
+// peer figures stay those of multi-head attention at the same shape.
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -36,10 +39,13 @@ struct Case {
 
 int main(int argc0, char** argv0) {
   double dropout = 0;
+  int64_t kv_heads = 0;  // 0: H (multi-head)
   std::vector<char*> args{argv0[0]};
   for (int i = 1; i < argc0; ++i) {
     if (std::string(argv0[i]) == "--dropout" && i + 1 < argc0)
       dropout = std::atof(argv0[++i]);
+    else if (std::string(argv0[i]) == "--kv-heads" && i + 1 < argc0)
+      kv_heads = std::atoll(argv0[++i]);
     else
       args.push_back(argv0[i]);
   }
@@ -79,7 +85,13 @@ int main(int argc0, char** argv0) {
   std::mt19937 gen(7);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (const Case& c : cases) {
-    const int64_t C = c.H * c.D;
+    const int64_t C = c.H * c.D, G = kv_heads > 0 ? kv_heads : c.H;
+    if (c.H % G != 0) {
+      std::fprintf(stderr, "bench_attention: --kv-heads %lld does not divide H %lld\n",
+                   (long long)G, (long long)c.H);
+      return 2;
+    }
+    const int64_t C3 = (c.H + 2 * G) * c.D;
     auto device_random = [&](Shape s) {
       Tensor h(s);
       for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] = nd(gen);
@@ -88,44 +100,47 @@ int main(int argc0, char** argv0) {
       be->cast(d, f);
       return d;
     };
-    Tensor qkv = device_random({c.B, c.T, 3 * C});
+    Tensor qkv = device_random({c.B, c.T, C3});
     Tensor dout = device_random({c.B, c.T, C});
     Tensor out({c.B, c.T, C}, dtype, be->allocator());
     Tensor lse({c.B, c.H, c.T}, DType::F32, be->allocator());
-    Tensor dqkv({c.B, c.T, 3 * C}, dtype, be->allocator());
-    be->attention_forward(out, lse, qkv, c.H);  // warm-up (and shared-memory attributes)
-    be->attention_backward(dqkv, dout, qkv, out, lse, c.H);
+    Tensor dqkv({c.B, c.T, C3}, dtype, be->allocator());
+    // warm-up (and shared-memory attributes)
+    be->attention_forward(out, lse, qkv, c.H, nullptr, G);
+    be->attention_backward(dqkv, dout, qkv, out, lse, c.H, nullptr, G);
     be->synchronize();
     Timer tf;
-    for (int i = 0; i < reps; ++i) be->attention_forward(out, lse, qkv, c.H);
+    for (int i = 0; i < reps; ++i) be->attention_forward(out, lse, qkv, c.H, nullptr, G);
     be->synchronize();
     const double fwd = tf.seconds() / reps;
     Timer tb;
-    for (int i = 0; i < reps; ++i) be->attention_backward(dqkv, dout, qkv, out, lse, c.H);
+    for (int i = 0; i < reps; ++i)
+      be->attention_backward(dqkv, dout, qkv, out, lse, c.H, nullptr, G);
     be->synchronize();
     const double bwd = tb.seconds() / reps;
     const double flops = 4.0 * c.B * c.H * double(c.T) * c.T * c.D / 2;
     std::printf(
-        "B%lld H%lld T%lld D%lld: forward %.3f ms %.1f TFLOP/s | backward %.3f ms %.1f "
+        "B%lld H%lld G%lld T%lld D%lld: forward %.3f ms %.1f TFLOP/s | backward %.3f ms %.1f "
         "TFLOP/s",
-        (long long)c.B, (long long)c.H, (long long)c.T, (long long)c.D, fwd * 1e3,
+        (long long)c.B, (long long)c.H, (long long)G, (long long)c.T, (long long)c.D, fwd * 1e3,
         flops / fwd / 1e12, bwd * 1e3, 2.5 * flops / bwd / 1e12);
     if (c.fa2_fwd > 0)
-      std::printf(" | H100 PyTorch SDPA flash %.0f / %.0f, cuDNN %.0f / %.0f TFLOP/s", c.fa2_fwd,
-                  c.fa2_bwd, c.cudnn_fwd, c.cudnn_bwd);
+      std::printf(" | H100 PyTorch SDPA flash %.0f / %.0f, cuDNN %.0f / %.0f TFLOP/s%s", c.fa2_fwd,
+                  c.fa2_bwd, c.cudnn_fwd, c.cudnn_bwd, G < c.H ? " (multi-head)" : "");
     std::printf("\n");
     if (dropout > 0) {
       AttentionDropout drop;
       drop.spec = make_dropout_spec(dropout, 1234, 1, 0, DropoutKind::Attention, 0);
       drop.heads_total = c.H;
-      be->attention_forward(out, lse, qkv, c.H, &drop);
+      be->attention_forward(out, lse, qkv, c.H, &drop, G);
       be->synchronize();
       Timer df;
-      for (int i = 0; i < reps; ++i) be->attention_forward(out, lse, qkv, c.H, &drop);
+      for (int i = 0; i < reps; ++i) be->attention_forward(out, lse, qkv, c.H, &drop, G);
       be->synchronize();
       const double dfwd = df.seconds() / reps;
       Timer db;
-      for (int i = 0; i < reps; ++i) be->attention_backward(dqkv, dout, qkv, out, lse, c.H, &drop);
+      for (int i = 0; i < reps; ++i)
+        be->attention_backward(dqkv, dout, qkv, out, lse, c.H, &drop, G);
       be->synchronize();
       const double dbwd = db.seconds() / reps;
       std::printf("  with dropout %.2f: forward %.3f ms (%+.0f%%) | backward %.3f ms (%+.0f%%)\n",

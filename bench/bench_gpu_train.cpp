@@ -8,8 +8,9 @@
 //   per token = 72 L h^2 + 12 L s h + 6 h V   (= GPTConfig::train_flops_per_token)
 // i.e. 6 x (matmul parameters) plus the attention score and value products, forward and backward.
 //
-// Usage: bench_gpu_train [124m|1.3b|all=all] [steps=10] [micro_batch=0: per model] [peak_tflops=0:
-// from the device name] [dtype=bf16|fp16|f32] [--breakdown] [--recompute=full|selective]
+// Usage: bench_gpu_train [124m|1.3b|llama1b|all=all: 124m and 1.3b] [steps=10] [micro_batch=0: per
+// model] [peak_tflops=0: from the device name] [dtype=bf16|fp16|f32] [--breakdown]
+// [--recompute=full|selective]
 // [--distributed-optimizer] [--max-micro-batch]
 //
 // --recompute / --distributed-optimizer train with those memory features (issue 13; one GPU is
@@ -62,12 +63,16 @@ void print_breakdown(const std::vector<PhaseTotal>& phases, int steps, double st
 struct Preset {
   const char* name;
   int layers, hidden, heads, seq, micro_batch;
-  double peer_tokens_per_s, peer_mfu;  // PyTorch on one H100 at this shape (issue 12)
+  double peer_tokens_per_s, peer_mfu;  // PyTorch on one H100 at this shape (issue 12; 0: none)
+  bool llama = false;  // Llama 3.2 1B's architecture (issue 15): 8 query groups, SwiGLU 8192, ...
+  bool in_all = true;  // run by "all"
 };
 // The shapes of the PyTorch peer of issue 12 (bf16 autocast, SDPA flash attention, torch.compile,
-// fused AdamW), measured on the same H100 as Tessera's first run.
+// fused AdamW), measured on the same H100 as Tessera's first run; and Llama 3.2 1B at sequence
+// 2048 (configs/llama3-1b.ini's model; no peer measured yet), run when named.
 const Preset kPresets[] = {{"124m", 12, 768, 12, 1024, 16, 400066, 34.6},
-                           {"1.3b", 24, 2048, 16, 2048, 8, 52704, 48.4}};
+                           {"1.3b", 24, 2048, 16, 2048, 8, 52704, 48.4},
+                           {"llama1b", 16, 2048, 32, 2048, 4, 0, 0, true, false}};
 
 // Dense bf16 tensor-core peak (TFLOP/s, no sparsity) from the device name; 0 when unknown.
 double peak_bf16_tflops(const std::string& device) {
@@ -140,7 +145,7 @@ int main(int argc, char** argv) {
       device.c_str(), peak, peak > 0 ? "" : " (unknown device: MFU not printed)", dtype_name(dtype),
       recompute.describe().c_str(), distributed ? "distributed" : "replicated");
   for (const Preset& p : kPresets) {
-    if (which != "all" && which != p.name) continue;
+    if (which == "all" ? !p.in_all : which != p.name) continue;
     GPTConfig m;
     m.num_layers = p.layers;
     m.hidden_size = p.hidden;
@@ -148,6 +153,19 @@ int main(int argc, char** argv) {
     m.seq_length = p.seq;
     m.max_position_embeddings = p.seq;
     m.vocab_size = 50257;
+    if (p.llama) {  // configs/llama3-1b.ini's architecture
+      m.vocab_size = 128256;
+      m.ffn_hidden_size = 8192;
+      m.position_embedding_type = "rope";
+      m.rotary_base = 500000;
+      m.use_rope_scaling = true;
+      m.rope_scaling_factor = 32;
+      m.normalization = "RMSNorm";
+      m.swiglu = true;
+      m.group_query_attention = true;
+      m.num_query_groups = 8;
+      m.add_bias_linear = false;
+    }
     TrainConfig t;
     t.micro_batch_size = mbs_arg > 0 ? mbs_arg : p.micro_batch;
     t.global_batch_size = t.micro_batch_size;
@@ -211,7 +229,7 @@ int main(int argc, char** argv) {
       std::printf(
           " | peak memory %.2f GiB held by Tessera (--dry-run estimate %.2f GiB) | loss %.3f\n",
           cuda::peak_allocated_bytes() / 1073741824.0, est.total_bytes() / 1073741824.0, loss);
-      if (t.micro_batch_size == p.micro_batch && dtype == DType::BF16)
+      if (t.micro_batch_size == p.micro_batch && dtype == DType::BF16 && p.peer_tokens_per_s > 0)
         std::printf(
             "%-5s: PyTorch peer on an H100 at this shape: %.0f tokens/s, %.1f%% MFU (%.2fx)\n",
             p.name, p.peer_tokens_per_s, p.peer_mfu, tokens / sec / p.peer_tokens_per_s);

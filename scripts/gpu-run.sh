@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-run.sh: runs on the lent GPU machine, from the repository root, the archive that
 # scripts/gpu-bundle.sh made here (.gpu/tessera-gpu.tar.xz, carried): the CUDA tests, the
-# simulated-device tests, 10 iterations of gpt2-tiny on --device cuda against --device cpu,
+# simulated-device tests, 10 iterations of gpt2-tiny and llama-tiny on --device cuda against
+# --device cpu,
 # bench_attention with PyTorch's figures from bench/attention_peer.py, and bench_gpu_train. Logs go to $OUT (when set) and standard output.
 # Usage: bash scripts/gpu-run.sh [--no-bench] [--bench-only] [--memory] [--sanitize[=TOOL,...]]
 #        [BENCH_ARGS...]
@@ -122,15 +123,18 @@ if [ $tests -eq 1 ]; then
     "$root/bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" | grep -vE '^\[20[0-9]{2}-' | tail -40
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
-  echo "== tessera-train --device cuda vs --device cpu (gpt2-tiny, 10 iterations) =="
-  for d in cpu cuda; do
-    "$root/bin/tessera-train" --config "$root/configs/gpt2-tiny.ini" --device "$d" --train-iters 10 \
-      --log-interval 1 --metrics-file "$out/train-$d.jsonl" > "$out/train-$d.log" 2>&1 ||
-      { echo "tessera-train --device $d failed:"; tail -5 "$out/train-$d.log"; status=1; }
+  # GPT-2, and the Llama family (issue 15: RoPE, RMSNorm, SwiGLU, grouped-query attention).
+  for model in gpt2-tiny llama-tiny; do
+    echo "== tessera-train --device cuda vs --device cpu ($model, 10 iterations) =="
+    for d in cpu cuda; do
+      "$root/bin/tessera-train" --config "$root/configs/$model.ini" --device "$d" --train-iters 10 \
+        --log-interval 1 --metrics-file "$out/train-$model-$d.jsonl" > "$out/train-$model-$d.log" 2>&1 ||
+        { echo "tessera-train $model --device $d failed:"; tail -5 "$out/train-$model-$d.log"; status=1; }
+    done
+    if [ -s "$out/train-$model-cpu.jsonl" ] && [ -s "$out/train-$model-cuda.jsonl" ]; then
+      scripts/compare-losses "$out/train-$model-cpu.jsonl" "$out/train-$model-cuda.jsonl" 1e-4 cpu cuda || status=1
+    fi
   done
-  if [ -s "$out/train-cpu.jsonl" ] && [ -s "$out/train-cuda.jsonl" ]; then
-    scripts/compare-losses "$out/train-cpu.jsonl" "$out/train-cuda.jsonl" 1e-4 cpu cuda || status=1
-  fi
 fi
 if [ $bench -eq 1 ] && [ $memory -eq 1 ]; then
   for mode in "" --recompute=selective --recompute=full "--recompute=full --distributed-optimizer"; do
@@ -147,5 +151,9 @@ elif [ $bench -eq 1 ]; then
   python3 bench/attention_peer.py 2>&1 | tee "$out/bench-attention-peer.log"
   echo "== bench_gpu_train ${bench_args[*]:-all 10} =="
   "$root/bin/bench_gpu_train" "${bench_args[@]:-all}" 2>&1 | tee "$out/bench.log" || status=1
+  if [ ${#bench_args[@]} -eq 0 ]; then  # issue 15: Llama 3.2 1B's architecture, sequence 2048
+    echo "== bench_gpu_train llama1b 10 =="
+    "$root/bin/bench_gpu_train" llama1b 10 2>&1 | tee -a "$out/bench.log" || status=1
+  fi
 fi
 exit $status

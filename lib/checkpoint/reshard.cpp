@@ -16,6 +16,12 @@ void validate_model_layout(const GPTConfig& cfg, int tp, int pp) {
   if (cfg.num_attention_heads % tp != 0)
     throw ConfigError(concat("target tensor-parallel size ", tp, " does not divide the ",
                              cfg.num_attention_heads, " attention heads"));
+  if (cfg.kv_heads() % tp != 0)
+    throw ConfigError(concat("target tensor-parallel size ", tp, " does not divide the ",
+                             cfg.kv_heads(),
+                             " key/value heads (query groups); each rank holds whole key/value "
+                             "heads, Tessera does not replicate them: use a TP that divides ",
+                             cfg.kv_heads()));
   if (cfg.ffn() % tp != 0)
     throw ConfigError(
         concat("target tensor-parallel size ", tp, " does not divide the ffn width ", cfg.ffn()));

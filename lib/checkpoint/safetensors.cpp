@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <sstream>
 
 #include "core/dtype.hpp"
@@ -37,9 +38,22 @@ SafetensorsWriter::~SafetensorsWriter() {
   }
 }
 
-void SafetensorsWriter::declare(const std::string& name, const Shape& shape) {
+size_t safetensors_width(const std::string& dtype) {
+  return dtype == "F32" ? 4 : (dtype == "F16" || dtype == "BF16") ? 2 : 0;
+}
+
+void SafetensorsWriter::declare(const std::string& name, const Shape& shape,
+                                const std::string& dtype) {
   TESSERA_CHECK(!header_done_, "declare after the first write");
-  tensors_.emplace_back(name, shape);
+  TESSERA_CHECK(safetensors_width(dtype) > 0, "safetensors dtype ", dtype, " is not F32/BF16/F16");
+  tensors_.push_back({name, shape, dtype});
+}
+
+uint64_t SafetensorsWriter::data_bytes() const {
+  uint64_t n = 0;
+  for (const Declared& t : tensors_)
+    n += safetensors_width(t.dtype) * static_cast<uint64_t>(shape_numel(t.shape));
+  return n;
 }
 
 void SafetensorsWriter::write_header() {
@@ -52,9 +66,9 @@ void SafetensorsWriter::write_header() {
   }
   h << "}";
   uint64_t off = 0;
-  for (const auto& [name, shape] : tensors_) {
-    const uint64_t bytes = 4 * static_cast<uint64_t>(shape_numel(shape));
-    h << ",\"" << json_escape(name) << "\":{\"dtype\":\"F32\",\"shape\":[";
+  for (const auto& [name, shape, dtype] : tensors_) {
+    const uint64_t bytes = safetensors_width(dtype) * static_cast<uint64_t>(shape_numel(shape));
+    h << ",\"" << json_escape(name) << "\":{\"dtype\":\"" << dtype << "\",\"shape\":[";
     for (size_t i = 0; i < shape.size(); ++i) h << (i ? "," : "") << shape[i];
     h << "],\"data_offsets\":[" << off << "," << off + bytes << "]}";
     off += bytes;
@@ -75,11 +89,20 @@ void SafetensorsWriter::write_header() {
 
 void SafetensorsWriter::write(const std::string& name, const float* data) {
   if (!header_done_) write_header();
-  TESSERA_CHECK(next_ < tensors_.size() && tensors_[next_].first == name, "safetensors tensor ",
+  TESSERA_CHECK(next_ < tensors_.size() && tensors_[next_].name == name, "safetensors tensor ",
                 name, " written out of declaration order");
-  const size_t n = static_cast<size_t>(shape_numel(tensors_[next_].second));
-  if (std::fwrite(data, sizeof(float), n, f_) != n)
-    throw Error("writing '" + path_ + ".tmp' failed (disk full?)");
+  const Declared& t = tensors_[next_];
+  const size_t n = static_cast<size_t>(shape_numel(t.shape));
+  bool ok = true;
+  if (t.dtype == "F32") {
+    ok = std::fwrite(data, sizeof(float), n, f_) == n;
+  } else {
+    std::vector<uint16_t> h(n);
+    for (size_t i = 0; i < n; ++i)
+      h[i] = t.dtype == "BF16" ? f32_to_bf16(data[i]) : f32_to_f16(data[i]);
+    ok = std::fwrite(h.data(), sizeof(uint16_t), n, f_) == n;  // little-endian hosts
+  }
+  if (!ok) throw Error("writing '" + path_ + ".tmp' failed (disk full?)");
   ++next_;
 }
 
@@ -146,7 +169,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     throw ConfigError("'" + path + "': the safetensors header does not parse: " + e.message);
   }
   for (const auto& [name, e] : entries_) {
-    const size_t width = e.dtype == "F32" ? 4 : (e.dtype == "F16" || e.dtype == "BF16") ? 2 : 0;
+    const size_t width = safetensors_width(e.dtype);
     if (!width)
       throw ConfigError("'" + path + "': tensor " + name + " has dtype " + e.dtype +
                         " (supported: F32, F16, BF16)");
@@ -177,6 +200,79 @@ std::vector<float> SafetensorsReader::read(const std::string& name) const {
     }
   }
   return out;
+}
+
+std::string SafetensorsReader::raw(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw ConfigError("'" + path_ + "' has no tensor " + name);
+  const SafetensorsEntry& e = it->second;
+  return std::string(reinterpret_cast<const char*>(map_ + data_start_ + e.begin), e.end - e.begin);
+}
+
+SafetensorsDir::SafetensorsDir(const std::string& dir) {
+  const std::string index = dir + "/model.safetensors.index.json";
+  std::ifstream in(index);
+  if (!in) {  // one file
+    files_.push_back(std::make_unique<SafetensorsReader>(dir + "/model.safetensors"));
+    for (const auto& [name, e] : files_[0]->entries()) where_[name] = 0;
+    return;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  std::map<std::string, std::string> weight_map;
+  try {
+    JsonReader r(text);
+    bool found = false;
+    r.object([&](const std::string& k) {
+      if (k != "weight_map") {
+        r.skip_value();
+        return;
+      }
+      found = true;
+      r.object([&](const std::string& tensor) { weight_map[tensor] = r.string_value(); });
+    });
+    r.expect_end();
+    if (!found) throw JsonError{"no \"weight_map\" member"};
+  } catch (const JsonError& e) {
+    throw ConfigError("'" + index + "' does not parse: " + e.message);
+  }
+  std::map<std::string, size_t> file_index;
+  for (const auto& [tensor, file] : weight_map) {
+    if (file.find('/') != std::string::npos)
+      throw ConfigError("'" + index + "' maps " + tensor + " to '" + file +
+                        "', outside the directory");
+    auto it = file_index.find(file);
+    if (it == file_index.end()) {
+      files_.push_back(std::make_unique<SafetensorsReader>(dir + "/" + file));
+      it = file_index.emplace(file, files_.size() - 1).first;
+    }
+    if (!files_[it->second]->has(tensor))
+      throw ConfigError("'" + index + "' maps " + tensor + " to '" + file +
+                        "', which has no such tensor");
+    where_[tensor] = it->second;
+  }
+}
+
+const SafetensorsReader& SafetensorsDir::reader(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it == where_.end())
+    throw ConfigError("the Hugging Face model in '" +
+                      files_[0]->path().substr(0, files_[0]->path().rfind('/')) +
+                      "' has no tensor " + name);
+  return *files_[it->second];
+}
+
+const SafetensorsEntry& SafetensorsDir::entry(const std::string& name) const {
+  return reader(name).entries().at(name);
+}
+
+std::vector<float> SafetensorsDir::read(const std::string& name) const {
+  return reader(name).read(name);
+}
+
+const std::string& SafetensorsDir::file_of(const std::string& name) const {
+  return reader(name).path();
 }
 
 }  // namespace tessera

@@ -175,6 +175,19 @@ bool JsonReader::null_value() {
   return false;
 }
 
+bool JsonReader::bool_value() {
+  ws();
+  if (s_.substr(i_, 4) == "true") {
+    i_ += 4;
+    return true;
+  }
+  if (s_.substr(i_, 5) == "false") {
+    i_ += 5;
+    return false;
+  }
+  fail("expected true or false");
+}
+
 void JsonReader::array(const std::function<void()>& on_element) {
   if (peek() != '[') fail("expected an array");
   ++i_;
@@ -211,6 +224,40 @@ void JsonReader::skip_value() {
   } else {
     fail("unexpected character");
   }
+}
+
+JsonValue JsonReader::value() {
+  JsonValue v;
+  const char c = peek();
+  if (c == '"') {
+    v.type = JsonValue::Type::String;
+    v.string = parse_string();
+  } else if (c == '{') {
+    v.type = JsonValue::Type::Object;
+    object([&](const std::string& key) { v.members.emplace_back(key, value()); });
+  } else if (c == '[') {
+    v.type = JsonValue::Type::Array;
+    array([&] { v.items.push_back(value()); });
+  } else if (null_value()) {
+    v.type = JsonValue::Type::Null;
+  } else if (c == 't' || c == 'f') {
+    v.type = JsonValue::Type::Bool;
+    v.boolean = bool_value();
+  } else {
+    v.type = JsonValue::Type::Number;
+    v.number = number_value();
+  }
+  return v;
+}
+
+char JsonReader::peek_char() {
+  return peek();
+}
+
+const JsonValue* JsonValue::find(std::string_view key) const {
+  for (const auto& m : members)
+    if (m.first == key) return &m.second;
+  return nullptr;
 }
 
 void JsonReader::expect_end() {

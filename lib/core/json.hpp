@@ -6,12 +6,28 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace tessera {
 
 // Thrown with a message that says what is wrong and at which byte offset.
 struct JsonError {
   std::string message;
+};
+
+// A parsed JSON value: for small configuration objects (large arrays are better streamed with the
+// reader's callbacks).
+struct JsonValue {
+  enum class Type { Null, Bool, Number, String, Array, Object };
+  Type type = Type::Null;
+  bool boolean = false;
+  double number = 0;
+  std::string string;
+  std::vector<JsonValue> items;                            // Array
+  std::vector<std::pair<std::string, JsonValue>> members;  // Object, in document order
+  // The member `key` of an object; nullptr when absent or when this is not an object.
+  const JsonValue* find(std::string_view key) const;
 };
 
 // Calls `on_member(key, value_start, reader)` for each member of the object in `text`; the
@@ -25,9 +41,12 @@ class JsonReader {
   int64_t int_value();         // the next value must be an integer
   double number_value();       // the next value must be a number
   bool null_value();           // consumes `null` and returns true if the next value is null
+  bool bool_value();           // the next value must be true or false
   // Iterates the elements of an array value; the callback must consume each element.
   void array(const std::function<void()>& on_element);
   void skip_value();  // any value
+  JsonValue value();  // any value, as a tree
+  char peek_char();   // the first character of the next value ('{', '[', '"', digit, ...)
   void expect_end();  // only whitespace may follow
 
  private:

@@ -96,7 +96,7 @@ struct Pipeline {
 
 }  // namespace
 
-PreprocessResult preprocess(const PreprocessOptions& opts, const GPT2Tokenizer& tok,
+PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
                             const std::function<void(const std::string&, bool)>& progress,
                             bool tty) {
   TESSERA_CHECK(opts.workers >= 1, "--workers must be >= 1");
@@ -110,7 +110,7 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const GPT2Tokenizer& 
   std::vector<std::thread> workers;
   for (int w = 0; w < opts.workers; ++w) {
     workers.emplace_back([&] {
-      GPT2Tokenizer::Cache cache;
+      Tokenizer::Cache cache;
       std::vector<int32_t> ids;
       while (true) {
         std::unique_ptr<Batch> b;
@@ -207,7 +207,7 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const GPT2Tokenizer& 
   ShardMeta meta;
   meta.vocab_size = tok.vocab_size();
   meta.eod_id = tok.eod_id();
-  meta.tokenizer = GPT2Tokenizer::name();
+  meta.tokenizer = tok.name();
   Timer since_report;
   auto report = [&](bool final) {
     if (!progress) return;

@@ -40,7 +40,7 @@ int64_t parse_token_count(const std::string& text);
 // Runs the pipeline. `progress` (may be empty) receives one status line at a time; `tty` chooses
 // a carriage-return progress bar over periodic lines. Throws Error naming the file and line of a
 // bad input; then no shard of this run exists under its final name.
-PreprocessResult preprocess(const PreprocessOptions& opts, const GPT2Tokenizer& tokenizer,
+PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tokenizer,
                             const std::function<void(const std::string&, bool final)>& progress,
                             bool tty);
 

@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/json.hpp"
+#include "data/hf_tokenizer.hpp"
 
 namespace tessera {
 
@@ -303,7 +304,7 @@ void GPT2Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, Cac
   }
 }
 
-std::vector<int32_t> GPT2Tokenizer::encode(std::string_view text) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   Cache cache;
   std::vector<int32_t> out;
   encode(text, out, cache);
@@ -321,6 +322,33 @@ std::string GPT2Tokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (int32_t id : ids) out += token_bytes(id);
   return out;
+}
+
+std::shared_ptr<const Tokenizer> load_tokenizer(const TokenizerOptions& o) {
+  if (o.type == "GPT2BPETokenizer") {
+    if (!o.model.empty())
+      throw ConfigError(
+          "--tokenizer-model is for --tokenizer-type HuggingFaceTokenizer; "
+          "GPT2BPETokenizer reads --vocab-file and --merge-file");
+    if (!o.eod_token.empty())
+      throw ConfigError(
+          "--eod-token is for --tokenizer-type HuggingFaceTokenizer; "
+          "GPT2BPETokenizer always ends documents with <|endoftext|>");
+    if (o.vocab_file.empty() || o.merge_file.empty())
+      throw ConfigError(
+          "--tokenizer-type GPT2BPETokenizer needs --vocab-file encoder.json and "
+          "--merge-file vocab.bpe (scripts/get-gpt2-vocab.sh fetches them)");
+    return GPT2Tokenizer::load(o.vocab_file, o.merge_file);
+  }
+  if (o.type == "HuggingFaceTokenizer") {
+    if (o.model.empty())
+      throw ConfigError(
+          "--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model "
+          "(a tokenizer.json, or the directory that holds it)");
+    return HfTokenizer::load(o.model, o.eod_token);
+  }
+  throw ConfigError("--tokenizer-type '" + o.type +
+                    "' is not supported (supported: GPT2BPETokenizer, HuggingFaceTokenizer)");
 }
 
 }  // namespace tessera

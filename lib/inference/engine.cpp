@@ -18,8 +18,8 @@ InferenceEngine::InferenceEngine(GPTModel& model, const ParallelContext& ctx, in
   TESSERA_CHECK(max_positions <= cfg.max_positions(), "context of ", max_positions,
                 " exceeds the model's ", cfg.max_positions(), " positions");
   const ModelShard& sh = model.shard();
-  for (int l : sh.layers()) {
-    const Shape s{max_sequences, model.heads_local(), max_positions, cfg.head_dim()};
+  for (int n = sh.num_layers(); n > 0; --n) {
+    const Shape s{max_sequences, model.kv_heads_local(), max_positions, cfg.head_dim()};
     AllocationLabel label("the KV cache");
     k_cache_.push_back(Tensor(s, DType::F32, be_.allocator()));
     v_cache_.push_back(Tensor(s, DType::F32, be_.allocator()));
@@ -35,16 +35,17 @@ void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
   const GPTConfig& cfg = model_.config();
   const int64_t C = cfg.hidden_size, Cl = model_.heads_local() * cfg.head_dim();
   const int64_t Fl = cfg.ffn() / model_.shard().tp_size, Vl = model_.vocab_local();
+  const int64_t qkv_cols = (model_.heads_local() + 2 * model_.kv_heads_local()) * cfg.head_dim();
   Allocator& al = be_.allocator();
   auto f = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };
   ids_ = Tensor({rows_}, DType::I32, al);
   pos_ = Tensor({rows_}, DType::I32, al);
   x_ = f({rows_, C});
   ln_ = f({rows_, C});
-  qkv_ = f({rows_, 3 * Cl});
+  qkv_ = f({rows_, qkv_cols});
   att_ = f({rows_, Cl});
   tmp_ = f({rows_, C});
-  fc_ = f({rows_, Fl});
+  fc_ = f({rows_, cfg.swiglu ? 2 * Fl : Fl});
   gelu_ = f({rows_, Fl});
   mean_ = f({rows_});
   rstd_ = f({rows_});
@@ -90,26 +91,33 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
   if (sh.has_embedding) {
     be_.embedding_forward(x, ids, model_.params().param("wte"), model_.vocab_begin());
     model_.tp_comm().all_reduce(x, ReduceOp::Sum);
-    be_.embedding_forward(tmp, pos, model_.params().param("wpe"), 0);
-    be_.add(x, x, tmp);
+    if (cfg.learned_positions()) {
+      be_.embedding_forward(tmp, pos, model_.params().param("wpe"), 0);
+      be_.add(x, x, tmp);
+    }
   } else {
     ctx_.pp->recv(x, ctx_.pp_rank - 1, kTagHidden);
   }
-  const double eps = cfg.layernorm_epsilon;
   const bool bias_here = sh.tp_rank == 0;
+  auto opt = [](const Tensor& t) { return t.defined() ? &t : nullptr; };
+  const RopeSpec rope = model_.rope_spec(0);  // positions from pos
   for (int l : sh.layers()) {
     const LayerWeights& w = model_.layer_weights(l);
-    be_.layernorm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b, eps);
-    be_.matmul_forward(qkv, ln, w.qkv_w, &w.qkv_b);
+    model_.norm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b);
+    be_.matmul_forward(qkv, ln, w.qkv_w, opt(w.qkv_b));
+    if (cfg.rope()) be_.rope(qkv, rope, &pos, false);
     be_.kv_attention(att, qkv, k_cache_[sh.local_index(l)], v_cache_[sh.local_index(l)], kv,
-                     model_.heads_local());
-    be_.matmul_forward(tmp, att, w.proj_w, bias_here ? &w.proj_b : nullptr);
+                     model_.heads_local(), model_.kv_heads_local(), model_.alibi());
+    be_.matmul_forward(tmp, att, w.proj_w, bias_here ? opt(w.proj_b) : nullptr);
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
     be_.add(x, x, tmp);
-    be_.layernorm_forward(ln, mean, rstd, x, w.ln2_w, w.ln2_b, eps);
-    be_.matmul_forward(fc, ln, w.fc1_w, &w.fc1_b);
-    be_.gelu_forward(gl, fc);
-    be_.matmul_forward(tmp, gl, w.fc2_w, bias_here ? &w.fc2_b : nullptr);
+    model_.norm_forward(ln, mean, rstd, x, w.ln2_w, w.ln2_b);
+    be_.matmul_forward(fc, ln, w.fc1_w, opt(w.fc1_b));
+    if (cfg.swiglu)
+      be_.swiglu_forward(gl, fc);
+    else
+      be_.gelu_forward(gl, fc);
+    be_.matmul_forward(tmp, gl, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
     be_.add(x, x, tmp);
   }
@@ -129,11 +137,11 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
   Tensor lx = last_x_.view(0, {S, C}), lnf = lnf_.view(0, {S, C});
   Tensor lm = lnf_mean_.view(0, {S}), lr = lnf_rstd_.view(0, {S});
   be_.embedding_forward(lx, last_rows, x, 0);  // gathers rows of x
-  be_.layernorm_forward(lnf, lm, lr, lx, model_.params().param("lnf.weight"),
-                        model_.params().param("lnf.bias"), eps);
+  model_.norm_forward(lnf, lm, lr, lx, model_.params().param("lnf.weight"),
+                      cfg.rmsnorm() ? Tensor() : model_.params().param("lnf.bias"));
   const int64_t Vl = model_.vocab_local();
   Tensor lg = logits_.view(0, {S, Vl});
-  be_.matmul_forward(lg, lnf, model_.params().param("wte"), nullptr);
+  be_.matmul_forward(lg, lnf, model_.params().param(model_.output_weight_name()), nullptr);
   const int tp = sh.tp_size;
   Tensor all = gathered_.view(0, {tp * S * Vl});
   if (tp == 1)

@@ -11,13 +11,34 @@
 namespace tessera {
 
 namespace {
+// Absent parameters (biases without bias, LayerNorm biases with RMSNorm) stay undefined tensors.
 LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads) {
   const std::string p = "layers." + std::to_string(l) + ".";
-  auto get = [&](const char* n) { return grads ? ps.grad(p + n) : ps.compute_param(p + n); };
-  return {get("ln1.weight"),    get("ln1.bias"),         get("attn.qkv.weight"),
-          get("attn.qkv.bias"), get("attn.proj.weight"), get("attn.proj.bias"),
-          get("ln2.weight"),    get("ln2.bias"),         get("mlp.fc1.weight"),
-          get("mlp.fc1.bias"),  get("mlp.fc2.weight"),   get("mlp.fc2.bias")};
+  auto get = [&](const char* n) {
+    const std::string name = p + n;
+    if (!ps.has(name)) return Tensor();
+    return grads ? ps.grad(name) : ps.compute_param(name);
+  };
+  auto fused = [&](const char* a, const char* b) {
+    if (!ps.has(p + a)) return Tensor();
+    return grads ? ps.grad_fused(p + a, p + b) : ps.compute_fused(p + a, p + b);
+  };
+  LayerWeights w{get("ln1.weight"),    get("ln1.bias"),         get("attn.qkv.weight"),
+                 get("attn.qkv.bias"), get("attn.proj.weight"), get("attn.proj.bias"),
+                 get("ln2.weight"),    get("ln2.bias"),         get("mlp.fc1.weight"),
+                 get("mlp.fc1.bias"),  get("mlp.fc2.weight"),   get("mlp.fc2.bias")};
+  if (ps.has(p + "attn.q.weight")) {  // grouped-query attention: [q | k | v] as one GEMM
+    w.qkv_w = fused("attn.q.weight", "attn.kv.weight");
+    w.qkv_b = fused("attn.q.bias", "attn.kv.bias");
+  }
+  return w;
+}
+
+const Tensor* opt(const Tensor& t) {
+  return t.defined() ? &t : nullptr;
+}
+Tensor* opt(Tensor& t) {
+  return t.defined() ? &t : nullptr;
 }
 }  // namespace
 
@@ -29,14 +50,27 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   plan_ = plan_recompute(recompute_, shard_);
   TESSERA_CHECK(tp.size() == shard.tp_size && tp.rank() == shard.tp_rank,
                 "tensor-parallel communicator does not match the model shard");
-  TESSERA_CHECK(cfg.num_attention_heads % shard.tp_size == 0 && cfg.ffn() % shard.tp_size == 0,
-                "heads and ffn width must divide by the tensor-parallel size");
+  TESSERA_CHECK(cfg.num_attention_heads % shard.tp_size == 0 && cfg.ffn() % shard.tp_size == 0 &&
+                    cfg.kv_heads() % shard.tp_size == 0,
+                "heads, query groups and ffn width must divide by the tensor-parallel size");
   padded_vocab_ = cfg_.padded_vocab_size(shard.tp_size);
   vocab_local_ = padded_vocab_ / shard.tp_size;
   vocab_begin_ = vocab_local_ * shard.tp_rank;
   valid_cols_ =
       std::max<int64_t>(0, std::min<int64_t>(vocab_local_, cfg_.vocab_size - vocab_begin_));
   heads_local_ = cfg.num_attention_heads / shard.tp_size;
+  kv_heads_local_ = cfg.kv_heads() / shard.tp_size;
+  rope_.heads = heads_local_;
+  rope_.kv_heads = kv_heads_local_;
+  rope_.head_dim = cfg.head_dim();
+  rope_.rot_dim = cfg.rotary_dim();
+  rope_.base = cfg.rotary_base;
+  alibi_.head_begin = heads_local_ * shard.tp_rank;
+  alibi_.heads_total = cfg.num_attention_heads;
+  if (cfg.use_rope_scaling)
+    rope_.scaling =
+        RopeScaling{cfg.rope_scaling_factor, cfg.rope_scaling_low_freq_factor,
+                    cfg.rope_scaling_high_freq_factor, cfg.rope_scaling_original_max_positions};
   hidden_local_ = heads_local_ * cfg.head_dim();
   ffn_local_ = cfg.ffn() / shard.tp_size;
   sp_ = shard.sequence_parallel && shard.tp_size > 1;
@@ -86,7 +120,7 @@ std::vector<std::vector<int>> GPTModel::pieces_of_params() const {
       if (shard_.has_embedding) pieces.push_back(kEmbedPiece);
     } else if (s.name == "wpe") {
       pieces.push_back(kEmbedPiece);
-    } else if (s.name.rfind("lnf.", 0) == 0) {
+    } else if (s.name.rfind("lnf.", 0) == 0 || s.name == "lm_head") {
       pieces.push_back(kHeadPiece);
     } else {  // "layers.<l>.…"
       pieces.push_back(std::stoi(s.name.substr(7, s.name.find('.', 7) - 7)));
@@ -127,6 +161,9 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
   const int64_t Nl = sp ? N / shard.tp_size : N;
   const int64_t heads_l = cfg.num_attention_heads / shard.tp_size;
   const int64_t hl = heads_l * cfg.head_dim(), fl = cfg.ffn() / shard.tp_size;
+  // qkv holds the rank's query heads and its key and value groups; fc1 SwiGLU's gate and up.
+  const int64_t qkvl = hl + 2 * (cfg.kv_heads() / shard.tp_size) * cfg.head_dim();
+  const int64_t fc1l = cfg.swiglu ? 2 * fl : fl;
   const int64_t vl = cfg.padded_vocab_size(shard.tp_size) / shard.tp_size;
   auto f = [&](Shape s) { return Tensor(std::move(s), compute, al); };       // activations
   auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };  // statistics
@@ -134,12 +171,12 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
   auto res = [&]() { return sp ? f({Nl, C}) : f({B, T, C}); };
   auto ln1 = [&](LayerActivations& la) {
     la.ln1 = f({N, C});
-    la.ln1_mean = f32({Nl});
+    if (!cfg.rmsnorm()) la.ln1_mean = f32({Nl});  // RMSNorm keeps no mean
     la.ln1_rstd = f32({Nl});
   };
   auto ln2_gelu = [&](LayerActivations& la) {
     la.ln2 = f({N, C});
-    la.ln2_mean = f32({Nl});
+    if (!cfg.rmsnorm()) la.ln2_mean = f32({Nl});
     la.ln2_rstd = f32({Nl});
     la.gelu = f({N, fl});
   };
@@ -148,18 +185,19 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
     la.lse = f32({B, heads_l, T});
   };
   auto kept = [&](LayerActivations& la, bool res2) {  // what selective recomputation keeps
-    la.qkv = f({B, T, 3 * hl});
+    la.qkv = f({B, T, qkvl});
     la.res1 = res();
-    la.fc1 = f({N, fl});
+    la.fc1 = f({N, fc1l});
     if (res2) la.res2 = res();
   };
   // Shared: the scratch of the passes, then the recompute working set.
   Activations shared;
   shared.tmp_c = f({N, C});
   shared.dln = f({N, C});
-  shared.dqkv = f({B, T, 3 * hl});
+  shared.dqkv = f({B, T, qkvl});
   shared.datt = f({B, T, hl});
   shared.dfc = f({N, fl});
+  if (cfg.swiglu) shared.dfc1 = f({N, fc1l});
   size_t max_chunk = 0;
   bool selective = false;
   for (const LayerRecompute& p : plan) {
@@ -219,7 +257,7 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
       }
       if (shard.has_head && c == shard.num_chunks() - 1) {
         a.lnf = f({N, C});
-        a.lnf_mean = f32({Nl});
+        if (!cfg.rmsnorm()) a.lnf_mean = f32({Nl});
         a.lnf_rstd = f32({Nl});
         a.logits = f({N, vl});
         a.losses = f32({N});
@@ -388,11 +426,38 @@ void GPTModel::reduce_sequence_parallel_grads(int piece) {
   };
   if (piece == kHeadPiece) {
     reduce("lnf.weight");
-    reduce("lnf.bias");
+    if (!cfg_.rmsnorm()) reduce("lnf.bias");
   } else if (piece >= 0) {
     LayerWeights& g = grads_[shard_.local_index(piece)];
-    for (Tensor* t : {&g.ln1_w, &g.ln1_b, &g.ln2_w, &g.ln2_b}) tp_.all_reduce(*t, ReduceOp::Sum);
+    for (Tensor* t : {&g.ln1_w, &g.ln1_b, &g.ln2_w, &g.ln2_b})
+      if (t->defined()) tp_.all_reduce(*t, ReduceOp::Sum);
   }
+}
+
+void GPTModel::norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
+                            const Tensor& w, const Tensor& b) {
+  if (cfg_.rmsnorm())
+    be_.rmsnorm_forward(out, rstd, inp, w, cfg_.layernorm_epsilon);
+  else
+    be_.layernorm_forward(out, mean, rstd, inp, w, b, cfg_.layernorm_epsilon);
+}
+
+void GPTModel::add_norm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd,
+                                const Tensor& a, const Tensor& b, const Tensor& w,
+                                const Tensor& bias) {
+  if (cfg_.rmsnorm())
+    be_.add_rmsnorm_forward(sum, out, rstd, a, b, w, cfg_.layernorm_epsilon);
+  else
+    be_.add_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, cfg_.layernorm_epsilon);
+}
+
+void GPTModel::norm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
+                             const Tensor& inp, const Tensor& w, const Tensor& mean,
+                             const Tensor& rstd) {
+  if (cfg_.rmsnorm())
+    be_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd);
+  else
+    be_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -413,7 +478,7 @@ void GPTModel::embed_forward(Activations& a) {
     // zeros: the all-reduce path's sum, bit for bit) and leaves each rank its rows.
     Tensor full = a.tmp_c;
     be_.embedding_forward(full, a.ids, params_->compute_param("wte"), vocab_begin_);
-    if (shard_.tp_rank == 0) {
+    if (shard_.tp_rank == 0 && cfg_.learned_positions()) {
       Tensor btc = full.reshape({a.B, a.T, C});
       be_.position_embedding_forward(btc, params_->compute_param("wpe"));
     }
@@ -424,7 +489,8 @@ void GPTModel::embed_forward(Activations& a) {
     Tensor x = a.input.reshape({N, C});
     be_.embedding_forward(x, a.ids, params_->compute_param("wte"), vocab_begin_);
     tp_.all_reduce(a.input, ReduceOp::Sum);  // each TP rank filled the rows of its vocab shard
-    be_.position_embedding_forward(a.input, params_->compute_param("wpe"));
+    if (cfg_.learned_positions())
+      be_.position_embedding_forward(a.input, params_->compute_param("wpe"));
   }
   if (const DropoutSpec d = hidden_dropout(0, DropoutKind::Embedding, a); d.active()) {
     phase("dropout");
@@ -441,19 +507,23 @@ void GPTModel::block_forward(int l, Activations& a) {
   const LayerWeights& w = weights_[li];
   LayerActivations& la = acts_of(l, a);
   const Tensor& x = layer_input(l, a);
-  const double eps = cfg_.layernorm_epsilon;
   const bool bias_here = shard_.tp_rank == 0;  // row-parallel bias: added once across the group
   PhaseSequence phase;
   phase("layernorm-forward");
   Tensor ln1 = own_rows(la.ln1, a);
-  be_.layernorm_forward(ln1, la.ln1_mean, la.ln1_rstd, x, w.ln1_w, w.ln1_b, eps);
+  norm_forward(ln1, la.ln1_mean, la.ln1_rstd, x, w.ln1_w, w.ln1_b);
   gather_rows(phase, la.ln1);
   phase("qkv-gemm-forward");
-  be_.matmul_forward(la.qkv, la.ln1, w.qkv_w, &w.qkv_b);
+  be_.matmul_forward(la.qkv, la.ln1, w.qkv_w, opt(w.qkv_b));
+  if (cfg_.rope()) {
+    phase("rope");
+    be_.rope(la.qkv, rope_spec(a.T), nullptr, false);
+  }
   phase("attention-core-forward");
-  be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a));
+  be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a),
+                        kv_heads_local_, alibi());
   phase("proj-gemm-forward");
-  be_.matmul_forward(a.tmp_c, la.att, w.proj_w, bias_here ? &w.proj_b : nullptr);
+  be_.matmul_forward(a.tmp_c, la.att, w.proj_w, bias_here ? opt(w.proj_b) : nullptr);
   Tensor branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::AttnOut, a); d.active()) {
     phase("dropout");
@@ -461,15 +531,19 @@ void GPTModel::block_forward(int l, Activations& a) {
   }
   phase("layernorm-forward");  // fused with the residual add
   Tensor ln2 = own_rows(la.ln2, a);
-  be_.add_layernorm_forward(la.res1, ln2, la.ln2_mean, la.ln2_rstd, x, branch, w.ln2_w, w.ln2_b,
-                            eps);
+  add_norm_forward(la.res1, ln2, la.ln2_mean, la.ln2_rstd, x, branch, w.ln2_w, w.ln2_b);
   gather_rows(phase, la.ln2);
   phase("fc1-gemm-forward");
-  be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, &w.fc1_b);
-  phase("gelu-forward");
-  be_.gelu_forward(la.gelu, la.fc1);
+  be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b));
+  if (cfg_.swiglu) {
+    phase("swiglu-forward");
+    be_.swiglu_forward(la.gelu, la.fc1);
+  } else {
+    phase("gelu-forward");
+    be_.gelu_forward(la.gelu, la.fc1);
+  }
   phase("fc2-gemm-forward");
-  be_.matmul_forward(a.tmp_c, la.gelu, w.fc2_w, bias_here ? &w.fc2_b : nullptr);
+  be_.matmul_forward(a.tmp_c, la.gelu, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
   branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::MlpOut, a); d.active()) {
     phase("dropout");
@@ -504,11 +578,11 @@ void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out
   PhaseSequence phase;
   phase("layernorm-forward");
   Tensor lnf = own_rows(a.lnf, a);
-  be_.layernorm_forward(lnf, a.lnf_mean, a.lnf_rstd, h, params_->compute_param("lnf.weight"),
-                        params_->compute_param("lnf.bias"), cfg_.layernorm_epsilon);
+  norm_forward(lnf, a.lnf_mean, a.lnf_rstd, h, params_->compute_param("lnf.weight"),
+               cfg_.rmsnorm() ? Tensor() : params_->compute_param("lnf.bias"));
   gather_rows(phase, a.lnf);
   phase("lm-head-gemm-forward");
-  be_.matmul_forward(a.logits, a.lnf, params_->compute_param("wte"), nullptr);
+  be_.matmul_forward(a.logits, a.lnf, params_->compute_param(output_weight_name()), nullptr);
   phase("cross-entropy");  // with its TP all-reduces of the row statistics
   be_.xent_row_max(a.rowmax, a.logits, valid_cols_);
   tp_.all_reduce(a.rowmax, ReduceOp::Max);
@@ -532,17 +606,20 @@ double GPTModel::forward(Activations& a, float grad_scale) {
 
 void GPTModel::head_backward(Activations& a) {
   NVTX_RANGE("head-backward");
-  // logits now hold dlogits. dlnf = dlogits * wte is a partial sum over vocabulary shards.
-  Tensor dwte = params_->grad("wte");
+  // logits now hold dlogits. dlnf = dlogits * W (the output weight) is a partial sum over
+  // vocabulary shards.
+  Tensor dw = params_->grad(output_weight_name());
   PhaseSequence phase;
   phase("lm-head-gemm-backward");
-  be_.matmul_backward(&a.dln, dwte, nullptr, a.logits, a.lnf, params_->compute_param("wte"));
+  be_.matmul_backward(&a.dln, dw, nullptr, a.logits, a.lnf,
+                      params_->compute_param(output_weight_name()));
   const Tensor dlnf = reduce_rows(phase, a.dln, a);
   phase("layernorm-backward");
   be_.zero(a.dres);
-  Tensor dlnf_w = params_->grad("lnf.weight"), dlnf_b = params_->grad("lnf.bias");
-  be_.layernorm_backward(a.dres, dlnf_w, dlnf_b, dlnf, stage_output(a),
-                         params_->compute_param("lnf.weight"), a.lnf_mean, a.lnf_rstd);
+  Tensor dlnf_w = params_->grad("lnf.weight");
+  Tensor dlnf_b = cfg_.rmsnorm() ? Tensor() : params_->grad("lnf.bias");
+  norm_backward(a.dres, dlnf_w, dlnf_b, dlnf, stage_output(a), params_->compute_param("lnf.weight"),
+                a.lnf_mean, a.lnf_rstd);
 }
 
 void GPTModel::recompute_for_backward(int l, Activations& a) {
@@ -559,18 +636,23 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
     NVTX_RANGE("recompute-selective");
     const LayerWeights& w = weights_[shard_.local_index(l)];
     LayerActivations& la = acts_of(l, a);
-    const double eps = cfg_.layernorm_epsilon;
     PhaseSequence phase;
     phase("layernorm-forward");
     Tensor ln1 = own_rows(la.ln1, a), ln2 = own_rows(la.ln2, a);
-    be_.layernorm_forward(ln1, la.ln1_mean, la.ln1_rstd, layer_input(l, a), w.ln1_w, w.ln1_b, eps);
-    be_.layernorm_forward(ln2, la.ln2_mean, la.ln2_rstd, la.res1, w.ln2_w, w.ln2_b, eps);
+    norm_forward(ln1, la.ln1_mean, la.ln1_rstd, layer_input(l, a), w.ln1_w, w.ln1_b);
+    norm_forward(ln2, la.ln2_mean, la.ln2_rstd, la.res1, w.ln2_w, w.ln2_b);
     gather_rows(phase, la.ln1);  // the gathers of the forward again (sequence parallelism)
     gather_rows(phase, la.ln2);
-    phase("attention-core-forward");
-    be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a));
-    phase("gelu-forward");
-    be_.gelu_forward(la.gelu, la.fc1);
+    phase("attention-core-forward");  // qkv was kept with RoPE applied
+    be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a),
+                          kv_heads_local_, alibi());
+    if (cfg_.swiglu) {
+      phase("swiglu-forward");
+      be_.swiglu_forward(la.gelu, la.fc1);
+    } else {
+      phase("gelu-forward");
+      be_.gelu_forward(la.gelu, la.fc1);
+    }
   }
 }
 
@@ -588,30 +670,41 @@ void GPTModel::block_backward(int l, Activations& a) {
   // parallelism (branch_grad).
   const Tensor& dmlp = branch_grad(phase, a, hidden_dropout(l, DropoutKind::MlpOut, a));
   phase("fc2-gemm-backward");
-  be_.matmul_backward(&a.dfc, g.fc2_w, &g.fc2_b, dmlp, la.gelu, w.fc2_w);
-  phase("gelu-backward");
-  be_.gelu_backward(a.dfc, la.fc1, a.dfc);
+  be_.matmul_backward(&a.dfc, g.fc2_w, opt(g.fc2_b), dmlp, la.gelu, w.fc2_w);
+  Tensor* dfc1 = &a.dfc;
+  if (cfg_.swiglu) {
+    phase("swiglu-backward");
+    be_.swiglu_backward(a.dfc1, la.fc1, a.dfc);
+    dfc1 = &a.dfc1;
+  } else {
+    phase("gelu-backward");
+    be_.gelu_backward(a.dfc, la.fc1, a.dfc);
+  }
   phase("fc1-gemm-backward");
-  be_.matmul_backward(&a.dln, g.fc1_w, &g.fc1_b, a.dfc, la.ln2, w.fc1_w);
+  be_.matmul_backward(&a.dln, g.fc1_w, opt(g.fc1_b), *dfc1, la.ln2, w.fc1_w);
   Tensor dln = reduce_rows(phase, a.dln, a);  // column-parallel input gradient
   phase("layernorm-backward");
-  be_.layernorm_backward(a.dres, g.ln2_w, g.ln2_b, dln, la.res1, w.ln2_w, la.ln2_mean, la.ln2_rstd);
+  norm_backward(a.dres, g.ln2_w, g.ln2_b, dln, la.res1, w.ln2_w, la.ln2_mean, la.ln2_rstd);
   // Attention: res1 = x + drop(proj(attn(qkv(ln1(x))))); dres becomes d x.
   const Tensor& dattn = branch_grad(phase, a, hidden_dropout(l, DropoutKind::AttnOut, a));
   phase("proj-gemm-backward");
-  be_.matmul_backward(&a.datt, g.proj_w, &g.proj_b, dattn, la.att, w.proj_w);
+  be_.matmul_backward(&a.datt, g.proj_w, opt(g.proj_b), dattn, la.att, w.proj_w);
   phase("attention-core-backward");
   be_.attention_backward(a.dqkv, a.datt, la.qkv, la.att, la.lse, heads_local_,
-                         attention_dropout(l, a));
+                         attention_dropout(l, a), kv_heads_local_, alibi());
+  if (cfg_.rope()) {  // the rotation's transpose: rotate the gradient back
+    phase("rope");
+    be_.rope(a.dqkv, rope_spec(a.T), nullptr, true);
+  }
   phase("qkv-gemm-backward");
-  be_.matmul_backward(&a.dln, g.qkv_w, &g.qkv_b, a.dqkv, la.ln1, w.qkv_w);
+  be_.matmul_backward(&a.dln, g.qkv_w, opt(g.qkv_b), a.dqkv, la.ln1, w.qkv_w);
   dln = reduce_rows(phase, a.dln, a);
   phase("layernorm-backward");
-  be_.layernorm_backward(a.dres, g.ln1_w, g.ln1_b, dln, x, w.ln1_w, la.ln1_mean, la.ln1_rstd);
+  norm_backward(a.dres, g.ln1_w, g.ln1_b, dln, x, w.ln1_w, la.ln1_mean, la.ln1_rstd);
 }
 
 void GPTModel::embed_backward(Activations& a) {
-  Tensor dwte = params_->grad("wte"), dwpe = params_->grad("wpe");
+  Tensor dwte = params_->grad("wte");
   // d (wte[ids] + wpe): dres through the embedding dropout's mask, all rows (gathered over TP
   // with sequence parallelism): every TP rank needs every row for its vocabulary shard, and
   // computes the whole (replicated) position-embedding gradient.
@@ -620,7 +713,10 @@ void GPTModel::embed_backward(Activations& a) {
   const Tensor& demb = branch_grad(phase, a, hidden_dropout(0, DropoutKind::Embedding, a));
   phase("embedding-backward");
   be_.embedding_backward(dwte, demb.reshape({N, C}), a.ids, vocab_begin_);
-  be_.position_embedding_backward(dwpe, demb.reshape({a.B, a.T, C}));
+  if (cfg_.learned_positions()) {
+    Tensor dwpe = params_->grad("wpe");
+    be_.position_embedding_backward(dwpe, demb.reshape({a.B, a.T, C}));
+  }
 }
 
 void GPTModel::backward(Activations& a) {

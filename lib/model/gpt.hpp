@@ -25,15 +25,17 @@ class PhaseSequence;  // core/phase_timer.hpp
 // filled again just before the layer's backward reads them.
 struct LayerActivations {
   Tensor ln1, ln1_mean, ln1_rstd;  // (N,C), (N), (N)
-  Tensor qkv;                      // (B,T,3*Cl)
+  Tensor qkv;                      // (B,T,(Hl+2Gl)*hd): query, key, value heads (RoPE applied)
   Tensor att, lse;                 // (B,T,Cl), (B,Hl,T)
   Tensor res1;                     // (N,C)  x + attention
   Tensor ln2, ln2_mean, ln2_rstd;
-  Tensor fc1, gelu;  // (N,Fl)
+  Tensor fc1, gelu;  // (N,Fl) (fc1 (N,2Fl) with SwiGLU: gate and up); gelu: the activation's output
   Tensor res2;       // (N,C)  layer output
 };
 
 // The parameters (or gradients) of one layer, resolved once so a step does no name look-ups.
+// Absent ones (biases with --disable-bias-linear, norm biases with RMSNorm) are undefined; with
+// grouped-query attention qkv_w / qkv_b view the glued query and key/value parameters.
 struct LayerWeights {
   Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
 };
@@ -63,7 +65,8 @@ struct Activations {
   // Scratch, one set shared by every micro-batch in flight (nothing in it outlives a pass).
   Tensor tmp_c;            // (N,C)   row-parallel outputs
   Tensor dln;              // (N,C)
-  Tensor dqkv, datt, dfc;  // (N,3Cl), (N,Cl), (N,Fl)
+  Tensor dqkv, datt, dfc;  // (N,(Hl+2Gl)hd), (N,Cl), (N,Fl)
+  Tensor dfc1;             // (N,2Fl): the gradient of SwiGLU's gate and up (SwiGLU only)
 };
 
 // Bytes of the activation buffers of a stage for (B,T) micro-batches: what each micro-batch in
@@ -159,6 +162,20 @@ class GPTModel {
   int64_t vocab_begin() const { return vocab_begin_; }
   int64_t vocab_local() const { return vocab_local_; }
   int64_t heads_local() const { return heads_local_; }
+  int64_t kv_heads_local() const { return kv_heads_local_; }
+  // RoPE of this rank's heads for rows at positions r % seq_len (or given positions).
+  RopeSpec rope_spec(int64_t seq_len) const {
+    RopeSpec r = rope_;
+    r.seq_len = seq_len;
+    return r;
+  }
+  // ALiBi of this rank's heads; null without it.
+  const AttentionAlibi* alibi() const { return cfg_.alibi() ? &alibi_ : nullptr; }
+  // The output layer's weight: the tied word embedding, or lm_head.
+  const char* output_weight_name() const { return cfg_.tied_head() ? "wte" : "lm_head"; }
+  // The configured norm (LayerNorm or RMSNorm; mean and bias unused by RMSNorm).
+  void norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w,
+                    const Tensor& b);
   Backend& backend() { return be_; }
   Communicator& tp_comm() { return tp_; }
 
@@ -194,6 +211,10 @@ class GPTModel {
   // tmp_c when either applies; else dres itself).
   const Tensor& branch_grad(PhaseSequence& phase, Activations& a, const DropoutSpec& site);
   LayerActivations& acts_of(int layer, Activations& a) const;
+  void add_norm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
+                        const Tensor& b, const Tensor& w, const Tensor& bias);
+  void norm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
+                     const Tensor& w, const Tensor& mean, const Tensor& rstd);
   // The hidden dropout of a site (inactive outside training or at p = 0), and the attention
   // dropout of a layer (null when inactive).
   DropoutSpec hidden_dropout(int layer, DropoutKind kind, const Activations& a) const;
@@ -209,8 +230,10 @@ class GPTModel {
   RecomputeConfig recompute_;
   std::vector<LayerRecompute> plan_;  // indexed by shard_.local_index(layer)
   int64_t padded_vocab_ = 0, vocab_local_ = 0, vocab_begin_ = 0, valid_cols_ = 0;
-  int64_t heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
-  bool sp_ = false;  // sequence parallelism on (TP > 1)
+  int64_t heads_local_ = 0, kv_heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
+  RopeSpec rope_;         // this rank's heads (seq_len set per call)
+  AttentionAlibi alibi_;  // this rank's heads among all (ALiBi)
+  bool sp_ = false;       // sequence parallelism on (TP > 1)
   std::unique_ptr<ParamStore> params_;
   std::vector<LayerWeights> weights_, grads_;  // indexed by shard_.local_index(layer)
   std::vector<float> host_losses_;             // staging for the loss readback

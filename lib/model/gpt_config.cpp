@@ -44,6 +44,41 @@ void GPTConfig::validate() const {
     throw ConfigError(detail::concat("--init-method-std=", init_method_std, " must be > 0"));
   if (!(layernorm_epsilon > 0))
     throw ConfigError(detail::concat("--layernorm-epsilon=", layernorm_epsilon, " must be > 0"));
+  if (position_embedding_type != "learned_absolute" && position_embedding_type != "rope" &&
+      position_embedding_type != "alibi" && position_embedding_type != "none")
+    throw ConfigError("--position-embedding-type=" + position_embedding_type +
+                      " is not known (allowed: learned_absolute, rope, alibi, none)");
+  if (normalization != "LayerNorm" && normalization != "RMSNorm")
+    throw ConfigError("--normalization=" + normalization +
+                      " is not known (allowed: LayerNorm, RMSNorm)");
+  if (!(rotary_percent > 0 && rotary_percent <= 1))
+    throw ConfigError(detail::concat("--rotary-percent=", rotary_percent,
+                                     " is out of range (allowed: 0 < p <= 1)"));
+  if (!(rotary_base > 0))
+    throw ConfigError(detail::concat("--rotary-base=", rotary_base, " must be > 0"));
+  if (rope() && rotary_dim() < 2)
+    throw ConfigError(detail::concat("--rotary-percent=", rotary_percent, " of head dimension ",
+                                     head_dim(), " rotates no feature pair (allowed: at least 2 ",
+                                     "features, i.e. p >= ", 2.0 / head_dim(), ")"));
+  if (use_rope_scaling && !rope())
+    throw ConfigError("--use-rope-scaling needs --position-embedding-type rope");
+  if (use_rope_scaling && !(rope_scaling_factor > 1 && rope_scaling_low_freq_factor > 0 &&
+                            rope_scaling_high_freq_factor > rope_scaling_low_freq_factor &&
+                            rope_scaling_original_max_positions > 0))
+    throw ConfigError(detail::concat(
+        "--rope-scaling-factor=", rope_scaling_factor, " (low/high frequency factors ",
+        rope_scaling_low_freq_factor, "/", rope_scaling_high_freq_factor, ", original positions ",
+        rope_scaling_original_max_positions,
+        ") is out of range (allowed: factor > 1, 0 < low < high, positions > 0)"));
+  if (group_query_attention) {
+    if (num_query_groups < 1)
+      throw ConfigError(detail::concat("--num-query-groups=", num_query_groups,
+                                       " is out of range (allowed: >= 1)"));
+    if (num_attention_heads % num_query_groups != 0)
+      throw ConfigError(detail::concat(
+          "--num-query-groups=", num_query_groups, " does not divide --num-attention-heads=",
+          num_attention_heads, " (allowed: a divisor of ", num_attention_heads, ")"));
+  }
   if (!(attention_dropout >= 0 && attention_dropout < 1))
     throw ConfigError(detail::concat("--attention-dropout=", attention_dropout,
                                      " is out of range (allowed: 0 <= p < 1)"));
@@ -52,18 +87,59 @@ void GPTConfig::validate() const {
                                      " is out of range (allowed: 0 <= p < 1)"));
 }
 
+int GPTConfig::rotary_dim() const {
+  // Megatron: int(head_dim * percent), rounded down to an even count.
+  const int d = static_cast<int>(head_dim() * rotary_percent + 1e-9);
+  return d - d % 2;
+}
+
+std::string GPTConfig::describe() const {
+  std::string out =
+      rope() ? detail::concat(
+                   "RoPE (base ", rotary_base, ", ", rotary_dim(), " of ", head_dim(), " features",
+                   use_rope_scaling ? detail::concat(", Llama 3 scaling x", rope_scaling_factor)
+                                    : std::string(),
+                   ")")
+             : std::string(learned_positions() ? "learned absolute positions"
+                           : alibi()           ? "ALiBi"
+                                               : "no position embedding");
+  out += rmsnorm() ? ", RMSNorm" : ", LayerNorm";
+  out += swiglu ? ", SwiGLU" : ", GELU";
+  if (!group_query_attention)
+    out += ", multi-head attention";
+  else if (num_query_groups == 1)
+    out +=
+        detail::concat(", multi-query attention (1 key/value head for ", num_attention_heads, ")");
+  else
+    out += detail::concat(", grouped-query attention (", num_query_groups, " key/value heads for ",
+                          num_attention_heads, ")");
+  out += tied_head() ? ", output layer tied to the embedding" : ", untied output layer";
+  if (!add_bias_linear) out += ", no linear biases";
+  return out;
+}
+
 int64_t GPTConfig::num_parameters() const {
-  const int64_t h = hidden_size, f = ffn(), L = num_layers;
-  const int64_t per_layer =
-      2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (f * h + f) + (h * f + h);
-  return vocab_size * h + static_cast<int64_t>(max_positions()) * h + L * per_layer + 2 * h;
+  const int64_t h = hidden_size, f = ffn(), L = num_layers, hd = head_dim();
+  const int64_t qkv = (num_attention_heads + 2 * int64_t(kv_heads())) * hd;
+  const int64_t fc1 = swiglu ? 2 * f : f;
+  const int64_t norm = rmsnorm() ? h : 2 * h;
+  const int64_t bias = add_bias_linear ? 1 : 0;
+  const int64_t per_layer = 2 * norm + (qkv * h + bias * qkv) +
+                            (h * num_attention_heads * hd + bias * h) + (fc1 * h + bias * fc1) +
+                            (h * f + bias * h);
+  int64_t n = vocab_size * h + L * per_layer + norm;
+  if (learned_positions()) n += static_cast<int64_t>(max_positions()) * h;
+  if (!tied_head()) n += vocab_size * h;
+  return n;
 }
 
 double GPTConfig::train_flops_per_token() const {
   const double h = hidden_size, L = num_layers, s = seq_length, V = static_cast<double>(vocab_size);
-  const double f = ffn();
-  // matmul parameters per layer: qkv 3h^2, proj h^2, mlp 2*h*f (= 8h^2 for f = 4h)
-  const double matmul_params = L * (4 * h * h + 2 * h * f) + V * h;
+  const double f = ffn(), hd = head_dim(), H = num_attention_heads, G = kv_heads();
+  // matmul parameters per layer: qkv (H+2G)*hd*h (3h^2 for GPT-2), proj h^2, mlp 2*h*f (= 8h^2
+  // for f = 4h; 3*h*f with SwiGLU's gate)
+  const double mlp = (swiglu ? 3 : 2) * h * f;
+  const double matmul_params = L * ((H + 2 * G) * hd * h + H * hd * h + mlp) + V * h;
   return 6.0 * matmul_params + 12.0 * L * s * h;
 }
 

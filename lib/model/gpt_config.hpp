@@ -1,4 +1,5 @@
-// gpt_config.hpp: GPT-2 hyper-parameters, vocabulary padding and validation.
+// gpt_config.hpp: the model's hyper-parameters (GPT-2 by default, the Llama family's options
+// beside them), vocabulary padding and validation.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,37 @@ struct GPTConfig {
   // are keyed by global coordinates (core/dropout.hpp), so every layout drops the same elements.
   double attention_dropout = 0;  // on the attention probabilities
   double hidden_dropout = 0;     // on the embedding output and each residual branch's output
+
+  // The Llama family (docs/model.md), each behind Megatron-LM's option; the defaults are GPT-2.
+  // learned_absolute | rope | alibi | none
+  std::string position_embedding_type = "learned_absolute";
+  double rotary_base = 10000;   // RoPE's theta
+  double rotary_percent = 1.0;  // share of each head's features that rotate, (0, 1]
+  // Llama 3's RoPE frequency scaling (Megatron's --use-rope-scaling / --rope-scaling-factor; the
+  // other three as Hugging Face's rope_scaling "llama3" names them, Megatron's fixed values).
+  bool use_rope_scaling = false;
+  double rope_scaling_factor = 8;
+  double rope_scaling_low_freq_factor = 1, rope_scaling_high_freq_factor = 4;
+  double rope_scaling_original_max_positions = 8192;
+  std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm (epsilon: layernorm_epsilon)
+  bool swiglu = false;                      // the MLP's activation: SwiGLU instead of GELU
+  bool group_query_attention = false;       // key/value heads shared by groups of query heads
+  int num_query_groups = 1;                 // with group_query_attention (1: multi-query)
+  bool untie_embeddings_and_output_weights = false;  // an output layer of its own
+  bool add_bias_linear = true;                       // biases in the QKV, projection and MLP GEMMs
+
+  bool rope() const { return position_embedding_type == "rope"; }
+  bool learned_positions() const { return position_embedding_type == "learned_absolute"; }
+  bool alibi() const { return position_embedding_type == "alibi"; }
+  bool rmsnorm() const { return normalization == "RMSNorm"; }
+  bool tied_head() const { return !untie_embeddings_and_output_weights; }
+  // Key/value heads: the query groups with grouped-query attention, else one per query head.
+  int kv_heads() const { return group_query_attention ? num_query_groups : num_attention_heads; }
+  // Features of a head that RoPE rotates (even).
+  int rotary_dim() const;
+  // The architecture in words, e.g. "RoPE (base 500000, 64 of 64 features), RMSNorm, SwiGLU,
+  // grouped-query attention (8 key/value heads for 32), tied output layer, no linear biases".
+  std::string describe() const;
 
   int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int max_positions() const {

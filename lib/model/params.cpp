@@ -104,32 +104,56 @@ ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int p
 
 std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard& shard) {
   const int64_t h = cfg.hidden_size, heads = cfg.num_attention_heads, hd = cfg.head_dim();
+  const int64_t groups = cfg.kv_heads();
   const int64_t f = cfg.ffn(), V = cfg.padded_vocab_size(shard.tp_size);
   const double std = cfg.init_method_std;
   const double out_std = std / std::sqrt(2.0 * cfg.num_layers);  // residual output projections
+  const bool bias = cfg.add_bias_linear, ln = !cfg.rmsnorm();
   SpecBuilder b{shard, {}, 0};
-  // The tied word embedding lives on the first stage, and a copy on the last (Megatron's scheme).
-  if (shard.has_embedding || shard.has_head)
+  // The tied word embedding lives on the first stage, and a copy on the last (Megatron's scheme);
+  // untied, the last stage has an output layer of its own.
+  if (shard.has_embedding || (shard.has_head && cfg.tied_head()))
     b.add("wte", {V, h}, 0, ParamInit::Normal, std, true, cfg.vocab_size);
-  if (shard.has_embedding) b.add("wpe", {cfg.max_positions(), h}, -1, ParamInit::Normal, std, true);
+  if (shard.has_embedding && cfg.learned_positions())
+    b.add("wpe", {cfg.max_positions(), h}, -1, ParamInit::Normal, std, true);
+  auto norm = [&](const std::string& name) {
+    b.add(name + ".weight", {h}, -1, ParamInit::Ones, 0, false);
+    if (ln) b.add(name + ".bias", {h}, -1, ParamInit::Zeros, 0, false);
+  };
   for (int l : shard.layers()) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    b.add(p + "ln1.weight", {h}, -1, ParamInit::Ones, 0, false);
-    b.add(p + "ln1.bias", {h}, -1, ParamInit::Zeros, 0, false);
-    b.add(p + "attn.qkv.weight", {3, heads, hd, h}, 1, ParamInit::Normal, std, true);
-    b.add(p + "attn.qkv.bias", {3, heads, hd}, 1, ParamInit::Zeros, 0, false);
+    norm(p + "ln1");
+    if (cfg.group_query_attention) {
+      // Query heads and key/value groups split over TP separately; glued so one GEMM reads them
+      // as [H/TP query | G/TP key | G/TP value] heads.
+      b.add(p + "attn.q.weight", {heads, hd, h}, 0, ParamInit::Normal, std, true);
+      b.specs.back().glue_next = true;
+      b.add(p + "attn.kv.weight", {2, groups, hd, h}, 1, ParamInit::Normal, std, true);
+      if (bias) {
+        b.add(p + "attn.q.bias", {heads, hd}, 0, ParamInit::Zeros, 0, false);
+        b.specs.back().glue_next = true;
+        b.add(p + "attn.kv.bias", {2, groups, hd}, 1, ParamInit::Zeros, 0, false);
+      }
+    } else {
+      b.add(p + "attn.qkv.weight", {3, heads, hd, h}, 1, ParamInit::Normal, std, true);
+      if (bias) b.add(p + "attn.qkv.bias", {3, heads, hd}, 1, ParamInit::Zeros, 0, false);
+    }
     b.add(p + "attn.proj.weight", {h, heads * hd}, 1, ParamInit::Normal, out_std, true);
-    b.add(p + "attn.proj.bias", {h}, -1, ParamInit::Zeros, 0, false);
-    b.add(p + "ln2.weight", {h}, -1, ParamInit::Ones, 0, false);
-    b.add(p + "ln2.bias", {h}, -1, ParamInit::Zeros, 0, false);
-    b.add(p + "mlp.fc1.weight", {f, h}, 0, ParamInit::Normal, std, true);
-    b.add(p + "mlp.fc1.bias", {f}, 0, ParamInit::Zeros, 0, false);
+    if (bias) b.add(p + "attn.proj.bias", {h}, -1, ParamInit::Zeros, 0, false);
+    norm(p + "ln2");
+    if (cfg.swiglu) {  // [gate; up], each split over TP: a rank holds its gate and up columns
+      b.add(p + "mlp.fc1.weight", {2, f, h}, 1, ParamInit::Normal, std, true);
+      if (bias) b.add(p + "mlp.fc1.bias", {2, f}, 1, ParamInit::Zeros, 0, false);
+    } else {
+      b.add(p + "mlp.fc1.weight", {f, h}, 0, ParamInit::Normal, std, true);
+      if (bias) b.add(p + "mlp.fc1.bias", {f}, 0, ParamInit::Zeros, 0, false);
+    }
     b.add(p + "mlp.fc2.weight", {h, f}, 1, ParamInit::Normal, out_std, true);
-    b.add(p + "mlp.fc2.bias", {h}, -1, ParamInit::Zeros, 0, false);
+    if (bias) b.add(p + "mlp.fc2.bias", {h}, -1, ParamInit::Zeros, 0, false);
   }
   if (shard.has_head) {
-    b.add("lnf.weight", {h}, -1, ParamInit::Ones, 0, false);
-    b.add("lnf.bias", {h}, -1, ParamInit::Zeros, 0, false);
+    norm("lnf");
+    if (!cfg.tied_head()) b.add("lm_head", {V, h}, 0, ParamInit::Normal, std, true, cfg.vocab_size);
   }
   return std::move(b.specs);
 }
@@ -179,7 +203,8 @@ std::vector<FlatBucket> layout_flat_buffer(std::vector<ParamSpec>& specs, const 
       --i;
     } else {
       int64_t size = 0;
-      while (i >= 0 && !alone(i) && (size == 0 || l.bucket_elems == 0 || size < l.bucket_elems)) {
+      while (i >= 0 && !alone(i) &&
+             (size == 0 || l.bucket_elems == 0 || size < l.bucket_elems || specs[i].glue_next)) {
         size += specs[i].numel();
         --i;
       }
@@ -221,6 +246,24 @@ void ParamStore::check_master() const {
   TESSERA_CHECK(layout_.master,
                 "this rank keeps no full f32 master weights: the distributed optimizer holds "
                 "those of its blocks");
+}
+
+namespace {
+Tensor fused_view(const Tensor& flat, const ParamSpec& a, const ParamSpec& b) {
+  TESSERA_CHECK(a.glue_next && a.flat_offset + a.numel() == b.flat_offset, a.name, " and ", b.name,
+                " are not glued in the flat buffers");
+  const int64_t cols = a.local_shape.back();
+  TESSERA_CHECK(b.local_shape.back() == cols, a.name, " and ", b.name, " differ in columns");
+  return flat.view(a.flat_offset, {(a.numel() + b.numel()) / cols, cols});
+}
+}  // namespace
+
+Tensor ParamStore::compute_fused(const std::string& first, const std::string& second) const {
+  return fused_view(flat_compute_, spec(first), spec(second));
+}
+
+Tensor ParamStore::grad_fused(const std::string& first, const std::string& second) const {
+  return fused_view(flat_grads_, spec(first), spec(second));
 }
 
 Tensor ParamStore::compute_param(const std::string& name) const {

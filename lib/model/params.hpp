@@ -28,7 +28,11 @@ struct ParamSpec {
   double init_std = 0;
   int64_t init_rows = -1;  // if >= 0, global rows (axis 0) at or past this are zero (vocab padding)
   bool weight_decay = false;  // matrices and embeddings decay; biases and LayerNorm do not
-  int64_t flat_offset = 0;    // into the flat parameter / gradient buffers
+  // The next spec follows this one in the flat buffers with nothing between (never split by a
+  // bucket boundary or its padding): one GEMM reads both as one weight (the query and key/value
+  // projections of grouped-query attention).
+  bool glue_next = false;
+  int64_t flat_offset = 0;  // into the flat parameter / gradient buffers
   int64_t numel() const { return shape_numel(local_shape); }
 };
 
@@ -46,7 +50,7 @@ struct ModelShard {
   // virtual stage c * PP + p.
   std::vector<LayerRange> chunks{LayerRange{}};
   bool has_embedding = true;  // chunk 0 is the first (virtual) stage: wte and wpe
-  bool has_head = true;  // the last chunk is the last stage: final LayerNorm and the (tied) head
+  bool has_head = true;       // the last chunk is the last stage: final norm and the output layer
   // Sequence parallelism (Megatron's, TP > 1): the LayerNorm, dropout and residual regions hold
   // this rank's 1/TP of the micro-batch's tokens; it changes activations, never parameters.
   bool sequence_parallel = false;
@@ -64,7 +68,7 @@ struct ModelShard {
 };
 
 // The shard of (tp_rank, pp_rank) in a TP x PP layout: layers split evenly over the stages, the
-// embedding on the first stage, the final LayerNorm and tied head on the last. With
+// embedding on the first stage, the final norm and the (tied or own) output layer on the last. With
 // `virtual_stages` V > 1 (the interleaved schedule) the layers are split into PP x V chunks and
 // pipeline rank p holds chunks p, p + PP, p + 2 PP, ...
 ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size, int pp_rank,
@@ -136,6 +140,10 @@ class ParamStore {
     return flat_params_.view(s.flat_offset, s.local_shape);
   }
   Tensor grad(const ParamSpec& s) const { return flat_grads_.view(s.flat_offset, s.local_shape); }
+  // Two glued parameters (ParamSpec::glue_next) as one (rows, cols) matrix, rows summed: the
+  // compute weights, or the gradients.
+  Tensor compute_fused(const std::string& first, const std::string& second) const;
+  Tensor grad_fused(const std::string& first, const std::string& second) const;
   // The weights the forward and backward read (the master ones in f32).
   Tensor compute_param(const std::string& name) const;
   Tensor compute_param(const ParamSpec& s) const {

@@ -103,6 +103,8 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   int recompute_num_layers = 0, checkpoint_num_layers = 0;
   int virtual_size = 0, layers_per_virtual_stage = 0;
   bool checkpoint_activations = false;
+  bool disable_bias_linear = false;
+  double norm_epsilon = 0;
   p.group("Model").add_options()(
       "num-layers", po::value(&m.num_layers)->default_value(m.num_layers), "transformer layers")(
       "hidden-size", po::value(&m.hidden_size)->default_value(m.hidden_size), "hidden width")(
@@ -126,7 +128,37 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
                            "dropout on the attention probabilities in training (GPT-2: 0.1)")(
       "hidden-dropout", po::value(&m.hidden_dropout)->default_value(0),
       "dropout on the embedding output and on each attention and MLP output before the residual "
-      "add, in training (GPT-2: 0.1)");
+      "add, in training (GPT-2: 0.1)")(
+      "position-embedding-type",
+      po::value(&m.position_embedding_type)->default_value(m.position_embedding_type),
+      "learned_absolute (GPT-2) | rope (rotary, Llama) | alibi (linear distance penalty per head) "
+      "| none (causal attention alone)")("rotary-base",
+                                         po::value(&m.rotary_base)->default_value(m.rotary_base),
+                                         "RoPE base (theta; Llama 3: 500000)")(
+      "rotary-percent", po::value(&m.rotary_percent)->default_value(m.rotary_percent),
+      "share of each head's features that RoPE rotates, 0 < p <= 1")(
+      "use-rope-scaling", po::bool_switch(&m.use_rope_scaling),
+      "Llama 3.1's RoPE frequency scaling (low/high frequency factors 1/4, original context 8192)")(
+      "rope-scaling-factor",
+      po::value(&m.rope_scaling_factor)->default_value(m.rope_scaling_factor),
+      "with --use-rope-scaling: how much the long wavelengths are slowed (Llama 3.1: 8, 3.2: 32)")(
+      "normalization", po::value(&m.normalization)->default_value(m.normalization),
+      "LayerNorm (GPT-2) | RMSNorm (Llama)")(
+      "norm-epsilon", po::value(&norm_epsilon),
+      "epsilon of the norms (Megatron's name for --layernorm-epsilon)")(
+      "swiglu", po::bool_switch(&m.swiglu),
+      "SwiGLU MLP (gate and up projections, silu(gate) * up) instead of GELU; Llama uses "
+      "--ffn-hidden-size 8/3 h rounded")(
+      "group-query-attention", po::bool_switch(&m.group_query_attention),
+      "grouped-query attention: --num-query-groups key/value heads shared by the query heads")(
+      "num-query-groups", po::value(&m.num_query_groups)->default_value(m.num_query_groups),
+      "key/value heads with --group-query-attention (1: multi-query attention); must divide "
+      "the heads and be divisible by TP")(
+      "untie-embeddings-and-output-weights",
+      po::bool_switch(&m.untie_embeddings_and_output_weights),
+      "an output layer (lm_head) of its own instead of the word embedding's transpose")(
+      "disable-bias-linear", po::bool_switch(&disable_bias_linear),
+      "no biases in the QKV, projection and MLP layers (Llama)");
   p.group("Parallelism")
       .add_options()("tensor-model-parallel-size", po::value(&o.tp)->default_value(1),
                      "tensor-parallel ranks (consecutive ranks; keep them in one node)")(
@@ -269,6 +301,13 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "with --profile: comma-separated global ranks that capture, or 'all'");
   if (!p.parse(argc, argv)) return false;
   o.log.level = log_level_from_name(log_level);
+  m.add_bias_linear = !disable_bias_linear;
+  if (p.given("norm-epsilon")) {
+    if (p.given("layernorm-epsilon") && norm_epsilon != m.layernorm_epsilon)
+      throw ConfigError(detail::concat("--norm-epsilon=", norm_epsilon, " and --layernorm-epsilon=",
+                                       m.layernorm_epsilon, " disagree; give one"));
+    m.layernorm_epsilon = norm_epsilon;
+  }
   t.profile_ranks = parse_rank_list(profile_ranks, "--profile-ranks");
   if (bf16 && fp16) throw ConfigError("--bf16 and --fp16 both given; choose one");
   t.compute_dtype = bf16 ? DType::BF16 : fp16 ? DType::F16 : DType::F32;
@@ -483,11 +522,14 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
   std::ostringstream os;
   char buf[400];
   std::snprintf(buf, sizeof buf,
-                "parameters: %lld (model, tied head counted once); padded vocabulary %lld (true "
+                "parameters: %lld (model%s); padded vocabulary %lld (true "
                 "%lld, multiple of %d x TP)\n",
-                (long long)o.model.num_parameters(), (long long)o.model.padded_vocab_size(o.tp),
-                (long long)o.model.vocab_size, o.model.make_vocab_size_divisible_by);
+                (long long)o.model.num_parameters(),
+                o.model.tied_head() ? ", tied head counted once" : "",
+                (long long)o.model.padded_vocab_size(o.tp), (long long)o.model.vocab_size,
+                o.model.make_vocab_size_divisible_by);
   os << buf;
+  os << "architecture: " << o.model.describe() << "\n";
   os << "activation recomputation: " << o.train.recompute.describe() << "; optimizer: "
      << (o.train.use_distributed_optimizer ? "distributed (master weights and Adam moments of "
                                              "1/DP of the parameters per rank)"

@@ -35,6 +35,13 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
     throw ConfigError(concat("--num-attention-heads=", cfg.num_attention_heads,
                              " is not divisible by --tensor-model-parallel-size=", tp,
                              " (allowed TP: a divisor of ", cfg.num_attention_heads, ")"));
+  if (cfg.group_query_attention && cfg.num_query_groups % tp != 0)
+    throw ConfigError(concat(
+        "--num-query-groups=", cfg.num_query_groups,
+        " is not divisible by --tensor-model-parallel-size=", tp,
+        " (each tensor-parallel rank holds whole key/value groups; Tessera does not replicate "
+        "them: use a TP that divides ",
+        cfg.num_query_groups, ")"));
   if (cfg.ffn() % tp != 0)
     throw ConfigError(concat("--ffn-hidden-size=", cfg.ffn(),
                              " is not divisible by --tensor-model-parallel-size=", tp));
@@ -103,7 +110,7 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   FlatLayout layout;
   layout.bucket_elems = cfg_.ddp_bucket_size;
   layout.shards = dist ? ctx_.dp_size : 1;
-  layout.embedding_alone = dist;
+  layout.embedding_alone = dist && model_cfg.tied_head();
   layout.master = !(dist && cfg_.compute_dtype != DType::F32);  // else the optimizer's blocks
   model_ = std::make_unique<GPTModel>(
       model_cfg_,
@@ -443,7 +450,7 @@ StepStats Trainer::train_step() {
     TESSERA_PHASE("dp-grad-reduce-wait");
     reducer_->finish();
   }
-  if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage())) {
+  if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage()) && model_cfg_.tied_head()) {
     TESSERA_PHASE("embedding-grad-allreduce");
     // The tied embedding's two halves; with the distributed optimizer, the block this DP rank
     // owns (the same elements on both stages: wte has a bucket of its own).

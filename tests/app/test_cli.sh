@@ -66,6 +66,19 @@ expect 0 "stage 0 .*memory per rank" -- --config "$configs/gpt2-tiny.ini" --dry-
 for c in gpt2-124m gpt2-345m gpt2-1.3b; do  # the shipped configurations are valid
   expect 0 "stage 0 .*memory per rank" -- --config "$configs/$c.ini" --vocab-size 50257 --dry-run
 done
+# The Llama family (issue 15): bad values get one line naming the option; the shipped configs run.
+expect 2 "--num-query-groups=3 does not divide --num-attention-heads=4" -- --group-query-attention --num-query-groups 3
+expect 2 "--rotary-percent=1.5 is out of range \(allowed: 0 < p <= 1\)" -- --position-embedding-type rope --rotary-percent 1.5
+expect 2 "--rotary-percent=0 is out of range" -- --position-embedding-type rope --rotary-percent 0
+expect 2 "--position-embedding-type=sinusoidal is not known \(allowed: learned_absolute, rope, alibi, none\)" -- --position-embedding-type sinusoidal
+expect 0 "architecture: ALiBi, LayerNorm, GELU" -- --config "$configs/gpt2-tiny.ini" --position-embedding-type alibi --dry-run
+expect 0 "architecture: no position embedding, LayerNorm, GELU" -- --config "$configs/gpt2-tiny.ini" --position-embedding-type none --dry-run
+expect 2 "--normalization=BatchNorm is not known \(allowed: LayerNorm, RMSNorm\)" -- --normalization BatchNorm
+expect 2 "--num-query-groups=2 is not divisible by --tensor-model-parallel-size=4" -- --config "$configs/gpt2-tiny.ini" --group-query-attention --num-query-groups 2 --tensor-model-parallel-size 4 --dry-run
+expect 2 "--norm-epsilon=1e-06 and --layernorm-epsilon=1e-05 disagree" -- --norm-epsilon 1e-6 --layernorm-epsilon 1e-5
+expect 0 "architecture: RoPE \(base 10000, 8 of 8 features\), RMSNorm, SwiGLU, grouped-query attention \(2 key/value heads for 8\), untied output layer, no linear biases" -- --config "$configs/llama-tiny.ini" --dry-run
+expect 0 "parameters: 1235814400 \(model, tied head counted once\)" -- --config "$configs/llama3-1b.ini" --dry-run
+expect 0 "iteration +4/ +4 .*lm loss" -- --config "$configs/llama-tiny.ini" --device cpu --train-iters 4 --log-interval 1
 for opt in num-layers hidden-size num-attention-heads seq-length max-position-embeddings \
            micro-batch-size global-batch-size train-iters lr min-lr lr-decay-style \
            lr-warmup-iters weight-decay clip-grad adam-beta1 adam-beta2 adam-eps seed \
@@ -73,7 +86,9 @@ for opt in num-layers hidden-size num-attention-heads seq-length max-position-em
            recompute-num-layers checkpoint-activations checkpoint-num-layers \
            use-distributed-optimizer overlap-grad-reduce overlap-param-gather sequence-parallel \
            num-layers-per-virtual-pipeline-stage virtual-pipeline-model-parallel-size \
-           attention-dropout hidden-dropout; do
+           attention-dropout hidden-dropout position-embedding-type rotary-base rotary-percent \
+           normalization norm-epsilon swiglu group-query-attention num-query-groups \
+           untie-embeddings-and-output-weights disable-bias-linear; do
   "$bin" --help | grep -q -- "--$opt" || { echo "FAIL: --help does not document --$opt"; fail=1; }
 done
 [ $fail -eq 0 ] && echo "app.cli_errors: all passed"

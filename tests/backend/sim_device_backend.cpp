@@ -127,19 +127,44 @@ class SimDeviceBackend final : public Backend {
     cpu_->matmul_backward(dinp, dweight, dbias, dout, inp, weight);
   }
   void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
-                         const AttentionDropout* drop) override {
+                         const AttentionDropout* drop, int64_t kv_heads,
+                         const AttentionAlibi* alibi) override {
     Open open;
-    cpu_->attention_forward(out, lse, qkv, heads, drop);
+    cpu_->attention_forward(out, lse, qkv, heads, drop, kv_heads, alibi);
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads, const AttentionDropout* drop) override {
+                          const Tensor& lse, int64_t heads, const AttentionDropout* drop,
+                          int64_t kv_heads, const AttentionAlibi* alibi) override {
     Open open;
-    cpu_->attention_backward(dqkv, dout, qkv, out, lse, heads, drop);
+    cpu_->attention_backward(dqkv, dout, qkv, out, lse, heads, drop, kv_heads, alibi);
   }
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
-                    const std::vector<KvSegment>& segments, int64_t heads) override {
+                    const std::vector<KvSegment>& segments, int64_t heads, int64_t kv_heads,
+                    const AttentionAlibi* alibi) override {
     Open open;
-    cpu_->kv_attention(out, qkv, k_cache, v_cache, segments, heads);
+    cpu_->kv_attention(out, qkv, k_cache, v_cache, segments, heads, kv_heads, alibi);
+  }
+  void rope(Tensor& qkv, const RopeSpec& spec, const Tensor* positions, bool inverse) override {
+    Open open;
+    cpu_->rope(qkv, spec, positions, inverse);
+  }
+  void swiglu_forward(Tensor& out, const Tensor& inp) override {
+    Open open;
+    cpu_->swiglu_forward(out, inp);
+  }
+  void swiglu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
+    Open open;
+    cpu_->swiglu_backward(dinp, inp, dout);
+  }
+  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                       double eps) override {
+    Open open;
+    cpu_->rmsnorm_forward(out, rstd, inp, weight, eps);
+  }
+  void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                        const Tensor& weight, const Tensor& rstd) override {
+    Open open;
+    cpu_->rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd);
   }
   void gelu_forward(Tensor& out, const Tensor& inp) override {
     Open open;

@@ -18,6 +18,9 @@
 #include "backend/cpu/layernorm.hpp"
 #include "backend/cpu/matmul.hpp"
 #include "backend/cpu/optim.hpp"
+#include "backend/cpu/rmsnorm.hpp"
+#include "backend/cpu/rope.hpp"
+#include "backend/cpu/swiglu.hpp"
 
 namespace cpu = tessera::cpu;
 using tessera::AttentionDropout;
@@ -244,6 +247,153 @@ TEST(CpuGelu, BackwardFiniteDifference) {
   Vec inplace = R;
   cpu::gelu_backward(inplace.data(), x.data(), inplace.data(), N);
   for (int64_t i = 0; i < N; ++i) EXPECT_EQ(inplace[i], dx[i]) << "i=" << i;
+}
+
+// ---- the Llama family: RMSNorm, SwiGLU, RoPE
+// ----------------------------------------------------------
+
+TEST(CpuRmsnorm, ForwardHandComputedAndBackwardFiniteDifference) {
+  {  // x = (3, 4): mean square 12.5, rstd = 1/sqrt(12.5 + eps)
+    const Vec x = {3.0, 4.0}, w = {1.0, 2.0};
+    Vec out(2), rstd(1);
+    cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), 1, 2, 0.0);
+    EXPECT_NEAR(rstd[0], 1 / std::sqrt(12.5), 1e-15);
+    EXPECT_NEAR(out[0], 3 / std::sqrt(12.5), 1e-15);
+    EXPECT_NEAR(out[1], 8 / std::sqrt(12.5), 1e-15);
+  }
+  std::mt19937_64 gen(5);
+  const int64_t N = 7, C = 13;
+  const double eps = 1e-5;
+  Vec inp = random_vec(N * C, gen, -2.0, 2.0), w = random_vec(C, gen, 0.5, 1.5);
+  const Vec R = random_vec(N * C, gen);
+  auto loss = [&] {
+    Vec out(N * C), rstd(N);
+    cpu::rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), N, C, eps);
+    return dot(out, R);
+  };
+  const Vec dinp_fd = numeric_grad(inp, loss);
+  const Vec dw_fd = numeric_grad(w, loss);
+  Vec out(N * C), rstd(N);
+  cpu::rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), N, C, eps);
+  const Vec dinp0 = random_vec(N * C, gen), dw0 = random_vec(C, gen);  // both accumulate
+  Vec dinp = dinp0, dw = dw0;
+  cpu::rmsnorm_backward(dinp.data(), dw.data(), R.data(), inp.data(), w.data(), rstd.data(), N, C);
+  expect_fd_close(dinp, add(dinp0, dinp_fd), "dinp");
+  expect_fd_close(dw, add(dw0, dw_fd), "dweight");
+}
+
+TEST(CpuSwiglu, ForwardHandComputedAndBackwardFiniteDifference) {
+  {  // gate 1, up 2: silu(1) * 2 = 2 / (1 + e^-1)
+    const Vec x = {1.0, 2.0};
+    Vec out(1);
+    cpu::swiglu_forward(out.data(), x.data(), 1, 1);
+    EXPECT_NEAR(out[0], 2 / (1 + std::exp(-1.0)), 1e-15);
+  }
+  std::mt19937_64 gen(6);
+  const int64_t N = 5, F = 9;
+  Vec inp = random_vec(N * 2 * F, gen, -4.0, 4.0);
+  const Vec R = random_vec(N * F, gen);
+  auto loss = [&] {
+    Vec out(N * F);
+    cpu::swiglu_forward(out.data(), inp.data(), N, F);
+    return dot(out, R);
+  };
+  const Vec dinp_fd = numeric_grad(inp, loss);
+  Vec dinp(N * 2 * F, 77.0);  // overwritten
+  cpu::swiglu_backward(dinp.data(), inp.data(), R.data(), N, F);
+  expect_fd_close(dinp, dinp_fd, "dinp");
+}
+
+// RoPE against the rotation written out per pair, its inverse, and its backward (the transpose
+// of a rotation is its inverse) by finite differences; values and features past rot_dim stay.
+TEST(CpuRope, RotatesPairsInvertsAndHasTransposeBackward) {
+  std::mt19937_64 gen(7);
+  const int64_t B = 2, T = 5, H = 4, G = 2, hd = 8, N = B * T, C3 = (H + 2 * G) * hd;
+  for (const int64_t rot : {int64_t(8), int64_t(4)}) {
+    SCOPED_TRACE("rot_dim " + std::to_string(rot));
+    const double base = 500000;
+    const Vec x0 = random_vec(N * C3, gen);
+    Vec x = x0;
+    cpu::rope(x.data(), N, H, G, hd, rot, base, nullptr, T, false);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t h = 0; h < H + 2 * G; ++h)
+        for (int64_t i = 0; i < hd; ++i) {
+          const int64_t at = r * C3 + h * hd + i;
+          double want = x0[at];
+          if (h < H + G && i < rot) {
+            const int64_t k = i % (rot / 2);
+            const double a = static_cast<double>(r % T) * std::pow(base, -2.0 * k / rot);
+            const double x1 = x0[r * C3 + h * hd + k], x2 = x0[r * C3 + h * hd + k + rot / 2];
+            want = i < rot / 2 ? x1 * std::cos(a) - x2 * std::sin(a)
+                               : x2 * std::cos(a) + x1 * std::sin(a);
+          }
+          ASSERT_NEAR(x[at], want, 1e-6) << "row " << r << " head " << h << " feature " << i;
+        }
+    // Given positions: the same as the implicit r % T.
+    std::vector<int32_t> pos(N);
+    for (int64_t r = 0; r < N; ++r) pos[r] = static_cast<int32_t>(r % T);
+    Vec y = x0;
+    cpu::rope(y.data(), N, H, G, hd, rot, base, pos.data(), 0, false);
+    EXPECT_EQ(y, x);
+    cpu::rope(y.data(), N, H, G, hd, rot, base, pos.data(), 0, true);
+    expect_all_close(y, x0, 0, 1e-12, "inverse");
+    // Backward: d/dx <rope(x), R> = rope^-1(R).
+    const Vec R = random_vec(N * C3, gen);
+    Vec xin = x0;
+    auto loss = [&] {
+      Vec z = xin;
+      cpu::rope(z.data(), N, H, G, hd, rot, base, nullptr, T, false);
+      return dot(z, R);
+    };
+    const Vec fd = numeric_grad(xin, loss);
+    Vec back = R;
+    cpu::rope(back.data(), N, H, G, hd, rot, base, nullptr, T, true);
+    expect_fd_close(back, fd, "rope backward");
+  }
+}
+
+// Grouped-query attention equals multi-head attention with each key/value head repeated for its
+// group's query heads; its key/value gradients are the group sums of the repeated ones.
+TEST(CpuAttention, GroupedQueryEqualsRepeatedKeyValueHeads) {
+  std::mt19937_64 gen(8);
+  const int64_t B = 2, T = 70, H = 6, hd = 5;  // T > 64: the backward crosses row blocks
+  for (const int64_t G : {int64_t(3), int64_t(1)}) {
+    SCOPED_TRACE("G=" + std::to_string(G));
+    const int64_t R = H / G, Cg = (H + 2 * G) * hd, C3 = 3 * H * hd;
+    const Vec qkv = random_vec(B * T * Cg, gen);
+    Vec full(B * T * C3);  // [q H | k H | v H], k and v heads repeated
+    for (int64_t bt = 0; bt < B * T; ++bt)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < hd; ++d) {
+          const int64_t g = h / R;
+          full[bt * C3 + h * hd + d] = qkv[bt * Cg + h * hd + d];
+          full[bt * C3 + (H + h) * hd + d] = qkv[bt * Cg + (H + g) * hd + d];
+          full[bt * C3 + (2 * H + h) * hd + d] = qkv[bt * Cg + (H + G + g) * hd + d];
+        }
+    Vec scratch(cpu::attention_scratch_elems(T));
+    Vec out(B * T * H * hd), lse(B * H * T), out_f(out.size()), lse_f(lse.size());
+    cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, hd, scratch.data(), nullptr,
+                           G);
+    cpu::attention_forward(out_f.data(), lse_f.data(), full.data(), B, T, H, hd, scratch.data());
+    expect_all_close(out, out_f, 0, 1e-12, "out");
+    expect_all_close(lse, lse_f, 0, 1e-12, "lse");
+    const Vec dout = random_vec(out.size(), gen);
+    Vec dqkv(qkv.size(), 77.0), dfull(full.size(), 77.0);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, H,
+                            hd, scratch.data(), nullptr, G);
+    cpu::attention_backward(dfull.data(), dout.data(), full.data(), out_f.data(), lse_f.data(), B,
+                            T, H, hd, scratch.data());
+    Vec want(qkv.size(), 0.0);
+    for (int64_t bt = 0; bt < B * T; ++bt)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < hd; ++d) {
+          const int64_t g = h / R;
+          want[bt * Cg + h * hd + d] = dfull[bt * C3 + h * hd + d];
+          want[bt * Cg + (H + g) * hd + d] += dfull[bt * C3 + (H + h) * hd + d];
+          want[bt * Cg + (H + G + g) * hd + d] += dfull[bt * C3 + (2 * H + h) * hd + d];
+        }
+    expect_all_close(dqkv, want, 0, 1e-11, "dqkv");
+  }
 }
 
 // ---- embeddings

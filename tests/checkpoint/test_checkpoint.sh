@@ -65,6 +65,41 @@ ref=$(train 2 1 2 --num-layers-per-virtual-pipeline-stage 1 --load "$d" --skip-t
 got=$(train 2 2 1 --load "$work/vp-tp2" --skip-train --eval-iters 2 2>&1 | evalloss)
 close "$ref" "$got" && ok "virtual-stage checkpoint resharded to TP2: eval loss $got (original $ref)" || bad "resharded virtual-stage checkpoint: '$got' vs '$ref'"
 
+# ---- the Llama family (RoPE, RMSNorm, SwiGLU, grouped-query attention, untied head, no biases):
+# exact resume at TP2 x PP2, resharding to TP1 and back with equal evaluation losses and
+# identical tensors, and the model options checked on load ----
+llama=(--position-embedding-type rope --rotary-base 500000 --normalization RMSNorm --swiglu
+       --ffn-hidden-size 88 --group-query-attention --num-query-groups 2
+       --untie-embeddings-and-output-weights --disable-bias-linear)
+d=$work/llama
+train 4 2 2 "${llama[@]}" --train-iters 10 --metrics-file "$d-full.jsonl" > "$d-full.log" 2>&1 || bad "Llama full run: $(tail -2 "$d-full.log")"
+train 4 2 2 "${llama[@]}" --train-iters 10 --exit-interval 5 --save "$d" > "$d-a.log" 2>&1 || bad "Llama first half"
+train 4 2 2 "${llama[@]}" --train-iters 10 --load "$d" --metrics-file "$d-res.jsonl" > "$d-b.log" 2>&1 || bad "Llama resumed half"
+if diff <(losses "$d-full.jsonl" | tail -5) <(losses "$d-res.jsonl") > /dev/null && [ "$(wc -l < "$d-res.jsonl")" -eq 5 ]; then
+  ok "exact resume of the Llama-style model at TP2 x PP2: iterations 6-10 bitwise equal"
+else
+  bad "Llama resume differs:"; diff <(losses "$d-full.jsonl" | tail -5) <(losses "$d-res.jsonl") | head -4
+fi
+"$bin/tessera-reshard" --load "$d" --save "$d-tp1" --target-tensor-model-parallel-size 1 --target-pipeline-model-parallel-size 1 > "$d-r1.log" 2>&1 || bad "Llama reshard to TP1: $(cat "$d-r1.log")"
+"$bin/tessera-reshard" --load "$d-tp1" --save "$d-back" --target-tensor-model-parallel-size 2 --target-pipeline-model-parallel-size 2 > "$d-r2.log" 2>&1 || bad "Llama reshard back"
+ref=$(train 4 2 2 "${llama[@]}" --load "$d" --skip-train --eval-iters 2 2>&1 | evalloss)
+got=$(train 1 1 1 "${llama[@]}" --load "$d-tp1" --skip-train --eval-iters 2 2>&1 | evalloss)
+close "$ref" "$got" && ok "Llama checkpoint resharded to one rank: eval loss $got (TP2xPP2: $ref)" || bad "Llama resharded eval loss '$got' vs '$ref'"
+got=$(train 2 2 1 "${llama[@]}" --load "$d" --skip-train --eval-iters 2 2>&1 | evalloss)
+close "$ref" "$got" && ok "Llama checkpoint resharded on load to TP2 x PP1: eval loss $got" || bad "Llama reshard-on-load eval loss '$got' vs '$ref'"
+same=1
+for f in "$d"/iter_0000005/*.h5; do
+  h5diff -q "$f" "$d-back/iter_0000005/$(basename "$f")" /model /model > /dev/null 2>&1 || same=0
+  h5diff -q "$f" "$d-back/iter_0000005/$(basename "$f")" /optimizer /optimizer > /dev/null 2>&1 || same=0
+done
+[ $same -eq 1 ] && ok "Llama TP2xPP2 -> TP1 -> TP2xPP2 gives bitwise identical tensors" || bad "Llama round trip changed tensors"
+out=$(train 1 1 1 "${llama[@]/RMSNorm/LayerNorm}" --load "$d" --skip-train --eval-iters 1 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "has --normalization=RMSNorm but this run has LayerNorm" <<<"$out" && ok "loading with another normalization: one clear line" || bad "normalization mismatch on load: rc $rc: $out"
+no_swiglu=()
+for a in "${llama[@]}"; do [ "$a" = --swiglu ] || no_swiglu+=("$a"); done
+out=$(train 1 1 1 "${no_swiglu[@]}" --load "$d" --skip-train --eval-iters 1 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "was trained with --swiglu (gate and up weights in mlp.fc1) but this run does not" <<<"$out" && ok "loading without --swiglu: one clear line" || bad "swiglu mismatch on load: rc $rc: $out"
+
 # ---- save/load per layout and resharding ----
 src=$work/tp2pp2
 train 4 2 2 --train-iters 8 --save "$src" > "$work/src.log" 2>&1 || bad "training at TP2 x PP2"
@@ -86,6 +121,8 @@ for f in "$src"/iter_0000008/*.h5; do
   h5diff -q "$f" "$work/back/iter_0000008/$(basename "$f")" /optimizer /optimizer > /dev/null 2>&1 || same=0
 done
 [ $same -eq 1 ] && ok "TP2xPP2 -> TP1 -> TP4 -> TP2xPP2 gives bitwise identical model and optimizer tensors" || bad "round trip changed tensors"
+out=$(train 1 1 1 --swiglu --load "$src" --skip-train --eval-iters 1 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "was trained without --swiglu (no gate weights in mlp.fc1) but this run gives it" <<<"$out" && ok "--swiglu with a checkpoint without gate weights: one clear line" || bad "--swiglu on a GPT-2 checkpoint: rc $rc: $out"
 # Training continues at another layout from the resharded checkpoint.
 train 1 1 1 --train-iters 10 --load "$work/tp1" > "$work/cont.log" 2>&1 && grep -q "iteration       10/" "$work/cont.log" \
   && ok "training continues on 1 rank from the TP1 checkpoint" || bad "continue from tp1: $(tail -2 "$work/cont.log")"

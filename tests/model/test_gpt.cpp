@@ -72,16 +72,59 @@ void perturb(GPTModel& m, unsigned seed) {
   for (const ParamSpec& s : m.params().specs()) {
     Tensor t = m.params().param(s);
     for (int64_t i = 0; i < t.numel(); ++i) {
-      if (s.name == "wte" && i / m.config().hidden_size >= m.config().vocab_size) continue;
+      if ((s.name == "wte" || s.name == "lm_head") &&
+          i / m.config().hidden_size >= m.config().vocab_size)
+        continue;
       t.f32()[i] += n(g);
     }
   }
 }
 
-}  // namespace
+// The Llama family's options on the tiny model: RoPE (all or half of each head's features, Llama
+// 3 scaling), ALiBi, no position embedding, RMSNorm, SwiGLU, grouped-query attention (2 groups of
+// 2 heads, 3 of 2, or multi-query), an untied head and no biases, together and in mixes with
+// GPT-2's parts.
+GPTConfig llama_config(int variant) {
+  GPTConfig c = tiny_config();
+  c.hidden_size = 16;
+  c.num_attention_heads = 4;
+  c.ffn_hidden_size = 20;
+  c.position_embedding_type = "rope";
+  c.rotary_base = 10000;
+  c.normalization = "RMSNorm";
+  c.swiglu = true;
+  c.group_query_attention = true;
+  c.num_query_groups = 2;
+  c.untie_embeddings_and_output_weights = true;
+  c.add_bias_linear = false;
+  if (variant == 1) {  // multi-query, half the features rotate, biases, LayerNorm, tied
+    c.num_query_groups = 1;
+    c.rotary_percent = 0.5;
+    c.add_bias_linear = true;
+    c.normalization = "LayerNorm";
+    c.untie_embeddings_and_output_weights = false;
+  } else if (variant == 2) {  // GPT-2 attention and MLP with RoPE (Llama 3 scaled) and RMSNorm
+    c.group_query_attention = false;
+    c.swiglu = false;
+    c.rotary_base = 100;  // wavelengths 6.3 (kept) and 63 (blended) for an original context 64
+    c.use_rope_scaling = true;
+    c.rope_scaling_factor = 8;
+    c.rope_scaling_original_max_positions = 64;
+  } else if (variant == 3) {  // no position embedding, GPT-2's LayerNorm and GELU, 2 groups
+    c.position_embedding_type = "none";
+    c.normalization = "LayerNorm";
+    c.swiglu = false;
+    c.add_bias_linear = true;
+  } else if (variant == 4) {  // ALiBi over 6 heads (slopes past the power of two), 3 groups
+    c.position_embedding_type = "alibi";
+    c.hidden_size = 24;
+    c.num_attention_heads = 6;
+    c.num_query_groups = 3;
+  }
+  return c;
+}
 
-TEST(GPT, LossMatchesIndependentReference) {
-  const GPTConfig cfg = tiny_config();
+double model_loss(const GPTConfig& cfg, double* ref_out) {
   auto be = make_cpu_backend();
   LocalCommunicator tp;
   GPTModel model(cfg, whole(cfg), *be, tp);
@@ -93,13 +136,12 @@ TEST(GPT, LossMatchesIndependentReference) {
   Activations a = model.make_activations(B, T);
   load(a, batch);
   const double loss = model.forward(a, 1.0f / (B * T - 1)) / (B * T - 1);
-  const double ref = reference_loss(cfg, to_reference(model), batch.ids, batch.targets, B, T);
-  EXPECT_GT(ref, 1.0);
-  EXPECT_NEAR(loss, ref, 1e-5 * ref);
+  *ref_out = reference_loss(cfg, to_reference(model), batch.ids, batch.targets, B, T);
+  return loss;
 }
 
-TEST(GPT, WholeModelGradientsMatchFiniteDifferences) {
-  const GPTConfig cfg = tiny_config();
+// Every parameter's gradient, at 6 elements each, against central differences of the reference.
+void check_gradients(const GPTConfig& cfg) {
   auto be = make_cpu_backend();
   LocalCommunicator tp;
   GPTModel model(cfg, whole(cfg), *be, tp);
@@ -125,11 +167,12 @@ TEST(GPT, WholeModelGradientsMatchFiniteDifferences) {
   ASSERT_GT(max_grad, 1e-3);
   for (const ParamSpec& s : model.params().specs()) {
     const Tensor gr = model.params().grad(s);
+    const bool vocab = s.name == "wte" || s.name == "lm_head";
     std::uniform_int_distribution<int64_t> pick(0, s.numel() - 1);
     for (int k = 0; k < 6; ++k) {
       int64_t i = pick(g);
-      if (s.name == "wte" && k == 0) i = 55 * cfg.hidden_size + 3;  // a padding row: gradient 0
-      const bool padding = s.name == "wte" && i / cfg.hidden_size >= cfg.vocab_size;
+      if (vocab && k == 0) i = 55 * cfg.hidden_size + 3;  // a padding row: gradient 0
+      const bool padding = vocab && i / cfg.hidden_size >= cfg.vocab_size;
       std::vector<double>& p = ref[s.name];
       const double orig = p[i], eps = 1e-5;
       p[i] = orig + eps;
@@ -141,12 +184,62 @@ TEST(GPT, WholeModelGradientsMatchFiniteDifferences) {
       const double got = gr.f32()[i];
       EXPECT_NEAR(got, fd, 2e-4 * max_grad + 2e-3 * std::fabs(fd)) << s.name << "[" << i << "]";
       if (padding) {
-        EXPECT_EQ(got, 0.0f) << "padding row of wte got a gradient";
+        EXPECT_EQ(got, 0.0f) << "padding row of " << s.name << " got a gradient";
       }
       ++checked;
     }
   }
   EXPECT_EQ(checked, 6 * static_cast<int>(model.params().specs().size()));
+}
+
+}  // namespace
+
+TEST(GPT, LossMatchesIndependentReference) {
+  double ref = 0;
+  const double loss = model_loss(tiny_config(), &ref);
+  EXPECT_GT(ref, 1.0);
+  EXPECT_NEAR(loss, ref, 1e-5 * ref);
+}
+
+TEST(GPT, WholeModelGradientsMatchFiniteDifferences) {
+  check_gradients(tiny_config());
+}
+
+TEST(GPT, LlamaFamilyLossMatchesIndependentReference) {
+  for (int variant = 0; variant < 5; ++variant) {
+    double ref = 0;
+    const double loss = model_loss(llama_config(variant), &ref);
+    EXPECT_GT(ref, 1.0) << "variant " << variant;
+    EXPECT_NEAR(loss, ref, 1e-5 * ref) << "variant " << variant;
+  }
+}
+
+TEST(GPT, LlamaFamilyGradientsMatchFiniteDifferences) {
+  for (int variant = 0; variant < 5; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    check_gradients(llama_config(variant));
+  }
+}
+
+// The parameters each option adds or removes, by name and global shape.
+TEST(GPT, LlamaFamilyParameters) {
+  const GPTConfig cfg = llama_config(0);
+  auto be = make_cpu_backend();
+  LocalCommunicator tp;
+  GPTModel m(cfg, whole(cfg), *be, tp);
+  const ParamStore& ps = m.params();
+  EXPECT_FALSE(ps.has("wpe"));
+  EXPECT_FALSE(ps.has("layers.0.ln1.bias"));
+  EXPECT_FALSE(ps.has("layers.0.attn.qkv.weight"));
+  EXPECT_FALSE(ps.has("layers.0.mlp.fc2.bias"));
+  EXPECT_EQ(ps.spec("layers.0.attn.q.weight").global_shape, (Shape{4, 4, 16}));
+  EXPECT_EQ(ps.spec("layers.0.attn.kv.weight").global_shape, (Shape{2, 2, 4, 16}));
+  EXPECT_EQ(ps.spec("layers.0.mlp.fc1.weight").global_shape, (Shape{2, 20, 16}));
+  EXPECT_EQ(ps.spec("lm_head").global_shape, (Shape{64, 16}));
+  int64_t total = 0;
+  for (const ParamSpec& s : ps.specs()) total += s.numel();
+  // The count without vocabulary padding (2 tables of 14 padding rows).
+  EXPECT_EQ(total - 2 * 14 * 16, cfg.num_parameters());
 }
 
 // Dropout (0.3 on the attention probabilities, the embedding and both residual branches): the

@@ -92,6 +92,34 @@ if [ "$worst" = "missing" ] || awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }'; 
 else
   echo "ok: mutation check: masks keyed without the TP offset differ by $worst (the test can fail)"
 fi
+# The Llama family (RoPE, RMSNorm, SwiGLU, grouped-query attention with 2 query groups, untied
+# output layer, no biases): query groups and SwiGLU's gate and up split over TP with the heads,
+# RMSNorm replicated, the untied head on the last stage only; every layout is the single-rank run.
+llama=(--position-embedding-type rope --rotary-base 500000 --normalization RMSNorm --swiglu
+       --ffn-hidden-size 88 --group-query-attention --num-query-groups 2
+       --untie-embeddings-and-output-weights --disable-bias-linear)
+run base-llama 1 1 1 2 "${llama[@]}" || fail=1
+if [ "$(compare base base-llama)" = "0" ]; then echo "FAIL: the Llama options changed no loss"; fail=1; fi
+for layout in "tp2-llama 2 2 1 2" "pp2-llama 2 1 2 2" "tp2pp2dp2-llama 8 2 2 2" \
+              "tp2-sp-llama 2 2 1 2 --sequence-parallel --attention-dropout 0.1 --hidden-dropout 0.1"; do
+  set -- $layout
+  base=base-llama
+  if [ "$1" = tp2-sp-llama ]; then
+    run base-llama-drop 1 1 1 2 "${llama[@]}" --attention-dropout 0.1 --hidden-dropout 0.1 || fail=1
+    base=base-llama-drop
+  fi
+  run "$@" "${llama[@]}" || { fail=1; continue; }
+  within "$base" "$1" 1e-5 "np $2 TP $3 PP $4, Llama family"
+done
+# ALiBi with grouped-query attention: each TP rank takes its heads' slopes (a rank counting its
+# heads from 0 would disagree).
+alibi=(--position-embedding-type alibi --group-query-attention --num-query-groups 2)
+run base-alibi 1 1 1 2 "${alibi[@]}" || fail=1
+for layout in "tp2-alibi 2 2 1 2" "tp2pp2-alibi 4 2 2 2"; do
+  set -- $layout
+  run "$@" "${alibi[@]}" || { fail=1; continue; }
+  within base-alibi "$1" 1e-5 "np $2 TP $3 PP $4, ALiBi"
+done
 echo "first/last single-rank loss: $(losses "$work/base.jsonl" | head -1) -> $(losses "$work/base.jsonl" | tail -1)"
 [ $fail -eq 0 ] && echo "layout equivalence: all passed"
 exit $fail

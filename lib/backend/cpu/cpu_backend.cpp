@@ -13,6 +13,9 @@
 #include "backend/cpu/layernorm.hpp"
 #include "backend/cpu/matmul.hpp"
 #include "backend/cpu/optim.hpp"
+#include "backend/cpu/rmsnorm.hpp"
+#include "backend/cpu/rope.hpp"
+#include "backend/cpu/swiglu.hpp"
 
 namespace tessera {
 
@@ -174,6 +177,32 @@ class CpuBackend final : public Backend {
                             rs.get(), N, C);
   }
 
+  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                       double eps) override {
+    const int64_t N = rows_of(inp), C = cols_of(inp);
+    TESSERA_CHECK(out.numel() == inp.numel() && rstd.numel() == N && weight.numel() == C,
+                  "rmsnorm shapes");
+    TESSERA_F32_OUT(o, out);
+    TESSERA_F32_OUT(rs, rstd);
+    TESSERA_F32_IN(x, inp);
+    TESSERA_F32_IN(w, weight);
+    cpu::rmsnorm_forward(o.get(), rs.get(), x.get(), w.get(), N, C, eps);
+  }
+  void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                        const Tensor& weight, const Tensor& rstd) override {
+    const int64_t N = rows_of(inp), C = cols_of(inp);
+    TESSERA_CHECK(dinp.numel() == inp.numel() && dout.numel() == inp.numel() &&
+                      dweight.numel() == C && rstd.numel() == N,
+                  "rmsnorm shapes");
+    TESSERA_F32_INOUT(dx, dinp);
+    TESSERA_F32_INOUT(dw, dweight);
+    TESSERA_F32_IN(d, dout);
+    TESSERA_F32_IN(x, inp);
+    TESSERA_F32_IN(w, weight);
+    TESSERA_F32_IN(rs, rstd);
+    cpu::rmsnorm_backward(dx.get(), dw.get(), d.get(), x.get(), w.get(), rs.get(), N, C);
+  }
+
   void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
                       const Tensor* bias) override {
     const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
@@ -205,20 +234,26 @@ class CpuBackend final : public Backend {
   }
 
   void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
-                         const AttentionDropout* drop) override {
-    TESSERA_CHECK(qkv.ndim() == 3 && qkv.dim(2) % (3 * heads) == 0, "attention qkv shape ",
-                  shape_str(qkv.shape()));
-    const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
+                         const AttentionDropout* drop, int64_t kv_heads,
+                         const AttentionAlibi* alibi) override {
+    const int64_t G = kv_heads > 0 ? kv_heads : heads;
+    TESSERA_CHECK(qkv.ndim() == 3 && heads % G == 0 && qkv.dim(2) % (heads + 2 * G) == 0,
+                  "attention qkv shape ", shape_str(qkv.shape()), " for ", heads, " heads and ", G,
+                  " key/value heads");
+    const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
     TESSERA_CHECK(out.numel() == B * T * heads * hd && lse.numel() == B * heads * T,
                   "attention output shapes");
     TESSERA_F32_OUT(o, out);
     TESSERA_F32_OUT(l, lse);
     TESSERA_F32_IN(q, qkv);
-    cpu::attention_forward(o.get(), l.get(), q.get(), B, T, heads, hd, scratch(T), live(drop));
+    cpu::attention_forward(o.get(), l.get(), q.get(), B, T, heads, hd, scratch(T), live(drop), G,
+                           alibi);
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads, const AttentionDropout* drop) override {
-    const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (3 * heads);
+                          const Tensor& lse, int64_t heads, const AttentionDropout* drop,
+                          int64_t kv_heads, const AttentionAlibi* alibi) override {
+    const int64_t G = kv_heads > 0 ? kv_heads : heads;
+    const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
     TESSERA_CHECK(dqkv.numel() == qkv.numel() && dout.numel() == out.numel(),
                   "attention backward shapes");
     TESSERA_F32_OUT(dq, dqkv);
@@ -227,15 +262,17 @@ class CpuBackend final : public Backend {
     TESSERA_F32_IN(o, out);
     TESSERA_F32_IN(l, lse);
     cpu::attention_backward(dq.get(), d.get(), q.get(), o.get(), l.get(), B, T, heads, hd,
-                            scratch(T), live(drop));
+                            scratch(T), live(drop), G, alibi);
   }
 
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
-                    const std::vector<KvSegment>& segments, int64_t heads) override {
-    TESSERA_CHECK(k_cache.ndim() == 4 && k_cache.dim(1) == heads, "kv cache shape ",
+                    const std::vector<KvSegment>& segments, int64_t heads, int64_t kv_heads,
+                    const AttentionAlibi* alibi) override {
+    const int64_t G = kv_heads > 0 ? kv_heads : heads;
+    TESSERA_CHECK(k_cache.ndim() == 4 && k_cache.dim(1) == G && heads % G == 0, "kv cache shape ",
                   shape_str(k_cache.shape()));
     const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2);
-    TESSERA_CHECK(cols_of(qkv) == 3 * heads * hd && cols_of(out) == heads * hd,
+    TESSERA_CHECK(cols_of(qkv) == (heads + 2 * G) * hd && cols_of(out) == heads * hd,
                   "kv attention shapes");
     for (const KvSegment& s : segments)
       TESSERA_CHECK(s.slot >= 0 && s.slot < k_cache.dim(0) && s.pos0 + s.count <= Tmax &&
@@ -245,7 +282,8 @@ class CpuBackend final : public Backend {
                   "the KV cache is f32");
     TESSERA_F32_OUT(o, out);
     TESSERA_F32_IN(q, qkv);
-    cpu::kv_attention(o.get(), q.get(), k_cache.f32(), v_cache.f32(), segments, heads, hd, Tmax);
+    cpu::kv_attention(o.get(), q.get(), k_cache.f32(), v_cache.f32(), segments, heads, hd, Tmax, G,
+                      alibi);
   }
 
   void gelu_forward(Tensor& out, const Tensor& inp) override {
@@ -264,6 +302,31 @@ class CpuBackend final : public Backend {
     TESSERA_F32_IN(d, dout);
     TESSERA_F32_OUT(dx, dinp);
     cpu::gelu_backward(dx.get(), x.get(), d.get(), inp.numel());
+  }
+  void swiglu_forward(Tensor& out, const Tensor& inp) override {
+    const int64_t N = rows_of(inp), F = cols_of(inp) / 2;
+    TESSERA_CHECK(cols_of(inp) % 2 == 0 && out.numel() == N * F, "swiglu shapes");
+    TESSERA_F32_OUT(o, out);
+    TESSERA_F32_IN(x, inp);
+    cpu::swiglu_forward(o.get(), x.get(), N, F);
+  }
+  void swiglu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
+    const int64_t N = rows_of(inp), F = cols_of(inp) / 2;
+    TESSERA_CHECK(dinp.numel() == inp.numel() && dout.numel() == N * F, "swiglu shapes");
+    TESSERA_F32_OUT(dx, dinp);
+    TESSERA_F32_IN(x, inp);
+    TESSERA_F32_IN(d, dout);
+    cpu::swiglu_backward(dx.get(), x.get(), d.get(), N, F);
+  }
+  void rope(Tensor& qkv, const RopeSpec& r, const Tensor* positions, bool inverse) override {
+    const int64_t N = rows_of(qkv);
+    TESSERA_CHECK(cols_of(qkv) == (r.heads + 2 * r.kv_heads) * r.head_dim && r.rot_dim % 2 == 0 &&
+                      r.rot_dim <= r.head_dim && (positions || r.seq_len > 0) &&
+                      (!positions || positions->numel() == N),
+                  "rope shapes: qkv ", shape_str(qkv.shape()));
+    TESSERA_F32_INOUT(x, qkv);
+    cpu::rope(x.get(), N, r.heads, r.kv_heads, r.head_dim, r.rot_dim, r.base,
+              positions ? ids_of(*positions, "positions") : nullptr, r.seq_len, inverse, r.scaling);
   }
   void add(Tensor& out, const Tensor& a, const Tensor& b) override {
     TESSERA_CHECK(out.numel() == a.numel() && a.numel() == b.numel(), "add shapes");

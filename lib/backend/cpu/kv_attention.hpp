@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/alibi.hpp"
+
 namespace tessera::cpu {
 
 // A run of `count` consecutive new tokens of the sequence in cache slot `slot`, at positions
@@ -15,26 +17,38 @@ struct KvSegment {
   int64_t slot = 0, pos0 = 0, count = 0, row0 = 0;
 };
 
-// qkv (N, 3*H*hd) in [3,H,hd] order; out (N, H*hd); caches (slots, H, Tmax, hd).
+// qkv (N, (H+2G)*hd): H query heads, then G key and G value heads (G = NKV, 0 meaning H); out
+// (N, H*hd); caches (slots, G, Tmax, hd). Query head h reads key/value head h / (H/G). With
+// `alibi`, slope_h * (j - i) is added to the score of cached position j for the query at i.
 template <typename T>
 void kv_attention(T* out, const T* qkv, T* k_cache, T* v_cache, const std::vector<KvSegment>& segs,
-                  int64_t H, int64_t hd, int64_t Tmax) {
-  const int64_t C = H * hd, C3 = 3 * C;
+                  int64_t H, int64_t hd, int64_t Tmax, int64_t NKV = 0,
+                  const AttentionAlibi* alibi = nullptr) {
+  const int64_t G = NKV > 0 ? NKV : H, C = H * hd, C3 = (H + 2 * G) * hd;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hd)));
-  const int64_t jobs = static_cast<int64_t>(segs.size()) * H;
+  const int64_t segments = static_cast<int64_t>(segs.size());
+  // The new keys and values into the caches first (each (segment, group) once), then the queries.
+#pragma omp parallel for schedule(static)
+  for (int64_t job = 0; job < segments * G; ++job) {
+    const KvSegment& s = segs[job / G];
+    const int64_t g = job % G;
+    T* kc = k_cache + ((s.slot * G + g) * Tmax) * hd;
+    T* vc = v_cache + ((s.slot * G + g) * Tmax) * hd;
+    for (int64_t t = 0; t < s.count; ++t) {
+      const T* row = qkv + (s.row0 + t) * C3 + C + g * hd;
+      for (int64_t d = 0; d < hd; ++d) {
+        kc[(s.pos0 + t) * hd + d] = row[d];
+        vc[(s.pos0 + t) * hd + d] = row[G * hd + d];
+      }
+    }
+  }
+  const int64_t jobs = segments * H;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t job = 0; job < jobs; ++job) {
     const KvSegment& s = segs[job / H];
-    const int64_t h = job % H;
-    T* kc = k_cache + ((s.slot * H + h) * Tmax) * hd;
-    T* vc = v_cache + ((s.slot * H + h) * Tmax) * hd;
-    for (int64_t t = 0; t < s.count; ++t) {
-      const T* row = qkv + (s.row0 + t) * C3 + h * hd;
-      for (int64_t d = 0; d < hd; ++d) {
-        kc[(s.pos0 + t) * hd + d] = row[C + d];
-        vc[(s.pos0 + t) * hd + d] = row[2 * C + d];
-      }
-    }
+    const int64_t h = job % H, g = h / (H / G);
+    const T* kc = k_cache + ((s.slot * G + g) * Tmax) * hd;
+    const T* vc = v_cache + ((s.slot * G + g) * Tmax) * hd;
     std::vector<T> p(static_cast<size_t>(s.pos0 + s.count));
     for (int64_t t = 0; t < s.count; ++t) {
       const T* q = qkv + (s.row0 + t) * C3 + h * hd;
@@ -43,7 +57,7 @@ void kv_attention(T* out, const T* qkv, T* k_cache, T* v_cache, const std::vecto
       for (int64_t j = 0; j <= last; ++j) {
         T dot = 0;
         for (int64_t d = 0; d < hd; ++d) dot += q[d] * kc[j * hd + d];
-        p[j] = dot * scale;
+        p[j] = dot * scale + (alibi ? static_cast<T>(alibi->bias(h, last, j)) : T(0));
         m = p[j] > m ? p[j] : m;
       }
       T sum = 0;

@@ -1,0 +1,358 @@
+// hf_llama.cpp: name, shape and config mapping between Tessera and Hugging Face Llama.
+#include "checkpoint/hf_llama.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "core/json.hpp"
+
+namespace tessera {
+
+namespace {
+
+std::string read_text(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("'" + path + "' cannot be opened; " + what);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The Hugging Face tensors whose rows, concatenated in this order, make Tessera parameter `n`
+// (flattened to [rows, cols], or to one axis for vectors).
+std::vector<std::string> hf_parts(const std::string& n) {
+  if (n == "wte") return {"model.embed_tokens.weight"};
+  if (n == "lm_head") return {"lm_head.weight"};
+  if (n == "lnf.weight") return {"model.norm.weight"};
+  if (n.rfind("layers.", 0) != 0) throw Error("no Hugging Face Llama name for parameter " + n);
+  const size_t dot = n.find('.', 7);
+  const std::string h = "model.layers." + n.substr(7, dot - 7) + ".", rest = n.substr(dot + 1);
+  const std::string a = h + "self_attn.", m = h + "mlp.";
+  if (rest == "ln1.weight") return {h + "input_layernorm.weight"};
+  if (rest == "ln2.weight") return {h + "post_attention_layernorm.weight"};
+  for (const char* kind : {"weight", "bias"}) {
+    const std::string k = kind;
+    if (rest == "attn.q." + k) return {a + "q_proj." + k};
+    if (rest == "attn.kv." + k) return {a + "k_proj." + k, a + "v_proj." + k};
+    if (rest == "attn.qkv." + k) return {a + "q_proj." + k, a + "k_proj." + k, a + "v_proj." + k};
+    if (rest == "attn.proj." + k) return {a + "o_proj." + k};
+    if (rest == "mlp.fc1." + k) return {m + "gate_proj." + k, m + "up_proj." + k};
+    if (rest == "mlp.fc2." + k) return {m + "down_proj." + k};
+  }
+  throw Error("no Hugging Face Llama name for parameter " + n);
+}
+
+bool is_vocab(const ParamSpec& s) {
+  return s.name == "wte" || s.name == "lm_head";
+}
+
+// Hugging Face's shape of each part of `s` (the parts are equal; vocabulary rows unpadded).
+Shape hf_part_shape(const ParamSpec& s, size_t parts, int64_t vocab) {
+  const int64_t numel = shape_numel(s.global_shape);
+  if (is_vocab(s)) return {vocab, s.global_shape[1]};
+  const bool bias = s.name.size() > 5 && s.name.compare(s.name.size() - 5, 5, ".bias") == 0;
+  const bool vector = bias || s.global_shape.size() == 1;
+  if (vector) return {numel / static_cast<int64_t>(parts)};
+  const int64_t cols = s.global_shape.back();
+  return {numel / cols / static_cast<int64_t>(parts), cols};
+}
+
+std::vector<ParamSpec> global_specs(const GPTConfig& cfg) {
+  return build_param_specs(cfg, model_shard_for(cfg, 1, 0, 1, 0));
+}
+
+std::string hf_dtype(const std::string& d) {
+  if (d == "bf16") return "BF16";
+  if (d == "f32") return "F32";
+  if (d == "f16") return "F16";
+  throw ConfigError("--export-dtype=" + d + " is not a dtype (allowed: bf16, f32, f16)");
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << text;
+    if (!f) throw Error("cannot write '" + tmp + "' (disk full?)");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error("cannot rename '" + tmp + "'");
+}
+
+std::string number(double v) {
+  char b[40];
+  std::snprintf(b, sizeof b, "%.10g", v);
+  return b;
+}
+
+}  // namespace
+
+std::string hf_model_type(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  const std::string text = read_text(path, "--from-hf needs a Hugging Face model directory");
+  std::string type;
+  try {
+    JsonReader r(text);
+    r.object([&](const std::string& k) {
+      if (k == "model_type")
+        type = r.string_value();
+      else
+        r.skip_value();
+    });
+  } catch (const JsonError& e) {
+    throw ConfigError("'" + path + "' does not parse: " + e.message);
+  }
+  if (type.empty()) throw ConfigError("'" + path + "' has no model_type");
+  return type;
+}
+
+void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const HfExportOptions& o,
+                     const std::function<void(const std::string&)>& progress) {
+  const GPTConfig& cfg = ckpt.meta().model;
+  if (!cfg.rope() || !cfg.rmsnorm() || !cfg.swiglu)
+    throw ConfigError("checkpoint '" + ckpt.path() +
+                      "' is not a Llama-architecture model (LlamaForCausalLM needs RoPE, RMSNorm "
+                      "and SwiGLU; it has " +
+                      cfg.describe() + ")");
+  const std::string dtype = hf_dtype(o.dtype);
+  ::mkdir(dir.c_str(), 0755);
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw ConfigError("--save '" + dir + "' cannot be created as a directory");
+  const auto specs = global_specs(cfg);
+  // Plan the files: tensors in order, a new shard when the next one would pass the limit.
+  struct Planned {
+    std::string name;
+    Shape shape;
+    size_t spec = 0, part = 0;
+  };
+  std::vector<std::vector<Planned>> files(1);
+  uint64_t in_file = 0, total = 0;
+  const size_t width = safetensors_width(dtype);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto parts = hf_parts(specs[i].name);
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const Shape shape = hf_part_shape(specs[i], parts.size(), cfg.vocab_size);
+      const uint64_t bytes = width * static_cast<uint64_t>(shape_numel(shape));
+      if (in_file > 0 && in_file + bytes > o.max_shard_bytes) {
+        files.emplace_back();
+        in_file = 0;
+      }
+      files.back().push_back({parts[k], shape, i, k});
+      in_file += bytes;
+      total += bytes;
+    }
+  }
+  const size_t n = files.size();
+  auto file_name = [&](size_t f) {
+    if (n == 1) return std::string("model.safetensors");
+    char b[64];
+    std::snprintf(b, sizeof b, "model-%05zu-of-%05zu.safetensors", f + 1, n);
+    return std::string(b);
+  };
+  std::vector<float> global;
+  size_t loaded = SIZE_MAX;
+  for (size_t f = 0; f < n; ++f) {
+    SafetensorsWriter w(dir + "/" + file_name(f),
+                        {{"format", "pt"}, {"source", "tessera " + ckpt.path()}});
+    for (const Planned& p : files[f]) w.declare(p.name, p.shape, dtype);
+    for (const Planned& p : files[f]) {
+      const ParamSpec& s = specs[p.spec];
+      if (loaded != p.spec) {
+        global.resize(static_cast<size_t>(shape_numel(s.global_shape)));
+        ckpt.read_slice("model", s, global.data());
+        loaded = p.spec;
+      }
+      // Part k is the k-th equal run of the flattened global tensor (vocabulary: its first rows).
+      const int64_t part_elems = shape_numel(p.shape);
+      const size_t step = is_vocab(s) ? 0 : static_cast<size_t>(part_elems);
+      w.write(p.name, global.data() + step * p.part);
+      if (progress) progress("exported " + s.name + " -> " + p.name + " (" + file_name(f) + ")");
+    }
+    w.finish();
+  }
+  if (n > 1) {
+    std::ostringstream idx;
+    idx << "{\n  \"metadata\": {\n    \"total_size\": " << total << "\n  },\n  \"weight_map\": {";
+    bool first = true;
+    for (size_t f = 0; f < n; ++f)
+      for (const Planned& p : files[f]) {
+        idx << (first ? "\n" : ",\n") << "    \"" << p.name << "\": \"" << file_name(f) << "\"";
+        first = false;
+      }
+    idx << "\n  }\n}\n";
+    write_file_atomically(dir + "/model.safetensors.index.json", idx.str());
+  } else {
+    std::remove((dir + "/model.safetensors.index.json").c_str());  // a stale one would mislead
+  }
+  std::ostringstream c;
+  const char* torch_dtype = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
+  c << "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+    << "  \"hidden_act\": \"silu\",\n  \"hidden_size\": " << cfg.hidden_size
+    << ",\n  \"intermediate_size\": " << cfg.ffn()
+    << ",\n  \"num_hidden_layers\": " << cfg.num_layers
+    << ",\n  \"num_attention_heads\": " << cfg.num_attention_heads
+    << ",\n  \"num_key_value_heads\": " << cfg.kv_heads() << ",\n  \"head_dim\": " << cfg.head_dim()
+    << ",\n  \"max_position_embeddings\": " << cfg.max_positions()
+    << ",\n  \"vocab_size\": " << cfg.vocab_size
+    << ",\n  \"rms_norm_eps\": " << number(cfg.layernorm_epsilon)
+    << ",\n  \"rope_theta\": " << number(cfg.rotary_base) << ",\n  \"rope_scaling\": ";
+  if (cfg.use_rope_scaling)
+    c << "{\n    \"rope_type\": \"llama3\",\n    \"factor\": " << number(cfg.rope_scaling_factor)
+      << ",\n    \"low_freq_factor\": " << number(cfg.rope_scaling_low_freq_factor)
+      << ",\n    \"high_freq_factor\": " << number(cfg.rope_scaling_high_freq_factor)
+      << ",\n    \"original_max_position_embeddings\": "
+      << number(cfg.rope_scaling_original_max_positions) << "\n  }";
+  else
+    c << "null";
+  if (cfg.rotary_percent != 1.0)
+    c << ",\n  \"partial_rotary_factor\": " << number(cfg.rotary_percent);
+  c << ",\n  \"attention_bias\": " << (cfg.add_bias_linear ? "true" : "false")
+    << ",\n  \"mlp_bias\": " << (cfg.add_bias_linear ? "true" : "false")
+    << ",\n  \"tie_word_embeddings\": " << (cfg.tied_head() ? "true" : "false")
+    << ",\n  \"initializer_range\": " << number(cfg.init_method_std)
+    << ",\n  \"attention_dropout\": 0.0,\n  \"torch_dtype\": \"" << torch_dtype << "\"\n}\n";
+  write_file_atomically(dir + "/config.json", c.str());
+}
+
+HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
+  const std::string path = dir + "/config.json";
+  const std::string text = read_text(path, "--from-hf needs a Hugging Face model directory");
+  std::string model_type, act = "silu", scaling;
+  int64_t kv_heads = 0, head_dim = 0;
+  bool attention_bias = false, mlp_bias = false;
+  cfg_.max_position_embeddings = 2048;  // LlamaConfig's defaults
+  cfg_.layernorm_epsilon = 1e-6;
+  cfg_.untie_embeddings_and_output_weights = true;
+  try {
+    JsonReader r(text);
+    r.object([&](const std::string& k) {
+      if (k == "hidden_size")
+        cfg_.hidden_size = static_cast<int>(r.int_value());
+      else if (k == "intermediate_size")
+        cfg_.ffn_hidden_size = static_cast<int>(r.int_value());
+      else if (k == "num_hidden_layers")
+        cfg_.num_layers = static_cast<int>(r.int_value());
+      else if (k == "num_attention_heads")
+        cfg_.num_attention_heads = static_cast<int>(r.int_value());
+      else if (k == "num_key_value_heads")
+        kv_heads = r.null_value() ? 0 : r.int_value();
+      else if (k == "head_dim")
+        head_dim = r.null_value() ? 0 : r.int_value();
+      else if (k == "max_position_embeddings")
+        cfg_.max_position_embeddings = static_cast<int>(r.int_value());
+      else if (k == "vocab_size")
+        cfg_.vocab_size = r.int_value();
+      else if (k == "rms_norm_eps")
+        cfg_.layernorm_epsilon = r.number_value();
+      else if (k == "rope_theta")
+        cfg_.rotary_base = r.number_value();
+      else if (k == "partial_rotary_factor")
+        cfg_.rotary_percent = r.number_value();
+      else if (k == "tie_word_embeddings")
+        cfg_.untie_embeddings_and_output_weights = !r.bool_value();
+      else if (k == "attention_bias")
+        attention_bias = r.bool_value();
+      else if (k == "mlp_bias")
+        mlp_bias = r.bool_value();
+      else if (k == "hidden_act")
+        act = r.string_value();
+      else if (k == "model_type")
+        model_type = r.string_value();
+      else if (k == "initializer_range")
+        cfg_.init_method_std = r.number_value();
+      else if (k == "rope_scaling") {
+        if (r.null_value()) return;
+        r.object([&](const std::string& f) {
+          if (f == "rope_type" || f == "type")
+            scaling = r.string_value();
+          else if (f == "factor")
+            cfg_.rope_scaling_factor = r.number_value();
+          else if (f == "low_freq_factor")
+            cfg_.rope_scaling_low_freq_factor = r.number_value();
+          else if (f == "high_freq_factor")
+            cfg_.rope_scaling_high_freq_factor = r.number_value();
+          else if (f == "original_max_position_embeddings")
+            cfg_.rope_scaling_original_max_positions = r.number_value();
+          else
+            r.skip_value();
+        });
+        if (scaling.empty()) scaling = "unnamed";
+      } else {
+        r.skip_value();
+      }
+    });
+  } catch (const JsonError& e) {
+    throw ConfigError("'" + path + "' does not parse: " + e.message);
+  }
+  if (model_type != "llama")
+    throw ConfigError("'" + path + "' has model_type \"" + model_type +
+                      "\"; this importer reads llama (LlamaForCausalLM)");
+  if (act != "silu")
+    throw ConfigError("'" + path + "' has hidden_act \"" + act +
+                      "\"; Tessera's SwiGLU is silu-gated (allowed: silu)");
+  if (scaling == "llama3")
+    cfg_.use_rope_scaling = true;
+  else if (!scaling.empty() && scaling != "default")
+    throw ConfigError("'" + path + "' has rope_scaling of type \"" + scaling +
+                      "\" (allowed: llama3, or rope_scaling null)");
+  if (attention_bias != mlp_bias)
+    throw ConfigError("'" + path + "' has attention_bias " + (attention_bias ? "true" : "false") +
+                      " but mlp_bias " + (mlp_bias ? "true" : "false") +
+                      "; Tessera's --disable-bias-linear covers both (they must agree)");
+  cfg_.position_embedding_type = "rope";
+  cfg_.normalization = "RMSNorm";
+  cfg_.swiglu = true;
+  cfg_.add_bias_linear = attention_bias;
+  if (kv_heads > 0 && kv_heads != cfg_.num_attention_heads) {
+    cfg_.group_query_attention = true;
+    cfg_.num_query_groups = static_cast<int>(kv_heads);
+  }
+  cfg_.seq_length = cfg_.max_position_embeddings;
+  cfg_.make_vocab_size_divisible_by = divisible_by;
+  if (head_dim > 0 && cfg_.num_attention_heads > 0 &&
+      head_dim * cfg_.num_attention_heads != cfg_.hidden_size)
+    throw ConfigError("'" + path + "' has head_dim " + std::to_string(head_dim) + " x " +
+                      std::to_string(cfg_.num_attention_heads) + " heads != hidden_size " +
+                      std::to_string(cfg_.hidden_size) +
+                      "; Tessera needs head_dim = hidden_size / num_attention_heads");
+  try {
+    cfg_.validate();
+  } catch (const ConfigError& e) {
+    throw ConfigError("'" + path + "' describes an invalid model: " + e.what());
+  }
+  st_ = std::make_unique<SafetensorsDir>(dir);
+  for (const ParamSpec& s : global_specs(cfg_)) {
+    const auto parts = hf_parts(s.name);
+    const Shape want = hf_part_shape(s, parts.size(), cfg_.vocab_size);
+    for (const std::string& n : parts) {
+      if (!st_->has(n))
+        throw ConfigError("the Hugging Face model in '" + dir + "' has no tensor " + n +
+                          " (config.json implies it)");
+      if (st_->entry(n).shape != want)
+        throw ConfigError("'" + st_->file_of(n) + "': " + n + " has shape " +
+                          shape_str(st_->entry(n).shape) + ", config.json implies " +
+                          shape_str(want));
+    }
+  }
+}
+
+void HfLlama::read_slice(const ParamSpec& spec, float* out) const {
+  const auto parts = hf_parts(spec.name);
+  // The global tensor in Tessera's layout: the parts' rows one after the other (padding rows of
+  // the vocabulary stay zero).
+  std::vector<float> global(static_cast<size_t>(shape_numel(spec.global_shape)), 0.f);
+  size_t at = 0;
+  for (const std::string& n : parts) {
+    const std::vector<float> t = st_->read(n);
+    std::copy(t.begin(), t.end(), global.begin() + static_cast<std::ptrdiff_t>(at));
+    at += t.size();
+  }
+  for (int64_t i = 0; i < spec.numel(); ++i) out[i] = global[global_element_index(spec, i)];
+}
+
+}  // namespace tessera

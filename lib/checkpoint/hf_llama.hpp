@@ -1,0 +1,49 @@
+// hf_llama.hpp: Hugging Face LlamaForCausalLM import and export: config.json (hidden_size,
+// num_key_value_heads, rope_theta, rms_norm_eps, tie_word_embeddings, ...) and safetensors with
+// the model.* tensor names, in one file or in shards listed by model.safetensors.index.json.
+// Linear weights are [out, in] on both sides. Hugging Face's q_proj/k_proj/v_proj, gate_proj/
+// up_proj rows are concatenated into Tessera's attn.q + attn.kv (or attn.qkv) and mlp.fc1. Both
+// sides rotate features (i, i + d/2) ("rotate half"), so the q/k rows need no permutation.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/safetensors.hpp"
+
+namespace tessera {
+
+// The model_type in DIR/config.json ("gpt2", "llama", ...); throws ConfigError naming the file.
+std::string hf_model_type(const std::string& dir);
+
+struct HfExportOptions {
+  std::string dtype = "bf16";             // bf16 | f32 (| f16)
+  uint64_t max_shard_bytes = 5000000000;  // save_pretrained's default 5 GB
+};
+
+// Writes DIR/config.json and the safetensors (DIR/model.safetensors, or model-0000k-of-0000n
+// shards with DIR/model.safetensors.index.json when larger than max_shard_bytes) from a checkpoint
+// of a Llama-family model (any layout).
+void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir,
+                     const HfExportOptions& options,
+                     const std::function<void(const std::string&)>& progress);
+
+// A Hugging Face Llama directory opened for import.
+class HfLlama {
+ public:
+  // Reads DIR/config.json and the safetensors; checks every tensor's presence and shape against
+  // the config; throws ConfigError naming the file.
+  HfLlama(const std::string& dir, int make_vocab_size_divisible_by);
+  const GPTConfig& config() const { return cfg_; }
+  // Fills `out` with the slice `spec` describes of the tensor in Tessera's layout.
+  void read_slice(const ParamSpec& spec, float* out) const;
+
+ private:
+  GPTConfig cfg_;
+  std::string dir_;
+  std::unique_ptr<SafetensorsDir> st_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,54 @@
+// rope.hpp: what the rotary position embedding kernels (backend/cpu/rope.hpp, backend/cuda/rope.cu)
+// share: the rank's heads and the inverse frequencies, including Llama 3's frequency scaling
+// (Megatron's --use-rope-scaling; Hugging Face's rope_scaling {"rope_type": "llama3"}), on the host
+// and the device alike.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#ifndef TESSERA_HD
+#ifdef __CUDACC__
+#define TESSERA_HD __host__ __device__ __forceinline__
+#else
+#define TESSERA_HD inline
+#endif
+#endif
+
+namespace tessera {
+
+// Llama 3's scaling: wavelengths longer than original_max_positions / low_freq_factor are slowed
+// by `factor`, shorter than original_max_positions / high_freq_factor kept, and those between
+// blended linearly in original_max_positions / wavelength. factor <= 1: no scaling.
+struct RopeScaling {
+  double factor = 1, low_freq_factor = 1, high_freq_factor = 4, original_max_positions = 8192;
+};
+
+// Rotary position embedding of one rank's heads (Backend::rope).
+struct RopeSpec {
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t rot_dim = 0;  // rotated features per head: even, <= head_dim
+  double base = 10000;
+  int64_t seq_len = 0;  // positions r % seq_len when no position tensor is given
+  RopeScaling scaling;
+};
+
+// The inverse frequency of feature pair k: base^(-2k/rot_dim) rounded to f32 as Hugging Face
+// computes it (then Llama 3's scaling, in double, rounded once).
+TESSERA_HD float rope_inv_freq(int64_t k, int64_t rot_dim, double base, const RopeScaling& s) {
+  const float inv = static_cast<float>(
+      1.0 /
+      pow(base, static_cast<double>(static_cast<float>(2 * k) / static_cast<float>(rot_dim))));
+  if (!(s.factor > 1)) return inv;
+  const double kPi = 3.14159265358979323846;
+  const double wavelen = 2 * kPi / inv;
+  const double low = s.original_max_positions / s.low_freq_factor;    // longest kept blended
+  const double high = s.original_max_positions / s.high_freq_factor;  // shortest blended
+  if (wavelen < high) return inv;
+  if (wavelen > low) return static_cast<float>(inv / s.factor);
+  const double smooth = (s.original_max_positions / wavelen - s.low_freq_factor) /
+                        (s.high_freq_factor - s.low_freq_factor);
+  return static_cast<float>((1 - smooth) * inv / s.factor + smooth * inv);
+}
+
+}  // namespace tessera

@@ -1,0 +1,128 @@
+// unicode.cpp: UTF-8 decoding and character classes for the Hugging Face tokenizer.
+#include "data/unicode.hpp"
+
+#include <unicode/uchar.h>
+
+#include <array>
+
+namespace tessera {
+
+namespace {
+
+uint8_t icu_class(uint32_t cp) {
+  const UChar32 c = static_cast<UChar32>(cp);
+  uint8_t cls = u_isUWhiteSpace(c) ? kClsWs : 0;
+  switch (u_charType(c)) {
+    case U_UPPERCASE_LETTER:
+      return cls | kClsLu;
+    case U_LOWERCASE_LETTER:
+      return cls | kClsLl;
+    case U_TITLECASE_LETTER:
+      return cls | kClsLt;
+    case U_MODIFIER_LETTER:
+      return cls | kClsLm;
+    case U_OTHER_LETTER:
+      return cls | kClsLo;
+    case U_NON_SPACING_MARK:
+    case U_ENCLOSING_MARK:
+    case U_COMBINING_SPACING_MARK:
+      return cls | kClsM;
+    case U_DECIMAL_DIGIT_NUMBER:
+    case U_LETTER_NUMBER:
+    case U_OTHER_NUMBER:
+      return cls | kClsN;
+    default:
+      return cls;
+  }
+}
+
+// The Basic Multilingual Plane from a table (most text never leaves it), the rest from ICU.
+const std::array<uint8_t, 0x10000>& bmp_classes() {
+  static const std::array<uint8_t, 0x10000> table = [] {
+    std::array<uint8_t, 0x10000> t{};
+    for (uint32_t cp = 0; cp < 0x10000; ++cp) t[cp] = icu_class(cp);
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+uint8_t unicode_class(uint32_t cp) {
+  if (cp < 0x10000) return bmp_classes()[cp];
+  return icu_class(cp);
+}
+
+void utf8_append(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+bool utf8_sanitize(std::string_view in, std::string& out) {
+  // The WHATWG UTF-8 decoder (encoding.spec.whatwg.org): a sequence is cut at the first byte
+  // outside its allowed range, which is then read again as the start of the next sequence.
+  const size_t n = in.size();
+  size_t i = 0;
+  // Fast path: the valid prefix.
+  auto valid_at = [&](size_t p, size_t& len) -> bool {
+    const unsigned char c = static_cast<unsigned char>(in[p]);
+    auto byte = [&](size_t k) -> unsigned { return static_cast<unsigned char>(in[p + k]); };
+    if (c < 0x80) {
+      len = 1;
+      return true;
+    }
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      len = 0;  // not a lead byte
+      return false;
+    }
+    size_t k = 1;
+    for (; k < len; ++k) {
+      if (p + k >= n) break;
+      const unsigned b = byte(k);
+      if (b < (k == 1 ? lo : 0x80u) || b > (k == 1 ? hi : 0xBFu)) break;
+    }
+    if (k == len) return true;
+    len = k;  // the maximal subpart: one replacement for bytes [p, p+k)
+    return false;
+  };
+  size_t len = 0;
+  while (i < n && valid_at(i, len)) i += len;
+  if (i == n) return false;
+  out.assign(in.data(), i);
+  while (i < n) {
+    if (valid_at(i, len)) {
+      out.append(in.data() + i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += len == 0 ? 1 : len;
+    }
+  }
+  return true;
+}
+
+}  // namespace tessera
