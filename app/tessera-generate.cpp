@@ -2,6 +2,7 @@
 // run (resharded on load), with a KV cache; one or many prompts, or an interactive prompt loop.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -10,6 +11,7 @@
 #include "backend/backend.hpp"
 #include "backend/select.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/reshard.hpp"
 #include "comm/mpi.hpp"
 #include "comm/process_grid.hpp"
 #include "core/config.hpp"
@@ -126,10 +128,7 @@ int main(int argc, char** argv) {
             "; use the tokenizer the model was trained with, or --prompt-ids"));
       g.eod_id = tok->eod_id();
     }
-    if (cfg.num_attention_heads % tp != 0 || cfg.num_layers % pp != 0)
-      throw ConfigError(detail::concat("the model (", cfg.num_attention_heads, " heads, ",
-                                       cfg.num_layers, " layers) cannot be split TP ", tp, " x PP ",
-                                       pp));
+    validate_model_layout(cfg, tp, pp);  // heads, key/value heads, ffn width, layers
     auto be = make_rank_backend(grid, device);
     ctx = grid.context();  // NCCL groups on CUDA
     GPTModel model(cfg, model_shard_for(cfg, tp, ctx.tp_rank, pp, ctx.pp_rank), *be, *ctx.tp);
@@ -164,7 +163,12 @@ int main(int argc, char** argv) {
     auto run = [&](const std::vector<std::string>& texts) {
       std::vector<std::vector<int32_t>> prompts;
       for (const std::string& s : texts) prompts.push_back(encode(s));
-      InferenceEngine engine(model, ctx, static_cast<int>(prompts.size()), cfg.max_positions());
+      // The KV cache holds what these prompts can reach, not the model's every position (Llama
+      // 3's 131072 would take gigabytes per prompt).
+      int64_t longest = 0;
+      for (const auto& p : prompts) longest = std::max<int64_t>(longest, p.size());
+      const int64_t context = std::min<int64_t>(cfg.max_positions(), longest + g.max_new_tokens);
+      InferenceEngine engine(model, ctx, static_cast<int>(prompts.size()), context);
       const bool stream = root && tty && prompts.size() == 1 && tok;
       if (stream) std::cout << texts[0] << std::flush;
       const GenerationResult r = generate(engine, ctx, prompts, g, [&](int, int32_t t) {

@@ -428,6 +428,11 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
                                        "; load it with the model options it was trained with"));
   };
   text("--position-embedding-type", m.position_embedding_type, c.position_embedding_type);
+  if (std::llround(m.layernorm_epsilon * 1e9) != std::llround(c.layernorm_epsilon * 1e9))
+    throw ConfigError(detail::concat("checkpoint '", path_, "' has --norm-epsilon=",
+                                     m.layernorm_epsilon, " but this run has ",
+                                     c.layernorm_epsilon,
+                                     "; load it with the model options it was trained with"));
   text("--normalization", m.normalization, c.normalization);
   auto number = [&](const char* opt, double have, double want) {
     if (have != want)
@@ -440,8 +445,15 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
     number("--rotary-percent", m.rotary_percent, c.rotary_percent);
     option("--use-rope-scaling", m.use_rope_scaling, c.use_rope_scaling,
            "Llama 3's frequency scaling", "no frequency scaling");
-    if (m.use_rope_scaling)
+    if (m.use_rope_scaling) {
       number("--rope-scaling-factor", m.rope_scaling_factor, c.rope_scaling_factor);
+      number("--rope-scaling-low-freq-factor", m.rope_scaling_low_freq_factor,
+             c.rope_scaling_low_freq_factor);
+      number("--rope-scaling-high-freq-factor", m.rope_scaling_high_freq_factor,
+             c.rope_scaling_high_freq_factor);
+      number("--rope-scaling-original-max-position-embeddings",
+             m.rope_scaling_original_max_positions, c.rope_scaling_original_max_positions);
+    }
   }
 }
 

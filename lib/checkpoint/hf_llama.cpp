@@ -1,10 +1,12 @@
 // hf_llama.cpp: name, shape and config mapping between Tessera and Hugging Face Llama.
 #include "checkpoint/hf_llama.hpp"
 
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 #include <fstream>
 #include <sstream>
 
@@ -118,6 +120,12 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
                       "' is not a Llama-architecture model (LlamaForCausalLM needs RoPE, RMSNorm "
                       "and SwiGLU; it has " +
                       cfg.describe() + ")");
+  if (cfg.rotary_percent != 1.0)
+    throw ConfigError("checkpoint '" + ckpt.path() + "' rotates " +
+                      std::to_string(cfg.rotary_dim()) + " of " + std::to_string(cfg.head_dim()) +
+                      " features per head (--rotary-percent); LlamaForCausalLM rotates them all");
+  if (cfg.alibi())
+    throw ConfigError("checkpoint '" + ckpt.path() + "' uses ALiBi; LlamaForCausalLM uses RoPE");
   const std::string dtype = hf_dtype(o.dtype);
   ::mkdir(dir.c_str(), 0755);
   struct stat st;
@@ -175,6 +183,21 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
     }
     w.finish();
   }
+  // Files of an earlier export into this directory that this one does not replace: a stale
+  // model.safetensors would be loaded before the index, stale shards would mislead.
+  if (DIR* d = ::opendir(dir.c_str())) {
+    std::set<std::string> written;
+    for (size_t f = 0; f < n; ++f) written.insert(file_name(f));
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      const bool ours = name == "model.safetensors" ||
+                        (name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
+                         name.size() > 12 &&
+                         name.compare(name.size() - 12, 12, ".safetensors") == 0);
+      if (ours && !written.count(name)) std::remove((dir + "/" + name).c_str());
+    }
+    ::closedir(d);
+  }
   if (n > 1) {
     std::ostringstream idx;
     idx << "{\n  \"metadata\": {\n    \"total_size\": " << total << "\n  },\n  \"weight_map\": {";
@@ -209,8 +232,6 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
       << number(cfg.rope_scaling_original_max_positions) << "\n  }";
   else
     c << "null";
-  if (cfg.rotary_percent != 1.0)
-    c << ",\n  \"partial_rotary_factor\": " << number(cfg.rotary_percent);
   c << ",\n  \"attention_bias\": " << (cfg.add_bias_linear ? "true" : "false")
     << ",\n  \"mlp_bias\": " << (cfg.add_bias_linear ? "true" : "false")
     << ",\n  \"tie_word_embeddings\": " << (cfg.tied_head() ? "true" : "false")
@@ -223,6 +244,7 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   const std::string path = dir + "/config.json";
   const std::string text = read_text(path, "--from-hf needs a Hugging Face model directory");
   std::string model_type, act = "silu", scaling;
+  double partial = 1.0;
   int64_t kv_heads = 0, head_dim = 0;
   bool attention_bias = false, mlp_bias = false;
   cfg_.max_position_embeddings = 2048;  // LlamaConfig's defaults
@@ -252,7 +274,7 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
       else if (k == "rope_theta")
         cfg_.rotary_base = r.number_value();
       else if (k == "partial_rotary_factor")
-        cfg_.rotary_percent = r.number_value();
+        partial = r.null_value() ? 1.0 : r.number_value();
       else if (k == "tie_word_embeddings")
         cfg_.untie_embeddings_and_output_weights = !r.bool_value();
       else if (k == "attention_bias")
@@ -265,10 +287,13 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
         model_type = r.string_value();
       else if (k == "initializer_range")
         cfg_.init_method_std = r.number_value();
-      else if (k == "rope_scaling") {
+      else if (k == "rope_scaling" || k == "rope_parameters") {
+        // rope_parameters: newer transformers' spelling, with rope_theta inside.
         if (r.null_value()) return;
         r.object([&](const std::string& f) {
-          if (f == "rope_type" || f == "type")
+          if (f == "rope_theta")
+            cfg_.rotary_base = r.number_value();
+          else if (f == "rope_type" || f == "type")
             scaling = r.string_value();
           else if (f == "factor")
             cfg_.rope_scaling_factor = r.number_value();
@@ -281,7 +306,7 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
           else
             r.skip_value();
         });
-        if (scaling.empty()) scaling = "unnamed";
+        if (scaling.empty()) scaling = k == "rope_parameters" ? "default" : "unnamed";
       } else {
         r.skip_value();
       }
@@ -292,6 +317,9 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   if (model_type != "llama")
     throw ConfigError("'" + path + "' has model_type \"" + model_type +
                       "\"; this importer reads llama (LlamaForCausalLM)");
+  if (partial != 1.0)
+    throw ConfigError("'" + path + "' has partial_rotary_factor " + std::to_string(partial) +
+                      "; LlamaForCausalLM rotates every feature of a head (allowed: 1)");
   if (act != "silu")
     throw ConfigError("'" + path + "' has hidden_act \"" + act +
                       "\"; Tessera's SwiGLU is silu-gated (allowed: silu)");
@@ -326,8 +354,10 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
     throw ConfigError("'" + path + "' describes an invalid model: " + e.what());
   }
   st_ = std::make_unique<SafetensorsDir>(dir);
+  std::set<std::string> expected;
   for (const ParamSpec& s : global_specs(cfg_)) {
     const auto parts = hf_parts(s.name);
+    expected.insert(parts.begin(), parts.end());
     const Shape want = hf_part_shape(s, parts.size(), cfg_.vocab_size);
     for (const std::string& n : parts) {
       if (!st_->has(n))
@@ -339,6 +369,17 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
                           shape_str(want));
     }
   }
+  // Anything else is a model config.json does not describe (more layers, biases it says are
+  // absent): refused rather than dropped. Old files' rotary inv_freq buffers are derived values.
+  const std::string buffer = "rotary_emb.inv_freq";
+  for (const std::string& n : st_->names())
+    if (!expected.count(n) &&
+        !(n.size() >= buffer.size() && n.compare(n.size() - buffer.size(), buffer.size(), buffer) == 0))
+      throw ConfigError("'" + st_->file_of(n) + "' has tensor " + n +
+                        ", which config.json does not describe (" +
+                        std::to_string(cfg_.num_layers) + " layers, " +
+                        (cfg_.add_bias_linear ? "with" : "no") + " biases, " +
+                        (cfg_.tied_head() ? "tied" : "untied") + " output layer)");
 }
 
 void HfLlama::read_slice(const ParamSpec& spec, float* out) const {

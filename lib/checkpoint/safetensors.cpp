@@ -263,6 +263,12 @@ const SafetensorsReader& SafetensorsDir::reader(const std::string& name) const {
   return *files_[it->second];
 }
 
+std::vector<std::string> SafetensorsDir::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, file] : where_) out.push_back(name);
+  return out;
+}
+
 const SafetensorsEntry& SafetensorsDir::entry(const std::string& name) const {
   return reader(name).entries().at(name);
 }

@@ -82,6 +82,7 @@ class SafetensorsDir {
  public:
   explicit SafetensorsDir(const std::string& dir);  // throws ConfigError naming the file
   bool has(const std::string& name) const { return where_.count(name) != 0; }
+  std::vector<std::string> names() const;
   const SafetensorsEntry& entry(const std::string& name) const;
   std::vector<float> read(const std::string& name) const;
   // The file holding `name` (for messages).

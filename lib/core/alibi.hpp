@@ -8,13 +8,8 @@
 #include <cmath>
 #include <cstdint>
 
-#ifndef TESSERA_HD
-#ifdef __CUDACC__
-#define TESSERA_HD __host__ __device__ __forceinline__
-#else
-#define TESSERA_HD inline
-#endif
-#endif
+#include "core/host_device.hpp"
+
 
 namespace tessera {
 

@@ -15,11 +15,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define TESSERA_HD __host__ __device__ __forceinline__
-#else
-#define TESSERA_HD inline
-#endif
+#include "core/host_device.hpp"
 
 namespace tessera {
 

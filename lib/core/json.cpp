@@ -4,6 +4,8 @@
 #include <cctype>
 #include <string>
 
+#include "core/utf8.hpp"
+
 namespace tessera {
 
 void JsonReader::fail(const std::string& what) const {
@@ -21,23 +23,6 @@ char JsonReader::peek() {
   return s_[i_];
 }
 
-void JsonReader::append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 std::string JsonReader::parse_string() {
   if (peek() != '"') fail("expected a string");
@@ -109,7 +94,7 @@ std::string JsonReader::parse_string() {
             i_ = save;  // a lone high surrogate; the next escape stands alone
         }
         if (cp >= 0xD800 && cp < 0xE000) cp = 0xFFFD;  // lone surrogate: replacement character
-        append_utf8(out, cp);
+        utf8_append(out, cp);
         break;
       }
       default:

@@ -54,7 +54,6 @@ class JsonReader {
   [[noreturn]] void fail(const std::string& what) const;
   char peek();
   std::string parse_string();
-  void append_utf8(std::string& out, uint32_t cp);
   std::string_view s_;
   size_t i_ = 0;
 };

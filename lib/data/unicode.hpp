@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/utf8.hpp"
+
 namespace tessera {
 
 // Character class bits of one code point. \p{L} = any of the five letter bits; \s is Unicode
@@ -48,7 +50,6 @@ inline uint32_t utf8_at(std::string_view s, size_t i, size_t& len) {
          (static_cast<unsigned char>(s[i + 3]) & 0x3Fu);
 }
 
-void utf8_append(std::string& out, uint32_t cp);
 
 // Ill-formed UTF-8 in `in` replaced by U+FFFD, one per maximal subpart (the Unicode recommended
 // practice that Python's errors="replace", Rust's from_utf8_lossy and the WHATWG decoder follow).

@@ -434,6 +434,16 @@ void GPTModel::reduce_sequence_parallel_grads(int piece) {
   }
 }
 
+void GPTModel::activation_forward(PhaseSequence& phase, LayerActivations& la) {
+  if (cfg_.swiglu) {
+    phase("swiglu-forward");
+    be_.swiglu_forward(la.gelu, la.fc1);
+  } else {
+    phase("gelu-forward");
+    be_.gelu_forward(la.gelu, la.fc1);
+  }
+}
+
 void GPTModel::norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                             const Tensor& w, const Tensor& b) {
   if (cfg_.rmsnorm())
@@ -535,13 +545,7 @@ void GPTModel::block_forward(int l, Activations& a) {
   gather_rows(phase, la.ln2);
   phase("fc1-gemm-forward");
   be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b));
-  if (cfg_.swiglu) {
-    phase("swiglu-forward");
-    be_.swiglu_forward(la.gelu, la.fc1);
-  } else {
-    phase("gelu-forward");
-    be_.gelu_forward(la.gelu, la.fc1);
-  }
+  activation_forward(phase, la);
   phase("fc2-gemm-forward");
   be_.matmul_forward(a.tmp_c, la.gelu, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
   branch = reduce_rows(phase, a.tmp_c, a);
@@ -646,13 +650,7 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
     phase("attention-core-forward");  // qkv was kept with RoPE applied
     be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a),
                           kv_heads_local_, alibi());
-    if (cfg_.swiglu) {
-      phase("swiglu-forward");
-      be_.swiglu_forward(la.gelu, la.fc1);
-    } else {
-      phase("gelu-forward");
-      be_.gelu_forward(la.gelu, la.fc1);
-    }
+    activation_forward(phase, la);
   }
 }
 

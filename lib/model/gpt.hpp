@@ -213,6 +213,8 @@ class GPTModel {
   LayerActivations& acts_of(int layer, Activations& a) const;
   void add_norm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
                         const Tensor& b, const Tensor& w, const Tensor& bias);
+  // The MLP's activation (GELU or SwiGLU): la.fc1 -> la.gelu.
+  void activation_forward(PhaseSequence& phase, LayerActivations& la);
   void norm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
                      const Tensor& w, const Tensor& mean, const Tensor& rstd);
   // The hidden dropout of a site (inactive outside training or at p = 0), and the attention

@@ -74,6 +74,10 @@ void GPTConfig::validate() const {
     if (num_query_groups < 1)
       throw ConfigError(detail::concat("--num-query-groups=", num_query_groups,
                                        " is out of range (allowed: >= 1)"));
+    if (num_query_groups == num_attention_heads)
+      throw ConfigError(detail::concat(
+          "--num-query-groups=", num_query_groups, " equals --num-attention-heads: that is ",
+          "multi-head attention; drop --group-query-attention (or use fewer groups)"));
     if (num_attention_heads % num_query_groups != 0)
       throw ConfigError(detail::concat(
           "--num-query-groups=", num_query_groups, " does not divide --num-attention-heads=",

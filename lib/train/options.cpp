@@ -142,6 +142,16 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
       "rope-scaling-factor",
       po::value(&m.rope_scaling_factor)->default_value(m.rope_scaling_factor),
       "with --use-rope-scaling: how much the long wavelengths are slowed (Llama 3.1: 8, 3.2: 32)")(
+      "rope-scaling-low-freq-factor",
+      po::value(&m.rope_scaling_low_freq_factor)->default_value(m.rope_scaling_low_freq_factor),
+      "with --use-rope-scaling: wavelengths above original / this are slowed (Llama 3: 1)")(
+      "rope-scaling-high-freq-factor",
+      po::value(&m.rope_scaling_high_freq_factor)->default_value(m.rope_scaling_high_freq_factor),
+      "with --use-rope-scaling: wavelengths below original / this are kept (Llama 3: 4)")(
+      "rope-scaling-original-max-position-embeddings",
+      po::value(&m.rope_scaling_original_max_positions)
+          ->default_value(m.rope_scaling_original_max_positions),
+      "with --use-rope-scaling: the context the frequencies were trained for (Llama 3: 8192)")(
       "normalization", po::value(&m.normalization)->default_value(m.normalization),
       "LayerNorm (GPT-2) | RMSNorm (Llama)")(
       "norm-epsilon", po::value(&norm_epsilon),

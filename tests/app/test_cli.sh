@@ -68,6 +68,7 @@ for c in gpt2-124m gpt2-345m gpt2-1.3b; do  # the shipped configurations are val
 done
 # The Llama family (issue 15): bad values get one line naming the option; the shipped configs run.
 expect 2 "--num-query-groups=3 does not divide --num-attention-heads=4" -- --group-query-attention --num-query-groups 3
+expect 2 "--num-query-groups=4 equals --num-attention-heads: that is multi-head attention" -- --group-query-attention --num-query-groups 4
 expect 2 "--rotary-percent=1.5 is out of range \(allowed: 0 < p <= 1\)" -- --position-embedding-type rope --rotary-percent 1.5
 expect 2 "--rotary-percent=0 is out of range" -- --position-embedding-type rope --rotary-percent 0
 expect 2 "--position-embedding-type=sinusoidal is not known \(allowed: learned_absolute, rope, alibi, none\)" -- --position-embedding-type sinusoidal

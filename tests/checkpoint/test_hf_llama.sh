@@ -45,6 +45,13 @@ for case in "gqa --shards 2 --dtype bf16 --groups 2 --seed 1|bf16|2" \
   fi
   grep -q '"model_type": "llama"' "$work/$name-out/config.json" && [ "$shards" -gt 1 ] && [ -f "$work/$name-out/model.safetensors.index.json" ] \
     && ok "$name: config.json and model.safetensors.index.json written" || bad "$name: export files: $(ls "$work/$name-out")"
+  # Again into the same directory as one file: the earlier shards and index must go.
+  conv --to-hf --load "$work/$name-ck" --save "$work/$name-out" --export-dtype "$dtype" || continue
+  if [ "$(ls "$work/$name-out")" = "$(printf 'config.json\nmodel.safetensors')" ] && $tool compare "$work/$name" "$work/$name-out" > /dev/null; then
+    ok "$name: re-exported as one file over the shards: no stale shard or index left, identical"
+  else
+    bad "$name: re-export into the same directory left: $(ls "$work/$name-out" | tr '\n' ' ')"
+  fi
   ref=$($tool greedy "$work/$name" "$P" 6); rc=$?
   if [ $rc -ne 0 ]; then bad "$name: the reference has no clear greedy choice (rc $rc)"; continue; fi
   for np in 1 2; do
@@ -71,6 +78,12 @@ expect "rope_scaling yarn" "has rope_scaling of type \"yarn\" \(allowed: llama3,
 cp -r "$work/b" "$work/groups"
 sed -i 's/"num_key_value_heads": 2/"num_key_value_heads": 3/' "$work/groups/config.json"
 expect "key/value heads not dividing the heads" "num-query-groups=3 does not divide --num-attention-heads=4" -- --from-hf "$work/groups" --save "$work/x"
+cp -r "$work/b" "$work/layers"
+sed -i 's/"num_hidden_layers": 2/"num_hidden_layers": 1/' "$work/layers/config.json"
+expect "files holding more layers than config.json says" "has tensor model.layers.1.[a-z_.]*, which config.json does not describe \(1 layers" -- --from-hf "$work/layers" --save "$work/x"
+cp -r "$work/b" "$work/partial"
+sed -i 's/"rope_theta"/"partial_rotary_factor": 0.5, "rope_theta"/' "$work/partial/config.json"
+expect "partial_rotary_factor 0.5" "has partial_rotary_factor 0.500000; LlamaForCausalLM rotates every feature" -- --from-hf "$work/partial" --save "$work/x"
 cp -r "$work/b" "$work/kind"
 sed -i 's/"model_type": "llama"/"model_type": "mixtral"/' "$work/kind/config.json"
 expect "another model type" "model_type \"mixtral\" \(allowed: gpt2, llama\)" -- --from-hf "$work/kind" --save "$work/x"

@@ -221,6 +221,41 @@ TEST(GPT, LlamaFamilyGradientsMatchFiniteDifferences) {
   }
 }
 
+// Grouped-query attention's q and kv (and their biases) are read by one GEMM as one weight: for
+// every bucket size and 1-3 data-parallel shards, each glued pair shares a bucket with nothing
+// (no bucket end, no padding) between them.
+TEST(GPT, GluedParametersStayAdjacentInEveryBucketLayout) {
+  GPTConfig cfg = llama_config(0);
+  cfg.add_bias_linear = true;
+  std::vector<ParamSpec> specs = build_param_specs(cfg, whole(cfg));
+  int64_t total = 0, glued = 0;
+  for (const ParamSpec& s : specs) {
+    total += s.numel();
+    glued += s.glue_next ? 1 : 0;
+  }
+  ASSERT_EQ(glued, 2 * cfg.num_layers);  // weight and bias per layer
+  int layouts = 0;
+  for (int shards = 1; shards <= 3; ++shards)
+    for (int64_t bucket = 1; bucket <= total; bucket += 7) {
+      FlatLayout l;
+      l.bucket_elems = bucket;
+      l.shards = shards;
+      const std::vector<FlatBucket> buckets = layout_flat_buffer(specs, l);
+      std::vector<int> bucket_of(specs.size(), -1);
+      for (size_t b = 0; b < buckets.size(); ++b)
+        for (int p = buckets[b].first_param; p < buckets[b].end_param; ++p)
+          bucket_of[static_cast<size_t>(p)] = static_cast<int>(b);
+      for (size_t i = 0; i + 1 < specs.size(); ++i)
+        if (specs[i].glue_next) {
+          ASSERT_EQ(bucket_of[i], bucket_of[i + 1]) << specs[i].name << " bucket " << bucket;
+          ASSERT_EQ(specs[i].flat_offset + specs[i].numel(), specs[i + 1].flat_offset)
+              << specs[i].name << " bucket " << bucket << " shards " << shards;
+        }
+      ++layouts;
+    }
+  EXPECT_GT(layouts, 100);
+}
+
 // The parameters each option adds or removes, by name and global shape.
 TEST(GPT, LlamaFamilyParameters) {
   const GPTConfig cfg = llama_config(0);
