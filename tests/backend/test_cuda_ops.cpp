@@ -1,6 +1,7 @@
 // test_cuda_ops.cpp: every CUDA op against the CPU reference on random inputs with odd sizes, in
 // each compute dtype (f32, bf16, f16: the CPU reference computes the same dtypes in f32 and rounds
-// on store). Tolerances, relative to the largest reference value: f32 1e-5 (1e-4 for attention
+// on store), multi-head and grouped-query attention, ALiBi, and the Llama-family ops (RMSNorm,
+// SwiGLU, RoPE). Tolerances, relative to the largest reference value: f32 1e-5 (1e-4 for attention
 // backward), bf16 2e-2, f16 4e-3. Outputs are poisoned with NaN before the call and must be fully
 // written. Each test skips itself where no CUDA device is visible.
 #include <gtest/gtest.h>
@@ -111,31 +112,42 @@ class CudaOpsDtype : public CudaOpsBase, public ::testing::TestWithParam<DType> 
   // outputs (only the backward compared) or, as in training, from the GPU's own.
   struct AttentionCase {
     int64_t B, T, H, hd;
+    int64_t G = 0;  // key/value heads (grouped-query attention); 0: H
   };
-  // `drop`: attention dropout (the CPU and the GPU draw the same mask).
+  // `drop`: attention dropout (the CPU and the GPU draw the same mask). `alibi`: ALiBi's bias.
   void check_attention(const AttentionCase& c, bool backward_from_gpu_forward,
-                       const AttentionDropout* drop = nullptr) {
+                       const AttentionDropout* drop = nullptr,
+                       const AttentionAlibi* alibi = nullptr) {
     SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " +
-                 std::to_string(c.H) + " hd " + std::to_string(c.hd));
-    const int64_t B = c.B, T = c.T, H = c.H, hd = c.hd;
+                 std::to_string(c.H) + " hd " + std::to_string(c.hd) + " G " + std::to_string(c.G) +
+                 (drop ? " dropout" : "") +
+                 (alibi ? " alibi heads from " + std::to_string(alibi->head_begin) + " of " +
+                              std::to_string(alibi->heads_total)
+                        : ""));
+    const int64_t B = c.B, T = c.T, H = c.H, hd = c.hd, G = c.G > 0 ? c.G : c.H;
+    const int64_t C3 = (H + 2 * G) * hd;
     const DType dt = d();
-    Tensor qkv = rnd({B, T, 3 * H * hd}), dout = rnd({B, T, H * hd});
-    Tensor out({B, T, H * hd}, dt), lse({B, H, T}), dqkv({B, T, 3 * H * hd}, dt);
-    cpu_->attention_forward(out, lse, qkv, H, drop);
-    cpu_->attention_backward(dqkv, dout, qkv, out, lse, H, drop);
+    Tensor qkv = rnd({B, T, C3}), dout = rnd({B, T, H * hd});
+    Tensor out({B, T, H * hd}, dt), lse({B, H, T}), dqkv({B, T, C3}, dt);
+    cpu_->attention_forward(out, lse, qkv, H, drop, c.G, alibi);
+    cpu_->attention_backward(dqkv, dout, qkv, out, lse, H, drop, c.G, alibi);
     Tensor qd = dev(qkv), od = poisoned({B, T, H * hd}, dt), ld = poisoned({B, H, T}),
            dd = dev(dout);
-    gpu_->attention_forward(od, ld, qd, H, drop);
+    gpu_->attention_forward(od, ld, qd, H, drop, c.G, alibi);
     expect_close(od, out, tol(1e-5), "attention out");
     expect_close(ld, lse, dt == DType::F32 ? 1e-5 : 1e-3, "attention lse (f32)");
-    Tensor dqd = poisoned({B, T, 3 * H * hd}, dt);
-    if (backward_from_gpu_forward) {
-      gpu_->attention_backward(dqd, dd, qd, od, ld, H, drop);
-    } else {
-      Tensor od2 = dev(out), ld2 = dev(lse);
-      gpu_->attention_backward(dqd, dd, qd, od2, ld2, H, drop);
-    }
+    Tensor dqd = poisoned({B, T, C3}, dt);
+    const Tensor ob = backward_from_gpu_forward ? od : dev(out),
+                 lb = backward_from_gpu_forward ? ld : dev(lse);
+    gpu_->attention_backward(dqd, dd, qd, ob, lb, H, drop, c.G, alibi);
     expect_close(dqd, dqkv, tol(1e-4), "attention dqkv");
+    if (G < H) {  // the group sums have one owner each: a second run gives the same bits
+      const Tensor first = host(dqd);
+      gpu_->attention_backward(dqd, dd, qd, ob, lb, H, drop, c.G, alibi);
+      const Tensor again = host(dqd);
+      EXPECT_EQ(std::memcmp(first.raw(), again.raw(), first.nbytes()), 0)
+          << "the grouped-query backward is deterministic";
+    }
   }
 };
 
@@ -151,6 +163,153 @@ TEST_P(CudaOpsDtype, AttentionDropoutMatchesCpu) {
   check_attention({2, 256, 4, 64}, true, &drop);
   check_attention({1, 200, 4, 128}, true, &drop);
   check_attention({1, 70, 4, 48}, true, &drop);
+}
+
+// Grouped-query attention (G key/value heads < H query heads, G = 1 multi-query) against the CPU:
+// bf16 and f16 at head dims 64 and 128 take the tensor-core kernels, f32 the tiled scalar ones
+// (head dims 32, 64, 128) and head dim 40 the one-thread-per-row ones; T not a multiple of the
+// tiles. Then training shapes (Llama-like 8 heads over 2 groups) and dropout (the mask of each
+// query head inside the dK/dV loop over the group).
+TEST_P(CudaOpsDtype, GqaAttentionMatchesCpu) {
+  for (const AttentionCase c : {AttentionCase{2, 131, 4, 64, 2}, AttentionCase{1, 100, 4, 128, 1},
+                                AttentionCase{2, 67, 6, 32, 3}, AttentionCase{1, 45, 4, 40, 2}})
+    check_attention(c, false);
+  check_attention({2, 1024, 8, 64, 2}, true);
+  check_attention({1, 2048, 8, 128, 2}, true);
+  AttentionDropout drop;
+  drop.spec = make_dropout_spec(0.1, 99, 12, 4, DropoutKind::Attention, 640);
+  drop.head_begin = 8;
+  drop.heads_total = 16;
+  check_attention({2, 256, 8, 64, 2}, true, &drop);
+  check_attention({1, 150, 4, 128, 1}, true, &drop);
+  check_attention({1, 70, 4, 48, 2}, true, &drop);
+}
+
+// ALiBi against the CPU in every dtype: bf16 and f16 at head dims 64 and 128 take the tensor-core
+// kernels' ALiBi instances, f32 the tiled scalar ones (head dims 32, 64, 128), head dims 40 and 48
+// (and dropout outside the tensor-core kernels) the one-thread-per-row ones; T not a multiple of
+// the tiles, multi-head and grouped-query, then dropout and training shapes. The heads are those of
+// a tensor-parallel rank past the first: rank 1 of 2 of 8 heads (slopes 2^-5 .. 2^-8) and rank 2
+// of 3 of 12 heads (12 is no power of two: slopes 2^-0.5 .. 2^-3.5, steep).
+TEST_P(CudaOpsDtype, AlibiAttentionMatchesCpu) {
+  const AttentionAlibi mild{4, 8}, steep{8, 12};
+  for (const AttentionCase c : {AttentionCase{2, 131, 4, 64}, AttentionCase{1, 100, 4, 128, 2},
+                                AttentionCase{2, 67, 4, 32, 1}, AttentionCase{1, 45, 4, 40, 2}}) {
+    check_attention(c, false, nullptr, &mild);
+    check_attention(c, false, nullptr, &steep);
+  }
+  check_attention({2, 1024, 4, 64, 2}, true, nullptr, &mild);
+  check_attention({1, 2048, 4, 128}, true, nullptr, &steep);
+  AttentionDropout drop;
+  drop.spec = make_dropout_spec(0.1, 99, 12, 4, DropoutKind::Attention, 640);
+  drop.head_begin = 8;
+  drop.heads_total = 12;
+  check_attention({2, 256, 4, 64, 2}, true, &drop, &steep);
+  check_attention({1, 150, 4, 128, 1}, true, &drop, &steep);
+  check_attention({1, 70, 4, 48, 2}, true, &drop, &steep);
+}
+
+// RMSNorm (forward, the fused residual add, backward with accumulated dinp and dweight) at a
+// Llama-like width and at an awkward one.
+TEST_P(CudaOpsDtype, RmsNormMatchesCpu) {
+  for (const auto& [N, C] : std::vector<std::pair<int64_t, int64_t>>{{1024, 2048}, {23, 77}}) {
+    SCOPED_TRACE("N " + std::to_string(N) + " C " + std::to_string(C));
+    Tensor x = rnd({N, C}), w = rnd({C}), dy = rnd({N, C}), a = rnd({N, C});
+    Tensor y({N, C}, d()), r({N});
+    cpu_->rmsnorm_forward(y, r, x, w, 1e-6);
+    Tensor yd = poisoned({N, C}, d()), rd = poisoned({N}), xd = dev(x), wd = dev(w);
+    gpu_->rmsnorm_forward(yd, rd, xd, wd, 1e-6);
+    expect_close(yd, y, tol(1e-5), "rmsnorm out");
+    expect_close(rd, r, 1e-5, "rmsnorm rstd (f32)");
+    // Accumulated gradients: dinp onto a residual gradient, dweight onto what is there.
+    Tensor base = rnd({N, C}), dw = rand({C});
+    Tensor dx(base.shape(), d());
+    std::memcpy(dx.raw(), base.raw(), base.nbytes());
+    Tensor dxd = dev(base), dwd = dev(dw), dyd = dev(dy);
+    cpu_->rmsnorm_backward(dx, dw, dy, x, w, r);
+    gpu_->rmsnorm_backward(dxd, dwd, dyd, xd, wd, rd);
+    expect_close(dxd, dx, tol(1e-5), "rmsnorm dinp (accumulated)");
+    expect_close(dwd, dw, d() == DType::F32 ? 1e-5 : 1e-3, "rmsnorm dweight (f32, accumulated)");
+    // The fused residual add + RMSNorm equals add then rmsnorm.
+    Tensor s2({N, C}, d()), y2({N, C}, d()), r2({N});
+    cpu_->add_rmsnorm_forward(s2, y2, r2, a, x, w, 1e-6);
+    Tensor s2d = poisoned({N, C}, d()), y2d = poisoned({N, C}, d()), r2d = poisoned({N}),
+           ad = dev(a);
+    gpu_->add_rmsnorm_forward(s2d, y2d, r2d, ad, xd, wd, 1e-6);
+    expect_close(s2d, s2, tol(1e-7), "fused residual sum");
+    expect_close(y2d, y2, tol(1e-5), "fused rmsnorm out");
+    expect_close(r2d, r2, 1e-5, "fused rmsnorm rstd (f32)");
+  }
+}
+
+// SwiGLU forward and backward at a Llama-like MLP width (F = 2816 per rank) and an odd one.
+TEST_P(CudaOpsDtype, SwigluMatchesCpu) {
+  for (const auto& [N, F] : std::vector<std::pair<int64_t, int64_t>>{{1024, 2816}, {19, 77}}) {
+    SCOPED_TRACE("N " + std::to_string(N) + " F " + std::to_string(F));
+    Tensor x = rnd({N, 2 * F}, 2.f), dy = rnd({N, F});
+    Tensor y({N, F}, d()), dx({N, 2 * F}, d());
+    cpu_->swiglu_forward(y, x);
+    cpu_->swiglu_backward(dx, x, dy);
+    Tensor xd = dev(x), dyd = dev(dy), yd = poisoned({N, F}, d()), dxd = poisoned({N, 2 * F}, d());
+    gpu_->swiglu_forward(yd, xd);
+    gpu_->swiglu_backward(dxd, xd, dyd);
+    expect_close(yd, y, tol(1e-5), "swiglu out");
+    expect_close(dxd, dx, tol(1e-5), "swiglu dinp (overwritten)");
+  }
+}
+
+// RoPE on a GQA qkv (8 query and 2 key/value heads of 128, rotary_percent 0.5: 64 features
+// rotate), positions r % seq_len and from a position tensor (generation-like, up to 4096), the
+// latter again with Llama 3's frequency scaling (base 500000, factor 8), then the inverse
+// rotation. The value heads and the features past rot_dim must come back untouched.
+TEST_P(CudaOpsDtype, RopeMatchesCpu) {
+  RopeSpec spec;
+  spec.heads = 8;
+  spec.kv_heads = 2;
+  spec.head_dim = 128;
+  spec.rot_dim = 64;
+  spec.base = 10000;
+  spec.seq_len = 300;
+  const int64_t N = 600, C3 = (spec.heads + 2 * spec.kv_heads) * spec.head_dim;
+  Tensor pos = ids({N}, 4096);
+  for (const int variant : {0, 1, 2}) {
+    const bool with_positions = variant > 0;
+    if (variant == 2) {
+      spec.base = 500000;
+      spec.scaling.factor = 8;
+    }
+    SCOPED_TRACE(variant == 0   ? "r % seq_len"
+                 : variant == 1 ? "positions tensor"
+                                : "llama3 scaling");
+    const Tensor x = rnd({N, C3});
+    Tensor y(x.shape(), d());
+    std::memcpy(y.raw(), x.raw(), x.nbytes());
+    Tensor yd = dev(x), posd = dev(pos);
+    const Tensor* p = with_positions ? &pos : nullptr;
+    const Tensor* pd = with_positions ? &posd : nullptr;
+    cpu_->rope(y, spec, p, false);
+    gpu_->rope(yd, spec, pd, false);
+    expect_close(yd, y, tol(1e-5), "rope");
+    const Tensor got = host(yd);
+    const size_t es = dtype_size(d());
+    const char *g = static_cast<const char*>(got.raw()), *in = static_cast<const char*>(x.raw());
+    const int64_t rotated = spec.heads + spec.kv_heads, v0 = rotated * spec.head_dim;
+    for (int64_t r = 0; r < N; ++r) {  // bit for bit the input
+      ASSERT_EQ(std::memcmp(g + (r * C3 + v0) * es, in + (r * C3 + v0) * es,
+                            spec.kv_heads * spec.head_dim * es),
+                0)
+          << "value heads of row " << r;
+      for (int64_t h = 0; h < rotated; ++h) {
+        const int64_t at = r * C3 + h * spec.head_dim + spec.rot_dim;
+        ASSERT_EQ(std::memcmp(g + at * es, in + at * es, (spec.head_dim - spec.rot_dim) * es), 0)
+            << "features past rot_dim of row " << r << " head " << h;
+      }
+    }
+    cpu_->rope(y, spec, p, true);
+    gpu_->rope(yd, spec, pd, true);
+    expect_close(yd, y, tol(1e-5), "rope inverse");
+    expect_close(yd, x, tol(1e-5), "rope inverse undoes rope");
+  }
 }
 
 // Hidden dropout: every element as the CPU draws it, with a row offset (sequence parallelism).
@@ -385,4 +544,43 @@ TEST_F(CudaOps, KvAttentionMatchesCpu) {
   gpu_->kv_attention(od, qd, kcd, vcd, segs, H);
   expect_close(od, out, 1e-5, "kv attention");
   expect_close(kcd, kc, 0, "k cache");
+}
+
+// Generation with grouped-query attention: 6 query heads over 2 key/value heads, caches
+// (slots, G, Tmax, hd); a second step appends to the first step's caches.
+TEST_F(CudaOps, KvAttentionGqaMatchesCpu) {
+  const int64_t H = 6, G = 2, hd = 16, Tmax = 40, slots = 3, rows = 11;
+  Tensor kc = Tensor::zeros({slots, G, Tmax, hd}), vc = Tensor::zeros({slots, G, Tmax, hd});
+  Tensor kcd = dev(kc), vcd = dev(vc);
+  const std::vector<std::vector<Backend::KvSegment>> steps = {
+      {{0, 0, 7, 0}, {2, 0, 3, 7}, {1, 0, 1, 10}}, {{0, 7, 1, 0}, {2, 3, 5, 1}, {1, 1, 5, 6}}};
+  for (const auto& segs : steps) {
+    Tensor qkv = rand({rows, (H + 2 * G) * hd}), out({rows, H * hd});
+    cpu_->kv_attention(out, qkv, kc, vc, segs, H, G);
+    Tensor qd = dev(qkv), od = poisoned({rows, H * hd});
+    gpu_->kv_attention(od, qd, kcd, vcd, segs, H, G);
+    expect_close(od, out, 1e-5, "kv attention (GQA)");
+    expect_close(kcd, kc, 0, "k cache (GQA)");
+    expect_close(vcd, vc, 0, "v cache (GQA)");
+  }
+}
+
+// Generation with ALiBi and grouped-query attention: the bias of cached position j for the query
+// at position pos0 + t, on rank 1 of 2 of 12 heads (slopes 2^-7, 2^-8 and the steep 2^-0.5 ..
+// 2^-3.5); a second step appends to the first step's caches, so queries sit past position 0.
+TEST_F(CudaOps, KvAttentionAlibiMatchesCpu) {
+  const int64_t H = 6, G = 2, hd = 16, Tmax = 40, slots = 3, rows = 11;
+  const AttentionAlibi alibi{6, 12};
+  Tensor kc = Tensor::zeros({slots, G, Tmax, hd}), vc = Tensor::zeros({slots, G, Tmax, hd});
+  Tensor kcd = dev(kc), vcd = dev(vc);
+  const std::vector<std::vector<Backend::KvSegment>> steps = {
+      {{0, 0, 7, 0}, {2, 0, 3, 7}, {1, 0, 1, 10}}, {{0, 7, 1, 0}, {2, 3, 5, 1}, {1, 1, 5, 6}}};
+  for (const auto& segs : steps) {
+    Tensor qkv = rand({rows, (H + 2 * G) * hd}), out({rows, H * hd});
+    cpu_->kv_attention(out, qkv, kc, vc, segs, H, G, &alibi);
+    Tensor qd = dev(qkv), od = poisoned({rows, H * hd});
+    gpu_->kv_attention(od, qd, kcd, vcd, segs, H, G, &alibi);
+    expect_close(od, out, 1e-5, "kv attention (ALiBi)");
+    expect_close(kcd, kc, 0, "k cache (ALiBi)");
+  }
 }

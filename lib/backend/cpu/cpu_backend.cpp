@@ -28,6 +28,13 @@ int64_t cols_of(const Tensor& t) {
   return t.shape().back();
 }
 
+// ALiBi's heads must lie within the model's (a caller bug otherwise).
+void check_alibi(const AttentionAlibi* a, int64_t heads) {
+  TESSERA_CHECK(!a || (a->head_begin >= 0 && a->head_begin + heads <= a->heads_total),
+                "ALiBi heads [", a ? a->head_begin : 0, ", +", heads, ") outside the model's ",
+                a ? a->heads_total : 0);
+}
+
 // The dropout the kernels should apply: none when absent or at p = 0.
 const AttentionDropout* live(const AttentionDropout* d) {
   return d && d->spec.active() ? d : nullptr;
@@ -246,6 +253,7 @@ class CpuBackend final : public Backend {
     TESSERA_F32_OUT(o, out);
     TESSERA_F32_OUT(l, lse);
     TESSERA_F32_IN(q, qkv);
+    check_alibi(alibi, heads);
     cpu::attention_forward(o.get(), l.get(), q.get(), B, T, heads, hd, scratch(T), live(drop), G,
                            alibi);
   }
@@ -261,6 +269,7 @@ class CpuBackend final : public Backend {
     TESSERA_F32_IN(q, qkv);
     TESSERA_F32_IN(o, out);
     TESSERA_F32_IN(l, lse);
+    check_alibi(alibi, heads);
     cpu::attention_backward(dq.get(), d.get(), q.get(), o.get(), l.get(), B, T, heads, hd,
                             scratch(T), live(drop), G, alibi);
   }
@@ -282,6 +291,7 @@ class CpuBackend final : public Backend {
                   "the KV cache is f32");
     TESSERA_F32_OUT(o, out);
     TESSERA_F32_IN(q, qkv);
+    check_alibi(alibi, heads);
     cpu::kv_attention(o.get(), q.get(), k_cache.f32(), v_cache.f32(), segments, heads, hd, Tmax, G,
                       alibi);
   }

@@ -76,6 +76,24 @@ class CublasHandle {
   cublasHandle_t h_ = nullptr;
 };
 
+// The key/value head count of an attention call (0 means `heads`), after checking that qkv
+// (B, T, (heads + 2G) hd) fits it.
+int64_t check_attention_shape(const Tensor& qkv, int64_t heads, int64_t kv_heads) {
+  const int64_t G = kv_heads > 0 ? kv_heads : heads;
+  TESSERA_CHECK(heads > 0 && heads % G == 0 && qkv.ndim() == 3 && qkv.dim(2) % (heads + 2 * G) == 0,
+                "attention qkv shape ", shape_str(qkv.shape()), " for ", heads, " heads and ", G,
+                " key/value heads");
+  return G;
+}
+// ALiBi's heads: this call's `heads` are global heads [head_begin, head_begin + heads) of
+// heads_total.
+void check_alibi(const AttentionAlibi* alibi, int64_t heads) {
+  if (!alibi) return;
+  TESSERA_CHECK(alibi->head_begin >= 0 && alibi->head_begin + heads <= alibi->heads_total,
+                "ALiBi heads [", alibi->head_begin, ", ", alibi->head_begin + heads, ") outside ",
+                alibi->heads_total, " heads");
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend() {
@@ -190,6 +208,38 @@ class CudaBackend final : public Backend {
     cuda_ops::add_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, static_cast<float>(eps),
                                     stream_);
   }
+  void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& w,
+                       double eps) override {
+    TESSERA_CHECK(
+        out.numel() == inp.numel() && rstd.numel() == rows_of(inp) && w.numel() == cols_of(inp),
+        "rmsnorm shapes: inp ", shape_str(inp.shape()));
+    expect_dtype(rstd, DType::F32, "rmsnorm rstd");
+    expect_dtype(out, inp.dtype(), "rmsnorm output");
+    expect_dtype(w, inp.dtype(), "rmsnorm weight");
+    cuda_ops::rmsnorm_forward(out, rstd, inp, w, static_cast<float>(eps), stream_);
+  }
+  void add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
+                           const Tensor& w, double eps) override {
+    TESSERA_CHECK(sum.numel() == a.numel() && out.numel() == a.numel() && b.numel() == a.numel() &&
+                      rstd.numel() == rows_of(a) && w.numel() == cols_of(a),
+                  "add+rmsnorm shapes: a ", shape_str(a.shape()));
+    expect_dtype(rstd, DType::F32, "rmsnorm rstd");
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&sum, &out, &b, &w})
+      expect_dtype(*t, a.dtype(), "add+rmsnorm operand");
+    cuda_ops::add_rmsnorm_forward(sum, out, rstd, a, b, w, static_cast<float>(eps), stream_);
+  }
+  void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp,
+                        const Tensor& w, const Tensor& rstd) override {
+    TESSERA_CHECK(dinp.numel() == inp.numel() && dout.numel() == inp.numel() &&
+                      dw.numel() == cols_of(inp) && w.numel() == cols_of(inp) &&
+                      rstd.numel() == rows_of(inp),
+                  "rmsnorm backward shapes: inp ", shape_str(inp.shape()));
+    expect_dtype(dw, DType::F32, "rmsnorm weight gradient");
+    expect_dtype(rstd, DType::F32, "rmsnorm rstd");
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&dinp, &dout, &w})
+      expect_dtype(*t, inp.dtype(), "rmsnorm backward operand");
+    cuda_ops::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, ws_, stream_);
+  }
   void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
                       const Tensor* bias) override {
     TESSERA_CHECK(cols_of(weight) == cols_of(inp) && out.numel() == rows_of(inp) * rows_of(weight),
@@ -206,20 +256,65 @@ class CudaBackend final : public Backend {
     cuda_ops::matmul_backward(dinp, dweight, dbias, dout, inp, weight, blas_->get(), ws_, stream_);
   }
   void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
-                         const AttentionDropout* drop) override {
+                         const AttentionDropout* drop, int64_t kv_heads,
+                         const AttentionAlibi* alibi) override {
+    const int64_t G = check_attention_shape(qkv, heads, kv_heads);
+    check_alibi(alibi, heads);
+    const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
+    TESSERA_CHECK(out.numel() == B * T * heads * hd && lse.numel() == B * heads * T,
+                  "attention output shapes");
     expect_dtype(lse, DType::F32, "attention lse");
     expect_dtype(out, qkv.dtype(), "attention output");
-    cuda_ops::attention_forward(out, lse, qkv, heads, drop, ws_, stream_);
+    cuda_ops::attention_forward(out, lse, qkv, heads, G, drop, alibi, ws_, stream_);
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads, const AttentionDropout* drop) override {
-    cuda_ops::attention_backward(dqkv, dout, qkv, out, lse, heads, drop, ws_, stream_);
+                          const Tensor& lse, int64_t heads, const AttentionDropout* drop,
+                          int64_t kv_heads, const AttentionAlibi* alibi) override {
+    const int64_t G = check_attention_shape(qkv, heads, kv_heads);
+    check_alibi(alibi, heads);
+    TESSERA_CHECK(
+        dqkv.numel() == qkv.numel() && dout.numel() == out.numel() &&
+            out.numel() == qkv.dim(0) * qkv.dim(1) * heads * (qkv.dim(2) / (heads + 2 * G)),
+        "attention backward shapes");
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&dqkv, &dout, &out})
+      expect_dtype(*t, qkv.dtype(), "attention backward operand");
+    expect_dtype(lse, DType::F32, "attention lse");
+    cuda_ops::attention_backward(dqkv, dout, qkv, out, lse, heads, G, drop, alibi, ws_, stream_);
   }
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
-                    const std::vector<KvSegment>& segments, int64_t heads) override {
+                    const std::vector<KvSegment>& segments, int64_t heads, int64_t kv_heads,
+                    const AttentionAlibi* alibi) override {
+    const int64_t G = kv_heads > 0 ? kv_heads : heads;
+    check_alibi(alibi, heads);
+    TESSERA_CHECK(k_cache.ndim() == 4 && k_cache.dim(1) == G && heads % G == 0 &&
+                      v_cache.shape() == k_cache.shape(),
+                  "kv cache shape ", shape_str(k_cache.shape()), " for ", heads, " heads and ", G,
+                  " key/value heads");
+    const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2);
+    TESSERA_CHECK(cols_of(qkv) == (heads + 2 * G) * hd && cols_of(out) == heads * hd,
+                  "kv attention shapes");
+    for (const KvSegment& s : segments)
+      TESSERA_CHECK(s.slot >= 0 && s.slot < k_cache.dim(0) && s.pos0 + s.count <= Tmax &&
+                        s.row0 + s.count <= rows_of(qkv),
+                    "kv attention segment out of range");
     for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &qkv, &k_cache, &v_cache})
       expect_dtype(*t, DType::F32, "generation (KV attention)");
-    cuda_ops::kv_attention(out, qkv, k_cache, v_cache, segments, heads, ws_, stream_);
+    cuda_ops::kv_attention(out, qkv, k_cache, v_cache, segments, heads, G, alibi, ws_, stream_);
+  }
+  void rope(Tensor& qkv, const RopeSpec& r, const Tensor* positions, bool inverse) override {
+    const int64_t N = rows_of(qkv);
+    TESSERA_CHECK(r.heads > 0 && r.kv_heads > 0 &&
+                      cols_of(qkv) == (r.heads + 2 * r.kv_heads) * r.head_dim &&
+                      r.rot_dim % 2 == 0 && r.rot_dim >= 0 && r.rot_dim <= r.head_dim &&
+                      (positions || r.seq_len > 0) && (!positions || positions->numel() == N),
+                  "rope shapes: qkv ", shape_str(qkv.shape()), " for ", r.heads, " heads, ",
+                  r.kv_heads, " key/value heads of ", r.head_dim, ", rot_dim ", r.rot_dim);
+    expect_device(qkv, "rope qkv");
+    if (positions) {
+      expect_device(*positions, "rope positions");
+      expect_dtype(*positions, DType::I32, "rope positions");
+    }
+    cuda_ops::rope(qkv, r, positions, inverse, stream_);
   }
   void gelu_forward(Tensor& out, const Tensor& inp) override {
     expect_dtype(out, inp.dtype(), "gelu output");
@@ -227,6 +322,20 @@ class CudaBackend final : public Backend {
   }
   void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
     cuda_ops::gelu_backward(dinp, inp, dout, stream_);
+  }
+  void swiglu_forward(Tensor& out, const Tensor& inp) override {
+    TESSERA_CHECK(cols_of(inp) % 2 == 0 && out.numel() == rows_of(inp) * (cols_of(inp) / 2),
+                  "swiglu shapes: inp ", shape_str(inp.shape()), ", out ", shape_str(out.shape()));
+    expect_dtype(out, inp.dtype(), "swiglu output");
+    cuda_ops::swiglu_forward(out, inp, stream_);
+  }
+  void swiglu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
+    TESSERA_CHECK(cols_of(inp) % 2 == 0 && dinp.numel() == inp.numel() &&
+                      dout.numel() == rows_of(inp) * (cols_of(inp) / 2),
+                  "swiglu backward shapes: inp ", shape_str(inp.shape()));
+    expect_dtype(dinp, inp.dtype(), "swiglu input gradient");
+    expect_dtype(dout, inp.dtype(), "swiglu output gradient");
+    cuda_ops::swiglu_backward(dinp, inp, dout, stream_);
   }
   void add(Tensor& out, const Tensor& a, const Tensor& b) override {
     expect_dtype(out, a.dtype(), "add output");

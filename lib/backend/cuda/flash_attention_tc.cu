@@ -29,20 +29,21 @@ namespace {
 #define TC_SM80(...) __trap()
 #endif
 
-template <typename T, int D>
+// kAlibi: ALiBi's bias (p.alibi); the kernels without it have none of its code.
+template <typename T, int D, bool kAlibi>
 __global__ void __launch_bounds__(FwdCfg<D>::W * 32) flash_fwd_kernel(FlashFwdArgs p) {
   extern __shared__ __align__(16) char smem[];
-  TC_SM80(flash_fwd_body<T, D>(p, smem));
+  TC_SM80((flash_fwd_body<T, D, kAlibi>(p, smem)));
 }
-template <typename T, int D>
+template <typename T, int D, bool kAlibi>
 __global__ void __launch_bounds__(BwdKvCfg<D>::W * 32) flash_bwd_kv_kernel(FlashBwdArgs p) {
   extern __shared__ __align__(16) char smem[];
-  TC_SM80(flash_bwd_kv_body<T, D>(p, smem));
+  TC_SM80((flash_bwd_kv_body<T, D, kAlibi>(p, smem)));
 }
-template <typename T, int D>
+template <typename T, int D, bool kAlibi>
 __global__ void __launch_bounds__(BwdQCfg<D>::W * 32) flash_bwd_q_kernel(FlashBwdArgs p) {
   extern __shared__ __align__(16) char smem[];
-  TC_SM80(flash_bwd_q_body<T, D>(p, smem));
+  TC_SM80((flash_bwd_q_body<T, D, kAlibi>(p, smem)));
 }
 
 template <typename T>
@@ -97,53 +98,60 @@ void allow_smem(K kernel, int bytes, std::atomic<uint64_t>& done) {
   done.fetch_or(bit, std::memory_order_release);
 }
 
-template <typename T, int D>
-void forward(void* out, float* lse, const void* qkv, int64_t B, int64_t Tn, int64_t H,
-             const AttentionDropout& drop, cudaStream_t s) {
+template <typename T, int D, bool kAlibi>
+void forward(void* out, float* lse, const void* qkv, int64_t B, int64_t Tn, int64_t H, int64_t G,
+             const AttentionDropout& drop, const AttentionAlibi& alibi, cudaStream_t s) {
   static std::atomic<uint64_t> ready{0};
   constexpr int bytes = FwdCfg<D>::smem_bytes();
-  allow_smem(flash_fwd_kernel<T, D>, bytes, ready);
+  allow_smem(flash_fwd_kernel<T, D, kAlibi>, bytes, ready);
   const dim3 grid(static_cast<unsigned>((Tn + FwdCfg<D>::Br - 1) / FwdCfg<D>::Br),
                   static_cast<unsigned>(B * H));
-  flash_fwd_kernel<T, D><<<grid, FwdCfg<D>::W * 32, bytes, s>>>(
-      FlashFwdArgs{out, lse, qkv, static_cast<int>(Tn), static_cast<int>(H), drop});
+  flash_fwd_kernel<T, D, kAlibi><<<grid, FwdCfg<D>::W * 32, bytes, s>>>(FlashFwdArgs{
+      out, lse, qkv, static_cast<int>(Tn), static_cast<int>(H), static_cast<int>(G), drop, alibi});
   CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kAlibi>
 void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
-              float* rowdot, int64_t B, int64_t Tn, int64_t H, const AttentionDropout& drop,
-              cudaStream_t s) {
+              float* rowdot, int64_t B, int64_t Tn, int64_t H, int64_t G,
+              const AttentionDropout& drop, const AttentionAlibi& alibi, cudaStream_t s) {
   static std::atomic<uint64_t> kv_ready{0}, q_ready{0};
   constexpr int kv_bytes = BwdKvCfg<D>::smem_bytes(), q_bytes = BwdQCfg<D>::smem_bytes();
-  allow_smem(flash_bwd_kv_kernel<T, D>, kv_bytes, kv_ready);
-  allow_smem(flash_bwd_q_kernel<T, D>, q_bytes, q_ready);
+  allow_smem(flash_bwd_kv_kernel<T, D, kAlibi>, kv_bytes, kv_ready);
+  allow_smem(flash_bwd_q_kernel<T, D, kAlibi>, q_bytes, q_ready);
   const int64_t rows = B * Tn * H;
   rowdot_kernel<T, D><<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, s>>>(
       rowdot, static_cast<const T*>(dout), static_cast<const T*>(out), rows, static_cast<int>(Tn),
       static_cast<int>(H));
   CUDA_CHECK(cudaGetLastError());
-  const FlashBwdArgs a{dqkv, dout, qkv, lse, rowdot, static_cast<int>(Tn), static_cast<int>(H),
-                       drop};
+  const FlashBwdArgs a{
+      dqkv, dout, qkv, lse, rowdot, static_cast<int>(Tn), static_cast<int>(H), static_cast<int>(G),
+      drop, alibi};
+  // dK/dV: one block per (b, key/value head, key tile), looping over the group's query heads.
   const dim3 kv_grid(static_cast<unsigned>((Tn + BwdKvCfg<D>::Bk - 1) / BwdKvCfg<D>::Bk),
-                     static_cast<unsigned>(B * H));
-  flash_bwd_kv_kernel<T, D><<<kv_grid, BwdKvCfg<D>::W * 32, kv_bytes, s>>>(a);
+                     static_cast<unsigned>(B * G));
+  flash_bwd_kv_kernel<T, D, kAlibi><<<kv_grid, BwdKvCfg<D>::W * 32, kv_bytes, s>>>(a);
   CUDA_CHECK(cudaGetLastError());
   const dim3 q_grid(static_cast<unsigned>((Tn + BwdQCfg<D>::Br - 1) / BwdQCfg<D>::Br),
                     static_cast<unsigned>(B * H));
-  flash_bwd_q_kernel<T, D><<<q_grid, BwdQCfg<D>::W * 32, q_bytes, s>>>(a);
+  flash_bwd_q_kernel<T, D, kAlibi><<<q_grid, BwdQCfg<D>::W * 32, q_bytes, s>>>(a);
   CUDA_CHECK(cudaGetLastError());
 }
 
-// Calls f.template operator()<T, D>() for the storage type and head dimension.
+// Calls f(T{}, integral_constant<int, D>, bool_constant<alibi>) for the storage type, the head
+// dimension and whether ALiBi is on.
 template <typename F>
-void dispatch(DType dtype, int64_t D, F&& f) {
+void dispatch(DType dtype, int64_t D, bool alibi, F&& f) {
+  auto with_alibi = [&](auto tag, auto d) {
+    if (alibi) return f(tag, d, std::true_type{});
+    f(tag, d, std::false_type{});
+  };
   if (dtype == DType::BF16) {
-    if (D == 64) return f(__nv_bfloat16{}, std::integral_constant<int, 64>{});
-    return f(__nv_bfloat16{}, std::integral_constant<int, 128>{});
+    if (D == 64) return with_alibi(__nv_bfloat16{}, std::integral_constant<int, 64>{});
+    return with_alibi(__nv_bfloat16{}, std::integral_constant<int, 128>{});
   }
-  if (D == 64) return f(__half{}, std::integral_constant<int, 64>{});
-  f(__half{}, std::integral_constant<int, 128>{});
+  if (D == 64) return with_alibi(__half{}, std::integral_constant<int, 64>{});
+  with_alibi(__half{}, std::integral_constant<int, 128>{});
 }
 
 }  // namespace
@@ -183,18 +191,23 @@ bool flash_supported(DType dtype, int64_t head_dim, int64_t batch_heads,
 }
 
 void flash_forward(DType dtype, void* out, float* lse, const void* qkv, int64_t B, int64_t Tn,
-                   int64_t H, int64_t D, const AttentionDropout& drop, cudaStream_t stream) {
-  dispatch(dtype, D, [&](auto tag, auto d) {
-    forward<decltype(tag), decltype(d)::value>(out, lse, qkv, B, Tn, H, drop, stream);
+                   int64_t H, int64_t G, int64_t D, const AttentionDropout& drop,
+                   const AttentionAlibi* alibi, cudaStream_t stream) {
+  const AttentionAlibi al = alibi ? *alibi : AttentionAlibi{};
+  dispatch(dtype, D, alibi != nullptr, [&](auto tag, auto d, auto a) {
+    forward<decltype(tag), decltype(d)::value, decltype(a)::value>(out, lse, qkv, B, Tn, H, G, drop,
+                                                                   al, stream);
   });
 }
 
 void flash_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
-                    const float* lse, float* rowdot, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                    const AttentionDropout& drop, cudaStream_t stream) {
-  dispatch(dtype, D, [&](auto tag, auto d) {
-    backward<decltype(tag), decltype(d)::value>(dqkv, dout, qkv, out, lse, rowdot, B, Tn, H, drop,
-                                                stream);
+                    const float* lse, float* rowdot, int64_t B, int64_t Tn, int64_t H, int64_t G,
+                    int64_t D, const AttentionDropout& drop, const AttentionAlibi* alibi,
+                    cudaStream_t stream) {
+  const AttentionAlibi al = alibi ? *alibi : AttentionAlibi{};
+  dispatch(dtype, D, alibi != nullptr, [&](auto tag, auto d, auto a) {
+    backward<decltype(tag), decltype(d)::value, decltype(a)::value>(
+        dqkv, dout, qkv, out, lse, rowdot, B, Tn, H, G, drop, al, stream);
   });
 }
 

@@ -3,25 +3,31 @@
 // that the same source runs on the GPU (flash_attention_tc.cu) and, without one, in the warp
 // emulator of test_flash_emu.
 //
-// Layouts are those of backend.hpp: qkv (B, T, 3, H, D), out and dout (B, T, H, D), lse (B, H, T)
-// in f32 (natural log), dqkv (B, T, 3, H, D).
+// Layouts are those of backend.hpp: qkv (B, T, H + 2G, D) (H query heads, then G key heads, then
+// G value heads; G = H is GPT-2's [3, H, D]), out and dout (B, T, H, D), lse (B, H, T) in f32
+// (natural log), dqkv like qkv. Query head h reads key/value head h / (H / G) (grouped-query
+// attention), in place: K and V are never repeated per query head.
 //
 // Forward (one block = one (b, h) and Br = 16 W query rows, each warp 16 rows): the Q tile is
 // loaded once and kept as A fragments in registers; K/V tiles of 64 keys stream through shared
-// memory, double-buffered with cp.async. S = Q K^T (mma), causal mask on the tiles that cross the
-// diagonal, online softmax in the exp2 domain (row max and sum across the quad of lanes that share
-// a row), P rounded to T and fed straight from the accumulator registers as the A operand of O += P
-// V (the m16n8k16 accumulator layout of two adjacent n8 tiles is the A layout of one k16 chunk).
+// memory, double-buffered with cp.async. S = Q K^T (mma), ALiBi's bias when on, causal mask on the
+// tiles that cross the diagonal, online softmax in the exp2 domain (row max and sum across the
+// quad of lanes that share a row), P rounded to T and fed straight from the accumulator registers
+// as the A operand of O += P V (the m16n8k16 accumulator layout of two adjacent n8 tiles is the A
+// layout of one k16 chunk).
 // Key tiles past the diagonal are never loaded; a warp whose rows are all before a tile's first key
 // skips it. Blocks with the most work (the last query rows) are launched first.
 //
 // Backward, deterministic, without atomics: two kernels that each recompute P from Q, K and the
 // saved log-sum-exp, as the scalar kernels did.
-//  - dK/dV: one block per Bk = 16 W keys (each warp 16 keys), query tiles streamed from the
-//    diagonal to the end: S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T * scale - lse),
-//    dS^T = P^T (dP^T - Drow), dV += P^T dO, dK += dS^T Q (times scale at the end).
-//  - dQ: one block per Br = 16 W queries, key tiles up to the diagonal: S, dP, dS as above and
-//    dQ += dS K (times scale).
+//  - dK/dV: one block per (b, key/value head g, Bk = 16 W keys) (each warp 16 keys). For each of
+//    the group's H / G query heads in turn, query tiles streamed from the diagonal to the end (one
+//    flat, double-buffered sequence of tiles across the heads): S^T = K Q^T, dP^T = V dO^T,
+//    P^T = exp(S^T * scale - lse), dS^T = P^T (dP^T - Drow), dV += P^T dO, dK += dS^T Q (times
+//    scale at the end). The accumulators stay in registers across the group's heads, so the sum
+//    over the group needs neither atomics nor per-query-head copies of dK and dV.
+//  - dQ: one block per (b, query head h) and Br = 16 W queries, key tiles of head h / (H / G) up
+//    to the diagonal: S, dP, dS as above and dQ += dS K (times scale).
 // Each output element has exactly one owner thread and a fixed order of accumulation, so results
 // are the same from run to run. The backward does 7 of the 5 matrix products FlashAttention-2 does
 // with atomics (S and dP twice); docs/performance.md has the arithmetic.
@@ -33,6 +39,7 @@
 #include <cstdint>
 
 #include "backend/cuda/mma.cuh"
+#include "core/alibi.hpp"
 #include "core/dropout.hpp"
 
 namespace tessera::tc {
@@ -43,21 +50,31 @@ constexpr float kLog2e = 1.4426950408889634f;
 // the mask of core/dropout.hpp (0 or 1/(1-p)); the softmax statistics are those of P. The
 // backward: dV = (P o M)^T dO and dS = P o (M o dP - rowsum(dO o O)). The mask is drawn again
 // in each kernel from (b, head, query, key), never stored.
+//
+// ALiBi (the bodies' template flag kAlibi; `alibi` is read only with it): the bias
+// slope_h (key - query) of core/alibi.hpp joins each score where the raw accumulator S = Q K^T
+// comes out of the mma, in S's own units (slope_h / scale, as every later use multiplies S by
+// scale log2(e)), so the causal mask, the row max, the exponent and the log-sum-exp all see
+// biased scores, and the backward recomputes the forward's P exactly as it recomputes S.
+//
+// H query heads, G key/value heads (G >= 1 divides H); the dropout mask of query head h.
 struct FlashFwdArgs {
   void* out;  // T (B, Tn, H, D)
   float* lse;
-  const void* qkv;
-  int Tn, H;
+  const void* qkv;  // T (B, Tn, H + 2G, D)
+  int Tn, H, G;
   AttentionDropout drop;
+  AttentionAlibi alibi;
 };
 struct FlashBwdArgs {
-  void* dqkv;
+  void* dqkv;  // T (B, Tn, H + 2G, D)
   const void* dout;
   const void* qkv;
   const float* lse;
   const float* rowdot;  // D[b, h, t] = dout[t] . out[t]
-  int Tn, H;
+  int Tn, H, G;
   AttentionDropout drop;
+  AttentionAlibi alibi;
 };
 
 template <int D>
@@ -192,26 +209,52 @@ TC_DEV void dual_products(float (&ax)[N / 8][4], float (&ay)[N / 8][4], const T*
   }
 }
 
+// ALiBi on a warp's score tiles, in the units of the raw accumulator S = Q K^T: s += slope_s (key
+// - query) with slope_s = slope_h / scale. Element e of n8 tile n is, in the forward and dQ layout
+// (rows are queries), query row0 + g + 8 (e >> 1) and key k0 + 8 n + 2 t + (e & 1); in the dK/dV
+// layout (kTransposed: rows are keys), key kw0 + g + 8 (e >> 1) and query q0 + 8 n + 2 t + (e & 1).
+// `rel` is key - query of element (0, 0): k0 + 2 t - row0 - g, or kw0 + g - q0 - 2 t. The
+// distances are small integers, exact in f32, so each element gets slope_s * float(key - query).
+template <bool kTransposed, int N>
+TC_DEV void add_alibi(float (&s)[N][4], float slope_s, int rel) {
+  const float r = static_cast<float>(rel);
+  TC_UNROLL
+  for (int n = 0; n < N; ++n) {
+    TC_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int d = 8 * n + (e & 1) - 8 * (e >> 1);
+      s[n][e] = fmaf(slope_s, r + static_cast<float>(kTransposed ? -d : d), s[n][e]);
+    }
+  }
+}
+// ALiBi's slope of query head h in the units of S (see add_alibi).
+template <int D>
+TC_DEV float alibi_slope_s(const AttentionAlibi& a, int h) {
+  return a.slope(h) / rsqrtf(static_cast<float>(D));
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 
-template <typename T, int D>
+template <typename T, int D, bool kAlibi = false>
 TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
   using Cfg = FwdCfg<D>;
   constexpr int W = Cfg::W, Br = Cfg::Br, Bc = Cfg::Bc, LD = kLd<D>, NT = 32 * W;
   T* Qs = reinterpret_cast<T*>(smem);
   T* Ks = Qs + Br * LD;      // two buffers of Bc rows
   T* Vs = Ks + 2 * Bc * LD;  // two buffers of Bc rows
-  const int Tn = p.Tn, H = p.H;
+  const int Tn = p.Tn, H = p.H, G = p.G;
   const int nqb = (Tn + Br - 1) / Br;
   const int q0 = (nqb - 1 - block_x()) * Br;  // heaviest blocks first
-  const int b = block_y() / H, h = block_y() % H;
-  const int64_t C = static_cast<int64_t>(H) * D, C3 = 3 * C;
-  const T* q_g = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * Tn * C3 + h * D;
-  const T* k_g = q_g + C;
-  const T* v_g = q_g + 2 * C;
+  const int b = block_y() / H, h = block_y() % H, kvh = h / (H / G);
+  const int64_t C = static_cast<int64_t>(H) * D, C3 = static_cast<int64_t>(H + 2 * G) * D;
+  const T* qkv_b = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * Tn * C3;
+  const T* q_g = qkv_b + h * D;
+  const T* k_g = qkv_b + C + kvh * D;
+  const T* v_g = k_g + static_cast<int64_t>(G) * D;
   const int tid = thread_id(), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const int row0 = q0 + warp * 16;  // this warp's first query row
   const float sl2 = rsqrtf(static_cast<float>(D)) * kLog2e;
+  const float slope_s = kAlibi ? alibi_slope_s<D>(p.alibi, h) : 0.f;
 
   const int kend = Tn < q0 + Br ? Tn : q0 + Br;  // causal: keys [0, kend) matter to this block
   const int ntiles = (kend + Bc - 1) / Bc;
@@ -256,6 +299,7 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
           mma<T>(s[2 * np + 1], qf[kk], kb[2], kb[3]);
         }
       }
+      if constexpr (kAlibi) add_alibi<false>(s, slope_s, k0 + 2 * t - row0 - g);
       if (k0 + Bc - 1 > row0) {  // the tile crosses this warp's diagonal: mask keys after the row
         TC_UNROLL
         for (int n = 0; n < Bc / 8; ++n) {
@@ -326,7 +370,7 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
 // ---- backward: dK and dV
 // ----------------------------------------------------------------------------
 
-template <typename T, int D>
+template <typename T, int D, bool kAlibi = false>
 TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
   using Cfg = BwdKvCfg<D>;
   constexpr int W = Cfg::W, Bk = Cfg::Bk, Bq = Cfg::Bq, LD = kLd<D>, NT = 32 * W;
@@ -336,29 +380,29 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
   T* Gs = Qs + 2 * Bq * LD;                                // dO, two buffers
   float* Ls = reinterpret_cast<float*>(Gs + 2 * Bq * LD);  // lse * log2(e), two buffers
   float* Ds = Ls + 2 * Bq;                                 // rowdot, two buffers
-  const int Tn = p.Tn, H = p.H;
+  const int Tn = p.Tn, H = p.H, G = p.G;
   const int k0 = block_x() * Bk;  // the first blocks have the most queries to visit
-  const int b = block_y() / H, h = block_y() % H;
-  const int64_t C = static_cast<int64_t>(H) * D, C3 = 3 * C, bh = static_cast<int64_t>(b) * H + h;
-  const T* q_g = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * Tn * C3 + h * D;
-  const T* g_g = static_cast<const T*>(p.dout) + static_cast<int64_t>(b) * Tn * C + h * D;
-  const float* lse_g = p.lse + bh * Tn;
-  const float* rd_g = p.rowdot + bh * Tn;
+  const int b = block_y() / G, kvh = block_y() % G;
+  const int64_t C = static_cast<int64_t>(H) * D, C3 = static_cast<int64_t>(H + 2 * G) * D;
+  const T* qkv_b = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * Tn * C3;
+  const T* dout_b = static_cast<const T*>(p.dout) + static_cast<int64_t>(b) * Tn * C;
   const int tid = thread_id(), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const int kw0 = k0 + warp * 16;  // this warp's first key
   const float sl2 = rsqrtf(static_cast<float>(D)) * kLog2e;
 
-  auto load_q_rows = [&](int buf, int q0) {
-    load_rows<T, D, Bq, NT>(Qs + buf * Bq * LD, q_g, C3, q0, Tn);
-    load_rows<T, D, Bq, NT>(Gs + buf * Bq * LD, g_g, C, q0, Tn);
+  // Query tile (head qh, rows from q0): Q and dO rows into buffer `buf`.
+  auto load_q_rows = [&](int buf, int qh, int q0) {
+    load_rows<T, D, Bq, NT>(Qs + buf * Bq * LD, qkv_b + qh * D, C3, q0, Tn);
+    load_rows<T, D, Bq, NT>(Gs + buf * Bq * LD, dout_b + qh * D, C, q0, Tn);
   };
-  // lse (times log2 e) and rowdot of query tile q0: thread tid < Bq loads entry tid into
+  // lse (times log2 e) and rowdot of query tile (qh, q0): thread tid < Bq loads entry tid into
   // registers, and stores them into a buffer later (after the tile's work, so the global loads'
   // latency is hidden behind it); 0 past the end.
-  auto load_stats = [&](int q0, float& l, float& d) {
+  auto load_stats = [&](int qh, int q0, float& l, float& d) {
     const bool ok = tid < Bq && q0 + tid < Tn;
-    l = ok ? lse_g[q0 + tid] * kLog2e : 0.f;
-    d = ok ? rd_g[q0 + tid] : 0.f;
+    const int64_t at = (static_cast<int64_t>(b) * H + qh) * Tn + q0 + tid;
+    l = ok ? p.lse[at] * kLog2e : 0.f;
+    d = ok ? p.rowdot[at] : 0.f;
   };
   auto store_stats = [&](int buf, float l, float d) {
     if (tid < Bq) {
@@ -366,14 +410,18 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
       Ds[buf * Bq + tid] = d;
     }
   };
-  load_rows<T, D, Bk, NT>(Ks, q_g + C, C3, k0, Tn);
-  load_rows<T, D, Bk, NT>(Vs, q_g + 2 * C, C3, k0, Tn);
+  load_rows<T, D, Bk, NT>(Ks, qkv_b + C + kvh * D, C3, k0, Tn);
+  load_rows<T, D, Bk, NT>(Vs, qkv_b + C + static_cast<int64_t>(G + kvh) * D, C3, k0, Tn);
+  // The tiles: for each query head of the group (kvh R .. kvh R + R - 1, R = H / G), the query
+  // rows from qbegin to the end, one flat sequence so the prefetch runs on across heads.
   const int qbegin = k0;  // queries before the block's first key see none of its keys
-  const int ntiles = (Tn - qbegin + Bq - 1) / Bq;
-  load_q_rows(0, qbegin);
+  const int ntiles = (H / G) * ((Tn - qbegin + Bq - 1) / Bq);
+  int h = kvh * (H / G), q0 = qbegin;                           // the current tile
+  float slope_s = kAlibi ? alibi_slope_s<D>(p.alibi, h) : 0.f;  // ALiBi's, of head h
+  load_q_rows(0, h, q0);
   {
     float l, d;
-    load_stats(qbegin, l, d);
+    load_stats(h, q0, l, d);
     store_stats(0, l, d);
   }
   cp_async_commit();
@@ -386,11 +434,13 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
   }
 
   for (int j = 0; j < ntiles; ++j) {
-    const int buf = j & 1, q0 = qbegin + j * Bq;
+    const int buf = j & 1;
+    const bool wrap = q0 + Bq >= Tn;  // the next tile starts the next head
+    const int next_h = wrap ? h + 1 : h, next_q0 = wrap ? qbegin : q0 + Bq;
     float next_l = 0.f, next_d = 0.f;
     if (j + 1 < ntiles) {
-      load_q_rows(buf ^ 1, q0 + Bq);
-      load_stats(q0 + Bq, next_l, next_d);
+      load_q_rows(buf ^ 1, next_h, next_q0);
+      load_stats(next_h, next_q0, next_l, next_d);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -400,6 +450,7 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
       const T* Gb = Gs + buf * Bq * LD;
       float st[Bq / 8][4], dpt[Bq / 8][4];
       dual_products<T, D, Bq>(st, dpt, Ks + warp * 16 * LD, Vs + warp * 16 * LD, Qb, Gb, lane);
+      if constexpr (kAlibi) add_alibi<true>(st, slope_s, kw0 + g - q0 - 2 * t);
       // Element (key kw0 + g + 8 (e >> 1), query q0 + 8 n + 2 t + (e & 1)). Only tiles that cross
       // this warp's diagonal or run past the sequence need the mask (warp-uniform test).
       const bool masked = q0 < kw0 + 15 || q0 + Bq > Tn;
@@ -421,18 +472,23 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
     }
     // The other buffer's last readers were in the previous iteration, behind its closing barrier.
     if (j + 1 < ntiles) store_stats(buf ^ 1, next_l, next_d);
+    if constexpr (kAlibi)
+      if (next_h != h) slope_s = alibi_slope_s<D>(p.alibi, next_h);
+    h = next_h;
+    q0 = next_q0;
     sync_block();
   }
   const float sc = rsqrtf(static_cast<float>(D));
-  T* dq_g = static_cast<T*>(p.dqkv) + static_cast<int64_t>(b) * Tn * C3 + h * D;
-  store_rows<T, D>(Ks + warp * 16 * LD, dk, sc, sc, dq_g + C, C3, kw0, Tn, lane);
-  store_rows<T, D>(Vs + warp * 16 * LD, dv, 1.f, 1.f, dq_g + 2 * C, C3, kw0, Tn, lane);
+  T* dk_g = static_cast<T*>(p.dqkv) + static_cast<int64_t>(b) * Tn * C3 + C + kvh * D;
+  store_rows<T, D>(Ks + warp * 16 * LD, dk, sc, sc, dk_g, C3, kw0, Tn, lane);
+  store_rows<T, D>(Vs + warp * 16 * LD, dv, 1.f, 1.f, dk_g + static_cast<int64_t>(G) * D, C3, kw0,
+                   Tn, lane);
 }
 
 // ---- backward: dQ
 // -----------------------------------------------------------------------------------
 
-template <typename T, int D>
+template <typename T, int D, bool kAlibi = false>
 TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
   using Cfg = BwdQCfg<D>;
   constexpr int W = Cfg::W, Br = Cfg::Br, Bc = Cfg::Bc, LD = kLd<D>, NT = 32 * W;
@@ -440,16 +496,21 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
   T* Gs = Qs + Br * LD;
   T* Ks = Gs + Br * LD;      // two buffers of Bc rows
   T* Vs = Ks + 2 * Bc * LD;  // two buffers of Bc rows
-  const int Tn = p.Tn, H = p.H;
+  const int Tn = p.Tn, H = p.H, G = p.G;
   const int nqb = (Tn + Br - 1) / Br;
   const int q0 = (nqb - 1 - block_x()) * Br;  // heaviest blocks first
-  const int b = block_y() / H, h = block_y() % H;
-  const int64_t C = static_cast<int64_t>(H) * D, C3 = 3 * C, bh = static_cast<int64_t>(b) * H + h;
-  const T* q_g = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * Tn * C3 + h * D;
+  const int b = block_y() / H, h = block_y() % H, kvh = h / (H / G);
+  const int64_t C = static_cast<int64_t>(H) * D, C3 = static_cast<int64_t>(H + 2 * G) * D,
+                bh = static_cast<int64_t>(b) * H + h;
+  const T* qkv_b = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * Tn * C3;
+  const T* q_g = qkv_b + h * D;
+  const T* k_g = qkv_b + C + kvh * D;
+  const T* v_g = k_g + static_cast<int64_t>(G) * D;
   const T* g_g = static_cast<const T*>(p.dout) + static_cast<int64_t>(b) * Tn * C + h * D;
   const int tid = thread_id(), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const int row0 = q0 + warp * 16;
   const float sl2 = rsqrtf(static_cast<float>(D)) * kLog2e;
+  const float slope_s = kAlibi ? alibi_slope_s<D>(p.alibi, h) : 0.f;
 
   float L[2], Dr[2];  // per row g, g + 8: lse * log2(e) and the rowdot (0 past the end)
   TC_UNROLL
@@ -462,8 +523,8 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
   const int ntiles = (kend + Bc - 1) / Bc;
   load_rows<T, D, Br, NT>(Qs, q_g, C3, q0, Tn);
   load_rows<T, D, Br, NT>(Gs, g_g, C, q0, Tn);
-  load_rows<T, D, Bc, NT>(Ks, q_g + C, C3, 0, Tn);
-  load_rows<T, D, Bc, NT>(Vs, q_g + 2 * C, C3, 0, Tn);
+  load_rows<T, D, Bc, NT>(Ks, k_g, C3, 0, Tn);
+  load_rows<T, D, Bc, NT>(Vs, v_g, C3, 0, Tn);
   cp_async_commit();
 
   float dq[D / 8][4];
@@ -473,8 +534,8 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
   for (int j = 0; j < ntiles; ++j) {
     const int buf = j & 1, k0 = j * Bc;
     if (j + 1 < ntiles) {
-      load_rows<T, D, Bc, NT>(Ks + (buf ^ 1) * Bc * LD, q_g + C, C3, k0 + Bc, Tn);
-      load_rows<T, D, Bc, NT>(Vs + (buf ^ 1) * Bc * LD, q_g + 2 * C, C3, k0 + Bc, Tn);
+      load_rows<T, D, Bc, NT>(Ks + (buf ^ 1) * Bc * LD, k_g, C3, k0 + Bc, Tn);
+      load_rows<T, D, Bc, NT>(Vs + (buf ^ 1) * Bc * LD, v_g, C3, k0 + Bc, Tn);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -484,6 +545,7 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
       const T* Vb = Vs + buf * Bc * LD;
       float s[Bc / 8][4], dp[Bc / 8][4];
       dual_products<T, D, Bc>(s, dp, Qs + warp * 16 * LD, Gs + warp * 16 * LD, Kb, Vb, lane);
+      if constexpr (kAlibi) add_alibi<false>(s, slope_s, k0 + 2 * t - row0 - g);
       // Element (query row0 + g + 8 (e >> 1), key k0 + 8 n + 2 t + (e & 1)); the mask only where
       // the tile crosses this warp's diagonal (keys past the end are past every stored row too).
       const bool masked = k0 + Bc - 1 > row0;

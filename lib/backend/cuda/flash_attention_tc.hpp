@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "core/alibi.hpp"
 #include "core/dropout.hpp"
 #include "core/dtype.hpp"
 
@@ -20,13 +21,18 @@ namespace tessera::tc {
 bool flash_supported(DType dtype, int64_t head_dim, int64_t batch_heads,
                      std::initializer_list<const void*> ptrs);
 
-// out (B,T,H,D), lse (B,H,T) f32 from qkv (B,T,3,H,D).
-// `drop`: attention dropout when drop.spec.active().
+// out (B,T,H,D), lse (B,H,T) f32 from qkv (B,T,H+2G,D): H query heads, G key/value heads
+// (1 <= G, G divides H; query head h reads key/value head h / (H/G)).
+// `drop`: attention dropout when drop.spec.active(). `alibi` (null: none): ALiBi's bias on the
+// scores (core/alibi.hpp), by kernels compiled for it; the kernels without it are unchanged.
 void flash_forward(DType dtype, void* out, float* lse, const void* qkv, int64_t B, int64_t Tn,
-                   int64_t H, int64_t D, const AttentionDropout& drop, cudaStream_t stream);
-// dqkv (B,T,3,H,D) overwritten; rowdot (B,H,T) f32 workspace filled here with dout . out.
+                   int64_t H, int64_t G, int64_t D, const AttentionDropout& drop,
+                   const AttentionAlibi* alibi, cudaStream_t stream);
+// dqkv (B,T,H+2G,D) overwritten (each key/value head's gradient sums its group's query heads);
+// rowdot (B,H,T) f32 workspace filled here with dout . out.
 void flash_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
-                    const float* lse, float* rowdot, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                    const AttentionDropout& drop, cudaStream_t stream);
+                    const float* lse, float* rowdot, int64_t B, int64_t Tn, int64_t H, int64_t G,
+                    int64_t D, const AttentionDropout& drop, const AttentionAlibi* alibi,
+                    cudaStream_t stream);
 
 }  // namespace tessera::tc

@@ -79,6 +79,13 @@ void position_embedding_backward(Tensor& dwpe, const Tensor& dout, cudaStream_t 
 void gelu_forward(Tensor& out, const Tensor& inp, cudaStream_t s);
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout, cudaStream_t s);
 
+// ---- swiglu.cu ----------------------------------------------------------------------------------
+
+// out (N,F) = silu(gate) * up from inp (N,2F) = [gate | up] per row.
+void swiglu_forward(Tensor& out, const Tensor& inp, cudaStream_t s);
+// dinp (N,2F) overwritten from dout (N,F).
+void swiglu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout, cudaStream_t s);
+
 // ---- layernorm.cu -------------------------------------------------------------------------------
 
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w,
@@ -89,6 +96,18 @@ void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout
 void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
                            const Tensor& b, const Tensor& w, const Tensor& bias, float eps,
                            cudaStream_t s);
+
+// ---- rmsnorm.cu ---------------------------------------------------------------------------------
+
+// out (N,C) = inp * rstd * w, rstd (N) f32 saved.
+void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& w, float eps,
+                     cudaStream_t s);
+// sum = a + b (rounded as stored), out = RMSNorm(sum): one pass.
+void add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a, const Tensor& b,
+                         const Tensor& w, float eps, cudaStream_t s);
+// dinp (N,C) and dw (C, f32) accumulated; dw's column sums in two deterministic stages.
+void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp,
+                      const Tensor& w, const Tensor& rstd, Workspace& ws, cudaStream_t s);
 
 // ---- matmul.cu ----------------------------------------------------------------------------------
 
@@ -120,23 +139,37 @@ void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor&
 
 // ---- attention.cu -------------------------------------------------------------------------------
 
-// Causal self-attention over qkv (B, T, 3*heads*hd): out (B, T, heads*hd) and the log-sum-exp of
-// every score row, lse (B, heads, T), f32. `ws` is for kernels that need scratch (none today).
-// With `drop` (null: none), attention dropout on the probabilities: the tensor-core kernels where
-// they apply, else the one-thread-per-row kernels.
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
-                       const AttentionDropout* drop, Workspace& ws, cudaStream_t s);
-// dqkv (B, T, 3*heads*hd) from dout, the forward's inputs and outputs (out, lse) and its dropout.
+// Causal self-attention over qkv (B, T, (heads + 2*kv_heads)*hd) (query heads, then key heads,
+// then value heads; kv_heads >= 1 divides heads, query head h reads key/value head
+// h / (heads/kv_heads)): out (B, T, heads*hd) and the log-sum-exp of every score row,
+// lse (B, heads, T), f32. `ws` is for kernels that need scratch (none today). With `drop` (null:
+// none), attention dropout on the probabilities: the tensor-core kernels where they apply, else
+// the one-thread-per-row kernels. With `alibi` (null: none), ALiBi's bias slope_h (j - i) on every
+// scaled score (core/alibi.hpp), in every kernel (those without it run no code of it).
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, int64_t kv_heads,
+                       const AttentionDropout* drop, const AttentionAlibi* alibi, Workspace& ws,
+                       cudaStream_t s);
+// dqkv (qkv's layout) from dout, the forward's inputs and outputs (out, lse), its dropout and its
+// ALiBi; each key/value head's gradient sums its group's query heads (no atomics).
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                        const Tensor& lse, int64_t heads, const AttentionDropout* drop,
-                        Workspace& ws, cudaStream_t s);
+                        const Tensor& lse, int64_t heads, int64_t kv_heads,
+                        const AttentionDropout* drop, const AttentionAlibi* alibi, Workspace& ws,
+                        cudaStream_t s);
+
+// ---- rope.cu ------------------------------------------------------------------------------------
+
+// Rotary position embedding in place on the query and key heads of qkv (N, (H+2G)*hd) (values
+// untouched); positions (N, int32) or null (row r at r % seq_len); inverse: rotate by -angle.
+void rope(Tensor& qkv, const RopeSpec& spec, const Tensor* positions, bool inverse, cudaStream_t s);
 
 // ---- kv_attention.cu ----------------------------------------------------------------------------
 
-// f32 only. Waits for the stream before returning.
+// f32 only; qkv (N, (heads + 2*kv_heads)*hd), caches (slots, kv_heads, Tmax, hd). With `alibi`
+// (null: none), ALiBi's bias slope_h (j - i) for cached position j and the query's position i.
+// Waits for the stream before returning.
 void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
-                  const std::vector<Backend::KvSegment>& segments, int64_t heads, Workspace& ws,
-                  cudaStream_t s);
+                  const std::vector<Backend::KvSegment>& segments, int64_t heads, int64_t kv_heads,
+                  const AttentionAlibi* alibi, Workspace& ws, cudaStream_t s);
 
 // ---- cross_entropy.cu ---------------------------------------------------------------------------
 
