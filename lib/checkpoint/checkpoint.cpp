@@ -429,10 +429,9 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
   };
   text("--position-embedding-type", m.position_embedding_type, c.position_embedding_type);
   if (std::llround(m.layernorm_epsilon * 1e9) != std::llround(c.layernorm_epsilon * 1e9))
-    throw ConfigError(detail::concat("checkpoint '", path_, "' has --norm-epsilon=",
-                                     m.layernorm_epsilon, " but this run has ",
-                                     c.layernorm_epsilon,
-                                     "; load it with the model options it was trained with"));
+    throw ConfigError(detail::concat(
+        "checkpoint '", path_, "' has --norm-epsilon=", m.layernorm_epsilon, " but this run has ",
+        c.layernorm_epsilon, "; load it with the model options it was trained with"));
   text("--normalization", m.normalization, c.normalization);
   auto number = [&](const char* opt, double have, double want) {
     if (have != want)

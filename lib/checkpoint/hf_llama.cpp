@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <set>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -190,10 +190,10 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
     for (size_t f = 0; f < n; ++f) written.insert(file_name(f));
     while (dirent* e = ::readdir(d)) {
       const std::string name = e->d_name;
-      const bool ours = name == "model.safetensors" ||
-                        (name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
-                         name.size() > 12 &&
-                         name.compare(name.size() - 12, 12, ".safetensors") == 0);
+      const bool ours =
+          name == "model.safetensors" ||
+          (name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
+           name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0);
       if (ours && !written.count(name)) std::remove((dir + "/" + name).c_str());
     }
     ::closedir(d);
@@ -373,13 +373,12 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   // absent): refused rather than dropped. Old files' rotary inv_freq buffers are derived values.
   const std::string buffer = "rotary_emb.inv_freq";
   for (const std::string& n : st_->names())
-    if (!expected.count(n) &&
-        !(n.size() >= buffer.size() && n.compare(n.size() - buffer.size(), buffer.size(), buffer) == 0))
-      throw ConfigError("'" + st_->file_of(n) + "' has tensor " + n +
-                        ", which config.json does not describe (" +
-                        std::to_string(cfg_.num_layers) + " layers, " +
-                        (cfg_.add_bias_linear ? "with" : "no") + " biases, " +
-                        (cfg_.tied_head() ? "tied" : "untied") + " output layer)");
+    if (!expected.count(n) && !(n.size() >= buffer.size() &&
+                                n.compare(n.size() - buffer.size(), buffer.size(), buffer) == 0))
+      throw ConfigError(
+          "'" + st_->file_of(n) + "' has tensor " + n + ", which config.json does not describe (" +
+          std::to_string(cfg_.num_layers) + " layers, " + (cfg_.add_bias_linear ? "with" : "no") +
+          " biases, " + (cfg_.tied_head() ? "tied" : "untied") + " output layer)");
 }
 
 void HfLlama::read_slice(const ParamSpec& spec, float* out) const {

@@ -10,7 +10,6 @@
 
 #include "core/host_device.hpp"
 
-
 namespace tessera {
 
 // The slope of head `head` of `heads`: with p the largest power of two <= heads, 2^(-8(h+1)/p)

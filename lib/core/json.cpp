@@ -23,7 +23,6 @@ char JsonReader::peek() {
   return s_[i_];
 }
 
-
 std::string JsonReader::parse_string() {
   if (peek() != '"') fail("expected a string");
   ++i_;

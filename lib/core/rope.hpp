@@ -9,7 +9,6 @@
 
 #include "core/host_device.hpp"
 
-
 namespace tessera {
 
 // Llama 3's scaling: wavelengths longer than original_max_positions / low_freq_factor are slowed

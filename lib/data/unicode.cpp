@@ -53,7 +53,6 @@ uint8_t unicode_class(uint32_t cp) {
   return icu_class(cp);
 }
 
-
 bool utf8_sanitize(std::string_view in, std::string& out) {
   // The WHATWG UTF-8 decoder (encoding.spec.whatwg.org): a sequence is cut at the first byte
   // outside its allowed range, which is then read again as the start of the next sequence.

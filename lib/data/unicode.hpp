@@ -50,7 +50,6 @@ inline uint32_t utf8_at(std::string_view s, size_t i, size_t& len) {
          (static_cast<unsigned char>(s[i + 3]) & 0x3Fu);
 }
 
-
 // Ill-formed UTF-8 in `in` replaced by U+FFFD, one per maximal subpart (the Unicode recommended
 // practice that Python's errors="replace", Rust's from_utf8_lossy and the WHATWG decoder follow).
 // Returns false, leaving `out` untouched, when `in` is already valid.
