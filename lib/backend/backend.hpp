@@ -16,6 +16,7 @@
 #include "backend/cpu/kv_attention.hpp"
 #include "core/alibi.hpp"
 #include "core/dropout.hpp"
+#include "core/error.hpp"
 #include "core/rope.hpp"
 #include "core/tensor.hpp"
 
@@ -186,5 +187,34 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
+
+// Argument checks every backend makes (a failure is a caller's bug).
+// ALiBi's heads lie within the model's.
+inline void check_alibi_heads(const AttentionAlibi* a, int64_t heads) {
+  if (!a) return;
+  TESSERA_CHECK(a->head_begin >= 0 && a->head_begin + heads <= a->heads_total, "ALiBi heads [",
+                a->head_begin, ", ", a->head_begin + heads, ") outside ", a->heads_total, " heads");
+}
+// kv_attention's shapes and segments (dtypes are the backend's business); returns the key/value
+// heads G.
+inline int64_t check_kv_attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache,
+                                  const Tensor& v_cache,
+                                  const std::vector<Backend::KvSegment>& segments, int64_t heads,
+                                  int64_t kv_heads) {
+  const int64_t G = kv_heads > 0 ? kv_heads : heads;
+  TESSERA_CHECK(k_cache.ndim() == 4 && k_cache.dim(1) == G && heads % G == 0 &&
+                    v_cache.shape() == k_cache.shape(),
+                "kv cache shape ", shape_str(k_cache.shape()), " for ", heads, " heads and ", G,
+                " key/value heads");
+  const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2);
+  const int64_t rows = qkv.numel() / qkv.shape().back();
+  TESSERA_CHECK(qkv.shape().back() == (heads + 2 * G) * hd && out.shape().back() == heads * hd,
+                "kv attention shapes");
+  for (const Backend::KvSegment& s : segments)
+    TESSERA_CHECK(s.slot >= 0 && s.slot < k_cache.dim(0) && s.pos0 + s.count <= Tmax &&
+                      s.row0 + s.count <= rows,
+                  "kv attention segment outside the cache or the rows");
+  return G;
+}
 
 }  // namespace tessera

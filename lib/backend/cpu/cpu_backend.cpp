@@ -28,13 +28,6 @@ int64_t cols_of(const Tensor& t) {
   return t.shape().back();
 }
 
-// ALiBi's heads must lie within the model's (a caller bug otherwise).
-void check_alibi(const AttentionAlibi* a, int64_t heads) {
-  TESSERA_CHECK(!a || (a->head_begin >= 0 && a->head_begin + heads <= a->heads_total),
-                "ALiBi heads [", a ? a->head_begin : 0, ", +", heads, ") outside the model's ",
-                a ? a->heads_total : 0);
-}
-
 // The dropout the kernels should apply: none when absent or at p = 0.
 const AttentionDropout* live(const AttentionDropout* d) {
   return d && d->spec.active() ? d : nullptr;
@@ -253,7 +246,7 @@ class CpuBackend final : public Backend {
     TESSERA_F32_OUT(o, out);
     TESSERA_F32_OUT(l, lse);
     TESSERA_F32_IN(q, qkv);
-    check_alibi(alibi, heads);
+    check_alibi_heads(alibi, heads);
     cpu::attention_forward(o.get(), l.get(), q.get(), B, T, heads, hd, scratch(T), live(drop), G,
                            alibi);
   }
@@ -269,7 +262,7 @@ class CpuBackend final : public Backend {
     TESSERA_F32_IN(q, qkv);
     TESSERA_F32_IN(o, out);
     TESSERA_F32_IN(l, lse);
-    check_alibi(alibi, heads);
+    check_alibi_heads(alibi, heads);
     cpu::attention_backward(dq.get(), d.get(), q.get(), o.get(), l.get(), B, T, heads, hd,
                             scratch(T), live(drop), G, alibi);
   }
@@ -277,21 +270,13 @@ class CpuBackend final : public Backend {
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                     const std::vector<KvSegment>& segments, int64_t heads, int64_t kv_heads,
                     const AttentionAlibi* alibi) override {
-    const int64_t G = kv_heads > 0 ? kv_heads : heads;
-    TESSERA_CHECK(k_cache.ndim() == 4 && k_cache.dim(1) == G && heads % G == 0, "kv cache shape ",
-                  shape_str(k_cache.shape()));
+    const int64_t G = check_kv_attention(out, qkv, k_cache, v_cache, segments, heads, kv_heads);
     const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2);
-    TESSERA_CHECK(cols_of(qkv) == (heads + 2 * G) * hd && cols_of(out) == heads * hd,
-                  "kv attention shapes");
-    for (const KvSegment& s : segments)
-      TESSERA_CHECK(s.slot >= 0 && s.slot < k_cache.dim(0) && s.pos0 + s.count <= Tmax &&
-                        s.row0 + s.count <= rows_of(qkv),
-                    "kv attention segment outside the cache or the rows");
     TESSERA_CHECK(k_cache.dtype() == DType::F32 && v_cache.dtype() == DType::F32,
                   "the KV cache is f32");
     TESSERA_F32_OUT(o, out);
     TESSERA_F32_IN(q, qkv);
-    check_alibi(alibi, heads);
+    check_alibi_heads(alibi, heads);
     cpu::kv_attention(o.get(), q.get(), k_cache.f32(), v_cache.f32(), segments, heads, hd, Tmax, G,
                       alibi);
   }

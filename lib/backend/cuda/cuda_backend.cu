@@ -87,13 +87,6 @@ int64_t check_attention_shape(const Tensor& qkv, int64_t heads, int64_t kv_heads
 }
 // ALiBi's heads: this call's `heads` are global heads [head_begin, head_begin + heads) of
 // heads_total.
-void check_alibi(const AttentionAlibi* alibi, int64_t heads) {
-  if (!alibi) return;
-  TESSERA_CHECK(alibi->head_begin >= 0 && alibi->head_begin + heads <= alibi->heads_total,
-                "ALiBi heads [", alibi->head_begin, ", ", alibi->head_begin + heads, ") outside ",
-                alibi->heads_total, " heads");
-}
-
 class CudaBackend final : public Backend {
  public:
   CudaBackend() {
@@ -259,7 +252,7 @@ class CudaBackend final : public Backend {
                          const AttentionDropout* drop, int64_t kv_heads,
                          const AttentionAlibi* alibi) override {
     const int64_t G = check_attention_shape(qkv, heads, kv_heads);
-    check_alibi(alibi, heads);
+    check_alibi_heads(alibi, heads);
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
     TESSERA_CHECK(out.numel() == B * T * heads * hd && lse.numel() == B * heads * T,
                   "attention output shapes");
@@ -271,7 +264,7 @@ class CudaBackend final : public Backend {
                           const Tensor& lse, int64_t heads, const AttentionDropout* drop,
                           int64_t kv_heads, const AttentionAlibi* alibi) override {
     const int64_t G = check_attention_shape(qkv, heads, kv_heads);
-    check_alibi(alibi, heads);
+    check_alibi_heads(alibi, heads);
     TESSERA_CHECK(
         dqkv.numel() == qkv.numel() && dout.numel() == out.numel() &&
             out.numel() == qkv.dim(0) * qkv.dim(1) * heads * (qkv.dim(2) / (heads + 2 * G)),
@@ -284,19 +277,8 @@ class CudaBackend final : public Backend {
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                     const std::vector<KvSegment>& segments, int64_t heads, int64_t kv_heads,
                     const AttentionAlibi* alibi) override {
-    const int64_t G = kv_heads > 0 ? kv_heads : heads;
-    check_alibi(alibi, heads);
-    TESSERA_CHECK(k_cache.ndim() == 4 && k_cache.dim(1) == G && heads % G == 0 &&
-                      v_cache.shape() == k_cache.shape(),
-                  "kv cache shape ", shape_str(k_cache.shape()), " for ", heads, " heads and ", G,
-                  " key/value heads");
-    const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2);
-    TESSERA_CHECK(cols_of(qkv) == (heads + 2 * G) * hd && cols_of(out) == heads * hd,
-                  "kv attention shapes");
-    for (const KvSegment& s : segments)
-      TESSERA_CHECK(s.slot >= 0 && s.slot < k_cache.dim(0) && s.pos0 + s.count <= Tmax &&
-                        s.row0 + s.count <= rows_of(qkv),
-                    "kv attention segment out of range");
+    check_alibi_heads(alibi, heads);
+    const int64_t G = check_kv_attention(out, qkv, k_cache, v_cache, segments, heads, kv_heads);
     for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &qkv, &k_cache, &v_cache})
       expect_dtype(*t, DType::F32, "generation (KV attention)");
     cuda_ops::kv_attention(out, qkv, k_cache, v_cache, segments, heads, G, alibi, ws_, stream_);
