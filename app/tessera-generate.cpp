@@ -3,23 +3,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <iomanip>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
-#include "backend/backend.hpp"
-#include "backend/select.hpp"
-#include "checkpoint/checkpoint.hpp"
-#include "checkpoint/reshard.hpp"
 #include "comm/mpi.hpp"
-#include "comm/process_grid.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
-#include "core/logging.hpp"
-#include "data/tokenizer.hpp"
 #include "inference/generator.hpp"
-#include "train/options.hpp"
+#include "inference_setup.hpp"
 
 using namespace tessera;
 
@@ -45,38 +40,15 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 int main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
   const bool root = mpi.world_rank() == 0;
-  std::string load, prompt_file;
-  TokenizerOptions to;
-  to.vocab_file = "data/gpt2/encoder.json";
-  to.merge_file = "data/gpt2/vocab.bpe";
+  std::string prompt_file;
+  InferenceSetup setup;
   std::vector<std::string> prompts_text, prompt_ids;
   GenerationOptions g;
-  std::string device;
-  int tp = 1, pp = 1, threads = 0;
-  bool interactive = false, no_cache = false, ids_out = false;
+  bool interactive = false, no_cache = false, ids_out = false, add_bos = false;
   try {
     OptionParser p("tessera-generate",
                    "--load CKPT (--prompt TEXT... | --prompt-file F | --interactive) [options]");
-    p.group("Model").add_options()("load", po::value(&load)->required(),
-                                   "checkpoint directory (any layout; resharded on load)")(
-        "tensor-model-parallel-size", po::value(&tp)->default_value(1),
-        "tensor-parallel ranks for generation")("pipeline-model-parallel-size",
-                                                po::value(&pp)->default_value(1),
-                                                "pipeline stages for generation")(
-        "tokenizer-type", po::value(&to.type)->default_value(to.type),
-        "GPT2BPETokenizer | HuggingFaceTokenizer")(
-        "vocab-file", po::value(&to.vocab_file)->default_value(to.vocab_file),
-        "GPT2BPETokenizer: encoder.json")("merge-file",
-                                          po::value(&to.merge_file)->default_value(to.merge_file),
-                                          "GPT2BPETokenizer: vocab.bpe")(
-        "tokenizer-model", po::value(&to.model),
-        "HuggingFaceTokenizer: tokenizer.json, or the directory that holds it")(
-        "eod-token", po::value(&to.eod_token),
-        "HuggingFaceTokenizer: the token that stops generation (default: eos_token of "
-        "tokenizer_config.json)")("threads", po::value(&threads)->default_value(0),
-                                  "threads per rank (0: this rank's share of its cores)")(
-        "device", po::value(&device)->default_value("auto"),
-        "cpu | cuda | auto (cuda when a GPU is visible)");
+    setup.add_options(p);
     p.group("Prompts").add_options()("prompt", po::value(&prompts_text)->composing(),
                                      "a prompt (repeat for a batch of prompts of any lengths)")(
         "prompt-file", po::value(&prompt_file), "one prompt per line")(
@@ -98,54 +70,46 @@ int main(int argc, char** argv) {
             "seed", po::value(&g.sampling.seed)->default_value(1234),
             "sampling seed (same seed, same text, any layout)")(
             "no-kv-cache", po::bool_switch(&no_cache),
-            "recompute every sequence at each step (slow; for checking the cache)");
+            "recompute every sequence at each step (slow; for checking the cache)")(
+            "top-p-decay", po::value(&g.sampling.top_p_decay)->default_value(0.0),
+            "after each token, top-p becomes max(top-p x decay, --top-p-bound) (0: no decay)")(
+            "top-p-bound", po::value(&g.sampling.top_p_bound)->default_value(0.0),
+            "the lowest top-p that --top-p-decay reaches")(
+            "beam-size", po::value(&g.beam_size)->default_value(1),
+            "beam search with this many beams (1: greedy); prints the best beam of each prompt")(
+            "length-penalty", po::value(&g.length_penalty)->default_value(1.0),
+            "beam search: a finished beam's score is its log-probability / length^penalty")(
+            "add-BOS", po::bool_switch(&add_bos),
+            "prepend the tokenizer's beginning-of-sequence token (GPT-2: <|endoftext|>) to each "
+            "prompt")("return-log-probs", po::bool_switch(&g.log_probs),
+                      "print each generated token's log-probability (a line after each completion)");
     if (!p.parse(argc, argv)) return 0;
     if (p.vm()["greedy"].as<bool>()) g.sampling.temperature = 0;
     g.use_kv_cache = !no_cache;
     g.sampling.validate();
     if (g.max_new_tokens < 1) throw ConfigError("--max-new-tokens must be >= 1");
+    if (g.beam_size < 1) throw ConfigError(detail::concat("--beam-size=", g.beam_size, " must be >= 1"));
+    if (!std::isfinite(g.length_penalty))
+      throw ConfigError("--length-penalty must be a finite number");
     ids_out = !prompt_ids.empty();
     if (prompts_text.empty() && prompt_file.empty() && prompt_ids.empty() && !interactive)
       throw ConfigError("give --prompt, --prompt-file, --prompt-ids or --interactive");
 
-    ProcessGrid grid(tp, pp);
-    device = resolve_device(device, grid.host());
-    ParallelContext ctx = grid.context();
-    LogOptions lo;
-    lo.rank = grid.world_rank();
-    lo.host = grid.host();
-    init_logging(lo);
-    set_num_threads(threads > 0 ? threads : default_threads(grid.node_comm()));
-    CheckpointReader ckpt(load);
-    const GPTConfig cfg = ckpt.meta().model;
-    std::shared_ptr<const Tokenizer> tok;
-    if (!ids_out) {
-      tok = load_tokenizer(to);
-      if (tok->vocab_size() != cfg.vocab_size)
-        throw ConfigError(detail::concat(
-            "the checkpoint's vocabulary has ", cfg.vocab_size, " tokens, the tokenizer (",
-            to.type == "HuggingFaceTokenizer" ? to.model : to.vocab_file, ") ", tok->vocab_size(),
-            "; use the tokenizer the model was trained with, or --prompt-ids"));
-      g.eod_id = tok->eod_id();
-    }
-    validate_model_layout(cfg, tp, pp);  // heads, key/value heads, ffn width, layers
-    auto be = make_rank_backend(grid, device);
-    ctx = grid.context();  // NCCL groups on CUDA
-    GPTModel model(cfg, model_shard_for(cfg, tp, ctx.tp_rank, pp, ctx.pp_rank), *be, *ctx.tp);
-    std::vector<float> host;  // read on the host, copied to the backend
-    for (const ParamSpec& s : model.params().specs()) {
-      host.resize(static_cast<size_t>(s.numel()));
-      ckpt.read_slice("model", s, host.data());
-      Tensor p = model.params().param(s);
-      be->copy_from_host(p, host.data());
-    }
-    if (root)
-      std::cerr << "tessera-generate: " << ckpt.path() << " (" << cfg.num_layers
-                << " layers, hidden " << cfg.hidden_size << ", saved at TP " << ckpt.meta().tp_size
-                << " x PP " << ckpt.meta().pp_size << ") on TP " << tp << " x PP " << pp
-                << std::endl;
+    InferenceSetup::Loaded L = setup.open("tessera-generate", !ids_out);
+    const GPTConfig& cfg = L.model->config();
+    const std::shared_ptr<const Tokenizer>& tok = L.tokenizer;
+    if (tok) g.eod_id = tok->eod_id();
+    if (add_bos && !tok) throw ConfigError("--add-BOS needs a tokenizer (it is not for --prompt-ids)");
+    const ParallelContext& ctx = L.ctx;
+    GPTModel& model = *L.model;
 
-    auto encode = [&](const std::string& s) { return tok ? tok->encode(s) : parse_ids(s); };
+    auto encode = [&](const std::string& s) {
+      std::vector<int32_t> ids;
+      if (add_bos) ids.push_back(tok->bos_id());
+      const std::vector<int32_t> text = tok ? tok->encode(s) : parse_ids(s);
+      ids.insert(ids.end(), text.begin(), text.end());
+      return ids;
+    };
     // A completion continues its prompt's text, so its tokens are joined as they stream (a
     // tokenizer's decode() would strip a leading space meant for the start of a text), without the
     // end-of-document token that stopped it.
@@ -160,6 +124,7 @@ int main(int argc, char** argv) {
       return o;
     };
     const bool tty = isatty(STDOUT_FILENO);
+    const bool beam = g.beam_size > 1 || p.given("beam-size");
     auto run = [&](const std::vector<std::string>& texts) {
       std::vector<std::vector<int32_t>> prompts;
       for (const std::string& s : texts) prompts.push_back(encode(s));
@@ -168,12 +133,27 @@ int main(int argc, char** argv) {
       int64_t longest = 0;
       for (const auto& p : prompts) longest = std::max<int64_t>(longest, p.size());
       const int64_t context = std::min<int64_t>(cfg.max_positions(), longest + g.max_new_tokens);
-      InferenceEngine engine(model, ctx, static_cast<int>(prompts.size()), context);
-      const bool stream = root && tty && prompts.size() == 1 && tok;
+      const bool stream = root && tty && prompts.size() == 1 && tok && !beam;
       if (stream) std::cout << texts[0] << std::flush;
-      const GenerationResult r = generate(engine, ctx, prompts, g, [&](int, int32_t t) {
-        if (stream && t != g.eod_id) std::cout << tok->token_bytes(t) << std::flush;
-      });
+      GenerationResult r;
+      if (beam) {  // each prompt on its own, its best beam
+        InferenceEngine engine(model, ctx, g.beam_size, context);
+        for (const auto& prompt : prompts) {
+          GenerationResult b = beam_search(engine, ctx, prompt, g);
+          r.completions.push_back(b.completions.at(0));
+          if (g.log_probs) r.completion_log_probs.push_back(b.completion_log_probs.at(0));
+          r.beam_scores.push_back(b.beam_scores.at(0));
+          r.prompt_tokens += b.prompt_tokens;
+          r.generated_tokens += static_cast<int64_t>(b.completions[0].size());
+          r.prefill_seconds += b.prefill_seconds;
+          r.decode_seconds += b.decode_seconds;
+        }
+      } else {
+        InferenceEngine engine(model, ctx, static_cast<int>(prompts.size()), context);
+        r = generate(engine, ctx, prompts, g, [&](int, int32_t t) {
+          if (stream && t != g.eod_id) std::cout << tok->token_bytes(t) << std::flush;
+        });
+      }
       if (!root) return;
       if (stream) {
         std::cout << "\n";
@@ -183,6 +163,15 @@ int main(int argc, char** argv) {
           std::cout << (tok ? texts[i] : text_of(prompts[i]) + " |") << (tok ? "" : " ")
                     << text_of(r.completions[i]) << "\n";
         }
+      }
+      // Log-probabilities of the generated tokens (and the beam's score), one line per prompt.
+      for (size_t i = 0; g.log_probs && i < prompts.size(); ++i) {
+        if (prompts.size() > 1) std::cout << "[" << i + 1 << "] ";
+        std::ostringstream line;
+        line << std::fixed << std::setprecision(6) << "log-probs:";
+        for (float lp : r.completion_log_probs.at(i)) line << " " << lp;
+        if (beam) line << " | beam score " << r.beam_scores.at(i);
+        std::cout << line.str() << std::endl;
       }
       const double dec =
           r.decode_seconds > 0

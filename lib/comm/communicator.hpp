@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/tensor.hpp"
 
@@ -54,6 +55,15 @@ class Communicator {
   virtual void recv(Tensor& t, int peer, int tag) = 0;
   virtual void barrier() = 0;
 };
+
+// `v` of rank `root` on every rank of `comm`, whatever its length (the other ranks' `v` is
+// replaced). Exact: the other ranks contribute zeros to a sum. For small host messages.
+inline void broadcast_f64(Communicator& comm, std::vector<double>& v, int root) {
+  double n = comm.rank() == root ? static_cast<double>(v.size()) : 0;
+  comm.all_reduce_f64(&n, 1, ReduceOp::Sum);
+  if (comm.rank() != root) v.assign(static_cast<size_t>(n), 0.0);
+  if (n > 0) comm.all_reduce_f64(v.data(), static_cast<int64_t>(v.size()), ReduceOp::Sum);
+}
 
 // Everything a model and a schedule need to know about the parallel layout of this rank.
 struct ParallelContext {

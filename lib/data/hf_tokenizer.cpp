@@ -875,6 +875,7 @@ struct HfTokenizer::Impl {
   std::vector<char> present;
   int64_t vocab_size = 0;
   int32_t eod = -1;
+  int32_t bos = -1;  // bos_token of tokenizer_config.json, when it names a token
 
   // The library's AddedVocabulary::find_matches on `s` with one trie.
   void split_added(std::string_view s, const Trie& trie, std::vector<Segment>& out) const {
@@ -1209,40 +1210,43 @@ void HfTokenizer::Impl::load(const std::string& file, const std::string& text) {
 void HfTokenizer::Impl::resolve_eod(const std::string& eod_token) {
   const std::string dir = path.substr(0, path.find_last_of('/') + 1);
   const std::string config = dir + "tokenizer_config.json";
+  // eos_token and bos_token of tokenizer_config.json: a string, or an object with "content".
+  std::string text, eos, bos_text;
+  const bool have_config = read_file(config, text);
+  if (have_config) {
+    try {
+      JsonReader r(text);
+      r.object([&](const std::string& key) {
+        if (key != "eos_token" && key != "bos_token") {
+          r.skip_value();
+          return;
+        }
+        const JsonValue v = r.value();
+        std::string& into = key == "eos_token" ? eos : bos_text;
+        if (v.type == JsonValue::Type::String) {
+          into = v.string;
+        } else if (const JsonValue* c = v.find("content");
+                   c && c->type == JsonValue::Type::String) {
+          into = c->string;
+        }
+      });
+    } catch (const JsonError& e) {
+      throw ConfigError("'" + config + "' does not parse as JSON: " + e.message);
+    }
+    if (!bos_text.empty()) bos = token_to_id(bos_text);
+  }
   if (!eod_token.empty()) {
     eod = token_to_id(eod_token);
     if (eod < 0)
       throw ConfigError("--eod-token '" + eod_token + "' is not a token of '" + path + "'");
     return;
   }
-  std::string text;
-  if (read_file(config, text)) {
-    std::string eos;
-    try {
-      JsonReader r(text);
-      r.object([&](const std::string& key) {
-        if (key != "eos_token") {
-          r.skip_value();
-          return;
-        }
-        const JsonValue v = r.value();
-        if (v.type == JsonValue::Type::String) {
-          eos = v.string;
-        } else if (const JsonValue* c = v.find("content");
-                   c && c->type == JsonValue::Type::String) {
-          eos = c->string;
-        }
-      });
-    } catch (const JsonError& e) {
-      throw ConfigError("'" + config + "' does not parse as JSON: " + e.message);
-    }
-    if (!eos.empty()) {
-      eod = token_to_id(eos);
-      if (eod < 0)
-        throw ConfigError("'" + config + "': eos_token '" + eos + "' is not a token of '" + path +
-                          "'; name the end-of-document token with --eod-token");
-      return;
-    }
+  if (!eos.empty()) {
+    eod = token_to_id(eos);
+    if (eod < 0)
+      throw ConfigError("'" + config + "': eos_token '" + eos + "' is not a token of '" + path +
+                        "'; name the end-of-document token with --eod-token");
+    return;
   }
   for (const char* well_known : {"<|end_of_text|>", "<|endoftext|>", "</s>"}) {
     eod = token_to_id(well_known);
@@ -1277,6 +1281,8 @@ HfTokenizer::~HfTokenizer() = default;
 int64_t HfTokenizer::vocab_size() const {
   return impl_->vocab_size;
 }
+int32_t HfTokenizer::bos_id() const { return impl_->bos >= 0 ? impl_->bos : impl_->eod; }
+
 int32_t HfTokenizer::eod_id() const {
   return impl_->eod;
 }

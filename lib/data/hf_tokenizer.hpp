@@ -34,6 +34,8 @@ class HfTokenizer final : public Tokenizer {
 
   int64_t vocab_size() const override;  // largest id (vocabulary or added token) + 1
   int32_t eod_id() const override;
+  // bos_token of tokenizer_config.json when it names a token, else the end-of-document token.
+  int32_t bos_id() const override;
   // "hf:xxh64:<16 hex digits>": the XXH64 of tokenizer.json's bytes (`xxhsum -H1 tokenizer.json`).
   std::string name() const override;
 

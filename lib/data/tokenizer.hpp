@@ -25,6 +25,9 @@ class Tokenizer {
   // Ids are in [0, vocab_size()).
   virtual int64_t vocab_size() const = 0;
   virtual int32_t eod_id() const = 0;  // the end-of-document token
+  // The token --add-BOS prepends to a prompt: the tokenizer's beginning-of-sequence token, or the
+  // end-of-document token where it has none (GPT-2; Megatron-LM prepends eod there too).
+  virtual int32_t bos_id() const { return eod_id(); }
   // Identifies the tokenizer in the shard attribute `tokenizer` (docs/data.md).
   virtual std::string name() const = 0;
 

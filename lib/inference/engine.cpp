@@ -11,7 +11,11 @@ constexpr int kTagHidden = 11;
 
 InferenceEngine::InferenceEngine(GPTModel& model, const ParallelContext& ctx, int max_sequences,
                                  int64_t max_positions)
-    : model_(model), ctx_(ctx), be_(model.backend()), max_positions_(max_positions) {
+    : model_(model),
+      ctx_(ctx),
+      be_(model.backend()),
+      max_positions_(max_positions),
+      max_sequences_(max_sequences) {
   const GPTConfig& cfg = model.config();
   TESSERA_CHECK(model.compute_dtype() == DType::F32,
                 "generation runs in f32: build the model without --bf16/--fp16 for it");
@@ -58,8 +62,36 @@ void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
   gathered_ = f({model_.shard().tp_size * segs_ * Vl});
 }
 
+void InferenceEngine::reorder_slots(const std::vector<int>& src) {
+  const int64_t S = static_cast<int64_t>(src.size());
+  TESSERA_CHECK(S <= max_sequences_, "reorder of ", S, " slots in a cache of ", max_sequences_);
+  for (int s : src) TESSERA_CHECK(s >= 0 && s < max_sequences_, "slot ", s, " outside the cache");
+  if (S == 0 || k_cache_.empty()) return;
+  if (k_spare_.empty()) {
+    AllocationLabel label("the KV cache (beam search's second copy)");
+    for (const Tensor& k : k_cache_) {
+      k_spare_.push_back(Tensor(k.shape(), k.dtype(), be_.allocator()));
+      v_spare_.push_back(Tensor(k.shape(), k.dtype(), be_.allocator()));
+    }
+    slot_ids_ = Tensor({max_sequences_}, DType::I32, be_.allocator());
+  }
+  Tensor ids = slot_ids_.view(0, {S});
+  be_.copy_from_host(ids, src.data());
+  const int64_t row = k_cache_[0].numel() / max_sequences_;
+  for (size_t l = 0; l < k_cache_.size(); ++l) {
+    // Slot i of the spare gathers row src[i] of the cache (slots past S keep stale data: unused).
+    for (auto [cache, spare] : {std::pair<Tensor*, Tensor*>{&k_cache_[l], &k_spare_[l]},
+                                std::pair<Tensor*, Tensor*>{&v_cache_[l], &v_spare_[l]}}) {
+      Tensor out = spare->view(0, {S, row});
+      be_.embedding_forward(out, ids, cache->reshape({max_sequences_, row}), 0);
+      std::swap(*cache, *spare);
+    }
+  }
+}
+
 void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
-                              const std::vector<int32_t>& tokens, std::vector<float>& logits) {
+                              const std::vector<int32_t>& tokens, std::vector<float>& logits,
+                              bool all_rows) {
   int64_t n = 0;
   for (const TokenSegment& s : segments) {
     TESSERA_CHECK(s.pos0 + s.count <= max_positions_, "sequence of ", s.pos0 + s.count,
@@ -67,7 +99,8 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
     n += s.count;
   }
   TESSERA_CHECK(static_cast<int64_t>(tokens.size()) == n, "tokens do not match the segments");
-  const int64_t S = static_cast<int64_t>(segments.size());
+  // Output rows: the last token of each segment, or every token.
+  const int64_t S = all_rows ? n : static_cast<int64_t>(segments.size());
   ensure_rows(n, S);
   const GPTConfig& cfg = model_.config();
   const ModelShard& sh = model_.shard();
@@ -125,12 +158,17 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
     ctx_.pp->send_async(x, ctx_.pp_rank + 1, kTagHidden)->wait();
     return;
   }
-  // The last row of every segment, its final LayerNorm and vocabulary-parallel logits.
-  row = 0;
+  // The last row of every segment (or every row), its final LayerNorm and vocabulary-parallel
+  // logits.
   host_pos_.resize(static_cast<size_t>(S));
-  for (int64_t i = 0; i < S; ++i) {
-    row += segments[i].count;
-    host_pos_[i] = static_cast<int32_t>(row - 1);
+  if (all_rows) {
+    for (int64_t i = 0; i < S; ++i) host_pos_[i] = static_cast<int32_t>(i);
+  } else {
+    row = 0;
+    for (int64_t i = 0; i < S; ++i) {
+      row += segments[i].count;
+      host_pos_[i] = static_cast<int32_t>(row - 1);
+    }
   }
   Tensor last_rows = last_rows_.view(0, {S});
   be_.copy_from_host(last_rows, host_pos_.data());

@@ -27,9 +27,18 @@ class InferenceEngine {
 
   // Collective over the model-parallel group. `tokens` holds the new tokens of all segments in
   // order (every rank passes the same segments and tokens). On the last stage, `logits` becomes
-  // (segments, vocab_size): the next-token logits after each segment's last token.
+  // (segments, vocab_size): the next-token logits after each segment's last token; with
+  // `all_rows`, (tokens, vocab_size): the next-token logits after every token (for the
+  // log-probabilities of prompts).
   void forward(const std::vector<TokenSegment>& segments, const std::vector<int32_t>& tokens,
-               std::vector<float>& logits);
+               std::vector<float>& logits, bool all_rows = false);
+
+  // Collective like forward (every rank passes the same `src`): cache slot i becomes a copy of
+  // slot src[i] as it was before the call, for i < src.size() (beam search: each beam continues
+  // its parent's keys and values). Takes a second cache of the same size on first use.
+  void reorder_slots(const std::vector<int>& src);
+  int max_sequences() const { return max_sequences_; }
+  int64_t vocab_size() const { return model_.config().vocab_size; }
 
  private:
   void ensure_rows(int64_t n, int64_t segments);
@@ -38,7 +47,10 @@ class InferenceEngine {
   ParallelContext ctx_;
   Backend& be_;
   int64_t max_positions_;
+  int max_sequences_;
   std::vector<Tensor> k_cache_, v_cache_;  // per local layer (slots, heads_local, Tmax, head_dim)
+  std::vector<Tensor> k_spare_, v_spare_;  // reorder_slots' destination, swapped in
+  Tensor slot_ids_;
   int64_t rows_ = 0, segs_ = 0;
   Tensor ids_, pos_, x_, ln_, qkv_, att_, tmp_, fc_, gelu_, mean_, rstd_;
   Tensor last_rows_, last_x_, lnf_, lnf_mean_, lnf_rstd_, logits_, gathered_;

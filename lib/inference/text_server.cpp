@@ -1,0 +1,603 @@
+// text_server.cpp: the HTTP front (rank 0), the request queue and the batch loop (every rank).
+#include "inference/text_server.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/json.hpp"
+#include "core/timer.hpp"
+#include "data/unicode.hpp"
+#include "inference/generator.hpp"
+
+namespace tessera {
+
+namespace {
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+// ---- the request's JSON ----------------------------------------------------------------------
+
+bool is_integer(const JsonValue& v) {
+  return v.type == JsonValue::Type::Number && std::isfinite(v.number) &&
+         v.number == std::floor(v.number) && std::fabs(v.number) <= 9007199254740992.0;
+}
+int64_t integer(const JsonValue& v, const char* name, int64_t lo, int64_t hi, const char* rule) {
+  if (!is_integer(v) || v.number < static_cast<double>(lo) || v.number > static_cast<double>(hi))
+    throw ApiError(std::string(name) + " must be " + rule);
+  return static_cast<int64_t>(v.number);
+}
+double number(const JsonValue& v, const char* name, const char* rule) {
+  if (v.type != JsonValue::Type::Number || !std::isfinite(v.number))
+    throw ApiError(std::string(name) + " must be " + rule);
+  return v.number;
+}
+bool boolean(const JsonValue& v, const char* name) {
+  if (v.type != JsonValue::Type::Bool) throw ApiError(std::string(name) + " must be a boolean value");
+  return v.boolean;
+}
+}  // namespace
+
+ApiRequest parse_api_request(std::string_view body) {
+  JsonValue root;
+  try {
+    JsonReader r(body);
+    root = r.value();
+    r.expect_end();
+  } catch (const JsonError& e) {
+    throw ApiError("the body is not JSON: " + e.message);
+  }
+  if (root.type != JsonValue::Type::Object) throw ApiError("the body must be a JSON object");
+  ApiRequest q;
+  bool have_prompts = false, have_top_p_decay = false, have_beam = false;
+  for (const auto& [key, v] : root.members) {
+    if (key == "prompts") {
+      if (v.type != JsonValue::Type::Array) throw ApiError("prompts is not a list of strings");
+      for (const JsonValue& p : v.items) {
+        if (p.type != JsonValue::Type::String) throw ApiError("prompts is not a list of strings");
+        q.prompts.push_back(p.string);
+      }
+      have_prompts = true;
+    } else if (key == "tokens_to_generate") {
+      q.tokens_to_generate = integer(v, "tokens_to_generate", 0, 1 << 30,
+                                     "an integer greater than or equal to 0");
+    } else if (key == "temperature") {
+      q.temperature = number(v, "temperature", "a number from 0 (greedy) to 100");
+      if (!(q.temperature >= 0 && q.temperature <= 100))
+        throw ApiError("temperature must be a number from 0 (greedy) to 100");
+    } else if (key == "top_k") {
+      q.top_k = static_cast<int>(
+          integer(v, "top_k", 0, 1000, "an integer from 0 (no limit) to 1000"));
+    } else if (key == "top_p") {
+      q.top_p = number(v, "top_p", "a number from 0 (off) to 1");
+      if (!(q.top_p >= 0 && q.top_p <= 1)) throw ApiError("top_p must be a number from 0 (off) to 1");
+    } else if (key == "top_p_decay") {
+      q.top_p_decay = number(v, "top_p_decay", "a number from 0 to 1");
+      if (!(q.top_p_decay >= 0 && q.top_p_decay <= 1))
+        throw ApiError("top_p_decay must be a number from 0 to 1");
+      have_top_p_decay = q.top_p_decay > 0;
+    } else if (key == "top_p_bound") {
+      q.top_p_bound = number(v, "top_p_bound", "a number from 0 to top_p");
+    } else if (key == "logprobs") {
+      q.logprobs = boolean(v, "logprobs");
+    } else if (key == "add_BOS") {
+      q.add_BOS = boolean(v, "add_BOS");
+    } else if (key == "random_seed") {
+      q.random_seed = integer(v, "random_seed", 0, int64_t{1} << 53,
+                              "an integer from 0 to 2^53");
+    } else if (key == "beam_width") {
+      if (v.type == JsonValue::Type::Null) continue;
+      q.beam_width = static_cast<int>(integer(v, "beam_width", 1, 64, "an integer from 1 to 64"));
+      have_beam = true;
+    } else if (key == "stop_token") {
+      q.stop_token = integer(v, "stop_token", 0, int64_t{1} << 31, "a token id");
+    } else if (key == "length_penalty") {
+      q.length_penalty = number(v, "length_penalty", "a number");
+    } else if (key == "no_log") {
+      boolean(v, "no_log");  // accepted for Megatron-LM's clients; requests are always logged
+    } else {
+      throw ApiError("unknown field '" + key +
+                     "' (allowed: prompts, tokens_to_generate, temperature, top_k, top_p, "
+                     "top_p_decay, top_p_bound, logprobs, add_BOS, random_seed, beam_width, "
+                     "stop_token, length_penalty, no_log)");
+    }
+  }
+  if (!have_prompts) throw ApiError("prompts argument required");
+  if (q.prompts.empty()) throw ApiError("prompts is empty");
+  if (q.tokens_to_generate == 0 && !q.logprobs && !have_beam)
+    throw ApiError("tokens_to_generate=0 implies logprobs should be True");
+  if (q.top_k > 0 && q.top_p > 0) throw ApiError("cannot set both top-k and top-p samplings");
+  if (have_top_p_decay && q.top_p == 0) throw ApiError("top_p_decay cannot be set without top_p");
+  if (!(q.top_p_bound >= 0 && q.top_p_bound <= std::max(q.top_p, 0.0)) ||
+      (q.top_p_bound > 0 && q.top_p == 0))
+    throw ApiError("top_p_bound must be a number from 0 to top_p");
+  if (have_beam) {
+    if (q.prompts.size() != 1)
+      throw ApiError("beam search takes one prompt per request (beam_width given with " +
+                     std::to_string(q.prompts.size()) + " prompts)");
+    if (q.tokens_to_generate < 1)
+      throw ApiError("tokens_to_generate must be at least 1 with beam_width");
+  }
+  return q;
+}
+
+std::string json_quote(std::string_view in) {
+  std::string fixed;
+  const std::string_view s = utf8_sanitize(in, fixed) ? std::string_view(fixed) : in;
+  std::string o = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"': o += "\\\""; break;
+      case '\\': o += "\\\\"; break;
+      case '\n': o += "\\n"; break;
+      case '\r': o += "\\r"; break;
+      case '\t': o += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned char>(c));
+          o += buf;
+        } else {
+          o += c;
+        }
+    }
+  }
+  return o + "\"";
+}
+
+namespace {
+std::string json_number(double x, int digits) {
+  if (!std::isfinite(x)) return "null";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, x);
+  return buf;
+}
+
+// ---- the queue between the HTTP threads and the batch loop --------------------------------------
+
+// One accepted request: what every rank needs to run it, and where rank 0 puts the answer.
+struct Job {
+  ApiRequest req;
+  std::vector<std::vector<int32_t>> prompts;  // tokenized (BOS added)
+  uint64_t seed = 0;
+  int32_t stop = -1;
+  std::promise<std::pair<int, std::string>> reply;  // HTTP status, body
+};
+
+class JobQueue {
+ public:
+  void push(std::shared_ptr<Job> j) {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      q_.push_back(std::move(j));
+    }
+    cv_.notify_one();
+  }
+  // The next batch: a beam-search job alone, or sampling jobs up to `max_prompts` prompts (at least
+  // one job). Empty when nothing came within `wait`.
+  std::vector<std::shared_ptr<Job>> take(int max_prompts, std::chrono::milliseconds wait) {
+    std::unique_lock<std::mutex> g(m_);
+    cv_.wait_for(g, wait, [&] { return !q_.empty(); });
+    std::vector<std::shared_ptr<Job>> out;
+    size_t prompts = 0;
+    while (!q_.empty()) {
+      const auto& j = q_.front();
+      const bool beam = j->req.beam_width > 0;
+      if (!out.empty() && (beam || out[0]->req.beam_width > 0 ||
+                           prompts + j->prompts.size() > static_cast<size_t>(max_prompts)))
+        break;
+      prompts += j->prompts.size();
+      out.push_back(q_.front());
+      q_.pop_front();
+    }
+    return out;
+  }
+  // Every job left, for a refusal at shutdown.
+  std::deque<std::shared_ptr<Job>> drain() {
+    std::lock_guard<std::mutex> g(m_);
+    return std::exchange(q_, {});
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> q_;
+};
+
+// ---- batches as messages from rank 0 to every rank ---------------------------------------------
+
+constexpr double kStop = 0, kBatch = 1;
+
+std::vector<double> encode_batch(const std::vector<std::shared_ptr<Job>>& jobs) {
+  std::vector<double> m{kBatch, static_cast<double>(jobs.size())};
+  for (const auto& j : jobs) {
+    const ApiRequest& q = j->req;
+    m.insert(m.end(), {static_cast<double>(q.beam_width), static_cast<double>(q.tokens_to_generate),
+                       q.temperature, static_cast<double>(q.top_k), q.top_p, q.top_p_decay,
+                       q.top_p_bound, static_cast<double>(j->seed), q.logprobs ? 1.0 : 0.0,
+                       static_cast<double>(j->stop), q.length_penalty,
+                       static_cast<double>(j->prompts.size())});
+    for (const auto& p : j->prompts) {
+      m.push_back(static_cast<double>(p.size()));
+      m.insert(m.end(), p.begin(), p.end());
+    }
+  }
+  return m;
+}
+
+std::vector<std::shared_ptr<Job>> decode_batch(const std::vector<double>& m) {
+  size_t at = 1;
+  const size_t n = static_cast<size_t>(m.at(at++));
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (size_t k = 0; k < n; ++k) {
+    auto j = std::make_shared<Job>();
+    ApiRequest& q = j->req;
+    q.beam_width = static_cast<int>(m.at(at++));
+    q.tokens_to_generate = static_cast<int64_t>(m.at(at++));
+    q.temperature = m.at(at++);
+    q.top_k = static_cast<int>(m.at(at++));
+    q.top_p = m.at(at++);
+    q.top_p_decay = m.at(at++);
+    q.top_p_bound = m.at(at++);
+    j->seed = static_cast<uint64_t>(m.at(at++));
+    q.logprobs = m.at(at++) != 0;
+    j->stop = static_cast<int32_t>(m.at(at++));
+    q.length_penalty = m.at(at++);
+    const size_t prompts = static_cast<size_t>(m.at(at++));
+    for (size_t p = 0; p < prompts; ++p) {
+      const size_t len = static_cast<size_t>(m.at(at++));
+      j->prompts.emplace_back(m.begin() + at, m.begin() + at + len);
+      at += len;
+    }
+    jobs.push_back(std::move(j));
+  }
+  return jobs;
+}
+
+GenerationOptions options_of(const Job& j) {
+  GenerationOptions o;
+  const ApiRequest& q = j.req;
+  o.max_new_tokens = q.tokens_to_generate;
+  o.sampling.temperature = q.temperature;
+  o.sampling.top_k = q.top_k;
+  o.sampling.top_p = q.top_p > 0 ? q.top_p : 1.0;
+  o.sampling.top_p_decay = q.top_p_decay;
+  o.sampling.top_p_bound = q.top_p_bound;
+  o.sampling.seed = j.seed;
+  o.eod_id = j.stop;
+  o.log_probs = q.logprobs;
+  o.beam_size = std::max(1, q.beam_width);
+  o.length_penalty = q.length_penalty;
+  return o;
+}
+
+// The JSON answer to one job: text (prompt and generation, decoded), segments (each token's text)
+// and logprobs (of every token after the first), per prompt or per beam; beams add scores.
+std::string answer_json(const Job& j, const Tokenizer& tok,
+                        const std::vector<std::vector<int32_t>>& prompts,
+                        const std::vector<std::vector<int32_t>>& completions,
+                        const std::vector<std::vector<float>>& prompt_lp,
+                        const std::vector<std::vector<float>>& completion_lp,
+                        const std::vector<double>& scores) {
+  std::string text = "[", segments = "[", logprobs = "[";
+  for (size_t i = 0; i < completions.size(); ++i) {
+    std::vector<int32_t> all = prompts[i];
+    all.insert(all.end(), completions[i].begin(), completions[i].end());
+    const char* sep = i ? ", " : "";
+    text += sep + json_quote(tok.decode(all));
+    segments += sep;
+    segments += "[";
+    for (size_t t = 0; t < all.size(); ++t)
+      segments += (t ? ", " : "") + json_quote(tok.token_bytes(all[t]));
+    segments += "]";
+    if (j.req.logprobs) {
+      logprobs += sep;
+      logprobs += "[";
+      std::vector<float> lp = prompt_lp.at(i);
+      lp.insert(lp.end(), completion_lp.at(i).begin(), completion_lp.at(i).end());
+      for (size_t t = 0; t < lp.size(); ++t) logprobs += (t ? ", " : "") + json_number(lp[t], 9);
+      logprobs += "]";
+    }
+  }
+  std::string out = "{\"text\": " + text + "], \"segments\": " + segments + "], \"logprobs\": " +
+                    (j.req.logprobs ? logprobs + "]" : std::string("null"));
+  if (j.req.beam_width > 0) {
+    out += ", \"scores\": [";
+    for (size_t i = 0; i < scores.size(); ++i) out += (i ? ", " : "") + json_number(scores[i], 17);
+    out += "]";
+  }
+  return out + "}\n";
+}
+
+// Runs one batch on every rank; rank 0 answers the jobs.
+void run_batch(GPTModel& model, const ParallelContext& ctx, const Tokenizer& tok,
+               std::vector<std::shared_ptr<Job>>& jobs, bool root) {
+  const int64_t positions = model.config().max_positions();
+  int64_t longest = 0, budget = 0;
+  int sequences = 0;
+  for (const auto& j : jobs) {
+    for (const auto& p : j->prompts) longest = std::max<int64_t>(longest, p.size());
+    budget = std::max(budget, j->req.tokens_to_generate);
+    sequences += j->req.beam_width > 0 ? j->req.beam_width : static_cast<int>(j->prompts.size());
+  }
+  InferenceEngine engine(model, ctx, sequences,
+                         std::min(positions, longest + std::max<int64_t>(budget, 1)));
+  if (jobs.size() == 1 && jobs[0]->req.beam_width > 0) {
+    Job& j = *jobs[0];
+    const GenerationResult r = beam_search(engine, ctx, j.prompts[0], options_of(j));
+    if (root) {
+      const std::vector<std::vector<int32_t>> prompts(r.completions.size(), j.prompts[0]);
+      j.reply.set_value({200, answer_json(j, tok, prompts, r.completions, r.prompt_log_probs,
+                                          r.completion_log_probs, r.beam_scores)});
+    }
+    return;
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<GenerationOptions> opts;
+  for (const auto& j : jobs)
+    for (size_t i = 0; i < j->prompts.size(); ++i) {
+      prompts.push_back(j->prompts[i]);
+      opts.push_back(options_of(*j));
+      opts.back().sample_stream = static_cast<int64_t>(i);
+    }
+  const GenerationResult r = generate(engine, ctx, prompts, opts);
+  if (!root) return;
+  size_t at = 0;
+  for (const auto& j : jobs) {
+    const size_t n = j->prompts.size();
+    auto slice = [&](const std::vector<std::vector<float>>& v) {
+      return v.empty() ? std::vector<std::vector<float>>(n)
+                       : std::vector<std::vector<float>>(v.begin() + at, v.begin() + at + n);
+    };
+    const std::vector<std::vector<int32_t>> comp(r.completions.begin() + at,
+                                                 r.completions.begin() + at + n);
+    j->reply.set_value({200, answer_json(*j, tok, j->prompts, comp, slice(r.prompt_log_probs),
+                                         slice(r.completion_log_probs), {})});
+    at += n;
+  }
+}
+
+// ---- HTTP ----------------------------------------------------------------------------------
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_stop_signal(int) { g_stop = true; }
+
+struct Front {
+  std::shared_ptr<const Tokenizer> tok;
+  int64_t positions = 0, vocab = 0;
+  ServerOptions opts;
+  JobQueue queue;
+  std::atomic<uint64_t> requests{0};
+};
+
+http::response<http::string_body> reply(int status, const std::string& body, unsigned version,
+                                        const char* type) {
+  http::response<http::string_body> res{static_cast<http::status>(status), version};
+  res.set(http::field::server, "tessera-serve");
+  res.set(http::field::content_type, type);
+  res.body() = body;
+  return res;
+}
+
+// The job of a valid request, tokenized and checked against the model; throws ApiError.
+std::shared_ptr<Job> make_job(const Front& f, const std::string& body) {
+  auto j = std::make_shared<Job>();
+  j->req = parse_api_request(body);
+  const ApiRequest& q = j->req;
+  if (static_cast<int>(q.prompts.size()) > f.opts.max_prompts)
+    throw ApiError("Maximum number of prompts is " + std::to_string(f.opts.max_prompts) + " (got " +
+                   std::to_string(q.prompts.size()) + ")");
+  j->stop = q.stop_token >= 0 ? static_cast<int32_t>(q.stop_token) : f.tok->eod_id();
+  if (j->stop >= f.vocab)
+    throw ApiError("stop_token " + std::to_string(j->stop) + " is outside the vocabulary of " +
+                   std::to_string(f.vocab) + " tokens");
+  for (size_t i = 0; i < q.prompts.size(); ++i) {
+    std::vector<int32_t> ids;
+    if (q.add_BOS) ids.push_back(f.tok->bos_id());
+    const std::vector<int32_t> text = f.tok->encode(q.prompts[i]);
+    ids.insert(ids.end(), text.begin(), text.end());
+    if (ids.empty())
+      throw ApiError("prompt " + std::to_string(i + 1) + " is empty (give it text, or add_BOS)");
+    if (static_cast<int64_t>(ids.size()) + std::max<int64_t>(q.tokens_to_generate, 1) > f.positions)
+      throw ApiError("prompt " + std::to_string(i + 1) + " has " + std::to_string(ids.size()) +
+                     " tokens; with tokens_to_generate " + std::to_string(q.tokens_to_generate) +
+                     " that is more than the model's " + std::to_string(f.positions) +
+                     " positions");
+    j->prompts.push_back(std::move(ids));
+  }
+  if (q.random_seed >= 0) {
+    j->seed = static_cast<uint64_t>(q.random_seed);
+  } else {
+    std::random_device rd;
+    j->seed = (static_cast<uint64_t>(rd()) << 21) ^ rd();  // below 2^53: exact in the message
+  }
+  return j;
+}
+
+http::response<http::string_body> answer(Front& f, const http::request<http::string_body>& req,
+                                         const std::string& peer) {
+  const unsigned v = req.version();
+  std::string target(req.target());
+  if (const size_t q = target.find('?'); q != std::string::npos) target.resize(q);
+  if (target != "/api")
+    return reply(404, "no such path '" + target + "' (the API is PUT /api)\n", v, "text/plain");
+  if (req.method() != http::verb::put && req.method() != http::verb::post) {
+    auto r = reply(405, "use PUT or POST on /api\n", v, "text/plain");
+    r.set(http::field::allow, "PUT, POST");
+    return r;
+  }
+  const uint64_t id = ++f.requests;
+  Timer t;
+  std::shared_ptr<Job> job;
+  try {
+    job = make_job(f, req.body());
+  } catch (const ApiError& e) {
+    std::fprintf(stderr, "tessera-serve: request %llu from %s: 400 %s\n",
+                 static_cast<unsigned long long>(id), peer.c_str(), e.what());
+    return reply(400, std::string(e.what()) + "\n", v, "text/plain");
+  }
+  auto done = job->reply.get_future();
+  f.queue.push(job);
+  const auto [status, body] = done.get();
+  size_t prompt_tokens = 0;
+  for (const auto& p : job->prompts) prompt_tokens += p.size();
+  std::fprintf(stderr, "tessera-serve: request %llu from %s: %d, %zu prompts (%zu tokens), %lld "
+               "tokens to generate%s, %.3f s\n",
+               static_cast<unsigned long long>(id), peer.c_str(), status, job->prompts.size(),
+               prompt_tokens, static_cast<long long>(job->req.tokens_to_generate),
+               job->req.beam_width > 0 ? " (beam search)" : "", t.seconds());
+  return reply(status, body, v, status == 200 ? "application/json" : "text/plain");
+}
+
+void session(std::shared_ptr<Front> f, tcp::socket sock) {
+  beast::error_code ec;
+  std::string peer = "?";
+  if (auto ep = sock.remote_endpoint(ec); !ec)
+    peer = ep.address().to_string() + ":" + std::to_string(ep.port());
+  beast::flat_buffer buf;
+  for (;;) {
+    http::request_parser<http::string_body> parser;
+    parser.body_limit(64u << 20);
+    http::read(sock, buf, parser, ec);
+    if (ec == http::error::end_of_stream) break;
+    if (ec) {
+      // A request the parser refuses gets its reason; a dropped connection gets nothing.
+      if (ec.category() != boost::system::system_category() &&
+          ec.category() != net::error::get_misc_category() && ec != beast::error::timeout) {
+        auto r = reply(400, "malformed HTTP request: " + ec.message() + "\n", 11, "text/plain");
+        r.keep_alive(false);
+        r.prepare_payload();
+        http::write(sock, r, ec);
+      }
+      break;
+    }
+    const http::request<http::string_body>& req = parser.get();
+    http::response<http::string_body> res;
+    try {
+      res = answer(*f, req, peer);
+    } catch (const std::exception& e) {
+      res = reply(500, std::string("generation failed: ") + e.what() + "\n", req.version(),
+                  "text/plain");
+    }
+    res.keep_alive(req.keep_alive());
+    res.prepare_payload();
+    http::write(sock, res, ec);
+    if (ec || !res.keep_alive()) break;
+  }
+  sock.shutdown(tcp::socket::shutdown_both, ec);
+}
+
+}  // namespace
+
+void serve_text_generation(GPTModel& model, const ParallelContext& ctx,
+                           std::shared_ptr<const Tokenizer> tok, const ServerOptions& opts) {
+  const bool root = ctx.world->rank() == 0;
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  // Rank 0 listens; every rank learns whether it could.
+  auto front = std::make_shared<Front>();
+  front->tok = tok;
+  front->positions = model.config().max_positions();
+  front->vocab = model.config().vocab_size;
+  front->opts = opts;
+  auto io = std::make_shared<net::io_context>(1);
+  auto acceptor = std::make_shared<tcp::acceptor>(*io);
+  std::string listen_error;
+  if (root) {
+    beast::error_code ec;
+    const auto address = net::ip::make_address(opts.host, ec);
+    if (ec) {
+      listen_error = "--host '" + opts.host + "' is not an IP address";
+    } else {
+      const tcp::endpoint ep(address, static_cast<unsigned short>(opts.port));
+      acceptor->open(ep.protocol(), ec);
+      if (!ec) acceptor->set_option(net::socket_base::reuse_address(true), ec);
+      if (!ec) acceptor->bind(ep, ec);
+      if (!ec) acceptor->listen(net::socket_base::max_listen_connections, ec);
+      if (ec)
+        listen_error = "--port " + std::to_string(opts.port) + ": cannot listen on " + opts.host +
+                       ":" + std::to_string(opts.port) + ": " + ec.message();
+    }
+  }
+  double failed = listen_error.empty() ? 0 : 1;
+  ctx.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
+  if (failed != 0) throw ConfigError(root ? listen_error : "rank 0 cannot listen");
+  if (root) {
+    std::fprintf(stderr, "tessera-serve: listening on http://%s:%d/api (PUT or POST)\n",
+                 opts.host.c_str(), acceptor->local_endpoint().port());
+    // Connections are accepted on a thread of their own and each served by a thread; the server's
+    // state lives as long as any of them.
+    std::thread([front, io, acceptor] {
+      for (;;) {
+        beast::error_code ec;
+        tcp::socket sock(*io);
+        acceptor->accept(sock, ec);
+        if (ec) {
+          if (!acceptor->is_open()) return;
+          continue;
+        }
+        std::thread(session, front, std::move(sock)).detach();
+      }
+    }).detach();
+  }
+  // The batch loop. Rank 0 announces each batch (or the stop) with a small all-reduce the other
+  // ranks poll for, so an idle server does not spin in MPI.
+  Tensor header({2});
+  for (;;) {
+    std::vector<std::shared_ptr<Job>> jobs;
+    if (root) {
+      while (jobs.empty() && !g_stop)
+        jobs = front->queue.take(opts.max_batch_prompts, std::chrono::milliseconds(100));
+    }
+    std::vector<double> msg;
+    if (root) msg = jobs.empty() ? std::vector<double>{kStop} : encode_batch(jobs);
+    header.f32()[0] = root ? 1.f : 0.f;
+    header.f32()[1] = 0.f;
+    auto op = ctx.world->all_reduce_async(header, ReduceOp::Sum);
+    while (!op->test()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    op->wait();
+    broadcast_f64(*ctx.world, msg, 0);
+    if (msg.at(0) == kStop) break;
+    std::vector<std::shared_ptr<Job>> run = root ? jobs : decode_batch(msg);
+    if (root && run.size() > 1) {
+      size_t prompts = 0;
+      for (const auto& j : run) prompts += j->prompts.size();
+      std::fprintf(stderr, "tessera-serve: batch of %zu requests (%zu prompts)\n", run.size(),
+                   prompts);
+    }
+    try {
+      run_batch(model, ctx, *tok, run, root);
+    } catch (const ConfigError& e) {  // a request the checks above let through
+      if (root)
+        for (auto& j : run) j->reply.set_value({400, std::string(e.what()) + "\n"});
+    }
+  }
+  if (root) {
+    for (auto& j : front->queue.drain())
+      j->reply.set_value({503, "the server is shutting down\n"});
+    beast::error_code ec;
+    acceptor->close(ec);
+    std::fprintf(stderr, "tessera-serve: stopped after %llu requests\n",
+                 static_cast<unsigned long long>(front->requests.load()));
+  }
+}
+
+}  // namespace tessera
