@@ -418,7 +418,7 @@ std::shared_ptr<Job> make_job(const Front& f, const std::string& body) {
       throw ApiError("prompt " + std::to_string(i + 1) + " is empty (give it text, or add_BOS)");
     if (static_cast<int64_t>(ids.size()) + std::max<int64_t>(q.tokens_to_generate, 1) > f.positions)
       throw ApiError("prompt " + std::to_string(i + 1) + " has " + std::to_string(ids.size()) +
-                     " tokens; with tokens_to_generate " + std::to_string(q.tokens_to_generate) +
+                     (ids.size() == 1 ? " token" : " tokens") + "; with tokens_to_generate " + std::to_string(q.tokens_to_generate) +
                      " that is more than the model's " + std::to_string(f.positions) +
                      " positions");
     j->prompts.push_back(std::move(ids));
@@ -541,8 +541,8 @@ void serve_text_generation(GPTModel& model, const ParallelContext& ctx,
   ctx.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
   if (failed != 0) throw ConfigError(root ? listen_error : "rank 0 cannot listen");
   if (root) {
-    std::fprintf(stderr, "tessera-serve: listening on http://%s:%d/api (PUT or POST)\n",
-                 opts.host.c_str(), acceptor->local_endpoint().port());
+    std::fprintf(stderr, "tessera-serve: listening on http://%s:%d/api (PUT or POST); pid %d\n",
+                 opts.host.c_str(), acceptor->local_endpoint().port(), static_cast<int>(getpid()));
     // Connections are accepted on a thread of their own and each served by a thread; the server's
     // state lives as long as any of them.
     std::thread([front, io, acceptor] {
