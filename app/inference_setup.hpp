@@ -23,7 +23,7 @@ namespace tessera {
 struct InferenceSetup {
   std::string load, device;
   TokenizerOptions tokenizer;
-  int tp = 1, pp = 1, threads = 0;
+  int tp = 1, pp = 1, threads = 0, seq_length = 0;
 
   // The "Model" options group.
   void add_options(OptionParser& p) {
@@ -48,7 +48,9 @@ struct InferenceSetup {
         "tokenizer_config.json)")("threads", po::value(&threads)->default_value(0),
                                   "threads per rank (0: this rank's share of its cores)")(
         "device", po::value(&device)->default_value("auto"),
-        "cpu | cuda | auto (cuda when a GPU is visible)");
+        "cpu | cuda | auto (cuda when a GPU is visible)")(
+        "seq-length", po::value(&seq_length)->default_value(0),
+        "the context: prompt plus new tokens, at most this many (0: the model's positions)");
   }
 
   // After parsing: the layout, the backend, the checkpoint's model on this rank, and (unless
@@ -60,6 +62,7 @@ struct InferenceSetup {
     std::unique_ptr<CheckpointReader> checkpoint;
     std::unique_ptr<GPTModel> model;
     std::shared_ptr<const Tokenizer> tokenizer;
+    int64_t context = 0;  // --seq-length, or the model's positions
   };
   Loaded open(const char* program, bool with_tokenizer) {
     Loaded L;
@@ -72,7 +75,9 @@ struct InferenceSetup {
     init_logging(lo);
     set_num_threads(threads > 0 ? threads : default_threads(L.grid->node_comm()));
     L.checkpoint = std::make_unique<CheckpointReader>(load);
-    const GPTConfig cfg = L.checkpoint->meta().model;
+    GPTConfig cfg = L.checkpoint->meta().model;
+    set_seq_length(cfg, seq_length, L.checkpoint->path());
+    L.context = seq_length > 0 ? seq_length : cfg.max_positions();
     if (with_tokenizer) {
       L.tokenizer = load_tokenizer(tokenizer);
       if (L.tokenizer->vocab_size() != cfg.vocab_size)

@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   const bool root = mpi.world_rank() == 0;
   std::string load, data_path, split = "969,30,1", which = "valid";
   std::string device;
-  int tp = 1, pp = 1, mbs = 4, threads = 0;
+  int tp = 1, pp = 1, mbs = 4, threads = 0, seq = 0;
   try {
     OptionParser p("tessera-eval",
                    "--load CKPT --data-path PREFIX [--split 949,50,1] [--eval-split valid]");
@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
             "train,valid,test weights (as in training)")(
             "eval-split", po::value(&which)->default_value(which), "train | valid | test")(
             "micro-batch-size", po::value(&mbs)->default_value(mbs), "samples per forward pass")(
+            "seq-length", po::value(&seq)->default_value(0),
+            "tokens per sample (0: the checkpoint's); at most the model's positions")(
             "tensor-model-parallel-size", po::value(&tp)->default_value(1),
             "tensor-parallel ranks")("pipeline-model-parallel-size",
                                      po::value(&pp)->default_value(1), "pipeline stages")(
@@ -81,6 +83,7 @@ int main(int argc, char** argv) {
     set_num_threads(threads > 0 ? threads : default_threads(grid.node_comm()));
     CheckpointReader ckpt(load);
     GPTConfig cfg = ckpt.meta().model;
+    set_seq_length(cfg, seq, ckpt.path());
     auto corpus = std::make_shared<const ShardedCorpus>(data_path);
     if (corpus->meta().vocab_size != cfg.vocab_size)
       throw ConfigError(detail::concat("--data-path '", data_path, "' has a vocabulary of ",

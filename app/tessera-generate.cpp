@@ -96,7 +96,6 @@ int main(int argc, char** argv) {
       throw ConfigError("give --prompt, --prompt-file, --prompt-ids or --interactive");
 
     InferenceSetup::Loaded L = setup.open("tessera-generate", !ids_out);
-    const GPTConfig& cfg = L.model->config();
     const std::shared_ptr<const Tokenizer>& tok = L.tokenizer;
     if (tok) g.eod_id = tok->eod_id();
     if (add_bos && !tok) throw ConfigError("--add-BOS needs a tokenizer (it is not for --prompt-ids)");
@@ -132,7 +131,7 @@ int main(int argc, char** argv) {
       // 3's 131072 would take gigabytes per prompt).
       int64_t longest = 0;
       for (const auto& p : prompts) longest = std::max<int64_t>(longest, p.size());
-      const int64_t context = std::min<int64_t>(cfg.max_positions(), longest + g.max_new_tokens);
+      const int64_t context = std::min<int64_t>(L.context, longest + g.max_new_tokens);
       const bool stream = root && tty && prompts.size() == 1 && tok && !beam;
       if (stream) std::cout << texts[0] << std::flush;
       GenerationResult r;

@@ -8,6 +8,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "data/megatron_import.hpp"
 #include "data/preprocess.hpp"
 #include "train/options.hpp"
 
@@ -16,7 +17,7 @@ using namespace tessera;
 int main(int argc, char** argv) {
   PreprocessOptions o;
   TokenizerOptions to;
-  std::string shard_size;
+  std::string shard_size, input_format;
   try {
     OptionParser p(
         "tessera-preprocess",
@@ -24,7 +25,11 @@ int main(int argc, char** argv) {
         "| --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json)");
     p.group("Input").add_options()(
         "input", po::value(&o.inputs)->multitoken()->required(),
-        "input files or quoted globs: .jsonl/.json (one JSON object per line) or plain text")(
+        "input files or quoted globs: .jsonl/.json (one JSON object per line) or plain text; with "
+        "--input-format megatron, the prefix of a Megatron-LM PREFIX.bin/PREFIX.idx dataset")(
+        "input-format", po::value(&input_format)->default_value("auto"),
+        "auto (jsonl or text by file name) | megatron (an indexed dataset, index version 1: its "
+        "tokens unchanged, its documents as they are)")(
         "json-key", po::value(&o.json_key)->default_value("text"),
         "member of each jsonl object that holds the document")(
         "split-lines", po::bool_switch(&o.split_lines),
@@ -53,17 +58,31 @@ int main(int argc, char** argv) {
       throw ConfigError("--workers=" + std::to_string(o.workers) +
                         " is out of range (allowed: >= 0)");
     if (o.workers == 0) o.workers = affinity_cores();
+    if (input_format != "auto" && input_format != "megatron")
+      throw ConfigError("--input-format '" + input_format +
+                        "' is not a format (allowed: auto, megatron)");
+    const bool megatron = input_format == "megatron";
+    if (megatron && o.inputs.size() != 1)
+      throw ConfigError(detail::concat("--input-format megatron takes one --input PREFIX (got ",
+                                       o.inputs.size(), ")"));
     const auto tok = load_tokenizer(to);
     const bool tty = isatty(STDOUT_FILENO);
-    const PreprocessResult r = preprocess(
-        o, *tok,
-        [&](const std::string& line, bool final) {
-          if (tty)
-            std::cout << "\r\033[K" << line << (final ? "\n" : "") << std::flush;
-          else
-            std::cout << line << std::endl;
-        },
-        tty);
+    auto show = [&](const std::string& line, bool final) {
+      if (tty)
+        std::cout << "\r\033[K" << line << (final ? "\n" : "") << std::flush;
+      else
+        std::cout << line << std::endl;
+    };
+    if (megatron) {
+      const PreprocessResult r = import_megatron_dataset(o.inputs[0], o.output_prefix,
+                                                         o.shard_tokens, *tok, show, tty);
+      std::cout << "tessera-preprocess: " << r.documents << " documents, " << r.tokens
+                << " tokens from the Megatron-LM dataset " << o.inputs[0] << " in "
+                << r.shards.size() << " shard(s) " << o.output_prefix << "_*.h5 in " << r.seconds
+                << " s" << std::endl;
+      return 0;
+    }
+    const PreprocessResult r = preprocess(o, *tok, show, tty);
     std::cout << "tessera-preprocess: " << r.documents << " documents, " << r.tokens << " tokens ("
               << r.bytes << " bytes of text) in " << r.shards.size() << " shard(s) "
               << o.output_prefix << "_*.h5 in " << r.seconds << " s with " << o.workers

@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
     if (so.max_batch_prompts < 1 || so.max_prompts < 1)
       throw ConfigError("--max-batch-prompts and --max-prompts must be >= 1");
     InferenceSetup::Loaded L = setup.open("tessera-serve", true);
+    so.context = L.context;
     serve_text_generation(*L.model, L.ctx, L.tokenizer, so);
   } catch (const ConfigError& e) {
     if (root) std::fprintf(stderr, "tessera-serve: error: %s\n", e.what());

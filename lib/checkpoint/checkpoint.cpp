@@ -109,7 +109,7 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
                 static_cast<int64_t>(std::llround(m.model.layernorm_epsilon * 1e9)));
   {  // the Llama family's options (absent in older checkpoints: GPT-2's values)
     const GPTConfig& c = m.model;
-    char buf[64];
+    char buf[128];
     h5_write_attr(f, "position_embedding_type", c.position_embedding_type);
     std::snprintf(buf, sizeof buf, "%.17g", c.rotary_base);
     h5_write_attr(f, "rotary_base", std::string(buf));

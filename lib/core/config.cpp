@@ -3,6 +3,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -60,7 +61,20 @@ bool OptionParser::parse(int argc, const char* const* argv) {
   po::options_description all;
   for (const auto& g : groups_) all.add(*g);
   try {
-    po::store(po::command_line_parser(argc, argv).options(all).run(), vm_);
+    po::parsed_options parsed = po::command_line_parser(argc, argv).options(all).run();
+    // As argparse does (and Megatron-LM's launch scripts rely on: `... $EXTRA_ARGS` overriding an
+    // option given earlier), a repeated option takes its last value; options that collect their
+    // occurrences (--prompt, --data-path lists) keep them all.
+    std::map<std::string, size_t> last;
+    for (size_t i = 0; i < parsed.options.size(); ++i) last[parsed.options[i].string_key] = i;
+    std::vector<po::option> kept;
+    for (size_t i = 0; i < parsed.options.size(); ++i) {
+      const po::option& o = parsed.options[i];
+      const po::option_description* d = all.find_nothrow(o.string_key, false);
+      if (!d || d->semantic()->is_composing() || last[o.string_key] == i) kept.push_back(o);
+    }
+    parsed.options = std::move(kept);
+    po::store(parsed, vm_);
     if (vm_.count("help")) {
       std::cout << help();
       return false;

@@ -96,6 +96,48 @@ struct Pipeline {
 
 }  // namespace
 
+ShardWriter::ShardWriter(std::string prefix, int64_t shard_tokens, ShardMeta meta)
+    : prefix_(std::move(prefix)), shard_tokens_(shard_tokens), meta_(std::move(meta)) {}
+
+ShardWriter::~ShardWriter() {
+  if (!committed_)
+    for (const std::string& t : tmp_) std::remove(t.c_str());
+}
+
+void ShardWriter::add(const uint32_t* tokens, size_t n) {
+  tokens_.insert(tokens_.end(), tokens, tokens + n);
+  offsets_.push_back(tokens_.size());
+  if (static_cast<int64_t>(tokens_.size()) >= shard_tokens_) flush();
+}
+
+void ShardWriter::flush() {
+  if (offsets_.size() == 1) return;
+  const std::string tmp = shard_path(prefix_, static_cast<int>(tmp_.size())) + ".part";
+  tmp_.push_back(tmp);  // removed on failure even when half written
+  write_shard(tmp, tokens_, offsets_, meta_);
+  tokens_.clear();
+  offsets_.assign(1, 0);
+}
+
+std::vector<std::string> ShardWriter::commit() {
+  flush();
+  // Everything succeeded: move the shards under their final names, then drop stale shards of an
+  // earlier, longer run of the same prefix (they would otherwise be read as part of this corpus).
+  std::vector<std::string> out;
+  for (size_t i = 0; i < tmp_.size(); ++i) {
+    const std::string final_name = shard_path(prefix_, static_cast<int>(i));
+    if (std::rename(tmp_[i].c_str(), final_name.c_str()) != 0)
+      throw Error("cannot rename '" + tmp_[i] + "' to '" + final_name + "'");
+    out.push_back(final_name);
+  }
+  committed_ = true;
+  for (int i = static_cast<int>(tmp_.size());; ++i) {
+    const std::string stale = shard_path(prefix_, i);
+    if (std::remove(stale.c_str()) != 0) break;
+  }
+  return out;
+}
+
 PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
                             const std::function<void(const std::string&, bool)>& progress,
                             bool tty) {
@@ -201,13 +243,11 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
   });
 
   // Writer (this thread): batches in order into shards under temporary names.
-  std::vector<std::string> tmp_shards;
-  std::vector<uint32_t> shard_tokens;
-  std::vector<uint64_t> offsets{0};
   ShardMeta meta;
   meta.vocab_size = tok.vocab_size();
   meta.eod_id = tok.eod_id();
   meta.tokenizer = tok.name();
+  ShardWriter out(opts.output_prefix, opts.shard_tokens, meta);
   Timer since_report;
   auto report = [&](bool final) {
     if (!progress) return;
@@ -218,22 +258,8 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
                   "%zu shard%s",
                   final ? "done: " : "", (long long)res.documents, res.documents / s,
                   (long long)res.tokens, res.tokens / s, res.tokens / s / opts.workers,
-                  tmp_shards.size() + (offsets.size() > 1 ? 1 : 0),
-                  tmp_shards.size() + (offsets.size() > 1 ? 1 : 0) == 1 ? "" : "s");
+                  out.shards(), out.shards() == 1 ? "" : "s");
     progress(line, final);
-  };
-  auto flush_shard = [&] {
-    if (offsets.size() == 1) return;
-    const std::string final_name =
-        shard_path(opts.output_prefix, static_cast<int>(tmp_shards.size()));
-    const std::string tmp = final_name + ".part";
-    write_shard(tmp, shard_tokens, offsets, meta);
-    tmp_shards.push_back(tmp);
-    shard_tokens.clear();
-    offsets.assign(1, 0);
-  };
-  auto cleanup = [&] {
-    for (const std::string& t : tmp_shards) std::remove(t.c_str());
   };
   int64_t next = 0;
   try {
@@ -258,13 +284,10 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
       if (b) {
         size_t pos = 0;
         for (uint64_t len : b->lengths) {
-          shard_tokens.insert(shard_tokens.end(), b->tokens.begin() + pos,
-                              b->tokens.begin() + pos + len);
+          out.add(b->tokens.data() + pos, len);
           pos += len;
-          offsets.push_back(shard_tokens.size());
           ++res.documents;
           res.tokens += static_cast<int64_t>(len);
-          if (static_cast<int64_t>(shard_tokens.size()) >= opts.shard_tokens) flush_shard();
         }
         res.bytes += b->bytes;
       }
@@ -280,32 +303,10 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
   }
   reader.join();
   for (auto& w : workers) w.join();
-  if (pl.failed) {
-    cleanup();
-    throw Error(pl.error);
-  }
-  try {
-    flush_shard();
-  } catch (...) {
-    cleanup();
-    throw;
-  }
-  if (res.documents == 0) {
-    cleanup();
+  if (pl.failed) throw Error(pl.error);  // the writer removes its shards
+  if (res.documents == 0)
     throw ConfigError("the inputs hold no documents (empty files, or no non-empty lines)");
-  }
-  // Everything succeeded: move the shards under their final names, then drop stale shards of an
-  // earlier, longer run of the same prefix (they would otherwise be read as part of this corpus).
-  for (size_t i = 0; i < tmp_shards.size(); ++i) {
-    const std::string final_name = shard_path(opts.output_prefix, static_cast<int>(i));
-    if (std::rename(tmp_shards[i].c_str(), final_name.c_str()) != 0)
-      throw Error("cannot rename '" + tmp_shards[i] + "' to '" + final_name + "'");
-    res.shards.push_back(final_name);
-  }
-  for (int i = static_cast<int>(tmp_shards.size());; ++i) {
-    const std::string stale = shard_path(opts.output_prefix, i);
-    if (std::remove(stale.c_str()) != 0) break;
-  }
+  res.shards = out.commit();
   res.seconds = clock.seconds();
   report(true);
   return res;

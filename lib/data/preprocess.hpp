@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "data/shard.hpp"
 #include "data/tokenizer.hpp"
 
 namespace tessera {
@@ -30,6 +31,31 @@ struct PreprocessResult {
   int64_t documents = 0, tokens = 0, bytes = 0;
   std::vector<std::string> shards;
   double seconds = 0;
+};
+
+// Documents in, shards of about `shard_tokens` tokens out (a document is never split), written
+// under temporary names; commit() renames them into place and removes stale shards of an earlier,
+// longer run of the prefix. Destroyed without commit (a failure), it removes what it wrote.
+class ShardWriter {
+ public:
+  ShardWriter(std::string prefix, int64_t shard_tokens, ShardMeta meta);
+  ~ShardWriter();
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+  void add(const uint32_t* tokens, size_t n);  // one document
+  // Shards written so far, the one being filled included.
+  size_t shards() const { return tmp_.size() + (offsets_.size() > 1 ? 1 : 0); }
+  std::vector<std::string> commit();  // the final names
+
+ private:
+  void flush();
+  std::string prefix_;
+  int64_t shard_tokens_;
+  ShardMeta meta_;
+  std::vector<uint32_t> tokens_;
+  std::vector<uint64_t> offsets_{0};
+  std::vector<std::string> tmp_;
+  bool committed_ = false;
 };
 
 // Expands globs and checks every input exists (ConfigError naming the first that does not).

@@ -329,8 +329,7 @@ std::string answer_json(const Job& j, const Tokenizer& tok,
 
 // Runs one batch on every rank; rank 0 answers the jobs.
 void run_batch(GPTModel& model, const ParallelContext& ctx, const Tokenizer& tok,
-               std::vector<std::shared_ptr<Job>>& jobs, bool root) {
-  const int64_t positions = model.config().max_positions();
+               std::vector<std::shared_ptr<Job>>& jobs, bool root, int64_t positions) {
   int64_t longest = 0, budget = 0;
   int sequences = 0;
   for (const auto& j : jobs) {
@@ -419,7 +418,7 @@ std::shared_ptr<Job> make_job(const Front& f, const std::string& body) {
     if (static_cast<int64_t>(ids.size()) + std::max<int64_t>(q.tokens_to_generate, 1) > f.positions)
       throw ApiError("prompt " + std::to_string(i + 1) + " has " + std::to_string(ids.size()) +
                      (ids.size() == 1 ? " token" : " tokens") + "; with tokens_to_generate " + std::to_string(q.tokens_to_generate) +
-                     " that is more than the model's " + std::to_string(f.positions) +
+                     " that is more than the context of " + std::to_string(f.positions) +
                      " positions");
     j->prompts.push_back(std::move(ids));
   }
@@ -515,7 +514,7 @@ void serve_text_generation(GPTModel& model, const ParallelContext& ctx,
   // Rank 0 listens; every rank learns whether it could.
   auto front = std::make_shared<Front>();
   front->tok = tok;
-  front->positions = model.config().max_positions();
+  front->positions = opts.context > 0 ? opts.context : model.config().max_positions();
   front->vocab = model.config().vocab_size;
   front->opts = opts;
   auto io = std::make_shared<net::io_context>(1);
@@ -584,7 +583,7 @@ void serve_text_generation(GPTModel& model, const ParallelContext& ctx,
                    prompts);
     }
     try {
-      run_batch(model, ctx, *tok, run, root);
+      run_batch(model, ctx, *tok, run, root, front->positions);
     } catch (const ConfigError& e) {  // a request the checks above let through
       if (root)
         for (auto& j : run) j->reply.set_value({400, std::string(e.what()) + "\n"});

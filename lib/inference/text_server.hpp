@@ -48,6 +48,7 @@ struct ServerOptions {
   int port = 5000;
   int max_batch_prompts = 64;  // prompts of queued requests run together in one batch
   int max_prompts = 128;       // per request (Megatron-LM's limit)
+  int64_t context = 0;         // prompt plus new tokens at most (0: the model's positions)
 };
 
 // Serves until SIGINT or SIGTERM reaches world rank 0 (then every rank returns). Collective over

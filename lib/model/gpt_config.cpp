@@ -147,4 +147,14 @@ double GPTConfig::train_flops_per_token() const {
   return 6.0 * matmul_params + 12.0 * L * s * h;
 }
 
+void set_seq_length(GPTConfig& cfg, int seq, const std::string& source) {
+  if (seq == 0) return;
+  if (seq < 0 || seq > cfg.max_positions())
+    throw ConfigError(detail::concat("--seq-length=", seq, " is out of range: the model of '",
+                                     source, "' has ", cfg.max_positions(),
+                                     " positions (allowed: 1 to ", cfg.max_positions(), ")"));
+  cfg.max_position_embeddings = cfg.max_positions();
+  cfg.seq_length = seq;
+}
+
 }  // namespace tessera

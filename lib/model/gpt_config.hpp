@@ -73,4 +73,9 @@ struct GPTConfig {
   double train_flops_per_token() const;
 };
 
+// Evaluation or generation at `seq` tokens per sample instead of the length `cfg` was trained with
+// (0: unchanged); the model's positions stay what they are. ConfigError naming --seq-length and
+// `source` (the checkpoint) when seq is outside [1, max_positions()].
+void set_seq_length(GPTConfig& cfg, int seq, const std::string& source);
+
 }  // namespace tessera

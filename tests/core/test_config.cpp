@@ -52,6 +52,22 @@ TEST(Config, IniThenCommandLineOverride) {
   std::remove(ini.c_str());
 }
 
+// argparse's rule, which launch scripts rely on (`... --train-iters 10 $EXTRA_ARGS`): a repeated
+// option takes its last value, on its own or over a config file's.
+TEST(Config, ARepeatedOptionTakesItsLastValue) {
+  RunOptions o;
+  ASSERT_TRUE(parse({"--train-iters", "10", "--lr", "0.1", "--train-iters", "20", "--lr", "0.5",
+                     "--train-iters", "30"},
+                    o));
+  EXPECT_EQ(o.train.train_iters, 30);
+  EXPECT_DOUBLE_EQ(o.train.lr, 0.5);
+  const std::string ini = write_ini("num-layers = 3\n");
+  RunOptions p;
+  ASSERT_TRUE(parse({"--config", ini, "--num-layers", "4", "--num-layers", "5"}, p));
+  EXPECT_EQ(p.model.num_layers, 5);
+  std::remove(ini.c_str());
+}
+
 TEST(Config, BadInputNamesTheOption) {
   EXPECT_NE(error_of({"--bogus-option", "1"}).find("bogus-option"), std::string::npos);
   const std::string heads = error_of({"--hidden-size", "64", "--num-attention-heads", "5"});

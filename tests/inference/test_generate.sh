@@ -79,6 +79,22 @@ out=$(mpi 2 "$bin/tessera-generate" --load "$work/alibi" --threads 1 "${P[@]}" -
 long=$(seq -s ' ' 1 64)
 out=$("$bin/tessera-generate" --load "$work/ck" --prompt-ids "$long" 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "prompt 1 has 64 tokens; the context holds 64 positions" <<<"$out" && ok "prompt longer than the context -> rc 2" || bad "long prompt: rc $rc $out"
+out=$("$bin/tessera-generate" --load "$work/ck" --prompt-ids "99999999 5" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "prompt 1: token id 99999999 (position 1) is outside the vocabulary of 512 tokens (ids 0 to 511)" <<<"$out" \
+  && ok "prompt id outside the vocabulary -> rc 2" || bad "prompt id 99999999: rc $rc $out"
+# Beam search and the other generation controls from the command line.
+[ "$(gen "${P[@]}" --beam-size 1)" = "$greedy" ] && ok "--beam-size 1 == greedy" || bad "--beam-size 1 differs from greedy"
+b4=$(gen "${P[@]}" --beam-size 4 --return-log-probs)
+b4tp=$(mpi 4 "$bin/tessera-generate" --load "$work/ck" --threads 1 "${P[@]}" --beam-size 4 --return-log-probs \
+       --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 2>/dev/null)
+[ "$(sed -n 1p <<<"$b4")" = "$(sed -n 1p <<<"$b4tp")" ] && [ "$(grep -o 'log-probs: [^|]*' <<<"$b4" | wc -w)" -eq 25 ] \
+  && ok "--beam-size 4: TP2 x PP2 == 1 rank; 24 log-probs and the beam score: $(grep -o 'beam score.*' <<<"$b4")" \
+  || bad "beam search: '$b4' vs TP2 x PP2 '$b4tp'"
+d1=$(gen "${P[@]}" --temperature 1.2 --top-p 0.9 --top-p-decay 0.5 --top-p-bound 0.05 --seed 3)
+d2=$(gen "${P[@]}" --temperature 1.2 --top-p 0.9 --seed 3)
+[ -n "$d1" ] && [ "$d1" != "$d2" ] && ok "--top-p-decay narrows the nucleus: $d1" || bad "top-p decay had no effect: '$d1'"
+out=$("$bin/tessera-generate" --load "$work/ck" --prompt-ids "1 2" --top-p 0.5 --top-p-bound 0.7 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q -- "--top-p-bound=0.7 is out of range" <<<"$out" && ok "--top-p-bound above --top-p -> rc 2" || bad "top-p-bound: rc $rc $out"
 out=$("$bin/tessera-generate" --load "$work/ck" --prompt-ids "1 2" --top-p 1.5 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q -- "--top-p=1.5 is out of range" <<<"$out" && ok "--top-p 1.5 -> rc 2" || bad "top-p: rc $rc $out"
 cp -r "$work/ck" "$work/noweights"
@@ -109,6 +125,19 @@ fi
 samples=$(grep -o '[0-9]* samples' <<<"$e1" | awk '{print $1}')
 tokens=$(grep -o '[0-9]* tokens evaluated' <<<"$e1" | awk '{print $1}')
 [ -n "$samples" ] && [ "$tokens" = "$((samples * 32))" ] && ok "every valid sample once: $samples samples x 32 = $tokens tokens" || bad "counts: $e1"
+# --seq-length: evaluation at another context than training (at most the model's positions).
+e16=$("$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --split 80,20,0 --threads 1 --seq-length 16 2>&1)
+s16=$(grep -o '[0-9]* samples' <<<"$e16" | awk '{print $1}')
+t16=$(grep -o '[0-9]* tokens evaluated' <<<"$e16" | awk '{print $1}')
+l16=$(ev <<<"$e16")
+[ -n "$s16" ] && [ "$s16" -gt "$samples" ] && [ "$t16" = "$((s16 * 16))" ] && ! close "$l16" "$l1" \
+  && ok "--seq-length 16: $s16 samples x 16 = $t16 tokens, loss $l16 (32: $l1)" || bad "eval --seq-length 16: $e16"
+out=$("$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --split 80,20,0 --seq-length 64 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q -- "--seq-length=64 is out of range: the model of '.*' has 32 positions" <<<"$out" \
+  && ok "eval --seq-length above the positions -> rc 2" || bad "eval --seq-length 64: rc $rc $out"
+short=$(gen "${P[@]}" --greedy --seq-length 8)
+[ "$(wc -w <<<"$short")" -eq 9 ] && [ "${greedy#"$short"}" != "$greedy" ] \
+  && ok "generate --seq-length 8: 5 new tokens, the greedy run's first ones: $short" || bad "generate --seq-length 8: '$short' vs '$greedy'"
 out=$("$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --split 100,0,0 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "valid split" <<<"$out" && ok "empty valid split -> rc 2" || bad "empty split: rc $rc $out"
 [ $fail -eq 0 ] && echo "generation and evaluation: all passed"

@@ -65,6 +65,10 @@ s=$(put '{"prompts": ["Hello world, again"], "tokens_to_generate": 0, "logprobs"
 [ "$(field 'd["logprobs"][0]' <<<"$s")" = "$(field 'd["logprobs"][0][:len(d["segments"][0]) - 5]' <<<"$l")" ] \
   && ok "tokens_to_generate 0 scores the prompt: the same prompt log-probabilities" || bad "scoring: $s vs $l"
 
+bos=$(put '{"prompts": ["Hello"], "tokens_to_generate": 2, "top_k": 1, "add_BOS": true}')
+[ "$(field 'd["segments"][0][:2]' <<<"$bos")" = '["<|endoftext|>", "Hello"]' ] \
+  && ok "add_BOS: GPT-2's <|endoftext|> first" || bad "add_BOS: $bos"
+
 # 3. Beam search: beam 1 is greedy; beam 3 gives 3 beams, best score first.
 b1=$(put '{"prompts": ["Hello world"], "tokens_to_generate": 8, "beam_width": 1}')
 [ "$(field 'd["text"][0]' <<<"$b1")" = "$text" ] && ok "beam_width 1 == greedy" || bad "beam 1: $b1"
@@ -112,8 +116,8 @@ expect_code 400 '{"prompts": ["a"' PUT /api "the body is not JSON"
 expect_code 400 '{"prompts": ["a"], "tokens_to_generate": -5}' PUT /api "tokens_to_generate must be an integer greater than or equal to 0"
 expect_code 400 '{"prompts": ["a"], "temperature": 0.5, "colour": "red"}' POST /api "unknown field 'colour'"
 expect_code 400 '{"prompts": "a"}' PUT /api "prompts is not a list of strings"
-expect_code 400 "{\"prompts\": [\"$(printf 'word %.0s' $(seq 1 80))\"], \"tokens_to_generate\": 10}" PUT /api "more than the model's 64 positions"
-expect_code 400 '{"prompts": ["a"], "tokens_to_generate": 100}' PUT /api "that is more than the model's 64 positions"
+expect_code 400 "{\"prompts\": [\"$(printf 'word %.0s' $(seq 1 80))\"], \"tokens_to_generate\": 10}" PUT /api "more than the context of 64 positions"
+expect_code 400 '{"prompts": ["a"], "tokens_to_generate": 100}' PUT /api "that is more than the context of 64 positions"
 expect_code 400 '{"prompts": ["a", "b"], "beam_width": 2}' PUT /api "beam search takes one prompt per request"
 expect_code 400 '{"prompts": [""], "tokens_to_generate": 2}' PUT /api "prompt 1 is empty"
 expect_code 400 '{"prompts": ["a"], "stop_token": 99999999}' PUT /api "stop_token 99999999 is outside the vocabulary of 50257 tokens"

@@ -105,7 +105,9 @@ TEST(Recompute, LossesAndGradientsAreBitwiseTheStoredRuns) {
        {std::pair{DType::F32, false}, std::pair{DType::BF16, false}, std::pair{DType::F32, true}}) {
     const GPTConfig cfg = dropout ? with_dropout : config(3);
     const Result ref = two_in_flight(cfg, dt, RecomputeConfig{}, dropout);
-    if (dropout) ASSERT_NE(ref.loss_a, no_drop.loss_a);  // the masks are on
+    if (dropout) {
+      ASSERT_NE(ref.loss_a, no_drop.loss_a);  // the masks are on
+    }
     ASSERT_GT(ref.loss_a, 1.0);
     ASSERT_NE(ref.loss_a, ref.loss_b);  // the two micro-batches differ
     for (const RecomputeConfig& rc :
