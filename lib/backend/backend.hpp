@@ -184,6 +184,32 @@ class Backend {
     return s;
   }
   virtual void scale(Tensor& x, float s) = 0;
+  // Memory this rank holds, in bytes: tensor storage now and at most since start-up (allocated,
+  // max allocated), and what the process holds of the device (CUDA: cudaMemGetInfo's used
+  // memory) or of the host (its resident set). `reserved_what` names the latter.
+  struct MemoryStats {
+    double allocated = 0, max_allocated = 0, reserved = 0;
+    const char* reserved_what = "";
+  };
+  // The default: host storage (the CPU backend's).
+  virtual MemoryStats memory_stats() {
+    MemoryStats m;
+    m.allocated = static_cast<double>(host_allocated_bytes());
+    m.max_allocated = static_cast<double>(host_peak_allocated_bytes());
+    m.reserved = static_cast<double>(resident_set_bytes());
+    m.reserved_what = "host resident set";
+    return m;
+  }
+  // Elements equal to zero (an f32 tensor; --log-num-zeros-in-grad at log intervals). This
+  // default reads the tensor back to the host.
+  virtual double count_zeros(const Tensor& x) {
+    TESSERA_CHECK(x.dtype() == DType::F32, "count_zeros takes f32");
+    std::vector<float> host(static_cast<size_t>(x.numel()));
+    copy_to_host(host.data(), x);
+    double zeros = 0;
+    for (float v : host) zeros += v == 0.0f;
+    return zeros;
+  }
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -1,8 +1,11 @@
 // tensor.cpp: storage, views and the host allocator.
 #include "core/tensor.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -157,6 +160,15 @@ void Tensor::copy_from(const Tensor& src) {
                 shape_str(src.shape()), " ", dtype_name(src.dtype()), " into ", shape_str(shape_),
                 " ", dtype_name(dtype_));
   std::memcpy(raw(), src.raw(), nbytes());
+}
+
+size_t resident_set_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long long pages = 0, resident = 0;
+  const int got = std::fscanf(f, "%llu %llu", &pages, &resident);
+  std::fclose(f);
+  return got == 2 ? static_cast<size_t>(resident) * static_cast<size_t>(sysconf(_SC_PAGESIZE)) : 0;
 }
 
 }  // namespace tessera

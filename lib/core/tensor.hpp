@@ -36,6 +36,8 @@ Allocator& cpu_allocator();
 size_t host_allocated_bytes();
 size_t host_peak_allocated_bytes();
 void reset_host_peak_allocated_bytes();
+// The process's resident set (/proc/self/statm), 0 where it cannot be read.
+size_t resident_set_bytes();
 
 // Names what the allocations made while it lives are for ("Adam moments", "activations of one
 // micro-batch"), so an out-of-memory error can say which buffer did not fit. Thread-local, nests.

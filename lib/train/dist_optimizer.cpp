@@ -146,6 +146,15 @@ void DistributedAdamW::wait_all() {
 }
 
 std::vector<Tensor> DistributedAdamW::grad_blocks(const std::vector<bool>& counted) const {
+  return block_views(counted, false);
+}
+
+std::vector<Tensor> DistributedAdamW::param_blocks(const std::vector<bool>& counted) const {
+  return block_views(counted, true);
+}
+
+std::vector<Tensor> DistributedAdamW::block_views(const std::vector<bool>& counted,
+                                                  bool params) const {
   std::vector<Tensor> out;
   const auto& specs = params_.specs();
   for (const Block& k : blocks_) {
@@ -155,7 +164,13 @@ std::vector<Tensor> DistributedAdamW::grad_blocks(const std::vector<bool>& count
       const ParamSpec& s = specs[static_cast<size_t>(p)];
       const int64_t lo = std::max(k.flat_begin, s.flat_offset);
       const int64_t hi = std::min(k.flat_end, s.flat_offset + s.numel());
-      if (lo < hi) out.push_back(params_.flat_grads().view(lo, {hi - lo}));
+      if (lo >= hi) continue;
+      if (!params)
+        out.push_back(params_.flat_grads().view(lo, {hi - lo}));
+      else if (owns_master())  // this block's f32 master weights
+        out.push_back(master_.view(k.shard_begin + (lo - k.flat_begin), {hi - lo}));
+      else  // f32 training: the parameters themselves
+        out.push_back(params_.flat_compute().view(lo, {hi - lo}));
     }
   }
   return out;

@@ -55,6 +55,8 @@ class DistributedAdamW {
   // The gradient of this rank's blocks, as views, for the parameters `counted` keeps (the global
   // norm counts each parameter once across the grid).
   std::vector<Tensor> grad_blocks(const std::vector<bool>& counted) const;
+  // The same blocks of the f32 weights (master weights in bf16/fp16 training).
+  std::vector<Tensor> param_blocks(const std::vector<bool>& counted) const;
   // The wte gradient block this rank owns (tied embedding: summed between the first and last
   // stage block by block); undefined when this rank has no wte.
   Tensor embedding_grad_block() const;
@@ -68,6 +70,7 @@ class DistributedAdamW {
   std::vector<float> gather_state(const char* which, bool want);
 
  private:
+  std::vector<Tensor> block_views(const std::vector<bool>& counted, bool params) const;
   Tensor& state(const char* which);
   void start_gather(int bucket);
 

@@ -291,6 +291,29 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "append one JSON line per logged iteration to this file")(
           "peak-tflops", po::value(&t.peak_tflops)->default_value(0.0),
           "peak TFLOP/s per rank, to print MFU")(
+          "timing-log-level", po::value(&t.timing_log_level)->default_value(0),
+          "timers printed after the iteration line: 0 (only save-checkpoint, at each save), 1 "
+          "(forward-backward, gradient reduction, parameter gather, optimizer), 2 (also the "
+          "forward and backward compute, pipeline sends and receives, batch generator); timed "
+          "phases synchronize the device")(
+          "timing-log-option", po::value(&t.timing_log_option)->default_value("minmax"),
+          "minmax (min and max over ranks) | max | all (every rank)")(
+          "log-params-norm", po::bool_switch(&t.log_params_norm),
+          "print the L2 norm of the parameters in the iteration line")(
+          "log-num-zeros-in-grad", po::bool_switch(&t.log_num_zeros_in_grad),
+          "print the number of zeros in the gradient in the iteration line")(
+          "tensorboard-dir", po::value(&t.tensorboard_dir),
+          "write TensorBoard event files here (the last rank writes them)")(
+          "tensorboard-log-interval", po::value(&t.tensorboard_log_interval)->default_value(1),
+          "iterations between TensorBoard scalars")(
+          "log-timers-to-tensorboard", po::bool_switch(&t.log_timers_to_tensorboard),
+          "also write the --timing-log-level timers (ms per iteration, max over ranks)")(
+          "log-validation-ppl-to-tensorboard",
+          po::bool_switch(&t.log_validation_ppl_to_tensorboard),
+          "also write the validation perplexity")(
+          "memory-report-interval", po::value(&t.memory_report_interval)->default_value(0),
+          "print every rank's memory (allocated, max allocated, reserved) against the --dry-run "
+          "estimate after the first iteration and every N iterations (0: after the first only)")(
           "distributed-timeout-minutes",
           po::value(&t.distributed_timeout_minutes)->default_value(10.0),
           "no progress for this long (a rank died or hangs) ends the job with an error naming the "

@@ -7,6 +7,15 @@ namespace tessera {
 
 void TrainConfig::validate(int dp_size) const {
   using detail::concat;
+  if (timing_log_level < 0 || timing_log_level > 2)
+    throw ConfigError(concat("--timing-log-level=", timing_log_level,
+                             " is out of range (allowed: 0, 1, 2)"));
+ if (tensorboard_log_interval < 1)
+    throw ConfigError(concat("--tensorboard-log-interval=", tensorboard_log_interval,
+                             " is out of range (allowed: >= 1)"));
+  if (timing_log_option != "minmax" && timing_log_option != "max" && timing_log_option != "all")
+    throw ConfigError("--timing-log-option '" + timing_log_option +
+                      "' is not an option (allowed: minmax, max, all)");
   if (micro_batch_size <= 0)
     throw ConfigError(
         concat("--micro-batch-size=", micro_batch_size, " is out of range (allowed: >= 1)"));

@@ -42,6 +42,22 @@ struct TrainConfig {
   // Activation recomputation (--recompute-granularity/-method/-num-layers, model/recompute.hpp).
   RecomputeConfig recompute;
   double peak_tflops = 0;  // per rank, for MFU in the log; 0: MFU not printed
+  // Megatron's timers (train/timers.hpp): level 0 (save-checkpoint only), 1, 2; minmax|max|all.
+  int timing_log_level = 0;
+  std::string timing_log_option = "minmax";
+  // More figures in the iteration line: the parameters' L2 norm, zeros in the gradient.
+  bool log_params_norm = false;
+  bool log_num_zeros_in_grad = false;
+  // Per-rank memory (allocated, max allocated, reserved) against the --dry-run estimate: after the
+  // first iteration, and every memory_report_interval iterations (0: only then).
+  int64_t memory_report_interval = 0;
+  // TensorBoard event files (core/tensorboard.hpp), written by the last rank as Megatron's are:
+  // scalars every tensorboard_log_interval iterations, the timers and the validation perplexity on
+  // request; flushed at every --log-interval and at the end.
+  std::string tensorboard_dir;
+  int64_t tensorboard_log_interval = 1;
+  bool log_timers_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false;
   bool dry_run = false;
   // Evaluation: every eval_interval iterations (0: never), eval_iters global batches of the
   // validation data, the same samples each time.

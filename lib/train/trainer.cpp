@@ -13,6 +13,8 @@
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
 #include "core/timer.hpp"
+#include "comm/process_grid.hpp"
+#include "train/options.hpp"
 #include "train/watchdog.hpp"
 
 namespace tessera {
@@ -195,6 +197,24 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
       throw ConfigError("--metrics-file '" + cfg_.metrics_file +
                         "' cannot be opened for appending; check the directory exists");
   }
+  timers_.configure(cfg_.timing_log_level, cfg_.timing_log_option, [this] { be_.synchronize(); },
+                    dist_opt_ != nullptr);
+  if (!cfg_.tensorboard_dir.empty()) {  // the last rank writes (Megatron's); its failure is all's
+    std::string why;
+    if (ctx_.world_rank == ctx_.world->size() - 1) {
+      try {
+        tb_ = std::make_unique<TensorBoardWriter>(cfg_.tensorboard_dir);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    double bad = why.empty() ? 0 : 1;
+    ctx_.world->all_reduce_f64(&bad, 1, ReduceOp::Max);
+    if (bad)
+      throw ConfigError(!why.empty() ? why
+                                     : "--tensorboard-dir '" + cfg_.tensorboard_dir +
+                                           "' cannot be written (reported by the last rank)");
+  }
 }
 
 Activations& Trainer::slot(int chunk, int micro) {
@@ -228,6 +248,7 @@ int64_t Trainer::first_sample(int64_t consumed) const {
 
 void Trainer::load_batch(StepStats& st) {
   TESSERA_PHASE("data-wait");
+  IterationTimers::Scope timed(timers_, IterationTimers::BatchGenerator);
   const int64_t G = cfg_.global_batch(ctx_.dp_size);
   prefetch_->fetch(first_sample(consumed_samples_), batch_.data(),
                    first_sample(consumed_samples_ + G));
@@ -242,6 +263,7 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
   PhaseSequence phase;
   if (sends_[slot]) {
     phase("pipeline-p2p");
+    IterationTimers::Scope timed(timers_, IterationTimers::ForwardSend);
     // The slot's buffers may still be on their way out. On the device the compute stream waits,
     // not the host: a host blocked here could not post the receive another rank's send (ahead
     // of ours on that rank's stream) is waiting for.
@@ -263,22 +285,27 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
   // Dropout masks keyed by the micro-batch's global samples (the slot keeps them for the backward).
   a.dropout = dropout_;
   a.dropout.sample_begin = first_sample(consumed_samples_) + int64_t(micro) * B;
-  if (first) {
-    model_->embed_forward(a);
-  } else {
+  if (!first) {
     TESSERA_PHASE("pipeline-p2p");
+    IterationTimers::Scope timed(timers_, IterationTimers::ForwardRecv);
     Timer w;
     const Link in = forward_in();
     in.comm->recv(a.input, in.peer, kTagForward);
     st.pipeline_wait_seconds += w.seconds();
   }
-  for (int l = model_->chunk_layers(a).begin; l < model_->chunk_layers(a).end; ++l)
-    model_->block_forward(l, a);
-  if (last) {
-    Tensor out = micro_losses_.view(int64_t(micro) * B * T, {int64_t(B) * T});
-    model_->head_forward(a, grad_scale, out);  // summed once per step, in sum_micro_losses
-  } else {
+  {
+    IterationTimers::Scope timed(timers_, IterationTimers::ForwardCompute);
+    if (first) model_->embed_forward(a);
+    for (int l = model_->chunk_layers(a).begin; l < model_->chunk_layers(a).end; ++l)
+      model_->block_forward(l, a);
+    if (last) {
+      Tensor out = micro_losses_.view(int64_t(micro) * B * T, {int64_t(B) * T});
+      model_->head_forward(a, grad_scale, out);  // summed once per step, in sum_micro_losses
+    }
+  }
+  if (!last) {
     TESSERA_PHASE("pipeline-p2p");
+    IterationTimers::Scope timed(timers_, IterationTimers::ForwardSend);
     const Tensor& out = model_->stage_output(a);
     const Link to = forward_out();
     sends_[slot] = to.comm->send_async(out, to.peer, kTagForward);
@@ -293,6 +320,7 @@ void Trainer::backward_micro(int micro, Activations& a, StepStats& st) {
   last_backward_ = micro == num_micro_batches() - 1;
   if (!model_->ends_in_head(a)) {
     TESSERA_PHASE("pipeline-p2p");
+    IterationTimers::Scope timed(timers_, IterationTimers::BackwardRecv);
     Timer w;
     const Link in = backward_in();
     in.comm->recv(a.dres, in.peer, kTagBackward);
@@ -300,11 +328,16 @@ void Trainer::backward_micro(int micro, Activations& a, StepStats& st) {
   }
   if (sends_[slot]) {  // the forward's send of the stage output: full recomputation rewrites it
     TESSERA_PHASE("pipeline-p2p");
+    IterationTimers::Scope timed(timers_, IterationTimers::ForwardSend);
     sends_[slot]->wait_device();
   }
-  model_->backward(a);
+  {
+    IterationTimers::Scope timed(timers_, IterationTimers::BackwardCompute);
+    model_->backward(a);
+  }
   if (!model_->embeds(a)) {
     TESSERA_PHASE("pipeline-p2p");
+    IterationTimers::Scope timed(timers_, IterationTimers::BackwardSend);
     if (sends_[slot]) sends_[slot]->wait_device();
     const Link to = backward_out();
     sends_[slot] = to.comm->send_async(a.dres, to.peer, kTagBackward);
@@ -318,11 +351,7 @@ double Trainer::grad_norm_squared() {
   // model-parallel group. After the DP reduction all DP replicas hold the same gradients.
   TESSERA_PHASE("grad-norm");
   if (norm_grads_.empty()) {
-    const bool tied_copy = ctx_.pp_size > 1 && !ctx_.first_stage();
-    std::vector<bool> counted;
-    for (const ParamSpec& s : model_->params().specs())
-      counted.push_back(!(s.split_axis < 0 && ctx_.tp_rank != 0) &&
-                        !(tied_copy && s.name == "wte"));
+    const std::vector<bool>& counted = counted_params();
     if (dist_opt_) {  // each DP rank holds the summed gradient of its blocks only
       norm_grads_ = dist_opt_->grad_blocks(counted);
     } else {
@@ -333,6 +362,38 @@ double Trainer::grad_norm_squared() {
   double local = be_.sum_squares_all(norm_grads_);
   (dist_opt_ ? ctx_.world : ctx_.model_parallel)->all_reduce_f64(&local, 1, ReduceOp::Sum);
   return local;
+}
+
+const std::vector<bool>& Trainer::counted_params() {
+  if (counted_.empty()) {
+    const bool tied_copy = ctx_.pp_size > 1 && !ctx_.first_stage();
+    for (const ParamSpec& s : model_->params().specs())
+      counted_.push_back(!(s.split_axis < 0 && ctx_.tp_rank != 0) &&
+                         !(tied_copy && s.name == "wte"));
+  }
+  return counted_;
+}
+
+double Trainer::params_norm() {
+  std::vector<Tensor> ps;
+  const std::vector<bool>& counted = counted_params();
+  if (dist_opt_) {  // the f32 master weights of this rank's blocks (the parameters themselves in f32)
+    ps = dist_opt_->param_blocks(counted);
+  } else {
+    for (size_t i = 0; i < counted.size(); ++i)
+      if (counted[i]) ps.push_back(model_->params().param(model_->params().specs()[i]));
+  }
+  double local = be_.sum_squares_all(ps);
+  (dist_opt_ ? ctx_.world : ctx_.model_parallel)->all_reduce_f64(&local, 1, ReduceOp::Sum);
+  return std::sqrt(local);
+}
+
+double Trainer::grad_zeros() {
+  grad_norm_squared();  // builds norm_grads_: the gradient this rank counts once
+  double zeros = 0;
+  for (const Tensor& g : norm_grads_) zeros += be_.count_zeros(g);
+  (dist_opt_ ? ctx_.world : ctx_.model_parallel)->all_reduce_f64(&zeros, 1, ReduceOp::Sum);
+  return zeros;
 }
 
 double Trainer::count_loss_tokens() {
@@ -441,6 +502,7 @@ StepStats Trainer::train_step() {
   reducer_->begin();  // buckets start as the last micro-batch's backward completes them
   {
     st.pipeline_start = timer.seconds();
+    IterationTimers::Scope timed(timers_, IterationTimers::ForwardBackward);
     Timer pipeline;
     run_micro_batches(true, grad_scale, st);
     st.pipeline_seconds = pipeline.seconds();
@@ -448,10 +510,12 @@ StepStats Trainer::train_step() {
   Timer dp_wait;
   {
     TESSERA_PHASE("dp-grad-reduce-wait");
+    IterationTimers::Scope timed(timers_, IterationTimers::GradsAllReduce);
     reducer_->finish();
   }
   if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage()) && model_cfg_.tied_head()) {
     TESSERA_PHASE("embedding-grad-allreduce");
+    IterationTimers::Scope timed(timers_, IterationTimers::EmbeddingGradsAllReduce);
     // The tied embedding's two halves; with the distributed optimizer, the block this DP rank
     // owns (the same elements on both stages: wte has a bucket of its own).
     Tensor dwte = dist_opt_ ? dist_opt_->embedding_grad_block() : model_->params().grad("wte");
@@ -489,6 +553,7 @@ StepStats Trainer::train_step() {
         "; training stopped (lower --lr, raise --lr-warmup-iters or set --clip-grad)"));
   {
     NVTX_RANGE("optimizer");
+    IterationTimers::Scope timed(timers_, IterationTimers::Optimizer);
     {
       TESSERA_PHASE("grad-clip");
       clip_grads(model_->params(), be_, st.grad_norm, cfg_.clip_grad);
@@ -496,8 +561,15 @@ StepStats Trainer::train_step() {
     // The schedule counts updates (Megatron: skipped fp16 steps do not advance it).
     st.lr = schedule_.lr(optimizer_steps() + 1);
     if (dist_opt_) {
-      TESSERA_PHASE("optimizer-step");  // its blocks, then the parameter gather
-      dist_opt_->step(st.lr, cfg_.overlap_param_gather);
+      {
+        TESSERA_PHASE("optimizer-step");  // its blocks, then the parameter gather starts
+        dist_opt_->step(st.lr, /*overlap_gather=*/true);
+      }
+      if (!cfg_.overlap_param_gather) {  // else each layer waits for its buckets in the forward
+        TESSERA_PHASE("optimizer-step");
+        IterationTimers::Scope gather(timers_, IterationTimers::ParamsAllGather);
+        dist_opt_->wait_all();
+      }
     } else {
       {
         TESSERA_PHASE("optimizer-step");
@@ -532,19 +604,46 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
     len += std::snprintf(line + len, sizeof line - len, " | MFU: %.1f%%",
                          100.0 * gflops / (cfg_.peak_tflops * 1e3));
   if (cfg_.compute_dtype == DType::F16 && len > 0 && len < (int)sizeof line)
-    std::snprintf(line + len, sizeof line - len,
-                  " | loss scale: %.1f | number of skipped iterations: %lld", scaler_.scale(),
-                  (long long)skipped_iterations_);
+    len += std::snprintf(line + len, sizeof line - len,
+                         " | loss scale: %.1f | number of skipped iterations: %lld",
+                         scaler_.scale(), (long long)skipped_iterations_);
+  // Collective figures (every rank logs at the same iterations).
+  const double pnorm = cfg_.log_params_norm ? params_norm() : 0;
+  const double zeros = cfg_.log_num_zeros_in_grad ? grad_zeros() : 0;
+  if (cfg_.log_params_norm && len > 0 && len < (int)sizeof line)
+    len += std::snprintf(line + len, sizeof line - len, " | params norm: %.3f", pnorm);
+  if (cfg_.log_num_zeros_in_grad && len > 0 && len < (int)sizeof line)
+    len += std::snprintf(line + len, sizeof line - len, " | num zeros: %.0f", zeros);
   TLOG(info) << line;
+  const std::vector<IterationTimers::Row> timed =
+      timers_.collect(*ctx_.world, timers_.iteration_timers(), n);
+  if (!timed.empty()) TLOG(info) << timers_.format(timed);
+  if (tb_) {
+    if (cfg_.log_params_norm) tb_->add_scalar("params-norm", pnorm, s.iteration);
+    if (cfg_.log_num_zeros_in_grad) tb_->add_scalar("num-zeros", zeros, s.iteration);
+    if (cfg_.log_timers_to_tensorboard)
+      for (const IterationTimers::Row& r : timed) tb_->add_scalar(r.name + "-time", r.max_ms, s.iteration);
+    tb_->flush();
+  }
   if (metrics_.is_open()) {
     char js[512];
     std::snprintf(js, sizeof js,
                   "{\"iteration\": %lld, \"consumed_samples\": %lld, \"lm_loss\": %.17g, "
                   "\"lr\": %.17g, \"grad_norm\": %.17g, \"ms_per_iter\": %.4f, \"tokens_per_s\": "
-                  "%.3f, \"gflops_per_s_per_rank\": %.4f}\n",
+                  "%.3f, \"gflops_per_s_per_rank\": %.4f",
                   (long long)s.iteration, (long long)consumed_samples_, interval_loss / n, s.lr,
                   s.grad_norm, sec * 1e3, tok_s, gflops);
     metrics_ << js;
+    if (cfg_.log_params_norm) {
+      std::snprintf(js, sizeof js, ", \"params_norm\": %.17g", pnorm);
+      metrics_ << js;
+    }
+    if (cfg_.log_num_zeros_in_grad) {
+      std::snprintf(js, sizeof js, ", \"num_zeros_in_grad\": %.0f", zeros);
+      metrics_ << js;
+    }
+    if (!timed.empty()) metrics_ << ", \"timers_ms\": " << IterationTimers::json(timed);
+    metrics_ << "}\n" << std::flush;
     metrics_.flush();
   }
 }
@@ -569,6 +668,9 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
                          : " (cudaProfilerStart; NVTX range 'profile')");
     }
     StepStats s = train_step();
+    if (all.empty() || (cfg_.memory_report_interval > 0 &&
+                        s.iteration % cfg_.memory_report_interval == 0))
+      memory_report(s.iteration);
     if (profiler_on && iteration_ >= cfg_.profile_step_end) {
       nvtx_pop();
       be_.profiler_stop();
@@ -576,6 +678,17 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
       TLOG(info) << "profiler stopped after iteration " << iteration_;
     }
     all.push_back(s);
+    if (tb_ && s.iteration % cfg_.tensorboard_log_interval == 0) {
+      // Megatron's tags; "vs samples" puts the consumed samples on the x axis.
+      tb_->add_scalar("learning-rate", s.lr, s.iteration);
+      tb_->add_scalar("learning-rate vs samples", s.lr, consumed_samples_);
+      tb_->add_scalar("batch-size", cfg_.global_batch(ctx_.dp_size), s.iteration);
+      tb_->add_scalar("lm loss", s.loss, s.iteration);
+      tb_->add_scalar("lm loss vs samples", s.loss, consumed_samples_);
+      tb_->add_scalar("grad-norm", s.grad_norm, s.iteration);
+      tb_->add_scalar("iteration-time", s.seconds, s.iteration);
+      if (cfg_.compute_dtype == DType::F16) tb_->add_scalar("loss-scale", s.loss_scale, s.iteration);
+    }
     interval_seconds += s.seconds;
     ++in_interval;
     interval_loss_all += s.loss;
@@ -602,6 +715,16 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
       if (metrics_.is_open())
         metrics_ << "{\"iteration\": " << s.iteration << ", \"valid_lm_loss\": " << l << "}\n"
                  << std::flush;
+      if (tb_) {
+        tb_->add_scalar("lm loss validation", l, s.iteration);
+        tb_->add_scalar("lm loss validation vs samples", l, consumed_samples_);
+        if (cfg_.log_validation_ppl_to_tensorboard) {
+          tb_->add_scalar("lm loss validation ppl", std::exp(std::min(l, 20.0)), s.iteration);
+          tb_->add_scalar("lm loss validation ppl vs samples", std::exp(std::min(l, 20.0)),
+                          consumed_samples_);
+        }
+        tb_->flush();
+      }
       if (on_progress) on_progress(s.iteration);
     }
     if (!cfg_.save.empty() && cfg_.save_interval > 0 && s.iteration % cfg_.save_interval == 0)
@@ -644,7 +767,43 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
   }
   if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
   sync_params();
+  if (tb_) tb_->flush();
   return all;
+}
+
+void Trainer::memory_report(int64_t iteration) {
+  const Backend::MemoryStats m = be_.memory_stats();
+  const int R = ctx_.world->size(), me = ctx_.world->rank();
+  std::vector<double> all(static_cast<size_t>(4 * R), 0.0);  // every rank's, gathered by a sum
+  const GridLayout layout = GridLayout::make(R, ctx_.tp_size, ctx_.pp_size);
+  all[4 * me] = m.allocated;
+  all[4 * me + 1] = m.max_allocated;
+  all[4 * me + 2] = m.reserved;
+  all[4 * me + 3] = estimate_rank_memory(model_cfg_, cfg_, layout, ctx_.pp_rank).total_bytes();
+  ctx_.world->all_reduce_f64(all.data(), static_cast<int64_t>(all.size()), ReduceOp::Sum);
+  const double MB = 1024.0 * 1024.0;
+  for (int r = 0; r < R; ++r) {
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "[Rank %d] (after %lld iterations) memory (MB) | allocated: %.2f | max allocated: "
+                  "%.2f | reserved (%s): %.2f | --dry-run estimate: %.2f",
+                  r, (long long)iteration, all[4 * r] / MB, all[4 * r + 1] / MB, m.reserved_what,
+                  all[4 * r + 2] / MB, all[4 * r + 3] / MB);
+    TLOG(info) << line;
+  }
+  if (metrics_.is_open()) {
+    metrics_ << "{\"iteration\": " << iteration << ", \"memory_mb\": [";
+    for (int r = 0; r < R; ++r) {
+      char js[256];
+      std::snprintf(js, sizeof js,
+                    "%s{\"rank\": %d, \"allocated\": %.3f, \"max_allocated\": %.3f, "
+                    "\"reserved\": %.3f, \"estimate\": %.3f}",
+                    r ? ", " : "", r, all[4 * r] / MB, all[4 * r + 1] / MB, all[4 * r + 2] / MB,
+                    all[4 * r + 3] / MB);
+      metrics_ << js;
+    }
+    metrics_ << "]}\n" << std::flush;
+  }
 }
 
 bool Trainer::profile_this_rank() const {
@@ -655,6 +814,18 @@ bool Trainer::profile_this_rank() const {
 // ---- checkpoints ------------------------------------------------------------------------------
 
 void Trainer::save_checkpoint(const std::string& dir) {
+  {
+    IterationTimers::Scope timed(timers_, IterationTimers::SaveCheckpoint);
+    write_checkpoint(dir);
+  }
+  // Megatron's save-checkpoint timer (every timing level), min and max over the ranks. Collected
+  // outside the log statement: a filtered-out record (ranks that do not print) evaluates nothing.
+  const std::vector<IterationTimers::Row> rows =
+      timers_.collect(*ctx_.world, {IterationTimers::SaveCheckpoint}, 1);
+  TLOG(info) << timers_.format(rows);
+}
+
+void Trainer::write_checkpoint(const std::string& dir) {
   NVTX_RANGE("checkpoint-save");
   Timer t;
   CheckpointMeta meta;

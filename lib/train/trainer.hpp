@@ -20,6 +20,8 @@
 #include "train/lr_schedule.hpp"
 #include "train/optimizer.hpp"
 #include "train/pipeline.hpp"
+#include "core/tensorboard.hpp"
+#include "train/timers.hpp"
 #include "train/train_config.hpp"
 
 namespace tessera {
@@ -120,6 +122,14 @@ class Trainer {
   double count_loss_tokens();
   void forward_micro(int micro, Activations& a, float grad_scale, StepStats& st);
   void backward_micro(int micro, Activations& a, StepStats& st);
+  // The parameters each rank counts once in grid-wide norms (TP-replicated ones on TP rank 0,
+  // the tied embedding on the first stage).
+  const std::vector<bool>& counted_params();
+  double params_norm();  // collective: the L2 norm of every parameter (f32 master weights)
+  double grad_zeros();   // collective: zeros in the gradient, each element counted once
+  void write_checkpoint(const std::string& dir);
+  // Collective: every rank's memory against the --dry-run estimate, printed by rank 0.
+  void memory_report(int64_t iteration);
   double grad_norm_squared();
   void sum_micro_losses();
   bool profile_this_rank() const;
@@ -146,6 +156,9 @@ class Trainer {
   std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
   std::vector<int32_t> host_ids_, host_targets_;  // one micro-batch, staged for the backend
   std::vector<Tensor> norm_grads_;
+  std::vector<bool> counted_;  // per parameter: counted once in grid-wide norms on this rank
+  IterationTimers timers_;
+  std::unique_ptr<TensorBoardWriter> tb_;  // on the last rank with --tensorboard-dir
   Tensor micro_losses_;  // last stage: (micro-batches x B*T) token losses of a step
   std::vector<float> host_losses_;
   uint64_t profile_range_ = 0;  // the NVTX range over the profiled iterations  // the gradients the

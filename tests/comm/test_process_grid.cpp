@@ -146,7 +146,9 @@ TEST(Pipeline, InterleavedCompletesOnEveryRankWithoutDeadlock) {
               } else {
                 ASSERT_TRUE(fdone[vs][st.micro]) << "backward before forward";
                 ASSERT_FALSE(bdone[vs][st.micro]) << "backward twice";
-                if (st.micro > 0) ASSERT_TRUE(bdone[vs][st.micro - 1]) << "out of order";
+                if (st.micro > 0) {
+                  ASSERT_TRUE(bdone[vs][st.micro - 1]) << "out of order";
+                }
                 ready = vs == S - 1 || bdone[vs + 1][st.micro];
               }
               if (!ready) break;

@@ -359,6 +359,16 @@ class CudaBackend final : public Backend {
     cuda_ops::adamw_step_flat(params, grads, m, v, segments, h, step, ws_, stream_);
   }
   double sum_squares(const Tensor& x) override { return sum_squares_all({x}); }
+  MemoryStats memory_stats() override {
+    MemoryStats m;
+    m.allocated = static_cast<double>(cuda::allocated_bytes());
+    m.max_allocated = static_cast<double>(cuda::peak_allocated_bytes());
+    size_t free_bytes = 0, total_bytes = 0;
+    cuda::memory_info(&free_bytes, &total_bytes);
+    m.reserved = static_cast<double>(total_bytes - free_bytes);
+    m.reserved_what = "device memory in use (cudaMemGetInfo)";
+    return m;
+  }
   double sum_squares_all(const std::vector<Tensor>& xs) override {
     for (const Tensor& x : xs) {
       expect_device(x, "sum_squares input");

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# test_logging.sh: what Megatron-LM users read in a run's log, as tessera-train prints it: the
+# timers at every --timing-log-level and --timing-log-option (TP2 x PP2, min <= max over ranks),
+# params norm and zeros in the gradient (the same at 1 rank and TP2 x PP2), the memory report
+# against the --dry-run estimate, TensorBoard event files read by an independent reader (same
+# losses as the metrics file), a repeated option taking its last value, and the bad inputs.
+# Usage: test_logging.sh BIN_DIR CONFIG_DIR SOURCE_DIR
+set -u
+bin=$1
+configs=$2
+src=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fail=0
+ok() { echo "ok: $*"; }
+bad() { echo "FAIL: $*"; fail=1; }
+train() {  # NP ARGS...
+  local np=$1
+  shift
+  if [ "$np" = 1 ]; then
+    "$bin/tessera-train" --config "$configs/gpt2-tiny.ini" --vocab-size 500 --threads 1 "$@"
+  else
+    timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "$bin/tessera-train" \
+      --config "$configs/gpt2-tiny.ini" --vocab-size 500 --threads 1 "$@"
+  fi
+}
+L=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2)
+
+# 1. Timers: level 2 at TP2 x PP2 lists every phase with min <= max; the options change the format.
+out=$(train 4 "${L[@]}" --train-iters 4 --log-interval 2 --timing-log-level 2 --save "$work/ck" 2>&1)
+missing=""
+for t in forward-backward forward-compute backward-compute batch-generator forward-recv forward-send \
+         backward-recv backward-send grads-all-reduce embedding-grads-all-reduce optimizer save-checkpoint; do
+  grep -qE "^ +$t \.+: \([0-9.]+, [0-9.]+\)$" <<<"$out" || missing="$missing $t"
+done
+minmax_ok=$(grep -E '^ +[a-z-]+ \.+: \(' <<<"$out" | sed 's/.*(\(.*\), \(.*\))/\1 \2/' | awk '$1 > $2 { bad = 1 } END { print bad ? "no" : "yes" }')
+[ -z "$missing" ] && [ "$minmax_ok" = yes ] && [ "$(grep -c '^(min, max) time across ranks (ms):' <<<"$out")" -eq 3 ] \
+  && ok "--timing-log-level 2 at TP2 x PP2: every timer, min <= max, after each log line and the save" \
+  || bad "timers (missing:$missing; min<=max: $minmax_ok): $out"
+out=$(train 4 "${L[@]}" --train-iters 2 --log-interval 2 --timing-log-level 1 --timing-log-option max 2>&1)
+grep -q "^max time across ranks (ms):" <<<"$out" && grep -qE "^ +forward-backward \.+: [0-9.]+$" <<<"$out" \
+  && ! grep -q "forward-compute" <<<"$out" && ok "level 1, option max: forward-backward, not forward-compute" \
+  || bad "level 1 max: $out"
+out=$(train 4 "${L[@]}" --train-iters 2 --log-interval 2 --timing-log-level 1 --timing-log-option all 2>&1)
+grep -q "^times across ranks (ms):" <<<"$out" && [ "$(grep -cE '^ +rank +[0-3]: [0-9.]+$' <<<"$out")" -ge 16 ] \
+  && ok "option all: every rank's time per timer" || bad "option all: $out"
+out=$(train 1 --train-iters 2 --log-interval 1 2>&1)
+! grep -q "time across ranks" <<<"$out" && ok "level 0 (the default): no timers without a save" || bad "level 0 printed timers: $out"
+
+# 2. Params norm and zeros in the gradient: the same model, the same figures in every layout (the
+#    12 padded vocabulary rows of wte get zero gradient: 12 x 64 = 768 zeros).
+one=$(train 1 --train-iters 3 --log-interval 3 --log-params-norm --log-num-zeros-in-grad 2>&1 | grep -o 'params norm: [0-9.]* | num zeros: [0-9]*')
+four=$(train 4 "${L[@]}" --train-iters 3 --log-interval 3 --log-params-norm --log-num-zeros-in-grad 2>&1 | grep -o 'params norm: [0-9.]* | num zeros: [0-9]*')
+dist=$(train 4 --tensor-model-parallel-size 2 --use-distributed-optimizer --bf16 --train-iters 3 --log-interval 3 --log-params-norm 2>&1 | grep -o 'params norm: [0-9.]*')
+[ -n "$one" ] && [ "$one" = "$four" ] && grep -q "num zeros: 768" <<<"$one" && [ -n "$dist" ] \
+  && ok "1 rank == TP2 x PP2: $one; distributed optimizer (bf16 master weights): $dist" || bad "params norm / zeros: '$one' vs '$four', dist '$dist'"
+
+# 3. The memory report after the first iteration: every rank, allocated within 5% of the estimate.
+out=$(train 4 "${L[@]}" --train-iters 2 --memory-report-interval 2 2>&1)
+rows=$(grep -E '^\[Rank [0-3]\] \(after [12] iterations\) memory \(MB\) \| allocated: ' <<<"$out")
+close=$(awk -F'|' '{ split($2, a, ": "); split($5, e, ": "); d = a[2] - e[2]; if (d < 0) d = -d; if (d > 0.05 * e[2]) bad = 1 } END { print bad ? "no" : "yes" }' <<<"$rows")
+[ "$(wc -l <<<"$rows")" -eq 8 ] && [ "$close" = yes ] && ok "memory report: 4 ranks after iterations 1 and 2, allocated within 5% of the estimate ($(head -1 <<<"$rows"))" \
+  || bad "memory report: $out"
+
+# 4. TensorBoard: the last rank writes; the independent reader finds every iteration's loss equal to
+#    the metrics file's (as float32), the timers, the validation perplexity.
+train 4 "${L[@]}" --train-iters 4 --log-interval 2 --timing-log-level 1 --log-timers-to-tensorboard \
+  --eval-interval 2 --eval-iters 1 --log-validation-ppl-to-tensorboard --tensorboard-dir "$work/tb" \
+  --metrics-file "$work/m.jsonl" > "$work/tb.log" 2>&1 || bad "training with TensorBoard: $(tail -3 "$work/tb.log")"
+files=$(ls "$work"/tb/events.out.tfevents.* 2>/dev/null | wc -l)
+if [ "$files" -eq 1 ] && python3 "$src/tests/core/read_tfevents.py" "$work"/tb/events.out.tfevents.* > "$work/tb.txt"; then
+  check=$(python3 - "$work/tb.txt" "$work/m.jsonl" <<'EOF'
+import json, math, sys
+tb = {}
+for line in open(sys.argv[1]):
+    if line.startswith("file_version"):
+        continue
+    step, rest = line.split(" ", 1)
+    tag, value = rest.rsplit(" ", 1)
+    tb[(tag, int(step))] = float(value)
+problems = []
+for line in open(sys.argv[2]):
+    d = json.loads(line)
+    if "valid_lm_loss" in d:
+        it = d["iteration"]
+        if abs(tb.get(("lm loss validation", it), 0) - d["valid_lm_loss"]) > 1e-5 * d["valid_lm_loss"]:
+            problems.append("validation loss %d" % it)
+        if abs(tb.get(("lm loss validation ppl", it), 0) - math.exp(d["valid_lm_loss"])) > 1e-4 * math.exp(d["valid_lm_loss"]):
+            problems.append("ppl %d" % it)
+for it in range(1, 5):
+    for tag in ("lm loss", "learning-rate", "grad-norm", "batch-size", "iteration-time"):
+        if (tag, it) not in tb:
+            problems.append("%s at %d" % (tag, it))
+for it in (2, 4):
+    for tag in ("forward-backward-time", "optimizer-time"):
+        if (tag, it) not in tb:
+            problems.append("%s at %d" % (tag, it))
+if tb.get(("batch-size", 1)) != 16.0:
+    problems.append("batch size")
+# The metrics file logs the mean loss of each interval of 2: TensorBoard's per-iteration losses
+# average to it.
+logged = [json.loads(l) for l in open(sys.argv[2])]
+logged = [d for d in logged if "lm_loss" in d]
+for d in logged:
+    it = d["iteration"]
+    mean = (tb[("lm loss", it - 1)] + tb[("lm loss", it)]) / 2
+    if abs(mean - d["lm_loss"]) > 1e-6 * d["lm_loss"]:
+        problems.append("mean loss at %d: %r vs %r" % (it, mean, d["lm_loss"]))
+if len(logged) != 2:
+    problems.append("%d logged iterations" % len(logged))
+print("ok" if not problems else " ".join(problems))
+EOF
+)
+  [ "$check" = ok ] && ok "TensorBoard: $(wc -l < "$work/tb.txt") records read back; losses == the metrics file; timers; validation ppl" \
+    || bad "TensorBoard contents: $check: $(head -20 "$work/tb.txt")"
+else
+  bad "TensorBoard: $files event files, reader: $(python3 "$src/tests/core/read_tfevents.py" "$work"/tb/events.out.tfevents.* 2>&1 | tail -2)"
+fi
+
+# 5. A repeated option takes its last value (launch scripts append overrides).
+out=$(train 1 --train-iters 7 --log-interval 1 --train-iters 2 2>&1)
+grep -q "iteration *2/ *2 " <<<"$out" && ! grep -q "iteration *3/" <<<"$out" && ok "--train-iters 7 ... --train-iters 2 trains 2" \
+  || bad "repeated option: $out"
+
+# 6. Bad input: one line, exit 2.
+refused() {  # WHAT PATTERN ARGS...
+  local what=$1 pattern=$2 out rc
+  shift 2
+  out=$(train 1 --train-iters 1 "$@" 2>&1); rc=$?
+  [ $rc -eq 2 ] && [ "$(grep -c 'error:' <<<"$out")" -eq 1 ] && grep -qF -- "$pattern" <<<"$out" \
+    && ok "$what -> rc 2" || bad "$what: rc $rc: $out"
+}
+touch "$work/file"
+refused "an unwritable --tensorboard-dir" "--tensorboard-dir '$work/file/tb': cannot create '$work/file/tb': Not a directory" --tensorboard-dir "$work/file/tb"
+refused "--timing-log-level 3" "--timing-log-level=3 is out of range (allowed: 0, 1, 2)" --timing-log-level 3
+refused "--timing-log-option median" "--timing-log-option 'median' is not an option (allowed: minmax, max, all)" --timing-log-option median
+refused "--tensorboard-log-interval 0" "--tensorboard-log-interval=0 is out of range (allowed: >= 1)" --tensorboard-log-interval 0
+
+[ $fail -eq 0 ] && echo "logging: all passed"
+exit $fail
