@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
                        : std::string("replicated"));
     if (!opts.load.empty()) {
       try {
-        trainer.load_checkpoint(opts.load, opts.finetune);
+        trainer.load_checkpoint(opts.load, opts.finetune, !opts.no_load_optim);
         watchdog.progress(trainer.iteration());
       } catch (const ConfigError& e) {
         abort_job(e.what(), 2);  // may fail on some ranks only: say which, and end the job

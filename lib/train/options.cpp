@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/select.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/process_grid.hpp"
 #include "core/config.hpp"
@@ -212,6 +213,14 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
                                         "linear warm-up iterations")(
           "lr-decay-iters", po::value(&t.lr_decay_iters)->default_value(0),
           "iterations over which to decay (0: train-iters)")(
+          "lr-warmup-fraction", po::value(&t.lr_warmup_fraction)->default_value(0.0),
+          "warm-up as a fraction of the decay iterations (instead of --lr-warmup-iters)")(
+          "train-samples", po::value(&t.train_samples)->default_value(0),
+          "samples to train (instead of --train-iters): train-samples / global batch iterations")(
+          "lr-decay-samples", po::value(&t.lr_decay_samples)->default_value(0),
+          "samples over which to decay (instead of --lr-decay-iters)")(
+          "lr-warmup-samples", po::value(&t.lr_warmup_samples)->default_value(0),
+          "warm-up samples (instead of --lr-warmup-iters)")(
           "weight-decay", po::value(&t.weight_decay)->default_value(0.01),
           "decoupled weight decay for weight matrices and embeddings (not biases or LayerNorm)")(
           "clip-grad", po::value(&t.clip_grad)->default_value(1.0),
@@ -269,6 +278,18 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "checkpoint directory to resume from (any TP/PP layout; resharded on load)")(
           "finetune", po::bool_switch(&o.finetune),
           "with --load: take the model only; iteration, data position and optimizer start fresh")(
+          "no-load-optim", po::bool_switch(&o.no_load_optim),
+          "with --load: leave out the optimizer state (Adam moments, step count and learning-rate "
+          "warm-up start fresh; iteration and data position are loaded)")(
+          "no-load-rng", po::bool_switch(),
+          "accepted for Megatron-LM's scripts: there is no RNG state to load (initialization and "
+          "dropout masks are functions of --seed, the iteration and global coordinates)")(
+          "no-save-optim", po::bool_switch(&t.no_save_optim),
+          "save checkpoints without the optimizer state (a third of the size; a resume then "
+          "starts Adam from zero)")(
+          "use-checkpoint-args", po::bool_switch(&o.use_checkpoint_args),
+          "with --load: take the model's options (layers, hidden size, heads, sequence length, "
+          "vocabulary, architecture) from the checkpoint instead of the command line")(
           "exit-interval", po::value(&t.exit_interval)->default_value(0),
           "stop (after saving) once the iteration is divisible by this (0: never)")(
           "exit-duration-in-mins", po::value(&t.exit_duration_mins)->default_value(0.0),
@@ -367,6 +388,17 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     throw ConfigError(detail::concat("--pipeline-model-parallel-size=", o.pp,
                                      " is out of range (allowed: >= 1)"));
   if (o.finetune && o.load.empty()) throw ConfigError("--finetune needs --load");
+  if (o.no_load_optim && o.load.empty()) throw ConfigError("--no-load-optim needs --load");
+  if (o.use_checkpoint_args) {
+    if (o.load.empty()) throw ConfigError("--use-checkpoint-args needs --load");
+    // Megatron's load_args_from_checkpoint: the model's shape and architecture are the
+    // checkpoint's; dropout stays this run's (a training choice).
+    const GPTConfig from = CheckpointReader(o.load).meta().model;
+    const double attention_dropout = m.attention_dropout, hidden_dropout = m.hidden_dropout;
+    m = from;
+    m.attention_dropout = attention_dropout;
+    m.hidden_dropout = hidden_dropout;
+  }
   if (layers_per_virtual_stage < 0)
     throw ConfigError(detail::concat("--num-layers-per-virtual-pipeline-stage=",
                                      layers_per_virtual_stage, " is out of range (allowed: >= 1)"));

@@ -28,6 +28,8 @@ struct RunOptions {
   std::string load;         // checkpoint directory to start from
   bool finetune = false;    // --load the model only: iteration, data and optimizer start fresh
   bool skip_train = false;  // evaluate (after --load) and exit
+  bool no_load_optim = false;        // --load without the optimizer state
+  bool use_checkpoint_args = false;  // the model's options come from --load's checkpoint
 };
 
 // "0,8,16" -> {0, 8, 16}; "all" -> {} (every rank). ConfigError naming `option` otherwise.

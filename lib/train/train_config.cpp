@@ -93,4 +93,39 @@ void TrainConfig::validate(int dp_size) const {
     throw ConfigError(concat("--peak-tflops=", peak_tflops, " is out of range (allowed: >= 0)"));
 }
 
+TrainConfig TrainConfig::resolved(int dp_size) const {
+  using detail::concat;
+  TrainConfig t = *this;
+  const int64_t G = global_batch(dp_size);
+  if (G <= 0) return t;  // validate() names the bad batch size
+  auto iters = [&](int64_t samples, const char* option, const char* iter_option, int64_t given) {
+    if (samples < 0)
+      throw ConfigError(concat(option, "=", samples, " is out of range (allowed: >= 1)"));
+    if (samples > 0 && given > 0)
+      throw ConfigError(concat(option, " and ", iter_option, " both given; choose one"));
+    return samples > 0 ? samples / G : given;
+  };
+  t.train_iters = iters(train_samples, "--train-samples", "--train-iters", train_iters);
+  if (train_samples > 0 && t.train_iters == 0)
+    throw ConfigError(concat("--train-samples=", train_samples, " is less than one global batch (",
+                             G, " samples)"));
+  t.lr_decay_iters = iters(lr_decay_samples, "--lr-decay-samples", "--lr-decay-iters",
+                           lr_decay_iters);
+  t.lr_warmup_iters = iters(lr_warmup_samples, "--lr-warmup-samples", "--lr-warmup-iters",
+                            lr_warmup_iters);
+  if (lr_warmup_fraction != 0) {
+    if (!(lr_warmup_fraction > 0 && lr_warmup_fraction <= 1))
+      throw ConfigError(concat("--lr-warmup-fraction=", lr_warmup_fraction,
+                               " is out of range (allowed: 0 < f <= 1)"));
+    if (t.lr_warmup_iters > 0)
+      throw ConfigError("--lr-warmup-fraction and --lr-warmup-iters (or --lr-warmup-samples) "
+                        "both given; choose one");
+    const int64_t decay = t.lr_decay_iters > 0 ? t.lr_decay_iters : t.train_iters;
+    t.lr_warmup_iters = static_cast<int64_t>(lr_warmup_fraction * static_cast<double>(decay));
+  }
+  t.train_samples = t.lr_decay_samples = t.lr_warmup_samples = 0;
+  t.lr_warmup_fraction = 0;
+  return t;
+}
+
 }  // namespace tessera

@@ -19,6 +19,14 @@ struct TrainConfig {
   std::string lr_decay_style = "linear";  // constant | linear | cosine
   int64_t lr_warmup_iters = 0;
   int64_t lr_decay_iters = 0;  // 0: train_iters
+  // Megatron's sample-based schedule and warm-up fraction; resolved() turns them into the
+  // iteration counts above at the (constant) global batch (samples / global batch, rounded down,
+  // as Megatron does for --train-samples). 0: not given.
+  int64_t train_samples = 0, lr_decay_samples = 0, lr_warmup_samples = 0;
+  double lr_warmup_fraction = 0;  // warm-up iterations = fraction x decay iterations
+  // Checkpoints without the optimizer state (--no-save-optim); a load that leaves it out
+  // (--no-load-optim: the optimizer and its step count start fresh).
+  bool no_save_optim = false;
   double weight_decay = 0.01;
   double clip_grad = 1.0;  // 0: no clipping
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
@@ -90,6 +98,8 @@ struct TrainConfig {
   int64_t profile_step_start = 10, profile_step_end = 12;
   std::vector<int> profile_ranks{0};
 
+  // A copy with the sample-based options and the warm-up fraction turned into iterations.
+  TrainConfig resolved(int dp_size) const;
   int global_batch(int dp_size) const {
     return global_batch_size > 0 ? global_batch_size : micro_batch_size * dp_size;
   }

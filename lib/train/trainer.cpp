@@ -96,13 +96,13 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
 Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backend& backend,
                  TokenDataset& data, const ParallelContext& ctx)
     : model_cfg_(model_cfg),
-      cfg_(train_cfg),
+      cfg_(train_cfg.resolved(ctx.dp_size)),
       be_(backend),
       data_(data),
       ctx_(ctx),
-      schedule_(train_cfg.lr, train_cfg.min_lr, train_cfg.lr_warmup_iters,
-                train_cfg.lr_decay_iters > 0 ? train_cfg.lr_decay_iters : train_cfg.train_iters,
-                train_cfg.lr_decay_style) {
+      schedule_(cfg_.lr, cfg_.min_lr, cfg_.lr_warmup_iters,
+                cfg_.lr_decay_iters > 0 ? cfg_.lr_decay_iters : cfg_.train_iters,
+                cfg_.lr_decay_style) {
   model_cfg_.validate();
   cfg_.validate(ctx_.dp_size);
   validate_layout(model_cfg_, cfg_, ctx_.tp_size, ctx_.pp_size, ctx_.dp_size);
@@ -837,7 +837,7 @@ void Trainer::write_checkpoint(const std::string& dir) {
   meta.tp_size = ctx_.tp_size;
   meta.pp_size = ctx_.pp_size;
   meta.dp_size = ctx_.dp_size;
-  meta.has_optimizer = true;
+  meta.has_optimizer = !cfg_.no_save_optim;
   meta.config_text = cfg_.config_text;
   if (scaler_.is_dynamic()) {
     meta.has_loss_scale = true;
@@ -867,8 +867,10 @@ void Trainer::write_checkpoint(const std::string& dir) {
     sync_params();
     const bool want = ctx_.dp_rank == 0;
     if (dist_opt_->owns_master()) gathered[0] = dist_opt_->gather_state("master", want);
-    gathered[1] = dist_opt_->gather_state("exp_avg", want);
-    gathered[2] = dist_opt_->gather_state("exp_avg_sq", want);
+    if (!cfg_.no_save_optim) {
+      gathered[1] = dist_opt_->gather_state("exp_avg", want);
+      gathered[2] = dist_opt_->gather_state("exp_avg_sq", want);
+    }
   }
   // DP replicas hold the same state: data-parallel rank 0 of each (tp, pp) writes its file.
   if (ctx_.dp_rank == 0) {
@@ -933,13 +935,13 @@ void Trainer::write_checkpoint(const std::string& dir) {
              << t.seconds() << " s";
 }
 
-void Trainer::load_checkpoint(const std::string& dir, bool model_only) {
+void Trainer::load_checkpoint(const std::string& dir, bool model_only, bool load_optimizer) {
   Timer t;
   CheckpointReader r(dir);
   r.check_model(model_cfg_);
   const CheckpointMeta& m = r.meta();
   ParamStore& ps = model_->params();
-  const bool optimizer = m.has_optimizer && !model_only;
+  const bool optimizer = m.has_optimizer && !model_only && load_optimizer;
   std::vector<float> host;  // each slice is read on the host, then copied to the backend
   auto load = [&](const char* group, const ParamSpec& s, Tensor dst) {
     host.resize(static_cast<size_t>(s.numel()));
@@ -984,7 +986,7 @@ void Trainer::load_checkpoint(const std::string& dir, bool model_only) {
     scaler_.restore(m.loss_scale, m.loss_scale_growth_tracker, m.loss_scale_hysteresis_tracker);
     skipped_iterations_ = m.skipped_iterations;
   }
-  const int64_t steps = model_only || !m.has_optimizer ? 0 : m.optimizer_steps;
+  const int64_t steps = optimizer ? m.optimizer_steps : 0;
   if (dist_opt_)
     dist_opt_->set_steps_taken(steps);
   else
@@ -1005,8 +1007,11 @@ void Trainer::load_checkpoint(const std::string& dir, bool model_only) {
                             std::to_string(ctx_.pp_size))
              << (m.has_optimizer ? "" : "; no optimizer state in it: Adam starts from zero")
              << (model_only ? "; model only: iteration, data and optimizer start fresh" : "")
+             << (!model_only && !load_optimizer
+                     ? "; --no-load-optim: the optimizer and its step count start fresh"
+                     : "")
              << ") in " << t.seconds() << " s";
-  if (!m.has_optimizer && !model_only)
+  if (!m.has_optimizer && !model_only && load_optimizer)
     TLOG(warning) << "checkpoint " << r.path()
                   << " holds no optimizer state; Adam moments start at zero";
 }

@@ -100,7 +100,10 @@ class Trainer {
   void save_checkpoint(const std::string& dir);
   // Collective. Loads the checkpoint `dir` points to, whatever layout it was saved with. With
   // `model_only`, the optimizer state, iteration and data position start fresh.
-  void load_checkpoint(const std::string& dir, bool model_only = false);
+  // model_only (--finetune): iteration, data position and optimizer start fresh; without
+  // load_optimizer (--no-load-optim) only the optimizer (moments and step count) does.
+  void load_checkpoint(const std::string& dir, bool model_only = false,
+                       bool load_optimizer = true);
 
  private:
   // Samples of this DP rank for the step that starts at `consumed` samples.

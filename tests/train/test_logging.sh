@@ -124,7 +124,30 @@ out=$(train 1 --train-iters 7 --log-interval 1 --train-iters 2 2>&1)
 grep -q "iteration *2/ *2 " <<<"$out" && ! grep -q "iteration *3/" <<<"$out" && ok "--train-iters 7 ... --train-iters 2 trains 2" \
   || bad "repeated option: $out"
 
-# 6. Bad input: one line, exit 2.
+# 6. Schedule and loading options of Megatron-LM's launch scripts.
+lrs() { grep -o 'learning rate: [0-9.E+-]*' | awk '{print $3}' | tr '\n' ' '; }
+[ "$(train 1 --train-iters 0 --train-samples 40 --log-interval 1 2>&1 | grep -c ' iteration ')" -eq 2 ] \
+  && ok "--train-samples 40 at global batch 16: 2 iterations" || bad "--train-samples"
+w=$(train 1 --train-iters 4 --lr 0.002 --lr-warmup-iters 0 --lr-warmup-fraction 0.5 --log-interval 1 2>&1 | lrs)
+[ "$w" = "1.000000E-03 2.000000E-03 $(train 1 --train-iters 4 --lr 0.002 --lr-warmup-iters 2 --log-interval 1 2>&1 | lrs | cut -d' ' -f3-)" ] \
+  && ok "--lr-warmup-fraction 0.5 of 4 iterations == --lr-warmup-iters 2: $w" || bad "--lr-warmup-fraction: $w"
+a=$(train 1 --train-iters 6 --lr-decay-samples 64 --log-interval 1 2>&1 | lrs)
+b=$(train 1 --train-iters 6 --lr-decay-iters 4 --log-interval 1 2>&1 | lrs)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok "--lr-decay-samples 64 == --lr-decay-iters 4 at global batch 16" || bad "--lr-decay-samples: '$a' vs '$b'"
+train 1 --train-iters 2 --save "$work/full" > /dev/null 2>&1
+train 1 --train-iters 2 --save "$work/lean" --no-save-optim > /dev/null 2>&1
+fs=$(stat -c %s "$work"/full/iter_0000002/*.h5); ls=$(stat -c %s "$work"/lean/iter_0000002/*.h5)
+[ -n "$ls" ] && [ "$ls" -lt $((fs / 2)) ] && ok "--no-save-optim: $ls bytes instead of $fs" || bad "--no-save-optim: $ls vs $fs"
+out=$(train 1 --train-iters 4 --load "$work/full" --no-load-optim --no-load-rng --log-interval 1 2>&1)
+grep -q -- "--no-load-optim: the optimizer and its step count start fresh" <<<"$out" && grep -q "iteration *3/ *4" <<<"$out" \
+  && ! grep -q "iteration *1/" <<<"$out" && ok "--no-load-optim --no-load-rng: resumes at iteration 3 with a fresh optimizer" || bad "--no-load-optim: $out"
+out=$(train 1 --train-iters 3 --load "$work/full" --num-layers 3 --hidden-size 96 --num-attention-heads 6 --use-checkpoint-args --log-interval 1 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "2 layers, hidden 64, 4 heads" <<<"$out" && grep -q "iteration *3/ *3" <<<"$out" \
+  && ok "--use-checkpoint-args: the checkpoint's 2 x 64 model over the command line's 3 x 96" || bad "--use-checkpoint-args: rc $rc $out"
+out=$(train 1 --train-iters 3 --load "$work/full" --num-layers 3 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "has --num-layers=2 but this run has 3" <<<"$out" && ok "without --use-checkpoint-args the shapes must agree" || bad "shape check: rc $rc"
+
+# 7. Bad input: one line, exit 2.
 refused() {  # WHAT PATTERN ARGS...
   local what=$1 pattern=$2 out rc
   shift 2
@@ -137,6 +160,12 @@ refused "an unwritable --tensorboard-dir" "--tensorboard-dir '$work/file/tb': ca
 refused "--timing-log-level 3" "--timing-log-level=3 is out of range (allowed: 0, 1, 2)" --timing-log-level 3
 refused "--timing-log-option median" "--timing-log-option 'median' is not an option (allowed: minmax, max, all)" --timing-log-option median
 refused "--tensorboard-log-interval 0" "--tensorboard-log-interval=0 is out of range (allowed: >= 1)" --tensorboard-log-interval 0
+refused "warm-up fraction and iterations" "--lr-warmup-fraction and --lr-warmup-iters (or --lr-warmup-samples) both given; choose one" --lr-warmup-fraction 0.1 --lr-warmup-iters 3
+refused "--lr-warmup-fraction 1.5" "--lr-warmup-fraction=1.5 is out of range (allowed: 0 < f <= 1)" --lr-warmup-iters 0 --lr-warmup-fraction 1.5
+refused "--train-samples with --train-iters" "--train-samples and --train-iters both given; choose one" --train-samples 64
+refused "--train-samples below a batch" "--train-samples=8 is less than one global batch (16 samples)" --train-iters 0 --train-samples 8
+refused "--use-checkpoint-args without --load" "--use-checkpoint-args needs --load" --use-checkpoint-args
+refused "--no-load-optim without --load" "--no-load-optim needs --load" --no-load-optim
 
 [ $fail -eq 0 ] && echo "logging: all passed"
 exit $fail
