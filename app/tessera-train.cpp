@@ -96,6 +96,26 @@ int main(int argc, char** argv) {
     else
       TLOG(info) << "training finished after " << trainer.iteration() << " iterations, "
                  << trainer.consumed_samples() << " samples";
+    // Megatron's evaluation at the end of training: the validation split where the periodic
+    // evaluations stopped, and the test split from its start (when it has samples).
+    if (valid && !trainer.stopped_by_signal() &&
+        trainer.iteration() >= trainer.config().train_iters) {
+      std::unique_ptr<TokenDataset> test = open_test_data(opts);
+      const std::pair<const char*, const TokenDataset*> splits[] = {{"val", valid.get()},
+                                                                    {"test", test.get()}};
+      for (const auto& [name, ds] : splits) {
+        if (!ds) continue;
+        const double l = std::string(name) == "val" ? trainer.evaluate_at_end(*ds)
+                                                    : trainer.evaluate(*ds, 0, opts.train.eval_iters);
+        char line[256];
+        const int n = std::snprintf(line, sizeof line,
+                                    " validation loss at the end of training for %s data | lm loss "
+                                    "value: %.6E | lm loss PPL: %.6E | ",
+                                    name, l, std::exp(std::min(l, 700.0)));
+        const std::string rule(static_cast<size_t>(std::max(n, 1)), '-');
+        TLOG(info) << rule << "\n" << line << "\n" << rule;
+      }
+    }
   } catch (const ConfigError& e) {
     char host[256] = {0};
     gethostname(host, sizeof host - 1);

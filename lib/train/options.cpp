@@ -297,7 +297,10 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "eval-interval", po::value(&t.eval_interval)->default_value(0),
           "iterations between evaluations on the validation data (0: none)")(
           "eval-iters", po::value(&t.eval_iters)->default_value(10),
-          "global batches per evaluation")(
+          "global batches per evaluation; each evaluation continues through the validation split "
+          "where the previous one stopped")(
+          "full-validation", po::bool_switch(&t.full_validation),
+          "evaluate every whole global batch of the validation split each time")(
           "skip-train", po::bool_switch(&o.skip_train),
           "do not train: evaluate --eval-iters batches (after --load) and exit");
   p.group("Logging and system")
@@ -389,6 +392,8 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
                                      " is out of range (allowed: >= 1)"));
   if (o.finetune && o.load.empty()) throw ConfigError("--finetune needs --load");
   if (o.no_load_optim && o.load.empty()) throw ConfigError("--no-load-optim needs --load");
+  if (t.full_validation && o.mock_data)
+    throw ConfigError("--full-validation needs --data-path (mock data has no end)");
   if (o.use_checkpoint_args) {
     if (o.load.empty()) throw ConfigError("--use-checkpoint-args needs --load");
     // Megatron's load_args_from_checkpoint: the model's shape and architecture are the
@@ -465,6 +470,16 @@ std::unique_ptr<TokenDataset> open_valid_data(const RunOptions& o) {
     throw ConfigError("evaluation needs the valid split of --data-path '" + o.data_path +
                       "', which is empty with --split " + o.split + ": " + ds->describe() +
                       "; give valid a share or turn evaluation off (--eval-interval 0)");
+  return ds;
+}
+
+std::unique_ptr<TokenDataset> open_test_data(const RunOptions& o) {
+  if (o.mock_data)  // a third stream of the chain
+    return make_mock_dataset(o.model.vocab_size, o.model.seq_length, o.train.seed + 2000003);
+  auto corpus = std::make_shared<const ShardedCorpus>(o.data_path);
+  auto ds = std::make_unique<GPTDataset>(corpus, Split::Test, parse_split(o.split),
+                                         o.model.seq_length, o.train.seed);
+  if (ds->num_samples() == 0) return nullptr;
   return ds;
 }
 

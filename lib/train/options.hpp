@@ -53,6 +53,8 @@ std::unique_ptr<TokenDataset> open_train_data(RunOptions& opts);
 // The validation data for --eval-interval / --skip-train: the valid split of --data-path, or mock
 // data of another stream. ConfigError when the split is needed but empty.
 std::unique_ptr<TokenDataset> open_valid_data(const RunOptions& opts);
+// The test split for the evaluation at the end of training; null when it is empty.
+std::unique_ptr<TokenDataset> open_test_data(const RunOptions& opts);
 
 // Cores this process may run on (sched_getaffinity), at least 1.
 int affinity_cores();

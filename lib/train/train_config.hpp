@@ -71,6 +71,10 @@ struct TrainConfig {
   // validation data, the same samples each time.
   int64_t eval_interval = 0;
   int64_t eval_iters = 10;
+  // Each evaluation continues through the validation split where the previous one stopped (the
+  // k-th starts at sample (k-1) x eval_iters x global batch, so a resume continues the same way);
+  // full_validation evaluates every whole global batch of the split each time instead.
+  bool full_validation = false;
   // Checkpoints.
   std::string save;           // directory; empty: no checkpoints
   int64_t save_interval = 0;  // 0: only at the end of training

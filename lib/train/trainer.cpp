@@ -459,6 +459,16 @@ void Trainer::sync_params() {
   if (dist_opt_) dist_opt_->wait_all();
 }
 
+double Trainer::validate(const TokenDataset& data, int64_t done) {
+  const int64_t G = cfg_.global_batch(ctx_.dp_size);
+  if (cfg_.full_validation) return evaluate(data, 0, std::max<int64_t>(1, data.num_samples() / G));
+  return evaluate(data, done * cfg_.eval_iters * G, cfg_.eval_iters);
+}
+
+double Trainer::evaluate_at_end(const TokenDataset& data) {
+  return validate(data, cfg_.eval_interval > 0 ? iteration_ / cfg_.eval_interval : 0);
+}
+
 double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters) {
   sync_params();
   TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "evaluation data has sequence length ",
@@ -706,7 +716,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
       in_interval = in_interval_updated = 0;
     }
     if (eval_data && cfg_.eval_interval > 0 && s.iteration % cfg_.eval_interval == 0) {
-      const double l = evaluate(*eval_data, 0, cfg_.eval_iters);
+      const double l = validate(*eval_data, s.iteration / cfg_.eval_interval - 1);
       char line[256];
       std::snprintf(line, sizeof line,
                     " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E",

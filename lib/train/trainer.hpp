@@ -64,6 +64,8 @@ class Trainer {
           TokenDataset& data, const ParallelContext& ctx = ParallelContext::single());
 
   GPTModel& model() { return *model_; }
+  // The training configuration in use (sample-based options resolved to iterations).
+  const TrainConfig& config() const { return cfg_; }
   // Updates taken so far (skipped fp16 steps do not count).
   int64_t optimizer_steps() const;
   // With the distributed optimizer (null otherwise).
@@ -91,6 +93,12 @@ class Trainer {
   // The signal (SIGTERM, SIGUSR1) that stopped the last train() call early, or 0.
   int stopped_by_signal() const { return stopped_by_signal_; }
 
+  // The validation after `done` earlier evaluations: eval_iters global batches from where they
+  // stopped (or the whole split with full_validation). Collective.
+  double validate(const TokenDataset& data, int64_t done);
+  // Megatron's "validation loss at the end of training": the evaluation that would follow the
+  // last periodic one. Collective.
+  double evaluate_at_end(const TokenDataset& data);
   // Mean loss per loss token over `iters` global batches of `data` starting at sample `first`,
   // forward only; the same value on every rank.
   double evaluate(const TokenDataset& data, int64_t first, int64_t iters);

@@ -147,6 +147,25 @@ out=$(train 1 --train-iters 3 --load "$work/full" --num-layers 3 --hidden-size 9
 out=$(train 1 --train-iters 3 --load "$work/full" --num-layers 3 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "has --num-layers=2 but this run has 3" <<<"$out" && ok "without --use-checkpoint-args the shapes must agree" || bad "shape check: rc $rc"
 
+# Evaluation: each one continues through the validation split; at the end of training Megatron's
+# "validation loss at the end of training" for the val and test data.
+out=$(train 1 --train-iters 4 --log-interval 2 --eval-interval 2 --eval-iters 2 2>&1)
+v2=$(grep -o 'validation loss at iteration 2 | lm loss value: [0-9.E+-]*' <<<"$out" | awk '{print $NF}')
+v4=$(grep -o 'validation loss at iteration 4 | lm loss value: [0-9.E+-]*' <<<"$out" | awk '{print $NF}')
+[ -n "$v2" ] && [ -n "$v4" ] && [ "$v2" != "$v4" ] && grep -q "^ validation loss at the end of training for val data | lm loss value: " <<<"$out" \
+  && grep -q "^ validation loss at the end of training for test data | lm loss value: " <<<"$out" \
+  && ok "evaluations move through the split ($v2, $v4); val and test loss at the end of training" || bad "evaluation: $out"
+for i in $(seq 1 300); do echo "{\"text\": \"Line $i: the cat sat on the mat number $((i * 7 % 13)), and the dog ran.\"}"; done > "$work/c.jsonl"
+"$bin/tessera-preprocess" --input "$work/c.jsonl" --vocab-file "$src/data/gpt2/encoder.json" \
+  --merge-file "$src/data/gpt2/vocab.bpe" --output-prefix "$work/c" --workers 1 > /dev/null
+C=(--vocab-size 0 --data-path "$work/c" --seq-length 32 --max-position-embeddings 32 --split 80,20,0 --train-iters 2 --eval-interval 2 --eval-iters 1)
+full=$("$bin/tessera-train" --config "$configs/gpt2-tiny.ini" --threads 1 "${C[@]}" --full-validation 2>&1)
+part=$("$bin/tessera-train" --config "$configs/gpt2-tiny.ini" --threads 1 "${C[@]}" 2>&1)
+f=$(grep -o 'validation loss at iteration 2 | lm loss value: [0-9.E+-]*' <<<"$full" | awk '{print $NF}')
+p=$(grep -o 'validation loss at iteration 2 | lm loss value: [0-9.E+-]*' <<<"$part" | awk '{print $NF}')
+[ -n "$f" ] && [ -n "$p" ] && [ "$f" != "$p" ] && ! grep -q "for test data" <<<"$full" \
+  && ok "--full-validation: the whole split ($f; one batch: $p); no test split, no test loss" || bad "--full-validation: $full"
+
 # 7. Bad input: one line, exit 2.
 refused() {  # WHAT PATTERN ARGS...
   local what=$1 pattern=$2 out rc
@@ -166,6 +185,7 @@ refused "--train-samples with --train-iters" "--train-samples and --train-iters 
 refused "--train-samples below a batch" "--train-samples=8 is less than one global batch (16 samples)" --train-iters 0 --train-samples 8
 refused "--use-checkpoint-args without --load" "--use-checkpoint-args needs --load" --use-checkpoint-args
 refused "--no-load-optim without --load" "--no-load-optim needs --load" --no-load-optim
+refused "--full-validation on mock data" "--full-validation needs --data-path (mock data has no end)" --full-validation
 
 [ $fail -eq 0 ] && echo "logging: all passed"
 exit $fail
