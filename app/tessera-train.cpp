@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
     set_num_threads(threads);
     const std::string table = grid.layout_table();
     auto backend = make_rank_backend(grid, opts.device, opts.train.virtual_pipeline_size > 1);
+    if (opts.train.peak_tflops <= 0)  // MFU against the device's peak where it is known
+      opts.train.peak_tflops = backend_peak_tflops(*backend, opts.train.compute_dtype);
     ParallelContext ctx = grid.context();
     TLOG(info) << table << "tessera-train: " << opts.model.num_layers << " layers, hidden "
                << opts.model.hidden_size << ", " << opts.model.num_attention_heads << " heads, seq "

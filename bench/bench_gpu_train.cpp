@@ -74,15 +74,6 @@ const Preset kPresets[] = {{"124m", 12, 768, 12, 1024, 16, 400066, 34.6},
                            {"1.3b", 24, 2048, 16, 2048, 8, 52704, 48.4},
                            {"llama1b", 16, 2048, 32, 2048, 4, 0, 0, true, false}};
 
-// Dense bf16 tensor-core peak (TFLOP/s, no sparsity) from the device name; 0 when unknown.
-double peak_bf16_tflops(const std::string& device) {
-  if (device.find("H100") != std::string::npos)
-    return device.find("PCIe") != std::string::npos ? 756.0 : 989.4;  // SXM5 (and NVL ~ SXM)
-  if (device.find("H200") != std::string::npos) return 989.4;
-  if (device.find("A100") != std::string::npos) return 312.0;
-  return 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -138,7 +129,7 @@ int main(int argc, char** argv) {
   }
   cuda::set_device(0);
   const std::string device = cuda::device_description(0);
-  if (peak <= 0) peak = peak_bf16_tflops(device);
+  if (peak <= 0) peak = peak_tflops(device, DType::BF16);
   std::printf(
       "bench_gpu_train: %s; peak dense bf16 %.1f TFLOP/s%s; %s training; activation "
       "recomputation %s; %s optimizer\n",

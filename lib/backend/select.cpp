@@ -101,6 +101,20 @@ std::string backend_description(Backend& be) {
   return be.name();
 }
 
+double peak_tflops(const std::string& name, DType dtype) {
+  const bool tensor = dtype == DType::BF16 || dtype == DType::F16;
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has("H100"))  // SXM5 (and NVL, about the same); PCIe
+    return has("PCIe") ? (tensor ? 756.0 : 51.0) : (tensor ? 989.4 : 66.9);
+  if (has("H200")) return tensor ? 989.4 : 66.9;
+  if (has("A100")) return tensor ? 312.0 : 19.5;
+  return 0;
+}
+
+double backend_peak_tflops(Backend& be, DType dtype) {
+  return be.device() == Device::CUDA ? peak_tflops(backend_description(be), dtype) : 0;
+}
+
 std::unique_ptr<PhaseClock> make_phase_clock(Backend& be) {
 #ifdef TESSERA_HAVE_CUDA
   if (be.device() == Device::CUDA && be.stream() != nullptr)

@@ -38,6 +38,12 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank,
 // "NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90" for the current GPU, "cpu" on the CPU backend.
 std::string backend_description(Backend& be);
 
+// The device's dense peak in TFLOP/s for GEMMs in `dtype` (bf16/f16 on tensor cores, f32 on the
+// FP32 units), from a GPU's name ("NVIDIA H100 80GB HBM3", ...); 0 when unknown (CPUs, other
+// GPUs): then MFU is printed only with --peak-tflops.
+double peak_tflops(const std::string& device_name, DType dtype);
+double backend_peak_tflops(Backend& be, DType dtype);
+
 // The clock that times phases of `be`'s work (core/phase_timer.hpp): CUDA events on its stream
 // for the CUDA backend, else the host clock after be.synchronize(). `be` must outlive it.
 std::unique_ptr<PhaseClock> make_phase_clock(Backend& be);

@@ -607,9 +607,9 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
       line, sizeof line,
       " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
       "learning rate: %.6E | global batch size: %5d | lm loss: %.6E | grad norm: %.3f | "
-      "tokens/s: %.0f | GFLOP/s per rank: %.2f",
+      "tokens/s: %.0f | throughput per GPU (TFLOP/s/GPU): %.3f",
       (long long)s.iteration, (long long)cfg_.train_iters, (long long)consumed_samples_, sec * 1e3,
-      s.lr, gbs, interval_loss / n, s.grad_norm, tok_s, gflops);
+      s.lr, gbs, interval_loss / n, s.grad_norm, tok_s, gflops / 1e3);
   if (cfg_.peak_tflops > 0 && len > 0 && len < (int)sizeof line)
     len += std::snprintf(line + len, sizeof line - len, " | MFU: %.1f%%",
                          100.0 * gflops / (cfg_.peak_tflops * 1e3));
@@ -640,10 +640,14 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
     std::snprintf(js, sizeof js,
                   "{\"iteration\": %lld, \"consumed_samples\": %lld, \"lm_loss\": %.17g, "
                   "\"lr\": %.17g, \"grad_norm\": %.17g, \"ms_per_iter\": %.4f, \"tokens_per_s\": "
-                  "%.3f, \"gflops_per_s_per_rank\": %.4f",
+                  "%.3f, \"gflops_per_s_per_rank\": %.4f, \"tflops_per_gpu\": %.6f",
                   (long long)s.iteration, (long long)consumed_samples_, interval_loss / n, s.lr,
-                  s.grad_norm, sec * 1e3, tok_s, gflops);
+                  s.grad_norm, sec * 1e3, tok_s, gflops, gflops / 1e3);
     metrics_ << js;
+    if (cfg_.peak_tflops > 0) {
+      std::snprintf(js, sizeof js, ", \"mfu\": %.6f", gflops / (cfg_.peak_tflops * 1e3));
+      metrics_ << js;
+    }
     if (cfg_.log_params_norm) {
       std::snprintf(js, sizeof js, ", \"params_norm\": %.17g", pnorm);
       metrics_ << js;
