@@ -83,8 +83,8 @@ struct InferenceSetup {
       if (L.tokenizer->vocab_size() != cfg.vocab_size)
         throw ConfigError(detail::concat(
             "the checkpoint's vocabulary has ", cfg.vocab_size, " tokens, the tokenizer (",
-            tokenizer.type == "HuggingFaceTokenizer" ? tokenizer.model : tokenizer.vocab_file,
-            ") ", L.tokenizer->vocab_size(),
+            tokenizer.type == "HuggingFaceTokenizer" ? tokenizer.model : tokenizer.vocab_file, ") ",
+            L.tokenizer->vocab_size(),
             "; use the tokenizer the model was trained with, or --prompt-ids"));
     }
     validate_model_layout(cfg, tp, pp);  // heads, key/value heads, ffn width, layers

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <iomanip>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <sstream>
 
@@ -81,14 +81,16 @@ int main(int argc, char** argv) {
             "beam search: a finished beam's score is its log-probability / length^penalty")(
             "add-BOS", po::bool_switch(&add_bos),
             "prepend the tokenizer's beginning-of-sequence token (GPT-2: <|endoftext|>) to each "
-            "prompt")("return-log-probs", po::bool_switch(&g.log_probs),
-                      "print each generated token's log-probability (a line after each completion)");
+            "prompt")(
+            "return-log-probs", po::bool_switch(&g.log_probs),
+            "print each generated token's log-probability (a line after each completion)");
     if (!p.parse(argc, argv)) return 0;
     if (p.vm()["greedy"].as<bool>()) g.sampling.temperature = 0;
     g.use_kv_cache = !no_cache;
     g.sampling.validate();
     if (g.max_new_tokens < 1) throw ConfigError("--max-new-tokens must be >= 1");
-    if (g.beam_size < 1) throw ConfigError(detail::concat("--beam-size=", g.beam_size, " must be >= 1"));
+    if (g.beam_size < 1)
+      throw ConfigError(detail::concat("--beam-size=", g.beam_size, " must be >= 1"));
     if (!std::isfinite(g.length_penalty))
       throw ConfigError("--length-penalty must be a finite number");
     ids_out = !prompt_ids.empty();
@@ -98,7 +100,8 @@ int main(int argc, char** argv) {
     InferenceSetup::Loaded L = setup.open("tessera-generate", !ids_out);
     const std::shared_ptr<const Tokenizer>& tok = L.tokenizer;
     if (tok) g.eod_id = tok->eod_id();
-    if (add_bos && !tok) throw ConfigError("--add-BOS needs a tokenizer (it is not for --prompt-ids)");
+    if (add_bos && !tok)
+      throw ConfigError("--add-BOS needs a tokenizer (it is not for --prompt-ids)");
     const ParallelContext& ctx = L.ctx;
     GPTModel& model = *L.model;
 

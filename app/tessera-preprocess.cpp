@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
         "--input FILES... --output-prefix PREFIX (--vocab-file encoder.json --merge-file vocab.bpe "
         "| --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json)");
     p.group("Input").add_options()(
-        "input", po::value(&o.inputs)->multitoken()->required(),
+        "input", po::value(&o.inputs)->multitoken()->composing()->required(),
         "input files or quoted globs: .jsonl/.json (one JSON object per line) or plain text; with "
         "--input-format megatron, the prefix of a Megatron-LM PREFIX.bin/PREFIX.idx dataset")(
         "input-format", po::value(&input_format)->default_value("auto"),
@@ -74,8 +74,8 @@ int main(int argc, char** argv) {
         std::cout << line << std::endl;
     };
     if (megatron) {
-      const PreprocessResult r = import_megatron_dataset(o.inputs[0], o.output_prefix,
-                                                         o.shard_tokens, *tok, show, tty);
+      const PreprocessResult r =
+          import_megatron_dataset(o.inputs[0], o.output_prefix, o.shard_tokens, *tok, show, tty);
       std::cout << "tessera-preprocess: " << r.documents << " documents, " << r.tokens
                 << " tokens from the Megatron-LM dataset " << o.inputs[0] << " in "
                 << r.shards.size() << " shard(s) " << o.output_prefix << "_*.h5 in " << r.seconds

@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
         "prompts one request may carry");
     if (!p.parse(argc, argv)) return 0;
     if (so.port < 0 || so.port > 65535)
-      throw ConfigError(detail::concat("--port=", so.port, " is out of range (allowed: 0 to 65535)"));
+      throw ConfigError(
+          detail::concat("--port=", so.port, " is out of range (allowed: 0 to 65535)"));
     if (so.max_batch_prompts < 1 || so.max_prompts < 1)
       throw ConfigError("--max-batch-prompts and --max-prompts must be >= 1");
     InferenceSetup::Loaded L = setup.open("tessera-serve", true);

@@ -107,8 +107,9 @@ int main(int argc, char** argv) {
                                                                     {"test", test.get()}};
       for (const auto& [name, ds] : splits) {
         if (!ds) continue;
-        const double l = std::string(name) == "val" ? trainer.evaluate_at_end(*ds)
-                                                    : trainer.evaluate(*ds, 0, opts.train.eval_iters);
+        const double l = std::string(name) == "val"
+                             ? trainer.evaluate_at_end(*ds)
+                             : trainer.evaluate(*ds, 0, opts.train.eval_iters);
         char line[256];
         const int n = std::snprintf(line, sizeof line,
                                     " validation loss at the end of training for %s data | lm loss "

@@ -1281,7 +1281,9 @@ HfTokenizer::~HfTokenizer() = default;
 int64_t HfTokenizer::vocab_size() const {
   return impl_->vocab_size;
 }
-int32_t HfTokenizer::bos_id() const { return impl_->bos >= 0 ? impl_->bos : impl_->eod; }
+int32_t HfTokenizer::bos_id() const {
+  return impl_->bos >= 0 ? impl_->bos : impl_->eod;
+}
 
 int32_t HfTokenizer::eod_id() const {
   return impl_->eod;

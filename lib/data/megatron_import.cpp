@@ -22,8 +22,8 @@ struct DTypeInfo {
   bool integer;
 };
 // Megatron's DType codes 1..8.
-const DTypeInfo kDTypes[9] = {{"?", 0, false},      {"uint8", 1, true},   {"int8", 1, true},
-                              {"int16", 2, true},   {"int32", 4, true},   {"int64", 8, true},
+const DTypeInfo kDTypes[9] = {{"?", 0, false},       {"uint8", 1, true},    {"int8", 1, true},
+                              {"int16", 2, true},    {"int32", 4, true},    {"int64", 8, true},
                               {"float64", 8, false}, {"float32", 4, false}, {"uint16", 2, true}};
 
 template <typename T>
@@ -36,12 +36,30 @@ T get(const std::vector<char>& b, size_t& at) {
 
 int64_t token_at(const char* p, int code) {
   switch (code) {
-    case 1: return *reinterpret_cast<const uint8_t*>(p);
-    case 2: return *reinterpret_cast<const int8_t*>(p);
-    case 3: { int16_t v; std::memcpy(&v, p, 2); return v; }
-    case 4: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case 5: { int64_t v; std::memcpy(&v, p, 8); return v; }
-    default: { uint16_t v; std::memcpy(&v, p, 2); return v; }  // 8: uint16
+    case 1:
+      return *reinterpret_cast<const uint8_t*>(p);
+    case 2:
+      return *reinterpret_cast<const int8_t*>(p);
+    case 3: {
+      int16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case 4: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case 5: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+    default: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }  // 8: uint16
   }
 }
 }  // namespace
@@ -76,8 +94,8 @@ PreprocessResult import_megatron_dataset(
   if (code < 1 || code > 8)
     throw ConfigError(concat("'", idx_path, "' has dtype code ", code, " (allowed: 1 to 8)"));
   if (!kDTypes[code].integer)
-    throw ConfigError(concat("'", idx_path, "' holds ", kDTypes[code].name,
-                             " values, not token ids"));
+    throw ConfigError(
+        concat("'", idx_path, "' holds ", kDTypes[code].name, " values, not token ids"));
   const int item = kDTypes[code].size;
   const uint64_t S = get<uint64_t>(idx, at), D = get<uint64_t>(idx, at);
   const uint64_t need = header + S * 4 + S * 8 + D * 8;
@@ -139,12 +157,13 @@ PreprocessResult import_megatron_dataset(
       raw.resize(static_cast<size_t>(lengths[s]) * item);
       bin.seekg(pointers[s]);
       bin.read(raw.data(), static_cast<std::streamsize>(raw.size()));
-      if (!bin) throw Error("cannot read '" + bin_path + "' at byte " + std::to_string(pointers[s]));
+      if (!bin)
+        throw Error("cannot read '" + bin_path + "' at byte " + std::to_string(pointers[s]));
       for (int32_t t = 0; t < lengths[s]; ++t) {
         const int64_t id = token_at(raw.data() + static_cast<size_t>(t) * item, code);
         if (id < 0 || id >= tok.vocab_size())
-          throw ConfigError(concat("'", bin_path, "': document ", d, " (sequence ", s,
-                                   ", token ", t, ") has id ", id, ", outside the vocabulary of ",
+          throw ConfigError(concat("'", bin_path, "': document ", d, " (sequence ", s, ", token ",
+                                   t, ") has id ", id, ", outside the vocabulary of ",
                                    tok.vocab_size(), " tokens of ", tok.name(),
                                    "; give the tokenizer the data was made with"));
         doc.push_back(static_cast<uint32_t>(id));

@@ -126,8 +126,14 @@ std::vector<std::string> ShardWriter::commit() {
   std::vector<std::string> out;
   for (size_t i = 0; i < tmp_.size(); ++i) {
     const std::string final_name = shard_path(prefix_, static_cast<int>(i));
-    if (std::rename(tmp_[i].c_str(), final_name.c_str()) != 0)
-      throw Error("cannot rename '" + tmp_[i] + "' to '" + final_name + "'");
+    if (std::rename(tmp_[i].c_str(), final_name.c_str()) != 0) {
+      // Leave no mix of this run's and an earlier run's shards under the final names.
+      for (const std::string& done : out) std::remove(done.c_str());
+      for (int k = static_cast<int>(i);; ++k)
+        if (std::remove(shard_path(prefix_, k).c_str()) != 0) break;
+      throw Error("cannot rename '" + tmp_[i] + "' to '" + final_name +
+                  "'; the shards of this run are removed, run it again");
+    }
     out.push_back(final_name);
   }
   committed_ = true;

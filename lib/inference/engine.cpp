@@ -62,19 +62,22 @@ void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
   gathered_ = f({model_.shard().tp_size * segs_ * Vl});
 }
 
+void InferenceEngine::reserve_reorder() {
+  if (!k_spare_.empty() || k_cache_.empty()) return;
+  AllocationLabel label("the KV cache (beam search's second copy)");
+  for (const Tensor& k : k_cache_) {
+    k_spare_.push_back(Tensor(k.shape(), k.dtype(), be_.allocator()));
+    v_spare_.push_back(Tensor(k.shape(), k.dtype(), be_.allocator()));
+  }
+  slot_ids_ = Tensor({max_sequences_}, DType::I32, be_.allocator());
+}
+
 void InferenceEngine::reorder_slots(const std::vector<int>& src) {
   const int64_t S = static_cast<int64_t>(src.size());
   TESSERA_CHECK(S <= max_sequences_, "reorder of ", S, " slots in a cache of ", max_sequences_);
   for (int s : src) TESSERA_CHECK(s >= 0 && s < max_sequences_, "slot ", s, " outside the cache");
   if (S == 0 || k_cache_.empty()) return;
-  if (k_spare_.empty()) {
-    AllocationLabel label("the KV cache (beam search's second copy)");
-    for (const Tensor& k : k_cache_) {
-      k_spare_.push_back(Tensor(k.shape(), k.dtype(), be_.allocator()));
-      v_spare_.push_back(Tensor(k.shape(), k.dtype(), be_.allocator()));
-    }
-    slot_ids_ = Tensor({max_sequences_}, DType::I32, be_.allocator());
-  }
+  reserve_reorder();
   Tensor ids = slot_ids_.view(0, {S});
   be_.copy_from_host(ids, src.data());
   const int64_t row = k_cache_[0].numel() / max_sequences_;

@@ -37,6 +37,8 @@ class InferenceEngine {
   // slot src[i] as it was before the call, for i < src.size() (beam search: each beam continues
   // its parent's keys and values). Takes a second cache of the same size on first use.
   void reorder_slots(const std::vector<int>& src);
+  // Allocates reorder_slots' second cache now (so an allocation failure comes here).
+  void reserve_reorder();
   int max_sequences() const { return max_sequences_; }
   int64_t vocab_size() const { return model_.config().vocab_size; }
 

@@ -70,12 +70,11 @@ GenerationResult generate(InferenceEngine& engine, const ParallelContext& ctx,
                           const std::function<void(int, int32_t)>& on_token) {
   const int B = static_cast<int>(prompts.size());
   TESSERA_CHECK(opts.size() == prompts.size(), "one set of generation options per prompt");
-  TESSERA_CHECK(B <= engine.max_sequences(), B, " prompts for a cache of ",
-                engine.max_sequences());
+  TESSERA_CHECK(B <= engine.max_sequences(), B, " prompts for a cache of ", engine.max_sequences());
   check_prompts(prompts, engine.vocab_size(), engine.max_positions());
   GenerationResult res;
   res.completions.resize(B);
-  bool any_log_probs = false;
+  bool any_log_probs = false, any_prompt_lp = false;
   int64_t steps = 0;
   std::vector<CounterRng> rngs;
   for (int i = 0; i < B; ++i) {
@@ -83,6 +82,7 @@ GenerationResult generate(InferenceEngine& engine, const ParallelContext& ctx,
     TESSERA_CHECK(opts[i].beam_size == 1, "beam search goes through beam_search()");
     TESSERA_CHECK(opts[i].max_new_tokens >= 0, "a negative token budget");
     any_log_probs = any_log_probs || opts[i].log_probs;
+    any_prompt_lp = any_prompt_lp || opts[i].prompt_log_probs;
     steps = std::max(steps, opts[i].max_new_tokens);
     rngs.emplace_back(opts[i].sampling.seed, stable_hash("generate.sample"));
     res.prompt_tokens += static_cast<int64_t>(prompts[i].size());
@@ -97,7 +97,7 @@ GenerationResult generate(InferenceEngine& engine, const ParallelContext& ctx,
   Tensor chosen({std::max(B, 1)});
   // Step 0 runs every prompt (the prefill; prompt log-probabilities need it even with no token to
   // generate); a later step runs every unfinished sequence.
-  for (int64_t step = 0; step < std::max<int64_t>(steps, any_log_probs ? 1 : 0); ++step) {
+  for (int64_t step = 0; step < std::max<int64_t>(steps, any_prompt_lp ? 1 : 0); ++step) {
     Timer t;
     std::vector<TokenSegment> segs;
     std::vector<int32_t> toks;
@@ -112,7 +112,7 @@ GenerationResult generate(InferenceEngine& engine, const ParallelContext& ctx,
       who.push_back(i);
     }
     if (segs.empty()) break;
-    const bool all_rows = step == 0 && any_log_probs;
+    const bool all_rows = step == 0 && any_prompt_lp;
     engine.forward(segs, toks, logits, all_rows);
     if (sampler) {
       const int64_t V = engine.vocab_size();
@@ -122,7 +122,7 @@ GenerationResult generate(InferenceEngine& engine, const ParallelContext& ctx,
         int64_t row = 0;
         for (size_t k = 0; k < segs.size(); ++k) {
           const int i = who[k];
-          if (opts[i].log_probs) prompt_lp[i] = prompt_log_probs(logits, row, V, prompts[i]);
+          if (opts[i].prompt_log_probs) prompt_lp[i] = prompt_log_probs(logits, row, V, prompts[i]);
           row += segs[k].count;
           std::copy_n(logits.data() + (row - 1) * V, V, last.data() + k * V);
         }
@@ -157,7 +157,7 @@ GenerationResult generate(InferenceEngine& engine, const ParallelContext& ctx,
     }
     (step == 0 ? res.prefill_seconds : res.decode_seconds) += t.seconds();
   }
-  if (any_log_probs) {  // the sampler's lists, on every rank
+  if (any_log_probs || any_prompt_lp) {  // the sampler's lists, on every rank
     std::vector<double> msg;
     if (sampler)
       for (int i = 0; i < B; ++i) {
@@ -189,13 +189,13 @@ struct Hypotheses {
   double worst = 1e9;
   void add(std::vector<int32_t> tokens, std::vector<float> lp, double sum_logprobs,
            int64_t length) {
-    const double score =
-        sum_logprobs / std::pow(static_cast<double>(length), length_penalty);
+    const double score = sum_logprobs / std::pow(static_cast<double>(length), length_penalty);
     if (static_cast<int>(beams.size()) < n || score > worst) {
       beams.push_back({score, std::move(tokens), std::move(lp)});
       if (static_cast<int>(beams.size()) > n) {
-        auto lowest = std::min_element(beams.begin(), beams.end(),
-                                       [](const Hyp& a, const Hyp& b) { return a.score < b.score; });
+        auto lowest = std::min_element(beams.begin(), beams.end(), [](const Hyp& a, const Hyp& b) {
+          return a.score < b.score;
+        });
         beams.erase(lowest);
         worst = std::min_element(beams.begin(), beams.end(), [](const Hyp& a, const Hyp& b) {
                   return a.score < b.score;
@@ -246,7 +246,7 @@ GenerationResult beam_search(InferenceEngine& engine, const ParallelContext& ctx
         toks.push_back(gen[b].back());
       }
     }
-    const bool all_rows = step == 0 && o.log_probs;
+    const bool all_rows = step == 0 && o.prompt_log_probs;
     engine.forward(segs, toks, logits, all_rows);
     if (sampler) {
       const float* rows = logits.data();
@@ -334,10 +334,9 @@ GenerationResult beam_search(InferenceEngine& engine, const ParallelContext& ctx
     if (!done)
       for (size_t b = 0; b < gen.size(); ++b)
         hyps.add(gen[b], gen_lp[b], scores[b], static_cast<int64_t>(gen[b].size()));
-    std::stable_sort(hyps.beams.begin(), hyps.beams.end(),
-                     [](const Hypotheses::Hyp& a, const Hypotheses::Hyp& b) {
-                       return a.score > b.score;
-                     });
+    std::stable_sort(
+        hyps.beams.begin(), hyps.beams.end(),
+        [](const Hypotheses::Hyp& a, const Hypotheses::Hyp& b) { return a.score > b.score; });
     out.push_back(static_cast<double>(hyps.beams.size()));
     for (const auto& h : hyps.beams) {
       out.push_back(h.score);
@@ -357,7 +356,7 @@ GenerationResult beam_search(InferenceEngine& engine, const ParallelContext& ctx
     res.generated_tokens += static_cast<int64_t>(toks.size());
   }
   const std::vector<float> plp = get_list(out, at);
-  if (o.log_probs) res.prompt_log_probs.assign(static_cast<size_t>(n), plp);
+  if (o.prompt_log_probs) res.prompt_log_probs.assign(static_cast<size_t>(n), plp);
   if (!o.log_probs) res.completion_log_probs.clear();
   return res;
 }

@@ -22,8 +22,10 @@ struct GenerationOptions {
   // does not depend on what it was batched with.
   int64_t sample_stream = -1;
   // Log-probabilities (under the model, before temperature and truncation) of every generated
-  // token and of every prompt token after the first.
+  // token, and of every prompt token after the first (the prefill then computes the logits of
+  // every prompt row: tokens x vocabulary floats).
   bool log_probs = false;
+  bool prompt_log_probs = false;
   // Beam search (beam_search()): beams kept per step, and the score of a finished beam,
   // sum of log-probabilities / (generated tokens)^length_penalty (Megatron-LM / Hugging Face).
   int beam_size = 1;
@@ -32,8 +34,8 @@ struct GenerationOptions {
 
 struct GenerationResult {
   std::vector<std::vector<int32_t>> completions;  // new tokens of each prompt (or each beam)
-  // With log_probs: log p of each completion token, and of each prompt token after the first
-  // (one list per prompt; per beam, the completion's and the prompt's).
+  // With log_probs: log p of each completion token; with prompt_log_probs, of each prompt token
+  // after the first (one list per prompt; per beam, the completion's and the prompt's).
   std::vector<std::vector<float>> completion_log_probs, prompt_log_probs;
   std::vector<double> beam_scores;  // beam_search: each beam's score, best first
   int64_t prompt_tokens = 0, generated_tokens = 0;

@@ -20,11 +20,11 @@ void SamplingOptions::validate() const {
   if (!(top_p > 0 && top_p <= 1))
     throw ConfigError(concat("--top-p=", top_p, " is out of range (allowed: (0, 1])"));
   if (!(top_p_decay >= 0 && top_p_decay <= 1))
-    throw ConfigError(concat("--top-p-decay=", top_p_decay,
-                             " is out of range (allowed: [0, 1]; 0 is no decay)"));
+    throw ConfigError(
+        concat("--top-p-decay=", top_p_decay, " is out of range (allowed: [0, 1]; 0 is no decay)"));
   if (!(top_p_bound >= 0 && top_p_bound <= top_p))
-    throw ConfigError(concat("--top-p-bound=", top_p_bound, " is out of range (allowed: [0, --top-p=",
-                             top_p, "])"));
+    throw ConfigError(concat("--top-p-bound=", top_p_bound,
+                             " is out of range (allowed: [0, --top-p=", top_p, "])"));
 }
 
 double SamplingOptions::top_p_at(int64_t steps) const {

@@ -1,6 +1,7 @@
 // text_server.cpp: the HTTP front (rank 0), the request queue and the batch loop (every rank).
 #include "inference/text_server.hpp"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,7 +52,8 @@ double number(const JsonValue& v, const char* name, const char* rule) {
   return v.number;
 }
 bool boolean(const JsonValue& v, const char* name) {
-  if (v.type != JsonValue::Type::Bool) throw ApiError(std::string(name) + " must be a boolean value");
+  if (v.type != JsonValue::Type::Bool)
+    throw ApiError(std::string(name) + " must be a boolean value");
   return v.boolean;
 }
 }  // namespace
@@ -77,18 +79,19 @@ ApiRequest parse_api_request(std::string_view body) {
       }
       have_prompts = true;
     } else if (key == "tokens_to_generate") {
-      q.tokens_to_generate = integer(v, "tokens_to_generate", 0, 1 << 30,
-                                     "an integer greater than or equal to 0");
+      q.tokens_to_generate =
+          integer(v, "tokens_to_generate", 0, 1 << 30, "an integer greater than or equal to 0");
     } else if (key == "temperature") {
       q.temperature = number(v, "temperature", "a number from 0 (greedy) to 100");
       if (!(q.temperature >= 0 && q.temperature <= 100))
         throw ApiError("temperature must be a number from 0 (greedy) to 100");
     } else if (key == "top_k") {
-      q.top_k = static_cast<int>(
-          integer(v, "top_k", 0, 1000, "an integer from 0 (no limit) to 1000"));
+      q.top_k =
+          static_cast<int>(integer(v, "top_k", 0, 1000, "an integer from 0 (no limit) to 1000"));
     } else if (key == "top_p") {
       q.top_p = number(v, "top_p", "a number from 0 (off) to 1");
-      if (!(q.top_p >= 0 && q.top_p <= 1)) throw ApiError("top_p must be a number from 0 (off) to 1");
+      if (!(q.top_p >= 0 && q.top_p <= 1))
+        throw ApiError("top_p must be a number from 0 (off) to 1");
     } else if (key == "top_p_decay") {
       q.top_p_decay = number(v, "top_p_decay", "a number from 0 to 1");
       if (!(q.top_p_decay >= 0 && q.top_p_decay <= 1))
@@ -101,14 +104,13 @@ ApiRequest parse_api_request(std::string_view body) {
     } else if (key == "add_BOS") {
       q.add_BOS = boolean(v, "add_BOS");
     } else if (key == "random_seed") {
-      q.random_seed = integer(v, "random_seed", 0, int64_t{1} << 53,
-                              "an integer from 0 to 2^53");
+      q.random_seed = integer(v, "random_seed", 0, int64_t{1} << 53, "an integer from 0 to 2^53");
     } else if (key == "beam_width") {
       if (v.type == JsonValue::Type::Null) continue;
       q.beam_width = static_cast<int>(integer(v, "beam_width", 1, 64, "an integer from 1 to 64"));
       have_beam = true;
     } else if (key == "stop_token") {
-      q.stop_token = integer(v, "stop_token", 0, int64_t{1} << 31, "a token id");
+      q.stop_token = integer(v, "stop_token", 0, (int64_t{1} << 31) - 1, "a token id");
     } else if (key == "length_penalty") {
       q.length_penalty = number(v, "length_penalty", "a number");
     } else if (key == "no_log") {
@@ -145,11 +147,21 @@ std::string json_quote(std::string_view in) {
   std::string o = "\"";
   for (const char c : s) {
     switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\r': o += "\\r"; break;
-      case '\t': o += "\\t"; break;
+      case '"':
+        o += "\\\"";
+        break;
+      case '\\':
+        o += "\\\\";
+        break;
+      case '\n':
+        o += "\\n";
+        break;
+      case '\r':
+        o += "\\r";
+        break;
+      case '\t':
+        o += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -180,16 +192,25 @@ struct Job {
   uint64_t seed = 0;
   int32_t stop = -1;
   std::promise<std::pair<int, std::string>> reply;  // HTTP status, body
+  bool answered = false;                            // the promise is set once
+  void answer(int status, std::string body) {
+    if (answered) return;
+    answered = true;
+    reply.set_value({status, std::move(body)});
+  }
 };
 
 class JobQueue {
  public:
-  void push(std::shared_ptr<Job> j) {
+  // False once the queue is closed (the server is stopping): the caller answers 503.
+  bool push(std::shared_ptr<Job> j) {
     {
       std::lock_guard<std::mutex> g(m_);
+      if (closed_) return false;
       q_.push_back(std::move(j));
     }
     cv_.notify_one();
+    return true;
   }
   // The next batch: a beam-search job alone, or sampling jobs up to `max_prompts` prompts (at least
   // one job). Empty when nothing came within `wait`.
@@ -210,13 +231,15 @@ class JobQueue {
     }
     return out;
   }
-  // Every job left, for a refusal at shutdown.
-  std::deque<std::shared_ptr<Job>> drain() {
+  // Closes the queue and returns every job left, for a refusal at shutdown.
+  std::deque<std::shared_ptr<Job>> close() {
     std::lock_guard<std::mutex> g(m_);
+    closed_ = true;
     return std::exchange(q_, {});
   }
 
  private:
+  bool closed_ = false;
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> q_;
@@ -230,11 +253,11 @@ std::vector<double> encode_batch(const std::vector<std::shared_ptr<Job>>& jobs) 
   std::vector<double> m{kBatch, static_cast<double>(jobs.size())};
   for (const auto& j : jobs) {
     const ApiRequest& q = j->req;
-    m.insert(m.end(), {static_cast<double>(q.beam_width), static_cast<double>(q.tokens_to_generate),
-                       q.temperature, static_cast<double>(q.top_k), q.top_p, q.top_p_decay,
-                       q.top_p_bound, static_cast<double>(j->seed), q.logprobs ? 1.0 : 0.0,
-                       static_cast<double>(j->stop), q.length_penalty,
-                       static_cast<double>(j->prompts.size())});
+    m.insert(m.end(),
+             {static_cast<double>(q.beam_width), static_cast<double>(q.tokens_to_generate),
+              q.temperature, static_cast<double>(q.top_k), q.top_p, q.top_p_decay, q.top_p_bound,
+              static_cast<double>(j->seed), q.logprobs ? 1.0 : 0.0, static_cast<double>(j->stop),
+              q.length_penalty, static_cast<double>(j->prompts.size())});
     for (const auto& p : j->prompts) {
       m.push_back(static_cast<double>(p.size()));
       m.insert(m.end(), p.begin(), p.end());
@@ -283,7 +306,7 @@ GenerationOptions options_of(const Job& j) {
   o.sampling.top_p_bound = q.top_p_bound;
   o.sampling.seed = j.seed;
   o.eod_id = j.stop;
-  o.log_probs = q.logprobs;
+  o.log_probs = o.prompt_log_probs = q.logprobs;
   o.beam_size = std::max(1, q.beam_width);
   o.length_penalty = q.length_penalty;
   return o;
@@ -317,8 +340,8 @@ std::string answer_json(const Job& j, const Tokenizer& tok,
       logprobs += "]";
     }
   }
-  std::string out = "{\"text\": " + text + "], \"segments\": " + segments + "], \"logprobs\": " +
-                    (j.req.logprobs ? logprobs + "]" : std::string("null"));
+  std::string out = "{\"text\": " + text + "], \"segments\": " + segments +
+                    "], \"logprobs\": " + (j.req.logprobs ? logprobs + "]" : std::string("null"));
   if (j.req.beam_width > 0) {
     out += ", \"scores\": [";
     for (size_t i = 0; i < scores.size(); ++i) out += (i ? ", " : "") + json_number(scores[i], 17);
@@ -337,15 +360,37 @@ void run_batch(GPTModel& model, const ParallelContext& ctx, const Tokenizer& tok
     budget = std::max(budget, j->req.tokens_to_generate);
     sequences += j->req.beam_width > 0 ? j->req.beam_width : static_cast<int>(j->prompts.size());
   }
-  InferenceEngine engine(model, ctx, sequences,
-                         std::min(positions, longest + std::max<int64_t>(budget, 1)));
-  if (jobs.size() == 1 && jobs[0]->req.beam_width > 0) {
+  // The caches may not fit (memory differs by stage): every rank learns whether all could
+  // allocate, and a batch that does not fit is refused together.
+  const bool beam = jobs.size() == 1 && jobs[0]->req.beam_width > 0;
+  std::unique_ptr<InferenceEngine> built;
+  std::string why;
+  try {
+    built = std::make_unique<InferenceEngine>(
+        model, ctx, sequences, std::min(positions, longest + std::max<int64_t>(budget, 1)));
+    if (beam) built->reserve_reorder();
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  double failed = why.empty() ? 0 : 1;
+  ctx.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
+  if (failed != 0) {
+    built.reset();
+    if (root)
+      for (auto& j : jobs)
+        j->answer(503, "the batch does not fit in memory (" +
+                           (why.empty() ? std::string("on another rank") : why) +
+                           "); send fewer or shorter prompts\n");
+    return;
+  }
+  InferenceEngine& engine = *built;
+  if (beam) {
     Job& j = *jobs[0];
     const GenerationResult r = beam_search(engine, ctx, j.prompts[0], options_of(j));
     if (root) {
       const std::vector<std::vector<int32_t>> prompts(r.completions.size(), j.prompts[0]);
-      j.reply.set_value({200, answer_json(j, tok, prompts, r.completions, r.prompt_log_probs,
-                                          r.completion_log_probs, r.beam_scores)});
+      j.answer(200, answer_json(j, tok, prompts, r.completions, r.prompt_log_probs,
+                                r.completion_log_probs, r.beam_scores));
     }
     return;
   }
@@ -368,8 +413,8 @@ void run_batch(GPTModel& model, const ParallelContext& ctx, const Tokenizer& tok
     };
     const std::vector<std::vector<int32_t>> comp(r.completions.begin() + at,
                                                  r.completions.begin() + at + n);
-    j->reply.set_value({200, answer_json(*j, tok, j->prompts, comp, slice(r.prompt_log_probs),
-                                         slice(r.completion_log_probs), {})});
+    j->answer(200, answer_json(*j, tok, j->prompts, comp, slice(r.prompt_log_probs),
+                               slice(r.completion_log_probs), {}));
     at += n;
   }
 }
@@ -377,7 +422,9 @@ void run_batch(GPTModel& model, const ParallelContext& ctx, const Tokenizer& tok
 // ---- HTTP ----------------------------------------------------------------------------------
 
 std::atomic<bool> g_stop{false};
-extern "C" void on_stop_signal(int) { g_stop = true; }
+extern "C" void on_stop_signal(int) {
+  g_stop = true;
+}
 
 struct Front {
   std::shared_ptr<const Tokenizer> tok;
@@ -417,9 +464,9 @@ std::shared_ptr<Job> make_job(const Front& f, const std::string& body) {
       throw ApiError("prompt " + std::to_string(i + 1) + " is empty (give it text, or add_BOS)");
     if (static_cast<int64_t>(ids.size()) + std::max<int64_t>(q.tokens_to_generate, 1) > f.positions)
       throw ApiError("prompt " + std::to_string(i + 1) + " has " + std::to_string(ids.size()) +
-                     (ids.size() == 1 ? " token" : " tokens") + "; with tokens_to_generate " + std::to_string(q.tokens_to_generate) +
-                     " that is more than the context of " + std::to_string(f.positions) +
-                     " positions");
+                     (ids.size() == 1 ? " token" : " tokens") + "; with tokens_to_generate " +
+                     std::to_string(q.tokens_to_generate) + " that is more than the context of " +
+                     std::to_string(f.positions) + " positions");
     j->prompts.push_back(std::move(ids));
   }
   if (q.random_seed >= 0) {
@@ -454,11 +501,12 @@ http::response<http::string_body> answer(Front& f, const http::request<http::str
     return reply(400, std::string(e.what()) + "\n", v, "text/plain");
   }
   auto done = job->reply.get_future();
-  f.queue.push(job);
+  if (!f.queue.push(job)) return reply(503, "the server is shutting down\n", v, "text/plain");
   const auto [status, body] = done.get();
   size_t prompt_tokens = 0;
   for (const auto& p : job->prompts) prompt_tokens += p.size();
-  std::fprintf(stderr, "tessera-serve: request %llu from %s: %d, %zu prompts (%zu tokens), %lld "
+  std::fprintf(stderr,
+               "tessera-serve: request %llu from %s: %d, %zu prompts (%zu tokens), %lld "
                "tokens to generate%s, %.3f s\n",
                static_cast<unsigned long long>(id), peer.c_str(), status, job->prompts.size(),
                prompt_tokens, static_cast<long long>(job->req.tokens_to_generate),
@@ -550,7 +598,7 @@ void serve_text_generation(GPTModel& model, const ParallelContext& ctx,
         tcp::socket sock(*io);
         acceptor->accept(sock, ec);
         if (ec) {
-          if (!acceptor->is_open()) return;
+          if (g_stop) return;
           continue;
         }
         std::thread(session, front, std::move(sock)).detach();
@@ -584,16 +632,16 @@ void serve_text_generation(GPTModel& model, const ParallelContext& ctx,
     }
     try {
       run_batch(model, ctx, *tok, run, root, front->positions);
-    } catch (const ConfigError& e) {  // a request the checks above let through
+    } catch (const ConfigError& e) {  // a request the checks above let through (every rank)
       if (root)
-        for (auto& j : run) j->reply.set_value({400, std::string(e.what()) + "\n"});
+        for (auto& j : run) j->answer(400, std::string(e.what()) + "\n");
     }
   }
   if (root) {
-    for (auto& j : front->queue.drain())
-      j->reply.set_value({503, "the server is shutting down\n"});
-    beast::error_code ec;
-    acceptor->close(ec);
+    for (auto& j : front->queue.close()) j->answer(503, "the server is shutting down\n");
+    // Wakes the accept thread's blocked accept() (it then sees the error and returns); the
+    // acceptor itself stays open until that thread, which shares its ownership, is gone.
+    ::shutdown(acceptor->native_handle(), SHUT_RDWR);
     std::fprintf(stderr, "tessera-serve: stopped after %llu requests\n",
                  static_cast<unsigned long long>(front->requests.load()));
   }

@@ -25,10 +25,10 @@ struct RunOptions {
   bool mock_data = false;       // synthetic data; also the source when no --data-path is given
   std::string data_path;        // prefix of HDF5 token shards
   std::string split = "969,30,1";
-  std::string load;         // checkpoint directory to start from
-  bool finetune = false;    // --load the model only: iteration, data and optimizer start fresh
-  bool skip_train = false;  // evaluate (after --load) and exit
-  bool no_load_optim = false;        // --load without the optimizer state
+  std::string load;            // checkpoint directory to start from
+  bool finetune = false;       // --load the model only: iteration, data and optimizer start fresh
+  bool skip_train = false;     // evaluate (after --load) and exit
+  bool no_load_optim = false;  // --load without the optimizer state
   bool use_checkpoint_args = false;  // the model's options come from --load's checkpoint
 };
 

@@ -10,63 +10,88 @@ namespace tessera {
 
 const char* IterationTimers::name(Id id, bool distributed_optimizer) {
   switch (id) {
-    case ForwardBackward: return "forward-backward";
-    case ForwardCompute: return "forward-compute";
-    case BackwardCompute: return "backward-compute";
-    case BatchGenerator: return "batch-generator";
-    case ForwardRecv: return "forward-recv";
-    case ForwardSend: return "forward-send";
-    case BackwardRecv: return "backward-recv";
-    case BackwardSend: return "backward-send";
+    case ForwardBackward:
+      return "forward-backward";
+    case ForwardCompute:
+      return "forward-compute";
+    case BackwardCompute:
+      return "backward-compute";
+    case BatchGenerator:
+      return "batch-generator";
+    case ForwardRecv:
+      return "forward-recv";
+    case ForwardSend:
+      return "forward-send";
+    case BackwardRecv:
+      return "backward-recv";
+    case BackwardSend:
+      return "backward-send";
     case GradsAllReduce:
       return distributed_optimizer ? "grads-reduce-scatter" : "grads-all-reduce";
-    case EmbeddingGradsAllReduce: return "embedding-grads-all-reduce";
-    case ParamsAllGather: return "params-all-gather";
-    case Optimizer: return "optimizer";
-    case SaveCheckpoint: return "save-checkpoint";
-    default: return "?";
+    case EmbeddingGradsAllReduce:
+      return "embedding-grads-all-reduce";
+    case ParamsAllGather:
+      return "params-all-gather";
+    case Optimizer:
+      return "optimizer";
+    case SaveCheckpoint:
+      return "save-checkpoint";
+    default:
+      return "?";
   }
 }
 
 // Megatron-LM's levels (megatron/training/training.py, the pipeline schedules).
 int IterationTimers::level(Id id) {
   switch (id) {
-    case SaveCheckpoint: return 0;
+    case SaveCheckpoint:
+      return 0;
     case ForwardBackward:
     case GradsAllReduce:
     case EmbeddingGradsAllReduce:
     case ParamsAllGather:
-    case Optimizer: return 1;
-    default: return 2;
+    case Optimizer:
+      return 1;
+    default:
+      return 2;
   }
 }
 
-void IterationTimers::configure(int level, std::string option, std::function<void()> sync,
+void IterationTimers::configure(int level, std::string option, std::unique_ptr<PhaseClock> clock,
                                 bool distributed_optimizer) {
   if (level < 0 || level > 2)
-    throw ConfigError(detail::concat("--timing-log-level=", level,
-                                     " is out of range (allowed: 0, 1, 2)"));
+    throw ConfigError(
+        detail::concat("--timing-log-level=", level, " is out of range (allowed: 0, 1, 2)"));
   if (option != "minmax" && option != "max" && option != "all")
     throw ConfigError("--timing-log-option '" + option +
                       "' is not an option (allowed: minmax, max, all)");
   level_ = level;
   option_ = std::move(option);
-  sync_ = std::move(sync);
+  clock_ = std::move(clock);
   dist_opt_ = distributed_optimizer;
 }
 
-IterationTimers::Scope::Scope(IterationTimers& t, Id id) : t_(t.on(id) ? &t : nullptr), id_(id) {
+IterationTimers::Scope::Scope(IterationTimers& t, Id id)
+    : t_(t.on(id) && t.clock_ ? &t : nullptr), id_(id) {
   if (!t_) return;
-  if (t_->sync_) t_->sync_();
-  start_ = std::chrono::steady_clock::now();
+  slot_ = t_->next_slot_++;
+  t_->clock_->record(slot_);
 }
 
 IterationTimers::Scope::~Scope() {
   if (!t_) return;
-  if (t_->sync_) t_->sync_();
-  t_->ms_[id_] +=
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+  const int end = t_->next_slot_++;
+  t_->clock_->record(end);
+  t_->pending_.push_back({id_, slot_, end});
   ++t_->calls_[id_];
+}
+
+void IterationTimers::settle() {
+  if (pending_.empty()) return;
+  clock_->synchronize();
+  for (const Interval& i : pending_) ms_[i.id] += clock_->elapsed_ms(i.from, i.to);
+  pending_.clear();
+  next_slot_ = 0;
 }
 
 std::vector<IterationTimers::Id> IterationTimers::iteration_timers() const {
@@ -79,6 +104,7 @@ std::vector<IterationTimers::Id> IterationTimers::iteration_timers() const {
 std::vector<IterationTimers::Row> IterationTimers::collect(Communicator& world,
                                                            const std::vector<Id>& ids,
                                                            int iterations) {
+  settle();
   const int R = world.size(), N = static_cast<int>(ids.size());
   // Every rank's times (and whether it ran each timer), gathered exactly by a sum of slots.
   std::vector<double> all(static_cast<size_t>(2 * R * N), 0.0);
@@ -86,7 +112,8 @@ std::vector<IterationTimers::Row> IterationTimers::collect(Communicator& world,
     all[static_cast<size_t>(world.rank() * N + k)] = ms_[ids[k]];
     all[static_cast<size_t>(R * N + world.rank() * N + k)] = static_cast<double>(calls_[ids[k]]);
   }
-  if (!all.empty()) world.all_reduce_f64(all.data(), static_cast<int64_t>(all.size()), ReduceOp::Sum);
+  if (!all.empty())
+    world.all_reduce_f64(all.data(), static_cast<int64_t>(all.size()), ReduceOp::Sum);
   for (Id id : ids) ms_[id] = 0, calls_[id] = 0;
   std::vector<Row> rows;
   const double per = 1.0 / std::max(iterations, 1);

@@ -4,9 +4,10 @@
 // backward-compute, the pipeline's sends and receives, the gradient reduction, the parameter
 // gather, the optimizer, the batch generator, the checkpoint save. Each timer has Megatron's level
 // (1: the step's main phases, 2: everything); a timer above --timing-log-level costs one branch.
-// A timed phase synchronizes the backend at its start and end (on CUDA the host clock then
-// measures the device work, as Megatron's timers do), so level 2 adds a synchronization around
-// every micro-batch's pieces.
+// A timed phase records a timestamp on a PhaseClock at its start and end: CUDA events on the
+// compute stream (the device work between them, with no host synchronization inside the step,
+// so the pipeline's transfers are never held up) or, on the CPU, the host clock. The timestamps
+// are read once per step, after the step's own synchronization (settle()).
 //
 // At each --log-interval the trainer collects the timers over all ranks (collective) and prints,
 // after the iteration line, per timer the min and max over the ranks that ran it (minmax), the
@@ -14,12 +15,12 @@
 #pragma once
 
 #include <array>
-#include <chrono>
-#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "core/phase_timer.hpp"
 
 namespace tessera {
 
@@ -45,8 +46,8 @@ class IterationTimers {
   static int level(Id id);
 
   // level 0: only save-checkpoint (printed when a checkpoint is saved); option: minmax | max |
-  // all; `sync` waits for the backend's queued work (empty: none).
-  void configure(int level, std::string option, std::function<void()> sync,
+  // all; `clock` takes the timestamps (backend/select.hpp make_phase_clock).
+  void configure(int level, std::string option, std::unique_ptr<PhaseClock> clock,
                  bool distributed_optimizer);
   bool on(Id id) const { return level(id) <= level_; }
 
@@ -61,8 +62,10 @@ class IterationTimers {
    private:
     IterationTimers* t_;
     Id id_;
-    std::chrono::steady_clock::time_point start_;
+    int slot_ = 0;
   };
+  // Reads the timestamps recorded so far into the totals (waits for the device's events).
+  void settle();
 
   struct Row {
     std::string name;
@@ -82,8 +85,14 @@ class IterationTimers {
  private:
   int level_ = 0;
   std::string option_ = "minmax";
-  std::function<void()> sync_;
+  std::unique_ptr<PhaseClock> clock_;
   bool dist_opt_ = false;
+  struct Interval {
+    Id id;
+    int from, to;
+  };
+  std::vector<Interval> pending_;
+  int next_slot_ = 0;
   std::array<double, kCount> ms_{};
   std::array<int64_t, kCount> calls_{};
 };

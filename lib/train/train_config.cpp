@@ -8,9 +8,9 @@ namespace tessera {
 void TrainConfig::validate(int dp_size) const {
   using detail::concat;
   if (timing_log_level < 0 || timing_log_level > 2)
-    throw ConfigError(concat("--timing-log-level=", timing_log_level,
-                             " is out of range (allowed: 0, 1, 2)"));
- if (tensorboard_log_interval < 1)
+    throw ConfigError(
+        concat("--timing-log-level=", timing_log_level, " is out of range (allowed: 0, 1, 2)"));
+  if (tensorboard_log_interval < 1)
     throw ConfigError(concat("--tensorboard-log-interval=", tensorboard_log_interval,
                              " is out of range (allowed: >= 1)"));
   if (timing_log_option != "minmax" && timing_log_option != "max" && timing_log_option != "all")
@@ -109,17 +109,18 @@ TrainConfig TrainConfig::resolved(int dp_size) const {
   if (train_samples > 0 && t.train_iters == 0)
     throw ConfigError(concat("--train-samples=", train_samples, " is less than one global batch (",
                              G, " samples)"));
-  t.lr_decay_iters = iters(lr_decay_samples, "--lr-decay-samples", "--lr-decay-iters",
-                           lr_decay_iters);
-  t.lr_warmup_iters = iters(lr_warmup_samples, "--lr-warmup-samples", "--lr-warmup-iters",
-                            lr_warmup_iters);
+  t.lr_decay_iters =
+      iters(lr_decay_samples, "--lr-decay-samples", "--lr-decay-iters", lr_decay_iters);
+  t.lr_warmup_iters =
+      iters(lr_warmup_samples, "--lr-warmup-samples", "--lr-warmup-iters", lr_warmup_iters);
   if (lr_warmup_fraction != 0) {
     if (!(lr_warmup_fraction > 0 && lr_warmup_fraction <= 1))
       throw ConfigError(concat("--lr-warmup-fraction=", lr_warmup_fraction,
                                " is out of range (allowed: 0 < f <= 1)"));
     if (t.lr_warmup_iters > 0)
-      throw ConfigError("--lr-warmup-fraction and --lr-warmup-iters (or --lr-warmup-samples) "
-                        "both given; choose one");
+      throw ConfigError(
+          "--lr-warmup-fraction and --lr-warmup-iters (or --lr-warmup-samples) "
+          "both given; choose one");
     const int64_t decay = t.lr_decay_iters > 0 ? t.lr_decay_iters : t.train_iters;
     t.lr_warmup_iters = static_cast<int64_t>(lr_warmup_fraction * static_cast<double>(decay));
   }

@@ -8,12 +8,13 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/select.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "comm/process_grid.hpp"
 #include "core/logging.hpp"
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
 #include "core/timer.hpp"
-#include "comm/process_grid.hpp"
 #include "train/options.hpp"
 #include "train/watchdog.hpp"
 
@@ -197,7 +198,7 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
       throw ConfigError("--metrics-file '" + cfg_.metrics_file +
                         "' cannot be opened for appending; check the directory exists");
   }
-  timers_.configure(cfg_.timing_log_level, cfg_.timing_log_option, [this] { be_.synchronize(); },
+  timers_.configure(cfg_.timing_log_level, cfg_.timing_log_option, make_phase_clock(be_),
                     dist_opt_ != nullptr);
   if (!cfg_.tensorboard_dir.empty()) {  // the last rank writes (Megatron's); its failure is all's
     std::string why;
@@ -377,7 +378,8 @@ const std::vector<bool>& Trainer::counted_params() {
 double Trainer::params_norm() {
   std::vector<Tensor> ps;
   const std::vector<bool>& counted = counted_params();
-  if (dist_opt_) {  // the f32 master weights of this rank's blocks (the parameters themselves in f32)
+  if (dist_opt_) {  // the f32 master weights of this rank's blocks (the parameters themselves in
+                    // f32)
     ps = dist_opt_->param_blocks(counted);
   } else {
     for (size_t i = 0; i < counted.size(); ++i)
@@ -592,6 +594,7 @@ StepStats Trainer::train_step() {
   consumed_samples_ += cfg_.global_batch(ctx_.dp_size);
   be_.synchronize();  // the step's time includes the device work it queued
   st.seconds = timer.seconds();
+  timers_.settle();  // the step's timestamps have happened: read them, reuse the slots
   return st;
 }
 
@@ -632,7 +635,8 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
     if (cfg_.log_params_norm) tb_->add_scalar("params-norm", pnorm, s.iteration);
     if (cfg_.log_num_zeros_in_grad) tb_->add_scalar("num-zeros", zeros, s.iteration);
     if (cfg_.log_timers_to_tensorboard)
-      for (const IterationTimers::Row& r : timed) tb_->add_scalar(r.name + "-time", r.max_ms, s.iteration);
+      for (const IterationTimers::Row& r : timed)
+        tb_->add_scalar(r.name + "-time", r.max_ms, s.iteration);
     tb_->flush();
   }
   if (metrics_.is_open()) {
@@ -682,8 +686,8 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
                          : " (cudaProfilerStart; NVTX range 'profile')");
     }
     StepStats s = train_step();
-    if (all.empty() || (cfg_.memory_report_interval > 0 &&
-                        s.iteration % cfg_.memory_report_interval == 0))
+    if (all.empty() ||
+        (cfg_.memory_report_interval > 0 && s.iteration % cfg_.memory_report_interval == 0))
       memory_report(s.iteration);
     if (profiler_on && iteration_ >= cfg_.profile_step_end) {
       nvtx_pop();
@@ -701,7 +705,8 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
       tb_->add_scalar("lm loss vs samples", s.loss, consumed_samples_);
       tb_->add_scalar("grad-norm", s.grad_norm, s.iteration);
       tb_->add_scalar("iteration-time", s.seconds, s.iteration);
-      if (cfg_.compute_dtype == DType::F16) tb_->add_scalar("loss-scale", s.loss_scale, s.iteration);
+      if (cfg_.compute_dtype == DType::F16)
+        tb_->add_scalar("loss-scale", s.loss_scale, s.iteration);
     }
     interval_seconds += s.seconds;
     ++in_interval;
@@ -798,25 +803,13 @@ void Trainer::memory_report(int64_t iteration) {
   const double MB = 1024.0 * 1024.0;
   for (int r = 0; r < R; ++r) {
     char line[320];
-    std::snprintf(line, sizeof line,
-                  "[Rank %d] (after %lld iterations) memory (MB) | allocated: %.2f | max allocated: "
-                  "%.2f | reserved (%s): %.2f | --dry-run estimate: %.2f",
-                  r, (long long)iteration, all[4 * r] / MB, all[4 * r + 1] / MB, m.reserved_what,
-                  all[4 * r + 2] / MB, all[4 * r + 3] / MB);
+    std::snprintf(
+        line, sizeof line,
+        "[Rank %d] (after %lld iterations) memory (MB) | allocated: %.2f | max allocated: "
+        "%.2f | reserved (%s): %.2f | --dry-run estimate: %.2f",
+        r, (long long)iteration, all[4 * r] / MB, all[4 * r + 1] / MB, m.reserved_what,
+        all[4 * r + 2] / MB, all[4 * r + 3] / MB);
     TLOG(info) << line;
-  }
-  if (metrics_.is_open()) {
-    metrics_ << "{\"iteration\": " << iteration << ", \"memory_mb\": [";
-    for (int r = 0; r < R; ++r) {
-      char js[256];
-      std::snprintf(js, sizeof js,
-                    "%s{\"rank\": %d, \"allocated\": %.3f, \"max_allocated\": %.3f, "
-                    "\"reserved\": %.3f, \"estimate\": %.3f}",
-                    r ? ", " : "", r, all[4 * r] / MB, all[4 * r + 1] / MB, all[4 * r + 2] / MB,
-                    all[4 * r + 3] / MB);
-      metrics_ << js;
-    }
-    metrics_ << "]}\n" << std::flush;
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
+#include "core/tensorboard.hpp"
 #include "data/dataset.hpp"
 #include "data/prefetcher.hpp"
 #include "model/gpt.hpp"
@@ -20,7 +21,6 @@
 #include "train/lr_schedule.hpp"
 #include "train/optimizer.hpp"
 #include "train/pipeline.hpp"
-#include "core/tensorboard.hpp"
 #include "train/timers.hpp"
 #include "train/train_config.hpp"
 
@@ -110,8 +110,7 @@ class Trainer {
   // `model_only`, the optimizer state, iteration and data position start fresh.
   // model_only (--finetune): iteration, data position and optimizer start fresh; without
   // load_optimizer (--no-load-optim) only the optimizer (moments and step count) does.
-  void load_checkpoint(const std::string& dir, bool model_only = false,
-                       bool load_optimizer = true);
+  void load_checkpoint(const std::string& dir, bool model_only = false, bool load_optimizer = true);
 
  private:
   // Samples of this DP rank for the step that starts at `consumed` samples.

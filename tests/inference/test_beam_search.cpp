@@ -89,7 +89,8 @@ TEST(BeamSearch, WideBeamEqualsExhaustiveSearch) {
   ASSERT_GE(r.completions.size(), 10u);
   for (size_t k = 0; k < 10; ++k) {
     EXPECT_EQ(r.completions[k], all[k].second) << "rank " << k;
-    EXPECT_NEAR(r.beam_scores[k], all[k].first, 1e-5 * std::max(1.0, std::fabs(all[k].first))) << "rank " << k;
+    EXPECT_NEAR(r.beam_scores[k], all[k].first, 1e-5 * std::max(1.0, std::fabs(all[k].first)))
+        << "rank " << k;
   }
   // The distributions are far from uniform, so the search had something to find.
   EXPECT_GT(all.front().first - all.back().first, 5.0);
@@ -122,7 +123,7 @@ TEST(Generation, LogProbsEqualAFullRecomputation) {
   o.max_new_tokens = 5;
   o.sampling.temperature = 0.7;
   o.sampling.seed = 3;
-  o.log_probs = true;
+  o.log_probs = o.prompt_log_probs = true;
   InferenceEngine e(*lm.model, lm.ctx, 2, 16);
   const GenerationResult r = generate(e, lm.ctx, prompts, o);
   ASSERT_EQ(r.completion_log_probs.size(), 2u);
@@ -241,8 +242,9 @@ TEST(TextServer, BadRequestsSayWhatIsWrong) {
   EXPECT_EQ(reason(R"({"prompts": ["a"], "logprobs": "yes"})"), "logprobs must be a boolean value");
   EXPECT_EQ(reason(R"({"prompts": ["a", "b"], "beam_width": 2})"),
             "beam search takes one prompt per request (beam_width given with 2 prompts)");
-  EXPECT_EQ(reason(R"({"prompts": ["a"], "stop_on_eol": true})").rfind("unknown field 'stop_on_eol'", 0),
-            0u);
+  EXPECT_EQ(
+      reason(R"({"prompts": ["a"], "stop_on_eol": true})").rfind("unknown field 'stop_on_eol'", 0),
+      0u);
 }
 
 TEST(TextServer, JsonStringsAreValidUtf8) {
