@@ -86,6 +86,7 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
   h5_write_attr(f, "iteration", m.iteration);
   h5_write_attr(f, "consumed_samples", m.consumed_samples);
   h5_write_attr(f, "optimizer_steps", m.optimizer_steps);
+  if (m.lr_schedule_samples >= 0) h5_write_attr(f, "lr_schedule_samples", m.lr_schedule_samples);
   if (m.has_loss_scale) {  // as text: exact for any double
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.17g", m.loss_scale);
@@ -280,6 +281,7 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
   need(h0->get(), "iteration", meta_.iteration, first);
   need(h0->get(), "consumed_samples", meta_.consumed_samples, first);
   need(h0->get(), "optimizer_steps", meta_.optimizer_steps, first);
+  h5_read_attr(h0->get(), "lr_schedule_samples", meta_.lr_schedule_samples);  // optional
   {
     std::string scale;
     if (h5_read_attr(h0->get(), "loss_scale", scale)) {

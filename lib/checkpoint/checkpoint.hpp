@@ -37,6 +37,9 @@ struct CheckpointMeta {
   int64_t iteration = 0;
   int64_t consumed_samples = 0;
   int64_t optimizer_steps = 0;
+  // Samples of the updates taken, where the learning-rate schedule counts samples (a batch-size
+  // ramp); -1: not stored (the schedule counts optimizer steps).
+  int64_t lr_schedule_samples = -1;
   uint64_t seed = 0;
   GPTConfig model;
   int tp_size = 1, pp_size = 1, dp_size = 1;

@@ -47,6 +47,34 @@ std::vector<int> parse_rank_list(const std::string& text, const std::string& opt
   return ranks;
 }
 
+// --rampup-batch-size START INCR SAMPLES: three integers, on the command line or as one INI value.
+std::vector<int64_t> parse_rampup(const std::vector<std::string>& tokens) {
+  std::string text;
+  for (const std::string& t : tokens) text += (text.empty() ? "" : " ") + t;
+  std::vector<int64_t> values;
+  std::istringstream in(text);
+  std::string item;
+  while (in >> item) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size())
+      throw ConfigError("--rampup-batch-size " + text +
+                        ": '" + item + "' is not an integer (give START INCR SAMPLES, e.g. 16 16 "
+                        "500000)");
+    values.push_back(v);
+  }
+  if (!tokens.empty() && values.size() != 3)
+    throw ConfigError("--rampup-batch-size " + text +
+                      ": give three numbers, START INCR SAMPLES (e.g. --rampup-batch-size 16 16 "
+                      "500000)");
+  return values;
+}
+
 RecomputeConfig recompute_options(const std::string& granularity, const std::string& method,
                                   int num_layers, bool checkpoint_activations,
                                   int checkpoint_num_layers) {
@@ -99,6 +127,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   TrainConfig& t = o.train;
   std::string log_level = "info";
   std::string profile_ranks;
+  std::vector<std::string> rampup;
   bool bf16 = false, fp16 = false;
   std::string recompute_granularity, recompute_method;
   int recompute_num_layers = 0, checkpoint_num_layers = 0;
@@ -221,6 +250,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "samples over which to decay (instead of --lr-decay-iters)")(
           "lr-warmup-samples", po::value(&t.lr_warmup_samples)->default_value(0),
           "warm-up samples (instead of --lr-warmup-iters)")(
+          "rampup-batch-size", po::value(&rampup)->multitoken(),
+          "START INCR SAMPLES: grow the global batch from START by INCR over the first SAMPLES "
+          "samples (needs --train-samples)")(
           "weight-decay", po::value(&t.weight_decay)->default_value(0.01),
           "decoupled weight decay for weight matrices and embeddings (not biases or LayerNorm)")(
           "clip-grad", po::value(&t.clip_grad)->default_value(1.0),
@@ -366,6 +398,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     m.layernorm_epsilon = norm_epsilon;
   }
   t.profile_ranks = parse_rank_list(profile_ranks, "--profile-ranks");
+  t.rampup_batch_size = parse_rampup(rampup);
   if (bf16 && fp16) throw ConfigError("--bf16 and --fp16 both given; choose one");
   t.compute_dtype = bf16 ? DType::BF16 : fp16 ? DType::F16 : DType::F32;
   t.recompute = recompute_options(recompute_granularity, recompute_method, recompute_num_layers,

@@ -1,9 +1,83 @@
 // train_config.cpp: validation of the training settings.
 #include "train/train_config.hpp"
 
+#include <algorithm>
+
 #include "core/error.hpp"
 
 namespace tessera {
+
+namespace {
+
+std::string ramp_text(const std::vector<int64_t>& r) {
+  std::string s;
+  for (int64_t v : r) s += (s.empty() ? "" : " ") + std::to_string(v);
+  return s;
+}
+
+// Megatron's conditions on --rampup-batch-size, checked before the first step (Megatron finds a
+// batch that does not split into micro-batches only when the ramp reaches it).
+void validate_rampup(const TrainConfig& t, int dp_size) {
+  using detail::concat;
+  const std::vector<int64_t>& r = t.rampup_batch_size;
+  if (r.empty()) return;
+  const std::string given = "--rampup-batch-size " + ramp_text(r);
+  if (r.size() != 3)
+    throw ConfigError(given +
+                      ": give three numbers, START INCR SAMPLES (e.g. --rampup-batch-size 16 16 "
+                      "500000)");
+  const int64_t start = r[0], incr = r[1], samples = r[2], G = t.global_batch(dp_size);
+  if (start < 1 || incr < 1 || samples < 1)
+    throw ConfigError(given + ": START, INCR and SAMPLES must be >= 1");
+  if (start > G)
+    throw ConfigError(concat(given, ": START ", start, " exceeds --global-batch-size=", G,
+                             "; the ramp grows the batch up to the global batch size"));
+  if ((G - start) % incr != 0)
+    throw ConfigError(concat(given, " does not reach --global-batch-size=", G,
+                             " in whole steps: ", G, " - START ", start, " = ", G - start,
+                             " is not a multiple of INCR ", incr));
+  const int64_t unit = int64_t(t.micro_batch_size) * dp_size;
+  for (int64_t b = start; b <= G; b += incr)
+    if (b % unit != 0)
+      throw ConfigError(concat(given, ": the ramp's global batch ", b,
+                               " is not divisible by --micro-batch-size=", t.micro_batch_size,
+                               " x data-parallel size ", dp_size, " = ", unit,
+                               " (START and INCR must be multiples of ", unit, ")"));
+  if (t.train_samples <= 0)
+    throw ConfigError(given +
+                      " needs --train-samples (as in Megatron-LM: iterations of a growing batch "
+                      "do not measure the run; give its length in samples)");
+  if (t.lr_warmup_iters > 0 || t.lr_decay_iters > 0)
+    throw ConfigError(concat("--lr-warmup-iters=", t.lr_warmup_iters, " / --lr-decay-iters=",
+                             t.lr_decay_iters, " count iterations, whose size changes under ",
+                             given,
+                             "; give --lr-warmup-samples or --lr-warmup-fraction and "
+                             "--lr-decay-samples (set the iteration options to 0)"));
+}
+
+}  // namespace
+
+int TrainConfig::global_batch_at(int dp_size, int64_t consumed) const {
+  const int G = global_batch(dp_size);
+  if (rampup_batch_size.size() != 3) return G;
+  const int64_t start = rampup_batch_size[0], incr = rampup_batch_size[1],
+                samples = rampup_batch_size[2];
+  if (consumed > samples || start >= G || incr <= 0) return G;
+  const int64_t increments = (G - start) / incr;
+  const double per_increment = static_cast<double>(samples) / static_cast<double>(increments);
+  const int64_t steps = static_cast<int64_t>(static_cast<double>(consumed) / per_increment);
+  return static_cast<int>(std::min<int64_t>(G, start + steps * incr));
+}
+
+std::vector<int> TrainConfig::global_batches(int dp_size) const {
+  const int G = global_batch(dp_size);
+  std::vector<int> sizes;
+  if (rampup_batch_size.size() == 3 && rampup_batch_size[1] > 0)
+    for (int64_t b = rampup_batch_size[0]; b < G; b += rampup_batch_size[1])
+      sizes.push_back(static_cast<int>(b));
+  sizes.push_back(G);
+  return sizes;
+}
 
 void TrainConfig::validate(int dp_size) const {
   using detail::concat;
@@ -91,6 +165,7 @@ void TrainConfig::validate(int dp_size) const {
         "parameter gather to overlap)");
   if (!(peak_tflops >= 0))
     throw ConfigError(concat("--peak-tflops=", peak_tflops, " is out of range (allowed: >= 0)"));
+  if (!lr_schedule_in_samples) validate_rampup(*this, dp_size);  // resolved() checked it
 }
 
 TrainConfig TrainConfig::resolved(int dp_size) const {
@@ -98,6 +173,40 @@ TrainConfig TrainConfig::resolved(int dp_size) const {
   TrainConfig t = *this;
   const int64_t G = global_batch(dp_size);
   if (G <= 0) return t;  // validate() names the bad batch size
+  if (!rampup_batch_size.empty()) {
+    if (micro_batch_size <= 0) return t;  // validate() names it
+    validate_rampup(*this, dp_size);
+    if (train_iters > 0)
+      throw ConfigError("--train-samples and --train-iters both given; choose one");
+    // Megatron's iteration count: ramp steps while the ramp lasts (and the run), then whole
+    // global batches of what is left.
+    int64_t iters = 0, consumed = 0;
+    const int64_t ramp = rampup_batch_size[2];
+    while (consumed <= ramp && consumed <= train_samples) {
+      consumed += global_batch_at(dp_size, consumed);
+      ++iters;
+    }
+    if (train_samples > consumed) iters += (train_samples - consumed) / G;
+    t.train_iters = iters;
+    t.lr_schedule_in_samples = true;
+    if (lr_decay_samples < 0 || lr_warmup_samples < 0)
+      throw ConfigError(concat("--lr-decay-samples=", lr_decay_samples, " / --lr-warmup-samples=",
+                               lr_warmup_samples, " are out of range (allowed: >= 0)"));
+    t.lr_decay_iters = lr_decay_samples > 0 ? lr_decay_samples : train_samples;
+    t.lr_warmup_iters = lr_warmup_samples;
+    if (lr_warmup_fraction != 0) {
+      if (!(lr_warmup_fraction > 0 && lr_warmup_fraction <= 1))
+        throw ConfigError(concat("--lr-warmup-fraction=", lr_warmup_fraction,
+                                 " is out of range (allowed: 0 < f <= 1)"));
+      if (lr_warmup_samples > 0)
+        throw ConfigError("--lr-warmup-fraction and --lr-warmup-samples both given; choose one");
+      t.lr_warmup_iters =
+          static_cast<int64_t>(lr_warmup_fraction * static_cast<double>(t.lr_decay_iters));
+    }
+    t.train_samples = t.lr_decay_samples = t.lr_warmup_samples = 0;
+    t.lr_warmup_fraction = 0;
+    return t;
+  }
   auto iters = [&](int64_t samples, const char* option, const char* iter_option, int64_t given) {
     if (samples < 0)
       throw ConfigError(concat(option, "=", samples, " is out of range (allowed: >= 1)"));

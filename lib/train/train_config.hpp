@@ -24,6 +24,14 @@ struct TrainConfig {
   // as Megatron does for --train-samples). 0: not given.
   int64_t train_samples = 0, lr_decay_samples = 0, lr_warmup_samples = 0;
   double lr_warmup_fraction = 0;  // warm-up iterations = fraction x decay iterations
+  // Megatron's --rampup-batch-size START INCR SAMPLES: the global batch starts at START and grows
+  // by INCR in equal intervals of the first SAMPLES samples, up to the global batch size, then
+  // stays there. Needs --train-samples. Empty: a constant global batch.
+  std::vector<int64_t> rampup_batch_size;
+  // Set by resolved() under a ramp (Megatron's sample-based scheduler): the learning-rate
+  // schedule advances by the samples of each update, and lr_warmup_iters / lr_decay_iters count
+  // samples.
+  bool lr_schedule_in_samples = false;
   // Checkpoints without the optimizer state (--no-save-optim); a load that leaves it out
   // (--no-load-optim: the optimizer and its step count start fresh).
   bool no_save_optim = false;
@@ -102,7 +110,8 @@ struct TrainConfig {
   int64_t profile_step_start = 10, profile_step_end = 12;
   std::vector<int> profile_ranks{0};
 
-  // A copy with the sample-based options and the warm-up fraction turned into iterations.
+  // A copy with the sample-based options and the warm-up fraction turned into iterations (under
+  // a ramp: train_iters counted as Megatron does, the schedule kept in samples).
   TrainConfig resolved(int dp_size) const;
   int global_batch(int dp_size) const {
     return global_batch_size > 0 ? global_batch_size : micro_batch_size * dp_size;
@@ -110,6 +119,11 @@ struct TrainConfig {
   int num_micro_batches(int dp_size) const {
     return global_batch(dp_size) / (micro_batch_size * dp_size);
   }
+  // The global batch of the step that starts after `consumed` samples (Megatron's ramp: START +
+  // INCR x floor(consumed / (SAMPLES / increments)) while consumed <= SAMPLES).
+  int global_batch_at(int dp_size, int64_t consumed) const;
+  // Every global batch size the run takes, smallest first (one without a ramp).
+  std::vector<int> global_batches(int dp_size) const;
   // Throws ConfigError naming the option and the allowed values.
   void validate(int dp_size) const;
 };

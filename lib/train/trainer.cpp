@@ -63,15 +63,17 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
                                " is not divisible by --pipeline-model-parallel-size=", pp,
                                " x virtual stages ", V, " = ", pp * V, " (", t.virtual_option,
                                ")"));
-    const int micro = t.num_micro_batches(dp);
-    if (micro % pp != 0)
-      throw ConfigError(concat("the interleaved schedule (", t.virtual_option,
-                               ") needs the number of micro-batches ", "per step, ", micro,
-                               " (global batch ", t.global_batch(dp), " / (micro-batch ",
-                               t.micro_batch_size, " x DP ", dp,
-                               ")), to be a multiple of "
-                               "--pipeline-model-parallel-size=",
-                               pp));
+    for (const int g : t.global_batches(dp)) {  // every size of a batch-size ramp
+      const int micro = g / (t.micro_batch_size * dp);
+      if (micro % pp != 0)
+        throw ConfigError(concat("the interleaved schedule (", t.virtual_option,
+                                 ") needs the number of micro-batches ", "per step, ", micro,
+                                 " (global batch ", g, " / (micro-batch ", t.micro_batch_size,
+                                 " x DP ", dp,
+                                 ")), to be a multiple of "
+                                 "--pipeline-model-parallel-size=",
+                                 pp));
+    }
   }
   t.recompute.validate(cfg.num_layers / (pp * V), V > 1);
   if (t.sequence_parallel && tp == 1)
@@ -151,27 +153,14 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
     model_->reduce_sequence_parallel_grads(piece);
     reducer_->piece_ready(piece);
   };
-  const int micro = num_micro_batches();
-  const int V = cfg_.virtual_pipeline_size;
-  TESSERA_CHECK(V == 1 || ctx_.pp_size == 1 || !(ctx_.first_stage() || ctx_.last_stage()) ||
-                    be_.device() == Device::CPU || (ctx_.pp_wrap && ctx_.pp_wrap_grad),
-                "virtual pipeline stages on the GPU need the ring's own communicators "
-                "(ProcessGrid::use_pipeline_ring before use_nccl)");
-  schedule_steps_ = schedule_interleaved(ctx_.pp_size, ctx_.pp_rank, micro, V);
-  chunk_slots_ = V > 1 ? pipeline_chunk_slots(schedule_steps_, V)
-                       : std::vector<int>{pipeline_slots(ctx_.pp_size, ctx_.pp_rank, micro)};
-  slots_ =
-      model_->make_activation_slots(cfg_.micro_batch_size, model_cfg_.seq_length, chunk_slots_);
-  for (int c = 0, offset = 0; c < V; offset += chunk_slots_[c++]) slot_offset_.push_back(offset);
-  sends_.resize(slots_.size());
-  if (ctx_.last_stage()) {
-    AllocationLabel label("the token losses of one step");
-    micro_losses_ = Tensor({int64_t(micro) * cfg_.micro_batch_size * model_cfg_.seq_length},
-                           DType::F32, be_.allocator());
+  {
+    const int V = cfg_.virtual_pipeline_size;
+    TESSERA_CHECK(V == 1 || ctx_.pp_size == 1 || !(ctx_.first_stage() || ctx_.last_stage()) ||
+                      be_.device() == Device::CPU || (ctx_.pp_wrap && ctx_.pp_wrap_grad),
+                  "virtual pipeline stages on the GPU need the ring's own communicators "
+                  "(ProcessGrid::use_pipeline_ring before use_nccl)");
   }
-  const int64_t local = cfg_.global_batch(ctx_.dp_size) / ctx_.dp_size;
-  batch_.resize(static_cast<size_t>(local) * (model_cfg_.seq_length + 1));
-  prefetch_ = std::make_unique<Prefetcher>(data_, local);
+  shape_step(cfg_.global_batch_at(ctx_.dp_size, 0));
   if (!cfg_.save.empty()) {  // an unwritable --save is an error now, not after hours of training
     double bad = 0;
     std::string why;
@@ -218,6 +207,33 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   }
 }
 
+void Trainer::shape_step(int global_batch) {
+  if (global_batch == step_batch_) return;
+  step_batch_ = global_batch;
+  const int micro = num_micro_batches();
+  const int V = cfg_.virtual_pipeline_size;
+  schedule_steps_ = schedule_interleaved(ctx_.pp_size, ctx_.pp_rank, micro, V);
+  chunk_slots_ = V > 1 ? pipeline_chunk_slots(schedule_steps_, V)
+                       : std::vector<int>{pipeline_slots(ctx_.pp_size, ctx_.pp_rank, micro)};
+  slots_.clear();  // the previous shape's buffers go back first (the sends on them completed)
+  slots_ =
+      model_->make_activation_slots(cfg_.micro_batch_size, model_cfg_.seq_length, chunk_slots_);
+  slot_offset_.clear();
+  for (int c = 0, offset = 0; c < V; offset += chunk_slots_[c++]) slot_offset_.push_back(offset);
+  sends_.clear();
+  sends_.resize(slots_.size());
+  if (ctx_.last_stage()) {
+    micro_losses_ = Tensor();
+    AllocationLabel label("the token losses of one step");
+    micro_losses_ = Tensor({int64_t(micro) * cfg_.micro_batch_size * model_cfg_.seq_length},
+                           DType::F32, be_.allocator());
+  }
+  const int64_t local = global_batch / ctx_.dp_size;
+  batch_.resize(static_cast<size_t>(local) * (model_cfg_.seq_length + 1));
+  prefetch_.reset();  // its read in flight (of the previous shape) finishes first
+  prefetch_ = std::make_unique<Prefetcher>(data_, local);
+}
+
 Activations& Trainer::slot(int chunk, int micro) {
   return slots_[static_cast<size_t>(slot_offset_[chunk] + micro % chunk_slots_[chunk])];
 }
@@ -244,15 +260,17 @@ Trainer::Link Trainer::backward_out() const {
 }
 
 int64_t Trainer::first_sample(int64_t consumed) const {
-  return dp_slice_begin(consumed, cfg_.global_batch(ctx_.dp_size), ctx_.dp_size, ctx_.dp_rank);
+  return dp_slice_begin(consumed, step_batch_, ctx_.dp_size, ctx_.dp_rank);
 }
 
 void Trainer::load_batch(StepStats& st) {
   TESSERA_PHASE("data-wait");
   IterationTimers::Scope timed(timers_, IterationTimers::BatchGenerator);
-  const int64_t G = cfg_.global_batch(ctx_.dp_size);
+  // The next step's slice (of its batch size, which a ramp may change: then the read is wasted).
+  const int64_t next = consumed_samples_ + step_batch_;
   prefetch_->fetch(first_sample(consumed_samples_), batch_.data(),
-                   first_sample(consumed_samples_ + G));
+                   dp_slice_begin(next, cfg_.global_batch_at(ctx_.dp_size, next), ctx_.dp_size,
+                                  ctx_.dp_rank));
   st.data_wait_seconds = prefetch_->take_wait_seconds();
 }
 
@@ -453,6 +471,13 @@ void Trainer::sum_micro_losses() {
   }
 }
 
+double Trainer::step_lr() const {
+  // Iteration-based: the schedule counts updates (Megatron: skipped fp16 steps do not advance
+  // it). Sample-based (a batch-size ramp): it counts the samples of the updates, this one's too.
+  return cfg_.lr_schedule_in_samples ? schedule_.lr(lr_samples_ + step_batch_)
+                                     : schedule_.lr(optimizer_steps() + 1);
+}
+
 int64_t Trainer::optimizer_steps() const {
   return dist_opt_ ? dist_opt_->steps_taken() : optimizer_->steps_taken();
 }
@@ -475,7 +500,9 @@ double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters)
   sync_params();
   TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "evaluation data has sequence length ",
                 data.seq_length(), ", the model ", model_cfg_.seq_length);
-  const int64_t G = cfg_.global_batch(ctx_.dp_size), local = G / ctx_.dp_size;
+  // Megatron evaluates with the full global batch, also during a batch-size ramp.
+  shape_step(cfg_.global_batch(ctx_.dp_size));
+  const int64_t G = step_batch_, local = G / ctx_.dp_size;
   const int64_t S = model_cfg_.seq_length + 1;
   double loss = 0, tokens = 0;
   StepStats st;
@@ -497,6 +524,8 @@ StepStats Trainer::train_step() {
   Timer timer;
   StepStats st;
   st.iteration = iteration_ + 1;
+  shape_step(cfg_.global_batch_at(ctx_.dp_size, consumed_samples_));
+  st.global_batch = step_batch_;
   load_batch(st);
   // Loss tokens of the whole global batch, known before any backward so every micro-batch's
   // gradient is scaled by the same 1/N (the loss is the mean over the global batch).
@@ -547,10 +576,10 @@ StepStats Trainer::train_step() {
       st.skipped = true;
       ++skipped_iterations_;
       iteration_ = st.iteration;
-      consumed_samples_ += cfg_.global_batch(ctx_.dp_size);
+      consumed_samples_ += step_batch_;
       be_.synchronize();
       st.seconds = timer.seconds();
-      st.lr = schedule_.lr(optimizer_steps() + 1);
+      st.lr = step_lr();
       return st;
     }
   }
@@ -571,7 +600,7 @@ StepStats Trainer::train_step() {
       clip_grads(model_->params(), be_, st.grad_norm, cfg_.clip_grad);
     }
     // The schedule counts updates (Megatron: skipped fp16 steps do not advance it).
-    st.lr = schedule_.lr(optimizer_steps() + 1);
+    st.lr = step_lr();
     if (dist_opt_) {
       {
         TESSERA_PHASE("optimizer-step");  // its blocks, then the parameter gather starts
@@ -591,7 +620,8 @@ StepStats Trainer::train_step() {
     }
   }
   iteration_ = st.iteration;
-  consumed_samples_ += cfg_.global_batch(ctx_.dp_size);
+  consumed_samples_ += step_batch_;
+  lr_samples_ += step_batch_;
   be_.synchronize();  // the step's time includes the device work it queued
   st.seconds = timer.seconds();
   timers_.settle();  // the step's timestamps have happened: read them, reuse the slots
@@ -601,7 +631,7 @@ StepStats Trainer::train_step() {
 void Trainer::log_iteration(const StepStats& s, double interval_loss, double interval_seconds,
                             int n) {
   const double sec = interval_seconds / n;
-  const int gbs = cfg_.global_batch(ctx_.dp_size);
+  const int gbs = s.global_batch;
   const int ranks = ctx_.tp_size * ctx_.pp_size * ctx_.dp_size;
   const double tok_s = static_cast<double>(gbs) * model_cfg_.seq_length / sec;
   const double gflops = model_cfg_.train_flops_per_token() * tok_s / 1e9 / ranks;  // per rank
@@ -642,11 +672,12 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
   if (metrics_.is_open()) {
     char js[512];
     std::snprintf(js, sizeof js,
-                  "{\"iteration\": %lld, \"consumed_samples\": %lld, \"lm_loss\": %.17g, "
+                  "{\"iteration\": %lld, \"consumed_samples\": %lld, \"global_batch_size\": %d, "
+                  "\"lm_loss\": %.17g, "
                   "\"lr\": %.17g, \"grad_norm\": %.17g, \"ms_per_iter\": %.4f, \"tokens_per_s\": "
                   "%.3f, \"gflops_per_s_per_rank\": %.4f, \"tflops_per_gpu\": %.6f",
-                  (long long)s.iteration, (long long)consumed_samples_, interval_loss / n, s.lr,
-                  s.grad_norm, sec * 1e3, tok_s, gflops, gflops / 1e3);
+                  (long long)s.iteration, (long long)consumed_samples_, s.global_batch,
+                  interval_loss / n, s.lr, s.grad_norm, sec * 1e3, tok_s, gflops, gflops / 1e3);
     metrics_ << js;
     if (cfg_.peak_tflops > 0) {
       std::snprintf(js, sizeof js, ", \"mfu\": %.6f", gflops / (cfg_.peak_tflops * 1e3));
@@ -700,7 +731,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
       // Megatron's tags; "vs samples" puts the consumed samples on the x axis.
       tb_->add_scalar("learning-rate", s.lr, s.iteration);
       tb_->add_scalar("learning-rate vs samples", s.lr, consumed_samples_);
-      tb_->add_scalar("batch-size", cfg_.global_batch(ctx_.dp_size), s.iteration);
+      tb_->add_scalar("batch-size", s.global_batch, s.iteration);
       tb_->add_scalar("lm loss", s.loss, s.iteration);
       tb_->add_scalar("lm loss vs samples", s.loss, consumed_samples_);
       tb_->add_scalar("grad-norm", s.grad_norm, s.iteration);
@@ -839,6 +870,7 @@ void Trainer::write_checkpoint(const std::string& dir) {
   meta.iteration = iteration_;
   meta.consumed_samples = consumed_samples_;
   meta.optimizer_steps = optimizer_steps();
+  meta.lr_schedule_samples = cfg_.lr_schedule_in_samples ? lr_samples_ : -1;
   meta.seed = cfg_.seed;
   meta.model = model_cfg_;
   meta.tp_size = ctx_.tp_size;
@@ -994,6 +1026,11 @@ void Trainer::load_checkpoint(const std::string& dir, bool model_only, bool load
     skipped_iterations_ = m.skipped_iterations;
   }
   const int64_t steps = optimizer ? m.optimizer_steps : 0;
+  // The sample-based schedule's position: stored by a ramped run; otherwise every consumed
+  // sample was an update's (a constant batch without skipped steps).
+  lr_samples_ = !optimizer                    ? 0
+                : m.lr_schedule_samples >= 0 ? m.lr_schedule_samples
+                                             : m.consumed_samples;
   if (dist_opt_)
     dist_opt_->set_steps_taken(steps);
   else

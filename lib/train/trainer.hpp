@@ -41,6 +41,7 @@ struct StepStats {
   double data_wait_seconds = 0;      // blocked waiting for this step's samples
   double loss_scale = 1;             // fp16: the scale this step's backward used
   bool skipped = false;              // fp16: gradients overflowed, no update (grad_norm is 0)
+  int global_batch = 0;              // samples of this step (changes during a batch-size ramp)
 };
 
 // The first sample of DP rank `dp_rank`'s slice of the global batch that starts after `consumed`
@@ -75,7 +76,10 @@ class Trainer {
   void sync_params();
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_samples_; }
-  int num_micro_batches() const { return cfg_.num_micro_batches(ctx_.dp_size); }
+  // Micro-batches per step at the current global batch (a ramp changes it; evaluation uses the
+  // full global batch).
+  int num_micro_batches() const { return step_batch_ / (cfg_.micro_batch_size * ctx_.dp_size); }
+  int step_global_batch() const { return step_batch_; }
   const LossScaler& loss_scaler() const { return scaler_; }
   int64_t skipped_iterations() const { return skipped_iterations_; }
 
@@ -113,6 +117,11 @@ class Trainer {
   void load_checkpoint(const std::string& dir, bool model_only = false, bool load_optimizer = true);
 
  private:
+  // Shapes the step for `global_batch` samples: the schedule, activation slots, token losses,
+  // batch buffer and prefetcher (again only when the size changes: a batch-size ramp).
+  void shape_step(int global_batch);
+  // The learning rate of the step about to update.
+  double step_lr() const;
   // Samples of this DP rank for the step that starts at `consumed` samples.
   int64_t first_sample(int64_t consumed) const;
   void load_batch(StepStats& st);
@@ -178,6 +187,8 @@ class Trainer {
   int64_t last_saved_ = -1;
   int stopped_by_signal_ = 0;
   int64_t iteration_ = 0, consumed_samples_ = 0;
+  int step_batch_ = 0;       // the global batch the step's buffers are shaped for
+  int64_t lr_samples_ = 0;   // samples of the updates taken (the sample-based schedule)
   std::ofstream metrics_;
 };
 

@@ -3,7 +3,8 @@
 # timers at every --timing-log-level and --timing-log-option (TP2 x PP2, min <= max over ranks),
 # params norm and zeros in the gradient (the same at 1 rank and TP2 x PP2), the memory report
 # against the --dry-run estimate, TensorBoard event files read by an independent reader (same
-# losses as the metrics file), a repeated option taking its last value, and the bad inputs.
+# losses as the metrics file), a repeated option taking its last value, Megatron's schedule options
+# (--train-samples, --rampup-batch-size across layouts and a resume), and the bad inputs.
 # Usage: test_logging.sh BIN_DIR CONFIG_DIR SOURCE_DIR
 set -u
 bin=$1
@@ -147,6 +148,28 @@ out=$(train 1 --train-iters 3 --load "$work/full" --num-layers 3 --hidden-size 9
 out=$(train 1 --train-iters 3 --load "$work/full" --num-layers 3 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "has --num-layers=2 but this run has 3" <<<"$out" && ok "without --use-checkpoint-args the shapes must agree" || bad "shape check: rc $rc"
 
+# --rampup-batch-size 8 8 48 to 16 over --train-samples 160 (Megatron's counts): 6 steps of 8 while
+# fewer than 48 samples are consumed, one of 16 at 48, then (160 - 64) / 16 = 6: 13 iterations.
+# The same losses at 1 rank, DP2 and TP2 x PP2; a resume in the middle of the ramp is exact.
+R=(--train-iters 0 --lr-warmup-iters 0 --train-samples 160 --rampup-batch-size 8 8 48 --lr-warmup-samples 32 --log-interval 1)
+field() { sed "s/.*\"$2\": \([^,]*\),.*/\1/" "$1" | tr '\n' ' '; }
+train 1 "${R[@]}" --metrics-file "$work/r1.jsonl" > "$work/r1.log" 2>&1
+train 2 "${R[@]}" --metrics-file "$work/r2.jsonl" > "$work/r2.log" 2>&1
+train 4 "${L[@]}" "${R[@]}" --metrics-file "$work/r4.jsonl" > "$work/r4.log" 2>&1
+sizes=$(field "$work/r1.jsonl" global_batch_size)
+[ "$sizes" = "8 8 8 8 8 8 16 16 16 16 16 16 16 " ] && [ "$(field "$work/r1.jsonl" consumed_samples | awk '{print $NF}')" = 160 ] \
+  && grep -q "at first (--rampup-batch-size: +8 in equal parts of the first 48 samples, up to 16; 13 iterations)" "$work/r1.log" \
+  && ok "--rampup-batch-size 8 8 48: global batches $sizes(160 samples)" || bad "ramp sizes '$sizes': $(tail -3 "$work/r1.log")"
+worst=$(paste <(field "$work/r1.jsonl" lm_loss | tr ' ' '\n') <(field "$work/r2.jsonl" lm_loss | tr ' ' '\n') <(field "$work/r4.jsonl" lm_loss | tr ' ' '\n') \
+  | awk 'NF == 3 { for (i = 2; i <= 3; i++) { d = ($i - $1) / $1; if (d < 0) d = -d; if (d > w) w = d }; n++ } END { printf "%d %.3g", n, w }')
+awk -v w="${worst#* }" -v n="${worst% *}" 'BEGIN { exit !(n == 13 && w < 1e-5) }' \
+  && ok "ramp: 1 rank == DP2 == TP2 x PP2 (13 iterations, worst relative difference ${worst#* })" || bad "ramp layouts: $worst"
+train 1 "${R[@]}" --save "$work/ramp" --save-interval 4 --exit-interval 4 > /dev/null 2>&1
+train 1 "${R[@]}" --load "$work/ramp" --metrics-file "$work/rr.jsonl" > "$work/rr.log" 2>&1
+a=$(tail -n 9 "$work/r1.jsonl" | sed 's/"ms_per_iter.*//'); b=$(sed 's/"ms_per_iter.*//' "$work/rr.jsonl")
+[ -n "$b" ] && [ "$a" = "$b" ] && ok "ramp: resumed at iteration 4 (batch 8), iterations 5-13 bitwise equal (batch, lr, loss)" \
+  || bad "ramp resume: $(diff <(echo "$a") <(echo "$b") | head -4)"
+
 # Evaluation: each one continues through the validation split; at the end of training Megatron's
 # "validation loss at the end of training" for the val and test data.
 out=$(train 1 --train-iters 4 --log-interval 2 --eval-interval 2 --eval-iters 2 2>&1)
@@ -183,6 +206,12 @@ refused "warm-up fraction and iterations" "--lr-warmup-fraction and --lr-warmup-
 refused "--lr-warmup-fraction 1.5" "--lr-warmup-fraction=1.5 is out of range (allowed: 0 < f <= 1)" --lr-warmup-iters 0 --lr-warmup-fraction 1.5
 refused "--train-samples with --train-iters" "--train-samples and --train-iters both given; choose one" --train-samples 64
 refused "--train-samples below a batch" "--train-samples=8 is less than one global batch (16 samples)" --train-iters 0 --train-samples 8
+RB=(--train-iters 0 --lr-warmup-iters 0 --train-samples 64)
+refused "a ramp that misses the global batch" "--rampup-batch-size 4 5 32 does not reach --global-batch-size=16 in whole steps: 16 - START 4 = 12 is not a multiple of INCR 5" "${RB[@]}" --rampup-batch-size 4 5 32
+refused "a ramp batch that does not split" "--rampup-batch-size 6 5 32: the ramp's global batch 6 is not divisible by --micro-batch-size=4 x data-parallel size 1 = 4" "${RB[@]}" --micro-batch-size 4 --global-batch-size 16 --rampup-batch-size 6 5 32
+refused "a ramp of two numbers" "--rampup-batch-size 4 4: give three numbers, START INCR SAMPLES" "${RB[@]}" --rampup-batch-size 4 4
+refused "a ramp without --train-samples" "--rampup-batch-size 4 4 32 needs --train-samples" --lr-warmup-iters 0 --rampup-batch-size 4 4 32
+refused "a ramp with --lr-warmup-iters" "count iterations, whose size changes under --rampup-batch-size 4 4 32" --train-iters 0 --train-samples 64 --rampup-batch-size 4 4 32
 refused "--use-checkpoint-args without --load" "--use-checkpoint-args needs --load" --use-checkpoint-args
 refused "--no-load-optim without --load" "--no-load-optim needs --load" --no-load-optim
 refused "--full-validation on mock data" "--full-validation needs --data-path (mock data has no end)" --full-validation

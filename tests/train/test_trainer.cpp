@@ -97,6 +97,80 @@ TEST(LrSchedule, WarmupThenDecay) {
   EXPECT_THROW(LrSchedule(1, 0, 0, 10, "step"), ConfigError);
 }
 
+// Megatron's ramp (RampupBatchsizeNumMicroBatchesCalculator): START 32, INCR 32, 1000 samples up to
+// 256: 7 increments of 1000/7 = 142.857 samples; then the global batch.
+TEST(TrainConfig, RampupBatchSizeFollowsMegatron) {
+  TrainConfig t;
+  t.micro_batch_size = 4;
+  t.global_batch_size = 256;
+  t.rampup_batch_size = {32, 32, 1000};
+  t.train_samples = 5000;
+  EXPECT_EQ(t.global_batch_at(8, 0), 32);
+  EXPECT_EQ(t.global_batch_at(8, 142), 32);
+  EXPECT_EQ(t.global_batch_at(8, 143), 64);
+  EXPECT_EQ(t.global_batch_at(8, 285), 64);
+  EXPECT_EQ(t.global_batch_at(8, 286), 96);
+  EXPECT_EQ(t.global_batch_at(8, 999), 224);
+  EXPECT_EQ(t.global_batch_at(8, 1000), 256);
+  EXPECT_EQ(t.global_batch_at(8, 1001), 256);
+  EXPECT_EQ(t.global_batches(8), (std::vector<int>{32, 64, 96, 128, 160, 192, 224, 256}));
+  // Megatron's update_train_iters: ramp steps while consumed <= 1000 (5 x 32, 2 x 64, 2 x 96,
+  // 1 x 128, 1 x 160, 1 x 192, 1 x 224: 1184 samples, 13 iterations), then (5000 - 1184) / 256.
+  const TrainConfig r = t.resolved(8);
+  EXPECT_EQ(r.train_iters, 13 + (5000 - 1184) / 256);
+  EXPECT_TRUE(r.lr_schedule_in_samples);
+  EXPECT_EQ(r.lr_decay_iters, 5000);  // the schedule counts samples
+  TrainConfig bad = t;
+  bad.rampup_batch_size = {32, 48, 1000};  // 256 - 32 = 224 is not a multiple of 48
+  EXPECT_THROW(bad.resolved(8), ConfigError);
+  bad.rampup_batch_size = {16, 16, 1000};  // 16 is not a multiple of micro 4 x DP 8
+  EXPECT_THROW(bad.resolved(8), ConfigError);
+  bad = t;
+  bad.train_samples = 0;
+  bad.train_iters = 100;  // Megatron: iteration-based training has no ramp
+  EXPECT_THROW(bad.resolved(8), ConfigError);
+}
+
+// The ramp's first phase is the constant-batch run at START: the same samples and (in samples) the
+// same learning rates, so the same losses bitwise; then the batch grows by INCR.
+TEST(Trainer, RampupStartsAsTheConstantBatchRun) {
+  const GPTConfig m = tiny_model();
+  TrainConfig constant = tiny_train();
+  constant.global_batch_size = 4;
+  constant.train_iters = 8;
+  constant.lr_warmup_iters = 10;
+  constant.lr_decay_iters = 50;
+  TrainConfig ramp = tiny_train();
+  ramp.global_batch_size = 12;
+  ramp.train_iters = 0;
+  ramp.lr_warmup_iters = 0;
+  ramp.train_samples = 200;
+  ramp.lr_warmup_samples = 40;  // 10 steps of 4
+  ramp.lr_decay_samples = 200;  // 50 steps of 4
+  ramp.rampup_batch_size = {4, 4, 64};  // batch 4 below 32 samples, 8 below 64, then 12
+  auto be = make_cpu_backend();
+  auto data = make_mock_dataset(m.vocab_size, m.seq_length, ramp.seed);
+  Trainer tr(m, ramp, *be, *data);
+  std::vector<StepStats> stats = tr.train();
+  const std::vector<double> base = run(m, constant);
+  // 8 x 4 (to 32 samples), 4 x 8 (to 64), one of 12 at 64 (the ramp lasts while consumed <=
+  // 64), then (200 - 76) / 12 = 10 of 12: 23 iterations.
+  ASSERT_EQ(tr.config().train_iters, 23);
+  ASSERT_EQ(stats.size(), 23u);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(stats[i].global_batch, 4) << i;
+    EXPECT_EQ(stats[i].loss, base[i]) << "iteration " << i + 1;
+  }
+  int64_t consumed = 0;
+  for (const StepStats& s : stats) {
+    EXPECT_EQ(s.global_batch, ramp.global_batch_at(1, consumed)) << s.iteration;
+    consumed += s.global_batch;
+  }
+  EXPECT_EQ(stats[8].global_batch, 8);
+  EXPECT_EQ(stats.back().global_batch, 12);
+  EXPECT_EQ(tr.consumed_samples(), consumed);
+}
+
 TEST(Optimizer, AdamWDecaysOnlyWeightsAndMatchesTorch) {
   GPTConfig c = tiny_model();
   auto be = make_cpu_backend();
