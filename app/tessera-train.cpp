@@ -96,6 +96,8 @@ int main(int argc, char** argv) {
     }
     try {
       trainer.train(valid.get());
+    } catch (const AgreedConfigError&) {
+      throw;  // every rank stops here together (a bad sample): a clean exit 2, rank 0 reports it
     } catch (const std::exception& e) {
       // End the job before the trainer's destructors wait on transfers peers will never match.
       abort_job(e.what());

@@ -25,7 +25,8 @@ packages=(build-essential cmake ninja-build pkg-config git
           libgtest-dev libgmock-dev
           libopenblas-openmp-dev
           libicu-dev
-          gnuplot-nox)
+          gnuplot-nox
+          python3-h5py python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

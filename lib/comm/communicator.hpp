@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.hpp"
@@ -63,6 +64,22 @@ inline void broadcast_f64(Communicator& comm, std::vector<double>& v, int root) 
   comm.all_reduce_f64(&n, 1, ReduceOp::Sum);
   if (comm.rank() != root) v.assign(static_cast<size_t>(n), 0.0);
   if (n > 0) comm.all_reduce_f64(v.data(), static_cast<int64_t>(v.size()), ReduceOp::Sum);
+}
+
+// Collective: the message of the lowest rank of `comm` whose `mine` is not empty, on every rank;
+// empty when no rank has one. So a failure one rank found stops all of them with its words.
+inline std::string first_message(Communicator& comm, const std::string& mine) {
+  double from = -(mine.empty() ? comm.size() : comm.rank());  // the max is the lowest rank
+  comm.all_reduce_f64(&from, 1, ReduceOp::Max);
+  if (-from >= comm.size()) return std::string();
+  const int root = static_cast<int>(-from);
+  std::vector<double> text;
+  if (comm.rank() == root)
+    for (unsigned char c : mine) text.push_back(c);
+  broadcast_f64(comm, text, root);
+  std::string out;
+  for (double c : text) out.push_back(static_cast<char>(static_cast<unsigned char>(c)));
+  return out;
 }
 
 // Everything a model and a schedule need to know about the parallel layout of this rank.

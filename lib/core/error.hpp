@@ -19,6 +19,13 @@ class ConfigError : public Error {
   explicit ConfigError(const std::string& what) : Error(what) {}
 };
 
+// Bad input that every rank of the job learned at the same point of a collective (one rank read a
+// bad sample, all agreed to stop): each rank may end cleanly, exit 2, with the first rank's words.
+class AgreedConfigError : public ConfigError {
+ public:
+  explicit AgreedConfigError(const std::string& what) : ConfigError(what) {}
+};
+
 // Builds "<expr> failed at <file>:<line>: <detail>" and throws Error.
 [[noreturn]] void throw_check_failure(const char* expr, const char* file, int line,
                                       const std::string& detail);

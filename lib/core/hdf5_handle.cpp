@@ -69,7 +69,12 @@ bool h5_read_attr(hid_t obj, const char* name, int64_t& v) {
   if (H5Aexists(obj, name) <= 0) return false;
   H5Id attr(H5Aopen(obj, name, H5P_DEFAULT));
   H5Id space(H5Aget_space(attr.get()));
-  if (!space.valid() || H5Sget_simple_extent_npoints(space.get()) != 1) return false;
+  H5Id type(H5Aget_type(attr.get()));
+  // Any integer width and sign (h5py writes a Python int as int64, numpy scalars as they are);
+  // HDF5 converts to int64. A float or string is not an integer attribute.
+  if (!space.valid() || !type.valid() || H5Sget_simple_extent_npoints(space.get()) != 1 ||
+      H5Tget_class(type.get()) != H5T_INTEGER)
+    return false;
   return H5Aread(attr.get(), H5T_NATIVE_INT64, &v) >= 0;
 }
 
@@ -77,10 +82,24 @@ bool h5_read_attr(hid_t obj, const char* name, std::string& v) {
   if (H5Aexists(obj, name) <= 0) return false;
   H5Id attr(H5Aopen(obj, name, H5P_DEFAULT));
   H5Id type(H5Aget_type(attr.get()));
-  if (!type.valid() || H5Tget_class(type.get()) != H5T_STRING) return false;
+  H5Id space(H5Aget_space(attr.get()));
+  if (!type.valid() || !space.valid() || H5Tget_class(type.get()) != H5T_STRING ||
+      H5Sget_simple_extent_npoints(space.get()) != 1)
+    return false;
+  // Read in the attribute's own character set (HDF5 does not convert ASCII <-> UTF-8).
+  const H5T_cset_t cset = H5Tget_cset(type.get());
+  H5Id mem(H5Tcopy(H5T_C_S1));
+  H5Tset_cset(mem.get(), cset);
+  if (H5Tis_variable_str(type.get()) > 0) {  // h5py's default for a Python str
+    H5Tset_size(mem.get(), H5T_VARIABLE);
+    char* text = nullptr;
+    if (H5Aread(attr.get(), mem.get(), &text) < 0) return false;
+    v = text ? text : "";
+    H5free_memory(text);
+    return true;
+  }
   const size_t n = H5Tget_size(type.get());
   std::string buf(n + 1, '\0');
-  H5Id mem(H5Tcopy(H5T_C_S1));
   H5Tset_size(mem.get(), n + 1);
   if (H5Aread(attr.get(), mem.get(), buf.data()) < 0) return false;
   v = buf.c_str();

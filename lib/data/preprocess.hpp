@@ -42,7 +42,8 @@ class ShardWriter {
   ~ShardWriter();
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
-  void add(const uint32_t* tokens, size_t n);  // one document
+  // One document; ConfigError naming it when an id is outside the vocabulary of the meta.
+  void add(const uint32_t* tokens, size_t n);
   // Shards written so far, the one being filled included.
   size_t shards() const { return tmp_.size() + (offsets_.size() > 1 ? 1 : 0); }
   std::vector<std::string> commit();  // the final names
@@ -55,6 +56,7 @@ class ShardWriter {
   std::vector<uint32_t> tokens_;
   std::vector<uint64_t> offsets_{0};
   std::vector<std::string> tmp_;
+  int64_t documents_ = 0;  // added so far
   bool committed_ = false;
 };
 

@@ -72,7 +72,9 @@ void write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
 ShardReader::ShardReader(const std::string& path) : path_(path) {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   silence_hdf5_errors();
-  auto bad = [&](const std::string& what) { return Error("data shard '" + path + "': " + what); };
+  auto bad = [&](const std::string& what) {
+    return ConfigError("data shard '" + path + "': " + what);
+  };
   struct stat st;
   if (stat(path.c_str(), &st) != 0)
     throw bad("does not exist; check --data-path (shards are <prefix>_NNNNN.h5)");
@@ -85,10 +87,21 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
   if (meta_.format_version != kShardFormatVersion)
     throw bad("has format_version " + std::to_string(meta_.format_version) + ", this build reads " +
               std::to_string(kShardFormatVersion) + "; re-run tessera-preprocess");
-  if (!h5_read_attr(file_.get(), "vocab_size", meta_.vocab_size) ||
-      !h5_read_attr(file_.get(), "eod_id", meta_.eod_id) ||
-      !h5_read_attr(file_.get(), "tokenizer", meta_.tokenizer))
-    throw bad("lacks the vocab_size, eod_id or tokenizer attribute");
+  if (!h5_read_attr(file_.get(), "vocab_size", meta_.vocab_size))
+    throw bad(
+        "lacks the vocab_size attribute (an integer: the tokenizer's vocabulary size; see "
+        "docs/data.md)");
+  if (!h5_read_attr(file_.get(), "eod_id", meta_.eod_id))
+    throw bad("lacks the eod_id attribute (an integer: the end-of-document token; see docs/data.md)");
+  if (!h5_read_attr(file_.get(), "tokenizer", meta_.tokenizer))
+    throw bad("lacks the tokenizer attribute (a string naming the tokenizer; see docs/data.md)");
+  if (meta_.vocab_size < 1 || meta_.vocab_size > (int64_t(1) << 31))
+    throw bad("has vocab_size " + std::to_string(meta_.vocab_size) +
+              ", out of range (allowed: 1 to 2^31); re-run tessera-preprocess");
+  if (meta_.eod_id < 0 || meta_.eod_id >= meta_.vocab_size)
+    throw bad("has eod_id " + std::to_string(meta_.eod_id) + ", outside its vocab_size " +
+              std::to_string(meta_.vocab_size) +
+              " (inconsistent attributes); re-run tessera-preprocess");
   if (H5Lexists(file_.get(), "tokens", H5P_DEFAULT) <= 0 ||
       H5Lexists(file_.get(), "doc_offsets", H5P_DEFAULT) <= 0)
     throw bad("lacks the /tokens or /doc_offsets dataset");
@@ -96,10 +109,12 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
   H5Id tspace(H5Dget_space(tokens_.get()));
   H5Id ttype(H5Dget_type(tokens_.get()));
   if (!tspace.valid() || H5Sget_simple_extent_ndims(tspace.get()) != 1 ||
-      H5Tget_class(ttype.get()) != H5T_INTEGER || H5Tget_sign(ttype.get()) != H5T_SGN_NONE)
-    throw bad("/tokens is not a 1-D unsigned integer dataset");
-  u16_ = H5Tget_size(ttype.get()) == 2;
-  if (!u16_ && H5Tget_size(ttype.get()) != 4) throw bad("/tokens is neither uint16 nor uint32");
+      H5Tget_class(ttype.get()) != H5T_INTEGER)
+    throw bad("/tokens is not a 1-D integer dataset");
+  // uint16 / uint32 (tessera-preprocess) read straight as uint32; other integer types (int64 from
+  // a plain numpy array, say) through an int64 buffer, so negative ids are seen, not clamped.
+  wide_ = !(H5Tget_sign(ttype.get()) == H5T_SGN_NONE &&
+            (H5Tget_size(ttype.get()) == 2 || H5Tget_size(ttype.get()) == 4));
   hsize_t n = 0;
   H5Sget_simple_extent_dims(tspace.get(), &n, nullptr);
   num_tokens_ = static_cast<int64_t>(n);
@@ -127,11 +142,43 @@ void ShardReader::read(int64_t begin, int64_t count, int32_t* out) const {
   const hsize_t start[1] = {static_cast<hsize_t>(begin)}, cnt[1] = {static_cast<hsize_t>(count)};
   HDF5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, cnt, nullptr));
   H5Id mspace(H5Screate_simple(1, cnt, nullptr));
-  // Read as uint32 straight into the int32 output (ids < 2^31), converting from uint16 if needed.
-  if (H5Dread(tokens_.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
-    throw Error("data shard '" + path_ + "': reading tokens [" + std::to_string(begin) + ", " +
-                std::to_string(begin + count) +
-                ") failed (truncated or corrupt); re-run tessera-preprocess");
+  auto failed = [&] {
+    return Error("data shard '" + path_ + "': reading tokens [" + std::to_string(begin) + ", " +
+                 std::to_string(begin + count) +
+                 ") failed (truncated or corrupt); re-run tessera-preprocess");
+  };
+  // Every id handed out is inside the vocabulary (a max over the read, cheap next to the step).
+  int64_t worst_at = -1, worst = 0;
+  if (!wide_) {  // uint16 / uint32: read as uint32 straight into the int32 output
+    if (H5Dread(tokens_.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, out) <
+        0)
+      throw failed();
+    const uint32_t* ids = reinterpret_cast<const uint32_t*>(out);
+    uint32_t top = 0;
+    for (int64_t i = 0; i < count; ++i) top = std::max(top, ids[i]);
+    if (static_cast<int64_t>(top) >= meta_.vocab_size)
+      for (int64_t i = 0; i < count && worst_at < 0; ++i)
+        if (static_cast<int64_t>(ids[i]) >= meta_.vocab_size) worst_at = i, worst = ids[i];
+  } else {
+    std::vector<int64_t> wide(static_cast<size_t>(count));
+    if (H5Dread(tokens_.get(), H5T_NATIVE_INT64, mspace.get(), fspace.get(), H5P_DEFAULT,
+                wide.data()) < 0)
+      throw failed();
+    for (int64_t i = 0; i < count; ++i) {
+      if ((wide[i] < 0 || wide[i] >= meta_.vocab_size) && worst_at < 0) worst_at = i, worst = wide[i];
+      out[i] = static_cast<int32_t>(wide[i]);
+    }
+  }
+  if (worst_at < 0) return;
+  const uint64_t at = static_cast<uint64_t>(begin + worst_at);
+  const size_t doc =
+      std::upper_bound(doc_offsets_.begin(), doc_offsets_.end(), at) - doc_offsets_.begin() - 1;
+  throw ConfigError("data shard '" + path_ + "': document " + std::to_string(doc) + " (token " +
+                    std::to_string(at - doc_offsets_[doc]) + " of the document, " +
+                    std::to_string(at) + " of the shard) has id " + std::to_string(worst) +
+                    ", outside the vocabulary of " + std::to_string(meta_.vocab_size) +
+                    " tokens (its vocab_size attribute); re-run tessera-preprocess with the "
+                    "tokenizer that matches");
 }
 
 std::string shard_path(const std::string& prefix, int index) {

@@ -1,8 +1,10 @@
 // shard.hpp: the HDF5 token shard (DESIGN.md invariant 5; other tools read it, keep it stable):
-//   /tokens       1-D uint16 (vocabulary <= 65536) or uint32, chunked
+//   /tokens       1-D uint16 (vocabulary <= 65536) or uint32, chunked (readers also take any
+//                 integer type, and any HDF5 filter the library has: gzip from h5py)
 //   /doc_offsets  1-D uint64, n_docs + 1 entries from 0; document i is
 //                 tokens[doc_offsets[i] : doc_offsets[i+1]] and ends with the end-of-document token
-//   attributes    vocab_size (int64), eod_id (int64), tokenizer (string), format_version (int64)
+//   attributes    vocab_size (int64), eod_id (int64), tokenizer (string), format_version (int64);
+//                 readers take integers of any width and sign, fixed or variable-length strings
 #pragma once
 
 #include <cstdint>
@@ -34,14 +36,15 @@ class ShardReader {
   const ShardMeta& meta() const { return meta_; }
   int64_t num_tokens() const { return num_tokens_; }
   const std::vector<uint64_t>& doc_offsets() const { return doc_offsets_; }
-  // Reads tokens [begin, begin + count) into out (as int32).
+  // Reads tokens [begin, begin + count) into out (as int32); ConfigError naming the document and
+  // position of an id outside [0, vocab_size).
   void read(int64_t begin, int64_t count, int32_t* out) const;
 
  private:
   std::string path_;
   ShardMeta meta_;
   H5Id file_, tokens_;
-  bool u16_ = true;
+  bool wide_ = false;  // /tokens is not uint16/uint32: read through int64
   int64_t num_tokens_ = 0;
   std::vector<uint64_t> doc_offsets_;
 };

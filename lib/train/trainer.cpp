@@ -268,9 +268,14 @@ void Trainer::load_batch(StepStats& st) {
   IterationTimers::Scope timed(timers_, IterationTimers::BatchGenerator);
   // The next step's slice (of its batch size, which a ramp may change: then the read is wasted).
   const int64_t next = consumed_samples_ + step_batch_;
-  prefetch_->fetch(first_sample(consumed_samples_), batch_.data(),
-                   dp_slice_begin(next, cfg_.global_batch_at(ctx_.dp_size, next), ctx_.dp_size,
-                                  ctx_.dp_rank));
+  read_error_.clear();
+  try {  // a bad sample stops every rank (count_loss_tokens agrees on it), not just this one
+    prefetch_->fetch(first_sample(consumed_samples_), batch_.data(),
+                     dp_slice_begin(next, cfg_.global_batch_at(ctx_.dp_size, next),
+                                    ctx_.dp_size, ctx_.dp_rank));
+  } catch (const std::exception& e) {
+    read_error_ = e.what();
+  }
   st.data_wait_seconds = prefetch_->take_wait_seconds();
 }
 
@@ -419,11 +424,19 @@ double Trainer::grad_zeros() {
 double Trainer::count_loss_tokens() {
   const int T = model_cfg_.seq_length;
   const int64_t S = T + 1;
-  double tokens = 0;
-  for (size_t s = 0; s < batch_.size() / S; ++s)
-    for (int t = 1; t <= T; ++t) tokens += batch_[s * S + t] >= 0;
-  ctx_.dp->all_reduce_f64(&tokens, 1, ReduceOp::Sum);
-  return tokens;
+  double v[2] = {0, read_error_.empty() ? 0.0 : 1.0};  // loss tokens, ranks that failed to read
+  if (read_error_.empty())
+    for (size_t s = 0; s < batch_.size() / S; ++s)
+      for (int t = 1; t <= T; ++t) v[0] += batch_[s * S + t] >= 0;
+  // Over the world, so that a rank that could not read its samples stops every rank before the
+  // step uses them; the TP x PP ranks of a DP rank hold the same samples (their counts agree).
+  ctx_.world->all_reduce_f64(v, 2, ReduceOp::Sum);
+  if (v[1] > 0) {
+    const std::string why = first_message(*ctx_.world, read_error_);
+    read_error_.clear();
+    throw AgreedConfigError(why);
+  }
+  return v[0] / (ctx_.tp_size * ctx_.pp_size);
 }
 
 void Trainer::run_micro_batches(bool with_backward, float grad_scale, StepStats& st) {
@@ -508,7 +521,12 @@ double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters)
   StepStats st;
   for (int64_t it = 0; it < iters; ++it) {
     const int64_t begin = dp_slice_begin(first + it * G, G, ctx_.dp_size, ctx_.dp_rank);
-    for (int64_t i = 0; i < local; ++i) data.get(begin + i, batch_.data() + i * S);
+    read_error_.clear();
+    try {
+      for (int64_t i = 0; i < local; ++i) data.get(begin + i, batch_.data() + i * S);
+    } catch (const std::exception& e) {
+      read_error_ = e.what();
+    }
     tokens += count_loss_tokens();
     run_micro_batches(false, 0.0f, st);
     loss += (ctx_.last_stage() && ctx_.tp_rank == 0) ? loss_sum_ : 0.0;

@@ -138,6 +138,8 @@ class Trainer {
   Link backward_in() const;
   Link backward_out() const;
   void run_micro_batches(bool with_backward, float grad_scale, StepStats& st);
+  // Collective: the loss tokens of the global batch; throws ConfigError on every rank when any
+  // rank could not read its samples (read_error_), with that rank's words.
   double count_loss_tokens();
   void forward_micro(int micro, Activations& a, float grad_scale, StepStats& st);
   void backward_micro(int micro, Activations& a, StepStats& st);
@@ -173,6 +175,7 @@ class Trainer {
   bool last_backward_ = false;  // the backward running is the step's last micro-batch's
   DropoutContext dropout_;      // of the pass run_micro_batches runs (training: the step's)
   std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
+  std::string read_error_;  // why this rank's samples of the step could not be read, or empty
   std::vector<int32_t> host_ids_, host_targets_;  // one micro-batch, staged for the backend
   std::vector<Tensor> norm_grads_;
   std::vector<bool> counted_;  // per parameter: counted once in grid-wide norms on this rank

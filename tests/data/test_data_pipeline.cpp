@@ -242,6 +242,31 @@ TEST_F(DataPipeline, DamagedShardsGiveClearErrors) {
   EXPECT_NE(error_of(dir_ + "/nothing").find("names no shards"), std::string::npos);
 }
 
+// What the tokenizer wrote must fit the vocabulary the shards declare; a document that does not is
+// named, and no shard is left.
+TEST_F(DataPipeline, ShardWriterRefusesIdsOutsideTheVocabulary) {
+  ShardMeta meta;
+  meta.vocab_size = 100;
+  meta.eod_id = 99;
+  meta.tokenizer = "test";
+  const std::string prefix = dir_ + "/w";
+  try {
+    ShardWriter w(prefix, 1000, meta);
+    const uint32_t good[3] = {1, 2, 99}, bad[3] = {5, 100, 99};
+    w.add(good, 3);
+    w.add(bad, 3);
+    FAIL() << "id 100 of a 100-token vocabulary was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("document 1 (counting from 0 over the inputs) has token "
+                                         "id 100 at position 1, outside the vocabulary of 100 "
+                                         "tokens of tokenizer 'test'"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(exists(shard_path(prefix, 0)));
+  EXPECT_FALSE(exists(shard_path(prefix, 0) + ".part"));
+}
+
 TEST_F(DataPipeline, EmptyTrainSplitIsAStartupError) {
   run("c", 1);
   RunOptions o;
