@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -184,6 +186,13 @@ void CheckpointShardWriter::write(const std::string& group, const ParamSpec& spe
                                   const float* data) {
   if (fail_after_ >= 0 && written_ >= fail_after_)
     throw Error("checkpoint file '" + path_ + "': write failed (injected fault)");
+  // Testing: TESSERA_SLOW_SAVE_MS stretches each tensor's write, so fault tests can land a
+  // kill or a signal inside a save.
+  static const long slow_ms = [] {
+    const char* v = std::getenv("TESSERA_SLOW_SAVE_MS");
+    return v ? std::atol(v) : 0L;
+  }();
+  if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
   ++written_;
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   H5Id g(H5Gopen2(file_->get(), group.c_str(), H5P_DEFAULT));

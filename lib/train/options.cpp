@@ -319,6 +319,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "no-save-optim", po::bool_switch(&t.no_save_optim),
           "save checkpoints without the optimizer state (a third of the size; a resume then "
           "starts Adam from zero)")(
+          "async-save", po::bool_switch(&t.async_save),
+          "save checkpoints in the background: the loop blocks only while the state is copied to "
+          "host memory; the write commits when every rank has finished")(
           "use-checkpoint-args", po::bool_switch(&o.use_checkpoint_args),
           "with --load: take the model's options (layers, hidden size, heads, sequence length, "
           "vocabulary, architecture) from the checkpoint instead of the command line")(

@@ -87,6 +87,9 @@ struct TrainConfig {
   std::string save;           // directory; empty: no checkpoints
   int64_t save_interval = 0;  // 0: only at the end of training
   int keep_checkpoints = 0;   // keep the newest N (0: all)
+  // Megatron's --async-save: the loop blocks only while the state is staged in host memory; the
+  // write, its verification and the commit complete in the background.
+  bool async_save = false;
   std::string config_text;    // the run's options (INI), stored in every checkpoint
   // Stopping early (Megatron's): after an iteration divisible by exit_interval, or once
   // exit_duration_mins have passed; both save a checkpoint first when --save is set.

@@ -2,11 +2,13 @@
 #include "train/trainer.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "backend/select.hpp"
 #include "checkpoint/checkpoint.hpp"
@@ -795,6 +797,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
       }
       if (on_progress) on_progress(s.iteration);
     }
+    finish_async_save(/*blocking=*/false);  // a background save done on every rank commits
     if (!cfg_.save.empty() && cfg_.save_interval > 0 && s.iteration % cfg_.save_interval == 0)
       save_checkpoint(cfg_.save);
     if (on_progress) on_progress(s.iteration);
@@ -813,6 +816,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
         be_.profiler_stop();
       }
       if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
+      finish_async_save(/*blocking=*/true);  // a signal waits for the write to finish
       sync_params();
       return all;
     }
@@ -834,6 +838,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
     be_.profiler_stop();
   }
   if (!cfg_.save.empty() && last_saved_ != iteration_) save_checkpoint(cfg_.save);
+  finish_async_save(/*blocking=*/true);  // the end of training waits for the write to finish
   sync_params();
   if (tb_) tb_->flush();
   return all;
@@ -881,8 +886,45 @@ void Trainer::save_checkpoint(const std::string& dir) {
   TLOG(info) << timers_.format(rows);
 }
 
+// --async-save: the state staged in host buffers (pinned on the GPU), the HDF5 write and its
+// read-back verification on a thread of their own; the commit (the atomic rename and the latest
+// file, agreed by every rank) on the training thread once every rank's write has finished.
+struct Trainer::AsyncSave {
+  explicit AsyncSave(Backend& b) : be(b) {}
+  ~AsyncSave() {
+    if (thread.joinable()) thread.join();
+    for (auto& s : staged) be.free_host(s.data);
+  }
+  // Staging buffer k (parameters, exp_avg, exp_avg_sq) of at least n floats, reused save to save.
+  float* stage(int k, size_t n) {
+    if (staged[k].size < n) {
+      be.free_host(staged[k].data);
+      staged[k].data = nullptr;
+      staged[k].data = static_cast<float*>(be.alloc_host(n * sizeof(float)));
+      staged[k].size = n;
+    }
+    return staged[k].data;
+  }
+  Backend& be;
+  struct Buffer {
+    float* data = nullptr;
+    size_t size = 0;
+  } staged[3];
+  std::vector<float> gathered[3];  // the distributed optimizer's state, gathered on DP rank 0
+  std::thread thread;              // the writer of this rank's shard (DP rank 0 only)
+  std::atomic<bool> done{true};
+  std::string error;  // why the write failed (set by the thread before done)
+  int64_t iteration = 0;
+  std::string dir;
+  Timer started;
+  double blocked_seconds = 0;
+};
+
+Trainer::~Trainer() = default;  // joins a writer still running (an error path: nothing commits)
+
 void Trainer::write_checkpoint(const std::string& dir) {
   NVTX_RANGE("checkpoint-save");
+  finish_async_save(/*blocking=*/true);  // the next save waits for the previous one
   Timer t;
   CheckpointMeta meta;
   meta.iteration = iteration_;
@@ -917,9 +959,12 @@ void Trainer::write_checkpoint(const std::string& dir) {
   ctx_.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
   if (failed)
     throw Error(ctx_.world_rank == 0 ? error : "checkpoint directory set-up failed on rank 0");
+  const bool async = cfg_.async_save;
+  if (async && !async_) async_ = std::make_unique<AsyncSave>(be_);
   // The distributed optimizer's state is gathered (collective over DP) into the global layout on
   // data-parallel rank 0, which writes the same file as without it.
-  std::vector<float> gathered[3];
+  std::vector<float> local_gathered[3];
+  std::vector<float>* gathered = async ? async_->gathered : local_gathered;
   if (dist_opt_) {
     sync_params();
     const bool want = ctx_.dp_rank == 0;
@@ -929,6 +974,8 @@ void Trainer::write_checkpoint(const std::string& dir) {
       gathered[2] = dist_opt_->gather_state("exp_avg_sq", want);
     }
   }
+  const std::string path = dir + "/" + iteration_dir_name(iteration_) + ".tmp/" +
+                           shard_file_name(ctx_.tp_rank, ctx_.pp_rank);
   // DP replicas hold the same state: data-parallel rank 0 of each (tp, pp) writes its file.
   if (ctx_.dp_rank == 0) {
     try {
@@ -939,7 +986,8 @@ void Trainer::write_checkpoint(const std::string& dir) {
         std::sscanf(fault, "%d:%lld", &fault_rank, &fault_iter);  // "RANK[:FROM_ITERATION]"
       const int fail_after = fault_rank == ctx_.world_rank && iteration_ >= fault_iter ? 3 : -1;
       ParamStore& ps = model_->params();
-      // The writer reads host memory: device state is staged through host buffers first.
+      // The writer reads host memory: device state is staged through host buffers first; an
+      // asynchronous save stages everything (the next step changes the state in place).
       const float* host[3];
       Tensor* state[3] = {nullptr, nullptr, nullptr};
       if (ps.has_master()) state[0] = &ps.flat_params();
@@ -951,6 +999,14 @@ void Trainer::write_checkpoint(const std::string& dir) {
       for (int k = 0; k < 3; ++k) {
         if (!state[k]) {
           host[k] = gathered[k].data();
+        } else if (async) {
+          const size_t n = static_cast<size_t>(state[k]->numel());
+          float* buf = async_->stage(k, n);
+          if (be_.device() == Device::CPU)
+            std::memcpy(buf, state[k]->f32(), n * sizeof(float));
+          else
+            be_.copy_to_host(buf, *state[k]);
+          host[k] = buf;
         } else if (be_.device() == Device::CPU) {
           host[k] = state[k]->f32();
         } else {
@@ -960,39 +1016,101 @@ void Trainer::write_checkpoint(const std::string& dir) {
         }
       }
       ShardTensors tensors{&ps.specs(), host[0], host[1], host[2]};
-      write_checkpoint_shard(dir + "/" + iteration_dir_name(iteration_) + ".tmp/" +
-                                 shard_file_name(ctx_.tp_rank, ctx_.pp_rank),
-                             meta, model_->shard(), tensors, fail_after);
+      if (async) {
+        AsyncSave* a = async_.get();
+        a->error.clear();
+        a->done.store(false, std::memory_order_release);
+        a->thread = std::thread([a, path, meta, shard = model_->shard(), tensors, fail_after] {
+          try {
+            write_checkpoint_shard(path, meta, shard, tensors, fail_after);
+          } catch (const std::exception& e) {
+            a->error = e.what();
+          }
+          a->done.store(true, std::memory_order_release);
+        });
+      } else {
+        write_checkpoint_shard(path, meta, model_->shard(), tensors, fail_after);
+      }
     } catch (const std::exception& e) {
       failed = 1;
       error = e.what();
       TLOG(error) << "checkpoint save failed here: " << error;
     }
   }
-  ctx_.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
-  if (ctx_.world_rank == 0) {
-    try {
-      if (failed)
-        abandon_checkpoint_dir(dir, iteration_);
-      else
-        commit_checkpoint_dir(dir, iteration_, cfg_.keep_checkpoints);
-    } catch (const std::exception& e) {
-      failed = 2;
-      error = e.what();
+  if (async) {
+    // Staging failed somewhere (host memory): reported now, as a synchronous save would.
+    ctx_.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
+    if (failed) {
+      if (async_->thread.joinable()) async_->thread.join();
+      commit_save(dir, iteration_, failed, error);  // abandons the directory and throws
     }
+    async_pending_ = true;
+    async_->iteration = iteration_;
+    async_->dir = dir;
+    async_->blocked_seconds = t.seconds();
+    async_->started.reset();
+    last_saved_ = iteration_;
+    if (on_progress) on_progress(iteration_);
+    TLOG(info) << "checkpoint of iteration " << iteration_ << ": state staged in "
+               << async_->blocked_seconds << " s; writing " << dir << "/"
+               << iteration_dir_name(iteration_) << " in the background (--async-save)";
+    return;
   }
-  ctx_.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
-  if (failed)
-    throw Error(detail::concat("saving the checkpoint of iteration ", iteration_, " to '", dir,
-                               "' failed", error.empty() ? " on another rank" : ": " + error,
-                               "; the previous checkpoint is intact"));
+  commit_save(dir, iteration_, failed, error);
   last_saved_ = iteration_;
   if (on_progress) on_progress(iteration_);
   TLOG(info) << "saved checkpoint " << dir << "/" << iteration_dir_name(iteration_) << " in "
              << t.seconds() << " s";
 }
 
+void Trainer::commit_save(const std::string& dir, int64_t iteration, double failed,
+                          const std::string& error) {
+  ctx_.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
+  std::string why = error;
+  if (ctx_.world_rank == 0) {
+    try {
+      if (failed)
+        abandon_checkpoint_dir(dir, iteration);
+      else
+        commit_checkpoint_dir(dir, iteration, cfg_.keep_checkpoints);
+    } catch (const std::exception& e) {
+      failed = 2;
+      why = e.what();
+    }
+  }
+  ctx_.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
+  if (failed)
+    throw Error(detail::concat("saving the checkpoint of iteration ", iteration, " to '", dir,
+                               "' failed", why.empty() ? " on another rank" : ": " + why,
+                               "; the previous checkpoint is intact"));
+}
+
+void Trainer::finish_async_save(bool blocking) {
+  if (!async_pending_) return;
+  AsyncSave& a = *async_;
+  if (!blocking) {  // every rank asks at the same point; all go on until every write is done
+    double busy = a.thread.joinable() && !a.done.load(std::memory_order_acquire) ? 1 : 0;
+    ctx_.world->all_reduce_f64(&busy, 1, ReduceOp::Sum);
+    if (busy > 0) return;
+  }
+  Timer waited;
+  if (a.thread.joinable()) a.thread.join();
+  async_pending_ = false;
+  const double failed = a.error.empty() ? 0 : 1;
+  if (failed) TLOG(error) << "checkpoint save failed here: " << a.error;
+  commit_save(a.dir, a.iteration, failed, a.error);
+  TLOG(info) << "saved checkpoint " << a.dir << "/" << iteration_dir_name(a.iteration) << " in "
+             << a.started.seconds() << " s in the background (--async-save; the loop was blocked "
+             << a.blocked_seconds << " s staging the state"
+             << (blocking ? detail::concat(" and ", waited.seconds(), " s waiting for the write")
+                          : std::string())
+             << ")";
+}
+
+void Trainer::wait_for_saves() { finish_async_save(/*blocking=*/true); }
+
 void Trainer::load_checkpoint(const std::string& dir, bool model_only, bool load_optimizer) {
+  finish_async_save(/*blocking=*/true);
   Timer t;
   CheckpointReader r(dir);
   r.check_model(model_cfg_);

@@ -63,6 +63,7 @@ class Trainer {
  public:
   Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backend& backend,
           TokenDataset& data, const ParallelContext& ctx = ParallelContext::single());
+  ~Trainer();
 
   GPTModel& model() { return *model_; }
   // The training configuration in use (sample-based options resolved to iterations).
@@ -109,7 +110,13 @@ class Trainer {
 
   // Collective. Writes a checkpoint of the current state under `dir` (DESIGN.md invariant 6);
   // throws Error (on every rank) when any rank failed, with the previous checkpoint intact.
+  // With --async-save it returns once the state is staged; the write continues in the
+  // background and commits when every rank has finished (checked after each iteration of
+  // train(), and before the next save, a load, a signal stop and the end of train()).
   void save_checkpoint(const std::string& dir);
+  // Collective: waits for a background save to finish and commits it (throws Error like a
+  // synchronous save that failed). Nothing to do without one.
+  void wait_for_saves();
   // Collective. Loads the checkpoint `dir` points to, whatever layout it was saved with. With
   // `model_only`, the optimizer state, iteration and data position start fresh.
   // model_only (--finetune): iteration, data position and optimizer start fresh; without
@@ -149,6 +156,13 @@ class Trainer {
   double params_norm();  // collective: the L2 norm of every parameter (f32 master weights)
   double grad_zeros();   // collective: zeros in the gradient, each element counted once
   void write_checkpoint(const std::string& dir);
+  // Collective: every rank's failure agreed; rank 0 commits the iteration directory (or abandons
+  // it); throws Error naming the iteration when any rank failed.
+  void commit_save(const std::string& dir, int64_t iteration, double failed,
+                   const std::string& error);
+  // Collective: commits a background save once every rank's write is done (blocking: waits).
+  void finish_async_save(bool blocking);
+  struct AsyncSave;
   // Collective: every rank's memory against the --dry-run estimate, printed by rank 0.
   void memory_report(int64_t iteration);
   double grad_norm_squared();
@@ -193,6 +207,8 @@ class Trainer {
   int step_batch_ = 0;       // the global batch the step's buffers are shaped for
   int64_t lr_samples_ = 0;   // samples of the updates taken (the sample-based schedule)
   std::ofstream metrics_;
+  std::unique_ptr<AsyncSave> async_;  // --async-save: staging buffers and the writer
+  bool async_pending_ = false;        // a background save not yet committed (every rank alike)
 };
 
 }  // namespace tessera

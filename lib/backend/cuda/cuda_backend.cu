@@ -141,6 +141,17 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst, src.raw(), src.nbytes(), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  void* alloc_host(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, bytes > 0 ? bytes : 1, cudaHostAllocDefault);
+    if (e != cudaSuccess)
+      throw Error("pinned host allocation of " + std::to_string(bytes) +
+                  " bytes failed: " + cudaGetErrorString(e));
+    return p;
+  }
+  void free_host(void* p) override {
+    if (p) cudaFreeHost(p);
+  }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   void* stream() override { return stream_; }
   void profiler_start() override {
