@@ -10,9 +10,7 @@
 // Ops compute in f32 whatever the storage and round once on store.
 #pragma once
 
-#include <cstdlib>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "backend/cpu/kv_attention.hpp"
@@ -50,12 +48,8 @@ class Backend {
   // Host memory that copy_to_host fills fastest (page-locked on CUDA, so the copy is one DMA at
   // full bandwidth; plain memory elsewhere). For staging buffers that live long (asynchronous
   // checkpoints); free with free_host. Throws Error when the memory is not there.
-  virtual void* alloc_host(size_t bytes) {
-    void* p = std::malloc(bytes > 0 ? bytes : 1);
-    if (!p) throw Error("host allocation of " + std::to_string(bytes) + " bytes failed");
-    return p;
-  }
-  virtual void free_host(void* p) { std::free(p); }
+  virtual void* alloc_host(size_t bytes);
+  virtual void free_host(void* p);
   // dst = src converted to dst's dtype (f32 <-> bf16 / f16, round to nearest even).
   virtual void cast(Tensor& dst, const Tensor& src) = 0;
   // Waits until the work queued so far has finished (timers, profiling).
