@@ -58,25 +58,22 @@ int main(int argc, char** argv) {
     Trainer trainer(opts.model, opts.train, *backend, *data, ctx);
     trainer.on_progress = [&](int64_t it) { watchdog.progress(it); };
     const std::vector<int64_t>& ramp = opts.train.rampup_batch_size;
-    TLOG(info) << "global batch " << trainer.step_global_batch() << " = "
-               << trainer.num_micro_batches() << " micro-batches of " << opts.train.micro_batch_size
-               << " x DP " << ctx.dp_size
-               << (ramp.size() == 3
-                       ? " at first (--rampup-batch-size: +" + std::to_string(ramp[1]) +
-                             " in equal parts of the first " + std::to_string(ramp[2]) +
-                             " samples, up to " +
-                             std::to_string(opts.train.global_batch(ctx.dp_size)) + "; " +
-                             std::to_string(trainer.config().train_iters) + " iterations)"
-                       : std::string())
-               << "; 1F1B pipeline bubble (theoretical) "
-               << theoretical_bubble(ctx.pp_size, trainer.num_micro_batches())
-               << "; activation recomputation: " << opts.train.recompute.describe()
-               << "; optimizer: "
-               << (opts.train.use_distributed_optimizer
-                       ? "distributed over DP " + std::to_string(ctx.dp_size) +
-                             (opts.train.overlap_param_gather ? " (parameter gather overlapped)"
-                                                              : "")
-                       : std::string("replicated"));
+    TLOG(info)
+        << "global batch " << trainer.step_global_batch() << " = " << trainer.num_micro_batches()
+        << " micro-batches of " << opts.train.micro_batch_size << " x DP " << ctx.dp_size
+        << (ramp.size() == 3
+                ? " at first (--rampup-batch-size: +" + std::to_string(ramp[1]) +
+                      " in equal parts of the first " + std::to_string(ramp[2]) +
+                      " samples, up to " + std::to_string(opts.train.global_batch(ctx.dp_size)) +
+                      "; " + std::to_string(trainer.config().train_iters) + " iterations)"
+                : std::string())
+        << "; 1F1B pipeline bubble (theoretical) "
+        << theoretical_bubble(ctx.pp_size, trainer.num_micro_batches())
+        << "; activation recomputation: " << opts.train.recompute.describe() << "; optimizer: "
+        << (opts.train.use_distributed_optimizer
+                ? "distributed over DP " + std::to_string(ctx.dp_size) +
+                      (opts.train.overlap_param_gather ? " (parameter gather overlapped)" : "")
+                : std::string("replicated"));
     if (!opts.load.empty()) {
       try {
         trainer.load_checkpoint(opts.load, opts.finetune, !opts.no_load_optim);

@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
       }
     }
     std::system(("rm -rf " + base).c_str());
-    std::printf("%-44s %10s %12s\n", "trainer save (CPU backend, 2nd save)", "blocked s", "total s");
+    std::printf("%-44s %10s %12s\n", "trainer save (CPU backend, 2nd save)", "blocked s",
+                "total s");
     std::printf("%-44s %10.3f %12.3f\n", "synchronous", blocked[0], total[0]);
     std::printf("%-44s %10.3f %12.3f\n", "--async-save", blocked[1], total[1]);
     std::printf("async blocks the loop %.1f%% of the synchronous save (goal <= 5%%)\n",

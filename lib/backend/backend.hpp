@@ -10,7 +10,11 @@
 // Ops compute in f32 whatever the storage and round once on store.
 #pragma once
 
+#include <sys/mman.h>
+
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/kv_attention.hpp"
@@ -48,8 +52,18 @@ class Backend {
   // Host memory that copy_to_host fills fastest (page-locked on CUDA, so the copy is one DMA at
   // full bandwidth; plain memory elsewhere). For staging buffers that live long (asynchronous
   // checkpoints); free with free_host. Throws Error when the memory is not there.
-  virtual void* alloc_host(size_t bytes);
-  virtual void free_host(void* p);
+  // Here: 2 MiB-aligned and advised as transparent huge pages, so filling a large buffer the first
+  // time takes 512 times fewer page faults. (Inline: Backend has no key function, so its type
+  // information is emitted wherever a backend is defined.)
+  virtual void* alloc_host(size_t bytes) {
+    constexpr size_t kHuge = size_t(2) << 20;
+    void* p = nullptr;
+    if (posix_memalign(&p, kHuge, bytes > 0 ? bytes : 1) != 0 || !p)
+      throw Error("host allocation of " + std::to_string(bytes) + " bytes failed");
+    if (bytes >= kHuge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: ignored where unsupported
+    return p;
+  }
+  virtual void free_host(void* p) { std::free(p); }
   // dst = src converted to dst's dtype (f32 <-> bf16 / f16, round to nearest even).
   virtual void cast(Tensor& dst, const Tensor& src) = 0;
   // Waits until the work queued so far has finished (timers, profiling).

@@ -7,14 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
-#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
@@ -304,21 +304,23 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
   need(h0->get(), "seed", x, first);
   meta_.seed = static_cast<uint64_t>(x);
   GPTConfig& m = meta_.model;
-  need(h0->get(), "num_layers", x, first);
-  m.num_layers = static_cast<int>(x);
-  need(h0->get(), "hidden_size", x, first);
-  m.hidden_size = static_cast<int>(x);
-  need(h0->get(), "num_attention_heads", x, first);
-  m.num_attention_heads = static_cast<int>(x);
-  need(h0->get(), "ffn_hidden_size", x, first);
-  m.ffn_hidden_size = static_cast<int>(x);
-  need(h0->get(), "seq_length", x, first);
-  m.seq_length = static_cast<int>(x);
-  need(h0->get(), "max_position_embeddings", x, first);
-  m.max_position_embeddings = static_cast<int>(x);
-  need(h0->get(), "vocab_size", m.vocab_size, first);
-  need(h0->get(), "make_vocab_size_divisible_by", x, first);
-  m.make_vocab_size_divisible_by = static_cast<int>(x);
+  // Shape attributes within sizes any model has, so a damaged file cannot overflow the sizes
+  // computed from them (found by tests/fuzz/fuzz_checkpoint.cpp).
+  auto bounded = [&](const char* name, int64_t hi) {
+    need(h0->get(), name, x, first);
+    if (x < 1 || x > hi)
+      throw ConfigError("checkpoint file '" + first + "' has " + name + " " + std::to_string(x) +
+                        ", outside 1.." + std::to_string(hi) + " (damaged?)");
+    return static_cast<int>(x);
+  };
+  m.num_layers = bounded("num_layers", 1 << 16);
+  m.hidden_size = bounded("hidden_size", 1 << 20);
+  m.num_attention_heads = bounded("num_attention_heads", 1 << 16);
+  m.ffn_hidden_size = bounded("ffn_hidden_size", 1 << 22);
+  m.seq_length = bounded("seq_length", 1 << 24);
+  m.max_position_embeddings = bounded("max_position_embeddings", 1 << 24);
+  m.vocab_size = bounded("vocab_size", 1 << 30);
+  m.make_vocab_size_divisible_by = bounded("make_vocab_size_divisible_by", 1 << 16);
   need(h0->get(), "layernorm_epsilon_x1e9", x, first);
   m.layernorm_epsilon = static_cast<double>(x) * 1e-9;
   {  // optional: checkpoints from before the Llama family hold GPT-2 models
@@ -339,7 +341,7 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
                           "' has a malformed rope_scaling attribute '" + text + "'");
     }
     if (h5_read_attr(h0->get(), "swiglu", x)) m.swiglu = x != 0;
-    if (h5_read_attr(h0->get(), "num_query_groups", x) && x > 0) {
+    if (h5_read_attr(h0->get(), "num_query_groups", x) && x > 0 && x <= (1 << 16)) {
       m.group_query_attention = true;
       m.num_query_groups = static_cast<int>(x);
     }
@@ -347,12 +349,9 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
       m.untie_embeddings_and_output_weights = x != 0;
     if (h5_read_attr(h0->get(), "add_bias_linear", x)) m.add_bias_linear = x != 0;
   }
-  need(h0->get(), "tensor_model_parallel_size", x, first);
-  meta_.tp_size = static_cast<int>(x);
-  need(h0->get(), "pipeline_model_parallel_size", x, first);
-  meta_.pp_size = static_cast<int>(x);
-  need(h0->get(), "data_parallel_size", x, first);
-  meta_.dp_size = static_cast<int>(x);
+  meta_.tp_size = bounded("tensor_model_parallel_size", 1 << 16);
+  meta_.pp_size = bounded("pipeline_model_parallel_size", 1 << 16);
+  meta_.dp_size = bounded("data_parallel_size", 1 << 24);
   need(h0->get(), "has_optimizer", x, first);
   meta_.has_optimizer = x != 0;
   h5_read_attr(h0->get(), "config", meta_.config_text);

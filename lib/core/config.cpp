@@ -57,9 +57,26 @@ std::string OptionParser::to_ini() const {
   return os.str();
 }
 
+namespace {
+
+// Boost.ProgramOptions fills its error messages by replacing placeholders such as %value% with
+// the user's text until none is left: a value that itself holds a placeholder makes that loop
+// endless (found by tests/fuzz/fuzz_config.cpp). Such text is refused before Boost sees it.
+void refuse_placeholders(const std::string& text, const std::string& where) {
+  for (const char* p :
+       {"%canonical_option%", "%value%", "%option%", "%prefix%", "%original_token%"})
+    if (text.find(p) != std::string::npos)
+      throw ConfigError(where + " contains '" + p +
+                        "', which the option parser cannot report on; remove it");
+}
+
+}  // namespace
+
 bool OptionParser::parse(int argc, const char* const* argv) {
   po::options_description all;
   for (const auto& g : groups_) all.add(*g);
+  for (int i = 1; i < argc; ++i)
+    refuse_placeholders(argv[i], "command-line argument " + std::to_string(i));
   try {
     po::parsed_options parsed = po::command_line_parser(argc, argv).options(all).run();
     // As argparse does (and Megatron-LM's launch scripts rely on: `... $EXTRA_ARGS` overriding an
@@ -83,6 +100,13 @@ bool OptionParser::parse(int argc, const char* const* argv) {
       const std::string path = vm_["config"].as<std::string>();
       std::ifstream in(path);
       if (!in) throw ConfigError("--config '" + path + "' cannot be opened; check the path");
+      {
+        std::ostringstream text;
+        text << in.rdbuf();
+        refuse_placeholders(text.str(), "config file '" + path + "'");
+        in.clear();
+        in.seekg(0);
+      }
       try {
         po::store(po::parse_config_file(in, all, /*allow_unregistered=*/false), vm_);
       } catch (const po::error& e) {

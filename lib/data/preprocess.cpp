@@ -109,9 +109,10 @@ void ShardWriter::add(const uint32_t* tokens, size_t n) {
   // an id past it would train as an impossible target.
   for (size_t i = 0; i < n; ++i)
     if (static_cast<int64_t>(tokens[i]) >= meta_.vocab_size)
-      throw ConfigError(detail::concat("document ", documents_, " (counting from 0 over the inputs) has token id ", tokens[i], " at position ", i,
-                                       ", outside the vocabulary of ", meta_.vocab_size, " tokens of tokenizer '", meta_.tokenizer,
-                                       "'; no shard was written"));
+      throw ConfigError(detail::concat(
+          "document ", documents_, " (counting from 0 over the inputs) has token id ", tokens[i],
+          " at position ", i, ", outside the vocabulary of ", meta_.vocab_size,
+          " tokens of tokenizer '", meta_.tokenizer, "'; no shard was written"));
   ++documents_;
   tokens_.insert(tokens_.end(), tokens, tokens + n);
   offsets_.push_back(tokens_.size());

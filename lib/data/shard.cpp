@@ -92,7 +92,8 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
         "lacks the vocab_size attribute (an integer: the tokenizer's vocabulary size; see "
         "docs/data.md)");
   if (!h5_read_attr(file_.get(), "eod_id", meta_.eod_id))
-    throw bad("lacks the eod_id attribute (an integer: the end-of-document token; see docs/data.md)");
+    throw bad(
+        "lacks the eod_id attribute (an integer: the end-of-document token; see docs/data.md)");
   if (!h5_read_attr(file_.get(), "tokenizer", meta_.tokenizer))
     throw bad("lacks the tokenizer attribute (a string naming the tokenizer; see docs/data.md)");
   if (meta_.vocab_size < 1 || meta_.vocab_size > (int64_t(1) << 31))
@@ -150,8 +151,7 @@ void ShardReader::read(int64_t begin, int64_t count, int32_t* out) const {
   // Every id handed out is inside the vocabulary (a max over the read, cheap next to the step).
   int64_t worst_at = -1, worst = 0;
   if (!wide_) {  // uint16 / uint32: read as uint32 straight into the int32 output
-    if (H5Dread(tokens_.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, out) <
-        0)
+    if (H5Dread(tokens_.get(), H5T_NATIVE_UINT32, mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
       throw failed();
     const uint32_t* ids = reinterpret_cast<const uint32_t*>(out);
     uint32_t top = 0;
@@ -165,7 +165,8 @@ void ShardReader::read(int64_t begin, int64_t count, int32_t* out) const {
                 wide.data()) < 0)
       throw failed();
     for (int64_t i = 0; i < count; ++i) {
-      if ((wide[i] < 0 || wide[i] >= meta_.vocab_size) && worst_at < 0) worst_at = i, worst = wide[i];
+      if ((wide[i] < 0 || wide[i] >= meta_.vocab_size) && worst_at < 0)
+        worst_at = i, worst = wide[i];
       out[i] = static_cast<int32_t>(wide[i]);
     }
   }

@@ -63,8 +63,8 @@ std::vector<int64_t> parse_rampup(const std::vector<std::string>& tokens) {
       used = 0;
     }
     if (used == 0 || used != item.size())
-      throw ConfigError("--rampup-batch-size " + text +
-                        ": '" + item + "' is not an integer (give START INCR SAMPLES, e.g. 16 16 "
+      throw ConfigError("--rampup-batch-size " + text + ": '" + item +
+                        "' is not an integer (give START INCR SAMPLES, e.g. 16 16 "
                         "500000)");
     values.push_back(v);
   }

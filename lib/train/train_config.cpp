@@ -48,9 +48,9 @@ void validate_rampup(const TrainConfig& t, int dp_size) {
                       " needs --train-samples (as in Megatron-LM: iterations of a growing batch "
                       "do not measure the run; give its length in samples)");
   if (t.lr_warmup_iters > 0 || t.lr_decay_iters > 0)
-    throw ConfigError(concat("--lr-warmup-iters=", t.lr_warmup_iters, " / --lr-decay-iters=",
-                             t.lr_decay_iters, " count iterations, whose size changes under ",
-                             given,
+    throw ConfigError(concat("--lr-warmup-iters=", t.lr_warmup_iters,
+                             " / --lr-decay-iters=", t.lr_decay_iters,
+                             " count iterations, whose size changes under ", given,
                              "; give --lr-warmup-samples or --lr-warmup-fraction and "
                              "--lr-decay-samples (set the iteration options to 0)"));
 }

@@ -272,9 +272,9 @@ void Trainer::load_batch(StepStats& st) {
   const int64_t next = consumed_samples_ + step_batch_;
   read_error_.clear();
   try {  // a bad sample stops every rank (count_loss_tokens agrees on it), not just this one
-    prefetch_->fetch(first_sample(consumed_samples_), batch_.data(),
-                     dp_slice_begin(next, cfg_.global_batch_at(ctx_.dp_size, next),
-                                    ctx_.dp_size, ctx_.dp_rank));
+    prefetch_->fetch(
+        first_sample(consumed_samples_), batch_.data(),
+        dp_slice_begin(next, cfg_.global_batch_at(ctx_.dp_size, next), ctx_.dp_size, ctx_.dp_rank));
   } catch (const std::exception& e) {
     read_error_ = e.what();
   }
@@ -1107,7 +1107,9 @@ void Trainer::finish_async_save(bool blocking) {
              << ")";
 }
 
-void Trainer::wait_for_saves() { finish_async_save(/*blocking=*/true); }
+void Trainer::wait_for_saves() {
+  finish_async_save(/*blocking=*/true);
+}
 
 void Trainer::load_checkpoint(const std::string& dir, bool model_only, bool load_optimizer) {
   finish_async_save(/*blocking=*/true);
@@ -1164,7 +1166,7 @@ void Trainer::load_checkpoint(const std::string& dir, bool model_only, bool load
   const int64_t steps = optimizer ? m.optimizer_steps : 0;
   // The sample-based schedule's position: stored by a ramped run; otherwise every consumed
   // sample was an update's (a constant batch without skipped steps).
-  lr_samples_ = !optimizer                    ? 0
+  lr_samples_ = !optimizer                   ? 0
                 : m.lr_schedule_samples >= 0 ? m.lr_schedule_samples
                                              : m.consumed_samples;
   if (dist_opt_)

@@ -189,7 +189,7 @@ class Trainer {
   bool last_backward_ = false;  // the backward running is the step's last micro-batch's
   DropoutContext dropout_;      // of the pass run_micro_batches runs (training: the step's)
   std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
-  std::string read_error_;  // why this rank's samples of the step could not be read, or empty
+  std::string read_error_;      // why this rank's samples of the step could not be read, or empty
   std::vector<int32_t> host_ids_, host_targets_;  // one micro-batch, staged for the backend
   std::vector<Tensor> norm_grads_;
   std::vector<bool> counted_;  // per parameter: counted once in grid-wide norms on this rank
@@ -204,8 +204,8 @@ class Trainer {
   int64_t last_saved_ = -1;
   int stopped_by_signal_ = 0;
   int64_t iteration_ = 0, consumed_samples_ = 0;
-  int step_batch_ = 0;       // the global batch the step's buffers are shaped for
-  int64_t lr_samples_ = 0;   // samples of the updates taken (the sample-based schedule)
+  int step_batch_ = 0;      // the global batch the step's buffers are shaped for
+  int64_t lr_samples_ = 0;  // samples of the updates taken (the sample-based schedule)
   std::ofstream metrics_;
   std::unique_ptr<AsyncSave> async_;  // --async-save: staging buffers and the writer
   bool async_pending_ = false;        // a background save not yet committed (every rank alike)

@@ -145,8 +145,8 @@ TEST(Trainer, RampupStartsAsTheConstantBatchRun) {
   ramp.train_iters = 0;
   ramp.lr_warmup_iters = 0;
   ramp.train_samples = 200;
-  ramp.lr_warmup_samples = 40;  // 10 steps of 4
-  ramp.lr_decay_samples = 200;  // 50 steps of 4
+  ramp.lr_warmup_samples = 40;          // 10 steps of 4
+  ramp.lr_decay_samples = 200;          // 50 steps of 4
   ramp.rampup_batch_size = {4, 4, 64};  // batch 4 below 32 samples, 8 below 64, then 12
   auto be = make_cpu_backend();
   auto data = make_mock_dataset(m.vocab_size, m.seq_length, ramp.seed);
