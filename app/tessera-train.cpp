@@ -94,7 +94,10 @@ int main(int argc, char** argv) {
     try {
       trainer.train(valid.get());
     } catch (const AgreedConfigError&) {
-      throw;  // every rank stops here together (a bad sample): a clean exit 2, rank 0 reports it
+      // Every rank stops here together (a bad sample): a background save that was writing is
+      // finished and committed first, then a clean exit 2 with rank 0's line.
+      trainer.wait_for_saves();
+      throw;
     } catch (const std::exception& e) {
       // End the job before the trainer's destructors wait on transfers peers will never match.
       abort_job(e.what());

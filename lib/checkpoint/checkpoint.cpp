@@ -341,7 +341,10 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
                           "' has a malformed rope_scaling attribute '" + text + "'");
     }
     if (h5_read_attr(h0->get(), "swiglu", x)) m.swiglu = x != 0;
-    if (h5_read_attr(h0->get(), "num_query_groups", x) && x > 0 && x <= (1 << 16)) {
+    if (h5_read_attr(h0->get(), "num_query_groups", x) && x != 0) {
+      if (x < 0 || x > (1 << 16))
+        throw ConfigError("checkpoint file '" + first + "' has num_query_groups " +
+                          std::to_string(x) + ", outside 1..65536 (damaged?)");
       m.group_query_attention = true;
       m.num_query_groups = static_cast<int>(x);
     }

@@ -277,6 +277,7 @@ void Trainer::load_batch(StepStats& st) {
         dp_slice_begin(next, cfg_.global_batch_at(ctx_.dp_size, next), ctx_.dp_size, ctx_.dp_rank));
   } catch (const std::exception& e) {
     read_error_ = e.what();
+    if (read_error_.empty()) read_error_ = "reading this step's samples failed";
   }
   st.data_wait_seconds = prefetch_->take_wait_seconds();
 }
@@ -528,6 +529,7 @@ double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters)
       for (int64_t i = 0; i < local; ++i) data.get(begin + i, batch_.data() + i * S);
     } catch (const std::exception& e) {
       read_error_ = e.what();
+      if (read_error_.empty()) read_error_ = "reading the evaluation samples failed";
     }
     tokens += count_loss_tokens();
     run_micro_batches(false, 0.0f, st);
@@ -653,7 +655,9 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
   const double sec = interval_seconds / n;
   const int gbs = s.global_batch;
   const int ranks = ctx_.tp_size * ctx_.pp_size * ctx_.dp_size;
-  const double tok_s = static_cast<double>(gbs) * model_cfg_.seq_length / sec;
+  // Over the interval's samples (a batch-size ramp changes them from step to step).
+  const double samples = interval_samples_ > 0 ? static_cast<double>(interval_samples_) : gbs * n;
+  const double tok_s = samples * model_cfg_.seq_length / interval_seconds;
   const double gflops = model_cfg_.train_flops_per_token() * tok_s / 1e9 / ranks;  // per rank
   char line[512];
   int len = std::snprintf(
@@ -760,6 +764,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
         tb_->add_scalar("loss-scale", s.loss_scale, s.iteration);
     }
     interval_seconds += s.seconds;
+    interval_samples_ += s.global_batch;
     ++in_interval;
     interval_loss_all += s.loss;
     if (!s.skipped) {  // Megatron averages the loss over the steps that updated
@@ -772,6 +777,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
       const double mean = in_interval_updated > 0 ? interval_loss / in_interval_updated
                                                   : interval_loss_all / in_interval;
       log_iteration(s, mean * in_interval, interval_seconds, in_interval);
+      interval_samples_ = 0;
       interval_loss = interval_loss_all = interval_seconds = 0;
       in_interval = in_interval_updated = 0;
     }
@@ -991,7 +997,7 @@ void Trainer::write_checkpoint(const std::string& dir) {
       const float* host[3];
       Tensor* state[3] = {nullptr, nullptr, nullptr};
       if (ps.has_master()) state[0] = &ps.flat_params();
-      if (optimizer_) {
+      if (optimizer_ && !cfg_.no_save_optim) {  // --no-save-optim: no moments to stage
         state[1] = &optimizer_->exp_avg();
         state[2] = &optimizer_->exp_avg_sq();
       }
@@ -1096,6 +1102,7 @@ void Trainer::finish_async_save(bool blocking) {
   Timer waited;
   if (a.thread.joinable()) a.thread.join();
   async_pending_ = false;
+  for (auto& g : a.gathered) std::vector<float>().swap(g);  // the next save gathers afresh
   const double failed = a.error.empty() ? 0 : 1;
   if (failed) TLOG(error) << "checkpoint save failed here: " << a.error;
   commit_save(a.dir, a.iteration, failed, a.error);

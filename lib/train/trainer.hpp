@@ -204,8 +204,9 @@ class Trainer {
   int64_t last_saved_ = -1;
   int stopped_by_signal_ = 0;
   int64_t iteration_ = 0, consumed_samples_ = 0;
-  int step_batch_ = 0;      // the global batch the step's buffers are shaped for
-  int64_t lr_samples_ = 0;  // samples of the updates taken (the sample-based schedule)
+  int step_batch_ = 0;            // the global batch the step's buffers are shaped for
+  int64_t interval_samples_ = 0;  // samples of the steps since the last log line
+  int64_t lr_samples_ = 0;        // samples of the updates taken (the sample-based schedule)
   std::ofstream metrics_;
   std::unique_ptr<AsyncSave> async_;  // --async-save: staging buffers and the writer
   bool async_pending_ = false;        // a background save not yet committed (every rank alike)
