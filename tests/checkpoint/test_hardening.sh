@@ -130,12 +130,17 @@ kills() {  # NAME [--async-save]
     TESSERA_SLOW_SAVE_MS=10 mpirun --oversubscribe --bind-to none -np 4 "$bin/tessera-train" "${A[@]}" --train-iters 1000 \
       --save "$d" --save-interval 1 --keep-checkpoints 2 "${load[@]}" "$@" > "$work/k.log" 2>&1 &
     mp=$!
-    sleep "$((2 + RANDOM % 3)).$((RANDOM % 10))"
+    # Once this run has saved (start-up takes longer on a busy machine), a random moment.
+    for _ in $(seq 1 1200); do grep -qE "^saved checkpoint|in the background \(--async-save\)$" "$work/k.log" && break; sleep 0.1; done
+    sleep "$((RANDOM % 3)).$((RANDOM % 10))"
     rank=$((RANDOM % 4))
     kill -9 "$(pgrep -P $mp -x tessera-train | sed -n "$((rank + 1))p")" 2> /dev/null
     wait $mp 2> /dev/null
-    ls -d "$d"/*.tmp > /dev/null 2>&1 && midsave=$((midsave + 1))
     latest=$(cat "$d/latest_checkpointed_iteration.txt" 2>/dev/null)
+    # Mid-save: this run left the directory of a later iteration unfinished.
+    for t in "$d"/iter_*.tmp; do
+      [ -e "$t" ] && [ -n "$latest" ] && [ "$((10#$(basename "$t" .tmp | sed 's/iter_//')))" -gt "$latest" ] && { midsave=$((midsave + 1)); break; }
+    done
     [ -n "$latest" ] || { bad "$name kill $trial: no checkpoint yet ($(tail -2 "$work/k.log"))"; continue; }
     rm -f "$work/k.jsonl"
     mpi 4 "$bin/tessera-train" "${A[@]}" --train-iters $((latest + 1)) --load "$d" --metrics-file "$work/k.jsonl" > "$work/kr.log" 2>&1
