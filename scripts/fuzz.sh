@@ -26,6 +26,11 @@ mkdir -p build-fuzz
 cmake -S tests/fuzz -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo > build-fuzz/build.log 2>&1 \
   && cmake --build build-fuzz -j 2 >> build-fuzz/build.log 2>&1 || { echo "fuzz.sh: error: the build failed; see build-fuzz/build.log" >&2; tail -20 build-fuzz/build.log >&2; exit 1; }
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
+# Each fuzzing process writes its inputs under a scratch directory of its own; they all go here and
+# are removed at the end (fork mode starts many processes).
+export TMPDIR=$PWD/build-fuzz/tmp
+rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
+trap 'rm -rf "$TMPDIR"' EXIT
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 # A crash is upstream when a libhdf5 frame comes before the first Tessera frame of its stack.
 upstream() {  # LOG

@@ -125,6 +125,12 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
   if (!dspace.valid() || H5Sget_simple_extent_ndims(dspace.get()) != 1)
     throw bad("/doc_offsets is not 1-D");
   H5Sget_simple_extent_dims(dspace.get(), &nd, nullptr);
+  // Offsets run from 0 to the number of tokens in order, one more than the documents: a damaged
+  // extent (found by tests/fuzz/fuzz_shard.cpp: 2^61 entries) is refused before it is allocated.
+  if (nd > n + 1)
+    throw bad("/doc_offsets has " + std::to_string(nd) + " entries for " + std::to_string(n) +
+              " tokens (at most one more than the tokens); the shard is damaged, re-run "
+              "tessera-preprocess");
   doc_offsets_.resize(nd);
   if (nd == 0 ||
       H5Dread(ds.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, doc_offsets_.data()) < 0)

@@ -80,6 +80,15 @@ TEST(Config, APlaceholderInAValueIsRefusedNotLooped) {
   std::remove(ini.c_str());
   EXPECT_NE(error_of({"--lr", "%option%"}).find("command-line argument 2 contains '%option%'"),
             std::string::npos);
+  // The second loop the fuzzer found: a line that is not "key = value" and names the
+  // %invalid_line% placeholder (tests/fuzz/regressions/config/). Any %word% is refused.
+  const std::string line = write_ini("%invalid_line%%\n");
+  EXPECT_NE(error_of({"--config", line}).find("contains '%invalid_line%'"), std::string::npos);
+  std::remove(line.c_str());
+  EXPECT_NE(error_of({"--save", "/tmp/%any_future_name%"}).find("'%any_future_name%'"),
+            std::string::npos);
+  // A lone '%' (a path such as run_%j) is a value like any other.
+  EXPECT_EQ(error_of({"--save", "/tmp/run_%j", "--load", "/tmp/50%"}), "");
 }
 
 TEST(Config, BadInputNamesTheOption) {

@@ -13,8 +13,9 @@ namespace tessera::fuzz {
 
 inline const std::string& scratch_dir() {
   static const std::string dir = [] {
-    char tmpl[] = "/tmp/tessera_fuzz_XXXXXX";
-    const char* d = mkdtemp(tmpl);
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/tessera_fuzz_XXXXXX";
+    const char* d = mkdtemp(tmpl.data());
     if (!d) std::abort();
     return std::string(d);
   }();
