@@ -40,6 +40,7 @@ upstream() {  # LOG
 run() {  # TARGET: regressions first, then SECONDS of fuzzing
   local t=$1
   local dir=build-fuzz/corpus/$t log=build-fuzz/$t.log
+  [ -n "$(ls -A "tests/fuzz/corpus/$t" 2>/dev/null)" ] || { echo "FAIL: fuzz_$t: its seed corpus tests/fuzz/corpus/$t is missing or empty"; return 1; }
   mkdir -p "$dir"
   : > "$log"
   if [ -d "tests/fuzz/regressions/$t" ] && [ -n "$(ls -A "tests/fuzz/regressions/$t")" ]; then
@@ -70,6 +71,10 @@ run() {  # TARGET: regressions first, then SECONDS of fuzzing
   done
   local runs
   runs=$(grep -oE '(stat::number_of_executed_units: *|#)[0-9]+' "$log" | grep -oE '[0-9]+$' | sort -n | tail -1)
+  if [ -z "$runs" ] || [ "$runs" -eq 0 ]; then  # it never fuzzed (a missing seed corpus, say)
+    echo "FAIL: fuzz_$t: no input ran: $(grep -m1 -vE '^INFO' "$log") (log $log)"
+    return 1
+  fi
   if [ $ours -eq 0 ] && { [ $rc -eq 0 ] || [ ${#extra[@]} -gt 0 ]; }; then
     echo "ok: fuzz_$t: ${runs:-?} runs in ${seconds} s, $(ls "$dir" | wc -l) inputs in its corpus, no crash in Tessera's code$([ $theirs -gt 0 ] && echo "; $theirs inside libhdf5 (upstream; build-fuzz/hdf5-upstream/)")"
   else

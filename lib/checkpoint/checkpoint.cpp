@@ -396,6 +396,24 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
         std::vector<hsize_t> dims(std::max(nd, 0));
         H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
         st.local_shape.assign(dims.begin(), dims.end());
+        // The stored piece lies inside its global shape, and a vocabulary's global rows lie
+        // between the vocabulary and the checkpoint's own padded size: a damaged extent or attribute is refused here,
+        // before a read sizes a buffer by it (found by tests/fuzz/fuzz_checkpoint.cpp).
+        bool fits = nd >= 1 && st.local_shape.size() == st.global_shape.size() &&
+                    ax >= -1 && ax < nd && st.split_offset >= 0;
+        for (int d = 0; fits && d < nd; ++d)
+          fits = st.global_shape[d] >= 0 && st.global_shape[d] <= (int64_t(1) << 31) &&
+                 st.local_shape[d] <= st.global_shape[d] &&
+                 (d != ax || st.split_offset + st.local_shape[d] <= st.global_shape[d]);
+        if (fits && (std::string(name) == "wte" || std::string(name) == "lm_head"))
+          fits = st.global_shape[0] >= meta_.model.vocab_size &&
+                 st.global_shape[0] <= meta_.model.padded_vocab_size(meta_.tp_size);
+        if (!fits)
+          throw ConfigError("checkpoint file '" + file + "': /model/" + name + " stores " +
+                            shape_str(st.local_shape) + " at offset " +
+                            std::to_string(st.split_offset) + " of global shape " +
+                            shape_str(st.global_shape) + " split on axis " + std::to_string(ax) +
+                            ", which do not fit together (damaged); use another checkpoint");
         tensors_[name].push_back(st);
       }
       files_.push_back(file);

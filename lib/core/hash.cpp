@@ -56,12 +56,12 @@ uint64_t xxh64(const void* data, size_t len, uint64_t seed) {
     h = seed + P5;
   }
   h += static_cast<uint64_t>(len);
-  while (p + 8 <= end) {
+  while (end - p >= 8) {
     h ^= round(0, read64(p));
     h = rotl(h, 27) * P1 + P4;
     p += 8;
   }
-  if (p + 4 <= end) {
+  if (end - p >= 4) {
     h ^= static_cast<uint64_t>(read32(p)) * P1;
     h = rotl(h, 23) * P2 + P3;
     p += 4;
