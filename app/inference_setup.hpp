@@ -24,6 +24,7 @@ struct InferenceSetup {
   std::string load, device;
   TokenizerOptions tokenizer;
   int tp = 1, pp = 1, threads = 0, seq_length = 0;
+  bool bf16 = false, fp16 = false;
 
   // The "Model" options group.
   void add_options(OptionParser& p) {
@@ -50,7 +51,11 @@ struct InferenceSetup {
         "device", po::value(&device)->default_value("auto"),
         "cpu | cuda | auto (cuda when a GPU is visible)")(
         "seq-length", po::value(&seq_length)->default_value(0),
-        "the context: prompt plus new tokens, at most this many (0: the model's positions)");
+        "the context: prompt plus new tokens, at most this many (0: the model's positions)")(
+        "bf16", po::bool_switch(&bf16),
+        "compute in bf16: weights, activations and the KV cache (the checkpoint's f32 weights "
+        "rounded; the GPU's fast path)")("fp16", po::bool_switch(&fp16),
+                                          "compute in fp16, as --bf16 does in bf16");
   }
 
   // After parsing: the layout, the backend, the checkpoint's model on this rank, and (unless
@@ -90,8 +95,11 @@ struct InferenceSetup {
     validate_model_layout(cfg, tp, pp);  // heads, key/value heads, ffn width, layers
     L.backend = make_rank_backend(*L.grid, device);
     L.ctx = L.grid->context();  // NCCL groups on CUDA
+    if (bf16 && fp16) throw ConfigError("--bf16 and --fp16 exclude each other; give one");
+    const DType compute = bf16 ? DType::BF16 : fp16 ? DType::F16 : DType::F32;
     L.model = std::make_unique<GPTModel>(
-        cfg, model_shard_for(cfg, tp, L.ctx.tp_rank, pp, L.ctx.pp_rank), *L.backend, *L.ctx.tp);
+        cfg, model_shard_for(cfg, tp, L.ctx.tp_rank, pp, L.ctx.pp_rank), *L.backend, *L.ctx.tp,
+        compute);
     std::vector<float> host;  // read on the host, copied to the backend
     for (const ParamSpec& s : L.model->params().specs()) {
       host.resize(static_cast<size_t>(s.numel()));
@@ -99,6 +107,7 @@ struct InferenceSetup {
       Tensor p = L.model->params().param(s);
       L.backend->copy_from_host(p, host.data());
     }
+    L.model->sync_compute_weights();  // the bf16/fp16 copy (nothing in f32)
     if (L.grid->world_rank() == 0)
       std::cerr << program << ": " << L.checkpoint->path() << " (" << cfg.num_layers
                 << " layers, hidden " << cfg.hidden_size << ", saved at TP "

@@ -17,16 +17,15 @@ InferenceEngine::InferenceEngine(GPTModel& model, const ParallelContext& ctx, in
       max_positions_(max_positions),
       max_sequences_(max_sequences) {
   const GPTConfig& cfg = model.config();
-  TESSERA_CHECK(model.compute_dtype() == DType::F32,
-                "generation runs in f32: build the model without --bf16/--fp16 for it");
   TESSERA_CHECK(max_positions <= cfg.max_positions(), "context of ", max_positions,
                 " exceeds the model's ", cfg.max_positions(), " positions");
   const ModelShard& sh = model.shard();
   for (int n = sh.num_layers(); n > 0; --n) {
     const Shape s{max_sequences, model.kv_heads_local(), max_positions, cfg.head_dim()};
     AllocationLabel label("the KV cache");
-    k_cache_.push_back(Tensor(s, DType::F32, be_.allocator()));
-    v_cache_.push_back(Tensor(s, DType::F32, be_.allocator()));
+    // In the compute dtype: a bf16 model's cache holds bf16 keys and values (half the bytes).
+    k_cache_.push_back(Tensor(s, model.compute_dtype(), be_.allocator()));
+    v_cache_.push_back(Tensor(s, model.compute_dtype(), be_.allocator()));
     be_.zero(k_cache_.back());
     be_.zero(v_cache_.back());
   }
@@ -41,7 +40,11 @@ void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
   const int64_t Fl = cfg.ffn() / model_.shard().tp_size, Vl = model_.vocab_local();
   const int64_t qkv_cols = (model_.heads_local() + 2 * model_.kv_heads_local()) * cfg.head_dim();
   Allocator& al = be_.allocator();
-  auto f = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };
+  // Activations in the model's compute dtype (as its training forward has them); the norm
+  // statistics and the logits handed back in f32.
+  const DType dt = model_.compute_dtype();
+  auto f = [&](Shape s) { return Tensor(std::move(s), dt, al); };
+  auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };
   ids_ = Tensor({rows_}, DType::I32, al);
   pos_ = Tensor({rows_}, DType::I32, al);
   x_ = f({rows_, C});
@@ -51,15 +54,16 @@ void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
   tmp_ = f({rows_, C});
   fc_ = f({rows_, cfg.swiglu ? 2 * Fl : Fl});
   gelu_ = f({rows_, Fl});
-  mean_ = f({rows_});
-  rstd_ = f({rows_});
+  mean_ = f32({rows_});
+  rstd_ = f32({rows_});
   last_rows_ = Tensor({segs_}, DType::I32, al);
   last_x_ = f({segs_, C});
   lnf_ = f({segs_, C});
-  lnf_mean_ = f({segs_});
-  lnf_rstd_ = f({segs_});
+  lnf_mean_ = f32({segs_});
+  lnf_rstd_ = f32({segs_});
   logits_ = f({segs_, Vl});
-  gathered_ = f({model_.shard().tp_size * segs_ * Vl});
+  logits_f32_ = dt == DType::F32 ? logits_ : f32({segs_, Vl});
+  gathered_ = f32({model_.shard().tp_size * segs_ * Vl});
 }
 
 void InferenceEngine::reserve_reorder() {
@@ -125,10 +129,10 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
   be_.copy_from_host(ids, tokens.data());
   be_.copy_from_host(pos, host_pos_.data());
   if (sh.has_embedding) {
-    be_.embedding_forward(x, ids, model_.params().param("wte"), model_.vocab_begin());
+    be_.embedding_forward(x, ids, model_.params().compute_param("wte"), model_.vocab_begin());
     model_.tp_comm().all_reduce(x, ReduceOp::Sum);
     if (cfg.learned_positions()) {
-      be_.embedding_forward(tmp, pos, model_.params().param("wpe"), 0);
+      be_.embedding_forward(tmp, pos, model_.params().compute_param("wpe"), 0);
       be_.add(x, x, tmp);
     }
   } else {
@@ -178,11 +182,16 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
   Tensor lx = last_x_.view(0, {S, C}), lnf = lnf_.view(0, {S, C});
   Tensor lm = lnf_mean_.view(0, {S}), lr = lnf_rstd_.view(0, {S});
   be_.embedding_forward(lx, last_rows, x, 0);  // gathers rows of x
-  model_.norm_forward(lnf, lm, lr, lx, model_.params().param("lnf.weight"),
-                      cfg.rmsnorm() ? Tensor() : model_.params().param("lnf.bias"));
+  model_.norm_forward(lnf, lm, lr, lx, model_.params().compute_param("lnf.weight"),
+                      cfg.rmsnorm() ? Tensor() : model_.params().compute_param("lnf.bias"));
   const int64_t Vl = model_.vocab_local();
   Tensor lg = logits_.view(0, {S, Vl});
-  be_.matmul_forward(lg, lnf, model_.params().param(model_.output_weight_name()), nullptr);
+  be_.matmul_forward(lg, lnf, model_.params().compute_param(model_.output_weight_name()), nullptr);
+  if (lg.dtype() != DType::F32) {
+    Tensor lf = logits_f32_.view(0, {S, Vl});
+    be_.cast(lf, lg);
+    lg = lf;
+  }
   const int tp = sh.tp_size;
   Tensor all = gathered_.view(0, {tp * S * Vl});
   if (tp == 1)

@@ -1,7 +1,8 @@
 // engine.hpp: GPT inference with a KV cache on one rank's shard (any TP x PP layout): the new
 // tokens of several sequences go through this stage's layers in one batch, each attending to its
 // own cached keys and values; the last stage returns the logits of each sequence's last new token
-// over the whole (true) vocabulary, gathered across tensor-parallel ranks.
+// over the whole (true) vocabulary, gathered across tensor-parallel ranks. Weights, activations
+// and the KV cache are in the model's compute dtype (f32, bf16 or f16); the logits come back in f32.
 #pragma once
 
 #include <vector>
@@ -55,7 +56,7 @@ class InferenceEngine {
   Tensor slot_ids_;
   int64_t rows_ = 0, segs_ = 0;
   Tensor ids_, pos_, x_, ln_, qkv_, att_, tmp_, fc_, gelu_, mean_, rstd_;
-  Tensor last_rows_, last_x_, lnf_, lnf_mean_, lnf_rstd_, logits_, gathered_;
+  Tensor last_rows_, last_x_, lnf_, lnf_mean_, lnf_rstd_, logits_, logits_f32_, gathered_;
   std::vector<int32_t> host_pos_;   // positions / last rows, staged for the backend
   std::vector<float> host_logits_;  // the gathered logits, back on the host
 };

@@ -142,6 +142,47 @@ TEST(Generation, LogProbsEqualAFullRecomputation) {
   }
 }
 
+// A bf16 model generates through a bf16 KV cache: its logits, prefilled at once or decoded one
+// token at a time through the cache, stay within bf16's rounding of the f32 model's (same
+// weights), and a 1-token prefill plus cached decoding equals the prefill's all-row logits to
+// bf16 rounding too. The checked values are of the order of 10 (the scaled-up weights).
+TEST(Generation, Bf16KvCacheFollowsTheF32Model) {
+  TinyLm lm;
+  GPTModel bf(lm.cfg, model_shard_for(lm.cfg, 1, 0, 1, 0), *lm.be, *lm.ctx.tp, DType::BF16);
+  for (const ParamSpec& s : lm.model->params().specs()) {
+    std::vector<float> host(static_cast<size_t>(s.numel()));
+    lm.be->copy_to_host(host.data(), lm.model->params().param(s));
+    Tensor p = bf.params().param(s);
+    lm.be->copy_from_host(p, host.data());
+  }
+  bf.sync_compute_weights();
+  const std::vector<int32_t> tokens{1, 2, 3, 4, 0, 2, 1, 3, 3, 4, 1, 0};
+  const int64_t n = static_cast<int64_t>(tokens.size()), V = TinyLm::kVocab;
+  std::vector<float> want, all, step;
+  InferenceEngine ef(*lm.model, lm.ctx, 1, 16), eb(bf, lm.ctx, 1, 16), ec(bf, lm.ctx, 1, 16);
+  ef.forward({{0, 0, n}}, tokens, want, true);
+  eb.forward({{0, 0, n}}, tokens, all, true);
+  std::vector<float> cached;
+  for (int64_t t = 0; t < n; ++t) {
+    ec.forward({{0, t, 1}}, {tokens[t]}, step);
+    cached.insert(cached.end(), step.begin(), step.end());
+  }
+  ASSERT_EQ(all.size(), static_cast<size_t>(n * V));
+  ASSERT_EQ(cached.size(), all.size());
+  double m = 0, err_all = 0, err_cached = 0, err_self = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    m = std::max(m, std::fabs(static_cast<double>(want[i])));
+    err_all = std::max(err_all, std::fabs(static_cast<double>(all[i]) - want[i]));
+    err_cached = std::max(err_cached, std::fabs(static_cast<double>(cached[i]) - want[i]));
+    err_self = std::max(err_self, std::fabs(static_cast<double>(cached[i]) - all[i]));
+  }
+  ASSERT_GT(m, 1.0);
+  EXPECT_GT(err_all, 0.0);  // bf16 really ran
+  EXPECT_LE(err_all, 0.05 * m) << "bf16 prefill against f32";
+  EXPECT_LE(err_cached, 0.05 * m) << "bf16 cached decoding against f32";
+  EXPECT_LE(err_self, 0.05 * m) << "bf16 cached decoding against bf16 prefill";
+}
+
 // A server batches requests: with sample_stream, a prompt's draws are those of its request run
 // alone, whatever else shares the batch.
 TEST(Generation, SampleStreamsMakeBatchingInvisible) {

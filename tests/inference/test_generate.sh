@@ -24,6 +24,15 @@ P=(--prompt-ids "5 17 42" --max-new-tokens 24)
 greedy=$(gen "${P[@]}" --greedy)
 [ "$(wc -w <<<"$greedy")" -eq 28 ] && ok "greedy: $greedy" || bad "greedy output: '$greedy'"
 [ "$(gen "${P[@]}" --greedy --no-kv-cache)" = "$greedy" ] && ok "KV cache == full recompute (greedy, 24 tokens)" || bad "cache differs from recompute"
+# bf16 / fp16: weights, activations and KV cache in the compute dtype (CPU: through f32 copies;
+# the ids may differ from f32's where two logits are within bf16's rounding, so only their count is
+# checked here: test_inference checks the logits against f32's).
+for dt in bf16 fp16; do
+  out=$(gen "${P[@]}" --greedy --$dt)
+  [ "$(wc -w <<<"$out")" -eq 28 ] && ok "--$dt greedy: $out" || bad "--$dt greedy output: '$out'"
+done
+err=$("$bin/tessera-generate" --load "$work/ck" --threads 1 "${P[@]}" --bf16 --fp16 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] && grep -q -- "--bf16 and --fp16 exclude each other" <<<"$err" && ok "--bf16 --fp16 refused" || bad "--bf16 --fp16: rc $rc '$err'"
 for l in "2 2 1" "2 1 2" "4 2 2"; do
   set -- $l
   out=$(mpi "$1" "$bin/tessera-generate" --load "$work/ck" --threads 1 "${P[@]}" --greedy \

@@ -272,13 +272,13 @@ class CpuBackend final : public Backend {
                     const AttentionAlibi* alibi) override {
     const int64_t G = check_kv_attention(out, qkv, k_cache, v_cache, segments, heads, kv_heads);
     const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2);
-    TESSERA_CHECK(k_cache.dtype() == DType::F32 && v_cache.dtype() == DType::F32,
-                  "the KV cache is f32");
     TESSERA_F32_OUT(o, out);
     TESSERA_F32_IN(q, qkv);
+    // A bf16/f16 cache (a bf16 model's generation) through f32 copies of the whole cache, read
+    // and written back: the reference for the CUDA kernels, not a fast path.
+    F32 kc(k_cache, true, true, "k cache"), vc(v_cache, true, true, "v cache");
     check_alibi_heads(alibi, heads);
-    cpu::kv_attention(o.get(), q.get(), k_cache.f32(), v_cache.f32(), segments, heads, hd, Tmax, G,
-                      alibi);
+    cpu::kv_attention(o.get(), q.get(), kc.get(), vc.get(), segments, heads, hd, Tmax, G, alibi);
   }
 
   void gelu_forward(Tensor& out, const Tensor& inp) override {

@@ -25,8 +25,8 @@ namespace {
 // What each scratch buffer is for, in out-of-memory errors (by Scratch value).
 const char* const kScratchLabels[] = {
     "reduction scratch",          "attention backward workspace", "embedding backward workspace",
-    "gradient-norm partial sums", "the AdamW segment table",      "the KV-attention segment table",
-    "the cuBLASLt workspace",
+    "gradient-norm partial sums", "the AdamW segment table",      "the KV-attention row table",
+    "the flash-decoding partials", "the cuBLASLt workspace",
 };
 static_assert(sizeof(kScratchLabels) / sizeof(kScratchLabels[0]) ==
               static_cast<size_t>(Scratch::kCount));
@@ -290,8 +290,8 @@ class CudaBackend final : public Backend {
                     const AttentionAlibi* alibi) override {
     check_alibi_heads(alibi, heads);
     const int64_t G = check_kv_attention(out, qkv, k_cache, v_cache, segments, heads, kv_heads);
-    for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &qkv, &k_cache, &v_cache})
-      expect_dtype(*t, DType::F32, "generation (KV attention)");
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &k_cache, &v_cache})
+      expect_dtype(*t, qkv.dtype(), "generation (KV attention): out and caches in qkv's dtype");
     cuda_ops::kv_attention(out, qkv, k_cache, v_cache, segments, heads, G, alibi, ws_, stream_);
   }
   void rope(Tensor& qkv, const RopeSpec& r, const Tensor* positions, bool inverse) override {

@@ -1,68 +1,54 @@
-// kv_attention.cu: causal attention for generation with a KV cache (f32). New tokens of several
-// sequences (segments of rows) append their keys and values to the cache at their positions, and
-// each new query attends to every cached position of its sequence up to its own, with an online
-// softmax. With ALiBi, slope_h (j - i) joins the scaled score of cached position j for the query at
-// position i. The CPU reference is backend/cpu/kv_attention.hpp.
+// kv_attention.cu: causal attention for generation with a KV cache in the compute dtype (f32,
+// bf16 or f16). New tokens of several sequences (segments of rows) append their keys and values to
+// the cache at their positions; then each new query attends to every cached position of its
+// sequence up to its own: flash-decoding (flash_decode.cuh), many blocks per (row, head) each over
+// a chunk of the positions, merged by log-sum-exp. With ALiBi, slope_h (j - i) joins the scaled
+// score of cached position j for the query at position i. The CPU reference is
+// backend/cpu/kv_attention.hpp.
+#include <algorithm>
+
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/flash_decode.cuh"
 #include "backend/cuda/ops.hpp"
 
 namespace tessera::cuda_ops {
 
 namespace {
 
-struct DevSegment {
-  int64_t slot, pos0, count, row0;
-};
-// qkv rows (H + 2G) hd wide: H query heads, then G key heads, then G value heads; the caches
-// (slots, G, Tmax, hd). One thread per (row, key/value head, feature).
-__global__ void kv_store_kernel(float* kc, float* vc, const float* qkv, const DevSegment* segs,
-                                int nseg, int64_t H, int64_t G, int64_t hd, int64_t Tmax,
-                                int64_t rows) {
+// One thread per (row, key/value head, feature): the row's key and value into its slot and
+// position. rows: (nrows, 2) = (slot, position).
+template <typename T>
+__global__ void kv_store_kernel(T* kc, T* vc, const T* qkv, const int32_t* rows, int64_t H,
+                                int64_t G, int64_t hd, int64_t Tmax, int64_t nrows) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;  // (row, g, d)
-  if (i >= rows * G * hd) return;
+  if (i >= nrows * G * hd) return;
   const int64_t d = i % hd, g = (i / hd) % G, row = i / (G * hd);
   const int64_t C = H * hd, C3 = C + 2 * G * hd;
-  for (int k = 0; k < nseg; ++k) {
-    const DevSegment s = segs[k];
-    if (row < s.row0 || row >= s.row0 + s.count) continue;
-    const int64_t pos = s.pos0 + row - s.row0;
-    kc[((s.slot * G + g) * Tmax + pos) * hd + d] = qkv[row * C3 + C + g * hd + d];
-    vc[((s.slot * G + g) * Tmax + pos) * hd + d] = qkv[row * C3 + C + (G + g) * hd + d];
-  }
+  const int64_t slot = rows[2 * row], pos = rows[2 * row + 1];
+  const int64_t at = ((slot * G + g) * Tmax + pos) * hd + d;
+  kc[at] = qkv[row * C3 + C + g * hd + d];
+  vc[at] = qkv[row * C3 + C + (G + g) * hd + d];
 }
-// One thread per (row, query head h), reading the cache of key/value head h / (H/G). ALiBi with
-// kAlibi (the kernel without it is the kernel of before).
-template <bool kAlibi>
-__global__ void kv_attend_kernel(float* out, const float* qkv, const float* kc, const float* vc,
-                                 const DevSegment* segs, int nseg, int64_t H, int64_t G, int64_t hd,
-                                 int64_t Tmax, int64_t rows, AttentionAlibi alibi) {
-  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;  // (row, h)
-  if (i >= rows * H) return;
-  const int64_t h = i % H, row = i / H, g = h / (H / G), C = H * hd, C3 = C + 2 * G * hd;
-  for (int k = 0; k < nseg; ++k) {
-    const DevSegment s = segs[k];
-    if (row < s.row0 || row >= s.row0 + s.count) continue;
-    const int64_t last = s.pos0 + row - s.row0;
-    const float* q = qkv + row * C3 + h * hd;
-    const float* K = kc + ((s.slot * G + g) * Tmax) * hd;
-    const float* V = vc + ((s.slot * G + g) * Tmax) * hd;
-    const float scale = rsqrtf(static_cast<float>(hd));
-    const float slope = kAlibi ? alibi.slope(h) : 0.f;
-    float m = -INFINITY, l = 0.f;
-    float* o = out + row * C + h * hd;
-    for (int64_t d = 0; d < hd; ++d) o[d] = 0.f;
-    for (int64_t j = 0; j <= last; ++j) {
-      float dot = 0.f;
-      for (int64_t d = 0; d < hd; ++d) dot += q[d] * K[j * hd + d];
-      dot *= scale;
-      if constexpr (kAlibi) dot += slope * static_cast<float>(j - last);
-      const float mn = fmaxf(m, dot), corr = expf(m - mn), p = expf(dot - mn);
-      l = l * corr + p;
-      for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * corr + p * V[j * hd + d];
-      m = mn;
-    }
-    for (int64_t d = 0; d < hd; ++d) o[d] /= l;
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(decode::kThreads) decode_partial_kernel(decode::Params p) {
+  extern __shared__ float4 smem[];
+  decode::partial_body<T, kVec>(p, reinterpret_cast<char*>(smem));
+}
+template <typename T>
+__global__ void __launch_bounds__(decode::kThreads) decode_combine_kernel(decode::Params p) {
+  decode::combine_body<T>(p);
+}
+
+int target_blocks() {  // about two blocks per SM of the current device
+  static thread_local int device = -1, sms = 0;
+  int d = 0;
+  CUDA_CHECK(cudaGetDevice(&d));
+  if (d != device) {
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
+    device = d;
   }
+  return 2 * sms;
 }
 
 }  // namespace
@@ -70,28 +56,69 @@ __global__ void kv_attend_kernel(float* out, const float* qkv, const float* kc, 
 void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                   const std::vector<Backend::KvSegment>& segments, int64_t heads, int64_t kv_heads,
                   const AttentionAlibi* alibi, Workspace& ws, cudaStream_t s) {
-  const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2), rows = rows_of(qkv);
-  std::vector<DevSegment> h(segments.size());
-  for (size_t i = 0; i < segments.size(); ++i)
-    h[i] = {segments[i].slot, segments[i].pos0, segments[i].count, segments[i].row0};
-  const auto* segs = static_cast<const DevSegment*>(
-      ws.upload(Scratch::kKvSegments, h.data(), sizeof(DevSegment) * h.size(), s));
-  const int n = static_cast<int>(h.size());
-  kv_store_kernel<<<blocks_for(rows * kv_heads * hd), kThreads, 0, s>>>(
-      k_cache.f32(), v_cache.f32(), qkv.f32(), segs, n, heads, kv_heads, hd, Tmax, rows);
-  LAUNCH_CHECK();
-  if (alibi)
-    kv_attend_kernel<true><<<blocks_for(rows * heads), kThreads, 0, s>>>(
-        out.f32(), qkv.f32(), k_cache.f32(), v_cache.f32(), segs, n, heads, kv_heads, hd, Tmax,
-        rows, *alibi);
-  else
-    kv_attend_kernel<false><<<blocks_for(rows * heads), kThreads, 0, s>>>(
-        out.f32(), qkv.f32(), k_cache.f32(), v_cache.f32(), segs, n, heads, kv_heads, hd, Tmax,
-        rows, AttentionAlibi{});
-  LAUNCH_CHECK();
-  // The op returns with its results complete, as it always has (the wait once kept `h` alive for
-  // the copy; upload() now keeps its own copy of the table).
-  CUDA_CHECK(cudaStreamSynchronize(s));
+  const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2), nrows = rows_of(qkv);
+  // (slot, position) of each row; every row belongs to one segment.
+  std::vector<int32_t> table(2 * static_cast<size_t>(nrows), -1);
+  int64_t max_len = 0, covered = 0;
+  for (const Backend::KvSegment& g : segments) {
+    for (int64_t t = 0; t < g.count; ++t) {
+      table[2 * (g.row0 + t)] = static_cast<int32_t>(g.slot);
+      table[2 * (g.row0 + t) + 1] = static_cast<int32_t>(g.pos0 + t);
+    }
+    max_len = std::max(max_len, g.pos0 + g.count);
+    covered += g.count;
+  }
+  TESSERA_CHECK(covered == nrows && std::find(table.begin(), table.end(), -1) == table.end(),
+                "kv attention: the segments must cover each of the ", nrows, " rows once");
+  if (nrows == 0) return;
+  const auto* rows = static_cast<const int32_t*>(
+      ws.upload(Scratch::kKvSegments, table.data(), sizeof(int32_t) * table.size(), s));
+  dispatch(qkv.dtype(), "kv attention", [&](auto tag) {
+    using T = decltype(tag);
+    kv_store_kernel<T><<<blocks_for(nrows * kv_heads * hd), kThreads, 0, s>>>(
+        k_cache.data<T>(), v_cache.data<T>(),
+        qkv.data<T>(), rows, heads, kv_heads, hd, Tmax, nrows);
+    LAUNCH_CHECK();
+    const decode::LaneSplit split = decode::lane_split(static_cast<int>(hd), sizeof(T));
+    TESSERA_CHECK(split.F > 0, "kv attention: head dimension ", hd,
+                  " is not supported by the decode kernel (it needs hd = L * F with L a power of "
+                  "two <= 32 and F <= ",
+                  decode::kMaxF, ")");
+    decode::Params p{};
+    p.qkv = qkv.raw();
+    p.k_cache = k_cache.raw();
+    p.v_cache = v_cache.raw();
+    p.out = out.raw();
+    p.rows = rows;
+    p.H = static_cast<int>(heads);
+    p.G = static_cast<int>(kv_heads);
+    p.hd = static_cast<int>(hd);
+    p.Tmax = static_cast<int>(Tmax);
+    p.nrows = static_cast<int>(nrows);
+    p.L = split.L;
+    p.F = split.F;
+    p.scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(hd));
+    p.alibi = alibi != nullptr;
+    if (alibi) p.slopes = *alibi;
+    decode::plan_splits(p, static_cast<int>(max_len), target_blocks());
+    const int64_t rh = nrows * heads;
+    if (p.splits > 1) {
+      float* part = ws.get<float>(Scratch::kDecodePartials, p.splits * rh * (hd + 2));
+      p.part_o = part;
+      p.part_ml = part + p.splits * rh * hd;
+    }
+    const dim3 grid(static_cast<unsigned>(rh), static_cast<unsigned>(p.splits));
+    const int smem = decode::smem_bytes(p);
+    if (split.vec)
+      decode_partial_kernel<T, true><<<grid, decode::kThreads, smem, s>>>(p);
+    else
+      decode_partial_kernel<T, false><<<grid, decode::kThreads, smem, s>>>(p);
+    LAUNCH_CHECK();
+    if (p.splits > 1) {
+      decode_combine_kernel<T><<<static_cast<unsigned>(rh), decode::kThreads, 0, s>>>(p);
+      LAUNCH_CHECK();
+    }
+  });
 }
 
 }  // namespace tessera::cuda_ops

@@ -25,7 +25,8 @@ enum class Scratch {
   kEmbeddingSort,    // embedding backward: sorted tokens, their runs, CUB's temporary storage
   kSumSquares,       // per-block partial sums of squares (optim.cu)
   kAdamSegments,     // the AdamW segment table (optim.cu)
-  kKvSegments,       // the KV-attention segment table (kv_attention.cu)
+  kKvSegments,       // the KV-attention row table (kv_attention.cu)
+  kDecodePartials,   // flash-decoding's per-split outputs, maxima and sums (kv_attention.cu)
   kCublasLt,         // cuBLASLt's workspace for the GEMMs with epilogues (matmul.cu)
   kCount
 };
@@ -164,9 +165,10 @@ void rope(Tensor& qkv, const RopeSpec& spec, const Tensor* positions, bool inver
 
 // ---- kv_attention.cu ----------------------------------------------------------------------------
 
-// f32 only; qkv (N, (heads + 2*kv_heads)*hd), caches (slots, kv_heads, Tmax, hd). With `alibi`
-// (null: none), ALiBi's bias slope_h (j - i) for cached position j and the query's position i.
-// Waits for the stream before returning.
+// qkv (N, (heads + 2*kv_heads)*hd), caches (slots, kv_heads, Tmax, hd), out (N, heads*hd), all of
+// one dtype (f32, bf16 or f16). With `alibi` (null: none), ALiBi's bias slope_h (j - i) for cached
+// position j and the query's position i. Split-K over the cached positions (flash_decode.cuh);
+// asynchronous on `s` like the other ops.
 void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                   const std::vector<Backend::KvSegment>& segments, int64_t heads, int64_t kv_heads,
                   const AttentionAlibi* alibi, Workspace& ws, cudaStream_t s);

@@ -1,0 +1,207 @@
+// test_decode_emu.cpp: the flash-decoding kernels (lib/backend/cuda/flash_decode.cuh), their exact
+// source, run by the warp emulator (warp_emu.hpp) on the host against the CPU reference
+// (backend/cpu/kv_attention.hpp): bf16, f16 and f32 caches; head dims on the 16-byte path (64,
+// 128) and on the element path (7, 80, 256); one split and many, with splits that hold no position
+// of a short sequence; decode rows beside a prefill segment; grouped-query attention; ALiBi. The
+// output starts as NaN and must be fully written. Tolerances relative to the largest reference
+// value: bf16 2e-2, f16 4e-3, f32 1e-5. On a GPU, test_cuda_ops runs the same kernels on the
+// device.
+#define TESSERA_WARP_EMU 1
+#include "backend/warp_emu.hpp"
+// (warp_emu.hpp first: mma.cuh's emulated primitives use it.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/kv_attention.hpp"
+#include "backend/cuda/flash_decode.cuh"
+
+using namespace tessera;
+
+namespace {
+
+struct Case {
+  int H, G, hd, Tmax, slots;
+  std::vector<cpu::KvSegment> segs;  // rows in order
+  int target_blocks;                 // plan_splits' goal (fewer: fewer splits)
+  bool alibi = false;
+};
+
+template <typename T>
+float widen(T v) {
+  return decode::to_f32(v);
+}
+
+// max |got - want| <= tol * max |want|, every value finite.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double m = 0, err = 0;
+  for (float w : want) m = std::max(m, static_cast<double>(std::fabs(w)));
+  ASSERT_GT(m, 0) << what;
+  size_t worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << ": element " << i << " not written";
+    const double e = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (e > err) err = e, worst = i;
+  }
+  EXPECT_LE(err, tol * m) << what << ": worst element " << worst << " got " << got[worst]
+                          << " want " << want[worst] << " (max |ref| " << m << ")";
+}
+
+// Runs the case's rows through the kernels after `steps_before` earlier decode steps filled the
+// caches (random keys and values up to each sequence's pos0), and returns the number of splits.
+template <typename T>
+int run_case(const Case& c, double tol, const std::string& what, bool expect_vec) {
+  const int H = c.H, G = c.G, hd = c.hd;
+  int nrows = 0, max_len = 0;
+  for (const auto& s : c.segs) {
+    nrows += static_cast<int>(s.count);
+    max_len = std::max(max_len, static_cast<int>(s.pos0 + s.count));
+  }
+  std::mt19937 rng(1234 + hd + H);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const size_t cache_n = static_cast<size_t>(c.slots) * G * c.Tmax * hd;
+  // Caches hold earlier positions (as T), zeros elsewhere; qkv the new rows (as T).
+  std::vector<T> kc(cache_n, decode::from_f32<T>(0.f)), vc = kc;
+  for (const auto& s : c.segs)
+    for (int g = 0; g < G; ++g)
+      for (int64_t j = 0; j < s.pos0; ++j)
+        for (int d = 0; d < hd; ++d) {
+          const size_t at = ((s.slot * G + g) * c.Tmax + j) * hd + d;
+          kc[at] = decode::from_f32<T>(nd(rng));
+          vc[at] = decode::from_f32<T>(nd(rng));
+        }
+  const int C3 = (H + 2 * G) * hd;
+  std::vector<T> qkv(static_cast<size_t>(nrows) * C3);
+  for (T& v : qkv) v = decode::from_f32<T>(nd(rng));
+  // The reference, in f32 over the same (rounded) values; it also stores the new keys/values.
+  std::vector<float> qkv_f(qkv.size()), kc_f(cache_n), vc_f(cache_n);
+  for (size_t i = 0; i < qkv.size(); ++i) qkv_f[i] = widen(qkv[i]);
+  for (size_t i = 0; i < cache_n; ++i) kc_f[i] = widen(kc[i]), vc_f[i] = widen(vc[i]);
+  std::vector<float> want(static_cast<size_t>(nrows) * H * hd);
+  const AttentionAlibi al{H, 2 * H};  // the local heads are heads [H, 2H) of 2H: rank 1 of 2
+  cpu::kv_attention(want.data(), qkv_f.data(), kc_f.data(), vc_f.data(), c.segs, H, hd, c.Tmax, G,
+                    c.alibi ? &al : nullptr);
+  // kv_store_kernel's work (a plain copy; test_cuda_ops checks the kernel on a GPU).
+  std::vector<int32_t> table;
+  for (const auto& s : c.segs)
+    for (int64_t t = 0; t < s.count; ++t) {
+      table.push_back(static_cast<int32_t>(s.slot));
+      table.push_back(static_cast<int32_t>(s.pos0 + t));
+      for (int g = 0; g < G; ++g)
+        for (int d = 0; d < hd; ++d) {
+          const size_t at = ((s.slot * G + g) * c.Tmax + s.pos0 + t) * hd + d;
+          kc[at] = qkv[(s.row0 + t) * C3 + H * hd + g * hd + d];
+          vc[at] = qkv[(s.row0 + t) * C3 + (H + G) * hd + g * hd + d];
+        }
+    }
+  std::vector<T> out(want.size());
+  std::memset(static_cast<void*>(out.data()), 0xff, out.size() * sizeof(T));  // NaN
+  const decode::LaneSplit ls = decode::lane_split(hd, sizeof(T));
+  EXPECT_GT(ls.F, 0) << what;
+  EXPECT_EQ(ls.vec, expect_vec) << what;
+  decode::Params p{};
+  p.qkv = qkv.data();
+  p.k_cache = kc.data();
+  p.v_cache = vc.data();
+  p.out = out.data();
+  p.rows = table.data();
+  p.H = H;
+  p.G = G;
+  p.hd = hd;
+  p.Tmax = c.Tmax;
+  p.nrows = nrows;
+  p.L = ls.L;
+  p.F = ls.F;
+  p.scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(hd));
+  p.alibi = c.alibi;
+  p.slopes = al;
+  decode::plan_splits(p, max_len, c.target_blocks);
+  const int rh = nrows * H;
+  std::vector<float> part(static_cast<size_t>(p.splits) * rh * (hd + 2),
+                          std::numeric_limits<float>::quiet_NaN());
+  p.part_o = part.data();
+  p.part_ml = part.data() + static_cast<size_t>(p.splits) * rh * hd;
+  tc::emu::launch(rh, p.splits, decode::kThreads, decode::smem_bytes(p), [&](char* smem) {
+    if (ls.vec)
+      decode::partial_body<T, true>(p, smem);
+    else
+      decode::partial_body<T, false>(p, smem);
+  });
+  if (p.splits > 1)
+    tc::emu::launch(rh, 1, decode::kThreads, 0, [&](char*) { decode::combine_body<T>(p); });
+  std::vector<float> got(out.size());
+  for (size_t i = 0; i < out.size(); ++i) got[i] = widen(out[i]);
+  expect_close(got, want, tol, what + " (" + std::to_string(p.splits) + " splits of " +
+                                   std::to_string(p.chunk) + ")");
+  return p.splits;
+}
+
+// Three sequences in one decode step, contexts 1, 37 and 300: with 64 target blocks over 12
+// (row, head) pairs, 6 splits of 50 positions, five of them empty for the two short sequences.
+Case decode_case(int hd, int H, int G) {
+  Case c{H, G, hd, 320, 3, {{0, 0, 1, 0}, {2, 36, 1, 1}, {1, 299, 1, 2}}, 64};
+  return c;
+}
+
+TEST(DecodeEmu, Bf16Head64ManySplitsMatchesCpu) {
+  EXPECT_EQ(run_case<__nv_bfloat16>(decode_case(64, 4, 4), 2e-2, "bf16 hd 64", true), 6);
+}
+
+TEST(DecodeEmu, F16Head128GqaAlibiMatchesCpu) {
+  Case c = decode_case(128, 4, 2);
+  c.alibi = true;
+  EXPECT_GT(run_case<__half>(c, 4e-3, "f16 hd 128 GQA ALiBi", true), 1);
+}
+
+TEST(DecodeEmu, F32OneSplitAndManyMatchCpu) {
+  Case one = decode_case(64, 2, 1);
+  one.target_blocks = 1;
+  EXPECT_EQ(run_case<float>(one, 1e-5, "f32 hd 64 one split", true), 1);
+  EXPECT_GT(run_case<float>(decode_case(64, 2, 1), 1e-5, "f32 hd 64 MQA", true), 1);
+}
+
+// A prefill of 9 tokens (causal within the segment) beside two decode rows, with GQA and ALiBi.
+TEST(DecodeEmu, PrefillBesideDecodeRowsMatchesCpu) {
+  Case c{6, 2, 64, 96, 3, {{1, 0, 9, 0}, {0, 40, 1, 9}, {2, 90, 1, 10}}, 64, true};
+  run_case<__nv_bfloat16>(c, 2e-2, "bf16 prefill + decode", true);
+}
+
+// Head dims off the 16-byte path: 7 (one lane per position), 80 (16 lanes of 5), 256 in f32 (32
+// lanes of 8).
+TEST(DecodeEmu, ElementPathHeadDimsMatchCpu) {
+  run_case<float>(decode_case(7, 2, 2), 1e-5, "f32 hd 7", false);
+  run_case<__nv_bfloat16>(decode_case(80, 2, 1), 2e-2, "bf16 hd 80", false);
+  Case c = decode_case(256, 1, 1);
+  c.alibi = true;
+  run_case<float>(c, 1e-5, "f32 hd 256 ALiBi", false);
+}
+
+TEST(DecodeEmu, LaneSplitAndPlan) {
+  const decode::LaneSplit a = decode::lane_split(64, 2), b = decode::lane_split(80, 2),
+                          c = decode::lane_split(128, 4), d = decode::lane_split(1000, 2);
+  EXPECT_TRUE(a.vec && a.L == 8 && a.F == 8);
+  EXPECT_TRUE(!b.vec && b.L == 16 && b.F == 5);
+  EXPECT_TRUE(c.vec && c.L == 32 && c.F == 4);
+  EXPECT_EQ(d.F, 0);  // 8 lanes of 125: more than kMaxF features per lane
+  // GPT-2 124M on an H100 (132 SMs, 264 target blocks), one sequence, 12 heads: a 1024-token
+  // context in 22 splits of 47 positions; a 64-token context in 2 splits.
+  decode::Params p{};
+  p.nrows = 1;
+  p.H = 12;
+  decode::plan_splits(p, 1024, 264);
+  EXPECT_EQ(p.splits, 22);
+  EXPECT_EQ(p.chunk, 47);
+  decode::plan_splits(p, 64, 264);
+  EXPECT_EQ(p.splits, 2);
+  p.nrows = 64;  // batch 64: the heads alone fill the GPU
+  decode::plan_splits(p, 1024, 264);
+  EXPECT_EQ(p.splits, 1);
+}
+
+}  // namespace
