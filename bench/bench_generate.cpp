@@ -1,12 +1,20 @@
-// bench_generate: prefill and decode tokens/s of a GPT-2-small-shaped model (124M parameters) on
-// CPU with the KV cache, next to the memory-bandwidth bound of decoding: every decoded token (batch
-// 1) reads all weights once, so tokens/s <= measured bandwidth / bytes of weights.
+// bench_generate: prefill and decode tokens/s of a GPT-2-small-shaped model (124M parameters).
+// CPU mode: with the KV cache, next to the memory-bandwidth bound of decoding (every decoded token
+// at batch 1 reads all weights once, so tokens/s <= measured bandwidth / bytes of weights).
+// GPU mode (`gpu`): issue 16's table on the CUDA backend in bf16 (or f32/fp16): decode tokens/s at
+// batch 1, 8 and 64 (256 new tokens after a 16-token prompt), the decode rate at a 64-token and at
+// a 1,024-token context, and prefill tokens/s, with the Hugging Face transformers figures measured
+// on an H100 beside them (issue 16) and the targets.
 // Usage: bench_generate [layers=12] [prompt=256] [new_tokens=32]
+//        bench_generate gpu [bf16|fp16|f32]
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/select.hpp"
 #include "core/timer.hpp"
 #include "inference/generator.hpp"
 #include "train/options.hpp"
@@ -27,9 +35,86 @@ double triad_gbs() {
   }
   return best + a[n / 2] * 0;
 }
+
+GPTConfig gpt2_small(int layers) {
+  GPTConfig cfg;
+  cfg.num_layers = layers;
+  cfg.hidden_size = 768;
+  cfg.num_attention_heads = 12;
+  cfg.seq_length = 1024;
+  cfg.vocab_size = 50257;
+  return cfg;
+}
+
+// Greedy generation of `new_tokens` after `batch` prompts of `prompt_len` ids, with no stop token
+// (every sequence runs its full budget). Returns the result of the second of two runs (the first
+// warms up allocations and cuBLAS).
+GenerationResult run(GPTModel& model, int batch, int prompt_len, int new_tokens) {
+  ParallelContext ctx = ParallelContext::single();
+  InferenceEngine engine(model, ctx, batch, prompt_len + new_tokens);
+  std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>(prompt_len));
+  for (int b = 0; b < batch; ++b)
+    for (int i = 0; i < prompt_len; ++i) prompts[b][i] = (i * 7919 + b * 104729) % 50000;
+  GenerationOptions g;
+  g.max_new_tokens = new_tokens;
+  g.sampling.temperature = 0;
+  generate(engine, ctx, prompts, g);
+  return generate(engine, ctx, prompts, g);
+}
+
+int gpu_mode(const std::string& dtype) {
+  if (!cuda_built() || visible_gpus() == 0) {
+    std::fprintf(stderr, "bench_generate gpu: no CUDA GPU visible (built with CUDA: %s)\n",
+                 cuda_built() ? "yes" : "no");
+    return 2;
+  }
+  const DType dt = dtype == "f32" ? DType::F32 : dtype == "fp16" ? DType::F16 : DType::BF16;
+  auto be = make_backend("cuda", 0, 1, "localhost");
+  ParallelContext ctx = ParallelContext::single();
+  const GPTConfig cfg = gpt2_small(12);
+  GPTModel model(cfg, model_shard_for(cfg, 1, 0, 1, 0), *be, *ctx.tp, dt);
+  model.init_parameters(1);
+  model.sync_compute_weights();
+  std::printf("bench_generate gpu: GPT-2 124M (%.1fM parameters), %s, greedy, %s\n",
+              model.params().numel() / 1e6, dtype_name(dt), backend_description(*be).c_str());
+  std::printf("%-44s %12s %12s %26s\n", "case", "Tessera", "target", "HF transformers (H100)");
+  auto decode_rate = [](const GenerationResult& r, int batch) {
+    // tokens decoded after the prefill's first token of each sequence
+    return (r.generated_tokens - batch) / r.decode_seconds;
+  };
+  struct Row {
+    int batch;
+    const char* target;
+    const char* peer;
+  };
+  for (const Row& row : {Row{1, ">= 1,000", "132 fp32 / 157 bf16"},
+                         Row{8, ">= 6,000", "1,294 fp32 / 1,263 bf16"}, Row{64, ">= 25,000", "-"}}) {
+    const GenerationResult r = run(model, row.batch, 16, 256);
+    std::printf("%-44s %12.0f %12s %26s\n",
+                ("decode tokens/s, batch " + std::to_string(row.batch) + ", 256 new").c_str(),
+                decode_rate(r, row.batch), row.target, row.peer);
+  }
+  const GenerationResult short_ctx = run(model, 1, 48, 32), long_ctx = run(model, 1, 976, 32);
+  const double at64 = decode_rate(short_ctx, 1), at1024 = decode_rate(long_ctx, 1);
+  std::printf("%-44s %12.0f %12s %26s\n", "decode tokens/s, batch 1, context 48-80", at64, "-", "-");
+  std::printf("%-44s %12.0f %12s %26s\n", "decode tokens/s, batch 1, context 976-1008", at1024,
+              "-", "-");
+  std::printf("%-44s %11.0f%% %12s %26s\n", "rate at 1,024 / rate at 64", 100.0 * at1024 / at64,
+              ">= 80%", "-");
+  for (int b : {1, 8}) {
+    const GenerationResult r = run(model, b, b == 1 ? 1000 : 125, 1);
+    std::printf("%-44s %12.0f %12s %26s\n",
+                ("prefill tokens/s, batch " + std::to_string(b) + " x " +
+                 std::to_string(r.prompt_tokens / b) + " tokens")
+                    .c_str(),
+                r.prompt_tokens / r.prefill_seconds, ">= 100,000", "-");
+  }
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "gpu") == 0) return gpu_mode(argc > 2 ? argv[2] : "bf16");
   GPTConfig cfg;
   cfg.num_layers = argc > 1 ? std::atoi(argv[1]) : 12;
   cfg.hidden_size = 768;

@@ -3,7 +3,8 @@
 # scripts/gpu-bundle.sh made here (.gpu/tessera-gpu.tar.xz, carried): the CUDA tests, the
 # simulated-device tests, 10 iterations of gpt2-tiny and llama-tiny on --device cuda against
 # --device cpu,
-# bench_attention with PyTorch's figures from bench/attention_peer.py, and bench_gpu_train. Logs go to $OUT (when set) and standard output.
+# bench_attention with PyTorch's figures from bench/attention_peer.py, bench_gpu_train, and
+# bench_generate's GPU table (issue 16). Logs go to $OUT (when set) and standard output.
 # Usage: bash scripts/gpu-run.sh [--no-bench] [--bench-only] [--memory] [--sanitize[=TOOL,...]]
 #        [BENCH_ARGS...]
 #
@@ -151,6 +152,8 @@ elif [ $bench -eq 1 ]; then
   python3 bench/attention_peer.py 2>&1 | tee "$out/bench-attention-peer.log"
   echo "== bench_gpu_train ${bench_args[*]:-all 10} =="
   "$root/bin/bench_gpu_train" "${bench_args[@]:-all}" 2>&1 | tee "$out/bench.log" || status=1
+  echo "== bench_generate gpu bf16 (issue 16: decode, context, prefill; transformers beside) =="
+  "$root/bin/bench_generate" gpu bf16 2>&1 | tee "$out/bench-generate.log" || status=1
   if [ ${#bench_args[@]} -eq 0 ]; then  # issue 15: Llama 3.2 1B's architecture, sequence 2048
     echo "== bench_gpu_train llama1b 10 =="
     "$root/bin/bench_gpu_train" llama1b 10 2>&1 | tee -a "$out/bench.log" || status=1

@@ -109,7 +109,9 @@ void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cac
     }
     const dim3 grid(static_cast<unsigned>(rh), static_cast<unsigned>(p.splits));
     const int smem = decode::smem_bytes(p);
-    if (split.vec)
+    // The 16-byte loads need 16-byte aligned rows (views at odd offsets take the element path).
+    auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+    if (split.vec && aligned(p.qkv) && aligned(p.k_cache) && aligned(p.v_cache))
       decode_partial_kernel<T, true><<<grid, decode::kThreads, smem, s>>>(p);
     else
       decode_partial_kernel<T, false><<<grid, decode::kThreads, smem, s>>>(p);
