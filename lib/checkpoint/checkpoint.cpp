@@ -397,8 +397,9 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
         H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
         st.local_shape.assign(dims.begin(), dims.end());
         // The stored piece lies inside its global shape, and a vocabulary's global rows lie
-        // between the vocabulary and the checkpoint's own padded size: a damaged extent or attribute is refused here,
-        // before a read sizes a buffer by it (found by tests/fuzz/fuzz_checkpoint.cpp).
+        // between the vocabulary and the checkpoint's own padded size: a damaged extent or
+        // attribute is refused here, before a read sizes a buffer by it (found by
+        // tests/fuzz/fuzz_checkpoint.cpp).
         bool fits = nd >= 1 && st.local_shape.size() == st.global_shape.size() &&
                     ax >= -1 && ax < nd && st.split_offset >= 0;
         for (int d = 0; fits && d < nd; ++d)
