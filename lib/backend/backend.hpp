@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/cpu/kv_attention.hpp"
+#include "backend/cpu/sampling.hpp"
 #include "core/alibi.hpp"
 #include "core/dropout.hpp"
 #include "core/error.hpp"
@@ -34,6 +35,20 @@ struct AdamWSegment {
   int64_t begin = 0, end = 0;
   double weight_decay = 0;
 };
+
+// sample_tokens' shapes; returns the columns per piece.
+inline int64_t check_sample_tokens(const Tensor& logits, int64_t pieces, int64_t rows,
+                                   int64_t vocab, const std::vector<TokenSampling>& how) {
+  TESSERA_CHECK(pieces > 0 && rows > 0 && logits.numel() % (pieces * rows) == 0,
+                "sample_tokens: logits ", shape_str(logits.shape()), " for ", pieces, " x ", rows,
+                " rows");
+  const int64_t Vl = logits.numel() / (pieces * rows);
+  TESSERA_CHECK(logits.dtype() == DType::F32 && pieces * Vl >= vocab && vocab > 0 &&
+                    static_cast<int64_t>(how.size()) == rows,
+                "sample_tokens: logits ", shape_str(logits.shape()), " for ", pieces, " x ", rows,
+                " rows of a vocabulary of ", vocab);
+  return Vl;
+}
 
 class Backend {
  public:
@@ -143,6 +158,25 @@ class Backend {
   virtual void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                             const std::vector<KvSegment>& segments, int64_t heads,
                             int64_t kv_heads = 0, const AttentionAlibi* alibi = nullptr) = 0;
+
+  // Generation: the next token of each of `rows` rows of f32 logits, chosen as cpu::sample_token
+  // chooses (how[i] for row i), with only the ids coming back to the host. `logits` holds
+  // `pieces` tensor-parallel shards of the vocabulary as all_gather leaves them, (pieces, rows, Vl):
+  // column c of row i is element ((c / Vl) * rows + i) * Vl + c % Vl; the true vocabulary is the
+  // first `vocab` columns. This default runs on the host (the logits copied back); the CUDA
+  // backend samples on the device.
+  virtual std::vector<int32_t> sample_tokens(const Tensor& logits, int64_t pieces, int64_t rows,
+                                             int64_t vocab, const std::vector<TokenSampling>& how) {
+    const int64_t Vl = check_sample_tokens(logits, pieces, rows, vocab, how);
+    std::vector<float> host(static_cast<size_t>(logits.numel())), row(static_cast<size_t>(vocab));
+    copy_to_host(host.data(), logits);
+    std::vector<int32_t> ids(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t c = 0; c < vocab; ++c) row[c] = host[((c / Vl) * rows + i) * Vl + c % Vl];
+      ids[i] = cpu::sample_token(row.data(), vocab, how[i]);
+    }
+    return ids;
+  }
 
   // Rotary position embedding (RoPE), in place on the query and key heads of qkv (N rows in the
   // layout above; values untouched): in each head the first rot_dim features rotate in pairs

@@ -99,6 +99,36 @@ void InferenceEngine::reorder_slots(const std::vector<int>& src) {
 void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
                               const std::vector<int32_t>& tokens, std::vector<float>& logits,
                               bool all_rows) {
+  const int64_t S = all_rows ? static_cast<int64_t>(tokens.size())
+                             : static_cast<int64_t>(segments.size());
+  const Tensor all = forward_logits(segments, tokens, all_rows);
+  if (!all.defined()) return;  // not the last stage
+  const int tp = model_.shard().tp_size;
+  const int64_t Vl = model_.vocab_local(), V = model_.config().vocab_size;
+  host_logits_.resize(static_cast<size_t>(all.numel()));
+  be_.copy_to_host(host_logits_.data(), all);
+  logits.assign(static_cast<size_t>(S * V), 0.f);
+  for (int r = 0; r < tp; ++r)
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t begin = r * Vl, count = std::max<int64_t>(0, std::min(Vl, V - begin));
+      if (count > 0)
+        std::memcpy(logits.data() + i * V + begin, host_logits_.data() + (r * S + i) * Vl,
+                    sizeof(float) * count);
+    }
+}
+
+std::vector<int32_t> InferenceEngine::forward_sample(const std::vector<TokenSegment>& segments,
+                                                     const std::vector<int32_t>& tokens,
+                                                     const std::vector<TokenSampling>& how) {
+  TESSERA_CHECK(how.size() == segments.size(), "one sampling rule per segment");
+  const Tensor all = forward_logits(segments, tokens, false);
+  if (!all.defined()) return {};
+  return be_.sample_tokens(all, model_.shard().tp_size, static_cast<int64_t>(segments.size()),
+                           model_.config().vocab_size, how);
+}
+
+Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments,
+                                       const std::vector<int32_t>& tokens, bool all_rows) {
   int64_t n = 0;
   for (const TokenSegment& s : segments) {
     TESSERA_CHECK(s.pos0 + s.count <= max_positions_, "sequence of ", s.pos0 + s.count,
@@ -163,7 +193,7 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
   }
   if (!sh.has_head) {
     ctx_.pp->send_async(x, ctx_.pp_rank + 1, kTagHidden)->wait();
-    return;
+    return Tensor();
   }
   // The last row of every segment (or every row), its final LayerNorm and vocabulary-parallel
   // logits.
@@ -198,17 +228,7 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
     all = lg.reshape({S * Vl});
   else
     model_.tp_comm().all_gather(all, lg.reshape({S * Vl}));
-  host_logits_.resize(static_cast<size_t>(all.numel()));
-  be_.copy_to_host(host_logits_.data(), all);
-  const int64_t V = cfg.vocab_size;
-  logits.assign(static_cast<size_t>(S * V), 0.f);
-  for (int r = 0; r < tp; ++r)
-    for (int64_t i = 0; i < S; ++i) {
-      const int64_t begin = r * Vl, count = std::max<int64_t>(0, std::min(Vl, V - begin));
-      if (count > 0)
-        std::memcpy(logits.data() + i * V + begin, host_logits_.data() + (r * S + i) * Vl,
-                    sizeof(float) * count);
-    }
+  return all;
 }
 
 }  // namespace tessera

@@ -34,6 +34,13 @@ class InferenceEngine {
   void forward(const std::vector<TokenSegment>& segments, const std::vector<int32_t>& tokens,
                std::vector<float>& logits, bool all_rows = false);
 
+  // forward() for each segment's last token, then its next token chosen by how[i] (one rule per
+  // segment, as cpu::sample_token chooses) where the logits are: on the GPU only the ids come
+  // back. Returns the ids on the last stage, nothing elsewhere. Collective like forward.
+  std::vector<int32_t> forward_sample(const std::vector<TokenSegment>& segments,
+                                      const std::vector<int32_t>& tokens,
+                                      const std::vector<TokenSampling>& how);
+
   // Collective like forward (every rank passes the same `src`): cache slot i becomes a copy of
   // slot src[i] as it was before the call, for i < src.size() (beam search: each beam continues
   // its parent's keys and values). Takes a second cache of the same size on first use.
@@ -45,6 +52,10 @@ class InferenceEngine {
 
  private:
   void ensure_rows(int64_t n, int64_t segments);
+  // The forward pass; on the last stage the logits of the output rows as all_gather leaves them
+  // ((tp, rows, vocab_local) f32 on the backend), elsewhere an undefined tensor.
+  Tensor forward_logits(const std::vector<TokenSegment>& segments,
+                        const std::vector<int32_t>& tokens, bool all_rows);
 
   GPTModel& model_;
   ParallelContext ctx_;

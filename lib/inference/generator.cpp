@@ -113,8 +113,29 @@ GenerationResult generate(InferenceEngine& engine, const ParallelContext& ctx,
     }
     if (segs.empty()) break;
     const bool all_rows = step == 0 && any_prompt_lp;
-    engine.forward(segs, toks, logits, all_rows);
-    if (sampler) {
+    // The draw and the rule of each row: the same on every rank (a counter RNG).
+    std::vector<TokenSampling> how(segs.size());
+    bool row_log_probs = false;
+    for (size_t k = 0; k < who.size(); ++k) {
+      const int i = who[k];
+      if (done[i]) continue;  // a prompt with no token to generate: greedy, and ignored
+      const int64_t stream = opts[i].sample_stream >= 0 ? opts[i].sample_stream : i;
+      const double u =
+          rngs[i].uniform(static_cast<uint64_t>(stream) << 32 | static_cast<uint64_t>(step));
+      SamplingOptions so = opts[i].sampling;
+      so.top_p = so.top_p_at(step);
+      how[k] = so.token_sampling(u);
+      row_log_probs = row_log_probs || opts[i].log_probs;
+    }
+    if (!all_rows && !row_log_probs) {
+      // The logits stay where they are (on the GPU, only the ids come back).
+      const std::vector<int32_t> ids = engine.forward_sample(segs, toks, how);
+      if (sampler)
+        for (size_t k = 0; k < who.size(); ++k) chosen.f32()[k] = static_cast<float>(ids[k]);
+    } else {
+      engine.forward(segs, toks, logits, all_rows);
+    }
+    if (sampler && (all_rows || row_log_probs)) {
       const int64_t V = engine.vocab_size();
       const float* rows = logits.data();
       if (all_rows) {  // the prompts' log-probabilities, then each segment's last row
@@ -131,12 +152,7 @@ GenerationResult generate(InferenceEngine& engine, const ParallelContext& ctx,
       for (size_t k = 0; k < who.size(); ++k) {
         const int i = who[k];
         if (done[i]) continue;
-        const int64_t stream = opts[i].sample_stream >= 0 ? opts[i].sample_stream : i;
-        const double u =
-            rngs[i].uniform(static_cast<uint64_t>(stream) << 32 | static_cast<uint64_t>(step));
-        SamplingOptions so = opts[i].sampling;
-        so.top_p = so.top_p_at(step);
-        const int32_t tok = sample_token(rows + k * V, V, so, u);
+        const int32_t tok = cpu::sample_token(rows + k * V, V, how[k]);
         chosen.f32()[k] = static_cast<float>(tok);
         if (opts[i].log_probs)
           comp_lp[i].push_back(static_cast<float>(token_log_prob(rows + k * V, V, tok)));

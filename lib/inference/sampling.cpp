@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/sampling.hpp"
 #include "core/error.hpp"
 
 namespace tessera {
@@ -43,44 +44,16 @@ double token_log_prob(const float* logits, int64_t n, int32_t token) {
 }
 
 int32_t sample_token(const float* logits, int64_t n, const SamplingOptions& o, double u) {
-  if (o.temperature == 0 || o.top_k == 1)
-    return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);
-  std::vector<int32_t> idx(static_cast<size_t>(n));
-  std::iota(idx.begin(), idx.end(), 0);
-  // Decreasing logit, ties by index: a total order, so the result never depends on the sort.
-  auto by_logit = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  const int64_t k = o.top_k > 0 ? std::min<int64_t>(o.top_k, n) : n;
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
-  idx.resize(static_cast<size_t>(k));
-  std::vector<double> p(idx.size());
-  const double m = logits[idx[0]];
-  double sum = 0;
-  for (size_t i = 0; i < idx.size(); ++i) {
-    p[i] = std::exp((logits[idx[i]] - m) / o.temperature);
-    sum += p[i];
-  }
-  size_t keep = idx.size();
-  if (o.top_p < 1) {
-    double mass = 0;
-    for (size_t i = 0; i < idx.size(); ++i) {
-      mass += p[i] / sum;
-      if (mass >= o.top_p) {
-        keep = i + 1;
-        break;
-      }
-    }
-  }
-  double kept = 0;
-  for (size_t i = 0; i < keep; ++i) kept += p[i];
-  double acc = 0;
-  const double target = u * kept;
-  for (size_t i = 0; i < keep; ++i) {
-    acc += p[i];
-    if (target < acc) return idx[i];
-  }
-  return idx[keep - 1];
+  return cpu::sample_token(logits, n, o.token_sampling(u));
+}
+
+TokenSampling SamplingOptions::token_sampling(double u) const {
+  TokenSampling t;
+  t.temperature = temperature;
+  t.top_k = top_k;
+  t.top_p = top_p;
+  t.u = u;
+  return t;
 }
 
 }  // namespace tessera

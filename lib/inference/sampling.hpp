@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "backend/cpu/sampling.hpp"
+
 namespace tessera {
 
 struct SamplingOptions {
@@ -19,6 +21,8 @@ struct SamplingOptions {
   void validate() const;
   // top_p after `steps` generated tokens.
   double top_p_at(int64_t steps) const;
+  // These options for one row, with the uniform draw u (what Backend::sample_tokens takes).
+  TokenSampling token_sampling(double u) const;
 };
 
 // logits over the true vocabulary (n entries); u uniform in [0, 1). Greedy (temperature 0 or

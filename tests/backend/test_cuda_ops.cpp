@@ -579,6 +579,36 @@ TEST_F(CudaOps, KvAttentionBf16F16FlashDecodingMatchesCpu) {
   }
 }
 
+// Sampling on the device: GPT-2's vocabulary in 2 tensor-parallel pieces with padding (2 x 25,216
+// columns for 50,257 tokens), 6 rows of greedy, top-k 1 and 40, top-p 0.9, temperature 0.7 and
+// plain rows, 100 draws each: the same ids as the CPU's sample_token on the assembled rows. Logits
+// with ties (rounded to 0.25) check the index order of equal logits.
+TEST_F(CudaOps, SampleTokensMatchesTheCpu) {
+  const int64_t P = 2, S = 6, Vl = 25216, V = 50257;
+  for (bool ties : {false, true}) {
+    Tensor pieces = rand({P, S, Vl}, 3.f);
+    if (ties)
+      for (int64_t e = 0; e < pieces.numel(); ++e)
+        pieces.f32()[e] = std::round(pieces.f32()[e] * 4) / 4;
+    Tensor dp = dev(pieces);
+    std::vector<TokenSampling> how(S);
+    how[0].temperature = 0;
+    how[1].top_k = 1;
+    how[2].top_k = 40;
+    how[3].top_p = 0.9;
+    how[4].temperature = 0.7;
+    how[4].top_k = 100;
+    how[4].top_p = 0.5;
+    std::uniform_real_distribution<double> ud(0, 1);
+    for (int draw = 0; draw < 100; ++draw) {
+      for (TokenSampling& h : how) h.u = ud(g_);
+      const std::vector<int32_t> want = cpu_->sample_tokens(pieces, P, S, V, how);
+      const std::vector<int32_t> got = gpu_->sample_tokens(dp, P, S, V, how);
+      ASSERT_EQ(got, want) << "draw " << draw << (ties ? " (ties)" : "");
+    }
+  }
+}
+
 // Generation with grouped-query attention: 6 query heads over 2 key/value heads, caches
 // (slots, G, Tmax, hd); a second step appends to the first step's caches.
 TEST_F(CudaOps, KvAttentionGqaMatchesCpu) {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 
 #include "backend/backend.hpp"
 #include "data/dataset.hpp"
@@ -35,6 +36,36 @@ TEST(Sampling, GreedyTopKAndTopP) {
   // Low temperature sharpens towards the best token.
   o.temperature = 0.01;
   EXPECT_EQ(sample_token(logits, 5, o, 0.49), 1);
+}
+
+// Backend::sample_tokens reads each row across the tensor-parallel pieces all_gather leaves,
+// (pieces, rows, Vl) with padding columns past the vocabulary: the same ids as sample_token on the
+// assembled rows, for greedy, top-k, top-p and plain temperature rows.
+TEST(Sampling, BackendSamplesRowsAcrossVocabularyPieces) {
+  const int64_t P = 3, S = 4, Vl = 7, V = 19;  // 21 columns, the last 2 padding
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd(0.f, 2.f);
+  Tensor pieces({P, S, Vl});
+  for (int64_t e = 0; e < pieces.numel(); ++e) pieces.f32()[e] = nd(g);
+  std::vector<TokenSampling> how(S);
+  how[0].temperature = 0;
+  how[1].top_k = 5;
+  how[2].top_p = 0.6;
+  how[3].temperature = 0.7;
+  auto be = make_cpu_backend();
+  std::uniform_real_distribution<double> ud(0, 1);
+  for (int draw = 0; draw < 50; ++draw) {
+    for (TokenSampling& h : how) h.u = ud(g);
+    const std::vector<int32_t> ids = be->sample_tokens(pieces, P, S, V, how);
+    ASSERT_EQ(ids.size(), static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i) {
+      std::vector<float> row(V);
+      for (int64_t c = 0; c < V; ++c) row[c] = pieces.f32()[((c / Vl) * S + i) * Vl + c % Vl];
+      EXPECT_EQ(ids[i], cpu::sample_token(row.data(), V, how[i])) << "row " << i;
+      EXPECT_LT(ids[i], V);
+    }
+  }
+  EXPECT_THROW(be->sample_tokens(pieces, P, S, 22, how), Error);  // more than the columns
 }
 
 TEST(Sampling, FrequenciesFollowTheSoftmax) {

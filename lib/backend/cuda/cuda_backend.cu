@@ -26,7 +26,8 @@ namespace {
 const char* const kScratchLabels[] = {
     "reduction scratch",          "attention backward workspace", "embedding backward workspace",
     "gradient-norm partial sums", "the AdamW segment table",      "the KV-attention row table",
-    "the flash-decoding partials", "the cuBLASLt workspace",
+    "the flash-decoding partials", "the sampling rules",         "the sampling sort buffers",
+    "the cuBLASLt workspace",
 };
 static_assert(sizeof(kScratchLabels) / sizeof(kScratchLabels[0]) ==
               static_cast<size_t>(Scratch::kCount));
@@ -293,6 +294,12 @@ class CudaBackend final : public Backend {
     for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &k_cache, &v_cache})
       expect_dtype(*t, qkv.dtype(), "generation (KV attention): out and caches in qkv's dtype");
     cuda_ops::kv_attention(out, qkv, k_cache, v_cache, segments, heads, G, alibi, ws_, stream_);
+  }
+  std::vector<int32_t> sample_tokens(const Tensor& logits, int64_t pieces, int64_t rows,
+                                     int64_t vocab, const std::vector<TokenSampling>& how) override {
+    check_sample_tokens(logits, pieces, rows, vocab, how);
+    expect_device(logits, "sample_tokens logits");
+    return cuda_ops::sample_tokens(logits, pieces, rows, vocab, how, ws_, stream_);
   }
   void rope(Tensor& qkv, const RopeSpec& r, const Tensor* positions, bool inverse) override {
     const int64_t N = rows_of(qkv);

@@ -27,6 +27,8 @@ enum class Scratch {
   kAdamSegments,     // the AdamW segment table (optim.cu)
   kKvSegments,       // the KV-attention row table (kv_attention.cu)
   kDecodePartials,   // flash-decoding's per-split outputs, maxima and sums (kv_attention.cu)
+  kSampling,         // the per-row sampling rules (sampling.cu)
+  kSamplingSort,     // dense and sorted logits, indices, CUB's storage (sampling.cu)
   kCublasLt,         // cuBLASLt's workspace for the GEMMs with epilogues (matmul.cu)
   kCount
 };
@@ -172,6 +174,13 @@ void rope(Tensor& qkv, const RopeSpec& spec, const Tensor* positions, bool inver
 void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                   const std::vector<Backend::KvSegment>& segments, int64_t heads, int64_t kv_heads,
                   const AttentionAlibi* alibi, Workspace& ws, cudaStream_t s);
+
+// ---- sampling.cu --------------------------------------------------------------------------------
+
+// Backend::sample_tokens on the device: returns the ids (synchronizes the stream).
+std::vector<int32_t> sample_tokens(const Tensor& logits, int64_t pieces, int64_t rows, int64_t V,
+                                   const std::vector<TokenSampling>& how, Workspace& ws,
+                                   cudaStream_t s);
 
 // ---- cross_entropy.cu ---------------------------------------------------------------------------
 
