@@ -290,8 +290,8 @@ inline int64_t check_kv_attention(const Tensor& out, const Tensor& qkv, const Te
   TESSERA_CHECK(qkv.shape().back() == (heads + 2 * G) * hd && out.shape().back() == heads * hd,
                 "kv attention shapes");
   for (const Backend::KvSegment& s : segments)
-    TESSERA_CHECK(s.slot >= 0 && s.slot < k_cache.dim(0) && s.pos0 + s.count <= Tmax &&
-                      s.row0 + s.count <= rows,
+    TESSERA_CHECK(s.slot >= 0 && s.slot < k_cache.dim(0) && s.pos0 >= 0 && s.count >= 0 &&
+                      s.row0 >= 0 && s.pos0 + s.count <= Tmax && s.row0 + s.count <= rows,
                   "kv attention segment outside the cache or the rows");
   return G;
 }

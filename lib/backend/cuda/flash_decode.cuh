@@ -132,6 +132,7 @@ TC_DEV void partial_body(const Params& p, char* smem_raw) {
     for (int o = 1; o < L; o *= 2) dot += tc::shfl_xor(dot, o);
     if (!live) continue;
     const float s = dot + slope * static_cast<float>(j - last);
+    if (s == -INFINITY) continue;  // weight 0 (a non-finite dot product), as on the CPU
     const float mn = fmaxf(m, s);
     const float corr = tc::ex2(m - mn), pj = tc::ex2(s - mn);  // m = -inf: corr = 0
     l = l * corr + pj;

@@ -159,6 +159,8 @@ std::vector<int32_t> sample_tokens(const Tensor& logits, int64_t pieces, int64_t
       ws.upload(Scratch::kSampling, rules.data(), sizeof(DevRule) * rules.size(), s));
   // Scratch: dense logits and indices, their sorted copies, segment offsets, ids, CUB's storage.
   const int64_t n = rows * V;
+  TESSERA_CHECK(n <= INT32_MAX, "sample_tokens: ", rows, " rows of ", V,
+                " logits exceed the 2^31 items of one sort; sample fewer rows at a time");
   size_t sort_bytes = 0;
   if (any_sampled)
     CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
