@@ -2,9 +2,10 @@
 // CPU mode: with the KV cache, next to the memory-bandwidth bound of decoding (every decoded token
 // at batch 1 reads all weights once, so tokens/s <= measured bandwidth / bytes of weights).
 // GPU mode (`gpu`): issue 16's table on the CUDA backend in bf16 (or f32/fp16): decode tokens/s at
-// batch 1, 8 and 64 (256 new tokens after a 16-token prompt), the decode rate at a 64-token and at
-// a 1,024-token context, and prefill tokens/s, with the Hugging Face transformers figures measured
-// on an H100 beside them (issue 16) and the targets.
+// batch 1, 8 and 64 (256 new tokens after a 16-token prompt, greedy; batch 8 also with top-k/top-p
+// sampling), the decode rate at a 64-token and at a 1,024-token context, and prefill tokens/s,
+// with the Hugging Face transformers figures measured on an H100 beside them (issue 16) and the
+// targets.
 // Usage: bench_generate [layers=12] [prompt=256] [new_tokens=32]
 //        bench_generate gpu [bf16|fp16|f32]
 #include <cstdio>
@@ -49,7 +50,8 @@ GPTConfig gpt2_small(int layers) {
 // Greedy generation of `new_tokens` after `batch` prompts of `prompt_len` ids, with no stop token
 // (every sequence runs its full budget). Returns the result of the second of two runs (the first
 // warms up allocations and cuBLAS).
-GenerationResult run(GPTModel& model, int batch, int prompt_len, int new_tokens) {
+GenerationResult run(GPTModel& model, int batch, int prompt_len, int new_tokens,
+                     double temperature = 0, int top_k = 0, double top_p = 1) {
   ParallelContext ctx = ParallelContext::single();
   InferenceEngine engine(model, ctx, batch, prompt_len + new_tokens);
   std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>(prompt_len));
@@ -57,7 +59,9 @@ GenerationResult run(GPTModel& model, int batch, int prompt_len, int new_tokens)
     for (int i = 0; i < prompt_len; ++i) prompts[b][i] = (i * 7919 + b * 104729) % 50000;
   GenerationOptions g;
   g.max_new_tokens = new_tokens;
-  g.sampling.temperature = 0;
+  g.sampling.temperature = temperature;
+  g.sampling.top_k = top_k;
+  g.sampling.top_p = top_p;
   generate(engine, ctx, prompts, g);
   return generate(engine, ctx, prompts, g);
 }
@@ -94,6 +98,10 @@ int gpu_mode(const std::string& dtype) {
                 ("decode tokens/s, batch " + std::to_string(row.batch) + ", 256 new").c_str(),
                 decode_rate(r, row.batch), row.target, row.peer);
   }
+  // Sampled rows go through the device sort (greedy rows through an argmax).
+  const GenerationResult sampled = run(model, 8, 16, 256, 0.8, 40, 0.9);
+  std::printf("%-44s %12.0f %12s %26s\n", "decode tokens/s, batch 8, top-k 40 top-p 0.9",
+              decode_rate(sampled, 8), "-", "-");
   const GenerationResult short_ctx = run(model, 1, 48, 32), long_ctx = run(model, 1, 976, 32);
   const double at64 = decode_rate(short_ctx, 1), at1024 = decode_rate(long_ctx, 1);
   std::printf("%-44s %12.0f %12s %26s\n", "decode tokens/s, batch 1, context 48-80", at64, "-", "-");
