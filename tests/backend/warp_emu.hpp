@@ -93,7 +93,7 @@ inline void launch(int gx, int gy, int threads, size_t smem_bytes,
     for (int bx = 0; bx < gx; ++bx) {
       Block block(threads);
       std::vector<uint4> smem((smem_bytes + 15) / 16);
-      std::memset(smem.data(), 0xff, smem.size() * 16);
+      if (!smem.empty()) std::memset(smem.data(), 0xff, smem.size() * 16);  // none: no pointer
       std::vector<std::thread> pool;
       pool.reserve(threads);
       for (int t = 0; t < threads; ++t)
