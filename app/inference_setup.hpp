@@ -55,7 +55,7 @@ struct InferenceSetup {
         "bf16", po::bool_switch(&bf16),
         "compute in bf16: weights, activations and the KV cache (the checkpoint's f32 weights "
         "rounded; the GPU's fast path)")("fp16", po::bool_switch(&fp16),
-                                          "compute in fp16, as --bf16 does in bf16");
+                                         "compute in fp16, as --bf16 does in bf16");
   }
 
   // After parsing: the layout, the backend, the checkpoint's model on this rank, and (unless
@@ -97,9 +97,9 @@ struct InferenceSetup {
     L.ctx = L.grid->context();  // NCCL groups on CUDA
     if (bf16 && fp16) throw ConfigError("--bf16 and --fp16 exclude each other; give one");
     const DType compute = bf16 ? DType::BF16 : fp16 ? DType::F16 : DType::F32;
-    L.model = std::make_unique<GPTModel>(
-        cfg, model_shard_for(cfg, tp, L.ctx.tp_rank, pp, L.ctx.pp_rank), *L.backend, *L.ctx.tp,
-        compute);
+    L.model =
+        std::make_unique<GPTModel>(cfg, model_shard_for(cfg, tp, L.ctx.tp_rank, pp, L.ctx.pp_rank),
+                                   *L.backend, *L.ctx.tp, compute);
     std::vector<float> host;  // read on the host, copied to the backend
     for (const ParamSpec& s : L.model->params().specs()) {
       host.resize(static_cast<size_t>(s.numel()));

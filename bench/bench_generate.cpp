@@ -91,8 +91,9 @@ int gpu_mode(const std::string& dtype) {
     const char* target;
     const char* peer;
   };
-  for (const Row& row : {Row{1, ">= 1,000", "132 fp32 / 157 bf16"},
-                         Row{8, ">= 6,000", "1,294 fp32 / 1,263 bf16"}, Row{64, ">= 25,000", "-"}}) {
+  for (const Row& row :
+       {Row{1, ">= 1,000", "132 fp32 / 157 bf16"}, Row{8, ">= 6,000", "1,294 fp32 / 1,263 bf16"},
+        Row{64, ">= 25,000", "-"}}) {
     const GenerationResult r = run(model, row.batch, 16, 256);
     std::printf("%-44s %12.0f %12s %26s\n",
                 ("decode tokens/s, batch " + std::to_string(row.batch) + ", 256 new").c_str(),
@@ -104,9 +105,10 @@ int gpu_mode(const std::string& dtype) {
               decode_rate(sampled, 8), "-", "-");
   const GenerationResult short_ctx = run(model, 1, 48, 32), long_ctx = run(model, 1, 976, 32);
   const double at64 = decode_rate(short_ctx, 1), at1024 = decode_rate(long_ctx, 1);
-  std::printf("%-44s %12.0f %12s %26s\n", "decode tokens/s, batch 1, context 48-80", at64, "-", "-");
-  std::printf("%-44s %12.0f %12s %26s\n", "decode tokens/s, batch 1, context 976-1008", at1024,
-              "-", "-");
+  std::printf("%-44s %12.0f %12s %26s\n", "decode tokens/s, batch 1, context 48-80", at64, "-",
+              "-");
+  std::printf("%-44s %12.0f %12s %26s\n", "decode tokens/s, batch 1, context 976-1008", at1024, "-",
+              "-");
   std::printf("%-44s %11.0f%% %12s %26s\n", "rate at 1,024 / rate at 64", 100.0 * at1024 / at64,
               ">= 80%", "-");
   for (int b : {1, 8}) {

@@ -161,9 +161,9 @@ class Backend {
 
   // Generation: the next token of each of `rows` rows of f32 logits, chosen as cpu::sample_token
   // chooses (how[i] for row i), with only the ids coming back to the host. `logits` holds
-  // `pieces` tensor-parallel shards of the vocabulary as all_gather leaves them, (pieces, rows, Vl):
-  // column c of row i is element ((c / Vl) * rows + i) * Vl + c % Vl; the true vocabulary is the
-  // first `vocab` columns. This default runs on the host (the logits copied back); the CUDA
+  // `pieces` tensor-parallel shards of the vocabulary as all_gather leaves them, (pieces, rows,
+  // Vl): column c of row i is element ((c / Vl) * rows + i) * Vl + c % Vl; the true vocabulary is
+  // the first `vocab` columns. This default runs on the host (the logits copied back); the CUDA
   // backend samples on the device.
   virtual std::vector<int32_t> sample_tokens(const Tensor& logits, int64_t pieces, int64_t rows,
                                              int64_t vocab, const std::vector<TokenSampling>& how) {

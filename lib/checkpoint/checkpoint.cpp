@@ -400,8 +400,8 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
         // between the vocabulary and the checkpoint's own padded size: a damaged extent or
         // attribute is refused here, before a read sizes a buffer by it (found by
         // tests/fuzz/fuzz_checkpoint.cpp).
-        bool fits = nd >= 1 && st.local_shape.size() == st.global_shape.size() &&
-                    ax >= -1 && ax < nd && st.split_offset >= 0;
+        bool fits = nd >= 1 && st.local_shape.size() == st.global_shape.size() && ax >= -1 &&
+                    ax < nd && st.split_offset >= 0;
         for (int d = 0; fits && d < nd; ++d)
           fits = st.global_shape[d] >= 0 && st.global_shape[d] <= (int64_t(1) << 31) &&
                  st.local_shape[d] <= st.global_shape[d] &&

@@ -99,8 +99,8 @@ void InferenceEngine::reorder_slots(const std::vector<int>& src) {
 void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
                               const std::vector<int32_t>& tokens, std::vector<float>& logits,
                               bool all_rows) {
-  const int64_t S = all_rows ? static_cast<int64_t>(tokens.size())
-                             : static_cast<int64_t>(segments.size());
+  const int64_t S =
+      all_rows ? static_cast<int64_t>(tokens.size()) : static_cast<int64_t>(segments.size());
   const Tensor all = forward_logits(segments, tokens, all_rows);
   if (!all.defined()) return;  // not the last stage
   const int tp = model_.shard().tp_size;

@@ -2,7 +2,8 @@
 // tokens of several sequences go through this stage's layers in one batch, each attending to its
 // own cached keys and values; the last stage returns the logits of each sequence's last new token
 // over the whole (true) vocabulary, gathered across tensor-parallel ranks. Weights, activations
-// and the KV cache are in the model's compute dtype (f32, bf16 or f16); the logits come back in f32.
+// and the KV cache are in the model's compute dtype (f32, bf16 or f16); the logits come back in
+// f32.
 #pragma once
 
 #include <vector>

@@ -137,8 +137,9 @@ int run_case(const Case& c, double tol, const std::string& what, bool expect_vec
     tc::emu::launch(rh, 1, decode::kThreads, 0, [&](char*) { decode::combine_body<T>(p); });
   std::vector<float> got(out.size());
   for (size_t i = 0; i < out.size(); ++i) got[i] = widen(out[i]);
-  expect_close(got, want, tol, what + " (" + std::to_string(p.splits) + " splits of " +
-                                   std::to_string(p.chunk) + ")");
+  expect_close(
+      got, want, tol,
+      what + " (" + std::to_string(p.splits) + " splits of " + std::to_string(p.chunk) + ")");
   return p.splits;
 }
 

@@ -24,9 +24,9 @@ namespace cuda_ops {
 namespace {
 // What each scratch buffer is for, in out-of-memory errors (by Scratch value).
 const char* const kScratchLabels[] = {
-    "reduction scratch",          "attention backward workspace", "embedding backward workspace",
-    "gradient-norm partial sums", "the AdamW segment table",      "the KV-attention row table",
-    "the flash-decoding partials", "the sampling rules",         "the sampling sort buffers",
+    "reduction scratch",           "attention backward workspace", "embedding backward workspace",
+    "gradient-norm partial sums",  "the AdamW segment table",      "the KV-attention row table",
+    "the flash-decoding partials", "the sampling rules",           "the sampling sort buffers",
     "the cuBLASLt workspace",
 };
 static_assert(sizeof(kScratchLabels) / sizeof(kScratchLabels[0]) ==
@@ -296,7 +296,8 @@ class CudaBackend final : public Backend {
     cuda_ops::kv_attention(out, qkv, k_cache, v_cache, segments, heads, G, alibi, ws_, stream_);
   }
   std::vector<int32_t> sample_tokens(const Tensor& logits, int64_t pieces, int64_t rows,
-                                     int64_t vocab, const std::vector<TokenSampling>& how) override {
+                                     int64_t vocab,
+                                     const std::vector<TokenSampling>& how) override {
     check_sample_tokens(logits, pieces, rows, vocab, how);
     expect_device(logits, "sample_tokens logits");
     return cuda_ops::sample_tokens(logits, pieces, rows, vocab, how, ws_, stream_);

@@ -27,17 +27,17 @@ constexpr int kThreads = 128;  // per block (4 warps)
 constexpr int kMaxF = 32;      // features per lane, at most (hd <= 32 * kMaxF)
 
 struct Params {
-  const void* qkv;        // (rows, (H + 2G) hd), storage type T
-  const void* k_cache;    // (slots, G, Tmax, hd), T
+  const void* qkv;      // (rows, (H + 2G) hd), storage type T
+  const void* k_cache;  // (slots, G, Tmax, hd), T
   const void* v_cache;
-  void* out;              // (rows, H hd), T
-  float* part_o;          // (splits, rows H, hd): unnormalized partial outputs (splits > 1)
-  float* part_ml;         // (splits, rows H, 2): each split's max and sum, base 2
-  const int32_t* rows;    // (rows, 2): the cache slot and the position of each row's query
+  void* out;            // (rows, H hd), T
+  float* part_o;        // (splits, rows H, hd): unnormalized partial outputs (splits > 1)
+  float* part_ml;       // (splits, rows H, 2): each split's max and sum, base 2
+  const int32_t* rows;  // (rows, 2): the cache slot and the position of each row's query
   int H, G, hd, Tmax, nrows;
-  int splits, chunk;      // split s covers positions [s chunk, (s + 1) chunk)
-  int L, F;               // lanes per cached position, features per lane (L F = hd)
-  float scale_log2;       // log2(e) / sqrt(hd)
+  int splits, chunk;  // split s covers positions [s chunk, (s + 1) chunk)
+  int L, F;           // lanes per cached position, features per lane (L F = hd)
+  float scale_log2;   // log2(e) / sqrt(hd)
   bool alibi;
   AttentionAlibi slopes;
 };

@@ -76,8 +76,8 @@ void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cac
   dispatch(qkv.dtype(), "kv attention", [&](auto tag) {
     using T = decltype(tag);
     kv_store_kernel<T><<<blocks_for(nrows * kv_heads * hd), kThreads, 0, s>>>(
-        k_cache.data<T>(), v_cache.data<T>(),
-        qkv.data<T>(), rows, heads, kv_heads, hd, Tmax, nrows);
+        k_cache.data<T>(), v_cache.data<T>(), qkv.data<T>(), rows, heads, kv_heads, hd, Tmax,
+        nrows);
     LAUNCH_CHECK();
     const decode::LaneSplit split = decode::lane_split(static_cast<int>(hd), sizeof(T));
     TESSERA_CHECK(split.F > 0, "kv attention: head dimension ", hd,

@@ -6,7 +6,8 @@
 // order), then one block per row walks the sorted prefix in chunks with block-wide prefix sums in
 // double: the mass of the top-k, the top-p cut, and the first position whose cumulative mass
 // passes u times the kept mass. The sums run in a different order than the CPU's sequential ones,
-// so an id can differ only when the draw falls within rounding (about 1e-16 relative) of a boundary.
+// so an id can differ only when the draw falls within rounding (about 1e-16 relative) of a
+// boundary.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
@@ -170,7 +171,8 @@ std::vector<int32_t> sample_tokens(const Tensor& logits, int64_t pieces, int64_t
         static_cast<const int64_t*>(nullptr), 0, 32, s));
   auto align = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t fbytes = align(sizeof(float) * n), ibytes = align(sizeof(int32_t) * n),
-               obytes = align(sizeof(int64_t) * (rows + 1)), idbytes = align(sizeof(int32_t) * rows);
+               obytes = align(sizeof(int64_t) * (rows + 1)),
+               idbytes = align(sizeof(int32_t) * rows);
   char* base = static_cast<char*>(ws.get(
       Scratch::kSamplingSort, 2 * fbytes + 2 * ibytes + obytes + idbytes + align(sort_bytes)));
   float* dense = reinterpret_cast<float*>(base);
