@@ -111,32 +111,27 @@ __global__ void __launch_bounds__(kSampleThreads)
     }
     return limit;
   };
-  // The mass of the top k (a pass that never stops early).
-  double total = 0;
-  for (int64_t base = 0; base < k; base += kSampleThreads) {
-    const int64_t j = base + threadIdx.x;
-    double cum, chunk;
-    Scan(tmp.scan).InclusiveSum(j < k ? p_of(j) : 0.0, cum, chunk);
-    __syncthreads();
-    total += chunk;
-  }
-  // top-p: the smallest prefix whose share reaches top_p.
+  // The mass of the first `limit` sorted entries, in the chunk order first_where sums them.
+  auto mass = [&](int64_t limit) {
+    double sum = 0;
+    for (int64_t base = 0; base < limit; base += kSampleThreads) {
+      const int64_t j = base + threadIdx.x;
+      double cum, chunk;
+      Scan(tmp.scan).InclusiveSum(j < limit ? p_of(j) : 0.0, cum, chunk);
+      __syncthreads();
+      sum += chunk;
+    }
+    return sum;
+  };
+  const double total = mass(k);
+  // top-p: the smallest prefix whose share reaches top_p, and its mass.
   int64_t keep = k;
   double kept = total;
   if (r.top_p < 1) {
     const double top_p = r.top_p;
     const int64_t j = first_where(k, [&](double cum) { return cum / total >= top_p; });
     keep = j < k ? j + 1 : k;
-    // The kept mass: the prefix through keep - 1.
-    double s = 0;
-    for (int64_t base = 0; base < keep; base += kSampleThreads) {
-      const int64_t q = base + threadIdx.x;
-      double cum, chunk;
-      Scan(tmp.scan).InclusiveSum(q < keep ? p_of(q) : 0.0, cum, chunk);
-      __syncthreads();
-      s += chunk;
-    }
-    kept = s;
+    kept = mass(keep);
   }
   const double target = r.u * kept;
   const int64_t j = first_where(keep, [&](double cum) { return target < cum; });
