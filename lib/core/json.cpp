@@ -2,6 +2,7 @@
 #include "core/json.hpp"
 
 #include <cctype>
+#include <stdexcept>
 #include <string>
 
 #include "core/utf8.hpp"
@@ -132,7 +133,12 @@ int64_t JsonReader::int_value() {
   if (i_ < s_.size() && s_[i_] == '-') ++i_;
   while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') ++i_;
   if (i_ == start || (i_ == start + 1 && s_[start] == '-')) fail("expected an integer");
-  return std::stoll(std::string(s_.substr(start, i_ - start)));
+  try {
+    return std::stoll(std::string(s_.substr(start, i_ - start)));
+  } catch (const std::out_of_range&) {
+    i_ = start;
+    fail("integer out of range (at most 19 digits)");
+  }
 }
 
 double JsonReader::number_value() {

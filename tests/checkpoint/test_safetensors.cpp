@@ -84,5 +84,21 @@ TEST(Safetensors, ReadsHalfPrecisionAndRejectsDamage) {
   }
   std::ofstream(path, std::ios::binary) << std::string("\x10\0\0\0\0\0\0\0{not json}      ", 24);
   EXPECT_THROW(SafetensorsReader r(path), ConfigError);
+  // An offset past what a 64-bit integer holds (found by fuzz_safetensors): a one-line error
+  // naming the file, not std::out_of_range from the number parser.
+  std::string big = "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,99999999999999999999999]}}";
+  while (big.size() % 8) big += ' ';
+  std::string bad(8, '\0');
+  const uint64_t nb = big.size();
+  std::memcpy(&bad[0], &nb, 8);
+  std::ofstream(path, std::ios::binary) << bad + big + std::string(4, '\0');
+  try {
+    SafetensorsReader r(path);
+    FAIL() << "an out-of-range offset was accepted";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(path), std::string::npos) << m;
+    EXPECT_NE(m.find("integer out of range"), std::string::npos) << m;
+  }
   std::remove(path.c_str());
 }

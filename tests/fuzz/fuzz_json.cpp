@@ -22,6 +22,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const char c = r.peek_char();
       if (c == '"')
         (void)r.string_value();
+      else if (c == '-' || (c >= '0' && c <= '9'))
+        (void)r.int_value();
       else if (c == '[')
         r.array([&] { r.skip_value(); });
       else
