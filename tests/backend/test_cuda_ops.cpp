@@ -547,31 +547,41 @@ TEST_F(CudaOps, KvAttentionMatchesCpu) {
 }
 
 // Generation in bf16 and f16 at GPT-2 124M's shapes (12 heads of 64, a 1024-token cache): a
-// prefill of 200 tokens in slot 0 and of 900 in slot 1, then a decode step of one token each
-// (contexts 201 and 901: many splits) beside a 3-token prefill of slot 2; and Llama's head dim 128
-// with GQA. Flash-decoding against the CPU's f32 reference over the same rounded values.
+// prefill of 200 tokens in slot 0 and of 900 in slot 1 (the tensor-core training kernel), then a
+// decode step of one token each (contexts 201 and 901: many splits) beside a 3-token prefill of
+// slot 2 (flash-decoding), then a decode row beside a 100-token prefill in one call; and Llama's
+// head dim 128 with GQA, with and without ALiBi. Against the CPU's f32 reference over the same
+// rounded values.
 TEST_F(CudaOps, KvAttentionBf16F16FlashDecodingMatchesCpu) {
   struct Run {
     DType dt;
     int64_t H, G, hd;
     double tol;
+    bool alibi;
   };
-  for (const Run& r : {Run{DType::BF16, 12, 12, 64, 2e-2}, Run{DType::F16, 12, 12, 64, 4e-3},
-                       Run{DType::BF16, 8, 2, 128, 2e-2}}) {
+  for (const Run& r :
+       {Run{DType::BF16, 12, 12, 64, 2e-2, false}, Run{DType::F16, 12, 12, 64, 4e-3, false},
+        Run{DType::BF16, 8, 2, 128, 2e-2, false}, Run{DType::F16, 8, 2, 128, 4e-3, true}}) {
+    const AttentionAlibi alibi{8, 16};
+    const AttentionAlibi* al = r.alibi ? &alibi : nullptr;
     const int64_t Tmax = 1024, slots = 3;
     Tensor kc = as(r.dt, Tensor::zeros({slots, r.G, Tmax, r.hd})),
            vc = as(r.dt, Tensor::zeros({slots, r.G, Tmax, r.hd}));
     Tensor kcd = dev(kc), vcd = dev(vc);
+    // Step 1: two prefills (the tensor-core kernel); step 2: decode rows and a 3-token prompt (the
+    // decode kernels); step 3: a decode row beside a 100-token prefill (one call, both paths).
     const std::vector<std::vector<Backend::KvSegment>> steps = {
-        {{0, 0, 200, 0}, {1, 0, 900, 200}}, {{0, 200, 1, 0}, {1, 900, 1, 1}, {2, 0, 3, 2}}};
+        {{0, 0, 200, 0}, {1, 0, 900, 200}},
+        {{0, 200, 1, 0}, {1, 900, 1, 1}, {2, 0, 3, 2}},
+        {{0, 201, 1, 0}, {2, 0, 100, 1}}};
     for (const auto& segs : steps) {
       int64_t rows = 0;
       for (const auto& g : segs) rows += g.count;
       Tensor qkv = as(r.dt, rand({rows, (r.H + 2 * r.G) * r.hd}));
       Tensor out_t({rows, r.H * r.hd}, r.dt);
-      cpu_->kv_attention(out_t, qkv, kc, vc, segs, r.H, r.G);
+      cpu_->kv_attention(out_t, qkv, kc, vc, segs, r.H, r.G, al);
       Tensor qd = dev(qkv), od = poisoned({rows, r.H * r.hd}, r.dt);
-      gpu_->kv_attention(od, qd, kcd, vcd, segs, r.H, r.G);
+      gpu_->kv_attention(od, qd, kcd, vcd, segs, r.H, r.G, al);
       expect_close(od, out_t, r.tol, "flash-decoding");
       expect_close(kcd, kc, 0, "k cache (compute dtype)");
       expect_close(vcd, vc, 0, "v cache (compute dtype)");

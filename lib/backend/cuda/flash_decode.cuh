@@ -13,6 +13,9 @@
 // block_x / block_y / shfl_xor / sync_block (mma.cuh), so tests/backend/test_decode_emu.cpp runs
 // this exact source on the host under the warp emulator against the CPU reference
 // (backend/cpu/kv_attention.hpp).
+//
+// The kernels see only the rows they attend for: `rows` lists them (a prefill segment taken by the
+// tensor-core training kernel is left out, kv_attention.cu), each with its row in qkv and out.
 #pragma once
 
 #include <algorithm>
@@ -33,7 +36,7 @@ struct Params {
   void* out;            // (rows, H hd), T
   float* part_o;        // (splits, rows H, hd): unnormalized partial outputs (splits > 1)
   float* part_ml;       // (splits, rows H, 2): each split's max and sum, base 2
-  const int32_t* rows;  // (rows, 2): the cache slot and the position of each row's query
+  const int32_t* rows;  // (nrows, 3): each query's cache slot, position, and row in qkv and out
   int H, G, hd, Tmax, nrows;
   int splits, chunk;  // split s covers positions [s chunk, (s + 1) chunk)
   int L, F;           // lanes per cached position, features per lane (L F = hd)
@@ -93,17 +96,17 @@ TC_DEV void load_features(float (&x)[kMaxF], const T* p, int F) {
   }
 }
 
-// Block (block_x = row * H + h, block_y = split): this split's positions of one query head.
-// smem: (kThreads / L) groups x (hd + 2) floats.
+// Block (block_x = i * H + h, block_y = split): this split's positions of query head h of the
+// i-th listed row. smem: (kThreads / L) groups x (hd + 2) floats.
 template <typename T, bool kVec>
 TC_DEV void partial_body(const Params& p, char* smem_raw) {
   constexpr int F_ = kVec ? 16 / static_cast<int>(sizeof(T)) : kMaxF;
   const int tid = tc::thread_id();
   const int bx = tc::block_x(), split = tc::block_y();
-  const int row = bx / p.H, h = bx % p.H, g = h / (p.H / p.G);
+  const int i = bx / p.H, h = bx % p.H, g = h / (p.H / p.G);
   const int L = p.L, F = kVec ? F_ : p.F, hd = p.hd;
   const int group = tid / L, sub = tid % L, groups = kThreads / L;
-  const int slot = p.rows[2 * row], last = p.rows[2 * row + 1];
+  const int slot = p.rows[3 * i], last = p.rows[3 * i + 1], row = p.rows[3 * i + 2];
   const T* q = static_cast<const T*>(p.qkv) + static_cast<int64_t>(row) * (p.H + 2 * p.G) * hd +
                static_cast<int64_t>(h) * hd + sub * F;
   const int64_t cache_off = (static_cast<int64_t>(slot) * p.G + g) * p.Tmax * hd + sub * F;
@@ -154,7 +157,8 @@ TC_DEV void partial_body(const Params& p, char* smem_raw) {
   float sum = 0.f;
   for (int k = 0; k < groups; ++k)
     if (gm[2 * k] != -INFINITY) sum += gm[2 * k + 1] * tc::ex2(gm[2 * k] - M);
-  const int64_t rh = static_cast<int64_t>(row) * p.H + h;
+  const int64_t ih = static_cast<int64_t>(i) * p.H + h;  // in the partials
+  const int64_t rh = static_cast<int64_t>(row) * p.H + h;  // in out
   for (int d = tid; d < hd; d += kThreads) {
     float o = 0.f;
     for (int k = 0; k < groups; ++k)
@@ -162,10 +166,10 @@ TC_DEV void partial_body(const Params& p, char* smem_raw) {
     if (p.splits == 1)
       static_cast<T*>(p.out)[rh * hd + d] = from_f32<T>(o / sum);
     else
-      p.part_o[(static_cast<int64_t>(split) * p.nrows * p.H + rh) * hd + d] = o;
+      p.part_o[(static_cast<int64_t>(split) * p.nrows * p.H + ih) * hd + d] = o;
   }
   if (p.splits > 1 && tid == 0) {
-    float* ml = p.part_ml + (static_cast<int64_t>(split) * p.nrows * p.H + rh) * 2;
+    float* ml = p.part_ml + (static_cast<int64_t>(split) * p.nrows * p.H + ih) * 2;
     ml[0] = M;
     ml[1] = sum;
   }
@@ -175,11 +179,12 @@ inline int smem_bytes(const Params& p) {
   return static_cast<int>(sizeof(float)) * (kThreads / p.L) * (p.hd + 2);
 }
 
-// Block (block_x = row * H + h): the splits of one query head merged by log-sum-exp.
+// Block (block_x = i * H + h): the splits of one query head merged by log-sum-exp.
 template <typename T>
 TC_DEV void combine_body(const Params& p) {
   const int tid = tc::thread_id();
-  const int64_t rh = tc::block_x();
+  const int64_t rh = tc::block_x();  // in the partials
+  const int64_t out_rh = static_cast<int64_t>(p.rows[3 * (rh / p.H) + 2]) * p.H + rh % p.H;
   const int64_t stride = static_cast<int64_t>(p.nrows) * p.H;
   float M = -INFINITY;
   for (int s = 0; s < p.splits; ++s) M = fmaxf(M, p.part_ml[(s * stride + rh) * 2]);
@@ -194,7 +199,7 @@ TC_DEV void combine_body(const Params& p) {
       const float ms = p.part_ml[(s * stride + rh) * 2];
       if (ms != -INFINITY) o += p.part_o[(s * stride + rh) * p.hd + d] * tc::ex2(ms - M);
     }
-    static_cast<T*>(p.out)[rh * p.hd + d] = from_f32<T>(o / sum);
+    static_cast<T*>(p.out)[out_rh * p.hd + d] = from_f32<T>(o / sum);
   }
 }
 

@@ -5,9 +5,16 @@
 // a chunk of the positions, merged by log-sum-exp. With ALiBi, slope_h (j - i) joins the scaled
 // score of cached position j for the query at position i. The CPU reference is
 // backend/cpu/kv_attention.hpp.
+//
+// Prefill: a segment that starts its sequence (position 0) with at least kPrefillRows rows is
+// plain causal self-attention over its own rows, so it goes through the tensor-core training
+// kernel (flash_attention_tc.cuh) reading keys and values from qkv, as training does; its keys and
+// values still go to the cache. Every other row (decode steps, short prompts, f32, head dims the
+// tensor-core kernel lacks) takes the flash-decoding kernels.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/flash_attention_tc.hpp"
 #include "backend/cuda/flash_decode.cuh"
 #include "backend/cuda/ops.hpp"
 
@@ -15,16 +22,20 @@ namespace tessera::cuda_ops {
 
 namespace {
 
+// A prefill segment needs at least this many rows (one query tile of the tensor-core kernel) to
+// leave the decode kernels: below it, they fill the GPU better.
+constexpr int64_t kPrefillRows = 64;
+
 // One thread per (row, key/value head, feature): the row's key and value into its slot and
-// position. rows: (nrows, 2) = (slot, position).
+// position. rows: (nrows, 3) = (slot, position, row in qkv), one entry per row of qkv.
 template <typename T>
 __global__ void kv_store_kernel(T* kc, T* vc, const T* qkv, const int32_t* rows, int64_t H,
                                 int64_t G, int64_t hd, int64_t Tmax, int64_t nrows) {
-  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;  // (row, g, d)
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;  // (entry, g, d)
   if (i >= nrows * G * hd) return;
-  const int64_t d = i % hd, g = (i / hd) % G, row = i / (G * hd);
+  const int64_t d = i % hd, g = (i / hd) % G, e = i / (G * hd);
   const int64_t C = H * hd, C3 = C + 2 * G * hd;
-  const int64_t slot = rows[2 * row], pos = rows[2 * row + 1];
+  const int64_t slot = rows[3 * e], pos = rows[3 * e + 1], row = rows[3 * e + 2];
   const int64_t at = ((slot * G + g) * Tmax + pos) * hd + d;
   kc[at] = qkv[row * C3 + C + g * hd + d];
   vc[at] = qkv[row * C3 + C + (G + g) * hd + d];
@@ -57,18 +68,41 @@ void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cac
                   const std::vector<Backend::KvSegment>& segments, int64_t heads, int64_t kv_heads,
                   const AttentionAlibi* alibi, Workspace& ws, cudaStream_t s) {
   const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2), nrows = rows_of(qkv);
-  // (slot, position) of each row; every row belongs to one segment.
-  std::vector<int32_t> table(2 * static_cast<size_t>(nrows), -1);
-  int64_t max_len = 0, covered = 0;
-  for (const Backend::KvSegment& g : segments) {
-    for (int64_t t = 0; t < g.count; ++t) {
-      table[2 * (g.row0 + t)] = static_cast<int32_t>(g.slot);
-      table[2 * (g.row0 + t) + 1] = static_cast<int32_t>(g.pos0 + t);
+  const int64_t C3 = qkv.dim(1), C = heads * hd, esize = static_cast<int64_t>(dtype_size(qkv.dtype()));
+  auto row_of = [&](const Tensor& t, int64_t width, int64_t row) {
+    return static_cast<const char*>(t.raw()) + row * width * esize;
+  };
+  // Which segments are prefills for the tensor-core kernel.
+  std::vector<char> fresh(segments.size(), 0);
+  int64_t prefill_rows = 0, longest_prefill = 0;
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const Backend::KvSegment& g = segments[k];
+    if (g.pos0 == 0 && g.count >= kPrefillRows &&
+        tc::flash_supported(qkv.dtype(), hd, heads,
+                            {row_of(qkv, C3, g.row0), row_of(out, C, g.row0)})) {
+      fresh[k] = 1;
+      prefill_rows += g.count;
+      longest_prefill = std::max(longest_prefill, g.count);
     }
-    max_len = std::max(max_len, g.pos0 + g.count);
+  }
+  // (slot, position, row) of every row, for the cache; then of the decode kernels' rows.
+  const int64_t ndec = nrows - prefill_rows;
+  std::vector<int32_t> table(3 * static_cast<size_t>(nrows + std::max<int64_t>(ndec, 0)), -1);
+  int64_t max_len = 0, covered = 0, d = 0;
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const Backend::KvSegment& g = segments[k];
+    for (int64_t t = 0; t < g.count && g.row0 + t < nrows; ++t) {
+      int32_t* e = &table[3 * (g.row0 + t)];
+      e[0] = static_cast<int32_t>(g.slot);
+      e[1] = static_cast<int32_t>(g.pos0 + t);
+      e[2] = static_cast<int32_t>(g.row0 + t);
+      if (!fresh[k] && d < ndec) std::copy(e, e + 3, &table[3 * (nrows + d++)]);
+    }
+    if (!fresh[k]) max_len = std::max(max_len, g.pos0 + g.count);
     covered += g.count;
   }
-  TESSERA_CHECK(covered == nrows && std::find(table.begin(), table.end(), -1) == table.end(),
+  TESSERA_CHECK(covered == nrows && d == ndec &&
+                    std::find(table.begin(), table.end(), -1) == table.end(),
                 "kv attention: the segments must cover each of the ", nrows, " rows once");
   if (nrows == 0) return;
   const auto* rows = static_cast<const int32_t*>(
@@ -79,6 +113,18 @@ void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cac
         k_cache.data<T>(), v_cache.data<T>(), qkv.data<T>(), rows, heads, kv_heads, hd, Tmax,
         nrows);
     LAUNCH_CHECK();
+    if (prefill_rows > 0) {
+      // Each prefill segment as one sequence of the training kernel; its log-sum-exp is not kept.
+      float* lse = ws.get<float>(Scratch::kPrefillLse, heads * longest_prefill);
+      for (size_t k = 0; k < segments.size(); ++k) {
+        if (!fresh[k]) continue;
+        const Backend::KvSegment& g = segments[k];
+        tc::flash_forward(qkv.dtype(), const_cast<char*>(row_of(out, C, g.row0)), lse,
+                          row_of(qkv, C3, g.row0), 1, g.count, heads, kv_heads, hd,
+                          AttentionDropout{}, alibi, s);
+      }
+    }
+    if (ndec == 0) return;
     const decode::LaneSplit split = decode::lane_split(static_cast<int>(hd), sizeof(T));
     TESSERA_CHECK(split.F > 0, "kv attention: head dimension ", hd,
                   " is not supported by the decode kernel (it needs hd = L * F with L a power of "
@@ -89,19 +135,19 @@ void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cac
     p.k_cache = k_cache.raw();
     p.v_cache = v_cache.raw();
     p.out = out.raw();
-    p.rows = rows;
+    p.rows = rows + 3 * nrows;
     p.H = static_cast<int>(heads);
     p.G = static_cast<int>(kv_heads);
     p.hd = static_cast<int>(hd);
     p.Tmax = static_cast<int>(Tmax);
-    p.nrows = static_cast<int>(nrows);
+    p.nrows = static_cast<int>(ndec);
     p.L = split.L;
     p.F = split.F;
     p.scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(hd));
     p.alibi = alibi != nullptr;
     if (alibi) p.slopes = *alibi;
     decode::plan_splits(p, static_cast<int>(max_len), target_blocks());
-    const int64_t rh = nrows * heads;
+    const int64_t rh = ndec * heads;
     if (p.splits > 1) {
       float* part = ws.get<float>(Scratch::kDecodePartials, p.splits * rh * (hd + 2));
       p.part_o = part;

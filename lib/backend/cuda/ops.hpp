@@ -27,6 +27,7 @@ enum class Scratch {
   kAdamSegments,     // the AdamW segment table (optim.cu)
   kKvSegments,       // the KV-attention row table (kv_attention.cu)
   kDecodePartials,   // flash-decoding's per-split outputs, maxima and sums (kv_attention.cu)
+  kPrefillLse,       // the prefill attention's log-sum-exp, not kept (kv_attention.cu)
   kSampling,         // the per-row sampling rules (sampling.cu)
   kSamplingSort,     // dense and sorted logits, indices, CUB's storage (sampling.cu)
   kCublasLt,         // cuBLASLt's workspace for the GEMMs with epilogues (matmul.cu)
