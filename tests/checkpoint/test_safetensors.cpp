@@ -86,7 +86,8 @@ TEST(Safetensors, ReadsHalfPrecisionAndRejectsDamage) {
   EXPECT_THROW(SafetensorsReader r(path), ConfigError);
   // An offset past what a 64-bit integer holds (found by fuzz_safetensors): a one-line error
   // naming the file, not std::out_of_range from the number parser.
-  std::string big = "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,99999999999999999999999]}}";
+  std::string big =
+      "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,99999999999999999999999]}}";
   while (big.size() % 8) big += ' ';
   std::string bad(8, '\0');
   const uint64_t nb = big.size();

@@ -27,8 +27,7 @@ const char* const kScratchLabels[] = {
     "reduction scratch",           "attention backward workspace", "embedding backward workspace",
     "gradient-norm partial sums",  "the AdamW segment table",      "the KV-attention row table",
     "the flash-decoding partials", "the prefill log-sum-exp",      "the sampling rules",
-    "the sampling sort buffers",
-    "the cuBLASLt workspace",
+    "the sampling sort buffers",   "the cuBLASLt workspace",
 };
 static_assert(sizeof(kScratchLabels) / sizeof(kScratchLabels[0]) ==
               static_cast<size_t>(Scratch::kCount));

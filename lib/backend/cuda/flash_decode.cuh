@@ -157,7 +157,7 @@ TC_DEV void partial_body(const Params& p, char* smem_raw) {
   float sum = 0.f;
   for (int k = 0; k < groups; ++k)
     if (gm[2 * k] != -INFINITY) sum += gm[2 * k + 1] * tc::ex2(gm[2 * k] - M);
-  const int64_t ih = static_cast<int64_t>(i) * p.H + h;  // in the partials
+  const int64_t ih = static_cast<int64_t>(i) * p.H + h;    // in the partials
   const int64_t rh = static_cast<int64_t>(row) * p.H + h;  // in out
   for (int d = tid; d < hd; d += kThreads) {
     float o = 0.f;

@@ -68,7 +68,8 @@ void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cac
                   const std::vector<Backend::KvSegment>& segments, int64_t heads, int64_t kv_heads,
                   const AttentionAlibi* alibi, Workspace& ws, cudaStream_t s) {
   const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2), nrows = rows_of(qkv);
-  const int64_t C3 = qkv.dim(1), C = heads * hd, esize = static_cast<int64_t>(dtype_size(qkv.dtype()));
+  const int64_t C3 = qkv.dim(1), C = heads * hd,
+                esize = static_cast<int64_t>(dtype_size(qkv.dtype()));
   auto row_of = [&](const Tensor& t, int64_t width, int64_t row) {
     return static_cast<const char*>(t.raw()) + row * width * esize;
   };
@@ -101,9 +102,9 @@ void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cac
     if (!fresh[k]) max_len = std::max(max_len, g.pos0 + g.count);
     covered += g.count;
   }
-  TESSERA_CHECK(covered == nrows && d == ndec &&
-                    std::find(table.begin(), table.end(), -1) == table.end(),
-                "kv attention: the segments must cover each of the ", nrows, " rows once");
+  TESSERA_CHECK(
+      covered == nrows && d == ndec && std::find(table.begin(), table.end(), -1) == table.end(),
+      "kv attention: the segments must cover each of the ", nrows, " rows once");
   if (nrows == 0) return;
   const auto* rows = static_cast<const int32_t*>(
       ws.upload(Scratch::kKvSegments, table.data(), sizeof(int32_t) * table.size(), s));
