@@ -3,10 +3,10 @@
 // at batch 1 reads all weights once, so tokens/s <= measured bandwidth / bytes of weights).
 // GPU mode (`gpu`): issue 16's table on the CUDA backend in bf16 (or f32/fp16): decode tokens/s at
 // batch 1, 8 and 64 (256 new tokens after a 16-token prompt, greedy; batch 8 also with top-k/top-p
-// sampling), the decode rate at a 64-token and at a 1,024-token context, and prefill tokens/s,
-// with the Hugging Face transformers figures measured on an H100 beside them (issue 16) and the
-// targets.
-// Usage: bench_generate [layers=12] [prompt=256] [new_tokens=32]
+// sampling; batch 1 and 8 also op by op, without the CUDA graph), the decode rate at a 64-token
+// and at a 1,024-token context, and prefill tokens/s, with the Hugging Face transformers figures
+// measured on an H100 beside them (issue 16) and the targets. Usage: bench_generate [layers=12]
+// [prompt=256] [new_tokens=32]
 //        bench_generate gpu [bf16|fp16|f32]
 #include <cstdio>
 #include <cstdlib>
@@ -51,9 +51,10 @@ GPTConfig gpt2_small(int layers) {
 // (every sequence runs its full budget). Returns the result of the second of two runs (the first
 // warms up allocations and cuBLAS).
 GenerationResult run(GPTModel& model, int batch, int prompt_len, int new_tokens,
-                     double temperature = 0, int top_k = 0, double top_p = 1) {
+                     double temperature = 0, int top_k = 0, double top_p = 1, bool graphs = true) {
   ParallelContext ctx = ParallelContext::single();
   InferenceEngine engine(model, ctx, batch, prompt_len + new_tokens);
+  engine.set_graphs(graphs);
   std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>(prompt_len));
   for (int b = 0; b < batch; ++b)
     for (int i = 0; i < prompt_len; ++i) prompts[b][i] = (i * 7919 + b * 104729) % 50000;
@@ -98,6 +99,14 @@ int gpu_mode(const std::string& dtype) {
     std::printf("%-44s %12.0f %12s %26s\n",
                 ("decode tokens/s, batch " + std::to_string(row.batch) + ", 256 new").c_str(),
                 decode_rate(r, row.batch), row.target, row.peer);
+  }
+  // The same decode steps op by op (no CUDA graph): what the graphs save in launches.
+  for (int batch : {1, 8}) {
+    const GenerationResult r = run(model, batch, 16, 256, 0, 0, 1, false);
+    std::printf(
+        "%-44s %12.0f %12s %26s\n",
+        ("decode tokens/s, batch " + std::to_string(batch) + ", op by op (no graph)").c_str(),
+        decode_rate(r, batch), "-", "-");
   }
   // Sampled rows go through the device sort (greedy rows through an argmax).
   const GenerationResult sampled = run(model, 8, 16, 256, 0.8, 40, 0.9);

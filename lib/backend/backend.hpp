@@ -159,6 +159,41 @@ class Backend {
                             const std::vector<KvSegment>& segments, int64_t heads,
                             int64_t kv_heads = 0, const AttentionAlibi* alibi = nullptr) = 0;
 
+  // A decode step (one new token per sequence) with its row table already on the device: rows
+  // (n, 3) int32, row i = (cache slot, position, row of qkv and out), for the n rows of qkv. Same
+  // result as kv_attention with n one-token segments; the work is planned for contexts up to
+  // `max_context` instead of the step's own, so nothing about the launch depends on the step and a
+  // CUDA graph can replay it. This default reads the table back and calls kv_attention.
+  virtual void kv_decode(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
+                         const Tensor& rows, int64_t max_context, int64_t heads,
+                         int64_t kv_heads = 0, const AttentionAlibi* alibi = nullptr) {
+    (void)max_context;
+    TESSERA_CHECK(rows.dtype() == DType::I32 && rows.ndim() == 2 && rows.dim(1) == 3,
+                  "kv_decode: the row table must be (n, 3) int32");
+    std::vector<int32_t> t(static_cast<size_t>(rows.numel()));
+    copy_to_host(t.data(), rows);
+    std::vector<KvSegment> segments;
+    for (int64_t i = 0; i < rows.dim(0); ++i)
+      segments.push_back({t[3 * i], t[3 * i + 1], 1, t[3 * i + 2]});
+    kv_attention(out, qkv, k_cache, v_cache, segments, heads, kv_heads, alibi);
+  }
+
+  // CUDA graphs. Between graph_begin() (true: capturing) and graph_end(), the ops called on this
+  // backend are recorded on its stream instead of run; graph_end() returns a handle for
+  // graph_launch(), which runs them again as recorded (same tensors, same kernel arguments: the
+  // inputs that change must be in tensors written before the launch), or -1 when the capture
+  // failed (an op did something a graph cannot hold; nothing ran). An op that throws during the
+  // capture must be followed by graph_abort(). Backends without graphs (this default) return false
+  // from graph_begin and the caller runs the ops itself.
+  virtual bool graph_begin() { return false; }
+  virtual int64_t graph_end() { return -1; }
+  virtual void graph_abort() {}
+  virtual void graph_launch(int64_t graph) {
+    TESSERA_CHECK(false, "graph_launch(", graph, ") on a backend without graphs");
+  }
+  // Frees a captured graph (its handle becomes invalid).
+  virtual void graph_release(int64_t graph) { (void)graph; }
+
   // Generation: the next token of each of `rows` rows of f32 logits, chosen as cpu::sample_token
   // chooses (how[i] for row i), with only the ids coming back to the host. `logits` holds
   // `pieces` tensor-parallel shards of the vocabulary as all_gather leaves them, (pieces, rows,

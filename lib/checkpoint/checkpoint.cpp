@@ -404,8 +404,8 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
                     ax < nd && st.split_offset >= 0;
         for (int d = 0; fits && d < nd; ++d)
           fits = st.global_shape[d] >= 0 && st.global_shape[d] <= (int64_t(1) << 31) &&
-                 st.local_shape[d] <= st.global_shape[d] &&
-                 (d != ax || st.split_offset + st.local_shape[d] <= st.global_shape[d]);
+                 st.local_shape[d] >= 0 && st.local_shape[d] <= st.global_shape[d] &&
+                 (d != ax || st.split_offset <= st.global_shape[d] - st.local_shape[d]);
         if (fits && (std::string(name) == "wte" || std::string(name) == "lm_head"))
           fits = st.global_shape[0] >= meta_.model.vocab_size &&
                  st.global_shape[0] <= meta_.model.padded_vocab_size(meta_.tp_size);

@@ -1,7 +1,11 @@
 // engine.cpp: the inference forward pass with a KV cache.
 #include "inference/engine.hpp"
 
+#include <cstdlib>
 #include <cstring>
+#include <exception>
+
+#include "core/logging.hpp"
 
 namespace tessera {
 
@@ -31,8 +35,22 @@ InferenceEngine::InferenceEngine(GPTModel& model, const ParallelContext& ctx, in
   }
 }
 
+InferenceEngine::~InferenceEngine() {
+  try {
+    release_graphs();
+  } catch (const std::exception&) {  // a destructor does not throw; the backend goes soon
+  }
+}
+
+void InferenceEngine::release_graphs() {
+  for (auto& [n, g] : graphs_) be_.graph_release(g.handle);
+  graphs_.clear();
+  warmed_.clear();
+}
+
 void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
   if (n <= rows_ && segs <= segs_) return;
+  release_graphs();  // they hold the buffers about to be replaced
   rows_ = std::max(n, rows_);
   segs_ = std::max(segs, segs_);
   const GPTConfig& cfg = model_.config();
@@ -47,6 +65,7 @@ void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
   auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };
   ids_ = Tensor({rows_}, DType::I32, al);
   pos_ = Tensor({rows_}, DType::I32, al);
+  dec_rows_ = Tensor({rows_, 3}, DType::I32, al);
   x_ = f({rows_, C});
   ln_ = f({rows_, C});
   qkv_ = f({rows_, qkv_cols});
@@ -82,6 +101,7 @@ void InferenceEngine::reorder_slots(const std::vector<int>& src) {
   for (int s : src) TESSERA_CHECK(s >= 0 && s < max_sequences_, "slot ", s, " outside the cache");
   if (S == 0 || k_cache_.empty()) return;
   reserve_reorder();
+  release_graphs();  // the caches trade places with their spares
   Tensor ids = slot_ids_.view(0, {S});
   be_.copy_from_host(ids, src.data());
   const int64_t row = k_cache_[0].numel() / max_sequences_;
@@ -130,23 +150,19 @@ std::vector<int32_t> InferenceEngine::forward_sample(const std::vector<TokenSegm
 Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments,
                                        const std::vector<int32_t>& tokens, bool all_rows) {
   int64_t n = 0;
+  bool decode = !all_rows && !segments.empty();  // one new token per sequence
   for (const TokenSegment& s : segments) {
     TESSERA_CHECK(s.pos0 + s.count <= max_positions_, "sequence of ", s.pos0 + s.count,
                   " tokens exceeds the context of ", max_positions_);
     n += s.count;
+    decode = decode && s.count == 1;
   }
   TESSERA_CHECK(static_cast<int64_t>(tokens.size()) == n, "tokens do not match the segments");
   // Output rows: the last token of each segment, or every token.
   const int64_t S = all_rows ? n : static_cast<int64_t>(segments.size());
   ensure_rows(n, S);
-  const GPTConfig& cfg = model_.config();
-  const ModelShard& sh = model_.shard();
-  const int64_t C = cfg.hidden_size;
-  // Views of exactly n rows.
-  Tensor x = x_.view(0, {n, C}), ln = ln_.view(0, {n, C}), tmp = tmp_.view(0, {n, C});
-  Tensor qkv = qkv_.view(0, {n, qkv_.dim(1)}), att = att_.view(0, {n, att_.dim(1)});
-  Tensor fc = fc_.view(0, {n, fc_.dim(1)}), gl = gelu_.view(0, {n, gelu_.dim(1)});
-  Tensor mean = mean_.view(0, {n}), rstd = rstd_.view(0, {n});
+  // The step's inputs, on the device before any of its work: token ids, positions, the output
+  // rows (the last of each segment, or every row), and a decode step's row table.
   std::vector<Backend::KvSegment> kv;
   int64_t row = 0;
   host_pos_.resize(static_cast<size_t>(n));
@@ -158,6 +174,84 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
   Tensor ids = ids_.view(0, {n}), pos = pos_.view(0, {n});
   be_.copy_from_host(ids, tokens.data());
   be_.copy_from_host(pos, host_pos_.data());
+  const ModelShard& sh = model_.shard();
+  if (sh.has_head) {
+    host_pos_.resize(static_cast<size_t>(S));
+    if (all_rows) {
+      for (int64_t i = 0; i < S; ++i) host_pos_[i] = static_cast<int32_t>(i);
+    } else {
+      row = 0;
+      for (int64_t i = 0; i < S; ++i) {
+        row += segments[i].count;
+        host_pos_[i] = static_cast<int32_t>(row - 1);
+      }
+    }
+    Tensor last_rows = last_rows_.view(0, {S});
+    be_.copy_from_host(last_rows, host_pos_.data());
+  }
+  if (decode) {
+    host_pos_.resize(static_cast<size_t>(3 * n));
+    for (int64_t i = 0; i < n; ++i) {
+      host_pos_[3 * i] = static_cast<int32_t>(segments[i].slot);
+      host_pos_[3 * i + 1] = static_cast<int32_t>(segments[i].pos0);
+      host_pos_[3 * i + 2] = static_cast<int32_t>(i);
+    }
+    Tensor table = dec_rows_.view(0, {n, 3});
+    be_.copy_from_host(table, host_pos_.data());
+  }
+  // A decode step at one rank may run as a CUDA graph: captured at its second step of this many
+  // rows (the first allocated whatever scratch the ops need), replayed after. Inputs live in the
+  // tensors written above; everything else a replay reads is fixed for this row count.
+  static const bool env_off = [] {
+    const char* v = std::getenv("TESSERA_CUDA_GRAPHS");
+    return v && std::string(v) == "0";
+  }();
+  const bool graphs = decode && graphs_wanted_ && !graphs_failed_ && !env_off && sh.tp_size == 1 &&
+                      ctx_.pp_size == 1 && sh.has_head && sh.has_embedding;
+  if (graphs) {
+    auto it = graphs_.find(n);
+    if (it != graphs_.end()) {
+      be_.graph_launch(it->second.handle);
+      ++graph_replays_;
+      return it->second.logits;
+    }
+    if (warmed_.count(n) && be_.graph_begin()) {
+      Graph g;
+      std::string why;
+      try {
+        g.logits = run_layers(n, S, kv, true);
+        g.handle = be_.graph_end();
+        if (g.handle < 0) why = "the backend could not capture the step";
+      } catch (const std::exception& e) {
+        be_.graph_abort();
+        why = e.what();
+      }
+      if (g.handle >= 0) {
+        graphs_[n] = g;
+        be_.graph_launch(g.handle);
+        ++graph_replays_;
+        return g.logits;
+      }
+      graphs_failed_ = true;
+      TLOG(warning) << "generation: CUDA graphs off, decode steps run op by op (" << why << ")";
+    }
+    warmed_.insert(n);
+  }
+  return run_layers(n, S, kv, decode);
+}
+
+Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backend::KvSegment>& kv,
+                                   bool decode) {
+  const GPTConfig& cfg = model_.config();
+  const ModelShard& sh = model_.shard();
+  const int64_t C = cfg.hidden_size;
+  // Views of exactly n rows.
+  Tensor x = x_.view(0, {n, C}), ln = ln_.view(0, {n, C}), tmp = tmp_.view(0, {n, C});
+  Tensor qkv = qkv_.view(0, {n, qkv_.dim(1)}), att = att_.view(0, {n, att_.dim(1)});
+  Tensor fc = fc_.view(0, {n, fc_.dim(1)}), gl = gelu_.view(0, {n, gelu_.dim(1)});
+  Tensor mean = mean_.view(0, {n}), rstd = rstd_.view(0, {n});
+  Tensor ids = ids_.view(0, {n}), pos = pos_.view(0, {n});
+  const Tensor table = decode ? dec_rows_.view(0, {n, 3}) : Tensor();
   if (sh.has_embedding) {
     be_.embedding_forward(x, ids, model_.params().compute_param("wte"), model_.vocab_begin());
     model_.tp_comm().all_reduce(x, ReduceOp::Sum);
@@ -176,8 +270,14 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
     model_.norm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b);
     be_.matmul_forward(qkv, ln, w.qkv_w, opt(w.qkv_b));
     if (cfg.rope()) be_.rope(qkv, rope, &pos, false);
-    be_.kv_attention(att, qkv, k_cache_[sh.local_index(l)], v_cache_[sh.local_index(l)], kv,
-                     model_.heads_local(), model_.kv_heads_local(), model_.alibi());
+    Tensor& kc = k_cache_[sh.local_index(l)];
+    Tensor& vc = v_cache_[sh.local_index(l)];
+    if (decode)
+      be_.kv_decode(att, qkv, kc, vc, table, max_positions_, model_.heads_local(),
+                    model_.kv_heads_local(), model_.alibi());
+    else
+      be_.kv_attention(att, qkv, kc, vc, kv, model_.heads_local(), model_.kv_heads_local(),
+                       model_.alibi());
     be_.matmul_forward(tmp, att, w.proj_w, bias_here ? opt(w.proj_b) : nullptr);
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
     be_.add(x, x, tmp);
@@ -195,20 +295,9 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
     ctx_.pp->send_async(x, ctx_.pp_rank + 1, kTagHidden)->wait();
     return Tensor();
   }
-  // The last row of every segment (or every row), its final LayerNorm and vocabulary-parallel
-  // logits.
-  host_pos_.resize(static_cast<size_t>(S));
-  if (all_rows) {
-    for (int64_t i = 0; i < S; ++i) host_pos_[i] = static_cast<int32_t>(i);
-  } else {
-    row = 0;
-    for (int64_t i = 0; i < S; ++i) {
-      row += segments[i].count;
-      host_pos_[i] = static_cast<int32_t>(row - 1);
-    }
-  }
+  // The output rows (last_rows_, written by forward_logits), their final LayerNorm and
+  // vocabulary-parallel logits.
   Tensor last_rows = last_rows_.view(0, {S});
-  be_.copy_from_host(last_rows, host_pos_.data());
   Tensor lx = last_x_.view(0, {S, C}), lnf = lnf_.view(0, {S, C});
   Tensor lm = lnf_mean_.view(0, {S}), lr = lnf_rstd_.view(0, {S});
   be_.embedding_forward(lx, last_rows, x, 0);  // gathers rows of x

@@ -6,6 +6,8 @@
 // f32.
 #pragma once
 
+#include <map>
+#include <set>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -51,12 +53,30 @@ class InferenceEngine {
   int max_sequences() const { return max_sequences_; }
   int64_t vocab_size() const { return model_.config().vocab_size; }
 
+  // Decode steps (one new token per sequence) on a backend with graphs (CUDA), at one rank
+  // (TP 1, PP 1): the first step of a batch size runs as usual, the second is captured as a graph,
+  // and later steps of that size replay it. TESSERA_CUDA_GRAPHS=0 in the environment, or
+  // set_graphs(false), runs every step op by op. A capture that fails turns graphs off for this
+  // engine (one warning line) and the step runs op by op.
+  void set_graphs(bool on) { graphs_wanted_ = on; }
+  int64_t graph_replays() const { return graph_replays_; }
+  ~InferenceEngine();
+
  private:
   void ensure_rows(int64_t n, int64_t segments);
   // The forward pass; on the last stage the logits of the output rows as all_gather leaves them
   // ((tp, rows, vocab_local) f32 on the backend), elsewhere an undefined tensor.
   Tensor forward_logits(const std::vector<TokenSegment>& segments,
                         const std::vector<int32_t>& tokens, bool all_rows);
+  // forward_logits' device work once the step's inputs are on the device: n rows, S output rows,
+  // `kv` the segments (unused for a decode step, whose row table is in dec_rows_).
+  Tensor run_layers(int64_t n, int64_t S, const std::vector<Backend::KvSegment>& kv, bool decode);
+  void release_graphs();
+
+  struct Graph {
+    int64_t handle = -1;
+    Tensor logits;  // what run_layers returned when it was captured
+  };
 
   GPTModel& model_;
   ParallelContext ctx_;
@@ -69,8 +89,13 @@ class InferenceEngine {
   int64_t rows_ = 0, segs_ = 0;
   Tensor ids_, pos_, x_, ln_, qkv_, att_, tmp_, fc_, gelu_, mean_, rstd_;
   Tensor last_rows_, last_x_, lnf_, lnf_mean_, lnf_rstd_, logits_, logits_f32_, gathered_;
-  std::vector<int32_t> host_pos_;   // positions / last rows, staged for the backend
+  Tensor dec_rows_;                 // a decode step's row table (rows, 3): slot, position, row
+  std::vector<int32_t> host_pos_;   // positions / last rows / row table, staged for the backend
   std::vector<float> host_logits_;  // the gathered logits, back on the host
+  bool graphs_wanted_ = true, graphs_failed_ = false;
+  std::map<int64_t, Graph> graphs_;  // by number of rows
+  std::set<int64_t> warmed_;         // row counts that ran a decode step op by op
+  int64_t graph_replays_ = 0;
 };
 
 }  // namespace tessera

@@ -589,6 +589,47 @@ TEST_F(CudaOps, KvAttentionBf16F16FlashDecodingMatchesCpu) {
   }
 }
 
+// A decode step from a row table on the device (what a CUDA graph replays): rows in another order
+// than their slots, positions 0 to 900, the split plan made for the whole 1,024-token cache (most
+// splits of the short rows empty), bf16 at GPT-2's shape and f16 with GQA and ALiBi; the caches
+// and outputs against the CPU's kv_attention with one-token segments.
+TEST_F(CudaOps, KvDecodeFromADeviceTableMatchesCpu) {
+  struct Run {
+    DType dt;
+    int64_t H, G, hd;
+    double tol;
+    bool alibi;
+  };
+  for (const Run& r :
+       {Run{DType::BF16, 12, 12, 64, 2e-2, false}, Run{DType::F16, 8, 2, 128, 4e-3, true}}) {
+    const AttentionAlibi alibi{0, 8};
+    const AttentionAlibi* al = r.alibi ? &alibi : nullptr;
+    const int64_t Tmax = 1024, slots = 4;
+    Tensor kc = as(r.dt, rand({slots, r.G, Tmax, r.hd})),
+           vc = as(r.dt, rand({slots, r.G, Tmax, r.hd}));
+    Tensor kcd = dev(kc), vcd = dev(vc);
+    // (slot, position) of rows 0..3.
+    const std::vector<std::pair<int, int>> rows = {{3, 900}, {0, 0}, {2, 37}, {1, 511}};
+    std::vector<Backend::KvSegment> segs;
+    std::vector<int32_t> table;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      segs.push_back({rows[i].first, rows[i].second, 1, static_cast<int64_t>(i)});
+      for (int32_t v : {rows[i].first, rows[i].second, static_cast<int32_t>(i)}) table.push_back(v);
+    }
+    const int64_t n = static_cast<int64_t>(rows.size());
+    Tensor qkv = as(r.dt, rand({n, (r.H + 2 * r.G) * r.hd}));
+    Tensor out_t({n, r.H * r.hd}, r.dt);
+    cpu_->kv_attention(out_t, qkv, kc, vc, segs, r.H, r.G, al);
+    Tensor td({n, 3}, DType::I32, gpu_->allocator());
+    gpu_->copy_from_host(td, table.data());
+    Tensor qd = dev(qkv), od = poisoned({n, r.H * r.hd}, r.dt);
+    gpu_->kv_decode(od, qd, kcd, vcd, td, Tmax, r.H, r.G, al);
+    expect_close(od, out_t, r.tol, "kv_decode");
+    expect_close(kcd, kc, 0, "k cache (kv_decode)");
+    expect_close(vcd, vc, 0, "v cache (kv_decode)");
+  }
+}
+
 // Sampling on the device: GPT-2's vocabulary in 2 tensor-parallel pieces with padding (2 x 25,216
 // columns for 50,257 tokens), 6 rows of greedy, top-k 1 and 40, top-p 0.9, temperature 0.7 and
 // plain rows, 100 draws each: the same ids as the CPU's sample_token on the assembled rows. Logits

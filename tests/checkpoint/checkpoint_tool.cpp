@@ -4,6 +4,7 @@
 //   test_checkpoint_tool flip-byte FILE DATASET      flip one byte inside the dataset's data
 //   test_checkpoint_tool drop-model FILE             remove the /model group
 //   test_checkpoint_tool unlink FILE DATASET         remove one dataset
+//   test_checkpoint_tool set-attr FILE DATASET NAME N  rewrite a dataset's integer attribute
 #include <hdf5.h>
 
 #include <cstdio>
@@ -71,8 +72,20 @@ int main(int argc, char** argv) {
     H5Fclose(f);
     return rc < 0 ? 1 : 0;
   }
+  if (argc == 6 && std::strcmp(argv[1], "set-attr") == 0) {
+    const long long v = std::strtoll(argv[5], nullptr, 10);
+    hid_t f = H5Fopen(argv[2], H5F_ACC_RDWR, H5P_DEFAULT);
+    if (f < 0) return 1;
+    hid_t d = H5Dopen2(f, argv[3], H5P_DEFAULT);
+    hid_t a = d >= 0 ? H5Aopen(d, argv[4], H5P_DEFAULT) : -1;
+    const int rc = a >= 0 && H5Awrite(a, H5T_NATIVE_LLONG, &v) >= 0 ? 0 : 1;
+    if (a >= 0) H5Aclose(a);
+    if (d >= 0) H5Dclose(d);
+    H5Fclose(f);
+    return rc;
+  }
   std::fprintf(stderr,
                "usage: test_checkpoint_tool set-version FILE N | flip-byte FILE DATASET | "
-               "drop-model FILE | unlink FILE DATASET\n");
+               "drop-model FILE | unlink FILE DATASET | set-attr FILE DATASET NAME N\n");
   return 2;
 }

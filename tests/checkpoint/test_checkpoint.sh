@@ -157,6 +157,11 @@ cp -r "$work/tp1" "$work/ver"
 # Rewrite the format_version attribute with the small helper built for this test.
 "$bin/test_checkpoint_tool" set-version "$work/ver/iter_0000008/mp_rank_00_000.h5" 99 || bad "could not edit the version"
 expect_error "wrong format version" "format_version 99" "$work/ver"
+# A split offset at the top of int64 (found by fuzz_checkpoint: offset + extent overflowed).
+cp -r "$src" "$work/offset"
+"$bin/test_checkpoint_tool" set-attr "$work/offset/iter_0000008/mp_rank_00_000.h5" \
+  /model/layers.0.mlp.fc1.weight split_offset 9223372036854775807 || bad "could not edit split_offset"
+expect_error "split offset 2^63-1" "layers.0.mlp.fc1.weight stores .* at offset 9223372036854775807 .* do not fit together" "$work/offset"
 cp -r "$src" "$work/missing"
 rm "$work/missing/iter_0000008/mp_rank_01_001.h5"
 expect_error "missing shard" "missing shard file .*mp_rank_01_001.h5" "$work/missing"

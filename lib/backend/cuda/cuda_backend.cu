@@ -104,6 +104,8 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {  // reverse order of creation
     cudaStreamSynchronize(stream_);
+    for (cudaGraphExec_t g : graphs_)
+      if (g) cudaGraphExecDestroy(g);
     for (Stage& st : stages_) {
       if (st.done) cudaEventDestroy(st.done);
       if (st.host) cudaFreeHost(st.host);
@@ -295,6 +297,63 @@ class CudaBackend final : public Backend {
       expect_dtype(*t, qkv.dtype(), "generation (KV attention): out and caches in qkv's dtype");
     cuda_ops::kv_attention(out, qkv, k_cache, v_cache, segments, heads, G, alibi, ws_, stream_);
   }
+  void kv_decode(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
+                 const Tensor& rows, int64_t max_context, int64_t heads, int64_t kv_heads,
+                 const AttentionAlibi* alibi) override {
+    check_alibi_heads(alibi, heads);
+    const int64_t G = check_kv_attention(out, qkv, k_cache, v_cache, {}, heads, kv_heads);
+    TESSERA_CHECK(rows.dtype() == DType::I32 && rows.ndim() == 2 && rows.dim(1) == 3 &&
+                      rows.dim(0) == qkv.numel() / qkv.shape().back(),
+                  "kv_decode: the row table must be (n, 3) int32 for the n rows of qkv");
+    TESSERA_CHECK(max_context > 0 && max_context <= k_cache.dim(2), "kv_decode: max_context ",
+                  max_context, " outside the cache's ", k_cache.dim(2), " positions");
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &k_cache, &v_cache})
+      expect_dtype(*t, qkv.dtype(), "generation (KV attention): out and caches in qkv's dtype");
+    expect_device(rows, "kv_decode row table");
+    cuda_ops::kv_decode(out, qkv, k_cache, v_cache, rows, max_context, heads, G, alibi, ws_,
+                        stream_);
+  }
+
+  // Stream capture in thread-local mode: a call of this thread that a graph cannot hold (a
+  // synchronization, a pageable copy, cudaMalloc) fails the capture instead of running.
+  bool graph_begin() override {
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    return true;
+  }
+  int64_t graph_end() override {
+    cudaGraph_t g = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(stream_, &g);
+    cudaGraphExec_t x = nullptr;
+    const cudaError_t ei = e == cudaSuccess && g ? cudaGraphInstantiate(&x, g, 0) : e;
+    if (g) cudaGraphDestroy(g);
+    if (ei != cudaSuccess || !x) {
+      (void)cudaGetLastError();  // not sticky: clear it for the eager run that follows
+      return -1;
+    }
+    graphs_.push_back(x);
+    return static_cast<int64_t>(graphs_.size()) - 1;
+  }
+  void graph_abort() override {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
+      cudaGraph_t g = nullptr;
+      (void)cudaStreamEndCapture(stream_, &g);
+      if (g) cudaGraphDestroy(g);
+    }
+    (void)cudaGetLastError();
+  }
+  void graph_launch(int64_t graph) override {
+    TESSERA_CHECK(graph >= 0 && graph < static_cast<int64_t>(graphs_.size()) && graphs_[graph],
+                  "graph_launch: no graph ", graph);
+    CUDA_CHECK(cudaGraphLaunch(graphs_[graph], stream_));
+  }
+  void graph_release(int64_t graph) override {
+    if (graph < 0 || graph >= static_cast<int64_t>(graphs_.size()) || !graphs_[graph]) return;
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // a launch of it may still run
+    cudaGraphExecDestroy(graphs_[graph]);
+    graphs_[graph] = nullptr;
+  }
+
   std::vector<int32_t> sample_tokens(const Tensor& logits, int64_t pieces, int64_t rows,
                                      int64_t vocab,
                                      const std::vector<TokenSampling>& how) override {
@@ -414,6 +473,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CublasHandle> blas_;
   Workspace ws_{cuda::device_allocator()};
   cuda_ops::LtMatmul lt_;
+  std::vector<cudaGraphExec_t> graphs_;  // by handle; null once released
 };
 
 }  // namespace

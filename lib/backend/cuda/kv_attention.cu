@@ -62,6 +62,56 @@ int target_blocks() {  // about two blocks per SM of the current device
   return 2 * sms;
 }
 
+// The decode kernels for `ndec` rows listed in the device table `rows` ((slot, position, row)
+// each), planned for contexts up to `max_len`.
+template <typename T>
+void launch_decode(Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                   const int32_t* rows, int64_t ndec, int64_t max_len, int64_t heads,
+                   int64_t kv_heads, const AttentionAlibi* alibi, Workspace& ws, cudaStream_t s) {
+  const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2);
+  const decode::LaneSplit split = decode::lane_split(static_cast<int>(hd), sizeof(T));
+  TESSERA_CHECK(split.F > 0, "kv attention: head dimension ", hd,
+                " is not supported by the decode kernel (it needs hd = L * F with L a power of "
+                "two <= 32 and F <= ",
+                decode::kMaxF, ")");
+  decode::Params p{};
+  p.qkv = qkv.raw();
+  p.k_cache = k_cache.raw();
+  p.v_cache = v_cache.raw();
+  p.out = out.raw();
+  p.rows = rows;
+  p.H = static_cast<int>(heads);
+  p.G = static_cast<int>(kv_heads);
+  p.hd = static_cast<int>(hd);
+  p.Tmax = static_cast<int>(Tmax);
+  p.nrows = static_cast<int>(ndec);
+  p.L = split.L;
+  p.F = split.F;
+  p.scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(hd));
+  p.alibi = alibi != nullptr;
+  if (alibi) p.slopes = *alibi;
+  decode::plan_splits(p, static_cast<int>(max_len), target_blocks());
+  const int64_t rh = ndec * heads;
+  if (p.splits > 1) {
+    float* part = ws.get<float>(Scratch::kDecodePartials, p.splits * rh * (hd + 2));
+    p.part_o = part;
+    p.part_ml = part + p.splits * rh * hd;
+  }
+  const dim3 grid(static_cast<unsigned>(rh), static_cast<unsigned>(p.splits));
+  const int smem = decode::smem_bytes(p);
+  // The 16-byte loads need 16-byte aligned rows (views at odd offsets take the element path).
+  auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  if (split.vec && aligned(p.qkv) && aligned(p.k_cache) && aligned(p.v_cache))
+    decode_partial_kernel<T, true><<<grid, decode::kThreads, smem, s>>>(p);
+  else
+    decode_partial_kernel<T, false><<<grid, decode::kThreads, smem, s>>>(p);
+  LAUNCH_CHECK();
+  if (p.splits > 1) {
+    decode_combine_kernel<T><<<static_cast<unsigned>(rh), decode::kThreads, 0, s>>>(p);
+    LAUNCH_CHECK();
+  }
+}
+
 }  // namespace
 
 void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
@@ -125,48 +175,25 @@ void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cac
                           AttentionDropout{}, alibi, s);
       }
     }
-    if (ndec == 0) return;
-    const decode::LaneSplit split = decode::lane_split(static_cast<int>(hd), sizeof(T));
-    TESSERA_CHECK(split.F > 0, "kv attention: head dimension ", hd,
-                  " is not supported by the decode kernel (it needs hd = L * F with L a power of "
-                  "two <= 32 and F <= ",
-                  decode::kMaxF, ")");
-    decode::Params p{};
-    p.qkv = qkv.raw();
-    p.k_cache = k_cache.raw();
-    p.v_cache = v_cache.raw();
-    p.out = out.raw();
-    p.rows = rows + 3 * nrows;
-    p.H = static_cast<int>(heads);
-    p.G = static_cast<int>(kv_heads);
-    p.hd = static_cast<int>(hd);
-    p.Tmax = static_cast<int>(Tmax);
-    p.nrows = static_cast<int>(ndec);
-    p.L = split.L;
-    p.F = split.F;
-    p.scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(hd));
-    p.alibi = alibi != nullptr;
-    if (alibi) p.slopes = *alibi;
-    decode::plan_splits(p, static_cast<int>(max_len), target_blocks());
-    const int64_t rh = ndec * heads;
-    if (p.splits > 1) {
-      float* part = ws.get<float>(Scratch::kDecodePartials, p.splits * rh * (hd + 2));
-      p.part_o = part;
-      p.part_ml = part + p.splits * rh * hd;
-    }
-    const dim3 grid(static_cast<unsigned>(rh), static_cast<unsigned>(p.splits));
-    const int smem = decode::smem_bytes(p);
-    // The 16-byte loads need 16-byte aligned rows (views at odd offsets take the element path).
-    auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-    if (split.vec && aligned(p.qkv) && aligned(p.k_cache) && aligned(p.v_cache))
-      decode_partial_kernel<T, true><<<grid, decode::kThreads, smem, s>>>(p);
-    else
-      decode_partial_kernel<T, false><<<grid, decode::kThreads, smem, s>>>(p);
+    if (ndec > 0)
+      launch_decode<T>(out, qkv, k_cache, v_cache, rows + 3 * nrows, ndec, max_len, heads, kv_heads,
+                       alibi, ws, s);
+  });
+}
+
+void kv_decode(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, const Tensor& rows,
+               int64_t max_context, int64_t heads, int64_t kv_heads, const AttentionAlibi* alibi,
+               Workspace& ws, cudaStream_t s) {
+  const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2), n = rows.dim(0);
+  if (n == 0) return;
+  dispatch(qkv.dtype(), "kv decode", [&](auto tag) {
+    using T = decltype(tag);
+    kv_store_kernel<T><<<blocks_for(n * kv_heads * hd), kThreads, 0, s>>>(
+        k_cache.data<T>(), v_cache.data<T>(), qkv.data<T>(), rows.data<int32_t>(), heads, kv_heads,
+        hd, Tmax, n);
     LAUNCH_CHECK();
-    if (p.splits > 1) {
-      decode_combine_kernel<T><<<static_cast<unsigned>(rh), decode::kThreads, 0, s>>>(p);
-      LAUNCH_CHECK();
-    }
+    launch_decode<T>(out, qkv, k_cache, v_cache, rows.data<int32_t>(), n, max_context, heads,
+                     kv_heads, alibi, ws, s);
   });
 }
 

@@ -175,6 +175,11 @@ void rope(Tensor& qkv, const RopeSpec& spec, const Tensor* positions, bool inver
 void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                   const std::vector<Backend::KvSegment>& segments, int64_t heads, int64_t kv_heads,
                   const AttentionAlibi* alibi, Workspace& ws, cudaStream_t s);
+// A decode step from a row table on the device ((n, 3) int32: slot, position, row), planned for
+// positions below max_context: no host work that depends on the step (Backend::kv_decode).
+void kv_decode(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, const Tensor& rows,
+               int64_t max_context, int64_t heads, int64_t kv_heads, const AttentionAlibi* alibi,
+               Workspace& ws, cudaStream_t s);
 
 // ---- sampling.cu --------------------------------------------------------------------------------
 
