@@ -1,6 +1,7 @@
 // engine.cpp: the inference forward pass with a KV cache.
 #include "inference/engine.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -151,10 +152,15 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
                                        const std::vector<int32_t>& tokens, bool all_rows) {
   int64_t n = 0;
   bool decode = !all_rows && !segments.empty();  // one new token per sequence
+  int64_t longest = 0;
   for (const TokenSegment& s : segments) {
+    TESSERA_CHECK(s.slot >= 0 && s.slot < max_sequences_ && s.pos0 >= 0 && s.count >= 0,
+                  "segment of slot ", s.slot, " at position ", s.pos0, " (", s.count,
+                  " tokens) outside a cache of ", max_sequences_, " sequences");
     TESSERA_CHECK(s.pos0 + s.count <= max_positions_, "sequence of ", s.pos0 + s.count,
                   " tokens exceeds the context of ", max_positions_);
     n += s.count;
+    longest = std::max(longest, s.pos0 + s.count);
     decode = decode && s.count == 1;
   }
   TESSERA_CHECK(static_cast<int64_t>(tokens.size()) == n, "tokens do not match the segments");
@@ -208,6 +214,9 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
   }();
   const bool graphs = decode && graphs_wanted_ && !graphs_failed_ && !env_off && sh.tp_size == 1 &&
                       ctx_.pp_size == 1 && sh.has_head && sh.has_embedding;
+  // A graph's attention is planned for the whole cache (its launch may not depend on the step);
+  // so is the op-by-op step that warms it up (same scratch sizes). Otherwise the step's context.
+  const int64_t context = graphs ? max_positions_ : longest;
   if (graphs) {
     auto it = graphs_.find(n);
     if (it != graphs_.end()) {
@@ -219,7 +228,7 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
       Graph g;
       std::string why;
       try {
-        g.logits = run_layers(n, S, kv, true);
+        g.logits = run_layers(n, S, kv, true, context);
         g.handle = be_.graph_end();
         if (g.handle < 0) why = "the backend could not capture the step";
       } catch (const std::exception& e) {
@@ -237,11 +246,11 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
     }
     warmed_.insert(n);
   }
-  return run_layers(n, S, kv, decode);
+  return run_layers(n, S, kv, decode, context);
 }
 
 Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backend::KvSegment>& kv,
-                                   bool decode) {
+                                   bool decode, int64_t context) {
   const GPTConfig& cfg = model_.config();
   const ModelShard& sh = model_.shard();
   const int64_t C = cfg.hidden_size;
@@ -273,8 +282,8 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
     Tensor& kc = k_cache_[sh.local_index(l)];
     Tensor& vc = v_cache_[sh.local_index(l)];
     if (decode)
-      be_.kv_decode(att, qkv, kc, vc, table, max_positions_, model_.heads_local(),
-                    model_.kv_heads_local(), model_.alibi());
+      be_.kv_decode(att, qkv, kc, vc, table, context, model_.heads_local(), model_.kv_heads_local(),
+                    model_.alibi());
     else
       be_.kv_attention(att, qkv, kc, vc, kv, model_.heads_local(), model_.kv_heads_local(),
                        model_.alibi());

@@ -57,10 +57,13 @@ class InferenceEngine {
   // (TP 1, PP 1): the first step of a batch size runs as usual, the second is captured as a graph,
   // and later steps of that size replay it. TESSERA_CUDA_GRAPHS=0 in the environment, or
   // set_graphs(false), runs every step op by op. A capture that fails turns graphs off for this
-  // engine (one warning line) and the step runs op by op.
+  // engine (one warning line) and the step runs op by op. The engine holds its graphs on the
+  // backend: destroy it before the backend; it cannot be copied.
   void set_graphs(bool on) { graphs_wanted_ = on; }
   int64_t graph_replays() const { return graph_replays_; }
   ~InferenceEngine();
+  InferenceEngine(const InferenceEngine&) = delete;
+  InferenceEngine& operator=(const InferenceEngine&) = delete;
 
  private:
   void ensure_rows(int64_t n, int64_t segments);
@@ -69,8 +72,10 @@ class InferenceEngine {
   Tensor forward_logits(const std::vector<TokenSegment>& segments,
                         const std::vector<int32_t>& tokens, bool all_rows);
   // forward_logits' device work once the step's inputs are on the device: n rows, S output rows,
-  // `kv` the segments (unused for a decode step, whose row table is in dec_rows_).
-  Tensor run_layers(int64_t n, int64_t S, const std::vector<Backend::KvSegment>& kv, bool decode);
+  // `kv` the segments (unused for a decode step, whose row table is in dec_rows_, its attention
+  // planned for positions below `context`).
+  Tensor run_layers(int64_t n, int64_t S, const std::vector<Backend::KvSegment>& kv, bool decode,
+                    int64_t context);
   void release_graphs();
 
   struct Graph {

@@ -589,10 +589,10 @@ TEST_F(CudaOps, KvAttentionBf16F16FlashDecodingMatchesCpu) {
   }
 }
 
-// A decode step from a row table on the device (what a CUDA graph replays): rows in another order
-// than their slots, positions 0 to 900, the split plan made for the whole 1,024-token cache (most
-// splits of the short rows empty), bf16 at GPT-2's shape and f16 with GQA and ALiBi; the caches
-// and outputs against the CPU's kv_attention with one-token segments.
+// A decode step from a row table on the device (what a CUDA graph replays): table entries in
+// another order than their slots and their rows, positions 0 to 900, the split plan made for the
+// whole 1,024-token cache (most splits of the short rows empty), bf16 at GPT-2's shape and f16 with
+// GQA and ALiBi; the caches and outputs against the CPU's kv_attention with one-token segments.
 TEST_F(CudaOps, KvDecodeFromADeviceTableMatchesCpu) {
   struct Run {
     DType dt;
@@ -608,13 +608,14 @@ TEST_F(CudaOps, KvDecodeFromADeviceTableMatchesCpu) {
     Tensor kc = as(r.dt, rand({slots, r.G, Tmax, r.hd})),
            vc = as(r.dt, rand({slots, r.G, Tmax, r.hd}));
     Tensor kcd = dev(kc), vcd = dev(vc);
-    // (slot, position) of rows 0..3.
+    // (slot, position) of table entries 0..3; entry i is row 3 - i of qkv and out.
     const std::vector<std::pair<int, int>> rows = {{3, 900}, {0, 0}, {2, 37}, {1, 511}};
     std::vector<Backend::KvSegment> segs;
     std::vector<int32_t> table;
     for (size_t i = 0; i < rows.size(); ++i) {
-      segs.push_back({rows[i].first, rows[i].second, 1, static_cast<int64_t>(i)});
-      for (int32_t v : {rows[i].first, rows[i].second, static_cast<int32_t>(i)}) table.push_back(v);
+      const int32_t row = static_cast<int32_t>(rows.size() - 1 - i);
+      segs.push_back({rows[i].first, rows[i].second, 1, row});
+      for (int32_t v : {rows[i].first, rows[i].second, row}) table.push_back(v);
     }
     const int64_t n = static_cast<int64_t>(rows.size());
     Tensor qkv = as(r.dt, rand({n, (r.H + 2 * r.G) * r.hd}));

@@ -168,53 +168,65 @@ TEST_F(CudaTrain, DistributedOptimizerAtOneRankMatches) {
   }
 }
 
-// Generation on the GPU (issue 16) from the CPU model's weights: greedy and seeded top-k sampling
-// in f32 give the CPU's ids, with the decode steps replayed as CUDA graphs and op by op
-// (set_graphs(false)); in bf16 (a 66-token prompt through the tensor-core prefill) graphs and op by
-// op give the same ids. Weights scaled by 4 so that the next-token distributions are sharp (no
-// near-ties for rounding to flip).
+// Generation on the GPU (issue 16) from the CPU model's weights, GPT-2 and the Llama family (RoPE,
+// multi-query attention): greedy and seeded top-k sampling in f32 give the CPU's ids, with the
+// decode steps replayed as CUDA graphs and op by op (set_graphs(false)); in bf16 (a 66-token
+// prompt through the tensor-core prefill) graphs and op by op give the same ids. Per-prompt budgets
+// shrink the batch (a graph per row count), and a second, longer batch on the same engines grows
+// their buffers (the graphs dropped and captured again). Weights scaled by 4 so that the
+// next-token distributions are sharp (no near-ties for rounding to flip).
 TEST_F(CudaTrain, GenerationWithCudaGraphsMatchesTheCpu) {
-  const GPTConfig m = model();
-  ParallelContext ctx = ParallelContext::single();
-  auto make = [&](Backend& be, DType dt) {
-    auto g = std::make_unique<GPTModel>(m, model_shard_for(m, 1, 0, 1, 0), be, *ctx.tp, dt);
-    g->init_parameters(5);
-    for (const ParamSpec& s : g->params().specs()) {
-      Tensor p = g->params().param(s);
-      be.scale(p, 4.f);
+  for (bool is_llama : {false, true}) {
+    GPTConfig m = model();
+    if (is_llama) llama(m);
+    ParallelContext ctx = ParallelContext::single();
+    auto make = [&](Backend& be, DType dt) {
+      auto g = std::make_unique<GPTModel>(m, model_shard_for(m, 1, 0, 1, 0), be, *ctx.tp, dt);
+      g->init_parameters(5);
+      for (const ParamSpec& s : g->params().specs()) {
+        Tensor p = g->params().param(s);
+        be.scale(p, 4.f);
+      }
+      g->sync_compute_weights();
+      return g;
+    };
+    const std::vector<std::vector<std::vector<int32_t>>> batches{
+        {{1, 2, 3, 4, 5}, std::vector<int32_t>(66, 7), {9}},
+        {std::vector<int32_t>(70, 3), {4, 4}, {8, 1, 8}}};
+    for (bool sampled : {false, true}) {
+      std::vector<GenerationOptions> opts(3);
+      for (int i = 0; i < 3; ++i) {
+        opts[i].max_new_tokens = 24 - 7 * i;  // 24, 17, 10: the batch shrinks
+        if (sampled) {
+          opts[i].sampling.temperature = 0.8;
+          opts[i].sampling.top_k = 20;
+          opts[i].sampling.seed = 7;
+        }
+      }
+      const std::string what =
+          std::string(is_llama ? "llama " : "gpt ") + (sampled ? "top-k sampling" : "greedy");
+      auto mc = make(*cpu_, DType::F32), mg = make(*gpu_, DType::F32);
+      auto mb = make(*gpu_, DType::BF16);
+      InferenceEngine ec(*mc, ctx, 3, m.seq_length), eg(*mg, ctx, 3, m.seq_length),
+          eo(*mg, ctx, 3, m.seq_length), bg(*mb, ctx, 3, m.seq_length),
+          bo(*mb, ctx, 3, m.seq_length);
+      eo.set_graphs(false);
+      bo.set_graphs(false);
+      for (const auto& prompts : batches) {
+        const GenerationResult rc = generate(ec, ctx, prompts, opts);
+        const GenerationResult rg = generate(eg, ctx, prompts, opts);
+        const GenerationResult ro = generate(eo, ctx, prompts, opts);
+        EXPECT_EQ(rg.completions, rc.completions) << what << ": GPU (graphs) against the CPU";
+        EXPECT_EQ(ro.completions, rc.completions) << what << ": GPU (op by op) against the CPU";
+        const GenerationResult rbg = generate(bg, ctx, prompts, opts);
+        const GenerationResult rbo = generate(bo, ctx, prompts, opts);
+        EXPECT_EQ(rbg.completions, rbo.completions) << what << ": bf16 graphs against op by op";
+      }
+      // Per batch: 3 row counts, each warmed once and captured at its second step.
+      EXPECT_GT(eg.graph_replays(), 20) << what << ": the decode steps did not replay graphs";
+      EXPECT_GT(bg.graph_replays(), 20) << what << " (bf16)";
+      EXPECT_EQ(eo.graph_replays(), 0);
+      EXPECT_EQ(bo.graph_replays(), 0);
     }
-    g->sync_compute_weights();
-    return g;
-  };
-  const std::vector<std::vector<int32_t>> prompts{
-      {1, 2, 3, 4, 5}, std::vector<int32_t>(66, 7), {9}};
-  for (bool sampled : {false, true}) {
-    GenerationOptions opt;
-    opt.max_new_tokens = 24;
-    if (sampled) {
-      opt.sampling.temperature = 0.8;
-      opt.sampling.top_k = 20;
-      opt.sampling.seed = 7;
-    }
-    const std::string what = sampled ? "top-k sampling" : "greedy";
-    auto mc = make(*cpu_, DType::F32), mg = make(*gpu_, DType::F32);
-    InferenceEngine ec(*mc, ctx, 3, m.seq_length), eg(*mg, ctx, 3, m.seq_length),
-        eo(*mg, ctx, 3, m.seq_length);
-    eo.set_graphs(false);
-    const GenerationResult rc = generate(ec, ctx, prompts, opt);
-    const GenerationResult rg = generate(eg, ctx, prompts, opt);
-    const GenerationResult ro = generate(eo, ctx, prompts, opt);
-    EXPECT_EQ(rg.completions, rc.completions) << what << ": GPU (graphs) against the CPU";
-    EXPECT_EQ(ro.completions, rc.completions) << what << ": GPU (op by op) against the CPU";
-    EXPECT_GT(eg.graph_replays(), 10) << what << ": the decode steps did not replay graphs";
-    EXPECT_EQ(eo.graph_replays(), 0);
-
-    auto mb = make(*gpu_, DType::BF16);
-    InferenceEngine bg(*mb, ctx, 3, m.seq_length), bo(*mb, ctx, 3, m.seq_length);
-    bo.set_graphs(false);
-    const GenerationResult rbg = generate(bg, ctx, prompts, opt);
-    const GenerationResult rbo = generate(bo, ctx, prompts, opt);
-    EXPECT_EQ(rbg.completions, rbo.completions) << what << ": bf16 graphs against op by op";
-    EXPECT_GT(bg.graph_replays(), 10) << what << " (bf16)";
   }
 }

@@ -5,6 +5,7 @@
 #include <cublas_v2.h>
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
+#include <algorithm>
 
 #include <cstring>
 #include <initializer_list>
@@ -324,11 +325,17 @@ class CudaBackend final : public Backend {
     cudaGraph_t g = nullptr;
     const cudaError_t e = cudaStreamEndCapture(stream_, &g);
     cudaGraphExec_t x = nullptr;
-    const cudaError_t ei = e == cudaSuccess && g ? cudaGraphInstantiate(&x, g, 0) : e;
+    const cudaError_t ei = e == cudaSuccess && g ? cudaGraphInstantiateWithFlags(&x, g, 0) : e;
     if (g) cudaGraphDestroy(g);
     if (ei != cudaSuccess || !x) {
       (void)cudaGetLastError();  // not sticky: clear it for the eager run that follows
       return -1;
+    }
+    // A released handle's place is reused (servers make an engine per batch).
+    const auto free = std::find(graphs_.begin(), graphs_.end(), nullptr);
+    if (free != graphs_.end()) {
+      *free = x;
+      return free - graphs_.begin();
     }
     graphs_.push_back(x);
     return static_cast<int64_t>(graphs_.size()) - 1;
