@@ -8,6 +8,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "core/paths.hpp"
 #include "data/megatron_import.hpp"
 #include "data/preprocess.hpp"
 #include "train/options.hpp"
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
       throw ConfigError(detail::concat("--input-format megatron takes one --input PREFIX (got ",
                                        o.inputs.size(), ")"));
     const auto tok = load_tokenizer(to);
+    create_parent_dirs(o.output_prefix, "--output-prefix");
     const bool tty = isatty(STDOUT_FILENO);
     auto show = [&](const std::string& line, bool final) {
       if (tty)

@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
   try {
     // Every rank parses and validates the same input; only rank 0 reports, all exit 2.
     if (!parse_run_options(argc, argv, opts)) return 0;
+    if (opts.train.dry_run && root)
+      for (const std::string& n : opts.notes)
+        std::fprintf(stderr, "tessera-train: %s\n", n.c_str());
     std::unique_ptr<TokenDataset> data = open_train_data(opts);
     const bool evaluating = opts.skip_train || opts.train.eval_interval > 0;
     std::unique_ptr<TokenDataset> valid = evaluating ? open_valid_data(opts) : nullptr;
@@ -53,6 +56,7 @@ int main(int argc, char** argv) {
                << " parameters (" << opts.model.describe() << "); backend "
                << backend_description(*backend) << ", " << threads
                << " threads per rank; data: " << data->describe();
+    for (const std::string& n : opts.notes) TLOG(info) << n;
     install_stop_signals();
     Watchdog watchdog(opts.train.distributed_timeout_minutes, MPI_COMM_WORLD);
     Trainer trainer(opts.model, opts.train, *backend, *data, ctx);
@@ -67,14 +71,22 @@ int main(int argc, char** argv) {
                       " samples, up to " + std::to_string(opts.train.global_batch(ctx.dp_size)) +
                       "; " + std::to_string(trainer.config().train_iters) + " iterations)"
                 : std::string())
-        << "; 1F1B pipeline bubble (theoretical) "
-        << theoretical_bubble(ctx.pp_size, trainer.num_micro_batches())
+        << "; " << (opts.train.virtual_pipeline_size > 1 ? "interleaved 1F1B" : "1F1B")
+        << " pipeline"
+        << (opts.train.virtual_pipeline_size > 1
+                ? " (" + std::to_string(opts.train.virtual_pipeline_size) +
+                      " model chunks per rank)"
+                : std::string())
+        << " bubble (theoretical) "
+        << theoretical_bubble(ctx.pp_size, trainer.num_micro_batches(),
+                              std::max(1, opts.train.virtual_pipeline_size))
+        << "; sequence parallelism " << (opts.train.sequence_parallel ? "on" : "off")
         << "; activation recomputation: " << opts.train.recompute.describe() << "; optimizer: "
         << (opts.train.use_distributed_optimizer
                 ? "distributed over DP " + std::to_string(ctx.dp_size) +
                       (opts.train.overlap_param_gather ? " (parameter gather overlapped)" : "")
                 : std::string("replicated"));
-    if (!opts.load.empty()) {
+    if (!opts.load.empty() && !opts.load_fresh) {
       try {
         trainer.load_checkpoint(opts.load, opts.finetune, !opts.no_load_optim);
         watchdog.progress(trainer.iteration());
@@ -133,7 +145,9 @@ int main(int argc, char** argv) {
   } catch (const ConfigError& e) {
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
-    if (root) std::fprintf(stderr, "rank 0 (%s): error: %s\n", host, e.what());
+    // Options the message names that came from --config are said to come from there.
+    const std::string what = opts.with_origins ? opts.with_origins(e.what()) : e.what();
+    if (root) std::fprintf(stderr, "rank 0 (%s): error: %s\n", host, what.c_str());
     return 2;
   } catch (const std::exception& e) {
     abort_job(e.what());

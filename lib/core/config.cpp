@@ -1,7 +1,9 @@
 // config.cpp: parsing the command line and the INI config file.
 #include "core/config.hpp"
 
+#include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -79,16 +81,80 @@ void refuse_placeholders(const std::string& text, const std::string& where) {
 
 }  // namespace
 
+void OptionParser::alternatives(std::vector<std::string> names) {
+  alternatives_.push_back(std::move(names));
+}
+
+std::string OptionParser::with_origins(const std::string& message) const {
+  std::vector<std::string> named;
+  for (const auto& [key, value] : vm_) {
+    if (!from_config_file(key)) continue;
+    const std::string flag = "--" + key;
+    for (size_t at = message.find(flag); at != std::string::npos; at = message.find(flag, at + 1)) {
+      const size_t end = at + flag.size();
+      const bool whole =
+          end == message.size() || !(std::isalnum(static_cast<unsigned char>(message[end])) ||
+                                     message[end] == '-' || message[end] == '_');
+      if (whole) {
+        named.push_back(flag);
+        break;
+      }
+    }
+  }
+  if (named.empty()) return message;
+  std::string list;
+  for (size_t i = 0; i < named.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == named.size() ? " and " : ", ") + named[i];
+  return message + " (" + list + (named.size() == 1 ? " is" : " are") + " set in config file '" +
+         config_path_ + "')";
+}
+
+namespace {
+
+// The option a value belongs to, for messages: "--name".
+std::string flag_of(const po::option& o) {
+  return o.original_tokens.empty() || o.original_tokens[0].rfind("--", 0) != 0
+             ? "--" + o.string_key
+             : o.original_tokens[0].substr(0, o.original_tokens[0].find('='));
+}
+
+}  // namespace
+
 bool OptionParser::parse(int argc, const char* const* argv) {
   po::options_description all;
   for (const auto& g : groups_) all.add(*g);
   for (int i = 1; i < argc; ++i)
     refuse_placeholders(argv[i], "command-line argument " + std::to_string(i));
+  // A word that belongs to no option (`--bf16 yes`, an unquoted prompt) is caught here and named,
+  // instead of Boost's "too many positional options".
+  constexpr const char* kStray = "\x01stray";
+  po::options_description with_stray;
+  with_stray.add(all);
+  with_stray.add_options()(kStray, po::value<std::vector<std::string>>());
+  po::positional_options_description stray;
+  stray.add(kStray, -1);
   try {
-    po::parsed_options parsed = po::command_line_parser(argc, argv).options(all).run();
+    po::parsed_options parsed =
+        po::command_line_parser(argc, argv).options(with_stray).positional(stray).run();
+    for (size_t i = 0; i < parsed.options.size(); ++i) {
+      const po::option& o = parsed.options[i];
+      if (o.string_key != kStray) continue;
+      const std::string word = o.value.empty() ? std::string() : o.value[0];
+      if (i == 0 || parsed.options[i - 1].string_key == kStray)
+        throw ConfigError("unexpected argument '" + word +
+                          "' (not an option's value; options are --name VALUE or --name=VALUE: "
+                          "see " +
+                          program_ + " --help)");
+      const po::option& before = parsed.options[i - 1];
+      const po::option_description* d = all.find_nothrow(before.string_key, false);
+      const bool is_switch = d && d->semantic()->max_tokens() == 0;
+      throw ConfigError("unexpected argument '" + word + "' after " + flag_of(before) +
+                        (is_switch ? ", a switch that takes no value (leave the value out)"
+                                   : ", which takes one value (quote a value that has spaces)"));
+    }
     // As argparse does (and Megatron-LM's launch scripts rely on: `... $EXTRA_ARGS` overriding an
     // option given earlier), a repeated option takes its last value; options that collect their
-    // occurrences (--prompt, --data-path lists) keep them all.
+    // occurrences (--prompt) keep them all.
     std::map<std::string, size_t> last;
     for (size_t i = 0; i < parsed.options.size(); ++i) last[parsed.options[i].string_key] = i;
     std::vector<po::option> kept;
@@ -99,12 +165,19 @@ bool OptionParser::parse(int argc, const char* const* argv) {
     }
     parsed.options = std::move(kept);
     po::store(parsed, vm_);
+    for (const auto& [key, value] : vm_)
+      if (!value.defaulted()) command_line_.insert(key);
     if (vm_.count("help")) {
       std::cout << help();
       return false;
     }
     if (vm_.count("config")) {
-      const std::string path = vm_["config"].as<std::string>();
+      config_path_ = vm_["config"].as<std::string>();
+      const std::string& path = config_path_;
+      std::error_code ec;
+      if (std::filesystem::is_directory(path, ec))
+        throw ConfigError("--config '" + path +
+                          "' is a directory; give an INI file (e.g. configs/gpt2-124m.ini)");
       std::ifstream in(path);
       if (!in) throw ConfigError("--config '" + path + "' cannot be opened; check the path");
       {
@@ -115,11 +188,50 @@ bool OptionParser::parse(int argc, const char* const* argv) {
         in.seekg(0);
       }
       try {
-        po::store(po::parse_config_file(in, all, /*allow_unregistered=*/false), vm_);
+        po::parsed_options file = po::parse_config_file(in, all, /*allow_unregistered=*/false);
+        // An option given on the command line replaces the config file's alternatives to it.
+        auto replacing = [&](const std::string& key) -> std::string {
+          for (const auto& family : alternatives_) {
+            if (std::find(family.begin(), family.end(), key) == family.end()) continue;
+            for (const std::string& other : family)
+              if (other != key && command_line_.count(other)) return other;
+          }
+          return "";
+        };
+        std::vector<po::option> kept_file;
+        for (po::option& o : file.options) {
+          const std::string by = replacing(o.string_key);
+          if (by.empty()) {
+            kept_file.push_back(std::move(o));
+            continue;
+          }
+          std::string value;
+          for (const std::string& v : o.value) value += (value.empty() ? "" : " ") + v;
+          replaced_.push_back("--" + by + " on the command line replaces " + o.string_key + " = " +
+                              value + " of config file '" + path + "'");
+        }
+        file.options = std::move(kept_file);
+        po::store(file, vm_);
       } catch (const po::error& e) {
         throw ConfigError("config file '" + path + "': " + e.what() +
                           " (keys are the command-line option names without dashes; see --help)");
       }
+    }
+    // An empty value is never taken as "off": `--save ""` (an unset shell variable) is an error.
+    for (const auto& [key, value] : vm_) {
+      if (value.defaulted() || allow_empty_.count(key)) continue;
+      const boost::any& v = value.value();
+      bool empty = false;
+      if (auto p = boost::any_cast<std::string>(&v)) empty = p->empty();
+      if (auto p = boost::any_cast<std::vector<std::string>>(&v))
+        empty = std::any_of(p->begin(), p->end(), [](const std::string& x) {
+          return x.find_first_not_of(" \t") == std::string::npos;
+        });
+      if (empty)
+        throw ConfigError(
+            "--" + key + " is empty" +
+            (from_config_file(key) ? " in config file '" + config_path_ + "'" : std::string()) +
+            "; give it a value or leave the option out");
     }
     po::notify(vm_);
   } catch (const po::error& e) {

@@ -14,6 +14,7 @@
 #include <iostream>
 
 #include "core/error.hpp"
+#include "core/paths.hpp"
 
 namespace tessera {
 
@@ -88,10 +89,11 @@ void init_logging(const LogOptions& opts) {
   core->add_sink(console);
 
   if (!opts.file.empty()) {
+    create_parent_dirs(opts.file, "--log-file");
     auto stream = boost::make_shared<std::ofstream>(opts.file, std::ios::app);
     if (!*stream)
       throw ConfigError("--log-file '" + opts.file +
-                        "' cannot be opened for writing; check the directory exists");
+                        "' cannot be opened for writing; check its permissions");
     auto file_sink = boost::make_shared<text_sink>();
     file_sink->locked_backend()->add_stream(stream);
     file_sink->locked_backend()->auto_flush(true);

@@ -83,12 +83,16 @@ struct Pipeline {
   std::map<int64_t, std::unique_ptr<Batch>> done;
   bool reading_finished = false, failed = false;
   std::string error;
+  bool bad_input = false;  // the first failure was the input's (a ConfigError: exit 2)
   int64_t batches_read = 0;
   static constexpr size_t kMaxQueued = 64;
 
-  void fail(const std::string& e) {
+  void fail(const std::exception& e) {
     std::lock_guard<std::mutex> lock(mu);
-    if (!failed) error = e;
+    if (!failed) {
+      error = e.what();
+      bad_input = dynamic_cast<const ConfigError*>(&e) != nullptr;
+    }
     failed = true;
     cv.notify_all();
   }
@@ -222,7 +226,7 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
       };
       for (const std::string& f : files) {
         std::ifstream in(f, std::ios::binary);
-        if (!in) throw Error("--input '" + f + "' cannot be read");
+        if (!in) throw ConfigError("--input '" + f + "' cannot be read");
         if (is_jsonl(f)) {
           std::string line;
           int64_t lineno = 0;
@@ -233,9 +237,9 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
             try {
               add(json_string_member(line, opts.json_key));
             } catch (const JsonError& e) {
-              throw Error(f + ":" + std::to_string(lineno) + ": " + e.message +
-                          " (each line must be a JSON object with a string \"" + opts.json_key +
-                          "\"; see --json-key)");
+              throw ConfigError(f + ":" + std::to_string(lineno) + ": " + e.message +
+                                " (each line must be a JSON object with a string \"" +
+                                opts.json_key + "\"; see --json-key)");
             }
           }
         } else if (opts.split_lines) {
@@ -253,7 +257,7 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
       pl.reading_finished = true;
       pl.cv.notify_all();
     } catch (const std::exception& e) {
-      pl.fail(e.what());
+      pl.fail(e);
     }
   });
 
@@ -314,11 +318,14 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
       }
     }
   } catch (const std::exception& e) {
-    pl.fail(e.what());
+    pl.fail(e);
   }
   reader.join();
   for (auto& w : workers) w.join();
-  if (pl.failed) throw Error(pl.error);  // the writer removes its shards
+  if (pl.failed) {  // the writer removes its shards
+    if (pl.bad_input) throw ConfigError(pl.error);
+    throw Error(pl.error);
+  }
   if (res.documents == 0)
     throw ConfigError("the inputs hold no documents (empty files, or no non-empty lines)");
   res.shards = out.commit();

@@ -1,6 +1,8 @@
 // text_server.cpp: the HTTP front (rank 0), the request queue and the batch loop (every rank).
 #include "inference/text_server.hpp"
 
+#include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -9,13 +11,16 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <future>
+#include <list>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -421,17 +426,48 @@ void run_batch(GPTModel& model, const ParallelContext& ctx, const Tokenizer& tok
 
 // ---- HTTP ----------------------------------------------------------------------------------
 
+// SIGINT, SIGTERM and SIGUSR1 only set this flag; the batch loop polls it. SIGUSR1 is the one
+// Open MPI's mpirun forwards to every rank and then waits for them: a SIGTERM or SIGINT to mpirun
+// itself is an abort there (the ranks are killed a second later and mpirun exits 1), so under
+// mpirun signal rank 0 (its pid is in the listening line) or send mpirun SIGUSR1.
 std::atomic<bool> g_stop{false};
 extern "C" void on_stop_signal(int) {
   g_stop = true;
 }
+
+// The stop handlers for the server's lifetime; the previous ones come back when it returns.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop = false;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+    sigaction(SIGUSR1, &sa, &old_usr1_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGUSR1, &old_usr1_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+  struct sigaction old_usr1_ {};
+};
 
 struct Front {
   std::shared_ptr<const Tokenizer> tok;
   int64_t positions = 0, vocab = 0;
   ServerOptions opts;
   JobQueue queue;
-  std::atomic<uint64_t> requests{0};
+  std::atomic<bool> stopping{false};  // set once the batch loop has ended
+  std::atomic<uint64_t> requests{0}, refused{0};
 };
 
 http::response<http::string_body> reply(int status, const std::string& body, unsigned version,
@@ -478,6 +514,8 @@ std::shared_ptr<Job> make_job(const Front& f, const std::string& body) {
   return j;
 }
 
+const char* const kShuttingDown = "the server is shutting down\n";
+
 http::response<http::string_body> answer(Front& f, const http::request<http::string_body>& req,
                                          const std::string& peer) {
   const unsigned v = req.version();
@@ -501,8 +539,10 @@ http::response<http::string_body> answer(Front& f, const http::request<http::str
     return reply(400, std::string(e.what()) + "\n", v, "text/plain");
   }
   auto done = job->reply.get_future();
-  if (!f.queue.push(job)) return reply(503, "the server is shutting down\n", v, "text/plain");
-  const auto [status, body] = done.get();
+  std::pair<int, std::string> result{503, kShuttingDown};
+  if (f.queue.push(job)) result = done.get();  // answered by the batch loop or by the stop
+  const auto& [status, body] = result;
+  if (status == 503) ++f.refused;
   size_t prompt_tokens = 0;
   for (const auto& p : job->prompts) prompt_tokens += p.size();
   std::fprintf(stderr,
@@ -514,13 +554,28 @@ http::response<http::string_body> answer(Front& f, const http::request<http::str
   return reply(status, body, v, status == 200 ? "application/json" : "text/plain");
 }
 
-void session(std::shared_ptr<Front> f, tcp::socket sock) {
+// Waits for the first byte of the connection's next request: true when the client sent something
+// (or closed: the read tells which), false when the server stops while the connection is idle. A
+// connection taken during the stop gets `late_ms` for its request to arrive.
+bool wait_for_request(tcp::socket& sock, const Front& f, int late_ms) {
+  pollfd p{sock.native_handle(), POLLIN, 0};
+  for (;;) {
+    const bool stopping = f.stopping;
+    const int r = ::poll(&p, 1, stopping ? late_ms : 100);
+    if (r > 0 || (r < 0 && errno != EINTR)) return true;
+    if (stopping && r == 0) return false;
+  }
+}
+
+// One connection: requests in turn (keep-alive) until the client closes, an error, or the stop.
+void session(Front& f, tcp::socket& sock) {
   beast::error_code ec;
   std::string peer = "?";
   if (auto ep = sock.remote_endpoint(ec); !ec)
     peer = ep.address().to_string() + ":" + std::to_string(ep.port());
   beast::flat_buffer buf;
-  for (;;) {
+  for (bool first = true;; first = false) {
+    if (buf.size() == 0 && !wait_for_request(sock, f, first ? 500 : 0)) break;
     http::request_parser<http::string_body> parser;
     parser.body_limit(64u << 20);
     http::read(sock, buf, parser, ec);
@@ -539,12 +594,12 @@ void session(std::shared_ptr<Front> f, tcp::socket sock) {
     const http::request<http::string_body>& req = parser.get();
     http::response<http::string_body> res;
     try {
-      res = answer(*f, req, peer);
+      res = answer(f, req, peer);
     } catch (const std::exception& e) {
       res = reply(500, std::string("generation failed: ") + e.what() + "\n", req.version(),
                   "text/plain");
     }
-    res.keep_alive(req.keep_alive());
+    res.keep_alive(req.keep_alive() && !f.stopping);
     res.prepare_payload();
     http::write(sock, res, ec);
     if (ec || !res.keep_alive()) break;
@@ -552,21 +607,151 @@ void session(std::shared_ptr<Front> f, tcp::socket sock) {
   sock.shutdown(tcp::socket::shutdown_both, ec);
 }
 
+// Every connection's thread, joined before the server returns: no thread outlives it.
+class Connections {
+ public:
+  // Serves `sock` on a thread of its own.
+  void start(Front& f, tcp::socket sock) {
+    auto c = std::make_unique<Conn>(std::move(sock));
+    Conn* raw = c.get();
+    c->thread = std::thread([this, &f, raw] {
+      session(f, raw->sock);
+      std::lock_guard<std::mutex> g(m_);
+      raw->done = true;
+      cv_.notify_all();
+    });
+    std::lock_guard<std::mutex> g(m_);
+    live_.push_back(std::move(c));
+  }
+  // Joins the threads whose connection has ended (their sockets close here).
+  void reap() {
+    std::list<std::unique_ptr<Conn>> ended;
+    {
+      std::lock_guard<std::mutex> g(m_);
+      for (auto it = live_.begin(); it != live_.end();)
+        if ((*it)->done)
+          ended.splice(ended.end(), live_, it++);
+        else
+          ++it;
+    }
+    for (auto& c : ended) c->thread.join();
+  }
+  // At the stop (the queue closed, no connection left to accept): waits up to `grace` for every
+  // exchange to end, then cuts the connections of clients that still send or read nothing, and
+  // joins every thread.
+  void finish(std::chrono::milliseconds grace) {
+    std::unique_lock<std::mutex> g(m_);
+    cv_.wait_for(g, grace, [&] {
+      return std::all_of(live_.begin(), live_.end(), [](const auto& c) { return c->done; });
+    });
+    for (auto& c : live_)
+      if (!c->done) ::shutdown(c->sock.native_handle(), SHUT_RDWR);  // its blocked call returns
+    std::list<std::unique_ptr<Conn>> all = std::move(live_);
+    live_.clear();
+    g.unlock();
+    for (auto& c : all) c->thread.join();
+  }
+  size_t count() {
+    std::lock_guard<std::mutex> g(m_);
+    return live_.size();
+  }
+
+ private:
+  struct Conn {
+    explicit Conn(tcp::socket s) : sock(std::move(s)) {}
+    tcp::socket sock;   // closed only once its thread has been joined
+    bool done = false;  // guarded by m_
+    std::thread thread;
+  };
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::list<std::unique_ptr<Conn>> live_;
+};
+
+// Takes connections until asked to stop, then every connection already waiting, so a client that
+// connected before the stop gets an answer (503) rather than a reset.
+void accept_loop(Front& f, net::io_context& io, tcp::acceptor& acceptor, Connections& conns,
+                 const std::atomic<bool>& stop) {
+  beast::error_code ec;
+  acceptor.non_blocking(true, ec);
+  pollfd p{acceptor.native_handle(), POLLIN, 0};
+  for (;;) {
+    const bool last = stop;  // read before the poll: after the stop, one more pass drains
+    const int r = ::poll(&p, 1, last ? 0 : 100);
+    if (r > 0) {
+      for (;;) {
+        tcp::socket sock(io);
+        acceptor.accept(sock, ec);
+        if (ec == net::error::would_block || ec == net::error::try_again) break;
+        if (ec) {  // a connection reset before it was taken, or out of descriptors: try later
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          break;
+        }
+        conns.start(f, std::move(sock));
+      }
+    }
+    conns.reap();
+    if (last) return;
+  }
+}
+
+// Rank 0's HTTP side: the acceptor's thread and the connections, stopped and joined in order on
+// every path out of the server (the normal stop, or an exception leaving the batch loop).
+class HttpFront {
+ public:
+  HttpFront(Front& f, tcp::acceptor& acceptor, net::io_context& io) : f_(f), acceptor_(acceptor) {
+    // The threads start with the stop signals blocked (and keep them blocked): the signal goes to
+    // the batch loop's thread, and a connection's blocking read is never interrupted by it.
+    sigset_t stop_signals, old;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, &old);
+    acceptor_thread_ = std::thread(accept_loop, std::ref(f), std::ref(io), std::ref(acceptor),
+                                   std::ref(conns_), std::cref(stop_accepting_));
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  }
+  // Refuses the queued requests (503), takes and answers the connections already waiting, gives
+  // the exchanges in progress a grace period, and joins every thread.
+  void stop() {
+    if (stopped_) return;
+    stopped_ = true;
+    f_.stopping = true;
+    for (auto& j : f_.queue.close()) j->answer(503, kShuttingDown);
+    stop_accepting_ = true;
+    acceptor_thread_.join();
+    beast::error_code ec;
+    acceptor_.close(ec);
+    conns_.finish(std::chrono::seconds(5));
+  }
+  ~HttpFront() { stop(); }
+  HttpFront(const HttpFront&) = delete;
+  HttpFront& operator=(const HttpFront&) = delete;
+
+ private:
+  Front& f_;
+  tcp::acceptor& acceptor_;
+  Connections conns_;
+  std::atomic<bool> stop_accepting_{false};
+  std::thread acceptor_thread_;
+  bool stopped_ = false;
+};
+
 }  // namespace
 
 void serve_text_generation(GPTModel& model, const ParallelContext& ctx,
                            std::shared_ptr<const Tokenizer> tok, const ServerOptions& opts) {
   const bool root = ctx.world->rank() == 0;
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+  StopSignals signals;
   // Rank 0 listens; every rank learns whether it could.
-  auto front = std::make_shared<Front>();
-  front->tok = tok;
-  front->positions = opts.context > 0 ? opts.context : model.config().max_positions();
-  front->vocab = model.config().vocab_size;
-  front->opts = opts;
-  auto io = std::make_shared<net::io_context>(1);
-  auto acceptor = std::make_shared<tcp::acceptor>(*io);
+  Front front;
+  front.tok = tok;
+  front.positions = opts.context > 0 ? opts.context : model.config().max_positions();
+  front.vocab = model.config().vocab_size;
+  front.opts = opts;
+  net::io_context io(1);
+  tcp::acceptor acceptor(io);
   std::string listen_error;
   if (root) {
     beast::error_code ec;
@@ -575,10 +760,10 @@ void serve_text_generation(GPTModel& model, const ParallelContext& ctx,
       listen_error = "--host '" + opts.host + "' is not an IP address";
     } else {
       const tcp::endpoint ep(address, static_cast<unsigned short>(opts.port));
-      acceptor->open(ep.protocol(), ec);
-      if (!ec) acceptor->set_option(net::socket_base::reuse_address(true), ec);
-      if (!ec) acceptor->bind(ep, ec);
-      if (!ec) acceptor->listen(net::socket_base::max_listen_connections, ec);
+      acceptor.open(ep.protocol(), ec);
+      if (!ec) acceptor.set_option(net::socket_base::reuse_address(true), ec);
+      if (!ec) acceptor.bind(ep, ec);
+      if (!ec) acceptor.listen(net::socket_base::max_listen_connections, ec);
       if (ec)
         listen_error = "--port " + std::to_string(opts.port) + ": cannot listen on " + opts.host +
                        ":" + std::to_string(opts.port) + ": " + ec.message();
@@ -587,23 +772,13 @@ void serve_text_generation(GPTModel& model, const ParallelContext& ctx,
   double failed = listen_error.empty() ? 0 : 1;
   ctx.world->all_reduce_f64(&failed, 1, ReduceOp::Max);
   if (failed != 0) throw ConfigError(root ? listen_error : "rank 0 cannot listen");
+  std::unique_ptr<HttpFront> http_front;
   if (root) {
+    const int port = acceptor.local_endpoint().port();
     std::fprintf(stderr, "tessera-serve: listening on http://%s:%d/api (PUT or POST); pid %d\n",
-                 opts.host.c_str(), acceptor->local_endpoint().port(), static_cast<int>(getpid()));
-    // Connections are accepted on a thread of their own and each served by a thread; the server's
-    // state lives as long as any of them.
-    std::thread([front, io, acceptor] {
-      for (;;) {
-        beast::error_code ec;
-        tcp::socket sock(*io);
-        acceptor->accept(sock, ec);
-        if (ec) {
-          if (g_stop) return;
-          continue;
-        }
-        std::thread(session, front, std::move(sock)).detach();
-      }
-    }).detach();
+                 opts.host.c_str(), port, static_cast<int>(getpid()));
+    http_front = std::make_unique<HttpFront>(front, acceptor, io);
+    if (opts.on_listening) opts.on_listening(port);
   }
   // The batch loop. Rank 0 announces each batch (or the stop) with a small all-reduce the other
   // ranks poll for, so an idle server does not spin in MPI.
@@ -612,7 +787,11 @@ void serve_text_generation(GPTModel& model, const ParallelContext& ctx,
     std::vector<std::shared_ptr<Job>> jobs;
     if (root) {
       while (jobs.empty() && !g_stop)
-        jobs = front->queue.take(opts.max_batch_prompts, std::chrono::milliseconds(100));
+        jobs = front.queue.take(opts.max_batch_prompts, std::chrono::milliseconds(100));
+      if (g_stop) {  // taken while the signal came: queued at the stop, so refused with the rest
+        for (auto& j : jobs) j->answer(503, kShuttingDown);
+        jobs.clear();
+      }
     }
     std::vector<double> msg;
     if (root) msg = jobs.empty() ? std::vector<double>{kStop} : encode_batch(jobs);
@@ -631,19 +810,21 @@ void serve_text_generation(GPTModel& model, const ParallelContext& ctx,
                    prompts);
     }
     try {
-      run_batch(model, ctx, *tok, run, root, front->positions);
+      run_batch(model, ctx, *tok, run, root, front.positions);
     } catch (const ConfigError& e) {  // a request the checks above let through (every rank)
       if (root)
         for (auto& j : run) j->answer(400, std::string(e.what()) + "\n");
+    } catch (const std::exception& e) {  // the job ends; its clients hear why before it does
+      if (root)
+        for (auto& j : run) j->answer(500, std::string("generation failed: ") + e.what() + "\n");
+      throw;
     }
   }
   if (root) {
-    for (auto& j : front->queue.close()) j->answer(503, "the server is shutting down\n");
-    // Wakes the accept thread's blocked accept() (it then sees the error and returns); the
-    // acceptor itself stays open until that thread, which shares its ownership, is gone.
-    ::shutdown(acceptor->native_handle(), SHUT_RDWR);
-    std::fprintf(stderr, "tessera-serve: stopped after %llu requests\n",
-                 static_cast<unsigned long long>(front->requests.load()));
+    http_front->stop();
+    std::fprintf(stderr, "tessera-serve: stopped after %llu requests (%llu answered 503)\n",
+                 static_cast<unsigned long long>(front.requests.load()),
+                 static_cast<unsigned long long>(front.refused.load()));
   }
 }
 

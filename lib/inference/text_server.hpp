@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -49,11 +50,15 @@ struct ServerOptions {
   int max_batch_prompts = 64;  // prompts of queued requests run together in one batch
   int max_prompts = 128;       // per request (Megatron-LM's limit)
   int64_t context = 0;         // prompt plus new tokens at most (0: the model's positions)
+  // Called on rank 0 with the port once it listens (tests: --port 0).
+  std::function<void(int port)> on_listening;
 };
 
-// Serves until SIGINT or SIGTERM reaches world rank 0 (then every rank returns). Collective over
-// all ranks of ctx.world; `model` is this rank's shard, `tok` the tokenizer of the model. Throws
-// ConfigError when rank 0 cannot listen on the address (every rank throws it).
+// Serves until SIGINT, SIGTERM or SIGUSR1 reaches world rank 0 (then every rank returns). At the
+// stop the batch in progress finishes, queued and late requests get 503, every connection is
+// answered and closed, and every thread the server started is joined before it returns. Collective
+// over all ranks of ctx.world; `model` is this rank's shard, `tok` the tokenizer of the model.
+// Throws ConfigError when rank 0 cannot listen on the address (every rank throws it).
 void serve_text_generation(GPTModel& model, const ParallelContext& ctx,
                            std::shared_ptr<const Tokenizer> tok, const ServerOptions& opts);
 

@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 #include <vector>
 
@@ -121,8 +123,100 @@ RecomputeConfig recompute_options(const std::string& granularity, const std::str
   return rc;
 }
 
+std::string no_checkpoint_in(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return "it does not exist yet";
+  if (!fs::is_directory(dir, ec)) return "";  // resolve_checkpoint_dir says what is wrong
+  int others = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    long long it = 0;
+    char tail = 0;
+    const bool iteration_dir = std::sscanf(name.c_str(), "iter_%lld%c", &it, &tail) == 1;
+    if (name == "latest_checkpointed_iteration.txt" || iteration_dir ||
+        name.rfind("mp_rank_", 0) == 0)
+      return "";
+    ++others;
+  }
+  if (ec) return "";  // unreadable: loading reports it
+  return others == 0 ? "it is empty" : "it holds no latest_checkpointed_iteration.txt or iter_N";
+}
+
+namespace {
+
+// Megatron-LM options that mean nothing in Tessera: accepted so that a launch script runs
+// unchanged, each with one line at start-up saying why it has no effect.
+struct AcceptedOption {
+  const char* name;
+  const char* values;  // nullptr: a switch; "": any integer; else the allowed words, '|'-separated
+  const char* why;
+};
+constexpr AcceptedOption kAccepted[] = {
+    {"use-flash-attn", nullptr,
+     "attention is always fused (flash attention kernels on the GPU, blocked on the CPU)"},
+    {"no-async-tensor-model-parallel-allreduce", nullptr,
+     "tensor-parallel communication has one implementation"},
+    {"exit-signal-handler", nullptr, "SIGTERM and SIGUSR1 always save a checkpoint and exit"},
+    {"DDP-impl", "local|torch",
+     "one data-parallel implementation (bucketed gradient all-reduce overlapped with the "
+     "backward)"},
+    {"distributed-backend", "nccl|gloo", "NCCL between GPUs and MPI for host tensors, always"},
+    {"use-mcore-models", nullptr, "one model implementation"},
+    {"use-legacy-models", nullptr, "one model implementation"},
+    {"transformer-impl", "local|transformer_engine", "one transformer implementation"},
+    {"no-masked-softmax-fusion", nullptr, "Tessera's kernels are always the fused ones"},
+    {"no-bias-gelu-fusion", nullptr, "Tessera's kernels are always the fused ones"},
+    {"no-bias-dropout-fusion", nullptr, "Tessera's kernels are always the fused ones"},
+    {"no-gradient-accumulation-fusion", nullptr, "Tessera's kernels are always the fused ones"},
+    {"attention-softmax-in-fp32", nullptr, "the attention softmax is always computed in fp32"},
+    {"accumulate-allreduce-grads-in-fp32", nullptr,
+     "gradients are always accumulated and reduced in fp32"},
+    {"use-cpu-initialization", nullptr,
+     "each rank draws its own slice of the initialization from a counter-based RNG"},
+    {"log-throughput", nullptr, "the iteration line always carries tokens/s and TFLOP/s"},
+    {"num-workers", "", "the loader reads ahead on one prefetch thread per rank"},
+};
+
+// --data-path: PREFIX, or a blend `W1 P1 W2 P2 ...` (Megatron-LM); a blend of one dataset is its
+// prefix. Words of a config-file value are split on spaces.
+std::string data_path_of(const std::vector<std::string>& given, std::vector<std::string>& notes) {
+  std::vector<std::string> words;
+  for (const std::string& g : given) {
+    std::istringstream in(g);
+    for (std::string w; in >> w;) words.push_back(w);
+  }
+  if (words.empty()) return "";
+  if (words.size() == 1) return words[0];
+  std::string all;
+  for (const std::string& w : words) all += (all.empty() ? "" : " ") + w;
+  auto weight = [](const std::string& w, double& out) {
+    char* end = nullptr;
+    out = std::strtod(w.c_str(), &end);
+    return end != w.c_str() && *end == 0 && std::isfinite(out);
+  };
+  double w = 0;
+  if (words.size() == 2 && weight(words[0], w)) {
+    if (!(w > 0))
+      throw ConfigError("--data-path " + all + ": the weight " + words[0] +
+                        " must be a positive number");
+    notes.push_back("--data-path " + all + ": a blend of one dataset, which is all of '" +
+                    words[1] + "'");
+    return words[1];
+  }
+  const size_t datasets = weight(words[0], w) ? words.size() / 2 : words.size();
+  throw ConfigError("--data-path " + all + ": a blend of " + std::to_string(datasets) +
+                    " datasets, which Tessera does not support yet; give one prefix (or "
+                    "`1.0 PREFIX`), or merge the corpora with tessera-preprocess");
+}
+
+}  // namespace
+
 bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
-  OptionParser p("tessera-train", "[--config FILE] [options]");
+  auto parser = std::make_shared<OptionParser>("tessera-train", "[--config FILE] [options]");
+  OptionParser& p = *parser;
+  o.with_origins = [parser](const std::string& message) { return parser->with_origins(message); };
+  std::vector<std::string> data_path_words;
   GPTConfig& m = o.model;
   TrainConfig& t = o.train;
   std::string log_level = "info";
@@ -292,10 +386,20 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
       "checkpoint-num-layers", po::value(&checkpoint_num_layers)->default_value(0),
       "older name of --recompute-num-layers");
   p.group("Data").add_options()(
-      "data-path", po::value(&o.data_path),
-      "prefix of the HDF5 token shards made by tessera-preprocess (PREFIX_00000.h5, ...)")(
-      "split", po::value(&o.split)->default_value(o.split),
-      "train,valid,test weights over the documents, in order (e.g. 949,50,1)")(
+      "data-path", po::value(&data_path_words)->multitoken(),
+      "prefix of the HDF5 token shards made by tessera-preprocess (PREFIX_00000.h5, ...); "
+      "Megatron's `1.0 PREFIX` (a blend of one) is the same")(
+      "tokenizer-type", po::value(&o.tokenizer.type),
+      "GPT2BPETokenizer | HuggingFaceTokenizer: checked against the tokenizer the shards were "
+      "made with (not needed: the shards name it)")(
+      "vocab-file", po::value(&o.tokenizer.vocab_file),
+      "GPT2BPETokenizer's encoder.json, checked against the shards' tokenizer")(
+      "merge-file", po::value(&o.tokenizer.merge_file),
+      "GPT2BPETokenizer's vocab.bpe, checked against the shards' tokenizer")(
+      "tokenizer-model", po::value(&o.tokenizer.model),
+      "HuggingFaceTokenizer's tokenizer.json (or its directory), checked against the shards' "
+      "tokenizer")("split", po::value(&o.split)->default_value(o.split),
+                   "train,valid,test weights over the documents, in order (e.g. 949,50,1)")(
       "mock-data", po::bool_switch(&o.mock_data),
       "train on synthetic Markov-chain data (the default when no --data-path is given)");
   p.group("Checkpoints and evaluation")
@@ -391,7 +495,65 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
           "with --profile: stop capturing after iteration N")(
           "profile-ranks", po::value(&profile_ranks)->default_value("0"),
           "with --profile: comma-separated global ranks that capture, or 'all'");
+  {
+    auto& g =
+        p.group("Accepted for Megatron-LM's scripts, without effect (one line each at start-up)");
+    for (const AcceptedOption& a : kAccepted) {
+      if (!a.values)
+        g.add_options()(a.name, po::bool_switch(), a.why);
+      else
+        g.add_options()(a.name, po::value<std::string>(),
+                        *a.values ? (std::string(a.values) + ": " + a.why).c_str() : a.why);
+    }
+  }
+  // A command-line option replaces the config file's alternatives to it (configs/*.ini set
+  // train-iters and lr-warmup-iters; `--train-samples N` on the command line switches the run).
+  p.alternatives({"train-iters", "train-samples"});
+  p.alternatives({"train-iters", "rampup-batch-size"});
+  p.alternatives({"lr-warmup-iters", "lr-warmup-samples", "lr-warmup-fraction"});
+  p.alternatives({"lr-decay-iters", "lr-decay-samples"});
+  p.alternatives({"layernorm-epsilon", "norm-epsilon"});
+  p.alternatives({"num-layers-per-virtual-pipeline-stage", "virtual-pipeline-model-parallel-size"});
+  p.alternatives({"bf16", "fp16"});
+  p.alternatives({"mock-data", "data-path"});
+  p.alternatives({"recompute-granularity", "checkpoint-activations"});
   if (!p.parse(argc, argv)) return false;
+  o.notes = p.replaced();
+  for (const AcceptedOption& a : kAccepted) {
+    if (!p.given(a.name)) continue;
+    std::string given = std::string("--") + a.name;
+    if (a.values) {
+      const std::string v = p.get<std::string>(a.name);
+      given += " " + v;
+      if (!*a.values) {
+        size_t used = 0;
+        try {
+          if (std::stoll(v, &used) < 0) used = 0;
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != v.size()) throw ConfigError(given + ": not a whole number >= 0");
+      } else if (("|" + std::string(a.values) + "|").find("|" + v + "|") == std::string::npos) {
+        std::string allowed = a.values;
+        std::replace(allowed.begin(), allowed.end(), '|', ',');
+        throw ConfigError(given + " is not a choice (allowed: " + allowed + ")");
+      }
+    } else if (!p.get<bool>(a.name)) {
+      continue;  // `use-flash-attn = false` in a config file
+    }
+    o.notes.push_back(given + ": accepted without effect: " + a.why);
+  }
+  o.data_path = data_path_of(data_path_words, o.notes);
+  o.tokenizer_given = p.given("tokenizer-type") || p.given("vocab-file") || p.given("merge-file") ||
+                      p.given("tokenizer-model");
+  if (o.tokenizer_given && !p.given("tokenizer-type"))
+    o.tokenizer.type = p.given("tokenizer-model") ? "HuggingFaceTokenizer" : "GPT2BPETokenizer";
+  if (t.async_save && t.save.empty())
+    throw ConfigError("--async-save needs --save (there is nothing to save in the background)");
+  if (p.given("num-query-groups") && !m.group_query_attention)
+    throw ConfigError(detail::concat("--num-query-groups=", m.num_query_groups,
+                                     " needs --group-query-attention (without it every head has "
+                                     "keys and values of its own)"));
   o.log.level = log_level_from_name(log_level);
   m.add_bias_linear = !disable_bias_linear;
   if (p.given("norm-epsilon")) {
@@ -415,6 +577,11 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     throw ConfigError("--mock-data and --data-path both given; choose one");
   if (o.data_path.empty()) {
     o.mock_data = true;
+    if (m.vocab_size == 0 && o.tokenizer_given) {  // Megatron's mock data: the tokenizer's size
+      m.vocab_size = load_tokenizer(o.tokenizer)->vocab_size();
+      o.notes.push_back(
+          detail::concat("mock data over the ", m.vocab_size, " tokens of the tokenizer options"));
+    }
     if (m.vocab_size == 0) m.vocab_size = 512;
   }
   parse_split(o.split);
@@ -430,7 +597,17 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   if (o.no_load_optim && o.load.empty()) throw ConfigError("--no-load-optim needs --load");
   if (t.full_validation && o.mock_data)
     throw ConfigError("--full-validation needs --data-path (mock data has no end)");
-  if (o.use_checkpoint_args) {
+  if (!o.load.empty()) {
+    const std::string why = no_checkpoint_in(o.load);
+    if (!why.empty()) {
+      o.load_fresh = true;
+      o.notes.push_back(
+          "--load '" + o.load + "' holds no checkpoint yet (" + why +
+          "): training starts from iteration 0, as in Megatron-LM" +
+          (o.use_checkpoint_args ? "; the model's options come from the command line" : ""));
+    }
+  }
+  if (o.use_checkpoint_args && !o.load_fresh) {
     if (o.load.empty()) throw ConfigError("--use-checkpoint-args needs --load");
     // Megatron's load_args_from_checkpoint: the model's shape and architecture are the
     // checkpoint's; dropout stays this run's (a training choice).
@@ -463,11 +640,24 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   } else if (virtual_size > 0) {
     t.virtual_pipeline_size = virtual_size;
   }
+  if (t.virtual_pipeline_size == 1 && (layers_per_virtual_stage > 0 || virtual_size > 0))
+    o.notes.push_back(
+        layers_per_virtual_stage > 0
+            ? detail::concat("--num-layers-per-virtual-pipeline-stage=", layers_per_virtual_stage,
+                             " makes one model chunk per pipeline rank (", m.num_layers,
+                             " layers / PP ", o.pp,
+                             "): the plain 1F1B schedule runs, as in Megatron-LM")
+            : std::string("--virtual-pipeline-model-parallel-size=1: one model chunk per "
+                          "pipeline rank, the plain 1F1B schedule"));
   t.config_text = p.to_ini();
   GPTConfig check = m;
   if (check.vocab_size == 0) check.vocab_size = 2;  // known once the shards are open
   check.validate();
   t.validate(1);
+  if (!t.dry_run && !o.skip_train && t.train_iters <= 0 && t.train_samples <= 0)
+    throw ConfigError(
+        "give the length of the run: --train-iters N or --train-samples N (as in Megatron-LM; "
+        "--dry-run and --skip-train need neither)");
   return true;
 }
 
@@ -519,9 +709,40 @@ std::unique_ptr<TokenDataset> open_test_data(const RunOptions& o) {
   return ds;
 }
 
+namespace {
+
+// Megatron's tokenizer options name the tokenizer the data was made with; the shards name it too
+// (attribute `tokenizer`). A mismatch is an error naming both.
+void check_data_tokenizer(const RunOptions& o, const ShardMeta& meta) {
+  const std::string shards = "the shards of --data-path '" + o.data_path + "'";
+  const std::string kind = meta.tokenizer == "gpt2-bpe"          ? "GPT2BPETokenizer"
+                           : meta.tokenizer.rfind("hf:", 0) == 0 ? "HuggingFaceTokenizer"
+                                                                 : meta.tokenizer;
+  if (o.tokenizer.type != kind)
+    throw ConfigError("--tokenizer-type " + o.tokenizer.type + " is not the tokenizer " + shards +
+                      " were made with (" + kind + ", '" + meta.tokenizer +
+                      "'); give that one, or leave the tokenizer options out (the shards name "
+                      "their tokenizer)");
+  const TokenizerOptions& t = o.tokenizer;
+  if (t.vocab_file.empty() && t.merge_file.empty() && t.model.empty()) return;  // the type alone
+  const std::shared_ptr<const Tokenizer> tok = load_tokenizer(t);
+  const std::string given =
+      t.model.empty() ? "--vocab-file '" + t.vocab_file + "' / --merge-file '" + t.merge_file + "'"
+                      : "--tokenizer-model '" + t.model + "'";
+  if (tok->name() != meta.tokenizer || tok->vocab_size() != meta.vocab_size)
+    throw ConfigError(detail::concat("the tokenizer of ", given, " ('", tok->name(), "', ",
+                                     tok->vocab_size(), " tokens) is not the one ", shards,
+                                     " were made with ('", meta.tokenizer, "', ", meta.vocab_size,
+                                     " tokens); give the files the data was preprocessed with, "
+                                     "or leave the tokenizer options out"));
+}
+
+}  // namespace
+
 std::unique_ptr<TokenDataset> open_train_data(RunOptions& o) {
   if (o.mock_data) return make_mock_dataset(o.model.vocab_size, o.model.seq_length, o.train.seed);
   auto corpus = std::make_shared<const ShardedCorpus>(o.data_path);
+  if (o.tokenizer_given) check_data_tokenizer(o, corpus->meta());
   const int64_t vocab = corpus->meta().vocab_size;
   if (o.model.vocab_size == 0) {
     o.model.vocab_size = vocab;

@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "backend/backend.hpp"
 #include "core/logging.hpp"
 #include "data/dataset.hpp"
+#include "data/tokenizer.hpp"
 #include "model/gpt_config.hpp"
 #include "train/train_config.hpp"
 
@@ -30,7 +32,24 @@ struct RunOptions {
   bool skip_train = false;     // evaluate (after --load) and exit
   bool no_load_optim = false;  // --load without the optimizer state
   bool use_checkpoint_args = false;  // the model's options come from --load's checkpoint
+  // --load names a directory without a checkpoint yet (absent or empty: the first run of a
+  // requeued job whose --load is its --save): training starts fresh, as in Megatron-LM.
+  bool load_fresh = false;
+  // Megatron's tokenizer options, when given: checked against the tokenizer the data's shards
+  // were made with (or, with mock data, the vocabulary's size).
+  TokenizerOptions tokenizer;
+  bool tokenizer_given = false;
+  // Lines rank 0 logs at start-up: Megatron options accepted without effect, config-file values
+  // the command line replaced, a --load that starts fresh.
+  std::vector<std::string> notes;
+  // A ConfigError's text with a note naming the options it mentions that came from --config.
+  std::function<std::string(const std::string&)> with_origins;
 };
+
+// Why `dir` holds no checkpoint yet ("" when it holds one, or something that must be looked at:
+// a damaged checkpoint stays an error). Absent, empty, or only other files and the leftovers of a
+// save that never finished (iter_N.tmp) count as none.
+std::string no_checkpoint_in(const std::string& dir);
 
 // "0,8,16" -> {0, 8, 16}; "all" -> {} (every rank). ConfigError naming `option` otherwise.
 std::vector<int> parse_rank_list(const std::string& text, const std::string& option);

@@ -69,8 +69,9 @@ std::string schedule_string(const std::vector<PipeStep>& steps) {
   return out;
 }
 
-double theoretical_bubble(int pp_size, int num_micro) {
-  return static_cast<double>(pp_size - 1) / (num_micro + pp_size - 1);
+double theoretical_bubble(int pp_size, int num_micro, int virtual_stages) {
+  const double idle = static_cast<double>(pp_size - 1) / std::max(1, virtual_stages);
+  return idle / (num_micro + idle);
 }
 
 double theoretical_bubble_ratio(int pp_size, int num_micro, int virtual_stages) {

@@ -37,8 +37,9 @@ int pipeline_slots(int pp_size, int pp_rank, int num_micro);
 std::vector<int> pipeline_chunk_slots(const std::vector<PipeStep>& steps, int virtual_stages);
 // "F0 F1 B0 F2 B1 ..." for logs and tests; with chunks "F0.1" is micro-batch 0 of chunk 1.
 std::string schedule_string(const std::vector<PipeStep>& steps);
-// The idle fraction of an ideal 1F1B pipeline with equal stage times: (P-1)/(m+P-1).
-double theoretical_bubble(int pp_size, int num_micro);
+// The idle fraction of an ideal 1F1B pipeline with equal stage times: (P-1)/(m+P-1); with V model
+// chunks per rank (interleaved) the warm-up and cool-down shrink V-fold: (P-1)/V / (m+(P-1)/V).
+double theoretical_bubble(int pp_size, int num_micro, int virtual_stages = 1);
 // Megatron's bubble ratio: bubble time over ideal (busy) time, (P-1)/(V m) (V = 1: plain 1F1B).
 double theoretical_bubble_ratio(int pp_size, int num_micro, int virtual_stages);
 

@@ -15,6 +15,7 @@
 #include "comm/process_grid.hpp"
 #include "core/logging.hpp"
 #include "core/nvtx.hpp"
+#include "core/paths.hpp"
 #include "core/phase_timer.hpp"
 #include "core/timer.hpp"
 #include "train/options.hpp"
@@ -180,14 +181,22 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   }
   {  // rank 0 writes the metrics; a file it cannot open is every rank's configuration error
     double bad = 0;
+    std::string why = "--metrics-file '" + cfg_.metrics_file +
+                      "' cannot be opened for appending; check its permissions";
     if (!cfg_.metrics_file.empty() && ctx_.world_rank == 0) {
-      metrics_.open(cfg_.metrics_file, std::ios::app);
-      bad = metrics_ ? 0 : 1;
+      try {
+        create_parent_dirs(cfg_.metrics_file, "--metrics-file");
+        metrics_.open(cfg_.metrics_file, std::ios::app);
+        bad = metrics_ ? 0 : 1;
+      } catch (const ConfigError& e) {
+        why = e.what();
+        bad = 1;
+      }
     }
     ctx_.world->all_reduce_f64(&bad, 1, ReduceOp::Max);
     if (bad)
-      throw ConfigError("--metrics-file '" + cfg_.metrics_file +
-                        "' cannot be opened for appending; check the directory exists");
+      throw ConfigError(ctx_.world_rank == 0 ? why
+                                             : "--metrics-file is not usable (reported by rank 0)");
   }
   timers_.configure(cfg_.timing_log_level, cfg_.timing_log_option, make_phase_clock(be_),
                     dist_opt_ != nullptr);

@@ -39,7 +39,7 @@ expect 2 "--profile-ranks=0,x is not a list of ranks" -- --profile-ranks 0,x
 expect 0 "profiling iterations 2 to 3" -- --config "$configs/gpt2-tiny.ini" --device cpu --train-iters 4 --log-interval 1 --profile --profile-step-start 1 --profile-step-end 3
 expect 2 "--recompute-method=block needs --recompute-granularity full" -- --recompute-method block
 expect 2 "--recompute-method=uniform needs --recompute-granularity full" -- --recompute-granularity selective --recompute-method uniform
-expect 2 "--recompute-num-layers=3 does not fit a pipeline stage of 2 layers" -- --num-layers 2 --recompute-granularity full --recompute-num-layers 3
+expect 2 "--recompute-num-layers=3 does not fit a pipeline stage of 2 layers" -- --num-layers 2 --train-iters 1 --recompute-granularity full --recompute-num-layers 3
 expect 2 "--recompute-granularity=some is not a granularity" -- --recompute-granularity some
 # Megatron's schedules and dropout (issue 14): one clear line each.
 expect 2 "--sequence-parallel needs --tensor-model-parallel-size > 1" -- --config "$configs/gpt2-tiny.ini" --sequence-parallel
@@ -56,7 +56,7 @@ expect 0 "sequence parallelism: on" -- --config "$configs/gpt2-tiny.ini" --tenso
 expect 0 "stage 0 \(layers 0, 2, embedding\)" -- --config "$configs/gpt2-tiny.ini" --num-layers 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --dry-run
 expect 2 "--checkpoint-num-layers=2 needs --checkpoint-activations" -- --checkpoint-num-layers 2
 expect 2 "--checkpoint-num-layers=-2 is out of range" -- --checkpoint-activations --checkpoint-num-layers=-2
-expect 2 "--checkpoint-num-layers=3 does not fit a pipeline stage of 2 layers" -- --num-layers 2 --checkpoint-activations --checkpoint-num-layers 3
+expect 2 "--checkpoint-num-layers=3 does not fit a pipeline stage of 2 layers" -- --num-layers 2 --train-iters 1 --checkpoint-activations --checkpoint-num-layers 3
 expect 0 "activation recomputation: full \\(uniform, 2 layers per chunk\\)" -- --config "$configs/gpt2-tiny.ini" --num-layers 4 --checkpoint-activations --checkpoint-num-layers 2 --dry-run
 expect 0 "activation recomputation: selective" -- --config "$configs/gpt2-tiny.ini" --recompute-granularity selective --dry-run
 expect 2 "--overlap-param-gather needs --use-distributed-optimizer" -- --overlap-param-gather
@@ -80,6 +80,34 @@ expect 2 "--norm-epsilon=1e-06 and --layernorm-epsilon=1e-05 disagree" -- --norm
 expect 0 "architecture: RoPE \(base 10000, 8 of 8 features\), RMSNorm, SwiGLU, grouped-query attention \(2 key/value heads for 8\), untied output layer, no linear biases" -- --config "$configs/llama-tiny.ini" --dry-run
 expect 0 "parameters: 1235814400 \(model, tied head counted once\)" -- --config "$configs/llama3-1b.ini" --dry-run
 expect 0 "iteration +4/ +4 .*lm loss" -- --config "$configs/llama-tiny.ini" --device cpu --train-iters 4 --log-interval 1
+# Megatron launch lines and hostile input (issue 27): one line each, naming the option.
+tiny=(--config "$configs/gpt2-tiny.ini")
+expect 2 "unexpected argument 'yes' after --bf16, a switch that takes no value" -- "${tiny[@]}" --bf16 yes
+expect 2 "unexpected argument 'hello' \(not an option's value" -- hello "${tiny[@]}"
+expect 2 "^rank 0 .*: error: --data-path 0.5 a 0.5 b: a blend of 2 datasets, which Tessera does not support yet" -- "${tiny[@]}" --data-path 0.5 a 0.5 b
+expect 2 "--data-path 0 corpus: the weight 0 must be a positive number" -- "${tiny[@]}" --data-path 0 corpus
+for opt in save load tensorboard-dir data-path log-file metrics-file; do
+  expect 2 "error: --$opt is empty; give it a value or leave the option out" -- "${tiny[@]}" --$opt ""
+done
+printf 'train-iters = 5\nsave =\n' > "${TMPDIR:-/tmp}/empty-save.$$.ini"
+expect 2 "--save is empty in config file '.*empty-save.*'" -- --config "${TMPDIR:-/tmp}/empty-save.$$.ini"
+rm -f "${TMPDIR:-/tmp}/empty-save.$$.ini"
+expect 2 "--config '$configs' is a directory; give an INI file" -- --config "$configs"
+expect 2 "give the length of the run: --train-iters N or --train-samples N" -- --num-layers 2
+expect 2 "--async-save needs --save" -- "${tiny[@]}" --async-save
+expect 2 "--num-query-groups=2 needs --group-query-attention" -- --num-query-groups 2
+expect 0 "--num-layers-per-virtual-pipeline-stage=2 makes one model chunk per pipeline rank \(4 layers / PP 2\): the plain 1F1B schedule runs" -- "${tiny[@]}" --num-layers 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 --dry-run
+# The command line replaces the config file's alternatives; a conflict left names the config file.
+expect 0 "--train-samples on the command line replaces train-iters = 200 of config file '.*gpt2-tiny.ini'" -- "${tiny[@]}" --train-samples 64 --dry-run
+expect 0 "--lr-warmup-fraction on the command line replaces lr-warmup-iters = 10 of config file" -- "${tiny[@]}" --lr-warmup-fraction 0.1 --dry-run
+expect 0 "iteration +4/ +4 .*lm loss" -- "${tiny[@]}" --device cpu --train-samples 64 --lr-warmup-fraction 0.1 --log-interval 1
+expect 0 "iteration +3/ +3 .*lm loss" -- "${tiny[@]}" --device cpu --rampup-batch-size 8 8 8 --train-samples 40 --lr-warmup-samples 8 --log-interval 1
+expect 2 "count iterations, whose size changes under --rampup-batch-size 8 8 8.* \(--lr-warmup-iters is set in config file '.*gpt2-tiny.ini'\)" -- "${tiny[@]}" --rampup-batch-size 8 8 8 --train-samples 40
+# Megatron options that mean nothing here: accepted with one line each; a bad choice still refused.
+expect 0 "--use-flash-attn: accepted without effect: attention is always fused" -- "${tiny[@]}" --use-flash-attn --DDP-impl local --no-async-tensor-model-parallel-allreduce --exit-signal-handler --distributed-backend nccl --dry-run
+expect 0 "--DDP-impl local: accepted without effect" -- "${tiny[@]}" --DDP-impl local --dry-run
+expect 2 "--DDP-impl fancy is not a choice \(allowed: local,torch\)" -- "${tiny[@]}" --DDP-impl fancy
+expect 2 "--num-workers two: not a whole number" -- "${tiny[@]}" --num-workers two
 for opt in num-layers hidden-size num-attention-heads seq-length max-position-embeddings \
            micro-batch-size global-batch-size train-iters lr min-lr lr-decay-style \
            lr-warmup-iters weight-decay clip-grad adam-beta1 adam-beta2 adam-eps seed \

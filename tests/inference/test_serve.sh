@@ -2,7 +2,8 @@
 # test_serve.sh: tessera-serve as a user runs it, driven with curl on a loopback port: answers equal
 # tessera-generate's; logprobs and beam search; a burst of concurrent requests (some malformed) is
 # batched and each answer equals the request sent alone; bad requests get HTTP 400 with one line
-# and the server keeps serving; TP2 x PP2 under mpirun answers the same; SIGTERM stops it cleanly.
+# and the server keeps serving; TP2 x PP2 under mpirun answers the same; SIGTERM (1 rank; rank 0
+# under mpirun) or SIGUSR1 (to mpirun) with 20 requests in flight: every request answered, exit 0.
 # Usage: test_serve.sh BIN_DIR CONFIG_DIR VOCAB_DIR
 set -u
 bin=$1
@@ -127,12 +128,36 @@ again=$(put '{"prompts": ["Hello world"], "tokens_to_generate": 8, "temperature"
 [ "$again" = "$g" ] && ok "after the bad requests the server answers as before" || bad "after bad requests: $again"
 kill -0 "$server" 2>/dev/null && ok "the server is still running" || bad "the server died: $(tail -3 "$work/serve.log")"
 
-# 6. SIGTERM: the server finishes and exits 0.
+# inflight TAG N: N concurrent requests in the background, each writing its HTTP status (000: no
+# answer) to $work/TAG.N; their pids in $inflight_pids.
+inflight() {
+  local tag=$1 n=$2 i
+  inflight_pids=()
+  for i in $(seq 1 "$n"); do
+    (curl -s -o /dev/null -w '%{http_code}' -X PUT "http://127.0.0.1:$port/api" \
+       -d "{\"prompts\": [\"In flight $i\"], \"tokens_to_generate\": 40, \"temperature\": 0}" > "$work/$tag.$i") &
+    inflight_pids+=($!)
+  done
+  sleep 0.5
+}
+# answered TAG N: every request got 200 or 503 (the batch running at the stop finishes, the queued
+# ones are refused); prints the counts.
+answered() {
+  local tag=$1 n=$2 codes
+  wait "${inflight_pids[@]}"
+  codes=$(cat "$work/$tag".* | sed 's/\(...\)/\1\n/g' | sort | uniq -c | tr -s ' \n' ' ')
+  [ "$(cat "$work/$tag".* | sed 's/\(...\)/\1\n/g' | grep -cE '^(200|503)$')" -eq "$n" ] && echo "$codes"
+}
+
+# 6. SIGTERM with 20 requests in flight: each is answered (200 or 503), the server exits 0.
+inflight stop1 20
 kill -TERM "$server"
 wait "$server"
 rc=$?
-[ $rc -eq 0 ] && grep -q "stopped after" "$work/serve.log" && ok "SIGTERM: exit 0 ($(grep -o 'stopped after [0-9]* requests' "$work/serve.log"))" \
-  || bad "SIGTERM: rc $rc: $(tail -3 "$work/serve.log")"
+codes=$(answered stop1 20)
+[ $rc -eq 0 ] && [ -n "$codes" ] && grep -q "stopped after" "$work/serve.log" \
+  && ok "SIGTERM with 20 requests in flight: exit 0, every request answered ($codes)" \
+  || bad "SIGTERM: rc $rc, answers $(cat "$work"/stop1.* | tr '\n' ' '): $(tail -3 "$work/serve.log")"
 
 # 7. TP2 x PP2 under mpirun: rank 0 serves, all compute; the same answers.
 start "$work/serve4.log" timeout 600 mpirun --oversubscribe --bind-to none -np 4 "$bin/tessera-serve" \
@@ -147,11 +172,27 @@ b4=$(put '{"prompts": ["Hello world"], "tokens_to_generate": 6, "beam_width": 3,
 # SIGTERM to rank 0 (its pid is in the listening line; scancel signals every rank alike): it
 # finishes, tells the others, and every rank exits 0, so mpirun does.
 rank0=$(grep -o 'listening on .*; pid [0-9]*' "$work/serve4.log" | grep -o '[0-9]*$')
+inflight stop4 20
 kill -TERM "$rank0"
 wait "$server"
 rc=$?
-[ $rc -eq 0 ] && grep -q "stopped after 3 requests" "$work/serve4.log" && ok "TP2 x PP2: SIGTERM to rank 0, every rank exits 0" \
-  || bad "TP2 x PP2 stop: rc $rc: $(tail -3 "$work/serve4.log")"
+codes=$(answered stop4 20)
+[ $rc -eq 0 ] && [ -n "$codes" ] && grep -q "stopped after 23 requests" "$work/serve4.log" \
+  && ok "TP2 x PP2: SIGTERM to rank 0 with 20 requests in flight, every rank exits 0, every request answered ($codes)" \
+  || bad "TP2 x PP2 stop: rc $rc, answers $(cat "$work"/stop4.* | tr '\n' ' '): $(tail -3 "$work/serve4.log")"
+# SIGUSR1 to mpirun itself (it forwards SIGUSR1 to every rank; a SIGTERM to mpirun is an abort in
+# Open MPI, whose ranks are killed a second later): the same clean stop, mpirun exits 0.
+start "$work/serve2.log" mpirun --oversubscribe --bind-to none -np 2 "$bin/tessera-serve" \
+  --load "$work/ck" --threads 1 --host 127.0.0.1 --port 0 "${tokenizer[@]}" \
+  --tensor-model-parallel-size 2 || exit 1
+inflight usr1 20
+kill -USR1 "$server"
+wait "$server"
+rc=$?
+codes=$(answered usr1 20)
+[ $rc -eq 0 ] && [ -n "$codes" ] && grep -q "stopped after 20 requests" "$work/serve2.log" \
+  && ok "TP2: SIGUSR1 to mpirun with 20 requests in flight, mpirun exits 0, every request answered ($codes)" \
+  || bad "TP2 SIGUSR1 stop: rc $rc, answers $(cat "$work"/usr1.* | tr '\n' ' '): $(tail -3 "$work/serve2.log")"
 
 # 8. A port in use: one line, exit 2.
 python3 -c 'import socket, time; s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(60)' > "$work/busy" &
