@@ -86,21 +86,25 @@ void OptionParser::alternatives(std::vector<std::string> names) {
 }
 
 std::string OptionParser::with_origins(const std::string& message) const {
-  std::vector<std::string> named;
+  std::vector<std::pair<size_t, std::string>> found;  // (where the message names it, --name)
   for (const auto& [key, value] : vm_) {
     if (!from_config_file(key)) continue;
     const std::string flag = "--" + key;
-    for (size_t at = message.find(flag); at != std::string::npos; at = message.find(flag, at + 1)) {
+    for (size_t at = message.find(flag); at != std::string::npos;
+         at = message.find(flag, at + 1)) {
       const size_t end = at + flag.size();
-      const bool whole =
-          end == message.size() || !(std::isalnum(static_cast<unsigned char>(message[end])) ||
-                                     message[end] == '-' || message[end] == '_');
+      const bool whole = end == message.size() ||
+                         !(std::isalnum(static_cast<unsigned char>(message[end])) ||
+                           message[end] == '-' || message[end] == '_');
       if (whole) {
-        named.push_back(flag);
+        found.emplace_back(at, flag);
         break;
       }
     }
   }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> named;
+  for (const auto& f : found) named.push_back(f.second);
   if (named.empty()) return message;
   std::string list;
   for (size_t i = 0; i < named.size(); ++i)

@@ -1,7 +1,11 @@
 // test_config.cpp: INI config plus command-line overrides, and the errors for bad input.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -12,7 +16,13 @@
 using namespace tessera;
 
 namespace {
+// A run needs its length: cases about other options get --train-iters 1 unless they set it.
 bool parse(std::vector<std::string> args, RunOptions& o) {
+  bool length = false;
+  for (const std::string& a : args)
+    length |= a == "--train-iters" || a == "--train-samples" || a == "--dry-run" ||
+              a == "--skip-train";
+  if (!length) args.insert(args.end(), {"--train-iters", "1"});
   args.insert(args.begin(), "tessera-train");
   std::vector<const char*> argv;
   for (auto& a : args) argv.push_back(a.c_str());
@@ -167,4 +177,95 @@ TEST(Config, DryRunActivationsShrinkWithRecomputation) {
   EXPECT_DOUBLE_EQ(full, 2.0);
   EXPECT_DOUBLE_EQ(sel, 18.0);
   EXPECT_NEAR(none, 32.0 + 1024 * (4 + 8) * 4 / 1048576.0, 0.006);
+}
+
+// Issue 27: what a Megatron user's script and shell give the parser.
+TEST(Config, EmptyValuesStrayWordsAndConfigDirectoriesAreOneLineErrors) {
+  EXPECT_EQ(error_of({"--save", ""}), "--save is empty; give it a value or leave the option out");
+  EXPECT_EQ(error_of({"--data-path", ""}),
+            "--data-path is empty; give it a value or leave the option out");
+  const std::string ini = write_ini("train-iters = 3\ntensorboard-dir =\n");
+  EXPECT_EQ(error_of({"--config", ini}), "--tensorboard-dir is empty in config file '" + ini +
+                                             "'; give it a value or leave the option out");
+  std::remove(ini.c_str());
+  EXPECT_EQ(error_of({"--bf16", "yes"}),
+            "unexpected argument 'yes' after --bf16, a switch that takes no value (leave the "
+            "value out)");
+  EXPECT_EQ(error_of({"--lr", "0.1", "0.2"}),
+            "unexpected argument '0.2' after --lr, which takes one value (quote a value that has "
+            "spaces)");
+  EXPECT_NE(error_of({"--config", "/tmp"}).find("--config '/tmp' is a directory"),
+            std::string::npos);
+  RunOptions o;
+  EXPECT_THROW(parse_run_options(3, std::vector<const char*>{"t", "--num-layers", "2"}.data(), o),
+               ConfigError);  // no --train-iters / --train-samples
+}
+
+TEST(Config, TheCommandLineReplacesTheConfigFilesAlternatives) {
+  const std::string ini = write_ini(
+      "train-iters = 200\nlr-warmup-iters = 10\nlr-decay-iters = 150\nbf16 = true\n"
+      "global-batch-size = 8\n");
+  RunOptions o;
+  ASSERT_TRUE(parse({"--config", ini, "--train-samples", "640", "--lr-warmup-fraction", "0.1",
+                     "--fp16"},
+                    o));
+  EXPECT_EQ(o.train.train_iters, 0);
+  EXPECT_EQ(o.train.train_samples, 640);
+  EXPECT_EQ(o.train.lr_warmup_iters, 0);
+  EXPECT_DOUBLE_EQ(o.train.lr_warmup_fraction, 0.1);
+  EXPECT_EQ(o.train.lr_decay_iters, 150);  // no alternative given: the config's stays
+  EXPECT_EQ(o.train.compute_dtype, DType::F16);
+  ASSERT_EQ(o.notes.size(), 3u);
+  EXPECT_EQ(o.notes[0], "--train-samples on the command line replaces train-iters = 200 of config "
+                        "file '" + ini + "'");
+  // A conflict that is left names the options that came from the config file.
+  RunOptions r;
+  std::string e;
+  try {
+    parse({"--config", ini, "--rampup-batch-size", "4", "4", "8", "--train-samples", "64"}, r);
+  } catch (const ConfigError& x) {
+    e = r.with_origins(x.what());
+  }
+  EXPECT_NE(e.find("(--lr-warmup-iters and --lr-decay-iters are set in config file '" + ini + "')"),
+            std::string::npos)
+      << e;
+  std::remove(ini.c_str());
+}
+
+TEST(Config, MegatronLaunchLineOptions) {
+  RunOptions o;
+  ASSERT_TRUE(parse({"--data-path", "1.0", "corpus/web", "--use-flash-attn", "--DDP-impl",
+                     "local", "--tokenizer-type", "GPT2BPETokenizer"},
+                    o));
+  EXPECT_EQ(o.data_path, "corpus/web");
+  EXPECT_TRUE(o.tokenizer_given);
+  ASSERT_EQ(o.notes.size(), 3u);
+  EXPECT_EQ(o.notes[0].rfind("--use-flash-attn: accepted without effect", 0), 0u) << o.notes[0];
+  EXPECT_EQ(o.notes[1].rfind("--DDP-impl local: accepted without effect", 0), 0u) << o.notes[1];
+  EXPECT_EQ(o.notes[2], "--data-path 1.0 corpus/web: a blend of one dataset, which is all of "
+                        "'corpus/web'");
+  EXPECT_NE(error_of({"--data-path", "0.3", "a", "0.7", "b"}).find("a blend of 2 datasets"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--DDP-impl", "fast"}).find("(allowed: local,torch)"), std::string::npos);
+  EXPECT_NE(error_of({"--async-save"}).find("--async-save needs --save"), std::string::npos);
+  EXPECT_NE(error_of({"--num-query-groups", "2"}).find("needs --group-query-attention"),
+            std::string::npos);
+}
+
+TEST(Config, LoadOnADirectoryWithoutACheckpointStartsFresh) {
+  char dir[] = "/tmp/tessera_load_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string d = dir;
+  EXPECT_EQ(no_checkpoint_in(d + "/absent"), "it does not exist yet");
+  EXPECT_EQ(no_checkpoint_in(d), "it is empty");
+  std::ofstream(d + "/notes.txt") << "x";
+  EXPECT_EQ(no_checkpoint_in(d), "it holds no latest_checkpointed_iteration.txt or iter_N");
+  ASSERT_EQ(mkdir((d + "/iter_0000010.tmp").c_str(), 0755), 0);  // a first save that died
+  EXPECT_NE(no_checkpoint_in(d), "");
+  ASSERT_EQ(mkdir((d + "/iter_0000010").c_str(), 0755), 0);  // a checkpoint: loading judges it
+  EXPECT_EQ(no_checkpoint_in(d), "");
+  RunOptions o;
+  ASSERT_TRUE(parse({"--load", d + "/absent", "--use-checkpoint-args"}, o));
+  EXPECT_TRUE(o.load_fresh);
+  std::filesystem::remove_all(d);
 }
