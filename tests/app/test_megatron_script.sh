@@ -35,6 +35,15 @@ EOF
   --vocab-file "$vocab/encoder.json" --merge-file "$vocab/vocab.bpe" --append-eod true --workers 1 \
   > "$work/preprocess.log" 2>&1 || { bad "preprocess: $(tail -2 "$work/preprocess.log")"; exit 1; }
 
+# Bad input to the preprocessor is exit 2 with one line, like every app's (a bad line in a jsonl
+# file was exit 1 before).
+printf '{"text": "fine"}\n{"text": 5}\n' > "$work/bad.jsonl"
+out=$("$bin/tessera-preprocess" --input "$work/bad.jsonl" --output-prefix "$work/bad/x" --workers 1 \
+      --vocab-file "$vocab/encoder.json" --merge-file "$vocab/vocab.bpe" 2>&1)
+rc=$?
+[ $rc -eq 2 ] && grep -q "error: .*bad.jsonl:2: expected a string" <<<"$out" && [ ! -e "$work/bad/x_00000.h5" ] \
+  && ok "preprocess: a bad jsonl line -> exit 2, one line, no shard" || bad "preprocess bad line: rc $rc: $out"
+
 DATA_PATH=$work/data/my-gpt2_text_document
 VOCAB_FILE=$vocab/encoder.json
 MERGE_FILE=$vocab/vocab.bpe

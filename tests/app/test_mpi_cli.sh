@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_mpi_cli.sh: multi-rank behaviour of tessera-train as a user meets it under mpirun:
 # an impossible layout is reported once by rank 0 and every rank exits; the layout table is
-# printed; 4 unbound ranks on this machine's cores get their share of threads; a rank killed
+# printed; the start-up line names an interleaved schedule's bubble and sequence parallelism;
+# 4 unbound ranks on this machine's cores get their share of threads; a rank killed
 # mid-run ends the whole job non-zero within seconds instead of hanging.
 set -u
 bin=$1
@@ -26,6 +27,16 @@ check "global batch not divisible" $([ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" 
 out=$(timeout 120 "${mpirun[@]}" -np 4 "$bin" --config "$configs/gpt2-tiny.ini" --tensor-model-parallel-size 2 --train-iters 2 2>&1)
 rc=$?
 check "layout table and thread share" $([ $rc -eq 0 ] && grep -q 'TP 2 x PP 1 x DP 2' <<<"$out" && grep -qE '^ +3 +1 +0 +1 +3 ' <<<"$out" && grep -q ' 1 threads per rank' <<<"$out"; echo $?) "rc=$rc: $out"
+
+# The start-up line names the schedule (interleaved: its bubble (P-1)/V / (m + (P-1)/V) =
+# 0.5 / 4.5 with P 2, V 2, m 4) and sequence parallelism; --log-file creates its directory.
+logdir=$(mktemp -d)
+out=$(timeout 120 "${mpirun[@]}" -np 4 "$bin" --config "$configs/gpt2-tiny.ini" --tensor-model-parallel-size 2 \
+      --pipeline-model-parallel-size 2 --num-layers 4 --num-layers-per-virtual-pipeline-stage 1 \
+      --sequence-parallel --train-iters 2 --log-file "$logdir/new/dir/train.log" 2>&1)
+rc=$?
+check "interleaved schedule and SP named" $([ $rc -eq 0 ] && grep -q 'interleaved 1F1B pipeline (2 model chunks per rank) bubble (theoretical) 0.1111.*; sequence parallelism on' <<<"$out" && grep -q 'interleaved 1F1B' "$logdir/new/dir/train.log"; echo $?) "rc=$rc: $out"
+rm -rf "$logdir"
 
 # Kill rank 2 with SIGKILL while the job trains; the job must end, non-zero, within 30 s.
 log=$(mktemp)
