@@ -1,13 +1,90 @@
 // json.cpp: the JSON reader.
 #include "core/json.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/utf8.hpp"
 
 namespace tessera {
+
+namespace {
+
+// One level of nesting (an object or an array being read), undone however the reading ends.
+struct Level {
+  explicit Level(int& depth) : depth_(depth) { ++depth_; }
+  ~Level() { --depth_; }
+  Level(const Level&) = delete;
+  Level& operator=(const Level&) = delete;
+  int& depth_;
+};
+
+// A decoded key for a one-line error: quoted, control characters escaped, cut after its first 64
+// bytes (at a character boundary).
+std::string quoted_key(const std::string& key) {
+  std::string out = "\"";
+  for (size_t k = 0; k < key.size(); ++k) {
+    if (k >= 64 && (static_cast<unsigned char>(key[k]) & 0xC0) != 0x80) {
+      out += "...";
+      break;
+    }
+    const unsigned char c = static_cast<unsigned char>(key[k]);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c == 0x7F) {
+      static const char hex[] = "0123456789abcdef";
+      out += "\\u00";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+// The keys of one object, to find one given twice: an open-addressing table over flat arrays of
+// the keys and their hashes. A node-based set (an allocation per key) made loading GPT-2's
+// vocabulary (encoder.json: one object of 50k keys) 30% slower; this, about 15%.
+class KeySet {
+ public:
+  // The key as kept in the set (stays in place until the next insert), and false when it was
+  // there already.
+  std::pair<const std::string*, bool> insert(std::string&& key) {
+    if (2 * (keys_.size() + 1) > slots_.size()) grow();
+    const size_t h = std::hash<std::string>{}(key);
+    for (size_t at = h & (slots_.size() - 1);; at = (at + 1) & (slots_.size() - 1)) {
+      const uint32_t k = slots_[at];
+      if (k == 0) {
+        slots_[at] = static_cast<uint32_t>(keys_.size() + 1);
+        keys_.push_back(std::move(key));
+        hashes_.push_back(h);
+        return {&keys_.back(), true};
+      }
+      if (hashes_[k - 1] == h && keys_[k - 1] == key) return {&keys_[k - 1], false};
+    }
+  }
+
+ private:
+  void grow() {
+    slots_.assign(std::max<size_t>(16, 2 * slots_.size()), 0);
+    for (size_t k = 0; k < keys_.size(); ++k) {
+      size_t at = hashes_[k] & (slots_.size() - 1);
+      while (slots_[at] != 0) at = (at + 1) & (slots_.size() - 1);
+      slots_[at] = static_cast<uint32_t>(k + 1);
+    }
+  }
+  std::vector<uint32_t> slots_;  // 1 + the index of a key, 0 when empty; a power of 2 long
+  std::vector<std::string> keys_;
+  std::vector<size_t> hashes_;
+};
+
+}  // namespace
 
 void JsonReader::fail(const std::string& what) const {
   throw JsonError{what + " at byte " + std::to_string(i_)};
@@ -104,18 +181,32 @@ std::string JsonReader::parse_string() {
   return out;
 }
 
+void JsonReader::enter() {
+  if (depth_ >= kJsonMaxDepth)
+    fail("nesting deeper than " + std::to_string(kJsonMaxDepth) + " levels");
+}
+
 void JsonReader::object(const std::function<void(const std::string&)>& on_member) {
   if (peek() != '{') fail("expected a JSON object");
+  enter();
+  const Level level(depth_);
   ++i_;
   if (peek() == '}') {
     ++i_;
     return;
   }
+  KeySet keys;  // of this object, to refuse one given twice
   while (true) {
-    const std::string key = parse_string();
+    ws();
+    const size_t key_start = i_;
+    const auto [key, fresh] = keys.insert(parse_string());
+    if (!fresh) {
+      i_ = key_start;
+      fail("duplicate key " + quoted_key(*key));
+    }
     if (peek() != ':') fail("expected ':' after a key");
     ++i_;
-    on_member(key);
+    on_member(*key);  // this object's next key comes after the callback
     const char c = peek();
     ++i_;
     if (c == '}') return;
@@ -180,6 +271,8 @@ bool JsonReader::bool_value() {
 
 void JsonReader::array(const std::function<void()>& on_element) {
   if (peek() != '[') fail("expected an array");
+  enter();
+  const Level level(depth_);
   ++i_;
   if (peek() == ']') {
     ++i_;

@@ -1,5 +1,7 @@
 // json.hpp: a small strict JSON reader for what Tessera reads: jsonl documents (one object per
-// line, one string field wanted) and the GPT-2 encoder.json (one object of string -> integer).
+// line, one string field wanted), the GPT-2 encoder.json (one object of string -> integer),
+// tokenizer.json, config.json, safetensors headers and the server's requests. Bounded: nesting
+// deeper than kJsonMaxDepth and a key twice in one object are errors, in every mode.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +12,10 @@
 #include <vector>
 
 namespace tessera {
+
+// The deepest nesting of objects and arrays accepted (the top-level value is level 1). Deeper
+// input is refused before it can exhaust the stack; real files nest a few levels.
+constexpr int kJsonMaxDepth = 512;
 
 // Thrown with a message that says what is wrong and at which byte offset.
 struct JsonError {
@@ -30,8 +36,9 @@ struct JsonValue {
   const JsonValue* find(std::string_view key) const;
 };
 
-// Calls `on_member(key, value_start, reader)` for each member of the object in `text`; the
-// callback must consume the value with one of the reader's functions. Throws JsonError.
+// Calls `on_member(key)` for each member of the object in `text`; the callback must consume the
+// value with one of the reader's functions. Throws JsonError, also for nesting deeper than
+// kJsonMaxDepth (however the levels are read) and for a key that appears twice in one object.
 class JsonReader {
  public:
   explicit JsonReader(std::string_view text) : s_(text) {}
@@ -51,11 +58,13 @@ class JsonReader {
 
  private:
   void ws();
+  void enter();  // before opening an object or array: refuses nesting past kJsonMaxDepth
   [[noreturn]] void fail(const std::string& what) const;
   char peek();
   std::string parse_string();
   std::string_view s_;
   size_t i_ = 0;
+  int depth_ = 0;  // objects and arrays open now
 };
 
 // The string member `key` of the JSON object on one line; throws JsonError when the line is not a

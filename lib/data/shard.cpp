@@ -29,6 +29,19 @@ void write_1d(hid_t file, const char* name, hid_t file_type, hid_t mem_type, con
   if (n > 0) HDF5_CHECK(H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
 }
 
+// The most elements a 1-D dataset can hold in `file_size` bytes of file: every element of a shard
+// is written (none is a fill value), at its type's size unfiltered and compressed at most 1032:1
+// (deflate's limit; token ids and offsets come nowhere near it). A damaged extent (found by
+// tests/fuzz/fuzz_shard.cpp: 2 * 10^15 tokens in 37 bytes of deflated chunks) is refused with
+// this before anything is sized by it. 0 when the dataset's storage claims more than the file has.
+uint64_t storable_elements(hid_t ds, hid_t type, uint64_t file_size) {
+  const uint64_t stored = H5Dget_storage_size(ds);
+  if (stored > file_size) return 0;
+  H5Id plist(H5Dget_create_plist(ds));
+  const bool filtered = plist.valid() && H5Pget_nfilters(plist.get()) > 0;
+  return stored * (filtered ? 1032 : 1) / std::max<size_t>(H5Tget_size(type), 1);
+}
+
 }  // namespace
 
 void write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
@@ -118,13 +131,23 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
             (H5Tget_size(ttype.get()) == 2 || H5Tget_size(ttype.get()) == 4));
   hsize_t n = 0;
   H5Sget_simple_extent_dims(tspace.get(), &n, nullptr);
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  auto beyond_file = [&](const char* name, hsize_t extent) {
+    return bad(std::string(name) + " has " + std::to_string(extent) + " entries, more than the " +
+               std::to_string(file_size) +
+               "-byte file can hold; the shard is damaged, re-run tessera-preprocess");
+  };
+  if (n > storable_elements(tokens_.get(), ttype.get(), file_size)) throw beyond_file("/tokens", n);
   num_tokens_ = static_cast<int64_t>(n);
   H5Id ds(H5Dopen2(file_.get(), "doc_offsets", H5P_DEFAULT));
   H5Id dspace(H5Dget_space(ds.get()));
+  H5Id dtype(H5Dget_type(ds.get()));
   hsize_t nd = 0;
-  if (!dspace.valid() || H5Sget_simple_extent_ndims(dspace.get()) != 1)
+  if (!dspace.valid() || !dtype.valid() || H5Sget_simple_extent_ndims(dspace.get()) != 1)
     throw bad("/doc_offsets is not 1-D");
   H5Sget_simple_extent_dims(dspace.get(), &nd, nullptr);
+  if (nd > storable_elements(ds.get(), dtype.get(), file_size))
+    throw beyond_file("/doc_offsets", nd);
   // Offsets run from 0 to the number of tokens in order, one more than the documents: a damaged
   // extent (found by tests/fuzz/fuzz_shard.cpp: 2^61 entries) is refused before it is allocated.
   if (nd > n + 1)

@@ -103,3 +103,33 @@ TEST(Safetensors, ReadsHalfPrecisionAndRejectsDamage) {
   }
   std::remove(path.c_str());
 }
+
+// The header goes through the bounded JSON reader: a tensor named twice (which one would be read?)
+// and nesting past 512 levels (a stack overflow before) are one-line errors naming the file.
+TEST(Safetensors, DuplicateTensorsAndDeepHeadersAreRefused) {
+  const std::string path = "/tmp/tessera_test_bounds.safetensors";
+  auto error_of = [&](std::string header, size_t data_bytes) -> std::string {
+    while (header.size() % 8) header += ' ';
+    std::string file(8, '\0');
+    const uint64_t n = header.size();
+    std::memcpy(&file[0], &n, 8);
+    std::ofstream(path, std::ios::binary) << file + header + std::string(data_bytes, '\0');
+    try {
+      SafetensorsReader r(path);
+      return "accepted, " + std::to_string(r.entries().size()) + " tensors";
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+  };
+  const std::string x = R"("x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  const std::string x2 = R"("x":{"dtype":"F32","shape":[2],"data_offsets":[4,12]})";
+  EXPECT_EQ(error_of("{" + x + "}", 4), "accepted, 1 tensors");
+  EXPECT_EQ(error_of("{" + x + "," + x2 + "}", 12),
+            "'" + path + "': the safetensors header does not parse: duplicate key \"x\" at byte " +
+                std::to_string(1 + x.size() + 1));
+  const std::string deep(50000, '[');
+  EXPECT_EQ(error_of("{\"__metadata__\":" + deep + std::string(50000, ']') + "," + x + "}", 4),
+            "'" + path + "': the safetensors header does not parse: nesting deeper than 512 " +
+                "levels at byte " + std::to_string(16 + 511));
+  std::remove(path.c_str());
+}

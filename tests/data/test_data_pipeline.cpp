@@ -11,6 +11,7 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "core/hdf5_handle.hpp"
 #include "data/gpt_dataset.hpp"
 #include "data/prefetcher.hpp"
 #include "data/preprocess.hpp"
@@ -240,6 +241,64 @@ TEST_F(DataPipeline, DamagedShardsGiveClearErrors) {
   EXPECT_NE(ver.find(s0), std::string::npos) << ver;
   // No shards at all.
   EXPECT_NE(error_of(dir_ + "/nothing").find("names no shards"), std::string::npos);
+}
+
+// A shard's extents must fit its bytes in the file: a /tokens that declares 2^40 entries and stores
+// none was accepted (fuzz_shard's finding of issue 27 had a /doc_offsets as long, allocated whole);
+// a gzip-compressed /tokens that holds its entries still reads.
+TEST_F(DataPipeline, ShardExtentsBeyondTheFileAreRefused) {
+  auto write = [&](const std::string& path, uint64_t n_tokens, bool gzip) {
+    hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    h5_write_attr(f, "format_version", int64_t{1});
+    h5_write_attr(f, "vocab_size", int64_t{1000});
+    h5_write_attr(f, "eod_id", int64_t{999});
+    h5_write_attr(f, "tokenizer", std::string("test"));
+    const hsize_t nt[1] = {n_tokens}, nd[1] = {2};
+    hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
+    if (gzip) {
+      const hsize_t chunk[1] = {64};
+      H5Pset_chunk(pl, 1, chunk);
+      H5Pset_deflate(pl, 4);
+    }
+    hid_t ts = H5Screate_simple(1, nt, nullptr), ds = H5Screate_simple(1, nd, nullptr);
+    hid_t t = H5Dcreate2(f, "tokens", H5T_STD_U16LE, ts, H5P_DEFAULT, pl, H5P_DEFAULT);
+    hid_t d =
+        H5Dcreate2(f, "doc_offsets", H5T_STD_U64LE, ds, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    const uint64_t offsets[2] = {0, n_tokens};
+    H5Dwrite(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets);
+    if (gzip) {  // written: 999 (EOD) ends the one document
+      std::vector<uint16_t> ids(n_tokens, 7);
+      ids.back() = 999;
+      H5Dwrite(t, H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, ids.data());
+    }
+    H5Dclose(d);
+    H5Dclose(t);
+    H5Sclose(ds);
+    H5Sclose(ts);
+    H5Pclose(pl);
+    H5Fclose(f);
+  };
+  const std::string big = dir_ + "/big.h5";
+  write(big, uint64_t{1} << 40, false);
+  try {
+    ShardReader r(big);
+    FAIL() << "a shard of 2^40 tokens in " << std::ifstream(big, std::ios::ate).tellg()
+           << " bytes was accepted";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    const std::string size = std::to_string(std::ifstream(big, std::ios::ate).tellg());
+    EXPECT_EQ(m, "data shard '" + big + "': /tokens has 1099511627776 entries, more than the " +
+                     size + "-byte file can hold; the shard is damaged, re-run tessera-preprocess");
+  }
+  const std::string small = dir_ + "/gzip.h5";
+  write(small, 300, true);
+  ShardReader r(small);
+  EXPECT_EQ(r.num_tokens(), 300);
+  EXPECT_EQ(r.doc_offsets(), (std::vector<uint64_t>{0, 300}));
+  std::vector<int32_t> ids(300);
+  r.read(0, 300, ids.data());
+  EXPECT_EQ(ids[0], 7);
+  EXPECT_EQ(ids[299], 999);
 }
 
 // What the tokenizer wrote must fit the vocabulary the shards declare; a document that does not is

@@ -558,7 +558,16 @@ TEST(HfTokenizer, UnsupportedPartsAreRefusedWithOneLineNamingFileAndPart) {
        "normalizer Replace with a Regex pattern is not supported"},
       {tiny("null", "null", "", "[]", R"({"type": "WordPiece", "prefix": "##"})"),
        "decoder type WordPiece is not supported"},
-      {tiny("null", "null", R"(, "dropout": 0.1)"), "model BPE dropout"},
+      {[] {
+         std::string j = tiny("null");
+         return j.replace(j.find("\"dropout\": null"), 15, "\"dropout\": 0.1");
+       }(),
+       "model BPE dropout"},
+      // Issue 27: a key twice, and nesting past 512 levels (a stack overflow before).
+      {tiny("null", "null", R"(, "dropout": 0.1)"),
+       "does not parse as a tokenizer.json: duplicate key \"dropout\" at byte "},
+      {tiny("null", std::string(50000, '[') + std::string(50000, ']')),
+       "does not parse as a tokenizer.json: nesting deeper than 512 levels at byte "},
       {R"({"added_tokens": [], "normalizer": null, "pre_tokenizer": null, "decoder": null,
           "model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1}}})",
        "model type WordPiece is not supported (supported: BPE)"},

@@ -286,6 +286,11 @@ TEST(TextServer, BadRequestsSayWhatIsWrong) {
   EXPECT_EQ(
       reason(R"({"prompts": ["a"], "stop_on_eol": true})").rfind("unknown field 'stop_on_eol'", 0),
       0u);
+  // Issue 27: a key twice was generated twice; 50,000 open brackets crashed the server.
+  EXPECT_EQ(reason(R"({"prompts":["Hello"],"prompts":["Bye"]})"),
+            "the body is not JSON: duplicate key \"prompts\" at byte 21");
+  EXPECT_EQ(reason(("{\"prompts\": " + std::string(50000, '[')).c_str()),
+            "the body is not JSON: nesting deeper than 512 levels at byte 523");
 }
 
 TEST(TextServer, JsonStringsAreValidUtf8) {
