@@ -92,6 +92,17 @@ sed -i 's/model-00002-of-00002/model-00003-of-00002/' "$work/sh/model.safetensor
 expect "an index naming a missing shard" "model-00003-of-00002.safetensors' cannot be opened" -- --from-hf "$work/sh" --save "$work/x"
 expect "a bad --max-shard-size" "--max-shard-size=1XB is not a size" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --max-shard-size 1XB
 expect "a bad --export-dtype" "--export-dtype=int8 is not a dtype \(allowed: bf16, f32, f16\)" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --export-dtype int8
+# Issue 27: a config.json nested 50,000 deep (a stack overflow before), a key twice in it, and an
+# index that maps a tensor twice.
+{ printf '{"deep": %s' "$(head -c 50000 /dev/zero | tr '\0' '[')"; tail -c +2 "$work/b/config.json"; } > "$work/deep.json"
+cp -r "$work/b" "$work/deep" && mv "$work/deep.json" "$work/deep/config.json"
+expect "config.json nested 50,000 deep" "'$work/deep/config.json' does not parse: nesting deeper than 512 levels at byte 520$" -- --from-hf "$work/deep" --save "$work/x"
+cp -r "$work/b" "$work/twice"
+sed -i 's/"model_type": "llama"/"model_type": "llama", "model_type": "llama"/' "$work/twice/config.json"
+expect "a key twice in config.json" "'$work/twice/config.json' does not parse: duplicate key \"model_type\" at byte [0-9]+$" -- --from-hf "$work/twice" --save "$work/x"
+$tool make "$work/map" --shards 2
+sed -i 's/"weight_map": {/"weight_map": {"model.embed_tokens.weight": "model-00002-of-00002.safetensors", /' "$work/map/model.safetensors.index.json"
+expect "an index mapping a tensor twice" "model.safetensors.index.json' does not parse: duplicate key \"model.embed_tokens.weight\" at byte [0-9]+$" -- --from-hf "$work/map" --save "$work/x"
 [ ! -e "$work/x" ] && ok "nothing written by the refused imports" || bad "a refused import left $work/x"
 [ $fail -eq 0 ] && echo "HF Llama import/export: all passed"
 exit $fail

@@ -106,6 +106,25 @@ expect_refused "unknown --eod-token" "--eod-token '<nope>' is not a token of" "$
 expect_refused "missing tokenizer.json" "--tokenizer-model '$work/none/tokenizer.json' cannot be read" "${HF[@]}" --tokenizer-model "$work/none/tokenizer.json"
 expect_refused "HuggingFaceTokenizer without --tokenizer-model" "needs --tokenizer-model" "${HF[@]}"
 expect_refused "unknown --tokenizer-type" "--tokenizer-type 'BertWordPieceLowerCase' is not supported" --tokenizer-type BertWordPieceLowerCase
+# Issue 27: a tokenizer.json nested 50,000 deep (a stack overflow before) or with a key twice; the
+# same in a jsonl line: one line naming the file (and the line), no shard.
+deep=$(head -c 50000 /dev/zero | tr '\0' '[')
+bad_tok deep '{"normalizer": '"$deep"'}'
+bad_tok twice '{"normalizer": null, "normalizer": null, "pre_tokenizer": null, "decoder": null, '"$model"'}'
+expect_refused "tokenizer.json nested 50,000 deep" "'$work/deep/tokenizer.json': does not parse as a tokenizer.json: nesting deeper than 512 levels at byte 526" "${HF[@]}" --tokenizer-model "$work/deep"
+expect_refused "a key twice in tokenizer.json" "'$work/twice/tokenizer.json': does not parse as a tokenizer.json: duplicate key \"normalizer\" at byte 21" "${HF[@]}" --tokenizer-model "$work/twice"
+{ echo '{"text": "fine"}'; printf '{"text": "a", "meta": %s}\n' "$deep"; } > "$work/deep.jsonl"
+printf '{"text": "fine"}\n{"text": "a", "text": "b"}\n' > "$work/twice.jsonl"
+for c in "deep|2: nesting deeper than 512 levels at byte 533" 'twice|2: duplicate key "text" at byte 14'; do
+  f=$work/${c%%|*}.jsonl
+  out=$("$bin/tessera-preprocess" --input "$f" --output-prefix "$work/bad" "${HF[@]}" --tokenizer-model "$sp" 2>&1 >/dev/null); rc=$?
+  # (rc 1 today, like every jsonl error; issue 27 item 8 makes bad input exit 2 across the apps)
+  if [ $rc -ne 0 ] && [ "$(wc -l <<<"$out")" -eq 1 ] && grep -qF -- "error: $f:${c#*|}" <<<"$out" && ! ls "$work"/bad_* > /dev/null 2>&1; then
+    ok "jsonl line ${c#*|} -> rc $rc: $out"
+  else
+    bad "jsonl ${c%%|*}: rc $rc: $out"
+  fi
+done
 out=$(gen "${HF[@]}" --tokenizer-model "$hf/llama3" --prompt "Once" 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "vocabulary has 32000 tokens, the tokenizer ($hf/llama3) 128256" <<<"$out" &&
   ok "generate with a tokenizer of another vocabulary -> rc 2" || bad "generate vocab mismatch: rc $rc $out"

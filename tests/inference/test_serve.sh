@@ -122,6 +122,9 @@ expect_code 400 '{"prompts": ["a"], "tokens_to_generate": 100}' PUT /api "that i
 expect_code 400 '{"prompts": ["a", "b"], "beam_width": 2}' PUT /api "beam search takes one prompt per request"
 expect_code 400 '{"prompts": [""], "tokens_to_generate": 2}' PUT /api "prompt 1 is empty"
 expect_code 400 '{"prompts": ["a"], "stop_token": 99999999}' PUT /api "stop_token 99999999 is outside the vocabulary of 50257 tokens"
+# Issue 27: 50,000 nested brackets crashed the server; a key twice was generated twice.
+expect_code 400 "{\"prompts\": $(head -c 50000 /dev/zero | tr '\0' '[')" PUT /api "the body is not JSON: nesting deeper than 512 levels at byte 523"
+expect_code 400 '{"prompts":["Hello"],"prompts":["Bye"]}' PUT /api 'the body is not JSON: duplicate key "prompts" at byte 21'
 expect_code 405 '' GET /api "use PUT or POST"
 expect_code 404 '{"prompts": ["a"]}' PUT /generate "no such path '/generate'"
 again=$(put '{"prompts": ["Hello world"], "tokens_to_generate": 8, "temperature": 0}')
