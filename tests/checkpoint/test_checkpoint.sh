@@ -165,8 +165,10 @@ expect_error "split offset 2^63-1" "layers.0.mlp.fc1.weight stores .* at offset 
 cp -r "$src" "$work/missing"
 rm "$work/missing/iter_0000008/mp_rank_01_001.h5"
 expect_error "missing shard" "missing shard file .*mp_rank_01_001.h5" "$work/missing"
-mkdir -p "$work/empty"
-expect_error "no latest file" "no latest_checkpointed_iteration.txt" "$work/empty"
+# An empty directory is a first run's (it starts fresh: tests/app/test_megatron_script.sh); an
+# iteration directory without the latest file is a damaged checkpoint.
+mkdir -p "$work/nolatest/iter_0000008"
+expect_error "no latest file" "no latest_checkpointed_iteration.txt" "$work/nolatest"
 out=$("$bin/tessera-train" --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
       --max-position-embeddings 32 --vocab-size 600 --load "$src" --skip-train 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "hidden-size=32 but this run has 64" <<<"$out" && ok "another model shape -> rc 2" || bad "shape mismatch: rc $rc $out"
