@@ -93,5 +93,8 @@ expect "an index naming a missing shard" "model-00003-of-00002.safetensors' cann
 expect "a bad --max-shard-size" "--max-shard-size=1XB is not a size" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --max-shard-size 1XB
 expect "a bad --export-dtype" "--export-dtype=int8 is not a dtype \(allowed: bf16, f32, f16\)" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --export-dtype int8
 [ ! -e "$work/x" ] && ok "nothing written by the refused imports" || bad "a refused import left $work/x"
+help=$("$bin/tessera-convert" --help)
+grep -q "GPT-2 (GPT2LMHeadModel) and the Llama family (LlamaForCausalLM" <<<"$help" && ! grep -q "Hugging Face GPT-2 \(format\|directory\)" <<<"$help" \
+  && ok "tessera-convert --help names GPT-2 and the Llama family" || bad "tessera-convert --help: $(head -4 <<<"$help")"
 [ $fail -eq 0 ] && echo "HF Llama import/export: all passed"
 exit $fail
