@@ -43,15 +43,22 @@ int main(int argc, char** argv) {
   try {
     OptionParser p(
         "tessera-convert",
-        "--to-hf --load CKPT --save HF_DIR | --from-hf HF_DIR --save CKPT [--target-...]");
+        "--to-hf --load CKPT --save HF_DIR | --from-hf HF_DIR --save NEW_CKPT [--target-...]\n\n"
+        "Converts between Tessera checkpoints and Hugging Face directories (config.json +\n"
+        "safetensors) of GPT-2 (GPT2LMHeadModel) and the Llama family (LlamaForCausalLM: Llama 2,\n"
+        "3, 3.1, 3.2 and models of that shape), both ways; imports are written at any TP x PP.");
     p.group("Conversion")
         .add_options()("to-hf", po::bool_switch(&to_hf),
-                       "export --load CKPT to Hugging Face GPT-2 format in --save DIR")(
+                       "export --load CKPT to a Hugging Face directory --save DIR: "
+                       "GPT2LMHeadModel for a GPT-2 checkpoint, LlamaForCausalLM for a "
+                       "Llama-family one (RoPE, RMSNorm, SwiGLU)")(
             "from-hf", po::value(&from_hf),
-            "import the Hugging Face GPT-2 directory (config.json, model.safetensors)")(
+            "import the Hugging Face directory (config.json with model_type gpt2 or llama; "
+            "model.safetensors or shards with model.safetensors.index.json)")(
             "load", po::value(&load), "checkpoint to export (with --to-hf)")(
             "save", po::value(&save)->required(),
-            "output: a directory for the HF files, or a checkpoint directory")(
+            "output, created with its parents: the Hugging Face directory (--to-hf), or a new "
+            "checkpoint directory (--from-hf; one that holds a checkpoint is refused)")(
             "target-tensor-model-parallel-size", po::value(&tp)->default_value(1),
             "with --from-hf: tensor-parallel size of the checkpoint")(
             "target-pipeline-model-parallel-size", po::value(&pp)->default_value(1),
@@ -93,6 +100,7 @@ int main(int argc, char** argv) {
       std::cout << "tessera-convert: exported " << n << " tensors in " << t.seconds() << " s"
                 << std::endl;
     } else {
+      refuse_save_over_checkpoint(save, 0);  // before reading anything: an import is iteration 0
       const std::string type = hf_model_type(from_hf);
       if (type != "gpt2" && type != "llama")
         throw ConfigError("'" + from_hf + "/config.json' has model_type \"" + type +

@@ -1,6 +1,7 @@
 // tessera-reshard: converts a checkpoint (model and optimizer state) to another tensor/pipeline
 // parallel layout, offline, tensor by tensor. The data-parallel size is free at load time.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "checkpoint/checkpoint.hpp"
@@ -23,18 +24,28 @@ int main(int argc, char** argv) {
                        "checkpoint directory (with latest_checkpointed_iteration.txt) or an "
                        "iter_NNNNNNN directory")(
             "save", po::value(&save)->required(),
-            "output checkpoint directory (a new one; the source is never modified)")(
-            "target-tensor-model-parallel-size", po::value(&tp)->default_value(1),
-            "tensor-parallel size of the output")("target-pipeline-model-parallel-size",
-                                                  po::value(&pp)->default_value(1),
-                                                  "pipeline-parallel size of the output");
+            "output checkpoint directory, created with its parents: a new one (one that holds "
+            "a checkpoint, or lies inside the source, is refused; the source is never "
+            "modified)")("target-tensor-model-parallel-size", po::value(&tp)->default_value(1),
+                         "tensor-parallel size of the output")(
+            "target-pipeline-model-parallel-size", po::value(&pp)->default_value(1),
+            "pipeline-parallel size of the output");
     if (!p.parse(argc, argv)) return 0;
     Timer t;
     CheckpointReader src(load);
-    if (src.path().rfind(save + "/", 0) == 0 || src.path() == save)
-      throw ConfigError("--save '" + save +
-                        "' is the checkpoint being read; write to a new directory");
+    // The output neither contains nor lies inside the checkpoint being read (compared as
+    // absolute paths with links resolved, however the two were spelled).
+    auto absolute = [](const std::string& path) {
+      std::error_code ec;
+      const std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+      return ec ? path : p.string();
+    };
+    const std::string from = absolute(src.path()), to = absolute(save);
+    if (from == to || from.rfind(to + "/", 0) == 0 || to.rfind(from + "/", 0) == 0)
+      throw ConfigError("--save '" + save + "' is or contains the checkpoint being read ('" +
+                        src.path() + "'); write to a new directory");
     CheckpointMeta meta = src.meta();
+    refuse_save_over_checkpoint(save, meta.iteration);
     std::cout << "tessera-reshard: " << src.path() << " (iteration " << meta.iteration << ", TP "
               << meta.tp_size << " x PP " << meta.pp_size << ", vocabulary "
               << meta.model.vocab_size << " padded to "

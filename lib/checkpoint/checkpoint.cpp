@@ -154,6 +154,20 @@ std::string iteration_dir_name(int64_t iteration) {
   return b;
 }
 
+int64_t parse_iteration_dir_name(const std::string& path) {
+  size_t end = path.size();
+  while (end > 1 && path[end - 1] == '/') --end;
+  const size_t slash = path.rfind('/', end - 1);
+  const std::string base = path.substr(slash == std::string::npos ? 0 : slash + 1,
+                                       end - (slash == std::string::npos ? 0 : slash + 1));
+  long long it = -1;
+  char tail = 0;
+  if (std::sscanf(base.c_str(), "iter_%lld%c", &it, &tail) != 1 || it < 0 ||
+      base != iteration_dir_name(it))
+    return -1;
+  return it;
+}
+
 std::string shard_file_name(int tp_rank, int pp_rank) {
   char b[40];
   std::snprintf(b, sizeof b, "mp_rank_%02d_%03d.h5", tp_rank, pp_rank);
@@ -257,6 +271,94 @@ std::string resolve_checkpoint_dir(const std::string& dir) {
                     shard_file_name(0, 0) + "; pass a directory written by --save");
 }
 
+CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
+  CheckpointMeta meta;
+  int64_t v = 0;
+  auto need = [&](const char* name, int64_t& out) {
+    if (!h5_read_attr(f, name, out))
+      throw ConfigError("checkpoint file '" + file + "' lacks attribute '" + name +
+                        "'; it was not written by tessera (or is corrupt)");
+  };
+  need("format_version", v);
+  if (v != kCheckpointFormatVersion)
+    throw ConfigError("checkpoint file '" + file + "' has format_version " + std::to_string(v) +
+                      "; this build reads version " + std::to_string(kCheckpointFormatVersion));
+  meta.format_version = v;
+  int64_t x = 0;
+  need("iteration", meta.iteration);
+  need("consumed_samples", meta.consumed_samples);
+  need("optimizer_steps", meta.optimizer_steps);
+  h5_read_attr(f, "lr_schedule_samples", meta.lr_schedule_samples);  // optional
+  {
+    std::string scale;
+    if (h5_read_attr(f, "loss_scale", scale)) {
+      meta.has_loss_scale = true;
+      meta.loss_scale = std::strtod(scale.c_str(), nullptr);
+      need("loss_scale_growth_tracker", meta.loss_scale_growth_tracker);
+      need("loss_scale_hysteresis_tracker", meta.loss_scale_hysteresis_tracker);
+      h5_read_attr(f, "skipped_iterations", meta.skipped_iterations);
+    }
+  }
+  need("seed", x);
+  meta.seed = static_cast<uint64_t>(x);
+  GPTConfig& m = meta.model;
+  // Shape attributes within sizes any model has, so a damaged file cannot overflow the sizes
+  // computed from them (found by tests/fuzz/fuzz_checkpoint.cpp).
+  auto bounded = [&](const char* name, int64_t hi) {
+    need(name, x);
+    if (x < 1 || x > hi)
+      throw ConfigError("checkpoint file '" + file + "' has " + name + " " + std::to_string(x) +
+                        ", outside 1.." + std::to_string(hi) + " (damaged?)");
+    return static_cast<int>(x);
+  };
+  m.num_layers = bounded("num_layers", 1 << 16);
+  m.hidden_size = bounded("hidden_size", 1 << 20);
+  m.num_attention_heads = bounded("num_attention_heads", 1 << 16);
+  m.ffn_hidden_size = bounded("ffn_hidden_size", 1 << 22);
+  m.seq_length = bounded("seq_length", 1 << 24);
+  m.max_position_embeddings = bounded("max_position_embeddings", 1 << 24);
+  m.vocab_size = bounded("vocab_size", 1 << 30);
+  m.make_vocab_size_divisible_by = bounded("make_vocab_size_divisible_by", 1 << 16);
+  need("layernorm_epsilon_x1e9", x);
+  m.layernorm_epsilon = static_cast<double>(x) * 1e-9;
+  {  // optional: checkpoints from before the Llama family hold GPT-2 models
+    std::string text;
+    if (h5_read_attr(f, "position_embedding_type", text)) m.position_embedding_type = text;
+    if (h5_read_attr(f, "rotary_base", text)) m.rotary_base = std::strtod(text.c_str(), nullptr);
+    if (h5_read_attr(f, "rotary_percent", text))
+      m.rotary_percent = std::strtod(text.c_str(), nullptr);
+    if (h5_read_attr(f, "normalization", text)) m.normalization = text;
+    if (h5_read_attr(f, "rope_scaling", text)) {
+      m.use_rope_scaling = true;
+      std::istringstream in(text);
+      in >> m.rope_scaling_factor >> m.rope_scaling_low_freq_factor >>
+          m.rope_scaling_high_freq_factor >> m.rope_scaling_original_max_positions;
+      if (!in)
+        throw ConfigError("checkpoint file '" + file +
+                          "' has a malformed rope_scaling attribute '" + text + "'");
+    }
+    if (h5_read_attr(f, "swiglu", x)) m.swiglu = x != 0;
+    if (h5_read_attr(f, "num_query_groups", x) && x != 0) {
+      if (x < 0 || x > (1 << 16))
+        throw ConfigError("checkpoint file '" + file + "' has num_query_groups " +
+                          std::to_string(x) + ", outside 1..65536 (damaged?)");
+      m.group_query_attention = true;
+      m.num_query_groups = static_cast<int>(x);
+    }
+    if (h5_read_attr(f, "untie_embeddings_and_output_weights", x))
+      m.untie_embeddings_and_output_weights = x != 0;
+    if (h5_read_attr(f, "add_bias_linear", x)) m.add_bias_linear = x != 0;
+  }
+  meta.tp_size = bounded("tensor_model_parallel_size", 1 << 16);
+  meta.pp_size = bounded("pipeline_model_parallel_size", 1 << 16);
+  meta.dp_size = bounded("data_parallel_size", 1 << 24);
+  need("has_optimizer", x);
+  meta.has_optimizer = x != 0;
+  h5_read_attr(f, "config", meta.config_text);
+
+  return meta;
+}
+
 CheckpointReader::CheckpointReader(const std::string& dir) {
   path_ = resolve_checkpoint_dir(dir);
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
@@ -275,90 +377,26 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
   };
   const std::string first = path_ + "/" + shard_file_name(0, 0);
   auto h0 = open(first);
-  int64_t v = 0;
+  meta_ = read_checkpoint_meta(h0->get(), first);
+  // The iteration directory names the checkpoint's iteration: every file, the first included, must
+  // agree with it, so a damaged attribute is blamed on the file that holds it.
+  const int64_t dir_iteration = parse_iteration_dir_name(path_);
   auto need = [&](hid_t f, const char* name, int64_t& out, const std::string& file) {
     if (!h5_read_attr(f, name, out))
       throw ConfigError("checkpoint file '" + file + "' lacks attribute '" + name +
                         "'; it was not written by tessera (or is corrupt)");
   };
-  need(h0->get(), "format_version", v, first);
-  if (v != kCheckpointFormatVersion)
-    throw ConfigError("checkpoint file '" + first + "' has format_version " + std::to_string(v) +
-                      "; this build reads version " + std::to_string(kCheckpointFormatVersion));
-  meta_.format_version = v;
-  int64_t x = 0;
-  need(h0->get(), "iteration", meta_.iteration, first);
-  need(h0->get(), "consumed_samples", meta_.consumed_samples, first);
-  need(h0->get(), "optimizer_steps", meta_.optimizer_steps, first);
-  h5_read_attr(h0->get(), "lr_schedule_samples", meta_.lr_schedule_samples);  // optional
-  {
-    std::string scale;
-    if (h5_read_attr(h0->get(), "loss_scale", scale)) {
-      meta_.has_loss_scale = true;
-      meta_.loss_scale = std::strtod(scale.c_str(), nullptr);
-      need(h0->get(), "loss_scale_growth_tracker", meta_.loss_scale_growth_tracker, first);
-      need(h0->get(), "loss_scale_hysteresis_tracker", meta_.loss_scale_hysteresis_tracker, first);
-      h5_read_attr(h0->get(), "skipped_iterations", meta_.skipped_iterations);
-    }
-  }
-  need(h0->get(), "seed", x, first);
-  meta_.seed = static_cast<uint64_t>(x);
-  GPTConfig& m = meta_.model;
-  // Shape attributes within sizes any model has, so a damaged file cannot overflow the sizes
-  // computed from them (found by tests/fuzz/fuzz_checkpoint.cpp).
-  auto bounded = [&](const char* name, int64_t hi) {
-    need(h0->get(), name, x, first);
-    if (x < 1 || x > hi)
-      throw ConfigError("checkpoint file '" + first + "' has " + name + " " + std::to_string(x) +
-                        ", outside 1.." + std::to_string(hi) + " (damaged?)");
-    return static_cast<int>(x);
-  };
-  m.num_layers = bounded("num_layers", 1 << 16);
-  m.hidden_size = bounded("hidden_size", 1 << 20);
-  m.num_attention_heads = bounded("num_attention_heads", 1 << 16);
-  m.ffn_hidden_size = bounded("ffn_hidden_size", 1 << 22);
-  m.seq_length = bounded("seq_length", 1 << 24);
-  m.max_position_embeddings = bounded("max_position_embeddings", 1 << 24);
-  m.vocab_size = bounded("vocab_size", 1 << 30);
-  m.make_vocab_size_divisible_by = bounded("make_vocab_size_divisible_by", 1 << 16);
-  need(h0->get(), "layernorm_epsilon_x1e9", x, first);
-  m.layernorm_epsilon = static_cast<double>(x) * 1e-9;
-  {  // optional: checkpoints from before the Llama family hold GPT-2 models
-    std::string text;
-    if (h5_read_attr(h0->get(), "position_embedding_type", text)) m.position_embedding_type = text;
-    if (h5_read_attr(h0->get(), "rotary_base", text))
-      m.rotary_base = std::strtod(text.c_str(), nullptr);
-    if (h5_read_attr(h0->get(), "rotary_percent", text))
-      m.rotary_percent = std::strtod(text.c_str(), nullptr);
-    if (h5_read_attr(h0->get(), "normalization", text)) m.normalization = text;
-    if (h5_read_attr(h0->get(), "rope_scaling", text)) {
-      m.use_rope_scaling = true;
-      std::istringstream in(text);
-      in >> m.rope_scaling_factor >> m.rope_scaling_low_freq_factor >>
-          m.rope_scaling_high_freq_factor >> m.rope_scaling_original_max_positions;
-      if (!in)
-        throw ConfigError("checkpoint file '" + first +
-                          "' has a malformed rope_scaling attribute '" + text + "'");
-    }
-    if (h5_read_attr(h0->get(), "swiglu", x)) m.swiglu = x != 0;
-    if (h5_read_attr(h0->get(), "num_query_groups", x) && x != 0) {
-      if (x < 0 || x > (1 << 16))
-        throw ConfigError("checkpoint file '" + first + "' has num_query_groups " +
-                          std::to_string(x) + ", outside 1..65536 (damaged?)");
-      m.group_query_attention = true;
-      m.num_query_groups = static_cast<int>(x);
-    }
-    if (h5_read_attr(h0->get(), "untie_embeddings_and_output_weights", x))
-      m.untie_embeddings_and_output_weights = x != 0;
-    if (h5_read_attr(h0->get(), "add_bias_linear", x)) m.add_bias_linear = x != 0;
-  }
-  meta_.tp_size = bounded("tensor_model_parallel_size", 1 << 16);
-  meta_.pp_size = bounded("pipeline_model_parallel_size", 1 << 16);
-  meta_.dp_size = bounded("data_parallel_size", 1 << 24);
-  need(h0->get(), "has_optimizer", x, first);
-  meta_.has_optimizer = x != 0;
-  h5_read_attr(h0->get(), "config", meta_.config_text);
 
+  // A file past the recorded layout: the layout attributes of every file are damaged the same way
+  // (reading only the files they name would leave parts of tensors unread).
+  for (const std::string& extra :
+       {shard_file_name(meta_.tp_size, 0), shard_file_name(0, meta_.pp_size)})
+    if (is_file(path_ + "/" + extra))
+      throw ConfigError(detail::concat("checkpoint '", path_, "' holds ", extra,
+                                       ", outside the layout TP ", meta_.tp_size, " x PP ",
+                                       meta_.pp_size,
+                                       " its files record (damaged layout "
+                                       "attributes?); use another checkpoint"));
   for (int pp = 0; pp < meta_.pp_size; ++pp)
     for (int tp = 0; tp < meta_.tp_size; ++tp) {
       const std::string file = path_ + "/" + shard_file_name(tp, pp);
@@ -366,10 +404,29 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
       int64_t it = -1, ftp = -1;
       need(h->get(), "iteration", it, file);
       need(h->get(), "tp_rank", ftp, file);
-      if (it != meta_.iteration || ftp != tp)
-        throw ConfigError("checkpoint file '" + file +
-                          "' belongs to another checkpoint (iteration " + std::to_string(it) +
-                          ", tp rank " + std::to_string(ftp) + ")");
+      if (dir_iteration >= 0 && it != dir_iteration)
+        throw ConfigError("checkpoint file '" + file + "' has iteration " + std::to_string(it) +
+                          " but lies in " + iteration_dir_name(dir_iteration) +
+                          " (damaged, or a file of another checkpoint); restore it or use "
+                          "another checkpoint");
+      if (it != meta_.iteration)
+        throw ConfigError("checkpoint files '" + first + "' (iteration " +
+                          std::to_string(meta_.iteration) + ") and '" + file + "' (iteration " +
+                          std::to_string(it) +
+                          ") disagree: one is damaged or belongs to another checkpoint; use "
+                          "another checkpoint");
+      if (ftp != tp)
+        throw ConfigError("checkpoint file '" + file + "' has tp_rank " + std::to_string(ftp) +
+                          " but its name says tensor rank " + std::to_string(tp) +
+                          " (damaged, or a renamed file); restore it or use another checkpoint");
+      int64_t ftp_size = -1, fpp_size = -1;
+      need(h->get(), "tensor_model_parallel_size", ftp_size, file);
+      need(h->get(), "pipeline_model_parallel_size", fpp_size, file);
+      if (ftp_size != meta_.tp_size || fpp_size != meta_.pp_size)
+        throw ConfigError(
+            detail::concat("checkpoint files '", first, "' (TP ", meta_.tp_size, " x PP ",
+                           meta_.pp_size, ") and '", file, "' (TP ", ftp_size, " x PP ", fpp_size,
+                           ") disagree on the layout: one is damaged; use another checkpoint"));
       // Index the model tensors of this file.
       H5Id g(H5Gopen2(h->get(), "model", H5P_DEFAULT));
       if (!g.valid()) throw ConfigError("checkpoint file '" + file + "' has no /model group");
@@ -500,7 +557,15 @@ void CheckpointReader::read_slice(const std::string& group, const ParamSpec& t, 
   const bool vocab = t.name == "wte" || t.name == "lm_head";
   if (vocab && ax == 0 && t.split_offset >= meta_.model.vocab_size) return;  // all padding rows
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-  bool covered = false;
+  // Rows of the split axis the sources supply (the whole tensor for replicated ones): they must
+  // cover the target's slice, vocabulary padding rows excepted.
+  int64_t covered = 0, needed = 1;
+  if (ax >= 0) {
+    const int64_t end =
+        vocab ? std::min<int64_t>(t.split_offset + t.local_shape[ax], meta_.model.vocab_size)
+              : t.split_offset + t.local_shape[ax];
+    needed = end - t.split_offset;
+  }
   for (const SourceTensor& s : it->second) {
     if (s.pp_rank != pp) continue;
     if (s.split_axis != ax || s.global_shape.size() != t.global_shape.size())
@@ -559,12 +624,17 @@ void CheckpointReader::read_slice(const std::string& group, const ParamSpec& t, 
         std::memcpy(out + (o * t_ext + a_lo + t_shift) * inner, dst + (o * s_ext + a_lo) * inner,
                     sizeof(float) * (a_hi - a_lo) * inner);
     }
-    covered = true;
+    covered += ax >= 0 ? hi - lo : 1;
     if (ax < 0) break;
   }
-  if (!covered)
-    throw ConfigError("checkpoint '" + path_ + "' does not cover " + t.name + " [" +
-                      std::to_string(t.split_offset) + "...] (missing shard?)");
+  if (covered != needed)
+    throw ConfigError(detail::concat(
+        "checkpoint '", path_, "' supplies ", covered, " of the ", needed,
+        ax >= 0 ? " indices along axis " + std::to_string(ax) + " from offset " +
+                      std::to_string(t.split_offset)
+                : std::string(" copy"),
+        " of ", t.name,
+        " (a missing or damaged shard, or damaged layout attributes); use another checkpoint"));
 }
 
 // ---- directory operations -----------------------------------------------------------------------
@@ -583,6 +653,50 @@ void prepare_save_dir(const std::string& save_dir) {
   if (!ok)
     throw ConfigError("--save '" + save_dir + "' is not writable (" + std::strerror(errno) +
                       "); choose a directory this job can write");
+}
+
+std::vector<int64_t> checkpoint_iterations(const std::string& dir) {
+  std::vector<int64_t> iters;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      const int64_t it = parse_iteration_dir_name(e->d_name);
+      if (it >= 0 && is_dir(dir + "/" + e->d_name)) iters.push_back(it);
+    }
+    closedir(d);
+  }
+  std::sort(iters.begin(), iters.end());
+  return iters;
+}
+
+int64_t latest_checkpoint_iteration(const std::string& dir) {
+  std::ifstream in(dir + "/latest_checkpointed_iteration.txt");
+  int64_t it = -1;
+  if (!(in >> it) || it < 0) return -1;
+  return it;
+}
+
+void refuse_save_over_checkpoint(const std::string& save_dir, int64_t iteration) {
+  const bool has_latest = is_file(save_dir + "/latest_checkpointed_iteration.txt");
+  const std::vector<int64_t> iters = checkpoint_iterations(save_dir);
+  const bool shards = is_file(save_dir + "/" + shard_file_name(0, 0));
+  if (!has_latest && iters.empty() && !shards) return;
+  std::string holds;
+  if (const int64_t latest = latest_checkpoint_iteration(save_dir); latest >= 0) {
+    holds = "latest iteration " + std::to_string(latest);
+  } else if (!iters.empty()) {
+    holds = "iteration";
+    if (iters.size() > 1) holds += "s";
+    for (size_t i = 0; i < iters.size(); ++i) holds += (i ? ", " : " ") + std::to_string(iters[i]);
+    if (has_latest) holds += "; its latest file holds no iteration number";
+  } else {
+    holds = shards ? "shard files of an iteration directory" : "a latest file";
+  }
+  throw ConfigError("--save '" + save_dir + "' already holds a checkpoint (" + holds +
+                    "); writing iteration " + std::to_string(iteration) +
+                    " there would make it the latest, and a run loading '" + save_dir +
+                    "' would start from it: save to a new directory (or remove the checkpoints "
+                    "in '" +
+                    save_dir + "' first)");
 }
 
 std::string begin_checkpoint_dir(const std::string& save_dir, int64_t iteration) {

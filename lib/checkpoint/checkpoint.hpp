@@ -54,6 +54,13 @@ struct CheckpointMeta {
 
 std::string iteration_dir_name(int64_t iteration);      // "iter_0000100"
 std::string shard_file_name(int tp_rank, int pp_rank);  // "mp_rank_00_000.h5"
+// The iteration an iteration directory is named after ("ckpt/iter_0000100/" -> 100); -1 when the
+// last component of `path` is not of that form.
+int64_t parse_iteration_dir_name(const std::string& path);
+
+// The attributes of one open shard file (everything but its tp_rank and layers). Throws
+// ConfigError naming `file` when one is missing, of another format version, or out of range.
+CheckpointMeta read_checkpoint_meta(hid_t file, const std::string& path);
 
 // The tensors of one shard file: the parameters, and the Adam moments when `exp_avg` is given.
 struct ShardTensors {
@@ -122,6 +129,17 @@ std::string resolve_checkpoint_dir(const std::string& dir);
 
 // Creates --save (with parents) and checks a file can be written there; ConfigError otherwise.
 void prepare_save_dir(const std::string& save_dir);
+
+// The complete checkpoints of a --save directory: its iter_NNNNNNN directories (sorted), and the
+// iteration its latest file names (-1: no latest file, or one without an iteration number).
+std::vector<int64_t> checkpoint_iterations(const std::string& dir);
+int64_t latest_checkpoint_iteration(const std::string& dir);
+
+// Offline writers (import, resharding) never move a run: throws ConfigError, naming the directory,
+// its latest iteration and what to do, when `save_dir` already holds a checkpoint (a latest file,
+// an iter_NNNNNNN directory or shard files), since writing `iteration` there would repoint its
+// latest file (an import's iteration 0 would restart the run without its optimizer state).
+void refuse_save_over_checkpoint(const std::string& save_dir, int64_t iteration);
 
 // The directory operations of a save, done by one rank: create DIR/iter_N.tmp/ (fresh), and after
 // all shards are written, move it into place, update the latest file, and keep only the newest

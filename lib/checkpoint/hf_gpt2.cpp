@@ -1,8 +1,6 @@
 // hf_gpt2.cpp: name and orientation mapping between Tessera and Hugging Face GPT-2.
 #include "checkpoint/hf_gpt2.hpp"
 
-#include <sys/stat.h>
-
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -75,10 +73,7 @@ void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& dir,
                       "' is not a GPT-2 model (it uses the Llama family's options: RoPE, "
                       "RMSNorm, SwiGLU, grouped-query attention, an untied head or no biases); "
                       "the Hugging Face export writes GPT2LMHeadModel only");
-  ::mkdir(dir.c_str(), 0755);
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    throw ConfigError("--save '" + dir + "' cannot be created as a directory");
+  prepare_save_dir(dir);  // with its parents; ConfigError when it cannot be written
   const auto specs = global_specs(cfg);
   SafetensorsWriter w(dir + "/model.safetensors",
                       {{"format", "pt"}, {"source", "tessera " + ckpt.path()}});

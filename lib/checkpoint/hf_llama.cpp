@@ -2,7 +2,6 @@
 #include "checkpoint/hf_llama.hpp"
 
 #include <dirent.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -127,10 +126,7 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
   if (cfg.alibi())
     throw ConfigError("checkpoint '" + ckpt.path() + "' uses ALiBi; LlamaForCausalLM uses RoPE");
   const std::string dtype = hf_dtype(o.dtype);
-  ::mkdir(dir.c_str(), 0755);
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    throw ConfigError("--save '" + dir + "' cannot be created as a directory");
+  prepare_save_dir(dir);  // with its parents; ConfigError when it cannot be written
   const auto specs = global_specs(cfg);
   // Plan the files: tensors in order, a new shard when the next one would pass the limit.
   struct Planned {

@@ -34,6 +34,7 @@ void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
                       const SliceSource& source,
                       const std::function<void(const std::string&)>& progress) {
   validate_model_layout(meta.model, meta.tp_size, meta.pp_size);
+  refuse_save_over_checkpoint(save_dir, meta.iteration);
   const std::string tmp = begin_checkpoint_dir(save_dir, meta.iteration);
   try {
     std::vector<float> buf;

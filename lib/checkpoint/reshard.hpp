@@ -16,7 +16,8 @@ using SliceSource =
     std::function<void(const std::string& group, const ParamSpec& spec, float* out)>;
 
 // Writes DIR/iter_N/ (atomically, latest file last) for meta.tp_size x meta.pp_size. Validates the
-// layout against the model (ConfigError naming the numbers). `progress` gets one line per file.
+// layout against the model (ConfigError naming the numbers) and refuses a DIR that already holds a
+// checkpoint (refuse_save_over_checkpoint). `progress` gets one line per file.
 void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
                       const SliceSource& source,
                       const std::function<void(const std::string&)>& progress);

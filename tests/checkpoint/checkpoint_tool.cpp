@@ -4,7 +4,10 @@
 //   test_checkpoint_tool flip-byte FILE DATASET      flip one byte inside the dataset's data
 //   test_checkpoint_tool drop-model FILE             remove the /model group
 //   test_checkpoint_tool unlink FILE DATASET         remove one dataset
-//   test_checkpoint_tool set-attr FILE DATASET NAME N  rewrite a dataset's integer attribute
+//   test_checkpoint_tool flip-bit FILE DATASET       flip the lowest bit of the byte in the middle
+//                                                    of the dataset's data (one float moves 1 ulp)
+//   test_checkpoint_tool set-attr FILE OBJECT NAME N  rewrite an integer attribute of a dataset
+//                                                    (or of the file: OBJECT "/")
 #include <hdf5.h>
 
 #include <cstdio>
@@ -22,7 +25,8 @@ int main(int argc, char** argv) {
     H5Fclose(f);
     return rc;
   }
-  if (argc == 4 && std::strcmp(argv[1], "flip-byte") == 0) {
+  const bool flip_byte = argc == 4 && std::strcmp(argv[1], "flip-byte") == 0;
+  if (flip_byte || (argc == 4 && std::strcmp(argv[1], "flip-bit") == 0)) {
     hid_t f = H5Fopen(argv[2], H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0) return 1;
     hid_t d = H5Dopen2(f, argv[3], H5P_DEFAULT);
@@ -52,9 +56,10 @@ int main(int argc, char** argv) {
     std::fseek(fp, pos, SEEK_SET);
     const int c = std::fgetc(fp);
     std::fseek(fp, pos, SEEK_SET);
-    std::fputc(c ^ 0x5a, fp);
+    std::fputc(c ^ (flip_byte ? 0x5a : 0x01), fp);
     std::fclose(fp);
-    std::printf("flipped byte %ld of %s (chunk of %s at %llu, %llu bytes)\n", pos, argv[2], argv[3],
+    std::printf("flipped %s %ld of %s (data of %s at %llu, %llu bytes)\n",
+                flip_byte ? "byte" : "the lowest bit of byte", pos, argv[2], argv[3],
                 (unsigned long long)addr, (unsigned long long)size);
     return 0;
   }
@@ -76,16 +81,17 @@ int main(int argc, char** argv) {
     const long long v = std::strtoll(argv[5], nullptr, 10);
     hid_t f = H5Fopen(argv[2], H5F_ACC_RDWR, H5P_DEFAULT);
     if (f < 0) return 1;
-    hid_t d = H5Dopen2(f, argv[3], H5P_DEFAULT);
+    hid_t d = H5Oopen(f, argv[3], H5P_DEFAULT);  // a dataset, or "/" for the file's attributes
     hid_t a = d >= 0 ? H5Aopen(d, argv[4], H5P_DEFAULT) : -1;
     const int rc = a >= 0 && H5Awrite(a, H5T_NATIVE_LLONG, &v) >= 0 ? 0 : 1;
     if (a >= 0) H5Aclose(a);
-    if (d >= 0) H5Dclose(d);
+    if (d >= 0) H5Oclose(d);
     H5Fclose(f);
     return rc;
   }
   std::fprintf(stderr,
                "usage: test_checkpoint_tool set-version FILE N | flip-byte FILE DATASET | "
-               "drop-model FILE | unlink FILE DATASET | set-attr FILE DATASET NAME N\n");
+               "flip-bit FILE DATASET | drop-model FILE | unlink FILE DATASET | "
+               "set-attr FILE OBJECT NAME N\n");
   return 2;
 }

@@ -2,7 +2,8 @@
 # test_checkpoint.sh: checkpoints as a user meets them: save/load per layout, exact resume (bitwise
 # on CPU) at 1 rank and TP2 x PP2 x DP2, resharding TP2xPP2 -> TP1 -> TP4 -> TP2xPP2 with equal
 # evaluation losses and identical tensors, HF export/import, damaged checkpoints, a save that fails
-# half-way, and bad --load input.
+# half-way, bad --load input, tessera-checkpoint verify (every copy of every tensor), and the
+# offline writers' output directories (parents created; a directory holding a checkpoint refused).
 # Usage: test_checkpoint.sh BIN_DIR CONFIG_DIR
 set -u
 bin=$1
@@ -137,6 +138,37 @@ done
 [ $same -eq 1 ] && ok "HF export then import at TP2 x PP2 gives identical tensors" || bad "HF round trip changed tensors"
 grep -q '"n_embd": 32' "$work/hf/config.json" && grep -q '"vocab_size": 600' "$work/hf/config.json" && ok "config.json" || bad "config.json: $(cat "$work/hf/config.json")"
 
+# ---- the offline writers' outputs: parents created; a run is never moved back; bad input rc 2 ----
+"$bin/tessera-convert" --to-hf --load "$src" --save "$work/new/a/hf" > /dev/null 2>&1 && [ -f "$work/new/a/hf/model.safetensors" ] \
+  && "$bin/tessera-convert" --from-hf "$work/hf" --save "$work/new/b/ckpt" > /dev/null 2>&1 && [ -f "$work/new/b/ckpt/iter_0000000/mp_rank_00_000.h5" ] \
+  && "$bin/tessera-reshard" --load "$src" --save "$work/new/c/ckpt" > /dev/null 2>&1 && [ -f "$work/new/c/ckpt/iter_0000008/mp_rank_00_000.h5" ] \
+  && ok "--to-hf, --from-hf and tessera-reshard create the parents of --save" || bad "output parents: $(ls -R "$work/new" | head -5)"
+out=$("$bin/tessera-convert" --from-hf "$work/hf" --save "$src" 2>&1); rc=$?
+if [ $rc -eq 2 ] && grep -q "error: --save '$src' already holds a checkpoint (latest iteration 8); writing iteration 0 there would make it the latest" <<<"$out" \
+   && [ "$(cat "$src/latest_checkpointed_iteration.txt")" = 8 ] && [ ! -e "$src/iter_0000000" ]; then
+  ok "--from-hf into the run at iteration 8 refused, rc 2, latest still 8: $out"
+else
+  bad "--from-hf into a run: rc $rc, latest $(cat "$src/latest_checkpointed_iteration.txt"), $(ls "$src"): $out"
+fi
+out=$("$bin/tessera-reshard" --load "$src" --save "$src/iter_0000008/tp1" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "is or contains the checkpoint being read" <<<"$out" && [ ! -e "$src/iter_0000008/tp1" ] \
+  && ok "tessera-reshard --save inside the source: rc 2, nothing written" || bad "reshard into its source: rc $rc: $out"
+
+# ---- tessera-checkpoint verify: every tensor of every file, replicated copies included ----
+figures=$(for f in "$src"/iter_0000008/*.h5; do h5ls -r "$f"; done | awk '/ Dataset / { s = $0; sub(/.* Dataset \{/, "", s); sub(/\}.*/, "", s)
+  n = split(s, d, ", "); p = 1; for (i = 1; i <= n; i++) p *= d[i]; t++; b += 4 * p } END { print t " tensors, " b " bytes" }')
+out=$("$bin/tessera-checkpoint" verify "$src" 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "verified $src/iter_0000008 (iteration 8, TP 2 x PP 2): 4 files, $figures checked in .*: clean$" <<<"$out" \
+  && ok "verify of the TP2 x PP2 checkpoint: clean, 4 files, $figures (h5ls)" || bad "verify of a clean checkpoint: rc $rc, h5ls: $figures: $out"
+cp -r "$src" "$work/bit"
+"$bin/test_checkpoint_tool" flip-bit "$work/bit/iter_0000008/mp_rank_01_000.h5" /model/layers.0.ln1.weight > /dev/null || bad "could not flip a bit"
+out=$("$bin/tessera-checkpoint" verify "$work/bit" 2>&1); rc=$?
+[ $rc -eq 1 ] && [ "$(grep -c "^$work/bit/iter_0000008/mp_rank_01_000.h5: /model/layers.0.ln1.weight: checksum mismatch" <<<"$out")" = 1 ] \
+  && grep -q "4 files, $figures checked in .*: 1 problem (damaged)$" <<<"$out" \
+  && ok "verify finds one flipped bit in TP rank 1's copy of a replicated LayerNorm weight, rc 1" || bad "verify of a flipped bit: rc $rc: $out"
+out=$("$bin/tessera-checkpoint" verify "$work/no-such-dir" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "error: '$work/no-such-dir' is not a directory" <<<"$out" && ok "verify of a missing directory: rc 2" || bad "verify of a missing directory: rc $rc: $out"
+
 # ---- damaged checkpoints: one clear line naming the file, exit 2, nothing overwritten ----
 expect_error() {  # expect_error DESCRIPTION PATTERN CKPT
   local out rc
@@ -162,6 +194,17 @@ cp -r "$src" "$work/offset"
 "$bin/test_checkpoint_tool" set-attr "$work/offset/iter_0000008/mp_rank_00_000.h5" \
   /model/layers.0.mlp.fc1.weight split_offset 9223372036854775807 || bad "could not edit split_offset"
 expect_error "split offset 2^63-1" "layers.0.mlp.fc1.weight stores .* at offset 9223372036854775807 .* do not fit together" "$work/offset"
+# A damaged iteration attribute in the first file is blamed on that file (loading and verify).
+cp -r "$src" "$work/iterattr"
+"$bin/test_checkpoint_tool" set-attr "$work/iterattr/iter_0000008/mp_rank_00_000.h5" / iteration 5 || bad "could not edit the iteration"
+expect_error "iteration attribute of mp_rank_00_000.h5 damaged" "file '$work/iterattr/iter_0000008/mp_rank_00_000.h5' has iteration 5 but lies in iter_0000008" "$work/iterattr"
+out=$("$bin/tessera-checkpoint" verify "$work/iterattr" 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "^$work/iterattr/iter_0000008/mp_rank_00_000.h5: attribute iteration is 5, but its directory is iter_0000008$" <<<"$out" \
+  && ok "verify names the damaged iteration attribute, rc 1" || bad "verify of the iteration attribute: rc $rc: $out"
+# Every file recording TP 1 while TP rank 1's files are there: refused, not loaded half-zero.
+cp -r "$src" "$work/tpattr"
+for f in "$work/tpattr"/iter_0000008/*.h5; do "$bin/test_checkpoint_tool" set-attr "$f" / tensor_model_parallel_size 1 || bad "could not edit the TP size"; done
+expect_error "layout attributes of every file damaged alike" "holds mp_rank_01_000.h5, outside the layout TP 1 x PP 2 its files record" "$work/tpattr"
 cp -r "$src" "$work/missing"
 rm "$work/missing/iter_0000008/mp_rank_01_001.h5"
 expect_error "missing shard" "missing shard file .*mp_rank_01_001.h5" "$work/missing"

@@ -2,8 +2,9 @@
 # test_hardening.sh: checkpoints under faults and read-only use (issue 18).
 #  1. Reading a checkpoint never writes it: with the checkpoint directory read-only (and, as
 #     root, the tools run as user nobody so the permissions bite), tessera-eval, tessera-generate,
-#     tessera-convert --to-hf, tessera-reshard and a resume into another --save all succeed, and
-#     every file of the checkpoint is byte-identical with the same mtime afterwards.
+#     tessera-convert --to-hf, tessera-reshard, tessera-checkpoint verify and a resume into another
+#     --save all succeed, an export into the read-only directory is bad input (exit 2), and every
+#     file of the checkpoint is byte-identical with the same mtime afterwards.
 #  2. --async-save at TP2 x PP2: training is unchanged, a resume from a background-written
 #     checkpoint is exact; a failing write is reported at the next iteration with the previous
 #     checkpoint kept; a full disk (a small tmpfs) during a background save keeps the previous
@@ -64,6 +65,10 @@ ro "tessera-convert --to-hf" "$bin/tessera-convert" --to-hf --load "$work/ro" --
 ro "tessera-reshard to TP1 x PP1" "$bin/tessera-reshard" --load "$work/ro" --save "$work/out/tp1" \
   --target-tensor-model-parallel-size 1 --target-pipeline-model-parallel-size 1
 ro "a resume into another --save" "$bin/tessera-train" "${T[@]}" --train-iters 6 --load "$work/ro" --save "$work/out/cont"
+ro "tessera-checkpoint verify" "$bin/tessera-checkpoint" verify "$work/ro"
+out=$(as_reader "$bin/tessera-convert" --to-hf --load "$work/ro" --save "$work/ro" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "error: --save '$work/ro' is not writable" <<<"$out" \
+  && ok "tessera-convert --to-hf into a directory it cannot write: rc 2 (bad input), one line" || bad "--to-hf into a read-only directory: rc $rc: $out"
 after=$(snapshot)
 [ -n "$before" ] && [ "$before" = "$after" ] && ok "the checkpoint is unchanged: $(grep -c ' ' <<<"$before") entries, same bytes, sizes, mtimes and modes" \
   || bad "the checkpoint changed: $(diff <(echo "$before") <(echo "$after") | head -5)"

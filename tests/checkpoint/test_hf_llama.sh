@@ -104,5 +104,8 @@ $tool make "$work/map" --shards 2
 sed -i 's/"weight_map": {/"weight_map": {"model.embed_tokens.weight": "model-00002-of-00002.safetensors", /' "$work/map/model.safetensors.index.json"
 expect "an index mapping a tensor twice" "model.safetensors.index.json' does not parse: duplicate key \"model.embed_tokens.weight\" at byte [0-9]+$" -- --from-hf "$work/map" --save "$work/x"
 [ ! -e "$work/x" ] && ok "nothing written by the refused imports" || bad "a refused import left $work/x"
+help=$("$bin/tessera-convert" --help)
+grep -q "GPT-2 (GPT2LMHeadModel) and the Llama family (LlamaForCausalLM" <<<"$help" && ! grep -q "Hugging Face GPT-2 \(format\|directory\)" <<<"$help" \
+  && ok "tessera-convert --help names GPT-2 and the Llama family" || bad "tessera-convert --help: $(head -4 <<<"$help")"
 [ $fail -eq 0 ] && echo "HF Llama import/export: all passed"
 exit $fail
