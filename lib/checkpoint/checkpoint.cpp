@@ -83,6 +83,8 @@ bool read_verified(hid_t ds, float* out, int64_t n) {
   return static_cast<uint64_t>(stored) == xxh64(out, sizeof(float) * n);
 }
 
+// The attributes written here are listed in checkpoint_file_attributes() (tessera-checkpoint verify
+// compares them between the files).
 void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
   h5_write_attr(f, "format_version", kCheckpointFormatVersion);
   h5_write_attr(f, "iteration", m.iteration);
@@ -147,6 +149,23 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& checkpoint_file_attributes() {
+  // Every root attribute write_meta below writes (some only in some runs).
+  // clang-format off
+  static const std::vector<std::string> names{
+      "format_version", "iteration", "consumed_samples", "optimizer_steps",
+      "lr_schedule_samples", "loss_scale", "loss_scale_growth_tracker",
+      "loss_scale_hysteresis_tracker", "skipped_iterations", "seed", "num_layers", "hidden_size",
+      "num_attention_heads", "ffn_hidden_size", "seq_length", "max_position_embeddings",
+      "vocab_size", "make_vocab_size_divisible_by", "padded_vocab_size", "layernorm_epsilon_x1e9",
+      "position_embedding_type", "rotary_base", "rotary_percent", "normalization", "rope_scaling",
+      "swiglu", "num_query_groups", "untie_embeddings_and_output_weights", "add_bias_linear",
+      "tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
+      "tp_rank", "layers", "virtual_pipeline_model_parallel_size", "has_optimizer", "config"};
+  // clang-format on
+  return names;
+}
 
 std::string iteration_dir_name(int64_t iteration) {
   char b[32];
@@ -647,12 +666,15 @@ void prepare_save_dir(const std::string& save_dir) {
     throw ConfigError("--save '" + save_dir + "' cannot be created (" + std::strerror(errno) +
                       "); check the path and permissions");
   const std::string probe = save_dir + "/.tessera_write_test";
+  // errno is taken where the probe fails: removing the probe sets it again.
   std::FILE* f = std::fopen(probe.c_str(), "w");
-  const bool ok = f && std::fputs("ok\n", f) >= 0 && std::fclose(f) == 0;
+  int err = f ? 0 : errno;
+  if (f && std::fputs("ok\n", f) < 0) err = errno;
+  if (f && std::fclose(f) != 0 && err == 0) err = errno;
   std::remove(probe.c_str());
-  if (!ok)
-    throw ConfigError("--save '" + save_dir + "' is not writable (" + std::strerror(errno) +
-                      "); choose a directory this job can write");
+  if (!f || err != 0)
+    throw ConfigError("--save '" + save_dir + "' is not writable (" +
+                      std::strerror(err ? err : EIO) + "); choose a directory this job can write");
 }
 
 std::vector<int64_t> checkpoint_iterations(const std::string& dir) {

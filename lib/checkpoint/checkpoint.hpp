@@ -58,6 +58,9 @@ std::string shard_file_name(int tp_rank, int pp_rank);  // "mp_rank_00_000.h5"
 // last component of `path` is not of that form.
 int64_t parse_iteration_dir_name(const std::string& path);
 
+// The names of the root attributes a shard file may have (docs/checkpoints.md's table).
+const std::vector<std::string>& checkpoint_file_attributes();
+
 // The attributes of one open shard file (everything but its tp_rank and layers). Throws
 // ConfigError naming `file` when one is missing, of another format version, or out of range.
 CheckpointMeta read_checkpoint_meta(hid_t file, const std::string& path);
