@@ -90,12 +90,11 @@ std::string OptionParser::with_origins(const std::string& message) const {
   for (const auto& [key, value] : vm_) {
     if (!from_config_file(key)) continue;
     const std::string flag = "--" + key;
-    for (size_t at = message.find(flag); at != std::string::npos;
-         at = message.find(flag, at + 1)) {
+    for (size_t at = message.find(flag); at != std::string::npos; at = message.find(flag, at + 1)) {
       const size_t end = at + flag.size();
-      const bool whole = end == message.size() ||
-                         !(std::isalnum(static_cast<unsigned char>(message[end])) ||
-                           message[end] == '-' || message[end] == '_');
+      const bool whole =
+          end == message.size() || !(std::isalnum(static_cast<unsigned char>(message[end])) ||
+                                     message[end] == '-' || message[end] == '_');
       if (whole) {
         found.emplace_back(at, flag);
         break;

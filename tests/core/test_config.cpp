@@ -20,8 +20,8 @@ namespace {
 bool parse(std::vector<std::string> args, RunOptions& o) {
   bool length = false;
   for (const std::string& a : args)
-    length |= a == "--train-iters" || a == "--train-samples" || a == "--dry-run" ||
-              a == "--skip-train";
+    length |=
+        a == "--train-iters" || a == "--train-samples" || a == "--dry-run" || a == "--skip-train";
   if (!length) args.insert(args.end(), {"--train-iters", "1"});
   args.insert(args.begin(), "tessera-train");
   std::vector<const char*> argv;
@@ -206,9 +206,8 @@ TEST(Config, TheCommandLineReplacesTheConfigFilesAlternatives) {
       "train-iters = 200\nlr-warmup-iters = 10\nlr-decay-iters = 150\nbf16 = true\n"
       "global-batch-size = 8\n");
   RunOptions o;
-  ASSERT_TRUE(parse({"--config", ini, "--train-samples", "640", "--lr-warmup-fraction", "0.1",
-                     "--fp16"},
-                    o));
+  ASSERT_TRUE(parse(
+      {"--config", ini, "--train-samples", "640", "--lr-warmup-fraction", "0.1", "--fp16"}, o));
   EXPECT_EQ(o.train.train_iters, 0);
   EXPECT_EQ(o.train.train_samples, 640);
   EXPECT_EQ(o.train.lr_warmup_iters, 0);
@@ -216,8 +215,10 @@ TEST(Config, TheCommandLineReplacesTheConfigFilesAlternatives) {
   EXPECT_EQ(o.train.lr_decay_iters, 150);  // no alternative given: the config's stays
   EXPECT_EQ(o.train.compute_dtype, DType::F16);
   ASSERT_EQ(o.notes.size(), 3u);
-  EXPECT_EQ(o.notes[0], "--train-samples on the command line replaces train-iters = 200 of config "
-                        "file '" + ini + "'");
+  EXPECT_EQ(o.notes[0],
+            "--train-samples on the command line replaces train-iters = 200 of config "
+            "file '" +
+                ini + "'");
   // A conflict that is left names the options that came from the config file.
   RunOptions r;
   std::string e;
@@ -234,16 +235,17 @@ TEST(Config, TheCommandLineReplacesTheConfigFilesAlternatives) {
 
 TEST(Config, MegatronLaunchLineOptions) {
   RunOptions o;
-  ASSERT_TRUE(parse({"--data-path", "1.0", "corpus/web", "--use-flash-attn", "--DDP-impl",
-                     "local", "--tokenizer-type", "GPT2BPETokenizer"},
+  ASSERT_TRUE(parse({"--data-path", "1.0", "corpus/web", "--use-flash-attn", "--DDP-impl", "local",
+                     "--tokenizer-type", "GPT2BPETokenizer"},
                     o));
   EXPECT_EQ(o.data_path, "corpus/web");
   EXPECT_TRUE(o.tokenizer_given);
   ASSERT_EQ(o.notes.size(), 3u);
   EXPECT_EQ(o.notes[0].rfind("--use-flash-attn: accepted without effect", 0), 0u) << o.notes[0];
   EXPECT_EQ(o.notes[1].rfind("--DDP-impl local: accepted without effect", 0), 0u) << o.notes[1];
-  EXPECT_EQ(o.notes[2], "--data-path 1.0 corpus/web: a blend of one dataset, which is all of "
-                        "'corpus/web'");
+  EXPECT_EQ(o.notes[2],
+            "--data-path 1.0 corpus/web: a blend of one dataset, which is all of "
+            "'corpus/web'");
   EXPECT_NE(error_of({"--data-path", "0.3", "a", "0.7", "b"}).find("a blend of 2 datasets"),
             std::string::npos);
   EXPECT_NE(error_of({"--DDP-impl", "fast"}).find("(allowed: local,torch)"), std::string::npos);
