@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
                << opts.model.padded_vocab_size(opts.tp) << "), " << opts.model.num_parameters()
                << " parameters (" << opts.model.describe() << "); backend "
                << backend_description(*backend) << ", " << threads
-               << " threads per rank; data: " << data->describe();
+               << " threads per rank";
+    for (const std::string& line : data_report(*data, opts.train, ctx.dp_size)) TLOG(info) << line;
     for (const std::string& n : opts.notes) TLOG(info) << n;
     install_stop_signals();
     Watchdog watchdog(opts.train.distributed_timeout_minutes, MPI_COMM_WORLD);

@@ -31,6 +31,11 @@ ShardedCorpus::ShardedCorpus(const std::string& prefix) : prefix_(prefix) {
   }
 }
 
+int64_t ShardedCorpus::doc_of(int64_t token) const {
+  TESSERA_CHECK(token >= 0 && token < num_tokens(), "corpus token ", token, " out of range");
+  return std::upper_bound(doc_start_.begin(), doc_start_.end(), token) - doc_start_.begin() - 1;
+}
+
 void ShardedCorpus::read(int64_t begin, int64_t count, int32_t* out) const {
   TESSERA_CHECK(begin >= 0 && begin + count <= num_tokens(), "corpus read past the end");
   // The shard holding `begin`: the last start at or before it.
@@ -124,6 +129,11 @@ int64_t GPTDataset::window_of(int64_t index) const {
   TESSERA_CHECK(samples_per_epoch_ > 0, "the ", split_name(split_), " split has no samples");
   std::lock_guard<std::mutex> lock(mu_);
   return permutation(index / samples_per_epoch_)[index % samples_per_epoch_];
+}
+
+std::pair<int64_t, int64_t> GPTDataset::documents_of(int64_t index) const {
+  const int64_t begin = token_begin_ + window_of(index) * seq_;
+  return {corpus_->doc_of(begin), corpus_->doc_of(begin + seq_)};
 }
 
 void GPTDataset::get(int64_t index, int32_t* out) const {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/dataset.hpp"
@@ -26,6 +27,8 @@ class ShardedCorpus {
   int64_t num_tokens() const { return doc_start_.back(); }
   // Global token offset of document d (d == num_docs() gives the end).
   int64_t doc_start(int64_t d) const { return doc_start_[d]; }
+  // The document holding corpus token `token` (0 <= token < num_tokens()).
+  int64_t doc_of(int64_t token) const;
   // Reads corpus tokens [begin, begin + count), across shard boundaries.
   void read(int64_t begin, int64_t count, int32_t* out) const;
   const std::string& prefix() const { return prefix_; }
@@ -55,9 +58,16 @@ class GPTDataset final : public TokenDataset {
   int64_t num_samples() const override { return samples_per_epoch_; }  // per epoch
   void get(int64_t index, int32_t* out) const override;
   int64_t num_docs() const { return doc_end_ - doc_begin_; }
+  int64_t doc_begin() const { return doc_begin_; }
+  int64_t doc_end() const { return doc_end_; }
+  int64_t num_tokens() const { return token_end_ - token_begin_; }
+  Split split() const { return split_; }
   int64_t first_token() const { return token_begin_; }
-  // Position of sample `index` within its epoch's unshuffled windows (for tests).
+  // Position of sample `index` within its epoch's unshuffled windows.
   int64_t window_of(int64_t index) const;
+  // The documents (ids within the prefix's corpus) whose tokens sample `index` holds: [first, last].
+  std::pair<int64_t, int64_t> documents_of(int64_t index) const;
+  const ShardedCorpus& corpus() const { return *corpus_; }
 
  private:
   const std::vector<int64_t>& permutation(int64_t epoch) const;

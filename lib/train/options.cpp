@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include "comm/mpi_check.hpp"
 #include "comm/process_grid.hpp"
 #include "core/config.hpp"
+#include "data/blended_dataset.hpp"
 #include "data/gpt_dataset.hpp"
 #include "model/gpt.hpp"
 #include "model/params.hpp"
@@ -178,45 +180,14 @@ constexpr AcceptedOption kAccepted[] = {
     {"num-workers", "", "the loader reads ahead on one prefetch thread per rank"},
 };
 
-// --data-path: PREFIX, or a blend `W1 P1 W2 P2 ...` (Megatron-LM); a blend of one dataset is its
-// prefix. Words of a config-file value are split on spaces.
-std::string data_path_of(const std::vector<std::string>& given, std::vector<std::string>& notes) {
-  std::vector<std::string> words;
-  for (const std::string& g : given) {
-    std::istringstream in(g);
-    for (std::string w; in >> w;) words.push_back(w);
-  }
-  if (words.empty()) return "";
-  if (words.size() == 1) return words[0];
-  std::string all;
-  for (const std::string& w : words) all += (all.empty() ? "" : " ") + w;
-  auto weight = [](const std::string& w, double& out) {
-    char* end = nullptr;
-    out = std::strtod(w.c_str(), &end);
-    return end != w.c_str() && *end == 0 && std::isfinite(out);
-  };
-  double w = 0;
-  if (words.size() == 2 && weight(words[0], w)) {
-    if (!(w > 0))
-      throw ConfigError("--data-path " + all + ": the weight " + words[0] +
-                        " must be a positive number");
-    notes.push_back("--data-path " + all + ": a blend of one dataset, which is all of '" +
-                    words[1] + "'");
-    return words[1];
-  }
-  const size_t datasets = weight(words[0], w) ? words.size() / 2 : words.size();
-  throw ConfigError("--data-path " + all + ": a blend of " + std::to_string(datasets) +
-                    " datasets, which Tessera does not support yet; give one prefix (or "
-                    "`1.0 PREFIX`), or merge the corpora with tessera-preprocess");
-}
-
 }  // namespace
 
-bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
-  auto parser = std::make_shared<OptionParser>("tessera-train", "[--config FILE] [options]");
+bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
+                       const RunOptionsProgram& program) {
+  auto parser = std::make_shared<OptionParser>(program.name, program.usage);
   OptionParser& p = *parser;
   o.with_origins = [parser](const std::string& message) { return parser->with_origins(message); };
-  std::vector<std::string> data_path_words;
+  std::vector<std::string> data_path_words, train_path_words, valid_path_words, test_path_words;
   GPTConfig& m = o.model;
   TrainConfig& t = o.train;
   std::string log_level = "info";
@@ -388,7 +359,15 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   p.group("Data").add_options()(
       "data-path", po::value(&data_path_words)->multitoken(),
       "prefix of the HDF5 token shards made by tessera-preprocess (PREFIX_00000.h5, ...); "
-      "Megatron's `1.0 PREFIX` (a blend of one) is the same")(
+      "or Megatron's blend `W1 PREFIX1 W2 PREFIX2 ...` (weights normalized); --split cuts each "
+      "dataset into train, valid and test")(
+      "train-data-path", po::value(&train_path_words)->multitoken(),
+      "the training data alone: a prefix or a blend, all of each dataset (instead of "
+      "--data-path and --split)")(
+      "valid-data-path", po::value(&valid_path_words)->multitoken(),
+      "the validation data: a prefix or a blend (with --train-data-path)")(
+      "test-data-path", po::value(&test_path_words)->multitoken(),
+      "the test data: a prefix or a blend (with --train-data-path)")(
       "tokenizer-type", po::value(&o.tokenizer.type),
       "GPT2BPETokenizer | HuggingFaceTokenizer: checked against the tokenizer the shards were "
       "made with (not needed: the shards name it)")(
@@ -506,6 +485,20 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
                         *a.values ? (std::string(a.values) + ": " + a.why).c_str() : a.why);
     }
   }
+  if (program.add_options) program.add_options(p);
+  // A negative blend weight would reach the parser as an unknown option ("-1"): name it here.
+  for (int i = 1, in_blend = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--", 0) == 0) {
+      in_blend = a == "--data-path" || a == "--train-data-path" || a == "--valid-data-path" ||
+                 a == "--test-data-path";
+      if (in_blend) in_blend = i;
+    } else if (in_blend && a.size() > 1 && a[0] == '-' && (std::isdigit(a[1]) || a[1] == '.')) {
+      throw ConfigError(std::string(argv[in_blend]) + ": the weight " + a +
+                        (i + 1 < argc ? std::string(" of '") + argv[i + 1] + "'" : std::string()) +
+                        " must be positive (leave a dataset out to give it no samples)");
+    }
+  }
   // A command-line option replaces the config file's alternatives to it (configs/*.ini set
   // train-iters and lr-warmup-iters; `--train-samples N` on the command line switches the run).
   p.alternatives({"train-iters", "train-samples"});
@@ -516,6 +509,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
   p.alternatives({"num-layers-per-virtual-pipeline-stage", "virtual-pipeline-model-parallel-size"});
   p.alternatives({"bf16", "fp16"});
   p.alternatives({"mock-data", "data-path"});
+  p.alternatives({"mock-data", "train-data-path"});
   p.alternatives({"recompute-granularity", "checkpoint-activations"});
   if (!p.parse(argc, argv)) return false;
   o.notes = p.replaced();
@@ -543,7 +537,29 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     }
     o.notes.push_back(given + ": accepted without effect: " + a.why);
   }
-  o.data_path = data_path_of(data_path_words, o.notes);
+  o.data_path = parse_data_blend(data_path_words, "data-path");
+  o.train_data_path = parse_data_blend(train_path_words, "train-data-path");
+  o.valid_data_path = parse_data_blend(valid_path_words, "valid-data-path");
+  o.test_data_path = parse_data_blend(test_path_words, "test-data-path");
+  if (o.data_path.size() == 1 && o.data_path.text != o.data_path.prefixes[0])
+    o.notes.push_back("--data-path " + o.data_path.text + ": a blend of one dataset, which is all of '" +
+                      o.data_path.prefixes[0] + "'");
+  const bool per_split =
+      !o.train_data_path.empty() || !o.valid_data_path.empty() || !o.test_data_path.empty();
+  if (per_split && !o.data_path.empty())
+    throw ConfigError("--data-path and --" +
+                      std::string(!o.train_data_path.empty()   ? "train"
+                                  : !o.valid_data_path.empty() ? "valid"
+                                                               : "test") +
+                      "-data-path both given; give --data-path (cut by --split) or the paths of "
+                      "each split, as in Megatron-LM");
+  if (per_split && o.train_data_path.empty())
+    throw ConfigError(
+        "--valid-data-path / --test-data-path need --train-data-path (the training data)");
+  if (per_split && p.given("split"))
+    throw ConfigError("--split " + o.split +
+                      " cuts --data-path into train, valid and test; with --train-data-path each "
+                      "path is a whole split (leave --split out)");
   o.tokenizer_given = p.given("tokenizer-type") || p.given("vocab-file") || p.given("merge-file") ||
                       p.given("tokenizer-model");
   if (o.tokenizer_given && !p.given("tokenizer-type"))
@@ -573,9 +589,11 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
     gethostname(host, sizeof host - 1);
     o.device = resolve_device(o.device, host);
   }
-  if (o.mock_data && !o.data_path.empty())
-    throw ConfigError("--mock-data and --data-path both given; choose one");
-  if (o.data_path.empty()) {
+  if (o.mock_data && o.has_data())
+    throw ConfigError(std::string("--mock-data and --") +
+                      (o.data_path.empty() ? "train-data-path" : "data-path") +
+                      " both given; choose one");
+  if (!o.has_data()) {
     o.mock_data = true;
     if (m.vocab_size == 0 && o.tokenizer_given) {  // Megatron's mock data: the tokenizer's size
       m.vocab_size = load_tokenizer(o.tokenizer)->vocab_size();
@@ -686,35 +704,35 @@ std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string&
   return be;
 }
 
-std::unique_ptr<TokenDataset> open_valid_data(const RunOptions& o) {
-  if (o.mock_data)  // another stream of the same chain: unseen samples
-    return make_mock_dataset(o.model.vocab_size, o.model.seq_length, o.train.seed + 1000003);
-  auto corpus = std::make_shared<const ShardedCorpus>(o.data_path);
-  auto ds = std::make_unique<GPTDataset>(corpus, Split::Valid, parse_split(o.split),
-                                         o.model.seq_length, o.train.seed);
-  if (ds->num_samples() == 0)
-    throw ConfigError("evaluation needs the valid split of --data-path '" + o.data_path +
-                      "', which is empty with --split " + o.split + ": " + ds->describe() +
-                      "; give valid a share or turn evaluation off (--eval-interval 0)");
-  return ds;
-}
-
-std::unique_ptr<TokenDataset> open_test_data(const RunOptions& o) {
-  if (o.mock_data)  // a third stream of the chain
-    return make_mock_dataset(o.model.vocab_size, o.model.seq_length, o.train.seed + 2000003);
-  auto corpus = std::make_shared<const ShardedCorpus>(o.data_path);
-  auto ds = std::make_unique<GPTDataset>(corpus, Split::Test, parse_split(o.split),
-                                         o.model.seq_length, o.train.seed);
-  if (ds->num_samples() == 0) return nullptr;
-  return ds;
-}
-
 namespace {
+
+// Where split `s` comes from: --data-path cut by --split, or the split's own path.
+struct SplitSource {
+  const DataBlend* blend = nullptr;
+  std::string option;  // "--data-path", "--valid-data-path", ...
+  std::array<double, 3> weights{0, 0, 0};
+};
+
+SplitSource source_of(const RunOptions& o, Split s) {
+  SplitSource src;
+  if (!o.data_path.empty()) {
+    src.blend = &o.data_path;
+    src.option = "--data-path";
+    src.weights = parse_split(o.split);
+    return src;
+  }
+  src.blend = s == Split::Train   ? &o.train_data_path
+              : s == Split::Valid ? &o.valid_data_path
+                                  : &o.test_data_path;
+  src.option = std::string("--") + split_name(s) + "-data-path";
+  src.weights[static_cast<int>(s)] = 1;
+  return src;
+}
 
 // Megatron's tokenizer options name the tokenizer the data was made with; the shards name it too
 // (attribute `tokenizer`). A mismatch is an error naming both.
-void check_data_tokenizer(const RunOptions& o, const ShardMeta& meta) {
-  const std::string shards = "the shards of --data-path '" + o.data_path + "'";
+void check_data_tokenizer(const RunOptions& o, const ShardMeta& meta, const std::string& prefix) {
+  const std::string shards = "the shards of '" + prefix + "'";
   const std::string kind = meta.tokenizer == "gpt2-bpe"          ? "GPT2BPETokenizer"
                            : meta.tokenizer.rfind("hf:", 0) == 0 ? "HuggingFaceTokenizer"
                                                                  : meta.tokenizer;
@@ -737,30 +755,133 @@ void check_data_tokenizer(const RunOptions& o, const ShardMeta& meta) {
                                      "or leave the tokenizer options out"));
 }
 
+// The datasets of split `s`, every corpus checked against `ref` (the tokenizer of the first
+// corpus opened; set here when empty). Null when the source gives the split no data.
+std::unique_ptr<BlendedDataset> open_blend(const RunOptions& o, Split s, ShardMeta& ref,
+                                           std::string& ref_prefix) {
+  const SplitSource src = source_of(o, s);
+  if (src.blend->empty()) return nullptr;
+  std::vector<std::unique_ptr<GPTDataset>> parts;
+  for (const std::string& prefix : src.blend->prefixes) {
+    auto corpus = std::make_shared<const ShardedCorpus>(prefix);
+    const ShardMeta& m = corpus->meta();
+    if (ref_prefix.empty()) {
+      ref = m;
+      ref_prefix = prefix;
+      if (o.tokenizer_given) check_data_tokenizer(o, m, prefix);
+    } else if (m.vocab_size != ref.vocab_size || m.eod_id != ref.eod_id ||
+               m.tokenizer != ref.tokenizer) {
+      throw ConfigError(detail::concat(
+          src.option, ": the shards of '", prefix, "' were made with another tokenizer than those of '",
+          ref_prefix, "' ('", m.tokenizer, "', ", m.vocab_size, " tokens, end of document ",
+          m.eod_id, " vs '", ref.tokenizer, "', ", ref.vocab_size, " tokens, ", ref.eod_id,
+          "); every dataset of a run must share one vocabulary"));
+    }
+    parts.push_back(std::make_unique<GPTDataset>(corpus, s, src.weights, o.model.seq_length,
+                                                 o.train.seed));
+  }
+  return std::make_unique<BlendedDataset>(std::move(parts), *src.blend);
+}
+
+// The first dataset of `ds` without a sample for split `s`, or -1.
+int first_empty(const BlendedDataset& ds) {
+  for (int d = 0; d < ds.num_datasets(); ++d)
+    if (ds.dataset(d).num_samples() == 0) return d;
+  return -1;
+}
+
+std::string empty_split_message(const RunOptions& o, const BlendedDataset& ds, int d, Split s) {
+  const SplitSource src = source_of(o, s);
+  return detail::concat("the ", split_name(s), " split of '", ds.blend().prefixes[d], "' (",
+                        src.option,
+                        src.option == "--data-path" ? " with --split " + o.split : std::string(),
+                        ") has no sample of --seq-length+1 = ", o.model.seq_length + 1,
+                        " tokens: ", ds.dataset(d).describe());
+}
+
 }  // namespace
+
+std::unique_ptr<TokenDataset> open_valid_data(const RunOptions& o) {
+  if (o.mock_data)  // another stream of the same chain: unseen samples
+    return make_mock_dataset(o.model.vocab_size, o.model.seq_length, o.train.seed + 1000003);
+  ShardMeta ref = o.data_meta;
+  std::string ref_prefix = o.data_meta_prefix;
+  auto ds = open_blend(o, Split::Valid, ref, ref_prefix);
+  if (!ds)
+    throw ConfigError(
+        "evaluation needs validation data: give --valid-data-path (with --train-data-path), or "
+        "turn evaluation off (--eval-interval 0)");
+  const int d = first_empty(*ds);
+  if (d >= 0)
+    throw ConfigError("evaluation needs " + empty_split_message(o, *ds, d, Split::Valid) +
+                      "; give valid a share or turn evaluation off (--eval-interval 0)");
+  return ds;
+}
+
+std::unique_ptr<TokenDataset> open_test_data(const RunOptions& o) {
+  if (o.mock_data)  // a third stream of the chain
+    return make_mock_dataset(o.model.vocab_size, o.model.seq_length, o.train.seed + 2000003);
+  ShardMeta ref = o.data_meta;
+  std::string ref_prefix = o.data_meta_prefix;
+  auto ds = open_blend(o, Split::Test, ref, ref_prefix);
+  if (!ds) return nullptr;
+  const int d = first_empty(*ds);
+  if (d >= 0) {
+    TLOG(info) << "no evaluation on the test split: " << empty_split_message(o, *ds, d, Split::Test);
+    return nullptr;
+  }
+  return ds;
+}
 
 std::unique_ptr<TokenDataset> open_train_data(RunOptions& o) {
   if (o.mock_data) return make_mock_dataset(o.model.vocab_size, o.model.seq_length, o.train.seed);
-  auto corpus = std::make_shared<const ShardedCorpus>(o.data_path);
-  if (o.tokenizer_given) check_data_tokenizer(o, corpus->meta());
-  const int64_t vocab = corpus->meta().vocab_size;
+  // The vocabulary is known once the first corpus is open; the datasets need only the length.
+  auto ds = open_blend(o, Split::Train, o.data_meta, o.data_meta_prefix);
+  TESSERA_CHECK(ds, "no training data");
+  const int64_t vocab = o.data_meta.vocab_size;
   if (o.model.vocab_size == 0) {
     o.model.vocab_size = vocab;
   } else if (o.model.vocab_size != vocab) {
     throw ConfigError(detail::concat("--vocab-size=", o.model.vocab_size, " differs from the ",
-                                     vocab, " tokens of the tokenizer of --data-path '",
-                                     o.data_path,
+                                     vocab, " tokens of the tokenizer of '", o.data_meta_prefix,
                                      "' (leave --vocab-size out to take it from the data)"));
   }
   o.model.validate();
-  auto ds = std::make_unique<GPTDataset>(corpus, Split::Train, parse_split(o.split),
-                                         o.model.seq_length, o.train.seed);
-  if (ds->num_samples() == 0)
-    throw ConfigError(
-        "the train split of --data-path '" + o.data_path + "' (--split " + o.split +
-        ") has no sample of --seq-length+1 = " + std::to_string(o.model.seq_length + 1) +
-        " tokens: " + ds->describe() + "; give train a larger share or lower --seq-length");
+  const int d = first_empty(*ds);
+  if (d >= 0)
+    throw ConfigError(empty_split_message(o, *ds, d, Split::Train) +
+                      (o.data_path.empty() ? "; lower --seq-length or give more documents"
+                                           : "; give train a larger share or lower --seq-length"));
   return ds;
+}
+
+std::vector<std::string> data_report(const TokenDataset& data, const TrainConfig& t, int dp_size) {
+  const auto* ds = dynamic_cast<const BlendedDataset*>(&data);
+  if (!ds) return {"data: " + data.describe()};
+  std::vector<std::string> lines;
+  const int64_t run = t.samples_before_iteration(dp_size, t.resolved(dp_size).train_iters + 1);
+  const std::vector<int64_t> drawn = ds->index().counts_before(run);
+  if (ds->num_datasets() > 1)
+    lines.push_back(detail::concat("data: ", ds->describe(), "; ", run,
+                                   " samples over the run in Megatron's blending order"));
+  for (int d = 0; d < ds->num_datasets(); ++d) {
+    const GPTDataset& g = ds->dataset(d);
+    std::ostringstream os;
+    os << "data: dataset " << d << " '" << ds->blend().prefixes[d] << "'";
+    if (ds->num_datasets() > 1) os << ", weight " << ds->blend().weights[d];
+    os << ": " << split_name(g.split()) << " split, documents " << g.doc_begin() << "-"
+       << g.doc_end() << " of " << g.corpus().num_docs() << ", " << g.num_tokens() << " tokens, "
+       << g.num_samples() << " samples of " << g.seq_length() + 1 << " tokens per epoch; "
+       << drawn[d] << " drawn over the run (";
+    os.setf(std::ios::fixed);
+    os.precision(2);
+    os << double(drawn[d]) / double(std::max<int64_t>(1, g.num_samples())) << " epochs";
+    if (ds->num_datasets() > 1)
+      os << "; Megatron would size it " << megatron_dataset_size(ds->blend().weights[d], run);
+    os << ")";
+    lines.push_back(os.str());
+  }
+  return lines;
 }
 
 int affinity_cores() {

@@ -10,7 +10,9 @@
 
 #include "backend/backend.hpp"
 #include "core/logging.hpp"
+#include "data/blended_dataset.hpp"
 #include "data/dataset.hpp"
+#include "data/shard.hpp"
 #include "data/tokenizer.hpp"
 #include "model/gpt_config.hpp"
 #include "train/train_config.hpp"
@@ -25,8 +27,16 @@ struct RunOptions {
   int threads = 0;              // 0: this rank's share of the cores in its affinity mask
   std::string device = "auto";  // resolved to "cpu" or "cuda" by parse_run_options
   bool mock_data = false;       // synthetic data; also the source when no --data-path is given
-  std::string data_path;        // prefix of HDF5 token shards
+  // --data-path: one prefix of HDF5 token shards or a Megatron blend, cut into train, valid and
+  // test by --split; or (instead) the three splits' own prefixes or blends.
+  DataBlend data_path;
+  DataBlend train_data_path, valid_data_path, test_data_path;
   std::string split = "969,30,1";
+  bool has_data() const { return !data_path.empty() || !train_data_path.empty(); }
+  // The tokenizer of the training data and the prefix it came from (set by open_train_data;
+  // the validation and test data must share it).
+  ShardMeta data_meta;
+  std::string data_meta_prefix;
   std::string load;            // checkpoint directory to start from
   bool finetune = false;       // --load the model only: iteration, data and optimizer start fresh
   bool skip_train = false;     // evaluate (after --load) and exit
@@ -61,13 +71,27 @@ RecomputeConfig recompute_options(const std::string& granularity, const std::str
                                   int num_layers, bool checkpoint_activations,
                                   int checkpoint_num_layers);
 
+class OptionParser;
+// Another program that takes tessera-train's options (tessera-inspect reads a run's config): its
+// name and usage line for --help and errors, and a group of options of its own.
+struct RunOptionsProgram {
+  std::string name = "tessera-train";
+  std::string usage = "[--config FILE] [options]";
+  std::function<void(OptionParser&)> add_options;
+};
+
 // Parses argv (and --config). Returns false when --help was printed. Throws ConfigError for an
 // unknown option, a bad value or a missing config file; validates everything before returning.
-bool parse_run_options(int argc, const char* const* argv, RunOptions& out);
+bool parse_run_options(int argc, const char* const* argv, RunOptions& out,
+                       const RunOptionsProgram& program = RunOptionsProgram());
 
 // The training dataset the options ask for: the train split of --data-path, or mock data. Sets
 // model.vocab_size from the shards when it was not given. ConfigError for an empty train split.
 std::unique_ptr<TokenDataset> open_train_data(RunOptions& opts);
+
+// The start-up log's lines about the data: for shards, one line per dataset (weight, documents,
+// tokens, samples per epoch, samples the run draws from it) and one for the blend.
+std::vector<std::string> data_report(const TokenDataset& data, const TrainConfig& t, int dp_size);
 
 // The validation data for --eval-interval / --skip-train: the valid split of --data-path, or mock
 // data of another stream. ConfigError when the split is needed but empty.

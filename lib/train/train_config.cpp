@@ -69,6 +69,17 @@ int TrainConfig::global_batch_at(int dp_size, int64_t consumed) const {
   return static_cast<int>(std::min<int64_t>(G, start + steps * incr));
 }
 
+int64_t TrainConfig::samples_before_iteration(int dp_size, int64_t iteration) const {
+  const int64_t G = global_batch(dp_size);
+  int64_t consumed = 0, it = 1;
+  // The ramp's steps one by one; then whole global batches.
+  while (it < iteration && global_batch_at(dp_size, consumed) != G) {
+    consumed += global_batch_at(dp_size, consumed);
+    ++it;
+  }
+  return consumed + (iteration - it) * G;
+}
+
 std::vector<int> TrainConfig::global_batches(int dp_size) const {
   const int G = global_batch(dp_size);
   std::vector<int> sizes;

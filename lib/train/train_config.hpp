@@ -125,6 +125,9 @@ struct TrainConfig {
   // The global batch of the step that starts after `consumed` samples (Megatron's ramp: START +
   // INCR x floor(consumed / (SAMPLES / increments)) while consumed <= SAMPLES).
   int global_batch_at(int dp_size, int64_t consumed) const;
+  // Samples consumed before iteration `iteration` (1-based) starts: iteration - 1 global batches,
+  // of the ramp's sizes while it lasts.
+  int64_t samples_before_iteration(int dp_size, int64_t iteration) const;
   // Every global batch size the run takes, smallest first (one without a ramp).
   std::vector<int> global_batches(int dp_size) const;
   // Throws ConfigError naming the option and the allowed values.

@@ -329,7 +329,7 @@ TEST_F(DataPipeline, ShardWriterRefusesIdsOutsideTheVocabulary) {
 TEST_F(DataPipeline, EmptyTrainSplitIsAStartupError) {
   run("c", 1);
   RunOptions o;
-  o.data_path = dir_ + "/c";
+  o.data_path = parse_data_blend({dir_ + "/c"}, "data-path");
   o.model.seq_length = 16;
   o.split = "0,100,0";
   try {

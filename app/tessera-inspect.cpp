@@ -1,0 +1,155 @@
+// tessera-inspect: what a run trains on. Takes tessera-train's options (its --config, --data-path
+// blend, --split, --seq-length, --seed, --global-batch-size, --train-iters, ...) and prints, for
+// the samples of one iteration (--iteration N) or a range of global samples (--samples A:B), each
+// sample's global index, iteration, dataset, index inside that dataset, documents and text; with
+// --json one object per line with the sample's S+1 token ids. It reads the shards only, through
+// the same dataset code the trainer reads them with.
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "data/tokenizer.hpp"
+#include "train/inspect.hpp"
+#include "train/options.hpp"
+
+using namespace tessera;
+
+namespace {
+
+bool is_file(const std::string& p) { return access(p.c_str(), R_OK) == 0; }
+
+// The tokenizer that decodes the shards' text: the tokenizer options when given (checked against
+// the shards already), else GPT-2's files shipped in data/gpt2 for shards made with GPT-2's BPE.
+std::shared_ptr<const Tokenizer> text_tokenizer(const RunOptions& o) {
+  if (o.tokenizer_given && (!o.tokenizer.vocab_file.empty() || !o.tokenizer.model.empty()))
+    return load_tokenizer(o.tokenizer);
+  if (o.data_meta.tokenizer == "gpt2-bpe") {
+    std::string dir = "data/gpt2";
+    char exe[4096] = {0};
+    if (!is_file(dir + "/encoder.json") &&
+        readlink("/proc/self/exe", exe, sizeof exe - 1) > 0) {  // build/bin/tessera-inspect
+      std::string e = exe;
+      dir = e.substr(0, e.rfind('/')) + "/../../data/gpt2";
+    }
+    if (is_file(dir + "/encoder.json") && is_file(dir + "/vocab.bpe"))
+      return GPT2Tokenizer::load(dir + "/encoder.json", dir + "/vocab.bpe");
+    throw ConfigError(
+        "GPT-2's encoder.json and vocab.bpe are not in data/gpt2; give --vocab-file and "
+        "--merge-file to print the text, or --json for the token ids");
+  }
+  throw ConfigError("the shards of '" + o.data_meta_prefix + "' were made with tokenizer '" +
+                    o.data_meta.tokenizer +
+                    "'; give --tokenizer-type HuggingFaceTokenizer --tokenizer-model (its "
+                    "tokenizer.json) to print the text, or --json for the token ids");
+}
+
+// "A:B" -> [A, B).
+std::pair<int64_t, int64_t> parse_range(const std::string& s) {
+  const size_t colon = s.find(':');
+  auto number = [&](const std::string& w, int64_t& out) {
+    size_t used = 0;
+    try {
+      out = std::stoll(w, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    return used > 0 && used == w.size() && out >= 0;
+  };
+  int64_t a = 0, b = 0;
+  if (colon == std::string::npos || !number(s.substr(0, colon), a) ||
+      !number(s.substr(colon + 1), b) || b <= a)
+    throw ConfigError("--samples '" + s +
+                      "' is not a range of global samples A:B (0 <= A < B; B not included)");
+  return {a, b};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  RunOptions o;
+  int64_t iteration = 0;
+  std::string samples;
+  bool json = false;
+  try {
+    RunOptionsProgram program;
+    program.name = "tessera-inspect";
+    program.usage =
+        "[--config FILE] --data-path ... --global-batch-size G --train-iters N "
+        "(--iteration N | --samples A:B) [--json]";
+    program.add_options = [&](OptionParser& p) {
+      p.group("Inspection").add_options()(
+          "iteration", po::value(&iteration)->default_value(0),
+          "print the samples of this iteration (1-based), in the order of its global batch")(
+          "samples", po::value(&samples),
+          "print global samples A to B-1 (A:B), each with the iteration that reads it")(
+          "json", po::bool_switch(&json),
+          "one JSON object per line: sample, iteration, dataset, prefix, dataset_sample, "
+          "documents, tokens (the S+1 ids)");
+    };
+    if (!parse_run_options(argc, argv, o, program)) return 0;
+    if (!o.has_data())
+      throw ConfigError(
+          "tessera-inspect reads a run's shards: give --data-path (or --train-data-path)");
+    if ((iteration > 0) == !samples.empty())
+      throw ConfigError("give one of --iteration N and --samples A:B");
+    if (iteration < 0)
+      throw ConfigError("--iteration " + std::to_string(iteration) + " is not an iteration (>= 1)");
+    if (o.train.global_batch_size <= 0)
+      throw ConfigError(
+          "give --global-batch-size (the samples of one iteration; tessera-inspect has no "
+          "data-parallel size to multiply --micro-batch-size by)");
+    const TrainConfig t = o.train.resolved(1);
+    if (t.train_iters <= 0)
+      throw ConfigError("give the length of the run: --train-iters N (or --train-samples N)");
+    const int64_t run_samples = t.samples_before_iteration(1, t.train_iters + 1);
+    int64_t first = 0, last = 0;
+    if (iteration > 0) {
+      if (iteration > t.train_iters)
+        throw ConfigError(detail::concat("--iteration ", iteration,
+                                         " is beyond the run: --train-iters ", t.train_iters));
+      first = t.samples_before_iteration(1, iteration);
+      last = t.samples_before_iteration(1, iteration + 1);
+    } else {
+      std::tie(first, last) = parse_range(samples);
+      if (last > run_samples)
+        throw ConfigError(detail::concat("--samples ", samples, " goes beyond the run's ",
+                                         run_samples, " samples (--train-iters ", t.train_iters,
+                                         ")"));
+    }
+    std::unique_ptr<TokenDataset> data = open_train_data(o);
+    const auto* blend = dynamic_cast<const BlendedDataset*>(data.get());
+    TESSERA_CHECK(blend, "shard data is a blend");
+    const std::shared_ptr<const Tokenizer> tok = json ? nullptr : text_tokenizer(o);
+    if (tok && tok->vocab_size() != o.data_meta.vocab_size)
+      throw ConfigError(detail::concat("the tokenizer has ", tok->vocab_size(),
+                                       " tokens, the shards of '", o.data_meta_prefix, "' ",
+                                       o.data_meta.vocab_size));
+    for (int64_t i = first; i < last; ++i) {
+      const SampleRecord r = inspect_sample(*blend, t, 1, i);
+      if (json) {
+        std::cout << sample_json(r) << "\n";
+        continue;
+      }
+      std::cout << "=== sample " << r.sample << " | iteration " << r.iteration << " | dataset "
+                << r.dataset << " '" << r.prefix << "' | dataset sample " << r.dataset_sample
+                << " | documents " << r.first_document;
+      if (r.last_document != r.first_document) std::cout << "-" << r.last_document;
+      std::cout << " | " << r.tokens.size() << " tokens\n" << tok->decode(r.tokens) << "\n";
+    }
+    std::cout.flush();
+    if (!std::cout) throw Error("cannot write to standard output");
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "tessera-inspect: error: %s\n",
+                 o.with_origins ? o.with_origins(e.what()).c_str() : e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessera-inspect: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,36 @@
+// inspect.hpp: what a run trains on, sample by sample (tessera-inspect): for a global sample index,
+// the iteration that reads it, the dataset of the blend it comes from, its index in that dataset,
+// the documents it holds and its S+1 tokens; the same reads as the trainer's (the dataset's get).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/blended_dataset.hpp"
+#include "train/train_config.hpp"
+
+namespace tessera {
+
+struct SampleRecord {
+  int64_t sample = 0;     // global index: the order every layout reads
+  int64_t iteration = 0;  // 1-based
+  int dataset = 0;        // in the blend
+  std::string prefix;
+  int64_t dataset_sample = 0;                  // the index inside that dataset (epochs included)
+  int64_t first_document = 0, last_document = 0;  // in the prefix's corpus
+  std::vector<int32_t> tokens;                 // seq_length + 1 ids
+};
+
+// The iteration (1-based) whose global batch holds global sample `sample` (the ramp of
+// --rampup-batch-size included).
+int64_t iteration_of_sample(const TrainConfig& t, int dp_size, int64_t sample);
+
+SampleRecord inspect_sample(const BlendedDataset& data, const TrainConfig& t, int dp_size,
+                            int64_t sample);
+
+// One JSON object on one line: {"sample": i, "iteration": n, "dataset": d, "prefix": "...",
+// "dataset_sample": k, "documents": [...], "tokens": [...]}.
+std::string sample_json(const SampleRecord& r);
+
+}  // namespace tessera
