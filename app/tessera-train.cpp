@@ -27,12 +27,12 @@ int main(int argc, char** argv) {
   try {
     // Every rank parses and validates the same input; only rank 0 reports, all exit 2.
     if (!parse_run_options(argc, argv, opts)) return 0;
-    if (opts.train.dry_run && root)
-      for (const std::string& n : opts.notes)
-        std::fprintf(stderr, "tessera-train: %s\n", n.c_str());
     std::unique_ptr<TokenDataset> data = open_train_data(opts);
     const bool evaluating = opts.skip_train || opts.train.eval_interval > 0;
     std::unique_ptr<TokenDataset> valid = evaluating ? open_valid_data(opts) : nullptr;
+    if (opts.train.dry_run && root)
+      for (const std::string& n : opts.notes)
+        std::fprintf(stderr, "tessera-train: %s\n", n.c_str());
     if (opts.train.dry_run) {
       if (root) std::cout << dry_run_report(opts, mpi.world_size());
       return 0;

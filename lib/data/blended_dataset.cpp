@@ -3,10 +3,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/hash.hpp"
 
 namespace tessera {
 
@@ -66,6 +72,9 @@ DataBlend parse_data_blend(const std::vector<std::string>& given, const std::str
 BlendIndex::BlendIndex(std::vector<double> weights) : w_(std::move(weights)) {
   TESSERA_CHECK(!w_.empty() && w_.size() < 65536, "a blend needs 1 to 65535 datasets");
   checkpoints_.push_back(std::vector<int64_t>(w_.size(), 0));
+  std::vector<double> key(w_);
+  key.push_back(static_cast<double>(kBlock));
+  key_ = xxh64(key.data(), key.size() * sizeof(double), 0x626c656e64ull);
 }
 
 void BlendIndex::advance(std::vector<int64_t>& count, int64_t from, int64_t to,
@@ -119,6 +128,94 @@ std::vector<int64_t> BlendIndex::counts_before(int64_t n) const {
   std::vector<int64_t> count = checkpoint(n / kBlock);
   advance(count, n / kBlock * kBlock, n, nullptr);
   return count;
+}
+
+// ---- the cache file ----------------------------------------------------------------------------
+// "TSBLEND1", then uint64 datasets, uint64 kBlock, the weights (doubles), uint64 blocks, the counts
+// at blocks 1..blocks (int64, datasets each), and the xxh64 of everything before it.
+
+namespace {
+constexpr char kCacheMagic[8] = {'T', 'S', 'B', 'L', 'E', 'N', 'D', '1'};
+}
+
+std::string BlendIndex::cache_file(const std::string& dir) const {
+  char name[40];
+  std::snprintf(name, sizeof name, "blend-%016llx.idx", static_cast<unsigned long long>(key_));
+  return (dir.empty() ? std::string(".") : dir) + "/" + name;
+}
+
+std::string BlendIndex::use_cache(const std::string& dir, int64_t samples, bool write) {
+  if (w_.size() == 1) return "";
+  const std::string path = cache_file(dir);
+  const size_t n = w_.size();
+  const int64_t need = samples / kBlock;  // checkpoints after 0
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t read = 0;
+  if (FILE* f = std::fopen(path.c_str(), "rb")) {
+    std::vector<char> bytes;
+    char buf[1 << 16];
+    for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;)
+      bytes.insert(bytes.end(), buf, buf + got);
+    std::fclose(f);
+    const size_t head = 8 + 8 + 8 + n * 8 + 8;
+    uint64_t u[3] = {0, 0, 0};
+    bool ok = bytes.size() >= head + 8 && std::memcmp(bytes.data(), kCacheMagic, 8) == 0;
+    if (ok) {
+      std::memcpy(&u[0], bytes.data() + 8, 8);
+      std::memcpy(&u[1], bytes.data() + 16, 8);
+      std::memcpy(&u[2], bytes.data() + head - 8, 8);
+      ok = u[0] == n && u[1] == uint64_t(kBlock) &&
+           std::memcmp(bytes.data() + 24, w_.data(), n * 8) == 0 &&
+           u[2] < (uint64_t(1) << 40) && bytes.size() == head + u[2] * n * 8 + 8;
+    }
+    if (ok) {
+      uint64_t sum = 0;
+      std::memcpy(&sum, bytes.data() + bytes.size() - 8, 8);
+      ok = sum == xxh64(bytes.data(), bytes.size() - 8);
+    }
+    if (ok && static_cast<int64_t>(checkpoints_.size()) <= static_cast<int64_t>(u[2])) {
+      const char* p = bytes.data() + head + (checkpoints_.size() - 1) * n * 8;
+      for (uint64_t b = checkpoints_.size(); b <= u[2]; ++b, p += n * 8) {
+        std::vector<int64_t> c(n);
+        std::memcpy(c.data(), p, n * 8);
+        checkpoints_.push_back(std::move(c));
+      }
+    }
+    if (ok) read = static_cast<int64_t>(u[2]);
+  }
+  const int64_t had = static_cast<int64_t>(checkpoints_.size()) - 1;
+  checkpoint(need);
+  const int64_t blocks = static_cast<int64_t>(checkpoints_.size()) - 1;
+  std::ostringstream os;
+  os << "blend order of the run's " << samples << " samples: ";
+  if (read >= need) {
+    os << "read from " << path;
+    return os.str();
+  }
+  os << (read > 0 || had > 0 ? "extended" : "computed");
+  if (!write) return os.str();
+  std::string bytes(kCacheMagic, 8);
+  auto put = [&](const void* p, size_t len) { bytes.append(static_cast<const char*>(p), len); };
+  const uint64_t head[2] = {n, uint64_t(kBlock)};
+  put(head, sizeof head);
+  put(w_.data(), n * 8);
+  const uint64_t nb = static_cast<uint64_t>(blocks);
+  put(&nb, 8);
+  for (int64_t b = 1; b <= blocks; ++b) put(checkpoints_[b].data(), n * 8);
+  const uint64_t sum = xxh64(bytes.data(), bytes.size());
+  put(&sum, 8);
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  const bool written = f && std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  const bool closed = f && std::fclose(f) == 0;
+  if (written && closed && std::rename(tmp.c_str(), path.c_str()) == 0) {
+    os << " and cached in " << path;
+  } else {
+    std::remove(tmp.c_str());
+    os << "; not cached: cannot write " << path << " (" << std::strerror(errno)
+       << "; give --data-cache-path a writable directory to skip this at the next start)";
+  }
+  return os.str();
 }
 
 // ---- the blended dataset -----------------------------------------------------------------------

@@ -46,6 +46,13 @@ class BlendIndex {
   Entry at(int64_t i) const;
   // Samples each dataset gives to blended samples [0, n).
   std::vector<int64_t> counts_before(int64_t n) const;
+  // The file in `dir` that caches this blend's index: the order depends on the weights only, so
+  // the name is a hash of them ("blend-<hash>.idx").
+  std::string cache_file(const std::string& dir) const;
+  // Makes the index cover `samples` samples, from the cache file where it already covers them
+  // (a file of other weights, truncated or damaged is not used); when `write`, writes the file
+  // back (atomically) if it had to compute more. Returns a line for the log saying which.
+  std::string use_cache(const std::string& dir, int64_t samples, bool write);
   static constexpr int64_t kBlock = 4096;
 
  private:
@@ -54,6 +61,7 @@ class BlendIndex {
   const std::vector<int64_t>& checkpoint(int64_t block) const;  // counts at block * kBlock
 
   std::vector<double> w_;
+  uint64_t key_ = 0;  // hash of the weights' bits and kBlock
   mutable std::mutex mu_;
   mutable std::vector<std::vector<int64_t>> checkpoints_;
   mutable int64_t decoded_block_ = -1;
@@ -71,6 +79,7 @@ class BlendedDataset final : public TokenDataset {
 
   BlendIndex::Entry locate(int64_t index) const { return index_.at(index); }
   const BlendIndex& index() const { return index_; }
+  BlendIndex& index() { return index_; }
   const DataBlend& blend() const { return blend_; }
   const GPTDataset& dataset(int d) const { return *datasets_[d]; }
   int num_datasets() const { return static_cast<int>(datasets_.size()); }

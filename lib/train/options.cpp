@@ -368,6 +368,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
       "the validation data: a prefix or a blend (with --train-data-path)")(
       "test-data-path", po::value(&test_path_words)->multitoken(),
       "the test data: a prefix or a blend (with --train-data-path)")(
+      "data-cache-path", po::value(&o.data_cache_path),
+      "directory for the blend's index file (default: the directory of the first prefix's "
+      "shards); a start finds it there instead of computing the order again")(
       "tokenizer-type", po::value(&o.tokenizer.type),
       "GPT2BPETokenizer | HuggingFaceTokenizer: checked against the tokenizer the shards were "
       "made with (not needed: the shards name it)")(
@@ -848,6 +851,32 @@ std::unique_ptr<TokenDataset> open_train_data(RunOptions& o) {
   }
   o.model.validate();
   const int d = first_empty(*ds);
+  if (d < 0 && ds->num_datasets() > 1) {
+    // The blend's order over the whole run: from the cache file of an earlier start when there
+    // is one (world rank 0 writes it), else computed here.
+    int initialized = 0, rank = 0, world = 1;
+    MPI_Initialized(&initialized);
+    if (initialized) {
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      MPI_Comm_size(MPI_COMM_WORLD, &world);
+    }
+    const int dp = std::max(1, world / std::max(1, o.tp * o.pp));
+    const TrainConfig t = o.train.resolved(dp);
+    const int64_t run = t.samples_before_iteration(dp, t.train_iters + 1);
+    std::string dir = o.data_cache_path;
+    if (!dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      if (ec)
+        throw ConfigError("--data-cache-path '" + dir + "': cannot create the directory: " +
+                          ec.message());
+    } else {
+      const std::string& first = ds->blend().prefixes[0];
+      const size_t slash = first.rfind('/');
+      dir = slash == std::string::npos ? "." : slash == 0 ? "/" : first.substr(0, slash);
+    }
+    o.notes.push_back(ds->index().use_cache(dir, run, rank == 0));
+  }
   if (d >= 0)
     throw ConfigError(empty_split_message(o, *ds, d, Split::Train) +
                       (o.data_path.empty() ? "; lower --seq-length or give more documents"

@@ -32,6 +32,7 @@ struct RunOptions {
   DataBlend data_path;
   DataBlend train_data_path, valid_data_path, test_data_path;
   std::string split = "969,30,1";
+  std::string data_cache_path;  // where the blend's index file goes ("": beside the first prefix)
   bool has_data() const { return !data_path.empty() || !train_data_path.empty(); }
   // The tokenizer of the training data and the prefix it came from (set by open_train_data;
   // the validation and test data must share it).

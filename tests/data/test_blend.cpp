@@ -346,3 +346,40 @@ TEST_F(BlendShards, InspectReadsWhatTheTrainerFeedsTheModel) {
                                 "\", \"dataset_sample\": " + std::to_string(r.dataset_sample) +
                                 ", \"documents\": [" + docs + "], \"tokens\": [" + tokens + "]}");
 }
+
+TEST(BlendIndex, CacheFileIsReadBackAndNeverTrustedWhenDamaged) {
+  char tmpl[] = "/tmp/tessera_blendcache_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::vector<double> w = normalized({0.5, 0.3, 0.2});
+  const int64_t n = 10 * BlendIndex::kBlock + 17;
+  const auto want = reference_order(w, n + 5000);
+  BlendIndex first(w);
+  const std::string made = first.use_cache(dir, n, true);
+  EXPECT_NE(made.find("computed and cached in " + first.cache_file(dir)), std::string::npos)
+      << made;
+  // Other weights have another file.
+  EXPECT_NE(BlendIndex(normalized({0.5, 0.3, 0.21})).cache_file(dir), first.cache_file(dir));
+  BlendIndex second(w);
+  EXPECT_NE(second.use_cache(dir, n, true).find("read from"), std::string::npos);
+  for (int64_t i = n + 4999; i >= 0; i -= 7) ASSERT_EQ(second.at(i).sample, want[i].second) << i;
+  // A longer run extends the file.
+  BlendIndex third(w);
+  EXPECT_NE(third.use_cache(dir, 2 * n, true).find("extended and cached"), std::string::npos);
+  // One flipped bit: the file is not used (and is rewritten).
+  {
+    FILE* f = std::fopen(first.cache_file(dir).c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, 200, SEEK_SET);
+    const int c = std::fgetc(f);
+    std::fseek(f, 200, SEEK_SET);
+    std::fputc(c ^ 4, f);
+    std::fclose(f);
+  }
+  BlendIndex fourth(w);
+  const std::string again = fourth.use_cache(dir, n, false);
+  EXPECT_EQ(again.find("read from"), std::string::npos) << again;
+  for (int64_t i = 0; i < n; i += 3) ASSERT_EQ(fourth.at(i).dataset, want[i].first) << i;
+  std::remove(first.cache_file(dir).c_str());
+  rmdir(dir.c_str());
+}
