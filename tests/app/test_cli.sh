@@ -84,8 +84,9 @@ expect 0 "iteration +4/ +4 .*lm loss" -- --config "$configs/llama-tiny.ini" --de
 tiny=(--config "$configs/gpt2-tiny.ini")
 expect 2 "unexpected argument 'yes' after --bf16, a switch that takes no value" -- "${tiny[@]}" --bf16 yes
 expect 2 "unexpected argument 'hello' \(not an option's value" -- hello "${tiny[@]}"
-expect 2 "^rank 0 .*: error: --data-path 0.5 a 0.5 b: a blend of 2 datasets, which Tessera does not support yet" -- "${tiny[@]}" --data-path 0.5 a 0.5 b
-expect 2 "--data-path 0 corpus: the weight 0 must be a positive number" -- "${tiny[@]}" --data-path 0 corpus
+expect 2 "^rank 0 .*: error: --data-path '/nonexistent/a' names no shards" -- "${tiny[@]}" --data-path 0.5 /nonexistent/a 0.5 /nonexistent/b
+expect 2 "--data-path 0.5 a 0.5: 3 words; a blend is pairs of a weight and a prefix" -- "${tiny[@]}" --data-path 0.5 a 0.5
+expect 2 "--data-path 0 corpus: the weight 0 of 'corpus' must be positive" -- "${tiny[@]}" --data-path 0 corpus
 for opt in save load tensorboard-dir data-path log-file metrics-file; do
   expect 2 "error: --$opt is empty; give it a value or leave the option out" -- "${tiny[@]}" --$opt ""
 done
