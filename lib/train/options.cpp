@@ -734,8 +734,9 @@ SplitSource source_of(const RunOptions& o, Split s) {
 
 // Megatron's tokenizer options name the tokenizer the data was made with; the shards name it too
 // (attribute `tokenizer`). A mismatch is an error naming both.
-void check_data_tokenizer(const RunOptions& o, const ShardMeta& meta, const std::string& prefix) {
-  const std::string shards = "the shards of '" + prefix + "'";
+void check_data_tokenizer(const RunOptions& o, const ShardMeta& meta, const std::string& option,
+                          const std::string& prefix) {
+  const std::string shards = "the shards of " + option + " '" + prefix + "'";
   const std::string kind = meta.tokenizer == "gpt2-bpe"          ? "GPT2BPETokenizer"
                            : meta.tokenizer.rfind("hf:", 0) == 0 ? "HuggingFaceTokenizer"
                                                                  : meta.tokenizer;
@@ -771,7 +772,7 @@ std::unique_ptr<BlendedDataset> open_blend(const RunOptions& o, Split s, ShardMe
     if (ref_prefix.empty()) {
       ref = m;
       ref_prefix = prefix;
-      if (o.tokenizer_given) check_data_tokenizer(o, m, prefix);
+      if (o.tokenizer_given) check_data_tokenizer(o, m, src.option, prefix);
     } else if (m.vocab_size != ref.vocab_size || m.eod_id != ref.eod_id ||
                m.tokenizer != ref.tokenizer) {
       throw ConfigError(detail::concat(
