@@ -21,7 +21,9 @@ using namespace tessera;
 
 namespace {
 
-bool is_file(const std::string& p) { return access(p.c_str(), R_OK) == 0; }
+bool is_file(const std::string& p) {
+  return access(p.c_str(), R_OK) == 0;
+}
 
 // The tokenizer that decodes the shards' text: the tokenizer options when given (checked against
 // the shards already), else GPT-2's files shipped in data/gpt2 for shards made with GPT-2's BPE.
@@ -82,14 +84,15 @@ int main(int argc, char** argv) {
         "[--config FILE] --data-path ... --global-batch-size G --train-iters N "
         "(--iteration N | --samples A:B) [--json]";
     program.add_options = [&](OptionParser& p) {
-      p.group("Inspection").add_options()(
-          "iteration", po::value(&iteration)->default_value(0),
-          "print the samples of this iteration (1-based), in the order of its global batch")(
-          "samples", po::value(&samples),
-          "print global samples A to B-1 (A:B), each with the iteration that reads it")(
-          "json", po::bool_switch(&json),
-          "one JSON object per line: sample, iteration, dataset, prefix, dataset_sample, "
-          "documents, tokens (the S+1 ids)");
+      p.group("Inspection")
+          .add_options()(
+              "iteration", po::value(&iteration)->default_value(0),
+              "print the samples of this iteration (1-based), in the order of its global batch")(
+              "samples", po::value(&samples),
+              "print global samples A to B-1 (A:B), each with the iteration that reads it")(
+              "json", po::bool_switch(&json),
+              "one JSON object per line: sample, iteration, dataset, prefix, dataset_sample, "
+              "documents, tokens (the S+1 ids)");
     };
     if (!parse_run_options(argc, argv, o, program)) return 0;
     if (!o.has_data())

@@ -54,8 +54,7 @@ int main(int argc, char** argv) {
                << opts.model.seq_length << ", vocab " << opts.model.vocab_size << " (padded "
                << opts.model.padded_vocab_size(opts.tp) << "), " << opts.model.num_parameters()
                << " parameters (" << opts.model.describe() << "); backend "
-               << backend_description(*backend) << ", " << threads
-               << " threads per rank";
+               << backend_description(*backend) << ", " << threads << " threads per rank";
     for (const std::string& line : data_report(*data, opts.train, ctx.dp_size)) TLOG(info) << line;
     for (const std::string& n : opts.notes) TLOG(info) << n;
     install_stop_signals();

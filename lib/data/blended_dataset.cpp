@@ -1,9 +1,9 @@
 // blended_dataset.cpp: parsing a blend, Megatron's blending order, the blended dataset.
 #include "data/blended_dataset.hpp"
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -165,8 +165,8 @@ std::string BlendIndex::use_cache(const std::string& dir, int64_t samples, bool 
       std::memcpy(&u[1], bytes.data() + 16, 8);
       std::memcpy(&u[2], bytes.data() + head - 8, 8);
       ok = u[0] == n && u[1] == uint64_t(kBlock) &&
-           std::memcmp(bytes.data() + 24, w_.data(), n * 8) == 0 &&
-           u[2] < (uint64_t(1) << 40) && bytes.size() == head + u[2] * n * 8 + 8;
+           std::memcmp(bytes.data() + 24, w_.data(), n * 8) == 0 && u[2] < (uint64_t(1) << 40) &&
+           bytes.size() == head + u[2] * n * 8 + 8;
     }
     if (ok) {
       uint64_t sum = 0;

@@ -65,7 +65,8 @@ class GPTDataset final : public TokenDataset {
   int64_t first_token() const { return token_begin_; }
   // Position of sample `index` within its epoch's unshuffled windows.
   int64_t window_of(int64_t index) const;
-  // The documents (ids within the prefix's corpus) whose tokens sample `index` holds: [first, last].
+  // The documents (ids within the prefix's corpus) whose tokens sample `index` holds: [first,
+  // last].
   std::pair<int64_t, int64_t> documents_of(int64_t index) const;
   const ShardedCorpus& corpus() const { return *corpus_; }
 

@@ -17,9 +17,9 @@ struct SampleRecord {
   int64_t iteration = 0;  // 1-based
   int dataset = 0;        // in the blend
   std::string prefix;
-  int64_t dataset_sample = 0;                  // the index inside that dataset (epochs included)
+  int64_t dataset_sample = 0;                     // the index inside that dataset (epochs included)
   int64_t first_document = 0, last_document = 0;  // in the prefix's corpus
-  std::vector<int32_t> tokens;                 // seq_length + 1 ids
+  std::vector<int32_t> tokens;                    // seq_length + 1 ids
 };
 
 // The iteration (1-based) whose global batch holds global sample `sample` (the ramp of

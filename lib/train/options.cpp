@@ -545,8 +545,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
   o.valid_data_path = parse_data_blend(valid_path_words, "valid-data-path");
   o.test_data_path = parse_data_blend(test_path_words, "test-data-path");
   if (o.data_path.size() == 1 && o.data_path.text != o.data_path.prefixes[0])
-    o.notes.push_back("--data-path " + o.data_path.text + ": a blend of one dataset, which is all of '" +
-                      o.data_path.prefixes[0] + "'");
+    o.notes.push_back("--data-path " + o.data_path.text +
+                      ": a blend of one dataset, which is all of '" + o.data_path.prefixes[0] +
+                      "'");
   const bool per_split =
       !o.train_data_path.empty() || !o.valid_data_path.empty() || !o.test_data_path.empty();
   if (per_split && !o.data_path.empty())
@@ -775,14 +776,15 @@ std::unique_ptr<BlendedDataset> open_blend(const RunOptions& o, Split s, ShardMe
       if (o.tokenizer_given) check_data_tokenizer(o, m, src.option, prefix);
     } else if (m.vocab_size != ref.vocab_size || m.eod_id != ref.eod_id ||
                m.tokenizer != ref.tokenizer) {
-      throw ConfigError(detail::concat(
-          src.option, ": the shards of '", prefix, "' were made with another tokenizer than those of '",
-          ref_prefix, "' ('", m.tokenizer, "', ", m.vocab_size, " tokens, end of document ",
-          m.eod_id, " vs '", ref.tokenizer, "', ", ref.vocab_size, " tokens, ", ref.eod_id,
-          "); every dataset of a run must share one vocabulary"));
+      throw ConfigError(
+          detail::concat(src.option, ": the shards of '", prefix,
+                         "' were made with another tokenizer than those of '", ref_prefix, "' ('",
+                         m.tokenizer, "', ", m.vocab_size, " tokens, end of document ", m.eod_id,
+                         " vs '", ref.tokenizer, "', ", ref.vocab_size, " tokens, ", ref.eod_id,
+                         "); every dataset of a run must share one vocabulary"));
     }
-    parts.push_back(std::make_unique<GPTDataset>(corpus, s, src.weights, o.model.seq_length,
-                                                 o.train.seed));
+    parts.push_back(
+        std::make_unique<GPTDataset>(corpus, s, src.weights, o.model.seq_length, o.train.seed));
   }
   return std::make_unique<BlendedDataset>(std::move(parts), *src.blend);
 }
@@ -831,7 +833,8 @@ std::unique_ptr<TokenDataset> open_test_data(const RunOptions& o) {
   if (!ds) return nullptr;
   const int d = first_empty(*ds);
   if (d >= 0) {
-    TLOG(info) << "no evaluation on the test split: " << empty_split_message(o, *ds, d, Split::Test);
+    TLOG(info) << "no evaluation on the test split: "
+               << empty_split_message(o, *ds, d, Split::Test);
     return nullptr;
   }
   return ds;
@@ -869,8 +872,8 @@ std::unique_ptr<TokenDataset> open_train_data(RunOptions& o) {
       std::error_code ec;
       std::filesystem::create_directories(dir, ec);
       if (ec)
-        throw ConfigError("--data-cache-path '" + dir + "': cannot create the directory: " +
-                          ec.message());
+        throw ConfigError("--data-cache-path '" + dir +
+                          "': cannot create the directory: " + ec.message());
     } else {
       const std::string& first = ds->blend().prefixes[0];
       const size_t slash = first.rfind('/');

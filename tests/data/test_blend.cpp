@@ -68,8 +68,8 @@ std::string error_of(const std::vector<std::string>& words) {
 
 TEST(BlendIndex, FollowsMegatronsFormulaOverTensOfThousandsOfSamples) {
   const std::vector<std::vector<double>> cases = {
-      {0.7, 0.2, 0.1}, {1, 1}, {1, 1, 1}, {0.5, 0.25, 0.125, 0.125}, {3, 1e-3}, {0.3, 0.3, 0.4},
-      {1}};
+      {0.7, 0.2, 0.1}, {1, 1},          {1, 1, 1}, {0.5, 0.25, 0.125, 0.125},
+      {3, 1e-3},       {0.3, 0.3, 0.4}, {1}};
   for (const auto& raw : cases) {
     const std::vector<double> w = normalized(raw);
     const int64_t n = 3 * BlendIndex::kBlock * 5 + 123;  // blocks, and a partial one
@@ -274,9 +274,9 @@ TEST_F(BlendShards, BadBlendsAreOneLineErrors) {
     open_train_data(o);
     FAIL() << "datasets of two vocabularies were blended";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("the shards of '" + dir_ +
-                                         "/other' were made with another tokenizer than those of '" +
-                                         prefix(0) + "'"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "the shards of '" + dir_ +
+                  "/other' were made with another tokenizer than those of '" + prefix(0) + "'"),
               std::string::npos)
         << e.what();
   }
