@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <sstream>
 
 #include "core/error.hpp"
 #include "train/train_config.hpp"
@@ -108,6 +110,50 @@ double WeightDecaySchedule::wd(int64_t step) const {
   const double ratio = static_cast<double>(step) / static_cast<double>(incr_);
   const double coeff = style_ == "linear" ? ratio : 0.5 * (std::cos(M_PI * (1.0 - ratio)) + 1.0);
   return start_ + coeff * (end_ - start_);
+}
+
+namespace {
+std::map<std::string, std::string> ini_values(const std::string& ini) {
+  std::map<std::string, std::string> kv;
+  std::istringstream in(ini);
+  for (std::string line; std::getline(in, line);) {
+    const size_t eq = line.find(" = ");
+    if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return kv;
+}
+}  // namespace
+
+std::string schedule_changes(const std::string& saved_ini, const std::string& now_ini,
+                             bool length_matters) {
+  static const char* const kKeys[] = {"lr",
+                                      "min-lr",
+                                      "lr-decay-style",
+                                      "lr-warmup-iters",
+                                      "lr-warmup-samples",
+                                      "lr-warmup-fraction",
+                                      "lr-warmup-init",
+                                      "lr-decay-iters",
+                                      "lr-decay-samples",
+                                      "lr-wsd-decay-style",
+                                      "lr-wsd-decay-iters",
+                                      "lr-wsd-decay-samples",
+                                      "weight-decay",
+                                      "weight-decay-incr-style",
+                                      "start-weight-decay",
+                                      "end-weight-decay",
+                                      "train-iters",
+                                      "train-samples"};
+  const auto before = ini_values(saved_ini), now = ini_values(now_ini);
+  std::string out;
+  for (const char* k : kKeys) {
+    if (!length_matters && (std::string(k) == "train-iters" || std::string(k) == "train-samples"))
+      continue;
+    const auto a = before.find(k), b = now.find(k);
+    if (a == before.end() || b == now.end() || a->second == b->second) continue;
+    out += (out.empty() ? "" : ", ") + std::string(k) + " " + a->second + " -> " + b->second;
+  }
+  return out;
 }
 
 }  // namespace tessera

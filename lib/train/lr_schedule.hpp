@@ -61,4 +61,12 @@ class WeightDecaySchedule {
   std::string style_;
 };
 
+// The schedule's options that differ between a checkpoint's run and this one, from their INI
+// texts (TrainConfig::config_text): "lr 0.003 -> 0.0006, lr-decay-style cosine -> WSD"; empty when
+// none. Options absent from either text are left out; the run's length (train-iters,
+// train-samples) only where `length_matters` (it sets the decay's end or the weight-decay
+// increment). Megatron refuses such a resume unless told which to use; Tessera takes this run's.
+std::string schedule_changes(const std::string& saved_ini, const std::string& now_ini,
+                             bool length_matters);
+
 }  // namespace tessera

@@ -176,6 +176,12 @@ constexpr AcceptedOption kAccepted[] = {
      "each rank draws its own slice of the initialization from a counter-based RNG"},
     {"log-throughput", nullptr, "the iteration line always carries tokens/s and TFLOP/s"},
     {"num-workers", "", "the loader reads ahead on one prefetch thread per rank"},
+    {"override-opt_param-scheduler", nullptr,
+     "a resumed run always takes this run's learning-rate and weight-decay schedule (a change "
+     "from the checkpoint's is one warning line)"},
+    {"override-opt-param-scheduler", nullptr,
+     "a resumed run always takes this run's learning-rate and weight-decay schedule (a change "
+     "from the checkpoint's is one warning line)"},
 };
 
 // --data-path: PREFIX, or a blend `W1 P1 W2 P2 ...` (Megatron-LM); a blend of one dataset is its

@@ -1224,6 +1224,16 @@ void Trainer::load_checkpoint(const std::string& dir, bool model_only, bool load
                      ? "; --no-load-optim: the optimizer and its step count start fresh"
                      : "")
              << ") in " << t.seconds() << " s";
+  if (!model_only && load_optimizer) {  // the schedule continues: say where it changes course
+    const bool length_matters =
+        (cfg_.lr_decay_iters == 0 && cfg_.lr_decay_style != "constant") || wd_schedule_.scheduled();
+    const std::string changed = schedule_changes(m.config_text, cfg_.config_text, length_matters);
+    if (!changed.empty())
+      TLOG(warning) << "the learning-rate / weight-decay schedule differs from checkpoint "
+                    << r.path() << "'s (" << changed << "); this run's options are used from "
+                    << "iteration " << iteration_ + 1
+                    << " (as Megatron-LM's --override-opt_param-scheduler)";
+  }
   if (!m.has_optimizer && !model_only && load_optimizer)
     TLOG(warning) << "checkpoint " << r.path()
                   << " holds no optimizer state; Adam moments start at zero";

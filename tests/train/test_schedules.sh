@@ -137,13 +137,22 @@ train "${S[@]}" --exit-interval 6 --save "$work/ck" > "$work/part1.log" 2>&1 || 
 train "${S[@]}" --load "$work/ck" --save "$work/ck" > "$work/part2.log" 2>&1 || bad "part 2: $(tail -3 "$work/part2.log")"
 fields "$work/full.log" > "$work/full.txt"
 cat <(fields "$work/part1.log") <(fields "$work/part2.log") > "$work/resumed.txt"
-if [ "$(wc -l < "$work/full.txt")" -eq 12 ] && grep -q "weight decay" "$work/full.txt" && cmp -s "$work/full.txt" "$work/resumed.txt"; then
+if [ "$(wc -l < "$work/full.txt")" -eq 12 ] && grep -q "weight decay" "$work/full.txt" && cmp -s "$work/full.txt" "$work/resumed.txt" \
+   && ! grep -q "schedule differs" "$work/part2.log"; then
   ok "resumed at 6 == uninterrupted: $(sed -n 7p "$work/full.txt")"
 else
   bad "resume differs: $(diff "$work/full.txt" "$work/resumed.txt" | head -6)"
 fi
 res=$(check "$work/part2.log" /dev/null "dict(lr=6e-4, min_lr=6e-5, init=1e-5, warmup=3, decay=12, style='WSD', wsd=5, wsd_style='exponential', wd=(0.02, 0.2, 'cosine', 12), rows=6)")
 [ $? -eq 0 ] && ok "the resumed part against the formula: $res" || bad "resumed part: $res"
+
+# A resume with another schedule takes it, says so in one warning line; Megatron's
+# --override-opt_param-scheduler is accepted (it is what Tessera does).
+out=$(train "${S[@]}" --train-iters 14 --lr 5e-4 --load "$work/ck" --override-opt_param-scheduler 2>&1)
+grep -qE "warning.*schedule differs from checkpoint .*\(lr 0.0006 -> 0.0005, train-iters 12 -> 14\); this run's options are used from iteration 13" <<<"$out" \
+  && grep -q "override-opt_param-scheduler: accepted without effect" <<<"$out" \
+  && grep -qE "iteration +13/ +14 .*learning rate: " <<<"$out" \
+  && ok "a changed schedule at resume: one warning line naming the changes" || bad "changed schedule at resume: $out"
 
 # 5. Bad options: one error line naming the option, exit 2 (the config's run is 200 iterations).
 expect2() {  # PATTERN ARGS...
