@@ -15,8 +15,8 @@ int piece_index(int piece, const ModelShard& shard) {
 }  // namespace
 
 DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicator& dp,
-                                   double beta1, double beta2, double eps, double weight_decay)
-    : model_(model), params_(model.params()), be_(backend), dp_(dp), weight_decay_(weight_decay) {
+                                   double beta1, double beta2, double eps)
+    : model_(model), params_(model.params()), be_(backend), dp_(dp) {
   hyper_.beta1 = beta1;
   hyper_.beta2 = beta2;
   hyper_.eps = eps;
@@ -35,19 +35,22 @@ DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicat
     k.shard_begin = shard_numel_;
     shard_numel_ += n;
     std::vector<AdamWSegment> seg;  // the parameters' parts in the block; padding is left out
+    std::vector<bool> decays;       // per segment: takes the step's weight decay
     for (int p = fb.first_param; p < fb.end_param; ++p) {
       const ParamSpec& s = specs[p];
       const int64_t lo = std::max(k.flat_begin, s.flat_offset);
       const int64_t hi = std::min(k.flat_end, s.flat_offset + s.numel());
       if (lo >= hi) continue;
-      const double wd = s.weight_decay ? weight_decay_ : 0.0;
-      if (!seg.empty() && seg.back().end == lo - k.flat_begin && seg.back().weight_decay == wd)
+      if (!seg.empty() && seg.back().end == lo - k.flat_begin && decays.back() == s.weight_decay) {
         seg.back().end = hi - k.flat_begin;
-      else
-        seg.push_back({lo - k.flat_begin, hi - k.flat_begin, wd});
+      } else {
+        seg.push_back({lo - k.flat_begin, hi - k.flat_begin, 0.0});
+        decays.push_back(s.weight_decay);
+      }
     }
     blocks_.push_back(k);
     segments_.push_back(std::move(seg));
+    decays_.push_back(std::move(decays));
   }
   {
     AllocationLabel label(
@@ -86,9 +89,12 @@ Tensor& DistributedAdamW::state(const char* which) {
   return master_;
 }
 
-void DistributedAdamW::step(double lr, bool overlap_gather) {
+void DistributedAdamW::step(double lr, double weight_decay, bool overlap_gather) {
   ++step_;
   hyper_.lr = lr;
+  for (size_t i = 0; i < segments_.size(); ++i)
+    for (size_t j = 0; j < segments_[i].size(); ++j)
+      segments_[i][j].weight_decay = decays_[i][j] ? weight_decay : 0.0;
   wait_all();  // a gather still in flight writes the compute copy
   Tensor& grads = params_.flat_grads();
   Tensor& compute = params_.flat_compute();

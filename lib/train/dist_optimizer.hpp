@@ -25,7 +25,7 @@ class DistributedAdamW {
  public:
   // `model`'s ParamStore must be laid out for dp.size() blocks (FlatLayout::shards).
   DistributedAdamW(GPTModel& model, Backend& backend, Communicator& dp, double beta1, double beta2,
-                   double eps, double weight_decay);
+                   double eps);
 
   // This rank's block of one bucket: flat elements [flat_begin, flat_end), stored from
   // shard_begin in the shard buffers (moments, master weights).
@@ -39,9 +39,10 @@ class DistributedAdamW {
   // Mixed precision: the f32 master weights live here (the ParamStore has none).
   bool owns_master() const { return master_.defined(); }
 
-  // AdamW on this rank's blocks (the summed gradients the reduce-scatter left there), then the
-  // compute copy of the blocks is refreshed and the parameter gather started (overlap) or done.
-  void step(double lr, bool overlap_gather);
+  // AdamW on this rank's blocks (the summed gradients the reduce-scatter left there) with the
+  // step's learning rate and weight decay, then the compute copy of the blocks is refreshed and
+  // the parameter gather started (overlap) or done.
+  void step(double lr, double weight_decay, bool overlap_gather);
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }
 
@@ -79,9 +80,9 @@ class DistributedAdamW {
   Backend& be_;
   Communicator& dp_;
   AdamWHyper hyper_;
-  double weight_decay_;
   std::vector<Block> blocks_;
   std::vector<std::vector<AdamWSegment>> segments_;  // per block, relative to its start
+  std::vector<std::vector<bool>> decays_;  // per block and segment: takes the weight decay
   int64_t shard_numel_ = 0;
   Tensor m_, v_, master_;                            // shard buffers
   std::vector<std::unique_ptr<PendingOp>> gathers_;  // per bucket, while overlapped

@@ -3,9 +3,8 @@
 
 namespace tessera {
 
-AdamW::AdamW(ParamStore& params, Backend& backend, double beta1, double beta2, double eps,
-             double weight_decay)
-    : params_(params), be_(backend), weight_decay_(weight_decay) {
+AdamW::AdamW(ParamStore& params, Backend& backend, double beta1, double beta2, double eps)
+    : params_(params), be_(backend) {
   hyper_.beta1 = beta1;
   hyper_.beta2 = beta2;
   hyper_.eps = eps;
@@ -16,20 +15,23 @@ AdamW::AdamW(ParamStore& params, Backend& backend, double beta1, double beta2, d
   be_.zero(v_);
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double weight_decay) {
   ++step_;
   hyper_.lr = lr;
-  if (segments_.empty()) {  // adjacent parameters with the same decay make one segment
+  if (segments_.empty()) {  // adjacent parameters that both decay, or both not, make one segment
     for (const ParamSpec& s : params_.specs()) {
-      const double wd = s.weight_decay ? weight_decay_ : 0.0;
       const int64_t end = s.flat_offset + s.numel();
       if (!segments_.empty() && segments_.back().end == s.flat_offset &&
-          segments_.back().weight_decay == wd)
+          decays_.back() == s.weight_decay) {
         segments_.back().end = end;
-      else
-        segments_.push_back({s.flat_offset, end, wd});
+      } else {
+        segments_.push_back({s.flat_offset, end, 0.0});
+        decays_.push_back(s.weight_decay);
+      }
     }
   }
+  for (size_t i = 0; i < segments_.size(); ++i)
+    segments_[i].weight_decay = decays_[i] ? weight_decay : 0.0;
   be_.adamw_step_flat(params_.flat_params(), params_.flat_grads(), m_, v_, segments_, hyper_,
                       step_);
 }

@@ -10,10 +10,10 @@ namespace tessera {
 
 class AdamW {
  public:
-  AdamW(ParamStore& params, Backend& backend, double beta1, double beta2, double eps,
-        double weight_decay);
-  // One update with learning rate lr; decay only for parameters whose spec says so.
-  void step(double lr);
+  AdamW(ParamStore& params, Backend& backend, double beta1, double beta2, double eps);
+  // One update with learning rate lr and weight decay wd (the schedules' values of this step);
+  // the decay only for parameters whose spec says so.
+  void step(double lr, double weight_decay);
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }
   Tensor& exp_avg() { return m_; }
@@ -23,9 +23,11 @@ class AdamW {
   ParamStore& params_;
   Backend& be_;
   AdamWHyper hyper_;
-  double weight_decay_;
-  Tensor m_, v_;                        // flat, same layout as the parameters
-  std::vector<AdamWSegment> segments_;  // the flat buffer by weight decay, built on first step
+  Tensor m_, v_;  // flat, same layout as the parameters
+  // The flat buffer cut where the decay starts or stops, built on the first step; decays_[i]:
+  // segment i takes the step's weight decay (else 0).
+  std::vector<AdamWSegment> segments_;
+  std::vector<bool> decays_;
   int64_t step_ = 0;
 };
 

@@ -178,6 +178,12 @@ constexpr AcceptedOption kAccepted[] = {
      "each rank draws its own slice of the initialization from a counter-based RNG"},
     {"log-throughput", nullptr, "the iteration line always carries tokens/s and TFLOP/s"},
     {"num-workers", "", "the loader reads ahead on one prefetch thread per rank"},
+    {"override-opt_param-scheduler", nullptr,
+     "a resumed run always takes this run's learning-rate and weight-decay schedule (a change "
+     "from the checkpoint's is one warning line)"},
+    {"override-opt-param-scheduler", nullptr,
+     "a resumed run always takes this run's learning-rate and weight-decay schedule (a change "
+     "from the checkpoint's is one warning line)"},
 };
 
 }  // namespace
@@ -194,6 +200,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
   std::string profile_ranks;
   std::vector<std::string> rampup;
   bool bf16 = false, fp16 = false;
+  double start_weight_decay = 0, end_weight_decay = 0;
   std::string recompute_granularity, recompute_method;
   int recompute_num_layers = 0, checkpoint_num_layers = 0;
   int virtual_size = 0, layers_per_virtual_stage = 0;
@@ -302,9 +309,17 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
           "lr", po::value(&t.lr)->default_value(1e-4), "peak learning rate")(
           "min-lr", po::value(&t.min_lr)->default_value(0.0), "learning rate at the end of decay")(
           "lr-decay-style", po::value(&t.lr_decay_style)->default_value("linear"),
-          "constant | linear | cosine")("lr-warmup-iters",
-                                        po::value(&t.lr_warmup_iters)->default_value(0),
-                                        "linear warm-up iterations")(
+          "constant | linear | cosine | inverse-square-root | WSD (docs/training.md)")(
+          "lr-warmup-iters", po::value(&t.lr_warmup_iters)->default_value(0),
+          "linear warm-up iterations")("lr-warmup-init",
+                                       po::value(&t.lr_warmup_init)->default_value(0.0),
+                                       "learning rate the warm-up starts from")(
+          "lr-wsd-decay-style", po::value(&t.lr_wsd_decay_style),
+          "WSD's final decay: exponential (the default) | linear | cosine | minus_sqrt")(
+          "lr-wsd-decay-iters", po::value(&t.lr_wsd_decay_iters)->default_value(0),
+          "WSD: iterations of the final decay, the last ones of the decay phase")(
+          "lr-wsd-decay-samples", po::value(&t.lr_wsd_decay_samples)->default_value(0),
+          "WSD: samples of the final decay (instead of --lr-wsd-decay-iters)")(
           "lr-decay-iters", po::value(&t.lr_decay_iters)->default_value(0),
           "iterations over which to decay (0: train-iters)")(
           "lr-warmup-fraction", po::value(&t.lr_warmup_fraction)->default_value(0.0),
@@ -320,6 +335,14 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
           "samples (needs --train-samples)")(
           "weight-decay", po::value(&t.weight_decay)->default_value(0.01),
           "decoupled weight decay for weight matrices and embeddings (not biases or LayerNorm)")(
+          "weight-decay-incr-style",
+          po::value(&t.weight_decay_incr_style)->default_value("constant"),
+          "constant (--weight-decay) | linear | cosine: from --start-weight-decay to "
+          "--end-weight-decay over the run")(
+          "start-weight-decay", po::value(&start_weight_decay),
+          "weight decay at the start (--weight-decay-incr-style linear or cosine)")(
+          "end-weight-decay", po::value(&end_weight_decay),
+          "weight decay at the end of the run (--weight-decay-incr-style linear or cosine)")(
           "clip-grad", po::value(&t.clip_grad)->default_value(1.0),
           "clip the global gradient norm to this (0: off)")(
           "adam-beta1", po::value(&t.adam_beta1)->default_value(0.9), "Adam beta1")(
@@ -508,6 +531,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
   p.alternatives({"train-iters", "rampup-batch-size"});
   p.alternatives({"lr-warmup-iters", "lr-warmup-samples", "lr-warmup-fraction"});
   p.alternatives({"lr-decay-iters", "lr-decay-samples"});
+  p.alternatives({"lr-wsd-decay-iters", "lr-wsd-decay-samples"});
   p.alternatives({"layernorm-epsilon", "norm-epsilon"});
   p.alternatives({"num-layers-per-virtual-pipeline-stage", "virtual-pipeline-model-parallel-size"});
   p.alternatives({"bf16", "fp16"});
@@ -540,6 +564,8 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
     }
     o.notes.push_back(given + ": accepted without effect: " + a.why);
   }
+  if (p.given("start-weight-decay")) t.start_weight_decay = start_weight_decay;
+  if (p.given("end-weight-decay")) t.end_weight_decay = end_weight_decay;
   o.data_path = parse_data_blend(data_path_words, "data-path");
   o.train_data_path = parse_data_blend(train_path_words, "train-data-path");
   o.valid_data_path = parse_data_blend(valid_path_words, "valid-data-path");

@@ -53,6 +53,82 @@ void validate_rampup(const TrainConfig& t, int dp_size) {
                              " count iterations, whose size changes under ", given,
                              "; give --lr-warmup-samples or --lr-warmup-fraction and "
                              "--lr-decay-samples (set the iteration options to 0)"));
+  if (t.lr_wsd_decay_iters > 0)
+    throw ConfigError(concat("--lr-wsd-decay-iters=", t.lr_wsd_decay_iters,
+                             " counts iterations, whose size changes under ", given,
+                             "; give --lr-wsd-decay-samples"));
+}
+
+// The learning-rate schedule's options on their own (the lengths' relation to the decay phase is
+// checked by resolved(), once they are counted in one unit).
+void validate_schedule(const TrainConfig& t) {
+  using detail::concat;
+  const std::string& style = t.lr_decay_style;
+  if (style != "constant" && style != "linear" && style != "cosine" &&
+      style != "inverse-square-root" && style != "WSD")
+    throw ConfigError("--lr-decay-style=" + style +
+                      " is not a style (allowed: constant, linear, cosine, inverse-square-root, "
+                      "WSD)");
+  if (!(t.lr_warmup_init >= 0 && t.lr_warmup_init <= t.lr))
+    throw ConfigError(concat("--lr-warmup-init=", t.lr_warmup_init,
+                             " is out of range (allowed: 0 <= init <= --lr=", t.lr, ")"));
+  if (t.lr_wsd_decay_iters < 0 || t.lr_wsd_decay_samples < 0)
+    throw ConfigError(concat("--lr-wsd-decay-iters=", t.lr_wsd_decay_iters,
+                             " / --lr-wsd-decay-samples=", t.lr_wsd_decay_samples,
+                             " are out of range (allowed: >= 1)"));
+  const std::string& w = t.lr_wsd_decay_style;
+  if (!w.empty() && w != "exponential" && w != "linear" && w != "cosine" && w != "minus_sqrt")
+    throw ConfigError("--lr-wsd-decay-style=" + w +
+                      " is not a style (allowed: exponential, linear, cosine, minus_sqrt)");
+  const bool wsd_length = t.lr_wsd_decay_iters > 0 || t.lr_wsd_decay_samples > 0;
+  if (style != "WSD" && (wsd_length || !w.empty()))
+    throw ConfigError(std::string(!w.empty()                 ? "--lr-wsd-decay-style"
+                                  : t.lr_wsd_decay_iters > 0 ? "--lr-wsd-decay-iters"
+                                                             : "--lr-wsd-decay-samples") +
+                      " applies only to --lr-decay-style WSD (the style is " + style + ")");
+  if (style == "WSD" && !wsd_length)
+    throw ConfigError(
+        "--lr-decay-style WSD needs --lr-wsd-decay-iters or --lr-wsd-decay-samples (the length "
+        "of the final decay)");
+}
+
+// Megatron's conditions on the weight-decay increment (arguments.py and the scheduler's asserts).
+void validate_weight_decay_schedule(const TrainConfig& t) {
+  using detail::concat;
+  const std::string& style = t.weight_decay_incr_style;
+  if (style != "constant" && style != "linear" && style != "cosine")
+    throw ConfigError("--weight-decay-incr-style=" + style +
+                      " is not a style (allowed: constant, linear, cosine)");
+  const bool start = t.start_weight_decay.has_value(), end = t.end_weight_decay.has_value();
+  if (style == "constant" && (start || end))
+    throw ConfigError(std::string(start ? "--start-weight-decay" : "--end-weight-decay") +
+                      " needs --weight-decay-incr-style linear or cosine (constant: the decay is "
+                      "--weight-decay)");
+  if (style != "constant" && !(start && end))
+    throw ConfigError("--weight-decay-incr-style " + style +
+                      " needs --start-weight-decay and --end-weight-decay");
+  if (style == "constant") return;
+  if (!(*t.start_weight_decay >= 0 && *t.end_weight_decay >= *t.start_weight_decay))
+    throw ConfigError(concat("--start-weight-decay=", *t.start_weight_decay,
+                             " / --end-weight-decay=", *t.end_weight_decay,
+                             " are out of range (allowed: 0 <= start <= end: Megatron's schedule "
+                             "increases the decay)"));
+}
+
+// WSD's final decay lies inside the decay phase: after the warm-up, before the decay's end.
+void check_wsd_length(const TrainConfig& t, const TrainConfig& given) {
+  using detail::concat;
+  if (t.lr_decay_style != "WSD") return;
+  const int64_t decay = t.lr_decay_iters > 0 ? t.lr_decay_iters : t.train_iters;
+  if (decay <= 0) return;  // nothing trains (--skip-train, --dry-run)
+  const char* unit = t.lr_schedule_in_samples ? " samples" : " iterations";
+  if (t.lr_wsd_decay_iters > decay - t.lr_warmup_iters)
+    throw ConfigError(concat(
+        given.lr_wsd_decay_samples > 0 ? "--lr-wsd-decay-samples=" : "--lr-wsd-decay-iters=",
+        given.lr_wsd_decay_samples > 0 ? given.lr_wsd_decay_samples : given.lr_wsd_decay_iters,
+        " (", t.lr_wsd_decay_iters, unit, ") is longer than the decay phase after the warm-up: ",
+        decay, " (--lr-decay-iters/-samples, or the run) - ", t.lr_warmup_iters,
+        " warm-up = ", decay - t.lr_warmup_iters, unit));
 }
 
 }  // namespace
@@ -118,9 +194,11 @@ void TrainConfig::validate(int dp_size) const {
   if (!(min_lr >= 0 && min_lr <= lr))
     throw ConfigError(
         concat("--min-lr=", min_lr, " is out of range (allowed: 0 <= min-lr <= --lr=", lr, ")"));
-  if (lr_decay_style != "constant" && lr_decay_style != "linear" && lr_decay_style != "cosine")
-    throw ConfigError("--lr-decay-style=" + lr_decay_style +
-                      " is not a style (allowed: constant, linear, cosine)");
+  validate_schedule(*this);
+  // Counted in iterations already (else resolved() checks it once they are).
+  if (!lr_schedule_in_samples && train_samples == 0 && lr_decay_samples == 0 &&
+      lr_warmup_samples == 0 && lr_wsd_decay_samples == 0 && lr_warmup_fraction == 0)
+    check_wsd_length(*this, *this);
   if (lr_warmup_iters < 0)
     throw ConfigError(
         concat("--lr-warmup-iters=", lr_warmup_iters, " is out of range (allowed: >= 0)"));
@@ -129,6 +207,7 @@ void TrainConfig::validate(int dp_size) const {
         concat("--lr-decay-iters=", lr_decay_iters, " is out of range (allowed: >= 0)"));
   if (!(weight_decay >= 0))
     throw ConfigError(concat("--weight-decay=", weight_decay, " is out of range (allowed: >= 0)"));
+  validate_weight_decay_schedule(*this);
   if (!(clip_grad >= 0))
     throw ConfigError(
         concat("--clip-grad=", clip_grad, " is out of range (allowed: >= 0, 0 = off)"));
@@ -214,8 +293,14 @@ TrainConfig TrainConfig::resolved(int dp_size) const {
       t.lr_warmup_iters =
           static_cast<int64_t>(lr_warmup_fraction * static_cast<double>(t.lr_decay_iters));
     }
-    t.train_samples = t.lr_decay_samples = t.lr_warmup_samples = 0;
+    if (lr_wsd_decay_samples < 0)
+      throw ConfigError(concat("--lr-wsd-decay-samples=", lr_wsd_decay_samples,
+                               " is out of range (allowed: >= 1)"));
+    t.lr_wsd_decay_iters = lr_wsd_decay_samples;
+    t.weight_decay_incr_iters = train_samples;  // Megatron's wd_incr_steps: the run, in samples
+    t.train_samples = t.lr_decay_samples = t.lr_warmup_samples = t.lr_wsd_decay_samples = 0;
     t.lr_warmup_fraction = 0;
+    check_wsd_length(t, *this);
     return t;
   }
   auto iters = [&](int64_t samples, const char* option, const char* iter_option, int64_t given) {
@@ -244,8 +329,15 @@ TrainConfig TrainConfig::resolved(int dp_size) const {
     const int64_t decay = t.lr_decay_iters > 0 ? t.lr_decay_iters : t.train_iters;
     t.lr_warmup_iters = static_cast<int64_t>(lr_warmup_fraction * static_cast<double>(decay));
   }
-  t.train_samples = t.lr_decay_samples = t.lr_warmup_samples = 0;
+  t.lr_wsd_decay_iters = iters(lr_wsd_decay_samples, "--lr-wsd-decay-samples",
+                               "--lr-wsd-decay-iters", lr_wsd_decay_iters);
+  if (lr_wsd_decay_samples > 0 && t.lr_wsd_decay_iters == 0)
+    throw ConfigError(concat("--lr-wsd-decay-samples=", lr_wsd_decay_samples,
+                             " is less than one global batch (", G, " samples)"));
+  t.weight_decay_incr_iters = t.train_iters;  // Megatron's wd_incr_steps: the whole run
+  t.train_samples = t.lr_decay_samples = t.lr_warmup_samples = t.lr_wsd_decay_samples = 0;
   t.lr_warmup_fraction = 0;
+  check_wsd_length(t, *this);
   return t;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,9 +17,14 @@ struct TrainConfig {
   int64_t train_iters = 0;
   double lr = 1e-4;
   double min_lr = 0.0;
-  std::string lr_decay_style = "linear";  // constant | linear | cosine
+  // constant | linear | cosine | inverse-square-root | WSD (train/lr_schedule.hpp)
+  std::string lr_decay_style = "linear";
   int64_t lr_warmup_iters = 0;
   int64_t lr_decay_iters = 0;  // 0: train_iters
+  double lr_warmup_init = 0;   // the warm-up starts at this learning rate
+  // WSD: the final decay's length (0: not given) and style (empty: not given, exponential).
+  int64_t lr_wsd_decay_iters = 0, lr_wsd_decay_samples = 0;
+  std::string lr_wsd_decay_style;
   // Megatron's sample-based schedule and warm-up fraction; resolved() turns them into the
   // iteration counts above at the (constant) global batch (samples / global batch, rounded down,
   // as Megatron does for --train-samples). 0: not given.
@@ -36,6 +42,13 @@ struct TrainConfig {
   // (--no-load-optim: the optimizer and its step count start fresh).
   bool no_save_optim = false;
   double weight_decay = 0.01;
+  // Megatron's weight-decay increment over the run: constant (--weight-decay), or linear | cosine
+  // from start_weight_decay to end_weight_decay (both required then, and only then).
+  std::optional<double> start_weight_decay, end_weight_decay;
+  std::string weight_decay_incr_style = "constant";
+  // Set by resolved(): the steps over which the weight decay changes, the run's length in the
+  // schedule's unit (iterations; samples under a ramp).
+  int64_t weight_decay_incr_iters = 0;
   double clip_grad = 1.0;  // 0: no clipping
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   uint64_t seed = 1234;

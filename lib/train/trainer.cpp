@@ -99,18 +99,25 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
                              " (allowed: multiples of ", t.micro_batch_size * dp, ")"));
 }
 
+namespace {
+// The schedules are built from the configuration before the constructor's body: check it first.
+TrainConfig resolved_and_validated(const TrainConfig& t, int dp_size) {
+  TrainConfig r = t.resolved(dp_size);
+  r.validate(dp_size);
+  return r;
+}
+}  // namespace
+
 Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backend& backend,
                  TokenDataset& data, const ParallelContext& ctx)
     : model_cfg_(model_cfg),
-      cfg_(train_cfg.resolved(ctx.dp_size)),
+      cfg_(resolved_and_validated(train_cfg, ctx.dp_size)),
       be_(backend),
       data_(data),
       ctx_(ctx),
-      schedule_(cfg_.lr, cfg_.min_lr, cfg_.lr_warmup_iters,
-                cfg_.lr_decay_iters > 0 ? cfg_.lr_decay_iters : cfg_.train_iters,
-                cfg_.lr_decay_style) {
+      schedule_(LrSchedule::of(cfg_, ctx.dp_size)),
+      wd_schedule_(WeightDecaySchedule::of(cfg_)) {
   model_cfg_.validate();
-  cfg_.validate(ctx_.dp_size);
   validate_layout(model_cfg_, cfg_, ctx_.tp_size, ctx_.pp_size, ctx_.dp_size);
   TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "dataset sequence length ",
                 data.seq_length(), " differs from --seq-length ", model_cfg_.seq_length);
@@ -130,8 +137,8 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
                 : LossScaler::dynamic(cfg_.initial_loss_scale, cfg_.min_loss_scale,
                                       cfg_.loss_scale_window, cfg_.hysteresis);
   if (dist) {
-    dist_opt_ = std::make_unique<DistributedAdamW>(
-        *model_, be_, *ctx_.dp, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, cfg_.weight_decay);
+    dist_opt_ = std::make_unique<DistributedAdamW>(*model_, be_, *ctx_.dp, cfg_.adam_beta1,
+                                                   cfg_.adam_beta2, cfg_.adam_eps);
     if (dist_opt_->owns_master()) {
       model_->init_parameters(cfg_.seed, [this](const ParamSpec& s, const float* v) {
         dist_opt_->set_state("master", s, v);
@@ -145,7 +152,7 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   } else {
     model_->init_parameters(cfg_.seed);
     optimizer_ = std::make_unique<AdamW>(model_->params(), be_, cfg_.adam_beta1, cfg_.adam_beta2,
-                                         cfg_.adam_eps, cfg_.weight_decay);
+                                         cfg_.adam_eps);
   }
   reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, dist, cfg_.overlap_grad_reduce);
   model_->on_grads_ready = [this](int piece) {
@@ -496,11 +503,10 @@ void Trainer::sum_micro_losses() {
   }
 }
 
-double Trainer::step_lr() const {
+int64_t Trainer::schedule_step() const {
   // Iteration-based: the schedule counts updates (Megatron: skipped fp16 steps do not advance
   // it). Sample-based (a batch-size ramp): it counts the samples of the updates, this one's too.
-  return cfg_.lr_schedule_in_samples ? schedule_.lr(lr_samples_ + step_batch_)
-                                     : schedule_.lr(optimizer_steps() + 1);
+  return cfg_.lr_schedule_in_samples ? lr_samples_ + step_batch_ : optimizer_steps() + 1;
 }
 
 int64_t Trainer::optimizer_steps() const {
@@ -610,7 +616,8 @@ StepStats Trainer::train_step() {
       consumed_samples_ += step_batch_;
       be_.synchronize();
       st.seconds = timer.seconds();
-      st.lr = step_lr();
+      st.lr = schedule_.lr(schedule_step());
+      st.weight_decay = wd_schedule_.wd(schedule_step());
       return st;
     }
   }
@@ -631,11 +638,12 @@ StepStats Trainer::train_step() {
       clip_grads(model_->params(), be_, st.grad_norm, cfg_.clip_grad);
     }
     // The schedule counts updates (Megatron: skipped fp16 steps do not advance it).
-    st.lr = step_lr();
+    st.lr = schedule_.lr(schedule_step());
+    st.weight_decay = wd_schedule_.wd(schedule_step());
     if (dist_opt_) {
       {
         TESSERA_PHASE("optimizer-step");  // its blocks, then the parameter gather starts
-        dist_opt_->step(st.lr, /*overlap_gather=*/true);
+        dist_opt_->step(st.lr, st.weight_decay, /*overlap_gather=*/true);
       }
       if (!cfg_.overlap_param_gather) {  // else each layer waits for its buckets in the forward
         TESSERA_PHASE("optimizer-step");
@@ -645,7 +653,7 @@ StepStats Trainer::train_step() {
     } else {
       {
         TESSERA_PHASE("optimizer-step");
-        optimizer_->step(st.lr);
+        optimizer_->step(st.lr, st.weight_decay);
       }
       model_->sync_compute_weights();  // phase "weights-cast" (mixed precision)
     }
@@ -690,6 +698,8 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
     len += std::snprintf(line + len, sizeof line - len, " | params norm: %.3f", pnorm);
   if (cfg_.log_num_zeros_in_grad && len > 0 && len < (int)sizeof line)
     len += std::snprintf(line + len, sizeof line - len, " | num zeros: %.0f", zeros);
+  if (wd_schedule_.scheduled() && len > 0 && len < (int)sizeof line)  // --weight-decay-incr-style
+    len += std::snprintf(line + len, sizeof line - len, " | weight decay: %.6E", s.weight_decay);
   TLOG(info) << line;
   const std::vector<IterationTimers::Row> timed =
       timers_.collect(*ctx_.world, timers_.iteration_timers(), n);
@@ -722,6 +732,10 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
     }
     if (cfg_.log_num_zeros_in_grad) {
       std::snprintf(js, sizeof js, ", \"num_zeros_in_grad\": %.0f", zeros);
+      metrics_ << js;
+    }
+    if (wd_schedule_.scheduled()) {
+      std::snprintf(js, sizeof js, ", \"weight_decay\": %.17g", s.weight_decay);
       metrics_ << js;
     }
     if (!timed.empty()) metrics_ << ", \"timers_ms\": " << IterationTimers::json(timed);
@@ -764,6 +778,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
       // Megatron's tags; "vs samples" puts the consumed samples on the x axis.
       tb_->add_scalar("learning-rate", s.lr, s.iteration);
       tb_->add_scalar("learning-rate vs samples", s.lr, consumed_samples_);
+      if (wd_schedule_.scheduled()) tb_->add_scalar("weight-decay", s.weight_decay, s.iteration);
       tb_->add_scalar("batch-size", s.global_batch, s.iteration);
       tb_->add_scalar("lm loss", s.loss, s.iteration);
       tb_->add_scalar("lm loss vs samples", s.loss, consumed_samples_);
@@ -1209,6 +1224,16 @@ void Trainer::load_checkpoint(const std::string& dir, bool model_only, bool load
                      ? "; --no-load-optim: the optimizer and its step count start fresh"
                      : "")
              << ") in " << t.seconds() << " s";
+  if (!model_only && load_optimizer) {  // the schedule continues: say where it changes course
+    const bool length_matters =
+        (cfg_.lr_decay_iters == 0 && cfg_.lr_decay_style != "constant") || wd_schedule_.scheduled();
+    const std::string changed = schedule_changes(m.config_text, cfg_.config_text, length_matters);
+    if (!changed.empty())
+      TLOG(warning) << "the learning-rate / weight-decay schedule differs from checkpoint "
+                    << r.path() << "'s (" << changed << "); this run's options are used from "
+                    << "iteration " << iteration_ + 1
+                    << " (as Megatron-LM's --override-opt_param-scheduler)";
+  }
   if (!m.has_optimizer && !model_only && load_optimizer)
     TLOG(warning) << "checkpoint " << r.path()
                   << " holds no optimizer state; Adam moments start at zero";

@@ -31,6 +31,7 @@ struct StepStats {
   double loss = 0;       // sum of token losses / loss tokens of the global batch
   double grad_norm = 0;  // before clipping
   double lr = 0;
+  double weight_decay = 0;  // the decay of the weight matrices and embeddings this step
   double seconds = 0;
   int64_t loss_tokens = 0;
   double pipeline_wait_seconds = 0;  // blocked receiving from neighbouring stages (the bubble)
@@ -127,8 +128,8 @@ class Trainer {
   // Shapes the step for `global_batch` samples: the schedule, activation slots, token losses,
   // batch buffer and prefetcher (again only when the size changes: a batch-size ramp).
   void shape_step(int global_batch);
-  // The learning rate of the step about to update.
-  double step_lr() const;
+  // The schedules' step count of the step about to update (iterations, or samples under a ramp).
+  int64_t schedule_step() const;
   // Samples of this DP rank for the step that starts at `consumed` samples.
   int64_t first_sample(int64_t consumed) const;
   void load_batch(StepStats& st);
@@ -180,6 +181,7 @@ class Trainer {
   std::unique_ptr<DistributedAdamW> dist_opt_;  // --use-distributed-optimizer
   std::unique_ptr<GradReducer> reducer_;
   LrSchedule schedule_;
+  WeightDecaySchedule wd_schedule_;
   LossScaler scaler_ = LossScaler::constant(1.0);
   int64_t skipped_iterations_ = 0;
   std::vector<Activations> slots_;  // one per micro-batch in flight on this stage, chunk by chunk

@@ -182,13 +182,16 @@ TEST(Optimizer, AdamWDecaysOnlyWeightsAndMatchesTorch) {
   w.f32()[0] = 1.0f;
   b.f32()[0] = 1.0f;
   ps.flat_grads().fill_(0.5f);
-  AdamW opt(ps, *be, 0.9, 0.999, 1e-8, 0.1);
-  opt.step(0.1);
+  AdamW opt(ps, *be, 0.9, 0.999, 1e-8);
+  opt.step(0.1, 0.1);
   // torch.optim.AdamW(lr=0.1, weight_decay=0.1), p=1, g=0.5: p = 0.99 - 0.1*0.5/(0.5+1e-8)
-  EXPECT_NEAR(w.f32()[0], 0.99 - 0.1 * 0.5 / (0.5 + 1e-8), 1e-6);
+  const double w1 = 0.99 - 0.1 * 0.5 / (0.5 + 1e-8);
+  EXPECT_NEAR(w.f32()[0], w1, 1e-6);
   EXPECT_NEAR(b.f32()[0], 1.0 - 0.1 * 0.5 / (0.5 + 1e-8), 1e-6);  // bias: no decay
-  opt.step(0.1);
-  // second step: m = 0.095, v = 0.00049975; mhat = 0.5, vhat = 0.25 again
+  // Second step with another weight decay (a scheduled one): m = 0.095, v = 0.00049975; mhat =
+  // 0.5, vhat = 0.25 again; the weight shrinks by 1 - lr x 0.3 this time.
+  opt.step(0.1, 0.3);
+  EXPECT_NEAR(w.f32()[0], w1 * (1 - 0.1 * 0.3) - 0.1 * 0.5 / (0.5 + 1e-8), 5e-6);
   EXPECT_NEAR(b.f32()[0], 1.0 - 2 * 0.1 * 0.5 / (0.5 + 1e-8), 5e-6);  // fp32 moments, as torch
 }
 
