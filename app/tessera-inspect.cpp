@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
   try {
     RunOptionsProgram program;
     program.name = "tessera-inspect";
+    program.data_only = true;
     program.usage =
         "[--config FILE] --data-path ... --global-batch-size G --train-iters N "
         "(--iteration N | --samples A:B) [--json]";
@@ -106,6 +107,7 @@ int main(int argc, char** argv) {
       throw ConfigError(
           "give --global-batch-size (the samples of one iteration; tessera-inspect has no "
           "data-parallel size to multiply --micro-batch-size by)");
+    o.train.micro_batch_size = 1;  // the order of a global batch's samples does not depend on it
     const TrainConfig t = o.train.resolved(1);
     if (t.train_iters <= 0)
       throw ConfigError("give the length of the run: --train-iters N (or --train-samples N)");

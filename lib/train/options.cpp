@@ -701,7 +701,13 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
   GPTConfig check = m;
   if (check.vocab_size == 0) check.vocab_size = 2;  // known once the shards are open
   check.validate();
-  t.validate(1);
+  if (program.data_only) {
+    TrainConfig c = t;  // the micro-batch is the trainer's business: any global batch works
+    c.micro_batch_size = 1;
+    c.validate(1);
+  } else {
+    t.validate(1);
+  }
   if (!t.dry_run && !o.skip_train && t.train_iters <= 0 && t.train_samples <= 0)
     throw ConfigError(
         "give the length of the run: --train-iters N or --train-samples N (as in Megatron-LM; "
@@ -845,7 +851,8 @@ std::unique_ptr<TokenDataset> open_valid_data(const RunOptions& o) {
         "turn evaluation off (--eval-interval 0)");
   const int d = first_empty(*ds);
   if (d >= 0)
-    throw ConfigError("evaluation needs " + empty_split_message(o, *ds, d, Split::Valid) +
+    throw ConfigError("evaluation needs validation data, but " +
+                      empty_split_message(o, *ds, d, Split::Valid) +
                       "; give valid a share or turn evaluation off (--eval-interval 0)");
   return ds;
 }

@@ -79,6 +79,8 @@ struct RunOptionsProgram {
   std::string name = "tessera-train";
   std::string usage = "[--config FILE] [options]";
   std::function<void(OptionParser&)> add_options;
+  // Only the data matters (the micro-batch size is not checked against the global batch).
+  bool data_only = false;
 };
 
 // Parses argv (and --config). Returns false when --help was printed. Throws ConfigError for an
