@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/paths.hpp"
 #include "core/hash.hpp"
 #include "core/hdf5_check.hpp"
 
@@ -24,14 +25,6 @@ namespace tessera {
 
 namespace {
 
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-bool is_file(const std::string& p) {
-  struct stat st;
-  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 void remove_tree(const std::string& path) {
   DIR* d = opendir(path.c_str());

@@ -13,6 +13,7 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "core/error.hpp"
+#include "core/paths.hpp"
 #include "core/hash.hpp"
 #include "core/hdf5_handle.hpp"
 #include "model/params.hpp"
@@ -29,14 +30,6 @@ constexpr ssize_t kMaxName = 4096;           // one link name
 
 const char* const kAbsent = "(absent)";
 
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-bool is_file(const std::string& p) {
-  struct stat st;
-  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 int64_t file_size(const std::string& p) {
   struct stat st;
   return stat(p.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;

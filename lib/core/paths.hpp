@@ -2,6 +2,8 @@
 // directories above it, as `--save` always has (docs/megatron-options.md).
 #pragma once
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -12,6 +14,16 @@ namespace tessera {
 
 // Creates the directories that hold `path` (a file, or a prefix such as data/corpus for
 // data/corpus_00000.h5). ConfigError naming `option` when one cannot be made.
+// A directory / a regular file exists at `p` (following links).
+inline bool is_dir(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+inline bool is_file(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
 inline void create_parent_dirs(const std::string& path, const std::string& option) {
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (parent.empty()) return;
