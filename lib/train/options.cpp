@@ -234,9 +234,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o) {
       "hidden-size", po::value(&m.hidden_size)->default_value(m.hidden_size), "hidden width")(
       "num-attention-heads",
       po::value(&m.num_attention_heads)->default_value(m.num_attention_heads),
-      "attention heads (must divide hidden-size)")("ffn-hidden-size",
-                                                   po::value(&m.ffn_hidden_size)->default_value(0),
-                                                   "MLP width (0: 4 * hidden-size)")(
+      "attention heads (must divide hidden-size, unless --kv-channels is given)")(
+      "ffn-hidden-size", po::value(&m.ffn_hidden_size)->default_value(0),
+      "MLP width (0: 4 * hidden-size)")(
       "seq-length", po::value(&m.seq_length)->default_value(m.seq_length), "tokens per sample")(
       "max-position-embeddings", po::value(&m.max_position_embeddings)->default_value(0),
       "positions of the model (0: seq-length)")(

@@ -33,7 +33,7 @@ for case in "gqa --shards 2 --dtype bf16 --groups 2 --seed 1|bf16|2|llama" \
             "mha --shards 1 --dtype f32 --groups 4 --tied --bias --seed 2|f32|1|llama" \
             "scaled --shards 1 --dtype bf16 --groups 2 --rope-scaling --theta 100 --seed 3|bf16|1|llama" \
             "qwen2 --arch qwen2 --shards 2 --dtype f32 --groups 2 --tied --theta 1000000 --seed 7|f32|2|qwen2" \
-            "qwen2-hd --arch qwen2 --shards 1 --dtype bf16 --groups 2 --head-dim 6 --seed 5|bf16|1|qwen2" \
+            "qwen2-hd --arch qwen2 --shards 1 --dtype bf16 --groups 2 --head-dim 6 --seed 9|bf16|1|qwen2" \
             "mistral --arch mistral --shards 1 --dtype f32 --groups 2 --theta 10000 --seed 6|f32|1|mistral"; do
   IFS='|' read -r spec dtype tp arch <<<"$case"
   set -- $spec
@@ -125,6 +125,9 @@ for opt in rotary-interleaved apply-layernorm-1p; do
   timeout 300 "$bin/tessera-train" --config "$src/configs/qwen2-tiny.ini" --mock-data --vocab-size 100 --train-iters 1 --threads 1 --log-interval 1 --$opt --save "$work/$opt-ck" > "$work/train.log" 2>&1 || { bad "training a --$opt checkpoint: $(tail -2 "$work/train.log")"; continue; }
   expect "exporting a --$opt checkpoint" "\(--$opt\); Qwen2ForCausalLM (rotates halves|has no such option)" -- --to-hf --load "$work/$opt-ck" --save "$work/y"
 done
+timeout 300 "$bin/tessera-train" --config "$src/configs/gpt2-tiny.ini" --mock-data --vocab-size 100 --train-iters 1 --threads 1 --log-interval 1 --squared-relu --save "$work/relu2-ck" > "$work/train.log" 2>&1 \
+  && expect "exporting a GPT-2 --squared-relu checkpoint" "GPT2LMHeadModel has none of --kv-channels, --apply-layernorm-1p and --squared-relu" -- --to-hf --load "$work/relu2-ck" --save "$work/y" \
+  || bad "training a GPT-2 --squared-relu checkpoint: $(tail -2 "$work/train.log")"
 [ ! -e "$work/y" ] && ok "nothing written by the refused exports" || bad "a refused export left $work/y"
 $tool make "$work/sh" --shards 2
 sed -i 's/model-00002-of-00002/model-00003-of-00002/' "$work/sh/model.safetensors.index.json"
