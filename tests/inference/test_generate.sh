@@ -93,6 +93,18 @@ for m in "qwen|--config $configs/qwen2-tiny.ini --kv-channels 24 --rotary-interl
     [ "$out" = "$qg" ] && ok "$name at TP $2 x PP $3: greedy == TP1" || bad "$name TP $2 x PP $3 greedy: '$out' vs '$qg'"
   done
 done
+# The options are in the checkpoint: resuming without one of them is one line naming it.
+out=$("$bin/tessera-train" --config "$configs/qwen2-tiny.ini" --kv-channels 24 --rotary-interleaved \
+      --train-iters 31 --threads 1 --load "$work/qwen" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "was trained with --apply-layernorm-1p (norm weights applied as 1 + w) but this run does not" <<<"$out" \
+  && ok "qwen checkpoint without --apply-layernorm-1p: refused" || bad "qwen resume without --apply-layernorm-1p: rc $rc: $(tail -2 <<<"$out")"
+out=$("$bin/tessera-train" --config "$configs/qwen2-tiny.ini" --rotary-interleaved --apply-layernorm-1p \
+      --train-iters 31 --threads 1 --load "$work/qwen" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "has --kv-channels=24 but this run has 16" <<<"$out" \
+  && ok "qwen checkpoint without --kv-channels 24: refused" || bad "qwen resume without --kv-channels: rc $rc: $(tail -2 <<<"$out")"
+"$bin/tessera-train" --config "$configs/qwen2-tiny.ini" --kv-channels 24 --rotary-interleaved --apply-layernorm-1p \
+  --train-iters 31 --threads 1 --load "$work/qwen" > "$work/qwen-resume.log" 2>&1 \
+  && ok "qwen checkpoint resumes with its options" || bad "qwen resume: $(tail -2 "$work/qwen-resume.log")"
 
 # ALiBi (the bias at the cached positions, each TP rank its heads' slopes).
 "$bin/tessera-train" --config "$configs/gpt2-tiny.ini" --position-embedding-type alibi --train-iters 30 \
