@@ -1,6 +1,7 @@
 // tessera-convert: Hugging Face export (--to-hf: safetensors + config.json from a checkpoint of any
-// layout) and import (--from-hf: a checkpoint at any target layout), for GPT2LMHeadModel and
-// LlamaForCausalLM (chosen by the checkpoint's architecture / config.json's model_type).
+// layout) and import (--from-hf: a checkpoint at any target layout), for GPT2LMHeadModel,
+// LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM (chosen by the checkpoint's
+// architecture and --hf-architecture / config.json's model_type).
 #include <cstdio>
 #include <iostream>
 
@@ -39,21 +40,28 @@ int main(int argc, char** argv) {
   bool to_hf = false;
   std::string from_hf, load, save;
   int tp = 1, pp = 1, divisible = 128, seq_length = 0;
-  std::string export_dtype, max_shard = "5GB";
+  std::string export_dtype, max_shard = "5GB", hf_architecture;
   try {
     OptionParser p(
         "tessera-convert",
         "--to-hf --load CKPT --save HF_DIR | --from-hf HF_DIR --save NEW_CKPT [--target-...]\n\n"
         "Converts between Tessera checkpoints and Hugging Face directories (config.json +\n"
         "safetensors) of GPT-2 (GPT2LMHeadModel) and the Llama family (LlamaForCausalLM: Llama 2,\n"
-        "3, 3.1, 3.2 and models of that shape), both ways; imports are written at any TP x PP.");
+        "3, 3.1, 3.2 and models of that shape; Qwen2ForCausalLM: Qwen2, Qwen2.5;\n"
+        "MistralForCausalLM without sliding window), both ways; imports are written at any TP x "
+        "PP.");
     p.group("Conversion")
         .add_options()("to-hf", po::bool_switch(&to_hf),
                        "export --load CKPT to a Hugging Face directory --save DIR: "
                        "GPT2LMHeadModel for a GPT-2 checkpoint, LlamaForCausalLM for a "
-                       "Llama-family one (RoPE, RMSNorm, SwiGLU)")(
+                       "Llama-family one (RoPE, RMSNorm, SwiGLU; Qwen2ForCausalLM when only q, k "
+                       "and v have biases)")(
+            "hf-architecture", po::value(&hf_architecture),
+            "with --to-hf of a Llama-family checkpoint: llama | qwen2 | mistral (default: "
+            "qwen2 with --add-qkv-bias --disable-bias-linear, else llama)")(
             "from-hf", po::value(&from_hf),
-            "import the Hugging Face directory (config.json with model_type gpt2 or llama; "
+            "import the Hugging Face directory (config.json with model_type gpt2, llama, qwen2 "
+            "or mistral; "
             "model.safetensors or shards with model.safetensors.index.json)")(
             "load", po::value(&load), "checkpoint to export (with --to-hf)")(
             "save", po::value(&save)->required(),
@@ -82,14 +90,24 @@ int main(int argc, char** argv) {
       if (load.empty()) throw ConfigError("--to-hf needs --load CKPT");
       CheckpointReader ckpt(load);
       const bool llama = ckpt.meta().model.rope();
+      if (!llama && !hf_architecture.empty())
+        throw ConfigError("--hf-architecture=" + hf_architecture + ": checkpoint '" + ckpt.path() +
+                          "' is not a Llama-family model (no RoPE); it exports as GPT2LMHeadModel");
+      const std::string arch =
+          llama ? hf_export_architecture(ckpt.meta().model, hf_architecture) : "gpt2";
       std::cout << "tessera-convert: " << ckpt.path() << " (TP " << ckpt.meta().tp_size << " x PP "
                 << ckpt.meta().pp_size << ") -> " << save << " ("
-                << (llama ? "LlamaForCausalLM" : "GPT2LMHeadModel") << ")" << std::endl;
+                << (arch == "qwen2"     ? "Qwen2ForCausalLM"
+                    : arch == "mistral" ? "MistralForCausalLM"
+                    : llama             ? "LlamaForCausalLM"
+                                        : "GPT2LMHeadModel")
+                << ")" << std::endl;
       int n = 0;
       if (llama) {
         HfExportOptions eo;
         if (!export_dtype.empty()) eo.dtype = export_dtype;
         eo.max_shard_bytes = parse_byte_size(max_shard, "--max-shard-size");
+        eo.architecture = arch;
         export_hf_llama(ckpt, save, eo, [&](const std::string&) { ++n; });
       } else {
         if (!export_dtype.empty() && export_dtype != "f32")
@@ -102,9 +120,9 @@ int main(int argc, char** argv) {
     } else {
       refuse_save_over_checkpoint(save, 0);  // before reading anything: an import is iteration 0
       const std::string type = hf_model_type(from_hf);
-      if (type != "gpt2" && type != "llama")
+      if (type != "gpt2" && type != "llama" && type != "qwen2" && type != "mistral")
         throw ConfigError("'" + from_hf + "/config.json' has model_type \"" + type +
-                          "\" (allowed: gpt2, llama)");
+                          "\" (allowed: gpt2, llama, qwen2, mistral)");
       std::unique_ptr<HfGpt2> gpt2;
       std::unique_ptr<HfLlama> llama;
       CheckpointMeta meta;

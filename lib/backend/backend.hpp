@@ -216,7 +216,8 @@ class Backend {
   // Rotary position embedding (RoPE), in place on the query and key heads of qkv (N rows in the
   // layout above; values untouched): in each head the first rot_dim features rotate in pairs
   // (i, i + rot_dim/2) by angle pos * base^(-2i/rot_dim) (the "rotate half" convention of
-  // Megatron-LM and Hugging Face Llama); features past rot_dim pass. Row r has position
+  // Megatron-LM and Hugging Face Llama), or pairs (2i, 2i+1) with spec.interleaved; features
+  // past rot_dim pass. Row r has position
   // positions[r] (int32, N) when given, else r % seq_len. `inverse` rotates by minus the angle:
   // the backward, applied to the gradient.
   virtual void rope(Tensor& qkv, const RopeSpec& spec, const Tensor* positions, bool inverse) = 0;
@@ -224,6 +225,10 @@ class Backend {
   virtual void gelu_forward(Tensor& out, const Tensor& inp) = 0;
   // dinp = dout * gelu'(inp); dinp may be dout.
   virtual void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
+  // Squared ReLU (--squared-relu): out = max(inp, 0)^2; the backward dinp = dout * 2 max(inp, 0)
+  // (dinp may be dout).
+  virtual void squared_relu_forward(Tensor& out, const Tensor& inp) = 0;
+  virtual void squared_relu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
   // SwiGLU: inp (N,2F) holds [gate | up] per row; out (N,F) = silu(gate) * up. The backward
   // overwrites dinp (N,2F) from dout (N,F).
   virtual void swiglu_forward(Tensor& out, const Tensor& inp) = 0;

@@ -126,6 +126,12 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
     h5_write_attr(f, "untie_embeddings_and_output_weights",
                   static_cast<int64_t>(c.untie_embeddings_and_output_weights));
     h5_write_attr(f, "add_bias_linear", static_cast<int64_t>(c.add_bias_linear));
+    // Qwen2's and Megatron's smaller options (absent in older checkpoints: off)
+    h5_write_attr(f, "add_qkv_bias", static_cast<int64_t>(c.add_qkv_bias));
+    h5_write_attr(f, "kv_channels", static_cast<int64_t>(c.kv_channels));
+    h5_write_attr(f, "apply_layernorm_1p", static_cast<int64_t>(c.apply_layernorm_1p));
+    h5_write_attr(f, "rotary_interleaved", static_cast<int64_t>(c.rotary_interleaved));
+    h5_write_attr(f, "squared_relu", static_cast<int64_t>(c.squared_relu));
   }
   h5_write_attr(f, "tensor_model_parallel_size", static_cast<int64_t>(m.tp_size));
   h5_write_attr(f, "pipeline_model_parallel_size", static_cast<int64_t>(m.pp_size));
@@ -154,6 +160,7 @@ const std::vector<std::string>& checkpoint_file_attributes() {
       "vocab_size", "make_vocab_size_divisible_by", "padded_vocab_size", "layernorm_epsilon_x1e9",
       "position_embedding_type", "rotary_base", "rotary_percent", "normalization", "rope_scaling",
       "swiglu", "num_query_groups", "untie_embeddings_and_output_weights", "add_bias_linear",
+      "add_qkv_bias", "kv_channels", "apply_layernorm_1p", "rotary_interleaved", "squared_relu",
       "tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
       "tp_rank", "layers", "virtual_pipeline_model_parallel_size", "has_optimizer", "config"};
   // clang-format on
@@ -360,6 +367,16 @@ CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
     if (h5_read_attr(f, "untie_embeddings_and_output_weights", x))
       m.untie_embeddings_and_output_weights = x != 0;
     if (h5_read_attr(f, "add_bias_linear", x)) m.add_bias_linear = x != 0;
+    if (h5_read_attr(f, "add_qkv_bias", x)) m.add_qkv_bias = x != 0;
+    if (h5_read_attr(f, "kv_channels", x)) {
+      if (x < 0 || x > (1 << 16))
+        throw ConfigError("checkpoint file '" + file + "' has kv_channels " + std::to_string(x) +
+                          ", outside 0..65536 (damaged?)");
+      m.kv_channels = static_cast<int>(x);
+    }
+    if (h5_read_attr(f, "apply_layernorm_1p", x)) m.apply_layernorm_1p = x != 0;
+    if (h5_read_attr(f, "rotary_interleaved", x)) m.rotary_interleaved = x != 0;
+    if (h5_read_attr(f, "squared_relu", x)) m.squared_relu = x != 0;
   }
   meta.tp_size = bounded("tensor_model_parallel_size", 1 << 16);
   meta.pp_size = bounded("pipeline_model_parallel_size", 1 << 16);
@@ -522,6 +539,13 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
   option("--group-query-attention", m.group_query_attention, c.group_query_attention,
          "attn.q and attn.kv weights", "a fused attn.qkv weight");
   differ("num-query-groups", m.kv_heads(), c.kv_heads());
+  option("--add-qkv-bias", m.qkv_bias() && !m.add_bias_linear, c.qkv_bias() && !c.add_bias_linear,
+         "biases on the QKV projection alone", "no QKV-only biases");
+  differ("kv-channels", m.head_dim(), c.head_dim());
+  option("--apply-layernorm-1p", m.apply_layernorm_1p, c.apply_layernorm_1p,
+         "norm weights applied as 1 + w", "norm weights applied as w");
+  option("--squared-relu", m.squared_relu, c.squared_relu, "a squared-ReLU MLP",
+         "no squared-ReLU MLP");
   auto text = [&](const char* opt, const std::string& have, const std::string& want) {
     if (have != want)
       throw ConfigError(detail::concat("checkpoint '", path_, "' has ", opt, "=", have,
@@ -543,6 +567,8 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
   if (m.rope()) {
     number("--rotary-base", m.rotary_base, c.rotary_base);
     number("--rotary-percent", m.rotary_percent, c.rotary_percent);
+    option("--rotary-interleaved", m.rotary_interleaved, c.rotary_interleaved,
+           "rotary pairs (2i, 2i+1)", "rotary pairs (i, i + d/2)");
     option("--use-rope-scaling", m.use_rope_scaling, c.use_rope_scaling,
            "Llama 3's frequency scaling", "no frequency scaling");
     if (m.use_rope_scaling) {

@@ -73,6 +73,11 @@ void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& dir,
                       "' is not a GPT-2 model (it uses the Llama family's options: RoPE, "
                       "RMSNorm, SwiGLU, grouped-query attention, an untied head or no biases); "
                       "the Hugging Face export writes GPT2LMHeadModel only");
+  if (cfg.head_dim() * cfg.num_attention_heads != cfg.hidden_size || cfg.apply_layernorm_1p ||
+      cfg.squared_relu)
+    throw ConfigError("checkpoint '" + ckpt.path() + "' has " + cfg.describe() +
+                      "; GPT2LMHeadModel has none of --kv-channels, --apply-layernorm-1p and "
+                      "--squared-relu: train without them to export");
   prepare_save_dir(dir);  // with its parents; ConfigError when it cannot be written
   const auto specs = global_specs(cfg);
   SafetensorsWriter w(dir + "/model.safetensors",

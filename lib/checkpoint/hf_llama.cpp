@@ -1,4 +1,5 @@
-// hf_llama.cpp: name, shape and config mapping between Tessera and Hugging Face Llama.
+// hf_llama.cpp: name, shape and config mapping between Tessera and Hugging Face Llama, and the
+// models of its shape that differ only in config.json: Qwen2 (biases on q, k and v) and Mistral.
 #include "checkpoint/hf_llama.hpp"
 
 #include <dirent.h>
@@ -111,20 +112,51 @@ std::string hf_model_type(const std::string& dir) {
   return type;
 }
 
+std::string hf_export_architecture(const GPTConfig& cfg, const std::string& asked) {
+  if (asked.empty()) return cfg.add_qkv_bias && !cfg.add_bias_linear ? "qwen2" : "llama";
+  if (asked != "llama" && asked != "qwen2" && asked != "mistral")
+    throw ConfigError("--hf-architecture=" + asked +
+                      " is not known (allowed: llama, qwen2, mistral)");
+  return asked;
+}
+
 void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const HfExportOptions& o,
                      const std::function<void(const std::string&)>& progress) {
   const GPTConfig& cfg = ckpt.meta().model;
+  const std::string arch = hf_export_architecture(cfg, o.architecture);
+  const std::string cls = arch == "qwen2"     ? "Qwen2ForCausalLM"
+                          : arch == "mistral" ? "MistralForCausalLM"
+                                              : "LlamaForCausalLM";
+  const std::string ck = "checkpoint '" + ckpt.path() + "'";
   if (!cfg.rope() || !cfg.rmsnorm() || !cfg.swiglu)
-    throw ConfigError("checkpoint '" + ckpt.path() +
-                      "' is not a Llama-architecture model (LlamaForCausalLM needs RoPE, RMSNorm "
-                      "and SwiGLU; it has " +
-                      cfg.describe() + ")");
+    throw ConfigError(ck + " is not a Llama-architecture model (" + cls +
+                      " needs RoPE, RMSNorm and SwiGLU; it has " + cfg.describe() + ")");
   if (cfg.rotary_percent != 1.0)
-    throw ConfigError("checkpoint '" + ckpt.path() + "' rotates " +
-                      std::to_string(cfg.rotary_dim()) + " of " + std::to_string(cfg.head_dim()) +
-                      " features per head (--rotary-percent); LlamaForCausalLM rotates them all");
-  if (cfg.alibi())
-    throw ConfigError("checkpoint '" + ckpt.path() + "' uses ALiBi; LlamaForCausalLM uses RoPE");
+    throw ConfigError(ck + " rotates " + std::to_string(cfg.rotary_dim()) + " of " +
+                      std::to_string(cfg.head_dim()) + " features per head (--rotary-percent); " +
+                      cls + " rotates them all");
+  if (cfg.alibi()) throw ConfigError(ck + " uses ALiBi; " + cls + " uses RoPE");
+  if (cfg.rotary_interleaved)
+    throw ConfigError(ck + " rotates interleaved feature pairs (--rotary-interleaved); " + cls +
+                      " rotates halves (i, i + d/2): train without --rotary-interleaved to export");
+  if (cfg.apply_layernorm_1p)
+    throw ConfigError(ck + " applies its norm weights as 1 + w (--apply-layernorm-1p); " + cls +
+                      " has no such option: train without it to export");
+  const bool qkv_only = cfg.add_qkv_bias && !cfg.add_bias_linear;
+  if (arch == "qwen2" && !qkv_only)
+    throw ConfigError(ck + " has " +
+                      (cfg.add_bias_linear ? "biases in every linear layer" : "no QKV biases") +
+                      "; Qwen2ForCausalLM has biases on q, k and v only (--disable-bias-linear "
+                      "--add-qkv-bias): export it with --hf-architecture llama");
+  if (arch == "llama" && qkv_only)
+    throw ConfigError(ck +
+                      " has biases on q, k and v only (--add-qkv-bias); LlamaForCausalLM's "
+                      "attention_bias also covers o_proj: export it with --hf-architecture qwen2");
+  if (arch == "mistral" && cfg.qkv_bias())
+    throw ConfigError(ck +
+                      " has linear biases; MistralForCausalLM has none: export it with "
+                      "--hf-architecture " +
+                      (qkv_only ? "qwen2" : "llama"));
   const std::string dtype = hf_dtype(o.dtype);
   prepare_save_dir(dir);  // with its parents; ConfigError when it cannot be written
   const auto specs = global_specs(cfg);
@@ -210,13 +242,16 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
   }
   std::ostringstream c;
   const char* torch_dtype = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
-  c << "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+  c << "{\n  \"architectures\": [\"" << cls << "\"],\n  \"model_type\": \"" << arch << "\",\n"
     << "  \"hidden_act\": \"silu\",\n  \"hidden_size\": " << cfg.hidden_size
     << ",\n  \"intermediate_size\": " << cfg.ffn()
     << ",\n  \"num_hidden_layers\": " << cfg.num_layers
     << ",\n  \"num_attention_heads\": " << cfg.num_attention_heads
-    << ",\n  \"num_key_value_heads\": " << cfg.kv_heads() << ",\n  \"head_dim\": " << cfg.head_dim()
-    << ",\n  \"max_position_embeddings\": " << cfg.max_positions()
+    << ",\n  \"num_key_value_heads\": " << cfg.kv_heads();
+  // Qwen2's config has no head_dim before transformers 4.5x (hidden_size / heads there): written
+  // only when it differs. Llama and Mistral read it.
+  if (arch != "qwen2" || cfg.kv_channels > 0) c << ",\n  \"head_dim\": " << cfg.head_dim();
+  c << ",\n  \"max_position_embeddings\": " << cfg.max_positions()
     << ",\n  \"vocab_size\": " << cfg.vocab_size
     << ",\n  \"rms_norm_eps\": " << number(cfg.layernorm_epsilon)
     << ",\n  \"rope_theta\": " << number(cfg.rotary_base) << ",\n  \"rope_scaling\": ";
@@ -228,9 +263,15 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
       << number(cfg.rope_scaling_original_max_positions) << "\n  }";
   else
     c << "null";
-  c << ",\n  \"attention_bias\": " << (cfg.add_bias_linear ? "true" : "false")
-    << ",\n  \"mlp_bias\": " << (cfg.add_bias_linear ? "true" : "false")
-    << ",\n  \"tie_word_embeddings\": " << (cfg.tied_head() ? "true" : "false")
+  if (arch == "llama")
+    c << ",\n  \"attention_bias\": " << (cfg.add_bias_linear ? "true" : "false")
+      << ",\n  \"mlp_bias\": " << (cfg.add_bias_linear ? "true" : "false");
+  else if (arch == "qwen2")
+    c << ",\n  \"use_sliding_window\": false,\n  \"sliding_window\": null"
+      << ",\n  \"max_window_layers\": " << cfg.num_layers;
+  else
+    c << ",\n  \"sliding_window\": null";
+  c << ",\n  \"tie_word_embeddings\": " << (cfg.tied_head() ? "true" : "false")
     << ",\n  \"initializer_range\": " << number(cfg.init_method_std)
     << ",\n  \"attention_dropout\": 0.0,\n  \"torch_dtype\": \"" << torch_dtype << "\"\n}\n";
   write_file_atomically(dir + "/config.json", c.str());
@@ -243,7 +284,15 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   double partial = 1.0;
   int64_t kv_heads = 0, head_dim = 0;
   bool attention_bias = false, mlp_bias = false;
-  cfg_.max_position_embeddings = 2048;  // LlamaConfig's defaults
+  // Sliding-window attention (Mistral's sliding_window, Qwen2's use_sliding_window): Tessera's
+  // attention is full causal, so a window that applies is refused. "" absent, "null", or a number.
+  std::string sliding_window;
+  bool use_sliding_window = false;
+  // The defaults of the config classes (LlamaConfig; Qwen2Config and MistralConfig below).
+  model_type = hf_model_type(dir);
+  cfg_.max_position_embeddings = model_type == "qwen2"     ? 32768
+                                 : model_type == "mistral" ? 4096 * 32
+                                                           : 2048;
   cfg_.layernorm_epsilon = 1e-6;
   cfg_.untie_embeddings_and_output_weights = true;
   try {
@@ -279,6 +328,10 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
         mlp_bias = r.bool_value();
       else if (k == "hidden_act")
         act = r.string_value();
+      else if (k == "sliding_window")
+        sliding_window = r.null_value() ? "null" : number(r.number_value());
+      else if (k == "use_sliding_window")
+        use_sliding_window = r.bool_value();
       else if (k == "model_type")
         model_type = r.string_value();
       else if (k == "initializer_range")
@@ -310,9 +363,18 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   } catch (const JsonError& e) {
     throw ConfigError("'" + path + "' does not parse: " + e.message);
   }
-  if (model_type != "llama")
+  if (model_type != "llama" && model_type != "qwen2" && model_type != "mistral")
     throw ConfigError("'" + path + "' has model_type \"" + model_type +
-                      "\"; this importer reads llama (LlamaForCausalLM)");
+                      "\"; this importer reads llama, qwen2 and mistral");
+  if (model_type == "qwen2" && use_sliding_window)
+    throw ConfigError("'" + path +
+                      "' has use_sliding_window true; Tessera's attention is full causal "
+                      "(allowed: use_sliding_window false)");
+  if (model_type == "mistral" && sliding_window != "null")
+    throw ConfigError(
+        "'" + path + "' has sliding_window " +
+        (sliding_window.empty() ? "absent (MistralConfig's default 4096)" : sliding_window) +
+        "; Tessera's attention is full causal (allowed: sliding_window null)");
   if (partial != 1.0)
     throw ConfigError("'" + path + "' has partial_rotary_factor " + std::to_string(partial) +
                       "; LlamaForCausalLM rotates every feature of a head (allowed: 1)");
@@ -324,26 +386,26 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   else if (!scaling.empty() && scaling != "default")
     throw ConfigError("'" + path + "' has rope_scaling of type \"" + scaling +
                       "\" (allowed: llama3, or rope_scaling null)");
-  if (attention_bias != mlp_bias)
+  if (model_type == "llama" && attention_bias != mlp_bias)
     throw ConfigError("'" + path + "' has attention_bias " + (attention_bias ? "true" : "false") +
                       " but mlp_bias " + (mlp_bias ? "true" : "false") +
                       "; Tessera's --disable-bias-linear covers both (they must agree)");
   cfg_.position_embedding_type = "rope";
   cfg_.normalization = "RMSNorm";
   cfg_.swiglu = true;
-  cfg_.add_bias_linear = attention_bias;
+  // Qwen2: biases on q, k and v only, always (its config has no switch); Mistral: none.
+  cfg_.add_bias_linear = model_type == "llama" && attention_bias;
+  cfg_.add_qkv_bias = model_type == "qwen2";
   if (kv_heads > 0 && kv_heads != cfg_.num_attention_heads) {
     cfg_.group_query_attention = true;
     cfg_.num_query_groups = static_cast<int>(kv_heads);
   }
   cfg_.seq_length = cfg_.max_position_embeddings;
   cfg_.make_vocab_size_divisible_by = divisible_by;
+  // A head_dim other than hidden_size / heads is --kv-channels.
   if (head_dim > 0 && cfg_.num_attention_heads > 0 &&
       head_dim * cfg_.num_attention_heads != cfg_.hidden_size)
-    throw ConfigError("'" + path + "' has head_dim " + std::to_string(head_dim) + " x " +
-                      std::to_string(cfg_.num_attention_heads) + " heads != hidden_size " +
-                      std::to_string(cfg_.hidden_size) +
-                      "; Tessera needs head_dim = hidden_size / num_attention_heads");
+    cfg_.kv_channels = static_cast<int>(head_dim);
   try {
     cfg_.validate();
   } catch (const ConfigError& e) {
@@ -371,10 +433,13 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   for (const std::string& n : st_->names())
     if (!expected.count(n) && !(n.size() >= buffer.size() &&
                                 n.compare(n.size() - buffer.size(), buffer.size(), buffer) == 0))
-      throw ConfigError(
-          "'" + st_->file_of(n) + "' has tensor " + n + ", which config.json does not describe (" +
-          std::to_string(cfg_.num_layers) + " layers, " + (cfg_.add_bias_linear ? "with" : "no") +
-          " biases, " + (cfg_.tied_head() ? "tied" : "untied") + " output layer)");
+      throw ConfigError("'" + st_->file_of(n) + "' has tensor " + n +
+                        ", which config.json does not describe (" +
+                        std::to_string(cfg_.num_layers) + " layers, " +
+                        (cfg_.add_bias_linear ? "with"
+                         : cfg_.add_qkv_bias  ? "q, k and v"
+                                              : "no") +
+                        " biases, " + (cfg_.tied_head() ? "tied" : "untied") + " output layer)");
 }
 
 void HfLlama::read_slice(const ParamSpec& spec, float* out) const {

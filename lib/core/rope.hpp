@@ -25,7 +25,20 @@ struct RopeSpec {
   double base = 10000;
   int64_t seq_len = 0;  // positions r % seq_len when no position tensor is given
   RopeScaling scaling;
+  // Which features pair up: (i, i + rot_dim/2) ("rotate half", the default), or (2i, 2i+1)
+  // (Megatron's --rotary-interleaved, GPT-J's and Meta's original Llama layout). Pair i has
+  // inverse frequency base^(-2i/rot_dim) either way.
+  bool interleaved = false;
 };
+
+// The two features of pair i of a head with rot_dim rotating features.
+TESSERA_HD int64_t rope_first(int64_t i, int64_t rot_dim, bool interleaved) {
+  (void)rot_dim;
+  return interleaved ? 2 * i : i;
+}
+TESSERA_HD int64_t rope_second(int64_t i, int64_t rot_dim, bool interleaved) {
+  return interleaved ? 2 * i + 1 : i + rot_dim / 2;
+}
 
 // The inverse frequency of feature pair k: base^(-2k/rot_dim) rounded to f32 as Hugging Face
 // computes it (then Llama 3's scaling, in double, rounded once).

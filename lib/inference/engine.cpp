@@ -292,10 +292,7 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
     be_.add(x, x, tmp);
     model_.norm_forward(ln, mean, rstd, x, w.ln2_w, w.ln2_b);
     be_.matmul_forward(fc, ln, w.fc1_w, opt(w.fc1_b));
-    if (cfg.swiglu)
-      be_.swiglu_forward(gl, fc);
-    else
-      be_.gelu_forward(gl, fc);
+    model_.mlp_activation(gl, fc);
     be_.matmul_forward(tmp, gl, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
     be_.add(x, x, tmp);

@@ -65,6 +65,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   rope_.head_dim = cfg.head_dim();
   rope_.rot_dim = cfg.rotary_dim();
   rope_.base = cfg.rotary_base;
+  rope_.interleaved = cfg.rotary_interleaved;
   alibi_.head_begin = heads_local_ * shard.tp_rank;
   alibi_.heads_total = cfg.num_attention_heads;
   if (cfg.use_rope_scaling)
@@ -80,6 +81,18 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
     AllocationLabel label("the parameters and gradients of this rank's shard");
     params_ = std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator(),
                                            compute, layout);
+  }
+  if (cfg_.apply_layernorm_1p) {  // the constant 1 of (1 + w), and where (1 + w) is formed
+    AllocationLabel label("the (1 + w) norm weights of --apply-layernorm-1p");
+    const std::vector<float> ones(static_cast<size_t>(cfg_.hidden_size), 1.f);
+    Tensor host_ones({cfg_.hidden_size}, DType::F32, backend.allocator());
+    be_.copy_from_host(host_ones, ones.data());
+    norm_w1p_ = Tensor({cfg_.hidden_size}, compute, backend.allocator());
+    norm_ones_ = host_ones;
+    if (compute != DType::F32) {
+      norm_ones_ = Tensor({cfg_.hidden_size}, compute, backend.allocator());
+      be_.cast(norm_ones_, host_ones);
+    }
   }
   for (int l : shard_.layers()) {
     weights_.push_back(layer_tensors(*params_, l, false));
@@ -435,17 +448,32 @@ void GPTModel::reduce_sequence_parallel_grads(int piece) {
 }
 
 void GPTModel::activation_forward(PhaseSequence& phase, LayerActivations& la) {
-  if (cfg_.swiglu) {
-    phase("swiglu-forward");
-    be_.swiglu_forward(la.gelu, la.fc1);
-  } else {
-    phase("gelu-forward");
-    be_.gelu_forward(la.gelu, la.fc1);
-  }
+  phase(cfg_.swiglu         ? "swiglu-forward"
+        : cfg_.squared_relu ? "squared-relu-forward"
+                            : "gelu-forward");
+  mlp_activation(la.gelu, la.fc1);
+}
+
+void GPTModel::mlp_activation(Tensor& out, const Tensor& fc1) {
+  if (cfg_.swiglu)
+    be_.swiglu_forward(out, fc1);
+  else if (cfg_.squared_relu)
+    be_.squared_relu_forward(out, fc1);
+  else
+    be_.gelu_forward(out, fc1);
+}
+
+const Tensor& GPTModel::norm_weight(const Tensor& w) {
+  if (!cfg_.apply_layernorm_1p) return w;
+  // (1 + w) formed just before each use: the stored weight stays what the optimizer updates, and
+  // its gradient is the gradient of (1 + w).
+  be_.add(norm_w1p_, w, norm_ones_);
+  return norm_w1p_;
 }
 
 void GPTModel::norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
-                            const Tensor& w, const Tensor& b) {
+                            const Tensor& weight, const Tensor& b) {
+  const Tensor& w = norm_weight(weight);
   if (cfg_.rmsnorm())
     be_.rmsnorm_forward(out, rstd, inp, w, cfg_.layernorm_epsilon);
   else
@@ -453,8 +481,9 @@ void GPTModel::norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tenso
 }
 
 void GPTModel::add_norm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd,
-                                const Tensor& a, const Tensor& b, const Tensor& w,
+                                const Tensor& a, const Tensor& b, const Tensor& weight,
                                 const Tensor& bias) {
+  const Tensor& w = norm_weight(weight);
   if (cfg_.rmsnorm())
     be_.add_rmsnorm_forward(sum, out, rstd, a, b, w, cfg_.layernorm_epsilon);
   else
@@ -462,8 +491,9 @@ void GPTModel::add_norm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& 
 }
 
 void GPTModel::norm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
-                             const Tensor& inp, const Tensor& w, const Tensor& mean,
+                             const Tensor& inp, const Tensor& weight, const Tensor& mean,
                              const Tensor& rstd) {
+  const Tensor& w = norm_weight(weight);
   if (cfg_.rmsnorm())
     be_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd);
   else
@@ -674,6 +704,9 @@ void GPTModel::block_backward(int l, Activations& a) {
     phase("swiglu-backward");
     be_.swiglu_backward(a.dfc1, la.fc1, a.dfc);
     dfc1 = &a.dfc1;
+  } else if (cfg_.squared_relu) {
+    phase("squared-relu-backward");
+    be_.squared_relu_backward(a.dfc, la.fc1, a.dfc);
   } else {
     phase("gelu-backward");
     be_.gelu_backward(a.dfc, la.fc1, a.dfc);

@@ -173,7 +173,10 @@ class GPTModel {
   const AttentionAlibi* alibi() const { return cfg_.alibi() ? &alibi_ : nullptr; }
   // The output layer's weight: the tied word embedding, or lm_head.
   const char* output_weight_name() const { return cfg_.tied_head() ? "wte" : "lm_head"; }
-  // The configured norm (LayerNorm or RMSNorm; mean and bias unused by RMSNorm).
+  // The MLP's activation (GELU, SwiGLU or squared ReLU): fc1 output -> out.
+  void mlp_activation(Tensor& out, const Tensor& fc1);
+  // The configured norm (LayerNorm or RMSNorm; mean and bias unused by RMSNorm; with
+  // --apply-layernorm-1p the weight applied is 1 + w).
   void norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w,
                     const Tensor& b);
   Backend& backend() { return be_; }
@@ -215,6 +218,8 @@ class GPTModel {
                         const Tensor& b, const Tensor& w, const Tensor& bias);
   // The MLP's activation (GELU or SwiGLU): la.fc1 -> la.gelu.
   void activation_forward(PhaseSequence& phase, LayerActivations& la);
+  // w, or 1 + w (in a scratch tensor) with --apply-layernorm-1p.
+  const Tensor& norm_weight(const Tensor& w);
   void norm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
                      const Tensor& w, const Tensor& mean, const Tensor& rstd);
   // The hidden dropout of a site (inactive outside training or at p = 0), and the attention
@@ -233,9 +238,10 @@ class GPTModel {
   std::vector<LayerRecompute> plan_;  // indexed by shard_.local_index(layer)
   int64_t padded_vocab_ = 0, vocab_local_ = 0, vocab_begin_ = 0, valid_cols_ = 0;
   int64_t heads_local_ = 0, kv_heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
-  RopeSpec rope_;         // this rank's heads (seq_len set per call)
-  AttentionAlibi alibi_;  // this rank's heads among all (ALiBi)
-  bool sp_ = false;       // sequence parallelism on (TP > 1)
+  RopeSpec rope_;                // this rank's heads (seq_len set per call)
+  Tensor norm_ones_, norm_w1p_;  // --apply-layernorm-1p: ones (C) and the (1 + w) scratch (C)
+  AttentionAlibi alibi_;         // this rank's heads among all (ALiBi)
+  bool sp_ = false;              // sequence parallelism on (TP > 1)
   std::unique_ptr<ParamStore> params_;
   std::vector<LayerWeights> weights_, grads_;  // indexed by shard_.local_index(layer)
   std::vector<float> host_losses_;             // staging for the loss readback

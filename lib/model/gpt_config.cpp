@@ -26,10 +26,13 @@ void GPTConfig::validate() const {
   if (vocab_size > (int64_t(1) << 31) - 1)
     throw ConfigError(
         detail::concat("--vocab-size=", vocab_size, " is too large (allowed: < 2^31)"));
-  if (hidden_size % num_attention_heads != 0)
-    throw ConfigError(detail::concat("--num-attention-heads=", num_attention_heads,
-                                     " must divide --hidden-size=", hidden_size,
-                                     " (allowed: a divisor of ", hidden_size, ")"));
+  if (kv_channels < 0)
+    throw ConfigError(detail::concat("--kv-channels=", kv_channels,
+                                     " is out of range (allowed: 0 for hidden/heads, or >= 1)"));
+  if (kv_channels == 0 && hidden_size % num_attention_heads != 0)
+    throw ConfigError(detail::concat(
+        "--num-attention-heads=", num_attention_heads, " must divide --hidden-size=", hidden_size,
+        " (allowed: a divisor of ", hidden_size, "; or give --kv-channels)"));
   if (ffn_hidden_size < 0)
     throw ConfigError(detail::concat("--ffn-hidden-size=", ffn_hidden_size,
                                      " is out of range (allowed: 0 for 4*hidden, or >= 1)"));
@@ -60,6 +63,12 @@ void GPTConfig::validate() const {
     throw ConfigError(detail::concat("--rotary-percent=", rotary_percent, " of head dimension ",
                                      head_dim(), " rotates no feature pair (allowed: at least 2 ",
                                      "features, i.e. p >= ", 2.0 / head_dim(), ")"));
+  if (rotary_interleaved && !rope())
+    throw ConfigError("--rotary-interleaved needs --position-embedding-type rope");
+  if (squared_relu && swiglu)
+    throw ConfigError(
+        "--squared-relu and --swiglu both given: they are two MLP activations; "
+        "choose one");
   if (use_rope_scaling && !rope())
     throw ConfigError("--use-rope-scaling needs --position-embedding-type rope");
   if (use_rope_scaling && !(rope_scaling_factor > 1 && rope_scaling_low_freq_factor > 0 &&
@@ -108,7 +117,10 @@ std::string GPTConfig::describe() const {
                            : alibi()           ? "ALiBi"
                                                : "no position embedding");
   out += rmsnorm() ? ", RMSNorm" : ", LayerNorm";
-  out += swiglu ? ", SwiGLU" : ", GELU";
+  if (apply_layernorm_1p) out += " (1 + w)";
+  out += swiglu ? ", SwiGLU" : squared_relu ? ", squared ReLU" : ", GELU";
+  if (rope() && rotary_interleaved) out += ", interleaved rotary pairs";
+  if (kv_channels > 0) out += detail::concat(", ", kv_channels, " channels per head");
   if (!group_query_attention)
     out += ", multi-head attention";
   else if (num_query_groups == 1)
@@ -118,7 +130,7 @@ std::string GPTConfig::describe() const {
     out += detail::concat(", grouped-query attention (", num_query_groups, " key/value heads for ",
                           num_attention_heads, ")");
   out += tied_head() ? ", output layer tied to the embedding" : ", untied output layer";
-  if (!add_bias_linear) out += ", no linear biases";
+  if (!add_bias_linear) out += add_qkv_bias ? ", QKV biases only" : ", no linear biases";
   return out;
 }
 
@@ -127,8 +139,8 @@ int64_t GPTConfig::num_parameters() const {
   const int64_t qkv = (num_attention_heads + 2 * int64_t(kv_heads())) * hd;
   const int64_t fc1 = swiglu ? 2 * f : f;
   const int64_t norm = rmsnorm() ? h : 2 * h;
-  const int64_t bias = add_bias_linear ? 1 : 0;
-  const int64_t per_layer = 2 * norm + (qkv * h + bias * qkv) +
+  const int64_t bias = add_bias_linear ? 1 : 0, qkv_b = qkv_bias() ? 1 : 0;
+  const int64_t per_layer = 2 * norm + (qkv * h + qkv_b * qkv) +
                             (h * num_attention_heads * hd + bias * h) + (fc1 * h + bias * fc1) +
                             (h * f + bias * h);
   int64_t n = vocab_size * h + L * per_layer + norm;
@@ -144,7 +156,8 @@ double GPTConfig::train_flops_per_token() const {
   // for f = 4h; 3*h*f with SwiGLU's gate)
   const double mlp = (swiglu ? 3 : 2) * h * f;
   const double matmul_params = L * ((H + 2 * G) * hd * h + H * hd * h + mlp) + V * h;
-  return 6.0 * matmul_params + 12.0 * L * s * h;
+  // attention scores and their weighted sum: 12*L*s*(H*hd) (= 12*L*s*h unless --kv-channels)
+  return 6.0 * matmul_params + 12.0 * L * s * H * hd;
 }
 
 void set_seq_length(GPTConfig& cfg, int seq, const std::string& source) {

@@ -40,6 +40,12 @@ struct GPTConfig {
   int num_query_groups = 1;                 // with group_query_attention (1: multi-query)
   bool untie_embeddings_and_output_weights = false;  // an output layer of its own
   bool add_bias_linear = true;                       // biases in the QKV, projection and MLP GEMMs
+  // Qwen2 and other small Megatron options (docs/model.md).
+  bool add_qkv_bias = false;        // biases on the QKV projection even with --disable-bias-linear
+  int kv_channels = 0;              // features per head (0: hidden_size / num_attention_heads)
+  bool apply_layernorm_1p = false;  // norm weights stored as w, applied as (1 + w), zero init
+  bool rotary_interleaved = false;  // RoPE pairs (2i, 2i+1) instead of (i, i + d/2)
+  bool squared_relu = false;        // the MLP's activation relu(x)^2 instead of GELU
 
   bool rope() const { return position_embedding_type == "rope"; }
   bool learned_positions() const { return position_embedding_type == "learned_absolute"; }
@@ -58,7 +64,11 @@ struct GPTConfig {
   int max_positions() const {
     return max_position_embeddings > 0 ? max_position_embeddings : seq_length;
   }
-  int head_dim() const { return hidden_size / num_attention_heads; }
+  // Features per head: --kv-channels, else hidden_size / num_attention_heads. The QKV projection
+  // is heads * head_dim() wide and the output projection maps that back to hidden_size.
+  int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  // Whether the QKV projection has biases (all linear biases, or --add-qkv-bias alone).
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   // Megatron's padding: the smallest multiple of divisible_by * tp at or above vocab_size. Padded
   // entries are masked out of the loss, so the padding never changes what the model learns.
   int64_t padded_vocab_size(int tp_size) const;

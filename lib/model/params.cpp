@@ -108,7 +108,10 @@ std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard&
   const int64_t f = cfg.ffn(), V = cfg.padded_vocab_size(shard.tp_size);
   const double std = cfg.init_method_std;
   const double out_std = std / std::sqrt(2.0 * cfg.num_layers);  // residual output projections
-  const bool bias = cfg.add_bias_linear, ln = !cfg.rmsnorm();
+  const bool bias = cfg.add_bias_linear, qkv_bias = cfg.qkv_bias(), ln = !cfg.rmsnorm();
+  // --apply-layernorm-1p: the norms apply (1 + w), so w starts at 0 (Megatron's zero-centred
+  // gamma).
+  const ParamInit norm_init = cfg.apply_layernorm_1p ? ParamInit::Zeros : ParamInit::Ones;
   SpecBuilder b{shard, {}, 0};
   // The tied word embedding lives on the first stage, and a copy on the last (Megatron's scheme);
   // untied, the last stage has an output layer of its own.
@@ -117,7 +120,7 @@ std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard&
   if (shard.has_embedding && cfg.learned_positions())
     b.add("wpe", {cfg.max_positions(), h}, -1, ParamInit::Normal, std, true);
   auto norm = [&](const std::string& name) {
-    b.add(name + ".weight", {h}, -1, ParamInit::Ones, 0, false);
+    b.add(name + ".weight", {h}, -1, norm_init, 0, false);
     if (ln) b.add(name + ".bias", {h}, -1, ParamInit::Zeros, 0, false);
   };
   for (int l : shard.layers()) {
@@ -129,14 +132,14 @@ std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard&
       b.add(p + "attn.q.weight", {heads, hd, h}, 0, ParamInit::Normal, std, true);
       b.specs.back().glue_next = true;
       b.add(p + "attn.kv.weight", {2, groups, hd, h}, 1, ParamInit::Normal, std, true);
-      if (bias) {
+      if (qkv_bias) {
         b.add(p + "attn.q.bias", {heads, hd}, 0, ParamInit::Zeros, 0, false);
         b.specs.back().glue_next = true;
         b.add(p + "attn.kv.bias", {2, groups, hd}, 1, ParamInit::Zeros, 0, false);
       }
     } else {
       b.add(p + "attn.qkv.weight", {3, heads, hd, h}, 1, ParamInit::Normal, std, true);
-      if (bias) b.add(p + "attn.qkv.bias", {3, heads, hd}, 1, ParamInit::Zeros, 0, false);
+      if (qkv_bias) b.add(p + "attn.qkv.bias", {3, heads, hd}, 1, ParamInit::Zeros, 0, false);
     }
     b.add(p + "attn.proj.weight", {h, heads * hd}, 1, ParamInit::Normal, out_std, true);
     if (bias) b.add(p + "attn.proj.bias", {h}, -1, ParamInit::Zeros, 0, false);

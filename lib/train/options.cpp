@@ -212,9 +212,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
       "hidden-size", po::value(&m.hidden_size)->default_value(m.hidden_size), "hidden width")(
       "num-attention-heads",
       po::value(&m.num_attention_heads)->default_value(m.num_attention_heads),
-      "attention heads (must divide hidden-size)")("ffn-hidden-size",
-                                                   po::value(&m.ffn_hidden_size)->default_value(0),
-                                                   "MLP width (0: 4 * hidden-size)")(
+      "attention heads (must divide hidden-size, unless --kv-channels is given)")(
+      "ffn-hidden-size", po::value(&m.ffn_hidden_size)->default_value(0),
+      "MLP width (0: 4 * hidden-size)")(
       "seq-length", po::value(&m.seq_length)->default_value(m.seq_length), "tokens per sample")(
       "max-position-embeddings", po::value(&m.max_position_embeddings)->default_value(0),
       "positions of the model (0: seq-length)")(
@@ -270,7 +270,16 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
       po::bool_switch(&m.untie_embeddings_and_output_weights),
       "an output layer (lm_head) of its own instead of the word embedding's transpose")(
       "disable-bias-linear", po::bool_switch(&disable_bias_linear),
-      "no biases in the QKV, projection and MLP layers (Llama)");
+      "no biases in the QKV, projection and MLP layers (Llama)")(
+      "add-qkv-bias", po::bool_switch(&m.add_qkv_bias),
+      "biases on the QKV projection even with --disable-bias-linear (Qwen2)")(
+      "kv-channels", po::value(&m.kv_channels)->default_value(0),
+      "features per attention head (0: hidden-size / num-attention-heads)")(
+      "apply-layernorm-1p", po::bool_switch(&m.apply_layernorm_1p),
+      "norm weights stored as w and applied as (1 + w), initialized to 0")(
+      "rotary-interleaved", po::bool_switch(&m.rotary_interleaved),
+      "RoPE rotates adjacent feature pairs (2i, 2i+1) instead of the two halves")(
+      "squared-relu", po::bool_switch(&m.squared_relu), "MLP activation relu(x)^2 instead of GELU");
   p.group("Parallelism")
       .add_options()("tensor-model-parallel-size", po::value(&o.tp)->default_value(1),
                      "tensor-parallel ranks (consecutive ranks; keep them in one node)")(

@@ -174,6 +174,14 @@ class SimDeviceBackend final : public Backend {
     Open open;
     cpu_->gelu_backward(dinp, inp, dout);
   }
+  void squared_relu_forward(Tensor& out, const Tensor& inp) override {
+    Open open;
+    cpu_->squared_relu_forward(out, inp);
+  }
+  void squared_relu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
+    Open open;
+    cpu_->squared_relu_backward(dinp, inp, dout);
+  }
   void add(Tensor& out, const Tensor& a, const Tensor& b) override {
     Open open;
     cpu_->add(out, a, b);

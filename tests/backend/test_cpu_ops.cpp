@@ -249,6 +249,42 @@ TEST(CpuGelu, BackwardFiniteDifference) {
   for (int64_t i = 0; i < N; ++i) EXPECT_EQ(inplace[i], dx[i]) << "i=" << i;
 }
 
+// Squared ReLU (--squared-relu): max(x, 0)^2 by hand, its derivative 2 max(x, 0) by finite
+// differences (away from the kink at 0), in place.
+TEST(CpuSquaredRelu, ForwardHandComputedAndBackwardFiniteDifference) {
+  {
+    const Vec x = {1.5, -0.5, 0.0, 3.0};
+    Vec out(4);
+    cpu::squared_relu_forward(out.data(), x.data(), 4);
+    EXPECT_EQ(out, (Vec{2.25, 0.0, 0.0, 9.0}));
+  }
+  std::mt19937_64 gen(14);
+  const int64_t N = 41;
+  Vec x = random_vec(N, gen, -3.0, 3.0);
+  for (double& v : x)
+    if (std::fabs(v) < 1e-3) v = 0.5;  // no finite difference across the kink
+  const Vec R = random_vec(N, gen);
+  auto loss = [&] {
+    Vec out(N);
+    cpu::squared_relu_forward(out.data(), x.data(), N);
+    return dot(out, R);
+  };
+  const Vec dx_fd = numeric_grad(x, loss);
+  Vec dx(N, 77.0);  // overwritten
+  cpu::squared_relu_backward(dx.data(), x.data(), R.data(), N);
+  expect_fd_close(dx, dx_fd, "dinp");
+  int negative = 0;
+  for (int64_t i = 0; i < N; ++i)
+    if (x[i] < 0) {
+      EXPECT_EQ(dx[i], 0.0) << "i=" << i;
+      ++negative;
+    }
+  EXPECT_GT(negative, 5);
+  Vec inplace = R;  // dinp may alias dout
+  cpu::squared_relu_backward(inplace.data(), x.data(), inplace.data(), N);
+  EXPECT_EQ(inplace, dx);
+}
+
 // ---- the Llama family: RMSNorm, SwiGLU, RoPE
 // ----------------------------------------------------------
 
@@ -349,6 +385,50 @@ TEST(CpuRope, RotatesPairsInvertsAndHasTransposeBackward) {
     Vec back = R;
     cpu::rope(back.data(), N, H, G, hd, rot, base, nullptr, T, true);
     expect_fd_close(back, fd, "rope backward");
+  }
+}
+
+// Interleaved RoPE (--rotary-interleaved): pair k is features (2k, 2k+1) with the angle of pair k
+// of the halves convention, written out per pair; the inverse undoes it; and it is the halves
+// rotation of the head with its features permuted (2k -> k, 2k+1 -> k + rot/2).
+TEST(CpuRope, InterleavedRotatesAdjacentPairs) {
+  std::mt19937_64 gen(17);
+  const int64_t T = 6, H = 2, G = 1, hd = 8, N = T, C3 = (H + 2 * G) * hd;
+  for (const int64_t rot : {int64_t(8), int64_t(4)}) {
+    SCOPED_TRACE("rot_dim " + std::to_string(rot));
+    const double base = 100;
+    const Vec x0 = random_vec(N * C3, gen);
+    Vec x = x0;
+    cpu::rope(x.data(), N, H, G, hd, rot, base, nullptr, T, false, {}, true);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t h = 0; h < H + 2 * G; ++h)
+        for (int64_t i = 0; i < hd; ++i) {
+          const int64_t at = r * C3 + h * hd + i;
+          double want = x0[at];
+          if (h < H + G && i < rot) {
+            const int64_t k = i / 2;
+            const double a = static_cast<double>(r) * std::pow(base, -2.0 * k / rot);
+            const double x1 = x0[r * C3 + h * hd + 2 * k], x2 = x0[r * C3 + h * hd + 2 * k + 1];
+            want = i % 2 == 0 ? x1 * std::cos(a) - x2 * std::sin(a)
+                              : x2 * std::cos(a) + x1 * std::sin(a);
+          }
+          ASSERT_NEAR(x[at], want, 1e-6) << "row " << r << " head " << h << " feature " << i;
+        }
+    // The permutation: halves RoPE of the permuted head, permuted back.
+    Vec perm(N * C3), halves;
+    auto to_halves = [&](int64_t i) { return i < rot ? (i % 2 ? i / 2 + rot / 2 : i / 2) : i; };
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t h = 0; h < H + 2 * G; ++h)
+        for (int64_t i = 0; i < hd; ++i)
+          perm[r * C3 + h * hd + to_halves(i)] = x0[r * C3 + h * hd + i];
+    halves = perm;
+    cpu::rope(halves.data(), N, H, G, hd, rot, base, nullptr, T, false);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t h = 0; h < H + 2 * G; ++h)
+        for (int64_t i = 0; i < hd; ++i)
+          ASSERT_NEAR(x[r * C3 + h * hd + i], halves[r * C3 + h * hd + to_halves(i)], 1e-12);
+    cpu::rope(x.data(), N, H, G, hd, rot, base, nullptr, T, true, {}, true);
+    expect_all_close(x, x0, 0, 1e-12, "inverse");
   }
 }
 

@@ -258,10 +258,29 @@ TEST_P(CudaOpsDtype, SwigluMatchesCpu) {
   }
 }
 
+// Squared ReLU (--squared-relu) forward and backward (in place, as the model calls it) at a
+// training-like width and an odd one.
+TEST_P(CudaOpsDtype, SquaredReluMatchesCpu) {
+  for (const auto& [N, F] : std::vector<std::pair<int64_t, int64_t>>{{1024, 3072}, {19, 77}}) {
+    SCOPED_TRACE("N " + std::to_string(N) + " F " + std::to_string(F));
+    Tensor x = rnd({N, F}, 2.f), dy = rnd({N, F});
+    Tensor y({N, F}, d()), dx({N, F}, d());
+    cpu_->squared_relu_forward(y, x);
+    std::memcpy(dx.raw(), dy.raw(), dy.nbytes());
+    cpu_->squared_relu_backward(dx, x, dx);
+    Tensor xd = dev(x), yd = poisoned({N, F}, d()), dxd = dev(dy);
+    gpu_->squared_relu_forward(yd, xd);
+    gpu_->squared_relu_backward(dxd, xd, dxd);
+    expect_close(yd, y, tol(1e-6), "squared relu out");
+    expect_close(dxd, dx, tol(1e-6), "squared relu dinp (in place)");
+  }
+}
+
 // RoPE on a GQA qkv (8 query and 2 key/value heads of 128, rotary_percent 0.5: 64 features
 // rotate), positions r % seq_len and from a position tensor (generation-like, up to 4096), the
-// latter again with Llama 3's frequency scaling (base 500000, factor 8), then the inverse
-// rotation. The value heads and the features past rot_dim must come back untouched.
+// latter again with Llama 3's frequency scaling (base 500000, factor 8) and then with interleaved
+// pairs (--rotary-interleaved), then the inverse rotation. The value heads and the features past
+// rot_dim must come back untouched.
 TEST_P(CudaOpsDtype, RopeMatchesCpu) {
   RopeSpec spec;
   spec.heads = 8;
@@ -272,15 +291,17 @@ TEST_P(CudaOpsDtype, RopeMatchesCpu) {
   spec.seq_len = 300;
   const int64_t N = 600, C3 = (spec.heads + 2 * spec.kv_heads) * spec.head_dim;
   Tensor pos = ids({N}, 4096);
-  for (const int variant : {0, 1, 2}) {
+  for (const int variant : {0, 1, 2, 3}) {
     const bool with_positions = variant > 0;
     if (variant == 2) {
       spec.base = 500000;
       spec.scaling.factor = 8;
     }
+    if (variant == 3) spec.interleaved = true;  // --rotary-interleaved: pairs (2i, 2i+1)
     SCOPED_TRACE(variant == 0   ? "r % seq_len"
                  : variant == 1 ? "positions tensor"
-                                : "llama3 scaling");
+                 : variant == 2 ? "llama3 scaling"
+                                : "interleaved pairs");
     const Tensor x = rnd({N, C3});
     Tensor y(x.shape(), d());
     std::memcpy(y.raw(), x.raw(), x.nbytes());

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""hf_llama_tool.py: an independent writer, reader and reference of Hugging Face Llama model
-directories, in plain Python (no numpy, torch or safetensors package), for the HF Llama import and
-export test (test_hf_llama.sh).
+"""hf_llama_tool.py: an independent writer, reader and reference of Hugging Face Llama, Qwen2 and
+Mistral model directories, in plain Python (no numpy, torch or safetensors package), for the HF
+Llama-family import and export test (test_hf_llama.sh).
 
-  make DIR [--shards N] [--dtype bf16|f32] [--seed S] [--groups G] [--tied] [--bias]
-       [--rope-scaling] [--theta BASE]
-      A random tiny LlamaForCausalLM as save_pretrained writes it: config.json and safetensors (one
-      file, or N shards listed by model.safetensors.index.json).
+  make DIR [--arch llama|qwen2|mistral] [--shards N] [--dtype bf16|f32] [--seed S] [--groups G]
+       [--head-dim D] [--tied] [--bias] [--rope-scaling] [--theta BASE]
+      A random tiny LlamaForCausalLM (Qwen2ForCausalLM: biases on q, k and v; MistralForCausalLM:
+      sliding_window null) as save_pretrained writes it: config.json and safetensors (one file, or
+      N shards listed by model.safetensors.index.json). --head-dim: head_dim in config.json, the
+      q/k/v projections heads * D wide (default hidden / heads, no head_dim key for qwen2).
   greedy DIR PROMPT_IDS NEW
       The greedy continuation by the reference forward (float64, written from the Llama
       definitions: RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU), printed as
@@ -87,11 +89,16 @@ def write_file(path, tensors):  # tensors: list of (name, dtype, shape, raw)
 
 # ---- make ----------------------------------------------------------------------------------------
 
-def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta):
+def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta, arch="llama", head_dim=0):
     rng = random.Random(seed)
     h, heads, inter, layers, vocab = 16, 4, 24, 2, 100
-    hd = h // heads
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+    hd = head_dim or h // heads
+    if arch != "llama" and bias:
+        raise SystemExit("--bias is Llama's attention_bias/mlp_bias (Qwen2 has q/k/v biases always)")
+    qkv_bias = bias or arch == "qwen2"
+    cls = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+           "mistral": "MistralForCausalLM"}[arch]
+    cfg = {"architectures": [cls], "model_type": arch, "hidden_act": "silu",
            "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": layers,
            "num_attention_heads": heads, "num_key_value_heads": groups,
            "max_position_embeddings": 32, "vocab_size": vocab, "rms_norm_eps": 1e-5,
@@ -101,6 +108,14 @@ def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta):
                            if scaling else None,
            "mlp_bias": bias, "tie_word_embeddings": tied,
            "torch_dtype": "bfloat16" if dtype == "BF16" else "float32"}
+    if arch != "llama":
+        del cfg["attention_bias"], cfg["mlp_bias"]
+    if arch == "qwen2":  # as Qwen2.5's config.json: a window size that use_sliding_window turns off
+        cfg.update({"use_sliding_window": False, "sliding_window": 32, "max_window_layers": layers})
+    if arch == "mistral":
+        cfg["sliding_window"] = None
+    if head_dim:
+        cfg["head_dim"] = head_dim
     tensors = []
 
     def add(name, shape, std=0.3, ones=False):
@@ -116,7 +131,7 @@ def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta):
         add(p + "input_layernorm.weight", [h], ones=True)
         for proj, rows in (("q_proj", heads * hd), ("k_proj", groups * hd), ("v_proj", groups * hd)):
             add(p + "self_attn." + proj + ".weight", [rows, h])
-            if bias:
+            if qkv_bias:
                 add(p + "self_attn." + proj + ".bias", [rows], 0.1)
         add(p + "self_attn.o_proj.weight", [h, heads * hd])
         if bias:
@@ -160,7 +175,7 @@ def load_model(d):
 def logits_of(cfg, w, ids):
     h, H = cfg["hidden_size"], cfg["num_attention_heads"]
     G = cfg.get("num_key_value_heads") or H
-    hd, inter, eps = h // H, cfg["intermediate_size"], cfg["rms_norm_eps"]
+    hd, inter, eps = cfg.get("head_dim") or h // H, cfg["intermediate_size"], cfg["rms_norm_eps"]
     theta = cfg.get("rope_theta", 10000.0)
     T = len(ids)
     inv_freq = [theta ** (-2.0 * i / hd) for i in range(hd // 2)]
@@ -272,7 +287,7 @@ def compare(a, b):
 def main(argv):
     if len(argv) >= 2 and argv[0] == "make":
         opts = {"--shards": "1", "--dtype": "bf16", "--seed": "1", "--groups": "2",
-                "--theta": "500000"}
+                "--theta": "500000", "--arch": "llama", "--head-dim": "0"}
         flags = set()
         i = 2
         while i < len(argv):
@@ -284,7 +299,8 @@ def main(argv):
                 i += 2
         make(argv[1], int(opts["--shards"]), opts["--dtype"].upper(), int(opts["--seed"]),
              int(opts["--groups"]), "--tied" in flags, "--bias" in flags,
-             "--rope-scaling" in flags, float(opts["--theta"]))
+             "--rope-scaling" in flags, float(opts["--theta"]), opts["--arch"],
+             int(opts["--head-dim"]))
     elif len(argv) == 4 and argv[0] == "greedy":
         greedy(argv[1], argv[2], int(argv[3]))
     elif len(argv) == 3 and argv[0] == "compare":

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# test_hf_llama.sh: Hugging Face LlamaForCausalLM import and export as a user runs them. A random
+# test_hf_llama.sh: Hugging Face LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM import
+# and export as a user runs them. A random
 # tiny Llama directory written by an independent writer (hf_llama_tool.py: plain Python, sharded
 # safetensors with model.safetensors.index.json, bf16) is imported to TP2 x PP2, exported again and
 # compared byte for byte; greedy generation from the import equals the tool's float64 reference
 # forward (written from the Llama definitions) at TP1 and TP2; grouped-query and
 # multi-head, tied and untied, with and without biases and Llama 3's RoPE scaling, bf16 and f32;
-# bad directories get one clear line.
+# Qwen2 (q/k/v biases, tied and untied, a head_dim other than hidden/heads) and Mistral the same
+# way; bad directories, sliding windows and exports Hugging Face cannot hold get one clear line.
 # Usage: test_hf_llama.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1
@@ -27,26 +29,31 @@ gen() {  # gen NP TP CKPT PROMPT NEW
 P="3 14 15 92 65"
 
 # A: grouped-query (2 key/value heads for 4), untied, no biases, bf16, two shards.
-for case in "gqa --shards 2 --dtype bf16 --groups 2 --seed 1|bf16|2" \
-            "mha --shards 1 --dtype f32 --groups 4 --tied --bias --seed 2|f32|1" \
-            "scaled --shards 1 --dtype bf16 --groups 2 --rope-scaling --theta 100 --seed 3|bf16|1"; do
-  IFS='|' read -r spec dtype tp <<<"$case"
+for case in "gqa --shards 2 --dtype bf16 --groups 2 --seed 1|bf16|2|llama" \
+            "mha --shards 1 --dtype f32 --groups 4 --tied --bias --seed 2|f32|1|llama" \
+            "scaled --shards 1 --dtype bf16 --groups 2 --rope-scaling --theta 100 --seed 3|bf16|1|llama" \
+            "qwen2 --arch qwen2 --shards 2 --dtype f32 --groups 2 --tied --theta 1000000 --seed 7|f32|2|qwen2" \
+            "qwen2-hd --arch qwen2 --shards 1 --dtype bf16 --groups 2 --head-dim 6 --seed 9|bf16|1|qwen2" \
+            "mistral --arch mistral --shards 1 --dtype f32 --groups 2 --theta 10000 --seed 6|f32|1|mistral"; do
+  IFS='|' read -r spec dtype tp arch <<<"$case"
   set -- $spec
   name=$1; shift
   $tool make "$work/$name" "$@" || { bad "$name: the tool could not write the model"; continue; }
   conv --from-hf "$work/$name" --save "$work/$name-ck" --target-tensor-model-parallel-size 2 --target-pipeline-model-parallel-size 2 || continue
   grep -q "RoPE (base .*RMSNorm, SwiGLU" "$work/conv.log" || bad "$name: the import log names no Llama architecture: $(head -1 "$work/conv.log")"
-  conv --to-hf --load "$work/$name-ck" --save "$work/$name-out" --export-dtype "$dtype" --max-shard-size 6KB || continue
+  # A Mistral import exports as LlamaForCausalLM unless asked (the same model); Qwen2 by itself.
+  as=(); [ "$arch" = mistral ] && as=(--hf-architecture mistral)
+  conv --to-hf --load "$work/$name-ck" --save "$work/$name-out" --export-dtype "$dtype" --max-shard-size 6KB "${as[@]}" || continue
   shards=$(ls "$work/$name-out"/*.safetensors | wc -l)
   if out=$($tool compare "$work/$name" "$work/$name-out"); then
     ok "$name: HF -> TP2 x PP2 -> HF ($dtype, $shards shard files) is byte-identical: $out"
   else
     bad "$name: round trip: $out"
   fi
-  grep -q '"model_type": "llama"' "$work/$name-out/config.json" && [ "$shards" -gt 1 ] && [ -f "$work/$name-out/model.safetensors.index.json" ] \
+  grep -q "\"model_type\": \"$arch\"" "$work/$name-out/config.json" && [ "$shards" -gt 1 ] && [ -f "$work/$name-out/model.safetensors.index.json" ] \
     && ok "$name: config.json and model.safetensors.index.json written" || bad "$name: export files: $(ls "$work/$name-out")"
   # Again into the same directory as one file: the earlier shards and index must go.
-  conv --to-hf --load "$work/$name-ck" --save "$work/$name-out" --export-dtype "$dtype" || continue
+  conv --to-hf --load "$work/$name-ck" --save "$work/$name-out" --export-dtype "$dtype" "${as[@]}" || continue
   if [ "$(ls "$work/$name-out")" = "$(printf 'config.json\nmodel.safetensors')" ] && $tool compare "$work/$name" "$work/$name-out" > /dev/null; then
     ok "$name: re-exported as one file over the shards: no stale shard or index left, identical"
   else
@@ -86,7 +93,42 @@ sed -i 's/"rope_theta"/"partial_rotary_factor": 0.5, "rope_theta"/' "$work/parti
 expect "partial_rotary_factor 0.5" "has partial_rotary_factor 0.500000; LlamaForCausalLM rotates every feature" -- --from-hf "$work/partial" --save "$work/x"
 cp -r "$work/b" "$work/kind"
 sed -i 's/"model_type": "llama"/"model_type": "mixtral"/' "$work/kind/config.json"
-expect "another model type" "model_type \"mixtral\" \(allowed: gpt2, llama\)" -- --from-hf "$work/kind" --save "$work/x"
+expect "another model type" "model_type \"mixtral\" \(allowed: gpt2, llama, qwen2, mistral\)" -- --from-hf "$work/kind" --save "$work/x"
+# Sliding windows: Tessera's attention is full causal.
+$tool make "$work/mw" --arch mistral
+cp -r "$work/mw" "$work/window" && sed -i 's/"sliding_window": null/"sliding_window": 4096/' "$work/window/config.json"
+expect "Mistral with sliding_window 4096" "window/config.json' has sliding_window 4096; Tessera's attention is full causal \(allowed: sliding_window null\)" -- --from-hf "$work/window" --save "$work/x"
+cp -r "$work/mw" "$work/nowindow"
+python3 -c 'import json, sys; p = sys.argv[1]; c = json.load(open(p)); del c["sliding_window"]; json.dump(c, open(p, "w"))' "$work/nowindow/config.json"
+expect "Mistral without a sliding_window key (default 4096)" "has sliding_window absent \(MistralConfig's default 4096\)" -- --from-hf "$work/nowindow" --save "$work/x"
+$tool make "$work/qw" --arch qwen2
+cp -r "$work/qw" "$work/qwindow" && sed -i 's/"use_sliding_window": false/"use_sliding_window": true/' "$work/qwindow/config.json"
+expect "Qwen2 with use_sliding_window true" "qwindow/config.json' has use_sliding_window true; Tessera's attention is full causal" -- --from-hf "$work/qwindow" --save "$work/x"
+cp -r "$work/qw" "$work/qnobias" && python3 - "$work/qnobias" <<'PY'
+import json, struct, sys
+p = sys.argv[1] + "/model.safetensors"
+data = open(p, "rb").read()
+(n,) = struct.unpack("<Q", data[:8])
+h = json.loads(data[8:8 + n])
+h.pop("model.layers.1.self_attn.k_proj.bias")
+t = json.dumps(h).encode()
+t += b" " * (-len(t) % 8)
+open(p, "wb").write(struct.pack("<Q", len(t)) + t + data[8 + n:])
+PY
+expect "Qwen2 without a k_proj bias" "has no tensor model.layers.1.self_attn.k_proj.bias \(config.json implies it\)" -- --from-hf "$work/qnobias" --save "$work/x"
+# Exports Hugging Face cannot hold, and architectures that do not fit the checkpoint.
+expect "a Qwen2 checkpoint exported as Llama" "has biases on q, k and v only \(--add-qkv-bias\); LlamaForCausalLM's attention_bias also covers o_proj: export it with --hf-architecture qwen2" -- --to-hf --load "$work/qwen2-ck" --save "$work/y" --hf-architecture llama
+expect "a Qwen2 checkpoint exported as Mistral" "has linear biases; MistralForCausalLM has none: export it with --hf-architecture qwen2" -- --to-hf --load "$work/qwen2-ck" --save "$work/y" --hf-architecture mistral
+expect "a Llama checkpoint exported as Qwen2" "has no QKV biases; Qwen2ForCausalLM has biases on q, k and v only" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture qwen2
+expect "an unknown --hf-architecture" "--hf-architecture=gemma is not known \(allowed: llama, qwen2, mistral\)" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture gemma
+for opt in rotary-interleaved apply-layernorm-1p; do
+  timeout 300 "$bin/tessera-train" --config "$src/configs/qwen2-tiny.ini" --mock-data --vocab-size 100 --train-iters 1 --threads 1 --log-interval 1 --$opt --save "$work/$opt-ck" > "$work/train.log" 2>&1 || { bad "training a --$opt checkpoint: $(tail -2 "$work/train.log")"; continue; }
+  expect "exporting a --$opt checkpoint" "\(--$opt\); Qwen2ForCausalLM (rotates halves|has no such option)" -- --to-hf --load "$work/$opt-ck" --save "$work/y"
+done
+timeout 300 "$bin/tessera-train" --config "$src/configs/gpt2-tiny.ini" --mock-data --vocab-size 100 --train-iters 1 --threads 1 --log-interval 1 --squared-relu --save "$work/relu2-ck" > "$work/train.log" 2>&1 \
+  && expect "exporting a GPT-2 --squared-relu checkpoint" "GPT2LMHeadModel has none of --kv-channels, --apply-layernorm-1p and --squared-relu" -- --to-hf --load "$work/relu2-ck" --save "$work/y" \
+  || bad "training a GPT-2 --squared-relu checkpoint: $(tail -2 "$work/train.log")"
+[ ! -e "$work/y" ] && ok "nothing written by the refused exports" || bad "a refused export left $work/y"
 $tool make "$work/sh" --shards 2
 sed -i 's/model-00002-of-00002/model-00003-of-00002/' "$work/sh/model.safetensors.index.json"
 expect "an index naming a missing shard" "model-00003-of-00002.safetensors' cannot be opened" -- --from-hf "$work/sh" --save "$work/x"

@@ -75,6 +75,37 @@ lbatch=$(lgen --prompt-ids "5 17 42" --prompt-ids "9 9 9 9 9 9" --max-new-tokens
 [ "$(sed -n 1p <<<"$lbatch")" = "[1] $lg" ] && [ "$(sed -n 2p <<<"$lbatch")" = "[2] $(lgen --prompt-ids "9 9 9 9 9 9" --max-new-tokens 24 --greedy)" ] \
   && ok "Llama-style model: batched prompts (RoPE per sequence position) == each alone" || bad "Llama batched generation: $lbatch"
 
+# Qwen2's options (configs/qwen2-tiny.ini: q/k/v biases, tied head) with --kv-channels 24 (KV
+# caches of 24-channel heads in a 64-wide model), interleaved rotary pairs and RMSNorm as 1 + w;
+# and GPT-2 with squared ReLU: cache == recompute, and TP2, TP2 x PP2 the same as TP1.
+for m in "qwen|--config $configs/qwen2-tiny.ini --kv-channels 24 --rotary-interleaved --apply-layernorm-1p" \
+         "relu2|--config $configs/gpt2-tiny.ini --squared-relu --apply-layernorm-1p"; do
+  IFS='|' read -r name opts <<<"$m"
+  "$bin/tessera-train" $opts --train-iters 30 --threads 1 --save "$work/$name" > "$work/$name.log" 2>&1 \
+    || { bad "training $name: $(tail -2 "$work/$name.log")"; continue; }
+  qg=$("$bin/tessera-generate" --load "$work/$name" --threads 1 "${P[@]}" --greedy 2>/dev/null)
+  [ "$(wc -w <<<"$qg")" -eq 28 ] && [ "$("$bin/tessera-generate" --load "$work/$name" --threads 1 "${P[@]}" --greedy --no-kv-cache 2>/dev/null)" = "$qg" ] \
+    && ok "$name: KV cache == full recompute (greedy): $qg" || bad "$name cache vs recompute: '$qg'"
+  for l in "2 2 1" "4 2 2"; do
+    set -- $l
+    out=$(mpi "$1" "$bin/tessera-generate" --load "$work/$name" --threads 1 "${P[@]}" --greedy \
+          --tensor-model-parallel-size "$2" --pipeline-model-parallel-size "$3" 2>/dev/null)
+    [ "$out" = "$qg" ] && ok "$name at TP $2 x PP $3: greedy == TP1" || bad "$name TP $2 x PP $3 greedy: '$out' vs '$qg'"
+  done
+done
+# The options are in the checkpoint: resuming without one of them is one line naming it.
+out=$("$bin/tessera-train" --config "$configs/qwen2-tiny.ini" --kv-channels 24 --rotary-interleaved \
+      --train-iters 31 --threads 1 --load "$work/qwen" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "was trained with --apply-layernorm-1p (norm weights applied as 1 + w) but this run does not" <<<"$out" \
+  && ok "qwen checkpoint without --apply-layernorm-1p: refused" || bad "qwen resume without --apply-layernorm-1p: rc $rc: $(tail -2 <<<"$out")"
+out=$("$bin/tessera-train" --config "$configs/qwen2-tiny.ini" --rotary-interleaved --apply-layernorm-1p \
+      --train-iters 31 --threads 1 --load "$work/qwen" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "has --kv-channels=24 but this run has 16" <<<"$out" \
+  && ok "qwen checkpoint without --kv-channels 24: refused" || bad "qwen resume without --kv-channels: rc $rc: $(tail -2 <<<"$out")"
+"$bin/tessera-train" --config "$configs/qwen2-tiny.ini" --kv-channels 24 --rotary-interleaved --apply-layernorm-1p \
+  --train-iters 31 --threads 1 --load "$work/qwen" > "$work/qwen-resume.log" 2>&1 \
+  && ok "qwen checkpoint resumes with its options" || bad "qwen resume: $(tail -2 "$work/qwen-resume.log")"
+
 # ALiBi (the bias at the cached positions, each TP rank its heads' slopes).
 "$bin/tessera-train" --config "$configs/gpt2-tiny.ini" --position-embedding-type alibi --train-iters 30 \
   --threads 1 --save "$work/alibi" > "$work/alibi.log" 2>&1 || bad "training with ALiBi: $(tail -2 "$work/alibi.log")"

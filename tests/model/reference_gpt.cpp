@@ -1,8 +1,11 @@
 // reference_gpt.cpp: the naive double-precision GPT forward used as the test oracle: GPT-2, and
 // the Llama family's options (RoPE, RMSNorm, SwiGLU, grouped-query attention, untied head, no
-// biases), written from their definitions, per token and per head.
+// biases) and Qwen2's and Megatron's smaller ones (QKV-only biases, --kv-channels, norms applying
+// (1 + w), interleaved rotary pairs, squared ReLU), written from their definitions, per token and
+// per head.
 #include "reference_gpt.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace tessera::testing {
@@ -64,20 +67,24 @@ double inv_freq(const GPTConfig& c, int i, int rot) {
   return (1 - s) * inv / c.rope_scaling_factor + s * inv;
 }
 
-// Rotates features [0, rot) of the head at x[off..] for position t, pairs (i, i + rot/2).
+// Rotates features [0, rot) of the head at x[off..] for position t, pairs (i, i + rot/2), or
+// (2i, 2i + 1) when interleaved.
 void rotate(Vec& x, int off, int rot, const GPTConfig& c, int t) {
   for (int i = 0; i < rot / 2; ++i) {
     const double a = t * inv_freq(c, i, rot);
-    const double x1 = x[off + i], x2 = x[off + i + rot / 2];
-    x[off + i] = x1 * std::cos(a) - x2 * std::sin(a);
-    x[off + i + rot / 2] = x2 * std::cos(a) + x1 * std::sin(a);
+    const int i1 = off + (c.rotary_interleaved ? 2 * i : i);
+    const int i2 = off + (c.rotary_interleaved ? 2 * i + 1 : i + rot / 2);
+    const double x1 = x[i1], x2 = x[i2];
+    x[i1] = x1 * std::cos(a) - x2 * std::sin(a);
+    x[i2] = x2 * std::cos(a) + x1 * std::sin(a);
   }
 }
 }  // namespace
 
 double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vector<int>& ids,
                       const std::vector<int>& targets, int B, int T) {
-  const int C = cfg.hidden_size, H = cfg.num_attention_heads, hd = C / H, F = cfg.ffn();
+  const int C = cfg.hidden_size, H = cfg.num_attention_heads, F = cfg.ffn();
+  const int hd = cfg.kv_channels > 0 ? cfg.kv_channels : C / H, D = H * hd;  // D: attention width
   const int G = cfg.group_query_attention ? cfg.num_query_groups : H;
   const double eps = cfg.layernorm_epsilon;
   const int V = static_cast<int>(cfg.vocab_size);
@@ -87,8 +94,10 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
   const Vec* wpe = maybe(P, "wpe");
   const Vec& head = cfg.untie_embeddings_and_output_weights ? P.at("lm_head") : wte;
   auto norm = [&](const Vec& x, const std::string& name) {
-    return rms ? rmsnorm(x, P.at(name + ".weight"), eps)
-               : layernorm(x, P.at(name + ".weight"), P.at(name + ".bias"), eps);
+    Vec w = P.at(name + ".weight");
+    if (cfg.apply_layernorm_1p)
+      for (double& e : w) e += 1;
+    return rms ? rmsnorm(x, w, eps) : layernorm(x, w, P.at(name + ".bias"), eps);
   };
   double total = 0;
   int count = 0;
@@ -111,10 +120,10 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
           v[t] = Vec(kv.begin() + G * hd, kv.end());
         } else {
           const Vec qkv =
-              linear(h, P.at(p + "attn.qkv.weight"), maybe(P, p + "attn.qkv.bias"), 3 * C);
-          q[t] = Vec(qkv.begin(), qkv.begin() + C);
-          k[t] = Vec(qkv.begin() + C, qkv.begin() + 2 * C);
-          v[t] = Vec(qkv.begin() + 2 * C, qkv.end());
+              linear(h, P.at(p + "attn.qkv.weight"), maybe(P, p + "attn.qkv.bias"), 3 * D);
+          q[t] = Vec(qkv.begin(), qkv.begin() + D);
+          k[t] = Vec(qkv.begin() + D, qkv.begin() + 2 * D);
+          v[t] = Vec(qkv.begin() + 2 * D, qkv.end());
         }
         if (rope) {
           for (int hh = 0; hh < H; ++hh) rotate(q[t], hh * hd, rot, cfg, t);
@@ -122,7 +131,7 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
         }
       }
       for (int t = 0; t < T; ++t) {
-        Vec att(C, 0.0);
+        Vec att(D, 0.0);
         for (int hh = 0; hh < H; ++hh) {
           const int g = hh / (H / G);
           std::vector<double> s(T, 0.0);
@@ -154,7 +163,9 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
                        cfg.swiglu ? 2 * F : F);
         Vec act(F);
         for (int i = 0; i < F; ++i)
-          act[i] = cfg.swiglu ? f[i] / (1 + std::exp(-f[i])) * f[F + i] : gelu(f[i]);
+          act[i] = cfg.swiglu         ? f[i] / (1 + std::exp(-f[i])) * f[F + i]
+                   : cfg.squared_relu ? std::max(f[i], 0.0) * std::max(f[i], 0.0)
+                                      : gelu(f[i]);
         const Vec y = linear(act, P.at(p + "mlp.fc2.weight"), maybe(P, p + "mlp.fc2.bias"), C);
         for (int c = 0; c < C; ++c) x[t][c] += y[c];
       }

@@ -11,7 +11,8 @@
 namespace tessera::testing {
 
 // Parameters by name in their global layout (TP = 1): wte is [V_padded, C] (only rows < vocab_size
-// are read), qkv.weight [3, H, hd, C], proj.weight [C, C], fc1.weight [F, C], fc2.weight [C, F].
+// are read), qkv.weight [3, H, hd, C], proj.weight [C, H*hd], fc1.weight [F, C], fc2.weight [C, F]
+// (hd = kv_channels, else C / H).
 using RefParams = std::map<std::string, std::vector<double>>;
 
 // Mean cross-entropy over all positions with target >= 0. ids, targets are (B,T).

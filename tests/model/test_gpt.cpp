@@ -124,6 +124,44 @@ GPTConfig llama_config(int variant) {
   return c;
 }
 
+// Qwen2 and Megatron's smaller options on the tiny model. 0: Qwen2 (RoPE base 1e6, RMSNorm eps
+// 1e-6, SwiGLU, 2 query groups of 2 heads, biases on Q, K, V only, tied head). 1: --kv-channels 6
+// with 4 heads of a 16-wide model (attention 24 wide), interleaved RoPE, LayerNorm (1 + w), GELU,
+// QKV biases only. 2: --kv-channels 4 with 2 heads of 12 (attention 8 wide, fused QKV), half the
+// features rotating in interleaved pairs, RMSNorm (1 + w), squared ReLU, untied head. 3: GPT-2
+// with squared ReLU and LayerNorm (1 + w), all biases and --add-qkv-bias (no effect with them).
+GPTConfig qwen_config(int variant) {
+  GPTConfig c = llama_config(0);
+  c.rotary_base = 1e6;
+  c.layernorm_epsilon = 1e-6;
+  c.add_qkv_bias = true;
+  c.untie_embeddings_and_output_weights = false;
+  if (variant == 1) {
+    c.kv_channels = 6;
+    c.rotary_interleaved = true;
+    c.normalization = "LayerNorm";
+    c.apply_layernorm_1p = true;
+    c.swiglu = false;
+  } else if (variant == 2) {
+    c.hidden_size = 12;
+    c.num_attention_heads = 2;
+    c.kv_channels = 4;
+    c.group_query_attention = false;
+    c.rotary_interleaved = true;
+    c.rotary_percent = 0.5;
+    c.apply_layernorm_1p = true;
+    c.swiglu = false;
+    c.squared_relu = true;
+    c.untie_embeddings_and_output_weights = true;
+  } else if (variant == 3) {
+    c = tiny_config();
+    c.squared_relu = true;
+    c.apply_layernorm_1p = true;
+    c.add_qkv_bias = true;
+  }
+  return c;
+}
+
 double model_loss(const GPTConfig& cfg, double* ref_out) {
   auto be = make_cpu_backend();
   LocalCommunicator tp;
@@ -218,6 +256,80 @@ TEST(GPT, LlamaFamilyGradientsMatchFiniteDifferences) {
   for (int variant = 0; variant < 5; ++variant) {
     SCOPED_TRACE("variant " + std::to_string(variant));
     check_gradients(llama_config(variant));
+  }
+}
+
+TEST(GPT, QwenAndSmallOptionsLossMatchesIndependentReference) {
+  for (int variant = 0; variant < 4; ++variant) {
+    double ref = 0;
+    const double loss = model_loss(qwen_config(variant), &ref);
+    EXPECT_GT(ref, 1.0) << "variant " << variant;
+    EXPECT_NEAR(loss, ref, 1e-5 * ref) << "variant " << variant;
+  }
+}
+
+TEST(GPT, QwenAndSmallOptionsGradientsMatchFiniteDifferences) {
+  for (int variant = 0; variant < 4; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    check_gradients(qwen_config(variant));
+  }
+}
+
+// Each option changes the loss (a reference that ignored one would still agree with a model that
+// ignored it too): the same parameters with the option off give another loss, by far more than
+// the 1e-5 the model and the reference are held to (at least 1e-4 relative).
+TEST(GPT, EachSmallOptionChangesTheLoss) {
+  const GPTConfig base = qwen_config(1);
+  for (int k = 0; k < 3; ++k) {
+    GPTConfig off = base;
+    if (k == 0) off.rotary_interleaved = false;
+    if (k == 1) off.apply_layernorm_1p = false;
+    if (k == 2) off.squared_relu = true;
+    auto be = make_cpu_backend();
+    LocalCommunicator tp;
+    GPTModel model(base, whole(base), *be, tp);
+    model.init_parameters(7);
+    perturb(model, 3);
+    const Batch batch = random_batch(2, 7, 50, 11);
+    RefParams p = to_reference(model);
+    for (auto& [name, v] : p)  // sharper attention, so the rotary pairing shows
+      if (name.find("attn.q.") != std::string::npos || name.find("attn.kv.") != std::string::npos)
+        for (double& e : v) e *= 8;
+    const double with = reference_loss(base, p, batch.ids, batch.targets, 2, 7);
+    const double without = reference_loss(off, p, batch.ids, batch.targets, 2, 7);
+    EXPECT_GT(std::fabs(with - without), 1e-4 * with) << "option " << k;
+  }
+}
+
+// The parameters Qwen2's options add or reshape, and the count num_parameters() reports.
+TEST(GPT, QwenAndSmallOptionsParameters) {
+  auto be = make_cpu_backend();
+  LocalCommunicator tp;
+  {
+    const GPTConfig cfg = qwen_config(1);  // 4 heads x 6 channels, 2 groups, QKV biases only
+    GPTModel m(cfg, whole(cfg), *be, tp);
+    const ParamStore& ps = m.params();
+    EXPECT_EQ(ps.spec("layers.0.attn.q.weight").global_shape, (Shape{4, 6, 16}));
+    EXPECT_EQ(ps.spec("layers.0.attn.q.bias").global_shape, (Shape{4, 6}));
+    EXPECT_EQ(ps.spec("layers.0.attn.kv.bias").global_shape, (Shape{2, 2, 6}));
+    EXPECT_EQ(ps.spec("layers.0.attn.proj.weight").global_shape, (Shape{16, 24}));
+    EXPECT_FALSE(ps.has("layers.0.attn.proj.bias"));
+    EXPECT_FALSE(ps.has("layers.0.mlp.fc1.bias"));
+    EXPECT_EQ(ps.spec("layers.0.ln1.weight").init, ParamInit::Zeros);  // (1 + w) with w = 0
+    int64_t total = 0;
+    for (const ParamSpec& s : ps.specs()) total += s.numel();
+    EXPECT_EQ(total - 14 * 16, cfg.num_parameters());
+  }
+  {
+    const GPTConfig cfg = qwen_config(2);  // fused QKV of 2 heads x 4 channels in a 12-wide model
+    GPTModel m(cfg, whole(cfg), *be, tp);
+    const ParamStore& ps = m.params();
+    EXPECT_EQ(ps.spec("layers.0.attn.qkv.weight").global_shape, (Shape{3, 2, 4, 12}));
+    EXPECT_EQ(ps.spec("layers.0.attn.qkv.bias").global_shape, (Shape{3, 2, 4}));
+    EXPECT_EQ(ps.spec("layers.0.attn.proj.weight").global_shape, (Shape{12, 8}));
+    int64_t total = 0;
+    for (const ParamSpec& s : ps.specs()) total += s.numel();
+    EXPECT_EQ(total - 2 * 14 * 12, cfg.num_parameters());
   }
 }
 

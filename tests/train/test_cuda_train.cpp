@@ -41,6 +41,22 @@ void llama(GPTConfig& m) {
   m.untie_embeddings_and_output_weights = true;
   m.add_bias_linear = false;
 }
+// Qwen2 and Megatron's smaller options on the same shape: the Llama family with biases on q, k and
+// v only, 96 channels per head (attention 192 wide in a 128-wide model: the tiled kernels at an
+// odd head dimension), interleaved rotary pairs, RMSNorm applied as 1 + w, tied head.
+void qwen(GPTConfig& m) {
+  llama(m);
+  m.add_qkv_bias = true;
+  m.kv_channels = 96;
+  m.rotary_interleaved = true;
+  m.apply_layernorm_1p = true;
+  m.untie_embeddings_and_output_weights = false;
+}
+// GPT-2 with squared ReLU and LayerNorm applied as 1 + w.
+void squared_relu(GPTConfig& m) {
+  m.squared_relu = true;
+  m.apply_layernorm_1p = true;
+}
 Result train(Backend& be, DType d, int iters, const std::function<void(TrainConfig&)>& options = {},
              double dropout = 0, const std::function<void(GPTConfig&)>& model_options = {}) {
   GPTConfig m = model();
@@ -119,6 +135,23 @@ TEST_F(CudaTrain, LlamaFamilyMatchesTheCpu) {
   EXPECT_LT(gb.losses.back(), gb.losses.front() - 0.5) << "bf16 Llama on the GPU learns";
 }
 
+// Qwen2's options and squared ReLU: f32 within 1e-5 of the CPU, bf16 within 1% and learning.
+TEST_F(CudaTrain, QwenAndSmallOptionsMatchTheCpu) {
+  for (const auto& [name, options] :
+       std::vector<std::pair<std::string, std::function<void(GPTConfig&)>>>{
+           {"qwen", qwen}, {"squared relu", squared_relu}}) {
+    SCOPED_TRACE(name);
+    const Result c = train(*cpu_, DType::F32, 5, {}, 0, options),
+                 g = train(*gpu_, DType::F32, 5, {}, 0, options);
+    ASSERT_EQ(g.losses.size(), 5u);
+    EXPECT_LT(worst_rel(c.losses, g.losses), 1e-5) << "f32";
+    const Result cb = train(*cpu_, DType::BF16, 20, {}, 0, options),
+                 gb = train(*gpu_, DType::BF16, 20, {}, 0, options);
+    EXPECT_LT(worst_rel(cb.losses, gb.losses), 1e-2) << "bf16";
+    EXPECT_LT(gb.losses.back(), gb.losses.front() - 0.5) << "bf16 on the GPU learns";
+  }
+}
+
 TEST_F(CudaTrain, Bf16TracksTheCpuAndF32) {
   const Result c = train(*cpu_, DType::BF16, 20), g = train(*gpu_, DType::BF16, 20);
   const Result f = train(*gpu_, DType::F32, 20);
@@ -168,17 +201,19 @@ TEST_F(CudaTrain, DistributedOptimizerAtOneRankMatches) {
   }
 }
 
-// Generation on the GPU (issue 16) from the CPU model's weights, GPT-2 and the Llama family (RoPE,
-// multi-query attention): greedy and seeded top-k sampling in f32 give the CPU's ids, with the
-// decode steps replayed as CUDA graphs and op by op (set_graphs(false)); in bf16 (a 66-token
-// prompt through the tensor-core prefill) graphs and op by op give the same ids. Per-prompt budgets
-// shrink the batch (a graph per row count), and a second, longer batch on the same engines grows
-// their buffers (the graphs dropped and captured again). Weights scaled by 4 so that the
-// next-token distributions are sharp (no near-ties for rounding to flip).
+// Generation on the GPU (issue 16) from the CPU model's weights, GPT-2, Qwen2's options and the
+// Llama family (RoPE, multi-query attention): greedy and seeded top-k sampling in f32 give the
+// CPU's ids, with the decode steps replayed as CUDA graphs and op by op (set_graphs(false)); in
+// bf16 (a 66-token prompt through the tensor-core prefill) graphs and op by op give the same ids.
+// Per-prompt budgets shrink the batch (a graph per row count), and a second, longer batch on the
+// same engines grows their buffers (the graphs dropped and captured again). Weights scaled by 4 so
+// that the next-token distributions are sharp (no near-ties for rounding to flip).
 TEST_F(CudaTrain, GenerationWithCudaGraphsMatchesTheCpu) {
-  for (bool is_llama : {false, true}) {
+  for (int kind : {0, 1, 2}) {  // GPT-2, Llama, Qwen2's options
+    const bool is_llama = kind == 1;
     GPTConfig m = model();
-    if (is_llama) llama(m);
+    if (kind == 1) llama(m);
+    if (kind == 2) qwen(m);
     ParallelContext ctx = ParallelContext::single();
     auto make = [&](Backend& be, DType dt) {
       auto g = std::make_unique<GPTModel>(m, model_shard_for(m, 1, 0, 1, 0), be, *ctx.tp, dt);
@@ -203,8 +238,10 @@ TEST_F(CudaTrain, GenerationWithCudaGraphsMatchesTheCpu) {
           opts[i].sampling.seed = 7;
         }
       }
-      const std::string what =
-          std::string(is_llama ? "llama " : "gpt ") + (sampled ? "top-k sampling" : "greedy");
+      const std::string what = std::string(kind == 2  ? "qwen "
+                                           : is_llama ? "llama "
+                                                      : "gpt ") +
+                               (sampled ? "top-k sampling" : "greedy");
       auto mc = make(*cpu_, DType::F32), mg = make(*gpu_, DType::F32);
       auto mb = make(*gpu_, DType::BF16);
       InferenceEngine ec(*mc, ctx, 3, m.seq_length), eg(*mg, ctx, 3, m.seq_length),

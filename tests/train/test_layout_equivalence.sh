@@ -111,6 +111,27 @@ for layout in "tp2-llama 2 2 1 2" "pp2-llama 2 1 2 2" "tp2pp2dp2-llama 8 2 2 2" 
   run "$@" "${llama[@]}" || { fail=1; continue; }
   within "$base" "$1" 1e-5 "np $2 TP $3 PP $4, Llama family"
 done
+# Qwen2 and Megatron's smaller options: biases on q, k and v only, --kv-channels 12 (attention 48
+# wide in a 32-wide model, so every TP split of the QKV and projection weights is by heads * 12),
+# RMSNorm applied as 1 + w, interleaved rotary pairs; and squared ReLU with LayerNorm (1 + w) and
+# all biases. Every layout is the single-rank run.
+qwen=(--position-embedding-type rope --rotary-base 1000000 --normalization RMSNorm --norm-epsilon 1e-6
+      --swiglu --ffn-hidden-size 88 --group-query-attention --num-query-groups 2
+      --disable-bias-linear --add-qkv-bias --kv-channels 12 --apply-layernorm-1p --rotary-interleaved)
+run base-qwen 1 1 1 2 "${qwen[@]}" || fail=1
+for layout in "tp2-qwen 2 2 1 2" "pp2-qwen 2 1 2 2" "tp2pp2dp2-qwen 8 2 2 2" "tp2-sp-qwen 2 2 1 2 --sequence-parallel"; do
+  set -- $layout
+  run "$@" "${qwen[@]}" || { fail=1; continue; }
+  within base-qwen "$1" 1e-5 "np $2 TP $3 PP $4, Qwen2 options"
+done
+relu2=(--squared-relu --apply-layernorm-1p --add-qkv-bias)
+run base-relu2 1 1 1 2 "${relu2[@]}" || fail=1
+if [ "$(compare base base-relu2)" = "0" ]; then echo "FAIL: squared ReLU and 1 + w changed no loss"; fail=1; fi
+for layout in "tp2pp2-relu2 4 2 2 2"; do
+  set -- $layout
+  run "$@" "${relu2[@]}" || { fail=1; continue; }
+  within base-relu2 "$1" 1e-5 "np $2 TP $3 PP $4, squared ReLU"
+done
 # ALiBi with grouped-query attention: each TP rank takes its heads' slopes (a rank counting its
 # heads from 0 would disagree).
 alibi=(--position-embedding-type alibi --group-query-attention --num-query-groups 2)

@@ -298,6 +298,25 @@ class CpuBackend final : public Backend {
     TESSERA_F32_OUT(dx, dinp);
     cpu::gelu_backward(dx.get(), x.get(), d.get(), inp.numel());
   }
+  void squared_relu_forward(Tensor& out, const Tensor& inp) override {
+    TESSERA_CHECK(out.numel() == inp.numel(), "squared relu shapes");
+    TESSERA_F32_OUT(o, out);
+    TESSERA_F32_IN(x, inp);
+    cpu::squared_relu_forward(o.get(), x.get(), inp.numel());
+  }
+  void squared_relu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
+    TESSERA_CHECK(dinp.numel() == inp.numel() && dout.numel() == inp.numel(),
+                  "squared relu shapes");
+    if (dinp.dtype() == DType::F32) {  // in place allowed (dinp may be dout)
+      cpu::squared_relu_backward(dinp.f32(), F32(inp, true, false, "inp").get(), dout.f32(),
+                                 inp.numel());
+      return;
+    }
+    TESSERA_F32_IN(x, inp);
+    TESSERA_F32_IN(d, dout);
+    TESSERA_F32_OUT(dx, dinp);
+    cpu::squared_relu_backward(dx.get(), x.get(), d.get(), inp.numel());
+  }
   void swiglu_forward(Tensor& out, const Tensor& inp) override {
     const int64_t N = rows_of(inp), F = cols_of(inp) / 2;
     TESSERA_CHECK(cols_of(inp) % 2 == 0 && out.numel() == N * F, "swiglu shapes");
@@ -321,7 +340,8 @@ class CpuBackend final : public Backend {
                   "rope shapes: qkv ", shape_str(qkv.shape()));
     TESSERA_F32_INOUT(x, qkv);
     cpu::rope(x.get(), N, r.heads, r.kv_heads, r.head_dim, r.rot_dim, r.base,
-              positions ? ids_of(*positions, "positions") : nullptr, r.seq_len, inverse, r.scaling);
+              positions ? ids_of(*positions, "positions") : nullptr, r.seq_len, inverse, r.scaling,
+              r.interleaved);
   }
   void add(Tensor& out, const Tensor& a, const Tensor& b) override {
     TESSERA_CHECK(out.numel() == a.numel() && a.numel() == b.numel(), "add shapes");

@@ -14,11 +14,11 @@
 namespace tessera::cpu {
 
 // qkv (N, (H+2G)*hd): the first H + G heads of each row rotate. positions (N) or null: row r at
-// r % seq_len. inverse: rotate by -angle.
+// r % seq_len. inverse: rotate by -angle. interleaved: pairs (2i, 2i+1) instead of (i, i+half).
 template <typename T>
 void rope(T* qkv, int64_t N, int64_t H, int64_t G, int64_t hd, int64_t rot_dim, double base,
-          const int32_t* positions, int64_t seq_len, bool inverse,
-          const RopeScaling& scaling = {}) {
+          const int32_t* positions, int64_t seq_len, bool inverse, const RopeScaling& scaling = {},
+          bool interleaved = false) {
   const int64_t half = rot_dim / 2, heads = H + G, C3 = (H + 2 * G) * hd;
   std::vector<float> inv(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) inv[i] = rope_inv_freq(i, rot_dim, base, scaling);
@@ -32,9 +32,11 @@ void rope(T* qkv, int64_t N, int64_t H, int64_t G, int64_t hd, int64_t rot_dim, 
       const T s = static_cast<T>(inverse ? -std::sin(a) : std::sin(a));
       for (int64_t h = 0; h < heads; ++h) {
         T* x = row + h * hd;
-        const T x1 = x[i], x2 = x[i + half];
-        x[i] = x1 * c - x2 * s;
-        x[i + half] = x2 * c + x1 * s;
+        const int64_t i1 = rope_first(i, rot_dim, interleaved);
+        const int64_t i2 = rope_second(i, rot_dim, interleaved);
+        const T x1 = x[i1], x2 = x[i2];
+        x[i1] = x1 * c - x2 * s;
+        x[i2] = x2 * c + x1 * s;
       }
     }
   }

@@ -390,6 +390,23 @@ class CudaBackend final : public Backend {
   void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
     cuda_ops::gelu_backward(dinp, inp, dout, stream_);
   }
+  void squared_relu_forward(Tensor& out, const Tensor& inp) override {
+    TESSERA_CHECK(out.numel() == inp.numel(), "squared relu shapes");
+    expect_device(out, "squared relu output");
+    expect_device(inp, "squared relu input");
+    expect_dtype(out, inp.dtype(), "squared relu output");
+    cuda_ops::squared_relu_forward(out, inp, stream_);
+  }
+  void squared_relu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
+    TESSERA_CHECK(dinp.numel() == inp.numel() && dout.numel() == inp.numel(),
+                  "squared relu shapes");
+    expect_device(dinp, "squared relu input gradient");
+    expect_device(inp, "squared relu input");
+    expect_device(dout, "squared relu output gradient");
+    expect_dtype(dinp, inp.dtype(), "squared relu input gradient");
+    expect_dtype(dout, inp.dtype(), "squared relu output gradient");
+    cuda_ops::squared_relu_backward(dinp, inp, dout, stream_);
+  }
   void swiglu_forward(Tensor& out, const Tensor& inp) override {
     TESSERA_CHECK(cols_of(inp) % 2 == 0 && out.numel() == rows_of(inp) * (cols_of(inp) / 2),
                   "swiglu shapes: inp ", shape_str(inp.shape()), ", out ", shape_str(out.shape()));

@@ -82,6 +82,9 @@ void position_embedding_backward(Tensor& dwpe, const Tensor& dout, cudaStream_t 
 
 void gelu_forward(Tensor& out, const Tensor& inp, cudaStream_t s);
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout, cudaStream_t s);
+// Squared ReLU: out = max(inp, 0)^2; dinp = dout * 2 max(inp, 0) (dinp may be dout).
+void squared_relu_forward(Tensor& out, const Tensor& inp, cudaStream_t s);
+void squared_relu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout, cudaStream_t s);
 
 // ---- swiglu.cu ----------------------------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 // rope.cu: rotary position embedding (RoPE) in place on the query and key heads of the fused qkv
 // activation, the "rotate half" convention: in each head, features i and i + rot_dim/2 rotate by
-// angle pos * inv_freq[i]. One thread per (row, pair i): it takes cos and sin once and rotates that
-// pair in all H + G query and key heads of the row (the G value heads are untouched). The CPU
-// reference is backend/cpu/rope.hpp; this kernel computes the same f32 inv_freq and f32 angle, and
-// cos/sin of that angle in double rounded once (not the fast __sinf), so both agree to rounding.
+// angle pos * inv_freq[i] (features 2i and 2i+1 with RopeSpec::interleaved). One thread per (row,
+// pair i): it takes cos and sin once and rotates that pair in all H + G query and key heads of the
+// row (the G value heads are untouched). The CPU reference is backend/cpu/rope.hpp; this kernel
+// computes the same f32 inv_freq and f32 angle, and cos/sin of that angle in double rounded once
+// (not the fast __sinf), so both agree to rounding.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ops.hpp"
 
@@ -15,7 +16,7 @@ namespace {
 template <typename T>
 __global__ void rope_kernel(T* qkv, const int32_t* positions, int64_t N, int64_t heads, int64_t hd,
                             int64_t C3, int64_t rot_dim, double base, int64_t seq_len, bool inverse,
-                            RopeScaling scaling) {
+                            RopeScaling scaling, bool interleaved) {
   const int64_t half = rot_dim / 2;
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;  // (r, k)
   if (i >= N * half) return;
@@ -29,12 +30,13 @@ __global__ void rope_kernel(T* qkv, const int32_t* positions, int64_t N, int64_t
   sincos(static_cast<double>(angle), &sd, &cd);
   const float c = static_cast<float>(cd), s = static_cast<float>(inverse ? -sd : sd);
   T* row = qkv + r * C3;
+  const int64_t k1 = rope_first(k, rot_dim, interleaved), k2 = rope_second(k, rot_dim, interleaved);
   for (int64_t h = 0; h < heads; ++h) {
     T* x = row + h * hd;
-    const float x1 = ld(x[k]), x2 = ld(x[k + half]);
+    const float x1 = ld(x[k1]), x2 = ld(x[k2]);
     // No fused multiply-add, as the CPU computes it: f32 products, then the sum.
-    x[k] = to<T>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
-    x[k + half] = to<T>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+    x[k1] = to<T>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
+    x[k2] = to<T>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
   }
 }
 
@@ -49,7 +51,7 @@ void rope(Tensor& qkv, const RopeSpec& spec, const Tensor* positions, bool inver
     using T = decltype(tag);
     rope_kernel<T><<<blocks_for(N * half), kThreads, 0, s>>>(
         qkv.data<T>(), pos, N, spec.heads + spec.kv_heads, spec.head_dim, cols_of(qkv),
-        spec.rot_dim, spec.base, spec.seq_len, inverse, spec.scaling);
+        spec.rot_dim, spec.base, spec.seq_len, inverse, spec.scaling, spec.interleaved);
   });
   LAUNCH_CHECK();
 }
