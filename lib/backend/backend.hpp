@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/cpu/kv_attention.hpp"
+#include "backend/cpu/moe.hpp"
 #include "backend/cpu/sampling.hpp"
 #include "core/alibi.hpp"
 #include "core/dropout.hpp"
@@ -277,6 +278,26 @@ class Backend {
     return s;
   }
   virtual void scale(Tensor& x, float s) = 0;
+  // Mixture of Experts (backend/cpu/moe.hpp has the semantics, on host arrays). logits and
+  // dlogits (N,E), weight and dweight (N,K) are f32; expert and row (N,K) int32; x, dx (N,C) and
+  // the permuted x_perm, out, dout, dx_perm (R,C) rows are in the compute dtype. These defaults
+  // run the host reference (staging through the host off the CPU); a backend may replace them.
+  virtual int64_t moe_route(Tensor& expert, Tensor& weight, Tensor& row, const Tensor& logits,
+                            const MoERouting& r, int64_t group_rows, std::vector<int64_t>& routed,
+                            std::vector<int64_t>& kept);
+  virtual void moe_router_stats(const Tensor& logits, const MoERouting& r, int64_t group_rows,
+                                std::vector<double>& score_sums, double& lse_sq_sum);
+  virtual void moe_router_backward(Tensor& dlogits, const Tensor& logits, const Tensor& expert,
+                                   const Tensor& weight, const Tensor& dweight,
+                                   const MoERouting& r, int64_t group_rows,
+                                   const std::vector<double>& aux_grad, double z_grad);
+  virtual void moe_permute(Tensor& x_perm, const Tensor& x, const Tensor& row);
+  virtual void moe_unpermute(Tensor& y, const Tensor& out, const Tensor& row,
+                             const Tensor& weight);
+  virtual void moe_unpermute_backward(Tensor& dout, Tensor& dweight, const Tensor& dy,
+                                      const Tensor& out, const Tensor& row, const Tensor& weight);
+  virtual void moe_permute_backward(Tensor& dx, const Tensor& dx_perm, const Tensor& row);
+
   // Memory this rank holds, in bytes: tensor storage now and at most since start-up (allocated,
   // max allocated), and what the process holds of the device (CUDA: cudaMemGetInfo's used
   // memory) or of the host (its resident set). `reserved_what` names the latter.

@@ -132,6 +132,18 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
     h5_write_attr(f, "apply_layernorm_1p", static_cast<int64_t>(c.apply_layernorm_1p));
     h5_write_attr(f, "rotary_interleaved", static_cast<int64_t>(c.rotary_interleaved));
     h5_write_attr(f, "squared_relu", static_cast<int64_t>(c.squared_relu));
+    if (c.moe()) {  // Mixture of Experts (absent: a dense model)
+      h5_write_attr(f, "num_experts", static_cast<int64_t>(c.num_experts));
+      h5_write_attr(f, "moe_router_topk", static_cast<int64_t>(c.moe_router_topk));
+      h5_write_attr(f, "moe_ffn_hidden_size", static_cast<int64_t>(c.moe_ffn()));
+      h5_write_attr(f, "moe_layer_freq", c.moe_layer_freq);
+      h5_write_attr(f, "moe_router_score_function", c.moe_router_score_function);
+      h5_write_attr(f, "moe_router_pre_softmax", static_cast<int64_t>(c.moe_router_pre_softmax));
+      std::snprintf(buf, sizeof buf, "%.17g", c.moe_router_topk_scaling_factor);
+      h5_write_attr(f, "moe_router_topk_scaling_factor", std::string(buf));
+      h5_write_attr(f, "moe_shared_expert_intermediate_size",
+                    static_cast<int64_t>(c.moe_shared_expert_intermediate_size));
+    }
   }
   h5_write_attr(f, "tensor_model_parallel_size", static_cast<int64_t>(m.tp_size));
   h5_write_attr(f, "pipeline_model_parallel_size", static_cast<int64_t>(m.pp_size));
@@ -161,6 +173,9 @@ const std::vector<std::string>& checkpoint_file_attributes() {
       "position_embedding_type", "rotary_base", "rotary_percent", "normalization", "rope_scaling",
       "swiglu", "num_query_groups", "untie_embeddings_and_output_weights", "add_bias_linear",
       "add_qkv_bias", "kv_channels", "apply_layernorm_1p", "rotary_interleaved", "squared_relu",
+      "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq",
+      "moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
+      "moe_shared_expert_intermediate_size",
       "tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
       "tp_rank", "layers", "virtual_pipeline_model_parallel_size", "has_optimizer", "config"};
   // clang-format on
@@ -377,6 +392,28 @@ CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
     if (h5_read_attr(f, "apply_layernorm_1p", x)) m.apply_layernorm_1p = x != 0;
     if (h5_read_attr(f, "rotary_interleaved", x)) m.rotary_interleaved = x != 0;
     if (h5_read_attr(f, "squared_relu", x)) m.squared_relu = x != 0;
+    if (h5_read_attr(f, "num_experts", x)) {  // Mixture of Experts
+      auto moe_int = [&](const char* name, int64_t lo, int64_t hi) {
+        int64_t v = 0;
+        if (!h5_read_attr(f, name, v) || v < lo || v > hi)
+          throw ConfigError(detail::concat("checkpoint file '", file, "' has no valid ", name,
+                                           " (allowed: ", lo, " to ", hi, "; damaged?)"));
+        return static_cast<int>(v);
+      };
+      if (x < 1 || x > (1 << 16))
+        throw ConfigError("checkpoint file '" + file + "' has num_experts " + std::to_string(x) +
+                          ", outside 1..65536 (damaged?)");
+      m.num_experts = static_cast<int>(x);
+      m.moe_router_topk = moe_int("moe_router_topk", 1, m.num_experts);
+      m.moe_ffn_hidden_size = moe_int("moe_ffn_hidden_size", 1, 1 << 24);
+      m.moe_shared_expert_intermediate_size =
+          moe_int("moe_shared_expert_intermediate_size", 0, 1 << 24);
+      m.moe_router_pre_softmax = moe_int("moe_router_pre_softmax", 0, 1) != 0;
+      if (h5_read_attr(f, "moe_layer_freq", text)) m.moe_layer_freq = text;
+      if (h5_read_attr(f, "moe_router_score_function", text)) m.moe_router_score_function = text;
+      if (h5_read_attr(f, "moe_router_topk_scaling_factor", text))
+        m.moe_router_topk_scaling_factor = std::strtod(text.c_str(), nullptr);
+    }
   }
   meta.tp_size = bounded("tensor_model_parallel_size", 1 << 16);
   meta.pp_size = bounded("pipeline_model_parallel_size", 1 << 16);
@@ -546,6 +583,15 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
          "norm weights applied as 1 + w", "norm weights applied as w");
   option("--squared-relu", m.squared_relu, c.squared_relu, "a squared-ReLU MLP",
          "no squared-ReLU MLP");
+  differ("num-experts", m.num_experts, c.num_experts);
+  if (m.moe()) {
+    differ("moe-router-topk", m.moe_router_topk, c.moe_router_topk);
+    differ("moe-ffn-hidden-size", m.moe_ffn(), c.moe_ffn());
+    differ("moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size,
+           c.moe_shared_expert_intermediate_size);
+    option("--moe-router-pre-softmax", m.moe_router_pre_softmax, c.moe_router_pre_softmax,
+           "the top-k of the softmax over all experts", "a softmax over the top-k logits");
+  }
   auto text = [&](const char* opt, const std::string& have, const std::string& want) {
     if (have != want)
       throw ConfigError(detail::concat("checkpoint '", path_, "' has ", opt, "=", have,
@@ -558,6 +604,16 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
         "checkpoint '", path_, "' has --norm-epsilon=", m.layernorm_epsilon, " but this run has ",
         c.layernorm_epsilon, "; load it with the model options it was trained with"));
   text("--normalization", m.normalization, c.normalization);
+  if (m.moe()) {
+    text("--moe-layer-freq", m.moe_layer_freq, c.moe_layer_freq);
+    text("--moe-router-score-function", m.moe_router_score_function,
+         c.moe_router_score_function);
+    if (m.moe_router_topk_scaling_factor != c.moe_router_topk_scaling_factor)
+      throw ConfigError(detail::concat(
+          "checkpoint '", path_, "' has --moe-router-topk-scaling-factor=",
+          m.moe_router_topk_scaling_factor, " but this run has ", c.moe_router_topk_scaling_factor,
+          "; load it with the model options it was trained with"));
+  }
   auto number = [&](const char* opt, double have, double want) {
     if (have != want)
       throw ConfigError(detail::concat("checkpoint '", path_, "' has ", opt, "=", have,

@@ -12,9 +12,10 @@ namespace tessera {
 
 namespace {
 // Absent parameters (biases without bias, LayerNorm biases with RMSNorm) stay undefined tensors.
-LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads) {
+LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads, const GPTConfig& cfg,
+                           const ModelShard& shard) {
   const std::string p = "layers." + std::to_string(l) + ".";
-  auto get = [&](const char* n) {
+  auto get = [&](const std::string& n) {
     const std::string name = p + n;
     if (!ps.has(name)) return Tensor();
     return grads ? ps.grad(name) : ps.compute_param(name);
@@ -30,6 +31,20 @@ LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads) {
   if (ps.has(p + "attn.q.weight")) {  // grouped-query attention: [q | k | v] as one GEMM
     w.qkv_w = fused("attn.q.weight", "attn.kv.weight");
     w.qkv_b = fused("attn.q.bias", "attn.kv.bias");
+  }
+  if (cfg.is_moe_layer(l)) {
+    w.router_w = get("mlp.router.weight");
+    const std::string s = "mlp.shared_expert.";  // the dense MLP's slots hold the shared expert
+    w.fc1_w = get(s + "fc1.weight");
+    w.fc1_b = get(s + "fc1.bias");
+    w.fc2_w = get(s + "fc2.weight");
+    w.fc2_b = get(s + "fc2.bias");
+    const int e0 = shard.experts_begin(cfg.num_experts);
+    for (int e = e0; e < e0 + shard.experts_local(cfg.num_experts); ++e) {
+      const std::string x = "mlp.experts." + std::to_string(e) + ".";
+      w.experts.push_back(
+          {get(x + "fc1.weight"), get(x + "fc1.bias"), get(x + "fc2.weight"), get(x + "fc2.bias")});
+    }
   }
   return w;
 }
@@ -75,6 +90,23 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   hidden_local_ = heads_local_ * cfg.head_dim();
   ffn_local_ = cfg.ffn() / shard.tp_size;
   sp_ = shard.sequence_parallel && shard.tp_size > 1;
+  if (cfg_.moe()) {
+    TESSERA_CHECK(cfg_.num_experts % shard.ep_size == 0, "--num-experts=", cfg_.num_experts,
+                  " does not divide over the expert-parallel size ", shard.ep_size);
+    TESSERA_CHECK(cfg_.moe_ffn() % shard.tp_size == 0 &&
+                      cfg_.moe_shared_expert_intermediate_size % shard.tp_size == 0,
+                  "the expert widths must divide by the tensor-parallel size");
+    TESSERA_CHECK(shard.tp_size == 1 || cfg_.seq_length % shard.tp_size == 0,
+                  "MoE with tensor parallelism needs --seq-length divisible by the "
+                  "tensor-parallel size (each TP rank routes its share of the tokens)");
+    routing_.experts = cfg_.num_experts;
+    routing_.topk = cfg_.moe_router_topk;
+    routing_.sigmoid = cfg_.moe_router_score_function == "sigmoid";
+    routing_.pre_softmax = cfg_.moe_router_pre_softmax;
+    routing_.scaling = cfg_.moe_router_topk_scaling_factor;
+    routing_.capacity_factor = cfg_.moe_expert_capacity_factor;
+    routing_.drop_by_position = cfg_.moe_token_drop_policy == "position";
+  }
   TESSERA_CHECK(!sp_ || cfg.seq_length % shard.tp_size == 0, "sequence parallelism needs ",
                 "--seq-length divisible by the tensor-parallel size");
   {
@@ -94,9 +126,10 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
       be_.cast(norm_ones_, host_ones);
     }
   }
+  moe_stats_.resize(static_cast<size_t>(shard_.num_layers()));
   for (int l : shard_.layers()) {
-    weights_.push_back(layer_tensors(*params_, l, false));
-    grads_.push_back(layer_tensors(*params_, l, true));
+    weights_.push_back(layer_tensors(*params_, l, false, cfg_, shard_));
+    grads_.push_back(layer_tensors(*params_, l, true, cfg_, shard_));
     range_names_.push_back("layer-" + std::to_string(l) + "-forward");
     range_names_.push_back("layer-" + std::to_string(l) + "-backward");
   }
@@ -173,13 +206,28 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
   const bool sp = shard.sequence_parallel && shard.tp_size > 1;
   const int64_t Nl = sp ? N / shard.tp_size : N;
   const int64_t heads_l = cfg.num_attention_heads / shard.tp_size;
-  const int64_t hl = heads_l * cfg.head_dim(), fl = cfg.ffn() / shard.tp_size;
+  const int64_t hl = heads_l * cfg.head_dim();
   // qkv holds the rank's query heads and its key and value groups; fc1 SwiGLU's gate and up.
   const int64_t qkvl = hl + 2 * (cfg.kv_heads() / shard.tp_size) * cfg.head_dim();
-  const int64_t fc1l = cfg.swiglu ? 2 * fl : fl;
   const int64_t vl = cfg.padded_vocab_size(shard.tp_size) / shard.tp_size;
+  const int glu = cfg.swiglu ? 2 : 1;
+  // The MLP of layer l: the width of its dense MLP (the shared expert's in a MoE layer, 0 without
+  // one) on this rank, and whether it is MoE. MoE layers permute R = N*K token copies.
+  auto width = [&](int l) -> int64_t {
+    return (cfg.is_moe_layer(l) ? cfg.moe_shared_expert_intermediate_size : cfg.ffn()) /
+           shard.tp_size;
+  };
+  const int64_t E = cfg.num_experts, K = cfg.moe_router_topk, R = N * K;
+  const int64_t efl = cfg.moe() ? cfg.moe_ffn() / shard.tp_size : 0;
+  int64_t fl_max = 0;  // the widest MLP of this rank's layers
+  bool any_moe = false;
+  for (int l : shard.layers()) {
+    fl_max = std::max(fl_max, width(l));
+    any_moe |= cfg.is_moe_layer(l);
+  }
   auto f = [&](Shape s) { return Tensor(std::move(s), compute, al); };       // activations
   auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };  // statistics
+  auto i32 = [&](Shape s) { return Tensor(std::move(s), DType::I32, al); };
   // A residual-stream tensor: (B,T,C), or this rank's (Nl,C) rows under sequence parallelism.
   auto res = [&]() { return sp ? f({Nl, C}) : f({B, T, C}); };
   auto ln1 = [&](LayerActivations& la) {
@@ -187,21 +235,47 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
     if (!cfg.rmsnorm()) la.ln1_mean = f32({Nl});  // RMSNorm keeps no mean
     la.ln1_rstd = f32({Nl});
   };
-  auto ln2_gelu = [&](LayerActivations& la) {
+  // The recomputable MLP tensors for an MLP of width fl (and MoE's when moe).
+  auto ln2_gelu = [&](LayerActivations& la, int64_t fl, bool moe) {
     la.ln2 = f({N, C});
     if (!cfg.rmsnorm()) la.ln2_mean = f32({Nl});
     la.ln2_rstd = f32({Nl});
-    la.gelu = f({N, fl});
+    if (fl > 0) la.gelu = f({N, fl});
+    if (moe) {
+      la.moe_x = f({R, C});
+      la.moe_act = f({R, efl});
+    }
   };
   auto core = [&](LayerActivations& la) {  // the attention core's output and statistics
     la.att = f({B, T, hl});
     la.lse = f32({B, heads_l, T});
   };
-  auto kept = [&](LayerActivations& la, bool res2) {  // what selective recomputation keeps
+  auto kept = [&](LayerActivations& la, bool res2, int64_t fl, bool moe) {
+    // what selective recomputation keeps
     la.qkv = f({B, T, qkvl});
     la.res1 = res();
-    la.fc1 = f({N, fc1l});
+    if (fl > 0) la.fc1 = f({N, glu * fl});
     if (res2) la.res2 = res();
+    if (moe) {
+      la.moe_logits = f32({N, E});
+      la.moe_expert = i32({N, K});
+      la.moe_row = i32({N, K});
+      la.moe_weight = f32({N, K});
+      la.moe_fc1 = f({R, glu * efl});
+      la.moe_out = f({R, C});
+    }
+  };
+  // A set allocated for the widest layer, cut to layer l's MLP (views of the same buffers).
+  auto fit = [&](LayerActivations la, int l) {
+    const int64_t fl = width(l);
+    la.gelu = fl > 0 && la.gelu.defined() ? la.gelu.view(0, {N, fl}) : Tensor();
+    la.fc1 = fl > 0 && la.fc1.defined() ? la.fc1.view(0, {N, glu * fl}) : Tensor();
+    if (!cfg.is_moe_layer(l)) {
+      for (Tensor* t : {&la.moe_x, &la.moe_act, &la.moe_logits, &la.moe_expert, &la.moe_row,
+                        &la.moe_weight, &la.moe_fc1, &la.moe_out})
+        *t = Tensor();
+    }
+    return la;
   };
   // Shared: the scratch of the passes, then the recompute working set.
   Activations shared;
@@ -209,8 +283,18 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
   shared.dln = f({N, C});
   shared.dqkv = f({B, T, qkvl});
   shared.datt = f({B, T, hl});
-  shared.dfc = f({N, fl});
-  if (cfg.swiglu) shared.dfc1 = f({N, fc1l});
+  if (fl_max > 0) shared.dfc = f({N, fl_max});
+  if (cfg.swiglu && fl_max > 0) shared.dfc1 = f({N, glu * fl_max});
+  if (any_moe) {
+    shared.moe_dout = f({R, C});
+    shared.moe_dact = f({R, efl});
+    if (cfg.swiglu) shared.moe_dfc1 = f({R, glu * efl});
+    shared.moe_dweight = f32({N, K});
+    shared.moe_dlogits = f32({N, E});
+    shared.moe_dx = f({N, C});
+    shared.moe_tmp = f({N, C});
+    if (compute != DType::F32) shared.moe_logits_c = f({N, E});
+  }
   size_t max_chunk = 0;
   bool selective = false;
   for (const LayerRecompute& p : plan) {
@@ -223,14 +307,14 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
   std::vector<LayerActivations> work(max_chunk);
   for (size_t j = 0; j < max_chunk; ++j) {
     ln1(work[j]);
-    ln2_gelu(work[j]);
+    ln2_gelu(work[j], fl_max, any_moe);
     core(work[j]);
-    kept(work[j], j + 1 < max_chunk);
+    kept(work[j], j + 1 < max_chunk, fl_max, any_moe);
   }
   LayerActivations sel;  // selective: one set, refilled before each layer's backward
   if (selective) {
     ln1(sel);
-    ln2_gelu(sel);
+    ln2_gelu(sel, fl_max, any_moe);
     core(sel);
   }
   std::vector<Activations> slots;
@@ -249,20 +333,21 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
       a.dres = res();
       for (int l = chunk.begin; l < chunk.end; ++l) {
         const LayerRecompute& p = plan[static_cast<size_t>(shard.local_index(l))];
+        const bool moe = cfg.is_moe_layer(l);
         LayerActivations la;
         switch (p.kind) {
           case RecomputeGranularity::None:
             ln1(la);
-            ln2_gelu(la);
+            ln2_gelu(la, width(l), moe);
             core(la);
-            kept(la, true);
+            kept(la, true, width(l), moe);
             break;
           case RecomputeGranularity::Selective:
-            la = sel;
-            kept(la, true);
+            la = fit(sel, l);
+            kept(la, true, width(l), moe);
             break;
           case RecomputeGranularity::Full:
-            la = work[static_cast<size_t>(l - p.chunk_begin)];
+            la = fit(work[static_cast<size_t>(l - p.chunk_begin)], l);
             if (p.chunk_last(l)) la.res2 = res();
             break;
         }
@@ -431,6 +516,11 @@ const Tensor& GPTModel::branch_grad(PhaseSequence& phase, Activations& a, const 
 }
 
 void GPTModel::reduce_sequence_parallel_grads(int piece) {
+  if (piece >= 0 && cfg_.is_moe_layer(piece) && tp_.size() > 1) {
+    // Each TP rank routed its share of the tokens: the router's gradient is a partial sum.
+    TESSERA_PHASE("moe-router-grad-all-reduce");
+    tp_.all_reduce(grads_[shard_.local_index(piece)].router_w, ReduceOp::Sum);
+  }
   if (!sp_) return;
   TESSERA_PHASE("sp-grad-all-reduce");
   auto reduce = [&](const std::string& name) {
@@ -445,6 +535,23 @@ void GPTModel::reduce_sequence_parallel_grads(int piece) {
     for (Tensor* t : {&g.ln1_w, &g.ln1_b, &g.ln2_w, &g.ln2_b})
       if (t->defined()) tp_.all_reduce(*t, ReduceOp::Sum);
   }
+}
+
+Tensor& GPTModel::activation_backward(PhaseSequence& phase, Tensor& dact, Tensor& dfc1_swiglu,
+                                      const Tensor& fc1) {
+  if (cfg_.swiglu) {
+    phase("swiglu-backward");
+    be_.swiglu_backward(dfc1_swiglu, fc1, dact);
+    return dfc1_swiglu;
+  }
+  if (cfg_.squared_relu) {
+    phase("squared-relu-backward");
+    be_.squared_relu_backward(dact, fc1, dact);
+  } else {
+    phase("gelu-backward");
+    be_.gelu_backward(dact, fc1, dact);
+  }
+  return dact;
 }
 
 void GPTModel::activation_forward(PhaseSequence& phase, LayerActivations& la) {
@@ -573,11 +680,15 @@ void GPTModel::block_forward(int l, Activations& a) {
   Tensor ln2 = own_rows(la.ln2, a);
   add_norm_forward(la.res1, ln2, la.ln2_mean, la.ln2_rstd, x, branch, w.ln2_w, w.ln2_b);
   gather_rows(phase, la.ln2);
-  phase("fc1-gemm-forward");
-  be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b));
-  activation_forward(phase, la);
-  phase("fc2-gemm-forward");
-  be_.matmul_forward(a.tmp_c, la.gelu, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
+  if (cfg_.is_moe_layer(l)) {
+    moe_forward(phase, l, a, a.tmp_c);
+  } else {
+    phase("fc1-gemm-forward");
+    be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b));
+    activation_forward(phase, la);
+    phase("fc2-gemm-forward");
+    be_.matmul_forward(a.tmp_c, la.gelu, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
+  }
   branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::MlpOut, a); d.active()) {
     phase("dropout");
@@ -662,7 +773,9 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
     // The chunk's forward again from its kept input: every buffer of the chunk (the working set)
     // is refilled, and the kept output is rewritten with the same bits.
     NVTX_RANGE("recompute-full");
+    recomputing_ = true;
     for (int k = p.chunk_begin; k < p.chunk_end; ++k) block_forward(k, a);
+    recomputing_ = false;
   } else if (p.kind == RecomputeGranularity::Selective) {
     // The LayerNorm outputs (with their statistics), the attention core's output and lse, and
     // the GELU output, from the kept layer input, qkv, res1 and fc1 output: the same kernels on
@@ -680,7 +793,21 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
     phase("attention-core-forward");  // qkv was kept with RoPE applied
     be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a),
                           kv_heads_local_, alibi());
-    activation_forward(phase, la);
+    if (la.gelu.defined()) activation_forward(phase, la);
+    if (cfg_.is_moe_layer(l)) {  // the experts' inputs and activations from the kept routing
+      phase("moe-permute");
+      be_.moe_permute(la.moe_x, la.ln2, la.moe_row);
+      const int64_t R = la.moe_x.dim(0), efl = la.moe_act.dim(1);
+      int64_t row = 0;
+      for (int64_t rows : la.moe_rows) {
+        if (rows > 0) {
+          Tensor act = la.moe_act.view(row * efl, {rows, efl});
+          mlp_activation(act, la.moe_fc1.view(row * la.moe_fc1.dim(1), {rows, la.moe_fc1.dim(1)}));
+        }
+        row += rows;
+      }
+      TESSERA_CHECK(row <= R, "MoE rows");
+    }
   }
 }
 
@@ -697,22 +824,15 @@ void GPTModel::block_backward(int l, Activations& a) {
   // The branch's gradient is dres through the forward's mask, gathered over TP with sequence
   // parallelism (branch_grad).
   const Tensor& dmlp = branch_grad(phase, a, hidden_dropout(l, DropoutKind::MlpOut, a));
-  phase("fc2-gemm-backward");
-  be_.matmul_backward(&a.dfc, g.fc2_w, opt(g.fc2_b), dmlp, la.gelu, w.fc2_w);
-  Tensor* dfc1 = &a.dfc;
-  if (cfg_.swiglu) {
-    phase("swiglu-backward");
-    be_.swiglu_backward(a.dfc1, la.fc1, a.dfc);
-    dfc1 = &a.dfc1;
-  } else if (cfg_.squared_relu) {
-    phase("squared-relu-backward");
-    be_.squared_relu_backward(a.dfc, la.fc1, a.dfc);
+  if (cfg_.is_moe_layer(l)) {
+    moe_backward(phase, l, a, dmlp);
   } else {
-    phase("gelu-backward");
-    be_.gelu_backward(a.dfc, la.fc1, a.dfc);
+    phase("fc2-gemm-backward");
+    be_.matmul_backward(&a.dfc, g.fc2_w, opt(g.fc2_b), dmlp, la.gelu, w.fc2_w);
+    const Tensor& dfc1 = activation_backward(phase, a.dfc, a.dfc1, la.fc1);
+    phase("fc1-gemm-backward");
+    be_.matmul_backward(&a.dln, g.fc1_w, opt(g.fc1_b), dfc1, la.ln2, w.fc1_w);
   }
-  phase("fc1-gemm-backward");
-  be_.matmul_backward(&a.dln, g.fc1_w, opt(g.fc1_b), *dfc1, la.ln2, w.fc1_w);
   Tensor dln = reduce_rows(phase, a.dln, a);  // column-parallel input gradient
   phase("layernorm-backward");
   norm_backward(a.dres, g.ln2_w, g.ln2_b, dln, la.res1, w.ln2_w, la.ln2_mean, la.ln2_rstd);

@@ -31,13 +31,30 @@ struct LayerActivations {
   Tensor ln2, ln2_mean, ln2_rstd;
   Tensor fc1, gelu;  // (N,Fl) (fc1 (N,2Fl) with SwiGLU: gate and up); gelu: the activation's output
   Tensor res2;       // (N,C)  layer output
+  // A MoE layer (model/moe.cpp; fc1 and gelu then belong to the shared expert, undefined without
+  // one). R: rows of the permuted buffer (token copies grouped by expert).
+  Tensor moe_logits;               // (N,E) f32 router logits (every rank's rows, gathered)
+  Tensor moe_expert, moe_row;      // (N,K) int32: each slot's expert and permuted row
+  Tensor moe_weight;               // (N,K) f32 routing weights
+  Tensor moe_x, moe_fc1, moe_act;  // (R,C), (R, expert fc1 width), (R, expert width): local
+  Tensor moe_out;                  // (R,C) expert outputs (partial sums over TP)
+  std::vector<int64_t> moe_rows;   // rows of each local expert in the permuted buffer
+  std::vector<int64_t> moe_routed;  // tokens routed to each expert (per load-balancing group)
+  float moe_loss_scale = 0;         // the micro-batch's Activations::moe_loss_scale
 };
 
 // The parameters (or gradients) of one layer, resolved once so a step does no name look-ups.
 // Absent ones (biases with --disable-bias-linear, norm biases with RMSNorm) are undefined; with
 // grouped-query attention qkv_w / qkv_b view the glued query and key/value parameters.
+// In a MoE layer fc1_* and fc2_* are the shared expert's, and the routed experts (this rank's, in
+// order) are in experts.
+struct ExpertWeights {
+  Tensor fc1_w, fc1_b, fc2_w, fc2_b;
+};
 struct LayerWeights {
   Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+  Tensor router_w;
+  std::vector<ExpertWeights> experts;
 };
 
 // Which dropout masks a micro-batch draws (core/dropout.hpp): set by the trainer before its
@@ -67,6 +84,13 @@ struct Activations {
   Tensor dln;              // (N,C)
   Tensor dqkv, datt, dfc;  // (N,(Hl+2Gl)hd), (N,Cl), (N,Fl)
   Tensor dfc1;             // (N,2Fl): the gradient of SwiGLU's gate and up (SwiGLU only)
+  // MoE scratch: expert output and input gradients (R,C), the expert activation's and fc1's
+  // gradients, the routing weights' (N,K) and the logits' (N,E) gradients (f32), and two (N,C).
+  Tensor moe_dout, moe_dact, moe_dfc1, moe_dweight, moe_dlogits, moe_dx, moe_tmp;
+  Tensor moe_logits_c;  // (N,E) logits in the compute dtype (mixed precision only)
+  // The weight of this micro-batch's load-balancing and z losses in the objective: 1 / the
+  // micro-batches of the global batch (the trainer sets it; 1 for a lone micro-batch).
+  float moe_loss_scale = 1;
 };
 
 // Bytes of the activation buffers of a stage for (B,T) micro-batches: what each micro-batch in
@@ -182,6 +206,17 @@ class GPTModel {
   Backend& backend() { return be_; }
   Communicator& tp_comm() { return tp_; }
 
+  // MoE statistics of this rank's MoE layers, summed over the training micro-batches' forwards
+  // since the last reset (recomputation adds nothing): the load-balancing metric (the aux loss
+  // without its coefficient) and the z-loss metric (mean logsumexp^2), per layer.
+  struct MoEStats {
+    double balance = 0, z = 0;
+    int64_t micro_batches = 0;
+  };
+  const std::vector<MoEStats>& moe_stats() const { return moe_stats_; }
+  void reset_moe_stats();
+  const MoERouting& moe_routing() const { return routing_; }
+
   // Output of this stage's last layer (what the next stage receives).
   Tensor& stage_output(Activations& a);
 
@@ -228,6 +263,16 @@ class GPTModel {
   const AttentionDropout* attention_dropout(int layer, const Activations& a);
   // Refills what the layer's backward reads and the plan did not keep.
   void recompute_for_backward(int layer, Activations& a);
+  // The MLP of a MoE layer (model/moe.cpp): ln2 -> out (N,C), partial over TP like fc2's; and
+  // its backward from the branch gradient dy (N,C, every row) to a.dln (partial over TP).
+  void moe_forward(PhaseSequence& phase, int layer, Activations& a, Tensor& out);
+  void moe_backward(PhaseSequence& phase, int layer, Activations& a, const Tensor& dy);
+  // The rows of a micro-batch this TP rank routes: its sequence-parallel rows, else its 1/TP.
+  int64_t router_rows(const Activations& a) const;
+  // The gradients of the expert and shared-expert MLPs, through the activation: fills dfc1
+  // (dact's buffer, or SwiGLU's own) from dact and fc1.
+  Tensor& activation_backward(PhaseSequence& phase, Tensor& dact, Tensor& dfc1_swiglu,
+                              const Tensor& fc1);
 
   GPTConfig cfg_;
   ModelShard shard_;
@@ -247,6 +292,9 @@ class GPTModel {
   std::vector<float> host_losses_;             // staging for the loss readback
   AttentionDropout attn_drop_;                 // what attention_dropout() hands out
   std::vector<std::string> range_names_;       // NVTX: layer-L-forward, layer-L-backward
+  MoERouting routing_;                         // MoE: the router's settings
+  std::vector<MoEStats> moe_stats_;            // indexed by shard_.local_index(layer)
+  bool recomputing_ = false;                   // inside recompute_for_backward
 };
 
 }  // namespace tessera

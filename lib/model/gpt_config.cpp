@@ -1,9 +1,124 @@
 // gpt_config.cpp: validation and derived sizes of the GPT configuration.
 #include "model/gpt_config.hpp"
 
+#include <cctype>
+#include <functional>
+#include <cmath>
+#include <vector>
+
 #include "core/error.hpp"
 
 namespace tessera {
+
+namespace {
+
+// --moe-layer-freq as Megatron reads it: an integer N (every N-th layer, from layer 0), or a
+// list of 0/1 per layer written as Python does: "[1,0,1,1]", "([1]*3+[0]*1)*2". Returns one
+// entry per layer; ConfigError naming the option otherwise.
+std::vector<int> moe_layer_pattern(const std::string& text, int num_layers) {
+  auto bad = [&](const std::string& why) {
+    return ConfigError("--moe-layer-freq=" + text + " " + why +
+                       " (allowed: an integer N >= 1 for every N-th layer, or a list of 0/1 with "
+                       "one entry per layer such as [1,0,1,0] or ([1]*3+[0])*2)");
+  };
+  size_t i = 0;
+  auto skip = [&] {
+    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  };
+  auto number = [&]() -> long {
+    skip();
+    size_t start = i;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+    if (start == i || i - start > 6) throw bad("is not understood");
+    return std::stol(text.substr(start, i - start));
+  };
+  std::vector<int> out;
+  skip();
+  if (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+    const long n = number();
+    skip();
+    if (i != text.size()) throw bad("is not understood");
+    if (n < 1) throw bad("is out of range");
+    for (int l = 0; l < num_layers; ++l) out.push_back(l % n == 0 ? 1 : 0);
+    return out;
+  }
+  // expr := term ('+' term)*; term := atom ('*' N)*; atom := '[' N (',' N)* ']' | '(' expr ')'
+  std::function<std::vector<int>()> expr;
+  auto atom = [&]() -> std::vector<int> {
+    skip();
+    if (i >= text.size()) throw bad("is not understood");
+    if (text[i] == '(') {
+      ++i;
+      std::vector<int> v = expr();
+      skip();
+      if (i >= text.size() || text[i] != ')') throw bad("is not understood");
+      ++i;
+      return v;
+    }
+    if (text[i] != '[') throw bad("is not understood");
+    ++i;
+    std::vector<int> v;
+    for (;;) {
+      const long e = number();
+      if (e != 0 && e != 1) throw bad("has an entry other than 0 or 1");
+      v.push_back(static_cast<int>(e));
+      skip();
+      if (i < text.size() && text[i] == ',') {
+        ++i;
+        continue;
+      }
+      if (i < text.size() && text[i] == ']') {
+        ++i;
+        return v;
+      }
+      throw bad("is not understood");
+    }
+  };
+  auto term = [&]() -> std::vector<int> {
+    std::vector<int> v = atom();
+    for (;;) {
+      skip();
+      if (i >= text.size() || text[i] != '*') return v;
+      ++i;
+      const long n = number();
+      if (static_cast<double>(v.size()) * n > 1e6) throw bad("is too long");
+      std::vector<int> r;
+      for (long k = 0; k < n; ++k) r.insert(r.end(), v.begin(), v.end());
+      v = std::move(r);
+    }
+  };
+  expr = [&]() -> std::vector<int> {
+    std::vector<int> v = term();
+    for (;;) {
+      skip();
+      if (i >= text.size() || text[i] != '+') return v;
+      ++i;
+      const std::vector<int> r = term();
+      v.insert(v.end(), r.begin(), r.end());
+    }
+  };
+  out = expr();
+  skip();
+  if (i != text.size()) throw bad("is not understood");
+  if (static_cast<int>(out.size()) != num_layers)
+    throw bad(detail::concat("has ", out.size(), " entries for ", num_layers, " layers"));
+  return out;
+}
+
+}  // namespace
+
+bool GPTConfig::is_moe_layer(int layer) const {
+  if (!moe()) return false;
+  const std::vector<int> p = moe_layer_pattern(moe_layer_freq, num_layers);
+  return layer >= 0 && layer < num_layers && p[static_cast<size_t>(layer)] == 1;
+}
+
+int GPTConfig::num_moe_layers() const {
+  if (!moe()) return 0;
+  int n = 0;
+  for (int v : moe_layer_pattern(moe_layer_freq, num_layers)) n += v;
+  return n;
+}
 
 int64_t GPTConfig::padded_vocab_size(int tp_size) const {
   const int64_t multiple = static_cast<int64_t>(make_vocab_size_divisible_by) * tp_size;
@@ -92,12 +207,58 @@ void GPTConfig::validate() const {
           "--num-query-groups=", num_query_groups, " does not divide --num-attention-heads=",
           num_attention_heads, " (allowed: a divisor of ", num_attention_heads, ")"));
   }
+  validate_moe();
   if (!(attention_dropout >= 0 && attention_dropout < 1))
     throw ConfigError(detail::concat("--attention-dropout=", attention_dropout,
                                      " is out of range (allowed: 0 <= p < 1)"));
   if (!(hidden_dropout >= 0 && hidden_dropout < 1))
     throw ConfigError(detail::concat("--hidden-dropout=", hidden_dropout,
                                      " is out of range (allowed: 0 <= p < 1)"));
+}
+
+void GPTConfig::validate_moe() const {
+  if (num_experts < 0)
+    throw ConfigError(detail::concat("--num-experts=", num_experts,
+                                     " is out of range (allowed: 0 for a dense model, or >= 1)"));
+  if (!moe()) return;
+  if (moe_router_topk < 1 || moe_router_topk > num_experts)
+    throw ConfigError(detail::concat("--moe-router-topk=", moe_router_topk,
+                                     " is out of range for --num-experts=", num_experts,
+                                     " (allowed: 1 to ", num_experts, ")"));
+  if (moe_ffn_hidden_size < 0)
+    throw ConfigError(detail::concat("--moe-ffn-hidden-size=", moe_ffn_hidden_size,
+                                     " is out of range (allowed: 0 for --ffn-hidden-size, or >= 1)"));
+  if (moe_shared_expert_intermediate_size < 0)
+    throw ConfigError(detail::concat("--moe-shared-expert-intermediate-size=",
+                                     moe_shared_expert_intermediate_size,
+                                     " is out of range (allowed: 0 for none, or >= 1)"));
+  moe_layer_pattern(moe_layer_freq, num_layers);  // throws on a bad pattern
+  if (moe_router_load_balancing_type != "aux_loss" &&
+      moe_router_load_balancing_type != "seq_aux_loss" && moe_router_load_balancing_type != "none")
+    throw ConfigError("--moe-router-load-balancing-type=" + moe_router_load_balancing_type +
+                      " is not known (allowed: aux_loss, seq_aux_loss, none; Megatron's "
+                      "sinkhorn is not implemented)");
+  if (moe_router_score_function != "softmax" && moe_router_score_function != "sigmoid")
+    throw ConfigError("--moe-router-score-function=" + moe_router_score_function +
+                      " is not known (allowed: softmax, sigmoid)");
+  if (moe_router_pre_softmax && moe_router_score_function != "softmax")
+    throw ConfigError("--moe-router-pre-softmax needs --moe-router-score-function softmax");
+  if (!(moe_aux_loss_coeff >= 0) || !std::isfinite(moe_aux_loss_coeff))
+    throw ConfigError(detail::concat("--moe-aux-loss-coeff=", moe_aux_loss_coeff,
+                                     " is out of range (allowed: >= 0)"));
+  if (!(moe_z_loss_coeff >= 0) || !std::isfinite(moe_z_loss_coeff))
+    throw ConfigError(detail::concat("--moe-z-loss-coeff=", moe_z_loss_coeff,
+                                     " is out of range (allowed: >= 0)"));
+  if (!(moe_router_topk_scaling_factor >= 0) || !std::isfinite(moe_router_topk_scaling_factor))
+    throw ConfigError(detail::concat("--moe-router-topk-scaling-factor=",
+                                     moe_router_topk_scaling_factor,
+                                     " is out of range (allowed: > 0, or 0 for none)"));
+  if (!std::isfinite(moe_expert_capacity_factor))
+    throw ConfigError(detail::concat("--moe-expert-capacity-factor=", moe_expert_capacity_factor,
+                                     " is out of range (allowed: > 0, or none for dropless)"));
+  if (moe_token_drop_policy != "probs" && moe_token_drop_policy != "position")
+    throw ConfigError("--moe-token-drop-policy=" + moe_token_drop_policy +
+                      " is not known (allowed: probs, position)");
 }
 
 int GPTConfig::rotary_dim() const {
@@ -131,22 +292,54 @@ std::string GPTConfig::describe() const {
                           num_attention_heads, ")");
   out += tied_head() ? ", output layer tied to the embedding" : ", untied output layer";
   if (!add_bias_linear) out += add_qkv_bias ? ", QKV biases only" : ", no linear biases";
+  if (moe()) {
+    out += detail::concat(", MoE in ", num_moe_layers(), " of ", num_layers, " layers (",
+                          num_experts, " experts of width ", moe_ffn(), ", top-", moe_router_topk,
+                          " ", moe_router_score_function,
+                          moe_router_pre_softmax ? " before the top-k" : "");
+    if (moe_shared_expert_intermediate_size > 0)
+      out += detail::concat(", a shared expert of width ", moe_shared_expert_intermediate_size);
+    out += moe_dropless() ? ", dropless)"
+                          : detail::concat(", capacity factor ", moe_expert_capacity_factor, ")");
+  }
   return out;
 }
 
-int64_t GPTConfig::num_parameters() const {
-  const int64_t h = hidden_size, f = ffn(), L = num_layers, hd = head_dim();
-  const int64_t qkv = (num_attention_heads + 2 * int64_t(kv_heads())) * hd;
-  const int64_t fc1 = swiglu ? 2 * f : f;
-  const int64_t norm = rmsnorm() ? h : 2 * h;
-  const int64_t bias = add_bias_linear ? 1 : 0, qkv_b = qkv_bias() ? 1 : 0;
-  const int64_t per_layer = 2 * norm + (qkv * h + qkv_b * qkv) +
-                            (h * num_attention_heads * hd + bias * h) + (fc1 * h + bias * fc1) +
-                            (h * f + bias * h);
-  int64_t n = vocab_size * h + L * per_layer + norm;
-  if (learned_positions()) n += static_cast<int64_t>(max_positions()) * h;
-  if (!tied_head()) n += vocab_size * h;
+namespace {
+// Parameters of the whole model, with `experts_counted` of each MoE layer's experts.
+int64_t count_parameters(const GPTConfig& c, int experts_counted) {
+  const int64_t h = c.hidden_size, L = c.num_layers, hd = c.head_dim();
+  const int64_t qkv = (c.num_attention_heads + 2 * int64_t(c.kv_heads())) * hd;
+  const int64_t norm = c.rmsnorm() ? h : 2 * h;
+  const int64_t bias = c.add_bias_linear ? 1 : 0, qkv_b = c.qkv_bias() ? 1 : 0;
+  auto mlp = [&](int64_t f) {  // one MLP of width f
+    const int64_t fc1 = c.swiglu ? 2 * f : f;
+    return (fc1 * h + bias * fc1) + (h * f + bias * h);
+  };
+  const int64_t attn =
+      2 * norm + (qkv * h + qkv_b * qkv) + (h * c.num_attention_heads * hd + bias * h);
+  int64_t n = c.vocab_size * h + norm;
+  for (int l = 0; l < L; ++l) {
+    n += attn;
+    if (!c.is_moe_layer(l)) {
+      n += mlp(c.ffn());
+      continue;
+    }
+    n += int64_t(c.num_experts) * h + experts_counted * mlp(c.moe_ffn());  // router, experts
+    if (c.moe_shared_expert_intermediate_size > 0) n += mlp(c.moe_shared_expert_intermediate_size);
+  }
+  if (c.learned_positions()) n += static_cast<int64_t>(c.max_positions()) * h;
+  if (!c.tied_head()) n += c.vocab_size * h;
   return n;
+}
+}  // namespace
+
+int64_t GPTConfig::num_parameters() const {
+  return count_parameters(*this, num_experts);
+}
+
+int64_t GPTConfig::num_active_parameters() const {
+  return count_parameters(*this, moe_router_topk);
 }
 
 double GPTConfig::train_flops_per_token() const {
@@ -154,8 +347,14 @@ double GPTConfig::train_flops_per_token() const {
   const double f = ffn(), hd = head_dim(), H = num_attention_heads, G = kv_heads();
   // matmul parameters per layer: qkv (H+2G)*hd*h (3h^2 for GPT-2), proj h^2, mlp 2*h*f (= 8h^2
   // for f = 4h; 3*h*f with SwiGLU's gate)
-  const double mlp = (swiglu ? 3 : 2) * h * f;
-  const double matmul_params = L * ((H + 2 * G) * hd * h + H * hd * h + mlp) + V * h;
+  const double per_f = (swiglu ? 3 : 2) * h;  // MLP GEMM parameters per unit of width
+  double mlp = 0;  // summed over layers: with MoE the k experts a token uses, and the router
+  for (int l = 0; l < num_layers; ++l)
+    mlp += is_moe_layer(l) ? per_f * (double(moe_router_topk) * moe_ffn() +
+                                      moe_shared_expert_intermediate_size) +
+                                 double(num_experts) * h
+                           : per_f * f;
+  const double matmul_params = L * ((H + 2 * G) * hd * h + H * hd * h) + mlp + V * h;
   // attention scores and their weighted sum: 12*L*s*(H*hd) (= 12*L*s*h unless --kv-channels)
   return 6.0 * matmul_params + 12.0 * L * s * H * hd;
 }

@@ -47,6 +47,28 @@ struct GPTConfig {
   bool rotary_interleaved = false;  // RoPE pairs (2i, 2i+1) instead of (i, i + d/2)
   bool squared_relu = false;        // the MLP's activation relu(x)^2 instead of GELU
 
+  // Mixture of Experts (Megatron-Core's MoE layer, docs/model.md): with num_experts > 0 the MLP of
+  // the layers moe_layer_freq selects is a router over num_experts expert MLPs (each the model's
+  // MLP, moe_ffn_hidden_size wide), every token going to its moe_router_topk experts.
+  int num_experts = 0;         // 0: every layer's MLP is dense
+  int moe_router_topk = 2;     // experts per token
+  int moe_ffn_hidden_size = 0;  // each expert's width (0: ffn())
+  // Which layers are MoE: "N" every N-th layer from layer 0 (layer l when l % N == 0), or a
+  // pattern "[1,0,1,...]" with one entry per layer.
+  std::string moe_layer_freq = "1";
+  std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss | seq_aux_loss | none
+  double moe_aux_loss_coeff = 0;  // the load-balancing loss's weight in the objective
+  double moe_z_loss_coeff = 0;    // the router z-loss's weight
+  std::string moe_router_score_function = "softmax";  // softmax | sigmoid
+  bool moe_router_pre_softmax = false;  // softmax over all experts, then the top k (no renorm)
+  double moe_router_topk_scaling_factor = 0;  // routing weights times this (0: unscaled)
+  int moe_shared_expert_intermediate_size = 0;  // a dense expert every token goes through (0: none)
+  // Token dropping: 0 is dropless (every token reaches its k experts); > 0 caps each expert at
+  // ceil(tokens * k / E * factor) token copies per micro-batch, keeping the highest routing
+  // weights (probs) or the earliest tokens (position).
+  double moe_expert_capacity_factor = 0;
+  std::string moe_token_drop_policy = "probs";  // probs | position
+
   bool rope() const { return position_embedding_type == "rope"; }
   bool learned_positions() const { return position_embedding_type == "learned_absolute"; }
   bool alibi() const { return position_embedding_type == "alibi"; }
@@ -73,11 +95,23 @@ struct GPTConfig {
   // entries are masked out of the loss, so the padding never changes what the model learns.
   int64_t padded_vocab_size(int tp_size) const;
 
+  // MoE: whether layer l's MLP is a mixture of experts, the number of such layers, and each
+  // expert's width.
+  bool moe() const { return num_experts > 0; }
+  bool is_moe_layer(int layer) const;
+  int num_moe_layers() const;
+  int moe_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn(); }
+  bool moe_dropless() const { return moe_expert_capacity_factor <= 0; }
+
   // Throws ConfigError naming the option, its value and what is allowed.
   void validate() const;
+  void validate_moe() const;
 
-  // Parameters of the whole model at tensor-parallel size 1 (tied head counted once).
+  // Parameters of the whole model at tensor-parallel size 1 (tied head counted once), and those
+  // one token uses (with MoE: k of the E experts of each MoE layer; the same as num_parameters
+  // for a dense model).
   int64_t num_parameters() const;
+  int64_t num_active_parameters() const;
   // Training FLOPs per token with Megatron's formula (forward + backward, no recompute):
   // 72*L*h^2*(1 + s/(6h) + V/(12*h*L)) per token = 6*(12*L*h^2 + V*h) + 12*L*s*h.
   double train_flops_per_token() const;

@@ -144,15 +144,30 @@ std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard&
     b.add(p + "attn.proj.weight", {h, heads * hd}, 1, ParamInit::Normal, out_std, true);
     if (bias) b.add(p + "attn.proj.bias", {h}, -1, ParamInit::Zeros, 0, false);
     norm(p + "ln2");
-    if (cfg.swiglu) {  // [gate; up], each split over TP: a rank holds its gate and up columns
-      b.add(p + "mlp.fc1.weight", {2, f, h}, 1, ParamInit::Normal, std, true);
-      if (bias) b.add(p + "mlp.fc1.bias", {2, f}, 1, ParamInit::Zeros, 0, false);
-    } else {
-      b.add(p + "mlp.fc1.weight", {f, h}, 0, ParamInit::Normal, std, true);
-      if (bias) b.add(p + "mlp.fc1.bias", {f}, 0, ParamInit::Zeros, 0, false);
+    // An MLP of width w at `m` (fc1, fc2): the dense one, each expert, the shared expert.
+    auto mlp = [&](const std::string& m, int64_t w) {
+      if (cfg.swiglu) {  // [gate; up], each split over TP: a rank holds its gate and up columns
+        b.add(m + "fc1.weight", {2, w, h}, 1, ParamInit::Normal, std, true);
+        if (bias) b.add(m + "fc1.bias", {2, w}, 1, ParamInit::Zeros, 0, false);
+      } else {
+        b.add(m + "fc1.weight", {w, h}, 0, ParamInit::Normal, std, true);
+        if (bias) b.add(m + "fc1.bias", {w}, 0, ParamInit::Zeros, 0, false);
+      }
+      b.add(m + "fc2.weight", {h, w}, 1, ParamInit::Normal, out_std, true);
+      if (bias) b.add(m + "fc2.bias", {h}, -1, ParamInit::Zeros, 0, false);
+    };
+    if (!cfg.is_moe_layer(l)) {
+      mlp(p + "mlp.", f);
+      continue;
     }
-    b.add(p + "mlp.fc2.weight", {h, f}, 1, ParamInit::Normal, out_std, true);
-    if (bias) b.add(p + "mlp.fc2.bias", {h}, -1, ParamInit::Zeros, 0, false);
+    // MoE: the router (replicated; every TP rank routes its own rows), this rank's experts by
+    // their global index (layout-free names), and the shared expert.
+    b.add(p + "mlp.router.weight", {cfg.num_experts, h}, -1, ParamInit::Normal, std, true);
+    const int e0 = shard.experts_begin(cfg.num_experts);
+    for (int e = e0; e < e0 + shard.experts_local(cfg.num_experts); ++e)
+      mlp(p + "mlp.experts." + std::to_string(e) + ".", cfg.moe_ffn());
+    if (cfg.moe_shared_expert_intermediate_size > 0)
+      mlp(p + "mlp.shared_expert.", cfg.moe_shared_expert_intermediate_size);
   }
   if (shard.has_head) {
     norm("lnf");

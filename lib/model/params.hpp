@@ -54,6 +54,9 @@ struct ModelShard {
   // Sequence parallelism (Megatron's, TP > 1): the LayerNorm, dropout and residual regions hold
   // this rank's 1/TP of the micro-batch's tokens; it changes activations, never parameters.
   bool sequence_parallel = false;
+  // Expert parallelism (MoE): this rank holds experts [ep_rank * E/EP, (ep_rank + 1) * E/EP) of
+  // every MoE layer.
+  int ep_size = 1, ep_rank = 0;
 
   int num_chunks() const { return static_cast<int>(chunks.size()); }
   // This rank's layers in chunk order, and their number.
@@ -63,6 +66,9 @@ struct ModelShard {
   int local_index(int layer) const;
   // The chunk that holds `layer` (-1: none).
   int chunk_of(int layer) const;
+  // The experts of a model with `experts` experts this rank holds: [first, first + count).
+  int experts_local(int experts) const { return experts / ep_size; }
+  int experts_begin(int experts) const { return experts_local(experts) * ep_rank; }
   // "3-5" or "1, 5" (chunks' layer ranges) for messages.
   std::string describe_layers() const;
 };

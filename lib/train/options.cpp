@@ -206,6 +206,8 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
   int virtual_size = 0, layers_per_virtual_stage = 0;
   bool checkpoint_activations = false;
   bool disable_bias_linear = false;
+  std::string capacity_factor, drop_policy;  // MoE: "" when not given
+  bool pad_to_capacity = false;
   double norm_epsilon = 0;
   p.group("Model").add_options()(
       "num-layers", po::value(&m.num_layers)->default_value(m.num_layers), "transformer layers")(
@@ -280,6 +282,52 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
       "rotary-interleaved", po::bool_switch(&m.rotary_interleaved),
       "RoPE rotates adjacent feature pairs (2i, 2i+1) instead of the two halves")(
       "squared-relu", po::bool_switch(&m.squared_relu), "MLP activation relu(x)^2 instead of GELU");
+  p.group("Mixture of Experts")
+      .add_options()("num-experts", po::value(&m.num_experts)->default_value(0),
+                     "experts per MoE layer (0: a dense model)")(
+          "moe-router-topk", po::value(&m.moe_router_topk)->default_value(m.moe_router_topk),
+          "experts each token goes to")(
+          "moe-ffn-hidden-size", po::value(&m.moe_ffn_hidden_size)->default_value(0),
+          "each expert's MLP width (0: --ffn-hidden-size)")(
+          "moe-layer-freq", po::value(&m.moe_layer_freq)->default_value(m.moe_layer_freq),
+          "which layers are MoE: N (every N-th layer from layer 0) or a 0/1 list per layer "
+          "such as [1,0,1,0] or ([1]*3+[0])*2")(
+          "moe-router-load-balancing-type",
+          po::value(&m.moe_router_load_balancing_type)
+              ->default_value(m.moe_router_load_balancing_type),
+          "aux_loss (per micro-batch) | seq_aux_loss (per sequence) | none")(
+          "moe-aux-loss-coeff", po::value(&m.moe_aux_loss_coeff)->default_value(0),
+          "the load-balancing loss's weight in the objective")(
+          "moe-z-loss-coeff", po::value(&m.moe_z_loss_coeff)->default_value(0),
+          "the router z-loss's weight (mean logsumexp(logits)^2)")(
+          "moe-router-score-function",
+          po::value(&m.moe_router_score_function)->default_value(m.moe_router_score_function),
+          "softmax | sigmoid (normalized over the top k)")(
+          "moe-router-pre-softmax", po::bool_switch(&m.moe_router_pre_softmax),
+          "routing weights from the softmax over all experts (not renormalized over the top k)")(
+          "moe-router-topk-scaling-factor",
+          po::value(&m.moe_router_topk_scaling_factor)->default_value(0),
+          "routing weights times this (0: unscaled)")(
+          "moe-shared-expert-intermediate-size",
+          po::value(&m.moe_shared_expert_intermediate_size)->default_value(0),
+          "width of a shared expert every token goes through beside its routed ones (0: none)")(
+          "moe-expert-capacity-factor", po::value(&capacity_factor),
+          "drop token copies beyond ceil(tokens * topk / experts * factor) per expert and "
+          "micro-batch (default: dropless)")(
+          "moe-token-drop-policy", po::value(&drop_policy),
+          "with a capacity factor: keep the highest routing weights (probs, default) or the "
+          "earliest tokens (position)")(
+          "moe-pad-expert-input-to-capacity", po::bool_switch(&pad_to_capacity),
+          "with a capacity factor: accepted (Tessera computes the kept rows only; results are "
+          "the same)")(
+          "expert-model-parallel-size", po::value(&o.ep)->default_value(1),
+          "ranks the experts are split over, carved out of the data-parallel ranks (must "
+          "divide DP and --num-experts)")(
+          "moe-token-dispatcher-type",
+          po::value(&o.moe_token_dispatcher_type)->default_value(o.moe_token_dispatcher_type),
+          "alltoall | allgather: how tokens reach their experts' ranks (same results)")(
+          "moe-grouped-gemm", po::bool_switch(&o.moe_grouped_gemm),
+          "the experts' GEMMs as one grouped GEMM (same results)");
   p.group("Parallelism")
       .add_options()("tensor-model-parallel-size", po::value(&o.tp)->default_value(1),
                      "tensor-parallel ranks (consecutive ranks; keep them in one node)")(
@@ -611,6 +659,36 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
                                      "keys and values of its own)"));
   o.log.level = log_level_from_name(log_level);
   m.add_bias_linear = !disable_bias_linear;
+  if (!capacity_factor.empty() && capacity_factor != "None" && capacity_factor != "none") {
+    char* end = nullptr;
+    m.moe_expert_capacity_factor = std::strtod(capacity_factor.c_str(), &end);
+    if (end == capacity_factor.c_str() || *end != '\0' || !(m.moe_expert_capacity_factor > 0))
+      throw ConfigError("--moe-expert-capacity-factor=" + capacity_factor +
+                        " is out of range (allowed: a number > 0; leave it out for dropless)");
+  }
+  if (m.moe_dropless() && (!drop_policy.empty() || pad_to_capacity))
+    throw ConfigError(std::string(pad_to_capacity ? "--moe-pad-expert-input-to-capacity"
+                                                  : "--moe-token-drop-policy") +
+                      " needs --moe-expert-capacity-factor (without one every token reaches "
+                      "its experts and none is dropped)");
+  if (!drop_policy.empty()) m.moe_token_drop_policy = drop_policy;
+  if (o.moe_token_dispatcher_type != "alltoall" && o.moe_token_dispatcher_type != "allgather")
+    throw ConfigError("--moe-token-dispatcher-type=" + o.moe_token_dispatcher_type +
+                      " is not known (allowed: alltoall, allgather)");
+  if (o.ep < 1)
+    throw ConfigError(
+        detail::concat("--expert-model-parallel-size=", o.ep, " is out of range (allowed: >= 1)"));
+  if (o.ep > 1 && !m.moe())
+    throw ConfigError("--expert-model-parallel-size needs --num-experts (a MoE model)");
+  if (m.moe() && m.num_experts % o.ep != 0)
+    throw ConfigError(detail::concat("--expert-model-parallel-size=", o.ep,
+                                     " does not divide --num-experts=", m.num_experts,
+                                     " (allowed: a divisor of ", m.num_experts, ")"));
+  if (o.ep > 1)
+    throw ConfigError(detail::concat(
+        "--expert-model-parallel-size=", o.ep,
+        ": expert parallelism is not implemented yet; leave it at 1 (MoE trains at every TP, "
+        "PP and DP layout with the experts on every data-parallel rank)"));
   if (p.given("norm-epsilon")) {
     if (p.given("layernorm-epsilon") && norm_epsilon != m.layernorm_epsilon)
       throw ConfigError(detail::concat("--norm-epsilon=", norm_epsilon, " and --layernorm-epsilon=",
@@ -1062,6 +1140,15 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
                 (long long)o.model.padded_vocab_size(o.tp), (long long)o.model.vocab_size,
                 o.model.make_vocab_size_divisible_by);
   os << buf;
+  if (o.model.moe()) {
+    std::snprintf(buf, sizeof buf,
+                  "MoE: %lld parameters active per token (top-%d of %d experts in %d layers); "
+                  "each rank holds %d expert%s per MoE layer (expert-parallel size %d)\n",
+                  (long long)o.model.num_active_parameters(), o.model.moe_router_topk,
+                  o.model.num_experts, o.model.num_moe_layers(), o.model.num_experts / o.ep,
+                  o.model.num_experts / o.ep == 1 ? "" : "s", o.ep);
+    os << buf;
+  }
   os << "architecture: " << o.model.describe() << "\n";
   os << "activation recomputation: " << o.train.recompute.describe() << "; optimizer: "
      << (o.train.use_distributed_optimizer ? "distributed (master weights and Adam moments of "

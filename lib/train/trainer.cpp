@@ -328,6 +328,7 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
   // Dropout masks keyed by the micro-batch's global samples (the slot keeps them for the backward).
   a.dropout = dropout_;
   a.dropout.sample_begin = first_sample(consumed_samples_) + int64_t(micro) * B;
+  a.moe_loss_scale = moe_loss_scale_;
   if (!first) {
     TESSERA_PHASE("pipeline-p2p");
     IterationTimers::Scope timed(timers_, IterationTimers::ForwardRecv);
@@ -575,6 +576,10 @@ StepStats Trainer::train_step() {
   const double loss_scale = scaler_.scale();
   st.loss_scale = loss_scale;
   const float grad_scale = static_cast<float>(loss_scale / tokens);
+  // MoE: the load-balancing and z losses count as their mean over the global batch's
+  // micro-batches (with fp16's loss scale, like the LM loss).
+  moe_loss_scale_ = static_cast<float>(loss_scale * cfg_.micro_batch_size / step_batch_);
+  model_->reset_moe_stats();
 
   model_->zero_grads();
   reducer_->begin();  // buckets start as the last micro-batch's backward completes them
@@ -605,6 +610,7 @@ StepStats Trainer::train_step() {
   double loss = (ctx_.last_stage() && ctx_.tp_rank == 0) ? loss_sum_ : 0.0;
   ctx_.world->all_reduce_f64(&loss, 1, ReduceOp::Sum);
   st.loss = loss / tokens;
+  if (model_cfg_.moe()) moe_step_stats(st);
   const double norm2 = grad_norm_squared();  // of the scaled gradients; the same on every rank
   if (cfg_.compute_dtype == DType::F16) {    // fp16, dynamic or constant scale (Megatron's check)
     const bool overflow = !std::isfinite(norm2);
@@ -667,6 +673,26 @@ StepStats Trainer::train_step() {
   return st;
 }
 
+void Trainer::moe_step_stats(StepStats& st) {
+  // Each layer's metrics summed over this rank's micro-batches; the TP ranks hold the same ones,
+  // so tp rank 0 contributes; summed over DP and the pipeline stages, then averaged over the
+  // micro-batches of the global batch and the MoE layers (Megatron's tracker).
+  double v[2] = {0, 0};
+  if (ctx_.tp_rank == 0)
+    for (const GPTModel::MoEStats& m : model_->moe_stats()) {
+      v[0] += m.balance;
+      v[1] += m.z;
+    }
+  ctx_.world->all_reduce_f64(v, 2, ReduceOp::Sum);
+  const double micro = double(step_batch_) / cfg_.micro_batch_size;
+  const double layers = model_cfg_.num_moe_layers();
+  st.moe_balance = v[0] / (micro * layers);
+  st.moe_z = v[1] / (micro * layers);
+  interval_moe_balance_ += st.moe_balance;
+  interval_moe_z_ += st.moe_z;
+  ++interval_moe_steps_;
+}
+
 void Trainer::log_iteration(const StepStats& s, double interval_loss, double interval_seconds,
                             int n) {
   const double sec = interval_seconds / n;
@@ -700,6 +726,17 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
     len += std::snprintf(line + len, sizeof line - len, " | num zeros: %.0f", zeros);
   if (wd_schedule_.scheduled() && len > 0 && len < (int)sizeof line)  // --weight-decay-incr-style
     len += std::snprintf(line + len, sizeof line - len, " | weight decay: %.6E", s.weight_decay);
+  // MoE: the interval's mean load-balancing and z losses (without their coefficients).
+  const bool moe_balance = model_cfg_.moe() && model_cfg_.moe_router_load_balancing_type != "none";
+  const bool moe_z = model_cfg_.moe() && model_cfg_.moe_z_loss_coeff > 0;
+  const double balance = interval_moe_steps_ > 0 ? interval_moe_balance_ / interval_moe_steps_ : 0;
+  const double zloss = interval_moe_steps_ > 0 ? interval_moe_z_ / interval_moe_steps_ : 0;
+  interval_moe_balance_ = interval_moe_z_ = 0;
+  interval_moe_steps_ = 0;
+  if (moe_balance && len > 0 && len < (int)sizeof line)
+    len += std::snprintf(line + len, sizeof line - len, " | load_balancing_loss: %.6E", balance);
+  if (moe_z && len > 0 && len < (int)sizeof line)
+    len += std::snprintf(line + len, sizeof line - len, " | z_loss: %.6E", zloss);
   TLOG(info) << line;
   const std::vector<IterationTimers::Row> timed =
       timers_.collect(*ctx_.world, timers_.iteration_timers(), n);
@@ -736,6 +773,14 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
     }
     if (wd_schedule_.scheduled()) {
       std::snprintf(js, sizeof js, ", \"weight_decay\": %.17g", s.weight_decay);
+      metrics_ << js;
+    }
+    if (moe_balance) {
+      std::snprintf(js, sizeof js, ", \"load_balancing_loss\": %.17g", balance);
+      metrics_ << js;
+    }
+    if (moe_z) {
+      std::snprintf(js, sizeof js, ", \"z_loss\": %.17g", zloss);
       metrics_ << js;
     }
     if (!timed.empty()) metrics_ << ", \"timers_ms\": " << IterationTimers::json(timed);
@@ -784,6 +829,10 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
       tb_->add_scalar("lm loss vs samples", s.loss, consumed_samples_);
       tb_->add_scalar("grad-norm", s.grad_norm, s.iteration);
       tb_->add_scalar("iteration-time", s.seconds, s.iteration);
+      if (model_cfg_.moe() && model_cfg_.moe_router_load_balancing_type != "none")
+        tb_->add_scalar("load_balancing_loss", s.moe_balance, s.iteration);
+      if (model_cfg_.moe() && model_cfg_.moe_z_loss_coeff > 0)
+        tb_->add_scalar("z_loss", s.moe_z, s.iteration);
       if (cfg_.compute_dtype == DType::F16)
         tb_->add_scalar("loss-scale", s.loss_scale, s.iteration);
     }

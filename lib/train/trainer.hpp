@@ -43,6 +43,9 @@ struct StepStats {
   double loss_scale = 1;             // fp16: the scale this step's backward used
   bool skipped = false;              // fp16: gradients overflowed, no update (grad_norm is 0)
   int global_batch = 0;              // samples of this step (changes during a batch-size ramp)
+  // MoE (Megatron's logged figures): the load-balancing loss and the z-loss without their
+  // coefficients, averaged over the micro-batches of the global batch and over the MoE layers.
+  double moe_balance = 0, moe_z = 0;
 };
 
 // The first sample of DP rank `dp_rank`'s slice of the global batch that starts after `consumed`
@@ -170,6 +173,7 @@ class Trainer {
   void sum_micro_losses();
   bool profile_this_rank() const;
   void log_iteration(const StepStats& s, double interval_loss, double interval_seconds, int n);
+  void moe_step_stats(StepStats& st);
 
   GPTConfig model_cfg_;
   TrainConfig cfg_;
@@ -208,6 +212,9 @@ class Trainer {
   int64_t iteration_ = 0, consumed_samples_ = 0;
   int step_batch_ = 0;            // the global batch the step's buffers are shaped for
   int64_t interval_samples_ = 0;  // samples of the steps since the last log line
+  double interval_moe_balance_ = 0, interval_moe_z_ = 0;  // summed over the interval's steps
+  int interval_moe_steps_ = 0;
+  float moe_loss_scale_ = 1;  // this step's weight of each micro-batch's MoE losses
   int64_t lr_samples_ = 0;        // samples of the updates taken (the sample-based schedule)
   std::ofstream metrics_;
   std::unique_ptr<AsyncSave> async_;  // --async-save: staging buffers and the writer

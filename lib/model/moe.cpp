@@ -1,0 +1,194 @@
+// moe.cpp: the Mixture-of-Experts MLP (Megatron-Core's MoE layer, docs/model.md) of GPTModel.
+//
+// Forward, per micro-batch of N tokens (ln2 holds every row on every TP rank):
+//   each TP rank computes the router logits of its 1/TP of the rows (its sequence-parallel rows
+//   with --sequence-parallel) and the logits are all-gathered, so every rank routes the same
+//   tokens the same way; the top-k routing (and token dropping) gives each token's k experts and
+//   weights; the token copies are permuted into one buffer grouped by expert; each local expert
+//   runs its MLP (split over TP like the dense MLP) on its rows; the outputs are combined back
+//   into token order, weighted; the shared expert's output is added. The result is a partial sum
+//   over TP, reduced with the row-parallel GEMMs' reduction (all-reduce, or reduce-scatter with
+//   sequence parallelism).
+// Backward: the mirror; the routing weights' gradient sums over TP (each rank holds a part of
+// each expert output), and the router's weight gradient (each rank its rows) is summed over TP
+// once per step (reduce_sequence_parallel_grads).
+#include <cmath>
+
+#include "core/phase_timer.hpp"
+#include "model/gpt.hpp"
+
+namespace tessera {
+
+namespace {
+const Tensor* opt(const Tensor& t) {
+  return t.defined() ? &t : nullptr;
+}
+Tensor* opt(Tensor& t) {
+  return t.defined() ? &t : nullptr;
+}
+}  // namespace
+
+int64_t GPTModel::router_rows(const Activations& a) const {
+  return int64_t(a.B) * a.T / shard_.tp_size;
+}
+
+void GPTModel::reset_moe_stats() {
+  for (MoEStats& s : moe_stats_) s = MoEStats{};
+}
+
+void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& out) {
+  const int li = shard_.local_index(l);
+  const LayerWeights& w = weights_[li];
+  LayerActivations& la = acts_of(l, a);
+  const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, E = cfg_.num_experts;
+  const int64_t K = cfg_.moe_router_topk;
+  const int64_t nl = router_rows(a), rb = nl * shard_.tp_rank;
+  const bool bias_here = shard_.tp_rank == 0;  // row-parallel biases: added once across TP
+  // The router: this rank's rows, then every rank's logits to all.
+  phase("moe-router-gemm");
+  const Tensor x_mine = la.ln2.view(rb * C, {nl, C});
+  Tensor logits_mine = la.moe_logits.view(rb * E, {nl, E});
+  if (compute_ == DType::F32) {
+    be_.matmul_forward(logits_mine, x_mine, w.router_w, nullptr);
+  } else {
+    Tensor lc = a.moe_logits_c.view(rb * E, {nl, E});
+    be_.matmul_forward(lc, x_mine, w.router_w, nullptr);
+    be_.cast(logits_mine, lc);
+  }
+  if (tp_.size() > 1) {
+    phase("moe-logits-all-gather");
+    tp_.all_gather_async(la.moe_logits)->wait_device();
+  }
+  phase("moe-route");
+  const bool seq_aux = cfg_.moe_router_load_balancing_type == "seq_aux_loss";
+  const int64_t group_rows = seq_aux ? a.T : N;
+  std::vector<int64_t> kept;
+  be_.moe_route(la.moe_expert, la.moe_weight, la.moe_row, la.moe_logits, routing_, group_rows,
+                la.moe_routed, kept);
+  const int e0 = shard_.experts_begin(cfg_.num_experts);
+  la.moe_rows.assign(kept.begin() + e0, kept.begin() + e0 + w.experts.size());
+  la.moe_loss_scale = a.moe_loss_scale;
+  if (a.dropout.training && !recomputing_) {  // the logged metrics, once per micro-batch
+    std::vector<double> score_sums;
+    double lse_sq = 0;
+    be_.moe_router_stats(la.moe_logits, routing_, group_rows, score_sums, lse_sq);
+    const int64_t groups = N / group_rows;
+    double balance = 0;  // E / (K T^2) sum_i P_i count_i, averaged over the groups
+    for (size_t i = 0; i < score_sums.size(); ++i)
+      balance += score_sums[i] * static_cast<double>(la.moe_routed[i]);
+    balance *= double(E) / (double(K) * double(group_rows) * double(group_rows) * double(groups));
+    MoEStats& st = moe_stats_[static_cast<size_t>(li)];
+    st.balance += balance;
+    st.z += lse_sq / double(N);
+    ++st.micro_batches;
+  }
+  // The token copies, grouped by expert, through the local experts.
+  phase("moe-permute");
+  be_.moe_permute(la.moe_x, la.ln2, la.moe_row);
+  const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
+  int64_t row = 0;
+  for (size_t j = 0; j < w.experts.size(); ++j) {
+    const int64_t rows = la.moe_rows[j];
+    if (rows == 0) {  // an expert no token chose: nothing to compute
+      continue;
+    }
+    const ExpertWeights& ew = w.experts[j];
+    Tensor x = la.moe_x.view(row * C, {rows, C}), fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
+    Tensor act = la.moe_act.view(row * efl, {rows, efl}), y = la.moe_out.view(row * C, {rows, C});
+    phase("moe-expert-fc1-gemm-forward");
+    be_.matmul_forward(fc1, x, ew.fc1_w, opt(ew.fc1_b));
+    phase("moe-expert-activation-forward");
+    mlp_activation(act, fc1);
+    phase("moe-expert-fc2-gemm-forward");
+    be_.matmul_forward(y, act, ew.fc2_w, bias_here ? opt(ew.fc2_b) : nullptr);
+    row += rows;
+  }
+  phase("moe-unpermute");
+  be_.moe_unpermute(out, la.moe_out, la.moe_row, la.moe_weight);
+  if (w.fc1_w.defined()) {  // the shared expert: the dense MLP beside the routed ones
+    phase("fc1-gemm-forward");
+    be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b));
+    activation_forward(phase, la);
+    phase("fc2-gemm-forward");
+    be_.matmul_forward(a.moe_tmp, la.gelu, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
+    phase("residual-add");
+    be_.add(out, out, a.moe_tmp);
+  }
+}
+
+void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const Tensor& dy) {
+  const int li = shard_.local_index(l);
+  const LayerWeights& w = weights_[li];
+  LayerWeights& g = grads_[li];
+  LayerActivations& la = acts_of(l, a);
+  const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, E = cfg_.num_experts;
+  const int64_t K = cfg_.moe_router_topk;
+  const int64_t nl = router_rows(a), rb = nl * shard_.tp_rank;
+  const bool shared = w.fc1_w.defined();
+  if (shared) {  // its input gradient waits in moe_dx
+    Tensor dfc = a.dfc.view(0, la.gelu.shape());
+    Tensor dfc1 = cfg_.swiglu ? a.dfc1.view(0, la.fc1.shape()) : Tensor();
+    phase("fc2-gemm-backward");
+    be_.matmul_backward(&dfc, g.fc2_w, opt(g.fc2_b), dy, la.gelu, w.fc2_w);
+    const Tensor& d1 = activation_backward(phase, dfc, dfc1, la.fc1);
+    phase("fc1-gemm-backward");
+    be_.matmul_backward(&a.moe_dx, g.fc1_w, opt(g.fc1_b), d1, la.ln2, w.fc1_w);
+  }
+  phase("moe-unpermute-backward");
+  be_.moe_unpermute_backward(a.moe_dout, a.moe_dweight, dy, la.moe_out, la.moe_row,
+                             la.moe_weight);
+  tp_reduce(phase, a.moe_dweight);  // each rank's expert outputs are partial sums over TP
+  const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
+  int64_t row = 0;
+  for (size_t j = 0; j < w.experts.size(); ++j) {
+    const int64_t rows = la.moe_rows[j];
+    if (rows == 0) continue;  // no token: no gradient (the weights' stay as they are)
+    const ExpertWeights& ew = w.experts[j];
+    ExpertWeights& eg = g.experts[j];  // gradients
+    // dout's rows become the expert's input gradient once fc2's backward has read them.
+    Tensor dout = a.moe_dout.view(row * C, {rows, C});
+    Tensor dact = a.moe_dact.view(row * efl, {rows, efl});
+    Tensor dfc1 = cfg_.swiglu ? a.moe_dfc1.view(row * efc1, {rows, efc1}) : Tensor();
+    const Tensor x = la.moe_x.view(row * C, {rows, C});
+    const Tensor fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
+    const Tensor act = la.moe_act.view(row * efl, {rows, efl});
+    phase("moe-expert-fc2-gemm-backward");
+    be_.matmul_backward(&dact, eg.fc2_w, opt(eg.fc2_b), dout, act, ew.fc2_w);
+    const Tensor& d1 = activation_backward(phase, dact, dfc1, fc1);
+    phase("moe-expert-fc1-gemm-backward");
+    be_.matmul_backward(&dout, eg.fc1_w, opt(eg.fc1_b), d1, x, ew.fc1_w);
+    row += rows;
+  }
+  phase("moe-permute-backward");
+  be_.moe_permute_backward(a.dln, a.moe_dout, la.moe_row);
+  if (shared) be_.add(a.dln, a.dln, a.moe_dx);
+  // The router: through the routing weights, the load-balancing loss and the z-loss.
+  phase("moe-router-backward");
+  const bool seq_aux = cfg_.moe_router_load_balancing_type == "seq_aux_loss";
+  const int64_t group_rows = seq_aux ? a.T : N, groups = N / group_rows;
+  std::vector<double> aux_grad;
+  if (cfg_.moe_router_load_balancing_type != "none" && cfg_.moe_aux_loss_coeff > 0) {
+    // d (scale * coeff * mean over groups of E/(K T^2) sum_i P_i count_i) / d score(x, i)
+    const double c = la.moe_loss_scale * cfg_.moe_aux_loss_coeff * double(E) /
+                     (double(K) * double(group_rows) * double(group_rows) * double(groups));
+    aux_grad.resize(la.moe_routed.size());
+    for (size_t i = 0; i < aux_grad.size(); ++i)
+      aux_grad[i] = c * static_cast<double>(la.moe_routed[i]);
+  }
+  const double z_grad = la.moe_loss_scale * cfg_.moe_z_loss_coeff / double(N);
+  be_.moe_router_backward(a.moe_dlogits, la.moe_logits, la.moe_expert, la.moe_weight,
+                          a.moe_dweight, routing_, group_rows, aux_grad, z_grad);
+  // This rank's rows: the router weight's gradient and their input gradient.
+  Tensor dlogits = a.moe_dlogits.view(rb * E, {nl, E});
+  if (compute_ != DType::F32) {
+    Tensor lc = a.moe_logits_c.view(rb * E, {nl, E});
+    be_.cast(lc, dlogits);
+    dlogits = lc;
+  }
+  const Tensor x_mine = la.ln2.view(rb * C, {nl, C});
+  Tensor dx_mine = a.moe_dx.view(rb * C, {nl, C}), dln_mine = a.dln.view(rb * C, {nl, C});
+  be_.matmul_backward(&dx_mine, g.router_w, nullptr, dlogits, x_mine, w.router_w);
+  be_.add(dln_mine, dln_mine, dx_mine);
+}
+
+}  // namespace tessera
