@@ -206,6 +206,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
   int virtual_size = 0, layers_per_virtual_stage = 0;
   bool checkpoint_activations = false;
   bool disable_bias_linear = false;
+  bool recompute_activations = false;
   std::string capacity_factor, drop_policy;  // MoE: "" when not given
   bool pad_to_capacity = false;
   double norm_epsilon = 0;
@@ -435,7 +436,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
       "default 1")("checkpoint-activations", po::bool_switch(&checkpoint_activations),
                    "older name of --recompute-granularity full --recompute-method uniform")(
       "checkpoint-num-layers", po::value(&checkpoint_num_layers)->default_value(0),
-      "older name of --recompute-num-layers");
+      "older name of --recompute-num-layers")(
+      "recompute-activations", po::bool_switch(&recompute_activations),
+      "Megatron's shorthand for --recompute-granularity selective");
   p.group("Data").add_options()(
       "data-path", po::value(&data_path_words)->multitoken(),
       "prefix of the HDF5 token shards made by tessera-preprocess (PREFIX_00000.h5, ...); "
@@ -595,6 +598,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
   p.alternatives({"mock-data", "data-path"});
   p.alternatives({"mock-data", "train-data-path"});
   p.alternatives({"recompute-granularity", "checkpoint-activations"});
+  p.alternatives({"recompute-granularity", "recompute-activations"});
   if (!p.parse(argc, argv)) return false;
   o.notes = p.replaced();
   for (const AcceptedOption& a : kAccepted) {
@@ -699,6 +703,13 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
   t.rampup_batch_size = parse_rampup(rampup);
   if (bf16 && fp16) throw ConfigError("--bf16 and --fp16 both given; choose one");
   t.compute_dtype = bf16 ? DType::BF16 : fp16 ? DType::F16 : DType::F32;
+  if (recompute_activations) {
+    if (checkpoint_activations)
+      throw ConfigError(
+          "--recompute-activations (selective) and --checkpoint-activations (full) both given; "
+          "choose one");
+    recompute_granularity = "selective";
+  }
   t.recompute = recompute_options(recompute_granularity, recompute_method, recompute_num_layers,
                                   checkpoint_activations, checkpoint_num_layers);
   {

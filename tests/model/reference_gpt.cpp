@@ -99,19 +99,33 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
       for (double& e : w) e += 1;
     return rms ? rmsnorm(x, w, eps) : layernorm(x, w, P.at(name + ".bias"), eps);
   };
-  double total = 0;
-  int count = 0;
-  for (int b = 0; b < B; ++b) {
-    std::vector<Vec> x(T, Vec(C));
+  // The MLP of a token (a dense one at prefix m, of width F).
+  auto mlp = [&](const Vec& h, const std::string& m, int width) {
+    Vec f = linear(h, P.at(m + "fc1.weight"), maybe(P, m + "fc1.bias"),
+                   cfg.swiglu ? 2 * width : width);
+    Vec act(width);
+    for (int i = 0; i < width; ++i)
+      act[i] = cfg.swiglu         ? f[i] / (1 + std::exp(-f[i])) * f[width + i]
+               : cfg.squared_relu ? std::max(f[i], 0.0) * std::max(f[i], 0.0)
+                                  : gelu(f[i]);
+    return linear(act, P.at(m + "fc2.weight"), maybe(P, m + "fc2.bias"), C);
+  };
+  double moe_losses = 0;  // the load-balancing and z losses of the MoE layers
+  // x[b][t]: the residual stream, layer by layer over the whole micro-batch (MoE's losses see all
+  // of its tokens at once).
+  std::vector<std::vector<Vec>> x(B, std::vector<Vec>(T, Vec(C)));
+  for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t)
       for (int c = 0; c < C; ++c)
-        x[t][c] = wte[ids[b * T + t] * C + c] + (wpe ? (*wpe)[t * C + c] : 0.0);
-    for (int l = 0; l < cfg.num_layers; ++l) {
-      const std::string p = "layers." + std::to_string(l) + ".";
+        x[b][t][c] = wte[ids[b * T + t] * C + c] + (wpe ? (*wpe)[t * C + c] : 0.0);
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    for (int b = 0; b < B; ++b) {
+      std::vector<Vec>& xb = x[b];
       // Per token: queries q[t][h*hd..], keys k[t][g*hd..], values v[t][g*hd..].
       std::vector<Vec> q(T), k(T), v(T);
       for (int t = 0; t < T; ++t) {
-        const Vec h = norm(x[t], p + "ln1");
+        const Vec h = norm(xb[t], p + "ln1");
         if (cfg.group_query_attention) {
           q[t] = linear(h, P.at(p + "attn.q.weight"), maybe(P, p + "attn.q.bias"), H * hd);
           const Vec kv =
@@ -141,9 +155,9 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
             for (int e = 0; e < hd; ++e) d += q[t][hh * hd + e] * k[u][g * hd + e];
             s[u] = d / std::sqrt(static_cast<double>(hd));
             if (cfg.position_embedding_type == "alibi") {  // the paper's slopes, in double
-              const int p = 1 << static_cast<int>(std::floor(std::log2(H)));
-              const double slope = hh < p ? std::pow(2.0, -8.0 * (hh + 1) / p)
-                                          : std::pow(2.0, -8.0 * (2 * (hh - p) + 1) / (2 * p));
+              const int p2 = 1 << static_cast<int>(std::floor(std::log2(H)));
+              const double slope = hh < p2 ? std::pow(2.0, -8.0 * (hh + 1) / p2)
+                                           : std::pow(2.0, -8.0 * (2 * (hh - p2) + 1) / (2 * p2));
               s[u] += slope * (u - t);
             }
             m = std::max(m, s[u]);
@@ -155,25 +169,117 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
               att[hh * hd + e] += std::exp(s[u] - m) / z * v[u][g * hd + e];
         }
         const Vec y = linear(att, P.at(p + "attn.proj.weight"), maybe(P, p + "attn.proj.bias"), C);
-        for (int c = 0; c < C; ++c) x[t][c] += y[c];
-      }
-      for (int t = 0; t < T; ++t) {
-        const Vec h = norm(x[t], p + "ln2");
-        Vec f = linear(h, P.at(p + "mlp.fc1.weight"), maybe(P, p + "mlp.fc1.bias"),
-                       cfg.swiglu ? 2 * F : F);
-        Vec act(F);
-        for (int i = 0; i < F; ++i)
-          act[i] = cfg.swiglu         ? f[i] / (1 + std::exp(-f[i])) * f[F + i]
-                   : cfg.squared_relu ? std::max(f[i], 0.0) * std::max(f[i], 0.0)
-                                      : gelu(f[i]);
-        const Vec y = linear(act, P.at(p + "mlp.fc2.weight"), maybe(P, p + "mlp.fc2.bias"), C);
-        for (int c = 0; c < C; ++c) x[t][c] += y[c];
+        for (int c = 0; c < C; ++c) xb[t][c] += y[c];
       }
     }
+    if (!cfg.is_moe_layer(l)) {
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < T; ++t) {
+          const Vec y = mlp(norm(x[b][t], p + "ln2"), p + "mlp.", F);
+          for (int c = 0; c < C; ++c) x[b][t][c] += y[c];
+        }
+      continue;
+    }
+    // Mixture of Experts over the micro-batch's N = B*T tokens (docs/model.md).
+    const int E = cfg.num_experts, K = cfg.moe_router_topk, N = B * T;
+    const double scale = cfg.moe_router_topk_scaling_factor > 0 ? cfg.moe_router_topk_scaling_factor
+                                                                : 1.0;
+    const bool sig = cfg.moe_router_score_function == "sigmoid";
+    std::vector<Vec> h(N), logit(N), score(N);  // score: the load-balancing scores
+    std::vector<std::vector<int>> chosen(N);     // the top k, best first
+    std::vector<Vec> weight(N);
+    for (int n = 0; n < N; ++n) {
+      h[n] = norm(x[n / T][n % T], p + "ln2");
+      logit[n] = linear(h[n], P.at(p + "mlp.router.weight"), nullptr, E);
+      const Vec& z = logit[n];
+      double m = -1e300, sum = 0;
+      for (double e : z) m = std::max(m, e);
+      Vec soft(E), sg(E);
+      for (int e = 0; e < E; ++e) sum += (soft[e] = std::exp(z[e] - m));
+      double sgsum = 0;
+      for (int e = 0; e < E; ++e) {
+        soft[e] /= sum;
+        sgsum += (sg[e] = 1 / (1 + std::exp(-z[e])));
+      }
+      score[n] = soft;
+      if (sig)
+        for (int e = 0; e < E; ++e) score[n][e] = sg[e] / (sgsum + 1e-20);
+      moe_losses += cfg.moe_z_loss_coeff * std::pow(m + std::log(sum), 2) / N;
+      std::vector<int> order(E);
+      for (int e = 0; e < E; ++e) order[e] = e;
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return z[a] > z[b]; });
+      chosen[n].assign(order.begin(), order.begin() + K);
+      Vec w(K);
+      double wsum = 0;
+      for (int j = 0; j < K; ++j) {
+        const int e = chosen[n][j];
+        w[j] = sig ? sg[e] : cfg.moe_router_pre_softmax ? soft[e] : std::exp(z[e] - z[chosen[n][0]]);
+        wsum += w[j];
+      }
+      for (int j = 0; j < K; ++j) {
+        const bool renorm = sig ? K > 1 : !cfg.moe_router_pre_softmax;
+        if (renorm) w[j] /= sig ? wsum + 1e-20 : wsum;
+        w[j] *= scale;
+      }
+      weight[n] = w;
+    }
+    // Load balancing, per micro-batch or per sequence.
+    if (cfg.moe_router_load_balancing_type != "none") {
+      const bool seq = cfg.moe_router_load_balancing_type == "seq_aux_loss";
+      const int groups = seq ? B : 1, Tg = seq ? T : N;
+      for (int g = 0; g < groups; ++g) {
+        Vec Psum(E, 0.0), count(E, 0.0);
+        for (int n = g * Tg; n < (g + 1) * Tg; ++n)
+          for (int e = 0; e < E; ++e) {
+            Psum[e] += score[n][e];
+            count[e] += std::count(chosen[n].begin(), chosen[n].end(), e);
+          }
+        double aux = 0;
+        for (int e = 0; e < E; ++e) aux += Psum[e] * count[e];
+        moe_losses += cfg.moe_aux_loss_coeff * E * aux / (double(K) * Tg * Tg) / groups;
+      }
+    }
+    // Token dropping: each expert keeps its capacity's highest weights (the earlier token on
+    // ties), or its earliest tokens.
+    std::vector<std::vector<bool>> keep(N, std::vector<bool>(K, true));
+    if (cfg.moe_expert_capacity_factor > 0) {
+      const int cap = static_cast<int>(std::ceil(double(N) * K / E * cfg.moe_expert_capacity_factor));
+      if (cap <= N)
+        for (int e = 0; e < E; ++e) {
+          std::vector<std::pair<int, int>> slots;  // (n, j)
+          for (int n = 0; n < N; ++n)
+            for (int j = 0; j < K; ++j)
+              if (chosen[n][j] == e) slots.push_back({n, j});
+          if (cfg.moe_token_drop_policy == "probs")
+            std::stable_sort(slots.begin(), slots.end(), [&](auto a, auto b) {
+              return weight[a.first][a.second] > weight[b.first][b.second];
+            });
+          for (size_t i = cap; i < slots.size(); ++i) keep[slots[i].first][slots[i].second] = false;
+        }
+    }
+    const int S = cfg.moe_shared_expert_intermediate_size;
+    for (int n = 0; n < N; ++n) {
+      Vec y(C, 0.0);
+      for (int j = 0; j < K; ++j) {
+        if (!keep[n][j]) continue;
+        const Vec ye = mlp(h[n], p + "mlp.experts." + std::to_string(chosen[n][j]) + ".",
+                           cfg.moe_ffn());
+        for (int c = 0; c < C; ++c) y[c] += weight[n][j] * ye[c];
+      }
+      if (S > 0) {
+        const Vec ys = mlp(h[n], p + "mlp.shared_expert.", S);
+        for (int c = 0; c < C; ++c) y[c] += ys[c];
+      }
+      for (int c = 0; c < C; ++c) x[n / T][n % T][c] += y[c];
+    }
+  }
+  double total = 0;
+  int count = 0;
+  for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const int target = targets[b * T + t];
       if (target < 0) continue;
-      const Vec h = norm(x[t], "lnf");
+      const Vec h = norm(x[b][t], "lnf");
       Vec logits(V);
       double m = -1e300;
       for (int vv = 0; vv < V; ++vv) {
@@ -188,7 +294,7 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
       ++count;
     }
   }
-  return total / count;
+  return total / count + moe_losses;
 }
 
 }  // namespace tessera::testing

@@ -15,7 +15,8 @@ namespace tessera::testing {
 // (hd = kv_channels, else C / H).
 using RefParams = std::map<std::string, std::vector<double>>;
 
-// Mean cross-entropy over all positions with target >= 0. ids, targets are (B,T).
+// Mean cross-entropy over all positions with target >= 0, plus with MoE layers their
+// load-balancing and z losses over the B*T tokens as one micro-batch. ids, targets are (B,T).
 double reference_loss(const GPTConfig& cfg, const RefParams& p, const std::vector<int>& ids,
                       const std::vector<int>& targets, int B, int T);
 

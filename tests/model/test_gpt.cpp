@@ -162,6 +162,44 @@ GPTConfig qwen_config(int variant) {
   return c;
 }
 
+// Mixture of Experts on the tiny models, with large loss coefficients so the load-balancing and
+// z losses weigh in the gradients. 0: Mixtral's (Llama with 4 SwiGLU experts of width 12, top 2,
+// softmax over the top-k logits), aux_loss and z-loss. 1: GPT-2 with MoE in layer 1 only
+// ([0,1]), 3 GELU experts with biases, top 1 of the softmax over all (pre-softmax) scaled by 2.5,
+// a shared expert of width 8, seq_aux_loss. 2: sigmoid scores over 4 experts, top 3, capacity
+// factor 0.8 keeping the highest weights (some copies dropped). 3: top-k = E = 3, capacity 0.6
+// keeping the earliest tokens, every layer ("1").
+GPTConfig moe_config(int variant) {
+  GPTConfig c = llama_config(0);
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 12;
+  c.moe_aux_loss_coeff = 0.1;
+  c.moe_z_loss_coeff = 0.01;
+  if (variant == 1) {
+    c = tiny_config();
+    c.num_experts = 3;
+    c.moe_router_topk = 1;
+    c.moe_layer_freq = "[0,1]";
+    c.moe_router_pre_softmax = true;
+    c.moe_router_topk_scaling_factor = 2.5;
+    c.moe_shared_expert_intermediate_size = 8;
+    c.moe_router_load_balancing_type = "seq_aux_loss";
+    c.moe_aux_loss_coeff = 0.2;
+  } else if (variant == 2) {
+    c.moe_router_score_function = "sigmoid";
+    c.moe_router_topk = 3;
+    c.moe_expert_capacity_factor = 0.8;
+  } else if (variant == 3) {
+    c.num_experts = 3;
+    c.moe_router_topk = 3;
+    c.moe_expert_capacity_factor = 0.6;
+    c.moe_token_drop_policy = "position";
+    c.moe_layer_freq = "1";
+  }
+  return c;
+}
+
 double model_loss(const GPTConfig& cfg, double* ref_out) {
   auto be = make_cpu_backend();
   LocalCommunicator tp;
@@ -272,6 +310,59 @@ TEST(GPT, QwenAndSmallOptionsGradientsMatchFiniteDifferences) {
   for (int variant = 0; variant < 4; ++variant) {
     SCOPED_TRACE("variant " + std::to_string(variant));
     check_gradients(qwen_config(variant));
+  }
+}
+
+TEST(GPT, MoELossMatchesIndependentReference) {
+  for (int variant = 0; variant < 4; ++variant) {
+    double ref = 0;
+    const double loss = model_loss(moe_config(variant), &ref);
+    // model_loss's loss is the LM loss alone; the MoE losses are in the reference's.
+    GPTConfig lm_only = moe_config(variant);
+    lm_only.moe_aux_loss_coeff = lm_only.moe_z_loss_coeff = 0;
+    double ref_lm = 0;
+    const double loss_lm = model_loss(lm_only, &ref_lm);
+    EXPECT_GT(ref_lm, 1.0) << "variant " << variant;
+    EXPECT_NEAR(loss_lm, ref_lm, 1e-5 * ref_lm) << "variant " << variant;
+    EXPECT_NEAR(loss, loss_lm, 1e-12) << "variant " << variant;
+    EXPECT_GT(ref - ref_lm, 1e-3) << "variant " << variant << ": the MoE losses weigh";
+  }
+}
+
+TEST(GPT, MoEGradientsMatchFiniteDifferences) {
+  for (int variant = 0; variant < 4; ++variant) {
+    SCOPED_TRACE("MoE variant " + std::to_string(variant));
+    check_gradients(moe_config(variant));
+  }
+}
+
+// Token dropping happens in the variants that ask for it (else their gradient check would not
+// cover it), and every expert of the Mixtral-shaped variant receives tokens.
+TEST(GPT, MoERoutingDropsWhereAskedAndReachesEveryExpert) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const GPTConfig cfg = moe_config(variant);
+    auto be = make_cpu_backend();
+    LocalCommunicator tp;
+    GPTModel model(cfg, whole(cfg), *be, tp);
+    model.init_parameters(5);
+    perturb(model, 9);
+    Activations a = model.make_activations(2, 7);
+    load(a, random_batch(2, 7, 50, 21));
+    model.forward(a, 1.0f / 14);
+    const int l = cfg.num_layers - 1;  // an MoE layer in every variant
+    const LayerActivations& la = a.layers[static_cast<size_t>(l)];
+    int dropped = 0;
+    for (int64_t i = 0; i < la.moe_expert.numel(); ++i) dropped += la.moe_expert.i32()[i] < 0;
+    int64_t rows = 0;
+    for (int64_t r : la.moe_rows) rows += r;
+    EXPECT_EQ(rows + dropped, 14 * cfg.moe_router_topk) << "variant " << variant;
+    if (cfg.moe_dropless()) {
+      EXPECT_EQ(dropped, 0) << "variant " << variant;
+    } else {
+      EXPECT_GT(dropped, 0) << "variant " << variant;
+    }
+    if (variant == 0)
+      for (int64_t r : la.moe_rows) EXPECT_GT(r, 0);
   }
 }
 

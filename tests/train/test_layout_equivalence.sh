@@ -141,6 +141,34 @@ for layout in "tp2-alibi 2 2 1 2" "tp2pp2-alibi 4 2 2 2"; do
   run "$@" "${alibi[@]}" || { fail=1; continue; }
   within base-alibi "$1" 1e-5 "np $2 TP $3 PP $4, ALiBi"
 done
+# Mixture of Experts (Mixtral's routing: 4 SwiGLU experts, top 2, softmax over the top-k
+# logits; load-balancing and z losses in the objective): every layout, with the experts split
+# over TP, sequence parallelism (each TP rank routes its own rows), the distributed optimizer,
+# both recomputations, the interleaved schedule and dropout, is the single-rank run, in the LM
+# loss and in the logged load-balancing loss (the aux loss is per micro-batch: same --micro-batch-size).
+moe=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --swiglu --normalization RMSNorm
+     --position-embedding-type rope --disable-bias-linear --moe-aux-loss-coeff 0.05
+     --moe-z-loss-coeff 0.001 --hidden-dropout 0.1)
+field() { sed -n "s/.*\"$2\": \([^,}]*\).*/\1/p" "$work/$1.jsonl"; }
+run base-moe 1 1 1 2 "${moe[@]}" || fail=1
+if [ "$(field base-moe load_balancing_loss | wc -l)" -ne 20 ]; then
+  echo "FAIL: the MoE run logged no load_balancing_loss"; fail=1
+fi
+for layout in "tp2-moe 2 2 1 2" "tp2-sp-moe 2 2 1 2 --sequence-parallel --recompute-activations" \
+              "dp2-moe 2 1 1 2 --use-distributed-optimizer" \
+              "pp2-moe 2 1 2 2 --num-layers-per-virtual-pipeline-stage 1" \
+              "tp2pp2dp2-moe 8 2 2 2 --sequence-parallel --use-distributed-optimizer --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"; do
+  set -- $layout
+  run "$@" "${moe[@]}" || { fail=1; continue; }
+  within base-moe "$1" 1e-5 "np $2 TP $3 PP $4, MoE ${*:6}"
+  worst=$(paste <(field base-moe load_balancing_loss) <(field "$1" load_balancing_loss) | awk '
+    { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
+    END { if (n != 20) print "missing"; else printf "%.3g", w }')
+  if [ "$worst" = "missing" ] || awk -v w="$worst" 'BEGIN { exit !(w > 1e-5) }'; then
+    echo "FAIL: $1: load_balancing_loss differs from the single-rank run by $worst"; fail=1
+  fi
+done
+if [ "$(compare base base-moe)" = "0" ]; then echo "FAIL: MoE changed no loss"; fail=1; fi
 echo "first/last single-rank loss: $(losses "$work/base.jsonl" | head -1) -> $(losses "$work/base.jsonl" | tail -1)"
 [ $fail -eq 0 ] && echo "layout equivalence: all passed"
 exit $fail
