@@ -48,8 +48,8 @@ int main(int argc, char** argv) {
         "Converts between Tessera checkpoints and Hugging Face directories (config.json +\n"
         "safetensors) of GPT-2 (GPT2LMHeadModel) and the Llama family (LlamaForCausalLM: Llama 2,\n"
         "3, 3.1, 3.2 and models of that shape; Qwen2ForCausalLM: Qwen2, Qwen2.5;\n"
-        "MistralForCausalLM without sliding window), both ways; imports are written at any TP x "
-        "PP.");
+        "MistralForCausalLM without sliding window; MixtralForCausalLM), both ways; imports are "
+        "written at any TP x PP.");
     p.group("Conversion")
         .add_options()("to-hf", po::bool_switch(&to_hf),
                        "export --load CKPT to a Hugging Face directory --save DIR: "
@@ -57,11 +57,12 @@ int main(int argc, char** argv) {
                        "Llama-family one (RoPE, RMSNorm, SwiGLU; Qwen2ForCausalLM when only q, k "
                        "and v have biases)")(
             "hf-architecture", po::value(&hf_architecture),
-            "with --to-hf of a Llama-family checkpoint: llama | qwen2 | mistral (default: "
-            "qwen2 with --add-qkv-bias --disable-bias-linear, else llama)")(
+            "with --to-hf of a Llama-family checkpoint: llama | qwen2 | mistral | mixtral "
+            "(default: mixtral for a mixture of experts, qwen2 with --add-qkv-bias "
+            "--disable-bias-linear, else llama)")(
             "from-hf", po::value(&from_hf),
-            "import the Hugging Face directory (config.json with model_type gpt2, llama, qwen2 "
-            "or mistral; "
+            "import the Hugging Face directory (config.json with model_type gpt2, llama, qwen2, "
+            "mistral or mixtral; "
             "model.safetensors or shards with model.safetensors.index.json)")(
             "load", po::value(&load), "checkpoint to export (with --to-hf)")(
             "save", po::value(&save)->required(),
@@ -99,6 +100,7 @@ int main(int argc, char** argv) {
                 << ckpt.meta().pp_size << ") -> " << save << " ("
                 << (arch == "qwen2"     ? "Qwen2ForCausalLM"
                     : arch == "mistral" ? "MistralForCausalLM"
+                    : arch == "mixtral" ? "MixtralForCausalLM"
                     : llama             ? "LlamaForCausalLM"
                                         : "GPT2LMHeadModel")
                 << ")" << std::endl;
@@ -120,9 +122,10 @@ int main(int argc, char** argv) {
     } else {
       refuse_save_over_checkpoint(save, 0);  // before reading anything: an import is iteration 0
       const std::string type = hf_model_type(from_hf);
-      if (type != "gpt2" && type != "llama" && type != "qwen2" && type != "mistral")
+      if (type != "gpt2" && type != "llama" && type != "qwen2" && type != "mistral" &&
+          type != "mixtral")
         throw ConfigError("'" + from_hf + "/config.json' has model_type \"" + type +
-                          "\" (allowed: gpt2, llama, qwen2, mistral)");
+                          "\" (allowed: gpt2, llama, qwen2, mistral, mixtral)");
       std::unique_ptr<HfGpt2> gpt2;
       std::unique_ptr<HfLlama> llama;
       CheckpointMeta meta;

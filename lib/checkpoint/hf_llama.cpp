@@ -1,5 +1,6 @@
 // hf_llama.cpp: name, shape and config mapping between Tessera and Hugging Face Llama, and the
-// models of its shape that differ only in config.json: Qwen2 (biases on q, k and v) and Mistral.
+// models of its shape that differ only in config.json: Qwen2 (biases on q, k and v) and Mistral;
+// and Mixtral (Mistral with a MoE MLP in every layer).
 #include "checkpoint/hf_llama.hpp"
 
 #include <dirent.h>
@@ -45,6 +46,16 @@ std::vector<std::string> hf_parts(const std::string& n) {
     if (rest == "attn.proj." + k) return {a + "o_proj." + k};
     if (rest == "mlp.fc1." + k) return {m + "gate_proj." + k, m + "up_proj." + k};
     if (rest == "mlp.fc2." + k) return {m + "down_proj." + k};
+  }
+  // Mixtral: the router is block_sparse_moe.gate; expert e's w1 (gate) and w3 (up) make fc1,
+  // w2 is fc2.
+  const std::string moe = h + "block_sparse_moe.";
+  if (rest == "mlp.router.weight") return {moe + "gate.weight"};
+  if (rest.rfind("mlp.experts.", 0) == 0) {
+    const size_t d = rest.find('.', 12);
+    const std::string x = moe + "experts." + rest.substr(12, d - 12) + ".", w = rest.substr(d + 1);
+    if (w == "fc1.weight") return {x + "w1.weight", x + "w3.weight"};
+    if (w == "fc2.weight") return {x + "w2.weight"};
   }
   throw Error("no Hugging Face Llama name for parameter " + n);
 }
@@ -113,10 +124,11 @@ std::string hf_model_type(const std::string& dir) {
 }
 
 std::string hf_export_architecture(const GPTConfig& cfg, const std::string& asked) {
-  if (asked.empty()) return cfg.add_qkv_bias && !cfg.add_bias_linear ? "qwen2" : "llama";
-  if (asked != "llama" && asked != "qwen2" && asked != "mistral")
+  if (asked.empty())
+    return cfg.moe() ? "mixtral" : cfg.add_qkv_bias && !cfg.add_bias_linear ? "qwen2" : "llama";
+  if (asked != "llama" && asked != "qwen2" && asked != "mistral" && asked != "mixtral")
     throw ConfigError("--hf-architecture=" + asked +
-                      " is not known (allowed: llama, qwen2, mistral)");
+                      " is not known (allowed: llama, qwen2, mistral, mixtral)");
   return asked;
 }
 
@@ -126,8 +138,27 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
   const std::string arch = hf_export_architecture(cfg, o.architecture);
   const std::string cls = arch == "qwen2"     ? "Qwen2ForCausalLM"
                           : arch == "mistral" ? "MistralForCausalLM"
+                          : arch == "mixtral" ? "MixtralForCausalLM"
                                               : "LlamaForCausalLM";
   const std::string ck = "checkpoint '" + ckpt.path() + "'";
+  if (cfg.moe() != (arch == "mixtral"))
+    throw ConfigError(ck + (cfg.moe() ? " is a mixture of experts; export it with "
+                                        "--hf-architecture mixtral (MixtralForCausalLM)"
+                                      : " is a dense model; MixtralForCausalLM is a mixture of "
+                                        "experts: export it with --hf-architecture llama"));
+  if (cfg.moe()) {  // what MixtralForCausalLM's sparse block computes
+    std::string why;
+    if (cfg.num_moe_layers() != cfg.num_layers)
+      why = "MoE in only some layers (--moe-layer-freq " + cfg.moe_layer_freq + ")";
+    else if (cfg.moe_router_score_function != "softmax" || cfg.moe_router_pre_softmax)
+      why = "a router other than the softmax over the top-k logits";
+    else if (cfg.moe_router_topk_scaling_factor > 0)
+      why = "routing weights scaled by --moe-router-topk-scaling-factor";
+    else if (cfg.moe_shared_expert_intermediate_size > 0)
+      why = "a shared expert";
+    if (!why.empty())
+      throw ConfigError(ck + " has " + why + "; MixtralForCausalLM has none of that");
+  }
   if (!cfg.rope() || !cfg.rmsnorm() || !cfg.swiglu)
     throw ConfigError(ck + " is not a Llama-architecture model (" + cls +
                       " needs RoPE, RMSNorm and SwiGLU; it has " + cfg.describe() + ")");
@@ -152,7 +183,7 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
     throw ConfigError(ck +
                       " has biases on q, k and v only (--add-qkv-bias); LlamaForCausalLM's "
                       "attention_bias also covers o_proj: export it with --hf-architecture qwen2");
-  if (arch == "mistral" && cfg.qkv_bias())
+  if ((arch == "mistral" || arch == "mixtral") && cfg.qkv_bias())
     throw ConfigError(ck +
                       " has linear biases; MistralForCausalLM has none: export it with "
                       "--hf-architecture " +
@@ -244,7 +275,7 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
   const char* torch_dtype = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
   c << "{\n  \"architectures\": [\"" << cls << "\"],\n  \"model_type\": \"" << arch << "\",\n"
     << "  \"hidden_act\": \"silu\",\n  \"hidden_size\": " << cfg.hidden_size
-    << ",\n  \"intermediate_size\": " << cfg.ffn()
+    << ",\n  \"intermediate_size\": " << (cfg.moe() ? cfg.moe_ffn() : cfg.ffn())
     << ",\n  \"num_hidden_layers\": " << cfg.num_layers
     << ",\n  \"num_attention_heads\": " << cfg.num_attention_heads
     << ",\n  \"num_key_value_heads\": " << cfg.kv_heads();
@@ -271,6 +302,11 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
       << ",\n  \"max_window_layers\": " << cfg.num_layers;
   else
     c << ",\n  \"sliding_window\": null";
+  if (arch == "mixtral")
+    c << ",\n  \"num_local_experts\": " << cfg.num_experts
+      << ",\n  \"num_experts_per_tok\": " << cfg.moe_router_topk
+      << ",\n  \"router_aux_loss_coef\": " << number(cfg.moe_aux_loss_coeff)
+      << ",\n  \"router_jitter_noise\": 0.0,\n  \"output_router_logits\": false";
   c << ",\n  \"tie_word_embeddings\": " << (cfg.tied_head() ? "true" : "false")
     << ",\n  \"initializer_range\": " << number(cfg.init_method_std)
     << ",\n  \"attention_dropout\": 0.0,\n  \"torch_dtype\": \"" << torch_dtype << "\"\n}\n";
@@ -290,9 +326,13 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   bool use_sliding_window = false;
   // The defaults of the config classes (LlamaConfig; Qwen2Config and MistralConfig below).
   model_type = hf_model_type(dir);
-  cfg_.max_position_embeddings = model_type == "qwen2"     ? 32768
-                                 : model_type == "mistral" ? 4096 * 32
-                                                           : 2048;
+  cfg_.max_position_embeddings = model_type == "qwen2" ? 32768
+                                 : model_type == "mistral" || model_type == "mixtral" ? 4096 * 32
+                                                                                      : 2048;
+  // Mixtral (MixtralConfig's defaults): the experts, and its router settings.
+  int64_t experts = model_type == "mixtral" ? 8 : 0, topk = 2;
+  double jitter = 0, aux_coef = 0.001;
+  std::string unknown_router;  // a router key this importer does not know
   cfg_.layernorm_epsilon = 1e-6;
   cfg_.untie_embeddings_and_output_weights = true;
   try {
@@ -336,6 +376,18 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
         model_type = r.string_value();
       else if (k == "initializer_range")
         cfg_.init_method_std = r.number_value();
+      else if (k == "num_local_experts")
+        experts = r.int_value();
+      else if (k == "num_experts_per_tok")
+        topk = r.int_value();
+      else if (k == "router_aux_loss_coef")
+        aux_coef = r.number_value();
+      else if (k == "router_jitter_noise")
+        jitter = r.null_value() ? 0.0 : r.number_value();
+      else if (k.rfind("router_", 0) == 0 && k != "router_z_loss_coef") {
+        unknown_router = k;
+        r.skip_value();
+      }
       else if (k == "rope_scaling" || k == "rope_parameters") {
         // rope_parameters: newer transformers' spelling, with rope_theta inside.
         if (r.null_value()) return;
@@ -363,13 +415,33 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   } catch (const JsonError& e) {
     throw ConfigError("'" + path + "' does not parse: " + e.message);
   }
-  if (model_type != "llama" && model_type != "qwen2" && model_type != "mistral")
+  if (model_type != "llama" && model_type != "qwen2" && model_type != "mistral" &&
+      model_type != "mixtral")
     throw ConfigError("'" + path + "' has model_type \"" + model_type +
-                      "\"; this importer reads llama, qwen2 and mistral");
+                      "\"; this importer reads llama, qwen2, mistral and mixtral");
+  if (model_type == "mixtral") {
+    if (jitter != 0)
+      throw ConfigError("'" + path + "' has router_jitter_noise " + number(jitter) +
+                        "; Tessera's router has no jitter (allowed: 0)");
+    if (!unknown_router.empty())
+      throw ConfigError("'" + path + "' has router setting \"" + unknown_router +
+                        "\", which this importer does not know (allowed: router_aux_loss_coef, "
+                        "router_jitter_noise 0, router_z_loss_coef)");
+    if (experts < 1 || topk < 1 || topk > experts)
+      throw ConfigError("'" + path + "' has num_local_experts " + std::to_string(experts) +
+                        " and num_experts_per_tok " + std::to_string(topk) +
+                        " (allowed: 1 <= num_experts_per_tok <= num_local_experts)");
+    cfg_.num_experts = static_cast<int>(experts);
+    cfg_.moe_router_topk = static_cast<int>(topk);
+    cfg_.moe_aux_loss_coeff = aux_coef;
+  }
   if (model_type == "qwen2" && use_sliding_window)
     throw ConfigError("'" + path +
                       "' has use_sliding_window true; Tessera's attention is full causal "
                       "(allowed: use_sliding_window false)");
+  if (model_type == "mixtral" && !sliding_window.empty() && sliding_window != "null")
+    throw ConfigError("'" + path + "' has sliding_window " + sliding_window +
+                      "; Tessera's attention is full causal (allowed: sliding_window null)");
   if (model_type == "mistral" && sliding_window != "null")
     throw ConfigError(
         "'" + path + "' has sliding_window " +
@@ -400,6 +472,7 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
     cfg_.group_query_attention = true;
     cfg_.num_query_groups = static_cast<int>(kv_heads);
   }
+  if (cfg_.moe()) cfg_.moe_ffn_hidden_size = cfg_.ffn_hidden_size;  // intermediate_size
   cfg_.seq_length = cfg_.max_position_embeddings;
   cfg_.make_vocab_size_divisible_by = divisible_by;
   // A head_dim other than hidden_size / heads is --kv-channels.
@@ -439,7 +512,9 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
                         (cfg_.add_bias_linear ? "with"
                          : cfg_.add_qkv_bias  ? "q, k and v"
                                               : "no") +
-                        " biases, " + (cfg_.tied_head() ? "tied" : "untied") + " output layer)");
+                        " biases, " + (cfg_.tied_head() ? "tied" : "untied") + " output layer" +
+                        (cfg_.moe() ? ", " + std::to_string(cfg_.num_experts) + " experts" : "") +
+                        ")");
 }
 
 void HfLlama::read_slice(const ParamSpec& spec, float* out) const {

@@ -74,6 +74,7 @@ void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
   tmp_ = f({rows_, C});
   fc_ = f({rows_, cfg.swiglu ? 2 * Fl : Fl});
   gelu_ = f({rows_, Fl});
+  moe_ = model_.make_moe_scratch(rows_);  // MoE layers' routing and expert buffers
   mean_ = f32({rows_});
   rstd_ = f32({rows_});
   last_rows_ = Tensor({segs_}, DType::I32, al);
@@ -224,7 +225,8 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
       ++graph_replays_;
       return it->second.logits;
     }
-    if (warmed_.count(n) && be_.graph_begin()) {
+    // MoE routing runs on the host (its expert GEMMs follow the routed counts): no graphs.
+    if (warmed_.count(n) && !cfg_moe() && be_.graph_begin()) {
       Graph g;
       std::string why;
       try {
@@ -291,9 +293,13 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
     be_.add(x, x, tmp);
     model_.norm_forward(ln, mean, rstd, x, w.ln2_w, w.ln2_b);
-    be_.matmul_forward(fc, ln, w.fc1_w, opt(w.fc1_b));
-    model_.mlp_activation(gl, fc);
-    be_.matmul_forward(tmp, gl, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
+    if (cfg.is_moe_layer(l)) {
+      model_.moe_mlp(l, ln, tmp, moe_);
+    } else {
+      be_.matmul_forward(fc, ln, w.fc1_w, opt(w.fc1_b));
+      model_.mlp_activation(gl, fc);
+      be_.matmul_forward(tmp, gl, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
+    }
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
     be_.add(x, x, tmp);
   }

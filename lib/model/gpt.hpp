@@ -216,6 +216,16 @@ class GPTModel {
   const std::vector<MoEStats>& moe_stats() const { return moe_stats_; }
   void reset_moe_stats();
   const MoERouting& moe_routing() const { return routing_; }
+  // The MoE MLP of `layer` for inference (generation, serving): `rows` rows of ln (n,C) -> out
+  // (n,C), a partial sum over TP like fc2's output (the caller reduces it). Dropless whatever the
+  // capacity factor (as Hugging Face's Mixtral); TP rank 0's logits route every rank. The
+  // scratch holds up to `rows` rows (make_moe_scratch).
+  struct MoEScratch {
+    int64_t rows = 0;
+    Tensor logits_c, logits, expert, weight, row, x, fc1, act, out, sfc1, sact, tmp;
+  };
+  MoEScratch make_moe_scratch(int64_t rows) const;
+  void moe_mlp(int layer, const Tensor& ln, Tensor& out, MoEScratch& s);
 
   // Output of this stage's last layer (what the next stage receives).
   Tensor& stage_output(Activations& a);

@@ -191,4 +191,74 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
   be_.add(dln_mine, dln_mine, dx_mine);
 }
 
+GPTModel::MoEScratch GPTModel::make_moe_scratch(int64_t rows) const {
+  MoEScratch s;
+  if (!cfg_.moe()) return s;
+  AllocationLabel label("the MoE buffers of generation");
+  Allocator& al = be_.allocator();
+  const int64_t C = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.moe_router_topk;
+  const int64_t efl = cfg_.moe_ffn() / shard_.tp_size, glu = cfg_.swiglu ? 2 : 1;
+  const int64_t sfl = cfg_.moe_shared_expert_intermediate_size / shard_.tp_size;
+  auto f = [&](Shape sh) { return Tensor(std::move(sh), compute_, al); };
+  s.rows = rows;
+  s.logits = Tensor({rows, E}, DType::F32, al);
+  s.logits_c = compute_ == DType::F32 ? s.logits : f({rows, E});
+  s.expert = Tensor({rows, K}, DType::I32, al);
+  s.row = Tensor({rows, K}, DType::I32, al);
+  s.weight = Tensor({rows, K}, DType::F32, al);
+  s.x = f({rows * K, C});
+  s.fc1 = f({rows * K, glu * efl});
+  s.act = f({rows * K, efl});
+  s.out = f({rows * K, C});
+  if (sfl > 0) {
+    s.sfc1 = f({rows, glu * sfl});
+    s.sact = f({rows, sfl});
+    s.tmp = f({rows, C});
+  }
+  return s;
+}
+
+void GPTModel::moe_mlp(int layer, const Tensor& ln, Tensor& out, MoEScratch& s) {
+  const LayerWeights& w = weights_[shard_.local_index(layer)];
+  const int64_t n = ln.dim(0), C = cfg_.hidden_size, E = cfg_.num_experts;
+  const int64_t K = cfg_.moe_router_topk;
+  TESSERA_CHECK(n <= s.rows, "moe_mlp: ", n, " rows for a scratch of ", s.rows);
+  const bool bias_here = shard_.tp_rank == 0;
+  Tensor lc = s.logits_c.view(0, {n, E}), logits = s.logits.view(0, {n, E});
+  be_.matmul_forward(lc, ln, w.router_w, nullptr);
+  if (compute_ != DType::F32) be_.cast(logits, lc);
+  tp_.broadcast(logits, 0);  // every TP rank routes as rank 0 does
+  Tensor expert = s.expert.view(0, {n, K}), weight = s.weight.view(0, {n, K});
+  Tensor row = s.row.view(0, {n, K});
+  MoERouting r = routing_;
+  r.capacity_factor = 0;
+  std::vector<int64_t> routed, kept;
+  be_.moe_route(expert, weight, row, logits, r, n, routed, kept);
+  Tensor x = s.x.view(0, {n * K, C});
+  be_.moe_permute(x, ln, row);
+  const int64_t efc1 = s.fc1.dim(1), efl = s.act.dim(1);
+  const int e0 = shard_.experts_begin(cfg_.num_experts);
+  int64_t at = 0;
+  for (size_t j = 0; j < w.experts.size(); ++j) {
+    const int64_t rows = kept[static_cast<size_t>(e0) + j];
+    if (rows == 0) continue;
+    const ExpertWeights& ew = w.experts[j];
+    Tensor xe = x.view(at * C, {rows, C}), fc1 = s.fc1.view(at * efc1, {rows, efc1});
+    Tensor act = s.act.view(at * efl, {rows, efl}), y = s.out.view(at * C, {rows, C});
+    be_.matmul_forward(fc1, xe, ew.fc1_w, opt(ew.fc1_b));
+    mlp_activation(act, fc1);
+    be_.matmul_forward(y, act, ew.fc2_w, bias_here ? opt(ew.fc2_b) : nullptr);
+    at += rows;
+  }
+  be_.moe_unpermute(out, s.out.view(0, {n * K, C}), row, weight);
+  if (w.fc1_w.defined()) {  // the shared expert
+    Tensor sfc1 = s.sfc1.view(0, {n, s.sfc1.dim(1)}), sact = s.sact.view(0, {n, s.sact.dim(1)});
+    Tensor tmp = s.tmp.view(0, {n, C});
+    be_.matmul_forward(sfc1, ln, w.fc1_w, opt(w.fc1_b));
+    mlp_activation(sact, sfc1);
+    be_.matmul_forward(tmp, sact, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
+    be_.add(out, out, tmp);
+  }
+}
+
 }  // namespace tessera

@@ -3,7 +3,7 @@
 Mistral model directories, in plain Python (no numpy, torch or safetensors package), for the HF
 Llama-family import and export test (test_hf_llama.sh).
 
-  make DIR [--arch llama|qwen2|mistral] [--shards N] [--dtype bf16|f32] [--seed S] [--groups G]
+  make DIR [--arch llama|qwen2|mistral|mixtral] [--shards N] [--dtype bf16|f32] [--seed S] [--groups G]
        [--head-dim D] [--tied] [--bias] [--rope-scaling] [--theta BASE]
       A random tiny LlamaForCausalLM (Qwen2ForCausalLM: biases on q, k and v; MistralForCausalLM:
       sliding_window null) as save_pretrained writes it: config.json and safetensors (one file, or
@@ -97,7 +97,8 @@ def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta, arch="llama
         raise SystemExit("--bias is Llama's attention_bias/mlp_bias (Qwen2 has q/k/v biases always)")
     qkv_bias = bias or arch == "qwen2"
     cls = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-           "mistral": "MistralForCausalLM"}[arch]
+           "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM"}[arch]
+    experts = 4 if arch == "mixtral" else 0  # Mixtral: 4 experts, the top 2 of each token
     cfg = {"architectures": [cls], "model_type": arch, "hidden_act": "silu",
            "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": layers,
            "num_attention_heads": heads, "num_key_value_heads": groups,
@@ -112,8 +113,12 @@ def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta, arch="llama
         del cfg["attention_bias"], cfg["mlp_bias"]
     if arch == "qwen2":  # as Qwen2.5's config.json: a window size that use_sliding_window turns off
         cfg.update({"use_sliding_window": False, "sliding_window": 32, "max_window_layers": layers})
-    if arch == "mistral":
+    if arch in ("mistral", "mixtral"):
         cfg["sliding_window"] = None
+    if arch == "mixtral":
+        cfg.update({"num_local_experts": experts, "num_experts_per_tok": 2,
+                    "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0,
+                    "output_router_logits": False})
     if head_dim:
         cfg["head_dim"] = head_dim
     tensors = []
@@ -137,6 +142,12 @@ def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta, arch="llama
         if bias:
             add(p + "self_attn.o_proj.bias", [h], 0.1)
         add(p + "post_attention_layernorm.weight", [h], ones=True)
+        if experts:  # Mixtral's sparse block: the router (gate), then each expert's w1, w2, w3
+            add(p + "block_sparse_moe.gate.weight", [experts, h], 1.0)
+            for e in range(experts):
+                for w, shape in (("w1", [inter, h]), ("w2", [h, inter]), ("w3", [inter, h])):
+                    add(p + "block_sparse_moe.experts.%d.%s.weight" % (e, w), shape)
+            continue
         for proj, shape in (("gate_proj", [inter, h]), ("up_proj", [inter, h]), ("down_proj", [h, inter])):
             add(p + "mlp." + proj + ".weight", shape)
             if bias:
@@ -247,10 +258,26 @@ def logits_of(cfg, w, ids):
             x[t] = [x[t][c] + y[c] for c in range(h)]
         for t in range(T):
             a = rmsnorm(x[t], p + "post_attention_layernorm.weight")
-            gate = linear(a, p + "mlp.gate_proj", inter)
-            up = linear(a, p + "mlp.up_proj", inter)
-            act = [gate[i] / (1.0 + math.exp(-gate[i])) * up[i] for i in range(inter)]
-            y = linear(act, p + "mlp.down_proj", h)
+            if "num_local_experts" in cfg:  # Mixtral: softmax over all, top k, renormalized
+                E, K = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+                z = linear(a, p + "block_sparse_moe.gate", E)
+                m = max(z)
+                prob = [math.exp(zi - m) for zi in z]
+                top = sorted(range(E), key=lambda e: -prob[e])[:K]
+                norm = sum(prob[e] for e in top)
+                y = [0.0] * h
+                for e in top:
+                    q = p + "block_sparse_moe.experts.%d." % e
+                    gate = linear(a, q + "w1", inter)
+                    up = linear(a, q + "w3", inter)
+                    act = [gate[i] / (1.0 + math.exp(-gate[i])) * up[i] for i in range(inter)]
+                    ye = linear(act, q + "w2", h)
+                    y = [y[c] + prob[e] / norm * ye[c] for c in range(h)]
+            else:
+                gate = linear(a, p + "mlp.gate_proj", inter)
+                up = linear(a, p + "mlp.up_proj", inter)
+                act = [gate[i] / (1.0 + math.exp(-gate[i])) * up[i] for i in range(inter)]
+                y = linear(act, p + "mlp.down_proj", h)
             x[t] = [x[t][c] + y[c] for c in range(h)]
     last = rmsnorm(x[-1], "model.norm.weight")
     head = W("lm_head.weight") if "lm_head.weight" in w else emb

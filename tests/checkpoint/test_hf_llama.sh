@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# test_hf_llama.sh: Hugging Face LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM import
+# test_hf_llama.sh: Hugging Face LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM and
+# MixtralForCausalLM (4 experts, top 2) import
 # and export as a user runs them. A random
 # tiny Llama directory written by an independent writer (hf_llama_tool.py: plain Python, sharded
 # safetensors with model.safetensors.index.json, bf16) is imported to TP2 x PP2, exported again and
@@ -34,7 +35,9 @@ for case in "gqa --shards 2 --dtype bf16 --groups 2 --seed 1|bf16|2|llama" \
             "scaled --shards 1 --dtype bf16 --groups 2 --rope-scaling --theta 100 --seed 3|bf16|1|llama" \
             "qwen2 --arch qwen2 --shards 2 --dtype f32 --groups 2 --tied --theta 1000000 --seed 7|f32|2|qwen2" \
             "qwen2-hd --arch qwen2 --shards 1 --dtype bf16 --groups 2 --head-dim 6 --seed 9|bf16|1|qwen2" \
-            "mistral --arch mistral --shards 1 --dtype f32 --groups 2 --theta 10000 --seed 6|f32|1|mistral"; do
+            "mistral --arch mistral --shards 1 --dtype f32 --groups 2 --theta 10000 --seed 6|f32|1|mistral" \
+            "mixtral --arch mixtral --shards 2 --dtype f32 --groups 2 --theta 1000000 --seed 8|f32|2|mixtral" \
+            "mixtral-bf16 --arch mixtral --shards 1 --dtype bf16 --groups 4 --tied --seed 10|bf16|1|mixtral"; do
   IFS='|' read -r spec dtype tp arch <<<"$case"
   set -- $spec
   name=$1; shift
@@ -92,8 +95,20 @@ cp -r "$work/b" "$work/partial"
 sed -i 's/"rope_theta"/"partial_rotary_factor": 0.5, "rope_theta"/' "$work/partial/config.json"
 expect "partial_rotary_factor 0.5" "has partial_rotary_factor 0.500000; LlamaForCausalLM rotates every feature" -- --from-hf "$work/partial" --save "$work/x"
 cp -r "$work/b" "$work/kind"
-sed -i 's/"model_type": "llama"/"model_type": "mixtral"/' "$work/kind/config.json"
-expect "another model type" "model_type \"mixtral\" \(allowed: gpt2, llama, qwen2, mistral\)" -- --from-hf "$work/kind" --save "$work/x"
+sed -i 's/"model_type": "llama"/"model_type": "gemma"/' "$work/kind/config.json"
+expect "another model type" "model_type \"gemma\" \(allowed: gpt2, llama, qwen2, mistral, mixtral\)" -- --from-hf "$work/kind" --save "$work/x"
+# Mixtral: router settings Tessera does not have, and an expert count the tensors contradict.
+$tool make "$work/mx" --arch mixtral
+cp -r "$work/mx" "$work/jitter" && sed -i 's/"router_jitter_noise": 0.0/"router_jitter_noise": 0.01/' "$work/jitter/config.json"
+expect "Mixtral with router_jitter_noise" "has router_jitter_noise 0.01; Tessera's router has no jitter \(allowed: 0\)" -- --from-hf "$work/jitter" --save "$work/x"
+cp -r "$work/mx" "$work/rtype" && sed -i 's/"router_jitter_noise"/"router_type": "sinkhorn", "router_jitter_noise"/' "$work/rtype/config.json"
+expect "Mixtral with an unknown router setting" "has router setting \"router_type\", which this importer does not know" -- --from-hf "$work/rtype" --save "$work/x"
+cp -r "$work/mx" "$work/fewer" && sed -i 's/"num_local_experts": 4/"num_local_experts": 3/' "$work/fewer/config.json"
+expect "Mixtral with fewer experts than the files hold" "block_sparse_moe.gate.weight has shape \\[4, 16\\], config.json implies \\[3, 16\\]" -- --from-hf "$work/fewer" --save "$work/x"
+cp -r "$work/mx" "$work/topk" && sed -i 's/"num_experts_per_tok": 2/"num_experts_per_tok": 5/' "$work/topk/config.json"
+expect "Mixtral with num_experts_per_tok above the experts" "has num_local_experts 4 and num_experts_per_tok 5" -- --from-hf "$work/topk" --save "$work/x"
+expect "a Mixtral checkpoint exported as Llama" "is a mixture of experts; export it with --hf-architecture mixtral" -- --to-hf --load "$work/mixtral-ck" --save "$work/y" --hf-architecture llama
+expect "a Llama checkpoint exported as Mixtral" "is a dense model; MixtralForCausalLM is a mixture of experts" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture mixtral
 # Sliding windows: Tessera's attention is full causal.
 $tool make "$work/mw" --arch mistral
 cp -r "$work/mw" "$work/window" && sed -i 's/"sliding_window": null/"sliding_window": 4096/' "$work/window/config.json"
@@ -120,7 +135,7 @@ expect "Qwen2 without a k_proj bias" "has no tensor model.layers.1.self_attn.k_p
 expect "a Qwen2 checkpoint exported as Llama" "has biases on q, k and v only \(--add-qkv-bias\); LlamaForCausalLM's attention_bias also covers o_proj: export it with --hf-architecture qwen2" -- --to-hf --load "$work/qwen2-ck" --save "$work/y" --hf-architecture llama
 expect "a Qwen2 checkpoint exported as Mistral" "has linear biases; MistralForCausalLM has none: export it with --hf-architecture qwen2" -- --to-hf --load "$work/qwen2-ck" --save "$work/y" --hf-architecture mistral
 expect "a Llama checkpoint exported as Qwen2" "has no QKV biases; Qwen2ForCausalLM has biases on q, k and v only" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture qwen2
-expect "an unknown --hf-architecture" "--hf-architecture=gemma is not known \(allowed: llama, qwen2, mistral\)" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture gemma
+expect "an unknown --hf-architecture" "--hf-architecture=gemma is not known \(allowed: llama, qwen2, mistral, mixtral\)" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture gemma
 for opt in rotary-interleaved apply-layernorm-1p; do
   timeout 300 "$bin/tessera-train" --config "$src/configs/qwen2-tiny.ini" --mock-data --vocab-size 100 --train-iters 1 --threads 1 --log-interval 1 --$opt --save "$work/$opt-ck" > "$work/train.log" 2>&1 || { bad "training a --$opt checkpoint: $(tail -2 "$work/train.log")"; continue; }
   expect "exporting a --$opt checkpoint" "\(--$opt\); Qwen2ForCausalLM (rotates halves|has no such option)" -- --to-hf --load "$work/$opt-ck" --save "$work/y"
