@@ -135,6 +135,55 @@ TEST(Config, DryRunReportCountsGpt2Small) {
   EXPECT_NE(r.find("activations"), std::string::npos) << r;
 }
 
+// Mixtral-8x7B's shape: the published 46.7B parameters, 12.9B active per token; Megatron's MoE
+// options land in the model; bad ones are one line naming the option.
+TEST(Config, MoEOptionsMixtralCountsAndBadInput) {
+  RunOptions o;
+  ASSERT_TRUE(parse({"--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+                     "--group-query-attention", "--num-query-groups", "8", "--ffn-hidden-size",
+                     "14336", "--swiglu", "--num-experts", "8", "--moe-router-topk", "2",
+                     "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+                     "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+                     "--seq-length", "4096", "--vocab-size", "32000", "--dry-run"},
+                    o));
+  EXPECT_EQ(o.model.num_parameters(), 46702792704);
+  EXPECT_EQ(o.model.num_active_parameters(), 12879925248);
+  const std::string r = dry_run_report(o, 1);
+  EXPECT_NE(r.find("parameters: 46702792704"), std::string::npos) << r;
+  EXPECT_NE(r.find("MoE: 12879925248 parameters active per token"), std::string::npos) << r;
+  RunOptions m;
+  ASSERT_TRUE(parse({"--num-experts", "4", "--moe-layer-freq", "([1]*1+[0])*1",
+                     "--moe-expert-capacity-factor", "1.5", "--moe-token-drop-policy", "position",
+                     "--moe-router-score-function", "sigmoid", "--moe-shared-expert-intermediate-size",
+                     "32", "--moe-router-load-balancing-type", "seq_aux_loss"},
+                    m));
+  EXPECT_TRUE(m.model.is_moe_layer(0));
+  EXPECT_FALSE(m.model.is_moe_layer(1));
+  EXPECT_DOUBLE_EQ(m.model.moe_expert_capacity_factor, 1.5);
+  EXPECT_EQ(m.model.moe_token_drop_policy, "position");
+  auto has = [](const std::string& e, const std::string& what) {
+    EXPECT_NE(e.find(what), std::string::npos) << "error: '" << e << "' lacks '" << what << "'";
+  };
+  has(error_of({"--num-experts", "4", "--moe-router-topk", "5"}),
+      "--moe-router-topk=5 is out of range for --num-experts=4");
+  has(error_of({"--num-experts", "4", "--moe-token-drop-policy", "probs"}),
+      "--moe-token-drop-policy needs --moe-expert-capacity-factor");
+  has(error_of({"--num-experts", "4", "--moe-pad-expert-input-to-capacity"}),
+      "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
+  has(error_of({"--num-experts", "6", "--expert-model-parallel-size", "4"}),
+      "--expert-model-parallel-size=4 does not divide --num-experts=6");
+  has(error_of({"--num-experts", "4", "--moe-layer-freq", "[1,0,1]"}),
+      "--moe-layer-freq=[1,0,1] has 3 entries for 2 layers");
+  has(error_of({"--num-experts", "4", "--moe-layer-freq", "[1,2]"}), "entry other than 0 or 1");
+  has(error_of({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn"}),
+      "sinkhorn is not implemented");
+  has(error_of({"--num-experts", "4", "--moe-expert-capacity-factor", "-1"}),
+      "--moe-expert-capacity-factor=-1 is out of range");
+  has(error_of({"--expert-model-parallel-size", "2"}), "needs --num-experts");
+  has(error_of({"--num-experts", "4", "--moe-token-dispatcher-type", "flex"}),
+      "--moe-token-dispatcher-type=flex is not known");
+}
+
 TEST(Config, DryRunBytesPerParameterFollowMegatronsTable) {
   // Mixed precision: 18 B per parameter replicated; 6 + 12/DP with the distributed optimizer.
   auto bytes = [](std::vector<std::string> args, int world) {
