@@ -39,7 +39,7 @@ uint64_t parse_byte_size(const std::string& text, const std::string& option) {
 int main(int argc, char** argv) {
   bool to_hf = false;
   std::string from_hf, load, save;
-  int tp = 1, pp = 1, divisible = 128, seq_length = 0;
+  int tp = 1, pp = 1, ep = 1, divisible = 128, seq_length = 0;
   std::string export_dtype, max_shard = "5GB", hf_architecture;
   try {
     OptionParser p(
@@ -72,6 +72,9 @@ int main(int argc, char** argv) {
             "with --from-hf: tensor-parallel size of the checkpoint")(
             "target-pipeline-model-parallel-size", po::value(&pp)->default_value(1),
             "with --from-hf: pipeline size of the checkpoint")(
+            "target-expert-model-parallel-size", po::value(&ep)->default_value(1),
+            "with --from-hf of a MoE model: the expert-parallel size it will train at (checked "
+            "against the experts; the files hold every expert, so any size loads them)")(
             "make-vocab-size-divisible-by", po::value(&divisible)->default_value(128),
             "with --from-hf: vocabulary padding multiple (times TP)")(
             "seq-length", po::value(&seq_length)->default_value(0),
@@ -141,6 +144,7 @@ int main(int argc, char** argv) {
                           " is out of range (allowed: 1 to the model's " +
                           std::to_string(meta.model.max_positions()) + " positions, or 0)");
       if (seq_length > 0) meta.model.seq_length = seq_length;
+      check_target_expert_parallel(meta.model, ep, from_hf);
       meta.tp_size = tp;
       meta.pp_size = pp;
       meta.has_optimizer = false;

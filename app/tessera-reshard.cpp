@@ -14,7 +14,7 @@ using namespace tessera;
 
 int main(int argc, char** argv) {
   std::string load, save;
-  int tp = 1, pp = 1;
+  int tp = 1, pp = 1, ep = 1;
   try {
     OptionParser p("tessera-reshard",
                    "--load CKPT --save OUT --target-tensor-model-parallel-size T "
@@ -29,7 +29,10 @@ int main(int argc, char** argv) {
             "modified)")("target-tensor-model-parallel-size", po::value(&tp)->default_value(1),
                          "tensor-parallel size of the output")(
             "target-pipeline-model-parallel-size", po::value(&pp)->default_value(1),
-            "pipeline-parallel size of the output");
+            "pipeline-parallel size of the output")(
+            "target-expert-model-parallel-size", po::value(&ep)->default_value(1),
+            "MoE: the expert-parallel size the output will train at (checked against the "
+            "experts; the files hold every expert by its global index, so any size loads them)");
     if (!p.parse(argc, argv)) return 0;
     Timer t;
     CheckpointReader src(load);
@@ -45,6 +48,7 @@ int main(int argc, char** argv) {
       throw ConfigError("--save '" + save + "' is or contains the checkpoint being read ('" +
                         src.path() + "'); write to a new directory");
     CheckpointMeta meta = src.meta();
+    check_target_expert_parallel(meta.model, ep, src.path());
     refuse_save_over_checkpoint(save, meta.iteration);
     std::cout << "tessera-reshard: " << src.path() << " (iteration " << meta.iteration << ", TP "
               << meta.tp_size << " x PP " << meta.pp_size << ", vocabulary "

@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
     }
     ProcessGrid grid(opts.tp, opts.pp);
     validate_layout(opts.model, opts.train, opts.tp, opts.pp, grid.layout().dp);
+    grid.use_expert_parallel(opts.ep);  // ConfigError when EP does not divide DP
     opts.log.rank = grid.world_rank();
     opts.log.host = grid.host();
     init_logging(opts.log);

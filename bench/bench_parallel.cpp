@@ -100,6 +100,16 @@ class CountingCommunicator final : public Communicator {
     seconds += w.seconds();
   }
   void barrier() override { in_.barrier(); }
+  // The rows this rank sends to the other ranks (its own stay).
+  void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                  const std::vector<int64_t>& recv_rows, int64_t row_elems) override {
+    Timer w;
+    in_.all_to_all(send, send_rows, recv, recv_rows, row_elems);
+    int64_t rows = 0;
+    for (int p = 0; p < size(); ++p)
+      if (p != rank()) rows += send_rows[static_cast<size_t>(p)];
+    account(double(rows) * row_elems * dtype_size(send.dtype()), w);
+  }
 
  private:
   // Bytes a rank sends in a bandwidth-optimal (ring) all-reduce: 2 (n-1)/n of the buffer.

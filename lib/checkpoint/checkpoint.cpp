@@ -182,6 +182,19 @@ const std::vector<std::string>& checkpoint_file_attributes() {
   return names;
 }
 
+void check_target_expert_parallel(const GPTConfig& model, int ep, const std::string& source) {
+  if (ep < 1)
+    throw ConfigError(detail::concat("--target-expert-model-parallel-size=", ep,
+                                     " is out of range (allowed: >= 1)"));
+  if (ep > 1 && !model.moe())
+    throw ConfigError(detail::concat("--target-expert-model-parallel-size=", ep, ": '", source,
+                                     "' is a dense model (no experts to split)"));
+  if (model.moe() && model.num_experts % ep != 0)
+    throw ConfigError(detail::concat("--target-expert-model-parallel-size=", ep,
+                                     " does not divide the ", model.num_experts, " experts of '",
+                                     source, "' (allowed: a divisor of ", model.num_experts, ")"));
+}
+
 std::string iteration_dir_name(int64_t iteration) {
   char b[32];
   std::snprintf(b, sizeof b, "iter_%07lld", (long long)iteration);

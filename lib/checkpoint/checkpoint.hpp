@@ -52,6 +52,11 @@ struct CheckpointMeta {
   int64_t skipped_iterations = 0;  // fp16 steps skipped on overflow so far (for the log)
 };
 
+// --target-expert-model-parallel-size of the offline tools: `ep` must be 1 for a dense model and
+// divide the experts of a MoE one (ConfigError naming `source`). Checkpoints hold every expert by
+// its global index, so nothing else depends on it.
+void check_target_expert_parallel(const GPTConfig& model, int ep, const std::string& source);
+
 std::string iteration_dir_name(int64_t iteration);      // "iter_0000100"
 std::string shard_file_name(int tp_rank, int pp_rank);  // "mp_rank_00_000.h5"
 // The iteration an iteration directory is named after ("ckpt/iter_0000100/" -> 100); -1 when the

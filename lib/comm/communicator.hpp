@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/tensor.hpp"
 
 namespace tessera {
@@ -55,7 +56,34 @@ class Communicator {
   virtual std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int tag) = 0;
   virtual void recv(Tensor& t, int peer, int tag) = 0;
   virtual void barrier() = 0;
+  // All-to-all of rows of `row_elems` elements (MoE's token dispatch): the first send_rows[0]
+  // rows of `send` go to rank 0, the next send_rows[1] to rank 1, ...; what rank p sends here
+  // (recv_rows[p] rows) lands in `recv` after what the ranks before p sent. Blocking (the device
+  // implementation orders the backend's later work after it).
+  virtual void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                          const std::vector<int64_t>& recv_rows, int64_t row_elems) = 0;
 };
+
+// Checks all_to_all's arguments for a group of `size` ranks.
+inline void check_all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows,
+                      const Tensor& recv, const std::vector<int64_t>& recv_rows,
+                      int64_t row_elems, int size) {
+  TESSERA_CHECK(static_cast<int>(send_rows.size()) == size &&
+                    static_cast<int>(recv_rows.size()) == size && row_elems > 0 &&
+                    send.dtype() == recv.dtype(),
+                "all_to_all: row counts for ", send_rows.size(), " and ", recv_rows.size(),
+                " ranks in a group of ", size);
+  int64_t out = 0, in = 0;
+  for (int p = 0; p < size; ++p) {
+    TESSERA_CHECK(send_rows[p] >= 0 && recv_rows[p] >= 0, "all_to_all: negative row count");
+    out += send_rows[p];
+    in += recv_rows[p];
+  }
+  TESSERA_CHECK(out * row_elems <= send.numel() && in * row_elems <= recv.numel(),
+                "all_to_all: ", out, " rows out and ", in, " rows in of ", row_elems,
+                " elements for buffers of ", send.numel(), " and ", recv.numel());
+}
+
 
 // `v` of rank `root` on every rank of `comm`, whatever its length (the other ranks' `v` is
 // replaced). Exact: the other ranks contribute zeros to a sum. For small host messages.
@@ -99,6 +127,12 @@ struct ParallelContext {
   // rank 0 in both. Null without: the pipeline communicators carry them.
   Communicator* pp_wrap = nullptr;
   Communicator* pp_wrap_grad = nullptr;
+  // Expert parallelism (MoE; ProcessGrid::use_expert_parallel): the DP group cut into groups of
+  // ep_size consecutive DP ranks that split the experts (ep), and the ranks holding the same
+  // experts (edp: the DP ranks of the same ep_rank). Without it: ep is a group of one, edp = dp.
+  int ep_size = 1, ep_rank = 0;
+  Communicator* ep = nullptr;
+  Communicator* edp = nullptr;
   Communicator* pp_backward() const { return pp_grad ? pp_grad : pp; }
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1; }
@@ -122,6 +156,8 @@ class LocalCommunicator final : public Communicator {
   std::unique_ptr<PendingOp> send_async(const Tensor&, int, int) override;
   void recv(Tensor&, int, int) override;
   void barrier() override {}
+  void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                  const std::vector<int64_t>& recv_rows, int64_t row_elems) override;
 };
 
 }  // namespace tessera

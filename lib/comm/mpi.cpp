@@ -274,4 +274,29 @@ void MpiCommunicator::barrier() {
   MPI_CHECK(MPI_Barrier(comm_));
 }
 
+void MpiCommunicator::all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows,
+                                 Tensor& recv, const std::vector<int64_t>& recv_rows,
+                                 int64_t row_elems) {
+  NVTX_RANGE("mpi-all-to-all");
+  expect_host_float(send);
+  expect_host_float(recv);
+  check_all_to_all(send, send_rows, recv, recv_rows, row_elems, size_);
+  // Counts and displacements in elements of the tensors' MPI type.
+  std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
+  int64_t so = 0, ro = 0;
+  for (int p = 0; p < size_; ++p) {
+    const int64_t s = send_rows[static_cast<size_t>(p)] * row_elems;
+    const int64_t r = recv_rows[static_cast<size_t>(p)] * row_elems;
+    TESSERA_CHECK(so + s <= INT_MAX && ro + r <= INT_MAX, "all_to_all of more than INT_MAX elements");
+    sc[static_cast<size_t>(p)] = static_cast<int>(s);
+    sd[static_cast<size_t>(p)] = static_cast<int>(so);
+    rc[static_cast<size_t>(p)] = static_cast<int>(r);
+    rd[static_cast<size_t>(p)] = static_cast<int>(ro);
+    so += s;
+    ro += r;
+  }
+  MPI_CHECK(MPI_Alltoallv(send.raw(), sc.data(), sd.data(), mpi_type(send), recv.raw(), rc.data(),
+                          rd.data(), mpi_type(recv), comm_));
+}
+
 }  // namespace tessera

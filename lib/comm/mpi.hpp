@@ -66,6 +66,8 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int tag) override;
   void recv(Tensor& t, int peer, int tag) override;
   void barrier() override;
+  void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                  const std::vector<int64_t>& recv_rows, int64_t row_elems) override;
 
  private:
   MPI_Comm comm_;

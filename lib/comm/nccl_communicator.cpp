@@ -170,6 +170,32 @@ class NcclCommunicator final : public Communicator {
     before_compute();
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(group_)); }
+  void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                  const std::vector<int64_t>& recv_rows, int64_t row_elems) override {
+    NVTX_RANGE("nccl-all-to-all");
+    expect_device_f32(send);
+    expect_device_f32(recv);
+    check_all_to_all(send, send_rows, recv, recv_rows, row_elems, size_);
+    const size_t width = dtype_size(send.dtype()) * static_cast<size_t>(row_elems);
+    after_compute();
+    NCCL_CHECK(ncclGroupStart());
+    int64_t so = 0, ro = 0;
+    for (int p = 0; p < size_; ++p) {
+      const int64_t s = send_rows[static_cast<size_t>(p)], r = recv_rows[static_cast<size_t>(p)];
+      if (s > 0)
+        NCCL_CHECK(ncclSend(static_cast<const char*>(send.raw()) + so * width,
+                            static_cast<size_t>(s * row_elems), nccl_type(send), p, comm_,
+                            stream_));
+      if (r > 0)
+        NCCL_CHECK(ncclRecv(static_cast<char*>(recv.raw()) + ro * width,
+                            static_cast<size_t>(r * row_elems), nccl_type(recv), p, comm_,
+                            stream_));
+      so += s;
+      ro += r;
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    before_compute();
+  }
 
  private:
   // `buf` cut into size_ equal blocks (the in-place collectives): its start, this rank's block

@@ -156,6 +156,25 @@ void ProcessGrid::use_pipeline_ring() {
   ring_ = true;
 }
 
+void ProcessGrid::use_expert_parallel(int ep) {
+  TESSERA_CHECK(!nccl_, "use_expert_parallel must come before use_nccl");
+  if (ep == ep_) return;
+  TESSERA_CHECK(ep_ == 1, "use_expert_parallel called twice");
+  const int DP = layout_.dp, TP = layout_.tp;
+  if (ep < 1 || DP % ep != 0)
+    throw ConfigError(detail::concat(
+        "--expert-model-parallel-size=", ep, " does not divide the data-parallel size ", DP,
+        " (world ", layout_.world, " / (TP ", TP, " x PP ", layout_.pp,
+        "); experts are split over ranks carved out of DP: allowed a divisor of ", DP, ")"));
+  ep_ = ep;
+  const GridCoords& c = coords_;
+  const int ep_rank = c.dp % ep, edp_rank = c.dp / ep;
+  ep_group_ = split((c.pp * TP + c.tp) * (DP / ep) + edp_rank, ep_rank);
+  edp_group_ = split((c.pp * TP + c.tp) * ep + ep_rank, edp_rank);
+  ep_comm_ = std::make_unique<MpiCommunicator>(ep_group_.get());
+  edp_comm_ = std::make_unique<MpiCommunicator>(edp_group_.get());
+}
+
 void ProcessGrid::use_nccl(void* compute_stream) {
 #ifdef TESSERA_HAVE_CUDA
   TESSERA_CHECK(!nccl_, "use_nccl called twice");
@@ -173,6 +192,10 @@ void ProcessGrid::use_nccl(void* compute_stream) {
   if (ring_ && in_embedding_) {  // then the ring's wrap-around, activations first
     wrap_comm_ = make(wrap_.get(), 2);
     wrap_grad_comm_ = make(wrap_grad_.get(), 2);
+  }
+  if (ep_ > 1) {  // then expert parallelism: EP, expert-data-parallel
+    ep_comm_ = make(ep_group_.get(), ep_);
+    edp_comm_ = make(edp_group_.get(), layout_.dp / ep_);
   }
   nccl_ = true;
 #else
@@ -199,6 +222,16 @@ ParallelContext ProcessGrid::context() {
   c.embedding = emb_comm_.get();
   c.pp_wrap = wrap_comm_.get();
   c.pp_wrap_grad = wrap_grad_comm_.get();
+  c.ep_size = ep_;
+  c.ep_rank = coords_.dp % ep_;
+  if (ep_ > 1) {
+    c.ep = ep_comm_.get();
+    c.edp = edp_comm_.get();
+  } else {
+    static LocalCommunicator local;
+    c.ep = &local;
+    c.edp = dp_comm_.get();
+  }
   return c;
 }
 
@@ -214,16 +247,24 @@ std::string ProcessGrid::layout_table() {
   os << "process grid: world " << layout_.world << " = TP " << layout_.tp << " x PP " << layout_.pp
      << " x DP " << layout_.dp << " (rank = tp + TP*(dp + DP*pp)); groups: TP size " << layout_.tp
      << ", PP size " << layout_.pp << ", DP size " << layout_.dp << ", model-parallel size "
-     << layout_.tp * layout_.pp << "\n";
-  os << "  rank   tp   pp   dp  local  host\n";
+     << layout_.tp * layout_.pp;
+  if (ep_ > 1)
+    os << ", expert-parallel size " << ep_ << " (ep = dp % " << ep_ << "), expert-data-parallel size "
+       << layout_.dp / ep_;
+  os << "\n";
+  os << (ep_ > 1 ? "  rank   tp   pp   dp   ep  local  host\n" : "  rank   tp   pp   dp  local  host\n");
   for (int r = 0; r < layout_.world; ++r) {
     const GridCoords c = layout_.coords(r);
     int local = 0;
     char host[kRec] = {0};
     std::sscanf(all.data() + size_t(r) * kRec, "%d %95s", &local, host);
     char line[200];
-    std::snprintf(line, sizeof line, "  %4d %4d %4d %4d %6d  %s\n", r, c.tp, c.pp, c.dp, local,
-                  host);
+    if (ep_ > 1)
+      std::snprintf(line, sizeof line, "  %4d %4d %4d %4d %4d %6d  %s\n", r, c.tp, c.pp, c.dp,
+                    c.dp % ep_, local, host);
+    else
+      std::snprintf(line, sizeof line, "  %4d %4d %4d %4d %6d  %s\n", r, c.tp, c.pp, c.dp, local,
+                    host);
     os << line;
   }
   return os.str();

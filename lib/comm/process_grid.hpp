@@ -58,6 +58,10 @@ class ProcessGrid {
   // use_nccl runs), so that on NCCL, which runs a communicator's operations in order on one
   // stream, no wrap-around transfer waits behind the chain's others (a cycle, with a ring).
   void use_pipeline_ring();
+  // Collective; before use_nccl. MoE's expert parallelism: `ep` consecutive data-parallel ranks
+  // split the experts (Megatron's order: ep inside dp). ConfigError naming the numbers when ep
+  // does not divide DP.
+  void use_expert_parallel(int ep);
 
   ParallelContext context();
 
@@ -76,6 +80,9 @@ class ProcessGrid {
   // last (MpiComm handles of their own, so MPI matching never mixes them with the embedding's).
   MpiComm wrap_, wrap_grad_;
   std::unique_ptr<Communicator> wrap_comm_, wrap_grad_comm_;
+  int ep_ = 1;  // use_expert_parallel
+  MpiComm ep_group_, edp_group_;
+  std::unique_ptr<Communicator> ep_comm_, edp_comm_;
   bool in_embedding_ = false, nccl_ = false, ring_ = false;
 };
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
@@ -106,6 +107,19 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
     routing_.scaling = cfg_.moe_router_topk_scaling_factor;
     routing_.capacity_factor = cfg_.moe_expert_capacity_factor;
     routing_.drop_by_position = cfg_.moe_token_drop_policy == "position";
+    if (const char* v = std::getenv("TESSERA_TEST_MOE_LOGIT_BIAS")) {
+      std::stringstream in(v);
+      std::string item;
+      while (std::getline(in, item, ',')) {
+        const size_t colon = item.find(':');
+        TESSERA_CHECK(colon != std::string::npos, "TESSERA_TEST_MOE_LOGIT_BIAS: 'e:v' items");
+        const int e = std::stoi(item.substr(0, colon));
+        TESSERA_CHECK(e >= 0 && e < cfg_.num_experts, "TESSERA_TEST_MOE_LOGIT_BIAS: expert ", e);
+        test_logit_bias_.push_back({e, std::stof(item.substr(colon + 1))});
+      }
+    }
+    const char* fault = std::getenv("TESSERA_FAULT_MOE_DISPATCH");
+    fault_wrong_rank_ = fault && std::strcmp(fault, "wrong-rank") == 0;
   }
   TESSERA_CHECK(!sp_ || cfg.seq_length % shard.tp_size == 0, "sequence parallelism needs ",
                 "--seq-length divisible by the tensor-parallel size");
@@ -217,7 +231,11 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
     return (cfg.is_moe_layer(l) ? cfg.moe_shared_expert_intermediate_size : cfg.ffn()) /
            shard.tp_size;
   };
-  const int64_t E = cfg.num_experts, K = cfg.moe_router_topk, R = N * K;
+  // MoE: N*K token copies leave a rank; its experts receive R rows: the same ones without expert
+  // parallelism, else at most N*min(K, local experts) from each of the EP ranks.
+  const int64_t E = cfg.num_experts, K = cfg.moe_router_topk, NK = N * K;
+  const int ep = shard.ep_size;
+  const int64_t R = ep > 1 ? ep * N * std::min<int64_t>(K, E / ep) : NK;
   const int64_t efl = cfg.moe() ? cfg.moe_ffn() / shard.tp_size : 0;
   int64_t fl_max = 0;  // the widest MLP of this rank's layers
   bool any_moe = false;
@@ -242,7 +260,7 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
     la.ln2_rstd = f32({Nl});
     if (fl > 0) la.gelu = f({N, fl});
     if (moe) {
-      la.moe_x = f({R, C});
+      la.moe_x = f({NK, C});
       la.moe_act = f({R, efl});
     }
   };
@@ -262,8 +280,13 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
       la.moe_row = i32({N, K});
       la.moe_weight = f32({N, K});
       la.moe_fc1 = f({R, glu * efl});
-      la.moe_out = f({R, C});
+      la.moe_out = f({NK, C});
+      if (ep > 1) la.moe_xe = f({R, C});
     }
+  };
+  // Without expert parallelism the expert side is the token side.
+  auto expert_side = [&](LayerActivations& la) {
+    if (ep == 1 && la.moe_x.defined()) la.moe_xe = la.moe_x;
   };
   // A set allocated for the widest layer, cut to layer l's MLP (views of the same buffers).
   auto fit = [&](LayerActivations la, int l) {
@@ -271,8 +294,8 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
     la.gelu = fl > 0 && la.gelu.defined() ? la.gelu.view(0, {N, fl}) : Tensor();
     la.fc1 = fl > 0 && la.fc1.defined() ? la.fc1.view(0, {N, glu * fl}) : Tensor();
     if (!cfg.is_moe_layer(l)) {
-      for (Tensor* t : {&la.moe_x, &la.moe_act, &la.moe_logits, &la.moe_expert, &la.moe_row,
-                        &la.moe_weight, &la.moe_fc1, &la.moe_out})
+      for (Tensor* t : {&la.moe_x, &la.moe_xe, &la.moe_act, &la.moe_logits, &la.moe_expert,
+                        &la.moe_row, &la.moe_weight, &la.moe_fc1, &la.moe_out})
         *t = Tensor();
     }
     return la;
@@ -286,7 +309,11 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
   if (fl_max > 0) shared.dfc = f({N, fl_max});
   if (cfg.swiglu && fl_max > 0) shared.dfc1 = f({N, glu * fl_max});
   if (any_moe) {
-    shared.moe_dout = f({R, C});
+    shared.moe_dout = f({NK, C});
+    if (ep > 1) {
+      shared.moe_oute = f({R, C});
+      shared.moe_doute = f({R, C});
+    }
     shared.moe_dact = f({R, efl});
     if (cfg.swiglu) shared.moe_dfc1 = f({R, glu * efl});
     shared.moe_dweight = f32({N, K});
@@ -351,6 +378,7 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
             if (p.chunk_last(l)) la.res2 = res();
             break;
         }
+        expert_side(la);
         a.layers.push_back(std::move(la));
       }
       if (shard.has_head && c == shard.num_chunks() - 1) {
@@ -795,9 +823,11 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
                           kv_heads_local_, alibi());
     if (la.gelu.defined()) activation_forward(phase, la);
     if (cfg_.is_moe_layer(l)) {  // the experts' inputs and activations from the kept routing
-      phase("moe-permute");
-      be_.moe_permute(la.moe_x, la.ln2, la.moe_row);
-      const int64_t R = la.moe_x.dim(0), efl = la.moe_act.dim(1);
+      if (shard_.ep_size == 1) {  // else the received rows were kept
+        phase("moe-permute");
+        be_.moe_permute(la.moe_x, la.ln2, la.moe_row);
+      }
+      const int64_t R = la.moe_act.dim(0), efl = la.moe_act.dim(1);
       int64_t row = 0;
       for (int64_t rows : la.moe_rows) {
         if (rows > 0) {

@@ -36,9 +36,14 @@ struct LayerActivations {
   Tensor moe_logits;               // (N,E) f32 router logits (every rank's rows, gathered)
   Tensor moe_expert, moe_row;      // (N,K) int32: each slot's expert and permuted row
   Tensor moe_weight;               // (N,K) f32 routing weights
-  Tensor moe_x, moe_fc1, moe_act;  // (R,C), (R, expert fc1 width), (R, expert width): local
-  Tensor moe_out;                  // (R,C) expert outputs (partial sums over TP)
-  std::vector<int64_t> moe_rows;   // rows of each local expert in the permuted buffer
+  Tensor moe_x;                    // (N*K,C) this rank's token copies grouped by expert
+  Tensor moe_out;                  // (N*K,C) their expert outputs (partial sums over TP)
+  // The expert side: the rows this rank's experts receive (R of them; with expert parallelism
+  // from every rank of the EP group, by sender then expert; without, moe_x and moe_out).
+  Tensor moe_xe, moe_fc1, moe_act;  // (R,C), (R, expert fc1 width), (R, expert width)
+  std::vector<int64_t> moe_rows;    // the expert side's blocks: rows of each
+  std::vector<int> moe_block_expert;  // and its local expert
+  std::vector<int64_t> moe_send, moe_recv;  // rows sent to / received from each EP rank
   std::vector<int64_t> moe_routed;  // tokens routed to each expert (per load-balancing group)
   float moe_loss_scale = 0;         // the micro-batch's Activations::moe_loss_scale
 };
@@ -87,6 +92,8 @@ struct Activations {
   // MoE scratch: expert output and input gradients (R,C), the expert activation's and fc1's
   // gradients, the routing weights' (N,K) and the logits' (N,E) gradients (f32), and two (N,C).
   Tensor moe_dout, moe_dact, moe_dfc1, moe_dweight, moe_dlogits, moe_dx, moe_tmp;
+  // Expert parallelism: the expert side's outputs and gradients (R,C) before they return.
+  Tensor moe_oute, moe_doute;
   Tensor moe_logits_c;  // (N,E) logits in the compute dtype (mixed precision only)
   // The weight of this micro-batch's load-balancing and z losses in the objective: 1 / the
   // micro-batches of the global batch (the trainer sets it; 1 for a lone micro-batch).
@@ -216,6 +223,9 @@ class GPTModel {
   const std::vector<MoEStats>& moe_stats() const { return moe_stats_; }
   void reset_moe_stats();
   const MoERouting& moe_routing() const { return routing_; }
+  // Expert parallelism: the group of ranks that split the experts (its size is the shard's
+  // ep_size). Without a call, a group of one.
+  void set_expert_comm(Communicator& ep);
   // The MoE MLP of `layer` for inference (generation, serving): `rows` rows of ln (n,C) -> out
   // (n,C), a partial sum over TP like fc2's output (the caller reduces it). Dropless whatever the
   // capacity factor (as Hugging Face's Mixtral); TP rank 0's logits route every rank. The
@@ -305,6 +315,15 @@ class GPTModel {
   MoERouting routing_;                         // MoE: the router's settings
   std::vector<MoEStats> moe_stats_;            // indexed by shard_.local_index(layer)
   bool recomputing_ = false;                   // inside recompute_for_backward
+  Communicator* ep_ = nullptr;                 // expert parallelism (set_expert_comm)
+  // Testing (the layout-equivalence test): TESSERA_TEST_MOE_LOGIT_BIAS="e:v,e:v" adds v to
+  // expert e's router logit (to force all tokens onto some experts), and
+  // TESSERA_FAULT_MOE_DISPATCH=wrong-rank sends one token copy to the wrong expert rank.
+  std::vector<std::pair<int, float>> test_logit_bias_;
+  bool fault_wrong_rank_ = false;
+  // Counts the expert side of a routed micro-batch: exchanges the rows per expert over the EP
+  // group and fills la's blocks and per-rank rows.
+  void moe_plan(LayerActivations& la, const std::vector<int64_t>& kept);
 };
 
 }  // namespace tessera

@@ -12,7 +12,10 @@
 // Backward: the mirror; the routing weights' gradient sums over TP (each rank holds a part of
 // each expert output), and the router's weight gradient (each rank its rows) is summed over TP
 // once per step (reduce_sequence_parallel_grads).
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <sstream>
 
 #include "core/phase_timer.hpp"
 #include "model/gpt.hpp"
@@ -36,6 +39,42 @@ void GPTModel::reset_moe_stats() {
   for (MoEStats& s : moe_stats_) s = MoEStats{};
 }
 
+void GPTModel::set_expert_comm(Communicator& ep) {
+  TESSERA_CHECK(ep.size() == shard_.ep_size && ep.rank() == shard_.ep_rank,
+                "expert-parallel communicator does not match the model shard");
+  ep_ = &ep;
+}
+
+void GPTModel::moe_plan(LayerActivations& la, const std::vector<int64_t>& kept) {
+  const int E = cfg_.num_experts, EP = shard_.ep_size, El = E / EP;
+  const int e0 = shard_.experts_begin(E);
+  la.moe_rows.clear();
+  la.moe_block_expert.clear();
+  if (EP == 1) {
+    for (int j = 0; j < El; ++j) {
+      la.moe_rows.push_back(kept[static_cast<size_t>(e0 + j)]);
+      la.moe_block_expert.push_back(j);
+    }
+    return;
+  }
+  // Every rank's rows per expert (counts first, then tokens): exact integers in doubles.
+  std::vector<double> all(static_cast<size_t>(EP) * E, 0.0);
+  for (int e = 0; e < E; ++e)
+    all[static_cast<size_t>(shard_.ep_rank) * E + e] = static_cast<double>(kept[static_cast<size_t>(e)]);
+  TESSERA_CHECK(ep_, "expert parallelism without its communicator (set_expert_comm)");
+  ep_->all_reduce_f64(all.data(), static_cast<int64_t>(all.size()), ReduceOp::Sum);
+  la.moe_send.assign(static_cast<size_t>(EP), 0);
+  la.moe_recv.assign(static_cast<size_t>(EP), 0);
+  for (int p = 0; p < EP; ++p)
+    for (int j = 0; j < El; ++j) {
+      la.moe_send[static_cast<size_t>(p)] += kept[static_cast<size_t>(p * El + j)];
+      const int64_t rows = static_cast<int64_t>(all[static_cast<size_t>(p) * E + e0 + j]);
+      la.moe_recv[static_cast<size_t>(p)] += rows;
+      la.moe_rows.push_back(rows);  // from rank p, for local expert j
+      la.moe_block_expert.push_back(j);
+    }
+}
+
 void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& out) {
   const int li = shard_.local_index(l);
   const LayerWeights& w = weights_[li];
@@ -44,6 +83,7 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
   const int64_t K = cfg_.moe_router_topk;
   const int64_t nl = router_rows(a), rb = nl * shard_.tp_rank;
   const bool bias_here = shard_.tp_rank == 0;  // row-parallel biases: added once across TP
+  const bool ep = shard_.ep_size > 1;
   // The router: this rank's rows, then every rank's logits to all.
   phase("moe-router-gemm");
   const Tensor x_mine = la.ln2.view(rb * C, {nl, C});
@@ -59,14 +99,19 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
     phase("moe-logits-all-gather");
     tp_.all_gather_async(la.moe_logits)->wait_device();
   }
+  if (!test_logit_bias_.empty()) {  // testing: a constant added to some experts' logits
+    std::vector<float> z(static_cast<size_t>(N * E));
+    be_.copy_to_host(z.data(), la.moe_logits);
+    for (int64_t n = 0; n < N; ++n)
+      for (const auto& [e, v] : test_logit_bias_) z[static_cast<size_t>(n * E + e)] += v;
+    be_.copy_from_host(la.moe_logits, z.data());
+  }
   phase("moe-route");
   const bool seq_aux = cfg_.moe_router_load_balancing_type == "seq_aux_loss";
   const int64_t group_rows = seq_aux ? a.T : N;
   std::vector<int64_t> kept;
   be_.moe_route(la.moe_expert, la.moe_weight, la.moe_row, la.moe_logits, routing_, group_rows,
                 la.moe_routed, kept);
-  const int e0 = shard_.experts_begin(cfg_.num_experts);
-  la.moe_rows.assign(kept.begin() + e0, kept.begin() + e0 + w.experts.size());
   la.moe_loss_scale = a.moe_loss_scale;
   if (a.dropout.training && !recomputing_) {  // the logged metrics, once per micro-batch
     std::vector<double> score_sums;
@@ -82,19 +127,35 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
     st.z += lse_sq / double(N);
     ++st.micro_batches;
   }
-  // The token copies, grouped by expert, through the local experts.
+  // The token copies, grouped by expert; with expert parallelism each rank's share goes to the
+  // rank of its experts (all-to-all), and the results come back the same way.
   phase("moe-permute");
   be_.moe_permute(la.moe_x, la.ln2, la.moe_row);
+  moe_plan(la, kept);
+  if (ep) {
+    if (fault_wrong_rank_ && shard_.ep_rank == 0 && la.moe_send[0] > 0 && la.moe_send[1] > 0) {
+      // testing: the first copy for rank 0 and the first for rank 1 trade places
+      std::vector<float> x(static_cast<size_t>(la.moe_x.numel()));
+      Tensor xf({la.moe_x.numel()}, DType::F32, be_.allocator());
+      be_.cast(xf, la.moe_x.reshape({la.moe_x.numel()}));
+      be_.copy_to_host(x.data(), xf);
+      std::swap_ranges(x.begin(), x.begin() + C, x.begin() + la.moe_send[0] * C);
+      be_.copy_from_host(xf, x.data());
+      Tensor flat = la.moe_x.reshape({la.moe_x.numel()});
+      be_.cast(flat, xf);
+    }
+    phase("moe-dispatch-all-to-all");
+    ep_->all_to_all(la.moe_x, la.moe_send, la.moe_xe, la.moe_recv, C);
+  }
+  Tensor oute = ep ? a.moe_oute : la.moe_out;
   const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
   int64_t row = 0;
-  for (size_t j = 0; j < w.experts.size(); ++j) {
-    const int64_t rows = la.moe_rows[j];
-    if (rows == 0) {  // an expert no token chose: nothing to compute
-      continue;
-    }
-    const ExpertWeights& ew = w.experts[j];
-    Tensor x = la.moe_x.view(row * C, {rows, C}), fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
-    Tensor act = la.moe_act.view(row * efl, {rows, efl}), y = la.moe_out.view(row * C, {rows, C});
+  for (size_t b = 0; b < la.moe_rows.size(); ++b) {
+    const int64_t rows = la.moe_rows[b];
+    if (rows == 0) continue;  // an expert no token chose (from this sender): nothing to compute
+    const ExpertWeights& ew = w.experts[static_cast<size_t>(la.moe_block_expert[b])];
+    Tensor x = la.moe_xe.view(row * C, {rows, C}), fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
+    Tensor act = la.moe_act.view(row * efl, {rows, efl}), y = oute.view(row * C, {rows, C});
     phase("moe-expert-fc1-gemm-forward");
     be_.matmul_forward(fc1, x, ew.fc1_w, opt(ew.fc1_b));
     phase("moe-expert-activation-forward");
@@ -102,6 +163,10 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
     phase("moe-expert-fc2-gemm-forward");
     be_.matmul_forward(y, act, ew.fc2_w, bias_here ? opt(ew.fc2_b) : nullptr);
     row += rows;
+  }
+  if (ep) {
+    phase("moe-combine-all-to-all");
+    ep_->all_to_all(oute, la.moe_recv, la.moe_out, la.moe_send, C);
   }
   phase("moe-unpermute");
   be_.moe_unpermute(out, la.moe_out, la.moe_row, la.moe_weight);
@@ -124,7 +189,7 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, E = cfg_.num_experts;
   const int64_t K = cfg_.moe_router_topk;
   const int64_t nl = router_rows(a), rb = nl * shard_.tp_rank;
-  const bool shared = w.fc1_w.defined();
+  const bool shared = w.fc1_w.defined(), ep = shard_.ep_size > 1;
   if (shared) {  // its input gradient waits in moe_dx
     Tensor dfc = a.dfc.view(0, la.gelu.shape());
     Tensor dfc1 = cfg_.swiglu ? a.dfc1.view(0, la.fc1.shape()) : Tensor();
@@ -138,18 +203,25 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
   be_.moe_unpermute_backward(a.moe_dout, a.moe_dweight, dy, la.moe_out, la.moe_row,
                              la.moe_weight);
   tp_reduce(phase, a.moe_dweight);  // each rank's expert outputs are partial sums over TP
+  // The expert side's output gradients (sent to the experts' ranks with expert parallelism);
+  // each block's rows become its input gradients once fc2's backward has read them.
+  Tensor de = ep ? a.moe_doute : a.moe_dout;
+  if (ep) {
+    phase("moe-dispatch-all-to-all");
+    ep_->all_to_all(a.moe_dout, la.moe_send, de, la.moe_recv, C);
+  }
   const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
   int64_t row = 0;
-  for (size_t j = 0; j < w.experts.size(); ++j) {
-    const int64_t rows = la.moe_rows[j];
+  for (size_t b = 0; b < la.moe_rows.size(); ++b) {
+    const int64_t rows = la.moe_rows[b];
     if (rows == 0) continue;  // no token: no gradient (the weights' stay as they are)
+    const size_t j = static_cast<size_t>(la.moe_block_expert[b]);
     const ExpertWeights& ew = w.experts[j];
     ExpertWeights& eg = g.experts[j];  // gradients
-    // dout's rows become the expert's input gradient once fc2's backward has read them.
-    Tensor dout = a.moe_dout.view(row * C, {rows, C});
+    Tensor dout = de.view(row * C, {rows, C});
     Tensor dact = a.moe_dact.view(row * efl, {rows, efl});
     Tensor dfc1 = cfg_.swiglu ? a.moe_dfc1.view(row * efc1, {rows, efc1}) : Tensor();
-    const Tensor x = la.moe_x.view(row * C, {rows, C});
+    const Tensor x = la.moe_xe.view(row * C, {rows, C});
     const Tensor fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
     const Tensor act = la.moe_act.view(row * efl, {rows, efl});
     phase("moe-expert-fc2-gemm-backward");
@@ -158,6 +230,10 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
     phase("moe-expert-fc1-gemm-backward");
     be_.matmul_backward(&dout, eg.fc1_w, opt(eg.fc1_b), d1, x, ew.fc1_w);
     row += rows;
+  }
+  if (ep) {
+    phase("moe-combine-all-to-all");
+    ep_->all_to_all(de, la.moe_recv, a.moe_dout, la.moe_send, C);
   }
   phase("moe-permute-backward");
   be_.moe_permute_backward(a.dln, a.moe_dout, la.moe_row);

@@ -164,8 +164,11 @@ std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard&
     // their global index (layout-free names), and the shared expert.
     b.add(p + "mlp.router.weight", {cfg.num_experts, h}, -1, ParamInit::Normal, std, true);
     const int e0 = shard.experts_begin(cfg.num_experts);
-    for (int e = e0; e < e0 + shard.experts_local(cfg.num_experts); ++e)
+    for (int e = e0; e < e0 + shard.experts_local(cfg.num_experts); ++e) {
+      const size_t first = b.specs.size();
       mlp(p + "mlp.experts." + std::to_string(e) + ".", cfg.moe_ffn());
+      for (size_t k = first; k < b.specs.size(); ++k) b.specs[k].expert = true;
+    }
     if (cfg.moe_shared_expert_intermediate_size > 0)
       mlp(p + "mlp.shared_expert.", cfg.moe_shared_expert_intermediate_size);
   }
@@ -217,11 +220,12 @@ std::vector<FlatBucket> layout_flat_buffer(std::vector<ParamSpec>& specs, const 
   for (int i = n - 1; i >= 0;) {
     FlatBucket b;
     b.end_param = i + 1;
+    b.expert = l.experts_apart && specs[i].expert;
     if (alone(i)) {
       --i;
     } else {
       int64_t size = 0;
-      while (i >= 0 && !alone(i) &&
+      while (i >= 0 && !alone(i) && (!l.experts_apart || specs[i].expert == b.expert) &&
              (size == 0 || l.bucket_elems == 0 || size < l.bucket_elems || specs[i].glue_next)) {
         size += specs[i].numel();
         --i;

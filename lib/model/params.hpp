@@ -32,6 +32,9 @@ struct ParamSpec {
   // bucket boundary or its padding): one GEMM reads both as one weight (the query and key/value
   // projections of grouped-query attention).
   bool glue_next = false;
+  // A routed expert's weight (MoE): held by the ranks of its expert-parallel rank only, so its
+  // gradient reduces over the expert-data-parallel group instead of DP.
+  bool expert = false;
   int64_t flat_offset = 0;  // into the flat parameter / gradient buffers
   int64_t numel() const { return shape_numel(local_shape); }
 };
@@ -99,6 +102,9 @@ struct FlatLayout {
   int64_t bucket_elems = 0;  // 0: one bucket
   int shards = 1;
   bool embedding_alone = false;
+  // Expert parallelism: routed experts' parameters never share a bucket with the others (their
+  // buckets reduce over another group).
+  bool experts_apart = false;
   // false: no f32 master buffer here (mixed precision with the distributed optimizer, which
   // keeps the master weights of its blocks); param()/flat_params() are then an error.
   bool master = true;
@@ -107,6 +113,7 @@ struct FlatLayout {
 struct FlatBucket {
   int64_t begin = 0, end = 0;          // flat element range, padding included
   int first_param = 0, end_param = 0;  // specs [first, end) in it
+  bool expert = false;                 // holds routed experts' parameters (experts_apart)
   int64_t numel() const { return end - begin; }
 };
 

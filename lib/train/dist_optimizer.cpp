@@ -15,20 +15,24 @@ int piece_index(int piece, const ModelShard& shard) {
 }  // namespace
 
 DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicator& dp,
-                                   double beta1, double beta2, double eps)
+                                   double beta1, double beta2, double eps, Communicator* expert_dp)
     : model_(model), params_(model.params()), be_(backend), dp_(dp) {
   hyper_.beta1 = beta1;
   hyper_.beta2 = beta2;
   hyper_.eps = eps;
-  const int P = dp.size(), r = dp.rank();
-  TESSERA_CHECK(params_.layout().shards == P, "the flat buffers are laid out for ",
-                params_.layout().shards, " data-parallel blocks, the DP group has ", P, " ranks");
+  TESSERA_CHECK(params_.layout().shards == dp.size(), "the flat buffers are laid out for ",
+                params_.layout().shards, " data-parallel blocks, the DP group has ", dp.size(),
+                " ranks");
   const auto& buckets = params_.buckets();
   const auto& specs = params_.specs();
   for (size_t b = 0; b < buckets.size(); ++b) {
     const FlatBucket& fb = buckets[b];
+    Communicator* comm = fb.expert && expert_dp ? expert_dp : &dp;
+    const int P = comm->size(), r = comm->rank();
+    TESSERA_CHECK(fb.numel() % P == 0, "bucket of ", fb.numel(), " elements for ", P, " blocks");
     const int64_t n = fb.numel() / P;
     Block k;
+    k.comm = comm;
     k.bucket = static_cast<int>(b);
     k.flat_begin = fb.begin + r * n;
     k.flat_end = k.flat_begin + n;
@@ -129,7 +133,7 @@ void DistributedAdamW::publish() {
 void DistributedAdamW::start_gather(int b) {
   const FlatBucket& fb = params_.buckets()[static_cast<size_t>(b)];
   Tensor view = params_.flat_compute().view(fb.begin, {fb.numel()});
-  gathers_[static_cast<size_t>(b)] = dp_.all_gather_async(view);
+  gathers_[static_cast<size_t>(b)] = blocks_[static_cast<size_t>(b)].comm->all_gather_async(view);
 }
 
 void DistributedAdamW::wait_params(int piece) {
@@ -210,7 +214,6 @@ std::vector<float> DistributedAdamW::gather_state(const char* which, bool want) 
   Tensor& st = state(which);
   std::vector<float> host;
   if (want) host.assign(static_cast<size_t>(params_.numel()), 0.f);
-  const int r = dp_.rank();
   // One device scratch of the largest bucket, allocated before the first collective (every rank
   // asks for the same size), reused bucket by bucket.
   int64_t largest = 0;
@@ -223,9 +226,9 @@ std::vector<float> DistributedAdamW::gather_state(const char* which, bool want) 
   for (const Block& k : blocks_) {
     const FlatBucket& fb = params_.buckets()[static_cast<size_t>(k.bucket)];
     Tensor full = scratch.view(0, {fb.numel()});
-    Tensor mine = full.view(r * k.numel(), {k.numel()});
+    Tensor mine = full.view(k.comm->rank() * k.numel(), {k.numel()});
     be_.cast(mine, st.view(k.shard_begin, {k.numel()}));  // a device copy
-    dp_.all_gather_async(full)->wait();
+    k.comm->all_gather_async(full)->wait();
     if (want) be_.copy_to_host(host.data() + fb.begin, full);
   }
   return host;

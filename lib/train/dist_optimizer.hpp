@@ -24,14 +24,17 @@ namespace tessera {
 class DistributedAdamW {
  public:
   // `model`'s ParamStore must be laid out for dp.size() blocks (FlatLayout::shards).
+  // expert_dp (expert parallelism): the group that shares the routed experts' buckets
+  // (FlatBucket::expert), whose blocks are cut over it instead of dp.
   DistributedAdamW(GPTModel& model, Backend& backend, Communicator& dp, double beta1, double beta2,
-                   double eps);
+                   double eps, Communicator* expert_dp = nullptr);
 
   // This rank's block of one bucket: flat elements [flat_begin, flat_end), stored from
   // shard_begin in the shard buffers (moments, master weights).
   struct Block {
     int bucket = 0;
     int64_t flat_begin = 0, flat_end = 0, shard_begin = 0;
+    Communicator* comm = nullptr;  // the group the bucket is cut over
     int64_t numel() const { return flat_end - flat_begin; }
   };
   const std::vector<Block>& blocks() const { return blocks_; }
@@ -66,8 +69,9 @@ class DistributedAdamW {
   // on the host) that falls in this rank's blocks into "master", "exp_avg" or "exp_avg_sq".
   void set_state(const char* which, const ParamSpec& spec, const float* values);
   void zero_moments();
-  // Collective over DP: the full flat buffer of a state (as ParamStore offsets) on the host of
-  // the ranks with `want`; empty elsewhere.
+  // Collective over DP (the routed experts' buckets over their expert-data-parallel group): the
+  // full flat buffer of a state (as ParamStore offsets) on the host of the ranks with `want`;
+  // empty elsewhere.
   std::vector<float> gather_state(const char* which, bool want);
 
  private:

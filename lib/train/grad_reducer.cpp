@@ -3,7 +3,8 @@
 
 namespace tessera {
 
-GradReducer::GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter, bool overlap)
+GradReducer::GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter, bool overlap,
+                         Communicator* expert_dp)
     : model_(model), dp_(dp), reduce_scatter_(reduce_scatter), overlap_(overlap) {
   const ModelShard& sh = model.shard();
   const auto pieces = model.pieces_of_params();
@@ -27,6 +28,7 @@ GradReducer::GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter,
     b.begin = fb.begin;
     b.end = fb.end;
     b.params = fb.end_param - fb.first_param;
+    b.comm = fb.expert && expert_dp ? expert_dp : &dp;
     for (int p = fb.first_param; p < fb.end_param; ++p)
       bucket_of_param_[p] = static_cast<int>(buckets_.size());
     total_elems_ += fb.numel();
@@ -48,8 +50,8 @@ void GradReducer::begin() {
 
 void GradReducer::start(Bucket& b) {
   Tensor view = model_.params().flat_grads().view(b.begin, {b.end - b.begin});
-  b.op =
-      reduce_scatter_ ? dp_.reduce_scatter_async(view) : dp_.all_reduce_async(view, ReduceOp::Sum);
+  b.op = reduce_scatter_ ? b.comm->reduce_scatter_async(view)
+                        : b.comm->all_reduce_async(view, ReduceOp::Sum);
 }
 
 void GradReducer::piece_ready(int piece) {

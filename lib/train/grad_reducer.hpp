@@ -19,7 +19,10 @@ class GradReducer {
  public:
   // reduce_scatter: the distributed optimizer's reduction. overlap: start buckets during the
   // backward (--overlap-grad-reduce); otherwise all start in finish().
-  GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter = false, bool overlap = true);
+  // expert_dp: the group the routed experts' buckets (FlatBucket::expert) reduce over (expert
+  // parallelism); null: every bucket over dp.
+  GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter = false, bool overlap = true,
+              Communicator* expert_dp = nullptr);
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Arms the reducer for the last micro-batch's backward of this step.
   void begin();
@@ -34,6 +37,7 @@ class GradReducer {
   struct Bucket {
     int64_t begin = 0, end = 0;  // flat element range
     int pending = 0, params = 0;
+    Communicator* comm = nullptr;  // dp, or the expert-data-parallel group
     std::unique_ptr<PendingOp> op;
   };
   void start(Bucket& b);

@@ -688,11 +688,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
     throw ConfigError(detail::concat("--expert-model-parallel-size=", o.ep,
                                      " does not divide --num-experts=", m.num_experts,
                                      " (allowed: a divisor of ", m.num_experts, ")"));
-  if (o.ep > 1)
-    throw ConfigError(detail::concat(
-        "--expert-model-parallel-size=", o.ep,
-        ": expert parallelism is not implemented yet; leave it at 1 (MoE trains at every TP, "
-        "PP and DP layout with the experts on every data-parallel rank)"));
+
   if (p.given("norm-epsilon")) {
     if (p.given("layernorm-epsilon") && norm_epsilon != m.layernorm_epsilon)
       throw ConfigError(detail::concat("--norm-epsilon=", norm_epsilon, " and --layernorm-epsilon=",
@@ -1079,14 +1075,18 @@ void set_num_threads(int n) {
 }
 
 MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
-                                    const GridLayout& layout, int stage) {
+                                    const GridLayout& layout, int stage, int ep) {
   ParallelContext ctx;
   ctx.tp_size = layout.tp;
   ctx.pp_size = layout.pp;
   ctx.pp_rank = stage;
+  ctx.ep_size = ep;
   const ModelShard shard = make_model_shard(cfg, ctx, t.sequence_parallel, t.virtual_pipeline_size);
   MemoryEstimate e;
-  for (const auto& s : build_param_specs(cfg, shard)) e.parameters += s.numel();
+  for (const auto& s : build_param_specs(cfg, shard)) {
+    e.parameters += s.numel();
+    if (s.expert) e.expert_parameters += s.numel();
+  }
   const int V = t.virtual_pipeline_size;
   const int micro = t.num_micro_batches(layout.dp);
   std::vector<int> chunk_slots{pipeline_slots(layout.pp, stage, micro)};
@@ -1097,10 +1097,23 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   // f32 master weights, plus their bf16/f16 copy in mixed precision; with the distributed
   // optimizer the master weights (mixed precision) and the Adam moments of 1/DP of them.
   const bool mixed = t.compute_dtype != DType::F32;
+  // Routed experts' blocks are cut over the expert-data-parallel group (DP / EP).
   const double dp = t.use_distributed_optimizer ? layout.dp : 1.0;
-  e.param_bytes = (mixed ? 2.0 + 4.0 / dp : 4.0) * e.parameters;
+  const double edp = t.use_distributed_optimizer ? double(layout.dp) / ep : 1.0;
+  const double dense = static_cast<double>(e.parameters - e.expert_parameters);
+  const double experts = static_cast<double>(e.expert_parameters);
+  e.param_bytes = mixed ? 2.0 * e.parameters + 4.0 * (dense / dp + experts / edp)
+                        : 4.0 * e.parameters;
   e.grad_bytes = 4.0 * e.parameters;
-  e.optimizer_bytes = 8.0 / dp * e.parameters;
+  e.optimizer_bytes = 8.0 * (dense / dp + experts / edp);
+  e.expert_bytes = experts * ((mixed ? 2.0 + 4.0 / edp : 4.0) + 4.0 + 8.0 / edp);
+  if (cfg.moe()) {  // one MoE layer's token copies for one micro-batch (in activation_bytes)
+    const double N = double(t.micro_batch_size) * cfg.seq_length, K = cfg.moe_router_topk;
+    const double R = ep > 1 ? ep * N * std::min<double>(K, cfg.num_experts / ep) : N * K;
+    const double width = dtype_size(t.compute_dtype);
+    // sent and returned copies (N*K rows each), and with EP the rows received (R)
+    e.dispatch_bytes = width * cfg.hidden_size * (2 * N * K + (ep > 1 ? R : 0));
+  }
   const ActivationFootprint fp = activation_footprint(cfg, shard, t.recompute, t.micro_batch_size,
                                                       cfg.seq_length, t.compute_dtype);
   e.activation_bytes = activation_bytes(cfg, shard, t.recompute, t.micro_batch_size, cfg.seq_length,
@@ -1137,8 +1150,13 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
 }
 
 std::string dry_run_report(const RunOptions& o, int world_size) {
-  const int world = world_size > 1 ? world_size : o.tp * o.pp;
+  const int world = world_size > 1 ? world_size : o.tp * o.pp * o.ep;
   const GridLayout layout = GridLayout::make(world, o.tp, o.pp);
+  if (layout.dp % o.ep != 0)
+    throw ConfigError(detail::concat("--expert-model-parallel-size=", o.ep,
+                                     " does not divide the data-parallel size ", layout.dp,
+                                     " (world ", world, " / (TP ", o.tp, " x PP ", o.pp,
+                                     "); allowed: a divisor of ", layout.dp, ")"));
   validate_layout(o.model, o.train, layout.tp, layout.pp, layout.dp);
   auto gib = [](double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); };
   std::ostringstream os;
@@ -1168,9 +1186,12 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
      << "; sequence parallelism: " << (o.train.sequence_parallel ? "on" : "off") << "\n";
   const int micro = o.train.num_micro_batches(layout.dp);
   std::snprintf(buf, sizeof buf,
-                "layout: world %d = TP %d x PP %d x DP %d%s; global batch %d = micro-batch %d x "
+                "layout: world %d = TP %d x PP %d x DP %d%s%s; global batch %d = micro-batch %d x "
                 "%d micro-batches x DP %d\n",
                 world, layout.tp, layout.pp, layout.dp,
+                o.ep > 1 ? detail::concat(" (EP ", o.ep, " x expert-data-parallel ",
+                                          layout.dp / o.ep, ")").c_str()
+                         : "",
                 world_size > 1 ? "" : " (assumed: run under mpirun for another DP)",
                 o.train.global_batch(layout.dp), o.train.micro_batch_size, micro, layout.dp);
   os << buf;
@@ -1181,7 +1202,7 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
     ctx.pp_rank = stage;
     const ModelShard shard =
         make_model_shard(o.model, ctx, o.train.sequence_parallel, o.train.virtual_pipeline_size);
-    const MemoryEstimate e = estimate_rank_memory(o.model, o.train, layout, stage);
+    const MemoryEstimate e = estimate_rank_memory(o.model, o.train, layout, stage, o.ep);
     const int64_t local = e.parameters;
     const int slots = e.slots;
     const double act = e.activation_bytes, p = e.param_bytes, g = e.grad_bytes,
@@ -1210,6 +1231,16 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
                     e.sp_region_layer_bytes / (1024.0 * 1024.0),
                     e.sp_region_layer_bytes_without / (1024.0 * 1024.0),
                     e.sp_region_layer_bytes_without / layout.tp / (1024.0 * 1024.0), layout.tp);
+      os << buf;
+    }
+    if (o.model.moe()) {
+      std::snprintf(buf, sizeof buf,
+                    "  MoE: routed experts %lld parameters per rank (%.3f GiB of weights, "
+                    "gradients and optimizer state at EP %d); token dispatch buffers %.2f MiB per "
+                    "MoE layer per micro-batch\n",
+                    (long long)e.expert_parameters,
+                    gib(e.expert_bytes),
+                    o.ep, e.dispatch_bytes / (1024.0 * 1024.0));
       os << buf;
     }
   }

@@ -128,6 +128,9 @@ std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string&
 // and the GPU benchmark compares its measured peak with.
 struct MemoryEstimate {
   int64_t parameters = 0;  // on this rank
+  int64_t expert_parameters = 0;  // of them, routed experts' (MoE; E/EP experts per MoE layer)
+  double dispatch_bytes = 0;  // MoE: one layer's token-dispatch buffers (in activation_bytes)
+  double expert_bytes = 0;    // MoE: the routed experts' weights, gradients and optimizer state
   int slots = 1;  // micro-batches whose activations are alive at once (summed over model chunks)
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
   int stage_layers = 0;
@@ -141,8 +144,9 @@ struct MemoryEstimate {
   }
 };
 struct GridLayout;
+// `ep`: the expert-parallel size (MoE), carved out of layout.dp.
 MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
-                                    const GridLayout& layout, int stage);
+                                    const GridLayout& layout, int stage, int ep = 1);
 
 // What --dry-run prints: the layout, and per pipeline stage the parameters and estimated memory
 // of one rank of that stage.

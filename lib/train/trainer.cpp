@@ -32,6 +32,8 @@ ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
   ModelShard s =
       model_shard_for(cfg, ctx.tp_size, ctx.tp_rank, ctx.pp_size, ctx.pp_rank, virtual_stages);
   s.sequence_parallel = sequence_parallel && ctx.tp_size > 1;
+  s.ep_size = ctx.ep_size;
+  s.ep_rank = ctx.ep_rank;
   return s;
 }
 
@@ -127,10 +129,15 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   layout.shards = dist ? ctx_.dp_size : 1;
   layout.embedding_alone = dist && model_cfg.tied_head();
   layout.master = !(dist && cfg_.compute_dtype != DType::F32);  // else the optimizer's blocks
+  // Expert parallelism: the routed experts' gradients reduce over the expert-data-parallel group.
+  const bool ep = ctx_.ep_size > 1;
+  layout.experts_apart = ep;
+  Communicator* expert_dp = ep ? ctx_.edp : nullptr;
   model_ = std::make_unique<GPTModel>(
       model_cfg_,
       make_model_shard(model_cfg_, ctx_, cfg_.sequence_parallel, cfg_.virtual_pipeline_size), be_,
       *ctx_.tp, cfg_.compute_dtype, cfg_.recompute, layout);
+  if (ep) model_->set_expert_comm(*ctx_.ep);
   scaler_ = cfg_.compute_dtype != DType::F16 ? LossScaler::constant(1.0)
             : cfg_.loss_scale > 0
                 ? LossScaler::constant(cfg_.loss_scale)
@@ -138,7 +145,7 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
                                       cfg_.loss_scale_window, cfg_.hysteresis);
   if (dist) {
     dist_opt_ = std::make_unique<DistributedAdamW>(*model_, be_, *ctx_.dp, cfg_.adam_beta1,
-                                                   cfg_.adam_beta2, cfg_.adam_eps);
+                                                   cfg_.adam_beta2, cfg_.adam_eps, expert_dp);
     if (dist_opt_->owns_master()) {
       model_->init_parameters(cfg_.seed, [this](const ParamSpec& s, const float* v) {
         dist_opt_->set_state("master", s, v);
@@ -154,7 +161,8 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
     optimizer_ = std::make_unique<AdamW>(model_->params(), be_, cfg_.adam_beta1, cfg_.adam_beta2,
                                          cfg_.adam_eps);
   }
-  reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, dist, cfg_.overlap_grad_reduce);
+  reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, dist, cfg_.overlap_grad_reduce,
+                                           expert_dp);
   model_->on_grads_ready = [this](int piece) {
     // The last micro-batch's backward (of the piece's chunk) completes a piece's gradients:
     // sequence parallelism's LayerNorm gradients are summed over TP first, then the
@@ -394,18 +402,30 @@ double Trainer::grad_norm_squared() {
   // embedding copy of the last stage not at all (the first stage counts it); then summed over the
   // model-parallel group. After the DP reduction all DP replicas hold the same gradients.
   TESSERA_PHASE("grad-norm");
+  // With expert parallelism a rank holds its experts only: their part is also summed over the
+  // EP group (the distributed optimizer's world sum covers every expert's blocks once already).
   if (norm_grads_.empty()) {
     const std::vector<bool>& counted = counted_params();
     if (dist_opt_) {  // each DP rank holds the summed gradient of its blocks only
       norm_grads_ = dist_opt_->grad_blocks(counted);
     } else {
+      const auto& specs = model_->params().specs();
       for (size_t i = 0; i < counted.size(); ++i)
-        if (counted[i]) norm_grads_.push_back(model_->params().grad(model_->params().specs()[i]));
+        if (counted[i])
+          (specs[i].expert && ctx_.ep_size > 1 ? norm_expert_grads_ : norm_grads_)
+              .push_back(model_->params().grad(specs[i]));
     }
   }
-  double local = be_.sum_squares_all(norm_grads_);
-  (dist_opt_ ? ctx_.world : ctx_.model_parallel)->all_reduce_f64(&local, 1, ReduceOp::Sum);
-  return local;
+  if (dist_opt_) {
+    double local = be_.sum_squares_all(norm_grads_);
+    ctx_.world->all_reduce_f64(&local, 1, ReduceOp::Sum);
+    return local;
+  }
+  double v[2] = {be_.sum_squares_all(norm_grads_),
+                 norm_expert_grads_.empty() ? 0.0 : be_.sum_squares_all(norm_expert_grads_)};
+  ctx_.model_parallel->all_reduce_f64(v, 2, ReduceOp::Sum);
+  if (ctx_.ep_size > 1) ctx_.ep->all_reduce_f64(&v[1], 1, ReduceOp::Sum);
+  return v[0] + v[1];
 }
 
 const std::vector<bool>& Trainer::counted_params() {
@@ -425,8 +445,15 @@ double Trainer::params_norm() {
                     // f32)
     ps = dist_opt_->param_blocks(counted);
   } else {
+    std::vector<Tensor> experts;  // expert parallelism: summed over the EP group too
+    const auto& specs = model_->params().specs();
     for (size_t i = 0; i < counted.size(); ++i)
-      if (counted[i]) ps.push_back(model_->params().param(model_->params().specs()[i]));
+      if (counted[i])
+        (specs[i].expert && ctx_.ep_size > 1 ? experts : ps).push_back(model_->params().param(specs[i]));
+    double v[2] = {be_.sum_squares_all(ps), experts.empty() ? 0.0 : be_.sum_squares_all(experts)};
+    ctx_.model_parallel->all_reduce_f64(v, 2, ReduceOp::Sum);
+    if (ctx_.ep_size > 1) ctx_.ep->all_reduce_f64(&v[1], 1, ReduceOp::Sum);
+    return std::sqrt(v[0] + v[1]);
   }
   double local = be_.sum_squares_all(ps);
   (dist_opt_ ? ctx_.world : ctx_.model_parallel)->all_reduce_f64(&local, 1, ReduceOp::Sum);
@@ -435,10 +462,12 @@ double Trainer::params_norm() {
 
 double Trainer::grad_zeros() {
   grad_norm_squared();  // builds norm_grads_: the gradient this rank counts once
-  double zeros = 0;
-  for (const Tensor& g : norm_grads_) zeros += be_.count_zeros(g);
-  (dist_opt_ ? ctx_.world : ctx_.model_parallel)->all_reduce_f64(&zeros, 1, ReduceOp::Sum);
-  return zeros;
+  double zeros[2] = {0, 0};  // the others, this rank's experts (expert parallelism)
+  for (const Tensor& g : norm_grads_) zeros[0] += be_.count_zeros(g);
+  for (const Tensor& g : norm_expert_grads_) zeros[1] += be_.count_zeros(g);
+  (dist_opt_ ? ctx_.world : ctx_.model_parallel)->all_reduce_f64(zeros, 2, ReduceOp::Sum);
+  if (!dist_opt_ && ctx_.ep_size > 1) ctx_.ep->all_reduce_f64(&zeros[1], 1, ReduceOp::Sum);
+  return zeros[0] + zeros[1];
 }
 
 double Trainer::count_loss_tokens() {
@@ -931,7 +960,7 @@ void Trainer::memory_report(int64_t iteration) {
   all[4 * me] = m.allocated;
   all[4 * me + 1] = m.max_allocated;
   all[4 * me + 2] = m.reserved;
-  all[4 * me + 3] = estimate_rank_memory(model_cfg_, cfg_, layout, ctx_.pp_rank).total_bytes();
+  all[4 * me + 3] = estimate_rank_memory(model_cfg_, cfg_, layout, ctx_.pp_rank, ctx_.ep_size).total_bytes();
   ctx_.world->all_reduce_f64(all.data(), static_cast<int64_t>(all.size()), ReduceOp::Sum);
   const double MB = 1024.0 * 1024.0;
   for (int r = 0; r < R; ++r) {
@@ -990,6 +1019,7 @@ struct Trainer::AsyncSave {
     size_t size = 0;
   } staged[3];
   std::vector<float> gathered[3];  // the distributed optimizer's state, gathered on DP rank 0
+  std::vector<float> experts[3];   // expert parallelism: the state with every expert
   std::thread thread;              // the writer of this rank's shard (DP rank 0 only)
   std::atomic<bool> done{true};
   std::string error;  // why the write failed (set by the thread before done)
@@ -1046,7 +1076,9 @@ void Trainer::write_checkpoint(const std::string& dir) {
   std::vector<float>* gathered = async ? async_->gathered : local_gathered;
   if (dist_opt_) {
     sync_params();
-    const bool want = ctx_.dp_rank == 0;
+    // (With expert parallelism every EP rank of the first expert-data-parallel replica: each
+    // holds its experts' blocks in full.)
+    const bool want = ctx_.dp_rank < ctx_.ep_size;
     if (dist_opt_->owns_master()) gathered[0] = dist_opt_->gather_state("master", want);
     if (!cfg_.no_save_optim) {
       gathered[1] = dist_opt_->gather_state("exp_avg", want);
@@ -1055,8 +1087,10 @@ void Trainer::write_checkpoint(const std::string& dir) {
   }
   const std::string path = dir + "/" + iteration_dir_name(iteration_) + ".tmp/" +
                            shard_file_name(ctx_.tp_rank, ctx_.pp_rank);
-  // DP replicas hold the same state: data-parallel rank 0 of each (tp, pp) writes its file.
-  if (ctx_.dp_rank == 0) {
+  // DP replicas hold the same state: data-parallel rank 0 of each (tp, pp) writes its file. With
+  // expert parallelism the file holds every expert all the same (checkpoints do not depend on
+  // EP): the other EP ranks of the first replica send it theirs.
+  if (ctx_.dp_rank < ctx_.ep_size) {
     try {
       const char* fault = std::getenv("TESSERA_FAULT_SAVE_RANK");  // testing: fail this rank's save
       int fault_rank = -1;
@@ -1095,6 +1129,14 @@ void Trainer::write_checkpoint(const std::string& dir) {
         }
       }
       ShardTensors tensors{&ps.specs(), host[0], host[1], host[2]};
+      if (ctx_.ep_size > 1) {
+        std::vector<float>* full = async ? async_->experts : ep_full_;
+        gather_experts(host, ep_specs_, full);
+        if (ctx_.dp_rank != 0) throw SkipWrite{};
+        tensors = ShardTensors{&ep_specs_, host[0] ? full[0].data() : nullptr,
+                               host[1] ? full[1].data() : nullptr,
+                               host[2] ? full[2].data() : nullptr};
+      }
       if (async) {
         AsyncSave* a = async_.get();
         a->error.clear();
@@ -1110,6 +1152,7 @@ void Trainer::write_checkpoint(const std::string& dir) {
       } else {
         write_checkpoint_shard(path, meta, model_->shard(), tensors, fail_after);
       }
+    } catch (const SkipWrite&) {  // an EP rank that sent its experts to DP rank 0
     } catch (const std::exception& e) {
       failed = 1;
       error = e.what();
@@ -1140,6 +1183,54 @@ void Trainer::write_checkpoint(const std::string& dir) {
   if (on_progress) on_progress(iteration_);
   TLOG(info) << "saved checkpoint " << dir << "/" << iteration_dir_name(iteration_) << " in "
              << t.seconds() << " s";
+}
+
+void Trainer::gather_experts(const float* const local[3], std::vector<ParamSpec>& specs,
+                             std::vector<float> full[3]) {
+  // The specs of this (tp, pp) shard with every expert (expert-parallel size 1), in a plain flat
+  // layout; the non-expert values are this rank's, each expert's comes from its EP rank (a sum
+  // with zeros: exact).
+  ModelShard one = model_->shard();
+  one.ep_size = 1;
+  one.ep_rank = 0;
+  specs = build_param_specs(model_cfg_, one);
+  layout_flat_buffer(specs, FlatLayout{});
+  int64_t total = 0;
+  for (const ParamSpec& s : specs) total = std::max(total, s.flat_offset + s.numel());
+  for (int k = 0; k < 3; ++k)
+    if (local[k]) full[k].assign(static_cast<size_t>(total), 0.f);
+  const ParamStore& ps = model_->params();
+  const int El = model_cfg_.num_experts / ctx_.ep_size;
+  std::vector<double> buf;
+  for (const ParamSpec& s : specs) {
+    const bool mine = ps.has(s.name);
+    if (!s.expert) {
+      TESSERA_CHECK(mine, "parameter ", s.name, " missing on an expert-parallel rank");
+      for (int k = 0; k < 3; ++k)
+        if (local[k])
+          std::copy(local[k] + ps.spec(s.name).flat_offset,
+                    local[k] + ps.spec(s.name).flat_offset + s.numel(),
+                    full[k].begin() + s.flat_offset);
+      continue;
+    }
+    const size_t at = s.name.find(".experts.") + 9;
+    const int owner = std::stoi(s.name.substr(at)) / El;
+    buf.assign(static_cast<size_t>(3 * s.numel()), 0.0);
+    if (owner == ctx_.ep_rank) {
+      TESSERA_CHECK(mine, "expert parameter ", s.name, " missing on its expert-parallel rank");
+      for (int k = 0; k < 3; ++k)
+        if (local[k]) {
+          const float* src = local[k] + ps.spec(s.name).flat_offset;
+          for (int64_t i = 0; i < s.numel(); ++i) buf[static_cast<size_t>(k * s.numel() + i)] = src[i];
+        }
+    }
+    ctx_.ep->all_reduce_f64(buf.data(), static_cast<int64_t>(buf.size()), ReduceOp::Sum);
+    for (int k = 0; k < 3; ++k)
+      if (local[k])
+        for (int64_t i = 0; i < s.numel(); ++i)
+          full[k][static_cast<size_t>(s.flat_offset + i)] =
+              static_cast<float>(buf[static_cast<size_t>(k * s.numel() + i)]);
+  }
 }
 
 void Trainer::commit_save(const std::string& dir, int64_t iteration, double failed,

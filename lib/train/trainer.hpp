@@ -174,6 +174,14 @@ class Trainer {
   bool profile_this_rank() const;
   void log_iteration(const StepStats& s, double interval_loss, double interval_seconds, int n);
   void moe_step_stats(StepStats& st);
+  // Expert parallelism, saving: `local` (this rank's flat states, null where absent) with every
+  // expert of the EP group, in the layout of `specs` (expert-parallel size 1). Collective over
+  // the EP group.
+  void gather_experts(const float* const local[3], std::vector<ParamSpec>& specs,
+                      std::vector<float> full[3]);
+  struct SkipWrite {};  // an EP rank whose experts DP rank 0 writes
+  std::vector<ParamSpec> ep_specs_;
+  std::vector<float> ep_full_[3];
 
   GPTConfig model_cfg_;
   TrainConfig cfg_;
@@ -198,6 +206,7 @@ class Trainer {
   std::string read_error_;      // why this rank's samples of the step could not be read, or empty
   std::vector<int32_t> host_ids_, host_targets_;  // one micro-batch, staged for the backend
   std::vector<Tensor> norm_grads_;
+  std::vector<Tensor> norm_expert_grads_;  // expert parallelism: this rank's experts' gradients
   std::vector<bool> counted_;  // per parameter: counted once in grid-wide norms on this rank
   IterationTimers timers_;
   std::unique_ptr<TensorBoardWriter> tb_;  // on the last rank with --tensorboard-dir

@@ -169,6 +169,48 @@ for layout in "tp2-moe 2 2 1 2" "tp2-sp-moe 2 2 1 2 --sequence-parallel --recomp
   fi
 done
 if [ "$(compare base base-moe)" = "0" ]; then echo "FAIL: MoE changed no loss"; fail=1; fi
+# Expert parallelism: the experts split over 2 or 4 ranks carved out of DP, tokens sent to their
+# experts' ranks and back by all-to-all, the experts' gradients reduced over the
+# expert-data-parallel group (and their optimizer blocks cut over it).
+for layout in "ep2-moe 2 1 1 2 --expert-model-parallel-size 2" \
+              "ep4-moe 4 1 1 2 --expert-model-parallel-size 4 --use-distributed-optimizer" \
+              "tp2-sp-ep2-moe 4 2 1 2 --sequence-parallel --expert-model-parallel-size 2 --recompute-activations" \
+              "tp2pp2dp2ep2-moe 8 2 2 2 --expert-model-parallel-size 2 --use-distributed-optimizer --sequence-parallel"; do
+  set -- $layout
+  run "$@" "${moe[@]}" || { fail=1; continue; }
+  within base-moe "$1" 1e-5 "np $2 TP $3 PP $4, MoE ${*:6}"
+done
+# Mutation: one token copy sent to the wrong expert rank must show.
+TESSERA_FAULT_MOE_DISPATCH=wrong-rank run ep2-moe-fault 2 1 1 2 --expert-model-parallel-size 2 "${moe[@]}" || fail=1
+worst=$(compare base-moe ep2-moe-fault)
+if [ "$worst" = "missing" ] || awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }'; then
+  echo "FAIL: a token sent to the wrong expert rank went unnoticed ($worst)"; fail=1
+else
+  echo "ok: a token sent to the wrong expert rank changes the losses ($worst)"
+fi
+# Edge cases (Megatron #1877, #1603), each the single-rank run at EP 2: every token to experts 0
+# and 1 (the second expert rank receives no token), every token to expert 0 alone (top 1), and
+# top-k = E (every expert gets every token).
+for edge in "none|0:30,1:29|--moe-router-topk 2" "one|0:30|--moe-router-topk 1" "all||--moe-router-topk 4"; do
+  IFS='|' read -r ename bias extra <<<"$edge"
+  export TESSERA_TEST_MOE_LOGIT_BIAS=$bias
+  [ -z "$bias" ] && unset TESSERA_TEST_MOE_LOGIT_BIAS
+  run "base-moe-$ename" 1 1 1 2 "${moe[@]}" $extra || { fail=1; continue; }
+  run "ep2-moe-$ename" 2 1 1 2 --expert-model-parallel-size 2 "${moe[@]}" $extra || { fail=1; continue; }
+  within "base-moe-$ename" "ep2-moe-$ename" 1e-5 "EP 2, edge case '$ename' ($bias $extra)"
+  unset TESSERA_TEST_MOE_LOGIT_BIAS
+done
+# The edge cases routed as meant: the load-balancing loss (1 when balanced) is E/K = 2 with every
+# token on experts 0 and 1, 4 with every token on expert 0, 1 with every expert chosen.
+for want in "none 2" "one 4" "all 1"; do
+  set -- $want
+  got=$(field "base-moe-$1" load_balancing_loss | head -1)
+  if awk -v g="$got" -v w="$2" 'BEGIN { d = g - w; if (d < 0) d = -d; exit !(d < 1e-3) }'; then
+    echo "ok: edge case '$1' routed as meant: load_balancing_loss $got"
+  else
+    echo "FAIL: edge case '$1': load_balancing_loss $got, expected $2"; fail=1
+  fi
+done
 echo "first/last single-rank loss: $(losses "$work/base.jsonl" | head -1) -> $(losses "$work/base.jsonl" | tail -1)"
 [ $fail -eq 0 ] && echo "layout equivalence: all passed"
 exit $fail
