@@ -4,6 +4,10 @@
 // rank for the reference (bench/run_parallel_bench.sh does both).
 // Usage: bench_parallel TP PP [steps=5] [layers=8] [hidden=256] [seq=128] [global_batch=16]
 // [micro=2] [--sequence-parallel] [--virtual-stages V] [--vocab N (8192)]
+// [--num-experts E [--moe-router-topk K] [--expert-model-parallel-size EP]]
+// With --num-experts every MLP is a MoE of E SwiGLU experts (top K): the bench adds the bytes
+// each rank sends by all-to-all against the balanced-routing formula, and the step time of the
+// dense model with the same active parameters (an MLP K experts wide) on the same ranks.
 // The bubble is also printed as Megatron states it, blocked time over busy time, next to its
 // theory (P-1)/(V m) for the interleaved schedule with V model chunks per rank (V = 1: 1F1B).
 #include <mpi.h>
@@ -127,9 +131,16 @@ int main(int argc, char** argv) {
   std::vector<const char*> pos{argv[0]};
   bool sequence_parallel = false;
   int virtual_stages = 1, vocab = 8192;
+  int experts = 0, topk = 2, ep = 1;  // MoE (--num-experts E --moe-router-topk K --ep EP)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--sequence-parallel") == 0)
       sequence_parallel = true;
+    else if (std::strcmp(argv[i], "--num-experts") == 0 && i + 1 < argc)
+      experts = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--moe-router-topk") == 0 && i + 1 < argc)
+      topk = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--expert-model-parallel-size") == 0 && i + 1 < argc)
+      ep = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--virtual-stages") == 0 && i + 1 < argc)
       virtual_stages = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--vocab") == 0 && i + 1 < argc)
@@ -145,6 +156,12 @@ int main(int argc, char** argv) {
   m.num_attention_heads = 8;
   m.seq_length = arg(6, 128);
   m.vocab_size = vocab;
+  if (experts > 0) {  // Mixtral's MLP: SwiGLU experts of the dense width, top-k routing
+    m.swiglu = true;
+    m.num_experts = experts;
+    m.moe_router_topk = topk;
+    m.moe_aux_loss_coeff = 0.01;
+  }
   TrainConfig t;
   t.global_batch_size = arg(7, 16);
   t.micro_batch_size = arg(8, 2);
@@ -155,9 +172,13 @@ int main(int argc, char** argv) {
   try {
     ProcessGrid grid(tp, pp);
     if (virtual_stages > 1) grid.use_pipeline_ring();  // as tessera-train does
+    grid.use_expert_parallel(ep);
     ParallelContext ctx = grid.context();
     set_num_threads(default_threads(grid.node_comm()));
     CountingCommunicator ctp(*ctx.tp), cpp(*ctx.pp), cdp(*ctx.dp), cemb(*ctx.embedding);
+    CountingCommunicator cep(*ctx.ep), cedp(*ctx.edp);
+    ctx.ep = &cep;
+    ctx.edp = ep > 1 ? &cedp : &cdp;
     ctx.tp = &ctp;
     if (ctx.pp_grad == ctx.pp) ctx.pp_grad = &cpp;  // MPI: one communicator carries both ways
     ctx.pp = &cpp;
@@ -176,7 +197,7 @@ int main(int argc, char** argv) {
     auto data = make_mock_dataset(m.vocab_size, m.seq_length, 1);
     Trainer tr(m, t, *be, *data, ctx);
     tr.train_step();  // warm-up
-    ctp.bytes = cpp.bytes = cdp.bytes = cemb.bytes = 0;
+    ctp.bytes = cpp.bytes = cdp.bytes = cemb.bytes = cep.bytes = cedp.bytes = 0;
     if (cwrap) cwrap->bytes = cwrap_grad->bytes = 0;
     ctp.seconds = cpp.seconds = cdp.seconds = cemb.seconds = 0;
     // Megatron's bubble: the schedule's wall time over all pipeline ranks (from a common start:
@@ -199,20 +220,45 @@ int main(int argc, char** argv) {
     std::sort(ratios.begin(), ratios.end());  // the median step: robust to a noisy one
     const double ratio = ratios[ratios.size() / 2];
     // Per-rank figures, averaged over steps; then the max over ranks (the slowest sets the pace).
-    double mine[8] = {step / steps,        ctp.bytes / steps,
-                      pp_bytes() / steps,  (cdp.bytes + cemb.bytes) / steps,
+    double mine[9] = {step / steps,        ctp.bytes / steps,
+                      pp_bytes() / steps,  (cdp.bytes + cemb.bytes + cedp.bytes) / steps,
                       ctp.seconds / steps, (cdp.seconds + cemb.seconds) / steps,
-                      bubble / step,       ratio};
-    double most[8], sum[8];
-    MPI_Reduce(mine, most, 8, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    MPI_Reduce(mine, sum, 8, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+                      bubble / step,       ratio,
+                      cep.bytes / steps};
+    double most[9], sum[9];
+    MPI_Reduce(mine, most, 9, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    MPI_Reduce(mine, sum, 9, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+    // MoE: the same model with a dense MLP of the experts' active width (k x the expert width,
+    // so the same active parameters per token), timed the same way on the same ranks.
+    double dense_step = 0;
+    if (experts > 0) {
+      GPTConfig d = m;
+      d.num_experts = 0;
+      d.ffn_hidden_size = topk * m.ffn();
+      ParallelContext dctx = ctx;
+      dctx.ep_size = 1;
+      dctx.ep_rank = 0;
+      dctx.edp = dctx.dp;
+      Trainer dense(d, t, *be, *data, dctx);
+      dense.train_step();  // warm-up
+      for (int i = 0; i < steps; ++i) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        dense_step += dense.train_step().seconds;
+      }
+      dense_step /= steps;
+      MPI_Allreduce(MPI_IN_PLACE, &dense_step, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    }
     if (grid.world_rank() == 0) {
       const int world = grid.world_size();
       const int micro = tr.num_micro_batches();
       std::printf(
-          "bench_parallel: TP %d x PP %d x DP %d (%d ranks)%s%s, %d layers, hidden %d, seq %d, "
+          "bench_parallel: TP %d x PP %d x DP %d (%d ranks)%s%s%s, %d layers, hidden %d, seq %d, "
           "global batch %d, micro-batch %d (%d per DP rank per step)\n",
           tp, pp, ctx.dp_size, world, sequence_parallel ? " + sequence parallelism" : "",
+          experts > 0 ? (", MoE " + std::to_string(experts) + " experts top-" +
+                         std::to_string(topk) + " at EP " + std::to_string(ep))
+                            .c_str()
+                      : "",
           virtual_stages > 1 ? (" + " + std::to_string(virtual_stages) + " virtual stages").c_str()
                              : "",
           m.num_layers, m.hidden_size, m.seq_length, t.global_batch_size, t.micro_batch_size,
@@ -238,7 +284,22 @@ int main(int argc, char** argv) {
                   100.0 * most[7]);
       std::printf("%-46s %13.1f%%\n", "bubble / ideal time theory (P-1)/(V m)",
                   100.0 * theoretical_bubble_ratio(pp, micro, virtual_stages));
-      const MemoryEstimate e = estimate_rank_memory(m, t, GridLayout::make(world, tp, pp), 0);
+      if (experts > 0) {
+        // Balanced routing: of a micro-batch's N*K token copies, (EP-1)/EP leave for other EP
+        // ranks; dispatch and combine, forward and backward: 4 all-to-alls per MoE layer.
+        const double N = double(t.micro_batch_size) * m.seq_length;
+        const double formula = 4.0 * m.num_layers * micro * N * topk * (ep - 1) / ep *
+                               m.hidden_size * 4.0;
+        std::printf("%-46s %14.3f\n", "MoE all-to-all MB sent per rank (mean)", sum[8] / world / 1e6);
+        std::printf("%-46s %14.3f\n", "  formula, balanced routing 4 L m N K (EP-1)/EP C 4",
+                    formula / 1e6);
+        std::printf("%-46s %14.1f\n", "dense step, same active parameters (ms)", dense_step * 1e3);
+        std::printf("%-46s %14.2f\n", "MoE step / dense step", most[0] / dense_step);
+        std::printf("%-46s %14lld / %lld\n", "parameters total / active per token",
+                    (long long)m.num_parameters(), (long long)m.num_active_parameters());
+      }
+      const MemoryEstimate e =
+          estimate_rank_memory(m, t, GridLayout::make(world, tp, pp), 0, ep);
       std::printf("%-46s %14.3f\n", "activations kept per layer per micro-batch MiB",
                   e.activation_layer_bytes / (1024.0 * 1024.0));
       if (tp > 1)

@@ -236,6 +236,7 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
   const int64_t E = cfg.num_experts, K = cfg.moe_router_topk, NK = N * K;
   const int ep = shard.ep_size;
   const int64_t R = ep > 1 ? ep * N * std::min<int64_t>(K, E / ep) : NK;
+  const bool allgather = ep > 1 && cfg.moe_token_dispatcher_type == "allgather";
   const int64_t efl = cfg.moe() ? cfg.moe_ffn() / shard.tp_size : 0;
   int64_t fl_max = 0;  // the widest MLP of this rank's layers
   bool any_moe = false;
@@ -282,6 +283,11 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
       la.moe_fc1 = f({R, glu * efl});
       la.moe_out = f({NK, C});
       if (ep > 1) la.moe_xe = f({R, C});
+      if (allgather) {
+        la.moe_ag_weight = f32({ep * N, K});
+        la.moe_ag_row = i32({ep * N, K});
+        la.moe_oute = f({R, C});
+      }
     }
   };
   // Without expert parallelism the expert side is the token side.
@@ -295,7 +301,8 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
     la.fc1 = fl > 0 && la.fc1.defined() ? la.fc1.view(0, {N, glu * fl}) : Tensor();
     if (!cfg.is_moe_layer(l)) {
       for (Tensor* t : {&la.moe_x, &la.moe_xe, &la.moe_act, &la.moe_logits, &la.moe_expert,
-                        &la.moe_row, &la.moe_weight, &la.moe_fc1, &la.moe_out})
+                        &la.moe_row, &la.moe_weight, &la.moe_fc1, &la.moe_out,
+                        &la.moe_ag_weight, &la.moe_ag_row, &la.moe_oute})
         *t = Tensor();
     }
     return la;
@@ -311,8 +318,15 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
   if (any_moe) {
     shared.moe_dout = f({NK, C});
     if (ep > 1) {
-      shared.moe_oute = f({R, C});
+      if (!allgather) shared.moe_oute = f({R, C});
       shared.moe_doute = f({R, C});
+    }
+    if (allgather) {
+      shared.moe_ag_x = f({ep * N, C});
+      shared.moe_ag_y = f({ep * N, C});
+      shared.moe_ag_logits = f32({ep * N, E});
+      shared.moe_ag_expert = i32({ep * N, K});
+      shared.moe_ag_dweight = f32({ep * N, K});
     }
     shared.moe_dact = f({R, efl});
     if (cfg.swiglu) shared.moe_dfc1 = f({R, glu * efl});

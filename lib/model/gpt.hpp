@@ -44,6 +44,10 @@ struct LayerActivations {
   std::vector<int64_t> moe_rows;    // the expert side's blocks: rows of each
   std::vector<int> moe_block_expert;  // and its local expert
   std::vector<int64_t> moe_send, moe_recv;  // rows sent to / received from each EP rank
+  // The allgather dispatcher (expert parallelism): every EP rank's routing weights and slots'
+  // rows in this rank's expert side (-1: another rank's expert), (EP*N,K); and the expert side's
+  // outputs (R,C), kept for the backward.
+  Tensor moe_ag_weight, moe_ag_row, moe_oute;
   std::vector<int64_t> moe_routed;  // tokens routed to each expert (per load-balancing group)
   float moe_loss_scale = 0;         // the micro-batch's Activations::moe_loss_scale
 };
@@ -92,8 +96,11 @@ struct Activations {
   // MoE scratch: expert output and input gradients (R,C), the expert activation's and fc1's
   // gradients, the routing weights' (N,K) and the logits' (N,E) gradients (f32), and two (N,C).
   Tensor moe_dout, moe_dact, moe_dfc1, moe_dweight, moe_dlogits, moe_dx, moe_tmp;
-  // Expert parallelism: the expert side's outputs and gradients (R,C) before they return.
+  // Expert parallelism: the expert side's outputs and gradients (R,C) before they return; the
+  // allgather dispatcher's gathered rows (EP*N,C: inputs, then outputs or gradients), logits
+  // (EP*N,E), experts (EP*N,K) and routing-weight gradients (EP*N,K).
   Tensor moe_oute, moe_doute;
+  Tensor moe_ag_x, moe_ag_y, moe_ag_logits, moe_ag_expert, moe_ag_dweight;
   Tensor moe_logits_c;  // (N,E) logits in the compute dtype (mixed precision only)
   // The weight of this micro-batch's load-balancing and z losses in the objective: 1 / the
   // micro-batches of the global batch (the trainer sets it; 1 for a lone micro-batch).
@@ -324,6 +331,10 @@ class GPTModel {
   // Counts the expert side of a routed micro-batch: exchanges the rows per expert over the EP
   // group and fills la's blocks and per-rank rows.
   void moe_plan(LayerActivations& la, const std::vector<int64_t>& kept);
+  // The allgather dispatcher: gathers the EP group's tokens and logits, routes each rank's, and
+  // permutes the copies for this rank's experts into la.moe_xe (blocks by rank, then expert).
+  void moe_allgather_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la,
+                              int64_t group_rows);
 };
 
 }  // namespace tessera

@@ -256,6 +256,9 @@ void GPTConfig::validate_moe() const {
   if (!std::isfinite(moe_expert_capacity_factor))
     throw ConfigError(detail::concat("--moe-expert-capacity-factor=", moe_expert_capacity_factor,
                                      " is out of range (allowed: > 0, or none for dropless)"));
+  if (moe_token_dispatcher_type != "alltoall" && moe_token_dispatcher_type != "allgather")
+    throw ConfigError("--moe-token-dispatcher-type=" + moe_token_dispatcher_type +
+                      " is not known (allowed: alltoall, allgather)");
   if (moe_token_drop_policy != "probs" && moe_token_drop_policy != "position")
     throw ConfigError("--moe-token-drop-policy=" + moe_token_drop_policy +
                       " is not known (allowed: probs, position)");

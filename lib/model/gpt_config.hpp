@@ -68,6 +68,10 @@ struct GPTConfig {
   // weights (probs) or the earliest tokens (position).
   double moe_expert_capacity_factor = 0;
   std::string moe_token_drop_policy = "probs";  // probs | position
+  // With expert parallelism, how tokens reach their experts' ranks (the same results): alltoall
+  // (each rank's copies to their experts' ranks and back) or allgather (every rank gathers the EP
+  // group's tokens, computes its experts' share, and the outputs are reduce-scattered).
+  std::string moe_token_dispatcher_type = "alltoall";
 
   bool rope() const { return position_embedding_type == "rope"; }
   bool learned_positions() const { return position_embedding_type == "learned_absolute"; }

@@ -75,6 +75,46 @@ void GPTModel::moe_plan(LayerActivations& la, const std::vector<int64_t>& kept) 
     }
 }
 
+void GPTModel::moe_allgather_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la,
+                                      int64_t group_rows) {
+  const int EP = shard_.ep_size, E = cfg_.num_experts, El = E / EP;
+  const int e0 = shard_.experts_begin(E);
+  const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, K = cfg_.moe_router_topk;
+  // Every EP rank's tokens and router logits; each rank's routing is recomputed here from its
+  // logits (the same deterministic function its owner ran, its capacity included).
+  phase("moe-allgather");
+  ep_->all_gather(a.moe_ag_x, la.ln2);
+  ep_->all_gather(a.moe_ag_logits, la.moe_logits);
+  phase("moe-permute");
+  la.moe_rows.clear();
+  la.moe_block_expert.clear();
+  std::vector<int32_t> rows_host(static_cast<size_t>(N * K));
+  int64_t base = 0;
+  for (int p = 0; p < EP; ++p) {
+    Tensor expert = a.moe_ag_expert.view(p * N * K, {N, K});
+    Tensor weight = la.moe_ag_weight.view(p * N * K, {N, K});
+    Tensor row = la.moe_ag_row.view(p * N * K, {N, K});
+    std::vector<int64_t> routed, kept;
+    be_.moe_route(expert, weight, row, a.moe_ag_logits.view(p * N * E, {N, E}), routing_,
+                  group_rows, routed, kept);
+    // This rank's experts hold rows [first, first + mine) of rank p's permutation: re-based to
+    // follow the ranks before p on the expert side; the other slots are not ours (-1).
+    int64_t first = 0, mine = 0;
+    for (int e = 0; e < e0; ++e) first += kept[static_cast<size_t>(e)];
+    for (int j = 0; j < El; ++j) {
+      mine += kept[static_cast<size_t>(e0 + j)];
+      la.moe_rows.push_back(kept[static_cast<size_t>(e0 + j)]);
+      la.moe_block_expert.push_back(j);
+    }
+    be_.copy_to_host(rows_host.data(), row);
+    for (int32_t& r : rows_host)
+      r = r >= first && r < first + mine ? static_cast<int32_t>(r - first + base) : -1;
+    be_.copy_from_host(row, rows_host.data());
+    be_.moe_permute(la.moe_xe, a.moe_ag_x.view(p * N * C, {N, C}), row);
+    base += mine;
+  }
+}
+
 void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& out) {
   const int li = shard_.local_index(l);
   const LayerWeights& w = weights_[li];
@@ -127,12 +167,17 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
     st.z += lse_sq / double(N);
     ++st.micro_batches;
   }
-  // The token copies, grouped by expert; with expert parallelism each rank's share goes to the
-  // rank of its experts (all-to-all), and the results come back the same way.
-  phase("moe-permute");
-  be_.moe_permute(la.moe_x, la.ln2, la.moe_row);
-  moe_plan(la, kept);
-  if (ep) {
+  const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
+  if (allgather) {
+    moe_allgather_dispatch(phase, a, la, group_rows);
+  } else {
+    // The token copies, grouped by expert; with expert parallelism each rank's share goes to the
+    // rank of its experts (all-to-all), and the results come back the same way.
+    phase("moe-permute");
+    be_.moe_permute(la.moe_x, la.ln2, la.moe_row);
+    moe_plan(la, kept);
+  }
+  if (ep && !allgather) {
     if (fault_wrong_rank_ && shard_.ep_rank == 0 && la.moe_send[0] > 0 && la.moe_send[1] > 0) {
       // testing: the first copy for rank 0 and the first for rank 1 trade places
       std::vector<float> x(static_cast<size_t>(la.moe_x.numel()));
@@ -147,7 +192,7 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
     phase("moe-dispatch-all-to-all");
     ep_->all_to_all(la.moe_x, la.moe_send, la.moe_xe, la.moe_recv, C);
   }
-  Tensor oute = ep ? a.moe_oute : la.moe_out;
+  Tensor oute = allgather ? la.moe_oute : ep ? a.moe_oute : la.moe_out;
   const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
   int64_t row = 0;
   for (size_t b = 0; b < la.moe_rows.size(); ++b) {
@@ -164,12 +209,26 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
     be_.matmul_forward(y, act, ew.fc2_w, bias_here ? opt(ew.fc2_b) : nullptr);
     row += rows;
   }
-  if (ep) {
-    phase("moe-combine-all-to-all");
-    ep_->all_to_all(oute, la.moe_recv, la.moe_out, la.moe_send, C);
+  if (allgather) {
+    // Each rank's tokens' outputs from this rank's experts (zeros for the others), summed over
+    // the EP group into each rank's own rows.
+    phase("moe-unpermute");
+    const int EP = shard_.ep_size;
+    for (int p = 0; p < EP; ++p) {
+      Tensor yp = a.moe_ag_y.view(p * N * C, {N, C});
+      be_.moe_unpermute(yp, la.moe_oute, la.moe_ag_row.view(p * N * K, {N, K}),
+                        la.moe_ag_weight.view(p * N * K, {N, K}));
+    }
+    phase("moe-reduce-scatter");
+    ep_->reduce_scatter(out, a.moe_ag_y);
+  } else {
+    if (ep) {
+      phase("moe-combine-all-to-all");
+      ep_->all_to_all(oute, la.moe_recv, la.moe_out, la.moe_send, C);
+    }
+    phase("moe-unpermute");
+    be_.moe_unpermute(out, la.moe_out, la.moe_row, la.moe_weight);
   }
-  phase("moe-unpermute");
-  be_.moe_unpermute(out, la.moe_out, la.moe_row, la.moe_weight);
   if (w.fc1_w.defined()) {  // the shared expert: the dense MLP beside the routed ones
     phase("fc1-gemm-forward");
     be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b));
@@ -199,14 +258,32 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
     phase("fc1-gemm-backward");
     be_.matmul_backward(&a.moe_dx, g.fc1_w, opt(g.fc1_b), d1, la.ln2, w.fc1_w);
   }
-  phase("moe-unpermute-backward");
-  be_.moe_unpermute_backward(a.moe_dout, a.moe_dweight, dy, la.moe_out, la.moe_row,
-                             la.moe_weight);
+  const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
+  const int EP = shard_.ep_size;
+  Tensor de = ep ? a.moe_doute : a.moe_dout;  // the expert side's output gradients
+  if (allgather) {
+    // Every EP rank's output gradients; this rank's experts' slots of them, and their routing
+    // weights' gradients, summed over the EP group into each rank's own.
+    phase("moe-allgather");
+    ep_->all_gather(a.moe_ag_y, dy);
+    phase("moe-unpermute-backward");
+    for (int p = 0; p < EP; ++p) {
+      Tensor dwp = a.moe_ag_dweight.view(p * N * K, {N, K});
+      be_.moe_unpermute_backward(de, dwp, a.moe_ag_y.view(p * N * C, {N, C}), la.moe_oute,
+                                 la.moe_ag_row.view(p * N * K, {N, K}),
+                                 la.moe_ag_weight.view(p * N * K, {N, K}));
+    }
+    phase("moe-reduce-scatter");
+    ep_->reduce_scatter(a.moe_dweight, a.moe_ag_dweight);
+  } else {
+    phase("moe-unpermute-backward");
+    be_.moe_unpermute_backward(a.moe_dout, a.moe_dweight, dy, la.moe_out, la.moe_row,
+                               la.moe_weight);
+  }
   tp_reduce(phase, a.moe_dweight);  // each rank's expert outputs are partial sums over TP
   // The expert side's output gradients (sent to the experts' ranks with expert parallelism);
   // each block's rows become its input gradients once fc2's backward has read them.
-  Tensor de = ep ? a.moe_doute : a.moe_dout;
-  if (ep) {
+  if (ep && !allgather) {
     phase("moe-dispatch-all-to-all");
     ep_->all_to_all(a.moe_dout, la.moe_send, de, la.moe_recv, C);
   }
@@ -231,12 +308,23 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
     be_.matmul_backward(&dout, eg.fc1_w, opt(eg.fc1_b), d1, x, ew.fc1_w);
     row += rows;
   }
-  if (ep) {
-    phase("moe-combine-all-to-all");
-    ep_->all_to_all(de, la.moe_recv, a.moe_dout, la.moe_send, C);
+  if (allgather) {
+    // Each rank's tokens' input gradients from this rank's experts, summed over the EP group.
+    phase("moe-permute-backward");
+    for (int p = 0; p < EP; ++p) {
+      Tensor dxp = a.moe_ag_y.view(p * N * C, {N, C});
+      be_.moe_permute_backward(dxp, de, la.moe_ag_row.view(p * N * K, {N, K}));
+    }
+    phase("moe-reduce-scatter");
+    ep_->reduce_scatter(a.dln, a.moe_ag_y);
+  } else {
+    if (ep) {
+      phase("moe-combine-all-to-all");
+      ep_->all_to_all(de, la.moe_recv, a.moe_dout, la.moe_send, C);
+    }
+    phase("moe-permute-backward");
+    be_.moe_permute_backward(a.dln, a.moe_dout, la.moe_row);
   }
-  phase("moe-permute-backward");
-  be_.moe_permute_backward(a.dln, a.moe_dout, la.moe_row);
   if (shared) be_.add(a.dln, a.dln, a.moe_dx);
   // The router: through the routing weights, the load-balancing loss and the z-loss.
   phase("moe-router-backward");

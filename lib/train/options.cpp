@@ -325,7 +325,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
           "ranks the experts are split over, carved out of the data-parallel ranks (must "
           "divide DP and --num-experts)")(
           "moe-token-dispatcher-type",
-          po::value(&o.moe_token_dispatcher_type)->default_value(o.moe_token_dispatcher_type),
+          po::value(&m.moe_token_dispatcher_type)->default_value(m.moe_token_dispatcher_type),
           "alltoall | allgather: how tokens reach their experts' ranks (same results)")(
           "moe-grouped-gemm", po::bool_switch(&o.moe_grouped_gemm),
           "the experts' GEMMs as one grouped GEMM (same results)");
@@ -676,9 +676,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
                       " needs --moe-expert-capacity-factor (without one every token reaches "
                       "its experts and none is dropped)");
   if (!drop_policy.empty()) m.moe_token_drop_policy = drop_policy;
-  if (o.moe_token_dispatcher_type != "alltoall" && o.moe_token_dispatcher_type != "allgather")
-    throw ConfigError("--moe-token-dispatcher-type=" + o.moe_token_dispatcher_type +
-                      " is not known (allowed: alltoall, allgather)");
+
   if (o.ep < 1)
     throw ConfigError(
         detail::concat("--expert-model-parallel-size=", o.ep, " is out of range (allowed: >= 1)"));

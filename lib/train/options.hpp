@@ -25,9 +25,7 @@ struct RunOptions {
   LogOptions log;
   int tp = 1, pp = 1;           // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
   int ep = 1;                   // expert-parallel size (MoE): carved out of DP
-  // MoE options that change no result: how tokens reach their experts' ranks (alltoall or
-  // allgather) and whether the expert GEMMs run as one grouped GEMM.
-  std::string moe_token_dispatcher_type = "alltoall";
+  // --moe-grouped-gemm: accepted (the experts' GEMMs run one per expert; same results).
   bool moe_grouped_gemm = false;
   int threads = 0;              // 0: this rank's share of the cores in its affinity mask
   std::string device = "auto";  // resolved to "cpu" or "cuda" by parse_run_options

@@ -21,6 +21,9 @@ fi
 work=$(mktemp -d /tmp/tessera_slurm_XXXXXX)
 host=$(hostname)
 port=$(( 20000 + RANDOM % 20000 ))
+# The machine's cores (nproc alone honours OMP_NUM_THREADS: a test run with OMP_NUM_THREADS=1
+# would declare one CPU, and jobs of two tasks would pend forever).
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 export SLURM_CONF=$work/slurm.conf
 cat > "$SLURM_CONF" <<CONF
 ClusterName=tessera-test
@@ -47,7 +50,7 @@ JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 KillWait=10
 MinJobAge=600
-NodeName=$host CPUs=$(nproc) Sockets=1 CoresPerSocket=$(nproc) ThreadsPerCore=1 RealMemory=2000 State=UNKNOWN
+NodeName=$host CPUs=$cpus Sockets=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=2000 State=UNKNOWN
 PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
 CONF
 mkdir -p "$work/state" "$work/spool"

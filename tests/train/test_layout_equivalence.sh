@@ -170,12 +170,15 @@ for layout in "tp2-moe 2 2 1 2" "tp2-sp-moe 2 2 1 2 --sequence-parallel --recomp
 done
 if [ "$(compare base base-moe)" = "0" ]; then echo "FAIL: MoE changed no loss"; fail=1; fi
 # Expert parallelism: the experts split over 2 or 4 ranks carved out of DP, tokens sent to their
-# experts' ranks and back by all-to-all, the experts' gradients reduced over the
-# expert-data-parallel group (and their optimizer blocks cut over it).
-for layout in "ep2-moe 2 1 1 2 --expert-model-parallel-size 2" \
+# experts' ranks and back by all-to-all (or with the allgather dispatcher gathered, and the
+# outputs reduce-scattered), the experts' gradients reduced over the expert-data-parallel group
+# (and their optimizer blocks cut over it).
+for layout in "ep2-moe 2 1 1 2 --expert-model-parallel-size 2 --recompute-granularity full --recompute-method uniform --recompute-num-layers 2" \
               "ep4-moe 4 1 1 2 --expert-model-parallel-size 4 --use-distributed-optimizer" \
               "tp2-sp-ep2-moe 4 2 1 2 --sequence-parallel --expert-model-parallel-size 2 --recompute-activations" \
-              "tp2pp2dp2ep2-moe 8 2 2 2 --expert-model-parallel-size 2 --use-distributed-optimizer --sequence-parallel"; do
+              "tp2pp2dp2ep2-moe 8 2 2 2 --expert-model-parallel-size 2 --use-distributed-optimizer --sequence-parallel" \
+              "ep2-allgather-moe 2 1 1 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather --recompute-activations" \
+              "tp2-sp-ep2-allgather-moe 4 2 1 2 --sequence-parallel --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather --use-distributed-optimizer"; do
   set -- $layout
   run "$@" "${moe[@]}" || { fail=1; continue; }
   within base-moe "$1" 1e-5 "np $2 TP $3 PP $4, MoE ${*:6}"
