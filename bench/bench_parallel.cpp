@@ -288,9 +288,10 @@ int main(int argc, char** argv) {
         // Balanced routing: of a micro-batch's N*K token copies, (EP-1)/EP leave for other EP
         // ranks; dispatch and combine, forward and backward: 4 all-to-alls per MoE layer.
         const double N = double(t.micro_batch_size) * m.seq_length;
-        const double formula = 4.0 * m.num_layers * micro * N * topk * (ep - 1) / ep *
-                               m.hidden_size * 4.0;
-        std::printf("%-46s %14.3f\n", "MoE all-to-all MB sent per rank (mean)", sum[8] / world / 1e6);
+        const double formula =
+            4.0 * m.num_layers * micro * N * topk * (ep - 1) / ep * m.hidden_size * 4.0;
+        std::printf("%-46s %14.3f\n", "MoE all-to-all MB sent per rank (mean)",
+                    sum[8] / world / 1e6);
         std::printf("%-46s %14.3f\n", "  formula, balanced routing 4 L m N K (EP-1)/EP C 4",
                     formula / 1e6);
         std::printf("%-46s %14.1f\n", "dense step, same active parameters (ms)", dense_step * 1e3);
@@ -298,8 +299,7 @@ int main(int argc, char** argv) {
         std::printf("%-46s %14lld / %lld\n", "parameters total / active per token",
                     (long long)m.num_parameters(), (long long)m.num_active_parameters());
       }
-      const MemoryEstimate e =
-          estimate_rank_memory(m, t, GridLayout::make(world, tp, pp), 0, ep);
+      const MemoryEstimate e = estimate_rank_memory(m, t, GridLayout::make(world, tp, pp), 0, ep);
       std::printf("%-46s %14.3f\n", "activations kept per layer per micro-batch MiB",
                   e.activation_layer_bytes / (1024.0 * 1024.0));
       if (tp > 1)

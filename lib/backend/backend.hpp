@@ -288,12 +288,11 @@ class Backend {
   virtual void moe_router_stats(const Tensor& logits, const MoERouting& r, int64_t group_rows,
                                 std::vector<double>& score_sums, double& lse_sq_sum);
   virtual void moe_router_backward(Tensor& dlogits, const Tensor& logits, const Tensor& expert,
-                                   const Tensor& weight, const Tensor& dweight,
-                                   const MoERouting& r, int64_t group_rows,
-                                   const std::vector<double>& aux_grad, double z_grad);
+                                   const Tensor& weight, const Tensor& dweight, const MoERouting& r,
+                                   int64_t group_rows, const std::vector<double>& aux_grad,
+                                   double z_grad);
   virtual void moe_permute(Tensor& x_perm, const Tensor& x, const Tensor& row);
-  virtual void moe_unpermute(Tensor& y, const Tensor& out, const Tensor& row,
-                             const Tensor& weight);
+  virtual void moe_unpermute(Tensor& y, const Tensor& out, const Tensor& row, const Tensor& weight);
   virtual void moe_unpermute_backward(Tensor& dout, Tensor& dweight, const Tensor& dy,
                                       const Tensor& out, const Tensor& row, const Tensor& weight);
   virtual void moe_permute_backward(Tensor& dx, const Tensor& dx_perm, const Tensor& row);

@@ -53,8 +53,8 @@ class HostF32 {
 };
 
 void check_slots(const Tensor& row, int64_t N, int64_t* K) {
-  TESSERA_CHECK(row.dtype() == DType::I32 && row.ndim() == 2 && row.dim(0) == N,
-                "MoE op: slots ", shape_str(row.shape()), " for ", N, " tokens");
+  TESSERA_CHECK(row.dtype() == DType::I32 && row.ndim() == 2 && row.dim(0) == N, "MoE op: slots ",
+                shape_str(row.shape()), " for ", N, " tokens");
   *K = row.dim(1);
 }
 
@@ -73,8 +73,8 @@ int64_t Backend::moe_route(Tensor& expert, Tensor& weight, Tensor& row, const Te
                     weight.numel() == N * r.topk && row.numel() == N * r.topk,
                 "moe_route: shapes");
   if (direct(*this, {&expert, &weight, &row, &logits}))
-    return moe_route_host(logits.f32(), N, r, group_rows, expert.i32(), weight.f32(),
-                          row.i32(), routed, kept);
+    return moe_route_host(logits.f32(), N, r, group_rows, expert.i32(), weight.f32(), row.i32(),
+                          routed, kept);
   HostF32 z(*this, logits, true), e(*this, expert, false), w(*this, weight, false),
       rw(*this, row, false);
   const int64_t R = moe_route_host(z.f(), N, r, group_rows, e.i(), w.f(), rw.i(), routed, kept);
@@ -96,21 +96,20 @@ void Backend::moe_router_stats(const Tensor& logits, const MoERouting& r, int64_
 }
 
 void Backend::moe_router_backward(Tensor& dlogits, const Tensor& logits, const Tensor& expert,
-                                  const Tensor& weight, const Tensor& dweight,
-                                  const MoERouting& r, int64_t group_rows,
-                                  const std::vector<double>& aux_grad, double z_grad) {
+                                  const Tensor& weight, const Tensor& dweight, const MoERouting& r,
+                                  int64_t group_rows, const std::vector<double>& aux_grad,
+                                  double z_grad) {
   const int64_t N = logits.numel() / r.experts;
   TESSERA_CHECK(dlogits.shape() == logits.shape() && dweight.numel() == N * r.topk,
                 "moe_router_backward: shapes");
   if (direct(*this, {&dlogits, &logits, &expert, &weight, &dweight})) {
-    moe_router_backward_host(dlogits.f32(), logits.f32(), N, r, expert.i32(),
-                             weight.f32(), dweight.f32(), group_rows, aux_grad, z_grad);
+    moe_router_backward_host(dlogits.f32(), logits.f32(), N, r, expert.i32(), weight.f32(),
+                             dweight.f32(), group_rows, aux_grad, z_grad);
     return;
   }
   HostF32 dz(*this, dlogits, false), z(*this, logits, true), e(*this, expert, true),
       w(*this, weight, true), dw(*this, dweight, true);
-  moe_router_backward_host(dz.f(), z.f(), N, r, e.i(), w.f(), dw.f(), group_rows, aux_grad,
-                           z_grad);
+  moe_router_backward_host(dz.f(), z.f(), N, r, e.i(), w.f(), dw.f(), group_rows, aux_grad, z_grad);
   dz.store(dlogits);
 }
 
@@ -128,15 +127,13 @@ void Backend::moe_permute(Tensor& x_perm, const Tensor& x, const Tensor& row) {
   xp.store(x_perm);
 }
 
-void Backend::moe_unpermute(Tensor& y, const Tensor& out, const Tensor& row,
-                            const Tensor& weight) {
+void Backend::moe_unpermute(Tensor& y, const Tensor& out, const Tensor& row, const Tensor& weight) {
   const int64_t C = cols(y), N = y.numel() / C;
   int64_t K = 0;
   check_slots(row, N, &K);
   TESSERA_CHECK(cols(out) == C && weight.numel() == N * K, "moe_unpermute: shapes");
   if (direct(*this, {&y, &out, &row, &weight})) {
-    moe_unpermute_host(y.f32(), out.f32(), row.i32(), weight.f32(), N,
-                       static_cast<int>(K), C);
+    moe_unpermute_host(y.f32(), out.f32(), row.i32(), weight.f32(), N, static_cast<int>(K), C);
     return;
   }
   HostF32 yy(*this, y, false), o(*this, out, true), rw(*this, row, true), w(*this, weight, true);
@@ -145,22 +142,21 @@ void Backend::moe_unpermute(Tensor& y, const Tensor& out, const Tensor& row,
 }
 
 void Backend::moe_unpermute_backward(Tensor& dout, Tensor& dweight, const Tensor& dy,
-                                     const Tensor& out, const Tensor& row,
-                                     const Tensor& weight) {
+                                     const Tensor& out, const Tensor& row, const Tensor& weight) {
   const int64_t C = cols(dy), N = dy.numel() / C;
   int64_t K = 0;
   check_slots(row, N, &K);
   TESSERA_CHECK(cols(out) == C && cols(dout) == C && dweight.numel() == N * K,
                 "moe_unpermute_backward: shapes");
   if (direct(*this, {&dout, &dweight, &dy, &out, &row, &weight})) {
-    moe_unpermute_backward_host(dout.f32(), dweight.f32(), dy.f32(), out.f32(),
-                                row.i32(), weight.f32(), N, static_cast<int>(K), C);
+    moe_unpermute_backward_host(dout.f32(), dweight.f32(), dy.f32(), out.f32(), row.i32(),
+                                weight.f32(), N, static_cast<int>(K), C);
     return;
   }
-  HostF32 d(*this, dout, false), dw(*this, dweight, false), g(*this, dy, true),
-      o(*this, out, true), rw(*this, row, true), w(*this, weight, true);
-  moe_unpermute_backward_host(d.f(), dw.f(), g.f(), o.f(), rw.i(), w.f(), N,
-                              static_cast<int>(K), C);
+  HostF32 d(*this, dout, false), dw(*this, dweight, false), g(*this, dy, true), o(*this, out, true),
+      rw(*this, row, true), w(*this, weight, true);
+  moe_unpermute_backward_host(d.f(), dw.f(), g.f(), o.f(), rw.i(), w.f(), N, static_cast<int>(K),
+                              C);
   d.store(dout);
   dw.store(dweight);
 }
@@ -171,8 +167,7 @@ void Backend::moe_permute_backward(Tensor& dx, const Tensor& dx_perm, const Tens
   check_slots(row, N, &K);
   TESSERA_CHECK(cols(dx_perm) == C, "moe_permute_backward: shapes");
   if (direct(*this, {&dx, &dx_perm, &row})) {
-    moe_permute_backward_host(dx.f32(), dx_perm.f32(), row.i32(), N,
-                              static_cast<int>(K), C);
+    moe_permute_backward_host(dx.f32(), dx_perm.f32(), row.i32(), N, static_cast<int>(K), C);
     return;
   }
   HostF32 d(*this, dx, false), dp(*this, dx_perm, true), rw(*this, row, true);

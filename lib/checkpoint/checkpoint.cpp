@@ -17,14 +17,13 @@
 #include <thread>
 
 #include "core/error.hpp"
-#include "core/paths.hpp"
 #include "core/hash.hpp"
 #include "core/hdf5_check.hpp"
+#include "core/paths.hpp"
 
 namespace tessera {
 
 namespace {
-
 
 void remove_tree(const std::string& path) {
   DIR* d = opendir(path.c_str());
@@ -619,8 +618,7 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
   text("--normalization", m.normalization, c.normalization);
   if (m.moe()) {
     text("--moe-layer-freq", m.moe_layer_freq, c.moe_layer_freq);
-    text("--moe-router-score-function", m.moe_router_score_function,
-         c.moe_router_score_function);
+    text("--moe-router-score-function", m.moe_router_score_function, c.moe_router_score_function);
     if (m.moe_router_topk_scaling_factor != c.moe_router_topk_scaling_factor)
       throw ConfigError(detail::concat(
           "checkpoint '", path_, "' has --moe-router-topk-scaling-factor=",

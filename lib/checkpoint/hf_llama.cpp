@@ -326,7 +326,7 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   bool use_sliding_window = false;
   // The defaults of the config classes (LlamaConfig; Qwen2Config and MistralConfig below).
   model_type = hf_model_type(dir);
-  cfg_.max_position_embeddings = model_type == "qwen2" ? 32768
+  cfg_.max_position_embeddings = model_type == "qwen2"                                ? 32768
                                  : model_type == "mistral" || model_type == "mixtral" ? 4096 * 32
                                                                                       : 2048;
   // Mixtral (MixtralConfig's defaults): the experts, and its router settings.
@@ -387,8 +387,7 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
       else if (k.rfind("router_", 0) == 0 && k != "router_z_loss_coef") {
         unknown_router = k;
         r.skip_value();
-      }
-      else if (k == "rope_scaling" || k == "rope_parameters") {
+      } else if (k == "rope_scaling" || k == "rope_parameters") {
         // rope_parameters: newer transformers' spelling, with rope_theta inside.
         if (r.null_value()) return;
         r.object([&](const std::string& f) {
@@ -506,15 +505,14 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   for (const std::string& n : st_->names())
     if (!expected.count(n) && !(n.size() >= buffer.size() &&
                                 n.compare(n.size() - buffer.size(), buffer.size(), buffer) == 0))
-      throw ConfigError("'" + st_->file_of(n) + "' has tensor " + n +
-                        ", which config.json does not describe (" +
-                        std::to_string(cfg_.num_layers) + " layers, " +
-                        (cfg_.add_bias_linear ? "with"
-                         : cfg_.add_qkv_bias  ? "q, k and v"
-                                              : "no") +
-                        " biases, " + (cfg_.tied_head() ? "tied" : "untied") + " output layer" +
-                        (cfg_.moe() ? ", " + std::to_string(cfg_.num_experts) + " experts" : "") +
-                        ")");
+      throw ConfigError(
+          "'" + st_->file_of(n) + "' has tensor " + n + ", which config.json does not describe (" +
+          std::to_string(cfg_.num_layers) + " layers, " +
+          (cfg_.add_bias_linear ? "with"
+           : cfg_.add_qkv_bias  ? "q, k and v"
+                                : "no") +
+          " biases, " + (cfg_.tied_head() ? "tied" : "untied") + " output layer" +
+          (cfg_.moe() ? ", " + std::to_string(cfg_.num_experts) + " experts" : "") + ")");
 }
 
 void HfLlama::read_slice(const ParamSpec& spec, float* out) const {

@@ -66,8 +66,8 @@ class Communicator {
 
 // Checks all_to_all's arguments for a group of `size` ranks.
 inline void check_all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows,
-                      const Tensor& recv, const std::vector<int64_t>& recv_rows,
-                      int64_t row_elems, int size) {
+                             const Tensor& recv, const std::vector<int64_t>& recv_rows,
+                             int64_t row_elems, int size) {
   TESSERA_CHECK(static_cast<int>(send_rows.size()) == size &&
                     static_cast<int>(recv_rows.size()) == size && row_elems > 0 &&
                     send.dtype() == recv.dtype(),
@@ -83,7 +83,6 @@ inline void check_all_to_all(const Tensor& send, const std::vector<int64_t>& sen
                 "all_to_all: ", out, " rows out and ", in, " rows in of ", row_elems,
                 " elements for buffers of ", send.numel(), " and ", recv.numel());
 }
-
 
 // `v` of rank `root` on every rank of `comm`, whatever its length (the other ranks' `v` is
 // replaced). Exact: the other ranks contribute zeros to a sum. For small host messages.

@@ -287,7 +287,8 @@ void MpiCommunicator::all_to_all(const Tensor& send, const std::vector<int64_t>&
   for (int p = 0; p < size_; ++p) {
     const int64_t s = send_rows[static_cast<size_t>(p)] * row_elems;
     const int64_t r = recv_rows[static_cast<size_t>(p)] * row_elems;
-    TESSERA_CHECK(so + s <= INT_MAX && ro + r <= INT_MAX, "all_to_all of more than INT_MAX elements");
+    TESSERA_CHECK(so + s <= INT_MAX && ro + r <= INT_MAX,
+                  "all_to_all of more than INT_MAX elements");
     sc[static_cast<size_t>(p)] = static_cast<int>(s);
     sd[static_cast<size_t>(p)] = static_cast<int>(so);
     rc[static_cast<size_t>(p)] = static_cast<int>(r);

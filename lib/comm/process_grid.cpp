@@ -249,10 +249,11 @@ std::string ProcessGrid::layout_table() {
      << ", PP size " << layout_.pp << ", DP size " << layout_.dp << ", model-parallel size "
      << layout_.tp * layout_.pp;
   if (ep_ > 1)
-    os << ", expert-parallel size " << ep_ << " (ep = dp % " << ep_ << "), expert-data-parallel size "
-       << layout_.dp / ep_;
+    os << ", expert-parallel size " << ep_ << " (ep = dp % " << ep_
+       << "), expert-data-parallel size " << layout_.dp / ep_;
   os << "\n";
-  os << (ep_ > 1 ? "  rank   tp   pp   dp   ep  local  host\n" : "  rank   tp   pp   dp  local  host\n");
+  os << (ep_ > 1 ? "  rank   tp   pp   dp   ep  local  host\n"
+                 : "  rank   tp   pp   dp  local  host\n");
   for (int r = 0; r < layout_.world; ++r) {
     const GridCoords c = layout_.coords(r);
     int local = 0;

@@ -301,8 +301,8 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
     la.fc1 = fl > 0 && la.fc1.defined() ? la.fc1.view(0, {N, glu * fl}) : Tensor();
     if (!cfg.is_moe_layer(l)) {
       for (Tensor* t : {&la.moe_x, &la.moe_xe, &la.moe_act, &la.moe_logits, &la.moe_expert,
-                        &la.moe_row, &la.moe_weight, &la.moe_fc1, &la.moe_out,
-                        &la.moe_ag_weight, &la.moe_ag_row, &la.moe_oute})
+                        &la.moe_row, &la.moe_weight, &la.moe_fc1, &la.moe_out, &la.moe_ag_weight,
+                        &la.moe_ag_row, &la.moe_oute})
         *t = Tensor();
     }
     return la;
@@ -836,7 +836,7 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
     be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a),
                           kv_heads_local_, alibi());
     if (la.gelu.defined()) activation_forward(phase, la);
-    if (cfg_.is_moe_layer(l)) {  // the experts' inputs and activations from the kept routing
+    if (cfg_.is_moe_layer(l)) {   // the experts' inputs and activations from the kept routing
       if (shard_.ep_size == 1) {  // else the received rows were kept
         phase("moe-permute");
         be_.moe_permute(la.moe_x, la.ln2, la.moe_row);

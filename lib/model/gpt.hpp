@@ -33,16 +33,16 @@ struct LayerActivations {
   Tensor res2;       // (N,C)  layer output
   // A MoE layer (model/moe.cpp; fc1 and gelu then belong to the shared expert, undefined without
   // one). R: rows of the permuted buffer (token copies grouped by expert).
-  Tensor moe_logits;               // (N,E) f32 router logits (every rank's rows, gathered)
-  Tensor moe_expert, moe_row;      // (N,K) int32: each slot's expert and permuted row
-  Tensor moe_weight;               // (N,K) f32 routing weights
-  Tensor moe_x;                    // (N*K,C) this rank's token copies grouped by expert
-  Tensor moe_out;                  // (N*K,C) their expert outputs (partial sums over TP)
+  Tensor moe_logits;           // (N,E) f32 router logits (every rank's rows, gathered)
+  Tensor moe_expert, moe_row;  // (N,K) int32: each slot's expert and permuted row
+  Tensor moe_weight;           // (N,K) f32 routing weights
+  Tensor moe_x;                // (N*K,C) this rank's token copies grouped by expert
+  Tensor moe_out;              // (N*K,C) their expert outputs (partial sums over TP)
   // The expert side: the rows this rank's experts receive (R of them; with expert parallelism
   // from every rank of the EP group, by sender then expert; without, moe_x and moe_out).
-  Tensor moe_xe, moe_fc1, moe_act;  // (R,C), (R, expert fc1 width), (R, expert width)
-  std::vector<int64_t> moe_rows;    // the expert side's blocks: rows of each
-  std::vector<int> moe_block_expert;  // and its local expert
+  Tensor moe_xe, moe_fc1, moe_act;          // (R,C), (R, expert fc1 width), (R, expert width)
+  std::vector<int64_t> moe_rows;            // the expert side's blocks: rows of each
+  std::vector<int> moe_block_expert;        // and its local expert
   std::vector<int64_t> moe_send, moe_recv;  // rows sent to / received from each EP rank
   // The allgather dispatcher (expert parallelism): every EP rank's routing weights and slots'
   // rows in this rank's expert side (-1: another rank's expert), (EP*N,K); and the expert side's

@@ -2,8 +2,8 @@
 #include "model/gpt_config.hpp"
 
 #include <cctype>
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "core/error.hpp"
@@ -226,12 +226,13 @@ void GPTConfig::validate_moe() const {
                                      " is out of range for --num-experts=", num_experts,
                                      " (allowed: 1 to ", num_experts, ")"));
   if (moe_ffn_hidden_size < 0)
-    throw ConfigError(detail::concat("--moe-ffn-hidden-size=", moe_ffn_hidden_size,
-                                     " is out of range (allowed: 0 for --ffn-hidden-size, or >= 1)"));
+    throw ConfigError(
+        detail::concat("--moe-ffn-hidden-size=", moe_ffn_hidden_size,
+                       " is out of range (allowed: 0 for --ffn-hidden-size, or >= 1)"));
   if (moe_shared_expert_intermediate_size < 0)
-    throw ConfigError(detail::concat("--moe-shared-expert-intermediate-size=",
-                                     moe_shared_expert_intermediate_size,
-                                     " is out of range (allowed: 0 for none, or >= 1)"));
+    throw ConfigError(detail::concat(
+        "--moe-shared-expert-intermediate-size=", moe_shared_expert_intermediate_size,
+        " is out of range (allowed: 0 for none, or >= 1)"));
   moe_layer_pattern(moe_layer_freq, num_layers);  // throws on a bad pattern
   if (moe_router_load_balancing_type != "aux_loss" &&
       moe_router_load_balancing_type != "seq_aux_loss" && moe_router_load_balancing_type != "none")
@@ -250,9 +251,9 @@ void GPTConfig::validate_moe() const {
     throw ConfigError(detail::concat("--moe-z-loss-coeff=", moe_z_loss_coeff,
                                      " is out of range (allowed: >= 0)"));
   if (!(moe_router_topk_scaling_factor >= 0) || !std::isfinite(moe_router_topk_scaling_factor))
-    throw ConfigError(detail::concat("--moe-router-topk-scaling-factor=",
-                                     moe_router_topk_scaling_factor,
-                                     " is out of range (allowed: > 0, or 0 for none)"));
+    throw ConfigError(
+        detail::concat("--moe-router-topk-scaling-factor=", moe_router_topk_scaling_factor,
+                       " is out of range (allowed: > 0, or 0 for none)"));
   if (!std::isfinite(moe_expert_capacity_factor))
     throw ConfigError(detail::concat("--moe-expert-capacity-factor=", moe_expert_capacity_factor,
                                      " is out of range (allowed: > 0, or none for dropless)"));
@@ -353,10 +354,11 @@ double GPTConfig::train_flops_per_token() const {
   const double per_f = (swiglu ? 3 : 2) * h;  // MLP GEMM parameters per unit of width
   double mlp = 0;  // summed over layers: with MoE the k experts a token uses, and the router
   for (int l = 0; l < num_layers; ++l)
-    mlp += is_moe_layer(l) ? per_f * (double(moe_router_topk) * moe_ffn() +
-                                      moe_shared_expert_intermediate_size) +
-                                 double(num_experts) * h
-                           : per_f * f;
+    mlp +=
+        is_moe_layer(l)
+            ? per_f * (double(moe_router_topk) * moe_ffn() + moe_shared_expert_intermediate_size) +
+                  double(num_experts) * h
+            : per_f * f;
   const double matmul_params = L * ((H + 2 * G) * hd * h + H * hd * h) + mlp + V * h;
   // attention scores and their weighted sum: 12*L*s*(H*hd) (= 12*L*s*h unless --kv-channels)
   return 6.0 * matmul_params + 12.0 * L * s * H * hd;

@@ -50,8 +50,8 @@ struct GPTConfig {
   // Mixture of Experts (Megatron-Core's MoE layer, docs/model.md): with num_experts > 0 the MLP of
   // the layers moe_layer_freq selects is a router over num_experts expert MLPs (each the model's
   // MLP, moe_ffn_hidden_size wide), every token going to its moe_router_topk experts.
-  int num_experts = 0;         // 0: every layer's MLP is dense
-  int moe_router_topk = 2;     // experts per token
+  int num_experts = 0;          // 0: every layer's MLP is dense
+  int moe_router_topk = 2;      // experts per token
   int moe_ffn_hidden_size = 0;  // each expert's width (0: ffn())
   // Which layers are MoE: "N" every N-th layer from layer 0 (layer l when l % N == 0), or a
   // pattern "[1,0,1,...]" with one entry per layer.
@@ -61,7 +61,7 @@ struct GPTConfig {
   double moe_z_loss_coeff = 0;    // the router z-loss's weight
   std::string moe_router_score_function = "softmax";  // softmax | sigmoid
   bool moe_router_pre_softmax = false;  // softmax over all experts, then the top k (no renorm)
-  double moe_router_topk_scaling_factor = 0;  // routing weights times this (0: unscaled)
+  double moe_router_topk_scaling_factor = 0;    // routing weights times this (0: unscaled)
   int moe_shared_expert_intermediate_size = 0;  // a dense expert every token goes through (0: none)
   // Token dropping: 0 is dropless (every token reaches its k experts); > 0 caps each expert at
   // ceil(tokens * k / E * factor) token copies per micro-batch, keeping the highest routing

@@ -60,7 +60,8 @@ void GPTModel::moe_plan(LayerActivations& la, const std::vector<int64_t>& kept) 
   // Every rank's rows per expert (counts first, then tokens): exact integers in doubles.
   std::vector<double> all(static_cast<size_t>(EP) * E, 0.0);
   for (int e = 0; e < E; ++e)
-    all[static_cast<size_t>(shard_.ep_rank) * E + e] = static_cast<double>(kept[static_cast<size_t>(e)]);
+    all[static_cast<size_t>(shard_.ep_rank) * E + e] =
+        static_cast<double>(kept[static_cast<size_t>(e)]);
   TESSERA_CHECK(ep_, "expert parallelism without its communicator (set_expert_comm)");
   ep_->all_reduce_f64(all.data(), static_cast<int64_t>(all.size()), ReduceOp::Sum);
   la.moe_send.assign(static_cast<size_t>(EP), 0);
@@ -340,8 +341,8 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
       aux_grad[i] = c * static_cast<double>(la.moe_routed[i]);
   }
   const double z_grad = la.moe_loss_scale * cfg_.moe_z_loss_coeff / double(N);
-  be_.moe_router_backward(a.moe_dlogits, la.moe_logits, la.moe_expert, la.moe_weight,
-                          a.moe_dweight, routing_, group_rows, aux_grad, z_grad);
+  be_.moe_router_backward(a.moe_dlogits, la.moe_logits, la.moe_expert, la.moe_weight, a.moe_dweight,
+                          routing_, group_rows, aux_grad, z_grad);
   // This rank's rows: the router weight's gradient and their input gradient.
   Tensor dlogits = a.moe_dlogits.view(rb * E, {nl, E});
   if (compute_ != DType::F32) {

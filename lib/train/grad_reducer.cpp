@@ -51,7 +51,7 @@ void GradReducer::begin() {
 void GradReducer::start(Bucket& b) {
   Tensor view = model_.params().flat_grads().view(b.begin, {b.end - b.begin});
   b.op = reduce_scatter_ ? b.comm->reduce_scatter_async(view)
-                        : b.comm->all_reduce_async(view, ReduceOp::Sum);
+                         : b.comm->all_reduce_async(view, ReduceOp::Sum);
 }
 
 void GradReducer::piece_ready(int piece) {

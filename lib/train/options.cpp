@@ -287,9 +287,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
       .add_options()("num-experts", po::value(&m.num_experts)->default_value(0),
                      "experts per MoE layer (0: a dense model)")(
           "moe-router-topk", po::value(&m.moe_router_topk)->default_value(m.moe_router_topk),
-          "experts each token goes to")(
-          "moe-ffn-hidden-size", po::value(&m.moe_ffn_hidden_size)->default_value(0),
-          "each expert's MLP width (0: --ffn-hidden-size)")(
+          "experts each token goes to")("moe-ffn-hidden-size",
+                                        po::value(&m.moe_ffn_hidden_size)->default_value(0),
+                                        "each expert's MLP width (0: --ffn-hidden-size)")(
           "moe-layer-freq", po::value(&m.moe_layer_freq)->default_value(m.moe_layer_freq),
           "which layers are MoE: N (every N-th layer from layer 0) or a 0/1 list per layer "
           "such as [1,0,1,0] or ([1]*3+[0])*2")(
@@ -1100,8 +1100,8 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   const double edp = t.use_distributed_optimizer ? double(layout.dp) / ep : 1.0;
   const double dense = static_cast<double>(e.parameters - e.expert_parameters);
   const double experts = static_cast<double>(e.expert_parameters);
-  e.param_bytes = mixed ? 2.0 * e.parameters + 4.0 * (dense / dp + experts / edp)
-                        : 4.0 * e.parameters;
+  e.param_bytes =
+      mixed ? 2.0 * e.parameters + 4.0 * (dense / dp + experts / edp) : 4.0 * e.parameters;
   e.grad_bytes = 4.0 * e.parameters;
   e.optimizer_bytes = 8.0 * (dense / dp + experts / edp);
   e.expert_bytes = experts * ((mixed ? 2.0 + 4.0 / edp : 4.0) + 4.0 + 8.0 / edp);
@@ -1183,15 +1183,16 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
                                            : "replicated on every DP rank")
      << "; sequence parallelism: " << (o.train.sequence_parallel ? "on" : "off") << "\n";
   const int micro = o.train.num_micro_batches(layout.dp);
-  std::snprintf(buf, sizeof buf,
-                "layout: world %d = TP %d x PP %d x DP %d%s%s; global batch %d = micro-batch %d x "
-                "%d micro-batches x DP %d\n",
-                world, layout.tp, layout.pp, layout.dp,
-                o.ep > 1 ? detail::concat(" (EP ", o.ep, " x expert-data-parallel ",
-                                          layout.dp / o.ep, ")").c_str()
-                         : "",
-                world_size > 1 ? "" : " (assumed: run under mpirun for another DP)",
-                o.train.global_batch(layout.dp), o.train.micro_batch_size, micro, layout.dp);
+  std::snprintf(
+      buf, sizeof buf,
+      "layout: world %d = TP %d x PP %d x DP %d%s%s; global batch %d = micro-batch %d x "
+      "%d micro-batches x DP %d\n",
+      world, layout.tp, layout.pp, layout.dp,
+      o.ep > 1
+          ? detail::concat(" (EP ", o.ep, " x expert-data-parallel ", layout.dp / o.ep, ")").c_str()
+          : "",
+      world_size > 1 ? "" : " (assumed: run under mpirun for another DP)",
+      o.train.global_batch(layout.dp), o.train.micro_batch_size, micro, layout.dp);
   os << buf;
   for (int stage = 0; stage < layout.pp; ++stage) {
     ParallelContext ctx;
@@ -1236,9 +1237,8 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
                     "  MoE: routed experts %lld parameters per rank (%.3f GiB of weights, "
                     "gradients and optimizer state at EP %d); token dispatch buffers %.2f MiB per "
                     "MoE layer per micro-batch\n",
-                    (long long)e.expert_parameters,
-                    gib(e.expert_bytes),
-                    o.ep, e.dispatch_bytes / (1024.0 * 1024.0));
+                    (long long)e.expert_parameters, gib(e.expert_bytes), o.ep,
+                    e.dispatch_bytes / (1024.0 * 1024.0));
       os << buf;
     }
   }

@@ -23,8 +23,8 @@ struct RunOptions {
   GPTConfig model;
   TrainConfig train;
   LogOptions log;
-  int tp = 1, pp = 1;           // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
-  int ep = 1;                   // expert-parallel size (MoE): carved out of DP
+  int tp = 1, pp = 1;  // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
+  int ep = 1;          // expert-parallel size (MoE): carved out of DP
   // --moe-grouped-gemm: accepted (the experts' GEMMs run one per expert; same results).
   bool moe_grouped_gemm = false;
   int threads = 0;              // 0: this rank's share of the cores in its affinity mask
@@ -125,10 +125,10 @@ std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string&
 // What one rank of pipeline stage `stage` holds: the figures --dry-run prints
 // and the GPU benchmark compares its measured peak with.
 struct MemoryEstimate {
-  int64_t parameters = 0;  // on this rank
+  int64_t parameters = 0;         // on this rank
   int64_t expert_parameters = 0;  // of them, routed experts' (MoE; E/EP experts per MoE layer)
-  double dispatch_bytes = 0;  // MoE: one layer's token-dispatch buffers (in activation_bytes)
-  double expert_bytes = 0;    // MoE: the routed experts' weights, gradients and optimizer state
+  double dispatch_bytes = 0;      // MoE: one layer's token-dispatch buffers (in activation_bytes)
+  double expert_bytes = 0;        // MoE: the routed experts' weights, gradients and optimizer state
   int slots = 1;  // micro-batches whose activations are alive at once (summed over model chunks)
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
   int stage_layers = 0;

@@ -161,8 +161,8 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
     optimizer_ = std::make_unique<AdamW>(model_->params(), be_, cfg_.adam_beta1, cfg_.adam_beta2,
                                          cfg_.adam_eps);
   }
-  reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, dist, cfg_.overlap_grad_reduce,
-                                           expert_dp);
+  reducer_ =
+      std::make_unique<GradReducer>(*model_, *ctx_.dp, dist, cfg_.overlap_grad_reduce, expert_dp);
   model_->on_grads_ready = [this](int piece) {
     // The last micro-batch's backward (of the piece's chunk) completes a piece's gradients:
     // sequence parallelism's LayerNorm gradients are summed over TP first, then the
@@ -449,7 +449,8 @@ double Trainer::params_norm() {
     const auto& specs = model_->params().specs();
     for (size_t i = 0; i < counted.size(); ++i)
       if (counted[i])
-        (specs[i].expert && ctx_.ep_size > 1 ? experts : ps).push_back(model_->params().param(specs[i]));
+        (specs[i].expert && ctx_.ep_size > 1 ? experts : ps)
+            .push_back(model_->params().param(specs[i]));
     double v[2] = {be_.sum_squares_all(ps), experts.empty() ? 0.0 : be_.sum_squares_all(experts)};
     ctx_.model_parallel->all_reduce_f64(v, 2, ReduceOp::Sum);
     if (ctx_.ep_size > 1) ctx_.ep->all_reduce_f64(&v[1], 1, ReduceOp::Sum);
@@ -461,7 +462,7 @@ double Trainer::params_norm() {
 }
 
 double Trainer::grad_zeros() {
-  grad_norm_squared();  // builds norm_grads_: the gradient this rank counts once
+  grad_norm_squared();       // builds norm_grads_: the gradient this rank counts once
   double zeros[2] = {0, 0};  // the others, this rank's experts (expert parallelism)
   for (const Tensor& g : norm_grads_) zeros[0] += be_.count_zeros(g);
   for (const Tensor& g : norm_expert_grads_) zeros[1] += be_.count_zeros(g);
@@ -960,7 +961,8 @@ void Trainer::memory_report(int64_t iteration) {
   all[4 * me] = m.allocated;
   all[4 * me + 1] = m.max_allocated;
   all[4 * me + 2] = m.reserved;
-  all[4 * me + 3] = estimate_rank_memory(model_cfg_, cfg_, layout, ctx_.pp_rank, ctx_.ep_size).total_bytes();
+  all[4 * me + 3] =
+      estimate_rank_memory(model_cfg_, cfg_, layout, ctx_.pp_rank, ctx_.ep_size).total_bytes();
   ctx_.world->all_reduce_f64(all.data(), static_cast<int64_t>(all.size()), ReduceOp::Sum);
   const double MB = 1024.0 * 1024.0;
   for (int r = 0; r < R; ++r) {
@@ -1133,9 +1135,9 @@ void Trainer::write_checkpoint(const std::string& dir) {
         std::vector<float>* full = async ? async_->experts : ep_full_;
         gather_experts(host, ep_specs_, full);
         if (ctx_.dp_rank != 0) throw SkipWrite{};
-        tensors = ShardTensors{&ep_specs_, host[0] ? full[0].data() : nullptr,
-                               host[1] ? full[1].data() : nullptr,
-                               host[2] ? full[2].data() : nullptr};
+        tensors =
+            ShardTensors{&ep_specs_, host[0] ? full[0].data() : nullptr,
+                         host[1] ? full[1].data() : nullptr, host[2] ? full[2].data() : nullptr};
       }
       if (async) {
         AsyncSave* a = async_.get();
@@ -1221,7 +1223,8 @@ void Trainer::gather_experts(const float* const local[3], std::vector<ParamSpec>
       for (int k = 0; k < 3; ++k)
         if (local[k]) {
           const float* src = local[k] + ps.spec(s.name).flat_offset;
-          for (int64_t i = 0; i < s.numel(); ++i) buf[static_cast<size_t>(k * s.numel() + i)] = src[i];
+          for (int64_t i = 0; i < s.numel(); ++i)
+            buf[static_cast<size_t>(k * s.numel() + i)] = src[i];
         }
     }
     ctx_.ep->all_reduce_f64(buf.data(), static_cast<int64_t>(buf.size()), ReduceOp::Sum);

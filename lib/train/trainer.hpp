@@ -224,7 +224,7 @@ class Trainer {
   double interval_moe_balance_ = 0, interval_moe_z_ = 0;  // summed over the interval's steps
   int interval_moe_steps_ = 0;
   float moe_loss_scale_ = 1;  // this step's weight of each micro-batch's MoE losses
-  int64_t lr_samples_ = 0;        // samples of the updates taken (the sample-based schedule)
+  int64_t lr_samples_ = 0;    // samples of the updates taken (the sample-based schedule)
   std::ofstream metrics_;
   std::unique_ptr<AsyncSave> async_;  // --async-save: staging buffers and the writer
   bool async_pending_ = false;        // a background save not yet committed (every rank alike)

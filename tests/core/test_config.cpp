@@ -139,12 +139,33 @@ TEST(Config, DryRunReportCountsGpt2Small) {
 // options land in the model; bad ones are one line naming the option.
 TEST(Config, MoEOptionsMixtralCountsAndBadInput) {
   RunOptions o;
-  ASSERT_TRUE(parse({"--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
-                     "--group-query-attention", "--num-query-groups", "8", "--ffn-hidden-size",
-                     "14336", "--swiglu", "--num-experts", "8", "--moe-router-topk", "2",
-                     "--position-embedding-type", "rope", "--normalization", "RMSNorm",
-                     "--untie-embeddings-and-output-weights", "--disable-bias-linear",
-                     "--seq-length", "4096", "--vocab-size", "32000", "--dry-run"},
+  ASSERT_TRUE(parse({"--num-layers",
+                     "32",
+                     "--hidden-size",
+                     "4096",
+                     "--num-attention-heads",
+                     "32",
+                     "--group-query-attention",
+                     "--num-query-groups",
+                     "8",
+                     "--ffn-hidden-size",
+                     "14336",
+                     "--swiglu",
+                     "--num-experts",
+                     "8",
+                     "--moe-router-topk",
+                     "2",
+                     "--position-embedding-type",
+                     "rope",
+                     "--normalization",
+                     "RMSNorm",
+                     "--untie-embeddings-and-output-weights",
+                     "--disable-bias-linear",
+                     "--seq-length",
+                     "4096",
+                     "--vocab-size",
+                     "32000",
+                     "--dry-run"},
                     o));
   EXPECT_EQ(o.model.num_parameters(), 46702792704);
   EXPECT_EQ(o.model.num_active_parameters(), 12879925248);
@@ -152,11 +173,12 @@ TEST(Config, MoEOptionsMixtralCountsAndBadInput) {
   EXPECT_NE(r.find("parameters: 46702792704"), std::string::npos) << r;
   EXPECT_NE(r.find("MoE: 12879925248 parameters active per token"), std::string::npos) << r;
   RunOptions m;
-  ASSERT_TRUE(parse({"--num-experts", "4", "--moe-layer-freq", "([1]*1+[0])*1",
-                     "--moe-expert-capacity-factor", "1.5", "--moe-token-drop-policy", "position",
-                     "--moe-router-score-function", "sigmoid", "--moe-shared-expert-intermediate-size",
-                     "32", "--moe-router-load-balancing-type", "seq_aux_loss"},
-                    m));
+  ASSERT_TRUE(
+      parse({"--num-experts", "4", "--moe-layer-freq", "([1]*1+[0])*1",
+             "--moe-expert-capacity-factor", "1.5", "--moe-token-drop-policy", "position",
+             "--moe-router-score-function", "sigmoid", "--moe-shared-expert-intermediate-size",
+             "32", "--moe-router-load-balancing-type", "seq_aux_loss"},
+            m));
   EXPECT_TRUE(m.model.is_moe_layer(0));
   EXPECT_FALSE(m.model.is_moe_layer(1));
   EXPECT_DOUBLE_EQ(m.model.moe_expert_capacity_factor, 1.5);

@@ -101,8 +101,8 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
   };
   // The MLP of a token (a dense one at prefix m, of width F).
   auto mlp = [&](const Vec& h, const std::string& m, int width) {
-    Vec f = linear(h, P.at(m + "fc1.weight"), maybe(P, m + "fc1.bias"),
-                   cfg.swiglu ? 2 * width : width);
+    Vec f =
+        linear(h, P.at(m + "fc1.weight"), maybe(P, m + "fc1.bias"), cfg.swiglu ? 2 * width : width);
     Vec act(width);
     for (int i = 0; i < width; ++i)
       act[i] = cfg.swiglu         ? f[i] / (1 + std::exp(-f[i])) * f[width + i]
@@ -182,11 +182,11 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
     }
     // Mixture of Experts over the micro-batch's N = B*T tokens (docs/model.md).
     const int E = cfg.num_experts, K = cfg.moe_router_topk, N = B * T;
-    const double scale = cfg.moe_router_topk_scaling_factor > 0 ? cfg.moe_router_topk_scaling_factor
-                                                                : 1.0;
+    const double scale =
+        cfg.moe_router_topk_scaling_factor > 0 ? cfg.moe_router_topk_scaling_factor : 1.0;
     const bool sig = cfg.moe_router_score_function == "sigmoid";
     std::vector<Vec> h(N), logit(N), score(N);  // score: the load-balancing scores
-    std::vector<std::vector<int>> chosen(N);     // the top k, best first
+    std::vector<std::vector<int>> chosen(N);    // the top k, best first
     std::vector<Vec> weight(N);
     for (int n = 0; n < N; ++n) {
       h[n] = norm(x[n / T][n % T], p + "ln2");
@@ -213,7 +213,9 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
       double wsum = 0;
       for (int j = 0; j < K; ++j) {
         const int e = chosen[n][j];
-        w[j] = sig ? sg[e] : cfg.moe_router_pre_softmax ? soft[e] : std::exp(z[e] - z[chosen[n][0]]);
+        w[j] = sig                          ? sg[e]
+               : cfg.moe_router_pre_softmax ? soft[e]
+                                            : std::exp(z[e] - z[chosen[n][0]]);
         wsum += w[j];
       }
       for (int j = 0; j < K; ++j) {
@@ -243,7 +245,8 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
     // ties), or its earliest tokens.
     std::vector<std::vector<bool>> keep(N, std::vector<bool>(K, true));
     if (cfg.moe_expert_capacity_factor > 0) {
-      const int cap = static_cast<int>(std::ceil(double(N) * K / E * cfg.moe_expert_capacity_factor));
+      const int cap =
+          static_cast<int>(std::ceil(double(N) * K / E * cfg.moe_expert_capacity_factor));
       if (cap <= N)
         for (int e = 0; e < E; ++e) {
           std::vector<std::pair<int, int>> slots;  // (n, j)
@@ -262,8 +265,8 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
       Vec y(C, 0.0);
       for (int j = 0; j < K; ++j) {
         if (!keep[n][j]) continue;
-        const Vec ye = mlp(h[n], p + "mlp.experts." + std::to_string(chosen[n][j]) + ".",
-                           cfg.moe_ffn());
+        const Vec ye =
+            mlp(h[n], p + "mlp.experts." + std::to_string(chosen[n][j]) + ".", cfg.moe_ffn());
         for (int c = 0; c < C; ++c) y[c] += weight[n][j] * ye[c];
       }
       if (S > 0) {

@@ -65,8 +65,8 @@ int64_t moe_route_host(const float* logits, int64_t N, const MoERouting& r, int6
         double sum = 0;
         for (int k = 0; k < K; ++k) sum += (p[static_cast<size_t>(k)] = sigmoid(z[ex[k]]));
         for (int k = 0; k < K; ++k)
-          w[k] = static_cast<float>(f * (K > 1 ? p[static_cast<size_t>(k)] / (sum + 1e-20)
-                                               : p[static_cast<size_t>(k)]));
+          w[k] = static_cast<float>(
+              f * (K > 1 ? p[static_cast<size_t>(k)] / (sum + 1e-20) : p[static_cast<size_t>(k)]));
       } else if (r.pre_softmax) {
         softmax(z, E, p.data());
         for (int k = 0; k < K; ++k) w[k] = static_cast<float>(f * p[static_cast<size_t>(ex[k])]);
@@ -79,11 +79,11 @@ int64_t moe_route_host(const float* logits, int64_t N, const MoERouting& r, int6
     }
   }
   for (int64_t n = 0; n < N; ++n)
-    for (int k = 0; k < K; ++k) ++routed[static_cast<size_t>((n / group_rows) * E + expert[n * K + k])];
+    for (int k = 0; k < K; ++k)
+      ++routed[static_cast<size_t>((n / group_rows) * E + expert[n * K + k])];
   // Token dropping: per expert, the slots over capacity (Megatron's get_capacity of N*K copies).
   if (r.capacity_factor > 0) {
-    const int64_t capacity =
-        static_cast<int64_t>(std::ceil(double(N) * K / E * r.capacity_factor));
+    const int64_t capacity = static_cast<int64_t>(std::ceil(double(N) * K / E * r.capacity_factor));
     if (capacity <= N) {
       std::vector<std::vector<int64_t>> slots(static_cast<size_t>(E));  // n*K + k, token order
       for (int64_t i = 0; i < N * K; ++i) slots[static_cast<size_t>(expert[i])].push_back(i);
@@ -165,7 +165,8 @@ void moe_router_backward_host(float* dlogits, const float* logits, int64_t N, co
       } else if (r.pre_softmax) {  // u = softmax(z) at the chosen experts
         softmax(z, E, p.data());
         double dot = 0;
-        for (int k = 0; k < K; ++k) dot += dw[static_cast<size_t>(k)] * p[static_cast<size_t>(ex[static_cast<size_t>(k)])];
+        for (int k = 0; k < K; ++k)
+          dot += dw[static_cast<size_t>(k)] * p[static_cast<size_t>(ex[static_cast<size_t>(k)])];
         for (int e = 0; e < E; ++e) dz[static_cast<size_t>(e)] -= p[static_cast<size_t>(e)] * dot;
         for (int k = 0; k < K; ++k) {
           const size_t e = static_cast<size_t>(ex[static_cast<size_t>(k)]);
@@ -197,9 +198,11 @@ void moe_router_backward_host(float* dlogits, const float* logits, int64_t N, co
       }
       if (z_grad != 0) {  // d (lse^2) = 2 lse softmax(z)
         const double lse = softmax(z, E, p.data());
-        for (int e = 0; e < E; ++e) dz[static_cast<size_t>(e)] += z_grad * 2 * lse * p[static_cast<size_t>(e)];
+        for (int e = 0; e < E; ++e)
+          dz[static_cast<size_t>(e)] += z_grad * 2 * lse * p[static_cast<size_t>(e)];
       }
-      for (int e = 0; e < E; ++e) dlogits[n * E + e] = static_cast<float>(dz[static_cast<size_t>(e)]);
+      for (int e = 0; e < E; ++e)
+        dlogits[n * E + e] = static_cast<float>(dz[static_cast<size_t>(e)]);
     }
   }
 }
