@@ -12,6 +12,11 @@
 // Backward: the mirror; the routing weights' gradient sums over TP (each rank holds a part of
 // each expert output), and the router's weight gradient (each rank its rows) is summed over TP
 // once per step (reduce_sequence_parallel_grads).
+// Expert parallelism (EP ranks carved out of DP, each holding E/EP experts): between the
+// permutation and the experts the token copies travel to their experts' ranks and back, by
+// all-to-all (counts first: moe_plan) or with the allgather dispatcher by gathering the EP
+// group's tokens and reduce-scattering the outputs (moe_allgather_dispatch); the expert side's
+// rows are blocks by sending rank, then local expert (docs/parallelism.md).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
