@@ -1153,6 +1153,7 @@ void Trainer::write_checkpoint(const std::string& dir) {
         });
       } else {
         write_checkpoint_shard(path, meta, model_->shard(), tensors, fail_after);
+        for (std::vector<float>& v : ep_full_) std::vector<float>().swap(v);  // EP's full copy
       }
     } catch (const SkipWrite&) {  // an EP rank that sent its experts to DP rank 0
     } catch (const std::exception& e) {
