@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# gpu-lease.sh: one call of the device tool that does as much of issue 26 as a lease allows. It
+# runs scripts/gpu-run.sh's steps in order of importance, each under `timeout` against one
+# deadline, so that a slow step costs the steps after it and never the logs: correctness first
+# (the CUDA tests, the trainer on cuda vs cpu), then the benchmarks (attention with the PyTorch
+# peer, GPT-2 124M, decode/prefill, PyTorch's GPT-2 124M (bench/train_peer.py), 1.3B, Llama 1B), then compute-sanitizer initcheck on the
+# training test. Logs are packed into $OUT/logs.tar.gz (the tool returns 8 files at most) and a
+# summary of every step's exit status and time is printed last.
+# Usage (device tool, carry [".gpu"]): bash scripts/gpu-lease.sh [SECONDS=540]
+#   GPU_LEASE_STEPS overrides the list, e.g. "tests train attention".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+budget=${1:-540}
+start=$(date +%s)
+deadline=$((start + budget))
+final=${OUT:-/tmp/tessera-gpu-out}
+logs=$(mktemp -d)/logs
+mkdir -p "$logs" "$final"
+# step name, longest time it may take (seconds), command
+plan=(
+  "tests|300|bash scripts/gpu-run.sh --steps=tests"
+  "train|60|bash scripts/gpu-run.sh --steps=train"
+  "attention|90|bash scripts/gpu-run.sh --steps=attention"
+  "bench-124m|60|bash scripts/gpu-run.sh --steps=bench 124m 10 0 0 bf16 --breakdown"
+  "generate|90|bash scripts/gpu-run.sh --steps=generate"
+  "peer-124m|120|python3 bench/train_peer.py 124m 10"
+  "bench-1.3b|90|bash scripts/gpu-run.sh --steps=bench 1.3b 10"
+  "llama1b|90|bash scripts/gpu-run.sh --steps=llama1b"
+  "initcheck|90|bash scripts/gpu-run.sh --sanitize=initcheck"
+)
+want=${GPU_LEASE_STEPS:-}
+summary=()
+first=1
+for entry in "${plan[@]}"; do
+  IFS='|' read -r name longest cmd <<< "$entry"
+  if [ -n "$want" ] && [[ " $want " != *" $name "* ]]; then continue; fi
+  left=$((deadline - $(date +%s) - 10))
+  if [ $left -lt 20 ]; then summary+=("$(printf '%-11s skipped (deadline)' "$name")"); continue; fi
+  t=$((longest < left ? longest : left))
+  echo "=== gpu-lease: $name (at most ${t}s) ==="
+  s=$(date +%s)
+  # The first step unpacks the archive; the others reuse it.
+  GPU_RUN_REUSE=$((1 - first)) OUT="$logs/$name" timeout -k 5 "$t" $cmd 2>&1 | tee "$logs/$name.out"
+  rc=${PIPESTATUS[0]}
+  first=0
+  summary+=("$(printf '%-11s rc %-3s %4ss%s' "$name" "$rc" "$(( $(date +%s) - s ))" \
+    "$([ "$rc" = 124 ] && echo ' (timed out)')")")
+done
+tar -C "$(dirname "$logs")" -czf "$final/logs.tar.gz" logs
+cp "$logs"/*/device.txt "$final/device.txt" 2>/dev/null
+echo "=== gpu-lease summary ($(cat "$final/device.txt" 2>/dev/null)) ==="
+printf '%s\n' "${summary[@]}"
