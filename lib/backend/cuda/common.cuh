@@ -119,11 +119,10 @@ __device__ inline float block_max(float v, float* shared) {
   return r;
 }
 
-// Column sums over many rows in two deterministic stages: each (column, chunk of rows) partial
-// in a fixed order, then each column's partials in chunk order.
-constexpr int kRowChunks = 64;
-// The second stage: out[c] += the kRowChunks partials part[k * C + c] (k = 0, 1, ...), for the
-// bias gradient (matmul.cu, where it is defined) and the LayerNorm parameters (layernorm.cu).
-void sum_column_partials(float* out, const float* part, int64_t C, cudaStream_t s);
+// Column sums over many rows in two deterministic stages (rowwise.cuh): each (column, chunk of
+// rows) partial in row order (rowwise::column_partials, launched by each user), then each column's
+// R partials part[r * C + c] added in a fixed order into out[c] by this function (defined in
+// matmul.cu), for the bias gradient and the LayerNorm / RMSNorm parameters.
+void sum_column_partials(float* out, const float* part, int64_t R, int64_t C, cudaStream_t s);
 
 }  // namespace tessera::cuda_ops

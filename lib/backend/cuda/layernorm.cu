@@ -1,8 +1,10 @@
-// layernorm.cu: LayerNorm over the last axis, one block per row, with the residual add fused in
+// layernorm.cu: LayerNorm over the last axis, one warp per row with 16-byte loads (rowwise.cuh)
+// where the row length allows, else one block per row, with the residual add fused in
 // front of it (add_layernorm_forward); the weight and bias gradients are column sums in two
-// deterministic stages (common.cuh). The CPU reference is backend/cpu/layernorm.hpp.
+// deterministic stages (rowwise.cuh). The CPU reference is backend/cpu/layernorm.hpp.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ops.hpp"
+#include "backend/cuda/rowwise.cuh"
 
 namespace tessera::cuda_ops {
 
@@ -73,23 +75,34 @@ __global__ void add_layernorm_kernel(T* sum, T* out, float* mean, float* rstd, c
   }
 }
 
-// The first stage of the weight and bias gradients: per (column, chunk of rows) partials.
+// The first stage of the weight and bias gradients: per (column, chunk of rows) partials of
+// xhat * dy and dy (rowwise.cuh).
 template <typename T>
-__global__ void layernorm_param_partials_kernel(float* part_w, float* part_b, const T* dout,
-                                                const T* inp, const float* mean, const float* rstd,
-                                                int64_t N, int64_t C) {
-  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  const int64_t chunk = (N + kRowChunks - 1) / kRowChunks;
-  const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < N ? r0 + chunk : N;
-  float sw = 0.f, sb = 0.f;
-  for (int64_t r = r0; r < r1; ++r) {
+__global__ void __launch_bounds__(rowwise::kThreads)
+    layernorm_param_partials_kernel(float* part, const T* dout, const T* inp, const float* mean,
+                                    const float* rstd, int64_t N, int64_t C) {
+  rowwise::column_partials<2>(part, N, C, [&](int64_t r, int64_t c, float* acc) {
     const float d = ld(dout[r * C + c]);
-    sw += (ld(inp[r * C + c]) - mean[r]) * rstd[r] * d;
-    sb += d;
-  }
-  part_w[blockIdx.y * C + c] = sw;
-  part_b[blockIdx.y * C + c] = sb;
+    acc[0] += (ld(inp[r * C + c]) - mean[r]) * rstd[r] * d;
+    acc[1] += d;
+  });
+}
+
+// One warp per row, 16-byte loads (rowwise.cuh), where C and the pointers allow.
+template <typename T>
+__global__ void __launch_bounds__(rowwise::kThreads)
+    layernorm_forward_warp_kernel(T* out, float* mean, float* rstd, T* sum, const T* a, const T* b,
+                                  const T* w, const T* bias, int64_t N, int64_t C, float eps) {
+  rowwise::norm_forward<T, false>(out, mean, rstd, sum, a, b, w, bias, N, C, eps);
+}
+template <typename T>
+__global__ void __launch_bounds__(rowwise::kThreads)
+    layernorm_backward_warp_kernel(T* dinp, const T* dout, const T* inp, const T* w,
+                                   const float* mean, const float* rstd, int64_t N, int64_t C) {
+  rowwise::norm_backward_input<T, false>(dinp, dout, inp, w, mean, rstd, N, C);
+}
+unsigned warp_row_blocks(int64_t N) {
+  return static_cast<unsigned>((N + rowwise::kRowsPerBlock - 1) / rowwise::kRowsPerBlock);
 }
 
 }  // namespace
@@ -98,9 +111,15 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
                        const Tensor& b, float eps, cudaStream_t s) {
   dispatch(inp.dtype(), "layernorm", [&](auto tag) {
     using T = decltype(tag);
-    layernorm_forward_kernel<T><<<static_cast<unsigned>(rows_of(inp)), kThreads, 0, s>>>(
-        out.data<T>(), mean.f32(), rstd.f32(), inp.data<T>(), w.data<T>(), b.data<T>(),
-        cols_of(inp), eps);
+    const int64_t N = rows_of(inp), C = cols_of(inp);
+    if (N == 0) return;
+    if (rowwise::norm_vec_ok<T>(C, {out.raw(), inp.raw(), w.raw(), b.raw()}))
+      layernorm_forward_warp_kernel<T><<<warp_row_blocks(N), rowwise::kThreads, 0, s>>>(
+          out.data<T>(), mean.f32(), rstd.f32(), nullptr, inp.data<T>(), nullptr, w.data<T>(),
+          b.data<T>(), N, C, eps);
+    else
+      layernorm_forward_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
+          out.data<T>(), mean.f32(), rstd.f32(), inp.data<T>(), w.data<T>(), b.data<T>(), C, eps);
   });
   LAUNCH_CHECK();
 }
@@ -109,18 +128,25 @@ void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout
                         const Tensor& w, const Tensor& mean, const Tensor& rstd, Workspace& ws,
                         cudaStream_t s) {
   const int64_t N = rows_of(inp), C = cols_of(inp);
+  if (N == 0) return;
   dispatch(inp.dtype(), "layernorm backward", [&](auto tag) {
     using T = decltype(tag);
-    layernorm_backward_input_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
-        dinp.data<T>(), dout.data<T>(), inp.data<T>(), w.data<T>(), mean.f32(), rstd.f32(), C);
+    if (rowwise::norm_vec_ok<T>(C, {dinp.raw(), dout.raw(), inp.raw(), w.raw()}))
+      layernorm_backward_warp_kernel<T><<<warp_row_blocks(N), rowwise::kThreads, 0, s>>>(
+          dinp.data<T>(), dout.data<T>(), inp.data<T>(), w.data<T>(), mean.f32(), rstd.f32(), N, C);
+    else
+      layernorm_backward_input_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
+          dinp.data<T>(), dout.data<T>(), inp.data<T>(), w.data<T>(), mean.f32(), rstd.f32(), C);
     LAUNCH_CHECK();
-    float* part = ws.get<float>(Scratch::kPartials, 2 * kRowChunks * C);
-    const dim3 grid(static_cast<unsigned>(blocks_for(C)), kRowChunks);
-    layernorm_param_partials_kernel<T><<<grid, kThreads, 0, s>>>(
-        part, part + kRowChunks * C, dout.data<T>(), inp.data<T>(), mean.f32(), rstd.f32(), N, C);
+    const int64_t R = rowwise::num_chunks(N);
+    float* part = ws.get<float>(Scratch::kPartials, 2 * R * C);
+    const dim3 grid(static_cast<unsigned>((C + rowwise::kThreads - 1) / rowwise::kThreads),
+                    static_cast<unsigned>(R));
+    layernorm_param_partials_kernel<T><<<grid, rowwise::kThreads, 0, s>>>(
+        part, dout.data<T>(), inp.data<T>(), mean.f32(), rstd.f32(), N, C);
     LAUNCH_CHECK();
-    sum_column_partials(dw.f32(), part, C, s);
-    sum_column_partials(db.f32(), part + kRowChunks * C, C, s);
+    sum_column_partials(dw.f32(), part, R, C, s);
+    sum_column_partials(db.f32(), part + R * C, R, C, s);
   });
 }
 
@@ -129,9 +155,16 @@ void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd,
                            cudaStream_t s) {
   dispatch(a.dtype(), "add+layernorm", [&](auto tag) {
     using T = decltype(tag);
-    add_layernorm_kernel<T><<<static_cast<unsigned>(rows_of(a)), kThreads, 0, s>>>(
-        sum.data<T>(), out.data<T>(), mean.f32(), rstd.f32(), a.data<T>(), b.data<T>(), w.data<T>(),
-        bias.data<T>(), cols_of(a), eps);
+    const int64_t N = rows_of(a), C = cols_of(a);
+    if (N == 0) return;
+    if (rowwise::norm_vec_ok<T>(C, {sum.raw(), out.raw(), a.raw(), b.raw(), w.raw(), bias.raw()}))
+      layernorm_forward_warp_kernel<T><<<warp_row_blocks(N), rowwise::kThreads, 0, s>>>(
+          out.data<T>(), mean.f32(), rstd.f32(), sum.data<T>(), a.data<T>(), b.data<T>(),
+          w.data<T>(), bias.data<T>(), N, C, eps);
+    else
+      add_layernorm_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
+          sum.data<T>(), out.data<T>(), mean.f32(), rstd.f32(), a.data<T>(), b.data<T>(),
+          w.data<T>(), bias.data<T>(), C, eps);
   });
   LAUNCH_CHECK();
 }

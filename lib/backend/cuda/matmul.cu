@@ -11,6 +11,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ops.hpp"
+#include "backend/cuda/rowwise.cuh"
 
 namespace tessera::cuda_ops {
 
@@ -24,23 +25,17 @@ __global__ void fill_bias_kernel(T* out, const T* bias, int64_t N, int64_t OC) {
   if (i < N * OC) out[i] = bias[i % OC];
 }
 
-// The first stage of a column sum: part[chunk * C + c] = the sum of x[r, c] over the chunk's rows.
+// The first stage of the bias gradient: per (column, chunk of rows) sums of dout (rowwise.cuh).
 template <typename T>
-__global__ void column_partials_kernel(float* part, const T* x, int64_t N, int64_t C) {
-  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  const int64_t chunk = (N + kRowChunks - 1) / kRowChunks;
-  const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < N ? r0 + chunk : N;
-  float s = 0.f;
-  for (int64_t r = r0; r < r1; ++r) s += ld(x[r * C + c]);
-  part[blockIdx.y * C + c] = s;
+__global__ void __launch_bounds__(rowwise::kThreads)
+    bias_partials_kernel(float* part, const T* x, int64_t N, int64_t C) {
+  rowwise::column_partials<1>(
+      part, N, C, [&](int64_t r, int64_t c, float* acc) { acc[0] += ld(x[r * C + c]); });
 }
-__global__ void sum_partials_kernel(float* out, const float* part, int64_t C) {
-  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float s = 0.f;
-  for (int k = 0; k < kRowChunks; ++k) s += part[k * C + c];
-  out[c] += s;
+__global__ void __launch_bounds__(rowwise::kThreads)
+    sum_partials_kernel(float* out, const float* part, int64_t R, int64_t C) {
+  __shared__ float sh[rowwise::kSumPartialsShared];
+  rowwise::sum_partials(out, part, R, C, sh);
 }
 
 // Tells compute-sanitizer's initcheck (run with --nvtx yes) that a cuBLAS output was written: the
@@ -189,8 +184,10 @@ bool LtMatmul::bias_forward(Tensor& out, const Tensor& inp, const Tensor& weight
   return true;
 }
 
-void sum_column_partials(float* out, const float* part, int64_t C, cudaStream_t s) {
-  sum_partials_kernel<<<blocks_for(C), kThreads, 0, s>>>(out, part, C);
+void sum_column_partials(float* out, const float* part, int64_t R, int64_t C, cudaStream_t s) {
+  if (C == 0) return;
+  sum_partials_kernel<<<static_cast<unsigned>((C + 31) / 32), rowwise::kThreads, 0, s>>>(out, part,
+                                                                                         R, C);
   LAUNCH_CHECK();
 }
 
@@ -215,15 +212,17 @@ void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor&
   const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
   if (dinp) gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, weight, IC, dout, OC, 0.f, *dinp, IC);
   gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, OC, 1.f, dweight, IC);
-  if (dbias) {
-    float* part = ws.get<float>(Scratch::kPartials, kRowChunks * OC);
+  if (dbias && N > 0) {
+    const int64_t R = rowwise::num_chunks(N);
+    float* part = ws.get<float>(Scratch::kPartials, R * OC);
     dispatch(dout.dtype(), "bias gradient", [&](auto tag) {
       using T = decltype(tag);
-      const dim3 grid(static_cast<unsigned>(blocks_for(OC)), kRowChunks);
-      column_partials_kernel<T><<<grid, kThreads, 0, s>>>(part, dout.data<T>(), N, OC);
+      const dim3 grid(static_cast<unsigned>((OC + rowwise::kThreads - 1) / rowwise::kThreads),
+                      static_cast<unsigned>(R));
+      bias_partials_kernel<T><<<grid, rowwise::kThreads, 0, s>>>(part, dout.data<T>(), N, OC);
     });
     LAUNCH_CHECK();
-    sum_column_partials(dbias->f32(), part, OC, s);
+    sum_column_partials(dbias->f32(), part, R, OC, s);
   }
 }
 

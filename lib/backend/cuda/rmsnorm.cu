@@ -1,9 +1,11 @@
 // rmsnorm.cu: RMSNorm over the last axis (Llama's normalization, y = x * rstd * w with
-// rstd = 1/sqrt(mean(x^2) + eps)), one block per row, with the residual add fused in front of it
-// (add_rmsnorm_forward); the weight gradient is a column sum in two deterministic stages
-// (common.cuh). The CPU reference is backend/cpu/rmsnorm.hpp.
+// rstd = 1/sqrt(mean(x^2) + eps)), one warp per row with 16-byte loads
+// (rowwise.cuh) where the row length allows, else one block per row, with the residual add fused in
+// front of it (add_rmsnorm_forward); the weight gradient is a column sum in two deterministic
+// stages (rowwise.cuh). The CPU reference is backend/cpu/rmsnorm.hpp.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ops.hpp"
+#include "backend/cuda/rowwise.cuh"
 
 namespace tessera::cuda_ops {
 
@@ -63,18 +65,32 @@ __global__ void rmsnorm_backward_input_kernel(T* dinp, const T* dout, const T* i
   }
 }
 
-// The first stage of the weight gradient: part[chunk * C + c] = the sum of xhat * dy over the
-// chunk's rows, in row order. Grid (column blocks, kRowChunks).
+// The first stage of the weight gradient: per (column, chunk of rows) partials of xhat * dy, in
+// row order (rowwise.cuh).
 template <typename T>
-__global__ void rmsnorm_weight_partials_kernel(float* part, const T* dout, const T* inp,
-                                               const float* rstd, int64_t N, int64_t C) {
-  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  const int64_t chunk = (N + kRowChunks - 1) / kRowChunks;
-  const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < N ? r0 + chunk : N;
-  float sw = 0.f;
-  for (int64_t r = r0; r < r1; ++r) sw += ld(inp[r * C + c]) * rstd[r] * ld(dout[r * C + c]);
-  part[blockIdx.y * C + c] = sw;
+__global__ void __launch_bounds__(rowwise::kThreads)
+    rmsnorm_weight_partials_kernel(float* part, const T* dout, const T* inp, const float* rstd,
+                                   int64_t N, int64_t C) {
+  rowwise::column_partials<1>(part, N, C, [&](int64_t r, int64_t c, float* acc) {
+    acc[0] += ld(inp[r * C + c]) * rstd[r] * ld(dout[r * C + c]);
+  });
+}
+
+// One warp per row, 16-byte loads (rowwise.cuh), where C and the pointers allow.
+template <typename T>
+__global__ void __launch_bounds__(rowwise::kThreads)
+    rmsnorm_forward_warp_kernel(T* out, float* rstd, T* sum, const T* a, const T* b, const T* w,
+                                int64_t N, int64_t C, float eps) {
+  rowwise::norm_forward<T, true>(out, nullptr, rstd, sum, a, b, w, nullptr, N, C, eps);
+}
+template <typename T>
+__global__ void __launch_bounds__(rowwise::kThreads)
+    rmsnorm_backward_warp_kernel(T* dinp, const T* dout, const T* inp, const T* w,
+                                 const float* rstd, int64_t N, int64_t C) {
+  rowwise::norm_backward_input<T, true>(dinp, dout, inp, w, nullptr, rstd, N, C);
+}
+unsigned warp_row_blocks(int64_t N) {
+  return static_cast<unsigned>((N + rowwise::kRowsPerBlock - 1) / rowwise::kRowsPerBlock);
 }
 
 }  // namespace
@@ -85,8 +101,13 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor&
   if (N == 0) return;
   dispatch(inp.dtype(), "rmsnorm", [&](auto tag) {
     using T = decltype(tag);
-    rmsnorm_forward_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
-        out.data<T>(), rstd.f32(), inp.data<T>(), w.data<T>(), cols_of(inp), eps);
+    const int64_t C = cols_of(inp);
+    if (rowwise::norm_vec_ok<T>(C, {out.raw(), inp.raw(), w.raw()}))
+      rmsnorm_forward_warp_kernel<T><<<warp_row_blocks(N), rowwise::kThreads, 0, s>>>(
+          out.data<T>(), rstd.f32(), nullptr, inp.data<T>(), nullptr, w.data<T>(), N, C, eps);
+    else
+      rmsnorm_forward_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
+          out.data<T>(), rstd.f32(), inp.data<T>(), w.data<T>(), C, eps);
   });
   LAUNCH_CHECK();
 }
@@ -97,9 +118,14 @@ void add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a
   if (N == 0) return;
   dispatch(a.dtype(), "add+rmsnorm", [&](auto tag) {
     using T = decltype(tag);
-    add_rmsnorm_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
-        sum.data<T>(), out.data<T>(), rstd.f32(), a.data<T>(), b.data<T>(), w.data<T>(), cols_of(a),
-        eps);
+    const int64_t C = cols_of(a);
+    if (rowwise::norm_vec_ok<T>(C, {sum.raw(), out.raw(), a.raw(), b.raw(), w.raw()}))
+      rmsnorm_forward_warp_kernel<T><<<warp_row_blocks(N), rowwise::kThreads, 0, s>>>(
+          out.data<T>(), rstd.f32(), sum.data<T>(), a.data<T>(), b.data<T>(), w.data<T>(), N, C,
+          eps);
+    else
+      add_rmsnorm_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
+          sum.data<T>(), out.data<T>(), rstd.f32(), a.data<T>(), b.data<T>(), w.data<T>(), C, eps);
   });
   LAUNCH_CHECK();
 }
@@ -110,15 +136,21 @@ void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor
   if (N == 0) return;
   dispatch(inp.dtype(), "rmsnorm backward", [&](auto tag) {
     using T = decltype(tag);
-    rmsnorm_backward_input_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
-        dinp.data<T>(), dout.data<T>(), inp.data<T>(), w.data<T>(), rstd.f32(), C);
+    if (rowwise::norm_vec_ok<T>(C, {dinp.raw(), dout.raw(), inp.raw(), w.raw()}))
+      rmsnorm_backward_warp_kernel<T><<<warp_row_blocks(N), rowwise::kThreads, 0, s>>>(
+          dinp.data<T>(), dout.data<T>(), inp.data<T>(), w.data<T>(), rstd.f32(), N, C);
+    else
+      rmsnorm_backward_input_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
+          dinp.data<T>(), dout.data<T>(), inp.data<T>(), w.data<T>(), rstd.f32(), C);
     LAUNCH_CHECK();
-    float* part = ws.get<float>(Scratch::kPartials, kRowChunks * C);
-    const dim3 grid(static_cast<unsigned>(blocks_for(C)), kRowChunks);
+    const int64_t R = rowwise::num_chunks(N);
+    float* part = ws.get<float>(Scratch::kPartials, R * C);
+    const dim3 grid(static_cast<unsigned>((C + rowwise::kThreads - 1) / rowwise::kThreads),
+                    static_cast<unsigned>(R));
     rmsnorm_weight_partials_kernel<T>
-        <<<grid, kThreads, 0, s>>>(part, dout.data<T>(), inp.data<T>(), rstd.f32(), N, C);
+        <<<grid, rowwise::kThreads, 0, s>>>(part, dout.data<T>(), inp.data<T>(), rstd.f32(), N, C);
     LAUNCH_CHECK();
-    sum_column_partials(dw.f32(), part, C, s);
+    sum_column_partials(dw.f32(), part, R, C, s);
   });
 }
 
