@@ -513,6 +513,70 @@ TEST_P(CudaOpsDtype, EmbeddingsAndCrossEntropy) {
   expect_close(lgd, logits, tol(1e-5), "dlogits");
 }
 
+// The MoE ops on the device (moe.cu) against the host reference at a Mixtral-like routing (8
+// experts, top 2, capacity 1.0 so some slots drop) with 16-byte rows (C 256) and element rows
+// (C 100): routing (experts, rows, counts exact; weights 1e-6), scores, permutation both ways, and
+// the router's backward with the load-balancing and z-loss terms.
+TEST_P(CudaOpsDtype, MoeOpsMatchCpu) {
+  for (const int64_t C : {256, 100}) {
+    SCOPED_TRACE("C " + std::to_string(C));
+    const int64_t N = 512, E = 8, K = 2, group = 128;
+    MoERouting r;
+    r.experts = static_cast<int>(E);
+    r.topk = static_cast<int>(K);
+    r.capacity_factor = 1.0;
+    const Tensor logits = rand({N, E}, 2.f);
+    Tensor ex({N, K}, DType::I32), w({N, K}), row({N, K}, DType::I32);
+    std::vector<int64_t> routed, kept, routed_d, kept_d;
+    const int64_t R = cpu_->moe_route(ex, w, row, logits, r, group, routed, kept);
+    Tensor lgd = dev(logits), exd = poisoned({N, K}, DType::I32), wd = poisoned({N, K}),
+           rowd = poisoned({N, K}, DType::I32);
+    const int64_t Rd = gpu_->moe_route(exd, wd, rowd, lgd, r, group, routed_d, kept_d);
+    ASSERT_EQ(Rd, R);
+    EXPECT_EQ(routed_d, routed);
+    EXPECT_EQ(kept_d, kept);
+    const Tensor exh = host(exd), rowh = host(rowd);
+    ASSERT_EQ(std::memcmp(exh.raw(), ex.raw(), ex.nbytes()), 0) << "experts (dropped: -1 - e)";
+    ASSERT_EQ(std::memcmp(rowh.raw(), row.raw(), row.nbytes()), 0) << "rows";
+    expect_close(wd, w, 1e-6, "routing weights");
+
+    std::vector<double> sums, sums_d;
+    double lse = 0, lse_d = 0;
+    cpu_->moe_router_stats(logits, r, group, sums, lse);
+    gpu_->moe_router_stats(lgd, r, group, sums_d, lse_d);
+    ASSERT_EQ(sums_d.size(), sums.size());
+    for (size_t i = 0; i < sums.size(); ++i) EXPECT_NEAR(sums_d[i], sums[i], 1e-4) << i;
+    EXPECT_NEAR(lse_d, lse, 1e-5 * lse);
+
+    const Tensor x = rnd({N, C}), out = rnd({R, C}), dy = rnd({N, C});
+    Tensor xp({R, C}, d()), y({N, C}, d()), dout({R, C}, d()), dw({N, K}), dx({N, C}, d());
+    cpu_->moe_permute(xp, x, row);
+    cpu_->moe_unpermute(y, out, row, w);
+    cpu_->moe_unpermute_backward(dout, dw, dy, out, row, w);
+    cpu_->moe_permute_backward(dx, dout, row);
+    Tensor xpd = poisoned({R, C}, d()), yd = poisoned({N, C}, d()), doutd = poisoned({R, C}, d()),
+           dwd = poisoned({N, K}), dxd = poisoned({N, C}, d()), xd = dev(x), outd = dev(out),
+           dyd = dev(dy);
+    gpu_->moe_permute(xpd, xd, rowd);
+    gpu_->moe_unpermute(yd, outd, rowd, wd);
+    gpu_->moe_unpermute_backward(doutd, dwd, dyd, outd, rowd, wd);
+    gpu_->moe_permute_backward(dxd, doutd, rowd);
+    expect_close(xpd, xp, 0.0, "permuted rows (a copy)");
+    expect_close(yd, y, tol(1e-6), "unpermuted output");
+    expect_close(doutd, dout, tol(1e-6), "permuted gradient");
+    expect_close(dwd, dw, d() == DType::F32 ? 1e-5 : 1e-3, "routing weights' gradient (f32)");
+    expect_close(dxd, dx, tol(1e-6), "input gradient");
+
+    const Tensor dwr = rand({N, K});
+    std::vector<double> aux(static_cast<size_t>(N / group * E));
+    for (size_t i = 0; i < aux.size(); ++i) aux[i] = 0.01 * static_cast<double>(i % 7);
+    Tensor dz({N, E}), dzd = poisoned({N, E}), dwrd = dev(dwr);
+    cpu_->moe_router_backward(dz, logits, ex, w, dwr, r, group, aux, 1e-3);
+    gpu_->moe_router_backward(dzd, lgd, exd, wd, dwrd, r, group, aux, 1e-3);
+    expect_close(dzd, dz, 1e-5, "router logits' gradient (f32)");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOpsDtype,
                          ::testing::Values(DType::F32, DType::BF16, DType::F16),
                          [](const ::testing::TestParamInfo<DType>& i) {

@@ -168,8 +168,8 @@ TEST_F(CudaTrain, QwenAndSmallOptionsMatchTheCpu) {
   }
 }
 
-// MoE on the GPU (the routing and permutation ops through their host reference, the experts'
-// GEMMs on cuBLAS): f32 within 1e-5 of the CPU, bf16 within 1% and learning.
+// MoE on the GPU (the router and permutation kernels of moe.cu, the experts' GEMMs on cuBLAS): f32
+// within 1e-5 of the CPU, bf16 within 1% and learning.
 TEST_F(CudaTrain, MoEMatchesTheCpu) {
   for (const auto& [name, options] :
        std::vector<std::pair<std::string, std::function<void(GPTConfig&)>>>{

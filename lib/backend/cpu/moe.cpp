@@ -45,8 +45,6 @@ int64_t moe_route_host(const float* logits, int64_t N, const MoERouting& r, int6
   TESSERA_CHECK(E >= 1 && K >= 1 && K <= E && group_rows >= 1 && N % group_rows == 0,
                 "moe_route: ", K, " of ", E, " experts, ", N, " rows in groups of ", group_rows);
   const double f = r.scaling > 0 ? r.scaling : 1.0;
-  const int64_t groups = N / group_rows;
-  routed.assign(static_cast<size_t>(groups * E), 0);
 #pragma omp parallel
   {
     std::vector<int> order(static_cast<size_t>(E));
@@ -78,9 +76,23 @@ int64_t moe_route_host(const float* logits, int64_t N, const MoERouting& r, int6
       }
     }
   }
+  return moe_assign_rows_host(expert, weight, N, r, group_rows, row, routed, kept);
+}
+
+int64_t moe_assign_rows_host(int32_t* expert, const float* weight, int64_t N, const MoERouting& r,
+                             int64_t group_rows, int32_t* row, std::vector<int64_t>& routed,
+                             std::vector<int64_t>& kept) {
+  const int E = r.experts, K = r.topk;
+  TESSERA_CHECK(group_rows >= 1 && N % group_rows == 0, "moe_route: ", N, " rows in groups of ",
+                group_rows);
+  routed.assign(static_cast<size_t>(N / group_rows * E), 0);
   for (int64_t n = 0; n < N; ++n)
-    for (int k = 0; k < K; ++k)
-      ++routed[static_cast<size_t>((n / group_rows) * E + expert[n * K + k])];
+    for (int k = 0; k < K; ++k) {
+      const int32_t e = expert[n * K + k];
+      TESSERA_CHECK(e >= 0 && e < E, "moe_route: token ", n, " slot ", k, " names expert ", e,
+                    " of ", E);
+      ++routed[static_cast<size_t>((n / group_rows) * E + e)];
+    }
   // Token dropping: per expert, the slots over capacity (Megatron's get_capacity of N*K copies).
   if (r.capacity_factor > 0) {
     const int64_t capacity = static_cast<int64_t>(std::ceil(double(N) * K / E * r.capacity_factor));

@@ -34,6 +34,13 @@ int64_t moe_route_host(const float* logits, int64_t N, const MoERouting& r, int6
                        int32_t* expert, float* weight, int32_t* row, std::vector<int64_t>& routed,
                        std::vector<int64_t>& kept);
 
+// The second half of moe_route_host, for a backend that chose the experts and weights itself:
+// from expert (valid expert ids, modified for dropped slots) and weight, the routed and kept
+// counts, the dropping and the rows.
+int64_t moe_assign_rows_host(int32_t* expert, const float* weight, int64_t N, const MoERouting& r,
+                             int64_t group_rows, int32_t* row, std::vector<int64_t>& routed,
+                             std::vector<int64_t>& kept);
+
 // The load-balancing scores (softmax over all E experts, or the sigmoid normalized over them)
 // summed per group into score_sums (groups x E), and the sum over tokens of logsumexp(logits)^2.
 void moe_router_stats_host(const float* logits, int64_t N, const MoERouting& r, int64_t group_rows,

@@ -25,10 +25,19 @@ namespace cuda_ops {
 namespace {
 // What each scratch buffer is for, in out-of-memory errors (by Scratch value).
 const char* const kScratchLabels[] = {
-    "reduction scratch",           "attention backward workspace", "embedding backward workspace",
-    "gradient-norm partial sums",  "the AdamW segment table",      "the KV-attention row table",
-    "the flash-decoding partials", "the prefill log-sum-exp",      "the sampling rules",
-    "the sampling sort buffers",   "the cuBLASLt workspace",
+    "reduction scratch",
+    "attention backward workspace",
+    "embedding backward workspace",
+    "gradient-norm partial sums",
+    "the AdamW segment table",
+    "the KV-attention row table",
+    "the flash-decoding partials",
+    "the prefill log-sum-exp",
+    "the sampling rules",
+    "the sampling sort buffers",
+    "the cuBLASLt workspace",
+    "the MoE router scores",
+    "the MoE load-balancing gradient",
 };
 static_assert(sizeof(kScratchLabels) / sizeof(kScratchLabels[0]) ==
               static_cast<size_t>(Scratch::kCount));
@@ -446,6 +455,36 @@ class CudaBackend final : public Backend {
                           int64_t valid, int64_t col_begin, float grad_scale) override {
     cuda_ops::xent_loss_and_grad(losses, logits, rowmax, sumexp, target_logit, targets, valid,
                                  col_begin, grad_scale, stream_);
+  }
+  int64_t moe_route(Tensor& expert, Tensor& weight, Tensor& row, const Tensor& logits,
+                    const MoERouting& r, int64_t group_rows, std::vector<int64_t>& routed,
+                    std::vector<int64_t>& kept) override {
+    return cuda_ops::moe_route(expert, weight, row, logits, r, group_rows, routed, kept, stream_);
+  }
+  void moe_router_stats(const Tensor& logits, const MoERouting& r, int64_t group_rows,
+                        std::vector<double>& score_sums, double& lse_sq_sum) override {
+    cuda_ops::moe_router_stats(logits, r, group_rows, score_sums, lse_sq_sum, ws_, stream_);
+  }
+  void moe_router_backward(Tensor& dlogits, const Tensor& logits, const Tensor& expert,
+                           const Tensor& weight, const Tensor& dweight, const MoERouting& r,
+                           int64_t group_rows, const std::vector<double>& aux_grad,
+                           double z_grad) override {
+    cuda_ops::moe_router_backward(dlogits, logits, expert, weight, dweight, r, group_rows, aux_grad,
+                                  z_grad, ws_, stream_);
+  }
+  void moe_permute(Tensor& x_perm, const Tensor& x, const Tensor& row) override {
+    cuda_ops::moe_permute(x_perm, x, row, stream_);
+  }
+  void moe_unpermute(Tensor& y, const Tensor& out, const Tensor& row,
+                     const Tensor& weight) override {
+    cuda_ops::moe_unpermute(y, out, row, &weight, stream_);
+  }
+  void moe_unpermute_backward(Tensor& dout, Tensor& dweight, const Tensor& dy, const Tensor& out,
+                              const Tensor& row, const Tensor& weight) override {
+    cuda_ops::moe_unpermute_backward(dout, dweight, dy, out, row, weight, stream_);
+  }
+  void moe_permute_backward(Tensor& dx, const Tensor& dx_perm, const Tensor& row) override {
+    cuda_ops::moe_unpermute(dx, dx_perm, row, nullptr, stream_);
   }
   void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& h,
                   double weight_decay, int64_t step) override {

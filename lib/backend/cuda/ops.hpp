@@ -31,6 +31,8 @@ enum class Scratch {
   kSampling,         // the per-row sampling rules (sampling.cu)
   kSamplingSort,     // dense and sorted logits, indices, CUB's storage (sampling.cu)
   kCublasLt,         // cuBLASLt's workspace for the GEMMs with epilogues (matmul.cu)
+  kMoeScores,        // the router's per-token load-balancing scores and lse^2 (moe.cu)
+  kMoeAuxGrad,       // the load-balancing loss's gradient per (group, expert) (moe.cu)
   kCount
 };
 
@@ -211,5 +213,26 @@ void adamw_step_flat(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
 // The sum of squares of every element of xs (f32), in a fixed order; waits for the stream.
 double sum_squares_all(const std::vector<Tensor>& xs, Workspace& ws, cudaStream_t s);
 void scale(Tensor& x, float factor, cudaStream_t s);
+
+// ---- moe.cu ------------------------------------------------------------------------------------
+
+// Backend::moe_* on the device (semantics: backend/cpu/moe.hpp). moe_route and moe_router_stats
+// synchronize the stream (their results are host vectors). moe_unpermute without weight sums the
+// slots (the permute's backward).
+int64_t moe_route(Tensor& expert, Tensor& weight, Tensor& row, const Tensor& logits,
+                  const MoERouting& r, int64_t group_rows, std::vector<int64_t>& routed,
+                  std::vector<int64_t>& kept, cudaStream_t s);
+void moe_router_stats(const Tensor& logits, const MoERouting& r, int64_t group_rows,
+                      std::vector<double>& score_sums, double& lse_sq_sum, Workspace& ws,
+                      cudaStream_t s);
+void moe_router_backward(Tensor& dlogits, const Tensor& logits, const Tensor& expert,
+                         const Tensor& weight, const Tensor& dweight, const MoERouting& r,
+                         int64_t group_rows, const std::vector<double>& aux_grad, double z_grad,
+                         Workspace& ws, cudaStream_t s);
+void moe_permute(Tensor& x_perm, const Tensor& x, const Tensor& row, cudaStream_t s);
+void moe_unpermute(Tensor& y, const Tensor& out, const Tensor& row, const Tensor* weight,
+                   cudaStream_t s);
+void moe_unpermute_backward(Tensor& dout, Tensor& dweight, const Tensor& dy, const Tensor& out,
+                            const Tensor& row, const Tensor& weight, cudaStream_t s);
 
 }  // namespace tessera::cuda_ops
