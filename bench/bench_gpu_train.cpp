@@ -8,13 +8,19 @@
 //   per token = 72 L h^2 + 12 L s h + 6 h V   (= GPTConfig::train_flops_per_token)
 // i.e. 6 x (matmul parameters) plus the attention score and value products, forward and backward.
 //
-// Usage: bench_gpu_train [124m|1.3b|llama1b|all=all: 124m and 1.3b] [steps=10] [micro_batch=0: per
-// model] [peak_tflops=0: from the device name] [dtype=bf16|fp16|f32] [--breakdown]
+// Usage: bench_gpu_train [124m|1.3b|llama1b|mixtral|all=all: 124m and 1.3b] [steps=10]
+// [micro_batch=0: per model] [peak_tflops=0: from the device name] [dtype=bf16|fp16|f32]
+// [--breakdown]
 // [--recompute=full|selective]
 // [--distributed-optimizer] [--max-micro-batch]
 //
 // --recompute / --distributed-optimizer train with those memory features (issue 13; one GPU is
 // DP 1, so the distributed optimizer's memory only falls with more ranks: --dry-run shows it).
+// mixtral: Mixtral-8x7B's layer (8 SwiGLU experts, top 2, GQA 8, RMSNorm, RoPE 1e6, vocabulary
+// 32000) at hidden 1024, experts of 3584, 16 layers, sequence 2048, micro-batch 4, with
+// --moe-grouped-gemm (TESSERA_BENCH_NO_GROUPED_GEMM=1: one GEMM per expert, to compare). FLOPs and
+// MFU count the active parameters (the 2 experts a token uses, and the router). No PyTorch peer has
+// been measured at this shape.
 // --max-micro-batch: instead of one timed size, tries micro-batches 8, 16, 24, 32, 48, 64, 96, 128
 // (two steps each) and reports the largest that trains, with its step time and peak memory.
 //
@@ -64,15 +70,17 @@ struct Preset {
   const char* name;
   int layers, hidden, heads, seq, micro_batch;
   double peer_tokens_per_s, peer_mfu;  // PyTorch on one H100 at this shape (issue 12; 0: none)
-  bool llama = false;  // Llama 3.2 1B's architecture (issue 15): 8 query groups, SwiGLU 8192, ...
-  bool in_all = true;  // run by "all"
+  bool llama = false;    // Llama 3.2 1B's architecture (issue 15): 8 query groups, SwiGLU 8192, ...
+  bool in_all = true;    // run by "all"
+  bool mixtral = false;  // Mixtral's layer (issue 29): 8 SwiGLU experts of 3584, top 2, GQA 8
 };
 // The shapes of the PyTorch peer of issue 12 (bf16 autocast, SDPA flash attention, torch.compile,
 // fused AdamW), measured on the same H100 as Tessera's first run; and Llama 3.2 1B at sequence
 // 2048 (configs/llama3-1b.ini's model; no peer measured yet), run when named.
 const Preset kPresets[] = {{"124m", 12, 768, 12, 1024, 16, 400066, 34.6},
                            {"1.3b", 24, 2048, 16, 2048, 8, 52704, 48.4},
-                           {"llama1b", 16, 2048, 32, 2048, 4, 0, 0, true, false}};
+                           {"llama1b", 16, 2048, 32, 2048, 4, 0, 0, true, false},
+                           {"mixtral", 16, 1024, 16, 2048, 4, 0, 0, false, false, true}};
 
 }  // namespace
 
@@ -157,6 +165,22 @@ int main(int argc, char** argv) {
       m.num_query_groups = 8;
       m.add_bias_linear = false;
     }
+    if (p.mixtral) {  // Mixtral-8x7B's layer at a quarter of its width: 1.5B parameters, 0.5B
+                      // active
+      m.vocab_size = 32000;
+      m.position_embedding_type = "rope";
+      m.rotary_base = 1000000;
+      m.normalization = "RMSNorm";
+      m.swiglu = true;
+      m.group_query_attention = true;
+      m.num_query_groups = 8;
+      m.add_bias_linear = false;
+      m.ffn_hidden_size = 3584;
+      m.num_experts = 8;
+      m.moe_router_topk = 2;
+      m.moe_aux_loss_coeff = 0.02;  // Mixtral's router_aux_loss_coef
+      m.moe_grouped_gemm = std::getenv("TESSERA_BENCH_NO_GROUPED_GEMM") == nullptr;
+    }
     TrainConfig t;
     t.micro_batch_size = mbs_arg > 0 ? mbs_arg : p.micro_batch;
     t.global_batch_size = t.micro_batch_size;
@@ -216,6 +240,10 @@ int main(int argc, char** argv) {
           "%.0f tokens/s | %.1f TFLOP/s",
           p.name, p.layers, p.hidden, p.seq, t.micro_batch_size, (long long)m.num_parameters(),
           sec * 1e3, tokens / sec, tflops);
+      if (m.num_experts > 0)
+        std::printf(" (active %lld; %d experts, top %d, %s)", (long long)m.num_active_parameters(),
+                    m.num_experts, m.moe_router_topk,
+                    m.moe_grouped_gemm ? "grouped GEMM" : "one GEMM per expert");
       if (peak > 0) std::printf(" | MFU %.1f%%", 100.0 * tflops / peak);
       std::printf(
           " | peak memory %.2f GiB held by Tessera (--dry-run estimate %.2f GiB) | loss %.3f\n",

@@ -26,6 +26,7 @@ plan=(
   "peer-124m|120|python3 bench/train_peer.py 124m 10"
   "bench-1.3b|90|bash scripts/gpu-run.sh --steps=bench 1.3b 10"
   "llama1b|90|bash scripts/gpu-run.sh --steps=llama1b"
+  "mixtral|90|bash scripts/gpu-run.sh --steps=bench mixtral 10"
   "initcheck|90|bash scripts/gpu-run.sh --sanitize=initcheck"
 )
 want=${GPU_LEASE_STEPS:-}

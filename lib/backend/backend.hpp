@@ -135,6 +135,25 @@ class Backend {
   virtual void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
                                const Tensor& inp, const Tensor& weight) = 0;
 
+  // A group of GEMMs without bias, one per expert (each on its own rows): for each g,
+  // out_g = inp_g weight_g^T (forward); dinp_g overwritten (when given) and dweight_g accumulated
+  // (backward). The default runs matmul_forward / matmul_backward one group at a time; the CUDA
+  // backend issues one grouped GEMM per call.
+  struct GroupedGemm {
+    Tensor* out;      // forward: out; backward: dinp (may be null)
+    Tensor* dweight;  // backward only
+    const Tensor* inp;
+    const Tensor* dout;  // backward only
+    const Tensor* weight;
+  };
+  virtual void grouped_matmul_forward(const std::vector<GroupedGemm>& groups) {
+    for (const GroupedGemm& g : groups) matmul_forward(*g.out, *g.inp, *g.weight, nullptr);
+  }
+  virtual void grouped_matmul_backward(const std::vector<GroupedGemm>& groups) {
+    for (const GroupedGemm& g : groups)
+      matmul_backward(g.out, *g.dweight, nullptr, *g.dout, *g.inp, *g.weight);
+  }
+
   // Causal attention. qkv (B,T,(H+2G)*hd): per token the H query heads, then the G key heads,
   // then the G value heads (G = kv_heads; 0 means H, and then this is [3,H,hd]). Query head h
   // attends with key/value head h / (H/G) (grouped-query attention; G = 1 is multi-query); K and

@@ -260,6 +260,10 @@ void GPTConfig::validate_moe() const {
   if (moe_token_dispatcher_type != "alltoall" && moe_token_dispatcher_type != "allgather")
     throw ConfigError("--moe-token-dispatcher-type=" + moe_token_dispatcher_type +
                       " is not known (allowed: alltoall, allgather)");
+  if (moe_grouped_gemm && num_experts > 0 && add_bias_linear)
+    throw ConfigError(
+        "--moe-grouped-gemm: the grouped expert GEMMs take no biases; add --disable-bias-linear "
+        "(as Megatron-Core's grouped GEMM requires)");
   if (moe_token_drop_policy != "probs" && moe_token_drop_policy != "position")
     throw ConfigError("--moe-token-drop-policy=" + moe_token_drop_policy +
                       " is not known (allowed: probs, position)");

@@ -72,6 +72,10 @@ struct GPTConfig {
   // (each rank's copies to their experts' ranks and back) or allgather (every rank gathers the EP
   // group's tokens, computes its experts' share, and the outputs are reduce-scattered).
   std::string moe_token_dispatcher_type = "alltoall";
+  // The experts' GEMMs of a layer as one grouped GEMM per projection (Backend::grouped_matmul_*;
+  // on CUDA cublasGemmGroupedBatchedEx) instead of one GEMM per expert: the same results. As in
+  // Megatron-Core's GroupedMLP, the experts may have no biases (--disable-bias-linear).
+  bool moe_grouped_gemm = false;
 
   bool rope() const { return position_embedding_type == "rope"; }
   bool learned_positions() const { return position_embedding_type == "learned_absolute"; }

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <sstream>
 
 #include "core/phase_timer.hpp"
@@ -200,20 +201,50 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
   }
   Tensor oute = allgather ? la.moe_oute : ep ? a.moe_oute : la.moe_out;
   const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
-  int64_t row = 0;
-  for (size_t b = 0; b < la.moe_rows.size(); ++b) {
-    const int64_t rows = la.moe_rows[b];
-    if (rows == 0) continue;  // an expert no token chose (from this sender): nothing to compute
-    const ExpertWeights& ew = w.experts[static_cast<size_t>(la.moe_block_expert[b])];
-    Tensor x = la.moe_xe.view(row * C, {rows, C}), fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
-    Tensor act = la.moe_act.view(row * efl, {rows, efl}), y = oute.view(row * C, {rows, C});
-    phase("moe-expert-fc1-gemm-forward");
-    be_.matmul_forward(fc1, x, ew.fc1_w, opt(ew.fc1_b));
-    phase("moe-expert-activation-forward");
-    mlp_activation(act, fc1);
-    phase("moe-expert-fc2-gemm-forward");
-    be_.matmul_forward(y, act, ew.fc2_w, bias_here ? opt(ew.fc2_b) : nullptr);
-    row += rows;
+  if (cfg_.moe_grouped_gemm) {
+    // One grouped GEMM per projection over the blocks with rows; the activation in one pass over
+    // all of them (their rows are contiguous).
+    std::deque<Tensor> views;  // stable addresses for the groups' pointers
+    std::vector<Backend::GroupedGemm> g1, g2;
+    int64_t row = 0;
+    for (size_t b = 0; b < la.moe_rows.size(); ++b) {
+      const int64_t rows = la.moe_rows[b];
+      if (rows == 0) continue;
+      const ExpertWeights& ew = w.experts[static_cast<size_t>(la.moe_block_expert[b])];
+      Tensor& x = views.emplace_back(la.moe_xe.view(row * C, {rows, C}));
+      Tensor& fc1 = views.emplace_back(la.moe_fc1.view(row * efc1, {rows, efc1}));
+      Tensor& act = views.emplace_back(la.moe_act.view(row * efl, {rows, efl}));
+      Tensor& y = views.emplace_back(oute.view(row * C, {rows, C}));
+      g1.push_back({&fc1, nullptr, &x, nullptr, &ew.fc1_w});
+      g2.push_back({&y, nullptr, &act, nullptr, &ew.fc2_w});
+      row += rows;
+    }
+    if (row > 0) {
+      phase("moe-expert-fc1-gemm-forward");
+      be_.grouped_matmul_forward(g1);
+      phase("moe-expert-activation-forward");
+      Tensor act = la.moe_act.view(0, {row, efl});
+      mlp_activation(act, la.moe_fc1.view(0, {row, efc1}));
+      phase("moe-expert-fc2-gemm-forward");
+      be_.grouped_matmul_forward(g2);
+    }
+  } else {
+    int64_t row = 0;
+    for (size_t b = 0; b < la.moe_rows.size(); ++b) {
+      const int64_t rows = la.moe_rows[b];
+      if (rows == 0) continue;  // an expert no token chose (from this sender): nothing to compute
+      const ExpertWeights& ew = w.experts[static_cast<size_t>(la.moe_block_expert[b])];
+      Tensor x = la.moe_xe.view(row * C, {rows, C}),
+             fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
+      Tensor act = la.moe_act.view(row * efl, {rows, efl}), y = oute.view(row * C, {rows, C});
+      phase("moe-expert-fc1-gemm-forward");
+      be_.matmul_forward(fc1, x, ew.fc1_w, opt(ew.fc1_b));
+      phase("moe-expert-activation-forward");
+      mlp_activation(act, fc1);
+      phase("moe-expert-fc2-gemm-forward");
+      be_.matmul_forward(y, act, ew.fc2_w, bias_here ? opt(ew.fc2_b) : nullptr);
+      row += rows;
+    }
   }
   if (allgather) {
     // Each rank's tokens' outputs from this rank's experts (zeros for the others), summed over
@@ -294,8 +325,47 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
     ep_->all_to_all(a.moe_dout, la.moe_send, de, la.moe_recv, C);
   }
   const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
+  if (cfg_.moe_grouped_gemm) {
+    // fc2's backward for every block, the activation's over all rows, then fc1's (which
+    // overwrites the output gradients fc2's backward has read).
+    std::deque<Tensor> views;
+    std::vector<Backend::GroupedGemm> g2, g1;
+    std::vector<std::pair<int64_t, int64_t>> spans;  // (first row, rows) of each block with rows
+    int64_t row = 0;
+    for (size_t b = 0; b < la.moe_rows.size(); ++b) {
+      const int64_t rows = la.moe_rows[b];
+      if (rows == 0) continue;
+      const size_t j = static_cast<size_t>(la.moe_block_expert[b]);
+      Tensor& dout = views.emplace_back(de.view(row * C, {rows, C}));
+      Tensor& dact = views.emplace_back(a.moe_dact.view(row * efl, {rows, efl}));
+      Tensor& act = views.emplace_back(la.moe_act.view(row * efl, {rows, efl}));
+      g2.push_back({&dact, &g.experts[j].fc2_w, &act, &dout, &w.experts[j].fc2_w});
+      spans.emplace_back(row, rows);
+      row += rows;
+    }
+    if (row > 0) {
+      phase("moe-expert-fc2-gemm-backward");
+      be_.grouped_matmul_backward(g2);
+      Tensor dact = a.moe_dact.view(0, {row, efl});
+      Tensor dfc1 = cfg_.swiglu ? a.moe_dfc1.view(0, {row, efc1}) : Tensor();
+      const Tensor& d1 = activation_backward(phase, dact, dfc1, la.moe_fc1.view(0, {row, efc1}));
+      const int64_t d1c = d1.dim(1);
+      size_t k = 0;
+      for (size_t b = 0; b < la.moe_rows.size(); ++b) {
+        if (la.moe_rows[b] == 0) continue;
+        const size_t j = static_cast<size_t>(la.moe_block_expert[b]);
+        const auto [r0, rows] = spans[k++];
+        Tensor& dx = views.emplace_back(de.view(r0 * C, {rows, C}));
+        Tensor& d1b = views.emplace_back(d1.view(r0 * d1c, {rows, d1c}));
+        Tensor& x = views.emplace_back(la.moe_xe.view(r0 * C, {rows, C}));
+        g1.push_back({&dx, &g.experts[j].fc1_w, &x, &d1b, &w.experts[j].fc1_w});
+      }
+      phase("moe-expert-fc1-gemm-backward");
+      be_.grouped_matmul_backward(g1);
+    }
+  }
   int64_t row = 0;
-  for (size_t b = 0; b < la.moe_rows.size(); ++b) {
+  for (size_t b = 0; b < la.moe_rows.size() && !cfg_.moe_grouped_gemm; ++b) {
     const int64_t rows = la.moe_rows[b];
     if (rows == 0) continue;  // no token: no gradient (the weights' stay as they are)
     const size_t j = static_cast<size_t>(la.moe_block_expert[b]);

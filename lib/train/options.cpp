@@ -327,8 +327,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
           "moe-token-dispatcher-type",
           po::value(&m.moe_token_dispatcher_type)->default_value(m.moe_token_dispatcher_type),
           "alltoall | allgather: how tokens reach their experts' ranks (same results)")(
-          "moe-grouped-gemm", po::bool_switch(&o.moe_grouped_gemm),
-          "the experts' GEMMs as one grouped GEMM (same results)");
+          "moe-grouped-gemm", po::bool_switch(&m.moe_grouped_gemm),
+          "the experts' GEMMs as one grouped GEMM per projection (same results; needs "
+          "--disable-bias-linear)");
   p.group("Parallelism")
       .add_options()("tensor-model-parallel-size", po::value(&o.tp)->default_value(1),
                      "tensor-parallel ranks (consecutive ranks; keep them in one node)")(

@@ -23,10 +23,8 @@ struct RunOptions {
   GPTConfig model;
   TrainConfig train;
   LogOptions log;
-  int tp = 1, pp = 1;  // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
-  int ep = 1;          // expert-parallel size (MoE): carved out of DP
-  // --moe-grouped-gemm: accepted (the experts' GEMMs run one per expert; same results).
-  bool moe_grouped_gemm = false;
+  int tp = 1, pp = 1;           // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
+  int ep = 1;                   // expert-parallel size (MoE): carved out of DP
   int threads = 0;              // 0: this rank's share of the cores in its affinity mask
   std::string device = "auto";  // resolved to "cpu" or "cuda" by parse_run_options
   bool mock_data = false;       // synthetic data; also the source when no --data-path is given

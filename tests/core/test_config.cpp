@@ -204,6 +204,8 @@ TEST(Config, MoEOptionsMixtralCountsAndBadInput) {
   has(error_of({"--expert-model-parallel-size", "2"}), "needs --num-experts");
   has(error_of({"--num-experts", "4", "--moe-token-dispatcher-type", "flex"}),
       "--moe-token-dispatcher-type=flex is not known");
+  has(error_of({"--num-experts", "4", "--moe-grouped-gemm"}),
+      "--moe-grouped-gemm: the grouped expert GEMMs take no biases; add --disable-bias-linear");
 }
 
 TEST(Config, DryRunBytesPerParameterFollowMegatronsTable) {

@@ -336,6 +336,23 @@ TEST(GPT, MoEGradientsMatchFiniteDifferences) {
   }
 }
 
+// --moe-grouped-gemm (the experts' GEMMs through Backend::grouped_matmul_*, the activation over
+// all experts' rows at once): the same loss to the bit and gradients that match the reference,
+// in the bias-free variants (the option requires --disable-bias-linear).
+TEST(GPT, MoEGroupedGemmMatchesTheReference) {
+  for (int variant : {0, 2, 3}) {
+    SCOPED_TRACE("MoE variant " + std::to_string(variant));
+    GPTConfig cfg = moe_config(variant);
+    ASSERT_FALSE(cfg.add_bias_linear);
+    double ref = 0, ref_grouped = 0;
+    const double loss = model_loss(cfg, &ref);
+    cfg.moe_grouped_gemm = true;
+    cfg.validate_moe();
+    EXPECT_EQ(model_loss(cfg, &ref_grouped), loss);
+    check_gradients(cfg);
+  }
+}
+
 // Token dropping happens in the variants that ask for it (else their gradient check would not
 // cover it), and every expert of the Mixtral-shaped variant receives tokens.
 TEST(GPT, MoERoutingDropsWhereAskedAndReachesEveryExpert) {

@@ -38,6 +38,7 @@ const char* const kScratchLabels[] = {
     "the cuBLASLt workspace",
     "the MoE router scores",
     "the MoE load-balancing gradient",
+    "the grouped GEMM's pointer arrays",
 };
 static_assert(sizeof(kScratchLabels) / sizeof(kScratchLabels[0]) ==
               static_cast<size_t>(Scratch::kCount));
@@ -271,6 +272,21 @@ class CudaBackend final : public Backend {
     expect_dtype(dweight, DType::F32, "matmul weight gradient");
     if (dbias) expect_dtype(*dbias, DType::F32, "matmul bias gradient");
     cuda_ops::matmul_backward(dinp, dweight, dbias, dout, inp, weight, blas_->get(), ws_, stream_);
+  }
+  void grouped_matmul_forward(const std::vector<GroupedGemm>& groups) override {
+    for (const GroupedGemm& g : groups) {
+      TESSERA_CHECK(cols_of(*g.weight) == cols_of(*g.inp) &&
+                        g.out->numel() == rows_of(*g.inp) * rows_of(*g.weight),
+                    "grouped matmul shapes");
+      expect_dtype(*g.weight, g.inp->dtype(), "grouped matmul weight");
+      expect_dtype(*g.out, g.inp->dtype(), "grouped matmul output");
+    }
+    cuda_ops::grouped_matmul_forward(groups, blas_->get(), ws_, stream_);
+  }
+  void grouped_matmul_backward(const std::vector<GroupedGemm>& groups) override {
+    for (const GroupedGemm& g : groups)
+      expect_dtype(*g.dweight, DType::F32, "grouped matmul weight gradient");
+    cuda_ops::grouped_matmul_backward(groups, blas_->get(), ws_, stream_);
   }
   void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
                          const AttentionDropout* drop, int64_t kv_heads,

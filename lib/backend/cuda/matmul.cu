@@ -226,4 +226,113 @@ void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor&
   }
 }
 
+namespace {
+
+// One GEMM of a grouped call: C (m x n, column-major) = op(A) op(B) (+ beta C).
+struct GemmProblem {
+  int m, n, k;
+  const void* A;
+  int lda;
+  const void* B;
+  int ldb;
+  void* C;
+  int ldc;
+  size_t c_bytes;
+};
+
+// All problems in one cublasGemmGroupedBatchedEx, each its own group (sizes differ per expert),
+// sharing the operations, beta and the dtypes. False when cuBLAS does not take the call (the
+// caller then runs the GEMMs one by one).
+bool grouped_gemm(cublasHandle_t blas, Workspace& ws, cudaStream_t s, cublasOperation_t ta,
+                  cublasOperation_t tb, const std::vector<GemmProblem>& ps, DType at, DType ct,
+                  float beta) {
+  const int G = static_cast<int>(ps.size());
+  if (G == 0) return true;
+  std::vector<cublasOperation_t> tas(ps.size(), ta), tbs(ps.size(), tb);
+  std::vector<int> m, n, k, lda, ldb, ldc, size(ps.size(), 1);
+  std::vector<float> alpha(ps.size(), 1.f), betas(ps.size(), beta);
+  std::vector<const void*> ptrs(3 * ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    m.push_back(ps[i].m);
+    n.push_back(ps[i].n);
+    k.push_back(ps[i].k);
+    lda.push_back(ps[i].lda);
+    ldb.push_back(ps[i].ldb);
+    ldc.push_back(ps[i].ldc);
+    ptrs[i] = ps[i].A;
+    ptrs[ps.size() + i] = ps[i].B;
+    ptrs[2 * ps.size() + i] = ps[i].C;
+  }
+  // The pointer arrays live on the device (cuBLAS reads them there); the rest is host memory.
+  void** dev = static_cast<void**>(
+      ws.upload(Scratch::kGroupedPointers, ptrs.data(), sizeof(void*) * ptrs.size(), s));
+  const void* const* a_arr = dev;
+  const void* const* b_arr = dev + ps.size();
+  void* const* c_arr = dev + 2 * ps.size();
+  const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+      blas, tas.data(), tbs.data(), m.data(), n.data(), k.data(), alpha.data(), a_arr,
+      cuda_type(at), lda.data(), b_arr, cuda_type(at), ldb.data(), betas.data(), c_arr,
+      cuda_type(ct), ldc.data(), G, size.data(), CUBLAS_COMPUTE_32F);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  CUBLAS_CHECK(st);
+  if (beta == 0.f)
+    for (const GemmProblem& p : ps) mark_initialized(p.C, p.c_bytes, s);
+  return true;
+}
+
+bool same_dtypes(const std::vector<Backend::GroupedGemm>& groups, bool backward) {
+  for (const Backend::GroupedGemm& g : groups) {
+    const DType d = g.inp->dtype();
+    if (g.weight->dtype() != d || (g.out && g.out->dtype() != d) ||
+        (backward && g.dout->dtype() != d))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void grouped_matmul_forward(const std::vector<Backend::GroupedGemm>& groups, cublasHandle_t blas,
+                            Workspace& ws, cudaStream_t s) {
+  if (groups.empty()) return;
+  std::vector<GemmProblem> ps;
+  for (const Backend::GroupedGemm& g : groups) {
+    const int64_t N = rows_of(*g.inp), IC = cols_of(*g.inp), OC = rows_of(*g.weight);
+    if (N == 0) continue;
+    // As matmul_forward: out^T (OC x N) = W^T-read (OC x IC) x^T (IC x N).
+    ps.push_back({(int)OC, (int)N, (int)IC, g.weight->raw(), (int)IC, g.inp->raw(), (int)IC,
+                  g.out->raw(), (int)OC, g.out->nbytes()});
+  }
+  const DType d = groups.front().inp->dtype();
+  if (same_dtypes(groups, false) &&
+      grouped_gemm(blas, ws, s, CUBLAS_OP_T, CUBLAS_OP_N, ps, d, d, 0.f))
+    return;
+  for (const Backend::GroupedGemm& g : groups)
+    matmul_forward(*g.out, *g.inp, *g.weight, nullptr, blas, nullptr, ws, s);
+}
+
+void grouped_matmul_backward(const std::vector<Backend::GroupedGemm>& groups, cublasHandle_t blas,
+                             Workspace& ws, cudaStream_t s) {
+  if (groups.empty()) return;
+  std::vector<GemmProblem> dx, dw;
+  for (const Backend::GroupedGemm& g : groups) {
+    const int64_t N = rows_of(*g.inp), IC = cols_of(*g.inp), OC = rows_of(*g.weight);
+    if (N == 0) continue;
+    // As matmul_backward: dinp (IC x N) = W (IC x OC, column-major) dout^T (OC x N), and
+    // dW (IC x OC) += x^T (IC x N) dout (N x OC).
+    if (g.out)
+      dx.push_back({(int)IC, (int)N, (int)OC, g.weight->raw(), (int)IC, g.dout->raw(), (int)OC,
+                    g.out->raw(), (int)IC, g.out->nbytes()});
+    dw.push_back({(int)IC, (int)OC, (int)N, g.inp->raw(), (int)IC, g.dout->raw(), (int)OC,
+                  g.dweight->raw(), (int)IC, g.dweight->nbytes()});
+  }
+  const DType d = groups.front().inp->dtype();
+  const bool ok = same_dtypes(groups, true);
+  if (ok && grouped_gemm(blas, ws, s, CUBLAS_OP_N, CUBLAS_OP_N, dx, d, d, 0.f) &&
+      grouped_gemm(blas, ws, s, CUBLAS_OP_N, CUBLAS_OP_T, dw, d, DType::F32, 1.f))
+    return;
+  for (const Backend::GroupedGemm& g : groups)
+    matmul_backward(g.out, *g.dweight, nullptr, *g.dout, *g.inp, *g.weight, blas, ws, s);
+}
+
 }  // namespace tessera::cuda_ops

@@ -33,6 +33,7 @@ enum class Scratch {
   kCublasLt,         // cuBLASLt's workspace for the GEMMs with epilogues (matmul.cu)
   kMoeScores,        // the router's per-token load-balancing scores and lse^2 (moe.cu)
   kMoeAuxGrad,       // the load-balancing loss's gradient per (group, expert) (moe.cu)
+  kGroupedPointers,  // the A, B and C pointer arrays of a grouped GEMM (matmul.cu)
   kCount
 };
 
@@ -145,6 +146,12 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
 void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight, cublasHandle_t blas, Workspace& ws,
                      cudaStream_t s);
+// Backend::grouped_matmul_*: one cublasGemmGroupedBatchedEx per call (each GEMM its own group),
+// or one GEMM at a time where cuBLAS does not take the dtypes.
+void grouped_matmul_forward(const std::vector<Backend::GroupedGemm>& groups, cublasHandle_t blas,
+                            Workspace& ws, cudaStream_t s);
+void grouped_matmul_backward(const std::vector<Backend::GroupedGemm>& groups, cublasHandle_t blas,
+                             Workspace& ws, cudaStream_t s);
 
 // ---- attention.cu -------------------------------------------------------------------------------
 
