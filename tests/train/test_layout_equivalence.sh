@@ -174,7 +174,7 @@ if [ "$(compare base base-moe)" = "0" ]; then echo "FAIL: MoE changed no loss"; 
 # outputs reduce-scattered), the experts' gradients reduced over the expert-data-parallel group
 # (and their optimizer blocks cut over it).
 for layout in "ep2-moe 2 1 1 2 --expert-model-parallel-size 2 --recompute-granularity full --recompute-method uniform --recompute-num-layers 2" \
-              "ep4-moe 4 1 1 2 --expert-model-parallel-size 4 --use-distributed-optimizer" \
+              "ep4-moe 4 1 1 2 --expert-model-parallel-size 4 --use-distributed-optimizer --moe-grouped-gemm" \
               "tp2-sp-ep2-moe 4 2 1 2 --sequence-parallel --expert-model-parallel-size 2 --recompute-activations" \
               "tp2pp2dp2ep2-moe 8 2 2 2 --expert-model-parallel-size 2 --use-distributed-optimizer --sequence-parallel" \
               "ep2-allgather-moe 2 1 1 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather --recompute-activations" \
