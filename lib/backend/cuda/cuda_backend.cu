@@ -284,8 +284,14 @@ class CudaBackend final : public Backend {
     cuda_ops::grouped_matmul_forward(groups, blas_->get(), ws_, stream_);
   }
   void grouped_matmul_backward(const std::vector<GroupedGemm>& groups) override {
-    for (const GroupedGemm& g : groups)
+    for (const GroupedGemm& g : groups) {
+      TESSERA_CHECK(cols_of(*g.weight) == cols_of(*g.inp) &&
+                        g.dout->numel() == rows_of(*g.inp) * rows_of(*g.weight) &&
+                        g.dweight->numel() == g.weight->numel() &&
+                        (!g.out || g.out->numel() == g.inp->numel()),
+                    "grouped matmul backward shapes");
       expect_dtype(*g.dweight, DType::F32, "grouped matmul weight gradient");
+    }
     cuda_ops::grouped_matmul_backward(groups, blas_->get(), ws_, stream_);
   }
   void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,

@@ -314,7 +314,14 @@ void grouped_matmul_forward(const std::vector<Backend::GroupedGemm>& groups, cub
 void grouped_matmul_backward(const std::vector<Backend::GroupedGemm>& groups, cublasHandle_t blas,
                              Workspace& ws, cudaStream_t s) {
   if (groups.empty()) return;
-  std::vector<GemmProblem> dx, dw;
+  std::vector<GemmProblem> dx;
+  // The weight gradients in waves where each dweight appears once: a grouped call runs its
+  // problems concurrently, and with expert parallelism an expert has one block of rows per
+  // sending rank, all accumulating into its one gradient (beta 1). Wave k holds each expert's
+  // k-th block, so the sum keeps the per-expert loop's order (sender 0, 1, ...).
+  std::vector<std::vector<GemmProblem>> waves;
+  std::vector<std::vector<const Backend::GroupedGemm*>> wave_groups;
+  std::map<const void*, size_t> seen;
   for (const Backend::GroupedGemm& g : groups) {
     const int64_t N = rows_of(*g.inp), IC = cols_of(*g.inp), OC = rows_of(*g.weight);
     if (N == 0) continue;
@@ -323,16 +330,33 @@ void grouped_matmul_backward(const std::vector<Backend::GroupedGemm>& groups, cu
     if (g.out)
       dx.push_back({(int)IC, (int)N, (int)OC, g.weight->raw(), (int)IC, g.dout->raw(), (int)OC,
                     g.out->raw(), (int)IC, g.out->nbytes()});
-    dw.push_back({(int)IC, (int)OC, (int)N, g.inp->raw(), (int)IC, g.dout->raw(), (int)OC,
-                  g.dweight->raw(), (int)IC, g.dweight->nbytes()});
+    const size_t k = seen[g.dweight->raw()]++;
+    if (k == waves.size()) {
+      waves.emplace_back();
+      wave_groups.emplace_back();
+    }
+    waves[k].push_back({(int)IC, (int)OC, (int)N, g.inp->raw(), (int)IC, g.dout->raw(), (int)OC,
+                        g.dweight->raw(), (int)IC, g.dweight->nbytes()});
+    wave_groups[k].push_back(&g);
   }
   const DType d = groups.front().inp->dtype();
   const bool ok = same_dtypes(groups, true);
-  if (ok && grouped_gemm(blas, ws, s, CUBLAS_OP_N, CUBLAS_OP_N, dx, d, d, 0.f) &&
-      grouped_gemm(blas, ws, s, CUBLAS_OP_N, CUBLAS_OP_T, dw, d, DType::F32, 1.f))
-    return;
-  for (const Backend::GroupedGemm& g : groups)
-    matmul_backward(g.out, *g.dweight, nullptr, *g.dout, *g.inp, *g.weight, blas, ws, s);
+  if (!(ok && grouped_gemm(blas, ws, s, CUBLAS_OP_N, CUBLAS_OP_N, dx, d, d, 0.f)))
+    for (const Backend::GroupedGemm& g : groups)
+      if (g.out && rows_of(*g.inp) > 0)
+        gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, cols_of(*g.inp), rows_of(*g.inp), rows_of(*g.weight),
+             *g.weight, cols_of(*g.inp), *g.dout, rows_of(*g.weight), 0.f, *g.out, cols_of(*g.inp));
+  // cuBLAS's grouped GEMM lists matching input and output types only: bf16/f16 activations with
+  // f32 weight gradients (mixed precision) go one GEMM at a time, as matmul_backward does.
+  for (size_t k = 0; k < waves.size(); ++k) {
+    if (ok && d == DType::F32 &&
+        grouped_gemm(blas, ws, s, CUBLAS_OP_N, CUBLAS_OP_T, waves[k], d, DType::F32, 1.f))
+      continue;
+    for (const Backend::GroupedGemm* g : wave_groups[k])
+      gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, cols_of(*g->inp), rows_of(*g->weight), rows_of(*g->inp),
+           *g->inp, cols_of(*g->inp), *g->dout, rows_of(*g->weight), 1.f, *g->dweight,
+           cols_of(*g->inp));
+  }
 }
 
 }  // namespace tessera::cuda_ops
