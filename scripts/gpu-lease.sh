@@ -3,12 +3,14 @@
 # runs scripts/gpu-run.sh's steps in order of importance, each under `timeout` against one
 # deadline, so that a slow step costs the steps after it and never the logs: correctness first
 # (the CUDA tests, the trainer on cuda vs cpu), then the benchmarks (attention with the PyTorch
-# peer, GPT-2 124M, decode/prefill, PyTorch's GPT-2 124M (bench/train_peer.py), 1.3B, Llama 1B), then compute-sanitizer initcheck on the
-# training test. Logs are packed into $OUT/logs.tar.gz (the tool returns 8 files at most) and a
-# summary of every step's exit status and time is printed last.
+# peer, GPT-2 124M, decode/prefill, PyTorch's GPT-2 124M (bench/train_peer.py), 1.3B, Llama 1B,
+# the Mixtral-shaped MoE step), then compute-sanitizer: initcheck on the training test, racecheck
+# and synccheck on the kernels with shared memory. Logs are packed into $OUT/logs.tar.gz (the tool
+# returns 8 files at most) and a summary of every step's exit status and time is printed last.
 # Usage (device tool, carry [".gpu"]): bash scripts/gpu-lease.sh [SECONDS=540]
 #   GPU_LEASE_STEPS overrides the list, e.g. "tests train attention".
 set -uo pipefail
+set -f  # the commands below are split into words unquoted: no file-name expansion of their patterns
 cd "$(dirname "$0")/.."
 budget=${1:-540}
 start=$(date +%s)
@@ -16,6 +18,8 @@ deadline=$((start + budget))
 final=${OUT:-/tmp/tessera-gpu-out}
 logs=$(mktemp -d)/logs
 mkdir -p "$logs" "$final"
+# The test_cuda_ops cases with shared memory and barriers, for racecheck and synccheck.
+kernels='*AttentionForwardBackward*:*RmsNorm*:*LayerNorm*:*Moe*:*EmbeddingsAndCrossEntropy*:*KvAttentionBf16*'
 # step name, longest time it may take (seconds), command
 plan=(
   "tests|300|bash scripts/gpu-run.sh --steps=tests"
@@ -28,6 +32,8 @@ plan=(
   "llama1b|90|bash scripts/gpu-run.sh --steps=llama1b"
   "mixtral|90|bash scripts/gpu-run.sh --steps=bench mixtral 10"
   "initcheck|90|bash scripts/gpu-run.sh --sanitize=initcheck"
+  "racecheck|90|env SANITIZE_FILTER_test_cuda_ops=$kernels bash scripts/gpu-run.sh --sanitize=racecheck"
+  "synccheck|60|env SANITIZE_FILTER_test_cuda_ops=$kernels bash scripts/gpu-run.sh --sanitize=synccheck"
 )
 want=${GPU_LEASE_STEPS:-}
 summary=()
