@@ -32,16 +32,6 @@ int blocks(int64_t items) {
   return static_cast<int>((items + mk::kWarps - 1) / mk::kWarps);
 }
 
-mk::Route route_of(const MoERouting& r) {
-  mk::Route m;
-  m.E = r.experts;
-  m.K = r.topk;
-  m.sigmoid = r.sigmoid;
-  m.pre_softmax = r.pre_softmax;
-  m.scaling = r.scaling > 0 ? static_cast<float>(r.scaling) : 1.f;
-  return m;
-}
-
 std::vector<float> random_logits(int64_t N, int E, unsigned seed) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> nd(0.f, 1.5f);
@@ -56,7 +46,7 @@ void check_router(const MoERouting& r, int64_t N, int64_t group_rows) {
   SCOPED_TRACE(testing::Message() << "E " << r.experts << " K " << r.topk << " sigmoid "
                                   << r.sigmoid << " pre_softmax " << r.pre_softmax);
   const int E = r.experts, K = r.topk;
-  const mk::Route m = route_of(r);
+  const mk::Route m = mk::make_route(r);
   const std::vector<float> z = random_logits(N, E, 17u + static_cast<unsigned>(E * 8 + K));
 
   // Top-k and weights.

@@ -62,24 +62,8 @@ inline LaneSplit lane_split(int hd, int elem_bytes) {
   return {L, hd / L, false};
 }
 
-template <typename T>
-TC_DEV float to_f32(T v) {
-  if constexpr (std::is_same<T, float>::value)
-    return v;
-  else if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    return __bfloat162float(v);
-  else
-    return __half2float(v);
-}
-template <typename T>
-TC_DEV T from_f32(float v) {
-  if constexpr (std::is_same<T, float>::value)
-    return v;
-  else if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    return __float2bfloat16_rn(v);
-  else
-    return __float2half_rn(v);
-}
+using tc::from_f32;
+using tc::to_f32;
 
 // x[0, F) = p[0, F) as f32: one 16-byte load when kVec (F elements are 16 bytes, p aligned).
 template <typename T, bool kVec>

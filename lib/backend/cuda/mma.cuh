@@ -112,6 +112,26 @@ inline float rsqrtf(float x) {
 }
 #endif
 
+// One element of storage type T (f32, bf16, f16) as f32, and an f32 rounded to T (nearest even).
+template <typename T>
+TC_DEV float to_f32(T v) {
+  if constexpr (std::is_same<T, float>::value)
+    return v;
+  else if constexpr (std::is_same<T, __nv_bfloat16>::value)
+    return __bfloat162float(v);
+  else
+    return __half2float(v);
+}
+template <typename T>
+TC_DEV T from_f32(float v) {
+  if constexpr (std::is_same<T, float>::value)
+    return v;
+  else if constexpr (std::is_same<T, __nv_bfloat16>::value)
+    return __float2bfloat16_rn(v);
+  else
+    return __float2half_rn(v);
+}
+
 // 2^x. On the device the MUFU approximation with flush-to-zero (2 ulp; exp2(-inf) = +0), one
 // instruction where exp2f without --use_fast_math adds a range fix-up.
 TC_DEV float ex2(float x) {

@@ -24,13 +24,7 @@ mk::Route route_of(const MoERouting& r) {
                     r.topk <= r.experts,
                 "MoE on CUDA: ", r.topk, " of ", r.experts, " experts (at most 64 of ",
                 mk::kMaxExperts, ")");
-  mk::Route m;
-  m.E = r.experts;
-  m.K = r.topk;
-  m.sigmoid = r.sigmoid;
-  m.pre_softmax = r.pre_softmax;
-  m.scaling = r.scaling > 0 ? static_cast<float>(r.scaling) : 1.f;
-  return m;
+  return mk::make_route(r);
 }
 
 __global__ void __launch_bounds__(mk::kThreads)

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backend/cpu/moe.hpp"
 #include "backend/cuda/rowwise.cuh"
 
 namespace tessera::moe_kernels {
@@ -29,6 +30,16 @@ struct Route {
   bool sigmoid = false, pre_softmax = false;
   float scaling = 1.f;  // 1 when unscaled
 };
+// The kernels' view of the routing options (the limits are the launcher's to check).
+inline Route make_route(const MoERouting& r) {
+  Route m;
+  m.E = r.experts;
+  m.K = r.topk;
+  m.sigmoid = r.sigmoid;
+  m.pre_softmax = r.pre_softmax;
+  m.scaling = r.scaling > 0 ? static_cast<float>(r.scaling) : 1.f;
+  return m;
+}
 
 TC_DEV float sigmoidf(float x) {
   return 1.f / (1.f + expf(-x));

@@ -45,24 +45,8 @@ ROWWISE_HD int64_t num_chunks(int64_t N) {
   return N > 0 ? (N + r - 1) / r : 0;
 }
 
-template <typename T>
-TC_DEV float to_f32(T v) {
-  if constexpr (std::is_same<T, float>::value)
-    return v;
-  else if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    return __bfloat162float(v);
-  else
-    return __half2float(v);
-}
-template <typename T>
-TC_DEV T from_f32(float v) {
-  if constexpr (std::is_same<T, float>::value)
-    return v;
-  else if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    return __float2bfloat16_rn(v);
-  else
-    return __float2half_rn(v);
-}
+using tc::from_f32;
+using tc::to_f32;
 
 // Elements of T in one 16-byte load.
 template <typename T>
