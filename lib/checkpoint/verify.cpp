@@ -13,9 +13,9 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "core/error.hpp"
-#include "core/paths.hpp"
 #include "core/hash.hpp"
 #include "core/hdf5_handle.hpp"
+#include "core/paths.hpp"
 #include "model/params.hpp"
 
 namespace tessera {
