@@ -238,7 +238,7 @@ void GPTConfig::validate_moe() const {
       moe_router_load_balancing_type != "seq_aux_loss" && moe_router_load_balancing_type != "none")
     throw ConfigError("--moe-router-load-balancing-type=" + moe_router_load_balancing_type +
                       " is not known (allowed: aux_loss, seq_aux_loss, none; Megatron's "
-                      "sinkhorn is not implemented)");
+                      "sinkhorn balancing is not offered by Tessera)");
   if (moe_router_score_function != "softmax" && moe_router_score_function != "sigmoid")
     throw ConfigError("--moe-router-score-function=" + moe_router_score_function +
                       " is not known (allowed: softmax, sigmoid)");

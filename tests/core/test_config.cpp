@@ -198,7 +198,7 @@ TEST(Config, MoEOptionsMixtralCountsAndBadInput) {
       "--moe-layer-freq=[1,0,1] has 3 entries for 2 layers");
   has(error_of({"--num-experts", "4", "--moe-layer-freq", "[1,2]"}), "entry other than 0 or 1");
   has(error_of({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn"}),
-      "sinkhorn is not implemented");
+      "sinkhorn balancing is not offered by Tessera");
   has(error_of({"--num-experts", "4", "--moe-expert-capacity-factor", "-1"}),
       "--moe-expert-capacity-factor=-1 is out of range");
   has(error_of({"--expert-model-parallel-size", "2"}), "needs --num-experts");
