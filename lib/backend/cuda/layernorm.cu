@@ -101,9 +101,6 @@ __global__ void __launch_bounds__(rowwise::kThreads)
                                    const float* mean, const float* rstd, int64_t N, int64_t C) {
   rowwise::norm_backward_input<T, false>(dinp, dout, inp, w, mean, rstd, N, C);
 }
-unsigned warp_row_blocks(int64_t N) {
-  return static_cast<unsigned>((N + rowwise::kRowsPerBlock - 1) / rowwise::kRowsPerBlock);
-}
 
 }  // namespace
 
@@ -114,7 +111,7 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
     const int64_t N = rows_of(inp), C = cols_of(inp);
     if (N == 0) return;
     if (rowwise::norm_vec_ok<T>(C, {out.raw(), inp.raw(), w.raw(), b.raw()}))
-      layernorm_forward_warp_kernel<T><<<warp_row_blocks(N), rowwise::kThreads, 0, s>>>(
+      layernorm_forward_warp_kernel<T><<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(
           out.data<T>(), mean.f32(), rstd.f32(), nullptr, inp.data<T>(), nullptr, w.data<T>(),
           b.data<T>(), N, C, eps);
     else
@@ -132,7 +129,7 @@ void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout
   dispatch(inp.dtype(), "layernorm backward", [&](auto tag) {
     using T = decltype(tag);
     if (rowwise::norm_vec_ok<T>(C, {dinp.raw(), dout.raw(), inp.raw(), w.raw()}))
-      layernorm_backward_warp_kernel<T><<<warp_row_blocks(N), rowwise::kThreads, 0, s>>>(
+      layernorm_backward_warp_kernel<T><<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(
           dinp.data<T>(), dout.data<T>(), inp.data<T>(), w.data<T>(), mean.f32(), rstd.f32(), N, C);
     else
       layernorm_backward_input_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
@@ -158,7 +155,7 @@ void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd,
     const int64_t N = rows_of(a), C = cols_of(a);
     if (N == 0) return;
     if (rowwise::norm_vec_ok<T>(C, {sum.raw(), out.raw(), a.raw(), b.raw(), w.raw(), bias.raw()}))
-      layernorm_forward_warp_kernel<T><<<warp_row_blocks(N), rowwise::kThreads, 0, s>>>(
+      layernorm_forward_warp_kernel<T><<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(
           out.data<T>(), mean.f32(), rstd.f32(), sum.data<T>(), a.data<T>(), b.data<T>(),
           w.data<T>(), bias.data<T>(), N, C, eps);
     else

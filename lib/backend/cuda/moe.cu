@@ -15,9 +15,7 @@ namespace mk = moe_kernels;
 
 namespace {
 
-unsigned warp_blocks(int64_t items) {
-  return static_cast<unsigned>((items + mk::kWarps - 1) / mk::kWarps);
-}
+using rowwise::warp_blocks;
 
 mk::Route route_of(const MoERouting& r) {
   TESSERA_CHECK(r.experts >= 1 && r.experts <= mk::kMaxExperts && r.topk >= 1 && r.topk <= 64 &&
@@ -63,14 +61,9 @@ __global__ void __launch_bounds__(mk::kThreads)
   mk::unpermute_backward(dout, dweight, dy, out, row, weight, N, K, C, vec);
 }
 
-template <typename T>
-bool rows_vec(int64_t C, std::initializer_list<const Tensor*> ts) {
-  std::vector<const void*> ptrs;
-  for (const Tensor* t : ts) ptrs.push_back(t->numel() > 0 ? t->raw() : nullptr);
-  if (C % rowwise::kVec<T> != 0) return false;
-  for (const void* p : ptrs)
-    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
+// A tensor's first row for the alignment check (null for an empty one, which is ignored).
+const void* base(const Tensor& t) {
+  return t.numel() > 0 ? t.raw() : nullptr;
 }
 
 void check_f32(const Tensor& t, const char* what) {
@@ -178,9 +171,9 @@ void moe_permute(Tensor& x_perm, const Tensor& x, const Tensor& row, cudaStream_
   if (N == 0) return;
   dispatch(x.dtype(), "moe permute", [&](auto tag) {
     using T = decltype(tag);
-    permute_kernel<T><<<warp_blocks(N * K), mk::kThreads, 0, s>>>(x_perm.data<T>(), x.data<T>(),
-                                                                  row.i32(), N, static_cast<int>(K),
-                                                                  C, rows_vec<T>(C, {&x_perm, &x}));
+    permute_kernel<T><<<warp_blocks(N * K), mk::kThreads, 0, s>>>(
+        x_perm.data<T>(), x.data<T>(), row.i32(), N, static_cast<int>(K), C,
+        rowwise::norm_vec_ok<T>(C, {base(x_perm), base(x)}));
   });
   LAUNCH_CHECK();
 }
@@ -196,7 +189,7 @@ void moe_unpermute(Tensor& y, const Tensor& out, const Tensor& row, const Tensor
     using T = decltype(tag);
     gather_rows_kernel<T><<<warp_blocks(N), mk::kThreads, 0, s>>>(
         y.data<T>(), out.data<T>(), row.i32(), weight ? weight->f32() : nullptr, N,
-        static_cast<int>(K), C, rows_vec<T>(C, {&y, &out}));
+        static_cast<int>(K), C, rowwise::norm_vec_ok<T>(C, {base(y), base(out)}));
   });
   LAUNCH_CHECK();
 }
@@ -214,7 +207,7 @@ void moe_unpermute_backward(Tensor& dout, Tensor& dweight, const Tensor& dy, con
     using T = decltype(tag);
     unpermute_backward_kernel<T><<<warp_blocks(N * K), mk::kThreads, 0, s>>>(
         dout.data<T>(), dweight.f32(), dy.data<T>(), out.data<T>(), row.i32(), weight.f32(), N,
-        static_cast<int>(K), C, rows_vec<T>(C, {&dout, &dy, &out}));
+        static_cast<int>(K), C, rowwise::norm_vec_ok<T>(C, {base(dout), base(dy), base(out)}));
   });
   LAUNCH_CHECK();
 }

@@ -22,6 +22,7 @@ namespace tessera::moe_kernels {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+static_assert(kThreads == rowwise::kThreads, "the launchers size grids with rowwise::warp_blocks");
 constexpr int kMaxExperts = 256;            // E (lanes hold E / 32 logits each)
 constexpr int kPerLane = kMaxExperts / 32;  // logits per lane, at most
 

@@ -89,9 +89,6 @@ __global__ void __launch_bounds__(rowwise::kThreads)
                                  const float* rstd, int64_t N, int64_t C) {
   rowwise::norm_backward_input<T, true>(dinp, dout, inp, w, nullptr, rstd, N, C);
 }
-unsigned warp_row_blocks(int64_t N) {
-  return static_cast<unsigned>((N + rowwise::kRowsPerBlock - 1) / rowwise::kRowsPerBlock);
-}
 
 }  // namespace
 
@@ -103,7 +100,7 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor&
     using T = decltype(tag);
     const int64_t C = cols_of(inp);
     if (rowwise::norm_vec_ok<T>(C, {out.raw(), inp.raw(), w.raw()}))
-      rmsnorm_forward_warp_kernel<T><<<warp_row_blocks(N), rowwise::kThreads, 0, s>>>(
+      rmsnorm_forward_warp_kernel<T><<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(
           out.data<T>(), rstd.f32(), nullptr, inp.data<T>(), nullptr, w.data<T>(), N, C, eps);
     else
       rmsnorm_forward_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
@@ -120,7 +117,7 @@ void add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a
     using T = decltype(tag);
     const int64_t C = cols_of(a);
     if (rowwise::norm_vec_ok<T>(C, {sum.raw(), out.raw(), a.raw(), b.raw(), w.raw()}))
-      rmsnorm_forward_warp_kernel<T><<<warp_row_blocks(N), rowwise::kThreads, 0, s>>>(
+      rmsnorm_forward_warp_kernel<T><<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(
           out.data<T>(), rstd.f32(), sum.data<T>(), a.data<T>(), b.data<T>(), w.data<T>(), N, C,
           eps);
     else
@@ -137,7 +134,7 @@ void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor
   dispatch(inp.dtype(), "rmsnorm backward", [&](auto tag) {
     using T = decltype(tag);
     if (rowwise::norm_vec_ok<T>(C, {dinp.raw(), dout.raw(), inp.raw(), w.raw()}))
-      rmsnorm_backward_warp_kernel<T><<<warp_row_blocks(N), rowwise::kThreads, 0, s>>>(
+      rmsnorm_backward_warp_kernel<T><<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(
           dinp.data<T>(), dout.data<T>(), inp.data<T>(), w.data<T>(), rstd.f32(), N, C);
     else
       rmsnorm_backward_input_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(

@@ -230,12 +230,18 @@ constexpr int kSumPartialsShared = (kThreads / 32) * 33;  // floats
 // backend/cpu/layernorm.hpp and rmsnorm.hpp.
 constexpr int kRowsPerBlock = kThreads / 32;
 
+// Rows of C elements of T at these bases (null: an empty tensor, ignored) can be read 16 bytes at
+// a time: the launchers' choice between the vector kernels and the element ones.
 template <typename T>
 inline bool norm_vec_ok(int64_t C, std::initializer_list<const void*> ptrs) {
   if (C % kVec<T> != 0) return false;
   for (const void* p : ptrs)
     if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   return true;
+}
+// Blocks of kThreads for one warp per item (row, token or slot).
+inline unsigned warp_blocks(int64_t items) {
+  return static_cast<unsigned>((items + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
 TC_DEV float rsqrt(float x) {
