@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   const bool root = mpi.world_rank() == 0;
   std::string load, data_path, split = "969,30,1", which = "valid";
   std::string device;
-  int tp = 1, pp = 1, mbs = 4, threads = 0, seq = 0;
+  int tp = 1, pp = 1, cp = 1, mbs = 4, threads = 0, seq = 0;
   try {
     OptionParser p("tessera-eval",
                    "--load CKPT --data-path PREFIX [--split 949,50,1] [--eval-split valid]");
@@ -60,6 +60,8 @@ int main(int argc, char** argv) {
             "tensor-model-parallel-size", po::value(&tp)->default_value(1),
             "tensor-parallel ranks")("pipeline-model-parallel-size",
                                      po::value(&pp)->default_value(1), "pipeline stages")(
+            "context-parallel-size", po::value(&cp)->default_value(1),
+            "context-parallel ranks: each holds 1/CP of every sequence (same loss)")(
             "threads", po::value(&threads)->default_value(0),
             "threads per rank (0: this rank's share)")(
             "device", po::value(&device)->default_value("auto"),
@@ -72,7 +74,7 @@ int main(int argc, char** argv) {
     if (static_cast<int>(sp) < 0)
       throw ConfigError("--eval-split '" + which +
                         "' is not a split (allowed: train, valid, test)");
-    ProcessGrid grid(tp, pp);
+    ProcessGrid grid(tp, pp, cp);
     device = resolve_device(device, grid.host());
     ParallelContext ctx = grid.context();
     LogOptions lo;
@@ -97,7 +99,7 @@ int main(int argc, char** argv) {
     t.micro_batch_size = mbs;
     t.global_batch_size = mbs * ctx.dp_size;
     t.log_interval = 1 << 30;
-    validate_layout(cfg, t, tp, pp, ctx.dp_size);
+    validate_layout(cfg, t, tp, pp, ctx.dp_size, cp);
     auto be = make_rank_backend(grid, device);
     ctx = grid.context();  // NCCL groups on CUDA
     FirstSamples data(ds, ds.num_samples());

@@ -37,8 +37,8 @@ int main(int argc, char** argv) {
       if (root) std::cout << dry_run_report(opts, mpi.world_size());
       return 0;
     }
-    ProcessGrid grid(opts.tp, opts.pp);
-    validate_layout(opts.model, opts.train, opts.tp, opts.pp, grid.layout().dp);
+    ProcessGrid grid(opts.tp, opts.pp, opts.cp);
+    validate_layout(opts.model, opts.train, opts.tp, opts.pp, grid.layout().dp, opts.cp);
     grid.use_expert_parallel(opts.ep);  // ConfigError when EP does not divide DP
     opts.log.rank = grid.world_rank();
     opts.log.host = grid.host();

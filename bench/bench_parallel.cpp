@@ -103,6 +103,14 @@ class CountingCommunicator final : public Communicator {
     in_.recv(t, peer, tag);
     seconds += w.seconds();
   }
+  // Context parallelism's ring: the bytes sent; the time spent waiting is the TimedPending's.
+  std::unique_ptr<PendingOp> send_recv_async(const Tensor& send, int to, Tensor& recv, int from,
+                                             int tag) override {
+    Timer w;
+    auto p = in_.send_recv_async(send, to, recv, from, tag);
+    account(send.nbytes(), w);
+    return std::make_unique<TimedPending>(std::move(p), seconds);
+  }
   void barrier() override { in_.barrier(); }
   // The rows this rank sends to the other ranks (its own stay).
   void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
@@ -132,6 +140,7 @@ int main(int argc, char** argv) {
   bool sequence_parallel = false;
   int virtual_stages = 1, vocab = 8192;
   int experts = 0, topk = 2, ep = 1;  // MoE (--num-experts E --moe-router-topk K --ep EP)
+  int cp = 1;                         // --context-parallel-size CP
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--sequence-parallel") == 0)
       sequence_parallel = true;
@@ -141,6 +150,8 @@ int main(int argc, char** argv) {
       topk = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--expert-model-parallel-size") == 0 && i + 1 < argc)
       ep = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--context-parallel-size") == 0 && i + 1 < argc)
+      cp = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--virtual-stages") == 0 && i + 1 < argc)
       virtual_stages = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--vocab") == 0 && i + 1 < argc)
@@ -170,13 +181,15 @@ int main(int argc, char** argv) {
   t.sequence_parallel = sequence_parallel;
   t.virtual_pipeline_size = virtual_stages;
   try {
-    ProcessGrid grid(tp, pp);
+    ProcessGrid grid(tp, pp, cp);
+    validate_layout(m, t, tp, pp, grid.layout().dp, cp);
     if (virtual_stages > 1) grid.use_pipeline_ring();  // as tessera-train does
     grid.use_expert_parallel(ep);
     ParallelContext ctx = grid.context();
     set_num_threads(default_threads(grid.node_comm()));
     CountingCommunicator ctp(*ctx.tp), cpp(*ctx.pp), cdp(*ctx.dp), cemb(*ctx.embedding);
-    CountingCommunicator cep(*ctx.ep), cedp(*ctx.edp);
+    CountingCommunicator cep(*ctx.ep), cedp(*ctx.edp), ccp(*ctx.cp);
+    ctx.cp = &ccp;
     ctx.ep = &cep;
     ctx.edp = ep > 1 ? &cedp : &cdp;
     ctx.tp = &ctp;
@@ -197,7 +210,8 @@ int main(int argc, char** argv) {
     auto data = make_mock_dataset(m.vocab_size, m.seq_length, 1);
     Trainer tr(m, t, *be, *data, ctx);
     tr.train_step();  // warm-up
-    ctp.bytes = cpp.bytes = cdp.bytes = cemb.bytes = cep.bytes = cedp.bytes = 0;
+    ctp.bytes = cpp.bytes = cdp.bytes = cemb.bytes = cep.bytes = cedp.bytes = ccp.bytes = 0;
+    ccp.seconds = 0;
     if (cwrap) cwrap->bytes = cwrap_grad->bytes = 0;
     ctp.seconds = cpp.seconds = cdp.seconds = cemb.seconds = 0;
     // Megatron's bubble: the schedule's wall time over all pipeline ranks (from a common start:
@@ -220,14 +234,15 @@ int main(int argc, char** argv) {
     std::sort(ratios.begin(), ratios.end());  // the median step: robust to a noisy one
     const double ratio = ratios[ratios.size() / 2];
     // Per-rank figures, averaged over steps; then the max over ranks (the slowest sets the pace).
-    double mine[9] = {step / steps,        ctp.bytes / steps,
-                      pp_bytes() / steps,  (cdp.bytes + cemb.bytes + cedp.bytes) / steps,
-                      ctp.seconds / steps, (cdp.seconds + cemb.seconds) / steps,
-                      bubble / step,       ratio,
-                      cep.bytes / steps};
-    double most[9], sum[9];
-    MPI_Reduce(mine, most, 9, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    MPI_Reduce(mine, sum, 9, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+    double mine[11] = {step / steps,        ctp.bytes / steps,
+                       pp_bytes() / steps,  (cdp.bytes + cemb.bytes + cedp.bytes) / steps,
+                       ctp.seconds / steps, (cdp.seconds + cemb.seconds) / steps,
+                       bubble / step,       ratio,
+                       cep.bytes / steps,   ccp.bytes / steps,
+                       ccp.seconds / steps};
+    double most[11], sum[11];
+    MPI_Reduce(mine, most, 11, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    MPI_Reduce(mine, sum, 11, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
     // MoE: the same model with a dense MLP of the experts' active width (k x the expert width,
     // so the same active parameters per token), timed the same way on the same ranks.
     double dense_step = 0;
@@ -252,9 +267,9 @@ int main(int argc, char** argv) {
       const int world = grid.world_size();
       const int micro = tr.num_micro_batches();
       std::printf(
-          "bench_parallel: TP %d x PP %d x DP %d (%d ranks)%s%s%s, %d layers, hidden %d, seq %d, "
-          "global batch %d, micro-batch %d (%d per DP rank per step)\n",
-          tp, pp, ctx.dp_size, world, sequence_parallel ? " + sequence parallelism" : "",
+          "bench_parallel: TP %d x CP %d x PP %d x DP %d (%d ranks)%s%s%s, %d layers, hidden %d, "
+          "seq %d, global batch %d, micro-batch %d (%d per DP rank per step)\n",
+          tp, cp, pp, ctx.dp_size, world, sequence_parallel ? " + sequence parallelism" : "",
           experts > 0 ? (", MoE " + std::to_string(experts) + " experts top-" +
                          std::to_string(topk) + " at EP " + std::to_string(ep))
                             .c_str()
@@ -299,7 +314,18 @@ int main(int argc, char** argv) {
         std::printf("%-46s %14lld / %lld\n", "parameters total / active per token",
                     (long long)m.num_parameters(), (long long)m.num_active_parameters());
       }
-      const MemoryEstimate e = estimate_rank_memory(m, t, GridLayout::make(world, tp, pp), 0, ep);
+      if (cp > 1) {
+        // The ring per layer per micro-batch (train/options.hpp cp_ring_traffic), over the
+        // stage's layers and the step's micro-batches.
+        const RingTraffic ring = cp_ring_traffic(m, t, tp, cp);
+        const double formula = ring.per_layer() * (m.num_layers / pp) * micro;
+        std::printf("%-46s %14.3f\n", "CP ring MB sent per rank (mean)", sum[9] / world / 1e6);
+        std::printf("%-46s %14.3f\n", "  formula (3 CP - 2) K/V blocks x L/PP x m", formula / 1e6);
+        std::printf("%-46s %14.1f\n", "CP ring time inside sends/waits (ms, mean)",
+                    sum[10] / world * 1e3);
+      }
+      const MemoryEstimate e =
+          estimate_rank_memory(m, t, GridLayout::make(world, tp, pp, cp), 0, ep);
       std::printf("%-46s %14.3f\n", "activations kept per layer per micro-batch MiB",
                   e.activation_layer_bytes / (1024.0 * 1024.0));
       if (tp > 1)

@@ -19,8 +19,10 @@
 
 #include "backend/cpu/kv_attention.hpp"
 #include "backend/cpu/moe.hpp"
+#include "backend/cpu/ring_attention.hpp"
 #include "backend/cpu/sampling.hpp"
 #include "core/alibi.hpp"
+#include "core/context_parallel.hpp"
 #include "core/dropout.hpp"
 #include "core/error.hpp"
 #include "core/rope.hpp"
@@ -169,6 +171,35 @@ class Backend {
                                   const Tensor& out, const Tensor& lse, int64_t heads,
                                   const AttentionDropout* dropout = nullptr, int64_t kv_heads = 0,
                                   const AttentionAlibi* alibi = nullptr) = 0;
+
+  // Context parallelism's ring attention (model/context_parallel.cpp, docs/parallelism.md). One
+  // block: query rows [q0, q0 + nq) of each sample of qkv (B,T,(H+2G)*hd; the layout above)
+  // attend to key/value rows [k0, k0 + nk) of kv (B,T,2G*hd: the G key heads, then the G value
+  // heads of CP rank k_rank, the block's owner). Positions are global: local row t of CP rank r
+  // is at cp_position(r, cp, T/2, t) (core/context_parallel.hpp) of a sequence of cp*T tokens;
+  // with `causal` a query sees the keys at or before its position. Attention dropout and ALiBi
+  // (null when off) are keyed by those global positions, as attention_forward keys them for the
+  // whole sequence.
+  using RingBlock = RingBlockSpec;
+  // out (B,nq,H*hd) and lse (B,H,nq) f32: the block's normalized partial output and log-sum-exp
+  // (a row that sees no key: 0 and -inf).
+  virtual void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,
+                                  const RingBlock& blk) = 0;
+  // The block's backward, given the rows' final out (B,T,H*hd) and lse (B,H,T) (after every
+  // merge): adds the block's dQ to the query columns of dqkv (B,T,(H+2G)*hd) rows [q0, q0 + nq)
+  // and its dK, dV to dkv (B,T,2G*hd) rows [k0, k0 + nk).
+  virtual void ring_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
+                                   const Tensor& kv, const Tensor& out, const Tensor& lse,
+                                   const RingBlock& blk) = 0;
+  // Merges a block's partial (part_out (B,nq,H*hd), part_lse (B,H,nq) f32) into the running out
+  // (B,T,H*hd) and lse (B,H,T) at rows [q0, q0 + nq): L = log(e^L + e^Li),
+  // O = O e^(L_old − L) + Oi e^(Li − L); a part row with lse -inf changes nothing.
+  virtual void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out,
+                               const Tensor& part_lse, int64_t q0) = 0;
+  // Column copy between row-major tensors of the same dtype and number of rows:
+  // dst[r, dst_col + i] = src[r, src_col + i] for i < cols (widths: the last dimensions).
+  virtual void copy_columns(Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
+                            int64_t cols) = 0;
 
   // Generation: appends the new tokens' keys and values (from qkv (N, (H+2G)*hd), the layout
   // above) to the caches (slots, G, Tmax, hd) and attends each new query to its sequence's
@@ -353,6 +384,67 @@ inline void check_alibi_heads(const AttentionAlibi* a, int64_t heads) {
   TESSERA_CHECK(a->head_begin >= 0 && a->head_begin + heads <= a->heads_total, "ALiBi heads [",
                 a->head_begin, ", ", a->head_begin + heads, ") outside ", a->heads_total, " heads");
 }
+// ring_block_forward/backward's shapes: returns (B, T, hd) of qkv, checking kv, the block's rows
+// and heads.
+struct RingShape {
+  int64_t B, T, hd, G;
+};
+inline RingShape check_ring_block(const Tensor& qkv, const Tensor& kv, const RingBlockSpec& b) {
+  const int64_t H = b.heads, G = b.kv_heads > 0 ? b.kv_heads : b.heads;
+  TESSERA_CHECK(qkv.ndim() == 3 && H > 0 && H % G == 0 && qkv.dim(2) % (H + 2 * G) == 0,
+                "ring block: qkv shape ", shape_str(qkv.shape()), " for ", H, " heads and ", G,
+                " key/value heads");
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (H + 2 * G);
+  TESSERA_CHECK(kv.numel() == B * T * 2 * G * hd && kv.dtype() == qkv.dtype(),
+                "ring block: kv must be (B,T,2G*hd) in qkv's dtype");
+  TESSERA_CHECK(T % 2 == 0 && b.cp >= 1 && b.q0 >= 0 && b.nq >= 0 && b.q0 + b.nq <= T &&
+                    b.k0 >= 0 && b.nk >= 0 && b.k0 + b.nk <= T,
+                "ring block: rows [", b.q0, ", ", b.q0 + b.nq, ") and [", b.k0, ", ", b.k0 + b.nk,
+                ") of ", T);
+  return {B, T, hd, G};
+}
+
+// attention_merge's shapes: out (B,T,H*hd), lse (B,H,T) f32, part_out (B,nq,H*hd), part_lse
+// (B,H,nq) f32, rows [q0, q0 + nq) inside T.
+struct MergeShape {
+  int64_t B, T, H, hd, nq;
+};
+inline MergeShape check_attention_merge(const Tensor& out, const Tensor& lse,
+                                        const Tensor& part_out, const Tensor& part_lse,
+                                        int64_t q0) {
+  TESSERA_CHECK(out.ndim() == 3 && lse.ndim() == 3 && part_lse.ndim() == 3 &&
+                    lse.dtype() == DType::F32 && part_lse.dtype() == DType::F32 &&
+                    part_out.dtype() == out.dtype(),
+                "attention_merge: out (B,T,H*hd), lse (B,H,T) f32 and the parts alike");
+  MergeShape m{out.dim(0), out.dim(1), lse.dim(1), 0, part_lse.dim(2)};
+  TESSERA_CHECK(m.H > 0 && out.dim(2) % m.H == 0 && lse.dim(0) == m.B && lse.dim(2) == m.T &&
+                    part_lse.dim(0) == m.B && part_lse.dim(1) == m.H && q0 >= 0 &&
+                    q0 + m.nq <= m.T && part_out.numel() == m.B * m.nq * out.dim(2),
+                "attention_merge: shapes ", shape_str(out.shape()), ", ", shape_str(lse.shape()),
+                ", ", shape_str(part_out.shape()), ", ", shape_str(part_lse.shape()), " at row ",
+                q0);
+  m.hd = out.dim(2) / m.H;
+  return m;
+}
+
+// copy_columns' shapes: rows and widths (the last dimensions) of dst and src.
+struct ColumnCopy {
+  int64_t rows, dst_width, src_width;
+};
+inline ColumnCopy check_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src,
+                                     int64_t src_col, int64_t cols) {
+  TESSERA_CHECK(dst.ndim() >= 1 && src.ndim() >= 1 && dst.dtype() == src.dtype(),
+                "copy_columns: tensors of one dtype");
+  ColumnCopy c{0, dst.dim(dst.ndim() - 1), src.dim(src.ndim() - 1)};
+  c.rows = c.dst_width > 0 ? dst.numel() / c.dst_width : 0;
+  TESSERA_CHECK(c.src_width > 0 && src.numel() / c.src_width == c.rows && cols >= 0 &&
+                    dst_col >= 0 && src_col >= 0 && dst_col + cols <= c.dst_width &&
+                    src_col + cols <= c.src_width,
+                "copy_columns: ", cols, " columns from ", src_col, " of ", shape_str(src.shape()),
+                " to ", dst_col, " of ", shape_str(dst.shape()));
+  return c;
+}
+
 // kv_attention's shapes and segments (dtypes are the backend's business); returns the key/value
 // heads G.
 inline int64_t check_kv_attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache,

@@ -55,6 +55,11 @@ class Communicator {
   // complete), so neighbouring pipeline stages sending to each other cannot deadlock.
   virtual std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int tag) = 0;
   virtual void recv(Tensor& t, int peer, int tag) = 0;
+  // Sends `send` to rank `to` while receiving `recv` from rank `from`, as one operation (NCCL:
+  // one group, so a ring of ranks each sending to the next cannot deadlock); `send` stays
+  // untouched and `recv` unread until the returned op is complete. Context parallelism's ring.
+  virtual std::unique_ptr<PendingOp> send_recv_async(const Tensor& send, int to, Tensor& recv,
+                                                     int from, int tag) = 0;
   virtual void barrier() = 0;
   // All-to-all of rows of `row_elems` elements (MoE's token dispatch): the first send_rows[0]
   // rows of `send` go to rank 0, the next send_rows[1] to rank 1, ...; what rank p sends here
@@ -118,9 +123,16 @@ struct ParallelContext {
   Communicator* tp = nullptr;
   Communicator* pp = nullptr;       // pipeline activations (and everything else on the PP group)
   Communicator* pp_grad = nullptr;  // pipeline gradients flowing back; null: pp carries them
+  // The gradient group: the ranks whose gradients are summed (and, with the distributed
+  // optimizer, that share the optimizer state): the DP ranks, times the CP ranks with context
+  // parallelism (dp_size counts only DP: the ranks that read different samples).
   Communicator* dp = nullptr;
-  Communicator* model_parallel = nullptr;  // TP x PP of this DP replica
-  Communicator* embedding = nullptr;       // first and last stage of this (tp, dp)
+  Communicator* model_parallel = nullptr;  // TP x PP of this (dp, cp) replica
+  Communicator* embedding = nullptr;       // first and last stage of this (tp, cp, dp)
+  // Context parallelism (issue 30, docs/parallelism.md): the CP ranks of the same (tp, dp, pp)
+  // split each sequence; cp carries the ring attention's K/V blocks. A group of one without.
+  int cp_size = 1, cp_rank = 0;
+  Communicator* cp = nullptr;
   // Virtual pipeline stages (ProcessGrid::use_pipeline_ring), on the first and last stage: the
   // wrap-around's activations (last -> first) and gradients (first -> last); the first stage is
   // rank 0 in both. Null without: the pipeline communicators carry them.
@@ -133,6 +145,7 @@ struct ParallelContext {
   Communicator* ep = nullptr;
   Communicator* edp = nullptr;
   Communicator* pp_backward() const { return pp_grad ? pp_grad : pp; }
+  int grad_group_size() const { return dp_size * cp_size; }
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1; }
   // One process, no MPI: every group is a LocalCommunicator.
@@ -154,6 +167,9 @@ class LocalCommunicator final : public Communicator {
   std::unique_ptr<PendingOp> all_gather_async(Tensor&) override;
   std::unique_ptr<PendingOp> send_async(const Tensor&, int, int) override;
   void recv(Tensor&, int, int) override;
+  // With oneself (a ring of one): a copy.
+  std::unique_ptr<PendingOp> send_recv_async(const Tensor& send, int to, Tensor& recv, int from,
+                                             int tag) override;
   void barrier() override {}
   void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
                   const std::vector<int64_t>& recv_rows, int64_t row_elems) override;

@@ -264,6 +264,35 @@ std::unique_ptr<PendingOp> MpiCommunicator::send_async(const Tensor& t, int peer
   return std::make_unique<MpiPending>(req);
 }
 
+namespace {
+// Two requests (a send and a receive) completed together.
+class MpiPendingPair final : public PendingOp {
+ public:
+  MpiPendingPair(MPI_Request a, MPI_Request b) : req_{a, b} {}
+  ~MpiPendingPair() override { MPI_Waitall(2, req_, MPI_STATUSES_IGNORE); }
+  void wait() override { MPI_CHECK(MPI_Waitall(2, req_, MPI_STATUSES_IGNORE)); }
+  bool test() override {
+    int done = 0;
+    MPI_CHECK(MPI_Testall(2, req_, &done, MPI_STATUSES_IGNORE));
+    return done != 0;
+  }
+
+ private:
+  MPI_Request req_[2];
+};
+}  // namespace
+
+std::unique_ptr<PendingOp> MpiCommunicator::send_recv_async(const Tensor& send, int to,
+                                                            Tensor& recv, int from, int tag) {
+  NVTX_RANGE("mpi-send-recv");
+  expect_host_float(send);
+  expect_host_float(recv);
+  MPI_Request s = MPI_REQUEST_NULL, r = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Irecv(recv.raw(), count_of(recv), mpi_type(recv), from, tag, comm_, &r));
+  MPI_CHECK(MPI_Isend(send.raw(), count_of(send), mpi_type(send), to, tag, comm_, &s));
+  return std::make_unique<MpiPendingPair>(s, r);
+}
+
 void MpiCommunicator::recv(Tensor& t, int peer, int tag) {
   NVTX_RANGE("mpi-recv");
   expect_host_float(t);

@@ -65,6 +65,8 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<PendingOp> all_gather_async(Tensor& buf) override;
   std::unique_ptr<PendingOp> send_async(const Tensor& t, int peer, int tag) override;
   void recv(Tensor& t, int peer, int tag) override;
+  std::unique_ptr<PendingOp> send_recv_async(const Tensor& send, int to, Tensor& recv, int from,
+                                             int tag) override;
   void barrier() override;
   void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
                   const std::vector<int64_t>& recv_rows, int64_t row_elems) override;

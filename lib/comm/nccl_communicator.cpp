@@ -169,6 +169,20 @@ class NcclCommunicator final : public Communicator {
         ncclRecv(t.raw(), static_cast<size_t>(t.numel()), nccl_type(t), peer, comm_, stream_));
     before_compute();
   }
+  std::unique_ptr<PendingOp> send_recv_async(const Tensor& send, int to, Tensor& recv, int from,
+                                             int) override {
+    NVTX_RANGE("nccl-send-recv");
+    expect_device_f32(send);
+    expect_device_f32(recv);
+    after_compute();
+    NCCL_CHECK(ncclGroupStart());
+    NCCL_CHECK(ncclSend(send.raw(), static_cast<size_t>(send.numel()), nccl_type(send), to, comm_,
+                        stream_));
+    NCCL_CHECK(ncclRecv(recv.raw(), static_cast<size_t>(recv.numel()), nccl_type(recv), from, comm_,
+                        stream_));
+    NCCL_CHECK(ncclGroupEnd());
+    return std::make_unique<EventPending>(stream_, compute_);
+  }
   void barrier() override { MPI_CHECK(MPI_Barrier(group_)); }
   void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
                   const std::vector<int64_t>& recv_rows, int64_t row_elems) override {

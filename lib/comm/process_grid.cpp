@@ -14,7 +14,7 @@
 
 namespace tessera {
 
-GridLayout GridLayout::make(int world, int tp, int pp) {
+GridLayout GridLayout::make(int world, int tp, int pp, int cp) {
   using detail::concat;
   if (tp < 1)
     throw ConfigError(
@@ -22,64 +22,100 @@ GridLayout GridLayout::make(int world, int tp, int pp) {
   if (pp < 1)
     throw ConfigError(
         concat("--pipeline-model-parallel-size=", pp, " is out of range (allowed: >= 1)"));
-  if (world % (tp * pp) != 0)
-    throw ConfigError(concat("world size ", world,
-                             " is not divisible by --tensor-model-parallel-size=", tp,
-                             " x --pipeline-model-parallel-size=", pp, " = ", tp * pp,
-                             " (run a multiple of ", tp * pp, " ranks, or change TP/PP)"));
+  if (cp < 1)
+    throw ConfigError(concat("--context-parallel-size=", cp, " is out of range (allowed: >= 1)"));
+  if (world % (tp * cp * pp) != 0) {
+    if (cp == 1)
+      throw ConfigError(concat("world size ", world,
+                               " is not divisible by --tensor-model-parallel-size=", tp,
+                               " x --pipeline-model-parallel-size=", pp, " = ", tp * pp,
+                               " (run a multiple of ", tp * pp, " ranks, or change TP/PP)"));
+    throw ConfigError(
+        concat("world size ", world, " is not divisible by --tensor-model-parallel-size=", tp,
+               " x --context-parallel-size=", cp, " x --pipeline-model-parallel-size=", pp, " = ",
+               tp * cp * pp, " (run a multiple of ", tp * cp * pp, " ranks, or change TP/CP/PP)"));
+  }
   GridLayout g;
   g.world = world;
   g.tp = tp;
   g.pp = pp;
-  g.dp = world / (tp * pp);
+  g.cp = cp;
+  g.dp = world / (tp * cp * pp);
   return g;
 }
 
 GridCoords GridLayout::coords(int rank) const {
   GridCoords c;
   c.tp = rank % tp;
-  c.dp = (rank / tp) % dp;
-  c.pp = rank / (tp * dp);
+  c.cp = (rank / tp) % cp;
+  c.dp = (rank / (tp * cp)) % dp;
+  c.pp = rank / (tp * cp * dp);
   return c;
 }
 
 std::vector<std::vector<int>> GridLayout::tp_groups() const {
   std::vector<std::vector<int>> g;
   for (int p = 0; p < pp; ++p)
-    for (int d = 0; d < dp; ++d) {
-      g.emplace_back();
-      for (int t = 0; t < tp; ++t) g.back().push_back(rank_of(t, p, d));
-    }
+    for (int d = 0; d < dp; ++d)
+      for (int k = 0; k < cp; ++k) {
+        g.emplace_back();
+        for (int t = 0; t < tp; ++t) g.back().push_back(rank_of(t, p, d, k));
+      }
   return g;
 }
 
 std::vector<std::vector<int>> GridLayout::pp_groups() const {
   std::vector<std::vector<int>> g;
   for (int d = 0; d < dp; ++d)
-    for (int t = 0; t < tp; ++t) {
-      g.emplace_back();
-      for (int p = 0; p < pp; ++p) g.back().push_back(rank_of(t, p, d));
-    }
+    for (int k = 0; k < cp; ++k)
+      for (int t = 0; t < tp; ++t) {
+        g.emplace_back();
+        for (int p = 0; p < pp; ++p) g.back().push_back(rank_of(t, p, d, k));
+      }
   return g;
 }
 
 std::vector<std::vector<int>> GridLayout::dp_groups() const {
   std::vector<std::vector<int>> g;
   for (int p = 0; p < pp; ++p)
+    for (int k = 0; k < cp; ++k)
+      for (int t = 0; t < tp; ++t) {
+        g.emplace_back();
+        for (int d = 0; d < dp; ++d) g.back().push_back(rank_of(t, p, d, k));
+      }
+  return g;
+}
+
+std::vector<std::vector<int>> GridLayout::cp_groups() const {
+  std::vector<std::vector<int>> g;
+  for (int p = 0; p < pp; ++p)
+    for (int d = 0; d < dp; ++d)
+      for (int t = 0; t < tp; ++t) {
+        g.emplace_back();
+        for (int k = 0; k < cp; ++k) g.back().push_back(rank_of(t, p, d, k));
+      }
+  return g;
+}
+
+std::vector<std::vector<int>> GridLayout::grad_groups() const {
+  std::vector<std::vector<int>> g;
+  for (int p = 0; p < pp; ++p)
     for (int t = 0; t < tp; ++t) {
       g.emplace_back();
-      for (int d = 0; d < dp; ++d) g.back().push_back(rank_of(t, p, d));
+      for (int d = 0; d < dp; ++d)
+        for (int k = 0; k < cp; ++k) g.back().push_back(rank_of(t, p, d, k));
     }
   return g;
 }
 
 std::vector<std::vector<int>> GridLayout::model_parallel_groups() const {
   std::vector<std::vector<int>> g;
-  for (int d = 0; d < dp; ++d) {
-    g.emplace_back();
-    for (int p = 0; p < pp; ++p)
-      for (int t = 0; t < tp; ++t) g.back().push_back(rank_of(t, p, d));
-  }
+  for (int d = 0; d < dp; ++d)
+    for (int k = 0; k < cp; ++k) {
+      g.emplace_back();
+      for (int p = 0; p < pp; ++p)
+        for (int t = 0; t < tp; ++t) g.back().push_back(rank_of(t, p, d, k));
+    }
   return g;
 }
 
@@ -103,22 +139,26 @@ MpiComm split(int color, int key) {
 }
 }  // namespace
 
-ProcessGrid::ProcessGrid(int tp, int pp) {
+ProcessGrid::ProcessGrid(int tp, int pp, int cp) {
   int world = 1;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
-  layout_ = GridLayout::make(world, tp, pp);
+  layout_ = GridLayout::make(world, tp, pp, cp);
   coords_ = layout_.coords(world_rank_);
   const GridCoords& c = coords_;
-  const int TP = layout_.tp, DP = layout_.dp, PP = layout_.pp;
+  const int TP = layout_.tp, DP = layout_.dp, PP = layout_.pp, CP = layout_.cp;
+  // A (dp, cp) pair is one model replica for TP, PP and the embedding; the gradient group spans
+  // DP x CP (key cp + CP * dp). With CP = 1: the (TP, PP, DP) grid's groups.
+  const int dc = c.cp + CP * c.dp, DC = DP * CP;
   // Every rank makes the same splits in the same order (MPI_Comm_split is collective).
-  tp_ = split(c.pp * DP + c.dp, c.tp);
-  pp_ = split(c.dp * TP + c.tp, c.pp);
-  dp_ = split(c.pp * TP + c.tp, c.dp);
-  mp_ = split(c.dp, c.pp * TP + c.tp);
+  tp_ = split(c.pp * DC + dc, c.tp);
+  pp_ = split(dc * TP + c.tp, c.pp);
+  dp_ = split(c.pp * TP + c.tp, dc);
+  mp_ = split(dc, c.pp * TP + c.tp);
   const bool in_embedding = c.pp == 0 || c.pp == PP - 1;
   in_embedding_ = in_embedding;
-  emb_ = split(in_embedding ? c.dp * TP + c.tp : MPI_UNDEFINED, c.pp);
+  emb_ = split(in_embedding ? dc * TP + c.tp : MPI_UNDEFINED, c.pp);
+  if (CP > 1) cp_ = split((c.pp * DP + c.dp) * TP + c.tp, c.cp);
   MPI_Comm node = MPI_COMM_NULL;
   MPI_CHECK(
       MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node));
@@ -138,6 +178,10 @@ ProcessGrid::ProcessGrid(int tp, int pp) {
     emb_comm_ = std::make_unique<MpiCommunicator>(emb_.get());
   else
     emb_comm_ = std::make_unique<LocalCommunicator>();
+  if (CP > 1)
+    cp_comm_ = std::make_unique<MpiCommunicator>(cp_.get());
+  else
+    cp_comm_ = std::make_unique<LocalCommunicator>();
 }
 
 void ProcessGrid::use_pipeline_ring() {
@@ -146,7 +190,7 @@ void ProcessGrid::use_pipeline_ring() {
   // Two more splits of the embedding group's members (every rank takes part; the others get
   // MPI_COMM_NULL): key pp, so the first stage is rank 0 and the last rank 1.
   const GridCoords& c = coords_;
-  const int color = in_embedding_ ? c.dp * layout_.tp + c.tp : MPI_UNDEFINED;
+  const int color = in_embedding_ ? (c.cp + layout_.cp * c.dp) * layout_.tp + c.tp : MPI_UNDEFINED;
   wrap_ = split(color, c.pp);
   wrap_grad_ = split(color, c.pp);
   if (in_embedding_) {
@@ -166,6 +210,7 @@ void ProcessGrid::use_expert_parallel(int ep) {
         "--expert-model-parallel-size=", ep, " does not divide the data-parallel size ", DP,
         " (world ", layout_.world, " / (TP ", TP, " x PP ", layout_.pp,
         "); experts are split over ranks carved out of DP: allowed a divisor of ", DP, ")"));
+  TESSERA_CHECK(layout_.cp == 1, "expert parallelism with context parallelism");
   ep_ = ep;
   const GridCoords& c = coords_;
   const int ep_rank = c.dp % ep, edp_rank = c.dp / ep;
@@ -186,7 +231,7 @@ void ProcessGrid::use_nccl(void* compute_stream) {
   tp_comm_ = make(tp_.get(), layout_.tp);
   pp_comm_ = make(pp_.get(), layout_.pp);
   pp_grad_comm_ = make(pp_.get(), layout_.pp);
-  dp_comm_ = make(dp_.get(), layout_.dp);
+  dp_comm_ = make(dp_.get(), layout_.dp * layout_.cp);
   // Every rank takes part in the split above; only the embedding group's members create it.
   if (in_embedding_ && layout_.pp > 1) emb_comm_ = make(emb_.get(), 2);
   if (ring_ && in_embedding_) {  // then the ring's wrap-around, activations first
@@ -197,6 +242,7 @@ void ProcessGrid::use_nccl(void* compute_stream) {
     ep_comm_ = make(ep_group_.get(), ep_);
     edp_comm_ = make(edp_group_.get(), layout_.dp / ep_);
   }
+  if (layout_.cp > 1) cp_comm_ = make(cp_.get(), layout_.cp);  // last: the context-parallel ring
   nccl_ = true;
 #else
   (void)compute_stream;
@@ -212,6 +258,9 @@ ParallelContext ProcessGrid::context() {
   c.tp_rank = coords_.tp;
   c.pp_rank = coords_.pp;
   c.dp_rank = coords_.dp;
+  c.cp_size = layout_.cp;
+  c.cp_rank = coords_.cp;
+  c.cp = cp_comm_.get();
   c.world_rank = world_rank_;
   c.world = world_comm_.get();
   c.tp = tp_comm_.get();
@@ -244,16 +293,26 @@ std::string ProcessGrid::layout_table() {
   MPI_CHECK(MPI_Gather(mine, kRec, MPI_CHAR, all.data(), kRec, MPI_CHAR, 0, MPI_COMM_WORLD));
   if (world_rank_ != 0) return "";
   std::ostringstream os;
-  os << "process grid: world " << layout_.world << " = TP " << layout_.tp << " x PP " << layout_.pp
-     << " x DP " << layout_.dp << " (rank = tp + TP*(dp + DP*pp)); groups: TP size " << layout_.tp
-     << ", PP size " << layout_.pp << ", DP size " << layout_.dp << ", model-parallel size "
-     << layout_.tp * layout_.pp;
+  const int CP = layout_.cp;
+  if (CP > 1)
+    os << "process grid: world " << layout_.world << " = TP " << layout_.tp << " x CP " << CP
+       << " x DP " << layout_.dp << " x PP " << layout_.pp
+       << " (rank = tp + TP*(cp + CP*(dp + DP*pp))); groups: TP size " << layout_.tp << ", CP size "
+       << CP << " (ring), PP size " << layout_.pp << ", DP size " << layout_.dp
+       << ", gradients summed over DP x CP = " << layout_.dp * CP << ", model-parallel size "
+       << layout_.tp * layout_.pp;
+  else
+    os << "process grid: world " << layout_.world << " = TP " << layout_.tp << " x PP "
+       << layout_.pp << " x DP " << layout_.dp << " (rank = tp + TP*(dp + DP*pp)); groups: TP size "
+       << layout_.tp << ", PP size " << layout_.pp << ", DP size " << layout_.dp
+       << ", model-parallel size " << layout_.tp * layout_.pp;
   if (ep_ > 1)
     os << ", expert-parallel size " << ep_ << " (ep = dp % " << ep_
        << "), expert-data-parallel size " << layout_.dp / ep_;
   os << "\n";
-  os << (ep_ > 1 ? "  rank   tp   pp   dp   ep  local  host\n"
-                 : "  rank   tp   pp   dp  local  host\n");
+  os << (ep_ > 1  ? "  rank   tp   pp   dp   ep  local  host\n"
+         : CP > 1 ? "  rank   tp   cp   dp   pp  local  host\n"
+                  : "  rank   tp   pp   dp  local  host\n");
   for (int r = 0; r < layout_.world; ++r) {
     const GridCoords c = layout_.coords(r);
     int local = 0;
@@ -263,6 +322,9 @@ std::string ProcessGrid::layout_table() {
     if (ep_ > 1)
       std::snprintf(line, sizeof line, "  %4d %4d %4d %4d %4d %6d  %s\n", r, c.tp, c.pp, c.dp,
                     c.dp % ep_, local, host);
+    else if (CP > 1)
+      std::snprintf(line, sizeof line, "  %4d %4d %4d %4d %4d %6d  %s\n", r, c.tp, c.cp, c.dp, c.pp,
+                    local, host);
     else
       std::snprintf(line, sizeof line, "  %4d %4d %4d %4d %6d  %s\n", r, c.tp, c.pp, c.dp, local,
                     host);

@@ -1,5 +1,7 @@
-// process_grid.hpp: the (TP, PP, DP) process grid of DESIGN.md invariant 1, Megatron's default
-// order: rank = tp + TP * (dp + DP * pp). TP groups are consecutive ranks (keep them in one node).
+// process_grid.hpp: the (TP, CP, DP, PP) process grid of DESIGN.md invariant 1, Megatron's default
+// order: rank = tp + TP * (cp + CP * (dp + DP * pp)). TP groups are consecutive ranks (keep them in
+// one node), context-parallel (CP) groups next. Without context parallelism (CP = 1) this is
+// rank = tp + TP * (dp + DP * pp).
 #pragma once
 
 #include <memory>
@@ -11,31 +13,38 @@
 namespace tessera {
 
 struct GridCoords {
-  int tp = 0, pp = 0, dp = 0;
+  int tp = 0, pp = 0, dp = 0, cp = 0;
 };
 
 // The pure arithmetic of the layout, usable without MPI (tests, --dry-run, the layout table).
 struct GridLayout {
-  int world = 1, tp = 1, pp = 1, dp = 1;
-  // Throws ConfigError naming the numbers when world is not divisible by tp * pp.
-  static GridLayout make(int world, int tp, int pp);
+  int world = 1, tp = 1, pp = 1, dp = 1, cp = 1;
+  // Throws ConfigError naming the numbers when world is not divisible by tp * cp * pp.
+  static GridLayout make(int world, int tp, int pp, int cp = 1);
   GridCoords coords(int rank) const;
-  int rank_of(int tp_rank, int pp_rank, int dp_rank) const {
-    return tp_rank + tp * (dp_rank + dp * pp_rank);
+  int rank_of(int tp_rank, int pp_rank, int dp_rank, int cp_rank = 0) const {
+    return tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank));
   }
-  // The world ranks of each group, in group-rank order, one vector per group.
+  // The world ranks of each group, in group-rank order, one vector per group. The TP, PP,
+  // model-parallel and embedding groups are per (dp, cp): every context-parallel rank is a model
+  // replica of its own for them. dp_groups are the data-parallel ranks of the same (tp, cp, pp);
+  // grad_groups the ranks whose gradients are summed (DP x CP of the same (tp, pp), rank order
+  // cp + CP * dp; the DP groups when CP = 1); cp_groups the context-parallel rings.
   std::vector<std::vector<int>> tp_groups() const;
   std::vector<std::vector<int>> pp_groups() const;
   std::vector<std::vector<int>> dp_groups() const;
-  std::vector<std::vector<int>> model_parallel_groups() const;  // TP x PP of one DP replica
-  std::vector<std::vector<int>> embedding_groups() const;       // first and last stage of (tp, dp)
+  std::vector<std::vector<int>> cp_groups() const;
+  std::vector<std::vector<int>> grad_groups() const;
+  std::vector<std::vector<int>> model_parallel_groups() const;  // TP x PP of one (dp, cp)
+  std::vector<std::vector<int>> embedding_groups() const;  // first and last stage of (tp, cp, dp)
 };
 
 // This rank's place in the grid and its communicators. Built collectively by every rank, in the
 // same order, from MPI_COMM_WORLD.
 class ProcessGrid {
  public:
-  ProcessGrid(int tp, int pp);  // needs MPI initialized; throws ConfigError on a bad layout
+  // Needs MPI initialized; throws ConfigError on a bad layout.
+  ProcessGrid(int tp, int pp, int cp = 1);
   const GridLayout& layout() const { return layout_; }
   int world_rank() const { return world_rank_; }
   int world_size() const { return layout_.world; }
@@ -60,7 +69,7 @@ class ProcessGrid {
   void use_pipeline_ring();
   // Collective; before use_nccl. MoE's expert parallelism: `ep` consecutive data-parallel ranks
   // split the experts (Megatron's order: ep inside dp). ConfigError naming the numbers when ep
-  // does not divide DP.
+  // does not divide DP. (Context parallelism and MoE do not combine: the options refuse it.)
   void use_expert_parallel(int ep);
 
   ParallelContext context();
@@ -73,8 +82,10 @@ class ProcessGrid {
   GridCoords coords_;
   int world_rank_ = 0, local_rank_ = 0, local_size_ = 1;
   std::string host_;
-  MpiComm tp_, pp_, dp_, mp_, emb_, node_;
+  // dp_: the gradient group (DP x CP); cp_: the context-parallel ring (made when CP > 1).
+  MpiComm tp_, pp_, dp_, mp_, emb_, node_, cp_;
   std::unique_ptr<Communicator> world_comm_, tp_comm_, pp_comm_, dp_comm_, mp_comm_, emb_comm_;
+  std::unique_ptr<Communicator> cp_comm_;
   std::unique_ptr<Communicator> pp_grad_comm_;  // set by use_nccl; else pp_comm_ carries both
   // use_pipeline_ring, on the first and last stage: activations last -> first, gradients first ->
   // last (MpiComm handles of their own, so MPI matching never mixes them with the embedding's).

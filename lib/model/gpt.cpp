@@ -336,6 +336,20 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
     shared.moe_tmp = f({N, C});
     if (compute != DType::F32) shared.moe_logits_c = f({N, E});
   }
+  if (shard.cp_size > 1) {  // context parallelism's ring (model/context_parallel.cpp)
+    const int64_t kvl = qkvl - hl;
+    for (int i = 0; i < 2; ++i) {
+      shared.cp_kv[i] = f({B, T, kvl});
+      shared.cp_dkv[i] = f({B, T, kvl});
+    }
+    shared.cp_out = f({B, T, hl});
+    shared.cp_lse = f32({B, heads_l, T});
+    if (cfg.rope()) shared.cp_positions = i32({N});
+    if (cfg.learned_positions() && shard.has_embedding) {
+      shared.cp_wpe = f({T, C});
+      shared.cp_dwpe = f32({T, C});
+    }
+  }
   size_t max_chunk = 0;
   bool selective = false;
   for (const LayerRecompute& p : plan) {
@@ -464,7 +478,18 @@ std::vector<Activations> GPTModel::make_activation_slots(int B, int T,
       count == 1 ? detail::concat("the activations of one micro-batch (", B, " x ", T, " tokens)")
                  : detail::concat("the activations of ", count, " micro-batches in flight (", B,
                                   " x ", T, " tokens each)"));
-  return build_activation_slots(cfg_, shard_, plan_, B, T, compute_, be_.allocator(), counts);
+  std::vector<Activations> slots =
+      build_activation_slots(cfg_, shard_, plan_, B, T, compute_, be_.allocator(), counts);
+  if (!slots.empty() && slots[0].cp_positions.defined()) {  // shared by every slot
+    TESSERA_CHECK(T % 2 == 0, "context parallelism: ", T, " tokens per rank is odd");
+    std::vector<int32_t> pos(static_cast<size_t>(B) * T);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t)
+        pos[static_cast<size_t>(b) * T + t] =
+            static_cast<int32_t>(cp_position(shard_.cp_rank, shard_.cp_size, T / 2, t));
+    be_.copy_from_host(slots[0].cp_positions, pos.data());
+  }
+  return slots;
 }
 
 LayerActivations& GPTModel::acts_of(int layer, Activations& a) const {
@@ -549,7 +574,7 @@ const Tensor& GPTModel::branch_grad(PhaseSequence& phase, Activations& a, const 
   Tensor out = own_rows(a.tmp_c, a);  // a view: writes land in tmp_c
   if (site.active()) {
     phase("dropout");
-    be_.dropout(out, a.dres, site, dropout_row_begin(a), a.T);
+    apply_hidden_dropout(out, a.dres, site, a);
   } else {
     be_.cast(out, a.dres);  // a copy
   }
@@ -669,7 +694,7 @@ void GPTModel::embed_forward(Activations& a) {
     be_.embedding_forward(full, a.ids, params_->compute_param("wte"), vocab_begin_);
     if (shard_.tp_rank == 0 && cfg_.learned_positions()) {
       Tensor btc = full.reshape({a.B, a.T, C});
-      be_.position_embedding_forward(btc, params_->compute_param("wpe"));
+      add_position_embedding(btc, a);
     }
     const Tensor mine = reduce_rows(phase, full, a);
     phase("embedding-forward");
@@ -678,12 +703,11 @@ void GPTModel::embed_forward(Activations& a) {
     Tensor x = a.input.reshape({N, C});
     be_.embedding_forward(x, a.ids, params_->compute_param("wte"), vocab_begin_);
     tp_.all_reduce(a.input, ReduceOp::Sum);  // each TP rank filled the rows of its vocab shard
-    if (cfg_.learned_positions())
-      be_.position_embedding_forward(a.input, params_->compute_param("wpe"));
+    if (cfg_.learned_positions()) add_position_embedding(a.input, a);
   }
   if (const DropoutSpec d = hidden_dropout(0, DropoutKind::Embedding, a); d.active()) {
     phase("dropout");
-    be_.dropout(a.input, a.input, d, dropout_row_begin(a), a.T);
+    apply_hidden_dropout(a.input, a.input, d, a);
   }
 }
 
@@ -706,17 +730,16 @@ void GPTModel::block_forward(int l, Activations& a) {
   be_.matmul_forward(la.qkv, la.ln1, w.qkv_w, opt(w.qkv_b));
   if (cfg_.rope()) {
     phase("rope");
-    be_.rope(la.qkv, rope_spec(a.T), nullptr, false);
+    be_.rope(la.qkv, rope_spec(a.T), rope_positions(a), false);
   }
   phase("attention-core-forward");
-  be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a),
-                        kv_heads_local_, alibi());
+  attention_core_forward(l, a, la);
   phase("proj-gemm-forward");
   be_.matmul_forward(a.tmp_c, la.att, w.proj_w, bias_here ? opt(w.proj_b) : nullptr);
   Tensor branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::AttnOut, a); d.active()) {
     phase("dropout");
-    be_.dropout(branch, branch, d, dropout_row_begin(a), a.T);
+    apply_hidden_dropout(branch, branch, d, a);
   }
   phase("layernorm-forward");  // fused with the residual add
   Tensor ln2 = own_rows(la.ln2, a);
@@ -734,7 +757,7 @@ void GPTModel::block_forward(int l, Activations& a) {
   branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::MlpOut, a); d.active()) {
     phase("dropout");
-    be_.dropout(branch, branch, d, dropout_row_begin(a), a.T);
+    apply_hidden_dropout(branch, branch, d, a);
   }
   phase("residual-add");
   be_.add(la.res2, la.res1, branch);
@@ -833,8 +856,7 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
     gather_rows(phase, la.ln1);  // the gathers of the forward again (sequence parallelism)
     gather_rows(phase, la.ln2);
     phase("attention-core-forward");  // qkv was kept with RoPE applied
-    be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a),
-                          kv_heads_local_, alibi());
+    attention_core_forward(l, a, la);
     if (la.gelu.defined()) activation_forward(phase, la);
     if (cfg_.is_moe_layer(l)) {   // the experts' inputs and activations from the kept routing
       if (shard_.ep_size == 1) {  // else the received rows were kept
@@ -885,11 +907,10 @@ void GPTModel::block_backward(int l, Activations& a) {
   phase("proj-gemm-backward");
   be_.matmul_backward(&a.datt, g.proj_w, opt(g.proj_b), dattn, la.att, w.proj_w);
   phase("attention-core-backward");
-  be_.attention_backward(a.dqkv, a.datt, la.qkv, la.att, la.lse, heads_local_,
-                         attention_dropout(l, a), kv_heads_local_, alibi());
+  attention_core_backward(l, a, la);
   if (cfg_.rope()) {  // the rotation's transpose: rotate the gradient back
     phase("rope");
-    be_.rope(a.dqkv, rope_spec(a.T), nullptr, true);
+    be_.rope(a.dqkv, rope_spec(a.T), rope_positions(a), true);
   }
   phase("qkv-gemm-backward");
   be_.matmul_backward(&a.dln, g.qkv_w, opt(g.qkv_b), a.dqkv, la.ln1, w.qkv_w);
@@ -908,10 +929,7 @@ void GPTModel::embed_backward(Activations& a) {
   const Tensor& demb = branch_grad(phase, a, hidden_dropout(0, DropoutKind::Embedding, a));
   phase("embedding-backward");
   be_.embedding_backward(dwte, demb.reshape({N, C}), a.ids, vocab_begin_);
-  if (cfg_.learned_positions()) {
-    Tensor dwpe = params_->grad("wpe");
-    be_.position_embedding_backward(dwpe, demb.reshape({a.B, a.T, C}));
-  }
+  if (cfg_.learned_positions()) position_embedding_grad(demb.reshape({a.B, a.T, C}), a);
 }
 
 void GPTModel::backward(Activations& a) {

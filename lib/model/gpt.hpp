@@ -102,6 +102,12 @@ struct Activations {
   Tensor moe_oute, moe_doute;
   Tensor moe_ag_x, moe_ag_y, moe_ag_logits, moe_ag_expert, moe_ag_dweight;
   Tensor moe_logits_c;  // (N,E) logits in the compute dtype (mixed precision only)
+  // Context parallelism (model/context_parallel.cpp), T being this rank's tokens per sample: the
+  // K/V blocks in hand and arriving (B,T,2Gl*hd), the dK/dV travelling with them in the backward,
+  // a block's partial output (B,T,Cl) and log-sum-exp (B,Hl,T) f32, the rows' global positions
+  // (B*T int32, RoPE) and the position-embedding rows of the rank's tokens (T,C) and their f32
+  // gradient (learned positions).
+  Tensor cp_kv[2], cp_dkv[2], cp_out, cp_lse, cp_positions, cp_wpe, cp_dwpe;
   // The weight of this micro-batch's load-balancing and z losses in the objective: 1 / the
   // micro-batches of the global batch (the trainer sets it; 1 for a lone micro-batch).
   float moe_loss_scale = 1;
@@ -233,6 +239,9 @@ class GPTModel {
   // Expert parallelism: the group of ranks that split the experts (its size is the shard's
   // ep_size). Without a call, a group of one.
   void set_expert_comm(Communicator& ep);
+  // Context parallelism: the ring of CP ranks (its size is the shard's cp_size). Needed before a
+  // forward when cp_size > 1.
+  void set_context_comm(Communicator& cp) { cp_comm_ = &cp; }
   // The MoE MLP of `layer` for inference (generation, serving): `rows` rows of ln (n,C) -> out
   // (n,C), a partial sum over TP like fc2's output (the caller reduces it). Dropless whatever the
   // capacity factor (as Hugging Face's Mixtral); TP rank 0's logits route every rank. The
@@ -294,6 +303,23 @@ class GPTModel {
   // its backward from the branch gradient dy (N,C, every row) to a.dln (partial over TP).
   void moe_forward(PhaseSequence& phase, int layer, Activations& a, Tensor& out);
   void moe_backward(PhaseSequence& phase, int layer, Activations& a, const Tensor& dy);
+  // The attention core of layer l (la.qkv -> la.att, la.lse) and its backward (a.datt -> a.dqkv):
+  // the fused attention, or with context parallelism the ring (model/context_parallel.cpp).
+  void attention_core_forward(int layer, Activations& a, LayerActivations& la);
+  void attention_core_backward(int layer, Activations& a, LayerActivations& la);
+  void ring_attention_forward(int layer, Activations& a, LayerActivations& la);
+  void ring_attention_backward(int layer, Activations& a, LayerActivations& la);
+  // Hidden dropout over rows of a micro-batch's local rows (this rank's own rows, as
+  // dropout_row_begin counts them), keyed by global sample and position (one call per run of
+  // consecutive positions with context parallelism).
+  void apply_hidden_dropout(Tensor& out, const Tensor& in, const DropoutSpec& d,
+                            const Activations& a);
+  // RoPE's positions: the global ones with context parallelism (null without: row % T).
+  const Tensor* rope_positions(const Activations& a) const;
+  // The learned position embedding added to (B,T,C) / its gradient from it: wpe[0:T], or the
+  // rank's global positions with context parallelism.
+  void add_position_embedding(Tensor& btc, Activations& a);
+  void position_embedding_grad(const Tensor& dbtc, Activations& a);
   // The rows of a micro-batch this TP rank routes: its sequence-parallel rows, else its 1/TP.
   int64_t router_rows(const Activations& a) const;
   // The gradients of the expert and shared-expert MLPs, through the activation: fills dfc1
@@ -323,6 +349,7 @@ class GPTModel {
   std::vector<MoEStats> moe_stats_;            // indexed by shard_.local_index(layer)
   bool recomputing_ = false;                   // inside recompute_for_backward
   Communicator* ep_ = nullptr;                 // expert parallelism (set_expert_comm)
+  Communicator* cp_comm_ = nullptr;            // context parallelism (set_context_comm)
   // Testing (the layout-equivalence test): TESSERA_TEST_MOE_LOGIT_BIAS="e:v,e:v" adds v to
   // expert e's router logit (to force all tokens onto some experts), and
   // TESSERA_FAULT_MOE_DISPATCH=wrong-rank sends one token copy to the wrong expert rank.

@@ -60,6 +60,10 @@ struct ModelShard {
   // Expert parallelism (MoE): this rank holds experts [ep_rank * E/EP, (ep_rank + 1) * E/EP) of
   // every MoE layer.
   int ep_size = 1, ep_rank = 0;
+  // Context parallelism (model/context_parallel.cpp): this rank holds local rows of each sample
+  // at the global positions cp_position(cp_rank, cp_size, T/2, t) of a cp_size*T-token
+  // sequence; attention runs around the CP ring. Changes activations, never parameters.
+  int cp_size = 1, cp_rank = 0;
 
   int num_chunks() const { return static_cast<int>(chunks.size()); }
   // This rank's layers in chunk order, and their number.

@@ -334,7 +334,11 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
       .add_options()("tensor-model-parallel-size", po::value(&o.tp)->default_value(1),
                      "tensor-parallel ranks (consecutive ranks; keep them in one node)")(
           "pipeline-model-parallel-size", po::value(&o.pp)->default_value(1),
-          "pipeline stages (layers split evenly); DP = world / (TP * PP)")(
+          "pipeline stages (layers split evenly); DP = world / (TP * CP * PP)")(
+          "context-parallel-size", po::value(&o.cp)->default_value(1),
+          "context parallelism: each sequence split over CP ranks (two of its 2 x CP chunks "
+          "each), attention around their ring; same losses (needs --seq-length a multiple of "
+          "2 x CP)")(
           "num-layers-per-virtual-pipeline-stage",
           po::value(&layers_per_virtual_stage)->default_value(0),
           "the interleaved 1F1B schedule: model chunks of N layers, each pipeline rank holding "
@@ -734,6 +738,9 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
   if (o.pp < 1)
     throw ConfigError(detail::concat("--pipeline-model-parallel-size=", o.pp,
                                      " is out of range (allowed: >= 1)"));
+  if (o.cp < 1)
+    throw ConfigError(
+        detail::concat("--context-parallel-size=", o.cp, " is out of range (allowed: >= 1)"));
   if (o.finetune && o.load.empty()) throw ConfigError("--finetune needs --load");
   if (o.no_load_optim && o.load.empty()) throw ConfigError("--no-load-optim needs --load");
   if (t.full_validation && o.mock_data)
@@ -990,7 +997,7 @@ std::unique_ptr<TokenDataset> open_train_data(RunOptions& o) {
       MPI_Comm_rank(MPI_COMM_WORLD, &rank);
       MPI_Comm_size(MPI_COMM_WORLD, &world);
     }
-    const int dp = std::max(1, world / std::max(1, o.tp * o.pp));
+    const int dp = std::max(1, world / std::max(1, o.tp * o.pp * o.cp));
     const TrainConfig t = o.train.resolved(dp);
     const int64_t run = t.samples_before_iteration(dp, t.train_iters + 1);
     std::string dir = o.data_cache_path;
@@ -1073,6 +1080,17 @@ void set_num_threads(int n) {
   openblas_set_num_threads(n);
 }
 
+RingTraffic cp_ring_traffic(const GPTConfig& cfg, const TrainConfig& t, int tp, int cp) {
+  RingTraffic r;
+  if (cp <= 1) return r;
+  r.block = double(t.micro_batch_size) * (cfg.seq_length / cp) * 2.0 * (cfg.kv_heads() / tp) *
+            cfg.head_dim() * dtype_size(t.compute_dtype);
+  r.forward = (cp - 1) * r.block;
+  r.backward = (cp - 1) * r.block + cp * r.block;
+  r.recompute = t.recompute.granularity == RecomputeGranularity::None ? 0.0 : r.forward;
+  return r;
+}
+
 MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
                                     const GridLayout& layout, int stage, int ep) {
   ParallelContext ctx;
@@ -1080,6 +1098,9 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   ctx.pp_size = layout.pp;
   ctx.pp_rank = stage;
   ctx.ep_size = ep;
+  ctx.cp_size = layout.cp;
+  // Context parallelism: each rank's activations hold S / CP tokens of a sample.
+  const int T = cfg.seq_length / layout.cp;
   const ModelShard shard = make_model_shard(cfg, ctx, t.sequence_parallel, t.virtual_pipeline_size);
   MemoryEstimate e;
   for (const auto& s : build_param_specs(cfg, shard)) {
@@ -1097,7 +1118,7 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   // optimizer the master weights (mixed precision) and the Adam moments of 1/DP of them.
   const bool mixed = t.compute_dtype != DType::F32;
   // Routed experts' blocks are cut over the expert-data-parallel group (DP / EP).
-  const double dp = t.use_distributed_optimizer ? layout.dp : 1.0;
+  const double dp = t.use_distributed_optimizer ? double(layout.dp) * layout.cp : 1.0;
   const double edp = t.use_distributed_optimizer ? double(layout.dp) / ep : 1.0;
   const double dense = static_cast<double>(e.parameters - e.expert_parameters);
   const double experts = static_cast<double>(e.expert_parameters);
@@ -1113,17 +1134,17 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
     // sent and returned copies (N*K rows each), and with EP the rows received (R)
     e.dispatch_bytes = width * cfg.hidden_size * (2 * N * K + (ep > 1 ? R : 0));
   }
-  const ActivationFootprint fp = activation_footprint(cfg, shard, t.recompute, t.micro_batch_size,
-                                                      cfg.seq_length, t.compute_dtype);
-  e.activation_bytes = activation_bytes(cfg, shard, t.recompute, t.micro_batch_size, cfg.seq_length,
+  const ActivationFootprint fp =
+      activation_footprint(cfg, shard, t.recompute, t.micro_batch_size, T, t.compute_dtype);
+  e.activation_bytes = activation_bytes(cfg, shard, t.recompute, t.micro_batch_size, T,
                                         t.compute_dtype, chunk_slots);
   e.activation_shared_bytes = fp.shared;
   e.stage_layers = shard.num_layers();
   if (e.stage_layers > 0) {  // what the layers add to a micro-batch, over the stage's layers
     ModelShard none = shard;
     for (LayerRange& c : none.chunks) c.end = c.begin;
-    const ActivationFootprint base = activation_footprint(
-        cfg, none, RecomputeConfig{}, t.micro_batch_size, cfg.seq_length, t.compute_dtype);
+    const ActivationFootprint base =
+        activation_footprint(cfg, none, RecomputeConfig{}, t.micro_batch_size, T, t.compute_dtype);
     e.activation_layer_bytes = (fp.per_micro_batch - base.per_micro_batch) / e.stage_layers;
     if (layout.tp > 1) {
       // The regions sequence parallelism splits: what a layer keeps with it off minus with it on
@@ -1131,11 +1152,9 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
       auto layer_bytes = [&](bool sp) {
         ModelShard s = shard, n = none;
         s.sequence_parallel = n.sequence_parallel = sp;
-        return (activation_footprint(cfg, s, t.recompute, t.micro_batch_size, cfg.seq_length,
-                                     t.compute_dtype)
+        return (activation_footprint(cfg, s, t.recompute, t.micro_batch_size, T, t.compute_dtype)
                     .per_micro_batch -
-                activation_footprint(cfg, n, t.recompute, t.micro_batch_size, cfg.seq_length,
-                                     t.compute_dtype)
+                activation_footprint(cfg, n, t.recompute, t.micro_batch_size, T, t.compute_dtype)
                     .per_micro_batch) /
                e.stage_layers;
       };
@@ -1149,14 +1168,14 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
 }
 
 std::string dry_run_report(const RunOptions& o, int world_size) {
-  const int world = world_size > 1 ? world_size : o.tp * o.pp * o.ep;
-  const GridLayout layout = GridLayout::make(world, o.tp, o.pp);
+  const int world = world_size > 1 ? world_size : o.tp * o.cp * o.pp * o.ep;
+  const GridLayout layout = GridLayout::make(world, o.tp, o.pp, o.cp);
   if (layout.dp % o.ep != 0)
     throw ConfigError(detail::concat("--expert-model-parallel-size=", o.ep,
                                      " does not divide the data-parallel size ", layout.dp,
                                      " (world ", world, " / (TP ", o.tp, " x PP ", o.pp,
                                      "); allowed: a divisor of ", layout.dp, ")"));
-  validate_layout(o.model, o.train, layout.tp, layout.pp, layout.dp);
+  validate_layout(o.model, o.train, layout.tp, layout.pp, layout.dp, layout.cp);
   auto gib = [](double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); };
   std::ostringstream os;
   char buf[400];
@@ -1186,20 +1205,40 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
   const int micro = o.train.num_micro_batches(layout.dp);
   std::snprintf(
       buf, sizeof buf,
-      "layout: world %d = TP %d x PP %d x DP %d%s%s; global batch %d = micro-batch %d x "
+      "layout: world %d = TP %d x%s PP %d x DP %d%s%s; global batch %d = micro-batch %d x "
       "%d micro-batches x DP %d\n",
-      world, layout.tp, layout.pp, layout.dp,
+      world, layout.tp, layout.cp > 1 ? detail::concat(" CP ", layout.cp, " x").c_str() : "",
+      layout.pp, layout.dp,
       o.ep > 1
           ? detail::concat(" (EP ", o.ep, " x expert-data-parallel ", layout.dp / o.ep, ")").c_str()
           : "",
       world_size > 1 ? "" : " (assumed: run under mpirun for another DP)",
       o.train.global_batch(layout.dp), o.train.micro_batch_size, micro, layout.dp);
   os << buf;
+  if (layout.cp > 1) {
+    const RingTraffic ring = cp_ring_traffic(o.model, o.train, layout.tp, layout.cp);
+    const int S = o.model.seq_length, c = S / (2 * layout.cp);
+    char recomputed[64] = "";
+    if (ring.recompute > 0)
+      std::snprintf(recomputed, sizeof recomputed, " + %.2f MiB recomputed",
+                    ring.recompute / (1024.0 * 1024.0));
+    std::snprintf(buf, sizeof buf,
+                  "context parallelism: CP %d; each rank holds %d of the %d tokens of a sample "
+                  "(chunks r and %d-r of %d tokens); per-token activations / %d; ring per layer "
+                  "per micro-batch: K/V block %.2f MiB, sent %.2f MiB forward + %.2f MiB "
+                  "backward%s = %.2f MiB per rank\n",
+                  layout.cp, S / layout.cp, S, 2 * layout.cp - 1, c, layout.cp,
+                  ring.block / (1024.0 * 1024.0), ring.forward / (1024.0 * 1024.0),
+                  ring.backward / (1024.0 * 1024.0), recomputed,
+                  ring.per_layer() / (1024.0 * 1024.0));
+    os << buf;
+  }
   for (int stage = 0; stage < layout.pp; ++stage) {
     ParallelContext ctx;
     ctx.tp_size = layout.tp;
     ctx.pp_size = layout.pp;
     ctx.pp_rank = stage;
+    ctx.cp_size = layout.cp;
     const ModelShard shard =
         make_model_shard(o.model, ctx, o.train.sequence_parallel, o.train.virtual_pipeline_size);
     const MemoryEstimate e = estimate_rank_memory(o.model, o.train, layout, stage, o.ep);

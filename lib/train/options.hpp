@@ -25,6 +25,7 @@ struct RunOptions {
   LogOptions log;
   int tp = 1, pp = 1;           // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
   int ep = 1;                   // expert-parallel size (MoE): carved out of DP
+  int cp = 1;                   // context-parallel size: DP = world / (TP * CP * PP)
   int threads = 0;              // 0: this rank's share of the cores in its affinity mask
   std::string device = "auto";  // resolved to "cpu" or "cuda" by parse_run_options
   bool mock_data = false;       // synthetic data; also the source when no --data-path is given
@@ -143,6 +144,17 @@ struct GridLayout;
 // `ep`: the expert-parallel size (MoE), carved out of layout.dp.
 MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
                                     const GridLayout& layout, int stage, int ep = 1);
+
+// Context parallelism's ring (model/context_parallel.cpp): the bytes one rank sends per
+// transformer layer per micro-batch. A K/V block is the rank's key and value heads
+// (B x S/CP x 2 x KV heads/TP x head dim, compute dtype); the forward sends CP − 1 of them, the
+// backward CP − 1 again plus CP dK/dV blocks (the last one home to its owner); recomputation
+// (selective or full) runs the forward's ring again. Zeros at CP 1.
+struct RingTraffic {
+  double block = 0, forward = 0, backward = 0, recompute = 0;
+  double per_layer() const { return forward + backward + recompute; }
+};
+RingTraffic cp_ring_traffic(const GPTConfig& cfg, const TrainConfig& t, int tp, int cp);
 
 // What --dry-run prints: the layout, and per pipeline stage the parameters and estimated memory
 // of one rank of that stage.

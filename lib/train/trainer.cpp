@@ -34,11 +34,27 @@ ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
   s.sequence_parallel = sequence_parallel && ctx.tp_size > 1;
   s.ep_size = ctx.ep_size;
   s.ep_rank = ctx.ep_rank;
+  s.cp_size = ctx.cp_size;
+  s.cp_rank = ctx.cp_rank;
   return s;
 }
 
-void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp) {
+void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp, int cp) {
   using detail::concat;
+  if (cp < 1)
+    throw ConfigError(concat("--context-parallel-size=", cp, " is out of range (allowed: >= 1)"));
+  if (cp > 1 && cfg.seq_length % (2 * cp) != 0)
+    throw ConfigError(concat("--seq-length=", cfg.seq_length,
+                             " is not divisible by 2 x --context-parallel-size=", cp, " = ", 2 * cp,
+                             " (each context-parallel rank holds two of the sequence's 2 x CP "
+                             "chunks; allowed: a multiple of ",
+                             2 * cp, ")"));
+  if (cp > 1 && cfg.moe())
+    throw ConfigError(concat(
+        "--context-parallel-size=", cp,
+        " with a MoE model (--num-experts): Tessera's context parallelism covers dense models "
+        "(the router's load-balancing statistics would span the CP ranks); run MoE with "
+        "--context-parallel-size=1"));
   if (cfg.num_attention_heads % tp != 0)
     throw ConfigError(concat("--num-attention-heads=", cfg.num_attention_heads,
                              " is not divisible by --tensor-model-parallel-size=", tp,
@@ -85,11 +101,20 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
     throw ConfigError(
         "--sequence-parallel needs --tensor-model-parallel-size > 1 (it splits the LayerNorm and "
         "dropout regions over the tensor-parallel group); drop it or raise TP");
-  if (t.sequence_parallel && cfg.seq_length % tp != 0)
+  if (t.sequence_parallel && cp == 1 && cfg.seq_length % tp != 0)
     throw ConfigError(concat("--seq-length=", cfg.seq_length,
                              " is not divisible by --tensor-model-parallel-size=", tp,
                              " as --sequence-parallel needs (each rank holds 1/TP of every "
                              "micro-batch's tokens, seq-length / TP of a sample)"));
+  if (t.sequence_parallel && cp > 1 && (cfg.seq_length / cp) % tp != 0)
+    throw ConfigError(concat("--seq-length=", cfg.seq_length, " / --context-parallel-size=", cp,
+                             " = ", cfg.seq_length / cp,
+                             " tokens per CP rank is not divisible by "
+                             "--tensor-model-parallel-size=",
+                             tp,
+                             " as --sequence-parallel needs (it splits each CP rank's tokens "
+                             "over TP; allowed: a --seq-length multiple of ",
+                             cp * tp, " and of ", 2 * cp, ")"));
   if (cfg.padded_vocab_size(tp) % tp != 0)
     throw ConfigError(
         concat("padded vocabulary ", cfg.padded_vocab_size(tp), " is not divisible by TP ", tp));
@@ -120,13 +145,13 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
       schedule_(LrSchedule::of(cfg_, ctx.dp_size)),
       wd_schedule_(WeightDecaySchedule::of(cfg_)) {
   model_cfg_.validate();
-  validate_layout(model_cfg_, cfg_, ctx_.tp_size, ctx_.pp_size, ctx_.dp_size);
+  validate_layout(model_cfg_, cfg_, ctx_.tp_size, ctx_.pp_size, ctx_.dp_size, ctx_.cp_size);
   TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "dataset sequence length ",
                 data.seq_length(), " differs from --seq-length ", model_cfg_.seq_length);
   const bool dist = cfg_.use_distributed_optimizer;
   FlatLayout layout;
   layout.bucket_elems = cfg_.ddp_bucket_size;
-  layout.shards = dist ? ctx_.dp_size : 1;
+  layout.shards = dist ? ctx_.grad_group_size() : 1;  // the optimizer shards over DP x CP
   layout.embedding_alone = dist && model_cfg.tied_head();
   layout.master = !(dist && cfg_.compute_dtype != DType::F32);  // else the optimizer's blocks
   // Expert parallelism: the routed experts' gradients reduce over the expert-data-parallel group.
@@ -138,6 +163,7 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
       make_model_shard(model_cfg_, ctx_, cfg_.sequence_parallel, cfg_.virtual_pipeline_size), be_,
       *ctx_.tp, cfg_.compute_dtype, cfg_.recompute, layout);
   if (ep) model_->set_expert_comm(*ctx_.ep);
+  if (ctx_.cp_size > 1) model_->set_context_comm(*ctx_.cp);
   scaler_ = cfg_.compute_dtype != DType::F16 ? LossScaler::constant(1.0)
             : cfg_.loss_scale > 0
                 ? LossScaler::constant(cfg_.loss_scale)
@@ -242,8 +268,7 @@ void Trainer::shape_step(int global_batch) {
   chunk_slots_ = V > 1 ? pipeline_chunk_slots(schedule_steps_, V)
                        : std::vector<int>{pipeline_slots(ctx_.pp_size, ctx_.pp_rank, micro)};
   slots_.clear();  // the previous shape's buffers go back first (the sends on them completed)
-  slots_ =
-      model_->make_activation_slots(cfg_.micro_batch_size, model_cfg_.seq_length, chunk_slots_);
+  slots_ = model_->make_activation_slots(cfg_.micro_batch_size, local_seq(), chunk_slots_);
   slot_offset_.clear();
   for (int c = 0, offset = 0; c < V; offset += chunk_slots_[c++]) slot_offset_.push_back(offset);
   sends_.clear();
@@ -251,8 +276,8 @@ void Trainer::shape_step(int global_batch) {
   if (ctx_.last_stage()) {
     micro_losses_ = Tensor();
     AllocationLabel label("the token losses of one step");
-    micro_losses_ = Tensor({int64_t(micro) * cfg_.micro_batch_size * model_cfg_.seq_length},
-                           DType::F32, be_.allocator());
+    micro_losses_ =
+        Tensor({int64_t(micro) * cfg_.micro_batch_size * local_seq()}, DType::F32, be_.allocator());
   }
   const int64_t local = global_batch / ctx_.dp_size;
   batch_.resize(static_cast<size_t>(local) * (model_cfg_.seq_length + 1));
@@ -289,6 +314,19 @@ int64_t Trainer::first_sample(int64_t consumed) const {
   return dp_slice_begin(consumed, step_batch_, ctx_.dp_size, ctx_.dp_rank);
 }
 
+int64_t Trainer::cp_data_position(int64_t t) const {
+  // Testing (the layout-equivalence test's mutation check): TESSERA_FAULT_CP=contiguous-split
+  // gives rank r the r-th contiguous 1/CP of each sample, which the ring's schedule and the
+  // positions do not expect; the layouts must then disagree.
+  static const bool contiguous = [] {
+    const char* v = std::getenv("TESSERA_FAULT_CP");
+    return v && std::strcmp(v, "contiguous-split") == 0;
+  }();
+  const int T = local_seq();
+  if (contiguous) return int64_t(ctx_.cp_rank) * T + t;
+  return cp_position(ctx_.cp_rank, ctx_.cp_size, T / 2, t);
+}
+
 void Trainer::load_batch(StepStats& st) {
   TESSERA_PHASE("data-wait");
   IterationTimers::Scope timed(timers_, IterationTimers::BatchGenerator);
@@ -307,8 +345,9 @@ void Trainer::load_batch(StepStats& st) {
 }
 
 void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepStats& st) {
-  const int B = cfg_.micro_batch_size, T = model_cfg_.seq_length;
-  const int64_t S = T + 1;
+  // T: this rank's tokens of each sample (all of them without context parallelism).
+  const int B = cfg_.micro_batch_size, T = local_seq();
+  const int64_t S = model_cfg_.seq_length + 1;
   NVTX_RANGE("forward");
   const int slot = static_cast<int>(&a - slots_.data());
   PhaseSequence phase;
@@ -326,8 +365,19 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
   host_targets_.resize(static_cast<size_t>(B) * T);
   for (int b = 0; b < B; ++b) {
     const int32_t* sample = batch_.data() + (int64_t(micro) * B + b) * S;
-    std::memcpy(host_ids_.data() + b * T, sample, sizeof(int32_t) * T);
-    std::memcpy(host_targets_.data() + b * T, sample + 1, sizeof(int32_t) * T);
+    if (ctx_.cp_size == 1) {
+      std::memcpy(host_ids_.data() + b * T, sample, sizeof(int32_t) * T);
+      std::memcpy(host_targets_.data() + b * T, sample + 1, sizeof(int32_t) * T);
+      continue;
+    }
+    // Context parallelism: this rank's two chunks of the sample, targets shifted globally
+    // (the target of position p is token p + 1 of the whole sample).
+    for (int half = 0; half < 2; ++half) {
+      const int c = T / 2;
+      const int64_t p0 = cp_data_position(half * c);
+      std::memcpy(host_ids_.data() + b * T + half * c, sample + p0, sizeof(int32_t) * c);
+      std::memcpy(host_targets_.data() + b * T + half * c, sample + p0 + 1, sizeof(int32_t) * c);
+    }
   }
   const bool first = model_->embeds(a), last = model_->ends_in_head(a);
   if (first) be_.copy_from_host(a.ids, host_ids_.data());
@@ -479,14 +529,15 @@ double Trainer::count_loss_tokens() {
     for (size_t s = 0; s < batch_.size() / S; ++s)
       for (int t = 1; t <= T; ++t) v[0] += batch_[s * S + t] >= 0;
   // Over the world, so that a rank that could not read its samples stops every rank before the
-  // step uses them; the TP x PP ranks of a DP rank hold the same samples (their counts agree).
+  // step uses them; the TP x CP x PP ranks of a DP rank hold the same samples (their counts
+  // agree).
   ctx_.world->all_reduce_f64(v, 2, ReduceOp::Sum);
   if (v[1] > 0) {
     const std::string why = first_message(*ctx_.world, read_error_);
     read_error_.clear();
     throw AgreedConfigError(why);
   }
-  return v[0] / (ctx_.tp_size * ctx_.pp_size);
+  return v[0] / (ctx_.tp_size * ctx_.pp_size * ctx_.cp_size);
 }
 
 void Trainer::run_micro_batches(bool with_backward, float grad_scale, StepStats& st) {
@@ -727,7 +778,7 @@ void Trainer::log_iteration(const StepStats& s, double interval_loss, double int
                             int n) {
   const double sec = interval_seconds / n;
   const int gbs = s.global_batch;
-  const int ranks = ctx_.tp_size * ctx_.pp_size * ctx_.dp_size;
+  const int ranks = ctx_.tp_size * ctx_.pp_size * ctx_.dp_size * ctx_.cp_size;
   // Over the interval's samples (a batch-size ramp changes them from step to step).
   const double samples = interval_samples_ > 0 ? static_cast<double>(interval_samples_) : gbs * n;
   const double tok_s = samples * model_cfg_.seq_length / interval_seconds;
@@ -957,7 +1008,7 @@ void Trainer::memory_report(int64_t iteration) {
   const Backend::MemoryStats m = be_.memory_stats();
   const int R = ctx_.world->size(), me = ctx_.world->rank();
   std::vector<double> all(static_cast<size_t>(4 * R), 0.0);  // every rank's, gathered by a sum
-  const GridLayout layout = GridLayout::make(R, ctx_.tp_size, ctx_.pp_size);
+  const GridLayout layout = GridLayout::make(R, ctx_.tp_size, ctx_.pp_size, ctx_.cp_size);
   all[4 * me] = m.allocated;
   all[4 * me + 1] = m.max_allocated;
   all[4 * me + 2] = m.reserved;
@@ -1080,7 +1131,7 @@ void Trainer::write_checkpoint(const std::string& dir) {
     sync_params();
     // (With expert parallelism every EP rank of the first expert-data-parallel replica: each
     // holds its experts' blocks in full.)
-    const bool want = ctx_.dp_rank < ctx_.ep_size;
+    const bool want = ctx_.dp_rank < ctx_.ep_size && ctx_.cp_rank == 0;
     if (dist_opt_->owns_master()) gathered[0] = dist_opt_->gather_state("master", want);
     if (!cfg_.no_save_optim) {
       gathered[1] = dist_opt_->gather_state("exp_avg", want);
@@ -1092,7 +1143,7 @@ void Trainer::write_checkpoint(const std::string& dir) {
   // DP replicas hold the same state: data-parallel rank 0 of each (tp, pp) writes its file. With
   // expert parallelism the file holds every expert all the same (checkpoints do not depend on
   // EP): the other EP ranks of the first replica send it theirs.
-  if (ctx_.dp_rank < ctx_.ep_size) {
+  if (ctx_.dp_rank < ctx_.ep_size && ctx_.cp_rank == 0) {  // CP ranks hold the same state
     try {
       const char* fault = std::getenv("TESSERA_FAULT_SAVE_RANK");  // testing: fail this rank's save
       int fault_rank = -1;

@@ -61,7 +61,8 @@ ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
                             bool sequence_parallel = false, int virtual_stages = 1);
 
 // Checks the layout against the model and batch, naming the numbers (ConfigError).
-void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp);
+void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp,
+                     int cp = 1);
 
 class Trainer {
  public:
@@ -135,6 +136,10 @@ class Trainer {
   int64_t schedule_step() const;
   // Samples of this DP rank for the step that starts at `consumed` samples.
   int64_t first_sample(int64_t consumed) const;
+  // Context parallelism: this rank's tokens of each sample, and the position in the sample of
+  // its local token t (core/context_parallel.hpp; all of them, in order, without).
+  int local_seq() const { return model_cfg_.seq_length / ctx_.cp_size; }
+  int64_t cp_data_position(int64_t t) const;
   void load_batch(StepStats& st);
   // The activation slot of micro-batch `micro` of model chunk `chunk`.
   Activations& slot(int chunk, int micro);

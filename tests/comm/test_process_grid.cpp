@@ -43,6 +43,46 @@ TEST(GridLayout, EightRanksAndDegenerateLayouts) {
   EXPECT_EQ(tp_only.dp, 1);
 }
 
+TEST(GridLayout, ContextParallelSixteenRanksTp2Cp2Pp2) {
+  // Megatron-Core's order tp-cp-dp-pp: rank = tp + TP * (cp + CP * (dp + DP * pp)).
+  const GridLayout g = GridLayout::make(16, 2, 2, 2);
+  EXPECT_EQ(g.dp, 2);
+  EXPECT_EQ(g.cp, 2);
+  EXPECT_EQ(g.tp_groups(),
+            (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(g.cp_groups(),
+            (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(g.dp_groups(),
+            (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}));
+  // Gradients (and the distributed optimizer's shards) span DP x CP of the same (tp, pp).
+  EXPECT_EQ(g.grad_groups(),
+            (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}));
+  EXPECT_EQ(g.pp_groups(),
+            (Groups{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}}));
+  EXPECT_EQ(g.model_parallel_groups(),
+            (Groups{{0, 1, 8, 9}, {2, 3, 10, 11}, {4, 5, 12, 13}, {6, 7, 14, 15}}));
+  const GridCoords c = g.coords(11);  // 11 = tp 1 + 2 * (cp 1 + 2 * (dp 0 + 2 * pp 1))
+  EXPECT_EQ(c.tp, 1);
+  EXPECT_EQ(c.cp, 1);
+  EXPECT_EQ(c.dp, 0);
+  EXPECT_EQ(c.pp, 1);
+  for (int r = 0; r < 16; ++r) {
+    const GridCoords k = g.coords(r);
+    EXPECT_EQ(g.rank_of(k.tp, k.pp, k.dp, k.cp), r);
+  }
+  // CP 1 is the (TP, PP, DP) grid: the gradient groups are the DP groups.
+  const GridLayout plain = GridLayout::make(8, 2, 2);
+  EXPECT_EQ(plain.grad_groups(), plain.dp_groups());
+  EXPECT_EQ(plain.cp_groups().size(), 8u);
+  try {
+    GridLayout::make(12, 2, 1, 4);
+    FAIL() << "12 ranks with TP 2 x CP 4 accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--context-parallel-size=4"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(GridLayout, ImpossibleLayoutNamesTheNumbers) {
   try {
     GridLayout::make(6, 4, 1);

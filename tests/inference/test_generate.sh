@@ -156,11 +156,12 @@ l1=$(ev <<<"$e1")
 l2=$("$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --split 80,20,0 --micro-batch-size 7 --threads 1 2>&1 | ev)
 l3=$(mpi 2 "$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --split 80,20,0 --tensor-model-parallel-size 2 --threads 1 2>/dev/null | ev)
 l4=$(mpi 2 "$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --split 80,20,0 --micro-batch-size 3 --threads 1 2>/dev/null | ev)
+l5=$(mpi 2 "$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --split 80,20,0 --context-parallel-size 2 --threads 1 2>/dev/null | ev)
 close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-6 * a) }'; }
-if close "$l1" "$l2" && close "$l1" "$l3" && close "$l1" "$l4"; then
-  ok "tessera-eval: same loss at micro-batch 4, 7, TP2 and DP2 x micro-batch 3: $l1 ($(grep -o '[0-9]* samples, [0-9]* tokens' <<<"$e1"))"
+if close "$l1" "$l2" && close "$l1" "$l3" && close "$l1" "$l4" && close "$l1" "$l5"; then
+  ok "tessera-eval: same loss at micro-batch 4, 7, TP2, DP2 x micro-batch 3 and CP2: $l1 ($(grep -o '[0-9]* samples, [0-9]* tokens' <<<"$e1"))"
 else
-  bad "tessera-eval losses differ: $l1 $l2 $l3 $l4"
+  bad "tessera-eval losses differ: $l1 $l2 $l3 $l4 $l5"
 fi
 samples=$(grep -o '[0-9]* samples' <<<"$e1" | awk '{print $1}')
 tokens=$(grep -o '[0-9]* tokens evaluated' <<<"$e1" | awk '{print $1}')

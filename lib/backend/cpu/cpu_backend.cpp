@@ -267,6 +267,58 @@ class CpuBackend final : public Backend {
                             scratch(T), live(drop), G, alibi);
   }
 
+  void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,
+                          const RingBlock& blk) override {
+    const RingShape r = check_ring_block(qkv, kv, blk);
+    TESSERA_CHECK(out.numel() == r.B * blk.nq * blk.heads * r.hd &&
+                      lse.numel() == r.B * blk.heads * blk.nq && lse.dtype() == DType::F32,
+                  "ring block: out must be (B,nq,H*hd) and lse (B,H,nq) f32");
+    check_alibi_heads(blk.alibi, blk.heads);
+    TESSERA_F32_OUT(o, out);
+    TESSERA_F32_IN(q, qkv);
+    TESSERA_F32_IN(k, kv);
+    cpu::ring::ring_block_forward(o.get(), lse.data<float>(), q.get(), k.get(), r.B, r.T, r.hd,
+                                  blk);
+  }
+  void ring_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
+                           const Tensor& kv, const Tensor& out, const Tensor& lse,
+                           const RingBlock& blk) override {
+    const RingShape r = check_ring_block(qkv, kv, blk);
+    TESSERA_CHECK(dqkv.numel() == qkv.numel() && dkv.numel() == kv.numel() &&
+                      dout.numel() == r.B * r.T * blk.heads * r.hd && out.numel() == dout.numel() &&
+                      lse.numel() == r.B * blk.heads * r.T && lse.dtype() == DType::F32,
+                  "ring block backward shapes");
+    check_alibi_heads(blk.alibi, blk.heads);
+    TESSERA_F32_INOUT(dq, dqkv);
+    TESSERA_F32_INOUT(dk, dkv);
+    TESSERA_F32_IN(d, dout);
+    TESSERA_F32_IN(q, qkv);
+    TESSERA_F32_IN(k, kv);
+    TESSERA_F32_IN(o, out);
+    cpu::ring::ring_block_backward(dq.get(), dk.get(), d.get(), q.get(), k.get(), o.get(),
+                                   lse.data<float>(), r.B, r.T, r.hd, blk);
+  }
+  void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse,
+                       int64_t q0) override {
+    const MergeShape m = check_attention_merge(out, lse, part_out, part_lse, q0);
+    TESSERA_F32_INOUT(o, out);
+    TESSERA_F32_IN(p, part_out);
+    cpu::ring::merge_block(o.get(), lse.data<float>(), p.get(), part_lse.data<float>(), m.B, m.T,
+                           m.H, m.hd, q0, m.nq);
+  }
+  void copy_columns(Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
+                    int64_t cols) override {
+    const ColumnCopy c = check_copy_columns(dst, dst_col, src, src_col, cols);
+    TESSERA_CHECK(dst.device() == Device::CPU && src.device() == Device::CPU,
+                  "copy_columns: host tensors");
+    const size_t e = dtype_size(dst.dtype());
+    const char* in = static_cast<const char*>(src.raw());
+    char* o = static_cast<char*>(dst.raw());
+    for (int64_t r = 0; r < c.rows; ++r)
+      std::memcpy(o + (r * c.dst_width + dst_col) * e, in + (r * c.src_width + src_col) * e,
+                  static_cast<size_t>(cols) * e);
+  }
+
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                     const std::vector<KvSegment>& segments, int64_t heads, int64_t kv_heads,
                     const AttentionAlibi* alibi) override {

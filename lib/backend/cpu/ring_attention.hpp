@@ -28,121 +28,244 @@
 #include <limits>
 #include <vector>
 
+#include "core/context_parallel.hpp"
+
 namespace tessera::cpu::ring {
 
 // The global positions of rank r's 2c tokens: chunk r, then chunk 2·CP−1−r.
 inline std::vector<int64_t> local_positions(int rank, int cp, int64_t S) {
   const int64_t c = S / (2 * cp);
   std::vector<int64_t> pos;
-  for (int64_t chunk : {int64_t(rank), int64_t(2 * cp - 1 - rank)})
-    for (int64_t t = 0; t < c; ++t) pos.push_back(chunk * c + t);
+  for (int64_t t = 0; t < 2 * c; ++t) pos.push_back(cp_position(rank, cp, c, t));
   return pos;
 }
 
-// Which part of a step's block a rank computes (the schedule above): query rows [q0, q0 + nq) of
-// the rank's 2c, key rows [k0, k0 + nk) of the owner's 2c.
-struct StepBlock {
-  int owner;
-  int64_t q0, nq, k0, nk;
-  bool causal;
-};
+using StepBlock = tessera::CpStepBlock;
 inline StepBlock step_block(int rank, int cp, int step, int64_t c) {
-  const int owner = ((rank - step) % cp + cp) % cp;
-  if (step == 0) return {owner, 0, 2 * c, 0, 2 * c, true};
-  if (step <= rank) return {owner, 0, 2 * c, 0, c, false};
-  return {owner, c, c, 0, 2 * c, false};
+  return cp_step_block(rank, cp, step, c);
 }
 
-// A block's partial attention: for each query row i (position qpos[i]) and head h, over the keys j
-// with kpos[j] <= qpos[i] (all of them unless causal): out (normalized) and lse; a row that sees no
-// key gets out 0 and lse -inf.
+// One block's operands, one sequence: query row i (global position qpos[i]) head h at
+// q[i * qs + h * hd]; key row j (kpos[j]) head g at k[j * ks + g * hd], its value at
+// v[j * ks + g * hd]. `mult(h, i, j)` is the attention-dropout multiplier of probability (i, j)
+// (1 without dropout) and `bias(h, i, j)` what is added to the scaled score (ALiBi; 0 without),
+// both given local row indices.
+template <typename T>
+struct BlockArgs {
+  const T *q, *k, *v;
+  int64_t qs, ks;
+  const int64_t *qpos, *kpos;
+  int64_t Tq, Tk, H, G, hd;
+  bool causal;
+};
+struct NoDropout {
+  double operator()(int64_t, int64_t, int64_t) const { return 1; }
+};
+struct NoBias {
+  double operator()(int64_t, int64_t, int64_t) const { return 0; }
+};
+
+// A block's partial attention: for each query row i and head h, over the keys j with
+// kpos[j] <= qpos[i] (all of them unless causal): out (normalized; row i head h at
+// out[i * os + h * hd]) and lse (at lse[i * lr + h * lh]); a row that sees no key gets out 0 and
+// lse -inf. The dropout multiplies the normalized probabilities (lse stays the softmax's).
+template <typename T, typename Mult = NoDropout, typename Bias = NoBias>
+void block_forward(const BlockArgs<T>& a, T* out, int64_t os, T* lse, int64_t lr, int64_t lh,
+                   const Mult& mult = {}, const Bias& bias = {}) {
+  const T scale = T(1) / std::sqrt(T(a.hd));
+  const int64_t hd = a.hd;
+  std::vector<T> s(static_cast<size_t>(a.Tk));
+  for (int64_t i = 0; i < a.Tq; ++i)
+    for (int64_t h = 0; h < a.H; ++h) {
+      const int64_t g = h / (a.H / a.G);
+      const T* qi = a.q + i * a.qs + h * hd;
+      T m = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < a.Tk; ++j) {
+        if (a.causal && a.kpos[j] > a.qpos[i]) continue;
+        T dot = 0;
+        for (int64_t d = 0; d < hd; ++d) dot += qi[d] * a.k[j * a.ks + g * hd + d];
+        s[static_cast<size_t>(j)] = dot * scale + T(bias(h, i, j));
+        m = s[static_cast<size_t>(j)] > m ? s[static_cast<size_t>(j)] : m;
+      }
+      T* o = out + i * os + h * hd;
+      for (int64_t d = 0; d < hd; ++d) o[d] = 0;
+      if (m == -std::numeric_limits<T>::infinity()) {
+        lse[i * lr + h * lh] = m;
+        continue;
+      }
+      T sum = 0;
+      for (int64_t j = 0; j < a.Tk; ++j) {
+        if (a.causal && a.kpos[j] > a.qpos[i]) continue;
+        const T p = std::exp(s[static_cast<size_t>(j)] - m);
+        sum += p;
+        const T pm = p * T(mult(h, i, j));
+        if (pm == T(0)) continue;
+        for (int64_t d = 0; d < hd; ++d) o[d] += pm * a.v[j * a.ks + g * hd + d];
+      }
+      for (int64_t d = 0; d < hd; ++d) o[d] /= sum;
+      lse[i * lr + h * lh] = m + std::log(sum);
+    }
+}
+
+// The contiguous form: q (Tq, H, hd), k and v (Tk, G, hd), out (Tq, H, hd), lse (Tq, H).
 template <typename T>
 void block_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int64_t* qpos,
                    const int64_t* kpos, int64_t Tq, int64_t Tk, int64_t H, int64_t G, int64_t hd,
                    bool causal) {
-  const T scale = T(1) / std::sqrt(T(hd));
-  std::vector<T> s(static_cast<size_t>(Tk));
-  for (int64_t i = 0; i < Tq; ++i)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t g = h / (H / G);
-      const T* qi = q + (i * H + h) * hd;
-      T m = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < Tk; ++j) {
-        if (causal && kpos[j] > qpos[i]) continue;
-        T dot = 0;
-        for (int64_t d = 0; d < hd; ++d) dot += qi[d] * k[(j * G + g) * hd + d];
-        s[static_cast<size_t>(j)] = dot * scale;
-        m = s[static_cast<size_t>(j)] > m ? s[static_cast<size_t>(j)] : m;
-      }
-      T* o = out + (i * H + h) * hd;
-      for (int64_t d = 0; d < hd; ++d) o[d] = 0;
-      if (m == -std::numeric_limits<T>::infinity()) {
-        lse[i * H + h] = m;
-        continue;
-      }
-      T sum = 0;
-      for (int64_t j = 0; j < Tk; ++j) {
-        if (causal && kpos[j] > qpos[i]) continue;
-        const T p = std::exp(s[static_cast<size_t>(j)] - m);
-        sum += p;
-        for (int64_t d = 0; d < hd; ++d) o[d] += p * v[(j * G + g) * hd + d];
-      }
-      for (int64_t d = 0; d < hd; ++d) o[d] /= sum;
-      lse[i * H + h] = m + std::log(sum);
-    }
+  const BlockArgs<T> a{q, k, v, H * hd, G * hd, qpos, kpos, Tq, Tk, H, G, hd, causal};
+  block_forward(a, out, H * hd, lse, H, 1);
 }
 
 // Merges a block's partial (part_out, part_lse) into the running (out, lse) of the same rows:
 // L = log(e^L + e^Li), O = O e^(L_old − L) + Oi e^(Li − L). A running lse of -inf (nothing yet)
 // takes the part as it is.
 template <typename T>
-void merge(T* out, T* lse, const T* part_out, const T* part_lse, int64_t rows, int64_t hd) {
+void merge_row(T* out, T& lse, const T* part_out, T part_lse, int64_t hd) {
   const T ninf = -std::numeric_limits<T>::infinity();
-  for (int64_t r = 0; r < rows; ++r) {
-    const T a = lse[r], b = part_lse[r];
-    if (b == ninf) continue;
-    const T hi = a > b ? a : b, lo = a > b ? b : a;
-    const T L = lo == ninf ? hi : hi + std::log1p(std::exp(lo - hi));
-    const T wa = a == ninf ? T(0) : std::exp(a - L), wb = std::exp(b - L);
-    for (int64_t d = 0; d < hd; ++d)
-      out[r * hd + d] = out[r * hd + d] * wa + part_out[r * hd + d] * wb;
-    lse[r] = L;
-  }
+  const T a = lse, b = part_lse;
+  if (b == ninf) return;
+  const T hi = a > b ? a : b, lo = a > b ? b : a;
+  const T L = lo == ninf ? hi : hi + std::log1p(std::exp(lo - hi));
+  const T wa = a == ninf ? T(0) : std::exp(a - L), wb = std::exp(b - L);
+  for (int64_t d = 0; d < hd; ++d) out[d] = out[d] * wa + part_out[d] * wb;
+  lse = L;
+}
+template <typename T>
+void merge(T* out, T* lse, const T* part_out, const T* part_lse, int64_t rows, int64_t hd) {
+  for (int64_t r = 0; r < rows; ++r)
+    merge_row(out + r * hd, lse[r], part_out + r * hd, part_lse[r], hd);
 }
 
 // A block's backward with the rows' global out and lse (after every merge): adds the block's dq
-// (Tq, H, hd), dk and dv (Tk, G, hd) contributions.
-template <typename T>
-void block_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                    const T* out, const T* lse, const int64_t* qpos, const int64_t* kpos,
-                    int64_t Tq, int64_t Tk, int64_t H, int64_t G, int64_t hd, bool causal) {
-  const T scale = T(1) / std::sqrt(T(hd));
-  for (int64_t i = 0; i < Tq; ++i)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t g = h / (H / G);
-      const T* qi = q + (i * H + h) * hd;
-      const T* doi = dout + (i * H + h) * hd;
-      const T* oi = out + (i * H + h) * hd;
+// (row i head h at dq[i * qs + h * hd]), dk and dv (row j head g at dk/dv[j * ks + g * hd])
+// contributions; dout and out as out in block_forward. P = exp(S − L) with the global L,
+// D = rowsum(dO ∘ O), dS = P (dO·V mult − D).
+template <typename T, typename Mult = NoDropout, typename Bias = NoBias>
+void block_backward(const BlockArgs<T>& a, T* dq, T* dk, T* dv, const T* dout, const T* out,
+                    int64_t os, const T* lse, int64_t lr, int64_t lh, const Mult& mult = {},
+                    const Bias& bias = {}) {
+  const T scale = T(1) / std::sqrt(T(a.hd));
+  const int64_t hd = a.hd;
+  for (int64_t i = 0; i < a.Tq; ++i)
+    for (int64_t h = 0; h < a.H; ++h) {
+      const int64_t g = h / (a.H / a.G);
+      const T* qi = a.q + i * a.qs + h * hd;
+      const T* doi = dout + i * os + h * hd;
+      const T* oi = out + i * os + h * hd;
+      const T L = lse[i * lr + h * lh];
       T D = 0;
       for (int64_t d = 0; d < hd; ++d) D += doi[d] * oi[d];
-      for (int64_t j = 0; j < Tk; ++j) {
-        if (causal && kpos[j] > qpos[i]) continue;
-        const T* kj = k + (j * G + g) * hd;
-        const T* vj = v + (j * G + g) * hd;
+      for (int64_t j = 0; j < a.Tk; ++j) {
+        if (a.causal && a.kpos[j] > a.qpos[i]) continue;
+        const T* kj = a.k + j * a.ks + g * hd;
+        const T* vj = a.v + j * a.ks + g * hd;
         T dot = 0, dp = 0;
         for (int64_t d = 0; d < hd; ++d) {
           dot += qi[d] * kj[d];
           dp += doi[d] * vj[d];
         }
-        const T p = std::exp(dot * scale - lse[i * H + h]);
-        const T ds = p * (dp - D) * scale;
+        const T p = std::exp(dot * scale + T(bias(h, i, j)) - L);
+        const T m = T(mult(h, i, j));
+        const T ds = p * (dp * m - D) * scale;
         for (int64_t d = 0; d < hd; ++d) {
-          dq[(i * H + h) * hd + d] += ds * kj[d];
-          dk[(j * G + g) * hd + d] += ds * qi[d];
-          dv[(j * G + g) * hd + d] += p * doi[d];
+          dq[i * a.qs + h * hd + d] += ds * kj[d];
+          dk[j * a.ks + g * hd + d] += ds * qi[d];
+          dv[j * a.ks + g * hd + d] += p * m * doi[d];
         }
       }
     }
+}
+
+// The contiguous form (layouts as the contiguous block_forward).
+template <typename T>
+void block_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                    const T* out, const T* lse, const int64_t* qpos, const int64_t* kpos,
+                    int64_t Tq, int64_t Tk, int64_t H, int64_t G, int64_t hd, bool causal) {
+  const BlockArgs<T> a{q, k, v, H * hd, G * hd, qpos, kpos, Tq, Tk, H, G, hd, causal};
+  block_backward(a, dq, dk, dv, dout, out, H * hd, lse, H, 1);
+}
+
+// Backend::ring_block_forward / ring_block_backward / attention_merge on host arrays of one
+// dtype T (layouts in backend.hpp): qkv (B,T,(H+2G)*hd), kv (B,T,2G*hd); the forward's out
+// (B,nq,H*hd) and lse (B,H,nq); the backward's dout, out (B,T,H*hd) and lse (B,H,T).
+template <typename T>
+struct RingRows {
+  std::vector<int64_t> qpos, kpos;
+  int64_t H, G, hd, W, KW, S;
+  RingRows(const RingBlockSpec& b, int64_t Tn, int64_t hd_) : hd(hd_) {
+    H = b.heads;
+    G = b.kv_heads > 0 ? b.kv_heads : b.heads;
+    W = (H + 2 * G) * hd;
+    KW = 2 * G * hd;
+    S = b.cp * Tn;
+    const int64_t c = Tn / 2;
+    for (int64_t i = 0; i < b.nq; ++i) qpos.push_back(cp_position(b.q_rank, b.cp, c, b.q0 + i));
+    for (int64_t j = 0; j < b.nk; ++j) kpos.push_back(cp_position(b.k_rank, b.cp, c, b.k0 + j));
+  }
+  BlockArgs<T> args(const RingBlockSpec& b, const T* qkv, const T* kv, int64_t bb,
+                    int64_t Tn) const {
+    const T* k = kv + (bb * Tn + b.k0) * KW;
+    return BlockArgs<T>{qkv + (bb * Tn + b.q0) * W,
+                        k,
+                        k + G * hd,
+                        W,
+                        KW,
+                        qpos.data(),
+                        kpos.data(),
+                        b.nq,
+                        b.nk,
+                        H,
+                        G,
+                        hd,
+                        b.causal};
+  }
+};
+
+template <typename T>
+void ring_block_forward(T* out, T* lse, const T* qkv, const T* kv, int64_t B, int64_t Tn,
+                        int64_t hd, const RingBlockSpec& b) {
+  const RingRows<T> r(b, Tn, hd);
+  for (int64_t bb = 0; bb < B; ++bb) {
+    auto mult = [&](int64_t h, int64_t i, int64_t j) -> double {
+      return b.dropout ? b.dropout->multiplier(bb, h, r.qpos[i], r.kpos[j], r.S) : 1.0;
+    };
+    auto bias = [&](int64_t h, int64_t i, int64_t j) -> double {
+      return b.alibi ? b.alibi->bias(h, r.qpos[i], r.kpos[j]) : 0.0;
+    };
+    block_forward(r.args(b, qkv, kv, bb, Tn), out + bb * b.nq * r.H * hd, r.H * hd,
+                  lse + bb * r.H * b.nq, 1, b.nq, mult, bias);
+  }
+}
+
+template <typename T>
+void ring_block_backward(T* dqkv, T* dkv, const T* dout, const T* qkv, const T* kv, const T* out,
+                         const T* lse, int64_t B, int64_t Tn, int64_t hd, const RingBlockSpec& b) {
+  const RingRows<T> r(b, Tn, hd);
+  const int64_t OW = r.H * hd;
+  for (int64_t bb = 0; bb < B; ++bb) {
+    auto mult = [&](int64_t h, int64_t i, int64_t j) -> double {
+      return b.dropout ? b.dropout->multiplier(bb, h, r.qpos[i], r.kpos[j], r.S) : 1.0;
+    };
+    auto bias = [&](int64_t h, int64_t i, int64_t j) -> double {
+      return b.alibi ? b.alibi->bias(h, r.qpos[i], r.kpos[j]) : 0.0;
+    };
+    T* dk = dkv + (bb * Tn + b.k0) * r.KW;
+    block_backward(r.args(b, qkv, kv, bb, Tn), dqkv + (bb * Tn + b.q0) * r.W, dk, dk + r.G * hd,
+                   dout + (bb * Tn + b.q0) * OW, out + (bb * Tn + b.q0) * OW, OW,
+                   lse + bb * r.H * Tn + b.q0, 1, Tn, mult, bias);
+  }
+}
+
+// out (B,Tn,H*hd), lse (B,H,Tn) merged at rows [q0, q0 + nq) with part_out (B,nq,H*hd) and
+// part_lse (B,H,nq).
+template <typename T>
+void merge_block(T* out, T* lse, const T* part_out, const T* part_lse, int64_t B, int64_t Tn,
+                 int64_t H, int64_t hd, int64_t q0, int64_t nq) {
+  for (int64_t bb = 0; bb < B; ++bb)
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t h = 0; h < H; ++h)
+        merge_row(out + ((bb * Tn + q0 + i) * H + h) * hd, lse[(bb * H + h) * Tn + q0 + i],
+                  part_out + ((bb * nq + i) * H + h) * hd, part_lse[(bb * H + h) * nq + i], hd);
 }
 
 }  // namespace tessera::cpu::ring

@@ -320,6 +320,23 @@ class CudaBackend final : public Backend {
     expect_dtype(lse, DType::F32, "attention lse");
     cuda_ops::attention_backward(dqkv, dout, qkv, out, lse, heads, G, drop, alibi, ws_, stream_);
   }
+  void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,
+                          const RingBlock& blk) override {
+    cuda_ops::ring_block_forward(out, lse, qkv, kv, blk, stream_);
+  }
+  void ring_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
+                           const Tensor& kv, const Tensor& out, const Tensor& lse,
+                           const RingBlock& blk) override {
+    cuda_ops::ring_block_backward(dqkv, dkv, dout, qkv, kv, out, lse, blk, stream_);
+  }
+  void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse,
+                       int64_t q0) override {
+    cuda_ops::attention_merge(out, lse, part_out, part_lse, q0, stream_);
+  }
+  void copy_columns(Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
+                    int64_t cols) override {
+    cuda_ops::copy_columns(dst, dst_col, src, src_col, cols, stream_);
+  }
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                     const std::vector<KvSegment>& segments, int64_t heads, int64_t kv_heads,
                     const AttentionAlibi* alibi) override {

@@ -1,0 +1,123 @@
+// ring.cu: context parallelism's ring-attention ops of the CUDA backend. The merge and the column
+// copies are kernels (bodies in ring.cuh, checked on the host warp emulator by test_ring_emu).
+// The block attention itself (ring_block_forward / ring_block_backward) runs the host reference
+// (backend/cpu/ring_attention.hpp) on f32 copies of its operands: correct on any GPU, and slow
+// (a device round trip per block); the tensor-core kernels for it are docs/performance.md's
+// open item for a GPU session.
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "backend/cpu/ring_attention.hpp"
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_check.hpp"
+#include "backend/cuda/ops.hpp"
+#include "backend/cuda/ring.cuh"
+
+namespace tessera::cuda_ops {
+
+namespace rk = ring_kernels;
+
+namespace {
+
+template <typename T>
+__global__ void __launch_bounds__(rk::kThreads)
+    merge_kernel(T* out, float* lse, const T* part_out, const float* part_lse, int64_t B,
+                 int64_t Tn, int64_t H, int64_t hd, int64_t q0, int64_t nq) {
+  rk::merge(out, lse, part_out, part_lse, B, Tn, H, hd, q0, nq);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(rk::kThreads)
+    copy_columns_kernel(T* dst, int64_t dst_width, int64_t dst_col, const T* src, int64_t src_width,
+                        int64_t src_col, int64_t rows, int64_t cols) {
+  rk::copy_columns(dst, dst_width, dst_col, src, src_width, src_col, rows, cols);
+}
+
+// A device tensor as host f32 values (the stream synchronized), and back.
+std::vector<float> to_host_f32(const Tensor& t, cudaStream_t s) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  if (t.dtype() == DType::F32) {
+    CUDA_CHECK(cudaMemcpyAsync(out.data(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    return out;
+  }
+  std::vector<uint16_t> h(out.size());
+  CUDA_CHECK(cudaMemcpyAsync(h.data(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  for (size_t i = 0; i < h.size(); ++i)
+    out[i] = t.dtype() == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+  return out;
+}
+void from_host_f32(Tensor& t, const std::vector<float>& v, cudaStream_t s) {
+  if (t.dtype() == DType::F32) {
+    CUDA_CHECK(cudaMemcpyAsync(t.raw(), v.data(), t.nbytes(), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < h.size(); ++i)
+    h[i] = t.dtype() == DType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+  CUDA_CHECK(cudaMemcpyAsync(t.raw(), h.data(), t.nbytes(), cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));  // h goes out of scope
+}
+
+}  // namespace
+
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse,
+                     int64_t q0, cudaStream_t s) {
+  const MergeShape m = check_attention_merge(out, lse, part_out, part_lse, q0);
+  const int64_t items = m.B * m.nq * m.H;
+  if (items == 0) return;
+  dispatch(out.dtype(), "attention merge", [&](auto tag) {
+    using T = decltype(tag);
+    merge_kernel<T><<<rowwise::warp_blocks(items), rk::kThreads, 0, s>>>(
+        out.data<T>(), lse.f32(), part_out.data<T>(), part_lse.f32(), m.B, m.T, m.H, m.hd, q0,
+        m.nq);
+  });
+  LAUNCH_CHECK();
+}
+
+void copy_columns(Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols,
+                  cudaStream_t s) {
+  const ColumnCopy c = check_copy_columns(dst, dst_col, src, src_col, cols);
+  if (c.rows == 0 || cols == 0) return;
+  dispatch(dst.dtype(), "copy columns", [&](auto tag) {
+    using T = decltype(tag);
+    copy_columns_kernel<T><<<rowwise::warp_blocks(c.rows), rk::kThreads, 0, s>>>(
+        dst.data<T>(), c.dst_width, dst_col, src.data<T>(), c.src_width, src_col, c.rows, cols);
+  });
+  LAUNCH_CHECK();
+}
+
+void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,
+                        const RingBlockSpec& b, cudaStream_t s) {
+  const RingShape r = check_ring_block(qkv, kv, b);
+  TESSERA_CHECK(out.numel() == r.B * b.nq * b.heads * r.hd && lse.numel() == r.B * b.heads * b.nq &&
+                    lse.dtype() == DType::F32,
+                "ring block: out must be (B,nq,H*hd) and lse (B,H,nq) f32");
+  const std::vector<float> q = to_host_f32(qkv, s), k = to_host_f32(kv, s);
+  std::vector<float> o(static_cast<size_t>(out.numel())), l(static_cast<size_t>(lse.numel()));
+  cpu::ring::ring_block_forward(o.data(), l.data(), q.data(), k.data(), r.B, r.T, r.hd, b);
+  from_host_f32(out, o, s);
+  from_host_f32(lse, l, s);
+}
+
+void ring_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
+                         const Tensor& kv, const Tensor& out, const Tensor& lse,
+                         const RingBlockSpec& b, cudaStream_t s) {
+  const RingShape r = check_ring_block(qkv, kv, b);
+  TESSERA_CHECK(dqkv.numel() == qkv.numel() && dkv.numel() == kv.numel() &&
+                    dout.numel() == r.B * r.T * b.heads * r.hd && out.numel() == dout.numel() &&
+                    lse.numel() == r.B * b.heads * r.T && lse.dtype() == DType::F32,
+                "ring block backward shapes");
+  std::vector<float> dq = to_host_f32(dqkv, s), dk = to_host_f32(dkv, s);
+  const std::vector<float> d = to_host_f32(dout, s), q = to_host_f32(qkv, s),
+                           k = to_host_f32(kv, s), o = to_host_f32(out, s), l = to_host_f32(lse, s);
+  cpu::ring::ring_block_backward(dq.data(), dk.data(), d.data(), q.data(), k.data(), o.data(),
+                                 l.data(), r.B, r.T, r.hd, b);
+  from_host_f32(dqkv, dq, s);
+  from_host_f32(dkv, dk, s);
+}
+
+}  // namespace tessera::cuda_ops
