@@ -19,7 +19,6 @@
 
 #include "backend/cpu/kv_attention.hpp"
 #include "backend/cpu/moe.hpp"
-#include "backend/cpu/ring_attention.hpp"
 #include "backend/cpu/sampling.hpp"
 #include "core/alibi.hpp"
 #include "core/context_parallel.hpp"

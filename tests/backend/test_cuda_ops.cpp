@@ -632,6 +632,77 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOpsDtype,
                            return std::string(dtype_name(i.param));
                          });
 
+// Context parallelism's ring ops against the CPU: a ring block's attention (a causal diagonal
+// block and a later owner's, with dropout and ALiBi keyed by global positions, grouped-query),
+// its backward from the rows' final output and log-sum-exp, the log-sum-exp merge at a row offset
+// and the column copies of the K/V heads.
+TEST_P(CudaOpsDtype, RingAttentionOpsMatchCpu) {
+  const int64_t B = 2, Tn = 64, H = 4, G = 2, hd = 64, cp = 2, W = (H + 2 * G) * hd,
+                KW = 2 * G * hd;
+  const DType dt = d();
+  AttentionDropout drop;
+  drop.spec = make_dropout_spec(0.1, 7, 3, 2, DropoutKind::Attention, 40);
+  drop.head_begin = 4;
+  drop.heads_total = 8;
+  AttentionAlibi alibi;
+  alibi.head_begin = 4;
+  alibi.heads_total = 8;
+  Tensor qkv = rnd({B, Tn, W}), kv = rnd({B, Tn, KW}), dout = rnd({B, Tn, H * hd});
+  Tensor qd = dev(qkv), kd = dev(kv), dd = dev(dout);
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("ring step " + std::to_string(step));
+    const CpStepBlock s = cp_step_block(1, cp, step, Tn / 2);
+    Backend::RingBlock b;
+    b.heads = H;
+    b.kv_heads = G;
+    b.q0 = s.q0;
+    b.nq = s.nq;
+    b.k0 = s.k0;
+    b.nk = s.nk;
+    b.causal = s.causal;
+    b.q_rank = 1;
+    b.k_rank = s.owner;
+    b.cp = cp;
+    b.dropout = &drop;
+    b.alibi = step == 0 ? &alibi : nullptr;
+    Tensor out({B, b.nq, H * hd}, dt), lse({B, H, b.nq});
+    cpu_->ring_block_forward(out, lse, qkv, kv, b);
+    Tensor od = poisoned({B, b.nq, H * hd}, dt), ld = poisoned({B, H, b.nq});
+    gpu_->ring_block_forward(od, ld, qd, kd, b);
+    expect_close(od, out, tol(1e-5), "ring block out");
+    expect_close(ld, lse, 1e-4, "ring block lse");
+    // The backward from a final output and log-sum-exp of all T rows (the diagonal's here).
+    Tensor gout({B, Tn, H * hd}, dt), glse({B, H, Tn});
+    Backend::RingBlock diag = b;
+    diag.q0 = diag.k0 = 0;
+    diag.nq = diag.nk = Tn;
+    diag.causal = true;
+    diag.k_rank = 1;
+    cpu_->ring_block_forward(gout, glse, qkv, kv, diag);
+    Tensor dq({B, Tn, W}, dt), dk({B, Tn, KW}, dt);
+    cpu_->zero(dq);
+    cpu_->zero(dk);
+    cpu_->ring_block_backward(dq, dk, dout, qkv, kv, gout, glse, b);
+    Tensor dqd = dev(dq), dkd = dev(dk);
+    gpu_->ring_block_backward(dqd, dkd, dd, qd, kd, dev(gout), dev(glse), b);
+    expect_close(dqd, dq, tol(1e-4), "ring block dq");
+    expect_close(dkd, dk, tol(1e-4), "ring block dkv");
+    // The merge of this block's part into the running output.
+    Tensor run = rnd({B, Tn, H * hd}), run_lse = rand({B, H, Tn});
+    Tensor rund = dev(run), run_lsed = dev(run_lse);
+    cpu_->attention_merge(run, run_lse, out, lse, b.q0);
+    gpu_->attention_merge(rund, run_lsed, dev(out), dev(lse), b.q0);
+    expect_close(rund, run, tol(1e-6), "merged out");
+    expect_close(run_lsed, run_lse, 1e-6, "merged lse");
+  }
+  // K/V heads out of qkv, and back into a zeroed dqkv.
+  Tensor kvd = poisoned({B, Tn, KW}, dt);
+  gpu_->copy_columns(kvd, 0, qd, H * hd, KW);
+  Tensor kvh({B, Tn, KW}, dt);
+  cpu_->copy_columns(kvh, 0, qkv, H * hd, KW);
+  EXPECT_EQ(std::memcmp(host(kvd).raw(), kvh.raw(), kvh.nbytes()), 0) << "copy_columns";
+}
+
 TEST_F(CudaOps, AdamWAndSumSquares) {
   const int64_t n = 100003;
   Tensor p = rand({n}), g = rand({n}), m = rand({n}, 0.1f), v = rand({n}, 0.1f);

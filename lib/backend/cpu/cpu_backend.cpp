@@ -13,6 +13,7 @@
 #include "backend/cpu/layernorm.hpp"
 #include "backend/cpu/matmul.hpp"
 #include "backend/cpu/optim.hpp"
+#include "backend/cpu/ring_attention.hpp"
 #include "backend/cpu/rmsnorm.hpp"
 #include "backend/cpu/rope.hpp"
 #include "backend/cpu/swiglu.hpp"

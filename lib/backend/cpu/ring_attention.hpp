@@ -23,11 +23,13 @@
 // the tests).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "backend/cpu/gemm.hpp"
 #include "core/context_parallel.hpp"
 
 namespace tessera::cpu::ring {
@@ -185,10 +187,13 @@ void block_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, 
   block_backward(a, dq, dk, dv, dout, out, H * hd, lse, H, 1);
 }
 
-// Backend::ring_block_forward / ring_block_backward / attention_merge on host arrays of one
-// dtype T (layouts in backend.hpp): qkv (B,T,(H+2G)*hd), kv (B,T,2G*hd); the forward's out
-// (B,nq,H*hd) and lse (B,H,nq); the backward's dout, out (B,T,H*hd) and lse (B,H,T).
-template <typename T>
+// Backend::ring_block_forward / ring_block_backward on host arrays of one dtype T (float or
+// double; layouts in backend.hpp): qkv (B,T,(H+2G)*hd), kv (B,T,2G*hd); the forward's out
+// (B,nq,H*hd) and lse (B,H,nq); the backward's dout, out (B,T,H*hd) and lse (B,H,T). The same
+// arithmetic as block_forward / block_backward above, on BLAS: per (sample, head) and block of
+// kRingRows query rows, S = scale Q K^T (+ ALiBi), the mask and softmax row by row, then GEMMs.
+constexpr int64_t kRingRows = 64;
+
 struct RingRows {
   std::vector<int64_t> qpos, kpos;
   int64_t H, G, hd, W, KW, S;
@@ -202,57 +207,147 @@ struct RingRows {
     for (int64_t i = 0; i < b.nq; ++i) qpos.push_back(cp_position(b.q_rank, b.cp, c, b.q0 + i));
     for (int64_t j = 0; j < b.nk; ++j) kpos.push_back(cp_position(b.k_rank, b.cp, c, b.k0 + j));
   }
-  BlockArgs<T> args(const RingBlockSpec& b, const T* qkv, const T* kv, int64_t bb,
-                    int64_t Tn) const {
-    const T* k = kv + (bb * Tn + b.k0) * KW;
-    return BlockArgs<T>{qkv + (bb * Tn + b.q0) * W,
-                        k,
-                        k + G * hd,
-                        W,
-                        KW,
-                        qpos.data(),
-                        kpos.data(),
-                        b.nq,
-                        b.nk,
-                        H,
-                        G,
-                        hd,
-                        b.causal};
+  bool visible(const RingBlockSpec& b, int64_t i, int64_t j) const {
+    return !b.causal || kpos[static_cast<size_t>(j)] <= qpos[static_cast<size_t>(i)];
+  }
+  // The keys query rows [0, last] can see at all: positions rise with the row, so a causal
+  // block's rows up to `last` see only a prefix of its keys (the rest are skipped, not masked).
+  int64_t key_limit(const RingBlockSpec& b, int64_t last) const {
+    if (!b.causal) return static_cast<int64_t>(kpos.size());
+    return std::upper_bound(kpos.begin(), kpos.end(), qpos[static_cast<size_t>(last)]) -
+           kpos.begin();
   }
 };
 
 template <typename T>
 void ring_block_forward(T* out, T* lse, const T* qkv, const T* kv, int64_t B, int64_t Tn,
                         int64_t hd, const RingBlockSpec& b) {
-  const RingRows<T> r(b, Tn, hd);
-  for (int64_t bb = 0; bb < B; ++bb) {
-    auto mult = [&](int64_t h, int64_t i, int64_t j) -> double {
-      return b.dropout ? b.dropout->multiplier(bb, h, r.qpos[i], r.kpos[j], r.S) : 1.0;
-    };
-    auto bias = [&](int64_t h, int64_t i, int64_t j) -> double {
-      return b.alibi ? b.alibi->bias(h, r.qpos[i], r.kpos[j]) : 0.0;
-    };
-    block_forward(r.args(b, qkv, kv, bb, Tn), out + bb * b.nq * r.H * hd, r.H * hd,
-                  lse + bb * r.H * b.nq, 1, b.nq, mult, bias);
+  const RingRows r(b, Tn, hd);
+  const int64_t H = r.H, nq = b.nq, nk = b.nk, OW = H * hd;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const T ninf = -std::numeric_limits<T>::infinity();
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t bb = bh / H, h = bh % H, g = h / (H / r.G);
+    const T* q = qkv + (bb * Tn + b.q0) * r.W + h * hd;
+    const T* k = kv + (bb * Tn + b.k0) * r.KW + g * hd;
+    const T* v = k + r.G * hd;
+    std::vector<T> S(static_cast<size_t>(kRingRows * nk));
+    for (int64_t i0 = 0; i0 < nq; i0 += kRingRows) {
+      const int64_t rows = std::min(kRingRows, nq - i0);
+      T* o = out + (bb * nq + i0) * OW + h * hd;
+      if (nk == 0) {
+        for (int64_t i = 0; i < rows; ++i) {
+          for (int64_t d = 0; d < hd; ++d) o[i * OW + d] = 0;
+          lse[(bb * H + h) * nq + i0 + i] = ninf;
+        }
+        continue;
+      }
+      const int64_t cols = r.key_limit(b, i0 + rows - 1);
+      if (cols > 0)
+        gemm(false, true, rows, cols, hd, scale, q + i0 * r.W, r.W, k, r.KW, T(0), S.data(), cols);
+      for (int64_t i = 0; i < rows; ++i) {
+        T* s = S.data() + i * cols;
+        const int64_t qi = i0 + i;
+        T m = ninf;
+        for (int64_t j = 0; j < cols; ++j) {
+          if (!r.visible(b, qi, j)) continue;
+          if (b.alibi)
+            s[j] += static_cast<T>(
+                b.alibi->bias(h, r.qpos[static_cast<size_t>(qi)], r.kpos[static_cast<size_t>(j)]));
+          m = s[j] > m ? s[j] : m;
+        }
+        T sum = 0;
+        for (int64_t j = 0; j < cols; ++j) {
+          if (m == ninf || !r.visible(b, qi, j)) {
+            s[j] = 0;
+            continue;
+          }
+          s[j] = std::exp(s[j] - m);
+          sum += s[j];
+        }
+        lse[(bb * H + h) * nq + qi] = m == ninf ? ninf : m + std::log(sum);
+        const T inv = m == ninf ? T(0) : T(1) / sum;
+        for (int64_t j = 0; j < cols; ++j) {
+          s[j] *= inv;
+          if (b.dropout && s[j] != T(0))
+            s[j] *= static_cast<T>(b.dropout->multiplier(bb, h, r.qpos[static_cast<size_t>(qi)],
+                                                         r.kpos[static_cast<size_t>(j)], r.S));
+        }
+      }
+      if (cols > 0)
+        gemm(false, false, rows, hd, cols, T(1), S.data(), cols, v, r.KW, T(0), o, OW);
+      else
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t d = 0; d < hd; ++d) o[i * OW + d] = 0;
+    }
   }
 }
 
 template <typename T>
 void ring_block_backward(T* dqkv, T* dkv, const T* dout, const T* qkv, const T* kv, const T* out,
                          const T* lse, int64_t B, int64_t Tn, int64_t hd, const RingBlockSpec& b) {
-  const RingRows<T> r(b, Tn, hd);
-  const int64_t OW = r.H * hd;
-  for (int64_t bb = 0; bb < B; ++bb) {
-    auto mult = [&](int64_t h, int64_t i, int64_t j) -> double {
-      return b.dropout ? b.dropout->multiplier(bb, h, r.qpos[i], r.kpos[j], r.S) : 1.0;
-    };
-    auto bias = [&](int64_t h, int64_t i, int64_t j) -> double {
-      return b.alibi ? b.alibi->bias(h, r.qpos[i], r.kpos[j]) : 0.0;
-    };
-    T* dk = dkv + (bb * Tn + b.k0) * r.KW;
-    block_backward(r.args(b, qkv, kv, bb, Tn), dqkv + (bb * Tn + b.q0) * r.W, dk, dk + r.G * hd,
-                   dout + (bb * Tn + b.q0) * OW, out + (bb * Tn + b.q0) * OW, OW,
-                   lse + bb * r.H * Tn + b.q0, 1, Tn, mult, bias);
+  const RingRows r(b, Tn, hd);
+  const int64_t H = r.H, nq = b.nq, nk = b.nk, OW = H * hd;
+  if (nq == 0 || nk == 0) return;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hd)));
+  // Heads of one key/value group add into the same dK/dV: one task per (sample, group), its
+  // heads in order.
+  const int64_t per = H / r.G;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bg = 0; bg < B * r.G; ++bg) {
+    const int64_t bb = bg / r.G, g = bg % r.G;
+    const T* k = kv + (bb * Tn + b.k0) * r.KW + g * hd;
+    const T* v = k + r.G * hd;
+    T* dk = dkv + (bb * Tn + b.k0) * r.KW + g * hd;
+    T* dv = dk + r.G * hd;
+    std::vector<T> P(static_cast<size_t>(kRingRows * nk)), dP(P.size()), PM(P.size());
+    for (int64_t h = g * per; h < (g + 1) * per; ++h) {
+      const T* q = qkv + (bb * Tn + b.q0) * r.W + h * hd;
+      T* dq = dqkv + (bb * Tn + b.q0) * r.W + h * hd;
+      const T* dO = dout + (bb * Tn + b.q0) * OW + h * hd;
+      const T* O = out + (bb * Tn + b.q0) * OW + h * hd;
+      const T* L = lse + (bb * H + h) * Tn + b.q0;
+      for (int64_t i0 = 0; i0 < nq; i0 += kRingRows) {
+        const int64_t rows = std::min(kRingRows, nq - i0), cols = r.key_limit(b, i0 + rows - 1);
+        if (cols == 0) continue;
+        gemm(false, true, rows, cols, hd, scale, q + i0 * r.W, r.W, k, r.KW, T(0), P.data(), cols);
+        gemm(false, true, rows, cols, hd, T(1), dO + i0 * OW, OW, v, r.KW, T(0), dP.data(), cols);
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t qi = i0 + i;
+          T D = 0;
+          for (int64_t d = 0; d < hd; ++d) D += dO[qi * OW + d] * O[qi * OW + d];
+          T* p = P.data() + i * cols;
+          T* dp = dP.data() + i * cols;
+          T* pm = PM.data() + i * cols;
+          for (int64_t j = 0; j < cols; ++j) {
+            if (!r.visible(b, qi, j)) {
+              p[j] = dp[j] = pm[j] = 0;
+              continue;
+            }
+            T sc = p[j];
+            if (b.alibi)
+              sc += static_cast<T>(b.alibi->bias(h, r.qpos[static_cast<size_t>(qi)],
+                                                 r.kpos[static_cast<size_t>(j)]));
+            const T pj = std::exp(sc - L[qi]);
+            const T mult =
+                b.dropout
+                    ? static_cast<T>(b.dropout->multiplier(bb, h, r.qpos[static_cast<size_t>(qi)],
+                                                           r.kpos[static_cast<size_t>(j)], r.S))
+                    : T(1);
+            pm[j] = pj * mult;
+            dp[j] = pj * (dp[j] * mult - D);  // dS / scale
+            p[j] = pj;
+          }
+        }
+        // dQ += scale dS K, dK += scale dS^T Q, dV += (P o M)^T dO.
+        gemm(false, false, rows, hd, cols, scale, dP.data(), cols, k, r.KW, T(1), dq + i0 * r.W,
+             r.W);
+        gemm(true, false, cols, hd, rows, scale, dP.data(), cols, q + i0 * r.W, r.W, T(1), dk,
+             r.KW);
+        gemm(true, false, cols, hd, rows, T(1), PM.data(), cols, dO + i0 * OW, OW, T(1), dv, r.KW);
+      }
+    }
   }
 }
 
