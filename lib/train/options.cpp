@@ -204,6 +204,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
   std::string recompute_granularity, recompute_method;
   int recompute_num_layers = 0, checkpoint_num_layers = 0;
   int virtual_size = 0, layers_per_virtual_stage = 0;
+  std::string cp_comm_type;
   bool checkpoint_activations = false;
   bool disable_bias_linear = false;
   bool recompute_activations = false;
@@ -335,6 +336,8 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
                      "tensor-parallel ranks (consecutive ranks; keep them in one node)")(
           "pipeline-model-parallel-size", po::value(&o.pp)->default_value(1),
           "pipeline stages (layers split evenly); DP = world / (TP * CP * PP)")(
+          "cp-comm-type", po::value(&cp_comm_type)->default_value("p2p"),
+          "context parallelism's communication: p2p (the K/V ring; the only one Tessera has)")(
           "context-parallel-size", po::value(&o.cp)->default_value(1),
           "context parallelism: each sequence split over CP ranks (two of its 2 x CP chunks "
           "each), attention around their ring; same losses (needs --seq-length a multiple of "
@@ -741,6 +744,10 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
   if (o.cp < 1)
     throw ConfigError(
         detail::concat("--context-parallel-size=", o.cp, " is out of range (allowed: >= 1)"));
+  if (cp_comm_type != "p2p")
+    throw ConfigError("--cp-comm-type=" + cp_comm_type +
+                      " is not available: Tessera's context parallelism passes K/V blocks around "
+                      "a ring, point to point (allowed: p2p)");
   if (o.finetune && o.load.empty()) throw ConfigError("--finetune needs --load");
   if (o.no_load_optim && o.load.empty()) throw ConfigError("--no-load-optim needs --load");
   if (t.full_validation && o.mock_data)

@@ -141,6 +141,7 @@ expect "SP tokens per CP rank not divisible by TP" "tokens per CP rank is not di
   --context-parallel-size 2 --tensor-model-parallel-size 4 --sequence-parallel --seq-length 36 --max-position-embeddings 36
 expect "CP with MoE" "context-parallel-size=2 with a MoE model" 2 --context-parallel-size 2 --num-experts 4 --moe-router-topk 2
 expect "CP 0" "context-parallel-size=0 is out of range" 1 --context-parallel-size 0
+expect "--cp-comm-type a2a" "cp-comm-type=a2a is not available" 1 --context-parallel-size 1 --cp-comm-type a2a
 echo "first/last single-rank loss: $(losses base | head -1) -> $(losses base | tail -1)"
 [ $fail -eq 0 ] && echo "context parallelism: all passed"
 exit $fail
