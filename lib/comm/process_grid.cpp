@@ -210,12 +210,14 @@ void ProcessGrid::use_expert_parallel(int ep) {
         "--expert-model-parallel-size=", ep, " does not divide the data-parallel size ", DP,
         " (world ", layout_.world, " / (TP ", TP, " x PP ", layout_.pp,
         "); experts are split over ranks carved out of DP: allowed a divisor of ", DP, ")"));
-  TESSERA_CHECK(layout_.cp == 1, "expert parallelism with context parallelism");
   ep_ = ep;
   const GridCoords& c = coords_;
+  const int CP = layout_.cp;
   const int ep_rank = c.dp % ep, edp_rank = c.dp / ep;
-  ep_group_ = split((c.pp * TP + c.tp) * (DP / ep) + edp_rank, ep_rank);
-  edp_group_ = split((c.pp * TP + c.tp) * ep + ep_rank, edp_rank);
+  // An EP group: ep DP ranks of the same (tp, cp, pp). The expert-data-parallel group (the ranks
+  // whose expert gradients are summed): the other EP groups' same ep_rank, times the CP ranks.
+  ep_group_ = split(((c.pp * TP + c.tp) * CP + c.cp) * (DP / ep) + edp_rank, ep_rank);
+  edp_group_ = split((c.pp * TP + c.tp) * ep + ep_rank, c.cp + CP * edp_rank);
   ep_comm_ = std::make_unique<MpiCommunicator>(ep_group_.get());
   edp_comm_ = std::make_unique<MpiCommunicator>(edp_group_.get());
 }
@@ -240,7 +242,7 @@ void ProcessGrid::use_nccl(void* compute_stream) {
   }
   if (ep_ > 1) {  // then expert parallelism: EP, expert-data-parallel
     ep_comm_ = make(ep_group_.get(), ep_);
-    edp_comm_ = make(edp_group_.get(), layout_.dp / ep_);
+    edp_comm_ = make(edp_group_.get(), layout_.dp / ep_ * layout_.cp);
   }
   if (layout_.cp > 1) cp_comm_ = make(cp_.get(), layout_.cp);  // last: the context-parallel ring
   nccl_ = true;
@@ -308,7 +310,7 @@ std::string ProcessGrid::layout_table() {
        << ", model-parallel size " << layout_.tp * layout_.pp;
   if (ep_ > 1)
     os << ", expert-parallel size " << ep_ << " (ep = dp % " << ep_
-       << "), expert-data-parallel size " << layout_.dp / ep_;
+       << "), expert-data-parallel size " << layout_.dp / ep_ * layout_.cp;
   os << "\n";
   os << (ep_ > 1  ? "  rank   tp   pp   dp   ep  local  host\n"
          : CP > 1 ? "  rank   tp   cp   dp   pp  local  host\n"

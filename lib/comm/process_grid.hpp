@@ -69,7 +69,8 @@ class ProcessGrid {
   void use_pipeline_ring();
   // Collective; before use_nccl. MoE's expert parallelism: `ep` consecutive data-parallel ranks
   // split the experts (Megatron's order: ep inside dp). ConfigError naming the numbers when ep
-  // does not divide DP. (Context parallelism and MoE do not combine: the options refuse it.)
+  // does not divide DP. With context parallelism an EP group stays inside one CP rank, and expert
+  // gradients are summed over expert-DP x CP.
   void use_expert_parallel(int ep);
 
   ParallelContext context();

@@ -320,6 +320,8 @@ class GPTModel {
   // rank's global positions with context parallelism.
   void add_position_embedding(Tensor& btc, Activations& a);
   void position_embedding_grad(const Tensor& dbtc, Activations& a);
+  // Context parallelism: sums MoE counts over the CP ring, in place.
+  void cp_sum(std::vector<int64_t>& counts);
   // The rows of a micro-batch this TP rank routes: its sequence-parallel rows, else its 1/TP.
   int64_t router_rows(const Activations& a) const;
   // The gradients of the expert and shared-expert MLPs, through the activation: fills dfc1

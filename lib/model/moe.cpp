@@ -17,6 +17,9 @@
 // all-to-all (counts first: moe_plan) or with the allgather dispatcher by gathering the EP
 // group's tokens and reduce-scattering the outputs (moe_allgather_dispatch); the expert side's
 // rows are blocks by sending rank, then local expert (docs/parallelism.md).
+// Context parallelism: each CP rank routes its own tokens (dropless only); the load-balancing
+// counts and statistics of a group (the micro-batch, or a sample with seq_aux) are summed over
+// the CP ring, so the aux loss and its gradient are those of the whole sequences.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -39,6 +42,14 @@ Tensor* opt(Tensor& t) {
 
 int64_t GPTModel::router_rows(const Activations& a) const {
   return int64_t(a.B) * a.T / shard_.tp_size;
+}
+
+void GPTModel::cp_sum(std::vector<int64_t>& counts) {
+  TESSERA_CHECK(cp_comm_ && cp_comm_->size() == shard_.cp_size,
+                "context parallelism: no ring (GPTModel::set_context_comm)");
+  std::vector<double> d(counts.begin(), counts.end());  // exact integers in doubles
+  cp_comm_->all_reduce_f64(d.data(), static_cast<int64_t>(d.size()), ReduceOp::Sum);
+  for (size_t i = 0; i < d.size(); ++i) counts[i] = static_cast<int64_t>(d[i]);
 }
 
 void GPTModel::reset_moe_stats() {
@@ -159,19 +170,32 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
   std::vector<int64_t> kept;
   be_.moe_route(la.moe_expert, la.moe_weight, la.moe_row, la.moe_logits, routing_, group_rows,
                 la.moe_routed, kept);
+  // Context parallelism: a group's tokens (the micro-batch's, or one sample's with seq_aux) are
+  // spread over the CP ranks, so its routed counts are summed over the ring (dropless routing:
+  // each token's experts do not depend on the others').
+  const int cpn = shard_.cp_size;
+  if (cpn > 1) cp_sum(la.moe_routed);
   la.moe_loss_scale = a.moe_loss_scale;
   if (a.dropout.training && !recomputing_) {  // the logged metrics, once per micro-batch
     std::vector<double> score_sums;
     double lse_sq = 0;
     be_.moe_router_stats(la.moe_logits, routing_, group_rows, score_sums, lse_sq);
+    if (cpn > 1) {
+      score_sums.push_back(lse_sq);
+      cp_comm_->all_reduce_f64(score_sums.data(), static_cast<int64_t>(score_sums.size()),
+                               ReduceOp::Sum);
+      lse_sq = score_sums.back();
+      score_sums.pop_back();
+    }
     const int64_t groups = N / group_rows;
+    const double rows = double(group_rows) * cpn;  // a group's tokens over the whole ring
     double balance = 0;  // E / (K T^2) sum_i P_i count_i, averaged over the groups
     for (size_t i = 0; i < score_sums.size(); ++i)
       balance += score_sums[i] * static_cast<double>(la.moe_routed[i]);
-    balance *= double(E) / (double(K) * double(group_rows) * double(group_rows) * double(groups));
+    balance *= double(E) / (double(K) * rows * rows * double(groups));
     MoEStats& st = moe_stats_[static_cast<size_t>(li)];
     st.balance += balance;
-    st.z += lse_sq / double(N);
+    st.z += lse_sq / (double(N) * cpn);
     ++st.micro_batches;
   }
   const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
@@ -406,16 +430,18 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
   phase("moe-router-backward");
   const bool seq_aux = cfg_.moe_router_load_balancing_type == "seq_aux_loss";
   const int64_t group_rows = seq_aux ? a.T : N, groups = N / group_rows;
+  // With context parallelism a group's tokens span the ring (moe_routed holds its global counts).
+  const double rows = double(group_rows) * shard_.cp_size;
   std::vector<double> aux_grad;
   if (cfg_.moe_router_load_balancing_type != "none" && cfg_.moe_aux_loss_coeff > 0) {
     // d (scale * coeff * mean over groups of E/(K T^2) sum_i P_i count_i) / d score(x, i)
     const double c = la.moe_loss_scale * cfg_.moe_aux_loss_coeff * double(E) /
-                     (double(K) * double(group_rows) * double(group_rows) * double(groups));
+                     (double(K) * rows * rows * double(groups));
     aux_grad.resize(la.moe_routed.size());
     for (size_t i = 0; i < aux_grad.size(); ++i)
       aux_grad[i] = c * static_cast<double>(la.moe_routed[i]);
   }
-  const double z_grad = la.moe_loss_scale * cfg_.moe_z_loss_coeff / double(N);
+  const double z_grad = la.moe_loss_scale * cfg_.moe_z_loss_coeff / (double(N) * shard_.cp_size);
   be_.moe_router_backward(a.moe_dlogits, la.moe_logits, la.moe_expert, la.moe_weight, a.moe_dweight,
                           routing_, group_rows, aux_grad, z_grad);
   // This rank's rows: the router weight's gradient and their input gradient.

@@ -1126,7 +1126,7 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   const bool mixed = t.compute_dtype != DType::F32;
   // Routed experts' blocks are cut over the expert-data-parallel group (DP / EP).
   const double dp = t.use_distributed_optimizer ? double(layout.dp) * layout.cp : 1.0;
-  const double edp = t.use_distributed_optimizer ? double(layout.dp) / ep : 1.0;
+  const double edp = t.use_distributed_optimizer ? double(layout.dp) / ep * layout.cp : 1.0;
   const double dense = static_cast<double>(e.parameters - e.expert_parameters);
   const double experts = static_cast<double>(e.expert_parameters);
   e.param_bytes =
@@ -1135,7 +1135,7 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   e.optimizer_bytes = 8.0 * (dense / dp + experts / edp);
   e.expert_bytes = experts * ((mixed ? 2.0 + 4.0 / edp : 4.0) + 4.0 + 8.0 / edp);
   if (cfg.moe()) {  // one MoE layer's token copies for one micro-batch (in activation_bytes)
-    const double N = double(t.micro_batch_size) * cfg.seq_length, K = cfg.moe_router_topk;
+    const double N = double(t.micro_batch_size) * T, K = cfg.moe_router_topk;
     const double R = ep > 1 ? ep * N * std::min<double>(K, cfg.num_experts / ep) : N * K;
     const double width = dtype_size(t.compute_dtype);
     // sent and returned copies (N*K rows each), and with EP the rows received (R)

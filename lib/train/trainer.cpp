@@ -49,12 +49,12 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
                              " (each context-parallel rank holds two of the sequence's 2 x CP "
                              "chunks; allowed: a multiple of ",
                              2 * cp, ")"));
-  if (cp > 1 && cfg.moe())
+  if (cp > 1 && cfg.moe() && !cfg.moe_dropless())
     throw ConfigError(concat(
         "--context-parallel-size=", cp,
-        " with a MoE model (--num-experts): Tessera's context parallelism covers dense models "
-        "(the router's load-balancing statistics would span the CP ranks); run MoE with "
-        "--context-parallel-size=1"));
+        " with --moe-expert-capacity-factor=", cfg.moe_expert_capacity_factor,
+        ": which tokens an expert drops depends on the whole micro-batch's order, which no CP "
+        "rank holds; use dropless MoE (no capacity factor) with context parallelism, or CP 1"));
   if (cfg.num_attention_heads % tp != 0)
     throw ConfigError(concat("--num-attention-heads=", cfg.num_attention_heads,
                              " is not divisible by --tensor-model-parallel-size=", tp,
@@ -759,7 +759,8 @@ void Trainer::moe_step_stats(StepStats& st) {
   // so tp rank 0 contributes; summed over DP and the pipeline stages, then averaged over the
   // micro-batches of the global batch and the MoE layers (Megatron's tracker).
   double v[2] = {0, 0};
-  if (ctx_.tp_rank == 0)
+  // (With context parallelism every CP rank holds the whole sequences' figures: cp rank 0's.)
+  if (ctx_.tp_rank == 0 && ctx_.cp_rank == 0)
     for (const GPTModel::MoEStats& m : model_->moe_stats()) {
       v[0] += m.balance;
       v[1] += m.z;

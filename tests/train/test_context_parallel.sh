@@ -3,7 +3,8 @@
 # over CP ranks (chunks r and 2CP-1-r), attention around their ring: every layout's 20 losses are
 # the single-rank run's within 1e-5 -- CP 2 and 4, TP 2 + SP x CP 2, DP 2 x CP 2 with the
 # distributed optimizer, TP 2 x PP 2 x CP 2, PP 2 interleaved x CP 2 with full recomputation, a
-# Llama at CP 2 and TP 2 x CP 2, GPT-2's dropout 0.1 at CP 2 and CP 4; two mutations (a block
+# Llama at CP 2 and TP 2 x CP 2, GPT-2's dropout 0.1 at CP 2 and CP 4, dropless MoE at CP 2, with
+# EP 2 and with TP 2 + SP (LM and load-balancing losses), seq_aux at CP 4; two mutations (a block
 # merged without its log-sum-exp correction, the naive contiguous split) must disagree; a CP 4 run
 # saved with the distributed optimizer resumes at CP 1 with the uninterrupted run's losses; the
 # start-up table and --dry-run show the CP group and its figures; bad input is one line, exit 2.
@@ -93,6 +94,36 @@ run cp2-llama 2 --context-parallel-size 2 "${llama[@]}" && within base-llama cp2
 run tp2-cp2-llama 4 --tensor-model-parallel-size 2 --context-parallel-size 2 "${llama[@]}" \
   && within base-llama tp2-cp2-llama 20 "Llama, TP 2 x CP 2"
 
+# Dropless MoE (4 SwiGLU experts, top 2, load-balancing and z losses, dropout): each CP rank
+# routes its tokens; the load-balancing counts and statistics are summed over the ring, so the
+# LM loss and the logged load-balancing loss are one rank's; with expert parallelism (EP inside
+# one CP rank, expert gradients over expert-DP x CP) and with seq_aux_loss (per sample).
+moe=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --swiglu --normalization RMSNorm
+     --position-embedding-type rope --disable-bias-linear --moe-aux-loss-coeff 0.05
+     --moe-z-loss-coeff 0.001 --hidden-dropout 0.1)
+field() { sed -n "s/.*\"$2\": \([^,}]*\).*/\1/p" "$work/$1.jsonl"; }
+same_field() {  # same_field BASE NAME FIELD: every iteration within 1e-5
+  local w
+  w=$(paste <(field "$1" "$3") <(field "$2" "$3") | awk '
+    { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
+    END { if (n != 20) print "missing"; else printf "%.3g", w }')
+  if [ "$w" != missing ] && awk -v w="$w" 'BEGIN { exit !(w <= 1e-5) }'; then ok "$2: $3 within $w of one rank"
+  else bad "$2: $3 differs from one rank: $w"; fi
+}
+run base-moe 1 "${moe[@]}" || fail=1
+for layout in "cp2-moe 2 --context-parallel-size 2" \
+              "dp2-cp2-ep2-moe 4 --context-parallel-size 2 --expert-model-parallel-size 2 --use-distributed-optimizer" \
+              "tp2-sp-cp2-moe 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel --recompute-activations"; do
+  set -- $layout
+  name=$1 np=$2
+  shift 2
+  run "$name" "$np" "$@" "${moe[@]}" && within base-moe "$name" 20 "MoE, $*" && same_field base-moe "$name" load_balancing_loss \
+    && same_field base-moe "$name" z_loss
+done
+run base-moe-seq 1 "${moe[@]}" --moe-router-load-balancing-type seq_aux_loss || fail=1
+run cp4-moe-seq 4 --context-parallel-size 4 "${moe[@]}" --moe-router-load-balancing-type seq_aux_loss \
+  && within base-moe-seq cp4-moe-seq 20 "MoE seq_aux_loss, CP 4" && same_field base-moe-seq cp4-moe-seq load_balancing_loss
+
 # Mutations: the test must be able to fail.
 TESSERA_FAULT_CP=no-lse-merge run cp2-no-lse 2 --context-parallel-size 2 && differs base cp2-no-lse "merge without the log-sum-exp correction"
 TESSERA_FAULT_CP=contiguous-split run cp2-contiguous 2 --context-parallel-size 2 && differs base cp2-contiguous "the naive contiguous split"
@@ -139,7 +170,8 @@ expect "world not divisible by TP x CP x PP" "world size 2 is not divisible by -
   --context-parallel-size 4
 expect "SP tokens per CP rank not divisible by TP" "tokens per CP rank is not divisible by --tensor-model-parallel-size=4" 8 \
   --context-parallel-size 2 --tensor-model-parallel-size 4 --sequence-parallel --seq-length 36 --max-position-embeddings 36
-expect "CP with MoE" "context-parallel-size=2 with a MoE model" 2 --context-parallel-size 2 --num-experts 4 --moe-router-topk 2
+expect "CP with MoE capacity dropping" "context-parallel-size=2 with --moe-expert-capacity-factor=1" 2 --context-parallel-size 2 \
+  --num-experts 4 --moe-router-topk 2 --moe-expert-capacity-factor 1.0
 expect "CP 0" "context-parallel-size=0 is out of range" 1 --context-parallel-size 0
 expect "--cp-comm-type a2a" "cp-comm-type=a2a is not available" 1 --context-parallel-size 1 --cp-comm-type a2a
 echo "first/last single-rank loss: $(losses base | head -1) -> $(losses base | tail -1)"
