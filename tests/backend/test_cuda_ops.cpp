@@ -633,8 +633,9 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOpsDtype,
                          });
 
 // Context parallelism's ring ops against the CPU: a ring block's attention (a causal diagonal
-// block and a later owner's, with dropout and ALiBi keyed by global positions, grouped-query),
-// its backward from the rows' final output and log-sum-exp, the log-sum-exp merge at a row offset
+// block and an earlier owner's, grouped-query), without dropout and ALiBi (bf16/f16: the
+// tensor-core kernels' ring mode) and with them keyed by global positions (the host path), its
+// backward from the rows' final output and log-sum-exp, the log-sum-exp merge at a row offset
 // and the column copies of the K/V heads.
 TEST_P(CudaOpsDtype, RingAttentionOpsMatchCpu) {
   const int64_t B = 2, Tn = 64, H = 4, G = 2, hd = 64, cp = 2, W = (H + 2 * G) * hd,
@@ -649,8 +650,10 @@ TEST_P(CudaOpsDtype, RingAttentionOpsMatchCpu) {
   alibi.heads_total = 8;
   Tensor qkv = rnd({B, Tn, W}), kv = rnd({B, Tn, KW}), dout = rnd({B, Tn, H * hd});
   Tensor qd = dev(qkv), kd = dev(kv), dd = dev(dout);
-  for (int step = 0; step < 2; ++step) {
-    SCOPED_TRACE("ring step " + std::to_string(step));
+  for (int pass = 0; pass < 4; ++pass) {
+    const int step = pass % 2;
+    const bool keyed = pass >= 2;  // dropout and ALiBi on
+    SCOPED_TRACE("ring step " + std::to_string(step) + (keyed ? ", dropout and ALiBi" : ""));
     const CpStepBlock s = cp_step_block(1, cp, step, Tn / 2);
     Backend::RingBlock b;
     b.heads = H;
@@ -663,8 +666,8 @@ TEST_P(CudaOpsDtype, RingAttentionOpsMatchCpu) {
     b.q_rank = 1;
     b.k_rank = s.owner;
     b.cp = cp;
-    b.dropout = &drop;
-    b.alibi = step == 0 ? &alibi : nullptr;
+    b.dropout = keyed ? &drop : nullptr;
+    b.alibi = keyed ? &alibi : nullptr;
     Tensor out({B, b.nq, H * hd}, dt), lse({B, H, b.nq});
     cpu_->ring_block_forward(out, lse, qkv, kv, b);
     Tensor od = poisoned({B, b.nq, H * hd}, dt), ld = poisoned({B, H, b.nq});

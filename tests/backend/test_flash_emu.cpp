@@ -108,7 +108,7 @@ void run_case(Shape s, double tol, double drop_p = 0, AttentionAlibi al = {}) {
   std::vector<float> lse(n_l, NAN);
   {
     using Cfg = FwdCfg<D>;
-    const FlashFwdArgs a{out.data(), lse.data(), qkv.data(), s.Tn, s.H, G, drop, al};
+    const FlashFwdArgs a{out.data(), lse.data(), qkv.data(), s.Tn, s.H, G, drop, al, {}};
     emu::launch((s.Tn + Cfg::Br - 1) / Cfg::Br, s.B * s.H, Cfg::W * 32, Cfg::smem_bytes(),
                 [&](char* smem) {
                   if (alibi)
@@ -133,8 +133,8 @@ void run_case(Shape s, double tol, double drop_p = 0, AttentionAlibi al = {}) {
         rowdot[(int64_t(b) * s.H + h) * s.Tn + t] = acc;
       }
   std::vector<T> dqkv = nan_filled<T>(n_qkv);
-  const FlashBwdArgs a{dqkv.data(), dout.data(), qkv.data(), lse.data(), rowdot.data(),
-                       s.Tn,        s.H,         G,          drop,       al};
+  const FlashBwdArgs a{dqkv.data(), dout.data(), qkv.data(), lse.data(), rowdot.data(), s.Tn, s.H,
+                       G,           drop,        al,         {}};
   {  // one block per (b, key/value head, key tile)
     using Cfg = BwdKvCfg<D>;
     emu::launch((s.Tn + Cfg::Bk - 1) / Cfg::Bk, s.B * G, Cfg::W * 32, Cfg::smem_bytes(),

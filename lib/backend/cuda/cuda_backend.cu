@@ -327,7 +327,7 @@ class CudaBackend final : public Backend {
   void ring_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
                            const Tensor& kv, const Tensor& out, const Tensor& lse,
                            const RingBlock& blk) override {
-    cuda_ops::ring_block_backward(dqkv, dkv, dout, qkv, kv, out, lse, blk, stream_);
+    cuda_ops::ring_block_backward(dqkv, dkv, dout, qkv, kv, out, lse, blk, ws_, stream_);
   }
   void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse,
                        int64_t q0) override {

@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/flash_attention_tc.cuh"
 #include "backend/cuda/flash_attention_tc.hpp"
+#include "core/error.hpp"
 
 namespace tessera::tc {
 
@@ -30,20 +31,21 @@ namespace {
 #endif
 
 // kAlibi: ALiBi's bias (p.alibi); the kernels without it have none of its code.
-template <typename T, int D, bool kAlibi>
+// kRing: context parallelism's ring blocks (FlashRing); the kernels without it are unchanged.
+template <typename T, int D, bool kAlibi, bool kRing>
 __global__ void __launch_bounds__(FwdCfg<D>::W * 32) flash_fwd_kernel(FlashFwdArgs p) {
   extern __shared__ __align__(16) char smem[];
-  TC_SM80((flash_fwd_body<T, D, kAlibi>(p, smem)));
+  TC_SM80((flash_fwd_body<T, D, kAlibi, kRing>(p, smem)));
 }
-template <typename T, int D, bool kAlibi>
+template <typename T, int D, bool kAlibi, bool kRing>
 __global__ void __launch_bounds__(BwdKvCfg<D>::W * 32) flash_bwd_kv_kernel(FlashBwdArgs p) {
   extern __shared__ __align__(16) char smem[];
-  TC_SM80((flash_bwd_kv_body<T, D, kAlibi>(p, smem)));
+  TC_SM80((flash_bwd_kv_body<T, D, kAlibi, kRing>(p, smem)));
 }
-template <typename T, int D, bool kAlibi>
+template <typename T, int D, bool kAlibi, bool kRing>
 __global__ void __launch_bounds__(BwdQCfg<D>::W * 32) flash_bwd_q_kernel(FlashBwdArgs p) {
   extern __shared__ __align__(16) char smem[];
-  TC_SM80((flash_bwd_q_body<T, D, kAlibi>(p, smem)));
+  TC_SM80((flash_bwd_q_body<T, D, kAlibi, kRing>(p, smem)));
 }
 
 template <typename T>
@@ -98,43 +100,48 @@ void allow_smem(K kernel, int bytes, std::atomic<uint64_t>& done) {
   done.fetch_or(bit, std::memory_order_release);
 }
 
-template <typename T, int D, bool kAlibi>
+template <typename T, int D, bool kAlibi, bool kRing = false>
 void forward(void* out, float* lse, const void* qkv, int64_t B, int64_t Tn, int64_t H, int64_t G,
-             const AttentionDropout& drop, const AttentionAlibi& alibi, cudaStream_t s) {
+             const AttentionDropout& drop, const AttentionAlibi& alibi, cudaStream_t s,
+             const FlashRing& ring = {}) {
   static std::atomic<uint64_t> ready{0};
   constexpr int bytes = FwdCfg<D>::smem_bytes();
-  allow_smem(flash_fwd_kernel<T, D, kAlibi>, bytes, ready);
-  const dim3 grid(static_cast<unsigned>((Tn + FwdCfg<D>::Br - 1) / FwdCfg<D>::Br),
+  allow_smem(flash_fwd_kernel<T, D, kAlibi, kRing>, bytes, ready);
+  const int64_t Tq = ring.kv ? ring.Tq : Tn;  // a ring block's query rows
+  const dim3 grid(static_cast<unsigned>((Tq + FwdCfg<D>::Br - 1) / FwdCfg<D>::Br),
                   static_cast<unsigned>(B * H));
-  flash_fwd_kernel<T, D, kAlibi><<<grid, FwdCfg<D>::W * 32, bytes, s>>>(FlashFwdArgs{
-      out, lse, qkv, static_cast<int>(Tn), static_cast<int>(H), static_cast<int>(G), drop, alibi});
+  flash_fwd_kernel<T, D, kAlibi, kRing><<<grid, FwdCfg<D>::W * 32, bytes, s>>>(
+      FlashFwdArgs{out, lse, qkv, static_cast<int>(Tn), static_cast<int>(H), static_cast<int>(G),
+                   drop, alibi, ring});
   CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename T, int D, bool kAlibi>
+template <typename T, int D, bool kAlibi, bool kRing = false>
 void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
               float* rowdot, int64_t B, int64_t Tn, int64_t H, int64_t G,
-              const AttentionDropout& drop, const AttentionAlibi& alibi, cudaStream_t s) {
+              const AttentionDropout& drop, const AttentionAlibi& alibi, cudaStream_t s,
+              const FlashRing& ring = {}) {
   static std::atomic<uint64_t> kv_ready{0}, q_ready{0};
   constexpr int kv_bytes = BwdKvCfg<D>::smem_bytes(), q_bytes = BwdQCfg<D>::smem_bytes();
-  allow_smem(flash_bwd_kv_kernel<T, D, kAlibi>, kv_bytes, kv_ready);
-  allow_smem(flash_bwd_q_kernel<T, D, kAlibi>, q_bytes, q_ready);
+  allow_smem(flash_bwd_kv_kernel<T, D, kAlibi, kRing>, kv_bytes, kv_ready);
+  allow_smem(flash_bwd_q_kernel<T, D, kAlibi, kRing>, q_bytes, q_ready);
   const int64_t rows = B * Tn * H;
   rowdot_kernel<T, D><<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, s>>>(
       rowdot, static_cast<const T*>(dout), static_cast<const T*>(out), rows, static_cast<int>(Tn),
       static_cast<int>(H));
   CUDA_CHECK(cudaGetLastError());
   const FlashBwdArgs a{
-      dqkv, dout, qkv, lse, rowdot, static_cast<int>(Tn), static_cast<int>(H), static_cast<int>(G),
-      drop, alibi};
+      dqkv, dout,  qkv, lse, rowdot, static_cast<int>(Tn), static_cast<int>(H), static_cast<int>(G),
+      drop, alibi, ring};
+  const int64_t Tq = ring.kv ? ring.Tq : Tn, Tk = ring.kv ? ring.Tk : Tn;
   // dK/dV: one block per (b, key/value head, key tile), looping over the group's query heads.
-  const dim3 kv_grid(static_cast<unsigned>((Tn + BwdKvCfg<D>::Bk - 1) / BwdKvCfg<D>::Bk),
+  const dim3 kv_grid(static_cast<unsigned>((Tk + BwdKvCfg<D>::Bk - 1) / BwdKvCfg<D>::Bk),
                      static_cast<unsigned>(B * G));
-  flash_bwd_kv_kernel<T, D, kAlibi><<<kv_grid, BwdKvCfg<D>::W * 32, kv_bytes, s>>>(a);
+  flash_bwd_kv_kernel<T, D, kAlibi, kRing><<<kv_grid, BwdKvCfg<D>::W * 32, kv_bytes, s>>>(a);
   CUDA_CHECK(cudaGetLastError());
-  const dim3 q_grid(static_cast<unsigned>((Tn + BwdQCfg<D>::Br - 1) / BwdQCfg<D>::Br),
+  const dim3 q_grid(static_cast<unsigned>((Tq + BwdQCfg<D>::Br - 1) / BwdQCfg<D>::Br),
                     static_cast<unsigned>(B * H));
-  flash_bwd_q_kernel<T, D, kAlibi><<<q_grid, BwdQCfg<D>::W * 32, q_bytes, s>>>(a);
+  flash_bwd_q_kernel<T, D, kAlibi, kRing><<<q_grid, BwdQCfg<D>::W * 32, q_bytes, s>>>(a);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -208,6 +215,29 @@ void flash_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, 
   dispatch(dtype, D, alibi != nullptr, [&](auto tag, auto d, auto a) {
     backward<decltype(tag), decltype(d)::value, decltype(a)::value>(
         dqkv, dout, qkv, out, lse, rowdot, B, Tn, H, G, drop, al, stream);
+  });
+}
+
+void flash_ring_forward(DType dtype, void* out, float* lse, const void* qkv, const void* kv,
+                        int64_t B, int64_t Tn, int64_t H, int64_t G, int64_t D,
+                        const FlashRing& ring, cudaStream_t stream) {
+  TESSERA_CHECK(ring.kv == kv && ring.Tq > 0 && ring.Tk > 0, "flash_ring_forward: empty block");
+  dispatch(dtype, D, false, [&](auto tag, auto d, auto) {
+    forward<decltype(tag), decltype(d)::value, false, true>(
+        out, lse, qkv, B, Tn, H, G, AttentionDropout{}, AttentionAlibi{}, stream, ring);
+  });
+}
+
+void flash_ring_backward(DType dtype, void* dqkv, const void* dout, const void* qkv,
+                         const void* out, const float* lse, float* rowdot, int64_t B, int64_t Tn,
+                         int64_t H, int64_t G, int64_t D, const FlashRing& ring,
+                         cudaStream_t stream) {
+  TESSERA_CHECK(ring.kv && ring.dkv && ring.Tq > 0 && ring.Tk > 0,
+                "flash_ring_backward: empty block");
+  dispatch(dtype, D, false, [&](auto tag, auto d, auto) {
+    backward<decltype(tag), decltype(d)::value, false, true>(dqkv, dout, qkv, out, lse, rowdot, B,
+                                                             Tn, H, G, AttentionDropout{},
+                                                             AttentionAlibi{}, stream, ring);
   });
 }
 

@@ -57,6 +57,23 @@ constexpr float kLog2e = 1.4426950408889634f;
 // scale log2(e)), so the causal mask, the row max, the exponent and the log-sum-exp all see
 // biased scores, and the backward recomputes the forward's P exactly as it recomputes S.
 //
+// Context parallelism's ring blocks (backend.hpp ring_block_*; kv non-null): queries are rows
+// [q_off, q_off + Tq) of qkv (Tn rows per sample), keys and values rows [k_off, k_off + Tk) of
+// kv (B, Tn, 2G, D: the block owner's G key heads, then its G value heads); `causal` masks a key
+// after its query by local row (the diagonal block, q_off = k_off = 0, Tq = Tk = Tn: local order
+// is global order), else no mask. The forward writes out (B, Tq, H, D) and lse (B, H, Tq); the
+// backward reads dout and the final out's rowdot and lse at the query rows (B, ., Tn layouts) and
+// adds dQ into dqkv's query rows and dK/dV into dkv's rows (read, add in f32, write: one owner per
+// element). Without dropout and ALiBi (those blocks take the host path). The bodies' template flag
+// kRing turns the mode on (kv must then be set); the kernels without it are the causal
+// self-attention above, compiled as before.
+struct FlashRing {
+  const void* kv = nullptr;
+  void* dkv = nullptr;
+  int q_off = 0, Tq = 0, k_off = 0, Tk = 0;
+  bool causal = true;
+};
+
 // H query heads, G key/value heads (G >= 1 divides H); the dropout mask of query head h.
 struct FlashFwdArgs {
   void* out;  // T (B, Tn, H, D)
@@ -65,6 +82,7 @@ struct FlashFwdArgs {
   int Tn, H, G;
   AttentionDropout drop;
   AttentionAlibi alibi;
+  FlashRing ring;
 };
 struct FlashBwdArgs {
   void* dqkv;  // T (B, Tn, H + 2G, D)
@@ -75,6 +93,7 @@ struct FlashBwdArgs {
   int Tn, H, G;
   AttentionDropout drop;
   AttentionAlibi alibi;
+  FlashRing ring;
 };
 
 template <int D>
@@ -158,7 +177,7 @@ TC_DEV void acc_times_tile(float (&acc)[D / 8][4], const float (&a)[N / 8][4], c
 // Writes a warp's 16 x D f32 accumulator, times `mul`, as T: staged through the warp's own 16
 // rows of shared memory `stage` (nobody else reads them any more), then 16-byte stores of rows
 // below Tn to dst + row * stride.
-template <typename T, int D>
+template <typename T, int D, bool kAccumulate = false>
 TC_DEV void store_rows(T* stage, const float (&acc)[D / 8][4], float mul0, float mul1, T* dst,
                        int64_t stride, int row0, int Tn, int lane) {
   const int g = lane >> 2, t = lane & 3;
@@ -174,9 +193,19 @@ TC_DEV void store_rows(T* stage, const float (&acc)[D / 8][4], float mul0, float
   constexpr int kChunks = D / 8;
   for (int i = lane; i < 16 * kChunks; i += 32) {
     const int r = i / kChunks, c = i % kChunks;
-    if (row0 + r < Tn)
-      *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row0 + r) * stride + c * 8) =
-          *reinterpret_cast<const uint4*>(stage + r * kLd<D> + c * 8);
+    if constexpr (!kAccumulate) {
+      if (row0 + r < Tn)
+        *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row0 + r) * stride + c * 8) =
+            *reinterpret_cast<const uint4*>(stage + r * kLd<D> + c * 8);
+    } else if (row0 + r < Tn) {  // ring blocks: add to what is there, in f32
+      T* to = dst + static_cast<int64_t>(row0 + r) * stride + c * 8;
+      const T* from = stage + r * kLd<D> + c * 8;
+      uint4 cur = *reinterpret_cast<const uint4*>(to);
+      T* e = reinterpret_cast<T*>(&cur);
+      TC_UNROLL
+      for (int k = 0; k < 8; ++k) e[k] = from_f32<T>(to_f32(e[k]) + to_f32(from[k]));
+      *reinterpret_cast<uint4*>(to) = cur;
+    }
   }
 }
 
@@ -235,7 +264,7 @@ TC_DEV float alibi_slope_s(const AttentionAlibi& a, int h) {
 
 // ---- forward ------------------------------------------------------------------------------------
 
-template <typename T, int D, bool kAlibi = false>
+template <typename T, int D, bool kAlibi = false, bool kRing = false>
 TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
   using Cfg = FwdCfg<D>;
   constexpr int W = Cfg::W, Br = Cfg::Br, Bc = Cfg::Bc, LD = kLd<D>, NT = 32 * W;
@@ -243,24 +272,33 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
   T* Ks = Qs + Br * LD;      // two buffers of Bc rows
   T* Vs = Ks + 2 * Bc * LD;  // two buffers of Bc rows
   const int Tn = p.Tn, H = p.H, G = p.G;
-  const int nqb = (Tn + Br - 1) / Br;
+  // Query rows Tq and key rows Tk of this call (a ring block's, or Tn each); rows below are
+  // relative to the block's first query / key row.
+  constexpr bool ring = kRing;
+  const bool causal = !kRing || p.ring.causal;
+  const int Tq = ring ? p.ring.Tq : Tn, Tk = ring ? p.ring.Tk : Tn;
+  const int nqb = (Tq + Br - 1) / Br;
   const int q0 = (nqb - 1 - block_x()) * Br;  // heaviest blocks first
   const int b = block_y() / H, h = block_y() % H, kvh = h / (H / G);
   const int64_t C = static_cast<int64_t>(H) * D, C3 = static_cast<int64_t>(H + 2 * G) * D;
+  const int64_t KW = ring ? 2 * static_cast<int64_t>(G) * D : C3;  // K/V row stride
   const T* qkv_b = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * Tn * C3;
-  const T* q_g = qkv_b + h * D;
-  const T* k_g = qkv_b + C + kvh * D;
+  const T* q_g = qkv_b + static_cast<int64_t>(ring ? p.ring.q_off : 0) * C3 + h * D;
+  const T* k_g = ring ? static_cast<const T*>(p.ring.kv) + static_cast<int64_t>(b) * Tn * KW +
+                            static_cast<int64_t>(p.ring.k_off) * KW + kvh * D
+                      : qkv_b + C + kvh * D;
   const T* v_g = k_g + static_cast<int64_t>(G) * D;
   const int tid = thread_id(), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const int row0 = q0 + warp * 16;  // this warp's first query row
   const float sl2 = rsqrtf(static_cast<float>(D)) * kLog2e;
   const float slope_s = kAlibi ? alibi_slope_s<D>(p.alibi, h) : 0.f;
 
-  const int kend = Tn < q0 + Br ? Tn : q0 + Br;  // causal: keys [0, kend) matter to this block
+  // Causal: keys [0, kend) matter to this block; otherwise all Tk.
+  const int kend = !causal ? Tk : Tk < q0 + Br ? Tk : q0 + Br;
   const int ntiles = (kend + Bc - 1) / Bc;
-  load_rows<T, D, Br, NT>(Qs, q_g, C3, q0, Tn);
-  load_rows<T, D, Bc, NT>(Ks, k_g, C3, 0, Tn);
-  load_rows<T, D, Bc, NT>(Vs, v_g, C3, 0, Tn);
+  load_rows<T, D, Br, NT>(Qs, q_g, C3, q0, Tq);
+  load_rows<T, D, Bc, NT>(Ks, k_g, KW, 0, Tk);
+  load_rows<T, D, Bc, NT>(Vs, v_g, KW, 0, Tk);
   cp_async_commit();
 
   float o[D / 8][4];
@@ -272,8 +310,8 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
   for (int j = 0; j < ntiles; ++j) {
     const int buf = j & 1;
     if (j + 1 < ntiles) {
-      load_rows<T, D, Bc, NT>(Ks + (buf ^ 1) * Bc * LD, k_g, C3, (j + 1) * Bc, Tn);
-      load_rows<T, D, Bc, NT>(Vs + (buf ^ 1) * Bc * LD, v_g, C3, (j + 1) * Bc, Tn);
+      load_rows<T, D, Bc, NT>(Ks + (buf ^ 1) * Bc * LD, k_g, KW, (j + 1) * Bc, Tk);
+      load_rows<T, D, Bc, NT>(Vs + (buf ^ 1) * Bc * LD, v_g, KW, (j + 1) * Bc, Tk);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -283,7 +321,7 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
       for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], Qs + warp * 16 * LD, kk * 16, lane);
     }
     const int k0 = j * Bc;
-    if (k0 <= row0 + 15) {  // some row of this warp sees some key of the tile
+    if (!causal || k0 <= row0 + 15) {  // some row of this warp sees some key of the tile
       const T* Kb = Ks + buf * Bc * LD;
       const T* Vb = Vs + buf * Bc * LD;
       float s[Bc / 8][4];
@@ -300,12 +338,19 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
         }
       }
       if constexpr (kAlibi) add_alibi<false>(s, slope_s, k0 + 2 * t - row0 - g);
-      if (k0 + Bc - 1 > row0) {  // the tile crosses this warp's diagonal: mask keys after the row
-        TC_UNROLL
+      if (causal && k0 + Bc - 1 > row0) {  // the tile crosses this warp's diagonal: mask keys
+        TC_UNROLL                          // after the row
         for (int n = 0; n < Bc / 8; ++n) {
           TC_UNROLL
           for (int e = 0; e < 4; ++e)
             if (k0 + n * 8 + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) s[n][e] = -INFINITY;
+        }
+      } else if (!causal && k0 + Bc > Tk) {  // no mask, but keys past the block's last are none
+        TC_UNROLL
+        for (int n = 0; n < Bc / 8; ++n) {
+          TC_UNROLL
+          for (int e = 0; e < 4; ++e)
+            if (k0 + n * 8 + 2 * t + (e & 1) >= Tk) s[n][e] = -INFINITY;
         }
       }
       float mx[2] = {m[0], m[1]};
@@ -360,17 +405,17 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
     l[i] = quad_sum(l[i]);
     inv[i] = 1.f / l[i];
     const int row = row0 + g + 8 * i;
-    if (t == 0 && row < Tn)
-      p.lse[(static_cast<int64_t>(b) * H + h) * Tn + row] = m[i] * sc + logf(l[i]);
+    if (t == 0 && row < Tq)
+      p.lse[(static_cast<int64_t>(b) * H + h) * Tq + row] = m[i] * sc + logf(l[i]);
   }
-  T* out_g = static_cast<T*>(p.out) + static_cast<int64_t>(b) * Tn * C + h * D;
-  store_rows<T, D>(Qs + warp * 16 * LD, o, inv[0], inv[1], out_g, C, row0, Tn, lane);
+  T* out_g = static_cast<T*>(p.out) + static_cast<int64_t>(b) * Tq * C + h * D;
+  store_rows<T, D>(Qs + warp * 16 * LD, o, inv[0], inv[1], out_g, C, row0, Tq, lane);
 }
 
 // ---- backward: dK and dV
 // ----------------------------------------------------------------------------
 
-template <typename T, int D, bool kAlibi = false>
+template <typename T, int D, bool kAlibi = false, bool kRing = false>
 TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
   using Cfg = BwdKvCfg<D>;
   constexpr int W = Cfg::W, Bk = Cfg::Bk, Bq = Cfg::Bq, LD = kLd<D>, NT = 32 * W;
@@ -381,26 +426,34 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
   float* Ls = reinterpret_cast<float*>(Gs + 2 * Bq * LD);  // lse * log2(e), two buffers
   float* Ds = Ls + 2 * Bq;                                 // rowdot, two buffers
   const int Tn = p.Tn, H = p.H, G = p.G;
+  // Ring blocks (p.ring.kv): query rows [q_off, q_off + Tq) of qkv, dout, lse and rowdot, key rows
+  // [k_off, k_off + Tk) of kv; rows below are relative to those.
+  constexpr bool ring = kRing;
+  const bool causal = !kRing || p.ring.causal;
+  const int Tq = ring ? p.ring.Tq : Tn, Tk = ring ? p.ring.Tk : Tn, qoff = ring ? p.ring.q_off : 0;
   const int k0 = block_x() * Bk;  // the first blocks have the most queries to visit
   const int b = block_y() / G, kvh = block_y() % G;
   const int64_t C = static_cast<int64_t>(H) * D, C3 = static_cast<int64_t>(H + 2 * G) * D;
-  const T* qkv_b = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * Tn * C3;
-  const T* dout_b = static_cast<const T*>(p.dout) + static_cast<int64_t>(b) * Tn * C;
+  const int64_t KW = ring ? 2 * static_cast<int64_t>(G) * D : C3;
+  const T* qkv_b = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * Tn * C3 +
+                   static_cast<int64_t>(qoff) * C3;
+  const T* dout_b = static_cast<const T*>(p.dout) + static_cast<int64_t>(b) * Tn * C +
+                    static_cast<int64_t>(qoff) * C;
   const int tid = thread_id(), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const int kw0 = k0 + warp * 16;  // this warp's first key
   const float sl2 = rsqrtf(static_cast<float>(D)) * kLog2e;
 
   // Query tile (head qh, rows from q0): Q and dO rows into buffer `buf`.
   auto load_q_rows = [&](int buf, int qh, int q0) {
-    load_rows<T, D, Bq, NT>(Qs + buf * Bq * LD, qkv_b + qh * D, C3, q0, Tn);
-    load_rows<T, D, Bq, NT>(Gs + buf * Bq * LD, dout_b + qh * D, C, q0, Tn);
+    load_rows<T, D, Bq, NT>(Qs + buf * Bq * LD, qkv_b + qh * D, C3, q0, Tq);
+    load_rows<T, D, Bq, NT>(Gs + buf * Bq * LD, dout_b + qh * D, C, q0, Tq);
   };
   // lse (times log2 e) and rowdot of query tile (qh, q0): thread tid < Bq loads entry tid into
   // registers, and stores them into a buffer later (after the tile's work, so the global loads'
   // latency is hidden behind it); 0 past the end.
   auto load_stats = [&](int qh, int q0, float& l, float& d) {
-    const bool ok = tid < Bq && q0 + tid < Tn;
-    const int64_t at = (static_cast<int64_t>(b) * H + qh) * Tn + q0 + tid;
+    const bool ok = tid < Bq && q0 + tid < Tq;
+    const int64_t at = (static_cast<int64_t>(b) * H + qh) * Tn + qoff + q0 + tid;
     l = ok ? p.lse[at] * kLog2e : 0.f;
     d = ok ? p.rowdot[at] : 0.f;
   };
@@ -410,12 +463,19 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
       Ds[buf * Bq + tid] = d;
     }
   };
-  load_rows<T, D, Bk, NT>(Ks, qkv_b + C + kvh * D, C3, k0, Tn);
-  load_rows<T, D, Bk, NT>(Vs, qkv_b + C + static_cast<int64_t>(G + kvh) * D, C3, k0, Tn);
+  if constexpr (kRing) {
+    const T* kv_b = static_cast<const T*>(p.ring.kv) + static_cast<int64_t>(b) * Tn * KW +
+                    static_cast<int64_t>(p.ring.k_off) * KW;
+    load_rows<T, D, Bk, NT>(Ks, kv_b + kvh * D, KW, k0, Tk);
+    load_rows<T, D, Bk, NT>(Vs, kv_b + static_cast<int64_t>(G + kvh) * D, KW, k0, Tk);
+  } else {
+    load_rows<T, D, Bk, NT>(Ks, qkv_b + C + kvh * D, C3, k0, Tn);
+    load_rows<T, D, Bk, NT>(Vs, qkv_b + C + static_cast<int64_t>(G + kvh) * D, C3, k0, Tn);
+  }
   // The tiles: for each query head of the group (kvh R .. kvh R + R - 1, R = H / G), the query
   // rows from qbegin to the end, one flat sequence so the prefetch runs on across heads.
-  const int qbegin = k0;  // queries before the block's first key see none of its keys
-  const int ntiles = (H / G) * ((Tn - qbegin + Bq - 1) / Bq);
+  const int qbegin = causal ? k0 : 0;  // causal: queries before the first key see none of it
+  const int ntiles = (H / G) * ((Tq - qbegin + Bq - 1) / Bq);
   int h = kvh * (H / G), q0 = qbegin;                           // the current tile
   float slope_s = kAlibi ? alibi_slope_s<D>(p.alibi, h) : 0.f;  // ALiBi's, of head h
   load_q_rows(0, h, q0);
@@ -435,7 +495,7 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
 
   for (int j = 0; j < ntiles; ++j) {
     const int buf = j & 1;
-    const bool wrap = q0 + Bq >= Tn;  // the next tile starts the next head
+    const bool wrap = q0 + Bq >= Tq;  // the next tile starts the next head
     const int next_h = wrap ? h + 1 : h, next_q0 = wrap ? qbegin : q0 + Bq;
     float next_l = 0.f, next_d = 0.f;
     if (j + 1 < ntiles) {
@@ -445,7 +505,7 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
     cp_async_commit();
     cp_async_wait<1>();
     sync_block();
-    if (q0 + Bq - 1 >= kw0) {  // some query of the tile sees some key of this warp
+    if (!causal || q0 + Bq - 1 >= kw0) {  // some query of the tile sees some key of this warp
       const T* Qb = Qs + buf * Bq * LD;
       const T* Gb = Gs + buf * Bq * LD;
       float st[Bq / 8][4], dpt[Bq / 8][4];
@@ -453,13 +513,15 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
       if constexpr (kAlibi) add_alibi<true>(st, slope_s, kw0 + g - q0 - 2 * t);
       // Element (key kw0 + g + 8 (e >> 1), query q0 + 8 n + 2 t + (e & 1)). Only tiles that cross
       // this warp's diagonal or run past the sequence need the mask (warp-uniform test).
-      const bool masked = q0 < kw0 + 15 || q0 + Bq > Tn;
+      // Without the causal mask (ring blocks): only rows past the block's queries or keys.
+      const bool masked = causal ? q0 < kw0 + 15 || q0 + Bq > Tq : q0 + Bq > Tq || kw0 + 16 > Tk;
       TC_UNROLL
       for (int n = 0; n < Bq / 8; ++n) {
         TC_UNROLL
         for (int e = 0; e < 4; ++e) {
           const int qi = n * 8 + 2 * t + (e & 1), q = q0 + qi, key = kw0 + g + (e >> 1) * 8;
-          const bool keep = !masked || (key <= q && q < Tn);
+          const bool keep =
+              !masked || (causal ? key <= q && q < Tq : q < Tq && key < Tk);  // (causal: key < Tk)
           const float pr = keep ? ex2(st[n][e] * sl2 - Ls[buf * Bq + qi]) : 0.f;
           const float mul =
               p.drop.spec.active() && keep ? p.drop.multiplier(b, h, q, key, Tn) : 1.f;
@@ -479,16 +541,18 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
     sync_block();
   }
   const float sc = rsqrtf(static_cast<float>(D));
-  T* dk_g = static_cast<T*>(p.dqkv) + static_cast<int64_t>(b) * Tn * C3 + C + kvh * D;
-  store_rows<T, D>(Ks + warp * 16 * LD, dk, sc, sc, dk_g, C3, kw0, Tn, lane);
-  store_rows<T, D>(Vs + warp * 16 * LD, dv, 1.f, 1.f, dk_g + static_cast<int64_t>(G) * D, C3, kw0,
-                   Tn, lane);
+  T* dk_g = ring ? static_cast<T*>(p.ring.dkv) + static_cast<int64_t>(b) * Tn * KW +
+                       static_cast<int64_t>(p.ring.k_off) * KW + kvh * D
+                 : static_cast<T*>(p.dqkv) + static_cast<int64_t>(b) * Tn * C3 + C + kvh * D;
+  store_rows<T, D, kRing>(Ks + warp * 16 * LD, dk, sc, sc, dk_g, KW, kw0, Tk, lane);
+  store_rows<T, D, kRing>(Vs + warp * 16 * LD, dv, 1.f, 1.f, dk_g + static_cast<int64_t>(G) * D, KW,
+                          kw0, Tk, lane);
 }
 
 // ---- backward: dQ
 // -----------------------------------------------------------------------------------
 
-template <typename T, int D, bool kAlibi = false>
+template <typename T, int D, bool kAlibi = false, bool kRing = false>
 TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
   using Cfg = BwdQCfg<D>;
   constexpr int W = Cfg::W, Br = Cfg::Br, Bc = Cfg::Bc, LD = kLd<D>, NT = 32 * W;
@@ -497,16 +561,23 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
   T* Ks = Gs + Br * LD;      // two buffers of Bc rows
   T* Vs = Ks + 2 * Bc * LD;  // two buffers of Bc rows
   const int Tn = p.Tn, H = p.H, G = p.G;
-  const int nqb = (Tn + Br - 1) / Br;
+  constexpr bool ring = kRing;
+  const bool causal = !kRing || p.ring.causal;  // as in the dK/dV body
+  const int Tq = ring ? p.ring.Tq : Tn, Tk = ring ? p.ring.Tk : Tn, qoff = ring ? p.ring.q_off : 0;
+  const int nqb = (Tq + Br - 1) / Br;
   const int q0 = (nqb - 1 - block_x()) * Br;  // heaviest blocks first
   const int b = block_y() / H, h = block_y() % H, kvh = h / (H / G);
   const int64_t C = static_cast<int64_t>(H) * D, C3 = static_cast<int64_t>(H + 2 * G) * D,
                 bh = static_cast<int64_t>(b) * H + h;
+  const int64_t KW = ring ? 2 * static_cast<int64_t>(G) * D : C3;
   const T* qkv_b = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * Tn * C3;
-  const T* q_g = qkv_b + h * D;
-  const T* k_g = qkv_b + C + kvh * D;
+  const T* q_g = qkv_b + static_cast<int64_t>(qoff) * C3 + h * D;
+  const T* k_g = ring ? static_cast<const T*>(p.ring.kv) + static_cast<int64_t>(b) * Tn * KW +
+                            static_cast<int64_t>(p.ring.k_off) * KW + kvh * D
+                      : qkv_b + C + kvh * D;
   const T* v_g = k_g + static_cast<int64_t>(G) * D;
-  const T* g_g = static_cast<const T*>(p.dout) + static_cast<int64_t>(b) * Tn * C + h * D;
+  const T* g_g = static_cast<const T*>(p.dout) + static_cast<int64_t>(b) * Tn * C +
+                 static_cast<int64_t>(qoff) * C + h * D;
   const int tid = thread_id(), warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const int row0 = q0 + warp * 16;
   const float sl2 = rsqrtf(static_cast<float>(D)) * kLog2e;
@@ -516,15 +587,15 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
   TC_UNROLL
   for (int i = 0; i < 2; ++i) {
     const int row = row0 + g + 8 * i;
-    L[i] = row < Tn ? p.lse[bh * Tn + row] * kLog2e : 0.f;
-    Dr[i] = row < Tn ? p.rowdot[bh * Tn + row] : 0.f;
+    L[i] = row < Tq ? p.lse[bh * Tn + qoff + row] * kLog2e : 0.f;
+    Dr[i] = row < Tq ? p.rowdot[bh * Tn + qoff + row] : 0.f;
   }
-  const int kend = Tn < q0 + Br ? Tn : q0 + Br;
+  const int kend = !causal ? Tk : Tk < q0 + Br ? Tk : q0 + Br;
   const int ntiles = (kend + Bc - 1) / Bc;
-  load_rows<T, D, Br, NT>(Qs, q_g, C3, q0, Tn);
-  load_rows<T, D, Br, NT>(Gs, g_g, C, q0, Tn);
-  load_rows<T, D, Bc, NT>(Ks, k_g, C3, 0, Tn);
-  load_rows<T, D, Bc, NT>(Vs, v_g, C3, 0, Tn);
+  load_rows<T, D, Br, NT>(Qs, q_g, C3, q0, Tq);
+  load_rows<T, D, Br, NT>(Gs, g_g, C, q0, Tq);
+  load_rows<T, D, Bc, NT>(Ks, k_g, KW, 0, Tk);
+  load_rows<T, D, Bc, NT>(Vs, v_g, KW, 0, Tk);
   cp_async_commit();
 
   float dq[D / 8][4];
@@ -534,13 +605,13 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
   for (int j = 0; j < ntiles; ++j) {
     const int buf = j & 1, k0 = j * Bc;
     if (j + 1 < ntiles) {
-      load_rows<T, D, Bc, NT>(Ks + (buf ^ 1) * Bc * LD, k_g, C3, k0 + Bc, Tn);
-      load_rows<T, D, Bc, NT>(Vs + (buf ^ 1) * Bc * LD, v_g, C3, k0 + Bc, Tn);
+      load_rows<T, D, Bc, NT>(Ks + (buf ^ 1) * Bc * LD, k_g, KW, k0 + Bc, Tk);
+      load_rows<T, D, Bc, NT>(Vs + (buf ^ 1) * Bc * LD, v_g, KW, k0 + Bc, Tk);
     }
     cp_async_commit();
     cp_async_wait<1>();
     sync_block();
-    if (k0 <= row0 + 15) {
+    if (!causal || k0 <= row0 + 15) {
       const T* Kb = Ks + buf * Bc * LD;
       const T* Vb = Vs + buf * Bc * LD;
       float s[Bc / 8][4], dp[Bc / 8][4];
@@ -548,7 +619,8 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
       if constexpr (kAlibi) add_alibi<false>(s, slope_s, k0 + 2 * t - row0 - g);
       // Element (query row0 + g + 8 (e >> 1), key k0 + 8 n + 2 t + (e & 1)); the mask only where
       // the tile crosses this warp's diagonal (keys past the end are past every stored row too).
-      const bool masked = k0 + Bc - 1 > row0;
+      // Ring blocks without the causal mask: only the keys past the block's last.
+      const bool masked = causal ? k0 + Bc - 1 > row0 : k0 + Bc > Tk;
       const bool drop = p.drop.spec.active();
       TC_UNROLL
       for (int n = 0; n < Bc / 8; ++n) {
@@ -560,7 +632,7 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
         TC_UNROLL
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + n * 8 + 2 * t + (e & 1), row = row0 + g + (e >> 1) * 8;
-          const bool keep = !masked || key <= row;
+          const bool keep = !masked || (causal ? key <= row : key < Tk);
           dp[n][e] = keep ? ex2(s[n][e] * sl2 - L[e >> 1]) * (dp[n][e] * mul[e] - Dr[e >> 1]) : 0.f;
         }
       }
@@ -569,8 +641,9 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
     sync_block();
   }
   const float sc = rsqrtf(static_cast<float>(D));
-  T* dq_g = static_cast<T*>(p.dqkv) + static_cast<int64_t>(b) * Tn * C3 + h * D;
-  store_rows<T, D>(Qs + warp * 16 * LD, dq, sc, sc, dq_g, C3, row0, Tn, lane);
+  T* dq_g = static_cast<T*>(p.dqkv) + static_cast<int64_t>(b) * Tn * C3 +
+            static_cast<int64_t>(qoff) * C3 + h * D;
+  store_rows<T, D, kRing>(Qs + warp * 16 * LD, dq, sc, sc, dq_g, C3, row0, Tq, lane);
 }
 
 }  // namespace tessera::tc

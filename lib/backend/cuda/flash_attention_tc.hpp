@@ -35,4 +35,18 @@ void flash_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, 
                     int64_t D, const AttentionDropout& drop, const AttentionAlibi* alibi,
                     cudaStream_t stream);
 
+// Context parallelism's ring blocks on the same kernels (flash_attention_tc.cuh, FlashRing):
+// queries rows [ring.q_off, + ring.Tq) of qkv (B,Tn,H+2G,D), keys and values rows [ring.k_off,
+// + ring.Tk) of kv = ring.kv (B,Tn,2G,D), causal (by local row) or not; no dropout, no ALiBi.
+// The forward writes out (B,Tq,H,D) and lse (B,H,Tq); the backward fills rowdot (B,H,Tn) from
+// dout and the final out (B,Tn,H,D) and adds dQ into dqkv's query rows and dK/dV into ring.dkv.
+struct FlashRing;
+void flash_ring_forward(DType dtype, void* out, float* lse, const void* qkv, const void* kv,
+                        int64_t B, int64_t Tn, int64_t H, int64_t G, int64_t D,
+                        const FlashRing& ring, cudaStream_t stream);
+void flash_ring_backward(DType dtype, void* dqkv, const void* dout, const void* qkv,
+                         const void* out, const float* lse, float* rowdot, int64_t B, int64_t Tn,
+                         int64_t H, int64_t G, int64_t D, const FlashRing& ring,
+                         cudaStream_t stream);
+
 }  // namespace tessera::tc

@@ -245,7 +245,9 @@ void moe_unpermute_backward(Tensor& dout, Tensor& dweight, const Tensor& dy, con
 // ---- ring.cu -----------------------------------------------------------------------------------
 
 // Context parallelism (Backend::ring_block_*, attention_merge, copy_columns; semantics in
-// backend.hpp). The block ops run the host reference on f32 copies (they synchronize the stream).
+// backend.hpp). The block ops run on the tensor-core attention kernels (bf16/f16, head dims 64
+// and 128, no dropout or ALiBi); other blocks run the host reference on f32 copies (they
+// synchronize the stream).
 void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse,
                      int64_t q0, cudaStream_t s);
 void copy_columns(Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols,
@@ -254,6 +256,6 @@ void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tenso
                         const RingBlockSpec& b, cudaStream_t s);
 void ring_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
                          const Tensor& kv, const Tensor& out, const Tensor& lse,
-                         const RingBlockSpec& b, cudaStream_t s);
+                         const RingBlockSpec& b, Workspace& ws, cudaStream_t s);
 
 }  // namespace tessera::cuda_ops

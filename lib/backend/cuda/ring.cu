@@ -1,16 +1,21 @@
 // ring.cu: context parallelism's ring-attention ops of the CUDA backend. The merge and the column
 // copies are kernels (bodies in ring.cuh, checked on the host warp emulator by test_ring_emu).
-// The block attention itself (ring_block_forward / ring_block_backward) runs the host reference
-// (backend/cpu/ring_attention.hpp) on f32 copies of its operands: correct on any GPU, and slow
-// (a device round trip per block); the tensor-core kernels for it are docs/performance.md's
-// open item for a GPU session.
+// The block attention (ring_block_forward / ring_block_backward) runs on the tensor-core
+// attention kernels (flash_attention_tc.cuh in its ring mode: separate K/V rows, no causal mask
+// off the diagonal, dQ and dK/dV added where they belong; also on the emulator) in bf16/f16 at
+// head dims 64 and 128 without attention dropout or ALiBi; every other block runs the host
+// reference (backend/cpu/ring_attention.hpp) on f32 copies: correct, and slow (a device round
+// trip per block).
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <vector>
 
 #include "backend/cpu/ring_attention.hpp"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.hpp"
+#include "backend/cuda/flash_attention_tc.cuh"
+#include "backend/cuda/flash_attention_tc.hpp"
 #include "backend/cuda/ops.hpp"
 #include "backend/cuda/ring.cuh"
 
@@ -62,6 +67,28 @@ void from_host_f32(Tensor& t, const std::vector<float>& v, cudaStream_t s) {
   CUDA_CHECK(cudaStreamSynchronize(s));  // h goes out of scope
 }
 
+// The tensor-core kernels take the block: bf16/f16, head dim 64 or 128, no dropout or ALiBi, and a
+// causal block only on the diagonal (the mask is by local row).
+bool ring_on_tensor_cores(const Tensor& qkv, const RingShape& r, const RingBlockSpec& b,
+                          std::initializer_list<const void*> ptrs) {
+  if (b.dropout || b.alibi || b.nq == 0 || b.nk == 0) return false;
+  if (b.causal && !(b.q0 == 0 && b.k0 == 0 && b.nq == r.T && b.nk == r.T && b.q_rank == b.k_rank))
+    return false;
+  return tc::flash_supported(qkv.dtype(), r.hd, r.B * b.heads, ptrs);
+}
+
+tc::FlashRing flash_ring(const RingBlockSpec& b, const Tensor& kv, Tensor* dkv) {
+  tc::FlashRing f;
+  f.kv = kv.raw();
+  f.dkv = dkv ? dkv->raw() : nullptr;
+  f.q_off = static_cast<int>(b.q0);
+  f.Tq = static_cast<int>(b.nq);
+  f.k_off = static_cast<int>(b.k0);
+  f.Tk = static_cast<int>(b.nk);
+  f.causal = b.causal;
+  return f;
+}
+
 }  // namespace
 
 void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse,
@@ -96,6 +123,11 @@ void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tenso
   TESSERA_CHECK(out.numel() == r.B * b.nq * b.heads * r.hd && lse.numel() == r.B * b.heads * b.nq &&
                     lse.dtype() == DType::F32,
                 "ring block: out must be (B,nq,H*hd) and lse (B,H,nq) f32");
+  if (ring_on_tensor_cores(qkv, r, b, {qkv.raw(), kv.raw(), out.raw()})) {
+    tc::flash_ring_forward(qkv.dtype(), out.raw(), lse.f32(), qkv.raw(), kv.raw(), r.B, r.T,
+                           b.heads, r.G, r.hd, flash_ring(b, kv, nullptr), s);
+    return;
+  }
   const std::vector<float> q = to_host_f32(qkv, s), k = to_host_f32(kv, s);
   std::vector<float> o(static_cast<size_t>(out.numel())), l(static_cast<size_t>(lse.numel()));
   cpu::ring::ring_block_forward(o.data(), l.data(), q.data(), k.data(), r.B, r.T, r.hd, b);
@@ -105,12 +137,19 @@ void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tenso
 
 void ring_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
                          const Tensor& kv, const Tensor& out, const Tensor& lse,
-                         const RingBlockSpec& b, cudaStream_t s) {
+                         const RingBlockSpec& b, Workspace& ws, cudaStream_t s) {
   const RingShape r = check_ring_block(qkv, kv, b);
   TESSERA_CHECK(dqkv.numel() == qkv.numel() && dkv.numel() == kv.numel() &&
                     dout.numel() == r.B * r.T * b.heads * r.hd && out.numel() == dout.numel() &&
                     lse.numel() == r.B * b.heads * r.T && lse.dtype() == DType::F32,
                 "ring block backward shapes");
+  if (ring_on_tensor_cores(qkv, r, b,
+                           {qkv.raw(), kv.raw(), dqkv.raw(), dkv.raw(), dout.raw(), out.raw()})) {
+    float* rowdot = ws.get<float>(Scratch::kAttentionRowdot, r.B * b.heads * r.T);
+    tc::flash_ring_backward(qkv.dtype(), dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), lse.f32(),
+                            rowdot, r.B, r.T, b.heads, r.G, r.hd, flash_ring(b, kv, &dkv), s);
+    return;
+  }
   std::vector<float> dq = to_host_f32(dqkv, s), dk = to_host_f32(dkv, s);
   const std::vector<float> d = to_host_f32(dout, s), q = to_host_f32(qkv, s),
                            k = to_host_f32(kv, s), o = to_host_f32(out, s), l = to_host_f32(lse, s);
