@@ -114,22 +114,31 @@ void GPTModel::ring_attention_backward(int l, Activations& a, LayerActivations& 
   const AttentionDropout* drop = attention_dropout(l, a);
   be_.zero(a.dqkv);  // dQ adds up over the steps; dK/dV come back from the ring at the end
   be_.copy_columns(a.cp_kv[0], 0, la.qkv, hl, kvl);
-  be_.zero(a.cp_dkv[0]);
-  // Step i holds the K/V of owner r − i and the dK/dV its earlier holders (owner .. r − 1) added;
-  // it adds this rank's part and sends both on. After the last step the sum for owner r + 1 is
-  // complete and goes to it; this rank's own arrives from r − 1.
+  // Step i holds the K/V of owner r − i and receives the dK/dV its earlier holders (owner ..
+  // r − 1) added up; it adds this rank's part and sends the sum on. The transfer of step i's sum
+  // runs during step i + 1's block (its part goes into a buffer of its own, added when the sum
+  // has arrived). After the last step the sum for owner r + 1 is complete and goes to it; this
+  // rank's own arrives from r − 1.
+  std::unique_ptr<PendingOp> sums;  // step i's sum leaving, step i + 1's partial arriving
   for (int i = 0; i < P; ++i) {
     Tensor& kv = a.cp_kv[i % 2];
-    Tensor& dkv = a.cp_dkv[i % 2];
+    Tensor& sum = a.cp_dkv[i % 2];
     std::unique_ptr<PendingOp> arriving;
     if (i + 1 < P)
       arriving = cp_comm_->send_recv_async(kv, next, a.cp_kv[(i + 1) % 2], prev, kTagKv);
     const CpStepBlock s = cp_step_block(r, P, i, c);
-    be_.ring_block_backward(a.dqkv, dkv, a.datt, la.qkv, kv, la.att, la.lse,
+    Tensor& mine = i == 0 ? sum : a.cp_dkv_mine;  // step 0 starts the owner's sum
+    be_.zero(mine);
+    be_.ring_block_backward(a.dqkv, mine, a.datt, la.qkv, kv, la.att, la.lse,
                             ring_block(s, r, P, heads_local_, kv_heads_local_, drop, alibi()));
     if (arriving) arriving->wait_device();
-    cp_comm_->send_recv_async(dkv, next, a.cp_dkv[(i + 1) % 2], prev, kTagDkv)->wait_device();
+    if (i > 0) {
+      sums->wait_device();  // the partial sum for this owner is in `sum`
+      be_.add(sum, sum, mine);
+    }
+    sums = cp_comm_->send_recv_async(sum, next, a.cp_dkv[(i + 1) % 2], prev, kTagDkv);
   }
+  sums->wait_device();
   be_.copy_columns(a.dqkv, hl, a.cp_dkv[P % 2], 0, kvl);
 }
 

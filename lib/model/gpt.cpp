@@ -342,6 +342,7 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
       shared.cp_kv[i] = f({B, T, kvl});
       shared.cp_dkv[i] = f({B, T, kvl});
     }
+    shared.cp_dkv_mine = f({B, T, kvl});
     shared.cp_out = f({B, T, hl});
     shared.cp_lse = f32({B, heads_l, T});
     if (cfg.rope()) shared.cp_positions = i32({N});

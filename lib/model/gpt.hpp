@@ -103,11 +103,11 @@ struct Activations {
   Tensor moe_ag_x, moe_ag_y, moe_ag_logits, moe_ag_expert, moe_ag_dweight;
   Tensor moe_logits_c;  // (N,E) logits in the compute dtype (mixed precision only)
   // Context parallelism (model/context_parallel.cpp), T being this rank's tokens per sample: the
-  // K/V blocks in hand and arriving (B,T,2Gl*hd), the dK/dV travelling with them in the backward,
-  // a block's partial output (B,T,Cl) and log-sum-exp (B,Hl,T) f32, the rows' global positions
-  // (B*T int32, RoPE) and the position-embedding rows of the rank's tokens (T,C) and their f32
-  // gradient (learned positions).
-  Tensor cp_kv[2], cp_dkv[2], cp_out, cp_lse, cp_positions, cp_wpe, cp_dwpe;
+  // K/V blocks in hand and arriving (B,T,2Gl*hd), the dK/dV sums travelling with them in the
+  // backward and a step's own dK/dV part, a block's partial output (B,T,Cl) and log-sum-exp
+  // (B,Hl,T) f32, the rows' global positions (B*T int32, RoPE) and the position-embedding rows of
+  // the rank's tokens (T,C) and their f32 gradient (learned positions).
+  Tensor cp_kv[2], cp_dkv[2], cp_dkv_mine, cp_out, cp_lse, cp_positions, cp_wpe, cp_dwpe;
   // The weight of this micro-batch's load-balancing and z losses in the objective: 1 / the
   // micro-batches of the global batch (the trainer sets it; 1 for a lone micro-batch).
   float moe_loss_scale = 1;
