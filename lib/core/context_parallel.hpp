@@ -52,4 +52,24 @@ struct RingBlockSpec {
   const AttentionAlibi* alibi = nullptr;
 };
 
+// The block of ring step `s` of CP rank `rank` as the backends take it.
+inline RingBlockSpec ring_block_spec(const CpStepBlock& s, int rank, int cp, int64_t heads,
+                                     int64_t kv_heads, const AttentionDropout* dropout = nullptr,
+                                     const AttentionAlibi* alibi = nullptr) {
+  RingBlockSpec b;
+  b.heads = heads;
+  b.kv_heads = kv_heads;
+  b.q0 = s.q0;
+  b.nq = s.nq;
+  b.k0 = s.k0;
+  b.nk = s.nk;
+  b.causal = s.causal;
+  b.q_rank = rank;
+  b.k_rank = s.owner;
+  b.cp = cp;
+  b.dropout = dropout;
+  b.alibi = alibi;
+  return b;
+}
+
 }  // namespace tessera

@@ -53,27 +53,6 @@ void GPTModel::attention_core_backward(int l, Activations& a, LayerActivations& 
                          attention_dropout(l, a), kv_heads_local_, alibi());
 }
 
-namespace {
-Backend::RingBlock ring_block(const CpStepBlock& s, int rank, int cp, int64_t heads,
-                              int64_t kv_heads, const AttentionDropout* drop,
-                              const AttentionAlibi* alibi) {
-  Backend::RingBlock b;
-  b.heads = heads;
-  b.kv_heads = kv_heads;
-  b.q0 = s.q0;
-  b.nq = s.nq;
-  b.k0 = s.k0;
-  b.nk = s.nk;
-  b.causal = s.causal;
-  b.q_rank = rank;
-  b.k_rank = s.owner;
-  b.cp = cp;
-  b.dropout = drop;
-  b.alibi = alibi;
-  return b;
-}
-}  // namespace
-
 void GPTModel::ring_attention_forward(int l, Activations& a, LayerActivations& la) {
   const int P = shard_.cp_size, r = shard_.cp_rank;
   TESSERA_CHECK(cp_comm_ && cp_comm_->size() == P && cp_comm_->rank() == r,
@@ -91,7 +70,7 @@ void GPTModel::ring_attention_forward(int l, Activations& a, LayerActivations& l
       arriving = cp_comm_->send_recv_async(kv, next, a.cp_kv[(i + 1) % 2], prev, kTagKv);
     const CpStepBlock s = cp_step_block(r, P, i, c);
     const Backend::RingBlock blk =
-        ring_block(s, r, P, heads_local_, kv_heads_local_, drop, alibi());
+        ring_block_spec(s, r, P, heads_local_, kv_heads_local_, drop, alibi());
     if (i == 0) {  // the diagonal block: every local row, the output's first value
       be_.ring_block_forward(la.att, la.lse, la.qkv, kv, blk);
     } else {
@@ -130,7 +109,7 @@ void GPTModel::ring_attention_backward(int l, Activations& a, LayerActivations& 
     Tensor& mine = i == 0 ? sum : a.cp_dkv_mine;  // step 0 starts the owner's sum
     be_.zero(mine);
     be_.ring_block_backward(a.dqkv, mine, a.datt, la.qkv, kv, la.att, la.lse,
-                            ring_block(s, r, P, heads_local_, kv_heads_local_, drop, alibi()));
+                            ring_block_spec(s, r, P, heads_local_, kv_heads_local_, drop, alibi()));
     if (arriving) arriving->wait_device();
     if (i > 0) {
       sums->wait_device();  // the partial sum for this owner is in `sum`

@@ -655,19 +655,8 @@ TEST_P(CudaOpsDtype, RingAttentionOpsMatchCpu) {
     const bool keyed = pass >= 2;  // dropout and ALiBi on
     SCOPED_TRACE("ring step " + std::to_string(step) + (keyed ? ", dropout and ALiBi" : ""));
     const CpStepBlock s = cp_step_block(1, cp, step, Tn / 2);
-    Backend::RingBlock b;
-    b.heads = H;
-    b.kv_heads = G;
-    b.q0 = s.q0;
-    b.nq = s.nq;
-    b.k0 = s.k0;
-    b.nk = s.nk;
-    b.causal = s.causal;
-    b.q_rank = 1;
-    b.k_rank = s.owner;
-    b.cp = cp;
-    b.dropout = keyed ? &drop : nullptr;
-    b.alibi = keyed ? &alibi : nullptr;
+    Backend::RingBlock b =
+        ring_block_spec(s, 1, cp, H, G, keyed ? &drop : nullptr, keyed ? &alibi : nullptr);
     Tensor out({B, b.nq, H * hd}, dt), lse({B, H, b.nq});
     cpu_->ring_block_forward(out, lse, qkv, kv, b);
     Tensor od = poisoned({B, b.nq, H * hd}, dt), ld = poisoned({B, H, b.nq});
@@ -676,11 +665,8 @@ TEST_P(CudaOpsDtype, RingAttentionOpsMatchCpu) {
     expect_close(ld, lse, 1e-4, "ring block lse");
     // The backward from a final output and log-sum-exp of all T rows (the diagonal's here).
     Tensor gout({B, Tn, H * hd}, dt), glse({B, H, Tn});
-    Backend::RingBlock diag = b;
-    diag.q0 = diag.k0 = 0;
-    diag.nq = diag.nk = Tn;
-    diag.causal = true;
-    diag.k_rank = 1;
+    const Backend::RingBlock diag =
+        ring_block_spec(cp_step_block(1, cp, 0, Tn / 2), 1, cp, H, G, b.dropout, b.alibi);
     cpu_->ring_block_forward(gout, glse, qkv, kv, diag);
     Tensor dq({B, Tn, W}, dt), dk({B, Tn, KW}, dt);
     cpu_->zero(dq);

@@ -229,20 +229,9 @@ TEST(RingAttention, BatchedBlocksEqualTheScalarReference) {
   for (int step = 0; step < 2; ++step)
     for (int with = 0; with < 2; ++with) {
       SCOPED_TRACE(testing::Message() << "step " << step << " dropout/alibi " << with);
-      RingBlockSpec b;
       const CpStepBlock s = cp_step_block(1, cp, step, c);
-      b.heads = H;
-      b.kv_heads = G;
-      b.q0 = s.q0;
-      b.nq = s.nq;
-      b.k0 = s.k0;
-      b.nk = s.nk;
-      b.causal = s.causal;
-      b.q_rank = 1;
-      b.k_rank = s.owner;
-      b.cp = cp;
-      b.dropout = with ? &drop : nullptr;
-      b.alibi = with ? &alibi : nullptr;
+      const RingBlockSpec b =
+          ring_block_spec(s, 1, cp, H, G, with ? &drop : nullptr, with ? &alibi : nullptr);
       std::vector<double> out(static_cast<size_t>(B * b.nq * OW)),
           lse(static_cast<size_t>(B * H * b.nq));
       ring::ring_block_forward(out.data(), lse.data(), qkv.data(), kv.data(), B, Tn, hd, b);

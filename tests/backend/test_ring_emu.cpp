@@ -149,17 +149,7 @@ void check_flash_ring(int cp, int rank, int step, int64_t c) {
   rounded(B * Tn * W, dq0, dq_f);
   rounded(B * Tn * KW, dk0, dk_f);
   const CpStepBlock sb = cp_step_block(rank, cp, step, c);
-  RingBlockSpec b;
-  b.heads = H;
-  b.kv_heads = G;
-  b.q0 = sb.q0;
-  b.nq = sb.nq;
-  b.k0 = sb.k0;
-  b.nk = sb.nk;
-  b.causal = sb.causal;
-  b.q_rank = rank;
-  b.k_rank = sb.owner;
-  b.cp = cp;
+  const RingBlockSpec b = ring_block_spec(sb, rank, cp, H, G);
   // Forward.
   std::vector<float> out_ref(static_cast<size_t>(B * b.nq * OW)),
       lse_ref(static_cast<size_t>(B * H * b.nq));
@@ -191,11 +181,7 @@ void check_flash_ring(int cp, int rank, int step, int64_t c) {
   for (size_t i = 0; i < lse.size(); ++i)
     ASSERT_NEAR(lse[i], lse_ref[i], 1e-3 * (1 + std::fabs(lse_ref[i]))) << "lse " << i;
   // Backward from a final out and lse of all Tn rows (the diagonal block's, in f32 and rounded).
-  RingBlockSpec diag = b;
-  diag.q0 = diag.k0 = 0;
-  diag.nq = diag.nk = Tn;
-  diag.causal = true;
-  diag.k_rank = rank;
+  const RingBlockSpec diag = ring_block_spec(cp_step_block(rank, cp, 0, c), rank, cp, H, G);
   std::vector<float> gout_f(static_cast<size_t>(B * Tn * OW)),
       glse(static_cast<size_t>(B * H * Tn));
   cpu::ring::ring_block_forward(gout_f.data(), glse.data(), qkv_f.data(), kv_f.data(), B, Tn, D,
