@@ -18,6 +18,7 @@
 #include "core/paths.hpp"
 #include "core/phase_timer.hpp"
 #include "core/timer.hpp"
+#include "train/context_parallel.hpp"
 #include "train/options.hpp"
 #include "train/watchdog.hpp"
 
@@ -41,20 +42,7 @@ ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
 
 void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp, int cp) {
   using detail::concat;
-  if (cp < 1)
-    throw ConfigError(concat("--context-parallel-size=", cp, " is out of range (allowed: >= 1)"));
-  if (cp > 1 && cfg.seq_length % (2 * cp) != 0)
-    throw ConfigError(concat("--seq-length=", cfg.seq_length,
-                             " is not divisible by 2 x --context-parallel-size=", cp, " = ", 2 * cp,
-                             " (each context-parallel rank holds two of the sequence's 2 x CP "
-                             "chunks; allowed: a multiple of ",
-                             2 * cp, ")"));
-  if (cp > 1 && cfg.moe() && !cfg.moe_dropless())
-    throw ConfigError(concat(
-        "--context-parallel-size=", cp,
-        " with --moe-expert-capacity-factor=", cfg.moe_expert_capacity_factor,
-        ": which tokens an expert drops depends on the whole micro-batch's order, which no CP "
-        "rank holds; use dropless MoE (no capacity factor) with context parallelism, or CP 1"));
+  validate_context_parallel(cfg, t, tp, cp);
   if (cfg.num_attention_heads % tp != 0)
     throw ConfigError(concat("--num-attention-heads=", cfg.num_attention_heads,
                              " is not divisible by --tensor-model-parallel-size=", tp,
@@ -106,15 +94,6 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
                              " is not divisible by --tensor-model-parallel-size=", tp,
                              " as --sequence-parallel needs (each rank holds 1/TP of every "
                              "micro-batch's tokens, seq-length / TP of a sample)"));
-  if (t.sequence_parallel && cp > 1 && (cfg.seq_length / cp) % tp != 0)
-    throw ConfigError(concat("--seq-length=", cfg.seq_length, " / --context-parallel-size=", cp,
-                             " = ", cfg.seq_length / cp,
-                             " tokens per CP rank is not divisible by "
-                             "--tensor-model-parallel-size=",
-                             tp,
-                             " as --sequence-parallel needs (it splits each CP rank's tokens "
-                             "over TP; allowed: a --seq-length multiple of ",
-                             cp * tp, " and of ", 2 * cp, ")"));
   if (cfg.padded_vocab_size(tp) % tp != 0)
     throw ConfigError(
         concat("padded vocabulary ", cfg.padded_vocab_size(tp), " is not divisible by TP ", tp));
@@ -314,19 +293,6 @@ int64_t Trainer::first_sample(int64_t consumed) const {
   return dp_slice_begin(consumed, step_batch_, ctx_.dp_size, ctx_.dp_rank);
 }
 
-int64_t Trainer::cp_data_position(int64_t t) const {
-  // Testing (the layout-equivalence test's mutation check): TESSERA_FAULT_CP=contiguous-split
-  // gives rank r the r-th contiguous 1/CP of each sample, which the ring's schedule and the
-  // positions do not expect; the layouts must then disagree.
-  static const bool contiguous = [] {
-    const char* v = std::getenv("TESSERA_FAULT_CP");
-    return v && std::strcmp(v, "contiguous-split") == 0;
-  }();
-  const int T = local_seq();
-  if (contiguous) return int64_t(ctx_.cp_rank) * T + t;
-  return cp_position(ctx_.cp_rank, ctx_.cp_size, T / 2, t);
-}
-
 void Trainer::load_batch(StepStats& st) {
   TESSERA_PHASE("data-wait");
   IterationTimers::Scope timed(timers_, IterationTimers::BatchGenerator);
@@ -365,19 +331,13 @@ void Trainer::forward_micro(int micro, Activations& a, float grad_scale, StepSta
   host_targets_.resize(static_cast<size_t>(B) * T);
   for (int b = 0; b < B; ++b) {
     const int32_t* sample = batch_.data() + (int64_t(micro) * B + b) * S;
-    if (ctx_.cp_size == 1) {
-      std::memcpy(host_ids_.data() + b * T, sample, sizeof(int32_t) * T);
-      std::memcpy(host_targets_.data() + b * T, sample + 1, sizeof(int32_t) * T);
+    if (ctx_.cp_size > 1) {  // this rank's chunks (train/context_parallel.hpp)
+      cp_sample_tokens(sample, T, ctx_.cp_rank, ctx_.cp_size, host_ids_.data() + b * T,
+                       host_targets_.data() + b * T);
       continue;
     }
-    // Context parallelism: this rank's two chunks of the sample, targets shifted globally
-    // (the target of position p is token p + 1 of the whole sample).
-    for (int half = 0; half < 2; ++half) {
-      const int c = T / 2;
-      const int64_t p0 = cp_data_position(half * c);
-      std::memcpy(host_ids_.data() + b * T + half * c, sample + p0, sizeof(int32_t) * c);
-      std::memcpy(host_targets_.data() + b * T + half * c, sample + p0 + 1, sizeof(int32_t) * c);
-    }
+    std::memcpy(host_ids_.data() + b * T, sample, sizeof(int32_t) * T);
+    std::memcpy(host_targets_.data() + b * T, sample + 1, sizeof(int32_t) * T);
   }
   const bool first = model_->embeds(a), last = model_->ends_in_head(a);
   if (first) be_.copy_from_host(a.ids, host_ids_.data());

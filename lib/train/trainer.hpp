@@ -136,10 +136,8 @@ class Trainer {
   int64_t schedule_step() const;
   // Samples of this DP rank for the step that starts at `consumed` samples.
   int64_t first_sample(int64_t consumed) const;
-  // Context parallelism: this rank's tokens of each sample, and the position in the sample of
-  // its local token t (core/context_parallel.hpp; all of them, in order, without).
+  // Context parallelism: this rank's tokens of each sample (all of them without).
   int local_seq() const { return model_cfg_.seq_length / ctx_.cp_size; }
-  int64_t cp_data_position(int64_t t) const;
   void load_batch(StepStats& st);
   // The activation slot of micro-batch `micro` of model chunk `chunk`.
   Activations& slot(int chunk, int micro);
