@@ -25,7 +25,7 @@
 #include "model/gpt.hpp"
 #include "model/params.hpp"
 #include "train/pipeline.hpp"
-#include "train/trainer.hpp"
+#include "train/layout.hpp"
 
 namespace tessera {
 

@@ -17,6 +17,7 @@
 #include "model/gpt.hpp"
 #include "train/dist_optimizer.hpp"
 #include "train/grad_reducer.hpp"
+#include "train/layout.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/optimizer.hpp"
@@ -47,22 +48,6 @@ struct StepStats {
   // coefficients, averaged over the micro-batches of the global batch and over the MoE layers.
   double moe_balance = 0, moe_z = 0;
 };
-
-// The first sample of DP rank `dp_rank`'s slice of the global batch that starts after `consumed`
-// samples: the global batch is samples [consumed, consumed + G) in every layout, and DP rank d
-// takes its d-th contiguous G/DP of them.
-inline int64_t dp_slice_begin(int64_t consumed, int64_t global_batch, int dp_size, int dp_rank) {
-  return consumed + dp_rank * (global_batch / dp_size);
-}
-
-// Which layers pipeline stage `pp_rank` of `pp_size` holds: an even split (validated earlier);
-// with sequence parallelism where TP > 1.
-ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
-                            bool sequence_parallel = false, int virtual_stages = 1);
-
-// Checks the layout against the model and batch, naming the numbers (ConfigError).
-void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp,
-                     int cp = 1);
 
 class Trainer {
  public:
