@@ -20,6 +20,7 @@
 #include "core/hash.hpp"
 #include "core/hdf5_check.hpp"
 #include "core/paths.hpp"
+#include "core/test_hooks.hpp"
 
 namespace tessera {
 
@@ -248,10 +249,7 @@ void CheckpointShardWriter::write(const std::string& group, const ParamSpec& spe
     throw Error("checkpoint file '" + path_ + "': write failed (injected fault)");
   // Testing: TESSERA_SLOW_SAVE_MS stretches each tensor's write, so fault tests can land a
   // kill or a signal inside a save.
-  static const long slow_ms = [] {
-    const char* v = std::getenv("TESSERA_SLOW_SAVE_MS");
-    return v ? std::atol(v) : 0L;
-  }();
+  const long slow_ms = test_hooks::slow_save_ms();
   if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
   ++written_;
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());

@@ -9,11 +9,10 @@
 // schedule), each block's partial output merges by its log-sum-exp, and the backward replays the
 // ring with the final output and log-sum-exp, dK/dV travelling with their K/V back to their owner.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 
 #include "core/context_parallel.hpp"
+#include "core/test_hooks.hpp"
 #include "model/gpt.hpp"
 
 namespace tessera {
@@ -21,17 +20,6 @@ namespace tessera {
 namespace {
 
 constexpr int kTagKv = 3001, kTagDkv = 3002;
-
-// Testing (the layout-equivalence test's mutation check): TESSERA_FAULT_CP=no-lse-merge merges
-// every ring block as if its log-sum-exp were 0 (the correction dropped); the layouts must then
-// disagree.
-bool fault_no_lse_merge() {
-  static const bool on = [] {
-    const char* v = std::getenv("TESSERA_FAULT_CP");
-    return v && std::strcmp(v, "no-lse-merge") == 0;
-  }();
-  return on;
-}
 
 }  // namespace
 
@@ -77,7 +65,7 @@ void GPTModel::ring_attention_forward(int l, Activations& a, LayerActivations& l
       Tensor part = a.cp_out.view(0, {a.B, s.nq, hl});
       Tensor part_lse = a.cp_lse.view(0, {a.B, heads_local_, s.nq});
       be_.ring_block_forward(part, part_lse, la.qkv, kv, blk);
-      if (fault_no_lse_merge()) be_.scale(part_lse, 0.f);
+      if (test_hooks::cp_no_lse_merge()) be_.scale(part_lse, 0.f);
       be_.attention_merge(la.att, la.lse, part, part_lse, s.q0);
     }
     if (arriving) arriving->wait_device();

@@ -2,12 +2,11 @@
 #include "model/gpt.hpp"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <sstream>
+#include <string>
 
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
+#include "core/test_hooks.hpp"
 
 namespace tessera {
 
@@ -107,19 +106,8 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
     routing_.scaling = cfg_.moe_router_topk_scaling_factor;
     routing_.capacity_factor = cfg_.moe_expert_capacity_factor;
     routing_.drop_by_position = cfg_.moe_token_drop_policy == "position";
-    if (const char* v = std::getenv("TESSERA_TEST_MOE_LOGIT_BIAS")) {
-      std::stringstream in(v);
-      std::string item;
-      while (std::getline(in, item, ',')) {
-        const size_t colon = item.find(':');
-        TESSERA_CHECK(colon != std::string::npos, "TESSERA_TEST_MOE_LOGIT_BIAS: 'e:v' items");
-        const int e = std::stoi(item.substr(0, colon));
-        TESSERA_CHECK(e >= 0 && e < cfg_.num_experts, "TESSERA_TEST_MOE_LOGIT_BIAS: expert ", e);
-        test_logit_bias_.push_back({e, std::stof(item.substr(colon + 1))});
-      }
-    }
-    const char* fault = std::getenv("TESSERA_FAULT_MOE_DISPATCH");
-    fault_wrong_rank_ = fault && std::strcmp(fault, "wrong-rank") == 0;
+    test_logit_bias_ = test_hooks::moe_logit_bias(cfg_.num_experts);  // testing: edge cases
+    fault_wrong_rank_ = test_hooks::moe_dispatch_wrong_rank();        // testing: a mutation
   }
   TESSERA_CHECK(!sp_ || cfg.seq_length % shard.tp_size == 0, "sequence parallelism needs ",
                 "--seq-length divisible by the tensor-parallel size");
@@ -497,22 +485,9 @@ LayerActivations& GPTModel::acts_of(int layer, Activations& a) const {
   return a.layers[layer - shard_.chunks[a.chunk].begin];
 }
 
-namespace {
-// Testing (the layout-equivalence test's mutation check):
-// TESSERA_FAULT_DROPOUT_KEY=ignore-tp-offset keys dropout masks by rank-local instead of global
-// positions (heads and sequence-parallel rows counted from 0 on every tensor-parallel rank); the
-// layouts must then disagree.
-bool fault_ignore_tp_offset() {
-  static const bool on = [] {
-    const char* v = std::getenv("TESSERA_FAULT_DROPOUT_KEY");
-    return v && std::strcmp(v, "ignore-tp-offset") == 0;
-  }();
-  return on;
-}
-}  // namespace
-
 int64_t GPTModel::dropout_row_begin(const Activations& a) const {
-  return fault_ignore_tp_offset() ? 0 : row_begin(a);
+  // Testing (the layout-equivalence test's mutation check): TESSERA_FAULT_DROPOUT_KEY.
+  return test_hooks::dropout_ignore_tp_offset() ? 0 : row_begin(a);
 }
 
 DropoutSpec GPTModel::hidden_dropout(int layer, DropoutKind kind, const Activations& a) const {
@@ -526,7 +501,8 @@ const AttentionDropout* GPTModel::attention_dropout(int layer, const Activations
   if (!c.training || cfg_.attention_dropout <= 0) return nullptr;
   attn_drop_.spec = make_dropout_spec(cfg_.attention_dropout, c.seed, c.iteration, layer,
                                       DropoutKind::Attention, c.sample_begin);
-  attn_drop_.head_begin = fault_ignore_tp_offset() ? 0 : heads_local_ * shard_.tp_rank;
+  attn_drop_.head_begin =
+      test_hooks::dropout_ignore_tp_offset() ? 0 : heads_local_ * shard_.tp_rank;
   attn_drop_.heads_total = cfg_.num_attention_heads;
   return &attn_drop_;
 }

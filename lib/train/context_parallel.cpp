@@ -1,11 +1,11 @@
 // context_parallel.cpp (train): context parallelism's option checks and token slicing.
 #include "train/context_parallel.hpp"
 
-#include <cstdlib>
 #include <cstring>
 
 #include "core/context_parallel.hpp"
 #include "core/error.hpp"
+#include "core/test_hooks.hpp"
 
 namespace tessera {
 
@@ -39,10 +39,7 @@ void validate_context_parallel(const GPTConfig& cfg, const TrainConfig& t, int t
 
 void cp_sample_tokens(const int32_t* sample, int T, int rank, int cp, int32_t* ids,
                       int32_t* targets) {
-  static const bool contiguous = [] {
-    const char* v = std::getenv("TESSERA_FAULT_CP");
-    return v && std::strcmp(v, "contiguous-split") == 0;
-  }();
+  const bool contiguous = test_hooks::cp_contiguous_split();  // testing: a mutation
   const int c = T / 2;
   for (int half = 0; half < 2; ++half) {
     const int64_t p0 =

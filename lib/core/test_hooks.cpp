@@ -1,0 +1,73 @@
+// test_hooks.cpp: the fault and test hooks' environment reads (tests only; see test_hooks.hpp).
+#include "core/test_hooks.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace tessera::test_hooks {
+
+namespace {
+// True when `name` is set to exactly `value`.
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
+}
+}  // namespace
+
+bool cp_no_lse_merge() {
+  static const bool on = env_is("TESSERA_FAULT_CP", "no-lse-merge");
+  return on;
+}
+
+bool cp_contiguous_split() {
+  static const bool on = env_is("TESSERA_FAULT_CP", "contiguous-split");
+  return on;
+}
+
+bool dropout_ignore_tp_offset() {
+  static const bool on = env_is("TESSERA_FAULT_DROPOUT_KEY", "ignore-tp-offset");
+  return on;
+}
+
+bool moe_dispatch_wrong_rank() {
+  return env_is("TESSERA_FAULT_MOE_DISPATCH", "wrong-rank");
+}
+
+std::vector<std::pair<int, float>> moe_logit_bias(int num_experts) {
+  std::vector<std::pair<int, float>> bias;
+  const char* v = std::getenv("TESSERA_TEST_MOE_LOGIT_BIAS");
+  if (!v) return bias;
+  std::stringstream in(v);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t colon = item.find(':');
+    TESSERA_CHECK(colon != std::string::npos, "TESSERA_TEST_MOE_LOGIT_BIAS: 'e:v' items");
+    const int e = std::stoi(item.substr(0, colon));
+    TESSERA_CHECK(e >= 0 && e < num_experts, "TESSERA_TEST_MOE_LOGIT_BIAS: expert ", e);
+    bias.push_back({e, std::stof(item.substr(colon + 1))});
+  }
+  return bias;
+}
+
+int save_fault_after(int world_rank, int64_t iteration) {
+  const char* fault = std::getenv("TESSERA_FAULT_SAVE_RANK");
+  int fault_rank = -1;
+  long long fault_iter = 0;
+  if (fault) std::sscanf(fault, "%d:%lld", &fault_rank, &fault_iter);  // "RANK[:FROM_ITERATION]"
+  return fault_rank == world_rank && iteration >= fault_iter ? 3 : -1;
+}
+
+long slow_save_ms() {
+  static const long ms = [] {
+    const char* v = std::getenv("TESSERA_SLOW_SAVE_MS");
+    return v ? std::atol(v) : 0L;
+  }();
+  return ms;
+}
+
+}  // namespace tessera::test_hooks
