@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,6 +113,28 @@ inline std::string first_message(Communicator& comm, const std::string& mine) {
   std::string out;
   for (double c : text) out.push_back(static_cast<char>(static_cast<unsigned char>(c)));
   return out;
+}
+
+// Collective: `attempt` runs on rank `who` of `comm` only (set-up one rank does for the job, such
+// as creating --save), and every rank learns whether it threw. Returns "" on every rank when it
+// did not; otherwise the exception's message on `who` and `elsewhere` on the other ranks, so each
+// caller throws the same kind of error on every rank and none is left waiting.
+inline std::string one_rank_tries(Communicator& comm, int who,
+                                  const std::function<void()>& attempt,
+                                  const std::string& elsewhere) {
+  std::string why;
+  double failed = 0;
+  if (comm.rank() == who) {
+    try {
+      attempt();
+    } catch (const std::exception& e) {
+      failed = 1;
+      why = *e.what() ? e.what() : elsewhere;
+    }
+  }
+  comm.all_reduce_f64(&failed, 1, ReduceOp::Max);
+  if (!failed) return std::string();
+  return comm.rank() == who ? why : elsewhere;
 }
 
 // Everything a model and a schedule need to know about the parallel layout of this rank.

@@ -1,0 +1,167 @@
+// optimizer_set.cpp: gradient reduction, loss scaling, clipping and the update
+// (train/optimizer_set.hpp).
+#include "train/optimizer_set.hpp"
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/nvtx.hpp"
+#include "core/phase_timer.hpp"
+
+namespace tessera {
+
+FlatLayout OptimizerSet::flat_layout(const TrainConfig& cfg, const GPTConfig& model_cfg,
+                                     const ParallelContext& ctx) {
+  const bool dist = cfg.use_distributed_optimizer;
+  FlatLayout layout;
+  layout.bucket_elems = cfg.ddp_bucket_size;
+  layout.shards = dist ? ctx.grad_group_size() : 1;  // the optimizer shards over DP x CP
+  layout.embedding_alone = dist && model_cfg.tied_head();
+  layout.master = !(dist && cfg.compute_dtype != DType::F32);  // else the optimizer's blocks
+  // Expert parallelism: the routed experts' gradients reduce over the expert-data-parallel group.
+  layout.experts_apart = ctx.ep_size > 1;
+  return layout;
+}
+
+OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
+                           const ParallelContext& ctx, IterationTimers& timers)
+    : model_(model),
+      be_(be),
+      cfg_(cfg),
+      ctx_(ctx),
+      timers_(timers),
+      lr_schedule_(LrSchedule::of(cfg, ctx.dp_size)),
+      wd_schedule_(WeightDecaySchedule::of(cfg)) {
+  const bool dist = cfg_.use_distributed_optimizer;
+  Communicator* expert_dp = ctx_.ep_size > 1 ? ctx_.edp : nullptr;
+  scaler_ = cfg_.compute_dtype != DType::F16 ? LossScaler::constant(1.0)
+            : cfg_.loss_scale > 0
+                ? LossScaler::constant(cfg_.loss_scale)
+                : LossScaler::dynamic(cfg_.initial_loss_scale, cfg_.min_loss_scale,
+                                      cfg_.loss_scale_window, cfg_.hysteresis);
+  if (dist) {
+    dist_opt_ = std::make_unique<DistributedAdamW>(model_, be_, *ctx_.dp, cfg_.adam_beta1,
+                                                   cfg_.adam_beta2, cfg_.adam_eps, expert_dp);
+    if (dist_opt_->owns_master()) {
+      model_.init_parameters(cfg_.seed, [this](const ParamSpec& s, const float* v) {
+        dist_opt_->set_state("master", s, v);
+      });
+      dist_opt_->publish();
+    } else {
+      model_.init_parameters(cfg_.seed);
+    }
+    if (cfg_.overlap_param_gather)
+      model_.before_forward = [this](int piece) { dist_opt_->wait_params(piece); };
+  } else {
+    model_.init_parameters(cfg_.seed);
+    optimizer_ = std::make_unique<AdamW>(model_.params(), be_, cfg_.adam_beta1, cfg_.adam_beta2,
+                                         cfg_.adam_eps);
+  }
+  reducer_ =
+      std::make_unique<GradReducer>(model_, *ctx_.dp, dist, cfg_.overlap_grad_reduce, expert_dp);
+  norms_ = std::make_unique<GridNorms>(model_, be_, ctx_, dist_opt_.get());
+}
+
+void OptimizerSet::begin_step() { reducer_->begin(); }
+
+void OptimizerSet::finish_reduction() {
+  {
+    TESSERA_PHASE("dp-grad-reduce-wait");
+    IterationTimers::Scope timed(timers_, IterationTimers::GradsAllReduce);
+    reducer_->finish();
+  }
+  if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage()) &&
+      model_.config().tied_head()) {
+    TESSERA_PHASE("embedding-grad-allreduce");
+    IterationTimers::Scope timed(timers_, IterationTimers::EmbeddingGradsAllReduce);
+    // The tied embedding's two halves; with the distributed optimizer, the block this DP rank
+    // owns (the same elements on both stages: wte has a bucket of its own).
+    Tensor dwte = dist_opt_ ? dist_opt_->embedding_grad_block() : model_.params().grad("wte");
+    ctx_.embedding->all_reduce(dwte, ReduceOp::Sum);
+  }
+}
+
+int64_t OptimizerSet::lr_schedule_step(int global_batch) const {
+  // Iteration-based: the schedule counts updates (Megatron: skipped fp16 steps do not advance
+  // it). Sample-based (a batch-size ramp): it counts the samples of the updates, this one's too.
+  return cfg_.lr_schedule_in_samples ? lr_samples_ + global_batch : steps_taken() + 1;
+}
+
+OptimizerSet::Update OptimizerSet::step(int64_t iteration, double loss, int global_batch) {
+  Update u;
+  const double loss_scale = scaler_.scale();
+  const double norm2 = norms_->grad_norm_squared();  // of the scaled gradients; same on every rank
+  if (cfg_.compute_dtype == DType::F16) {  // fp16, dynamic or constant scale (Megatron's check)
+    const bool overflow = !std::isfinite(norm2);
+    scaler_.update(overflow);  // a constant scaler ignores it
+    if (overflow) {            // skip the update; a dynamic scale has been lowered
+      ++skipped_iterations_;
+      u.lr = lr_schedule_.lr(lr_schedule_step(global_batch));
+      u.weight_decay = wd_schedule_.wd(lr_schedule_step(global_batch));
+      if (cfg_.log_num_zeros_in_grad) u.num_zeros = norms_->grad_zeros();
+      return u;
+    }
+  }
+  u.grad_norm = std::sqrt(norm2) / loss_scale;
+  if (loss_scale != 1.0) {
+    TESSERA_PHASE("grad-clip");  // unscaling (fp16) is the same kind of pass
+    be_.scale(model_.params().flat_grads(), static_cast<float>(1.0 / loss_scale));
+  }
+  if (!std::isfinite(loss) || !std::isfinite(u.grad_norm))
+    throw Error(detail::concat(
+        "iteration ", iteration, ": loss is ", loss, " and grad norm is ", u.grad_norm,
+        "; training stopped (lower --lr, raise --lr-warmup-iters or set --clip-grad)"));
+  {
+    NVTX_RANGE("optimizer");
+    IterationTimers::Scope timed(timers_, IterationTimers::Optimizer);
+    {
+      TESSERA_PHASE("grad-clip");
+      clip_grads(model_.params(), be_, u.grad_norm, cfg_.clip_grad);
+    }
+    // The schedule counts updates (Megatron: skipped fp16 steps do not advance it).
+    u.lr = lr_schedule_.lr(lr_schedule_step(global_batch));
+    u.weight_decay = wd_schedule_.wd(lr_schedule_step(global_batch));
+    update(u);
+  }
+  u.update_successful = true;
+  lr_samples_ += global_batch;
+  if (cfg_.log_num_zeros_in_grad) u.num_zeros = norms_->grad_zeros();
+  return u;
+}
+
+void OptimizerSet::update(Update& u) {
+  if (!dist_opt_) {
+    {
+      TESSERA_PHASE("optimizer-step");
+      optimizer_->step(u.lr, u.weight_decay);
+    }
+    model_.sync_compute_weights();  // phase "weights-cast" (mixed precision)
+    return;
+  }
+  {
+    TESSERA_PHASE("optimizer-step");  // its blocks, then the parameter gather starts
+    dist_opt_->step(u.lr, u.weight_decay, /*overlap_gather=*/true);
+  }
+  if (!cfg_.overlap_param_gather) {  // else each layer waits for its buckets in the forward
+    TESSERA_PHASE("optimizer-step");
+    IterationTimers::Scope gather(timers_, IterationTimers::ParamsAllGather);
+    dist_opt_->wait_all();
+  }
+}
+
+void OptimizerSet::sync_params() {
+  if (dist_opt_) dist_opt_->wait_all();
+}
+
+int64_t OptimizerSet::steps_taken() const {
+  return dist_opt_ ? dist_opt_->steps_taken() : optimizer_->steps_taken();
+}
+
+void OptimizerSet::set_steps_taken(int64_t steps) {
+  if (dist_opt_)
+    dist_opt_->set_steps_taken(steps);
+  else
+    optimizer_->set_steps_taken(steps);
+}
+
+}  // namespace tessera

@@ -1,0 +1,101 @@
+// optimizer_set.hpp: everything between the backward and the updated weights: the gradient
+// reduction (bucketed over DP, the tied embedding over its group), the fp16 loss scaler and its
+// overflow check, the grid-wide gradient norm and clipping, the learning-rate and weight-decay
+// schedules, and AdamW or the distributed optimizer (with expert parallelism's split). Its step()
+// returns what Megatron-LM's optimizer step returns: whether the update happened, the gradient
+// norm and the zeros in the gradient.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.hpp"
+#include "comm/communicator.hpp"
+#include "model/gpt.hpp"
+#include "train/dist_optimizer.hpp"
+#include "train/grad_reducer.hpp"
+#include "train/grid_norms.hpp"
+#include "train/loss_scaler.hpp"
+#include "train/lr_schedule.hpp"
+#include "train/optimizer.hpp"
+#include "train/step_stats.hpp"
+#include "train/timers.hpp"
+#include "train/train_config.hpp"
+
+namespace tessera {
+
+class OptimizerSet {
+ public:
+  // The flat parameter/gradient layout the optimizer needs (bucket size, DP x CP shards and the
+  // embedding's own bucket with the distributed optimizer, experts apart with EP).
+  static FlatLayout flat_layout(const TrainConfig& cfg, const GPTConfig& model_cfg,
+                                const ParallelContext& ctx);
+
+  // Builds the optimizer over `model` and initializes the model's parameters from cfg.seed (the
+  // distributed optimizer's master blocks take their share first). `cfg` is resolved.
+  OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg, const ParallelContext& ctx,
+               IterationTimers& timers);
+
+  // fp16: the loss scale of the next backward (1 in f32 and bf16).
+  double loss_scale() const { return scaler_.scale(); }
+  // Before a step's backward: the reduction's buckets start as the backward completes them.
+  void begin_step();
+  // The model's piece `piece` has its gradients of the step (the last micro-batch's backward).
+  void piece_ready(int piece) { reducer_->piece_ready(piece); }
+  // Waits for the data-parallel reduction and all-reduces the tied embedding's two halves.
+  void finish_reduction();
+
+  struct Update {
+    bool update_successful = false;  // false: fp16 overflow, the step is skipped
+    double grad_norm = 0;            // before clipping, unscaled (0 when skipped)
+    double num_zeros = 0;            // with --log-num-zeros-in-grad (else 0)
+    double lr = 0, weight_decay = 0;
+  };
+  // Collective: unscale, overflow check, clip, schedule, update, for the step of `global_batch`
+  // samples. Throws Error naming `iteration` when the loss or the gradient norm is not finite.
+  Update step(int64_t iteration, double loss, int global_batch);
+
+  // Collective: the L2 norm of the parameters (f32 master weights).
+  double params_norm() { return norms_->params_norm(); }
+  // Completes an overlapped parameter gather (--overlap-param-gather); nothing otherwise.
+  void sync_params();
+
+  // Updates taken so far (skipped fp16 steps do not count).
+  int64_t steps_taken() const;
+  void set_steps_taken(int64_t steps);
+  int64_t skipped_iterations() const { return skipped_iterations_; }
+  // The sample-based schedule's position: samples of the updates taken.
+  int64_t lr_samples() const { return lr_samples_; }
+  // Restores the position of a checkpoint (`skipped` only with a dynamic loss scale).
+  void restore_position(int64_t lr_samples, int64_t skipped) {
+    lr_samples_ = lr_samples;
+    skipped_iterations_ = skipped;
+  }
+  LossScaler& scaler() { return scaler_; }
+  const LossScaler& scaler() const { return scaler_; }
+  bool weight_decay_scheduled() const { return wd_schedule_.scheduled(); }
+  // One of the two is set: the distributed optimizer, or AdamW on every DP rank.
+  DistributedAdamW* distributed() { return dist_opt_.get(); }
+  AdamW* replicated() { return optimizer_.get(); }
+
+ private:
+  // The schedules' step count of the step about to update (iterations, or samples under a ramp).
+  int64_t lr_schedule_step(int global_batch) const;
+  void update(Update& u);
+
+  GPTModel& model_;
+  Backend& be_;
+  const TrainConfig& cfg_;
+  const ParallelContext& ctx_;
+  IterationTimers& timers_;
+  std::unique_ptr<AdamW> optimizer_;            // without the distributed optimizer
+  std::unique_ptr<DistributedAdamW> dist_opt_;  // --use-distributed-optimizer
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<GridNorms> norms_;
+  LrSchedule lr_schedule_;
+  WeightDecaySchedule wd_schedule_;
+  LossScaler scaler_ = LossScaler::constant(1.0);
+  int64_t skipped_iterations_ = 0;
+  int64_t lr_samples_ = 0;
+};
+
+}  // namespace tessera

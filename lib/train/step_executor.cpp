@@ -1,0 +1,287 @@
+// step_executor.cpp: the pipeline schedule of one step on this rank (train/step_executor.hpp).
+#include "train/step_executor.hpp"
+
+#include <cstring>
+
+#include "core/logging.hpp"
+#include "core/nvtx.hpp"
+#include "core/phase_timer.hpp"
+#include "core/timer.hpp"
+#include "train/context_parallel.hpp"
+#include "train/layout.hpp"
+
+namespace tessera {
+
+namespace {
+constexpr int kTagForward = 1, kTagBackward = 2;
+}
+
+StepExecutor::StepExecutor(GPTModel& model, Backend& be, const TrainConfig& cfg,
+                           const ParallelContext& ctx, const TokenDataset& data,
+                           IterationTimers& timers)
+    : model_(model), be_(be), cfg_(cfg), ctx_(ctx), data_(data), timers_(timers) {
+  const int V = cfg_.virtual_pipeline_size;
+  TESSERA_CHECK(V == 1 || ctx_.pp_size == 1 || !(ctx_.first_stage() || ctx_.last_stage()) ||
+                    be_.device() == Device::CPU || (ctx_.pp_wrap && ctx_.pp_wrap_grad),
+                "virtual pipeline stages on the GPU need the ring's own communicators "
+                "(ProcessGrid::use_pipeline_ring before use_nccl)");
+}
+
+StepExecutor::~StepExecutor() = default;
+
+int StepExecutor::local_seq() const { return model_.config().seq_length / ctx_.cp_size; }
+
+void StepExecutor::shape(int global_batch) {
+  if (global_batch == global_batch_) return;
+  global_batch_ = global_batch;
+  const int micro = num_micro_batches();
+  const int V = cfg_.virtual_pipeline_size;
+  pipeline_ = schedule_interleaved(ctx_.pp_size, ctx_.pp_rank, micro, V);
+  chunk_slots_ = V > 1 ? pipeline_chunk_slots(pipeline_, V)
+                       : std::vector<int>{pipeline_slots(ctx_.pp_size, ctx_.pp_rank, micro)};
+  slots_.clear();  // the previous shape's buffers go back first (the sends on them completed)
+  slots_ = model_.make_activation_slots(cfg_.micro_batch_size, local_seq(), chunk_slots_);
+  slot_offset_.clear();
+  for (int c = 0, offset = 0; c < V; offset += chunk_slots_[c++]) slot_offset_.push_back(offset);
+  sends_.clear();
+  sends_.resize(slots_.size());
+  if (ctx_.last_stage()) {
+    micro_losses_ = Tensor();
+    AllocationLabel label("the token losses of one step");
+    micro_losses_ =
+        Tensor({int64_t(micro) * cfg_.micro_batch_size * local_seq()}, DType::F32, be_.allocator());
+  }
+  const int64_t local = global_batch / ctx_.dp_size;
+  batch_.resize(static_cast<size_t>(local) * (model_.config().seq_length + 1));
+  prefetch_.reset();  // its read in flight (of the previous shape) finishes first
+  prefetch_ = std::make_unique<Prefetcher>(data_, local);
+}
+
+Activations& StepExecutor::slot(int chunk, int micro) {
+  return slots_[static_cast<size_t>(slot_offset_[chunk] + micro % chunk_slots_[chunk])];
+}
+
+// The pipeline's links. With virtual stages the pipeline is a ring: the last stage's next is the
+// first; the wrap-around takes its own communicators where the grid made them
+// (ProcessGrid::use_pipeline_ring; the first stage is rank 0 there, the last rank 1).
+StepExecutor::Link StepExecutor::forward_in() const {
+  if (ctx_.pp_rank > 0) return {ctx_.pp, ctx_.pp_rank - 1};
+  return ctx_.pp_wrap ? Link{ctx_.pp_wrap, 1} : Link{ctx_.pp, ctx_.pp_size - 1};
+}
+StepExecutor::Link StepExecutor::forward_out() const {
+  if (ctx_.pp_rank < ctx_.pp_size - 1) return {ctx_.pp, ctx_.pp_rank + 1};
+  return ctx_.pp_wrap ? Link{ctx_.pp_wrap, 0} : Link{ctx_.pp, 0};
+}
+StepExecutor::Link StepExecutor::backward_in() const {
+  if (ctx_.pp_rank < ctx_.pp_size - 1) return {ctx_.pp_backward(), ctx_.pp_rank + 1};
+  return ctx_.pp_wrap_grad ? Link{ctx_.pp_wrap_grad, 0} : Link{ctx_.pp_backward(), 0};
+}
+StepExecutor::Link StepExecutor::backward_out() const {
+  if (ctx_.pp_rank > 0) return {ctx_.pp_backward(), ctx_.pp_rank - 1};
+  return ctx_.pp_wrap_grad ? Link{ctx_.pp_wrap_grad, 1}
+                           : Link{ctx_.pp_backward(), ctx_.pp_size - 1};
+}
+
+int64_t StepExecutor::first_sample(int64_t consumed) const {
+  return dp_slice_begin(consumed, global_batch_, ctx_.dp_size, ctx_.dp_rank);
+}
+
+void StepExecutor::load_training_batch(int64_t consumed, StepStats& st) {
+  TESSERA_PHASE("data-wait");
+  IterationTimers::Scope timed(timers_, IterationTimers::BatchGenerator);
+  // The next step's slice (of its batch size, which a ramp may change: then the read is wasted).
+  const int64_t next = consumed + global_batch_;
+  read_error_.clear();
+  try {  // a bad sample stops every rank (count_loss_tokens agrees on it), not just this one
+    prefetch_->fetch(
+        first_sample(consumed), batch_.data(),
+        dp_slice_begin(next, cfg_.global_batch_at(ctx_.dp_size, next), ctx_.dp_size, ctx_.dp_rank));
+  } catch (const std::exception& e) {
+    read_error_ = e.what();
+    if (read_error_.empty()) read_error_ = "reading this step's samples failed";
+  }
+  st.data_wait_seconds = prefetch_->take_wait_seconds();
+}
+
+void StepExecutor::load_batch(const TokenDataset& data, int64_t begin) {
+  const int64_t local = global_batch_ / ctx_.dp_size;
+  const int64_t S = model_.config().seq_length + 1;
+  read_error_.clear();
+  try {
+    for (int64_t i = 0; i < local; ++i) data.get(begin + i, batch_.data() + i * S);
+  } catch (const std::exception& e) {
+    read_error_ = e.what();
+    if (read_error_.empty()) read_error_ = "reading the evaluation samples failed";
+  }
+}
+
+double StepExecutor::count_loss_tokens() {
+  const int T = model_.config().seq_length;
+  const int64_t S = T + 1;
+  double v[2] = {0, read_error_.empty() ? 0.0 : 1.0};  // loss tokens, ranks that failed to read
+  if (read_error_.empty())
+    for (size_t s = 0; s < batch_.size() / S; ++s)
+      for (int t = 1; t <= T; ++t) v[0] += batch_[s * S + t] >= 0;
+  // Over the world, so that a rank that could not read its samples stops every rank before the
+  // step uses them; the TP x CP x PP ranks of a DP rank hold the same samples (their counts
+  // agree).
+  ctx_.world->all_reduce_f64(v, 2, ReduceOp::Sum);
+  if (v[1] > 0) {
+    const std::string why = first_message(*ctx_.world, read_error_);
+    read_error_.clear();
+    throw AgreedConfigError(why);
+  }
+  return v[0] / (ctx_.tp_size * ctx_.pp_size * ctx_.cp_size);
+}
+
+double StepExecutor::run(bool with_backward, int64_t iteration, int64_t sample_begin,
+                         float grad_scale, float moe_loss_scale, StepStats& st) {
+  dropout_ = DropoutContext{};  // evaluation: none
+  if (with_backward) {
+    dropout_.training = true;
+    dropout_.seed = cfg_.seed;
+    dropout_.iteration = iteration;
+  }
+  sample_begin_ = sample_begin;
+  moe_loss_scale_ = moe_loss_scale;
+  if (with_backward) {
+    for (const PipeStep& p : pipeline_) {
+      Activations& a = slot(p.chunk, p.micro);
+      if (p.forward)
+        forward_micro(p.micro, a, grad_scale, st);
+      else
+        backward_micro(p.micro, a, st);
+    }
+  } else {  // forward only: every stage runs the micro-batches in order (each chunk in turn)
+    for (int m = 0; m < num_micro_batches(); ++m)
+      for (int c = 0; c < cfg_.virtual_pipeline_size; ++c)
+        forward_micro(m, slot(c, m), grad_scale, st);
+  }
+  {
+    PhaseSequence phase;
+    if (ctx_.pp_size > 1) phase("pipeline-p2p");  // the last sends of the step
+    for (auto& s : sends_)
+      if (s) s->wait();
+  }
+  return ctx_.last_stage() ? sum_micro_losses() : 0.0;
+}
+
+// Inputs and targets of micro-batch `micro`, staged on the host and copied to the backend.
+void StepExecutor::stage_micro_batch(int micro, Activations& a) {
+  // T: this rank's tokens of each sample (all of them without context parallelism).
+  const int B = cfg_.micro_batch_size, T = local_seq();
+  const int64_t S = model_.config().seq_length + 1;
+  host_ids_.resize(static_cast<size_t>(B) * T);
+  host_targets_.resize(static_cast<size_t>(B) * T);
+  for (int b = 0; b < B; ++b) {
+    const int32_t* sample = batch_.data() + (int64_t(micro) * B + b) * S;
+    if (ctx_.cp_size > 1) {  // this rank's chunks (train/context_parallel.hpp)
+      cp_sample_tokens(sample, T, ctx_.cp_rank, ctx_.cp_size, host_ids_.data() + b * T,
+                       host_targets_.data() + b * T);
+      continue;
+    }
+    std::memcpy(host_ids_.data() + b * T, sample, sizeof(int32_t) * T);
+    std::memcpy(host_targets_.data() + b * T, sample + 1, sizeof(int32_t) * T);
+  }
+  if (model_.embeds(a)) be_.copy_from_host(a.ids, host_ids_.data());
+  if (model_.ends_in_head(a)) be_.copy_from_host(a.targets, host_targets_.data());
+}
+
+void StepExecutor::forward_micro(int micro, Activations& a, float grad_scale, StepStats& st) {
+  const int B = cfg_.micro_batch_size, T = local_seq();
+  NVTX_RANGE("forward");
+  const int slot = static_cast<int>(&a - slots_.data());
+  PhaseSequence phase;
+  if (sends_[slot]) {
+    phase("pipeline-p2p");
+    IterationTimers::Scope timed(timers_, IterationTimers::ForwardSend);
+    // The slot's buffers may still be on their way out. On the device the compute stream waits,
+    // not the host: a host blocked here could not post the receive another rank's send (ahead
+    // of ours on that rank's stream) is waiting for.
+    sends_[slot]->wait_device();
+  }
+  phase("batch-to-device");
+  stage_micro_batch(micro, a);
+  const bool first = model_.embeds(a), last = model_.ends_in_head(a);
+  phase.close();
+  // Dropout masks keyed by the micro-batch's global samples (the slot keeps them for the backward).
+  a.dropout = dropout_;
+  a.dropout.sample_begin = sample_begin_ + int64_t(micro) * B;
+  a.moe_loss_scale = moe_loss_scale_;
+  if (!first) {
+    TESSERA_PHASE("pipeline-p2p");
+    IterationTimers::Scope timed(timers_, IterationTimers::ForwardRecv);
+    Timer w;
+    const Link in = forward_in();
+    in.comm->recv(a.input, in.peer, kTagForward);
+    st.pipeline_wait_seconds += w.seconds();
+  }
+  {
+    IterationTimers::Scope timed(timers_, IterationTimers::ForwardCompute);
+    if (first) model_.embed_forward(a);
+    for (int l = model_.chunk_layers(a).begin; l < model_.chunk_layers(a).end; ++l)
+      model_.block_forward(l, a);
+    if (last) {
+      Tensor out = micro_losses_.view(int64_t(micro) * B * T, {int64_t(B) * T});
+      model_.head_forward(a, grad_scale, out);  // summed once per step, in sum_micro_losses
+    }
+  }
+  if (!last) {
+    TESSERA_PHASE("pipeline-p2p");
+    IterationTimers::Scope timed(timers_, IterationTimers::ForwardSend);
+    const Tensor& out = model_.stage_output(a);
+    const Link to = forward_out();
+    sends_[slot] = to.comm->send_async(out, to.peer, kTagForward);
+    st.p2p_bytes += out.nbytes();
+  }
+}
+
+void StepExecutor::backward_micro(int micro, Activations& a, StepStats& st) {
+  NVTX_RANGE("backward");
+  const int slot = static_cast<int>(&a - slots_.data());
+  // The last micro-batch of its chunk: the chunk's gradients are complete after it.
+  last_backward_ = micro == num_micro_batches() - 1;
+  if (!model_.ends_in_head(a)) {
+    TESSERA_PHASE("pipeline-p2p");
+    IterationTimers::Scope timed(timers_, IterationTimers::BackwardRecv);
+    Timer w;
+    const Link in = backward_in();
+    in.comm->recv(a.dres, in.peer, kTagBackward);
+    st.pipeline_wait_seconds += w.seconds();
+  }
+  if (sends_[slot]) {  // the forward's send of the stage output: full recomputation rewrites it
+    TESSERA_PHASE("pipeline-p2p");
+    IterationTimers::Scope timed(timers_, IterationTimers::ForwardSend);
+    sends_[slot]->wait_device();
+  }
+  {
+    IterationTimers::Scope timed(timers_, IterationTimers::BackwardCompute);
+    model_.backward(a);
+  }
+  if (!model_.embeds(a)) {
+    TESSERA_PHASE("pipeline-p2p");
+    IterationTimers::Scope timed(timers_, IterationTimers::BackwardSend);
+    if (sends_[slot]) sends_[slot]->wait_device();
+    const Link to = backward_out();
+    sends_[slot] = to.comm->send_async(a.dres, to.peer, kTagBackward);
+    st.p2p_bytes += a.dres.nbytes();
+  }
+}
+
+double StepExecutor::sum_micro_losses() {
+  // One device round trip per step; summed in double, micro-batch by micro-batch, token by token
+  // (the order a host-side sum per micro-batch would take).
+  TESSERA_PHASE("loss-readback");
+  host_losses_.resize(static_cast<size_t>(micro_losses_.numel()));
+  be_.copy_to_host(host_losses_.data(), micro_losses_);
+  const size_t per = host_losses_.size() / static_cast<size_t>(num_micro_batches());
+  double sum = 0;
+  for (int m = 0; m < num_micro_batches(); ++m) {
+    double s = 0;
+    for (size_t i = 0; i < per; ++i) s += host_losses_[m * per + i];
+    sum += s;
+  }
+  return sum;
+}
+
+}  // namespace tessera

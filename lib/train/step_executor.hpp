@@ -1,0 +1,103 @@
+// step_executor.hpp: one pass of a global batch through this rank's pipeline stage: the slice of
+// the batch this DP rank reads, the micro-batches in the pipeline schedule's order (1F1B or
+// interleaved), the activation slots they use, the sends and receives between stages, and the
+// token losses of the last stage.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "comm/communicator.hpp"
+#include "data/dataset.hpp"
+#include "data/prefetcher.hpp"
+#include "model/gpt.hpp"
+#include "train/pipeline.hpp"
+#include "train/step_stats.hpp"
+#include "train/timers.hpp"
+#include "train/train_config.hpp"
+
+namespace tessera {
+
+class StepExecutor {
+ public:
+  // `data` is the training data (read ahead by a prefetcher); evaluation reads its own.
+  StepExecutor(GPTModel& model, Backend& be, const TrainConfig& cfg, const ParallelContext& ctx,
+               const TokenDataset& data, IterationTimers& timers);
+  ~StepExecutor();
+
+  // Shapes the step for `global_batch` samples: the pipeline schedule, activation slots, token
+  // losses, batch buffer and prefetcher (again only when the size changes: a batch-size ramp).
+  void shape(int global_batch);
+  int global_batch() const { return global_batch_; }
+  // Micro-batches per step at the current global batch.
+  int num_micro_batches() const {
+    return global_batch_ / (cfg_.micro_batch_size * ctx_.dp_size);
+  }
+  // The first sample of this DP rank's slice of the step that starts at `consumed` samples.
+  int64_t first_sample(int64_t consumed) const;
+
+  // This DP rank's slice of the training step that starts at `consumed` samples, from the
+  // prefetcher (which then reads the next step's slice ahead). A read error is kept for
+  // count_loss_tokens, so that every rank stops together. Sets st.data_wait_seconds.
+  void load_training_batch(int64_t consumed, StepStats& st);
+  // The same for evaluation: `local` samples of `data` from `begin`, read now.
+  void load_batch(const TokenDataset& data, int64_t begin);
+  // Collective: the loss tokens of the global batch; throws AgreedConfigError on every rank when
+  // any rank could not read its samples, with that rank's words.
+  double count_loss_tokens();
+
+  // Runs the micro-batches of the loaded batch: the schedule's forwards and backwards (training,
+  // dropout keyed by `iteration`) or forwards only (evaluation). Returns this rank's sum of the
+  // token losses (last stage; 0 elsewhere). `sample_begin`: the slice's first global sample.
+  double run(bool with_backward, int64_t iteration, int64_t sample_begin, float grad_scale,
+             float moe_loss_scale, StepStats& st);
+  // True while the backward of a step's last micro-batch runs (its chunk's gradients are
+  // complete after it: the gradient reduction may start).
+  bool in_last_backward() const { return last_backward_; }
+
+ private:
+  // Pipeline links: where a forward's input comes from and its output goes, and a backward's
+  // gradient (a ring with virtual stages: the last stage feeds the first).
+  struct Link {
+    Communicator* comm;
+    int peer;
+  };
+  Link forward_in() const;
+  Link forward_out() const;
+  Link backward_in() const;
+  Link backward_out() const;
+  // Context parallelism: this rank's tokens of each sample (all of them without).
+  int local_seq() const;
+  // The activation slot of micro-batch `micro` of model chunk `chunk`.
+  Activations& slot(int chunk, int micro);
+  void stage_micro_batch(int micro, Activations& a);
+  void forward_micro(int micro, Activations& a, float grad_scale, StepStats& st);
+  void backward_micro(int micro, Activations& a, StepStats& st);
+  double sum_micro_losses();
+
+  GPTModel& model_;
+  Backend& be_;
+  const TrainConfig& cfg_;
+  const ParallelContext& ctx_;
+  const TokenDataset& data_;
+  IterationTimers& timers_;
+  int global_batch_ = 0;            // the global batch the buffers are shaped for
+  std::vector<PipeStep> pipeline_;  // this rank's pipeline schedule of a step
+  std::vector<Activations> slots_;  // one per micro-batch in flight on this stage, chunk by chunk
+  std::vector<int> chunk_slots_, slot_offset_;  // per model chunk: its slots, the first one's index
+  std::vector<std::unique_ptr<PendingOp>> sends_;  // per slot: the last send from its buffers
+  bool last_backward_ = false;  // the backward running is the step's last micro-batch's
+  DropoutContext dropout_;      // of the pass run() runs (training: the step's)
+  int64_t sample_begin_ = 0;    // the first global sample of the pass's slice
+  float moe_loss_scale_ = 1;    // this pass's weight of each micro-batch's MoE losses
+  std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
+  std::string read_error_;      // why this rank's samples could not be read, or empty
+  std::vector<int32_t> host_ids_, host_targets_;  // one micro-batch, staged for the backend
+  Tensor micro_losses_;  // last stage: (micro-batches x B*T) token losses of a step
+  std::vector<float> host_losses_;
+  std::unique_ptr<Prefetcher> prefetch_;
+};
+
+}  // namespace tessera
