@@ -315,7 +315,7 @@ int main(int argc, char** argv) {
                     (long long)m.num_parameters(), (long long)m.num_active_parameters());
       }
       if (cp > 1) {
-        // The ring per layer per micro-batch (train/options.hpp cp_ring_traffic), over the
+        // The ring per layer per micro-batch (train/context_parallel.hpp cp_ring_traffic), over the
         // stage's layers and the step's micro-batches.
         const RingTraffic ring = cp_ring_traffic(m, t, tp, cp);
         const double formula = ring.per_layer() * (m.num_layers / pp) * micro;

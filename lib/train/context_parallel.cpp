@@ -1,4 +1,5 @@
-// context_parallel.cpp (train): context parallelism's option checks and token slicing.
+// context_parallel.cpp (train): context parallelism's option checks, token slicing and the ring's
+// traffic.
 #include "train/context_parallel.hpp"
 
 #include <cstring>
@@ -47,6 +48,17 @@ void cp_sample_tokens(const int32_t* sample, int T, int rank, int cp, int32_t* i
     std::memcpy(ids + half * c, sample + p0, sizeof(int32_t) * c);
     std::memcpy(targets + half * c, sample + p0 + 1, sizeof(int32_t) * c);
   }
+}
+
+RingTraffic cp_ring_traffic(const GPTConfig& cfg, const TrainConfig& t, int tp, int cp) {
+  RingTraffic r;
+  if (cp <= 1) return r;
+  r.block = double(t.micro_batch_size) * (cfg.seq_length / cp) * 2.0 * (cfg.kv_heads() / tp) *
+            cfg.head_dim() * dtype_size(t.compute_dtype);
+  r.forward = (cp - 1) * r.block;
+  r.backward = (cp - 1) * r.block + cp * r.block;
+  r.recompute = t.recompute.granularity == RecomputeGranularity::None ? 0.0 : r.forward;
+  return r;
 }
 
 }  // namespace tessera

@@ -1,5 +1,6 @@
 // context_parallel.hpp (train): what the trainer adds for context parallelism
-// (docs/parallelism.md): the option checks, and each CP rank's tokens of a sample. The ring itself
+// (docs/parallelism.md): the option checks, each CP rank's tokens of a sample, and the ring's
+// traffic that --dry-run prints. The ring itself
 // is the model's (model/context_parallel.cpp); the grid's groups are comm/process_grid.*.
 #pragma once
 
@@ -21,5 +22,16 @@ void validate_context_parallel(const GPTConfig& cfg, const TrainConfig& t, int t
 // the ring's schedule and the positions do not expect (the layout test's mutation).
 void cp_sample_tokens(const int32_t* sample, int T, int rank, int cp, int32_t* ids,
                       int32_t* targets);
+
+// Context parallelism's ring (model/context_parallel.cpp): the bytes one rank sends per
+// transformer layer per micro-batch. A K/V block is the rank's key and value heads
+// (B x S/CP x 2 x KV heads/TP x head dim, compute dtype); the forward sends CP − 1 of them, the
+// backward CP − 1 again plus CP dK/dV blocks (the last one home to its owner); recomputation
+// (selective or full) runs the forward's ring again. Zeros at CP 1.
+struct RingTraffic {
+  double block = 0, forward = 0, backward = 0, recompute = 0;
+  double per_layer() const { return forward + backward + recompute; }
+};
+RingTraffic cp_ring_traffic(const GPTConfig& cfg, const TrainConfig& t, int tp, int cp);
 
 }  // namespace tessera

@@ -23,8 +23,8 @@ ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
                             bool sequence_parallel = false, int virtual_stages = 1);
 
 // Checks the layout against the model and batch, naming the numbers (ConfigError). Runs once per
-// start: in the option parser's parallelism group (tessera-train, --dry-run) or by the caller
-// that builds a Trainer by hand (tests, benchmarks).
+// start: tessera-train calls it once its grid is built, dry_run_report (train/options.hpp) for
+// --dry-run; a caller that builds a Trainer by hand (tests, benchmarks) calls it itself.
 void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp,
                      int cp = 1);
 

@@ -1,0 +1,91 @@
+// memory_estimate.cpp: one rank's memory per pipeline stage (train/memory_estimate.hpp).
+#include "train/memory_estimate.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "comm/process_grid.hpp"
+#include "model/gpt.hpp"
+#include "model/params.hpp"
+#include "train/layout.hpp"
+#include "train/pipeline.hpp"
+
+namespace tessera {
+
+MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
+                                    const GridLayout& layout, int stage, int ep) {
+  ParallelContext ctx;
+  ctx.tp_size = layout.tp;
+  ctx.pp_size = layout.pp;
+  ctx.pp_rank = stage;
+  ctx.ep_size = ep;
+  ctx.cp_size = layout.cp;
+  // Context parallelism: each rank's activations hold S / CP tokens of a sample.
+  const int T = cfg.seq_length / layout.cp;
+  const ModelShard shard = make_model_shard(cfg, ctx, t.sequence_parallel, t.virtual_pipeline_size);
+  MemoryEstimate e;
+  for (const auto& s : build_param_specs(cfg, shard)) {
+    e.parameters += s.numel();
+    if (s.expert) e.expert_parameters += s.numel();
+  }
+  const int V = t.virtual_pipeline_size;
+  const int micro = t.num_micro_batches(layout.dp);
+  std::vector<int> chunk_slots{pipeline_slots(layout.pp, stage, micro)};
+  if (V > 1)
+    chunk_slots = pipeline_chunk_slots(schedule_interleaved(layout.pp, stage, micro, V), V);
+  e.slots = 0;
+  for (int n : chunk_slots) e.slots += n;
+  // f32 master weights, plus their bf16/f16 copy in mixed precision; with the distributed
+  // optimizer the master weights (mixed precision) and the Adam moments of 1/DP of them.
+  const bool mixed = t.compute_dtype != DType::F32;
+  // Routed experts' blocks are cut over the expert-data-parallel group (DP / EP).
+  const double dp = t.use_distributed_optimizer ? double(layout.dp) * layout.cp : 1.0;
+  const double edp = t.use_distributed_optimizer ? double(layout.dp) / ep * layout.cp : 1.0;
+  const double dense = static_cast<double>(e.parameters - e.expert_parameters);
+  const double experts = static_cast<double>(e.expert_parameters);
+  e.param_bytes =
+      mixed ? 2.0 * e.parameters + 4.0 * (dense / dp + experts / edp) : 4.0 * e.parameters;
+  e.grad_bytes = 4.0 * e.parameters;
+  e.optimizer_bytes = 8.0 * (dense / dp + experts / edp);
+  e.expert_bytes = experts * ((mixed ? 2.0 + 4.0 / edp : 4.0) + 4.0 + 8.0 / edp);
+  if (cfg.moe()) {  // one MoE layer's token copies for one micro-batch (in activation_bytes)
+    const double N = double(t.micro_batch_size) * T, K = cfg.moe_router_topk;
+    const double R = ep > 1 ? ep * N * std::min<double>(K, cfg.num_experts / ep) : N * K;
+    const double width = dtype_size(t.compute_dtype);
+    // sent and returned copies (N*K rows each), and with EP the rows received (R)
+    e.dispatch_bytes = width * cfg.hidden_size * (2 * N * K + (ep > 1 ? R : 0));
+  }
+  const ActivationFootprint fp =
+      activation_footprint(cfg, shard, t.recompute, t.micro_batch_size, T, t.compute_dtype);
+  e.activation_bytes = activation_bytes(cfg, shard, t.recompute, t.micro_batch_size, T,
+                                        t.compute_dtype, chunk_slots);
+  e.activation_shared_bytes = fp.shared;
+  e.stage_layers = shard.num_layers();
+  if (e.stage_layers > 0) {  // what the layers add to a micro-batch, over the stage's layers
+    ModelShard none = shard;
+    for (LayerRange& c : none.chunks) c.end = c.begin;
+    const ActivationFootprint base =
+        activation_footprint(cfg, none, RecomputeConfig{}, t.micro_batch_size, T, t.compute_dtype);
+    e.activation_layer_bytes = (fp.per_micro_batch - base.per_micro_batch) / e.stage_layers;
+    if (layout.tp > 1) {
+      // The regions sequence parallelism splits: what a layer keeps with it off minus with it on
+      // is (1 - 1/TP) of them.
+      auto layer_bytes = [&](bool sp) {
+        ModelShard s = shard, n = none;
+        s.sequence_parallel = n.sequence_parallel = sp;
+        return (activation_footprint(cfg, s, t.recompute, t.micro_batch_size, T, t.compute_dtype)
+                    .per_micro_batch -
+                activation_footprint(cfg, n, t.recompute, t.micro_batch_size, T, t.compute_dtype)
+                    .per_micro_batch) /
+               e.stage_layers;
+      };
+      const double off = layer_bytes(false), on = layer_bytes(true);
+      e.sp_region_layer_bytes_without = (off - on) * layout.tp / (layout.tp - 1);
+      e.sp_region_layer_bytes = t.sequence_parallel ? e.sp_region_layer_bytes_without / layout.tp
+                                                    : e.sp_region_layer_bytes_without;
+    }
+  }
+  return e;
+}
+
+}  // namespace tessera

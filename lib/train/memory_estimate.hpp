@@ -1,0 +1,40 @@
+// memory_estimate.hpp: what one rank of a pipeline stage holds in memory (parameters, gradients,
+// optimizer state, activations): the figures --dry-run prints, the memory report compares with
+// and the GPU benchmark checks its measured peak against. Parameter and activation footprints
+// come from model/ (params.hpp, gpt.hpp); the optimizer state and the pipeline's in-flight
+// micro-batches are the training side's, added here.
+#pragma once
+
+#include <cstdint>
+
+#include "model/gpt_config.hpp"
+#include "train/train_config.hpp"
+
+namespace tessera {
+
+struct GridLayout;
+
+// What one rank of pipeline stage `stage` holds.
+struct MemoryEstimate {
+  int64_t parameters = 0;         // on this rank
+  int64_t expert_parameters = 0;  // of them, routed experts' (MoE; E/EP experts per MoE layer)
+  double dispatch_bytes = 0;      // MoE: one layer's token-dispatch buffers (in activation_bytes)
+  double expert_bytes = 0;        // MoE: the routed experts' weights, gradients and optimizer state
+  int slots = 1;  // micro-batches whose activations are alive at once (summed over model chunks)
+  double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+  int stage_layers = 0;
+  double activation_layer_bytes = 0;   // kept per layer per micro-batch (mean over the stage)
+  double activation_shared_bytes = 0;  // scratch and recompute working set, counted once
+  // The LayerNorm/dropout/residual regions' share of activation_layer_bytes, and what it would be
+  // without sequence parallelism (TP times as much); both 0 at TP 1.
+  double sp_region_layer_bytes = 0, sp_region_layer_bytes_without = 0;
+  double total_bytes() const {
+    return param_bytes + grad_bytes + optimizer_bytes + activation_bytes;
+  }
+};
+
+// `ep`: the expert-parallel size (MoE), carved out of layout.dp.
+MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
+                                    const GridLayout& layout, int stage, int ep = 1);
+
+}  // namespace tessera

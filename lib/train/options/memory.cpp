@@ -1,0 +1,160 @@
+// memory.cpp: the activation-recomputation options (Megatron's --recompute-* and the older
+// --checkpoint-activations), their checks, and the memory estimate's --dry-run lines.
+#include <cstdio>
+#include <ostream>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "train/options.hpp"
+#include "train/options/option_group.hpp"
+
+namespace tessera {
+
+RecomputeConfig recompute_options(const std::string& granularity, const std::string& method,
+                                  int num_layers, bool checkpoint_activations,
+                                  int checkpoint_num_layers) {
+  using detail::concat;
+  RecomputeConfig rc;
+  if (checkpoint_activations) {  // Megatron's older spelling of full + uniform
+    if (!granularity.empty() && granularity != "full")
+      throw ConfigError(
+          "--checkpoint-activations means --recompute-granularity full; it was "
+          "given with --recompute-granularity " +
+          granularity + " (give one of them)");
+    if (!method.empty() && method != "uniform")
+      throw ConfigError(
+          "--checkpoint-activations means --recompute-method uniform; it was given "
+          "with --recompute-method " +
+          method + " (use --recompute-granularity full for block)");
+    rc.granularity = RecomputeGranularity::Full;
+  } else if (checkpoint_num_layers > 0) {
+    throw ConfigError(concat("--checkpoint-num-layers=", checkpoint_num_layers,
+                             " needs --checkpoint-activations"));
+  }
+  if (!granularity.empty()) rc.granularity = parse_recompute_granularity(granularity);
+  if (!method.empty()) {
+    if (!rc.full())
+      throw ConfigError("--recompute-method=" + method +
+                        " needs --recompute-granularity full (selective recomputes every layer)");
+    rc.method = parse_recompute_method(method);
+  }
+  if (checkpoint_num_layers > 0 && num_layers > 0 && checkpoint_num_layers != num_layers)
+    throw ConfigError(concat("--checkpoint-num-layers=", checkpoint_num_layers,
+                             " and --recompute-num-layers=", num_layers, " disagree; give one"));
+  if (num_layers < 0)
+    throw ConfigError(
+        concat("--recompute-num-layers=", num_layers, " is out of range (allowed: >= 1)"));
+  if (checkpoint_num_layers < 0)
+    throw ConfigError(concat("--checkpoint-num-layers=", checkpoint_num_layers,
+                             " is out of range (allowed: >= 1)"));
+  const int n = num_layers > 0 ? num_layers : checkpoint_num_layers;
+  const char* name = num_layers > 0 ? "--recompute-num-layers" : "--checkpoint-num-layers";
+  if (n > 0 && !rc.full())
+    throw ConfigError(concat(name, "=", n, " needs --recompute-granularity full"));
+  if (n > 0 && num_layers <= 0) rc.num_layers_option = name;
+  if (n > 0) rc.num_layers = n;
+  return rc;
+}
+
+namespace {
+
+class MemoryOptions : public OptionGroup {
+ public:
+  void add(OptionParser& p, RunOptions&) override {
+    p.group("Memory").add_options()(
+        "recompute-granularity", po::value(&recompute_granularity_),
+        "recompute activations in the backward instead of storing them: full (only "
+        "each chunk's input is kept) | selective (the LayerNorm, attention core and "
+        "GELU outputs are recomputed); bitwise the same results")(
+        "recompute-method", po::value(&recompute_method_),
+        "with full: uniform (the stage's layers in chunks of --recompute-num-layers; the "
+        "default) | block (only the first --recompute-num-layers layers of each stage)")(
+        "recompute-num-layers", po::value(&recompute_num_layers_)->default_value(0),
+        "with full: layers per chunk (uniform) or recomputed layers per stage (block); "
+        "default 1")("checkpoint-activations", po::bool_switch(&checkpoint_activations_),
+                     "older name of --recompute-granularity full --recompute-method uniform")(
+        "checkpoint-num-layers", po::value(&checkpoint_num_layers_)->default_value(0),
+        "older name of --recompute-num-layers")(
+        "recompute-activations", po::bool_switch(&recompute_activations_),
+        "Megatron's shorthand for --recompute-granularity selective");
+    p.alternatives({"recompute-granularity", "checkpoint-activations"});
+    p.alternatives({"recompute-granularity", "recompute-activations"});
+  }
+
+  void resolve(const OptionParser&, RunOptions& o, StartupNotes&) override {
+    if (recompute_activations_) {
+      if (checkpoint_activations_)
+        throw ConfigError(
+            "--recompute-activations (selective) and --checkpoint-activations (full) both given; "
+            "choose one");
+      recompute_granularity_ = "selective";
+    }
+    o.train.recompute =
+        recompute_options(recompute_granularity_, recompute_method_, recompute_num_layers_,
+                          checkpoint_activations_, checkpoint_num_layers_);
+  }
+
+  void dry_run(DryRunSection s, const DryRunContext& d, std::ostream& out) const override {
+    const TrainConfig& t = d.o.train;
+    if (s == DryRunSection::Setup)
+      out << "activation recomputation: " << t.recompute.describe() << "; optimizer: "
+          << (t.use_distributed_optimizer ? "distributed (master weights and Adam moments of "
+                                            "1/DP of the parameters per rank)"
+                                          : "replicated on every DP rank")
+          << "; sequence parallelism: " << (t.sequence_parallel ? "on" : "off") << "\n";
+    else if (s == DryRunSection::Stage)
+      stage_lines(d, out);
+  }
+
+ private:
+  // One rank's memory in pipeline stage d.stage (train/memory_estimate.hpp).
+  static void stage_lines(const DryRunContext& d, std::ostream& out) {
+    auto gib = [](double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); };
+    auto mib = [](double bytes) { return bytes / (1024.0 * 1024.0); };
+    const ModelShard& shard = *d.shard;
+    const MemoryEstimate& e = *d.estimate;
+    const int64_t local = e.parameters;
+    const int slots = e.slots;
+    const double act = e.activation_bytes, p = e.param_bytes, g = e.grad_bytes,
+                 adam = e.optimizer_bytes;
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "stage %d (layers %s%s%s): parameters per rank %lld | memory per rank (GiB): "
+                  "parameters %.3f, gradients %.3f, optimizer state %.3f, activations %.3f "
+                  "(%d micro-batch%s in flight%s), total %.3f\n",
+                  d.stage, shard.describe_layers().c_str(),
+                  shard.has_embedding ? ", embedding" : "", shard.has_head ? ", head" : "",
+                  (long long)local, gib(p), gib(g), gib(adam), gib(act), slots,
+                  slots == 1 ? "" : "es", shard.num_chunks() > 1 ? " over its model chunks" : "",
+                  gib(p + g + adam + act));
+    out << buf;
+    std::snprintf(buf, sizeof buf,
+                  "  bytes per parameter %.1f (weights %.1f, gradients %.1f, optimizer %.1f) | "
+                  "activations kept per layer per micro-batch %.2f MiB, shared working set %.2f "
+                  "MiB\n",
+                  (p + g + adam) / local, p / local, g / local, adam / local,
+                  mib(e.activation_layer_bytes), mib(e.activation_shared_bytes));
+    out << buf;
+    const int tp = d.layout.tp;
+    if (tp > 1) {
+      std::snprintf(buf, sizeof buf,
+                    "  LayerNorm/dropout/residual regions per layer per micro-batch %.2f MiB "
+                    "(%.2f MiB without sequence parallelism, %.2f MiB with it: / TP %d)\n",
+                    mib(e.sp_region_layer_bytes), mib(e.sp_region_layer_bytes_without),
+                    mib(e.sp_region_layer_bytes_without / tp), tp);
+      out << buf;
+    }
+  }
+
+  std::string recompute_granularity_, recompute_method_;
+  int recompute_num_layers_ = 0, checkpoint_num_layers_ = 0;
+  bool checkpoint_activations_ = false, recompute_activations_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<OptionGroup> make_memory_options() {
+  return std::make_unique<MemoryOptions>();
+}
+
+}  // namespace tessera

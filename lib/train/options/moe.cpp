@@ -1,0 +1,128 @@
+// moe.cpp: the Mixture-of-Experts options (experts, router, capacity, expert parallelism), their
+// checks and MoE's --dry-run lines (active parameters, each stage's experts and dispatch buffers).
+#include <cstdio>
+#include <cstdlib>
+#include <ostream>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "train/options/option_group.hpp"
+
+namespace tessera {
+namespace {
+
+class MoEOptions : public OptionGroup {
+ public:
+  void add(OptionParser& p, RunOptions& o) override {
+    GPTConfig& m = o.model;
+    p.group("Mixture of Experts")
+        .add_options()("num-experts", po::value(&m.num_experts)->default_value(0),
+                       "experts per MoE layer (0: a dense model)")(
+            "moe-router-topk", po::value(&m.moe_router_topk)->default_value(m.moe_router_topk),
+            "experts each token goes to")("moe-ffn-hidden-size",
+                                          po::value(&m.moe_ffn_hidden_size)->default_value(0),
+                                          "each expert's MLP width (0: --ffn-hidden-size)")(
+            "moe-layer-freq", po::value(&m.moe_layer_freq)->default_value(m.moe_layer_freq),
+            "which layers are MoE: N (every N-th layer from layer 0) or a 0/1 list per layer "
+            "such as [1,0,1,0] or ([1]*3+[0])*2")(
+            "moe-router-load-balancing-type",
+            po::value(&m.moe_router_load_balancing_type)
+                ->default_value(m.moe_router_load_balancing_type),
+            "aux_loss (per micro-batch) | seq_aux_loss (per sequence) | none")(
+            "moe-aux-loss-coeff", po::value(&m.moe_aux_loss_coeff)->default_value(0),
+            "the load-balancing loss's weight in the objective")(
+            "moe-z-loss-coeff", po::value(&m.moe_z_loss_coeff)->default_value(0),
+            "the router z-loss's weight (mean logsumexp(logits)^2)")(
+            "moe-router-score-function",
+            po::value(&m.moe_router_score_function)->default_value(m.moe_router_score_function),
+            "softmax | sigmoid (normalized over the top k)")(
+            "moe-router-pre-softmax", po::bool_switch(&m.moe_router_pre_softmax),
+            "routing weights from the softmax over all experts (not renormalized over the top k)")(
+            "moe-router-topk-scaling-factor",
+            po::value(&m.moe_router_topk_scaling_factor)->default_value(0),
+            "routing weights times this (0: unscaled)")(
+            "moe-shared-expert-intermediate-size",
+            po::value(&m.moe_shared_expert_intermediate_size)->default_value(0),
+            "width of a shared expert every token goes through beside its routed ones (0: none)")(
+            "moe-expert-capacity-factor", po::value(&capacity_factor_),
+            "drop token copies beyond ceil(tokens * topk / experts * factor) per expert and "
+            "micro-batch (default: dropless)")(
+            "moe-token-drop-policy", po::value(&drop_policy_),
+            "with a capacity factor: keep the highest routing weights (probs, default) or the "
+            "earliest tokens (position)")(
+            "moe-pad-expert-input-to-capacity", po::bool_switch(&pad_to_capacity_),
+            "with a capacity factor: accepted (Tessera computes the kept rows only; results are "
+            "the same)")(
+            "expert-model-parallel-size", po::value(&o.ep)->default_value(1),
+            "ranks the experts are split over, carved out of the data-parallel ranks (must "
+            "divide DP and --num-experts)")(
+            "moe-token-dispatcher-type",
+            po::value(&m.moe_token_dispatcher_type)->default_value(m.moe_token_dispatcher_type),
+            "alltoall | allgather: how tokens reach their experts' ranks (same results)")(
+            "moe-grouped-gemm", po::bool_switch(&m.moe_grouped_gemm),
+            "the experts' GEMMs as one grouped GEMM per projection (same results; needs "
+            "--disable-bias-linear)");
+  }
+
+  void resolve(const OptionParser&, RunOptions& o, StartupNotes&) override {
+    GPTConfig& m = o.model;
+    if (!capacity_factor_.empty() && capacity_factor_ != "None" && capacity_factor_ != "none") {
+      char* end = nullptr;
+      m.moe_expert_capacity_factor = std::strtod(capacity_factor_.c_str(), &end);
+      if (end == capacity_factor_.c_str() || *end != '\0' || !(m.moe_expert_capacity_factor > 0))
+        throw ConfigError("--moe-expert-capacity-factor=" + capacity_factor_ +
+                          " is out of range (allowed: a number > 0; leave it out for dropless)");
+    }
+    if (m.moe_dropless() && (!drop_policy_.empty() || pad_to_capacity_))
+      throw ConfigError(std::string(pad_to_capacity_ ? "--moe-pad-expert-input-to-capacity"
+                                                     : "--moe-token-drop-policy") +
+                        " needs --moe-expert-capacity-factor (without one every token reaches "
+                        "its experts and none is dropped)");
+    if (!drop_policy_.empty()) m.moe_token_drop_policy = drop_policy_;
+    if (o.ep < 1)
+      throw ConfigError(detail::concat("--expert-model-parallel-size=", o.ep,
+                                       " is out of range (allowed: >= 1)"));
+    if (o.ep > 1 && !m.moe())
+      throw ConfigError("--expert-model-parallel-size needs --num-experts (a MoE model)");
+    if (m.moe() && m.num_experts % o.ep != 0)
+      throw ConfigError(detail::concat("--expert-model-parallel-size=", o.ep,
+                                       " does not divide --num-experts=", m.num_experts,
+                                       " (allowed: a divisor of ", m.num_experts, ")"));
+  }
+
+  void dry_run(DryRunSection s, const DryRunContext& d, std::ostream& out) const override {
+    const GPTConfig& m = d.o.model;
+    if (!m.moe()) return;
+    const int ep = d.o.ep;
+    char buf[400];
+    if (s == DryRunSection::Totals) {
+      std::snprintf(buf, sizeof buf,
+                    "MoE: %lld parameters active per token (top-%d of %d experts in %d layers); "
+                    "each rank holds %d expert%s per MoE layer (expert-parallel size %d)\n",
+                    (long long)m.num_active_parameters(), m.moe_router_topk, m.num_experts,
+                    m.num_moe_layers(), m.num_experts / ep, m.num_experts / ep == 1 ? "" : "s", ep);
+      out << buf;
+    } else if (s == DryRunSection::StageDetail) {
+      const MemoryEstimate& e = *d.estimate;
+      std::snprintf(buf, sizeof buf,
+                    "  MoE: routed experts %lld parameters per rank (%.3f GiB of weights, "
+                    "gradients and optimizer state at EP %d); token dispatch buffers %.2f MiB per "
+                    "MoE layer per micro-batch\n",
+                    (long long)e.expert_parameters, e.expert_bytes / (1024.0 * 1024.0 * 1024.0), ep,
+                    e.dispatch_bytes / (1024.0 * 1024.0));
+      out << buf;
+    }
+  }
+
+ private:
+  std::string capacity_factor_, drop_policy_;  // "" when not given
+  bool pad_to_capacity_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<OptionGroup> make_moe_options() {
+  return std::make_unique<MoEOptions>();
+}
+
+}  // namespace tessera

@@ -1,0 +1,76 @@
+// rank_setup.cpp: a rank's threads and backend (train/rank_setup.hpp).
+#include "train/rank_setup.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "backend/select.hpp"
+#include "comm/mpi.hpp"
+#include "comm/mpi_check.hpp"
+#include "comm/process_grid.hpp"
+#include "core/error.hpp"
+
+namespace tessera {
+
+int affinity_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  const int n = CPU_COUNT(&set);
+  return n > 0 ? n : 1;
+}
+
+int default_threads(MPI_Comm node) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) return 1;
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  std::vector<cpu_set_t> all(n);
+  MPI_Allgather(&mine, sizeof(cpu_set_t), MPI_BYTE, all.data(), sizeof(cpu_set_t), MPI_BYTE, node);
+  int sharing = 0;
+  for (cpu_set_t& other : all) {
+    cpu_set_t both;
+    CPU_AND(&both, &mine, &other);
+    sharing += CPU_COUNT(&both) > 0;
+  }
+  return std::max(1, CPU_COUNT(&mine) / std::max(1, sharing));
+}
+
+void set_num_threads(int n) {
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string& device,
+                                           bool pipeline_ring) {
+  // Megatron's setting: one hardware queue, so kernels of the compute and NCCL streams start in
+  // the order the host issued them on every rank (no cross-stream reordering between ranks).
+  if (device == "cuda") setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", /*overwrite=*/0);
+  std::unique_ptr<Backend> be;
+  try {
+    be = make_backend(device, grid.local_rank(), grid.local_size(), grid.host());
+    // Every rank of the node learns which GPU each took (collective over the node).
+    constexpr int kId = 32;
+    char mine[kId] = {0};
+    std::snprintf(mine, sizeof mine, "%s", backend_gpu_id(*be).c_str());
+    std::vector<char> all(static_cast<size_t>(kId) * grid.local_size());
+    MPI_CHECK(MPI_Allgather(mine, kId, MPI_CHAR, all.data(), kId, MPI_CHAR, grid.node_comm()));
+    std::vector<std::string> ids;
+    for (int r = 0; r < grid.local_size(); ++r) ids.emplace_back(all.data() + size_t(r) * kId);
+    check_distinct_gpus(ids, grid.host());
+  } catch (const ConfigError& e) {
+    abort_job(e.what(), 2);
+  }
+  if (pipeline_ring) grid.use_pipeline_ring();
+  if (be->device() == Device::CUDA) grid.use_nccl(be->stream());
+  return be;
+}
+
+}  // namespace tessera

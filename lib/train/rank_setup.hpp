@@ -1,0 +1,31 @@
+// rank_setup.hpp: what a rank sets up before its model: its thread count (from its share of the
+// node's cores) and its backend on the GPU of its local rank.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.hpp"
+
+namespace tessera {
+
+// Cores this process may run on (sched_getaffinity), at least 1.
+int affinity_cores();
+// This rank's share of its cores: affinity cores / ranks on the node whose masks overlap it, so
+// 8 unbound ranks on 2 cores run one thread each. node is MPI_COMM_TYPE_SHARED of the world.
+int default_threads(MPI_Comm node);
+// Sets the OpenMP and OpenBLAS thread counts.
+void set_num_threads(int n);
+
+class ProcessGrid;
+// This rank's backend for a resolved --device (resolve_device), on the GPU of its local rank;
+// with CUDA, the grid's device-tensor groups switch to NCCL (collective: every rank calls it).
+// A rank that cannot take its GPU ends the whole job with the reason (exit code 2).
+// `pipeline_ring`: virtual pipeline stages (ProcessGrid::use_pipeline_ring before the NCCL
+// communicators are made).
+std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string& device,
+                                           bool pipeline_ring = false);
+
+}  // namespace tessera

@@ -1,0 +1,58 @@
+// run_options.hpp: what tessera-train's options resolve to (parse_run_options in options.hpp
+// fills it; the option groups of train/options/ each set their part).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/logging.hpp"
+#include "data/blended_dataset.hpp"
+#include "data/shard.hpp"
+#include "data/tokenizer.hpp"
+#include "model/gpt_config.hpp"
+#include "train/train_config.hpp"
+
+namespace tessera {
+
+struct RunOptions {
+  GPTConfig model;
+  TrainConfig train;
+  LogOptions log;
+  int tp = 1, pp = 1;           // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
+  int ep = 1;                   // expert-parallel size (MoE): carved out of DP
+  int cp = 1;                   // context-parallel size: DP = world / (TP * CP * PP)
+  int threads = 0;              // 0: this rank's share of the cores in its affinity mask
+  std::string device = "auto";  // resolved to "cpu" or "cuda" by parse_run_options
+  bool mock_data = false;       // synthetic data; also the source when no --data-path is given
+  // --data-path: one prefix of HDF5 token shards or a Megatron blend, cut into train, valid and
+  // test by --split; or (instead) the three splits' own prefixes or blends.
+  DataBlend data_path;
+  DataBlend train_data_path, valid_data_path, test_data_path;
+  std::string split = "969,30,1";
+  std::string data_cache_path;  // where the blend's index file goes ("": beside the first prefix)
+  bool has_data() const { return !data_path.empty() || !train_data_path.empty(); }
+  // The tokenizer of the training data and the prefix it came from (set by open_train_data;
+  // the validation and test data must share it).
+  ShardMeta data_meta;
+  std::string data_meta_prefix;
+  std::string load;            // checkpoint directory to start from
+  bool finetune = false;       // --load the model only: iteration, data and optimizer start fresh
+  bool skip_train = false;     // evaluate (after --load) and exit
+  bool no_load_optim = false;  // --load without the optimizer state
+  bool use_checkpoint_args = false;  // the model's options come from --load's checkpoint
+  // --load names a directory without a checkpoint yet (absent or empty: the first run of a
+  // requeued job whose --load is its --save): training starts fresh, as in Megatron-LM.
+  bool load_fresh = false;
+  // Megatron's tokenizer options, when given: checked against the tokenizer the data's shards
+  // were made with (or, with mock data, the vocabulary's size).
+  TokenizerOptions tokenizer;
+  bool tokenizer_given = false;
+  // Lines rank 0 logs at start-up: Megatron options accepted without effect, config-file values
+  // the command line replaced, a --load that starts fresh.
+  std::vector<std::string> notes;
+  // A ConfigError's text with a note naming the options it mentions that came from --config.
+  std::function<std::string(const std::string&)> with_origins;
+};
+
+}  // namespace tessera
