@@ -200,16 +200,21 @@ void ProcessGrid::use_pipeline_ring() {
   ring_ = true;
 }
 
+void check_expert_parallel(const GridLayout& layout, int ep) {
+  if (ep < 1 || layout.dp % ep != 0)
+    throw ConfigError(detail::concat(
+        "--expert-model-parallel-size=", ep, " does not divide the data-parallel size ", layout.dp,
+        " (world ", layout.world, " / (TP ", layout.tp, " x PP ", layout.pp,
+        "); experts are split over ranks carved out of DP: allowed a divisor of ", layout.dp,
+        ")"));
+}
+
 void ProcessGrid::use_expert_parallel(int ep) {
   TESSERA_CHECK(!nccl_, "use_expert_parallel must come before use_nccl");
   if (ep == ep_) return;
   TESSERA_CHECK(ep_ == 1, "use_expert_parallel called twice");
+  check_expert_parallel(layout_, ep);
   const int DP = layout_.dp, TP = layout_.tp;
-  if (ep < 1 || DP % ep != 0)
-    throw ConfigError(detail::concat(
-        "--expert-model-parallel-size=", ep, " does not divide the data-parallel size ", DP,
-        " (world ", layout_.world, " / (TP ", TP, " x PP ", layout_.pp,
-        "); experts are split over ranks carved out of DP: allowed a divisor of ", DP, ")"));
   ep_ = ep;
   const GridCoords& c = coords_;
   const int CP = layout_.cp;

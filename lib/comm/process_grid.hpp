@@ -39,6 +39,10 @@ struct GridLayout {
   std::vector<std::vector<int>> embedding_groups() const;  // first and last stage of (tp, cp, dp)
 };
 
+// Expert parallelism's condition on the grid: EP divides the data-parallel size (ConfigError
+// naming both otherwise). ProcessGrid::use_expert_parallel and --dry-run's layout check call it.
+void check_expert_parallel(const GridLayout& layout, int ep);
+
 // This rank's place in the grid and its communicators. Built collectively by every rank, in the
 // same order, from MPI_COMM_WORLD.
 class ProcessGrid {

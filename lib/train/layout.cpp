@@ -20,6 +20,7 @@ ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
 
 void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp, int cp) {
   using detail::concat;
+  t.validate(dp);  // the batch's options at this DP (the global batch splits into micro-batches)
   validate_context_parallel(cfg, t, tp, cp);
   if (cfg.num_attention_heads % tp != 0)
     throw ConfigError(concat("--num-attention-heads=", cfg.num_attention_heads,
@@ -75,12 +76,6 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
   if (cfg.padded_vocab_size(tp) % tp != 0)
     throw ConfigError(
         concat("padded vocabulary ", cfg.padded_vocab_size(tp), " is not divisible by TP ", tp));
-  const int g = t.global_batch(dp);
-  if (g % (t.micro_batch_size * dp) != 0)
-    throw ConfigError(concat("--global-batch-size=", g,
-                             " is not divisible by --micro-batch-size=", t.micro_batch_size,
-                             " x data-parallel size ", dp, " = ", t.micro_batch_size * dp,
-                             " (allowed: multiples of ", t.micro_batch_size * dp, ")"));
 }
 
 }  // namespace tessera

@@ -8,7 +8,7 @@
 #include "comm/process_grid.hpp"
 #include "core/logging.hpp"
 #include "core/paths.hpp"
-#include "train/options.hpp"
+#include "train/memory_estimate.hpp"
 
 namespace tessera {
 

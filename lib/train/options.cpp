@@ -61,11 +61,7 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
   const int world = world_size > 1 ? world_size : o.tp * o.cp * o.pp * o.ep;
   const GridLayout layout = GridLayout::make(world, o.tp, o.pp, o.cp);
   // The dry run's layout checks (a real start makes them on its ProcessGrid).
-  if (layout.dp % o.ep != 0)
-    throw ConfigError(detail::concat("--expert-model-parallel-size=", o.ep,
-                                     " does not divide the data-parallel size ", layout.dp,
-                                     " (world ", world, " / (TP ", o.tp, " x PP ", o.pp,
-                                     "); allowed: a divisor of ", layout.dp, ")"));
+  check_expert_parallel(layout, o.ep);
   validate_layout(o.model, o.train, layout.tp, layout.pp, layout.dp, layout.cp);
   const std::vector<std::unique_ptr<OptionGroup>> groups = make_option_groups();
   DryRunContext d{o, world, world_size <= 1, layout};
