@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/logging.hpp"
 #include "data/dataset.hpp"
+#include "train/metrics.hpp"
 #include "train/options.hpp"
 #include "train/trainer.hpp"
 #include "train/watchdog.hpp"
@@ -97,11 +98,7 @@ int main(int argc, char** argv) {
     }
     if (opts.skip_train) {
       const double l = trainer.evaluate(*valid, 0, opts.train.eval_iters);
-      char line[200];
-      std::snprintf(line, sizeof line,
-                    " validation loss at iteration %lld | lm loss value: %.9E | lm loss PPL: %.6E",
-                    (long long)trainer.iteration(), l, std::exp(std::min(l, 700.0)));
-      TLOG(info) << line;
+      TLOG(info) << validation_loss_text("iteration " + std::to_string(trainer.iteration()), l);
       return 0;
     }
     try {
@@ -134,12 +131,10 @@ int main(int argc, char** argv) {
         const double l = std::string(name) == "val"
                              ? trainer.evaluate_at_end(*ds)
                              : trainer.evaluate(*ds, 0, opts.train.eval_iters);
-        char line[256];
-        const int n = std::snprintf(line, sizeof line,
-                                    " validation loss at the end of training for %s data | lm loss "
-                                    "value: %.6E | lm loss PPL: %.6E | ",
-                                    name, l, std::exp(std::min(l, 700.0)));
-        const std::string rule(static_cast<size_t>(std::max(n, 1)), '-');
+        const std::string line =
+            validation_loss_text(std::string("the end of training for ") + name + " data", l) +
+            " | ";
+        const std::string rule(line.size(), '-');
         TLOG(info) << rule << "\n" << line << "\n" << rule;
       }
     }
