@@ -300,29 +300,38 @@ struct CopyOf {
   uint64_t hash = 0;
 };
 
-}  // namespace
+// One slice's copies, by slice ("PATH [local] of [global] axis A offset O").
+using SliceCopies = std::map<std::string, std::vector<CopyOf>>;
 
-CheckpointVerifyReport verify_checkpoint(const std::string& dir, int64_t iteration,
-                                         const std::function<void(const std::string&)>& progress) {
-  CheckpointVerifyReport r;
-  r.dir = resolve(dir, iteration, r);
-  if (r.dir.empty()) return r;
-  r.iteration = parse_iteration_dir_name(r.dir);
-  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-  silence_hdf5_errors();
+// The model every file must hold a shard of, from the attributes of a file that agrees with the
+// rest (have_layout false when there is none).
+struct ExpectedModel {
+  bool have_layout = false;
+  CheckpointMeta meta;
+  int virtual_stages = 1;
+};
 
-  std::vector<ShardFile> files = list_shard_files(r.dir);
-  if (files.empty()) {
-    r.problems.push_back(r.dir + ": holds no shard files (mp_rank_TT_PPP.h5)");
-    return r;
-  }
-  int name_tp = 0, name_pp = 0;
-  for (const ShardFile& f : files) {
-    name_tp = std::max(name_tp, f.tp + 1);
-    name_pp = std::max(name_pp, f.pp + 1);
-  }
+// One file under check: what the layout puts in it, and its tensors that do not fit the layout.
+struct FileCheck {
+  const ShardFile* file = nullptr;
+  hid_t h = -1;
+  int64_t size_of_file = 0;
+  std::map<std::string, ParamSpec> expected;  // group/name -> spec
+  bool check_expected = false;
+  std::vector<std::string> off_layout, unexpected;
+};
 
-  // ---- open every file and compare their attributes ----
+// A dataset's extent and its layout attributes, as the file stores them.
+struct StoredTensor {
+  std::vector<int64_t> local, global;
+  int64_t axis = -2, offset = -1, stored = 0;
+  std::string dtype;
+  std::vector<std::string> lacking;  // layout attributes it does not have
+  bool has_layout = false;
+};
+
+// Opens every shard file and reads its root attributes; the files that opened.
+std::vector<ShardFile*> open_shard_files(std::vector<ShardFile>& files, CheckpointVerifyReport& r) {
   std::vector<ShardFile*> opened;
   for (ShardFile& f : files) {
     if (H5Fis_hdf5(f.path.c_str()) > 0)
@@ -346,14 +355,13 @@ CheckpointVerifyReport verify_checkpoint(const std::string& dir, int64_t iterati
                            ", but its name says tensor rank " + std::to_string(f.tp));
     opened.push_back(&f);
   }
-  if (opened.empty()) return r;
-  std::map<std::string, std::string> authority, preferred;
-  if (r.iteration >= 0) authority["iteration"] = std::to_string(r.iteration);
-  preferred["tensor_model_parallel_size"] = std::to_string(name_tp);
-  preferred["pipeline_model_parallel_size"] = std::to_string(name_pp);
-  compare_attributes(opened, r.dir, authority, preferred, r.problems);
+  return opened;
+}
 
-  // ---- the layout: every file it names is present, none outside it ----
+// Sets the layout the files record and checks that every file it names is present, none outside
+// it.
+void check_layout_files(const std::vector<ShardFile>& files, const std::vector<ShardFile*>& opened,
+                        int name_tp, int name_pp, CheckpointVerifyReport& r) {
   auto layout_value = [&](const char* name, int from_names) {
     std::vector<std::string> values;
     for (const ShardFile* f : opened) {
@@ -392,211 +400,245 @@ CheckpointVerifyReport verify_checkpoint(const std::string& dir, int64_t iterati
     if (f.tp >= r.tp_size || f.pp >= r.pp_size)
       r.problems.push_back(f.path + ": lies outside the layout TP " + std::to_string(r.tp_size) +
                            " x PP " + std::to_string(r.pp_size) + " the files record");
+}
 
-  // ---- the tensors each file must hold, from the attributes of a file that agrees with the rest
-  // (none when every file differs somewhere: the tensors are then checked against their own
-  // attributes and checksums only) ----
-  bool have_layout = false;
-  CheckpointMeta meta;
-  int virtual_stages = 1;
+// The model of the first file whose attributes agree with the rest (none when every file differs
+// somewhere: the tensors are then checked against their own attributes and checksums only).
+ExpectedModel read_expected_model(const std::vector<ShardFile*>& opened,
+                                  CheckpointVerifyReport& r) {
+  ExpectedModel m;
   for (ShardFile* f : opened) {
     if (!f->attrs_agree) continue;
     try {
-      meta = read_checkpoint_meta(f->handle->get(), f->path);  // its errors name the file
+      m.meta = read_checkpoint_meta(f->handle->get(), f->path);  // its errors name the file
       int64_t v = 1;
       h5_read_attr(f->handle->get(), "virtual_pipeline_model_parallel_size", v);
       if (v < 1 || v > (1 << 16))
         throw ConfigError("checkpoint file '" + f->path +
                           "' has virtual_pipeline_model_parallel_size " + std::to_string(v) +
                           ", outside 1..65536 (damaged?)");
-      virtual_stages = static_cast<int>(v);
+      m.virtual_stages = static_cast<int>(v);
     } catch (const Error& e) {
       r.problems.push_back(e.what());
       break;
     }
     try {
-      meta.model.validate();
-      have_layout = true;
+      m.meta.model.validate();
+      m.have_layout = true;
     } catch (const Error& e) {
       r.problems.push_back(f->path + ": the model its attributes record is invalid: " + e.what());
     }
     break;
   }
+  return m;
+}
 
-  // ---- every dataset of every file ----
-  std::vector<float> data;
-  std::map<std::string, std::vector<CopyOf>> copies;  // one slice's copies, by slice
-  for (size_t fi = 0; fi < files.size(); ++fi) {
-    ShardFile& f = files[fi];
-    if (!f.handle || !f.handle->valid()) continue;
-    const int64_t tensors_before = r.tensors, bytes_before = r.bytes;
-    const hid_t h = f.handle->get();
-    std::vector<std::string> datasets;
-    size_t visited = 0;
-    list_datasets(h, "", 0, visited, datasets, r.problems, f.path);
-    // What the layout puts in this file: group/name -> spec.
-    std::map<std::string, ParamSpec> expected;
-    if (have_layout && f.tp < r.tp_size && f.pp < r.pp_size) {
-      try {
-        const ModelShard shard =
-            model_shard_for(meta.model, r.tp_size, f.tp, r.pp_size, f.pp, virtual_stages);
-        std::vector<int64_t> layers;
-        for (int l : shard.layers()) layers.push_back(l);
-        const std::string have = attribute_text(h, "layers");
-        if (have != join(layers, " "))
-          r.problems.push_back(f.path + ": attribute layers is " + shown(have) +
-                               ", but the layout puts layers " + shown(join(layers, " ")) +
-                               " on pipeline stage " + std::to_string(f.pp));
-        // Each layer has tensors in the file: a model attribute claiming far more layers than
-        // the file could hold is not expanded into a list of that many tensors.
-        if (layers.size() > datasets.size())
-          throw ConfigError("the layout puts " + std::to_string(layers.size()) +
-                            " layers on its stage, but the file holds " +
-                            std::to_string(datasets.size()) + " tensors");
-        std::vector<std::string> groups{"model"};
-        if (meta.has_optimizer)
-          groups.insert(groups.end(), {"optimizer/exp_avg", "optimizer/exp_avg_sq"});
-        for (const ParamSpec& s : build_param_specs(meta.model, shard))
-          for (const std::string& g : groups) expected[g + "/" + s.name] = s;
-      } catch (const Error& e) {
-        r.problems.push_back(f.path + ": the model its attributes record cannot be laid out at " +
-                             "TP " + std::to_string(r.tp_size) + " x PP " +
-                             std::to_string(r.pp_size) + ": " + e.what());
-      }
-    }
-    const bool check_expected = !expected.empty();
-    std::vector<std::string> off_layout, unexpected;  // tensors that do not fit the layout
-    const int64_t size_of_file = file_size(f.path);
-    for (const std::string& path : datasets) {
-      const std::string where = f.path + ": /" + path + ": ";
-      H5Id ds(H5Dopen2(h, path.c_str(), H5P_DEFAULT));
-      H5Id space(H5Dget_space(ds.get()));
-      H5Id type(H5Dget_type(ds.get()));
-      const int nd = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
-      if (!ds.valid() || !type.valid() || nd < 0 || nd > H5S_MAX_RANK) {
-        r.problems.push_back(where + "cannot be opened (corrupt)");
-        continue;
-      }
-      std::vector<hsize_t> dims(static_cast<size_t>(nd));
-      H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-      std::vector<int64_t> local(dims.begin(), dims.end());
-      // The data is in the file, so its size bounds the extent (and what is allocated here).
-      int64_t numel = 1;
-      bool fits_file = true;
-      for (int64_t d : local) {
-        if (d != 0 && numel > size_of_file / 4 / d) fits_file = false;
-        numel *= fits_file ? d : 1;
-      }
-      if (!fits_file || numel * 4 > size_of_file) {
-        r.problems.push_back(where + "extent " + shape_text(local) + " is larger than the file " +
-                             "(damaged)");
-        continue;
-      }
-      if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 4)
-        r.problems.push_back(where + "is not stored as 32-bit floats (tensors are f32)");
-      // The layout attributes, and the layout's own description of the tensor.
-      std::vector<int64_t> global;
-      int64_t axis = -2, offset = -1, stored = 0;
-      std::string dtype;
-      std::vector<std::string> lacking;
-      if (!h5_read_attr(ds.get(), "global_shape", global)) lacking.push_back("global_shape");
-      if (!h5_read_attr(ds.get(), "split_axis", axis)) lacking.push_back("split_axis");
-      if (!h5_read_attr(ds.get(), "split_offset", offset)) lacking.push_back("split_offset");
-      if (!h5_read_attr(ds.get(), "xxh64", stored)) lacking.push_back("xxh64");
-      if (!h5_read_attr(ds.get(), "dtype", dtype)) lacking.push_back("dtype");
-      if (!lacking.empty()) {
-        std::string names;
-        for (const std::string& n : lacking) names += (names.empty() ? "" : ", ") + n;
-        r.problems.push_back(where + "lacks its attribute" + (lacking.size() > 1 ? "s " : " ") +
-                             names);
-      } else if (dtype != "f32") {
-        r.problems.push_back(where + "attribute dtype is " + shown(dtype) + ", not f32");
-      }
-      const bool has_layout = global.size() == local.size() && axis >= -1 && offset >= 0;
-      if (check_expected) {
-        auto e = expected.find(path);
-        if (e == expected.end()) {
-          unexpected.push_back("/" + path + ": not part of this file's shard of the model");
-        } else {
-          const ParamSpec& s = e->second;
-          const std::vector<int64_t> want_local(s.local_shape.begin(), s.local_shape.end()),
-              want_global(s.global_shape.begin(), s.global_shape.end());
-          if (local != want_local || global != want_global || axis != s.split_axis ||
-              offset != s.split_offset)
-            off_layout.push_back("/" + path + ": holds " + shape_text(local) + " of " +
-                                 shape_text(global) + " split on axis " + std::to_string(axis) +
-                                 " at offset " + std::to_string(offset) + ", the layout puts " +
-                                 shape_text(want_local) + " of " + shape_text(want_global) +
-                                 " split on axis " + std::to_string(s.split_axis) + " at offset " +
-                                 std::to_string(s.split_offset) + " here");
-          expected.erase(e);
-        }
-      } else if (lacking.empty()) {
-        bool fits = has_layout && axis < static_cast<int64_t>(local.size());
-        for (size_t d = 0; fits && d < local.size(); ++d)
-          fits = local[d] <= global[d] &&
-                 (static_cast<int64_t>(d) != axis || offset <= global[d] - local[d]);
-        if (!fits)
-          r.problems.push_back(where + "holds " + shape_text(local) + " at offset " +
-                               std::to_string(offset) + " of " + shape_text(global) +
-                               " split on axis " + std::to_string(axis) +
-                               ", which do not fit together");
-      }
-      // The data against its checksum.
-      data.resize(static_cast<size_t>(numel));
-      if (numel > 0 &&
-          H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0) {
-        r.problems.push_back(where + "data cannot be read (truncated or corrupt)");
-        continue;
-      }
-      const uint64_t hash = xxh64(data.data(), sizeof(float) * static_cast<size_t>(numel));
-      ++r.tensors;
-      r.bytes += numel * 4;
-      if (std::find(lacking.begin(), lacking.end(), "xxh64") != lacking.end()) continue;
-      if (static_cast<uint64_t>(stored) != hash) {
-        char line[160];
-        std::snprintf(line, sizeof line,
-                      "checksum mismatch: the data hashes to xxh64 %016" PRIx64
-                      ", its attribute says %016" PRIx64 " (damaged data)",
-                      hash, static_cast<uint64_t>(stored));
-        r.problems.push_back(where + line);
-        continue;
-      }
-      if (has_layout)
-        copies[path + " " + shape_text(local) + " of " + shape_text(global) + " axis " +
-               std::to_string(axis) + " offset " + std::to_string(offset)]
-            .push_back({f.path, hash});
-    }
-    std::vector<std::string> missing;
-    for (const auto& [path, spec] : expected)
-      missing.push_back("/" + path + ": missing (the layout puts " +
-                        shape_text({spec.local_shape.begin(), spec.local_shape.end()}) +
-                        " of it here)");
-    const std::string layout =
-        "TP " + std::to_string(r.tp_size) + " x PP " + std::to_string(r.pp_size);
-    report_each_or_count(f.path, "differ from what the layout " + layout + " puts there",
-                         off_layout, datasets.size(), r.problems);
-    report_each_or_count(f.path, "are not part of its shard of the model at " + layout, unexpected,
-                         datasets.size(), r.problems);
-    report_each_or_count(f.path, "that the layout " + layout + " puts there are missing", missing,
-                         0, r.problems);
-    if (progress) {
-      const size_t n = static_cast<size_t>(
-          std::count_if(r.problems.begin(), r.problems.end(), [&](const std::string& p) {
-            return p.compare(0, f.path.size() + 1, f.path + ":") == 0;
-          }));
-      char line[256];
-      std::snprintf(
-          line, sizeof line, "[%zu/%zu] %s: %lld tensors, %lld bytes, %s", fi + 1, files.size(),
-          f.path.c_str(), (long long)(r.tensors - tensors_before),
-          (long long)(r.bytes - bytes_before),
-          n == 0 ? "ok" : (std::to_string(n) + (n == 1 ? " problem" : " problems")).c_str());
-      progress(line);
-    }
+// Fills fc.expected with what the layout puts in the file (group/name -> spec), when there is a
+// model to lay out and the file lies inside the layout.
+void layout_expected_tensors(FileCheck& fc, const ExpectedModel& m,
+                             const std::vector<std::string>& datasets, CheckpointVerifyReport& r) {
+  const ShardFile& f = *fc.file;
+  if (!m.have_layout || f.tp >= r.tp_size || f.pp >= r.pp_size) return;
+  try {
+    const ModelShard shard =
+        model_shard_for(m.meta.model, r.tp_size, f.tp, r.pp_size, f.pp, m.virtual_stages);
+    std::vector<int64_t> layers;
+    for (int l : shard.layers()) layers.push_back(l);
+    const std::string have = attribute_text(fc.h, "layers");
+    if (have != join(layers, " "))
+      r.problems.push_back(f.path + ": attribute layers is " + shown(have) +
+                           ", but the layout puts layers " + shown(join(layers, " ")) +
+                           " on pipeline stage " + std::to_string(f.pp));
+    // Each layer has tensors in the file: a model attribute claiming far more layers than
+    // the file could hold is not expanded into a list of that many tensors.
+    if (layers.size() > datasets.size())
+      throw ConfigError("the layout puts " + std::to_string(layers.size()) +
+                        " layers on its stage, but the file holds " +
+                        std::to_string(datasets.size()) + " tensors");
+    std::vector<std::string> groups{"model"};
+    if (m.meta.has_optimizer)
+      groups.insert(groups.end(), {"optimizer/exp_avg", "optimizer/exp_avg_sq"});
+    for (const ParamSpec& s : build_param_specs(m.meta.model, shard))
+      for (const std::string& g : groups) fc.expected[g + "/" + s.name] = s;
+  } catch (const Error& e) {
+    r.problems.push_back(f.path + ": the model its attributes record cannot be laid out at " +
+                         "TP " + std::to_string(r.tp_size) + " x PP " + std::to_string(r.pp_size) +
+                         ": " + e.what());
   }
+}
 
-  // ---- copies of one slice (replicated tensors in every TP rank's file, the tied embedding on the
-  // first and last stages) hold the same data ----
+// Reads a dataset's layout attributes into t, reporting those it lacks and a dtype other than f32.
+void read_tensor_attributes(hid_t ds, const std::string& where, StoredTensor& t,
+                            std::vector<std::string>& problems) {
+  if (!h5_read_attr(ds, "global_shape", t.global)) t.lacking.push_back("global_shape");
+  if (!h5_read_attr(ds, "split_axis", t.axis)) t.lacking.push_back("split_axis");
+  if (!h5_read_attr(ds, "split_offset", t.offset)) t.lacking.push_back("split_offset");
+  if (!h5_read_attr(ds, "xxh64", t.stored)) t.lacking.push_back("xxh64");
+  if (!h5_read_attr(ds, "dtype", t.dtype)) t.lacking.push_back("dtype");
+  if (!t.lacking.empty()) {
+    std::string names;
+    for (const std::string& n : t.lacking) names += (names.empty() ? "" : ", ") + n;
+    problems.push_back(where + "lacks its attribute" + (t.lacking.size() > 1 ? "s " : " ") + names);
+  } else if (t.dtype != "f32") {
+    problems.push_back(where + "attribute dtype is " + shown(t.dtype) + ", not f32");
+  }
+}
+
+// Checks a dataset's extent and layout attributes against what the layout puts in the file, or,
+// with no layout to check against, against each other.
+void check_tensor_layout(FileCheck& fc, const std::string& path, const std::string& where,
+                         const StoredTensor& t, std::vector<std::string>& problems) {
+  const std::vector<int64_t>& local = t.local;
+  const std::vector<int64_t>& global = t.global;
+  const int64_t axis = t.axis, offset = t.offset;
+  if (fc.check_expected) {
+    auto e = fc.expected.find(path);
+    if (e == fc.expected.end()) {
+      fc.unexpected.push_back("/" + path + ": not part of this file's shard of the model");
+    } else {
+      const ParamSpec& s = e->second;
+      const std::vector<int64_t> want_local(s.local_shape.begin(), s.local_shape.end()),
+          want_global(s.global_shape.begin(), s.global_shape.end());
+      if (local != want_local || global != want_global || axis != s.split_axis ||
+          offset != s.split_offset)
+        fc.off_layout.push_back("/" + path + ": holds " + shape_text(local) + " of " +
+                                shape_text(global) + " split on axis " + std::to_string(axis) +
+                                " at offset " + std::to_string(offset) + ", the layout puts " +
+                                shape_text(want_local) + " of " + shape_text(want_global) +
+                                " split on axis " + std::to_string(s.split_axis) + " at offset " +
+                                std::to_string(s.split_offset) + " here");
+      fc.expected.erase(e);
+    }
+  } else if (t.lacking.empty()) {
+    bool fits = t.has_layout && axis < static_cast<int64_t>(local.size());
+    for (size_t d = 0; fits && d < local.size(); ++d)
+      fits = local[d] <= global[d] &&
+             (static_cast<int64_t>(d) != axis || offset <= global[d] - local[d]);
+    if (!fits)
+      problems.push_back(where + "holds " + shape_text(local) + " at offset " +
+                         std::to_string(offset) + " of " + shape_text(global) + " split on axis " +
+                         std::to_string(axis) + ", which do not fit together");
+  }
+}
+
+// Checks one dataset of a file: it opens, its extent fits the file, its attributes and layout,
+// and its data against its checksum; a slice that passes is noted in `copies`.
+void check_dataset(FileCheck& fc, const std::string& path, std::vector<float>& data,
+                   SliceCopies& copies, CheckpointVerifyReport& r) {
+  const ShardFile& f = *fc.file;
+  const std::string where = f.path + ": /" + path + ": ";
+  H5Id ds(H5Dopen2(fc.h, path.c_str(), H5P_DEFAULT));
+  H5Id space(H5Dget_space(ds.get()));
+  H5Id type(H5Dget_type(ds.get()));
+  const int nd = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
+  if (!ds.valid() || !type.valid() || nd < 0 || nd > H5S_MAX_RANK) {
+    r.problems.push_back(where + "cannot be opened (corrupt)");
+    return;
+  }
+  std::vector<hsize_t> dims(static_cast<size_t>(nd));
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  StoredTensor t;
+  t.local.assign(dims.begin(), dims.end());
+  // The data is in the file, so its size bounds the extent (and what is allocated here).
+  int64_t numel = 1;
+  bool fits_file = true;
+  for (int64_t d : t.local) {
+    if (d != 0 && numel > fc.size_of_file / 4 / d) fits_file = false;
+    numel *= fits_file ? d : 1;
+  }
+  if (!fits_file || numel * 4 > fc.size_of_file) {
+    r.problems.push_back(where + "extent " + shape_text(t.local) + " is larger than the file " +
+                         "(damaged)");
+    return;
+  }
+  if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 4)
+    r.problems.push_back(where + "is not stored as 32-bit floats (tensors are f32)");
+  // The layout attributes, and the layout's own description of the tensor.
+  read_tensor_attributes(ds.get(), where, t, r.problems);
+  t.has_layout = t.global.size() == t.local.size() && t.axis >= -1 && t.offset >= 0;
+  check_tensor_layout(fc, path, where, t, r.problems);
+  // The data against its checksum.
+  data.resize(static_cast<size_t>(numel));
+  if (numel > 0 &&
+      H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0) {
+    r.problems.push_back(where + "data cannot be read (truncated or corrupt)");
+    return;
+  }
+  const uint64_t hash = xxh64(data.data(), sizeof(float) * static_cast<size_t>(numel));
+  ++r.tensors;
+  r.bytes += numel * 4;
+  if (std::find(t.lacking.begin(), t.lacking.end(), "xxh64") != t.lacking.end()) return;
+  if (static_cast<uint64_t>(t.stored) != hash) {
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "checksum mismatch: the data hashes to xxh64 %016" PRIx64
+                  ", its attribute says %016" PRIx64 " (damaged data)",
+                  hash, static_cast<uint64_t>(t.stored));
+    r.problems.push_back(where + line);
+    return;
+  }
+  if (t.has_layout)
+    copies[path + " " + shape_text(t.local) + " of " + shape_text(t.global) + " axis " +
+           std::to_string(t.axis) + " offset " + std::to_string(t.offset)]
+        .push_back({f.path, hash});
+}
+
+// Reports a file's tensors off the layout, outside its shard, and missing from it.
+void report_layout_problems(const FileCheck& fc, size_t datasets, CheckpointVerifyReport& r) {
+  const ShardFile& f = *fc.file;
+  std::vector<std::string> missing;
+  for (const auto& [path, spec] : fc.expected)
+    missing.push_back("/" + path + ": missing (the layout puts " +
+                      shape_text({spec.local_shape.begin(), spec.local_shape.end()}) +
+                      " of it here)");
+  const std::string layout =
+      "TP " + std::to_string(r.tp_size) + " x PP " + std::to_string(r.pp_size);
+  report_each_or_count(f.path, "differ from what the layout " + layout + " puts there",
+                       fc.off_layout, datasets, r.problems);
+  report_each_or_count(f.path, "are not part of its shard of the model at " + layout, fc.unexpected,
+                       datasets, r.problems);
+  report_each_or_count(f.path, "that the layout " + layout + " puts there are missing", missing, 0,
+                       r.problems);
+}
+
+// The progress line of a file checked: its tensors, bytes and problems.
+void report_file_progress(const ShardFile& f, size_t fi, size_t nfiles, int64_t tensors_before,
+                          int64_t bytes_before, const CheckpointVerifyReport& r,
+                          const std::function<void(const std::string&)>& progress) {
+  const size_t n = static_cast<size_t>(std::count_if(
+      r.problems.begin(), r.problems.end(),
+      [&](const std::string& p) { return p.compare(0, f.path.size() + 1, f.path + ":") == 0; }));
+  char line[256];
+  std::snprintf(line, sizeof line, "[%zu/%zu] %s: %lld tensors, %lld bytes, %s", fi + 1, nfiles,
+                f.path.c_str(), (long long)(r.tensors - tensors_before),
+                (long long)(r.bytes - bytes_before),
+                n == 0 ? "ok" : (std::to_string(n) + (n == 1 ? " problem" : " problems")).c_str());
+  progress(line);
+}
+
+// Checks every dataset of one opened file (the fi-th of nfiles) against its checksum and the
+// layout.
+void verify_shard_file(const ShardFile& f, size_t fi, size_t nfiles, const ExpectedModel& m,
+                       std::vector<float>& data, SliceCopies& copies, CheckpointVerifyReport& r,
+                       const std::function<void(const std::string&)>& progress) {
+  const int64_t tensors_before = r.tensors, bytes_before = r.bytes;
+  FileCheck fc;
+  fc.file = &f;
+  fc.h = f.handle->get();
+  std::vector<std::string> datasets;
+  size_t visited = 0;
+  list_datasets(fc.h, "", 0, visited, datasets, r.problems, f.path);
+  layout_expected_tensors(fc, m, datasets, r);
+  fc.check_expected = !fc.expected.empty();
+  fc.size_of_file = file_size(f.path);
+  for (const std::string& path : datasets) check_dataset(fc, path, data, copies, r);
+  report_layout_problems(fc, datasets.size(), r);
+  if (progress) report_file_progress(f, fi, nfiles, tensors_before, bytes_before, r, progress);
+}
+
+// Copies of one slice (replicated tensors in every TP rank's file, the tied embedding on the
+// first and last stages) hold the same data.
+void compare_copies(const SliceCopies& copies, CheckpointVerifyReport& r) {
   for (const auto& [slice, list] : copies) {
     if (list.size() < 2) continue;
     std::vector<std::string> hashes;
@@ -621,6 +663,56 @@ CheckpointVerifyReport verify_checkpoint(const std::string& dir, int64_t iterati
                              std::to_string(c.count) +
                              " files, though it matches its own checksum");
   }
+}
+
+}  // namespace
+
+CheckpointVerifyReport verify_checkpoint(const std::string& dir, int64_t iteration,
+                                         const std::function<void(const std::string&)>& progress) {
+  CheckpointVerifyReport r;
+  r.dir = resolve(dir, iteration, r);
+  if (r.dir.empty()) return r;
+  r.iteration = parse_iteration_dir_name(r.dir);
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  silence_hdf5_errors();
+
+  std::vector<ShardFile> files = list_shard_files(r.dir);
+  if (files.empty()) {
+    r.problems.push_back(r.dir + ": holds no shard files (mp_rank_TT_PPP.h5)");
+    return r;
+  }
+  int name_tp = 0, name_pp = 0;
+  for (const ShardFile& f : files) {
+    name_tp = std::max(name_tp, f.tp + 1);
+    name_pp = std::max(name_pp, f.pp + 1);
+  }
+
+  // ---- open every file and compare their attributes ----
+  std::vector<ShardFile*> opened = open_shard_files(files, r);
+  if (opened.empty()) return r;
+  std::map<std::string, std::string> authority, preferred;
+  if (r.iteration >= 0) authority["iteration"] = std::to_string(r.iteration);
+  preferred["tensor_model_parallel_size"] = std::to_string(name_tp);
+  preferred["pipeline_model_parallel_size"] = std::to_string(name_pp);
+  compare_attributes(opened, r.dir, authority, preferred, r.problems);
+
+  // ---- the layout: every file it names is present, none outside it ----
+  check_layout_files(files, opened, name_tp, name_pp, r);
+
+  // ---- the tensors each file must hold ----
+  const ExpectedModel model = read_expected_model(opened, r);
+
+  // ---- every dataset of every file ----
+  std::vector<float> data;
+  SliceCopies copies;
+  for (size_t fi = 0; fi < files.size(); ++fi) {
+    const ShardFile& f = files[fi];
+    if (!f.handle || !f.handle->valid()) continue;
+    verify_shard_file(f, fi, files.size(), model, data, copies, r, progress);
+  }
+
+  // ---- copies of one slice hold the same data ----
+  compare_copies(copies, r);
   return r;
 }
 

@@ -1,7 +1,7 @@
 // metrics.hpp: the training metrics and the three places they go: the iteration log line,
 // the JSONL metrics file (rank 0) and TensorBoard (the last rank, Megatron's tags). The line's
 // fixed part is Megatron's; every other figure is declared once as a Figure by the metric source
-// that computes it (train/metric_sources.cpp lists them, in the order they appear), so a new
+// that computes it (train/metrics/sources.cpp lists them, in the order they appear), so a new
 // figure is one new source and one line in that list.
 #pragma once
 
@@ -80,7 +80,7 @@ struct MetricContext {
   const ParallelContext& ctx;
   OptimizerSet& optimizers;
 };
-// The sources of a run, in the order their figures appear (train/metric_sources.cpp).
+// The sources of a run, in the order their figures appear (train/metrics/sources.cpp).
 std::vector<std::unique_ptr<MetricSource>> make_metric_sources(const MetricContext& c);
 
 // " validation loss at <where> | lm loss value: ... | lm loss PPL: ..." (one format everywhere).

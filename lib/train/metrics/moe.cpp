@@ -1,4 +1,4 @@
-// moe_metrics.cpp: Megatron's MoE figures: the load-balancing loss and the router z-loss
+// moe.cpp: Megatron's MoE figures: the load-balancing loss and the router z-loss
 // without their coefficients, averaged over the micro-batches of the global batch and over the
 // MoE layers, in the log line and the metrics file (the interval's mean) and in TensorBoard (each
 // step's).

@@ -1,6 +1,6 @@
-// metric_sources.cpp: the figures of the iteration line beyond Megatron's fixed part, and the
+// sources.cpp: the figures of the iteration line beyond Megatron's fixed part, and the
 // one list of metric sources. A new figure: a MetricSource in a file of its own (as
-// moe_metrics.cpp), its factory declared and listed below.
+// metrics/moe.cpp), its factory declared and listed below.
 #include "train/metrics.hpp"
 
 namespace tessera {
