@@ -855,6 +855,15 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
+// The top level of a tokenizer.json: the model's vocabulary and merges are streamed (the vocabulary
+// straight into the Bpe), the rest kept as trees.
+struct TokenizerJson {
+  JsonValue normalizer_v, pre_v, decoder_v, added_v, model_type, dropout, unk, prefix, suffix;
+  JsonValue byte_fallback_v, ignore_merges_v, fuse_unk_v;
+  bool have_model = false, vocab_is_object = true;
+  std::vector<std::pair<std::string, std::string>> merge_pairs;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -982,6 +991,15 @@ struct HfTokenizer::Impl {
 
   void load(const std::string& file, const std::string& text);
   void resolve_eod(const std::string& eod_token);
+
+ private:
+  void init_byte_tables();
+  void parse_json(const std::string& text, const Where& w, TokenizerJson& j);
+  void parse_model(JsonReader& r, TokenizerJson& j);
+  void load_model(const TokenizerJson& j, const Where& w);
+  void load_pipeline(const TokenizerJson& j, const Where& w);
+  void load_added_tokens(const JsonValue& added_v, const Where& w);
+  void build_id_tables();
 };
 
 void HfTokenizer::Impl::load(const std::string& file, const std::string& text) {
@@ -989,6 +1007,28 @@ void HfTokenizer::Impl::load(const std::string& file, const std::string& text) {
   path = file;
   if (std::string bad; utf8_sanitize(text, bad)) w.fail("is not valid UTF-8");
   name = "hf:xxh64:" + hex64(xxh64(text.data(), text.size()));
+  init_byte_tables();
+
+  // The top level: the model's vocabulary and merges are streamed, the rest parsed as trees.
+  TokenizerJson j;
+  parse_json(text, w, j);
+  if (!j.have_model) w.fail("has no \"model\"");
+
+  // The model.
+  load_model(j, w);
+
+  // Normalizer, pre-tokenizer, decoder.
+  load_pipeline(j, w);
+
+  // Added tokens.
+  load_added_tokens(j.added_v, w);
+
+  // Ids: the vocabulary, then the added tokens (which the library's decode looks up first).
+  build_id_tables();
+}
+
+// The byte-level alphabet: each byte's code point, and back.
+void HfTokenizer::Impl::init_byte_tables() {
   const std::array<uint32_t, 256> cps = byte_to_codepoint();
   char_to_byte.fill(-1);
   for (int b = 0; b < 256; ++b) {
@@ -996,76 +1036,24 @@ void HfTokenizer::Impl::load(const std::string& file, const std::string& text) {
     bpe.byte_char[b].clear();
     utf8_append(bpe.byte_char[b], cps[b]);
   }
+}
 
-  // The top level: the model's vocabulary and merges are streamed, the rest parsed as trees.
-  JsonValue normalizer_v, pre_v, decoder_v, added_v, model_type, dropout, unk, prefix, suffix;
-  JsonValue byte_fallback_v, ignore_merges_v, fuse_unk_v;
-  bool have_model = false, vocab_is_object = true;
-  std::vector<std::pair<std::string, std::string>> merge_pairs;
-  std::vector<int64_t> merge_lines;
+// Reads the top level of the tokenizer.json text into j (the vocabulary into bpe.vocab).
+void HfTokenizer::Impl::parse_json(const std::string& text, const Where& w, TokenizerJson& j) {
   try {
     JsonReader r(text);
     r.object([&](const std::string& key) {
       if (key == "normalizer") {
-        normalizer_v = r.value();
+        j.normalizer_v = r.value();
       } else if (key == "pre_tokenizer") {
-        pre_v = r.value();
+        j.pre_v = r.value();
       } else if (key == "decoder") {
-        decoder_v = r.value();
+        j.decoder_v = r.value();
       } else if (key == "added_tokens") {
-        added_v = r.value();
+        j.added_v = r.value();
       } else if (key == "model") {
-        have_model = true;
-        r.object([&](const std::string& k) {
-          if (k == "vocab") {
-            vocab_is_object = r.peek_char() == '{';
-            if (!vocab_is_object) {
-              r.skip_value();  // Unigram's [[piece, score], ...]
-              return;
-            }
-            r.object([&](const std::string& tok) {
-              const int64_t id = r.int_value();
-              if (id < 0 || id >= (1 << 30))
-                throw JsonError{"token id " + std::to_string(id) + " out of range"};
-              bpe.vocab[tok] = static_cast<int32_t>(id);
-            });
-          } else if (k == "merges") {
-            r.array([&] {
-              JsonValue m = r.value();
-              if (m.type == JsonValue::Type::String) {
-                const size_t sp = m.string.find(' ');
-                if (sp == std::string::npos || m.string.find(' ', sp + 1) != std::string::npos)
-                  throw JsonError{"merge \"" + m.string +
-                                  "\" is not two tokens separated by one space"};
-                merge_pairs.emplace_back(m.string.substr(0, sp), m.string.substr(sp + 1));
-              } else if (m.type == JsonValue::Type::Array && m.items.size() == 2 &&
-                         m.items[0].type == JsonValue::Type::String &&
-                         m.items[1].type == JsonValue::Type::String) {
-                merge_pairs.emplace_back(m.items[0].string, m.items[1].string);
-              } else {
-                throw JsonError{"a merge is neither \"a b\" nor [\"a\", \"b\"]"};
-              }
-            });
-          } else if (k == "type") {
-            model_type = r.value();
-          } else if (k == "dropout") {
-            dropout = r.value();
-          } else if (k == "unk_token") {
-            unk = r.value();
-          } else if (k == "continuing_subword_prefix") {
-            prefix = r.value();
-          } else if (k == "end_of_word_suffix") {
-            suffix = r.value();
-          } else if (k == "byte_fallback") {
-            byte_fallback_v = r.value();
-          } else if (k == "ignore_merges") {
-            ignore_merges_v = r.value();
-          } else if (k == "fuse_unk") {
-            fuse_unk_v = r.value();
-          } else {
-            r.skip_value();
-          }
-        });
+        j.have_model = true;
+        parse_model(r, j);
       } else {
         r.skip_value();  // version, truncation, padding, post_processor (no BOS/EOS is added)
       }
@@ -1074,32 +1062,86 @@ void HfTokenizer::Impl::load(const std::string& file, const std::string& text) {
   } catch (const JsonError& e) {
     w.fail("does not parse as a tokenizer.json: " + e.message);
   }
-  if (!have_model) w.fail("has no \"model\"");
+}
 
-  // The model.
-  const std::string type = model_type.type == JsonValue::Type::String ? model_type.string
-                           : !merge_pairs.empty()                     ? "BPE"
-                                                                      : "(none)";
-  if (type != "BPE" || !vocab_is_object)
-    w.fail("model type " + (vocab_is_object ? type : std::string("Unigram")) +
+// Reads the "model" object: its vocabulary into bpe.vocab, its merges and settings into j.
+void HfTokenizer::Impl::parse_model(JsonReader& r, TokenizerJson& j) {
+  r.object([&](const std::string& k) {
+    if (k == "vocab") {
+      j.vocab_is_object = r.peek_char() == '{';
+      if (!j.vocab_is_object) {
+        r.skip_value();  // Unigram's [[piece, score], ...]
+        return;
+      }
+      r.object([&](const std::string& tok) {
+        const int64_t id = r.int_value();
+        if (id < 0 || id >= (1 << 30))
+          throw JsonError{"token id " + std::to_string(id) + " out of range"};
+        bpe.vocab[tok] = static_cast<int32_t>(id);
+      });
+    } else if (k == "merges") {
+      r.array([&] {
+        JsonValue m = r.value();
+        if (m.type == JsonValue::Type::String) {
+          const size_t sp = m.string.find(' ');
+          if (sp == std::string::npos || m.string.find(' ', sp + 1) != std::string::npos)
+            throw JsonError{"merge \"" + m.string + "\" is not two tokens separated by one space"};
+          j.merge_pairs.emplace_back(m.string.substr(0, sp), m.string.substr(sp + 1));
+        } else if (m.type == JsonValue::Type::Array && m.items.size() == 2 &&
+                   m.items[0].type == JsonValue::Type::String &&
+                   m.items[1].type == JsonValue::Type::String) {
+          j.merge_pairs.emplace_back(m.items[0].string, m.items[1].string);
+        } else {
+          throw JsonError{"a merge is neither \"a b\" nor [\"a\", \"b\"]"};
+        }
+      });
+    } else if (k == "type") {
+      j.model_type = r.value();
+    } else if (k == "dropout") {
+      j.dropout = r.value();
+    } else if (k == "unk_token") {
+      j.unk = r.value();
+    } else if (k == "continuing_subword_prefix") {
+      j.prefix = r.value();
+    } else if (k == "end_of_word_suffix") {
+      j.suffix = r.value();
+    } else if (k == "byte_fallback") {
+      j.byte_fallback_v = r.value();
+    } else if (k == "ignore_merges") {
+      j.ignore_merges_v = r.value();
+    } else if (k == "fuse_unk") {
+      j.fuse_unk_v = r.value();
+    } else {
+      r.skip_value();
+    }
+  });
+}
+
+// Checks the BPE model and sets its settings, merge ranks and byte-fallback ids.
+void HfTokenizer::Impl::load_model(const TokenizerJson& j, const Where& w) {
+  const std::string type = j.model_type.type == JsonValue::Type::String ? j.model_type.string
+                           : !j.merge_pairs.empty()                     ? "BPE"
+                                                                        : "(none)";
+  if (type != "BPE" || !j.vocab_is_object)
+    w.fail("model type " + (j.vocab_is_object ? type : std::string("Unigram")) +
            " is not supported (supported: BPE)");
-  if (dropout.type == JsonValue::Type::Number && dropout.number != 0)
-    w.fail("model BPE dropout " + std::to_string(dropout.number) +
+  if (j.dropout.type == JsonValue::Type::Number && j.dropout.number != 0)
+    w.fail("model BPE dropout " + std::to_string(j.dropout.number) +
            " is not supported (only null or 0)");
   if (bpe.vocab.empty()) w.fail("model BPE has an empty vocabulary");
-  bpe.byte_fallback = byte_fallback_v.type == JsonValue::Type::Bool && byte_fallback_v.boolean;
-  bpe.ignore_merges = ignore_merges_v.type == JsonValue::Type::Bool && ignore_merges_v.boolean;
-  bpe.fuse_unk = fuse_unk_v.type == JsonValue::Type::Bool && fuse_unk_v.boolean;
-  if (prefix.type == JsonValue::Type::String) bpe.prefix = prefix.string;
-  if (suffix.type == JsonValue::Type::String) bpe.suffix = suffix.string;
-  if (unk.type == JsonValue::Type::String) {
-    auto it = bpe.vocab.find(unk.string);
+  bpe.byte_fallback = j.byte_fallback_v.type == JsonValue::Type::Bool && j.byte_fallback_v.boolean;
+  bpe.ignore_merges = j.ignore_merges_v.type == JsonValue::Type::Bool && j.ignore_merges_v.boolean;
+  bpe.fuse_unk = j.fuse_unk_v.type == JsonValue::Type::Bool && j.fuse_unk_v.boolean;
+  if (j.prefix.type == JsonValue::Type::String) bpe.prefix = j.prefix.string;
+  if (j.suffix.type == JsonValue::Type::String) bpe.suffix = j.suffix.string;
+  if (j.unk.type == JsonValue::Type::String) {
+    auto it = bpe.vocab.find(j.unk.string);
     if (it == bpe.vocab.end())
-      w.fail("model BPE unk_token '" + unk.string + "' is not in the vocabulary");
+      w.fail("model BPE unk_token '" + j.unk.string + "' is not in the vocabulary");
     bpe.unk_id = it->second;
   }
-  for (size_t i = 0; i < merge_pairs.size(); ++i) {
-    const auto& [a, b] = merge_pairs[i];
+  for (size_t i = 0; i < j.merge_pairs.size(); ++i) {
+    const auto& [a, b] = j.merge_pairs[i];
     auto ia = bpe.vocab.find(a), ib = bpe.vocab.find(b);
     const std::string merged =
         a + (b.size() >= bpe.prefix.size() ? b.substr(bpe.prefix.size()) : std::string());
@@ -1117,19 +1159,22 @@ void HfTokenizer::Impl::load(const std::string& file, const std::string& text) {
     std::snprintf(code, sizeof code, "<0x%02X>", b);
     if (auto it = bpe.vocab.find(code); it != bpe.vocab.end()) bpe.fallback_id[b] = it->second;
   }
+}
 
-  // Normalizer, pre-tokenizer, decoder.
-  if (normalizer_v.type != JsonValue::Type::Null) {
-    normalizer = parse_normalizer(normalizer_v, w);
+// Parses the normalizer, pre-tokenizer and decoder; for a byte-level pre-tokenizer, the ids of
+// the bytes (and of every token as bytes, when merges are ignored).
+void HfTokenizer::Impl::load_pipeline(const TokenizerJson& j, const Where& w) {
+  if (j.normalizer_v.type != JsonValue::Type::Null) {
+    normalizer = parse_normalizer(j.normalizer_v, w);
     has_normalizer = true;
   }
-  if (pre_v.type != JsonValue::Type::Null) {
-    pre = parse_pre_tokenizer(pre_v, w);
+  if (j.pre_v.type != JsonValue::Type::Null) {
+    pre = parse_pre_tokenizer(j.pre_v, w);
     has_pre = true;
     byte_level = pre.has_byte_level();
   }
-  if (decoder_v.type != JsonValue::Type::Null) {
-    decoder = parse_decoder(decoder_v, w, &char_to_byte);
+  if (j.decoder_v.type != JsonValue::Type::Null) {
+    decoder = parse_decoder(j.decoder_v, w, &char_to_byte);
     has_decoder = true;
   }
   if (byte_level) {
@@ -1153,8 +1198,10 @@ void HfTokenizer::Impl::load(const std::string& file, const std::string& text) {
       }
     }
   }
+}
 
-  // Added tokens.
+// Reads the added tokens and files each in the trie it is matched with (normalized text or raw).
+void HfTokenizer::Impl::load_added_tokens(const JsonValue& added_v, const Where& w) {
   if (added_v.type == JsonValue::Type::Array) {
     for (const JsonValue& a : added_v.items) {
       AddedToken t;
@@ -1182,8 +1229,10 @@ void HfTokenizer::Impl::load(const std::string& file, const std::string& text) {
       raw_trie.add(added[i].content, static_cast<int32_t>(i));
     }
   }
+}
 
-  // Ids: the vocabulary, then the added tokens (which the library's decode looks up first).
+// The id tables: each id's token, whether it is one, and the bytes it decodes to.
+void HfTokenizer::Impl::build_id_tables() {
   int64_t max_id = -1;
   for (const auto& [tok, id] : bpe.vocab) max_id = std::max<int64_t>(max_id, id);
   for (const AddedToken& t : added) max_id = std::max<int64_t>(max_id, t.id);
