@@ -132,15 +132,27 @@ std::string hf_export_architecture(const GPTConfig& cfg, const std::string& aske
   return asked;
 }
 
-void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const HfExportOptions& o,
-                     const std::function<void(const std::string&)>& progress) {
-  const GPTConfig& cfg = ckpt.meta().model;
-  const std::string arch = hf_export_architecture(cfg, o.architecture);
-  const std::string cls = arch == "qwen2"     ? "Qwen2ForCausalLM"
-                          : arch == "mistral" ? "MistralForCausalLM"
-                          : arch == "mixtral" ? "MixtralForCausalLM"
-                                              : "LlamaForCausalLM";
-  const std::string ck = "checkpoint '" + ckpt.path() + "'";
+namespace {
+
+// A tensor planned into an exported file: its Hugging Face name and shape, the Tessera parameter
+// (an index into the specs) and which of that parameter's parts it is.
+struct PlannedTensor {
+  std::string name;
+  Shape shape;
+  size_t spec = 0, part = 0;
+};
+
+// The name of exported file f of n.
+std::string export_file_name(size_t f, size_t n) {
+  if (n == 1) return std::string("model.safetensors");
+  char b[64];
+  std::snprintf(b, sizeof b, "model-%05zu-of-%05zu.safetensors", f + 1, n);
+  return std::string(b);
+}
+
+// Refuses (ConfigError) a model that the Hugging Face class `cls` of `arch` does not compute.
+void check_exportable(const GPTConfig& cfg, const std::string& arch, const std::string& cls,
+                      const std::string& ck) {
   if (cfg.moe() != (arch == "mixtral"))
     throw ConfigError(ck + (cfg.moe() ? " is a mixture of experts; export it with "
                                         "--hf-architecture mixtral (MixtralForCausalLM)"
@@ -188,17 +200,18 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
                       " has linear biases; MistralForCausalLM has none: export it with "
                       "--hf-architecture " +
                       (qkv_only ? "qwen2" : "llama"));
-  const std::string dtype = hf_dtype(o.dtype);
-  prepare_save_dir(dir);  // with its parents; ConfigError when it cannot be written
-  const auto specs = global_specs(cfg);
-  // Plan the files: tensors in order, a new shard when the next one would pass the limit.
-  struct Planned {
-    std::string name;
-    Shape shape;
-    size_t spec = 0, part = 0;
-  };
-  std::vector<std::vector<Planned>> files(1);
-  uint64_t in_file = 0, total = 0;
+}
+
+// Plans the files: tensors in order, a new shard when the next one would pass the limit; `total`
+// gets the bytes of them all.
+std::vector<std::vector<PlannedTensor>> plan_export_files(const std::vector<ParamSpec>& specs,
+                                                          const GPTConfig& cfg,
+                                                          const HfExportOptions& o,
+                                                          const std::string& dtype,
+                                                          uint64_t& total) {
+  std::vector<std::vector<PlannedTensor>> files(1);
+  uint64_t in_file = 0;
+  total = 0;
   const size_t width = safetensors_width(dtype);
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto parts = hf_parts(specs[i].name);
@@ -214,20 +227,23 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
       total += bytes;
     }
   }
+  return files;
+}
+
+// Writes the planned safetensors files, reading each parameter from the checkpoint once.
+void write_export_files(const CheckpointReader& ckpt, const std::string& dir,
+                        const std::vector<ParamSpec>& specs,
+                        const std::vector<std::vector<PlannedTensor>>& files,
+                        const std::string& dtype,
+                        const std::function<void(const std::string&)>& progress) {
   const size_t n = files.size();
-  auto file_name = [&](size_t f) {
-    if (n == 1) return std::string("model.safetensors");
-    char b[64];
-    std::snprintf(b, sizeof b, "model-%05zu-of-%05zu.safetensors", f + 1, n);
-    return std::string(b);
-  };
   std::vector<float> global;
   size_t loaded = SIZE_MAX;
   for (size_t f = 0; f < n; ++f) {
-    SafetensorsWriter w(dir + "/" + file_name(f),
+    SafetensorsWriter w(dir + "/" + export_file_name(f, n),
                         {{"format", "pt"}, {"source", "tessera " + ckpt.path()}});
-    for (const Planned& p : files[f]) w.declare(p.name, p.shape, dtype);
-    for (const Planned& p : files[f]) {
+    for (const PlannedTensor& p : files[f]) w.declare(p.name, p.shape, dtype);
+    for (const PlannedTensor& p : files[f]) {
       const ParamSpec& s = specs[p.spec];
       if (loaded != p.spec) {
         global.resize(static_cast<size_t>(shape_numel(s.global_shape)));
@@ -238,15 +254,19 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
       const int64_t part_elems = shape_numel(p.shape);
       const size_t step = is_vocab(s) ? 0 : static_cast<size_t>(part_elems);
       w.write(p.name, global.data() + step * p.part);
-      if (progress) progress("exported " + s.name + " -> " + p.name + " (" + file_name(f) + ")");
+      if (progress)
+        progress("exported " + s.name + " -> " + p.name + " (" + export_file_name(f, n) + ")");
     }
     w.finish();
   }
-  // Files of an earlier export into this directory that this one does not replace: a stale
-  // model.safetensors would be loaded before the index, stale shards would mislead.
+}
+
+// Removes the files of an earlier export into `dir` that this one (n files) does not replace: a
+// stale model.safetensors would be loaded before the index, stale shards would mislead.
+void remove_stale_export_files(const std::string& dir, size_t n) {
   if (DIR* d = ::opendir(dir.c_str())) {
     std::set<std::string> written;
-    for (size_t f = 0; f < n; ++f) written.insert(file_name(f));
+    for (size_t f = 0; f < n; ++f) written.insert(export_file_name(f, n));
     while (dirent* e = ::readdir(d)) {
       const std::string name = e->d_name;
       const bool ours =
@@ -257,13 +277,20 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
     }
     ::closedir(d);
   }
+}
+
+// Writes model.safetensors.index.json for an export of several files; removes it for one file.
+void write_export_index(const std::string& dir,
+                        const std::vector<std::vector<PlannedTensor>>& files, uint64_t total) {
+  const size_t n = files.size();
   if (n > 1) {
     std::ostringstream idx;
     idx << "{\n  \"metadata\": {\n    \"total_size\": " << total << "\n  },\n  \"weight_map\": {";
     bool first = true;
     for (size_t f = 0; f < n; ++f)
-      for (const Planned& p : files[f]) {
-        idx << (first ? "\n" : ",\n") << "    \"" << p.name << "\": \"" << file_name(f) << "\"";
+      for (const PlannedTensor& p : files[f]) {
+        idx << (first ? "\n" : ",\n") << "    \"" << p.name << "\": \"" << export_file_name(f, n)
+            << "\"";
         first = false;
       }
     idx << "\n  }\n}\n";
@@ -271,6 +298,11 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
   } else {
     std::remove((dir + "/model.safetensors.index.json").c_str());  // a stale one would mislead
   }
+}
+
+// Writes the config.json of the exported model (class `cls` of `arch`, tensors in `dtype`).
+void write_hf_config(const GPTConfig& cfg, const std::string& arch, const std::string& cls,
+                     const std::string& dtype, const std::string& dir) {
   std::ostringstream c;
   const char* torch_dtype = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
   c << "{\n  \"architectures\": [\"" << cls << "\"],\n  \"model_type\": \"" << arch << "\",\n"
@@ -313,9 +345,35 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
   write_file_atomically(dir + "/config.json", c.str());
 }
 
-HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
-  const std::string path = dir + "/config.json";
-  const std::string text = read_text(path, "--from-hf needs a Hugging Face model directory");
+}  // namespace
+
+void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const HfExportOptions& o,
+                     const std::function<void(const std::string&)>& progress) {
+  const GPTConfig& cfg = ckpt.meta().model;
+  const std::string arch = hf_export_architecture(cfg, o.architecture);
+  const std::string cls = arch == "qwen2"     ? "Qwen2ForCausalLM"
+                          : arch == "mistral" ? "MistralForCausalLM"
+                          : arch == "mixtral" ? "MixtralForCausalLM"
+                                              : "LlamaForCausalLM";
+  const std::string ck = "checkpoint '" + ckpt.path() + "'";
+  check_exportable(cfg, arch, cls, ck);
+  const std::string dtype = hf_dtype(o.dtype);
+  prepare_save_dir(dir);  // with its parents; ConfigError when it cannot be written
+  const auto specs = global_specs(cfg);
+  uint64_t total = 0;
+  const std::vector<std::vector<PlannedTensor>> files =
+      plan_export_files(specs, cfg, o, dtype, total);
+  write_export_files(ckpt, dir, specs, files, dtype, progress);
+  remove_stale_export_files(dir, files.size());
+  write_export_index(dir, files, total);
+  write_hf_config(cfg, arch, cls, dtype, dir);
+}
+
+namespace {
+
+// The settings of a config.json that are not GPTConfig fields, with the defaults of the config
+// classes (LlamaConfig; Qwen2Config, MistralConfig and MixtralConfig where they differ).
+struct HfConfigSettings {
   std::string model_type, act = "silu", scaling;
   double partial = 1.0;
   int64_t kv_heads = 0, head_dim = 0;
@@ -324,89 +382,93 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   // attention is full causal, so a window that applies is refused. "" absent, "null", or a number.
   std::string sliding_window;
   bool use_sliding_window = false;
-  // The defaults of the config classes (LlamaConfig; Qwen2Config and MistralConfig below).
-  model_type = hf_model_type(dir);
-  cfg_.max_position_embeddings = model_type == "qwen2"                                ? 32768
-                                 : model_type == "mistral" || model_type == "mixtral" ? 4096 * 32
-                                                                                      : 2048;
   // Mixtral (MixtralConfig's defaults): the experts, and its router settings.
-  int64_t experts = model_type == "mixtral" ? 8 : 0, topk = 2;
+  int64_t experts = 0, topk = 2;
   double jitter = 0, aux_coef = 0.001;
   std::string unknown_router;  // a router key this importer does not know
-  cfg_.layernorm_epsilon = 1e-6;
-  cfg_.untie_embeddings_and_output_weights = true;
+};
+
+// Reads a rope_scaling or rope_parameters (`k`) object: its fields into cfg, its type into
+// `scaling`.
+void parse_rope_scaling(JsonReader& r, const std::string& k, GPTConfig& cfg, std::string& scaling) {
+  // rope_parameters: newer transformers' spelling, with rope_theta inside.
+  if (r.null_value()) return;
+  r.object([&](const std::string& f) {
+    if (f == "rope_theta")
+      cfg.rotary_base = r.number_value();
+    else if (f == "rope_type" || f == "type")
+      scaling = r.string_value();
+    else if (f == "factor")
+      cfg.rope_scaling_factor = r.number_value();
+    else if (f == "low_freq_factor")
+      cfg.rope_scaling_low_freq_factor = r.number_value();
+    else if (f == "high_freq_factor")
+      cfg.rope_scaling_high_freq_factor = r.number_value();
+    else if (f == "original_max_position_embeddings")
+      cfg.rope_scaling_original_max_positions = r.number_value();
+    else
+      r.skip_value();
+  });
+  if (scaling.empty()) scaling = k == "rope_parameters" ? "default" : "unnamed";
+}
+
+// Reads config.json (`text`, from `path`): its GPTConfig fields into cfg, the rest into h.
+void parse_hf_config(const std::string& path, const std::string& text, GPTConfig& cfg,
+                     HfConfigSettings& h) {
   try {
     JsonReader r(text);
     r.object([&](const std::string& k) {
       if (k == "hidden_size")
-        cfg_.hidden_size = static_cast<int>(r.int_value());
+        cfg.hidden_size = static_cast<int>(r.int_value());
       else if (k == "intermediate_size")
-        cfg_.ffn_hidden_size = static_cast<int>(r.int_value());
+        cfg.ffn_hidden_size = static_cast<int>(r.int_value());
       else if (k == "num_hidden_layers")
-        cfg_.num_layers = static_cast<int>(r.int_value());
+        cfg.num_layers = static_cast<int>(r.int_value());
       else if (k == "num_attention_heads")
-        cfg_.num_attention_heads = static_cast<int>(r.int_value());
+        cfg.num_attention_heads = static_cast<int>(r.int_value());
       else if (k == "num_key_value_heads")
-        kv_heads = r.null_value() ? 0 : r.int_value();
+        h.kv_heads = r.null_value() ? 0 : r.int_value();
       else if (k == "head_dim")
-        head_dim = r.null_value() ? 0 : r.int_value();
+        h.head_dim = r.null_value() ? 0 : r.int_value();
       else if (k == "max_position_embeddings")
-        cfg_.max_position_embeddings = static_cast<int>(r.int_value());
+        cfg.max_position_embeddings = static_cast<int>(r.int_value());
       else if (k == "vocab_size")
-        cfg_.vocab_size = r.int_value();
+        cfg.vocab_size = r.int_value();
       else if (k == "rms_norm_eps")
-        cfg_.layernorm_epsilon = r.number_value();
+        cfg.layernorm_epsilon = r.number_value();
       else if (k == "rope_theta")
-        cfg_.rotary_base = r.number_value();
+        cfg.rotary_base = r.number_value();
       else if (k == "partial_rotary_factor")
-        partial = r.null_value() ? 1.0 : r.number_value();
+        h.partial = r.null_value() ? 1.0 : r.number_value();
       else if (k == "tie_word_embeddings")
-        cfg_.untie_embeddings_and_output_weights = !r.bool_value();
+        cfg.untie_embeddings_and_output_weights = !r.bool_value();
       else if (k == "attention_bias")
-        attention_bias = r.bool_value();
+        h.attention_bias = r.bool_value();
       else if (k == "mlp_bias")
-        mlp_bias = r.bool_value();
+        h.mlp_bias = r.bool_value();
       else if (k == "hidden_act")
-        act = r.string_value();
+        h.act = r.string_value();
       else if (k == "sliding_window")
-        sliding_window = r.null_value() ? "null" : number(r.number_value());
+        h.sliding_window = r.null_value() ? "null" : number(r.number_value());
       else if (k == "use_sliding_window")
-        use_sliding_window = r.bool_value();
+        h.use_sliding_window = r.bool_value();
       else if (k == "model_type")
-        model_type = r.string_value();
+        h.model_type = r.string_value();
       else if (k == "initializer_range")
-        cfg_.init_method_std = r.number_value();
+        cfg.init_method_std = r.number_value();
       else if (k == "num_local_experts")
-        experts = r.int_value();
+        h.experts = r.int_value();
       else if (k == "num_experts_per_tok")
-        topk = r.int_value();
+        h.topk = r.int_value();
       else if (k == "router_aux_loss_coef")
-        aux_coef = r.number_value();
+        h.aux_coef = r.number_value();
       else if (k == "router_jitter_noise")
-        jitter = r.null_value() ? 0.0 : r.number_value();
+        h.jitter = r.null_value() ? 0.0 : r.number_value();
       else if (k.rfind("router_", 0) == 0 && k != "router_z_loss_coef") {
-        unknown_router = k;
+        h.unknown_router = k;
         r.skip_value();
       } else if (k == "rope_scaling" || k == "rope_parameters") {
-        // rope_parameters: newer transformers' spelling, with rope_theta inside.
-        if (r.null_value()) return;
-        r.object([&](const std::string& f) {
-          if (f == "rope_theta")
-            cfg_.rotary_base = r.number_value();
-          else if (f == "rope_type" || f == "type")
-            scaling = r.string_value();
-          else if (f == "factor")
-            cfg_.rope_scaling_factor = r.number_value();
-          else if (f == "low_freq_factor")
-            cfg_.rope_scaling_low_freq_factor = r.number_value();
-          else if (f == "high_freq_factor")
-            cfg_.rope_scaling_high_freq_factor = r.number_value();
-          else if (f == "original_max_position_embeddings")
-            cfg_.rope_scaling_original_max_positions = r.number_value();
-          else
-            r.skip_value();
-        });
-        if (scaling.empty()) scaling = k == "rope_parameters" ? "default" : "unnamed";
+        parse_rope_scaling(r, k, cfg, h.scaling);
       } else {
         r.skip_value();
       }
@@ -414,105 +476,143 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   } catch (const JsonError& e) {
     throw ConfigError("'" + path + "' does not parse: " + e.message);
   }
+}
+
+// Refuses (ConfigError naming `path`) what Tessera does not compute; takes Mixtral's experts and
+// router settings into cfg.
+void check_hf_config(const std::string& path, const HfConfigSettings& h, GPTConfig& cfg) {
+  const std::string& model_type = h.model_type;
   if (model_type != "llama" && model_type != "qwen2" && model_type != "mistral" &&
       model_type != "mixtral")
     throw ConfigError("'" + path + "' has model_type \"" + model_type +
                       "\"; this importer reads llama, qwen2, mistral and mixtral");
   if (model_type == "mixtral") {
-    if (jitter != 0)
-      throw ConfigError("'" + path + "' has router_jitter_noise " + number(jitter) +
+    if (h.jitter != 0)
+      throw ConfigError("'" + path + "' has router_jitter_noise " + number(h.jitter) +
                         "; Tessera's router has no jitter (allowed: 0)");
-    if (!unknown_router.empty())
-      throw ConfigError("'" + path + "' has router setting \"" + unknown_router +
+    if (!h.unknown_router.empty())
+      throw ConfigError("'" + path + "' has router setting \"" + h.unknown_router +
                         "\", which this importer does not know (allowed: router_aux_loss_coef, "
                         "router_jitter_noise 0, router_z_loss_coef)");
-    if (experts < 1 || topk < 1 || topk > experts)
-      throw ConfigError("'" + path + "' has num_local_experts " + std::to_string(experts) +
-                        " and num_experts_per_tok " + std::to_string(topk) +
+    if (h.experts < 1 || h.topk < 1 || h.topk > h.experts)
+      throw ConfigError("'" + path + "' has num_local_experts " + std::to_string(h.experts) +
+                        " and num_experts_per_tok " + std::to_string(h.topk) +
                         " (allowed: 1 <= num_experts_per_tok <= num_local_experts)");
-    cfg_.num_experts = static_cast<int>(experts);
-    cfg_.moe_router_topk = static_cast<int>(topk);
-    cfg_.moe_aux_loss_coeff = aux_coef;
+    cfg.num_experts = static_cast<int>(h.experts);
+    cfg.moe_router_topk = static_cast<int>(h.topk);
+    cfg.moe_aux_loss_coeff = h.aux_coef;
   }
-  if (model_type == "qwen2" && use_sliding_window)
+  if (model_type == "qwen2" && h.use_sliding_window)
     throw ConfigError("'" + path +
                       "' has use_sliding_window true; Tessera's attention is full causal "
                       "(allowed: use_sliding_window false)");
-  if (model_type == "mixtral" && !sliding_window.empty() && sliding_window != "null")
-    throw ConfigError("'" + path + "' has sliding_window " + sliding_window +
+  if (model_type == "mixtral" && !h.sliding_window.empty() && h.sliding_window != "null")
+    throw ConfigError("'" + path + "' has sliding_window " + h.sliding_window +
                       "; Tessera's attention is full causal (allowed: sliding_window null)");
-  if (model_type == "mistral" && sliding_window != "null")
+  if (model_type == "mistral" && h.sliding_window != "null")
     throw ConfigError(
         "'" + path + "' has sliding_window " +
-        (sliding_window.empty() ? "absent (MistralConfig's default 4096)" : sliding_window) +
+        (h.sliding_window.empty() ? "absent (MistralConfig's default 4096)" : h.sliding_window) +
         "; Tessera's attention is full causal (allowed: sliding_window null)");
-  if (partial != 1.0)
-    throw ConfigError("'" + path + "' has partial_rotary_factor " + std::to_string(partial) +
+  if (h.partial != 1.0)
+    throw ConfigError("'" + path + "' has partial_rotary_factor " + std::to_string(h.partial) +
                       "; LlamaForCausalLM rotates every feature of a head (allowed: 1)");
-  if (act != "silu")
-    throw ConfigError("'" + path + "' has hidden_act \"" + act +
+  if (h.act != "silu")
+    throw ConfigError("'" + path + "' has hidden_act \"" + h.act +
                       "\"; Tessera's SwiGLU is silu-gated (allowed: silu)");
-  if (scaling == "llama3")
-    cfg_.use_rope_scaling = true;
-  else if (!scaling.empty() && scaling != "default")
-    throw ConfigError("'" + path + "' has rope_scaling of type \"" + scaling +
+  if (h.scaling == "llama3")
+    cfg.use_rope_scaling = true;
+  else if (!h.scaling.empty() && h.scaling != "default")
+    throw ConfigError("'" + path + "' has rope_scaling of type \"" + h.scaling +
                       "\" (allowed: llama3, or rope_scaling null)");
-  if (model_type == "llama" && attention_bias != mlp_bias)
-    throw ConfigError("'" + path + "' has attention_bias " + (attention_bias ? "true" : "false") +
-                      " but mlp_bias " + (mlp_bias ? "true" : "false") +
+  if (model_type == "llama" && h.attention_bias != h.mlp_bias)
+    throw ConfigError("'" + path + "' has attention_bias " + (h.attention_bias ? "true" : "false") +
+                      " but mlp_bias " + (h.mlp_bias ? "true" : "false") +
                       "; Tessera's --disable-bias-linear covers both (they must agree)");
-  cfg_.position_embedding_type = "rope";
-  cfg_.normalization = "RMSNorm";
-  cfg_.swiglu = true;
+}
+
+// Sets the Llama architecture, biases, query groups and head width of cfg, and validates it.
+void apply_hf_config(const std::string& path, const HfConfigSettings& h, int divisible_by,
+                     GPTConfig& cfg) {
+  cfg.position_embedding_type = "rope";
+  cfg.normalization = "RMSNorm";
+  cfg.swiglu = true;
   // Qwen2: biases on q, k and v only, always (its config has no switch); Mistral: none.
-  cfg_.add_bias_linear = model_type == "llama" && attention_bias;
-  cfg_.add_qkv_bias = model_type == "qwen2";
-  if (kv_heads > 0 && kv_heads != cfg_.num_attention_heads) {
-    cfg_.group_query_attention = true;
-    cfg_.num_query_groups = static_cast<int>(kv_heads);
+  cfg.add_bias_linear = h.model_type == "llama" && h.attention_bias;
+  cfg.add_qkv_bias = h.model_type == "qwen2";
+  if (h.kv_heads > 0 && h.kv_heads != cfg.num_attention_heads) {
+    cfg.group_query_attention = true;
+    cfg.num_query_groups = static_cast<int>(h.kv_heads);
   }
-  if (cfg_.moe()) cfg_.moe_ffn_hidden_size = cfg_.ffn_hidden_size;  // intermediate_size
-  cfg_.seq_length = cfg_.max_position_embeddings;
-  cfg_.make_vocab_size_divisible_by = divisible_by;
+  if (cfg.moe()) cfg.moe_ffn_hidden_size = cfg.ffn_hidden_size;  // intermediate_size
+  cfg.seq_length = cfg.max_position_embeddings;
+  cfg.make_vocab_size_divisible_by = divisible_by;
   // A head_dim other than hidden_size / heads is --kv-channels.
-  if (head_dim > 0 && cfg_.num_attention_heads > 0 &&
-      head_dim * cfg_.num_attention_heads != cfg_.hidden_size)
-    cfg_.kv_channels = static_cast<int>(head_dim);
+  if (h.head_dim > 0 && cfg.num_attention_heads > 0 &&
+      h.head_dim * cfg.num_attention_heads != cfg.hidden_size)
+    cfg.kv_channels = static_cast<int>(h.head_dim);
   try {
-    cfg_.validate();
+    cfg.validate();
   } catch (const ConfigError& e) {
     throw ConfigError("'" + path + "' describes an invalid model: " + e.what());
   }
-  st_ = std::make_unique<SafetensorsDir>(dir);
+}
+
+// Checks that the safetensors of `dir` hold every tensor cfg implies, in its shape, and nothing
+// else.
+void check_hf_tensors(const std::string& dir, const GPTConfig& cfg, const SafetensorsDir& st) {
   std::set<std::string> expected;
-  for (const ParamSpec& s : global_specs(cfg_)) {
+  for (const ParamSpec& s : global_specs(cfg)) {
     const auto parts = hf_parts(s.name);
     expected.insert(parts.begin(), parts.end());
-    const Shape want = hf_part_shape(s, parts.size(), cfg_.vocab_size);
+    const Shape want = hf_part_shape(s, parts.size(), cfg.vocab_size);
     for (const std::string& n : parts) {
-      if (!st_->has(n))
+      if (!st.has(n))
         throw ConfigError("the Hugging Face model in '" + dir + "' has no tensor " + n +
                           " (config.json implies it)");
-      if (st_->entry(n).shape != want)
-        throw ConfigError("'" + st_->file_of(n) + "': " + n + " has shape " +
-                          shape_str(st_->entry(n).shape) + ", config.json implies " +
+      if (st.entry(n).shape != want)
+        throw ConfigError("'" + st.file_of(n) + "': " + n + " has shape " +
+                          shape_str(st.entry(n).shape) + ", config.json implies " +
                           shape_str(want));
     }
   }
   // Anything else is a model config.json does not describe (more layers, biases it says are
   // absent): refused rather than dropped. Old files' rotary inv_freq buffers are derived values.
   const std::string buffer = "rotary_emb.inv_freq";
-  for (const std::string& n : st_->names())
+  for (const std::string& n : st.names())
     if (!expected.count(n) && !(n.size() >= buffer.size() &&
                                 n.compare(n.size() - buffer.size(), buffer.size(), buffer) == 0))
       throw ConfigError(
-          "'" + st_->file_of(n) + "' has tensor " + n + ", which config.json does not describe (" +
-          std::to_string(cfg_.num_layers) + " layers, " +
-          (cfg_.add_bias_linear ? "with"
-           : cfg_.add_qkv_bias  ? "q, k and v"
-                                : "no") +
-          " biases, " + (cfg_.tied_head() ? "tied" : "untied") + " output layer" +
-          (cfg_.moe() ? ", " + std::to_string(cfg_.num_experts) + " experts" : "") + ")");
+          "'" + st.file_of(n) + "' has tensor " + n + ", which config.json does not describe (" +
+          std::to_string(cfg.num_layers) + " layers, " +
+          (cfg.add_bias_linear ? "with"
+           : cfg.add_qkv_bias  ? "q, k and v"
+                               : "no") +
+          " biases, " + (cfg.tied_head() ? "tied" : "untied") + " output layer" +
+          (cfg.moe() ? ", " + std::to_string(cfg.num_experts) + " experts" : "") + ")");
+}
+
+}  // namespace
+
+HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
+  const std::string path = dir + "/config.json";
+  const std::string text = read_text(path, "--from-hf needs a Hugging Face model directory");
+  HfConfigSettings h;
+  // The defaults of the config classes (LlamaConfig; Qwen2Config and MistralConfig below).
+  h.model_type = hf_model_type(dir);
+  cfg_.max_position_embeddings = h.model_type == "qwen2" ? 32768
+                                 : h.model_type == "mistral" || h.model_type == "mixtral"
+                                     ? 4096 * 32
+                                     : 2048;
+  // Mixtral (MixtralConfig's defaults): the experts, and its router settings.
+  h.experts = h.model_type == "mixtral" ? 8 : 0;
+  cfg_.layernorm_epsilon = 1e-6;
+  cfg_.untie_embeddings_and_output_weights = true;
+  parse_hf_config(path, text, cfg_, h);
+  check_hf_config(path, h, cfg_);
+  apply_hf_config(path, h, divisible_by, cfg_);
+  st_ = std::make_unique<SafetensorsDir>(dir);
+  check_hf_tensors(dir, cfg_, *st_);
 }
 
 void HfLlama::read_slice(const ParamSpec& spec, float* out) const {
