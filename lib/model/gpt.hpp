@@ -364,6 +364,30 @@ class GPTModel {
   // permutes the copies for this rank's experts into la.moe_xe (blocks by rank, then expert).
   void moe_allgather_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la,
                               int64_t group_rows);
+  // The steps of moe_forward: the router logits (every rank's rows in la.moe_logits); the logged
+  // load-balance and z-loss metrics; the token copies to the expert side; the experts' MLPs into
+  // oute; their outputs back into token order in out.
+  void moe_router_forward(PhaseSequence& phase, const LayerWeights& w, Activations& a,
+                          LayerActivations& la);
+  void moe_record_stats(int local_layer, const Activations& a, const LayerActivations& la,
+                        int64_t group_rows);
+  void moe_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la, int64_t group_rows,
+                    const std::vector<int64_t>& kept, bool allgather);
+  void moe_experts_forward(PhaseSequence& phase, const LayerWeights& w, LayerActivations& la,
+                           Tensor& oute);
+  void moe_combine(PhaseSequence& phase, Activations& a, LayerActivations& la, Tensor& oute,
+                   Tensor& out, bool allgather);
+  // The steps of moe_backward, mirrors of the forward's: the expert outputs' and routing weights'
+  // gradients from dy; the experts' MLPs' backward (input gradients into de); those back into
+  // token order in a.dln; the router's gradients.
+  void moe_combine_backward(PhaseSequence& phase, Activations& a, LayerActivations& la,
+                            const Tensor& dy, Tensor& de, bool allgather);
+  void moe_experts_backward(PhaseSequence& phase, const LayerWeights& w, LayerWeights& g,
+                            Activations& a, LayerActivations& la, Tensor& de);
+  void moe_dispatch_backward(PhaseSequence& phase, Activations& a, LayerActivations& la, Tensor& de,
+                             bool allgather);
+  void moe_router_grad(PhaseSequence& phase, const LayerWeights& w, LayerWeights& g, Activations& a,
+                       LayerActivations& la);
 };
 
 }  // namespace tessera

@@ -133,16 +133,11 @@ void GPTModel::moe_allgather_dispatch(PhaseSequence& phase, Activations& a, Laye
   }
 }
 
-void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& out) {
-  const int li = shard_.local_index(l);
-  const LayerWeights& w = weights_[li];
-  LayerActivations& la = acts_of(l, a);
+// The router logits: this rank's rows, then every rank's logits to all.
+void GPTModel::moe_router_forward(PhaseSequence& phase, const LayerWeights& w, Activations& a,
+                                  LayerActivations& la) {
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, E = cfg_.num_experts;
-  const int64_t K = cfg_.moe_router_topk;
   const int64_t nl = router_rows(a), rb = nl * shard_.tp_rank;
-  const bool bias_here = shard_.tp_rank == 0;  // row-parallel biases: added once across TP
-  const bool ep = shard_.ep_size > 1;
-  // The router: this rank's rows, then every rank's logits to all.
   phase("moe-router-gemm");
   const Tensor x_mine = la.ln2.view(rb * C, {nl, C});
   Tensor logits_mine = la.moe_logits.view(rb * E, {nl, E});
@@ -164,41 +159,40 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
       for (const auto& [e, v] : test_logit_bias_) z[static_cast<size_t>(n * E + e)] += v;
     be_.copy_from_host(la.moe_logits, z.data());
   }
-  phase("moe-route");
-  const bool seq_aux = cfg_.moe_router_load_balancing_type == "seq_aux_loss";
-  const int64_t group_rows = seq_aux ? a.T : N;
-  std::vector<int64_t> kept;
-  be_.moe_route(la.moe_expert, la.moe_weight, la.moe_row, la.moe_logits, routing_, group_rows,
-                la.moe_routed, kept);
-  // Context parallelism: a group's tokens (the micro-batch's, or one sample's with seq_aux) are
-  // spread over the CP ranks, so its routed counts are summed over the ring (dropless routing:
-  // each token's experts do not depend on the others').
+}
+
+// The logged metrics of a micro-batch: the load balance and the z-loss, over the CP ring.
+void GPTModel::moe_record_stats(int local_layer, const Activations& a, const LayerActivations& la,
+                                int64_t group_rows) {
+  const int64_t N = int64_t(a.B) * a.T, E = cfg_.num_experts, K = cfg_.moe_router_topk;
   const int cpn = shard_.cp_size;
-  if (cpn > 1) cp_sum(la.moe_routed);
-  la.moe_loss_scale = a.moe_loss_scale;
-  if (a.dropout.training && !recomputing_) {  // the logged metrics, once per micro-batch
-    std::vector<double> score_sums;
-    double lse_sq = 0;
-    be_.moe_router_stats(la.moe_logits, routing_, group_rows, score_sums, lse_sq);
-    if (cpn > 1) {
-      score_sums.push_back(lse_sq);
-      cp_comm_->all_reduce_f64(score_sums.data(), static_cast<int64_t>(score_sums.size()),
-                               ReduceOp::Sum);
-      lse_sq = score_sums.back();
-      score_sums.pop_back();
-    }
-    const int64_t groups = N / group_rows;
-    const double rows = double(group_rows) * cpn;  // a group's tokens over the whole ring
-    double balance = 0;  // E / (K T^2) sum_i P_i count_i, averaged over the groups
-    for (size_t i = 0; i < score_sums.size(); ++i)
-      balance += score_sums[i] * static_cast<double>(la.moe_routed[i]);
-    balance *= double(E) / (double(K) * rows * rows * double(groups));
-    MoEStats& st = moe_stats_[static_cast<size_t>(li)];
-    st.balance += balance;
-    st.z += lse_sq / (double(N) * cpn);
-    ++st.micro_batches;
+  std::vector<double> score_sums;
+  double lse_sq = 0;
+  be_.moe_router_stats(la.moe_logits, routing_, group_rows, score_sums, lse_sq);
+  if (cpn > 1) {
+    score_sums.push_back(lse_sq);
+    cp_comm_->all_reduce_f64(score_sums.data(), static_cast<int64_t>(score_sums.size()),
+                             ReduceOp::Sum);
+    lse_sq = score_sums.back();
+    score_sums.pop_back();
   }
-  const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
+  const int64_t groups = N / group_rows;
+  const double rows = double(group_rows) * cpn;  // a group's tokens over the whole ring
+  double balance = 0;  // E / (K T^2) sum_i P_i count_i, averaged over the groups
+  for (size_t i = 0; i < score_sums.size(); ++i)
+    balance += score_sums[i] * static_cast<double>(la.moe_routed[i]);
+  balance *= double(E) / (double(K) * rows * rows * double(groups));
+  MoEStats& st = moe_stats_[static_cast<size_t>(local_layer)];
+  st.balance += balance;
+  st.z += lse_sq / (double(N) * cpn);
+  ++st.micro_batches;
+}
+
+// The token copies to the expert side: permuted by expert, and sent to the experts' ranks.
+void GPTModel::moe_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la,
+                            int64_t group_rows, const std::vector<int64_t>& kept, bool allgather) {
+  const int64_t C = cfg_.hidden_size;
+  const bool ep = shard_.ep_size > 1;
   if (allgather) {
     moe_allgather_dispatch(phase, a, la, group_rows);
   } else {
@@ -223,7 +217,13 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
     phase("moe-dispatch-all-to-all");
     ep_->all_to_all(la.moe_x, la.moe_send, la.moe_xe, la.moe_recv, C);
   }
-  Tensor oute = allgather ? la.moe_oute : ep ? a.moe_oute : la.moe_out;
+}
+
+// Each local expert's MLP on its blocks of la.moe_xe, into oute.
+void GPTModel::moe_experts_forward(PhaseSequence& phase, const LayerWeights& w,
+                                   LayerActivations& la, Tensor& oute) {
+  const int64_t C = cfg_.hidden_size;
+  const bool bias_here = shard_.tp_rank == 0;  // row-parallel biases: added once across TP
   const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
   if (cfg_.moe_grouped_gemm) {
     // One grouped GEMM per projection over the blocks with rows; the activation in one pass over
@@ -270,6 +270,13 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
       row += rows;
     }
   }
+}
+
+// The expert outputs back to their tokens' ranks, un-permuted into token order, weighted.
+void GPTModel::moe_combine(PhaseSequence& phase, Activations& a, LayerActivations& la, Tensor& oute,
+                           Tensor& out, bool allgather) {
+  const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, K = cfg_.moe_router_topk;
+  const bool ep = shard_.ep_size > 1;
   if (allgather) {
     // Each rank's tokens' outputs from this rank's experts (zeros for the others), summed over
     // the EP group into each rank's own rows.
@@ -290,6 +297,35 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
     phase("moe-unpermute");
     be_.moe_unpermute(out, la.moe_out, la.moe_row, la.moe_weight);
   }
+}
+
+void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& out) {
+  const int li = shard_.local_index(l);
+  const LayerWeights& w = weights_[li];
+  LayerActivations& la = acts_of(l, a);
+  const int64_t N = int64_t(a.B) * a.T;
+  const bool bias_here = shard_.tp_rank == 0;  // row-parallel biases: added once across TP
+  const bool ep = shard_.ep_size > 1;
+  // The router: this rank's rows, then every rank's logits to all.
+  moe_router_forward(phase, w, a, la);
+  phase("moe-route");
+  const bool seq_aux = cfg_.moe_router_load_balancing_type == "seq_aux_loss";
+  const int64_t group_rows = seq_aux ? a.T : N;
+  std::vector<int64_t> kept;
+  be_.moe_route(la.moe_expert, la.moe_weight, la.moe_row, la.moe_logits, routing_, group_rows,
+                la.moe_routed, kept);
+  // Context parallelism: a group's tokens (the micro-batch's, or one sample's with seq_aux) are
+  // spread over the CP ranks, so its routed counts are summed over the ring (dropless routing:
+  // each token's experts do not depend on the others').
+  if (shard_.cp_size > 1) cp_sum(la.moe_routed);
+  la.moe_loss_scale = a.moe_loss_scale;
+  if (a.dropout.training && !recomputing_)  // the logged metrics, once per micro-batch
+    moe_record_stats(li, a, la, group_rows);
+  const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
+  moe_dispatch(phase, a, la, group_rows, kept, allgather);
+  Tensor oute = allgather ? la.moe_oute : ep ? a.moe_oute : la.moe_out;
+  moe_experts_forward(phase, w, la, oute);
+  moe_combine(phase, a, la, oute, out, allgather);
   if (w.fc1_w.defined()) {  // the shared expert: the dense MLP beside the routed ones
     phase("fc1-gemm-forward");
     be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b));
@@ -301,27 +337,11 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
   }
 }
 
-void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const Tensor& dy) {
-  const int li = shard_.local_index(l);
-  const LayerWeights& w = weights_[li];
-  LayerWeights& g = grads_[li];
-  LayerActivations& la = acts_of(l, a);
-  const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, E = cfg_.num_experts;
-  const int64_t K = cfg_.moe_router_topk;
-  const int64_t nl = router_rows(a), rb = nl * shard_.tp_rank;
-  const bool shared = w.fc1_w.defined(), ep = shard_.ep_size > 1;
-  if (shared) {  // its input gradient waits in moe_dx
-    Tensor dfc = a.dfc.view(0, la.gelu.shape());
-    Tensor dfc1 = cfg_.swiglu ? a.dfc1.view(0, la.fc1.shape()) : Tensor();
-    phase("fc2-gemm-backward");
-    be_.matmul_backward(&dfc, g.fc2_w, opt(g.fc2_b), dy, la.gelu, w.fc2_w);
-    const Tensor& d1 = activation_backward(phase, dfc, dfc1, la.fc1);
-    phase("fc1-gemm-backward");
-    be_.matmul_backward(&a.moe_dx, g.fc1_w, opt(g.fc1_b), d1, la.ln2, w.fc1_w);
-  }
-  const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
+// The gradients of the expert outputs (into de) and of the routing weights from dy.
+void GPTModel::moe_combine_backward(PhaseSequence& phase, Activations& a, LayerActivations& la,
+                                    const Tensor& dy, Tensor& de, bool allgather) {
+  const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, K = cfg_.moe_router_topk;
   const int EP = shard_.ep_size;
-  Tensor de = ep ? a.moe_doute : a.moe_dout;  // the expert side's output gradients
   if (allgather) {
     // Every EP rank's output gradients; this rank's experts' slots of them, and their routing
     // weights' gradients, summed over the EP group into each rank's own.
@@ -341,13 +361,12 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
     be_.moe_unpermute_backward(a.moe_dout, a.moe_dweight, dy, la.moe_out, la.moe_row,
                                la.moe_weight);
   }
-  tp_reduce(phase, a.moe_dweight);  // each rank's expert outputs are partial sums over TP
-  // The expert side's output gradients (sent to the experts' ranks with expert parallelism);
-  // each block's rows become its input gradients once fc2's backward has read them.
-  if (ep && !allgather) {
-    phase("moe-dispatch-all-to-all");
-    ep_->all_to_all(a.moe_dout, la.moe_send, de, la.moe_recv, C);
-  }
+}
+
+// Each local expert's MLP backward: its weights' gradients, and its input gradients into de.
+void GPTModel::moe_experts_backward(PhaseSequence& phase, const LayerWeights& w, LayerWeights& g,
+                                    Activations& a, LayerActivations& la, Tensor& de) {
+  const int64_t C = cfg_.hidden_size;
   const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
   if (cfg_.moe_grouped_gemm) {
     // fc2's backward for every block, the activation's over all rows, then fc1's (which
@@ -408,6 +427,14 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
     be_.matmul_backward(&dout, eg.fc1_w, opt(eg.fc1_b), d1, x, ew.fc1_w);
     row += rows;
   }
+}
+
+// The expert inputs' gradients (de) back to their tokens' ranks and into token order (a.dln).
+void GPTModel::moe_dispatch_backward(PhaseSequence& phase, Activations& a, LayerActivations& la,
+                                     Tensor& de, bool allgather) {
+  const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, K = cfg_.moe_router_topk;
+  const bool ep = shard_.ep_size > 1;
+  const int EP = shard_.ep_size;
   if (allgather) {
     // Each rank's tokens' input gradients from this rank's experts, summed over the EP group.
     phase("moe-permute-backward");
@@ -425,8 +452,14 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
     phase("moe-permute-backward");
     be_.moe_permute_backward(a.dln, a.moe_dout, la.moe_row);
   }
-  if (shared) be_.add(a.dln, a.dln, a.moe_dx);
-  // The router: through the routing weights, the load-balancing loss and the z-loss.
+}
+
+// The router's gradients: through the routing weights, the load-balancing loss and the z-loss.
+void GPTModel::moe_router_grad(PhaseSequence& phase, const LayerWeights& w, LayerWeights& g,
+                               Activations& a, LayerActivations& la) {
+  const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, E = cfg_.num_experts;
+  const int64_t K = cfg_.moe_router_topk;
+  const int64_t nl = router_rows(a), rb = nl * shard_.tp_rank;
   phase("moe-router-backward");
   const bool seq_aux = cfg_.moe_router_load_balancing_type == "seq_aux_loss";
   const int64_t group_rows = seq_aux ? a.T : N, groups = N / group_rows;
@@ -455,6 +488,38 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
   Tensor dx_mine = a.moe_dx.view(rb * C, {nl, C}), dln_mine = a.dln.view(rb * C, {nl, C});
   be_.matmul_backward(&dx_mine, g.router_w, nullptr, dlogits, x_mine, w.router_w);
   be_.add(dln_mine, dln_mine, dx_mine);
+}
+
+void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const Tensor& dy) {
+  const int li = shard_.local_index(l);
+  const LayerWeights& w = weights_[li];
+  LayerWeights& g = grads_[li];
+  LayerActivations& la = acts_of(l, a);
+  const int64_t C = cfg_.hidden_size;
+  const bool shared = w.fc1_w.defined(), ep = shard_.ep_size > 1;
+  if (shared) {  // its input gradient waits in moe_dx
+    Tensor dfc = a.dfc.view(0, la.gelu.shape());
+    Tensor dfc1 = cfg_.swiglu ? a.dfc1.view(0, la.fc1.shape()) : Tensor();
+    phase("fc2-gemm-backward");
+    be_.matmul_backward(&dfc, g.fc2_w, opt(g.fc2_b), dy, la.gelu, w.fc2_w);
+    const Tensor& d1 = activation_backward(phase, dfc, dfc1, la.fc1);
+    phase("fc1-gemm-backward");
+    be_.matmul_backward(&a.moe_dx, g.fc1_w, opt(g.fc1_b), d1, la.ln2, w.fc1_w);
+  }
+  const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
+  Tensor de = ep ? a.moe_doute : a.moe_dout;  // the expert side's output gradients
+  moe_combine_backward(phase, a, la, dy, de, allgather);
+  tp_reduce(phase, a.moe_dweight);  // each rank's expert outputs are partial sums over TP
+  // The expert side's output gradients (sent to the experts' ranks with expert parallelism);
+  // each block's rows become its input gradients once fc2's backward has read them.
+  if (ep && !allgather) {
+    phase("moe-dispatch-all-to-all");
+    ep_->all_to_all(a.moe_dout, la.moe_send, de, la.moe_recv, C);
+  }
+  moe_experts_backward(phase, w, g, a, la, de);
+  moe_dispatch_backward(phase, a, la, de, allgather);
+  if (shared) be_.add(a.dln, a.dln, a.moe_dx);
+  moe_router_grad(phase, w, g, a, la);
 }
 
 GPTModel::MoEScratch GPTModel::make_moe_scratch(int64_t rows) const {
