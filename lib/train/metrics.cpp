@@ -14,7 +14,7 @@ namespace tessera {
 
 namespace {
 std::string format(const char* fmt, double v) {
-  char buf[64];
+  char buf[400];
   std::snprintf(buf, sizeof buf, fmt, v);
   return buf;
 }
@@ -22,7 +22,7 @@ std::string format(const char* fmt, double v) {
 
 void FigureSink::add(const Figure& f, double value) {
   if (at_log_) {
-    if (f.log) *line_ += std::string(" | ") + f.log + ": " + format(f.log_format, value * f.log_scale);
+    if (f.log) *line_ += std::string(" | ") + f.log + ": " + format(f.log_format, value);
     if (f.json && json_) *json_ += std::string(", \"") + f.json + "\": " + format(f.json_format, value);
   }
   if (tb_ && f.tensorboard && f.tensorboard_every_step != at_log_)
@@ -67,6 +67,11 @@ TrainingMetrics::~TrainingMetrics() = default;
 
 void TrainingMetrics::begin_step() {
   for (auto& src : sources_) src->begin_step();
+}
+
+void TrainingMetrics::begin_run() {
+  interval_loss_ = interval_loss_all_ = interval_seconds_ = 0;
+  in_interval_ = in_interval_updated_ = 0;
 }
 
 void TrainingMetrics::collect(const StepStats& s) {

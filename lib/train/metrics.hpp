@@ -24,8 +24,7 @@ namespace tessera {
 struct Figure {
   const char* log = nullptr;  // label in the iteration line (" | <log>: <value>"); null: not there
   const char* log_format = "%.6E";
-  double log_scale = 1;         // the line shows value x log_scale (a fraction in percent)
-  const char* json = nullptr;   // key in the metrics file; null: not there
+  const char* json = nullptr;  // key in the metrics file; null: not there
   const char* json_format = "%.17g";
   const char* tensorboard = nullptr;  // tag; null: not written
   // TensorBoard takes each step's value every --tensorboard-log-interval (Megatron's per-step
@@ -69,7 +68,7 @@ class MetricSource {
   virtual void collect(const StepStats&) {}
   // After every step: its every-step TensorBoard figures.
   virtual void step(const StepStats&, FigureSink&) {}
-  // At each log line.
+  // At each log line (the interval's figures; collective ones allowed).
   virtual void report(const LogInterval&, FigureSink&) = 0;
 };
 
@@ -102,6 +101,8 @@ class TrainingMetrics {
   void record(const StepStats& s, int64_t consumed_samples);
   // The evaluation after iteration `iteration`: its line, metrics-file line and scalars.
   void record_validation(int64_t iteration, double loss, int64_t consumed_samples);
+  // A train() call starts: the interval's loss and time start afresh.
+  void begin_run();
   // Collective: every rank's memory against the --dry-run estimate, printed by rank 0.
   void memory_report(Backend& be, int64_t iteration);
   void flush();

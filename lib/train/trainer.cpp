@@ -76,6 +76,7 @@ int64_t Trainer::skipped_iterations() const { return optimizers_->skipped_iterat
 
 std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
   RunControl control(cfg_, ctx_, be_);
+  metrics_->begin_run();
   std::vector<StepStats> all;
   while (state_.iteration < cfg_.train_iters) {
     control.before_step(state_.iteration);  // the profiler window opens

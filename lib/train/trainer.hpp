@@ -39,6 +39,9 @@ class Trainer {
   Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backend& backend,
           TokenDataset& data, const ParallelContext& ctx = ParallelContext::single());
   ~Trainer();
+  // The components keep references to the trainer's configuration, timers and on_progress.
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   GPTModel& model() { return *model_; }
   // The training configuration in use (sample-based options resolved to iterations).

@@ -18,13 +18,15 @@
 using namespace tessera;
 
 TEST(FigureSink, OneDeclarationFeedsTheLineAndTheMetricsFile) {
-  const Figure both{"params norm", "%.3f", 1, "params_norm", "%.17g"};
-  const Figure percent{"MFU", "%.1f%%", 100, "mfu", "%.6f"};
+  const Figure both{"params norm", "%.3f", "params_norm", "%.17g"};
+  const Figure percent{"MFU", "%.1f%%"};
+  const Figure fraction{nullptr, nullptr, "mfu", "%.6f"};
   const Figure line_only{"loss scale", "%.1f"};
   std::string line = " iteration 1", json = "{\"iteration\": 1";
   FigureSink at_log(&line, &json, nullptr, 1);
   at_log.add(both, 1.25);
-  at_log.add(percent, 0.4321);
+  at_log.add(percent, 43.21);
+  at_log.add(fraction, 0.4321);
   at_log.add(line_only, 65536);
   EXPECT_EQ(line, " iteration 1 | params norm: 1.250 | MFU: 43.2% | loss scale: 65536.0");
   EXPECT_EQ(json, "{\"iteration\": 1, \"params_norm\": 1.25, \"mfu\": 0.432100");

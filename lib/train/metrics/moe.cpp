@@ -8,9 +8,9 @@ namespace tessera {
 
 namespace {
 
-const Figure kLoadBalancing{"load_balancing_loss", "%.6E", 1, "load_balancing_loss", "%.17g",
+const Figure kLoadBalancing{"load_balancing_loss", "%.6E", "load_balancing_loss", "%.17g",
                             "load_balancing_loss", /*tensorboard_every_step=*/true};
-const Figure kZLoss{"z_loss", "%.6E", 1, "z_loss", "%.17g", "z_loss",
+const Figure kZLoss{"z_loss", "%.6E", "z_loss", "%.17g", "z_loss",
                     /*tensorboard_every_step=*/true};
 
 class MoEMetrics : public MetricSource {

@@ -10,13 +10,16 @@ std::unique_ptr<MetricSource> make_moe_metrics(const MetricContext& c);
 
 namespace {
 
-// --peak-tflops (or the device's known peak): model FLOPs utilization.
+// --peak-tflops (or the device's known peak): model FLOPs utilization, in percent in the line and
+// as a fraction in the metrics file (two declarations: the values are computed apart).
 class MfuMetric : public MetricSource {
  public:
   explicit MfuMetric(double peak_tflops) : peak_(peak_tflops) {}
   void report(const LogInterval& in, FigureSink& out) override {
-    static const Figure kMfu{"MFU", "%.1f%%", 100, "mfu", "%.6f"};
-    out.add(kMfu, in.gflops_per_rank / (peak_ * 1e3));
+    static const Figure kPercent{"MFU", "%.1f%%"};
+    static const Figure kFraction{nullptr, nullptr, "mfu", "%.6f"};
+    out.add(kPercent, 100.0 * in.gflops_per_rank / (peak_ * 1e3));
+    out.add(kFraction, in.gflops_per_rank / (peak_ * 1e3));
   }
 
  private:
@@ -36,7 +39,7 @@ class LossScaleMetric : public MetricSource {
   }
 
  private:
-  static constexpr Figure kScale{"loss scale", "%.1f", 1, nullptr, "%.17g", "loss-scale",
+  static constexpr Figure kScale{"loss scale", "%.1f", nullptr, "%.17g", "loss-scale",
                                  /*tensorboard_every_step=*/true};
   const OptimizerSet& o_;
 };
@@ -46,7 +49,7 @@ class ParamsNormMetric : public MetricSource {
  public:
   explicit ParamsNormMetric(OptimizerSet& o) : o_(o) {}
   void report(const LogInterval&, FigureSink& out) override {
-    static const Figure kNorm{"params norm", "%.3f", 1, "params_norm", "%.17g", "params-norm"};
+    static const Figure kNorm{"params norm", "%.3f", "params_norm", "%.17g", "params-norm"};
     out.add(kNorm, o_.params_norm());
   }
 
@@ -58,7 +61,7 @@ class ParamsNormMetric : public MetricSource {
 class NumZerosMetric : public MetricSource {
  public:
   void report(const LogInterval& in, FigureSink& out) override {
-    static const Figure kZeros{"num zeros", "%.0f", 1, "num_zeros_in_grad", "%.0f", "num-zeros"};
+    static const Figure kZeros{"num zeros", "%.0f", "num_zeros_in_grad", "%.0f", "num-zeros"};
     out.add(kZeros, in.last.num_zeros);
   }
 };
@@ -72,7 +75,7 @@ class WeightDecayMetric : public MetricSource {
   }
 
  private:
-  static constexpr Figure kDecay{"weight decay", "%.6E", 1, "weight_decay", "%.17g",
+  static constexpr Figure kDecay{"weight decay", "%.6E", "weight_decay", "%.17g",
                                  "weight-decay", /*tensorboard_every_step=*/true};
 };
 
