@@ -98,6 +98,97 @@ struct Pipeline {
   }
 };
 
+// A worker: tokenizes queued batches with its own BPE cache until reading ends or fails.
+void tokenize_batches(Pipeline& pl, const Tokenizer& tok, const PreprocessOptions& opts) {
+  Tokenizer::Cache cache;
+  std::vector<int32_t> ids;
+  while (true) {
+    std::unique_ptr<Batch> b;
+    {
+      std::unique_lock<std::mutex> lock(pl.mu);
+      pl.cv.wait(lock, [&] { return pl.failed || !pl.todo.empty() || pl.reading_finished; });
+      if (pl.failed || (pl.todo.empty() && pl.reading_finished)) return;
+      b = std::move(pl.todo.front());
+      pl.todo.pop_front();
+      pl.cv.notify_all();
+    }
+    for (const std::string& d : b->docs) {
+      ids.clear();
+      tok.encode(d, ids, cache);
+      if (opts.append_eod) ids.push_back(tok.eod_id());
+      b->tokens.insert(b->tokens.end(), ids.begin(), ids.end());
+      b->lengths.push_back(ids.size());
+    }
+    b->docs.clear();
+    b->docs.shrink_to_fit();
+    std::lock_guard<std::mutex> lock(pl.mu);
+    pl.done.emplace(b->seq, std::move(b));
+    pl.cv.notify_all();
+  }
+}
+
+// The reader: documents in input order, in batches of ~1 MB; a failure stops the pipeline.
+void read_documents(Pipeline& pl, const std::vector<std::string>& files,
+                    const PreprocessOptions& opts) {
+  try {
+    int64_t seq = 0;
+    auto batch = std::make_unique<Batch>();
+    auto push = [&](bool force) {
+      if (batch->docs.empty() || (!force && batch->bytes < (1 << 20) && batch->docs.size() < 1024))
+        return;
+      batch->seq = seq++;
+      std::unique_lock<std::mutex> lock(pl.mu);
+      pl.cv.wait(lock, [&] {
+        return pl.failed || pl.todo.size() + pl.done.size() < Pipeline::kMaxQueued;
+      });
+      if (pl.failed) throw Error("stopped");
+      pl.todo.push_back(std::move(batch));
+      ++pl.batches_read;
+      pl.cv.notify_all();
+      batch = std::make_unique<Batch>();
+    };
+    auto add = [&](std::string doc) {
+      batch->bytes += static_cast<int64_t>(doc.size());
+      batch->docs.push_back(std::move(doc));
+      push(false);
+    };
+    for (const std::string& f : files) {
+      std::ifstream in(f, std::ios::binary);
+      if (!in) throw ConfigError("--input '" + f + "' cannot be read");
+      if (is_jsonl(f)) {
+        std::string line;
+        int64_t lineno = 0;
+        while (std::getline(in, line)) {
+          ++lineno;
+          if (!line.empty() && line.back() == '\r') line.pop_back();
+          if (line.find_first_not_of(" \t") == std::string::npos) continue;
+          try {
+            add(json_string_member(line, opts.json_key));
+          } catch (const JsonError& e) {
+            throw ConfigError(f + ":" + std::to_string(lineno) + ": " + e.message +
+                              " (each line must be a JSON object with a string \"" + opts.json_key +
+                              "\"; see --json-key)");
+          }
+        }
+      } else if (opts.split_lines) {
+        std::string line;
+        while (std::getline(in, line))
+          if (line.find_first_not_of(" \t\r") != std::string::npos) add(line);
+      } else {
+        std::ostringstream ss;
+        ss << in.rdbuf();
+        add(ss.str());
+      }
+    }
+    push(true);
+    std::lock_guard<std::mutex> lock(pl.mu);
+    pl.reading_finished = true;
+    pl.cv.notify_all();
+  } catch (const std::exception& e) {
+    pl.fail(e);
+  }
+}
+
 }  // namespace
 
 ShardWriter::ShardWriter(std::string prefix, int64_t shard_tokens, ShardMeta meta)
@@ -169,97 +260,11 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
 
   // Workers: tokenize batches, each with its own BPE cache.
   std::vector<std::thread> workers;
-  for (int w = 0; w < opts.workers; ++w) {
-    workers.emplace_back([&] {
-      Tokenizer::Cache cache;
-      std::vector<int32_t> ids;
-      while (true) {
-        std::unique_ptr<Batch> b;
-        {
-          std::unique_lock<std::mutex> lock(pl.mu);
-          pl.cv.wait(lock, [&] { return pl.failed || !pl.todo.empty() || pl.reading_finished; });
-          if (pl.failed || (pl.todo.empty() && pl.reading_finished)) return;
-          b = std::move(pl.todo.front());
-          pl.todo.pop_front();
-          pl.cv.notify_all();
-        }
-        for (const std::string& d : b->docs) {
-          ids.clear();
-          tok.encode(d, ids, cache);
-          if (opts.append_eod) ids.push_back(tok.eod_id());
-          b->tokens.insert(b->tokens.end(), ids.begin(), ids.end());
-          b->lengths.push_back(ids.size());
-        }
-        b->docs.clear();
-        b->docs.shrink_to_fit();
-        std::lock_guard<std::mutex> lock(pl.mu);
-        pl.done.emplace(b->seq, std::move(b));
-        pl.cv.notify_all();
-      }
-    });
-  }
+  for (int w = 0; w < opts.workers; ++w)
+    workers.emplace_back([&] { tokenize_batches(pl, tok, opts); });
 
   // Reader: documents in input order, in batches of ~1 MB.
-  std::thread reader([&] {
-    try {
-      int64_t seq = 0;
-      auto batch = std::make_unique<Batch>();
-      auto push = [&](bool force) {
-        if (batch->docs.empty() ||
-            (!force && batch->bytes < (1 << 20) && batch->docs.size() < 1024))
-          return;
-        batch->seq = seq++;
-        std::unique_lock<std::mutex> lock(pl.mu);
-        pl.cv.wait(lock, [&] {
-          return pl.failed || pl.todo.size() + pl.done.size() < Pipeline::kMaxQueued;
-        });
-        if (pl.failed) throw Error("stopped");
-        pl.todo.push_back(std::move(batch));
-        ++pl.batches_read;
-        pl.cv.notify_all();
-        batch = std::make_unique<Batch>();
-      };
-      auto add = [&](std::string doc) {
-        batch->bytes += static_cast<int64_t>(doc.size());
-        batch->docs.push_back(std::move(doc));
-        push(false);
-      };
-      for (const std::string& f : files) {
-        std::ifstream in(f, std::ios::binary);
-        if (!in) throw ConfigError("--input '" + f + "' cannot be read");
-        if (is_jsonl(f)) {
-          std::string line;
-          int64_t lineno = 0;
-          while (std::getline(in, line)) {
-            ++lineno;
-            if (!line.empty() && line.back() == '\r') line.pop_back();
-            if (line.find_first_not_of(" \t") == std::string::npos) continue;
-            try {
-              add(json_string_member(line, opts.json_key));
-            } catch (const JsonError& e) {
-              throw ConfigError(f + ":" + std::to_string(lineno) + ": " + e.message +
-                                " (each line must be a JSON object with a string \"" +
-                                opts.json_key + "\"; see --json-key)");
-            }
-          }
-        } else if (opts.split_lines) {
-          std::string line;
-          while (std::getline(in, line))
-            if (line.find_first_not_of(" \t\r") != std::string::npos) add(line);
-        } else {
-          std::ostringstream ss;
-          ss << in.rdbuf();
-          add(ss.str());
-        }
-      }
-      push(true);
-      std::lock_guard<std::mutex> lock(pl.mu);
-      pl.reading_finished = true;
-      pl.cv.notify_all();
-    } catch (const std::exception& e) {
-      pl.fail(e);
-    }
-  });
+  std::thread reader([&] { read_documents(pl, files, opts); });
 
   // Writer (this thread): batches in order into shards under temporary names.
   ShardMeta meta;

@@ -194,13 +194,22 @@ void GPTModel::zero_grads() {
 
 namespace {
 
-// Builds the activation buffers of `count` micro-batch slots on `al`: the shared scratch and
-// recompute working set first, then each slot's own buffers. The one place that decides what is
-// allocated, for the model (make_activation_slots) and the estimate (activation_footprint).
-std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const ModelShard& shard,
-                                                const std::vector<LayerRecompute>& plan, int B,
-                                                int T, DType compute, Allocator& al,
-                                                const std::vector<int>& counts) {
+// A rank's activation dimensions and the allocation of each group of its activation buffers.
+struct SlotBuilder {
+  SlotBuilder(const GPTConfig& config, const ModelShard& model_shard, int batch, int seq,
+              DType dtype, Allocator& alloc)
+      : cfg(config), shard(model_shard), B(batch), T(seq), compute(dtype), al(alloc) {
+    for (int l : shard.layers()) {
+      fl_max = std::max(fl_max, width(l));
+      any_moe |= cfg.is_moe_layer(l);
+    }
+  }
+
+  const GPTConfig& cfg;
+  const ModelShard& shard;
+  const int B, T;
+  const DType compute;
+  Allocator& al;
   const int64_t N = int64_t(B) * T, C = cfg.hidden_size;
   // Sequence parallelism: the LayerNorm/dropout/residual tensors (and the LayerNorm statistics)
   // hold this rank's Nl of the N token rows; the LayerNorm outputs stay whole (gathered for the
@@ -213,37 +222,35 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
   const int64_t qkvl = hl + 2 * (cfg.kv_heads() / shard.tp_size) * cfg.head_dim();
   const int64_t vl = cfg.padded_vocab_size(shard.tp_size) / shard.tp_size;
   const int glu = cfg.swiglu ? 2 : 1;
-  // The MLP of layer l: the width of its dense MLP (the shared expert's in a MoE layer, 0 without
-  // one) on this rank, and whether it is MoE. MoE layers permute R = N*K token copies.
-  auto width = [&](int l) -> int64_t {
-    return (cfg.is_moe_layer(l) ? cfg.moe_shared_expert_intermediate_size : cfg.ffn()) /
-           shard.tp_size;
-  };
   // MoE: N*K token copies leave a rank; its experts receive R rows: the same ones without expert
   // parallelism, else at most N*min(K, local experts) from each of the EP ranks.
   const int64_t E = cfg.num_experts, K = cfg.moe_router_topk, NK = N * K;
   const int ep = shard.ep_size;
-  const int64_t R = ep > 1 ? ep * N * std::min<int64_t>(K, E / ep) : NK;
+  const int64_t R = (ep > 1) ? ep * N * std::min<int64_t>(K, E / ep) : NK;
   const bool allgather = ep > 1 && cfg.moe_token_dispatcher_type == "allgather";
   const int64_t efl = cfg.moe() ? cfg.moe_ffn() / shard.tp_size : 0;
   int64_t fl_max = 0;  // the widest MLP of this rank's layers
   bool any_moe = false;
-  for (int l : shard.layers()) {
-    fl_max = std::max(fl_max, width(l));
-    any_moe |= cfg.is_moe_layer(l);
+
+  // The MLP of layer l: the width of its dense MLP (the shared expert's in a MoE layer, 0 without
+  // one) on this rank, and whether it is MoE. MoE layers permute R = N*K token copies.
+  int64_t width(int l) const {
+    return (cfg.is_moe_layer(l) ? cfg.moe_shared_expert_intermediate_size : cfg.ffn()) /
+           shard.tp_size;
   }
-  auto f = [&](Shape s) { return Tensor(std::move(s), compute, al); };       // activations
-  auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };  // statistics
-  auto i32 = [&](Shape s) { return Tensor(std::move(s), DType::I32, al); };
+  Tensor f(Shape s) const { return Tensor(std::move(s), compute, al); }       // activations
+  Tensor f32(Shape s) const { return Tensor(std::move(s), DType::F32, al); }  // statistics
+  Tensor i32(Shape s) const { return Tensor(std::move(s), DType::I32, al); }
   // A residual-stream tensor: (B,T,C), or this rank's (Nl,C) rows under sequence parallelism.
-  auto res = [&]() { return sp ? f({Nl, C}) : f({B, T, C}); };
-  auto ln1 = [&](LayerActivations& la) {
+  Tensor res() const { return sp ? f({Nl, C}) : f({B, T, C}); }
+  // The first LayerNorm's output and statistics.
+  void ln1(LayerActivations& la) const {
     la.ln1 = f({N, C});
     if (!cfg.rmsnorm()) la.ln1_mean = f32({Nl});  // RMSNorm keeps no mean
     la.ln1_rstd = f32({Nl});
-  };
+  }
   // The recomputable MLP tensors for an MLP of width fl (and MoE's when moe).
-  auto ln2_gelu = [&](LayerActivations& la, int64_t fl, bool moe) {
+  void ln2_gelu(LayerActivations& la, int64_t fl, bool moe) const {
     la.ln2 = f({N, C});
     if (!cfg.rmsnorm()) la.ln2_mean = f32({Nl});
     la.ln2_rstd = f32({Nl});
@@ -252,13 +259,14 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
       la.moe_x = f({NK, C});
       la.moe_act = f({R, efl});
     }
-  };
-  auto core = [&](LayerActivations& la) {  // the attention core's output and statistics
+  }
+  // The attention core's output and statistics.
+  void core(LayerActivations& la) const {
     la.att = f({B, T, hl});
     la.lse = f32({B, heads_l, T});
-  };
-  auto kept = [&](LayerActivations& la, bool res2, int64_t fl, bool moe) {
-    // what selective recomputation keeps
+  }
+  // What selective recomputation keeps.
+  void kept(LayerActivations& la, bool res2, int64_t fl, bool moe) const {
     la.qkv = f({B, T, qkvl});
     la.res1 = res();
     if (fl > 0) la.fc1 = f({N, glu * fl});
@@ -277,13 +285,13 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
         la.moe_oute = f({R, C});
       }
     }
-  };
+  }
   // Without expert parallelism the expert side is the token side.
-  auto expert_side = [&](LayerActivations& la) {
+  void expert_side(LayerActivations& la) const {
     if (ep == 1 && la.moe_x.defined()) la.moe_xe = la.moe_x;
-  };
+  }
   // A set allocated for the widest layer, cut to layer l's MLP (views of the same buffers).
-  auto fit = [&](LayerActivations la, int l) {
+  LayerActivations fit(LayerActivations la, int l) const {
     const int64_t fl = width(l);
     la.gelu = fl > 0 && la.gelu.defined() ? la.gelu.view(0, {N, fl}) : Tensor();
     la.fc1 = fl > 0 && la.fc1.defined() ? la.fc1.view(0, {N, glu * fl}) : Tensor();
@@ -294,51 +302,76 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
         *t = Tensor();
     }
     return la;
-  };
+  }
   // Shared: the scratch of the passes, then the recompute working set.
-  Activations shared;
-  shared.tmp_c = f({N, C});
-  shared.dln = f({N, C});
-  shared.dqkv = f({B, T, qkvl});
-  shared.datt = f({B, T, hl});
-  if (fl_max > 0) shared.dfc = f({N, fl_max});
-  if (cfg.swiglu && fl_max > 0) shared.dfc1 = f({N, glu * fl_max});
-  if (any_moe) {
-    shared.moe_dout = f({NK, C});
-    if (ep > 1) {
-      if (!allgather) shared.moe_oute = f({R, C});
-      shared.moe_doute = f({R, C});
+  Activations shared_buffers() const {
+    Activations shared;
+    shared.tmp_c = f({N, C});
+    shared.dln = f({N, C});
+    shared.dqkv = f({B, T, qkvl});
+    shared.datt = f({B, T, hl});
+    if (fl_max > 0) shared.dfc = f({N, fl_max});
+    if (cfg.swiglu && fl_max > 0) shared.dfc1 = f({N, glu * fl_max});
+    if (any_moe) {
+      shared.moe_dout = f({NK, C});
+      if (ep > 1) {
+        if (!allgather) shared.moe_oute = f({R, C});
+        shared.moe_doute = f({R, C});
+      }
+      if (allgather) {
+        shared.moe_ag_x = f({ep * N, C});
+        shared.moe_ag_y = f({ep * N, C});
+        shared.moe_ag_logits = f32({ep * N, E});
+        shared.moe_ag_expert = i32({ep * N, K});
+        shared.moe_ag_dweight = f32({ep * N, K});
+      }
+      shared.moe_dact = f({R, efl});
+      if (cfg.swiglu) shared.moe_dfc1 = f({R, glu * efl});
+      shared.moe_dweight = f32({N, K});
+      shared.moe_dlogits = f32({N, E});
+      shared.moe_dx = f({N, C});
+      shared.moe_tmp = f({N, C});
+      if (compute != DType::F32) shared.moe_logits_c = f({N, E});
     }
-    if (allgather) {
-      shared.moe_ag_x = f({ep * N, C});
-      shared.moe_ag_y = f({ep * N, C});
-      shared.moe_ag_logits = f32({ep * N, E});
-      shared.moe_ag_expert = i32({ep * N, K});
-      shared.moe_ag_dweight = f32({ep * N, K});
+    if (shard.cp_size > 1) {  // context parallelism's ring (model/context_parallel.cpp)
+      const int64_t kvl = qkvl - hl;
+      for (int i = 0; i < 2; ++i) {
+        shared.cp_kv[i] = f({B, T, kvl});
+        shared.cp_dkv[i] = f({B, T, kvl});
+      }
+      shared.cp_dkv_mine = f({B, T, kvl});
+      shared.cp_out = f({B, T, hl});
+      shared.cp_lse = f32({B, heads_l, T});
+      if (cfg.rope()) shared.cp_positions = i32({N});
+      if (cfg.learned_positions() && shard.has_embedding) {
+        shared.cp_wpe = f({T, C});
+        shared.cp_dwpe = f32({T, C});
+      }
     }
-    shared.moe_dact = f({R, efl});
-    if (cfg.swiglu) shared.moe_dfc1 = f({R, glu * efl});
-    shared.moe_dweight = f32({N, K});
-    shared.moe_dlogits = f32({N, E});
-    shared.moe_dx = f({N, C});
-    shared.moe_tmp = f({N, C});
-    if (compute != DType::F32) shared.moe_logits_c = f({N, E});
+    return shared;
   }
-  if (shard.cp_size > 1) {  // context parallelism's ring (model/context_parallel.cpp)
-    const int64_t kvl = qkvl - hl;
-    for (int i = 0; i < 2; ++i) {
-      shared.cp_kv[i] = f({B, T, kvl});
-      shared.cp_dkv[i] = f({B, T, kvl});
-    }
-    shared.cp_dkv_mine = f({B, T, kvl});
-    shared.cp_out = f({B, T, hl});
-    shared.cp_lse = f32({B, heads_l, T});
-    if (cfg.rope()) shared.cp_positions = i32({N});
-    if (cfg.learned_positions() && shard.has_embedding) {
-      shared.cp_wpe = f({T, C});
-      shared.cp_dwpe = f32({T, C});
-    }
+  // The head's buffers: the final LayerNorm, the logits and the loss statistics.
+  void head_buffers(Activations& a) const {
+    a.lnf = f({N, C});
+    if (!cfg.rmsnorm()) a.lnf_mean = f32({Nl});
+    a.lnf_rstd = f32({Nl});
+    a.logits = f({N, vl});
+    a.losses = f32({N});
+    a.rowmax = f32({N});
+    a.sumexp = f32({N});
+    a.target_logit = f32({N});
   }
+};
+
+// Builds the activation buffers of `count` micro-batch slots on `al`: the shared scratch and
+// recompute working set first, then each slot's own buffers. The one place that decides what is
+// allocated, for the model (make_activation_slots) and the estimate (activation_footprint).
+std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const ModelShard& shard,
+                                                const std::vector<LayerRecompute>& plan, int B,
+                                                int T, DType compute, Allocator& al,
+                                                const std::vector<int>& counts) {
+  const SlotBuilder sb(cfg, shard, B, T, compute, al);
+  Activations shared = sb.shared_buffers();
   size_t max_chunk = 0;
   bool selective = false;
   for (const LayerRecompute& p : plan) {
@@ -350,16 +383,16 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
   // chunk's input and is kept per micro-batch, so the last position needs no res2 here.
   std::vector<LayerActivations> work(max_chunk);
   for (size_t j = 0; j < max_chunk; ++j) {
-    ln1(work[j]);
-    ln2_gelu(work[j], fl_max, any_moe);
-    core(work[j]);
-    kept(work[j], j + 1 < max_chunk, fl_max, any_moe);
+    sb.ln1(work[j]);
+    sb.ln2_gelu(work[j], sb.fl_max, sb.any_moe);
+    sb.core(work[j]);
+    sb.kept(work[j], j + 1 < max_chunk, sb.fl_max, sb.any_moe);
   }
   LayerActivations sel;  // selective: one set, refilled before each layer's backward
   if (selective) {
-    ln1(sel);
-    ln2_gelu(sel, fl_max, any_moe);
-    core(sel);
+    sb.ln1(sel);
+    sb.ln2_gelu(sel, sb.fl_max, sb.any_moe);
+    sb.core(sel);
   }
   std::vector<Activations> slots;
   TESSERA_CHECK(static_cast<int>(counts.size()) == shard.num_chunks(),
@@ -373,41 +406,32 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
       const LayerRange& chunk = shard.chunks[c];
       a.ids = Tensor({B, T}, DType::I32, al);
       a.targets = Tensor({B, T}, DType::I32, al);
-      a.input = res();
-      a.dres = res();
+      a.input = sb.res();
+      a.dres = sb.res();
       for (int l = chunk.begin; l < chunk.end; ++l) {
         const LayerRecompute& p = plan[static_cast<size_t>(shard.local_index(l))];
         const bool moe = cfg.is_moe_layer(l);
         LayerActivations la;
         switch (p.kind) {
           case RecomputeGranularity::None:
-            ln1(la);
-            ln2_gelu(la, width(l), moe);
-            core(la);
-            kept(la, true, width(l), moe);
+            sb.ln1(la);
+            sb.ln2_gelu(la, sb.width(l), moe);
+            sb.core(la);
+            sb.kept(la, true, sb.width(l), moe);
             break;
           case RecomputeGranularity::Selective:
-            la = fit(sel, l);
-            kept(la, true, width(l), moe);
+            la = sb.fit(sel, l);
+            sb.kept(la, true, sb.width(l), moe);
             break;
           case RecomputeGranularity::Full:
-            la = fit(work[static_cast<size_t>(l - p.chunk_begin)], l);
-            if (p.chunk_last(l)) la.res2 = res();
+            la = sb.fit(work[static_cast<size_t>(l - p.chunk_begin)], l);
+            if (p.chunk_last(l)) la.res2 = sb.res();
             break;
         }
-        expert_side(la);
+        sb.expert_side(la);
         a.layers.push_back(std::move(la));
       }
-      if (shard.has_head && c == shard.num_chunks() - 1) {
-        a.lnf = f({N, C});
-        if (!cfg.rmsnorm()) a.lnf_mean = f32({Nl});
-        a.lnf_rstd = f32({Nl});
-        a.logits = f({N, vl});
-        a.losses = f32({N});
-        a.rowmax = f32({N});
-        a.sumexp = f32({N});
-        a.target_logit = f32({N});
-      }
+      if (shard.has_head && c == shard.num_chunks() - 1) sb.head_buffers(a);
       slots.push_back(std::move(a));
     }
   return slots;
