@@ -119,8 +119,7 @@ inline std::string first_message(Communicator& comm, const std::string& mine) {
 // as creating --save), and every rank learns whether it threw. Returns "" on every rank when it
 // did not; otherwise the exception's message on `who` and `elsewhere` on the other ranks, so each
 // caller throws the same kind of error on every rank and none is left waiting.
-inline std::string one_rank_tries(Communicator& comm, int who,
-                                  const std::function<void()>& attempt,
+inline std::string one_rank_tries(Communicator& comm, int who, const std::function<void()>& attempt,
                                   const std::string& elsewhere) {
   std::string why;
   double failed = 0;

@@ -205,8 +205,7 @@ void check_expert_parallel(const GridLayout& layout, int ep) {
     throw ConfigError(detail::concat(
         "--expert-model-parallel-size=", ep, " does not divide the data-parallel size ", layout.dp,
         " (world ", layout.world, " / (TP ", layout.tp, " x PP ", layout.pp,
-        "); experts are split over ranks carved out of DP: allowed a divisor of ", layout.dp,
-        ")"));
+        "); experts are split over ranks carved out of DP: allowed a divisor of ", layout.dp, ")"));
 }
 
 void ProcessGrid::use_expert_parallel(int ep) {

@@ -80,7 +80,9 @@ void TrainingCheckpointer::save_at_stop(const TrainState& state) {
   finish_async(/*blocking=*/true);  // a stop waits for the write to finish
 }
 
-void TrainingCheckpointer::wait() { finish_async(/*blocking=*/true); }
+void TrainingCheckpointer::wait() {
+  finish_async(/*blocking=*/true);
+}
 
 CheckpointMeta TrainingCheckpointer::make_meta(const TrainState& state) const {
   CheckpointMeta meta;

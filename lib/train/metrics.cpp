@@ -23,7 +23,8 @@ std::string format(const char* fmt, double v) {
 void FigureSink::add(const Figure& f, double value) {
   if (at_log_) {
     if (f.log) *line_ += std::string(" | ") + f.log + ": " + format(f.log_format, value);
-    if (f.json && json_) *json_ += std::string(", \"") + f.json + "\": " + format(f.json_format, value);
+    if (f.json && json_)
+      *json_ += std::string(", \"") + f.json + "\": " + format(f.json_format, value);
   }
   if (tb_ && f.tensorboard && f.tensorboard_every_step != at_log_)
     tb_->add_scalar(f.tensorboard, value, step_);
@@ -31,8 +32,9 @@ void FigureSink::add(const Figure& f, double value) {
 
 std::string validation_loss_text(const std::string& where, double loss) {
   char line[320];
-  std::snprintf(line, sizeof line, " validation loss at %s | lm loss value: %.9E | lm loss PPL: %.6E",
-                where.c_str(), loss, std::exp(std::min(loss, 700.0)));
+  std::snprintf(line, sizeof line,
+                " validation loss at %s | lm loss value: %.9E | lm loss PPL: %.6E", where.c_str(),
+                loss, std::exp(std::min(loss, 700.0)));
   return line;
 }
 

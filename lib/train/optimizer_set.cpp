@@ -62,7 +62,9 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
   norms_ = std::make_unique<GridNorms>(model_, be_, ctx_, dist_opt_.get());
 }
 
-void OptimizerSet::begin_step() { reducer_->begin(); }
+void OptimizerSet::begin_step() {
+  reducer_->begin();
+}
 
 void OptimizerSet::finish_reduction() {
   {

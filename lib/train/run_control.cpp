@@ -13,11 +13,13 @@ namespace tessera {
 RunControl::RunControl(const TrainConfig& cfg, const ParallelContext& ctx, Backend& be)
     : cfg_(cfg), ctx_(ctx), be_(be) {
   const std::vector<int>& r = cfg_.profile_ranks;
-  profiling_ = cfg_.profile &&
-               (r.empty() || std::find(r.begin(), r.end(), ctx_.world_rank) != r.end());
+  profiling_ =
+      cfg_.profile && (r.empty() || std::find(r.begin(), r.end(), ctx_.world_rank) != r.end());
 }
 
-RunControl::~RunControl() { stop_profiler(); }
+RunControl::~RunControl() {
+  stop_profiler();
+}
 
 void RunControl::before_step(int64_t done) {
   if (!profiling_ || profiler_on_ || done < cfg_.profile_step_start ||

@@ -29,7 +29,9 @@ StepExecutor::StepExecutor(GPTModel& model, Backend& be, const TrainConfig& cfg,
 
 StepExecutor::~StepExecutor() = default;
 
-int StepExecutor::local_seq() const { return model_.config().seq_length / ctx_.cp_size; }
+int StepExecutor::local_seq() const {
+  return model_.config().seq_length / ctx_.cp_size;
+}
 
 void StepExecutor::shape(int global_batch) {
   if (global_batch == global_batch_) return;

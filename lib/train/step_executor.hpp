@@ -32,9 +32,7 @@ class StepExecutor {
   void shape(int global_batch);
   int global_batch() const { return global_batch_; }
   // Micro-batches per step at the current global batch.
-  int num_micro_batches() const {
-    return global_batch_ / (cfg_.micro_batch_size * ctx_.dp_size);
-  }
+  int num_micro_batches() const { return global_batch_ / (cfg_.micro_batch_size * ctx_.dp_size); }
   // The first sample of this DP rank's slice of the step that starts at `consumed` samples.
   int64_t first_sample(int64_t consumed) const;
 

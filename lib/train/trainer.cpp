@@ -66,13 +66,27 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
 
 Trainer::~Trainer() = default;
 
-int64_t Trainer::optimizer_steps() const { return optimizers_->steps_taken(); }
-DistributedAdamW* Trainer::distributed_optimizer() { return optimizers_->distributed(); }
-void Trainer::sync_params() { optimizers_->sync_params(); }
-int Trainer::num_micro_batches() const { return executor_->num_micro_batches(); }
-int Trainer::step_global_batch() const { return executor_->global_batch(); }
-const LossScaler& Trainer::loss_scaler() const { return optimizers_->scaler(); }
-int64_t Trainer::skipped_iterations() const { return optimizers_->skipped_iterations(); }
+int64_t Trainer::optimizer_steps() const {
+  return optimizers_->steps_taken();
+}
+DistributedAdamW* Trainer::distributed_optimizer() {
+  return optimizers_->distributed();
+}
+void Trainer::sync_params() {
+  optimizers_->sync_params();
+}
+int Trainer::num_micro_batches() const {
+  return executor_->num_micro_batches();
+}
+int Trainer::step_global_batch() const {
+  return executor_->global_batch();
+}
+const LossScaler& Trainer::loss_scaler() const {
+  return optimizers_->scaler();
+}
+int64_t Trainer::skipped_iterations() const {
+  return optimizers_->skipped_iterations();
+}
 
 std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
   RunControl control(cfg_, ctx_, be_);
@@ -184,8 +198,8 @@ double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters)
   for (int64_t it = 0; it < iters; ++it) {
     executor_->load_batch(data, dp_slice_begin(first + it * G, G, ctx_.dp_size, ctx_.dp_rank));
     tokens += executor_->count_loss_tokens();
-    const double sum = executor_->run(false, 0, executor_->first_sample(state_.consumed_samples),
-                                      0.0f, 1.0f, st);
+    const double sum =
+        executor_->run(false, 0, executor_->first_sample(state_.consumed_samples), 0.0f, 1.0f, st);
     loss += (ctx_.last_stage() && ctx_.tp_rank == 0) ? sum : 0.0;
     progress(state_.iteration);
   }
@@ -194,9 +208,13 @@ double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters)
   return loss / tokens;
 }
 
-void Trainer::save_checkpoint(const std::string& dir) { checkpointer_->save(dir, state_); }
+void Trainer::save_checkpoint(const std::string& dir) {
+  checkpointer_->save(dir, state_);
+}
 
-void Trainer::wait_for_saves() { checkpointer_->wait(); }
+void Trainer::wait_for_saves() {
+  checkpointer_->wait();
+}
 
 void Trainer::load_checkpoint(const std::string& dir, bool model_only, bool load_optimizer) {
   state_ = checkpointer_->load(dir, model_only, load_optimizer);

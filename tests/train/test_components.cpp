@@ -39,12 +39,15 @@ TEST(FigureSink, OneDeclarationFeedsTheLineAndTheMetricsFile) {
 TEST(OneRankTries, SuccessFailureAndAnEmptyMessage) {
   LocalCommunicator comm;
   int ran = 0;
-  EXPECT_EQ(one_rank_tries(comm, 0, [&] { ++ran; }, "elsewhere"), "");
+  EXPECT_EQ(one_rank_tries(
+                comm, 0, [&] { ++ran; }, "elsewhere"),
+            "");
   EXPECT_EQ(ran, 1);
   EXPECT_EQ(one_rank_tries(
                 comm, 0, [] { throw ConfigError("--save '/x' is not writable"); }, "elsewhere"),
             "--save '/x' is not writable");
-  EXPECT_EQ(one_rank_tries(comm, 0, [] { throw std::runtime_error(""); }, "failed on rank 0"),
+  EXPECT_EQ(one_rank_tries(
+                comm, 0, [] { throw std::runtime_error(""); }, "failed on rank 0"),
             "failed on rank 0");
 }
 

@@ -8,9 +8,14 @@ namespace tessera {
 
 namespace {
 
-const Figure kLoadBalancing{"load_balancing_loss", "%.6E", "load_balancing_loss", "%.17g",
+const Figure kLoadBalancing{"load_balancing_loss", "%.6E",
+                            "load_balancing_loss", "%.17g",
                             "load_balancing_loss", /*tensorboard_every_step=*/true};
-const Figure kZLoss{"z_loss", "%.6E", "z_loss", "%.17g", "z_loss",
+const Figure kZLoss{"z_loss",
+                    "%.6E",
+                    "z_loss",
+                    "%.17g",
+                    "z_loss",
                     /*tensorboard_every_step=*/true};
 
 class MoEMetrics : public MetricSource {
@@ -59,7 +64,7 @@ class MoEMetrics : public MetricSource {
   bool z_on() const { return c_.model.config().moe_z_loss_coeff > 0; }
 
   MetricContext c_;
-  double balance_ = 0, z_ = 0;  // this step's
+  double balance_ = 0, z_ = 0;                    // this step's
   double interval_balance_ = 0, interval_z_ = 0;  // summed over the interval's steps
   int interval_steps_ = 0;
 };

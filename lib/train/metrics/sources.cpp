@@ -39,7 +39,11 @@ class LossScaleMetric : public MetricSource {
   }
 
  private:
-  static constexpr Figure kScale{"loss scale", "%.1f", nullptr, "%.17g", "loss-scale",
+  static constexpr Figure kScale{"loss scale",
+                                 "%.1f",
+                                 nullptr,
+                                 "%.17g",
+                                 "loss-scale",
                                  /*tensorboard_every_step=*/true};
   const OptimizerSet& o_;
 };
@@ -75,8 +79,8 @@ class WeightDecayMetric : public MetricSource {
   }
 
  private:
-  static constexpr Figure kDecay{"weight decay", "%.6E", "weight_decay", "%.17g",
-                                 "weight-decay", /*tensorboard_every_step=*/true};
+  static constexpr Figure kDecay{"weight decay", "%.6E",         "weight_decay",
+                                 "%.17g",        "weight-decay", /*tensorboard_every_step=*/true};
 };
 
 }  // namespace
