@@ -48,6 +48,13 @@ int main(int argc, char** argv) {
     set_num_threads(threads);
     const std::string table = grid.layout_table();
     auto backend = make_rank_backend(grid, opts.device, opts.train.virtual_pipeline_size > 1);
+    std::string attention;
+    try {  // a shape `--attention-backend fused` cannot run ends the job here, with cuDNN's reason
+      backend->set_attention_backend(opts.attention_backend, opts.deterministic_mode);
+      attention = backend->attention_plan(attention_call(opts));
+    } catch (const ConfigError& e) {
+      abort_job(e.what(), 2);
+    }
     if (opts.train.peak_tflops <= 0)  // MFU against the device's peak where it is known
       opts.train.peak_tflops = backend_peak_tflops(*backend, opts.train.compute_dtype);
     ParallelContext ctx = grid.context();
@@ -57,6 +64,10 @@ int main(int argc, char** argv) {
                << opts.model.padded_vocab_size(opts.tp) << "), " << opts.model.num_parameters()
                << " parameters (" << opts.model.describe() << "); backend "
                << backend_description(*backend) << ", " << threads << " threads per rank";
+    TLOG(info) << "attention: "
+               << (opts.cp > 1 ? "context parallelism's ring blocks on Tessera's flash kernels in "
+                                 "ring mode where they apply (cuDNN's graph has no ring block)"
+                               : attention);
     for (const std::string& line : data_report(*data, opts.train, ctx.dp_size)) TLOG(info) << line;
     for (const std::string& n : opts.notes) TLOG(info) << n;
     install_stop_signals();

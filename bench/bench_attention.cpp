@@ -6,7 +6,12 @@
 // FLOPs (FlashAttention's convention for causal attention): forward 4*B*H*T^2*D / 2, backward
 // 2.5 times the forward.
 //
-// Usage: bench_attention [--dropout P] [--kv-heads G] [reps=20] [dtype=bf16|fp16]
+// Each shape runs under --attention-backend flash (Tessera's tensor-core kernels) and fused
+// (cuDNN's fused attention, backend/cuda/cudnn_attention.*), each line followed by which kernels
+// ran and why; `--attention-backend X` times only X.
+//
+// Usage: bench_attention [--attention-backend X] [--dropout P] [--kv-heads G] [reps=20]
+//                        [dtype=bf16|fp16]
 //                        [B H T D ...: more shapes]
 // With --dropout, each shape is timed again with attention dropout P (the mask drawn in the
 // kernels), and the cost printed against the run without. With --kv-heads, grouped-query attention
@@ -40,10 +45,15 @@ struct Case {
 int main(int argc0, char** argv0) {
   double dropout = 0;
   int64_t kv_heads = 0;  // 0: H (multi-head)
+  // Each case under Tessera's flash kernels and cuDNN's fused attention (--attention-backend X:
+  // only X); the dropout lines are the flash kernels' (cuDNN's dropout is not Tessera's).
+  std::vector<std::string> backends = {"flash", "fused"};
   std::vector<char*> args{argv0[0]};
   for (int i = 1; i < argc0; ++i) {
     if (std::string(argv0[i]) == "--dropout" && i + 1 < argc0)
       dropout = std::atof(argv0[++i]);
+    else if (std::string(argv0[i]) == "--attention-backend" && i + 1 < argc0)
+      backends = {argv0[++i]};
     else if (std::string(argv0[i]) == "--kv-heads" && i + 1 < argc0)
       kv_heads = std::atoll(argv0[++i]);
     else
@@ -106,29 +116,50 @@ int main(int argc0, char** argv0) {
     Tensor lse({c.B, c.H, c.T}, DType::F32, be->allocator());
     Tensor dqkv({c.B, c.T, C3}, dtype, be->allocator());
     // warm-up (and shared-memory attributes)
+    double fwd = 0, bwd = 0;
+    for (const std::string& name : backends) {
+    const AttentionBackend ab = parse_attention_backend(name);
+    be->set_attention_backend(ab, false);
+    AttentionCall call;
+    call.dtype = dtype;
+    call.batch = c.B;
+    call.seq = c.T;
+    call.heads = c.H;
+    call.kv_heads = G;
+    call.head_dim = c.D;
+    std::string plan;
+    try {
+      plan = be->attention_plan(call);
+    } catch (const std::exception& e) {
+      std::printf("B%lld H%lld G%lld T%lld D%lld %s: %s\n", (long long)c.B, (long long)c.H,
+                  (long long)G, (long long)c.T, (long long)c.D, name.c_str(), e.what());
+      continue;
+    }
     be->attention_forward(out, lse, qkv, c.H, nullptr, G);
     be->attention_backward(dqkv, dout, qkv, out, lse, c.H, nullptr, G);
     be->synchronize();
     Timer tf;
     for (int i = 0; i < reps; ++i) be->attention_forward(out, lse, qkv, c.H, nullptr, G);
     be->synchronize();
-    const double fwd = tf.seconds() / reps;
+    fwd = tf.seconds() / reps;
     Timer tb;
     for (int i = 0; i < reps; ++i)
       be->attention_backward(dqkv, dout, qkv, out, lse, c.H, nullptr, G);
     be->synchronize();
-    const double bwd = tb.seconds() / reps;
+    bwd = tb.seconds() / reps;
     const double flops = 4.0 * c.B * c.H * double(c.T) * c.T * c.D / 2;
     std::printf(
-        "B%lld H%lld G%lld T%lld D%lld: forward %.3f ms %.1f TFLOP/s | backward %.3f ms %.1f "
-        "TFLOP/s",
-        (long long)c.B, (long long)c.H, (long long)G, (long long)c.T, (long long)c.D, fwd * 1e3,
-        flops / fwd / 1e12, bwd * 1e3, 2.5 * flops / bwd / 1e12);
+        "B%lld H%lld G%lld T%lld D%lld %-5s: forward %.3f ms %.1f TFLOP/s | backward %.3f ms "
+        "%.1f TFLOP/s",
+        (long long)c.B, (long long)c.H, (long long)G, (long long)c.T, (long long)c.D, name.c_str(),
+        fwd * 1e3, flops / fwd / 1e12, bwd * 1e3, 2.5 * flops / bwd / 1e12);
     if (c.fa2_fwd > 0)
       std::printf(" | H100 PyTorch SDPA flash %.0f / %.0f, cuDNN %.0f / %.0f TFLOP/s%s", c.fa2_fwd,
                   c.fa2_bwd, c.cudnn_fwd, c.cudnn_bwd, G < c.H ? " (multi-head)" : "");
-    std::printf("\n");
-    if (dropout > 0) {
+    std::printf("\n  (%s)\n", plan.c_str());
+    }
+    be->set_attention_backend(AttentionBackend::Flash, false);
+    if (dropout > 0 && fwd > 0 && bwd > 0) {
       AttentionDropout drop;
       drop.spec = make_dropout_spec(dropout, 1234, 1, 0, DropoutKind::Attention, 0);
       drop.heads_total = c.H;

@@ -33,8 +33,8 @@ cp -a /usr/share/openmpi "$stage/ompi/share/"
 cp -L "$(command -v orted)" "$stage/ompi/bin/"
 
 # Every library those load, once, except the C/C++ runtime and CUDA's (the GPU machine has them,
-# matching its driver).
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libgcc_s|libstdc\+\+|libcuda\.so|libcudart|libcublas|libcublasLt|libnccl|libnvidia)'
+# matching its driver; cuDNN there is PyTorch's wheel, which gpu-run.sh finds).
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libgcc_s|libstdc\+\+|libcuda\.so|libcudart|libcublas|libcublasLt|libnccl|libnvidia|libcudnn)'
 collect() {
   ldd "$1" 2>/dev/null | awk '/=> \// {print $3}' | while read -r lib; do
     name=$(basename "$lib")

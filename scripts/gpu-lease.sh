@@ -22,6 +22,7 @@ mkdir -p "$logs" "$final"
 kernels='*AttentionForwardBackward*:*RmsNorm*:*LayerNorm*:*Moe*:*EmbeddingsAndCrossEntropy*:*KvAttentionBf16*'
 # step name, longest time it may take (seconds), command
 plan=(
+  "fused|120|bash scripts/gpu-run.sh --steps=fused"
   "tests|300|bash scripts/gpu-run.sh --steps=tests"
   "train|60|bash scripts/gpu-run.sh --steps=train"
   "attention|90|bash scripts/gpu-run.sh --steps=attention"

@@ -8,7 +8,8 @@
 # Usage: bash scripts/gpu-run.sh [--no-bench] [--bench-only] [--memory] [--sanitize[=TOOL,...]]
 #        [--steps=STEP,...] [BENCH_ARGS...]
 #
-# --steps picks pieces of the default run: tests (the four CUDA test programs), train (gpt2-tiny
+# --steps picks pieces of the default run: tests (the four CUDA test programs), fused (cuDNN
+# attention's tests, with cuDNN's error log), train (gpt2-tiny
 # and llama-tiny on --device cuda vs cpu), attention (bench_attention and the PyTorch peer), bench
 # (bench_gpu_train BENCH_ARGS), generate (bench_generate gpu bf16), llama1b. scripts/gpu-lease.sh
 # runs them one by one under a deadline. GPU_RUN_REUSE=1 keeps an archive already unpacked.
@@ -46,7 +47,7 @@ cudalibs=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$d" ] && cudalibs="$cudalibs:$d"
 done
-for n in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudart.so.13; do
+for n in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudart.so.13 libcudnn.so.9; do
   if ! (IFS=:; for d in $cudalibs; do [ -n "$d" ] && [ -e "$d/$n" ] && exit 0; done; exit 1); then
     f=$(find / -name "$n" -not -path '/proc/*' -not -path "$root/*" 2>/dev/null | head -1)
     [ -n "$f" ] && cudalibs="$cudalibs:$(dirname "$f")"
@@ -133,8 +134,8 @@ fi
 if [ -n "$steps" ]; then
   for st in ${steps//,/ }; do
     case $st in
-      tests|train|attention|bench|generate|llama1b) ;;
-      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: tests, train, attention, bench, generate, llama1b)" >&2; exit 2 ;;
+      tests|fused|train|attention|bench|generate|llama1b) ;;
+      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: tests, fused, train, attention, bench, generate, llama1b)" >&2; exit 2 ;;
     esac
   done
   step() { [[ $steps == *",$1,"* ]]; }
@@ -153,6 +154,18 @@ if step tests; then
     "$root/bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" | grep -vE '^\[20[0-9]{2}-' | tail -40
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
+fi
+if step fused; then
+  # cuDNN's fused attention (issue 37): every attention and ring case of test_cuda_ops (fused
+  # against the CPU and the flash kernels, the backend choice), and the bf16 training test that
+  # runs it by --attention-backend auto; cuDNN's own error log in $OUT/cudnn.log.
+  echo "== cuDNN: $(ls "$(dirname "$(ldd "$root/bin/test_cuda_ops" | awk '/libcudnn.so/ {print $3}')")" 2>/dev/null | grep -m1 -E 'libcudnn_graph.so.9.[0-9]' || echo 'libcudnn not found') =="
+  CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn.log" "$root/bin/test_cuda_ops" --gtest_brief=1 \
+    --gtest_filter='*Attention*:*Ring*' 2>&1 | tee "$out/test_cuda_ops-fused.log" | grep -vE '^\[20[0-9]{2}-' | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  "$root/bin/test_cuda_train" --gtest_brief=1 --gtest_filter='*Bf16*' 2>&1 | tee "$out/test_cuda_train-fused.log" | tail -8
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  [ -s "$out/cudnn.log" ] && { echo "cudnn.log:"; grep -m 20 -iE 'error|warn' "$out/cudnn.log"; }
 fi
 if step train; then
   # GPT-2, and the Llama family (issue 15: RoPE, RMSNorm, SwiGLU, grouped-query attention).

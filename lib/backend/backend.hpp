@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/attention_backend.hpp"
 #include "backend/cpu/kv_attention.hpp"
 #include "backend/cpu/moe.hpp"
 #include "backend/cpu/sampling.hpp"
@@ -170,6 +171,19 @@ class Backend {
                                   const Tensor& out, const Tensor& lse, int64_t heads,
                                   const AttentionDropout* dropout = nullptr, int64_t kv_heads = 0,
                                   const AttentionAlibi* alibi = nullptr) = 0;
+  // Which attention kernels attention_forward/backward run (Megatron's --attention-backend,
+  // backend/attention_backend.hpp); `deterministic` (--deterministic-mode) asks for a backward
+  // that gives the same bits on every run. Throws ConfigError for a choice this backend does not
+  // have. The CPU backend's one attention is its reference (deterministic).
+  virtual void set_attention_backend(AttentionBackend b, bool /*deterministic*/) {
+    if (b == AttentionBackend::Fused || b == AttentionBackend::Flash)
+      throw ConfigError(std::string("--attention-backend ") + attention_backend_name(b) +
+                        " needs --device cuda (the CPU backend's one attention is its reference: "
+                        "give auto, unfused or local)");
+  }
+  // Which kernels run an attention call of this shape, and why: one line for the start-up log.
+  // Throws ConfigError where the chosen backend cannot run it (fused: cuDNN's reason).
+  virtual std::string attention_plan(const AttentionCall& /*c*/) { return "the CPU reference"; }
 
   // Context parallelism's ring attention (model/context_parallel.cpp, docs/parallelism.md). One
   // block: query rows [q0, q0 + nq) of each sample of qkv (B,T,(H+2G)*hd; the layout above)

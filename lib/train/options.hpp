@@ -25,6 +25,9 @@ std::string no_checkpoint_in(const std::string& dir);
 
 // "0,8,16" -> {0, 8, 16}; "all" -> {} (every rank). ConfigError naming `option` otherwise.
 std::vector<int> parse_rank_list(const std::string& text, const std::string& option);
+// The training shape's attention call on one rank (train/options/kernels.cpp), for the start-up
+// line that says which kernels run it (Backend::attention_plan).
+AttentionCall attention_call(const RunOptions& o);
 
 // The recomputation the Megatron options ask for (--recompute-granularity, --recompute-method,
 // --recompute-num-layers, and the older --checkpoint-activations / --checkpoint-num-layers);

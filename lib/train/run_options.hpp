@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/attention_backend.hpp"
 #include "core/logging.hpp"
 #include "data/blended_dataset.hpp"
 #include "data/shard.hpp"
@@ -24,6 +25,9 @@ struct RunOptions {
   int cp = 1;                   // context-parallel size: DP = world / (TP * CP * PP)
   int threads = 0;              // 0: this rank's share of the cores in its affinity mask
   std::string device = "auto";  // resolved to "cpu" or "cuda" by parse_run_options
+  // Which attention kernels run (Megatron's --attention-backend), and --deterministic-mode.
+  AttentionBackend attention_backend = AttentionBackend::Auto;
+  bool deterministic_mode = false;
   bool mock_data = false;       // synthetic data; also the source when no --data-path is given
   // --data-path: one prefix of HDF5 token shards or a Megatron blend, cut into train, valid and
   // test by --split; or (instead) the three splits' own prefixes or blends.

@@ -6,7 +6,10 @@
 // written. Each test skips itself where no CUDA device is visible.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
+
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <ostream>
 #include <random>
@@ -108,6 +111,7 @@ class CudaOpsDtype : public CudaOpsBase, public ::testing::TestWithParam<DType> 
     return d() == DType::F32 ? f32_tol : d() == DType::BF16 ? 2e-2 : 4e-3;
   }
   Tensor rnd(Shape s, float scale = 1.f) { return as(d(), rand(std::move(s), scale)); }
+  bool repeatable_ = true;  // the backward gives the same bits twice (not cuDNN's with atomics)
   // One attention case against the CPU: the forward, then the backward from the CPU's forward
   // outputs (only the backward compared) or, as in training, from the GPU's own.
   struct AttentionCase {
@@ -141,7 +145,7 @@ class CudaOpsDtype : public CudaOpsBase, public ::testing::TestWithParam<DType> 
                  lb = backward_from_gpu_forward ? ld : dev(lse);
     gpu_->attention_backward(dqd, dd, qd, ob, lb, H, drop, c.G, alibi);
     expect_close(dqd, dqkv, tol(1e-4), "attention dqkv");
-    if (G < H) {  // the group sums have one owner each: a second run gives the same bits
+    if (G < H && repeatable_) {  // the group sums have one owner each: the same bits again
       const Tensor first = host(dqd);
       gpu_->attention_backward(dqd, dd, qd, ob, lb, H, drop, c.G, alibi);
       const Tensor again = host(dqd);
@@ -156,6 +160,7 @@ class CudaOpsDtype : public CudaOpsBase, public ::testing::TestWithParam<DType> 
 // Attention dropout 0.1 in every dtype: the tensor-core kernels (bf16/f16, head dims 64, 128) and
 // the one-thread-per-row kernels (f32, head dim 48) against the CPU, the same mask.
 TEST_P(CudaOpsDtype, AttentionDropoutMatchesCpu) {
+  gpu_->set_attention_backend(AttentionBackend::Flash, false);  // Tessera's kernels
   AttentionDropout drop;
   drop.spec = make_dropout_spec(0.1, 99, 12, 4, DropoutKind::Attention, 640);
   drop.head_begin = 4;
@@ -171,6 +176,7 @@ TEST_P(CudaOpsDtype, AttentionDropoutMatchesCpu) {
 // tiles. Then training shapes (Llama-like 8 heads over 2 groups) and dropout (the mask of each
 // query head inside the dK/dV loop over the group).
 TEST_P(CudaOpsDtype, GqaAttentionMatchesCpu) {
+  gpu_->set_attention_backend(AttentionBackend::Flash, false);  // Tessera's kernels
   for (const AttentionCase c : {AttentionCase{2, 131, 4, 64, 2}, AttentionCase{1, 100, 4, 128, 1},
                                 AttentionCase{2, 67, 6, 32, 3}, AttentionCase{1, 45, 4, 40, 2}})
     check_attention(c, false);
@@ -192,6 +198,7 @@ TEST_P(CudaOpsDtype, GqaAttentionMatchesCpu) {
 // a tensor-parallel rank past the first: rank 1 of 2 of 8 heads (slopes 2^-5 .. 2^-8) and rank 2
 // of 3 of 12 heads (12 is no power of two: slopes 2^-0.5 .. 2^-3.5, steep).
 TEST_P(CudaOpsDtype, AlibiAttentionMatchesCpu) {
+  gpu_->set_attention_backend(AttentionBackend::Flash, false);  // Tessera's kernels
   const AttentionAlibi mild{4, 8}, steep{8, 12};
   for (const AttentionCase c : {AttentionCase{2, 131, 4, 64}, AttentionCase{1, 100, 4, 128, 2},
                                 AttentionCase{2, 67, 4, 32, 1}, AttentionCase{1, 45, 4, 40, 2}}) {
@@ -442,6 +449,7 @@ TEST_P(CudaOpsDtype, LayerNormGeluAdd) {
 }
 
 TEST_P(CudaOpsDtype, AttentionForwardBackward) {
+  gpu_->set_attention_backend(AttentionBackend::Flash, false);  // Tessera's kernels
   // hd 5: the generic kernels; 32, 64, 128: the tiled ones, with T not a multiple of the tiles.
   for (const AttentionCase c : {AttentionCase{2, 67, 3, 5}, AttentionCase{2, 100, 2, 32},
                                 AttentionCase{1, 131, 2, 64}, AttentionCase{1, 70, 1, 128}})
@@ -452,8 +460,106 @@ TEST_P(CudaOpsDtype, AttentionForwardBackward) {
 // T 1024 and 2048, head dims 64 and 128, batch > 1, fresh random inputs and poisoned outputs.
 // Tolerances as above, relative to the largest reference value (bf16 2e-2, f16 4e-3).
 TEST_P(CudaOpsDtype, AttentionAtTrainingShapes) {
+  gpu_->set_attention_backend(AttentionBackend::Flash, false);  // Tessera's kernels
   for (const AttentionCase c : {AttentionCase{2, 1024, 4, 64}, AttentionCase{2, 2048, 2, 128}})
     check_attention(c, true);
+}
+
+// cuDNN's fused attention (--attention-backend fused) at the training shapes, multi-head and
+// grouped-query, head dims 64 and 128, with and without --deterministic-mode: against the CPU
+// (forward, lse, and the backward from the GPU's own forward, as in training), then against
+// Tessera's flash kernels on the same device inputs; the deterministic backward twice gives the
+// same bits. On sm_90 (the H100/H200 this is measured on) cuDNN must run these shapes: a refusal
+// fails there and skips elsewhere, with cuDNN's reason. f32 is refused with a reason.
+TEST_P(CudaOpsDtype, FusedAttentionMatchesCpuAndFlash) {
+  gpu_->set_attention_backend(AttentionBackend::Fused, false);
+  AttentionCall call;
+  call.dtype = d();
+  call.batch = 2;
+  call.seq = 1024;
+  call.heads = call.kv_heads = 4;
+  call.head_dim = 64;
+  if (d() == DType::F32) {
+    try {
+      gpu_->attention_plan(call);
+      ADD_FAILURE() << "fused accepted f32";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("bf16 or f16"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  std::string plan;
+  try {
+    plan = gpu_->attention_plan(call);
+  } catch (const ConfigError& e) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    if (major != 9) GTEST_SKIP() << e.what();
+    FAIL() << e.what();
+  }
+  std::printf("fused attention: %s\n", plan.c_str());
+  EXPECT_NE(plan.find("cuDNN fused attention"), std::string::npos) << plan;
+  for (bool det : {false, true}) {
+    SCOPED_TRACE(det ? "deterministic" : "atomics");
+    gpu_->set_attention_backend(AttentionBackend::Fused, det);
+    repeatable_ = det;
+    check_attention(AttentionCase{2, 1024, 4, 64}, true);
+    check_attention(AttentionCase{2, 2048, 8, 128, 2}, true);
+  }
+  repeatable_ = true;
+  // Fused against flash on the same inputs (grouped-query, head dim 128).
+  const int64_t B = 2, T = 1024, H = 8, G = 2, hd = 128, C3 = (H + 2 * G) * hd;
+  const Tensor qkv = dev(rnd({B, T, C3})), dout = dev(rnd({B, T, H * hd}));
+  Tensor out[2], lse[2], dqkv[2];
+  const AttentionBackend which[2] = {AttentionBackend::Flash, AttentionBackend::Fused};
+  for (int i = 0; i < 2; ++i) {
+    gpu_->set_attention_backend(which[i], true);
+    out[i] = poisoned({B, T, H * hd}, d());
+    lse[i] = poisoned({B, H, T});
+    dqkv[i] = poisoned({B, T, C3}, d());
+    gpu_->attention_forward(out[i], lse[i], qkv, H, nullptr, G);
+    gpu_->attention_backward(dqkv[i], dout, qkv, out[i], lse[i], H, nullptr, G);
+  }
+  expect_close(out[1], host(out[0]), tol(1e-5), "fused vs flash out");
+  expect_close(lse[1], host(lse[0]), 1e-3, "fused vs flash lse");
+  expect_close(dqkv[1], host(dqkv[0]), tol(1e-4), "fused vs flash dqkv");
+}
+
+// --attention-backend auto: cuDNN where it runs the call, and Tessera's kernels with the reason
+// where it does not (attention dropout, ALiBi, f32); flash, unfused and local as named.
+TEST_P(CudaOpsDtype, AttentionBackendChoiceIsSaid) {
+  AttentionCall call;
+  call.dtype = d();
+  call.batch = 2;
+  call.seq = 512;
+  call.heads = 4;
+  call.kv_heads = 2;
+  call.head_dim = 64;
+  gpu_->set_attention_backend(AttentionBackend::Auto, false);
+  const std::string plain = gpu_->attention_plan(call);
+  std::printf("auto, %s: %s\n", dtype_name(d()), plain.c_str());
+  if (d() == DType::F32) EXPECT_NE(plain.find("generic kernels"), std::string::npos) << plain;
+  call.dropout = true;
+  const std::string dropped = gpu_->attention_plan(call);
+  EXPECT_NE(dropped.find("attention dropout is on"), std::string::npos) << dropped;
+  EXPECT_EQ(dropped.find("cuDNN fused attention"), std::string::npos) << dropped;
+  call.dropout = false;
+  call.alibi = true;
+  EXPECT_NE(gpu_->attention_plan(call).find("ALiBi is on"), std::string::npos);
+  call.alibi = false;
+  gpu_->set_attention_backend(AttentionBackend::Unfused, false);
+  EXPECT_NE(gpu_->attention_plan(call).find("generic kernels"), std::string::npos);
+  gpu_->set_attention_backend(AttentionBackend::Flash, false);
+  EXPECT_NE(gpu_->attention_plan(call).find(d() == DType::F32 ? "generic" : "flash kernels"),
+            std::string::npos);
+  call.dropout = true;  // fused with dropout: an error naming the reason
+  gpu_->set_attention_backend(AttentionBackend::Fused, false);
+  try {
+    gpu_->attention_plan(call);
+    ADD_FAILURE() << "fused accepted attention dropout";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--attention-backend fused: "), std::string::npos);
+  }
 }
 
 // The embedding backward at a training shape (GPT-2's C, 8192 tokens, a vocabulary shard, many

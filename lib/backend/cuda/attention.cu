@@ -376,10 +376,10 @@ __global__ void attention_backward_kernel(T* dqkv, const T* dout, const T* qkv, 
 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, int64_t kv_heads,
                        const AttentionDropout* drop, const AttentionAlibi* alibi,
-                       [[maybe_unused]] Workspace& ws, cudaStream_t s) {
+                       [[maybe_unused]] Workspace& ws, cudaStream_t s, bool tensor_cores) {
   const int64_t G = kv_heads, B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
   const AttentionDropout dr = drop && drop->spec.active() ? *drop : AttentionDropout{};
-  if (tc::flash_supported(qkv.dtype(), hd, B * heads, {out.raw(), qkv.raw()})) {
+  if (tensor_cores && tc::flash_supported(qkv.dtype(), hd, B * heads, {out.raw(), qkv.raw()})) {
     tc::flash_forward(qkv.dtype(), out.raw(), lse.f32(), qkv.raw(), B, T, heads, G, hd, dr, alibi,
                       s);
     return;
@@ -411,12 +411,12 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t head
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, int64_t heads, int64_t kv_heads,
                         const AttentionDropout* drop, const AttentionAlibi* alibi, Workspace& ws,
-                        cudaStream_t s) {
+                        cudaStream_t s, bool tensor_cores) {
   const int64_t G = kv_heads, B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
   const AttentionDropout dr = drop && drop->spec.active() ? *drop : AttentionDropout{};
   float* rowdot = ws.get<float>(Scratch::kAttentionRowdot, B * heads * T);
-  if (tc::flash_supported(qkv.dtype(), hd, B * heads,
-                          {dqkv.raw(), dout.raw(), qkv.raw(), out.raw()})) {
+  if (tensor_cores && tc::flash_supported(qkv.dtype(), hd, B * heads,
+                                          {dqkv.raw(), dout.raw(), qkv.raw(), out.raw()})) {
     tc::flash_backward(qkv.dtype(), dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), lse.f32(), rowdot,
                        B, T, heads, G, hd, dr, alibi, s);
     return;

@@ -9,12 +9,17 @@
 
 #include <cstring>
 #include <initializer_list>
+#include <map>
 #include <memory>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/cuda_check.hpp"
+#include "backend/cuda/cudnn_attention.hpp"
+#include "backend/cuda/flash_attention_tc.hpp"
 #include "backend/cuda/device.hpp"
 #include "backend/cuda/ops.hpp"
 
@@ -39,6 +44,7 @@ const char* const kScratchLabels[] = {
     "the MoE router scores",
     "the MoE load-balancing gradient",
     "the grouped GEMM's pointer arrays",
+    "the cuDNN attention workspace",
 };
 static_assert(sizeof(kScratchLabels) / sizeof(kScratchLabels[0]) ==
               static_cast<size_t>(Scratch::kCount));
@@ -121,6 +127,7 @@ class CudaBackend final : public Backend {
       if (st.done) cudaEventDestroy(st.done);
       if (st.host) cudaFreeHost(st.host);
     }
+    cudnn_.reset();
     blas_.reset();
     cudaStreamDestroy(stream_);
   }
@@ -304,7 +311,14 @@ class CudaBackend final : public Backend {
                   "attention output shapes");
     expect_dtype(lse, DType::F32, "attention lse");
     expect_dtype(out, qkv.dtype(), "attention output");
-    cuda_ops::attention_forward(out, lse, qkv, heads, G, drop, alibi, ws_, stream_);
+    const cuda_ops::CudnnAttentionShape sh{qkv.dtype(), B, T, heads, G, hd};
+    const AttnKernels k = attention_kernels(sh, drop && drop->spec.active(), alibi != nullptr,
+                                            {out.raw(), qkv.raw()});
+    if (k == AttnKernels::Cudnn)
+      cudnn_->forward(out.raw(), lse.f32(), qkv.raw(), sh, ws_);
+    else
+      cuda_ops::attention_forward(out, lse, qkv, heads, G, drop, alibi, ws_, stream_,
+                                  k == AttnKernels::Flash);
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads, const AttentionDropout* drop,
@@ -318,7 +332,37 @@ class CudaBackend final : public Backend {
     for (const Tensor* t : std::initializer_list<const Tensor*>{&dqkv, &dout, &out})
       expect_dtype(*t, qkv.dtype(), "attention backward operand");
     expect_dtype(lse, DType::F32, "attention lse");
-    cuda_ops::attention_backward(dqkv, dout, qkv, out, lse, heads, G, drop, alibi, ws_, stream_);
+    const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
+    const cuda_ops::CudnnAttentionShape sh{qkv.dtype(), B, T, heads, G, hd};
+    const AttnKernels k =
+        attention_kernels(sh, drop && drop->spec.active(), alibi != nullptr,
+                          {dqkv.raw(), dout.raw(), qkv.raw(), out.raw()});
+    if (k == AttnKernels::Cudnn)
+      cudnn_->backward(dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), lse.f32(), sh,
+                       deterministic_, ws_);
+    else
+      cuda_ops::attention_backward(dqkv, dout, qkv, out, lse, heads, G, drop, alibi, ws_, stream_,
+                                   k == AttnKernels::Flash);
+  }
+  void set_attention_backend(AttentionBackend b, bool deterministic) override {
+    attention_ = b;
+    deterministic_ = deterministic;
+    kernels_.clear();
+  }
+  std::string attention_plan(const AttentionCall& c) override {
+    const int64_t G = c.kv_heads > 0 ? c.kv_heads : c.heads;
+    std::string why;
+    const AttnKernels k = attention_kernels({c.dtype, c.batch, c.seq, c.heads, G, c.head_dim},
+                                            c.dropout, c.alibi, {}, &why);
+    const char* what = k == AttnKernels::Cudnn ? "cuDNN fused attention"
+                       : k == AttnKernels::Flash ? "Tessera's tensor-core flash kernels"
+                                                 : "Tessera's generic kernels";
+    std::string line = std::string(what) + " (--attention-backend " +
+                       attention_backend_name(attention_) + ": " + why + ")";
+    if (k == AttnKernels::Cudnn)
+      line += std::string("; cuDNN ") + cuda_ops::cudnn_version() +
+              (deterministic_ ? ", deterministic backward" : ", backward with atomics");
+    return line;
   }
   void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,
                           const RingBlock& blk) override {
@@ -570,6 +614,69 @@ class CudaBackend final : public Backend {
   };
   Stage stages_[kStages];
   int next_stage_ = 0;
+
+  // The attention kernels of a call: by --attention-backend, the shape, dropout and ALiBi (and
+  // cuDNN's verdict on the shape), decided at a shape's first call and kept.
+  enum class AttnKernels { Cudnn, Flash, Generic };
+  AttnKernels attention_kernels(const cuda_ops::CudnnAttentionShape& s, bool dropout, bool alibi,
+                                std::initializer_list<const void*> ptrs,
+                                std::string* why = nullptr) {
+    bool aligned = true;
+    for (const void* p : ptrs) aligned = aligned && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+    const auto key = std::tuple_cat(s.key(), std::make_tuple(dropout, alibi, aligned));
+    auto it = kernels_.find(key);
+    if (it != kernels_.end() && !why) return it->second;
+    std::string reason;
+    const AttnKernels k = choose_attention(s, dropout, alibi, aligned, reason);
+    kernels_[key] = k;
+    if (why) *why = reason;
+    return k;
+  }
+  AttnKernels choose_attention(const cuda_ops::CudnnAttentionShape& s, bool dropout, bool alibi,
+                               bool aligned, std::string& why) {
+    const bool tc = tc::flash_supported(s.dtype, s.hd, s.B * s.H, {});
+    const std::string shape = std::string(dtype_name(s.dtype)) + ", head dim " +
+                              std::to_string(s.hd);
+    switch (attention_) {
+      case AttentionBackend::Unfused:
+      case AttentionBackend::Local:
+        why = "no tensor cores, as asked";
+        return AttnKernels::Generic;
+      case AttentionBackend::Flash:
+        why = tc ? shape : "the tensor-core kernels take bf16/f16 at head dim 64 or 128, not " + shape;
+        return tc ? AttnKernels::Flash : AttnKernels::Generic;
+      case AttentionBackend::Fused:
+      case AttentionBackend::Auto:
+        break;
+    }
+    std::string refused;
+    if (dropout)
+      refused = "attention dropout is on: cuDNN would draw its own mask, where Tessera's is keyed "
+                "by position so that every layout drops the same elements";
+    else if (alibi)
+      refused = "ALiBi is on: cuDNN's slopes are for all heads of one rank, not a rank's slice";
+    else if (!aligned)
+      refused = "an operand is not 16-byte aligned";
+    else {
+      if (!cudnn_) cudnn_ = std::make_unique<cuda_ops::CudnnAttention>(stream_);
+      refused = cudnn_->refusal(s, deterministic_);
+    }
+    if (refused.empty()) {
+      why = "cuDNN runs " + shape + (attention_ == AttentionBackend::Auto ? ", causal" : "");
+      return AttnKernels::Cudnn;
+    }
+    if (attention_ == AttentionBackend::Fused)
+      throw ConfigError("--attention-backend fused: " + refused +
+                        " (give --attention-backend auto or flash)");
+    why = "not cuDNN: " + refused;
+    return tc ? AttnKernels::Flash : AttnKernels::Generic;
+  }
+  AttentionBackend attention_ = AttentionBackend::Auto;
+  bool deterministic_ = false;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool>,
+           AttnKernels>
+      kernels_;
+  std::unique_ptr<cuda_ops::CudnnAttention> cudnn_;
 
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CublasHandle> blas_;

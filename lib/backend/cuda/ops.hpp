@@ -34,6 +34,7 @@ enum class Scratch {
   kMoeScores,        // the router's per-token load-balancing scores and lse^2 (moe.cu)
   kMoeAuxGrad,       // the load-balancing loss's gradient per (group, expert) (moe.cu)
   kGroupedPointers,  // the A, B and C pointer arrays of a grouped GEMM (matmul.cu)
+  kCudnn,            // cuDNN attention's plan workspace, row sums, dQ accumulator (cudnn_attention.cpp)
   kCount
 };
 
@@ -162,15 +163,16 @@ void grouped_matmul_backward(const std::vector<Backend::GroupedGemm>& groups, cu
 // none), attention dropout on the probabilities: the tensor-core kernels where they apply, else
 // the one-thread-per-row kernels. With `alibi` (null: none), ALiBi's bias slope_h (j - i) on every
 // scaled score (core/alibi.hpp), in every kernel (those without it run no code of it).
+// `tensor_cores` false keeps to the generic kernels (--attention-backend unfused/local).
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, int64_t kv_heads,
                        const AttentionDropout* drop, const AttentionAlibi* alibi, Workspace& ws,
-                       cudaStream_t s);
+                       cudaStream_t s, bool tensor_cores = true);
 // dqkv (qkv's layout) from dout, the forward's inputs and outputs (out, lse), its dropout and its
 // ALiBi; each key/value head's gradient sums its group's query heads (no atomics).
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, int64_t heads, int64_t kv_heads,
                         const AttentionDropout* drop, const AttentionAlibi* alibi, Workspace& ws,
-                        cudaStream_t s);
+                        cudaStream_t s, bool tensor_cores = true);
 
 // ---- rope.cu ------------------------------------------------------------------------------------
 
