@@ -156,14 +156,15 @@ if step tests; then
   done
 fi
 if step fused; then
-  # cuDNN's fused attention (issue 37): every attention and ring case of test_cuda_ops (fused
-  # against the CPU and the flash kernels, the backend choice), and the bf16 training test that
-  # runs it by --attention-backend auto; cuDNN's own error log in $OUT/cudnn.log.
+  # cuDNN's fused attention and the GEMM epilogues (issue 37): every attention, ring, GELU and
+  # matmul case of test_cuda_ops (fused against the CPU and the flash kernels, the backend
+  # choice, the DGELU epilogue), the bf16 training test that runs them by default and the
+  # recomputation test (bitwise with them); cuDNN's own error log in $OUT/cudnn.log.
   echo "== cuDNN: $(ls "$(dirname "$(ldd "$root/bin/test_cuda_ops" | awk '/libcudnn.so/ {print $3}')")" 2>/dev/null | grep -m1 -E 'libcudnn_graph.so.9.[0-9]' || echo 'libcudnn not found') =="
   CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn.log" "$root/bin/test_cuda_ops" --gtest_brief=1 \
-    --gtest_filter='*Attention*:*Ring*' 2>&1 | tee "$out/test_cuda_ops-fused.log" | grep -vE '^\[20[0-9]{2}-' | tail -40
+    --gtest_filter='*Attention*:*Ring*:*Gelu*:*Matmul*' 2>&1 | tee "$out/test_cuda_ops-fused.log" | grep -vE '^\[20[0-9]{2}-' | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  "$root/bin/test_cuda_train" --gtest_brief=1 --gtest_filter='*Bf16*' 2>&1 | tee "$out/test_cuda_train-fused.log" | tail -8
+  "$root/bin/test_cuda_train" --gtest_brief=1 --gtest_filter='*Bf16*:*Recomputation*' 2>&1 | tee "$out/test_cuda_train-fused.log" | tail -8
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   [ -s "$out/cudnn.log" ] && { echo "cudnn.log:"; grep -m 20 -iE 'error|warn' "$out/cudnn.log"; }
 fi

@@ -289,6 +289,17 @@ class Backend {
   virtual void gelu_forward(Tensor& out, const Tensor& inp) = 0;
   // dinp = dout * gelu'(inp); dinp may be dout.
   virtual void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
+  // The MLP's second linear layer's backward through the GELU before it: dweight and dbias (when
+  // given) accumulated as matmul_backward's, and dpre = (dout weight) * gelu'(pre) (the gradient
+  // at the GELU's input, overwritten). This default composes matmul_backward and gelu_backward;
+  // the CUDA backend in bf16/f16 takes GELU's derivative in cuBLASLt's DGELU epilogue (the product
+  // rounded once, not twice).
+  virtual void matmul_gelu_backward(Tensor& dpre, Tensor& dweight, Tensor* dbias,
+                                    const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                    const Tensor& pre) {
+    matmul_backward(&dpre, dweight, dbias, dout, inp, weight);
+    gelu_backward(dpre, pre, dpre);
+  }
   // Squared ReLU (--squared-relu): out = max(inp, 0)^2; the backward dinp = dout * 2 max(inp, 0)
   // (dinp may be dout).
   virtual void squared_relu_forward(Tensor& out, const Tensor& inp) = 0;

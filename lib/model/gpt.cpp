@@ -895,8 +895,12 @@ void GPTModel::block_backward(int l, Activations& a) {
     moe_backward(phase, l, a, dmlp);
   } else {
     phase("fc2-gemm-backward");
-    be_.matmul_backward(&a.dfc, g.fc2_w, opt(g.fc2_b), dmlp, la.gelu, w.fc2_w);
-    const Tensor& dfc1 = activation_backward(phase, a.dfc, a.dfc1, la.fc1);
+    const bool gelu = !cfg_.swiglu && !cfg_.squared_relu;
+    if (gelu)  // GELU's backward in the GEMM's epilogue where the backend has one
+      be_.matmul_gelu_backward(a.dfc, g.fc2_w, opt(g.fc2_b), dmlp, la.gelu, w.fc2_w, la.fc1);
+    else
+      be_.matmul_backward(&a.dfc, g.fc2_w, opt(g.fc2_b), dmlp, la.gelu, w.fc2_w);
+    const Tensor& dfc1 = gelu ? a.dfc : activation_backward(phase, a.dfc, a.dfc1, la.fc1);
     phase("fc1-gemm-backward");
     be_.matmul_backward(&a.dln, g.fc1_w, opt(g.fc1_b), dfc1, la.ln2, w.fc1_w);
   }

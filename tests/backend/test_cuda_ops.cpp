@@ -13,6 +13,8 @@
 #include <cstring>
 #include <ostream>
 #include <random>
+#include <string>
+#include <tuple>
 
 #include "backend/backend.hpp"
 #include "backend/cuda/cuda_backend.hpp"
@@ -381,6 +383,29 @@ TEST_P(CudaOpsDtype, MatmulForwardBackward) {
   expect_close(dxd, dx, tol(1e-5), "dinp");
   expect_close(dwd, dw, d() == DType::F32 ? 1e-5 : 1e-4, "dweight (f32)");
   expect_close(dbd, db, d() == DType::F32 ? 1e-5 : 1e-4, "dbias (f32)");
+}
+
+// The MLP's fc2 backward through its GELU at a training shape (GPT-2 124M's MLP over 2048
+// tokens): in bf16/f16 the GELU's derivative in cuBLASLt's DGELU epilogue (the product rounded
+// once, the CPU's twice: within the dtype's tolerance), f32 the GEMM and the GELU kernel; the
+// weight and bias gradients accumulate as matmul_backward's. Also at a shape the epilogue does
+// not take (widths not multiples of 8): the composed path.
+TEST_P(CudaOpsDtype, MatmulGeluBackwardMatchesCpu) {
+  for (const auto& [N, FF, C] : {std::make_tuple(int64_t(2048), int64_t(3072), int64_t(768)),
+                                 std::make_tuple(int64_t(37), int64_t(29), int64_t(51))}) {
+    SCOPED_TRACE("N " + std::to_string(N) + " FF " + std::to_string(FF) + " C " +
+                 std::to_string(C));
+    Tensor pre = rnd({N, FF}), act({N, FF}, d()), w = rnd({C, FF}, 0.05f), dy = rnd({N, C});
+    cpu_->gelu_forward(act, pre);
+    Tensor dpre({N, FF}, d()), dw = rand({C, FF}), db = rand({C});
+    Tensor dwd = dev(dw), dbd = dev(db);
+    cpu_->matmul_gelu_backward(dpre, dw, &db, dy, act, w, pre);
+    Tensor dpred = poisoned({N, FF}, d());
+    gpu_->matmul_gelu_backward(dpred, dwd, &dbd, dev(dy), dev(act), dev(w), dev(pre));
+    expect_close(dpred, dpre, tol(1e-5), "dpre");
+    expect_close(dwd, dw, d() == DType::F32 ? 1e-5 : 1e-4, "fc2 dweight (f32)");
+    expect_close(dbd, db, d() == DType::F32 ? 1e-5 : 1e-4, "fc2 dbias (f32)");
+  }
 }
 
 // A training shape (GPT-2's QKV projection over 2048 tokens), aligned: in bf16 and f16 the

@@ -482,6 +482,19 @@ class CudaBackend final : public Backend {
   void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
     cuda_ops::gelu_backward(dinp, inp, dout, stream_);
   }
+  void matmul_gelu_backward(Tensor& dpre, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+                            const Tensor& inp, const Tensor& weight, const Tensor& pre) override {
+    TESSERA_CHECK(dpre.numel() == pre.numel() && pre.numel() == inp.numel() &&
+                      dpre.dtype() == pre.dtype() && dout.dtype() == dpre.dtype() &&
+                      weight.dtype() == dpre.dtype(),
+                  "matmul_gelu_backward: dpre, pre and the layer's input must agree");
+    if (lt_.dgelu_backward(dpre, dout, weight, pre, ws_, stream_)) {
+      matmul_backward(nullptr, dweight, dbias, dout, inp, weight);
+      return;
+    }
+    Backend::matmul_gelu_backward(dpre, dweight, dbias, dout, inp, weight, pre);
+  }
+
   void squared_relu_forward(Tensor& out, const Tensor& inp) override {
     TESSERA_CHECK(out.numel() == inp.numel(), "squared relu shapes");
     expect_device(out, "squared relu output");

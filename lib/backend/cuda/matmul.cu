@@ -85,9 +85,8 @@ constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 
 }  // namespace
 
-// One cached cuBLASLt problem: y^T (OC x N) = W (OC x IC, read transposed from IC x OC) x^T (IC x
-// N)
-// + bias (OC), column-major as in gemm() above.
+// One cached cuBLASLt problem, column-major as in gemm() above: D (m x n) = op(A) op(B) with an
+// epilogue (the bias; GELU's gradient from an auxiliary matrix).
 struct LtMatmul::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
@@ -95,10 +94,26 @@ struct LtMatmul::Plan {
   bool usable = false;
 };
 
+// One call: the epilogue, the operations, the sizes and the operands.
+struct LtMatmul::Problem {
+  cublasLtEpilogue_t epi;
+  cublasOperation_t ta, tb;
+  int64_t m, n, k, lda, ldb, ldd;
+  const void* A;
+  const void* B;
+  void* D;
+  const void* bias = nullptr;  // with the BIAS epilogues
+  const void* aux = nullptr;   // with DGELU: the GELU's input, ld = ldd
+  DType dtype;
+};
+
 struct LtMatmul::Impl {
   cublasLtHandle_t handle = nullptr;
-  // (OC, N, IC, dtype, alignments of W, x, y) -> plan
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t>, Plan> plans;
+  // (epilogue, ops, m, n, k, dtype, alignments of A, B, D, aux) -> plan
+  std::map<std::tuple<int, int, int, int64_t, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t,
+                      uint32_t>,
+           Plan>
+      plans;
   ~Impl() {
     for (auto& kv : plans) {
       Plan& p = kv.second;
@@ -114,40 +129,42 @@ struct LtMatmul::Impl {
 LtMatmul::LtMatmul() : impl_(std::make_unique<Impl>()) {}
 LtMatmul::~LtMatmul() = default;
 
-bool LtMatmul::bias_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
-                            const Tensor& bias, Workspace& ws, cudaStream_t s) {
-  if (out.dtype() == DType::F32) return false;  // f32 keeps the reference GEMM path
-  const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
-  if (IC % 8 != 0 || OC % 8 != 0) return false;
-  for (const void* p : {out.raw(), inp.raw(), weight.raw(), bias.raw()})
-    if (alignment_of(p) < 16) return false;
+bool LtMatmul::run(const Problem& q, Workspace& ws, cudaStream_t s) {
+  for (const void* p : {q.A, q.B, static_cast<const void*>(q.D), q.bias, q.aux})
+    if (p && alignment_of(p) < 16) return false;
   if (!impl_->handle) CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
-  const auto key =
-      std::make_tuple(OC, N, IC, static_cast<int>(out.dtype()), alignment_of(weight.raw()),
-                      alignment_of(inp.raw()), alignment_of(out.raw()));
+  const auto key = std::make_tuple(
+      static_cast<int>(q.epi), static_cast<int>(q.ta), static_cast<int>(q.tb), q.m, q.n, q.k,
+      static_cast<int>(q.dtype), alignment_of(q.A), alignment_of(q.B), alignment_of(q.D),
+      q.aux ? alignment_of(q.aux) : 0u);
   auto [it, fresh] = impl_->plans.try_emplace(key);
   Plan& p = it->second;
   if (fresh) {
-    const cudaDataType_t t = cuda_type(out.dtype());
+    const cudaDataType_t t = cuda_type(q.dtype);
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &q.ta, sizeof q.ta));
     CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, t, IC, OC, IC));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, t, IC, N, IC));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, t, OC, N, OC));
-    const void* bp = bias.raw();
-    CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &q.tb, sizeof q.tb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &q.epi,
+                                                sizeof q.epi));
+    const bool ta = q.ta == CUBLAS_OP_T, tb = q.tb == CUBLAS_OP_T;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, t, ta ? q.k : q.m, ta ? q.m : q.k, q.lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, t, tb ? q.n : q.k, tb ? q.k : q.n, q.ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, t, q.m, q.n, q.ldd));
+    if (q.bias)
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                  &q.bias, sizeof q.bias));
+    if (q.aux) {
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                  &q.aux, sizeof q.aux));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                  &q.ldd, sizeof q.ldd));
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t wbytes = kLtWorkspaceBytes;
-    const uint32_t al_a = std::get<4>(key), al_b = std::get<5>(key), al_d = std::get<6>(key);
+    const uint32_t al_a = std::get<7>(key), al_b = std::get<8>(key), al_d = std::get<9>(key);
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wbytes, sizeof wbytes));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -167,21 +184,50 @@ bool LtMatmul::bias_forward(Tensor& out, const Tensor& inp, const Tensor& weight
     if (p.usable) p.algo = result.algo;
   }
   if (!p.usable) return false;
-  const void* bp = bias.raw();
-  CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+  if (q.bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &q.bias,
+                                                sizeof q.bias));
+  if (q.aux)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                &q.aux, sizeof q.aux));
   void* work = ws.get(Scratch::kCublasLt, kLtWorkspaceBytes);
   const float alpha = 1.f, beta = 0.f;
-  const cublasStatus_t st =
-      cublasLtMatmul(impl_->handle, p.desc, &alpha, weight.raw(), p.a, inp.raw(), p.b, &beta,
-                     out.raw(), p.d, out.raw(), p.d, &p.algo, work, kLtWorkspaceBytes, s);
+  const cublasStatus_t st = cublasLtMatmul(impl_->handle, p.desc, &alpha, q.A, p.a, q.B, p.b,
+                                           &beta, q.D, p.d, q.D, p.d, &p.algo, work,
+                                           kLtWorkspaceBytes, s);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // never again for this case: the GEMM path
     p.usable = false;
     return false;
   }
   CUBLAS_CHECK(st);
-  mark_initialized(out.raw(), out.nbytes(), s);
+  mark_initialized(q.D, static_cast<size_t>(q.ldd * q.n) * dtype_size(q.dtype), s);
   return true;
+}
+
+// y^T (OC x N) = W (OC x IC, read transposed from IC x OC) x^T (IC x N) + bias (OC).
+bool LtMatmul::bias_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
+                            const Tensor& bias, Workspace& ws, cudaStream_t s) {
+  if (out.dtype() == DType::F32) return false;  // f32 keeps the reference GEMM path
+  const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
+  if (IC % 8 != 0 || OC % 8 != 0) return false;
+  Problem q{CUBLASLT_EPILOGUE_BIAS, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, IC, IC, OC,
+            weight.raw(), inp.raw(), out.raw()};
+  q.bias = bias.raw();
+  q.dtype = out.dtype();
+  return run(q, ws, s);
+}
+
+// dinp^T (IC x N) = W^T (IC x OC, W read as stored) dout^T (OC x N), times gelu'(pre) (IC x N).
+bool LtMatmul::dgelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& weight,
+                              const Tensor& pre, Workspace& ws, cudaStream_t s) {
+  if (dinp.dtype() == DType::F32) return false;
+  const int64_t N = rows_of(dout), OC = cols_of(dout), IC = cols_of(weight);
+  if (IC % 8 != 0 || OC % 8 != 0 || pre.numel() != N * IC) return false;
+  Problem q{CUBLASLT_EPILOGUE_DGELU, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, IC, OC, IC,
+            weight.raw(), dout.raw(), dinp.raw()};
+  q.aux = pre.raw();
+  q.dtype = dinp.dtype();
+  return run(q, ws, s);
 }
 
 void sum_column_partials(float* out, const float* part, int64_t R, int64_t C, cudaStream_t s) {

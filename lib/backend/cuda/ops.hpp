@@ -132,12 +132,20 @@ class LtMatmul {
   ~LtMatmul();
   LtMatmul(const LtMatmul&) = delete;
   LtMatmul& operator=(const LtMatmul&) = delete;
+  // out = inp weight^T + bias in one cuBLASLt call (the BIAS epilogue); false where cuBLASLt has
+  // no algorithm for the case (f32 too: it keeps the reference GEMM path).
   bool bias_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias,
                     Workspace& ws, cudaStream_t s);
+  // dinp = (dout weight) * gelu'(pre) in one cuBLASLt call (the DGELU epilogue: the product in
+  // f32 times GELU's derivative at `pre`, rounded once); false where not taken (f32, shapes).
+  bool dgelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& weight, const Tensor& pre,
+                      Workspace& ws, cudaStream_t s);
 
  private:
   struct Plan;
+  struct Problem;
   struct Impl;
+  bool run(const Problem& q, Workspace& ws, cudaStream_t s);
   std::unique_ptr<Impl> impl_;
 };
 
