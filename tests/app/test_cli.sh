@@ -104,6 +104,12 @@ expect 0 "--lr-warmup-fraction on the command line replaces lr-warmup-iters = 10
 expect 0 "iteration +4/ +4 .*lm loss" -- "${tiny[@]}" --device cpu --train-samples 64 --lr-warmup-fraction 0.1 --log-interval 1
 expect 0 "iteration +3/ +3 .*lm loss" -- "${tiny[@]}" --device cpu --rampup-batch-size 8 8 8 --train-samples 40 --lr-warmup-samples 8 --log-interval 1
 expect 2 "count iterations, whose size changes under --rampup-batch-size 8 8 8.* \(--lr-warmup-iters is set in config file '.*gpt2-tiny.ini'\)" -- "${tiny[@]}" --rampup-batch-size 8 8 8 --train-samples 40
+# --attention-backend: the CPU runs its reference (the start-up line says so); cuDNN or the flash
+# kernels asked for on the CPU, or a name that is not a choice, are one line each.
+expect 0 "attention: the CPU reference" -- "${tiny[@]}" --device cpu --attention-backend local --train-iters 1
+expect 0 "attention: --attention-backend auto, --deterministic-mode" -- "${tiny[@]}" --deterministic-mode --dry-run
+expect 2 "--attention-backend fused needs --device cuda" -- "${tiny[@]}" --device cpu --attention-backend fused
+expect 2 "--attention-backend=cudnn is not one of auto, fused \(cuDNN\)" -- "${tiny[@]}" --attention-backend cudnn
 # Megatron options that mean nothing here: accepted with one line each; a bad choice still refused.
 expect 0 "--use-flash-attn: accepted without effect: attention is always fused" -- "${tiny[@]}" --use-flash-attn --DDP-impl local --no-async-tensor-model-parallel-allreduce --exit-signal-handler --distributed-backend nccl --dry-run
 expect 0 "--DDP-impl local: accepted without effect" -- "${tiny[@]}" --DDP-impl local --dry-run

@@ -16,7 +16,8 @@ struct AcceptedOption {
 };
 constexpr AcceptedOption kAccepted[] = {
     {"use-flash-attn", nullptr,
-     "attention is always fused (flash attention kernels on the GPU, blocked on the CPU)"},
+     "attention is always fused; --attention-backend picks the kernels (auto: cuDNN's fused "
+     "attention where it runs the shape, Tessera's flash kernels otherwise)"},
     {"no-async-tensor-model-parallel-allreduce", nullptr,
      "tensor-parallel communication has one implementation"},
     {"exit-signal-handler", nullptr, "SIGTERM and SIGUSR1 always save a checkpoint and exit"},
