@@ -6,7 +6,8 @@
 # peer, GPT-2 124M, decode/prefill, PyTorch's GPT-2 124M (bench/train_peer.py), 1.3B, Llama 1B,
 # the Mixtral-shaped MoE step), then compute-sanitizer: initcheck on the training test, racecheck
 # and synccheck on the kernels with shared memory. Logs are packed into $OUT/logs.tar.gz (the tool
-# returns 8 files at most) and a summary of every step's exit status and time is printed last.
+# returns 8 files at most); a summary of every step's exit status and time is printed, then
+# issue 37's table of figures beside the peer's of the same run (scripts/gpu-figures.py).
 # Usage (device tool, carry [".gpu"]): bash scripts/gpu-lease.sh [SECONDS=540]
 #   GPU_LEASE_STEPS overrides the list, e.g. "tests train attention".
 set -uo pipefail
@@ -58,3 +59,5 @@ tar -C "$(dirname "$logs")" -czf "$final/logs.tar.gz" logs
 cp "$logs"/*/device.txt "$final/device.txt" 2>/dev/null
 echo "=== gpu-lease summary ($(cat "$final/device.txt" 2>/dev/null)) ==="
 printf '%s\n' "${summary[@]}"
+# Issue 37's table of figures against the peer of the same run (point 4), last.
+python3 scripts/gpu-figures.py "$logs" | tee "$final/figures.txt"
