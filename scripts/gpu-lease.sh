@@ -56,7 +56,7 @@ for entry in "${plan[@]}"; do
     "$([ "$rc" = 124 ] && echo ' (timed out)')")")
 done
 tar -C "$(dirname "$logs")" -czf "$final/logs.tar.gz" logs
-cp "$logs"/*/device.txt "$final/device.txt" 2>/dev/null
+for f in "$logs"/*/device.txt; do [ -f "$f" ] && cp "$f" "$final/device.txt" && break; done  # one of them
 echo "=== gpu-lease summary ($(cat "$final/device.txt" 2>/dev/null)) ==="
 printf '%s\n' "${summary[@]}"
 # Issue 37's table of figures against the peer of the same run (point 4), last.
