@@ -394,7 +394,8 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t head
         attention_forward_kernel<S, false><<<blocks_for(B * heads * T), kThreads, 0, s>>>(
             out.data<S>(), lse.f32(), qkv.data<S>(), B, T, heads, G, hd, dr, {});
     };
-    if (dr.spec.active())
+    // The tiled kernels put B * heads on grid.y (at most 65535): beyond, the generic ones.
+    if (dr.spec.active() || B * heads > 65535)
       generic();
     else if (hd == 32)
       flash_forward<S, 32>(out, lse, qkv, B, T, heads, G, alibi, s);
@@ -436,7 +437,7 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
             dqkv.data<S>(), dout.data<S>(), qkv.data<S>(), lse.f32(), rowdot, B, T, heads, G, hd,
             dr, {});
     };
-    if (dr.spec.active())
+    if (dr.spec.active() || B * heads > 65535)  // grid.y of the tiled kernels, as above
       generic();
     else if (hd == 32)
       flash_backward<S, 32>(dqkv, dout, qkv, B, T, heads, G, lse, rowdot, alibi, s);

@@ -21,8 +21,12 @@
 namespace tessera::cuda_ops {
 
 constexpr int kThreads = 256;
+// At least one block: an empty tensor launches one block whose threads all return (every kernel
+// checks its bound), where a zero-size grid would be an invalid launch (launch audit,
+// docs/kernels.md).
 inline int blocks_for(int64_t n) {
-  return static_cast<int>((n + kThreads - 1) / kThreads);
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return b > 0 ? static_cast<int>(b) : 1;
 }
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
