@@ -118,45 +118,45 @@ int main(int argc0, char** argv0) {
     // warm-up (and shared-memory attributes)
     double fwd = 0, bwd = 0;
     for (const std::string& name : backends) {
-    const AttentionBackend ab = parse_attention_backend(name);
-    be->set_attention_backend(ab, false);
-    AttentionCall call;
-    call.dtype = dtype;
-    call.batch = c.B;
-    call.seq = c.T;
-    call.heads = c.H;
-    call.kv_heads = G;
-    call.head_dim = c.D;
-    std::string plan;
-    try {
-      plan = be->attention_plan(call);
-    } catch (const std::exception& e) {
-      std::printf("B%lld H%lld G%lld T%lld D%lld %s: %s\n", (long long)c.B, (long long)c.H,
-                  (long long)G, (long long)c.T, (long long)c.D, name.c_str(), e.what());
-      continue;
-    }
-    be->attention_forward(out, lse, qkv, c.H, nullptr, G);
-    be->attention_backward(dqkv, dout, qkv, out, lse, c.H, nullptr, G);
-    be->synchronize();
-    Timer tf;
-    for (int i = 0; i < reps; ++i) be->attention_forward(out, lse, qkv, c.H, nullptr, G);
-    be->synchronize();
-    fwd = tf.seconds() / reps;
-    Timer tb;
-    for (int i = 0; i < reps; ++i)
+      const AttentionBackend ab = parse_attention_backend(name);
+      be->set_attention_backend(ab, false);
+      AttentionCall call;
+      call.dtype = dtype;
+      call.batch = c.B;
+      call.seq = c.T;
+      call.heads = c.H;
+      call.kv_heads = G;
+      call.head_dim = c.D;
+      std::string plan;
+      try {
+        plan = be->attention_plan(call);
+      } catch (const std::exception& e) {
+        std::printf("B%lld H%lld G%lld T%lld D%lld %s: %s\n", (long long)c.B, (long long)c.H,
+                    (long long)G, (long long)c.T, (long long)c.D, name.c_str(), e.what());
+        continue;
+      }
+      be->attention_forward(out, lse, qkv, c.H, nullptr, G);
       be->attention_backward(dqkv, dout, qkv, out, lse, c.H, nullptr, G);
-    be->synchronize();
-    bwd = tb.seconds() / reps;
-    const double flops = 4.0 * c.B * c.H * double(c.T) * c.T * c.D / 2;
-    std::printf(
-        "B%lld H%lld G%lld T%lld D%lld %-5s: forward %.3f ms %.1f TFLOP/s | backward %.3f ms "
-        "%.1f TFLOP/s",
-        (long long)c.B, (long long)c.H, (long long)G, (long long)c.T, (long long)c.D, name.c_str(),
-        fwd * 1e3, flops / fwd / 1e12, bwd * 1e3, 2.5 * flops / bwd / 1e12);
-    if (c.fa2_fwd > 0)
-      std::printf(" | H100 PyTorch SDPA flash %.0f / %.0f, cuDNN %.0f / %.0f TFLOP/s%s", c.fa2_fwd,
-                  c.fa2_bwd, c.cudnn_fwd, c.cudnn_bwd, G < c.H ? " (multi-head)" : "");
-    std::printf("\n  (%s)\n", plan.c_str());
+      be->synchronize();
+      Timer tf;
+      for (int i = 0; i < reps; ++i) be->attention_forward(out, lse, qkv, c.H, nullptr, G);
+      be->synchronize();
+      fwd = tf.seconds() / reps;
+      Timer tb;
+      for (int i = 0; i < reps; ++i)
+        be->attention_backward(dqkv, dout, qkv, out, lse, c.H, nullptr, G);
+      be->synchronize();
+      bwd = tb.seconds() / reps;
+      const double flops = 4.0 * c.B * c.H * double(c.T) * c.T * c.D / 2;
+      std::printf(
+          "B%lld H%lld G%lld T%lld D%lld %-5s: forward %.3f ms %.1f TFLOP/s | backward %.3f ms "
+          "%.1f TFLOP/s",
+          (long long)c.B, (long long)c.H, (long long)G, (long long)c.T, (long long)c.D,
+          name.c_str(), fwd * 1e3, flops / fwd / 1e12, bwd * 1e3, 2.5 * flops / bwd / 1e12);
+      if (c.fa2_fwd > 0)
+        std::printf(" | H100 PyTorch SDPA flash %.0f / %.0f, cuDNN %.0f / %.0f TFLOP/s%s",
+                    c.fa2_fwd, c.fa2_bwd, c.cudnn_fwd, c.cudnn_bwd, G < c.H ? " (multi-head)" : "");
+      std::printf("\n  (%s)\n", plan.c_str());
     }
     be->set_attention_backend(AttentionBackend::Flash, false);
     if (dropout > 0 && fwd > 0 && bwd > 0) {

@@ -19,18 +19,24 @@ enum class AttentionBackend { Auto, Fused, Flash, Unfused, Local };
 
 inline const char* attention_backend_name(AttentionBackend b) {
   switch (b) {
-    case AttentionBackend::Auto: return "auto";
-    case AttentionBackend::Fused: return "fused";
-    case AttentionBackend::Flash: return "flash";
-    case AttentionBackend::Unfused: return "unfused";
-    case AttentionBackend::Local: return "local";
+    case AttentionBackend::Auto:
+      return "auto";
+    case AttentionBackend::Fused:
+      return "fused";
+    case AttentionBackend::Flash:
+      return "flash";
+    case AttentionBackend::Unfused:
+      return "unfused";
+    case AttentionBackend::Local:
+      return "local";
   }
   return "?";
 }
 
 inline AttentionBackend parse_attention_backend(const std::string& s) {
-  for (AttentionBackend b : {AttentionBackend::Auto, AttentionBackend::Fused, AttentionBackend::Flash,
-                             AttentionBackend::Unfused, AttentionBackend::Local})
+  for (AttentionBackend b :
+       {AttentionBackend::Auto, AttentionBackend::Fused, AttentionBackend::Flash,
+        AttentionBackend::Unfused, AttentionBackend::Local})
     if (s == attention_backend_name(b)) return b;
   throw ConfigError("--attention-backend=" + s +
                     " is not one of auto, fused (cuDNN), flash (Tessera's tensor-core kernels), "

@@ -28,7 +28,7 @@ struct RunOptions {
   // Which attention kernels run (Megatron's --attention-backend), and --deterministic-mode.
   AttentionBackend attention_backend = AttentionBackend::Auto;
   bool deterministic_mode = false;
-  bool mock_data = false;       // synthetic data; also the source when no --data-path is given
+  bool mock_data = false;  // synthetic data; also the source when no --data-path is given
   // --data-path: one prefix of HDF5 token shards or a Megatron blend, cut into train, valid and
   // test by --split; or (instead) the three splits' own prefixes or blends.
   DataBlend data_path;

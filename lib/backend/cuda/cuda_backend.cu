@@ -19,8 +19,8 @@
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/cudnn_attention.hpp"
-#include "backend/cuda/flash_attention_tc.hpp"
 #include "backend/cuda/device.hpp"
+#include "backend/cuda/flash_attention_tc.hpp"
 #include "backend/cuda/ops.hpp"
 
 namespace tessera {
@@ -334,12 +334,11 @@ class CudaBackend final : public Backend {
     expect_dtype(lse, DType::F32, "attention lse");
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
     const cuda_ops::CudnnAttentionShape sh{qkv.dtype(), B, T, heads, G, hd};
-    const AttnKernels k =
-        attention_kernels(sh, drop && drop->spec.active(), alibi != nullptr,
-                          {dqkv.raw(), dout.raw(), qkv.raw(), out.raw()});
+    const AttnKernels k = attention_kernels(sh, drop && drop->spec.active(), alibi != nullptr,
+                                            {dqkv.raw(), dout.raw(), qkv.raw(), out.raw()});
     if (k == AttnKernels::Cudnn)
-      cudnn_->backward(dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), lse.f32(), sh,
-                       deterministic_, ws_);
+      cudnn_->backward(dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), lse.f32(), sh, deterministic_,
+                       ws_);
     else
       cuda_ops::attention_backward(dqkv, dout, qkv, out, lse, heads, G, drop, alibi, ws_, stream_,
                                    k == AttnKernels::Flash);
@@ -354,7 +353,7 @@ class CudaBackend final : public Backend {
     std::string why;
     const AttnKernels k = attention_kernels({c.dtype, c.batch, c.seq, c.heads, G, c.head_dim},
                                             c.dropout, c.alibi, {}, &why);
-    const char* what = k == AttnKernels::Cudnn ? "cuDNN fused attention"
+    const char* what = k == AttnKernels::Cudnn   ? "cuDNN fused attention"
                        : k == AttnKernels::Flash ? "Tessera's tensor-core flash kernels"
                                                  : "Tessera's generic kernels";
     std::string line = std::string(what) + " (--attention-backend " +
@@ -648,15 +647,16 @@ class CudaBackend final : public Backend {
   AttnKernels choose_attention(const cuda_ops::CudnnAttentionShape& s, bool dropout, bool alibi,
                                bool aligned, std::string& why) {
     const bool tc = tc::flash_supported(s.dtype, s.hd, s.B * s.H, {});
-    const std::string shape = std::string(dtype_name(s.dtype)) + ", head dim " +
-                              std::to_string(s.hd);
+    const std::string shape =
+        std::string(dtype_name(s.dtype)) + ", head dim " + std::to_string(s.hd);
     switch (attention_) {
       case AttentionBackend::Unfused:
       case AttentionBackend::Local:
         why = "no tensor cores, as asked";
         return AttnKernels::Generic;
       case AttentionBackend::Flash:
-        why = tc ? shape : "the tensor-core kernels take bf16/f16 at head dim 64 or 128, not " + shape;
+        why = tc ? shape
+                 : "the tensor-core kernels take bf16/f16 at head dim 64 or 128, not " + shape;
         return tc ? AttnKernels::Flash : AttnKernels::Generic;
       case AttentionBackend::Fused:
       case AttentionBackend::Auto:
@@ -664,8 +664,9 @@ class CudaBackend final : public Backend {
     }
     std::string refused;
     if (dropout)
-      refused = "attention dropout is on: cuDNN would draw its own mask, where Tessera's is keyed "
-                "by position so that every layout drops the same elements";
+      refused =
+          "attention dropout is on: cuDNN would draw its own mask, where Tessera's is keyed "
+          "by position so that every layout drops the same elements";
     else if (alibi)
       refused = "ALiBi is on: cuDNN's slopes are for all heads of one rank, not a rank's slice";
     else if (!aligned)

@@ -23,8 +23,12 @@ namespace tessera::cuda_ops {
 #if !TESSERA_HAVE_CUDNN
 
 struct CudnnAttention::Plan {};
-bool cudnn_built_in() { return false; }
-std::string cudnn_version() { return ""; }
+bool cudnn_built_in() {
+  return false;
+}
+std::string cudnn_version() {
+  return "";
+}
 CudnnAttention::CudnnAttention(cudaStream_t stream) : stream_(stream) {}
 CudnnAttention::~CudnnAttention() = default;
 std::string CudnnAttention::refusal(const CudnnAttentionShape&, bool) {
@@ -216,7 +220,7 @@ class Graph {
  private:
   cudnnHandle_t h_;
   int64_t next_virtual_ = kVirtual;
-  std::vector<std::unique_ptr<Desc>> tensors_, keep_, ops_;
+  std::vector<std::unique_ptr<Desc> > tensors_, keep_, ops_;
 };
 
 cudnnDataType_t cudnn_dtype(DType d) {
@@ -250,10 +254,10 @@ struct Layout {
   explicit Layout(const CudnnAttentionShape& s)
       : B(s.B), T(s.T), H(s.H), G(s.G), D(s.hd), W((s.H + 2 * s.G) * s.hd) {}
   Dims heads(int64_t n) const { return {B, n, T, D}; }
-  Dims in_qkv() const { return {T * W, D, W, 1}; }           // (b, head, t, d) in qkv
-  Dims heads_t(int64_t n) const { return {B, n, D, T}; }      // (b, head, d, t): transposed
+  Dims in_qkv() const { return {T * W, D, W, 1}; }        // (b, head, t, d) in qkv
+  Dims heads_t(int64_t n) const { return {B, n, D, T}; }  // (b, head, d, t): transposed
   Dims in_qkv_t() const { return {T * W, D, 1, W}; }
-  Dims in_out() const { return {T * H * D, D, H * D, 1}; }    // (b, h, t, d) in out (B,T,H*hd)
+  Dims in_out() const { return {T * H * D, D, H * D, 1}; }  // (b, h, t, d) in out (B,T,H*hd)
   Dims scores() const { return {B, H, T, T}; }
   Dims scores_s() const { return {H * T * T, T * T, T, 1}; }
   Dims scores_ts() const { return {H * T * T, T * T, 1, T}; }  // the scores read transposed
@@ -387,7 +391,9 @@ bool nondeterministic(cudnnBackendDescriptor_t cfg) {
 
 }  // namespace
 
-bool cudnn_built_in() { return true; }
+bool cudnn_built_in() {
+  return true;
+}
 
 std::string cudnn_version() {
   const size_t v = cudnnGetVersion();  // 91900 = 9.19.0
@@ -441,7 +447,7 @@ CudnnAttention::Plan& CudnnAttention::plan(const CudnnAttentionShape& s, bool ba
     check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr),
           "engine heuristics' result count");
-    std::vector<std::unique_ptr<Desc>> cfgs;
+    std::vector<std::unique_ptr<Desc> > cfgs;
     std::vector<cudnnBackendDescriptor_t> raw;
     for (int64_t i = 0; i < n; ++i) {
       cfgs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
@@ -474,8 +480,8 @@ CudnnAttention::Plan& CudnnAttention::plan(const CudnnAttentionShape& s, bool ba
       p->plan = std::move(plan);
     }
     if (!p->plan)
-      p->refused = "cuDNN " + cudnn_version() + " has no engine for the " + what + " (" +
-                   last_error + ")";
+      p->refused =
+          "cuDNN " + cudnn_version() + " has no engine for the " + what + " (" + last_error + ")";
   } catch (const CudnnFailure& e) {
     p->plan.reset();
     p->refused = "cuDNN " + cudnn_version() + " refused the " + what + ": " + e.what();
@@ -503,8 +509,8 @@ std::string CudnnAttention::refusal(const CudnnAttentionShape& s, bool determini
 namespace {
 
 // Executes `p` with the variant pack's (uid, pointer) pairs; by-value scalars point to host floats.
-void execute(cudnnHandle_t h, const Desc& plan, std::vector<int64_t> uids,
-             std::vector<void*> ptrs, void* workspace) {
+void execute(cudnnHandle_t h, const Desc& plan, std::vector<int64_t> uids, std::vector<void*> ptrs,
+             void* workspace) {
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
   pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, uids.data(),
            static_cast<int64_t>(uids.size()));
@@ -515,7 +521,9 @@ void execute(cudnnHandle_t h, const Desc& plan, std::vector<int64_t> uids,
   check(cudnnBackendExecute(h, plan.get(), pack.get()), "cudnnBackendExecute");
 }
 
-size_t round_up(size_t n) { return (n + 255) / 256 * 256; }
+size_t round_up(size_t n) {
+  return (n + 255) / 256 * 256;
+}
 
 }  // namespace
 
@@ -530,8 +538,8 @@ void CudnnAttention::forward(void* out, float* lse, const void* qkv, const Cudnn
   float scale = 1.0f / std::sqrt(static_cast<float>(s.hd)), neg = masked_value();
   void* w = ws.get(Scratch::kCudnn, static_cast<size_t>(std::max<int64_t>(p.workspace, 1)));
   try {
-    execute(static_cast<cudnnHandle_t>(handle_), *p.plan, {kQ, kKt, kV, kO, kStats, kScale, kNegInf},
-            {base, k, v, out, lse, &scale, &neg}, w);
+    execute(static_cast<cudnnHandle_t>(handle_), *p.plan,
+            {kQ, kKt, kV, kO, kStats, kScale, kNegInf}, {base, k, v, out, lse, &scale, &neg}, w);
   } catch (const CudnnFailure& e) {
     throw Error(std::string("cuDNN attention forward: ") + e.what());
   }
@@ -552,11 +560,21 @@ void CudnnAttention::backward(void* dqkv, const void* dout, const void* qkv, con
   const size_t acc = deterministic ? 0 : sizeof(float) * s.B * s.H * s.T * s.hd;
   char* w = static_cast<char*>(ws.get(Scratch::kCudnn, plan_bytes + rows + acc));
   float scale = 1.0f / std::sqrt(static_cast<float>(s.hd)), neg = masked_value(), one = 1.0f;
-  std::vector<int64_t> uids = {kQ,  kKt, kV,     kO,   kStats, kdO,   kdQ,
-                               kdK, kdV, kScale, kNegInf, kOne, kRowSum};
-  std::vector<void*> ptrs = {base,  base + koff,  base + voff, const_cast<void*>(out),
-                             const_cast<float*>(lse), const_cast<void*>(dout), dbase,
-                             dbase + koff, dbase + voff, &scale, &neg, &one, w + plan_bytes};
+  std::vector<int64_t> uids = {kQ,  kKt, kV,     kO,      kStats, kdO,    kdQ,
+                               kdK, kdV, kScale, kNegInf, kOne,   kRowSum};
+  std::vector<void*> ptrs = {base,
+                             base + koff,
+                             base + voff,
+                             const_cast<void*>(out),
+                             const_cast<float*>(lse),
+                             const_cast<void*>(dout),
+                             dbase,
+                             dbase + koff,
+                             dbase + voff,
+                             &scale,
+                             &neg,
+                             &one,
+                             w + plan_bytes};
   if (!deterministic) {
     CUDA_CHECK(cudaMemsetAsync(w + plan_bytes + rows, 0, acc, stream_));
     uids.push_back(kdQAcc);

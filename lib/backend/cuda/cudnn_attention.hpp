@@ -47,8 +47,7 @@ class CudnnAttention {
   std::string refusal(const CudnnAttentionShape& s, bool deterministic);
 
   // out (B,T,H*hd), lse (B,H,T) f32 natural-log softmax statistics of the scaled scores.
-  void forward(void* out, float* lse, const void* qkv, const CudnnAttentionShape& s,
-               Workspace& ws);
+  void forward(void* out, float* lse, const void* qkv, const CudnnAttentionShape& s, Workspace& ws);
   // dqkv (qkv's layout) overwritten.
   void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
                 const CudnnAttentionShape& s, bool deterministic, Workspace& ws);

@@ -70,11 +70,10 @@ void add(Tensor& out, const Tensor& a, const Tensor& b, cudaStream_t s) {
     for (const void* p : {out.raw(), a.raw(), b.raw()})
       packed = packed && reinterpret_cast<uintptr_t>(p) % 16 == 0;
     if (packed)  // the residual adds: 16-byte accesses (docs/performance.md), the same sums
-      add_vec_kernel<T><<<blocks_for(n / v), kThreads, 0, s>>>(out.data<T>(), a.data<T>(),
-                                                               b.data<T>(), n / v);
+      add_vec_kernel<T>
+          <<<blocks_for(n / v), kThreads, 0, s>>>(out.data<T>(), a.data<T>(), b.data<T>(), n / v);
     else
-      add_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(out.data<T>(), a.data<T>(), b.data<T>(),
-                                                       n);
+      add_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(out.data<T>(), a.data<T>(), b.data<T>(), n);
   });
   LAUNCH_CHECK();
 }

@@ -113,8 +113,8 @@ void gelu_forward(Tensor& out, const Tensor& inp, cudaStream_t s) {
   dispatch(inp.dtype(), "gelu", [&](auto tag) {
     using T = decltype(tag);
     if (packed<T>(n, {out.raw(), inp.raw()}))
-      gelu_forward_vec_kernel<T><<<blocks_for(n / kVec<T>), kThreads, 0, s>>>(
-          out.data<T>(), inp.data<T>(), n / kVec<T>);
+      gelu_forward_vec_kernel<T>
+          <<<blocks_for(n / kVec<T>), kThreads, 0, s>>>(out.data<T>(), inp.data<T>(), n / kVec<T>);
     else
       gelu_forward_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(out.data<T>(), inp.data<T>(), n);
   });
@@ -130,8 +130,8 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout, cudaStre
       gelu_backward_vec_kernel<T><<<blocks_for(n / kVec<T>), kThreads, 0, s>>>(
           dinp.data<T>(), inp.data<T>(), dout.data<T>(), n / kVec<T>);
     else
-      gelu_backward_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(dinp.data<T>(), inp.data<T>(),
-                                                                  dout.data<T>(), n);
+      gelu_backward_kernel<T>
+          <<<blocks_for(n), kThreads, 0, s>>>(dinp.data<T>(), inp.data<T>(), dout.data<T>(), n);
   });
   LAUNCH_CHECK();
 }

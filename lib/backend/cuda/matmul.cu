@@ -133,10 +133,10 @@ bool LtMatmul::run(const Problem& q, Workspace& ws, cudaStream_t s) {
   for (const void* p : {q.A, q.B, static_cast<const void*>(q.D), q.bias, q.aux})
     if (p && alignment_of(p) < 16) return false;
   if (!impl_->handle) CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
-  const auto key = std::make_tuple(
-      static_cast<int>(q.epi), static_cast<int>(q.ta), static_cast<int>(q.tb), q.m, q.n, q.k,
-      static_cast<int>(q.dtype), alignment_of(q.A), alignment_of(q.B), alignment_of(q.D),
-      q.aux ? alignment_of(q.aux) : 0u);
+  const auto key =
+      std::make_tuple(static_cast<int>(q.epi), static_cast<int>(q.ta), static_cast<int>(q.tb), q.m,
+                      q.n, q.k, static_cast<int>(q.dtype), alignment_of(q.A), alignment_of(q.B),
+                      alignment_of(q.D), q.aux ? alignment_of(q.aux) : 0u);
   auto [it, fresh] = impl_->plans.try_emplace(key);
   Plan& p = it->second;
   if (fresh) {
@@ -192,9 +192,8 @@ bool LtMatmul::run(const Problem& q, Workspace& ws, cudaStream_t s) {
                                                 &q.aux, sizeof q.aux));
   void* work = ws.get(Scratch::kCublasLt, kLtWorkspaceBytes);
   const float alpha = 1.f, beta = 0.f;
-  const cublasStatus_t st = cublasLtMatmul(impl_->handle, p.desc, &alpha, q.A, p.a, q.B, p.b,
-                                           &beta, q.D, p.d, q.D, p.d, &p.algo, work,
-                                           kLtWorkspaceBytes, s);
+  const cublasStatus_t st = cublasLtMatmul(impl_->handle, p.desc, &alpha, q.A, p.a, q.B, p.b, &beta,
+                                           q.D, p.d, q.D, p.d, &p.algo, work, kLtWorkspaceBytes, s);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // never again for this case: the GEMM path
     p.usable = false;
     return false;
@@ -211,7 +210,7 @@ bool LtMatmul::bias_forward(Tensor& out, const Tensor& inp, const Tensor& weight
   const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
   if (IC % 8 != 0 || OC % 8 != 0) return false;
   Problem q{CUBLASLT_EPILOGUE_BIAS, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, IC, IC, OC,
-            weight.raw(), inp.raw(), out.raw()};
+            weight.raw(),           inp.raw(),   out.raw()};
   q.bias = bias.raw();
   q.dtype = out.dtype();
   return run(q, ws, s);
@@ -223,8 +222,18 @@ bool LtMatmul::dgelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& we
   if (dinp.dtype() == DType::F32) return false;
   const int64_t N = rows_of(dout), OC = cols_of(dout), IC = cols_of(weight);
   if (IC % 8 != 0 || OC % 8 != 0 || pre.numel() != N * IC) return false;
-  Problem q{CUBLASLT_EPILOGUE_DGELU, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, IC, OC, IC,
-            weight.raw(), dout.raw(), dinp.raw()};
+  Problem q{CUBLASLT_EPILOGUE_DGELU,
+            CUBLAS_OP_N,
+            CUBLAS_OP_N,
+            IC,
+            N,
+            OC,
+            IC,
+            OC,
+            IC,
+            weight.raw(),
+            dout.raw(),
+            dinp.raw()};
   q.aux = pre.raw();
   q.dtype = dinp.dtype();
   return run(q, ws, s);

@@ -34,7 +34,7 @@ enum class Scratch {
   kMoeScores,        // the router's per-token load-balancing scores and lse^2 (moe.cu)
   kMoeAuxGrad,       // the load-balancing loss's gradient per (group, expert) (moe.cu)
   kGroupedPointers,  // the A, B and C pointer arrays of a grouped GEMM (matmul.cu)
-  kCudnn,            // cuDNN attention's plan workspace, row sums, dQ accumulator (cudnn_attention.cpp)
+  kCudnn,  // cuDNN attention's plan workspace, row sums, dQ accumulator (cudnn_attention.cpp)
   kCount
 };
 
