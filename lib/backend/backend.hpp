@@ -25,6 +25,7 @@
 #include "core/context_parallel.hpp"
 #include "core/dropout.hpp"
 #include "core/error.hpp"
+#include "core/fp8.hpp"
 #include "core/rope.hpp"
 #include "core/tensor.hpp"
 
@@ -154,6 +155,52 @@ class Backend {
   virtual void grouped_matmul_backward(const std::vector<GroupedGemm>& groups) {
     for (const GroupedGemm& g : groups)
       matmul_backward(g.out, *g.dweight, nullptr, *g.dout, *g.inp, *g.weight);
+  }
+
+  // FP8 GEMMs (docs/training.md, "FP8"; model/fp8.hpp keeps the scaling state). An operand is
+  // quantized as fp8(x * scale) in its format (core/fp8.hpp: round to nearest even, saturating),
+  // `scale` being element 0 of a 1-element f32 tensor of this backend; the GEMM multiplies the
+  // quantized operands and applies 1/scale of each to the f32 sum. Biases are added in the
+  // output's precision; dbias is the sum of the unquantized output gradient. The base class has
+  // none of them: a backend without FP8 says so (the CPU backend emulates them exactly).
+  struct Fp8Operand {
+    const Tensor* scale = nullptr;
+    Fp8Format format = Fp8Format::E4M3;
+  };
+  // amax (1) f32 = max |x| (NaN counted as +inf); with `accumulate`, the maximum of that and amax.
+  virtual void fp8_amax(Tensor& amax, const Tensor& x, bool accumulate) {
+    (void)amax, (void)x, (void)accumulate;
+    throw Error(std::string("FP8 is not available on the ") + name() + " backend");
+  }
+  // Current (tensorwise) scaling: scale (1) = fp8_max(format) / amax (1) in f32 (1 where amax is
+  // 0, inf or NaN; the largest float where the quotient overflows).
+  virtual void fp8_current_scale(Tensor& scale, const Tensor& amax, Fp8Format format) {
+    (void)scale, (void)amax, (void)format;
+    throw Error(std::string("FP8 is not available on the ") + name() + " backend");
+  }
+  // Delayed scaling at the end of a step, for n tensors: history (H,n) f32, scale (n), the step's
+  // amax (n, cleared), fp8_max (n) of each tensor's format: Transformer Engine's update
+  // (backend/cpu/fp8.hpp, fp8_delayed_update).
+  virtual void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& amax,
+                                  const Tensor& fp8_max, bool most_recent, int margin) {
+    (void)history, (void)scale, (void)amax, (void)fp8_max, (void)most_recent, (void)margin;
+    throw Error(std::string("FP8 is not available on the ") + name() + " backend");
+  }
+  // matmul_forward with inp and weight quantized.
+  virtual void fp8_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
+                                  const Tensor* bias, const Fp8Operand& x, const Fp8Operand& w) {
+    (void)out, (void)inp, (void)weight, (void)bias, (void)x, (void)w;
+    throw Error(std::string("FP8 is not available on the ") + name() + " backend");
+  }
+  // matmul_backward with dout (g), inp (x) and weight (w) quantized: dinp from g and w, dweight
+  // from g and x.
+  virtual void fp8_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias,
+                                   const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                   const Fp8Operand& g, const Fp8Operand& x,
+                                   const Fp8Operand& w) {
+    (void)dinp, (void)dweight, (void)dbias, (void)dout, (void)inp, (void)weight, (void)g, (void)x,
+        (void)w;
+    throw Error(std::string("FP8 is not available on the ") + name() + " backend");
   }
 
   // Causal attention. qkv (B,T,(H+2G)*hd): per token the H query heads, then the G key heads,

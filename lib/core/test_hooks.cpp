@@ -34,6 +34,18 @@ bool dropout_ignore_tp_offset() {
   return on;
 }
 
+bool fp8_no_tp_amax() {
+  return env_is("TESSERA_FAULT_FP8", "no-tp-amax");
+}
+
+float perturb_init() {
+  static const float p = [] {
+    const char* v = std::getenv("TESSERA_TEST_PERTURB_INIT");
+    return v ? std::strtof(v, nullptr) : 0.f;
+  }();
+  return p;
+}
+
 bool moe_dispatch_wrong_rank() {
   return env_is("TESSERA_FAULT_MOE_DISPATCH", "wrong-rank");
 }

@@ -32,6 +32,16 @@ bool cp_contiguous_split();
 // TP2+SP mutation check must disagree).
 bool dropout_ignore_tp_offset();
 
+// TESSERA_FAULT_FP8=no-tp-amax: FP8's amaxes are not reduced over the tensor-parallel group (each
+// TP rank scales its own piece of a tensor). Any other value or unset: off. Read at each call
+// (each model construction). Used by tests/train/test_fp8.sh (the TP2 mutation must disagree).
+bool fp8_no_tp_amax();
+
+// TESSERA_TEST_PERTURB_INIT=P: every initialized weight (normal init) multiplied by 1 + P, so a
+// test can measure how far a run moves from a 1e-7 change of its start (FP8's rounding noise).
+// std::strtof; unset or unparsable: 0 (no change). Read once. Used by tests/train/test_fp8.sh.
+float perturb_init();
+
 // TESSERA_FAULT_MOE_DISPATCH=wrong-rank: expert-parallel rank 0 swaps one token copy between the
 // first two EP ranks' dispatch buffers. Any other value or unset: off. Read at each call (each
 // model construction). Used by tests/train/test_layout_equivalence.sh (the EP2 mutation must

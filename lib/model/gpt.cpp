@@ -728,7 +728,7 @@ void GPTModel::block_forward(int l, Activations& a) {
   norm_forward(ln1, la.ln1_mean, la.ln1_rstd, x, w.ln1_w, w.ln1_b);
   gather_rows(phase, la.ln1);
   phase("qkv-gemm-forward");
-  be_.matmul_forward(la.qkv, la.ln1, w.qkv_w, opt(w.qkv_b));
+  linear_forward(l, Fp8Gemm::Qkv, la.qkv, la.ln1, w.qkv_w, opt(w.qkv_b), a);
   if (cfg_.rope()) {
     phase("rope");
     be_.rope(la.qkv, rope_spec(a.T), rope_positions(a), false);
@@ -736,7 +736,8 @@ void GPTModel::block_forward(int l, Activations& a) {
   phase("attention-core-forward");
   attention_core_forward(l, a, la);
   phase("proj-gemm-forward");
-  be_.matmul_forward(a.tmp_c, la.att, w.proj_w, bias_here ? opt(w.proj_b) : nullptr);
+  linear_forward(l, Fp8Gemm::Proj, a.tmp_c, la.att, w.proj_w, bias_here ? opt(w.proj_b) : nullptr,
+                 a);
   Tensor branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::AttnOut, a); d.active()) {
     phase("dropout");
@@ -750,10 +751,11 @@ void GPTModel::block_forward(int l, Activations& a) {
     moe_forward(phase, l, a, a.tmp_c);
   } else {
     phase("fc1-gemm-forward");
-    be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b));
+    linear_forward(l, Fp8Gemm::Fc1, la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b), a);
     activation_forward(phase, la);
     phase("fc2-gemm-forward");
-    be_.matmul_forward(a.tmp_c, la.gelu, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
+    linear_forward(l, Fp8Gemm::Fc2, a.tmp_c, la.gelu, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr,
+                   a);
   }
   branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::MlpOut, a); d.active()) {
@@ -762,6 +764,46 @@ void GPTModel::block_forward(int l, Activations& a) {
   }
   phase("residual-add");
   be_.add(la.res2, la.res1, branch);
+}
+
+void GPTModel::linear_forward(int l, Fp8Gemm g, Tensor& out, const Tensor& inp, const Tensor& w,
+                              const Tensor* bias, const Activations& a) {
+  if (!fp8_layer(l)) {
+    be_.matmul_forward(out, inp, w, bias);
+    return;
+  }
+  const int li = shard_.local_index(l);
+  const bool record = a.dropout.training && !recomputing_;  // a training step's first forward
+  const Backend::Fp8Operand x = fp8_->operand(li, g, Fp8Role::Input, inp, record);
+  const Backend::Fp8Operand wq = fp8_->operand(li, g, Fp8Role::Weight, w, record);
+  be_.fp8_matmul_forward(out, inp, w, bias, x, wq);
+}
+
+void GPTModel::linear_backward(int l, Fp8Gemm g, Tensor* dinp, Tensor& dw, Tensor* dbias,
+                               const Tensor& dout, const Tensor& inp, const Tensor& w) {
+  if (!fp8_layer(l)) {
+    be_.matmul_backward(dinp, dw, dbias, dout, inp, w);
+    return;
+  }
+  // The input and weight quantized again as in the forward (the same scales, so the same values);
+  // the output gradient's amax joins the step's (a backward is always a training step's).
+  const int li = shard_.local_index(l);
+  const Backend::Fp8Operand go = fp8_->operand(li, g, Fp8Role::GradOutput, dout, true);
+  const Backend::Fp8Operand x = fp8_->operand(li, g, Fp8Role::Input, inp, false);
+  const Backend::Fp8Operand wq = fp8_->operand(li, g, Fp8Role::Weight, w, false);
+  be_.fp8_matmul_backward(dinp, dw, dbias, dout, inp, w, go, x, wq);
+}
+
+void GPTModel::set_fp8(const Fp8Config& c) {
+  fp8_.reset();
+  if (!c.enabled) return;
+  TESSERA_CHECK(shard_.cp_size == 1 || cp_comm_, "set_fp8 before set_context_comm");
+  fp8_ = std::make_unique<Fp8Scaling>(c, shard_.layers(), cfg_.num_layers, be_, tp_,
+                                      shard_.cp_size > 1 ? cp_comm_ : nullptr);
+}
+
+void GPTModel::fp8_end_step(Communicator* grad_group) {
+  if (fp8_) fp8_->end_step(grad_group);
 }
 
 void GPTModel::tp_reduce(PhaseSequence& phase, Tensor& t) {
@@ -896,13 +938,15 @@ void GPTModel::block_backward(int l, Activations& a) {
   } else {
     phase("fc2-gemm-backward");
     const bool gelu = !cfg_.swiglu && !cfg_.squared_relu;
-    if (gelu)  // GELU's backward in the GEMM's epilogue where the backend has one
+    if (gelu && !fp8_layer(l)) {  // GELU's backward in the GEMM's epilogue where the backend has one
       be_.matmul_gelu_backward(a.dfc, g.fc2_w, opt(g.fc2_b), dmlp, la.gelu, w.fc2_w, la.fc1);
-    else
-      be_.matmul_backward(&a.dfc, g.fc2_w, opt(g.fc2_b), dmlp, la.gelu, w.fc2_w);
+    } else {
+      linear_backward(l, Fp8Gemm::Fc2, &a.dfc, g.fc2_w, opt(g.fc2_b), dmlp, la.gelu, w.fc2_w);
+      if (gelu) be_.gelu_backward(a.dfc, la.fc1, a.dfc);
+    }
     const Tensor& dfc1 = gelu ? a.dfc : activation_backward(phase, a.dfc, a.dfc1, la.fc1);
     phase("fc1-gemm-backward");
-    be_.matmul_backward(&a.dln, g.fc1_w, opt(g.fc1_b), dfc1, la.ln2, w.fc1_w);
+    linear_backward(l, Fp8Gemm::Fc1, &a.dln, g.fc1_w, opt(g.fc1_b), dfc1, la.ln2, w.fc1_w);
   }
   Tensor dln = reduce_rows(phase, a.dln, a);  // column-parallel input gradient
   phase("layernorm-backward");
@@ -910,7 +954,7 @@ void GPTModel::block_backward(int l, Activations& a) {
   // Attention: res1 = x + drop(proj(attn(qkv(ln1(x))))); dres becomes d x.
   const Tensor& dattn = branch_grad(phase, a, hidden_dropout(l, DropoutKind::AttnOut, a));
   phase("proj-gemm-backward");
-  be_.matmul_backward(&a.datt, g.proj_w, opt(g.proj_b), dattn, la.att, w.proj_w);
+  linear_backward(l, Fp8Gemm::Proj, &a.datt, g.proj_w, opt(g.proj_b), dattn, la.att, w.proj_w);
   phase("attention-core-backward");
   attention_core_backward(l, a, la);
   if (cfg_.rope()) {  // the rotation's transpose: rotate the gradient back
@@ -918,7 +962,7 @@ void GPTModel::block_backward(int l, Activations& a) {
     be_.rope(a.dqkv, rope_spec(a.T), rope_positions(a), true);
   }
   phase("qkv-gemm-backward");
-  be_.matmul_backward(&a.dln, g.qkv_w, opt(g.qkv_b), a.dqkv, la.ln1, w.qkv_w);
+  linear_backward(l, Fp8Gemm::Qkv, &a.dln, g.qkv_w, opt(g.qkv_b), a.dqkv, la.ln1, w.qkv_w);
   dln = reduce_rows(phase, a.dln, a);
   phase("layernorm-backward");
   norm_backward(a.dres, g.ln1_w, g.ln1_b, dln, x, w.ln1_w, la.ln1_mean, la.ln1_rstd);

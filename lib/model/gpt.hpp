@@ -11,6 +11,7 @@
 
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
+#include "model/fp8.hpp"
 #include "model/gpt_config.hpp"
 #include "model/params.hpp"
 #include "model/recompute.hpp"
@@ -253,6 +254,14 @@ class GPTModel {
   MoEScratch make_moe_scratch(int64_t rows) const;
   void moe_mlp(int layer, const Tensor& ln, Tensor& out, MoEScratch& s);
 
+  // FP8 (model/fp8.hpp, docs/training.md "FP8"): the transformer layers' GEMMs of this shard run
+  // in FP8 as `c` says (c.enabled), from now on; needs the context-parallel ring set first where
+  // there is one. fp8_end_step advances delayed scaling after a training step's last backward
+  // (`grad_group`: the DP x CP ranks; null for one); nothing without FP8 or with tensorwise.
+  void set_fp8(const Fp8Config& c);
+  void fp8_end_step(Communicator* grad_group);
+  Fp8Scaling* fp8() { return fp8_.get(); }
+
   // Output of this stage's last layer (what the next stage receives).
   Tensor& stage_output(Activations& a);
 
@@ -265,6 +274,13 @@ class GPTModel {
 
  private:
   const Tensor& layer_input(int layer, const Activations& a) const;
+  // A transformer layer's linear layer (GEMM g of layer l): matmul_forward / matmul_backward, in
+  // FP8 where the layer runs in FP8. `a`: whose micro-batch (training forwards record amaxes).
+  void linear_forward(int l, Fp8Gemm g, Tensor& out, const Tensor& inp, const Tensor& w,
+                      const Tensor* bias, const Activations& a);
+  void linear_backward(int l, Fp8Gemm g, Tensor* dinp, Tensor& dw, Tensor* dbias,
+                       const Tensor& dout, const Tensor& inp, const Tensor& w);
+  bool fp8_layer(int l) const { return fp8_ && fp8_->active(shard_.local_index(l)); }
   // A TP all-reduce inside a layer: phase "tp-all-reduce" where TP > 1.
   void tp_reduce(PhaseSequence& phase, Tensor& t);
   // Sequence parallelism. Rows of a micro-batch's (B*T) token rows this rank holds in the
@@ -352,6 +368,7 @@ class GPTModel {
   bool recomputing_ = false;                   // inside recompute_for_backward
   Communicator* ep_ = nullptr;                 // expert parallelism (set_expert_comm)
   Communicator* cp_comm_ = nullptr;            // context parallelism (set_context_comm)
+  std::unique_ptr<Fp8Scaling> fp8_;            // FP8 GEMMs (set_fp8); null: none
   // Testing (the layout-equivalence test): TESSERA_TEST_MOE_LOGIT_BIAS="e:v,e:v" adds v to
   // expert e's router logit (to force all tokens onto some experts), and
   // TESSERA_FAULT_MOE_DISPATCH=wrong-rank sends one token copy to the wrong expert rank.

@@ -2,10 +2,10 @@
 #include "model/params.hpp"
 
 #include <algorithm>
-
 #include <cmath>
 
 #include "core/rng.hpp"
+#include "core/test_hooks.hpp"
 
 namespace tessera {
 
@@ -209,6 +209,8 @@ void init_param(const ParamSpec& spec, uint64_t seed, float* out) {
     else
       out[i] = static_cast<float>(spec.init_std * rng.normal(static_cast<uint64_t>(g)));
   }
+  if (const float p = test_hooks::perturb_init(); p != 0.f)
+    for (int64_t i = 0; i < n; ++i) out[i] *= 1.f + p;
 }
 
 std::vector<FlatBucket> layout_flat_buffer(std::vector<ParamSpec>& specs, const FlatLayout& l) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "model/fp8_config.hpp"
 #include "model/recompute.hpp"
 
 namespace tessera {
@@ -70,6 +71,8 @@ struct TrainConfig {
   const char* virtual_option = "--virtual-pipeline-model-parallel-size";
   // Activation recomputation (--recompute-granularity/-method/-num-layers, model/recompute.hpp).
   RecomputeConfig recompute;
+  // FP8 GEMMs in the transformer layers (--fp8-format and friends, model/fp8_config.hpp).
+  Fp8Config fp8;
   double peak_tflops = 0;  // per rank, for MFU in the log; 0: MFU not printed
   // Megatron's timers (train/timers.hpp): level 0 (save-checkpoint only), 1, 2; minmax|max|all.
   int timing_log_level = 0;

@@ -43,6 +43,7 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
       OptimizerSet::flat_layout(cfg_, model_cfg_, ctx_));
   if (ctx_.ep_size > 1) model_->set_expert_comm(*ctx_.ep);
   if (ctx_.cp_size > 1) model_->set_context_comm(*ctx_.cp);
+  model_->set_fp8(cfg_.fp8);
   optimizers_ = std::make_unique<OptimizerSet>(*model_, be_, cfg_, ctx_, timers_);
   executor_ = std::make_unique<StepExecutor>(*model_, be_, cfg_, ctx_, data_, timers_);
   model_->on_grads_ready = [this](int piece) {
@@ -152,6 +153,7 @@ StepStats Trainer::train_step() {
                               grad_scale, moe_loss_scale, st);
     st.pipeline_seconds = pipeline.seconds();
   }
+  model_->fp8_end_step(ctx_.grad_group_size() > 1 ? ctx_.dp : nullptr);  // delayed scaling
   Timer dp_wait;
   optimizers_->finish_reduction();
   st.dp_wait_seconds = dp_wait.seconds();

@@ -9,6 +9,7 @@
 #include "backend/cpu/cross_entropy.hpp"
 #include "backend/cpu/dropout.hpp"
 #include "backend/cpu/embedding.hpp"
+#include "backend/cpu/fp8.hpp"
 #include "backend/cpu/gelu.hpp"
 #include "backend/cpu/layernorm.hpp"
 #include "backend/cpu/matmul.hpp"
@@ -89,6 +90,26 @@ const int32_t* ids_of(const Tensor& t, const char* what) {
   TESSERA_CHECK(t.device() == Device::CPU && t.dtype() == DType::I32, what,
                 " must be an i32 host tensor");
   return t.i32();
+}
+
+// fp8(t * scale) / scale of a host tensor, in an f32 copy (op.scale: a (1) f32 host tensor).
+std::vector<float> dequantized(const Tensor& t, const Backend::Fp8Operand& op) {
+  TESSERA_CHECK(op.scale && op.scale->numel() == 1 && op.scale->dtype() == DType::F32 &&
+                    op.scale->device() == Device::CPU,
+                "fp8 operand without a (1) f32 host scale");
+  TESSERA_F32_IN(v, t);
+  std::vector<float> q(static_cast<size_t>(t.numel()));
+  cpu::fp8_quantize_dequantize(q.data(), v.get(), t.numel(), op.scale->data<float>()[0],
+                               op.format);
+  return q;
+}
+
+// out (N,OC) += bias (OC), the bias read in its own precision.
+void add_bias(float* out, const Tensor& bias, int64_t N, int64_t OC) {
+  TESSERA_F32_IN(b, bias);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o) out[n * OC + o] += b.get()[o];
 }
 
 class CpuBackend final : public Backend {
@@ -232,6 +253,76 @@ class CpuBackend final : public Backend {
     TESSERA_F32_IN(w, weight);
     cpu::matmul_backward(dx ? dx->get() : nullptr, dw.get(), db ? db->get() : nullptr, d.get(),
                          x.get(), w.get(), N, IC, OC);
+  }
+
+  // FP8: the exact emulation (backend/cpu/fp8.hpp): quantized operands dequantized into f32
+  // copies, then the f32 GEMMs above.
+  void fp8_amax(Tensor& amax, const Tensor& x, bool accumulate) override {
+    TESSERA_CHECK(amax.numel() == 1 && amax.dtype() == DType::F32, "fp8_amax: amax must be (1) f32");
+    TESSERA_F32_IN(xs, x);
+    const float m = cpu::fp8_amax(xs.get(), x.numel());
+    float& a = amax.data<float>()[0];
+    a = accumulate && a > m ? a : m;
+  }
+  void fp8_current_scale(Tensor& scale, const Tensor& amax, Fp8Format format) override {
+    TESSERA_CHECK(amax.numel() == 1 && scale.numel() == 1 && amax.dtype() == DType::F32 &&
+                      scale.dtype() == DType::F32,
+                  "fp8_current_scale: (1) f32 tensors");
+    scale.data<float>()[0] = cpu::fp8_current_scale(amax.data<float>()[0], format);
+  }
+  void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& amax, const Tensor& fp8_max,
+                          bool most_recent, int margin) override {
+    const int64_t n = scale.numel();
+    TESSERA_CHECK(n > 0 && amax.numel() == n && fp8_max.numel() == n && history.numel() % n == 0,
+                  "fp8_delayed_update shapes");
+    const int64_t H = history.numel() / n;
+    float* h = history.data<float>();
+    float* s = scale.data<float>();
+    float* a = amax.data<float>();
+    const float* fm = fp8_max.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      cpu::fp8_delayed_update(h + i, H, n, s[i], a[i], fm[i], most_recent, margin);
+      a[i] = 0;
+    }
+  }
+  void fp8_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias,
+                          const Fp8Operand& x, const Fp8Operand& w) override {
+    const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
+    TESSERA_CHECK(cols_of(weight) == IC && out.numel() == N * OC && (!bias || bias->numel() == OC),
+                  "fp8 matmul shapes: inp ", shape_str(inp.shape()), " weight ",
+                  shape_str(weight.shape()), " out ", shape_str(out.shape()));
+    const std::vector<float> xq = dequantized(inp, x), wq = dequantized(weight, w);
+    TESSERA_F32_OUT(o, out);
+    cpu::matmul_forward(o.get(), xq.data(), wq.data(), static_cast<const float*>(nullptr), N, IC,
+                        OC);
+    if (bias) add_bias(o.get(), *bias, N, OC);
+  }
+  void fp8_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+                           const Tensor& inp, const Tensor& weight, const Fp8Operand& g,
+                           const Fp8Operand& x, const Fp8Operand& w) override {
+    const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
+    TESSERA_CHECK(
+        dout.numel() == N * OC && dweight.numel() == OC * IC && (!dinp || dinp->numel() == N * IC),
+        "fp8 matmul backward shapes");
+    const std::vector<float> gq = dequantized(dout, g), xq = dequantized(inp, x),
+                             wq = dequantized(weight, w);
+    std::unique_ptr<F32> dx;
+    if (dinp) dx = std::make_unique<F32>(*dinp, false, true, "dinp");
+    TESSERA_F32_INOUT(dw, dweight);
+    cpu::matmul_backward(dx ? dx->get() : nullptr, dw.get(), static_cast<float*>(nullptr),
+                         gq.data(), xq.data(), wq.data(), N, IC, OC);
+    if (dbias) {  // from the unquantized gradient
+      TESSERA_F32_INOUT(db, *dbias);
+      TESSERA_F32_IN(d, dout);
+      float* dbp = db.get();
+      const float* dp = d.get();
+#pragma omp parallel for schedule(static)
+      for (int64_t o = 0; o < OC; ++o) {  // matmul_backward's sum, in its order
+        float sum = 0;
+        for (int64_t n = 0; n < N; ++n) sum += dp[n * OC + o];
+        dbp[o] += sum;
+      }
+    }
   }
 
   void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,

@@ -1,0 +1,65 @@
+// fp8.hpp: FP8 as a precision of the transformer layers' GEMMs (DESIGN.md, fourth wave; the
+// user's page is docs/training.md, "FP8"). Fp8Config is what Megatron's --fp8-* options say;
+// Fp8Scaling keeps the scaling state of one model shard, one entry per logical tensor (the input,
+// the weight and the output gradient of each FP8 GEMM of each layer), and hands the backend's FP8
+// GEMMs their scales, with every amax reduced over the ranks that hold pieces of the tensor so
+// that every layout quantizes alike.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "comm/communicator.hpp"
+#include "core/tensor.hpp"
+#include "model/fp8_config.hpp"
+
+namespace tessera {
+
+// The FP8 GEMMs of a transformer layer, and the roles of their operands.
+enum class Fp8Gemm { Qkv, Proj, Fc1, Fc2 };
+enum class Fp8Role { Input, Weight, GradOutput };
+
+class Fp8Scaling {
+ public:
+  // `layers`: the global indices of this shard's layers in local order; `tp` and `cp` (null: no
+  // context parallelism) the groups an amax is reduced over before it is used.
+  Fp8Scaling(const Fp8Config& cfg, const std::vector<int>& layers, int num_layers, Backend& be,
+             Communicator& tp, Communicator* cp);
+
+  const Fp8Config& config() const { return cfg_; }
+  // Whether local layer li runs in FP8.
+  bool active(int li) const { return active_[static_cast<size_t>(li)]; }
+  // The operand of `role` in GEMM `g` of local layer li, quantizing x. Tensorwise: the amax of x
+  // over the TP and CP groups, and its scale, now. Delayed: the scale the history gave at the last
+  // step's end, and with `record` x's amax joins this step's.
+  Backend::Fp8Operand operand(int li, Fp8Gemm g, Fp8Role role, const Tensor& x, bool record);
+  // Delayed scaling, after a step's last backward: the step's amaxes are reduced over TP and the
+  // gradient group (DP x CP) and the histories and scales advance (nothing for tensorwise).
+  void end_step(Communicator* grad_group);
+
+  // The state of delayed scaling (checkpoints): history (H, n) and scales (n) of n tensors in the
+  // order (local layer, GEMM, role).
+  int64_t tensors() const { return n_; }
+  Tensor& history() { return history_; }
+  Tensor& scales() { return scale_; }
+
+ private:
+  int64_t index(int li, Fp8Gemm g, Fp8Role role) const {
+    return (int64_t(li) * 4 + int64_t(g)) * 3 + int64_t(role);
+  }
+  void reduce_max(Tensor& t, Communicator* also);
+
+  Fp8Config cfg_;
+  Backend& be_;
+  Communicator& tp_;
+  Communicator* cp_;
+  std::vector<bool> active_;
+  int64_t n_ = 0;
+  Tensor amax_, scale_, history_, fp8_max_;   // (n), (n), (H,n), (n) f32 on the backend
+  std::vector<Tensor> amax_at_, scale_at_;    // 1-element views, one per tensor
+  std::vector<Fp8Format> format_;             // per tensor
+  bool fault_no_tp_amax_ = false;             // test hook (core/test_hooks.hpp)
+};
+
+}  // namespace tessera

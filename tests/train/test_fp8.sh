@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# test_fp8.sh: FP8 keeps DESIGN.md invariant 2 (docs/training.md, "FP8"). Every amax is the amax
+# of the whole logical tensor (reduced over the ranks holding its pieces), so each layout's first
+# iteration (one FP8 forward and backward) gives the single-rank loss to 1e-6 and gradient norm to
+# 1e-5, and 20 iterations stay within FP8's rounding noise: rounding is discontinuous, so f32
+# summation-order differences flip single elements and the trajectories drift apart. The noise is
+# measured as the single-rank run against itself with every weight moved by 1e-7
+# (TESSERA_TEST_PERTURB_INIT); a layout may be no farther than twice that. Both recipes and both
+# formats run (tensorwise with hybrid, delayed with e4m3 on every layout; delayed hybrid on the
+# 8-rank layout), and the mutation (amax not reduced over TP) must fail.
+# Usage: test_fp8.sh TESSERA_TRAIN CONFIG_DIR
+set -u
+bin=$1
+configs=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# 4 layers (PP2 with 2 virtual stages of 1 layer); every FP8 GEMM dimension a multiple of 16 at
+# TP2 and CP2; global batch 8 in micro-batches of 2.
+common=(--config "$configs/gpt2-tiny.ini" --num-layers 4 --hidden-size 32 --num-attention-heads 4
+        --seq-length 32 --max-position-embeddings 32 --vocab-size 200 --global-batch-size 8
+        --micro-batch-size 2 --train-iters 20 --log-interval 1 --lr-warmup-iters 2 --threads 1)
+fail=0
+run() {  # run NAME NP [options]
+  local name=$1 np=$2
+  shift 2
+  local cmd=("$bin" "${common[@]}" --metrics-file "$work/$name.jsonl" "$@")
+  if [ "$np" -gt 1 ]; then
+    timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "${cmd[@]}" > "$work/$name.log" 2>&1
+  else
+    timeout 300 "${cmd[@]}" > "$work/$name.log" 2>&1
+  fi
+  local rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "FAIL: $name exited $rc"; tail -5 "$work/$name.log"; return 1
+  fi
+}
+field() { sed "s/.*\"$2\": \([^,}]*\).*/\1/" "$work/$1.jsonl"; }
+worst() {  # worst BASE NAME FIELD [ITERATIONS]: the worst relative difference over the iterations
+  paste <(field "$1" "$3") <(field "$2" "$3") | head -"${4:-20}" | awk -v n="${4:-20}" '
+    { d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > w) w = r; k++ }
+    END { if (k != n) print "missing"; else printf "%.3g", w }'
+}
+over() { awk -v w="$1" -v t="$2" 'BEGIN { exit !(w == "missing" || w + 0 > t + 0) }'; }
+
+check_recipe() {  # check_recipe TAG [FP8 options]: the layouts against one rank with that recipe
+  local tag=$1
+  shift
+  local fp8=("$@")
+  run "base-$tag" 1 "${fp8[@]}" || { fail=1; return; }
+  TESSERA_TEST_PERTURB_INIT=1e-7 run "noise-$tag" 1 "${fp8[@]}" || { fail=1; return; }
+  local noise
+  noise=$(worst "base-$tag" "noise-$tag" lm_loss)
+  if over "$noise" 0.05 || [ "$noise" = "0" ]; then
+    echo "FAIL: $tag: the perturbed run's distance $noise (0: the perturbation did nothing)"
+    fail=1
+    return
+  fi
+  # FP8 is not the f32 run: the first iteration's gradient norms differ by far more than rounding.
+  local vs_f32
+  vs_f32=$(worst base-f32 "base-$tag" grad_norm 1)
+  if ! over "$vs_f32" 1e-4; then
+    echo "FAIL: $tag: FP8's first gradient norm is the f32 one ($vs_f32)"
+    fail=1
+  fi
+  echo "ok: $tag: noise (1e-7 weight perturbation) $noise over 20 iterations; vs f32 at iteration 1 $vs_f32"
+  local layout
+  for layout in "tp2-sp 2 --tensor-model-parallel-size 2 --sequence-parallel" \
+                "pp2-vp2 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1" \
+                "dp2-distopt 2 --use-distributed-optimizer" \
+                "cp2 2 --context-parallel-size 2" \
+                "tp2pp2dp2 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"; do
+    set -- $layout
+    local name="$1-$tag" np=$2
+    shift 2
+    run "$name" "$np" "$@" "${fp8[@]}" || { fail=1; continue; }
+    local l1 g1 w20
+    l1=$(worst "base-$tag" "$name" lm_loss 1)
+    g1=$(worst "base-$tag" "$name" grad_norm 1)
+    w20=$(worst "base-$tag" "$name" lm_loss)
+    if over "$l1" 1e-6 || over "$g1" 1e-5 || over "$w20" "$(awk -v n="$noise" 'BEGIN { print 2 * n + 1e-6 }')"; then
+      echo "FAIL: $name: iteration 1 loss $l1 (1e-6), grad norm $g1 (1e-5); 20 iterations $w20 (noise $noise)"
+      fail=1
+    else
+      echo "ok: $name: iteration 1 loss $l1, grad norm $g1; 20 iterations $w20 (noise $noise)"
+    fi
+  done
+}
+
+run base-f32 1 || exit 1
+check_recipe tensorwise-hybrid --fp8-format hybrid --fp8-recipe tensorwise
+check_recipe delayed-e4m3 --fp8-format e4m3 --fp8-recipe delayed --fp8-amax-history-len 4 \
+  --fp8-amax-compute-algo max
+# Delayed hybrid on the 8-rank layout.
+delayed_hybrid=(--fp8-format hybrid --fp8-amax-history-len 2 --fp8-margin 1)
+run base-delayed-hybrid 1 "${delayed_hybrid[@]}" || fail=1
+run tp2pp2dp2-delayed-hybrid 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+  --sequence-parallel "${delayed_hybrid[@]}" || fail=1
+l1=$(worst base-delayed-hybrid tp2pp2dp2-delayed-hybrid lm_loss 1)
+g1=$(worst base-delayed-hybrid tp2pp2dp2-delayed-hybrid grad_norm 1)
+if over "$l1" 1e-6 || over "$g1" 1e-5; then
+  echo "FAIL: tp2pp2dp2-delayed-hybrid: iteration 1 loss $l1, grad norm $g1"; fail=1
+else
+  echo "ok: tp2pp2dp2-delayed-hybrid: iteration 1 loss $l1, grad norm $g1"
+fi
+# The mutation: each TP rank scaling its own piece of the sharded tensors must disagree at once.
+TESSERA_FAULT_FP8=no-tp-amax run tp2-mutant 2 --tensor-model-parallel-size 2 \
+  --fp8-format hybrid --fp8-recipe tensorwise || fail=1
+l1=$(worst base-tensorwise-hybrid tp2-mutant lm_loss 1)
+if over "$l1" 1e-6; then
+  echo "ok: mutation check: amax not reduced over TP moves iteration 1's loss by $l1 (the test can fail)"
+else
+  echo "FAIL: the mutation check: amax not reduced over TP still agrees ($l1)"
+  fail=1
+fi
+exit $fail
