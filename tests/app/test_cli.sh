@@ -110,6 +110,25 @@ expect 0 "attention: the CPU reference" -- "${tiny[@]}" --device cpu --attention
 expect 0 "attention: --attention-backend auto, --deterministic-mode" -- "${tiny[@]}" --deterministic-mode --dry-run
 expect 2 "--attention-backend fused needs --device cuda" -- "${tiny[@]}" --device cpu --attention-backend fused
 expect 2 "--attention-backend=cudnn is not one of auto, fused \(cuDNN\)" -- "${tiny[@]}" --attention-backend cudnn
+# FP8 (docs/training.md): the run says what it quantizes; every bad combination is one line.
+expect 0 "fp8: hybrid \(E4M3 inputs and weights, E5M2 output gradients\), tensorwise scaling; 2 of 2 layers in FP8" -- "${tiny[@]}" --device cpu --fp8-format hybrid --fp8-recipe tensorwise --train-iters 2 --log-interval 1
+expect 0 "fp8: e4m3, delayed scaling \(amax history 16, max, margin 1\); 1 of 3 layers" -- "${tiny[@]}" --num-layers 3 --fp8-format e4m3 --fp8-amax-history-len 16 --fp8-amax-compute-algo max --fp8-margin 1 --first-last-layers-bf16 --num-layers-at-end-in-bf16 1 --num-layers-at-start-in-bf16 1 --dry-run
+expect 2 "--fp8-format fp4 is not a choice \(allowed: e4m3, hybrid\)" -- "${tiny[@]}" --fp8-format fp4
+expect 2 "--fp8-recipe mxfp8: not yet" -- "${tiny[@]}" --fp8-format hybrid --fp8-recipe mxfp8
+expect 2 "--fp8-recipe rowwise is not a choice" -- "${tiny[@]}" --fp8-format hybrid --fp8-recipe rowwise
+expect 2 "--fp8-margin -1: must be >= 0" -- "${tiny[@]}" --fp8-format hybrid --fp8-margin -1
+expect 2 "--fp8-amax-history-len 0: must be >= 1" -- "${tiny[@]}" --fp8-format hybrid --fp8-amax-history-len 0
+expect 2 "--fp8-amax-compute-algo is delayed scaling's" -- "${tiny[@]}" --fp8-format hybrid --fp8-recipe tensorwise --fp8-amax-compute-algo max
+expect 2 "--fp8-amax-compute-algo sometimes is not a choice" -- "${tiny[@]}" --fp8-format hybrid --fp8-amax-compute-algo sometimes
+expect 2 "an --fp8-\* option \(or --first-last-layers-bf16\) without --fp8-format" -- "${tiny[@]}" --fp8-recipe tensorwise
+expect 2 "--fp8-format: --hidden-size is 72, but FP8 GEMMs need multiples of 16" -- "${tiny[@]}" --fp8-format hybrid --hidden-size 72
+expect 2 "--fp8-format: --ffn-hidden-size / TP is 40" -- "${tiny[@]}" --fp8-format hybrid --ffn-hidden-size 40
+expect 2 "leave none of the 2 layers in FP8" -- "${tiny[@]}" --fp8-format hybrid --first-last-layers-bf16
+expect 2 "--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16 need --first-last-layers-bf16" -- "${tiny[@]}" --fp8-format hybrid --num-layers-at-start-in-bf16 2
+expect 2 "--fp8-format with --num-experts: FP8 expert GEMMs are not yet supported" -- "${tiny[@]}" --fp8-format hybrid --num-experts 4
+if nvidia-smi -L >/dev/null 2>&1; then  # the device check comes first where there is no GPU
+  expect 2 "--fp8-format on --device cuda needs --bf16" -- "${tiny[@]}" --fp8-format hybrid --device cuda
+fi
 # Megatron options that mean nothing here: accepted with one line each; a bad choice still refused.
 expect 0 "--use-flash-attn: accepted without effect: attention is always fused" -- "${tiny[@]}" --use-flash-attn --DDP-impl local --no-async-tensor-model-parallel-allreduce --exit-signal-handler --distributed-backend nccl --dry-run
 expect 0 "--DDP-impl local: accepted without effect" -- "${tiny[@]}" --DDP-impl local --dry-run
