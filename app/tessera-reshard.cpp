@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
         [&](const std::string& group, const ParamSpec& s, float* out) {
           src.read_slice(group, s, out);
         },
-        [](const std::string& line) { std::cout << line << std::endl; });
+        [](const std::string& line) { std::cout << line << std::endl; }, &src);
     std::cout << "tessera-reshard: wrote " << save << "/" << iteration_dir_name(meta.iteration)
               << " in " << t.seconds() << " s" << std::endl;
   } catch (const ConfigError& e) {

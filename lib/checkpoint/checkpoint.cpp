@@ -245,6 +245,13 @@ CheckpointShardWriter::~CheckpointShardWriter() {
 
 void CheckpointShardWriter::write(const std::string& group, const ParamSpec& spec,
                                   const float* data) {
+  if (group != "model" && group.rfind("optimizer", 0) != 0) {  // a group beside them: made once
+    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+    if (H5Lexists(file_->get(), group.c_str(), H5P_DEFAULT) <= 0) {
+      H5Id grp(H5Gcreate2(file_->get(), group.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+      HDF5_CHECK(grp.get());
+    }
+  }
   if (fail_after_ >= 0 && written_ >= fail_after_)
     throw Error("checkpoint file '" + path_ + "': write failed (injected fault)");
   // Testing: TESSERA_SLOW_SAVE_MS stretches each tensor's write, so fault tests can land a
@@ -288,6 +295,11 @@ void write_checkpoint_shard(const std::string& path, const CheckpointMeta& meta,
       w.write("optimizer/exp_avg", s, t.exp_avg + s.flat_offset);
       w.write("optimizer/exp_avg_sq", s, t.exp_avg_sq + s.flat_offset);
     }
+  }
+  for (const ExtraTensor& e : t.extra) {
+    TESSERA_CHECK(static_cast<int64_t>(e.data.size()) == e.spec.numel(), "checkpoint tensor ",
+                  e.group, "/", e.spec.name, " size");
+    w.write(e.group, e.spec, e.data.data());
   }
   w.finish();
 }
@@ -646,6 +658,43 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
              m.rope_scaling_original_max_positions, c.rope_scaling_original_max_positions);
     }
   }
+}
+
+namespace {
+// The dataset group/name of an open file; invalid when the file lacks it.
+H5Id open_whole(hid_t f, const std::string& group, const std::string& name) {
+  if (H5Lexists(f, group.c_str(), H5P_DEFAULT) <= 0) return H5Id(-1);
+  const std::string path = group + "/" + name;
+  if (H5Lexists(f, path.c_str(), H5P_DEFAULT) <= 0) return H5Id(-1);
+  return H5Id(H5Dopen2(f, path.c_str(), H5P_DEFAULT));
+}
+}  // namespace
+
+int64_t CheckpointReader::whole_numel(const std::string& group, const std::string& name) const {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  for (const auto& h : handles_) {
+    H5Id ds = open_whole(h->get(), group, name);
+    if (!ds.valid()) continue;
+    H5Id space(H5Dget_space(ds.get()));
+    const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+    return n < 0 ? -1 : static_cast<int64_t>(n);
+  }
+  return -1;
+}
+
+void CheckpointReader::read_whole(const std::string& group, const std::string& name,
+                                  float* out) const {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  for (size_t i = 0; i < handles_.size(); ++i) {
+    H5Id ds = open_whole(handles_[i]->get(), group, name);
+    if (!ds.valid()) continue;
+    H5Id space(H5Dget_space(ds.get()));
+    if (!read_verified(ds.get(), out, H5Sget_simple_extent_npoints(space.get())))
+      throw ConfigError("checkpoint file '" + files_[i] + "': " + group + "/" + name +
+                        " does not match its checksum (damaged); use another checkpoint");
+    return;
+  }
+  throw ConfigError("checkpoint '" + path_ + "' has no " + group + "/" + name);
 }
 
 void CheckpointReader::read_slice(const std::string& group, const ParamSpec& t, float* out) const {

@@ -71,11 +71,25 @@ const std::vector<std::string>& checkpoint_file_attributes();
 CheckpointMeta read_checkpoint_meta(hid_t file, const std::string& path);
 
 // The tensors of one shard file: the parameters, and the Adam moments when `exp_avg` is given.
+// State beside the parameters, written whole as group/spec.name (FP8's delayed scaling: one
+// tensor per layer, the same on every TP rank; docs/checkpoints.md).
+struct ExtraTensor {
+  std::string group;
+  ParamSpec spec;
+  std::vector<float> data;
+};
+// FP8's delayed-scaling state of a layer (train/fp8_checkpoint.hpp): group "fp8", this name,
+// shape (history length + 1, kFp8StateColumns).
+inline std::string fp8_state_name(int layer) {
+  return "layers." + std::to_string(layer) + ".fp8";
+}
+constexpr int64_t kFp8StateColumns = 12;
 struct ShardTensors {
   const std::vector<ParamSpec>* specs = nullptr;
   const float* params = nullptr;   // flat, in spec order (flat_offset)
   const float* exp_avg = nullptr;  // flat or null
   const float* exp_avg_sq = nullptr;
+  std::vector<ExtraTensor> extra;
 };
 
 // Writes one shard file tensor by tensor (so a converter needs memory for one tensor only); each
@@ -114,6 +128,11 @@ class CheckpointReader {
   // Fills `out` (target.local_shape) with the target's slice of tensor `target.name` from group
   // "model", "optimizer/exp_avg" or "optimizer/exp_avg_sq". Vocabulary padding rows are zero.
   void read_slice(const std::string& group, const ParamSpec& target, float* out) const;
+  // Elements of the whole tensor group/name in the first shard file that has it (ExtraTensor);
+  // -1 when no file has it. read_whole fills `out` with them (checksum verified; ConfigError
+  // naming the file otherwise).
+  int64_t whole_numel(const std::string& group, const std::string& name) const;
+  void read_whole(const std::string& group, const std::string& name, float* out) const;
 
  private:
   struct SourceTensor {

@@ -32,7 +32,8 @@ void validate_model_layout(const GPTConfig& cfg, int tp, int pp) {
 
 void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
                       const SliceSource& source,
-                      const std::function<void(const std::string&)>& progress) {
+                      const std::function<void(const std::string&)>& progress,
+                      const CheckpointReader* carry) {
   validate_model_layout(meta.model, meta.tp_size, meta.pp_size);
   refuse_save_over_checkpoint(save_dir, meta.iteration);
   const std::string tmp = begin_checkpoint_dir(save_dir, meta.iteration);
@@ -58,6 +59,18 @@ void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
             w.write("optimizer/exp_avg_sq", s, buf.data());
           }
           elems += s.numel();
+        }
+        for (int layer : shard.layers()) {  // per-layer state, carried whole
+          if (!carry) break;
+          const std::string n = fp8_state_name(layer);
+          const int64_t k = carry->whole_numel("fp8", n);
+          if (k < 0 || k % kFp8StateColumns != 0) continue;
+          ParamSpec s;
+          s.name = n;
+          s.global_shape = s.local_shape = {k / kFp8StateColumns, kFp8StateColumns};
+          buf.resize(k);
+          carry->read_whole("fp8", n, buf.data());
+          w.write("fp8", s, buf.data());
         }
         w.finish();
         ++done;

@@ -18,9 +18,13 @@ using SliceSource =
 // Writes DIR/iter_N/ (atomically, latest file last) for meta.tp_size x meta.pp_size. Validates the
 // layout against the model (ConfigError naming the numbers) and refuses a DIR that already holds a
 // checkpoint (refuse_save_over_checkpoint). `progress` gets one line per file.
+// `carry`, when given (tessera-reshard), is the checkpoint being resharded: the per-layer state
+// beside the parameters (FP8's, group "fp8", the same on every TP rank) goes into the files of the
+// stage that holds each layer.
 void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
                       const SliceSource& source,
-                      const std::function<void(const std::string&)>& progress);
+                      const std::function<void(const std::string&)>& progress,
+                      const CheckpointReader* carry = nullptr);
 
 // Checks that the model can be split TP x PP (heads and ffn by TP, layers by PP).
 void validate_model_layout(const GPTConfig& cfg, int tp, int pp);

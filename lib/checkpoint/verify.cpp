@@ -317,6 +317,8 @@ struct FileCheck {
   hid_t h = -1;
   int64_t size_of_file = 0;
   std::map<std::string, ParamSpec> expected;  // group/name -> spec
+  // State a file may hold beside them: FP8's per-layer scaling state, of its stage's layers.
+  std::set<std::string> optional;
   bool check_expected = false;
   std::vector<std::string> off_layout, unexpected;
 };
@@ -460,6 +462,7 @@ void layout_expected_tensors(FileCheck& fc, const ExpectedModel& m,
       groups.insert(groups.end(), {"optimizer/exp_avg", "optimizer/exp_avg_sq"});
     for (const ParamSpec& s : build_param_specs(m.meta.model, shard))
       for (const std::string& g : groups) fc.expected[g + "/" + s.name] = s;
+    for (int l : shard.layers()) fc.optional.insert("fp8/" + fp8_state_name(l));
   } catch (const Error& e) {
     r.problems.push_back(f.path + ": the model its attributes record cannot be laid out at " +
                          "TP " + std::to_string(r.tp_size) + " x PP " + std::to_string(r.pp_size) +
@@ -493,7 +496,14 @@ void check_tensor_layout(FileCheck& fc, const std::string& path, const std::stri
   const int64_t axis = t.axis, offset = t.offset;
   if (fc.check_expected) {
     auto e = fc.expected.find(path);
-    if (e == fc.expected.end()) {
+    if (fc.optional.count(path)) {  // unsplit (history + 1, kFp8StateColumns)
+      if (axis != -1 || local != global || local.size() != 2 || local[0] < 2 ||
+          local[1] != kFp8StateColumns)
+        fc.off_layout.push_back("/" + path + ": holds " + shape_text(local) + " of " +
+                                shape_text(global) + " split on axis " + std::to_string(axis) +
+                                ", not FP8 scaling state (history + 1, " +
+                                std::to_string(kFp8StateColumns) + ") unsplit");
+    } else if (e == fc.expected.end()) {
       fc.unexpected.push_back("/" + path + ": not part of this file's shard of the model");
     } else {
       const ParamSpec& s = e->second;

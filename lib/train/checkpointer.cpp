@@ -11,6 +11,7 @@
 #include "core/nvtx.hpp"
 #include "core/test_hooks.hpp"
 #include "core/timer.hpp"
+#include "train/fp8_checkpoint.hpp"
 
 namespace tessera {
 
@@ -198,6 +199,7 @@ std::string TrainingCheckpointer::write_shard(const std::string& path, const Che
           ShardTensors{&ep_specs_, host[0] ? full[0].data() : nullptr,
                        host[1] ? full[1].data() : nullptr, host[2] ? full[2].data() : nullptr};
     }
+    tensors.extra = fp8_checkpoint_tensors(model_, be_);  // FP8's delayed scaling, staged
     if (!async) {
       write_checkpoint_shard(path, meta, model_.shard(), tensors, fail_after);
       return std::string();
@@ -358,6 +360,8 @@ TrainState TrainingCheckpointer::load(const std::string& dir, bool model_only,
   const CheckpointMeta& m = r.meta();
   const bool optimizer = m.has_optimizer && !model_only && load_optimizer;
   load_optimizer_state(r, optimizer);
+  if (!model_only)  // FP8's delayed scaling continues where it was (or a line says why not)
+    if (const std::string why = restore_fp8_state(r, model_, be_); !why.empty()) TLOG(info) << why;
   // The sample-based schedule's position: stored by a ramped run; otherwise every consumed
   // sample was an update's (a constant batch without skipped steps).
   const int64_t lr_samples = !optimizer                   ? 0

@@ -13,7 +13,7 @@ set -u
 bin=$1
 configs=$2
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT; echo "work: $work"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # 4 layers (PP2 with 2 virtual stages of 1 layer); every FP8 GEMM dimension a multiple of 16 at
@@ -104,6 +104,63 @@ if over "$l1" 1e-6 || over "$g1" 1e-5; then
 else
   echo "ok: tp2pp2dp2-delayed-hybrid: iteration 1 loss $l1, grad norm $g1"
 fi
+# Checkpoints (docs/checkpoints.md): delayed scaling's histories and scales resume bitwise at the
+# same layout and reshard to another; a run that cannot use them says so in one line.
+delayed=(--fp8-format e4m3 --fp8-recipe delayed --fp8-amax-history-len 4 --fp8-amax-compute-algo max)
+run save-delayed 1 "${delayed[@]}" --save "$work/ck" --save-interval 10 --exit-interval 10 || fail=1
+run resume-delayed 1 "${delayed[@]}" --load "$work/ck" || fail=1
+if [ "$(field base-delayed-e4m3 lm_loss | tail -10)" = "$(field resume-delayed lm_loss)" ] &&
+   [ "$(field resume-delayed lm_loss | wc -l)" -eq 10 ]; then
+  echo "ok: delayed scaling resumes bitwise (iterations 11-20)"
+else
+  echo "FAIL: the resumed delayed-scaling run differs from the uninterrupted one"
+  paste <(field base-delayed-e4m3 lm_loss | tail -10) <(field resume-delayed lm_loss) | head -3
+  fail=1
+fi
+# Another history length: the state does not apply (one line), and iteration 11 moves.
+run resume-h2 1 --fp8-format e4m3 --fp8-amax-history-len 2 --fp8-amax-compute-algo max \
+  --load "$work/ck" || fail=1
+rel() { awk -v a="$1" -v b="$2" 'BEGIN { d = (a - b) / a; if (d < 0) d = -d; printf "%.3g", d }'; }
+want11=$(field base-delayed-e4m3 lm_loss | sed -n 11p)
+h2=$(rel "$want11" "$(field resume-h2 lm_loss | head -1)")
+if grep -q "holds an amax history of 4 steps, this run's --fp8-amax-history-len is 2" "$work/resume-h2.log" &&
+   over "$h2" 1e-5; then
+  echo "ok: another history length starts fresh, says so, and iteration 11 moves by $h2"
+else
+  echo "FAIL: resuming with another history length ($h2)"; fail=1
+fi
+# Resharded on load: the same weights and scaling state, other summation orders, which flip single
+# FP8 roundings (measured 1.8e-6): within 1e-5 and far closer than the fresh state's $h2.
+run resume-tp2pp2 4 "${delayed[@]}" --load "$work/ck" --tensor-model-parallel-size 2 \
+  --pipeline-model-parallel-size 2 || fail=1
+l11=$(rel "$want11" "$(field resume-tp2pp2 lm_loss | head -1)")
+if over "$l11" 1e-5 || over "$(awk -v x="$l11" 'BEGIN { print 10 * x }')" "$h2"; then
+  echo "FAIL: resharded to TP2 x PP2, iteration 11's loss differs by $l11 (fresh state: $h2)"; fail=1
+else
+  echo "ok: resharded to TP2 x PP2 on load, iteration 11's loss within $l11 (fresh state: $h2)"
+fi
+# tessera-reshard carries the state into the files of the stage holding each layer.
+if "$(dirname "$bin")/tessera-reshard" --load "$work/ck" --save "$work/ck-tp2pp2" \
+     --target-tensor-model-parallel-size 2 --target-pipeline-model-parallel-size 2 > "$work/reshard.log" 2>&1 &&
+   "$(dirname "$bin")/tessera-checkpoint" verify "$work/ck-tp2pp2" > "$work/verify.log" 2>&1; then
+  run resume-offline-tp2pp2 4 "${delayed[@]}" --load "$work/ck-tp2pp2" \
+    --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 || fail=1
+  if [ "$(field resume-offline-tp2pp2 lm_loss)" = "$(field resume-tp2pp2 lm_loss)" ] &&
+     ! grep -q "holds no FP8" "$work/resume-offline-tp2pp2.log"; then
+    echo "ok: tessera-reshard to TP2 x PP2 carries the FP8 state (the same run as resharding on load)"
+  else
+    echo "FAIL: after tessera-reshard, the FP8 state did not come along"; fail=1
+  fi
+else
+  echo "FAIL: tessera-reshard / verify of the FP8 checkpoint"; cat "$work/reshard.log" "$work/verify.log"; fail=1
+fi
+run resume-plain 1 --load "$work/ck" || fail=1
+grep -q "holds FP8 delayed-scaling state; this run does not use it (no --fp8-format)" \
+  "$work/resume-plain.log" || { echo "FAIL: resuming without FP8 said nothing"; fail=1; }
+run save-plain 1 --save "$work/ck-plain" --save-interval 10 --exit-interval 10 || fail=1
+run resume-into-fp8 1 "${delayed[@]}" --load "$work/ck-plain" || fail=1
+grep -q "holds no FP8 delayed-scaling state" "$work/resume-into-fp8.log" ||
+  { echo "FAIL: resuming an f32 checkpoint with FP8 said nothing"; fail=1; }
 # The mutation: each TP rank scaling its own piece of the sharded tensors must disagree at once.
 TESSERA_FAULT_FP8=no-tp-amax run tp2-mutant 2 --tensor-model-parallel-size 2 \
   --fp8-format hybrid --fp8-recipe tensorwise || fail=1
