@@ -194,10 +194,9 @@ class Backend {
   }
   // matmul_backward with dout (g), inp (x) and weight (w) quantized: dinp from g and w, dweight
   // from g and x.
-  virtual void fp8_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias,
-                                   const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                                   const Fp8Operand& g, const Fp8Operand& x,
-                                   const Fp8Operand& w) {
+  virtual void fp8_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+                                   const Tensor& inp, const Tensor& weight, const Fp8Operand& g,
+                                   const Fp8Operand& x, const Fp8Operand& w) {
     (void)dinp, (void)dweight, (void)dbias, (void)dout, (void)inp, (void)weight, (void)g, (void)x,
         (void)w;
     throw Error(std::string("FP8 is not available on the ") + name() + " backend");

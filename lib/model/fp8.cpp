@@ -49,8 +49,7 @@ Fp8Scaling::Fp8Scaling(const Fp8Config& cfg, const std::vector<int>& layers, int
   // Every scale starts at 1 (Transformer Engine's), every amax and history row at 0.
   std::vector<float> ones(static_cast<size_t>(n_), 1.0f), maxes(static_cast<size_t>(n_));
   for (int64_t i = 0; i < n_; ++i) {
-    const Fp8Format f = i % 3 == int64_t(Fp8Role::GradOutput) ? cfg.grad_format()
-                                                                 : Fp8Format::E4M3;
+    const Fp8Format f = i % 3 == int64_t(Fp8Role::GradOutput) ? cfg.grad_format() : Fp8Format::E4M3;
     format_.push_back(f);
     maxes[static_cast<size_t>(i)] = fp8_max(f);
     amax_at_.push_back(amax_.view(i, {1}));

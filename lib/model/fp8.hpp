@@ -56,10 +56,10 @@ class Fp8Scaling {
   Communicator* cp_;
   std::vector<bool> active_;
   int64_t n_ = 0;
-  Tensor amax_, scale_, history_, fp8_max_;   // (n), (n), (H,n), (n) f32 on the backend
-  std::vector<Tensor> amax_at_, scale_at_;    // 1-element views, one per tensor
-  std::vector<Fp8Format> format_;             // per tensor
-  bool fault_no_tp_amax_ = false;             // test hook (core/test_hooks.hpp)
+  Tensor amax_, scale_, history_, fp8_max_;  // (n), (n), (H,n), (n) f32 on the backend
+  std::vector<Tensor> amax_at_, scale_at_;   // 1-element views, one per tensor
+  std::vector<Fp8Format> format_;            // per tensor
+  bool fault_no_tp_amax_ = false;            // test hook (core/test_hooks.hpp)
 };
 
 }  // namespace tessera

@@ -938,7 +938,8 @@ void GPTModel::block_backward(int l, Activations& a) {
   } else {
     phase("fc2-gemm-backward");
     const bool gelu = !cfg_.swiglu && !cfg_.squared_relu;
-    if (gelu && !fp8_layer(l)) {  // GELU's backward in the GEMM's epilogue where the backend has one
+    if (gelu &&
+        !fp8_layer(l)) {  // GELU's backward in the GEMM's epilogue where the backend has one
       be_.matmul_gelu_backward(a.dfc, g.fc2_w, opt(g.fc2_b), dmlp, la.gelu, w.fc2_w, la.fc1);
     } else {
       linear_backward(l, Fp8Gemm::Fc2, &a.dfc, g.fc2_w, opt(g.fc2_b), dmlp, la.gelu, w.fc2_w);

@@ -28,8 +28,11 @@ struct MemoryEstimate {
   // The LayerNorm/dropout/residual regions' share of activation_layer_bytes, and what it would be
   // without sequence parallelism (TP times as much); both 0 at TP 1.
   double sp_region_layer_bytes = 0, sp_region_layer_bytes_without = 0;
+  // FP8 (model/fp8.hpp): the scaling state of the stage's layers (amax, scale, format maximum and
+  // H rows of history per tensor, 12 tensors per layer).
+  double fp8_state_bytes = 0;
   double total_bytes() const {
-    return param_bytes + grad_bytes + optimizer_bytes + activation_bytes;
+    return param_bytes + grad_bytes + optimizer_bytes + activation_bytes + fp8_state_bytes;
   }
 };
 

@@ -64,7 +64,8 @@ double reference_fp8(double x, Fp8Format f) {
 // Floats to check: a stride through every bit pattern, and around every FP8 value and midpoint.
 std::vector<float> sweep() {
   std::vector<float> xs;
-  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4093) xs.push_back(fp8_bits_float(uint32_t(u)));
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4093)
+    xs.push_back(fp8_bits_float(uint32_t(u)));
   for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
     const auto g = grid(f);
     for (size_t i = 0; i < g.size(); ++i) {
@@ -227,7 +228,8 @@ TEST(Fp8Linear, ForwardAndBackwardMatchAFloat64ReferenceOfTheRecipe) {
   Tensor dx({N, IC}), dw = Tensor::zeros({OC, IC}), db = Tensor::zeros({OC});
   be->fp8_matmul_backward(&dx, dw, &db, dout, x, w, og, ox, ow);
 
-  const std::vector<double> xq = reference_dequantized(c.x, e4), wq = reference_dequantized(c.w, e4),
+  const std::vector<double> xq = reference_dequantized(c.x, e4),
+                            wq = reference_dequantized(c.w, e4),
                             gq = reference_dequantized(c.dout, e5);
   double worst = 0, worst_plain = 0;
   for (int64_t n = 0; n < N; ++n)

@@ -99,8 +99,7 @@ std::vector<float> dequantized(const Tensor& t, const Backend::Fp8Operand& op) {
                 "fp8 operand without a (1) f32 host scale");
   TESSERA_F32_IN(v, t);
   std::vector<float> q(static_cast<size_t>(t.numel()));
-  cpu::fp8_quantize_dequantize(q.data(), v.get(), t.numel(), op.scale->data<float>()[0],
-                               op.format);
+  cpu::fp8_quantize_dequantize(q.data(), v.get(), t.numel(), op.scale->data<float>()[0], op.format);
   return q;
 }
 
@@ -258,7 +257,8 @@ class CpuBackend final : public Backend {
   // FP8: the exact emulation (backend/cpu/fp8.hpp): quantized operands dequantized into f32
   // copies, then the f32 GEMMs above.
   void fp8_amax(Tensor& amax, const Tensor& x, bool accumulate) override {
-    TESSERA_CHECK(amax.numel() == 1 && amax.dtype() == DType::F32, "fp8_amax: amax must be (1) f32");
+    TESSERA_CHECK(amax.numel() == 1 && amax.dtype() == DType::F32,
+                  "fp8_amax: amax must be (1) f32");
     TESSERA_F32_IN(xs, x);
     const float m = cpu::fp8_amax(xs.get(), x.numel());
     float& a = amax.data<float>()[0];

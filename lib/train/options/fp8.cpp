@@ -25,9 +25,8 @@ class Fp8Options : public OptionGroup {
         "inputs and weights, E5M2 output gradients); on --device cpu an exact emulation")(
         "fp8-recipe", po::value(&recipe_)->default_value("delayed"),
         "FP8 scaling: delayed (scales from the amax history of earlier steps) | tensorwise (each "
-        "tensor's own amax, now)")(
-        "fp8-margin", po::value(&f.margin)->default_value(0),
-        "delayed scaling: scales divided by 2^margin")(
+        "tensor's own amax, now)")("fp8-margin", po::value(&f.margin)->default_value(0),
+                                   "delayed scaling: scales divided by 2^margin")(
         "fp8-amax-history-len", po::value(&f.amax_history_len)->default_value(1),
         "delayed scaling: steps of amax history kept per tensor")(
         "fp8-amax-compute-algo", po::value(&algo_)->default_value("most_recent"),
@@ -80,7 +79,8 @@ class Fp8Options : public OptionGroup {
       throw ConfigError("--fp8-amax-history-len " + std::to_string(f.amax_history_len) +
                         ": must be >= 1");
     if (f.layers_at_start_bf16 < 0 || f.layers_at_end_bf16 < 0)
-      throw ConfigError("--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16: must be >= 0");
+      throw ConfigError(
+          "--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16: must be >= 0");
     if (!f.first_last_bf16 &&
         (p.given("num-layers-at-start-in-bf16") || p.given("num-layers-at-end-in-bf16")))
       throw ConfigError(
@@ -88,8 +88,9 @@ class Fp8Options : public OptionGroup {
           "--first-last-layers-bf16");
     if (o.device == "cuda") {
       if (o.train.compute_dtype != DType::BF16)
-        throw ConfigError("--fp8-format on --device cuda needs --bf16 (the rest of the model in "
-                          "bf16, as Megatron's FP8)");
+        throw ConfigError(
+            "--fp8-format on --device cuda needs --bf16 (the rest of the model in "
+            "bf16, as Megatron's FP8)");
       throw ConfigError(
           "--fp8-format on --device cuda: this build has no CUDA FP8 GEMMs yet; run --device cpu "
           "for the exact emulation");
@@ -102,8 +103,9 @@ class Fp8Options : public OptionGroup {
     if (!f.enabled) return;
     const GPTConfig& m = o.model;
     if (m.num_experts > 0)
-      throw ConfigError("--fp8-format with --num-experts: FP8 expert GEMMs are not yet supported; "
-                        "train the MoE model without --fp8-format");
+      throw ConfigError(
+          "--fp8-format with --num-experts: FP8 expert GEMMs are not yet supported; "
+          "train the MoE model without --fp8-format");
     if (f.first_last_bf16 && f.layers_at_start_bf16 + f.layers_at_end_bf16 >= m.num_layers)
       throw ConfigError("--num-layers-at-start-in-bf16 " + std::to_string(f.layers_at_start_bf16) +
                         " + --num-layers-at-end-in-bf16 " + std::to_string(f.layers_at_end_bf16) +
@@ -132,8 +134,13 @@ class Fp8Options : public OptionGroup {
   }
 
   void dry_run(DryRunSection s, const DryRunContext& d, std::ostream& out) const override {
-    if (s != DryRunSection::Setup || !d.o.train.fp8.enabled) return;
-    out << "fp8: " << d.o.train.fp8.describe(d.o.model.num_layers) << "\n";
+    if (!d.o.train.fp8.enabled) return;
+    if (s == DryRunSection::Setup)
+      out << "fp8: " << d.o.train.fp8.describe(d.o.model.num_layers) << "\n";
+    if (s == DryRunSection::StageDetail && d.estimate)
+      out << "  fp8: scaling state " << d.estimate->fp8_state_bytes / 1024.0
+          << " KiB (12 tensors per layer); on --device cpu no FP8 copies are kept (each GEMM "
+             "quantizes its operands into scratch and frees it)\n";
   }
 
  private:
