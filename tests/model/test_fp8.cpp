@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "backend/cpu/fp8.hpp"
 #include "core/fp8.hpp"
 #include "data/dataset.hpp"
+#include "model/gpt.hpp"
 #include "train/tiny.hpp"
 #include "train/trainer.hpp"
 
@@ -352,4 +355,167 @@ TEST(Fp8Training, FirstAndLastLayersKeptOutOfFp8) {
                middle = tr.train()[0].grad_norm;
   EXPECT_GT(std::fabs(middle - plain), 1e-6 * plain);
   EXPECT_NE(middle, all);
+}
+
+namespace {
+
+// An independent float64 GPT-2 forward with FP8 linear layers (tensorwise, or every scale 1:
+// delayed scaling's first step), over whole (N, width) matrices so each GEMM input's amax is the
+// whole micro-batch's: the loss of one FP8 forward, as docs/training.md specifies it.
+using Mat = std::vector<double>;  // row-major
+
+struct Fp8RefGpt {
+  const GPTConfig& cfg;
+  const std::map<std::string, std::vector<float>>& P;
+  bool tensorwise;
+
+  const std::vector<float>& p(const std::string& n) const { return P.at(n); }
+
+  // The dequantized values of an f32 tensor (the model stores activations in f32: round first).
+  static Mat quantized(const Mat& x, bool tensorwise) {
+    float scale = 1.0f;
+    if (tensorwise) {
+      float amax = 0;
+      for (double v : x) amax = std::max(amax, std::fabs(static_cast<float>(v)));
+      scale = fp8_max(Fp8Format::E4M3) / amax;
+    }
+    Mat q(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      q[i] =
+          reference_fp8(double(static_cast<float>(x[i]) * scale), Fp8Format::E4M3) / double(scale);
+    return q;
+  }
+  // (N, in) x (out, in)^T + b, both operands quantized.
+  Mat linear(const Mat& x, int64_t N, const std::string& w, const std::string& b) const {
+    const std::vector<float>& W = p(w);
+    const std::vector<float>& bias = p(b);
+    const int64_t out = int64_t(bias.size()), in = int64_t(W.size()) / out;
+    const Mat xq = quantized(x, tensorwise), wq = quantized(Mat(W.begin(), W.end()), tensorwise);
+    Mat y(size_t(N * out));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < out; ++o) {
+        double s = bias[size_t(o)];
+        for (int64_t i = 0; i < in; ++i) s += xq[size_t(n * in + i)] * wq[size_t(o * in + i)];
+        y[size_t(n * out + o)] = s;
+      }
+    return y;
+  }
+  Mat layernorm(const Mat& x, int64_t N, const std::string& name) const {
+    const int64_t C = cfg.hidden_size;
+    const std::vector<float>&w = p(name + ".weight"), &b = p(name + ".bias");
+    Mat y(x.size());
+    for (int64_t n = 0; n < N; ++n) {
+      double m = 0, v = 0;
+      for (int64_t c = 0; c < C; ++c) m += x[size_t(n * C + c)] / C;
+      for (int64_t c = 0; c < C; ++c)
+        v += (x[size_t(n * C + c)] - m) * (x[size_t(n * C + c)] - m) / C;
+      for (int64_t c = 0; c < C; ++c)
+        y[size_t(n * C + c)] =
+            (x[size_t(n * C + c)] - m) / std::sqrt(v + cfg.layernorm_epsilon) * w[size_t(c)] +
+            b[size_t(c)];
+    }
+    return y;
+  }
+
+  double loss(const std::vector<int>& ids, const std::vector<int>& targets, int B, int T) const {
+    const int64_t C = cfg.hidden_size, H = cfg.num_attention_heads, hd = C / H, N = int64_t(B) * T;
+    Mat x(size_t(N * C));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c)
+        x[size_t(n * C + c)] = double(p("wte")[size_t(ids[size_t(n)] * C + c)]) +
+                               double(p("wpe")[size_t((n % T) * C + c)]);
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      const std::string pre = "layers." + std::to_string(l) + ".";
+      const Mat qkv =
+          linear(layernorm(x, N, pre + "ln1"), N, pre + "attn.qkv.weight", pre + "attn.qkv.bias");
+      Mat att(size_t(N * C), 0.0);
+      for (int b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int t = 0; t < T; ++t) {
+            auto at = [&](int u, int which, int64_t e) {
+              return qkv[size_t((int64_t(b) * T + u) * 3 * C + which * C + h * hd + e)];
+            };
+            std::vector<double> s(size_t(t + 1));
+            double m = -1e300, z = 0;
+            for (int u = 0; u <= t; ++u) {
+              double d = 0;
+              for (int64_t e = 0; e < hd; ++e) d += at(t, 0, e) * at(u, 1, e);
+              s[size_t(u)] = d / std::sqrt(double(hd));
+              m = std::max(m, s[size_t(u)]);
+            }
+            for (int u = 0; u <= t; ++u) z += std::exp(s[size_t(u)] - m);
+            for (int u = 0; u <= t; ++u)
+              for (int64_t e = 0; e < hd; ++e)
+                att[size_t((int64_t(b) * T + t) * C + h * hd + e)] +=
+                    std::exp(s[size_t(u)] - m) / z * at(u, 2, e);
+          }
+      const Mat y = linear(att, N, pre + "attn.proj.weight", pre + "attn.proj.bias");
+      for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+      Mat f = linear(layernorm(x, N, pre + "ln2"), N, pre + "mlp.fc1.weight", pre + "mlp.fc1.bias");
+      for (double& v : f)
+        v = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+      const Mat y2 = linear(f, N, pre + "mlp.fc2.weight", pre + "mlp.fc2.bias");
+      for (size_t i = 0; i < x.size(); ++i) x[i] += y2[i];
+    }
+    const Mat h = layernorm(x, N, "lnf");
+    double total = 0;
+    int count = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      if (targets[size_t(n)] < 0) continue;
+      std::vector<double> logit(size_t(cfg.vocab_size));
+      double m = -1e300, z = 0;
+      for (int64_t v = 0; v < cfg.vocab_size; ++v) {
+        double d = 0;
+        for (int64_t c = 0; c < C; ++c) d += h[size_t(n * C + c)] * p("wte")[size_t(v * C + c)];
+        logit[size_t(v)] = d;
+        m = std::max(m, d);
+      }
+      for (double d : logit) z += std::exp(d - m);
+      total += m + std::log(z) - logit[size_t(targets[size_t(n)])];
+      ++count;
+    }
+    return total / count;
+  }
+};
+
+}  // namespace
+
+TEST(Fp8Model, OneFp8ForwardMatchesAFloat64Reference) {
+  GPTConfig cfg = testing_util::small_gpt(32, 2, 16, 64, 2);
+  auto be = make_cpu_backend();
+  LocalCommunicator tp;
+  GPTModel model(cfg, model_shard_for(cfg, 1, 0, 1, 0), *be, tp);
+  model.init_parameters(7);
+  // Every weight 8x its init (logits of a trained model's size, so FP8's error reaches the loss)
+  // and biases and norm weights away from theirs.
+  std::mt19937 g(3);
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  std::map<std::string, std::vector<float>> P;
+  for (const ParamSpec& s : model.params().specs()) {
+    Tensor t = model.params().param(s);
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = 8 * t.f32()[i] + nd(g);
+    P[s.name] = std::vector<float>(t.f32(), t.f32() + t.numel());
+  }
+  const int B = 2, T = 16, N = B * T;
+  std::mt19937 gi(11);
+  std::uniform_int_distribution<int> d(0, 63);
+  std::vector<int> ids(N), targets(N);
+  for (int i = 0; i < N; ++i) ids[size_t(i)] = d(gi), targets[size_t(i)] = d(gi);
+  targets[5] = -1;
+  Activations a = model.make_activations(B, T);
+  for (int i = 0; i < N; ++i)
+    a.ids.i32()[i] = ids[size_t(i)], a.targets.i32()[i] = targets[size_t(i)];
+  const double plain = model.forward(a, 1.0f) / (N - 1);
+  for (Fp8Recipe r : {Fp8Recipe::Tensorwise, Fp8Recipe::Delayed}) {
+    Fp8Config f = fp8_config(false, r);
+    model.set_fp8(f);
+    const double got = model.forward(a, 1.0f) / (N - 1);
+    const double want = Fp8RefGpt{cfg, P, r == Fp8Recipe::Tensorwise}.loss(ids, targets, B, T);
+    const char* what = r == Fp8Recipe::Tensorwise ? "tensorwise" : "delayed (scale 1)";
+    EXPECT_NEAR(got, want, 1e-6 * want) << what;
+    EXPECT_GT(std::fabs(plain - want), 1e2 * std::fabs(got - want) + 1e-4 * want) << what;
+    std::printf("%s: FP8 loss %.9f, float64 reference %.9f, without FP8 %.9f\n", what, got, want,
+                plain);
+  }
+  model.set_fp8(Fp8Config{});
 }
