@@ -65,6 +65,16 @@ check_recipe() {  # check_recipe TAG [FP8 options]: the layouts against one rank
     fail=1
   fi
   echo "ok: $tag: noise (1e-7 weight perturbation) $noise over 20 iterations; vs f32 at iteration 1 $vs_f32"
+  # Recomputation changes no bit (DESIGN.md, second wave): a recomputed layer quantizes with the
+  # same scales (tensorwise: the same amax again; delayed: no second record).
+  run "recompute-$tag" 1 --recompute-granularity full --recompute-method uniform \
+    --recompute-num-layers 1 "${fp8[@]}" || { fail=1; return; }
+  if [ "$(field "base-$tag" lm_loss)" = "$(field "recompute-$tag" lm_loss)" ] &&
+     [ "$(field "base-$tag" grad_norm)" = "$(field "recompute-$tag" grad_norm)" ]; then
+    echo "ok: recompute-$tag: full recomputation bitwise the same 20 iterations"
+  else
+    echo "FAIL: recompute-$tag: full recomputation changed the FP8 run"; fail=1
+  fi
   local layout
   for layout in "tp2-sp 2 --tensor-model-parallel-size 2 --sequence-parallel" \
                 "pp2-vp2 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1" \
