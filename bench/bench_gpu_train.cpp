@@ -13,6 +13,11 @@
 // [--breakdown]
 // [--recompute=full|selective]
 // [--distributed-optimizer] [--max-micro-batch]
+// [--fp8=e4m3|hybrid[:delayed|:tensorwise]]
+//
+// --fp8 runs the transformer layers' GEMMs in FP8 (docs/training.md, "FP8"; bf16 elsewhere):
+// scripts/gpu-lease.sh's fp8 step runs the 1.3B step without and with it, one after the other on
+// the same GPU (docs/performance.md, "FP8 GEMMs": 1.3x predicted, goal 1.5x).
 //
 // --recompute / --distributed-optimizer train with those memory features (issue 13; one GPU is
 // DP 1, so the distributed optimizer's memory only falls with more ranks: --dry-run shows it).
@@ -90,6 +95,7 @@ int main(int argc, char** argv) {
   bool breakdown = env && *env && std::strcmp(env, "0") != 0;
   bool distributed = false, max_mbs = false;
   RecomputeConfig recompute;
+  Fp8Config fp8;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--breakdown") == 0) {
       breakdown = true;
@@ -97,6 +103,17 @@ int main(int argc, char** argv) {
       distributed = true;
     } else if (std::strcmp(argv[i], "--max-micro-batch") == 0) {
       max_mbs = true;
+    } else if (std::strncmp(argv[i], "--fp8=", 6) == 0) {
+      const std::string v = argv[i] + 6, format = v.substr(0, v.find(':'));
+      const std::string recipe = v.find(':') == std::string::npos ? "delayed" : v.substr(v.find(':') + 1);
+      if ((format != "e4m3" && format != "hybrid") || (recipe != "delayed" && recipe != "tensorwise")) {
+        std::fprintf(stderr, "bench_gpu_train: --fp8=%s: give e4m3|hybrid[:delayed|:tensorwise]\n",
+                     v.c_str());
+        return 2;
+      }
+      fp8.enabled = true;
+      fp8.hybrid = format == "hybrid";
+      fp8.recipe = recipe == "delayed" ? Fp8Recipe::Delayed : Fp8Recipe::Tensorwise;
     } else if (std::strncmp(argv[i], "--recompute=", 12) == 0) {
       try {
         recompute.granularity = parse_recompute_granularity(argv[i] + 12);
@@ -118,7 +135,7 @@ int main(int argc, char** argv) {
   const std::string dtype_arg = arg(4, "bf16");
 #ifndef TESSERA_HAVE_CUDA
   (void)which, (void)steps, (void)mbs_arg, (void)peak, (void)dtype_arg, (void)breakdown;
-  (void)distributed, (void)max_mbs;
+  (void)distributed, (void)max_mbs, (void)fp8;
   std::fprintf(stderr, "bench_gpu_train: this build has no CUDA backend\n");
   return 2;
 #else
@@ -139,9 +156,13 @@ int main(int argc, char** argv) {
   const std::string device = cuda::device_description(0);
   if (peak <= 0) peak = peak_tflops(device, DType::BF16);
   std::printf(
-      "bench_gpu_train: %s; peak dense bf16 %.1f TFLOP/s%s; %s training; activation "
+      "bench_gpu_train: %s; peak dense bf16 %.1f TFLOP/s%s; %s training%s; activation "
       "recomputation %s; %s optimizer\n",
       device.c_str(), peak, peak > 0 ? "" : " (unknown device: MFU not printed)", dtype_name(dtype),
+      fp8.enabled ? (std::string(", FP8 GEMMs (") + (fp8.hybrid ? "hybrid" : "e4m3") + ", " +
+                     (fp8.recipe == Fp8Recipe::Delayed ? "delayed" : "tensorwise") + ")")
+                        .c_str()
+                  : "",
       recompute.describe().c_str(), distributed ? "distributed" : "replicated");
   for (const Preset& p : kPresets) {
     if (which == "all" ? !p.in_all : which != p.name) continue;
@@ -190,6 +211,7 @@ int main(int argc, char** argv) {
     t.compute_dtype = dtype;
     t.recompute = recompute;
     t.use_distributed_optimizer = distributed;
+    t.fp8 = fp8;
     if (max_mbs) {  // the largest micro-batch that trains (two steps), smallest first
       int best = 0;
       for (int mbs : {8, 16, 24, 32, 48, 64, 96, 128}) {

@@ -23,6 +23,7 @@ mkdir -p "$logs" "$final"
 kernels='*AttentionForwardBackward*:*RmsNorm*:*LayerNorm*:*Moe*:*EmbeddingsAndCrossEntropy*:*KvAttentionBf16*'
 # step name, longest time it may take (seconds), command
 plan=(
+  "fp8|150|bash scripts/gpu-run.sh --steps=fp8"
   "fused|120|bash scripts/gpu-run.sh --steps=fused"
   "tests|300|bash scripts/gpu-run.sh --steps=tests"
   "train|60|bash scripts/gpu-run.sh --steps=train"

@@ -9,7 +9,8 @@
 #        [--steps=STEP,...] [BENCH_ARGS...]
 #
 # --steps picks pieces of the default run: tests (the four CUDA test programs), fused (cuDNN
-# attention's tests, with cuDNN's error log), train (gpt2-tiny
+# attention's tests, with cuDNN's error log), fp8 (issue 38: the FP8 cases of test_cuda_ops and
+# test_cuda_train, then the 1.3B step in bf16 and with FP8 GEMMs one after the other), train (gpt2-tiny
 # and llama-tiny on --device cuda vs cpu), attention (bench_attention and the PyTorch peer), bench
 # (bench_gpu_train BENCH_ARGS), generate (bench_generate gpu bf16), llama1b. scripts/gpu-lease.sh
 # runs them one by one under a deadline. GPU_RUN_REUSE=1 keeps an archive already unpacked.
@@ -134,8 +135,8 @@ fi
 if [ -n "$steps" ]; then
   for st in ${steps//,/ }; do
     case $st in
-      tests|fused|train|attention|bench|generate|llama1b) ;;
-      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: tests, fused, train, attention, bench, generate, llama1b)" >&2; exit 2 ;;
+      tests|fused|fp8|train|attention|bench|generate|llama1b) ;;
+      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: tests, fused, fp8, train, attention, bench, generate, llama1b)" >&2; exit 2 ;;
     esac
   done
   step() { [[ $steps == *",$1,"* ]]; }
@@ -167,6 +168,18 @@ if step fused; then
   "$root/bin/test_cuda_train" --gtest_brief=1 --gtest_filter='*Bf16*:*Recomputation*' 2>&1 | tee "$out/test_cuda_train-fused.log" | tail -8
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   [ -s "$out/cudnn.log" ] && { echo "cudnn.log:"; grep -m 20 -iE 'error|warn' "$out/cudnn.log"; }
+fi
+if step fp8; then
+  # FP8 (issue 38): the kernels and cuBLASLt's FP8 GEMMs against the CPU emulation, FP8 training
+  # against the CPU's, then the 1.3B step without and with FP8 on the same GPU (predicted 1.34x,
+  # docs/performance.md "FP8 GEMMs").
+  "$root/bin/test_cuda_ops" --gtest_brief=1 --gtest_filter='*Fp8*' 2>&1 | tee "$out/test_cuda_ops-fp8.log" | grep -vE '^\[20[0-9]{2}-' | tail -20
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  "$root/bin/test_cuda_train" --gtest_brief=1 --gtest_filter='*Fp8*' 2>&1 | tee "$out/test_cuda_train-fp8.log" | tail -8
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  for f in "" --fp8=hybrid --fp8=hybrid:tensorwise; do
+    "$root/bin/bench_gpu_train" 1.3b 10 0 0 bf16 $f 2>&1 | tee -a "$out/bench-fp8.log" | grep -vE '^\[20[0-9]{2}-' | tail -3
+  done
 fi
 if step train; then
   # GPT-2, and the Llama family (issue 15: RoPE, RMSNorm, SwiGLU, grouped-query attention).

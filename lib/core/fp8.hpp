@@ -94,4 +94,34 @@ TESSERA_HD float fp8_quantize_dequantize(float x, float scale, float scale_inv, 
   return fp8_to_float(fp8_from_float(x * scale, f), f) * scale_inv;
 }
 
+// The scale for an amax: (fp8_max / amax) / 2^margin in f32; `fallback` where amax is 0, inf or
+// NaN; the largest float where the quotient overflows (an amax in the float denormals). Current
+// scaling: margin 0, fallback 1. Delayed scaling: the previous scale as fallback.
+TESSERA_HD float fp8_scale_for(float amax, float fmax, int margin, float fallback) {
+  const float kLargest = 3.402823466e38f;
+  if (!(amax > 0) || !(amax <= kLargest)) return fallback;
+  float divisor = 1.0f;
+  for (int i = 0; i < margin && i < 127; ++i) divisor *= 2.0f;
+  const float s = (fmax / amax) / divisor;
+  return s <= kLargest ? s : kLargest;
+}
+
+// Delayed scaling's update of one tensor, Transformer Engine's (history of H rows, row h at
+// history[h * stride]): row 0 takes the step's amax; the amax used is the history's maximum
+// (max) or row 0 (most_recent); the rows rotate up by one (row 0 to the end) and row 0 is cleared
+// for the next step; the scale becomes fp8_scale_for(amax, fmax, margin, scale).
+TESSERA_HD void fp8_delayed_update_one(float* history, int64_t H, int64_t stride, float& scale,
+                                       float step_amax, float fmax, bool most_recent,
+                                       int margin) {
+  history[0] = step_amax;
+  float amax = history[0];
+  if (!most_recent)
+    for (int64_t h = 1; h < H; ++h) amax = history[h * stride] > amax ? history[h * stride] : amax;
+  const float first = history[0];
+  for (int64_t h = 0; h + 1 < H; ++h) history[h * stride] = history[(h + 1) * stride];
+  history[(H - 1) * stride] = first;
+  history[0] = 0;
+  scale = fp8_scale_for(amax, fmax, margin, scale);
+}
+
 }  // namespace tessera

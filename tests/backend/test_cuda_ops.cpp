@@ -759,6 +759,67 @@ TEST_P(CudaOpsDtype, GroupedMatmulMatchesCpu) {
   }
 }
 
+// FP8 (fp8.cu) against the CPU emulation, in bf16 as training runs it: the amax and the scales
+// exactly (the same conversion and f32 arithmetic); the FP8 GEMMs (cuBLASLt, TN, fast accumulation
+// in the forward) to the rounding of the output and of cuBLASLt's accumulation. Hybrid formats: the
+// output gradient in E5M2. GPT-2's QKV shape at 2048 tokens, and a small one.
+TEST_F(CudaOps, Fp8MatchesTheCpuEmulation) {
+  for (const auto& [N, IC, OC] : {std::make_tuple(int64_t(2048), int64_t(768), int64_t(2304)),
+                                  std::make_tuple(int64_t(48), int64_t(32), int64_t(64))}) {
+    SCOPED_TRACE("N " + std::to_string(N) + " IC " + std::to_string(IC) + " OC " +
+                 std::to_string(OC));
+    const DType bf = DType::BF16;
+    Tensor x = as(bf, rand({N, IC}, 1.5f)), w = as(bf, rand({OC, IC}, 0.05f)),
+           b = as(bf, rand({OC}, 0.1f)), dy = as(bf, rand({N, OC}, 1e-3f));
+    Tensor xd = dev(x), wd = dev(w), bd = dev(b), dyd = dev(dy);
+    // amax and current scales, per operand, exactly.
+    const Fp8Format fmt[3] = {Fp8Format::E4M3, Fp8Format::E4M3, Fp8Format::E5M2};
+    const Tensor* hx[3] = {&x, &w, &dy};
+    const Tensor* dx3[3] = {&xd, &wd, &dyd};
+    Tensor amax[3], scale[3], amax_d[3], scale_d[3];
+    for (int i = 0; i < 3; ++i) {
+      amax[i] = Tensor({1});
+      scale[i] = Tensor({1});
+      amax_d[i] = poisoned({1});
+      scale_d[i] = poisoned({1});
+      cpu_->fp8_amax(amax[i], *hx[i], false);
+      cpu_->fp8_current_scale(scale[i], amax[i], fmt[i]);
+      gpu_->fp8_amax(amax_d[i], *dx3[i], false);
+      gpu_->fp8_current_scale(scale_d[i], amax_d[i], fmt[i]);
+      EXPECT_EQ(host(amax_d[i]).f32()[0], amax[i].f32()[0]) << "amax " << i;
+      EXPECT_EQ(host(scale_d[i]).f32()[0], scale[i].f32()[0]) << "scale " << i;
+    }
+    const Backend::Fp8Operand cx{&scale[0], fmt[0]}, cw{&scale[1], fmt[1]}, cg{&scale[2], fmt[2]};
+    const Backend::Fp8Operand gx{&scale_d[0], fmt[0]}, gw{&scale_d[1], fmt[1]},
+        gg{&scale_d[2], fmt[2]};
+    Tensor y({N, OC}, bf), yd = poisoned({N, OC}, bf);
+    cpu_->fp8_matmul_forward(y, x, w, &b, cx, cw);
+    gpu_->fp8_matmul_forward(yd, xd, wd, &bd, gx, gw);
+    expect_close(yd, y, 1e-2, "fp8 forward (bf16, fast accumulation)");
+    Tensor dxh({N, IC}, bf), dwh = rand({OC, IC}, 1e-3f), dbh = rand({OC}, 1e-3f);
+    Tensor dxg = poisoned({N, IC}, bf), dwg = dev(dwh), dbg = dev(dbh);
+    cpu_->fp8_matmul_backward(&dxh, dwh, &dbh, dy, x, w, cg, cx, cw);
+    gpu_->fp8_matmul_backward(&dxg, dwg, &dbg, dyd, xd, wd, gg, gx, gw);
+    expect_close(dxg, dxh, 1e-2, "fp8 dgrad (bf16)");
+    expect_close(dwg, dwh, 1e-4, "fp8 wgrad (f32, accumulated)");
+    expect_close(dbg, dbh, 1e-4, "dbias from the unquantized gradient (f32)");
+  }
+  // Delayed scaling's update: the same function on both sides, bit for bit.
+  Tensor hist = rand({3, 5}, 2.f), sc = rand({5}, 1.f), am = rand({5}, 3.f), fm({5});
+  for (int i = 0; i < 5; ++i) {
+    fm.f32()[i] = i % 2 ? 57344.f : 448.f;
+    am.f32()[i] = std::fabs(am.f32()[i]);
+  }
+  am.f32()[2] = 0.f;  // keeps its scale
+  Tensor hd = dev(hist), sd = dev(sc), ad = dev(am), fd = dev(fm);
+  for (bool recent : {false, true}) {
+    cpu_->fp8_delayed_update(hist, sc, am, fm, recent, 1);
+    gpu_->fp8_delayed_update(hd, sd, ad, fd, recent, 1);
+    for (int i = 0; i < 15; ++i) EXPECT_EQ(host(hd).f32()[i], hist.f32()[i]) << "history " << i;
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(host(sd).f32()[i], sc.f32()[i]) << "scale " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOpsDtype,
                          ::testing::Values(DType::F32, DType::BF16, DType::F16),
                          [](const ::testing::TestParamInfo<DType>& i) {

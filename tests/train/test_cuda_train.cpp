@@ -194,6 +194,26 @@ TEST_F(CudaTrain, Bf16TracksTheCpuAndF32) {
   EXPECT_LT(g.losses.back(), g.losses.front() - 0.5) << "bf16 on the GPU learns";
 }
 
+// FP8 on the GPU (cuBLASLt FP8 GEMMs, bf16 elsewhere) against FP8 emulated on the CPU in bf16
+// (docs/training.md, "FP8"), both recipes, hybrid formats: the same quantization, so the runs agree
+// to bf16's rounding and cuBLASLt's accumulation order; FP8 learns and is not the bf16 run.
+TEST_F(CudaTrain, Fp8TracksTheCpuEmulation) {
+  const Result plain = train(*gpu_, DType::BF16, 20);
+  for (Fp8Recipe r : {Fp8Recipe::Tensorwise, Fp8Recipe::Delayed}) {
+    auto fp8 = [r](TrainConfig& t) {
+      t.fp8.enabled = true;
+      t.fp8.hybrid = true;
+      t.fp8.recipe = r;
+      t.fp8.amax_history_len = 4;
+    };
+    const Result c = train(*cpu_, DType::BF16, 20, fp8), g = train(*gpu_, DType::BF16, 20, fp8);
+    const char* what = r == Fp8Recipe::Delayed ? "delayed" : "tensorwise";
+    EXPECT_LT(worst_rel(c.losses, g.losses), 1e-2) << "CUDA FP8 vs CPU FP8, " << what;
+    EXPECT_LT(g.losses.back(), g.losses.front() - 0.5) << "FP8 on the GPU learns, " << what;
+    EXPECT_GT(worst_rel(plain.losses, g.losses), 0.0) << "FP8 changed nothing, " << what;
+  }
+}
+
 TEST_F(CudaTrain, Fp16WithDynamicScalingLearns) {
   const Result h = train(*gpu_, DType::F16, 40);
   for (double l : h.losses) ASSERT_TRUE(std::isfinite(l));

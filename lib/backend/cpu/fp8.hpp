@@ -26,29 +26,13 @@ inline float fp8_amax(const float* x, int64_t n) {
 // Current (tensorwise) scaling: fp8_max / amax in f32; 1 where amax is 0, inf or NaN; the largest
 // float where the quotient overflows (an amax in the float denormals).
 inline float fp8_current_scale(float amax, Fp8Format f) {
-  if (!(amax > 0) || std::isinf(amax)) return 1.0f;
-  const float s = fp8_max(f) / amax;
-  return std::isinf(s) ? std::numeric_limits<float>::max() : s;
+  return fp8_scale_for(amax, fp8_max(f), 0, 1.0f);
 }
 
-// Delayed scaling, Transformer Engine's update for one tensor of a history of H rows (row h at
-// history[h * stride]): row 0 takes this step's amax; the amax used is the history's maximum
-// (max) or row 0 (most_recent); the rows rotate up by one (row 0 to the end) and row 0 is
-// cleared for the next step. The new scale is (fp8_max / amax) / 2^margin, kept unchanged where
-// amax is 0, inf or NaN (at first: 1); the largest float where it overflows.
+// Delayed scaling, Transformer Engine's update for one tensor (core/fp8.hpp).
 inline void fp8_delayed_update(float* history, int64_t H, int64_t stride, float& scale,
                                float step_amax, float fmax, bool most_recent, int margin) {
-  history[0] = step_amax;
-  float amax = history[0];
-  if (!most_recent)
-    for (int64_t h = 1; h < H; ++h) amax = history[h * stride] > amax ? history[h * stride] : amax;
-  const float first = history[0];
-  for (int64_t h = 0; h + 1 < H; ++h) history[h * stride] = history[(h + 1) * stride];
-  history[(H - 1) * stride] = first;
-  history[0] = 0;
-  if (!(amax > 0) || std::isinf(amax)) return;
-  float s = (fmax / amax) / std::ldexp(1.0f, margin);
-  scale = std::isinf(s) ? std::numeric_limits<float>::max() : s;
+  fp8_delayed_update_one(history, H, stride, scale, step_amax, fmax, most_recent, margin);
 }
 
 // out = fp8(in * scale) / scale for n elements (scale_inv = 1 / scale in f32, as Transformer

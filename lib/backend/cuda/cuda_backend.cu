@@ -45,6 +45,7 @@ const char* const kScratchLabels[] = {
     "the MoE load-balancing gradient",
     "the grouped GEMM's pointer arrays",
     "the cuDNN attention workspace",
+    "the FP8 GEMMs' quantized operands",
 };
 static_assert(sizeof(kScratchLabels) / sizeof(kScratchLabels[0]) ==
               static_cast<size_t>(Scratch::kCount));
@@ -279,6 +280,43 @@ class CudaBackend final : public Backend {
     expect_dtype(dweight, DType::F32, "matmul weight gradient");
     if (dbias) expect_dtype(*dbias, DType::F32, "matmul bias gradient");
     cuda_ops::matmul_backward(dinp, dweight, dbias, dout, inp, weight, blas_->get(), ws_, stream_);
+  }
+  // FP8 (fp8.cu): the scaling state stays on the device; the GEMMs are cuBLASLt's, TN.
+  void fp8_amax(Tensor& amax, const Tensor& x, bool accumulate) override {
+    TESSERA_CHECK(amax.numel() == 1, "fp8_amax: amax must be (1) f32");
+    cuda_ops::fp8_amax(amax, x, accumulate, ws_, stream_);
+  }
+  void fp8_current_scale(Tensor& scale, const Tensor& amax, Fp8Format format) override {
+    TESSERA_CHECK(amax.numel() == 1 && scale.numel() == 1, "fp8_current_scale: (1) tensors");
+    expect_dtype(scale, DType::F32, "fp8 scale");
+    expect_dtype(amax, DType::F32, "fp8 amax");
+    cuda_ops::fp8_current_scale(scale, amax, format, stream_);
+  }
+  void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& amax, const Tensor& fp8_max,
+                          bool most_recent, int margin) override {
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&history, &scale, &amax, &fp8_max})
+      expect_dtype(*t, DType::F32, "fp8 scaling state");
+    cuda_ops::fp8_delayed_update(history, scale, amax, fp8_max, most_recent, margin, stream_);
+  }
+  void fp8_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias,
+                          const Fp8Operand& x, const Fp8Operand& w) override {
+    TESSERA_CHECK(cols_of(weight) == cols_of(inp) && out.numel() == rows_of(inp) * rows_of(weight),
+                  "fp8 matmul shapes");
+    expect_dtype(weight, inp.dtype(), "fp8 matmul weight");
+    expect_dtype(out, inp.dtype(), "fp8 matmul output");
+    if (bias) expect_dtype(*bias, inp.dtype(), "fp8 matmul bias");
+    cuda_ops::fp8_matmul_forward(out, inp, weight, bias, x, w, fp8_lt_, ws_, stream_);
+  }
+  void fp8_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+                           const Tensor& inp, const Tensor& weight, const Fp8Operand& g,
+                           const Fp8Operand& x, const Fp8Operand& w) override {
+    TESSERA_CHECK(dout.numel() == rows_of(inp) * rows_of(weight) &&
+                      dweight.numel() == weight.numel() &&
+                      (!dinp || dinp->numel() == inp.numel()),
+                  "fp8 matmul backward shapes");
+    if (dbias) expect_dtype(*dbias, DType::F32, "fp8 matmul bias gradient");
+    cuda_ops::fp8_matmul_backward(dinp, dweight, dbias, dout, inp, weight, g, x, w, fp8_lt_, ws_,
+                                  stream_);
   }
   void grouped_matmul_forward(const std::vector<GroupedGemm>& groups) override {
     for (const GroupedGemm& g : groups) {
@@ -696,6 +734,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CublasHandle> blas_;
   Workspace ws_{cuda::device_allocator()};
   cuda_ops::LtMatmul lt_;
+  cuda_ops::Fp8Lt fp8_lt_;
   std::vector<cudaGraphExec_t> graphs_;  // by handle; null once released
 };
 

@@ -38,6 +38,8 @@ __global__ void __launch_bounds__(rowwise::kThreads)
   rowwise::sum_partials(out, part, R, C, sh);
 }
 
+}  // namespace
+
 // Tells compute-sanitizer's initcheck (run with --nvtx yes) that a cuBLAS output was written: the
 // Hopper kernels cuBLAS picks for bf16 store through paths initcheck does not track, so a later
 // read of the output is reported as uninitialised (docs/testing.md). Costs nothing without a tool.
@@ -55,6 +57,8 @@ void mark_initialized(void* p, size_t bytes, cudaStream_t s) {
   batch.regionDescElements = &range;
   nvtxMemCudaMarkInitialized(domain, s, 0, &batch);
 }
+
+namespace {
 
 // Row-major Y (N,OC) = X (N,IC) W^T is, in cuBLAS's column-major terms, Y^T = W X^T with W read
 // transposed: (OC,IC)row = (IC,OC)col. All GEMMs accumulate in f32 (CUBLAS_COMPUTE_32F; bf16 and
@@ -267,7 +271,12 @@ void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor&
   const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
   if (dinp) gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, weight, IC, dout, OC, 0.f, *dinp, IC);
   gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, OC, 1.f, dweight, IC);
-  if (dbias && N > 0) {
+  if (dbias) bias_backward(*dbias, dout, ws, s);
+}
+
+void bias_backward(Tensor& dbias, const Tensor& dout, Workspace& ws, cudaStream_t s) {
+  const int64_t OC = dbias.numel(), N = OC > 0 ? dout.numel() / OC : 0;
+  if (N > 0) {
     const int64_t R = rowwise::num_chunks(N);
     float* part = ws.get<float>(Scratch::kPartials, R * OC);
     dispatch(dout.dtype(), "bias gradient", [&](auto tag) {
@@ -277,7 +286,7 @@ void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor&
       bias_partials_kernel<T><<<grid, rowwise::kThreads, 0, s>>>(part, dout.data<T>(), N, OC);
     });
     LAUNCH_CHECK();
-    sum_column_partials(dbias->f32(), part, R, OC, s);
+    sum_column_partials(dbias.f32(), part, R, OC, s);
   }
 }
 

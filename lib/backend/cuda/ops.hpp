@@ -35,6 +35,7 @@ enum class Scratch {
   kMoeAuxGrad,       // the load-balancing loss's gradient per (group, expert) (moe.cu)
   kGroupedPointers,  // the A, B and C pointer arrays of a grouped GEMM (matmul.cu)
   kCudnn,  // cuDNN attention's plan workspace, row sums, dQ accumulator (cudnn_attention.cpp)
+  kFp8,    // FP8 GEMMs' quantized operands and their 1/scale (fp8.cu)
   kCount
 };
 
@@ -120,6 +121,61 @@ void add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a
 void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp,
                       const Tensor& w, const Tensor& rstd, Workspace& ws, cudaStream_t s);
 
+// Tells compute-sanitizer's initcheck that a cuBLAS output of `bytes` bytes at p was written
+// (matmul.cu).
+void mark_initialized(void* p, size_t bytes, cudaStream_t s);
+
+// ---- fp8.cu -------------------------------------------------------------------------------------
+
+// Backend::fp8_amax / fp8_current_scale / fp8_delayed_update on the device (fp8.cuh, core/fp8.hpp).
+void fp8_amax(Tensor& amax, const Tensor& x, bool accumulate, Workspace& ws, cudaStream_t s);
+void fp8_current_scale(Tensor& scale, const Tensor& amax, Fp8Format f, cudaStream_t s);
+void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& amax, const Tensor& fmax,
+                        bool most_recent, int margin, cudaStream_t s);
+// q (rows, cols) and / or qt (cols, rows) = fp8(x * scale[0]) of a row-major x (either null);
+// scale_inv[0] = 1 / scale[0] (null: not written). Device pointers.
+void fp8_quantize(const Tensor& x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
+                  uint8_t* q, uint8_t* qt, float* scale_inv, cudaStream_t s);
+
+// cuBLASLt's FP8 GEMMs, TN: D (m x n, column-major) = (A^T B) * a_scale_inv * b_scale_inv
+// (+ bias; + D with accumulate), A stored k x m and B k x n in FP8. Plans cached per shape,
+// formats and output type. Throws Error where cuBLASLt has no algorithm (pre-Hopper GPUs,
+// dimensions not multiples of 16).
+class Fp8Lt {
+ public:
+  struct Call {
+    int64_t m = 0, n = 0, k = 0;
+    const void* A = nullptr;
+    const void* B = nullptr;
+    void* D = nullptr;
+    Fp8Format a_format = Fp8Format::E4M3, b_format = Fp8Format::E4M3;
+    const float* a_scale_inv = nullptr;
+    const float* b_scale_inv = nullptr;
+    DType d_type = DType::BF16;
+    const void* bias = nullptr;  // (m) in d_type
+    bool fast_accum = false, accumulate = false;
+  };
+  Fp8Lt();
+  ~Fp8Lt();
+  Fp8Lt(const Fp8Lt&) = delete;
+  Fp8Lt& operator=(const Fp8Lt&) = delete;
+  void gemm(const Call& c, Workspace& ws, cudaStream_t s);
+
+ private:
+  struct Plan;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Backend::fp8_matmul_forward / fp8_matmul_backward (the operands' scales are device tensors).
+void fp8_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias,
+                        const Backend::Fp8Operand& x, const Backend::Fp8Operand& w, Fp8Lt& lt,
+                        Workspace& ws, cudaStream_t s);
+void fp8_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+                         const Tensor& inp, const Tensor& weight, const Backend::Fp8Operand& g,
+                         const Backend::Fp8Operand& x, const Backend::Fp8Operand& w, Fp8Lt& lt,
+                         Workspace& ws, cudaStream_t s);
+
 // ---- matmul.cu ----------------------------------------------------------------------------------
 
 // The bias epilogue of cuBLASLt: y = x W^T + b in one kernel (no bias fill, no read of y).
@@ -155,6 +211,8 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
 void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight, cublasHandle_t blas, Workspace& ws,
                      cudaStream_t s);
+// dbias (OC, f32) += the column sums of dout (N, OC), in a fixed order (matmul_backward's).
+void bias_backward(Tensor& dbias, const Tensor& dout, Workspace& ws, cudaStream_t s);
 // Backend::grouped_matmul_*: one cublasGemmGroupedBatchedEx per call (each GEMM its own group),
 // or one GEMM at a time where cuBLAS does not take the dtypes.
 void grouped_matmul_forward(const std::vector<Backend::GroupedGemm>& groups, cublasHandle_t blas,

@@ -15,6 +15,23 @@ namespace tessera {
 
 namespace {
 
+// The CUDA backend's FP8 scratch (backend/cuda/fp8.cu): the largest GEMM's quantized operands in
+// the backward (the output gradient twice, the transposed weight and input), bytes.
+double fp8_scratch_bytes(const RunOptions& o) {
+  const GPTConfig& m = o.model;
+  const double tp = std::max(1, o.tp);
+  const double N = double(o.train.micro_batch_size) * m.seq_length / std::max(1, o.cp);
+  const double C = m.hidden_size;
+  const double qkv = double(m.num_attention_heads + 2 * m.kv_heads()) * m.head_dim() / tp;
+  const double att = double(m.num_attention_heads) * m.head_dim() / tp;
+  const double f1 = double(m.ffn()) * (m.swiglu ? 2 : 1) / tp, f = double(m.ffn()) / tp;
+  double most = 0;
+  for (const auto& [IC, OC] : {std::make_pair(C, qkv), std::make_pair(att, C),
+                               std::make_pair(C, f1), std::make_pair(f, C)})
+    most = std::max(most, 2 * N * OC + IC * OC + IC * N + 1024);
+  return most;
+}
+
 class Fp8Options : public OptionGroup {
  public:
   void add(OptionParser& p, RunOptions& o) override {
@@ -86,15 +103,10 @@ class Fp8Options : public OptionGroup {
       throw ConfigError(
           "--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16 need "
           "--first-last-layers-bf16");
-    if (o.device == "cuda") {
-      if (o.train.compute_dtype != DType::BF16)
-        throw ConfigError(
-            "--fp8-format on --device cuda needs --bf16 (the rest of the model in "
-            "bf16, as Megatron's FP8)");
+    if (o.device == "cuda" && o.train.compute_dtype != DType::BF16)
       throw ConfigError(
-          "--fp8-format on --device cuda: this build has no CUDA FP8 GEMMs yet; run --device cpu "
-          "for the exact emulation");
-    }
+          "--fp8-format on --device cuda needs --bf16 (the rest of the model in bf16, as "
+          "Megatron's FP8)");
   }
 
   // The model's dimensions are final here (--use-checkpoint-args).
@@ -139,8 +151,9 @@ class Fp8Options : public OptionGroup {
       out << "fp8: " << d.o.train.fp8.describe(d.o.model.num_layers) << "\n";
     if (s == DryRunSection::StageDetail && d.estimate)
       out << "  fp8: scaling state " << d.estimate->fp8_state_bytes / 1024.0
-          << " KiB (12 tensors per layer); on --device cpu no FP8 copies are kept (each GEMM "
-             "quantizes its operands into scratch and frees it)\n";
+          << " KiB (12 tensors per layer); no FP8 copies are kept between the passes: each GEMM "
+             "quantizes its operands into scratch (on --device cuda "
+          << fp8_scratch_bytes(d.o) / 1048576.0 << " MiB, the largest GEMM's)\n";
   }
 
  private:

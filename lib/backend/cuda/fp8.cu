@@ -1,0 +1,269 @@
+// fp8.cu: the CUDA backend's FP8 ops (backend.hpp, "FP8 GEMMs"; docs/training.md, "FP8"): the
+// amax and the scales on the device (nothing comes back to the host), the quantize-and-transpose
+// kernels of fp8.cuh, and cuBLASLt's FP8 GEMMs. Hopper's FP8 GEMMs take A transposed and B not
+// ("TN"), so each GEMM gets its operands in that layout:
+//   forward  out (N,OC)  = Xq (N,IC)   . Wq (OC,IC)^T   A = Wq,  B = Xq    fast accumulation
+//   dgrad    dX  (N,IC)  = dYq (N,OC)  . Wt (IC,OC)^T   A = Wt,  B = dYq   split accumulation
+//   wgrad    dW  (OC,IC) += dYt (OC,N) . Xt (IC,N)^T    A = Xt,  B = dYt   split, f32 out, beta 1
+// (row-major shapes; Wt, Xt, dYt the transposed quantized copies). The GEMM multiplies the FP8
+// values and applies both operands' 1/scale to the f32 sum; biases are added in the epilogue.
+#include <cublasLt.h>
+
+#include <map>
+#include <tuple>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/fp8.cuh"
+#include "backend/cuda/ops.hpp"
+
+namespace tessera::cuda_ops {
+
+namespace {
+
+template <typename T>
+__global__ void __launch_bounds__(fp8k::kThreads)
+    amax_partial_kernel(float* partial, const T* x, int64_t n, int64_t chunk) {
+  __shared__ float sh[fp8k::kThreads / 32];
+  fp8k::amax_partial(partial, x, n, chunk, sh);
+}
+__global__ void __launch_bounds__(fp8k::kThreads)
+    amax_final_kernel(float* amax, const float* partial, int64_t blocks, bool accumulate) {
+  __shared__ float sh[fp8k::kThreads / 32];
+  fp8k::amax_final(amax, partial, blocks, accumulate, sh);
+}
+__global__ void current_scale_kernel(float* scale, const float* amax, float fmax) {
+  scale[0] = fp8_scale_for(amax[0], fmax, 0, 1.0f);
+}
+__global__ void delayed_update_kernel(float* history, float* scale, float* amax,
+                                      const float* fmax, int64_t H, int64_t n, bool most_recent,
+                                      int margin) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  fp8_delayed_update_one(history + i, H, n, scale[i], amax[i], fmax[i], most_recent, margin);
+  amax[i] = 0;
+}
+template <typename T>
+__global__ void __launch_bounds__(fp8k::kThreads)
+    quantize_kernel(const T* x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
+                    uint8_t* q, uint8_t* qt, float* scale_inv, int64_t step) {
+  __shared__ uint8_t sh[fp8k::kTileBytes];
+  fp8k::quantize_tiles(x, rows, cols, scale, f, q, qt, scale_inv, int64_t(blockIdx.y), step, sh);
+}
+
+cudaDataType_t fp8_type(Fp8Format f) {
+  return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+constexpr size_t kFp8LtWorkspaceBytes = size_t(32) << 20;
+
+// Byte offsets of the quantized copies and scale inverses in the kFp8 scratch buffer.
+size_t align256(size_t b) {
+  return (b + 255) / 256 * 256;
+}
+
+}  // namespace
+
+void fp8_amax(Tensor& amax, const Tensor& x, bool accumulate, Workspace& ws, cudaStream_t s) {
+  expect_dtype(amax, DType::F32, "fp8 amax");
+  const int64_t n = x.numel(), blocks = fp8k::amax_blocks(n);
+  float* partial = ws.get<float>(Scratch::kPartials, blocks);
+  dispatch(x.dtype(), "fp8 amax", [&](auto tag) {
+    using T = decltype(tag);
+    amax_partial_kernel<T><<<static_cast<unsigned>(blocks), fp8k::kThreads, 0, s>>>(
+        partial, x.data<T>(), n, fp8k::amax_chunk(n));
+  });
+  LAUNCH_CHECK();
+  amax_final_kernel<<<1, fp8k::kThreads, 0, s>>>(amax.f32(), partial, n > 0 ? blocks : 0,
+                                                  accumulate);
+  LAUNCH_CHECK();
+}
+
+void fp8_current_scale(Tensor& scale, const Tensor& amax, Fp8Format f, cudaStream_t s) {
+  current_scale_kernel<<<1, 1, 0, s>>>(scale.f32(), amax.f32(), fp8_max(f));
+  LAUNCH_CHECK();
+}
+
+void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& amax, const Tensor& fmax,
+                        bool most_recent, int margin, cudaStream_t s) {
+  const int64_t n = scale.numel();
+  TESSERA_CHECK(n > 0 && amax.numel() == n && fmax.numel() == n && history.numel() % n == 0,
+                "fp8_delayed_update shapes");
+  delayed_update_kernel<<<static_cast<unsigned>((n + 127) / 128), 128, 0, s>>>(
+      history.f32(), scale.f32(), amax.f32(), fmax.f32(), history.numel() / n, n, most_recent,
+      margin);
+  LAUNCH_CHECK();
+}
+
+void fp8_quantize(const Tensor& x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
+                  uint8_t* q, uint8_t* qt, float* scale_inv, cudaStream_t s) {
+  const int64_t row_tiles = (rows + fp8k::kTile - 1) / fp8k::kTile;
+  const int64_t col_tiles = (cols + fp8k::kTile - 1) / fp8k::kTile;
+  if (rows == 0 || cols == 0) return;
+  TESSERA_CHECK(col_tiles <= 0x7FFFFFFF, "fp8 quantize: ", cols, " columns");
+  const int64_t gy = row_tiles < 65535 ? row_tiles : 65535;
+  const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(gy));
+  dispatch(x.dtype(), "fp8 quantize", [&](auto tag) {
+    using T = decltype(tag);
+    quantize_kernel<T><<<grid, fp8k::kThreads, 0, s>>>(x.data<T>(), rows, cols, scale, f, q, qt,
+                                                        scale_inv, gy);
+  });
+  LAUNCH_CHECK();
+}
+
+// One cached cuBLASLt FP8 problem, column-major: D (m x n) = scale_a scale_b op(A)^T B (+ beta D)
+// with A stored k x m and B stored k x n.
+struct Fp8Lt::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool usable = false;
+};
+
+struct Fp8Lt::Impl {
+  cublasLtHandle_t handle = nullptr;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool, bool>, Plan> plans;
+  ~Impl() {
+    for (auto& kv : plans) {
+      Plan& p = kv.second;
+      if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+      if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+      if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+      if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+    }
+    if (handle) cublasLtDestroy(handle);
+  }
+};
+
+Fp8Lt::Fp8Lt() : impl_(std::make_unique<Impl>()) {}
+Fp8Lt::~Fp8Lt() = default;
+
+void Fp8Lt::gemm(const Call& c, Workspace& ws, cudaStream_t s) {
+  if (!impl_->handle) CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
+  const auto key = std::make_tuple(c.m, c.n, c.k, static_cast<int>(c.a_format),
+                                   static_cast<int>(c.b_format), static_cast<int>(c.d_type),
+                                   c.fast_accum, c.bias != nullptr, c.accumulate);
+  auto [it, fresh] = impl_->plans.try_emplace(key);
+  Plan& p = it->second;
+  if (fresh) {
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    const int8_t fast = c.fast_accum ? 1 : 0;
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+    if (c.bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      const cudaDataType_t bt = cuda_type(c.d_type);
+      CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                                  sizeof bt));
+    }
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, fp8_type(c.a_format), c.k, c.m, c.k));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, fp8_type(c.b_format), c.k, c.n, c.k));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, cuda_type(c.d_type), c.m, c.n, c.m));
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t wbytes = kFp8LtWorkspaceBytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wbytes, sizeof wbytes));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, p.desc, p.a, p.b, p.d,
+                                                             p.d, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (p.usable) p.algo = result.algo;
+  }
+  if (!p.usable)
+    throw Error(detail::concat("cuBLASLt has no FP8 GEMM for ", c.m, " x ", c.n, " x ", c.k,
+                               " on this GPU (FP8 needs sm_89 or newer and dimensions that are "
+                               "multiples of 16); train without --fp8-format"));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                              &c.a_scale_inv, sizeof c.a_scale_inv));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                              &c.b_scale_inv, sizeof c.b_scale_inv));
+  if (c.bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias,
+                                                sizeof c.bias));
+  void* work = ws.get(Scratch::kCublasLt, kFp8LtWorkspaceBytes);
+  const float alpha = 1.f, beta = c.accumulate ? 1.f : 0.f;
+  CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.desc, &alpha, c.A, p.a, c.B, p.b, &beta, c.D, p.d,
+                              c.D, p.d, &p.algo, work, kFp8LtWorkspaceBytes, s));
+  if (!c.accumulate)
+    mark_initialized(c.D, static_cast<size_t>(c.m * c.n) * dtype_size(c.d_type), s);
+}
+
+namespace {
+
+// The kFp8 scratch: quantized copies (bytes) and three 1/scale floats.
+struct Fp8Scratch {
+  uint8_t* buf[4] = {};
+  float* inv = nullptr;  // [3]
+};
+Fp8Scratch fp8_scratch(Workspace& ws, std::initializer_list<int64_t> sizes) {
+  size_t total = 0;
+  for (int64_t n : sizes) total += align256(static_cast<size_t>(n));
+  char* base = static_cast<char*>(ws.get(Scratch::kFp8, total + 256));
+  Fp8Scratch r;
+  size_t off = 0;
+  int i = 0;
+  for (int64_t n : sizes) {
+    r.buf[i++] = reinterpret_cast<uint8_t*>(base + off);
+    off += align256(static_cast<size_t>(n));
+  }
+  r.inv = reinterpret_cast<float*>(base + off);
+  return r;
+}
+
+}  // namespace
+
+void fp8_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias,
+                        const Backend::Fp8Operand& x, const Backend::Fp8Operand& w, Fp8Lt& lt,
+                        Workspace& ws, cudaStream_t s) {
+  const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
+  const Fp8Scratch sc = fp8_scratch(ws, {N * IC, OC * IC});
+  fp8_quantize(inp, N, IC, x.scale->f32(), x.format, sc.buf[0], nullptr, sc.inv + 0, s);
+  fp8_quantize(weight, OC, IC, w.scale->f32(), w.format, sc.buf[1], nullptr, sc.inv + 1, s);
+  Fp8Lt::Call c;
+  c.m = OC, c.n = N, c.k = IC;
+  c.A = sc.buf[1], c.a_format = w.format, c.a_scale_inv = sc.inv + 1;
+  c.B = sc.buf[0], c.b_format = x.format, c.b_scale_inv = sc.inv + 0;
+  c.D = out.raw(), c.d_type = out.dtype();
+  c.bias = bias ? bias->raw() : nullptr;
+  c.fast_accum = true;
+  lt.gemm(c, ws, s);
+}
+
+void fp8_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
+                         const Tensor& inp, const Tensor& weight, const Backend::Fp8Operand& g,
+                         const Backend::Fp8Operand& x, const Backend::Fp8Operand& w, Fp8Lt& lt,
+                         Workspace& ws, cudaStream_t s) {
+  const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
+  // dYq (N,OC) and dYt (OC,N) in one pass; Wt (IC,OC); Xt (IC,N).
+  const Fp8Scratch sc = fp8_scratch(ws, {N * OC, OC * N, IC * OC, IC * N});
+  fp8_quantize(dout, N, OC, g.scale->f32(), g.format, dinp ? sc.buf[0] : nullptr, sc.buf[1],
+               sc.inv + 0, s);
+  fp8_quantize(inp, N, IC, x.scale->f32(), x.format, nullptr, sc.buf[3], sc.inv + 2, s);
+  Fp8Lt::Call c;
+  if (dinp) {
+    fp8_quantize(weight, OC, IC, w.scale->f32(), w.format, nullptr, sc.buf[2], sc.inv + 1, s);
+    c.m = IC, c.n = N, c.k = OC;
+    c.A = sc.buf[2], c.a_format = w.format, c.a_scale_inv = sc.inv + 1;
+    c.B = sc.buf[0], c.b_format = g.format, c.b_scale_inv = sc.inv + 0;
+    c.D = dinp->raw(), c.d_type = dinp->dtype();
+    lt.gemm(c, ws, s);
+  }
+  expect_dtype(dweight, DType::F32, "fp8 weight gradient");
+  c = Fp8Lt::Call{};
+  c.m = IC, c.n = OC, c.k = N;
+  c.A = sc.buf[3], c.a_format = x.format, c.a_scale_inv = sc.inv + 2;
+  c.B = sc.buf[1], c.b_format = g.format, c.b_scale_inv = sc.inv + 0;
+  c.D = dweight.raw(), c.d_type = DType::F32;
+  c.accumulate = true;
+  lt.gemm(c, ws, s);
+  if (dbias) bias_backward(*dbias, dout, ws, s);
+}
+
+}  // namespace tessera::cuda_ops
