@@ -105,8 +105,10 @@ int main(int argc, char** argv) {
       max_mbs = true;
     } else if (std::strncmp(argv[i], "--fp8=", 6) == 0) {
       const std::string v = argv[i] + 6, format = v.substr(0, v.find(':'));
-      const std::string recipe = v.find(':') == std::string::npos ? "delayed" : v.substr(v.find(':') + 1);
-      if ((format != "e4m3" && format != "hybrid") || (recipe != "delayed" && recipe != "tensorwise")) {
+      const std::string recipe =
+          v.find(':') == std::string::npos ? "delayed" : v.substr(v.find(':') + 1);
+      if ((format != "e4m3" && format != "hybrid") ||
+          (recipe != "delayed" && recipe != "tensorwise")) {
         std::fprintf(stderr, "bench_gpu_train: --fp8=%s: give e4m3|hybrid[:delayed|:tensorwise]\n",
                      v.c_str());
         return 2;

@@ -111,8 +111,7 @@ TESSERA_HD float fp8_scale_for(float amax, float fmax, int margin, float fallbac
 // (max) or row 0 (most_recent); the rows rotate up by one (row 0 to the end) and row 0 is cleared
 // for the next step; the scale becomes fp8_scale_for(amax, fmax, margin, scale).
 TESSERA_HD void fp8_delayed_update_one(float* history, int64_t H, int64_t stride, float& scale,
-                                       float step_amax, float fmax, bool most_recent,
-                                       int margin) {
+                                       float step_amax, float fmax, bool most_recent, int margin) {
   history[0] = step_amax;
   float amax = history[0];
   if (!most_recent)

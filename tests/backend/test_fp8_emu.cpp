@@ -35,11 +35,10 @@ float run_amax(const std::vector<T>& x, float start, bool accumulate) {
   const int64_t n = int64_t(x.size()), blocks = fp8k::amax_blocks(n);
   std::vector<float> partial(static_cast<size_t>(blocks), std::nanf(""));
   const int64_t chunk = fp8k::amax_chunk(n);
-  tc::emu::launch(int(blocks), 1, fp8k::kThreads, fp8k::kThreads / 32 * sizeof(float),
-                  [&](char* sh) {
-                    fp8k::amax_partial(partial.data(), x.data(), n, chunk,
-                                       reinterpret_cast<float*>(sh));
-                  });
+  tc::emu::launch(
+      int(blocks), 1, fp8k::kThreads, fp8k::kThreads / 32 * sizeof(float), [&](char* sh) {
+        fp8k::amax_partial(partial.data(), x.data(), n, chunk, reinterpret_cast<float*>(sh));
+      });
   float amax = start;
   tc::emu::launch(1, 1, fp8k::kThreads, fp8k::kThreads / 32 * sizeof(float), [&](char* sh) {
     fp8k::amax_final(&amax, partial.data(), n > 0 ? blocks : 0, accumulate,
@@ -57,12 +56,10 @@ void check_quantize(int64_t rows, int64_t cols, Fp8Format f, int64_t grid_rows) 
   std::vector<uint8_t> q(x.size(), 0xAA), qt(x.size(), 0xAA);
   float scale_inv = std::nanf("");
   const int64_t col_tiles = (cols + fp8k::kTile - 1) / fp8k::kTile;
-  tc::emu::launch(int(col_tiles), int(grid_rows), fp8k::kThreads, fp8k::kTileBytes,
-                  [&](char* sh) {
-                    fp8k::quantize_tiles(x.data(), rows, cols, &scale, f, q.data(), qt.data(),
-                                         &scale_inv, int64_t(tc::block_y()), grid_rows,
-                                         reinterpret_cast<uint8_t*>(sh));
-                  });
+  tc::emu::launch(int(col_tiles), int(grid_rows), fp8k::kThreads, fp8k::kTileBytes, [&](char* sh) {
+    fp8k::quantize_tiles(x.data(), rows, cols, &scale, f, q.data(), qt.data(), &scale_inv,
+                         int64_t(tc::block_y()), grid_rows, reinterpret_cast<uint8_t*>(sh));
+  });
   EXPECT_EQ(scale_inv, 1.0f / scale);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
@@ -91,7 +88,7 @@ TEST(Fp8Emu, AmaxMatchesTheCpuInTwoStages) {
   for (int64_t n : {1, 255, 256, 3000}) {  // one block, a partial one, several
     std::vector<float> x = random_tensor<float>(n, 2.f, unsigned(n));
     EXPECT_EQ(run_amax(x, 0.f, false), cpu::fp8_amax(x.data(), n)) << n;
-    EXPECT_EQ(run_amax(x, 1e6f, true), 1e6f) << n;            // accumulate keeps a larger one
+    EXPECT_EQ(run_amax(x, 1e6f, true), 1e6f) << n;  // accumulate keeps a larger one
     EXPECT_EQ(run_amax(x, 1e6f, false), cpu::fp8_amax(x.data(), n)) << n;  // else overwrites
     x[size_t(n / 2)] = std::nanf("");
     EXPECT_TRUE(std::isinf(run_amax(x, 0.f, false))) << n;  // NaN counts as inf, as on the CPU

@@ -311,8 +311,7 @@ class CudaBackend final : public Backend {
                            const Tensor& inp, const Tensor& weight, const Fp8Operand& g,
                            const Fp8Operand& x, const Fp8Operand& w) override {
     TESSERA_CHECK(dout.numel() == rows_of(inp) * rows_of(weight) &&
-                      dweight.numel() == weight.numel() &&
-                      (!dinp || dinp->numel() == inp.numel()),
+                      dweight.numel() == weight.numel() && (!dinp || dinp->numel() == inp.numel()),
                   "fp8 matmul backward shapes");
     if (dbias) expect_dtype(*dbias, DType::F32, "fp8 matmul bias gradient");
     cuda_ops::fp8_matmul_backward(dinp, dweight, dbias, dout, inp, weight, g, x, w, fp8_lt_, ws_,

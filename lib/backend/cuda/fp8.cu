@@ -34,9 +34,8 @@ __global__ void __launch_bounds__(fp8k::kThreads)
 __global__ void current_scale_kernel(float* scale, const float* amax, float fmax) {
   scale[0] = fp8_scale_for(amax[0], fmax, 0, 1.0f);
 }
-__global__ void delayed_update_kernel(float* history, float* scale, float* amax,
-                                      const float* fmax, int64_t H, int64_t n, bool most_recent,
-                                      int margin) {
+__global__ void delayed_update_kernel(float* history, float* scale, float* amax, const float* fmax,
+                                      int64_t H, int64_t n, bool most_recent, int margin) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   fp8_delayed_update_one(history + i, H, n, scale[i], amax[i], fmax[i], most_recent, margin);
@@ -74,7 +73,7 @@ void fp8_amax(Tensor& amax, const Tensor& x, bool accumulate, Workspace& ws, cud
   });
   LAUNCH_CHECK();
   amax_final_kernel<<<1, fp8k::kThreads, 0, s>>>(amax.f32(), partial, n > 0 ? blocks : 0,
-                                                  accumulate);
+                                                 accumulate);
   LAUNCH_CHECK();
 }
 
@@ -104,8 +103,8 @@ void fp8_quantize(const Tensor& x, int64_t rows, int64_t cols, const float* scal
   const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(gy));
   dispatch(x.dtype(), "fp8 quantize", [&](auto tag) {
     using T = decltype(tag);
-    quantize_kernel<T><<<grid, fp8k::kThreads, 0, s>>>(x.data<T>(), rows, cols, scale, f, q, qt,
-                                                        scale_inv, gy);
+    quantize_kernel<T>
+        <<<grid, fp8k::kThreads, 0, s>>>(x.data<T>(), rows, cols, scale, f, q, qt, scale_inv, gy);
   });
   LAUNCH_CHECK();
 }
@@ -139,19 +138,21 @@ Fp8Lt::~Fp8Lt() = default;
 
 void Fp8Lt::gemm(const Call& c, Workspace& ws, cudaStream_t s) {
   if (!impl_->handle) CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
-  const auto key = std::make_tuple(c.m, c.n, c.k, static_cast<int>(c.a_format),
-                                   static_cast<int>(c.b_format), static_cast<int>(c.d_type),
-                                   c.fast_accum, c.bias != nullptr, c.accumulate);
+  const auto key =
+      std::make_tuple(c.m, c.n, c.k, static_cast<int>(c.a_format), static_cast<int>(c.b_format),
+                      static_cast<int>(c.d_type), c.fast_accum, c.bias != nullptr, c.accumulate);
   auto [it, fresh] = impl_->plans.try_emplace(key);
   Plan& p = it->second;
   if (fresh) {
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    const int8_t fast = c.fast_accum ? 1 : 0;
     CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    const int8_t fast = c.fast_accum ? 1 : 0;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                                sizeof fast));
     if (c.bias) {
       const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
       const cudaDataType_t bt = cuda_type(c.d_type);

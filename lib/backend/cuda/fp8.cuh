@@ -15,11 +15,11 @@
 
 namespace tessera::fp8k {
 
-constexpr int kThreads = 256;                  // per block, every kernel here
-constexpr int kTile = 32;                      // quantize-and-transpose tile edge
-constexpr int kTilePitch = kTile + 4;          // shared-memory row pitch (bytes)
+constexpr int kThreads = 256;                   // per block, every kernel here
+constexpr int kTile = 32;                       // quantize-and-transpose tile edge
+constexpr int kTilePitch = kTile + 4;           // shared-memory row pitch (bytes)
 constexpr int kTileBytes = kTile * kTilePitch;  // shared memory per block
-constexpr int64_t kMaxAmaxBlocks = 1024;       // stage-1 blocks at most
+constexpr int64_t kMaxAmaxBlocks = 1024;        // stage-1 blocks at most
 
 // Elements per stage-1 block of an n-element amax (a multiple of kThreads), and the blocks.
 inline int64_t amax_chunk(int64_t n) {
@@ -77,9 +77,9 @@ TC_DEV void amax_final(float* amax, const float* partial, int64_t blocks, bool a
 // One 32 x 32 tile (tile_row, tile_col) of a (rows, cols) row-major x: q (rows, cols) and / or
 // qt (cols, rows) = fp8(x * scale[0]) (either may be null). sh: kTileBytes bytes.
 template <typename T>
-TC_DEV void quantize_tile(const T* x, int64_t rows, int64_t cols, const float* scale,
-                          Fp8Format f, uint8_t* q, uint8_t* qt, float* scale_inv,
-                          int64_t tile_row, int64_t tile_col, uint8_t* sh) {
+TC_DEV void quantize_tile(const T* x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
+                          uint8_t* q, uint8_t* qt, float* scale_inv, int64_t tile_row,
+                          int64_t tile_col, uint8_t* sh) {
   const int t = tc::thread_id(), c = t % kTile, r0 = t / kTile;
   const float s = scale[0];
   if (scale_inv && tile_row == 0 && tile_col == 0 && t == 0) scale_inv[0] = 1.0f / s;
@@ -106,9 +106,9 @@ TC_DEV void quantize_tile(const T* x, int64_t rows, int64_t cols, const float* s
 // Every tile of column block tile_col, rows from tile row `first` in steps of `step` (a grid
 // of at most 65,535 rows of tiles).
 template <typename T>
-TC_DEV void quantize_tiles(const T* x, int64_t rows, int64_t cols, const float* scale,
-                           Fp8Format f, uint8_t* q, uint8_t* qt, float* scale_inv, int64_t first,
-                           int64_t step, uint8_t* sh) {
+TC_DEV void quantize_tiles(const T* x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
+                           uint8_t* q, uint8_t* qt, float* scale_inv, int64_t first, int64_t step,
+                           uint8_t* sh) {
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
   for (int64_t tr = first; tr < row_tiles; tr += step)
     quantize_tile(x, rows, cols, scale, f, q, qt, scale_inv, tr, int64_t(tc::block_x()), sh);
