@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/hdf5_handle.hpp"
+#include "model/fp8_config.hpp"
 #include "model/gpt_config.hpp"
 #include "model/params.hpp"
 
@@ -79,11 +80,10 @@ struct ExtraTensor {
   std::vector<float> data;
 };
 // FP8's delayed-scaling state of a layer (train/fp8_checkpoint.hpp): group "fp8", this name,
-// shape (history length + 1, kFp8StateColumns).
+// shape (history length + 1, fp8_state_columns(num_experts)) (model/fp8_config.hpp).
 inline std::string fp8_state_name(int layer) {
   return "layers." + std::to_string(layer) + ".fp8";
 }
-constexpr int64_t kFp8StateColumns = 12;
 struct ShardTensors {
   const std::vector<ParamSpec>* specs = nullptr;
   const float* params = nullptr;   // flat, in spec order (flat_offset)

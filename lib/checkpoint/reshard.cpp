@@ -64,10 +64,11 @@ void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
           if (!carry) break;
           const std::string n = fp8_state_name(layer);
           const int64_t k = carry->whole_numel("fp8", n);
-          if (k < 0 || k % kFp8StateColumns != 0) continue;
+          const int64_t cols = fp8_state_columns(meta.model.num_experts);
+          if (k < 0 || k % cols != 0) continue;
           ParamSpec s;
           s.name = n;
-          s.global_shape = s.local_shape = {k / kFp8StateColumns, kFp8StateColumns};
+          s.global_shape = s.local_shape = {k / cols, cols};
           buf.resize(k);
           carry->read_whole("fp8", n, buf.data());
           w.write("fp8", s, buf.data());

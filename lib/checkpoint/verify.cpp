@@ -318,7 +318,8 @@ struct FileCheck {
   int64_t size_of_file = 0;
   std::map<std::string, ParamSpec> expected;  // group/name -> spec
   // State a file may hold beside them: FP8's per-layer scaling state, of its stage's layers.
-  std::set<std::string> optional;
+  std::set<std::string> optional;  // FP8 state: (history + 1, fp8_columns) unsplit
+  int64_t fp8_columns = 0;
   bool check_expected = false;
   std::vector<std::string> off_layout, unexpected;
 };
@@ -463,6 +464,7 @@ void layout_expected_tensors(FileCheck& fc, const ExpectedModel& m,
     for (const ParamSpec& s : build_param_specs(m.meta.model, shard))
       for (const std::string& g : groups) fc.expected[g + "/" + s.name] = s;
     for (int l : shard.layers()) fc.optional.insert("fp8/" + fp8_state_name(l));
+    fc.fp8_columns = fp8_state_columns(m.meta.model.num_experts);
   } catch (const Error& e) {
     r.problems.push_back(f.path + ": the model its attributes record cannot be laid out at " +
                          "TP " + std::to_string(r.tp_size) + " x PP " + std::to_string(r.pp_size) +
@@ -496,13 +498,13 @@ void check_tensor_layout(FileCheck& fc, const std::string& path, const std::stri
   const int64_t axis = t.axis, offset = t.offset;
   if (fc.check_expected) {
     auto e = fc.expected.find(path);
-    if (fc.optional.count(path)) {  // unsplit (history + 1, kFp8StateColumns)
+    if (fc.optional.count(path)) {  // unsplit (history + 1, fp8_columns)
       if (axis != -1 || local != global || local.size() != 2 || local[0] < 2 ||
-          local[1] != kFp8StateColumns)
+          local[1] != fc.fp8_columns)
         fc.off_layout.push_back("/" + path + ": holds " + shape_text(local) + " of " +
                                 shape_text(global) + " split on axis " + std::to_string(axis) +
                                 ", not FP8 scaling state (history + 1, " +
-                                std::to_string(kFp8StateColumns) + ") unsplit");
+                                std::to_string(fc.fp8_columns) + ") unsplit");
     } else if (e == fc.expected.end()) {
       fc.unexpected.push_back("/" + path + ": not part of this file's shard of the model");
     } else {

@@ -33,12 +33,18 @@ std::string Fp8Config::describe(int num_layers) const {
 }
 
 Fp8Scaling::Fp8Scaling(const Fp8Config& cfg, const std::vector<int>& layers, int num_layers,
-                       Backend& be, Communicator& tp, Communicator* cp)
-    : cfg_(cfg), be_(be), tp_(tp), cp_(cp), fault_no_tp_amax_(test_hooks::fp8_no_tp_amax()) {
+                       int num_experts, Backend& be, Communicator& tp, Communicator* cp)
+    : cfg_(cfg),
+      be_(be),
+      tp_(tp),
+      cp_(cp),
+      num_experts_(num_experts),
+      fault_no_tp_amax_(test_hooks::fp8_no_tp_amax()) {
   TESSERA_CHECK(cfg.enabled && cfg.amax_history_len >= 1 && cfg.margin >= 0,
                 "Fp8Scaling: FP8 off or an invalid recipe");
   for (int l : layers) active_.push_back(cfg.layer_in_fp8(l, num_layers));
-  n_ = int64_t(layers.size()) * 12;
+  per_layer_ = fp8_state_columns(num_experts);
+  n_ = int64_t(layers.size()) * per_layer_;
   if (n_ == 0) return;
   const int64_t H = cfg.recipe == Fp8Recipe::Delayed ? cfg.amax_history_len : 1;
   Allocator& alloc = be.allocator();
@@ -49,6 +55,7 @@ Fp8Scaling::Fp8Scaling(const Fp8Config& cfg, const std::vector<int>& layers, int
   // Every scale starts at 1 (Transformer Engine's), every amax and history row at 0.
   std::vector<float> ones(static_cast<size_t>(n_), 1.0f), maxes(static_cast<size_t>(n_));
   for (int64_t i = 0; i < n_; ++i) {
+    // (every layer's columns are (GEMM, role) triples)
     const Fp8Format f = i % 3 == int64_t(Fp8Role::GradOutput) ? cfg.grad_format() : Fp8Format::E4M3;
     format_.push_back(f);
     maxes[static_cast<size_t>(i)] = fp8_max(f);
@@ -66,11 +73,18 @@ void Fp8Scaling::reduce_max(Tensor& t, Communicator* also) {
   if (also && also->size() > 1) also->all_reduce(t, ReduceOp::Max);
 }
 
-Backend::Fp8Operand Fp8Scaling::operand(int li, Fp8Gemm g, Fp8Role role, const Tensor& x,
-                                        bool record) {
+Backend::Fp8Operand Fp8Scaling::expert_operand(int li, int e, Fp8Gemm g, Fp8Role role,
+                                               const Tensor& x, bool record) {
+  TESSERA_CHECK(e >= 0 && e < num_experts_ && (g == Fp8Gemm::Fc1 || g == Fp8Gemm::Fc2),
+                "FP8 operand of expert ", e, " of ", num_experts_);
+  const int64_t j = 12 + (int64_t(e) * 2 + (g == Fp8Gemm::Fc2 ? 1 : 0)) * 3 + int64_t(role);
+  return operand_at(li, int64_t(li) * per_layer_ + j, x, record);
+}
+
+Backend::Fp8Operand Fp8Scaling::operand_at(int li, int64_t index, const Tensor& x, bool record) {
   TESSERA_CHECK(li >= 0 && li < static_cast<int>(active_.size()) && active(li),
                 "FP8 operand of a layer that is not in FP8");
-  const size_t i = static_cast<size_t>(index(li, g, role));
+  const size_t i = static_cast<size_t>(index);
   if (cfg_.recipe == Fp8Recipe::Tensorwise) {
     // The amax of the whole logical tensor: TP holds pieces of weights, of the row-parallel
     // GEMMs' inputs and of the column-parallel GEMMs' output gradients, CP pieces of every

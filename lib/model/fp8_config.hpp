@@ -2,6 +2,7 @@
 // model/fp8.hpp acts on them; docs/training.md, "FP8").
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "core/fp8.hpp"
@@ -27,5 +28,12 @@ struct Fp8Config {
   // "hybrid, tensorwise" / "e4m3, delayed (history 16, max, margin 0)", plus the bf16 layers.
   std::string describe(int num_layers) const;
 };
+
+// The FP8 tensors of a layer: the input, weight and output gradient of QKV, the projection, FC1 and
+// FC2, then of each expert's FC1 and FC2 in an MoE model (every layer the same width). The
+// delayed-scaling state in checkpoints has these columns (train/fp8_checkpoint.hpp).
+inline int64_t fp8_state_columns(int num_experts) {
+  return 12 + 6 * int64_t(num_experts);
+}
 
 }  // namespace tessera

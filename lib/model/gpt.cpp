@@ -767,20 +767,25 @@ void GPTModel::block_forward(int l, Activations& a) {
 }
 
 void GPTModel::linear_forward(int l, Fp8Gemm g, Tensor& out, const Tensor& inp, const Tensor& w,
-                              const Tensor* bias, const Activations& a) {
+                              const Tensor* bias, const Activations& a, int expert) {
   if (!fp8_layer(l)) {
     be_.matmul_forward(out, inp, w, bias);
     return;
   }
   const int li = shard_.local_index(l);
   const bool record = a.dropout.training && !recomputing_;  // a training step's first forward
-  const Backend::Fp8Operand x = fp8_->operand(li, g, Fp8Role::Input, inp, record);
-  const Backend::Fp8Operand wq = fp8_->operand(li, g, Fp8Role::Weight, w, record);
-  be_.fp8_matmul_forward(out, inp, w, bias, x, wq);
+  auto operand = [&](Fp8Role role, const Tensor& x) {
+    return expert < 0 ? fp8_->operand(li, g, role, x, record)
+                      : fp8_->expert_operand(li, expert, g, role, x, record);
+  };
+  const Backend::Fp8Operand x = operand(Fp8Role::Input, inp);
+  const Backend::Fp8Operand wq = operand(Fp8Role::Weight, w);
+  if (inp.dim(0) > 0) be_.fp8_matmul_forward(out, inp, w, bias, x, wq);
 }
 
 void GPTModel::linear_backward(int l, Fp8Gemm g, Tensor* dinp, Tensor& dw, Tensor* dbias,
-                               const Tensor& dout, const Tensor& inp, const Tensor& w) {
+                               const Tensor& dout, const Tensor& inp, const Tensor& w,
+                               int expert) {
   if (!fp8_layer(l)) {
     be_.matmul_backward(dinp, dw, dbias, dout, inp, w);
     return;
@@ -788,17 +793,21 @@ void GPTModel::linear_backward(int l, Fp8Gemm g, Tensor* dinp, Tensor& dw, Tenso
   // The input and weight quantized again as in the forward (the same scales, so the same values);
   // the output gradient's amax joins the step's (a backward is always a training step's).
   const int li = shard_.local_index(l);
-  const Backend::Fp8Operand go = fp8_->operand(li, g, Fp8Role::GradOutput, dout, true);
-  const Backend::Fp8Operand x = fp8_->operand(li, g, Fp8Role::Input, inp, false);
-  const Backend::Fp8Operand wq = fp8_->operand(li, g, Fp8Role::Weight, w, false);
-  be_.fp8_matmul_backward(dinp, dw, dbias, dout, inp, w, go, x, wq);
+  auto operand = [&](Fp8Role role, const Tensor& x, bool record) {
+    return expert < 0 ? fp8_->operand(li, g, role, x, record)
+                      : fp8_->expert_operand(li, expert, g, role, x, record);
+  };
+  const Backend::Fp8Operand go = operand(Fp8Role::GradOutput, dout, true);
+  const Backend::Fp8Operand x = operand(Fp8Role::Input, inp, false);
+  const Backend::Fp8Operand wq = operand(Fp8Role::Weight, w, false);
+  if (inp.dim(0) > 0) be_.fp8_matmul_backward(dinp, dw, dbias, dout, inp, w, go, x, wq);
 }
 
 void GPTModel::set_fp8(const Fp8Config& c) {
   fp8_.reset();
   if (!c.enabled) return;
   TESSERA_CHECK(shard_.cp_size == 1 || cp_comm_, "set_fp8 before set_context_comm");
-  fp8_ = std::make_unique<Fp8Scaling>(c, shard_.layers(), cfg_.num_layers, be_, tp_,
+  fp8_ = std::make_unique<Fp8Scaling>(c, shard_.layers(), cfg_.num_layers, cfg_.num_experts, be_, tp_,
                                       shard_.cp_size > 1 ? cp_comm_ : nullptr);
 }
 

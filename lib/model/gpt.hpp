@@ -274,12 +274,14 @@ class GPTModel {
 
  private:
   const Tensor& layer_input(int layer, const Activations& a) const;
-  // A transformer layer's linear layer (GEMM g of layer l): matmul_forward / matmul_backward, in
-  // FP8 where the layer runs in FP8. `a`: whose micro-batch (training forwards record amaxes).
+  // A transformer layer's linear layer (GEMM g of layer l; of its global expert `expert` where
+  // >= 0): matmul_forward / matmul_backward, in FP8 where the layer runs in FP8. `a`: whose
+  // micro-batch (training forwards record amaxes). An FP8 expert block of no rows computes its
+  // scales (their reductions, which every TP and CP rank makes alike) and no GEMM.
   void linear_forward(int l, Fp8Gemm g, Tensor& out, const Tensor& inp, const Tensor& w,
-                      const Tensor* bias, const Activations& a);
+                      const Tensor* bias, const Activations& a, int expert = -1);
   void linear_backward(int l, Fp8Gemm g, Tensor* dinp, Tensor& dw, Tensor* dbias,
-                       const Tensor& dout, const Tensor& inp, const Tensor& w);
+                       const Tensor& dout, const Tensor& inp, const Tensor& w, int expert = -1);
   bool fp8_layer(int l) const { return fp8_ && fp8_->active(shard_.local_index(l)); }
   // A TP all-reduce inside a layer: phase "tp-all-reduce" where TP > 1.
   void tp_reduce(PhaseSequence& phase, Tensor& t);
@@ -390,8 +392,8 @@ class GPTModel {
                         int64_t group_rows);
   void moe_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la, int64_t group_rows,
                     const std::vector<int64_t>& kept, bool allgather);
-  void moe_experts_forward(PhaseSequence& phase, const LayerWeights& w, LayerActivations& la,
-                           Tensor& oute);
+  void moe_experts_forward(PhaseSequence& phase, int l, const LayerWeights& w,
+                           const Activations& a, LayerActivations& la, Tensor& oute);
   void moe_combine(PhaseSequence& phase, Activations& a, LayerActivations& la, Tensor& oute,
                    Tensor& out, bool allgather);
   // The steps of moe_backward, mirrors of the forward's: the expert outputs' and routing weights'
@@ -399,7 +401,7 @@ class GPTModel {
   // token order in a.dln; the router's gradients.
   void moe_combine_backward(PhaseSequence& phase, Activations& a, LayerActivations& la,
                             const Tensor& dy, Tensor& de, bool allgather);
-  void moe_experts_backward(PhaseSequence& phase, const LayerWeights& w, LayerWeights& g,
+  void moe_experts_backward(PhaseSequence& phase, int l, const LayerWeights& w, LayerWeights& g,
                             Activations& a, LayerActivations& la, Tensor& de);
   void moe_dispatch_backward(PhaseSequence& phase, Activations& a, LayerActivations& la, Tensor& de,
                              bool allgather);

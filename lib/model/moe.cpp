@@ -220,12 +220,13 @@ void GPTModel::moe_dispatch(PhaseSequence& phase, Activations& a, LayerActivatio
 }
 
 // Each local expert's MLP on its blocks of la.moe_xe, into oute.
-void GPTModel::moe_experts_forward(PhaseSequence& phase, const LayerWeights& w,
-                                   LayerActivations& la, Tensor& oute) {
+void GPTModel::moe_experts_forward(PhaseSequence& phase, int l, const LayerWeights& w,
+                                   const Activations& a, LayerActivations& la, Tensor& oute) {
   const int64_t C = cfg_.hidden_size;
   const bool bias_here = shard_.tp_rank == 0;  // row-parallel biases: added once across TP
   const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
-  if (cfg_.moe_grouped_gemm) {
+  const bool fp8 = fp8_layer(l);
+  if (cfg_.moe_grouped_gemm && !fp8) {
     // One grouped GEMM per projection over the blocks with rows; the activation in one pass over
     // all of them (their rows are contiguous).
     std::deque<Tensor> views;  // stable addresses for the groups' pointers
@@ -253,20 +254,28 @@ void GPTModel::moe_experts_forward(PhaseSequence& phase, const LayerWeights& w,
       be_.grouped_matmul_forward(g2);
     }
   } else {
+    // One block (a sender's tokens for one expert) at a time. In FP8 each block has its own
+    // scales (the grouped GEMM has no FP8 form); the empty ones too under tensorwise scaling with
+    // context parallelism, whose amax reductions the other CP ranks make for their share.
+    const bool empty_too =
+        fp8 && shard_.cp_size > 1 && fp8_->config().recipe == Fp8Recipe::Tensorwise;
+    const int e0 = shard_.experts_begin(cfg_.num_experts);
     int64_t row = 0;
     for (size_t b = 0; b < la.moe_rows.size(); ++b) {
       const int64_t rows = la.moe_rows[b];
-      if (rows == 0) continue;  // an expert no token chose (from this sender): nothing to compute
-      const ExpertWeights& ew = w.experts[static_cast<size_t>(la.moe_block_expert[b])];
+      if (rows == 0 && !empty_too) continue;  // an expert no token chose (from this sender)
+      const int j = la.moe_block_expert[b];
+      const ExpertWeights& ew = w.experts[static_cast<size_t>(j)];
       Tensor x = la.moe_xe.view(row * C, {rows, C}),
              fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
       Tensor act = la.moe_act.view(row * efl, {rows, efl}), y = oute.view(row * C, {rows, C});
       phase("moe-expert-fc1-gemm-forward");
-      be_.matmul_forward(fc1, x, ew.fc1_w, opt(ew.fc1_b));
+      linear_forward(l, Fp8Gemm::Fc1, fc1, x, ew.fc1_w, opt(ew.fc1_b), a, e0 + j);
       phase("moe-expert-activation-forward");
-      mlp_activation(act, fc1);
+      if (rows > 0) mlp_activation(act, fc1);
       phase("moe-expert-fc2-gemm-forward");
-      be_.matmul_forward(y, act, ew.fc2_w, bias_here ? opt(ew.fc2_b) : nullptr);
+      linear_forward(l, Fp8Gemm::Fc2, y, act, ew.fc2_w, bias_here ? opt(ew.fc2_b) : nullptr, a,
+                     e0 + j);
       row += rows;
     }
   }
@@ -324,14 +333,15 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
   const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
   moe_dispatch(phase, a, la, group_rows, kept, allgather);
   Tensor oute = allgather ? la.moe_oute : ep ? a.moe_oute : la.moe_out;
-  moe_experts_forward(phase, w, la, oute);
+  moe_experts_forward(phase, l, w, a, la, oute);
   moe_combine(phase, a, la, oute, out, allgather);
   if (w.fc1_w.defined()) {  // the shared expert: the dense MLP beside the routed ones
     phase("fc1-gemm-forward");
-    be_.matmul_forward(la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b));
+    linear_forward(l, Fp8Gemm::Fc1, la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b), a);
     activation_forward(phase, la);
     phase("fc2-gemm-forward");
-    be_.matmul_forward(a.moe_tmp, la.gelu, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
+    linear_forward(l, Fp8Gemm::Fc2, a.moe_tmp, la.gelu, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr,
+                   a);
     phase("residual-add");
     be_.add(out, out, a.moe_tmp);
   }
@@ -364,11 +374,13 @@ void GPTModel::moe_combine_backward(PhaseSequence& phase, Activations& a, LayerA
 }
 
 // Each local expert's MLP backward: its weights' gradients, and its input gradients into de.
-void GPTModel::moe_experts_backward(PhaseSequence& phase, const LayerWeights& w, LayerWeights& g,
-                                    Activations& a, LayerActivations& la, Tensor& de) {
+void GPTModel::moe_experts_backward(PhaseSequence& phase, int l, const LayerWeights& w,
+                                    LayerWeights& g, Activations& a, LayerActivations& la,
+                                    Tensor& de) {
   const int64_t C = cfg_.hidden_size;
   const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
-  if (cfg_.moe_grouped_gemm) {
+  const bool fp8 = fp8_layer(l);
+  if (cfg_.moe_grouped_gemm && !fp8) {
     // fc2's backward for every block, the activation's over all rows, then fc1's (which
     // overwrites the output gradients fc2's backward has read).
     std::deque<Tensor> views;
@@ -407,13 +419,18 @@ void GPTModel::moe_experts_backward(PhaseSequence& phase, const LayerWeights& w,
       be_.grouped_matmul_backward(g1);
     }
   }
+  if (cfg_.moe_grouped_gemm && !fp8) return;
+  // One block at a time (FP8: each with its scales, the empty ones as in the forward).
+  const bool empty_too =
+      fp8 && shard_.cp_size > 1 && fp8_->config().recipe == Fp8Recipe::Tensorwise;
+  const int e0 = shard_.experts_begin(cfg_.num_experts);
   int64_t row = 0;
-  for (size_t b = 0; b < la.moe_rows.size() && !cfg_.moe_grouped_gemm; ++b) {
+  for (size_t b = 0; b < la.moe_rows.size(); ++b) {
     const int64_t rows = la.moe_rows[b];
-    if (rows == 0) continue;  // no token: no gradient (the weights' stay as they are)
-    const size_t j = static_cast<size_t>(la.moe_block_expert[b]);
-    const ExpertWeights& ew = w.experts[j];
-    ExpertWeights& eg = g.experts[j];  // gradients
+    if (rows == 0 && !empty_too) continue;  // no token: no gradient (the weights' stay as they are)
+    const int j = la.moe_block_expert[b];
+    const ExpertWeights& ew = w.experts[static_cast<size_t>(j)];
+    ExpertWeights& eg = g.experts[static_cast<size_t>(j)];  // gradients
     Tensor dout = de.view(row * C, {rows, C});
     Tensor dact = a.moe_dact.view(row * efl, {rows, efl});
     Tensor dfc1 = cfg_.swiglu ? a.moe_dfc1.view(row * efc1, {rows, efc1}) : Tensor();
@@ -421,10 +438,10 @@ void GPTModel::moe_experts_backward(PhaseSequence& phase, const LayerWeights& w,
     const Tensor fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
     const Tensor act = la.moe_act.view(row * efl, {rows, efl});
     phase("moe-expert-fc2-gemm-backward");
-    be_.matmul_backward(&dact, eg.fc2_w, opt(eg.fc2_b), dout, act, ew.fc2_w);
-    const Tensor& d1 = activation_backward(phase, dact, dfc1, fc1);
+    linear_backward(l, Fp8Gemm::Fc2, &dact, eg.fc2_w, opt(eg.fc2_b), dout, act, ew.fc2_w, e0 + j);
+    const Tensor& d1 = rows > 0 ? activation_backward(phase, dact, dfc1, fc1) : cfg_.swiglu ? dfc1 : dact;
     phase("moe-expert-fc1-gemm-backward");
-    be_.matmul_backward(&dout, eg.fc1_w, opt(eg.fc1_b), d1, x, ew.fc1_w);
+    linear_backward(l, Fp8Gemm::Fc1, &dout, eg.fc1_w, opt(eg.fc1_b), d1, x, ew.fc1_w, e0 + j);
     row += rows;
   }
 }
@@ -501,10 +518,10 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
     Tensor dfc = a.dfc.view(0, la.gelu.shape());
     Tensor dfc1 = cfg_.swiglu ? a.dfc1.view(0, la.fc1.shape()) : Tensor();
     phase("fc2-gemm-backward");
-    be_.matmul_backward(&dfc, g.fc2_w, opt(g.fc2_b), dy, la.gelu, w.fc2_w);
+    linear_backward(l, Fp8Gemm::Fc2, &dfc, g.fc2_w, opt(g.fc2_b), dy, la.gelu, w.fc2_w);
     const Tensor& d1 = activation_backward(phase, dfc, dfc1, la.fc1);
     phase("fc1-gemm-backward");
-    be_.matmul_backward(&a.moe_dx, g.fc1_w, opt(g.fc1_b), d1, la.ln2, w.fc1_w);
+    linear_backward(l, Fp8Gemm::Fc1, &a.moe_dx, g.fc1_w, opt(g.fc1_b), d1, la.ln2, w.fc1_w);
   }
   const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
   Tensor de = ep ? a.moe_doute : a.moe_dout;  // the expert side's output gradients
@@ -516,7 +533,7 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
     phase("moe-dispatch-all-to-all");
     ep_->all_to_all(a.moe_dout, la.moe_send, de, la.moe_recv, C);
   }
-  moe_experts_backward(phase, w, g, a, la, de);
+  moe_experts_backward(phase, l, w, g, a, la, de);
   moe_dispatch_backward(phase, a, la, de, allgather);
   if (shared) be_.add(a.dln, a.dln, a.moe_dx);
   moe_router_grad(phase, w, g, a, la);

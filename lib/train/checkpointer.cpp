@@ -189,15 +189,18 @@ std::string TrainingCheckpointer::write_shard(const std::string& path, const Che
     const float* host[3];
     std::vector<float> staged[3];
     stage_states(async, gathered, staged, host);
-    ShardTensors tensors{&model_.params().specs(), host[0], host[1], host[2]};
+    ShardTensors tensors;
+    tensors.specs = &model_.params().specs();
+    tensors.params = host[0], tensors.exp_avg = host[1], tensors.exp_avg_sq = host[2];
     std::vector<float> local_full[3];
     if (ctx_.ep_size > 1) {
       std::vector<float>* full = async ? async_->experts : local_full;
       gather_experts(host, ep_specs_, full);
       if (ctx_.dp_rank != 0) throw SkipWrite{};
-      tensors =
-          ShardTensors{&ep_specs_, host[0] ? full[0].data() : nullptr,
-                       host[1] ? full[1].data() : nullptr, host[2] ? full[2].data() : nullptr};
+      tensors.specs = &ep_specs_;
+      tensors.params = host[0] ? full[0].data() : nullptr;
+      tensors.exp_avg = host[1] ? full[1].data() : nullptr;
+      tensors.exp_avg_sq = host[2] ? full[2].data() : nullptr;
     }
     tensors.extra = fp8_checkpoint_tensors(model_, be_);  // FP8's delayed scaling, staged
     if (!async) {

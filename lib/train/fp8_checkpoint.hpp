@@ -1,9 +1,10 @@
 // fp8_checkpoint.hpp: FP8's delayed-scaling state in checkpoints (docs/checkpoints.md, "FP8"):
-// one tensor per transformer layer, group "fp8", name "layers.L.fp8", shape (H + 1, 12): the H
-// rows of amax history and the scales of the layer's 12 FP8 tensors (QKV, projection, FC1, FC2;
-// each input, weight, output gradient). The state is the same on every TP, DP and CP rank (its
-// amaxes are reduced over them), so it is saved unsplit in each file of the layer's stage and
-// loads at any layout.
+// one tensor per transformer layer, group "fp8", name "layers.L.fp8", shape (H + 1, columns): the H
+// rows of amax history and the scales of the layer's FP8 tensors (QKV, projection, FC1, FC2, then
+// each expert's FC1 and FC2; each input, weight, output gradient: fp8_state_columns). The state
+// is the same on every TP, DP, CP and EP rank (its amaxes are reduced over them; every rank keeps
+// every expert's), so it is saved unsplit in each file of the layer's stage and loads at any
+// layout, expert-parallel size included.
 #pragma once
 
 #include <string>

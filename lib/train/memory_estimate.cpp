@@ -63,7 +63,7 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   e.stage_layers = shard.num_layers();
   if (t.fp8.enabled) {
     const double H = t.fp8.recipe == Fp8Recipe::Delayed ? t.fp8.amax_history_len : 1;
-    e.fp8_state_bytes = 4.0 * 12 * e.stage_layers * (H + 3);
+    e.fp8_state_bytes = 4.0 * double(fp8_state_columns(cfg.num_experts)) * e.stage_layers * (H + 3);
   }
   if (e.stage_layers > 0) {  // what the layers add to a micro-batch, over the stage's layers
     ModelShard none = shard;

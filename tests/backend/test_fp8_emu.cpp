@@ -53,11 +53,12 @@ void check_quantize(int64_t rows, int64_t cols, Fp8Format f, int64_t grid_rows) 
   std::vector<float> xf(x.size());
   for (size_t i = 0; i < x.size(); ++i) xf[i] = tc::to_f32(x[i]);
   const float scale = cpu::fp8_current_scale(cpu::fp8_amax(xf.data(), int64_t(xf.size())), f);
-  std::vector<uint8_t> q(x.size(), 0xAA), qt(x.size(), 0xAA);
+  const int64_t ldt = (rows + 15) / 16 * 16;  // the backend's fp8_padded
+  std::vector<uint8_t> q(x.size(), 0xAA), qt(size_t(cols * ldt), 0xAA);
   float scale_inv = std::nanf("");
   const int64_t col_tiles = (cols + fp8k::kTile - 1) / fp8k::kTile;
   tc::emu::launch(int(col_tiles), int(grid_rows), fp8k::kThreads, fp8k::kTileBytes, [&](char* sh) {
-    fp8k::quantize_tiles(x.data(), rows, cols, &scale, f, q.data(), qt.data(), &scale_inv,
+    fp8k::quantize_tiles(x.data(), rows, cols, &scale, f, q.data(), qt.data(), ldt, &scale_inv,
                          int64_t(tc::block_y()), grid_rows, reinterpret_cast<uint8_t*>(sh));
   });
   EXPECT_EQ(scale_inv, 1.0f / scale);
@@ -65,8 +66,11 @@ void check_quantize(int64_t rows, int64_t cols, Fp8Format f, int64_t grid_rows) 
     for (int64_t c = 0; c < cols; ++c) {
       const uint8_t want = fp8_from_float(xf[size_t(r * cols + c)] * scale, f);
       ASSERT_EQ(int(q[size_t(r * cols + c)]), int(want)) << r << "," << c;
-      ASSERT_EQ(int(qt[size_t(c * rows + r)]), int(want)) << "transposed " << r << "," << c;
+      ASSERT_EQ(int(qt[size_t(c * ldt + r)]), int(want)) << "transposed " << r << "," << c;
     }
+  for (int64_t c = 0; c < cols; ++c)  // the padding: zeros, every byte written
+    for (int64_t r = rows; r < ldt; ++r)
+      ASSERT_EQ(int(qt[size_t(c * ldt + r)]), 0) << "padding " << r << "," << c;
   // The CPU emulation's dequantized values are these codes over the scale.
   std::vector<float> deq(x.size());
   cpu::fp8_quantize_dequantize(deq.data(), xf.data(), int64_t(xf.size()), scale, f);
@@ -100,7 +104,8 @@ TEST(Fp8Emu, AmaxMatchesTheCpuInTwoStages) {
 }
 
 TEST(Fp8Emu, QuantizeAndTransposeAreTheCpuConversion) {
-  check_quantize<float>(70, 45, Fp8Format::E4M3, 3);  // partial tiles both ways
+  check_quantize<float>(70, 45, Fp8Format::E4M3, 3);  // partial tiles both ways, padded to 80
+  check_quantize<float>(5, 48, Fp8Format::E5M2, 1);   // an expert's block of 5 rows: 16
   check_quantize<float>(64, 96, Fp8Format::E5M2, 1);  // one grid row, two tiles each
   check_quantize<__nv_bfloat16>(33, 130, Fp8Format::E4M3, 2);
   check_quantize<__nv_bfloat16>(96, 32, Fp8Format::E5M2, 5);  // more grid rows than tiles

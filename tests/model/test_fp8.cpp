@@ -357,6 +357,54 @@ TEST(Fp8Training, FirstAndLastLayersKeptOutOfFp8) {
   EXPECT_NE(middle, all);
 }
 
+TEST(Fp8Training, ExpertsRunInFp8WithTheirOwnScalingState) {
+  // A 2-layer MoE model (4 experts, top 2): with delayed scaling, one step records an amax for
+  // the input, weight and output gradient of every expert's FC1 and FC2 that took tokens, so
+  // their scales leave 1; every layer has 12 + 6 x 4 tensors.
+  GPTConfig m = testing_util::small_gpt(32, 2, 32, 64, 2);
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 32;
+  m.moe_aux_loss_coeff = 0.01;
+  m.validate();
+  TrainConfig t = testing_util::tiny_schedule();
+  t.train_iters = 1;
+  t.fp8 = fp8_config(true, Fp8Recipe::Delayed);
+  auto be = make_cpu_backend();
+  auto data = make_mock_dataset(m.vocab_size, m.seq_length, t.seed);
+  Trainer tr(m, t, *be, *data);
+  Fp8Scaling& f = *tr.model().fp8();
+  ASSERT_EQ(f.per_layer(), fp8_state_columns(4));
+  ASSERT_EQ(f.per_layer(), 36);
+  ASSERT_EQ(f.tensors(), 72);
+  const std::vector<StepStats> fp8 = tr.train();
+  std::vector<float> scales(72);
+  be->copy_to_host(scales.data(), f.scales());
+  for (int64_t l = 0; l < 2; ++l)
+    for (int64_t j = 0; j < 36; ++j) {
+      const float sc = scales[size_t(l * 36 + j)];
+      EXPECT_TRUE(std::isfinite(sc) && sc > 0) << l << "," << j;
+      // The dense FC1/FC2 slots (6..11) belong to the shared expert, which this model lacks.
+      if (j >= 6 && j < 12)
+        EXPECT_EQ(sc, 1.0f) << "layer " << l << " tensor " << j;
+      else
+        EXPECT_NE(sc, 1.0f) << "layer " << l << " tensor " << j;
+    }
+  // And FP8 moves the step: with tensorwise scaling the first gradient norm is far from f32's.
+  auto first_grad_norm = [&](const Fp8Config& f) {
+    TrainConfig ti = t;
+    ti.fp8 = f;
+    auto b = make_cpu_backend();
+    auto d = make_mock_dataset(m.vocab_size, m.seq_length, t.seed);
+    Trainer tr1(m, ti, *b, *d);
+    return tr1.train()[0].grad_norm;
+  };
+  const double g32 = first_grad_norm(Fp8Config{});
+  const double g8 = first_grad_norm(fp8_config(true, Fp8Recipe::Tensorwise));
+  EXPECT_GT(std::fabs(g8 - g32) / g32, 1e-4) << g8 << " vs " << g32;
+  EXPECT_TRUE(std::isfinite(fp8[0].grad_norm));
+}
+
 namespace {
 
 // An independent float64 GPT-2 forward with FP8 linear layers (tensorwise, or every scale 1:

@@ -7,7 +7,10 @@
 # measured as the single-rank run against itself with every weight moved by 1e-7
 # (TESSERA_TEST_PERTURB_INIT); a layout may be no farther than twice that. Both recipes and both
 # formats run (tensorwise with hybrid, delayed with e4m3 on every layout; delayed hybrid on the
-# 8-rank layout), and the mutation (amax not reduced over TP) must fail.
+# 8-rank layout), and the mutation (amax not reduced over TP) must fail. The same for a
+# mixture-of-experts model (mixtral-tiny) whose experts' GEMMs run in FP8: expert parallelism
+# (all-to-all and allgather dispatchers) and TP x EP, CP, the grouped-GEMM option, and a
+# checkpoint of its per-expert delayed-scaling state saved at EP2 and resumed on one rank.
 # Usage: test_fp8.sh TESSERA_TRAIN CONFIG_DIR
 set -u
 bin=$1
@@ -48,6 +51,7 @@ check_recipe() {  # check_recipe TAG [FP8 options]: the layouts against one rank
   local tag=$1
   shift
   local fp8=("$@")
+  local f32=${base_f32:-base-f32}
   run "base-$tag" 1 "${fp8[@]}" || { fail=1; return; }
   TESSERA_TEST_PERTURB_INIT=1e-7 run "noise-$tag" 1 "${fp8[@]}" || { fail=1; return; }
   local noise
@@ -59,7 +63,7 @@ check_recipe() {  # check_recipe TAG [FP8 options]: the layouts against one rank
   fi
   # FP8 is not the f32 run: the first iteration's gradient norms differ by far more than rounding.
   local vs_f32
-  vs_f32=$(worst base-f32 "base-$tag" grad_norm 1)
+  vs_f32=$(worst "$f32" "base-$tag" grad_norm 1)
   if ! over "$vs_f32" 1e-4; then
     echo "FAIL: $tag: FP8's first gradient norm is the f32 one ($vs_f32)"
     fail=1
@@ -76,11 +80,7 @@ check_recipe() {  # check_recipe TAG [FP8 options]: the layouts against one rank
     echo "FAIL: recompute-$tag: full recomputation changed the FP8 run"; fail=1
   fi
   local layout
-  for layout in "tp2-sp 2 --tensor-model-parallel-size 2 --sequence-parallel" \
-                "pp2-vp2 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1" \
-                "dp2-distopt 2 --use-distributed-optimizer" \
-                "cp2 2 --context-parallel-size 2" \
-                "tp2pp2dp2 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"; do
+  for layout in "${layouts[@]}"; do
     set -- $layout
     local name="$1-$tag" np=$2
     shift 2
@@ -98,6 +98,11 @@ check_recipe() {  # check_recipe TAG [FP8 options]: the layouts against one rank
   done
 }
 
+layouts=("tp2-sp 2 --tensor-model-parallel-size 2 --sequence-parallel"
+         "pp2-vp2 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"
+         "dp2-distopt 2 --use-distributed-optimizer"
+         "cp2 2 --context-parallel-size 2"
+         "tp2pp2dp2 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2")
 run base-f32 1 || exit 1
 check_recipe tensorwise-hybrid --fp8-format hybrid --fp8-recipe tensorwise
 check_recipe delayed-e4m3 --fp8-format e4m3 --fp8-recipe delayed --fp8-amax-history-len 4 \
@@ -180,5 +185,48 @@ if over "$l1" 1e-6; then
 else
   echo "FAIL: the mutation check: amax not reduced over TP still agrees ($l1)"
   fail=1
+fi
+
+# Mixture of experts: every expert's FC1 and FC2 in FP8, each block (a sender's tokens for one
+# expert) scaled by its own amax (tensorwise: the block's, over TP and CP; delayed: each expert's
+# state, its step amax reduced over every rank), so expert parallelism, whose experts take blocks
+# of other ranks' micro-batches, gives the one-rank numerics.
+common=(--config "$configs/mixtral-tiny.ini" --num-layers 2 --seq-length 32
+        --max-position-embeddings 32 --vocab-size 200 --global-batch-size 8 --micro-batch-size 2
+        --train-iters 20 --log-interval 1 --lr-warmup-iters 2 --threads 1)
+layouts=("ep2 2 --expert-model-parallel-size 2"
+         "ep2-allgather 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather"
+         "tp2ep2 4 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2"
+         "cp2 2 --context-parallel-size 2")
+base_f32=moe-base-f32
+run moe-base-f32 1 || exit 1
+check_recipe moe-tensorwise-hybrid --fp8-format hybrid --fp8-recipe tensorwise
+check_recipe moe-delayed-e4m3 --fp8-format e4m3 --fp8-recipe delayed --fp8-amax-history-len 4 \
+  --fp8-amax-compute-algo max
+# --moe-grouped-gemm serves only the layers in the model's precision: the FP8 run is unchanged.
+run moe-grouped 1 --moe-grouped-gemm --fp8-format hybrid --fp8-recipe tensorwise || fail=1
+if [ "$(field moe-grouped lm_loss)" = "$(field base-moe-tensorwise-hybrid lm_loss)" ]; then
+  echo "ok: --moe-grouped-gemm with FP8: the same 20 losses bitwise"
+else
+  echo "FAIL: --moe-grouped-gemm changed the FP8 run"; fail=1
+fi
+# The per-expert state in a checkpoint saved at EP2 (every rank keeps every expert's) resumes on
+# one rank: iteration 11 as the uninterrupted EP2 run's within FP8's summation-order noise (1e-5).
+moe_delayed=(--fp8-format e4m3 --fp8-recipe delayed --fp8-amax-history-len 4 --fp8-amax-compute-algo max)
+run moe-save-ep2 2 --expert-model-parallel-size 2 "${moe_delayed[@]}" --save "$work/ck-moe" \
+  --save-interval 10 --exit-interval 10 || fail=1
+run moe-resume-1 1 "${moe_delayed[@]}" --load "$work/ck-moe" || fail=1
+if "$(dirname "$bin")/tessera-checkpoint" verify "$work/ck-moe" > "$work/verify-moe.log" 2>&1 &&
+   ! grep -q "holds no FP8\|amax history of" "$work/moe-resume-1.log"; then
+  l11=$(rel "$(field ep2-moe-delayed-e4m3 lm_loss | sed -n 11p)" "$(field moe-resume-1 lm_loss | head -1)")
+  if over "$l11" 1e-5; then
+    echo "FAIL: the MoE FP8 checkpoint saved at EP2, resumed on one rank: iteration 11 differs by $l11"
+    fail=1
+  else
+    echo "ok: the MoE FP8 checkpoint saved at EP2 resumes on one rank (iteration 11 within $l11)"
+  fi
+else
+  echo "FAIL: the MoE FP8 checkpoint (verify, or its state not restored)"
+  cat "$work/verify-moe.log"; grep fp8 "$work/moe-resume-1.log"; fail=1
 fi
 exit $fail

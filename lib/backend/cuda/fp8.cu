@@ -44,9 +44,10 @@ __global__ void delayed_update_kernel(float* history, float* scale, float* amax,
 template <typename T>
 __global__ void __launch_bounds__(fp8k::kThreads)
     quantize_kernel(const T* x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
-                    uint8_t* q, uint8_t* qt, float* scale_inv, int64_t step) {
+                    uint8_t* q, uint8_t* qt, int64_t ldt, float* scale_inv, int64_t step) {
   __shared__ uint8_t sh[fp8k::kTileBytes];
-  fp8k::quantize_tiles(x, rows, cols, scale, f, q, qt, scale_inv, int64_t(blockIdx.y), step, sh);
+  fp8k::quantize_tiles(x, rows, cols, scale, f, q, qt, ldt, scale_inv, int64_t(blockIdx.y), step,
+                       sh);
 }
 
 cudaDataType_t fp8_type(Fp8Format f) {
@@ -104,7 +105,8 @@ void fp8_quantize(const Tensor& x, int64_t rows, int64_t cols, const float* scal
   dispatch(x.dtype(), "fp8 quantize", [&](auto tag) {
     using T = decltype(tag);
     quantize_kernel<T>
-        <<<grid, fp8k::kThreads, 0, s>>>(x.data<T>(), rows, cols, scale, f, q, qt, scale_inv, gy);
+        <<<grid, fp8k::kThreads, 0, s>>>(x.data<T>(), rows, cols, scale, f, q, qt,
+                                         fp8_padded(rows), scale_inv, gy);
   });
   LAUNCH_CHECK();
 }
@@ -241,9 +243,10 @@ void fp8_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Ten
                          const Tensor& inp, const Tensor& weight, const Backend::Fp8Operand& g,
                          const Backend::Fp8Operand& x, const Backend::Fp8Operand& w, Fp8Lt& lt,
                          Workspace& ws, cudaStream_t s) {
-  const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
-  // dYq (N,OC) and dYt (OC,N) in one pass; Wt (IC,OC); Xt (IC,N).
-  const Fp8Scratch sc = fp8_scratch(ws, {N * OC, OC * N, IC * OC, IC * N});
+  const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight), Np = fp8_padded(N);
+  // dYq (N,OC) and dYt (OC,Np) in one pass; Wt (IC,OC); Xt (IC,Np): the transposed copies'
+  // rows padded with zeros to a multiple of 16 (wgrad's reduction; OC and IC are multiples).
+  const Fp8Scratch sc = fp8_scratch(ws, {N * OC, OC * Np, IC * OC, IC * Np});
   fp8_quantize(dout, N, OC, g.scale->f32(), g.format, dinp ? sc.buf[0] : nullptr, sc.buf[1],
                sc.inv + 0, s);
   fp8_quantize(inp, N, IC, x.scale->f32(), x.format, nullptr, sc.buf[3], sc.inv + 2, s);
@@ -258,7 +261,7 @@ void fp8_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Ten
   }
   expect_dtype(dweight, DType::F32, "fp8 weight gradient");
   c = Fp8Lt::Call{};
-  c.m = IC, c.n = OC, c.k = N;
+  c.m = IC, c.n = OC, c.k = Np;
   c.A = sc.buf[3], c.a_format = x.format, c.a_scale_inv = sc.inv + 2;
   c.B = sc.buf[1], c.b_format = g.format, c.b_scale_inv = sc.inv + 0;
   c.D = dweight.raw(), c.d_type = DType::F32;

@@ -75,10 +75,12 @@ TC_DEV void amax_final(float* amax, const float* partial, int64_t blocks, bool a
 }
 
 // One 32 x 32 tile (tile_row, tile_col) of a (rows, cols) row-major x: q (rows, cols) and / or
-// qt (cols, rows) = fp8(x * scale[0]) (either may be null). sh: kTileBytes bytes.
+// qt (cols, ldt) = fp8(x * scale[0]) (either may be null); ldt in [rows, rows rounded up to 32]:
+// qt's columns from rows on are zeros (a GEMM's reduction over rows padded to a multiple of 16).
+// sh: kTileBytes bytes.
 template <typename T>
 TC_DEV void quantize_tile(const T* x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
-                          uint8_t* q, uint8_t* qt, float* scale_inv, int64_t tile_row,
+                          uint8_t* q, uint8_t* qt, int64_t ldt, float* scale_inv, int64_t tile_row,
                           int64_t tile_col, uint8_t* sh) {
   const int t = tc::thread_id(), c = t % kTile, r0 = t / kTile;
   const float s = scale[0];
@@ -98,7 +100,7 @@ TC_DEV void quantize_tile(const T* x, int64_t rows, int64_t cols, const float* s
   for (int k = 0; k < kTile / (kThreads / kTile); ++k) {
     const int r = r0 + k * (kThreads / kTile);  // the tile's column: qt's row
     const int64_t gr = tile_col * kTile + r, gc = tile_row * kTile + c;
-    if (gr < cols && gc < rows) qt[gr * rows + gc] = sh[c * kTilePitch + r];
+    if (gr < cols && gc < ldt) qt[gr * ldt + gc] = sh[c * kTilePitch + r];  // 0 past rows
   }
   tc::sync_block();  // the tile's buffer is reused by the next tile of this block
 }
@@ -107,11 +109,11 @@ TC_DEV void quantize_tile(const T* x, int64_t rows, int64_t cols, const float* s
 // of at most 65,535 rows of tiles).
 template <typename T>
 TC_DEV void quantize_tiles(const T* x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
-                           uint8_t* q, uint8_t* qt, float* scale_inv, int64_t first, int64_t step,
-                           uint8_t* sh) {
+                           uint8_t* q, uint8_t* qt, int64_t ldt, float* scale_inv, int64_t first,
+                           int64_t step, uint8_t* sh) {
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
   for (int64_t tr = first; tr < row_tiles; tr += step)
-    quantize_tile(x, rows, cols, scale, f, q, qt, scale_inv, tr, int64_t(tc::block_x()), sh);
+    quantize_tile(x, rows, cols, scale, f, q, qt, ldt, scale_inv, tr, int64_t(tc::block_x()), sh);
 }
 
 }  // namespace tessera::fp8k

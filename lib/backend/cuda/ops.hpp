@@ -132,10 +132,17 @@ void fp8_amax(Tensor& amax, const Tensor& x, bool accumulate, Workspace& ws, cud
 void fp8_current_scale(Tensor& scale, const Tensor& amax, Fp8Format f, cudaStream_t s);
 void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& amax, const Tensor& fmax,
                         bool most_recent, int margin, cudaStream_t s);
-// q (rows, cols) and / or qt (cols, rows) = fp8(x * scale[0]) of a row-major x (either null);
-// scale_inv[0] = 1 / scale[0] (null: not written). Device pointers.
+// q (rows, cols) and / or qt (cols, fp8_padded(rows)) = fp8(x * scale[0]) of a row-major x
+// (either null; qt's padding columns zeros); scale_inv[0] = 1 / scale[0] (null: not written).
+// Device pointers.
 void fp8_quantize(const Tensor& x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
                   uint8_t* q, uint8_t* qt, float* scale_inv, cudaStream_t s);
+// Rows rounded up to a multiple of 16: cuBLASLt's FP8 GEMMs take leading dimensions (and the
+// reduction's length) in multiples of 16, and wgrad reduces over the rows (an expert's block of
+// tokens has any number of them; the zero padding adds nothing).
+inline int64_t fp8_padded(int64_t rows) {
+  return (rows + 15) / 16 * 16;
+}
 
 // cuBLASLt's FP8 GEMMs, TN: D (m x n, column-major) = (A^T B) * a_scale_inv * b_scale_inv
 // (+ bias; + D with accumulate), A stored k x m and B k x n in FP8. Plans cached per shape,

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <ostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/config.hpp"
 #include "core/error.hpp"
@@ -25,10 +27,15 @@ double fp8_scratch_bytes(const RunOptions& o) {
   const double qkv = double(m.num_attention_heads + 2 * m.kv_heads()) * m.head_dim() / tp;
   const double att = double(m.num_attention_heads) * m.head_dim() / tp;
   const double f1 = double(m.ffn()) * (m.swiglu ? 2 : 1) / tp, f = double(m.ffn()) / tp;
+  std::vector<std::pair<double, double>> gemms = {
+      {C, qkv}, {att, C}, {C, f1}, {f, C}};  // (IC, OC); an expert's block has at most N rows
+  if (m.moe()) {
+    const double glu = m.swiglu ? 2 : 1, ef = double(m.moe_ffn()) / tp;
+    const double sf = double(m.moe_shared_expert_intermediate_size) / tp;
+    gemms.insert(gemms.end(), {{C, glu * ef}, {ef, C}, {C, glu * sf}, {sf, C}});
+  }
   double most = 0;
-  for (const auto& [IC, OC] : {std::make_pair(C, qkv), std::make_pair(att, C),
-                               std::make_pair(C, f1), std::make_pair(f, C)})
-    most = std::max(most, 2 * N * OC + IC * OC + IC * N + 1024);
+  for (const auto& [IC, OC] : gemms) most = std::max(most, 2 * N * OC + IC * OC + IC * N + 1024);
   return most;
 }
 
@@ -114,10 +121,6 @@ class Fp8Options : public OptionGroup {
     const Fp8Config& f = o.train.fp8;
     if (!f.enabled) return;
     const GPTConfig& m = o.model;
-    if (m.num_experts > 0)
-      throw ConfigError(
-          "--fp8-format with --num-experts: FP8 expert GEMMs are not yet supported; "
-          "train the MoE model without --fp8-format");
     if (f.first_last_bf16 && f.layers_at_start_bf16 + f.layers_at_end_bf16 >= m.num_layers)
       throw ConfigError("--num-layers-at-start-in-bf16 " + std::to_string(f.layers_at_start_bf16) +
                         " + --num-layers-at-end-in-bf16 " + std::to_string(f.layers_at_end_bf16) +
@@ -136,13 +139,24 @@ class Fp8Options : public OptionGroup {
                 {"--ffn-hidden-size / TP", int64_t(m.ffn()) / tp},
                 {"--micro-batch-size x --seq-length / CP",
                  int64_t(o.train.micro_batch_size) * m.seq_length / std::max(1, o.cp)}};
-    for (const auto& d : dims)
-      if (d.value % 16 != 0)
-        throw ConfigError("--fp8-format: " + std::string(d.what) + " is " +
-                          std::to_string(d.value) +
+    std::vector<std::pair<std::string, int64_t>> widths;
+    for (const auto& d : dims) widths.emplace_back(d.what, d.value);
+    if (m.moe()) {  // the experts' rows per GEMM are any number (padded where cuBLASLt needs it)
+      widths.emplace_back("--moe-ffn-hidden-size / TP", int64_t(m.moe_ffn()) / tp);
+      if (m.moe_shared_expert_intermediate_size > 0)
+        widths.emplace_back("--moe-shared-expert-intermediate-size / TP",
+                            int64_t(m.moe_shared_expert_intermediate_size) / tp);
+    }
+    for (const auto& d : widths)
+      if (d.second % 16 != 0)
+        throw ConfigError("--fp8-format: " + d.first + " is " + std::to_string(d.second) +
                           ", but FP8 GEMMs need multiples of 16; change the model or leave out "
                           "--fp8-format");
     notes.run.push_back("fp8: " + f.describe(m.num_layers));
+    if (m.moe() && m.moe_grouped_gemm)
+      notes.run.push_back(
+          "fp8: the experts' GEMMs of FP8 layers run one block (sender, expert) at a time, each "
+          "with its own scales; --moe-grouped-gemm serves the layers in the model's precision");
   }
 
   void dry_run(DryRunSection s, const DryRunContext& d, std::ostream& out) const override {
@@ -151,7 +165,8 @@ class Fp8Options : public OptionGroup {
       out << "fp8: " << d.o.train.fp8.describe(d.o.model.num_layers) << "\n";
     if (s == DryRunSection::StageDetail && d.estimate)
       out << "  fp8: scaling state " << d.estimate->fp8_state_bytes / 1024.0
-          << " KiB (12 tensors per layer); no FP8 copies are kept between the passes: each GEMM "
+          << " KiB (" << fp8_state_columns(d.o.model.num_experts)
+          << " tensors per layer); no FP8 copies are kept between the passes: each GEMM "
              "quantizes its operands into scratch (on --device cuda "
           << fp8_scratch_bytes(d.o) / 1048576.0 << " MiB, the largest GEMM's)\n";
   }
