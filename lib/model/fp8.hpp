@@ -27,8 +27,8 @@ class Fp8Scaling {
   // model's (0: dense), whose state every rank keeps for every expert (a rank's own experts'
   // amaxes are recorded, the others stay 0 until the step's reduction brings theirs); `tp` and
   // `cp` (null: no context parallelism) the groups an amax is reduced over before it is used.
-  Fp8Scaling(const Fp8Config& cfg, const std::vector<int>& layers, int num_layers,
-             int num_experts, Backend& be, Communicator& tp, Communicator* cp);
+  Fp8Scaling(const Fp8Config& cfg, const std::vector<int>& layers, int num_layers, int num_experts,
+             Backend& be, Communicator& tp, Communicator* cp);
 
   const Fp8Config& config() const { return cfg_; }
   // Whether local layer li runs in FP8.

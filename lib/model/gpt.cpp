@@ -784,8 +784,7 @@ void GPTModel::linear_forward(int l, Fp8Gemm g, Tensor& out, const Tensor& inp, 
 }
 
 void GPTModel::linear_backward(int l, Fp8Gemm g, Tensor* dinp, Tensor& dw, Tensor* dbias,
-                               const Tensor& dout, const Tensor& inp, const Tensor& w,
-                               int expert) {
+                               const Tensor& dout, const Tensor& inp, const Tensor& w, int expert) {
   if (!fp8_layer(l)) {
     be_.matmul_backward(dinp, dw, dbias, dout, inp, w);
     return;
@@ -807,8 +806,8 @@ void GPTModel::set_fp8(const Fp8Config& c) {
   fp8_.reset();
   if (!c.enabled) return;
   TESSERA_CHECK(shard_.cp_size == 1 || cp_comm_, "set_fp8 before set_context_comm");
-  fp8_ = std::make_unique<Fp8Scaling>(c, shard_.layers(), cfg_.num_layers, cfg_.num_experts, be_, tp_,
-                                      shard_.cp_size > 1 ? cp_comm_ : nullptr);
+  fp8_ = std::make_unique<Fp8Scaling>(c, shard_.layers(), cfg_.num_layers, cfg_.num_experts, be_,
+                                      tp_, shard_.cp_size > 1 ? cp_comm_ : nullptr);
 }
 
 void GPTModel::fp8_end_step(Communicator* grad_group) {

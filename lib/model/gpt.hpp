@@ -392,8 +392,8 @@ class GPTModel {
                         int64_t group_rows);
   void moe_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la, int64_t group_rows,
                     const std::vector<int64_t>& kept, bool allgather);
-  void moe_experts_forward(PhaseSequence& phase, int l, const LayerWeights& w,
-                           const Activations& a, LayerActivations& la, Tensor& oute);
+  void moe_experts_forward(PhaseSequence& phase, int l, const LayerWeights& w, const Activations& a,
+                           LayerActivations& la, Tensor& oute);
   void moe_combine(PhaseSequence& phase, Activations& a, LayerActivations& la, Tensor& oute,
                    Tensor& out, bool allgather);
   // The steps of moe_backward, mirrors of the forward's: the expert outputs' and routing weights'

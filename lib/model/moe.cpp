@@ -439,7 +439,9 @@ void GPTModel::moe_experts_backward(PhaseSequence& phase, int l, const LayerWeig
     const Tensor act = la.moe_act.view(row * efl, {rows, efl});
     phase("moe-expert-fc2-gemm-backward");
     linear_backward(l, Fp8Gemm::Fc2, &dact, eg.fc2_w, opt(eg.fc2_b), dout, act, ew.fc2_w, e0 + j);
-    const Tensor& d1 = rows > 0 ? activation_backward(phase, dact, dfc1, fc1) : cfg_.swiglu ? dfc1 : dact;
+    const Tensor& d1 = rows > 0      ? activation_backward(phase, dact, dfc1, fc1)
+                       : cfg_.swiglu ? dfc1
+                                     : dact;
     phase("moe-expert-fc1-gemm-backward");
     linear_backward(l, Fp8Gemm::Fc1, &dout, eg.fc1_w, opt(eg.fc1_b), d1, x, ew.fc1_w, e0 + j);
     row += rows;

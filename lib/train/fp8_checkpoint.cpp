@@ -59,9 +59,8 @@ std::string restore_fp8_state(const CheckpointReader& r, GPTModel& model, Backen
            "the amax histories start empty and the scales at 1";
   if (stored != (H + 1) * cols)
     return "checkpoint " + r.path() + " holds an amax history of " +
-           std::to_string(stored / cols - 1) +
-           " steps, this run's --fp8-amax-history-len is " + std::to_string(H) +
-           ": the amax histories start empty and the scales at 1";
+           std::to_string(stored / cols - 1) + " steps, this run's --fp8-amax-history-len is " +
+           std::to_string(H) + ": the amax histories start empty and the scales at 1";
   std::vector<float> history(static_cast<size_t>(H * n)), scales(static_cast<size_t>(n));
   std::vector<float> t(static_cast<size_t>(stored));
   for (size_t li = 0; li < layers.size(); ++li) {
@@ -74,8 +73,7 @@ std::string restore_fp8_state(const CheckpointReader& r, GPTModel& model, Backen
     for (int64_t h = 0; h <= H; ++h)
       for (int64_t j = 0; j < cols; ++j) {
         const int64_t i = int64_t(li) * cols + j;
-        (h < H ? history[size_t(h * n + i)] : scales[size_t(i)]) =
-            t[size_t(h * cols + j)];
+        (h < H ? history[size_t(h * n + i)] : scales[size_t(i)]) = t[size_t(h * cols + j)];
       }
   }
   be.copy_from_host(f.history(), history.data());

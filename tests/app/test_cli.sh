@@ -125,7 +125,8 @@ expect 2 "--fp8-format: --hidden-size is 72, but FP8 GEMMs need multiples of 16"
 expect 2 "--fp8-format: --ffn-hidden-size / TP is 40" -- "${tiny[@]}" --fp8-format hybrid --ffn-hidden-size 40
 expect 2 "leave none of the 2 layers in FP8" -- "${tiny[@]}" --fp8-format hybrid --first-last-layers-bf16
 expect 2 "--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16 need --first-last-layers-bf16" -- "${tiny[@]}" --fp8-format hybrid --num-layers-at-start-in-bf16 2
-expect 2 "--fp8-format with --num-experts: FP8 expert GEMMs are not yet supported" -- "${tiny[@]}" --fp8-format hybrid --num-experts 4
+expect 2 "--fp8-format: --moe-ffn-hidden-size / TP is 40" -- "${tiny[@]}" --fp8-format hybrid --num-experts 4 --moe-ffn-hidden-size 40
+expect 0 "fp8: the experts' GEMMs of FP8 layers run one block \(sender, expert\) at a time" -- "${tiny[@]}" --fp8-format hybrid --num-experts 4 --moe-ffn-hidden-size 32 --moe-grouped-gemm --disable-bias-linear --train-iters 1 --log-interval 1
 if nvidia-smi -L >/dev/null 2>&1; then  # the device check comes first where there is no GPU
   expect 2 "--fp8-format on --device cuda needs --bf16" -- "${tiny[@]}" --fp8-format hybrid --device cuda
 fi

@@ -89,8 +89,8 @@ check_recipe() {  # check_recipe TAG [FP8 options]: the layouts against one rank
     l1=$(worst "base-$tag" "$name" lm_loss 1)
     g1=$(worst "base-$tag" "$name" grad_norm 1)
     w20=$(worst "base-$tag" "$name" lm_loss)
-    if over "$l1" 1e-6 || over "$g1" 1e-5 || over "$w20" "$(awk -v n="$noise" 'BEGIN { print 2 * n + 1e-6 }')"; then
-      echo "FAIL: $name: iteration 1 loss $l1 (1e-6), grad norm $g1 (1e-5); 20 iterations $w20 (noise $noise)"
+    if over "$l1" 1e-6 || over "$g1" "${g1_bound:-1e-5}" || over "$w20" "$(awk -v n="$noise" 'BEGIN { print 2 * n + 1e-6 }')"; then
+      echo "FAIL: $name: iteration 1 loss $l1 (1e-6), grad norm $g1 (${g1_bound:-1e-5}); 20 iterations $w20 (noise $noise)"
       fail=1
     else
       echo "ok: $name: iteration 1 loss $l1, grad norm $g1; 20 iterations $w20 (noise $noise)"
@@ -199,6 +199,11 @@ layouts=("ep2 2 --expert-model-parallel-size 2"
          "tp2ep2 4 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2"
          "cp2 2 --context-parallel-size 2")
 base_f32=moe-base-f32
+# An expert's blocks are small (a few to twenty rows here) and its output gradients E5M2 (two
+# mantissa bits), so one rounding that a last-bit difference of the layer's input flips moves the
+# first gradient norm by up to ~1e-4 (measured at TP2 over seeds 1234..1237: 1.2e-4, 3e-8, 1.5e-5,
+# 1.1e-5; one flip, the loss within 2e-7); the loss keeps its 1e-6 bound.
+g1_bound=2e-4
 run moe-base-f32 1 || exit 1
 check_recipe moe-tensorwise-hybrid --fp8-format hybrid --fp8-recipe tensorwise
 check_recipe moe-delayed-e4m3 --fp8-format e4m3 --fp8-recipe delayed --fp8-amax-history-len 4 \

@@ -104,9 +104,8 @@ void fp8_quantize(const Tensor& x, int64_t rows, int64_t cols, const float* scal
   const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(gy));
   dispatch(x.dtype(), "fp8 quantize", [&](auto tag) {
     using T = decltype(tag);
-    quantize_kernel<T>
-        <<<grid, fp8k::kThreads, 0, s>>>(x.data<T>(), rows, cols, scale, f, q, qt,
-                                         fp8_padded(rows), scale_inv, gy);
+    quantize_kernel<T><<<grid, fp8k::kThreads, 0, s>>>(x.data<T>(), rows, cols, scale, f, q, qt,
+                                                       fp8_padded(rows), scale_inv, gy);
   });
   LAUNCH_CHECK();
 }

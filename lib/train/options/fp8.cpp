@@ -164,8 +164,8 @@ class Fp8Options : public OptionGroup {
     if (s == DryRunSection::Setup)
       out << "fp8: " << d.o.train.fp8.describe(d.o.model.num_layers) << "\n";
     if (s == DryRunSection::StageDetail && d.estimate)
-      out << "  fp8: scaling state " << d.estimate->fp8_state_bytes / 1024.0
-          << " KiB (" << fp8_state_columns(d.o.model.num_experts)
+      out << "  fp8: scaling state " << d.estimate->fp8_state_bytes / 1024.0 << " KiB ("
+          << fp8_state_columns(d.o.model.num_experts)
           << " tensors per layer); no FP8 copies are kept between the passes: each GEMM "
              "quantizes its operands into scratch (on --device cuda "
           << fp8_scratch_bytes(d.o) / 1048576.0 << " MiB, the largest GEMM's)\n";
