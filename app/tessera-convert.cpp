@@ -3,6 +3,7 @@
 // LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM (chosen by the checkpoint's
 // architecture and --hf-architecture / config.json's model_type).
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "checkpoint/hf_gpt2.hpp"
@@ -149,19 +150,31 @@ int main(int argc, char** argv) {
       meta.pp_size = pp;
       meta.has_optimizer = false;
       meta.config_text = "# imported from Hugging Face " + type + " directory " + from_hf + "\n";
+      if (meta.model.moe()) {  // HF's router_aux_loss_coef, kept for training and the export
+        char coef[64];
+        std::snprintf(coef, sizeof coef, "%.17g", meta.model.moe_aux_loss_coeff);
+        meta.config_text += std::string("moe-aux-loss-coeff = ") + coef + "\n";
+      }
       std::cout << "tessera-convert: " << from_hf << " (" << meta.model.num_layers
                 << " layers, hidden " << meta.model.hidden_size << ", vocabulary "
                 << meta.model.vocab_size << "; " << meta.model.describe() << ") -> " << save
                 << " (TP " << tp << " x PP " << pp << ", no optimizer state)" << std::endl;
-      write_checkpoint(
-          save, meta,
-          [&](const std::string&, const ParamSpec& s, float* out) {
-            if (gpt2)
-              gpt2->read_slice(s, out);
-            else
-              llama->read_slice(s, out);
-          },
-          [](const std::string& line) { std::cout << line << std::endl; });
+      std::error_code ec;
+      const bool existed = std::filesystem::exists(save, ec);
+      try {
+        write_checkpoint(
+            save, meta,
+            [&](const std::string&, const ParamSpec& s, float* out) {
+              if (gpt2)
+                gpt2->read_slice(s, out);
+              else
+                llama->read_slice(s, out);
+            },
+            [](const std::string& line) { std::cout << line << std::endl; });
+      } catch (...) {  // a refused import leaves nothing: the directory it made goes too
+        if (!existed && std::filesystem::is_empty(save, ec)) std::filesystem::remove(save, ec);
+        throw;
+      }
       std::cout << "tessera-convert: wrote " << save << " in " << t.seconds() << " s" << std::endl;
     }
   } catch (const ConfigError& e) {

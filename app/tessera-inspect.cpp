@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <string>
 
 #include "core/config.hpp"
@@ -74,7 +75,8 @@ std::pair<int64_t, int64_t> parse_range(const std::string& s) {
 
 int main(int argc, char** argv) {
   RunOptions o;
-  int64_t iteration = 0;
+  constexpr int64_t kNoIteration = std::numeric_limits<int64_t>::min();
+  int64_t iteration = kNoIteration;
   std::string samples;
   bool json = false;
   try {
@@ -87,7 +89,7 @@ int main(int argc, char** argv) {
     program.add_options = [&](OptionParser& p) {
       p.group("Inspection")
           .add_options()(
-              "iteration", po::value(&iteration)->default_value(0),
+              "iteration", po::value(&iteration),
               "print the samples of this iteration (1-based), in the order of its global batch")(
               "samples", po::value(&samples),
               "print global samples A to B-1 (A:B), each with the iteration that reads it")(
@@ -99,15 +101,17 @@ int main(int argc, char** argv) {
     if (!o.has_data())
       throw ConfigError(
           "tessera-inspect reads a run's shards: give --data-path (or --train-data-path)");
+    if (iteration != kNoIteration && iteration < 1)
+      throw ConfigError("--iteration " + std::to_string(iteration) +
+                        " is not an iteration (iterations count from 1)");
     if ((iteration > 0) == !samples.empty())
       throw ConfigError("give one of --iteration N and --samples A:B");
-    if (iteration < 0)
-      throw ConfigError("--iteration " + std::to_string(iteration) + " is not an iteration (>= 1)");
     if (o.train.global_batch_size <= 0)
       throw ConfigError(
           "give --global-batch-size (the samples of one iteration; tessera-inspect has no "
           "data-parallel size to multiply --micro-batch-size by)");
     o.train.micro_batch_size = 1;  // the order of a global batch's samples does not depend on it
+    o.train.drop_lr_schedule();    // nor on the learning rate's schedule
     const TrainConfig t = o.train.resolved(1);
     if (t.train_iters <= 0)
       throw ConfigError("give the length of the run: --train-iters N (or --train-samples N)");

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "core/config.hpp"
@@ -45,8 +46,9 @@ int main(int argc, char** argv) {
             "eod-token", po::value(&to.eod_token),
             "HuggingFaceTokenizer: the end-of-document token (default: eos_token of "
             "tokenizer_config.json beside tokenizer.json)")(
-            "append-eod", po::value(&o.append_eod)->default_value(true),
-            "end every document with the end-of-document token");
+            "append-eod", po::value(&o.append_eod)->default_value(true)->implicit_value(true),
+            "end every document with the end-of-document token (a bare --append-eod, as in "
+            "Megatron, is on; --append-eod=false turns it off)");
     p.group("Output").add_options()("output-prefix", po::value(&o.output_prefix)->required(),
                                     "shards are written as PREFIX_00000.h5, PREFIX_00001.h5, ...")(
         "shard-size", po::value(&shard_size)->default_value("100M"),
@@ -67,6 +69,14 @@ int main(int argc, char** argv) {
       throw ConfigError(detail::concat("--input-format megatron takes one --input PREFIX (got ",
                                        o.inputs.size(), ")"));
     const auto tok = load_tokenizer(to);
+    {  // a prefix, not a directory: DIR/ would write DIR/_00000.h5
+      std::error_code ec;
+      if (o.output_prefix.back() == '/' || std::filesystem::is_directory(o.output_prefix, ec))
+        throw ConfigError("--output-prefix '" + o.output_prefix +
+                          "' is a directory; give a file-name prefix inside it (e.g. '" +
+                          o.output_prefix + (o.output_prefix.back() == '/' ? "" : "/") +
+                          "corpus' writes corpus_00000.h5, ...)");
+    }
     create_parent_dirs(o.output_prefix, "--output-prefix");
     const bool tty = isatty(STDOUT_FILENO);
     auto show = [&](const std::string& line, bool final) {

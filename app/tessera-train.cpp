@@ -69,7 +69,13 @@ int main(int argc, char** argv) {
                                  "ring mode where they apply (cuDNN's graph has no ring block)"
                                : attention);
     for (const std::string& line : data_report(*data, opts.train, ctx.dp_size)) TLOG(info) << line;
+    if (valid && !opts.mock_data)  // the evaluation's data, as the training's
+      TLOG(info) << "validation data: " << valid->describe() << " ("
+                 << valid->num_samples() << " samples)";
     for (const std::string& n : opts.notes) TLOG(info) << n;
+    if (const std::string w = warmup_past_the_run(opts.train.resolved(ctx.dp_size));
+        !w.empty() && grid.world_rank() == 0)
+      TLOG(warning) << w;
     install_stop_signals();
     Watchdog watchdog(opts.train.distributed_timeout_minutes, MPI_COMM_WORLD);
     Trainer trainer(opts.model, opts.train, *backend, *data, ctx);
@@ -135,6 +141,9 @@ int main(int argc, char** argv) {
     if (valid && !trainer.stopped_by_signal() &&
         trainer.iteration() >= trainer.config().train_iters) {
       std::unique_ptr<TokenDataset> test = open_test_data(opts);
+      if (test && !opts.mock_data)
+        TLOG(info) << "test data: " << test->describe() << " (" << test->num_samples()
+                   << " samples)";
       const std::pair<const char*, const TokenDataset*> splits[] = {{"val", valid.get()},
                                                                     {"test", test.get()}};
       for (const auto& [name, ds] : splits) {

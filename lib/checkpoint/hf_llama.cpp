@@ -6,7 +6,9 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -349,7 +351,13 @@ void write_hf_config(const GPTConfig& cfg, const std::string& arch, const std::s
 
 void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const HfExportOptions& o,
                      const std::function<void(const std::string&)>& progress) {
-  const GPTConfig& cfg = ckpt.meta().model;
+  GPTConfig cfg = ckpt.meta().model;
+  // The training options that HF's config holds but the model's structure does not: from the
+  // options the run saved with the checkpoint (its `config` attribute, one `key = value` a line).
+  std::istringstream ini(ckpt.meta().config_text);
+  for (std::string line; std::getline(ini, line);)
+    if (line.rfind("moe-aux-loss-coeff = ", 0) == 0)
+      cfg.moe_aux_loss_coeff = std::strtod(line.c_str() + 21, nullptr);
   const std::string arch = hf_export_architecture(cfg, o.architecture);
   const std::string cls = arch == "qwen2"     ? "Qwen2ForCausalLM"
                           : arch == "mistral" ? "MistralForCausalLM"
@@ -417,23 +425,32 @@ void parse_hf_config(const std::string& path, const std::string& text, GPTConfig
                      HfConfigSettings& h) {
   try {
     JsonReader r(text);
+    // A size: a whole number >= 1 (null allowed where HF's default applies), named otherwise.
+    auto size = [&](const std::string& k, bool null_ok) -> int64_t {
+      if (null_ok && r.null_value()) return 0;
+      const double v = r.number_value();
+      if (!(v >= 1 && v <= double(1 << 30) && v == std::floor(v)))
+        throw ConfigError("'" + path + "' has \"" + k + "\": " + number(v) +
+                          " (allowed: a whole number >= 1" + (null_ok ? ", or null" : "") + ")");
+      return static_cast<int64_t>(v);
+    };
     r.object([&](const std::string& k) {
       if (k == "hidden_size")
-        cfg.hidden_size = static_cast<int>(r.int_value());
+        cfg.hidden_size = static_cast<int>(size(k, false));
       else if (k == "intermediate_size")
-        cfg.ffn_hidden_size = static_cast<int>(r.int_value());
+        cfg.ffn_hidden_size = static_cast<int>(size(k, false));
       else if (k == "num_hidden_layers")
-        cfg.num_layers = static_cast<int>(r.int_value());
+        cfg.num_layers = static_cast<int>(size(k, false));
       else if (k == "num_attention_heads")
-        cfg.num_attention_heads = static_cast<int>(r.int_value());
+        cfg.num_attention_heads = static_cast<int>(size(k, false));
       else if (k == "num_key_value_heads")
-        h.kv_heads = r.null_value() ? 0 : r.int_value();
+        h.kv_heads = size(k, true);
       else if (k == "head_dim")
-        h.head_dim = r.null_value() ? 0 : r.int_value();
+        h.head_dim = size(k, true);
       else if (k == "max_position_embeddings")
-        cfg.max_position_embeddings = static_cast<int>(r.int_value());
+        cfg.max_position_embeddings = static_cast<int>(size(k, false));
       else if (k == "vocab_size")
-        cfg.vocab_size = r.int_value();
+        cfg.vocab_size = size(k, false);
       else if (k == "rms_norm_eps")
         cfg.layernorm_epsilon = r.number_value();
       else if (k == "rope_theta")

@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
+#include <string>
 #include <fstream>
 #include <sstream>
 
@@ -274,7 +276,16 @@ const SafetensorsEntry& SafetensorsDir::entry(const std::string& name) const {
 }
 
 std::vector<float> SafetensorsDir::read(const std::string& name) const {
-  return reader(name).read(name);
+  std::vector<float> v = reader(name).read(name);
+  // A NaN or infinite weight trains nothing but NaN losses, which would then blame the learning
+  // rate: the import stops here, naming the tensor.
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      throw ConfigError("'" + file_of(name) + "': tensor \"" + name + "\" holds " +
+                        (std::isnan(v[i]) ? "NaN" : "an infinity") + " at element " +
+                        std::to_string(i) +
+                        " (damaged or not a trained checkpoint); fix or re-download the weights");
+  return v;
 }
 
 const std::string& SafetensorsDir::file_of(const std::string& name) const {

@@ -47,7 +47,11 @@ void abort_job(const std::string& message, int exit_code) {
   gethostname(host, sizeof host - 1);
   std::fprintf(stderr, "rank %d (%s): error: %s\n", rank, host, message.c_str());
   std::fflush(stderr);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  int size = 1;
+  if (initialized && !finalized) MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // One rank: nothing to bring down, and MPI_Abort would add Open MPI's banner to the one line.
+  // (No MPI_Finalize either: another thread, the watchdog's, may be inside MPI.)
+  if (initialized && !finalized && size > 1) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);
 }
 

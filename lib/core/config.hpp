@@ -30,7 +30,7 @@ class OptionParser {
   bool given(const std::string& name) const { return vm_.count(name) && !vm_[name].defaulted(); }
   // True when `name`'s value came from the --config file (not the command line, not a default).
   bool from_config_file(const std::string& name) const {
-    return given(name) && !command_line_.count(name);
+    return !config_path_.empty() && given(name) && !command_line_.count(name);
   }
   // `message` with a note naming the options it mentions (as --name) whose values came from the
   // config file, e.g. "... (--train-iters is set in config file 'configs/gpt2-tiny.ini')".

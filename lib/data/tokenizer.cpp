@@ -3,6 +3,7 @@
 
 #include <unicode/uchar.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -104,6 +105,11 @@ std::string utf8(uint32_t cp) {
 }
 
 std::string read_file(const std::string& path, const char* what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(std::string(what) + " '" + path +
+                      "' is a directory; give the file itself (e.g. encoder.json for "
+                      "--vocab-file, vocab.bpe for --merge-file)");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw ConfigError(std::string(what) + " '" + path +

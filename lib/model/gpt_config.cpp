@@ -1,6 +1,7 @@
 // gpt_config.cpp: validation and derived sizes of the GPT configuration.
 #include "model/gpt_config.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <functional>
@@ -233,7 +234,12 @@ void GPTConfig::validate_moe() const {
     throw ConfigError(detail::concat(
         "--moe-shared-expert-intermediate-size=", moe_shared_expert_intermediate_size,
         " is out of range (allowed: 0 for none, or >= 1)"));
-  moe_layer_pattern(moe_layer_freq, num_layers);  // throws on a bad pattern
+  const std::vector<int> pattern = moe_layer_pattern(moe_layer_freq, num_layers);  // or throws
+  if (std::find(pattern.begin(), pattern.end(), 1) == pattern.end())
+    throw ConfigError(detail::concat(
+        "--moe-layer-freq=", moe_layer_freq, " leaves none of the ", num_layers,
+        " layers a MoE layer; mark at least one with 1, or leave out --num-experts for a dense "
+        "model"));
   if (moe_router_load_balancing_type != "aux_loss" &&
       moe_router_load_balancing_type != "seq_aux_loss" && moe_router_load_balancing_type != "none")
     throw ConfigError("--moe-router-load-balancing-type=" + moe_router_load_balancing_type +

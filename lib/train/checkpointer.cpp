@@ -453,13 +453,13 @@ void TrainingCheckpointer::log_loaded(const CheckpointReader& r, bool model_only
     const bool length_matters = (cfg_.lr_decay_iters == 0 && cfg_.lr_decay_style != "constant") ||
                                 optimizers_.weight_decay_scheduled();
     const std::string changed = schedule_changes(m.config_text, cfg_.config_text, length_matters);
-    if (!changed.empty())
+    if (!changed.empty() && ctx_.world_rank == 0)  // the same on every rank: said once
       TLOG(warning) << "the learning-rate / weight-decay schedule differs from checkpoint "
                     << r.path() << "'s (" << changed << "); this run's options are used from "
                     << "iteration " << iteration + 1
                     << " (as Megatron-LM's --override-opt_param-scheduler)";
   }
-  if (!m.has_optimizer && !model_only && load_optimizer)
+  if (!m.has_optimizer && !model_only && load_optimizer && ctx_.world_rank == 0)
     TLOG(warning) << "checkpoint " << r.path()
                   << " holds no optimizer state; Adam moments start at zero";
 }

@@ -20,11 +20,22 @@ std::string format(const char* fmt, double v) {
 }
 }  // namespace
 
+namespace {
+// A number in the metrics file: JSON has no NaN or infinity, so a non-finite value is null.
+std::string json_number(const char* fmt, double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
+}
+}  // namespace
+
 void FigureSink::add(const Figure& f, double value) {
   if (at_log_) {
     if (f.log) *line_ += std::string(" | ") + f.log + ": " + format(f.log_format, value);
     if (f.json && json_)
-      *json_ += std::string(", \"") + f.json + "\": " + format(f.json_format, value);
+      *json_ += std::string(", \"") + f.json + "\": " +
+                (std::isfinite(value) ? format(f.json_format, value) : std::string("null"));
   }
   if (tb_ && f.tensorboard && f.tensorboard_every_step != at_log_)
     tb_->add_scalar(f.tensorboard, value, step_);
@@ -138,13 +149,15 @@ void TrainingMetrics::log_line(const StepStats& s, int64_t consumed_samples) {
       s.lr, gbs, loss, s.grad_norm, tok_s, gflops / 1e3);
   std::string line = buf;
   std::snprintf(buf, sizeof buf,
-                "{\"iteration\": %lld, \"consumed_samples\": %lld, \"global_batch_size\": %d, "
-                "\"lm_loss\": %.17g, "
-                "\"lr\": %.17g, \"grad_norm\": %.17g, \"ms_per_iter\": %.4f, \"tokens_per_s\": "
-                "%.3f, \"gflops_per_s_per_rank\": %.4f, \"tflops_per_gpu\": %.6f",
-                (long long)s.iteration, (long long)consumed_samples, s.global_batch, loss, s.lr,
-                s.grad_norm, sec * 1e3, tok_s, gflops, gflops / 1e3);
+                "{\"iteration\": %lld, \"consumed_samples\": %lld, \"global_batch_size\": %d, ",
+                (long long)s.iteration, (long long)consumed_samples, s.global_batch);
   std::string json = buf;
+  json += "\"lm_loss\": " + json_number("%.17g", loss) + ", \"lr\": " +
+          json_number("%.17g", s.lr) + ", \"grad_norm\": " + json_number("%.17g", s.grad_norm) +
+          ", \"ms_per_iter\": " + json_number("%.4f", sec * 1e3) +
+          ", \"tokens_per_s\": " + json_number("%.3f", tok_s) +
+          ", \"gflops_per_s_per_rank\": " + json_number("%.4f", gflops) +
+          ", \"tflops_per_gpu\": " + json_number("%.6f", gflops / 1e3);
   {  // every source's figures (collective ones included: every rank logs at the same iterations)
     FigureSink at_log(&line, metrics_.is_open() ? &json : nullptr, tb_.get(), s.iteration);
     const LogInterval interval{s, gflops};
@@ -171,7 +184,8 @@ void TrainingMetrics::log_line(const StepStats& s, int64_t consumed_samples) {
 void TrainingMetrics::record_validation(int64_t iteration, double loss, int64_t consumed_samples) {
   TLOG(info) << validation_loss_text("iteration " + std::to_string(iteration), loss);
   if (metrics_.is_open())
-    metrics_ << "{\"iteration\": " << iteration << ", \"valid_lm_loss\": " << loss << "}\n"
+    metrics_ << "{\"iteration\": " << iteration
+             << ", \"valid_lm_loss\": " << json_number("%.17g", loss) << "}\n"
              << std::flush;
   if (tb_) {
     tb_->add_scalar("lm loss validation", loss, iteration);

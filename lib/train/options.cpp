@@ -25,6 +25,7 @@ void check_run(const OptionParser& p, RunOptions& o, const RunOptionsProgram& pr
   if (program.data_only) {
     TrainConfig c = t;  // the micro-batch is the trainer's business: any global batch works
     c.micro_batch_size = 1;
+    c.drop_lr_schedule();  // nor is the learning rate
     c.validate(1);
   } else {
     t.validate(1);

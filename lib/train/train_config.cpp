@@ -2,6 +2,8 @@
 #include "train/train_config.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -72,10 +74,12 @@ void validate_schedule(const TrainConfig& t) {
   if (!(t.lr_warmup_init >= 0 && t.lr_warmup_init <= t.lr))
     throw ConfigError(concat("--lr-warmup-init=", t.lr_warmup_init,
                              " is out of range (allowed: 0 <= init <= --lr=", t.lr, ")"));
-  if (t.lr_wsd_decay_iters < 0 || t.lr_wsd_decay_samples < 0)
+  if (t.lr_wsd_decay_iters < 0)
     throw ConfigError(concat("--lr-wsd-decay-iters=", t.lr_wsd_decay_iters,
-                             " / --lr-wsd-decay-samples=", t.lr_wsd_decay_samples,
-                             " are out of range (allowed: >= 1)"));
+                             " is out of range (allowed: >= 1)"));
+  if (t.lr_wsd_decay_samples < 0)
+    throw ConfigError(concat("--lr-wsd-decay-samples=", t.lr_wsd_decay_samples,
+                             " is out of range (allowed: >= 1)"));
   const std::string& w = t.lr_wsd_decay_style;
   if (!w.empty() && w != "exponential" && w != "linear" && w != "cosine" && w != "minus_sqrt")
     throw ConfigError("--lr-wsd-decay-style=" + w +
@@ -190,6 +194,18 @@ void TrainConfig::validate(int dp_size) const {
                              micro_batch_size * dp_size, ")"));
   if (train_iters < 0)
     throw ConfigError(concat("--train-iters=", train_iters, " is out of range (allowed: >= 0)"));
+  if (train_samples < 0)
+    throw ConfigError(
+        concat("--train-samples=", train_samples, " is out of range (allowed: >= 1)"));
+  // Infinities are refused as NaNs are: a rate or decay of inf trains nothing but NaNs.
+  for (const auto& [name, v] :
+       {std::pair<const char*, double>{"--lr", lr}, {"--min-lr", min_lr},
+        {"--lr-warmup-init", lr_warmup_init}, {"--weight-decay", weight_decay},
+        {"--clip-grad", clip_grad}, {"--adam-eps", adam_eps},
+        {"--start-weight-decay", start_weight_decay.value_or(0)},
+        {"--end-weight-decay", end_weight_decay.value_or(0)}})
+    if (std::isinf(v))
+      throw ConfigError(concat(name, "=", v, " is not a finite number; give a finite value"));
   if (!(lr >= 0)) throw ConfigError(concat("--lr=", lr, " is out of range (allowed: >= 0)"));
   if (!(min_lr >= 0 && min_lr <= lr))
     throw ConfigError(
@@ -205,6 +221,18 @@ void TrainConfig::validate(int dp_size) const {
   if (lr_decay_iters < 0)
     throw ConfigError(
         concat("--lr-decay-iters=", lr_decay_iters, " is out of range (allowed: >= 0)"));
+  // Megatron's scheduler asserts warm-up < decay; a warm-up past the run's end (the decay from
+  // the run's length) is a start-up line instead (options/training.cpp).
+  if (!lr_schedule_in_samples && lr_decay_iters > 0 && lr_warmup_iters >= lr_decay_iters)
+    throw ConfigError(concat("--lr-warmup-iters=", lr_warmup_iters,
+                             " is not shorter than --lr-decay-iters=", lr_decay_iters,
+                             ": the warm-up must end before the decay does (lower the warm-up or "
+                             "lengthen the decay)"));
+  if (lr_decay_samples > 0 && lr_warmup_samples >= lr_decay_samples)
+    throw ConfigError(concat("--lr-warmup-samples=", lr_warmup_samples,
+                             " is not shorter than --lr-decay-samples=", lr_decay_samples,
+                             ": the warm-up must end before the decay does (lower the warm-up or "
+                             "lengthen the decay)"));
   if (!(weight_decay >= 0))
     throw ConfigError(concat("--weight-decay=", weight_decay, " is out of range (allowed: >= 0)"));
   validate_weight_decay_schedule(*this);
@@ -222,9 +250,11 @@ void TrainConfig::validate(int dp_size) const {
   if (ddp_bucket_size <= 0)
     throw ConfigError(
         concat("--ddp-bucket-size=", ddp_bucket_size, " is out of range (allowed: >= 1)"));
-  if (eval_interval < 0 || eval_iters < 0)
-    throw ConfigError(concat("--eval-interval=", eval_interval, " / --eval-iters=", eval_iters,
-                             " are out of range (allowed: >= 0)"));
+  if (eval_interval < 0)
+    throw ConfigError(
+        concat("--eval-interval=", eval_interval, " is out of range (allowed: >= 0)"));
+  if (eval_iters < 0)
+    throw ConfigError(concat("--eval-iters=", eval_iters, " is out of range (allowed: >= 0)"));
   if (eval_interval > 0 && eval_iters < 1)
     throw ConfigError(concat("--eval-iters=", eval_iters,
                              " evaluates nothing; with --eval-interval=", eval_interval,
@@ -232,9 +262,12 @@ void TrainConfig::validate(int dp_size) const {
   if (save_interval < 0)
     throw ConfigError(
         concat("--save-interval=", save_interval, " is out of range (allowed: >= 0)"));
-  if (exit_interval < 0 || !(exit_duration_mins >= 0))
-    throw ConfigError(concat("--exit-interval=", exit_interval, " / --exit-duration-in-mins=",
-                             exit_duration_mins, " are out of range (allowed: >= 0)"));
+  if (exit_interval < 0)
+    throw ConfigError(
+        concat("--exit-interval=", exit_interval, " is out of range (allowed: >= 0)"));
+  if (!(exit_duration_mins >= 0))
+    throw ConfigError(concat("--exit-duration-in-mins=", exit_duration_mins,
+                             " is out of range (allowed: >= 0)"));
   if (keep_checkpoints < 0)
     throw ConfigError(
         concat("--keep-checkpoints=", keep_checkpoints, " is out of range (allowed: >= 0)"));
@@ -256,6 +289,16 @@ void TrainConfig::validate(int dp_size) const {
   if (!(peak_tflops >= 0))
     throw ConfigError(concat("--peak-tflops=", peak_tflops, " is out of range (allowed: >= 0)"));
   if (!lr_schedule_in_samples) validate_rampup(*this, dp_size);  // resolved() checked it
+}
+
+std::string warmup_past_the_run(const TrainConfig& t) {
+  if (t.train_iters <= 0 || t.lr_warmup_iters <= 0) return std::string();
+  const char* unit = t.lr_schedule_in_samples ? " samples" : " iterations";
+  const int64_t run = t.lr_schedule_in_samples ? t.weight_decay_incr_iters : t.train_iters;
+  if (t.lr_warmup_iters < run) return std::string();
+  return detail::concat("the learning-rate warm-up (", t.lr_warmup_iters, unit,
+                        ") lasts the whole run (", run, unit, "): the learning rate never reaches "
+                        "--lr=", t.lr, "; shorten the warm-up or lengthen the run");
 }
 
 TrainConfig TrainConfig::resolved(int dp_size) const {
@@ -284,6 +327,11 @@ TrainConfig TrainConfig::resolved(int dp_size) const {
                                lr_warmup_samples, " are out of range (allowed: >= 0)"));
     t.lr_decay_iters = lr_decay_samples > 0 ? lr_decay_samples : train_samples;
     t.lr_warmup_iters = lr_warmup_samples;
+    if (lr_decay_samples > 0 && lr_warmup_samples >= lr_decay_samples)
+      throw ConfigError(concat("--lr-warmup-samples=", lr_warmup_samples,
+                               " is not shorter than --lr-decay-samples=", lr_decay_samples,
+                               ": the warm-up must end before the decay does (lower the warm-up "
+                               "or lengthen the decay)"));
     if (lr_warmup_fraction != 0) {
       if (!(lr_warmup_fraction > 0 && lr_warmup_fraction <= 1))
         throw ConfigError(concat("--lr-warmup-fraction=", lr_warmup_fraction,
@@ -328,6 +376,21 @@ TrainConfig TrainConfig::resolved(int dp_size) const {
           "both given; choose one");
     const int64_t decay = t.lr_decay_iters > 0 ? t.lr_decay_iters : t.train_iters;
     t.lr_warmup_iters = static_cast<int64_t>(lr_warmup_fraction * static_cast<double>(decay));
+  }
+  if (t.lr_decay_iters > 0 && t.lr_warmup_iters >= t.lr_decay_iters &&
+      (lr_decay_samples > 0 || lr_warmup_samples > 0 || lr_warmup_fraction != 0)) {
+    // Counted in samples (or a fraction): named as given, with the iterations they come to.
+    const std::string warm =
+        lr_warmup_samples > 0    ? concat("--lr-warmup-samples=", lr_warmup_samples)
+        : lr_warmup_fraction != 0 ? concat("--lr-warmup-fraction=", lr_warmup_fraction)
+                                  : concat("--lr-warmup-iters=", lr_warmup_iters);
+    const std::string decay = lr_decay_samples > 0
+                                  ? concat("--lr-decay-samples=", lr_decay_samples)
+                                  : concat("--lr-decay-iters=", lr_decay_iters);
+    throw ConfigError(concat(warm, " (", t.lr_warmup_iters, " iterations) is not shorter than ",
+                             decay, " (", t.lr_decay_iters,
+                             " iterations): the warm-up must end before the decay does (lower "
+                             "the warm-up or lengthen the decay)"));
   }
   t.lr_wsd_decay_iters = iters(lr_wsd_decay_samples, "--lr-wsd-decay-samples",
                                "--lr-wsd-decay-iters", lr_wsd_decay_iters);

@@ -148,6 +148,18 @@ struct TrainConfig {
   std::vector<int> global_batches(int dp_size) const;
   // Throws ConfigError naming the option and the allowed values.
   void validate(int dp_size) const;
+  // The learning-rate schedule's lengths cleared (warm-up, decay, WSD decay), for tools that read
+  // a run's data order only (tessera-inspect): their checks do not apply there.
+  void drop_lr_schedule() {
+    lr_warmup_iters = lr_decay_iters = lr_wsd_decay_iters = 0;
+    lr_warmup_samples = lr_decay_samples = lr_wsd_decay_samples = 0;
+    lr_warmup_fraction = 0;
+  }
 };
+
+// For a resolved config: the warning line when the warm-up lasts the whole run (the learning
+// rate never reaches --lr), else "". A warm-up not shorter than an explicit decay is refused by
+// validate(), as Megatron asserts.
+std::string warmup_past_the_run(const TrainConfig& resolved);
 
 }  // namespace tessera

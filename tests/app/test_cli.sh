@@ -125,6 +125,19 @@ expect 2 "--fp8-format: --hidden-size is 72, but FP8 GEMMs need multiples of 16"
 expect 2 "--fp8-format: --ffn-hidden-size / TP is 40" -- "${tiny[@]}" --fp8-format hybrid --ffn-hidden-size 40
 expect 2 "leave none of the 2 layers in FP8" -- "${tiny[@]}" --fp8-format hybrid --first-last-layers-bf16
 expect 2 "--num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16 need --first-last-layers-bf16" -- "${tiny[@]}" --fp8-format hybrid --num-layers-at-start-in-bf16 2
+# Issue 39's new-user cases (one line each, exit 2; or a line where the run goes on).
+expect 2 "--lr=inf is not a finite number" -- "${tiny[@]}" --lr inf --train-iters 2
+expect 2 "--weight-decay=inf is not a finite number" -- "${tiny[@]}" --weight-decay inf --train-iters 2
+expect 2 "--lr-warmup-iters=10 is not shorter than --lr-decay-iters=5: the warm-up must end before the decay does" -- "${tiny[@]}" --lr-decay-iters 5 --lr-warmup-iters 10 --train-iters 3
+expect 0 "the learning-rate warm-up \(10 iterations\) lasts the whole run \(3 iterations\)" -- "${tiny[@]}" --lr-warmup-iters 10 --train-iters 3 --log-interval 1
+expect 2 "--train-samples=-3 is out of range \(allowed: >= 1\)" -- "${tiny[@]}" --train-samples -3
+expect 2 "--moe-layer-freq=\[0,0\] leaves none of the 2 layers a MoE layer" -- "${tiny[@]}" --num-experts 4 --moe-layer-freq "[0,0]" --train-iters 2
+out=$("$bin" --lr abc 2>&1)
+if grep -q "config file ''" <<<"$out" || ! grep -q "'--lr' is invalid" <<<"$out"; then
+  echo "FAIL: a malformed number without --config names a config file: $out"; fail=1
+else
+  echo "ok: --lr abc without --config: $out"
+fi
 expect 2 "--fp8-format: --moe-ffn-hidden-size / TP is 40" -- "${tiny[@]}" --fp8-format hybrid --num-experts 4 --moe-ffn-hidden-size 40
 expect 0 "fp8: the experts' GEMMs of FP8 layers run one block \(sender, expert\) at a time" -- "${tiny[@]}" --fp8-format hybrid --num-experts 4 --moe-ffn-hidden-size 32 --moe-grouped-gemm --disable-bias-linear --train-iters 1 --log-interval 1
 if nvidia-smi -L >/dev/null 2>&1; then  # the device check comes first where there is no GPU

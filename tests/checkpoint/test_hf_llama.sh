@@ -82,6 +82,25 @@ $tool make "$work/b" --groups 2
 cp -r "$work/b" "$work/shape"
 sed -i 's/"intermediate_size": 24/"intermediate_size": 32/' "$work/shape/config.json"
 expect "config whose shapes disagree with the safetensors" "model.safetensors': model.layers.0.mlp.gate_proj.weight has shape \[24, 16\], config.json implies \[32, 16\]" -- --from-hf "$work/shape" --save "$work/x"
+# Issue 39's new-user cases: a size that is not a whole number, a zero head count, NaN weights.
+cp -r "$work/b" "$work/half" && sed -i 's/"hidden_size": 16/"hidden_size": 16.5/' "$work/half/config.json"
+expect "hidden_size 16.5" "half/config.json' has \"hidden_size\": 16.5 \(allowed: a whole number >= 1\)" -- --from-hf "$work/half" --save "$work/x"
+cp -r "$work/b" "$work/kv0" && sed -i 's/"num_key_value_heads": 2/"num_key_value_heads": 0/' "$work/kv0/config.json"
+expect "num_key_value_heads 0" "kv0/config.json' has \"num_key_value_heads\": 0 \(allowed: a whole number >= 1, or null\)" -- --from-hf "$work/kv0" --save "$work/x"
+cp -r "$work/b" "$work/nan" && python3 - "$work/nan/model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]
+data = bytearray(open(p, "rb").read())
+(n,) = struct.unpack("<Q", data[:8])
+h = json.loads(data[8:8 + n])
+name, t = next((k, v) for k, v in h.items() if k != "__metadata__")
+at = 8 + n + t["data_offsets"][0]
+data[at:at + 2] = b"\xc0\x7f" if t["dtype"] == "BF16" else b"\x00\x7e"
+if t["dtype"] == "F32": data[at:at + 4] = struct.pack("<f", float("nan"))
+open(p, "wb").write(bytes(data))
+print(name)
+PY
+expect "a NaN weight" "nan/model.safetensors': tensor \"[a-z_.0-9]+\" holds NaN at element 0 \(damaged or not a trained checkpoint\)" -- --from-hf "$work/nan" --save "$work/x"
 cp -r "$work/b" "$work/scaling"
 sed -i 's/"rope_scaling": null/"rope_scaling": {"rope_type": "yarn", "factor": 4.0}/' "$work/scaling/config.json"
 expect "rope_scaling yarn" "has rope_scaling of type \"yarn\" \(allowed: llama3, or rope_scaling null\)" -- --from-hf "$work/scaling" --save "$work/x"
@@ -100,6 +119,22 @@ expect "another model type" "model_type \"gemma\" \(allowed: gpt2, llama, qwen2,
 # Mixtral: router settings Tessera does not have, and an expert count the tensors contradict.
 $tool make "$work/mx" --arch mixtral
 cp -r "$work/mx" "$work/jitter" && sed -i 's/"router_jitter_noise": 0.0/"router_jitter_noise": 0.01/' "$work/jitter/config.json"
+# router_aux_loss_coef travels: HF -> checkpoint -> HF (0.02), and from a trained run (0.01).
+if timeout 120 "$bin/tessera-convert" --from-hf "$work/mx" --save "$work/mx-ck" > /dev/null 2>&1 &&
+   timeout 120 "$bin/tessera-convert" --to-hf --load "$work/mx-ck" --save "$work/mx-hf" > /dev/null 2>&1 &&
+   grep -q '"router_aux_loss_coef": 0.02,' "$work/mx-hf/config.json"; then
+  ok "router_aux_loss_coef 0.02 through an import and an export"
+else
+  bad "router_aux_loss_coef after import and export: $(grep router_aux "$work/mx-hf/config.json")"
+fi
+if timeout 300 "$bin/tessera-train" --config "$src/configs/mixtral-tiny.ini" --mock-data --vocab-size 100 --num-layers 1 \
+     --train-iters 1 --threads 1 --log-interval 1 --save "$work/mxt-ck" > "$work/train.log" 2>&1 &&
+   timeout 120 "$bin/tessera-convert" --to-hf --load "$work/mxt-ck" --save "$work/mxt-hf" > /dev/null 2>&1 &&
+   grep -q '"router_aux_loss_coef": 0.01,' "$work/mxt-hf/config.json"; then
+  ok "a trained Mixtral's --moe-aux-loss-coeff 0.01 in its export's router_aux_loss_coef"
+else
+  bad "router_aux_loss_coef of a trained Mixtral: $(grep router_aux "$work/mxt-hf/config.json"; tail -n 2 "$work/train.log")"
+fi
 expect "Mixtral with router_jitter_noise" "has router_jitter_noise 0.01; Tessera's router has no jitter \(allowed: 0\)" -- --from-hf "$work/jitter" --save "$work/x"
 cp -r "$work/mx" "$work/rtype" && sed -i 's/"router_jitter_noise"/"router_type": "sinkhorn", "router_jitter_noise"/' "$work/rtype/config.json"
 expect "Mixtral with an unknown router setting" "has router setting \"router_type\", which this importer does not know" -- --from-hf "$work/rtype" --save "$work/x"

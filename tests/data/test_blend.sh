@@ -182,6 +182,16 @@ refuse "inspect: --samples beyond the run" "goes beyond the run's 4000 samples" 
   "${I[@]}" --data-path "${blend[@]}" --samples 3990:4001
 refuse "inspect: --iteration and --samples" "give one of --iteration N and --samples A:B" \
   "${I[@]}" --data-path "${blend[@]}" --iteration 2 --samples 0:4
+refuse "inspect: --iteration 0" "--iteration 0 is not an iteration (iterations count from 1)" \
+  "${I[@]}" --data-path "${blend[@]}" --iteration 0
+# A learning-rate option inspect does not use leaves a ramp-up run readable.
+if out=$("$bin/tessera-inspect" "${model[@]}" --global-batch-size 16 --rampup-batch-size 4 4 200 \
+           --train-samples 4000 --lr-warmup-iters 5 --data-path "${blend[@]}" --iteration 3 2>&1) &&
+   grep -q "iteration 3" <<<"$out"; then
+  ok "inspect: a ramp-up run with --lr-warmup-iters -> its iteration 3"
+else
+  bad "inspect with a ramp and --lr-warmup-iters: $(tail -n 2 <<<"$out")"
+fi
 refuse "inspect: a bad range" "--samples '9:3' is not a range" "${I[@]}" --data-path "${blend[@]}" --samples 9:3
 refuse "inspect: no data" "give --data-path" "${I[@]}" --iteration 2
 exit $fail

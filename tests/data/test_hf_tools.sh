@@ -113,6 +113,20 @@ bad_tok deep '{"normalizer": '"$deep"'}'
 bad_tok twice '{"normalizer": null, "normalizer": null, "pre_tokenizer": null, "decoder": null, '"$model"'}'
 expect_refused "tokenizer.json nested 50,000 deep" "'$work/deep/tokenizer.json': does not parse as a tokenizer.json: nesting deeper than 512 levels at byte 526" "${HF[@]}" --tokenizer-model "$work/deep"
 expect_refused "a key twice in tokenizer.json" "'$work/twice/tokenizer.json': does not parse as a tokenizer.json: duplicate key \"normalizer\" at byte 21" "${HF[@]}" --tokenizer-model "$work/twice"
+# Issue 39's new-user cases: a directory where a file or a prefix belongs; Megatron's bare flag.
+expect_refused "a directory as --vocab-file" "--vocab-file '$work' is a directory; give the file itself" \
+  --tokenizer-type GPT2BPETokenizer --vocab-file "$work" --merge-file "$work/c.jsonl"
+expect_refused "--output-prefix DIR/" "--output-prefix '$work/' is a directory; give a file-name prefix inside it" \
+  "${HF[@]}" --tokenizer-model "$sp" --output-prefix "$work/"
+for flag in "--append-eod" "--append-eod=false"; do
+  rm -f "$work"/eod_*
+  if "$bin/tessera-preprocess" --input "$work/c.jsonl" --output-prefix "$work/eod" "${HF[@]}" \
+       --tokenizer-model "$sp" $flag --workers 1 > "$work/eod.log" 2>&1 && ls "$work"/eod_00000.h5 > /dev/null; then
+    ok "tessera-preprocess $flag (a bare flag as in Megatron) -> rc 0"
+  else
+    bad "tessera-preprocess $flag: $(tail -n 2 "$work/eod.log")"
+  fi
+done
 { echo '{"text": "fine"}'; printf '{"text": "a", "meta": %s}\n' "$deep"; } > "$work/deep.jsonl"
 printf '{"text": "fine"}\n{"text": "a", "text": "b"}\n' > "$work/twice.jsonl"
 for c in "deep|2: nesting deeper than 512 levels at byte 533" 'twice|2: duplicate key "text" at byte 14'; do

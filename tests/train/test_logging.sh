@@ -132,8 +132,8 @@ lrs() { grep -o 'learning rate: [0-9.E+-]*' | awk '{print $3}' | tr '\n' ' '; }
 w=$(train 1 --train-iters 4 --lr 0.002 --lr-warmup-iters 0 --lr-warmup-fraction 0.5 --log-interval 1 2>&1 | lrs)
 [ "$w" = "1.000000E-03 2.000000E-03 $(train 1 --train-iters 4 --lr 0.002 --lr-warmup-iters 2 --log-interval 1 2>&1 | lrs | cut -d' ' -f3-)" ] \
   && ok "--lr-warmup-fraction 0.5 of 4 iterations == --lr-warmup-iters 2: $w" || bad "--lr-warmup-fraction: $w"
-a=$(train 1 --train-iters 6 --lr-decay-samples 64 --log-interval 1 2>&1 | lrs)
-b=$(train 1 --train-iters 6 --lr-decay-iters 4 --log-interval 1 2>&1 | lrs)
+a=$(train 1 --train-iters 6 --lr-warmup-iters 1 --lr-decay-samples 64 --log-interval 1 2>&1 | lrs)
+b=$(train 1 --train-iters 6 --lr-warmup-iters 1 --lr-decay-iters 4 --log-interval 1 2>&1 | lrs)
 [ -n "$a" ] && [ "$a" = "$b" ] && ok "--lr-decay-samples 64 == --lr-decay-iters 4 at global batch 16" || bad "--lr-decay-samples: '$a' vs '$b'"
 train 1 --train-iters 2 --save "$work/full" > /dev/null 2>&1
 train 1 --train-iters 2 --save "$work/lean" --no-save-optim > /dev/null 2>&1

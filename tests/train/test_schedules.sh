@@ -176,7 +176,7 @@ expect2 "--lr-decay-style WSD needs --lr-wsd-decay-iters or --lr-wsd-decay-sampl
 expect2 "--lr-wsd-decay-iters applies only to --lr-decay-style WSD \(the style is cosine\)" --lr-wsd-decay-iters 5
 expect2 "--lr-wsd-decay-style applies only to --lr-decay-style WSD" --lr-wsd-decay-style linear
 expect2 "--lr-wsd-decay-samples=8 is less than one global batch \(16 samples\)" --lr-decay-style WSD --lr-wsd-decay-samples 8
-expect2 "--lr-wsd-decay-iters=-3 / --lr-wsd-decay-samples=0 are out of range" --lr-decay-style WSD --lr-wsd-decay-iters=-3
+expect2 "--lr-wsd-decay-iters=-3 is out of range \\(allowed: >= 1\\)" --lr-decay-style WSD --lr-wsd-decay-iters=-3
 expect2 "--lr-warmup-init=0.01 is out of range \(allowed: 0 <= init <= --lr=0.003\)" --lr-warmup-init 0.01
 expect2 "--weight-decay-incr-style linear needs --start-weight-decay and --end-weight-decay" \
   --weight-decay-incr-style linear --start-weight-decay 0.01
