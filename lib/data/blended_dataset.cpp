@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -56,9 +57,18 @@ DataBlend parse_data_blend(const std::vector<std::string>& given, const std::str
       throw ConfigError(named + ": the weight " + w + " of '" + words[i + 1] +
                         "' must be positive (leave a dataset out to give it no samples)");
     const std::string& p = words[i + 1];
-    if (std::find(b.prefixes.begin(), b.prefixes.end(), p) != b.prefixes.end())
-      throw ConfigError(named + ": the prefix '" + p +
-                        "' is given twice; give it once with the sum of its weights");
+    // The same files however spelled (data/web, ./data/web, an absolute path, a symlink).
+    auto same_files = [](const std::string& a, const std::string& c) {
+      std::error_code e1, e2;
+      const std::filesystem::path x = std::filesystem::weakly_canonical(a, e1),
+                                  y = std::filesystem::weakly_canonical(c, e2);
+      return a == c || (!e1 && !e2 && x == y);
+    };
+    for (const std::string& q : b.prefixes)
+      if (same_files(p, q))
+        throw ConfigError(named + ": the prefix '" + p + "' is given twice" +
+                          (p == q ? std::string() : " (as '" + q + "' before)") +
+                          "; give it once with the sum of its weights");
     b.weights.push_back(v);
     b.prefixes.push_back(p);
     sum += v;  // in order, as numpy sums a short array
@@ -188,7 +198,7 @@ std::string BlendIndex::use_cache(const std::string& dir, int64_t samples, bool 
   const int64_t blocks = static_cast<int64_t>(checkpoints_.size()) - 1;
   std::ostringstream os;
   os << "blend order of the run's " << samples << " samples: ";
-  if (read >= need) {
+  if (read >= need && read > 0) {  // (a run shorter than one block needs no file)
     os << "read from " << path;
     return os.str();
   }

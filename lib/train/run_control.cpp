@@ -53,7 +53,8 @@ int RunControl::agreed_signal(int64_t iteration) {
   ctx_.world->all_reduce_f64(&sig, 1, ReduceOp::Max);
   if (sig <= 0) return 0;
   const int s = static_cast<int>(sig);
-  TLOG(info) << "received signal " << s << " (" << (s == SIGUSR1 ? "SIGUSR1" : "SIGTERM")
+  TLOG(info) << "received signal " << s << " ("
+             << (s == SIGUSR1 ? "SIGUSR1" : s == SIGINT ? "SIGINT" : "SIGTERM")
              << "): stopping after iteration " << iteration
              << (cfg_.save.empty() ? " (no --save: nothing is saved)" : ", saving a checkpoint");
   return s;

@@ -13,8 +13,14 @@ namespace tessera {
 namespace {
 volatile std::sig_atomic_t g_signal = 0;
 void on_stop_signal(int sig) {
-  g_signal = sig;
-}  // only a flag: a second signal changes nothing
+  if (sig == SIGINT && g_signal == SIGINT) {  // Ctrl-C twice: the user means now
+    const char m[] = "second SIGINT: exiting at once (nothing saved since the last checkpoint)\n";
+    if (::write(STDERR_FILENO, m, sizeof m - 1) < 0) {
+    }
+    ::_exit(130);
+  }
+  g_signal = sig;  // only a flag: the training loop agrees on it, saves and stops
+}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -29,6 +35,7 @@ void install_stop_signals() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);  // Ctrl-C: as SIGTERM the first time
 }
 
 int stop_signal() {

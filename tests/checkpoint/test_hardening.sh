@@ -124,6 +124,24 @@ fi
 
 fi
 
+# Ctrl-C (issue 39): the first SIGINT saves and stops as SIGTERM does; a second exits at once.
+[ "$part" != kills ] && for n in 1 2; do
+  "$bin/tessera-train" "${T[@]}" --train-iters 100000 --log-interval 1 --save "$work/int$n" \
+    --save-interval 100000 > "$work/int$n.log" 2>&1 &
+  p=$!
+  for _ in $(seq 1 300); do grep -q " iteration        2/" "$work/int$n.log" && break; sleep 0.1; done
+  kill -INT $p; [ $n -eq 2 ] && kill -INT $p
+  wait $p; rc=$?
+  latest=$(cat "$work/int$n/latest_checkpointed_iteration.txt" 2>/dev/null)
+  if [ $n -eq 1 ] && [ $rc -eq 0 ] && [ -n "$latest" ] && grep -q "received signal 2 (SIGINT)" "$work/int1.log"; then
+    ok "one Ctrl-C: iteration $latest saved, exit 0"
+  elif [ $n -eq 2 ] && [ $rc -eq 130 ] && grep -q "second SIGINT: exiting at once" "$work/int2.log"; then
+    ok "two Ctrl-C: exit 130 at once"
+  else
+    bad "Ctrl-C x $n: rc $rc latest '$latest': $(tail -n 3 "$work/int$n.log")"
+  fi
+done
+
 # 3. kill -9 of one rank at 10 random moments during saves, in one checkpoint directory.
 kills() {  # NAME [--async-save]
   local name=$1 d=$work/kill-$1 trial loaded=0 midsave=0 latest rank mp

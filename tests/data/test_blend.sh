@@ -167,6 +167,8 @@ I=("$bin/tessera-inspect" "${model[@]}" --global-batch-size 16 --train-iters 250
 refuse "odd number of blend words" "3 words; a blend is pairs of a weight and a prefix" "${T[@]}" --data-path 0.6 "$D/web" 0.4
 refuse "negative weight" "the weight -0.4 of '$D/code' must be positive" "${T[@]}" --data-path 0.6 "$D/web" -0.4 "$D/code"
 refuse "zero weight" "the weight 0 of '$D/code' must be positive" "${T[@]}" --data-path 0.6 "$D/web" 0 "$D/code"
+refuse "the same prefix spelled twice" "the prefix '$D/./web' is given twice (as '$D/web' before)" \
+  "${T[@]}" --data-path 0.6 "$D/web" 0.4 "$D/./web"
 refuse "a prefix that does not exist" "'$D/nope' names no shards" "${T[@]}" --data-path 0.6 "$D/web" 0.4 "$D/nope"
 refuse "two tokenizers in one blend" "the shards of '$D/web-llama' were made with another tokenizer than those of '$D/web'" \
   "${T[@]}" --data-path 0.6 "$D/web" 0.4 "$D/web-llama"
