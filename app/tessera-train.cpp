@@ -70,8 +70,8 @@ int main(int argc, char** argv) {
                                : attention);
     for (const std::string& line : data_report(*data, opts.train, ctx.dp_size)) TLOG(info) << line;
     if (valid && !opts.mock_data)  // the evaluation's data, as the training's
-      TLOG(info) << "validation data: " << valid->describe() << " ("
-                 << valid->num_samples() << " samples)";
+      TLOG(info) << "validation data: " << valid->describe() << " (" << valid->num_samples()
+                 << " samples)";
     for (const std::string& n : opts.notes) TLOG(info) << n;
     if (const std::string w = warmup_past_the_run(opts.train.resolved(ctx.dp_size));
         !w.empty() && grid.world_rank() == 0)

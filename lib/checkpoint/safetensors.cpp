@@ -8,9 +8,9 @@
 
 #include <cmath>
 #include <cstring>
-#include <string>
 #include <fstream>
 #include <sstream>
+#include <string>
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"

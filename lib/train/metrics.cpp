@@ -152,8 +152,8 @@ void TrainingMetrics::log_line(const StepStats& s, int64_t consumed_samples) {
                 "{\"iteration\": %lld, \"consumed_samples\": %lld, \"global_batch_size\": %d, ",
                 (long long)s.iteration, (long long)consumed_samples, s.global_batch);
   std::string json = buf;
-  json += "\"lm_loss\": " + json_number("%.17g", loss) + ", \"lr\": " +
-          json_number("%.17g", s.lr) + ", \"grad_norm\": " + json_number("%.17g", s.grad_norm) +
+  json += "\"lm_loss\": " + json_number("%.17g", loss) + ", \"lr\": " + json_number("%.17g", s.lr) +
+          ", \"grad_norm\": " + json_number("%.17g", s.grad_norm) +
           ", \"ms_per_iter\": " + json_number("%.4f", sec * 1e3) +
           ", \"tokens_per_s\": " + json_number("%.3f", tok_s) +
           ", \"gflops_per_s_per_rank\": " + json_number("%.4f", gflops) +

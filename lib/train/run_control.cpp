@@ -54,7 +54,9 @@ int RunControl::agreed_signal(int64_t iteration) {
   if (sig <= 0) return 0;
   const int s = static_cast<int>(sig);
   TLOG(info) << "received signal " << s << " ("
-             << (s == SIGUSR1 ? "SIGUSR1" : s == SIGINT ? "SIGINT" : "SIGTERM")
+             << (s == SIGUSR1  ? "SIGUSR1"
+                 : s == SIGINT ? "SIGINT"
+                               : "SIGTERM")
              << "): stopping after iteration " << iteration
              << (cfg_.save.empty() ? " (no --save: nothing is saved)" : ", saving a checkpoint");
   return s;

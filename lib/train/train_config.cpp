@@ -75,8 +75,8 @@ void validate_schedule(const TrainConfig& t) {
     throw ConfigError(concat("--lr-warmup-init=", t.lr_warmup_init,
                              " is out of range (allowed: 0 <= init <= --lr=", t.lr, ")"));
   if (t.lr_wsd_decay_iters < 0)
-    throw ConfigError(concat("--lr-wsd-decay-iters=", t.lr_wsd_decay_iters,
-                             " is out of range (allowed: >= 1)"));
+    throw ConfigError(
+        concat("--lr-wsd-decay-iters=", t.lr_wsd_decay_iters, " is out of range (allowed: >= 1)"));
   if (t.lr_wsd_decay_samples < 0)
     throw ConfigError(concat("--lr-wsd-decay-samples=", t.lr_wsd_decay_samples,
                              " is out of range (allowed: >= 1)"));
@@ -198,12 +198,14 @@ void TrainConfig::validate(int dp_size) const {
     throw ConfigError(
         concat("--train-samples=", train_samples, " is out of range (allowed: >= 1)"));
   // Infinities are refused as NaNs are: a rate or decay of inf trains nothing but NaNs.
-  for (const auto& [name, v] :
-       {std::pair<const char*, double>{"--lr", lr}, {"--min-lr", min_lr},
-        {"--lr-warmup-init", lr_warmup_init}, {"--weight-decay", weight_decay},
-        {"--clip-grad", clip_grad}, {"--adam-eps", adam_eps},
-        {"--start-weight-decay", start_weight_decay.value_or(0)},
-        {"--end-weight-decay", end_weight_decay.value_or(0)}})
+  for (const auto& [name, v] : {std::pair<const char*, double>{"--lr", lr},
+                                {"--min-lr", min_lr},
+                                {"--lr-warmup-init", lr_warmup_init},
+                                {"--weight-decay", weight_decay},
+                                {"--clip-grad", clip_grad},
+                                {"--adam-eps", adam_eps},
+                                {"--start-weight-decay", start_weight_decay.value_or(0)},
+                                {"--end-weight-decay", end_weight_decay.value_or(0)}})
     if (std::isinf(v))
       throw ConfigError(concat(name, "=", v, " is not a finite number; give a finite value"));
   if (!(lr >= 0)) throw ConfigError(concat("--lr=", lr, " is out of range (allowed: >= 0)"));
@@ -266,8 +268,8 @@ void TrainConfig::validate(int dp_size) const {
     throw ConfigError(
         concat("--exit-interval=", exit_interval, " is out of range (allowed: >= 0)"));
   if (!(exit_duration_mins >= 0))
-    throw ConfigError(concat("--exit-duration-in-mins=", exit_duration_mins,
-                             " is out of range (allowed: >= 0)"));
+    throw ConfigError(
+        concat("--exit-duration-in-mins=", exit_duration_mins, " is out of range (allowed: >= 0)"));
   if (keep_checkpoints < 0)
     throw ConfigError(
         concat("--keep-checkpoints=", keep_checkpoints, " is out of range (allowed: >= 0)"));
@@ -297,8 +299,10 @@ std::string warmup_past_the_run(const TrainConfig& t) {
   const int64_t run = t.lr_schedule_in_samples ? t.weight_decay_incr_iters : t.train_iters;
   if (t.lr_warmup_iters < run) return std::string();
   return detail::concat("the learning-rate warm-up (", t.lr_warmup_iters, unit,
-                        ") lasts the whole run (", run, unit, "): the learning rate never reaches "
-                        "--lr=", t.lr, "; shorten the warm-up or lengthen the run");
+                        ") lasts the whole run (", run, unit,
+                        "): the learning rate never reaches "
+                        "--lr=",
+                        t.lr, "; shorten the warm-up or lengthen the run");
 }
 
 TrainConfig TrainConfig::resolved(int dp_size) const {
@@ -381,12 +385,11 @@ TrainConfig TrainConfig::resolved(int dp_size) const {
       (lr_decay_samples > 0 || lr_warmup_samples > 0 || lr_warmup_fraction != 0)) {
     // Counted in samples (or a fraction): named as given, with the iterations they come to.
     const std::string warm =
-        lr_warmup_samples > 0    ? concat("--lr-warmup-samples=", lr_warmup_samples)
+        lr_warmup_samples > 0     ? concat("--lr-warmup-samples=", lr_warmup_samples)
         : lr_warmup_fraction != 0 ? concat("--lr-warmup-fraction=", lr_warmup_fraction)
                                   : concat("--lr-warmup-iters=", lr_warmup_iters);
-    const std::string decay = lr_decay_samples > 0
-                                  ? concat("--lr-decay-samples=", lr_decay_samples)
-                                  : concat("--lr-decay-iters=", lr_decay_iters);
+    const std::string decay = lr_decay_samples > 0 ? concat("--lr-decay-samples=", lr_decay_samples)
+                                                   : concat("--lr-decay-iters=", lr_decay_iters);
     throw ConfigError(concat(warm, " (", t.lr_warmup_iters, " iterations) is not shorter than ",
                              decay, " (", t.lr_decay_iters,
                              " iterations): the warm-up must end before the decay does (lower "
