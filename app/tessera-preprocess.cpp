@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
     const auto tok = load_tokenizer(to);
     {  // a prefix, not a directory: DIR/ would write DIR/_00000.h5
       std::error_code ec;
-      if (o.output_prefix.back() == '/' || std::filesystem::is_directory(o.output_prefix, ec))
+      if (!o.output_prefix.empty() &&
+          (o.output_prefix.back() == '/' || std::filesystem::is_directory(o.output_prefix, ec)))
         throw ConfigError("--output-prefix '" + o.output_prefix +
                           "' is a directory; give a file-name prefix inside it (e.g. '" +
                           o.output_prefix + (o.output_prefix.back() == '/' ? "" : "/") +

@@ -197,12 +197,12 @@ void TrainConfig::validate(int dp_size) const {
   if (train_samples < 0)
     throw ConfigError(
         concat("--train-samples=", train_samples, " is out of range (allowed: >= 1)"));
-  // Infinities are refused as NaNs are: a rate or decay of inf trains nothing but NaNs.
+  // Infinities are refused as NaNs are: a rate or decay of inf trains nothing but NaNs, an
+  // epsilon of inf nothing at all (--clip-grad inf is allowed: no clipping, as 0 says).
   for (const auto& [name, v] : {std::pair<const char*, double>{"--lr", lr},
                                 {"--min-lr", min_lr},
                                 {"--lr-warmup-init", lr_warmup_init},
                                 {"--weight-decay", weight_decay},
-                                {"--clip-grad", clip_grad},
                                 {"--adam-eps", adam_eps},
                                 {"--start-weight-decay", start_weight_decay.value_or(0)},
                                 {"--end-weight-decay", end_weight_decay.value_or(0)}})
@@ -224,7 +224,7 @@ void TrainConfig::validate(int dp_size) const {
     throw ConfigError(
         concat("--lr-decay-iters=", lr_decay_iters, " is out of range (allowed: >= 0)"));
   // Megatron's scheduler asserts warm-up < decay; a warm-up past the run's end (the decay from
-  // the run's length) is a start-up line instead (options/training.cpp).
+  // the run's length) is a start-up warning instead (warmup_past_the_run, app/tessera-train).
   if (!lr_schedule_in_samples && lr_decay_iters > 0 && lr_warmup_iters >= lr_decay_iters)
     throw ConfigError(concat("--lr-warmup-iters=", lr_warmup_iters,
                              " is not shorter than --lr-decay-iters=", lr_decay_iters,

@@ -11,9 +11,9 @@
 namespace tessera {
 
 namespace {
-volatile std::sig_atomic_t g_signal = 0;
+volatile std::sig_atomic_t g_signal = 0, g_sigints = 0;
 void on_stop_signal(int sig) {
-  if (sig == SIGINT && g_signal == SIGINT) {  // Ctrl-C twice: the user means now
+  if (sig == SIGINT && ++g_sigints >= 2) {  // Ctrl-C twice: the user means now
     const char m[] = "second SIGINT: exiting at once (nothing saved since the last checkpoint)\n";
     if (::write(STDERR_FILENO, m, sizeof m - 1) < 0) {
     }

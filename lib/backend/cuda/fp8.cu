@@ -243,6 +243,10 @@ void fp8_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Ten
                          const Backend::Fp8Operand& x, const Backend::Fp8Operand& w, Fp8Lt& lt,
                          Workspace& ws, cudaStream_t s) {
   const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight), Np = fp8_padded(N);
+  // Wt's rows (OC) are padded as every transposed copy's: the widths must need none (the options
+  // refuse widths that are not multiples of 16), or Wt would overrun its scratch.
+  TESSERA_CHECK(IC % 16 == 0 && OC % 16 == 0, "fp8 matmul backward: widths ", IC, " x ", OC,
+                " are not multiples of 16");
   // dYq (N,OC) and dYt (OC,Np) in one pass; Wt (IC,OC); Xt (IC,Np): the transposed copies'
   // rows padded with zeros to a multiple of 16 (wgrad's reduction; OC and IC are multiples).
   const Fp8Scratch sc = fp8_scratch(ws, {N * OC, OC * Np, IC * OC, IC * Np});
