@@ -25,12 +25,51 @@ std::string DataBlend::describe() const {
   return os.str();
 }
 
+namespace {
+// The words of one given value: whitespace separates them (a config file's `data-path = 0.3 A 0.7
+// B`, a launch script's unquoted $BLEND), except inside double or single quotes, which are
+// removed; a value that is the prefix of existing shards as a whole (a quoted command-line
+// argument with a space) is one word.
+void split_blend_words(const std::string& g, const std::string& option,
+                       std::vector<std::string>& words) {
+  std::error_code ec;
+  if (g.find_first_of(" \t") != std::string::npos && g.find_first_of("\"'") == std::string::npos &&
+      std::filesystem::exists(g + "_00000.h5", ec)) {
+    words.push_back(g);
+    return;
+  }
+  std::string w;
+  bool in_word = false;
+  char quote = 0;
+  for (char c : g) {
+    if (quote) {
+      if (c == quote)
+        quote = 0;
+      else
+        w += c;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+      in_word = true;
+    } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+      if (in_word) words.push_back(w);
+      w.clear();
+      in_word = false;
+    } else {
+      w += c;
+      in_word = true;
+    }
+  }
+  if (quote)
+    throw ConfigError("--" + option + " " + g +
+                      ": a quote is not closed (quote a prefix that has "
+                      "spaces whole: \"my data/web\")");
+  if (in_word) words.push_back(w);
+}
+}  // namespace
+
 DataBlend parse_data_blend(const std::vector<std::string>& given, const std::string& option) {
   std::vector<std::string> words;
-  for (const std::string& g : given) {
-    std::istringstream in(g);
-    for (std::string w; in >> w;) words.push_back(w);
-  }
+  for (const std::string& g : given) split_blend_words(g, option, words);
   DataBlend b;
   if (words.empty()) return b;
   for (const std::string& w : words) b.text += (b.text.empty() ? "" : " ") + w;

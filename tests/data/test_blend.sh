@@ -167,6 +167,22 @@ I=("$bin/tessera-inspect" "${model[@]}" --global-batch-size 16 --train-iters 250
 refuse "odd number of blend words" "3 words; a blend is pairs of a weight and a prefix" "${T[@]}" --data-path 0.6 "$D/web" 0.4
 refuse "negative weight" "the weight -0.4 of '$D/code' must be positive" "${T[@]}" --data-path 0.6 "$D/web" -0.4 "$D/code"
 refuse "zero weight" "the weight 0 of '$D/code' must be positive" "${T[@]}" --data-path 0.6 "$D/web" 0 "$D/code"
+# A prefix with a space (issue 39): one quoted argument on the command line, and a quoted value in a
+# config file's blend; the same losses as the prefix without the space.
+mkdir -p "$D/my data" && cp "$D"/web_*.h5 "$D/my data/"
+printf 'data-path = 0.5 "%s" 0.5 %s\n' "$D/my data/web" "$D/code" > "$work/space.ini"
+"$bin/tessera-train" "${model[@]}" --train-iters 2 --data-path "$D/web" --metrics-file "$work/nospace.jsonl" > /dev/null 2>&1
+"$bin/tessera-train" "${model[@]}" --train-iters 2 --data-path "$D/my data/web" --metrics-file "$work/space.jsonl" > "$work/space.log" 2>&1
+rc=$?
+"$bin/tessera-train" --config "$work/space.ini" "${model[@]:2}" --train-iters 2 > "$work/space-ini.log" 2>&1
+rc2=$?
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ -s "$work/space.jsonl" ] &&
+   [ "$(grep -o '"lm_loss": [^,]*' "$work/space.jsonl")" = "$(grep -o '"lm_loss": [^,]*' "$work/nospace.jsonl")" ]; then
+  ok "a prefix with a space: as a quoted argument (the same losses) and quoted in a config file's blend"
+else
+  bad "a prefix with a space: rc $rc / $rc2: $(tail -n 1 "$work/space.log") $(tail -n 1 "$work/space-ini.log")"
+fi
+refuse "an unclosed quote in a blend" "a quote is not closed" "${T[@]}" --data-path '0.5 "a b 0.5 c'
 refuse "the same prefix spelled twice" "the prefix '$D/./web' is given twice (as '$D/web' before)" \
   "${T[@]}" --data-path 0.6 "$D/web" 0.4 "$D/./web"
 refuse "a prefix that does not exist" "'$D/nope' names no shards" "${T[@]}" --data-path 0.6 "$D/web" 0.4 "$D/nope"
