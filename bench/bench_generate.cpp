@@ -7,7 +7,8 @@
 // and at a 1,024-token context, and prefill tokens/s, with the Hugging Face transformers figures
 // measured on an H100 beside them (issue 16) and the targets. Usage: bench_generate [layers=12]
 // [prompt=256] [new_tokens=32]
-//        bench_generate gpu [bf16|fp16|f32]
+//        bench_generate gpu [bf16|fp16|f32] [batch1]   (batch1: the batch-1 decode row alone, for
+//        ncu)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -67,7 +68,7 @@ GenerationResult run(GPTModel& model, int batch, int prompt_len, int new_tokens,
   return generate(engine, ctx, prompts, g);
 }
 
-int gpu_mode(const std::string& dtype) {
+int gpu_mode(const std::string& dtype, bool batch1_only) {
   if (!cuda_built() || visible_gpus() == 0) {
     std::fprintf(stderr, "bench_generate gpu: no CUDA GPU visible (built with CUDA: %s)\n",
                  cuda_built() ? "yes" : "no");
@@ -99,6 +100,7 @@ int gpu_mode(const std::string& dtype) {
     std::printf("%-44s %12.0f %12s %26s\n",
                 ("decode tokens/s, batch " + std::to_string(row.batch) + ", 256 new").c_str(),
                 decode_rate(r, row.batch), row.target, row.peer);
+    if (batch1_only) return 0;  // `batch1`: the first row alone (a profiler's run)
   }
   // The same decode steps op by op (no CUDA graph): what the graphs save in launches.
   for (int batch : {1, 8}) {
@@ -133,7 +135,8 @@ int gpu_mode(const std::string& dtype) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::strcmp(argv[1], "gpu") == 0) return gpu_mode(argc > 2 ? argv[2] : "bf16");
+  if (argc > 1 && std::strcmp(argv[1], "gpu") == 0)
+    return gpu_mode(argc > 2 ? argv[2] : "bf16", argc > 3 && std::strcmp(argv[3], "batch1") == 0);
   GPTConfig cfg;
   cfg.num_layers = argc > 1 ? std::atoi(argv[1]) : 12;
   cfg.hidden_size = 768;

@@ -21,7 +21,7 @@ stage=$work/tessera-gpu
 mkdir -p "$stage/bin" "$stage/lib" "$stage/configs" "$stage/ompi/bin" \
   "$stage/ompi/lib/x86_64-linux-gnu" "$stage/ompi/share"
 for t in "${targets[@]}"; do cp "$build/bin/$t" "$stage/bin/"; done
-cp configs/gpt2-tiny.ini configs/llama-tiny.ini "$stage/configs/"
+cp configs/gpt2-tiny.ini configs/llama-tiny.ini configs/gpt2-124m.ini configs/gpt2-1.3b.ini "$stage/configs/"
 
 # Open MPI 4 and PMIx as installed under /usr, laid out again under ompi/ (OPAL_PREFIX).
 mpilib=/usr/lib/x86_64-linux-gnu

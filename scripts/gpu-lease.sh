@@ -27,6 +27,7 @@ plan=(
   "fused|120|bash scripts/gpu-run.sh --steps=fused"
   "tests|300|bash scripts/gpu-run.sh --steps=tests"
   "train|60|bash scripts/gpu-run.sh --steps=train"
+  "save|120|bash scripts/gpu-run.sh --steps=save"
   "attention|90|bash scripts/gpu-run.sh --steps=attention"
   "bench-124m|60|bash scripts/gpu-run.sh --steps=bench 124m 10 0 0 bf16 --breakdown"
   "generate|90|bash scripts/gpu-run.sh --steps=generate"
@@ -34,6 +35,10 @@ plan=(
   "bench-1.3b|90|bash scripts/gpu-run.sh --steps=bench 1.3b 10"
   "llama1b|90|bash scripts/gpu-run.sh --steps=llama1b"
   "mixtral|90|bash scripts/gpu-run.sh --steps=bench mixtral 10"
+  "mixtral-breakdown|60|bash scripts/gpu-run.sh --steps=bench mixtral 5 0 0 bf16 --breakdown"
+  "decode-profile|100|bash scripts/gpu-run.sh --steps=decode-profile"
+  "memory|240|bash scripts/gpu-run.sh --memory"
+  "save-1.3b|200|env SAVE_MODEL=gpt2-1.3b SAVE_MB=8 SAVE_GBS=32 SAVE_INTERVAL=10 bash scripts/gpu-run.sh --steps=save"
   "initcheck|90|bash scripts/gpu-run.sh --sanitize=initcheck"
   "racecheck|90|env SANITIZE_FILTER_test_cuda_ops=$kernels bash scripts/gpu-run.sh --sanitize=racecheck"
   "synccheck|60|env SANITIZE_FILTER_test_cuda_ops=$kernels bash scripts/gpu-run.sh --sanitize=synccheck"
@@ -57,7 +62,8 @@ for entry in "${plan[@]}"; do
     "$([ "$rc" = 124 ] && echo ' (timed out)')")")
 done
 tar -C "$(dirname "$logs")" -czf "$final/logs.tar.gz" logs
-for f in "$logs"/*/device.txt; do [ -f "$f" ] && cp "$f" "$final/device.txt" && break; done  # one of them
+f=$(find "$logs" -name device.txt | head -1)  # one of them (set -f: no globs here)
+[ -n "$f" ] && cp "$f" "$final/device.txt"
 echo "=== gpu-lease summary ($(cat "$final/device.txt" 2>/dev/null)) ==="
 printf '%s\n' "${summary[@]}"
 # Issue 37's table of figures against the peer of the same run (point 4), last.

@@ -135,8 +135,8 @@ fi
 if [ -n "$steps" ]; then
   for st in ${steps//,/ }; do
     case $st in
-      tests|fused|fp8|train|attention|bench|generate|llama1b) ;;
-      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: tests, fused, fp8, train, attention, bench, generate, llama1b)" >&2; exit 2 ;;
+      tests|fused|fp8|train|save|attention|bench|generate|decode-profile|llama1b) ;;
+      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: tests, fused, fp8, train, save, attention, bench, generate, decode-profile, llama1b)" >&2; exit 2 ;;
     esac
   done
   step() { [[ $steps == *",$1,"* ]]; }
@@ -144,6 +144,7 @@ else
   step() {
     case $1 in
       tests|train) [ $tests -eq 1 ] ;;
+      save|decode-profile) false ;;  # only when asked (--steps=save): it writes checkpoints of GBs
       llama1b) [ $bench -eq 1 ] && [ $memory -eq 0 ] && [ ${#bench_args[@]} -eq 0 ] ;;
       *) [ $bench -eq 1 ] && [ $memory -eq 0 ] ;;
     esac
@@ -173,6 +174,8 @@ if step fp8; then
   # FP8 (issue 38): the kernels and cuBLASLt's FP8 GEMMs against the CPU emulation, FP8 training
   # against the CPU's, then the 1.3B step without and with FP8 on the same GPU (predicted 1.34x,
   # docs/performance.md "FP8 GEMMs").
+  # cuBLASLt's own errors (why it refuses a GEMM) in $OUT/cublaslt-PID.log.
+  export CUBLASLT_LOG_LEVEL=1 CUBLASLT_LOG_FILE="$out/cublaslt-%i.log"
   "$root/bin/test_cuda_ops" --gtest_brief=1 --gtest_filter='*Fp8*' 2>&1 | tee "$out/test_cuda_ops-fp8.log" | grep -vE '^\[20[0-9]{2}-' | tail -20
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   "$root/bin/test_cuda_train" --gtest_brief=1 --gtest_filter='*Fp8*' 2>&1 | tee "$out/test_cuda_train-fp8.log" | tail -8
@@ -180,6 +183,8 @@ if step fp8; then
   for f in "" --fp8=hybrid --fp8=hybrid:tensorwise; do
     "$root/bin/bench_gpu_train" 1.3b 10 0 0 bf16 $f 2>&1 | tee -a "$out/bench-fp8.log" | grep -vE '^\[20[0-9]{2}-' | tail -3
   done
+  unset CUBLASLT_LOG_LEVEL CUBLASLT_LOG_FILE
+  for f in "$out"/cublaslt-*.log; do [ -s "$f" ] && { echo "$f:"; head -5 "$f"; }; done
 fi
 if step train; then
   # GPT-2, and the Llama family (issue 15: RoPE, RMSNorm, SwiGLU, grouped-query attention).
@@ -205,6 +210,50 @@ if [ $bench -eq 1 ] && [ $memory -eq 1 ]; then
     "$root/bin/bench_gpu_train" 1.3b 0 0 0 bf16 --max-micro-batch $mode 2>&1 | tee -a "$out/bench-memory-max.log" || status=1
   done
 fi
+if step save; then
+  # --async-save on the GPU (issue 37 point 3): GPT-2 124M (SAVE_MODEL=gpt2-1.3b for the 1.3B,
+  # with SAVE_MB, SAVE_GBS, SAVE_INTERVAL), bf16, mock data, --deterministic-mode (cuDNN's
+  # backward without atomics: bitwise reruns), two intervals with a checkpoint at the end of each,
+  # saved synchronously and then in the background: the loop's blocked time (staging) against
+  # the synchronous save's, and a resume from the background save's first checkpoint that must
+  # give the second interval's losses bitwise.
+  model=${SAVE_MODEL:-gpt2-124m}
+  every=${SAVE_INTERVAL:-20}
+  ck=/tmp/tessera-save
+  common=(--config "$root/configs/$model.ini" --device cuda --bf16 --deterministic-mode
+          --micro-batch-size "${SAVE_MB:-16}" --global-batch-size "${SAVE_GBS:-64}"
+          --lr-warmup-iters 2 --train-iters $((2 * every)) --log-interval 1 --save-interval "$every")
+  for mode in sync async; do
+    rm -rf "$ck-$mode" "$out/save-$model-$mode.jsonl"
+    extra=(); [ $mode = async ] && extra=(--async-save)
+    echo "== tessera-train $model --save ($mode) =="
+    "$root/bin/tessera-train" "${common[@]}" --save "$ck-$mode" "${extra[@]}" \
+      --metrics-file "$out/save-$model-$mode.jsonl" > "$out/save-$model-$mode.log" 2>&1 ||
+      { echo "tessera-train --save ($mode) failed:"; tail -5 "$out/save-$model-$mode.log"; status=1; }
+    grep -E 'checkpoint|saved' "$out/save-$model-$mode.log" | grep -v '^$' | sed 's/^.*\] //' | head -8
+  done
+  rm -rf "$out/save-$model-resume.jsonl"
+  echo "== resume from the background save's iteration $every =="
+  rm -rf "$ck-async/iter_$(printf %07d $((2 * every)))"
+  echo "$every" > "$ck-async/latest_checkpointed_iteration.txt"
+  "$root/bin/tessera-train" "${common[@]}" --load "$ck-async" \
+    --metrics-file "$out/save-$model-resume.jsonl" > "$out/save-$model-resume.log" 2>&1 ||
+    { echo "tessera-train --load failed:"; tail -5 "$out/save-$model-resume.log"; status=1; }
+  python3 - "$every" "$out/save-$model-async.jsonl" "$out/save-$model-resume.jsonl" "$out/save-$model-sync.jsonl" <<'PY' || status=1
+import json, sys
+def losses(p):
+    return {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(p)) if "lm_loss" in r}
+every = int(sys.argv[1])
+a, r, s = (losses(p) for p in sys.argv[2:])
+later = range(every + 1, 2 * every + 1)
+same = all(a.get(i) is not None and a.get(i) == r.get(i) for i in later)
+print(f"resume from iteration {every} (async save):", "bitwise" if same else "DIFFERS",
+      {i: (a.get(i), r.get(i)) for i in later if a.get(i) != r.get(i)})
+print("async vs sync save losses:", "bitwise" if a == s else "DIFFER")
+sys.exit(0 if same and a == s else 1)
+PY
+  rm -rf "$ck-sync" "$ck-async"
+fi
 if step attention; then
   echo "== bench_attention (Tessera) and bench/attention_peer.py (PyTorch SDPA, same GPU) =="
   "$root/bin/bench_attention" --dropout 0.1 2>&1 | tee "$out/bench-attention.log" || status=1
@@ -217,6 +266,38 @@ fi
 if step generate; then
   echo "== bench_generate gpu bf16 (issue 16: decode, context, prefill; transformers beside) =="
   "$root/bin/bench_generate" gpu bf16 2>&1 | tee "$out/bench-generate.log" || status=1
+fi
+if step decode-profile; then
+  # Where a batch-1 decode step's time goes (issue 37: 1,645 tokens/s, 0.61 ms a token, against
+  # 2,000): every kernel of ~3 decode steps (graph nodes one by one) timed by ncu, without clock
+  # control, well after the graph's capture; their sum per step against the step's wall time.
+  ncu=$(command -v ncu || true)
+  for c in /usr/local/cuda/bin/ncu /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+    [ -z "$ncu" ] && [ -x "$c" ] && ncu=$c
+  done
+  [ -n "$ncu" ] || ncu=$(find / -name ncu -type f -perm -u+x -not -path '/proc/*' 2>/dev/null | head -1)
+  if [ -z "$ncu" ]; then
+    echo "gpu-run.sh: ncu not found"; status=1
+  else
+    "$root/bin/bench_generate" gpu bf16 batch1 2>&1 | tee "$out/decode-batch1.log" | tail -1
+    "$ncu" --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 \
+      --launch-count 450 --csv --print-units base "$root/bin/bench_generate" gpu bf16 batch1 \
+      > "$out/ncu-decode.csv" 2> "$out/ncu-decode.err" || status=1
+    python3 - "$out/ncu-decode.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+if not rows:
+    print("ncu: no rows (see ncu-decode.err)"); sys.exit(0)
+head = rows[0]; k = head.index("Kernel Name"); v = head.index("Metric Value")
+t = collections.defaultdict(float); n = collections.Counter()
+for r in rows[1:]:
+    t[r[k][:60]] += float(r[v].replace(",", "")); n[r[k][:60]] += 1
+total = sum(t.values())
+print(f"ncu: {sum(n.values())} kernels, {total/1e3:.1f} us in all")
+for name, ns in sorted(t.items(), key=lambda x: -x[1])[:15]:
+    print(f"  {ns/1e3:9.1f} us  {n[name]:4d} x  {name}")
+PY
+  fi
 fi
 if step llama1b; then  # issue 15: Llama 3.2 1B's architecture, sequence 2048
   echo "== bench_gpu_train llama1b 10 =="

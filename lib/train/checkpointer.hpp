@@ -57,6 +57,9 @@ class TrainingCheckpointer {
   // that write) the staged shard, written now or by the background thread. Returns the error.
   std::string write_shard(const std::string& path, const CheckpointMeta& meta, bool async);
   // The three flat states (parameters, exp_avg, exp_avg_sq) this rank writes, on the host.
+  // The device state a save writes (master parameters, the replicated optimizer's moments; null
+  // where the distributed optimizer gathers it or --no-save-optim drops it).
+  void saved_states(Tensor* state[3]);
   void stage_states(bool async, std::vector<float> gathered[3], std::vector<float> staged[3],
                     const float* host[3]);
   // Expert parallelism, saving: `local` (this rank's flat states, null where absent) with every

@@ -801,7 +801,10 @@ TEST_F(CudaOps, Fp8MatchesTheCpuEmulation) {
     cpu_->fp8_matmul_backward(&dxh, dwh, &dbh, dy, x, w, cg, cx, cw);
     gpu_->fp8_matmul_backward(&dxg, dwg, &dbg, dyd, xd, wd, gg, gx, gw);
     expect_close(dxg, dxh, 1e-2, "fp8 dgrad (bf16)");
-    expect_close(dwg, dwh, 1e-4, "fp8 wgrad (f32, accumulated)");
+    // Hopper's FP8 tensor cores keep ~14 significant bits inside a k-block even without fast
+    // accumulation (cuBLASLt promotes to f32 between blocks); the CPU sums exact f32 products.
+    // Measured on the H200 (2026-11-28): 3.4e-5 of max 0.33 (1.0e-4 relative) at N 2048.
+    expect_close(dwg, dwh, 1e-3, "fp8 wgrad (f32, accumulated)");
     expect_close(dbg, dbh, 1e-4, "dbias from the unquantized gradient (f32)");
   }
   // Delayed scaling's update: the same function on both sides, bit for bit.

@@ -21,6 +21,15 @@
 namespace tessera::cuda_ops {
 
 constexpr int kThreads = 256;
+
+// The largest power of two (up to 256) that divides the address: cuBLASLt's alignment preference
+// (its heuristics assume 256 unless told, and an algorithm chosen so fails on a less aligned
+// pointer with CUBLAS_STATUS_NOT_SUPPORTED).
+inline uint32_t lt_alignment(const void* p) {
+  uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
 // At least one block: an empty tensor launches one block whose threads all return (every kernel
 // checks its bound), where a zero-size grid would be an invalid launch (launch audit,
 // docs/kernels.md).

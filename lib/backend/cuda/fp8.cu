@@ -11,6 +11,7 @@
 
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/fp8.cuh"
@@ -111,17 +112,28 @@ void fp8_quantize(const Tensor& x, int64_t rows, int64_t cols, const float* scal
 }
 
 // One cached cuBLASLt FP8 problem, column-major: D (m x n) = scale_a scale_b op(A)^T B (+ beta D)
-// with A stored k x m and B stored k x n.
+// with A stored k x m and B stored k x n. The heuristic sees the descriptor as every call sets it
+// (the scale pointers and the bias given, the pointers' alignments as preferences: an algorithm
+// chosen without them can refuse the call with CUBLAS_STATUS_NOT_SUPPORTED), and keeps a few
+// candidates: one cuBLASLt refuses at its first call is dropped for the next.
 struct Fp8Lt::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  bool usable = false;
+  std::vector<cublasLtMatmulAlgo_t> algos;
 };
+
+namespace {
+constexpr int kFp8LtCandidates = 8;
+}  // namespace
 
 struct Fp8Lt::Impl {
   cublasLtHandle_t handle = nullptr;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool, bool>, Plan> plans;
+  // (m, n, k, A format, B format, D type, fast accumulation, bias, accumulate, alignments of A,
+  // B, D and the bias)
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool, bool, uint32_t,
+                      uint32_t, uint32_t, uint32_t>,
+           Plan>
+      plans;
   ~Impl() {
     for (auto& kv : plans) {
       Plan& p = kv.second;
@@ -137,11 +149,45 @@ struct Fp8Lt::Impl {
 Fp8Lt::Fp8Lt() : impl_(std::make_unique<Impl>()) {}
 Fp8Lt::~Fp8Lt() = default;
 
+namespace {
+
+// The pointers a call changes: the scales' inverses and the bias.
+void set_fp8_pointers(cublasLtMatmulDesc_t desc, const Fp8Lt::Call& c) {
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                              &c.a_scale_inv, sizeof c.a_scale_inv));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                              &c.b_scale_inv, sizeof c.b_scale_inv));
+  if (c.bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias,
+                                                sizeof c.bias));
+}
+
+const char* fp8_name(Fp8Format f) {
+  return f == Fp8Format::E4M3 ? "e4m3" : "e5m2";
+}
+
+}  // namespace
+
 void Fp8Lt::gemm(const Call& c, Workspace& ws, cudaStream_t s) {
+  const auto what = [&] {
+    return detail::concat(c.m, " x ", c.n, " x ", c.k, " (", fp8_name(c.a_format), " x ",
+                          fp8_name(c.b_format), " -> ", dtype_name(c.d_type),
+                          c.bias ? ", bias" : "", c.accumulate ? ", accumulated" : "", ")");
+  };
+  for (const void* ptr :
+       {c.A, c.B, static_cast<const void*>(c.D), c.bias, static_cast<const void*>(c.a_scale_inv),
+        static_cast<const void*>(c.b_scale_inv)})
+    if (ptr && lt_alignment(ptr) < 16)
+      throw Error(detail::concat("fp8 GEMM ", what(), ": an operand is only ", lt_alignment(ptr),
+                                 "-byte aligned (cuBLASLt's FP8 GEMMs need 16); train without "
+                                 "--fp8-format"));
   if (!impl_->handle) CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
+  const uint32_t al_a = lt_alignment(c.A), al_b = lt_alignment(c.B), al_d = lt_alignment(c.D),
+                 al_bias = c.bias ? lt_alignment(c.bias) : 0;
   const auto key =
       std::make_tuple(c.m, c.n, c.k, static_cast<int>(c.a_format), static_cast<int>(c.b_format),
-                      static_cast<int>(c.d_type), c.fast_accum, c.bias != nullptr, c.accumulate);
+                      static_cast<int>(c.d_type), c.fast_accum, c.bias != nullptr, c.accumulate,
+                      al_a, al_b, al_d, al_bias);
   auto [it, fresh] = impl_->plans.try_emplace(key);
   Plan& p = it->second;
   if (fresh) {
@@ -162,6 +208,7 @@ void Fp8Lt::gemm(const Call& c, Workspace& ws, cudaStream_t s) {
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
                                                   sizeof bt));
     }
+    set_fp8_pointers(p.desc, c);
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, fp8_type(c.a_format), c.k, c.m, c.k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, fp8_type(c.b_format), c.k, c.n, c.k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, cuda_type(c.d_type), c.m, c.n, c.m));
@@ -170,39 +217,55 @@ void Fp8Lt::gemm(const Call& c, Workspace& ws, cudaStream_t s) {
     const size_t wbytes = kFp8LtWorkspaceBytes;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wbytes, sizeof wbytes));
-    cublasLtMatmulHeuristicResult_t result{};
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
+    cublasLtMatmulHeuristicResult_t results[kFp8LtCandidates] = {};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, p.desc, p.a, p.b, p.d,
-                                                             p.d, pref, 1, &result, &found);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        impl_->handle, p.desc, p.a, p.b, p.d, p.d, pref, kFp8LtCandidates, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    if (p.usable) p.algo = result.algo;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      for (int i = 0; i < found; ++i)
+        if (results[i].state == CUBLAS_STATUS_SUCCESS) p.algos.push_back(results[i].algo);
   }
-  if (!p.usable)
-    throw Error(detail::concat("cuBLASLt has no FP8 GEMM for ", c.m, " x ", c.n, " x ", c.k,
+  if (p.algos.empty())
+    throw Error(detail::concat("cuBLASLt has no FP8 GEMM for ", what(),
                                " on this GPU (FP8 needs sm_89 or newer and dimensions that are "
-                               "multiples of 16); train without --fp8-format"));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                              &c.a_scale_inv, sizeof c.a_scale_inv));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                              &c.b_scale_inv, sizeof c.b_scale_inv));
-  if (c.bias)
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias,
-                                                sizeof c.bias));
+                               "multiples of 16; CUBLASLT_LOG_LEVEL=1 prints cuBLASLt's reason); "
+                               "train without --fp8-format"));
+  set_fp8_pointers(p.desc, c);
   void* work = ws.get(Scratch::kCublasLt, kFp8LtWorkspaceBytes);
   const float alpha = 1.f, beta = c.accumulate ? 1.f : 0.f;
-  CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.desc, &alpha, c.A, p.a, c.B, p.b, &beta, c.D, p.d,
-                              c.D, p.d, &p.algo, work, kFp8LtWorkspaceBytes, s));
+  cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+  while (!p.algos.empty()) {
+    st = cublasLtMatmul(impl_->handle, p.desc, &alpha, c.A, p.a, c.B, p.b, &beta, c.D, p.d, c.D,
+                        p.d, &p.algos.front(), work, kFp8LtWorkspaceBytes, s);
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) break;
+    p.algos.erase(p.algos.begin());  // refused: the next candidate, for this call and later ones
+  }
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED)
+    throw Error(detail::concat("cuBLASLt refused every FP8 GEMM algorithm it offered for ", what(),
+                               " (CUBLASLT_LOG_LEVEL=1 prints its reason); train without "
+                               "--fp8-format"));
+  CUBLAS_CHECK(st);
   if (!c.accumulate)
     mark_initialized(c.D, static_cast<size_t>(c.m * c.n) * dtype_size(c.d_type), s);
 }
 
 namespace {
 
-// The kFp8 scratch: quantized copies (bytes) and three 1/scale floats.
+// The kFp8 scratch: quantized copies (bytes) and three 1/scale floats, each on a 16-byte boundary
+// of its own (cuBLASLt 13.1 refuses every FP8 algorithm, CUBLAS_STATUS_NOT_SUPPORTED, for a scale
+// pointer that is only 4-byte aligned; H200, 2026-11-28, docs/performance.md).
 struct Fp8Scratch {
   uint8_t* buf[4] = {};
-  float* inv = nullptr;  // [3]
+  float* inv[3] = {};
 };
 Fp8Scratch fp8_scratch(Workspace& ws, std::initializer_list<int64_t> sizes) {
   size_t total = 0;
@@ -215,7 +278,7 @@ Fp8Scratch fp8_scratch(Workspace& ws, std::initializer_list<int64_t> sizes) {
     r.buf[i++] = reinterpret_cast<uint8_t*>(base + off);
     off += align256(static_cast<size_t>(n));
   }
-  r.inv = reinterpret_cast<float*>(base + off);
+  for (int k = 0; k < 3; ++k) r.inv[k] = reinterpret_cast<float*>(base + off + 16 * k);
   return r;
 }
 
@@ -226,12 +289,12 @@ void fp8_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, co
                         Workspace& ws, cudaStream_t s) {
   const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
   const Fp8Scratch sc = fp8_scratch(ws, {N * IC, OC * IC});
-  fp8_quantize(inp, N, IC, x.scale->f32(), x.format, sc.buf[0], nullptr, sc.inv + 0, s);
-  fp8_quantize(weight, OC, IC, w.scale->f32(), w.format, sc.buf[1], nullptr, sc.inv + 1, s);
+  fp8_quantize(inp, N, IC, x.scale->f32(), x.format, sc.buf[0], nullptr, sc.inv[0], s);
+  fp8_quantize(weight, OC, IC, w.scale->f32(), w.format, sc.buf[1], nullptr, sc.inv[1], s);
   Fp8Lt::Call c;
   c.m = OC, c.n = N, c.k = IC;
-  c.A = sc.buf[1], c.a_format = w.format, c.a_scale_inv = sc.inv + 1;
-  c.B = sc.buf[0], c.b_format = x.format, c.b_scale_inv = sc.inv + 0;
+  c.A = sc.buf[1], c.a_format = w.format, c.a_scale_inv = sc.inv[1];
+  c.B = sc.buf[0], c.b_format = x.format, c.b_scale_inv = sc.inv[0];
   c.D = out.raw(), c.d_type = out.dtype();
   c.bias = bias ? bias->raw() : nullptr;
   c.fast_accum = true;
@@ -251,22 +314,22 @@ void fp8_matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Ten
   // rows padded with zeros to a multiple of 16 (wgrad's reduction; OC and IC are multiples).
   const Fp8Scratch sc = fp8_scratch(ws, {N * OC, OC * Np, IC * OC, IC * Np});
   fp8_quantize(dout, N, OC, g.scale->f32(), g.format, dinp ? sc.buf[0] : nullptr, sc.buf[1],
-               sc.inv + 0, s);
-  fp8_quantize(inp, N, IC, x.scale->f32(), x.format, nullptr, sc.buf[3], sc.inv + 2, s);
+               sc.inv[0], s);
+  fp8_quantize(inp, N, IC, x.scale->f32(), x.format, nullptr, sc.buf[3], sc.inv[2], s);
   Fp8Lt::Call c;
   if (dinp) {
-    fp8_quantize(weight, OC, IC, w.scale->f32(), w.format, nullptr, sc.buf[2], sc.inv + 1, s);
+    fp8_quantize(weight, OC, IC, w.scale->f32(), w.format, nullptr, sc.buf[2], sc.inv[1], s);
     c.m = IC, c.n = N, c.k = OC;
-    c.A = sc.buf[2], c.a_format = w.format, c.a_scale_inv = sc.inv + 1;
-    c.B = sc.buf[0], c.b_format = g.format, c.b_scale_inv = sc.inv + 0;
+    c.A = sc.buf[2], c.a_format = w.format, c.a_scale_inv = sc.inv[1];
+    c.B = sc.buf[0], c.b_format = g.format, c.b_scale_inv = sc.inv[0];
     c.D = dinp->raw(), c.d_type = dinp->dtype();
     lt.gemm(c, ws, s);
   }
   expect_dtype(dweight, DType::F32, "fp8 weight gradient");
   c = Fp8Lt::Call{};
   c.m = IC, c.n = OC, c.k = Np;
-  c.A = sc.buf[3], c.a_format = x.format, c.a_scale_inv = sc.inv + 2;
-  c.B = sc.buf[1], c.b_format = g.format, c.b_scale_inv = sc.inv + 0;
+  c.A = sc.buf[3], c.a_format = x.format, c.a_scale_inv = sc.inv[2];
+  c.B = sc.buf[1], c.b_format = g.format, c.b_scale_inv = sc.inv[0];
   c.D = dweight.raw(), c.d_type = DType::F32;
   c.accumulate = true;
   lt.gemm(c, ws, s);

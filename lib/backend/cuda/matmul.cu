@@ -78,13 +78,6 @@ void gemm(cublasHandle_t blas, cublasOperation_t ta, cublasOperation_t tb, int64
   }
 }
 
-// The largest power of two (up to 256) that divides the address: cuBLASLt's alignment preference.
-uint32_t alignment_of(const void* p) {
-  uint32_t a = 256;
-  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
-  return a;
-}
-
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 
 }  // namespace
@@ -135,12 +128,12 @@ LtMatmul::~LtMatmul() = default;
 
 bool LtMatmul::run(const Problem& q, Workspace& ws, cudaStream_t s) {
   for (const void* p : {q.A, q.B, static_cast<const void*>(q.D), q.bias, q.aux})
-    if (p && alignment_of(p) < 16) return false;
+    if (p && lt_alignment(p) < 16) return false;
   if (!impl_->handle) CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
   const auto key =
       std::make_tuple(static_cast<int>(q.epi), static_cast<int>(q.ta), static_cast<int>(q.tb), q.m,
-                      q.n, q.k, static_cast<int>(q.dtype), alignment_of(q.A), alignment_of(q.B),
-                      alignment_of(q.D), q.aux ? alignment_of(q.aux) : 0u);
+                      q.n, q.k, static_cast<int>(q.dtype), lt_alignment(q.A), lt_alignment(q.B),
+                      lt_alignment(q.D), q.aux ? lt_alignment(q.aux) : 0u);
   auto [it, fresh] = impl_->plans.try_emplace(key);
   Plan& p = it->second;
   if (fresh) {
