@@ -1,13 +1,13 @@
 // sampling.cu: the next token of each row of logits on the device, only the ids copied back
 // (Backend::sample_tokens; the reference is backend/cpu/sampling.hpp). The tensor-parallel pieces
 // are first laid out as dense rows of the true vocabulary. Greedy rows: the first index of the
-// largest logit (one block per row). Sampled rows: all rows sorted by decreasing logit with their
-// indices (CUB's segmented radix sort, stable, so equal logits keep increasing index: the CPU's
-// order), then one block per row walks the sorted prefix in chunks with block-wide prefix sums in
-// double: the mass of the top-k, the top-p cut, and the first position whose cumulative mass
-// passes u times the kept mass. The sums run in a different order than the CPU's sequential ones,
-// so an id can differ only when the draw falls within rounding (about 1e-16 relative) of a
-// boundary.
+// largest logit (two stages: chunks of the row, then the row). Sampled rows: all rows sorted by
+// decreasing logit with their indices (CUB's segmented radix sort, stable, so equal logits keep
+// increasing index: the CPU's order), then one block per row walks the sorted prefix in chunks with
+// block-wide prefix sums in double: the mass of the top-k, the top-p cut, and the first position
+// whose cumulative mass passes u times the kept mass. The sums run in a different order than the
+// CPU's sequential ones, so an id can differ only when the draw falls within rounding (about 1e-16
+// relative) of a boundary.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
@@ -44,31 +44,60 @@ __global__ void assemble_kernel(float* dense, int32_t* vals, const float* pieces
   vals[e] = static_cast<int32_t>(c);
 }
 
-// One block per greedy row: the first index of the largest logit.
-__global__ void argmax_kernel(int32_t* ids, const float* dense, const DevRule* rules, int64_t V) {
-  const int64_t i = blockIdx.x;
+// Greedy rows: the first index of the largest logit, in two stages so a row of 50k logits is
+// read by many blocks at once (one block a row took 78 us under ncu on the H200, 2026-11-28:
+// ~200 dependent compares a thread). Stage 1: block (row, chunk) reduces kArgmaxChunk logits to
+// one (value, index) pair; stage 2: one warp a row reduces the row's pairs. Both keep the larger
+// value, then the smaller index, as the CPU's scan does (a NaN never wins a comparison).
+constexpr int64_t kArgmaxChunk = 16 * kSampleThreads;
+
+__device__ __forceinline__ bool better(float v, int64_t j, float best, int64_t at) {
+  return v > best || (v == best && j < at);
+}
+
+__global__ void __launch_bounds__(kSampleThreads)
+    argmax_partial_kernel(float* pv, int32_t* pi, const float* dense, const DevRule* rules,
+                          int64_t V, int64_t chunks) {
+  const int64_t i = blockIdx.x, chunk = blockIdx.y;
   if (!rules[i].greedy) return;
   const float* row = dense + i * V;
+  const int64_t begin = chunk * kArgmaxChunk, end = min(begin + kArgmaxChunk, V);
   float best = -INFINITY;
   int64_t at = V;  // past the end: no candidate yet
-  for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
-    if (row[c] > best || (row[c] == best && c < at)) best = row[c], at = c;
-  // Reduce (value, index) pairs: larger value, then smaller index.
+  for (int64_t c = begin + threadIdx.x; c < end; c += kSampleThreads)
+    if (better(row[c], c, best, at)) best = row[c], at = c;
   __shared__ float sv[kSampleThreads];
   __shared__ int64_t si[kSampleThreads];
   sv[threadIdx.x] = best;
   si[threadIdx.x] = at;
   __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) {
-      const float v = sv[threadIdx.x + s];
-      const int64_t j = si[threadIdx.x + s];
-      if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && j < si[threadIdx.x]))
-        sv[threadIdx.x] = v, si[threadIdx.x] = j;
-    }
+  for (int h = kSampleThreads / 2; h > 0; h /= 2) {
+    if (threadIdx.x < h &&
+        better(sv[threadIdx.x + h], si[threadIdx.x + h], sv[threadIdx.x], si[threadIdx.x]))
+      sv[threadIdx.x] = sv[threadIdx.x + h], si[threadIdx.x] = si[threadIdx.x + h];
     __syncthreads();
   }
-  if (threadIdx.x == 0) ids[i] = static_cast<int32_t>(si[0] < V ? si[0] : 0);
+  if (threadIdx.x == 0) {
+    pv[i * chunks + chunk] = sv[0];
+    pi[i * chunks + chunk] = static_cast<int32_t>(si[0]);
+  }
+}
+
+__global__ void argmax_final_kernel(int32_t* ids, const float* pv, const int32_t* pi,
+                                    const DevRule* rules, int64_t V, int64_t chunks) {
+  const int64_t i = blockIdx.x;
+  if (!rules[i].greedy) return;
+  float best = -INFINITY;
+  int64_t at = V;
+  for (int64_t c = threadIdx.x; c < chunks; c += 32)
+    if (better(pv[i * chunks + c], pi[i * chunks + c], best, at))
+      best = pv[i * chunks + c], at = pi[i * chunks + c];
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best, o);
+    const int64_t j = __shfl_xor_sync(0xffffffffu, at, o);
+    if (better(v, j, best, at)) best = v, at = j;
+  }
+  if (threadIdx.x == 0) ids[i] = static_cast<int32_t>(at < V ? at : 0);
 }
 
 // One block per sampled row over its sorted logits (keys) and their indices (vals).
@@ -168,8 +197,12 @@ std::vector<int32_t> sample_tokens(const Tensor& logits, int64_t pieces, int64_t
   const size_t fbytes = align(sizeof(float) * n), ibytes = align(sizeof(int32_t) * n),
                obytes = align(sizeof(int64_t) * (rows + 1)),
                idbytes = align(sizeof(int32_t) * rows);
-  char* base = static_cast<char*>(ws.get(
-      Scratch::kSamplingSort, 2 * fbytes + 2 * ibytes + obytes + idbytes + align(sort_bytes)));
+  const int64_t chunks = (V + kArgmaxChunk - 1) / kArgmaxChunk;
+  const size_t pbytes =
+      align(sizeof(float) * rows * chunks) + align(sizeof(int32_t) * rows * chunks);
+  char* base =
+      static_cast<char*>(ws.get(Scratch::kSamplingSort, 2 * fbytes + 2 * ibytes + obytes + idbytes +
+                                                            align(sort_bytes) + pbytes));
   float* dense = reinterpret_cast<float*>(base);
   float* sorted = reinterpret_cast<float*>(base + fbytes);
   int32_t* vals = reinterpret_cast<int32_t*>(base + 2 * fbytes);
@@ -177,9 +210,18 @@ std::vector<int32_t> sample_tokens(const Tensor& logits, int64_t pieces, int64_t
   int64_t* offsets = reinterpret_cast<int64_t*>(base + 2 * fbytes + 2 * ibytes);
   int32_t* ids = reinterpret_cast<int32_t*>(base + 2 * fbytes + 2 * ibytes + obytes);
   void* sort_tmp = base + 2 * fbytes + 2 * ibytes + obytes + idbytes;
+  float* part_v = reinterpret_cast<float*>(static_cast<char*>(sort_tmp) + align(sort_bytes));
+  int32_t* part_i = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(part_v) +
+                                               align(sizeof(float) * rows * chunks));
   assemble_kernel<<<blocks_for(n), kThreads, 0, s>>>(dense, vals, logits.f32(), rows, V, Vl);
   LAUNCH_CHECK();
-  argmax_kernel<<<static_cast<unsigned>(rows), kSampleThreads, 0, s>>>(ids, dense, dev_rules, V);
+  TESSERA_CHECK(chunks <= 65535, "sample_tokens: a vocabulary of ", V, " logits (at most ",
+                65535 * kArgmaxChunk, ")");
+  argmax_partial_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(chunks)),
+                          kSampleThreads, 0, s>>>(part_v, part_i, dense, dev_rules, V, chunks);
+  LAUNCH_CHECK();
+  argmax_final_kernel<<<static_cast<unsigned>(rows), 32, 0, s>>>(ids, part_v, part_i, dev_rules, V,
+                                                                 chunks);
   LAUNCH_CHECK();
   if (any_sampled) {
     std::vector<int64_t> off(static_cast<size_t>(rows + 1));
