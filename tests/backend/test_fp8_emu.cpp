@@ -1,9 +1,10 @@
 // test_fp8_emu.cpp: FP8's kernels (lib/backend/cuda/fp8.cuh), their exact source, on the host warp
 // emulator (warp_emu.hpp) against the CPU emulation (backend/cpu/fp8.hpp), bit for bit: the
 // two-stage amax (with NaN, accumulate, a partial last block) and quantize-and-transpose of f32
-// and bf16 tensors in both formats, on shapes that are not multiples of the 32 x 32 tile and with
-// more row tiles than the grid's rows (the kernel's row loop). On a GPU, test_cuda_ops runs the
-// same kernels through the backend.
+// and bf16 tensors in both formats, on shapes that are not multiples of the 64 x 64 tile (8-element
+// accesses where the widths allow, single ones at ragged edges) and with more row tiles than the
+// grid's rows (the kernel's row loop). On a GPU, test_cuda_ops runs the same kernels through the
+// backend.
 #define TESSERA_WARP_EMU 1
 #include "backend/warp_emu.hpp"
 // (warp_emu.hpp first: mma.cuh's emulated primitives use it.)
@@ -108,5 +109,7 @@ TEST(Fp8Emu, QuantizeAndTransposeAreTheCpuConversion) {
   check_quantize<float>(5, 48, Fp8Format::E5M2, 1);   // an expert's block of 5 rows: 16
   check_quantize<float>(64, 96, Fp8Format::E5M2, 1);  // one grid row, two tiles each
   check_quantize<__nv_bfloat16>(33, 130, Fp8Format::E4M3, 2);
-  check_quantize<__nv_bfloat16>(96, 32, Fp8Format::E5M2, 5);  // more grid rows than tiles
+  check_quantize<__nv_bfloat16>(96, 32, Fp8Format::E5M2, 5);    // more grid rows than tiles
+  check_quantize<__nv_bfloat16>(130, 200, Fp8Format::E4M3, 2);  // 8-wide accesses, partial tiles
+  check_quantize<float>(77, 64, Fp8Format::E5M2, 1);            // f32 in two 16-byte loads
 }
