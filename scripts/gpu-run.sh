@@ -12,7 +12,9 @@
 # attention's tests, with cuDNN's error log), fp8 (issue 38: the FP8 cases of test_cuda_ops and
 # test_cuda_train, then the 1.3B step in bf16 and with FP8 GEMMs one after the other), train (gpt2-tiny
 # and llama-tiny on --device cuda vs cpu), attention (bench_attention and the PyTorch peer), bench
-# (bench_gpu_train BENCH_ARGS), generate (bench_generate gpu bf16), llama1b. scripts/gpu-lease.sh
+# (bench_gpu_train BENCH_ARGS), generate (bench_generate gpu bf16), llama1b; and only when named:
+# save (--async-save against a synchronous save, resumed bitwise; SAVE_MODEL, SAVE_MB, SAVE_GBS,
+# SAVE_INTERVAL), decode-profile (ncu's kernel times of batch-1 decode steps). scripts/gpu-lease.sh
 # runs them one by one under a deadline. GPU_RUN_REUSE=1 keeps an archive already unpacked.
 #
 # --memory runs, instead of the tests and the default benchmarks, issue 13's GPU figures on the 1.3B config
