@@ -276,9 +276,14 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
   const bool bias_here = sh.tp_rank == 0;
   auto opt = [](const Tensor& t) { return t.defined() ? &t : nullptr; };
   const RopeSpec rope = model_.rope_spec(0);  // positions from pos
-  for (int l : sh.layers()) {
+  // The residual adds are fused with the LayerNorm after them (the attention branch's with ln2,
+  // the MLP branch's with the next layer's ln1: one kernel instead of two, the same values).
+  const std::vector<int> layers = sh.layers();
+  bool ln1_done = false;  // ln holds this layer's first norm already
+  for (size_t k = 0; k < layers.size(); ++k) {
+    const int l = layers[k];
     const LayerWeights& w = model_.layer_weights(l);
-    model_.norm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b);
+    if (!ln1_done) model_.norm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b);
     be_.matmul_forward(qkv, ln, w.qkv_w, opt(w.qkv_b));
     if (cfg.rope()) be_.rope(qkv, rope, &pos, false);
     Tensor& kc = k_cache_[sh.local_index(l)];
@@ -291,8 +296,7 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
                        model_.alibi());
     be_.matmul_forward(tmp, att, w.proj_w, bias_here ? opt(w.proj_b) : nullptr);
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
-    be_.add(x, x, tmp);
-    model_.norm_forward(ln, mean, rstd, x, w.ln2_w, w.ln2_b);
+    model_.add_norm_forward(x, ln, mean, rstd, x, tmp, w.ln2_w, w.ln2_b);
     if (cfg.is_moe_layer(l)) {
       model_.moe_mlp(l, ln, tmp, moe_);
     } else {
@@ -301,7 +305,13 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
       be_.matmul_forward(tmp, gl, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
     }
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
-    be_.add(x, x, tmp);
+    ln1_done = k + 1 < layers.size();
+    if (ln1_done) {
+      const LayerWeights& next = model_.layer_weights(layers[k + 1]);
+      model_.add_norm_forward(x, ln, mean, rstd, x, tmp, next.ln1_w, next.ln1_b);
+    } else {
+      be_.add(x, x, tmp);
+    }
   }
   if (!sh.has_head) {
     ctx_.pp->send_async(x, ctx_.pp_rank + 1, kTagHidden)->wait();

@@ -224,6 +224,9 @@ class GPTModel {
   // --apply-layernorm-1p the weight applied is 1 + w).
   void norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w,
                     const Tensor& b);
+  // sum = a + b, out = the model's norm of sum (one pass where the backend has one; sum may be a).
+  void add_norm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
+                        const Tensor& b, const Tensor& w, const Tensor& bias);
   Backend& backend() { return be_; }
   Communicator& tp_comm() { return tp_; }
 
@@ -303,8 +306,6 @@ class GPTModel {
   // tmp_c when either applies; else dres itself).
   const Tensor& branch_grad(PhaseSequence& phase, Activations& a, const DropoutSpec& site);
   LayerActivations& acts_of(int layer, Activations& a) const;
-  void add_norm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
-                        const Tensor& b, const Tensor& w, const Tensor& bias);
   // The MLP's activation (GELU or SwiGLU): la.fc1 -> la.gelu.
   void activation_forward(PhaseSequence& phase, LayerActivations& la);
   // w, or 1 + w (in a scratch tensor) with --apply-layernorm-1p.
