@@ -10,7 +10,8 @@
 #
 # --steps picks pieces of the default run: tests (the four CUDA test programs), fused (cuDNN
 # attention's tests, with cuDNN's error log), fp8 (issue 38: the FP8 cases of test_cuda_ops and
-# test_cuda_train, then the 1.3B step in bf16 and with FP8 GEMMs one after the other), train (gpt2-tiny
+# test_cuda_train, then the 1.3B step in bf16 and with FP8 GEMMs one after the other, then
+# bench_fp8's pass-by-pass times at the 1.3B shapes), train (gpt2-tiny
 # and llama-tiny on --device cuda vs cpu), attention (bench_attention and the PyTorch peer), bench
 # (bench_gpu_train BENCH_ARGS), generate (bench_generate gpu bf16), llama1b; and only when named:
 # save (--async-save against a synchronous save, resumed bitwise; SAVE_MODEL, SAVE_MB, SAVE_GBS,
@@ -185,6 +186,8 @@ if step fp8; then
   for f in "" --fp8=hybrid --fp8=hybrid:tensorwise; do
     "$root/bin/bench_gpu_train" 1.3b 10 0 0 bf16 $f 2>&1 | tee -a "$out/bench-fp8.log" | grep -vE '^\[20[0-9]{2}-' | tail -3
   done
+  # Pass by pass at the 1.3B shapes: the bf16 and FP8 GEMMs, the amaxes, the quantizations.
+  "$root/bin/bench_fp8" 20 2>&1 | tee "$out/bench-fp8-passes.log" | grep -vE '^\[20[0-9]{2}-' || status=1
   unset CUBLASLT_LOG_LEVEL CUBLASLT_LOG_FILE
   for f in "$out"/cublaslt-*.log; do [ -s "$f" ] && { echo "$f:"; head -5 "$f"; }; done
 fi
