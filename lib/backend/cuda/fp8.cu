@@ -15,6 +15,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/fp8.cuh"
+#include "backend/cuda/lt_plan.hpp"
 #include "backend/cuda/ops.hpp"
 
 namespace tessera::cuda_ops {
@@ -212,19 +213,7 @@ void Fp8Lt::gemm(const Call& c, Workspace& ws, cudaStream_t s) {
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, fp8_type(c.a_format), c.k, c.m, c.k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, fp8_type(c.b_format), c.k, c.n, c.k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, cuda_type(c.d_type), c.m, c.n, c.m));
-    cublasLtMatmulPreference_t pref = nullptr;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const size_t wbytes = kFp8LtWorkspaceBytes;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wbytes, sizeof wbytes));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
+    cublasLtMatmulPreference_t pref = lt_preference(kFp8LtWorkspaceBytes, al_a, al_b, al_d);
     cublasLtMatmulHeuristicResult_t results[kFp8LtCandidates] = {};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(

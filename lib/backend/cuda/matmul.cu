@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/lt_plan.hpp"
 #include "backend/cuda/ops.hpp"
 #include "backend/cuda/rowwise.cuh"
 
@@ -158,20 +159,8 @@ bool LtMatmul::run(const Problem& q, Workspace& ws, cudaStream_t s) {
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                   &q.ldd, sizeof q.ldd));
     }
-    cublasLtMatmulPreference_t pref = nullptr;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const size_t wbytes = kLtWorkspaceBytes;
     const uint32_t al_a = std::get<7>(key), al_b = std::get<8>(key), al_d = std::get<9>(key);
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wbytes, sizeof wbytes));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
+    cublasLtMatmulPreference_t pref = lt_preference(kLtWorkspaceBytes, al_a, al_b, al_d);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, p.desc, p.a, p.b, p.d,
