@@ -10,10 +10,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/ini.hpp"
 #include "core/json.hpp"
 
 namespace tessera {
@@ -354,10 +356,9 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
   GPTConfig cfg = ckpt.meta().model;
   // The training options that HF's config holds but the model's structure does not: from the
   // options the run saved with the checkpoint (its `config` attribute, one `key = value` a line).
-  std::istringstream ini(ckpt.meta().config_text);
-  for (std::string line; std::getline(ini, line);)
-    if (line.rfind("moe-aux-loss-coeff = ", 0) == 0)
-      cfg.moe_aux_loss_coeff = std::strtod(line.c_str() + 21, nullptr);
+  const std::map<std::string, std::string> saved = ini_values(ckpt.meta().config_text);
+  if (const auto it = saved.find("moe-aux-loss-coeff"); it != saved.end())
+    cfg.moe_aux_loss_coeff = std::strtod(it->second.c_str(), nullptr);
   const std::string arch = hf_export_architecture(cfg, o.architecture);
   const std::string cls = arch == "qwen2"     ? "Qwen2ForCausalLM"
                           : arch == "mistral" ? "MistralForCausalLM"

@@ -73,11 +73,12 @@ void Fp8Scaling::reduce_max(Tensor& t, Communicator* also) {
   if (also && also->size() > 1) also->all_reduce(t, ReduceOp::Max);
 }
 
-Backend::Fp8Operand Fp8Scaling::expert_operand(int li, int e, Fp8Gemm g, Fp8Role role,
-                                               const Tensor& x, bool record) {
-  TESSERA_CHECK(e >= 0 && e < num_experts_ && (g == Fp8Gemm::Fc1 || g == Fp8Gemm::Fc2),
-                "FP8 operand of expert ", e, " of ", num_experts_);
-  const int64_t j = 12 + (int64_t(e) * 2 + (g == Fp8Gemm::Fc2 ? 1 : 0)) * 3 + int64_t(role);
+Backend::Fp8Operand Fp8Scaling::operand(int li, Fp8Gemm g, Fp8Role role, const Tensor& x,
+                                        bool record, int expert) {
+  if (expert < 0) return operand_at(li, index(li, g, role), x, record);
+  TESSERA_CHECK(expert < num_experts_ && (g == Fp8Gemm::Fc1 || g == Fp8Gemm::Fc2),
+                "FP8 operand of expert ", expert, " of ", num_experts_);
+  const int64_t j = 12 + (int64_t(expert) * 2 + (g == Fp8Gemm::Fc2 ? 1 : 0)) * 3 + int64_t(role);
   return operand_at(li, int64_t(li) * per_layer_ + j, x, record);
 }
 

@@ -35,16 +35,13 @@ class Fp8Scaling {
   bool active(int li) const { return active_[static_cast<size_t>(li)]; }
   // The operand of `role` in GEMM `g` of local layer li, quantizing x. Tensorwise: the amax of x
   // over the TP and CP groups, and its scale, now. Delayed: the scale the history gave at the last
-  // step's end, and with `record` x's amax joins this step's.
-  Backend::Fp8Operand operand(int li, Fp8Gemm g, Fp8Role role, const Tensor& x, bool record) {
-    return operand_at(li, index(li, g, role), x, record);
-  }
-  // The same for global expert e's Fc1 or Fc2. Tensorwise: the amax is the one of x, the block of
-  // one sender's tokens for this expert (with expert parallelism, each block comes from another
-  // micro-batch), reduced over TP and CP: the same as this micro-batch's on one rank. Every rank
-  // of a CP group calls it for the same blocks in the same order (a block may be empty on one).
-  Backend::Fp8Operand expert_operand(int li, int e, Fp8Gemm g, Fp8Role role, const Tensor& x,
-                                     bool record);
+  // step's end, and with `record` x's amax joins this step's. With expert >= 0, global expert
+  // e's Fc1 or Fc2 instead: tensorwise, the amax is the one of x, the block of one sender's tokens
+  // for this expert (with expert parallelism, each block comes from another micro-batch), reduced
+  // over TP and CP: the same as this micro-batch's on one rank. Every rank of a CP group calls it
+  // for the same blocks in the same order (a block may be empty on one).
+  Backend::Fp8Operand operand(int li, Fp8Gemm g, Fp8Role role, const Tensor& x, bool record,
+                              int expert = -1);
   // Delayed scaling, after a step's last backward: the step's amaxes are reduced over TP and the
   // gradient group (DP x CP) and the histories and scales advance (nothing for tensorwise).
   void end_step(Communicator* grad_group);

@@ -774,12 +774,8 @@ void GPTModel::linear_forward(int l, Fp8Gemm g, Tensor& out, const Tensor& inp, 
   }
   const int li = shard_.local_index(l);
   const bool record = a.dropout.training && !recomputing_;  // a training step's first forward
-  auto operand = [&](Fp8Role role, const Tensor& x) {
-    return expert < 0 ? fp8_->operand(li, g, role, x, record)
-                      : fp8_->expert_operand(li, expert, g, role, x, record);
-  };
-  const Backend::Fp8Operand x = operand(Fp8Role::Input, inp);
-  const Backend::Fp8Operand wq = operand(Fp8Role::Weight, w);
+  const Backend::Fp8Operand x = fp8_->operand(li, g, Fp8Role::Input, inp, record, expert);
+  const Backend::Fp8Operand wq = fp8_->operand(li, g, Fp8Role::Weight, w, record, expert);
   if (inp.dim(0) > 0) be_.fp8_matmul_forward(out, inp, w, bias, x, wq);
 }
 
@@ -792,13 +788,9 @@ void GPTModel::linear_backward(int l, Fp8Gemm g, Tensor* dinp, Tensor& dw, Tenso
   // The input and weight quantized again as in the forward (the same scales, so the same values);
   // the output gradient's amax joins the step's (a backward is always a training step's).
   const int li = shard_.local_index(l);
-  auto operand = [&](Fp8Role role, const Tensor& x, bool record) {
-    return expert < 0 ? fp8_->operand(li, g, role, x, record)
-                      : fp8_->expert_operand(li, expert, g, role, x, record);
-  };
-  const Backend::Fp8Operand go = operand(Fp8Role::GradOutput, dout, true);
-  const Backend::Fp8Operand x = operand(Fp8Role::Input, inp, false);
-  const Backend::Fp8Operand wq = operand(Fp8Role::Weight, w, false);
+  const Backend::Fp8Operand go = fp8_->operand(li, g, Fp8Role::GradOutput, dout, true, expert);
+  const Backend::Fp8Operand x = fp8_->operand(li, g, Fp8Role::Input, inp, false, expert);
+  const Backend::Fp8Operand wq = fp8_->operand(li, g, Fp8Role::Weight, w, false, expert);
   if (inp.dim(0) > 0) be_.fp8_matmul_backward(dinp, dw, dbias, dout, inp, w, go, x, wq);
 }
 

@@ -38,6 +38,12 @@ const Tensor* opt(const Tensor& t) {
 Tensor* opt(Tensor& t) {
   return t.defined() ? &t : nullptr;
 }
+// FP8 layers run every expert block, the empty ones too, under tensorwise scaling with context
+// parallelism: each block's amax is reduced over CP, and the other CP ranks make that reduction
+// for their share of the block (which may not be empty there).
+bool visits_empty_blocks(bool fp8, int cp_size, const Fp8Scaling* scaling) {
+  return fp8 && cp_size > 1 && scaling->config().recipe == Fp8Recipe::Tensorwise;
+}
 }  // namespace
 
 int64_t GPTModel::router_rows(const Activations& a) const {
@@ -257,8 +263,7 @@ void GPTModel::moe_experts_forward(PhaseSequence& phase, int l, const LayerWeigh
     // One block (a sender's tokens for one expert) at a time. In FP8 each block has its own
     // scales (the grouped GEMM has no FP8 form); the empty ones too under tensorwise scaling with
     // context parallelism, whose amax reductions the other CP ranks make for their share.
-    const bool empty_too =
-        fp8 && shard_.cp_size > 1 && fp8_->config().recipe == Fp8Recipe::Tensorwise;
+    const bool empty_too = visits_empty_blocks(fp8, shard_.cp_size, fp8_.get());
     const int e0 = shard_.experts_begin(cfg_.num_experts);
     int64_t row = 0;
     for (size_t b = 0; b < la.moe_rows.size(); ++b) {
@@ -421,8 +426,7 @@ void GPTModel::moe_experts_backward(PhaseSequence& phase, int l, const LayerWeig
   }
   if (cfg_.moe_grouped_gemm && !fp8) return;
   // One block at a time (FP8: each with its scales, the empty ones as in the forward).
-  const bool empty_too =
-      fp8 && shard_.cp_size > 1 && fp8_->config().recipe == Fp8Recipe::Tensorwise;
+  const bool empty_too = visits_empty_blocks(fp8, shard_.cp_size, fp8_.get());
   const int e0 = shard_.experts_begin(cfg_.num_experts);
   int64_t row = 0;
   for (size_t b = 0; b < la.moe_rows.size(); ++b) {

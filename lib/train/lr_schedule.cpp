@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <sstream>
 
 #include "core/error.hpp"
+#include "core/ini.hpp"
 #include "train/train_config.hpp"
 
 namespace tessera {
@@ -111,18 +111,6 @@ double WeightDecaySchedule::wd(int64_t step) const {
   const double coeff = style_ == "linear" ? ratio : 0.5 * (std::cos(M_PI * (1.0 - ratio)) + 1.0);
   return start_ + coeff * (end_ - start_);
 }
-
-namespace {
-std::map<std::string, std::string> ini_values(const std::string& ini) {
-  std::map<std::string, std::string> kv;
-  std::istringstream in(ini);
-  for (std::string line; std::getline(in, line);) {
-    const size_t eq = line.find(" = ");
-    if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 3);
-  }
-  return kv;
-}
-}  // namespace
 
 std::string schedule_changes(const std::string& saved_ini, const std::string& now_ini,
                              bool length_matters) {
