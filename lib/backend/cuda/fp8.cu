@@ -130,9 +130,9 @@ constexpr int kFp8LtCandidates = 8;
 struct Fp8Lt::Impl {
   cublasLtHandle_t handle = nullptr;
   // (m, n, k, A format, B format, D type, fast accumulation, bias, accumulate, alignments of A,
-  // B, D and the bias)
+  // B and D: the heuristic's preferences; the bias needs 16 bytes like every pointer)
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, bool, bool, uint32_t,
-                      uint32_t, uint32_t, uint32_t>,
+                      uint32_t, uint32_t>,
            Plan>
       plans;
   ~Impl() {
@@ -183,12 +183,10 @@ void Fp8Lt::gemm(const Call& c, Workspace& ws, cudaStream_t s) {
                                  "-byte aligned (cuBLASLt's FP8 GEMMs need 16); train without "
                                  "--fp8-format"));
   if (!impl_->handle) CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
-  const uint32_t al_a = lt_alignment(c.A), al_b = lt_alignment(c.B), al_d = lt_alignment(c.D),
-                 al_bias = c.bias ? lt_alignment(c.bias) : 0;
-  const auto key =
-      std::make_tuple(c.m, c.n, c.k, static_cast<int>(c.a_format), static_cast<int>(c.b_format),
-                      static_cast<int>(c.d_type), c.fast_accum, c.bias != nullptr, c.accumulate,
-                      al_a, al_b, al_d, al_bias);
+  const uint32_t al_a = lt_alignment(c.A), al_b = lt_alignment(c.B), al_d = lt_alignment(c.D);
+  const auto key = std::make_tuple(c.m, c.n, c.k, static_cast<int>(c.a_format),
+                                   static_cast<int>(c.b_format), static_cast<int>(c.d_type),
+                                   c.fast_accum, c.bias != nullptr, c.accumulate, al_a, al_b, al_d);
   auto [it, fresh] = impl_->plans.try_emplace(key);
   Plan& p = it->second;
   if (fresh) {
