@@ -16,6 +16,7 @@
 #include "data/dataset.hpp"
 #include "train/metrics.hpp"
 #include "train/options.hpp"
+#include "train/result_validator.hpp"
 #include "train/trainer.hpp"
 #include "train/watchdog.hpp"
 
@@ -120,6 +121,11 @@ int main(int argc, char** argv) {
     }
     try {
       trainer.train(valid.get());
+    } catch (const RerunExit& e) {
+      // Result validation ends the run on every rank together (exit 16: its checkpoint is saved).
+      trainer.wait_for_saves();
+      if (root) TLOG(error) << "result validation: exit " << e.code() << ": " << e.what();
+      return e.code();
     } catch (const AgreedConfigError&) {
       // Every rank stops here together (a bad sample): a background save that was writing is
       // finished and committed first, then a clean exit 2 with rank 0's line.

@@ -58,6 +58,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual Device device() const = 0;
+  // The device this rank runs on (CUDA's index; -1 for the CPU): with the host name, the
+  // hardware identity of result validation's reruns.
+  virtual int device_index() const { return -1; }
   virtual const char* name() const = 0;
   virtual Allocator& allocator() = 0;
 
@@ -397,6 +400,13 @@ class Backend {
     for (const Tensor& x : xs) s += sum_squares(x);
     return s;
   }
+  // A sum of squares gathered over several calls and read once (result validation's check of
+  // each gradient bucket before its reduction: no device round trip a bucket). restart: the
+  // first tensor of a new sum.
+  virtual void collect_sum_squares(const Tensor& x, bool restart) {
+    collected_squares_ = (restart ? 0.0 : collected_squares_) + sum_squares(x);
+  }
+  virtual double collected_sum_squares() { return collected_squares_; }
   virtual void scale(Tensor& x, float s) = 0;
   // Mixture of Experts (backend/cpu/moe.hpp has the semantics, on host arrays). logits and
   // dlogits (N,E), weight and dweight (N,K) are f32; expert and row (N,K) int32; x, dx (N,C) and
@@ -443,6 +453,9 @@ class Backend {
     for (float v : host) zeros += v == 0.0f;
     return zeros;
   }
+
+ private:
+  double collected_squares_ = 0;  // collect_sum_squares's default
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -157,6 +157,7 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
   }
   h5_write_attr(f, "has_optimizer", static_cast<int64_t>(m.has_optimizer));
   h5_write_attr(f, "config", m.config_text);
+  if (!m.rerun_state.empty()) h5_write_attr(f, "rerun_state", m.rerun_state);
 }
 
 }  // namespace
@@ -167,7 +168,7 @@ const std::vector<std::string>& checkpoint_file_attributes() {
   static const std::vector<std::string> names{
       "format_version", "iteration", "consumed_samples", "optimizer_steps",
       "lr_schedule_samples", "loss_scale", "loss_scale_growth_tracker",
-      "loss_scale_hysteresis_tracker", "skipped_iterations", "seed", "num_layers", "hidden_size",
+      "loss_scale_hysteresis_tracker", "skipped_iterations", "rerun_state", "seed", "num_layers", "hidden_size",
       "num_attention_heads", "ffn_hidden_size", "seq_length", "max_position_embeddings",
       "vocab_size", "make_vocab_size_divisible_by", "padded_vocab_size", "layernorm_epsilon_x1e9",
       "position_embedding_type", "rotary_base", "rotary_percent", "normalization", "rope_scaling",
@@ -443,6 +444,7 @@ CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
   need("has_optimizer", x);
   meta.has_optimizer = x != 0;
   h5_read_attr(f, "config", meta.config_text);
+  h5_read_attr(f, "rerun_state", meta.rerun_state);  // optional: a rerun pending
 
   return meta;
 }

@@ -51,6 +51,9 @@ struct CheckpointMeta {
   double loss_scale = 0;
   int64_t loss_scale_growth_tracker = 0, loss_scale_hysteresis_tracker = 0;
   int64_t skipped_iterations = 0;  // fp16 steps skipped on overflow so far (for the log)
+  // Result validation's rerun pending from this checkpoint (train/result_validator.hpp: the
+  // iteration to rerun on other hardware, the ranks that failed and where); empty: none.
+  std::string rerun_state;
 };
 
 // --target-expert-model-parallel-size of the offline tools: `ep` must be 1 for a dense model and

@@ -45,6 +45,10 @@ class Fp8Scaling {
   // Delayed scaling, after a step's last backward: the step's amaxes are reduced over TP and the
   // gradient group (DP x CP) and the histories and scales advance (nothing for tensorwise).
   void end_step(Communicator* grad_group);
+  // Delayed scaling: the amaxes recorded since the last end_step forgotten (a rerun in place).
+  void restart_step() {
+    if (cfg_.recipe == Fp8Recipe::Delayed && n_ > 0) be_.zero(amax_);
+  }
 
   // The state of delayed scaling (checkpoints): history (H, n) and scales (n) of n tensors in the
   // order (local layer, GEMM, role), each layer's followed by its experts' (expert, FC1/FC2,

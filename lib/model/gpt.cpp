@@ -806,6 +806,10 @@ void GPTModel::fp8_end_step(Communicator* grad_group) {
   if (fp8_) fp8_->end_step(grad_group);
 }
 
+void GPTModel::fp8_restart_step() {
+  if (fp8_) fp8_->restart_step();
+}
+
 void GPTModel::tp_reduce(PhaseSequence& phase, Tensor& t) {
   if (tp_.size() > 1) phase("tp-all-reduce");  // TP 1: a no-op, no phase
   tp_.all_reduce(t, ReduceOp::Sum);

@@ -263,6 +263,9 @@ class GPTModel {
   // (`grad_group`: the DP x CP ranks; null for one); nothing without FP8 or with tensorwise.
   void set_fp8(const Fp8Config& c);
   void fp8_end_step(Communicator* grad_group);
+  // Delayed scaling: forgets the amaxes recorded since the last fp8_end_step (an iteration rerun
+  // in place records them again).
+  void fp8_restart_step();
   Fp8Scaling* fp8() { return fp8_.get(); }
 
   // Output of this stage's last layer (what the next stage receives).

@@ -92,6 +92,13 @@ void TrainingCheckpointer::save_at_stop(const TrainState& state) {
   finish_async(/*blocking=*/true);  // a stop waits for the write to finish
 }
 
+std::string TrainingCheckpointer::save_for_rerun(TrainState state, const std::string& rerun_state) {
+  state.rerun_state = rerun_state;
+  save(cfg_.save, state);  // the same iteration saved before is replaced
+  finish_async(/*blocking=*/true);
+  return cfg_.save + "/" + iteration_dir_name(state.iteration);
+}
+
 void TrainingCheckpointer::wait() {
   finish_async(/*blocking=*/true);
 }
@@ -109,6 +116,7 @@ CheckpointMeta TrainingCheckpointer::make_meta(const TrainState& state) const {
   meta.dp_size = ctx_.dp_size;
   meta.has_optimizer = !cfg_.no_save_optim;
   meta.config_text = cfg_.config_text;
+  meta.rerun_state = state.rerun_state;
   const LossScaler& scaler = optimizers_.scaler();
   if (scaler.is_dynamic()) {
     meta.has_loss_scale = true;
@@ -397,6 +405,7 @@ TrainState TrainingCheckpointer::load(const std::string& dir, bool model_only,
   if (!model_only) {
     state.iteration = m.iteration;
     state.consumed_samples = m.consumed_samples;
+    state.rerun_state = m.rerun_state;
   }
   last_saved_ = state.iteration;
   log_loaded(r, model_only, load_optimizer, t.seconds(), state.iteration);

@@ -40,6 +40,9 @@ class TrainingCheckpointer {
   // Collective: the save at a stop (the end, a signal, --exit-interval) unless this iteration is
   // saved already; then waits for a background write and commits it.
   void save_at_stop(const TrainState& state);
+  // Collective: a synchronous save of `state` with result validation's pending rerun (before
+  // exit 16) under --save; returns the iteration directory.
+  std::string save_for_rerun(TrainState state, const std::string& rerun_state);
   // Collective: waits for a background save to finish and commits it (throws Error like a
   // synchronous save that failed). Nothing to do without one.
   void wait();

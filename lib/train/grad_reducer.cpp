@@ -50,6 +50,7 @@ void GradReducer::begin() {
 
 void GradReducer::start(Bucket& b) {
   Tensor view = model_.params().flat_grads().view(b.begin, {b.end - b.begin});
+  if (before_reduce) before_reduce(view);
   b.op = reduce_scatter_ ? b.comm->reduce_scatter_async(view)
                          : b.comm->all_reduce_async(view, ReduceOp::Sum);
 }

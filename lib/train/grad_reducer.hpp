@@ -7,6 +7,7 @@
 // 1 / (loss tokens of the whole global batch).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -31,6 +32,9 @@ class GradReducer {
   // Starts what has not started (nothing, if every piece reported) and waits for all buckets.
   void finish();
   int64_t bytes_reduced_per_step() const { return 4 * total_elems_; }
+  // Called with each bucket's local gradients just before its reduction starts (result
+  // validation's check); none when empty.
+  std::function<void(const Tensor& local_grads)> before_reduce;
   bool reduce_scatter() const { return reduce_scatter_; }
 
  private:

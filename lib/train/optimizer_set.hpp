@@ -41,6 +41,10 @@ class OptimizerSet {
   void begin_step();
   // The model's piece `piece` has its gradients of the step (the last micro-batch's backward).
   void piece_ready(int piece) { reducer_->piece_ready(piece); }
+  // Each gradient bucket's local values before its data-parallel reduction (result validation).
+  void before_reduce(std::function<void(const Tensor&)> f) {
+    reducer_->before_reduce = std::move(f);
+  }
   // Waits for the data-parallel reduction and all-reduces the tied embedding's two halves.
   void finish_reduction();
 

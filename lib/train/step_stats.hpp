@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace tessera {
 
@@ -29,6 +30,9 @@ struct StepStats {
 struct TrainState {
   int64_t iteration = 0;         // iterations done (skipped fp16 steps included)
   int64_t consumed_samples = 0;  // samples of those iterations
+  // A rerun pending on other hardware (train/result_validator.hpp), saved with the checkpoint
+  // before exit 16 and loaded from it; empty: none.
+  std::string rerun_state;
 };
 
 }  // namespace tessera

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.hpp"
@@ -128,6 +129,20 @@ struct TrainConfig {
   int64_t hysteresis = 2;
   int64_t profile_step_start = 10, profile_step_end = 12;
   std::vector<int> profile_ranks{0};
+  // Result validation and reruns (train/result_validator.hpp; Megatron's rerun state machine):
+  // disabled | validate_results | report_stats.
+  std::string rerun_mode = "validate_results";
+  bool check_nan = true;  // the loss and each gradient bucket, locally, before their reductions
+  bool check_spiky_loss = false, check_large_grads = false;  // 10x the largest recent value
+  // Empty: none (the default, <save>/result_rejected_tracker.txt with --save, is set by the
+  // option group).
+  std::string rejected_tracker_file;
+  std::vector<int64_t> iterations_to_skip;  // 1-indexed: their samples consumed, no update
+  // Error injection (drills and tests): one rejected result in error_injection_rate validations
+  // (random, from --seed), and/or at (iteration, rank) pairs; of error_injection_type.
+  int64_t error_injection_rate = 0;
+  std::string error_injection_type = "transient_error";
+  std::vector<std::pair<int64_t, int>> error_injection_at;
 
   // A copy with the sample-based options and the warm-up fraction turned into iterations (under
   // a ramp: train_iters counted as Megatron does, the schedule kept in samples).

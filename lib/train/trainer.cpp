@@ -3,6 +3,7 @@
 #include "train/trainer.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "backend/select.hpp"
 #include "core/logging.hpp"
@@ -12,6 +13,7 @@
 #include "train/checkpointer.hpp"
 #include "train/metrics.hpp"
 #include "train/optimizer_set.hpp"
+#include "train/result_validator.hpp"
 #include "train/run_control.hpp"
 #include "train/step_executor.hpp"
 
@@ -63,6 +65,9 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
       std::make_unique<TrainingMetrics>(MetricContext{*model_, cfg_, ctx_, *optimizers_}, timers_);
   timers_.configure(cfg_.timing_log_level, cfg_.timing_log_option, make_phase_clock(be_),
                     cfg_.use_distributed_optimizer);
+  validator_ = std::make_unique<ResultValidator>(cfg_, ctx_, be_);
+  if (validator_->checks_gradients())  // each bucket, locally, before its reduction
+    optimizers_->before_reduce([this](const Tensor& g) { validator_->check_bucket(g); });
 }
 
 Trainer::~Trainer() = default;
@@ -92,6 +97,7 @@ int64_t Trainer::skipped_iterations() const {
 std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
   RunControl control(cfg_, ctx_, be_);
   metrics_->begin_run();
+  validator_->start(std::exchange(state_.rerun_state, {}), state_.iteration + 1);  // the skips
   std::vector<StepStats> all;
   while (state_.iteration < cfg_.train_iters) {
     control.before_step(state_.iteration);  // the profiler window opens
@@ -120,6 +126,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
 }
 
 StepStats Trainer::train_step() {
+  if (validator_->skip(state_.iteration + 1)) return validator_->skip_step(state_);
   NVTX_RANGE("train-step");
   Timer timer;
   StepStats st;
@@ -136,31 +143,17 @@ StepStats Trainer::train_step() {
   // fp16: the loss gradient carries the loss scale; the gradients are unscaled after the
   // reduction. Scale 1 in f32 and bf16.
   st.loss_scale = optimizers_->loss_scale();
-  const float grad_scale = static_cast<float>(st.loss_scale / tokens);
-  // MoE: the load-balancing and z losses count as their mean over the global batch's
-  // micro-batches (with fp16's loss scale, like the LM loss).
-  const float moe_loss_scale =
-      static_cast<float>(st.loss_scale * cfg_.micro_batch_size / st.global_batch);
-  metrics_->begin_step();
-  model_->zero_grads();
-  optimizers_->begin_step();  // buckets start as the last micro-batch's backward completes them
-  double loss_sum = 0;
-  {
-    st.pipeline_start = timer.seconds();
-    IterationTimers::Scope timed(timers_, IterationTimers::ForwardBackward);
-    Timer pipeline;
-    loss_sum = executor_->run(true, st.iteration, executor_->first_sample(state_.consumed_samples),
-                              grad_scale, moe_loss_scale, st);
-    st.pipeline_seconds = pipeline.seconds();
+  const StepStats loaded = st;                  // a rejected result reruns the iteration in place
+  double reduced[1 + ResultValidator::kFlags];  // the loss sum, result validation's findings
+  for (int attempt = 0;; ++attempt) {
+    st = loaded;
+    run_attempt(st, attempt, tokens, timer, reduced);
+    if (!validator_->rerun(reduced + 1)) break;
   }
+  if (validator_->exit16_due())  // the state before this iteration, to rerun it elsewhere
+    validator_->exit16(checkpointer_->save_for_rerun(state_, validator_->pending_state()));
   model_->fp8_end_step(ctx_.grad_group_size() > 1 ? ctx_.dp : nullptr);  // delayed scaling
-  Timer dp_wait;
-  optimizers_->finish_reduction();
-  st.dp_wait_seconds = dp_wait.seconds();
-  // Every rank learns the loss: only the last stage's tp-rank-0 ranks contribute their DP slice.
-  double loss = (ctx_.last_stage() && ctx_.tp_rank == 0) ? loss_sum : 0.0;
-  ctx_.world->all_reduce_f64(&loss, 1, ReduceOp::Sum);
-  st.loss = loss / tokens;
+  st.loss = reduced[0] / tokens;
   metrics_->collect(st);  // the step's statistics the grid sums (MoE)
   const OptimizerSet::Update u = optimizers_->step(st.iteration, st.loss, st.global_batch);
   st.skipped = !u.update_successful;
@@ -170,12 +163,44 @@ StepStats Trainer::train_step() {
   st.weight_decay = u.weight_decay;
   state_.iteration = st.iteration;
   state_.consumed_samples += st.global_batch;
+  validator_->end_step(st.iteration);
   be_.synchronize();  // the step's time includes the device work it queued
   st.seconds = timer.seconds();
   // The step's timestamps have happened: read them, reuse the slots (a skipped step's stay for
   // the next one's, as before the components).
   if (u.update_successful) timers_.settle();
   return st;
+}
+
+void Trainer::run_attempt(StepStats& st, int attempt, double tokens, const Timer& step,
+                          double reduced[1 + ResultValidator::kFlags]) {
+  const float grad_scale = static_cast<float>(st.loss_scale / tokens);
+  // MoE's load-balancing and z losses: their mean over the global batch's micro-batches.
+  const float moe_loss_scale =
+      static_cast<float>(st.loss_scale * cfg_.micro_batch_size / st.global_batch);
+  validator_->begin_attempt(st.iteration, attempt);
+  metrics_->begin_step();
+  model_->zero_grads();
+  if (attempt > 0) model_->fp8_restart_step();
+  optimizers_->begin_step();  // buckets start as the last micro-batch's backward completes them
+  double loss_sum = 0;
+  {
+    st.pipeline_start = step.seconds();
+    IterationTimers::Scope timed(timers_, IterationTimers::ForwardBackward);
+    Timer pipeline;
+    loss_sum = executor_->run(true, st.iteration, executor_->first_sample(state_.consumed_samples),
+                              grad_scale, moe_loss_scale, st);
+    st.pipeline_seconds = pipeline.seconds();
+  }
+  Timer dp_wait;
+  optimizers_->finish_reduction();
+  st.dp_wait_seconds = dp_wait.seconds();
+  // Every rank learns the loss (only the last stage's tp-rank-0 ranks contribute their slice)
+  // and result validation's findings, checked locally before this reduction, in one all-reduce.
+  const bool has_loss = ctx_.last_stage() && ctx_.tp_rank == 0;
+  reduced[0] = has_loss ? loss_sum : 0.0;
+  validator_->check(loss_sum * ctx_.grad_group_size() / tokens, has_loss, reduced + 1);
+  ctx_.world->all_reduce_f64(reduced, 1 + ResultValidator::kFlags, ReduceOp::Sum);
 }
 
 double Trainer::evaluate_next(const TokenDataset& data, int64_t done) {

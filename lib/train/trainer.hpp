@@ -7,6 +7,7 @@
 //   TrainingCheckpointer (checkpointer.hpp)  saves (sync/async), commits, loads
 //   TrainingMetrics (metrics.hpp)        the log line, the metrics file, TensorBoard
 //   RunControl (run_control.hpp)         profiler window, stop signals, exits
+//   ResultValidator (result_validator.hpp)  result checks, reruns, skipped iterations, exit 16/17
 #pragma once
 
 #include <functional>
@@ -15,6 +16,7 @@
 
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
+#include "core/timer.hpp"
 #include "data/dataset.hpp"
 #include "model/gpt.hpp"
 #include "train/dist_optimizer.hpp"
@@ -32,6 +34,7 @@ class OptimizerSet;
 class StepExecutor;
 class TrainingCheckpointer;
 class TrainingMetrics;
+class ResultValidator;
 
 class Trainer {
  public:
@@ -63,7 +66,9 @@ class Trainer {
   int64_t skipped_iterations() const;
 
   // Runs one iteration on the next global batch; every rank returns the same loss and norm.
-  // Throws Error naming the iteration when the loss or the gradient norm is not finite. With
+  // An iteration to skip (--iterations-to-skip, the tracker file) consumes its samples without an
+  // update. A result rejected by result validation reruns it in place; RerunExit (every rank) when the
+  // run must end with exit 16 or 17 (docs/training.md, "Result validation and reruns"). With
   // --overlap-param-gather the updated weights may still be arriving when it returns: call
   // sync_params() before reading them directly.
   StepStats train_step();
@@ -101,6 +106,9 @@ class Trainer {
   void load_checkpoint(const std::string& dir, bool model_only = false, bool load_optimizer = true);
 
  private:
+  // One run of the iteration's forward, backward and reductions: reduced[0] the global batch's
+  // loss sum, then result validation's findings (ResultValidator::kFlags), summed over the ranks.
+  void run_attempt(StepStats& st, int attempt, double tokens, const Timer& step, double* reduced);
   void progress(int64_t iteration) {
     if (on_progress) on_progress(iteration);
   }
@@ -119,6 +127,7 @@ class Trainer {
   std::unique_ptr<StepExecutor> executor_;
   std::unique_ptr<TrainingCheckpointer> checkpointer_;
   std::unique_ptr<TrainingMetrics> metrics_;
+  std::unique_ptr<ResultValidator> validator_;
 };
 
 }  // namespace tessera

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstring>
 #include <ostream>
@@ -918,6 +919,16 @@ TEST_F(CudaOps, AdamWAndSumSquares) {
   const Tensor g2 = rand({777});
   const double both = gpu_->sum_squares_all({gd, dev(g2)});
   EXPECT_NEAR(both, a + cpu_->sum_squares(g2), 1e-9 * both);
+  // Result validation's bucket check: sums collected on the device, read once; a restart forgets
+  // the earlier ones, a NaN in any bucket shows.
+  gpu_->collect_sum_squares(dev(g2), true);
+  gpu_->collect_sum_squares(gd, true);
+  gpu_->collect_sum_squares(dev(g2), false);
+  EXPECT_EQ(gpu_->collected_sum_squares(), both) << "the same partials as sum_squares_all";
+  Tensor bad = rand({300});
+  bad.f32()[123] = std::numeric_limits<float>::quiet_NaN();
+  gpu_->collect_sum_squares(bad, false);
+  EXPECT_TRUE(std::isnan(gpu_->collected_sum_squares()));
   gpu_->scale(gd, 0.5f);
   cpu_->scale(g, 0.5f);
   expect_close(gd, g, 0, "scale");

@@ -34,6 +34,7 @@ const char* const kScratchLabels[] = {
     "attention backward workspace",
     "embedding backward workspace",
     "gradient-norm partial sums",
+    "result validation's gradient-bucket sums",
     "the AdamW segment table",
     "the KV-attention row table",
     "the flash-decoding partials",
@@ -648,6 +649,17 @@ class CudaBackend final : public Backend {
       expect_dtype(x, DType::F32, "sum_squares input (gradients)");
     }
     return cuda_ops::sum_squares_all(xs, ws_, stream_);
+  }
+  void collect_sum_squares(const Tensor& x, bool restart) override {
+    expect_device(x, "collect_sum_squares input");
+    expect_dtype(x, DType::F32, "collect_sum_squares input (gradients)");
+    cuda_ops::collect_sum_squares(x, restart, ws_, stream_);
+  }
+  double collected_sum_squares() override { return cuda_ops::collected_sum_squares(ws_, stream_); }
+  int device_index() const override {
+    int d = -1;
+    CUDA_CHECK(cudaGetDevice(&d));
+    return d;
   }
   void scale(Tensor& x, float s) override {
     expect_dtype(x, DType::F32, "scale operand (gradients)");

@@ -20,20 +20,21 @@ namespace tessera::cuda_ops {
 
 // The backend's device scratch buffers, one per use.
 enum class Scratch {
-  kPartials,         // f32 column partials of two-stage reductions (layernorm.cu, matmul.cu)
-  kAttentionRowdot,  // attention backward: dout . out per (b, h, t) (attention.cu)
-  kEmbeddingSort,    // embedding backward: sorted tokens, their runs, CUB's temporary storage
-  kSumSquares,       // per-block partial sums of squares (optim.cu)
-  kAdamSegments,     // the AdamW segment table (optim.cu)
-  kKvSegments,       // the KV-attention row table (kv_attention.cu)
-  kDecodePartials,   // flash-decoding's per-split outputs, maxima and sums (kv_attention.cu)
-  kPrefillLse,       // the prefill attention's log-sum-exp, not kept (kv_attention.cu)
-  kSampling,         // the per-row sampling rules (sampling.cu)
-  kSamplingSort,     // dense and sorted logits, indices, CUB's storage (sampling.cu)
-  kCublasLt,         // cuBLASLt's workspace for the GEMMs with epilogues (matmul.cu)
-  kMoeScores,        // the router's per-token load-balancing scores and lse^2 (moe.cu)
-  kMoeAuxGrad,       // the load-balancing loss's gradient per (group, expert) (moe.cu)
-  kGroupedPointers,  // the A, B and C pointer arrays of a grouped GEMM (matmul.cu)
+  kPartials,          // f32 column partials of two-stage reductions (layernorm.cu, matmul.cu)
+  kAttentionRowdot,   // attention backward: dout . out per (b, h, t) (attention.cu)
+  kEmbeddingSort,     // embedding backward: sorted tokens, their runs, CUB's temporary storage
+  kSumSquares,        // per-block partial sums of squares (optim.cu)
+  kCollectedSquares,  // the gradient buckets' sums of squares collected over a step (optim.cu)
+  kAdamSegments,      // the AdamW segment table (optim.cu)
+  kKvSegments,        // the KV-attention row table (kv_attention.cu)
+  kDecodePartials,    // flash-decoding's per-split outputs, maxima and sums (kv_attention.cu)
+  kPrefillLse,        // the prefill attention's log-sum-exp, not kept (kv_attention.cu)
+  kSampling,          // the per-row sampling rules (sampling.cu)
+  kSamplingSort,      // dense and sorted logits, indices, CUB's storage (sampling.cu)
+  kCublasLt,          // cuBLASLt's workspace for the GEMMs with epilogues (matmul.cu)
+  kMoeScores,         // the router's per-token load-balancing scores and lse^2 (moe.cu)
+  kMoeAuxGrad,        // the load-balancing loss's gradient per (group, expert) (moe.cu)
+  kGroupedPointers,   // the A, B and C pointer arrays of a grouped GEMM (matmul.cu)
   kCudnn,  // cuDNN attention's plan workspace, row sums, dQ accumulator (cudnn_attention.cpp)
   kFp8,    // FP8 GEMMs' quantized operands and their 1/scale (fp8.cu)
   kCount
@@ -294,6 +295,10 @@ void adamw_step_flat(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
                      Workspace& ws, cudaStream_t s);
 // The sum of squares of every element of xs (f32), in a fixed order; waits for the stream.
 double sum_squares_all(const std::vector<Tensor>& xs, Workspace& ws, cudaStream_t s);
+// Result validation's gradient check: x's sum of squares added to per-block partials on the
+// device (restart: they start from zero), without a round trip; collected_sum_squares reads them.
+void collect_sum_squares(const Tensor& x, bool restart, Workspace& ws, cudaStream_t s);
+double collected_sum_squares(Workspace& ws, cudaStream_t s);
 void scale(Tensor& x, float factor, cudaStream_t s);
 
 // ---- moe.cu ------------------------------------------------------------------------------------

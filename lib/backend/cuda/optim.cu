@@ -128,6 +128,22 @@ double sum_squares_all(const std::vector<Tensor>& xs, Workspace& ws, cudaStream_
   return sum;
 }
 
+void collect_sum_squares(const Tensor& x, bool restart, Workspace& ws, cudaStream_t s) {
+  double* partials = ws.get<double>(Scratch::kCollectedSquares, kSumBlocks);
+  sum_squares_kernel<<<kSumBlocks, kThreads, 0, s>>>(partials, x.f32(), x.numel(), !restart);
+  LAUNCH_CHECK();
+}
+
+double collected_sum_squares(Workspace& ws, cudaStream_t s) {
+  const double* partials = ws.get<double>(Scratch::kCollectedSquares, kSumBlocks);
+  double host[kSumBlocks];
+  CUDA_CHECK(cudaMemcpyAsync(host, partials, sizeof host, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  double sum = 0;
+  for (double p : host) sum += p;
+  return sum;
+}
+
 void scale(Tensor& x, float factor, cudaStream_t s) {
   scale_kernel<<<blocks_for(x.numel()), kThreads, 0, s>>>(x.f32(), x.numel(), factor);
   LAUNCH_CHECK();
