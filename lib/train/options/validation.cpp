@@ -80,7 +80,7 @@ class ValidationOptions : public OptionGroup {
             "lineage (drills and tests)");
   }
 
-  void resolve(const OptionParser& p, RunOptions& o, StartupNotes& notes) override {
+  void resolve(const OptionParser& p, RunOptions& o, StartupNotes&) override {
     TrainConfig& t = o.train;
     const std::string& m = t.rerun_mode;
     if (m != "validate_results" && m != "report_stats" && m != "disabled")
@@ -129,10 +129,6 @@ class ValidationOptions : public OptionGroup {
           "validate_results (a rejected result is rerun there)");
     if (t.rejected_tracker_file.empty() && !t.save.empty())
       t.rejected_tracker_file = t.save + "/result_rejected_tracker.txt";
-    if (t.compute_dtype == DType::F16 && t.check_nan)
-      notes.run.push_back(
-          "result validation: the gradient buckets are not checked for NaN/Inf with --fp16 (an "
-          "overflow skips the update, as in Megatron); the loss is");
   }
 
   void dry_run(DryRunSection s, const DryRunContext& d, std::ostream& out) const override {
