@@ -15,7 +15,9 @@
 # and llama-tiny on --device cuda vs cpu), attention (bench_attention and the PyTorch peer), bench
 # (bench_gpu_train BENCH_ARGS), generate (bench_generate gpu bf16), llama1b; and only when named:
 # save (--async-save against a synchronous save, resumed bitwise; SAVE_MODEL, SAVE_MB, SAVE_GBS,
-# SAVE_INTERVAL), decode-profile (ncu's kernel times of batch-1 decode steps). scripts/gpu-lease.sh
+# SAVE_INTERVAL), decode-profile (ncu's kernel times of batch-1 decode steps), rerun (issue 39:
+# bench/bench_rerun.sh on GPT-2 124M bf16: result validation's cost when nothing fails, and
+# report_stats's spread on the GPU). scripts/gpu-lease.sh
 # runs them one by one under a deadline. GPU_RUN_REUSE=1 keeps an archive already unpacked.
 #
 # --memory runs, instead of the tests and the default benchmarks, issue 13's GPU figures on the 1.3B config
@@ -138,8 +140,8 @@ fi
 if [ -n "$steps" ]; then
   for st in ${steps//,/ }; do
     case $st in
-      tests|fused|fp8|train|save|attention|bench|generate|decode-profile|llama1b) ;;
-      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: tests, fused, fp8, train, save, attention, bench, generate, decode-profile, llama1b)" >&2; exit 2 ;;
+      tests|fused|fp8|train|save|attention|bench|generate|decode-profile|llama1b|rerun) ;;
+      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: tests, fused, fp8, train, save, attention, bench, generate, decode-profile, llama1b, rerun)" >&2; exit 2 ;;
     esac
   done
   step() { [[ $steps == *",$1,"* ]]; }
@@ -147,7 +149,7 @@ else
   step() {
     case $1 in
       tests|train) [ $tests -eq 1 ] ;;
-      save|decode-profile) false ;;  # only when asked (--steps=save): it writes checkpoints of GBs
+      save|decode-profile|rerun) false ;;  # only when asked (--steps=save: checkpoints of GBs)
       llama1b) [ $bench -eq 1 ] && [ $memory -eq 0 ] && [ ${#bench_args[@]} -eq 0 ] ;;
       *) [ $bench -eq 1 ] && [ $memory -eq 0 ] ;;
     esac
@@ -214,6 +216,16 @@ if [ $bench -eq 1 ] && [ $memory -eq 1 ]; then
     echo "== bench_gpu_train 1.3b --max-micro-batch $mode =="
     "$root/bin/bench_gpu_train" 1.3b 0 0 0 bf16 --max-micro-batch $mode 2>&1 | tee -a "$out/bench-memory-max.log" || status=1
   done
+fi
+if step rerun; then
+  echo "== result validation's cost: GPT-2 124M bf16, micro-batch 16 (bench/bench_rerun.sh) =="
+  ITERS=30 WARMUP=5 REPEATS=2 bash bench/bench_rerun.sh "$root" --config "$root/configs/gpt2-124m.ini" \
+    --device cuda --bf16 --micro-batch-size 16 --global-batch-size 16 2>&1 | tee "$out/rerun-cost.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  "$root/bin/tessera-train" --config "$root/configs/gpt2-124m.ini" --device cuda --bf16 --mock-data \
+    --micro-batch-size 16 --global-batch-size 16 --train-iters 10 --log-interval 5 \
+    --rerun-mode report_stats > "$out/rerun-report-stats.log" 2>&1 || status=1
+  grep "report_stats" "$out/rerun-report-stats.log" | sed 's/^.*\] //'
 fi
 if step save; then
   # --async-save on the GPU (issue 37 point 3): GPT-2 124M (SAVE_MODEL=gpt2-1.3b for the 1.3B,
