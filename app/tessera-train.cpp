@@ -108,8 +108,10 @@ int main(int argc, char** argv) {
                 : std::string("replicated"));
     if (!opts.load.empty() && !opts.load_fresh) {
       try {
-        trainer.load_checkpoint(opts.load, opts.finetune, !opts.no_load_optim);
+        trainer.load_checkpoint(opts.load, opts.finetune, !opts.no_load_optim, opts.load_fallback);
         watchdog.progress(trainer.iteration());
+      } catch (const AgreedConfigError&) {
+        throw;  // every rank has it (a damaged checkpoint): rank 0's line, exit 2
       } catch (const ConfigError& e) {
         abort_job(e.what(), 2);  // may fail on some ranks only: say which, and end the job
       }

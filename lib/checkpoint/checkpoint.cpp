@@ -69,11 +69,16 @@ void write_tensor(hid_t group, const ParamSpec& s, const float* data) {
 }
 
 // Reads a whole dataset into `out` and checks it against its stored XXH64; false when either fails.
-bool read_verified(hid_t ds, float* out, int64_t n) {
+// hash_seconds (optional): the time the checksum took is added there.
+bool read_verified(hid_t ds, float* out, int64_t n, double* hash_seconds = nullptr) {
   int64_t stored = 0;
   if (!h5_read_attr(ds, "xxh64", stored)) return false;
   if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) return false;
-  return static_cast<uint64_t>(stored) == xxh64(out, sizeof(float) * n);
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool same = static_cast<uint64_t>(stored) == xxh64(out, sizeof(float) * n);
+  if (hash_seconds)
+    *hash_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return same;
 }
 
 // The attributes written here are listed in checkpoint_file_attributes() (tessera-checkpoint verify
@@ -691,9 +696,9 @@ void CheckpointReader::read_whole(const std::string& group, const std::string& n
     H5Id ds = open_whole(handles_[i]->get(), group, name);
     if (!ds.valid()) continue;
     H5Id space(H5Dget_space(ds.get()));
-    if (!read_verified(ds.get(), out, H5Sget_simple_extent_npoints(space.get())))
-      throw ConfigError("checkpoint file '" + files_[i] + "': " + group + "/" + name +
-                        " does not match its checksum (damaged); use another checkpoint");
+    if (!read_verified(ds.get(), out, H5Sget_simple_extent_npoints(space.get()), &hash_seconds_))
+      throw CheckpointDamaged("checkpoint file '" + files_[i] + "': " + group + "/" + name +
+                              " does not match its checksum (damaged); use another checkpoint");
     return;
   }
   throw ConfigError("checkpoint '" + path_ + "' has no " + group + "/" + name);
@@ -760,9 +765,10 @@ void CheckpointReader::read_slice(const std::string& group, const ParamSpec& t, 
       scratch_.resize(static_cast<size_t>(src_n));
       dst = scratch_.data();
     }
-    if (!read_verified(ds.get(), dst, src_n))
-      throw ConfigError("checkpoint file '" + files_[s.file] + "': " + name +
-                        " fails its checksum or cannot be read (corrupt); use another checkpoint");
+    if (!read_verified(ds.get(), dst, src_n, &hash_seconds_))
+      throw CheckpointDamaged(
+          "checkpoint file '" + files_[s.file] + "': " + name +
+          " fails its checksum or cannot be read (corrupt); use another checkpoint");
     if (!whole) {
       // Copy rows [lo, hi) along the axis (vocabulary rows < vocab_size for replicated wte).
       const int64_t a_lo = ax >= 0 ? lo - s_off : 0,

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/hdf5_handle.hpp"
 #include "model/fp8_config.hpp"
 #include "model/gpt_config.hpp"
@@ -119,6 +120,13 @@ class CheckpointShardWriter {
 void write_checkpoint_shard(const std::string& path, const CheckpointMeta& meta,
                             const ModelShard& shard, const ShardTensors& t, int fail_after = -1);
 
+// A tensor of a checkpoint that does not match its checksum (or cannot be read): the file is
+// damaged, and an older checkpoint may be whole (--load-fallback).
+class CheckpointDamaged : public ConfigError {
+ public:
+  explicit CheckpointDamaged(const std::string& what) : ConfigError(what) {}
+};
+
 // Reads a checkpoint directory (iter_N/ or a --load directory with its latest file).
 class CheckpointReader {
  public:
@@ -136,6 +144,8 @@ class CheckpointReader {
   // naming the file otherwise).
   int64_t whole_numel(const std::string& group, const std::string& name) const;
   void read_whole(const std::string& group, const std::string& name, float* out) const;
+  // Seconds spent checking the checksums of what was read so far.
+  double hash_seconds() const { return hash_seconds_; }
 
  private:
   struct SourceTensor {
@@ -151,6 +161,7 @@ class CheckpointReader {
   std::vector<std::unique_ptr<H5Id>> handles_;
   std::map<std::string, std::vector<SourceTensor>> tensors_;  // model tensors by name
   mutable std::vector<float> scratch_;  // one source tensor, when a slice needs part of it
+  mutable double hash_seconds_ = 0;
 };
 
 // Resolves --load: the iteration directory the latest file points to. Throws ConfigError naming

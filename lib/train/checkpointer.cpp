@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
+#include "checkpoint/verify.hpp"
 #include "core/logging.hpp"
 #include "core/nvtx.hpp"
 #include "core/test_hooks.hpp"
@@ -378,6 +380,62 @@ void TrainingCheckpointer::finish_async(bool blocking) {
 
 // ---- loading ----------------------------------------------------------------------------------
 
+TrainState TrainingCheckpointer::load_checked(const std::string& dir, bool model_only,
+                                              bool load_optimizer, bool fallback,
+                                              const RerunTracker& tracker) {
+  std::string damage;
+  TrainState state;
+  try {
+    state = load(dir, model_only, load_optimizer);
+  } catch (const CheckpointDamaged& e) {
+    damage = e.what();
+  }
+  damage = first_message(*ctx_.world, damage);  // a damaged file some ranks read: every rank's
+  if (damage.empty()) return state;
+  // Rank 0 reads the older checkpoints of the directory whole, newest first, until one verifies.
+  std::vector<double> found{-1.0};
+  const int64_t named = parse_iteration_dir_name(dir);  // --load iter_N: its --save directory
+  std::string save_dir = dir;
+  if (named >= 0) save_dir = std::filesystem::path(dir).lexically_normal().parent_path().string();
+  if (save_dir.empty()) save_dir = ".";
+  if (ctx_.world_rank == 0) {
+    const int64_t bad = named >= 0 ? named : parse_iteration_dir_name(resolve_checkpoint_dir(dir));
+    std::vector<int64_t> its = checkpoint_iterations(save_dir);
+    std::sort(its.rbegin(), its.rend());
+    for (int64_t it : its) {
+      if (bad >= 0 && it >= bad) continue;
+      try {
+        if (verify_checkpoint(save_dir, it).clean()) {
+          found[0] = static_cast<double>(it);
+          break;
+        }
+      } catch (const ConfigError&) {
+      }
+    }
+  }
+  broadcast_f64(*ctx_.world, found, 0);
+  const int64_t it = static_cast<int64_t>(found[0]);
+  if (it < 0)
+    throw AgreedConfigError(damage + "; no older checkpoint in '" + save_dir + "' verifies");
+  const std::string older = save_dir + "/" + iteration_dir_name(it);
+  if (!fallback)
+    throw AgreedConfigError(damage + "; the newest checkpoint that verifies is iteration " +
+                            std::to_string(it) + " (" + older +
+                            "): resume from it with --load-fallback");
+  if (ctx_.world_rank == 0) {
+    TLOG(warning) << damage << "; --load-fallback: loading iteration " << it << " instead ("
+                  << older << ", verified whole)";
+    TrackerLine l;
+    l.host = "-";
+    l.iteration = it;
+    l.status = RerunStatus::LoadFallback;
+    l.result = "-";
+    l.message = "--load-fallback: " + damage + "; loaded iteration " + std::to_string(it);
+    tracker.append(l);
+  }
+  return load(older, model_only, load_optimizer);
+}
+
 TrainState TrainingCheckpointer::load(const std::string& dir, bool model_only,
                                       bool load_optimizer) {
   finish_async(/*blocking=*/true);
@@ -473,7 +531,10 @@ void TrainingCheckpointer::log_loaded(const CheckpointReader& r, bool model_only
              << (!model_only && !load_optimizer
                      ? "; --no-load-optim: the optimizer and its step count start fresh"
                      : "")
-             << ") in " << seconds << " s";
+             << ") in " << seconds << " s; the checksums of what it read verified in "
+             << r.hash_seconds() << " s ("
+             << (seconds > 0 ? static_cast<int>(100 * r.hash_seconds() / seconds + 0.5) : 0)
+             << " % of the load)";
   if (!model_only && load_optimizer) {  // the schedule continues: say where it changes course
     const bool length_matters = (cfg_.lr_decay_iters == 0 && cfg_.lr_decay_style != "constant") ||
                                 optimizers_.weight_decay_scheduled();

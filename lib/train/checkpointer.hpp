@@ -14,6 +14,7 @@
 #include "comm/communicator.hpp"
 #include "model/gpt.hpp"
 #include "train/optimizer_set.hpp"
+#include "train/rerun_tracker.hpp"
 #include "train/step_stats.hpp"
 #include "train/timers.hpp"
 #include "train/train_config.hpp"
@@ -51,6 +52,12 @@ class TrainingCheckpointer {
   // start fresh; without load_optimizer (--no-load-optim) only the optimizer (moments and step
   // count) does.
   TrainState load(const std::string& dir, bool model_only, bool load_optimizer);
+  // Collective: load(), and when a file of that checkpoint is damaged (CheckpointDamaged on any
+  // rank), the newest older checkpoint of the directory that verifies whole: loaded with
+  // `fallback` (--load-fallback; said in the log and a LOAD_FALLBACK line of `tracker`), named in
+  // an AgreedConfigError otherwise.
+  TrainState load_checked(const std::string& dir, bool model_only, bool load_optimizer,
+                          bool fallback, const RerunTracker& tracker);
 
  private:
   struct AsyncSave;

@@ -27,7 +27,11 @@ const char* const kStatusNames[] = {
     "FIRST_RERUN_REPRODUCIBLE",
     "SECOND_RERUN_NOT_REPRODUCIBLE",
     "SECOND_RERUN_REPRODUCIBLE",
+    "LOAD_FALLBACK",
 };
+constexpr int kStatuses = sizeof(kStatusNames) / sizeof(kStatusNames[0]);
+static_assert(kStatuses == static_cast<int>(RerunStatus::LoadFallback) + 1,
+              "a name for every RerunStatus");
 
 std::string utc_now() {
   char buf[32];
@@ -65,7 +69,7 @@ bool parse_rerun_status(std::string text, RerunStatus& out) {
   const std::string prefix = "RerunValidationStatus.";
   if (text.rfind(prefix, 0) == 0) text = text.substr(prefix.size());
   for (char& c : text) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  for (int i = 0; i < 6; ++i)
+  for (int i = 0; i < kStatuses; ++i)
     if (text == kStatusNames[i]) {
       out = static_cast<RerunStatus>(i);
       return true;

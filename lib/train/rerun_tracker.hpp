@@ -21,6 +21,7 @@ enum class RerunStatus {
   FirstRerunReproducible,      // the rerun in place agrees: rerun on other hardware
   SecondRerunNotReproducible,  // other hardware differs: a persistent error of the first host
   SecondRerunReproducible,     // other hardware agrees: the result is correct
+  LoadFallback,                // --load-fallback loaded an older checkpoint (iteration: that one)
 };
 // "FIRST_RERUN_REPRODUCIBLE", ...; parse_rerun_status also takes Megatron's spellings
 // ("RerunValidationStatus.X", lower case). Returns false for anything else.

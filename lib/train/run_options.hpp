@@ -44,6 +44,7 @@ struct RunOptions {
   bool finetune = false;       // --load the model only: iteration, data and optimizer start fresh
   bool skip_train = false;     // evaluate (after --load) and exit
   bool no_load_optim = false;  // --load without the optimizer state
+  bool load_fallback = false;  // --load of a damaged checkpoint: the newest older one that verifies
   bool use_checkpoint_args = false;  // the model's options come from --load's checkpoint
   // --load names a directory without a checkpoint yet (absent or empty: the first run of a
   // requeued job whose --load is its --save): training starts fresh, as in Megatron-LM.

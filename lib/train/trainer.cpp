@@ -243,8 +243,8 @@ void Trainer::wait_for_saves() {
   checkpointer_->wait();
 }
 
-void Trainer::load_checkpoint(const std::string& dir, bool model_only, bool load_optimizer) {
-  state_ = checkpointer_->load(dir, model_only, load_optimizer);
+void Trainer::load_checkpoint(const std::string& dir, bool model_only, bool optim, bool fallback) {
+  state_ = checkpointer_->load_checked(dir, model_only, optim, fallback, validator_->tracker());
 }
 
 }  // namespace tessera

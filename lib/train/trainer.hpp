@@ -67,8 +67,8 @@ class Trainer {
 
   // Runs one iteration on the next global batch; every rank returns the same loss and norm.
   // An iteration to skip (--iterations-to-skip, the tracker file) consumes its samples without an
-  // update. A result rejected by result validation reruns it in place; RerunExit (every rank) when the
-  // run must end with exit 16 or 17 (docs/training.md, "Result validation and reruns"). With
+  // update. A result rejected by result validation reruns it in place; RerunExit (every rank) when
+  // the run must end with exit 16 or 17 (docs/training.md, "Result validation and reruns"). With
   // --overlap-param-gather the updated weights may still be arriving when it returns: call
   // sync_params() before reading them directly.
   StepStats train_step();
@@ -103,7 +103,10 @@ class Trainer {
   // Collective. Loads the checkpoint `dir` points to, whatever layout it was saved with.
   // model_only (--finetune): iteration, data position and optimizer start fresh; without
   // load_optimizer (--no-load-optim) only the optimizer (moments and step count) does.
-  void load_checkpoint(const std::string& dir, bool model_only = false, bool load_optimizer = true);
+  // A damaged file (a checksum) is one error on every rank naming it and the newest older
+  // checkpoint that verifies; with `fallback` (--load-fallback) that one is loaded instead.
+  void load_checkpoint(const std::string& dir, bool model_only = false, bool load_optimizer = true,
+                       bool fallback = false);
 
  private:
   // One run of the iteration's forward, backward and reductions: reduced[0] the global batch's

@@ -49,7 +49,7 @@ expect_rc() {  # expect_rc WHAT RC WANT LOG
   if [ "$2" -eq "$3" ]; then ok "$1: exit $2"; else bad "$1: exit $2, expected $3"; tail -5 "$4"; fi
 }
 expect_log() {  # expect_log WHAT LOG PATTERN
-  if grep -qE "$3" "$2"; then ok "$1"; else bad "$1: no /$3/ in $2"; tail -5 "$2"; fi
+  if grep -qE -- "$3" "$2"; then ok "$1"; else bad "$1: no /$3/ in $2"; tail -5 "$2"; fi
 }
 can_unshare=1
 unshare -u sh -c 'hostname tessera-other' 2>/dev/null || can_unshare=0
@@ -188,6 +188,26 @@ expect_rc "--rerun-mode disabled" $? 1 "$d.log"
 expect_log "disabled: the line" "$d.log" "training stopped \\(--rerun-mode disabled"
 grep -q "status=RERUN_DISABLED" "$d/result_rejected_tracker.txt" && ok "disabled: tracker line" ||
   bad "disabled: tracker line"
+
+# --- a damaged newest checkpoint: one line naming the file and the newest that verifies; --load-fallback ---
+d=$work/damaged
+ITERS=6 run "$d.1.log" --save "$d" --save-interval 2
+"$bin/test_checkpoint_tool" flip-byte "$d/iter_0000006/mp_rank_00_000.h5" /model/layers.1.mlp.fc1.weight >/dev/null ||
+  bad "could not damage the checkpoint"
+run "$d.2.log" --save "$d" --save-interval 2 --load "$d" --metrics-file "$d.jsonl"
+rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c error "$d.2.log")" -eq 1 ] &&
+  grep -qE "iter_0000006/mp_rank_00_000.h5.*layers.1.mlp.fc1.weight.*checksum.*the newest checkpoint that verifies is iteration 4 .*--load-fallback" "$d.2.log"; then
+  ok "damaged checkpoint: one line naming the file and iteration 4"
+else bad "damaged checkpoint: exit $rc"; cat "$d.2.log"; fi
+run "$d.3.log" --save "$d" --save-interval 2 --load "$d" --load-fallback --metrics-file "$d.jsonl"
+expect_rc "--load-fallback" $? 0 "$d.3.log"
+expect_log "--load-fallback: said" "$d.3.log" "--load-fallback: loading iteration 4 instead"
+expect_log "--load-fallback: the checksum cost printed" "$d.3.log" "checksums of what it read verified in [0-9.e-]+ s \([0-9]+ % of the load\)"
+grep -q "iteration=4 status=LOAD_FALLBACK" "$d/result_rejected_tracker.txt" && ok "--load-fallback: tracker line" ||
+  bad "--load-fallback: no tracker line"
+same_losses "$work/clean.jsonl" "$d.jsonl" 5 8 && ok "--load-fallback: iterations 5-8 equal the clean run's" ||
+  bad "--load-fallback: losses differ"
 
 # --- bad options: one line, exit 2 ---
 for a in "--rerun-mode sometimes" "--error-injection-at 0" "--error-injection-at 5:x" \

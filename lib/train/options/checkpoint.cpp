@@ -53,6 +53,9 @@ class CheckpointOptions : public OptionGroup {
             "with --load: leave out the optimizer state (Adam moments, step count and "
             "learning-rate "
             "warm-up start fresh; iteration and data position are loaded)")(
+            "load-fallback", po::bool_switch(&o.load_fallback),
+            "with --load: when a file of the newest checkpoint fails its checksum, load the newest "
+            "older checkpoint that verifies instead (said in the log and the tracker file)")(
             "no-load-rng", po::bool_switch(),
             "accepted for Megatron-LM's scripts: there is no RNG state to load (initialization and "
             "dropout masks are functions of --seed, the iteration and global coordinates)")(
