@@ -143,6 +143,12 @@ struct TrainConfig {
   int64_t error_injection_rate = 0;
   std::string error_injection_type = "transient_error";
   std::vector<std::pair<int64_t, int>> error_injection_at;
+  // --log-straggler: each rank's compute and waiting per iteration, the slowest and fastest
+  // straggler_minmax_count ranks named every log interval (train/metrics/straggler.cpp);
+  // straggler_injection (RANK, SECONDS): that rank sleeps that long every iteration (tests).
+  bool log_straggler = false;
+  int straggler_minmax_count = 1;
+  std::pair<int, double> straggler_injection{-1, 0.0};
 
   // A copy with the sample-based options and the warm-up fraction turned into iterations (under
   // a ramp: train_iters counted as Megatron does, the schedule kept in samples).

@@ -209,12 +209,22 @@ grep -q "iteration=4 status=LOAD_FALLBACK" "$d/result_rejected_tracker.txt" && o
 same_losses "$work/clean.jsonl" "$d.jsonl" 5 8 && ok "--load-fallback: iterations 5-8 equal the clean run's" ||
   bad "--load-fallback: losses differ"
 
+# --- --log-straggler names the rank made slow (each way round) ---
+for slow in 0 1; do
+  run "$work/straggler$slow.log" --log-straggler --log-interval 4 --straggler-injection "$slow:0.05"
+  expect_rc "--straggler-injection $slow:0.05" $? 0 "$work/straggler$slow.log"
+  n=$(grep -cE "straggler report, iterations [15] to [48] .*slowest rank $slow on $host \\(compute [0-9.]+ ms, waiting [0-9.]+ ms\\) \\| fastest rank $((1 - slow)) on $host" "$work/straggler$slow.log")
+  [ "$n" -eq 2 ] && ok "--log-straggler names rank $slow as the slowest, twice" ||
+    { bad "--log-straggler: $n reports naming rank $slow"; grep straggler "$work/straggler$slow.log"; }
+done
+
 # --- bad options: one line, exit 2 ---
 for a in "--rerun-mode sometimes" "--error-injection-at 0" "--error-injection-at 5:x" \
   "--error-injection-at 5:2" "--iterations-to-skip abc" "--iterations-to-skip 0" \
   "--error-injection-type sometimes --error-injection-rate 3" "--error-injection-type correct_result" \
   "--rerun-mode disabled --error-injection-rate 5" "--rerun-mode report_stats --check-for-spiky-loss" \
-  "--result-rejected-tracker-filename /proc/nope/tracker.txt"; do
+  "--result-rejected-tracker-filename /proc/nope/tracker.txt" "--straggler-injection 1" \
+  "--straggler-injection x:1" "--straggler-injection 1:-2" "--straggler-minmax-count 0"; do
   # shellcheck disable=SC2086
   run "$work/bad.log" $a
   rc=$?

@@ -1,7 +1,9 @@
 // validation.cpp: result validation and reruns (train/result_validator.hpp; docs/training.md,
-// "Result validation and reruns"): Megatron's --rerun-mode, the checks, the tracker file,
+// "Result validation, reruns and stragglers"): Megatron's --rerun-mode, the checks, the tracker
+// file,
 // --iterations-to-skip and error injection; their checks and the --dry-run line.
 #include <algorithm>
+#include <cstdlib>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -49,7 +51,7 @@ class ValidationOptions : public OptionGroup {
  public:
   void add(OptionParser& p, RunOptions& o) override {
     TrainConfig& t = o.train;
-    p.group("Result validation and reruns")
+    p.group("Result validation, reruns and stragglers")
         .add_options()(
             "rerun-mode", po::value(&t.rerun_mode)->default_value("validate_results"),
             "validate_results (a rejected result reruns the iteration in place; exit 16 / 17 "
@@ -77,7 +79,15 @@ class ValidationOptions : public OptionGroup {
                          "correct_result (exit 16, then 17: a real result)")(
             "error-injection-at", po::value(&at_)->multitoken(),
             "inject the error at ITERATION[:RANK] (rank 0 when not given), once in the run's "
-            "lineage (drills and tests)");
+            "lineage (drills and tests)")(
+            "log-straggler", po::bool_switch(&t.log_straggler),
+            "every log interval, each rank's compute and waiting time per iteration; the slowest "
+            "and fastest ranks named with their hosts")(
+            "straggler-minmax-count", po::value(&t.straggler_minmax_count)->default_value(1),
+            "with --log-straggler: how many slowest and fastest ranks to name")(
+            "straggler-injection", po::value(&straggler_injection_),
+            "RANK:SECONDS: that rank sleeps SECONDS in every iteration (tests and drills of "
+            "--log-straggler)");
   }
 
   void resolve(const OptionParser& p, RunOptions& o, StartupNotes&) override {
@@ -127,6 +137,25 @@ class ValidationOptions : public OptionGroup {
       throw ConfigError(
           "--check-for-spiky-loss / --check-for-large-grads need --rerun-mode "
           "validate_results (a rejected result is rerun there)");
+    if (t.straggler_minmax_count < 1)
+      throw ConfigError("--straggler-minmax-count " + std::to_string(t.straggler_minmax_count) +
+                        ": must be >= 1");
+    if (!straggler_injection_.empty()) {
+      const size_t colon = straggler_injection_.find(':');
+      char* end = nullptr;
+      const double secs = colon == std::string::npos
+                              ? -1
+                              : std::strtod(straggler_injection_.c_str() + colon + 1, &end);
+      const int64_t rank = colon == std::string::npos
+                               ? -1
+                               : whole_number(straggler_injection_.substr(0, colon),
+                                              "--straggler-injection", "RANK:SECONDS");
+      if (colon == std::string::npos || rank < 0 || !end || *end != '\0' || !(secs > 0) ||
+          secs > 3600)
+        throw ConfigError("--straggler-injection " + straggler_injection_ +
+                          ": give RANK:SECONDS, e.g. 1:0.05 (a rank from 0, seconds in (0, 3600])");
+      t.straggler_injection = {static_cast<int>(rank), secs};
+    }
     if (t.rejected_tracker_file.empty() && !t.save.empty())
       t.rejected_tracker_file = t.save + "/result_rejected_tracker.txt";
   }
@@ -149,6 +178,7 @@ class ValidationOptions : public OptionGroup {
  private:
   bool no_nan_check_ = false;
   std::vector<std::string> skip_, at_;
+  std::string straggler_injection_;
 };
 
 }  // namespace
