@@ -12,6 +12,7 @@
 #include <limits>
 #include <sstream>
 
+#include "comm/gather_strings.hpp"
 #include "core/hash.hpp"
 #include "core/logging.hpp"
 
@@ -31,30 +32,6 @@ double parse_number(const std::string& s) {
   if (s == "inf") return std::numeric_limits<double>::infinity();
   if (s == "-inf") return -std::numeric_limits<double>::infinity();
   return std::strtod(s.c_str(), nullptr);
-}
-
-// Collective: every rank's `mine` on every rank, in rank order (small host messages, rare path).
-std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine) {
-  const int n = comm.size();
-  std::vector<double> len(static_cast<size_t>(n), 0.0);
-  len[static_cast<size_t>(comm.rank())] = static_cast<double>(mine.size());
-  comm.all_reduce_f64(len.data(), n, ReduceOp::Sum);
-  size_t total = 0, at = 0;
-  for (int r = 0; r < n; ++r) {
-    if (r == comm.rank()) at = total;
-    total += static_cast<size_t>(len[static_cast<size_t>(r)]);
-  }
-  std::vector<double> buf(std::max<size_t>(total, 1), 0.0);
-  for (size_t i = 0; i < mine.size(); ++i) buf[at + i] = static_cast<unsigned char>(mine[i]);
-  comm.all_reduce_f64(buf.data(), static_cast<int64_t>(buf.size()), ReduceOp::Sum);
-  std::vector<std::string> out(static_cast<size_t>(n));
-  size_t pos = 0;
-  for (int r = 0; r < n; ++r) {
-    for (size_t i = 0; i < static_cast<size_t>(len[static_cast<size_t>(r)]); ++i)
-      out[static_cast<size_t>(r)].push_back(static_cast<char>(static_cast<int>(buf[pos + i])));
-    pos += static_cast<size_t>(len[static_cast<size_t>(r)]);
-  }
-  return out;
 }
 
 std::string this_host() {

@@ -111,6 +111,16 @@ void adamw_step_flat(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
   LAUNCH_CHECK();
 }
 
+// The per-block partial sums, read back and added in a fixed order (one round trip).
+static double sum_partials(const double* partials, cudaStream_t s) {
+  double host[kSumBlocks];
+  CUDA_CHECK(cudaMemcpyAsync(host, partials, sizeof host, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  double sum = 0;
+  for (double p : host) sum += p;
+  return sum;
+}
+
 double sum_squares_all(const std::vector<Tensor>& xs, Workspace& ws, cudaStream_t s) {
   if (xs.empty()) return 0.0;
   double* partials = ws.get<double>(Scratch::kSumSquares, kSumBlocks);
@@ -120,12 +130,7 @@ double sum_squares_all(const std::vector<Tensor>& xs, Workspace& ws, cudaStream_
     LAUNCH_CHECK();
     first = false;
   }
-  double host[kSumBlocks];
-  CUDA_CHECK(cudaMemcpyAsync(host, partials, sizeof host, cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  double sum = 0;
-  for (double p : host) sum += p;
-  return sum;
+  return sum_partials(partials, s);
 }
 
 void collect_sum_squares(const Tensor& x, bool restart, Workspace& ws, cudaStream_t s) {
@@ -136,12 +141,7 @@ void collect_sum_squares(const Tensor& x, bool restart, Workspace& ws, cudaStrea
 
 double collected_sum_squares(Workspace& ws, cudaStream_t s) {
   const double* partials = ws.get<double>(Scratch::kCollectedSquares, kSumBlocks);
-  double host[kSumBlocks];
-  CUDA_CHECK(cudaMemcpyAsync(host, partials, sizeof host, cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  double sum = 0;
-  for (double p : host) sum += p;
-  return sum;
+  return sum_partials(partials, s);
 }
 
 void scale(Tensor& x, float factor, cudaStream_t s) {

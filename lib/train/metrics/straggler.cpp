@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/gather_strings.hpp"
 #include "core/logging.hpp"
 #include "train/metrics.hpp"
 
@@ -29,26 +30,7 @@ std::string host_of_this_rank() {
 class StragglerMetrics : public MetricSource {
  public:
   explicit StragglerMetrics(const MetricContext& c) : c_(c) {
-    // Every rank's host, once (a collective at start-up; host names are short).
-    Communicator& w = *c_.ctx.world;
-    const std::string mine = host_of_this_rank();
-    std::vector<double> len(static_cast<size_t>(w.size()), 0.0);
-    len[static_cast<size_t>(w.rank())] = static_cast<double>(mine.size());
-    w.all_reduce_f64(len.data(), w.size(), ReduceOp::Sum);
-    const size_t total = static_cast<size_t>(std::accumulate(len.begin(), len.end(), 0.0));
-    size_t at = 0;
-    for (int r = 0; r < w.rank(); ++r) at += static_cast<size_t>(len[static_cast<size_t>(r)]);
-    std::vector<double> chars(std::max<size_t>(total, 1), 0.0);
-    for (size_t i = 0; i < mine.size(); ++i) chars[at + i] = static_cast<unsigned char>(mine[i]);
-    w.all_reduce_f64(chars.data(), static_cast<int64_t>(chars.size()), ReduceOp::Sum);
-    size_t pos = 0;
-    for (int r = 0; r < w.size(); ++r) {
-      std::string h;
-      for (size_t i = 0; i < static_cast<size_t>(len[static_cast<size_t>(r)]); ++i)
-        h.push_back(static_cast<char>(static_cast<int>(chars[pos + i])));
-      pos += h.size();
-      hosts_.push_back(h);
-    }
+    hosts_ = all_gather_strings(*c_.ctx.world, host_of_this_rank());  // once, at start-up
   }
 
   void begin_step() override {
