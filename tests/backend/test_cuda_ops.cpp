@@ -9,9 +9,9 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <limits>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <ostream>
 #include <random>
 #include <string>
