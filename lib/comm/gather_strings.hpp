@@ -1,6 +1,9 @@
-// gather_strings.hpp: small host strings of every rank on every rank (host names, one-line
-// findings), over the Communicator's double all-reduce: for start-up and rare paths, not per step.
+// gather_strings.hpp: this rank's host name, and small host strings of every rank on every rank
+// (host names, one-line findings), over the Communicator's double all-reduce: for start-up and rare
+// paths, not per step.
 #pragma once
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <string>
@@ -9,6 +12,13 @@
 #include "comm/communicator.hpp"
 
 namespace tessera {
+
+// This rank's host name (Megatron's os.uname()[1]); "unknown" when it cannot be read.
+inline std::string host_name() {
+  char name[256] = {0};
+  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
 
 // Collective: every rank's `mine`, in rank order, on every rank.
 inline std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine) {

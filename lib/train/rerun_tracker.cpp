@@ -11,6 +11,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -165,11 +166,20 @@ void RerunTracker::append(const TrackerLine& l) const {
                 "); the event was: " + line.substr(0, line.size() - 1));
 }
 
+std::string RerunTracker::read_text() const {
+  if (path_.empty()) return std::string();
+  std::ifstream in(path_);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 std::vector<TrackerLine> RerunTracker::read(int* unreadable) const {
+  return parse_tracker_text(read_text(), unreadable);
+}
+
+std::vector<TrackerLine> parse_tracker_text(const std::string& all, int* unreadable) {
   std::vector<TrackerLine> lines;
   if (unreadable) *unreadable = 0;
-  if (path_.empty()) return lines;
-  std::ifstream in(path_);
+  std::istringstream in(all);
   std::string text;
   while (std::getline(in, text)) {
     if (text.empty()) continue;

@@ -43,6 +43,8 @@ struct TrackerLine {
 std::string format_tracker_line(const TrackerLine& l);
 // One line; false when it is not a tracker line (a partial line, another file).
 bool parse_tracker_line(const std::string& text, TrackerLine& out);
+// The tracker lines of a file's text; `unreadable` counts the lines that do not parse.
+std::vector<TrackerLine> parse_tracker_text(const std::string& text, int* unreadable = nullptr);
 
 // The tracker file: appended to by every rank (one write() call a line, O_APPEND, so lines of
 // ranks on different nodes do not interleave on a POSIX file system).
@@ -57,6 +59,8 @@ class RerunTracker {
   void append(const TrackerLine& l) const;
   // The file's lines (none when it does not exist); `unreadable` counts lines that do not parse.
   std::vector<TrackerLine> read(int* unreadable = nullptr) const;
+  // The file's text (empty when it does not exist).
+  std::string read_text() const;
 
  private:
   std::string path_;

@@ -1,14 +1,10 @@
 // result_validator.cpp: result validation and reruns (train/result_validator.hpp).
 #include "train/result_validator.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <sstream>
 
@@ -32,12 +28,6 @@ double parse_number(const std::string& s) {
   if (s == "inf") return std::numeric_limits<double>::infinity();
   if (s == "-inf") return -std::numeric_limits<double>::infinity();
   return std::strtod(s.c_str(), nullptr);
-}
-
-std::string this_host() {
-  char name[256] = {0};
-  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
-  return name;
 }
 
 std::string where(int rank, const std::string& host, int device) {
@@ -69,7 +59,7 @@ ResultValidator::ResultValidator(const TrainConfig& cfg, const ParallelContext& 
     : cfg_(cfg),
       ctx_(ctx),
       be_(be),
-      host_(this_host()),
+      host_(host_name()),
       device_(be.device_index()),
       tracker_(cfg.rejected_tracker_file) {
   mode_ = cfg.rerun_mode == "disabled"       ? Mode::Disabled
@@ -97,22 +87,12 @@ ResultValidator::ResultValidator(const TrainConfig& cfg, const ParallelContext& 
 void ResultValidator::start(const std::string& rerun_state, int64_t next_iteration) {
   // Rank 0 reads the tracker file; every rank parses the same text (the same decisions).
   std::vector<double> text;
-  if (ctx_.world_rank == 0 && tracker_.enabled()) {
-    std::ifstream in(tracker_.path());
-    const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    for (unsigned char c : all) text.push_back(c);
-  }
+  if (ctx_.world_rank == 0)
+    for (unsigned char c : tracker_.read_text()) text.push_back(c);
   broadcast_f64(*ctx_.world, text, 0);
-  std::vector<TrackerLine> lines;
-  {
-    std::string all;
-    for (double c : text) all.push_back(static_cast<char>(static_cast<int>(c)));
-    std::istringstream in(all);
-    std::string line;
-    TrackerLine l;
-    while (std::getline(in, line))
-      if (parse_tracker_line(line, l)) lines.push_back(l);
-  }
+  std::string all;
+  for (double c : text) all.push_back(static_cast<char>(static_cast<int>(c)));
+  const std::vector<TrackerLine> lines = parse_tracker_text(all);
   for (const TrackerLine& l : lines)
     if (!l.injected.empty()) injected_before_.insert({l.iteration, l.rank});
   const TrackerSkips skips = skipped_iterations(lines);
@@ -341,7 +321,7 @@ bool ResultValidator::rerun(const double reduced[kFlags]) {
     throw RerunExit(1, first_message(*ctx_.world, mine));
   }
   if (state_ == State::FromCheckpoint) return decide_from_checkpoint();
-  if (state_ == State::InPlace) return decide_in_place(reduced);
+  if (state_ == State::InPlace) return decide_in_place();
   if (reduced[0] + reduced[1] <= 0) {  // the common case: nothing rejected
     if (has_loss_) loss_spikes_.accept(loss_);
     grad_spikes_.accept(grad_norm_);
@@ -387,7 +367,7 @@ std::vector<ResultValidator::Failure> ResultValidator::gather_failures(int code)
   return out;
 }
 
-bool ResultValidator::decide_in_place(const double* /*reduced*/) {
+bool ResultValidator::decide_in_place() {
   state_ = State::Initial;
   // Outcome codes: 1 not fatal, differs; 2 not fatal, reproduced; 3 fatal, differs; 4 fatal,
   // reproduced.

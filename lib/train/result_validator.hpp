@@ -130,7 +130,7 @@ class ResultValidator {
   enum class State { Initial, InPlace, FromCheckpoint };
   bool nan_check_grads() const;
   void write(RerunStatus s, double result, const std::string& injected, const std::string& message);
-  bool decide_in_place(const double reduced_flags[kFlags]);
+  bool decide_in_place();
   bool decide_from_checkpoint();
   std::vector<Failure> gather_failures(int code);
   std::string encode_state(const std::vector<Failure>& f) const;

@@ -4,8 +4,6 @@
 // and the --straggler-minmax-count slowest and fastest ranks named with their hosts.
 // --straggler-injection RANK:SECONDS (tests and drills) makes one rank sleep that long in every
 // iteration, before its forward.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,16 +19,10 @@ namespace tessera {
 
 namespace {
 
-std::string host_of_this_rank() {
-  char name[256] = {0};
-  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
-  return name;
-}
-
 class StragglerMetrics : public MetricSource {
  public:
   explicit StragglerMetrics(const MetricContext& c) : c_(c) {
-    hosts_ = all_gather_strings(*c_.ctx.world, host_of_this_rank());  // once, at start-up
+    hosts_ = all_gather_strings(*c_.ctx.world, host_name());  // once, at start-up
   }
 
   void begin_step() override {
