@@ -12,8 +12,10 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/logging.hpp"
+#include "data/blended_dataset.hpp"
 #include "data/gpt_dataset.hpp"
 #include "train/options.hpp"
+#include "train/run_data.hpp"
 #include "train/trainer.hpp"
 
 using namespace tessera;
@@ -42,19 +44,37 @@ class FirstSamples final : public TokenDataset {
 int main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
   const bool root = mpi.world_rank() == 0;
-  std::string load, data_path, split = "969,30,1", which = "valid";
+  std::vector<std::string> data_words, train_words, valid_words, test_words;
+  std::string load, split = "969,30,1", which = "valid";
   std::string device;
   int tp = 1, pp = 1, cp = 1, mbs = 4, threads = 0, seq = 0;
+  int64_t eval_iters = 0, seed = -1, global_batch = 0;
   try {
     OptionParser p("tessera-eval",
-                   "--load CKPT --data-path PREFIX [--split 949,50,1] [--eval-split valid]");
+                   "--load CKPT --data-path PREFIX|BLEND [--split 949,50,1] [--eval-split valid] "
+                   "[--eval-iters N]");
     p.group("Evaluation")
         .add_options()("load", po::value(&load)->required(), "checkpoint directory (any layout)")(
-            "data-path", po::value(&data_path)->required(), "prefix of the HDF5 token shards")(
+            "data-path", po::value(&data_words)->multitoken(),
+            "the data as training names it: a prefix of HDF5 token shards, or Megatron's blend "
+            "`W1 PREFIX1 W2 PREFIX2 ...`; --split cuts each dataset")(
+            "train-data-path", po::value(&train_words)->multitoken(),
+            "the train split's own data (a prefix or a blend), instead of --data-path")(
+            "valid-data-path", po::value(&valid_words)->multitoken(),
+            "the valid split's own data (a prefix or a blend)")(
+            "test-data-path", po::value(&test_words)->multitoken(),
+            "the test split's own data (a prefix or a blend)")(
             "split", po::value(&split)->default_value(split),
             "train,valid,test weights (as in training)")(
             "eval-split", po::value(&which)->default_value(which), "train | valid | test")(
+            "eval-iters", po::value(&eval_iters)->default_value(0),
+            "global batches to evaluate, as training's --eval-iters (the same samples as "
+            "`tessera-train --load CKPT --skip-train`); 0: every sample of the split once")(
+            "seed", po::value(&seed)->default_value(-1),
+            "the seed that orders the samples (-1: the checkpoint's, as training drew them)")(
             "micro-batch-size", po::value(&mbs)->default_value(mbs), "samples per forward pass")(
+            "global-batch-size", po::value(&global_batch)->default_value(0),
+            "samples per evaluated batch, as training's (0: micro-batch size x DP)")(
             "seq-length", po::value(&seq)->default_value(0),
             "tokens per sample (0: the checkpoint's); at most the model's positions")(
             "tensor-model-parallel-size", po::value(&tp)->default_value(1),
@@ -74,6 +94,25 @@ int main(int argc, char** argv) {
     if (static_cast<int>(sp) < 0)
       throw ConfigError("--eval-split '" + which +
                         "' is not a split (allowed: train, valid, test)");
+    if (eval_iters < 0)
+      throw ConfigError("--eval-iters " + std::to_string(eval_iters) +
+                        " is negative: give the global batches to evaluate, or 0 for the whole "
+                        "split");
+    RunOptions data;
+    data.data_path = parse_data_blend(data_words, "data-path");
+    data.train_data_path = parse_data_blend(train_words, "train-data-path");
+    data.valid_data_path = parse_data_blend(valid_words, "valid-data-path");
+    data.test_data_path = parse_data_blend(test_words, "test-data-path");
+    const bool per_split = !data.train_data_path.empty() || !data.valid_data_path.empty() ||
+                           !data.test_data_path.empty();
+    if (data.data_path.empty() == !per_split)
+      throw ConfigError(per_split ? "give either --data-path or the per-split paths "
+                                    "(--train-data-path, --valid-data-path, --test-data-path), "
+                                    "not both"
+                                  : "give the data: --data-path PREFIX (or a blend), or --" +
+                                        which + "-data-path");
+    data.split = split;
+    parse_split(split);  // a bad --split is named before anything is opened
     ProcessGrid grid(tp, pp, cp);
     device = resolve_device(device, grid.host());
     ParallelContext ctx = grid.context();
@@ -86,34 +125,41 @@ int main(int argc, char** argv) {
     CheckpointReader ckpt(load);
     GPTConfig cfg = ckpt.meta().model;
     set_seq_length(cfg, seq, ckpt.path());
-    auto corpus = std::make_shared<const ShardedCorpus>(data_path);
-    if (corpus->meta().vocab_size != cfg.vocab_size)
-      throw ConfigError(detail::concat("--data-path '", data_path, "' has a vocabulary of ",
-                                       corpus->meta().vocab_size, " tokens, the checkpoint ",
-                                       cfg.vocab_size));
-    GPTDataset ds(corpus, sp, parse_split(split), cfg.seq_length, 0);
-    if (ds.num_samples() == 0)
-      throw ConfigError("the " + which + " split of '" + data_path + "' (--split " + split +
-                        ") has no sample: " + ds.describe());
+    data.model.seq_length = cfg.seq_length;
+    data.train.seed = seed >= 0 ? static_cast<uint64_t>(seed) : ckpt.meta().seed;
+    std::unique_ptr<BlendedDataset> ds = open_split_data(data, sp);
+    const ShardMeta& m = ds->dataset(0).corpus().meta();
+    if (m.vocab_size != cfg.vocab_size)
+      throw ConfigError(detail::concat("the data '", ds->blend().prefixes[0],
+                                       "' has a vocabulary of ", m.vocab_size,
+                                       " tokens, the checkpoint ", cfg.vocab_size));
     TrainConfig t;
     t.micro_batch_size = mbs;
-    t.global_batch_size = mbs * ctx.dp_size;
+    t.global_batch_size = global_batch > 0 ? global_batch : mbs * ctx.dp_size;
     t.log_interval = 1 << 30;
     validate_layout(cfg, t, tp, pp, ctx.dp_size, cp);
     auto be = make_rank_backend(grid, device);
     ctx = grid.context();  // NCCL groups on CUDA
-    FirstSamples data(ds, ds.num_samples());
-    Trainer trainer(cfg, t, *be, data, ctx);
+    const int64_t G = t.global_batch_size;
+    // The whole split: its samples once (the last batch filled with samples without loss);
+    // --eval-iters N: N global batches of the blend's order, as training's evaluation draws them.
+    const int64_t samples = eval_iters > 0 ? eval_iters * G : ds->num_samples();
+    FirstSamples first(*ds, samples);
+    Trainer trainer(cfg, t, *be, first, ctx);
     trainer.load_checkpoint(load, /*model_only=*/true);
-    const int64_t G = t.global_batch_size, iters = (ds.num_samples() + G - 1) / G;
-    const double loss = trainer.evaluate(data, 0, iters);
+    const int64_t iters = eval_iters > 0 ? eval_iters : (samples + G - 1) / G;
+    const double loss = trainer.evaluate(first, 0, iters);
     if (root)
       std::printf(
-          "tessera-eval: %s | iteration %lld | %s split: %lld samples, %lld tokens evaluated | "
-          "loss %.9f | perplexity %.6f\n",
+          "tessera-eval: %s | iteration %lld | %s split of %s: %lld samples, %lld tokens "
+          "evaluated%s | loss %.9f | perplexity %.6f\n",
           ckpt.path().c_str(), (long long)ckpt.meta().iteration, which.c_str(),
-          (long long)ds.num_samples(), (long long)ds.num_samples() * cfg.seq_length, loss,
-          std::exp(loss));
+          ds->blend().describe().c_str(), (long long)samples, (long long)samples * cfg.seq_length,
+          eval_iters > 0
+              ? (" (" + std::to_string(eval_iters) + " batches of " + std::to_string(G) + ")")
+                    .c_str()
+              : "",
+          loss, std::exp(loss));
   } catch (const ConfigError& e) {
     if (root) std::fprintf(stderr, "tessera-eval: error: %s\n", e.what());
     return 2;

@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/logging.hpp"
 #include "data/dataset.hpp"
+#include "train/memory_estimate.hpp"
 #include "train/metrics.hpp"
 #include "train/options.hpp"
 #include "train/result_validator.hpp"
@@ -49,6 +50,9 @@ int main(int argc, char** argv) {
     set_num_threads(threads);
     const std::string table = grid.layout_table();
     auto backend = make_rank_backend(grid, opts.device, opts.train.virtual_pipeline_size > 1);
+    check_rank_memory(
+        grid, *backend,
+        estimate_rank_memory(opts.model, opts.train, grid.layout(), grid.coords().pp, opts.ep));
     std::string attention;
     try {  // a shape `--attention-backend fused` cannot run ends the job here, with cuDNN's reason
       backend->set_attention_backend(opts.attention_backend, opts.deterministic_mode);

@@ -1,6 +1,9 @@
 // select.cpp: --device resolution and per-rank GPU selection.
 #include "backend/select.hpp"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 
 #include "core/error.hpp"
@@ -109,6 +112,29 @@ double peak_tflops(const std::string& name, DType dtype) {
   if (has("H200")) return tensor ? 989.4 : 66.9;
   if (has("A100")) return tensor ? 312.0 : 19.5;
   return 0;
+}
+
+MemoryCapacity backend_memory_capacity(Backend& be, int local_ranks) {
+  MemoryCapacity c;
+  char buf[160];
+#ifdef TESSERA_HAVE_CUDA
+  if (be.device() == Device::CUDA) {
+    size_t free_b = 0, total_b = 0;
+    cuda::memory_info(&free_b, &total_b);
+    c.bytes = static_cast<double>(total_b);
+    std::snprintf(buf, sizeof buf, "the %.1f GiB of this rank's GPU", c.bytes / 1073741824.0);
+    c.what = buf;
+    return c;
+  }
+#endif
+  (void)be;
+  const double host = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  const int n = local_ranks > 0 ? local_ranks : 1;
+  c.bytes = host / n;
+  std::snprintf(buf, sizeof buf, "the host's %.1f GiB shared by %d rank%s on this node",
+                host / 1073741824.0, n, n == 1 ? "" : "s");
+  c.what = buf;
+  return c;
 }
 
 double backend_peak_tflops(Backend& be, DType dtype) {

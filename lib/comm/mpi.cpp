@@ -141,17 +141,31 @@ MPI_Op reduce_op(const Tensor& t, ReduceOp op) {
   return op == ReduceOp::Sum ? f16_sum : f16_max;
 }
 
+// What a pending operation's wait marks in the collective trace.
+struct TraceMark {
+  const TraceHandle* handle = nullptr;
+  TraceOp op = TraceOp::None;
+  int64_t seq = 0;
+  int peer = -1;
+};
+
 class MpiPending final : public PendingOp {
  public:
   // `then` runs once, on the host, when the request is complete.
-  explicit MpiPending(MPI_Request r, std::function<void()> then = {})
-      : req_(r), then_(std::move(then)) {}
+  explicit MpiPending(MPI_Request r, TraceMark mark = {}, std::function<void()> then = {})
+      : req_(r), mark_(mark), then_(std::move(then)) {}
   ~MpiPending() override {
-    if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    if (req_ != MPI_REQUEST_NULL) {
+      const TraceWait w(mark_.handle, mark_.op, mark_.seq, mark_.peer);
+      MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    }
     complete();
   }
   void wait() override {
-    MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+    {
+      const TraceWait w(mark_.handle, mark_.op, mark_.seq, mark_.peer);
+      MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+    }
     complete();
   }
   bool test() override {
@@ -169,20 +183,23 @@ class MpiPending final : public PendingOp {
     f();
   }
   MPI_Request req_;
+  TraceMark mark_;
   std::function<void()> then_;
 };
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, TraceGroup trace) : comm_(comm) {
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  if (trace != TraceGroup::None) trace_ = TraceHandle(trace, world_ranks_of(comm_));
 }
 
 void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
   NVTX_RANGE("mpi-all-reduce");
   expect_host_float(t);
   if (size_ == 1) return;
+  const TraceWait traced(&trace_, TraceOp::AllReduce, trace_.issue(TraceOp::AllReduce), -1);
   MPI_CHECK(
       MPI_Allreduce(MPI_IN_PLACE, t.raw(), count_of(t), mpi_type(t), reduce_op(t, op), comm_));
 }
@@ -194,18 +211,21 @@ std::unique_ptr<PendingOp> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp
   if (size_ > 1)
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count_of(t), mpi_type(t), reduce_op(t, op),
                              comm_, &req));
-  return std::make_unique<MpiPending>(req);
+  return std::make_unique<MpiPending>(
+      req, TraceMark{&trace_, TraceOp::AllReduce, trace_.issue(TraceOp::AllReduce)});
 }
 
 void MpiCommunicator::all_reduce_f64(double* data, int64_t n, ReduceOp op) {
   NVTX_RANGE("mpi-all-reduce-f64");
   if (size_ == 1) return;
+  const TraceWait traced(&trace_, TraceOp::AllReduce, trace_.issue(TraceOp::AllReduce), -1);
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, mpi_op(op), comm_));
 }
 
 void MpiCommunicator::broadcast(Tensor& t, int root) {
   NVTX_RANGE("mpi-broadcast");
   expect_host_float(t);
+  const TraceWait traced(&trace_, TraceOp::Broadcast, trace_.issue(TraceOp::Broadcast), -1);
   MPI_CHECK(MPI_Bcast(t.raw(), count_of(t), mpi_type(t), root, comm_));
 }
 
@@ -215,6 +235,7 @@ void MpiCommunicator::all_gather(Tensor& out, const Tensor& in) {
   TESSERA_CHECK(out.numel() == in.numel() * size_, "all_gather output of ", out.numel(),
                 " elements for ", size_, " x ", in.numel());
   TESSERA_CHECK(out.dtype() == in.dtype(), "all_gather dtypes differ");
+  const TraceWait traced(&trace_, TraceOp::AllGather, trace_.issue(TraceOp::AllGather), -1);
   MPI_CHECK(MPI_Allgather(in.raw(), count_of(in), mpi_type(in), out.raw(), count_of(in),
                           mpi_type(in), comm_));
 }
@@ -225,6 +246,7 @@ void MpiCommunicator::reduce_scatter(Tensor& out, const Tensor& in) {
   TESSERA_CHECK(in.numel() == out.numel() * size_, "reduce_scatter input of ", in.numel(),
                 " elements for ", size_, " x ", out.numel());
   TESSERA_CHECK(out.dtype() == in.dtype(), "reduce_scatter dtypes differ");
+  const TraceWait traced(&trace_, TraceOp::ReduceScatter, trace_.issue(TraceOp::ReduceScatter), -1);
   MPI_CHECK(MPI_Reduce_scatter_block(in.raw(), out.raw(), count_of(out), mpi_type(in),
                                      reduce_op(in, ReduceOp::Sum), comm_));
 }
@@ -240,11 +262,12 @@ std::unique_ptr<PendingOp> MpiCommunicator::reduce_scatter_async(Tensor& buf) {
   // MPI_IN_PLACE leaves the result at the start of the buffer; it moves to this rank's block.
   MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf.raw(), count, mpi_type(buf),
                                       reduce_op(buf, ReduceOp::Sum), comm_, &req));
-  if (rank_ == 0) return std::make_unique<MpiPending>(req);
+  const TraceMark mark{&trace_, TraceOp::ReduceScatter, trace_.issue(TraceOp::ReduceScatter)};
+  if (rank_ == 0) return std::make_unique<MpiPending>(req, mark);
   char* base = static_cast<char*>(buf.raw());
   const size_t bytes = static_cast<size_t>(count) * dtype_size(buf.dtype());
   const size_t to = bytes * static_cast<size_t>(rank_);
-  return std::make_unique<MpiPending>(req,
+  return std::make_unique<MpiPending>(req, mark,
                                       [base, bytes, to] { std::memmove(base + to, base, bytes); });
 }
 
@@ -257,7 +280,8 @@ std::unique_ptr<PendingOp> MpiCommunicator::all_gather_async(Tensor& buf) {
   if (size_ > 1)
     MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.raw(),
                              static_cast<int>(buf.numel() / size_), mpi_type(buf), comm_, &req));
-  return std::make_unique<MpiPending>(req);
+  return std::make_unique<MpiPending>(
+      req, TraceMark{&trace_, TraceOp::AllGather, trace_.issue(TraceOp::AllGather)});
 }
 
 std::unique_ptr<PendingOp> MpiCommunicator::send_async(const Tensor& t, int peer, int tag) {
@@ -265,16 +289,23 @@ std::unique_ptr<PendingOp> MpiCommunicator::send_async(const Tensor& t, int peer
   expect_host_float(t);
   MPI_Request req = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Isend(t.raw(), count_of(t), mpi_type(t), peer, tag, comm_, &req));
-  return std::make_unique<MpiPending>(req);
+  return std::make_unique<MpiPending>(req, TraceMark{&trace_, TraceOp::Send, 0, peer});
 }
 
 namespace {
 // Two requests (a send and a receive) completed together.
 class MpiPendingPair final : public PendingOp {
  public:
-  MpiPendingPair(MPI_Request a, MPI_Request b) : req_{a, b} {}
-  ~MpiPendingPair() override { MPI_Waitall(2, req_, MPI_STATUSES_IGNORE); }
-  void wait() override { MPI_CHECK(MPI_Waitall(2, req_, MPI_STATUSES_IGNORE)); }
+  MpiPendingPair(MPI_Request a, MPI_Request b, const TraceHandle& h, int peer)
+      : req_{a, b}, trace_(h), peer_(peer) {}
+  ~MpiPendingPair() override {
+    const TraceWait w(&trace_, TraceOp::SendRecv, 0, peer_);
+    MPI_Waitall(2, req_, MPI_STATUSES_IGNORE);
+  }
+  void wait() override {
+    const TraceWait w(&trace_, TraceOp::SendRecv, 0, peer_);
+    MPI_CHECK(MPI_Waitall(2, req_, MPI_STATUSES_IGNORE));
+  }
   bool test() override {
     int done = 0;
     MPI_CHECK(MPI_Testall(2, req_, &done, MPI_STATUSES_IGNORE));
@@ -283,6 +314,8 @@ class MpiPendingPair final : public PendingOp {
 
  private:
   MPI_Request req_[2];
+  const TraceHandle& trace_;
+  int peer_;  // the rank received from
 };
 }  // namespace
 
@@ -294,16 +327,18 @@ std::unique_ptr<PendingOp> MpiCommunicator::send_recv_async(const Tensor& send, 
   MPI_Request s = MPI_REQUEST_NULL, r = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Irecv(recv.raw(), count_of(recv), mpi_type(recv), from, tag, comm_, &r));
   MPI_CHECK(MPI_Isend(send.raw(), count_of(send), mpi_type(send), to, tag, comm_, &s));
-  return std::make_unique<MpiPendingPair>(s, r);
+  return std::make_unique<MpiPendingPair>(s, r, trace_, from);
 }
 
 void MpiCommunicator::recv(Tensor& t, int peer, int tag) {
   NVTX_RANGE("mpi-recv");
   expect_host_float(t);
+  const TraceWait traced(&trace_, TraceOp::Recv, trace_.issue(TraceOp::Recv), peer);
   MPI_CHECK(MPI_Recv(t.raw(), count_of(t), mpi_type(t), peer, tag, comm_, MPI_STATUS_IGNORE));
 }
 
 void MpiCommunicator::barrier() {
+  const TraceWait traced(&trace_, TraceOp::Barrier, trace_.issue(TraceOp::Barrier), -1);
   MPI_CHECK(MPI_Barrier(comm_));
 }
 
@@ -329,6 +364,7 @@ void MpiCommunicator::all_to_all(const Tensor& send, const std::vector<int64_t>&
     so += s;
     ro += r;
   }
+  const TraceWait traced(&trace_, TraceOp::AllToAll, trace_.issue(TraceOp::AllToAll), -1);
   MPI_CHECK(MPI_Alltoallv(send.raw(), sc.data(), sd.data(), mpi_type(send), recv.raw(), rc.data(),
                           rd.data(), mpi_type(recv), comm_));
 }

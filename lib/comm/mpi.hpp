@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "comm/collective_trace.hpp"
 #include "comm/communicator.hpp"
 
 namespace tessera {
@@ -48,10 +49,11 @@ class MpiComm {
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 
-// Collectives on host f32 tensors over one MPI communicator (not owned).
+// Collectives on host f32 tensors over one MPI communicator (not owned). `trace`: the process
+// grid's group it is, recorded for the hang watchdog (comm/collective_trace.hpp).
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm comm);
+  explicit MpiCommunicator(MPI_Comm comm, TraceGroup trace = TraceGroup::None);
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   MPI_Comm comm() const { return comm_; }
@@ -74,6 +76,7 @@ class MpiCommunicator final : public Communicator {
  private:
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  TraceHandle trace_;
 };
 
 }  // namespace tessera

@@ -5,6 +5,7 @@
 #include <nccl.h>
 
 #include "backend/cuda/cuda_check.hpp"
+#include "comm/mpi.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/nccl_check.hpp"
 #include "core/nvtx.hpp"
@@ -72,9 +73,14 @@ class EventPending final : public PendingOp {
 // sees its result. The host never blocks except where a result must be on the host.
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(MPI_Comm group, cudaStream_t compute) : group_(group), compute_(compute) {
+  // `trace`: the process grid's group (comm/collective_trace.hpp). Its collectives are counted as
+  // they are issued (the host does not wait in them: a hang shows as members behind in the
+  // count); host waits (all_reduce_f64, barrier) are marked.
+  NcclCommunicator(MPI_Comm group, cudaStream_t compute, TraceGroup trace)
+      : group_(group), compute_(compute) {
     MPI_CHECK(MPI_Comm_rank(group, &rank_));
     MPI_CHECK(MPI_Comm_size(group, &size_));
+    if (trace != TraceGroup::None) trace_ = TraceHandle(trace, world_ranks_of(group));
     ncclUniqueId id;
     if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, group));
@@ -95,6 +101,7 @@ class NcclCommunicator final : public Communicator {
     NVTX_RANGE("nccl-all-reduce");
     expect_device_f32(t);
     after_compute();
+    trace_.issue(TraceOp::AllReduce);
     NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_type(t),
                              nccl_op(op), comm_, stream_));
     before_compute();
@@ -103,11 +110,13 @@ class NcclCommunicator final : public Communicator {
     NVTX_RANGE("nccl-all-reduce-async");
     expect_device_f32(t);
     after_compute();
+    trace_.issue(TraceOp::AllReduce);
     NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_type(t),
                              nccl_op(op), comm_, stream_));
     return std::make_unique<EventPending>(stream_, compute_);
   }
   void all_reduce_f64(double* data, int64_t n, ReduceOp op) override {
+    const TraceWait traced(&trace_, TraceOp::AllReduce, trace_.issue(TraceOp::AllReduce));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE,
                             op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, group_));
   }
@@ -115,6 +124,7 @@ class NcclCommunicator final : public Communicator {
     NVTX_RANGE("nccl-broadcast");
     expect_device_f32(t);
     after_compute();
+    trace_.issue(TraceOp::Broadcast);
     NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_type(t), root,
                              comm_, stream_));
     before_compute();
@@ -125,6 +135,7 @@ class NcclCommunicator final : public Communicator {
     expect_device_f32(out);
     TESSERA_CHECK(out.numel() == in.numel() * size_, "all_gather output size");
     after_compute();
+    trace_.issue(TraceOp::AllGather);
     NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()), nccl_type(in),
                              comm_, stream_));
     before_compute();
@@ -135,6 +146,7 @@ class NcclCommunicator final : public Communicator {
     expect_device_f32(out);
     TESSERA_CHECK(in.numel() == out.numel() * size_, "reduce_scatter input size");
     after_compute();
+    trace_.issue(TraceOp::ReduceScatter);
     NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<size_t>(out.numel()),
                                  nccl_type(in), ncclSum, comm_, stream_));
     before_compute();
@@ -143,6 +155,7 @@ class NcclCommunicator final : public Communicator {
     NVTX_RANGE("nccl-reduce-scatter-async");
     const Blocks b = blocks_of(buf);
     after_compute();  // in place: the output is this rank's block of the input
+    trace_.issue(TraceOp::ReduceScatter);
     NCCL_CHECK(ncclReduceScatter(b.base, b.mine, b.count, nccl_type(buf), ncclSum, comm_, stream_));
     return std::make_unique<EventPending>(stream_, compute_);
   }
@@ -150,6 +163,7 @@ class NcclCommunicator final : public Communicator {
     NVTX_RANGE("nccl-all-gather-async");
     const Blocks b = blocks_of(buf);
     after_compute();  // in place: the input is this rank's block of the output
+    trace_.issue(TraceOp::AllGather);
     NCCL_CHECK(ncclAllGather(b.mine, b.base, b.count, nccl_type(buf), comm_, stream_));
     return std::make_unique<EventPending>(stream_, compute_);
   }
@@ -183,13 +197,17 @@ class NcclCommunicator final : public Communicator {
     NCCL_CHECK(ncclGroupEnd());
     return std::make_unique<EventPending>(stream_, compute_);
   }
-  void barrier() override { MPI_CHECK(MPI_Barrier(group_)); }
+  void barrier() override {
+    const TraceWait traced(&trace_, TraceOp::Barrier, trace_.issue(TraceOp::Barrier));
+    MPI_CHECK(MPI_Barrier(group_));
+  }
   void all_to_all(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
                   const std::vector<int64_t>& recv_rows, int64_t row_elems) override {
     NVTX_RANGE("nccl-all-to-all");
     expect_device_f32(send);
     expect_device_f32(recv);
     check_all_to_all(send, send_rows, recv, recv_rows, row_elems, size_);
+    trace_.issue(TraceOp::AllToAll);
     const size_t width = dtype_size(send.dtype()) * static_cast<size_t>(row_elems);
     after_compute();
     NCCL_CHECK(ncclGroupStart());
@@ -243,13 +261,16 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   ncclComm_t comm_ = nullptr;
+  TraceHandle trace_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm group, void* compute_stream) {
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm group, void* compute_stream,
+                                                     TraceGroup trace) {
   TESSERA_CHECK(compute_stream != nullptr, "make_nccl_communicator needs the compute stream");
-  return std::make_unique<NcclCommunicator>(group, static_cast<cudaStream_t>(compute_stream));
+  return std::make_unique<NcclCommunicator>(group, static_cast<cudaStream_t>(compute_stream),
+                                            trace);
 }
 
 }  // namespace tessera

@@ -10,6 +10,7 @@
 
 #include <memory>
 
+#include "comm/collective_trace.hpp"
 #include "comm/communicator.hpp"
 
 namespace tessera {
@@ -18,6 +19,7 @@ namespace tessera {
 // collective is ordered after the work queued on it and before the work queued after it, while
 // running on the communicator's own stream (so the DP reduction overlaps the backward).
 // Collective over `group`: every member must call it, in the same order for every group.
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm group, void* compute_stream);
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm group, void* compute_stream,
+                                                     TraceGroup trace = TraceGroup::None);
 
 }  // namespace tessera

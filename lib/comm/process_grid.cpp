@@ -169,17 +169,17 @@ ProcessGrid::ProcessGrid(int tp, int pp, int cp) {
   gethostname(h, sizeof h - 1);
   host_ = h;
 
-  world_comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
-  tp_comm_ = std::make_unique<MpiCommunicator>(tp_.get());
-  pp_comm_ = std::make_unique<MpiCommunicator>(pp_.get());
-  dp_comm_ = std::make_unique<MpiCommunicator>(dp_.get());
-  mp_comm_ = std::make_unique<MpiCommunicator>(mp_.get());
+  world_comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, TraceGroup::World);
+  tp_comm_ = std::make_unique<MpiCommunicator>(tp_.get(), TraceGroup::TensorParallel);
+  pp_comm_ = std::make_unique<MpiCommunicator>(pp_.get(), TraceGroup::Pipeline);
+  dp_comm_ = std::make_unique<MpiCommunicator>(dp_.get(), TraceGroup::DataParallel);
+  mp_comm_ = std::make_unique<MpiCommunicator>(mp_.get(), TraceGroup::ModelParallel);
   if (in_embedding)
-    emb_comm_ = std::make_unique<MpiCommunicator>(emb_.get());
+    emb_comm_ = std::make_unique<MpiCommunicator>(emb_.get(), TraceGroup::Embedding);
   else
     emb_comm_ = std::make_unique<LocalCommunicator>();
   if (CP > 1)
-    cp_comm_ = std::make_unique<MpiCommunicator>(cp_.get());
+    cp_comm_ = std::make_unique<MpiCommunicator>(cp_.get(), TraceGroup::ContextParallel);
   else
     cp_comm_ = std::make_unique<LocalCommunicator>();
 }
@@ -194,8 +194,9 @@ void ProcessGrid::use_pipeline_ring() {
   wrap_ = split(color, c.pp);
   wrap_grad_ = split(color, c.pp);
   if (in_embedding_) {
-    wrap_comm_ = std::make_unique<MpiCommunicator>(wrap_.get());
-    wrap_grad_comm_ = std::make_unique<MpiCommunicator>(wrap_grad_.get());
+    wrap_comm_ = std::make_unique<MpiCommunicator>(wrap_.get(), TraceGroup::PipelineWrap);
+    wrap_grad_comm_ =
+        std::make_unique<MpiCommunicator>(wrap_grad_.get(), TraceGroup::PipelineWrapGrad);
   }
   ring_ = true;
 }
@@ -222,33 +223,35 @@ void ProcessGrid::use_expert_parallel(int ep) {
   // whose expert gradients are summed): the other EP groups' same ep_rank, times the CP ranks.
   ep_group_ = split(((c.pp * TP + c.tp) * CP + c.cp) * (DP / ep) + edp_rank, ep_rank);
   edp_group_ = split((c.pp * TP + c.tp) * ep + ep_rank, c.cp + CP * edp_rank);
-  ep_comm_ = std::make_unique<MpiCommunicator>(ep_group_.get());
-  edp_comm_ = std::make_unique<MpiCommunicator>(edp_group_.get());
+  ep_comm_ = std::make_unique<MpiCommunicator>(ep_group_.get(), TraceGroup::Expert);
+  edp_comm_ = std::make_unique<MpiCommunicator>(edp_group_.get(), TraceGroup::ExpertData);
 }
 
 void ProcessGrid::use_nccl(void* compute_stream) {
 #ifdef TESSERA_HAVE_CUDA
   TESSERA_CHECK(!nccl_, "use_nccl called twice");
-  auto make = [&](MPI_Comm group, int size) -> std::unique_ptr<Communicator> {
+  auto make = [&](MPI_Comm group, int size, TraceGroup trace) -> std::unique_ptr<Communicator> {
     if (size == 1) return std::make_unique<LocalCommunicator>();
-    return make_nccl_communicator(group, compute_stream);
+    return make_nccl_communicator(group, compute_stream, trace);
   };
   // The same order on every rank: TP, PP activations, PP gradients, DP, embedding.
-  tp_comm_ = make(tp_.get(), layout_.tp);
-  pp_comm_ = make(pp_.get(), layout_.pp);
-  pp_grad_comm_ = make(pp_.get(), layout_.pp);
-  dp_comm_ = make(dp_.get(), layout_.dp * layout_.cp);
+  tp_comm_ = make(tp_.get(), layout_.tp, TraceGroup::TensorParallel);
+  pp_comm_ = make(pp_.get(), layout_.pp, TraceGroup::Pipeline);
+  pp_grad_comm_ = make(pp_.get(), layout_.pp, TraceGroup::PipelineGrad);
+  dp_comm_ = make(dp_.get(), layout_.dp * layout_.cp, TraceGroup::DataParallel);
   // Every rank takes part in the split above; only the embedding group's members create it.
-  if (in_embedding_ && layout_.pp > 1) emb_comm_ = make(emb_.get(), 2);
+  if (in_embedding_ && layout_.pp > 1) emb_comm_ = make(emb_.get(), 2, TraceGroup::Embedding);
   if (ring_ && in_embedding_) {  // then the ring's wrap-around, activations first
-    wrap_comm_ = make(wrap_.get(), 2);
-    wrap_grad_comm_ = make(wrap_grad_.get(), 2);
+    wrap_comm_ = make(wrap_.get(), 2, TraceGroup::PipelineWrap);
+    wrap_grad_comm_ = make(wrap_grad_.get(), 2, TraceGroup::PipelineWrapGrad);
   }
   if (ep_ > 1) {  // then expert parallelism: EP, expert-data-parallel
-    ep_comm_ = make(ep_group_.get(), ep_);
-    edp_comm_ = make(edp_group_.get(), layout_.dp / ep_ * layout_.cp);
+    ep_comm_ = make(ep_group_.get(), ep_, TraceGroup::Expert);
+    edp_comm_ = make(edp_group_.get(), layout_.dp / ep_ * layout_.cp, TraceGroup::ExpertData);
   }
-  if (layout_.cp > 1) cp_comm_ = make(cp_.get(), layout_.cp);  // last: the context-parallel ring
+  if (layout_.cp > 1)
+    cp_comm_ = make(cp_.get(), layout_.cp,
+                    TraceGroup::ContextParallel);  // last: the context-parallel ring
   nccl_ = true;
 #else
   (void)compute_stream;

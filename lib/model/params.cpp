@@ -102,7 +102,10 @@ ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int p
   return s;
 }
 
-std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard& shard) {
+namespace {
+// The specs of `shard`; with `one_expert`, each MoE layer's first local expert only (every expert
+// of a layer has the same shapes), so counting costs the same for 8 experts as for 10^8.
+std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard, bool one_expert) {
   const int64_t h = cfg.hidden_size, heads = cfg.num_attention_heads, hd = cfg.head_dim();
   const int64_t groups = cfg.kv_heads();
   const int64_t f = cfg.ffn(), V = cfg.padded_vocab_size(shard.tp_size);
@@ -164,7 +167,8 @@ std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard&
     // their global index (layout-free names), and the shared expert.
     b.add(p + "mlp.router.weight", {cfg.num_experts, h}, -1, ParamInit::Normal, std, true);
     const int e0 = shard.experts_begin(cfg.num_experts);
-    for (int e = e0; e < e0 + shard.experts_local(cfg.num_experts); ++e) {
+    const int local = shard.experts_local(cfg.num_experts);
+    for (int e = e0; e < e0 + (one_expert ? std::min(local, 1) : local); ++e) {
       const size_t first = b.specs.size();
       mlp(p + "mlp.experts." + std::to_string(e) + ".", cfg.moe_ffn());
       for (size_t k = first; k < b.specs.size(); ++k) b.specs[k].expert = true;
@@ -177,6 +181,22 @@ std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard&
     if (!cfg.tied_head()) b.add("lm_head", {V, h}, 0, ParamInit::Normal, std, true, cfg.vocab_size);
   }
   return std::move(b.specs);
+}
+}  // namespace
+
+std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard& shard) {
+  return shard_specs(cfg, shard, false);
+}
+
+ParamCount count_param_specs(const GPTConfig& cfg, const ModelShard& shard) {
+  ParamCount c;
+  const int64_t local = shard.experts_local(cfg.num_experts);
+  for (const ParamSpec& s : shard_specs(cfg, shard, true)) {
+    const int64_t n = s.expert ? s.numel() * local : s.numel();
+    c.parameters += n;
+    if (s.expert) c.expert_parameters += n;
+  }
+  return c;
 }
 
 int64_t global_element_index(const ParamSpec& spec, int64_t local_index) {

@@ -90,6 +90,13 @@ ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int p
 // The specs of this shard's parameters, in flat-buffer order.
 std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard& shard);
 
+// What build_param_specs would hold, counted without building a spec per expert (the memory
+// estimate's and --dry-run's cost does not grow with --num-experts).
+struct ParamCount {
+  int64_t parameters = 0, expert_parameters = 0;
+};
+ParamCount count_param_specs(const GPTConfig& cfg, const ModelShard& shard);
+
 // Global linear index of local element `i` of a shard (for counter-based init and checks).
 int64_t global_element_index(const ParamSpec& spec, int64_t local_index);
 

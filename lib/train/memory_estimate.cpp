@@ -2,6 +2,7 @@
 #include "train/memory_estimate.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <vector>
 
 #include "comm/process_grid.hpp"
@@ -24,10 +25,9 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   const int T = cfg.seq_length / layout.cp;
   const ModelShard shard = make_model_shard(cfg, ctx, t.sequence_parallel, t.virtual_pipeline_size);
   MemoryEstimate e;
-  for (const auto& s : build_param_specs(cfg, shard)) {
-    e.parameters += s.numel();
-    if (s.expert) e.expert_parameters += s.numel();
-  }
+  const ParamCount count = count_param_specs(cfg, shard);
+  e.parameters = count.parameters;
+  e.expert_parameters = count.expert_parameters;
   const int V = t.virtual_pipeline_size;
   const int micro = t.num_micro_batches(layout.dp);
   std::vector<int> chunk_slots{pipeline_slots(layout.pp, stage, micro)};
@@ -90,6 +90,32 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
     }
   }
   return e;
+}
+
+std::string memory_fit_problem(const MemoryEstimate& e, int stage, double capacity_bytes,
+                               const std::string& capacity_what) {
+  const double need = e.total_bytes();
+  if (!(need > capacity_bytes) || capacity_bytes <= 0) return std::string();
+  auto size = [](double b) {
+    char buf[48];
+    const double gib = b / 1073741824.0;
+    if (gib >= 1024.0 * 1024.0)
+      std::snprintf(buf, sizeof buf, "%.3g PiB", gib / (1024.0 * 1024.0));
+    else if (gib >= 1024.0)
+      std::snprintf(buf, sizeof buf, "%.1f TiB", gib / 1024.0);
+    else
+      std::snprintf(buf, sizeof buf, "%.1f GiB", gib);
+    return std::string(buf);
+  };
+  return "the run does not fit: one rank of pipeline stage " + std::to_string(stage) +
+         " needs about " + size(need) + " by the estimate (" + std::to_string(e.parameters) +
+         " parameters: weights " + size(e.param_bytes) + ", gradients " + size(e.grad_bytes) +
+         ", optimizer " + size(e.optimizer_bytes) + "; activations " + size(e.activation_bytes) +
+         ") and has " + capacity_what +
+         "; lower the model (--num-experts, --hidden-size, --num-layers) or --micro-batch-size, "
+         "or spread it (--tensor-model-parallel-size, --pipeline-model-parallel-size, "
+         "--expert-model-parallel-size, --use-distributed-optimizer); --dry-run prints the "
+         "estimate per rank";
 }
 
 }  // namespace tessera

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "model/gpt_config.hpp"
 #include "train/train_config.hpp"
@@ -39,5 +40,10 @@ struct MemoryEstimate {
 // `ep`: the expert-parallel size (MoE), carved out of layout.dp.
 MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
                                     const GridLayout& layout, int stage, int ep = 1);
+
+// "" when one rank of pipeline stage `stage` fits in `capacity_bytes` by the estimate `e`; else
+// the line that refuses the run (what it needs, what the rank has, what to change).
+std::string memory_fit_problem(const MemoryEstimate& e, int stage, double capacity_bytes,
+                               const std::string& capacity_what);
 
 }  // namespace tessera

@@ -15,6 +15,7 @@
 #include "comm/mpi_check.hpp"
 #include "comm/process_grid.hpp"
 #include "core/error.hpp"
+#include "train/memory_estimate.hpp"
 
 namespace tessera {
 
@@ -71,6 +72,15 @@ std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string&
   if (pipeline_ring) grid.use_pipeline_ring();
   if (be->device() == Device::CUDA) grid.use_nccl(be->stream());
   return be;
+}
+
+void check_rank_memory(ProcessGrid& grid, Backend& be, const MemoryEstimate& e) {
+  const MemoryCapacity cap = backend_memory_capacity(be, grid.local_size());
+  std::string why = memory_fit_problem(e, grid.coords().pp, cap.bytes, cap.what);
+  if (!why.empty() && grid.world_rank() != 0)  // rank 0 prints it: say whose it is
+    why = "rank " + std::to_string(grid.world_rank()) + ": " + why;
+  why = first_message(*grid.context().world, why);
+  if (!why.empty()) throw AgreedConfigError(why);
 }
 
 }  // namespace tessera

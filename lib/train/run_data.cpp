@@ -149,6 +149,20 @@ std::unique_ptr<TokenDataset> open_test_data(const RunOptions& o) {
   return ds;
 }
 
+std::unique_ptr<BlendedDataset> open_split_data(const RunOptions& o, Split s) {
+  ShardMeta ref = o.data_meta;
+  std::string ref_prefix = o.data_meta_prefix;
+  auto ds = open_blend(o, s, ref, ref_prefix);
+  if (!ds)
+    throw ConfigError(std::string("no data for the ") + split_name(s) + " split: give --" +
+                      split_name(s) + "-data-path, or --data-path");
+  const int d = first_empty(*ds);
+  if (d >= 0)
+    throw ConfigError(empty_split_message(o, *ds, d, s) + "; give " + split_name(s) +
+                      " a share (--split) or lower --seq-length");
+  return ds;
+}
+
 std::unique_ptr<TokenDataset> open_train_data(RunOptions& o) {
   if (o.mock_data) return make_mock_dataset(o.model.vocab_size, o.model.seq_length, o.train.seed);
   // The vocabulary is known once the first corpus is open; the datasets need only the length.

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "data/blended_dataset.hpp"
 #include "data/dataset.hpp"
 #include "train/run_options.hpp"
 
@@ -24,5 +25,10 @@ std::vector<std::string> data_report(const TokenDataset& data, const TrainConfig
 std::unique_ptr<TokenDataset> open_valid_data(const RunOptions& opts);
 // The test split for the evaluation at the end of training; null when it is empty.
 std::unique_ptr<TokenDataset> open_test_data(const RunOptions& opts);
+
+// Split `s` of the options' data (--data-path cut by --split, or the split's own path), as the
+// training run opens it (opts.model.seq_length, opts.train.seed): tessera-eval's data.
+// ConfigError when the options give the split no data or one of its datasets has no sample.
+std::unique_ptr<BlendedDataset> open_split_data(const RunOptions& opts, Split s);
 
 }  // namespace tessera

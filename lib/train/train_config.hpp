@@ -148,6 +148,10 @@ struct TrainConfig {
   // straggler_injection (RANK, SECONDS): that rank sleeps that long every iteration (tests).
   bool log_straggler = false;
   int straggler_minmax_count = 1;
+  // --disable-straggler-on-startup; --straggler-ctrlr-port: a connection there toggles the report
+  // (world rank 0 listens; 0: no listener).
+  bool straggler_off_at_start = false;
+  int straggler_ctrlr_port = 65535;
   std::pair<int, double> straggler_injection{-1, 0.0};
 
   // A copy with the sample-based options and the warm-up fraction turned into iterations (under

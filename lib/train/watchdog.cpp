@@ -1,6 +1,8 @@
 // watchdog.cpp: stop signals, heartbeats and the no-progress timeout.
 #include "train/watchdog.hpp"
 
+#include "comm/collective_trace.hpp"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -76,7 +78,11 @@ void Watchdog::progress(int64_t iteration) {
 }
 
 void Watchdog::run() {
+  constexpr int kWords = 1 + kTraceWords;  // iteration, then the collective record
   std::vector<double> last_beat(size_, now_s());
+  std::vector<std::vector<int64_t>> records(static_cast<size_t>(size_));
+  std::vector<int64_t> iterations(static_cast<size_t>(size_), 0);
+  beat_.assign(kWords, 0);
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   std::unique_lock<std::mutex> lock(mu_);
@@ -87,8 +93,9 @@ void Watchdog::run() {
         int done = 1;
         if (beat_req_ != MPI_REQUEST_NULL) MPI_Test(&beat_req_, &done, MPI_STATUS_IGNORE);
         if (done) {
-          beat_ = iteration_;
-          MPI_Isend(&beat_, 1, MPI_INT64_T, 0, kTagBeat, comm_, &beat_req_);
+          beat_[0] = iteration_;
+          trace_snapshot(beat_.data() + 1);
+          MPI_Isend(beat_.data(), kWords, MPI_INT64_T, 0, kTagBeat, comm_, &beat_req_);
         }
       } else {
         last_beat[0] = t;
@@ -97,26 +104,38 @@ void Watchdog::run() {
           MPI_Status st;
           MPI_Iprobe(MPI_ANY_SOURCE, kTagBeat, comm_, &flag, &st);
           if (!flag) break;
-          int64_t it = 0;
-          MPI_Recv(&it, 1, MPI_INT64_T, st.MPI_SOURCE, kTagBeat, comm_, MPI_STATUS_IGNORE);
+          std::vector<int64_t> w(kWords);
+          MPI_Recv(w.data(), kWords, MPI_INT64_T, st.MPI_SOURCE, kTagBeat, comm_,
+                   MPI_STATUS_IGNORE);
           last_beat[st.MPI_SOURCE] = t;
+          iterations[st.MPI_SOURCE] = w[0];
+          records[st.MPI_SOURCE].assign(w.begin() + 1, w.end());
         }
       }
     }
     const double idle = t - last_progress_.load();
     if (idle < timeout_s_) continue;
-    std::string silent;
-    if (rank_ == 0 && heartbeats_)
+    std::string silent, stuck;
+    if (rank_ == 0 && heartbeats_) {
+      std::vector<bool> answering(static_cast<size_t>(size_), true);
       for (int r = 1; r < size_; ++r)
-        if (t - last_beat[r] > 5.0) silent += (silent.empty() ? "" : ", ") + std::to_string(r);
+        if (t - last_beat[r] > 5.0) {
+          silent += (silent.empty() ? "" : ", ") + std::to_string(r);
+          answering[static_cast<size_t>(r)] = false;
+        }
+      records[0].resize(kTraceWords);
+      trace_snapshot(records[0].data());
+      iterations[0] = iteration_;
+      stuck = explain_hang(records, iterations, answering);
+    }
     if (rank_ == 0) {
+      std::string why = silent.empty() ? "every rank still answers, so a collective is stuck"
+                                       : "rank(s) " + silent + " stopped answering (dead or hung)";
+      if (!stuck.empty()) why += ": " + stuck;
       std::fprintf(stderr,
                    "rank 0 (%s): error: no progress for %.1f minutes after iteration %lld "
                    "(--distributed-timeout-minutes); %s; ending the job\n",
-                   host, idle / 60, (long long)iteration_.load(),
-                   silent.empty()
-                       ? "every rank still answers, so a collective is stuck"
-                       : ("rank(s) " + silent + " stopped answering (dead or hung)").c_str());
+                   host, idle / 60, (long long)iteration_.load(), why.c_str());
     } else {
       std::fprintf(stderr,
                    "rank %d (%s): error: no progress for %.1f minutes after iteration %lld "

@@ -2,8 +2,10 @@
 // rank 0 every second (on its own communicator; needs MPI_THREAD_MULTIPLE) and watches the main
 // thread's progress. When the main thread has made no progress for --distributed-timeout-minutes
 // (it waits in a collective for a rank that died or stopped answering), rank 0 names the ranks
-// whose heartbeats stopped, every rank prints one line, and the process exits non-zero so the
-// launcher (mpirun, srun) ends the whole job.
+// whose heartbeats stopped and, from the collective record each heartbeat carries
+// (comm/collective_trace.hpp), the collective that is stuck, on which group, the ranks that did
+// not arrive and where they are; every rank prints one line, and the process exits non-zero so
+// the launcher (mpirun, srun) ends the whole job.
 #pragma once
 
 #include <mpi.h>
@@ -42,7 +44,7 @@ class Watchdog {
   std::atomic<double> last_progress_{0};
   std::atomic<int64_t> iteration_{0};
   std::atomic<bool> stop_{false};
-  int64_t beat_ = 0;  // the heartbeat in flight (its buffer must live on)
+  std::vector<int64_t> beat_;  // the heartbeat in flight: iteration, trace record (must live on)
   MPI_Request beat_req_ = MPI_REQUEST_NULL;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -132,6 +132,13 @@ expect 2 "--lr-warmup-iters=10 is not shorter than --lr-decay-iters=5: the warm-
 expect 0 "the learning-rate warm-up \(10 iterations\) lasts the whole run \(3 iterations\)" -- "${tiny[@]}" --lr-warmup-iters 10 --train-iters 3 --log-interval 1
 expect 2 "--train-samples=-3 is out of range \(allowed: >= 1\)" -- "${tiny[@]}" --train-samples -3
 expect 2 "--moe-layer-freq=\[0,0\] leaves none of the 2 layers a MoE layer" -- "${tiny[@]}" --num-experts 4 --moe-layer-freq "[0,0]" --train-iters 2
+# A size no rank of this machine holds: refused at once from the memory estimate, not by the OOM
+# killer; --dry-run prints the estimate at once whatever the expert count.
+start=$(date +%s)
+expect 2 "error: the run does not fit: one rank of pipeline stage 0 needs about [0-9.]+ [TP]iB by the estimate \(.* parameters.*\) and has the host's [0-9.]+ GiB shared by 1 rank on this node; .*--dry-run prints the estimate per rank" -- --config "$configs/mixtral-tiny.ini" --device cpu --mock-data --num-experts 100000000 --train-iters 1
+expect 0 "expert" -- --config "$configs/mixtral-tiny.ini" --mock-data --num-experts 100000000 --dry-run
+[ $(($(date +%s) - start)) -le 30 ] && echo "ok: --num-experts 100000000 answered in $(($(date +%s) - start)) s" ||
+  { echo "FAIL: --num-experts 100000000 took $(($(date +%s) - start)) s"; fail=1; }
 out=$("$bin" --lr abc 2>&1)
 if grep -q "config file ''" <<<"$out" || ! grep -q "'--lr' is invalid" <<<"$out"; then
   echo "FAIL: a malformed number without --config names a config file: $out"; fail=1

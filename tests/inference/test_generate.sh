@@ -181,5 +181,33 @@ short=$(gen "${P[@]}" --greedy --seq-length 8)
   && ok "generate --seq-length 8: 5 new tokens, the greedy run's first ones: $short" || bad "generate --seq-length 8: '$short' vs '$greedy'"
 out=$("$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --split 100,0,0 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "valid split" <<<"$out" && ok "empty valid split -> rc 2" || bad "empty split: rc $rc $out"
+# The --data-path forms training takes: `1.0 PREFIX`, a blend (two copies of the corpus, equal
+# weights: each gives its valid split once, so the loss is the same over twice the samples), the
+# split's own --valid-data-path; --eval-iters N: the samples training's evaluation draws.
+for f in "$work"/c_*.h5; do cp "$f" "$work/c2${f#"$work"/c}"; done
+lw=$("$bin/tessera-eval" --load "$work/cc" --data-path 1.0 "$work/c" --split 80,20,0 --threads 1 2>&1 | ev)
+eb=$("$bin/tessera-eval" --load "$work/cc" --data-path 0.5 "$work/c" 0.5 "$work/c2" --split 80,20,0 --threads 1 2>&1)
+lb=$(ev <<<"$eb")
+sb=$(grep -o '[0-9]* samples' <<<"$eb" | awk '{print $1}')
+close "$l1" "$lw" && close "$l1" "$lb" && [ "$sb" = "$((2 * samples))" ] \
+  && ok "eval --data-path '1.0 PREFIX' and a blend of two copies: loss $lw / $lb over $samples / $sb samples" \
+  || bad "eval data-path forms: $l1 vs '$lw' / '$lb' ($eb)"
+lv=$("$bin/tessera-eval" --load "$work/cc" --valid-data-path "$work/c" --threads 1 2>&1 | ev)
+lvs=$("$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --split 0,100,0 --threads 1 2>&1 | ev)
+[ -n "$lv" ] && [ "$lv" = "$lvs" ] && ok "eval --valid-data-path PREFIX == --split 0,100,0: $lv" || bad "eval --valid-data-path: '$lv' vs '$lvs'"
+ei=$("$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --split 80,20,0 --threads 1 --eval-iters 3 \
+  --global-batch-size 8 --micro-batch-size 4 2>&1)
+li=$(ev <<<"$ei")
+lt=$("$bin/tessera-train" --config "$configs/gpt2-tiny.ini" --num-layers 2 --seq-length 32 --max-position-embeddings 32 \
+  --data-path "$work/c" --split 80,20,0 --threads 1 --load "$work/cc" --skip-train --eval-iters 3 \
+  --global-batch-size 8 --micro-batch-size 4 2>&1 | grep -o 'lm loss value: [0-9.E+-]*' | awk '{printf "%.9f", $4}')
+grep -q "24 samples, 768 tokens evaluated (3 batches of 8)" <<<"$ei" && close "$li" "$lt" \
+  && ok "eval --eval-iters 3: 24 samples, loss $li == tessera-train --skip-train --eval-iters 3: $lt" \
+  || bad "eval --eval-iters: '$ei' vs training's '$lt'"
+out=$("$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --valid-data-path "$work/c" 2>&1); rc=$?
+[ $rc -eq 2 ] && [ "$(wc -l <<<"$out")" -eq 1 ] && grep -q "give either --data-path or the per-split paths" <<<"$out" \
+  && ok "eval --data-path with --valid-data-path -> rc 2" || bad "eval both paths: rc $rc $out"
+out=$("$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --eval-iters -1 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q -- "--eval-iters -1 is negative" <<<"$out" && ok "eval --eval-iters -1 -> rc 2" || bad "eval --eval-iters -1: rc $rc $out"
 [ $fail -eq 0 ] && echo "generation and evaluation: all passed"
 exit $fail

@@ -3,10 +3,21 @@
 // neighbouring pipeline stages and the data-parallel gradient reduction), gathered on every rank,
 // and the --straggler-minmax-count slowest and fastest ranks named with their hosts.
 // --straggler-injection RANK:SECONDS (tests and drills) makes one rank sleep that long in every
-// iteration, before its forward.
+// iteration, before its forward. As Megatron's detector, it can start off
+// (--disable-straggler-on-startup) and be toggled while the run goes on by connecting to
+// --straggler-ctrlr-port on world rank 0's host (`curl HOST:PORT`); rank 0 decides whether a
+// report is printed, the other ranks' figures travel in the report's all-reduce either way.
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -19,10 +30,82 @@ namespace tessera {
 
 namespace {
 
+// The toggle: a TCP listener on world rank 0; every connection flips the switch and is answered
+// with the new state (an HTTP response, so curl and a browser show it).
+class StragglerController {
+ public:
+  StragglerController(int port, std::atomic<bool>& on) : on_(on) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    int yes = 1;
+    if (fd_ >= 0) ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(fd_, 4) != 0) {
+      error_ = std::strerror(errno);
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = -1;
+      return;
+    }
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~StragglerController() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    if (fd_ >= 0) ::close(fd_);
+  }
+  StragglerController(const StragglerController&) = delete;
+  StragglerController& operator=(const StragglerController&) = delete;
+  const std::string& error() const { return error_; }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 200) <= 0) continue;
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) continue;
+      pollfd q{c, POLLIN, 0};  // the request, if one comes soon (its words do not matter)
+      char buf[1024];
+      if (::poll(&q, 1, 500) > 0 && ::recv(c, buf, sizeof buf, 0) < 0) {
+      }
+      const bool now = !on_.load();
+      on_ = now;
+      const std::string body = std::string("straggler report ") + (now ? "on" : "off") + "\n";
+      const std::string reply = "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " +
+                                std::to_string(body.size()) + "\r\n\r\n" + body;
+      if (::send(c, reply.data(), reply.size(), MSG_NOSIGNAL) < 0) {
+      }
+      ::close(c);
+      TLOG(info) << "straggler report turned " << (now ? "on" : "off")
+                 << " (--straggler-ctrlr-port)";
+    }
+  }
+  std::atomic<bool>& on_;
+  std::atomic<bool> stop_{false};
+  int fd_ = -1;
+  std::string error_;
+  std::thread thread_;
+};
+
 class StragglerMetrics : public MetricSource {
  public:
   explicit StragglerMetrics(const MetricContext& c) : c_(c) {
     hosts_ = all_gather_strings(*c_.ctx.world, host_name());  // once, at start-up
+    on_ = !c_.cfg.straggler_off_at_start;
+    const int port = c_.cfg.straggler_ctrlr_port;
+    if (c_.cfg.log_straggler && port > 0 && c_.ctx.world->rank() == 0) {
+      controller_ = std::make_unique<StragglerController>(port, on_);
+      if (!controller_->error().empty())
+        TLOG(warning) << "--straggler-ctrlr-port " << port << ": cannot listen ("
+                      << controller_->error() << "); the straggler report stays "
+                      << (on_ ? "on" : "off");
+      else
+        TLOG(info) << "straggler report " << (on_ ? "on" : "off") << "; a connection to "
+                   << hosts_[0] << ":" << port << " toggles it (--straggler-ctrlr-port)";
+    }
   }
 
   void begin_step() override {
@@ -48,7 +131,7 @@ class StragglerMetrics : public MetricSource {
     v[2 * static_cast<size_t>(w.rank())] = compute_ * per;
     v[2 * static_cast<size_t>(w.rank()) + 1] = wait_ * per;
     w.all_reduce_f64(v.data(), 2 * n, ReduceOp::Sum);
-    if (w.rank() == 0) {
+    if (w.rank() == 0 && c_.cfg.log_straggler && on_) {
       std::vector<int> order(static_cast<size_t>(n));
       std::iota(order.begin(), order.end(), 0);
       auto compute = [&](int r) { return v[2 * static_cast<size_t>(r)]; };
@@ -79,6 +162,8 @@ class StragglerMetrics : public MetricSource {
  private:
   MetricContext c_;
   std::vector<std::string> hosts_;
+  std::atomic<bool> on_{true};
+  std::unique_ptr<StragglerController> controller_;
   double compute_ = 0, wait_ = 0;
   int64_t steps_ = 0, first_ = 0, last_ = 0;
 };

@@ -85,6 +85,12 @@ class ValidationOptions : public OptionGroup {
             "and fastest ranks named with their hosts")(
             "straggler-minmax-count", po::value(&t.straggler_minmax_count)->default_value(1),
             "with --log-straggler: how many slowest and fastest ranks to name")(
+            "disable-straggler-on-startup", po::bool_switch(&t.straggler_off_at_start),
+            "with --log-straggler: start with the report off; a connection to "
+            "--straggler-ctrlr-port on rank 0's host turns it on (and off again)")(
+            "straggler-ctrlr-port", po::value(&t.straggler_ctrlr_port)->default_value(65535),
+            "with --log-straggler: the TCP port on rank 0's host that toggles the report "
+            "(`curl HOST:PORT`); 0: none")(
             "straggler-injection", po::value(&straggler_injection_),
             "RANK:SECONDS: that rank sleeps SECONDS in every iteration (tests and drills of "
             "--log-straggler)");
@@ -140,6 +146,12 @@ class ValidationOptions : public OptionGroup {
     if (t.straggler_minmax_count < 1)
       throw ConfigError("--straggler-minmax-count " + std::to_string(t.straggler_minmax_count) +
                         ": must be >= 1");
+    if (t.straggler_ctrlr_port < 0 || t.straggler_ctrlr_port > 65535)
+      throw ConfigError("--straggler-ctrlr-port " + std::to_string(t.straggler_ctrlr_port) +
+                        ": give a TCP port (1-65535), or 0 for none");
+    if (t.straggler_off_at_start && !t.log_straggler)
+      throw ConfigError(
+          "--disable-straggler-on-startup needs --log-straggler (it starts the report off)");
     if (!straggler_injection_.empty()) {
       const size_t colon = straggler_injection_.find(':');
       char* end = nullptr;

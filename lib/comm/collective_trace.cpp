@@ -1,0 +1,249 @@
+// collective_trace.cpp: the collective record and rank 0's account of a hang
+// (comm/collective_trace.hpp).
+#include "comm/collective_trace.hpp"
+
+#include "comm/mpi_check.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+namespace tessera {
+
+namespace {
+
+constexpr int kGroups = static_cast<int>(TraceGroup::Count);
+// The wait in progress: waiting (0/1), op, group, call number, peer (world rank or -1).
+std::atomic<int64_t> g_wait[5] = {};
+// Per group: the world rank of its rank 0 (-1: not a member) and the calls issued.
+std::atomic<int64_t> g_leader[kGroups];
+std::atomic<int64_t> g_calls[kGroups];
+const bool g_init = [] {
+  for (int g = 0; g < kGroups; ++g) {
+    g_leader[g] = -1;
+    g_calls[g] = 0;
+  }
+  return true;
+}();
+
+bool point_to_point(int64_t op) {
+  return op == static_cast<int64_t>(TraceOp::Send) || op == static_cast<int64_t>(TraceOp::Recv) ||
+         op == static_cast<int64_t>(TraceOp::SendRecv);
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+}  // namespace
+
+const char* trace_group_name(TraceGroup g) {
+  switch (g) {
+    case TraceGroup::World:
+      return "world";
+    case TraceGroup::TensorParallel:
+      return "tensor-parallel group";
+    case TraceGroup::Pipeline:
+      return "pipeline group";
+    case TraceGroup::PipelineGrad:
+      return "pipeline gradient group";
+    case TraceGroup::DataParallel:
+      return "data-parallel group";
+    case TraceGroup::ModelParallel:
+      return "model-parallel group";
+    case TraceGroup::Embedding:
+      return "embedding group";
+    case TraceGroup::ContextParallel:
+      return "context-parallel group";
+    case TraceGroup::PipelineWrap:
+      return "pipeline wrap-around group";
+    case TraceGroup::PipelineWrapGrad:
+      return "pipeline wrap-around gradient group";
+    case TraceGroup::Expert:
+      return "expert-parallel group";
+    case TraceGroup::ExpertData:
+      return "expert-data-parallel group";
+    default:
+      return "group";
+  }
+}
+
+const char* trace_op_name(TraceOp op) {
+  switch (op) {
+    case TraceOp::AllReduce:
+      return "all_reduce";
+    case TraceOp::Broadcast:
+      return "broadcast";
+    case TraceOp::AllGather:
+      return "all_gather";
+    case TraceOp::ReduceScatter:
+      return "reduce_scatter";
+    case TraceOp::AllToAll:
+      return "all_to_all";
+    case TraceOp::Barrier:
+      return "barrier";
+    case TraceOp::Send:
+      return "send";
+    case TraceOp::Recv:
+      return "recv";
+    case TraceOp::SendRecv:
+      return "send_recv";
+    default:
+      return "collective";
+  }
+}
+
+std::vector<int> world_ranks_of(MPI_Comm comm) {
+  int size = 0;
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_CHECK(MPI_Comm_group(comm, &group));
+  MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> mine(static_cast<size_t>(size)), out(mine.size());
+  for (int i = 0; i < size; ++i) mine[static_cast<size_t>(i)] = i;
+  MPI_CHECK(MPI_Group_translate_ranks(group, size, mine.data(), world, out.data()));
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  return out;
+}
+
+TraceHandle::TraceHandle(TraceGroup g, std::vector<int> members)
+    : group_(g), members_(std::move(members)) {
+  if (g == TraceGroup::None || members_.empty()) {
+    group_ = TraceGroup::None;
+    return;
+  }
+  g_leader[static_cast<int>(g)] = members_[0];
+}
+
+int64_t TraceHandle::issue(TraceOp op) const {
+  if (!on() || point_to_point(static_cast<int64_t>(op))) return 0;
+  return ++g_calls[static_cast<int>(group_)];
+}
+
+int TraceHandle::world_rank_of(int group_rank) const {
+  return group_rank >= 0 && group_rank < static_cast<int>(members_.size())
+             ? members_[static_cast<size_t>(group_rank)]
+             : -1;
+}
+
+TraceWait::TraceWait(const TraceHandle* h, TraceOp op, int64_t seq, int peer) : on_(h && h->on()) {
+  if (!on_) return;
+  g_wait[1].store(static_cast<int64_t>(op), std::memory_order_relaxed);
+  g_wait[2].store(static_cast<int64_t>(h->group()), std::memory_order_relaxed);
+  g_wait[3].store(seq, std::memory_order_relaxed);
+  g_wait[4].store(peer >= 0 ? h->world_rank_of(peer) : -1, std::memory_order_relaxed);
+  g_wait[0].store(1, std::memory_order_release);
+}
+
+TraceWait::~TraceWait() {
+  if (on_) g_wait[0].store(0, std::memory_order_release);
+}
+
+void trace_snapshot(int64_t* w) {
+  w[0] = g_wait[0].load(std::memory_order_acquire);
+  for (int i = 1; i < 5; ++i) w[i] = g_wait[i].load(std::memory_order_relaxed);
+  for (int g = 0; g < kGroups; ++g) {
+    w[5 + 2 * g] = g_leader[g].load(std::memory_order_relaxed);
+    w[6 + 2 * g] = g_calls[g].load(std::memory_order_relaxed);
+  }
+}
+
+std::string explain_hang(const std::vector<std::vector<int64_t>>& rec,
+                         const std::vector<int64_t>& iterations,
+                         const std::vector<bool>& answering) {
+  const int n = static_cast<int>(rec.size());
+  auto known = [&](int r) { return r >= 0 && r < n && rec[r].size() >= size_t(kTraceWords); };
+  auto leader = [&](int r, int g) { return known(r) ? rec[r][5 + 2 * g] : -1; };
+  auto calls = [&](int r, int g) { return rec[r][6 + 2 * g]; };
+  auto group_name = [](int64_t g) { return trace_group_name(static_cast<TraceGroup>(g)); };
+  auto op_name = [](int64_t op) { return trace_op_name(static_cast<TraceOp>(op)); };
+  auto where = [&](int r) -> std::string {
+    if (r < 0 || r >= n) return "unknown";
+    if (r < static_cast<int>(answering.size()) && !answering[r])
+      return "not answering (dead or stopped)";
+    if (!known(r)) return "no record";
+    const std::vector<int64_t>& w = rec[r];
+    if (w[0] == 1 && point_to_point(w[1]))
+      return std::string("waiting in ") + op_name(w[1]) + " with rank " + std::to_string(w[4]) +
+             " on the " + group_name(w[2]);
+    if (w[0] == 1)
+      return std::string("waiting in ") + op_name(w[1]) + " #" + std::to_string(w[3]) + " on the " +
+             group_name(w[2]);
+    return "not in a collective (computing after iteration " +
+           std::to_string(r < static_cast<int>(iterations.size()) ? iterations[r] : 0) + ")";
+  };
+  auto members_of = [&](int g, int64_t lead) {
+    std::vector<int> m;
+    for (int q = 0; q < n; ++q)
+      if (leader(q, g) == lead) m.push_back(q);
+    return m;
+  };
+  std::vector<std::string> parts;
+  // Collectives some ranks wait in: (group, leader, call, op) -> the waiting ranks.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::vector<int>> stuck;
+  for (int r = 0; r < n; ++r) {
+    const bool silent = r < static_cast<int>(answering.size()) && !answering[r];
+    if (silent || !known(r) || rec[r][0] != 1) continue;
+    const std::vector<int64_t>& w = rec[r];
+    if (point_to_point(w[1])) {
+      parts.push_back("rank " + std::to_string(r) + " waits in " + op_name(w[1]) + " with rank " +
+                      std::to_string(w[4]) + " on the " + group_name(w[2]) + " (rank " +
+                      std::to_string(w[4]) + ": " + where(static_cast<int>(w[4])) + ")");
+      continue;
+    }
+    if (w[2] < 0 || w[2] >= kGroups) continue;
+    stuck[{w[2], leader(r, static_cast<int>(w[2])), w[3], w[1]}].push_back(r);
+  }
+  for (const auto& [key, waiting] : stuck) {
+    const auto [g, lead, seq, op] = key;
+    const std::vector<int> members = members_of(static_cast<int>(g), lead);
+    std::vector<int> missing;
+    for (int q : members)
+      if (calls(q, static_cast<int>(g)) < seq) missing.push_back(q);
+    std::ostringstream os;
+    os << op_name(op) << " #" << seq << " on the " << group_name(g) << " (ranks "
+       << rank_list(members) << ") is stuck: rank(s) " << rank_list(waiting) << " wait in it";
+    if (missing.empty()) {
+      os << ", every member reached it";
+    } else {
+      os << "; rank(s) " << rank_list(missing) << " did not arrive (";
+      for (size_t i = 0; i < missing.size(); ++i)
+        os << (i ? "; " : "") << "rank " << missing[i] << ": " << where(missing[i]);
+      os << ")";
+    }
+    parts.push_back(os.str());
+  }
+  // No rank waits on the host (NCCL's collectives run on the GPU, the host blocks later): a group
+  // whose members issued different numbers of calls; those behind did not reach the newest one.
+  const bool marked = !parts.empty();
+  for (int g = 0; g < kGroups && !marked; ++g) {
+    std::map<int64_t, std::vector<int>> instances;
+    for (int q = 0; q < n; ++q)
+      if (leader(q, g) >= 0) instances[leader(q, g)].push_back(q);
+    for (const auto& [lead, members] : instances) {
+      int64_t newest = 0;
+      for (int q : members) newest = std::max(newest, calls(q, g));
+      std::vector<int> ahead, behind;
+      for (int q : members) (calls(q, g) == newest ? ahead : behind).push_back(q);
+      if (behind.empty()) continue;
+      std::ostringstream os;
+      os << "call #" << newest << " on the " << group_name(g) << " (ranks " << rank_list(members)
+         << ") was issued by rank(s) " << rank_list(ahead) << "; rank(s) " << rank_list(behind)
+         << " did not arrive (";
+      for (size_t i = 0; i < behind.size(); ++i)
+        os << (i ? "; " : "") << "rank " << behind[i] << ": " << where(behind[i]);
+      os << ")";
+      parts.push_back(os.str());
+    }
+  }
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : "; ") + p;
+  return out;
+}
+
+}  // namespace tessera

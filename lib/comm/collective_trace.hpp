@@ -1,0 +1,98 @@
+// collective_trace.hpp: where this rank is in its collectives, for the hang watchdog
+// (train/watchdog.hpp). Each communicator of the process grid is a traced group (data-parallel,
+// pipeline, ...): every collective it issues gets that group's next call number (every member
+// issues a group's collectives in the same order, so call N is the same operation everywhere), and
+// a blocking wait marks the call it waits for (point-to-point waits name their peer). The
+// watchdog's heartbeats carry this record to rank 0; when the job stops progressing, rank 0 names
+// the collective that is stuck, the ranks of its group that never reached it and what those are
+// doing instead (explain_hang). Recording is a few relaxed atomic stores per collective.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+enum class TraceGroup : int {
+  World,
+  TensorParallel,
+  Pipeline,
+  PipelineGrad,
+  DataParallel,
+  ModelParallel,
+  Embedding,
+  ContextParallel,
+  PipelineWrap,
+  PipelineWrapGrad,
+  Expert,
+  ExpertData,
+  Count,
+  None = -1,  // not traced (communicators outside the process grid)
+};
+const char* trace_group_name(TraceGroup g);  // "data-parallel group"
+
+enum class TraceOp : int {
+  None,
+  AllReduce,
+  Broadcast,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  Barrier,
+  Send,
+  Recv,
+  SendRecv,
+};
+const char* trace_op_name(TraceOp op);  // "all_reduce"
+
+// The world ranks of `comm`'s ranks, in its rank order.
+std::vector<int> world_ranks_of(MPI_Comm comm);
+
+// A communicator's place in the trace: its group and, for point-to-point calls, the world ranks of
+// its members.
+class TraceHandle {
+ public:
+  TraceHandle() = default;
+  // `members[i]`: the world rank of the group's rank i. A communicator created again for the same
+  // group (NCCL after MPI) continues its call numbers.
+  TraceHandle(TraceGroup g, std::vector<int> members);
+  bool on() const { return group_ != TraceGroup::None; }
+  // A collective issued: its call number (0 when not traced). Point-to-point calls are not
+  // numbered (the members' sequences of sends and receives differ).
+  int64_t issue(TraceOp op) const;
+  int world_rank_of(int group_rank) const;
+  TraceGroup group() const { return group_; }
+
+ private:
+  TraceGroup group_ = TraceGroup::None;
+  std::vector<int> members_;
+};
+
+// Marks the calling thread waiting in call `seq` of `h`'s group (`peer`: the group rank of a
+// point-to-point partner, -1) for the scope's life. Null or untraced `h`: nothing.
+class TraceWait {
+ public:
+  TraceWait(const TraceHandle* h, TraceOp op, int64_t seq, int peer = -1);
+  ~TraceWait();
+  TraceWait(const TraceWait&) = delete;
+  TraceWait& operator=(const TraceWait&) = delete;
+
+ private:
+  bool on_ = false;
+};
+
+// This rank's record as a fixed number of words (the heartbeat's payload).
+constexpr int kTraceWords = 5 + 2 * static_cast<int>(TraceGroup::Count);
+void trace_snapshot(int64_t* words);
+
+// Rank 0's account of a hang from every rank's last record (`records[r]`: kTraceWords words, empty
+// when none came), last iteration and whether it still answers: the stuck collectives, the ranks
+// that did not arrive and where those are. "" when the records show no collective under way.
+std::string explain_hang(const std::vector<std::vector<int64_t>>& records,
+                         const std::vector<int64_t>& iterations,
+                         const std::vector<bool>& answering);
+
+}  // namespace tessera

@@ -1,0 +1,102 @@
+// test_collective_trace.cpp: the collective record a rank keeps (comm/collective_trace.hpp) and
+// rank 0's account of a hang from every rank's record.
+#include <gtest/gtest.h>
+
+#include "comm/collective_trace.hpp"
+
+using namespace tessera;
+
+namespace {
+constexpr int kDp = static_cast<int>(TraceGroup::DataParallel);
+constexpr int kPp = static_cast<int>(TraceGroup::Pipeline);
+
+// A record: waiting in `op` call `seq` of group `g` (op None: not waiting), with the given
+// leaders and call counts per group.
+std::vector<int64_t> record(TraceOp op, int g, int64_t seq, int64_t peer,
+                            std::vector<std::pair<int, std::pair<int64_t, int64_t>>> groups) {
+  std::vector<int64_t> w(kTraceWords, 0);
+  w[0] = op == TraceOp::None ? 0 : 1;
+  w[1] = static_cast<int64_t>(op);
+  w[2] = g;
+  w[3] = seq;
+  w[4] = peer;
+  for (int i = 0; i < static_cast<int>(TraceGroup::Count); ++i) w[5 + 2 * i] = -1;
+  for (const auto& [grp, lc] : groups) {
+    w[5 + 2 * grp] = lc.first;
+    w[6 + 2 * grp] = lc.second;
+  }
+  return w;
+}
+}  // namespace
+
+TEST(CollectiveTrace, RecordsIssueAndWait) {
+  const TraceHandle h(TraceGroup::DataParallel, {3, 7});
+  int64_t w[kTraceWords];
+  trace_snapshot(w);
+  const int64_t before = w[6 + 2 * kDp];
+  EXPECT_EQ(w[5 + 2 * kDp], 3);  // the group's rank 0 is world rank 3
+  const int64_t seq = h.issue(TraceOp::AllReduce);
+  EXPECT_EQ(seq, before + 1);
+  EXPECT_EQ(h.issue(TraceOp::Send), 0);  // point-to-point calls are not numbered
+  {
+    const TraceWait wait(&h, TraceOp::AllReduce, seq);
+    trace_snapshot(w);
+    EXPECT_EQ(w[0], 1);
+    EXPECT_EQ(w[1], static_cast<int64_t>(TraceOp::AllReduce));
+    EXPECT_EQ(w[2], kDp);
+    EXPECT_EQ(w[3], seq);
+    EXPECT_EQ(w[4], -1);
+  }
+  {
+    const TraceWait wait(&h, TraceOp::Recv, 0, 1);  // group rank 1 = world rank 7
+    trace_snapshot(w);
+    EXPECT_EQ(w[4], 7);
+  }
+  trace_snapshot(w);
+  EXPECT_EQ(w[0], 0);
+  EXPECT_EQ(w[6 + 2 * kDp], seq);
+  const TraceWait none(nullptr, TraceOp::Barrier, 1);  // untraced: nothing marked
+  trace_snapshot(w);
+  EXPECT_EQ(w[0], 0);
+}
+
+TEST(CollectiveTrace, NamesTheStuckCollectiveAndWhoDidNotArrive) {
+  // DP groups {0, 2} and {1, 3}: rank 0 waits in all_reduce #5 of its group, rank 2 has issued 4
+  // calls and computes; ranks 1 and 3 both wait in #5 of theirs.
+  const std::vector<std::vector<int64_t>> rec = {
+      record(TraceOp::AllReduce, kDp, 5, -1, {{kDp, {0, 5}}}),
+      record(TraceOp::AllReduce, kDp, 5, -1, {{kDp, {1, 5}}}),
+      record(TraceOp::None, 0, 0, -1, {{kDp, {0, 4}}}),
+      record(TraceOp::AllReduce, kDp, 5, -1, {{kDp, {1, 5}}}),
+  };
+  EXPECT_EQ(explain_hang(rec, {7, 7, 6, 7}, {true, true, true, true}),
+            "all_reduce #5 on the data-parallel group (ranks 0,2) is stuck: rank(s) 0 wait in it; "
+            "rank(s) 2 did not arrive (rank 2: not in a collective (computing after iteration "
+            "6)); all_reduce #5 on the data-parallel group (ranks 1,3) is stuck: rank(s) 1,3 "
+            "wait in it, every member reached it");
+  // Rank 2 stopped answering: named so.
+  EXPECT_NE(explain_hang(rec, {7, 7, 6, 7}, {true, true, false, true})
+                .find("rank(s) 2 did not arrive (rank 2: not answering (dead or stopped))"),
+            std::string::npos);
+}
+
+TEST(CollectiveTrace, PointToPointAndDeviceCollectives) {
+  // Rank 0 waits in a receive from rank 1 (pipeline), which computes.
+  std::vector<std::vector<int64_t>> rec = {
+      record(TraceOp::Recv, kPp, 0, 1, {{kPp, {0, 0}}}),
+      record(TraceOp::None, 0, 0, -1, {{kPp, {0, 0}}}),
+  };
+  EXPECT_EQ(explain_hang(rec, {3, 2}, {true, true}),
+            "rank 0 waits in recv with rank 1 on the pipeline group (rank 1: not in a collective "
+            "(computing after iteration 2))");
+  // No host waits (NCCL): rank 1 is behind rank 0 in the data-parallel group's calls.
+  rec = {record(TraceOp::None, 0, 0, -1, {{kDp, {0, 9}}}),
+         record(TraceOp::None, 0, 0, -1, {{kDp, {0, 8}}})};
+  EXPECT_EQ(explain_hang(rec, {4, 4}, {true, true}),
+            "call #9 on the data-parallel group (ranks 0,1) was issued by rank(s) 0; rank(s) 1 "
+            "did not arrive (rank 1: not in a collective (computing after iteration 4))");
+  // Nothing under way: nothing to say.
+  rec = {record(TraceOp::None, 0, 0, -1, {{kDp, {0, 9}}}),
+         record(TraceOp::None, 0, 0, -1, {{kDp, {0, 9}}})};
+  EXPECT_EQ(explain_hang(rec, {4, 4}, {true, true}), "");
+}
