@@ -1,5 +1,6 @@
-// tessera-eval: the loss and perplexity of a checkpoint (any layout) on one split of a dataset,
-// every sample of the split exactly once, at the TP x PP (x DP) layout of this run.
+// tessera-eval: the loss and perplexity of a checkpoint (any layout) on one split of the data
+// (a prefix: every sample of its split exactly once; a blend: as many samples in its order), or
+// on --eval-iters batches as training evaluates them, at the TP x PP (x DP) layout of this run.
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -69,7 +70,9 @@ int main(int argc, char** argv) {
             "eval-split", po::value(&which)->default_value(which), "train | valid | test")(
             "eval-iters", po::value(&eval_iters)->default_value(0),
             "global batches to evaluate, as training's --eval-iters (the same samples as "
-            "`tessera-train --load CKPT --skip-train`); 0: every sample of the split once")(
+            "`tessera-train --load CKPT --skip-train`); 0: every sample of the split once (a "
+            "blend: as many samples as its datasets' splits hold, in the blend's order, as "
+            "--full-validation)")(
             "seed", po::value(&seed)->default_value(-1),
             "the seed that orders the samples (-1: the checkpoint's, as training drew them)")(
             "micro-batch-size", po::value(&mbs)->default_value(mbs), "samples per forward pass")(
@@ -98,6 +101,9 @@ int main(int argc, char** argv) {
       throw ConfigError("--eval-iters " + std::to_string(eval_iters) +
                         " is negative: give the global batches to evaluate, or 0 for the whole "
                         "split");
+    if (seed < -1)
+      throw ConfigError("--seed " + std::to_string(seed) +
+                        " is negative: give a seed (>= 0), or -1 for the checkpoint's");
     RunOptions data;
     data.data_path = parse_data_blend(data_words, "data-path");
     data.train_data_path = parse_data_blend(train_words, "train-data-path");
@@ -141,7 +147,8 @@ int main(int argc, char** argv) {
     auto be = make_rank_backend(grid, device);
     ctx = grid.context();  // NCCL groups on CUDA
     const int64_t G = t.global_batch_size;
-    // The whole split: its samples once (the last batch filled with samples without loss);
+    // The whole split: its samples once (a blend: that many in its order; the last batch filled
+    // with samples without loss);
     // --eval-iters N: N global batches of the blend's order, as training's evaluation draws them.
     const int64_t samples = eval_iters > 0 ? eval_iters * G : ds->num_samples();
     FirstSamples first(*ds, samples);

@@ -114,7 +114,7 @@ double peak_tflops(const std::string& name, DType dtype) {
   return 0;
 }
 
-MemoryCapacity backend_memory_capacity(Backend& be, int local_ranks) {
+MemoryCapacity backend_memory_capacity(Backend& be) {
   MemoryCapacity c;
   char buf[160];
 #ifdef TESSERA_HAVE_CUDA
@@ -128,11 +128,8 @@ MemoryCapacity backend_memory_capacity(Backend& be, int local_ranks) {
   }
 #endif
   (void)be;
-  const double host = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
-  const int n = local_ranks > 0 ? local_ranks : 1;
-  c.bytes = host / n;
-  std::snprintf(buf, sizeof buf, "the host's %.1f GiB shared by %d rank%s on this node",
-                host / 1073741824.0, n, n == 1 ? "" : "s");
+  c.bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  std::snprintf(buf, sizeof buf, "the host's %.1f GiB", c.bytes / 1073741824.0);
   c.what = buf;
   return c;
 }

@@ -38,13 +38,13 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank,
 // "NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90" for the current GPU, "cpu" on the CPU backend.
 std::string backend_description(Backend& be);
 
-// The memory one rank of `be` can hold, in bytes, and what it is: CUDA: the GPU's total memory;
-// CPU: the host's physical memory shared by the `local_ranks` ranks of this node.
+// The memory `be` computes in, in bytes, and what it is: CUDA: this rank's GPU's total memory;
+// CPU: the host's physical memory (which the node's ranks share).
 struct MemoryCapacity {
   double bytes = 0;
-  std::string what;  // "GPU 0 of host vm (79.1 GiB)", "the host's 23.4 GiB over 2 ranks"
+  std::string what;  // "the 139.8 GiB of this rank's GPU", "the host's 23.4 GiB"
 };
-MemoryCapacity backend_memory_capacity(Backend& be, int local_ranks);
+MemoryCapacity backend_memory_capacity(Backend& be);
 
 // The device's dense peak in TFLOP/s for GEMMs in `dtype` (bf16/f16 on tensor cores, f32 on the
 // FP32 units), from a GPU's name ("NVIDIA H100 80GB HBM3", ...); 0 when unknown (CPUs, other

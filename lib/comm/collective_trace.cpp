@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -131,12 +132,17 @@ int TraceHandle::world_rank_of(int group_rank) const {
              : -1;
 }
 
-TraceWait::TraceWait(const TraceHandle* h, TraceOp op, int64_t seq, int peer) : on_(h && h->on()) {
+TraceWait::TraceWait(const TraceHandle* h, TraceOp op, int64_t seq, int peer)
+    : TraceWait(h ? h->group() : TraceGroup::None, op, seq,
+                h && peer >= 0 ? h->world_rank_of(peer) : -1) {}
+
+TraceWait::TraceWait(TraceGroup g, TraceOp op, int64_t seq, int world_peer)
+    : on_(g != TraceGroup::None) {
   if (!on_) return;
   g_wait[1].store(static_cast<int64_t>(op), std::memory_order_relaxed);
-  g_wait[2].store(static_cast<int64_t>(h->group()), std::memory_order_relaxed);
+  g_wait[2].store(static_cast<int64_t>(g), std::memory_order_relaxed);
   g_wait[3].store(seq, std::memory_order_relaxed);
-  g_wait[4].store(peer >= 0 ? h->world_rank_of(peer) : -1, std::memory_order_relaxed);
+  g_wait[4].store(world_peer, std::memory_order_relaxed);
   g_wait[0].store(1, std::memory_order_release);
 }
 
@@ -184,6 +190,9 @@ std::string explain_hang(const std::vector<std::vector<int64_t>>& rec,
     return m;
   };
   std::vector<std::string> parts;
+  std::vector<int> unrecorded;  // ranks whose heartbeat never came: members of any group
+  for (int r = 0; r < n; ++r)
+    if (!known(r)) unrecorded.push_back(r);
   // Collectives some ranks wait in: (group, leader, call, op) -> the waiting ranks.
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::vector<int>> stuck;
   for (int r = 0; r < n; ++r) {
@@ -209,7 +218,8 @@ std::string explain_hang(const std::vector<std::vector<int64_t>>& rec,
     os << op_name(op) << " #" << seq << " on the " << group_name(g) << " (ranks "
        << rank_list(members) << ") is stuck: rank(s) " << rank_list(waiting) << " wait in it";
     if (missing.empty()) {
-      os << ", every member reached it";
+      os << (unrecorded.empty() ? ", every member reached it"
+                                : ", every member that reported reached it");
     } else {
       os << "; rank(s) " << rank_list(missing) << " did not arrive (";
       for (size_t i = 0; i < missing.size(); ++i)
@@ -218,14 +228,18 @@ std::string explain_hang(const std::vector<std::vector<int64_t>>& rec,
     }
     parts.push_back(os.str());
   }
-  // No rank waits on the host (NCCL's collectives run on the GPU, the host blocks later): a group
-  // whose members issued different numbers of calls; those behind did not reach the newest one.
-  const bool marked = !parts.empty();
-  for (int g = 0; g < kGroups && !marked; ++g) {
+  // Collectives the host does not wait in (NCCL's run on the GPU, the host blocks later, maybe in
+  // another call): a group whose members issued different numbers of calls; those behind did not
+  // reach the newest one. Groups already named above are not repeated.
+  std::set<std::pair<int64_t, int64_t>> named;
+  for (const auto& entry : stuck)
+    named.insert({std::get<0>(entry.first), std::get<1>(entry.first)});
+  for (int g = 0; g < kGroups; ++g) {
     std::map<int64_t, std::vector<int>> instances;
     for (int q = 0; q < n; ++q)
       if (leader(q, g) >= 0) instances[leader(q, g)].push_back(q);
     for (const auto& [lead, members] : instances) {
+      if (named.count({g, lead})) continue;
       int64_t newest = 0;
       for (int q : members) newest = std::max(newest, calls(q, g));
       std::vector<int> ahead, behind;
@@ -241,6 +255,9 @@ std::string explain_hang(const std::vector<std::vector<int64_t>>& rec,
       parts.push_back(os.str());
     }
   }
+  if (!unrecorded.empty())
+    parts.push_back("rank(s) " + rank_list(unrecorded) +
+                    " sent no record (dead or hung before their first heartbeat)");
   std::string out;
   for (const std::string& p : parts) out += (out.empty() ? "" : "; ") + p;
   return out;

@@ -76,6 +76,9 @@ class TraceHandle {
 class TraceWait {
  public:
   TraceWait(const TraceHandle* h, TraceOp op, int64_t seq, int peer = -1);
+  // The same by value (a pending operation keeps these, not its communicator): `world_peer` is
+  // the partner's world rank or -1; TraceGroup::None marks nothing.
+  TraceWait(TraceGroup g, TraceOp op, int64_t seq, int world_peer);
   ~TraceWait();
   TraceWait(const TraceWait&) = delete;
   TraceWait& operator=(const TraceWait&) = delete;

@@ -141,12 +141,16 @@ MPI_Op reduce_op(const Tensor& t, ReduceOp op) {
   return op == ReduceOp::Sum ? f16_sum : f16_max;
 }
 
-// What a pending operation's wait marks in the collective trace.
+// What a pending operation's wait marks in the collective trace (values: the operation may
+// outlive its communicator).
 struct TraceMark {
-  const TraceHandle* handle = nullptr;
+  TraceGroup group = TraceGroup::None;
   TraceOp op = TraceOp::None;
   int64_t seq = 0;
-  int peer = -1;
+  int world_peer = -1;
+  TraceMark() = default;
+  TraceMark(const TraceHandle& h, TraceOp o, int64_t s, int peer = -1)
+      : group(h.group()), op(o), seq(s), world_peer(peer >= 0 ? h.world_rank_of(peer) : -1) {}
 };
 
 class MpiPending final : public PendingOp {
@@ -156,14 +160,14 @@ class MpiPending final : public PendingOp {
       : req_(r), mark_(mark), then_(std::move(then)) {}
   ~MpiPending() override {
     if (req_ != MPI_REQUEST_NULL) {
-      const TraceWait w(mark_.handle, mark_.op, mark_.seq, mark_.peer);
+      const TraceWait w(mark_.group, mark_.op, mark_.seq, mark_.world_peer);
       MPI_Wait(&req_, MPI_STATUS_IGNORE);
     }
     complete();
   }
   void wait() override {
     {
-      const TraceWait w(mark_.handle, mark_.op, mark_.seq, mark_.peer);
+      const TraceWait w(mark_.group, mark_.op, mark_.seq, mark_.world_peer);
       MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
     }
     complete();
@@ -212,7 +216,7 @@ std::unique_ptr<PendingOp> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count_of(t), mpi_type(t), reduce_op(t, op),
                              comm_, &req));
   return std::make_unique<MpiPending>(
-      req, TraceMark{&trace_, TraceOp::AllReduce, trace_.issue(TraceOp::AllReduce)});
+      req, TraceMark(trace_, TraceOp::AllReduce, trace_.issue(TraceOp::AllReduce)));
 }
 
 void MpiCommunicator::all_reduce_f64(double* data, int64_t n, ReduceOp op) {
@@ -262,7 +266,7 @@ std::unique_ptr<PendingOp> MpiCommunicator::reduce_scatter_async(Tensor& buf) {
   // MPI_IN_PLACE leaves the result at the start of the buffer; it moves to this rank's block.
   MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf.raw(), count, mpi_type(buf),
                                       reduce_op(buf, ReduceOp::Sum), comm_, &req));
-  const TraceMark mark{&trace_, TraceOp::ReduceScatter, trace_.issue(TraceOp::ReduceScatter)};
+  const TraceMark mark(trace_, TraceOp::ReduceScatter, trace_.issue(TraceOp::ReduceScatter));
   if (rank_ == 0) return std::make_unique<MpiPending>(req, mark);
   char* base = static_cast<char*>(buf.raw());
   const size_t bytes = static_cast<size_t>(count) * dtype_size(buf.dtype());
@@ -281,7 +285,7 @@ std::unique_ptr<PendingOp> MpiCommunicator::all_gather_async(Tensor& buf) {
     MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.raw(),
                              static_cast<int>(buf.numel() / size_), mpi_type(buf), comm_, &req));
   return std::make_unique<MpiPending>(
-      req, TraceMark{&trace_, TraceOp::AllGather, trace_.issue(TraceOp::AllGather)});
+      req, TraceMark(trace_, TraceOp::AllGather, trace_.issue(TraceOp::AllGather)));
 }
 
 std::unique_ptr<PendingOp> MpiCommunicator::send_async(const Tensor& t, int peer, int tag) {
@@ -289,21 +293,20 @@ std::unique_ptr<PendingOp> MpiCommunicator::send_async(const Tensor& t, int peer
   expect_host_float(t);
   MPI_Request req = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Isend(t.raw(), count_of(t), mpi_type(t), peer, tag, comm_, &req));
-  return std::make_unique<MpiPending>(req, TraceMark{&trace_, TraceOp::Send, 0, peer});
+  return std::make_unique<MpiPending>(req, TraceMark(trace_, TraceOp::Send, 0, peer));
 }
 
 namespace {
 // Two requests (a send and a receive) completed together.
 class MpiPendingPair final : public PendingOp {
  public:
-  MpiPendingPair(MPI_Request a, MPI_Request b, const TraceHandle& h, int peer)
-      : req_{a, b}, trace_(h), peer_(peer) {}
+  MpiPendingPair(MPI_Request a, MPI_Request b, TraceMark mark) : req_{a, b}, mark_(mark) {}
   ~MpiPendingPair() override {
-    const TraceWait w(&trace_, TraceOp::SendRecv, 0, peer_);
+    const TraceWait w(mark_.group, mark_.op, mark_.seq, mark_.world_peer);
     MPI_Waitall(2, req_, MPI_STATUSES_IGNORE);
   }
   void wait() override {
-    const TraceWait w(&trace_, TraceOp::SendRecv, 0, peer_);
+    const TraceWait w(mark_.group, mark_.op, mark_.seq, mark_.world_peer);
     MPI_CHECK(MPI_Waitall(2, req_, MPI_STATUSES_IGNORE));
   }
   bool test() override {
@@ -314,8 +317,7 @@ class MpiPendingPair final : public PendingOp {
 
  private:
   MPI_Request req_[2];
-  const TraceHandle& trace_;
-  int peer_;  // the rank received from
+  TraceMark mark_;  // names the rank received from
 };
 }  // namespace
 
@@ -327,7 +329,7 @@ std::unique_ptr<PendingOp> MpiCommunicator::send_recv_async(const Tensor& send, 
   MPI_Request s = MPI_REQUEST_NULL, r = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Irecv(recv.raw(), count_of(recv), mpi_type(recv), from, tag, comm_, &r));
   MPI_CHECK(MPI_Isend(send.raw(), count_of(send), mpi_type(send), to, tag, comm_, &s));
-  return std::make_unique<MpiPendingPair>(s, r, trace_, from);
+  return std::make_unique<MpiPendingPair>(s, r, TraceMark(trace_, TraceOp::SendRecv, 0, from));
 }
 
 void MpiCommunicator::recv(Tensor& t, int peer, int tag) {

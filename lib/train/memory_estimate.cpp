@@ -93,9 +93,11 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
 }
 
 std::string memory_fit_problem(const MemoryEstimate& e, int stage, double capacity_bytes,
-                               const std::string& capacity_what) {
+                               const std::string& capacity_what, int sharing_ranks,
+                               double shared_need_bytes) {
   const double need = e.total_bytes();
-  if (!(need > capacity_bytes) || capacity_bytes <= 0) return std::string();
+  const double total = sharing_ranks > 1 ? shared_need_bytes : need;
+  if (!(total > capacity_bytes) || capacity_bytes <= 0) return std::string();
   auto size = [](double b) {
     char buf[48];
     const double gib = b / 1073741824.0;
@@ -111,7 +113,11 @@ std::string memory_fit_problem(const MemoryEstimate& e, int stage, double capaci
          " needs about " + size(need) + " by the estimate (" + std::to_string(e.parameters) +
          " parameters: weights " + size(e.param_bytes) + ", gradients " + size(e.grad_bytes) +
          ", optimizer " + size(e.optimizer_bytes) + "; activations " + size(e.activation_bytes) +
-         ") and has " + capacity_what +
+         ")" +
+         (sharing_ranks > 1 ? ", the " + std::to_string(sharing_ranks) + " ranks of this node " +
+                                  size(total) + " together, and they share "
+                            : std::string(" and has ")) +
+         capacity_what +
          "; lower the model (--num-experts, --hidden-size, --num-layers) or --micro-batch-size, "
          "or spread it (--tensor-model-parallel-size, --pipeline-model-parallel-size, "
          "--expert-model-parallel-size, --use-distributed-optimizer); --dry-run prints the "

@@ -42,8 +42,11 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
                                     const GridLayout& layout, int stage, int ep = 1);
 
 // "" when one rank of pipeline stage `stage` fits in `capacity_bytes` by the estimate `e`; else
-// the line that refuses the run (what it needs, what the rank has, what to change).
+// the line that refuses the run (what it needs, what the rank has, what to change). With
+// `sharing_ranks` > 1 the capacity is shared (the host's memory on the CPU): `shared_need_bytes`,
+// the estimates of those ranks together, must fit instead.
 std::string memory_fit_problem(const MemoryEstimate& e, int stage, double capacity_bytes,
-                               const std::string& capacity_what);
+                               const std::string& capacity_what, int sharing_ranks = 1,
+                               double shared_need_bytes = 0);
 
 }  // namespace tessera

@@ -75,8 +75,13 @@ std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string&
 }
 
 void check_rank_memory(ProcessGrid& grid, Backend& be, const MemoryEstimate& e) {
-  const MemoryCapacity cap = backend_memory_capacity(be, grid.local_size());
-  std::string why = memory_fit_problem(e, grid.coords().pp, cap.bytes, cap.what);
+  const MemoryCapacity cap = backend_memory_capacity(be);
+  // On the CPU the node's ranks share the host's memory: their estimates together must fit.
+  const int sharing = be.device() == Device::CPU ? grid.local_size() : 1;
+  double together = e.total_bytes();
+  if (sharing > 1)
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &together, 1, MPI_DOUBLE, MPI_SUM, grid.node_comm()));
+  std::string why = memory_fit_problem(e, grid.coords().pp, cap.bytes, cap.what, sharing, together);
   if (!why.empty() && grid.world_rank() != 0)  // rank 0 prints it: say whose it is
     why = "rank " + std::to_string(grid.world_rank()) + ": " + why;
   why = first_message(*grid.context().world, why);

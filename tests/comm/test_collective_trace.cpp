@@ -74,6 +74,14 @@ TEST(CollectiveTrace, NamesTheStuckCollectiveAndWhoDidNotArrive) {
             "rank(s) 2 did not arrive (rank 2: not in a collective (computing after iteration "
             "6)); all_reduce #5 on the data-parallel group (ranks 1,3) is stuck: rank(s) 1,3 "
             "wait in it, every member reached it");
+  // A rank that never sent a record is named, and "every member" is not claimed for its group.
+  std::vector<std::vector<int64_t>> partial = rec;
+  partial[2].clear();
+  EXPECT_EQ(explain_hang(partial, {7, 7, 6, 7}, {true, true, false, true}),
+            "all_reduce #5 on the data-parallel group (ranks 0) is stuck: rank(s) 0 wait in it, "
+            "every member that reported reached it; all_reduce #5 on the data-parallel group "
+            "(ranks 1,3) is stuck: rank(s) 1,3 wait in it, every member that reported reached it; "
+            "rank(s) 2 sent no record (dead or hung before their first heartbeat)");
   // Rank 2 stopped answering: named so.
   EXPECT_NE(explain_hang(rec, {7, 7, 6, 7}, {true, true, false, true})
                 .find("rank(s) 2 did not arrive (rank 2: not answering (dead or stopped))"),
@@ -95,6 +103,15 @@ TEST(CollectiveTrace, PointToPointAndDeviceCollectives) {
   EXPECT_EQ(explain_hang(rec, {4, 4}, {true, true}),
             "call #9 on the data-parallel group (ranks 0,1) was issued by rank(s) 0; rank(s) 1 "
             "did not arrive (rank 1: not in a collective (computing after iteration 4))");
+  // A host wait elsewhere does not hide a device collective some ranks are behind in: rank 0
+  // waits in the world's all_reduce #3, rank 1 is behind in the data-parallel group's calls.
+  rec = {record(TraceOp::AllReduce, 0, 3, -1, {{0, {0, 3}}, {kDp, {0, 9}}}),
+         record(TraceOp::None, 0, 0, -1, {{0, {0, 2}}, {kDp, {0, 8}}})};
+  EXPECT_EQ(explain_hang(rec, {4, 4}, {true, true}),
+            "all_reduce #3 on the world (ranks 0,1) is stuck: rank(s) 0 wait in it; rank(s) 1 did "
+            "not arrive (rank 1: not in a collective (computing after iteration 4)); call #9 on "
+            "the data-parallel group (ranks 0,1) was issued by rank(s) 0; rank(s) 1 did not "
+            "arrive (rank 1: not in a collective (computing after iteration 4))");
   // Nothing under way: nothing to say.
   rec = {record(TraceOp::None, 0, 0, -1, {{kDp, {0, 9}}}),
          record(TraceOp::None, 0, 0, -1, {{kDp, {0, 9}}})};

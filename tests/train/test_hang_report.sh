@@ -54,6 +54,9 @@ for _ in $(seq 1 300); do grep -q 'toggles it' "$work/toggle.log" && break; slee
 expect_log "the controller says where it listens" "$work/toggle.log" \
   "straggler report off; a connection to [^ ]+:$port toggles it \(--straggler-ctrlr-port\)"
 for _ in $(seq 1 300); do grep -q 'iteration *5/' "$work/toggle.log" && break; sleep 0.1; done
+favicon=$(exec 3<>"/dev/tcp/127.0.0.1/$port" && printf 'GET /favicon.ico HTTP/1.0\r\n\r\n' >&3 && cat <&3)
+echo "$favicon" | grep -q '404 Not Found' && ok "another path is answered 404 and toggles nothing" ||
+  bad "the favicon request's reply: $favicon"
 before=$(grep -c 'straggler report, iterations' "$work/toggle.log")
 reply=$(exec 3<>"/dev/tcp/127.0.0.1/$port" && printf 'GET / HTTP/1.0\r\n\r\n' >&3 && cat <&3)
 echo "$reply" | grep -q 'straggler report on' && ok "the toggle answers: $(echo "$reply" | tail -1)" ||

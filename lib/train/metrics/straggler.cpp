@@ -5,8 +5,9 @@
 // --straggler-injection RANK:SECONDS (tests and drills) makes one rank sleep that long in every
 // iteration, before its forward. As Megatron's detector, it can start off
 // (--disable-straggler-on-startup) and be toggled while the run goes on by connecting to
-// --straggler-ctrlr-port on world rank 0's host (`curl HOST:PORT`); rank 0 decides whether a
-// report is printed, the other ranks' figures travel in the report's all-reduce either way.
+// --straggler-ctrlr-port on world rank 0's host (`curl HOST:PORT`: a request for "/"); rank 0
+// decides whether a report is printed, the other ranks' figures travel in the report's
+// all-reduce either way. --straggler-injection alone slows the rank without reports.
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -30,12 +31,12 @@ namespace tessera {
 
 namespace {
 
-// The toggle: a TCP listener on world rank 0; every connection flips the switch and is answered
+// The toggle: a TCP listener on world rank 0; a request for "/" flips the switch and is answered
 // with the new state (an HTTP response, so curl and a browser show it).
 class StragglerController {
  public:
   StragglerController(int port, std::atomic<bool>& on) : on_(on) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int yes = 1;
     if (fd_ >= 0) ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     sockaddr_in a{};
@@ -65,22 +66,41 @@ class StragglerController {
     while (!stop_) {
       pollfd p{fd_, POLLIN, 0};
       if (::poll(&p, 1, 200) <= 0) continue;
-      const int c = ::accept(fd_, nullptr, nullptr);
-      if (c < 0) continue;
-      pollfd q{c, POLLIN, 0};  // the request, if one comes soon (its words do not matter)
-      char buf[1024];
-      if (::poll(&q, 1, 500) > 0 && ::recv(c, buf, sizeof buf, 0) < 0) {
-      }
+      const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;  // gone again (the listener does not block)
+      answer(c);
+      ::close(c);
+    }
+  }
+  // A request for "/" (`curl HOST:PORT`) flips the switch and is answered with its new state;
+  // any other path (a browser's /favicon.ico) is answered 404 and changes nothing.
+  void answer(int c) {
+    std::string request;
+    char buf[512];
+    for (int tries = 0; tries < 5 && request.find("\r\n") == std::string::npos; ++tries) {
+      pollfd q{c, POLLIN, 0};
+      if (::poll(&q, 1, 100) <= 0) continue;
+      const ssize_t got = ::recv(c, buf, sizeof buf, 0);
+      if (got <= 0) break;
+      request.append(buf, static_cast<size_t>(got));
+    }
+    const size_t sp = request.find(' ');
+    const std::string target =
+        sp == std::string::npos ? "" : request.substr(sp + 1, request.find(' ', sp + 1) - sp - 1);
+    std::string status = "404 Not Found", body = "ask for / to toggle the straggler report\n";
+    if (target == "/") {
       const bool now = !on_.load();
       on_ = now;
-      const std::string body = std::string("straggler report ") + (now ? "on" : "off") + "\n";
-      const std::string reply = "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " +
-                                std::to_string(body.size()) + "\r\n\r\n" + body;
-      if (::send(c, reply.data(), reply.size(), MSG_NOSIGNAL) < 0) {
-      }
-      ::close(c);
+      status = "200 OK";
+      body = std::string("straggler report ") + (now ? "on" : "off") + "\n";
       TLOG(info) << "straggler report turned " << (now ? "on" : "off")
                  << " (--straggler-ctrlr-port)";
+    }
+    const std::string reply =
+        "HTTP/1.0 " + status +
+        "\r\nContent-Type: text/plain\r\nContent-Length: " + std::to_string(body.size()) +
+        "\r\n\r\n" + body;
+    if (::send(c, reply.data(), reply.size(), MSG_NOSIGNAL) < 0) {
     }
   }
   std::atomic<bool>& on_;
