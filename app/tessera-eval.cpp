@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
   std::string device;
   int tp = 1, pp = 1, cp = 1, mbs = 4, threads = 0, seq = 0;
   int64_t eval_iters = 0, seed = -1, global_batch = 0;
+  LtorOptions docs;  // documents inside a sample, as the training run had them
   try {
     OptionParser p("tessera-eval",
                    "--load CKPT --data-path PREFIX|BLEND [--split 949,50,1] [--eval-split valid] "
@@ -88,7 +89,13 @@ int main(int argc, char** argv) {
             "threads", po::value(&threads)->default_value(0),
             "threads per rank (0: this rank's share)")(
             "device", po::value(&device)->default_value("auto"),
-            "cpu | cuda | auto (cuda when a GPU is visible)");
+            "cpu | cuda | auto (cuda when a GPU is visible)")(
+            "reset-position-ids", po::bool_switch(&docs.reset_position_ids),
+            "as training: positions restart after every end-of-document token")(
+            "reset-attention-mask", po::bool_switch(&docs.reset_attention_mask),
+            "as training: no attention across an end-of-document token")(
+            "eod-mask-loss", po::bool_switch(&docs.eod_mask_loss),
+            "as training: no loss where the input token is the end-of-document token");
     if (!p.parse(argc, argv)) return 0;
     const Split sp = which == "train"   ? Split::Train
                      : which == "valid" ? Split::Valid
@@ -140,6 +147,10 @@ int main(int argc, char** argv) {
                                        "' has a vocabulary of ", m.vocab_size,
                                        " tokens, the checkpoint ", cfg.vocab_size));
     TrainConfig t;
+    t.documents = docs;
+    t.documents.eod = m.eod_id;
+    if (const std::string why = documents_problem(docs, cp, device, cfg.alibi()); !why.empty())
+      throw ConfigError(why);
     t.micro_batch_size = mbs;
     t.global_batch_size = global_batch > 0 ? global_batch : mbs * ctx.dp_size;
     t.log_interval = 1 << 30;

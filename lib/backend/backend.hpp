@@ -23,6 +23,7 @@
 #include "backend/cpu/sampling.hpp"
 #include "core/alibi.hpp"
 #include "core/context_parallel.hpp"
+#include "core/documents.hpp"
 #include "core/dropout.hpp"
 #include "core/error.hpp"
 #include "core/fp8.hpp"
@@ -212,14 +213,18 @@ class Backend {
   // attention dropout on the probabilities (core/dropout.hpp); the backward must get the
   // forward's. dqkv has qkv's layout; each key/value head's gradient sums its group's heads.
   // With `alibi`, ALiBi's bias slope_h * (j - i) (core/alibi.hpp) is added to every scaled score
-  // before the softmax (lse includes it); the backward must get the forward's.
+  // before the softmax (lse includes it); the backward must get the forward's. With `docs`
+  // (core/documents.hpp), row t sees only keys key_begin[t] .. t, and ALiBi's distance is
+  // taken between the rows' position ids.
   virtual void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
                                  const AttentionDropout* dropout = nullptr, int64_t kv_heads = 0,
-                                 const AttentionAlibi* alibi = nullptr) = 0;
+                                 const AttentionAlibi* alibi = nullptr,
+                                 const AttentionDocuments* docs = nullptr) = 0;
   virtual void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                   const Tensor& out, const Tensor& lse, int64_t heads,
                                   const AttentionDropout* dropout = nullptr, int64_t kv_heads = 0,
-                                  const AttentionAlibi* alibi = nullptr) = 0;
+                                  const AttentionAlibi* alibi = nullptr,
+                                  const AttentionDocuments* docs = nullptr) = 0;
   // Which attention kernels attention_forward/backward run (Megatron's --attention-backend,
   // backend/attention_backend.hpp); `deterministic` (--deterministic-mode) asks for a backward
   // that gives the same bits on every run. Throws ConfigError for a choice this backend does not

@@ -29,7 +29,7 @@ void GPTModel::attention_core_forward(int l, Activations& a, LayerActivations& l
     return;
   }
   be_.attention_forward(la.att, la.lse, la.qkv, heads_local_, attention_dropout(l, a),
-                        kv_heads_local_, alibi());
+                        kv_heads_local_, alibi(), documents(a));
 }
 
 void GPTModel::attention_core_backward(int l, Activations& a, LayerActivations& la) {
@@ -38,7 +38,7 @@ void GPTModel::attention_core_backward(int l, Activations& a, LayerActivations& 
     return;
   }
   be_.attention_backward(a.dqkv, a.datt, la.qkv, la.att, la.lse, heads_local_,
-                         attention_dropout(l, a), kv_heads_local_, alibi());
+                         attention_dropout(l, a), kv_heads_local_, alibi(), documents(a));
 }
 
 void GPTModel::ring_attention_forward(int l, Activations& a, LayerActivations& la) {
@@ -132,11 +132,16 @@ void GPTModel::apply_hidden_dropout(Tensor& out, const Tensor& in, const Dropout
 }
 
 const Tensor* GPTModel::rope_positions(const Activations& a) const {
+  if (a.doc_positions.defined()) return &a.doc_positions;  // model/documents.cpp
   return shard_.cp_size > 1 && a.cp_positions.defined() ? &a.cp_positions : nullptr;
 }
 
 void GPTModel::add_position_embedding(Tensor& btc, Activations& a) {
   const Tensor wpe = params_->compute_param("wpe");
+  if (a.doc_positions.defined()) {  // each row's own position (model/documents.cpp)
+    add_document_positions(btc, wpe, a);
+    return;
+  }
   if (shard_.cp_size == 1) {
     be_.position_embedding_forward(btc, wpe);
     return;
@@ -152,6 +157,11 @@ void GPTModel::add_position_embedding(Tensor& btc, Activations& a) {
 
 void GPTModel::position_embedding_grad(const Tensor& dbtc, Activations& a) {
   Tensor dwpe = params_->grad("wpe");
+  if (a.doc_positions.defined()) {
+    const int64_t N = int64_t(a.B) * a.T;
+    be_.embedding_backward(dwpe, dbtc.reshape({N, cfg_.hidden_size}), a.doc_positions, 0);
+    return;
+  }
   if (shard_.cp_size == 1) {
     be_.position_embedding_backward(dwpe, dbtc);
     return;

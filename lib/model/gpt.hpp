@@ -109,6 +109,10 @@ struct Activations {
   // (B,Hl,T) f32, the rows' global positions (B*T int32, RoPE) and the position-embedding rows of
   // the rank's tokens (T,C) and their f32 gradient (learned positions).
   Tensor cp_kv[2], cp_dkv[2], cp_dkv_mine, cp_out, cp_lse, cp_positions, cp_wpe, cp_dwpe;
+  // Documents inside the samples (GPTModel::set_documents; empty when off): each row's position
+  // id (B*T int32: RoPE, ALiBi and the learned position embedding's row), the first key it may
+  // see (B*T int32, --reset-attention-mask), and the gathered position-embedding rows (N,C).
+  Tensor doc_positions, doc_key_begin, doc_wpe;
   // The weight of this micro-batch's load-balancing and z losses in the objective: 1 / the
   // micro-batches of the global batch (the trainer sets it; 1 for a lone micro-batch).
   float moe_loss_scale = 1;
@@ -163,6 +167,11 @@ class GPTModel {
   std::vector<Activations> make_activation_slots(int B, int T,
                                                  const std::vector<int>& counts) const;
   Activations make_activations(int B, int T) const { return make_activation_slots(B, T, 1)[0]; }
+  // Documents inside the micro-batch's samples (train/sample_layout.hpp; host arrays of B*T,
+  // row b*T + t, either may be null): each row's position id (--reset-position-ids: RoPE, ALiBi
+  // and the learned position embedding take it) and the first key it may see
+  // (--reset-attention-mask). Both null: plain causal samples again. Kept in `a` for its backward.
+  void set_documents(Activations& a, const int32_t* positions, const int32_t* key_begin);
 
   // Whether a's chunk begins with the embedding / ends with the head (first / last virtual stage).
   bool embeds(const Activations& a) const { return shard_.has_embedding && a.chunk == 0; }
@@ -216,6 +225,8 @@ class GPTModel {
   }
   // ALiBi of this rank's heads; null without it.
   const AttentionAlibi* alibi() const { return cfg_.alibi() ? &alibi_ : nullptr; }
+  // The document tables of a micro-batch's attention (null when its samples have none).
+  const AttentionDocuments* documents(const Activations& a);
   // The output layer's weight: the tied word embedding, or lm_head.
   const char* output_weight_name() const { return cfg_.tied_head() ? "wte" : "lm_head"; }
   // The MLP's activation (GELU, SwiGLU or squared ReLU): fc1 output -> out.
@@ -336,8 +347,11 @@ class GPTModel {
   // consecutive positions with context parallelism).
   void apply_hidden_dropout(Tensor& out, const Tensor& in, const DropoutSpec& d,
                             const Activations& a);
-  // RoPE's positions: the global ones with context parallelism (null without: row % T).
+  // RoPE's positions: the documents' (set_documents), the global ones with context parallelism,
+  // or null (row % T).
   const Tensor* rope_positions(const Activations& a) const;
+  // btc (B,T,C) += wpe[position of each row] (the documents' position ids).
+  void add_document_positions(Tensor& btc, const Tensor& wpe, Activations& a);
   // The learned position embedding added to (B,T,C) / its gradient from it: wpe[0:T], or the
   // rank's global positions with context parallelism.
   void add_position_embedding(Tensor& btc, Activations& a);
@@ -360,10 +374,11 @@ class GPTModel {
   std::vector<LayerRecompute> plan_;  // indexed by shard_.local_index(layer)
   int64_t padded_vocab_ = 0, vocab_local_ = 0, vocab_begin_ = 0, valid_cols_ = 0;
   int64_t heads_local_ = 0, kv_heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
-  RopeSpec rope_;                // this rank's heads (seq_len set per call)
-  Tensor norm_ones_, norm_w1p_;  // --apply-layernorm-1p: ones (C) and the (1 + w) scratch (C)
-  AttentionAlibi alibi_;         // this rank's heads among all (ALiBi)
-  bool sp_ = false;              // sequence parallelism on (TP > 1)
+  RopeSpec rope_;                 // this rank's heads (seq_len set per call)
+  Tensor norm_ones_, norm_w1p_;   // --apply-layernorm-1p: ones (C) and the (1 + w) scratch (C)
+  AttentionAlibi alibi_;          // this rank's heads among all (ALiBi)
+  AttentionDocuments documents_;  // what documents() last returned
+  bool sp_ = false;               // sequence parallelism on (TP > 1)
   std::unique_ptr<ParamStore> params_;
   std::vector<LayerWeights> weights_, grads_;  // indexed by shard_.local_index(layer)
   std::vector<float> host_losses_;             // staging for the loss readback

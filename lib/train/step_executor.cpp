@@ -121,9 +121,11 @@ double StepExecutor::count_loss_tokens() {
   const int T = model_.config().seq_length;
   const int64_t S = T + 1;
   double v[2] = {0, read_error_.empty() ? 0.0 : 1.0};  // loss tokens, ranks that failed to read
+  const LtorOptions& d = cfg_.documents;
   if (read_error_.empty())
     for (size_t s = 0; s < batch_.size() / S; ++s)
-      for (int t = 1; t <= T; ++t) v[0] += batch_[s * S + t] >= 0;
+      for (int t = 1; t <= T; ++t)  // --eod-mask-loss: no loss where the input token is EOD
+        v[0] += batch_[s * S + t] >= 0 && !(d.eod_mask_loss && batch_[s * S + t - 1] == d.eod);
   // Over the world, so that a rank that could not read its samples stops every rank before the
   // step uses them; the TP x CP x PP ranks of a DP rank hold the same samples (their counts
   // agree).
@@ -168,6 +170,24 @@ double StepExecutor::run(bool with_backward, int64_t iteration, int64_t sample_b
   return ctx_.last_stage() ? sum_micro_losses() : 0.0;
 }
 
+// Documents inside the staged samples (train/sample_layout.hpp): their position ids and first
+// visible keys to the model, and the loss masked where the input token is EOD.
+void StepExecutor::stage_documents(Activations& a) {
+  const LtorOptions& d = cfg_.documents;
+  const int B = cfg_.micro_batch_size, T = local_seq();
+  if (d.eod_mask_loss)  // the local rows' inputs and targets are aligned (with CP too)
+    for (size_t i = 0; i < host_ids_.size(); ++i)
+      if (host_ids_[i] == d.eod) host_targets_[i] = -1;
+  if (!d.reset_position_ids && !d.reset_attention_mask) return;
+  host_positions_.resize(static_cast<size_t>(B) * T);
+  host_key_begin_.resize(static_cast<size_t>(B) * T);
+  for (int b = 0; b < B; ++b)
+    ltor_layout(host_ids_.data() + b * T, T, d, host_positions_.data() + b * T,
+                host_key_begin_.data() + b * T, nullptr);
+  model_.set_documents(a, d.reset_position_ids ? host_positions_.data() : nullptr,
+                       d.reset_attention_mask ? host_key_begin_.data() : nullptr);
+}
+
 // Inputs and targets of micro-batch `micro`, staged on the host and copied to the backend.
 void StepExecutor::stage_micro_batch(int micro, Activations& a) {
   // T: this rank's tokens of each sample (all of them without context parallelism).
@@ -185,6 +205,7 @@ void StepExecutor::stage_micro_batch(int micro, Activations& a) {
     std::memcpy(host_ids_.data() + b * T, sample, sizeof(int32_t) * T);
     std::memcpy(host_targets_.data() + b * T, sample + 1, sizeof(int32_t) * T);
   }
+  stage_documents(a);
   if (model_.embeds(a)) be_.copy_from_host(a.ids, host_ids_.data());
   if (model_.ends_in_head(a)) be_.copy_from_host(a.targets, host_targets_.data());
 }

@@ -71,6 +71,7 @@ class StepExecutor {
   // The activation slot of micro-batch `micro` of model chunk `chunk`.
   Activations& slot(int chunk, int micro);
   void stage_micro_batch(int micro, Activations& a);
+  void stage_documents(Activations& a);
   void forward_micro(int micro, Activations& a, float grad_scale, StepStats& st);
   void backward_micro(int micro, Activations& a, StepStats& st);
   double sum_micro_losses();
@@ -92,7 +93,8 @@ class StepExecutor {
   float moe_loss_scale_ = 1;    // this pass's weight of each micro-batch's MoE losses
   std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
   std::string read_error_;      // why this rank's samples could not be read, or empty
-  std::vector<int32_t> host_ids_, host_targets_;  // one micro-batch, staged for the backend
+  std::vector<int32_t> host_ids_, host_targets_;          // one micro-batch, staged for the backend
+  std::vector<int32_t> host_positions_, host_key_begin_;  // its documents (sample_layout.hpp)
   Tensor micro_losses_;  // last stage: (micro-batches x B*T) token losses of a step
   std::vector<float> host_losses_;
   std::unique_ptr<Prefetcher> prefetch_;

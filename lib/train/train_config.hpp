@@ -10,6 +10,7 @@
 #include "core/dtype.hpp"
 #include "model/fp8_config.hpp"
 #include "model/recompute.hpp"
+#include "train/sample_layout.hpp"
 
 namespace tessera {
 
@@ -51,6 +52,9 @@ struct TrainConfig {
   // Set by resolved(): the steps over which the weight decay changes, the run's length in the
   // schedule's unit (iterations; samples under a ramp).
   int64_t weight_decay_incr_iters = 0;
+  // Documents inside a sample: Megatron's --reset-position-ids, --reset-attention-mask,
+  // --eod-mask-loss (train/sample_layout.hpp); eod set when the data opens.
+  LtorOptions documents;
   double clip_grad = 1.0;  // 0: no clipping
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   uint64_t seed = 1234;

@@ -128,15 +128,16 @@ class SimDeviceBackend final : public Backend {
   }
   void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
                          const AttentionDropout* drop, int64_t kv_heads,
-                         const AttentionAlibi* alibi) override {
+                         const AttentionAlibi* alibi, const AttentionDocuments* docs) override {
     Open open;
-    cpu_->attention_forward(out, lse, qkv, heads, drop, kv_heads, alibi);
+    cpu_->attention_forward(out, lse, qkv, heads, drop, kv_heads, alibi, docs);
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads, const AttentionDropout* drop,
-                          int64_t kv_heads, const AttentionAlibi* alibi) override {
+                          int64_t kv_heads, const AttentionAlibi* alibi,
+                          const AttentionDocuments* docs) override {
     Open open;
-    cpu_->attention_backward(dqkv, dout, qkv, out, lse, heads, drop, kv_heads, alibi);
+    cpu_->attention_backward(dqkv, dout, qkv, out, lse, heads, drop, kv_heads, alibi, docs);
   }
   void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,
                           const RingBlock& blk) override {

@@ -82,7 +82,14 @@ void rotate(Vec& x, int off, int rot, const GPTConfig& c, int t) {
 }  // namespace
 
 double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vector<int>& ids,
-                      const std::vector<int>& targets, int B, int T) {
+                      const std::vector<int>& targets, int B, int T, const RefDocuments* docs) {
+  // The position of token t of sample b, and the first key it sees.
+  auto pos = [&](int b, int t) {
+    return docs && !docs->positions.empty() ? docs->positions[b * T + t] : t;
+  };
+  auto first_key = [&](int b, int t) {
+    return docs && !docs->key_begin.empty() ? docs->key_begin[b * T + t] : 0;
+  };
   const int C = cfg.hidden_size, H = cfg.num_attention_heads, F = cfg.ffn();
   const int hd = cfg.kv_channels > 0 ? cfg.kv_channels : C / H, D = H * hd;  // D: attention width
   const int G = cfg.group_query_attention ? cfg.num_query_groups : H;
@@ -117,7 +124,7 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t)
       for (int c = 0; c < C; ++c)
-        x[b][t][c] = wte[ids[b * T + t] * C + c] + (wpe ? (*wpe)[t * C + c] : 0.0);
+        x[b][t][c] = wte[ids[b * T + t] * C + c] + (wpe ? (*wpe)[pos(b, t) * C + c] : 0.0);
   for (int l = 0; l < cfg.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     for (int b = 0; b < B; ++b) {
@@ -140,8 +147,8 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
           v[t] = Vec(qkv.begin() + 2 * D, qkv.end());
         }
         if (rope) {
-          for (int hh = 0; hh < H; ++hh) rotate(q[t], hh * hd, rot, cfg, t);
-          for (int g = 0; g < G; ++g) rotate(k[t], g * hd, rot, cfg, t);
+          for (int hh = 0; hh < H; ++hh) rotate(q[t], hh * hd, rot, cfg, pos(b, t));
+          for (int g = 0; g < G; ++g) rotate(k[t], g * hd, rot, cfg, pos(b, t));
         }
       }
       for (int t = 0; t < T; ++t) {
@@ -150,7 +157,8 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
           const int g = hh / (H / G);
           std::vector<double> s(T, 0.0);
           double m = -1e300;
-          for (int u = 0; u <= t; ++u) {
+          const int u0 = first_key(b, t);
+          for (int u = u0; u <= t; ++u) {
             double d = 0;
             for (int e = 0; e < hd; ++e) d += q[t][hh * hd + e] * k[u][g * hd + e];
             s[u] = d / std::sqrt(static_cast<double>(hd));
@@ -158,13 +166,13 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
               const int p2 = 1 << static_cast<int>(std::floor(std::log2(H)));
               const double slope = hh < p2 ? std::pow(2.0, -8.0 * (hh + 1) / p2)
                                            : std::pow(2.0, -8.0 * (2 * (hh - p2) + 1) / (2 * p2));
-              s[u] += slope * (u - t);
+              s[u] += slope * (pos(b, u) - pos(b, t));
             }
             m = std::max(m, s[u]);
           }
           double z = 0;
-          for (int u = 0; u <= t; ++u) z += std::exp(s[u] - m);
-          for (int u = 0; u <= t; ++u)
+          for (int u = u0; u <= t; ++u) z += std::exp(s[u] - m);
+          for (int u = u0; u <= t; ++u)
             for (int e = 0; e < hd; ++e)
               att[hh * hd + e] += std::exp(s[u] - m) / z * v[u][g * hd + e];
         }

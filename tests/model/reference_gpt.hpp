@@ -15,9 +15,17 @@ namespace tessera::testing {
 // (hd = kv_channels, else C / H).
 using RefParams = std::map<std::string, std::vector<double>>;
 
+// Documents inside the samples, (B,T) each; an empty table is off. positions: each token's
+// position id (the position embedding's row, RoPE's angle, ALiBi's distance); key_begin: the
+// first key each token attends to.
+struct RefDocuments {
+  std::vector<int> positions, key_begin;
+};
+
 // Mean cross-entropy over all positions with target >= 0, plus with MoE layers their
 // load-balancing and z losses over the B*T tokens as one micro-batch. ids, targets are (B,T).
 double reference_loss(const GPTConfig& cfg, const RefParams& p, const std::vector<int>& ids,
-                      const std::vector<int>& targets, int B, int T);
+                      const std::vector<int>& targets, int B, int T,
+                      const RefDocuments* docs = nullptr);
 
 }  // namespace tessera::testing

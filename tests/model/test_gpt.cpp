@@ -12,6 +12,7 @@
 #include "reference_gpt.hpp"
 
 using namespace tessera;
+using tessera::testing::RefDocuments;
 using tessera::testing::reference_loss;
 using tessera::testing::RefParams;
 
@@ -200,7 +201,31 @@ GPTConfig moe_config(int variant) {
   return c;
 }
 
-double model_loss(const GPTConfig& cfg, double* ref_out) {
+// Documents inside the samples: end-of-document tokens (id kEod) at 1 and 4 of sample 0 and at 3
+// and 6 (the last) of sample 1, and the tables Megatron's rules give for them, written out here
+// by hand: positions restart after each EOD, keys start at the token after the last EOD before.
+constexpr int kEod = 13;
+struct DocCase {
+  bool positions = false, mask = false;
+};
+void add_documents(Batch& batch, const DocCase& c, RefDocuments& d) {
+  for (int i : {1, 4, 7 + 3, 7 + 6}) batch.ids[i] = kEod;
+  for (size_t i = 0; i < batch.ids.size(); ++i)
+    if (batch.ids[i] == kEod && (i != 1 && i != 4 && i != 10 && i != 13)) batch.ids[i] = 14;
+  const std::vector<int> pos = {0, 1, 0, 1, 2, 0, 1, /**/ 0, 1, 2, 3, 0, 1, 2};
+  const std::vector<int> key = {0, 0, 2, 2, 2, 5, 5, /**/ 0, 0, 0, 0, 4, 4, 4};
+  d.positions = c.positions ? pos : std::vector<int>{};
+  d.key_begin = c.mask ? key : std::vector<int>{};
+}
+void set_model_documents(GPTModel& model, Activations& a, const RefDocuments& d) {
+  static std::vector<int32_t> pos, key;
+  pos.assign(d.positions.begin(), d.positions.end());
+  key.assign(d.key_begin.begin(), d.key_begin.end());
+  model.set_documents(a, pos.empty() ? nullptr : pos.data(), key.empty() ? nullptr : key.data());
+}
+
+double model_loss(const GPTConfig& cfg, double* ref_out, const DocCase* docs = nullptr,
+                  double* ref_plain = nullptr) {
   auto be = make_cpu_backend();
   LocalCommunicator tp;
   GPTModel model(cfg, whole(cfg), *be, tp);
@@ -209,24 +234,32 @@ double model_loss(const GPTConfig& cfg, double* ref_out) {
   const int B = 2, T = 7;
   Batch batch = random_batch(B, T, 50, 11);
   batch.targets[3] = -1;  // a position without loss
+  RefDocuments d;
+  if (docs) add_documents(batch, *docs, d);
   Activations a = model.make_activations(B, T);
   load(a, batch);
+  if (docs) set_model_documents(model, a, d);
   const double loss = model.forward(a, 1.0f / (B * T - 1)) / (B * T - 1);
-  *ref_out = reference_loss(cfg, to_reference(model), batch.ids, batch.targets, B, T);
+  *ref_out = reference_loss(cfg, to_reference(model), batch.ids, batch.targets, B, T, &d);
+  if (ref_plain)
+    *ref_plain = reference_loss(cfg, to_reference(model), batch.ids, batch.targets, B, T);
   return loss;
 }
 
 // Every parameter's gradient, at 6 elements each, against central differences of the reference.
-void check_gradients(const GPTConfig& cfg) {
+void check_gradients(const GPTConfig& cfg, const DocCase* docs = nullptr) {
   auto be = make_cpu_backend();
   LocalCommunicator tp;
   GPTModel model(cfg, whole(cfg), *be, tp);
   model.init_parameters(5);
   perturb(model, 9);
   const int B = 2, T = 7, N = B * T;
-  const Batch batch = random_batch(B, T, 50, 21);
+  Batch batch = random_batch(B, T, 50, 21);
+  RefDocuments d;
+  if (docs) add_documents(batch, *docs, d);
   Activations a = model.make_activations(B, T);
   load(a, batch);
+  if (docs) set_model_documents(model, a, d);
   model.zero_grads();
   model.forward(a, 1.0f / N);
   model.backward(a);
@@ -252,9 +285,9 @@ void check_gradients(const GPTConfig& cfg) {
       std::vector<double>& p = ref[s.name];
       const double orig = p[i], eps = 1e-5;
       p[i] = orig + eps;
-      const double lp = reference_loss(cfg, ref, batch.ids, batch.targets, B, T);
+      const double lp = reference_loss(cfg, ref, batch.ids, batch.targets, B, T, &d);
       p[i] = orig - eps;
-      const double lm = reference_loss(cfg, ref, batch.ids, batch.targets, B, T);
+      const double lm = reference_loss(cfg, ref, batch.ids, batch.targets, B, T, &d);
       p[i] = orig;
       const double fd = padding ? 0.0 : (lp - lm) / (2 * eps);
       const double got = gr.f32()[i];
@@ -279,6 +312,33 @@ TEST(GPT, LossMatchesIndependentReference) {
 
 TEST(GPT, WholeModelGradientsMatchFiniteDifferences) {
   check_gradients(tiny_config());
+}
+
+// Megatron's --reset-position-ids and --reset-attention-mask (model/documents.cpp) against the
+// reference given the documents' tables: learned positions, RoPE (also scaled), no position
+// embedding and ALiBi, each option alone and both; the loss and every parameter's gradient.
+TEST(GPT, DocumentsMatchTheIndependentReference) {
+  const std::vector<DocCase> cases = {{true, false}, {false, true}, {true, true}};
+  std::vector<GPTConfig> configs = {tiny_config()};
+  for (int v = 0; v < 5; ++v) configs.push_back(llama_config(v));
+  for (size_t k = 0; k < configs.size(); ++k)
+    for (const DocCase& c : cases) {
+      SCOPED_TRACE("config " + std::to_string(k) + " positions " + std::to_string(c.positions) +
+                   " mask " + std::to_string(c.mask));
+      const bool positional = configs[k].position_embedding_type != "none";
+      if (!positional && !c.mask) continue;  // nothing reads the positions
+      double ref = 0, plain = 0;
+      const double loss = model_loss(configs[k], &ref, &c, &plain);
+      EXPECT_GT(ref, 1.0);
+      EXPECT_NEAR(loss, ref, 1e-5 * ref);
+      EXPECT_GT(std::fabs(ref - plain), 1e-6) << "the documents changed nothing";
+    }
+  const DocCase both{true, true};
+  check_gradients(tiny_config(), &both);
+  for (int v : {0, 4}) {  // RoPE with grouped-query attention; ALiBi
+    SCOPED_TRACE("variant " + std::to_string(v));
+    check_gradients(llama_config(v), &both);
+  }
 }
 
 TEST(GPT, LlamaFamilyLossMatchesIndependentReference) {

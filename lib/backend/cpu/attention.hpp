@@ -16,6 +16,14 @@ namespace tessera::cpu {
 
 constexpr int64_t kAttnBlockRows = 64;
 
+// ALiBi's bias of query row i and key row j of the sample whose rows start at `row0`: distance
+// by the position ids when the documents restart them, by the index otherwise.
+inline float alibi_bias(const AttentionAlibi& a, int64_t h, int64_t i, int64_t j,
+                        const int32_t* positions, int64_t row0) {
+  return positions ? a.slope(h) * static_cast<float>(positions[row0 + j] - positions[row0 + i])
+                   : a.bias(h, i, j);
+}
+
 // Scratch of one thread: two blocks of score rows and one dropout mask row.
 inline int64_t attention_thread_scratch(int64_t Tn) {
   return (2 * kAttnBlockRows + 1) * Tn;
@@ -30,10 +38,13 @@ inline int64_t attention_scratch_elems(int64_t Tn) {
 // value head h / (NH/G) (grouped-query attention). With `drop`, the probabilities are dropped
 // (core/dropout.hpp) after the softmax and before they weigh the values; lse stays that of the
 // softmax. With `alibi`, slope_h * (j - i) is added to each scaled score (lse includes it).
+// Documents (core/documents.hpp; (B,T) tables, either may be null): row t of sample b sees keys
+// key_begin[b*Tn+t] .. t only, and ALiBi's distance is positions[j] - positions[t].
 template <typename T>
 void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t hd,
                        T* scratch, const AttentionDropout* drop = nullptr, int64_t NKV = 0,
-                       const AttentionAlibi* alibi = nullptr) {
+                       const AttentionAlibi* alibi = nullptr, const int32_t* key_begin = nullptr,
+                       const int32_t* positions = nullptr) {
   const int64_t G = NKV > 0 ? NKV : NH, C = NH * hd, C3 = (NH + 2 * G) * hd;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hd)));
 #pragma omp parallel for schedule(dynamic, 1)
@@ -49,18 +60,20 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int6
       gemm(false, true, rows, cols, hd, scale, q + t0 * C3, C3, k, C3, T(0), S, cols);
       for (int64_t i = 0; i < rows; ++i) {
         T* s = S + i * cols;
-        const int64_t t = t0 + i;
+        const int64_t t = t0 + i, kb = key_begin ? key_begin[b * Tn + t] : 0;
         if (alibi)
-          for (int64_t j = 0; j <= t; ++j) s[j] += static_cast<T>(alibi->bias(h, t, j));
+          for (int64_t j = kb; j <= t; ++j)
+            s[j] += static_cast<T>(alibi_bias(*alibi, h, t, j, positions, b * Tn));
         T m = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j <= t; ++j) m = s[j] > m ? s[j] : m;
+        for (int64_t j = kb; j <= t; ++j) m = s[j] > m ? s[j] : m;
         T sum = 0;
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = kb; j <= t; ++j) {
           s[j] = std::exp(s[j] - m);
           sum += s[j];
         }
         const T inv = T(1) / sum;
-        for (int64_t j = 0; j <= t; ++j) s[j] *= inv;
+        for (int64_t j = 0; j < kb; ++j) s[j] = 0;
+        for (int64_t j = kb; j <= t; ++j) s[j] *= inv;
         for (int64_t j = t + 1; j < cols; ++j) s[j] = 0;
         lse[(b * NH + h) * Tn + t] = m + std::log(sum);
         if (drop) {  // the mask row into this thread's mask scratch
@@ -84,7 +97,8 @@ template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t B,
                         int64_t Tn, int64_t NH, int64_t hd, T* scratch,
                         const AttentionDropout* drop = nullptr, int64_t NKV = 0,
-                        const AttentionAlibi* alibi = nullptr) {
+                        const AttentionAlibi* alibi = nullptr, const int32_t* key_begin = nullptr,
+                        const int32_t* positions = nullptr) {
   const int64_t G = NKV > 0 ? NKV : NH, C = NH * hd, C3 = (NH + 2 * G) * hd, R = NH / G;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hd)));
 #pragma omp parallel for schedule(dynamic, 1)
@@ -111,7 +125,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
         gemm(false, true, rows, cols, hd, scale, q + t0 * C3, C3, k, C3, T(0), P, cols);
         gemm(false, true, rows, cols, hd, T(1), dO + t0 * C, C, v, C3, T(0), dP, cols);
         for (int64_t i = 0; i < rows; ++i) {
-          const int64_t t = t0 + i;
+          const int64_t t = t0 + i, kb = key_begin ? key_begin[b * Tn + t] : 0;
           T Dt = 0;  // rowsum(dO * O)
           for (int64_t d = 0; d < hd; ++d) Dt += dO[t * C + d] * o[t * C + d];
           T* p = P + i * cols;
@@ -120,8 +134,10 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
             dropout_mask(mrow, drop->spec, drop->spec.sample_begin + b, drop->element(h, t, 0, Tn),
                          t + 1);
           if (alibi)
-            for (int64_t j = 0; j <= t; ++j) p[j] += static_cast<T>(alibi->bias(h, t, j));
-          for (int64_t j = 0; j <= t; ++j) {
+            for (int64_t j = kb; j <= t; ++j)
+              p[j] += static_cast<T>(alibi_bias(*alibi, h, t, j, positions, b * Tn));
+          for (int64_t j = 0; j < kb; ++j) p[j] = dp[j] = 0;
+          for (int64_t j = kb; j <= t; ++j) {
             p[j] = std::exp(p[j] - L[t]);
             if (drop) {
               const T mul = mrow[j];

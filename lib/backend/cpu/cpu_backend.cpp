@@ -92,6 +92,22 @@ const int32_t* ids_of(const Tensor& t, const char* what) {
   return t.i32();
 }
 
+// The document tables of an attention call of `rows` rows, as host pointers (null when absent).
+struct DocTables {
+  const int32_t* key_begin = nullptr;
+  const int32_t* positions = nullptr;
+};
+DocTables doc_tables(const AttentionDocuments* docs, int64_t rows) {
+  DocTables t;
+  if (!docs) return t;
+  for (const Tensor* x : {docs->key_begin, docs->positions})
+    TESSERA_CHECK(!x || x->numel() == rows, "attention documents: a table of ", x->numel(),
+                  " rows for ", rows, " query rows");
+  if (docs->key_begin) t.key_begin = ids_of(*docs->key_begin, "the documents' key_begin");
+  if (docs->positions) t.positions = ids_of(*docs->positions, "the documents' positions");
+  return t;
+}
+
 // fp8(t * scale) / scale of a host tensor, in an f32 copy (op.scale: a (1) f32 host tensor).
 std::vector<float> dequantized(const Tensor& t, const Backend::Fp8Operand& op) {
   TESSERA_CHECK(op.scale && op.scale->numel() == 1 && op.scale->dtype() == DType::F32 &&
@@ -327,7 +343,7 @@ class CpuBackend final : public Backend {
 
   void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
                          const AttentionDropout* drop, int64_t kv_heads,
-                         const AttentionAlibi* alibi) override {
+                         const AttentionAlibi* alibi, const AttentionDocuments* docs) override {
     const int64_t G = kv_heads > 0 ? kv_heads : heads;
     TESSERA_CHECK(qkv.ndim() == 3 && heads % G == 0 && qkv.dim(2) % (heads + 2 * G) == 0,
                   "attention qkv shape ", shape_str(qkv.shape()), " for ", heads, " heads and ", G,
@@ -339,12 +355,14 @@ class CpuBackend final : public Backend {
     TESSERA_F32_OUT(l, lse);
     TESSERA_F32_IN(q, qkv);
     check_alibi_heads(alibi, heads);
+    const DocTables dt = doc_tables(docs, B * T);
     cpu::attention_forward(o.get(), l.get(), q.get(), B, T, heads, hd, scratch(T), live(drop), G,
-                           alibi);
+                           alibi, dt.key_begin, dt.positions);
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads, const AttentionDropout* drop,
-                          int64_t kv_heads, const AttentionAlibi* alibi) override {
+                          int64_t kv_heads, const AttentionAlibi* alibi,
+                          const AttentionDocuments* docs) override {
     const int64_t G = kv_heads > 0 ? kv_heads : heads;
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
     TESSERA_CHECK(dqkv.numel() == qkv.numel() && dout.numel() == out.numel(),
@@ -355,8 +373,9 @@ class CpuBackend final : public Backend {
     TESSERA_F32_IN(o, out);
     TESSERA_F32_IN(l, lse);
     check_alibi_heads(alibi, heads);
+    const DocTables dt = doc_tables(docs, B * T);
     cpu::attention_backward(dq.get(), d.get(), q.get(), o.get(), l.get(), B, T, heads, hd,
-                            scratch(T), live(drop), G, alibi);
+                            scratch(T), live(drop), G, alibi, dt.key_begin, dt.positions);
   }
 
   void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,

@@ -98,6 +98,15 @@ class CublasHandle {
 
 // The key/value head count of an attention call (0 means `heads`), after checking that qkv
 // (B, T, (heads + 2G) hd) fits it.
+// Documents inside a sample (--reset-attention-mask, --reset-position-ids with ALiBi): the CPU
+// backend's attention has them; the CUDA kernels do not yet (the options refuse --device cuda).
+void refuse_documents(const AttentionDocuments* docs) {
+  if (docs && docs->active())
+    throw ConfigError(
+        "--reset-attention-mask / --reset-position-ids with ALiBi: the CUDA attention kernels do "
+        "not take document masks yet (give --device cpu)");
+}
+
 int64_t check_attention_shape(const Tensor& qkv, int64_t heads, int64_t kv_heads) {
   const int64_t G = kv_heads > 0 ? kv_heads : heads;
   TESSERA_CHECK(heads > 0 && heads % G == 0 && qkv.ndim() == 3 && qkv.dim(2) % (heads + 2 * G) == 0,
@@ -341,9 +350,10 @@ class CudaBackend final : public Backend {
   }
   void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
                          const AttentionDropout* drop, int64_t kv_heads,
-                         const AttentionAlibi* alibi) override {
+                         const AttentionAlibi* alibi, const AttentionDocuments* docs) override {
     const int64_t G = check_attention_shape(qkv, heads, kv_heads);
     check_alibi_heads(alibi, heads);
+    refuse_documents(docs);
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
     TESSERA_CHECK(out.numel() == B * T * heads * hd && lse.numel() == B * heads * T,
                   "attention output shapes");
@@ -360,9 +370,11 @@ class CudaBackend final : public Backend {
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads, const AttentionDropout* drop,
-                          int64_t kv_heads, const AttentionAlibi* alibi) override {
+                          int64_t kv_heads, const AttentionAlibi* alibi,
+                          const AttentionDocuments* docs) override {
     const int64_t G = check_attention_shape(qkv, heads, kv_heads);
     check_alibi_heads(alibi, heads);
+    refuse_documents(docs);
     TESSERA_CHECK(
         dqkv.numel() == qkv.numel() && dout.numel() == out.numel() &&
             out.numel() == qkv.dim(0) * qkv.dim(1) * heads * (qkv.dim(2) / (heads + 2 * G)),

@@ -10,6 +10,7 @@ std::unique_ptr<OptionGroup> make_parallelism_options();  // parallelism.cpp
 std::unique_ptr<OptionGroup> make_training_options();     // training.cpp
 std::unique_ptr<OptionGroup> make_memory_options();       // memory.cpp
 std::unique_ptr<OptionGroup> make_data_options();         // data.cpp
+std::unique_ptr<OptionGroup> make_document_options();     // documents.cpp
 std::unique_ptr<OptionGroup> make_checkpoint_options();   // checkpoint.cpp
 std::unique_ptr<OptionGroup> make_validation_options();   // validation.cpp
 std::unique_ptr<OptionGroup> make_logging_options();      // logging.cpp
@@ -25,6 +26,7 @@ std::vector<std::unique_ptr<OptionGroup>> make_option_groups() {
   groups.push_back(make_training_options());
   groups.push_back(make_memory_options());
   groups.push_back(make_data_options());
+  groups.push_back(make_document_options());
   groups.push_back(make_checkpoint_options());
   groups.push_back(make_validation_options());
   groups.push_back(make_logging_options());

@@ -1,0 +1,73 @@
+// documents.cpp: documents inside a sample (train/sample_layout.hpp; docs/data.md, "Documents
+// inside a sample"): Megatron's --reset-position-ids, --reset-attention-mask and --eod-mask-loss,
+// their checks and the --dry-run line.
+#include <ostream>
+#include <string>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "train/options.hpp"
+#include "train/options/option_group.hpp"
+
+namespace tessera {
+
+namespace {
+
+class DocumentOptions : public OptionGroup {
+ public:
+  void add(OptionParser& p, RunOptions& o) override {
+    LtorOptions& d = o.train.documents;
+    p.group("Documents inside a sample")
+        .add_options()("reset-position-ids", po::bool_switch(&d.reset_position_ids),
+                       "positions restart at 0 after every end-of-document token of a sample "
+                       "(RoPE, ALiBi and learned position embeddings take them)")(
+            "reset-attention-mask", po::bool_switch(&d.reset_attention_mask),
+            "a token never attends to a token at or before an earlier end-of-document token of "
+            "its sample")("eod-mask-loss", po::bool_switch(&d.eod_mask_loss),
+                          "the positions whose input token is the end-of-document token carry "
+                          "no loss");
+  }
+
+  void resolve(const OptionParser&, RunOptions& o, StartupNotes&) override {
+    if (o.train.documents.active() && o.mock_data)
+      throw ConfigError(
+          std::string(names(o.train.documents)) +
+          " needs --data-path: mock data has no end-of-document tokens (give shards made by "
+          "tessera-preprocess)");
+  }
+
+  // The backend and the context-parallel size are final here.
+  void resolve_late(const OptionParser&, RunOptions& o, StartupNotes&) override {
+    const std::string problem =
+        documents_problem(o.train.documents, o.cp, o.device, o.model.alibi());
+    if (!problem.empty()) throw ConfigError(problem);
+  }
+
+  void dry_run(DryRunSection s, const DryRunContext& dc, std::ostream& out) const override {
+    if (s != DryRunSection::Setup || !dc.o.train.documents.active()) return;
+    out << "documents inside a sample: " << names(dc.o.train.documents)
+        << " (at each end-of-document token of the data)\n";
+  }
+
+ private:
+  static std::string names(const LtorOptions& d) {
+    std::string s;
+    auto add = [&](bool on, const char* n) {
+      if (!on) return;
+      if (!s.empty()) s += ", ";
+      s += n;
+    };
+    add(d.reset_position_ids, "--reset-position-ids");
+    add(d.reset_attention_mask, "--reset-attention-mask");
+    add(d.eod_mask_loss, "--eod-mask-loss");
+    return s;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<OptionGroup> make_document_options() {
+  return std::make_unique<DocumentOptions>();
+}
+
+}  // namespace tessera
