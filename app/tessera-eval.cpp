@@ -35,6 +35,13 @@ class FirstSamples final : public TokenDataset {
     else
       std::fill(out, out + d_.seq_length() + 1, -1);
   }
+  bool has_loss_mask() const override { return d_.has_loss_mask(); }
+  void get_loss_mask(int64_t i, uint8_t* out) const override {
+    if (i < n_)
+      d_.get_loss_mask(i, out);
+    else
+      std::fill(out, out + d_.seq_length() + 1, uint8_t(0));
+  }
 
  private:
   const TokenDataset& d_;

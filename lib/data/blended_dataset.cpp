@@ -295,6 +295,17 @@ void BlendedDataset::get(int64_t index, int32_t* out) const {
   datasets_[e.dataset]->get(e.sample, out);
 }
 
+bool BlendedDataset::has_loss_mask() const {
+  for (const auto& d : datasets_)
+    if (d->has_loss_mask()) return true;
+  return false;
+}
+
+void BlendedDataset::get_loss_mask(int64_t index, uint8_t* out) const {
+  const BlendIndex::Entry e = index_.at(index);
+  datasets_[e.dataset]->get_loss_mask(e.sample, out);
+}
+
 int64_t megatron_dataset_size(double weight, int64_t samples) {
   return static_cast<int64_t>(std::ceil(weight * static_cast<double>(samples) * 1.005));
 }

@@ -76,6 +76,9 @@ class BlendedDataset final : public TokenDataset {
   // One epoch of every dataset (what --full-validation evaluates).
   int64_t num_samples() const override;
   void get(int64_t index, int32_t* out) const override;
+  // Any dataset's masks; a dataset without them gives all 1 (blends may mix both).
+  bool has_loss_mask() const override;
+  void get_loss_mask(int64_t index, uint8_t* out) const override;
 
   BlendIndex::Entry locate(int64_t index) const { return index_.at(index); }
   const BlendIndex& index() const { return index_; }

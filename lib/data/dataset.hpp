@@ -20,6 +20,14 @@ class TokenDataset {
   // Writes seq_length()+1 tokens of sample `index` (0 <= index, any value: epochs are handled
   // here).
   virtual void get(int64_t index, int32_t* out) const = 0;
+  // Whether the data has loss masks (shards with /loss_mask); without them every token counts.
+  virtual bool has_loss_mask() const { return false; }
+  // The loss mask of sample `index`'s seq_length()+1 tokens: 1 = the token is a target whose
+  // loss counts, 0 = not (the first token is never a target). All 1 without masks.
+  virtual void get_loss_mask(int64_t index, uint8_t* out) const {
+    (void)index;
+    for (int i = 0; i <= seq_length(); ++i) out[i] = 1;
+  }
 };
 
 // Synthetic data from a random order-1 Markov chain: each token has four successors drawn from the

@@ -27,6 +27,7 @@ ShardedCorpus::ShardedCorpus(const std::string& prefix) : prefix_(prefix) {
     for (size_t i = 1; i < offs.size(); ++i)
       doc_start_.push_back(base + static_cast<int64_t>(offs[i]));
     shard_start_.push_back(base + r->num_tokens());
+    has_loss_mask_ = has_loss_mask_ || r->has_loss_mask();
     shards_.push_back(std::move(r));
   }
 }
@@ -36,20 +37,38 @@ int64_t ShardedCorpus::doc_of(int64_t token) const {
   return std::upper_bound(doc_start_.begin(), doc_start_.end(), token) - doc_start_.begin() - 1;
 }
 
-void ShardedCorpus::read(int64_t begin, int64_t count, int32_t* out) const {
-  TESSERA_CHECK(begin >= 0 && begin + count <= num_tokens(), "corpus read past the end");
+namespace {
+
+// Reads corpus elements [begin, begin + count) shard by shard: read(shard, local begin, n, out).
+template <typename T, typename Read>
+void read_across(const std::vector<int64_t>& shard_start, int64_t begin, int64_t count, T* out,
+                 Read read) {
   // The shard holding `begin`: the last start at or before it.
   size_t s =
-      std::upper_bound(shard_start_.begin(), shard_start_.end(), begin) - shard_start_.begin() - 1;
+      std::upper_bound(shard_start.begin(), shard_start.end(), begin) - shard_start.begin() - 1;
   while (count > 0) {
-    const int64_t local = begin - shard_start_[s];
-    const int64_t n = std::min(count, shard_start_[s + 1] - begin);
-    shards_[s]->read(local, n, out);
+    const int64_t n = std::min(count, shard_start[s + 1] - begin);
+    read(s, begin - shard_start[s], n, out);
     out += n;
     begin += n;
     count -= n;
     ++s;
   }
+}
+
+}  // namespace
+
+void ShardedCorpus::read(int64_t begin, int64_t count, int32_t* out) const {
+  TESSERA_CHECK(begin >= 0 && begin + count <= num_tokens(), "corpus read past the end");
+  read_across(shard_start_, begin, count, out,
+              [this](size_t s, int64_t b, int64_t n, int32_t* o) { shards_[s]->read(b, n, o); });
+}
+
+void ShardedCorpus::read_loss_mask(int64_t begin, int64_t count, uint8_t* out) const {
+  TESSERA_CHECK(begin >= 0 && begin + count <= num_tokens(), "corpus mask read past the end");
+  read_across(shard_start_, begin, count, out, [this](size_t s, int64_t b, int64_t n, uint8_t* o) {
+    shards_[s]->read_loss_mask(b, n, o);
+  });
 }
 
 const char* split_name(Split s) {
@@ -139,6 +158,11 @@ std::pair<int64_t, int64_t> GPTDataset::documents_of(int64_t index) const {
 void GPTDataset::get(int64_t index, int32_t* out) const {
   const int64_t w = window_of(index);
   corpus_->read(token_begin_ + w * seq_, seq_ + 1, out);
+}
+
+void GPTDataset::get_loss_mask(int64_t index, uint8_t* out) const {
+  const int64_t w = window_of(index);
+  corpus_->read_loss_mask(token_begin_ + w * seq_, seq_ + 1, out);
 }
 
 }  // namespace tessera

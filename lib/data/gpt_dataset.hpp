@@ -31,6 +31,10 @@ class ShardedCorpus {
   int64_t doc_of(int64_t token) const;
   // Reads corpus tokens [begin, begin + count), across shard boundaries.
   void read(int64_t begin, int64_t count, int32_t* out) const;
+  // Whether a shard has /loss_mask, and the mask of corpus tokens [begin, begin + count) (1 where
+  // a shard has none).
+  bool has_loss_mask() const { return has_loss_mask_; }
+  void read_loss_mask(int64_t begin, int64_t count, uint8_t* out) const;
   const std::string& prefix() const { return prefix_; }
 
  private:
@@ -39,6 +43,7 @@ class ShardedCorpus {
   std::vector<int64_t> shard_start_;  // global token offset of each shard, plus the end
   std::vector<int64_t> doc_start_;
   ShardMeta meta_;
+  bool has_loss_mask_ = false;
 };
 
 enum class Split { Train = 0, Valid = 1, Test = 2 };
@@ -57,6 +62,8 @@ class GPTDataset final : public TokenDataset {
   int seq_length() const override { return seq_; }
   int64_t num_samples() const override { return samples_per_epoch_; }  // per epoch
   void get(int64_t index, int32_t* out) const override;
+  bool has_loss_mask() const override { return corpus_->has_loss_mask(); }
+  void get_loss_mask(int64_t index, uint8_t* out) const override;
   int64_t num_docs() const { return doc_end_ - doc_begin_; }
   int64_t doc_begin() const { return doc_begin_; }
   int64_t doc_end() const { return doc_end_; }

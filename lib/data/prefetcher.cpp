@@ -12,7 +12,8 @@ Prefetcher::Prefetcher(const TokenDataset& data, int64_t count)
     : data_(data),
       count_(count),
       stride_(data.seq_length() + 1),
-      buffer_(static_cast<size_t>(count * (data.seq_length() + 1))) {
+      buffer_(static_cast<size_t>(count * (data.seq_length() + 1))),
+      mask_buffer_(data.has_loss_mask() ? buffer_.size() : 0) {
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -25,8 +26,11 @@ Prefetcher::~Prefetcher() {
   thread_.join();
 }
 
-void Prefetcher::read(int64_t first, int32_t* out) const {
-  for (int64_t i = 0; i < count_; ++i) data_.get(first + i, out + i * stride_);
+void Prefetcher::read(int64_t first, int32_t* out, uint8_t* mask) const {
+  for (int64_t i = 0; i < count_; ++i) {
+    data_.get(first + i, out + i * stride_);
+    if (mask) data_.get_loss_mask(first + i, mask + i * stride_);
+  }
 }
 
 void Prefetcher::worker() {
@@ -39,7 +43,7 @@ void Prefetcher::worker() {
     lock.unlock();
     std::exception_ptr err;
     try {
-      read(first, buffer_.data());
+      read(first, buffer_.data(), mask_buffer_.empty() ? nullptr : mask_buffer_.data());
     } catch (...) {
       err = std::current_exception();
     }
@@ -51,7 +55,8 @@ void Prefetcher::worker() {
   }
 }
 
-void Prefetcher::fetch(int64_t first, int32_t* out, int64_t next_first) {
+void Prefetcher::fetch(int64_t first, int32_t* out, int64_t next_first, uint8_t* mask) {
+  if (mask_buffer_.empty()) mask = nullptr;
   Timer t;
   std::unique_lock<std::mutex> lock(mu_);
   if (want_ == first) {  // requested earlier: wait for the background read to complete
@@ -61,10 +66,11 @@ void Prefetcher::fetch(int64_t first, int32_t* out, int64_t next_first) {
       std::rethrow_exception(std::exchange(error_, nullptr));
     }
     std::memcpy(out, buffer_.data(), buffer_.size() * sizeof(int32_t));
+    if (mask) std::memcpy(mask, mask_buffer_.data(), mask_buffer_.size());
   } else {
     cv_.wait(lock, [this] { return !busy_; });  // the buffer is ours to reuse after this
     lock.unlock();
-    read(first, out);
+    read(first, out, mask);
     lock.lock();
   }
   waited_ += t.seconds();

@@ -45,10 +45,13 @@ uint64_t storable_elements(hid_t ds, hid_t type, uint64_t file_size) {
 }  // namespace
 
 void write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
-                 const std::vector<uint64_t>& doc_offsets, const ShardMeta& meta) {
+                 const std::vector<uint64_t>& doc_offsets, const ShardMeta& meta,
+                 const std::vector<uint8_t>& loss_mask) {
   TESSERA_CHECK(
       !doc_offsets.empty() && doc_offsets.front() == 0 && doc_offsets.back() == tokens.size(),
       "doc_offsets must run from 0 to the number of tokens");
+  TESSERA_CHECK(loss_mask.empty() || loss_mask.size() == tokens.size(), "a loss mask of ",
+                loss_mask.size(), " for ", tokens.size(), " tokens");
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   silence_hdf5_errors();
   const std::string tmp = path + ".tmp";
@@ -67,6 +70,9 @@ void write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
     }
     write_1d(file.get(), "doc_offsets", H5T_STD_U64LE, H5T_NATIVE_UINT64, doc_offsets.data(),
              static_cast<int64_t>(doc_offsets.size()), 1 << 16);
+    if (!loss_mask.empty())
+      write_1d(file.get(), "loss_mask", H5T_STD_U8LE, H5T_NATIVE_UINT8, loss_mask.data(),
+               static_cast<int64_t>(loss_mask.size()), 1 << 20);
     h5_write_attr(file.get(), "vocab_size", meta.vocab_size);
     h5_write_attr(file.get(), "eod_id", meta.eod_id);
     h5_write_attr(file.get(), "tokenizer", meta.tokenizer);
@@ -161,6 +167,57 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
   if (doc_offsets_.front() != 0 || doc_offsets_.back() != n ||
       !std::is_sorted(doc_offsets_.begin(), doc_offsets_.end()))
     throw bad("/doc_offsets does not run from 0 to the number of tokens in order");
+  if (H5Lexists(file_.get(), "loss_mask", H5P_DEFAULT) > 0) {
+    loss_mask_ = H5Id(H5Dopen2(file_.get(), "loss_mask", H5P_DEFAULT));
+    H5Id mspace(H5Dget_space(loss_mask_.get()));
+    H5Id mtype(H5Dget_type(loss_mask_.get()));
+    hsize_t nm = 0;
+    if (!mspace.valid() || !mtype.valid() || H5Sget_simple_extent_ndims(mspace.get()) != 1 ||
+        H5Tget_class(mtype.get()) != H5T_INTEGER)
+      throw bad(
+          "/loss_mask is not a 1-D integer dataset (uint8, one per token of /tokens: 1 = a "
+          "target whose loss counts, 0 = not)");
+    H5Sget_simple_extent_dims(mspace.get(), &nm, nullptr);
+    if (nm != n)
+      throw bad("/loss_mask has " + std::to_string(nm) + " entries for the " + std::to_string(n) +
+                " tokens of /tokens (one per token); rewrite it, or re-run tessera-preprocess");
+  }
+}
+
+std::string ShardReader::where(uint64_t at) const {
+  const size_t doc =
+      std::upper_bound(doc_offsets_.begin(), doc_offsets_.end(), at) - doc_offsets_.begin() - 1;
+  return "document " + std::to_string(doc) + " (token " + std::to_string(at - doc_offsets_[doc]) +
+         " of the document, " + std::to_string(at) + " of the shard)";
+}
+
+void ShardReader::read_loss_mask(int64_t begin, int64_t count, uint8_t* out) const {
+  TESSERA_CHECK(begin >= 0 && count >= 0 && begin + count <= num_tokens_, "read of mask [", begin,
+                ", ", begin + count, ") past the end of ", path_);
+  if (!loss_mask_.valid()) {
+    std::fill(out, out + count, uint8_t(1));
+    return;
+  }
+  if (count == 0) return;
+  std::vector<int64_t> v(static_cast<size_t>(count));
+  {
+    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+    H5Id fspace(H5Dget_space(loss_mask_.get()));
+    const hsize_t start[1] = {static_cast<hsize_t>(begin)}, cnt[1] = {static_cast<hsize_t>(count)};
+    HDF5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, cnt, nullptr));
+    H5Id mspace(H5Screate_simple(1, cnt, nullptr));
+    if (H5Dread(loss_mask_.get(), H5T_NATIVE_INT64, mspace.get(), fspace.get(), H5P_DEFAULT,
+                v.data()) < 0)
+      throw Error("data shard '" + path_ + "': reading /loss_mask [" + std::to_string(begin) +
+                  ", " + std::to_string(begin + count) + ") failed (truncated or corrupt)");
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    if (v[i] != 0 && v[i] != 1)
+      throw ConfigError("data shard '" + path_ + "': /loss_mask of " +
+                        where(static_cast<uint64_t>(begin + i)) + " is " + std::to_string(v[i]) +
+                        "; a loss mask holds 0 (no loss) or 1 (a target that counts)");
+    out[i] = static_cast<uint8_t>(v[i]);
+  }
 }
 
 void ShardReader::read(int64_t begin, int64_t count, int32_t* out) const {
@@ -200,15 +257,11 @@ void ShardReader::read(int64_t begin, int64_t count, int32_t* out) const {
     }
   }
   if (worst_at < 0) return;
-  const uint64_t at = static_cast<uint64_t>(begin + worst_at);
-  const size_t doc =
-      std::upper_bound(doc_offsets_.begin(), doc_offsets_.end(), at) - doc_offsets_.begin() - 1;
-  throw ConfigError("data shard '" + path_ + "': document " + std::to_string(doc) + " (token " +
-                    std::to_string(at - doc_offsets_[doc]) + " of the document, " +
-                    std::to_string(at) + " of the shard) has id " + std::to_string(worst) +
-                    ", outside the vocabulary of " + std::to_string(meta_.vocab_size) +
-                    " tokens (its vocab_size attribute); re-run tessera-preprocess with the "
-                    "tokenizer that matches");
+  throw ConfigError(
+      "data shard '" + path_ + "': " + where(static_cast<uint64_t>(begin + worst_at)) + " has id " +
+      std::to_string(worst) + ", outside the vocabulary of " + std::to_string(meta_.vocab_size) +
+      " tokens (its vocab_size attribute); re-run tessera-preprocess with the "
+      "tokenizer that matches");
 }
 
 std::string shard_path(const std::string& prefix, int index) {

@@ -55,6 +55,7 @@ void StepExecutor::shape(int global_batch) {
   }
   const int64_t local = global_batch / ctx_.dp_size;
   batch_.resize(static_cast<size_t>(local) * (model_.config().seq_length + 1));
+  mask_.resize(data_.has_loss_mask() ? batch_.size() : 0);
   prefetch_.reset();  // its read in flight (of the previous shape) finishes first
   prefetch_ = std::make_unique<Prefetcher>(data_, local);
 }
@@ -95,9 +96,12 @@ void StepExecutor::load_training_batch(int64_t consumed, StepStats& st) {
   const int64_t next = consumed + global_batch_;
   read_error_.clear();
   try {  // a bad sample stops every rank (count_loss_tokens agrees on it), not just this one
+    batch_masked_ = false;
     prefetch_->fetch(
         first_sample(consumed), batch_.data(),
-        dp_slice_begin(next, cfg_.global_batch_at(ctx_.dp_size, next), ctx_.dp_size, ctx_.dp_rank));
+        dp_slice_begin(next, cfg_.global_batch_at(ctx_.dp_size, next), ctx_.dp_size, ctx_.dp_rank),
+        mask_.empty() ? nullptr : mask_.data());
+    batch_masked_ = !mask_.empty();
   } catch (const std::exception& e) {
     read_error_ = e.what();
     if (read_error_.empty()) read_error_ = "reading this step's samples failed";
@@ -109,23 +113,55 @@ void StepExecutor::load_batch(const TokenDataset& data, int64_t begin) {
   const int64_t local = global_batch_ / ctx_.dp_size;
   const int64_t S = model_.config().seq_length + 1;
   read_error_.clear();
+  batch_masked_ = data.has_loss_mask();
+  if (batch_masked_) mask_.resize(batch_.size());
   try {
-    for (int64_t i = 0; i < local; ++i) data.get(begin + i, batch_.data() + i * S);
+    for (int64_t i = 0; i < local; ++i) {
+      data.get(begin + i, batch_.data() + i * S);
+      if (batch_masked_) data.get_loss_mask(begin + i, mask_.data() + i * S);
+    }
   } catch (const std::exception& e) {
     read_error_ = e.what();
     if (read_error_.empty()) read_error_ = "reading the evaluation samples failed";
   }
 }
 
+void StepExecutor::sample_targets(const int32_t* sample, const uint8_t* mask,
+                                  int32_t* targets) const {
+  const LtorOptions& d = cfg_.documents;
+  targets[0] = -1;
+  for (int p = 1; p <= model_.config().seq_length; ++p) {
+    const bool counts = sample[p] >= 0 && (!mask || mask[p]) &&
+                        !(d.eod_mask_loss && sample[p - 1] == d.eod);  // the input token is EOD
+    targets[p] = counts ? sample[p] : -1;
+  }
+}
+
+const uint8_t* StepExecutor::mask_of(int64_t s) const {
+  return batch_masked_ ? mask_.data() + s * (model_.config().seq_length + 1) : nullptr;
+}
+
+float StepExecutor::micro_grad_scale(int micro, double loss_scale) const {
+  if (loss_scale == 0) return 0.f;  // evaluation
+  if (cfg_.per_token_loss) return static_cast<float>(loss_scale / global_tokens_);
+  const double n = micro_tokens_[static_cast<size_t>(micro)];
+  const double micro_batches = double(global_batch_) / cfg_.micro_batch_size;
+  return n > 0 ? static_cast<float>(loss_scale / (n * micro_batches)) : 0.f;
+}
+
 double StepExecutor::count_loss_tokens() {
-  const int T = model_.config().seq_length;
+  const int T = model_.config().seq_length, B = cfg_.micro_batch_size;
   const int64_t S = T + 1;
   double v[2] = {0, read_error_.empty() ? 0.0 : 1.0};  // loss tokens, ranks that failed to read
-  const LtorOptions& d = cfg_.documents;
+  micro_tokens_.assign(static_cast<size_t>(num_micro_batches()), 0.0);
+  sample_targets_.resize(static_cast<size_t>(S));
   if (read_error_.empty())
-    for (size_t s = 0; s < batch_.size() / S; ++s)
-      for (int t = 1; t <= T; ++t)  // --eod-mask-loss: no loss where the input token is EOD
-        v[0] += batch_[s * S + t] >= 0 && !(d.eod_mask_loss && batch_[s * S + t - 1] == d.eod);
+    for (int64_t s = 0; s < static_cast<int64_t>(batch_.size()) / S; ++s) {
+      sample_targets(batch_.data() + s * S, mask_of(s), sample_targets_.data());
+      for (int t = 1; t <= T; ++t)
+        micro_tokens_[static_cast<size_t>(s / B)] += sample_targets_[t] >= 0;
+    }
+  for (double n : micro_tokens_) v[0] += n;
   // Over the world, so that a rank that could not read its samples stops every rank before the
   // step uses them; the TP x CP x PP ranks of a DP rank hold the same samples (their counts
   // agree).
@@ -135,11 +171,19 @@ double StepExecutor::count_loss_tokens() {
     read_error_.clear();
     throw AgreedConfigError(why);
   }
-  return v[0] / (ctx_.tp_size * ctx_.pp_size * ctx_.cp_size);
+  global_tokens_ = v[0] / (ctx_.tp_size * ctx_.pp_size * ctx_.cp_size);
+  for (size_t m = 0; m < micro_tokens_.size() && !said_empty_; ++m)
+    if (micro_tokens_[m] == 0 && global_tokens_ > 0) {
+      said_empty_ = true;
+      TLOG(warning) << "a micro-batch of data-parallel rank " << ctx_.dp_rank
+                    << " has no token whose loss counts (its loss masks are all 0): it adds "
+                       "nothing to the gradient (said once)";
+    }
+  return global_tokens_;
 }
 
 double StepExecutor::run(bool with_backward, int64_t iteration, int64_t sample_begin,
-                         float grad_scale, float moe_loss_scale, StepStats& st) {
+                         double loss_scale, float moe_loss_scale, StepStats& st) {
   dropout_ = DropoutContext{};  // evaluation: none
   if (with_backward) {
     dropout_.training = true;
@@ -152,14 +196,14 @@ double StepExecutor::run(bool with_backward, int64_t iteration, int64_t sample_b
     for (const PipeStep& p : pipeline_) {
       Activations& a = slot(p.chunk, p.micro);
       if (p.forward)
-        forward_micro(p.micro, a, grad_scale, st);
+        forward_micro(p.micro, a, micro_grad_scale(p.micro, loss_scale), st);
       else
         backward_micro(p.micro, a, st);
     }
   } else {  // forward only: every stage runs the micro-batches in order (each chunk in turn)
     for (int m = 0; m < num_micro_batches(); ++m)
       for (int c = 0; c < cfg_.virtual_pipeline_size; ++c)
-        forward_micro(m, slot(c, m), grad_scale, st);
+        forward_micro(m, slot(c, m), micro_grad_scale(m, loss_scale), st);
   }
   {
     PhaseSequence phase;
@@ -171,13 +215,10 @@ double StepExecutor::run(bool with_backward, int64_t iteration, int64_t sample_b
 }
 
 // Documents inside the staged samples (train/sample_layout.hpp): their position ids and first
-// visible keys to the model, and the loss masked where the input token is EOD.
+// visible keys to the model (the samples are whole here: no context parallelism).
 void StepExecutor::stage_documents(Activations& a) {
   const LtorOptions& d = cfg_.documents;
   const int B = cfg_.micro_batch_size, T = local_seq();
-  if (d.eod_mask_loss)  // the local rows' inputs and targets are aligned (with CP too)
-    for (size_t i = 0; i < host_ids_.size(); ++i)
-      if (host_ids_[i] == d.eod) host_targets_[i] = -1;
   if (!d.reset_position_ids && !d.reset_attention_mask) return;
   host_positions_.resize(static_cast<size_t>(B) * T);
   host_key_begin_.resize(static_cast<size_t>(B) * T);
@@ -195,15 +236,22 @@ void StepExecutor::stage_micro_batch(int micro, Activations& a) {
   const int64_t S = model_.config().seq_length + 1;
   host_ids_.resize(static_cast<size_t>(B) * T);
   host_targets_.resize(static_cast<size_t>(B) * T);
+  sample_targets_.resize(static_cast<size_t>(S));
+  cp_ids_.resize(static_cast<size_t>(T));
   for (int b = 0; b < B; ++b) {
-    const int32_t* sample = batch_.data() + (int64_t(micro) * B + b) * S;
+    const int64_t s = int64_t(micro) * B + b;
+    const int32_t* sample = batch_.data() + s * S;
+    // The targets whose loss counts (loss masks, --eod-mask-loss), -1 elsewhere.
+    sample_targets(sample, mask_of(s), sample_targets_.data());
     if (ctx_.cp_size > 1) {  // this rank's chunks (train/context_parallel.hpp)
       cp_sample_tokens(sample, T, ctx_.cp_rank, ctx_.cp_size, host_ids_.data() + b * T,
+                       host_targets_.data() + b * T);
+      cp_sample_tokens(sample_targets_.data(), T, ctx_.cp_rank, ctx_.cp_size, cp_ids_.data(),
                        host_targets_.data() + b * T);
       continue;
     }
     std::memcpy(host_ids_.data() + b * T, sample, sizeof(int32_t) * T);
-    std::memcpy(host_targets_.data() + b * T, sample + 1, sizeof(int32_t) * T);
+    std::memcpy(host_targets_.data() + b * T, sample_targets_.data() + 1, sizeof(int32_t) * T);
   }
   stage_documents(a);
   if (model_.embeds(a)) be_.copy_from_host(a.ids, host_ids_.data());

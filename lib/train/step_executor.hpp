@@ -42,15 +42,25 @@ class StepExecutor {
   void load_training_batch(int64_t consumed, StepStats& st);
   // The same for evaluation: `local` samples of `data` from `begin`, read now.
   void load_batch(const TokenDataset& data, int64_t begin);
-  // Collective: the loss tokens of the global batch; throws AgreedConfigError on every rank when
-  // any rank could not read its samples, with that rank's words.
+  // Collective: the loss tokens of the global batch (targets >= 0 whose loss mask is 1, and not
+  // after an EOD with --eod-mask-loss); also keeps each local micro-batch's count for the loss
+  // normalization. Throws AgreedConfigError on every rank when any rank could not read its
+  // samples, with that rank's words.
   double count_loss_tokens();
 
   // Runs the micro-batches of the loaded batch: the schedule's forwards and backwards (training,
   // dropout keyed by `iteration`) or forwards only (evaluation). Returns this rank's sum of the
   // token losses (last stage; 0 elsewhere). `sample_begin`: the slice's first global sample.
-  double run(bool with_backward, int64_t iteration, int64_t sample_begin, float grad_scale,
+  // Each micro-batch's loss gradient is scaled by micro_grad_scale (loss_scale: fp16's; 1 else;
+  // 0 in evaluation).
+  double run(bool with_backward, int64_t iteration, int64_t sample_begin, double loss_scale,
              float moe_loss_scale, StepStats& st);
+  // The scale of micro-batch `micro`'s token-loss gradients (after count_loss_tokens): its summed
+  // token losses' weight in the step's objective times loss_scale. The weight is 1 / the global
+  // batch's loss tokens with --calculate-per-token-loss; else Megatron's mean per micro-batch
+  // averaged over the global batch's micro-batches, 1 / (its loss tokens x micro-batches), and 0
+  // for a micro-batch without loss tokens. Both are 1 / (B*T*micro-batches) without masks.
+  float micro_grad_scale(int micro, double loss_scale) const;
   // True while the backward of a step's last micro-batch runs (its chunk's gradients are
   // complete after it: the gradient reduction may start).
   bool in_last_backward() const { return last_backward_; }
@@ -72,6 +82,11 @@ class StepExecutor {
   Activations& slot(int chunk, int micro);
   void stage_micro_batch(int micro, Activations& a);
   void stage_documents(Activations& a);
+  // The targets of a sample of seq+1 tokens (and its loss mask, null: all 1) at positions 1..seq
+  // (position 0 unused): the token where its loss counts, -1 where it does not.
+  void sample_targets(const int32_t* sample, const uint8_t* mask, int32_t* targets) const;
+  // The loss mask of local sample s of the loaded batch; null when the batch has none.
+  const uint8_t* mask_of(int64_t s) const;
   void forward_micro(int micro, Activations& a, float grad_scale, StepStats& st);
   void backward_micro(int micro, Activations& a, StepStats& st);
   double sum_micro_losses();
@@ -92,7 +107,13 @@ class StepExecutor {
   int64_t sample_begin_ = 0;    // the first global sample of the pass's slice
   float moe_loss_scale_ = 1;    // this pass's weight of each micro-batch's MoE losses
   std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
-  std::string read_error_;      // why this rank's samples could not be read, or empty
+  std::vector<uint8_t> mask_;   // their loss masks (data with /loss_mask), as batch_
+  bool batch_masked_ = false;   // mask_ holds the loaded batch's masks
+  std::vector<int32_t> sample_targets_, cp_ids_;  // one sample's targets; CP's discarded ids
+  std::vector<double> micro_tokens_;              // loss tokens of each local micro-batch
+  double global_tokens_ = 0;                      // of the global batch
+  bool said_empty_ = false;                       // a micro-batch without loss tokens was reported
+  std::string read_error_;  // why this rank's samples could not be read, or empty
   std::vector<int32_t> host_ids_, host_targets_;          // one micro-batch, staged for the backend
   std::vector<int32_t> host_positions_, host_key_begin_;  // its documents (sample_layout.hpp)
   Tensor micro_losses_;  // last stage: (micro-batches x B*T) token losses of a step

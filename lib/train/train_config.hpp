@@ -55,6 +55,10 @@ struct TrainConfig {
   // Documents inside a sample: Megatron's --reset-position-ids, --reset-attention-mask,
   // --eod-mask-loss (train/sample_layout.hpp); eod set when the data opens.
   LtorOptions documents;
+  // --calculate-per-token-loss: the objective is the global batch's summed token losses over its
+  // loss tokens; without it Megatron's mean per micro-batch, averaged over the micro-batches (the
+  // same when every token counts; train/step_executor.hpp, micro_grad_scale).
+  bool per_token_loss = false;
   double clip_grad = 1.0;  // 0: no clipping
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   uint64_t seed = 1234;

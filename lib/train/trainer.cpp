@@ -134,8 +134,9 @@ StepStats Trainer::train_step() {
   executor_->shape(cfg_.global_batch_at(ctx_.dp_size, state_.consumed_samples));
   st.global_batch = executor_->global_batch();
   executor_->load_training_batch(state_.consumed_samples, st);
-  // Loss tokens of the whole global batch, known before any backward so every micro-batch's
-  // gradient is scaled by the same 1/N (the loss is the mean over the global batch).
+  // Loss tokens of the global batch and of each micro-batch, known before any backward: they
+  // weigh each micro-batch's gradient (StepExecutor::micro_grad_scale). The loss logged is the
+  // mean over the global batch's loss tokens, as Megatron reports it.
   const double tokens = executor_->count_loss_tokens();
   st.loss_tokens = static_cast<int64_t>(tokens);
   TESSERA_CHECK(st.loss_tokens > 0, "iteration ", st.iteration,
@@ -174,7 +175,6 @@ StepStats Trainer::train_step() {
 
 void Trainer::run_attempt(StepStats& st, int attempt, double tokens, const Timer& step,
                           double reduced[1 + ResultValidator::kFlags]) {
-  const float grad_scale = static_cast<float>(st.loss_scale / tokens);
   // MoE's load-balancing and z losses: their mean over the global batch's micro-batches.
   const float moe_loss_scale =
       static_cast<float>(st.loss_scale * cfg_.micro_batch_size / st.global_batch);
@@ -189,7 +189,7 @@ void Trainer::run_attempt(StepStats& st, int attempt, double tokens, const Timer
     IterationTimers::Scope timed(timers_, IterationTimers::ForwardBackward);
     Timer pipeline;
     loss_sum = executor_->run(true, st.iteration, executor_->first_sample(state_.consumed_samples),
-                              grad_scale, moe_loss_scale, st);
+                              st.loss_scale, moe_loss_scale, st);
     st.pipeline_seconds = pipeline.seconds();
   }
   Timer dp_wait;

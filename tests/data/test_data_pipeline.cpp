@@ -345,3 +345,53 @@ TEST_F(DataPipeline, EmptyTrainSplitIsAStartupError) {
   o.model.vocab_size = 512;
   EXPECT_THROW(open_train_data(o), ConfigError);
 }
+
+// /loss_mask (data/shard.hpp): written beside the tokens, read back per token and per sample; a
+// corpus whose shards have none counts every token; a mask of another length is refused.
+TEST_F(DataPipeline, LossMasksRoundTripThroughShardsAndSamples) {
+  ShardMeta meta;
+  meta.vocab_size = 100;
+  meta.eod_id = 99;
+  meta.tokenizer = "test";
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> mask;
+  std::vector<uint64_t> offsets = {0};
+  for (int d = 0; d < 20; ++d) {
+    for (int i = 0; i < 6 + d % 5; ++i) {
+      tokens.push_back(static_cast<uint32_t>((d * 7 + i) % 99));
+      mask.push_back(static_cast<uint8_t>(i >= 3));  // a 3-token prompt, then the answer
+    }
+    tokens.push_back(99);
+    mask.push_back(1);
+    offsets.push_back(tokens.size());
+  }
+  write_shard(dir_ + "/m_00000.h5", tokens, offsets, meta, mask);
+  write_shard(dir_ + "/u_00000.h5", tokens, offsets, meta);
+  ShardReader r(dir_ + "/m_00000.h5");
+  ASSERT_TRUE(r.has_loss_mask());
+  std::vector<uint8_t> got(mask.size());
+  r.read_loss_mask(0, static_cast<int64_t>(got.size()), got.data());
+  EXPECT_EQ(got, mask);
+  EXPECT_FALSE(ShardReader(dir_ + "/u_00000.h5").has_loss_mask());
+  auto corpus = std::make_shared<const ShardedCorpus>(dir_ + "/m");
+  GPTDataset ds(corpus, Split::Train, {1, 0, 0}, 8, 1);
+  ASSERT_TRUE(ds.has_loss_mask());
+  std::vector<int32_t> sample(9);
+  std::vector<uint8_t> smask(9);
+  for (int64_t i = 0; i < ds.num_samples(); ++i) {
+    ds.get(i, sample.data());
+    ds.get_loss_mask(i, smask.data());
+    const int64_t begin = ds.window_of(i) * 8;  // the window's first corpus token
+    for (int p = 0; p <= 8; ++p) {
+      ASSERT_EQ(sample[p], static_cast<int32_t>(tokens[begin + p]));
+      ASSERT_EQ(smask[p], mask[begin + p]) << "sample " << i << " position " << p;
+    }
+  }
+  GPTDataset plain(std::make_shared<const ShardedCorpus>(dir_ + "/u"), Split::Train, {1, 0, 0}, 8,
+                   1);
+  EXPECT_FALSE(plain.has_loss_mask());
+  plain.get_loss_mask(0, smask.data());
+  EXPECT_EQ(smask, std::vector<uint8_t>(9, 1));
+  mask.pop_back();
+  EXPECT_THROW(write_shard(dir_ + "/bad_00000.h5", tokens, offsets, meta, mask), Error);
+}

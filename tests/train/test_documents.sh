@@ -103,8 +103,8 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.3) }' \
 
 run tp2-sp 2 --micro-batch-size 2 "${docs[@]}" --tensor-model-parallel-size 2 --sequence-parallel \
   && within base tp2-sp "TP2 + sequence parallelism"
-run pp2-vp 2 --micro-batch-size 1 "${docs[@]}" --pipeline-model-parallel-size 2 \
-  --num-layers-per-virtual-pipeline-stage 1 && within base pp2-vp "PP2, interleaved, micro-batch 1"
+run pp2-vp 2 --micro-batch-size 2 "${docs[@]}" --pipeline-model-parallel-size 2 \
+  --num-layers-per-virtual-pipeline-stage 1 && within base pp2-vp "PP2, interleaved"
 run dp2-distopt 2 --micro-batch-size 2 "${docs[@]}" --use-distributed-optimizer \
   && within base dp2-distopt "DP2, distributed optimizer"
 run eod-only 1 --micro-batch-size 2 --eod-mask-loss --position-embedding-type rope \

@@ -1,6 +1,7 @@
 // documents.cpp: documents inside a sample (train/sample_layout.hpp; docs/data.md, "Documents
-// inside a sample"): Megatron's --reset-position-ids, --reset-attention-mask and --eod-mask-loss,
-// their checks and the --dry-run line.
+// inside a sample") and which tokens' losses count: Megatron's --reset-position-ids,
+// --reset-attention-mask, --eod-mask-loss and --calculate-per-token-loss, their checks and the
+// --dry-run line.
 #include <ostream>
 #include <string>
 
@@ -17,7 +18,7 @@ class DocumentOptions : public OptionGroup {
  public:
   void add(OptionParser& p, RunOptions& o) override {
     LtorOptions& d = o.train.documents;
-    p.group("Documents inside a sample")
+    p.group("Documents inside a sample and the loss")
         .add_options()("reset-position-ids", po::bool_switch(&d.reset_position_ids),
                        "positions restart at 0 after every end-of-document token of a sample "
                        "(RoPE, ALiBi and learned position embeddings take them)")(
@@ -25,7 +26,11 @@ class DocumentOptions : public OptionGroup {
             "a token never attends to a token at or before an earlier end-of-document token of "
             "its sample")("eod-mask-loss", po::bool_switch(&d.eod_mask_loss),
                           "the positions whose input token is the end-of-document token carry "
-                          "no loss");
+                          "no loss")(
+            "calculate-per-token-loss", po::bool_switch(&o.train.per_token_loss),
+            "the loss is the global batch's summed token losses over its counted tokens (default: "
+            "Megatron's mean per micro-batch, averaged over the micro-batches; the same unless "
+            "loss masks or --eod-mask-loss leave tokens out)");
   }
 
   void resolve(const OptionParser&, RunOptions& o, StartupNotes&) override {
@@ -44,9 +49,15 @@ class DocumentOptions : public OptionGroup {
   }
 
   void dry_run(DryRunSection s, const DryRunContext& dc, std::ostream& out) const override {
-    if (s != DryRunSection::Setup || !dc.o.train.documents.active()) return;
-    out << "documents inside a sample: " << names(dc.o.train.documents)
-        << " (at each end-of-document token of the data)\n";
+    if (s != DryRunSection::Setup) return;
+    if (dc.o.train.documents.active())
+      out << "documents inside a sample: " << names(dc.o.train.documents)
+          << " (at each end-of-document token of the data)\n";
+    out << "loss: "
+        << (dc.o.train.per_token_loss
+                ? "per token over the global batch (--calculate-per-token-loss)"
+                : "mean per micro-batch over its counted tokens, averaged over the micro-batches")
+        << "\n";
   }
 
  private:

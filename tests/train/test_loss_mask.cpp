@@ -1,0 +1,111 @@
+// Loss masks (data/dataset.hpp, train/step_executor.cpp) through the trainer: a target whose mask
+// is 0 does not count, and the objective is Megatron's mean per micro-batch averaged over the
+// micro-batches, or with --calculate-per-token-loss the global batch's mean per token.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "data/dataset.hpp"
+#include "train/tiny.hpp"
+#include "train/trainer.hpp"
+
+using namespace tessera;
+
+namespace {
+
+// Samples and masks held in memory: sample i is tokens[i], its mask masks[i].
+class MaskedSamples final : public TokenDataset {
+ public:
+  MaskedSamples(int seq, std::vector<std::vector<int32_t>> tokens,
+                std::vector<std::vector<uint8_t>> masks)
+      : seq_(seq), tokens_(std::move(tokens)), masks_(std::move(masks)) {}
+  std::string describe() const override { return "masked samples"; }
+  int seq_length() const override { return seq_; }
+  int64_t num_samples() const override { return static_cast<int64_t>(tokens_.size()); }
+  void get(int64_t i, int32_t* out) const override {
+    const auto& t = tokens_[static_cast<size_t>(i % num_samples())];
+    std::copy(t.begin(), t.end(), out);
+  }
+  bool has_loss_mask() const override { return true; }
+  void get_loss_mask(int64_t i, uint8_t* out) const override {
+    const auto& m = masks_[static_cast<size_t>(i % num_samples())];
+    std::copy(m.begin(), m.end(), out);
+  }
+  int seq_;
+  std::vector<std::vector<int32_t>> tokens_;
+  std::vector<std::vector<uint8_t>> masks_;
+};
+
+constexpr int kSeq = 16, kVocab = 64;
+
+// Four samples: two micro-batches of two at a global batch of 4. Micro-batch 0's masks are about
+// half ones; micro-batch 1's all zero when `empty_second`, else about a quarter ones.
+MaskedSamples samples(bool empty_second) {
+  std::mt19937 g(3);
+  std::uniform_int_distribution<int> tok(0, kVocab - 1), bit(0, 3);
+  std::vector<std::vector<int32_t>> t(4, std::vector<int32_t>(kSeq + 1));
+  std::vector<std::vector<uint8_t>> m(4, std::vector<uint8_t>(kSeq + 1));
+  for (int s = 0; s < 4; ++s)
+    for (int p = 0; p <= kSeq; ++p) {
+      t[s][p] = tok(g);
+      const int b = bit(g);
+      m[s][p] = s < 2 ? (b < 2) : (!empty_second && b == 0);
+    }
+  m[0][kSeq] = 1;  // the last target of sample 0 counts, that of sample 1 does not
+  m[1][kSeq] = 0;
+  return MaskedSamples(kSeq, t, m);
+}
+
+StepStats first_step(TokenDataset& data, bool per_token) {
+  const GPTConfig m = testing_util::small_gpt(32, 4, kSeq, kVocab);
+  TrainConfig t = testing_util::tiny_schedule();
+  t.micro_batch_size = 2;
+  t.global_batch_size = 4;
+  t.train_iters = 1;
+  t.per_token_loss = per_token;
+  auto be = make_cpu_backend();
+  Trainer tr(m, t, *be, data);
+  return tr.train().at(0);
+}
+
+}  // namespace
+
+TEST(LossMask, OnlyTargetsWhoseMaskIsOneCount) {
+  MaskedSamples data = samples(false);
+  const StepStats base = first_step(data, false);
+  // The loss tokens: the mask ones at positions 1..seq.
+  int64_t ones = 0;
+  for (const auto& m : data.masks_)
+    for (int p = 1; p <= kSeq; ++p) ones += m[p];
+  EXPECT_EQ(base.loss_tokens, ones);
+  EXPECT_GT(base.loss, 3.0);
+  // A sample's last token is only a target: changing it changes the loss when its mask is 1.
+  MaskedSamples uncounted = data, counted = data;
+  uncounted.tokens_[1][kSeq] = (uncounted.tokens_[1][kSeq] + 7) % kVocab;
+  counted.tokens_[0][kSeq] = (counted.tokens_[0][kSeq] + 7) % kVocab;
+  EXPECT_EQ(first_step(uncounted, false).loss, base.loss);
+  EXPECT_NE(first_step(counted, false).loss, base.loss);
+  // Every mask 1 again: the same as data without masks.
+  for (auto& m : data.masks_) std::fill(m.begin(), m.end(), uint8_t(1));
+  EXPECT_EQ(first_step(data, false).loss_tokens, 4 * kSeq);
+}
+
+TEST(LossMask, MegatronsMeanPerMicroBatchAndThePerTokenLoss) {
+  // Micro-batch 1 has no loss token: Megatron's objective (S0/n0 + 0) / 2 has half the gradient of
+  // the per-token S0/n0; both report the loss S0/n0.
+  MaskedSamples one_empty = samples(true);
+  const StepStats mean = first_step(one_empty, false), per_token = first_step(one_empty, true);
+  EXPECT_TRUE(std::isfinite(mean.loss));
+  EXPECT_EQ(mean.loss, per_token.loss);
+  EXPECT_GT(per_token.grad_norm, 1e-3);
+  EXPECT_NEAR(mean.grad_norm, 0.5 * per_token.grad_norm, 1e-6 * per_token.grad_norm);
+  // Micro-batches of n0 != n1 tokens: (S0/n0 + S1/n1) / 2 against (S0 + S1) / (n0 + n1): the same
+  // loss reported, another gradient.
+  MaskedSamples uneven = samples(false);
+  const StepStats a = first_step(uneven, false), b = first_step(uneven, true);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_GT(std::fabs(a.grad_norm - b.grad_norm), 1e-4 * b.grad_norm);
+}
