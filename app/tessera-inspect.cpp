@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
               "print global samples A to B-1 (A:B), each with the iteration that reads it")(
               "json", po::bool_switch(&json),
               "one JSON object per line: sample, iteration, dataset, prefix, dataset_sample, "
-              "documents, tokens (the S+1 ids)");
+              "documents, tokens (the S+1 ids), loss_mask and position_ids (S each: whether "
+              "position t's target, token t+1, counts; its position id), document_starts");
     };
     if (!parse_run_options(argc, argv, o, program)) return 0;
     if (!o.has_data())
@@ -112,7 +113,7 @@ int main(int argc, char** argv) {
           "data-parallel size to multiply --micro-batch-size by)");
     o.train.micro_batch_size = 1;  // the order of a global batch's samples does not depend on it
     o.train.drop_lr_schedule();    // nor on the learning rate's schedule
-    const TrainConfig t = o.train.resolved(1);
+    TrainConfig t = o.train.resolved(1);
     if (t.train_iters <= 0)
       throw ConfigError("give the length of the run: --train-iters N (or --train-samples N)");
     const int64_t run_samples = t.samples_before_iteration(1, t.train_iters + 1);
@@ -131,6 +132,7 @@ int main(int argc, char** argv) {
                                          ")"));
     }
     std::unique_ptr<TokenDataset> data = open_train_data(o);
+    t.documents.eod = o.train.documents.eod;  // the data's
     const auto* blend = dynamic_cast<const BlendedDataset*>(data.get());
     TESSERA_CHECK(blend, "shard data is a blend");
     const std::shared_ptr<const Tokenizer> tok = json ? nullptr : text_tokenizer(o);
@@ -148,7 +150,25 @@ int main(int argc, char** argv) {
                 << r.dataset << " '" << r.prefix << "' | dataset sample " << r.dataset_sample
                 << " | documents " << r.first_document;
       if (r.last_document != r.first_document) std::cout << "-" << r.last_document;
-      std::cout << " | " << r.tokens.size() << " tokens\n" << tok->decode(r.tokens) << "\n";
+      std::cout << " | " << r.tokens.size() << " tokens";
+      if (!r.masked) {
+        std::cout << "\n" << tok->decode(r.tokens) << "\n";
+        continue;
+      }
+      // [brackets] around the runs of tokens that are targets whose loss counts.
+      int64_t counted = 0;
+      for (uint8_t c : r.loss_mask) counted += c;
+      std::cout << " | " << counted << " targets count, in [brackets]\n";
+      for (size_t p = 0; p < r.tokens.size();) {
+        const bool in = p > 0 && r.loss_mask[p - 1];
+        size_t q = p + 1;
+        while (q < r.tokens.size() && (r.loss_mask[q - 1] != 0) == in) ++q;
+        const std::string text =
+            tok->decode(std::vector<int32_t>(r.tokens.begin() + p, r.tokens.begin() + q));
+        std::cout << (in ? "[" + text + "]" : text);
+        p = q;
+      }
+      std::cout << "\n";
     }
     std::cout.flush();
     if (!std::cout) throw Error("cannot write to standard output");

@@ -19,7 +19,7 @@ using namespace tessera;
 int main(int argc, char** argv) {
   PreprocessOptions o;
   TokenizerOptions to;
-  std::string shard_size, input_format;
+  std::string shard_size, input_format, chat_template, json_key, json_keys;
   try {
     OptionParser p(
         "tessera-preprocess",
@@ -32,8 +32,15 @@ int main(int argc, char** argv) {
         "input-format", po::value(&input_format)->default_value("auto"),
         "auto (jsonl or text by file name) | megatron (an indexed dataset, index version 1: its "
         "tokens unchanged, its documents as they are)")(
-        "json-key", po::value(&o.json_key)->default_value("text"),
-        "member of each jsonl object that holds the document")(
+        "json-key", po::value(&json_key),
+        "member of each jsonl object that holds the document (default: text; with "
+        "--chat-template: messages)")("json-keys", po::value(&json_keys),
+                                      "Megatron's name of --json-key (one member)")(
+        "chat-template", po::value(&chat_template),
+        "chatml | llama3 | mistral | auto: each jsonl line holds a conversation (a list of "
+        "{\"role\", \"content\"} messages), rendered with the template and written with a "
+        "loss mask: only the assistant turns' content and end-of-turn token are targets "
+        "(auto: the template tokenizer_config.json names beside --tokenizer-model)")(
         "split-lines", po::bool_switch(&o.split_lines),
         "plain text: every non-empty line is a document (default: one document per file)");
     p.group("Tokenizer")
@@ -57,6 +64,15 @@ int main(int argc, char** argv) {
         "tokenizer threads (0: the cores this process may use)");
     if (!p.parse(argc, argv)) return 0;
     o.shard_tokens = parse_token_count(shard_size);
+    if (!json_keys.empty() && !json_key.empty() && json_keys != json_key)
+      throw ConfigError("--json-key '" + json_key + "' and --json-keys '" + json_keys +
+                        "' name different members; give one");
+    if (!json_keys.empty()) json_key = json_keys;
+    if (!chat_template.empty()) {
+      o.chat = true;
+      o.chat_format = resolve_chat_format(chat_template, to.model);
+    }
+    o.json_key = !json_key.empty() ? json_key : o.chat ? "messages" : "text";
     if (o.workers < 0)
       throw ConfigError("--workers=" + std::to_string(o.workers) +
                         " is out of range (allowed: >= 0)");
@@ -65,6 +81,10 @@ int main(int argc, char** argv) {
       throw ConfigError("--input-format '" + input_format +
                         "' is not a format (allowed: auto, megatron)");
     const bool megatron = input_format == "megatron";
+    if (megatron && o.chat)
+      throw ConfigError(
+          "--chat-template renders jsonl conversations; --input-format megatron imports "
+          "tokens as they are: give one of them");
     if (megatron && o.inputs.size() != 1)
       throw ConfigError(detail::concat("--input-format megatron takes one --input PREFIX (got ",
                                        o.inputs.size(), ")"));
@@ -96,10 +116,18 @@ int main(int argc, char** argv) {
       return 0;
     }
     const PreprocessResult r = preprocess(o, *tok, show, tty);
-    std::cout << "tessera-preprocess: " << r.documents << " documents, " << r.tokens << " tokens ("
-              << r.bytes << " bytes of text) in " << r.shards.size() << " shard(s) "
-              << o.output_prefix << "_*.h5 in " << r.seconds << " s with " << o.workers
-              << " workers" << std::endl;
+    std::cout << "tessera-preprocess: " << r.documents
+              << (o.chat ? std::string(" conversations (template ") +
+                               chat_format_name(o.chat_format) + ", with loss masks)"
+                         : std::string(" documents"))
+              << ", " << r.tokens << " tokens (" << r.bytes << " bytes of text) in "
+              << r.shards.size() << " shard(s) " << o.output_prefix << "_*.h5 in " << r.seconds
+              << " s with " << o.workers << " workers" << std::endl;
+    if (!r.note.empty()) std::cout << "tessera-preprocess: note: " << r.note << std::endl;
+    if (r.skipped > 0)
+      std::cout << "tessera-preprocess: " << r.skipped
+                << " conversation(s) left out: no assistant turn, nothing to learn (the first: "
+                << r.first_skipped << ")" << std::endl;
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "tessera-preprocess: error: %s\n", e.what());
     return 2;

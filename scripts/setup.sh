@@ -27,7 +27,7 @@ packages=(build-essential cmake ninja-build pkg-config git
           libopenblas-openmp-dev
           libicu-dev
           gnuplot-nox
-          python3-h5py python3-numpy)
+          python3-h5py python3-numpy python3-jinja2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -52,6 +52,7 @@ class HfTokenizer final : public Tokenizer {
 
   // The id of a token string (added tokens first, then the model's vocabulary), -1 when absent.
   int32_t token_to_id(std::string_view token) const;
+  int32_t special_token_id(std::string_view token) const override { return token_to_id(token); }
   // The pre-tokenizer's pieces of `text` (added tokens split out, normalized; ByteLevel pieces are
   // raw bytes, not the byte-to-character mapping). For tests and diagnostics.
   std::vector<std::string> pretokenize(std::string_view text) const;

@@ -62,8 +62,13 @@ namespace {
 struct Batch {
   int64_t seq = 0;
   std::vector<std::string> docs;
-  std::vector<uint32_t> tokens;   // filled by a worker
-  std::vector<uint64_t> lengths;  // tokens per document
+  // Chat data: each conversation's pieces (instead of docs) and where it is (FILE:LINE).
+  std::vector<std::vector<ChatPiece>> convs;
+  std::vector<std::string> where;
+  std::vector<uint32_t> tokens;      // filled by a worker
+  std::vector<uint8_t> masks;        // chat data: one per token
+  std::vector<uint64_t> lengths;     // tokens per document
+  std::vector<std::string> skipped;  // conversations without a target (FILE:LINE)
   int64_t bytes = 0;
 };
 
@@ -98,10 +103,35 @@ struct Pipeline {
   }
 };
 
+// One conversation's tokens and loss mask (the special pieces as their single ids, from
+// `specials`, in chat_special_tokens order); false when no token is a target.
+bool tokenize_chat(const std::vector<ChatPiece>& pieces, const Tokenizer& tok,
+                   const std::vector<std::pair<std::string, int32_t>>& specials,
+                   Tokenizer::Cache& cache, std::vector<int32_t>& ids, std::vector<uint8_t>& mask) {
+  ids.clear();
+  mask.clear();
+  bool any = false;
+  for (const ChatPiece& p : pieces) {
+    const size_t before = ids.size();
+    if (p.special) {
+      for (const auto& [text, id] : specials)
+        if (text == p.text) ids.push_back(id);
+      TESSERA_CHECK(ids.size() == before + 1, "chat template token '", p.text, "' has no id");
+    } else {
+      tok.encode(p.text, ids, cache);
+    }
+    mask.insert(mask.end(), ids.size() - before, p.counted ? 1 : 0);
+    any = any || (p.counted && ids.size() > before);
+  }
+  return any;
+}
+
 // A worker: tokenizes queued batches with its own BPE cache until reading ends or fails.
-void tokenize_batches(Pipeline& pl, const Tokenizer& tok, const PreprocessOptions& opts) {
+void tokenize_batches(Pipeline& pl, const Tokenizer& tok, const PreprocessOptions& opts,
+                      const std::vector<std::pair<std::string, int32_t>>& specials) {
   Tokenizer::Cache cache;
   std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
   while (true) {
     std::unique_ptr<Batch> b;
     {
@@ -119,8 +149,22 @@ void tokenize_batches(Pipeline& pl, const Tokenizer& tok, const PreprocessOption
       b->tokens.insert(b->tokens.end(), ids.begin(), ids.end());
       b->lengths.push_back(ids.size());
     }
+    for (size_t c = 0; c < b->convs.size(); ++c) {
+      if (!tokenize_chat(b->convs[c], tok, specials, cache, ids, mask)) {
+        b->skipped.push_back(b->where[c]);
+        continue;
+      }
+      if (opts.append_eod) {  // the document's end: not a target
+        ids.push_back(tok.eod_id());
+        mask.push_back(0);
+      }
+      b->tokens.insert(b->tokens.end(), ids.begin(), ids.end());
+      b->masks.insert(b->masks.end(), mask.begin(), mask.end());
+      b->lengths.push_back(ids.size());
+    }
     b->docs.clear();
     b->docs.shrink_to_fit();
+    b->convs.clear();
     std::lock_guard<std::mutex> lock(pl.mu);
     pl.done.emplace(b->seq, std::move(b));
     pl.cv.notify_all();
@@ -134,8 +178,8 @@ void read_documents(Pipeline& pl, const std::vector<std::string>& files,
     int64_t seq = 0;
     auto batch = std::make_unique<Batch>();
     auto push = [&](bool force) {
-      if (batch->docs.empty() || (!force && batch->bytes < (1 << 20) && batch->docs.size() < 1024))
-        return;
+      const size_t n = batch->docs.size() + batch->convs.size();
+      if (n == 0 || (!force && batch->bytes < (1 << 20) && n < 1024)) return;
       batch->seq = seq++;
       std::unique_lock<std::mutex> lock(pl.mu);
       pl.cv.wait(lock, [&] {
@@ -155,6 +199,9 @@ void read_documents(Pipeline& pl, const std::vector<std::string>& files,
     for (const std::string& f : files) {
       std::ifstream in(f, std::ios::binary);
       if (!in) throw ConfigError("--input '" + f + "' cannot be read");
+      if (opts.chat && !is_jsonl(f))
+        throw ConfigError("--chat-template reads conversations from .jsonl inputs; '" + f +
+                          "' is not one");
       if (is_jsonl(f)) {
         std::string line;
         int64_t lineno = 0;
@@ -163,11 +210,22 @@ void read_documents(Pipeline& pl, const std::vector<std::string>& files,
           if (!line.empty() && line.back() == '\r') line.pop_back();
           if (line.find_first_not_of(" \t") == std::string::npos) continue;
           try {
+            if (opts.chat) {  // parsed and rendered here, so that errors name the line
+              batch->convs.push_back(
+                  render_chat(opts.chat_format, parse_chat_messages(line, opts.json_key)));
+              batch->where.push_back(f + ":" + std::to_string(lineno));
+              batch->bytes += static_cast<int64_t>(line.size());
+              push(false);
+              continue;
+            }
             add(json_string_member(line, opts.json_key));
           } catch (const JsonError& e) {
-            throw ConfigError(f + ":" + std::to_string(lineno) + ": " + e.message +
-                              " (each line must be a JSON object with a string \"" + opts.json_key +
-                              "\"; see --json-key)");
+            throw ConfigError(
+                f + ":" + std::to_string(lineno) + ": " + e.message +
+                (opts.chat ? " (--chat-template: each line must be a JSON object whose \"" +
+                                 opts.json_key + "\" is a list of messages; see --json-keys)"
+                           : " (each line must be a JSON object with a string \"" + opts.json_key +
+                                 "\"; see --json-key)"));
           }
         }
       } else if (opts.split_lines) {
@@ -199,7 +257,10 @@ ShardWriter::~ShardWriter() {
     for (const std::string& t : tmp_) std::remove(t.c_str());
 }
 
-void ShardWriter::add(const uint32_t* tokens, size_t n) {
+void ShardWriter::add(const uint32_t* tokens, size_t n, const uint8_t* mask) {
+  TESSERA_CHECK(documents_ == 0 || masked_ == (mask != nullptr),
+                "documents with and without loss masks in one preprocessing run");
+  masked_ = mask != nullptr;
   // What the tokenizer (or an imported file) produced must fit the vocabulary the shards declare:
   // an id past it would train as an impossible target.
   for (size_t i = 0; i < n; ++i)
@@ -210,6 +271,7 @@ void ShardWriter::add(const uint32_t* tokens, size_t n) {
           " tokens of tokenizer '", meta_.tokenizer, "'; no shard was written"));
   ++documents_;
   tokens_.insert(tokens_.end(), tokens, tokens + n);
+  if (mask) mask_.insert(mask_.end(), mask, mask + n);
   offsets_.push_back(tokens_.size());
   if (static_cast<int64_t>(tokens_.size()) >= shard_tokens_) flush();
 }
@@ -218,8 +280,9 @@ void ShardWriter::flush() {
   if (offsets_.size() == 1) return;
   const std::string tmp = shard_path(prefix_, static_cast<int>(tmp_.size())) + ".part";
   tmp_.push_back(tmp);  // removed on failure even when half written
-  write_shard(tmp, tokens_, offsets_, meta_);
+  write_shard(tmp, tokens_, offsets_, meta_, mask_);
   tokens_.clear();
+  mask_.clear();
   offsets_.assign(1, 0);
 }
 
@@ -258,10 +321,33 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
   Pipeline pl;
   PreprocessResult res;
 
+  // Chat data: the template's special tokens, each one token of this tokenizer.
+  std::vector<std::pair<std::string, int32_t>> specials;
+  if (opts.chat)
+    for (const std::string& s : chat_special_tokens(opts.chat_format)) {
+      const int32_t id = tok.special_token_id(s);
+      if (id < 0)
+        throw ConfigError(std::string("--chat-template ") + chat_format_name(opts.chat_format) +
+                          " writes the special token '" + s + "', which the tokenizer '" +
+                          tok.name() +
+                          "' does not have as one token; give the template of the tokenizer's "
+                          "model (or --chat-template auto)");
+      specials.emplace_back(s, id);
+    }
+  // The end of a turn that is also the end of a document: scanning for EOD tokens (the reset
+  // options) would cut conversations at every turn.
+  for (const ChatPiece& p : render_chat(opts.chat_format, {{"user", "q"}, {"assistant", "a"}}))
+    if (opts.chat && p.special && p.counted && tok.special_token_id(p.text) == tok.eod_id())
+      res.note = "the template's end-of-turn token '" + p.text +
+                 "' is the tokenizer's end-of-document token: --reset-position-ids and "
+                 "--reset-attention-mask would cut conversations at every turn; pack them with "
+                 "--sft (documents from the shards' boundaries), or give --eod-token another "
+                 "token";
+
   // Workers: tokenize batches, each with its own BPE cache.
   std::vector<std::thread> workers;
   for (int w = 0; w < opts.workers; ++w)
-    workers.emplace_back([&] { tokenize_batches(pl, tok, opts); });
+    workers.emplace_back([&] { tokenize_batches(pl, tok, opts, specials); });
 
   // Reader: documents in input order, in batches of ~1 MB.
   std::thread reader([&] { read_documents(pl, files, opts); });
@@ -307,8 +393,10 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
       }
       if (b) {
         size_t pos = 0;
+        res.skipped += static_cast<int64_t>(b->skipped.size());
+        if (res.first_skipped.empty() && !b->skipped.empty()) res.first_skipped = b->skipped[0];
         for (uint64_t len : b->lengths) {
-          out.add(b->tokens.data() + pos, len);
+          out.add(b->tokens.data() + pos, len, opts.chat ? b->masks.data() + pos : nullptr);
           pos += len;
           ++res.documents;
           res.tokens += static_cast<int64_t>(len);
@@ -332,7 +420,12 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
     throw Error(pl.error);
   }
   if (res.documents == 0)
-    throw ConfigError("the inputs hold no documents (empty files, or no non-empty lines)");
+    throw ConfigError(res.skipped > 0
+                          ? detail::concat("none of the ", res.skipped,
+                                           " conversations has an assistant turn to learn (the "
+                                           "first: ",
+                                           res.first_skipped, "); nothing was written")
+                          : "the inputs hold no documents (empty files, or no non-empty lines)");
   res.shards = out.commit();
   res.seconds = clock.seconds();
   report(true);

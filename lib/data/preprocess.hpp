@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "data/chat_template.hpp"
 #include "data/shard.hpp"
 #include "data/tokenizer.hpp"
 
@@ -25,12 +26,22 @@ struct PreprocessOptions {
   int64_t shard_tokens = 100'000'000;
   bool append_eod = true;
   double progress_seconds = 5;  // between plain progress lines when not on a terminal
+  // Chat data (--chat-template): each jsonl line's json_key is a list of messages, rendered with
+  // chat_format and written with /loss_mask (data/chat_template.hpp); the EOD appended after a
+  // conversation is not a target.
+  bool chat = false;
+  ChatFormat chat_format = ChatFormat::ChatML;
 };
 
 struct PreprocessResult {
   int64_t documents = 0, tokens = 0, bytes = 0;
   std::vector<std::string> shards;
   double seconds = 0;
+  // Chat data: conversations left out because no token of theirs is a target (no assistant
+  // turn), and where the first of them is (FILE:LINE).
+  int64_t skipped = 0;
+  std::string first_skipped;
+  std::string note;  // what a user should know about the output (empty: nothing)
 };
 
 // Documents in, shards of about `shard_tokens` tokens out (a document is never split), written
@@ -42,8 +53,9 @@ class ShardWriter {
   ~ShardWriter();
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
-  // One document; ConfigError naming it when an id is outside the vocabulary of the meta.
-  void add(const uint32_t* tokens, size_t n);
+  // One document; ConfigError naming it when an id is outside the vocabulary of the meta. With
+  // `mask` (one 0/1 per token), the shards get /loss_mask (every document must then have one).
+  void add(const uint32_t* tokens, size_t n, const uint8_t* mask = nullptr);
   // Shards written so far, the one being filled included.
   size_t shards() const { return tmp_.size() + (offsets_.size() > 1 ? 1 : 0); }
   std::vector<std::string> commit();  // the final names
@@ -54,6 +66,8 @@ class ShardWriter {
   int64_t shard_tokens_;
   ShardMeta meta_;
   std::vector<uint32_t> tokens_;
+  std::vector<uint8_t> mask_;  // with masks: one per token of tokens_
+  bool masked_ = false;        // the documents come with masks
   std::vector<uint64_t> offsets_{0};
   std::vector<std::string> tmp_;
   int64_t documents_ = 0;  // added so far

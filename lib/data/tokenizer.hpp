@@ -41,6 +41,12 @@ class Tokenizer {
   // The bytes one token adds to running text (streaming output; a multi-byte character may be
   // split over tokens). Throws for an id outside the vocabulary.
   virtual const std::string& token_bytes(int32_t id) const = 0;
+  // The id of `token` when the tokenizer has it as one token (a chat template's special tokens),
+  // else -1.
+  virtual int32_t special_token_id(std::string_view token) const {
+    (void)token;
+    return -1;
+  }
 };
 
 // Megatron's tokenizer options.
@@ -70,6 +76,10 @@ class GPT2Tokenizer final : public Tokenizer {
   void encode(std::string_view text, std::vector<int32_t>& out, Cache& cache) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   const std::string& token_bytes(int32_t id) const override;
+  // <|endoftext|>: GPT-2's one special token.
+  int32_t special_token_id(std::string_view token) const override {
+    return token == "<|endoftext|>" ? eod_id_ : -1;
+  }
 
   // Pre-tokenization alone: the byte ranges of the pieces of `text`, in order.
   static std::vector<std::string_view> pretokenize(std::string_view text);

@@ -34,8 +34,24 @@ SampleRecord inspect_sample(const BlendedDataset& data, const TrainConfig& t, in
   const auto docs = data.dataset(e.dataset).documents_of(e.sample);
   r.first_document = docs.first;
   r.last_document = docs.second;
-  r.tokens.resize(static_cast<size_t>(data.seq_length()) + 1);
+  const int64_t T = data.seq_length();
+  r.tokens.resize(static_cast<size_t>(T) + 1);
   data.get(sample, r.tokens.data());
+  std::vector<uint8_t> mask;
+  if (data.has_loss_mask()) {
+    mask.resize(r.tokens.size());
+    data.get_loss_mask(sample, mask.data());
+  }
+  r.masked = data.has_loss_mask() || t.documents.eod_mask_loss;
+  r.loss_mask.resize(static_cast<size_t>(T));
+  loss_counts(r.tokens.data(), mask.empty() ? nullptr : mask.data(), T, t.documents,
+              r.loss_mask.data());
+  r.position_ids.resize(static_cast<size_t>(T));
+  r.key_begin.resize(static_cast<size_t>(T));
+  ltor_layout(r.tokens.data(), T, t.documents, r.position_ids.data(), r.key_begin.data(), nullptr);
+  for (int64_t p = 0; p < T; ++p)
+    if (p == 0 || r.tokens[p - 1] == t.documents.eod)
+      r.document_starts.push_back(static_cast<int32_t>(p));
   return r;
 }
 
@@ -46,8 +62,14 @@ std::string sample_json(const SampleRecord& r) {
      << ", \"dataset_sample\": " << r.dataset_sample << ", \"documents\": [";
   for (int64_t d = r.first_document; d <= r.last_document; ++d)
     os << (d > r.first_document ? ", " : "") << d;
-  os << "], \"tokens\": [";
-  for (size_t i = 0; i < r.tokens.size(); ++i) os << (i ? ", " : "") << r.tokens[i];
+  auto list = [&](const char* name, const auto& v) {
+    os << "], \"" << name << "\": [";
+    for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << static_cast<int64_t>(v[i]);
+  };
+  list("tokens", r.tokens);
+  list("loss_mask", r.loss_mask);
+  list("position_ids", r.position_ids);
+  list("document_starts", r.document_starts);
   os << "]}";
   return os.str();
 }

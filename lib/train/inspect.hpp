@@ -20,17 +20,27 @@ struct SampleRecord {
   int64_t dataset_sample = 0;                     // the index inside that dataset (epochs included)
   int64_t first_document = 0, last_document = 0;  // in the prefix's corpus
   std::vector<int32_t> tokens;                    // seq_length + 1 ids
+  // The trainer's view of the sample's seq_length positions (train/sample_layout.hpp): whether
+  // position t's loss counts (its target, token t + 1: the shards' loss mask, --eod-mask-loss),
+  // its position id (--reset-position-ids) and its first visible key (--reset-attention-mask).
+  std::vector<uint8_t> loss_mask;
+  std::vector<int32_t> position_ids, key_begin;
+  // The positions where a document starts inside the sample: 0 and each one after an EOD.
+  std::vector<int32_t> document_starts;
+  bool masked = false;  // the data has loss masks (or --eod-mask-loss leaves positions out)
 };
 
 // The iteration (1-based) whose global batch holds global sample `sample` (the ramp of
 // --rampup-batch-size included).
 int64_t iteration_of_sample(const TrainConfig& t, int dp_size, int64_t sample);
 
+// t.documents.eod must be the data's end-of-document token.
 SampleRecord inspect_sample(const BlendedDataset& data, const TrainConfig& t, int dp_size,
                             int64_t sample);
 
 // One JSON object on one line: {"sample": i, "iteration": n, "dataset": d, "prefix": "...",
-// "dataset_sample": k, "documents": [...], "tokens": [...]}.
+// "dataset_sample": k, "documents": [...], "tokens": [...], "loss_mask": [...],
+// "position_ids": [...], "document_starts": [...]}.
 std::string sample_json(const SampleRecord& r);
 
 }  // namespace tessera

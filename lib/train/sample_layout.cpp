@@ -17,6 +17,13 @@ void ltor_layout(const int32_t* input, int64_t T, const LtorOptions& o, int32_t*
   }
 }
 
+void loss_counts(const int32_t* sample, const uint8_t* mask, int64_t T, const LtorOptions& o,
+                 uint8_t* counts) {
+  for (int64_t t = 0; t < T; ++t)
+    counts[t] =
+        sample[t + 1] >= 0 && (!mask || mask[t + 1]) && !(o.eod_mask_loss && sample[t] == o.eod);
+}
+
 std::string documents_problem(const LtorOptions& o, int cp, const std::string& device, bool alibi) {
   if ((o.reset_position_ids || o.reset_attention_mask) && cp > 1)
     return detail::concat(

@@ -28,6 +28,12 @@ struct LtorOptions {
 void ltor_layout(const int32_t* input, int64_t T, const LtorOptions& o, int32_t* positions,
                  int32_t* key_begin, int32_t* targets);
 
+// Which positions' losses count, for a sample of T + 1 tokens and its loss mask (null: all 1):
+// counts[t] (0 <= t < T) is 1 when the target of position t, token t + 1, is a token (>= 0)
+// whose mask is 1 and, with eod_mask_loss, the input token t is not EOD.
+void loss_counts(const int32_t* sample, const uint8_t* mask, int64_t T, const LtorOptions& o,
+                 uint8_t* counts);
+
 // Why these options cannot run at context-parallel size `cp` on `device` ("cpu" | "cuda") with
 // or without ALiBi, as one line naming what to change; empty when they can.
 std::string documents_problem(const LtorOptions& o, int cp, const std::string& device, bool alibi);

@@ -128,13 +128,11 @@ void StepExecutor::load_batch(const TokenDataset& data, int64_t begin) {
 
 void StepExecutor::sample_targets(const int32_t* sample, const uint8_t* mask,
                                   int32_t* targets) const {
-  const LtorOptions& d = cfg_.documents;
+  const int T = model_.config().seq_length;
+  counts_.resize(static_cast<size_t>(T));
+  loss_counts(sample, mask, T, cfg_.documents, counts_.data());
   targets[0] = -1;
-  for (int p = 1; p <= model_.config().seq_length; ++p) {
-    const bool counts = sample[p] >= 0 && (!mask || mask[p]) &&
-                        !(d.eod_mask_loss && sample[p - 1] == d.eod);  // the input token is EOD
-    targets[p] = counts ? sample[p] : -1;
-  }
+  for (int p = 1; p <= T; ++p) targets[p] = counts_[p - 1] ? sample[p] : -1;
 }
 
 const uint8_t* StepExecutor::mask_of(int64_t s) const {

@@ -110,6 +110,7 @@ class StepExecutor {
   std::vector<uint8_t> mask_;   // their loss masks (data with /loss_mask), as batch_
   bool batch_masked_ = false;   // mask_ holds the loaded batch's masks
   std::vector<int32_t> sample_targets_, cp_ids_;  // one sample's targets; CP's discarded ids
+  mutable std::vector<uint8_t> counts_;           // which of one sample's targets count
   std::vector<double> micro_tokens_;              // loss tokens of each local micro-batch
   double global_tokens_ = 0;                      // of the global batch
   bool said_empty_ = false;                       // a micro-batch without loss tokens was reported

@@ -205,6 +205,8 @@ class Recording final : public TokenDataset {
     std::lock_guard<std::mutex> lock(mu_);
     read_[i] = std::vector<int32_t>(out, out + seq_length() + 1);
   }
+  bool has_loss_mask() const override { return d_.has_loss_mask(); }
+  void get_loss_mask(int64_t i, uint8_t* out) const override { d_.get_loss_mask(i, out); }
   std::map<int64_t, std::vector<int32_t>> read() const {
     std::lock_guard<std::mutex> lock(mu_);
     return read_;
@@ -338,13 +340,19 @@ TEST_F(BlendShards, InspectReadsWhatTheTrainerFeedsTheModel) {
   std::string tokens;
   for (size_t k = 0; k < r.tokens.size(); ++k)
     tokens += (k ? ", " : "") + std::to_string(r.tokens[k]);
-  std::string docs;
+  std::string docs, ones, positions;
   for (int64_t d = r.first_document; d <= r.last_document; ++d)
     docs += (d > r.first_document ? ", " : "") + std::to_string(d);
-  EXPECT_EQ(sample_json(r), "{\"sample\": 5, \"iteration\": 2, \"dataset\": " +
-                                std::to_string(r.dataset) + ", \"prefix\": \"" + r.prefix +
-                                "\", \"dataset_sample\": " + std::to_string(r.dataset_sample) +
-                                ", \"documents\": [" + docs + "], \"tokens\": [" + tokens + "]}");
+  for (size_t k = 0; k + 1 < r.tokens.size(); ++k) {  // no mask, no EOD inside: all count
+    ones += k ? ", 1" : "1";
+    positions += (k ? ", " : "") + std::to_string(k);
+  }
+  EXPECT_EQ(sample_json(r),
+            "{\"sample\": 5, \"iteration\": 2, \"dataset\": " + std::to_string(r.dataset) +
+                ", \"prefix\": \"" + r.prefix +
+                "\", \"dataset_sample\": " + std::to_string(r.dataset_sample) +
+                ", \"documents\": [" + docs + "], \"tokens\": [" + tokens + "], \"loss_mask\": [" +
+                ones + "], \"position_ids\": [" + positions + "], \"document_starts\": [0]}");
 }
 
 TEST(BlendIndex, CacheFileIsReadBackAndNeverTrustedWhenDamaged) {

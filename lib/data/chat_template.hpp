@@ -1,0 +1,56 @@
+// chat_template.hpp: conversations as token pieces for supervised fine-tuning (docs/data.md,
+// "Chat data"). tessera-preprocess --chat-template reads JSONL lines holding
+// {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}, renders each
+// conversation with one of the built-in templates, and tokenizes it piece by piece: the
+// template's special tokens as single ids, the text pieces through the tokenizer. Only the
+// assistant turns' content and their end-of-turn token are targets whose loss counts.
+//   chatml   <|im_start|>ROLE\nCONTENT<|im_end|>\n per message (Qwen2 / Qwen2.5, without Qwen's
+//            default system message)
+//   llama3   <|begin_of_text|>, then <|start_header_id|>ROLE<|end_header_id|>\n\nCONTENT<|eot_id|>
+//            per message, CONTENT stripped of surrounding whitespace (Llama 3 / 3.1 / 3.2)
+//   mistral  <s>, then [INST]USER[/INST] and ASSISTANT</s>, roles alternating from a user turn;
+//            a system message goes before the last user turn's content with "\n\n" when that
+//            turn ends the conversation, and is dropped otherwise, exactly as Mistral's v3-tekken
+//            template does (Mistral NeMo, Small, Large 2)
+// `auto` takes the template the tokenizer_config.json beside the tokenizer names, when it is
+// recognizably one of these.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera {
+
+enum class ChatFormat { ChatML, Llama3, Mistral };
+const char* chat_format_name(ChatFormat f);
+
+struct ChatMessage {
+  std::string role, content;
+};
+
+// One piece of a rendered conversation: a special token (one id) or text to tokenize, and
+// whether its tokens are targets whose loss counts.
+struct ChatPiece {
+  std::string text;
+  bool special = false, counted = false;
+};
+
+// --chat-template NAME: chatml | llama3 | mistral, or auto (the chat_template of the
+// tokenizer_config.json beside `tokenizer_model`, a tokenizer.json or its directory). ConfigError
+// naming the option or the file otherwise.
+ChatFormat resolve_chat_format(const std::string& name, const std::string& tokenizer_model);
+
+// The special tokens the template writes (each must be one token of the tokenizer).
+std::vector<std::string> chat_special_tokens(ChatFormat f);
+
+// The messages of one JSONL line: the array member `key` of objects with string "role" and
+// "content". Throws JsonError (the caller adds the file and line) for anything else, an unknown
+// role included.
+std::vector<ChatMessage> parse_chat_messages(std::string_view line, const std::string& key);
+
+// The conversation as pieces. Throws JsonError for an order the template cannot render (a system
+// message after the first, mistral's roles not alternating from a user turn).
+std::vector<ChatPiece> render_chat(ChatFormat f, const std::vector<ChatMessage>& messages);
+
+}  // namespace tessera
