@@ -10,6 +10,10 @@
 
 namespace tessera {
 
+// The bits of a sample's per-token flags (TokenDataset::get_loss_mask).
+constexpr uint8_t kLossTarget = 1;     // the token is a target whose loss counts (the shards' mask)
+constexpr uint8_t kDocumentStart = 2;  // a packed document, or the padding, begins here (--sft)
+
 class TokenDataset {
  public:
   virtual ~TokenDataset() = default;
@@ -20,10 +24,12 @@ class TokenDataset {
   // Writes seq_length()+1 tokens of sample `index` (0 <= index, any value: epochs are handled
   // here).
   virtual void get(int64_t index, int32_t* out) const = 0;
-  // Whether the data has loss masks (shards with /loss_mask); without them every token counts.
+  // Whether the data has loss masks (shards with /loss_mask, or packed samples); without them
+  // every token counts.
   virtual bool has_loss_mask() const { return false; }
-  // The loss mask of sample `index`'s seq_length()+1 tokens: 1 = the token is a target whose
-  // loss counts, 0 = not (the first token is never a target). All 1 without masks.
+  // The flags of sample `index`'s seq_length()+1 tokens (kLossTarget | kDocumentStart): whether
+  // the token is a target whose loss counts (the first token is never one), and whether a packed
+  // document begins there (--sft). kLossTarget alone without masks.
   virtual void get_loss_mask(int64_t index, uint8_t* out) const {
     (void)index;
     for (int i = 0; i <= seq_length(); ++i) out[i] = 1;

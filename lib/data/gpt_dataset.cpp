@@ -108,8 +108,13 @@ std::array<int64_t, 4> split_doc_bounds(const std::array<double, 3>& weights, in
 }
 
 GPTDataset::GPTDataset(std::shared_ptr<const ShardedCorpus> corpus, Split split,
-                       const std::array<double, 3>& weights, int seq_length, uint64_t seed)
-    : corpus_(std::move(corpus)), split_(split), seq_(seq_length), seed_(seed) {
+                       const std::array<double, 3>& weights, int seq_length, uint64_t seed,
+                       PackOptions pack)
+    : corpus_(std::move(corpus)),
+      split_(split),
+      seq_(seq_length),
+      seed_(seed),
+      packed_(pack.enabled) {
   const auto b = split_doc_bounds(weights, corpus_->num_docs());
   doc_begin_ = std::max<int64_t>(0, b[static_cast<int>(split)]);
   doc_end_ = std::max(doc_begin_, b[static_cast<int>(split) + 1]);
@@ -117,6 +122,28 @@ GPTDataset::GPTDataset(std::shared_ptr<const ShardedCorpus> corpus, Split split,
   token_end_ = corpus_->doc_start(doc_end_);
   const int64_t tokens = token_end_ - token_begin_;
   samples_per_epoch_ = tokens > seq_ ? (tokens - 1) / seq_ : 0;
+  if (!packed_) return;
+  // The documents in an order drawn from (seed, split), then first-fit into seq+1 tokens each.
+  const int64_t n = doc_end_ - doc_begin_, cap = int64_t(seq_) + 1;
+  std::vector<int64_t> docs(static_cast<size_t>(n)), length(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) docs[i] = doc_begin_ + i;
+  const CounterRng rng(seed_, stable_hash("data.pack") + static_cast<uint64_t>(split_));
+  for (int64_t i = n - 1; i > 0; --i) {
+    const Philox4 r = rng.bits(static_cast<uint64_t>(i));
+    std::swap(docs[i], docs[((static_cast<uint64_t>(r[0]) << 32) | r[1]) % uint64_t(i + 1)]);
+  }
+  for (int64_t d = doc_begin_; pack.no_truncate && d < doc_end_; ++d) {  // the first in order
+    const int64_t len = corpus_->doc_start(d + 1) - corpus_->doc_start(d);
+    if (len > cap)
+      throw ConfigError(
+          detail::concat("--sft-no-truncate: document ", d, " of '", corpus_->prefix(), "' has ",
+                         len, " tokens, more than a sample's --seq-length+1 = ", cap,
+                         "; raise --seq-length, or leave --sft-no-truncate out to cut it"));
+  }
+  for (int64_t i = 0; i < n; ++i)
+    length[i] = corpus_->doc_start(docs[i] + 1) - corpus_->doc_start(docs[i]);
+  packing_ = pack_first_fit(docs, length, cap);
+  samples_per_epoch_ = packing_.bins();
 }
 
 std::string GPTDataset::describe() const {
@@ -124,6 +151,18 @@ std::string GPTDataset::describe() const {
   os << split_name(split_) << " split of '" << corpus_->prefix() << "': documents " << doc_begin_
      << "-" << doc_end_ << " of " << corpus_->num_docs() << ", " << token_end_ - token_begin_
      << " tokens, " << samples_per_epoch_ << " samples of " << seq_ + 1 << " tokens per epoch";
+  return os.str() + packing_summary();
+}
+
+std::string GPTDataset::packing_summary() const {
+  if (!packed_ || samples_per_epoch_ == 0) return "";
+  char eff[32];
+  std::snprintf(eff, sizeof eff, "%.1f%%",
+                100.0 * double(packing_.tokens) / (double(samples_per_epoch_) * (seq_ + 1)));
+  std::ostringstream os;
+  os << "; packed (--sft): " << eff << " of the samples' tokens are document tokens, the rest "
+     << "padding";
+  if (packing_.truncated > 0) os << "; " << packing_.truncated << " document(s) cut to fit";
   return os.str();
 }
 
@@ -151,18 +190,60 @@ int64_t GPTDataset::window_of(int64_t index) const {
 }
 
 std::pair<int64_t, int64_t> GPTDataset::documents_of(int64_t index) const {
+  if (packed_) {  // the lowest and highest document of the sample
+    const int64_t b = window_of(index);
+    const auto first = packing_.piece_doc.begin() + packing_.bin_begin[b];
+    const auto last = packing_.piece_doc.begin() + packing_.bin_begin[b + 1];
+    return {*std::min_element(first, last), *std::max_element(first, last)};
+  }
   const int64_t begin = token_begin_ + window_of(index) * seq_;
   return {corpus_->doc_of(begin), corpus_->doc_of(begin + seq_)};
 }
 
+std::vector<int64_t> GPTDataset::documents_in(int64_t index) const {
+  std::vector<int64_t> out;
+  if (packed_) {
+    const int64_t b = window_of(index);
+    for (int64_t i = packing_.bin_begin[b]; i < packing_.bin_begin[b + 1]; ++i)
+      out.push_back(packing_.piece_doc[i]);
+    return out;
+  }
+  const auto [first, last] = documents_of(index);
+  for (int64_t d = first; d <= last; ++d) out.push_back(d);
+  return out;
+}
+
 void GPTDataset::get(int64_t index, int32_t* out) const {
   const int64_t w = window_of(index);
-  corpus_->read(token_begin_ + w * seq_, seq_ + 1, out);
+  if (!packed_) {
+    corpus_->read(token_begin_ + w * seq_, seq_ + 1, out);
+    return;
+  }
+  int64_t at = 0;
+  for (int64_t i = packing_.bin_begin[w]; i < packing_.bin_begin[w + 1]; ++i) {
+    corpus_->read(corpus_->doc_start(packing_.piece_doc[i]), packing_.piece_len[i], out + at);
+    at += packing_.piece_len[i];
+  }
+  std::fill(out + at, out + seq_ + 1, -1);  // padding: no token
 }
 
 void GPTDataset::get_loss_mask(int64_t index, uint8_t* out) const {
   const int64_t w = window_of(index);
-  corpus_->read_loss_mask(token_begin_ + w * seq_, seq_ + 1, out);
+  if (!packed_) {
+    corpus_->read_loss_mask(token_begin_ + w * seq_, seq_ + 1, out);
+    return;
+  }
+  int64_t at = 0;
+  for (int64_t i = packing_.bin_begin[w]; i < packing_.bin_begin[w + 1]; ++i) {
+    corpus_->read_loss_mask(corpus_->doc_start(packing_.piece_doc[i]), packing_.piece_len[i],
+                            out + at);
+    out[at] = kDocumentStart;  // a document's first token is never a target
+    at += packing_.piece_len[i];
+  }
+  if (at <= seq_) {  // the padding: a document of its own, no targets
+    std::fill(out + at, out + seq_ + 1, uint8_t(0));
+    out[at] = kDocumentStart;
+  }
 }
 
 }  // namespace tessera

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "data/dataset.hpp"
+#include "data/packing.hpp"
 #include "data/shard.hpp"
 
 namespace tessera {
@@ -54,15 +55,25 @@ std::array<double, 3> parse_split(const std::string& spec);
 // Megatron's document ranges [begin, end) of the three splits for n documents.
 std::array<int64_t, 4> split_doc_bounds(const std::array<double, 3>& weights, int64_t n_docs);
 
+// --sft: samples are whole documents packed first-fit (data/packing.hpp) instead of windows.
+struct PackOptions {
+  bool enabled = false;
+  bool no_truncate = false;  // a document longer than a sample is an error, not cut
+};
+
 class GPTDataset final : public TokenDataset {
  public:
+  // Packed (--sft): the split's documents in a seeded order packed first-fit into samples of
+  // seq_length+1 tokens, the rest padded with -1 (no token, never a target); each epoch visits
+  // the samples in its own seeded order. ConfigError naming the document with no_truncate.
   GPTDataset(std::shared_ptr<const ShardedCorpus> corpus, Split split,
-             const std::array<double, 3>& weights, int seq_length, uint64_t seed);
+             const std::array<double, 3>& weights, int seq_length, uint64_t seed,
+             PackOptions pack = {});
   std::string describe() const override;
   int seq_length() const override { return seq_; }
   int64_t num_samples() const override { return samples_per_epoch_; }  // per epoch
   void get(int64_t index, int32_t* out) const override;
-  bool has_loss_mask() const override { return corpus_->has_loss_mask(); }
+  bool has_loss_mask() const override { return packed_ || corpus_->has_loss_mask(); }
   void get_loss_mask(int64_t index, uint8_t* out) const override;
   int64_t num_docs() const { return doc_end_ - doc_begin_; }
   int64_t doc_begin() const { return doc_begin_; }
@@ -75,7 +86,13 @@ class GPTDataset final : public TokenDataset {
   // The documents (ids within the prefix's corpus) whose tokens sample `index` holds: [first,
   // last].
   std::pair<int64_t, int64_t> documents_of(int64_t index) const;
+  // Every document sample `index` holds, in order (packed: the packing's; else first..last).
+  std::vector<int64_t> documents_in(int64_t index) const;
   const ShardedCorpus& corpus() const { return *corpus_; }
+  bool packed() const { return packed_; }
+  // Packed: the packing efficiency (document tokens / sample tokens) and the documents cut, as
+  // "; packed (--sft): ..."; empty otherwise.
+  std::string packing_summary() const;
 
  private:
   const std::vector<int64_t>& permutation(int64_t epoch) const;
@@ -86,6 +103,8 @@ class GPTDataset final : public TokenDataset {
   uint64_t seed_;
   int64_t doc_begin_ = 0, doc_end_ = 0, token_begin_ = 0, token_end_ = 0;
   int64_t samples_per_epoch_ = 0;
+  bool packed_ = false;
+  Packing packing_;  // packed: the samples' documents
   mutable std::mutex mu_;
   mutable int64_t perm_epoch_ = -1;
   mutable std::vector<int64_t> perm_;

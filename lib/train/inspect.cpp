@@ -34,6 +34,7 @@ SampleRecord inspect_sample(const BlendedDataset& data, const TrainConfig& t, in
   const auto docs = data.dataset(e.dataset).documents_of(e.sample);
   r.first_document = docs.first;
   r.last_document = docs.second;
+  r.documents = data.dataset(e.dataset).documents_in(e.sample);
   const int64_t T = data.seq_length();
   r.tokens.resize(static_cast<size_t>(T) + 1);
   data.get(sample, r.tokens.data());
@@ -48,9 +49,11 @@ SampleRecord inspect_sample(const BlendedDataset& data, const TrainConfig& t, in
               r.loss_mask.data());
   r.position_ids.resize(static_cast<size_t>(T));
   r.key_begin.resize(static_cast<size_t>(T));
-  ltor_layout(r.tokens.data(), T, t.documents, r.position_ids.data(), r.key_begin.data(), nullptr);
+  ltor_layout(r.tokens.data(), mask.empty() ? nullptr : mask.data(), T, t.documents,
+              r.position_ids.data(), r.key_begin.data(), nullptr);
   for (int64_t p = 0; p < T; ++p)
-    if (p == 0 || r.tokens[p - 1] == t.documents.eod)
+    if (p == 0 ||
+        (t.documents.packed ? (mask[p] & kDocumentStart) != 0 : r.tokens[p - 1] == t.documents.eod))
       r.document_starts.push_back(static_cast<int32_t>(p));
   return r;
 }
@@ -60,8 +63,7 @@ std::string sample_json(const SampleRecord& r) {
   os << "{\"sample\": " << r.sample << ", \"iteration\": " << r.iteration
      << ", \"dataset\": " << r.dataset << ", \"prefix\": " << json_quote(r.prefix)
      << ", \"dataset_sample\": " << r.dataset_sample << ", \"documents\": [";
-  for (int64_t d = r.first_document; d <= r.last_document; ++d)
-    os << (d > r.first_document ? ", " : "") << d;
+  for (size_t i = 0; i < r.documents.size(); ++i) os << (i ? ", " : "") << r.documents[i];
   auto list = [&](const char* name, const auto& v) {
     os << "], \"" << name << "\": [";
     for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << static_cast<int64_t>(v[i]);

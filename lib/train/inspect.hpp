@@ -19,6 +19,7 @@ struct SampleRecord {
   std::string prefix;
   int64_t dataset_sample = 0;                     // the index inside that dataset (epochs included)
   int64_t first_document = 0, last_document = 0;  // in the prefix's corpus
+  std::vector<int64_t> documents;                 // all of them, in order (--sft: the packed)
   std::vector<int32_t> tokens;                    // seq_length + 1 ids
   // The trainer's view of the sample's seq_length positions (train/sample_layout.hpp): whether
   // position t's loss counts (its target, token t + 1: the shards' loss mask, --eod-mask-loss),

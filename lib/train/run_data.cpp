@@ -78,6 +78,10 @@ std::unique_ptr<BlendedDataset> open_blend(const RunOptions& o, Split s, ShardMe
   for (const std::string& prefix : src.blend->prefixes) {
     auto corpus = std::make_shared<const ShardedCorpus>(prefix);
     const ShardMeta& m = corpus->meta();
+    if (o.train.documents.packed && corpus->num_docs() < 2)
+      throw ConfigError("--sft packs whole documents, but the shards of '" + prefix +
+                        "' hold one document (no boundaries): preprocess the data with one "
+                        "document per JSON line (or --split-lines)");
     if (ref_prefix.empty()) {
       ref = m;
       ref_prefix = prefix;
@@ -91,8 +95,9 @@ std::unique_ptr<BlendedDataset> open_blend(const RunOptions& o, Split s, ShardMe
                          " vs '", ref.tokenizer, "', ", ref.vocab_size, " tokens, ", ref.eod_id,
                          "); every dataset of a run must share one vocabulary"));
     }
-    parts.push_back(
-        std::make_unique<GPTDataset>(corpus, s, src.weights, o.model.seq_length, o.train.seed));
+    parts.push_back(std::make_unique<GPTDataset>(
+        corpus, s, src.weights, o.model.seq_length, o.train.seed,
+        PackOptions{o.train.documents.packed, o.train.documents.no_truncate}));
   }
   return std::make_unique<BlendedDataset>(std::move(parts), *src.blend);
 }
@@ -235,7 +240,7 @@ std::vector<std::string> data_report(const TokenDataset& data, const TrainConfig
     os << double(drawn[d]) / double(std::max<int64_t>(1, g.num_samples())) << " epochs";
     if (ds->num_datasets() > 1)
       os << "; Megatron would size it " << megatron_dataset_size(ds->blend().weights[d], run);
-    os << ")";
+    os << ")" << g.packing_summary();
     lines.push_back(os.str());
   }
   return lines;

@@ -14,23 +14,31 @@
 #include <cstdint>
 #include <string>
 
+#include "data/dataset.hpp"
+
 namespace tessera {
 
 struct LtorOptions {
   bool reset_position_ids = false, reset_attention_mask = false, eod_mask_loss = false;
   int64_t eod = -1;  // the end-of-document token (the shards' eod_id; set when the data opens)
+  // --sft: the documents are the packed ones the samples' flags mark (kDocumentStart), not the
+  // stretches between EOD tokens; positions and attention reset at each.
+  bool packed = false;
+  bool no_truncate = false;  // --sft-no-truncate: a document longer than a sample is an error
   bool active() const { return reset_position_ids || reset_attention_mask || eod_mask_loss; }
 };
 
-// One sample's layout from its T input tokens. positions (T) and key_begin (T) are written when
-// not null (plain 0..T-1 and 0 where the option is off); with eod_mask_loss, targets (T) is set to
-// -1 (no loss) where the input token is EOD.
-void ltor_layout(const int32_t* input, int64_t T, const LtorOptions& o, int32_t* positions,
-                 int32_t* key_begin, int32_t* targets);
+// One sample's layout from its T input tokens (and its flags, data/dataset.hpp; may be null
+// unless packed). positions (T) and key_begin (T) are written when not null (plain 0..T-1 and 0
+// where the option is off); with eod_mask_loss, targets (T) is set to -1 (no loss) where the
+// input token is EOD.
+void ltor_layout(const int32_t* input, const uint8_t* flags, int64_t T, const LtorOptions& o,
+                 int32_t* positions, int32_t* key_begin, int32_t* targets);
 
 // Which positions' losses count, for a sample of T + 1 tokens and its loss mask (null: all 1):
 // counts[t] (0 <= t < T) is 1 when the target of position t, token t + 1, is a token (>= 0)
-// whose mask is 1 and, with eod_mask_loss, the input token t is not EOD.
+// flagged kLossTarget and not kDocumentStart (a packed document's first token is no target) and,
+// with eod_mask_loss, the input token t is not EOD.
 void loss_counts(const int32_t* sample, const uint8_t* mask, int64_t T, const LtorOptions& o,
                  uint8_t* counts);
 

@@ -214,15 +214,15 @@ double StepExecutor::run(bool with_backward, int64_t iteration, int64_t sample_b
 
 // Documents inside the staged samples (train/sample_layout.hpp): their position ids and first
 // visible keys to the model (the samples are whole here: no context parallelism).
-void StepExecutor::stage_documents(Activations& a) {
+void StepExecutor::stage_documents(int micro, Activations& a) {
   const LtorOptions& d = cfg_.documents;
   const int B = cfg_.micro_batch_size, T = local_seq();
   if (!d.reset_position_ids && !d.reset_attention_mask) return;
   host_positions_.resize(static_cast<size_t>(B) * T);
   host_key_begin_.resize(static_cast<size_t>(B) * T);
-  for (int b = 0; b < B; ++b)
-    ltor_layout(host_ids_.data() + b * T, T, d, host_positions_.data() + b * T,
-                host_key_begin_.data() + b * T, nullptr);
+  for (int b = 0; b < B; ++b)  // packed samples: the documents their flags mark
+    ltor_layout(host_ids_.data() + b * T, mask_of(int64_t(micro) * B + b), T, d,
+                host_positions_.data() + b * T, host_key_begin_.data() + b * T, nullptr);
   model_.set_documents(a, d.reset_position_ids ? host_positions_.data() : nullptr,
                        d.reset_attention_mask ? host_key_begin_.data() : nullptr);
 }
@@ -251,7 +251,7 @@ void StepExecutor::stage_micro_batch(int micro, Activations& a) {
     std::memcpy(host_ids_.data() + b * T, sample, sizeof(int32_t) * T);
     std::memcpy(host_targets_.data() + b * T, sample_targets_.data() + 1, sizeof(int32_t) * T);
   }
-  stage_documents(a);
+  stage_documents(micro, a);
   if (model_.embeds(a)) be_.copy_from_host(a.ids, host_ids_.data());
   if (model_.ends_in_head(a)) be_.copy_from_host(a.targets, host_targets_.data());
 }

@@ -81,7 +81,7 @@ class StepExecutor {
   // The activation slot of micro-batch `micro` of model chunk `chunk`.
   Activations& slot(int chunk, int micro);
   void stage_micro_batch(int micro, Activations& a);
-  void stage_documents(Activations& a);
+  void stage_documents(int micro, Activations& a);
   // The targets of a sample of seq+1 tokens (and its loss mask, null: all 1) at positions 1..seq
   // (position 0 unused): the token where its loss counts, -1 where it does not.
   void sample_targets(const int32_t* sample, const uint8_t* mask, int32_t* targets) const;

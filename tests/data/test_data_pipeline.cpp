@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/hdf5_handle.hpp"
 #include "data/gpt_dataset.hpp"
+#include "data/packing.hpp"
 #include "data/prefetcher.hpp"
 #include "data/preprocess.hpp"
 #include "train/options.hpp"
@@ -394,4 +395,17 @@ TEST_F(DataPipeline, LossMasksRoundTripThroughShardsAndSamples) {
   EXPECT_EQ(smask, std::vector<uint8_t>(9, 1));
   mask.pop_back();
   EXPECT_THROW(write_shard(dir_ + "/bad_00000.h5", tokens, offsets, meta, mask), Error);
+}
+
+// --sft's first-fit (data/packing.hpp) on a hand-worked case: each document into the first bin
+// with room, in order; one too long for a bin is cut to it and counted.
+TEST(Packing, FirstFitInOrderCutsWhatIsTooLong) {
+  const Packing p = pack_first_fit({10, 11, 12, 13, 14, 15}, {6, 5, 4, 3, 12, 2}, 10);
+  ASSERT_EQ(p.bins(), 3);
+  EXPECT_EQ(p.bin_begin, (std::vector<int64_t>{0, 2, 5, 6}));
+  EXPECT_EQ(p.piece_doc, (std::vector<int64_t>{10, 12, 11, 13, 15, 14}));
+  EXPECT_EQ(p.piece_len, (std::vector<int64_t>{6, 4, 5, 3, 2, 10}));
+  EXPECT_EQ(p.truncated, 1);
+  EXPECT_EQ(p.tokens, 30);
+  EXPECT_EQ(pack_first_fit({}, {}, 4).bins(), 0);
 }

@@ -5,6 +5,8 @@
 # unmasked shards; --calculate-per-token-loss does not depend on the micro-batch size while
 # Megatron's default mean per micro-batch does; a micro-batch without a counted token is said once
 # and trains on (no NaN); a mask of another length or a value other than 0/1 is one line, exit 2.
+# --sft packs whole conversations (the same losses at TP2 + SP, PP2, DP2; resumed bit for bit;
+# long documents cut and counted, or refused with --sft-no-truncate).
 # Usage: test_loss_mask.sh BIN_DIR CONFIG_DIR
 set -u
 bin=$1
@@ -142,6 +144,29 @@ if run silent 1 --data-path "$work/silent" --micro-batch-size 1; then
     || bad "micro-batch without a counted token: said $n times, $(grep -ci nan "$work/silent.jsonl") NaN lines"
 fi
 
+# --sft: whole conversations packed first-fit, positions and attention reset per document (the
+# shards' boundaries), the same losses at every layout, resumed exactly.
+S=("${D[@]}" --sft --micro-batch-size 2)
+if run sft 1 "${S[@]}" --save "$work/sft-ckpt" --save-interval 10; then
+  grep -q "packed (--sft): [0-9.]*% of the samples' tokens are document tokens" "$work/sft.log" \
+    && ok "--sft logs its packing: $(grep -o 'packed (--sft): [0-9.]*%' "$work/sft.log")" \
+    || bad "--sft: no packing line in the log"
+  differ base sft "--sft trains other samples than the windows"
+  run sft-tp2 2 "${S[@]}" --tensor-model-parallel-size 2 --sequence-parallel && within sft sft-tp2 "--sft, TP2 + SP"
+  run sft-pp2 2 "${S[@]}" --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 \
+    && within sft sft-pp2 "--sft, PP2 interleaved"
+  run sft-dp2 2 "${S[@]}" --use-distributed-optimizer && within sft sft-dp2 "--sft, DP2 distributed optimizer"
+  if run sft-resume 1 "${S[@]}" --load "$work/sft-ckpt/iter_0000010" --train-iters 20; then
+    got=$(losses "$work/sft-resume.jsonl" | tr '\n' ' '); want=$(losses "$work/sft.jsonl" | tail -10 | tr '\n' ' ')
+    [ "$got" = "$want" ] && ok "--sft resumed at iteration 10: iterations 11-20 bit for bit" \
+      || bad "--sft resume: $got vs $want"
+  fi
+fi
+if run sft-cut 1 --data-path "$work/silent" --sft --micro-batch-size 2 --train-iters 2; then
+  grep -q "250 document(s) cut to fit" "$work/sft-cut.log" && ok "--sft cuts the 90-token documents and says so" \
+    || bad "--sft cut: $(grep -o 'packed.*' "$work/sft-cut.log")"
+fi
+
 refuse() {  # refuse WHAT PATTERN ARGS...: exit 2 and one error line naming the shard, the last
   local what=$1 pattern=$2 out rc
   shift 2
@@ -154,4 +179,16 @@ refuse "a loss mask of another length" "short_00000.h5': /loss_mask has .* entri
   --data-path "$work/short"
 refuse "a mask value of 2" "two_00000.h5': /loss_mask of document 7 (token 1 of the document.* is 2" \
   --data-path "$work/two" --train-iters 60
+refuse "--sft-no-truncate with a longer document" "--sft-no-truncate: document 0 of '$work/silent' has 91 tokens, more than a sample's --seq-length+1 = 33" \
+  --data-path "$work/silent" --sft --sft-no-truncate
+"$py" - "$work/one_00000.h5" <<'PY'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "w") as f:
+    f.create_dataset("tokens", data=np.arange(1, 200, dtype=np.int32)); f.create_dataset("doc_offsets", data=np.array([0, 199]))
+    for k, v in {"vocab_size": 200, "eod_id": 199, "tokenizer": "synthetic", "format_version": 1}.items(): f.attrs[k] = v
+PY
+refuse "--sft on data of one document" "--sft packs whole documents, but the shards of '$work/one' hold one document" \
+  --data-path "$work/one" --sft
+refuse "--sft with context parallelism" "--sft with --context-parallel-size 2: documents inside a sample do not run under context parallelism yet" \
+  "${D[@]}" --sft --context-parallel-size 2
 exit $fail

@@ -16,7 +16,8 @@ struct Layout {
 Layout layout_of(const std::vector<int32_t>& input, LtorOptions o) {
   const int64_t T = static_cast<int64_t>(input.size());
   Layout l{std::vector<int32_t>(T, -7), std::vector<int32_t>(T, -7), std::vector<int32_t>(T, 5)};
-  ltor_layout(input.data(), T, o, l.positions.data(), l.key_begin.data(), l.targets.data());
+  ltor_layout(input.data(), nullptr, T, o, l.positions.data(), l.key_begin.data(),
+              l.targets.data());
   return l;
 }
 
@@ -57,6 +58,25 @@ TEST(SampleLayout, EachOptionAsMegatronComputesIt) {
   EXPECT_EQ(all.targets, loss.targets);
   EXPECT_TRUE(o.active());
   EXPECT_FALSE(LtorOptions{}.active());
+}
+
+TEST(SampleLayout, PackedDocumentsComeFromTheFlagsNotTheEods) {
+  // --sft: documents at 0, 3 and 5 (flags), padding from 7; an EOD inside a document (at 1)
+  // resets nothing. The first token of each document is no target.
+  const std::vector<int32_t> sample = {5, 0, 6, 7, 8, 9, 0, -1, -1};
+  const std::vector<uint8_t> flags = {kDocumentStart, 1, 1, kDocumentStart, 1, kDocumentStart, 0,
+                                      kDocumentStart, 0};
+  LtorOptions o;
+  o.eod = 0;
+  o.packed = o.reset_position_ids = o.reset_attention_mask = true;
+  std::vector<int32_t> pos(8), key(8);
+  ltor_layout(sample.data(), flags.data(), 8, o, pos.data(), key.data(), nullptr);
+  EXPECT_EQ(pos, (std::vector<int32_t>{0, 1, 2, 0, 1, 0, 1, 0}));
+  EXPECT_EQ(key, (std::vector<int32_t>{0, 0, 0, 3, 3, 5, 5, 7}));
+  std::vector<uint8_t> counts(8);
+  loss_counts(sample.data(), flags.data(), 8, o, counts.data());
+  // Targets 1..8: 0 (counts), 6, then 7 starts a document, 8, 9 starts one, 0 has mask 0, pads.
+  EXPECT_EQ(counts, (std::vector<uint8_t>{1, 1, 0, 1, 0, 0, 0, 0}));
 }
 
 TEST(SampleLayout, WithoutAnEodNothingResets) {

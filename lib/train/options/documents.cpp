@@ -27,6 +27,11 @@ class DocumentOptions : public OptionGroup {
             "its sample")("eod-mask-loss", po::bool_switch(&d.eod_mask_loss),
                           "the positions whose input token is the end-of-document token carry "
                           "no loss")(
+            "sft", po::bool_switch(&d.packed),
+            "supervised fine-tuning: pack whole documents of the data (the shards' boundaries) "
+            "first-fit into samples, pad the rest; positions and attention reset per document")(
+            "sft-no-truncate", po::bool_switch(&d.no_truncate),
+            "with --sft: refuse a document longer than --seq-length+1 tokens (default: cut it)")(
             "calculate-per-token-loss", po::bool_switch(&o.train.per_token_loss),
             "the loss is the global batch's summed token losses over its counted tokens (default: "
             "Megatron's mean per micro-batch, averaged over the micro-batches; the same unless "
@@ -34,6 +39,11 @@ class DocumentOptions : public OptionGroup {
   }
 
   void resolve(const OptionParser&, RunOptions& o, StartupNotes&) override {
+    LtorOptions& d = o.train.documents;
+    if (d.no_truncate && !d.packed)
+      throw ConfigError(
+          "--sft-no-truncate needs --sft (it refuses documents longer than a sample)");
+    if (d.packed) d.reset_position_ids = d.reset_attention_mask = true;  // per packed document
     if (o.train.documents.active() && o.mock_data)
       throw ConfigError(
           std::string(names(o.train.documents)) +
@@ -52,7 +62,9 @@ class DocumentOptions : public OptionGroup {
     if (s != DryRunSection::Setup) return;
     if (dc.o.train.documents.active())
       out << "documents inside a sample: " << names(dc.o.train.documents)
-          << " (at each end-of-document token of the data)\n";
+          << (dc.o.train.documents.packed
+                  ? " (whole documents packed into samples, reset at the shards' boundaries)\n"
+                  : " (at each end-of-document token of the data)\n");
     out << "loss: "
         << (dc.o.train.per_token_loss
                 ? "per token over the global batch (--calculate-per-token-loss)"
@@ -68,8 +80,9 @@ class DocumentOptions : public OptionGroup {
       if (!s.empty()) s += ", ";
       s += n;
     };
-    add(d.reset_position_ids, "--reset-position-ids");
-    add(d.reset_attention_mask, "--reset-attention-mask");
+    add(d.packed, "--sft");
+    add(d.reset_position_ids && !d.packed, "--reset-position-ids");
+    add(d.reset_attention_mask && !d.packed, "--reset-attention-mask");
     add(d.eod_mask_loss, "--eod-mask-loss");
     return s;
   }
