@@ -55,7 +55,6 @@ void StepExecutor::shape(int global_batch) {
   }
   const int64_t local = global_batch / ctx_.dp_size;
   batch_.resize(static_cast<size_t>(local) * (model_.config().seq_length + 1));
-  mask_.resize(data_.has_loss_mask() ? batch_.size() : 0);
   prefetch_.reset();  // its read in flight (of the previous shape) finishes first
   prefetch_ = std::make_unique<Prefetcher>(data_, local);
 }
@@ -96,12 +95,15 @@ void StepExecutor::load_training_batch(int64_t consumed, StepStats& st) {
   const int64_t next = consumed + global_batch_;
   read_error_.clear();
   try {  // a bad sample stops every rank (count_loss_tokens agrees on it), not just this one
+    // The training data's masks (an evaluation's may have sized mask_ for its own data).
+    const bool masked = data_.has_loss_mask();
     batch_masked_ = false;
+    if (masked) mask_.resize(batch_.size());
     prefetch_->fetch(
         first_sample(consumed), batch_.data(),
         dp_slice_begin(next, cfg_.global_batch_at(ctx_.dp_size, next), ctx_.dp_size, ctx_.dp_rank),
-        mask_.empty() ? nullptr : mask_.data());
-    batch_masked_ = !mask_.empty();
+        masked ? mask_.data() : nullptr);
+    batch_masked_ = masked;
   } catch (const std::exception& e) {
     read_error_ = e.what();
     if (read_error_.empty()) read_error_ = "reading this step's samples failed";

@@ -109,3 +109,25 @@ TEST(LossMask, MegatronsMeanPerMicroBatchAndThePerTokenLoss) {
   EXPECT_EQ(a.loss, b.loss);
   EXPECT_GT(std::fabs(a.grad_norm - b.grad_norm), 1e-4 * b.grad_norm);
 }
+
+TEST(LossMask, EvaluatingMaskedDataLeavesUnmaskedTrainingAlone) {
+  // Training on data without masks, evaluating on masked data in between: the training steps
+  // are those of a run that never evaluated (no mask of the evaluation is reused).
+  const GPTConfig m = testing_util::small_gpt(32, 4, kSeq, kVocab);
+  TrainConfig t = testing_util::tiny_schedule();
+  t.micro_batch_size = 2;
+  t.global_batch_size = 4;
+  t.train_iters = 3;
+  MaskedSamples valid = samples(false);
+  std::vector<double> plain, evaluated;
+  for (bool eval : {false, true}) {
+    auto be = make_cpu_backend();
+    auto data = make_mock_dataset(kVocab, kSeq, 7);
+    Trainer tr(m, t, *be, *data);
+    for (int i = 0; i < 3; ++i) {
+      if (eval) EXPECT_GT(tr.evaluate(valid, 0, 1), 3.0);
+      (eval ? evaluated : plain).push_back(tr.train_step().loss);
+    }
+  }
+  EXPECT_EQ(plain, evaluated);
+}
