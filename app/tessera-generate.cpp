@@ -13,6 +13,7 @@
 #include "comm/mpi.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "data/chat_template.hpp"
 #include "inference/generator.hpp"
 #include "inference_setup.hpp"
 
@@ -40,7 +41,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 int main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
   const bool root = mpi.world_rank() == 0;
-  std::string prompt_file;
+  std::string prompt_file, chat_template, system;
   InferenceSetup setup;
   std::vector<std::string> prompts_text, prompt_ids;
   GenerationOptions g;
@@ -55,7 +56,12 @@ int main(int argc, char** argv) {
         "prompt-ids", po::value(&prompt_ids)->composing(),
         "a prompt as space-separated token ids (no tokenizer); output is ids too")(
         "interactive", po::bool_switch(&interactive),
-        "read prompts from standard input until 'stop' or end of input");
+        "read prompts from standard input until 'stop' or end of input")(
+        "chat-template", po::value(&chat_template),
+        "chatml | llama3 | mistral | auto: each prompt is a user turn rendered with the template "
+        "and followed by the assistant's header (as tessera-preprocess renders chat data; auto: "
+        "the template tokenizer_config.json names); generation stops at the end of the turn")(
+        "system", po::value(&system), "with --chat-template: a system message before each prompt");
     p.group("Sampling")
         .add_options()("max-new-tokens", po::value(&g.max_new_tokens)->default_value(64),
                        "tokens to generate per prompt (fewer on the end-of-document token)")(
@@ -102,10 +108,35 @@ int main(int argc, char** argv) {
     if (tok) g.eod_id = tok->eod_id();
     if (add_bos && !tok)
       throw ConfigError("--add-BOS needs a tokenizer (it is not for --prompt-ids)");
+    if (!system.empty() && chat_template.empty())
+      throw ConfigError("--system needs --chat-template (it is a message of the conversation)");
+    const bool chat = !chat_template.empty();
+    ChatFormat chat_format = ChatFormat::ChatML;
+    if (chat) {
+      if (!tok || add_bos)
+        throw ConfigError(
+            "--chat-template renders text prompts with the tokenizer (not with --prompt-ids or "
+            "--add-BOS: the template writes its own tokens)");
+      chat_format = resolve_chat_format(chat_template, setup.tokenizer.model);
+      g.eod_id = tok->special_token_id(chat_end_of_turn(chat_format));
+      if (g.eod_id < 0)
+        throw ConfigError(std::string("--chat-template ") + chat_format_name(chat_format) +
+                          " ends a turn with '" + chat_end_of_turn(chat_format) +
+                          "', which the tokenizer does not have as one token");
+    }
     const ParallelContext& ctx = L.ctx;
     GPTModel& model = *L.model;
 
     auto encode = [&](const std::string& s) {
+      if (chat) {  // [system,] user: s, then the assistant's header
+        std::vector<ChatMessage> m;
+        if (!system.empty()) m.push_back({"system", system});
+        m.push_back({"user", s});
+        std::vector<ChatPiece> pieces = render_chat(chat_format, m);
+        for (ChatPiece& p : chat_generation_prompt(chat_format)) pieces.push_back(std::move(p));
+        Tokenizer::Cache cache;
+        return encode_chat(chat_format, pieces, *tok, cache);
+      }
       std::vector<int32_t> ids;
       if (add_bos) ids.push_back(tok->bos_id());
       const std::vector<int32_t> text = tok ? tok->encode(s) : parse_ids(s);

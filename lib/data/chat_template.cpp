@@ -194,4 +194,47 @@ std::vector<ChatPiece> render_chat(ChatFormat f, const std::vector<ChatMessage>&
   return p;
 }
 
+std::vector<ChatPiece> chat_generation_prompt(ChatFormat f) {
+  switch (f) {
+    case ChatFormat::ChatML:
+      return {{"<|im_start|>", true, false}, {"assistant\n", false, false}};
+    case ChatFormat::Llama3:
+      return {{"<|start_header_id|>", true, false},
+              {"assistant", false, false},
+              {"<|end_header_id|>", true, false},
+              {"\n\n", false, false}};
+    case ChatFormat::Mistral:
+      return {};  // the answer follows [/INST]
+  }
+  return {};
+}
+
+const char* chat_end_of_turn(ChatFormat f) {
+  return f == ChatFormat::ChatML ? "<|im_end|>" : f == ChatFormat::Llama3 ? "<|eot_id|>" : "</s>";
+}
+
+std::vector<int32_t> encode_chat(ChatFormat f, const std::vector<ChatPiece>& pieces,
+                                 const Tokenizer& tok, Tokenizer::Cache& cache,
+                                 std::vector<uint8_t>* mask) {
+  std::vector<int32_t> ids;
+  if (mask) mask->clear();
+  for (const ChatPiece& p : pieces) {
+    const size_t before = ids.size();
+    if (p.special) {
+      const int32_t id = tok.special_token_id(p.text);
+      if (id < 0)
+        throw ConfigError(std::string("--chat-template ") + chat_format_name(f) +
+                          " writes the special token '" + p.text + "', which the tokenizer '" +
+                          tok.name() +
+                          "' does not have as one token; give the template of the tokenizer's "
+                          "model (or --chat-template auto)");
+      ids.push_back(id);
+    } else {
+      tok.encode(p.text, ids, cache);
+    }
+    if (mask) mask->insert(mask->end(), ids.size() - before, p.counted ? 1 : 0);
+  }
+  return ids;
+}
+
 }  // namespace tessera

@@ -20,6 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include "data/tokenizer.hpp"
+
 namespace tessera {
 
 enum class ChatFormat { ChatML, Llama3, Mistral };
@@ -52,5 +54,17 @@ std::vector<ChatMessage> parse_chat_messages(std::string_view line, const std::s
 // The conversation as pieces. Throws JsonError for an order the template cannot render (a system
 // message after the first, mistral's roles not alternating from a user turn).
 std::vector<ChatPiece> render_chat(ChatFormat f, const std::vector<ChatMessage>& messages);
+
+// What opens the assistant's turn after a conversation (the generation prompt of
+// apply_chat_template(add_generation_prompt=True)), and the special token that ends it.
+std::vector<ChatPiece> chat_generation_prompt(ChatFormat f);
+const char* chat_end_of_turn(ChatFormat f);
+
+// The pieces' token ids: special pieces as their single id, text through the tokenizer; with
+// `mask`, one 0/1 per id (1: a counted piece's). ConfigError naming a special token the
+// tokenizer does not have as one token.
+std::vector<int32_t> encode_chat(ChatFormat f, const std::vector<ChatPiece>& pieces,
+                                 const Tokenizer& tok, Tokenizer::Cache& cache,
+                                 std::vector<uint8_t>* mask = nullptr);
 
 }  // namespace tessera

@@ -4,6 +4,7 @@
 #include <glob.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -103,32 +104,8 @@ struct Pipeline {
   }
 };
 
-// One conversation's tokens and loss mask (the special pieces as their single ids, from
-// `specials`, in chat_special_tokens order); false when no token is a target.
-bool tokenize_chat(const std::vector<ChatPiece>& pieces, const Tokenizer& tok,
-                   const std::vector<std::pair<std::string, int32_t>>& specials,
-                   Tokenizer::Cache& cache, std::vector<int32_t>& ids, std::vector<uint8_t>& mask) {
-  ids.clear();
-  mask.clear();
-  bool any = false;
-  for (const ChatPiece& p : pieces) {
-    const size_t before = ids.size();
-    if (p.special) {
-      for (const auto& [text, id] : specials)
-        if (text == p.text) ids.push_back(id);
-      TESSERA_CHECK(ids.size() == before + 1, "chat template token '", p.text, "' has no id");
-    } else {
-      tok.encode(p.text, ids, cache);
-    }
-    mask.insert(mask.end(), ids.size() - before, p.counted ? 1 : 0);
-    any = any || (p.counted && ids.size() > before);
-  }
-  return any;
-}
-
 // A worker: tokenizes queued batches with its own BPE cache until reading ends or fails.
-void tokenize_batches(Pipeline& pl, const Tokenizer& tok, const PreprocessOptions& opts,
-                      const std::vector<std::pair<std::string, int32_t>>& specials) {
+void tokenize_batches(Pipeline& pl, const Tokenizer& tok, const PreprocessOptions& opts) {
   Tokenizer::Cache cache;
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
@@ -150,7 +127,8 @@ void tokenize_batches(Pipeline& pl, const Tokenizer& tok, const PreprocessOption
       b->lengths.push_back(ids.size());
     }
     for (size_t c = 0; c < b->convs.size(); ++c) {
-      if (!tokenize_chat(b->convs[c], tok, specials, cache, ids, mask)) {
+      ids = encode_chat(opts.chat_format, b->convs[c], tok, cache, &mask);
+      if (std::find(mask.begin(), mask.end(), uint8_t(1)) == mask.end()) {  // nothing to learn
         b->skipped.push_back(b->where[c]);
         continue;
       }
@@ -321,19 +299,14 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
   Pipeline pl;
   PreprocessResult res;
 
-  // Chat data: the template's special tokens, each one token of this tokenizer.
-  std::vector<std::pair<std::string, int32_t>> specials;
-  if (opts.chat)
-    for (const std::string& s : chat_special_tokens(opts.chat_format)) {
-      const int32_t id = tok.special_token_id(s);
-      if (id < 0)
-        throw ConfigError(std::string("--chat-template ") + chat_format_name(opts.chat_format) +
-                          " writes the special token '" + s + "', which the tokenizer '" +
-                          tok.name() +
-                          "' does not have as one token; give the template of the tokenizer's "
-                          "model (or --chat-template auto)");
-      specials.emplace_back(s, id);
-    }
+  // Chat data: the template's special tokens, each one token of this tokenizer (checked here,
+  // before any input is read).
+  if (opts.chat) {
+    std::vector<ChatPiece> all;
+    for (const std::string& s : chat_special_tokens(opts.chat_format)) all.push_back({s, true});
+    Tokenizer::Cache cache;
+    encode_chat(opts.chat_format, all, tok, cache);
+  }
   // The end of a turn that is also the end of a document: scanning for EOD tokens (the reset
   // options) would cut conversations at every turn.
   for (const ChatPiece& p : render_chat(opts.chat_format, {{"user", "q"}, {"assistant", "a"}}))
@@ -347,7 +320,7 @@ PreprocessResult preprocess(const PreprocessOptions& opts, const Tokenizer& tok,
   // Workers: tokenize batches, each with its own BPE cache.
   std::vector<std::thread> workers;
   for (int w = 0; w < opts.workers; ++w)
-    workers.emplace_back([&] { tokenize_batches(pl, tok, opts, specials); });
+    workers.emplace_back([&] { tokenize_batches(pl, tok, opts); });
 
   // Reader: documents in input order, in batches of ~1 MB.
   std::thread reader([&] { read_documents(pl, files, opts); });

@@ -132,6 +132,49 @@ targets = [t[i + 1] for i in range(T) if m[i]]
 assert targets and 128009 in targets and not set(targets) & {128000, 128001, 128006, 128007}, targets
 PY
 
+# tessera-generate --chat-template: a tiny model trained on the Llama 3.1 chat shards answers a
+# prompt rendered with the template; its prompt is the ids Jinja2 + Tokenizers.js give for the
+# conversation with add_generation_prompt, and greedy decoding from those ids (--prompt-ids)
+# gives the same answer up to <|eot_id|>.
+if timeout 300 "$bin/tessera-train" --config "$src/configs/gpt2-tiny.ini" --num-layers 2 --hidden-size 32 \
+     --seq-length 48 --max-position-embeddings 64 --vocab-size 0 --data-path "$work/llama3_1" --split 100,0,0 \
+     --global-batch-size 4 --micro-batch-size 2 --train-iters 3 --eval-interval 0 --threads 1 --device cpu \
+     --save "$work/gen-ckpt" > "$work/gen-train.log" 2>&1; then
+  G=(--load "$work/gen-ckpt" --threads 1 --device cpu --greedy --max-new-tokens 6)
+  ans=$("$bin/tessera-generate" "${G[@]}" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$hf/llama3_1" \
+    --chat-template auto --system "Be brief." --prompt "Hi" 2>"$work/gen.err")
+  "$py" - "$hf/llama3_1" "$work/gp.jsonl" <<'PY'
+import json, sys
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+cfg = json.load(open(sys.argv[1] + "/tokenizer_config.json"))
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+text = env.from_string(cfg["chat_template"]).render(
+    messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    bos_token=cfg["bos_token"], eos_token=cfg["eos_token"], add_generation_prompt=True)
+open(sys.argv[2], "w").write(json.dumps({"text": text}) + "\n")
+PY
+  ref=$(node "$src/tests/data/hf_reference.mjs" "$hf/llama3_1" jsonl "$work/gp.jsonl" text)
+  n=$(wc -w <<<"$ref")
+  ids=$("$bin/tessera-generate" "${G[@]}" --prompt-ids "$ref" 2>/dev/null | sed 's/.*| //')
+  want=$(awk '{ for (i = 1; i <= NF && $i != 128009; i++) printf "%s%s", (i > 1 ? " " : ""), $i }' <<<"$ids")
+  text=$(node "$src/tests/data/hf_reference.mjs" "$hf/llama3_1" decode "${want:-128009}")
+  [ -z "$want" ] && text=""
+  out=$("$bin/tessera-generate" "${G[@]}" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$hf/llama3_1" \
+    --system "x" --prompt "Hi" 2>&1); rc=$?
+  [ $rc -eq 2 ] && grep -q -- "--system needs --chat-template" <<<"$out" && ok "refused: generate --system without a template" \
+    || bad "generate --system alone: rc $rc $out"
+  out=$("$bin/tessera-generate" "${G[@]}" --chat-template llama3 --prompt-ids "1 2" 2>&1); rc=$?
+  [ $rc -eq 2 ] && grep -q -- "--chat-template renders text prompts with the tokenizer" <<<"$out" \
+    && ok "refused: generate --chat-template with --prompt-ids" || bad "generate template + ids: rc $rc $out"
+  if grep -q "^tessera-generate: $n prompt tokens prefilled" "$work/gen.err" && [ "$ans" = "Hi$text" ]; then
+    ok "tessera-generate --chat-template auto: $n prompt tokens as Jinja2 + Tokenizers.js render them, the answer equals --prompt-ids' up to <|eot_id|> ('${ans#Hi}')"
+  else
+    bad "generate with the template: '$ans' vs 'Hi$text' ($(cat "$work/gen.err"); reference $n ids)"
+  fi
+else
+  bad "training on the chat shards: $(tail -3 "$work/gen-train.log")"
+fi
+
 refuse() {  # refuse WHAT PATTERN ARGS...
   local what=$1 pattern=$2 out rc
   shift 2
