@@ -89,9 +89,10 @@ def write_file(path, tensors):  # tensors: list of (name, dtype, shape, raw)
 
 # ---- make ----------------------------------------------------------------------------------------
 
-def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta, arch="llama", head_dim=0):
+def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta, arch="llama", head_dim=0,
+         vocab=100, positions=32):
     rng = random.Random(seed)
-    h, heads, inter, layers, vocab = 16, 4, 24, 2, 100
+    h, heads, inter, layers = 16, 4, 24, 2
     hd = head_dim or h // heads
     if arch != "llama" and bias:
         raise SystemExit("--bias is Llama's attention_bias/mlp_bias (Qwen2 has q/k/v biases always)")
@@ -102,7 +103,7 @@ def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta, arch="llama
     cfg = {"architectures": [cls], "model_type": arch, "hidden_act": "silu",
            "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": layers,
            "num_attention_heads": heads, "num_key_value_heads": groups,
-           "max_position_embeddings": 32, "vocab_size": vocab, "rms_norm_eps": 1e-5,
+           "max_position_embeddings": positions, "vocab_size": vocab, "rms_norm_eps": 1e-5,
            "rope_theta": theta, "attention_bias": bias,
            "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
@@ -314,7 +315,8 @@ def compare(a, b):
 def main(argv):
     if len(argv) >= 2 and argv[0] == "make":
         opts = {"--shards": "1", "--dtype": "bf16", "--seed": "1", "--groups": "2",
-                "--theta": "500000", "--arch": "llama", "--head-dim": "0"}
+                "--theta": "500000", "--arch": "llama", "--head-dim": "0", "--vocab": "100",
+                "--positions": "32"}
         flags = set()
         i = 2
         while i < len(argv):
@@ -327,7 +329,7 @@ def main(argv):
         make(argv[1], int(opts["--shards"]), opts["--dtype"].upper(), int(opts["--seed"]),
              int(opts["--groups"]), "--tied" in flags, "--bias" in flags,
              "--rope-scaling" in flags, float(opts["--theta"]), opts["--arch"],
-             int(opts["--head-dim"]))
+             int(opts["--head-dim"]), int(opts["--vocab"]), int(opts["--positions"]))
     elif len(argv) == 4 and argv[0] == "greedy":
         greedy(argv[1], argv[2], int(argv[3]))
     elif len(argv) == 3 and argv[0] == "compare":
