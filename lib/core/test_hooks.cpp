@@ -24,6 +24,10 @@ bool cp_no_lse_merge() {
   return on;
 }
 
+bool doc_mask_leak() {
+  return env_is("TESSERA_FAULT_DOC_MASK", "leak");
+}
+
 bool cp_contiguous_split() {
   static const bool on = env_is("TESSERA_FAULT_CP", "contiguous-split");
   return on;

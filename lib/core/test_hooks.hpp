@@ -20,6 +20,12 @@ namespace tessera::test_hooks {
 // Used by tests/train/test_context_parallel.sh (the layouts must then disagree).
 bool cp_no_lse_merge();
 
+// TESSERA_FAULT_DOC_MASK=leak: the first row of a micro-batch whose document starts after the
+// sample's first token sees one key more, the last token of the document before (one
+// cross-document attention left). Read at each call. Used by GPT.DocumentsMatchTheIndependent-
+// Reference (the loss must then miss the reference).
+bool doc_mask_leak();
+
 // TESSERA_FAULT_CP=contiguous-split: each context-parallel rank takes the naive contiguous slice
 // of a sample (rank r of T tokens each: [r*T, (r+1)*T)) instead of its chunks r and 2CP-1-r. Any
 // other value or unset: off. Read once. Used by tests/train/test_context_parallel.sh (must

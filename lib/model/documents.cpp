@@ -4,7 +4,10 @@
 // ids replace the row index everywhere a position is read: RoPE's angle, the learned position
 // embedding's row (a gather, whose gradient scatters back) and ALiBi's distance; the first visible
 // key of each row masks the other documents in the attention kernels (core/documents.hpp).
+#include <vector>
+
 #include "core/logging.hpp"
+#include "core/test_hooks.hpp"
 #include "model/gpt.hpp"
 
 namespace tessera {
@@ -26,7 +29,17 @@ void GPTModel::set_documents(Activations& a, const int32_t* positions, const int
     be_.copy_from_host(t, host);
   };
   stage(a.doc_positions, positions);
-  stage(a.doc_key_begin, key_begin);
+  if (key_begin && test_hooks::doc_mask_leak()) {  // testing: one cross-document attention
+    std::vector<int32_t> leaky(key_begin, key_begin + N);
+    for (int32_t& k : leaky)
+      if (k > 0) {
+        --k;
+        break;
+      }
+    stage(a.doc_key_begin, leaky.data());
+  } else {
+    stage(a.doc_key_begin, key_begin);
+  }
   if (!positions || !cfg_.learned_positions() || !embeds(a)) {
     a.doc_wpe = Tensor();
   } else if (!a.doc_wpe.defined()) {

@@ -334,6 +334,13 @@ TEST(GPT, DocumentsMatchTheIndependentReference) {
       EXPECT_GT(std::fabs(ref - plain), 1e-6) << "the documents changed nothing";
     }
   const DocCase both{true, true};
+  {  // The mutation: one row attends one key of the document before; the reference notices.
+    setenv("TESSERA_FAULT_DOC_MASK", "leak", 1);
+    double ref = 0;
+    const double loss = model_loss(tiny_config(), &ref, &both);
+    unsetenv("TESSERA_FAULT_DOC_MASK");
+    EXPECT_GT(std::fabs(loss - ref), 1e-5 * ref) << "one cross-document attention went unnoticed";
+  }
   check_gradients(tiny_config(), &both);
   for (int v : {0, 4}) {  // RoPE with grouped-query attention; ALiBi
     SCOPED_TRACE("variant " + std::to_string(v));
