@@ -102,7 +102,9 @@ int main(int argc, char** argv) {
             "reset-attention-mask", po::bool_switch(&docs.reset_attention_mask),
             "as training: no attention across an end-of-document token")(
             "eod-mask-loss", po::bool_switch(&docs.eod_mask_loss),
-            "as training: no loss where the input token is the end-of-document token");
+            "as training: no loss where the input token is the end-of-document token")(
+            "sft", po::bool_switch(&docs.packed),
+            "as training: whole documents packed into samples, reset per document");
     if (!p.parse(argc, argv)) return 0;
     const Split sp = which == "train"   ? Split::Train
                      : which == "valid" ? Split::Valid
@@ -147,6 +149,8 @@ int main(int argc, char** argv) {
     set_seq_length(cfg, seq, ckpt.path());
     data.model.seq_length = cfg.seq_length;
     data.train.seed = seed >= 0 ? static_cast<uint64_t>(seed) : ckpt.meta().seed;
+    if (docs.packed) docs.reset_position_ids = docs.reset_attention_mask = true;
+    data.train.documents = docs;  // --sft packs the split's documents
     std::unique_ptr<BlendedDataset> ds = open_split_data(data, sp);
     const ShardMeta& m = ds->dataset(0).corpus().meta();
     if (m.vocab_size != cfg.vocab_size)

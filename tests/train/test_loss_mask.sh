@@ -162,6 +162,13 @@ if run sft 1 "${S[@]}" --save "$work/sft-ckpt" --save-interval 10; then
       || bad "--sft resume: $got vs $want"
   fi
 fi
+# Evaluation packs too: tessera-eval --sft equals tessera-train --skip-train --sft.
+e_sft=$("$bin/tessera-eval" --load "$work/sft-ckpt" --data-path "$work/chat" --split 50,50,0 --eval-iters 3 \
+  --global-batch-size 8 --micro-batch-size 2 --threads 1 --device cpu --sft 2>&1 | grep -o 'loss [0-9.]*' | awk '{print $2}')
+t_sft=$("$bin/tessera-train" "${common[@]}" "${D[@]}" --sft --micro-batch-size 2 --split 50,50,0 --load "$work/sft-ckpt" \
+  --skip-train --eval-iters 3 2>&1 | grep -o 'lm loss value: [0-9.E+-]*' | awk '{printf "%.9f", $4}')
+[ -n "$e_sft" ] && [ "$e_sft" = "$t_sft" ] && ok "tessera-eval --sft: $e_sft == tessera-train --skip-train --sft" \
+  || bad "evaluation with --sft: tessera-eval '$e_sft', --skip-train '$t_sft'"
 if run sft-cut 1 --data-path "$work/silent" --sft --micro-batch-size 2 --train-iters 2; then
   grep -q "250 document(s) cut to fit" "$work/sft-cut.log" && ok "--sft cuts the 90-token documents and says so" \
     || bad "--sft cut: $(grep -o 'packed.*' "$work/sft-cut.log")"
