@@ -41,7 +41,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 int main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
   const bool root = mpi.world_rank() == 0;
-  std::string prompt_file, chat_template, system;
+  std::string prompt_file, chat_template, system, default_system;
   InferenceSetup setup;
   std::vector<std::string> prompts_text, prompt_ids;
   GenerationOptions g;
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
         throw ConfigError(
             "--chat-template renders text prompts with the tokenizer (not with --prompt-ids or "
             "--add-BOS: the template writes its own tokens)");
-      chat_format = resolve_chat_format(chat_template, setup.tokenizer.model);
+      chat_format = resolve_chat_format(chat_template, setup.tokenizer.model, &default_system);
       g.eod_id = tok->special_token_id(chat_end_of_turn(chat_format));
       if (g.eod_id < 0)
         throw ConfigError(std::string("--chat-template ") + chat_format_name(chat_format) +
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
         std::vector<ChatMessage> m;
         if (!system.empty()) m.push_back({"system", system});
         m.push_back({"user", s});
-        std::vector<ChatPiece> pieces = render_chat(chat_format, m);
+        std::vector<ChatPiece> pieces = render_chat(chat_format, m, default_system);
         for (ChatPiece& p : chat_generation_prompt(chat_format)) pieces.push_back(std::move(p));
         Tokenizer::Cache cache;
         return encode_chat(chat_format, pieces, *tok, cache);

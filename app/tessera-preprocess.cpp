@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     if (!json_keys.empty()) json_key = json_keys;
     if (!chat_template.empty()) {
       o.chat = true;
-      o.chat_format = resolve_chat_format(chat_template, to.model);
+      o.chat_format = resolve_chat_format(chat_template, to.model, &o.chat_default_system);
     }
     o.json_key = !json_key.empty() ? json_key : o.chat ? "messages" : "text";
     if (o.workers < 0)
@@ -123,6 +123,10 @@ int main(int argc, char** argv) {
               << ", " << r.tokens << " tokens (" << r.bytes << " bytes of text) in "
               << r.shards.size() << " shard(s) " << o.output_prefix << "_*.h5 in " << r.seconds
               << " s with " << o.workers << " workers" << std::endl;
+    if (!o.chat_default_system.empty())
+      std::cout << "tessera-preprocess: note: conversations without a system message get the "
+                   "template's default one, as apply_chat_template adds it: '"
+                << o.chat_default_system << "'" << std::endl;
     if (!r.note.empty()) std::cout << "tessera-preprocess: note: " << r.note << std::endl;
     if (r.skipped > 0)
       std::cout << "tessera-preprocess: " << r.skipped

@@ -43,7 +43,37 @@ const char* chat_format_name(ChatFormat f) {
   return "?";
 }
 
-ChatFormat resolve_chat_format(const std::string& name, const std::string& tokenizer_model) {
+namespace {
+
+// The literal system message of a ChatML template for conversations without one: the text of
+// '<|im_start|>system\n...<|im_end|>' when it is a plain string (no quote, no Jinja), with the
+// escapes \n and \\ decoded; empty when the template has none.
+std::string chatml_default_system(const std::string& tmpl) {
+  const std::string open = "<|im_start|>system\\n", close = "<|im_end|>";
+  for (size_t at = tmpl.find(open); at != std::string::npos; at = tmpl.find(open, at + 1)) {
+    const size_t begin = at + open.size(), end = tmpl.find(close, begin);
+    if (end == std::string::npos) break;
+    const std::string raw = tmpl.substr(begin, end - begin);
+    if (raw.empty() || raw.find_first_of("'\"{}") != std::string::npos) continue;
+    std::string text;
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (raw[i] == '\\' && i + 1 < raw.size() && (raw[i + 1] == 'n' || raw[i + 1] == '\\')) {
+        text += raw[i + 1] == 'n' ? '\n' : '\\';
+        ++i;
+      } else {
+        text += raw[i];
+      }
+    }
+    return text;
+  }
+  return "";
+}
+
+}  // namespace
+
+ChatFormat resolve_chat_format(const std::string& name, const std::string& tokenizer_model,
+                               std::string* default_system) {
+  if (default_system) default_system->clear();
   if (name == "chatml") return ChatFormat::ChatML;
   if (name == "llama3") return ChatFormat::Llama3;
   if (name == "mistral") return ChatFormat::Mistral;
@@ -82,7 +112,10 @@ ChatFormat resolve_chat_format(const std::string& name, const std::string& token
     throw ConfigError("--chat-template auto: '" + path +
                       "' has no chat_template; name the template (chatml, llama3, mistral)");
   auto has = [&](const char* s) { return tmpl.find(s) != std::string::npos; };
-  if (has("<|im_start|>") && has("<|im_end|>")) return ChatFormat::ChatML;
+  if (has("<|im_start|>") && has("<|im_end|>")) {
+    if (default_system) *default_system = chatml_default_system(tmpl);
+    return ChatFormat::ChatML;
+  }
   if (has("<|start_header_id|>") && has("<|eot_id|>")) return ChatFormat::Llama3;
   if (has("[INST]") && has("[/INST]") && !has("<<SYS>>")) return ChatFormat::Mistral;
   throw ConfigError("--chat-template auto: the chat_template of '" + path +
@@ -138,13 +171,20 @@ std::vector<ChatMessage> parse_chat_messages(std::string_view line, const std::s
   return out;
 }
 
-std::vector<ChatPiece> render_chat(ChatFormat f, const std::vector<ChatMessage>& messages) {
+std::vector<ChatPiece> render_chat(ChatFormat f, const std::vector<ChatMessage>& messages,
+                                   const std::string& default_system) {
   std::vector<ChatPiece> p;
   auto special = [&](const char* t, bool counted = false) { p.push_back({t, true, counted}); };
   auto text = [&](std::string t, bool counted = false) {
     if (!t.empty()) p.push_back({std::move(t), false, counted});
   };
   if (f == ChatFormat::ChatML) {
+    if (!default_system.empty() && (messages.empty() || messages[0].role != "system")) {
+      special("<|im_start|>");
+      text("system\n" + default_system);
+      special("<|im_end|>");
+      text("\n");
+    }
     for (const ChatMessage& m : messages) {
       const bool a = m.role == "assistant";
       special("<|im_start|>");

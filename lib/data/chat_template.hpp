@@ -4,8 +4,9 @@
 // conversation with one of the built-in templates, and tokenizes it piece by piece: the
 // template's special tokens as single ids, the text pieces through the tokenizer. Only the
 // assistant turns' content and their end-of-turn token are targets whose loss counts.
-//   chatml   <|im_start|>ROLE\nCONTENT<|im_end|>\n per message (Qwen2 / Qwen2.5, without Qwen's
-//            default system message)
+//   chatml   <|im_start|>ROLE\nCONTENT<|im_end|>\n per message (Qwen2 / Qwen2.5 / Qwen3); with
+//            auto, the template's default system message (Qwen2.5's "You are Qwen, ...") goes
+//            first in a conversation without one, as apply_chat_template writes it
 //   llama3   <|begin_of_text|>, then <|start_header_id|>ROLE<|end_header_id|>\n\nCONTENT<|eot_id|>
 //            per message, CONTENT stripped of surrounding whitespace (Llama 3 / 3.1 / 3.2)
 //   mistral  <s>, then [INST]USER[/INST] and ASSISTANT</s>, roles alternating from a user turn;
@@ -40,8 +41,11 @@ struct ChatPiece {
 
 // --chat-template NAME: chatml | llama3 | mistral, or auto (the chat_template of the
 // tokenizer_config.json beside `tokenizer_model`, a tokenizer.json or its directory). ConfigError
-// naming the option or the file otherwise.
-ChatFormat resolve_chat_format(const std::string& name, const std::string& tokenizer_model);
+// naming the option or the file otherwise. With auto, `default_system` (when given) receives the
+// system message a ChatML template writes for a conversation without one (Qwen2 / Qwen2.5's
+// '<|im_start|>system\nYou are ...<|im_end|>\n'), empty when it writes none.
+ChatFormat resolve_chat_format(const std::string& name, const std::string& tokenizer_model,
+                               std::string* default_system = nullptr);
 
 // The special tokens the template writes (each must be one token of the tokenizer).
 std::vector<std::string> chat_special_tokens(ChatFormat f);
@@ -52,8 +56,10 @@ std::vector<std::string> chat_special_tokens(ChatFormat f);
 std::vector<ChatMessage> parse_chat_messages(std::string_view line, const std::string& key);
 
 // The conversation as pieces. Throws JsonError for an order the template cannot render (a system
-// message after the first, mistral's roles not alternating from a user turn).
-std::vector<ChatPiece> render_chat(ChatFormat f, const std::vector<ChatMessage>& messages);
+// message after the first, mistral's roles not alternating from a user turn). ChatML with a
+// `default_system`: a conversation without a system message gets that one first.
+std::vector<ChatPiece> render_chat(ChatFormat f, const std::vector<ChatMessage>& messages,
+                                   const std::string& default_system = "");
 
 // What opens the assistant's turn after a conversation (the generation prompt of
 // apply_chat_template(add_generation_prompt=True)), and the special token that ends it.

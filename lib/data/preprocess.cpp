@@ -189,8 +189,9 @@ void read_documents(Pipeline& pl, const std::vector<std::string>& files,
           if (line.find_first_not_of(" \t") == std::string::npos) continue;
           try {
             if (opts.chat) {  // parsed and rendered here, so that errors name the line
-              batch->convs.push_back(
-                  render_chat(opts.chat_format, parse_chat_messages(line, opts.json_key)));
+              batch->convs.push_back(render_chat(opts.chat_format,
+                                                 parse_chat_messages(line, opts.json_key),
+                                                 opts.chat_default_system));
               batch->where.push_back(f + ":" + std::to_string(lineno));
               batch->bytes += static_cast<int64_t>(line.size());
               push(false);

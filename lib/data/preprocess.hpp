@@ -31,6 +31,7 @@ struct PreprocessOptions {
   // conversation is not a target.
   bool chat = false;
   ChatFormat chat_format = ChatFormat::ChatML;
+  std::string chat_default_system;  // ChatML: the template's system message when one is missing
 };
 
 struct PreprocessResult {

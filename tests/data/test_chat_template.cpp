@@ -4,7 +4,11 @@
 // Qwen2.5's template (without its default system message).
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -81,4 +85,34 @@ TEST(ChatTemplate, MessagesAreParsedAndBadOnesRefused) {
           R"({"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]})"),
       "message 1 is a system message; only the first may be one");
   EXPECT_THROW(render_chat(ChatFormat::Mistral, {{"assistant", "x"}}), JsonError);
+}
+
+TEST(ChatTemplate, AutoFindsAChatmlTemplatesDefaultSystemMessage) {
+  // A Qwen2.5-style template (written here): a system message of its own when the conversation
+  // has none, a plain literal among the template's Jinja.
+  char tmpl_dir[] = "/tmp/tessera_chat_XXXXXX";
+  const std::string dir = mkdtemp(tmpl_dir);
+  {
+    std::ofstream f(dir + "/tokenizer_config.json");
+    f << R"({"eos_token": "<|im_end|>", "chat_template": "{%- if tools %}{{- '<|im_start|>system\\n' }})"
+         R"({%- else %}{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + )"
+         R"(messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou )"
+         R"(are Tess, a helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- endif %}{%- for )"
+         R"(message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + )"
+         R"('<|im_end|>' + '\\n' }}{%- endfor %}"})";
+  }
+  std::string def;
+  EXPECT_EQ(resolve_chat_format("auto", dir + "/tokenizer.json", &def), ChatFormat::ChatML);
+  EXPECT_EQ(def, "You are Tess, a helpful assistant.");
+  const std::vector<ChatMessage> conv = {{"user", "Hi"}, {"assistant", "Yo"}};
+  std::string with;
+  for (const ChatPiece& p : render_chat(ChatFormat::ChatML, conv, def))
+    with += p.counted ? "[" + p.text + "]" : p.text;
+  EXPECT_EQ(with,
+            "<|im_start|>system\nYou are Tess, a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+            "Hi<|im_end|>\n<|im_start|>assistant\n[Yo][<|im_end|>]\n");
+  // A conversation with its own system message keeps it alone; llama3 has no default.
+  EXPECT_EQ(render_chat(ChatFormat::ChatML, kConv, def).size(),
+            render_chat(ChatFormat::ChatML, kConv).size());
+  std::system(("rm -rf " + dir).c_str());
 }
