@@ -68,33 +68,8 @@ common=(--config "$configs/gpt2-tiny.ini" --num-layers 4 --hidden-size 32 --num-
         --seq-length 32 --max-position-embeddings 32 --vocab-size 0 --global-batch-size 8
         --train-iters 20 --log-interval 1 --lr-warmup-iters 2 --threads 1 --device cpu
         --split 100,0,0 --eval-interval 0 --position-embedding-type rope)
-run() {  # run NAME NP [options]
-  local name=$1 np=$2 rc
-  shift 2
-  local cmd=("$bin/tessera-train" "${common[@]}" --metrics-file "$work/$name.jsonl" "$@")
-  if [ "$np" -gt 1 ]; then
-    timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "${cmd[@]}" > "$work/$name.log" 2>&1
-  else
-    timeout 300 "${cmd[@]}" > "$work/$name.log" 2>&1
-  fi
-  rc=$?
-  [ $rc -eq 0 ] || { bad "$name exited $rc: $(grep -v '^\[' "$work/$name.log" | tail -3)"; return 1; }
-}
-losses() { sed 's/.*"lm_loss": \([^,]*\),.*/\1/' "$1"; }
-worst() {  # the worst relative loss difference of two runs over 20 iterations
-  paste <(losses "$work/$1.jsonl") <(losses "$work/$2.jsonl") | awk '
-    { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
-    END { if (n != 20) print "missing"; else printf "%.3g", w }'
-}
-within() {  # within BASE NAME DESCRIPTION
-  local w
-  w=$(worst "$1" "$2")
-  if [ "$w" = missing ] || awk -v w="$w" 'BEGIN { exit !(w > 1e-5) }'; then
-    bad "$2 ($3): worst relative loss difference $w against $1"
-  else
-    ok "$2 ($3): worst relative difference $w over 20 iterations"
-  fi
-}
+# shellcheck source=layout_runs.sh
+source "$(dirname "$0")/layout_runs.sh"  # run, losses, worst, within
 differ() {  # differ A B DESCRIPTION: some loss differs by more than 1e-4 relative
   local w
   w=$(worst "$1" "$2")
