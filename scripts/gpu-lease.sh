@@ -38,7 +38,7 @@ plan=(
   "mixtral-breakdown|60|bash scripts/gpu-run.sh --steps=bench mixtral 5 0 0 bf16 --breakdown"
   "decode-profile|100|bash scripts/gpu-run.sh --steps=decode-profile"
   "memory|240|bash scripts/gpu-run.sh --memory"
-  "save-1.3b|200|env SAVE_MODEL=gpt2-1.3b SAVE_MB=8 SAVE_GBS=32 SAVE_INTERVAL=10 bash scripts/gpu-run.sh --steps=save"
+  "save-1.3b|300|env SAVE_MODEL=gpt2-1.3b SAVE_MB=8 SAVE_GBS=8 SAVE_INTERVAL=100 bash scripts/gpu-run.sh --steps=save"
   "rerun|150|bash scripts/gpu-run.sh --steps=rerun"
   "initcheck|90|bash scripts/gpu-run.sh --sanitize=initcheck"
   "racecheck|90|env SANITIZE_FILTER_test_cuda_ops=$kernels bash scripts/gpu-run.sh --sanitize=racecheck"

@@ -237,7 +237,9 @@ if step save; then
   model=${SAVE_MODEL:-gpt2-124m}
   every=${SAVE_INTERVAL:-20}
   ck=/tmp/tessera-save
+  # One GPU: TP and PP 1 whatever the config says (gpt2-1.3b.ini is written for TP 2).
   common=(--config "$root/configs/$model.ini" --device cuda --bf16 --deterministic-mode
+          --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1
           --micro-batch-size "${SAVE_MB:-16}" --global-batch-size "${SAVE_GBS:-64}"
           --lr-warmup-iters 2 --train-iters $((2 * every)) --log-interval 1 --save-interval "$every")
   for mode in sync async; do

@@ -927,7 +927,7 @@ TEST_F(CudaOps, AdamWAndSumSquares) {
   EXPECT_EQ(gpu_->collected_sum_squares(), both) << "the same partials as sum_squares_all";
   Tensor bad = rand({300});
   bad.f32()[123] = std::numeric_limits<float>::quiet_NaN();
-  gpu_->collect_sum_squares(bad, false);
+  gpu_->collect_sum_squares(dev(bad), false);
   EXPECT_TRUE(std::isnan(gpu_->collected_sum_squares()));
   gpu_->scale(gd, 0.5f);
   cpu_->scale(g, 0.5f);
