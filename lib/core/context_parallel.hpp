@@ -13,6 +13,8 @@
 
 namespace tessera {
 
+struct AttentionDocuments;  // core/documents.hpp
+
 // The global position of local row t (0 <= t < 2c) of CP rank `rank`.
 TESSERA_HD int64_t cp_position(int rank, int cp, int64_t c, int64_t t) {
   return t < c ? rank * c + t : (2 * cp - 1 - rank) * c + (t - c);
@@ -42,7 +44,8 @@ TESSERA_HD CpStepBlock cp_step_block(int rank, int cp, int step, int64_t c) {
 // One block of ring attention as the backends take it (Backend::ring_block_forward): query rows
 // [q0, q0 + nq) of CP rank q_rank against key rows [k0, k0 + nk) of CP rank k_rank, each rank
 // holding T = 2c rows of a cp·T-token sequence; heads and kv_heads are this TP rank's (kv_heads
-// 0: as many as heads). Dropout and ALiBi null when off.
+// 0: as many as heads). Dropout and ALiBi null when off. Documents (null when off): tables of the
+// whole samples, (B, cp*T) int32 indexed by global position (core/documents.hpp).
 struct RingBlockSpec {
   int64_t heads = 0, kv_heads = 0;
   int64_t q0 = 0, nq = 0, k0 = 0, nk = 0;
@@ -50,12 +53,14 @@ struct RingBlockSpec {
   int q_rank = 0, k_rank = 0, cp = 1;
   const AttentionDropout* dropout = nullptr;
   const AttentionAlibi* alibi = nullptr;
+  const AttentionDocuments* docs = nullptr;
 };
 
 // The block of ring step `s` of CP rank `rank` as the backends take it.
 inline RingBlockSpec ring_block_spec(const CpStepBlock& s, int rank, int cp, int64_t heads,
                                      int64_t kv_heads, const AttentionDropout* dropout = nullptr,
-                                     const AttentionAlibi* alibi = nullptr) {
+                                     const AttentionAlibi* alibi = nullptr,
+                                     const AttentionDocuments* docs = nullptr) {
   RingBlockSpec b;
   b.heads = heads;
   b.kv_heads = kv_heads;
@@ -69,6 +74,7 @@ inline RingBlockSpec ring_block_spec(const CpStepBlock& s, int rank, int cp, int
   b.cp = cp;
   b.dropout = dropout;
   b.alibi = alibi;
+  b.docs = docs;
   return b;
 }
 

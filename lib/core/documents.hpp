@@ -8,7 +8,10 @@
 
 namespace tessera {
 
-// Tables of one micro-batch, int32 (B*T) on the backend, row b*T + t. Either may be null.
+// Tables of one micro-batch, int32 (B*T) on the backend, row b*T + t. Either may be null. With
+// context parallelism each CP rank holds the tables of its samples whole, (B, cp*T) indexed by
+// global position (b*cp*T + p), as the ring's blocks take them (RingBlockSpec::docs); every key
+// row index and position below is then a global one.
 struct AttentionDocuments {
   // The first key row (b, t) may see: the first token of its document. Keys before it are masked
   // like the future ones (row t sees keys key_begin[t] .. t). Null: 0 (the whole causal prefix).

@@ -58,7 +58,7 @@ void GPTModel::ring_attention_forward(int l, Activations& a, LayerActivations& l
       arriving = cp_comm_->send_recv_async(kv, next, a.cp_kv[(i + 1) % 2], prev, kTagKv);
     const CpStepBlock s = cp_step_block(r, P, i, c);
     const Backend::RingBlock blk =
-        ring_block_spec(s, r, P, heads_local_, kv_heads_local_, drop, alibi());
+        ring_block_spec(s, r, P, heads_local_, kv_heads_local_, drop, alibi(), documents(a));
     if (i == 0) {  // the diagonal block: every local row, the output's first value
       be_.ring_block_forward(la.att, la.lse, la.qkv, kv, blk);
     } else {
@@ -96,8 +96,9 @@ void GPTModel::ring_attention_backward(int l, Activations& a, LayerActivations& 
     const CpStepBlock s = cp_step_block(r, P, i, c);
     Tensor& mine = i == 0 ? sum : a.cp_dkv_mine;  // step 0 starts the owner's sum
     be_.zero(mine);
-    be_.ring_block_backward(a.dqkv, mine, a.datt, la.qkv, kv, la.att, la.lse,
-                            ring_block_spec(s, r, P, heads_local_, kv_heads_local_, drop, alibi()));
+    be_.ring_block_backward(
+        a.dqkv, mine, a.datt, la.qkv, kv, la.att, la.lse,
+        ring_block_spec(s, r, P, heads_local_, kv_heads_local_, drop, alibi(), documents(a)));
     if (arriving) arriving->wait_device();
     if (i > 0) {
       sums->wait_device();  // the partial sum for this owner is in `sum`

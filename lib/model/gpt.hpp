@@ -109,10 +109,13 @@ struct Activations {
   // (B,Hl,T) f32, the rows' global positions (B*T int32, RoPE) and the position-embedding rows of
   // the rank's tokens (T,C) and their f32 gradient (learned positions).
   Tensor cp_kv[2], cp_dkv[2], cp_dkv_mine, cp_out, cp_lse, cp_positions, cp_wpe, cp_dwpe;
-  // Documents inside the samples (GPTModel::set_documents; empty when off): each row's position
-  // id (B*T int32: RoPE, ALiBi and the learned position embedding's row), the first key it may
-  // see (B*T int32, --reset-attention-mask), and the gathered position-embedding rows (N,C).
-  Tensor doc_positions, doc_key_begin, doc_wpe;
+  // Documents inside the samples (GPTModel::set_documents; empty when off): each local row's
+  // position id (B*T int32: RoPE and the learned position embedding's row), the first key each
+  // position of the whole samples may see (B*cp*T int32 by global position: --reset-attention-mask;
+  // B*T without context parallelism), the whole samples' position ids (B*cp*T: ALiBi under context
+  // parallelism; empty at CP 1, where doc_positions serves) and the gathered position-embedding
+  // rows (N,C).
+  Tensor doc_positions, doc_key_begin, doc_positions_all, doc_wpe;
   // The weight of this micro-batch's load-balancing and z losses in the objective: 1 / the
   // micro-batches of the global batch (the trainer sets it; 1 for a lone micro-batch).
   float moe_loss_scale = 1;
@@ -167,10 +170,12 @@ class GPTModel {
   std::vector<Activations> make_activation_slots(int B, int T,
                                                  const std::vector<int>& counts) const;
   Activations make_activations(int B, int T) const { return make_activation_slots(B, T, 1)[0]; }
-  // Documents inside the micro-batch's samples (train/sample_layout.hpp; host arrays of B*T,
-  // row b*T + t, either may be null): each row's position id (--reset-position-ids: RoPE, ALiBi
-  // and the learned position embedding take it) and the first key it may see
-  // (--reset-attention-mask). Both null: plain causal samples again. Kept in `a` for its backward.
+  // Documents inside the micro-batch's samples (train/sample_layout.hpp; host arrays of the whole
+  // samples, B*S with S = cp*T the sequence length, row b*S + p by global position; either may be
+  // null): each position's id (--reset-position-ids: RoPE, ALiBi and the learned position
+  // embedding take it) and the first key it may see (--reset-attention-mask). Every CP rank gets
+  // the whole samples' tables and keeps its own rows' positions. Both null: plain causal samples
+  // again. Kept in `a` for its backward.
   void set_documents(Activations& a, const int32_t* positions, const int32_t* key_begin);
 
   // Whether a's chunk begins with the embedding / ends with the head (first / last virtual stage).

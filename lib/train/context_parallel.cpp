@@ -16,11 +16,13 @@ void validate_context_parallel(const GPTConfig& cfg, const TrainConfig& t, int t
     throw ConfigError(concat("--context-parallel-size=", cp, " is out of range (allowed: >= 1)"));
   if (cp == 1) return;
   if (cfg.seq_length % (2 * cp) != 0)
-    throw ConfigError(concat("--seq-length=", cfg.seq_length,
-                             " is not divisible by 2 x --context-parallel-size=", cp, " = ", 2 * cp,
-                             " (each context-parallel rank holds two of the sequence's 2 x CP "
-                             "chunks; allowed: a multiple of ",
-                             2 * cp, ")"));
+    throw ConfigError(
+        concat("--seq-length=", cfg.seq_length,
+               " is not divisible by 2 x --context-parallel-size=", cp, " = ", 2 * cp,
+               " (each context-parallel rank holds two of the sequence's 2 x CP "
+               "chunks",
+               t.documents.packed ? ", and --sft's packed samples are cut the same way" : "",
+               "; allowed: a multiple of ", 2 * cp, ")"));
   if (cfg.moe() && !cfg.moe_dropless())
     throw ConfigError(concat(
         "--context-parallel-size=", cp,

@@ -27,12 +27,7 @@ void loss_counts(const int32_t* sample, const uint8_t* mask, int64_t T, const Lt
                 !(o.eod_mask_loss && sample[t] == o.eod);
 }
 
-std::string documents_problem(const LtorOptions& o, int cp, const std::string& device, bool alibi) {
-  if ((o.reset_position_ids || o.reset_attention_mask) && cp > 1)
-    return detail::concat(o.packed ? "--sft" : "--reset-position-ids / --reset-attention-mask",
-                          " with --context-parallel-size ", cp,
-                          ": documents inside a sample do not run under context parallelism yet "
-                          "(give --context-parallel-size 1)");
+std::string documents_problem(const LtorOptions& o, const std::string& device, bool alibi) {
   if (o.packed && device == "cuda")
     return "--sft on --device cuda: the CUDA attention kernels do not mask documents yet (give "
            "--device cpu)";

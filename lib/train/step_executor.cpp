@@ -214,17 +214,21 @@ double StepExecutor::run(bool with_backward, int64_t iteration, int64_t sample_b
   return ctx_.last_stage() ? sum_micro_losses() : 0.0;
 }
 
-// Documents inside the staged samples (train/sample_layout.hpp): their position ids and first
-// visible keys to the model (the samples are whole here: no context parallelism).
+// Documents inside the micro-batch's samples (train/sample_layout.hpp): their position ids and
+// first visible keys to the model, from the whole samples (a document may span the chunks of
+// context parallelism; the model keeps this rank's rows where a row's own position is read).
 void StepExecutor::stage_documents(int micro, Activations& a) {
   const LtorOptions& d = cfg_.documents;
-  const int B = cfg_.micro_batch_size, T = local_seq();
+  const int B = cfg_.micro_batch_size, T = model_.config().seq_length;
+  const int64_t S = T + 1;
   if (!d.reset_position_ids && !d.reset_attention_mask) return;
   host_positions_.resize(static_cast<size_t>(B) * T);
   host_key_begin_.resize(static_cast<size_t>(B) * T);
-  for (int b = 0; b < B; ++b)  // packed samples: the documents their flags mark
-    ltor_layout(host_ids_.data() + b * T, mask_of(int64_t(micro) * B + b), T, d,
-                host_positions_.data() + b * T, host_key_begin_.data() + b * T, nullptr);
+  for (int b = 0; b < B; ++b) {  // packed samples: the documents their flags mark
+    const int64_t s = int64_t(micro) * B + b;
+    ltor_layout(batch_.data() + s * S, mask_of(s), T, d, host_positions_.data() + b * T,
+                host_key_begin_.data() + b * T, nullptr);
+  }
   model_.set_documents(a, d.reset_position_ids ? host_positions_.data() : nullptr,
                        d.reset_attention_mask ? host_key_begin_.data() : nullptr);
 }

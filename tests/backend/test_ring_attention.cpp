@@ -283,3 +283,125 @@ TEST(RingAttention, BatchedBlocksEqualTheScalarReference) {
         ASSERT_NEAR(dk[i], dk_ref[i], 1e-12 * m) << "dkv " << i;
     }
 }
+
+// Documents that do not see each other under context parallelism (--reset-attention-mask, --sft):
+// the tables of the whole samples by global position, documents spanning the chunks and ranks,
+// with and without ALiBi by the reset position ids. Every rank's output, log-sum-exp and dQ, and
+// every owner's dK/dV summed over the ring, equal the whole-sequence attention with the same tables
+// (cpu::attention_forward/backward, the CP-1 path) to 1e-12, at CP 2 and 4 with grouped-query
+// attention; and the tables change the result (the mask is applied at all).
+TEST(RingAttention, DocumentsSpanningChunksEqualTheWholeSequence) {
+  const int64_t B = 2, H = 4, G = 2, hd = 8, W = (H + 2 * G) * hd, KW = 2 * G * hd, OW = H * hd;
+  for (int cp : {2, 4})
+    for (int with_alibi = 0; with_alibi < 2; ++with_alibi) {
+      SCOPED_TRACE(testing::Message() << "cp " << cp << " alibi " << with_alibi);
+      const int64_t S = 2 * cp * 6, Tn = S / cp, c = Tn / 2;
+      std::mt19937 gen(static_cast<unsigned>(40 + cp + 10 * with_alibi));
+      std::normal_distribution<double> nd(0.0, 1.0);
+      std::vector<double> qkv(static_cast<size_t>(B * S * W)),
+          dout(static_cast<size_t>(B * S * OW));
+      for (double& e : qkv) e = nd(gen);
+      for (double& e : dout) e = nd(gen);
+      // Documents of 1 to 9 tokens: their first key and restarted positions.
+      std::vector<int32_t> kb(static_cast<size_t>(B * S)), pos(kb.size());
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0, start = 0, len = 1 + int64_t(gen() % 9); t < S; ++t) {
+          if (t - start == len) {
+            start = t;
+            len = 1 + int64_t(gen() % 9);
+          }
+          kb[static_cast<size_t>(b * S + t)] = static_cast<int32_t>(start);
+          pos[static_cast<size_t>(b * S + t)] = static_cast<int32_t>(t - start);
+        }
+      AttentionAlibi alibi;
+      alibi.head_begin = 0;
+      alibi.heads_total = H;
+      const AttentionAlibi* al = with_alibi ? &alibi : nullptr;
+      const int32_t* ptab = with_alibi ? pos.data() : nullptr;
+      // The whole sequence (CP 1) with the tables, and without them.
+      std::vector<double> out(static_cast<size_t>(B * S * OW)), lse(static_cast<size_t>(B * H * S)),
+          dqkv(qkv.size(), 0.0), scratch(static_cast<size_t>(cpu::attention_scratch_elems(S))),
+          plain(out.size()), plain_lse(lse.size());
+      cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, S, H, hd, scratch.data(),
+                             nullptr, G, al, kb.data(), ptab);
+      cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, S, H,
+                              hd, scratch.data(), nullptr, G, al, kb.data(), ptab);
+      cpu::attention_forward(plain.data(), plain_lse.data(), qkv.data(), B, S, H, hd,
+                             scratch.data(), nullptr, G, al);
+      double moved = 0;
+      for (size_t i = 0; i < out.size(); ++i) moved = std::max(moved, std::fabs(out[i] - plain[i]));
+      EXPECT_GT(moved, 1e-2) << "the documents change the attention";
+      // Each rank's rows: qkv (B,Tn,W), its K/V (B,Tn,KW).
+      auto local = [&](const std::vector<double>& x, int64_t width, int r, int64_t col,
+                       int64_t cols) {
+        std::vector<double> y(static_cast<size_t>(B * Tn * cols));
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t t = 0; t < Tn; ++t) {
+            const int64_t g = cp_position(r, cp, c, t);
+            for (int64_t e = 0; e < cols; ++e)
+              y[static_cast<size_t>((b * Tn + t) * cols + e)] =
+                  x[static_cast<size_t>((b * S + g) * width + col + e)];
+          }
+        return y;
+      };
+      const ring::RingDocs docs{kb.data(), ptab};
+      std::vector<std::vector<double>> q(cp), kv(cp), o(cp), l(cp), dq(cp), dkv(cp), dO(cp);
+      for (int r = 0; r < cp; ++r) {
+        q[r] = local(qkv, W, r, 0, W);
+        kv[r] = local(qkv, W, r, H * hd, KW);
+        dO[r] = local(dout, OW, r, 0, OW);
+        o[r].assign(static_cast<size_t>(B * Tn * OW), 0.0);
+        l[r].assign(static_cast<size_t>(B * H * Tn), 0.0);
+        dq[r].assign(q[r].size(), 0.0);
+        dkv[r].assign(kv[r].size(), 0.0);
+      }
+      for (int r = 0; r < cp; ++r)
+        for (int i = 0; i < cp; ++i) {
+          const CpStepBlock s = cp_step_block(r, cp, i, c);
+          const RingBlockSpec b = ring_block_spec(s, r, cp, H, G, nullptr, al);
+          if (i == 0) {
+            ring::ring_block_forward(o[r].data(), l[r].data(), q[r].data(), kv[s.owner].data(), B,
+                                     Tn, hd, b, docs);
+            continue;
+          }
+          std::vector<double> po(static_cast<size_t>(B * s.nq * OW)),
+              pl(static_cast<size_t>(B * H * s.nq));
+          ring::ring_block_forward(po.data(), pl.data(), q[r].data(), kv[s.owner].data(), B, Tn, hd,
+                                   b, docs);
+          ring::merge_block(o[r].data(), l[r].data(), po.data(), pl.data(), B, Tn, H, hd, s.q0,
+                            s.nq);
+        }
+      for (int r = 0; r < cp; ++r)
+        for (int i = 0; i < cp; ++i) {
+          const CpStepBlock s = cp_step_block(r, cp, i, c);
+          const RingBlockSpec b = ring_block_spec(s, r, cp, H, G, nullptr, al);
+          ring::ring_block_backward(dq[r].data(), dkv[s.owner].data(), dO[r].data(), q[r].data(),
+                                    kv[s.owner].data(), o[r].data(), l[r].data(), B, Tn, hd, b,
+                                    docs);
+        }
+      auto worst = [](const std::vector<double>& got, const std::vector<double>& want) {
+        double e = 0, m = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          e = std::max(e, std::fabs(got[i] - want[i]));
+          m = std::max(m, std::fabs(want[i]));
+        }
+        return e / m;
+      };
+      for (int r = 0; r < cp; ++r) {
+        SCOPED_TRACE(testing::Message() << "rank " << r);
+        EXPECT_LT(worst(o[r], local(out, OW, r, 0, OW)), 1e-12) << "out";
+        std::vector<double> dq_cols;  // the query columns of the rank's (B,Tn,W) gradient
+        for (int64_t row = 0; row < B * Tn; ++row)
+          dq_cols.insert(dq_cols.end(), dq[r].begin() + row * W, dq[r].begin() + row * W + OW);
+        EXPECT_LT(worst(dq_cols, local(dqkv, W, r, 0, OW)), 1e-12) << "dq";
+        EXPECT_LT(worst(dkv[r], local(dqkv, W, r, H * hd, KW)), 1e-12) << "dk, dv";
+        std::vector<double> want_lse(l[r].size());
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t t = 0; t < Tn; ++t)
+              want_lse[static_cast<size_t>((b * H + h) * Tn + t)] =
+                  lse[static_cast<size_t>((b * H + h) * S + cp_position(r, cp, c, t))];
+        EXPECT_LT(worst(l[r], want_lse), 1e-12) << "lse";
+      }
+    }
+}

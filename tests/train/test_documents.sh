@@ -3,8 +3,10 @@
 # --reset-attention-mask and --eod-mask-loss on shards of short documents (several end-of-document
 # tokens per 33-token sample). They change the losses; the losses with them are the single-rank
 # ones to 1e-5 at TP2 with sequence parallelism, PP2 with virtual stages, DP2 with the distributed
-# optimizer, and TP2 x PP2 with RoPE and with ALiBi (--eod-mask-loss alone also at CP2); what
-# cannot run is refused in one line.
+# optimizer, CP2, CP4 and TP2 x CP2 (documents spanning the ring's chunks), TP2 x PP2 and CP2 with
+# RoPE and with ALiBi, with dropout and selective recomputation at CP2 and TP2 x PP2
+# (--eod-mask-loss alone also at CP2); one cross-document attention left
+# (a mutation) must show at CP2; what cannot run is refused in one line.
 # Usage: test_documents.sh BIN_DIR CONFIG_DIR
 set -u
 bin=$1
@@ -85,11 +87,37 @@ run dp2-distopt 2 --micro-batch-size 2 "${docs[@]}" --use-distributed-optimizer 
 run eod-only 1 --micro-batch-size 2 --eod-mask-loss --position-embedding-type rope \
   && run eod-cp2 2 --micro-batch-size 2 --eod-mask-loss --position-embedding-type rope \
        --context-parallel-size 2 && within eod-only eod-cp2 "--eod-mask-loss alone, CP2"
+# Context parallelism: documents span the chunks and ranks (8 chunks of 4 tokens at CP4).
+run cp2 2 --micro-batch-size 2 "${docs[@]}" --context-parallel-size 2 \
+  && within base cp2 "CP2, learned positions"
+run cp4 4 --micro-batch-size 2 "${docs[@]}" --context-parallel-size 4 \
+  && within base cp4 "CP4, learned positions"
+run tp2-cp2 4 --micro-batch-size 2 "${docs[@]}" --tensor-model-parallel-size 2 \
+  --context-parallel-size 2 --sequence-parallel && within base tp2-cp2 "TP2 x CP2 + sequence parallelism"
+# Dropout (keyed by global sample and position) and selective recomputation compose with them.
+R=(--attention-dropout 0.1 --hidden-dropout 0.1 --recompute-granularity selective)
+run drop 1 --micro-batch-size 2 "${docs[@]}" "${R[@]}" && {
+  run drop-cp2 2 --micro-batch-size 2 "${docs[@]}" "${R[@]}" --context-parallel-size 2 \
+    && within drop drop-cp2 "dropout 0.1 + selective recomputation, CP2"
+  run drop-tp2pp2 4 --micro-batch-size 2 "${docs[@]}" "${R[@]}" --tensor-model-parallel-size 2 \
+    --pipeline-model-parallel-size 2 --sequence-parallel \
+    && within drop drop-tp2pp2 "dropout 0.1 + selective recomputation, TP2 x PP2 + SP"
+}
+# The mutation: one cross-document attention left in each micro-batch's tables must show at CP2.
+TESSERA_FAULT_DOC_MASK=leak run cp2-leak 2 --micro-batch-size 2 "${docs[@]}" \
+  --context-parallel-size 2 && {
+  w=$(worst base cp2-leak)
+  awk -v w="$w" 'BEGIN { exit !(w > 1e-5) }' \
+    && ok "one cross-document attention left (TESSERA_FAULT_DOC_MASK=leak) at CP2 moves the losses by $w" \
+    || bad "the leaked attention at CP2 went unnoticed (worst difference $w)"
+}
 for pe in rope alibi; do
   run "$pe" 1 --micro-batch-size 2 "${docs[@]}" --position-embedding-type "$pe" || continue
   run "$pe-tp2pp2" 4 --micro-batch-size 2 "${docs[@]}" --position-embedding-type "$pe" \
     --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel \
     && within "$pe" "$pe-tp2pp2" "$pe, TP2 x PP2 + sequence parallelism"
+  run "$pe-cp2" 2 --micro-batch-size 2 "${docs[@]}" --position-embedding-type "$pe" \
+    --context-parallel-size 2 && within "$pe" "$pe-cp2" "$pe, CP2"
 done
 
 refuse() {  # refuse WHAT PATTERN ARGS...: exit 2 and one line naming the option
@@ -104,6 +132,7 @@ out=$("$bin/tessera-train" --config "$configs/gpt2-tiny.ini" --train-iters 1 --m
 [ $rc -eq 2 ] && [ "$(wc -l <<<"$out")" -eq 1 ] \
   && grep -q -- "--reset-attention-mask needs --data-path: mock data has no end-of-document" <<<"$out" \
   && ok "refused: documents on mock data" || bad "documents on mock data: rc $rc: $out"
-refuse "documents with context parallelism" "context parallelism yet" \
-  --reset-position-ids --context-parallel-size 2 --dry-run
+refuse "CP with a sequence length its chunks cannot split" \
+  "--seq-length=30 is not divisible by 2 x --context-parallel-size=2 = 4" \
+  "${docs[@]}" --seq-length 30 --context-parallel-size 2 --dry-run
 exit $fail

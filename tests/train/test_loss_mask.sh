@@ -5,8 +5,8 @@
 # unmasked shards; --calculate-per-token-loss does not depend on the micro-batch size while
 # Megatron's default mean per micro-batch does; a micro-batch without a counted token is said once
 # and trains on (no NaN); a mask of another length or a value other than 0/1 is one line, exit 2.
-# --sft packs whole conversations (the same losses at TP2 + SP, PP2, DP2; resumed bit for bit;
-# long documents cut and counted, or refused with --sft-no-truncate).
+# --sft packs whole conversations (the same losses at TP2 + SP, PP2, DP2, CP2, CP4, TP2 x CP2;
+# resumed bit for bit; long documents cut and counted, or refused with --sft-no-truncate).
 # Usage: test_loss_mask.sh BIN_DIR CONFIG_DIR
 set -u
 bin=$1
@@ -131,6 +131,10 @@ if run sft 1 "${S[@]}" --save "$work/sft-ckpt" --save-interval 10; then
   run sft-pp2 2 "${S[@]}" --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 \
     && within sft sft-pp2 "--sft, PP2 interleaved"
   run sft-dp2 2 "${S[@]}" --use-distributed-optimizer && within sft sft-dp2 "--sft, DP2 distributed optimizer"
+  run sft-cp2 2 "${S[@]}" --context-parallel-size 2 && within sft sft-cp2 "--sft, CP2"
+  run sft-cp4 4 "${S[@]}" --context-parallel-size 4 && within sft sft-cp4 "--sft, CP4"
+  run sft-tp2cp2 4 "${S[@]}" --tensor-model-parallel-size 2 --context-parallel-size 2 \
+    --sequence-parallel && within sft sft-tp2cp2 "--sft, TP2 x CP2 + SP"
   if run sft-resume 1 "${S[@]}" --load "$work/sft-ckpt/iter_0000010" --train-iters 20; then
     got=$(losses "$work/sft-resume.jsonl" | tr '\n' ' '); want=$(losses "$work/sft.jsonl" | tail -10 | tr '\n' ' ')
     [ "$got" = "$want" ] && ok "--sft resumed at iteration 10: iterations 11-20 bit for bit" \
@@ -171,6 +175,7 @@ with h5py.File(sys.argv[1], "w") as f:
 PY
 refuse "--sft on data of one document" "--sft packs whole documents, but the shards of '$work/one' hold one document" \
   --data-path "$work/one" --sft
-refuse "--sft with context parallelism" "--sft with --context-parallel-size 2: documents inside a sample do not run under context parallelism yet" \
-  "${D[@]}" --sft --context-parallel-size 2
+refuse "--sft at CP2 with a sequence length its chunks cannot split" \
+  "--seq-length=30 is not divisible by 2 x --context-parallel-size=2 = 4 (each context-parallel rank holds two of the sequence's 2 x CP chunks, and --sft's packed samples are cut the same way" \
+  "${D[@]}" --sft --context-parallel-size 2 --seq-length 30 --dry-run
 exit $fail

@@ -108,6 +108,12 @@ DocTables doc_tables(const AttentionDocuments* docs, int64_t rows) {
   return t;
 }
 
+// A ring block's document tables: the whole samples', (B, cp*T) by global position.
+cpu::ring::RingDocs ring_docs(const RingBlockSpec& b, const RingShape& r) {
+  const DocTables t = doc_tables(b.docs, r.B * b.cp * r.T);
+  return {t.key_begin, t.positions};
+}
+
 // fp8(t * scale) / scale of a host tensor, in an f32 copy (op.scale: a (1) f32 host tensor).
 std::vector<float> dequantized(const Tensor& t, const Backend::Fp8Operand& op) {
   TESSERA_CHECK(op.scale && op.scale->numel() == 1 && op.scale->dtype() == DType::F32 &&
@@ -388,8 +394,8 @@ class CpuBackend final : public Backend {
     TESSERA_F32_OUT(o, out);
     TESSERA_F32_IN(q, qkv);
     TESSERA_F32_IN(k, kv);
-    cpu::ring::ring_block_forward(o.get(), lse.data<float>(), q.get(), k.get(), r.B, r.T, r.hd,
-                                  blk);
+    cpu::ring::ring_block_forward(o.get(), lse.data<float>(), q.get(), k.get(), r.B, r.T, r.hd, blk,
+                                  ring_docs(blk, r));
   }
   void ring_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
                            const Tensor& kv, const Tensor& out, const Tensor& lse,
@@ -407,7 +413,7 @@ class CpuBackend final : public Backend {
     TESSERA_F32_IN(k, kv);
     TESSERA_F32_IN(o, out);
     cpu::ring::ring_block_backward(dq.get(), dk.get(), d.get(), q.get(), k.get(), o.get(),
-                                   lse.data<float>(), r.B, r.T, r.hd, blk);
+                                   lse.data<float>(), r.B, r.T, r.hd, blk, ring_docs(blk, r));
   }
   void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse,
                        int64_t q0) override {

@@ -29,6 +29,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/cpu/attention.hpp"
 #include "backend/cpu/gemm.hpp"
 #include "core/context_parallel.hpp"
 
@@ -192,12 +193,22 @@ void block_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, 
 // (B,nq,H*hd) and lse (B,H,nq); the backward's dout, out (B,T,H*hd) and lse (B,H,T). The same
 // arithmetic as block_forward / block_backward above, on BLAS: per (sample, head) and block of
 // kRingRows query rows, S = scale Q K^T (+ ALiBi), the mask and softmax row by row, then GEMMs.
+// Documents inside the samples (core/documents.hpp): `key_begin` and `positions` are tables of the
+// whole samples, (B, cp*T) int32 indexed by global position (null when off): a key before its
+// query's key_begin is masked like a future one, and ALiBi's distance is by the position ids. A
+// document may span chunks and ranks; the tables travel with nothing, every rank holds them whole.
 constexpr int64_t kRingRows = 64;
+
+struct RingDocs {
+  const int32_t* key_begin = nullptr;  // (B, S) by global position, or null
+  const int32_t* positions = nullptr;  // (B, S) by global position, or null
+};
 
 struct RingRows {
   std::vector<int64_t> qpos, kpos;
   int64_t H, G, hd, W, KW, S;
-  RingRows(const RingBlockSpec& b, int64_t Tn, int64_t hd_) : hd(hd_) {
+  RingDocs docs;
+  RingRows(const RingBlockSpec& b, int64_t Tn, int64_t hd_, RingDocs d) : hd(hd_), docs(d) {
     H = b.heads;
     G = b.kv_heads > 0 ? b.kv_heads : b.heads;
     W = (H + 2 * G) * hd;
@@ -207,8 +218,17 @@ struct RingRows {
     for (int64_t i = 0; i < b.nq; ++i) qpos.push_back(cp_position(b.q_rank, b.cp, c, b.q0 + i));
     for (int64_t j = 0; j < b.nk; ++j) kpos.push_back(cp_position(b.k_rank, b.cp, c, b.k0 + j));
   }
-  bool visible(const RingBlockSpec& b, int64_t i, int64_t j) const {
-    return !b.causal || kpos[static_cast<size_t>(j)] <= qpos[static_cast<size_t>(i)];
+  // Whether query row i of sample bb sees key j: not a future key (causal blocks), not a key of an
+  // earlier document (documents).
+  bool visible(const RingBlockSpec& b, int64_t bb, int64_t i, int64_t j) const {
+    const int64_t qp = qpos[static_cast<size_t>(i)], kp = kpos[static_cast<size_t>(j)];
+    if (b.causal && kp > qp) return false;
+    return !docs.key_begin || kp >= docs.key_begin[bb * S + qp];
+  }
+  // ALiBi's bias of query row i and key j of sample bb (by the documents' positions when given).
+  float alibi_bias(const AttentionAlibi& a, int64_t h, int64_t bb, int64_t i, int64_t j) const {
+    return cpu::alibi_bias(a, h, qpos[static_cast<size_t>(i)], kpos[static_cast<size_t>(j)],
+                           docs.positions, bb * S);
   }
   // The keys query rows [0, last] can see at all: positions rise with the row, so a causal
   // block's rows up to `last` see only a prefix of its keys (the rest are skipped, not masked).
@@ -221,8 +241,8 @@ struct RingRows {
 
 template <typename T>
 void ring_block_forward(T* out, T* lse, const T* qkv, const T* kv, int64_t B, int64_t Tn,
-                        int64_t hd, const RingBlockSpec& b) {
-  const RingRows r(b, Tn, hd);
+                        int64_t hd, const RingBlockSpec& b, RingDocs docs = {}) {
+  const RingRows r(b, Tn, hd, docs);
   const int64_t H = r.H, nq = b.nq, nk = b.nk, OW = H * hd;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hd)));
   const T ninf = -std::numeric_limits<T>::infinity();
@@ -251,15 +271,13 @@ void ring_block_forward(T* out, T* lse, const T* qkv, const T* kv, int64_t B, in
         const int64_t qi = i0 + i;
         T m = ninf;
         for (int64_t j = 0; j < cols; ++j) {
-          if (!r.visible(b, qi, j)) continue;
-          if (b.alibi)
-            s[j] += static_cast<T>(
-                b.alibi->bias(h, r.qpos[static_cast<size_t>(qi)], r.kpos[static_cast<size_t>(j)]));
+          if (!r.visible(b, bb, qi, j)) continue;
+          if (b.alibi) s[j] += static_cast<T>(r.alibi_bias(*b.alibi, h, bb, qi, j));
           m = s[j] > m ? s[j] : m;
         }
         T sum = 0;
         for (int64_t j = 0; j < cols; ++j) {
-          if (m == ninf || !r.visible(b, qi, j)) {
+          if (m == ninf || !r.visible(b, bb, qi, j)) {
             s[j] = 0;
             continue;
           }
@@ -286,8 +304,9 @@ void ring_block_forward(T* out, T* lse, const T* qkv, const T* kv, int64_t B, in
 
 template <typename T>
 void ring_block_backward(T* dqkv, T* dkv, const T* dout, const T* qkv, const T* kv, const T* out,
-                         const T* lse, int64_t B, int64_t Tn, int64_t hd, const RingBlockSpec& b) {
-  const RingRows r(b, Tn, hd);
+                         const T* lse, int64_t B, int64_t Tn, int64_t hd, const RingBlockSpec& b,
+                         RingDocs docs = {}) {
+  const RingRows r(b, Tn, hd, docs);
   const int64_t H = r.H, nq = b.nq, nk = b.nk, OW = H * hd;
   if (nq == 0 || nk == 0) return;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hd)));
@@ -321,14 +340,12 @@ void ring_block_backward(T* dqkv, T* dkv, const T* dout, const T* qkv, const T* 
           T* dp = dP.data() + i * cols;
           T* pm = PM.data() + i * cols;
           for (int64_t j = 0; j < cols; ++j) {
-            if (!r.visible(b, qi, j)) {
+            if (!r.visible(b, bb, qi, j)) {
               p[j] = dp[j] = pm[j] = 0;
               continue;
             }
             T sc = p[j];
-            if (b.alibi)
-              sc += static_cast<T>(b.alibi->bias(h, r.qpos[static_cast<size_t>(qi)],
-                                                 r.kpos[static_cast<size_t>(j)]));
+            if (b.alibi) sc += static_cast<T>(r.alibi_bias(*b.alibi, h, bb, qi, j));
             const T pj = std::exp(sc - L[qi]);
             const T mult =
                 b.dropout

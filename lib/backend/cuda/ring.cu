@@ -18,6 +18,8 @@
 #include "backend/cuda/flash_attention_tc.hpp"
 #include "backend/cuda/ops.hpp"
 #include "backend/cuda/ring.cuh"
+#include "core/documents.hpp"
+#include "core/error.hpp"
 
 namespace tessera::cuda_ops {
 
@@ -77,6 +79,17 @@ bool ring_on_tensor_cores(const Tensor& qkv, const RingShape& r, const RingBlock
   return tc::flash_supported(qkv.dtype(), r.hd, r.B * b.heads, ptrs);
 }
 
+// Documents inside the samples (--reset-attention-mask, --sft, --reset-position-ids with ALiBi)
+// under context parallelism: the CPU backend's ring has them; the CUDA one does not yet (the
+// options refuse them on --device cuda first).
+void refuse_ring_documents(const RingBlockSpec& b) {
+  if (b.docs && b.docs->active())
+    throw ConfigError(
+        "--reset-attention-mask / --sft / --reset-position-ids with ALiBi under "
+        "--context-parallel-size > 1: the CUDA ring attention does not take document masks yet "
+        "(give --device cpu)");
+}
+
 tc::FlashRing flash_ring(const RingBlockSpec& b, const Tensor& kv, Tensor* dkv) {
   tc::FlashRing f;
   f.kv = kv.raw();
@@ -119,6 +132,7 @@ void copy_columns(Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_c
 
 void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,
                         const RingBlockSpec& b, cudaStream_t s) {
+  refuse_ring_documents(b);
   const RingShape r = check_ring_block(qkv, kv, b);
   TESSERA_CHECK(out.numel() == r.B * b.nq * b.heads * r.hd && lse.numel() == r.B * b.heads * b.nq &&
                     lse.dtype() == DType::F32,
@@ -138,6 +152,7 @@ void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tenso
 void ring_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
                          const Tensor& kv, const Tensor& out, const Tensor& lse,
                          const RingBlockSpec& b, Workspace& ws, cudaStream_t s) {
+  refuse_ring_documents(b);
   const RingShape r = check_ring_block(qkv, kv, b);
   TESSERA_CHECK(dqkv.numel() == qkv.numel() && dkv.numel() == kv.numel() &&
                     dout.numel() == r.B * r.T * b.heads * r.hd && out.numel() == dout.numel() &&
