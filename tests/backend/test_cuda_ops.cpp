@@ -122,9 +122,11 @@ class CudaOpsDtype : public CudaOpsBase, public ::testing::TestWithParam<DType> 
     int64_t G = 0;  // key/value heads (grouped-query attention); 0: H
   };
   // `drop`: attention dropout (the CPU and the GPU draw the same mask). `alibi`: ALiBi's bias.
+  // `docs` > 0: documents inside the samples of 1 to `docs` tokens (the first visible key per row,
+  // the same table on both backends).
   void check_attention(const AttentionCase& c, bool backward_from_gpu_forward,
                        const AttentionDropout* drop = nullptr,
-                       const AttentionAlibi* alibi = nullptr) {
+                       const AttentionAlibi* alibi = nullptr, int docs = 0) {
     SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " +
                  std::to_string(c.H) + " hd " + std::to_string(c.hd) + " G " + std::to_string(c.G) +
                  (drop ? " dropout" : "") +
@@ -136,21 +138,37 @@ class CudaOpsDtype : public CudaOpsBase, public ::testing::TestWithParam<DType> 
     const DType dt = d();
     Tensor qkv = rnd({B, T, C3}), dout = rnd({B, T, H * hd});
     Tensor out({B, T, H * hd}, dt), lse({B, H, T}), dqkv({B, T, C3}, dt);
-    cpu_->attention_forward(out, lse, qkv, H, drop, c.G, alibi);
-    cpu_->attention_backward(dqkv, dout, qkv, out, lse, H, drop, c.G, alibi);
+    Tensor kb_host({B * T}, DType::I32), kb_dev;
+    AttentionDocuments host_docs, dev_docs;
+    const AttentionDocuments *hdocs = nullptr, *ddocs = nullptr;
+    if (docs > 0) {
+      std::mt19937 g(static_cast<unsigned>(T + docs));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0, start = 0, len = 1 + int64_t(g() % docs); t < T; ++t) {
+          if (t - start == len) start = t, len = 1 + int64_t(g() % docs);
+          kb_host.i32()[b * T + t] = static_cast<int32_t>(start);
+        }
+      kb_dev = dev(kb_host);
+      host_docs.key_begin = &kb_host;
+      dev_docs.key_begin = &kb_dev;
+      hdocs = &host_docs;
+      ddocs = &dev_docs;
+    }
+    cpu_->attention_forward(out, lse, qkv, H, drop, c.G, alibi, hdocs);
+    cpu_->attention_backward(dqkv, dout, qkv, out, lse, H, drop, c.G, alibi, hdocs);
     Tensor qd = dev(qkv), od = poisoned({B, T, H * hd}, dt), ld = poisoned({B, H, T}),
            dd = dev(dout);
-    gpu_->attention_forward(od, ld, qd, H, drop, c.G, alibi);
+    gpu_->attention_forward(od, ld, qd, H, drop, c.G, alibi, ddocs);
     expect_close(od, out, tol(1e-5), "attention out");
     expect_close(ld, lse, dt == DType::F32 ? 1e-5 : 1e-3, "attention lse (f32)");
     Tensor dqd = poisoned({B, T, C3}, dt);
     const Tensor ob = backward_from_gpu_forward ? od : dev(out),
                  lb = backward_from_gpu_forward ? ld : dev(lse);
-    gpu_->attention_backward(dqd, dd, qd, ob, lb, H, drop, c.G, alibi);
+    gpu_->attention_backward(dqd, dd, qd, ob, lb, H, drop, c.G, alibi, ddocs);
     expect_close(dqd, dqkv, tol(1e-4), "attention dqkv");
     if (G < H && repeatable_) {  // the group sums have one owner each: the same bits again
       const Tensor first = host(dqd);
-      gpu_->attention_backward(dqd, dd, qd, ob, lb, H, drop, c.G, alibi);
+      gpu_->attention_backward(dqd, dd, qd, ob, lb, H, drop, c.G, alibi, ddocs);
       const Tensor again = host(dqd);
       EXPECT_EQ(std::memcmp(first.raw(), again.raw(), first.nbytes()), 0)
           << "the grouped-query backward is deterministic";
@@ -217,6 +235,36 @@ TEST_P(CudaOpsDtype, AlibiAttentionMatchesCpu) {
   check_attention({2, 256, 4, 64, 2}, true, &drop, &steep);
   check_attention({1, 150, 4, 128, 1}, true, &drop, &steep);
   check_attention({1, 70, 4, 48, 2}, true, &drop, &steep);
+}
+
+// Documents inside the samples (--reset-attention-mask, --sft) on the tensor-core kernels, under
+// --attention-backend auto (which must take them, not cuDNN) and flash: short documents, ones
+// spanning the 128-row blocks, at the training shapes, with grouped-query attention, ALiBi and
+// dropout, against the CPU with the same table. f32 (no tensor-core kernels) is one refusal.
+TEST_P(CudaOpsDtype, DocumentsAttentionMatchesCpu) {
+  if (d() == DType::F32) {
+    try {
+      check_attention({1, 64, 2, 64}, false, nullptr, nullptr, 9);
+      ADD_FAILURE() << "documents in f32 on the GPU should be refused";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("bf16 or fp16 at head dim 64 or 128"), std::string::npos)
+          << e.what();
+    }
+    return;
+  }
+  const AttentionAlibi alibi{4, 8};
+  AttentionDropout drop;
+  drop.spec = make_dropout_spec(0.1, 99, 12, 4, DropoutKind::Attention, 640);
+  drop.head_begin = 4;
+  drop.heads_total = 8;
+  for (AttentionBackend be : {AttentionBackend::Auto, AttentionBackend::Flash}) {
+    gpu_->set_attention_backend(be, false);
+    check_attention({2, 131, 4, 64}, false, nullptr, nullptr, 7);
+    check_attention({2, 1024, 4, 64, 2}, true, nullptr, nullptr, 300);
+    check_attention({1, 2048, 2, 128}, true, nullptr, nullptr, 700);
+  }
+  check_attention({2, 1024, 4, 64, 2}, true, nullptr, &alibi, 200);
+  check_attention({1, 333, 4, 128, 1}, true, &drop, &alibi, 150);
 }
 
 // RMSNorm (forward, the fused residual add, backward with accumulated dinp and dweight) at a

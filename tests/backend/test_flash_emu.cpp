@@ -2,11 +2,11 @@
 // their exact source, run by the warp emulator (warp_emu.hpp) on the host against the CPU
 // reference attention, forward and backward, bf16 and f16, head dims 64 and 128, sequence lengths
 // that are and are not multiples of the tiles, multi-head and grouped-query (G < H key/value
-// heads, down to one), with ALiBi (alone, with grouped-query attention, with dropout). Outputs
-// start as NaN and must be fully written. Tolerances, relative to the largest reference value: bf16
-// 2e-2, f16 4e-3 (the CUDA op tests'), lse 1e-4 absolute (the device's exp2 is MUFU's
-// approximation; the emulator's is exact). On a GPU, test_cuda_ops runs the same kernels on the
-// device at T 1024/2048.
+// heads, down to one), with ALiBi (alone, with grouped-query attention, with dropout), and with
+// documents that do not see each other (alone, with GQA, ALiBi and dropout). Outputs start as NaN
+// and must be fully written. Tolerances, relative to the largest reference value: bf16 2e-2, f16
+// 4e-3 (the CUDA op tests'), lse 1e-4 absolute (the device's exp2 is MUFU's approximation; the
+// emulator's is exact). On a GPU, test_cuda_ops runs the same kernels on the device at T 1024/2048.
 #define TESSERA_WARP_EMU 1
 #include "backend/warp_emu.hpp"
 // (warp_emu.hpp first: mma.cuh's emulated primitives use it.)
@@ -68,8 +68,12 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 // on tensor-parallel rank 1 of 2). `al` with heads_total > 0: ALiBi, the local heads being global
 // heads [al.head_begin, al.head_begin + H) of al.heads_total, in the reference and the kernels'
 // ALiBi instances.
+// `docs` > 0: documents inside the samples (--reset-attention-mask, --sft): lengths drawn from 1
+// to `docs` tokens, each row's first visible key to the kernels; the reference gets the same
+// table and, with ALiBi, the reset position ids (inside a document their distances are the
+// rows').
 template <typename T, int D>
-void run_case(Shape s, double tol, double drop_p = 0, AttentionAlibi al = {}) {
+void run_case(Shape s, double tol, double drop_p = 0, AttentionAlibi al = {}, int docs = 0) {
   using namespace tessera::tc;
   ASSERT_EQ(s.D, D);
   const int G = s.G > 0 ? s.G : s.H;
@@ -96,19 +100,33 @@ void run_case(Shape s, double tol, double drop_p = 0, AttentionAlibi al = {}) {
   const AttentionDropout* dp = drop_p > 0 ? &drop : nullptr;
   const bool alibi = al.heads_total > 0;
   const AttentionAlibi* ap = alibi ? &al : nullptr;
+  std::vector<int32_t> key_begin, positions;
+  if (docs > 0) {
+    for (int b = 0; b < s.B; ++b)
+      for (int t = 0, start = 0, len = 1 + int(gen() % docs); t < s.Tn; ++t) {
+        if (t - start == len) {
+          start = t;
+          len = 1 + int(gen() % docs);
+        }
+        key_begin.push_back(start);
+        positions.push_back(t - start);
+      }
+  }
+  const int32_t* kb = docs > 0 ? key_begin.data() : nullptr;
+  const int32_t* pos = docs > 0 && alibi ? positions.data() : nullptr;
   std::vector<float> scratch(cpu::attention_scratch_elems(s.Tn));
   std::vector<float> out_ref(n_o), lse_ref(n_l), dqkv_ref(n_qkv);
   cpu::attention_forward(out_ref.data(), lse_ref.data(), qkv_f.data(), s.B, s.Tn, s.H, D,
-                         scratch.data(), dp, G, ap);
+                         scratch.data(), dp, G, ap, kb, pos);
   cpu::attention_backward(dqkv_ref.data(), dout_f.data(), qkv_f.data(), out_ref.data(),
-                          lse_ref.data(), s.B, s.Tn, s.H, D, scratch.data(), dp, G, ap);
+                          lse_ref.data(), s.B, s.Tn, s.H, D, scratch.data(), dp, G, ap, kb, pos);
 
   // Forward on the emulator.
   std::vector<T> out = nan_filled<T>(n_o);
   std::vector<float> lse(n_l, NAN);
   {
     using Cfg = FwdCfg<D>;
-    const FlashFwdArgs a{out.data(), lse.data(), qkv.data(), s.Tn, s.H, G, drop, al, {}};
+    const FlashFwdArgs a{out.data(), lse.data(), qkv.data(), s.Tn, s.H, G, drop, al, {}, kb};
     emu::launch((s.Tn + Cfg::Br - 1) / Cfg::Br, s.B * s.H, Cfg::W * 32, Cfg::smem_bytes(),
                 [&](char* smem) {
                   if (alibi)
@@ -133,8 +151,9 @@ void run_case(Shape s, double tol, double drop_p = 0, AttentionAlibi al = {}) {
         rowdot[(int64_t(b) * s.H + h) * s.Tn + t] = acc;
       }
   std::vector<T> dqkv = nan_filled<T>(n_qkv);
-  const FlashBwdArgs a{dqkv.data(), dout.data(), qkv.data(), lse.data(), rowdot.data(), s.Tn, s.H,
-                       G,           drop,        al,         {}};
+  const FlashBwdArgs a{dqkv.data(),   dout.data(), qkv.data(), lse.data(),
+                       rowdot.data(), s.Tn,        s.H,        G,
+                       drop,          al,          {},         kb};
   {  // one block per (b, key/value head, key tile)
     using Cfg = BwdKvCfg<D>;
     emu::launch((s.Tn + Cfg::Bk - 1) / Cfg::Bk, s.B * G, Cfg::W * 32, Cfg::smem_bytes(),
@@ -232,6 +251,23 @@ TEST(FlashEmu, F16HeadDim128AlibiDropout) {
 }
 TEST(FlashEmu, F16HeadDim64AlibiMqaDropout) {
   run_case<__half, 64>({1, 100, 4, 64, 1}, 4e-3, 0.1, AttentionAlibi{8, 12});
+}
+
+// Documents (--reset-attention-mask, --sft): lengths up to 40 tokens (many inside one 64-key tile,
+// rows whose whole tile is another document's), up to 300 (documents spanning the 128-row blocks,
+// so the blocks start at a later key tile and whole warps skip tiles); with grouped-query
+// attention, ALiBi (by the reset positions in the reference) and dropout, at both head dims.
+TEST(FlashEmu, Bf16HeadDim64Documents) {
+  run_case<__nv_bfloat16, 64>({2, 300, 2, 64}, 2e-2, 0, {}, 40);
+}
+TEST(FlashEmu, F16HeadDim64LongDocumentsGqa) {
+  run_case<__half, 64>({1, 700, 4, 64, 2}, 4e-3, 0, {}, 300);
+}
+TEST(FlashEmu, F16HeadDim128DocumentsAlibiDropout) {
+  run_case<__half, 128>({1, 333, 4, 128, 1}, 4e-3, 0.1, AttentionAlibi{4, 8}, 150);
+}
+TEST(FlashEmu, Bf16HeadDim128ShortDocuments) {
+  run_case<__nv_bfloat16, 128>({2, 129, 2, 128}, 2e-2, 0, {}, 7);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Megatron's _get_ltor_masks_and_position_ids (train/sample_layout.hpp) on hand-worked samples.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "train/sample_layout.hpp"
@@ -88,4 +89,29 @@ TEST(SampleLayout, WithoutAnEodNothingResets) {
   EXPECT_EQ(l.positions, (std::vector<int32_t>{0, 1, 2, 3, 4}));
   EXPECT_EQ(l.key_begin, (std::vector<int32_t>(5, 0)));
   EXPECT_EQ(l.targets, (std::vector<int32_t>(5, 5)));
+}
+
+// Where documents cannot run, one line naming what to change: the CPU takes every case; CUDA masks
+// documents in its tensor-core kernels at CP 1, not yet in its ring, and takes ALiBi's distances
+// by row (so reset positions with ALiBi need the mask too).
+TEST(SampleLayout, WhatCannotRunIsOneLine) {
+  LtorOptions mask, packed, alibi_pos;
+  mask.reset_attention_mask = true;
+  packed.packed = true;
+  alibi_pos.reset_position_ids = true;
+  for (const LtorOptions& o : {mask, packed, alibi_pos}) {
+    EXPECT_EQ(documents_problem(o, 4, "cpu", true), "");
+    EXPECT_EQ(documents_problem(o, 1, "cuda", false), "");
+  }
+  EXPECT_EQ(documents_problem(mask, 1, "cuda", true), "");
+  EXPECT_NE(documents_problem(mask, 2, "cuda", false)
+                .find("--reset-attention-mask with --context-parallel-size 2 on --device cuda"),
+            std::string::npos);
+  EXPECT_NE(
+      documents_problem(packed, 2, "cuda", false).find("--sft with --context-parallel-size 2"),
+      std::string::npos);
+  EXPECT_EQ(documents_problem(alibi_pos, 2, "cuda", false), "");
+  EXPECT_NE(documents_problem(alibi_pos, 1, "cuda", true)
+                .find("--reset-position-ids with ALiBi and without --reset-attention-mask"),
+            std::string::npos);
 }

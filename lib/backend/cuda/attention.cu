@@ -376,14 +376,16 @@ __global__ void attention_backward_kernel(T* dqkv, const T* dout, const T* qkv, 
 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, int64_t kv_heads,
                        const AttentionDropout* drop, const AttentionAlibi* alibi,
-                       [[maybe_unused]] Workspace& ws, cudaStream_t s, bool tensor_cores) {
+                       [[maybe_unused]] Workspace& ws, cudaStream_t s, bool tensor_cores,
+                       const int32_t* key_begin) {
   const int64_t G = kv_heads, B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
   const AttentionDropout dr = drop && drop->spec.active() ? *drop : AttentionDropout{};
   if (tensor_cores && tc::flash_supported(qkv.dtype(), hd, B * heads, {out.raw(), qkv.raw()})) {
     tc::flash_forward(qkv.dtype(), out.raw(), lse.f32(), qkv.raw(), B, T, heads, G, hd, dr, alibi,
-                      s);
+                      s, key_begin);
     return;
   }
+  TESSERA_CHECK(!key_begin, "attention with documents: only the tensor-core kernels mask them");
   dispatch(qkv.dtype(), "attention", [&](auto tag) {
     using S = decltype(tag);
     auto generic = [&] {
@@ -412,16 +414,17 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t head
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, int64_t heads, int64_t kv_heads,
                         const AttentionDropout* drop, const AttentionAlibi* alibi, Workspace& ws,
-                        cudaStream_t s, bool tensor_cores) {
+                        cudaStream_t s, bool tensor_cores, const int32_t* key_begin) {
   const int64_t G = kv_heads, B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
   const AttentionDropout dr = drop && drop->spec.active() ? *drop : AttentionDropout{};
   float* rowdot = ws.get<float>(Scratch::kAttentionRowdot, B * heads * T);
   if (tensor_cores && tc::flash_supported(qkv.dtype(), hd, B * heads,
                                           {dqkv.raw(), dout.raw(), qkv.raw(), out.raw()})) {
     tc::flash_backward(qkv.dtype(), dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), lse.f32(), rowdot,
-                       B, T, heads, G, hd, dr, alibi, s);
+                       B, T, heads, G, hd, dr, alibi, s, key_begin);
     return;
   }
+  TESSERA_CHECK(!key_begin, "attention with documents: only the tensor-core kernels mask them");
   dispatch(qkv.dtype(), "attention backward", [&](auto tag) {
     using S = decltype(tag);
     attention_rowdot_kernel<S><<<blocks_for(B * heads * T), kThreads, 0, s>>>(

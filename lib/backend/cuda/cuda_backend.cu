@@ -98,13 +98,23 @@ class CublasHandle {
 
 // The key/value head count of an attention call (0 means `heads`), after checking that qkv
 // (B, T, (heads + 2G) hd) fits it.
-// Documents inside a sample (--reset-attention-mask, --reset-position-ids with ALiBi): the CPU
-// backend's attention has them; the CUDA kernels do not yet (the options refuse --device cuda).
-void refuse_documents(const AttentionDocuments* docs) {
-  if (docs && docs->active())
+// Documents inside a sample (--reset-attention-mask, --sft; core/documents.hpp): the first
+// visible key of each row, (B*T) int32 on the device, or null. The tensor-core kernels mask them;
+// ALiBi's reset positions need no table there (inside a document the distances are the rows'), but
+// --reset-position-ids with ALiBi and without the mask (keys of other documents at their own
+// positions) is refused.
+const int32_t* document_keys(const AttentionDocuments* docs, int64_t rows) {
+  if (!docs || !docs->active()) return nullptr;
+  if (!docs->key_begin)
     throw ConfigError(
-        "--reset-attention-mask / --reset-position-ids with ALiBi: the CUDA attention kernels do "
-        "not take document masks yet (give --device cpu)");
+        "--reset-position-ids with ALiBi and without --reset-attention-mask on --device cuda: the "
+        "CUDA attention kernels take ALiBi's distances by row (give --reset-attention-mask too, or "
+        "--device cpu)");
+  expect_device(*docs->key_begin, "the documents' first visible keys");
+  expect_dtype(*docs->key_begin, DType::I32, "the documents' first visible keys");
+  TESSERA_CHECK(docs->key_begin->numel() == rows, "attention documents: a table of ",
+                docs->key_begin->numel(), " rows for ", rows, " query rows");
+  return docs->key_begin->i32();
 }
 
 int64_t check_attention_shape(const Tensor& qkv, int64_t heads, int64_t kv_heads) {
@@ -353,20 +363,21 @@ class CudaBackend final : public Backend {
                          const AttentionAlibi* alibi, const AttentionDocuments* docs) override {
     const int64_t G = check_attention_shape(qkv, heads, kv_heads);
     check_alibi_heads(alibi, heads);
-    refuse_documents(docs);
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
+    const int32_t* kb = document_keys(docs, B * T);
     TESSERA_CHECK(out.numel() == B * T * heads * hd && lse.numel() == B * heads * T,
                   "attention output shapes");
     expect_dtype(lse, DType::F32, "attention lse");
     expect_dtype(out, qkv.dtype(), "attention output");
     const cuda_ops::CudnnAttentionShape sh{qkv.dtype(), B, T, heads, G, hd};
-    const AttnKernels k = attention_kernels(sh, drop && drop->spec.active(), alibi != nullptr,
-                                            {out.raw(), qkv.raw()});
+    const AttnKernels k = kb ? document_kernels(sh, {out.raw(), qkv.raw()})
+                             : attention_kernels(sh, drop && drop->spec.active(), alibi != nullptr,
+                                                 {out.raw(), qkv.raw()});
     if (k == AttnKernels::Cudnn)
       cudnn_->forward(out.raw(), lse.f32(), qkv.raw(), sh, ws_);
     else
       cuda_ops::attention_forward(out, lse, qkv, heads, G, drop, alibi, ws_, stream_,
-                                  k == AttnKernels::Flash);
+                                  k == AttnKernels::Flash, kb);
   }
   void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads, const AttentionDropout* drop,
@@ -374,7 +385,7 @@ class CudaBackend final : public Backend {
                           const AttentionDocuments* docs) override {
     const int64_t G = check_attention_shape(qkv, heads, kv_heads);
     check_alibi_heads(alibi, heads);
-    refuse_documents(docs);
+    const int32_t* kb = document_keys(docs, qkv.dim(0) * qkv.dim(1));
     TESSERA_CHECK(
         dqkv.numel() == qkv.numel() && dout.numel() == out.numel() &&
             out.numel() == qkv.dim(0) * qkv.dim(1) * heads * (qkv.dim(2) / (heads + 2 * G)),
@@ -384,14 +395,15 @@ class CudaBackend final : public Backend {
     expect_dtype(lse, DType::F32, "attention lse");
     const int64_t B = qkv.dim(0), T = qkv.dim(1), hd = qkv.dim(2) / (heads + 2 * G);
     const cuda_ops::CudnnAttentionShape sh{qkv.dtype(), B, T, heads, G, hd};
-    const AttnKernels k = attention_kernels(sh, drop && drop->spec.active(), alibi != nullptr,
-                                            {dqkv.raw(), dout.raw(), qkv.raw(), out.raw()});
+    const AttnKernels k = kb ? document_kernels(sh, {dqkv.raw(), dout.raw(), qkv.raw(), out.raw()})
+                             : attention_kernels(sh, drop && drop->spec.active(), alibi != nullptr,
+                                                 {dqkv.raw(), dout.raw(), qkv.raw(), out.raw()});
     if (k == AttnKernels::Cudnn)
       cudnn_->backward(dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), lse.f32(), sh, deterministic_,
                        ws_);
     else
       cuda_ops::attention_backward(dqkv, dout, qkv, out, lse, heads, G, drop, alibi, ws_, stream_,
-                                   k == AttnKernels::Flash);
+                                   k == AttnKernels::Flash, kb);
   }
   void set_attention_backend(AttentionBackend b, bool deterministic) override {
     attention_ = b;
@@ -691,6 +703,23 @@ class CudaBackend final : public Backend {
   // The attention kernels of a call: by --attention-backend, the shape, dropout and ALiBi (and
   // cuDNN's verdict on the shape), decided at a shape's first call and kept.
   enum class AttnKernels { Cudnn, Flash, Generic };
+  // Documents (a first visible key per row): the tensor-core flash kernels mask them, so `auto`
+  // and `flash` run those; cuDNN's graph here and the generic kernels take no such mask.
+  AttnKernels document_kernels(const cuda_ops::CudnnAttentionShape& s,
+                               std::initializer_list<const void*> ptrs) const {
+    if (attention_ != AttentionBackend::Auto && attention_ != AttentionBackend::Flash)
+      throw ConfigError(detail::concat(
+          "--attention-backend ", attention_backend_name(attention_),
+          " with documents inside the samples (--reset-attention-mask / --sft): only Tessera's "
+          "tensor-core flash kernels mask them on the GPU (give --attention-backend auto or "
+          "flash)"));
+    if (!tc::flash_supported(s.dtype, s.hd, s.B * s.H, ptrs))
+      throw ConfigError(detail::concat(
+          "documents inside the samples (--reset-attention-mask / --sft) on --device cuda need the "
+          "tensor-core flash kernels: bf16 or fp16 at head dim 64 or 128 (this run: ",
+          dtype_name(s.dtype), ", head dim ", s.hd, "; give --bf16, or --device cpu)"));
+    return AttnKernels::Flash;
+  }
   AttnKernels attention_kernels(const cuda_ops::CudnnAttentionShape& s, bool dropout, bool alibi,
                                 std::initializer_list<const void*> ptrs,
                                 std::string* why = nullptr) {

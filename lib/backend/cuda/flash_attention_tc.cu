@@ -103,7 +103,7 @@ void allow_smem(K kernel, int bytes, std::atomic<uint64_t>& done) {
 template <typename T, int D, bool kAlibi, bool kRing = false>
 void forward(void* out, float* lse, const void* qkv, int64_t B, int64_t Tn, int64_t H, int64_t G,
              const AttentionDropout& drop, const AttentionAlibi& alibi, cudaStream_t s,
-             const FlashRing& ring = {}) {
+             const FlashRing& ring = {}, const int32_t* key_begin = nullptr) {
   static std::atomic<uint64_t> ready{0};
   constexpr int bytes = FwdCfg<D>::smem_bytes();
   allow_smem(flash_fwd_kernel<T, D, kAlibi, kRing>, bytes, ready);
@@ -112,7 +112,7 @@ void forward(void* out, float* lse, const void* qkv, int64_t B, int64_t Tn, int6
                   static_cast<unsigned>(B * H));
   flash_fwd_kernel<T, D, kAlibi, kRing><<<grid, FwdCfg<D>::W * 32, bytes, s>>>(
       FlashFwdArgs{out, lse, qkv, static_cast<int>(Tn), static_cast<int>(H), static_cast<int>(G),
-                   drop, alibi, ring});
+                   drop, alibi, ring, key_begin});
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -120,7 +120,7 @@ template <typename T, int D, bool kAlibi, bool kRing = false>
 void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
               float* rowdot, int64_t B, int64_t Tn, int64_t H, int64_t G,
               const AttentionDropout& drop, const AttentionAlibi& alibi, cudaStream_t s,
-              const FlashRing& ring = {}) {
+              const FlashRing& ring = {}, const int32_t* key_begin = nullptr) {
   static std::atomic<uint64_t> kv_ready{0}, q_ready{0};
   constexpr int kv_bytes = BwdKvCfg<D>::smem_bytes(), q_bytes = BwdQCfg<D>::smem_bytes();
   allow_smem(flash_bwd_kv_kernel<T, D, kAlibi, kRing>, kv_bytes, kv_ready);
@@ -130,9 +130,18 @@ void backward(void* dqkv, const void* dout, const void* qkv, const void* out, co
       rowdot, static_cast<const T*>(dout), static_cast<const T*>(out), rows, static_cast<int>(Tn),
       static_cast<int>(H));
   CUDA_CHECK(cudaGetLastError());
-  const FlashBwdArgs a{
-      dqkv, dout,  qkv, lse, rowdot, static_cast<int>(Tn), static_cast<int>(H), static_cast<int>(G),
-      drop, alibi, ring};
+  const FlashBwdArgs a{dqkv,
+                       dout,
+                       qkv,
+                       lse,
+                       rowdot,
+                       static_cast<int>(Tn),
+                       static_cast<int>(H),
+                       static_cast<int>(G),
+                       drop,
+                       alibi,
+                       ring,
+                       key_begin};
   const int64_t Tq = ring.kv ? ring.Tq : Tn, Tk = ring.kv ? ring.Tk : Tn;
   // dK/dV: one block per (b, key/value head, key tile), looping over the group's query heads.
   const dim3 kv_grid(static_cast<unsigned>((Tk + BwdKvCfg<D>::Bk - 1) / BwdKvCfg<D>::Bk),
@@ -199,22 +208,22 @@ bool flash_supported(DType dtype, int64_t head_dim, int64_t batch_heads,
 
 void flash_forward(DType dtype, void* out, float* lse, const void* qkv, int64_t B, int64_t Tn,
                    int64_t H, int64_t G, int64_t D, const AttentionDropout& drop,
-                   const AttentionAlibi* alibi, cudaStream_t stream) {
+                   const AttentionAlibi* alibi, cudaStream_t stream, const int32_t* key_begin) {
   const AttentionAlibi al = alibi ? *alibi : AttentionAlibi{};
   dispatch(dtype, D, alibi != nullptr, [&](auto tag, auto d, auto a) {
     forward<decltype(tag), decltype(d)::value, decltype(a)::value>(out, lse, qkv, B, Tn, H, G, drop,
-                                                                   al, stream);
+                                                                   al, stream, {}, key_begin);
   });
 }
 
 void flash_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
                     const float* lse, float* rowdot, int64_t B, int64_t Tn, int64_t H, int64_t G,
                     int64_t D, const AttentionDropout& drop, const AttentionAlibi* alibi,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, const int32_t* key_begin) {
   const AttentionAlibi al = alibi ? *alibi : AttentionAlibi{};
   dispatch(dtype, D, alibi != nullptr, [&](auto tag, auto d, auto a) {
     backward<decltype(tag), decltype(d)::value, decltype(a)::value>(
-        dqkv, dout, qkv, out, lse, rowdot, B, Tn, H, G, drop, al, stream);
+        dqkv, dout, qkv, out, lse, rowdot, B, Tn, H, G, drop, al, stream, {}, key_begin);
   });
 }
 

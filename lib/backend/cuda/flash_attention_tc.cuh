@@ -67,6 +67,14 @@ constexpr float kLog2e = 1.4426950408889634f;
 // element). Without dropout and ALiBi (those blocks take the host path). The bodies' template flag
 // kRing turns the mode on (kv must then be set); the kernels without it are the causal
 // self-attention above, compiled as before.
+//
+// Documents inside the samples (key_begin non-null; core/documents.hpp; not with ring blocks):
+// query row t of sample b sees keys key_begin[b * Tn + t] .. t only (--reset-attention-mask,
+// --sft). Masked like the future keys; the forward and dQ blocks start at the key tile of their
+// rows' smallest first key (the tiles before are never loaded), a warp skips every tile before
+// its own rows' smallest, and a dK/dV warp skips every query tile none of whose rows sees its
+// keys. A row may see no key of a whole tile, so its running max can still be -inf there (guarded).
+// ALiBi's distances are by row index: inside one document they equal the reset positions'.
 struct FlashRing {
   const void* kv = nullptr;
   void* dkv = nullptr;
@@ -83,6 +91,7 @@ struct FlashFwdArgs {
   AttentionDropout drop;
   AttentionAlibi alibi;
   FlashRing ring;
+  const int32_t* key_begin = nullptr;  // documents (B, Tn) by row, or null (see above)
 };
 struct FlashBwdArgs {
   void* dqkv;  // T (B, Tn, H + 2G, D)
@@ -94,6 +103,7 @@ struct FlashBwdArgs {
   AttentionDropout drop;
   AttentionAlibi alibi;
   FlashRing ring;
+  const int32_t* key_begin = nullptr;  // documents (B, Tn) by row, or null (see above)
 };
 
 template <int D>
@@ -108,7 +118,7 @@ struct FwdCfg {
 template <int D>
 struct BwdKvCfg {
   static constexpr int W = 8, Bk = 16 * W, Bq = D == 128 ? 32 : 64;
-  static constexpr int smem_bytes() { return (2 * Bk + 4 * Bq) * kLd<D> * 2 + 4 * Bq * 4; }
+  static constexpr int smem_bytes() { return (2 * Bk + 4 * Bq) * kLd<D> * 2 + 6 * Bq * 4; }
 };
 template <int D>
 struct BwdQCfg {
@@ -244,6 +254,75 @@ TC_DEV void dual_products(float (&ax)[N / 8][4], float (&ay)[N / 8][4], const T*
 // layout (kTransposed: rows are keys), key kw0 + g + 8 (e >> 1) and query q0 + 8 n + 2 t + (e & 1).
 // `rel` is key - query of element (0, 0): k0 + 2 t - row0 - g, or kw0 + g - q0 - 2 t. The
 // distances are small integers, exact in f32, so each element gets slope_s * float(key - query).
+// The min and the max of v over the warp (exact for integers below 2^24).
+TC_DEV float warp_min(float v) {
+  TC_UNROLL
+  for (int m = 1; m < 32; m <<= 1) v = fminf(v, shfl_xor(v, m));
+  return v;
+}
+TC_DEV float warp_max(float v) {
+  TC_UNROLL
+  for (int m = 1; m < 32; m <<= 1) v = fmaxf(v, shfl_xor(v, m));
+  return v;
+}
+
+// Documents: the first visible key of rows row0 + g and row0 + g + 8 (Tq past the last row, so
+// rows past the end never lower a minimum), the smallest and largest over the warp's 16 rows, and
+// the key tile of the block's smallest (W warps; `scratch` W floats of shared memory, free).
+struct RowDocs {
+  int kb[2] = {0, 0};
+  int wmin = 0, wmax = 0, first_tile = 0;
+};
+template <int W, int Bc>
+TC_DEV RowDocs row_docs(const int32_t* key_begin, int64_t base, int row0, int g, int Tq,
+                        float* scratch) {
+  RowDocs r;
+  if (!key_begin) return r;
+  TC_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + g + 8 * i;
+    r.kb[i] = row < Tq ? key_begin[base + row] : Tq;
+  }
+  const float lo = warp_min(fminf(float(r.kb[0]), float(r.kb[1])));
+  r.wmin = static_cast<int>(lo);
+  r.wmax = static_cast<int>(warp_max(fmaxf(float(r.kb[0]), float(r.kb[1]))));
+  const int warp = thread_id() / 32;
+  if (thread_id() % 32 == 0) scratch[warp] = lo;
+  sync_block();
+  float m = scratch[0];
+  TC_UNROLL
+  for (int w = 1; w < W; ++w) m = fminf(m, scratch[w]);
+  sync_block();  // the scratch is a tile buffer, filled next
+  r.first_tile = static_cast<int>(m) / Bc;
+  return r;
+}
+
+// -inf at the keys of an accumulator tile (key k0t + 8 n + (e & 1) of row e >> 1 of the thread:
+// k0t = the tile's first key + 2 t) before `bound[row]` (kBefore) or at and after it.
+template <int N, bool kBefore>
+TC_DEV void mask_keys(float (&s)[N][4], int k0t, const int (&bound)[2]) {
+  TC_UNROLL
+  for (int n = 0; n < N; ++n) {
+    TC_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int key = k0t + n * 8 + (e & 1);
+      if (kBefore ? key < bound[e >> 1] : key >= bound[e >> 1]) s[n][e] = -INFINITY;
+    }
+  }
+}
+
+// The smallest and largest of the N first keys of a query tile in shared memory, over the warp.
+template <int N>
+TC_DEV void tile_docs(const int* kb, int lane, int& lo, int& hi) {
+  float a = float(kb[lane % N]), z = a;
+  if (N > 32) {
+    a = fminf(a, float(kb[32 + lane % 32]));
+    z = fmaxf(z, float(kb[32 + lane % 32]));
+  }
+  lo = static_cast<int>(warp_min(a));
+  hi = static_cast<int>(warp_max(z));
+}
+
 template <bool kTransposed, int N>
 TC_DEV void add_alibi(float (&s)[N][4], float slope_s, int rel) {
   const float r = static_cast<float>(rel);
@@ -293,12 +372,15 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
   const float sl2 = rsqrtf(static_cast<float>(D)) * kLog2e;
   const float slope_s = kAlibi ? alibi_slope_s<D>(p.alibi, h) : 0.f;
 
-  // Causal: keys [0, kend) matter to this block; otherwise all Tk.
+  // Keys [0, kend) matter (causal; else all Tk), from the tile of the rows' smallest first key.
+  const bool docs = !kRing && p.key_begin != nullptr;
+  const RowDocs rd = row_docs<W, Bc>(kRing ? nullptr : p.key_begin, static_cast<int64_t>(b) * Tn,
+                                     row0, g, Tq, reinterpret_cast<float*>(Ks));
   const int kend = !causal ? Tk : Tk < q0 + Br ? Tk : q0 + Br;
-  const int ntiles = (kend + Bc - 1) / Bc;
+  const int ntiles = (kend + Bc - 1) / Bc, jbegin = rd.first_tile;
   load_rows<T, D, Br, NT>(Qs, q_g, C3, q0, Tq);
-  load_rows<T, D, Bc, NT>(Ks, k_g, KW, 0, Tk);
-  load_rows<T, D, Bc, NT>(Vs, v_g, KW, 0, Tk);
+  load_rows<T, D, Bc, NT>(Ks, k_g, KW, jbegin * Bc, Tk);
+  load_rows<T, D, Bc, NT>(Vs, v_g, KW, jbegin * Bc, Tk);
   cp_async_commit();
 
   float o[D / 8][4];
@@ -307,8 +389,8 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   uint32_t qf[D / 16][4];
 
-  for (int j = 0; j < ntiles; ++j) {
-    const int buf = j & 1;
+  for (int j = jbegin; j < ntiles; ++j) {
+    const int buf = (j - jbegin) & 1;
     if (j + 1 < ntiles) {
       load_rows<T, D, Bc, NT>(Ks + (buf ^ 1) * Bc * LD, k_g, KW, (j + 1) * Bc, Tk);
       load_rows<T, D, Bc, NT>(Vs + (buf ^ 1) * Bc * LD, v_g, KW, (j + 1) * Bc, Tk);
@@ -316,12 +398,13 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
     cp_async_commit();
     cp_async_wait<1>();
     sync_block();
-    if (j == 0) {
+    if (j == jbegin) {
       TC_UNROLL
       for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], Qs + warp * 16 * LD, kk * 16, lane);
     }
     const int k0 = j * Bc;
-    if (!causal || k0 <= row0 + 15) {  // some row of this warp sees some key of the tile
+    // Some row of this warp sees some key of the tile.
+    if ((!causal || k0 <= row0 + 15) && (!docs || k0 + Bc - 1 >= rd.wmin)) {
       const T* Kb = Ks + buf * Bc * LD;
       const T* Vb = Vs + buf * Bc * LD;
       float s[Bc / 8][4];
@@ -346,28 +429,28 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
             if (k0 + n * 8 + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) s[n][e] = -INFINITY;
         }
       } else if (!causal && k0 + Bc > Tk) {  // no mask, but keys past the block's last are none
-        TC_UNROLL
-        for (int n = 0; n < Bc / 8; ++n) {
-          TC_UNROLL
-          for (int e = 0; e < 4; ++e)
-            if (k0 + n * 8 + 2 * t + (e & 1) >= Tk) s[n][e] = -INFINITY;
-        }
+        const int past[2] = {Tk, Tk};
+        mask_keys<Bc / 8, false>(s, k0 + 2 * t, past);
       }
+      if (docs && k0 < rd.wmax)  // some row's document starts after the tile's first key
+        mask_keys<Bc / 8, true>(s, k0 + 2 * t, rd.kb);
       float mx[2] = {m[0], m[1]};
       TC_UNROLL
       for (int n = 0; n < Bc / 8; ++n) {
         mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
         mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
       }
-      // Every row sees key 0 in tile 0, so mx is finite from the first tile on.
+      // Without documents every row sees key 0 in tile 0, so mx is finite from the first tile on;
+      // with them a row may have seen no key yet (mx -inf: nothing to correct, every p 0).
       float ms[2];
       TC_UNROLL
       for (int i = 0; i < 2; ++i) {
         mx[i] = quad_max(mx[i]);
-        const float corr = ex2((m[i] - mx[i]) * sl2);
+        const float mref = docs && mx[i] == -INFINITY ? 0.f : mx[i];
+        const float corr = ex2((m[i] - mref) * sl2);
         m[i] = mx[i];
         l[i] *= corr;
-        ms[i] = mx[i] * sl2;
+        ms[i] = mref * sl2;
         TC_UNROLL
         for (int n = 0; n < D / 8; ++n) {
           o[n][2 * i] *= corr;
@@ -425,6 +508,7 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
   T* Gs = Qs + 2 * Bq * LD;                                // dO, two buffers
   float* Ls = reinterpret_cast<float*>(Gs + 2 * Bq * LD);  // lse * log2(e), two buffers
   float* Ds = Ls + 2 * Bq;                                 // rowdot, two buffers
+  int* KBs = reinterpret_cast<int*>(Ds + 2 * Bq);          // documents' first keys, two buffers
   const int Tn = p.Tn, H = p.H, G = p.G;
   // Ring blocks (p.ring.kv): query rows [q_off, q_off + Tq) of qkv, dout, lse and rowdot, key rows
   // [k_off, k_off + Tk) of kv; rows below are relative to those.
@@ -448,19 +532,22 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
     load_rows<T, D, Bq, NT>(Qs + buf * Bq * LD, qkv_b + qh * D, C3, q0, Tq);
     load_rows<T, D, Bq, NT>(Gs + buf * Bq * LD, dout_b + qh * D, C, q0, Tq);
   };
-  // lse (times log2 e) and rowdot of query tile (qh, q0): thread tid < Bq loads entry tid into
-  // registers, and stores them into a buffer later (after the tile's work, so the global loads'
-  // latency is hidden behind it); 0 past the end.
-  auto load_stats = [&](int qh, int q0, float& l, float& d) {
+  // lse (times log2 e), rowdot and (documents) the first visible key of query tile (qh, q0):
+  // thread tid < Bq loads entry tid into registers, and stores them into a buffer later (after the
+  // tile's work, so the global loads' latency is hidden behind it); 0 past the end (first key: Tq).
+  const bool docs = !kRing && p.key_begin != nullptr;
+  auto load_stats = [&](int qh, int q0, float& l, float& d, int& kb) {
     const bool ok = tid < Bq && q0 + tid < Tq;
     const int64_t at = (static_cast<int64_t>(b) * H + qh) * Tn + qoff + q0 + tid;
     l = ok ? p.lse[at] * kLog2e : 0.f;
     d = ok ? p.rowdot[at] : 0.f;
+    kb = docs && ok ? p.key_begin[static_cast<int64_t>(b) * Tn + q0 + tid] : Tq;
   };
-  auto store_stats = [&](int buf, float l, float d) {
+  auto store_stats = [&](int buf, float l, float d, int kb) {
     if (tid < Bq) {
       Ls[buf * Bq + tid] = l;
       Ds[buf * Bq + tid] = d;
+      KBs[buf * Bq + tid] = kb;
     }
   };
   if constexpr (kRing) {
@@ -481,8 +568,9 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
   load_q_rows(0, h, q0);
   {
     float l, d;
-    load_stats(h, q0, l, d);
-    store_stats(0, l, d);
+    int kb;
+    load_stats(h, q0, l, d, kb);
+    store_stats(0, l, d, kb);
   }
   cp_async_commit();
 
@@ -498,14 +586,18 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
     const bool wrap = q0 + Bq >= Tq;  // the next tile starts the next head
     const int next_h = wrap ? h + 1 : h, next_q0 = wrap ? qbegin : q0 + Bq;
     float next_l = 0.f, next_d = 0.f;
+    int next_kb = Tq;
     if (j + 1 < ntiles) {
       load_q_rows(buf ^ 1, next_h, next_q0);
-      load_stats(next_h, next_q0, next_l, next_d);
+      load_stats(next_h, next_q0, next_l, next_d, next_kb);
     }
     cp_async_commit();
     cp_async_wait<1>();
     sync_block();
-    if (!causal || q0 + Bq - 1 >= kw0) {  // some query of the tile sees some key of this warp
+    int tmin = 0, tmax = 0;  // documents: the tile's queries' smallest and largest first key
+    if (docs) tile_docs<Bq>(KBs + buf * Bq, lane, tmin, tmax);
+    // Some query of the tile sees some key of this warp.
+    if ((!causal || q0 + Bq - 1 >= kw0) && (!docs || tmin <= kw0 + 15)) {
       const T* Qb = Qs + buf * Bq * LD;
       const T* Gb = Gs + buf * Bq * LD;
       float st[Bq / 8][4], dpt[Bq / 8][4];
@@ -514,14 +606,17 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
       // Element (key kw0 + g + 8 (e >> 1), query q0 + 8 n + 2 t + (e & 1)). Only tiles that cross
       // this warp's diagonal or run past the sequence need the mask (warp-uniform test).
       // Without the causal mask (ring blocks): only rows past the block's queries or keys.
-      const bool masked = causal ? q0 < kw0 + 15 || q0 + Bq > Tq : q0 + Bq > Tq || kw0 + 16 > Tk;
+      const bool masked =
+          (causal ? q0 < kw0 + 15 || q0 + Bq > Tq : q0 + Bq > Tq || kw0 + 16 > Tk) ||
+          (docs && tmax > kw0);
       TC_UNROLL
       for (int n = 0; n < Bq / 8; ++n) {
         TC_UNROLL
         for (int e = 0; e < 4; ++e) {
           const int qi = n * 8 + 2 * t + (e & 1), q = q0 + qi, key = kw0 + g + (e >> 1) * 8;
           const bool keep =
-              !masked || (causal ? key <= q && q < Tq : q < Tq && key < Tk);  // (causal: key < Tk)
+              !masked || ((causal ? key <= q && q < Tq : q < Tq && key < Tk) &&
+                          (!docs || key >= KBs[buf * Bq + qi]));  // (causal: key < Tk)
           const float pr = keep ? ex2(st[n][e] * sl2 - Ls[buf * Bq + qi]) : 0.f;
           const float mul =
               p.drop.spec.active() && keep ? p.drop.multiplier(b, h, q, key, Tn) : 1.f;
@@ -533,7 +628,7 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
       acc_times_tile<T, D, Bq>(dk, dpt, Qb, lane);
     }
     // The other buffer's last readers were in the previous iteration, behind its closing barrier.
-    if (j + 1 < ntiles) store_stats(buf ^ 1, next_l, next_d);
+    if (j + 1 < ntiles) store_stats(buf ^ 1, next_l, next_d, next_kb);
     if constexpr (kAlibi)
       if (next_h != h) slope_s = alibi_slope_s<D>(p.alibi, next_h);
     h = next_h;
@@ -590,20 +685,23 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
     L[i] = row < Tq ? p.lse[bh * Tn + qoff + row] * kLog2e : 0.f;
     Dr[i] = row < Tq ? p.rowdot[bh * Tn + qoff + row] : 0.f;
   }
+  const bool docs = !kRing && p.key_begin != nullptr;  // as in the forward
+  const RowDocs rd = row_docs<W, Bc>(kRing ? nullptr : p.key_begin, static_cast<int64_t>(b) * Tn,
+                                     row0, g, Tq, reinterpret_cast<float*>(Ks));
   const int kend = !causal ? Tk : Tk < q0 + Br ? Tk : q0 + Br;
-  const int ntiles = (kend + Bc - 1) / Bc;
+  const int ntiles = (kend + Bc - 1) / Bc, jbegin = rd.first_tile;
   load_rows<T, D, Br, NT>(Qs, q_g, C3, q0, Tq);
   load_rows<T, D, Br, NT>(Gs, g_g, C, q0, Tq);
-  load_rows<T, D, Bc, NT>(Ks, k_g, KW, 0, Tk);
-  load_rows<T, D, Bc, NT>(Vs, v_g, KW, 0, Tk);
+  load_rows<T, D, Bc, NT>(Ks, k_g, KW, jbegin * Bc, Tk);
+  load_rows<T, D, Bc, NT>(Vs, v_g, KW, jbegin * Bc, Tk);
   cp_async_commit();
 
   float dq[D / 8][4];
   TC_UNROLL
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 
-  for (int j = 0; j < ntiles; ++j) {
-    const int buf = j & 1, k0 = j * Bc;
+  for (int j = jbegin; j < ntiles; ++j) {
+    const int buf = (j - jbegin) & 1, k0 = j * Bc;
     if (j + 1 < ntiles) {
       load_rows<T, D, Bc, NT>(Ks + (buf ^ 1) * Bc * LD, k_g, KW, k0 + Bc, Tk);
       load_rows<T, D, Bc, NT>(Vs + (buf ^ 1) * Bc * LD, v_g, KW, k0 + Bc, Tk);
@@ -611,7 +709,7 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
     cp_async_commit();
     cp_async_wait<1>();
     sync_block();
-    if (!causal || k0 <= row0 + 15) {
+    if ((!causal || k0 <= row0 + 15) && (!docs || k0 + Bc - 1 >= rd.wmin)) {
       const T* Kb = Ks + buf * Bc * LD;
       const T* Vb = Vs + buf * Bc * LD;
       float s[Bc / 8][4], dp[Bc / 8][4];
@@ -620,7 +718,7 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
       // Element (query row0 + g + 8 (e >> 1), key k0 + 8 n + 2 t + (e & 1)); the mask only where
       // the tile crosses this warp's diagonal (keys past the end are past every stored row too).
       // Ring blocks without the causal mask: only the keys past the block's last.
-      const bool masked = causal ? k0 + Bc - 1 > row0 : k0 + Bc > Tk;
+      const bool masked = (causal ? k0 + Bc - 1 > row0 : k0 + Bc > Tk) || (docs && k0 < rd.wmax);
       const bool drop = p.drop.spec.active();
       TC_UNROLL
       for (int n = 0; n < Bc / 8; ++n) {
@@ -632,7 +730,8 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
         TC_UNROLL
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + n * 8 + 2 * t + (e & 1), row = row0 + g + (e >> 1) * 8;
-          const bool keep = !masked || (causal ? key <= row : key < Tk);
+          const bool keep =
+              !masked || ((causal ? key <= row : key < Tk) && (!docs || key >= rd.kb[e >> 1]));
           dp[n][e] = keep ? ex2(s[n][e] * sl2 - L[e >> 1]) * (dp[n][e] * mul[e] - Dr[e >> 1]) : 0.f;
         }
       }

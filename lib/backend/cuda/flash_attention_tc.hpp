@@ -25,15 +25,18 @@ bool flash_supported(DType dtype, int64_t head_dim, int64_t batch_heads,
 // (1 <= G, G divides H; query head h reads key/value head h / (H/G)).
 // `drop`: attention dropout when drop.spec.active(). `alibi` (null: none): ALiBi's bias on the
 // scores (core/alibi.hpp), by kernels compiled for it; the kernels without it are unchanged.
+// `key_begin` (null: none): documents inside the samples, (B, T) int32 on the device, row t of
+// sample b seeing keys key_begin[b*T+t] .. t only (core/documents.hpp).
 void flash_forward(DType dtype, void* out, float* lse, const void* qkv, int64_t B, int64_t Tn,
                    int64_t H, int64_t G, int64_t D, const AttentionDropout& drop,
-                   const AttentionAlibi* alibi, cudaStream_t stream);
+                   const AttentionAlibi* alibi, cudaStream_t stream,
+                   const int32_t* key_begin = nullptr);
 // dqkv (B,T,H+2G,D) overwritten (each key/value head's gradient sums its group's query heads);
 // rowdot (B,H,T) f32 workspace filled here with dout . out.
 void flash_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
                     const float* lse, float* rowdot, int64_t B, int64_t Tn, int64_t H, int64_t G,
                     int64_t D, const AttentionDropout& drop, const AttentionAlibi* alibi,
-                    cudaStream_t stream);
+                    cudaStream_t stream, const int32_t* key_begin = nullptr);
 
 // Context parallelism's ring blocks on the same kernels (flash_attention_tc.cuh, FlashRing):
 // queries rows [ring.q_off, + ring.Tq) of qkv (B,Tn,H+2G,D), keys and values rows [ring.k_off,

@@ -238,15 +238,19 @@ void grouped_matmul_backward(const std::vector<Backend::GroupedGemm>& groups, cu
 // the one-thread-per-row kernels. With `alibi` (null: none), ALiBi's bias slope_h (j - i) on every
 // scaled score (core/alibi.hpp), in every kernel (those without it run no code of it).
 // `tensor_cores` false keeps to the generic kernels (--attention-backend unfused/local).
+// `key_begin` (null: none): documents inside the samples ((B,T) int32, core/documents.hpp), on
+// the tensor-core kernels only (the caller checks flash_supported first).
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, int64_t kv_heads,
                        const AttentionDropout* drop, const AttentionAlibi* alibi, Workspace& ws,
-                       cudaStream_t s, bool tensor_cores = true);
+                       cudaStream_t s, bool tensor_cores = true,
+                       const int32_t* key_begin = nullptr);
 // dqkv (qkv's layout) from dout, the forward's inputs and outputs (out, lse), its dropout and its
 // ALiBi; each key/value head's gradient sums its group's query heads (no atomics).
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, int64_t heads, int64_t kv_heads,
                         const AttentionDropout* drop, const AttentionAlibi* alibi, Workspace& ws,
-                        cudaStream_t s, bool tensor_cores = true);
+                        cudaStream_t s, bool tensor_cores = true,
+                        const int32_t* key_begin = nullptr);
 
 // ---- rope.cu ------------------------------------------------------------------------------------
 
