@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
     TrainConfig t;
     t.documents = docs;
     t.documents.eod = m.eod_id;
-    if (const std::string why = documents_problem(docs, cp, device, cfg.alibi()); !why.empty())
+    if (const std::string why = documents_problem(docs, device, cfg.alibi()); !why.empty())
       throw ConfigError(why);
     t.micro_batch_size = mbs;
     t.global_batch_size = global_batch > 0 ? global_batch : mbs * ctx.dp_size;

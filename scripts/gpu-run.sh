@@ -275,7 +275,7 @@ PY
 fi
 if step attention; then
   echo "== bench_attention (Tessera) and bench/attention_peer.py (PyTorch SDPA, same GPU) =="
-  "$root/bin/bench_attention" --dropout 0.1 2>&1 | tee "$out/bench-attention.log" || status=1
+  "$root/bin/bench_attention" --dropout 0.1 --packed 256 2>&1 | tee "$out/bench-attention.log" || status=1
   python3 bench/attention_peer.py 2>&1 | tee "$out/bench-attention-peer.log"
 fi
 if step bench; then

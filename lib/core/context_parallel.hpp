@@ -20,6 +20,27 @@ TESSERA_HD int64_t cp_position(int rank, int cp, int64_t c, int64_t t) {
   return t < c ? rank * c + t : (2 * cp - 1 - rank) * c + (t - c);
 }
 
+// The first of CP rank `rank`'s 2c local rows whose global position is at or after g (2c if
+// none): local order is global order (chunk r before chunk 2·CP−1−r).
+TESSERA_HD int64_t cp_local_at_or_after(int rank, int cp, int64_t c, int64_t g) {
+  const int64_t a = rank * c, z = (2 * cp - 1 - rank) * c;
+  if (g <= a) return 0;
+  if (g < a + c) return g - a;
+  if (g <= z) return c;
+  if (g < z + c) return c + (g - z);
+  return 2 * c;
+}
+
+// Documents in a ring block (RingBlockSpec::docs): the first visible key of the block's query row
+// i (0 <= i < nq), as a key row of the block (0 .. nk; nk: none visible), from the whole samples'
+// first visible key by global position (`key_begin` of sample b's S = 2c·CP positions).
+TESSERA_HD int32_t cp_block_key_begin(const int32_t* key_begin, int q_rank, int k_rank, int cp,
+                                      int64_t c, int64_t q0, int64_t k0, int64_t nk, int64_t i) {
+  const int64_t g = cp_position(q_rank, cp, c, q0 + i);
+  const int64_t first = cp_local_at_or_after(k_rank, cp, c, key_begin[g]) - k0;
+  return static_cast<int32_t>(first < 0 ? 0 : first > nk ? nk : first);
+}
+
 // Ring step `step` of CP rank `rank` (0 <= step < CP) holds the K/V of rank (rank − step) mod CP
 // (the owner) and computes, by Transformer Engine's schedule, query rows [q0, q0 + nq) of its 2c
 // against the owner's key rows [k0, k0 + nk):

@@ -29,15 +29,9 @@ void loss_counts(const int32_t* sample, const uint8_t* mask, int64_t T, const Lt
                 !(o.eod_mask_loss && sample[t] == o.eod);
 }
 
-std::string documents_problem(const LtorOptions& o, int cp, const std::string& device, bool alibi) {
-  if (device != "cuda") return "";
+std::string documents_problem(const LtorOptions& o, const std::string& device, bool alibi) {
   const bool mask = o.reset_attention_mask || o.packed;
-  const std::string what = o.packed ? "--sft" : "--reset-attention-mask";
-  if (mask && cp > 1)
-    return what + " with --context-parallel-size " + std::to_string(cp) +
-           " on --device cuda: the CUDA ring attention does not take document masks yet (give "
-           "--context-parallel-size 1, or --device cpu)";
-  if (!mask && o.reset_position_ids && alibi)
+  if (device == "cuda" && !mask && o.reset_position_ids && alibi)
     return "--reset-position-ids with ALiBi and without --reset-attention-mask on --device cuda: "
            "the CUDA attention kernels take ALiBi's distances by row (give --reset-attention-mask "
            "too, or --device cpu)";

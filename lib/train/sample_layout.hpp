@@ -42,10 +42,10 @@ void ltor_layout(const int32_t* input, const uint8_t* flags, int64_t T, const Lt
 void loss_counts(const int32_t* sample, const uint8_t* mask, int64_t T, const LtorOptions& o,
                  uint8_t* counts);
 
-// Why these options cannot run at context-parallel size `cp` on `device` ("cpu" | "cuda") with or
-// without ALiBi, as one line naming what to change; empty when they can. The CPU backend takes
-// them at every layout; CUDA masks documents in its tensor-core kernels (bf16/fp16, head dims 64
-// and 128: checked when the attention runs), not yet in its ring (CP > 1).
-std::string documents_problem(const LtorOptions& o, int cp, const std::string& device, bool alibi);
+// Why these options cannot run on `device` ("cpu" | "cuda") with or without ALiBi, as one line
+// naming what to change; empty when they can. Every parallel layout takes them (the ring of
+// context parallelism included); CUDA masks documents in its tensor-core kernels (bf16/fp16, head
+// dims 64 and 128: checked when the attention runs) and takes ALiBi's distances by row.
+std::string documents_problem(const LtorOptions& o, const std::string& device, bool alibi);
 
 }  // namespace tessera

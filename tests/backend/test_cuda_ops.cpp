@@ -880,9 +880,10 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOpsDtype,
 
 // Context parallelism's ring ops against the CPU: a ring block's attention (a causal diagonal
 // block and an earlier owner's, grouped-query), without dropout and ALiBi (bf16/f16: the
-// tensor-core kernels' ring mode) and with them keyed by global positions (the host path), its
-// backward from the rows' final output and log-sum-exp, the log-sum-exp merge at a row offset
-// and the column copies of the K/V heads.
+// tensor-core kernels' ring mode) and with them keyed by global positions (the host path), with
+// documents spanning the chunks (the whole samples' tables: each query row's first key of the
+// block on the device), its backward from the rows' final output and log-sum-exp, the
+// log-sum-exp merge at a row offset and the column copies of the K/V heads.
 TEST_P(CudaOpsDtype, RingAttentionOpsMatchCpu) {
   const int64_t B = 2, Tn = 64, H = 4, G = 2, hd = 64, cp = 2, W = (H + 2 * G) * hd,
                 KW = 2 * G * hd;
@@ -896,23 +897,41 @@ TEST_P(CudaOpsDtype, RingAttentionOpsMatchCpu) {
   alibi.heads_total = 8;
   Tensor qkv = rnd({B, Tn, W}), kv = rnd({B, Tn, KW}), dout = rnd({B, Tn, H * hd});
   Tensor qd = dev(qkv), kd = dev(kv), dd = dev(dout);
-  for (int pass = 0; pass < 4; ++pass) {
+  // Documents of the whole samples (cp*Tn positions): [0, 5), [5, 17), [17, end) in sample 0,
+  // [0, 9), [9, end) in sample 1: every rank-1 row still sees a key of both blocks.
+  Tensor kb({B * cp * Tn}, DType::I32);
+  for (int64_t t = 0; t < cp * Tn; ++t) {
+    kb.i32()[t] = t < 5 ? 0 : t < 17 ? 5 : 17;
+    kb.i32()[cp * Tn + t] = t < 9 ? 0 : 9;
+  }
+  const Tensor kbd = dev(kb);
+  AttentionDocuments host_docs, dev_docs;
+  host_docs.key_begin = &kb;
+  dev_docs.key_begin = &kbd;
+  for (int pass = 0; pass < 6; ++pass) {
     const int step = pass % 2;
-    const bool keyed = pass >= 2;  // dropout and ALiBi on
-    SCOPED_TRACE("ring step " + std::to_string(step) + (keyed ? ", dropout and ALiBi" : ""));
+    const bool keyed = pass == 2 || pass == 3;  // dropout and ALiBi on
+    const bool documents = pass >= 4;           // the tensor-core blocks with documents
+    SCOPED_TRACE("ring step " + std::to_string(step) + (keyed ? ", dropout and ALiBi" : "") +
+                 (documents ? ", documents" : ""));
     const CpStepBlock s = cp_step_block(1, cp, step, Tn / 2);
     Backend::RingBlock b =
         ring_block_spec(s, 1, cp, H, G, keyed ? &drop : nullptr, keyed ? &alibi : nullptr);
+    Backend::RingBlock bd = b;  // the device's block: its own copy of the tables
+    if (documents) {
+      b.docs = &host_docs;
+      bd.docs = &dev_docs;
+    }
     Tensor out({B, b.nq, H * hd}, dt), lse({B, H, b.nq});
     cpu_->ring_block_forward(out, lse, qkv, kv, b);
     Tensor od = poisoned({B, b.nq, H * hd}, dt), ld = poisoned({B, H, b.nq});
-    gpu_->ring_block_forward(od, ld, qd, kd, b);
+    gpu_->ring_block_forward(od, ld, qd, kd, bd);
     expect_close(od, out, tol(1e-5), "ring block out");
     expect_close(ld, lse, 1e-4, "ring block lse");
     // The backward from a final output and log-sum-exp of all T rows (the diagonal's here).
     Tensor gout({B, Tn, H * hd}, dt), glse({B, H, Tn});
     const Backend::RingBlock diag =
-        ring_block_spec(cp_step_block(1, cp, 0, Tn / 2), 1, cp, H, G, b.dropout, b.alibi);
+        ring_block_spec(cp_step_block(1, cp, 0, Tn / 2), 1, cp, H, G, b.dropout, b.alibi, b.docs);
     cpu_->ring_block_forward(gout, glse, qkv, kv, diag);
     Tensor dq({B, Tn, W}, dt), dk({B, Tn, KW}, dt);
     cpu_->zero(dq);
@@ -920,7 +939,7 @@ TEST_P(CudaOpsDtype, RingAttentionOpsMatchCpu) {
     // Both sides add onto the same zeroed gradients (copied before the CPU adds its part).
     Tensor dqd = dev(dq), dkd = dev(dk);
     cpu_->ring_block_backward(dq, dk, dout, qkv, kv, gout, glse, b);
-    gpu_->ring_block_backward(dqd, dkd, dd, qd, kd, dev(gout), dev(glse), b);
+    gpu_->ring_block_backward(dqd, dkd, dd, qd, kd, dev(gout), dev(glse), bd);
     expect_close(dqd, dq, tol(1e-4), "ring block dq");
     expect_close(dkd, dk, tol(1e-4), "ring block dkv");
     // The merge of this block's part into the running output.

@@ -4,8 +4,11 @@
 // the running output, in f32 and bf16, at a query offset inside the rank's rows, with head dims
 // above and below one pass of the warp (64 and 40), rows whose block saw no key (part lse -inf:
 // unchanged) and rows with nothing merged yet (running lse -inf: the part as it is); and the
-// column copy that takes the K/V heads out of qkv and puts dK/dV back. Outputs the kernels must
-// not touch are checked unchanged. On a GPU, test_cuda_ops runs them through the backend.
+// column copy that takes the K/V heads out of qkv and puts dK/dV back; the tensor-core ring blocks
+// (flash_attention_tc.cuh's ring mode) against the host blocks, also with documents that span the
+// chunks (each query row's first visible key of the block, rows that see none of its keys).
+// Outputs the kernels must not touch are checked unchanged. On a GPU, test_cuda_ops runs them
+// through the backend.
 #define TESSERA_WARP_EMU 1
 #include "backend/warp_emu.hpp"
 // (warp_emu.hpp first: mma.cuh's emulated primitives use it.)
@@ -124,12 +127,14 @@ namespace {
 
 // One ring block on the tensor-core bodies (ring mode) against cpu::ring in f32 on the same
 // bf16-rounded inputs: forward out and lse, then the backward from a final out and lse, added to
-// dq and dkv buffers that start non-zero.
+// dq and dkv buffers that start non-zero. `docs` > 0: documents of 1 to `docs` tokens spanning
+// the chunks (the whole sequence's first visible keys to the host blocks, each query row's first
+// key of the block, cp_block_key_begin, to the kernels).
 template <int D>
-void check_flash_ring(int cp, int rank, int step, int64_t c) {
+void check_flash_ring(int cp, int rank, int step, int64_t c, int docs = 0) {
   using T = __nv_bfloat16;
   SCOPED_TRACE(testing::Message() << "CP " << cp << " rank " << rank << " step " << step << " c "
-                                  << c << " D " << D);
+                                  << c << " D " << D << " documents " << docs);
   const int64_t B = 1, Tn = 2 * c, H = 4, G = 2, W = (H + 2 * G) * D, KW = 2 * G * D, OW = H * D;
   std::mt19937 gen(static_cast<unsigned>(11 + step + rank));
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -150,11 +155,25 @@ void check_flash_ring(int cp, int rank, int step, int64_t c) {
   rounded(B * Tn * KW, dk0, dk_f);
   const CpStepBlock sb = cp_step_block(rank, cp, step, c);
   const RingBlockSpec b = ring_block_spec(sb, rank, cp, H, G);
+  std::vector<int32_t> whole(static_cast<size_t>(B * cp * Tn)), block(static_cast<size_t>(B * Tn));
+  cpu::ring::RingDocs hd;
+  const int32_t* kb = nullptr;
+  if (docs > 0) {
+    for (int64_t t = 0, start = 0, len = 1 + int64_t(gen() % docs); t < cp * Tn; ++t) {
+      if (t - start == len) start = t, len = 1 + int64_t(gen() % docs);
+      whole[static_cast<size_t>(t)] = static_cast<int32_t>(start);
+    }
+    for (int64_t i = 0; i < b.nq; ++i)
+      block[static_cast<size_t>(i)] =
+          cp_block_key_begin(whole.data(), rank, sb.owner, cp, c, b.q0, b.k0, b.nk, i);
+    hd.key_begin = whole.data();
+    kb = block.data();
+  }
   // Forward.
   std::vector<float> out_ref(static_cast<size_t>(B * b.nq * OW)),
       lse_ref(static_cast<size_t>(B * H * b.nq));
   cpu::ring::ring_block_forward(out_ref.data(), lse_ref.data(), qkv_f.data(), kv_f.data(), B, Tn, D,
-                                b);
+                                b, hd);
   std::vector<T> out(out_ref.size());
   std::memset(static_cast<void*>(out.data()), 0xff, out.size() * sizeof(T));
   std::vector<float> lse(lse_ref.size(), NAN);
@@ -167,25 +186,38 @@ void check_flash_ring(int cp, int rank, int step, int64_t c) {
   ring.causal = b.causal;
   {
     using Cfg = tc::FwdCfg<D>;
-    const tc::FlashFwdArgs a{out.data(),           lse.data(),          qkv.data(),
-                             static_cast<int>(Tn), static_cast<int>(H), static_cast<int>(G),
-                             AttentionDropout{},   AttentionAlibi{},    ring};
+    const tc::FlashFwdArgs a{out.data(),
+                             lse.data(),
+                             qkv.data(),
+                             static_cast<int>(Tn),
+                             static_cast<int>(H),
+                             static_cast<int>(G),
+                             AttentionDropout{},
+                             AttentionAlibi{},
+                             ring,
+                             kb};
     tc::emu::launch(static_cast<int>((b.nq + Cfg::Br - 1) / Cfg::Br), static_cast<int>(B * H),
                     Cfg::W * 32, Cfg::smem_bytes(),
                     [&](char* smem) { tc::flash_fwd_body<T, D, false, true>(a, smem); });
   }
   double m = 0;
   for (float v : out_ref) m = std::max(m, double(std::fabs(v)));
+  if (docs == 0) ASSERT_GT(m, 0.0);  // with documents a block may be masked whole: out exactly 0
   for (size_t i = 0; i < out.size(); ++i)
     ASSERT_NEAR(tc::to_f32(out[i]), out_ref[i], 2e-2 * m) << "out " << i;
-  for (size_t i = 0; i < lse.size(); ++i)
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(lse_ref[i])) {  // a row that sees no key of the block
+      ASSERT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << "lse " << i << ": " << lse[i];
+      continue;
+    }
     ASSERT_NEAR(lse[i], lse_ref[i], 1e-3 * (1 + std::fabs(lse_ref[i]))) << "lse " << i;
+  }
   // Backward from a final out and lse of all Tn rows (the diagonal block's, in f32 and rounded).
   const RingBlockSpec diag = ring_block_spec(cp_step_block(rank, cp, 0, c), rank, cp, H, G);
   std::vector<float> gout_f(static_cast<size_t>(B * Tn * OW)),
       glse(static_cast<size_t>(B * H * Tn));
   cpu::ring::ring_block_forward(gout_f.data(), glse.data(), qkv_f.data(), kv_f.data(), B, Tn, D,
-                                diag);
+                                diag, hd);
   std::vector<T> gout(gout_f.size());
   for (size_t i = 0; i < gout.size(); ++i) {
     gout[i] = tc::from_f32<T>(gout_f[i]);
@@ -201,7 +233,7 @@ void check_flash_ring(int cp, int rank, int step, int64_t c) {
     }
   std::vector<float> dq_ref = dq_f, dk_ref = dk_f;
   cpu::ring::ring_block_backward(dq_ref.data(), dk_ref.data(), dout_f.data(), qkv_f.data(),
-                                 kv_f.data(), gout_f.data(), glse.data(), B, Tn, D, b);
+                                 kv_f.data(), gout_f.data(), glse.data(), B, Tn, D, b, hd);
   std::vector<T> dq = dq0, dk = dk0;
   ring.dkv = dk.data();
   const tc::FlashBwdArgs a{dq.data(),
@@ -214,7 +246,8 @@ void check_flash_ring(int cp, int rank, int step, int64_t c) {
                            static_cast<int>(G),
                            AttentionDropout{},
                            AttentionAlibi{},
-                           ring};
+                           ring,
+                           kb};
   {
     using Cfg = tc::BwdKvCfg<D>;
     tc::emu::launch(static_cast<int>((b.nk + Cfg::Bk - 1) / Cfg::Bk), static_cast<int>(B * G),
@@ -233,8 +266,10 @@ void check_flash_ring(int cp, int rank, int step, int64_t c) {
     mq = std::max(mq, double(std::fabs(dq_ref[i] - dq_f[i])));
   for (size_t i = 0; i < dk_ref.size(); ++i)
     mk = std::max(mk, double(std::fabs(dk_ref[i] - dk_f[i])));
-  ASSERT_GT(mq, 0.0);
-  ASSERT_GT(mk, 0.0);
+  if (docs == 0) {  // (with documents a block masked whole adds nothing: the buffers unchanged)
+    ASSERT_GT(mq, 0.0);
+    ASSERT_GT(mk, 0.0);
+  }
   for (size_t i = 0; i < dq.size(); ++i)
     ASSERT_NEAR(tc::to_f32(dq[i]), dq_ref[i], 3e-2 * (mq + std::fabs(dq_f[i]))) << "dqkv " << i;
   for (size_t i = 0; i < dk.size(); ++i)
@@ -248,4 +283,16 @@ TEST(RingEmu, TensorCoreRingBlocksMatchTheHostBlocks) {
   check_flash_ring<64>(2, 1, 1, 40);   // an earlier owner: 80 queries x its first 40 keys
   check_flash_ring<64>(2, 0, 1, 40);   // a later owner: the second 40 queries x its 80 keys
   check_flash_ring<128>(4, 2, 3, 24);  // head dim 128: a later owner at CP 4
+}
+
+// Documents spanning the chunks and ranks (--sft, --reset-attention-mask under CP): in every
+// block kind some query rows see none of the block's keys (out 0, lse -inf), some part of them;
+// with short documents a block may be masked whole (its output exactly 0, nothing added).
+TEST(RingEmu, TensorCoreRingBlocksMaskDocuments) {
+  check_flash_ring<64>(2, 1, 0, 40, 30);   // the diagonal
+  check_flash_ring<64>(2, 1, 1, 40, 30);   // an earlier owner
+  check_flash_ring<64>(2, 0, 1, 40, 50);   // a later owner
+  check_flash_ring<128>(4, 2, 3, 24, 20);  // head dim 128 at CP 4
+  check_flash_ring<64>(4, 2, 1, 72, 9);    // short documents: the earlier owner's adjacent chunk
+  check_flash_ring<64>(4, 1, 2, 72, 9);    // a later owner none of whose keys any row sees
 }

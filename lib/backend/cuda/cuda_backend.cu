@@ -47,6 +47,7 @@ const char* const kScratchLabels[] = {
     "the grouped GEMM's pointer arrays",
     "the cuDNN attention workspace",
     "the FP8 GEMMs' quantized operands",
+    "a ring block's document table",
 };
 static_assert(sizeof(kScratchLabels) / sizeof(kScratchLabels[0]) ==
               static_cast<size_t>(Scratch::kCount));
@@ -427,7 +428,7 @@ class CudaBackend final : public Backend {
   }
   void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,
                           const RingBlock& blk) override {
-    cuda_ops::ring_block_forward(out, lse, qkv, kv, blk, stream_);
+    cuda_ops::ring_block_forward(out, lse, qkv, kv, blk, ws_, stream_);
   }
   void ring_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
                            const Tensor& kv, const Tensor& out, const Tensor& lse,

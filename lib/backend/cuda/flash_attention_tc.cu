@@ -229,24 +229,24 @@ void flash_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, 
 
 void flash_ring_forward(DType dtype, void* out, float* lse, const void* qkv, const void* kv,
                         int64_t B, int64_t Tn, int64_t H, int64_t G, int64_t D,
-                        const FlashRing& ring, cudaStream_t stream) {
+                        const FlashRing& ring, cudaStream_t stream, const int32_t* key_begin) {
   TESSERA_CHECK(ring.kv == kv && ring.Tq > 0 && ring.Tk > 0, "flash_ring_forward: empty block");
   dispatch(dtype, D, false, [&](auto tag, auto d, auto) {
     forward<decltype(tag), decltype(d)::value, false, true>(
-        out, lse, qkv, B, Tn, H, G, AttentionDropout{}, AttentionAlibi{}, stream, ring);
+        out, lse, qkv, B, Tn, H, G, AttentionDropout{}, AttentionAlibi{}, stream, ring, key_begin);
   });
 }
 
 void flash_ring_backward(DType dtype, void* dqkv, const void* dout, const void* qkv,
                          const void* out, const float* lse, float* rowdot, int64_t B, int64_t Tn,
                          int64_t H, int64_t G, int64_t D, const FlashRing& ring,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const int32_t* key_begin) {
   TESSERA_CHECK(ring.kv && ring.dkv && ring.Tq > 0 && ring.Tk > 0,
                 "flash_ring_backward: empty block");
   dispatch(dtype, D, false, [&](auto tag, auto d, auto) {
-    backward<decltype(tag), decltype(d)::value, false, true>(dqkv, dout, qkv, out, lse, rowdot, B,
-                                                             Tn, H, G, AttentionDropout{},
-                                                             AttentionAlibi{}, stream, ring);
+    backward<decltype(tag), decltype(d)::value, false, true>(
+        dqkv, dout, qkv, out, lse, rowdot, B, Tn, H, G, AttentionDropout{}, AttentionAlibi{},
+        stream, ring, key_begin);
   });
 }
 

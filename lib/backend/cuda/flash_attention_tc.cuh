@@ -68,13 +68,16 @@ constexpr float kLog2e = 1.4426950408889634f;
 // kRing turns the mode on (kv must then be set); the kernels without it are the causal
 // self-attention above, compiled as before.
 //
-// Documents inside the samples (key_begin non-null; core/documents.hpp; not with ring blocks):
-// query row t of sample b sees keys key_begin[b * Tn + t] .. t only (--reset-attention-mask,
-// --sft). Masked like the future keys; the forward and dQ blocks start at the key tile of their
-// rows' smallest first key (the tiles before are never loaded), a warp skips every tile before
-// its own rows' smallest, and a dK/dV warp skips every query tile none of whose rows sees its
-// keys. A row may see no key of a whole tile, so its running max can still be -inf there (guarded).
-// ALiBi's distances are by row index: inside one document they equal the reset positions'.
+// Documents inside the samples (key_begin non-null; core/documents.hpp): query row t of sample b
+// sees keys key_begin[b * Tn + t] .. t only (--reset-attention-mask, --sft). In ring blocks the
+// table holds each query row's first visible key as a key row of the block (rows relative to the
+// block's first query and key: cp_block_key_begin), and a row may see none of the block's keys
+// (out 0, lse -inf, as the host blocks give). Masked like the future keys; the forward and dQ
+// blocks start at the key tile of their rows' smallest first key (the tiles before are never
+// loaded), a warp skips every tile before its own rows' smallest, and a dK/dV warp skips every
+// query tile none of whose rows sees its keys. A row may see no key of a whole tile, so its running
+// max can still be -inf there (guarded). ALiBi's distances are by row index: inside one document
+// they equal the reset positions'.
 struct FlashRing {
   const void* kv = nullptr;
   void* dkv = nullptr;
@@ -266,9 +269,10 @@ TC_DEV float warp_max(float v) {
   return v;
 }
 
-// Documents: the first visible key of rows row0 + g and row0 + g + 8 (Tq past the last row, so
-// rows past the end never lower a minimum), the smallest and largest over the warp's 16 rows, and
-// the key tile of the block's smallest (W warps; `scratch` W floats of shared memory, free).
+// Documents: the first visible key of rows row0 + g and row0 + g + 8 (kNoKey past the last row,
+// so rows past the end never lower a minimum), the smallest and largest over the warp's 16 rows,
+// and the key tile of the block's smallest (W warps; `scratch` W floats of shared memory, free).
+constexpr int kNoKey = 1 << 24;  // a first key past every key (exact as a float)
 struct RowDocs {
   int kb[2] = {0, 0};
   int wmin = 0, wmax = 0, first_tile = 0;
@@ -281,7 +285,7 @@ TC_DEV RowDocs row_docs(const int32_t* key_begin, int64_t base, int row0, int g,
   TC_UNROLL
   for (int i = 0; i < 2; ++i) {
     const int row = row0 + g + 8 * i;
-    r.kb[i] = row < Tq ? key_begin[base + row] : Tq;
+    r.kb[i] = row < Tq ? key_begin[base + row] : kNoKey;
   }
   const float lo = warp_min(fminf(float(r.kb[0]), float(r.kb[1])));
   r.wmin = static_cast<int>(lo);
@@ -373,9 +377,9 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
   const float slope_s = kAlibi ? alibi_slope_s<D>(p.alibi, h) : 0.f;
 
   // Keys [0, kend) matter (causal; else all Tk), from the tile of the rows' smallest first key.
-  const bool docs = !kRing && p.key_begin != nullptr;
-  const RowDocs rd = row_docs<W, Bc>(kRing ? nullptr : p.key_begin, static_cast<int64_t>(b) * Tn,
-                                     row0, g, Tq, reinterpret_cast<float*>(Ks));
+  const bool docs = p.key_begin != nullptr;
+  const RowDocs rd = row_docs<W, Bc>(p.key_begin, static_cast<int64_t>(b) * Tn, row0, g, Tq,
+                                     reinterpret_cast<float*>(Ks));
   const int kend = !causal ? Tk : Tk < q0 + Br ? Tk : q0 + Br;
   const int ntiles = (kend + Bc - 1) / Bc, jbegin = rd.first_tile;
   load_rows<T, D, Br, NT>(Qs, q_g, C3, q0, Tq);
@@ -440,8 +444,7 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
         mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
         mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
       }
-      // Without documents every row sees key 0 in tile 0, so mx is finite from the first tile on;
-      // with them a row may have seen no key yet (mx -inf: nothing to correct, every p 0).
+      // With documents a row may have seen no key yet (mx -inf: nothing to correct, every p 0).
       float ms[2];
       TC_UNROLL
       for (int i = 0; i < 2; ++i) {
@@ -486,10 +489,11 @@ TC_DEV void flash_fwd_body(const FlashFwdArgs& p, char* smem) {
   TC_UNROLL
   for (int i = 0; i < 2; ++i) {
     l[i] = quad_sum(l[i]);
-    inv[i] = 1.f / l[i];
+    const bool none = docs && l[i] == 0.f;  // a row that saw no key of a ring block: out 0
+    inv[i] = none ? 0.f : 1.f / l[i];
     const int row = row0 + g + 8 * i;
-    if (t == 0 && row < Tq)
-      p.lse[(static_cast<int64_t>(b) * H + h) * Tq + row] = m[i] * sc + logf(l[i]);
+    const float lse = none ? -INFINITY : m[i] * sc + logf(l[i]);
+    if (t == 0 && row < Tq) p.lse[(static_cast<int64_t>(b) * H + h) * Tq + row] = lse;
   }
   T* out_g = static_cast<T*>(p.out) + static_cast<int64_t>(b) * Tq * C + h * D;
   store_rows<T, D>(Qs + warp * 16 * LD, o, inv[0], inv[1], out_g, C, row0, Tq, lane);
@@ -534,14 +538,15 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
   };
   // lse (times log2 e), rowdot and (documents) the first visible key of query tile (qh, q0):
   // thread tid < Bq loads entry tid into registers, and stores them into a buffer later (after the
-  // tile's work, so the global loads' latency is hidden behind it); 0 past the end (first key: Tq).
-  const bool docs = !kRing && p.key_begin != nullptr;
+  // tile's work, so the global loads' latency is hidden behind it); 0 past the end (first key:
+  // kNoKey).
+  const bool docs = p.key_begin != nullptr;
   auto load_stats = [&](int qh, int q0, float& l, float& d, int& kb) {
     const bool ok = tid < Bq && q0 + tid < Tq;
     const int64_t at = (static_cast<int64_t>(b) * H + qh) * Tn + qoff + q0 + tid;
     l = ok ? p.lse[at] * kLog2e : 0.f;
     d = ok ? p.rowdot[at] : 0.f;
-    kb = docs && ok ? p.key_begin[static_cast<int64_t>(b) * Tn + q0 + tid] : Tq;
+    kb = docs && ok ? p.key_begin[static_cast<int64_t>(b) * Tn + q0 + tid] : kNoKey;
   };
   auto store_stats = [&](int buf, float l, float d, int kb) {
     if (tid < Bq) {
@@ -586,7 +591,7 @@ TC_DEV void flash_bwd_kv_body(const FlashBwdArgs& p, char* smem) {
     const bool wrap = q0 + Bq >= Tq;  // the next tile starts the next head
     const int next_h = wrap ? h + 1 : h, next_q0 = wrap ? qbegin : q0 + Bq;
     float next_l = 0.f, next_d = 0.f;
-    int next_kb = Tq;
+    int next_kb = kNoKey;
     if (j + 1 < ntiles) {
       load_q_rows(buf ^ 1, next_h, next_q0);
       load_stats(next_h, next_q0, next_l, next_d, next_kb);
@@ -685,9 +690,9 @@ TC_DEV void flash_bwd_q_body(const FlashBwdArgs& p, char* smem) {
     L[i] = row < Tq ? p.lse[bh * Tn + qoff + row] * kLog2e : 0.f;
     Dr[i] = row < Tq ? p.rowdot[bh * Tn + qoff + row] : 0.f;
   }
-  const bool docs = !kRing && p.key_begin != nullptr;  // as in the forward
-  const RowDocs rd = row_docs<W, Bc>(kRing ? nullptr : p.key_begin, static_cast<int64_t>(b) * Tn,
-                                     row0, g, Tq, reinterpret_cast<float*>(Ks));
+  const bool docs = p.key_begin != nullptr;  // as in the forward
+  const RowDocs rd = row_docs<W, Bc>(p.key_begin, static_cast<int64_t>(b) * Tn, row0, g, Tq,
+                                     reinterpret_cast<float*>(Ks));
   const int kend = !causal ? Tk : Tk < q0 + Br ? Tk : q0 + Br;
   const int ntiles = (kend + Bc - 1) / Bc, jbegin = rd.first_tile;
   load_rows<T, D, Br, NT>(Qs, q_g, C3, q0, Tq);

@@ -43,13 +43,17 @@ void flash_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, 
 // + ring.Tk) of kv = ring.kv (B,Tn,2G,D), causal (by local row) or not; no dropout, no ALiBi.
 // The forward writes out (B,Tq,H,D) and lse (B,H,Tq); the backward fills rowdot (B,H,Tn) from
 // dout and the final out (B,Tn,H,D) and adds dQ into dqkv's query rows and dK/dV into ring.dkv.
+// `key_begin` (null: none): documents, each query row's first visible key as a key row of the
+// block, (B, Tn) int32 with row i of sample b at b*Tn + i (core/context_parallel.hpp,
+// cp_block_key_begin).
 struct FlashRing;
 void flash_ring_forward(DType dtype, void* out, float* lse, const void* qkv, const void* kv,
                         int64_t B, int64_t Tn, int64_t H, int64_t G, int64_t D,
-                        const FlashRing& ring, cudaStream_t stream);
+                        const FlashRing& ring, cudaStream_t stream,
+                        const int32_t* key_begin = nullptr);
 void flash_ring_backward(DType dtype, void* dqkv, const void* dout, const void* qkv,
                          const void* out, const float* lse, float* rowdot, int64_t B, int64_t Tn,
                          int64_t H, int64_t G, int64_t D, const FlashRing& ring,
-                         cudaStream_t stream);
+                         cudaStream_t stream, const int32_t* key_begin = nullptr);
 
 }  // namespace tessera::tc

@@ -35,8 +35,9 @@ enum class Scratch {
   kMoeScores,         // the router's per-token load-balancing scores and lse^2 (moe.cu)
   kMoeAuxGrad,        // the load-balancing loss's gradient per (group, expert) (moe.cu)
   kGroupedPointers,   // the A, B and C pointer arrays of a grouped GEMM (matmul.cu)
-  kCudnn,  // cuDNN attention's plan workspace, row sums, dQ accumulator (cudnn_attention.cpp)
-  kFp8,    // FP8 GEMMs' quantized operands and their 1/scale (fp8.cu)
+  kCudnn,     // cuDNN attention's plan workspace, row sums, dQ accumulator (cudnn_attention.cpp)
+  kFp8,       // FP8 GEMMs' quantized operands and their 1/scale (fp8.cu)
+  kRingDocs,  // a ring block's first visible key per query row, documents (ring.cu)
   kCount
 };
 
@@ -337,7 +338,7 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Ten
 void copy_columns(Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols,
                   cudaStream_t s);
 void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,
-                        const RingBlockSpec& b, cudaStream_t s);
+                        const RingBlockSpec& b, Workspace& ws, cudaStream_t s);
 void ring_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
                          const Tensor& kv, const Tensor& out, const Tensor& lse,
                          const RingBlockSpec& b, Workspace& ws, cudaStream_t s);

@@ -5,7 +5,9 @@
 // off the diagonal, dQ and dK/dV added where they belong; also on the emulator) in bf16/f16 at
 // head dims 64 and 128 without attention dropout or ALiBi; every other block runs the host
 // reference (backend/cpu/ring_attention.hpp) on f32 copies: correct, and slow (a device round
-// trip per block).
+// trip per block). Documents (RingBlockSpec::docs) run on both: the tensor-core blocks get each
+// query row's first visible key as a key row of the block (ring_key_begin_kernel), the host
+// blocks the whole tables.
 #include <cuda_runtime.h>
 
 #include <initializer_list>
@@ -79,15 +81,56 @@ bool ring_on_tensor_cores(const Tensor& qkv, const RingShape& r, const RingBlock
   return tc::flash_supported(qkv.dtype(), r.hd, r.B * b.heads, ptrs);
 }
 
-// Documents inside the samples (--reset-attention-mask, --sft, --reset-position-ids with ALiBi)
-// under context parallelism: the CPU backend's ring has them; the CUDA one does not yet (the
-// options refuse them on --device cuda first).
-void refuse_ring_documents(const RingBlockSpec& b) {
-  if (b.docs && b.docs->active())
-    throw ConfigError(
-        "--reset-attention-mask / --sft / --reset-position-ids with ALiBi under "
-        "--context-parallel-size > 1: the CUDA ring attention does not take document masks yet "
-        "(give --device cpu)");
+// Documents (RingBlockSpec::docs: the whole samples' tables by global position) for a block:
+// each query row's first visible key as a key row of the block.
+__global__ void ring_key_begin_kernel(int32_t* out, const int32_t* key_begin, int64_t B, int64_t Tn,
+                                      int q_rank, int k_rank, int cp, int64_t q0, int64_t nq,
+                                      int64_t k0, int64_t nk) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= B * nq) return;
+  const int64_t b = i / nq, row = i % nq, S = Tn * cp;
+  out[b * Tn + row] =
+      cp_block_key_begin(key_begin + b * S, q_rank, k_rank, cp, Tn / 2, q0, k0, nk, row);
+}
+
+// The block's first-key table on the device (B, Tn) in the workspace, or null without documents.
+// ALiBi's reset positions are not needed by the tensor-core blocks (no ALiBi there).
+const int32_t* ring_key_begin(const RingBlockSpec& b, const RingShape& r, Workspace& ws,
+                              cudaStream_t s) {
+  if (!b.docs || !b.docs->key_begin) return nullptr;
+  const Tensor& kb = *b.docs->key_begin;
+  TESSERA_CHECK(kb.dtype() == DType::I32 && kb.numel() == r.B * r.T * b.cp,
+                "ring block documents: a first-key table of ", kb.numel(), " entries for ", r.B,
+                " samples of ", r.T * b.cp, " positions");
+  int32_t* out = ws.get<int32_t>(Scratch::kRingDocs, r.B * r.T);
+  const int64_t n = r.B * b.nq;
+  if (n > 0)
+    ring_key_begin_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(
+        out, kb.i32(), r.B, r.T, b.q_rank, b.k_rank, b.cp, b.q0, b.nq, b.k0, b.nk);
+  LAUNCH_CHECK();
+  return out;
+}
+
+// The whole samples' tables on the host, for the host blocks (dropout or ALiBi with documents).
+struct HostDocs {
+  std::vector<int32_t> key_begin, positions;
+  cpu::ring::RingDocs docs() const {
+    return {key_begin.empty() ? nullptr : key_begin.data(),
+            positions.empty() ? nullptr : positions.data()};
+  }
+};
+HostDocs host_docs(const RingBlockSpec& b, cudaStream_t s) {
+  HostDocs h;
+  if (!b.docs) return h;
+  auto copy = [&](const Tensor* t, std::vector<int32_t>& v) {
+    if (!t) return;
+    v.resize(static_cast<size_t>(t->numel()));
+    CUDA_CHECK(cudaMemcpyAsync(v.data(), t->raw(), t->nbytes(), cudaMemcpyDeviceToHost, s));
+  };
+  copy(b.docs->key_begin, h.key_begin);
+  copy(b.docs->positions, h.positions);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  return h;
 }
 
 tc::FlashRing flash_ring(const RingBlockSpec& b, const Tensor& kv, Tensor* dkv) {
@@ -131,20 +174,22 @@ void copy_columns(Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_c
 }
 
 void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,
-                        const RingBlockSpec& b, cudaStream_t s) {
-  refuse_ring_documents(b);
+                        const RingBlockSpec& b, Workspace& ws, cudaStream_t s) {
   const RingShape r = check_ring_block(qkv, kv, b);
   TESSERA_CHECK(out.numel() == r.B * b.nq * b.heads * r.hd && lse.numel() == r.B * b.heads * b.nq &&
                     lse.dtype() == DType::F32,
                 "ring block: out must be (B,nq,H*hd) and lse (B,H,nq) f32");
   if (ring_on_tensor_cores(qkv, r, b, {qkv.raw(), kv.raw(), out.raw()})) {
     tc::flash_ring_forward(qkv.dtype(), out.raw(), lse.f32(), qkv.raw(), kv.raw(), r.B, r.T,
-                           b.heads, r.G, r.hd, flash_ring(b, kv, nullptr), s);
+                           b.heads, r.G, r.hd, flash_ring(b, kv, nullptr), s,
+                           ring_key_begin(b, r, ws, s));
     return;
   }
   const std::vector<float> q = to_host_f32(qkv, s), k = to_host_f32(kv, s);
   std::vector<float> o(static_cast<size_t>(out.numel())), l(static_cast<size_t>(lse.numel()));
-  cpu::ring::ring_block_forward(o.data(), l.data(), q.data(), k.data(), r.B, r.T, r.hd, b);
+  const HostDocs docs = host_docs(b, s);
+  cpu::ring::ring_block_forward(o.data(), l.data(), q.data(), k.data(), r.B, r.T, r.hd, b,
+                                docs.docs());
   from_host_f32(out, o, s);
   from_host_f32(lse, l, s);
 }
@@ -152,7 +197,6 @@ void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tenso
 void ring_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
                          const Tensor& kv, const Tensor& out, const Tensor& lse,
                          const RingBlockSpec& b, Workspace& ws, cudaStream_t s) {
-  refuse_ring_documents(b);
   const RingShape r = check_ring_block(qkv, kv, b);
   TESSERA_CHECK(dqkv.numel() == qkv.numel() && dkv.numel() == kv.numel() &&
                     dout.numel() == r.B * r.T * b.heads * r.hd && out.numel() == dout.numel() &&
@@ -162,14 +206,16 @@ void ring_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Te
                            {qkv.raw(), kv.raw(), dqkv.raw(), dkv.raw(), dout.raw(), out.raw()})) {
     float* rowdot = ws.get<float>(Scratch::kAttentionRowdot, r.B * b.heads * r.T);
     tc::flash_ring_backward(qkv.dtype(), dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), lse.f32(),
-                            rowdot, r.B, r.T, b.heads, r.G, r.hd, flash_ring(b, kv, &dkv), s);
+                            rowdot, r.B, r.T, b.heads, r.G, r.hd, flash_ring(b, kv, &dkv), s,
+                            ring_key_begin(b, r, ws, s));
     return;
   }
   std::vector<float> dq = to_host_f32(dqkv, s), dk = to_host_f32(dkv, s);
   const std::vector<float> d = to_host_f32(dout, s), q = to_host_f32(qkv, s),
                            k = to_host_f32(kv, s), o = to_host_f32(out, s), l = to_host_f32(lse, s);
+  const HostDocs docs = host_docs(b, s);
   cpu::ring::ring_block_backward(dq.data(), dk.data(), d.data(), q.data(), k.data(), o.data(),
-                                 l.data(), r.B, r.T, r.hd, b);
+                                 l.data(), r.B, r.T, r.hd, b, docs.docs());
   from_host_f32(dqkv, dq, s);
   from_host_f32(dkv, dk, s);
 }
