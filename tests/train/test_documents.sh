@@ -4,8 +4,8 @@
 # tokens per 33-token sample). They change the losses; the losses with them are the single-rank
 # ones to 1e-5 at TP2 with sequence parallelism, PP2 with virtual stages, DP2 with the distributed
 # optimizer, CP2, CP4 and TP2 x CP2 (documents spanning the ring's chunks), TP2 x PP2 and CP2 with
-# RoPE and with ALiBi, with dropout and selective recomputation at CP2 and TP2 x PP2
-# (--eod-mask-loss alone also at CP2); one cross-document attention left
+# RoPE and with ALiBi, with dropout and selective recomputation at CP2 and TP2 x PP2, MoE at EP2
+# and EP2 x CP2 (--eod-mask-loss alone also at CP2); one cross-document attention left
 # (a mutation) must show at CP2; what cannot run is refused in one line.
 # Usage: test_documents.sh BIN_DIR CONFIG_DIR
 set -u
@@ -102,6 +102,14 @@ run drop 1 --micro-batch-size 2 "${docs[@]}" "${R[@]}" && {
   run drop-tp2pp2 4 --micro-batch-size 2 "${docs[@]}" "${R[@]}" --tensor-model-parallel-size 2 \
     --pipeline-model-parallel-size 2 --sequence-parallel \
     && within drop drop-tp2pp2 "dropout 0.1 + selective recomputation, TP2 x PP2 + SP"
+}
+# Mixture of experts with expert parallelism (the documents touch only the attention).
+M=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 0.01)
+run moe 1 --micro-batch-size 2 "${docs[@]}" "${M[@]}" && {
+  run moe-ep2 2 --micro-batch-size 2 "${docs[@]}" "${M[@]}" --expert-model-parallel-size 2 \
+    && within moe moe-ep2 "MoE, EP2"
+  run moe-ep2-cp2 4 --micro-batch-size 2 "${docs[@]}" "${M[@]}" --expert-model-parallel-size 2 \
+    --context-parallel-size 2 && within moe moe-ep2-cp2 "MoE, EP2 x CP2"
 }
 # The mutation: one cross-document attention left in each micro-batch's tables must show at CP2.
 TESSERA_FAULT_DOC_MASK=leak run cp2-leak 2 --micro-batch-size 2 "${docs[@]}" \
