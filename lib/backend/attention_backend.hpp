@@ -48,6 +48,7 @@ struct AttentionCall {
   DType dtype = DType::F32;
   int64_t batch = 1, seq = 1, heads = 1, kv_heads = 1, head_dim = 1;
   bool dropout = false, alibi = false;
+  bool documents = false;  // a first visible key per row (--reset-attention-mask, --sft)
 };
 
 }  // namespace tessera

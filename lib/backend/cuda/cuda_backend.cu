@@ -414,8 +414,14 @@ class CudaBackend final : public Backend {
   std::string attention_plan(const AttentionCall& c) override {
     const int64_t G = c.kv_heads > 0 ? c.kv_heads : c.heads;
     std::string why;
-    const AttnKernels k = attention_kernels({c.dtype, c.batch, c.seq, c.heads, G, c.head_dim},
-                                            c.dropout, c.alibi, {}, &why);
+    const cuda_ops::CudnnAttentionShape sh{c.dtype, c.batch, c.seq, c.heads, G, c.head_dim};
+    AttnKernels k;
+    if (c.documents) {  // the one-line refusal at start-up where no kernel masks them
+      k = document_kernels(sh, {});
+      why = "documents inside the samples: only the tensor-core flash kernels mask them";
+    } else {
+      k = attention_kernels(sh, c.dropout, c.alibi, {}, &why);
+    }
     const char* what = k == AttnKernels::Cudnn   ? "cuDNN fused attention"
                        : k == AttnKernels::Flash ? "Tessera's tensor-core flash kernels"
                                                  : "Tessera's generic kernels";

@@ -24,6 +24,7 @@ AttentionCall attention_call(const RunOptions& o) {
   c.head_dim = m.head_dim();
   c.dropout = m.attention_dropout > 0;
   c.alibi = m.alibi();
+  c.documents = o.train.documents.reset_attention_mask || o.train.documents.packed;
   return c;
 }
 
