@@ -34,6 +34,9 @@ namespace tessera {
 
 struct AdamWHyper {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  // Multiplies each gradient as it is read, in f32 (gradient clipping's coefficient: the same bits
+  // as a scale pass before the step, without the pass).
+  double grad_scale = 1;
 };
 // A range [begin, end) of the flat parameter buffer with one weight decay.
 struct AdamWSegment {

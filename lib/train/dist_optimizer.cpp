@@ -93,9 +93,11 @@ Tensor& DistributedAdamW::state(const char* which) {
   return master_;
 }
 
-void DistributedAdamW::step(double lr, double weight_decay, bool overlap_gather) {
+void DistributedAdamW::step(double lr, double weight_decay, bool overlap_gather,
+                            double grad_scale) {
   ++step_;
   hyper_.lr = lr;
+  hyper_.grad_scale = grad_scale;
   for (size_t i = 0; i < segments_.size(); ++i)
     for (size_t j = 0; j < segments_[i].size(); ++j)
       segments_[i][j].weight_decay = decays_[i][j] ? weight_decay : 0.0;

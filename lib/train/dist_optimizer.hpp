@@ -42,10 +42,11 @@ class DistributedAdamW {
   // Mixed precision: the f32 master weights live here (the ParamStore has none).
   bool owns_master() const { return master_.defined(); }
 
-  // AdamW on this rank's blocks (the summed gradients the reduce-scatter left there) with the
-  // step's learning rate and weight decay, then the compute copy of the blocks is refreshed and
-  // the parameter gather started (overlap) or done.
-  void step(double lr, double weight_decay, bool overlap_gather);
+  // AdamW on this rank's blocks (the summed gradients the reduce-scatter left there, each
+  // multiplied by grad_scale as it is read: the clip factor) with the step's learning rate and
+  // weight decay, then the compute copy of the blocks is refreshed and the parameter gather
+  // started (overlap) or done.
+  void step(double lr, double weight_decay, bool overlap_gather, double grad_scale = 1.0);
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }
 

@@ -15,9 +15,10 @@ AdamW::AdamW(ParamStore& params, Backend& backend, double beta1, double beta2, d
   be_.zero(v_);
 }
 
-void AdamW::step(double lr, double weight_decay) {
+void AdamW::step(double lr, double weight_decay, double grad_scale) {
   ++step_;
   hyper_.lr = lr;
+  hyper_.grad_scale = grad_scale;
   if (segments_.empty()) {  // adjacent parameters that both decay, or both not, make one segment
     for (const ParamSpec& s : params_.specs()) {
       const int64_t end = s.flat_offset + s.numel();
@@ -40,11 +41,15 @@ double grad_sum_squares(ParamStore& params, Backend& backend) {
   return backend.sum_squares(params.flat_grads());
 }
 
-double clip_grads(ParamStore& params, Backend& backend, double norm, double max_norm) {
+double clip_coefficient(double norm, double max_norm) {
   if (max_norm <= 0) return 1.0;
   const double coef = max_norm / (norm + 1e-6);
-  if (coef >= 1.0) return 1.0;
-  backend.scale(params.flat_grads(), static_cast<float>(coef));
+  return coef >= 1.0 ? 1.0 : coef;
+}
+
+double clip_grads(ParamStore& params, Backend& backend, double norm, double max_norm) {
+  const double coef = clip_coefficient(norm, max_norm);
+  if (coef != 1.0) backend.scale(params.flat_grads(), static_cast<float>(coef));
   return coef;
 }
 

@@ -12,8 +12,9 @@ class AdamW {
  public:
   AdamW(ParamStore& params, Backend& backend, double beta1, double beta2, double eps);
   // One update with learning rate lr and weight decay wd (the schedules' values of this step);
-  // the decay only for parameters whose spec says so.
-  void step(double lr, double weight_decay);
+  // the decay only for parameters whose spec says so. Each gradient is multiplied by
+  // `grad_scale` as it is read (clip_coefficient's factor: the clip without a pass of its own).
+  void step(double lr, double weight_decay, double grad_scale = 1.0);
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }
   Tensor& exp_avg() { return m_; }
@@ -33,8 +34,10 @@ class AdamW {
 
 // Sum of squares of this rank's gradients (the caller reduces it across ranks and takes the root).
 double grad_sum_squares(ParamStore& params, Backend& backend);
-// Scales all gradients by max_norm / (norm + 1e-6) when that is below 1 (torch's clip_grad_norm_).
-// Returns the factor applied (1 when not clipped).
+// torch's clip_grad_norm_ factor: max_norm / (norm + 1e-6) when that is below 1, else 1 (and 1
+// without clipping, max_norm <= 0). The optimizers apply it as they read the gradients.
+double clip_coefficient(double norm, double max_norm);
+// Scales all gradients by clip_coefficient in a pass of their own; returns the factor.
 double clip_grads(ParamStore& params, Backend& backend, double norm, double max_norm);
 
 }  // namespace tessera

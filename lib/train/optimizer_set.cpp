@@ -116,14 +116,13 @@ OptimizerSet::Update OptimizerSet::step(int64_t iteration, double loss, int glob
   {
     NVTX_RANGE("optimizer");
     IterationTimers::Scope timed(timers_, IterationTimers::Optimizer);
-    {
-      TESSERA_PHASE("grad-clip");
-      clip_grads(model_.params(), be_, u.grad_norm, cfg_.clip_grad);
-    }
+    // The clip factor goes into the optimizer, which multiplies each gradient as it reads it:
+    // the same bits as a scaling pass first, without the pass (Megatron folds it the same way).
+    const double clip = clip_coefficient(u.grad_norm, cfg_.clip_grad);
     // The schedule counts updates (Megatron: skipped fp16 steps do not advance it).
     u.lr = lr_schedule_.lr(lr_schedule_step(global_batch));
     u.weight_decay = wd_schedule_.wd(lr_schedule_step(global_batch));
-    update(u);
+    update(u, clip);
   }
   u.update_successful = true;
   lr_samples_ += global_batch;
@@ -131,18 +130,18 @@ OptimizerSet::Update OptimizerSet::step(int64_t iteration, double loss, int glob
   return u;
 }
 
-void OptimizerSet::update(Update& u) {
+void OptimizerSet::update(Update& u, double grad_scale) {
   if (!dist_opt_) {
     {
       TESSERA_PHASE("optimizer-step");
-      optimizer_->step(u.lr, u.weight_decay);
+      optimizer_->step(u.lr, u.weight_decay, grad_scale);
     }
     model_.sync_compute_weights();  // phase "weights-cast" (mixed precision)
     return;
   }
   {
     TESSERA_PHASE("optimizer-step");  // its blocks, then the parameter gather starts
-    dist_opt_->step(u.lr, u.weight_decay, /*overlap_gather=*/true);
+    dist_opt_->step(u.lr, u.weight_decay, /*overlap_gather=*/true, grad_scale);
   }
   if (!cfg_.overlap_param_gather) {  // else each layer waits for its buckets in the forward
     TESSERA_PHASE("optimizer-step");

@@ -84,7 +84,8 @@ class OptimizerSet {
  private:
   // The schedules' step count of the step about to update (iterations, or samples under a ramp).
   int64_t lr_schedule_step(int global_batch) const;
-  void update(Update& u);
+  // The optimizer step; grad_scale (the clip factor) multiplies each gradient as it is read.
+  void update(Update& u, double grad_scale);
 
   GPTModel& model_;
   Backend& be_;

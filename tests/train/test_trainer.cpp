@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <utility>
 
 #include "backend/backend.hpp"
 #include "data/dataset.hpp"
@@ -208,4 +210,32 @@ TEST(Optimizer, ClipScalesToMaxNorm) {
   const double coef = clip_grads(ps, *be, n, 0.5);
   EXPECT_NEAR(coef, 0.5 / (n + 1e-6), 1e-12);
   EXPECT_NEAR(std::sqrt(grad_sum_squares(ps, *be)), 0.5, 1e-5);
+}
+
+// The trainer folds the clip factor into AdamW (each gradient multiplied as it is read): the
+// parameters and moments are bitwise those of a scaling pass followed by the plain step.
+TEST(Optimizer, FoldedClipEqualsTheScalingPassBitwise) {
+  GPTConfig c = tiny_model();
+  auto be = make_cpu_backend();
+  LocalCommunicator tp;
+  GPTModel a(c, model_shard_for(c, 1, 0, 1, 0), *be, tp),
+      b(c, model_shard_for(c, 1, 0, 1, 0), *be, tp);
+  ParamStore &pa = a.params(), &pb = b.params();
+  for (int64_t i = 0; i < pa.numel(); ++i) {
+    pa.flat_grads().f32()[i] = pb.flat_grads().f32()[i] = 0.013f * float((i * 7919) % 101 - 50);
+    pb.flat_params().f32()[i] = pa.flat_params().f32()[i];
+  }
+  const double n = std::sqrt(grad_sum_squares(pa, *be));
+  const double coef = clip_coefficient(n, 0.3);
+  ASSERT_LT(coef, 0.5);
+  AdamW oa(pa, *be, 0.9, 0.95, 1e-8), ob(pb, *be, 0.9, 0.95, 1e-8);
+  oa.step(1e-3, 0.1, coef);
+  EXPECT_EQ(clip_grads(pb, *be, n, 0.3), coef);
+  ob.step(1e-3, 0.1);
+  for (const auto& [x, y] : {std::pair<Tensor*, Tensor*>{&pa.flat_params(), &pb.flat_params()},
+                             {&oa.exp_avg(), &ob.exp_avg()},
+                             {&oa.exp_avg_sq(), &ob.exp_avg_sq()}})
+    EXPECT_EQ(std::memcmp(x->raw(), y->raw(), x->nbytes()), 0);
+  EXPECT_NE(std::memcmp(pa.flat_grads().raw(), pb.flat_grads().raw(), pa.flat_grads().nbytes()), 0)
+      << "the folded clip leaves the gradients as they were";
 }

@@ -570,7 +570,7 @@ class CpuBackend final : public Backend {
                       m.dtype() == DType::F32 && v.dtype() == DType::F32,
                   "AdamW runs on the f32 master weights, gradients and moments");
     cpu::adamw_step(param.f32(), grad.f32(), m.f32(), v.f32(), param.numel(), h.lr, h.beta1,
-                    h.beta2, h.eps, weight_decay, step);
+                    h.beta2, h.eps, weight_decay, step, h.grad_scale);
   }
   double sum_squares(const Tensor& x) override {
     TESSERA_F32_IN(v, x);

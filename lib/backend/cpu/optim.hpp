@@ -9,18 +9,21 @@ namespace tessera::cpu {
 // One AdamW step over n elements; `step` counts from 1. Matches torch.optim.AdamW:
 //   p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 //   p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps)
+// `grad_scale` multiplies each gradient as it is read (gradient clipping's coefficient).
 template <typename T>
 void adamw_step(T* param, const T* grad, T* m, T* v, int64_t n, double lr, double beta1,
-                double beta2, double eps, double weight_decay, int64_t step) {
+                double beta2, double eps, double weight_decay, int64_t step,
+                double grad_scale = 1.0) {
   const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
   const T step_size = static_cast<T>(lr / bc1);
   const T bc2_sqrt = static_cast<T>(std::sqrt(bc2));
   const T decay = static_cast<T>(1.0 - lr * weight_decay);
   const T b1 = static_cast<T>(beta1), b2 = static_cast<T>(beta2), e = static_cast<T>(eps);
+  const T gs = static_cast<T>(grad_scale);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const T g = grad[i];
+    const T g = grad[i] * gs;
     T p = param[i] * decay;
     const T mi = b1 * m[i] + (T(1) - b1) * g;
     const T vi = b2 * v[i] + (T(1) - b2) * g * g;

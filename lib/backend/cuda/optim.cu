@@ -13,11 +13,13 @@ namespace {
 
 // ---- optimizer and norms ------------------------------------------------------------------------
 
+// gs multiplies each gradient as it is read (gradient clipping's coefficient; AdamWHyper).
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float b1,
-                             float b2, float eps, float step_size, float bc2_sqrt, float decay) {
+                             float b2, float eps, float step_size, float bc2_sqrt, float decay,
+                             float gs) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float gi = g[i];
+  const float gi = g[i] * gs;
   const float mi = b1 * m[i] + (1.f - b1) * gi;
   const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
   m[i] = mi;
@@ -32,7 +34,7 @@ struct DevAdamSegment {
 // segment starts) for its weight decay.
 __global__ void adamw_flat_kernel(float* p, const float* g, float* m, float* v, int64_t n,
                                   const DevAdamSegment* segs, int nseg, float b1, float b2,
-                                  float eps, float step_size, float bc2_sqrt) {
+                                  float eps, float step_size, float bc2_sqrt, float gs) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= n) return;
   int lo = 0, hi = nseg - 1;
@@ -44,7 +46,7 @@ __global__ void adamw_flat_kernel(float* p, const float* g, float* m, float* v, 
       hi = mid - 1;
   }
   if (i < segs[lo].begin || i >= segs[lo].end) return;  // not a parameter of any segment
-  const float gi = g[i];
+  const float gi = g[i] * gs;
   const float mi = b1 * m[i] + (1.f - b1) * gi;
   const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
   m[i] = mi;
@@ -83,7 +85,8 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
   const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
   adamw_kernel<<<blocks_for(param.numel()), kThreads, 0, s>>>(
       param.f32(), grad.f32(), m.f32(), v.f32(), param.numel(), (float)h.beta1, (float)h.beta2,
-      (float)h.eps, (float)(h.lr / bc1), (float)std::sqrt(bc2), (float)(1.0 - h.lr * weight_decay));
+      (float)h.eps, (float)(h.lr / bc1), (float)std::sqrt(bc2), (float)(1.0 - h.lr * weight_decay),
+      (float)h.grad_scale);
   LAUNCH_CHECK();
 }
 
@@ -107,7 +110,8 @@ void adamw_step_flat(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
   const int64_t n = segments.back().end;
   adamw_flat_kernel<<<blocks_for(n), kThreads, 0, s>>>(
       params.f32(), grads.f32(), m.f32(), v.f32(), n, segs, static_cast<int>(table.size()),
-      (float)h.beta1, (float)h.beta2, (float)h.eps, (float)(h.lr / bc1), (float)std::sqrt(bc2));
+      (float)h.beta1, (float)h.beta2, (float)h.eps, (float)(h.lr / bc1), (float)std::sqrt(bc2),
+      (float)h.grad_scale);
   LAUNCH_CHECK();
 }
 
