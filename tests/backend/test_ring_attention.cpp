@@ -81,6 +81,16 @@ std::vector<double> rows_at(const std::vector<double>& x, const std::vector<int6
   return r;
 }
 
+// max |got - want| / max |want|.
+double worst(const std::vector<double>& got, const std::vector<double>& want) {
+  double e = 0, m = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    e = std::max(e, std::fabs(got[i] - want[i]));
+    m = std::max(m, std::fabs(want[i]));
+  }
+  return e / m;
+}
+
 struct RingResult {
   double out_err = 0, dq_err = 0, dk_err = 0, dv_err = 0;
 };
@@ -138,14 +148,6 @@ RingResult run_ring(const Whole& w, int64_t S, int64_t H, int64_t G, int64_t hd,
           pos[r].data() + b.q0, pos[b.owner].data() + b.k0, b.nq, b.nk, H, G, hd, b.causal);
     }
   RingResult res;
-  auto worst = [](const std::vector<double>& got, const std::vector<double>& want) {
-    double e = 0, m = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      e = std::max(e, std::fabs(got[i] - want[i]));
-      m = std::max(m, std::fabs(want[i]));
-    }
-    return e / m;
-  };
   for (int r = 0; r < cp; ++r) {
     res.out_err = std::max(res.out_err, worst(out[r], rows_at(w.out, pos[r], Hh)));
     res.dq_err = std::max(res.dq_err, worst(dq[r], rows_at(w.dq, pos[r], Hh)));
@@ -379,14 +381,6 @@ TEST(RingAttention, DocumentsSpanningChunksEqualTheWholeSequence) {
                                     kv[s.owner].data(), o[r].data(), l[r].data(), B, Tn, hd, b,
                                     docs);
         }
-      auto worst = [](const std::vector<double>& got, const std::vector<double>& want) {
-        double e = 0, m = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-          e = std::max(e, std::fabs(got[i] - want[i]));
-          m = std::max(m, std::fabs(want[i]));
-        }
-        return e / m;
-      };
       for (int r = 0; r < cp; ++r) {
         SCOPED_TRACE(testing::Message() << "rank " << r);
         EXPECT_LT(worst(o[r], local(out, OW, r, 0, OW)), 1e-12) << "out";
