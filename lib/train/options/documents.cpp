@@ -53,8 +53,7 @@ class DocumentOptions : public OptionGroup {
 
   // The backend and the context-parallel size are final here.
   void resolve_late(const OptionParser&, RunOptions& o, StartupNotes&) override {
-    const std::string problem =
-        documents_problem(o.train.documents, o.device, o.model.alibi());
+    const std::string problem = documents_problem(o.train.documents, o.device, o.model.alibi());
     if (!problem.empty()) throw ConfigError(problem);
   }
 
