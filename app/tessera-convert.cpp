@@ -1,7 +1,8 @@
 // tessera-convert: Hugging Face export (--to-hf: safetensors + config.json from a checkpoint of any
 // layout) and import (--from-hf: a checkpoint at any target layout), for GPT2LMHeadModel,
-// LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM (chosen by the checkpoint's
-// architecture and --hf-architecture / config.json's model_type).
+// LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM and the mixtures of
+// experts MixtralForCausalLM and Qwen3MoeForCausalLM (chosen by the checkpoint's architecture and
+// --hf-architecture / config.json's model_type).
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -58,12 +59,13 @@ int main(int argc, char** argv) {
                        "Llama-family one (RoPE, RMSNorm, SwiGLU; Qwen2ForCausalLM when only q, k "
                        "and v have biases)")(
             "hf-architecture", po::value(&hf_architecture),
-            "with --to-hf of a Llama-family checkpoint: llama | qwen2 | mistral | mixtral "
-            "(default: mixtral for a mixture of experts, qwen2 with --add-qkv-bias "
+            "with --to-hf of a Llama-family checkpoint: llama | qwen2 | qwen3 | qwen3_moe | "
+            "mistral | mixtral (default: qwen3 with --qk-layernorm, qwen3_moe with it and "
+            "experts, mixtral for other mixtures of experts, qwen2 with --add-qkv-bias "
             "--disable-bias-linear, else llama)")(
             "from-hf", po::value(&from_hf),
             "import the Hugging Face directory (config.json with model_type gpt2, llama, qwen2, "
-            "mistral or mixtral; "
+            "qwen3, qwen3_moe, mistral or mixtral; "
             "model.safetensors or shards with model.safetensors.index.json)")(
             "load", po::value(&load), "checkpoint to export (with --to-hf)")(
             "save", po::value(&save)->required(),
@@ -102,12 +104,7 @@ int main(int argc, char** argv) {
           llama ? hf_export_architecture(ckpt.meta().model, hf_architecture) : "gpt2";
       std::cout << "tessera-convert: " << ckpt.path() << " (TP " << ckpt.meta().tp_size << " x PP "
                 << ckpt.meta().pp_size << ") -> " << save << " ("
-                << (arch == "qwen2"     ? "Qwen2ForCausalLM"
-                    : arch == "mistral" ? "MistralForCausalLM"
-                    : arch == "mixtral" ? "MixtralForCausalLM"
-                    : llama             ? "LlamaForCausalLM"
-                                        : "GPT2LMHeadModel")
-                << ")" << std::endl;
+                << hf_class_name(arch) << ")" << std::endl;
       int n = 0;
       if (llama) {
         HfExportOptions eo;
@@ -126,10 +123,10 @@ int main(int argc, char** argv) {
     } else {
       refuse_save_over_checkpoint(save, 0);  // before reading anything: an import is iteration 0
       const std::string type = hf_model_type(from_hf);
-      if (type != "gpt2" && type != "llama" && type != "qwen2" && type != "mistral" &&
-          type != "mixtral")
+      if (type != "gpt2" && type != "llama" && type != "qwen2" && type != "qwen3" &&
+          type != "qwen3_moe" && type != "mistral" && type != "mixtral")
         throw ConfigError("'" + from_hf + "/config.json' has model_type \"" + type +
-                          "\" (allowed: gpt2, llama, qwen2, mistral, mixtral)");
+                          "\" (allowed: gpt2, llama, qwen2, qwen3, qwen3_moe, mistral, mixtral)");
       std::unique_ptr<HfGpt2> gpt2;
       std::unique_ptr<HfLlama> llama;
       CheckpointMeta meta;

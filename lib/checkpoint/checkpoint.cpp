@@ -137,6 +137,7 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
     h5_write_attr(f, "apply_layernorm_1p", static_cast<int64_t>(c.apply_layernorm_1p));
     h5_write_attr(f, "rotary_interleaved", static_cast<int64_t>(c.rotary_interleaved));
     h5_write_attr(f, "squared_relu", static_cast<int64_t>(c.squared_relu));
+    h5_write_attr(f, "qk_layernorm", static_cast<int64_t>(c.qk_layernorm));  // Qwen3
     if (c.moe()) {  // Mixture of Experts (absent: a dense model)
       h5_write_attr(f, "num_experts", static_cast<int64_t>(c.num_experts));
       h5_write_attr(f, "moe_router_topk", static_cast<int64_t>(c.moe_router_topk));
@@ -179,6 +180,7 @@ const std::vector<std::string>& checkpoint_file_attributes() {
       "position_embedding_type", "rotary_base", "rotary_percent", "normalization", "rope_scaling",
       "swiglu", "num_query_groups", "untie_embeddings_and_output_weights", "add_bias_linear",
       "add_qkv_bias", "kv_channels", "apply_layernorm_1p", "rotary_interleaved", "squared_relu",
+      "qk_layernorm",
       "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq",
       "moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
       "moe_shared_expert_intermediate_size",
@@ -420,6 +422,7 @@ CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
     if (h5_read_attr(f, "apply_layernorm_1p", x)) m.apply_layernorm_1p = x != 0;
     if (h5_read_attr(f, "rotary_interleaved", x)) m.rotary_interleaved = x != 0;
     if (h5_read_attr(f, "squared_relu", x)) m.squared_relu = x != 0;
+    if (h5_read_attr(f, "qk_layernorm", x)) m.qk_layernorm = x != 0;
     if (h5_read_attr(f, "num_experts", x)) {  // Mixture of Experts
       auto moe_int = [&](const char* name, int64_t lo, int64_t hi) {
         int64_t v = 0;
@@ -612,6 +615,8 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
          "norm weights applied as 1 + w", "norm weights applied as w");
   option("--squared-relu", m.squared_relu, c.squared_relu, "a squared-ReLU MLP",
          "no squared-ReLU MLP");
+  option("--qk-layernorm", m.qk_layernorm, c.qk_layernorm, "attn.q_norm and attn.k_norm weights",
+         "no query/key norms");
   differ("num-experts", m.num_experts, c.num_experts);
   if (m.moe()) {
     differ("moe-router-topk", m.moe_router_topk, c.moe_router_topk);

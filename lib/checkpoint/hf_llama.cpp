@@ -31,8 +31,8 @@ std::string read_text(const std::string& path, const std::string& what) {
 }
 
 // The Hugging Face tensors whose rows, concatenated in this order, make Tessera parameter `n`
-// (flattened to [rows, cols], or to one axis for vectors).
-std::vector<std::string> hf_parts(const std::string& n) {
+// (flattened to [rows, cols], or to one axis for vectors) in a model of type `arch`.
+std::vector<std::string> hf_parts(const std::string& n, const std::string& arch) {
   if (n == "wte") return {"model.embed_tokens.weight"};
   if (n == "lm_head") return {"lm_head.weight"};
   if (n == "lnf.weight") return {"model.norm.weight"};
@@ -42,6 +42,8 @@ std::vector<std::string> hf_parts(const std::string& n) {
   const std::string a = h + "self_attn.", m = h + "mlp.";
   if (rest == "ln1.weight") return {h + "input_layernorm.weight"};
   if (rest == "ln2.weight") return {h + "post_attention_layernorm.weight"};
+  if (rest == "attn.q_norm.weight") return {a + "q_norm.weight"};  // Qwen3
+  if (rest == "attn.k_norm.weight") return {a + "k_norm.weight"};
   for (const char* kind : {"weight", "bias"}) {
     const std::string k = kind;
     if (rest == "attn.q." + k) return {a + "q_proj." + k};
@@ -50,6 +52,15 @@ std::vector<std::string> hf_parts(const std::string& n) {
     if (rest == "attn.proj." + k) return {a + "o_proj." + k};
     if (rest == "mlp.fc1." + k) return {m + "gate_proj." + k, m + "up_proj." + k};
     if (rest == "mlp.fc2." + k) return {m + "down_proj." + k};
+  }
+  if (arch == "qwen3_moe") {  // the router is mlp.gate; each expert has a Llama MLP's names
+    if (rest == "mlp.router.weight") return {m + "gate.weight"};
+    if (rest.rfind("mlp.experts.", 0) == 0) {
+      const size_t d = rest.find('.', 12);
+      const std::string x = m + "experts." + rest.substr(12, d - 12) + ".", w = rest.substr(d + 1);
+      if (w == "fc1.weight") return {x + "gate_proj.weight", x + "up_proj.weight"};
+      if (w == "fc2.weight") return {x + "down_proj.weight"};
+    }
   }
   // Mixtral: the router is block_sparse_moe.gate; expert e's w1 (gate) and w3 (up) make fc1,
   // w2 is fc2.
@@ -128,12 +139,25 @@ std::string hf_model_type(const std::string& dir) {
 }
 
 std::string hf_export_architecture(const GPTConfig& cfg, const std::string& asked) {
-  if (asked.empty())
+  if (asked.empty()) {
+    if (cfg.qk_layernorm) return cfg.moe() ? "qwen3_moe" : "qwen3";
     return cfg.moe() ? "mixtral" : cfg.add_qkv_bias && !cfg.add_bias_linear ? "qwen2" : "llama";
-  if (asked != "llama" && asked != "qwen2" && asked != "mistral" && asked != "mixtral")
+  }
+  if (asked != "llama" && asked != "qwen2" && asked != "qwen3" && asked != "qwen3_moe" &&
+      asked != "mistral" && asked != "mixtral")
     throw ConfigError("--hf-architecture=" + asked +
-                      " is not known (allowed: llama, qwen2, mistral, mixtral)");
+                      " is not known (allowed: llama, qwen2, qwen3, qwen3_moe, mistral, mixtral)");
   return asked;
+}
+
+std::string hf_class_name(const std::string& arch) {
+  if (arch == "qwen2") return "Qwen2ForCausalLM";
+  if (arch == "qwen3") return "Qwen3ForCausalLM";
+  if (arch == "qwen3_moe") return "Qwen3MoeForCausalLM";
+  if (arch == "mistral") return "MistralForCausalLM";
+  if (arch == "mixtral") return "MixtralForCausalLM";
+  if (arch == "gpt2") return "GPT2LMHeadModel";
+  return "LlamaForCausalLM";
 }
 
 namespace {
@@ -157,24 +181,45 @@ std::string export_file_name(size_t f, size_t n) {
 // Refuses (ConfigError) a model that the Hugging Face class `cls` of `arch` does not compute.
 void check_exportable(const GPTConfig& cfg, const std::string& arch, const std::string& cls,
                       const std::string& ck) {
-  if (cfg.moe() != (arch == "mixtral"))
+  const bool moe_arch = arch == "mixtral" || arch == "qwen3_moe";
+  const bool qwen3 = arch == "qwen3" || arch == "qwen3_moe";
+  if (cfg.moe() != moe_arch)
     throw ConfigError(ck + (cfg.moe() ? " is a mixture of experts; export it with "
-                                        "--hf-architecture mixtral (MixtralForCausalLM)"
-                                      : " is a dense model; MixtralForCausalLM is a mixture of "
-                                        "experts: export it with --hf-architecture llama"));
-  if (cfg.moe()) {  // what MixtralForCausalLM's sparse block computes
+                                        "--hf-architecture mixtral, or qwen3_moe with "
+                                        "--qk-layernorm"
+                                      : " is a dense model; " + cls +
+                                            " is a mixture of experts: export it with "
+                                            "--hf-architecture " +
+                                            (cfg.qk_layernorm ? "qwen3" : "llama")));
+  if (cfg.qk_layernorm != qwen3)
+    throw ConfigError(ck +
+                      (cfg.qk_layernorm ? " normalizes its query and key heads (--qk-layernorm); " +
+                                              cls + " does not: export it with --hf-architecture " +
+                                              (cfg.moe() ? "qwen3_moe" : "qwen3")
+                                        : " has no query/key norms; " + cls +
+                                              " has them (q_norm, k_norm): train with "
+                                              "--qk-layernorm, or export with --hf-architecture " +
+                                              (cfg.moe() ? "mixtral" : "llama")));
+  if (cfg.moe()) {  // what the sparse block of MixtralForCausalLM / Qwen3MoeForCausalLM computes
     std::string why;
-    if (cfg.num_moe_layers() != cfg.num_layers)
+    if (arch == "mixtral" && cfg.num_moe_layers() != cfg.num_layers)
       why = "MoE in only some layers (--moe-layer-freq " + cfg.moe_layer_freq + ")";
-    else if (cfg.moe_router_score_function != "softmax" || cfg.moe_router_pre_softmax)
-      why = "a router other than the softmax over the top-k logits";
+    else if (cfg.moe_router_score_function != "softmax" ||
+             (arch == "mixtral" && cfg.moe_router_pre_softmax))
+      why = arch == "mixtral" ? "a router other than the softmax over the top-k logits"
+                              : "sigmoid router scores (--moe-router-score-function sigmoid)";
     else if (cfg.moe_router_topk_scaling_factor > 0)
       why = "routing weights scaled by --moe-router-topk-scaling-factor";
     else if (cfg.moe_shared_expert_intermediate_size > 0)
       why = "a shared expert";
-    if (!why.empty())
-      throw ConfigError(ck + " has " + why + "; MixtralForCausalLM has none of that");
+    else if (cfg.moe_expert_capacity_factor > 0)
+      why = "token dropping (--moe-expert-capacity-factor)";
+    if (!why.empty()) throw ConfigError(ck + " has " + why + "; " + cls + " has none of that");
   }
+  if (qwen3 && cfg.qkv_bias())
+    throw ConfigError(ck + " has linear biases; " + cls +
+                      " has none (attention_bias false): train with --disable-bias-linear and "
+                      "without --add-qkv-bias to export");
   if (!cfg.rope() || !cfg.rmsnorm() || !cfg.swiglu)
     throw ConfigError(ck + " is not a Llama-architecture model (" + cls +
                       " needs RoPE, RMSNorm and SwiGLU; it has " + cfg.describe() + ")");
@@ -210,6 +255,7 @@ void check_exportable(const GPTConfig& cfg, const std::string& arch, const std::
 // gets the bytes of them all.
 std::vector<std::vector<PlannedTensor>> plan_export_files(const std::vector<ParamSpec>& specs,
                                                           const GPTConfig& cfg,
+                                                          const std::string& cfg_arch,
                                                           const HfExportOptions& o,
                                                           const std::string& dtype,
                                                           uint64_t& total) {
@@ -218,7 +264,7 @@ std::vector<std::vector<PlannedTensor>> plan_export_files(const std::vector<Para
   total = 0;
   const size_t width = safetensors_width(dtype);
   for (size_t i = 0; i < specs.size(); ++i) {
-    const auto parts = hf_parts(specs[i].name);
+    const auto parts = hf_parts(specs[i].name, cfg_arch);
     for (size_t k = 0; k < parts.size(); ++k) {
       const Shape shape = hf_part_shape(specs[i], parts.size(), cfg.vocab_size);
       const uint64_t bytes = width * static_cast<uint64_t>(shape_numel(shape));
@@ -311,12 +357,13 @@ void write_hf_config(const GPTConfig& cfg, const std::string& arch, const std::s
   const char* torch_dtype = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
   c << "{\n  \"architectures\": [\"" << cls << "\"],\n  \"model_type\": \"" << arch << "\",\n"
     << "  \"hidden_act\": \"silu\",\n  \"hidden_size\": " << cfg.hidden_size
-    << ",\n  \"intermediate_size\": " << (cfg.moe() ? cfg.moe_ffn() : cfg.ffn())
+    << ",\n  \"intermediate_size\": " << (arch == "mixtral" ? cfg.moe_ffn() : cfg.ffn())
     << ",\n  \"num_hidden_layers\": " << cfg.num_layers
     << ",\n  \"num_attention_heads\": " << cfg.num_attention_heads
     << ",\n  \"num_key_value_heads\": " << cfg.kv_heads();
   // Qwen2's config has no head_dim before transformers 4.5x (hidden_size / heads there): written
   // only when it differs. Llama and Mistral read it.
+  // Qwen3's head_dim defaults to 128 whatever the width: always written.
   if (arch != "qwen2" || cfg.kv_channels > 0) c << ",\n  \"head_dim\": " << cfg.head_dim();
   c << ",\n  \"max_position_embeddings\": " << cfg.max_positions()
     << ",\n  \"vocab_size\": " << cfg.vocab_size
@@ -333,8 +380,9 @@ void write_hf_config(const GPTConfig& cfg, const std::string& arch, const std::s
   if (arch == "llama")
     c << ",\n  \"attention_bias\": " << (cfg.add_bias_linear ? "true" : "false")
       << ",\n  \"mlp_bias\": " << (cfg.add_bias_linear ? "true" : "false");
-  else if (arch == "qwen2")
-    c << ",\n  \"use_sliding_window\": false,\n  \"sliding_window\": null"
+  else if (arch == "qwen2" || arch == "qwen3" || arch == "qwen3_moe")
+    c << (arch == "qwen2" ? "" : ",\n  \"attention_bias\": false")
+      << ",\n  \"use_sliding_window\": false,\n  \"sliding_window\": null"
       << ",\n  \"max_window_layers\": " << cfg.num_layers;
   else
     c << ",\n  \"sliding_window\": null";
@@ -343,6 +391,17 @@ void write_hf_config(const GPTConfig& cfg, const std::string& arch, const std::s
       << ",\n  \"num_experts_per_tok\": " << cfg.moe_router_topk
       << ",\n  \"router_aux_loss_coef\": " << number(cfg.moe_aux_loss_coeff)
       << ",\n  \"router_jitter_noise\": 0.0,\n  \"output_router_logits\": false";
+  if (arch == "qwen3_moe") {  // the dense layers as mlp_only_layers (decoder_sparse_step 1)
+    c << ",\n  \"num_experts\": " << cfg.num_experts
+      << ",\n  \"num_experts_per_tok\": " << cfg.moe_router_topk
+      << ",\n  \"moe_intermediate_size\": " << cfg.moe_ffn()
+      << ",\n  \"norm_topk_prob\": " << (cfg.moe_router_pre_softmax ? "false" : "true")
+      << ",\n  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [";
+    for (int l = 0, n = 0; l < cfg.num_layers; ++l)
+      if (!cfg.is_moe_layer(l)) c << (n++ ? ", " : "") << l;
+    c << "],\n  \"router_aux_loss_coef\": " << number(cfg.moe_aux_loss_coeff)
+      << ",\n  \"output_router_logits\": false";
+  }
   c << ",\n  \"tie_word_embeddings\": " << (cfg.tied_head() ? "true" : "false")
     << ",\n  \"initializer_range\": " << number(cfg.init_method_std)
     << ",\n  \"attention_dropout\": 0.0,\n  \"torch_dtype\": \"" << torch_dtype << "\"\n}\n";
@@ -360,10 +419,7 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
   if (const auto it = saved.find("moe-aux-loss-coeff"); it != saved.end())
     cfg.moe_aux_loss_coeff = std::strtod(it->second.c_str(), nullptr);
   const std::string arch = hf_export_architecture(cfg, o.architecture);
-  const std::string cls = arch == "qwen2"     ? "Qwen2ForCausalLM"
-                          : arch == "mistral" ? "MistralForCausalLM"
-                          : arch == "mixtral" ? "MixtralForCausalLM"
-                                              : "LlamaForCausalLM";
+  const std::string cls = hf_class_name(arch);
   const std::string ck = "checkpoint '" + ckpt.path() + "'";
   check_exportable(cfg, arch, cls, ck);
   const std::string dtype = hf_dtype(o.dtype);
@@ -371,7 +427,7 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
   const auto specs = global_specs(cfg);
   uint64_t total = 0;
   const std::vector<std::vector<PlannedTensor>> files =
-      plan_export_files(specs, cfg, o, dtype, total);
+      plan_export_files(specs, cfg, arch, o, dtype, total);
   write_export_files(ckpt, dir, specs, files, dtype, progress);
   remove_stale_export_files(dir, files.size());
   write_export_index(dir, files, total);
@@ -395,6 +451,12 @@ struct HfConfigSettings {
   int64_t experts = 0, topk = 2;
   double jitter = 0, aux_coef = 0.001;
   std::string unknown_router;  // a router key this importer does not know
+  // Qwen3-MoE (Qwen3MoeConfig's defaults): the experts' width, whether the top-k weights are
+  // renormalized, and which layers are sparse: l is when (l + 1) % sparse_step == 0 and l is not
+  // in mlp_only_layers.
+  int64_t moe_width = 768, sparse_step = 1;
+  bool norm_topk_prob = false;
+  std::vector<int64_t> mlp_only_layers;
 };
 
 // Reads a rope_scaling or rope_parameters (`k`) object: its fields into cfg, its type into
@@ -474,8 +536,16 @@ void parse_hf_config(const std::string& path, const std::string& text, GPTConfig
         h.model_type = r.string_value();
       else if (k == "initializer_range")
         cfg.init_method_std = r.number_value();
-      else if (k == "num_local_experts")
+      else if (k == "num_local_experts" || (k == "num_experts" && h.model_type == "qwen3_moe"))
         h.experts = r.int_value();
+      else if (k == "moe_intermediate_size")
+        h.moe_width = size(k, false);
+      else if (k == "norm_topk_prob")
+        h.norm_topk_prob = r.bool_value();
+      else if (k == "decoder_sparse_step")
+        h.sparse_step = size(k, false);
+      else if (k == "mlp_only_layers")
+        r.null_value() ? void() : r.array([&] { h.mlp_only_layers.push_back(r.int_value()); });
       else if (k == "num_experts_per_tok")
         h.topk = r.int_value();
       else if (k == "router_aux_loss_coef")
@@ -496,14 +566,58 @@ void parse_hf_config(const std::string& path, const std::string& text, GPTConfig
   }
 }
 
+// Qwen3-MoE: refuses what Tessera's router does not compute; takes the experts, router and sparse
+// layers into cfg (mlp_only_layers and decoder_sparse_step as a --moe-layer-freq pattern).
+void check_qwen3_moe_config(const std::string& path, const HfConfigSettings& h, GPTConfig& cfg) {
+  if (!h.unknown_router.empty())
+    throw ConfigError("'" + path + "' has router setting \"" + h.unknown_router +
+                      "\", which this importer does not know (allowed: router_aux_loss_coef)");
+  if (h.experts < 1 || h.topk < 1 || h.topk > h.experts)
+    throw ConfigError("'" + path + "' has num_experts " + std::to_string(h.experts) +
+                      " and num_experts_per_tok " + std::to_string(h.topk) +
+                      " (allowed: 1 <= num_experts_per_tok <= num_experts)");
+  std::string pattern = "[";
+  bool any = false;
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const bool dense = std::find(h.mlp_only_layers.begin(), h.mlp_only_layers.end(), l) !=
+                       h.mlp_only_layers.end();
+    const bool sparse = !dense && (l + 1) % h.sparse_step == 0;
+    pattern += std::string(l ? "," : "") + (sparse ? "1" : "0");
+    any |= sparse;
+  }
+  for (int64_t l : h.mlp_only_layers)
+    if (l < 0 || l >= cfg.num_layers)
+      throw ConfigError("'" + path + "' has mlp_only_layers entry " + std::to_string(l) +
+                        " (allowed: layers 0 to " + std::to_string(cfg.num_layers - 1) + ")");
+  if (!any)
+    throw ConfigError("'" + path +
+                      "' makes no layer sparse (decoder_sparse_step " +
+                      std::to_string(h.sparse_step) +
+                      ", mlp_only_layers): import it as a dense qwen3 model instead");
+  cfg.num_experts = static_cast<int>(h.experts);
+  cfg.moe_router_topk = static_cast<int>(h.topk);
+  cfg.moe_aux_loss_coeff = h.aux_coef;
+  cfg.moe_ffn_hidden_size = static_cast<int>(h.moe_width);
+  // norm_topk_prob: the top k of the softmax renormalized = the softmax over the top-k logits
+  // (Tessera's default); without it the top k of the softmax over all (--moe-router-pre-softmax).
+  cfg.moe_router_pre_softmax = !h.norm_topk_prob;
+  cfg.moe_layer_freq = pattern.find('0') == std::string::npos ? "1" : pattern + "]";
+}
+
 // Refuses (ConfigError naming `path`) what Tessera does not compute; takes Mixtral's experts and
 // router settings into cfg.
 void check_hf_config(const std::string& path, const HfConfigSettings& h, GPTConfig& cfg) {
   const std::string& model_type = h.model_type;
+  const bool qwen3 = model_type == "qwen3" || model_type == "qwen3_moe";
   if (model_type != "llama" && model_type != "qwen2" && model_type != "mistral" &&
-      model_type != "mixtral")
+      model_type != "mixtral" && !qwen3)
     throw ConfigError("'" + path + "' has model_type \"" + model_type +
-                      "\"; this importer reads llama, qwen2, mistral and mixtral");
+                      "\"; this importer reads llama, qwen2, qwen3, qwen3_moe, mistral and mixtral");
+  if (qwen3 && h.attention_bias)
+    throw ConfigError("'" + path +
+                      "' has attention_bias true (biases on q, k, v and o_proj but not the MLP); "
+                      "Tessera's biases cover the MLP too or q, k and v alone (allowed: false)");
+  if (model_type == "qwen3_moe") check_qwen3_moe_config(path, h, cfg);
   if (model_type == "mixtral") {
     if (h.jitter != 0)
       throw ConfigError("'" + path + "' has router_jitter_noise " + number(h.jitter) +
@@ -520,7 +634,7 @@ void check_hf_config(const std::string& path, const HfConfigSettings& h, GPTConf
     cfg.moe_router_topk = static_cast<int>(h.topk);
     cfg.moe_aux_loss_coeff = h.aux_coef;
   }
-  if (model_type == "qwen2" && h.use_sliding_window)
+  if ((model_type == "qwen2" || qwen3) && h.use_sliding_window)
     throw ConfigError("'" + path +
                       "' has use_sliding_window true; Tessera's attention is full causal "
                       "(allowed: use_sliding_window false)");
@@ -558,11 +672,12 @@ void apply_hf_config(const std::string& path, const HfConfigSettings& h, int div
   // Qwen2: biases on q, k and v only, always (its config has no switch); Mistral: none.
   cfg.add_bias_linear = h.model_type == "llama" && h.attention_bias;
   cfg.add_qkv_bias = h.model_type == "qwen2";
+  cfg.qk_layernorm = h.model_type == "qwen3" || h.model_type == "qwen3_moe";  // q_norm, k_norm
   if (h.kv_heads > 0 && h.kv_heads != cfg.num_attention_heads) {
     cfg.group_query_attention = true;
     cfg.num_query_groups = static_cast<int>(h.kv_heads);
   }
-  if (cfg.moe()) cfg.moe_ffn_hidden_size = cfg.ffn_hidden_size;  // intermediate_size
+  if (h.model_type == "mixtral") cfg.moe_ffn_hidden_size = cfg.ffn_hidden_size;  // intermediate
   cfg.seq_length = cfg.max_position_embeddings;
   cfg.make_vocab_size_divisible_by = divisible_by;
   // A head_dim other than hidden_size / heads is --kv-channels.
@@ -578,10 +693,11 @@ void apply_hf_config(const std::string& path, const HfConfigSettings& h, int div
 
 // Checks that the safetensors of `dir` hold every tensor cfg implies, in its shape, and nothing
 // else.
-void check_hf_tensors(const std::string& dir, const GPTConfig& cfg, const SafetensorsDir& st) {
+void check_hf_tensors(const std::string& dir, const GPTConfig& cfg, const std::string& arch,
+                      const SafetensorsDir& st) {
   std::set<std::string> expected;
   for (const ParamSpec& s : global_specs(cfg)) {
-    const auto parts = hf_parts(s.name);
+    const auto parts = hf_parts(s.name, arch);
     expected.insert(parts.begin(), parts.end());
     const Shape want = hf_part_shape(s, parts.size(), cfg.vocab_size);
     for (const std::string& n : parts) {
@@ -618,23 +734,30 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   HfConfigSettings h;
   // The defaults of the config classes (LlamaConfig; Qwen2Config and MistralConfig below).
   h.model_type = hf_model_type(dir);
-  cfg_.max_position_embeddings = h.model_type == "qwen2" ? 32768
+  const bool qwen3 = h.model_type == "qwen3" || h.model_type == "qwen3_moe";
+  cfg_.max_position_embeddings = h.model_type == "qwen2" || qwen3 ? 32768
                                  : h.model_type == "mistral" || h.model_type == "mixtral"
                                      ? 4096 * 32
                                      : 2048;
   // Mixtral (MixtralConfig's defaults): the experts, and its router settings.
   h.experts = h.model_type == "mixtral" ? 8 : 0;
+  if (h.model_type == "qwen3_moe") {  // Qwen3MoeConfig's defaults
+    h.experts = 128;
+    h.topk = 8;
+  }
+  if (qwen3) h.head_dim = 128;  // Qwen3Config's head_dim default, whatever hidden / heads
   cfg_.layernorm_epsilon = 1e-6;
   cfg_.untie_embeddings_and_output_weights = true;
   parse_hf_config(path, text, cfg_, h);
   check_hf_config(path, h, cfg_);
   apply_hf_config(path, h, divisible_by, cfg_);
   st_ = std::make_unique<SafetensorsDir>(dir);
-  check_hf_tensors(dir, cfg_, *st_);
+  arch_ = h.model_type;
+  check_hf_tensors(dir, cfg_, arch_, *st_);
 }
 
 void HfLlama::read_slice(const ParamSpec& spec, float* out) const {
-  const auto parts = hf_parts(spec.name);
+  const auto parts = hf_parts(spec.name, arch_);
   // The global tensor in Tessera's layout: the parts' rows one after the other (padding rows of
   // the vocabulary stay zero).
   std::vector<float> global(static_cast<size_t>(shape_numel(spec.global_shape)), 0.f);

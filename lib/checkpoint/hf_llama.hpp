@@ -1,7 +1,8 @@
 // hf_llama.hpp: Hugging Face LlamaForCausalLM import and export, and of the models of the same
 // shape that differ in config.json only: Qwen2ForCausalLM (biases on q, k and v alone: Tessera's
-// --disable-bias-linear --add-qkv-bias) and MistralForCausalLM (no biases; sliding windows
-// refused). config.json (hidden_size,
+// --disable-bias-linear --add-qkv-bias), Qwen3ForCausalLM (q_norm and k_norm: --qk-layernorm),
+// MistralForCausalLM (no biases; sliding windows refused), and the mixtures of experts
+// MixtralForCausalLM and Qwen3MoeForCausalLM (dense layers by mlp_only_layers). config.json (hidden_size,
 // num_key_value_heads, rope_theta, rms_norm_eps, tie_word_embeddings, ...) and safetensors with
 // the model.* tensor names, in one file or in shards listed by model.safetensors.index.json.
 // Linear weights are [out, in] on both sides. Hugging Face's q_proj/k_proj/v_proj, gate_proj/
@@ -24,13 +25,16 @@ std::string hf_model_type(const std::string& dir);
 struct HfExportOptions {
   std::string dtype = "bf16";             // bf16 | f32 (| f16)
   uint64_t max_shard_bytes = 5000000000;  // save_pretrained's default 5 GB
-  // llama | qwen2 | mistral; empty: qwen2 for a model with QKV-only biases, else llama.
+  // llama | qwen2 | qwen3 | qwen3_moe | mistral | mixtral; empty: qwen3 (qwen3_moe) for a model
+  // with --qk-layernorm, mixtral for another MoE, qwen2 for QKV-only biases, else llama.
   std::string architecture;
 };
 
 // The model_type an export writes for `cfg` when `asked` ("" or an --hf-architecture value);
 // ConfigError for an unknown one.
 std::string hf_export_architecture(const GPTConfig& cfg, const std::string& asked);
+// The Hugging Face class of a model_type ("qwen3" -> "Qwen3ForCausalLM"; gpt2 included).
+std::string hf_class_name(const std::string& arch);
 
 // Writes DIR/config.json and the safetensors (DIR/model.safetensors, or model-0000k-of-0000n
 // shards with DIR/model.safetensors.index.json when larger than max_shard_bytes) from a checkpoint
@@ -39,7 +43,7 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir,
                      const HfExportOptions& options,
                      const std::function<void(const std::string&)>& progress);
 
-// A Hugging Face Llama, Qwen2 or Mistral directory opened for import.
+// A Hugging Face Llama, Qwen2, Qwen3, Qwen3-MoE, Mistral or Mixtral directory opened for import.
 class HfLlama {
  public:
   // Reads DIR/config.json and the safetensors; checks every tensor's presence and shape against
@@ -51,7 +55,7 @@ class HfLlama {
 
  private:
   GPTConfig cfg_;
-  std::string dir_;
+  std::string dir_, arch_;  // arch_: config.json's model_type
   std::unique_ptr<SafetensorsDir> st_;
 };
 

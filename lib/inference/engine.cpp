@@ -71,6 +71,17 @@ void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
   ln_ = f({rows_, C});
   qkv_ = f({rows_, qkv_cols});
   att_ = f({rows_, Cl});
+  if (cfg.qk_layernorm) {  // the q/k heads before their norms, and the norms' statistics
+    const int64_t H = model_.heads_local(), G = model_.kv_heads_local();
+    qk_.q_raw = f({rows_, H * cfg.head_dim()});
+    qk_.k_raw = f({rows_, G * cfg.head_dim()});
+    qk_.q_rstd = f32({rows_ * H});
+    qk_.k_rstd = f32({rows_ * G});
+    if (!cfg.rmsnorm()) {
+      qk_.q_mean = f32({rows_ * H});
+      qk_.k_mean = f32({rows_ * G});
+    }
+  }
   tmp_ = f({rows_, C});
   fc_ = f({rows_, cfg.swiglu ? 2 * Fl : Fl});
   gelu_ = f({rows_, Fl});
@@ -285,6 +296,7 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
     const LayerWeights& w = model_.layer_weights(l);
     if (!ln1_done) model_.norm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b);
     be_.matmul_forward(qkv, ln, w.qkv_w, opt(w.qkv_b));
+    if (cfg.qk_layernorm) model_.qk_norm_forward(qkv, w, qk_, att);  // att: scratch until used
     if (cfg.rope()) be_.rope(qkv, rope, &pos, false);
     Tensor& kc = k_cache_[sh.local_index(l)];
     Tensor& vc = v_cache_[sh.local_index(l)];

@@ -96,6 +96,7 @@ class InferenceEngine {
   Tensor last_rows_, last_x_, lnf_, lnf_mean_, lnf_rstd_, logits_, logits_f32_, gathered_;
   Tensor dec_rows_;           // a decode step's row table (rows, 3): slot, position, row
   GPTModel::MoEScratch moe_;  // MoE layers' buffers (none for a dense model)
+  QkNormTensors qk_;          // --qk-layernorm's buffers (rows_ rows; none without)
   bool cfg_moe() const { return model_.config().moe(); }
   std::vector<int32_t> host_pos_;   // positions / last rows / row table, staged for the backend
   std::vector<float> host_logits_;  // the gathered logits, back on the host

@@ -28,6 +28,10 @@ LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads, const GPTCon
                  get("attn.qkv.bias"), get("attn.proj.weight"), get("attn.proj.bias"),
                  get("ln2.weight"),    get("ln2.bias"),         get("mlp.fc1.weight"),
                  get("mlp.fc1.bias"),  get("mlp.fc2.weight"),   get("mlp.fc2.bias")};
+  w.q_norm_w = get("attn.q_norm.weight");  // --qk-layernorm
+  w.q_norm_b = get("attn.q_norm.bias");
+  w.k_norm_w = get("attn.k_norm.weight");
+  w.k_norm_b = get("attn.k_norm.bias");
   if (ps.has(p + "attn.q.weight")) {  // grouped-query attention: [q | k | v] as one GEMM
     w.qkv_w = fused("attn.q.weight", "attn.kv.weight");
     w.qkv_b = fused("attn.q.bias", "attn.kv.bias");
@@ -118,13 +122,14 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   }
   if (cfg_.apply_layernorm_1p) {  // the constant 1 of (1 + w), and where (1 + w) is formed
     AllocationLabel label("the (1 + w) norm weights of --apply-layernorm-1p");
-    const std::vector<float> ones(static_cast<size_t>(cfg_.hidden_size), 1.f);
-    Tensor host_ones({cfg_.hidden_size}, DType::F32, backend.allocator());
+    const int64_t width = std::max<int64_t>(cfg_.hidden_size, cfg_.head_dim());  // q/k norms: hd
+    const std::vector<float> ones(static_cast<size_t>(width), 1.f);
+    Tensor host_ones({width}, DType::F32, backend.allocator());
     be_.copy_from_host(host_ones, ones.data());
-    norm_w1p_ = Tensor({cfg_.hidden_size}, compute, backend.allocator());
+    norm_w1p_ = Tensor({width}, compute, backend.allocator());
     norm_ones_ = host_ones;
     if (compute != DType::F32) {
-      norm_ones_ = Tensor({cfg_.hidden_size}, compute, backend.allocator());
+      norm_ones_ = Tensor({width}, compute, backend.allocator());
       be_.cast(norm_ones_, host_ones);
     }
   }
@@ -268,6 +273,17 @@ struct SlotBuilder {
   // What selective recomputation keeps.
   void kept(LayerActivations& la, bool res2, int64_t fl, bool moe) const {
     la.qkv = f({B, T, qkvl});
+    if (cfg.qk_layernorm) {  // the q/k heads before their norms, and the norms' statistics
+      const int64_t kv_l = cfg.kv_heads() / shard.tp_size;
+      la.qk.q_raw = f({N, hl});
+      la.qk.k_raw = f({N, kv_l * cfg.head_dim()});
+      la.qk.q_rstd = f32({N * heads_l});
+      la.qk.k_rstd = f32({N * kv_l});
+      if (!cfg.rmsnorm()) {
+        la.qk.q_mean = f32({N * heads_l});
+        la.qk.k_mean = f32({N * kv_l});
+      }
+    }
     la.res1 = res();
     if (fl > 0) la.fc1 = f({N, glu * fl});
     if (res2) la.res2 = res();
@@ -310,6 +326,7 @@ struct SlotBuilder {
     shared.dln = f({N, C});
     shared.dqkv = f({B, T, qkvl});
     shared.datt = f({B, T, hl});
+    if (cfg.qk_layernorm) shared.qk_tmp = f({N, hl});
     if (fl_max > 0) shared.dfc = f({N, fl_max});
     if (cfg.swiglu && fl_max > 0) shared.dfc1 = f({N, glu * fl_max});
     if (any_moe) {
@@ -589,6 +606,13 @@ void GPTModel::reduce_sequence_parallel_grads(int piece) {
     TESSERA_PHASE("moe-router-grad-all-reduce");
     tp_.all_reduce(grads_[shard_.local_index(piece)].router_w, ReduceOp::Sum);
   }
+  if (piece >= 0 && cfg_.qk_layernorm && tp_.size() > 1) {
+    // Each TP rank normalized its own heads: the q/k norms' gradients are partial sums.
+    TESSERA_PHASE("qk-norm-grad-all-reduce");
+    LayerWeights& g = grads_[shard_.local_index(piece)];
+    for (Tensor* t : {&g.q_norm_w, &g.q_norm_b, &g.k_norm_w, &g.k_norm_b})
+      if (t->defined()) tp_.all_reduce(*t, ReduceOp::Sum);
+  }
   if (!sp_) return;
   TESSERA_PHASE("sp-grad-all-reduce");
   auto reduce = [&](const std::string& name) {
@@ -641,9 +665,10 @@ void GPTModel::mlp_activation(Tensor& out, const Tensor& fc1) {
 const Tensor& GPTModel::norm_weight(const Tensor& w) {
   if (!cfg_.apply_layernorm_1p) return w;
   // (1 + w) formed just before each use: the stored weight stays what the optimizer updates, and
-  // its gradient is the gradient of (1 + w).
-  be_.add(norm_w1p_, w, norm_ones_);
-  return norm_w1p_;
+  // its gradient is the gradient of (1 + w). The hidden norms are C wide, the q/k norms hd.
+  norm_w1p_view_ = norm_w1p_.view(0, {w.numel()});
+  be_.add(norm_w1p_view_, w, norm_ones_.view(0, {w.numel()}));
+  return norm_w1p_view_;
 }
 
 void GPTModel::norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
@@ -653,6 +678,46 @@ void GPTModel::norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tenso
     be_.rmsnorm_forward(out, rstd, inp, w, cfg_.layernorm_epsilon);
   else
     be_.layernorm_forward(out, mean, rstd, inp, w, b, cfg_.layernorm_epsilon);
+}
+
+void GPTModel::qk_norm_forward(Tensor& qkv, const LayerWeights& w, QkNormTensors& keep,
+                               Tensor& tmp) {
+  const int64_t hd = cfg_.head_dim(), width = qkv.dim(qkv.ndim() - 1), n = qkv.numel() / width;
+  Tensor rows = qkv.reshape({n, width});
+  // The query heads at columns [0, Hl*hd), the key heads after them: each copied out whole (the
+  // heads before the norm, for the backward), normalized per head into tmp, and copied back.
+  // `keep` may hold more rows than qkv (generation's buffers): the first n are used.
+  auto one = [&](int64_t col, int64_t heads, const Tensor& raw_all, const Tensor& mean_all,
+                 const Tensor& rstd_all, const Tensor& nw, const Tensor& nb) {
+    Tensor raw = raw_all.view(0, {n, heads * hd}), rstd = rstd_all.view(0, {n * heads});
+    Tensor mean = mean_all.defined() ? mean_all.view(0, {n * heads}) : Tensor();
+    be_.copy_columns(raw, 0, rows, col, heads * hd);
+    Tensor out = tmp.view(0, {n * heads, hd});
+    norm_forward(out, mean, rstd, raw.reshape({n * heads, hd}), nw, nb);
+    be_.copy_columns(rows, col, tmp.view(0, {n, heads * hd}), 0, heads * hd);
+  };
+  one(0, heads_local_, keep.q_raw, keep.q_mean, keep.q_rstd, w.q_norm_w, w.q_norm_b);
+  one(heads_local_ * hd, kv_heads_local_, keep.k_raw, keep.k_mean, keep.k_rstd, w.k_norm_w,
+      w.k_norm_b);
+}
+
+void GPTModel::qk_norm_backward(Tensor& dqkv, LayerWeights& g, const LayerWeights& w,
+                                const QkNormTensors& keep, Tensor& tmp, Tensor& tmp2) {
+  const int64_t hd = cfg_.head_dim(), width = dqkv.dim(dqkv.ndim() - 1), n = dqkv.numel() / width;
+  Tensor rows = dqkv.reshape({n, width});
+  auto one = [&](int64_t col, int64_t heads, const Tensor& raw, const Tensor& mean,
+                 const Tensor& rstd, const Tensor& nw, Tensor& dw, Tensor& db) {
+    Tensor dy = tmp.view(0, {n, heads * hd}), dx = tmp2.view(0, {n, heads * hd});
+    be_.copy_columns(dy, 0, rows, col, heads * hd);
+    be_.zero(dx);  // the norm's backward accumulates
+    Tensor dx_heads = dx.reshape({n * heads, hd});
+    norm_backward(dx_heads, dw, db, dy.reshape({n * heads, hd}), raw.reshape({n * heads, hd}), nw,
+                  mean, rstd);
+    be_.copy_columns(rows, col, dx, 0, heads * hd);
+  };
+  one(0, heads_local_, keep.q_raw, keep.q_mean, keep.q_rstd, w.q_norm_w, g.q_norm_w, g.q_norm_b);
+  one(heads_local_ * hd, kv_heads_local_, keep.k_raw, keep.k_mean, keep.k_rstd, w.k_norm_w,
+      g.k_norm_w, g.k_norm_b);
 }
 
 void GPTModel::add_norm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd,
@@ -729,6 +794,10 @@ void GPTModel::block_forward(int l, Activations& a) {
   gather_rows(phase, la.ln1);
   phase("qkv-gemm-forward");
   linear_forward(l, Fp8Gemm::Qkv, la.qkv, la.ln1, w.qkv_w, opt(w.qkv_b), a);
+  if (cfg_.qk_layernorm) {
+    phase("qk-norm-forward");
+    qk_norm_forward(la.qkv, w, la.qk, a.qk_tmp);
+  }
   if (cfg_.rope()) {
     phase("rope");
     be_.rope(la.qkv, rope_spec(a.T), rope_positions(a), false);
@@ -965,6 +1034,10 @@ void GPTModel::block_backward(int l, Activations& a) {
   if (cfg_.rope()) {  // the rotation's transpose: rotate the gradient back
     phase("rope");
     be_.rope(a.dqkv, rope_spec(a.T), rope_positions(a), true);
+  }
+  if (cfg_.qk_layernorm) {  // datt is free once the attention core's backward has read it
+    phase("qk-norm-backward");
+    qk_norm_backward(a.dqkv, g, w, la.qk, a.qk_tmp, a.datt);
   }
   phase("qkv-gemm-backward");
   linear_backward(l, Fp8Gemm::Qkv, &a.dln, g.qkv_w, opt(g.qkv_b), a.dqkv, la.ln1, w.qkv_w);

@@ -24,9 +24,16 @@ class PhaseSequence;  // core/phase_timer.hpp
 // rank's shares of the hidden width, ffn width and heads. With recomputation (model/recompute.hpp)
 // some of these tensors are views of a working set shared by every micro-batch in flight: they are
 // filled again just before the layer's backward reads them.
+// --qk-layernorm: the query and key heads of a layer's qkv before their norm, (n, Hl*hd) and
+// (n, Gl*hd), and the norm's statistics (n*Hl), (n*Gl) (the means with LayerNorm only).
+struct QkNormTensors {
+  Tensor q_raw, k_raw, q_mean, q_rstd, k_mean, k_rstd;
+};
+
 struct LayerActivations {
   Tensor ln1, ln1_mean, ln1_rstd;  // (N,C), (N), (N)
-  Tensor qkv;                      // (B,T,(Hl+2Gl)*hd): query, key, value heads (RoPE applied)
+  Tensor qkv;  // (B,T,(Hl+2Gl)*hd): query, key, value heads (q/k norms and RoPE applied)
+  QkNormTensors qk;  // --qk-layernorm: what the q/k norms' backward reads
   Tensor att, lse;                 // (B,T,Cl), (B,Hl,T)
   Tensor res1;                     // (N,C)  x + attention
   Tensor ln2, ln2_mean, ln2_rstd;
@@ -63,6 +70,7 @@ struct ExpertWeights {
 };
 struct LayerWeights {
   Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+  Tensor q_norm_w, q_norm_b, k_norm_w, k_norm_b;  // --qk-layernorm
   Tensor router_w;
   std::vector<ExpertWeights> experts;
 };
@@ -94,6 +102,7 @@ struct Activations {
   Tensor dln;              // (N,C)
   Tensor dqkv, datt, dfc;  // (N,(Hl+2Gl)hd), (N,Cl), (N,Fl)
   Tensor dfc1;             // (N,2Fl): the gradient of SwiGLU's gate and up (SwiGLU only)
+  Tensor qk_tmp;           // (N,Hl*hd): the q/k norms' scratch (--qk-layernorm only)
   // MoE scratch: expert output and input gradients (R,C), the expert activation's and fc1's
   // gradients, the routing weights' (N,K) and the logits' (N,E) gradients (f32), and two (N,C).
   Tensor moe_dout, moe_dact, moe_dfc1, moe_dweight, moe_dlogits, moe_dx, moe_tmp;
@@ -240,6 +249,15 @@ class GPTModel {
   // --apply-layernorm-1p the weight applied is 1 + w).
   void norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w,
                     const Tensor& b);
+  // --qk-layernorm: normalizes the query and key heads of qkv (n rows of (Hl+2Gl)*hd, the values
+  // untouched) in place, each head over its hd features with w's q_norm / k_norm, keeping the
+  // heads before the norm and its statistics in `keep` (rows n) for the backward; `tmp` (at least
+  // n*Hl*hd elements) is scratch. The backward turns dqkv's query and key gradients (after the
+  // norm) into those before it and accumulates the norms' weight gradients into g; tmp and tmp2
+  // (each n*Hl*hd) are scratch.
+  void qk_norm_forward(Tensor& qkv, const LayerWeights& w, QkNormTensors& keep, Tensor& tmp);
+  void qk_norm_backward(Tensor& dqkv, LayerWeights& g, const LayerWeights& w,
+                        const QkNormTensors& keep, Tensor& tmp, Tensor& tmp2);
   // sum = a + b, out = the model's norm of sum (one pass where the backend has one; sum may be a).
   void add_norm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
                         const Tensor& b, const Tensor& w, const Tensor& bias);
@@ -380,7 +398,9 @@ class GPTModel {
   int64_t padded_vocab_ = 0, vocab_local_ = 0, vocab_begin_ = 0, valid_cols_ = 0;
   int64_t heads_local_ = 0, kv_heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
   RopeSpec rope_;                 // this rank's heads (seq_len set per call)
-  Tensor norm_ones_, norm_w1p_;   // --apply-layernorm-1p: ones (C) and the (1 + w) scratch (C)
+  // --apply-layernorm-1p: ones and the (1 + w) scratch, max(C, hd) long (the q/k norms are hd
+  // wide), and the view of it norm_weight last returned.
+  Tensor norm_ones_, norm_w1p_, norm_w1p_view_;
   AttentionAlibi alibi_;          // this rank's heads among all (ALiBi)
   AttentionDocuments documents_;  // what documents() last returned
   bool sp_ = false;               // sequence parallelism on (TP > 1)

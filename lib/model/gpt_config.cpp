@@ -295,6 +295,7 @@ std::string GPTConfig::describe() const {
   if (apply_layernorm_1p) out += " (1 + w)";
   out += swiglu ? ", SwiGLU" : squared_relu ? ", squared ReLU" : ", GELU";
   if (rope() && rotary_interleaved) out += ", interleaved rotary pairs";
+  if (qk_layernorm) out += ", query/key norm per head";
   if (kv_channels > 0) out += detail::concat(", ", kv_channels, " channels per head");
   if (!group_query_attention)
     out += ", multi-head attention";
@@ -330,8 +331,9 @@ int64_t count_parameters(const GPTConfig& c, int experts_counted) {
     const int64_t fc1 = c.swiglu ? 2 * f : f;
     return (fc1 * h + bias * fc1) + (h * f + bias * h);
   };
-  const int64_t attn =
-      2 * norm + (qkv * h + qkv_b * qkv) + (h * c.num_attention_heads * hd + bias * h);
+  const int64_t qk_norm = c.qk_layernorm ? (c.rmsnorm() ? 2 * hd : 4 * hd) : 0;
+  const int64_t attn = 2 * norm + qk_norm + (qkv * h + qkv_b * qkv) +
+                       (h * c.num_attention_heads * hd + bias * h);
   int64_t n = c.vocab_size * h + norm;
   for (int l = 0; l < L; ++l) {
     n += attn;

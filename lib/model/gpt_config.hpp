@@ -46,6 +46,10 @@ struct GPTConfig {
   bool apply_layernorm_1p = false;  // norm weights stored as w, applied as (1 + w), zero init
   bool rotary_interleaved = false;  // RoPE pairs (2i, 2i+1) instead of (i, i + d/2)
   bool squared_relu = false;        // the MLP's activation relu(x)^2 instead of GELU
+  // Qwen3 (Megatron's --qk-layernorm): each query and key head normalized over its head_dim
+  // features by the model's norm (RMSNorm or LayerNorm) with weights of its own per layer
+  // (attn.q_norm, attn.k_norm, shared by all heads), after the QKV projection and before RoPE.
+  bool qk_layernorm = false;
 
   // Mixture of Experts (Megatron-Core's MoE layer, docs/model.md): with num_experts > 0 the MLP of
   // the layers moe_layer_freq selects is a router over num_experts expert MLPs (each the model's

@@ -144,6 +144,12 @@ std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard
       b.add(p + "attn.qkv.weight", {3, heads, hd, h}, 1, ParamInit::Normal, std, true);
       if (qkv_bias) b.add(p + "attn.qkv.bias", {3, heads, hd}, 1, ParamInit::Zeros, 0, false);
     }
+    if (cfg.qk_layernorm) {  // one norm of head_dim features for all query heads, one for keys
+      for (const char* qk : {"attn.q_norm", "attn.k_norm"}) {
+        b.add(p + qk + ".weight", {hd}, -1, norm_init, 0, false);
+        if (ln) b.add(p + qk + ".bias", {hd}, -1, ParamInit::Zeros, 0, false);
+      }
+    }
     b.add(p + "attn.proj.weight", {h, heads * hd}, 1, ParamInit::Normal, out_std, true);
     if (bias) b.add(p + "attn.proj.bias", {h}, -1, ParamInit::Zeros, 0, false);
     norm(p + "ln2");

@@ -1,14 +1,21 @@
 #!/usr/bin/env python3
-"""hf_llama_tool.py: an independent writer, reader and reference of Hugging Face Llama, Qwen2 and
-Mistral model directories, in plain Python (no numpy, torch or safetensors package), for the HF
-Llama-family import and export test (test_hf_llama.sh).
+"""hf_llama_tool.py: an independent writer, reader and reference of Hugging Face Llama, Qwen2,
+Qwen3, Qwen3-MoE, Mistral and Mixtral model directories, in plain Python (no numpy, torch or
+safetensors package), for the HF Llama-family import and export test (test_hf_llama.sh).
 
-  make DIR [--arch llama|qwen2|mistral|mixtral] [--shards N] [--dtype bf16|f32] [--seed S] [--groups G]
-       [--head-dim D] [--tied] [--bias] [--rope-scaling] [--theta BASE]
-      A random tiny LlamaForCausalLM (Qwen2ForCausalLM: biases on q, k and v; MistralForCausalLM:
-      sliding_window null) as save_pretrained writes it: config.json and safetensors (one file, or
+  make DIR [--arch llama|qwen2|qwen3|qwen3_moe|mistral|mixtral] [--shards N] [--dtype bf16|f32]
+       [--seed S] [--groups G] [--head-dim D] [--tied] [--bias] [--rope-scaling] [--theta BASE]
+       [--no-norm-topk]
+      A random tiny LlamaForCausalLM (Qwen2ForCausalLM: biases on q, k and v; Qwen3ForCausalLM:
+      q_norm and k_norm; Qwen3MoeForCausalLM: those, layer 0 dense (mlp_only_layers [0]) and 4
+      experts, the top 2 renormalized unless --no-norm-topk; MistralForCausalLM: sliding_window
+      null) as save_pretrained writes it: config.json and safetensors (one file, or
       N shards listed by model.safetensors.index.json). --head-dim: head_dim in config.json, the
       q/k/v projections heads * D wide (default hidden / heads, no head_dim key for qwen2).
+  count CONFIG_JSON
+      The parameter count of the model a Hugging Face config.json describes, from the modules'
+      definitions (embedding, attention with its q/k norms, dense and sparse MLPs, norms, head),
+      and the parameters one token uses (the top k of each sparse layer's experts): "total active".
   greedy DIR PROMPT_IDS NEW
       The greedy continuation by the reference forward (float64, written from the Llama
       definitions: RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU), printed as
@@ -90,16 +97,20 @@ def write_file(path, tensors):  # tensors: list of (name, dtype, shape, raw)
 # ---- make ----------------------------------------------------------------------------------------
 
 def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta, arch="llama", head_dim=0,
-         vocab=100, positions=32):
+         vocab=100, positions=32, norm_topk=True):
     rng = random.Random(seed)
     h, heads, inter, layers = 16, 4, 24, 2
     hd = head_dim or h // heads
     if arch != "llama" and bias:
         raise SystemExit("--bias is Llama's attention_bias/mlp_bias (Qwen2 has q/k/v biases always)")
     qkv_bias = bias or arch == "qwen2"
-    cls = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-           "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM"}[arch]
-    experts = 4 if arch == "mixtral" else 0  # Mixtral: 4 experts, the top 2 of each token
+    qwen3 = arch in ("qwen3", "qwen3_moe")
+    cls = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+           "qwen3_moe": "Qwen3MoeForCausalLM", "mistral": "MistralForCausalLM",
+           "mixtral": "MixtralForCausalLM"}[arch]
+    # Mixtral and Qwen3-MoE: 4 experts, the top 2 of each token
+    experts = 4 if arch in ("mixtral", "qwen3_moe") else 0
+    moe_inter = 12  # Qwen3-MoE's experts' width (moe_intermediate_size)
     cfg = {"architectures": [cls], "model_type": arch, "hidden_act": "silu",
            "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": layers,
            "num_attention_heads": heads, "num_key_value_heads": groups,
@@ -114,6 +125,14 @@ def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta, arch="llama
         del cfg["attention_bias"], cfg["mlp_bias"]
     if arch == "qwen2":  # as Qwen2.5's config.json: a window size that use_sliding_window turns off
         cfg.update({"use_sliding_window": False, "sliding_window": 32, "max_window_layers": layers})
+    if qwen3:  # as Qwen3's config.json: head_dim always, no biases, no window
+        cfg.update({"attention_bias": False, "use_sliding_window": False, "sliding_window": None,
+                    "max_window_layers": layers, "head_dim": hd})
+    if arch == "qwen3_moe":
+        cfg.update({"num_experts": experts, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": moe_inter, "norm_topk_prob": norm_topk,
+                    "decoder_sparse_step": 1, "mlp_only_layers": [0],
+                    "router_aux_loss_coef": 0.001, "output_router_logits": False})
     if arch in ("mistral", "mixtral"):
         cfg["sliding_window"] = None
     if arch == "mixtral":
@@ -139,11 +158,21 @@ def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta, arch="llama
             add(p + "self_attn." + proj + ".weight", [rows, h])
             if qkv_bias:
                 add(p + "self_attn." + proj + ".bias", [rows], 0.1)
+        if qwen3:
+            add(p + "self_attn.q_norm.weight", [hd], ones=True)
+            add(p + "self_attn.k_norm.weight", [hd], ones=True)
         add(p + "self_attn.o_proj.weight", [h, heads * hd])
         if bias:
             add(p + "self_attn.o_proj.bias", [h], 0.1)
         add(p + "post_attention_layernorm.weight", [h], ones=True)
-        if experts:  # Mixtral's sparse block: the router (gate), then each expert's w1, w2, w3
+        if arch == "qwen3_moe" and l != 0:  # the router (mlp.gate), each expert a Llama MLP
+            add(p + "mlp.gate.weight", [experts, h], 1.0)
+            for e in range(experts):
+                for proj, shape in (("gate_proj", [moe_inter, h]), ("up_proj", [moe_inter, h]),
+                                    ("down_proj", [h, moe_inter])):
+                    add(p + "mlp.experts.%d.%s.weight" % (e, proj), shape)
+            continue
+        if experts and arch == "mixtral":  # Mixtral's sparse block: the router (gate), each w1, w2, w3
             add(p + "block_sparse_moe.gate.weight", [experts, h], 1.0)
             for e in range(experts):
                 for w, shape in (("w1", [inter, h]), ("w2", [h, inter]), ("w3", [inter, h])):
@@ -222,6 +251,20 @@ def logits_of(cfg, w, ids):
         s = 1.0 / math.sqrt(sum(v * v for v in x) / len(x) + eps)
         return [x[i] * s * g[i] for i in range(len(x))]
 
+    def head_norms(vec, name):  # Qwen3: RMSNorm over each head's hd features
+        if name not in w:
+            return vec
+        out = []
+        for head in range(len(vec) // hd):
+            out += rmsnorm(vec[head * hd:(head + 1) * hd], name)
+        return out
+
+    def swiglu_mlp(a, prefix, gate, up, down, width):
+        g = linear(a, prefix + gate, width)
+        u = linear(a, prefix + up, width)
+        act = [g[i] / (1.0 + math.exp(-g[i])) * u[i] for i in range(width)]
+        return linear(act, prefix + down, h)
+
     def rope(vec, t):  # rotate_half on each head of vec
         out = list(vec)
         for head in range(len(vec) // hd):
@@ -240,8 +283,9 @@ def logits_of(cfg, w, ids):
         q, k, v = [], [], []
         for t in range(T):
             a = rmsnorm(x[t], p + "input_layernorm.weight")
-            q.append(rope(linear(a, p + "self_attn.q_proj", H * hd), t))
-            k.append(rope(linear(a, p + "self_attn.k_proj", G * hd), t))
+            qn, kn = p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"
+            q.append(rope(head_norms(linear(a, p + "self_attn.q_proj", H * hd), qn), t))
+            k.append(rope(head_norms(linear(a, p + "self_attn.k_proj", G * hd), kn), t))
             v.append(linear(a, p + "self_attn.v_proj", G * hd))
         for t in range(T):
             att = [0.0] * (H * hd)
@@ -259,7 +303,21 @@ def logits_of(cfg, w, ids):
             x[t] = [x[t][c] + y[c] for c in range(h)]
         for t in range(T):
             a = rmsnorm(x[t], p + "post_attention_layernorm.weight")
-            if "num_local_experts" in cfg:  # Mixtral: softmax over all, top k, renormalized
+            if p + "mlp.gate.weight" in w:  # Qwen3-MoE: softmax over all, top k (renormalized)
+                E, K = cfg["num_experts"], cfg["num_experts_per_tok"]
+                z = linear(a, p + "mlp.gate", E)
+                m = max(z)
+                prob = [math.exp(zi - m) for zi in z]
+                total = sum(prob)
+                prob = [pz / total for pz in prob]
+                top = sorted(range(E), key=lambda e: -prob[e])[:K]
+                norm = sum(prob[e] for e in top) if cfg.get("norm_topk_prob") else 1.0
+                y = [0.0] * h
+                for e in top:
+                    ye = swiglu_mlp(a, p + "mlp.experts.%d." % e, "gate_proj", "up_proj",
+                                    "down_proj", cfg["moe_intermediate_size"])
+                    y = [y[c] + prob[e] / norm * ye[c] for c in range(h)]
+            elif "num_local_experts" in cfg:  # Mixtral: softmax over all, top k, renormalized
                 E, K = cfg["num_local_experts"], cfg["num_experts_per_tok"]
                 z = linear(a, p + "block_sparse_moe.gate", E)
                 m = max(z)
@@ -284,6 +342,36 @@ def logits_of(cfg, w, ids):
     head = W("lm_head.weight") if "lm_head.weight" in w else emb
     V = cfg["vocab_size"]
     return [sum(head[r * h + c] * last[c] for c in range(h)) for r in range(V)]
+
+
+def count(path):
+    with open(path) as f:
+        c = json.load(f)
+    h, H, L, V = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"], c["vocab_size"]
+    G = c.get("num_key_value_heads") or H
+    hd = c.get("head_dim") or h // H
+    qwen3 = c["model_type"] in ("qwen3", "qwen3_moe")
+    attn = h * H * hd + 2 * h * G * hd + H * hd * h + (2 * hd if qwen3 else 0)  # q, k, v, o, norms
+    if c.get("attention_bias"):
+        attn += H * hd + 2 * G * hd + h
+    dense = 3 * h * c["intermediate_size"]
+    total = active = V * h + h  # embedding, final norm
+    if not c.get("tie_word_embeddings", False):
+        total += V * h
+        active += V * h
+    E = c.get("num_experts") or c.get("num_local_experts") or 0
+    for l in range(L):
+        layer = attn + 2 * h  # attention and its two norms
+        sparse = E > 0 and l not in (c.get("mlp_only_layers") or []) and \
+            (l + 1) % c.get("decoder_sparse_step", 1) == 0
+        if sparse:
+            width = c.get("moe_intermediate_size") or c["intermediate_size"]
+            total += layer + E * h + E * 3 * h * width
+            active += layer + E * h + c["num_experts_per_tok"] * 3 * h * width
+        else:
+            total += layer + dense
+            active += layer + dense
+    print("%d %d" % (total, active))
 
 
 def greedy(d, prompt, new):
@@ -320,7 +408,7 @@ def main(argv):
         flags = set()
         i = 2
         while i < len(argv):
-            if argv[i] in ("--tied", "--bias", "--rope-scaling"):
+            if argv[i] in ("--tied", "--bias", "--rope-scaling", "--no-norm-topk"):
                 flags.add(argv[i])
                 i += 1
             else:
@@ -329,9 +417,12 @@ def main(argv):
         make(argv[1], int(opts["--shards"]), opts["--dtype"].upper(), int(opts["--seed"]),
              int(opts["--groups"]), "--tied" in flags, "--bias" in flags,
              "--rope-scaling" in flags, float(opts["--theta"]), opts["--arch"],
-             int(opts["--head-dim"]), int(opts["--vocab"]), int(opts["--positions"]))
+             int(opts["--head-dim"]), int(opts["--vocab"]), int(opts["--positions"]),
+             "--no-norm-topk" not in flags)
     elif len(argv) == 4 and argv[0] == "greedy":
         greedy(argv[1], argv[2], int(argv[3]))
+    elif len(argv) == 2 and argv[0] == "count":
+        count(argv[1])
     elif len(argv) == 3 and argv[0] == "compare":
         compare(argv[1], argv[2])
     else:

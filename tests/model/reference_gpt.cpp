@@ -1,8 +1,8 @@
 // reference_gpt.cpp: the naive double-precision GPT forward used as the test oracle: GPT-2, and
 // the Llama family's options (RoPE, RMSNorm, SwiGLU, grouped-query attention, untied head, no
 // biases) and Qwen2's and Megatron's smaller ones (QKV-only biases, --kv-channels, norms applying
-// (1 + w), interleaved rotary pairs, squared ReLU), written from their definitions, per token and
-// per head.
+// (1 + w), interleaved rotary pairs, squared ReLU), Qwen3's per-head query/key norms, written from
+// their definitions, per token and per head.
 #include "reference_gpt.hpp"
 
 #include <algorithm>
@@ -145,6 +145,16 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
           q[t] = Vec(qkv.begin(), qkv.begin() + D);
           k[t] = Vec(qkv.begin() + D, qkv.begin() + 2 * D);
           v[t] = Vec(qkv.begin() + 2 * D, qkv.end());
+        }
+        if (cfg.qk_layernorm) {  // Qwen3: every query and key head through its norm, then RoPE
+          auto heads = [&](Vec& v, int n, const std::string& name) {
+            for (int hh = 0; hh < n; ++hh) {
+              const Vec y = norm(Vec(v.begin() + hh * hd, v.begin() + (hh + 1) * hd), name);
+              std::copy(y.begin(), y.end(), v.begin() + hh * hd);
+            }
+          };
+          heads(q[t], H, p + "attn.q_norm");
+          heads(k[t], G, p + "attn.k_norm");
         }
         if (rope) {
           for (int hh = 0; hh < H; ++hh) rotate(q[t], hh * hd, rot, cfg, pos(b, t));

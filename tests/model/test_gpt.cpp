@@ -163,6 +163,37 @@ GPTConfig qwen_config(int variant) {
   return c;
 }
 
+// Qwen3 (--qk-layernorm) on the tiny model. 0: Qwen3 (RoPE base 1e6, RMSNorm eps 1e-6, SwiGLU, 2
+// query groups of 2 heads, --kv-channels 6 so the attention is 24 wide in a 16-wide model, no
+// biases, untied head, each query and key head RMS-normalized before RoPE). 1: the q/k norms as
+// LayerNorm (weights and biases) applied as (1 + w), fused QKV with all biases, GELU, half the
+// features rotating. 2: Qwen3-MoE (the norms of 0, MoE in layer 1 only: 4 SwiGLU experts of
+// width 10, top 2, softmax over the top-k logits, i.e. norm_topk_prob, dense layer 0 of width 20).
+// 3: Qwen3-MoE without norm_topk_prob (the top 2 of the softmax over all experts, not renormalized).
+GPTConfig qwen3_config(int variant) {
+  GPTConfig c = llama_config(0);
+  c.rotary_base = 1e6;
+  c.layernorm_epsilon = 1e-6;
+  c.kv_channels = 6;
+  c.qk_layernorm = true;
+  if (variant == 1) {
+    c.normalization = "LayerNorm";
+    c.apply_layernorm_1p = true;
+    c.group_query_attention = false;
+    c.add_bias_linear = true;
+    c.swiglu = false;
+    c.rotary_percent = 0.5;
+  } else if (variant >= 2) {
+    c.num_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_ffn_hidden_size = 10;
+    c.moe_layer_freq = "[0,1]";
+    c.moe_aux_loss_coeff = 0.01;
+    c.moe_router_pre_softmax = variant == 3;
+  }
+  return c;
+}
+
 // Mixture of Experts on the tiny models, with large loss coefficients so the load-balancing and
 // z losses weigh in the gradients. 0: Mixtral's (Llama with 4 SwiGLU experts of width 12, top 2,
 // softmax over the top-k logits), aux_loss and z-loss. 1: GPT-2 with MoE in layer 1 only
@@ -380,6 +411,63 @@ TEST(GPT, QwenAndSmallOptionsGradientsMatchFiniteDifferences) {
   }
 }
 
+TEST(GPT, Qwen3LossMatchesIndependentReference) {
+  for (int variant = 0; variant < 4; ++variant) {
+    GPTConfig cfg = qwen3_config(variant);
+    cfg.moe_aux_loss_coeff = 0;  // model_loss's loss is the LM loss alone
+    double ref = 0;
+    const double loss = model_loss(cfg, &ref);
+    EXPECT_GT(ref, 1.0) << "variant " << variant;
+    EXPECT_NEAR(loss, ref, 1e-5 * ref) << "variant " << variant;
+  }
+}
+
+TEST(GPT, Qwen3GradientsMatchFiniteDifferences) {
+  for (int variant = 0; variant < 4; ++variant) {
+    SCOPED_TRACE("Qwen3 variant " + std::to_string(variant));
+    check_gradients(qwen3_config(variant));
+  }
+}
+
+// --qk-layernorm changes the loss (a reference that skipped the norms would agree with a model
+// that skipped them too), in the model and in the reference alike, and the norms' weights are in
+// play: the model's loss moves when one q_norm and one k_norm weight move.
+TEST(GPT, QkLayernormChangesTheLoss) {
+  for (int variant = 0; variant < 2; ++variant) {
+    GPTConfig with = qwen3_config(variant), without = with;
+    without.qk_layernorm = false;
+    double ref_with = 0, ref_without = 0;
+    const double loss_with = model_loss(with, &ref_with);
+    const double loss_without = model_loss(without, &ref_without);
+    EXPECT_GT(std::fabs(loss_with - loss_without), 1e-3 * loss_with) << "variant " << variant;
+    EXPECT_NEAR(loss_without, ref_without, 1e-5 * ref_without) << "variant " << variant;
+  }
+}
+
+// The norms' parameters (head_dim wide, replicated over TP, ones or zeros with 1 + w, no weight
+// decay) and the count num_parameters() reports, dense and MoE.
+TEST(GPT, Qwen3Parameters) {
+  auto be = make_cpu_backend();
+  LocalCommunicator tp;
+  for (int variant = 0; variant < 3; ++variant) {
+    const GPTConfig cfg = qwen3_config(variant);
+    GPTModel m(cfg, whole(cfg), *be, tp);
+    const ParamStore& ps = m.params();
+    for (const char* n : {"layers.1.attn.q_norm.weight", "layers.1.attn.k_norm.weight"}) {
+      EXPECT_EQ(ps.spec(n).global_shape, (Shape{6})) << n;
+      EXPECT_EQ(ps.spec(n).split_axis, -1) << n;
+      EXPECT_FALSE(ps.spec(n).weight_decay) << n;
+      EXPECT_EQ(ps.spec(n).init, variant == 1 ? ParamInit::Zeros : ParamInit::Ones) << n;
+    }
+    EXPECT_EQ(ps.has("layers.0.attn.q_norm.bias"), variant == 1);
+    int64_t total = 0;
+    for (const ParamSpec& s : ps.specs()) total += s.numel();
+    const int64_t padding = (m.padded_vocab() - cfg.vocab_size) * cfg.hidden_size;
+    EXPECT_EQ(total - padding * (cfg.tied_head() ? 1 : 2), cfg.num_parameters())
+        << "variant " << variant;
+  }
+}
+
 TEST(GPT, MoELossMatchesIndependentReference) {
   for (int variant = 0; variant < 4; ++variant) {
     double ref = 0;
@@ -445,8 +533,9 @@ TEST(GPT, MoERoutingDropsWhereAskedAndReachesEveryExpert) {
     } else {
       EXPECT_GT(dropped, 0) << "variant " << variant;
     }
-    if (variant == 0)
+    if (variant == 0) {
       for (int64_t r : la.moe_rows) EXPECT_GT(r, 0);
+    }
   }
 }
 

@@ -89,7 +89,10 @@ class ModelOptions : public OptionGroup {
         "rotary-interleaved", po::bool_switch(&m.rotary_interleaved),
         "RoPE rotates adjacent feature pairs (2i, 2i+1) instead of the two halves")(
         "squared-relu", po::bool_switch(&m.squared_relu),
-        "MLP activation relu(x)^2 instead of GELU");
+        "MLP activation relu(x)^2 instead of GELU")(
+        "qk-layernorm", po::bool_switch(&m.qk_layernorm),
+        "normalize each query and key head (--normalization's norm over its --kv-channels "
+        "features, weights shared by the heads) before RoPE (Qwen3)");
     p.alternatives({"layernorm-epsilon", "norm-epsilon"});
   }
 
