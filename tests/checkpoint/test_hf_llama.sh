@@ -7,8 +7,10 @@
 # compared byte for byte; greedy generation from the import equals the tool's float64 reference
 # forward (written from the Llama definitions) at TP1 and TP2; grouped-query and
 # multi-head, tied and untied, with and without biases and Llama 3's RoPE scaling, bf16 and f32;
-# Qwen2 (q/k/v biases, tied and untied, a head_dim other than hidden/heads) and Mistral the same
-# way; bad directories, sliding windows and exports Hugging Face cannot hold get one clear line.
+# Qwen2 (q/k/v biases, tied and untied, a head_dim other than hidden/heads), Qwen3 (q_norm and
+# k_norm, head_dim 6 in a 16-wide model) and Qwen3-MoE (a dense first layer, 4 experts, the top 2
+# renormalized or not; also imported at EP 4) and Mistral the same way; the parameter counts of
+# configs/qwen3-8b.ini and qwen3-30b-a3b.ini are those of Hugging Face's config.json; bad directories, sliding windows and exports Hugging Face cannot hold get one clear line.
 # Usage: test_hf_llama.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1
@@ -37,7 +39,11 @@ for case in "gqa --shards 2 --dtype bf16 --groups 2 --seed 1|bf16|2|llama" \
             "qwen2-hd --arch qwen2 --shards 1 --dtype bf16 --groups 2 --head-dim 6 --seed 9|bf16|1|qwen2" \
             "mistral --arch mistral --shards 1 --dtype f32 --groups 2 --theta 10000 --seed 6|f32|1|mistral" \
             "mixtral --arch mixtral --shards 2 --dtype f32 --groups 2 --theta 1000000 --seed 8|f32|2|mixtral" \
-            "mixtral-bf16 --arch mixtral --shards 1 --dtype bf16 --groups 4 --tied --seed 10|bf16|1|mixtral"; do
+            "mixtral-bf16 --arch mixtral --shards 1 --dtype bf16 --groups 4 --tied --seed 10|bf16|1|mixtral" \
+            "qwen3 --arch qwen3 --shards 2 --dtype bf16 --groups 2 --head-dim 6 --theta 1000000 --seed 11|bf16|2|qwen3" \
+            "qwen3-tied --arch qwen3 --shards 1 --dtype f32 --groups 4 --tied --seed 13|f32|1|qwen3" \
+            "qwen3-moe --arch qwen3_moe --shards 2 --dtype f32 --groups 2 --theta 1000000 --seed 12|f32|2|qwen3_moe" \
+            "qwen3-moe-plain --arch qwen3_moe --shards 1 --dtype f32 --groups 2 --theta 1000000 --no-norm-topk --seed 16|f32|1|qwen3_moe"; do
   IFS='|' read -r spec dtype tp arch <<<"$case"
   set -- $spec
   name=$1; shift
@@ -115,7 +121,7 @@ sed -i 's/"rope_theta"/"partial_rotary_factor": 0.5, "rope_theta"/' "$work/parti
 expect "partial_rotary_factor 0.5" "has partial_rotary_factor 0.500000; LlamaForCausalLM rotates every feature" -- --from-hf "$work/partial" --save "$work/x"
 cp -r "$work/b" "$work/kind"
 sed -i 's/"model_type": "llama"/"model_type": "gemma"/' "$work/kind/config.json"
-expect "another model type" "model_type \"gemma\" \(allowed: gpt2, llama, qwen2, mistral, mixtral\)" -- --from-hf "$work/kind" --save "$work/x"
+expect "another model type" "model_type \"gemma\" \(allowed: gpt2, llama, qwen2, qwen3, qwen3_moe, mistral, mixtral\)" -- --from-hf "$work/kind" --save "$work/x"
 # Mixtral: router settings Tessera does not have, and an expert count the tensors contradict.
 $tool make "$work/mx" --arch mixtral
 cp -r "$work/mx" "$work/jitter" && sed -i 's/"router_jitter_noise": 0.0/"router_jitter_noise": 0.01/' "$work/jitter/config.json"
@@ -144,6 +150,58 @@ cp -r "$work/mx" "$work/topk" && sed -i 's/"num_experts_per_tok": 2/"num_experts
 expect "Mixtral with num_experts_per_tok above the experts" "has num_local_experts 4 and num_experts_per_tok 5" -- --from-hf "$work/topk" --save "$work/x"
 expect "a Mixtral checkpoint exported as Llama" "is a mixture of experts; export it with --hf-architecture mixtral" -- --to-hf --load "$work/mixtral-ck" --save "$work/y" --hf-architecture llama
 expect "a Llama checkpoint exported as Mixtral" "is a dense model; MixtralForCausalLM is a mixture of experts" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture mixtral
+# Qwen3 and Qwen3-MoE settings Tessera does not compute, and a Qwen3-MoE import at EP 4 (each
+# rank's experts by global index) that exports the same bytes.
+$tool make "$work/q3b" --arch qwen3
+cp -r "$work/q3b" "$work/q3bias" && sed -i 's/"attention_bias": false/"attention_bias": true/' "$work/q3bias/config.json"
+expect "Qwen3 with attention_bias true" "q3bias/config.json' has attention_bias true \(biases on q, k, v and o_proj but not the MLP\)" -- --from-hf "$work/q3bias" --save "$work/x"
+cp -r "$work/q3b" "$work/q3window" && sed -i 's/"use_sliding_window": false/"use_sliding_window": true/' "$work/q3window/config.json"
+expect "Qwen3 with use_sliding_window true" "q3window/config.json' has use_sliding_window true; Tessera's attention is full causal" -- --from-hf "$work/q3window" --save "$work/x"
+jset() {  # jset DIR KEY JSON: config.json's KEY set to the JSON value
+  python3 -c 'import json, sys; p = sys.argv[1] + "/config.json"; c = json.load(open(p)); c[sys.argv[2]] = json.loads(sys.argv[3]); json.dump(c, open(p, "w"), indent=2)' "$@"
+}
+$tool make "$work/qmb" --arch qwen3_moe
+cp -r "$work/qmb" "$work/qmonly" && jset "$work/qmonly" mlp_only_layers "[0, 5]"
+expect "Qwen3-MoE with mlp_only_layers past the layers" "qmonly/config.json' has mlp_only_layers entry 5 \(allowed: layers 0 to 1\)" -- --from-hf "$work/qmonly" --save "$work/x"
+cp -r "$work/qmb" "$work/qmdense" && jset "$work/qmdense" mlp_only_layers "[0, 1]"
+expect "Qwen3-MoE with every layer dense" "makes no layer sparse \(decoder_sparse_step 1, mlp_only_layers\): import it as a dense qwen3 model" -- --from-hf "$work/qmdense" --save "$work/x"
+cp -r "$work/qmb" "$work/qmswap" && jset "$work/qmswap" mlp_only_layers "[1]"
+expect "Qwen3-MoE whose mlp_only_layers contradicts the files" "has no tensor model.layers.0.mlp.gate.weight \(config.json implies it\)" -- --from-hf "$work/qmswap" --save "$work/x"
+# decoder_sparse_step 2 without mlp_only_layers makes the same layer 1 sparse: the same import.
+cp -r "$work/qmb" "$work/qmstep" && jset "$work/qmstep" mlp_only_layers "[]" && jset "$work/qmstep" decoder_sparse_step 2
+if conv --from-hf "$work/qmstep" --save "$work/qmstep-ck" && grep -q "MoE in 1 of 2 layers" "$work/conv.log" &&
+   conv --to-hf --load "$work/qmstep-ck" --save "$work/qmstep-out" --export-dtype bf16 &&
+   $tool compare "$work/qmb" "$work/qmstep-out" > /dev/null; then
+  ok "Qwen3-MoE decoder_sparse_step 2 makes layer 1 sparse, as mlp_only_layers [0] does"
+else
+  bad "Qwen3-MoE decoder_sparse_step 2: $(head -1 "$work/conv.log")"
+fi
+cp -r "$work/qmb" "$work/qmrouter" && jset "$work/qmrouter" router_temperature 2.0
+expect "Qwen3-MoE with an unknown router setting" "has router setting \"router_temperature\", which this importer does not know" -- --from-hf "$work/qmrouter" --save "$work/x"
+if conv --from-hf "$work/qwen3-moe" --save "$work/qm-ep4" --target-expert-model-parallel-size 4 &&
+   conv --to-hf --load "$work/qm-ep4" --save "$work/qm-ep4-out" --export-dtype f32 &&
+   out=$($tool compare "$work/qwen3-moe" "$work/qm-ep4-out"); then
+  ok "Qwen3-MoE -> EP 4 -> HF is byte-identical: $out"
+else
+  bad "Qwen3-MoE at EP 4: ${out:-the conversion failed}"
+fi
+# norm_topk_prob is read, not assumed: the plain top-2 model's reference continuation changes when
+# its config.json says norm_topk_prob true, and the import above followed the file's false.
+cp -r "$work/qwen3-moe-plain" "$work/qmflip" && sed -i 's/"norm_topk_prob": false/"norm_topk_prob": true/' "$work/qmflip/config.json"
+plain=$($tool greedy "$work/qwen3-moe-plain" "$P" 6) && flip=$($tool greedy "$work/qmflip" "$P" 6) && [ "$plain" != "$flip" ] \
+  && ok "norm_topk_prob changes the Qwen3-MoE reference's continuation ($plain vs $flip)" \
+  || bad "norm_topk_prob: the reference gives '$plain' either way"
+# The parameter counts Hugging Face's configs give, from configs/qwen3-8b.ini and qwen3-30b-a3b.ini.
+for m in qwen3-8b qwen3-30b-a3b; do
+  read -r total active < <($tool count "$src/tests/checkpoint/hf_configs/$m.json")
+  dry=$("$bin/tessera-train" --config "$src/configs/$m.ini" --dry-run 2>&1)
+  if grep -q "^parameters: $total (model)" <<<"$dry" &&
+     { [ "$total" = "$active" ] || grep -q "^MoE: $active parameters active per token" <<<"$dry"; }; then
+    ok "configs/$m.ini: --dry-run counts $total parameters ($active active), as Hugging Face's config.json"
+  else
+    bad "configs/$m.ini: HF config gives $total / $active; --dry-run: $(grep -E '^(parameters|MoE)' <<<"$dry")"
+  fi
+done
 # Sliding windows: Tessera's attention is full causal.
 $tool make "$work/mw" --arch mistral
 cp -r "$work/mw" "$work/window" && sed -i 's/"sliding_window": null/"sliding_window": 4096/' "$work/window/config.json"
@@ -170,7 +228,12 @@ expect "Qwen2 without a k_proj bias" "has no tensor model.layers.1.self_attn.k_p
 expect "a Qwen2 checkpoint exported as Llama" "has biases on q, k and v only \(--add-qkv-bias\); LlamaForCausalLM's attention_bias also covers o_proj: export it with --hf-architecture qwen2" -- --to-hf --load "$work/qwen2-ck" --save "$work/y" --hf-architecture llama
 expect "a Qwen2 checkpoint exported as Mistral" "has linear biases; MistralForCausalLM has none: export it with --hf-architecture qwen2" -- --to-hf --load "$work/qwen2-ck" --save "$work/y" --hf-architecture mistral
 expect "a Llama checkpoint exported as Qwen2" "has no QKV biases; Qwen2ForCausalLM has biases on q, k and v only" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture qwen2
-expect "an unknown --hf-architecture" "--hf-architecture=gemma is not known \(allowed: llama, qwen2, mistral, mixtral\)" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture gemma
+expect "an unknown --hf-architecture" "--hf-architecture=gemma is not known \(allowed: llama, qwen2, qwen3, qwen3_moe, mistral, mixtral\)" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture gemma
+# Qwen3 and Qwen3-MoE: what their classes cannot hold, both ways.
+expect "a Qwen3 checkpoint exported as Llama" "normalizes its query and key heads \(--qk-layernorm\); LlamaForCausalLM does not: export it with --hf-architecture qwen3" -- --to-hf --load "$work/qwen3-ck" --save "$work/y" --hf-architecture llama
+expect "a Llama checkpoint exported as Qwen3" "has no query/key norms; Qwen3ForCausalLM has them \(q_norm, k_norm\): train with --qk-layernorm" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture qwen3
+expect "a Qwen3-MoE checkpoint exported as Mixtral" "normalizes its query and key heads \(--qk-layernorm\); MixtralForCausalLM does not: export it with --hf-architecture qwen3_moe" -- --to-hf --load "$work/qwen3-moe-ck" --save "$work/y" --hf-architecture mixtral
+expect "a dense Qwen3 checkpoint exported as Qwen3-MoE" "is a dense model; Qwen3MoeForCausalLM is a mixture of experts: export it with --hf-architecture qwen3" -- --to-hf --load "$work/qwen3-ck" --save "$work/y" --hf-architecture qwen3_moe
 for opt in rotary-interleaved apply-layernorm-1p; do
   timeout 300 "$bin/tessera-train" --config "$src/configs/qwen2-tiny.ini" --mock-data --vocab-size 100 --train-iters 1 --threads 1 --log-interval 1 --$opt --save "$work/$opt-ck" > "$work/train.log" 2>&1 || { bad "training a --$opt checkpoint: $(tail -2 "$work/train.log")"; continue; }
   expect "exporting a --$opt checkpoint" "\(--$opt\); Qwen2ForCausalLM (rotates halves|has no such option)" -- --to-hf --load "$work/$opt-ck" --save "$work/y"

@@ -26,16 +26,13 @@ void expect_close(const Tensor& got, const Tensor& want, double tol, const std::
 }
 }  // namespace
 
-TEST(TensorParallel, EveryLayerMatchesTheSingleRankLayer) {
+namespace {
+// The model of `cfg` at TP = the world size against the single-rank model, forward and backward;
+// the gradients of replicated parameters that each TP rank sees a share of (Qwen3's q/k norms)
+// are summed over TP as the trainer sums them (reduce_sequence_parallel_grads).
+void check_every_layer(const GPTConfig& cfg) {
   MpiCommunicator tp(MPI_COMM_WORLD);
   const int n = tp.size();
-  GPTConfig cfg;
-  cfg.num_layers = 2;
-  cfg.hidden_size = 24;
-  cfg.num_attention_heads = 4;
-  cfg.seq_length = 9;
-  cfg.vocab_size = 61;  // padded to 64 * TP: whole padding shards on the last ranks at TP 4
-  cfg.make_vocab_size_divisible_by = 16;
   auto be = make_cpu_backend();
   ModelShard one;
   one.chunks = {{0, 2}};
@@ -75,6 +72,7 @@ TEST(TensorParallel, EveryLayerMatchesTheSingleRankLayer) {
   }
   ref.backward(ar);
   par.backward(ap);
+  for (int l = 0; l < cfg.num_layers; ++l) par.reduce_sequence_parallel_grads(l);
   expect_close(ap.dres, ar.dres, 1e-5, "gradient of the embedding output");
   // Every parameter gradient is the slice of the single-rank gradient this rank holds.
   for (const ParamSpec& s : par.params().specs()) {
@@ -97,4 +95,35 @@ TEST(TensorParallel, EveryLayerMatchesTheSingleRankLayer) {
       ASSERT_NEAR(gp.f32()[i], gr.f32()[gi], 1e-5 * max_abs) << s.name << " element " << i;
     }
   }
+}
+}  // namespace
+
+TEST(TensorParallel, EveryLayerMatchesTheSingleRankLayer) {
+  GPTConfig cfg;
+  cfg.num_layers = 2;
+  cfg.hidden_size = 24;
+  cfg.num_attention_heads = 4;
+  cfg.seq_length = 9;
+  cfg.vocab_size = 61;  // padded to 64 * TP: whole padding shards on the last ranks at TP 4
+  cfg.make_vocab_size_divisible_by = 16;
+  check_every_layer(cfg);
+}
+
+// Qwen3: per-head query/key RMSNorms before RoPE, 4 heads of 10 channels (40 wide in a 24-wide
+// model; at TP 4 one head per rank), SwiGLU, no biases.
+TEST(TensorParallel, Qwen3LayersMatchTheSingleRankLayers) {
+  GPTConfig cfg;
+  cfg.num_layers = 2;
+  cfg.hidden_size = 24;
+  cfg.num_attention_heads = 4;
+  cfg.kv_channels = 10;
+  cfg.qk_layernorm = true;
+  cfg.position_embedding_type = "rope";
+  cfg.normalization = "RMSNorm";
+  cfg.swiglu = true;
+  cfg.add_bias_linear = false;
+  cfg.seq_length = 9;
+  cfg.vocab_size = 61;
+  cfg.make_vocab_size_divisible_by = 16;
+  check_every_layer(cfg);
 }
