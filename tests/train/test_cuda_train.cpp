@@ -52,6 +52,22 @@ void qwen(GPTConfig& m) {
   m.apply_layernorm_1p = true;
   m.untie_embeddings_and_output_weights = false;
 }
+// Qwen3 (issue 41): the Llama family with 96 channels per head and each query and key head
+// RMS-normalized before RoPE (--qk-layernorm: copy_columns and the RMSNorm kernels over rows of
+// 96); and Qwen3-MoE: those with a dense layer 0 and 4 SwiGLU experts of width 64 in layer 1.
+void qwen3(GPTConfig& m) {
+  llama(m);
+  m.kv_channels = 96;
+  m.qk_layernorm = true;
+}
+void qwen3_moe(GPTConfig& m) {
+  qwen3(m);
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 64;
+  m.moe_layer_freq = "[0,1]";
+  m.moe_aux_loss_coeff = 0.01;
+}
 // GPT-2 with squared ReLU and LayerNorm applied as 1 + w.
 void squared_relu(GPTConfig& m) {
   m.squared_relu = true;
@@ -151,11 +167,12 @@ TEST_F(CudaTrain, LlamaFamilyMatchesTheCpu) {
   EXPECT_LT(gb.losses.back(), gb.losses.front() - 0.5) << "bf16 Llama on the GPU learns";
 }
 
-// Qwen2's options and squared ReLU: f32 within 1e-5 of the CPU, bf16 within 1% and learning.
+// Qwen2's options, Qwen3 and squared ReLU: f32 within 1e-5 of the CPU, bf16 within 1% and
+// learning.
 TEST_F(CudaTrain, QwenAndSmallOptionsMatchTheCpu) {
   for (const auto& [name, options] :
        std::vector<std::pair<std::string, std::function<void(GPTConfig&)>>>{
-           {"qwen", qwen}, {"squared relu", squared_relu}}) {
+           {"qwen", qwen}, {"qwen3", qwen3}, {"squared relu", squared_relu}}) {
     SCOPED_TRACE(name);
     const Result c = train(*cpu_, DType::F32, 5, {}, 0, options),
                  g = train(*gpu_, DType::F32, 5, {}, 0, options);
@@ -173,7 +190,7 @@ TEST_F(CudaTrain, QwenAndSmallOptionsMatchTheCpu) {
 TEST_F(CudaTrain, MoEMatchesTheCpu) {
   for (const auto& [name, options] :
        std::vector<std::pair<std::string, std::function<void(GPTConfig&)>>>{
-           {"mixtral", mixtral}, {"gpt2 moe", moe_gpt2}}) {
+           {"mixtral", mixtral}, {"gpt2 moe", moe_gpt2}, {"qwen3 moe", qwen3_moe}}) {
     SCOPED_TRACE(name);
     const Result c = train(*cpu_, DType::F32, 5, {}, 0, options),
                  g = train(*gpu_, DType::F32, 5, {}, 0, options);
@@ -257,7 +274,7 @@ TEST_F(CudaTrain, DistributedOptimizerAtOneRankMatches) {
   }
 }
 
-// Generation on the GPU (issue 16) from the CPU model's weights, GPT-2, Qwen2's options and the
+// Generation on the GPU (issue 16) from the CPU model's weights, GPT-2, Qwen2's options, Qwen3 and the
 // Llama family (RoPE, multi-query attention): greedy and seeded top-k sampling in f32 give the
 // CPU's ids, with the decode steps replayed as CUDA graphs and op by op (set_graphs(false)); in
 // bf16 (a 66-token prompt through the tensor-core prefill) graphs and op by op give the same ids.
@@ -265,11 +282,12 @@ TEST_F(CudaTrain, DistributedOptimizerAtOneRankMatches) {
 // same engines grows their buffers (the graphs dropped and captured again). Weights scaled by 4 so
 // that the next-token distributions are sharp (no near-ties for rounding to flip).
 TEST_F(CudaTrain, GenerationWithCudaGraphsMatchesTheCpu) {
-  for (int kind : {0, 1, 2}) {  // GPT-2, Llama, Qwen2's options
+  for (int kind : {0, 1, 2, 3}) {  // GPT-2, Llama, Qwen2's options, Qwen3
     const bool is_llama = kind == 1;
     GPTConfig m = model();
     if (kind == 1) llama(m);
     if (kind == 2) qwen(m);
+    if (kind == 3) qwen3(m);
     ParallelContext ctx = ParallelContext::single();
     auto make = [&](Backend& be, DType dt) {
       auto g = std::make_unique<GPTModel>(m, model_shard_for(m, 1, 0, 1, 0), be, *ctx.tp, dt);
@@ -294,7 +312,8 @@ TEST_F(CudaTrain, GenerationWithCudaGraphsMatchesTheCpu) {
           opts[i].sampling.seed = 7;
         }
       }
-      const std::string what = std::string(kind == 2  ? "qwen "
+      const std::string what = std::string(kind == 3   ? "qwen3 "
+                                           : kind == 2 ? "qwen "
                                            : is_llama ? "llama "
                                                       : "gpt ") +
                                (sampled ? "top-k sampling" : "greedy");
