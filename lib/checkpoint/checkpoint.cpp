@@ -149,6 +149,13 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
       h5_write_attr(f, "moe_router_topk_scaling_factor", std::string(buf));
       h5_write_attr(f, "moe_shared_expert_intermediate_size",
                     static_cast<int64_t>(c.moe_shared_expert_intermediate_size));
+      // DeepSeek-V3's router (absent in older checkpoints: off)
+      h5_write_attr(f, "moe_router_enable_expert_bias",
+                    static_cast<int64_t>(c.moe_router_enable_expert_bias));
+      h5_write_attr(f, "moe_router_num_groups", static_cast<int64_t>(c.moe_router_num_groups));
+      h5_write_attr(f, "moe_router_group_topk", static_cast<int64_t>(c.moe_router_group_topk));
+      h5_write_attr(f, "moe_router_group_score_experts",
+                    static_cast<int64_t>(c.moe_router_group_score_experts));
     }
   }
   h5_write_attr(f, "tensor_model_parallel_size", static_cast<int64_t>(m.tp_size));
@@ -183,7 +190,8 @@ const std::vector<std::string>& checkpoint_file_attributes() {
       "qk_layernorm",
       "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq",
       "moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
-      "moe_shared_expert_intermediate_size",
+      "moe_shared_expert_intermediate_size", "moe_router_enable_expert_bias",
+      "moe_router_num_groups", "moe_router_group_topk", "moe_router_group_score_experts",
       "tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
       "tp_rank", "layers", "virtual_pipeline_model_parallel_size", "has_optimizer", "config"};
   // clang-format on
@@ -444,6 +452,15 @@ CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
       if (h5_read_attr(f, "moe_router_score_function", text)) m.moe_router_score_function = text;
       if (h5_read_attr(f, "moe_router_topk_scaling_factor", text))
         m.moe_router_topk_scaling_factor = std::strtod(text.c_str(), nullptr);
+      int64_t v = 0;
+      if (h5_read_attr(f, "moe_router_enable_expert_bias", v))
+        m.moe_router_enable_expert_bias = v != 0;
+      if (h5_read_attr(f, "moe_router_num_groups", v)) {
+        m.moe_router_num_groups = moe_int("moe_router_num_groups", 0, m.num_experts);
+        m.moe_router_group_topk = moe_int("moe_router_group_topk", 0, m.num_experts);
+        m.moe_router_group_score_experts =
+            moe_int("moe_router_group_score_experts", 0, m.num_experts);
+      }
     }
   }
   meta.tp_size = bounded("tensor_model_parallel_size", 1 << 16);
@@ -625,6 +642,15 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
            c.moe_shared_expert_intermediate_size);
     option("--moe-router-pre-softmax", m.moe_router_pre_softmax, c.moe_router_pre_softmax,
            "the top-k of the softmax over all experts", "a softmax over the top-k logits");
+    option("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias,
+           c.moe_router_enable_expert_bias, "an aux-loss-free expert bias in its routers",
+           "no expert bias");
+    differ("moe-router-num-groups", m.moe_router_num_groups, c.moe_router_num_groups);
+    if (m.moe_router_num_groups > 0) {
+      differ("moe-router-group-topk", m.moe_router_group_topk, c.moe_router_group_topk);
+      differ("moe-router-group-score-experts", m.moe_group_score_experts(),
+             c.moe_group_score_experts());
+    }
   }
   auto text = [&](const char* opt, const std::string& have, const std::string& want) {
     if (have != want)

@@ -88,6 +88,12 @@ struct ExtraTensor {
 inline std::string fp8_state_name(int layer) {
   return "layers." + std::to_string(layer) + ".fp8";
 }
+// The MoE router's aux-loss-free expert bias of a layer (train/router_checkpoint.hpp): group
+// "router", this name, shape (num_experts).
+inline constexpr const char* kRouterGroup = "router";
+inline std::string expert_bias_name(int layer) {
+  return "layers." + std::to_string(layer) + ".mlp.router.expert_bias";
+}
 struct ShardTensors {
   const std::vector<ParamSpec>* specs = nullptr;
   const float* params = nullptr;   // flat, in spec order (flat_offset)

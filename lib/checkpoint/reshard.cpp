@@ -73,6 +73,18 @@ void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
           carry->read_whole("fp8", n, buf.data());
           w.write("fp8", s, buf.data());
         }
+        for (int layer : shard.layers()) {  // the MoE routers' expert biases, carried whole
+          if (!carry || !meta.model.is_moe_layer(layer)) continue;
+          const std::string n = expert_bias_name(layer);
+          const int64_t k = carry->whole_numel(kRouterGroup, n);
+          if (k != meta.model.num_experts) continue;
+          ParamSpec s;
+          s.name = n;
+          s.global_shape = s.local_shape = {k};
+          buf.resize(k);
+          carry->read_whole(kRouterGroup, n, buf.data());
+          w.write(kRouterGroup, s, buf.data());
+        }
         w.finish();
         ++done;
         if (progress) {

@@ -54,6 +54,14 @@ bool moe_dispatch_wrong_rank() {
   return env_is("TESSERA_FAULT_MOE_DISPATCH", "wrong-rank");
 }
 
+bool router_bias_in_weights() {
+  return env_is("TESSERA_FAULT_ROUTER", "bias-in-weights");
+}
+
+bool router_no_group_limit() {
+  return env_is("TESSERA_FAULT_ROUTER", "no-group-limit");
+}
+
 std::vector<std::pair<int, float>> moe_logit_bias(int num_experts) {
   std::vector<std::pair<int, float>> bias;
   const char* v = std::getenv("TESSERA_TEST_MOE_LOGIT_BIAS");

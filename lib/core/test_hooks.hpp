@@ -54,6 +54,13 @@ float perturb_init();
 // disagree).
 bool moe_dispatch_wrong_rank();
 
+// TESSERA_FAULT_ROUTER=bias-in-weights: the aux-loss-free expert bias is added to the routing
+// weights too (it must only choose the experts); TESSERA_FAULT_ROUTER=no-group-limit: the group
+// limit is ignored (the top k of all experts). Read at each call (each model construction). Used
+// by GPT.RouterMutationsMissTheReference (the loss must then miss the float64 reference).
+bool router_bias_in_weights();
+bool router_no_group_limit();
+
 // TESSERA_TEST_MOE_LOGIT_BIAS=E:V[,E:V...]: the constant V added to expert E's router logit for
 // every token, to force routing edge cases (every token to some experts, an EP rank receiving
 // nothing). Returns the (expert, bias) pairs in order; empty when unset or empty. Throws

@@ -110,8 +110,13 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
     routing_.scaling = cfg_.moe_router_topk_scaling_factor;
     routing_.capacity_factor = cfg_.moe_expert_capacity_factor;
     routing_.drop_by_position = cfg_.moe_token_drop_policy == "position";
+    routing_.groups = cfg_.moe_router_num_groups;
+    routing_.group_topk = cfg_.moe_router_group_topk;
+    routing_.group_score = cfg_.moe_router_num_groups > 0 ? cfg_.moe_group_score_experts() : 0;
     test_logit_bias_ = test_hooks::moe_logit_bias(cfg_.num_experts);  // testing: edge cases
     fault_wrong_rank_ = test_hooks::moe_dispatch_wrong_rank();        // testing: a mutation
+    fault_bias_in_weights_ = test_hooks::router_bias_in_weights();   // testing: mutations
+    fault_no_group_limit_ = test_hooks::router_no_group_limit();
   }
   TESSERA_CHECK(!sp_ || cfg.seq_length % shard.tp_size == 0, "sequence parallelism needs ",
                 "--seq-length divisible by the tensor-parallel size");
@@ -134,6 +139,13 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
     }
   }
   moe_stats_.resize(static_cast<size_t>(shard_.num_layers()));
+  step_tokens_.resize(static_cast<size_t>(shard_.num_layers()));
+  logged_tokens_.resize(static_cast<size_t>(shard_.num_layers()));
+  expert_bias_.resize(static_cast<size_t>(shard_.num_layers()));
+  for (int l : shard_.layers())
+    if (cfg_.is_moe_layer(l) && cfg_.moe_router_enable_expert_bias)  // starts at zero
+      expert_bias_[static_cast<size_t>(shard_.local_index(l))].assign(
+          static_cast<size_t>(cfg_.num_experts), 0.f);
   for (int l : shard_.layers()) {
     weights_.push_back(layer_tensors(*params_, l, false, cfg_, shard_));
     grads_.push_back(layer_tensors(*params_, l, true, cfg_, shard_));

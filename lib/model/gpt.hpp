@@ -273,6 +273,21 @@ class GPTModel {
   };
   const std::vector<MoEStats>& moe_stats() const { return moe_stats_; }
   void reset_moe_stats();
+  // Tokens per expert (and the aux-loss-free expert bias). The training forwards of a step count
+  // each MoE layer's routed tokens (recomputation adds nothing); begin_step_routing forgets them
+  // (each attempt of an iteration starts again); end_step_routing, once a step after the last
+  // backward, sums them over the global batch (grad_group: the DP x CP ranks; null for one),
+  // adds them to the counts since the last take_logged_tokens, and with
+  // --moe-router-enable-expert-bias moves each expert's bias by rate * sign(mean - load): the
+  // same on every rank. take_logged_tokens returns (per local layer, E counts; empty for dense
+  // layers) and clears them.
+  void begin_step_routing();
+  void end_step_routing(Communicator* grad_group);
+  std::vector<std::vector<int64_t>> take_logged_tokens();
+  // The expert bias of MoE layer `layer` (held by this rank), f32 on the host: the routing's
+  // source of truth (checkpoints save and restore it).
+  const std::vector<float>& expert_bias(int layer) const;
+  void set_expert_bias(int layer, const float* values);
   const MoERouting& moe_routing() const { return routing_; }
   // Expert parallelism: the group of ranks that split the experts (its size is the shard's
   // ep_size). Without a call, a group of one.
@@ -411,6 +426,10 @@ class GPTModel {
   std::vector<std::string> range_names_;       // NVTX: layer-L-forward, layer-L-backward
   MoERouting routing_;                         // MoE: the router's settings
   std::vector<MoEStats> moe_stats_;            // indexed by shard_.local_index(layer)
+  // Per local layer (E entries for MoE layers): the expert bias (f32), the step's routed tokens
+  // (this rank's micro-batches, CP-ring totals) and the global counts since the last log.
+  std::vector<std::vector<float>> expert_bias_;
+  std::vector<std::vector<int64_t>> step_tokens_, logged_tokens_;
   bool recomputing_ = false;                   // inside recompute_for_backward
   Communicator* ep_ = nullptr;                 // expert parallelism (set_expert_comm)
   Communicator* cp_comm_ = nullptr;            // context parallelism (set_context_comm)
@@ -420,13 +439,19 @@ class GPTModel {
   // TESSERA_FAULT_MOE_DISPATCH=wrong-rank sends one token copy to the wrong expert rank.
   std::vector<std::pair<int, float>> test_logit_bias_;
   bool fault_wrong_rank_ = false;
+  // Testing (GPT.RouterMutationsMissTheReference): TESSERA_FAULT_ROUTER.
+  bool fault_bias_in_weights_ = false, fault_no_group_limit_ = false;
   // Counts the expert side of a routed micro-batch: exchanges the rows per expert over the EP
   // group and fills la's blocks and per-rank rows.
   void moe_plan(LayerActivations& la, const std::vector<int64_t>& kept);
   // The allgather dispatcher: gathers the EP group's tokens and logits, routes each rank's, and
   // permutes the copies for this rank's experts into la.moe_xe (blocks by rank, then expert).
   void moe_allgather_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la,
-                              int64_t group_rows);
+                              int64_t group_rows, const MoERouting& routing);
+  // The routing options of MoE layer `layer`: routing_ with its expert bias.
+  MoERouting routing_of(int layer) const;
+  // Adds a training micro-batch's routed counts (per group and expert) to the step's.
+  void count_step_tokens(int local_layer, const std::vector<int64_t>& routed);
   // The steps of moe_forward: the router logits (every rank's rows in la.moe_logits); the logged
   // load-balance and z-loss metrics; the token copies to the expert side; the experts' MLPs into
   // oute; their outputs back into token order in out.
@@ -435,7 +460,7 @@ class GPTModel {
   void moe_record_stats(int local_layer, const Activations& a, const LayerActivations& la,
                         int64_t group_rows);
   void moe_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la, int64_t group_rows,
-                    const std::vector<int64_t>& kept, bool allgather);
+                    const std::vector<int64_t>& kept, bool allgather, const MoERouting& routing);
   void moe_experts_forward(PhaseSequence& phase, int l, const LayerWeights& w, const Activations& a,
                            LayerActivations& la, Tensor& oute);
   void moe_combine(PhaseSequence& phase, Activations& a, LayerActivations& la, Tensor& oute,

@@ -270,9 +270,53 @@ void GPTConfig::validate_moe() const {
     throw ConfigError(
         "--moe-grouped-gemm: the grouped expert GEMMs take no biases; add --disable-bias-linear "
         "(as Megatron-Core's grouped GEMM requires)");
+  validate_moe_router();
   if (moe_token_drop_policy != "probs" && moe_token_drop_policy != "position")
     throw ConfigError("--moe-token-drop-policy=" + moe_token_drop_policy +
                       " is not known (allowed: probs, position)");
+}
+
+void GPTConfig::validate_moe_router() const {
+  if (moe_router_enable_expert_bias && moe_router_score_function != "sigmoid")
+    throw ConfigError(
+        "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (the "
+        "aux-loss-free bias is added to sigmoid scores, as in Megatron-Core)");
+  if (!(moe_router_bias_update_rate >= 0) || !std::isfinite(moe_router_bias_update_rate))
+    throw ConfigError(detail::concat("--moe-router-bias-update-rate=", moe_router_bias_update_rate,
+                                     " is out of range (allowed: >= 0)"));
+  if (moe_router_num_groups < 0 || moe_router_group_topk < 0 ||
+      moe_router_group_score_experts < 0)
+    throw ConfigError(detail::concat(
+        "--moe-router-num-groups=", moe_router_num_groups, ", --moe-router-group-topk=",
+        moe_router_group_topk, " and --moe-router-group-score-experts=",
+        moe_router_group_score_experts, " must not be negative"));
+  if (moe_router_num_groups == 0) {
+    if (moe_router_group_topk > 0)
+      throw ConfigError("--moe-router-group-topk needs --moe-router-num-groups");
+    return;
+  }
+  const int E = num_experts, G = moe_router_num_groups;
+  if (E % G != 0)
+    throw ConfigError(detail::concat("--moe-router-num-groups=", G,
+                                     " does not divide --num-experts=", E,
+                                     " (allowed: a divisor of ", E, ")"));
+  if (moe_router_group_topk < 1 || moe_router_group_topk > G)
+    throw ConfigError(detail::concat("--moe-router-group-topk=", moe_router_group_topk,
+                                     " is out of range for --moe-router-num-groups=", G,
+                                     " (allowed: 1 to ", G, ")"));
+  const int per_group = E / G;
+  if (moe_router_topk > moe_router_group_topk * per_group)
+    throw ConfigError(detail::concat(
+        "--moe-router-topk=", moe_router_topk, " exceeds the ", moe_router_group_topk * per_group,
+        " experts of the ", moe_router_group_topk, " groups each token keeps (",
+        "--moe-router-group-topk x --num-experts / --moe-router-num-groups)"));
+  const int s = moe_group_score_experts();
+  if (s < 1 || s > per_group)
+    throw ConfigError(detail::concat(
+        "a group's score sums ", s, " experts' scores (",
+        moe_router_group_score_experts > 0 ? "--moe-router-group-score-experts"
+                                           : "--moe-router-topk / --moe-router-group-topk",
+        "), but a group has ", per_group, " experts (allowed: 1 to ", per_group, ")"));
 }
 
 int GPTConfig::rotary_dim() const {
@@ -312,6 +356,11 @@ std::string GPTConfig::describe() const {
                           num_experts, " experts of width ", moe_ffn(), ", top-", moe_router_topk,
                           " ", moe_router_score_function,
                           moe_router_pre_softmax ? " before the top-k" : "");
+    if (moe_router_num_groups > 0)
+      out += detail::concat(" within the best ", moe_router_group_topk, " of ",
+                            moe_router_num_groups, " groups (a group's score: its top ",
+                            moe_group_score_experts(), ")");
+    if (moe_router_enable_expert_bias) out += ", expert bias (aux-loss-free)";
     if (moe_shared_expert_intermediate_size > 0)
       out += detail::concat(", a shared expert of width ", moe_shared_expert_intermediate_size);
     out += moe_dropless() ? ", dropless)"
@@ -342,6 +391,7 @@ int64_t count_parameters(const GPTConfig& c, int experts_counted) {
       continue;
     }
     n += int64_t(c.num_experts) * h + experts_counted * mlp(c.moe_ffn());  // router, experts
+    if (c.moe_router_enable_expert_bias) n += c.num_experts;  // Hugging Face counts the bias
     if (c.moe_shared_expert_intermediate_size > 0) n += mlp(c.moe_shared_expert_intermediate_size);
   }
   if (c.learned_positions()) n += static_cast<int64_t>(c.max_positions()) * h;

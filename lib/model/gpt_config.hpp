@@ -2,6 +2,7 @@
 // beside them), vocabulary padding and validation.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -66,6 +67,19 @@ struct GPTConfig {
   std::string moe_router_score_function = "softmax";  // softmax | sigmoid
   bool moe_router_pre_softmax = false;  // softmax over all experts, then the top k (no renorm)
   double moe_router_topk_scaling_factor = 0;    // routing weights times this (0: unscaled)
+  // DeepSeek-V3's aux-loss-free balancing (sigmoid scores only): a per-expert bias added to the
+  // scores for the choice of the top k only (the weights are the scores without it); after each
+  // step it moves by rate * sign(mean load - the expert's load), loads counted over the global
+  // batch (GPTModel::update_expert_bias). Not trained; saved in checkpoints.
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  // Group-limited routing: the experts in moe_router_num_groups equal groups; each token keeps
+  // its moe_router_group_topk best groups and chooses its top k among their experts. A group's
+  // score is the sum of its moe_router_group_score_experts best scores (0: topk / group_topk,
+  // Megatron-Core's rule; 2: DeepSeek-V3's as Hugging Face computes it).
+  int moe_router_num_groups = 0;  // 0: no group limit
+  int moe_router_group_topk = 0;
+  int moe_router_group_score_experts = 0;
   int moe_shared_expert_intermediate_size = 0;  // a dense expert every token goes through (0: none)
   // Token dropping: 0 is dropless (every token reaches its k experts); > 0 caps each expert at
   // ceil(tokens * k / E * factor) token copies per micro-batch, keeping the highest routing
@@ -114,10 +128,17 @@ struct GPTConfig {
   int num_moe_layers() const;
   int moe_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn(); }
   bool moe_dropless() const { return moe_expert_capacity_factor <= 0; }
+  // The scores summed into a group's score under group-limited routing.
+  int moe_group_score_experts() const {
+    return moe_router_group_score_experts > 0
+               ? moe_router_group_score_experts
+               : moe_router_topk / std::max(1, moe_router_group_topk);
+  }
 
   // Throws ConfigError naming the option, its value and what is allowed.
   void validate() const;
   void validate_moe() const;
+  void validate_moe_router() const;  // expert bias and group-limited routing
 
   // Parameters of the whole model at tensor-parallel size 1 (tied head counted once), and those
   // one token uses (with MoE: k of the E experts of each MoE layer; the same as num_parameters

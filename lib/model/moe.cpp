@@ -62,6 +62,86 @@ void GPTModel::reset_moe_stats() {
   for (MoEStats& s : moe_stats_) s = MoEStats{};
 }
 
+MoERouting GPTModel::routing_of(int layer) const {
+  MoERouting r = routing_;
+  if (cfg_.moe_router_enable_expert_bias) r.expert_bias = expert_bias_[shard_.local_index(layer)];
+  if (fault_no_group_limit_) r.groups = r.group_topk = r.group_score = 0;  // testing: a mutation
+  return r;
+}
+
+void GPTModel::count_step_tokens(int local_layer, const std::vector<int64_t>& routed) {
+  // routed: per load-balancing group (the micro-batch, or each sample), per expert; summed over
+  // the CP ring already.
+  std::vector<int64_t>& c = step_tokens_[static_cast<size_t>(local_layer)];
+  const size_t E = static_cast<size_t>(cfg_.num_experts);
+  c.resize(E, 0);
+  for (size_t i = 0; i < routed.size(); ++i) c[i % E] += routed[i];
+}
+
+void GPTModel::begin_step_routing() {
+  for (std::vector<int64_t>& c : step_tokens_) c.assign(static_cast<size_t>(cfg_.num_experts), 0);
+}
+
+void GPTModel::end_step_routing(Communicator* grad_group) {
+  if (!cfg_.moe()) return;
+  const int E = cfg_.num_experts;
+  // Every MoE layer of this rank's in one all-reduce: the global batch's tokens per expert (the
+  // counts are CP-ring totals already, so the sum over the DP x CP group counts each CP times).
+  std::vector<int> layers;
+  std::vector<double> all;
+  for (int l : shard_.layers()) {
+    if (!cfg_.is_moe_layer(l)) continue;
+    std::vector<int64_t>& c = step_tokens_[static_cast<size_t>(shard_.local_index(l))];
+    c.resize(static_cast<size_t>(E), 0);
+    layers.push_back(l);
+    all.insert(all.end(), c.begin(), c.end());  // exact integers in doubles
+  }
+  if (all.empty()) return;
+  if (grad_group && grad_group->size() > 1)
+    grad_group->all_reduce_f64(all.data(), static_cast<int64_t>(all.size()), ReduceOp::Sum);
+  for (size_t j = 0; j < layers.size(); ++j) {
+    const size_t li = static_cast<size_t>(shard_.local_index(layers[j]));
+    std::vector<int64_t>& logged = logged_tokens_[li];
+    logged.resize(static_cast<size_t>(E), 0);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) {
+      const double load = all[j * E + static_cast<size_t>(e)] / shard_.cp_size;
+      logged[static_cast<size_t>(e)] += static_cast<int64_t>(load);
+      sum += load;
+    }
+    if (!cfg_.moe_router_enable_expert_bias) continue;
+    // Megatron-Core's update: bias += rate * sign(mean load - load), the same on every rank.
+    const double mean = sum / E;
+    std::vector<float>& b = expert_bias_[li];
+    for (int e = 0; e < E; ++e) {
+      const double d = mean - all[j * E + static_cast<size_t>(e)] / shard_.cp_size;
+      const float step = static_cast<float>(cfg_.moe_router_bias_update_rate);
+      b[static_cast<size_t>(e)] += d > 0 ? step : d < 0 ? -step : 0.f;
+    }
+  }
+}
+
+std::vector<std::vector<int64_t>> GPTModel::take_logged_tokens() {
+  std::vector<std::vector<int64_t>> out = logged_tokens_;
+  for (std::vector<int64_t>& c : logged_tokens_) std::fill(c.begin(), c.end(), 0);
+  return out;
+}
+
+const std::vector<float>& GPTModel::expert_bias(int layer) const {
+  TESSERA_CHECK(cfg_.moe_router_enable_expert_bias && cfg_.is_moe_layer(layer) &&
+                    shard_.local_index(layer) >= 0,
+                "no expert bias for layer ", layer, " on this rank");
+  return expert_bias_[static_cast<size_t>(shard_.local_index(layer))];
+}
+
+void GPTModel::set_expert_bias(int layer, const float* values) {
+  TESSERA_CHECK(cfg_.moe_router_enable_expert_bias && cfg_.is_moe_layer(layer) &&
+                    shard_.local_index(layer) >= 0,
+                "no expert bias for layer ", layer, " on this rank");
+  std::vector<float>& b = expert_bias_[static_cast<size_t>(shard_.local_index(layer))];
+  b.assign(values, values + cfg_.num_experts);
+}
+
 void GPTModel::set_expert_comm(Communicator& ep) {
   TESSERA_CHECK(ep.size() == shard_.ep_size && ep.rank() == shard_.ep_rank,
                 "expert-parallel communicator does not match the model shard");
@@ -100,7 +180,7 @@ void GPTModel::moe_plan(LayerActivations& la, const std::vector<int64_t>& kept) 
 }
 
 void GPTModel::moe_allgather_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la,
-                                      int64_t group_rows) {
+                                      int64_t group_rows, const MoERouting& routing) {
   const int EP = shard_.ep_size, E = cfg_.num_experts, El = E / EP;
   const int e0 = shard_.experts_begin(E);
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, K = cfg_.moe_router_topk;
@@ -119,7 +199,7 @@ void GPTModel::moe_allgather_dispatch(PhaseSequence& phase, Activations& a, Laye
     Tensor weight = la.moe_ag_weight.view(p * N * K, {N, K});
     Tensor row = la.moe_ag_row.view(p * N * K, {N, K});
     std::vector<int64_t> routed, kept;
-    be_.moe_route(expert, weight, row, a.moe_ag_logits.view(p * N * E, {N, E}), routing_,
+    be_.moe_route(expert, weight, row, a.moe_ag_logits.view(p * N * E, {N, E}), routing,
                   group_rows, routed, kept);
     // This rank's experts hold rows [first, first + mine) of rank p's permutation: re-based to
     // follow the ranks before p on the expert side; the other slots are not ours (-1).
@@ -196,11 +276,12 @@ void GPTModel::moe_record_stats(int local_layer, const Activations& a, const Lay
 
 // The token copies to the expert side: permuted by expert, and sent to the experts' ranks.
 void GPTModel::moe_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la,
-                            int64_t group_rows, const std::vector<int64_t>& kept, bool allgather) {
+                            int64_t group_rows, const std::vector<int64_t>& kept, bool allgather,
+                            const MoERouting& routing) {
   const int64_t C = cfg_.hidden_size;
   const bool ep = shard_.ep_size > 1;
   if (allgather) {
-    moe_allgather_dispatch(phase, a, la, group_rows);
+    moe_allgather_dispatch(phase, a, la, group_rows, routing);
   } else {
     // The token copies, grouped by expert; with expert parallelism each rank's share goes to the
     // rank of its experts (all-to-all), and the results come back the same way.
@@ -326,17 +407,30 @@ void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& 
   const bool seq_aux = cfg_.moe_router_load_balancing_type == "seq_aux_loss";
   const int64_t group_rows = seq_aux ? a.T : N;
   std::vector<int64_t> kept;
-  be_.moe_route(la.moe_expert, la.moe_weight, la.moe_row, la.moe_logits, routing_, group_rows,
+  const MoERouting routing = routing_of(l);
+  be_.moe_route(la.moe_expert, la.moe_weight, la.moe_row, la.moe_logits, routing, group_rows,
                 la.moe_routed, kept);
   // Context parallelism: a group's tokens (the micro-batch's, or one sample's with seq_aux) are
   // spread over the CP ranks, so its routed counts are summed over the ring (dropless routing:
   // each token's experts do not depend on the others').
   if (shard_.cp_size > 1) cp_sum(la.moe_routed);
+  if (fault_bias_in_weights_ && !routing.expert_bias.empty()) {  // testing: a mutation
+    const int64_t K = cfg_.moe_router_topk;
+    std::vector<int32_t> ex(static_cast<size_t>(N * K));
+    std::vector<float> wt(ex.size());
+    be_.copy_to_host(ex.data(), la.moe_expert);
+    be_.copy_to_host(wt.data(), la.moe_weight);
+    for (size_t i = 0; i < ex.size(); ++i)
+      if (ex[i] >= 0) wt[i] += routing.expert_bias[static_cast<size_t>(ex[i])];
+    be_.copy_from_host(la.moe_weight, wt.data());
+  }
   la.moe_loss_scale = a.moe_loss_scale;
-  if (a.dropout.training && !recomputing_)  // the logged metrics, once per micro-batch
+  if (a.dropout.training && !recomputing_) {  // the logged metrics, once per micro-batch
     moe_record_stats(li, a, la, group_rows);
+    count_step_tokens(li, la.moe_routed);
+  }
   const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
-  moe_dispatch(phase, a, la, group_rows, kept, allgather);
+  moe_dispatch(phase, a, la, group_rows, kept, allgather, routing);
   Tensor oute = allgather ? la.moe_oute : ep ? a.moe_oute : la.moe_out;
   moe_experts_forward(phase, l, w, a, la, oute);
   moe_combine(phase, a, la, oute, out, allgather);
@@ -584,7 +678,7 @@ void GPTModel::moe_mlp(int layer, const Tensor& ln, Tensor& out, MoEScratch& s) 
   tp_.broadcast(logits, 0);  // every TP rank routes as rank 0 does
   Tensor expert = s.expert.view(0, {n, K}), weight = s.weight.view(0, {n, K});
   Tensor row = s.row.view(0, {n, K});
-  MoERouting r = routing_;
+  MoERouting r = routing_of(layer);
   r.capacity_factor = 0;
   std::vector<int64_t> routed, kept;
   be_.moe_route(expert, weight, row, logits, r, n, routed, kept);

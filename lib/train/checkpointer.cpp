@@ -14,6 +14,7 @@
 #include "core/test_hooks.hpp"
 #include "core/timer.hpp"
 #include "train/fp8_checkpoint.hpp"
+#include "train/router_checkpoint.hpp"
 
 namespace tessera {
 
@@ -224,6 +225,8 @@ std::string TrainingCheckpointer::write_shard(const std::string& path, const Che
       tensors.exp_avg_sq = host[2] ? full[2].data() : nullptr;
     }
     tensors.extra = fp8_checkpoint_tensors(model_, be_);  // FP8's delayed scaling, staged
+    for (ExtraTensor& e : router_checkpoint_tensors(model_))  // the MoE routers' expert biases
+      tensors.extra.push_back(std::move(e));
     if (!async) {
       write_checkpoint_shard(path, meta, model_.shard(), tensors, fail_after);
       return std::string();
@@ -445,6 +448,8 @@ TrainState TrainingCheckpointer::load(const std::string& dir, bool model_only,
   const CheckpointMeta& m = r.meta();
   const bool optimizer = m.has_optimizer && !model_only && load_optimizer;
   load_optimizer_state(r, optimizer);
+  // The routers' expert biases are model state: loaded with the weights (or a line says why not).
+  if (const std::string why = restore_router_state(r, model_); !why.empty()) TLOG(info) << why;
   if (!model_only)  // FP8's delayed scaling continues where it was (or a line says why not)
     if (const std::string why = restore_fp8_state(r, model_, be_); !why.empty()) TLOG(info) << why;
   // The sample-based schedule's position: stored by a ramped run; otherwise every consumed

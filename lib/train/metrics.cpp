@@ -164,6 +164,8 @@ void TrainingMetrics::log_line(const StepStats& s, int64_t consumed_samples) {
     for (auto& src : sources_) src->report(interval, at_log);
   }
   TLOG(info) << line;
+  for (auto& src : sources_)
+    for (const std::string& l : src->lines_after()) TLOG(info) << l;
   const std::vector<IterationTimers::Row> timed =
       timers_.collect(*ctx.world, timers_.iteration_timers(), n);
   if (!timed.empty()) TLOG(info) << timers_.format(timed);

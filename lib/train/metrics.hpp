@@ -70,6 +70,8 @@ class MetricSource {
   virtual void step(const StepStats&, FigureSink&) {}
   // At each log line (the interval's figures; collective ones allowed).
   virtual void report(const LogInterval&, FigureSink&) = 0;
+  // Lines of their own to log after the iteration line (report's; empty: none).
+  virtual std::vector<std::string> lines_after() { return {}; }
 };
 
 // What the sources are built from.

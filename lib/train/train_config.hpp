@@ -89,6 +89,10 @@ struct TrainConfig {
   // More figures in the iteration line: the parameters' L2 norm, zeros in the gradient.
   bool log_params_norm = false;
   bool log_num_zeros_in_grad = false;
+  // --moe-per-layer-logging: each MoE layer's tokens per expert over the log interval (min, max,
+  // coefficient of variation, experts without tokens) and its expert bias's range
+  // (train/metrics/moe_layers.cpp).
+  bool moe_per_layer_logging = false;
   // Per-rank memory (allocated, max allocated, reserved) against the --dry-run estimate: after the
   // first iteration, and every memory_report_interval iterations (0: only then).
   int64_t memory_report_interval = 0;

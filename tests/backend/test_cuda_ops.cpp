@@ -14,6 +14,7 @@
 #include <limits>
 #include <ostream>
 #include <random>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -699,6 +700,47 @@ TEST_P(CudaOpsDtype, EmbeddingsAndCrossEntropy) {
 // experts, top 2, capacity 1.0 so some slots drop) with 16-byte rows (C 256) and element rows
 // (C 100): routing (experts, rows, counts exact; weights 1e-6), scores, permutation both ways, and
 // the router's backward with the load-balancing and z-loss terms.
+// DeepSeek-V3's router at its shape (256 experts in 8 groups, the best 4 groups by the sum of
+// their top 2, the top 8; sigmoid scores plus the aux-loss-free bias for the choice, weights
+// renormalized and scaled by 2.5): the device's choice equals the CPU's (a choice score within an
+// ulp of another may swap: at most 1% of tokens), weights within 1e-6 where they agree.
+TEST_F(CudaOps, DeepSeekRouterMatchesCpu) {
+  const int64_t N = 512, E = 256, K = 8;
+  MoERouting r;
+  r.experts = static_cast<int>(E);
+  r.topk = static_cast<int>(K);
+  r.sigmoid = true;
+  r.scaling = 2.5;
+  r.groups = 8;
+  r.group_topk = 4;
+  r.group_score = 2;
+  for (int e = 0; e < E; ++e) r.expert_bias.push_back(0.05f * std::sin(0.37f * e));
+  const Tensor logits = rand({N, E}, 2.f);
+  Tensor ex({N, K}, DType::I32), w({N, K}), row({N, K}, DType::I32);
+  std::vector<int64_t> routed, kept, routed_d, kept_d;
+  cpu_->moe_route(ex, w, row, logits, r, N, routed, kept);
+  Tensor lgd = dev(logits), exd = poisoned({N, K}, DType::I32), wd = poisoned({N, K}),
+         rowd = poisoned({N, K}, DType::I32);
+  gpu_->moe_route(exd, wd, rowd, lgd, r, N, routed_d, kept_d);
+  const Tensor exh = host(exd), wh = host(wd);
+  int differ = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    bool same = true;
+    for (int64_t k = 0; k < K; ++k) same &= exh.i32()[n * K + k] == ex.i32()[n * K + k];
+    differ += !same;
+    if (same)
+      for (int64_t k = 0; k < K; ++k)
+        EXPECT_NEAR(wh.f32()[n * K + k], w.f32()[n * K + k], 1e-6) << n;
+  }
+  EXPECT_LE(differ, N / 100) << "tokens whose experts differ";
+  // Every chosen expert lies in one of the token's 4 groups.
+  for (int64_t n = 0; n < N; ++n) {
+    std::set<int> groups;
+    for (int64_t k = 0; k < K; ++k) groups.insert(exh.i32()[n * K + k] / 32);
+    EXPECT_LE(groups.size(), 4u) << n;
+  }
+}
+
 TEST_P(CudaOpsDtype, MoeOpsMatchCpu) {
   for (const int64_t C : {256, 100}) {
     SCOPED_TRACE("C " + std::to_string(C));

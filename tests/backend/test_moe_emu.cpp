@@ -46,7 +46,8 @@ void check_router(const MoERouting& r, int64_t N, int64_t group_rows) {
   SCOPED_TRACE(testing::Message() << "E " << r.experts << " K " << r.topk << " sigmoid "
                                   << r.sigmoid << " pre_softmax " << r.pre_softmax);
   const int E = r.experts, K = r.topk;
-  const mk::Route m = mk::make_route(r);
+  mk::Route m = mk::make_route(r);
+  if (!r.expert_bias.empty()) m.bias = r.expert_bias.data();  // the emulator reads host memory
   const std::vector<float> z = random_logits(N, E, 17u + static_cast<unsigned>(E * 8 + K));
 
   // Top-k and weights.
@@ -62,7 +63,9 @@ void check_router(const MoERouting& r, int64_t N, int64_t group_rows) {
     ASSERT_EQ(ex[i], ref_ex[i]) << "slot " << i;
     EXPECT_NEAR(w[i], ref_w[i], 2e-6) << "slot " << i;
   }
-  EXPECT_EQ(ex[0], 1) << "a tie goes to the lower expert";
+  if (!r.keyed()) {
+    EXPECT_EQ(ex[0], 1) << "a tie goes to the lower expert";
+  }
 
   // The rows from the device's choice equal the reference's.
   std::vector<int32_t> rows(ex.size());
@@ -109,6 +112,40 @@ void check_router(const MoERouting& r, int64_t N, int64_t group_rows) {
   double scale = 0;
   for (float v : ref_dz) scale = std::max(scale, std::fabs(double(v)));
   for (size_t i = 0; i < dz.size(); ++i) EXPECT_NEAR(dz[i], ref_dz[i], 1e-5 * scale) << i;
+}
+
+// DeepSeek-V3's router: sigmoid scores plus an expert bias for the choice, group-limited (64
+// experts in 8 groups, the best 4 groups by the sum of their top 2, then the top 8); and the
+// group limit over softmax logits and pre-softmax probabilities with Megatron's group score.
+TEST(MoeEmu, RouterSigmoidBiasGroupLimited) {
+  MoERouting r;
+  r.experts = 64;
+  r.topk = 8;
+  r.sigmoid = true;
+  r.scaling = 2.5;
+  r.groups = 8;
+  r.group_topk = 4;
+  r.group_score = 2;
+  std::mt19937 gen(5);
+  std::normal_distribution<float> nd(0.f, 0.3f);
+  for (int e = 0; e < r.experts; ++e) r.expert_bias.push_back(nd(gen));
+  check_router(r, 19, 19);
+  r.groups = r.group_topk = r.group_score = 0;  // the bias alone
+  check_router(r, 19, 19);
+}
+TEST(MoeEmu, RouterGroupLimitedSoftmax) {
+  MoERouting r;
+  r.experts = 16;
+  r.topk = 4;
+  r.groups = 4;
+  r.group_topk = 2;
+  r.group_score = 2;
+  check_router(r, 13, 13);
+  r.pre_softmax = true;
+  r.groups = 8;
+  r.group_topk = 3;
+  r.group_score = 1;
+  check_router(r, 13, 13);
 }
 
 TEST(MoeEmu, RouterSoftmaxTopK) {

@@ -223,9 +223,35 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
       if (sig)
         for (int e = 0; e < E; ++e) score[n][e] = sg[e] / (sgsum + 1e-20);
       moe_losses += cfg.moe_z_loss_coeff * std::pow(m + std::log(sum), 2) / N;
+      // The choice: by the logits; or, with DeepSeek-V3's router, by the sigmoid scores plus the
+      // expert bias ("layers.l.mlp.router.expert_bias" when given), only among the experts of
+      // the best groups (a group's score: the sum of its best `s` choice scores).
+      Vec key(E);
+      const Vec* bias = maybe(P, p + "mlp.router.expert_bias");
+      for (int e = 0; e < E; ++e)
+        key[e] = sig ? sg[e] + (bias ? (*bias)[e] : 0.0) : cfg.moe_router_pre_softmax ? soft[e] : z[e];
+      if (cfg.moe_router_num_groups > 0) {
+        const int G = cfg.moe_router_num_groups, per = E / G;
+        const int s = cfg.moe_router_group_score_experts > 0
+                          ? cfg.moe_router_group_score_experts
+                          : K / cfg.moe_router_group_topk;
+        std::vector<std::pair<double, int>> groups;  // (-score, group): best first
+        for (int g = 0; g < G; ++g) {
+          Vec members(key.begin() + g * per, key.begin() + (g + 1) * per);
+          std::sort(members.rbegin(), members.rend());
+          double score = 0;
+          for (int j = 0; j < s; ++j) score += members[j];
+          groups.push_back({-score, g});
+        }
+        std::sort(groups.begin(), groups.end());
+        std::vector<bool> kept(G, false);
+        for (int j = 0; j < cfg.moe_router_group_topk; ++j) kept[groups[j].second] = true;
+        for (int e = 0; e < E; ++e)
+          if (!kept[e / per]) key[e] = -1e300;
+      }
       std::vector<int> order(E);
       for (int e = 0; e < E; ++e) order[e] = e;
-      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return z[a] > z[b]; });
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key[a] > key[b]; });
       chosen[n].assign(order.begin(), order.begin() + K);
       Vec w(K);
       double wsum = 0;

@@ -62,7 +62,27 @@ RefParams to_reference(const GPTModel& m) {
     const Tensor t = m.params().param(s);
     r[s.name] = std::vector<double>(t.f32(), t.f32() + t.numel());
   }
+  const GPTConfig& c = m.config();
+  if (c.moe_router_enable_expert_bias)  // the routers' biases: state, not parameters
+    for (int l = 0; l < c.num_layers; ++l)
+      if (c.is_moe_layer(l)) {
+        const std::vector<float>& b = m.expert_bias(l);
+        r["layers." + std::to_string(l) + ".mlp.router.expert_bias"] =
+            std::vector<double>(b.begin(), b.end());
+      }
   return r;
+}
+
+// Expert biases of a few tenths, by layer and expert, so that they change some tokens' choice.
+void set_expert_biases(GPTModel& m) {
+  const GPTConfig& c = m.config();
+  if (!c.moe_router_enable_expert_bias) return;
+  for (int l = 0; l < c.num_layers; ++l)
+    if (c.is_moe_layer(l)) {
+      std::vector<float> b(static_cast<size_t>(c.num_experts));
+      for (int e = 0; e < c.num_experts; ++e) b[e] = 0.3f * std::sin(1.7f * e + 0.9f * l);
+      m.set_expert_bias(l, b.data());
+    }
 }
 
 // Perturb every parameter a little away from init so LayerNorm weights, biases and padding
@@ -232,6 +252,37 @@ GPTConfig moe_config(int variant) {
   return c;
 }
 
+// DeepSeek-V3's router on the tiny Llama: sigmoid scores over 12 SwiGLU experts of width 8 in 4
+// groups of 3, each token's top 3 within its best group (so the group limit binds), weights
+// renormalized and scaled by 2.5, a shared expert of width 12, layer 0 dense, the sequence-wise
+// aux loss. 0: the expert bias (set_expert_biases) and Hugging Face's group score (the sum of a
+// group's top 2). 1: Megatron's group score (its top topk / group-topk = 3), no bias. 2: the bias
+// without groups.
+GPTConfig deepseek_router_config(int variant) {
+  GPTConfig c = llama_config(0);
+  c.num_experts = 12;
+  c.moe_router_topk = 3;
+  c.moe_ffn_hidden_size = 8;
+  c.moe_layer_freq = "[0,1]";
+  c.moe_router_score_function = "sigmoid";
+  c.moe_router_topk_scaling_factor = 2.5;
+  c.moe_shared_expert_intermediate_size = 12;
+  c.moe_router_load_balancing_type = "seq_aux_loss";
+  c.moe_aux_loss_coeff = 0.05;
+  c.moe_router_num_groups = 4;
+  c.moe_router_group_topk = 1;
+  c.moe_router_group_score_experts = 2;
+  c.moe_router_enable_expert_bias = true;
+  if (variant == 1) {
+    c.moe_router_group_score_experts = 0;
+    c.moe_router_enable_expert_bias = false;
+  } else if (variant == 2) {
+    c.moe_router_num_groups = c.moe_router_group_topk = c.moe_router_group_score_experts = 0;
+  }
+  c.validate();
+  return c;
+}
+
 // Documents inside the samples: end-of-document tokens (id kEod) at 1 and 4 of sample 0 and at 3
 // and 6 (the last) of sample 1, and the tables Megatron's rules give for them, written out here
 // by hand: positions restart after each EOD, keys start at the token after the last EOD before.
@@ -262,6 +313,7 @@ double model_loss(const GPTConfig& cfg, double* ref_out, const DocCase* docs = n
   GPTModel model(cfg, whole(cfg), *be, tp);
   model.init_parameters(7);
   perturb(model, 3);
+  set_expert_biases(model);
   const int B = 2, T = 7;
   Batch batch = random_batch(B, T, 50, 11);
   batch.targets[3] = -1;  // a position without loss
@@ -284,6 +336,7 @@ void check_gradients(const GPTConfig& cfg, const DocCase* docs = nullptr) {
   GPTModel model(cfg, whole(cfg), *be, tp);
   model.init_parameters(5);
   perturb(model, 9);
+  set_expert_biases(model);
   const int B = 2, T = 7, N = B * T;
   Batch batch = random_batch(B, T, 50, 21);
   RefDocuments d;
@@ -488,6 +541,71 @@ TEST(GPT, MoEGradientsMatchFiniteDifferences) {
   for (int variant = 0; variant < 4; ++variant) {
     SCOPED_TRACE("MoE variant " + std::to_string(variant));
     check_gradients(moe_config(variant));
+  }
+}
+
+TEST(GPT, DeepSeekRouterLossMatchesIndependentReference) {
+  for (int variant = 0; variant < 3; ++variant) {
+    GPTConfig cfg = deepseek_router_config(variant);
+    double ref = 0;
+    const double loss = model_loss(cfg, &ref);
+    cfg.moe_aux_loss_coeff = 0;
+    double ref_lm = 0;
+    const double loss_lm = model_loss(cfg, &ref_lm);
+    EXPECT_GT(ref_lm, 1.0) << "variant " << variant;
+    EXPECT_NEAR(loss_lm, ref_lm, 1e-5 * ref_lm) << "variant " << variant;
+    EXPECT_NEAR(loss, loss_lm, 1e-12) << "variant " << variant;
+    EXPECT_GT(ref - ref_lm, 1e-4) << "variant " << variant << ": the sequence aux loss weighs";
+  }
+}
+
+TEST(GPT, DeepSeekRouterGradientsMatchFiniteDifferences) {
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE("DeepSeek router variant " + std::to_string(variant));
+    check_gradients(deepseek_router_config(variant));
+  }
+}
+
+// Each part of the router changes the choice (so a model that ignored one would fail the tests
+// above): the same parameters through the reference with the bias zeroed, without groups, and
+// with the other group score rule give other losses.
+TEST(GPT, EachRouterPartChangesTheLoss) {
+  const GPTConfig base = deepseek_router_config(0);
+  auto be = make_cpu_backend();
+  LocalCommunicator tp;
+  GPTModel model(base, whole(base), *be, tp);
+  model.init_parameters(7);
+  perturb(model, 3);
+  set_expert_biases(model);
+  const Batch batch = random_batch(2, 7, 50, 11);
+  RefParams p = to_reference(model);
+  for (auto& [name, v] : p)  // louder experts, so that each choice shows in the loss
+    if (name.find("mlp.experts.") != std::string::npos)
+      for (double& e : v) e *= 4;
+  const double with = reference_loss(base, p, batch.ids, batch.targets, 2, 7);
+  for (int k = 0; k < 3; ++k) {
+    GPTConfig other = base;
+    RefParams q = p;
+    if (k == 0)
+      for (double& b : q["layers.1.mlp.router.expert_bias"]) b = 0;
+    if (k == 1) other.moe_router_num_groups = other.moe_router_group_topk = 0;
+    if (k == 2) other.moe_router_group_score_experts = 1;
+    const double without = reference_loss(other, q, batch.ids, batch.targets, 2, 7);
+    EXPECT_GT(std::fabs(with - without), 1e-4 * with) << "part " << k;
+  }
+}
+
+// The mutations of TESSERA_FAULT_ROUTER (the bias in the weights too; the group limit ignored)
+// move the model's loss away from the float64 reference: the tests above would catch them.
+TEST(GPT, RouterMutationsMissTheReference) {
+  for (const char* fault : {"bias-in-weights", "no-group-limit"}) {
+    setenv("TESSERA_FAULT_ROUTER", fault, 1);
+    GPTConfig cfg = deepseek_router_config(0);
+    cfg.moe_aux_loss_coeff = 0;
+    double ref = 0;
+    const double loss = model_loss(cfg, &ref);
+    unsetenv("TESSERA_FAULT_ROUTER");
+    EXPECT_GT(std::fabs(loss - ref), 1e-4 * ref) << fault;
   }
 }
 

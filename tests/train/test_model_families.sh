@@ -7,7 +7,10 @@
 # with selective and full recomputation; the q/k norms as LayerNorm applied as 1 + w at TP2;
 # Qwen3-MoE (a dense first layer, then 4 experts, top 2 renormalized or not) at EP2, TP2 x EP2 with
 # sequence parallelism and PP2. The option changes the losses (a run without it differs), and
-# configs/qwen3-tiny.ini trains as it is.
+# configs/qwen3-tiny.ini trains as it is. DeepSeek-V3's router (sigmoid, group-limited, the
+# aux-loss-free expert bias updating every step) at EP2, TP2 x EP2 + SP, PP2, DP2 with the
+# distributed optimizer, CP2 and TP2 x EP2 x PP2; its bias resumes bitwise from a checkpoint and
+# through tessera-reshard; --moe-per-layer-logging's lines and figures.
 # Usage: test_model_families.sh BIN_DIR CONFIG_DIR
 set -u
 bin=$1
@@ -86,6 +89,72 @@ if [ "$w" != missing ] && awk -v w="$w" 'BEGIN { exit !(w > 1e-4) }'; then
 else
   bad "the renormalized and plain top-2 runs differ by $w only"
 fi
+# DeepSeek-V3's router on the Qwen3 attention: sigmoid scores over 8 experts in 4 groups, each
+# token's top 2 within its best 2 groups (a group's score: its top 2), the aux-loss-free expert
+# bias updating every step (rate 0.01, so it moves the choice within 20 steps), routing weights
+# scaled by 2.5, a shared expert, layer 0 dense, the sequence-wise aux loss at DeepSeek's 1e-4.
+ds=(--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 16 --moe-layer-freq "[0,1,1,1]"
+    --moe-router-score-function sigmoid --moe-router-enable-expert-bias
+    --moe-router-bias-update-rate 0.01 --moe-router-num-groups 4 --moe-router-group-topk 2
+    --moe-router-group-score-experts 2 --moe-router-topk-scaling-factor 2.5
+    --moe-shared-expert-intermediate-size 32 --moe-router-load-balancing-type seq_aux_loss
+    --moe-aux-loss-coeff 1e-4 --moe-per-layer-logging)
+run ds 1 --micro-batch-size 2 "${q3[@]}" --qk-layernorm "${ds[@]}" || exit 1
+# The same run stopped after iteration 10 with a checkpoint (resumed below).
+run ds-half 1 --micro-batch-size 2 "${q3[@]}" --qk-layernorm "${ds[@]}" --save "$work/ds-ck" \
+  --save-interval 10 --exit-interval 10 || exit 1
+for layout in "ds-ep2 2 --expert-model-parallel-size 2" \
+              "ds-tp2ep2sp 4 --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel" \
+              "ds-pp2 2 --pipeline-model-parallel-size 2" \
+              "ds-dp2 2 --use-distributed-optimizer" \
+              "ds-cp2 2 --context-parallel-size 2" \
+              "ds-tp2ep2pp2 8 --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --pipeline-model-parallel-size 2"; do
+  set -- $layout
+  name=$1 np=$2
+  shift 2
+  run "$name" "$np" --micro-batch-size 2 "${q3[@]}" --qk-layernorm "${ds[@]}" "$@" &&
+    within ds "$name" "DeepSeek-V3 router, bias updating: $*"
+done
+# The bias moved (its range in the per-layer lines), the same at every layout: the last interval's
+# lines of one rank and eight agree to the digit.
+bias_lines() { grep -E "^.* MoE layer [0-9]+ \| .*expert bias" "$work/$1.log" | tail -3 | sed 's/.*MoE layer/MoE layer/'; }
+b1=$(bias_lines ds) b8=$(bias_lines ds-tp2ep2pp2)
+if [ -n "$b1" ] && [ "$b1" = "$b8" ] && ! grep -q "expert bias: \[0, 0\]" <<<"$b1"; then
+  ok "the expert biases moved and agree at 1 rank and TP2 x EP2 x PP2: $(head -1 <<<"$b1")"
+else
+  bad "expert bias lines: one rank '$b1', eight '$b8'"
+fi
+grep -q '"moe_layer_1_tokens_cv": ' "$work/ds.jsonl" && grep -q '"moe_layer_3_bias_max": ' "$work/ds.jsonl" \
+  && ok "--moe-per-layer-logging writes each layer's figures to the metrics file" \
+  || bad "no per-layer MoE figures in the metrics file: $(head -c 300 "$work/ds.jsonl")"
+# Resume: the bias is in the checkpoint, so iterations 11-20 from it are the uninterrupted run's,
+# bit for bit; and through tessera-reshard to TP2 at TP2 x EP2 within 1e-5.
+resume_same() {  # resume_same NAME: iterations 11-20 of NAME equal ds's
+  paste <(losses "$work/ds.jsonl" | tail -10) <(losses "$work/$1.jsonl") | awk -v bit="$2" '
+    { n++; if (bit) { if ($1 != $2) bad++ } else { d = $1 - $2; if (d < 0) d = -d; if (d / $1 > 1e-5) bad++ } }
+    END { exit !(n == 10 && bad == 0) }'
+}
+run ds-resume 1 --micro-batch-size 2 "${q3[@]}" --qk-layernorm "${ds[@]}" --load "$work/ds-ck" &&
+  { resume_same ds-resume 1 && ok "resumed at iteration 10: iterations 11-20 bitwise the uninterrupted run's (the expert bias restored)" \
+    || bad "the resumed run's losses differ: $(losses "$work/ds-resume.jsonl" | head -2 | tr '\n' ' ')"; }
+if "$bin/tessera-reshard" --load "$work/ds-ck" --save "$work/ds-tp2" --target-tensor-model-parallel-size 2 > "$work/reshard.log" 2>&1 &&
+   run ds-resume-tp2 4 --micro-batch-size 2 "${q3[@]}" --qk-layernorm "${ds[@]}" --load "$work/ds-tp2" \
+     --tensor-model-parallel-size 2 --expert-model-parallel-size 2; then
+  resume_same ds-resume-tp2 "" && ok "resharded to TP2, resumed at TP2 x EP2: iterations 11-20 within 1e-5" \
+    || bad "the resharded run's losses differ: $(losses "$work/ds-resume-tp2.jsonl" | head -2 | tr '\n' ' ')"
+else
+  bad "reshard or resume at TP2: $(tail -2 "$work/reshard.log")"
+fi
+# The option is model state: loading without it is one line.
+nobias=()
+for a in "${ds[@]}"; do [ "$a" = --moe-router-enable-expert-bias ] || nobias+=("$a"); done
+"$bin/tessera-train" "${common[@]}" --micro-batch-size 2 "${q3[@]}" --qk-layernorm "${nobias[@]}" \
+  --load "$work/ds-ck" --metrics-file "$work/x.jsonl" > "$work/nobias.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "was trained with --moe-router-enable-expert-bias" "$work/nobias.log" \
+  && ok "loading a checkpoint with expert biases without the option -> rc 2, one line" \
+  || bad "load without --moe-router-enable-expert-bias: rc $rc: $(tail -1 "$work/nobias.log")"
+
 common=(--config "$configs/qwen3-tiny.ini" --mock-data --vocab-size 200 --train-iters 20
         --log-interval 10 --threads 1 --device cpu)
 run tiny 1 && awk -F'"lm_loss": ' 'NR == 1 { split($2, a, ","); first = a[1] }

@@ -36,7 +36,55 @@ void scores_of(const float* z, const MoERouting& r, double* S) {
   for (int e = 0; e < r.experts; ++e) S[e] /= sum + 1e-20;
 }
 
+// The k chosen experts of a token by choice score (moe_choice_score), best first (ties: the lower
+// expert), within the best groups under group-limited routing.
+void choose_keyed(const float* z, const MoERouting& r, std::vector<double>& p,
+                  std::vector<float>& key, std::vector<int>& order, int32_t* ex) {
+  const int E = r.experts, K = r.topk;
+  if (r.pre_softmax) softmax(z, E, p.data());
+  for (int e = 0; e < E; ++e)
+    key[static_cast<size_t>(e)] =
+        moe_choice_score(z[e], static_cast<float>(p[static_cast<size_t>(e)]), e, r);
+  auto better = [&](int a, int b) {
+    return key[static_cast<size_t>(a)] > key[static_cast<size_t>(b)] ||
+           (key[static_cast<size_t>(a)] == key[static_cast<size_t>(b)] && a < b);
+  };
+  if (r.groups > 0) {
+    const int G = r.groups, per = E / G;
+    std::vector<float> gscore(static_cast<size_t>(G));
+    for (int g = 0; g < G; ++g) {  // the sum of the group's best group_score keys, best first
+      std::vector<int> m(static_cast<size_t>(per));
+      std::iota(m.begin(), m.end(), g * per);
+      std::partial_sort(m.begin(), m.begin() + r.group_score, m.end(), better);
+      float sum = 0.f;
+      for (int j = 0; j < r.group_score; ++j) sum += key[static_cast<size_t>(m[static_cast<size_t>(j)])];
+      gscore[static_cast<size_t>(g)] = sum;
+    }
+    std::vector<int> gorder(static_cast<size_t>(G));
+    std::iota(gorder.begin(), gorder.end(), 0);
+    std::partial_sort(gorder.begin(), gorder.begin() + r.group_topk, gorder.end(), [&](int a, int b) {
+      return gscore[static_cast<size_t>(a)] > gscore[static_cast<size_t>(b)] ||
+             (gscore[static_cast<size_t>(a)] == gscore[static_cast<size_t>(b)] && a < b);
+    });
+    std::vector<bool> keep(static_cast<size_t>(G), false);
+    for (int j = 0; j < r.group_topk; ++j) keep[static_cast<size_t>(gorder[static_cast<size_t>(j)])] = true;
+    for (int e = 0; e < E; ++e)
+      if (!keep[static_cast<size_t>(e / per)]) key[static_cast<size_t>(e)] = -INFINITY;
+  }
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + K, order.end(), better);
+  for (int k = 0; k < K; ++k) ex[k] = order[static_cast<size_t>(k)];
+}
+
 }  // namespace
+
+float moe_choice_score(float z, float p, int e, const MoERouting& r) {
+  if (r.sigmoid) {
+    const float s = 1.f / (1.f + std::exp(-z));
+    return r.expert_bias.empty() ? s : s + r.expert_bias[static_cast<size_t>(e)];
+  }
+  return r.pre_softmax ? p : z;
+}
 
 int64_t moe_route_host(const float* logits, int64_t N, const MoERouting& r, int64_t group_rows,
                        int32_t* expert, float* weight, int32_t* row, std::vector<int64_t>& routed,
@@ -44,21 +92,28 @@ int64_t moe_route_host(const float* logits, int64_t N, const MoERouting& r, int6
   const int E = r.experts, K = r.topk;
   TESSERA_CHECK(E >= 1 && K >= 1 && K <= E && group_rows >= 1 && N % group_rows == 0,
                 "moe_route: ", K, " of ", E, " experts, ", N, " rows in groups of ", group_rows);
+  TESSERA_CHECK(r.expert_bias.empty() || static_cast<int>(r.expert_bias.size()) == E,
+                "moe_route: ", r.expert_bias.size(), " expert biases for ", E, " experts");
   const double f = r.scaling > 0 ? r.scaling : 1.0;
 #pragma omp parallel
   {
     std::vector<int> order(static_cast<size_t>(E));
     std::vector<double> p(static_cast<size_t>(E));
+    std::vector<float> key(static_cast<size_t>(E));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const float* z = logits + n * E;
-      std::iota(order.begin(), order.end(), 0);
-      // Every score function ranks as the logits do; ties go to the lower expert.
-      std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                        [&](int a, int b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
       int32_t* ex = expert + n * K;
       float* w = weight + n * K;
-      for (int k = 0; k < K; ++k) ex[k] = order[static_cast<size_t>(k)];
+      if (r.keyed()) {
+        choose_keyed(z, r, p, key, order, ex);
+      } else {
+        std::iota(order.begin(), order.end(), 0);
+        // Every score function ranks as the logits do; ties go to the lower expert.
+        std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                          [&](int a, int b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+        for (int k = 0; k < K; ++k) ex[k] = order[static_cast<size_t>(k)];
+      }
       if (r.sigmoid) {
         double sum = 0;
         for (int k = 0; k < K; ++k) sum += (p[static_cast<size_t>(k)] = sigmoid(z[ex[k]]));

@@ -21,7 +21,20 @@ struct MoERouting {
   // (probs; ties: the earlier token) or the earliest tokens (position).
   double capacity_factor = 0;
   bool drop_by_position = false;
+  // Group-limited routing (groups > 0): the experts in `groups` equal groups; a token keeps the
+  // group_topk groups of the largest sum of their group_score best choice scores (ties: the lower
+  // group) and takes its top k among their experts.
+  int groups = 0, group_topk = 0, group_score = 0;
+  // Aux-loss-free balancing (sigmoid only): expert e's choice score is sigmoid(z_e) + bias[e];
+  // the weights are the sigmoid scores without it. Empty: no bias.
+  std::vector<float> expert_bias;
+  // Whether the choice is by scores other than the logits' order (a bias or groups).
+  bool keyed() const { return groups > 0 || !expert_bias.empty(); }
 };
+
+// The choice score of expert e (f32, as the CUDA kernel computes it): the logit (softmax over the
+// top k), the softmax probability p_e (pre-softmax), or sigmoid(z_e) + bias (sigmoid).
+float moe_choice_score(float z, float p, int e, const MoERouting& r);
 
 // The routing of N tokens. For each token its k slots, best first (ties: the lower expert):
 //   expert[n*K + k]  the expert, or -1 - expert when the slot was dropped (over capacity);

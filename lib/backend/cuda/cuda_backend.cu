@@ -44,6 +44,7 @@ const char* const kScratchLabels[] = {
     "the cuBLASLt workspace",
     "the MoE router scores",
     "the MoE load-balancing gradient",
+    "the MoE router's expert bias",
     "the grouped GEMM's pointer arrays",
     "the cuDNN attention workspace",
     "the FP8 GEMMs' quantized operands",
@@ -623,7 +624,8 @@ class CudaBackend final : public Backend {
   int64_t moe_route(Tensor& expert, Tensor& weight, Tensor& row, const Tensor& logits,
                     const MoERouting& r, int64_t group_rows, std::vector<int64_t>& routed,
                     std::vector<int64_t>& kept) override {
-    return cuda_ops::moe_route(expert, weight, row, logits, r, group_rows, routed, kept, stream_);
+    return cuda_ops::moe_route(expert, weight, row, logits, r, group_rows, routed, kept, ws_,
+                               stream_);
   }
   void moe_router_stats(const Tensor& logits, const MoERouting& r, int64_t group_rows,
                         std::vector<double>& score_sums, double& lse_sq_sum) override {

@@ -22,6 +22,8 @@ mk::Route route_of(const MoERouting& r) {
                     r.topk <= r.experts,
                 "MoE on CUDA: ", r.topk, " of ", r.experts, " experts (at most 64 of ",
                 mk::kMaxExperts, ")");
+  TESSERA_CHECK(r.groups <= mk::kMaxGroups, "MoE on CUDA: ", r.groups,
+                " expert groups (--moe-router-num-groups at most ", mk::kMaxGroups, ")");
   return mk::make_route(r);
 }
 
@@ -79,12 +81,18 @@ void check_i32(const Tensor& t, const char* what) {
 
 int64_t moe_route(Tensor& expert, Tensor& weight, Tensor& row, const Tensor& logits,
                   const MoERouting& r, int64_t group_rows, std::vector<int64_t>& routed,
-                  std::vector<int64_t>& kept, cudaStream_t s) {
+                  std::vector<int64_t>& kept, Workspace& ws, cudaStream_t s) {
   check_f32(logits, "router logits");
   check_f32(weight, "routing weights");
   check_i32(expert, "experts");
   check_i32(row, "rows");
-  const mk::Route m = route_of(r);
+  mk::Route m = route_of(r);
+  if (!r.expert_bias.empty()) {  // the bias travels with the call (it changes once a step)
+    TESSERA_CHECK(static_cast<int>(r.expert_bias.size()) == r.experts, "moe_route: ",
+                  r.expert_bias.size(), " expert biases for ", r.experts, " experts");
+    m.bias = static_cast<const float*>(ws.upload(
+        Scratch::kMoeBias, r.expert_bias.data(), sizeof(float) * r.expert_bias.size(), s));
+  }
   const int64_t N = logits.numel() / r.experts;
   TESSERA_CHECK(
       expert.numel() == N * r.topk && weight.numel() == N * r.topk && row.numel() == N * r.topk,

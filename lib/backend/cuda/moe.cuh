@@ -2,7 +2,9 @@
 // warp emulator both compile (tests/backend/test_moe_emu.cpp runs this source against the host
 // reference, backend/cpu/moe.hpp, whose semantics they follow):
 //  - router_topk: one warp per token picks its k experts (ties: the lower expert) and their
-//    routing weights (softmax over the k chosen, softmax over all then top-k, or sigmoid);
+//    routing weights (softmax over the k chosen, softmax over all then top-k, or sigmoid); with
+//    the aux-loss-free expert bias or group-limited routing, by the choice scores
+//    (choice_scores: sigmoid + bias; only the best groups' experts);
 //  - router_backward: one warp per token, the gradient of the routing weights, the load-balancing
 //    term and the z-loss term into d logits;
 //  - router_scores: one warp per token, the load-balancing scores (softmax, or the sigmoid
@@ -26,12 +28,19 @@ static_assert(kThreads == rowwise::kThreads, "the launchers size grids with roww
 constexpr int kMaxExperts = 256;            // E (lanes hold E / 32 logits each)
 constexpr int kPerLane = kMaxExperts / 32;  // logits per lane, at most
 
+constexpr int kMaxGroups = 32;  // group-limited routing: one lane per group
+
 struct Route {
   int E = 0, K = 0;
   bool sigmoid = false, pre_softmax = false;
   float scaling = 1.f;  // 1 when unscaled
+  // Group-limited routing (groups > 0, at most kMaxGroups) and the aux-loss-free expert bias (E
+  // floats in the kernel's memory; null: none), as MoERouting has them.
+  int groups = 0, group_topk = 0, group_score = 0;
+  const float* bias = nullptr;
 };
-// The kernels' view of the routing options (the limits are the launcher's to check).
+// The kernels' view of the routing options (the limits are the launcher's to check; the bias
+// pointer is the launcher's to set).
 inline Route make_route(const MoERouting& r) {
   Route m;
   m.E = r.experts;
@@ -39,6 +48,9 @@ inline Route make_route(const MoERouting& r) {
   m.sigmoid = r.sigmoid;
   m.pre_softmax = r.pre_softmax;
   m.scaling = r.scaling > 0 ? static_cast<float>(r.scaling) : 1.f;
+  m.groups = r.groups;
+  m.group_topk = r.group_topk;
+  m.group_score = r.group_score;
   return m;
 }
 
@@ -102,6 +114,88 @@ TC_DEV float lane_value(const float (&v)[kPerLane], int e, int lane) {
   return warp_sum(mine);  // one lane holds it, the others add 0
 }
 
+// The warp's best of the values v[i] at experts lane + 32 i where ok(i): the largest, ties to the
+// lower expert (be = 1 << 30 when none).
+template <typename Ok>
+TC_DEV void warp_best(const float (&v)[kPerLane], Ok ok, int E, int lane, float* bv_out,
+                      int* be_out) {
+  float bv = -INFINITY;
+  int be = 1 << 30;
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    if (e < E && ok(i) && (v[i] > bv || be == 1 << 30)) {
+      bv = v[i];
+      be = e;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = tc::shfl_xor(bv, o);
+    const int oe = static_cast<int>(tc::shfl_xor(static_cast<float>(be), o));
+    if (ov > bv || (ov == bv && oe < be)) {
+      bv = ov;
+      be = oe;
+    }
+  }
+  *bv_out = bv;
+  *be_out = be;
+}
+
+// The choice scores of a token (moe_choice_score) and, with groups, -inf for the experts outside
+// the group_topk best groups (a group's score: the sum of its group_score best choice scores;
+// ties to the lower group). Lanes as z.
+TC_DEV void choice_scores(float (&key)[kPerLane], const float (&z)[kPerLane], const Route& r,
+                          int lane) {
+  float p[kPerLane];
+  if (r.pre_softmax) softmax_lanes(z, p, r.E, lane);
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    key[i] = r.sigmoid ? sigmoidf(z[i]) + (r.bias && e < r.E ? r.bias[e] : 0.f)
+             : r.pre_softmax ? p[i]
+                             : z[i];
+  }
+  if (r.groups <= 0) return;
+  const int per = r.E / r.groups;
+  float mine = -INFINITY;  // lane g holds group g's score
+  for (int g = 0; g < r.groups; ++g) {
+    bool taken[kPerLane];
+    for (int i = 0; i < kPerLane; ++i) taken[i] = false;
+    float sum = 0.f;
+    for (int j = 0; j < r.group_score; ++j) {
+      float bv;
+      int be;
+      warp_best(key, [&](int i) { return !taken[i] && (lane + 32 * i) / per == g; }, r.E, lane, &bv,
+                &be);
+      for (int i = 0; i < kPerLane; ++i)
+        if (lane + 32 * i == be) taken[i] = true;
+      sum += bv;
+    }
+    if (lane == g) mine = sum;
+  }
+  // The best groups: group_topk rounds of the warp's best lane; the kept ones as two 16-bit masks
+  // (sums of distinct powers of two, exact in f32).
+  bool kept = false;
+  for (int j = 0; j < r.group_topk; ++j) {
+    float bv = lane < r.groups && !kept ? mine : -INFINITY;
+    int bg = lane < r.groups && !kept ? lane : 1 << 30;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = tc::shfl_xor(bv, o);
+      const int og = static_cast<int>(tc::shfl_xor(static_cast<float>(bg), o));
+      if (ov > bv || (ov == bv && og < bg)) {
+        bv = ov;
+        bg = og;
+      }
+    }
+    if (lane == bg) kept = true;
+  }
+  const float lo = warp_sum(kept && lane < 16 ? static_cast<float>(1 << lane) : 0.f);
+  const float hi = warp_sum(kept && lane >= 16 ? static_cast<float>(1 << (lane - 16)) : 0.f);
+  const uint32_t mask = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  for (int i = 0; i < kPerLane; ++i) {
+    const int g = (lane + 32 * i) / per;
+    if (!(mask >> g & 1u)) key[i] = -INFINITY;
+  }
+}
+
 // expert (N,K) int32 and weight (N,K) f32: each token's top k, best first.
 TC_DEV void router_topk(int32_t* expert, float* weight, const float* logits, int64_t N,
                         const Route& r) {
@@ -114,7 +208,21 @@ TC_DEV void router_topk(int32_t* expert, float* weight, const float* logits, int
   for (int i = 0; i < kPerLane; ++i) taken[i] = false;
   int ex[kMaxExperts < 64 ? kMaxExperts : 64];  // lane 0's copy of the chosen experts (K <= 64)
   float zk[kMaxExperts < 64 ? kMaxExperts : 64];
-  for (int k = 0; k < r.K; ++k) {
+  const bool keyed = r.groups > 0 || r.bias;
+  if (keyed) {  // the choice by the choice scores; the weights below from the chosen logits
+    float key[kPerLane];
+    choice_scores(key, z, r, lane);
+    for (int k = 0; k < r.K; ++k) {
+      float bv;
+      int be;
+      warp_best(key, [&](int i) { return !taken[i]; }, r.E, lane, &bv, &be);
+      for (int i = 0; i < kPerLane; ++i)
+        if (lane + 32 * i == be) taken[i] = true;
+      ex[k] = be;
+      zk[k] = lane_value(z, be, lane);
+    }
+  }
+  for (int k = 0; k < (keyed ? 0 : r.K); ++k) {
     // This lane's best untaken expert, then the warp's: the larger logit, ties to the lower e.
     float bv = -INFINITY;
     int be = 1 << 30;

@@ -34,6 +34,7 @@ enum class Scratch {
   kCublasLt,          // cuBLASLt's workspace for the GEMMs with epilogues (matmul.cu)
   kMoeScores,         // the router's per-token load-balancing scores and lse^2 (moe.cu)
   kMoeAuxGrad,        // the load-balancing loss's gradient per (group, expert) (moe.cu)
+  kMoeBias,           // the router's aux-loss-free expert bias (moe.cu)
   kGroupedPointers,   // the A, B and C pointer arrays of a grouped GEMM (matmul.cu)
   kCudnn,     // cuDNN attention's plan workspace, row sums, dQ accumulator (cudnn_attention.cpp)
   kFp8,       // FP8 GEMMs' quantized operands and their 1/scale (fp8.cu)
@@ -313,7 +314,7 @@ void scale(Tensor& x, float factor, cudaStream_t s);
 // slots (the permute's backward).
 int64_t moe_route(Tensor& expert, Tensor& weight, Tensor& row, const Tensor& logits,
                   const MoERouting& r, int64_t group_rows, std::vector<int64_t>& routed,
-                  std::vector<int64_t>& kept, cudaStream_t s);
+                  std::vector<int64_t>& kept, Workspace& ws, cudaStream_t s);
 void moe_router_stats(const Tensor& logits, const MoERouting& r, int64_t group_rows,
                       std::vector<double>& score_sums, double& lse_sq_sum, Workspace& ws,
                       cudaStream_t s);

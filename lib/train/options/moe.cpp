@@ -41,6 +41,22 @@ class MoEOptions : public OptionGroup {
             "moe-router-topk-scaling-factor",
             po::value(&m.moe_router_topk_scaling_factor)->default_value(0),
             "routing weights times this (0: unscaled)")(
+            "moe-router-enable-expert-bias", po::bool_switch(&m.moe_router_enable_expert_bias),
+            "aux-loss-free balancing (DeepSeek-V3; sigmoid scores): a per-expert bias added to the "
+            "scores for choosing the top k, updated after each step from the global batch's loads")(
+            "moe-router-bias-update-rate",
+            po::value(&m.moe_router_bias_update_rate)
+                ->default_value(m.moe_router_bias_update_rate),
+            "with --moe-router-enable-expert-bias: the bias moves by this times sign(mean load - "
+            "the expert's load) after each step")(
+            "moe-router-num-groups", po::value(&m.moe_router_num_groups)->default_value(0),
+            "group-limited routing: the experts in this many equal groups (0: none)")(
+            "moe-router-group-topk", po::value(&m.moe_router_group_topk)->default_value(0),
+            "with --moe-router-num-groups: the groups each token chooses its experts from")(
+            "moe-router-group-score-experts",
+            po::value(&m.moe_router_group_score_experts)->default_value(0),
+            "with --moe-router-num-groups: a group's score is the sum of its best N scores (0: "
+            "topk / group-topk, Megatron-Core's rule; 2: DeepSeek-V3's, as Hugging Face routes)")(
             "moe-shared-expert-intermediate-size",
             po::value(&m.moe_shared_expert_intermediate_size)->default_value(0),
             "width of a shared expert every token goes through beside its routed ones (0: none)")(
@@ -59,6 +75,10 @@ class MoEOptions : public OptionGroup {
             "moe-token-dispatcher-type",
             po::value(&m.moe_token_dispatcher_type)->default_value(m.moe_token_dispatcher_type),
             "alltoall | allgather: how tokens reach their experts' ranks (same results)")(
+            "moe-per-layer-logging", po::bool_switch(&o.train.moe_per_layer_logging),
+            "each MoE layer's tokens per expert over the log interval (min, max, coefficient of "
+            "variation, experts without tokens) and expert bias range: a line per layer, the "
+            "metrics file and TensorBoard")(
             "moe-grouped-gemm", po::bool_switch(&m.moe_grouped_gemm),
             "the experts' GEMMs as one grouped GEMM per projection (same results; needs "
             "--disable-bias-linear)");
