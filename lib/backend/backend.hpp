@@ -270,6 +270,15 @@ class Backend {
   // dst[r, dst_col + i] = src[r, src_col + i] for i < cols (widths: the last dimensions).
   virtual void copy_columns(Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
                             int64_t cols) = 0;
+  // `blocks` column copies of `cols` columns each: block b from src column src_col + b *
+  // src_stride to dst column dst_col + b * dst_stride (src_stride 0 broadcasts one block; MLA's
+  // per-head assembly). This default calls copy_columns per block.
+  virtual void copy_column_blocks(Tensor& dst, int64_t dst_col, int64_t dst_stride,
+                                  const Tensor& src, int64_t src_col, int64_t src_stride,
+                                  int64_t cols, int64_t blocks) {
+    for (int64_t b = 0; b < blocks; ++b)
+      copy_columns(dst, dst_col + b * dst_stride, src, src_col + b * src_stride, cols);
+  }
 
   // Generation: appends the new tokens' keys and values (from qkv (N, (H+2G)*hd), the layout
   // above) to the caches (slots, G, Tmax, hd) and attends each new query to its sequence's

@@ -138,6 +138,18 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
     h5_write_attr(f, "rotary_interleaved", static_cast<int64_t>(c.rotary_interleaved));
     h5_write_attr(f, "squared_relu", static_cast<int64_t>(c.squared_relu));
     h5_write_attr(f, "qk_layernorm", static_cast<int64_t>(c.qk_layernorm));  // Qwen3
+    if (c.mla()) {  // multi-latent attention (absent: none) and YaRN
+      h5_write_attr(f, "q_lora_rank", static_cast<int64_t>(c.q_lora_rank));
+      h5_write_attr(f, "kv_lora_rank", static_cast<int64_t>(c.kv_lora_rank));
+      h5_write_attr(f, "qk_head_dim", static_cast<int64_t>(c.qk_head_dim));
+      h5_write_attr(f, "qk_pos_emb_head_dim", static_cast<int64_t>(c.qk_pos_emb_head_dim));
+      h5_write_attr(f, "v_head_dim", static_cast<int64_t>(c.v_head_dim));
+      h5_write_attr(f, "rope_type", c.rope_type);
+      std::snprintf(buf, sizeof buf, "%.17g %.17g %.17g %.17g %.17g %d", c.rotary_scaling_factor,
+                    c.mscale, c.mscale_all_dim, c.beta_fast, c.beta_slow,
+                    c.original_max_position_embeddings);
+      h5_write_attr(f, "yarn", std::string(buf));
+    }
     if (c.moe()) {  // Mixture of Experts (absent: a dense model)
       h5_write_attr(f, "num_experts", static_cast<int64_t>(c.num_experts));
       h5_write_attr(f, "moe_router_topk", static_cast<int64_t>(c.moe_router_topk));
@@ -187,7 +199,8 @@ const std::vector<std::string>& checkpoint_file_attributes() {
       "position_embedding_type", "rotary_base", "rotary_percent", "normalization", "rope_scaling",
       "swiglu", "num_query_groups", "untie_embeddings_and_output_weights", "add_bias_linear",
       "add_qkv_bias", "kv_channels", "apply_layernorm_1p", "rotary_interleaved", "squared_relu",
-      "qk_layernorm",
+      "qk_layernorm", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+      "v_head_dim", "rope_type", "yarn",
       "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq",
       "moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
       "moe_shared_expert_intermediate_size", "moe_router_enable_expert_bias",
@@ -431,6 +444,30 @@ CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
     if (h5_read_attr(f, "rotary_interleaved", x)) m.rotary_interleaved = x != 0;
     if (h5_read_attr(f, "squared_relu", x)) m.squared_relu = x != 0;
     if (h5_read_attr(f, "qk_layernorm", x)) m.qk_layernorm = x != 0;
+    if (h5_read_attr(f, "kv_lora_rank", x)) {  // multi-latent attention
+      auto dim = [&](const char* name, int64_t lo) {
+        int64_t v = 0;
+        if (!h5_read_attr(f, name, v) || v < lo || v > (1 << 20))
+          throw ConfigError(detail::concat("checkpoint file '", file, "' has no valid ", name,
+                                           " (damaged?)"));
+        return static_cast<int>(v);
+      };
+      m.multi_latent_attention = true;
+      m.kv_lora_rank = dim("kv_lora_rank", 1);
+      m.q_lora_rank = dim("q_lora_rank", 0);
+      m.qk_head_dim = dim("qk_head_dim", 1);
+      m.qk_pos_emb_head_dim = dim("qk_pos_emb_head_dim", 2);
+      m.v_head_dim = dim("v_head_dim", 1);
+      if (h5_read_attr(f, "rope_type", text)) m.rope_type = text;
+      if (h5_read_attr(f, "yarn", text)) {
+        std::istringstream in(text);
+        in >> m.rotary_scaling_factor >> m.mscale >> m.mscale_all_dim >> m.beta_fast >>
+            m.beta_slow >> m.original_max_position_embeddings;
+        if (!in)
+          throw ConfigError("checkpoint file '" + file + "' has a malformed yarn attribute '" +
+                            text + "'");
+      }
+    }
     if (h5_read_attr(f, "num_experts", x)) {  // Mixture of Experts
       auto moe_int = [&](const char* name, int64_t lo, int64_t hi) {
         int64_t v = 0;
@@ -632,8 +669,19 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
          "norm weights applied as 1 + w", "norm weights applied as w");
   option("--squared-relu", m.squared_relu, c.squared_relu, "a squared-ReLU MLP",
          "no squared-ReLU MLP");
-  option("--qk-layernorm", m.qk_layernorm, c.qk_layernorm, "attn.q_norm and attn.k_norm weights",
+  option("--qk-layernorm", m.qk_layernorm, c.qk_layernorm,
+         m.mla() ? "latent norms (attn.q_down_norm, attn.kv_down_norm)"
+                 : "attn.q_norm and attn.k_norm weights",
          "no query/key norms");
+  option("--multi-latent-attention", m.mla(), c.mla(), "multi-latent attention",
+         "standard attention");
+  if (m.mla()) {
+    differ("q-lora-rank", m.q_lora_rank, c.q_lora_rank);
+    differ("kv-lora-rank", m.kv_lora_rank, c.kv_lora_rank);
+    differ("qk-head-dim", m.qk_head_dim, c.qk_head_dim);
+    differ("qk-pos-emb-head-dim", m.qk_pos_emb_head_dim, c.qk_pos_emb_head_dim);
+    differ("v-head-dim", m.v_head_dim, c.v_head_dim);
+  }
   differ("num-experts", m.num_experts, c.num_experts);
   if (m.moe()) {
     differ("moe-router-topk", m.moe_router_topk, c.moe_router_topk);
@@ -686,6 +734,15 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
            "rotary pairs (2i, 2i+1)", "rotary pairs (i, i + d/2)");
     option("--use-rope-scaling", m.use_rope_scaling, c.use_rope_scaling,
            "Llama 3's frequency scaling", "no frequency scaling");
+    text("--rope-type", m.rope_type, c.rope_type);
+    if (m.yarn()) {
+      number("--rotary-scaling-factor", m.rotary_scaling_factor, c.rotary_scaling_factor);
+      number("--mscale-all-dim", m.mscale_all_dim, c.mscale_all_dim);
+      number("--beta-fast", m.beta_fast, c.beta_fast);
+      number("--beta-slow", m.beta_slow, c.beta_slow);
+      number("--original-max-position-embeddings", m.original_max_position_embeddings,
+             c.original_max_position_embeddings);
+    }
     if (m.use_rope_scaling) {
       number("--rope-scaling-factor", m.rope_scaling_factor, c.rope_scaling_factor);
       number("--rope-scaling-low-freq-factor", m.rope_scaling_low_freq_factor,

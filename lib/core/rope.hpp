@@ -16,6 +16,11 @@ namespace tessera {
 // blended linearly in original_max_positions / wavelength. factor <= 1: no scaling.
 struct RopeScaling {
   double factor = 1, low_freq_factor = 1, high_freq_factor = 4, original_max_positions = 8192;
+  // YaRN (DeepSeek's MLA, --rope-type yarn): the pairs whose wavelength fits the original context
+  // fewer than beta_slow times are interpolated (divided by factor), those that fit it more than
+  // beta_fast times kept, a linear ramp between (the factor and original context as above).
+  bool yarn = false;
+  double beta_fast = 32, beta_slow = 1;
 };
 
 // Rotary position embedding of one rank's heads (Backend::rope).
@@ -47,6 +52,22 @@ TESSERA_HD float rope_inv_freq(int64_t k, int64_t rot_dim, double base, const Ro
       1.0 /
       pow(base, static_cast<double>(static_cast<float>(2 * k) / static_cast<float>(rot_dim))));
   if (!(s.factor > 1)) return inv;
+  if (s.yarn) {
+    // The pair index at which the wavelength fits the original context n times (DeepSeek's
+    // find_correction_dim), floored / ceiled and clamped; the ramp from interpolated to kept.
+    const double kPi = 3.14159265358979323846;
+    auto at = [&](double n) {
+      return rot_dim * log(s.original_max_positions / (n * 2 * kPi)) / (2 * log(base));
+    };
+    double lo = floor(at(s.beta_fast)), hi = ceil(at(s.beta_slow));
+    lo = lo < 0 ? 0 : lo;
+    hi = hi > rot_dim - 1 ? rot_dim - 1 : hi;
+    if (lo == hi) hi += 0.001;
+    double ramp = (static_cast<double>(k) - lo) / (hi - lo);
+    ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+    const double keep = 1 - ramp;  // 1: extrapolated (kept), 0: interpolated
+    return static_cast<float>(inv / s.factor * (1 - keep) + inv * keep);
+  }
   const double kPi = 3.14159265358979323846;
   const double wavelen = 2 * kPi / inv;
   const double low = s.original_max_positions / s.low_freq_factor;    // longest kept blended

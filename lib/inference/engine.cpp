@@ -71,7 +71,25 @@ void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
   ln_ = f({rows_, C});
   qkv_ = f({rows_, qkv_cols});
   att_ = f({rows_, Cl});
-  if (cfg.qk_layernorm) {  // the q/k heads before their norms, and the norms' statistics
+  if (cfg.mla()) {  // multi-latent attention's latents and scratch (model/mla.cpp)
+    const int64_t H = model_.heads_local(), qr = cfg.q_lora_rank, kvr = cfg.kv_lora_rank;
+    if (qr > 0) {
+      mla_.q_lat = f({rows_, qr});
+      mla_.q_lat_n = cfg.qk_layernorm ? f({rows_, qr}) : mla_.q_lat;
+    }
+    mla_.c = f({rows_, kvr});
+    mla_.c_n = cfg.qk_layernorm ? f({rows_, kvr}) : mla_.c;
+    mla_.k_pe = f({rows_, cfg.qk_pos_emb_head_dim});
+    if (cfg.qk_layernorm) {
+      if (!cfg.rmsnorm()) mla_.q_mean = f32({rows_}), mla_.c_mean = f32({rows_});
+      mla_.q_rstd = f32({rows_});
+      mla_.c_rstd = f32({rows_});
+    }
+    mla_.att_v = f({rows_, H * cfg.v_head_dim});
+    mla_q_ = f({rows_, H * cfg.head_dim()});
+    mla_kv_ = f({rows_, H * (cfg.qk_head_dim + cfg.v_head_dim)});
+  }
+  if (cfg.qk_layernorm && !cfg.mla()) {  // the q/k heads before their norms, and statistics
     const int64_t H = model_.heads_local(), G = model_.kv_heads_local();
     qk_.q_raw = f({rows_, H * cfg.head_dim()});
     qk_.k_raw = f({rows_, G * cfg.head_dim()});
@@ -295,8 +313,12 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
     const int l = layers[k];
     const LayerWeights& w = model_.layer_weights(l);
     if (!ln1_done) model_.norm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b);
-    be_.matmul_forward(qkv, ln, w.qkv_w, opt(w.qkv_b));
-    if (cfg.qk_layernorm) model_.qk_norm_forward(qkv, w, qk_, att);  // att: scratch until used
+    if (cfg.mla())
+      model_.mla_qkv_forward(qkv, ln, w, mla_, mla_q_, mla_kv_);
+    else
+      be_.matmul_forward(qkv, ln, w.qkv_w, opt(w.qkv_b));
+    if (cfg.qk_layernorm && !cfg.mla())
+      model_.qk_norm_forward(qkv, w, qk_, att);  // att: scratch until used
     if (cfg.rope()) be_.rope(qkv, rope, &pos, false);
     Tensor& kc = k_cache_[sh.local_index(l)];
     Tensor& vc = v_cache_[sh.local_index(l)];
@@ -306,7 +328,9 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
     else
       be_.kv_attention(att, qkv, kc, vc, kv, model_.heads_local(), model_.kv_heads_local(),
                        model_.alibi());
-    be_.matmul_forward(tmp, att, w.proj_w, bias_here ? opt(w.proj_b) : nullptr);
+    Tensor att_v = cfg.mla() ? mla_.att_v.view(0, {n, mla_.att_v.dim(1)}) : att;
+    if (cfg.mla()) model_.mla_values(att_v, att);  // each head's values, not its padding
+    be_.matmul_forward(tmp, att_v, w.proj_w, bias_here ? opt(w.proj_b) : nullptr);
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
     model_.add_norm_forward(x, ln, mean, rstd, x, tmp, w.ln2_w, w.ln2_b);
     if (cfg.is_moe_layer(l)) {

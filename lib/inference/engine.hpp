@@ -97,6 +97,8 @@ class InferenceEngine {
   Tensor dec_rows_;           // a decode step's row table (rows, 3): slot, position, row
   GPTModel::MoEScratch moe_;  // MoE layers' buffers (none for a dense model)
   QkNormTensors qk_;          // --qk-layernorm's buffers (rows_ rows; none without)
+  MlaTensors mla_;            // multi-latent attention's latents (rows_ rows; none without)
+  Tensor mla_q_, mla_kv_;     // and its scratch
   bool cfg_moe() const { return model_.config().moe(); }
   std::vector<int32_t> host_pos_;   // positions / last rows / row table, staged for the backend
   std::vector<float> host_logits_;  // the gathered logits, back on the host

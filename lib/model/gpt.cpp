@@ -28,6 +28,14 @@ LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads, const GPTCon
                  get("attn.qkv.bias"), get("attn.proj.weight"), get("attn.proj.bias"),
                  get("ln2.weight"),    get("ln2.bias"),         get("mlp.fc1.weight"),
                  get("mlp.fc1.bias"),  get("mlp.fc2.weight"),   get("mlp.fc2.bias")};
+  w.q_down_w = get("attn.q_down.weight");  // multi-latent attention
+  w.q_down_norm_w = get("attn.q_down_norm.weight");
+  w.q_down_norm_b = get("attn.q_down_norm.bias");
+  w.q_up_w = ps.has(p + "attn.q_up.weight") ? get("attn.q_up.weight") : get("attn.q_proj.weight");
+  w.kv_down_w = get("attn.kv_down.weight");
+  w.kv_down_norm_w = get("attn.kv_down_norm.weight");
+  w.kv_down_norm_b = get("attn.kv_down_norm.bias");
+  w.kv_up_w = get("attn.kv_up.weight");
   w.q_norm_w = get("attn.q_norm.weight");  // --qk-layernorm
   w.q_norm_b = get("attn.q_norm.bias");
   w.k_norm_w = get("attn.k_norm.weight");
@@ -91,6 +99,13 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
     rope_.scaling =
         RopeScaling{cfg.rope_scaling_factor, cfg.rope_scaling_low_freq_factor,
                     cfg.rope_scaling_high_freq_factor, cfg.rope_scaling_original_max_positions};
+  if (cfg.yarn()) {  // YaRN (MLA): the factor over the original context, the beta ramp
+    rope_.scaling.factor = cfg.rotary_scaling_factor;
+    rope_.scaling.original_max_positions = cfg.original_max_position_embeddings;
+    rope_.scaling.yarn = true;
+    rope_.scaling.beta_fast = cfg.beta_fast;
+    rope_.scaling.beta_slow = cfg.beta_slow;
+  }
   hidden_local_ = heads_local_ * cfg.head_dim();
   ffn_local_ = cfg.ffn() / shard.tp_size;
   sp_ = shard.sequence_parallel && shard.tp_size > 1;
@@ -281,11 +296,33 @@ struct SlotBuilder {
   void core(LayerActivations& la) const {
     la.att = f({B, T, hl});
     la.lse = f32({B, heads_l, T});
+    if (cfg.mla()) la.mla.att_v = f({N, heads_l * cfg.v_head_dim});
+  }
+  // MLA's latents (kept with the GEMM outputs).
+  void mla_kept(LayerActivations& la) const {
+    const int64_t qr = cfg.q_lora_rank, kvr = cfg.kv_lora_rank;
+    MlaTensors& m = la.mla;
+    if (qr > 0) {
+      m.q_lat = f({N, qr});
+      m.q_lat_n = cfg.qk_layernorm ? f({N, qr}) : m.q_lat;
+      if (cfg.qk_layernorm) {
+        if (!cfg.rmsnorm()) m.q_mean = f32({N});
+        m.q_rstd = f32({N});
+      }
+    }
+    m.c = f({N, kvr});
+    m.c_n = cfg.qk_layernorm ? f({N, kvr}) : m.c;
+    m.k_pe = f({N, cfg.qk_pos_emb_head_dim});
+    if (cfg.qk_layernorm) {
+      if (!cfg.rmsnorm()) m.c_mean = f32({N});
+      m.c_rstd = f32({N});
+    }
   }
   // What selective recomputation keeps.
   void kept(LayerActivations& la, bool res2, int64_t fl, bool moe) const {
     la.qkv = f({B, T, qkvl});
-    if (cfg.qk_layernorm) {  // the q/k heads before their norms, and the norms' statistics
+    if (cfg.mla()) mla_kept(la);
+    if (cfg.qk_layernorm && !cfg.mla()) {  // the q/k heads before their norms, and statistics
       const int64_t kv_l = cfg.kv_heads() / shard.tp_size;
       la.qk.q_raw = f({N, hl});
       la.qk.k_raw = f({N, kv_l * cfg.head_dim()});
@@ -338,7 +375,22 @@ struct SlotBuilder {
     shared.dln = f({N, C});
     shared.dqkv = f({B, T, qkvl});
     shared.datt = f({B, T, hl});
-    if (cfg.qk_layernorm) shared.qk_tmp = f({N, hl});
+    if (cfg.qk_layernorm && !cfg.mla()) shared.qk_tmp = f({N, hl});
+    if (cfg.mla()) {
+      const int64_t dr = cfg.qk_pos_emb_head_dim;
+      shared.mla_q = f({N, hl});
+      shared.mla_kv = f({N, heads_l * (cfg.qk_head_dim + cfg.v_head_dim)});
+      if (cfg.q_lora_rank > 0) {
+        shared.mla_dq_n = f({N, cfg.q_lora_rank});
+        shared.mla_dq_lat = f({N, cfg.q_lora_rank});
+      }
+      shared.mla_dc_n = f({N, cfg.kv_lora_rank});
+      shared.mla_dc = f({N, cfg.kv_lora_rank});
+      shared.mla_dk_pe = f({N, dr});
+      shared.mla_tmp_pe = f({N, dr});
+      shared.mla_dln = f({N, C});
+      shared.datt_v = f({N, heads_l * cfg.v_head_dim});
+    }
     if (fl_max > 0) shared.dfc = f({N, fl_max});
     if (cfg.swiglu && fl_max > 0) shared.dfc1 = f({N, glu * fl_max});
     if (any_moe) {
@@ -618,11 +670,14 @@ void GPTModel::reduce_sequence_parallel_grads(int piece) {
     TESSERA_PHASE("moe-router-grad-all-reduce");
     tp_.all_reduce(grads_[shard_.local_index(piece)].router_w, ReduceOp::Sum);
   }
-  if (piece >= 0 && cfg_.qk_layernorm && tp_.size() > 1) {
-    // Each TP rank normalized its own heads: the q/k norms' gradients are partial sums.
+  if (piece >= 0 && (cfg_.qk_layernorm || cfg_.mla()) && tp_.size() > 1) {
+    // Each TP rank normalized its own heads (--qk-layernorm), or (MLA) back-propagated its own
+    // heads into the replicated latents: those parameters' gradients are partial sums.
     TESSERA_PHASE("qk-norm-grad-all-reduce");
     LayerWeights& g = grads_[shard_.local_index(piece)];
-    for (Tensor* t : {&g.q_norm_w, &g.q_norm_b, &g.k_norm_w, &g.k_norm_b})
+    for (Tensor* t : {&g.q_norm_w, &g.q_norm_b, &g.k_norm_w, &g.k_norm_b, &g.q_down_w,
+                      &g.q_down_norm_w, &g.q_down_norm_b, &g.kv_down_w, &g.kv_down_norm_w,
+                      &g.kv_down_norm_b})
       if (t->defined()) tp_.all_reduce(*t, ReduceOp::Sum);
   }
   if (!sp_) return;
@@ -805,8 +860,11 @@ void GPTModel::block_forward(int l, Activations& a) {
   norm_forward(ln1, la.ln1_mean, la.ln1_rstd, x, w.ln1_w, w.ln1_b);
   gather_rows(phase, la.ln1);
   phase("qkv-gemm-forward");
-  linear_forward(l, Fp8Gemm::Qkv, la.qkv, la.ln1, w.qkv_w, opt(w.qkv_b), a);
-  if (cfg_.qk_layernorm) {
+  if (cfg_.mla())
+    mla_qkv_forward(la.qkv, la.ln1, w, la.mla, a.mla_q, a.mla_kv);
+  else
+    linear_forward(l, Fp8Gemm::Qkv, la.qkv, la.ln1, w.qkv_w, opt(w.qkv_b), a);
+  if (cfg_.qk_layernorm && !cfg_.mla()) {
     phase("qk-norm-forward");
     qk_norm_forward(la.qkv, w, la.qk, a.qk_tmp);
   }
@@ -816,9 +874,10 @@ void GPTModel::block_forward(int l, Activations& a) {
   }
   phase("attention-core-forward");
   attention_core_forward(l, a, la);
+  if (cfg_.mla()) mla_values(la.mla.att_v, la.att);
   phase("proj-gemm-forward");
-  linear_forward(l, Fp8Gemm::Proj, a.tmp_c, la.att, w.proj_w, bias_here ? opt(w.proj_b) : nullptr,
-                 a);
+  linear_forward(l, Fp8Gemm::Proj, a.tmp_c, cfg_.mla() ? la.mla.att_v : la.att, w.proj_w,
+                 bias_here ? opt(w.proj_b) : nullptr, a);
   Tensor branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::AttnOut, a); d.active()) {
     phase("dropout");
@@ -985,6 +1044,7 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
     gather_rows(phase, la.ln2);
     phase("attention-core-forward");  // qkv was kept with RoPE applied
     attention_core_forward(l, a, la);
+    if (cfg_.mla()) mla_values(la.mla.att_v, la.att);
     if (la.gelu.defined()) activation_forward(phase, la);
     if (cfg_.is_moe_layer(l)) {   // the experts' inputs and activations from the kept routing
       if (shard_.ep_size == 1) {  // else the received rows were kept
@@ -1040,19 +1100,28 @@ void GPTModel::block_backward(int l, Activations& a) {
   // Attention: res1 = x + drop(proj(attn(qkv(ln1(x))))); dres becomes d x.
   const Tensor& dattn = branch_grad(phase, a, hidden_dropout(l, DropoutKind::AttnOut, a));
   phase("proj-gemm-backward");
-  linear_backward(l, Fp8Gemm::Proj, &a.datt, g.proj_w, opt(g.proj_b), dattn, la.att, w.proj_w);
+  if (cfg_.mla()) {
+    linear_backward(l, Fp8Gemm::Proj, &a.datt_v, g.proj_w, opt(g.proj_b), dattn, la.mla.att_v,
+                    w.proj_w);
+    mla_expand(a.datt, a.datt_v);
+  } else {
+    linear_backward(l, Fp8Gemm::Proj, &a.datt, g.proj_w, opt(g.proj_b), dattn, la.att, w.proj_w);
+  }
   phase("attention-core-backward");
   attention_core_backward(l, a, la);
   if (cfg_.rope()) {  // the rotation's transpose: rotate the gradient back
     phase("rope");
     be_.rope(a.dqkv, rope_spec(a.T), rope_positions(a), true);
   }
-  if (cfg_.qk_layernorm) {  // datt is free once the attention core's backward has read it
+  if (cfg_.qk_layernorm && !cfg_.mla()) {  // datt is free once the attention core has read it
     phase("qk-norm-backward");
     qk_norm_backward(a.dqkv, g, w, la.qk, a.qk_tmp, a.datt);
   }
   phase("qkv-gemm-backward");
-  linear_backward(l, Fp8Gemm::Qkv, &a.dln, g.qkv_w, opt(g.qkv_b), a.dqkv, la.ln1, w.qkv_w);
+  if (cfg_.mla())
+    mla_qkv_backward(l, a, la);
+  else
+    linear_backward(l, Fp8Gemm::Qkv, &a.dln, g.qkv_w, opt(g.qkv_b), a.dqkv, la.ln1, w.qkv_w);
   dln = reduce_rows(phase, a.dln, a);
   phase("layernorm-backward");
   norm_backward(a.dres, g.ln1_w, g.ln1_b, dln, x, w.ln1_w, la.ln1_mean, la.ln1_rstd);

@@ -30,8 +30,18 @@ struct QkNormTensors {
   Tensor q_raw, k_raw, q_mean, q_rstd, k_mean, k_rstd;
 };
 
+// Multi-latent attention (model/mla.cpp): what its backward reads. The query latent before and
+// after its norm (N, q_lora_rank) with the norm's statistics (N); the key/value latent before
+// and after its norm (N, kv_lora_rank) with its statistics, and the keys' shared RoPE part
+// (N, rope dim) before RoPE; the attention output's values per head (N, Hl*v_head_dim), the output
+// projection's input. Without the latent norms q_lat_n and c_n are q_lat and c.
+struct MlaTensors {
+  Tensor q_lat, q_lat_n, q_mean, q_rstd, c, c_n, c_mean, c_rstd, k_pe, att_v;
+};
+
 struct LayerActivations {
   Tensor ln1, ln1_mean, ln1_rstd;  // (N,C), (N), (N)
+  MlaTensors mla;                  // --multi-latent-attention
   Tensor qkv;  // (B,T,(Hl+2Gl)*hd): query, key, value heads (q/k norms and RoPE applied)
   QkNormTensors qk;  // --qk-layernorm: what the q/k norms' backward reads
   Tensor att, lse;                 // (B,T,Cl), (B,Hl,T)
@@ -71,6 +81,10 @@ struct ExpertWeights {
 struct LayerWeights {
   Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
   Tensor q_norm_w, q_norm_b, k_norm_w, k_norm_b;  // --qk-layernorm
+  // MLA: the latents' down-projections and norms, the up-projections (q_up_w is the query
+  // projection from the hidden state when there is no query latent).
+  Tensor q_down_w, q_down_norm_w, q_down_norm_b, q_up_w, kv_down_w, kv_down_norm_w,
+      kv_down_norm_b, kv_up_w;
   Tensor router_w;
   std::vector<ExpertWeights> experts;
 };
@@ -103,6 +117,12 @@ struct Activations {
   Tensor dqkv, datt, dfc;  // (N,(Hl+2Gl)hd), (N,Cl), (N,Fl)
   Tensor dfc1;             // (N,2Fl): the gradient of SwiGLU's gate and up (SwiGLU only)
   Tensor qk_tmp;           // (N,Hl*hd): the q/k norms' scratch (--qk-layernorm only)
+  // MLA's scratch: the heads' queries (N, Hl*hd), keys without position and values
+  // (N, Hl*(qk_head_dim + v_head_dim)), the latents' gradients after and before their norms
+  // (N, q_lora_rank) x 2, (N, kv_lora_rank) x 2, the shared RoPE key's gradient (N, rope dim) and
+  // one head's (N, rope dim), and a second (N,C) for the input gradient's other parts.
+  Tensor mla_q, mla_kv, mla_dq_n, mla_dq_lat, mla_dc_n, mla_dc, mla_dk_pe, mla_tmp_pe, mla_dln;
+  Tensor datt_v;  // MLA: the output projection's input gradient (N, Hl*v_head_dim)
   // MoE scratch: expert output and input gradients (R,C), the expert activation's and fc1's
   // gradients, the routing weights' (N,K) and the logits' (N,E) gradients (f32), and two (N,C).
   Tensor moe_dout, moe_dact, moe_dfc1, moe_dweight, moe_dlogits, moe_dx, moe_tmp;
@@ -256,6 +276,14 @@ class GPTModel {
   // norm) into those before it and accumulates the norms' weight gradients into g; tmp and tmp2
   // (each n*Hl*hd) are scratch.
   void qk_norm_forward(Tensor& qkv, const LayerWeights& w, QkNormTensors& keep, Tensor& tmp);
+  // Multi-latent attention (model/mla.cpp): ln (n rows) -> qkv (n rows of 3 * Hl * head_dim:
+  // each query head [RoPE part | the rest], each key head [the shared RoPE key | its own], each
+  // value head [v_head_dim values | zeros]), before RoPE; keeps the latents in `keep`; q and kv
+  // are scratch (n, Hl*hd) and (n, Hl*(qk_head_dim + v_head_dim)). The attention output's values
+  // per head into att_v (mla_values), and the projection's input gradient back (mla_expand).
+  void mla_qkv_forward(Tensor& qkv, const Tensor& ln, const LayerWeights& w, MlaTensors& keep,
+                       Tensor& q, Tensor& kv);
+  void mla_values(Tensor& att_v, const Tensor& att);
   void qk_norm_backward(Tensor& dqkv, LayerWeights& g, const LayerWeights& w,
                         const QkNormTensors& keep, Tensor& tmp, Tensor& tmp2);
   // sum = a + b, out = the model's norm of sum (one pass where the backend has one; sum may be a).
@@ -379,6 +407,11 @@ class GPTModel {
   void attention_core_forward(int layer, Activations& a, LayerActivations& la);
   void attention_core_backward(int layer, Activations& a, LayerActivations& la);
   void ring_attention_forward(int layer, Activations& a, LayerActivations& la);
+  // MLA's backward from a.dqkv (after RoPE's inverse) to a.dln (the input gradient, partial over
+  // TP) and the weights' gradients; and datt (the attention output's gradient, zeros at the
+  // padded values) from a.datt_v.
+  void mla_qkv_backward(int layer, Activations& a, LayerActivations& la);
+  void mla_expand(Tensor& datt, const Tensor& datt_v);
   void ring_attention_backward(int layer, Activations& a, LayerActivations& la);
   // Hidden dropout over rows of a micro-batch's local rows (this rank's own rows, as
   // dropout_row_begin counts them), keyed by global sample and position (one call per run of

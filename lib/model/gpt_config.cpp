@@ -209,6 +209,7 @@ void GPTConfig::validate() const {
           num_attention_heads, " (allowed: a divisor of ", num_attention_heads, ")"));
   }
   validate_moe();
+  validate_mla();
   if (!(attention_dropout >= 0 && attention_dropout < 1))
     throw ConfigError(detail::concat("--attention-dropout=", attention_dropout,
                                      " is out of range (allowed: 0 <= p < 1)"));
@@ -319,7 +320,70 @@ void GPTConfig::validate_moe_router() const {
         "), but a group has ", per_group, " experts (allowed: 1 to ", per_group, ")"));
 }
 
+double GPTConfig::yarn_softmax_factor() const {
+  if (!yarn() || rotary_scaling_factor <= 1) return 1.0;
+  const double m = 0.1 * mscale_all_dim * std::log(rotary_scaling_factor) + 1.0;
+  return m * m;
+}
+
+void GPTConfig::validate_mla() const {
+  if (rope_type != "rope" && rope_type != "yarn")
+    throw ConfigError("--rope-type=" + rope_type + " is not known (allowed: rope, yarn)");
+  if (yarn() && !mla())
+    throw ConfigError(
+        "--rope-type yarn needs --multi-latent-attention (YaRN is offered with MLA, DeepSeek's "
+        "attention)");
+  if (!mla()) return;
+  auto at_least = [](const char* opt, int64_t v, int64_t lo) {
+    if (v < lo)
+      throw ConfigError(detail::concat("--", opt, "=", v, " is out of range with "
+                                       "--multi-latent-attention (allowed: >= ", lo, ")"));
+  };
+  at_least("kv-lora-rank", kv_lora_rank, 1);
+  at_least("q-lora-rank", q_lora_rank, 0);
+  at_least("qk-head-dim", qk_head_dim, 1);
+  at_least("v-head-dim", v_head_dim, 1);
+  if (qk_pos_emb_head_dim < 2 || qk_pos_emb_head_dim % 2 != 0)
+    throw ConfigError(detail::concat("--qk-pos-emb-head-dim=", qk_pos_emb_head_dim,
+                                     " must be even and at least 2 (RoPE rotates feature pairs)"));
+  if (v_head_dim > head_dim())
+    throw ConfigError(detail::concat("--v-head-dim=", v_head_dim, " exceeds --qk-head-dim + ",
+                                     "--qk-pos-emb-head-dim = ", head_dim(),
+                                     " (the values are padded to the query/key heads' width)"));
+  if (!rope())
+    throw ConfigError("--multi-latent-attention needs --position-embedding-type rope (its keys' "
+                      "RoPE part is shared by the heads)");
+  if (group_query_attention)
+    throw ConfigError("--multi-latent-attention with --group-query-attention: MLA's keys and "
+                      "values are per head, from one latent; drop --group-query-attention");
+  if (add_bias_linear || add_qkv_bias)
+    throw ConfigError("--multi-latent-attention has no linear biases in Tessera (DeepSeek has "
+                      "none): add --disable-bias-linear and leave out --add-qkv-bias");
+  if (kv_channels > 0 && kv_channels != head_dim())
+    throw ConfigError(detail::concat("--kv-channels=", kv_channels, " with --multi-latent-attention:",
+                                     " the heads are --qk-head-dim + --qk-pos-emb-head-dim = ",
+                                     head_dim(), " wide; leave --kv-channels out"));
+  if (use_rope_scaling)
+    throw ConfigError("--use-rope-scaling (Llama 3's) with --multi-latent-attention: use "
+                      "--rope-type yarn for DeepSeek's scaling");
+  if (yarn()) {
+    if (!(rotary_scaling_factor >= 1) || !(beta_fast > beta_slow) || !(beta_slow > 0) ||
+        original_max_position_embeddings < 1)
+      throw ConfigError(detail::concat(
+          "--rope-type yarn: --rotary-scaling-factor=", rotary_scaling_factor, ", --beta-fast=",
+          beta_fast, ", --beta-slow=", beta_slow, ", --original-max-position-embeddings=",
+          original_max_position_embeddings,
+          " (allowed: factor >= 1, beta-fast > beta-slow > 0, original positions >= 1)"));
+    if (mscale != mscale_all_dim && rotary_scaling_factor > 1 && mscale_all_dim != 0)
+      throw ConfigError(detail::concat(
+          "--mscale=", mscale, " differs from --mscale-all-dim=", mscale_all_dim,
+          ": YaRN would then scale RoPE's cos and sin by their ratio, which Tessera does not "
+          "(DeepSeek-V2/V3 give the two the same value)"));
+  }
+}
+
 int GPTConfig::rotary_dim() const {
+  if (mla()) return qk_pos_emb_head_dim;  // MLA: the RoPE part of each head
   // Megatron: int(head_dim * percent), rounded down to an even count.
   const int d = static_cast<int>(head_dim() * rotary_percent + 1e-9);
   return d - d % 2;
@@ -339,7 +403,15 @@ std::string GPTConfig::describe() const {
   if (apply_layernorm_1p) out += " (1 + w)";
   out += swiglu ? ", SwiGLU" : squared_relu ? ", squared ReLU" : ", GELU";
   if (rope() && rotary_interleaved) out += ", interleaved rotary pairs";
-  if (qk_layernorm) out += ", query/key norm per head";
+  if (qk_layernorm && !mla()) out += ", query/key norm per head";
+  if (mla())
+    out += detail::concat(", multi-latent attention (", q_lora_rank > 0 ? detail::concat("query rank ", q_lora_rank, ", ") : std::string(),
+                          "key/value rank ", kv_lora_rank, ", heads of ", qk_head_dim, " + ",
+                          qk_pos_emb_head_dim, " RoPE features, values of ", v_head_dim,
+                          qk_layernorm ? ", latent norms" : "", ")");
+  if (yarn())
+    out += detail::concat(", YaRN x", rotary_scaling_factor, " over ",
+                          original_max_position_embeddings, " positions");
   if (kv_channels > 0) out += detail::concat(", ", kv_channels, " channels per head");
   if (!group_query_attention)
     out += ", multi-head attention";
@@ -381,8 +453,15 @@ int64_t count_parameters(const GPTConfig& c, int experts_counted) {
     return (fc1 * h + bias * fc1) + (h * f + bias * h);
   };
   const int64_t qk_norm = c.qk_layernorm ? (c.rmsnorm() ? 2 * hd : 4 * hd) : 0;
-  const int64_t attn = 2 * norm + qk_norm + (qkv * h + qkv_b * qkv) +
-                       (h * c.num_attention_heads * hd + bias * h);
+  int64_t attn = 2 * norm + qk_norm + (qkv * h + qkv_b * qkv) +
+                 (h * c.num_attention_heads * hd + bias * h);
+  if (c.mla()) {  // the latents' projections and norms, the up-projections, the output
+    const int64_t H = c.num_attention_heads, qr = c.q_lora_rank, kvr = c.kv_lora_rank;
+    const int64_t lat = c.qk_layernorm ? (c.rmsnorm() ? 1 : 2) : 0;  // a latent norm's vectors
+    attn = 2 * norm + (qr > 0 ? qr * h + lat * qr + H * hd * qr : H * hd * h) +
+           (kvr + c.qk_pos_emb_head_dim) * h + lat * kvr +
+           H * int64_t(c.qk_head_dim + c.v_head_dim) * kvr + h * H * c.v_head_dim;
+  }
   int64_t n = c.vocab_size * h + norm;
   for (int l = 0; l < L; ++l) {
     n += attn;
@@ -421,9 +500,17 @@ double GPTConfig::train_flops_per_token() const {
             ? per_f * (double(moe_router_topk) * moe_ffn() + moe_shared_expert_intermediate_size) +
                   double(num_experts) * h
             : per_f * f;
-  const double matmul_params = L * ((H + 2 * G) * hd * h + H * hd * h) + mlp + V * h;
-  // attention scores and their weighted sum: 12*L*s*(H*hd) (= 12*L*s*h unless --kv-channels)
-  return 6.0 * matmul_params + 12.0 * L * s * H * hd;
+  double attn = (H + 2 * G) * hd * h + H * hd * h;
+  if (mla()) {
+    const double qr = q_lora_rank, kvr = kv_lora_rank;
+    attn = (qr > 0 ? qr * h + H * hd * qr : H * hd * h) + (kvr + qk_pos_emb_head_dim) * h +
+           H * (qk_head_dim + v_head_dim) * kvr + h * H * v_head_dim;
+  }
+  const double matmul_params = L * attn + mlp + V * h;
+  // attention scores and their weighted sum: 12*L*s*(H*hd) (= 12*L*s*h unless --kv-channels;
+  // MLA: 6*L*s*H*(hd + v_head_dim), the padded values not counted)
+  const double scores = mla() ? 6.0 * L * s * H * (hd + v_head_dim) : 12.0 * L * s * H * hd;
+  return 6.0 * matmul_params + scores;
 }
 
 void set_seq_length(GPTConfig& cfg, int seq, const std::string& source) {

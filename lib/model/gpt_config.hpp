@@ -51,6 +51,21 @@ struct GPTConfig {
   // features by the model's norm (RMSNorm or LayerNorm) with weights of its own per layer
   // (attn.q_norm, attn.k_norm, shared by all heads), after the QKV projection and before RoPE.
   bool qk_layernorm = false;
+  // Multi-latent attention (DeepSeek-V2/V3, Megatron-Core's MLA; docs/model.md): queries from a
+  // compressed latent of q_lora_rank features (0: straight from the hidden state), keys and values
+  // from one of kv_lora_rank features, each latent through the model's norm when qk_layernorm;
+  // per head qk_head_dim features without position and qk_pos_emb_head_dim with RoPE (the keys'
+  // RoPE part shared by all heads), values of v_head_dim. The attention runs on heads of
+  // qk_head_dim + qk_pos_emb_head_dim features (head_dim()), the values padded with zeros.
+  bool multi_latent_attention = false;
+  int q_lora_rank = 0, kv_lora_rank = 0;
+  int qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
+  // RoPE's frequencies: rope, or yarn (YaRN, with MLA: --rotary-scaling-factor over the original
+  // context, the beta_fast / beta_slow ramp, and the softmax scale times mscale(mscale_all_dim)^2).
+  std::string rope_type = "rope";
+  double rotary_scaling_factor = 1, mscale = 1, mscale_all_dim = 0;
+  double beta_fast = 32, beta_slow = 1;
+  int original_max_position_embeddings = 4096;
 
   // Mixture of Experts (Megatron-Core's MoE layer, docs/model.md): with num_experts > 0 the MLP of
   // the layers moe_layer_freq selects is a router over num_experts expert MLPs (each the model's
@@ -96,12 +111,18 @@ struct GPTConfig {
   bool moe_grouped_gemm = false;
 
   bool rope() const { return position_embedding_type == "rope"; }
+  bool mla() const { return multi_latent_attention; }
+  bool yarn() const { return rope_type == "yarn"; }
+  // YaRN's m(f, s) = 0.1 s ln f + 1 (1 when f <= 1), and MLA's softmax scale factor m(f, mscale_all_dim)^2.
+  double yarn_softmax_factor() const;
   bool learned_positions() const { return position_embedding_type == "learned_absolute"; }
   bool alibi() const { return position_embedding_type == "alibi"; }
   bool rmsnorm() const { return normalization == "RMSNorm"; }
   bool tied_head() const { return !untie_embeddings_and_output_weights; }
   // Key/value heads: the query groups with grouped-query attention, else one per query head.
-  int kv_heads() const { return group_query_attention ? num_query_groups : num_attention_heads; }
+  int kv_heads() const {
+    return group_query_attention && !mla() ? num_query_groups : num_attention_heads;
+  }
   // Features of a head that RoPE rotates (even).
   int rotary_dim() const;
   // The architecture in words, e.g. "RoPE (base 500000, 64 of 64 features), RMSNorm, SwiGLU,
@@ -114,7 +135,12 @@ struct GPTConfig {
   }
   // Features per head: --kv-channels, else hidden_size / num_attention_heads. The QKV projection
   // is heads * head_dim() wide and the output projection maps that back to hidden_size.
-  int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  int head_dim() const {
+    if (mla()) return qk_head_dim + qk_pos_emb_head_dim;
+    return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;
+  }
+  // The width per head of the attention output the projection reads (MLA: v_head_dim).
+  int value_dim() const { return mla() ? v_head_dim : head_dim(); }
   // Whether the QKV projection has biases (all linear biases, or --add-qkv-bias alone).
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   // Megatron's padding: the smallest multiple of divisible_by * tp at or above vocab_size. Padded
@@ -139,6 +165,7 @@ struct GPTConfig {
   void validate() const;
   void validate_moe() const;
   void validate_moe_router() const;  // expert bias and group-limited routing
+  void validate_mla() const;         // multi-latent attention and YaRN
 
   // Parameters of the whole model at tensor-parallel size 1 (tied head counted once), and those
   // one token uses (with MoE: k of the E experts of each MoE layer; the same as num_parameters

@@ -103,6 +103,34 @@ ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int p
 }
 
 namespace {
+// Multi-latent attention's projections (model/mla.cpp): the query latent's down-projection, its
+// norm and the up-projection to the heads (or one projection from the hidden state), the key/value
+// latent's (its last qk_pos_emb_head_dim features: the keys' shared RoPE part), its norm and the
+// up-projection to each head's keys without position and values. The latents are replicated over
+// TP (every rank computes them; their gradients are summed over TP), the up-projections split by
+// heads.
+void mla_attention(SpecBuilder& b, const GPTConfig& cfg, const std::string& p, ParamInit norm_init) {
+  const int64_t h = cfg.hidden_size, heads = cfg.num_attention_heads, hd = cfg.head_dim();
+  const int64_t qr = cfg.q_lora_rank, kvr = cfg.kv_lora_rank, dr = cfg.qk_pos_emb_head_dim;
+  const double std = cfg.init_method_std;
+  auto latent_norm = [&](const std::string& name, int64_t width) {
+    if (!cfg.qk_layernorm) return;
+    b.add(name + ".weight", {width}, -1, norm_init, 0, false);
+    if (!cfg.rmsnorm()) b.add(name + ".bias", {width}, -1, ParamInit::Zeros, 0, false);
+  };
+  if (qr > 0) {
+    b.add(p + "attn.q_down.weight", {qr, h}, -1, ParamInit::Normal, std, true);
+    latent_norm(p + "attn.q_down_norm", qr);
+    b.add(p + "attn.q_up.weight", {heads, hd, qr}, 0, ParamInit::Normal, std, true);
+  } else {
+    b.add(p + "attn.q_proj.weight", {heads, hd, h}, 0, ParamInit::Normal, std, true);
+  }
+  b.add(p + "attn.kv_down.weight", {kvr + dr, h}, -1, ParamInit::Normal, std, true);
+  latent_norm(p + "attn.kv_down_norm", kvr);
+  b.add(p + "attn.kv_up.weight", {heads, cfg.qk_head_dim + cfg.v_head_dim, kvr}, 0,
+        ParamInit::Normal, std, true);
+}
+
 // The specs of `shard`; with `one_expert`, each MoE layer's first local expert only (every expert
 // of a layer has the same shapes), so counting costs the same for 8 experts as for 10^8.
 std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard, bool one_expert) {
@@ -129,7 +157,9 @@ std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard
   for (int l : shard.layers()) {
     const std::string p = "layers." + std::to_string(l) + ".";
     norm(p + "ln1");
-    if (cfg.group_query_attention) {
+    if (cfg.mla()) {
+      mla_attention(b, cfg, p, norm_init);
+    } else if (cfg.group_query_attention) {
       // Query heads and key/value groups split over TP separately; glued so one GEMM reads them
       // as [H/TP query | G/TP key | G/TP value] heads.
       b.add(p + "attn.q.weight", {heads, hd, h}, 0, ParamInit::Normal, std, true);
@@ -144,13 +174,14 @@ std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard
       b.add(p + "attn.qkv.weight", {3, heads, hd, h}, 1, ParamInit::Normal, std, true);
       if (qkv_bias) b.add(p + "attn.qkv.bias", {3, heads, hd}, 1, ParamInit::Zeros, 0, false);
     }
-    if (cfg.qk_layernorm) {  // one norm of head_dim features for all query heads, one for keys
+    if (cfg.qk_layernorm && !cfg.mla()) {  // one norm of hd features for the query heads, one for keys
       for (const char* qk : {"attn.q_norm", "attn.k_norm"}) {
         b.add(p + qk + ".weight", {hd}, -1, norm_init, 0, false);
         if (ln) b.add(p + qk + ".bias", {hd}, -1, ParamInit::Zeros, 0, false);
       }
     }
-    b.add(p + "attn.proj.weight", {h, heads * hd}, 1, ParamInit::Normal, out_std, true);
+    b.add(p + "attn.proj.weight", {h, heads * cfg.value_dim()}, 1, ParamInit::Normal, out_std,
+          true);
     if (bias) b.add(p + "attn.proj.bias", {h}, -1, ParamInit::Zeros, 0, false);
     norm(p + "ln2");
     // An MLP of width w at `m` (fc1, fc2): the dense one, each expert, the shared expert.

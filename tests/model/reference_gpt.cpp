@@ -58,6 +58,19 @@ const Vec* maybe(const RefParams& P, const std::string& name) {
 // The inverse frequency of pair i, with Llama 3's scaling when configured.
 double inv_freq(const GPTConfig& c, int i, int rot) {
   const double inv = std::pow(c.rotary_base, -2.0 * i / rot);
+  if (c.rope_type == "yarn" && c.rotary_scaling_factor > 1) {
+    // YaRN (DeepSeek's yarn_find_correction_range and linear ramp): pair indices below `lo`
+    // keep their frequency, above `hi` are divided by the factor, a ramp between.
+    auto dim_at = [&](double turns) {
+      return rot * std::log(c.original_max_position_embeddings / (turns * 2 * M_PI)) /
+             (2 * std::log(c.rotary_base));
+    };
+    const double lo = std::max(std::floor(dim_at(c.beta_fast)), 0.0);
+    double hi = std::min(std::ceil(dim_at(c.beta_slow)), rot - 1.0);
+    if (hi == lo) hi += 0.001;
+    const double ramp = std::min(std::max((i - lo) / (hi - lo), 0.0), 1.0);
+    return inv / c.rotary_scaling_factor * ramp + inv * (1 - ramp);
+  }
   if (!c.use_rope_scaling) return inv;
   const double wavelen = 2 * M_PI / inv, old = c.rope_scaling_original_max_positions;
   const double lo = c.rope_scaling_low_freq_factor, hi = c.rope_scaling_high_freq_factor;
@@ -92,7 +105,17 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
   };
   const int C = cfg.hidden_size, H = cfg.num_attention_heads, F = cfg.ffn();
   const int hd = cfg.kv_channels > 0 ? cfg.kv_channels : C / H, D = H * hd;  // D: attention width
-  const int G = cfg.group_query_attention ? cfg.num_query_groups : H;
+  const int G = cfg.group_query_attention && !cfg.multi_latent_attention ? cfg.num_query_groups : H;
+  // Multi-latent attention: queries and keys of dn + dr features per head (the last dr with
+  // RoPE, the keys' shared by every head), values of dv.
+  const bool mla = cfg.multi_latent_attention;
+  const int dn = cfg.qk_head_dim, dr = cfg.qk_pos_emb_head_dim, dv = cfg.v_head_dim;
+  const int qkd = mla ? dn + dr : hd, vd = mla ? dv : hd;  // per head: q/k and v widths
+  double softmax_scale = 1 / std::sqrt(static_cast<double>(qkd));
+  if (mla && cfg.rope_type == "yarn" && cfg.rotary_scaling_factor > 1) {
+    const double m = 0.1 * cfg.mscale_all_dim * std::log(cfg.rotary_scaling_factor) + 1;
+    softmax_scale *= m * m;
+  }
   const double eps = cfg.layernorm_epsilon;
   const int V = static_cast<int>(cfg.vocab_size);
   const bool rms = cfg.normalization == "RMSNorm", rope = cfg.position_embedding_type == "rope";
@@ -133,6 +156,32 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
       std::vector<Vec> q(T), k(T), v(T);
       for (int t = 0; t < T; ++t) {
         const Vec h = norm(xb[t], p + "ln1");
+        if (mla) {  // the latents, their norms (with --qk-layernorm), the heads
+          const std::string a = p + "attn.";
+          const int qr = cfg.q_lora_rank, kvr = cfg.kv_lora_rank;
+          if (qr > 0) {
+            Vec ql = linear(h, P.at(a + "q_down.weight"), nullptr, qr);
+            if (cfg.qk_layernorm) ql = norm(ql, a + "q_down_norm");
+            q[t] = linear(ql, P.at(a + "q_up.weight"), nullptr, H * qkd);
+          } else {
+            q[t] = linear(h, P.at(a + "q_proj.weight"), nullptr, H * qkd);
+          }
+          const Vec lat = linear(h, P.at(a + "kv_down.weight"), nullptr, kvr + dr);
+          Vec cl(lat.begin(), lat.begin() + kvr);
+          Vec kpe(lat.begin() + kvr, lat.end());
+          rotate(kpe, 0, dr, cfg, pos(b, t));
+          if (cfg.qk_layernorm) cl = norm(cl, a + "kv_down_norm");
+          const Vec kvh = linear(cl, P.at(a + "kv_up.weight"), nullptr, H * (dn + dv));
+          k[t].assign(H * qkd, 0.0);
+          v[t].assign(H * dv, 0.0);
+          for (int hh = 0; hh < H; ++hh) {
+            rotate(q[t], hh * qkd + dn, dr, cfg, pos(b, t));
+            for (int e = 0; e < dn; ++e) k[t][hh * qkd + e] = kvh[hh * (dn + dv) + e];
+            for (int e = 0; e < dr; ++e) k[t][hh * qkd + dn + e] = kpe[e];
+            for (int e = 0; e < dv; ++e) v[t][hh * dv + e] = kvh[hh * (dn + dv) + dn + e];
+          }
+          continue;
+        }
         if (cfg.group_query_attention) {
           q[t] = linear(h, P.at(p + "attn.q.weight"), maybe(P, p + "attn.q.bias"), H * hd);
           const Vec kv =
@@ -162,7 +211,7 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
         }
       }
       for (int t = 0; t < T; ++t) {
-        Vec att(D, 0.0);
+        Vec att(H * vd, 0.0);
         for (int hh = 0; hh < H; ++hh) {
           const int g = hh / (H / G);
           std::vector<double> s(T, 0.0);
@@ -170,8 +219,8 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
           const int u0 = first_key(b, t);
           for (int u = u0; u <= t; ++u) {
             double d = 0;
-            for (int e = 0; e < hd; ++e) d += q[t][hh * hd + e] * k[u][g * hd + e];
-            s[u] = d / std::sqrt(static_cast<double>(hd));
+            for (int e = 0; e < qkd; ++e) d += q[t][hh * qkd + e] * k[u][g * qkd + e];
+            s[u] = d * softmax_scale;
             if (cfg.position_embedding_type == "alibi") {  // the paper's slopes, in double
               const int p2 = 1 << static_cast<int>(std::floor(std::log2(H)));
               const double slope = hh < p2 ? std::pow(2.0, -8.0 * (hh + 1) / p2)
@@ -183,8 +232,8 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
           double z = 0;
           for (int u = u0; u <= t; ++u) z += std::exp(s[u] - m);
           for (int u = u0; u <= t; ++u)
-            for (int e = 0; e < hd; ++e)
-              att[hh * hd + e] += std::exp(s[u] - m) / z * v[u][g * hd + e];
+            for (int e = 0; e < vd; ++e)
+              att[hh * vd + e] += std::exp(s[u] - m) / z * v[u][g * vd + e];
         }
         const Vec y = linear(att, P.at(p + "attn.proj.weight"), maybe(P, p + "attn.proj.bias"), C);
         for (int c = 0; c < C; ++c) xb[t][c] += y[c];

@@ -283,6 +283,42 @@ GPTConfig deepseek_router_config(int variant) {
   return c;
 }
 
+// Multi-latent attention on the tiny Llama (4 heads in a 16-wide model). 0: DeepSeek-V3's (a query
+// latent of 6, a key/value latent of 5, both RMS-normalized; heads of 4 + 2 RoPE features in
+// interleaved pairs, values of 3; YaRN x4 over 4 original positions with mscale 0.707, so the
+// frequencies ramp and the softmax scale grows). 1: queries straight from the hidden state, no
+// latent norms, plain RoPE on 4 of 8 features in halves, values of 6. 2: 0's attention with
+// LayerNorm latents applied as 1 + w, and DeepSeek-V3's router (deepseek_router_config) in layer 1.
+GPTConfig mla_config(int variant) {
+  GPTConfig c = variant == 2 ? deepseek_router_config(0) : llama_config(0);
+  c.group_query_attention = false;
+  c.multi_latent_attention = true;
+  c.q_lora_rank = 6;
+  c.kv_lora_rank = 5;
+  c.qk_head_dim = 4;
+  c.qk_pos_emb_head_dim = 2;
+  c.v_head_dim = 3;
+  c.qk_layernorm = true;
+  c.rotary_interleaved = true;
+  c.rope_type = "yarn";
+  c.rotary_scaling_factor = 4;
+  c.original_max_position_embeddings = 4;
+  c.mscale = c.mscale_all_dim = 0.707;
+  if (variant == 1) {
+    c.q_lora_rank = 0;
+    c.qk_layernorm = false;
+    c.qk_pos_emb_head_dim = 4;
+    c.v_head_dim = 6;
+    c.rotary_interleaved = false;
+    c.rope_type = "rope";
+  } else if (variant == 2) {
+    c.normalization = "LayerNorm";
+    c.apply_layernorm_1p = true;
+  }
+  c.validate();
+  return c;
+}
+
 // Documents inside the samples: end-of-document tokens (id kEod) at 1 and 4 of sample 0 and at 3
 // and 6 (the last) of sample 1, and the tables Megatron's rules give for them, written out here
 // by hand: positions restart after each EOD, keys start at the token after the last EOD before.
@@ -593,6 +629,60 @@ TEST(GPT, EachRouterPartChangesTheLoss) {
     const double without = reference_loss(other, q, batch.ids, batch.targets, 2, 7);
     EXPECT_GT(std::fabs(with - without), 1e-4 * with) << "part " << k;
   }
+}
+
+TEST(GPT, MlaLossMatchesIndependentReference) {
+  for (int variant = 0; variant < 3; ++variant) {
+    GPTConfig cfg = mla_config(variant);
+    cfg.moe_aux_loss_coeff = 0;
+    double ref = 0;
+    const double loss = model_loss(cfg, &ref);
+    EXPECT_GT(ref, 1.0) << "variant " << variant;
+    EXPECT_NEAR(loss, ref, 1e-5 * ref) << "variant " << variant;
+  }
+}
+
+TEST(GPT, MlaGradientsMatchFiniteDifferences) {
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE("MLA variant " + std::to_string(variant));
+    check_gradients(mla_config(variant));
+  }
+}
+
+// YaRN and the latent norms change the loss (the reference implements each from its definition,
+// so a model that skipped one would miss it), and the parameters' shapes and count.
+TEST(GPT, MlaPartsChangeTheLossAndCountAsHuggingFace) {
+  const GPTConfig base = mla_config(0);
+  auto be = make_cpu_backend();
+  LocalCommunicator tp;
+  GPTModel model(base, whole(base), *be, tp);
+  model.init_parameters(7);
+  perturb(model, 3);
+  const Batch batch = random_batch(2, 7, 50, 11);
+  RefParams p = to_reference(model);
+  for (auto& [name, v] : p)  // sharper attention, so that the positions show
+    if (name.find("attn.") != std::string::npos && name.find("proj") == std::string::npos)
+      for (double& e : v) e *= 4;
+  const double with = reference_loss(base, p, batch.ids, batch.targets, 2, 7);
+  for (int k = 0; k < 2; ++k) {
+    GPTConfig other = base;
+    if (k == 0) other.rope_type = "rope";
+    if (k == 1) other.mscale_all_dim = other.mscale = 0;  // the softmax scale without mscale
+    const double without = reference_loss(other, p, batch.ids, batch.targets, 2, 7);
+    EXPECT_GT(std::fabs(with - without), 1e-4 * with) << "part " << k;
+  }
+  const ParamStore& ps = model.params();
+  EXPECT_EQ(ps.spec("layers.0.attn.q_down.weight").global_shape, (Shape{6, 16}));
+  EXPECT_EQ(ps.spec("layers.0.attn.q_up.weight").global_shape, (Shape{4, 6, 6}));
+  EXPECT_EQ(ps.spec("layers.0.attn.kv_down.weight").global_shape, (Shape{5 + 2, 16}));
+  EXPECT_EQ(ps.spec("layers.0.attn.kv_up.weight").global_shape, (Shape{4, 4 + 3, 5}));
+  EXPECT_EQ(ps.spec("layers.0.attn.proj.weight").global_shape, (Shape{16, 4 * 3}));
+  EXPECT_EQ(ps.spec("layers.0.attn.kv_down_norm.weight").global_shape, (Shape{5}));
+  EXPECT_EQ(ps.spec("layers.0.attn.q_up.weight").split_axis, 0);
+  EXPECT_EQ(ps.spec("layers.0.attn.q_down.weight").split_axis, -1);
+  int64_t total = 0;
+  for (const ParamSpec& sp : ps.specs()) total += sp.numel();
+  EXPECT_EQ(total - (model.padded_vocab() - base.vocab_size) * 16 * 2, base.num_parameters());
 }
 
 // The mutations of TESSERA_FAULT_ROUTER (the bias in the weights too; the group limit ignored)

@@ -127,3 +127,32 @@ TEST(TensorParallel, Qwen3LayersMatchTheSingleRankLayers) {
   cfg.make_vocab_size_divisible_by = 16;
   check_every_layer(cfg);
 }
+
+// Multi-latent attention (DeepSeek-V3): the latents replicated (their gradients summed over TP),
+// the up-projections split by heads, YaRN, latent RMSNorms; 4 heads of 6 + 4 RoPE features.
+TEST(TensorParallel, MlaLayersMatchTheSingleRankLayers) {
+  GPTConfig cfg;
+  cfg.num_layers = 2;
+  cfg.hidden_size = 24;
+  cfg.num_attention_heads = 4;
+  cfg.multi_latent_attention = true;
+  cfg.q_lora_rank = 10;
+  cfg.kv_lora_rank = 8;
+  cfg.qk_head_dim = 6;
+  cfg.qk_pos_emb_head_dim = 4;
+  cfg.v_head_dim = 5;
+  cfg.qk_layernorm = true;
+  cfg.rotary_interleaved = true;
+  cfg.rope_type = "yarn";
+  cfg.rotary_scaling_factor = 4;
+  cfg.original_max_position_embeddings = 4;
+  cfg.mscale = cfg.mscale_all_dim = 0.707;
+  cfg.position_embedding_type = "rope";
+  cfg.normalization = "RMSNorm";
+  cfg.swiglu = true;
+  cfg.add_bias_linear = false;
+  cfg.seq_length = 9;
+  cfg.vocab_size = 61;
+  cfg.make_vocab_size_divisible_by = 16;
+  check_every_layer(cfg);
+}

@@ -10,7 +10,9 @@
 # configs/qwen3-tiny.ini trains as it is. DeepSeek-V3's router (sigmoid, group-limited, the
 # aux-loss-free expert bias updating every step) at EP2, TP2 x EP2 + SP, PP2, DP2 with the
 # distributed optimizer, CP2 and TP2 x EP2 x PP2; its bias resumes bitwise from a checkpoint and
-# through tessera-reshard; --moe-per-layer-logging's lines and figures.
+# through tessera-reshard; --moe-per-layer-logging's lines and figures. DeepSeek-V3's attention
+# (multi-latent, YaRN) with that router at TP2+SP, TP4, PP2, DP2 with the distributed optimizer,
+# CP2, EP2, TP2 x EP2 x PP2 and with recomputation, and its generation at TP1 and TP2.
 # Usage: test_model_families.sh BIN_DIR CONFIG_DIR
 set -u
 bin=$1
@@ -154,6 +156,40 @@ rc=$?
 [ $rc -eq 2 ] && grep -q "was trained with --moe-router-enable-expert-bias" "$work/nobias.log" \
   && ok "loading a checkpoint with expert biases without the option -> rc 2, one line" \
   || bad "load without --moe-router-enable-expert-bias: rc $rc: $(tail -1 "$work/nobias.log")"
+
+# DeepSeek-V3 (configs/deepseek-tiny.ini): multi-latent attention with YaRN and latent norms,
+# DeepSeek's router with the bias updating, a shared expert, layer 0 dense. Every layout gives
+# the one-rank losses; the heads split over TP, the latents replicated (their gradients summed).
+common=(--config "$configs/deepseek-tiny.ini" --mock-data --vocab-size 200 --seq-length 32
+        --global-batch-size 8 --micro-batch-size 2 --train-iters 20 --log-interval 1
+        --lr-warmup-iters 2 --threads 1 --device cpu --eval-interval 0 --seed 1)
+run dsv3 1 --save "$work/dsv3-ck" --save-interval 20 || exit 1
+for layout in "dsv3-tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel" \
+              "dsv3-tp4 4 --tensor-model-parallel-size 4" \
+              "dsv3-pp2 2 --pipeline-model-parallel-size 2" \
+              "dsv3-dp2 2 --use-distributed-optimizer" \
+              "dsv3-cp2 2 --context-parallel-size 2" \
+              "dsv3-ep2 2 --expert-model-parallel-size 2" \
+              "dsv3-tp2ep2pp2 8 --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --pipeline-model-parallel-size 2" \
+              "dsv3-selective 1 --recompute-granularity selective" \
+              "dsv3-full 1 --recompute-granularity full --recompute-method uniform"; do
+  set -- $layout
+  name=$1 np=$2
+  shift 2
+  run "$name" "$np" "$@" && within dsv3 "$name" "DeepSeek-V3 (MLA, YaRN, router): $*"
+done
+# Generation through the KV cache (the expanded keys and values): greedy ids at TP1 and TP2 agree.
+gen() {  # gen NP [options]
+  local np=$1
+  shift
+  local cmd=("$bin/tessera-generate" --load "$work/dsv3-ck" --threads 1 --prompt-ids "3 14 15 92 65"
+             --max-new-tokens 8 --greedy "$@")
+  if [ "$np" -gt 1 ]; then timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "${cmd[@]}" 2>/dev/null
+  else timeout 300 "${cmd[@]}" 2>/dev/null; fi
+}
+g1=$(gen 1) g2=$(gen 2 --tensor-model-parallel-size 2)
+[ -n "$g1" ] && [ "$g1" = "$g2" ] && ok "DeepSeek-V3 generation at TP1 and TP2: $g1" \
+  || bad "DeepSeek-V3 generation: TP1 '$g1', TP2 '$g2'"
 
 common=(--config "$configs/qwen3-tiny.ini" --mock-data --vocab-size 200 --train-iters 20
         --log-interval 10 --threads 1 --device cpu)

@@ -92,7 +92,41 @@ class ModelOptions : public OptionGroup {
         "MLP activation relu(x)^2 instead of GELU")(
         "qk-layernorm", po::bool_switch(&m.qk_layernorm),
         "normalize each query and key head (--normalization's norm over its --kv-channels "
-        "features, weights shared by the heads) before RoPE (Qwen3)");
+        "features, weights shared by the heads) before RoPE (Qwen3); with "
+        "--multi-latent-attention, the query and key/value latents");
+    p.group("Multi-latent attention (DeepSeek)")
+        .add_options()("multi-latent-attention", po::bool_switch(&m.multi_latent_attention),
+                       "DeepSeek-V2/V3's attention: queries and keys/values from compressed "
+                       "latents, a RoPE part of the keys shared by the heads")(
+            "q-lora-rank", po::value(&m.q_lora_rank)->default_value(0),
+            "the query latent's width (0: queries straight from the hidden state)")(
+            "kv-lora-rank", po::value(&m.kv_lora_rank)->default_value(0),
+            "the key/value latent's width (required with MLA)")(
+            "qk-head-dim", po::value(&m.qk_head_dim)->default_value(m.qk_head_dim),
+            "query/key features per head without position")(
+            "qk-pos-emb-head-dim",
+            po::value(&m.qk_pos_emb_head_dim)->default_value(m.qk_pos_emb_head_dim),
+            "query/key features per head with RoPE (even; the keys' shared by the heads)")(
+            "v-head-dim", po::value(&m.v_head_dim)->default_value(m.v_head_dim),
+            "value features per head")(
+            "rope-type", po::value(&m.rope_type)->default_value(m.rope_type),
+            "rope | yarn (YaRN's frequencies and softmax scale; with --multi-latent-attention)")(
+            "rotary-scaling-factor",
+            po::value(&m.rotary_scaling_factor)->default_value(m.rotary_scaling_factor),
+            "YaRN: the context's growth over the original (DeepSeek-V3: 40)")(
+            "mscale", po::value(&m.mscale)->default_value(m.mscale),
+            "YaRN: m in 0.1 m ln(factor) + 1 for RoPE's cos and sin (must equal "
+            "--mscale-all-dim)")(
+            "mscale-all-dim", po::value(&m.mscale_all_dim)->default_value(m.mscale_all_dim),
+            "YaRN: m in the softmax scale's (0.1 m ln(factor) + 1)^2")(
+            "beta-fast", po::value(&m.beta_fast)->default_value(m.beta_fast),
+            "YaRN: frequencies that turn more than this often in the original context are kept")(
+            "beta-slow", po::value(&m.beta_slow)->default_value(m.beta_slow),
+            "YaRN: those that turn fewer times than this are divided by the factor")(
+            "original-max-position-embeddings",
+            po::value(&m.original_max_position_embeddings)
+                ->default_value(m.original_max_position_embeddings),
+            "YaRN: the context the model was first trained for (DeepSeek-V3: 4096)");
     p.alternatives({"layernorm-epsilon", "norm-epsilon"});
   }
 

@@ -84,8 +84,16 @@ class MoEOptions : public OptionGroup {
             "--disable-bias-linear)");
   }
 
-  void resolve(const OptionParser&, RunOptions& o, StartupNotes&) override {
+  void resolve(const OptionParser&, RunOptions& o, StartupNotes& notes) override {
     GPTConfig& m = o.model;
+    // Megatron-Core ignores --moe-router-pre-softmax with sigmoid scores (DeepSeek-V3's scripts
+    // pass both): accepted, and said so.
+    if (m.moe_router_pre_softmax && m.moe_router_score_function == "sigmoid") {
+      m.moe_router_pre_softmax = false;
+      notes.input.push_back(
+          "--moe-router-pre-softmax: accepted without effect with --moe-router-score-function "
+          "sigmoid (the weights are the chosen experts' sigmoid scores, as in Megatron-Core)");
+    }
     if (!capacity_factor_.empty() && capacity_factor_ != "None" && capacity_factor_ != "none") {
       char* end = nullptr;
       m.moe_expert_capacity_factor = std::strtod(capacity_factor_.c_str(), &end);
