@@ -138,6 +138,7 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
     h5_write_attr(f, "rotary_interleaved", static_cast<int64_t>(c.rotary_interleaved));
     h5_write_attr(f, "squared_relu", static_cast<int64_t>(c.squared_relu));
     h5_write_attr(f, "qk_layernorm", static_cast<int64_t>(c.qk_layernorm));  // Qwen3
+    if (c.mtp()) h5_write_attr(f, "mtp_num_layers", static_cast<int64_t>(c.mtp_num_layers));
     if (c.mla()) {  // multi-latent attention (absent: none) and YaRN
       h5_write_attr(f, "q_lora_rank", static_cast<int64_t>(c.q_lora_rank));
       h5_write_attr(f, "kv_lora_rank", static_cast<int64_t>(c.kv_lora_rank));
@@ -200,7 +201,7 @@ const std::vector<std::string>& checkpoint_file_attributes() {
       "swiglu", "num_query_groups", "untie_embeddings_and_output_weights", "add_bias_linear",
       "add_qkv_bias", "kv_channels", "apply_layernorm_1p", "rotary_interleaved", "squared_relu",
       "qk_layernorm", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
-      "v_head_dim", "rope_type", "yarn",
+      "v_head_dim", "rope_type", "yarn", "mtp_num_layers",
       "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq",
       "moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
       "moe_shared_expert_intermediate_size", "moe_router_enable_expert_bias",
@@ -444,6 +445,12 @@ CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
     if (h5_read_attr(f, "rotary_interleaved", x)) m.rotary_interleaved = x != 0;
     if (h5_read_attr(f, "squared_relu", x)) m.squared_relu = x != 0;
     if (h5_read_attr(f, "qk_layernorm", x)) m.qk_layernorm = x != 0;
+    if (h5_read_attr(f, "mtp_num_layers", x)) {  // multi-token prediction
+      if (x < 0 || x > 64)
+        throw ConfigError("checkpoint file '" + file + "' has mtp_num_layers " +
+                          std::to_string(x) + ", outside 0..64 (damaged?)");
+      m.mtp_num_layers = static_cast<int>(x);
+    }
     if (h5_read_attr(f, "kv_lora_rank", x)) {  // multi-latent attention
       auto dim = [&](const char* name, int64_t lo) {
         int64_t v = 0;
@@ -675,6 +682,7 @@ void CheckpointReader::check_model(const GPTConfig& c) const {
          "no query/key norms");
   option("--multi-latent-attention", m.mla(), c.mla(), "multi-latent attention",
          "standard attention");
+  differ("mtp-num-layers", m.mtp_num_layers, c.mtp_num_layers);
   if (m.mla()) {
     differ("q-lora-rank", m.q_lora_rank, c.q_lora_rank);
     differ("kv-lora-rank", m.kv_lora_rank, c.kv_lora_rank);

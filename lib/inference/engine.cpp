@@ -25,7 +25,7 @@ InferenceEngine::InferenceEngine(GPTModel& model, const ParallelContext& ctx, in
   TESSERA_CHECK(max_positions <= cfg.max_positions(), "context of ", max_positions,
                 " exceeds the model's ", cfg.max_positions(), " positions");
   const ModelShard& sh = model.shard();
-  for (int n = sh.num_layers(); n > 0; --n) {
+  for (int n = sh.num_layers() - sh.mtp_count; n > 0; --n) {  // MTP's layers do not generate
     const Shape s{max_sequences, model.kv_heads_local(), max_positions, cfg.head_dim()};
     AllocationLabel label("the KV cache");
     // In the compute dtype: a bf16 model's cache holds bf16 keys and values (half the bytes).
@@ -307,7 +307,8 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
   const RopeSpec rope = model_.rope_spec(0);  // positions from pos
   // The residual adds are fused with the LayerNorm after them (the attention branch's with ln2,
   // the MLP branch's with the next layer's ln1: one kernel instead of two, the same values).
-  const std::vector<int> layers = sh.layers();
+  std::vector<int> layers = sh.layers();
+  layers.resize(layers.size() - static_cast<size_t>(sh.mtp_count));  // multi-token prediction's last
   bool ln1_done = false;  // ln holds this layer's first norm already
   for (size_t k = 0; k < layers.size(); ++k) {
     const int l = layers[k];

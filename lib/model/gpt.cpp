@@ -154,6 +154,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
     }
   }
   moe_stats_.resize(static_cast<size_t>(shard_.num_layers()));
+  mtp_losses_.assign(static_cast<size_t>(shard_.mtp_count), MtpLoss{});
   step_tokens_.resize(static_cast<size_t>(shard_.num_layers()));
   logged_tokens_.resize(static_cast<size_t>(shard_.num_layers()));
   expert_bias_.resize(static_cast<size_t>(shard_.num_layers()));
@@ -200,10 +201,12 @@ std::vector<std::vector<int>> GPTModel::pieces_of_params() const {
       if (shard_.has_embedding) pieces.push_back(kEmbedPiece);
     } else if (s.name == "wpe") {
       pieces.push_back(kEmbedPiece);
-    } else if (s.name.rfind("lnf.", 0) == 0 || s.name == "lm_head") {
+    } else if (s.name.rfind("lnf.", 0) == 0 || s.name == "lm_head" ||
+               s.name.rfind("mtp.", 0) == 0) {
       pieces.push_back(kHeadPiece);
-    } else {  // "layers.<l>.…"
-      pieces.push_back(std::stoi(s.name.substr(7, s.name.find('.', 7) - 7)));
+    } else {  // "layers.<l>.…" (multi-token prediction's layers run in the head piece)
+      const int l = std::stoi(s.name.substr(7, s.name.find('.', 7) - 7));
+      pieces.push_back(shard_.is_mtp_layer(l) ? kHeadPiece : l);
     }
     out.push_back(std::move(pieces));
   }
@@ -431,6 +434,52 @@ struct SlotBuilder {
     }
     return shared;
   }
+  // Multi-token prediction's depths: each layer keeps everything (no recomputation), and its
+  // embedding, norms, projection, final norm, logits and losses; the scratch once per slot set.
+  void mtp_buffers(Activations& a, Activations& shared) const {
+    if (shard.mtp_count == 0) return;
+    for (int k = 0; k < shard.mtp_count; ++k) {
+      const int l = shard.mtp_begin + k;
+      const bool moe = cfg.is_moe_layer(l);
+      LayerActivations la;
+      ln1(la);
+      ln2_gelu(la, width(l), moe);
+      core(la);
+      kept(la, true, width(l), moe);
+      expert_side(la);
+      a.layers.push_back(std::move(la));
+      MtpActivations m;
+      m.ids = i32({B, T});
+      m.targets = i32({B, T});
+      m.emb = res();
+      m.e_n = res();
+      m.h_n = res();
+      if (!cfg.rmsnorm()) m.e_mean = f32({Nl}), m.h_mean = f32({Nl}), m.lnf_mean = f32({Nl});
+      m.e_rstd = f32({Nl});
+      m.h_rstd = f32({Nl});
+      m.cat = f({Nl, 2 * C});
+      m.x = res();
+      m.lnf = f({N, C});
+      m.lnf_rstd = f32({Nl});
+      m.logits = f({N, vl});
+      m.losses = f32({N});
+      a.mtp.push_back(std::move(m));
+    }
+    if (!shared.mtp_dmain.defined()) {
+      shared.mtp_dmain = res();
+      shared.mtp_dh = res();
+      shared.mtp_demb = f({N, C});
+      shared.mtp_dcat = f({Nl, 2 * C});
+      shared.mtp_de = f({Nl, C});
+      shared.mtp_dhn = f({Nl, C});
+    }
+    a.mtp_dmain = shared.mtp_dmain;
+    a.mtp_dh = shared.mtp_dh;
+    a.mtp_demb = shared.mtp_demb;
+    a.mtp_dcat = shared.mtp_dcat;
+    a.mtp_de = shared.mtp_de;
+    a.mtp_dhn = shared.mtp_dhn;
+  }
   // The head's buffers: the final LayerNorm, the logits and the loss statistics.
   void head_buffers(Activations& a) const {
     a.lnf = f({N, C});
@@ -512,7 +561,10 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
         sb.expert_side(la);
         a.layers.push_back(std::move(la));
       }
-      if (shard.has_head && c == shard.num_chunks() - 1) sb.head_buffers(a);
+      if (shard.has_head && c == shard.num_chunks() - 1) {
+        sb.head_buffers(a);
+        sb.mtp_buffers(a, shared);  // multi-token prediction's layers (kept whole) and tensors
+      }
       slots.push_back(std::move(a));
     }
   return slots;
@@ -613,12 +665,14 @@ const AttentionDropout* GPTModel::attention_dropout(int layer, const Activations
 }
 
 const Tensor& GPTModel::layer_input(int layer, const Activations& a) const {
+  if (shard_.is_mtp_layer(layer)) return a.mtp[static_cast<size_t>(layer - shard_.mtp_begin)].x;
   const int begin = shard_.chunks[a.chunk].begin;
   return layer == begin ? a.input : a.layers[layer - 1 - begin].res2;
 }
 
 Tensor& GPTModel::stage_output(Activations& a) {
-  return a.layers.empty() ? a.input : a.layers.back().res2;
+  const int n = chunk_layers(a).size();  // the chunk's last layer (MTP's come after it)
+  return n == 0 ? a.input : a.layers[static_cast<size_t>(n - 1)].res2;
 }
 
 int64_t GPTModel::local_rows(const Activations& a) const {
@@ -665,6 +719,19 @@ const Tensor& GPTModel::branch_grad(PhaseSequence& phase, Activations& a, const 
 }
 
 void GPTModel::reduce_sequence_parallel_grads(int piece) {
+  if (piece == kHeadPiece)  // multi-token prediction's layers complete with the head piece
+    for (int k = 0; k < shard_.mtp_count; ++k) reduce_sequence_parallel_grads(shard_.mtp_begin + k);
+  if (piece == kHeadPiece && sp_) {  // and its norms and projection saw this rank's rows
+    TESSERA_PHASE("sp-grad-all-reduce");
+    for (int k = 0; k < shard_.mtp_count; ++k)
+      for (const char* n : {"enorm.weight", "enorm.bias", "hnorm.weight", "hnorm.bias",
+                            "eh_proj.weight", "final_norm.weight", "final_norm.bias"}) {
+        const std::string name = "mtp." + std::to_string(k) + "." + n;
+        if (!params_->has(name)) continue;
+        Tensor g = params_->grad(name);
+        tp_.all_reduce(g, ReduceOp::Sum);
+      }
+  }
   if (piece >= 0 && cfg_.is_moe_layer(piece) && tp_.size() > 1) {
     // Each TP rank routed its share of the tokens: the router's gradient is a partial sum.
     TESSERA_PHASE("moe-router-grad-all-reduce");
@@ -845,7 +912,7 @@ void GPTModel::embed_forward(Activations& a) {
 }
 
 void GPTModel::block_forward(int l, Activations& a) {
-  if (before_forward) before_forward(l);
+  if (before_forward && !shard_.is_mtp_layer(l)) before_forward(l);  // MTP's: the head piece's
   const int li = shard_.local_index(l);
   TESSERA_CHECK(li >= 0 && shard_.chunk_of(l) == a.chunk, "layer ", l,
                 " is not in the activations' model chunk");
@@ -990,6 +1057,10 @@ void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out
   be_.xent_loss_and_grad(a.losses, a.logits, a.rowmax, a.sumexp, a.target_logit, a.targets,
                          valid_cols_, vocab_begin_, grad_scale);
   if (losses_out.raw() != a.losses.raw()) be_.cast(losses_out, a.losses);  // a device copy
+  if (cfg_.mtp() && a.dropout.training) {  // its loss joins the gradient, logged apart
+    mtp_prepare(a);
+    mtp_forward(a, grad_scale);
+  }
 }
 
 double GPTModel::forward(Activations& a, float grad_scale) {
@@ -1017,6 +1088,7 @@ void GPTModel::head_backward(Activations& a) {
   Tensor dlnf_b = cfg_.rmsnorm() ? Tensor() : params_->grad("lnf.bias");
   norm_backward(a.dres, dlnf_w, dlnf_b, dlnf, stage_output(a), params_->compute_param("lnf.weight"),
                 a.lnf_mean, a.lnf_rstd);
+  if (cfg_.mtp() && a.dropout.training) mtp_backward(a);  // adds the MTP chain's gradient
 }
 
 void GPTModel::recompute_for_backward(int l, Activations& a) {

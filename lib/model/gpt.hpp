@@ -89,6 +89,20 @@ struct LayerWeights {
   std::vector<ExpertWeights> experts;
 };
 
+// Multi-token prediction's depth k (model/mtp.cpp), on the last stage. Residual-stream tensors
+// hold this rank's rows (sequence parallelism: its share); lnf and logits every row.
+struct MtpActivations {
+  Tensor ids, targets;             // (B,T) int32: the token k ahead; the target k + 1 ahead (-1)
+  Tensor emb;                      // its embedding (own rows, C)
+  Tensor e_n, e_mean, e_rstd;      // enorm(emb)
+  Tensor h_n, h_mean, h_rstd;      // hnorm(the previous depth's hidden state)
+  Tensor cat;                      // (own rows, 2C): [e_n | h_n], the projection's input
+  Tensor x;                        // the projection's output: the depth's layer input
+  Tensor lnf, lnf_mean, lnf_rstd;  // the final norm of the layer's output (lnf: N rows)
+  Tensor logits;                   // (N, Vl): the logits, their gradient after the forward
+  Tensor losses;                   // (N) f32 token losses (0 where no target)
+};
+
 // Which dropout masks a micro-batch draws (core/dropout.hpp): set by the trainer before its
 // forward and kept until its backward (and any recomputation) has run.
 struct DropoutContext {
@@ -148,6 +162,12 @@ struct Activations {
   // The weight of this micro-batch's load-balancing and z losses in the objective: 1 / the
   // micro-batches of the global batch (the trainer sets it; 1 for a lone micro-batch).
   float moe_loss_scale = 1;
+  // Multi-token prediction (the head chunk of the last stage): each depth's tensors, and scratch:
+  // the main hidden state's gradient from the head, the chain's hidden-state gradient (own rows,
+  // C), the gathered embedding gradient (N, C), the projection's input gradient (own rows, 2C)
+  // and its two halves (own rows, C).
+  std::vector<MtpActivations> mtp;
+  Tensor mtp_dmain, mtp_dh, mtp_demb, mtp_dcat, mtp_de, mtp_dhn;
 };
 
 // Bytes of the activation buffers of a stage for (B,T) micro-batches: what each micro-batch in
@@ -225,6 +245,14 @@ class GPTModel {
   void head_forward(Activations& a, float grad_scale, Tensor& losses_out);
   // All of a's chunk (first and last stage together when PP = 1).
   double forward(Activations& a, float grad_scale);
+  // Multi-token prediction (model/mtp.cpp): the sums over the training micro-batches since
+  // reset_mtp_losses of each depth's token losses and loss tokens (this rank's; the last stage's
+  // tp rank 0 counts). Its loss joins the gradient in head_forward (training micro-batches only).
+  struct MtpLoss {
+    double sum = 0, tokens = 0;
+  };
+  const std::vector<MtpLoss>& mtp_losses() const { return mtp_losses_; }
+  void reset_mtp_losses();
 
   // The backward pieces mirror the forward; each reads and writes a.dres. block_backward runs the
   // layers in reverse order (the last layer first): with full recomputation, the backward of a
@@ -411,6 +439,15 @@ class GPTModel {
   // TP) and the weights' gradients; and datt (the attention output's gradient, zeros at the
   // padded values) from a.datt_v.
   void mla_qkv_backward(int layer, Activations& a, LayerActivations& la);
+  // Multi-token prediction: each depth's targets from the micro-batch's ids and targets; its
+  // forward after the main head (losses and logits' gradients) and its backward before the main
+  // head's (adding the main hidden state's gradient to a.dres).
+  void mtp_prepare(Activations& a);
+  void mtp_forward(Activations& a, float grad_scale);
+  void mtp_backward(Activations& a);
+  // The word embedding of `ids` (B,T) into out (own rows, C): the vocabulary-parallel lookup
+  // summed over TP (reduce-scattered with sequence parallelism).
+  void embed_rows(PhaseSequence& phase, Tensor& out, const Tensor& ids, Activations& a);
   void mla_expand(Tensor& datt, const Tensor& datt_v);
   void ring_attention_backward(int layer, Activations& a, LayerActivations& la);
   // Hidden dropout over rows of a micro-batch's local rows (this rank's own rows, as
@@ -463,6 +500,8 @@ class GPTModel {
   // (this rank's micro-batches, CP-ring totals) and the global counts since the last log.
   std::vector<std::vector<float>> expert_bias_;
   std::vector<std::vector<int64_t>> step_tokens_, logged_tokens_;
+  std::vector<MtpLoss> mtp_losses_;  // per depth (mtp_losses)
+  std::vector<float> mtp_host_;      // staging for the MTP token losses
   bool recomputing_ = false;                   // inside recompute_for_backward
   Communicator* ep_ = nullptr;                 // expert parallelism (set_expert_comm)
   Communicator* cp_comm_ = nullptr;            // context parallelism (set_context_comm)

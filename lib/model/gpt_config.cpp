@@ -110,6 +110,7 @@ std::vector<int> moe_layer_pattern(const std::string& text, int num_layers) {
 
 bool GPTConfig::is_moe_layer(int layer) const {
   if (!moe()) return false;
+  if (layer >= num_layers && layer < total_layers()) layer = num_layers - 1;  // MTP: the last's
   const std::vector<int> p = moe_layer_pattern(moe_layer_freq, num_layers);
   return layer >= 0 && layer < num_layers && p[static_cast<size_t>(layer)] == 1;
 }
@@ -210,6 +211,16 @@ void GPTConfig::validate() const {
   }
   validate_moe();
   validate_mla();
+  if (mtp_num_layers < 0)
+    throw ConfigError(detail::concat("--mtp-num-layers=", mtp_num_layers,
+                                     " is out of range (allowed: 0 for none, or >= 1)"));
+  if (mtp() && !(mtp_loss_scaling_factor >= 0 && std::isfinite(mtp_loss_scaling_factor)))
+    throw ConfigError(detail::concat("--mtp-loss-scaling-factor=", mtp_loss_scaling_factor,
+                                     " is out of range (allowed: >= 0)"));
+  if (mtp() && learned_positions())
+    throw ConfigError("--mtp-num-layers with --position-embedding-type learned_absolute: "
+                      "multi-token prediction reads the word embedding alone (DeepSeek-V3 uses "
+                      "rope)");
   if (!(attention_dropout >= 0 && attention_dropout < 1))
     throw ConfigError(detail::concat("--attention-dropout=", attention_dropout,
                                      " is out of range (allowed: 0 <= p < 1)"));
@@ -472,6 +483,18 @@ int64_t count_parameters(const GPTConfig& c, int experts_counted) {
     n += int64_t(c.num_experts) * h + experts_counted * mlp(c.moe_ffn());  // router, experts
     if (c.moe_router_enable_expert_bias) n += c.num_experts;  // Hugging Face counts the bias
     if (c.moe_shared_expert_intermediate_size > 0) n += mlp(c.moe_shared_expert_intermediate_size);
+  }
+  for (int k = 0; k < c.mtp_num_layers; ++k) {  // each depth: a layer of the last one's kind,
+    const int l = c.num_layers - 1;               // its norms, the projection, its final norm
+    n += attn + 3 * norm + 2 * h * h;
+    if (!c.is_moe_layer(l)) {
+      n += mlp(c.ffn());
+    } else {
+      n += int64_t(c.num_experts) * h + experts_counted * mlp(c.moe_ffn());
+      if (c.moe_shared_expert_intermediate_size > 0)
+        n += mlp(c.moe_shared_expert_intermediate_size);
+      if (c.moe_router_enable_expert_bias) n += c.num_experts;
+    }
   }
   if (c.learned_positions()) n += static_cast<int64_t>(c.max_positions()) * h;
   if (!c.tied_head()) n += c.vocab_size * h;

@@ -66,6 +66,14 @@ struct GPTConfig {
   double rotary_scaling_factor = 1, mscale = 1, mscale_all_dim = 0;
   double beta_fast = 32, beta_slow = 1;
   int original_max_position_embeddings = 4096;
+  // Multi-token prediction (DeepSeek-V3, Megatron-Core's MTP; docs/model.md): depth k = 1..D
+  // predicts the token k + 1 positions ahead from the previous depth's hidden state (the main
+  // model's last layer for k = 1) and the embedding of the token k ahead, through its norms, a
+  // projection of the two concatenated, a transformer layer (layer index num_layers + k - 1, of the
+  // last layer's kind) and a final norm, into the shared output layer. Its loss, times
+  // mtp_loss_scaling_factor / D, joins the objective; on the last pipeline stage.
+  int mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
 
   // Mixture of Experts (Megatron-Core's MoE layer, docs/model.md): with num_experts > 0 the MLP of
   // the layers moe_layer_freq selects is a router over num_experts expert MLPs (each the model's
@@ -119,6 +127,12 @@ struct GPTConfig {
   bool alibi() const { return position_embedding_type == "alibi"; }
   bool rmsnorm() const { return normalization == "RMSNorm"; }
   bool tied_head() const { return !untie_embeddings_and_output_weights; }
+  bool mtp() const { return mtp_num_layers > 0; }
+  // The word embedding on the last pipeline stage too: tied to the output layer, or read by
+  // multi-token prediction (its copy's gradient is summed with the first stage's).
+  bool embedding_on_last_stage() const { return tied_head() || mtp(); }
+  // The transformer layers with parameters: the model's and multi-token prediction's.
+  int total_layers() const { return num_layers + mtp_num_layers; }
   // Key/value heads: the query groups with grouped-query attention, else one per query head.
   int kv_heads() const {
     return group_query_attention && !mla() ? num_query_groups : num_attention_heads;

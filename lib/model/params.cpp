@@ -47,11 +47,12 @@ std::vector<int> ModelShard::layers() const {
   std::vector<int> out;
   for (const LayerRange& c : chunks)
     for (int l = c.begin; l < c.end; ++l) out.push_back(l);
+  for (int k = 0; k < mtp_count; ++k) out.push_back(mtp_begin + k);
   return out;
 }
 
 int ModelShard::num_layers() const {
-  int n = 0;
+  int n = mtp_count;
   for (const LayerRange& c : chunks) n += c.size();
   return n;
 }
@@ -62,12 +63,14 @@ int ModelShard::local_index(int layer) const {
     if (layer >= c.begin && layer < c.end) return offset + layer - c.begin;
     offset += c.size();
   }
+  if (is_mtp_layer(layer)) return offset + layer - mtp_begin;
   return -1;
 }
 
 int ModelShard::chunk_of(int layer) const {
   for (size_t i = 0; i < chunks.size(); ++i)
     if (layer >= chunks[i].begin && layer < chunks[i].end) return static_cast<int>(i);
+  if (is_mtp_layer(layer)) return num_chunks() - 1;  // the last chunk's activations hold them
   return -1;
 }
 
@@ -99,6 +102,10 @@ ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int p
   }
   s.has_embedding = pp_rank == 0;
   s.has_head = pp_rank == pp_size - 1;
+  if (s.has_head && cfg.mtp()) {
+    s.mtp_begin = cfg.num_layers;
+    s.mtp_count = cfg.mtp_num_layers;
+  }
   return s;
 }
 
@@ -146,7 +153,7 @@ std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard
   SpecBuilder b{shard, {}, 0};
   // The tied word embedding lives on the first stage, and a copy on the last (Megatron's scheme);
   // untied, the last stage has an output layer of its own.
-  if (shard.has_embedding || (shard.has_head && cfg.tied_head()))
+  if (shard.has_embedding || (shard.has_head && cfg.embedding_on_last_stage()))
     b.add("wte", {V, h}, 0, ParamInit::Normal, std, true, cfg.vocab_size);
   if (shard.has_embedding && cfg.learned_positions())
     b.add("wpe", {cfg.max_positions(), h}, -1, ParamInit::Normal, std, true);
@@ -216,6 +223,16 @@ std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard
   if (shard.has_head) {
     norm("lnf");
     if (!cfg.tied_head()) b.add("lm_head", {V, h}, 0, ParamInit::Normal, std, true, cfg.vocab_size);
+    // Multi-token prediction's depths (their transformer layers are above, after the model's):
+    // the embedding's and the hidden state's norms, the projection of the two concatenated
+    // (replicated over TP: row-local), the final norm.
+    for (int k = 0; k < shard.mtp_count; ++k) {
+      const std::string m = "mtp." + std::to_string(k) + ".";
+      norm(m + "enorm");
+      norm(m + "hnorm");
+      b.add(m + "eh_proj.weight", {h, 2 * h}, -1, ParamInit::Normal, std, true);
+      norm(m + "final_norm");
+    }
   }
   return std::move(b.specs);
 }

@@ -64,9 +64,15 @@ struct ModelShard {
   // at the global positions cp_position(cp_rank, cp_size, T/2, t) of a cp_size*T-token
   // sequence; attention runs around the CP ring. Changes activations, never parameters.
   int cp_size = 1, cp_rank = 0;
+  // Multi-token prediction (the last stage): its transformer layers [mtp_begin, mtp_begin +
+  // mtp_count) (indices after the model's), run by the head piece, not by the chunk loops.
+  int mtp_begin = 0, mtp_count = 0;
 
   int num_chunks() const { return static_cast<int>(chunks.size()); }
-  // This rank's layers in chunk order, and their number.
+  bool is_mtp_layer(int layer) const {
+    return mtp_count > 0 && layer >= mtp_begin && layer < mtp_begin + mtp_count;
+  }
+  // This rank's layers in chunk order (then multi-token prediction's), and their number.
   std::vector<int> layers() const;
   int num_layers() const;
   // The position of `layer` in layers(); -1 when this rank does not hold it.

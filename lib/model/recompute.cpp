@@ -79,6 +79,7 @@ std::vector<LayerRecompute> plan_recompute(const RecomputeConfig& rc, const Mode
     const auto p = plan_recompute(rc, c.begin, c.end);
     plan.insert(plan.end(), p.begin(), p.end());
   }
+  plan.resize(plan.size() + static_cast<size_t>(shard.mtp_count));  // MTP's layers keep all
   return plan;
 }
 

@@ -16,7 +16,7 @@ FlatLayout OptimizerSet::flat_layout(const TrainConfig& cfg, const GPTConfig& mo
   FlatLayout layout;
   layout.bucket_elems = cfg.ddp_bucket_size;
   layout.shards = dist ? ctx.grad_group_size() : 1;  // the optimizer shards over DP x CP
-  layout.embedding_alone = dist && model_cfg.tied_head();
+  layout.embedding_alone = dist && model_cfg.embedding_on_last_stage();
   layout.master = !(dist && cfg.compute_dtype != DType::F32);  // else the optimizer's blocks
   // Expert parallelism: the routed experts' gradients reduce over the expert-data-parallel group.
   layout.experts_apart = ctx.ep_size > 1;
@@ -73,10 +73,11 @@ void OptimizerSet::finish_reduction() {
     reducer_->finish();
   }
   if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage()) &&
-      model_.config().tied_head()) {
+      model_.config().embedding_on_last_stage()) {
     TESSERA_PHASE("embedding-grad-allreduce");
     IterationTimers::Scope timed(timers_, IterationTimers::EmbeddingGradsAllReduce);
-    // The tied embedding's two halves; with the distributed optimizer, the block this DP rank
+    // The embedding's two copies (tied, or read by multi-token prediction on the last stage);
+    // with the distributed optimizer, the block this DP rank
     // owns (the same elements on both stages: wte has a bucket of its own).
     Tensor dwte = dist_opt_ ? dist_opt_->embedding_grad_block() : model_.params().grad("wte");
     ctx_.embedding->all_reduce(dwte, ReduceOp::Sum);

@@ -258,7 +258,10 @@ void StepExecutor::stage_micro_batch(int micro, Activations& a) {
     std::memcpy(host_targets_.data() + b * T, sample_targets_.data() + 1, sizeof(int32_t) * T);
   }
   stage_documents(micro, a);
-  if (model_.embeds(a)) be_.copy_from_host(a.ids, host_ids_.data());
+  // The ids: the embedding's, and multi-token prediction's on the last stage (it embeds them
+  // shifted).
+  if (model_.embeds(a) || (model_.ends_in_head(a) && model_.config().mtp()))
+    be_.copy_from_host(a.ids, host_ids_.data());
   if (model_.ends_in_head(a)) be_.copy_from_host(a.targets, host_targets_.data());
 }
 

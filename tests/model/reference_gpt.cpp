@@ -148,7 +148,9 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
     for (int t = 0; t < T; ++t)
       for (int c = 0; c < C; ++c)
         x[b][t][c] = wte[ids[b * T + t] * C + c] + (wpe ? (*wpe)[pos(b, t) * C + c] : 0.0);
-  for (int l = 0; l < cfg.num_layers; ++l) {
+  // One transformer layer l over a residual stream xs (B x T): the model's, and multi-token
+  // prediction's (layers num_layers + k) over theirs.
+  auto run_layer = [&](int l, std::vector<std::vector<Vec>>& x) {
     const std::string p = "layers." + std::to_string(l) + ".";
     for (int b = 0; b < B; ++b) {
       std::vector<Vec>& xb = x[b];
@@ -245,7 +247,7 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
           const Vec y = mlp(norm(x[b][t], p + "ln2"), p + "mlp.", F);
           for (int c = 0; c < C; ++c) x[b][t][c] += y[c];
         }
-      continue;
+      return;
     }
     // Mixture of Experts over the micro-batch's N = B*T tokens (docs/model.md).
     const int E = cfg.num_experts, K = cfg.moe_router_topk, N = B * T;
@@ -368,29 +370,63 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
       }
       for (int c = 0; c < C; ++c) x[n / T][n % T][c] += y[c];
     }
-  }
+  };
+  for (int l = 0; l < cfg.num_layers; ++l) run_layer(l, x);
+  // The cross-entropy of a hidden state through the norm `nm` and the output layer.
+  auto xent = [&](const Vec& hidden, const std::string& nm, int target) {
+    const Vec h = norm(hidden, nm);
+    Vec logits(V);
+    double m = -1e300;
+    for (int vv = 0; vv < V; ++vv) {
+      double s = 0;
+      for (int c = 0; c < C; ++c) s += head[vv * C + c] * h[c];
+      logits[vv] = s;
+      m = std::max(m, s);
+    }
+    double z = 0;
+    for (int vv = 0; vv < V; ++vv) z += std::exp(logits[vv] - m);
+    return std::log(z) + m - logits[target];
+  };
   double total = 0;
   int count = 0;
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const int target = targets[b * T + t];
       if (target < 0) continue;
-      const Vec h = norm(x[b][t], "lnf");
-      Vec logits(V);
-      double m = -1e300;
-      for (int vv = 0; vv < V; ++vv) {
-        double s = 0;
-        for (int c = 0; c < C; ++c) s += head[vv * C + c] * h[c];
-        logits[vv] = s;
-        m = std::max(m, s);
-      }
-      double z = 0;
-      for (int vv = 0; vv < V; ++vv) z += std::exp(logits[vv] - m);
-      total += std::log(z) + m - logits[target];
+      total += xent(x[b][t], "lnf", target);
       ++count;
     }
   }
-  return total / count + moe_losses;
+  // Multi-token prediction (Megatron-Core's MTP): depth k takes the token k + 1 ahead, the
+  // previous depth's hidden state, their norms, the projection of [embedding | hidden], layer
+  // num_layers + k, its final norm; its cross-entropy against the target k + 1 ahead, summed over
+  // the positions that have one, weighs mtp_loss_scaling_factor / D over the main loss tokens.
+  double mtp = 0;
+  std::vector<std::vector<Vec>> h = x;  // the previous depth's hidden states
+  for (int k = 0; k < cfg.mtp_num_layers; ++k) {
+    const std::string m = "mtp." + std::to_string(k) + ".";
+    std::vector<std::vector<Vec>> xk(B, std::vector<Vec>(T));
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) {
+        const int q = t + k + 1, id = q < T ? ids[b * T + q] : 0;
+        const Vec e = norm(Vec(wte.begin() + id * C, wte.begin() + (id + 1) * C), m + "enorm");
+        Vec cat = e;
+        const Vec hn = norm(h[b][t], m + "hnorm");
+        cat.insert(cat.end(), hn.begin(), hn.end());
+        xk[b][t] = linear(cat, P.at(m + "eh_proj.weight"), nullptr, C);
+      }
+    run_layer(cfg.num_layers + k, xk);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) {
+        const int q = t + k + 1;
+        if (q >= T || targets[b * T + q] < 0) continue;
+        mtp += xent(xk[b][t], m + "final_norm", targets[b * T + q]);
+      }
+    h = xk;
+  }
+  return total / count + moe_losses +
+         (cfg.mtp_num_layers > 0 ? cfg.mtp_loss_scaling_factor / cfg.mtp_num_layers * mtp / count
+                                 : 0.0);
 }
 
 }  // namespace tessera::testing

@@ -357,6 +357,7 @@ double model_loss(const GPTConfig& cfg, double* ref_out, const DocCase* docs = n
   if (docs) add_documents(batch, *docs, d);
   Activations a = model.make_activations(B, T);
   load(a, batch);
+  a.dropout.training = cfg.mtp();  // multi-token prediction runs in training (no dropout here)
   if (docs) set_model_documents(model, a, d);
   const double loss = model.forward(a, 1.0f / (B * T - 1)) / (B * T - 1);
   *ref_out = reference_loss(cfg, to_reference(model), batch.ids, batch.targets, B, T, &d);
@@ -379,6 +380,7 @@ void check_gradients(const GPTConfig& cfg, const DocCase* docs = nullptr) {
   if (docs) add_documents(batch, *docs, d);
   Activations a = model.make_activations(B, T);
   load(a, batch);
+  a.dropout.training = cfg.mtp();  // multi-token prediction's loss joins the gradient
   if (docs) set_model_documents(model, a, d);
   model.zero_grads();
   model.forward(a, 1.0f / N);
@@ -683,6 +685,57 @@ TEST(GPT, MlaPartsChangeTheLossAndCountAsHuggingFace) {
   int64_t total = 0;
   for (const ParamSpec& sp : ps.specs()) total += sp.numel();
   EXPECT_EQ(total - (model.padded_vocab() - base.vocab_size) * 16 * 2, base.num_parameters());
+}
+
+// Multi-token prediction. 0: two depths on the tiny Llama (dense, untied), factor 0.3. 1: one
+// depth on DeepSeek-V3's attention and router (mla_config(2): its MTP layer is MoE, as the last).
+GPTConfig mtp_config(int variant) {
+  GPTConfig c = variant == 0 ? llama_config(0) : mla_config(2);
+  c.mtp_num_layers = variant == 0 ? 2 : 1;
+  c.mtp_loss_scaling_factor = 0.3;
+  c.validate();
+  return c;
+}
+
+// The main loss is the model's without MTP; the objective's MTP part equals the reference's
+// (each depth's summed token losses, from the model's log); the gradients match the reference's
+// objective by finite differences, MTP's layers, norms and projection included.
+TEST(GPT, MtpMatchesIndependentReference) {
+  for (int variant = 0; variant < 2; ++variant) {
+    SCOPED_TRACE("MTP variant " + std::to_string(variant));
+    GPTConfig cfg = mtp_config(variant);
+    cfg.moe_aux_loss_coeff = 0;
+    auto be = make_cpu_backend();
+    LocalCommunicator tp;
+    GPTModel model(cfg, whole(cfg), *be, tp);
+    model.init_parameters(7);
+    perturb(model, 3);
+    set_expert_biases(model);
+    const int B = 2, T = 7, N = B * T;
+    const Batch batch = random_batch(B, T, 50, 11);
+    Activations a = model.make_activations(B, T);
+    load(a, batch);
+    a.dropout.training = true;
+    model.reset_mtp_losses();
+    const double loss = model.forward(a, 1.0f / N) / N;
+    const RefParams p = to_reference(model);
+    GPTConfig lm = cfg;
+    lm.mtp_loss_scaling_factor = 0;
+    const double ref_lm = reference_loss(lm, p, batch.ids, batch.targets, B, T);
+    const double ref = reference_loss(cfg, p, batch.ids, batch.targets, B, T);
+    EXPECT_NEAR(loss, ref_lm, 1e-5 * ref_lm);
+    double mtp_sum = 0, tokens = 0;
+    for (const GPTModel::MtpLoss& m : model.mtp_losses()) {
+      mtp_sum += m.sum;
+      tokens += m.tokens;
+    }
+    // Depth k has a target at the positions t + k + 1 < T: B (T - 1) + B (T - 2) tokens for two.
+    EXPECT_EQ(tokens, variant == 0 ? B * (T - 1) + B * (T - 2) : B * (T - 1));
+    const double ref_mtp = (ref - ref_lm) * N * cfg.mtp_num_layers / cfg.mtp_loss_scaling_factor;
+    EXPECT_GT(ref_mtp, 1.0);
+    EXPECT_NEAR(mtp_sum, ref_mtp, 1e-5 * ref_mtp);
+    check_gradients(cfg);
+  }
 }
 
 // The mutations of TESSERA_FAULT_ROUTER (the bias in the weights too; the group limit ignored)

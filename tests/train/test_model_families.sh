@@ -12,7 +12,9 @@
 # distributed optimizer, CP2 and TP2 x EP2 x PP2; its bias resumes bitwise from a checkpoint and
 # through tessera-reshard; --moe-per-layer-logging's lines and figures. DeepSeek-V3's attention
 # (multi-latent, YaRN) with that router at TP2+SP, TP4, PP2, DP2 with the distributed optimizer,
-# CP2, EP2, TP2 x EP2 x PP2 and with recomputation, and its generation at TP1 and TP2.
+# CP2, EP2, TP2 x EP2 x PP2 and with recomputation, and its generation at TP1 and TP2;
+# multi-token prediction at TP2+SP, PP2 (with the distributed optimizer too), EP2 and
+# TP2 x EP2 x PP2 (LM and MTP losses), refused with context parallelism.
 # Usage: test_model_families.sh BIN_DIR CONFIG_DIR
 set -u
 bin=$1
@@ -178,6 +180,40 @@ for layout in "dsv3-tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel" 
   shift 2
   run "$name" "$np" "$@" && within dsv3 "$name" "DeepSeek-V3 (MLA, YaRN, router): $*"
 done
+# Multi-token prediction (one depth, on the last stage; its embedding copy there summed with the
+# first stage's): the LM and mtp_1 losses of every layout are the one-rank run's, and it moves
+# the LM losses (its loss joins the gradient).
+mtp_within() {  # mtp_within BASE NAME DESCRIPTION: both losses within 1e-5 relative
+  local w
+  w=$(paste <(sed 's/.*"lm_loss": \([^,]*\),.*"mtp_1_loss": \([^,]*\),.*/\1 \2/' "$work/$1.jsonl") \
+            <(sed 's/.*"lm_loss": \([^,]*\),.*"mtp_1_loss": \([^,]*\),.*/\1 \2/' "$work/$2.jsonl") | awk '
+    NF == 4 { for (i = 1; i <= 2; i++) { d = $i - $(i + 2); if (d < 0) d = -d; r = d / $i; if (r > w) w = r } n++ }
+    END { if (n != 20) print "missing"; else printf "%.3g", w }')
+  if [ "$w" = missing ] || awk -v w="$w" 'BEGIN { exit !(w > 1e-5) }'; then
+    bad "$2 ($3): worst relative LM / mtp_1 loss difference $w against $1"
+  else
+    ok "$2 ($3): LM and mtp_1 losses within $w over 20 iterations"
+  fi
+}
+run mtp 1 --mtp-num-layers 1 --mtp-loss-scaling-factor 0.3 || exit 1
+w=$(worst dsv3 mtp)
+[ "$w" != missing ] && awk -v w="$w" 'BEGIN { exit !(w > 1e-4) }' && grep -q " | mtp_1 loss: " "$work/mtp.log" \
+  && ok "--mtp-num-layers 1 logs mtp_1 loss and moves the LM losses (by $w)" \
+  || bad "MTP: LM losses moved by $w; line: $(grep -m1 'iteration  ' "$work/mtp.log")"
+for layout in "mtp-tp2sp 2 --tensor-model-parallel-size 2 --sequence-parallel" \
+              "mtp-pp2 2 --pipeline-model-parallel-size 2" \
+              "mtp-pp2-dist 4 --pipeline-model-parallel-size 2 --use-distributed-optimizer" \
+              "mtp-ep2 2 --expert-model-parallel-size 2" \
+              "mtp-tp2ep2pp2 8 --tensor-model-parallel-size 2 --expert-model-parallel-size 2 --pipeline-model-parallel-size 2"; do
+  set -- $layout
+  name=$1 np=$2
+  shift 2
+  run "$name" "$np" --mtp-num-layers 1 --mtp-loss-scaling-factor 0.3 "$@" &&
+    mtp_within mtp "$name" "DeepSeek-V3 with MTP: $*"
+done
+out=$("$bin/tessera-train" "${common[@]}" --mtp-num-layers 1 --context-parallel-size 2 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "with --context-parallel-size=2: multi-token prediction shifts tokens across" <<<"$out" \
+  && ok "MTP with context parallelism -> rc 2, one line" || bad "MTP with CP: rc $rc: $out"
 # Generation through the KV cache (the expanded keys and values): greedy ids at TP1 and TP2 agree.
 gen() {  # gen NP [options]
   local np=$1

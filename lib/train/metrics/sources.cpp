@@ -8,6 +8,7 @@ namespace tessera {
 // Sources in files of their own: null where the run has nothing to report.
 std::unique_ptr<MetricSource> make_moe_metrics(const MetricContext& c);
 std::unique_ptr<MetricSource> make_moe_layer_metrics(const MetricContext& c);  // moe_layers.cpp
+std::unique_ptr<MetricSource> make_mtp_metrics(const MetricContext& c);        // mtp.cpp
 std::unique_ptr<MetricSource> make_straggler_metrics(const MetricContext& c);  // straggler.cpp
 
 namespace {
@@ -95,6 +96,7 @@ std::vector<std::unique_ptr<MetricSource>> make_metric_sources(const MetricConte
   if (t.log_params_norm) all.push_back(std::make_unique<ParamsNormMetric>(c.optimizers));
   if (t.log_num_zeros_in_grad) all.push_back(std::make_unique<NumZerosMetric>());
   if (c.optimizers.weight_decay_scheduled()) all.push_back(std::make_unique<WeightDecayMetric>());
+  all.push_back(make_mtp_metrics(c));
   all.push_back(make_moe_metrics(c));
   all.push_back(make_moe_layer_metrics(c));
   all.push_back(make_straggler_metrics(c));

@@ -126,7 +126,13 @@ class ModelOptions : public OptionGroup {
             "original-max-position-embeddings",
             po::value(&m.original_max_position_embeddings)
                 ->default_value(m.original_max_position_embeddings),
-            "YaRN: the context the model was first trained for (DeepSeek-V3: 4096)");
+            "YaRN: the context the model was first trained for (DeepSeek-V3: 4096)")(
+            "mtp-num-layers", po::value(&m.mtp_num_layers)->default_value(0),
+            "multi-token prediction's depths (DeepSeek-V3: 1): each predicts one token further "
+            "through a transformer layer of its own on the last pipeline stage")(
+            "mtp-loss-scaling-factor",
+            po::value(&m.mtp_loss_scaling_factor)->default_value(m.mtp_loss_scaling_factor),
+            "the weight of multi-token prediction's loss (divided over the depths)");
     p.alternatives({"layernorm-epsilon", "norm-epsilon"});
   }
 
