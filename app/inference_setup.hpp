@@ -17,6 +17,7 @@
 #include "data/tokenizer.hpp"
 #include "model/gpt.hpp"
 #include "train/options.hpp"
+#include "train/router_checkpoint.hpp"
 
 namespace tessera {
 
@@ -108,6 +109,9 @@ struct InferenceSetup {
       L.backend->copy_from_host(p, host.data());
     }
     L.model->sync_compute_weights();  // the bf16/fp16 copy (nothing in f32)
+    // The routers' expert biases (DeepSeek-V3): they choose the experts, so generation needs them.
+    if (const std::string why = restore_router_state(*L.checkpoint, *L.model); !why.empty())
+      if (L.grid->world_rank() == 0) std::cerr << program << ": " << why << std::endl;
     if (L.grid->world_rank() == 0)
       std::cerr << program << ": " << L.checkpoint->path() << " (" << cfg.num_layers
                 << " layers, hidden " << cfg.hidden_size << ", saved at TP "

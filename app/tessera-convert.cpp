@@ -124,9 +124,10 @@ int main(int argc, char** argv) {
       refuse_save_over_checkpoint(save, 0);  // before reading anything: an import is iteration 0
       const std::string type = hf_model_type(from_hf);
       if (type != "gpt2" && type != "llama" && type != "qwen2" && type != "qwen3" &&
-          type != "qwen3_moe" && type != "mistral" && type != "mixtral")
+          type != "qwen3_moe" && type != "mistral" && type != "mixtral" && type != "deepseek_v3")
         throw ConfigError("'" + from_hf + "/config.json' has model_type \"" + type +
-                          "\" (allowed: gpt2, llama, qwen2, qwen3, qwen3_moe, mistral, mixtral)");
+                          "\" (allowed: gpt2, llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, "
+                          "deepseek_v3)");
       std::unique_ptr<HfGpt2> gpt2;
       std::unique_ptr<HfLlama> llama;
       CheckpointMeta meta;
@@ -151,6 +152,8 @@ int main(int argc, char** argv) {
         char coef[64];
         std::snprintf(coef, sizeof coef, "%.17g", meta.model.moe_aux_loss_coeff);
         meta.config_text += std::string("moe-aux-loss-coeff = ") + coef + "\n";
+        meta.config_text +=
+            "moe-router-load-balancing-type = " + meta.model.moe_router_load_balancing_type + "\n";
       }
       std::cout << "tessera-convert: " << from_hf << " (" << meta.model.num_layers
                 << " layers, hidden " << meta.model.hidden_size << ", vocabulary "
@@ -167,7 +170,10 @@ int main(int argc, char** argv) {
               else
                 llama->read_slice(s, out);
             },
-            [](const std::string& line) { std::cout << line << std::endl; });
+            [](const std::string& line) { std::cout << line << std::endl; }, nullptr,
+            [&](int layer) {  // DeepSeek-V3's expert biases beside the weights
+              return llama ? llama->layer_state(layer) : std::vector<ExtraTensor>{};
+            });
       } catch (...) {  // a refused import leaves nothing: the directory it made goes too
         if (!existed && std::filesystem::is_empty(save, ec)) std::filesystem::remove(save, ec);
         throw;

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "checkpoint/hf_deepseek.hpp"
 #include "core/error.hpp"
 #include "core/ini.hpp"
 #include "core/json.hpp"
@@ -31,11 +32,21 @@ std::string read_text(const std::string& path, const std::string& what) {
 }
 
 // The Hugging Face tensors whose rows, concatenated in this order, make Tessera parameter `n`
-// (flattened to [rows, cols], or to one axis for vectors) in a model of type `arch`.
-std::vector<std::string> hf_parts(const std::string& n, const std::string& arch) {
+// (flattened to [rows, cols], or to one axis for vectors) in a model of type `arch` with
+// `num_layers` layers (DeepSeek-V3's multi-token prediction layers follow them).
+std::vector<std::string> hf_parts(const std::string& n, const std::string& arch, int num_layers) {
   if (n == "wte") return {"model.embed_tokens.weight"};
   if (n == "lm_head") return {"lm_head.weight"};
   if (n == "lnf.weight") return {"model.norm.weight"};
+  if (n.rfind("mtp.", 0) == 0) {  // DeepSeek-V3's MTP depth k is model.layers.<num_layers + k>
+    const size_t dot = n.find('.', 4);
+    const std::string q =
+        "model.layers." + std::to_string(num_layers + std::stoi(n.substr(4, dot - 4))) + ".";
+    const std::string r = n.substr(dot + 1);
+    if (r == "enorm.weight" || r == "hnorm.weight" || r == "eh_proj.weight") return {q + r};
+    if (r == "final_norm.weight") return {q + "shared_head.norm.weight"};
+    throw Error("no Hugging Face name for parameter " + n);
+  }
   if (n.rfind("layers.", 0) != 0) throw Error("no Hugging Face Llama name for parameter " + n);
   const size_t dot = n.find('.', 7);
   const std::string h = "model.layers." + n.substr(7, dot - 7) + ".", rest = n.substr(dot + 1);
@@ -44,6 +55,21 @@ std::vector<std::string> hf_parts(const std::string& n, const std::string& arch)
   if (rest == "ln2.weight") return {h + "post_attention_layernorm.weight"};
   if (rest == "attn.q_norm.weight") return {a + "q_norm.weight"};  // Qwen3
   if (rest == "attn.k_norm.weight") return {a + "k_norm.weight"};
+  if (arch == "deepseek_v3") {  // multi-latent attention, the router, the shared experts
+    static const std::map<std::string, std::string> mla{
+        {"attn.q_down.weight", "q_a_proj.weight"},
+        {"attn.q_down_norm.weight", "q_a_layernorm.weight"},
+        {"attn.q_up.weight", "q_b_proj.weight"},
+        {"attn.q_proj.weight", "q_proj.weight"},
+        {"attn.kv_down.weight", "kv_a_proj_with_mqa.weight"},
+        {"attn.kv_down_norm.weight", "kv_a_layernorm.weight"},
+        {"attn.kv_up.weight", "kv_b_proj.weight"}};
+    if (const auto it = mla.find(rest); it != mla.end()) return {a + it->second};
+    if (rest == "mlp.router.weight") return {m + "gate.weight"};
+    const std::string se = m + "shared_experts.";
+    if (rest == "mlp.shared_expert.fc1.weight") return {se + "gate_proj.weight", se + "up_proj.weight"};
+    if (rest == "mlp.shared_expert.fc2.weight") return {se + "down_proj.weight"};
+  }
   for (const char* kind : {"weight", "bias"}) {
     const std::string k = kind;
     if (rest == "attn.q." + k) return {a + "q_proj." + k};
@@ -53,7 +79,7 @@ std::vector<std::string> hf_parts(const std::string& n, const std::string& arch)
     if (rest == "mlp.fc1." + k) return {m + "gate_proj." + k, m + "up_proj." + k};
     if (rest == "mlp.fc2." + k) return {m + "down_proj." + k};
   }
-  if (arch == "qwen3_moe") {  // the router is mlp.gate; each expert has a Llama MLP's names
+  if (arch == "qwen3_moe" || arch == "deepseek_v3") {  // router mlp.gate; experts Llama MLPs
     if (rest == "mlp.router.weight") return {m + "gate.weight"};
     if (rest.rfind("mlp.experts.", 0) == 0) {
       const size_t d = rest.find('.', 12);
@@ -73,6 +99,31 @@ std::vector<std::string> hf_parts(const std::string& n, const std::string& arch)
     if (w == "fc2.weight") return {x + "w2.weight"};
   }
   throw Error("no Hugging Face Llama name for parameter " + n);
+}
+
+// Tensors of a Hugging Face DeepSeek-V3 directory beside the parameters' parts: each MoE layer's
+// e_score_correction_bias (the router's expert bias: checkpoint group "router") and each MTP
+// layer's copies of the embedding and the output layer (Tessera's MTP shares them).
+struct HfExtra {
+  std::string name;
+  Shape shape;
+  int bias_layer = -1;  // >= 0: that layer's expert bias
+  std::string copy_of;  // else: the parameter this tensor repeats
+};
+std::vector<HfExtra> hf_extras(const GPTConfig& cfg, const std::string& arch) {
+  std::vector<HfExtra> out;
+  if (arch != "deepseek_v3") return out;
+  for (int l = 0; l < cfg.total_layers(); ++l)
+    if (cfg.is_moe_layer(l) && cfg.moe_router_enable_expert_bias)
+      out.push_back({"model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias",
+                     {cfg.num_experts}, l, ""});
+  for (int k = 0; k < cfg.mtp_num_layers; ++k) {
+    const std::string q = "model.layers." + std::to_string(cfg.num_layers + k) + ".";
+    out.push_back({q + "embed_tokens.weight", {cfg.vocab_size, cfg.hidden_size}, -1, "wte"});
+    out.push_back({q + "shared_head.head.weight", {cfg.vocab_size, cfg.hidden_size}, -1,
+                   cfg.tied_head() ? "wte" : "lm_head"});
+  }
+  return out;
 }
 
 bool is_vocab(const ParamSpec& s) {
@@ -140,13 +191,15 @@ std::string hf_model_type(const std::string& dir) {
 
 std::string hf_export_architecture(const GPTConfig& cfg, const std::string& asked) {
   if (asked.empty()) {
+    if (cfg.mla()) return "deepseek_v3";
     if (cfg.qk_layernorm) return cfg.moe() ? "qwen3_moe" : "qwen3";
     return cfg.moe() ? "mixtral" : cfg.add_qkv_bias && !cfg.add_bias_linear ? "qwen2" : "llama";
   }
   if (asked != "llama" && asked != "qwen2" && asked != "qwen3" && asked != "qwen3_moe" &&
-      asked != "mistral" && asked != "mixtral")
+      asked != "mistral" && asked != "mixtral" && asked != "deepseek_v3")
     throw ConfigError("--hf-architecture=" + asked +
-                      " is not known (allowed: llama, qwen2, qwen3, qwen3_moe, mistral, mixtral)");
+                      " is not known (allowed: llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, "
+                      "deepseek_v3)");
   return asked;
 }
 
@@ -156,6 +209,7 @@ std::string hf_class_name(const std::string& arch) {
   if (arch == "qwen3_moe") return "Qwen3MoeForCausalLM";
   if (arch == "mistral") return "MistralForCausalLM";
   if (arch == "mixtral") return "MixtralForCausalLM";
+  if (arch == "deepseek_v3") return "DeepseekV3ForCausalLM";
   if (arch == "gpt2") return "GPT2LMHeadModel";
   return "LlamaForCausalLM";
 }
@@ -168,6 +222,7 @@ struct PlannedTensor {
   std::string name;
   Shape shape;
   size_t spec = 0, part = 0;
+  int bias_layer = -1;  // >= 0: that layer's expert bias instead (group "router")
 };
 
 // The name of exported file f of n.
@@ -181,6 +236,14 @@ std::string export_file_name(size_t f, size_t n) {
 // Refuses (ConfigError) a model that the Hugging Face class `cls` of `arch` does not compute.
 void check_exportable(const GPTConfig& cfg, const std::string& arch, const std::string& cls,
                       const std::string& ck) {
+  if (arch == "deepseek_v3") {
+    check_deepseek_exportable(cfg, ck);
+    return;
+  }
+  if (cfg.mla() || cfg.mtp())
+    throw ConfigError(ck + " has " +
+                      (cfg.mla() ? "multi-latent attention" : "multi-token prediction layers") +
+                      "; " + cls + " has none: export it with --hf-architecture deepseek_v3");
   const bool moe_arch = arch == "mixtral" || arch == "qwen3_moe";
   const bool qwen3 = arch == "qwen3" || arch == "qwen3_moe";
   if (cfg.moe() != moe_arch)
@@ -264,7 +327,7 @@ std::vector<std::vector<PlannedTensor>> plan_export_files(const std::vector<Para
   total = 0;
   const size_t width = safetensors_width(dtype);
   for (size_t i = 0; i < specs.size(); ++i) {
-    const auto parts = hf_parts(specs[i].name, cfg_arch);
+    const auto parts = hf_parts(specs[i].name, cfg_arch, cfg.num_layers);
     for (size_t k = 0; k < parts.size(); ++k) {
       const Shape shape = hf_part_shape(specs[i], parts.size(), cfg.vocab_size);
       const uint64_t bytes = width * static_cast<uint64_t>(shape_numel(shape));
@@ -276,6 +339,20 @@ std::vector<std::vector<PlannedTensor>> plan_export_files(const std::vector<Para
       in_file += bytes;
       total += bytes;
     }
+  }
+  for (const HfExtra& x : hf_extras(cfg, cfg_arch)) {  // DeepSeek-V3's biases and MTP copies
+    PlannedTensor t{x.name, x.shape, 0, 0, x.bias_layer};
+    if (x.bias_layer < 0)
+      for (size_t i = 0; i < specs.size(); ++i)
+        if (specs[i].name == x.copy_of) t.spec = i;
+    const uint64_t bytes = width * static_cast<uint64_t>(shape_numel(x.shape));
+    if (in_file > 0 && in_file + bytes > o.max_shard_bytes) {
+      files.emplace_back();
+      in_file = 0;
+    }
+    files.back().push_back(t);
+    in_file += bytes;
+    total += bytes;
   }
   return files;
 }
@@ -294,6 +371,18 @@ void write_export_files(const CheckpointReader& ckpt, const std::string& dir,
                         {{"format", "pt"}, {"source", "tessera " + ckpt.path()}});
     for (const PlannedTensor& p : files[f]) w.declare(p.name, p.shape, dtype);
     for (const PlannedTensor& p : files[f]) {
+      if (p.bias_layer >= 0) {  // the router's expert bias, saved beside the parameters
+        const std::string name = expert_bias_name(p.bias_layer);
+        std::vector<float> b(static_cast<size_t>(shape_numel(p.shape)));
+        if (ckpt.whole_numel(kRouterGroup, name) != static_cast<int64_t>(b.size()))
+          throw ConfigError("checkpoint '" + ckpt.path() + "' lacks " + kRouterGroup + "/" +
+                            name + " (saved before the expert bias was kept?); " + p.name +
+                            " cannot be written");
+        ckpt.read_whole(kRouterGroup, name, b.data());
+        w.write(p.name, b.data());
+        if (progress) progress("exported " + name + " -> " + p.name);
+        continue;
+      }
       const ParamSpec& s = specs[p.spec];
       if (loaded != p.spec) {
         global.resize(static_cast<size_t>(shape_numel(s.global_shape)));
@@ -355,6 +444,11 @@ void write_hf_config(const GPTConfig& cfg, const std::string& arch, const std::s
                      const std::string& dtype, const std::string& dir) {
   std::ostringstream c;
   const char* torch_dtype = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
+  if (arch == "deepseek_v3") {
+    write_file_atomically(dir + "/config.json",
+                          deepseek_config_json(cfg, torch_dtype, cfg.moe_aux_loss_coeff));
+    return;
+  }
   c << "{\n  \"architectures\": [\"" << cls << "\"],\n  \"model_type\": \"" << arch << "\",\n"
     << "  \"hidden_act\": \"silu\",\n  \"hidden_size\": " << cfg.hidden_size
     << ",\n  \"intermediate_size\": " << (arch == "mixtral" ? cfg.moe_ffn() : cfg.ffn())
@@ -418,6 +512,8 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
   const std::map<std::string, std::string> saved = ini_values(ckpt.meta().config_text);
   if (const auto it = saved.find("moe-aux-loss-coeff"); it != saved.end())
     cfg.moe_aux_loss_coeff = std::strtod(it->second.c_str(), nullptr);
+  if (const auto it = saved.find("moe-router-load-balancing-type"); it != saved.end())
+    cfg.moe_router_load_balancing_type = it->second;
   const std::string arch = hf_export_architecture(cfg, o.architecture);
   const std::string cls = hf_class_name(arch);
   const std::string ck = "checkpoint '" + ckpt.path() + "'";
@@ -697,7 +793,7 @@ void check_hf_tensors(const std::string& dir, const GPTConfig& cfg, const std::s
                       const SafetensorsDir& st) {
   std::set<std::string> expected;
   for (const ParamSpec& s : global_specs(cfg)) {
-    const auto parts = hf_parts(s.name, arch);
+    const auto parts = hf_parts(s.name, arch, cfg.num_layers);
     expected.insert(parts.begin(), parts.end());
     const Shape want = hf_part_shape(s, parts.size(), cfg.vocab_size);
     for (const std::string& n : parts) {
@@ -709,6 +805,24 @@ void check_hf_tensors(const std::string& dir, const GPTConfig& cfg, const std::s
                           shape_str(st.entry(n).shape) + ", config.json implies " +
                           shape_str(want));
     }
+  }
+  // DeepSeek-V3's expert biases and MTP copies: present, in shape; a copy must repeat its
+  // parameter's tensor (Tessera's MTP shares the embedding and the output layer: nothing is lost).
+  for (const HfExtra& x : hf_extras(cfg, arch)) {
+    expected.insert(x.name);
+    if (!st.has(x.name))
+      throw ConfigError("the Hugging Face model in '" + dir + "' has no tensor " + x.name +
+                        " (config.json implies it)");
+    if (st.entry(x.name).shape != x.shape)
+      throw ConfigError("'" + st.file_of(x.name) + "': " + x.name + " has shape " +
+                        shape_str(st.entry(x.name).shape) + ", config.json implies " +
+                        shape_str(x.shape));
+    if (x.bias_layer >= 0) continue;
+    const std::string main = hf_parts(x.copy_of, arch, cfg.num_layers)[0];
+    if (st.read(x.name) != st.read(main))
+      throw ConfigError("'" + st.file_of(x.name) + "': " + x.name + " differs from " + main +
+                        "; Tessera's multi-token prediction shares the model's (they must be "
+                        "equal, as in DeepSeek's checkpoints)");
   }
   // Anything else is a model config.json does not describe (more layers, biases it says are
   // absent): refused rather than dropped. Old files' rotary inv_freq buffers are derived values.
@@ -734,6 +848,15 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   HfConfigSettings h;
   // The defaults of the config classes (LlamaConfig; Qwen2Config and MistralConfig below).
   h.model_type = hf_model_type(dir);
+  if (h.model_type == "deepseek_v3") {  // its own config (checkpoint/hf_deepseek.cpp)
+    double aux = 0;
+    parse_deepseek_config(path, text, cfg_, aux);
+    cfg_.make_vocab_size_divisible_by = divisible_by;
+    st_ = std::make_unique<SafetensorsDir>(dir);
+    arch_ = h.model_type;
+    check_hf_tensors(dir, cfg_, arch_, *st_);
+    return;
+  }
   const bool qwen3 = h.model_type == "qwen3" || h.model_type == "qwen3_moe";
   cfg_.max_position_embeddings = h.model_type == "qwen2" || qwen3 ? 32768
                                  : h.model_type == "mistral" || h.model_type == "mixtral"
@@ -756,8 +879,22 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   check_hf_tensors(dir, cfg_, arch_, *st_);
 }
 
+std::vector<ExtraTensor> HfLlama::layer_state(int layer) const {
+  std::vector<ExtraTensor> out;
+  for (const HfExtra& x : hf_extras(cfg_, arch_))
+    if (x.bias_layer == layer) {  // e_score_correction_bias -> the router's expert bias
+      ExtraTensor e;
+      e.group = kRouterGroup;
+      e.spec.name = expert_bias_name(layer);
+      e.spec.global_shape = e.spec.local_shape = x.shape;
+      e.data = st_->read(x.name);
+      out.push_back(std::move(e));
+    }
+  return out;
+}
+
 void HfLlama::read_slice(const ParamSpec& spec, float* out) const {
-  const auto parts = hf_parts(spec.name, arch_);
+  const auto parts = hf_parts(spec.name, arch_, cfg_.num_layers);
   // The global tensor in Tessera's layout: the parts' rows one after the other (padding rows of
   // the vocabulary stay zero).
   std::vector<float> global(static_cast<size_t>(shape_numel(spec.global_shape)), 0.f);

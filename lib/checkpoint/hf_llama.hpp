@@ -43,7 +43,8 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir,
                      const HfExportOptions& options,
                      const std::function<void(const std::string&)>& progress);
 
-// A Hugging Face Llama, Qwen2, Qwen3, Qwen3-MoE, Mistral or Mixtral directory opened for import.
+// A Hugging Face Llama, Qwen2, Qwen3, Qwen3-MoE, Mistral, Mixtral or DeepSeek-V3 directory opened
+// for import.
 class HfLlama {
  public:
   // Reads DIR/config.json and the safetensors; checks every tensor's presence and shape against
@@ -52,6 +53,9 @@ class HfLlama {
   const GPTConfig& config() const { return cfg_; }
   // Fills `out` with the slice `spec` describes of the tensor in Tessera's layout.
   void read_slice(const ParamSpec& spec, float* out) const;
+  // The per-layer state beside the parameters a checkpoint holds (DeepSeek-V3: each MoE layer's
+  // e_score_correction_bias as the router's expert bias); empty for other layers and models.
+  std::vector<ExtraTensor> layer_state(int layer) const;
 
  private:
   GPTConfig cfg_;

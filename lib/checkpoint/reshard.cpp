@@ -33,7 +33,7 @@ void validate_model_layout(const GPTConfig& cfg, int tp, int pp) {
 void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
                       const SliceSource& source,
                       const std::function<void(const std::string&)>& progress,
-                      const CheckpointReader* carry) {
+                      const CheckpointReader* carry, const LayerStateSource& layer_state) {
   validate_model_layout(meta.model, meta.tp_size, meta.pp_size);
   refuse_save_over_checkpoint(save_dir, meta.iteration);
   const std::string tmp = begin_checkpoint_dir(save_dir, meta.iteration);
@@ -85,6 +85,9 @@ void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
           carry->read_whole(kRouterGroup, n, buf.data());
           w.write(kRouterGroup, s, buf.data());
         }
+        if (layer_state)
+          for (int layer : shard.layers())
+            for (const ExtraTensor& e : layer_state(layer)) w.write(e.group, e.spec, e.data.data());
         w.finish();
         ++done;
         if (progress) {

@@ -19,12 +19,15 @@ using SliceSource =
 // layout against the model (ConfigError naming the numbers) and refuses a DIR that already holds a
 // checkpoint (refuse_save_over_checkpoint). `progress` gets one line per file.
 // `carry`, when given (tessera-reshard), is the checkpoint being resharded: the per-layer state
-// beside the parameters (FP8's, group "fp8", the same on every TP rank) goes into the files of the
-// stage that holds each layer.
+// beside the parameters (FP8's, group "fp8", and the routers' expert biases, group "router"; the
+// same on every TP rank) goes into the files of the stage that holds each layer. `layer_state`,
+// when given (an import), supplies such state for a layer instead (none: an empty vector).
+using LayerStateSource = std::function<std::vector<ExtraTensor>(int layer)>;
 void write_checkpoint(const std::string& save_dir, const CheckpointMeta& meta,
                       const SliceSource& source,
                       const std::function<void(const std::string&)>& progress,
-                      const CheckpointReader* carry = nullptr);
+                      const CheckpointReader* carry = nullptr,
+                      const LayerStateSource& layer_state = {});
 
 // Checks that the model can be split TP x PP (heads and ffn by TP, layers by PP).
 void validate_model_layout(const GPTConfig& cfg, int tp, int pp);

@@ -104,13 +104,22 @@ class CheckpointOptions : public OptionGroup {
     if (o.use_checkpoint_args && !o.load_fresh) {
       if (o.load.empty()) throw ConfigError("--use-checkpoint-args needs --load");
       // Megatron's load_args_from_checkpoint: the model's shape and architecture are the
-      // checkpoint's; dropout stays this run's (a training choice).
+      // checkpoint's; the training choices stay this run's (dropout, the MoE losses' weights and
+      // balancing, the expert bias's rate, how tokens are dispatched, the MTP loss's weight).
       GPTConfig& m = o.model;
-      const GPTConfig from = CheckpointReader(o.load).meta().model;
-      const double attention_dropout = m.attention_dropout, hidden_dropout = m.hidden_dropout;
+      GPTConfig from = CheckpointReader(o.load).meta().model;
+      from.attention_dropout = m.attention_dropout;
+      from.hidden_dropout = m.hidden_dropout;
+      from.moe_aux_loss_coeff = m.moe_aux_loss_coeff;
+      from.moe_z_loss_coeff = m.moe_z_loss_coeff;
+      from.moe_router_load_balancing_type = m.moe_router_load_balancing_type;
+      from.moe_router_bias_update_rate = m.moe_router_bias_update_rate;
+      from.moe_token_dispatcher_type = m.moe_token_dispatcher_type;
+      from.moe_grouped_gemm = m.moe_grouped_gemm;
+      from.moe_expert_capacity_factor = m.moe_expert_capacity_factor;
+      from.moe_token_drop_policy = m.moe_token_drop_policy;
+      from.mtp_loss_scaling_factor = m.mtp_loss_scaling_factor;
       m = from;
-      m.attention_dropout = attention_dropout;
-      m.hidden_dropout = hidden_dropout;
     }
   }
 };

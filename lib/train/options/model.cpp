@@ -163,6 +163,16 @@ class ModelOptions : public OptionGroup {
                     (long long)m.padded_vocab_size(d.o.tp), (long long)m.vocab_size,
                     m.make_vocab_size_divisible_by);
       out << buf;
+      if (m.mtp()) {  // Hugging Face's model class counts the rest (it does not load MTP layers)
+        GPTConfig main = m;
+        main.mtp_num_layers = 0;
+        std::snprintf(buf, sizeof buf,
+                      "multi-token prediction: %lld of them in %d layer%s (the embedding and "
+                      "output layer shared); the model without them %lld\n",
+                      (long long)(m.num_parameters() - main.num_parameters()), m.mtp_num_layers,
+                      m.mtp_num_layers == 1 ? "" : "s", (long long)main.num_parameters());
+        out << buf;
+      }
     } else if (s == DryRunSection::Setup) {
       out << "architecture: " << m.describe() << "\n";
     }
