@@ -121,7 +121,7 @@ sed -i 's/"rope_theta"/"partial_rotary_factor": 0.5, "rope_theta"/' "$work/parti
 expect "partial_rotary_factor 0.5" "has partial_rotary_factor 0.500000; LlamaForCausalLM rotates every feature" -- --from-hf "$work/partial" --save "$work/x"
 cp -r "$work/b" "$work/kind"
 sed -i 's/"model_type": "llama"/"model_type": "gemma"/' "$work/kind/config.json"
-expect "another model type" "model_type \"gemma\" \(allowed: gpt2, llama, qwen2, qwen3, qwen3_moe, mistral, mixtral\)" -- --from-hf "$work/kind" --save "$work/x"
+expect "another model type" "model_type \"gemma\" \(allowed: gpt2, llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, deepseek_v3\)" -- --from-hf "$work/kind" --save "$work/x"
 # Mixtral: router settings Tessera does not have, and an expert count the tensors contradict.
 $tool make "$work/mx" --arch mixtral
 cp -r "$work/mx" "$work/jitter" && sed -i 's/"router_jitter_noise": 0.0/"router_jitter_noise": 0.01/' "$work/jitter/config.json"
@@ -228,7 +228,7 @@ expect "Qwen2 without a k_proj bias" "has no tensor model.layers.1.self_attn.k_p
 expect "a Qwen2 checkpoint exported as Llama" "has biases on q, k and v only \(--add-qkv-bias\); LlamaForCausalLM's attention_bias also covers o_proj: export it with --hf-architecture qwen2" -- --to-hf --load "$work/qwen2-ck" --save "$work/y" --hf-architecture llama
 expect "a Qwen2 checkpoint exported as Mistral" "has linear biases; MistralForCausalLM has none: export it with --hf-architecture qwen2" -- --to-hf --load "$work/qwen2-ck" --save "$work/y" --hf-architecture mistral
 expect "a Llama checkpoint exported as Qwen2" "has no QKV biases; Qwen2ForCausalLM has biases on q, k and v only" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture qwen2
-expect "an unknown --hf-architecture" "--hf-architecture=gemma is not known \(allowed: llama, qwen2, qwen3, qwen3_moe, mistral, mixtral\)" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture gemma
+expect "an unknown --hf-architecture" "--hf-architecture=gemma is not known \(allowed: llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, deepseek_v3\)" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture gemma
 # Qwen3 and Qwen3-MoE: what their classes cannot hold, both ways.
 expect "a Qwen3 checkpoint exported as Llama" "normalizes its query and key heads \(--qk-layernorm\); LlamaForCausalLM does not: export it with --hf-architecture qwen3" -- --to-hf --load "$work/qwen3-ck" --save "$work/y" --hf-architecture llama
 expect "a Llama checkpoint exported as Qwen3" "has no query/key norms; Qwen3ForCausalLM has them \(q_norm, k_norm\): train with --qk-layernorm" -- --to-hf --load "$work/gqa-ck" --save "$work/y" --hf-architecture qwen3
