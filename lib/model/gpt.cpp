@@ -1058,7 +1058,7 @@ void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out
                          valid_cols_, vocab_begin_, grad_scale);
   if (losses_out.raw() != a.losses.raw()) be_.cast(losses_out, a.losses);  // a device copy
   if (cfg_.mtp() && a.dropout.training) {  // its loss joins the gradient, logged apart
-    mtp_prepare(a);
+    if (!a.mtp_staged) mtp_prepare(a);
     mtp_forward(a, grad_scale);
   }
 }

@@ -101,6 +101,7 @@ struct MtpActivations {
   Tensor lnf, lnf_mean, lnf_rstd;  // the final norm of the layer's output (lnf: N rows)
   Tensor logits;                   // (N, Vl): the logits, their gradient after the forward
   Tensor losses;                   // (N) f32 token losses (0 where no target)
+  double tokens = 0;               // the targets (>= 0) of ids/targets
 };
 
 // Which dropout masks a micro-batch draws (core/dropout.hpp): set by the trainer before its
@@ -168,6 +169,7 @@ struct Activations {
   // and its two halves (own rows, C).
   std::vector<MtpActivations> mtp;
   Tensor mtp_dmain, mtp_dh, mtp_demb, mtp_dcat, mtp_de, mtp_dhn;
+  bool mtp_staged = false;  // set_mtp_inputs filled each depth's ids and targets
 };
 
 // Bytes of the activation buffers of a stage for (B,T) micro-batches: what each micro-batch in
@@ -253,6 +255,11 @@ class GPTModel {
   };
   const std::vector<MtpLoss>& mtp_losses() const { return mtp_losses_; }
   void reset_mtp_losses();
+  // Depth k's inputs of a micro-batch (host arrays, B*T by local row): the token k + 1 ahead and
+  // the target k + 1 ahead (-1: none), cut from the whole samples by the caller (context
+  // parallelism: this rank's chunks). Without a call the forward shifts the micro-batch's own ids
+  // and targets (one rank's whole samples only).
+  void set_mtp_inputs(Activations& a, int depth, const int32_t* ids, const int32_t* targets);
 
   // The backward pieces mirror the forward; each reads and writes a.dres. block_backward runs the
   // layers in reverse order (the last layer first): with full recomputation, the backward of a

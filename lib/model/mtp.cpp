@@ -36,6 +36,16 @@ void GPTModel::embed_rows(PhaseSequence& phase, Tensor& out, const Tensor& ids, 
   }
 }
 
+void GPTModel::set_mtp_inputs(Activations& a, int depth, const int32_t* ids,
+                              const int32_t* targets) {
+  MtpActivations& m = a.mtp[static_cast<size_t>(depth)];
+  be_.copy_from_host(m.ids, ids);
+  be_.copy_from_host(m.targets, targets);
+  m.tokens = 0;
+  for (int64_t i = 0; i < m.targets.numel(); ++i) m.tokens += targets[i] >= 0;
+  a.mtp_staged = true;
+}
+
 void GPTModel::mtp_prepare(Activations& a) {
   // The tokens and targets shifted by k + 1 within each sample, from the micro-batch's own.
   const int64_t B = a.B, T = a.T, N = B * T;
@@ -50,11 +60,7 @@ void GPTModel::mtp_prepare(Activations& a) {
         ik[static_cast<size_t>(i)] = q < T ? ids[static_cast<size_t>(b * T + q)] : 0;
         tk[static_cast<size_t>(i)] = q < T ? tg[static_cast<size_t>(b * T + q)] : -1;
       }
-    be_.copy_from_host(a.mtp[static_cast<size_t>(k)].ids, ik.data());
-    be_.copy_from_host(a.mtp[static_cast<size_t>(k)].targets, tk.data());
-    double tokens = 0;
-    for (int32_t t : tk) tokens += t >= 0;
-    mtp_losses_[static_cast<size_t>(k)].tokens += tokens;
+    set_mtp_inputs(a, k, ik.data(), tk.data());
   }
 }
 
@@ -107,7 +113,9 @@ void GPTModel::mtp_forward(Activations& a, float grad_scale) {
     double sum = 0;  // in token order, in double: the same on every layout
     for (float v : mtp_host_) sum += v;
     mtp_losses_[static_cast<size_t>(k)].sum += sum;
+    mtp_losses_[static_cast<size_t>(k)].tokens += m.tokens;
   }
+  a.mtp_staged = false;  // the next micro-batch in this slot stages its own
 }
 
 void GPTModel::mtp_backward(Activations& a) {

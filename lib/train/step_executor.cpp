@@ -233,6 +233,40 @@ void StepExecutor::stage_documents(int micro, Activations& a) {
                        d.reset_attention_mask ? host_key_begin_.data() : nullptr);
 }
 
+// Multi-token prediction's inputs of micro-batch `micro`: for depth k each position's token
+// k + 1 ahead and target k + 1 ahead in the whole sample (none past its end), then cut to this
+// rank's rows as the main ones are (context parallelism: its chunks).
+void StepExecutor::stage_mtp(int micro, Activations& a) {
+  const int B = cfg_.micro_batch_size, T = local_seq();
+  const int64_t S = model_.config().seq_length + 1;
+  std::vector<int32_t> ids(static_cast<size_t>(B) * T), tg(ids.size()), shifted(S), shifted_tg(S),
+      scratch(static_cast<size_t>(T));
+  for (int k = 0; k < model_.config().mtp_num_layers; ++k) {
+    for (int b = 0; b < B; ++b) {
+      const int64_t s = int64_t(micro) * B + b;
+      const int32_t* sample = batch_.data() + s * S;
+      sample_targets(sample, mask_of(s), sample_targets_.data());
+      // shifted[q]: the token k + 1 after q; shifted_tg[q + 1]: the target k + 1 after q's
+      // (the layout cp_sample_tokens and the main targets use: target of q at q + 1).
+      for (int64_t q = 0; q < S; ++q) {
+        shifted[static_cast<size_t>(q)] = q + k + 1 < S - 1 ? sample[q + k + 1] : 0;
+        shifted_tg[static_cast<size_t>(q)] =
+            q >= 1 && q + k + 1 <= S - 1 ? sample_targets_[static_cast<size_t>(q + k + 1)] : -1;
+      }
+      int32_t* ib = ids.data() + b * T;
+      int32_t* tb = tg.data() + b * T;
+      if (ctx_.cp_size > 1) {
+        cp_sample_tokens(shifted.data(), T, ctx_.cp_rank, ctx_.cp_size, ib, scratch.data());
+        cp_sample_tokens(shifted_tg.data(), T, ctx_.cp_rank, ctx_.cp_size, scratch.data(), tb);
+      } else {
+        std::memcpy(ib, shifted.data(), sizeof(int32_t) * T);
+        std::memcpy(tb, shifted_tg.data() + 1, sizeof(int32_t) * T);
+      }
+    }
+    model_.set_mtp_inputs(a, k, ids.data(), tg.data());
+  }
+}
+
 // Inputs and targets of micro-batch `micro`, staged on the host and copied to the backend.
 void StepExecutor::stage_micro_batch(int micro, Activations& a) {
   // T: this rank's tokens of each sample (all of them without context parallelism).
@@ -258,6 +292,7 @@ void StepExecutor::stage_micro_batch(int micro, Activations& a) {
     std::memcpy(host_targets_.data() + b * T, sample_targets_.data() + 1, sizeof(int32_t) * T);
   }
   stage_documents(micro, a);
+  if (model_.ends_in_head(a) && model_.config().mtp()) stage_mtp(micro, a);
   // The ids: the embedding's, and multi-token prediction's on the last stage (it embeds them
   // shifted).
   if (model_.embeds(a) || (model_.ends_in_head(a) && model_.config().mtp()))

@@ -81,6 +81,7 @@ class StepExecutor {
   // The activation slot of micro-batch `micro` of model chunk `chunk`.
   Activations& slot(int chunk, int micro);
   void stage_micro_batch(int micro, Activations& a);
+  void stage_mtp(int micro, Activations& a);  // multi-token prediction's shifted inputs
   void stage_documents(int micro, Activations& a);
   // The targets of a sample of seq+1 tokens (and its loss mask, null: all 1) at positions 1..seq
   // (position 0 unused): the token where its loss counts, -1 where it does not.

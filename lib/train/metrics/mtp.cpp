@@ -25,10 +25,11 @@ class MtpMetrics : public MetricSource {
   void begin_step() override { c_.model.reset_mtp_losses(); }
 
   void collect(const StepStats&) override {
-    // Each depth's loss sum and tokens: the last stage's tp (and cp) rank 0 of each DP replica.
+    // Each depth's loss sum and tokens: the last stage's tp rank 0 of each DP replica and CP rank
+    // (each CP rank holds its chunks of the samples).
     const int D = c_.model.config().mtp_num_layers;
     std::vector<double> v(static_cast<size_t>(2 * D), 0.0);
-    const bool mine = c_.ctx.last_stage() && c_.ctx.tp_rank == 0 && c_.ctx.cp_rank == 0;
+    const bool mine = c_.ctx.last_stage() && c_.ctx.tp_rank == 0;
     if (mine)
       for (int k = 0; k < D; ++k) {
         v[static_cast<size_t>(2 * k)] = c_.model.mtp_losses()[static_cast<size_t>(k)].sum;

@@ -65,11 +65,6 @@ class ParallelismOptions : public OptionGroup {
     if (o.cp < 1)
       throw ConfigError(
           concat("--context-parallel-size=", o.cp, " is out of range (allowed: >= 1)"));
-    if (o.cp > 1 && o.model.mtp())
-      throw ConfigError(concat("--mtp-num-layers=", o.model.mtp_num_layers,
-                               " with --context-parallel-size=", o.cp,
-                               ": multi-token prediction shifts tokens across the ring's chunks, "
-                               "which Tessera does not yet; train it without context parallelism"));
     if (cp_comm_type_ != "p2p")
       throw ConfigError("--cp-comm-type=" + cp_comm_type_ +
                         " is not available: Tessera's context parallelism passes K/V blocks "
