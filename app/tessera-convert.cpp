@@ -103,8 +103,8 @@ int main(int argc, char** argv) {
       const std::string arch =
           llama ? hf_export_architecture(ckpt.meta().model, hf_architecture) : "gpt2";
       std::cout << "tessera-convert: " << ckpt.path() << " (TP " << ckpt.meta().tp_size << " x PP "
-                << ckpt.meta().pp_size << ") -> " << save << " ("
-                << hf_class_name(arch) << ")" << std::endl;
+                << ckpt.meta().pp_size << ") -> " << save << " (" << hf_class_name(arch) << ")"
+                << std::endl;
       int n = 0;
       if (llama) {
         HfExportOptions eo;

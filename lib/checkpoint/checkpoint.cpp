@@ -357,6 +357,43 @@ std::string resolve_checkpoint_dir(const std::string& dir) {
                     shard_file_name(0, 0) + "; pass a directory written by --save");
 }
 
+// The model attributes of multi-latent attention, YaRN and multi-token prediction (absent in
+// other checkpoints: off).
+void read_deepseek_attributes(hid_t f, const std::string& file, GPTConfig& m) {
+  int64_t x = 0;
+  std::string text;
+  if (h5_read_attr(f, "mtp_num_layers", x)) {  // multi-token prediction
+    if (x < 0 || x > 64)
+      throw ConfigError("checkpoint file '" + file + "' has mtp_num_layers " + std::to_string(x) +
+                        ", outside 0..64 (damaged?)");
+    m.mtp_num_layers = static_cast<int>(x);
+  }
+  if (h5_read_attr(f, "kv_lora_rank", x)) {  // multi-latent attention
+    auto dim = [&](const char* name, int64_t lo) {
+      int64_t v = 0;
+      if (!h5_read_attr(f, name, v) || v < lo || v > (1 << 20))
+        throw ConfigError(
+            detail::concat("checkpoint file '", file, "' has no valid ", name, " (damaged?)"));
+      return static_cast<int>(v);
+    };
+    m.multi_latent_attention = true;
+    m.kv_lora_rank = dim("kv_lora_rank", 1);
+    m.q_lora_rank = dim("q_lora_rank", 0);
+    m.qk_head_dim = dim("qk_head_dim", 1);
+    m.qk_pos_emb_head_dim = dim("qk_pos_emb_head_dim", 2);
+    m.v_head_dim = dim("v_head_dim", 1);
+    if (h5_read_attr(f, "rope_type", text)) m.rope_type = text;
+    if (h5_read_attr(f, "yarn", text)) {
+      std::istringstream in(text);
+      in >> m.rotary_scaling_factor >> m.mscale >> m.mscale_all_dim >> m.beta_fast >> m.beta_slow >>
+          m.original_max_position_embeddings;
+      if (!in)
+        throw ConfigError("checkpoint file '" + file + "' has a malformed yarn attribute '" + text +
+                          "'");
+    }
+  }
+}
+
 CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
   CheckpointMeta meta;
   int64_t v = 0;
@@ -445,36 +482,7 @@ CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
     if (h5_read_attr(f, "rotary_interleaved", x)) m.rotary_interleaved = x != 0;
     if (h5_read_attr(f, "squared_relu", x)) m.squared_relu = x != 0;
     if (h5_read_attr(f, "qk_layernorm", x)) m.qk_layernorm = x != 0;
-    if (h5_read_attr(f, "mtp_num_layers", x)) {  // multi-token prediction
-      if (x < 0 || x > 64)
-        throw ConfigError("checkpoint file '" + file + "' has mtp_num_layers " +
-                          std::to_string(x) + ", outside 0..64 (damaged?)");
-      m.mtp_num_layers = static_cast<int>(x);
-    }
-    if (h5_read_attr(f, "kv_lora_rank", x)) {  // multi-latent attention
-      auto dim = [&](const char* name, int64_t lo) {
-        int64_t v = 0;
-        if (!h5_read_attr(f, name, v) || v < lo || v > (1 << 20))
-          throw ConfigError(detail::concat("checkpoint file '", file, "' has no valid ", name,
-                                           " (damaged?)"));
-        return static_cast<int>(v);
-      };
-      m.multi_latent_attention = true;
-      m.kv_lora_rank = dim("kv_lora_rank", 1);
-      m.q_lora_rank = dim("q_lora_rank", 0);
-      m.qk_head_dim = dim("qk_head_dim", 1);
-      m.qk_pos_emb_head_dim = dim("qk_pos_emb_head_dim", 2);
-      m.v_head_dim = dim("v_head_dim", 1);
-      if (h5_read_attr(f, "rope_type", text)) m.rope_type = text;
-      if (h5_read_attr(f, "yarn", text)) {
-        std::istringstream in(text);
-        in >> m.rotary_scaling_factor >> m.mscale >> m.mscale_all_dim >> m.beta_fast >>
-            m.beta_slow >> m.original_max_position_embeddings;
-        if (!in)
-          throw ConfigError("checkpoint file '" + file + "' has a malformed yarn attribute '" +
-                            text + "'");
-      }
-    }
+    read_deepseek_attributes(f, file, m);     // MLA, YaRN, multi-token prediction
     if (h5_read_attr(f, "num_experts", x)) {  // Mixture of Experts
       auto moe_int = [&](const char* name, int64_t lo, int64_t hi) {
         int64_t v = 0;

@@ -156,8 +156,8 @@ void refuse(const std::string& path, const DeepSeekSettings& d) {
      "num_key_value_heads " + std::to_string(d.kv_heads) + " for " + std::to_string(d.heads) +
          " heads",
      "the heads' count: multi-latent attention has keys and values per head");
-  no(!d.rope_type.empty() && d.rope_type != "yarn",
-     "rope_scaling of type \"" + d.rope_type + "\"", "yarn, or null");
+  no(!d.rope_type.empty() && d.rope_type != "yarn", "rope_scaling of type \"" + d.rope_type + "\"",
+     "yarn, or null");
   no(d.rope_type == "yarn" && d.mscale != d.mscale_all && d.mscale_all != 0 && d.factor > 1,
      "rope_scaling mscale " + num(d.mscale) + " and mscale_all_dim " + num(d.mscale_all),
      "equal values (Tessera does not scale RoPE's cos and sin by their ratio)");
@@ -268,8 +268,9 @@ void check_deepseek_exportable(const GPTConfig& cfg, const std::string& ck) {
   else if (!cfg.rotary_interleaved)
     why = "RoPE in halves (DeepSeek-V3 rotates interleaved pairs: --rotary-interleaved)";
   else if (cfg.moe_router_num_groups > 0 && cfg.moe_group_score_experts() != 2)
-    why = "Megatron's group score (DeepSeek-V3 sums a group's top 2: "
-          "--moe-router-group-score-experts 2)";
+    why =
+        "Megatron's group score (DeepSeek-V3 sums a group's top 2: "
+        "--moe-router-group-score-experts 2)";
   else if (cfg.moe_shared_expert_intermediate_size % cfg.moe_ffn() != 0)
     why = "a shared expert whose width is not a multiple of the experts'";
   else if (cfg.moe_router_topk_scaling_factor <= 0)
@@ -304,8 +305,7 @@ std::string deepseek_config_json(const GPTConfig& cfg, const std::string& torch_
     << ",\n  \"kv_lora_rank\": " << cfg.kv_lora_rank << ",\n  \"q_lora_rank\": "
     << (cfg.q_lora_rank > 0 ? std::to_string(cfg.q_lora_rank) : std::string("null"))
     << ",\n  \"qk_rope_head_dim\": " << cfg.qk_pos_emb_head_dim
-    << ",\n  \"v_head_dim\": " << cfg.v_head_dim
-    << ",\n  \"qk_nope_head_dim\": " << cfg.qk_head_dim
+    << ",\n  \"v_head_dim\": " << cfg.v_head_dim << ",\n  \"qk_nope_head_dim\": " << cfg.qk_head_dim
     << ",\n  \"topk_method\": \"noaux_tc\",\n  \"n_group\": "
     << std::max(1, cfg.moe_router_num_groups)
     << ",\n  \"topk_group\": " << std::max(1, cfg.moe_router_group_topk)
@@ -323,8 +323,8 @@ std::string deepseek_config_json(const GPTConfig& cfg, const std::string& torch_
     c << "{\n    \"type\": \"yarn\",\n    \"factor\": " << num(cfg.rotary_scaling_factor)
       << ",\n    \"original_max_position_embeddings\": " << cfg.original_max_position_embeddings
       << ",\n    \"beta_fast\": " << num(cfg.beta_fast)
-      << ",\n    \"beta_slow\": " << num(cfg.beta_slow) << ",\n    \"mscale\": "
-      << num(cfg.mscale) << ",\n    \"mscale_all_dim\": " << num(cfg.mscale_all_dim) << "\n  }";
+      << ",\n    \"beta_slow\": " << num(cfg.beta_slow) << ",\n    \"mscale\": " << num(cfg.mscale)
+      << ",\n    \"mscale_all_dim\": " << num(cfg.mscale_all_dim) << "\n  }";
   else
     c << "null";
   c << ",\n  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n  \"torch_dtype\": \""

@@ -67,7 +67,8 @@ std::vector<std::string> hf_parts(const std::string& n, const std::string& arch,
     if (const auto it = mla.find(rest); it != mla.end()) return {a + it->second};
     if (rest == "mlp.router.weight") return {m + "gate.weight"};
     const std::string se = m + "shared_experts.";
-    if (rest == "mlp.shared_expert.fc1.weight") return {se + "gate_proj.weight", se + "up_proj.weight"};
+    if (rest == "mlp.shared_expert.fc1.weight")
+      return {se + "gate_proj.weight", se + "up_proj.weight"};
     if (rest == "mlp.shared_expert.fc2.weight") return {se + "down_proj.weight"};
   }
   for (const char* kind : {"weight", "bias"}) {
@@ -116,11 +117,15 @@ std::vector<HfExtra> hf_extras(const GPTConfig& cfg, const std::string& arch) {
   for (int l = 0; l < cfg.total_layers(); ++l)
     if (cfg.is_moe_layer(l) && cfg.moe_router_enable_expert_bias)
       out.push_back({"model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias",
-                     {cfg.num_experts}, l, ""});
+                     {cfg.num_experts},
+                     l,
+                     ""});
   for (int k = 0; k < cfg.mtp_num_layers; ++k) {
     const std::string q = "model.layers." + std::to_string(cfg.num_layers + k) + ".";
     out.push_back({q + "embed_tokens.weight", {cfg.vocab_size, cfg.hidden_size}, -1, "wte"});
-    out.push_back({q + "shared_head.head.weight", {cfg.vocab_size, cfg.hidden_size}, -1,
+    out.push_back({q + "shared_head.head.weight",
+                   {cfg.vocab_size, cfg.hidden_size},
+                   -1,
                    cfg.tied_head() ? "wte" : "lm_head"});
   }
   return out;
@@ -255,14 +260,14 @@ void check_exportable(const GPTConfig& cfg, const std::string& arch, const std::
                                             "--hf-architecture " +
                                             (cfg.qk_layernorm ? "qwen3" : "llama")));
   if (cfg.qk_layernorm != qwen3)
-    throw ConfigError(ck +
-                      (cfg.qk_layernorm ? " normalizes its query and key heads (--qk-layernorm); " +
-                                              cls + " does not: export it with --hf-architecture " +
-                                              (cfg.moe() ? "qwen3_moe" : "qwen3")
-                                        : " has no query/key norms; " + cls +
-                                              " has them (q_norm, k_norm): train with "
-                                              "--qk-layernorm, or export with --hf-architecture " +
-                                              (cfg.moe() ? "mixtral" : "llama")));
+    throw ConfigError(ck + (cfg.qk_layernorm
+                                ? " normalizes its query and key heads (--qk-layernorm); " + cls +
+                                      " does not: export it with --hf-architecture " +
+                                      (cfg.moe() ? "qwen3_moe" : "qwen3")
+                                : " has no query/key norms; " + cls +
+                                      " has them (q_norm, k_norm): train with "
+                                      "--qk-layernorm, or export with --hf-architecture " +
+                                      (cfg.moe() ? "mixtral" : "llama")));
   if (cfg.moe()) {  // what the sparse block of MixtralForCausalLM / Qwen3MoeForCausalLM computes
     std::string why;
     if (arch == "mixtral" && cfg.num_moe_layers() != cfg.num_layers)
@@ -316,12 +321,9 @@ void check_exportable(const GPTConfig& cfg, const std::string& arch, const std::
 
 // Plans the files: tensors in order, a new shard when the next one would pass the limit; `total`
 // gets the bytes of them all.
-std::vector<std::vector<PlannedTensor>> plan_export_files(const std::vector<ParamSpec>& specs,
-                                                          const GPTConfig& cfg,
-                                                          const std::string& cfg_arch,
-                                                          const HfExportOptions& o,
-                                                          const std::string& dtype,
-                                                          uint64_t& total) {
+std::vector<std::vector<PlannedTensor>> plan_export_files(
+    const std::vector<ParamSpec>& specs, const GPTConfig& cfg, const std::string& cfg_arch,
+    const HfExportOptions& o, const std::string& dtype, uint64_t& total) {
   std::vector<std::vector<PlannedTensor>> files(1);
   uint64_t in_file = 0;
   total = 0;
@@ -375,8 +377,8 @@ void write_export_files(const CheckpointReader& ckpt, const std::string& dir,
         const std::string name = expert_bias_name(p.bias_layer);
         std::vector<float> b(static_cast<size_t>(shape_numel(p.shape)));
         if (ckpt.whole_numel(kRouterGroup, name) != static_cast<int64_t>(b.size()))
-          throw ConfigError("checkpoint '" + ckpt.path() + "' lacks " + kRouterGroup + "/" +
-                            name + " (saved before the expert bias was kept?); " + p.name +
+          throw ConfigError("checkpoint '" + ckpt.path() + "' lacks " + kRouterGroup + "/" + name +
+                            " (saved before the expert bias was kept?); " + p.name +
                             " cannot be written");
         ckpt.read_whole(kRouterGroup, name, b.data());
         w.write(p.name, b.data());
@@ -675,8 +677,8 @@ void check_qwen3_moe_config(const std::string& path, const HfConfigSettings& h, 
   std::string pattern = "[";
   bool any = false;
   for (int l = 0; l < cfg.num_layers; ++l) {
-    const bool dense = std::find(h.mlp_only_layers.begin(), h.mlp_only_layers.end(), l) !=
-                       h.mlp_only_layers.end();
+    const bool dense =
+        std::find(h.mlp_only_layers.begin(), h.mlp_only_layers.end(), l) != h.mlp_only_layers.end();
     const bool sparse = !dense && (l + 1) % h.sparse_step == 0;
     pattern += std::string(l ? "," : "") + (sparse ? "1" : "0");
     any |= sparse;
@@ -686,8 +688,7 @@ void check_qwen3_moe_config(const std::string& path, const HfConfigSettings& h, 
       throw ConfigError("'" + path + "' has mlp_only_layers entry " + std::to_string(l) +
                         " (allowed: layers 0 to " + std::to_string(cfg.num_layers - 1) + ")");
   if (!any)
-    throw ConfigError("'" + path +
-                      "' makes no layer sparse (decoder_sparse_step " +
+    throw ConfigError("'" + path + "' makes no layer sparse (decoder_sparse_step " +
                       std::to_string(h.sparse_step) +
                       ", mlp_only_layers): import it as a dense qwen3 model instead");
   cfg.num_experts = static_cast<int>(h.experts);
@@ -707,8 +708,9 @@ void check_hf_config(const std::string& path, const HfConfigSettings& h, GPTConf
   const bool qwen3 = model_type == "qwen3" || model_type == "qwen3_moe";
   if (model_type != "llama" && model_type != "qwen2" && model_type != "mistral" &&
       model_type != "mixtral" && !qwen3)
-    throw ConfigError("'" + path + "' has model_type \"" + model_type +
-                      "\"; this importer reads llama, qwen2, qwen3, qwen3_moe, mistral and mixtral");
+    throw ConfigError(
+        "'" + path + "' has model_type \"" + model_type +
+        "\"; this importer reads llama, qwen2, qwen3, qwen3_moe, mistral and mixtral");
   if (qwen3 && h.attention_bias)
     throw ConfigError("'" + path +
                       "' has attention_bias true (biases on q, k, v and o_proj but not the MLP); "

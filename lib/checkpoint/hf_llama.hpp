@@ -2,12 +2,13 @@
 // shape that differ in config.json only: Qwen2ForCausalLM (biases on q, k and v alone: Tessera's
 // --disable-bias-linear --add-qkv-bias), Qwen3ForCausalLM (q_norm and k_norm: --qk-layernorm),
 // MistralForCausalLM (no biases; sliding windows refused), and the mixtures of experts
-// MixtralForCausalLM and Qwen3MoeForCausalLM (dense layers by mlp_only_layers). config.json (hidden_size,
-// num_key_value_heads, rope_theta, rms_norm_eps, tie_word_embeddings, ...) and safetensors with
-// the model.* tensor names, in one file or in shards listed by model.safetensors.index.json.
-// Linear weights are [out, in] on both sides. Hugging Face's q_proj/k_proj/v_proj, gate_proj/
-// up_proj rows are concatenated into Tessera's attn.q + attn.kv (or attn.qkv) and mlp.fc1. Both
-// sides rotate features (i, i + d/2) ("rotate half"), so the q/k rows need no permutation.
+// MixtralForCausalLM and Qwen3MoeForCausalLM (dense layers by mlp_only_layers). config.json
+// (hidden_size, num_key_value_heads, rope_theta, rms_norm_eps, tie_word_embeddings, ...) and
+// safetensors with the model.* tensor names, in one file or in shards listed by
+// model.safetensors.index.json. Linear weights are [out, in] on both sides. Hugging Face's
+// q_proj/k_proj/v_proj, gate_proj/ up_proj rows are concatenated into Tessera's attn.q + attn.kv
+// (or attn.qkv) and mlp.fc1. Both sides rotate features (i, i + d/2) ("rotate half"), so the q/k
+// rows need no permutation.
 #pragma once
 
 #include <functional>

@@ -308,8 +308,9 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
   // The residual adds are fused with the LayerNorm after them (the attention branch's with ln2,
   // the MLP branch's with the next layer's ln1: one kernel instead of two, the same values).
   std::vector<int> layers = sh.layers();
-  layers.resize(layers.size() - static_cast<size_t>(sh.mtp_count));  // multi-token prediction's last
-  bool ln1_done = false;  // ln holds this layer's first norm already
+  layers.resize(layers.size() -
+                static_cast<size_t>(sh.mtp_count));  // multi-token prediction's last
+  bool ln1_done = false;                             // ln holds this layer's first norm already
   for (size_t k = 0; k < layers.size(); ++k) {
     const int l = layers[k];
     const LayerWeights& w = model_.layer_weights(l);

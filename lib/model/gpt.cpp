@@ -24,10 +24,19 @@ LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads, const GPTCon
     if (!ps.has(p + a)) return Tensor();
     return grads ? ps.grad_fused(p + a, p + b) : ps.compute_fused(p + a, p + b);
   };
-  LayerWeights w{get("ln1.weight"),    get("ln1.bias"),         get("attn.qkv.weight"),
-                 get("attn.qkv.bias"), get("attn.proj.weight"), get("attn.proj.bias"),
-                 get("ln2.weight"),    get("ln2.bias"),         get("mlp.fc1.weight"),
-                 get("mlp.fc1.bias"),  get("mlp.fc2.weight"),   get("mlp.fc2.bias")};
+  LayerWeights w;
+  w.ln1_w = get("ln1.weight");
+  w.ln1_b = get("ln1.bias");
+  w.qkv_w = get("attn.qkv.weight");
+  w.qkv_b = get("attn.qkv.bias");
+  w.proj_w = get("attn.proj.weight");
+  w.proj_b = get("attn.proj.bias");
+  w.ln2_w = get("ln2.weight");
+  w.ln2_b = get("ln2.bias");
+  w.fc1_w = get("mlp.fc1.weight");
+  w.fc1_b = get("mlp.fc1.bias");
+  w.fc2_w = get("mlp.fc2.weight");
+  w.fc2_b = get("mlp.fc2.bias");
   w.q_down_w = get("attn.q_down.weight");  // multi-latent attention
   w.q_down_norm_w = get("attn.q_down_norm.weight");
   w.q_down_norm_b = get("attn.q_down_norm.bias");
@@ -130,7 +139,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
     routing_.group_score = cfg_.moe_router_num_groups > 0 ? cfg_.moe_group_score_experts() : 0;
     test_logit_bias_ = test_hooks::moe_logit_bias(cfg_.num_experts);  // testing: edge cases
     fault_wrong_rank_ = test_hooks::moe_dispatch_wrong_rank();        // testing: a mutation
-    fault_bias_in_weights_ = test_hooks::router_bias_in_weights();   // testing: mutations
+    fault_bias_in_weights_ = test_hooks::router_bias_in_weights();    // testing: mutations
     fault_no_group_limit_ = test_hooks::router_no_group_limit();
   }
   TESSERA_CHECK(!sp_ || cfg.seq_length % shard.tp_size == 0, "sequence parallelism needs ",
@@ -742,9 +751,9 @@ void GPTModel::reduce_sequence_parallel_grads(int piece) {
     // heads into the replicated latents: those parameters' gradients are partial sums.
     TESSERA_PHASE("qk-norm-grad-all-reduce");
     LayerWeights& g = grads_[shard_.local_index(piece)];
-    for (Tensor* t : {&g.q_norm_w, &g.q_norm_b, &g.k_norm_w, &g.k_norm_b, &g.q_down_w,
-                      &g.q_down_norm_w, &g.q_down_norm_b, &g.kv_down_w, &g.kv_down_norm_w,
-                      &g.kv_down_norm_b})
+    for (Tensor* t :
+         {&g.q_norm_w, &g.q_norm_b, &g.k_norm_w, &g.k_norm_b, &g.q_down_w, &g.q_down_norm_w,
+          &g.q_down_norm_b, &g.kv_down_w, &g.kv_down_norm_w, &g.kv_down_norm_b})
       if (t->defined()) tp_.all_reduce(*t, ReduceOp::Sum);
   }
   if (!sp_) return;

@@ -42,10 +42,10 @@ struct MlaTensors {
 struct LayerActivations {
   Tensor ln1, ln1_mean, ln1_rstd;  // (N,C), (N), (N)
   MlaTensors mla;                  // --multi-latent-attention
-  Tensor qkv;  // (B,T,(Hl+2Gl)*hd): query, key, value heads (q/k norms and RoPE applied)
+  Tensor qkv;        // (B,T,(Hl+2Gl)*hd): query, key, value heads (q/k norms and RoPE applied)
   QkNormTensors qk;  // --qk-layernorm: what the q/k norms' backward reads
-  Tensor att, lse;                 // (B,T,Cl), (B,Hl,T)
-  Tensor res1;                     // (N,C)  x + attention
+  Tensor att, lse;   // (B,T,Cl), (B,Hl,T)
+  Tensor res1;       // (N,C)  x + attention
   Tensor ln2, ln2_mean, ln2_rstd;
   Tensor fc1, gelu;  // (N,Fl) (fc1 (N,2Fl) with SwiGLU: gate and up); gelu: the activation's output
   Tensor res2;       // (N,C)  layer output
@@ -83,8 +83,8 @@ struct LayerWeights {
   Tensor q_norm_w, q_norm_b, k_norm_w, k_norm_b;  // --qk-layernorm
   // MLA: the latents' down-projections and norms, the up-projections (q_up_w is the query
   // projection from the hidden state when there is no query latent).
-  Tensor q_down_w, q_down_norm_w, q_down_norm_b, q_up_w, kv_down_w, kv_down_norm_w,
-      kv_down_norm_b, kv_up_w;
+  Tensor q_down_w, q_down_norm_w, q_down_norm_b, q_up_w, kv_down_w, kv_down_norm_w, kv_down_norm_b,
+      kv_up_w;
   Tensor router_w;
   std::vector<ExpertWeights> experts;
 };
@@ -346,6 +346,17 @@ class GPTModel {
   // layers) and clears them.
   void begin_step_routing();
   void end_step_routing(Communicator* grad_group);
+  // A training step's bookkeeping around its passes: each attempt of an iteration starts the
+  // routers' counts again (and, a rerun, FP8's amaxes); after the last backward, FP8's delayed
+  // scaling and the routing's end (end_step_routing).
+  void begin_attempt(bool rerun) {
+    begin_step_routing();
+    if (rerun) fp8_restart_step();
+  }
+  void end_step(Communicator* grad_group) {
+    fp8_end_step(grad_group);
+    end_step_routing(grad_group);
+  }
   std::vector<std::vector<int64_t>> take_logged_tokens();
   // The expert bias of MoE layer `layer` (held by this rank), f32 on the host: the routing's
   // source of truth (checkpoints save and restore it).
@@ -489,7 +500,7 @@ class GPTModel {
   std::vector<LayerRecompute> plan_;  // indexed by shard_.local_index(layer)
   int64_t padded_vocab_ = 0, vocab_local_ = 0, vocab_begin_ = 0, valid_cols_ = 0;
   int64_t heads_local_ = 0, kv_heads_local_ = 0, hidden_local_ = 0, ffn_local_ = 0;
-  RopeSpec rope_;                 // this rank's heads (seq_len set per call)
+  RopeSpec rope_;  // this rank's heads (seq_len set per call)
   // --apply-layernorm-1p: ones and the (1 + w) scratch, max(C, hd) long (the q/k norms are hd
   // wide), and the view of it norm_weight last returned.
   Tensor norm_ones_, norm_w1p_, norm_w1p_view_;
@@ -509,10 +520,10 @@ class GPTModel {
   std::vector<std::vector<int64_t>> step_tokens_, logged_tokens_;
   std::vector<MtpLoss> mtp_losses_;  // per depth (mtp_losses)
   std::vector<float> mtp_host_;      // staging for the MTP token losses
-  bool recomputing_ = false;                   // inside recompute_for_backward
-  Communicator* ep_ = nullptr;                 // expert parallelism (set_expert_comm)
-  Communicator* cp_comm_ = nullptr;            // context parallelism (set_context_comm)
-  std::unique_ptr<Fp8Scaling> fp8_;            // FP8 GEMMs (set_fp8); null: none
+  bool recomputing_ = false;         // inside recompute_for_backward
+  Communicator* ep_ = nullptr;       // expert parallelism (set_expert_comm)
+  Communicator* cp_comm_ = nullptr;  // context parallelism (set_context_comm)
+  std::unique_ptr<Fp8Scaling> fp8_;  // FP8 GEMMs (set_fp8); null: none
   // Testing (the layout-equivalence test): TESSERA_TEST_MOE_LOGIT_BIAS="e:v,e:v" adds v to
   // expert e's router logit (to force all tokens onto some experts), and
   // TESSERA_FAULT_MOE_DISPATCH=wrong-rank sends one token copy to the wrong expert rank.

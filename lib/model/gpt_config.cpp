@@ -218,9 +218,10 @@ void GPTConfig::validate() const {
     throw ConfigError(detail::concat("--mtp-loss-scaling-factor=", mtp_loss_scaling_factor,
                                      " is out of range (allowed: >= 0)"));
   if (mtp() && learned_positions())
-    throw ConfigError("--mtp-num-layers with --position-embedding-type learned_absolute: "
-                      "multi-token prediction reads the word embedding alone (DeepSeek-V3 uses "
-                      "rope)");
+    throw ConfigError(
+        "--mtp-num-layers with --position-embedding-type learned_absolute: "
+        "multi-token prediction reads the word embedding alone (DeepSeek-V3 uses "
+        "rope)");
   if (!(attention_dropout >= 0 && attention_dropout < 1))
     throw ConfigError(detail::concat("--attention-dropout=", attention_dropout,
                                      " is out of range (allowed: 0 <= p < 1)"));
@@ -296,12 +297,11 @@ void GPTConfig::validate_moe_router() const {
   if (!(moe_router_bias_update_rate >= 0) || !std::isfinite(moe_router_bias_update_rate))
     throw ConfigError(detail::concat("--moe-router-bias-update-rate=", moe_router_bias_update_rate,
                                      " is out of range (allowed: >= 0)"));
-  if (moe_router_num_groups < 0 || moe_router_group_topk < 0 ||
-      moe_router_group_score_experts < 0)
-    throw ConfigError(detail::concat(
-        "--moe-router-num-groups=", moe_router_num_groups, ", --moe-router-group-topk=",
-        moe_router_group_topk, " and --moe-router-group-score-experts=",
-        moe_router_group_score_experts, " must not be negative"));
+  if (moe_router_num_groups < 0 || moe_router_group_topk < 0 || moe_router_group_score_experts < 0)
+    throw ConfigError(detail::concat("--moe-router-num-groups=", moe_router_num_groups,
+                                     ", --moe-router-group-topk=", moe_router_group_topk,
+                                     " and --moe-router-group-score-experts=",
+                                     moe_router_group_score_experts, " must not be negative"));
   if (moe_router_num_groups == 0) {
     if (moe_router_group_topk > 0)
       throw ConfigError("--moe-router-group-topk needs --moe-router-num-groups");
@@ -347,8 +347,10 @@ void GPTConfig::validate_mla() const {
   if (!mla()) return;
   auto at_least = [](const char* opt, int64_t v, int64_t lo) {
     if (v < lo)
-      throw ConfigError(detail::concat("--", opt, "=", v, " is out of range with "
-                                       "--multi-latent-attention (allowed: >= ", lo, ")"));
+      throw ConfigError(detail::concat("--", opt, "=", v,
+                                       " is out of range with "
+                                       "--multi-latent-attention (allowed: >= ",
+                                       lo, ")"));
   };
   at_least("kv-lora-rank", kv_lora_rank, 1);
   at_least("q-lora-rank", q_lora_rank, 0);
@@ -362,28 +364,33 @@ void GPTConfig::validate_mla() const {
                                      "--qk-pos-emb-head-dim = ", head_dim(),
                                      " (the values are padded to the query/key heads' width)"));
   if (!rope())
-    throw ConfigError("--multi-latent-attention needs --position-embedding-type rope (its keys' "
-                      "RoPE part is shared by the heads)");
+    throw ConfigError(
+        "--multi-latent-attention needs --position-embedding-type rope (its keys' "
+        "RoPE part is shared by the heads)");
   if (group_query_attention)
-    throw ConfigError("--multi-latent-attention with --group-query-attention: MLA's keys and "
-                      "values are per head, from one latent; drop --group-query-attention");
+    throw ConfigError(
+        "--multi-latent-attention with --group-query-attention: MLA's keys and "
+        "values are per head, from one latent; drop --group-query-attention");
   if (add_bias_linear || add_qkv_bias)
-    throw ConfigError("--multi-latent-attention has no linear biases in Tessera (DeepSeek has "
-                      "none): add --disable-bias-linear and leave out --add-qkv-bias");
+    throw ConfigError(
+        "--multi-latent-attention has no linear biases in Tessera (DeepSeek has "
+        "none): add --disable-bias-linear and leave out --add-qkv-bias");
   if (kv_channels > 0 && kv_channels != head_dim())
-    throw ConfigError(detail::concat("--kv-channels=", kv_channels, " with --multi-latent-attention:",
-                                     " the heads are --qk-head-dim + --qk-pos-emb-head-dim = ",
-                                     head_dim(), " wide; leave --kv-channels out"));
+    throw ConfigError(
+        detail::concat("--kv-channels=", kv_channels, " with --multi-latent-attention:",
+                       " the heads are --qk-head-dim + --qk-pos-emb-head-dim = ", head_dim(),
+                       " wide; leave --kv-channels out"));
   if (use_rope_scaling)
-    throw ConfigError("--use-rope-scaling (Llama 3's) with --multi-latent-attention: use "
-                      "--rope-type yarn for DeepSeek's scaling");
+    throw ConfigError(
+        "--use-rope-scaling (Llama 3's) with --multi-latent-attention: use "
+        "--rope-type yarn for DeepSeek's scaling");
   if (yarn()) {
     if (!(rotary_scaling_factor >= 1) || !(beta_fast > beta_slow) || !(beta_slow > 0) ||
         original_max_position_embeddings < 1)
       throw ConfigError(detail::concat(
-          "--rope-type yarn: --rotary-scaling-factor=", rotary_scaling_factor, ", --beta-fast=",
-          beta_fast, ", --beta-slow=", beta_slow, ", --original-max-position-embeddings=",
-          original_max_position_embeddings,
+          "--rope-type yarn: --rotary-scaling-factor=", rotary_scaling_factor,
+          ", --beta-fast=", beta_fast, ", --beta-slow=", beta_slow,
+          ", --original-max-position-embeddings=", original_max_position_embeddings,
           " (allowed: factor >= 1, beta-fast > beta-slow > 0, original positions >= 1)"));
     if (mscale != mscale_all_dim && rotary_scaling_factor > 1 && mscale_all_dim != 0)
       throw ConfigError(detail::concat(
@@ -416,10 +423,11 @@ std::string GPTConfig::describe() const {
   if (rope() && rotary_interleaved) out += ", interleaved rotary pairs";
   if (qk_layernorm && !mla()) out += ", query/key norm per head";
   if (mla())
-    out += detail::concat(", multi-latent attention (", q_lora_rank > 0 ? detail::concat("query rank ", q_lora_rank, ", ") : std::string(),
-                          "key/value rank ", kv_lora_rank, ", heads of ", qk_head_dim, " + ",
-                          qk_pos_emb_head_dim, " RoPE features, values of ", v_head_dim,
-                          qk_layernorm ? ", latent norms" : "", ")");
+    out += detail::concat(
+        ", multi-latent attention (",
+        q_lora_rank > 0 ? detail::concat("query rank ", q_lora_rank, ", ") : std::string(),
+        "key/value rank ", kv_lora_rank, ", heads of ", qk_head_dim, " + ", qk_pos_emb_head_dim,
+        " RoPE features, values of ", v_head_dim, qk_layernorm ? ", latent norms" : "", ")");
   if (yarn())
     out += detail::concat(", YaRN x", rotary_scaling_factor, " over ",
                           original_max_position_embeddings, " positions");
@@ -440,9 +448,9 @@ std::string GPTConfig::describe() const {
                           " ", moe_router_score_function,
                           moe_router_pre_softmax ? " before the top-k" : "");
     if (moe_router_num_groups > 0)
-      out += detail::concat(" within the best ", moe_router_group_topk, " of ",
-                            moe_router_num_groups, " groups (a group's score: its top ",
-                            moe_group_score_experts(), ")");
+      out +=
+          detail::concat(" within the best ", moe_router_group_topk, " of ", moe_router_num_groups,
+                         " groups (a group's score: its top ", moe_group_score_experts(), ")");
     if (moe_router_enable_expert_bias) out += ", expert bias (aux-loss-free)";
     if (moe_shared_expert_intermediate_size > 0)
       out += detail::concat(", a shared expert of width ", moe_shared_expert_intermediate_size);
@@ -464,8 +472,8 @@ int64_t count_parameters(const GPTConfig& c, int experts_counted) {
     return (fc1 * h + bias * fc1) + (h * f + bias * h);
   };
   const int64_t qk_norm = c.qk_layernorm ? (c.rmsnorm() ? 2 * hd : 4 * hd) : 0;
-  int64_t attn = 2 * norm + qk_norm + (qkv * h + qkv_b * qkv) +
-                 (h * c.num_attention_heads * hd + bias * h);
+  int64_t attn =
+      2 * norm + qk_norm + (qkv * h + qkv_b * qkv) + (h * c.num_attention_heads * hd + bias * h);
   if (c.mla()) {  // the latents' projections and norms, the up-projections, the output
     const int64_t H = c.num_attention_heads, qr = c.q_lora_rank, kvr = c.kv_lora_rank;
     const int64_t lat = c.qk_layernorm ? (c.rmsnorm() ? 1 : 2) : 0;  // a latent norm's vectors
@@ -485,7 +493,7 @@ int64_t count_parameters(const GPTConfig& c, int experts_counted) {
     if (c.moe_shared_expert_intermediate_size > 0) n += mlp(c.moe_shared_expert_intermediate_size);
   }
   for (int k = 0; k < c.mtp_num_layers; ++k) {  // each depth: a layer of the last one's kind,
-    const int l = c.num_layers - 1;               // its norms, the projection, its final norm
+    const int l = c.num_layers - 1;             // its norms, the projection, its final norm
     n += attn + 3 * norm + 2 * h * h;
     if (!c.is_moe_layer(l)) {
       n += mlp(c.ffn());

@@ -89,7 +89,7 @@ struct GPTConfig {
   double moe_z_loss_coeff = 0;    // the router z-loss's weight
   std::string moe_router_score_function = "softmax";  // softmax | sigmoid
   bool moe_router_pre_softmax = false;  // softmax over all experts, then the top k (no renorm)
-  double moe_router_topk_scaling_factor = 0;    // routing weights times this (0: unscaled)
+  double moe_router_topk_scaling_factor = 0;  // routing weights times this (0: unscaled)
   // DeepSeek-V3's aux-loss-free balancing (sigmoid scores only): a per-expert bias added to the
   // scores for the choice of the top k only (the weights are the scores without it); after each
   // step it moves by rate * sign(mean load - the expert's load), loads counted over the global
@@ -121,7 +121,8 @@ struct GPTConfig {
   bool rope() const { return position_embedding_type == "rope"; }
   bool mla() const { return multi_latent_attention; }
   bool yarn() const { return rope_type == "yarn"; }
-  // YaRN's m(f, s) = 0.1 s ln f + 1 (1 when f <= 1), and MLA's softmax scale factor m(f, mscale_all_dim)^2.
+  // YaRN's m(f, s) = 0.1 s ln f + 1 (1 when f <= 1), and MLA's softmax scale factor m(f,
+  // mscale_all_dim)^2.
   double yarn_softmax_factor() const;
   bool learned_positions() const { return position_embedding_type == "learned_absolute"; }
   bool alibi() const { return position_embedding_type == "alibi"; }

@@ -55,12 +55,12 @@ void GPTModel::mla_qkv_forward(Tensor& qkv, const Tensor& ln, const LayerWeights
   Tensor kvv = rows(kv, H * (dn + dv));
   be_.matmul_forward(kvv, cn, w.kv_up_w, nullptr);
   Tensor out = qkv.reshape({n, 3 * H * D});
-  be_.zero(out);  // the values' padding
-  be_.copy_column_blocks(out, 0, D, qv, dn, D, dr, H);                   // queries' RoPE part
-  be_.copy_column_blocks(out, dr, D, qv, 0, D, dn, H);                   // and the rest
-  be_.copy_column_blocks(out, H * D, D, kpe, 0, 0, dr, H);               // the shared RoPE key
-  be_.copy_column_blocks(out, H * D + dr, D, kvv, 0, dn + dv, dn, H);    // keys without position
-  be_.copy_column_blocks(out, 2 * H * D, D, kvv, dn, dn + dv, dv, H);    // values
+  be_.zero(out);                                                       // the values' padding
+  be_.copy_column_blocks(out, 0, D, qv, dn, D, dr, H);                 // queries' RoPE part
+  be_.copy_column_blocks(out, dr, D, qv, 0, D, dn, H);                 // and the rest
+  be_.copy_column_blocks(out, H * D, D, kpe, 0, 0, dr, H);             // the shared RoPE key
+  be_.copy_column_blocks(out, H * D + dr, D, kvv, 0, dn + dv, dn, H);  // keys without position
+  be_.copy_column_blocks(out, 2 * H * D, D, kvv, dn, dn + dv, dv, H);  // values
 }
 
 void GPTModel::mla_values(Tensor& att_v, const Tensor& att) {
@@ -127,8 +127,8 @@ void GPTModel::mla_qkv_backward(int l, Activations& a, LayerActivations& la) {
     if (cfg_.qk_layernorm) {
       dql = a.mla_dq_lat;
       be_.zero(dql);
-      norm_backward(dql, g.q_down_norm_w, g.q_down_norm_b, dqn, m.q_lat, w.q_down_norm_w,
-                    m.q_mean, m.q_rstd);
+      norm_backward(dql, g.q_down_norm_w, g.q_down_norm_b, dqn, m.q_lat, w.q_down_norm_w, m.q_mean,
+                    m.q_rstd);
     }
     be_.matmul_backward(&a.mla_dln, g.q_down_w, nullptr, dql, la.ln1, w.q_down_w);
   } else {

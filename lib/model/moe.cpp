@@ -199,8 +199,8 @@ void GPTModel::moe_allgather_dispatch(PhaseSequence& phase, Activations& a, Laye
     Tensor weight = la.moe_ag_weight.view(p * N * K, {N, K});
     Tensor row = la.moe_ag_row.view(p * N * K, {N, K});
     std::vector<int64_t> routed, kept;
-    be_.moe_route(expert, weight, row, a.moe_ag_logits.view(p * N * E, {N, E}), routing,
-                  group_rows, routed, kept);
+    be_.moe_route(expert, weight, row, a.moe_ag_logits.view(p * N * E, {N, E}), routing, group_rows,
+                  routed, kept);
     // This rank's experts hold rows [first, first + mine) of rank p's permutation: re-based to
     // follow the ranks before p on the expert side; the other slots are not ours (-1).
     int64_t first = 0, mine = 0;

@@ -68,8 +68,8 @@ void GPTModel::mtp_forward(Activations& a, float grad_scale) {
   NVTX_RANGE("mtp-forward");
   PhaseSequence phase;
   const int64_t C = cfg_.hidden_size;
-  const float scale = static_cast<float>(grad_scale * cfg_.mtp_loss_scaling_factor /
-                                         cfg_.mtp_num_layers);
+  const float scale =
+      static_cast<float>(grad_scale * cfg_.mtp_loss_scaling_factor / cfg_.mtp_num_layers);
   auto P = [&](const std::string& n) {
     return params_->has(n) ? params_->compute_param(n) : Tensor();
   };
@@ -143,8 +143,7 @@ void GPTModel::mtp_backward(Activations& a) {
     phase("layernorm-backward");
     be_.cast(a.dres, a.mtp_dh);
     Tensor gw = G(p + "final_norm.weight"), gb = G(p + "final_norm.bias");
-    norm_backward(a.dres, gw, gb, dlnf, h_out, W(p + "final_norm.weight"), m.lnf_mean,
-                  m.lnf_rstd);
+    norm_backward(a.dres, gw, gb, dlnf, h_out, W(p + "final_norm.weight"), m.lnf_mean, m.lnf_rstd);
     block_backward(l, a);  // a.dres: now the gradient of the depth's layer input
     phase("mtp-projection");
     const int64_t rows = m.cat.dim(0);

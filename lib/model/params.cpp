@@ -116,7 +116,8 @@ namespace {
 // up-projection to each head's keys without position and values. The latents are replicated over
 // TP (every rank computes them; their gradients are summed over TP), the up-projections split by
 // heads.
-void mla_attention(SpecBuilder& b, const GPTConfig& cfg, const std::string& p, ParamInit norm_init) {
+void mla_attention(SpecBuilder& b, const GPTConfig& cfg, const std::string& p,
+                   ParamInit norm_init) {
   const int64_t h = cfg.hidden_size, heads = cfg.num_attention_heads, hd = cfg.head_dim();
   const int64_t qr = cfg.q_lora_rank, kvr = cfg.kv_lora_rank, dr = cfg.qk_pos_emb_head_dim;
   const double std = cfg.init_method_std;
@@ -181,7 +182,8 @@ std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard
       b.add(p + "attn.qkv.weight", {3, heads, hd, h}, 1, ParamInit::Normal, std, true);
       if (qkv_bias) b.add(p + "attn.qkv.bias", {3, heads, hd}, 1, ParamInit::Zeros, 0, false);
     }
-    if (cfg.qk_layernorm && !cfg.mla()) {  // one norm of hd features for the query heads, one for keys
+    if (cfg.qk_layernorm &&
+        !cfg.mla()) {  // one norm of hd features for the query heads, one for keys
       for (const char* qk : {"attn.q_norm", "attn.k_norm"}) {
         b.add(p + qk + ".weight", {hd}, -1, norm_init, 0, false);
         if (ln) b.add(p + qk + ".bias", {hd}, -1, ParamInit::Zeros, 0, false);

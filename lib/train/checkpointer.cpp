@@ -224,7 +224,7 @@ std::string TrainingCheckpointer::write_shard(const std::string& path, const Che
       tensors.exp_avg = host[1] ? full[1].data() : nullptr;
       tensors.exp_avg_sq = host[2] ? full[2].data() : nullptr;
     }
-    tensors.extra = fp8_checkpoint_tensors(model_, be_);  // FP8's delayed scaling, staged
+    tensors.extra = fp8_checkpoint_tensors(model_, be_);      // FP8's delayed scaling, staged
     for (ExtraTensor& e : router_checkpoint_tensors(model_))  // the MoE routers' expert biases
       tensors.extra.push_back(std::move(e));
     if (!async) {

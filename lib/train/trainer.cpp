@@ -153,10 +153,7 @@ StepStats Trainer::train_step() {
   }
   if (validator_->exit16_due())  // the state before this iteration, to rerun it elsewhere
     validator_->exit16(checkpointer_->save_for_rerun(state_, validator_->pending_state()));
-  model_->fp8_end_step(ctx_.grad_group_size() > 1 ? ctx_.dp : nullptr);  // delayed scaling
-  // The global batch's tokens per expert: logged, and (aux-loss-free balancing) the expert bias
-  // moved before the optimizer step, as Megatron-Core's finalize_model_grads does.
-  model_->end_step_routing(ctx_.grad_group_size() > 1 ? ctx_.dp : nullptr);
+  model_->end_step(ctx_.grad_group_size() > 1 ? ctx_.dp : nullptr);  // FP8 scaling, expert bias
   st.loss = reduced[0] / tokens;
   metrics_->collect(st);  // the step's statistics the grid sums (MoE)
   const OptimizerSet::Update u = optimizers_->step(st.iteration, st.loss, st.global_batch);
@@ -183,9 +180,8 @@ void Trainer::run_attempt(StepStats& st, int attempt, double tokens, const Timer
       static_cast<float>(st.loss_scale * cfg_.micro_batch_size / st.global_batch);
   validator_->begin_attempt(st.iteration, attempt);
   metrics_->begin_step();
-  model_->begin_step_routing();  // the step's tokens per expert, counted afresh each attempt
   model_->zero_grads();
-  if (attempt > 0) model_->fp8_restart_step();
+  model_->begin_attempt(attempt > 0);  // FP8's amaxes and the routers' counts start again
   optimizers_->begin_step();  // buckets start as the last micro-batch's backward completes them
   double loss_sum = 0;
   {

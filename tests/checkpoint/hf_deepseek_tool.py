@@ -28,7 +28,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_llama_tool import encode, read_dir, to_floats, write_file  # noqa: E402
+from hf_llama_tool import encode, read_dir, to_floats, write_dir  # noqa: E402
 
 
 def config(q_lora, mtp, dtype):
@@ -109,23 +109,7 @@ def make(d, shards, dtype, seed, q_lora, mtp):
         layer(p, True)
         add(p + "shared_head.norm.weight", [h], ones=True)
         add(p + "shared_head.head.weight", [V, h], values=head)
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-    if shards == 1:
-        write_file(os.path.join(d, "model.safetensors"), tensors)
-        return
-    per = (len(tensors) + shards - 1) // shards
-    weight_map, total = {}, 0
-    for k in range(shards):
-        name = "model-%05d-of-%05d.safetensors" % (k + 1, shards)
-        part = tensors[k * per:(k + 1) * per]
-        write_file(os.path.join(d, name), part)
-        for t in part:
-            weight_map[t[0]] = name
-            total += len(t[3])
-    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    write_dir(d, cfg, tensors, shards)
 
 
 def logits_of(cfg, w, ids):

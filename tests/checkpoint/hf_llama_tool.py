@@ -185,6 +185,12 @@ def make(d, shards, dtype, seed, groups, tied, bias, scaling, theta, arch="llama
     add("model.norm.weight", [h], ones=True)
     if not tied:
         add("lm_head.weight", [vocab, h], 0.5)
+    write_dir(d, cfg, tensors, shards)
+
+
+def write_dir(d, cfg, tensors, shards):
+    """config.json and the tensors as save_pretrained writes them: model.safetensors, or `shards`
+    files listed by model.safetensors.index.json."""
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)

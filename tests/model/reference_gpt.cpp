@@ -280,12 +280,13 @@ double reference_loss(const GPTConfig& cfg, const RefParams& P, const std::vecto
       Vec key(E);
       const Vec* bias = maybe(P, p + "mlp.router.expert_bias");
       for (int e = 0; e < E; ++e)
-        key[e] = sig ? sg[e] + (bias ? (*bias)[e] : 0.0) : cfg.moe_router_pre_softmax ? soft[e] : z[e];
+        key[e] = sig                          ? sg[e] + (bias ? (*bias)[e] : 0.0)
+                 : cfg.moe_router_pre_softmax ? soft[e]
+                                              : z[e];
       if (cfg.moe_router_num_groups > 0) {
         const int G = cfg.moe_router_num_groups, per = E / G;
-        const int s = cfg.moe_router_group_score_experts > 0
-                          ? cfg.moe_router_group_score_experts
-                          : K / cfg.moe_router_group_topk;
+        const int s = cfg.moe_router_group_score_experts > 0 ? cfg.moe_router_group_score_experts
+                                                             : K / cfg.moe_router_group_topk;
         std::vector<std::pair<double, int>> groups;  // (-score, group): best first
         for (int g = 0; g < G; ++g) {
           Vec members(key.begin() + g * per, key.begin() + (g + 1) * per);

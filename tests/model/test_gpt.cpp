@@ -189,7 +189,8 @@ GPTConfig qwen_config(int variant) {
 // LayerNorm (weights and biases) applied as (1 + w), fused QKV with all biases, GELU, half the
 // features rotating. 2: Qwen3-MoE (the norms of 0, MoE in layer 1 only: 4 SwiGLU experts of
 // width 10, top 2, softmax over the top-k logits, i.e. norm_topk_prob, dense layer 0 of width 20).
-// 3: Qwen3-MoE without norm_topk_prob (the top 2 of the softmax over all experts, not renormalized).
+// 3: Qwen3-MoE without norm_topk_prob (the top 2 of the softmax over all experts, not
+// renormalized).
 GPTConfig qwen3_config(int variant) {
   GPTConfig c = llama_config(0);
   c.rotary_base = 1e6;

@@ -68,6 +68,42 @@ void qwen3_moe(GPTConfig& m) {
   m.moe_layer_freq = "[0,1]";
   m.moe_aux_loss_coeff = 0.01;
 }
+// DeepSeek-V3 (issue 41) on the same width: multi-latent attention (latents of 48 and 32, heads
+// of 32 + 16 RoPE features in interleaved pairs, values of 32: the generic attention kernels at
+// head dim 48; YaRN), layer 1 with 8 experts in 4 groups routed by sigmoid + the expert bias (the
+// router kernel's group limit), a shared expert, and one multi-token prediction layer.
+void deepseek(GPTConfig& m) {
+  llama(m);
+  m.use_rope_scaling = false;
+  m.group_query_attention = false;
+  m.multi_latent_attention = true;
+  m.q_lora_rank = 48;
+  m.kv_lora_rank = 32;
+  m.qk_head_dim = 32;
+  m.qk_pos_emb_head_dim = 16;
+  m.v_head_dim = 32;
+  m.qk_layernorm = true;
+  m.rotary_interleaved = true;
+  m.rope_type = "yarn";
+  m.rotary_scaling_factor = 4;
+  m.original_max_position_embeddings = 32;
+  m.mscale = m.mscale_all_dim = 0.707;
+  m.num_experts = 8;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 64;
+  m.moe_layer_freq = "[0,1]";
+  m.moe_router_score_function = "sigmoid";
+  m.moe_router_enable_expert_bias = true;
+  m.moe_router_bias_update_rate = 0.01;
+  m.moe_router_num_groups = 4;
+  m.moe_router_group_topk = 2;
+  m.moe_router_group_score_experts = 2;
+  m.moe_router_topk_scaling_factor = 2.5;
+  m.moe_shared_expert_intermediate_size = 64;
+  m.moe_router_load_balancing_type = "seq_aux_loss";
+  m.moe_aux_loss_coeff = 1e-4;
+  m.mtp_num_layers = 1;
+}
 // GPT-2 with squared ReLU and LayerNorm applied as 1 + w.
 void squared_relu(GPTConfig& m) {
   m.squared_relu = true;
@@ -190,7 +226,10 @@ TEST_F(CudaTrain, QwenAndSmallOptionsMatchTheCpu) {
 TEST_F(CudaTrain, MoEMatchesTheCpu) {
   for (const auto& [name, options] :
        std::vector<std::pair<std::string, std::function<void(GPTConfig&)>>>{
-           {"mixtral", mixtral}, {"gpt2 moe", moe_gpt2}, {"qwen3 moe", qwen3_moe}}) {
+           {"mixtral", mixtral},
+           {"gpt2 moe", moe_gpt2},
+           {"qwen3 moe", qwen3_moe},
+           {"deepseek v3", deepseek}}) {
     SCOPED_TRACE(name);
     const Result c = train(*cpu_, DType::F32, 5, {}, 0, options),
                  g = train(*gpu_, DType::F32, 5, {}, 0, options);
@@ -274,8 +313,8 @@ TEST_F(CudaTrain, DistributedOptimizerAtOneRankMatches) {
   }
 }
 
-// Generation on the GPU (issue 16) from the CPU model's weights, GPT-2, Qwen2's options, Qwen3 and the
-// Llama family (RoPE, multi-query attention): greedy and seeded top-k sampling in f32 give the
+// Generation on the GPU (issue 16) from the CPU model's weights, GPT-2, Qwen2's options, Qwen3 and
+// the Llama family (RoPE, multi-query attention): greedy and seeded top-k sampling in f32 give the
 // CPU's ids, with the decode steps replayed as CUDA graphs and op by op (set_graphs(false)); in
 // bf16 (a 66-token prompt through the tensor-core prefill) graphs and op by op give the same ids.
 // Per-prompt budgets shrink the batch (a graph per row count), and a second, longer batch on the
@@ -314,8 +353,8 @@ TEST_F(CudaTrain, GenerationWithCudaGraphsMatchesTheCpu) {
       }
       const std::string what = std::string(kind == 3   ? "qwen3 "
                                            : kind == 2 ? "qwen "
-                                           : is_llama ? "llama "
-                                                      : "gpt ") +
+                                           : is_llama  ? "llama "
+                                                       : "gpt ") +
                                (sampled ? "top-k sampling" : "greedy");
       auto mc = make(*cpu_, DType::F32), mg = make(*gpu_, DType::F32);
       auto mb = make(*gpu_, DType::BF16);

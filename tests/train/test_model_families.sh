@@ -227,6 +227,38 @@ g1=$(gen 1) g2=$(gen 2 --tensor-model-parallel-size 2)
 [ -n "$g1" ] && [ "$g1" = "$g2" ] && ok "DeepSeek-V3 generation at TP1 and TP2: $g1" \
   || bad "DeepSeek-V3 generation: TP1 '$g1', TP2 '$g2'"
 
+# Bad input: one line naming the option, exit 2.
+expect() {  # expect WHAT PATTERN [options]
+  local what=$1 pattern=$2 out rc
+  shift 2
+  out=$("$bin/tessera-train" --config "$configs/deepseek-tiny.ini" --mock-data --vocab-size 200 \
+        --train-iters 1 --threads 1 --device cpu "$@" 2>&1); rc=$?
+  if [ $rc -eq 2 ] && grep -qE -- "$pattern" <<<"$out" && [ "$(grep -c 'error:' <<<"$out")" -eq 1 ]; then
+    ok "$what -> rc 2"
+  else
+    bad "$what: rc $rc: $(tail -2 <<<"$out")"
+  fi
+}
+expect "MLA without its key/value rank" "--kv-lora-rank=0 is out of range with --multi-latent-attention \(allowed: >= 1\)" --kv-lora-rank 0
+expect "an odd --qk-pos-emb-head-dim" "--qk-pos-emb-head-dim=7 must be even" --qk-pos-emb-head-dim 7
+expect "values wider than the heads" "--v-head-dim=40 exceeds --qk-head-dim \+ --qk-pos-emb-head-dim = 24" --v-head-dim 40
+expect "--moe-router-group-topk above the groups" "--moe-router-group-topk=5 is out of range for --moe-router-num-groups=4 \(allowed: 1 to 4\)" --moe-router-group-topk 5
+expect "groups not dividing the experts" "--moe-router-num-groups=3 does not divide --num-experts=8" --moe-router-num-groups 3
+expect "the top k beyond the kept groups' experts" "--moe-router-topk=5 exceeds the 4 experts of the 2 groups" --moe-router-topk 5
+expect "a group score of more experts than a group has" "a group's score sums 3 experts' scores \(--moe-router-group-score-experts\), but a group has 2" --moe-router-group-score-experts 3
+expect "the expert bias without sigmoid scores" "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid" --moe-router-score-function softmax
+expect "YaRN's mscale apart from mscale-all-dim" "--mscale=1 differs from --mscale-all-dim=0.707" --mscale 1
+out=$("$bin/tessera-train" --config "$configs/qwen3-tiny.ini" --mock-data --vocab-size 200 --train-iters 1 \
+      --threads 1 --device cpu --rope-type yarn 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q -- "--rope-type yarn needs --multi-latent-attention" <<<"$out" \
+  && ok "YaRN without MLA -> rc 2" || bad "YaRN without MLA: rc $rc: $(tail -1 <<<"$out")"
+out=$("$bin/tessera-train" --config "$configs/gpt2-tiny.ini" --mock-data --vocab-size 200 --train-iters 1 \
+      --threads 1 --device cpu --mtp-num-layers 1 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q -- "--mtp-num-layers with --position-embedding-type learned_absolute" <<<"$out" \
+  && ok "MTP with learned positions -> rc 2" || bad "MTP with learned positions: rc $rc: $(tail -1 <<<"$out")"
+expect "MTP in FP8" "--fp8-format with --mtp-num-layers" --mtp-num-layers 1 --fp8-format hybrid
+expect "MLA with grouped-query attention" "--multi-latent-attention with --group-query-attention" --group-query-attention --num-query-groups 2
+
 common=(--config "$configs/qwen3-tiny.ini" --mock-data --vocab-size 200 --train-iters 20
         --log-interval 10 --threads 1 --device cpu)
 run tiny 1 && awk -F'"lm_loss": ' 'NR == 1 { split($2, a, ","); first = a[1] }

@@ -57,17 +57,20 @@ void choose_keyed(const float* z, const MoERouting& r, std::vector<double>& p,
       std::iota(m.begin(), m.end(), g * per);
       std::partial_sort(m.begin(), m.begin() + r.group_score, m.end(), better);
       float sum = 0.f;
-      for (int j = 0; j < r.group_score; ++j) sum += key[static_cast<size_t>(m[static_cast<size_t>(j)])];
+      for (int j = 0; j < r.group_score; ++j)
+        sum += key[static_cast<size_t>(m[static_cast<size_t>(j)])];
       gscore[static_cast<size_t>(g)] = sum;
     }
     std::vector<int> gorder(static_cast<size_t>(G));
     std::iota(gorder.begin(), gorder.end(), 0);
-    std::partial_sort(gorder.begin(), gorder.begin() + r.group_topk, gorder.end(), [&](int a, int b) {
-      return gscore[static_cast<size_t>(a)] > gscore[static_cast<size_t>(b)] ||
-             (gscore[static_cast<size_t>(a)] == gscore[static_cast<size_t>(b)] && a < b);
-    });
+    std::partial_sort(
+        gorder.begin(), gorder.begin() + r.group_topk, gorder.end(), [&](int a, int b) {
+          return gscore[static_cast<size_t>(a)] > gscore[static_cast<size_t>(b)] ||
+                 (gscore[static_cast<size_t>(a)] == gscore[static_cast<size_t>(b)] && a < b);
+        });
     std::vector<bool> keep(static_cast<size_t>(G), false);
-    for (int j = 0; j < r.group_topk; ++j) keep[static_cast<size_t>(gorder[static_cast<size_t>(j)])] = true;
+    for (int j = 0; j < r.group_topk; ++j)
+      keep[static_cast<size_t>(gorder[static_cast<size_t>(j)])] = true;
     for (int e = 0; e < E; ++e)
       if (!keep[static_cast<size_t>(e / per)]) key[static_cast<size_t>(e)] = -INFINITY;
   }

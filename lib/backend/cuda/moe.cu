@@ -88,10 +88,11 @@ int64_t moe_route(Tensor& expert, Tensor& weight, Tensor& row, const Tensor& log
   check_i32(row, "rows");
   mk::Route m = route_of(r);
   if (!r.expert_bias.empty()) {  // the bias travels with the call (it changes once a step)
-    TESSERA_CHECK(static_cast<int>(r.expert_bias.size()) == r.experts, "moe_route: ",
-                  r.expert_bias.size(), " expert biases for ", r.experts, " experts");
-    m.bias = static_cast<const float*>(ws.upload(
-        Scratch::kMoeBias, r.expert_bias.data(), sizeof(float) * r.expert_bias.size(), s));
+    TESSERA_CHECK(static_cast<int>(r.expert_bias.size()) == r.experts,
+                  "moe_route: ", r.expert_bias.size(), " expert biases for ", r.experts,
+                  " experts");
+    m.bias = static_cast<const float*>(ws.upload(Scratch::kMoeBias, r.expert_bias.data(),
+                                                 sizeof(float) * r.expert_bias.size(), s));
   }
   const int64_t N = logits.numel() / r.experts;
   TESSERA_CHECK(

@@ -149,7 +149,7 @@ TC_DEV void choice_scores(float (&key)[kPerLane], const float (&z)[kPerLane], co
   if (r.pre_softmax) softmax_lanes(z, p, r.E, lane);
   for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
-    key[i] = r.sigmoid ? sigmoidf(z[i]) + (r.bias && e < r.E ? r.bias[e] : 0.f)
+    key[i] = r.sigmoid       ? sigmoidf(z[i]) + (r.bias && e < r.E ? r.bias[e] : 0.f)
              : r.pre_softmax ? p[i]
                              : z[i];
   }
@@ -163,8 +163,8 @@ TC_DEV void choice_scores(float (&key)[kPerLane], const float (&z)[kPerLane], co
     for (int j = 0; j < r.group_score; ++j) {
       float bv;
       int be;
-      warp_best(key, [&](int i) { return !taken[i] && (lane + 32 * i) / per == g; }, r.E, lane, &bv,
-                &be);
+      warp_best(
+          key, [&](int i) { return !taken[i] && (lane + 32 * i) / per == g; }, r.E, lane, &bv, &be);
       for (int i = 0; i < kPerLane; ++i)
         if (lane + 32 * i == be) taken[i] = true;
       sum += bv;
@@ -208,43 +208,20 @@ TC_DEV void router_topk(int32_t* expert, float* weight, const float* logits, int
   for (int i = 0; i < kPerLane; ++i) taken[i] = false;
   int ex[kMaxExperts < 64 ? kMaxExperts : 64];  // lane 0's copy of the chosen experts (K <= 64)
   float zk[kMaxExperts < 64 ? kMaxExperts : 64];
+  // The choice: the largest logits (every score function ranks as they do), or with the expert
+  // bias or groups the choice scores; ties to the lower expert. The weights below read the
+  // chosen experts' logits.
+  float key[kPerLane];
   const bool keyed = r.groups > 0 || r.bias;
-  if (keyed) {  // the choice by the choice scores; the weights below from the chosen logits
-    float key[kPerLane];
-    choice_scores(key, z, r, lane);
-    for (int k = 0; k < r.K; ++k) {
-      float bv;
-      int be;
-      warp_best(key, [&](int i) { return !taken[i]; }, r.E, lane, &bv, &be);
-      for (int i = 0; i < kPerLane; ++i)
-        if (lane + 32 * i == be) taken[i] = true;
-      ex[k] = be;
-      zk[k] = lane_value(z, be, lane);
-    }
-  }
-  for (int k = 0; k < (keyed ? 0 : r.K); ++k) {
-    // This lane's best untaken expert, then the warp's: the larger logit, ties to the lower e.
-    float bv = -INFINITY;
-    int be = 1 << 30;
-    for (int i = 0; i < kPerLane; ++i) {
-      const int e = lane + 32 * i;
-      if (e < r.E && !taken[i] && (z[i] > bv || be == 1 << 30)) {
-        bv = z[i];
-        be = e;
-      }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = tc::shfl_xor(bv, o);
-      const int oe = static_cast<int>(tc::shfl_xor(static_cast<float>(be), o));
-      if (ov > bv || (ov == bv && oe < be)) {
-        bv = ov;
-        be = oe;
-      }
-    }
+  if (keyed) choice_scores(key, z, r, lane);
+  for (int k = 0; k < r.K; ++k) {
+    float bv;
+    int be;
+    warp_best(keyed ? key : z, [&](int i) { return !taken[i]; }, r.E, lane, &bv, &be);
     for (int i = 0; i < kPerLane; ++i)
       if (lane + 32 * i == be) taken[i] = true;
     ex[k] = be;
-    zk[k] = bv;
+    zk[k] = keyed ? lane_value(z, be, lane) : bv;
   }
   float p[kPerLane];
   if (r.pre_softmax) softmax_lanes(z, p, r.E, lane);

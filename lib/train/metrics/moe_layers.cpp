@@ -21,8 +21,8 @@ class MoELayerMetrics : public MetricSource {
     for (int l = 0; l < m.num_layers; ++l)
       if (m.is_moe_layer(l)) layers_.push_back(l);
     // The figures' names, built once (Figure holds pointers to them).
-    const char* parts[] = {"tokens_min", "tokens_max", "tokens_cv", "idle_experts", "bias_min",
-                           "bias_max"};
+    const char* parts[] = {"tokens_min",   "tokens_max", "tokens_cv",
+                           "idle_experts", "bias_min",   "bias_max"};
     names_.reserve(layers_.size() * 12);
     for (int l : layers_)
       for (const char* p : parts) {
@@ -97,9 +97,9 @@ class MoELayerMetrics : public MetricSource {
 
  private:
   MetricContext c_;
-  std::vector<int> layers_;          // the model's MoE layers
-  std::vector<std::string> names_;   // per layer and figure: the metrics-file key, the tag
-  std::vector<std::string> lines_;   // the last report's
+  std::vector<int> layers_;         // the model's MoE layers
+  std::vector<std::string> names_;  // per layer and figure: the metrics-file key, the tag
+  std::vector<std::string> lines_;  // the last report's
 };
 
 }  // namespace

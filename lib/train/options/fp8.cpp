@@ -78,11 +78,13 @@ class Fp8Options : public OptionGroup {
     if (format_ != "e4m3" && format_ != "hybrid")
       throw ConfigError("--fp8-format " + format_ + " is not a choice (allowed: e4m3, hybrid)");
     if (o.model.mtp())
-      throw ConfigError("--fp8-format with --mtp-num-layers: multi-token prediction's layers run "
-                        "in bf16 for now; leave out --fp8-format");
+      throw ConfigError(
+          "--fp8-format with --mtp-num-layers: multi-token prediction's layers run "
+          "in bf16 for now; leave out --fp8-format");
     if (o.model.mla())
-      throw ConfigError("--fp8-format with --multi-latent-attention: MLA's projections run in "
-                        "bf16 for now; leave out --fp8-format");
+      throw ConfigError(
+          "--fp8-format with --multi-latent-attention: MLA's projections run in "
+          "bf16 for now; leave out --fp8-format");
     f.enabled = true;
     f.hybrid = format_ == "hybrid";
     if (recipe_ == "mxfp8" || recipe_ == "blockwise")

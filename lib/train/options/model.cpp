@@ -116,9 +116,9 @@ class ModelOptions : public OptionGroup {
             "YaRN: the context's growth over the original (DeepSeek-V3: 40)")(
             "mscale", po::value(&m.mscale)->default_value(m.mscale),
             "YaRN: m in 0.1 m ln(factor) + 1 for RoPE's cos and sin (must equal "
-            "--mscale-all-dim)")(
-            "mscale-all-dim", po::value(&m.mscale_all_dim)->default_value(m.mscale_all_dim),
-            "YaRN: m in the softmax scale's (0.1 m ln(factor) + 1)^2")(
+            "--mscale-all-dim)")("mscale-all-dim",
+                                 po::value(&m.mscale_all_dim)->default_value(m.mscale_all_dim),
+                                 "YaRN: m in the softmax scale's (0.1 m ln(factor) + 1)^2")(
             "beta-fast", po::value(&m.beta_fast)->default_value(m.beta_fast),
             "YaRN: frequencies that turn more than this often in the original context are kept")(
             "beta-slow", po::value(&m.beta_slow)->default_value(m.beta_slow),

@@ -45,8 +45,7 @@ class MoEOptions : public OptionGroup {
             "aux-loss-free balancing (DeepSeek-V3; sigmoid scores): a per-expert bias added to the "
             "scores for choosing the top k, updated after each step from the global batch's loads")(
             "moe-router-bias-update-rate",
-            po::value(&m.moe_router_bias_update_rate)
-                ->default_value(m.moe_router_bias_update_rate),
+            po::value(&m.moe_router_bias_update_rate)->default_value(m.moe_router_bias_update_rate),
             "with --moe-router-enable-expert-bias: the bias moves by this times sign(mean load - "
             "the expert's load) after each step")(
             "moe-router-num-groups", po::value(&m.moe_router_num_groups)->default_value(0),
