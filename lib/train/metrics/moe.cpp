@@ -37,7 +37,10 @@ class MoEMetrics : public MetricSource {
       }
     c_.ctx.world->all_reduce_f64(v, 2, ReduceOp::Sum);
     const double micro = double(s.global_batch) / c_.cfg.micro_batch_size;
-    const double layers = c_.model.config().num_moe_layers();
+    // The MoE layers: the model's, and multi-token prediction's (of the last layer's kind).
+    const GPTConfig& m = c_.model.config();
+    const double layers =
+        m.num_moe_layers() + (m.is_moe_layer(m.num_layers - 1) ? m.mtp_num_layers : 0);
     balance_ = v[0] / (micro * layers);
     z_ = v[1] / (micro * layers);
     interval_balance_ += balance_;
