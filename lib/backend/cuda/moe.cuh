@@ -190,9 +190,9 @@ TC_DEV void choice_scores(float (&key)[kPerLane], const float (&z)[kPerLane], co
   const float lo = warp_sum(kept && lane < 16 ? static_cast<float>(1 << lane) : 0.f);
   const float hi = warp_sum(kept && lane >= 16 ? static_cast<float>(1 << (lane - 16)) : 0.f);
   const uint32_t mask = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
-  for (int i = 0; i < kPerLane; ++i) {
-    const int g = (lane + 32 * i) / per;
-    if (!(mask >> g & 1u)) key[i] = -INFINITY;
+  for (int i = 0; i < kPerLane; ++i) {  // past E no expert: warp_best never picks it
+    const int e = lane + 32 * i;
+    if (e < r.E && !(mask >> (e / per) & 1u)) key[i] = -INFINITY;
   }
 }
 
@@ -217,7 +217,8 @@ TC_DEV void router_topk(int32_t* expert, float* weight, const float* logits, int
   for (int k = 0; k < r.K; ++k) {
     float bv;
     int be;
-    warp_best(keyed ? key : z, [&](int i) { return !taken[i]; }, r.E, lane, &bv, &be);
+    warp_best(
+        keyed ? key : z, [&](int i) { return !taken[i]; }, r.E, lane, &bv, &be);
     for (int i = 0; i < kPerLane; ++i)
       if (lane + 32 * i == be) taken[i] = true;
     ex[k] = be;
