@@ -355,6 +355,16 @@ class Backend {
   virtual void gelu_forward(Tensor& out, const Tensor& inp) = 0;
   // dinp = dout * gelu'(inp); dinp may be dout.
   virtual void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
+  // The MLP's first linear layer with its GELU (generation's forward): out = gelu(inp weight^T +
+  // bias), bias optional; `pre` (like out) is scratch for the product before the GELU, its
+  // contents afterwards unspecified. This default composes matmul_forward and gelu_forward; the
+  // CUDA backend in bf16/f16 applies the GELU in cuBLASLt's GELU_BIAS epilogue (one kernel, the
+  // product rounded once, `pre` not written).
+  virtual void matmul_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp,
+                                   const Tensor& weight, const Tensor* bias) {
+    matmul_forward(pre, inp, weight, bias);
+    gelu_forward(out, pre);
+  }
   // The MLP's second linear layer's backward through the GELU before it: dweight and dbias (when
   // given) accumulated as matmul_backward's, and dpre = (dout weight) * gelu'(pre) (the gradient
   // at the GELU's input, overwritten). This default composes matmul_backward and gelu_backward;

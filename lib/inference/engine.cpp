@@ -337,6 +337,9 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
     model_.add_norm_forward(x, ln, mean, rstd, x, tmp, w.ln2_w, w.ln2_b);
     if (cfg.is_moe_layer(l)) {
       model_.moe_mlp(l, ln, tmp, moe_);
+    } else if (!cfg.swiglu && !cfg.squared_relu) {  // GELU: one kernel on the CUDA backend
+      be_.matmul_gelu_forward(gl, fc, ln, w.fc1_w, opt(w.fc1_b));
+      be_.matmul_forward(tmp, gl, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
     } else {
       be_.matmul_forward(fc, ln, w.fc1_w, opt(w.fc1_b));
       model_.mlp_activation(gl, fc);

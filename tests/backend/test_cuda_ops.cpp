@@ -458,6 +458,27 @@ TEST_P(CudaOpsDtype, MatmulGeluBackwardMatchesCpu) {
   }
 }
 
+// The MLP's fc1 with its GELU as generation runs it: one decode row and a 64-row prefill of
+// GPT-2 124M (768 -> 3072), with and without the bias. In bf16/f16 cuBLASLt's GELU_BIAS / GELU
+// epilogue (the GELU of the f32 product, rounded once; the CPU rounds the product first), f32 the
+// GEMM and the GELU kernel; a width not a multiple of 8 takes the composed path.
+TEST_P(CudaOpsDtype, MatmulGeluForwardMatchesCpu) {
+  for (const auto& [N, C, FF] : {std::make_tuple(int64_t(1), int64_t(768), int64_t(3072)),
+                                 std::make_tuple(int64_t(64), int64_t(768), int64_t(3072)),
+                                 std::make_tuple(int64_t(37), int64_t(29), int64_t(51))}) {
+    for (bool with_bias : {true, false}) {
+      SCOPED_TRACE("N " + std::to_string(N) + " C " + std::to_string(C) + " FF " +
+                   std::to_string(FF) + (with_bias ? " bias" : " no bias"));
+      Tensor x = rnd({N, C}), w = rnd({FF, C}, 0.05f), b = rnd({FF});
+      Tensor y({N, FF}, d()), pre({N, FF}, d());
+      cpu_->matmul_gelu_forward(y, pre, x, w, with_bias ? &b : nullptr);
+      Tensor bd = dev(b), yd = poisoned({N, FF}, d()), pred = poisoned({N, FF}, d());
+      gpu_->matmul_gelu_forward(yd, pred, dev(x), dev(w), with_bias ? &bd : nullptr);
+      expect_close(yd, y, tol(1e-5), "gelu(x w^T + b)");
+    }
+  }
+}
+
 // A training shape (GPT-2's QKV projection over 2048 tokens), aligned: in bf16 and f16 the
 // forward takes the cuBLASLt bias epilogue; again with bias and weight views 8 bytes off alignment,
 // which take the bias-fill + GEMM path. Both must match the CPU.

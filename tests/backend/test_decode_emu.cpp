@@ -2,7 +2,8 @@
 // source, run by the warp emulator (warp_emu.hpp) on the host against the CPU reference
 // (backend/cpu/kv_attention.hpp): bf16, f16 and f32 caches; head dims on the 16-byte path (64,
 // 128) and on the element path (7, 80, 256); one split and many, with splits that hold no position
-// of a short sequence; decode rows beside a prefill segment; grouped-query attention; ALiBi. The
+// of a short sequence; decode rows beside a prefill segment; grouped-query attention; ALiBi; the
+// decode step's cache store inside the kernel. The
 // output starts as NaN and must be fully written. Tolerances relative to the largest reference
 // value: bf16 2e-2, f16 4e-3, f32 1e-5. On a GPU, test_cuda_ops runs the same kernels on the
 // device.
@@ -33,6 +34,9 @@ struct Case {
   // Segments the kernels do not see (prefills kv_attention.cu gives the tensor-core kernel): their
   // rows of out must stay as they were.
   std::vector<size_t> left_out = {};
+  // A decode step whose kernel stores the rows' keys and values itself (kv_decode): the cache at
+  // the new positions starts as NaN bytes, and must end holding them, bit for bit.
+  bool fused_store = false;
 };
 
 template <typename T>
@@ -98,7 +102,9 @@ int run_case(const Case& c, double tol, const std::string& what, bool expect_vec
   cpu::kv_attention(want.data(), qkv_f.data(), kc_f.data(), vc_f.data(), c.segs, H, hd, c.Tmax, G,
                     c.alibi ? &al : nullptr);
   // kv_store_kernel's work (a plain copy; test_cuda_ops checks the kernel on a GPU), and the
-  // table of the listed rows: (slot, position, row).
+  // table of the listed rows: (slot, position, row). With the fused store the copy is what the
+  // cache must hold afterwards, and the kernel starts from NaN there instead.
+  std::vector<T> kc_want, vc_want;
   std::vector<int32_t> table;
   for (size_t k = 0; k < c.segs.size(); ++k) {
     const auto& s = c.segs[k];
@@ -115,6 +121,17 @@ int run_case(const Case& c, double tol, const std::string& what, bool expect_vec
           vc[at] = qkv[(s.row0 + t) * C3 + (H + G) * hd + g * hd + d];
         }
     }
+  }
+  if (c.fused_store) {
+    kc_want = kc;
+    vc_want = vc;
+    for (const auto& s : c.segs)
+      for (int g = 0; g < G; ++g)
+        for (int64_t t = 0; t < s.count; ++t) {
+          const size_t at = ((s.slot * G + g) * c.Tmax + s.pos0 + t) * hd;
+          std::memset(static_cast<void*>(&kc[at]), 0xff, hd * sizeof(T));
+          std::memset(static_cast<void*>(&vc[at]), 0xff, hd * sizeof(T));
+        }
   }
   std::vector<T> out(want.size());
   std::memset(static_cast<void*>(out.data()), 0xff, out.size() * sizeof(T));  // NaN
@@ -136,6 +153,7 @@ int run_case(const Case& c, double tol, const std::string& what, bool expect_vec
   p.F = ls.F;
   p.scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(hd));
   p.alibi = c.alibi;
+  p.store = c.fused_store;
   p.slopes = al;
   decode::plan_splits(p, max_len, c.target_blocks);
   const int rh = listed_rows * H;
@@ -170,6 +188,12 @@ int run_case(const Case& c, double tol, const std::string& what, bool expect_vec
         }
       }
     }
+  }
+  if (c.fused_store) {
+    EXPECT_EQ(std::memcmp(kc.data(), kc_want.data(), kc.size() * sizeof(T)), 0)
+        << what << ": the k cache after the fused store";
+    EXPECT_EQ(std::memcmp(vc.data(), vc_want.data(), vc.size() * sizeof(T)), 0)
+        << what << ": the v cache after the fused store";
   }
   want = want_listed;
   expect_close(
@@ -226,6 +250,25 @@ TEST(DecodeEmu, ElementPathHeadDimsMatchCpu) {
   Case c = decode_case(256, 1, 1);
   c.alibi = true;
   run_case<float>(c, 1e-5, "f32 hd 256 ALiBi", false);
+}
+
+// kv_decode's step: the kernel stores each row's key and value itself (one block per row and
+// key/value head) and reads the row's own position from qkv, the cache starting as NaN there:
+// many splits (the store in the split holding the position, the last one for the 300-token
+// context) and one, GQA (the group's first query head stores), MQA, and the element path.
+TEST(DecodeEmu, FusedCacheStoreMatchesCpu) {
+  Case c = decode_case(64, 4, 2);
+  c.fused_store = true;
+  EXPECT_EQ(run_case<__nv_bfloat16>(c, 2e-2, "bf16 hd 64 GQA, fused store", true), 6);
+  c.target_blocks = 1;
+  EXPECT_EQ(run_case<__half>(c, 4e-3, "f16 hd 64 GQA, fused store, one split", true), 1);
+  Case m = decode_case(128, 4, 1);
+  m.fused_store = true;
+  m.alibi = true;
+  EXPECT_GT(run_case<float>(m, 1e-5, "f32 hd 128 MQA ALiBi, fused store", true), 1);
+  Case e = decode_case(80, 2, 2);
+  e.fused_store = true;
+  run_case<__nv_bfloat16>(e, 2e-2, "bf16 hd 80, fused store", false);
 }
 
 TEST(DecodeEmu, LaneSplitAndPlan) {

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -133,6 +134,8 @@ TEST(RowwiseEmu, CrossEntropyShardWithNoValidColumn) {
 // LayerNorm (kRms false) or RMSNorm, forward with or without the residual add and the input
 // backward, on N rows of C elements of T, against the CPU reference in double on the same rounded
 // inputs (for the add: on the sum rounded to T, as the kernel stores it).
+int held_checked = 0;  // cases that also ran the held-row kernel
+
 template <typename T, bool kRms>
 void check_norm(int64_t N, int64_t C, bool add, float tol) {
   std::mt19937 gen(7 + static_cast<unsigned>(C));
@@ -158,6 +161,26 @@ void check_norm(int64_t N, int64_t C, bool add, float tol) {
                               add ? P(sum_s) : nullptr, P(a_s), add ? P(b_s) : nullptr, P(w_s),
                               kRms ? nullptr : P(bias_s), N, C, eps);
   });
+  // The kernel that holds the row in registers (few rows, C within its packs): bitwise the
+  // streaming kernel's output, statistics and stored sum.
+  if (rw::norm_held_ok<T>(N, C)) {
+    auto out2_s = make(N * C, 0.f, 0.f), sum2_s = make(N * C, 0.f, 0.f);
+    std::vector<float> mean2(N, kNaN), rstd2(N, kNaN);
+    tc::emu::launch(blocks, 1, rw::kThreads, 0, [&](char*) {
+      rw::norm_forward<T, kRms, rw::kNormHeldPacks>(
+          P(out2_s), kRms ? nullptr : mean2.data(), rstd2.data(), add ? P(sum2_s) : nullptr, P(a_s),
+          add ? P(b_s) : nullptr, P(w_s), kRms ? nullptr : P(bias_s), N, C, eps);
+    });
+    EXPECT_EQ(std::memcmp(P(out2_s), P(out_s), N * C * sizeof(T)), 0) << "held: out";
+    if (add) {
+      EXPECT_EQ(std::memcmp(P(sum2_s), P(sum_s), N * C * sizeof(T)), 0) << "held: sum";
+    }
+    EXPECT_EQ(rstd2, rstd) << "held: rstd";
+    if (!kRms) {
+      EXPECT_EQ(mean2, mean) << "held: mean";
+    }
+    ++held_checked;
+  }
   // The reference's input: a, or a + b rounded to T.
   std::vector<double> x(N * C), w(C), bias(C), dy(N * C), ref_out(N * C), rm(N), rr(N);
   for (int64_t i = 0; i < N * C; ++i) {
@@ -225,6 +248,20 @@ TEST(RowwiseEmu, LayerNormF32AndF16) {
 TEST(RowwiseEmu, RmsNormBf16AndF32) {
   check_norm<__nv_bfloat16, true>(10, 2048, true, 1e-2f);
   check_norm<float, true>(4, 36, false, 1e-5f);
+}
+// The decode step's norms (one row; GPT-2 124M's 768, Llama 3.2 1B's 2048) and a row too wide to
+// hold (bf16 4096: the streaming kernel), with and without the add.
+TEST(RowwiseEmu, NormsOfFewRowsHeldInRegisters) {
+  const int before = held_checked;
+  check_norm<__nv_bfloat16, false>(1, 768, true, 1e-2f);
+  check_norm<__nv_bfloat16, false>(1, 768, false, 1e-2f);
+  check_norm<__half, true>(3, 2048, true, 2e-3f);
+  check_norm<float, false>(2, 1024, true, 1e-5f);
+  EXPECT_EQ(held_checked - before, 4);
+  EXPECT_FALSE(rw::norm_held_ok<__nv_bfloat16>(1, 4096));
+  EXPECT_FALSE(rw::norm_held_ok<__nv_bfloat16>(16384, 768));  // training's rows stream
+  check_norm<__nv_bfloat16, true>(1, 4096, true, 1e-2f);
+  EXPECT_EQ(held_checked - before, 4);
 }
 
 // The two stages of a column sum with K = 2 terms per row (LayerNorm's xhat * dy and dy), on

@@ -551,6 +551,18 @@ class CudaBackend final : public Backend {
   void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) override {
     cuda_ops::gelu_backward(dinp, inp, dout, stream_);
   }
+  void matmul_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tensor& weight,
+                           const Tensor* bias) override {
+    TESSERA_CHECK(cols_of(weight) == cols_of(inp) &&
+                      out.numel() == rows_of(inp) * rows_of(weight) && pre.numel() == out.numel(),
+                  "matmul_gelu_forward shapes");
+    expect_dtype(weight, inp.dtype(), "matmul + GELU weight");
+    expect_dtype(out, inp.dtype(), "matmul + GELU output");
+    expect_dtype(pre, inp.dtype(), "matmul + GELU scratch");
+    if (bias) expect_dtype(*bias, inp.dtype(), "matmul + GELU bias");
+    if (lt_.gelu_forward(out, inp, weight, bias, ws_, stream_)) return;
+    Backend::matmul_gelu_forward(out, pre, inp, weight, bias);
+  }
   void matmul_gelu_backward(Tensor& dpre, Tensor& dweight, Tensor* dbias, const Tensor& dout,
                             const Tensor& inp, const Tensor& weight, const Tensor& pre) override {
     TESSERA_CHECK(dpre.numel() == pre.numel() && pre.numel() == inp.numel() &&

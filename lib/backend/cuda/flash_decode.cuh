@@ -16,6 +16,12 @@
 //
 // The kernels see only the rows they attend for: `rows` lists them (a prefill segment taken by the
 // tensor-core training kernel is left out, kv_attention.cu), each with its row in qkv and out.
+// Every listed row's own position (`last`) is read from qkv, where its key and value are, not from
+// the cache: the same values, and no order between the cache's store and these kernels. With
+// `store` (a decode step: one new token per sequence, no two rows of a slot), the kernel also
+// writes that key and value into the cache, one block per (row, key/value head): the block of the
+// group's first query head whose split holds the position. That is the decode step's KV-cache
+// store without its own kernel (kv_store_kernel, one launch a layer fewer).
 #pragma once
 
 #include <algorithm>
@@ -30,9 +36,9 @@ constexpr int kThreads = 128;  // per block (4 warps)
 constexpr int kMaxF = 32;      // features per lane, at most (hd <= 32 * kMaxF)
 
 struct Params {
-  const void* qkv;      // (rows, (H + 2G) hd), storage type T
-  const void* k_cache;  // (slots, G, Tmax, hd), T
-  const void* v_cache;
+  const void* qkv;  // (rows, (H + 2G) hd), storage type T
+  void* k_cache;    // (slots, G, Tmax, hd), T; written only with `store`
+  void* v_cache;
   void* out;            // (rows, H hd), T
   float* part_o;        // (splits, rows H, hd): unnormalized partial outputs (splits > 1)
   float* part_ml;       // (splits, rows H, 2): each split's max and sum, base 2
@@ -41,6 +47,7 @@ struct Params {
   int splits, chunk;  // split s covers positions [s chunk, (s + 1) chunk)
   int L, F;           // lanes per cached position, features per lane (L F = hd)
   float scale_log2;   // log2(e) / sqrt(hd)
+  bool store;         // write each row's key and value at its position (a decode step)
   bool alibi;
   AttentionAlibi slopes;
 };
@@ -91,11 +98,23 @@ TC_DEV void partial_body(const Params& p, char* smem_raw) {
   const int L = p.L, F = kVec ? F_ : p.F, hd = p.hd;
   const int group = tid / L, sub = tid % L, groups = kThreads / L;
   const int slot = p.rows[3 * i], last = p.rows[3 * i + 1], row = p.rows[3 * i + 2];
-  const T* q = static_cast<const T*>(p.qkv) + static_cast<int64_t>(row) * (p.H + 2 * p.G) * hd +
-               static_cast<int64_t>(h) * hd + sub * F;
-  const int64_t cache_off = (static_cast<int64_t>(slot) * p.G + g) * p.Tmax * hd + sub * F;
-  const T* K = static_cast<const T*>(p.k_cache) + cache_off;
-  const T* V = static_cast<const T*>(p.v_cache) + cache_off;
+  const T* qrow = static_cast<const T*>(p.qkv) + static_cast<int64_t>(row) * (p.H + 2 * p.G) * hd;
+  const T* q = qrow + static_cast<int64_t>(h) * hd + sub * F;
+  // The row's own key and value (position `last`), in qkv.
+  const T* k_new = qrow + static_cast<int64_t>(p.H + g) * hd;
+  const T* v_new = qrow + static_cast<int64_t>(p.H + p.G + g) * hd;
+  const int64_t cache_off = (static_cast<int64_t>(slot) * p.G + g) * p.Tmax * hd;
+  const T* K = static_cast<const T*>(p.k_cache) + cache_off + sub * F;
+  const T* V = static_cast<const T*>(p.v_cache) + cache_off + sub * F;
+  const int store_split = last / p.chunk < p.splits ? last / p.chunk : p.splits - 1;
+  if (p.store && h % (p.H / p.G) == 0 && split == store_split) {
+    T* kc = static_cast<T*>(p.k_cache) + cache_off + static_cast<int64_t>(last) * hd;
+    T* vc = static_cast<T*>(p.v_cache) + cache_off + static_cast<int64_t>(last) * hd;
+    for (int d = tid; d < hd; d += kThreads) {
+      kc[d] = k_new[d];
+      vc[d] = v_new[d];
+    }
+  }
   float qf[kMaxF], acc[kMaxF], x[kMaxF];
   load_features<T, kVec>(qf, q, F);
   for (int f = 0; f < F; ++f) {
@@ -113,7 +132,7 @@ TC_DEV void partial_body(const Params& p, char* smem_raw) {
     const bool live = j < end;
     float dot = 0.f;
     if (live) {
-      load_features<T, kVec>(x, K + static_cast<int64_t>(j) * hd, F);
+      load_features<T, kVec>(x, j == last ? k_new + sub * F : K + static_cast<int64_t>(j) * hd, F);
       for (int f = 0; f < F; ++f) dot += qf[f] * x[f];
     }
     for (int o = 1; o < L; o *= 2) dot += tc::shfl_xor(dot, o);
@@ -123,7 +142,7 @@ TC_DEV void partial_body(const Params& p, char* smem_raw) {
     const float mn = fmaxf(m, s);
     const float corr = tc::ex2(m - mn), pj = tc::ex2(s - mn);  // m = -inf: corr = 0
     l = l * corr + pj;
-    load_features<T, kVec>(x, V + static_cast<int64_t>(j) * hd, F);
+    load_features<T, kVec>(x, j == last ? v_new + sub * F : V + static_cast<int64_t>(j) * hd, F);
     for (int f = 0; f < F; ++f) acc[f] = acc[f] * corr + pj * x[f];
     m = mn;
   }

@@ -65,9 +65,10 @@ int target_blocks() {  // about two blocks per SM of the current device
 // The decode kernels for `ndec` rows listed in the device table `rows` ((slot, position, row)
 // each), planned for contexts up to `max_len`.
 template <typename T>
-void launch_decode(Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+void launch_decode(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                    const int32_t* rows, int64_t ndec, int64_t max_len, int64_t heads,
-                   int64_t kv_heads, const AttentionAlibi* alibi, Workspace& ws, cudaStream_t s) {
+                   int64_t kv_heads, bool store, const AttentionAlibi* alibi, Workspace& ws,
+                   cudaStream_t s) {
   const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2);
   const decode::LaneSplit split = decode::lane_split(static_cast<int>(hd), sizeof(T));
   TESSERA_CHECK(split.F > 0, "kv attention: head dimension ", hd,
@@ -88,6 +89,7 @@ void launch_decode(Tensor& out, const Tensor& qkv, const Tensor& k_cache, const 
   p.L = split.L;
   p.F = split.F;
   p.scale_log2 = 1.4426950408889634f / std::sqrt(static_cast<float>(hd));
+  p.store = store;
   p.alibi = alibi != nullptr;
   if (alibi) p.slopes = *alibi;
   decode::plan_splits(p, static_cast<int>(max_len), target_blocks());
@@ -177,23 +179,20 @@ void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cac
     }
     if (ndec > 0)
       launch_decode<T>(out, qkv, k_cache, v_cache, rows + 3 * nrows, ndec, max_len, heads, kv_heads,
-                       alibi, ws, s);
+                       false, alibi, ws, s);
   });
 }
 
 void kv_decode(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, const Tensor& rows,
                int64_t max_context, int64_t heads, int64_t kv_heads, const AttentionAlibi* alibi,
                Workspace& ws, cudaStream_t s) {
-  const int64_t hd = k_cache.dim(3), Tmax = k_cache.dim(2), n = rows.dim(0);
+  const int64_t n = rows.dim(0);
   if (n == 0) return;
   dispatch(qkv.dtype(), "kv decode", [&](auto tag) {
     using T = decltype(tag);
-    kv_store_kernel<T><<<blocks_for(n * kv_heads * hd), kThreads, 0, s>>>(
-        k_cache.data<T>(), v_cache.data<T>(), qkv.data<T>(), rows.data<int32_t>(), heads, kv_heads,
-        hd, Tmax, n);
-    LAUNCH_CHECK();
+    // The cache's store is inside the decode kernel (one new token per sequence).
     launch_decode<T>(out, qkv, k_cache, v_cache, rows.data<int32_t>(), n, max_context, heads,
-                     kv_heads, alibi, ws, s);
+                     kv_heads, true, alibi, ws, s);
   });
 }
 

@@ -1,7 +1,8 @@
 // layernorm.cu: LayerNorm over the last axis, one warp per row with 16-byte loads (rowwise.cuh)
-// where the row length allows, else one block per row, with the residual add fused in
-// front of it (add_layernorm_forward); the weight and bias gradients are column sums in two
-// deterministic stages (rowwise.cuh). The CPU reference is backend/cpu/layernorm.hpp.
+// where the row length allows (the row held in registers when there are few rows: decode), else one
+// block per row, with the residual add fused in front of it (add_layernorm_forward); the weight and
+// bias gradients are column sums in two deterministic stages (rowwise.cuh). The CPU reference is
+// backend/cpu/layernorm.hpp.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ops.hpp"
 #include "backend/cuda/rowwise.cuh"
@@ -89,11 +90,25 @@ __global__ void __launch_bounds__(rowwise::kThreads)
 }
 
 // One warp per row, 16-byte loads (rowwise.cuh), where C and the pointers allow.
-template <typename T>
+// kPacks > 0: the row held in registers (few rows; rowwise::norm_held_ok).
+template <typename T, int kPacks>
 __global__ void __launch_bounds__(rowwise::kThreads)
     layernorm_forward_warp_kernel(T* out, float* mean, float* rstd, T* sum, const T* a, const T* b,
                                   const T* w, const T* bias, int64_t N, int64_t C, float eps) {
-  rowwise::norm_forward<T, false>(out, mean, rstd, sum, a, b, w, bias, N, C, eps);
+  rowwise::norm_forward<T, false, kPacks>(out, mean, rstd, sum, a, b, w, bias, N, C, eps);
+}
+// The warp kernel for N rows of C: the row held in registers when there are few rows.
+template <typename T>
+void launch_layernorm_warp(T* out, float* mean, float* rstd, T* sum, const T* a, const T* b,
+                           const T* w, const T* bias, int64_t N, int64_t C, float eps,
+                           cudaStream_t s) {
+  if (rowwise::norm_held_ok<T>(N, C))
+    layernorm_forward_warp_kernel<T, rowwise::kNormHeldPacks>
+        <<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(out, mean, rstd, sum, a, b, w, bias,
+                                                               N, C, eps);
+  else
+    layernorm_forward_warp_kernel<T, 0><<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(
+        out, mean, rstd, sum, a, b, w, bias, N, C, eps);
 }
 template <typename T>
 __global__ void __launch_bounds__(rowwise::kThreads)
@@ -111,9 +126,8 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
     const int64_t N = rows_of(inp), C = cols_of(inp);
     if (N == 0) return;
     if (rowwise::norm_vec_ok<T>(C, {out.raw(), inp.raw(), w.raw(), b.raw()}))
-      layernorm_forward_warp_kernel<T><<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(
-          out.data<T>(), mean.f32(), rstd.f32(), nullptr, inp.data<T>(), nullptr, w.data<T>(),
-          b.data<T>(), N, C, eps);
+      launch_layernorm_warp<T>(out.data<T>(), mean.f32(), rstd.f32(), nullptr, inp.data<T>(),
+                               nullptr, w.data<T>(), b.data<T>(), N, C, eps, s);
     else
       layernorm_forward_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
           out.data<T>(), mean.f32(), rstd.f32(), inp.data<T>(), w.data<T>(), b.data<T>(), C, eps);
@@ -155,9 +169,8 @@ void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd,
     const int64_t N = rows_of(a), C = cols_of(a);
     if (N == 0) return;
     if (rowwise::norm_vec_ok<T>(C, {sum.raw(), out.raw(), a.raw(), b.raw(), w.raw(), bias.raw()}))
-      layernorm_forward_warp_kernel<T><<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(
-          out.data<T>(), mean.f32(), rstd.f32(), sum.data<T>(), a.data<T>(), b.data<T>(),
-          w.data<T>(), bias.data<T>(), N, C, eps);
+      launch_layernorm_warp<T>(out.data<T>(), mean.f32(), rstd.f32(), sum.data<T>(), a.data<T>(),
+                               b.data<T>(), w.data<T>(), bias.data<T>(), N, C, eps, s);
     else
       add_layernorm_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
           sum.data<T>(), out.data<T>(), mean.f32(), rstd.f32(), a.data<T>(), b.data<T>(),

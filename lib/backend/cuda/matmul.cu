@@ -225,6 +225,29 @@ bool LtMatmul::dgelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& we
   return run(q, ws, s);
 }
 
+// y^T (OC x N) = gelu(W x^T + bias): bias_forward's problem with GELU in the epilogue.
+bool LtMatmul::gelu_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
+                            const Tensor* bias, Workspace& ws, cudaStream_t s) {
+  if (out.dtype() == DType::F32) return false;
+  const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
+  if (IC % 8 != 0 || OC % 8 != 0) return false;
+  Problem q{bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU,
+            CUBLAS_OP_T,
+            CUBLAS_OP_N,
+            OC,
+            N,
+            IC,
+            IC,
+            IC,
+            OC,
+            weight.raw(),
+            inp.raw(),
+            out.raw()};
+  if (bias) q.bias = bias->raw();
+  q.dtype = out.dtype();
+  return run(q, ws, s);
+}
+
 void sum_column_partials(float* out, const float* part, int64_t R, int64_t C, cudaStream_t s) {
   if (C == 0) return;
   sum_partials_kernel<<<static_cast<unsigned>((C + 31) / 32), rowwise::kThreads, 0, s>>>(out, part,

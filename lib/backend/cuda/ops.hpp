@@ -206,6 +206,11 @@ class LtMatmul {
   // f32 times GELU's derivative at `pre`, rounded once); false where not taken (f32, shapes).
   bool dgelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& weight, const Tensor& pre,
                       Workspace& ws, cudaStream_t s);
+  // out = gelu(inp weight^T + bias) in one cuBLASLt call (the GELU_BIAS epilogue, GELU when
+  // `bias` is null: the product in f32, plus the bias, through GELU's tanh form, rounded once);
+  // false where not taken (f32, widths not multiples of 8, no algorithm).
+  bool gelu_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias,
+                    Workspace& ws, cudaStream_t s);
 
  private:
   struct Plan;
@@ -270,7 +275,9 @@ void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cac
                   const std::vector<Backend::KvSegment>& segments, int64_t heads, int64_t kv_heads,
                   const AttentionAlibi* alibi, Workspace& ws, cudaStream_t s);
 // A decode step from a row table on the device ((n, 3) int32: slot, position, row), planned for
-// positions below max_context: no host work that depends on the step (Backend::kv_decode).
+// positions below max_context: no host work that depends on the step (Backend::kv_decode). The
+// rows' slots are distinct (one new token per sequence), and the decode kernel itself stores each
+// row's key and value in the caches (no store kernel).
 void kv_decode(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, const Tensor& rows,
                int64_t max_context, int64_t heads, int64_t kv_heads, const AttentionAlibi* alibi,
                Workspace& ws, cudaStream_t s);

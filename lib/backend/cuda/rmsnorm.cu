@@ -77,11 +77,23 @@ __global__ void __launch_bounds__(rowwise::kThreads)
 }
 
 // One warp per row, 16-byte loads (rowwise.cuh), where C and the pointers allow.
-template <typename T>
+// kPacks > 0: the row held in registers (few rows; rowwise::norm_held_ok).
+template <typename T, int kPacks>
 __global__ void __launch_bounds__(rowwise::kThreads)
     rmsnorm_forward_warp_kernel(T* out, float* rstd, T* sum, const T* a, const T* b, const T* w,
                                 int64_t N, int64_t C, float eps) {
-  rowwise::norm_forward<T, true>(out, nullptr, rstd, sum, a, b, w, nullptr, N, C, eps);
+  rowwise::norm_forward<T, true, kPacks>(out, nullptr, rstd, sum, a, b, w, nullptr, N, C, eps);
+}
+// The warp kernel for N rows of C: the row held in registers when there are few rows.
+template <typename T>
+void launch_rmsnorm_warp(T* out, float* rstd, T* sum, const T* a, const T* b, const T* w, int64_t N,
+                         int64_t C, float eps, cudaStream_t s) {
+  if (rowwise::norm_held_ok<T>(N, C))
+    rmsnorm_forward_warp_kernel<T, rowwise::kNormHeldPacks>
+        <<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(out, rstd, sum, a, b, w, N, C, eps);
+  else
+    rmsnorm_forward_warp_kernel<T, 0>
+        <<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(out, rstd, sum, a, b, w, N, C, eps);
 }
 template <typename T>
 __global__ void __launch_bounds__(rowwise::kThreads)
@@ -100,8 +112,8 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor&
     using T = decltype(tag);
     const int64_t C = cols_of(inp);
     if (rowwise::norm_vec_ok<T>(C, {out.raw(), inp.raw(), w.raw()}))
-      rmsnorm_forward_warp_kernel<T><<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(
-          out.data<T>(), rstd.f32(), nullptr, inp.data<T>(), nullptr, w.data<T>(), N, C, eps);
+      launch_rmsnorm_warp<T>(out.data<T>(), rstd.f32(), nullptr, inp.data<T>(), nullptr,
+                             w.data<T>(), N, C, eps, s);
     else
       rmsnorm_forward_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
           out.data<T>(), rstd.f32(), inp.data<T>(), w.data<T>(), C, eps);
@@ -117,9 +129,8 @@ void add_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& a
     using T = decltype(tag);
     const int64_t C = cols_of(a);
     if (rowwise::norm_vec_ok<T>(C, {sum.raw(), out.raw(), a.raw(), b.raw(), w.raw()}))
-      rmsnorm_forward_warp_kernel<T><<<rowwise::warp_blocks(N), rowwise::kThreads, 0, s>>>(
-          out.data<T>(), rstd.f32(), sum.data<T>(), a.data<T>(), b.data<T>(), w.data<T>(), N, C,
-          eps);
+      launch_rmsnorm_warp<T>(out.data<T>(), rstd.f32(), sum.data<T>(), a.data<T>(), b.data<T>(),
+                             w.data<T>(), N, C, eps, s);
     else
       add_rmsnorm_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, s>>>(
           sum.data<T>(), out.data<T>(), rstd.f32(), a.data<T>(), b.data<T>(), w.data<T>(), C, eps);

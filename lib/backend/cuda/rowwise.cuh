@@ -257,9 +257,36 @@ TC_DEV float warp_sum(float v) {
   return v;
 }
 
+// Few rows (generation's decode step: one row a sequence) leave the GPU waiting on each pass's
+// loads in turn; there the launchers take the kernel that holds the row in registers after one
+// read (kPacks > 0: up to kPacks 16-byte packs a lane, nv <= 32 kPacks), every load of it in flight
+// at once. The arithmetic and its order are the streaming kernel's: the results are bitwise the
+// same.
+constexpr int kNormHeldPacks = 8;           // C <= 2,048 in bf16/f16, 1,024 in f32
+constexpr int64_t kNormHeldMaxRows = 1024;  // training's row counts keep the streaming kernel
+template <typename T>
+inline bool norm_held_ok(int64_t N, int64_t C) {
+  return N <= kNormHeldMaxRows && C / kVec<T> <= 32 * kNormHeldPacks;
+}
+
+// f(i, v) for this lane's packs v = lane + 32 i of a row of nv packs, in order of v; with
+// kPacks > 0, i a compile-time index (the loop unrolled) so that held packs stay in registers.
+template <int kPacks, typename F>
+TC_DEV void each_pack(int lane, int64_t nv, F&& f) {
+  if constexpr (kPacks > 0) {
+    TC_UNROLL
+    for (int i = 0; i < kPacks; ++i) {
+      const int64_t v = lane + 32 * static_cast<int64_t>(i);
+      if (v < nv) f(i, v);
+    }
+  } else {
+    for (int64_t v = lane; v < nv; v += 32) f(0, v);
+  }
+}
+
 // out = norm(x) w (+ bias), x = a, or x = a + b rounded to T and stored in `sum` when b is given
-// (the residual add fused in front); mean (LayerNorm) and rstd per row.
-template <typename T, bool kRms>
+// (the residual add fused in front); mean (LayerNorm) and rstd per row. kPacks: above.
+template <typename T, bool kRms, int kPacks = 0>
 TC_DEV void norm_forward(T* out, float* mean, float* rstd, T* sum, const T* a, const T* b,
                          const T* w, const T* bias, int64_t N, int64_t C, float eps) {
   const int lane = tc::thread_id() % 32;
@@ -268,18 +295,44 @@ TC_DEV void norm_forward(T* out, float* mean, float* rstd, T* sum, const T* a, c
   constexpr int K = kVec<T>;
   const int64_t nv = C / K;
   const T* x = b ? sum + n * C : a + n * C;
-  float s = 0.f;
-  for (int64_t v = lane; v < nv; v += 32) {
-    Pack<T> p = load16(a + n * C + v * K);
+  Pack<T> held[kPacks > 0 ? kPacks : 1];
+  if constexpr (kPacks > 0) {  // every load of the row (and of b) issued before any use
+    each_pack<kPacks>(lane, nv, [&](int i, int64_t v) { held[i] = load16(a + n * C + v * K); });
     if (b) {
-      const Pack<T> q = load16(b + n * C + v * K);
-      TC_UNROLL
-      for (int e = 0; e < K; ++e) p.e[e] = from_f32<T>(to_f32(p.e[e]) + to_f32(q.e[e]));
-      store16(sum + n * C + v * K, p);
+      Pack<T> q[kPacks];
+      each_pack<kPacks>(lane, nv, [&](int i, int64_t v) { q[i] = load16(b + n * C + v * K); });
+      each_pack<kPacks>(lane, nv, [&](int i, int64_t v) {
+        TC_UNROLL
+        for (int e = 0; e < K; ++e)
+          held[i].e[e] = from_f32<T>(to_f32(held[i].e[e]) + to_f32(q[i].e[e]));
+        store16(sum + n * C + v * K, held[i]);
+      });
+    }
+  }
+  // This lane's pack i (at v) of x: held, or read again (from L1/L2 after the first pass).
+  auto row = [&](int i, int64_t v) {
+    if constexpr (kPacks > 0)
+      return held[i];
+    else
+      return load16(x + v * K);
+  };
+  float s = 0.f;
+  each_pack<kPacks>(lane, nv, [&](int i, int64_t v) {
+    Pack<T> p;
+    if constexpr (kPacks > 0) {
+      p = held[i];
+    } else {
+      p = load16(a + n * C + v * K);
+      if (b) {
+        const Pack<T> q = load16(b + n * C + v * K);
+        TC_UNROLL
+        for (int e = 0; e < K; ++e) p.e[e] = from_f32<T>(to_f32(p.e[e]) + to_f32(q.e[e]));
+        store16(sum + n * C + v * K, p);
+      }
     }
     TC_UNROLL
     for (int e = 0; e < K; ++e) s += kRms ? to_f32(p.e[e]) * to_f32(p.e[e]) : to_f32(p.e[e]);
-  }
+  });
   s = warp_sum(s);
   float m = 0.f, r;
   if (kRms) {
@@ -287,18 +340,18 @@ TC_DEV void norm_forward(T* out, float* mean, float* rstd, T* sum, const T* a, c
   } else {
     m = s / C;
     float var = 0.f;
-    for (int64_t v = lane; v < nv; v += 32) {
-      const Pack<T> p = load16(x + v * K);
+    each_pack<kPacks>(lane, nv, [&](int i, int64_t v) {
+      const Pack<T> p = row(i, v);
       TC_UNROLL
       for (int e = 0; e < K; ++e) {
         const float d = to_f32(p.e[e]) - m;
         var += d * d;
       }
-    }
+    });
     r = rsqrt(warp_sum(var) / C + eps);
   }
-  for (int64_t v = lane; v < nv; v += 32) {
-    const Pack<T> p = load16(x + v * K), pw = load16(w + v * K);
+  each_pack<kPacks>(lane, nv, [&](int i, int64_t v) {
+    const Pack<T> p = row(i, v), pw = load16(w + v * K);
     Pack<T> o;
     if (kRms) {
       TC_UNROLL
@@ -310,7 +363,7 @@ TC_DEV void norm_forward(T* out, float* mean, float* rstd, T* sum, const T* a, c
         o.e[e] = from_f32<T>((to_f32(p.e[e]) - m) * r * to_f32(pw.e[e]) + to_f32(pb.e[e]));
     }
     store16(out + n * C + v * K, o);
-  }
+  });
   if (lane == 0) {
     if (!kRms) mean[n] = m;
     rstd[n] = r;
