@@ -4,8 +4,8 @@
 # deadline, so that a slow step costs the steps after it and never the logs: correctness first
 # (the CUDA tests, the trainer on cuda vs cpu), then the benchmarks (attention with the PyTorch
 # peer, GPT-2 124M, decode/prefill, PyTorch's GPT-2 124M (bench/train_peer.py), 1.3B, Llama 1B,
-# the Mixtral-shaped MoE step), then compute-sanitizer: initcheck on the training test, racecheck
-# and synccheck on the kernels with shared memory. Logs are packed into $OUT/logs.tar.gz (the tool
+# the Mixtral-shaped MoE step), then compute-sanitizer: initcheck and memcheck (8 gtest shards at
+# once), racecheck and synccheck on the kernels with shared memory. Logs are packed into $OUT/logs.tar.gz (the tool
 # returns 8 files at most); a summary of every step's exit status and time is printed, then
 # issue 37's table of figures beside the peer's of the same run (scripts/gpu-figures.py).
 # Usage (device tool, carry [".gpu"]): bash scripts/gpu-lease.sh [SECONDS=540]
@@ -40,7 +40,8 @@ plan=(
   "memory|240|bash scripts/gpu-run.sh --memory"
   "save-1.3b|300|env SAVE_MODEL=gpt2-1.3b SAVE_MB=8 SAVE_GBS=8 SAVE_INTERVAL=100 bash scripts/gpu-run.sh --steps=save"
   "rerun|150|bash scripts/gpu-run.sh --steps=rerun"
-  "initcheck|90|bash scripts/gpu-run.sh --sanitize=initcheck"
+  "initcheck|150|env SANITIZE_SHARDS=8 bash scripts/gpu-run.sh --sanitize=initcheck"
+  "memcheck|150|env SANITIZE_SHARDS=8 bash scripts/gpu-run.sh --sanitize=memcheck"
   "racecheck|90|env SANITIZE_FILTER_test_cuda_ops=$kernels bash scripts/gpu-run.sh --sanitize=racecheck"
   "synccheck|60|env SANITIZE_FILTER_test_cuda_ops=$kernels bash scripts/gpu-run.sh --sanitize=synccheck"
 )

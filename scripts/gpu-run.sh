@@ -35,7 +35,11 @@
 # and $OUT/sanitize-summary.txt; the exit status is 1 if any run reported an error or failed.
 # Runs are kept short by gtest filters (the intentional out-of-memory test is left out; the fp16
 # training test too): override with SANITIZE_FILTER_<test>=PATTERN (e.g.
-# SANITIZE_FILTER_test_cuda_train='*'). BENCH_ARGS go to bench_gpu_train as they are, e.g.
+# SANITIZE_FILTER_test_cuda_train='*'). SANITIZE_SHARDS=N runs each test as N gtest shards
+# (GTEST_TOTAL_SHARDS / GTEST_SHARD_INDEX), each under its own compute-sanitizer, all at once: the
+# tests' CPU references take most of a sanitized run's time, and the GPU machine has 16 cores
+# (logs $OUT/sanitize-<tool>-<test>-<shard>.log, one summary line per shard).
+# BENCH_ARGS go to bench_gpu_train as they are, e.g.
 # `124m 10 0 0 bf16 --breakdown` for the per-phase time table (docs/profiling.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -117,22 +121,35 @@ if [ -n "$sanitize" ]; then
   for tool in ${sanitize//,/ }; do
     [ -n "${tool_tests[$tool]:-}" ] || { echo "gpu-run.sh: error: --sanitize: unknown tool '$tool' (allowed: memcheck, initcheck, racecheck, synccheck)" >&2; exit 2; }
   done
+  shards=${SANITIZE_SHARDS:-1}
+  [[ "$shards" =~ ^[1-9][0-9]*$ ]] || { echo "gpu-run.sh: error: SANITIZE_SHARDS must be a positive integer (got '$shards')" >&2; exit 2; }
   : > "$out/sanitize-summary.txt"
   for tool in ${sanitize//,/ }; do
     for t in ${tool_tests[$tool]}; do
       var=SANITIZE_FILTER_$t
       filter=${!var:-$(default_filter "$t")}
-      log="$out/sanitize-$tool-$t.log"
-      echo "== compute-sanitizer --tool $tool $t --gtest_filter=$filter =="
-      # shellcheck disable=SC2086
-      "$cs" --tool "$tool" --error-exitcode 1 --print-limit 200 ${tool_opts[$tool]} \
-        "$root/bin/$t" --gtest_brief=1 --gtest_filter="$filter" > "$log" 2>&1
-      rc=$?
-      summary=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1 | sed 's/^=* *//')
-      tests_line=$(grep -E '^\[  (PASSED|FAILED) +\]' "$log" | head -2 | tr '\n' ' ')
-      line="sanitize $tool $t: ${summary:-no summary (see $log)} | rc $rc | ${tests_line:-no gtest result}"
-      echo "$line" | tee -a "$out/sanitize-summary.txt"
-      [ $rc -eq 0 ] || { status=1; grep -m 20 -E '^=+ +(Uninitialized|Invalid|Race|Barrier|Error|Program hit|.*hazard)' "$log"; }
+      echo "== compute-sanitizer --tool $tool $t --gtest_filter=$filter ($shards shard(s) at once) =="
+      pids=()
+      for ((k = 0; k < shards; k++)); do
+        log="$out/sanitize-$tool-$t.log"
+        [ "$shards" -eq 1 ] || log="$out/sanitize-$tool-$t-$k.log"
+        # shellcheck disable=SC2086
+        GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$k OMP_NUM_THREADS=1 \
+          "$cs" --tool "$tool" --error-exitcode 1 --print-limit 200 ${tool_opts[$tool]} \
+          "$root/bin/$t" --gtest_brief=1 --gtest_filter="$filter" > "$log" 2>&1 &
+        pids+=($!)
+      done
+      for ((k = 0; k < shards; k++)); do
+        wait "${pids[$k]}"
+        rc=$?
+        log="$out/sanitize-$tool-$t.log" name="$t"
+        [ "$shards" -eq 1 ] || { log="$out/sanitize-$tool-$t-$k.log"; name="$t shard $k/$shards"; }
+        summary=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1 | sed 's/^=* *//')
+        tests_line=$(grep -E '^\[  (PASSED|FAILED) +\]' "$log" | head -2 | tr '\n' ' ')
+        line="sanitize $tool $name: ${summary:-no summary (see $log)} | rc $rc | ${tests_line:-no gtest result}"
+        echo "$line" | tee -a "$out/sanitize-summary.txt"
+        [ $rc -eq 0 ] || { status=1; grep -m 20 -E '^=+ +(Uninitialized|Invalid|Race|Barrier|Error|Program hit|.*hazard)' "$log"; }
+      done
     done
   done
   exit $status
