@@ -36,6 +36,7 @@ plan=(
   "llama1b|90|bash scripts/gpu-run.sh --steps=llama1b"
   "mixtral|90|bash scripts/gpu-run.sh --steps=bench mixtral 10"
   "mixtral-breakdown|60|bash scripts/gpu-run.sh --steps=bench mixtral 5 0 0 bf16 --breakdown"
+  "mixtral-per-expert|60|env TESSERA_BENCH_NO_GROUPED_GEMM=1 bash scripts/gpu-run.sh --steps=bench mixtral 10"
   "decode-profile|100|bash scripts/gpu-run.sh --steps=decode-profile"
   "memory|240|bash scripts/gpu-run.sh --memory"
   "save-1.3b|300|env SAVE_MODEL=gpt2-1.3b SAVE_MB=8 SAVE_GBS=8 SAVE_INTERVAL=100 bash scripts/gpu-run.sh --steps=save"

@@ -410,14 +410,21 @@ class Backend {
   virtual void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                           const AdamWHyper& h, double weight_decay, int64_t step) = 0;
   // AdamW over all the flat buffers at once, each segment with its weight decay (one launch on
-  // CUDA). The default applies adamw_step segment by segment: the same arithmetic.
+  // CUDA). With `compute` (a bf16/f16 buffer of params' size: mixed precision's compute copy),
+  // each updated parameter is also written there, rounded as cast() rounds it: the copy's refresh
+  // without a pass of its own. The default applies adamw_step segment by segment, then casts the
+  // segments: the same arithmetic.
   virtual void adamw_step_flat(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
                                const std::vector<AdamWSegment>& segments, const AdamWHyper& h,
-                               int64_t step) {
+                               int64_t step, Tensor* compute = nullptr) {
     for (const AdamWSegment& s : segments) {
       const Shape n{s.end - s.begin};
       Tensor p = params.view(s.begin, n), mm = m.view(s.begin, n), vv = v.view(s.begin, n);
       adamw_step(p, grads.view(s.begin, n), mm, vv, h, s.weight_decay, step);
+      if (compute) {
+        Tensor c = compute->view(s.begin, n);
+        cast(c, p);
+      }
     }
   }
   virtual double sum_squares(const Tensor& x) = 0;

@@ -110,11 +110,9 @@ void DistributedAdamW::step(double lr, double weight_decay, bool overlap_gather,
     Tensor g = grads.view(k.flat_begin, n);
     Tensor p = owns_master() ? master_.view(k.shard_begin, n) : compute.view(k.flat_begin, n);
     Tensor m = m_.view(k.shard_begin, n), v = v_.view(k.shard_begin, n);
-    be_.adamw_step_flat(p, g, m, v, segments_[i], hyper_, step_);
-    if (owns_master()) {  // the block's compute copy (bf16/f16)
-      Tensor c = compute.view(k.flat_begin, n);
-      be_.cast(c, p);
-    }
+    // With master weights of its own, the block's compute copy (bf16/f16) in the same pass.
+    Tensor c = compute.view(k.flat_begin, n);
+    be_.adamw_step_flat(p, g, m, v, segments_[i], hyper_, step_, owns_master() ? &c : nullptr);
   }
   // Forward order: the bucket holding the first parameters (the last bucket) first.
   for (int b = static_cast<int>(gathers_.size()) - 1; b >= 0; --b) start_gather(b);

@@ -33,8 +33,10 @@ void AdamW::step(double lr, double weight_decay, double grad_scale) {
   }
   for (size_t i = 0; i < segments_.size(); ++i)
     segments_[i].weight_decay = decays_[i] ? weight_decay : 0.0;
-  be_.adamw_step_flat(params_.flat_params(), params_.flat_grads(), m_, v_, segments_, hyper_,
-                      step_);
+  // Mixed precision: the compute copy is written in the same pass (no cast pass after it).
+  Tensor* compute = params_.compute_dtype() != DType::F32 ? &params_.flat_compute() : nullptr;
+  be_.adamw_step_flat(params_.flat_params(), params_.flat_grads(), m_, v_, segments_, hyper_, step_,
+                      compute);
 }
 
 double grad_sum_squares(ParamStore& params, Backend& backend) {

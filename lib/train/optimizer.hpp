@@ -14,6 +14,7 @@ class AdamW {
   // One update with learning rate lr and weight decay wd (the schedules' values of this step);
   // the decay only for parameters whose spec says so. Each gradient is multiplied by
   // `grad_scale` as it is read (clip_coefficient's factor: the clip without a pass of its own).
+  // In mixed precision the bf16/f16 compute copy of the weights is refreshed in the same pass.
   void step(double lr, double weight_decay, double grad_scale = 1.0);
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }

@@ -135,9 +135,8 @@ void OptimizerSet::update(Update& u, double grad_scale) {
   if (!dist_opt_) {
     {
       TESSERA_PHASE("optimizer-step");
-      optimizer_->step(u.lr, u.weight_decay, grad_scale);
+      optimizer_->step(u.lr, u.weight_decay, grad_scale);  // and the compute copy's refresh
     }
-    model_.sync_compute_weights();  // phase "weights-cast" (mixed precision)
     return;
   }
   {

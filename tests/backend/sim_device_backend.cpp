@@ -252,10 +252,10 @@ class SimDeviceBackend final : public Backend {
     cpu_->zero(t);
   }
   void adamw_step_flat(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
-                       const std::vector<AdamWSegment>& segments, const AdamWHyper& h,
-                       int64_t step) override {
+                       const std::vector<AdamWSegment>& segments, const AdamWHyper& h, int64_t step,
+                       Tensor* compute) override {
     Open open;
-    cpu_->adamw_step_flat(params, grads, m, v, segments, h, step);
+    cpu_->adamw_step_flat(params, grads, m, v, segments, h, step, compute);
   }
   void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
                              const Tensor& b, const Tensor& weight, const Tensor& bias,

@@ -1019,6 +1019,15 @@ TEST_P(CudaOpsDtype, RingAttentionOpsMatchCpu) {
   Tensor kvh({B, Tn, KW}, dt);
   cpu_->copy_columns(kvh, 0, qkv, H * hd, KW);
   EXPECT_EQ(std::memcmp(host(kvd).raw(), kvh.raw(), kvh.nbytes()), 0) << "copy_columns";
+  // MLA's per-head assembly in one launch: each K head's first hd / 2 columns to the front of a
+  // head twice as wide, and one block broadcast to every head (src stride 0).
+  const int64_t NB = KW / hd, half = hd / 2;
+  Tensor wide = rnd({B, Tn, NB * 2 * hd}), wided = dev(wide);
+  cpu_->copy_column_blocks(wide, 0, 2 * hd, kvh, 0, hd, half, NB);
+  cpu_->copy_column_blocks(wide, hd, 2 * hd, kvh, 3, 0, 5, NB);
+  gpu_->copy_column_blocks(wided, 0, 2 * hd, kvd, 0, hd, half, NB);
+  gpu_->copy_column_blocks(wided, hd, 2 * hd, kvd, 3, 0, 5, NB);
+  EXPECT_EQ(std::memcmp(host(wided).raw(), wide.raw(), wide.nbytes()), 0) << "copy_column_blocks";
 }
 
 TEST_F(CudaOps, AdamWAndSumSquares) {
@@ -1045,6 +1054,28 @@ TEST_F(CudaOps, AdamWAndSumSquares) {
     gpu_->adamw_step_flat(Pd, Gd, Md, Vd, segs, h, 3);
     expect_close(Pd, P, 1e-6, "fused adamw param");
     expect_close(Md, M, 1e-6, "fused adamw m");
+    // Mixed precision: the compute copy written in the same pass is cast()'s rounding of the
+    // updated parameters, bit for bit, in bf16 and f16 (the CPU's default path: step, then cast).
+    for (DType dt : {DType::BF16, DType::F16}) {
+      Tensor P2 = dev(P), M2 = dev(M), V2 = dev(Vv), C2 = poisoned({5000}, dt);
+      gpu_->adamw_step_flat(P2, Gd, M2, V2, segs, h, 4, &C2);
+      Tensor want({5000}, dt, gpu_->allocator());
+      gpu_->cast(want, P2);
+      expect_close(C2, host(want), 0, "the compute copy from the AdamW pass");
+      Tensor Pc = host(dev(P)), Mc = host(dev(M)), Vc = host(dev(Vv)), Cc({5000}, dt);
+      cpu_->adamw_step_flat(Pc, G, Mc, Vc, segs, h, 4, &Cc);
+      expect_close(P2, Pc, 1e-6, "adamw param (with the compute copy)");
+      expect_close(C2, Cc, dt == DType::BF16 ? 8e-3 : 1e-3, "the compute copy against the CPU's");
+    }
+  }
+  // The 16-byte path and the element path (a view 4 bytes off alignment) of the sum of squares.
+  {
+    Tensor big = rand({1 << 20});
+    Tensor bd = dev(big);
+    const Tensor odd = bd.view(1, {(1 << 20) - 3});
+    const double want = cpu_->sum_squares(big.view(1, {(1 << 20) - 3}));
+    EXPECT_NEAR(gpu_->sum_squares(odd), want, 1e-9 * want) << "misaligned view";
+    EXPECT_NEAR(gpu_->sum_squares(bd), cpu_->sum_squares(big), 1e-9 * want) << "aligned";
   }
   const Tensor g2 = rand({777});
   const double both = gpu_->sum_squares_all({gd, dev(g2)});

@@ -15,13 +15,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "backend/cpu/ring_attention.hpp"
 #include "backend/cuda/flash_attention_tc.cuh"
 #include "backend/cuda/ring.cuh"
+#include "backend/select.hpp"
 
 using namespace tessera;
 namespace rk = tessera::ring_kernels;
@@ -121,6 +124,40 @@ TEST(RingEmu, CopyColumnsTakesTheKeyValueHeadsAndPutsTheirGradientsBack) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < W; ++c)
       ASSERT_EQ(dqkv[r * W + c], c < 32 ? 0.f : qkv[r * W + c]) << r << " " << c;
+}
+
+// copy_column_blocks in one launch against the default's loop of copy_columns (the CPU backend):
+// MLA's assembly of per-head values (4 blocks of 24 columns into heads 32 wide, a broadcast
+// block with src stride 0) and its reverse, bf16 rows, the other columns untouched.
+TEST(RingEmu, CopyColumnBlocksEqualsTheLoopOfCopies) {
+  using T = __nv_bfloat16;
+  auto cpu = make_cpu_backend();
+  const int64_t rows = 19, W = 4 * 24 + 8, DW = 4 * 32;
+  Tensor src({rows, W}, DType::BF16), dst({rows, DW}, DType::BF16);
+  for (int64_t i = 0; i < src.numel(); ++i)
+    src.data<T>()[i] = tc::from_f32<T>(static_cast<float>(i % 1000) * 0.25f);
+  struct Copy {
+    int64_t dst_col, dst_stride, src_col, src_stride, cols, blocks;
+  };
+  for (const Copy& k :
+       {Copy{0, 32, 0, 24, 24, 4}, Copy{24, 32, 96, 0, 8, 4}, Copy{5, 0, 3, 0, 7, 1}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "dst " << k.dst_col << "+" << k.dst_stride << " src " << k.src_col << "+"
+                 << k.src_stride << " cols " << k.cols << " blocks " << k.blocks);
+    for (int64_t i = 0; i < dst.numel(); ++i) dst.data<T>()[i] = tc::from_f32<T>(-1.f);
+    Tensor ref({rows, DW}, DType::BF16);
+    std::memcpy(ref.raw(), dst.raw(), dst.nbytes());
+    cpu->copy_column_blocks(ref, k.dst_col, k.dst_stride, src, k.src_col, k.src_stride, k.cols,
+                            k.blocks);
+    tc::emu::launch(blocks(rows), 1, rk::kThreads, 0, [&](char*) {
+      rk::copy_column_blocks(dst.data<T>(), DW, k.dst_col, k.dst_stride, src.data<T>(), W,
+                             k.src_col, k.src_stride, rows, k.cols, k.blocks);
+    });
+    EXPECT_EQ(std::memcmp(dst.raw(), ref.raw(), dst.nbytes()), 0);
+    int64_t written = 0;  // every copied element, and nothing else (src holds no -1)
+    for (int64_t i = 0; i < dst.numel(); ++i) written += tc::to_f32(dst.data<T>()[i]) != -1.f;
+    EXPECT_EQ(written, rows * k.cols * k.blocks);
+  }
 }
 
 namespace {

@@ -4,9 +4,11 @@
 // sum is at most the step's wall time and most of it, and timing changes no result bit.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "backend/backend.hpp"
 #include "backend/select.hpp"
@@ -115,19 +117,40 @@ TEST(PhaseBreakdown, OneCpuTrainingStepByOpKind) {
   for (size_t i = 1; i < totals.size(); ++i) EXPECT_GE(totals[i - 1].ms, totals[i].ms);
 }
 
-TEST(PhaseBreakdown, MixedPrecisionAddsTheWeightCast) {
+// Mixed precision: the optimizer's pass refreshes the bf16 compute weights (no "weights-cast"
+// pass of its own), and after each step they are the master weights rounded, bit for bit.
+TEST(PhaseBreakdown, MixedPrecisionRefreshesTheComputeWeightsInTheOptimizerPass) {
   TimerOff off;
   auto be = make_cpu_backend();
   const GPTConfig m = testing_util::small_gpt(32, 4, 16, 60);
   auto data = make_mock_dataset(m.vocab_size, m.seq_length, 5);
   Trainer tr(m, schedule(DType::BF16), *be, *data);
   PhaseTimer::global().enable(make_phase_clock(*be));
-  tr.train_step();
-  PhaseTimer::global().collect();
-  bool cast = false;
-  for (const PhaseTotal& t : PhaseTimer::global().totals())
-    if (t.name == "weights-cast") cast = t.calls == 1;
-  EXPECT_TRUE(cast) << "bf16: one refresh of the compute weights per step";
+  ParamStore& ps = tr.model().params();
+  auto compute_bits = [&] {
+    std::vector<uint16_t> b(static_cast<size_t>(ps.flat_compute().numel()));
+    be->copy_to_host(b.data(), ps.flat_compute());
+    return b;
+  };
+  for (int step = 0; step < 2; ++step) {
+    const std::vector<uint16_t> before = compute_bits();
+    tr.train_step();
+    PhaseTimer::global().collect();
+    bool cast = false, optimizer = false;
+    for (const PhaseTotal& t : PhaseTimer::global().totals()) {
+      cast = cast || t.name == "weights-cast";
+      optimizer = optimizer || (t.name == "optimizer-step" && t.calls >= 1);
+    }
+    EXPECT_FALSE(cast) << "step " << step << ": a weights-cast pass of its own";
+    EXPECT_TRUE(optimizer) << "step " << step;
+    Tensor want(ps.flat_compute().shape(), DType::BF16);
+    be->cast(want, ps.flat_params());
+    std::vector<uint16_t> want_bits(before.size());
+    be->copy_to_host(want_bits.data(), want);
+    const std::vector<uint16_t> got = compute_bits();
+    EXPECT_EQ(got, want_bits) << "step " << step << ": not the rounded master weights";
+    EXPECT_NE(got, before) << "step " << step << ": the compute copy did not change";
+  }
 }
 
 TEST(PhaseBreakdown, TimingChangesNoResultBit) {

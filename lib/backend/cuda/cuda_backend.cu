@@ -450,6 +450,12 @@ class CudaBackend final : public Backend {
                     int64_t cols) override {
     cuda_ops::copy_columns(dst, dst_col, src, src_col, cols, stream_);
   }
+  void copy_column_blocks(Tensor& dst, int64_t dst_col, int64_t dst_stride, const Tensor& src,
+                          int64_t src_col, int64_t src_stride, int64_t cols,
+                          int64_t blocks) override {
+    cuda_ops::copy_column_blocks(dst, dst_col, dst_stride, src, src_col, src_stride, cols, blocks,
+                                 stream_);
+  }
   void kv_attention(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_cache,
                     const std::vector<KvSegment>& segments, int64_t heads, int64_t kv_heads,
                     const AttentionAlibi* alibi) override {
@@ -671,11 +677,16 @@ class CudaBackend final : public Backend {
     cuda_ops::adamw_step(param, grad, m, v, h, weight_decay, step, stream_);
   }
   void adamw_step_flat(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
-                       const std::vector<AdamWSegment>& segments, const AdamWHyper& h,
-                       int64_t step) override {
+                       const std::vector<AdamWSegment>& segments, const AdamWHyper& h, int64_t step,
+                       Tensor* compute) override {
     for (const Tensor* t : std::initializer_list<const Tensor*>{&params, &grads, &m, &v})
       expect_dtype(*t, DType::F32, "AdamW operand (f32 master weights, gradients, moments)");
-    cuda_ops::adamw_step_flat(params, grads, m, v, segments, h, step, ws_, stream_);
+    if (compute) {
+      expect_device(*compute, "AdamW compute copy");
+      TESSERA_CHECK(compute->numel() == params.numel() && compute->dtype() != DType::F32,
+                    "AdamW compute copy: a bf16/f16 buffer of the parameters' size");
+    }
+    cuda_ops::adamw_step_flat(params, grads, m, v, segments, h, step, compute, ws_, stream_);
   }
   double sum_squares(const Tensor& x) override { return sum_squares_all({x}); }
   MemoryStats memory_stats() override {

@@ -303,9 +303,10 @@ void xent_loss_and_grad(Tensor& losses, Tensor& logits, const Tensor& rowmax, co
 // All operands f32.
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& h,
                 double weight_decay, int64_t step, cudaStream_t s);
+// With `compute` (bf16/f16), each updated parameter is also written there, rounded as cast().
 void adamw_step_flat(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
                      const std::vector<AdamWSegment>& segments, const AdamWHyper& h, int64_t step,
-                     Workspace& ws, cudaStream_t s);
+                     Tensor* compute, Workspace& ws, cudaStream_t s);
 // The sum of squares of every element of xs (f32), in a fixed order; waits for the stream.
 double sum_squares_all(const std::vector<Tensor>& xs, Workspace& ws, cudaStream_t s);
 // Result validation's gradient check: x's sum of squares added to per-block partials on the
@@ -343,6 +344,10 @@ void moe_unpermute_backward(Tensor& dout, Tensor& dweight, const Tensor& dy, con
 // synchronize the stream).
 void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse,
                      int64_t q0, cudaStream_t s);
+// Backend::copy_column_blocks in one launch.
+void copy_column_blocks(Tensor& dst, int64_t dst_col, int64_t dst_stride, const Tensor& src,
+                        int64_t src_col, int64_t src_stride, int64_t cols, int64_t blocks,
+                        cudaStream_t s);
 void copy_columns(Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols,
                   cudaStream_t s);
 void ring_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv,

@@ -43,6 +43,15 @@ __global__ void __launch_bounds__(rk::kThreads)
   rk::copy_columns(dst, dst_width, dst_col, src, src_width, src_col, rows, cols);
 }
 
+template <typename T>
+__global__ void __launch_bounds__(rk::kThreads)
+    copy_column_blocks_kernel(T* dst, int64_t dst_width, int64_t dst_col, int64_t dst_stride,
+                              const T* src, int64_t src_width, int64_t src_col, int64_t src_stride,
+                              int64_t rows, int64_t cols, int64_t blocks) {
+  rk::copy_column_blocks(dst, dst_width, dst_col, dst_stride, src, src_width, src_col, src_stride,
+                         rows, cols, blocks);
+}
+
 // A device tensor as host f32 values (the stream synchronized), and back.
 std::vector<float> to_host_f32(const Tensor& t, cudaStream_t s) {
   std::vector<float> out(static_cast<size_t>(t.numel()));
@@ -169,6 +178,25 @@ void copy_columns(Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_c
     using T = decltype(tag);
     copy_columns_kernel<T><<<rowwise::warp_blocks(c.rows), rk::kThreads, 0, s>>>(
         dst.data<T>(), c.dst_width, dst_col, src.data<T>(), c.src_width, src_col, c.rows, cols);
+  });
+  LAUNCH_CHECK();
+}
+
+void copy_column_blocks(Tensor& dst, int64_t dst_col, int64_t dst_stride, const Tensor& src,
+                        int64_t src_col, int64_t src_stride, int64_t cols, int64_t blocks,
+                        cudaStream_t s) {
+  if (blocks <= 0) return;
+  // The first and the last block bound every other (strides >= 0).
+  TESSERA_CHECK(dst_stride >= 0 && src_stride >= 0, "copy_column_blocks: negative stride");
+  const ColumnCopy c = check_copy_columns(dst, dst_col, src, src_col, cols);
+  check_copy_columns(dst, dst_col + (blocks - 1) * dst_stride, src,
+                     src_col + (blocks - 1) * src_stride, cols);
+  if (c.rows == 0 || cols == 0) return;
+  dispatch(dst.dtype(), "copy column blocks", [&](auto tag) {
+    using T = decltype(tag);
+    copy_column_blocks_kernel<T><<<rowwise::warp_blocks(c.rows), rk::kThreads, 0, s>>>(
+        dst.data<T>(), c.dst_width, dst_col, dst_stride, src.data<T>(), c.src_width, src_col,
+        src_stride, c.rows, cols, blocks);
   });
   LAUNCH_CHECK();
 }

@@ -54,4 +54,21 @@ TC_DEV void copy_columns(T* dst, int64_t dst_width, int64_t dst_col, const T* sr
   for (int64_t c = lane; c < cols; c += 32) d[c] = s[c];
 }
 
+// `blocks` such copies of `cols` columns in one launch (Backend::copy_column_blocks: MLA's
+// per-head assembly), one warp per row: block b from src column src_col + b * src_stride to dst
+// column dst_col + b * dst_stride (src_stride 0 repeats one block).
+template <typename T>
+TC_DEV void copy_column_blocks(T* dst, int64_t dst_width, int64_t dst_col, int64_t dst_stride,
+                               const T* src, int64_t src_width, int64_t src_col, int64_t src_stride,
+                               int64_t rows, int64_t cols, int64_t blocks) {
+  const int lane = tc::thread_id() % 32;
+  const int64_t r = static_cast<int64_t>(tc::block_x()) * kWarps + tc::thread_id() / 32;
+  if (r >= rows) return;
+  for (int64_t b = 0; b < blocks; ++b) {
+    T* d = dst + r * dst_width + dst_col + b * dst_stride;
+    const T* s = src + r * src_width + src_col + b * src_stride;
+    for (int64_t c = lane; c < cols; c += 32) d[c] = s[c];
+  }
+}
+
 }  // namespace tessera::ring_kernels
