@@ -314,6 +314,21 @@ TEST_P(CudaOpsDtype, SwigluMatchesCpu) {
     gpu_->swiglu_backward(dxd, xd, dyd);
     expect_close(yd, y, tol(1e-5), "swiglu out");
     expect_close(dxd, dx, tol(1e-5), "swiglu dinp (overwritten)");
+    if (F % 8 != 0) continue;
+    // The same rows from views one element off 16-byte alignment take the element kernels: the
+    // 16-byte kernels' results bit for bit.
+    Tensor xb = dev(rnd({N * 2 * F + 1})), dyb = dev(rnd({N * F + 1})),
+           yb = poisoned({N * F + 1}, d()), dxb = poisoned({N * 2 * F + 1}, d());
+    Tensor xv = xb.view(1, {N, 2 * F}), dyv = dyb.view(1, {N, F}), yv = yb.view(1, {N, F}),
+           dxv = dxb.view(1, {N, 2 * F});
+    gpu_->copy_from_host(xv, x.raw());
+    gpu_->copy_from_host(dyv, dy.raw());
+    gpu_->swiglu_forward(yv, xv);
+    gpu_->swiglu_backward(dxv, xv, dyv);
+    EXPECT_EQ(std::memcmp(host(yv).raw(), host(yd).raw(), host(yd).nbytes()), 0)
+        << "swiglu out: element and 16-byte kernels";
+    EXPECT_EQ(std::memcmp(host(dxv).raw(), host(dxd).raw(), host(dxd).nbytes()), 0)
+        << "swiglu dinp: element and 16-byte kernels";
   }
 }
 
