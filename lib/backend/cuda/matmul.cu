@@ -80,6 +80,8 @@ void gemm(cublasHandle_t blas, cublasOperation_t ta, cublasOperation_t tb, int64
 }
 
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+// GEMMs over at most this many rows (tokens) keep away from split-K's separate reduce kernel.
+constexpr int64_t kFewRows = 16;
 
 }  // namespace
 
@@ -160,14 +162,29 @@ bool LtMatmul::run(const Problem& q, Workspace& ws, cudaStream_t s) {
                                                   &q.ldd, sizeof q.ldd));
     }
     const uint32_t al_a = std::get<7>(key), al_b = std::get<8>(key), al_d = std::get<9>(key);
-    cublasLtMatmulPreference_t pref = lt_preference(kLtWorkspaceBytes, al_a, al_b, al_d);
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, p.desc, p.a, p.b, p.d,
-                                                             p.d, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    if (p.usable) p.algo = result.algo;
+    // A few rows (generation's decode step): no split-K with a separate reduce kernel, which the
+    // heuristic picks for one row of 768 x 768 and which cost a launch of its own per GEMM
+    // (docs/performance.md); the in-place reduction (counters in the workspace, the same order
+    // every run) and unsplit algorithms stay. Where the mask leaves none, the unmasked choice.
+    for (const bool few_rows : {q.n <= kFewRows, false}) {
+      cublasLtMatmulPreference_t pref = lt_preference(kLtWorkspaceBytes, al_a, al_b, al_d);
+      if (few_rows) {
+        const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_INPLACE;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask));
+      }
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+          impl_->handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+      if (p.usable) {
+        p.algo = result.algo;
+        break;
+      }
+      if (!few_rows) break;
+    }
   }
   if (!p.usable) return false;
   if (q.bias)
