@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -161,14 +162,51 @@ int run_case(const Case& c, double tol, const std::string& what, bool expect_vec
                           std::numeric_limits<float>::quiet_NaN());
   p.part_o = part.data();
   p.part_ml = part.data() + static_cast<size_t>(p.splits) * rh * hd;
-  tc::emu::launch(rh, p.splits, decode::kThreads, decode::smem_bytes(p), [&](char* smem) {
-    if (ls.vec)
-      decode::partial_body<T, true>(p, smem);
-    else
-      decode::partial_body<T, false>(p, smem);
-  });
-  if (p.splits > 1)
-    tc::emu::launch(rh, 1, decode::kThreads, 0, [&](char*) { decode::combine_body<T>(p); });
+  std::vector<unsigned> counters(static_cast<size_t>(rh), 0u);
+  p.counters = counters.data();
+  // The blocks of the splits `which` accepts (all: a whole launch).
+  auto run = [&](bool reverse, const std::function<bool(int)>& which) {
+    tc::emu::launch(
+        rh, p.splits, decode::kThreads, decode::smem_bytes(p),
+        [&](char* smem) {
+          if (!which(tc::block_y())) return;
+          if (ls.vec)
+            decode::partial_body<T, true>(p, smem);
+          else
+            decode::partial_body<T, false>(p, smem);
+        },
+        reverse);
+  };
+  auto all = [](int) { return true; };
+  if (p.splits > 1) {
+    // Every split but one: no head may be merged yet (its row of out untouched) and each count
+    // stands at splits - 1; then the missing split merges every head and resets the counts.
+    run(false, [&](int split) { return split != 1; });
+    for (size_t i = 0; i < out.size(); ++i) {
+      const auto* b = reinterpret_cast<const unsigned char*>(&out[i]);
+      bool untouched = true;
+      for (size_t j = 0; j < sizeof(T); ++j) untouched = untouched && b[j] == 0xff;
+      if (!untouched) {
+        ADD_FAILURE() << what << ": element " << i << " merged before its last split finished";
+        break;
+      }
+    }
+    EXPECT_EQ(std::count(counters.begin(), counters.end(), static_cast<unsigned>(p.splits - 1)), rh)
+        << what;
+    run(false, [&](int split) { return split == 1; });
+    EXPECT_EQ(std::count(counters.begin(), counters.end(), 0u), rh) << what << ": counts left";
+    std::memset(static_cast<void*>(out.data()), 0xff, out.size() * sizeof(T));
+  }
+  // Blocks in the reverse order: another block merges each head (the last split to finish is
+  // split 0 there), with the same bits as in order, which the checks below then see.
+  run(true, all);
+  EXPECT_EQ(std::count(counters.begin(), counters.end(), 0u), rh) << what << ": counts left";
+  const std::vector<T> out_reversed = out;
+  std::memset(static_cast<void*>(out.data()), 0xff, out.size() * sizeof(T));
+  run(false, all);
+  EXPECT_EQ(std::count(counters.begin(), counters.end(), 0u), rh) << what << ": counts left";
+  EXPECT_EQ(std::memcmp(out.data(), out_reversed.data(), out.size() * sizeof(T)), 0)
+      << what << ": the merge depends on which split finished last";
   // The listed rows against the reference; the others untouched (still the 0xff bytes).
   std::vector<float> got, want_listed;
   for (size_t k = 0; k < c.segs.size(); ++k) {
@@ -234,7 +272,8 @@ TEST(DecodeEmu, PrefillBesideDecodeRowsMatchesCpu) {
 
 // A 70-token prefill that kv_attention.cu gives the tensor-core kernel, beside two decode rows
 // (rows 70 and 71): the decode kernels see only those two, as entries 0 and 1 of their table, and
-// write exactly their rows of out, through the combine kernel (many splits) and without it (one).
+// write exactly their rows of out, merged by the last split's block (many splits) and without a
+// merge (one).
 TEST(DecodeEmu, RowsLeftToThePrefillKernelAreUntouched) {
   Case c{6, 2, 64, 96, 3, {{1, 0, 70, 0}, {0, 40, 1, 70}, {2, 90, 1, 71}}, 64, true, {0}};
   EXPECT_GT(run_case<__nv_bfloat16>(c, 2e-2, "bf16 decode rows beside a prefill", true), 1);

@@ -75,6 +75,14 @@ inline Self& self() {
 inline Warp& warp() {
   return *self().block->warps[self().tid / 32];
 }
+// atomicAdd on device memory: the old value (the threads of a block run concurrently here).
+inline unsigned atomic_add(unsigned* p, unsigned v) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  const unsigned old = *p;
+  *p = old + v;
+  return old;
+}
 // ldmatrix and cp.async fault on addresses that are not 16-byte aligned; so does the emulator.
 inline void require_aligned16(const void* p, const char* what) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
@@ -87,10 +95,13 @@ inline void require_aligned16(const void* p, const char* what) {
 // Runs body(smem) for every thread of a (gx, gy) grid of blocks of `threads` threads, with
 // `smem_bytes` of shared memory per block (filled with a NaN pattern, as uninitialised memory may
 // hold anything).
+// Blocks in order (y, then x), or the reverse order with `reverse` (what a kernel whose blocks
+// meet through device memory must not depend on).
 inline void launch(int gx, int gy, int threads, size_t smem_bytes,
-                   const std::function<void(char*)>& body) {
-  for (int by = 0; by < gy; ++by)
-    for (int bx = 0; bx < gx; ++bx) {
+                   const std::function<void(char*)>& body, bool reverse = false) {
+  for (int k = 0; k < gx * gy; ++k) {
+    const int at = reverse ? gx * gy - 1 - k : k, by = at / gx, bx = at % gx;
+    {
       Block block(threads);
       std::vector<uint4> smem((smem_bytes + 15) / 16);
       if (!smem.empty()) std::memset(smem.data(), 0xff, smem.size() * 16);  // none: no pointer
@@ -103,6 +114,7 @@ inline void launch(int gx, int gy, int threads, size_t smem_bytes,
         });
       for (std::thread& th : pool) th.join();
     }
+  }
 }
 
 }  // namespace tessera::tc::emu

@@ -38,6 +38,7 @@ const char* const kScratchLabels[] = {
     "the AdamW segment table",
     "the KV-attention row table",
     "the flash-decoding partials",
+    "the flash-decoding split counters",
     "the prefill log-sum-exp",
     "the sampling rules",
     "the sampling sort buffers",
@@ -62,6 +63,13 @@ void* Workspace::get(Scratch which, size_t bytes) {
     t = Tensor({static_cast<int64_t>((bytes + 3) / 4)}, DType::F32, alloc_);  // raw storage
   }
   return t.defined() ? t.raw() : nullptr;
+}
+
+void* Workspace::get_zeroed(Scratch which, size_t bytes, cudaStream_t s) {
+  const bool fresh = buffers_[static_cast<int>(which)].nbytes() < bytes;
+  void* p = get(which, bytes);
+  if (fresh && p) CUDA_CHECK(cudaMemsetAsync(p, 0, buffers_[static_cast<int>(which)].nbytes(), s));
+  return p;
 }
 
 void* Workspace::upload(Scratch which, const void* host, size_t bytes, cudaStream_t s) {

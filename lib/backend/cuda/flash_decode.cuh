@@ -5,8 +5,10 @@
 // time, each lane F = hd / L features of it (one 16-byte load when F elements make 16 bytes), so a
 // warp reads 32 / L whole key rows per step, coalesced. Each group keeps an online softmax
 // (running max, sum, and its lanes' slice of the weighted values); the block merges its groups in
-// shared memory, and a second kernel merges the splits by log-sum-exp. With one split the first
-// kernel writes the normalized output itself.
+// shared memory and writes its split's partial result; the last of a head's splits to finish (a
+// count per head, atomic) merges them all by log-sum-exp, in split order (the same result
+// whichever block is last). With one split the block writes the normalized output itself. One
+// kernel either way: a decode step's attention is one launch a layer.
 //
 // Scores are kept in base 2 (scale * log2 e folded into the dot product; ALiBi's slope * (j - i)
 // too), as flash_attention_tc.cuh does. The kernel bodies are plain functions over tc::thread_id /
@@ -42,6 +44,8 @@ struct Params {
   void* out;            // (rows, H hd), T
   float* part_o;        // (splits, rows H, hd): unnormalized partial outputs (splits > 1)
   float* part_ml;       // (splits, rows H, 2): each split's max and sum, base 2
+  unsigned* counters;   // (rows H): splits finished per query head (splits > 1); zero between
+                        // launches (the merging block resets its count)
   const int32_t* rows;  // (nrows, 3): each query's cache slot, position, and row in qkv and out
   int H, G, hd, Tmax, nrows;
   int splits, chunk;  // split s covers positions [s chunk, (s + 1) chunk)
@@ -84,6 +88,32 @@ TC_DEV void load_features(float (&x)[kMaxF], const T* p, int F) {
     for (int f = 0; f < E; ++f) x[f] = to_f32(v[f]);
   } else {
     for (int f = 0; f < F; ++f) x[f] = to_f32(p[f]);
+  }
+}
+
+// The splits of query head rh (= i * H + h of the partials) merged by log-sum-exp, in split order,
+// into its row of out; the partials are read past L1 (other blocks wrote them in this kernel).
+template <typename T>
+TC_DEV void combine_head(const Params& p, int64_t rh) {
+  const int tid = tc::thread_id();
+  const int64_t out_rh = static_cast<int64_t>(p.rows[3 * (rh / p.H) + 2]) * p.H + rh % p.H;
+  const int64_t stride = static_cast<int64_t>(p.nrows) * p.H;
+  float M = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) M = fmaxf(M, tc::load_l2(&p.part_ml[(s * stride + rh) * 2]));
+  float sum = 0.f;
+  for (int s = 0; s < p.splits; ++s) {
+    const float ms = tc::load_l2(&p.part_ml[(s * stride + rh) * 2]);
+    if (ms != -INFINITY)
+      sum += tc::load_l2(&p.part_ml[(s * stride + rh) * 2 + 1]) * tc::ex2(ms - M);
+  }
+  for (int d = tid; d < p.hd; d += kThreads) {
+    float o = 0.f;
+    for (int s = 0; s < p.splits; ++s) {
+      const float ms = tc::load_l2(&p.part_ml[(s * stride + rh) * 2]);
+      if (ms != -INFINITY)
+        o += tc::load_l2(&p.part_o[(s * stride + rh) * p.hd + d]) * tc::ex2(ms - M);
+    }
+    static_cast<T*>(p.out)[out_rh * p.hd + d] = from_f32<T>(o / sum);
   }
 }
 
@@ -171,39 +201,28 @@ TC_DEV void partial_body(const Params& p, char* smem_raw) {
     else
       p.part_o[(static_cast<int64_t>(split) * p.nrows * p.H + ih) * hd + d] = o;
   }
-  if (p.splits > 1 && tid == 0) {
+  if (p.splits == 1) return;
+  if (tid == 0) {
     float* ml = p.part_ml + (static_cast<int64_t>(split) * p.nrows * p.H + ih) * 2;
     ml[0] = M;
     ml[1] = sum;
   }
+  // Every thread's partials out to the device before the count (threadFenceReduction's order);
+  // the block that brings the count to `splits` merges the head and resets the count.
+  tc::fence_device();
+  unsigned* merges = reinterpret_cast<unsigned*>(gm + 2 * groups);
+  tc::sync_block();  // also: every thread is done reading sm and gm
+  if (tid == 0)
+    *merges = tc::atomic_add_device(p.counters + ih, 1u) == static_cast<unsigned>(p.splits - 1);
+  tc::sync_block();
+  if (*merges == 0) return;  // block-uniform
+  tc::fence_device();
+  combine_head<T>(p, ih);
+  if (tid == 0) p.counters[ih] = 0;
 }
 
-inline int smem_bytes(const Params& p) {
-  return static_cast<int>(sizeof(float)) * (kThreads / p.L) * (p.hd + 2);
-}
-
-// Block (block_x = i * H + h): the splits of one query head merged by log-sum-exp.
-template <typename T>
-TC_DEV void combine_body(const Params& p) {
-  const int tid = tc::thread_id();
-  const int64_t rh = tc::block_x();  // in the partials
-  const int64_t out_rh = static_cast<int64_t>(p.rows[3 * (rh / p.H) + 2]) * p.H + rh % p.H;
-  const int64_t stride = static_cast<int64_t>(p.nrows) * p.H;
-  float M = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) M = fmaxf(M, p.part_ml[(s * stride + rh) * 2]);
-  float sum = 0.f;
-  for (int s = 0; s < p.splits; ++s) {
-    const float ms = p.part_ml[(s * stride + rh) * 2];
-    if (ms != -INFINITY) sum += p.part_ml[(s * stride + rh) * 2 + 1] * tc::ex2(ms - M);
-  }
-  for (int d = tid; d < p.hd; d += kThreads) {
-    float o = 0.f;
-    for (int s = 0; s < p.splits; ++s) {
-      const float ms = p.part_ml[(s * stride + rh) * 2];
-      if (ms != -INFINITY) o += p.part_o[(s * stride + rh) * p.hd + d] * tc::ex2(ms - M);
-    }
-    static_cast<T*>(p.out)[out_rh * p.hd + d] = from_f32<T>(o / sum);
-  }
+inline int smem_bytes(const Params& p) {  // + the merging flag
+  return static_cast<int>(sizeof(float)) * (kThreads / p.L) * (p.hd + 2) + 16;
 }
 
 // How many splits for `nrows` queries of `H` heads whose longest context is `max_len`: enough

@@ -46,10 +46,6 @@ __global__ void __launch_bounds__(decode::kThreads) decode_partial_kernel(decode
   extern __shared__ float4 smem[];
   decode::partial_body<T, kVec>(p, reinterpret_cast<char*>(smem));
 }
-template <typename T>
-__global__ void __launch_bounds__(decode::kThreads) decode_combine_kernel(decode::Params p) {
-  decode::combine_body<T>(p);
-}
 
 int target_blocks() {  // about two blocks per SM of the current device
   static thread_local int device = -1, sms = 0;
@@ -98,6 +94,8 @@ void launch_decode(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_ca
     float* part = ws.get<float>(Scratch::kDecodePartials, p.splits * rh * (hd + 2));
     p.part_o = part;
     p.part_ml = part + p.splits * rh * hd;
+    p.counters = static_cast<unsigned*>(
+        ws.get_zeroed(Scratch::kDecodeCounters, sizeof(unsigned) * static_cast<size_t>(rh), s));
   }
   const dim3 grid(static_cast<unsigned>(rh), static_cast<unsigned>(p.splits));
   const int smem = decode::smem_bytes(p);
@@ -108,10 +106,6 @@ void launch_decode(Tensor& out, const Tensor& qkv, Tensor& k_cache, Tensor& v_ca
   else
     decode_partial_kernel<T, false><<<grid, decode::kThreads, smem, s>>>(p);
   LAUNCH_CHECK();
-  if (p.splits > 1) {
-    decode_combine_kernel<T><<<static_cast<unsigned>(rh), decode::kThreads, 0, s>>>(p);
-    LAUNCH_CHECK();
-  }
 }
 
 }  // namespace

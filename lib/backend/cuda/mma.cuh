@@ -56,6 +56,16 @@ TC_DEV void sync_block() {
 TC_DEV void sync_warp() {
   emu::warp().bar.wait();
 }
+// Blocks run one after another here: the device-wide fence has nothing to order, and the count
+// is a plain read-modify-write under the emulator's lock.
+TC_DEV void fence_device() {}
+TC_DEV unsigned atomic_add_device(unsigned* p, unsigned v) {
+  return emu::atomic_add(p, v);
+}
+template <typename T>
+TC_DEV T load_l2(const T* p) {
+  return *p;
+}
 #else
 TC_DEV int thread_id() {
   return static_cast<int>(threadIdx.x);
@@ -71,6 +81,18 @@ TC_DEV void sync_block() {
 }
 TC_DEV void sync_warp() {
   __syncwarp();
+}
+// __threadfence: this thread's writes are seen device-wide before its later ones.
+TC_DEV void fence_device() {
+  __threadfence();
+}
+TC_DEV unsigned atomic_add_device(unsigned* p, unsigned v) {
+  return atomicAdd(p, v);
+}
+// A load that bypasses L1 (what other blocks wrote during this kernel).
+template <typename T>
+TC_DEV T load_l2(const T* p) {
+  return __ldcg(p);
 }
 #endif
 

@@ -28,6 +28,7 @@ enum class Scratch {
   kAdamSegments,      // the AdamW segment table (optim.cu)
   kKvSegments,        // the KV-attention row table (kv_attention.cu)
   kDecodePartials,    // flash-decoding's per-split outputs, maxima and sums (kv_attention.cu)
+  kDecodeCounters,    // flash-decoding's splits done per (row, head); zero between launches
   kPrefillLse,        // the prefill attention's log-sum-exp, not kept (kv_attention.cu)
   kSampling,          // the per-row sampling rules (sampling.cu)
   kSamplingSort,      // dense and sorted logits, indices, CUB's storage (sampling.cu)
@@ -51,6 +52,9 @@ class Workspace {
   explicit Workspace(Allocator& alloc) : alloc_(alloc) {}
   // At least `bytes` bytes of buffer `which` (aligned as cudaMalloc aligns; contents undefined).
   void* get(Scratch which, size_t bytes);
+  // get(), zeroed on stream `s` whenever the buffer is (re)allocated: for counters that the
+  // kernels using them return to zero themselves.
+  void* get_zeroed(Scratch which, size_t bytes, cudaStream_t s);
   template <typename T>
   T* get(Scratch which, int64_t n) {
     return static_cast<T*>(get(which, sizeof(T) * static_cast<size_t>(n)));
