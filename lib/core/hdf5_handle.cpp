@@ -98,7 +98,10 @@ bool h5_read_attr(hid_t obj, const char* name, std::string& v) {
     H5free_memory(text);
     return true;
   }
+  // A fixed-length string of n bytes has them in the attribute's storage: a type claiming more
+  // (a damaged file) is no string attribute, not an allocation of its claimed size.
   const size_t n = H5Tget_size(type.get());
+  if (n == 0 || n > H5Aget_storage_size(attr.get())) return false;
   std::string buf(n + 1, '\0');
   H5Tset_size(mem.get(), n + 1);
   if (H5Aread(attr.get(), mem.get(), buf.data()) < 0) return false;
@@ -110,8 +113,15 @@ bool h5_read_attr(hid_t obj, const char* name, std::vector<int64_t>& v) {
   if (H5Aexists(obj, name) <= 0) return false;
   H5Id attr(H5Aopen(obj, name, H5P_DEFAULT));
   H5Id space(H5Aget_space(attr.get()));
-  if (!space.valid()) return false;
+  H5Id type(H5Aget_type(attr.get()));
+  if (!space.valid() || !type.valid()) return false;
   const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  // Integers only, and no more elements than the attribute stores (a damaged file's dataspace can
+  // claim any count: it is an unreadable attribute, not an allocation of that size).
+  if (n > 0 &&
+      (H5Tget_class(type.get()) != H5T_INTEGER || H5Tget_size(type.get()) == 0 ||
+       static_cast<hsize_t>(n) > H5Aget_storage_size(attr.get()) / H5Tget_size(type.get())))
+    return false;
   v.assign(n > 0 ? static_cast<size_t>(n) : 0, 0);
   return n <= 0 || H5Aread(attr.get(), H5T_NATIVE_INT64, v.data()) >= 0;
 }
