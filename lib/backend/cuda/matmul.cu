@@ -175,8 +175,8 @@ bool LtMatmul::run(const Problem& q, Workspace& ws, cudaStream_t s) {
       }
       cublasLtMatmulHeuristicResult_t result{};
       int found = 0;
-      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-          impl_->handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, p.desc, p.a, p.b, p.d,
+                                                               p.d, pref, 1, &result, &found);
       cublasLtMatmulPreferenceDestroy(pref);
       p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
       if (p.usable) {
