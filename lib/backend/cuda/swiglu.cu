@@ -84,15 +84,6 @@ __global__ void swiglu_backward_vec_kernel(T* dinp, const T* inp, const T* dout,
   store16(dinp + n * 2 * F + F + j, du);
 }
 
-// Rows of F output columns at these bases go 16 bytes at a time.
-template <typename T>
-bool swiglu_packed(int64_t F, std::initializer_list<const void*> ptrs) {
-  if (F % kVec<T> != 0) return false;
-  for (const void* p : ptrs)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
-}
-
 }  // namespace
 
 void swiglu_forward(Tensor& out, const Tensor& inp, cudaStream_t s) {
@@ -100,7 +91,7 @@ void swiglu_forward(Tensor& out, const Tensor& inp, cudaStream_t s) {
   if (N * F == 0) return;
   dispatch(inp.dtype(), "swiglu", [&](auto tag) {
     using T = decltype(tag);
-    if (swiglu_packed<T>(F, {out.raw(), inp.raw()}))
+    if (rowwise::norm_vec_ok<T>(F, {out.raw(), inp.raw()}))
       swiglu_forward_vec_kernel<T>
           <<<blocks_for(N * F / kVec<T>), kThreads, 0, s>>>(out.data<T>(), inp.data<T>(), N, F);
     else
@@ -115,7 +106,7 @@ void swiglu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout, cudaSt
   if (N * F == 0) return;
   dispatch(inp.dtype(), "swiglu backward", [&](auto tag) {
     using T = decltype(tag);
-    if (swiglu_packed<T>(F, {dinp.raw(), inp.raw(), dout.raw()}))
+    if (rowwise::norm_vec_ok<T>(F, {dinp.raw(), inp.raw(), dout.raw()}))
       swiglu_backward_vec_kernel<T><<<blocks_for(N * F / kVec<T>), kThreads, 0, s>>>(
           dinp.data<T>(), inp.data<T>(), dout.data<T>(), N, F);
     else
