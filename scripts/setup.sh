@@ -57,8 +57,9 @@ scripts/get-hf-tokenizers.sh
 cuda_args=()
 if [ "$sanitize" = ON ]; then
   # The sanitizers instrument host code: the CUDA backend and the benchmarks (which need a GPU to
-  # run) stay out of that build; the kernel emulator tests still build from the CUDA headers.
-  cuda_args+=(-DTESSERA_ENABLE_CUDA=OFF -DTESSERA_BUILD_BENCH=OFF)
+  # run) stay out of that build, and so do the apps (the end-to-end scripts that drive them run in
+  # the normal build); the kernel emulator tests still build from the CUDA headers.
+  cuda_args+=(-DTESSERA_ENABLE_CUDA=OFF -DTESSERA_BUILD_BENCH=OFF -DTESSERA_BUILD_APPS=OFF)
 elif [ -x /usr/local/cuda/bin/nvcc ]; then
   cuda_args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}")
 fi

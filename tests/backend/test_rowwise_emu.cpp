@@ -351,4 +351,44 @@ TEST(RowwiseEmu, ColumnSumsAreDeterministic) {
   }
 }
 
+// The emulator itself (warp_emu.hpp): its threads are fibers run in a fixed order, each until it
+// waits at a barrier. A read of another thread's shared-memory write without the barrier between
+// them sees the NaN fill (thread 0 runs to its barrier before thread 1 writes); with the barrier
+// it sees the value. Threads waiting at a barrier that returned threads never reach end the test
+// with a message (a hang with one OS thread per CUDA thread).
+TEST(WarpEmu, AReadWithoutItsBarrierSeesUnwrittenSharedMemory) {
+  for (const bool barrier : {false, true}) {
+    std::vector<float> got(64);
+    tc::emu::launch(1, 1, 64, 64 * sizeof(float), [&](char* sh) {
+      float* s = reinterpret_cast<float*>(sh);
+      const int t = tc::thread_id();
+      s[t] = static_cast<float>(t);
+      if (barrier) tc::sync_block();
+      got[t] = s[(t + 1) % 64];
+    });
+    for (int t = 0; t < 64; ++t) {
+      if (barrier) {
+        EXPECT_EQ(got[t], static_cast<float>((t + 1) % 64)) << t;
+      } else if (t < 63) {  // the last thread reads thread 0's value, written before it ran
+        EXPECT_TRUE(std::isnan(got[t])) << t << ": " << got[t];
+      }
+    }
+  }
+}
+TEST(WarpEmuDeathTest, ABarrierThatReturnedThreadsNeverReachIsAnErrorNotAHang) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(tc::emu::launch(2, 1, 64, 0,
+                               [&](char*) {
+                                 if (tc::block_x() == 1 && tc::thread_id() == 5) return;
+                                 tc::sync_block();
+                               }),
+               "deadlock: thread [0-9]+ of block \\(1, 0\\) waits at a block barrier");
+  EXPECT_DEATH(tc::emu::launch(1, 1, 64, 0,
+                               [&](char*) {
+                                 if (tc::thread_id() % 32 < 16) return;
+                                 rw::warp_sum(1.f);
+                               }),
+               "waits at a warp barrier");
+}
+
 }  // namespace
