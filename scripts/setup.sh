@@ -19,6 +19,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+t_start=$SECONDS
 packages=(build-essential cmake ninja-build pkg-config git
           openmpi-bin libopenmpi-dev
           libhdf5-dev hdf5-tools
@@ -53,6 +54,7 @@ fi
 scripts/get-gpt2-vocab.sh
 scripts/get-hf-tokenizers.sh
 
+t_installed=$SECONDS
 [ $do_build -eq 1 ] || exit 0
 cuda_args=()
 if [ "$sanitize" = ON ]; then
@@ -64,4 +66,7 @@ elif [ -x /usr/local/cuda/bin/nvcc ]; then
   cuda_args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}")
 fi
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_SANITIZE=$sanitize "${cuda_args[@]}"
+t_configured=$SECONDS
 cmake --build "$build_dir" -j "$(nproc)"
+# Where the time went (docs/testing.md): the per-file compile times are in $build_dir/.ninja_log.
+echo "setup.sh: $build_dir: packages and data $((t_installed - t_start)) s, configure $((t_configured - t_installed)) s, build $((SECONDS - t_configured)) s"

@@ -21,4 +21,9 @@ scripts/setup.sh --build-dir "$build_dir" "${setup_args[@]}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # LeakSanitizer cannot trace under some sandboxes; the address and UB checks stay on.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
-ctest --test-dir "$build_dir" -j 2 --output-on-failure "${ctest_args[@]}" "$@"
+t0=$SECONDS
+rc=0
+ctest --test-dir "$build_dir" -j 2 --output-on-failure "${ctest_args[@]}" "$@" || rc=$?
+# Each test's time is in $build_dir/Testing/Temporary/CTestCostData.txt (docs/testing.md).
+echo "test.sh: $build_dir: tests $((SECONDS - t0)) s (ctest exit $rc)"
+exit $rc

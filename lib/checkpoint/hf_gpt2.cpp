@@ -58,10 +58,6 @@ Shape hf_shape(const ParamSpec& s, int64_t vocab) {
   return s.global_shape;
 }
 
-std::vector<ParamSpec> global_specs(const GPTConfig& cfg) {
-  return build_param_specs(cfg, model_shard_for(cfg, 1, 0, 1, 0));
-}
-
 }  // namespace
 
 void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& dir,
@@ -79,7 +75,7 @@ void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& dir,
                       "; GPT2LMHeadModel has none of --kv-channels, --apply-layernorm-1p and "
                       "--squared-relu: train without them to export");
   prepare_save_dir(dir);  // with its parents; ConfigError when it cannot be written
-  const auto specs = global_specs(cfg);
+  const auto specs = global_param_specs(cfg);
   SafetensorsWriter w(dir + "/model.safetensors",
                       {{"format", "pt"}, {"source", "tessera " + ckpt.path()}});
   for (const ParamSpec& s : specs)
@@ -176,7 +172,7 @@ HfGpt2::HfGpt2(const std::string& dir, int divisible_by) {
   }
   st_ = std::make_unique<SafetensorsReader>(dir + "/model.safetensors");
   prefix_ = st_->has("transformer.wte.weight") ? "transformer." : "";
-  for (const ParamSpec& s : global_specs(cfg_)) {
+  for (const ParamSpec& s : global_param_specs(cfg_)) {
     const std::string n = prefix_ + hf_name(s.name).name;
     if (!st_->has(n)) throw ConfigError("'" + st_->path() + "' has no tensor " + n);
     const Shape want = hf_shape(s, cfg_.vocab_size);

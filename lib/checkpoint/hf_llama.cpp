@@ -146,10 +146,6 @@ Shape hf_part_shape(const ParamSpec& s, size_t parts, int64_t vocab) {
   return {numel / cols / static_cast<int64_t>(parts), cols};
 }
 
-std::vector<ParamSpec> global_specs(const GPTConfig& cfg) {
-  return build_param_specs(cfg, model_shard_for(cfg, 1, 0, 1, 0));
-}
-
 std::string hf_dtype(const std::string& d) {
   if (d == "bf16") return "BF16";
   if (d == "f32") return "F32";
@@ -522,7 +518,7 @@ void export_hf_llama(const CheckpointReader& ckpt, const std::string& dir, const
   check_exportable(cfg, arch, cls, ck);
   const std::string dtype = hf_dtype(o.dtype);
   prepare_save_dir(dir);  // with its parents; ConfigError when it cannot be written
-  const auto specs = global_specs(cfg);
+  const auto specs = global_param_specs(cfg);
   uint64_t total = 0;
   const std::vector<std::vector<PlannedTensor>> files =
       plan_export_files(specs, cfg, arch, o, dtype, total);
@@ -794,7 +790,7 @@ void apply_hf_config(const std::string& path, const HfConfigSettings& h, int div
 void check_hf_tensors(const std::string& dir, const GPTConfig& cfg, const std::string& arch,
                       const SafetensorsDir& st) {
   std::set<std::string> expected;
-  for (const ParamSpec& s : global_specs(cfg)) {
+  for (const ParamSpec& s : global_param_specs(cfg)) {
     const auto parts = hf_parts(s.name, arch, cfg.num_layers);
     expected.insert(parts.begin(), parts.end());
     const Shape want = hf_part_shape(s, parts.size(), cfg.vocab_size);

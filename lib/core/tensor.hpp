@@ -114,4 +114,12 @@ class Tensor {
   DType dtype_ = DType::F32;
 };
 
+// An optional operand of a backend op: `t`, or nullptr when it is not defined (no bias, ...).
+inline const Tensor* opt(const Tensor& t) {
+  return t.defined() ? &t : nullptr;
+}
+inline Tensor* opt(Tensor& t) {
+  return t.defined() ? &t : nullptr;
+}
+
 }  // namespace tessera

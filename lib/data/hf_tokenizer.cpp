@@ -110,17 +110,6 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
   s = std::move(out);
 }
 
-// GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the others for 256+n.
-std::array<uint32_t, 256> byte_to_codepoint() {
-  std::array<uint32_t, 256> cp{};
-  int n = 0;
-  for (int b = 0; b < 256; ++b) {
-    const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-    cp[b] = direct ? b : 256 + n++;
-  }
-  return cp;
-}
-
 bool is_white_space(uint32_t cp) {
   return (unicode_class(cp) & kClsWs) != 0;
 }
@@ -1029,7 +1018,7 @@ void HfTokenizer::Impl::load(const std::string& file, const std::string& text) {
 
 // The byte-level alphabet: each byte's code point, and back.
 void HfTokenizer::Impl::init_byte_tables() {
-  const std::array<uint32_t, 256> cps = byte_to_codepoint();
+  const std::array<uint32_t, 256> cps = gpt2_byte_to_codepoint();
   char_to_byte.fill(-1);
   for (int b = 0; b < 256; ++b) {
     char_to_byte[cps[b]] = static_cast<int16_t>(b);

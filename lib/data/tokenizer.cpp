@@ -3,6 +3,7 @@
 
 #include <unicode/uchar.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -10,22 +11,11 @@
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "data/hf_tokenizer.hpp"
+#include "data/unicode.hpp"
 
 namespace tessera {
 
 namespace {
-
-// GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the others for 256+n.
-std::vector<uint32_t> byte_to_codepoint() {
-  std::vector<uint32_t> cp(256, 0);
-  std::vector<bool> direct(256, false);
-  for (int b = '!'; b <= '~'; ++b) direct[b] = true;
-  for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
-  for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
-  int n = 0;
-  for (int b = 0; b < 256; ++b) cp[b] = direct[b] ? b : 256 + n++;
-  return cp;
-}
 
 // Decodes one UTF-8 code point at s[i]; invalid or truncated sequences yield one byte with
 // cp = 0xFFFFFFFF (a symbol that is neither letter, number nor space).
@@ -179,7 +169,7 @@ std::vector<std::string_view> GPT2Tokenizer::pretokenize(std::string_view s) {
 std::shared_ptr<const GPT2Tokenizer> GPT2Tokenizer::load(const std::string& vocab_file,
                                                          const std::string& merge_file) {
   std::shared_ptr<GPT2Tokenizer> t(new GPT2Tokenizer());
-  const std::vector<uint32_t> cp = byte_to_codepoint();
+  const std::array<uint32_t, 256> cp = gpt2_byte_to_codepoint();
   std::unordered_map<uint32_t, unsigned char> cp_to_byte;
   for (int b = 0; b < 256; ++b) cp_to_byte[cp[b]] = static_cast<unsigned char>(b);
   // A token string of encoder.json is UTF-8 of byte-standing code points; decode it to bytes.

@@ -107,4 +107,14 @@ bool utf8_sanitize(std::string_view in, std::string& out) {
   return true;
 }
 
+std::array<uint32_t, 256> gpt2_byte_to_codepoint() {
+  std::array<uint32_t, 256> cp{};
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    cp[b] = direct ? b : 256 + n++;
+  }
+  return cp;
+}
+
 }  // namespace tessera

@@ -3,6 +3,7 @@
 // (\p{L} and its subcategories, \p{M}, \p{N}, \s), from ICU.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -54,5 +55,10 @@ inline uint32_t utf8_at(std::string_view s, size_t i, size_t& len) {
 // practice that Python's errors="replace", Rust's from_utf8_lossy and the WHATWG decoder follow).
 // Returns false, leaving `out` untouched, when `in` is already valid.
 bool utf8_sanitize(std::string_view in, std::string& out);
+
+// GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the others for 256 + n
+// in byte order (the byte-level BPE's alphabet; GPT2Tokenizer and the Hugging Face ByteLevel
+// pre-tokenizer both use it).
+std::array<uint32_t, 256> gpt2_byte_to_codepoint();
 
 }  // namespace tessera

@@ -70,12 +70,6 @@ LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads, const GPTCon
   return w;
 }
 
-const Tensor* opt(const Tensor& t) {
-  return t.defined() ? &t : nullptr;
-}
-Tensor* opt(Tensor& t) {
-  return t.defined() ? &t : nullptr;
-}
 }  // namespace
 
 GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backend,

@@ -32,12 +32,6 @@
 namespace tessera {
 
 namespace {
-const Tensor* opt(const Tensor& t) {
-  return t.defined() ? &t : nullptr;
-}
-Tensor* opt(Tensor& t) {
-  return t.defined() ? &t : nullptr;
-}
 // FP8 layers run every expert block, the empty ones too, under tensorwise scaling with context
 // parallelism: each block's amax is reduced over CP, and the other CP ranks make that reduction
 // for their share of the block (which may not be empty there).

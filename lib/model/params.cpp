@@ -382,4 +382,8 @@ Tensor ParamStore::grad(const std::string& name) const {
   return grad(spec(name));
 }
 
+std::vector<ParamSpec> global_param_specs(const GPTConfig& cfg) {
+  return build_param_specs(cfg, model_shard_for(cfg, 1, 0, 1, 0));
+}
+
 }  // namespace tessera

@@ -95,6 +95,9 @@ ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int p
 
 // The specs of this shard's parameters, in flat-buffer order.
 std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard& shard);
+// Every parameter of the model whole (one rank, one stage): the global shapes, as the
+// Hugging Face import and export see them.
+std::vector<ParamSpec> global_param_specs(const GPTConfig& cfg);
 
 // What build_param_specs would hold, counted without building a spec per expert (the memory
 // estimate's and --dry-run's cost does not grow with --num-experts).

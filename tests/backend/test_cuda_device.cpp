@@ -2,10 +2,48 @@
 // itself where no GPU is visible (this is a CUDA build on a machine that may have none).
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
+
+#include "backend/cuda/cublas_library.hpp"
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/device.hpp"
 
 using namespace tessera;
+
+namespace {
+bool mapped(const std::string& library) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find(library) != std::string::npos) return true;
+  return false;
+}
+// Before any test runs: a program that links the CUDA backend does not load cuBLAS at start.
+const bool kCublasLtAtStart = mapped("libcublasLt.so");
+const bool kCublasAtStart = mapped("libcublas.so");
+}  // namespace
+
+// cuBLAS and cuBLASLt load on the backend's first call (backend/cuda/cublas_library.cpp): their
+// start-up cost (0.5 s of CPU) is not paid by CPU runs, the tools and the tests. Every function the
+// backend calls resolves in the toolkit's libraries (no GPU needed for that).
+TEST(CublasLibrary, LoadedOnFirstUseNotAtStart) {
+  EXPECT_FALSE(kCublasLtAtStart) << "libcublasLt was mapped before main";
+  EXPECT_FALSE(kCublasAtStart) << "libcublas was mapped before main";
+  ASSERT_GE(cuda::cublas_functions().size(), 20u);
+  for (const auto& [lib, name] : cuda::cublas_functions())
+    EXPECT_NE(cuda::cublas_symbol(lib, name), nullptr) << name;
+  EXPECT_TRUE(mapped("libcublasLt.so"));
+  EXPECT_TRUE(mapped("libcublas.so"));
+  try {
+    cuda::cublas_symbol(cuda::CublasLib::Lt, "cublasLtNoSuchFunction");
+    FAIL() << "a missing function resolved";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("found no cublasLtNoSuchFunction in libcublasLt.so."),
+              std::string::npos)
+        << e.what();
+  }
+}
 
 TEST(CudaDevice, CountNeverThrows) {
   const int n = cuda::device_count();

@@ -48,6 +48,7 @@
 #endif
 #endif
 #ifdef TESSERA_EMU_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -108,6 +109,7 @@ class Fibers {
     Fibers* outer = current_;
     current_ = this;
     cur_ = 0;
+    main_known_ = false;
     switch_in(&main_sp_, 0);
     current_ = outer;
   }
@@ -164,7 +166,12 @@ class Fibers {
   }
   void release() {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    for (size_t t = 0; t < count_; ++t) munmap(fibers_[t].stack - page, kStack + page);
+    for (size_t t = 0; t < count_; ++t) {
+#ifdef TESSERA_EMU_ASAN
+      ASAN_UNPOISON_MEMORY_REGION(fibers_[t].stack, kStack);  // the range may be mapped again
+#endif
+      munmap(fibers_[t].stack - page, kStack + page);
+    }
     fibers_.reset();
     count_ = 0;
   }
@@ -172,7 +179,13 @@ class Fibers {
   static void entry() {
     Fibers& f = *current_;
 #ifdef TESSERA_EMU_ASAN
-    __sanitizer_finish_switch_fiber(nullptr, &f.main_bottom_, &f.main_size_);
+    // The first fiber is entered from the launching thread, whose stack it learns here; the
+    // others from a fiber.
+    if (!f.main_known_)
+      __sanitizer_finish_switch_fiber(nullptr, &f.main_bottom_, &f.main_size_);
+    else
+      __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+    f.main_known_ = true;
 #endif
     (*f.body_)();
     f.fibers_[f.cur_].done = true;
@@ -191,6 +204,11 @@ class Fibers {
 
 #if defined(__x86_64__)
   void init(int t) {
+#ifdef TESSERA_EMU_ASAN
+    // The frames a returned fiber left at the top of its stack (the switch that ended it never
+    // returned) keep their poisoned red zones; this fiber's frames start there.
+    ASAN_UNPOISON_MEMORY_REGION(fibers_[t].stack + kStack - kFresh, kFresh);
+#endif
     // The stack as tessera_emu_switch leaves it: six callee-saved registers, then the return
     // address (entry), then a zero return address for entry itself, which starts as a function
     // called with a 16-byte aligned stack.
@@ -271,6 +289,8 @@ class Fibers {
 #endif
   const void* main_bottom_ = nullptr;
   size_t main_size_ = 0;
+  bool main_known_ = false;
+  static constexpr size_t kFresh = 64 * 1024;  // the top of a stack unpoisoned for a new fiber
 
  public:
   ~Fibers() { release(); }
