@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -19,6 +20,11 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
     int initialized = 0;
     MPI_CHECK(MPI_Initialized(&initialized));
     if (!initialized) {
+      // A process started without mpirun or srun is an Open MPI "singleton", which forks a local
+      // daemon (orted) before MPI_Init returns: 0.2 s and one more process per start. Tessera never
+      // spawns processes, so it needs none (Open MPI 4.1; other MPIs ignore the variable, and an
+      // explicit setting wins).
+      setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
       int provided = 0;
       // MULTIPLE: the watchdog thread sends heartbeats while the main thread is in a collective.
       MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
