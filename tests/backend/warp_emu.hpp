@@ -125,10 +125,11 @@ class Fibers {
   // fibers, with no arrival, barrier opening or exit in between, nobody can open it.
   void idle(const char* what) {
     if (++idle_ > 2 * static_cast<size_t>(live_) + 2) {
-      std::fprintf(stderr,
-                   "warp emulator: deadlock: thread %d of block (%d, %d) waits at a %s barrier that "
-                   "the other threads never reach (they returned, or wait at another barrier)\n",
-                   self().tid, self().bx, self().by, what);
+      std::fprintf(
+          stderr,
+          "warp emulator: deadlock: thread %d of block (%d, %d) waits at a %s barrier that "
+          "the other threads never reach (they returned, or wait at another barrier)\n",
+          self().tid, self().bx, self().by, what);
       std::abort();
     }
   }
@@ -219,8 +220,12 @@ class Fibers {
     for (int r = 3; r <= 8; ++r) top[-r] = 0;
     fibers_[t].sp = top - 8;
   }
-  static void entry_trampoline() { entry(); }
-  void jump(void** save, void* to) { tessera_emu_switch(save, to); }
+  static void entry_trampoline() {
+    entry();
+  }
+  void jump(void** save, void* to) {
+    tessera_emu_switch(save, to);
+  }
 #else
   void init(int t) {
     getcontext(&fibers_[t].ctx);
@@ -293,7 +298,9 @@ class Fibers {
   static constexpr size_t kFresh = 64 * 1024;  // the top of a stack unpoisoned for a new fiber
 
  public:
-  ~Fibers() { release(); }
+  ~Fibers() {
+    release();
+  }
 };
 
 // Threads meet: each arrival but the last waits, the others run meanwhile.

@@ -73,12 +73,12 @@ const std::vector<std::pair<CublasLib, const char*>>& cublas_functions() {
 }  // namespace tessera::cuda
 
 // The forwarding definitions, one per function of cublas_functions.inc.
-#define TESSERA_CUBLAS_NAME(lib, ret, name, params, args)                    \
-  extern "C" ret name params {                                               \
-    using Fn = ret(*) params;                                                \
-    static const Fn f = reinterpret_cast<Fn>(                                \
-        tessera::cuda::cublas_symbol(tessera::cuda::CublasLib::lib, #name)); \
-    return f args;                                                           \
+#define TESSERA_CUBLAS_NAME(lib, ret, name, params, args)                                         \
+  extern "C" ret name params {                                                                    \
+    using Fn = ret(*) params;                                                                     \
+    static const Fn f =                                                                           \
+        reinterpret_cast<Fn>(tessera::cuda::cublas_symbol(tessera::cuda::CublasLib::lib, #name)); \
+    return f args;                                                                                \
   }
 #include "backend/cuda/cublas_functions.inc"
 #undef TESSERA_CUBLAS_NAME
