@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "core/logging.hpp"
+#include "model/parts.hpp"
 
 namespace tessera {
 
@@ -55,9 +56,7 @@ void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
   rows_ = std::max(n, rows_);
   segs_ = std::max(segs, segs_);
   const GPTConfig& cfg = model_.config();
-  const int64_t C = cfg.hidden_size, Cl = model_.heads_local() * cfg.head_dim();
-  const int64_t Fl = cfg.ffn() / model_.shard().tp_size, Vl = model_.vocab_local();
-  const int64_t qkv_cols = (model_.heads_local() + 2 * model_.kv_heads_local()) * cfg.head_dim();
+  const int64_t C = cfg.hidden_size, Vl = model_.vocab_local();
   Allocator& al = be_.allocator();
   // Activations in the model's compute dtype (as its training forward has them); the norm
   // statistics and the logits handed back in f32.
@@ -69,41 +68,13 @@ void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
   dec_rows_ = Tensor({rows_, 3}, DType::I32, al);
   x_ = f({rows_, C});
   ln_ = f({rows_, C});
-  qkv_ = f({rows_, qkv_cols});
-  att_ = f({rows_, Cl});
-  if (cfg.mla()) {  // multi-latent attention's latents and scratch (model/mla.cpp)
-    const int64_t H = model_.heads_local(), qr = cfg.q_lora_rank, kvr = cfg.kv_lora_rank;
-    if (qr > 0) {
-      mla_.q_lat = f({rows_, qr});
-      mla_.q_lat_n = cfg.qk_layernorm ? f({rows_, qr}) : mla_.q_lat;
-    }
-    mla_.c = f({rows_, kvr});
-    mla_.c_n = cfg.qk_layernorm ? f({rows_, kvr}) : mla_.c;
-    mla_.k_pe = f({rows_, cfg.qk_pos_emb_head_dim});
-    if (cfg.qk_layernorm) {
-      if (!cfg.rmsnorm()) mla_.q_mean = f32({rows_}), mla_.c_mean = f32({rows_});
-      mla_.q_rstd = f32({rows_});
-      mla_.c_rstd = f32({rows_});
-    }
-    mla_.att_v = f({rows_, H * cfg.v_head_dim});
-    mla_q_ = f({rows_, H * cfg.head_dim()});
-    mla_kv_ = f({rows_, H * (cfg.qk_head_dim + cfg.v_head_dim)});
-  }
-  if (cfg.qk_layernorm && !cfg.mla()) {  // the q/k heads before their norms, and statistics
-    const int64_t H = model_.heads_local(), G = model_.kv_heads_local();
-    qk_.q_raw = f({rows_, H * cfg.head_dim()});
-    qk_.k_raw = f({rows_, G * cfg.head_dim()});
-    qk_.q_rstd = f32({rows_ * H});
-    qk_.k_rstd = f32({rows_ * G});
-    if (!cfg.rmsnorm()) {
-      qk_.q_mean = f32({rows_ * H});
-      qk_.k_mean = f32({rows_ * G});
-    }
-  }
   tmp_ = f({rows_, C});
-  fc_ = f({rows_, cfg.swiglu ? 2 * Fl : Fl});
-  gelu_ = f({rows_, Fl});
-  moe_ = model_.make_moe_scratch(rows_);  // MoE layers' routing and expert buffers
+  parts_ = DecodeBuffers{};  // each part of this stage's layers allocates what it uses
+  parts_.rows = rows_;
+  for (int l : generating_layers()) {
+    model_.attention_part(l).decode_buffers(parts_);
+    model_.mlp_part(l).decode_buffers(parts_);
+  }
   mean_ = f32({rows_});
   rstd_ = f32({rows_});
   last_rows_ = Tensor({segs_}, DType::I32, al);
@@ -166,6 +137,12 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
         std::memcpy(logits.data() + i * V + begin, host_logits_.data() + (r * S + i) * Vl,
                     sizeof(float) * count);
     }
+}
+
+std::vector<int> InferenceEngine::generating_layers() const {
+  std::vector<int> layers = model_.shard().layers();
+  layers.resize(layers.size() - static_cast<size_t>(model_.shard().mtp_count));  // MTP's last
+  return layers;
 }
 
 std::vector<int32_t> InferenceEngine::forward_sample(const std::vector<TokenSegment>& segments,
@@ -255,7 +232,7 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
       return it->second.logits;
     }
     // MoE routing runs on the host (its expert GEMMs follow the routed counts): no graphs.
-    if (warmed_.count(n) && !cfg_moe() && be_.graph_begin()) {
+    if (warmed_.count(n) && !parts_.moe.rows && be_.graph_begin()) {
       Graph g;
       std::string why;
       try {
@@ -287,11 +264,8 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
   const int64_t C = cfg.hidden_size;
   // Views of exactly n rows.
   Tensor x = x_.view(0, {n, C}), ln = ln_.view(0, {n, C}), tmp = tmp_.view(0, {n, C});
-  Tensor qkv = qkv_.view(0, {n, qkv_.dim(1)}), att = att_.view(0, {n, att_.dim(1)});
-  Tensor fc = fc_.view(0, {n, fc_.dim(1)}), gl = gelu_.view(0, {n, gelu_.dim(1)});
   Tensor mean = mean_.view(0, {n}), rstd = rstd_.view(0, {n});
   Tensor ids = ids_.view(0, {n}), pos = pos_.view(0, {n});
-  const Tensor table = decode ? dec_rows_.view(0, {n, 3}) : Tensor();
   if (sh.has_embedding) {
     be_.embedding_forward(x, ids, model_.params().compute_param("wte"), model_.vocab_begin());
     model_.tp_comm().all_reduce(x, ReduceOp::Sum);
@@ -302,49 +276,28 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
   } else {
     ctx_.pp->recv(x, ctx_.pp_rank - 1, kTagHidden);
   }
-  const bool bias_here = sh.tp_rank == 0;
-  auto opt = [](const Tensor& t) { return t.defined() ? &t : nullptr; };
-  const RopeSpec rope = model_.rope_spec(0);  // positions from pos
-  // The residual adds are fused with the LayerNorm after them (the attention branch's with ln2,
+  DecodeStep step;
+  step.n = n;
+  step.positions = &pos;
+  step.decode = decode;
+  if (decode) step.table = dec_rows_.view(0, {n, 3});
+  step.context = context;
+  step.segments = &kv;
+  // The same parts as training's forward (model/parts.hpp), each layer's attention with its KV
+  // cache. The residual adds are fused with the norm after them (the attention branch's with ln2,
   // the MLP branch's with the next layer's ln1: one kernel instead of two, the same values).
-  std::vector<int> layers = sh.layers();
-  layers.resize(layers.size() -
-                static_cast<size_t>(sh.mtp_count));  // multi-token prediction's last
-  bool ln1_done = false;                             // ln holds this layer's first norm already
+  const std::vector<int> layers = generating_layers();
+  bool ln1_done = false;  // ln holds this layer's first norm already
   for (size_t k = 0; k < layers.size(); ++k) {
     const int l = layers[k];
     const LayerWeights& w = model_.layer_weights(l);
     if (!ln1_done) model_.norm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b);
-    if (cfg.mla())
-      model_.mla_qkv_forward(qkv, ln, w, mla_, mla_q_, mla_kv_);
-    else
-      be_.matmul_forward(qkv, ln, w.qkv_w, opt(w.qkv_b));
-    if (cfg.qk_layernorm && !cfg.mla())
-      model_.qk_norm_forward(qkv, w, qk_, att);  // att: scratch until used
-    if (cfg.rope()) be_.rope(qkv, rope, &pos, false);
-    Tensor& kc = k_cache_[sh.local_index(l)];
-    Tensor& vc = v_cache_[sh.local_index(l)];
-    if (decode)
-      be_.kv_decode(att, qkv, kc, vc, table, context, model_.heads_local(), model_.kv_heads_local(),
-                    model_.alibi());
-    else
-      be_.kv_attention(att, qkv, kc, vc, kv, model_.heads_local(), model_.kv_heads_local(),
-                       model_.alibi());
-    Tensor att_v = cfg.mla() ? mla_.att_v.view(0, {n, mla_.att_v.dim(1)}) : att;
-    if (cfg.mla()) model_.mla_values(att_v, att);  // each head's values, not its padding
-    be_.matmul_forward(tmp, att_v, w.proj_w, bias_here ? opt(w.proj_b) : nullptr);
+    step.k_cache = &k_cache_[sh.local_index(l)];
+    step.v_cache = &v_cache_[sh.local_index(l)];
+    model_.attention_part(l).decode(l, step, ln, tmp, parts_);
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
     model_.add_norm_forward(x, ln, mean, rstd, x, tmp, w.ln2_w, w.ln2_b);
-    if (cfg.is_moe_layer(l)) {
-      model_.moe_mlp(l, ln, tmp, moe_);
-    } else if (!cfg.swiglu && !cfg.squared_relu) {  // GELU: one kernel on the CUDA backend
-      be_.matmul_gelu_forward(gl, fc, ln, w.fc1_w, opt(w.fc1_b));
-      be_.matmul_forward(tmp, gl, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
-    } else {
-      be_.matmul_forward(fc, ln, w.fc1_w, opt(w.fc1_b));
-      model_.mlp_activation(gl, fc);
-      be_.matmul_forward(tmp, gl, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
-    }
+    model_.mlp_part(l).decode(l, ln, tmp, parts_);
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
     ln1_done = k + 1 < layers.size();
     if (ln1_done) {

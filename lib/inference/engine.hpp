@@ -12,6 +12,7 @@
 
 #include "comm/communicator.hpp"
 #include "model/gpt.hpp"
+#include "model/parts.hpp"
 
 namespace tessera {
 
@@ -92,14 +93,12 @@ class InferenceEngine {
   std::vector<Tensor> k_spare_, v_spare_;  // reorder_slots' destination, swapped in
   Tensor slot_ids_;
   int64_t rows_ = 0, segs_ = 0;
-  Tensor ids_, pos_, x_, ln_, qkv_, att_, tmp_, fc_, gelu_, mean_, rstd_;
+  Tensor ids_, pos_, x_, ln_, tmp_, mean_, rstd_;
   Tensor last_rows_, last_x_, lnf_, lnf_mean_, lnf_rstd_, logits_, logits_f32_, gathered_;
-  Tensor dec_rows_;           // a decode step's row table (rows, 3): slot, position, row
-  GPTModel::MoEScratch moe_;  // MoE layers' buffers (none for a dense model)
-  QkNormTensors qk_;          // --qk-layernorm's buffers (rows_ rows; none without)
-  MlaTensors mla_;            // multi-latent attention's latents (rows_ rows; none without)
-  Tensor mla_q_, mla_kv_;     // and its scratch
-  bool cfg_moe() const { return model_.config().moe(); }
+  Tensor dec_rows_;      // a decode step's row table (rows, 3): slot, position, row
+  DecodeBuffers parts_;  // the layers' parts' buffers (rows_ rows)
+  // This stage's layers that generate (multi-token prediction's do not).
+  std::vector<int> generating_layers() const;
   std::vector<int32_t> host_pos_;   // positions / last rows / row table, staged for the backend
   std::vector<float> host_logits_;  // the gathered logits, back on the host
   bool graphs_wanted_ = true, graphs_failed_ = false;

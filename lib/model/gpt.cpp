@@ -1,4 +1,7 @@
-// gpt.cpp: GPT-2 forward and backward on one rank's shard.
+// gpt.cpp: the model's plumbing on one rank's shard (DESIGN.md invariant 3): the embedding, the
+// block around its parts (the residual stream, the norms, the TP/SP reductions of the parts'
+// outputs and input gradients, the dropout sites, recomputation), the head and its loss. What
+// varies between families is in the parts (model/parts.hpp), chosen once per layer.
 #include "model/gpt.hpp"
 
 #include <algorithm>
@@ -7,70 +10,28 @@
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
 #include "core/test_hooks.hpp"
+#include "model/parts.hpp"
 
 namespace tessera {
 
 namespace {
-// Absent parameters (biases without bias, LayerNorm biases with RMSNorm) stay undefined tensors.
-LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads, const GPTConfig& cfg,
-                           const ModelShard& shard) {
-  const std::string p = "layers." + std::to_string(l) + ".";
-  auto get = [&](const std::string& n) {
-    const std::string name = p + n;
-    if (!ps.has(name)) return Tensor();
-    return grads ? ps.grad(name) : ps.compute_param(name);
-  };
-  auto fused = [&](const char* a, const char* b) {
-    if (!ps.has(p + a)) return Tensor();
-    return grads ? ps.grad_fused(p + a, p + b) : ps.compute_fused(p + a, p + b);
-  };
+// Layer l's norms from the flat buffers; the parts bind their own weights. Absent parameters
+// (norm biases with RMSNorm) stay undefined tensors.
+LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads, const AttentionPart& attention,
+                           const MlpPart& mlp) {
   LayerWeights w;
-  w.ln1_w = get("ln1.weight");
-  w.ln1_b = get("ln1.bias");
-  w.qkv_w = get("attn.qkv.weight");
-  w.qkv_b = get("attn.qkv.bias");
-  w.proj_w = get("attn.proj.weight");
-  w.proj_b = get("attn.proj.bias");
-  w.ln2_w = get("ln2.weight");
-  w.ln2_b = get("ln2.bias");
-  w.fc1_w = get("mlp.fc1.weight");
-  w.fc1_b = get("mlp.fc1.bias");
-  w.fc2_w = get("mlp.fc2.weight");
-  w.fc2_b = get("mlp.fc2.bias");
-  w.q_down_w = get("attn.q_down.weight");  // multi-latent attention
-  w.q_down_norm_w = get("attn.q_down_norm.weight");
-  w.q_down_norm_b = get("attn.q_down_norm.bias");
-  w.q_up_w = ps.has(p + "attn.q_up.weight") ? get("attn.q_up.weight") : get("attn.q_proj.weight");
-  w.kv_down_w = get("attn.kv_down.weight");
-  w.kv_down_norm_w = get("attn.kv_down_norm.weight");
-  w.kv_down_norm_b = get("attn.kv_down_norm.bias");
-  w.kv_up_w = get("attn.kv_up.weight");
-  w.q_norm_w = get("attn.q_norm.weight");  // --qk-layernorm
-  w.q_norm_b = get("attn.q_norm.bias");
-  w.k_norm_w = get("attn.k_norm.weight");
-  w.k_norm_b = get("attn.k_norm.bias");
-  if (ps.has(p + "attn.q.weight")) {  // grouped-query attention: [q | k | v] as one GEMM
-    w.qkv_w = fused("attn.q.weight", "attn.kv.weight");
-    w.qkv_b = fused("attn.q.bias", "attn.kv.bias");
-  }
-  if (cfg.is_moe_layer(l)) {
-    w.router_w = get("mlp.router.weight");
-    const std::string s = "mlp.shared_expert.";  // the dense MLP's slots hold the shared expert
-    w.fc1_w = get(s + "fc1.weight");
-    w.fc1_b = get(s + "fc1.bias");
-    w.fc2_w = get(s + "fc2.weight");
-    w.fc2_b = get(s + "fc2.bias");
-    const int e0 = shard.experts_begin(cfg.num_experts);
-    for (int e = e0; e < e0 + shard.experts_local(cfg.num_experts); ++e) {
-      const std::string x = "mlp.experts." + std::to_string(e) + ".";
-      w.experts.push_back(
-          {get(x + "fc1.weight"), get(x + "fc1.bias"), get(x + "fc2.weight"), get(x + "fc2.bias")});
-    }
-  }
+  w.ln1_w = ModelPart::param(ps, l, "ln1.weight", grads);
+  w.ln1_b = ModelPart::param(ps, l, "ln1.bias", grads);
+  w.ln2_w = ModelPart::param(ps, l, "ln2.weight", grads);
+  w.ln2_b = ModelPart::param(ps, l, "ln2.bias", grads);
+  attention.bind(ps, l, grads, w);
+  mlp.bind(ps, l, grads, w);
   return w;
 }
 
 }  // namespace
+
+GPTModel::~GPTModel() = default;
 
 GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backend,
                    Communicator& tp, DType compute, const RecomputeConfig& recompute,
@@ -112,30 +73,17 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   hidden_local_ = heads_local_ * cfg.head_dim();
   ffn_local_ = cfg.ffn() / shard.tp_size;
   sp_ = shard.sequence_parallel && shard.tp_size > 1;
-  if (cfg_.moe()) {
-    TESSERA_CHECK(cfg_.num_experts % shard.ep_size == 0, "--num-experts=", cfg_.num_experts,
-                  " does not divide over the expert-parallel size ", shard.ep_size);
-    TESSERA_CHECK(cfg_.moe_ffn() % shard.tp_size == 0 &&
-                      cfg_.moe_shared_expert_intermediate_size % shard.tp_size == 0,
-                  "the expert widths must divide by the tensor-parallel size");
-    TESSERA_CHECK(shard.tp_size == 1 || cfg_.seq_length % shard.tp_size == 0,
-                  "MoE with tensor parallelism needs --seq-length divisible by the "
-                  "tensor-parallel size (each TP rank routes its share of the tokens)");
-    routing_.experts = cfg_.num_experts;
-    routing_.topk = cfg_.moe_router_topk;
-    routing_.sigmoid = cfg_.moe_router_score_function == "sigmoid";
-    routing_.pre_softmax = cfg_.moe_router_pre_softmax;
-    routing_.scaling = cfg_.moe_router_topk_scaling_factor;
-    routing_.capacity_factor = cfg_.moe_expert_capacity_factor;
-    routing_.drop_by_position = cfg_.moe_token_drop_policy == "position";
-    routing_.groups = cfg_.moe_router_num_groups;
-    routing_.group_topk = cfg_.moe_router_group_topk;
-    routing_.group_score = cfg_.moe_router_num_groups > 0 ? cfg_.moe_group_score_experts() : 0;
-    test_logit_bias_ = test_hooks::moe_logit_bias(cfg_.num_experts);  // testing: edge cases
-    fault_wrong_rank_ = test_hooks::moe_dispatch_wrong_rank();        // testing: a mutation
-    fault_bias_in_weights_ = test_hooks::router_bias_in_weights();    // testing: mutations
-    fault_no_group_limit_ = test_hooks::router_no_group_limit();
+  {
+    const std::vector<LayerSpec> all = build_layer_specs(cfg_);
+    for (int l : shard_.layers()) {
+      specs_.push_back(all[static_cast<size_t>(l)]);
+      attention_.push_back(make_attention_part(specs_.back(), cfg_, shard_, this));
+      mlp_.push_back(make_mlp_part(specs_.back(), cfg_, shard_, this));
+    }
+    if (!all.empty()) activation_ = all[0].activation;
+    swiglu_ = activation_ == MlpActivation::SwiGLU;
   }
+  init_moe();
   TESSERA_CHECK(!sp_ || cfg.seq_length % shard.tp_size == 0, "sequence parallelism needs ",
                 "--seq-length divisible by the tensor-parallel size");
   {
@@ -162,12 +110,13 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   logged_tokens_.resize(static_cast<size_t>(shard_.num_layers()));
   expert_bias_.resize(static_cast<size_t>(shard_.num_layers()));
   for (int l : shard_.layers())
-    if (cfg_.is_moe_layer(l) && cfg_.moe_router_enable_expert_bias)  // starts at zero
+    if (moe_layer(l) && cfg_.moe_router_enable_expert_bias)  // starts at zero
       expert_bias_[static_cast<size_t>(shard_.local_index(l))].assign(
           static_cast<size_t>(cfg_.num_experts), 0.f);
   for (int l : shard_.layers()) {
-    weights_.push_back(layer_tensors(*params_, l, false, cfg_, shard_));
-    grads_.push_back(layer_tensors(*params_, l, true, cfg_, shard_));
+    const size_t li = static_cast<size_t>(shard_.local_index(l));
+    weights_.push_back(layer_tensors(*params_, l, false, *attention_[li], *mlp_[li]));
+    grads_.push_back(layer_tensors(*params_, l, true, *attention_[li], *mlp_[li]));
     range_names_.push_back("layer-" + std::to_string(l) + "-forward");
     range_names_.push_back("layer-" + std::to_string(l) + "-backward");
   }
@@ -228,417 +177,6 @@ void GPTModel::sync_compute_weights() {
 void GPTModel::zero_grads() {
   TESSERA_PHASE("zero-grads");
   be_.zero(params_->flat_grads());
-}
-
-namespace {
-
-// A rank's activation dimensions and the allocation of each group of its activation buffers.
-struct SlotBuilder {
-  SlotBuilder(const GPTConfig& config, const ModelShard& model_shard, int batch, int seq,
-              DType dtype, Allocator& alloc)
-      : cfg(config), shard(model_shard), B(batch), T(seq), compute(dtype), al(alloc) {
-    for (int l : shard.layers()) {
-      fl_max = std::max(fl_max, width(l));
-      any_moe |= cfg.is_moe_layer(l);
-    }
-  }
-
-  const GPTConfig& cfg;
-  const ModelShard& shard;
-  const int B, T;
-  const DType compute;
-  Allocator& al;
-  const int64_t N = int64_t(B) * T, C = cfg.hidden_size;
-  // Sequence parallelism: the LayerNorm/dropout/residual tensors (and the LayerNorm statistics)
-  // hold this rank's Nl of the N token rows; the LayerNorm outputs stay whole (gathered for the
-  // GEMMs that read them).
-  const bool sp = shard.sequence_parallel && shard.tp_size > 1;
-  const int64_t Nl = sp ? N / shard.tp_size : N;
-  const int64_t heads_l = cfg.num_attention_heads / shard.tp_size;
-  const int64_t hl = heads_l * cfg.head_dim();
-  // qkv holds the rank's query heads and its key and value groups; fc1 SwiGLU's gate and up.
-  const int64_t qkvl = hl + 2 * (cfg.kv_heads() / shard.tp_size) * cfg.head_dim();
-  const int64_t vl = cfg.padded_vocab_size(shard.tp_size) / shard.tp_size;
-  const int glu = cfg.swiglu ? 2 : 1;
-  // MoE: N*K token copies leave a rank; its experts receive R rows: the same ones without expert
-  // parallelism, else at most N*min(K, local experts) from each of the EP ranks.
-  const int64_t E = cfg.num_experts, K = cfg.moe_router_topk, NK = N * K;
-  const int ep = shard.ep_size;
-  const int64_t R = (ep > 1) ? ep * N * std::min<int64_t>(K, E / ep) : NK;
-  const bool allgather = ep > 1 && cfg.moe_token_dispatcher_type == "allgather";
-  const int64_t efl = cfg.moe() ? cfg.moe_ffn() / shard.tp_size : 0;
-  int64_t fl_max = 0;  // the widest MLP of this rank's layers
-  bool any_moe = false;
-
-  // The MLP of layer l: the width of its dense MLP (the shared expert's in a MoE layer, 0 without
-  // one) on this rank, and whether it is MoE. MoE layers permute R = N*K token copies.
-  int64_t width(int l) const {
-    return (cfg.is_moe_layer(l) ? cfg.moe_shared_expert_intermediate_size : cfg.ffn()) /
-           shard.tp_size;
-  }
-  Tensor f(Shape s) const { return Tensor(std::move(s), compute, al); }       // activations
-  Tensor f32(Shape s) const { return Tensor(std::move(s), DType::F32, al); }  // statistics
-  Tensor i32(Shape s) const { return Tensor(std::move(s), DType::I32, al); }
-  // A residual-stream tensor: (B,T,C), or this rank's (Nl,C) rows under sequence parallelism.
-  Tensor res() const { return sp ? f({Nl, C}) : f({B, T, C}); }
-  // The first LayerNorm's output and statistics.
-  void ln1(LayerActivations& la) const {
-    la.ln1 = f({N, C});
-    if (!cfg.rmsnorm()) la.ln1_mean = f32({Nl});  // RMSNorm keeps no mean
-    la.ln1_rstd = f32({Nl});
-  }
-  // The recomputable MLP tensors for an MLP of width fl (and MoE's when moe).
-  void ln2_gelu(LayerActivations& la, int64_t fl, bool moe) const {
-    la.ln2 = f({N, C});
-    if (!cfg.rmsnorm()) la.ln2_mean = f32({Nl});
-    la.ln2_rstd = f32({Nl});
-    if (fl > 0) la.gelu = f({N, fl});
-    if (moe) {
-      la.moe_x = f({NK, C});
-      la.moe_act = f({R, efl});
-    }
-  }
-  // The attention core's output and statistics.
-  void core(LayerActivations& la) const {
-    la.att = f({B, T, hl});
-    la.lse = f32({B, heads_l, T});
-    if (cfg.mla()) la.mla.att_v = f({N, heads_l * cfg.v_head_dim});
-  }
-  // MLA's latents (kept with the GEMM outputs).
-  void mla_kept(LayerActivations& la) const {
-    const int64_t qr = cfg.q_lora_rank, kvr = cfg.kv_lora_rank;
-    MlaTensors& m = la.mla;
-    if (qr > 0) {
-      m.q_lat = f({N, qr});
-      m.q_lat_n = cfg.qk_layernorm ? f({N, qr}) : m.q_lat;
-      if (cfg.qk_layernorm) {
-        if (!cfg.rmsnorm()) m.q_mean = f32({N});
-        m.q_rstd = f32({N});
-      }
-    }
-    m.c = f({N, kvr});
-    m.c_n = cfg.qk_layernorm ? f({N, kvr}) : m.c;
-    m.k_pe = f({N, cfg.qk_pos_emb_head_dim});
-    if (cfg.qk_layernorm) {
-      if (!cfg.rmsnorm()) m.c_mean = f32({N});
-      m.c_rstd = f32({N});
-    }
-  }
-  // What selective recomputation keeps.
-  void kept(LayerActivations& la, bool res2, int64_t fl, bool moe) const {
-    la.qkv = f({B, T, qkvl});
-    if (cfg.mla()) mla_kept(la);
-    if (cfg.qk_layernorm && !cfg.mla()) {  // the q/k heads before their norms, and statistics
-      const int64_t kv_l = cfg.kv_heads() / shard.tp_size;
-      la.qk.q_raw = f({N, hl});
-      la.qk.k_raw = f({N, kv_l * cfg.head_dim()});
-      la.qk.q_rstd = f32({N * heads_l});
-      la.qk.k_rstd = f32({N * kv_l});
-      if (!cfg.rmsnorm()) {
-        la.qk.q_mean = f32({N * heads_l});
-        la.qk.k_mean = f32({N * kv_l});
-      }
-    }
-    la.res1 = res();
-    if (fl > 0) la.fc1 = f({N, glu * fl});
-    if (res2) la.res2 = res();
-    if (moe) {
-      la.moe_logits = f32({N, E});
-      la.moe_expert = i32({N, K});
-      la.moe_row = i32({N, K});
-      la.moe_weight = f32({N, K});
-      la.moe_fc1 = f({R, glu * efl});
-      la.moe_out = f({NK, C});
-      if (ep > 1) la.moe_xe = f({R, C});
-      if (allgather) {
-        la.moe_ag_weight = f32({ep * N, K});
-        la.moe_ag_row = i32({ep * N, K});
-        la.moe_oute = f({R, C});
-      }
-    }
-  }
-  // Without expert parallelism the expert side is the token side.
-  void expert_side(LayerActivations& la) const {
-    if (ep == 1 && la.moe_x.defined()) la.moe_xe = la.moe_x;
-  }
-  // A set allocated for the widest layer, cut to layer l's MLP (views of the same buffers).
-  LayerActivations fit(LayerActivations la, int l) const {
-    const int64_t fl = width(l);
-    la.gelu = fl > 0 && la.gelu.defined() ? la.gelu.view(0, {N, fl}) : Tensor();
-    la.fc1 = fl > 0 && la.fc1.defined() ? la.fc1.view(0, {N, glu * fl}) : Tensor();
-    if (!cfg.is_moe_layer(l)) {
-      for (Tensor* t : {&la.moe_x, &la.moe_xe, &la.moe_act, &la.moe_logits, &la.moe_expert,
-                        &la.moe_row, &la.moe_weight, &la.moe_fc1, &la.moe_out, &la.moe_ag_weight,
-                        &la.moe_ag_row, &la.moe_oute})
-        *t = Tensor();
-    }
-    return la;
-  }
-  // Shared: the scratch of the passes, then the recompute working set.
-  Activations shared_buffers() const {
-    Activations shared;
-    shared.tmp_c = f({N, C});
-    shared.dln = f({N, C});
-    shared.dqkv = f({B, T, qkvl});
-    shared.datt = f({B, T, hl});
-    if (cfg.qk_layernorm && !cfg.mla()) shared.qk_tmp = f({N, hl});
-    if (cfg.mla()) {
-      const int64_t dr = cfg.qk_pos_emb_head_dim;
-      shared.mla_q = f({N, hl});
-      shared.mla_kv = f({N, heads_l * (cfg.qk_head_dim + cfg.v_head_dim)});
-      if (cfg.q_lora_rank > 0) {
-        shared.mla_dq_n = f({N, cfg.q_lora_rank});
-        shared.mla_dq_lat = f({N, cfg.q_lora_rank});
-      }
-      shared.mla_dc_n = f({N, cfg.kv_lora_rank});
-      shared.mla_dc = f({N, cfg.kv_lora_rank});
-      shared.mla_dk_pe = f({N, dr});
-      shared.mla_tmp_pe = f({N, dr});
-      shared.mla_dln = f({N, C});
-      shared.datt_v = f({N, heads_l * cfg.v_head_dim});
-    }
-    if (fl_max > 0) shared.dfc = f({N, fl_max});
-    if (cfg.swiglu && fl_max > 0) shared.dfc1 = f({N, glu * fl_max});
-    if (any_moe) {
-      shared.moe_dout = f({NK, C});
-      if (ep > 1) {
-        if (!allgather) shared.moe_oute = f({R, C});
-        shared.moe_doute = f({R, C});
-      }
-      if (allgather) {
-        shared.moe_ag_x = f({ep * N, C});
-        shared.moe_ag_y = f({ep * N, C});
-        shared.moe_ag_logits = f32({ep * N, E});
-        shared.moe_ag_expert = i32({ep * N, K});
-        shared.moe_ag_dweight = f32({ep * N, K});
-      }
-      shared.moe_dact = f({R, efl});
-      if (cfg.swiglu) shared.moe_dfc1 = f({R, glu * efl});
-      shared.moe_dweight = f32({N, K});
-      shared.moe_dlogits = f32({N, E});
-      shared.moe_dx = f({N, C});
-      shared.moe_tmp = f({N, C});
-      if (compute != DType::F32) shared.moe_logits_c = f({N, E});
-    }
-    if (shard.cp_size > 1) {  // context parallelism's ring (model/context_parallel.cpp)
-      const int64_t kvl = qkvl - hl;
-      for (int i = 0; i < 2; ++i) {
-        shared.cp_kv[i] = f({B, T, kvl});
-        shared.cp_dkv[i] = f({B, T, kvl});
-      }
-      shared.cp_dkv_mine = f({B, T, kvl});
-      shared.cp_out = f({B, T, hl});
-      shared.cp_lse = f32({B, heads_l, T});
-      if (cfg.rope()) shared.cp_positions = i32({N});
-      if (cfg.learned_positions() && shard.has_embedding) {
-        shared.cp_wpe = f({T, C});
-        shared.cp_dwpe = f32({T, C});
-      }
-    }
-    return shared;
-  }
-  // Multi-token prediction's depths: each layer keeps everything (no recomputation), and its
-  // embedding, norms, projection, final norm, logits and losses; the scratch once per slot set.
-  void mtp_buffers(Activations& a, Activations& shared) const {
-    if (shard.mtp_count == 0) return;
-    for (int k = 0; k < shard.mtp_count; ++k) {
-      const int l = shard.mtp_begin + k;
-      const bool moe = cfg.is_moe_layer(l);
-      LayerActivations la;
-      ln1(la);
-      ln2_gelu(la, width(l), moe);
-      core(la);
-      kept(la, true, width(l), moe);
-      expert_side(la);
-      a.layers.push_back(std::move(la));
-      MtpActivations m;
-      m.ids = i32({B, T});
-      m.targets = i32({B, T});
-      m.emb = res();
-      m.e_n = res();
-      m.h_n = res();
-      if (!cfg.rmsnorm()) m.e_mean = f32({Nl}), m.h_mean = f32({Nl}), m.lnf_mean = f32({Nl});
-      m.e_rstd = f32({Nl});
-      m.h_rstd = f32({Nl});
-      m.cat = f({Nl, 2 * C});
-      m.x = res();
-      m.lnf = f({N, C});
-      m.lnf_rstd = f32({Nl});
-      m.logits = f({N, vl});
-      m.losses = f32({N});
-      a.mtp.push_back(std::move(m));
-    }
-    if (!shared.mtp_dmain.defined()) {
-      shared.mtp_dmain = res();
-      shared.mtp_dh = res();
-      shared.mtp_demb = f({N, C});
-      shared.mtp_dcat = f({Nl, 2 * C});
-      shared.mtp_de = f({Nl, C});
-      shared.mtp_dhn = f({Nl, C});
-    }
-    a.mtp_dmain = shared.mtp_dmain;
-    a.mtp_dh = shared.mtp_dh;
-    a.mtp_demb = shared.mtp_demb;
-    a.mtp_dcat = shared.mtp_dcat;
-    a.mtp_de = shared.mtp_de;
-    a.mtp_dhn = shared.mtp_dhn;
-  }
-  // The head's buffers: the final LayerNorm, the logits and the loss statistics.
-  void head_buffers(Activations& a) const {
-    a.lnf = f({N, C});
-    if (!cfg.rmsnorm()) a.lnf_mean = f32({Nl});
-    a.lnf_rstd = f32({Nl});
-    a.logits = f({N, vl});
-    a.losses = f32({N});
-    a.rowmax = f32({N});
-    a.sumexp = f32({N});
-    a.target_logit = f32({N});
-  }
-};
-
-// Builds the activation buffers of `count` micro-batch slots on `al`: the shared scratch and
-// recompute working set first, then each slot's own buffers. The one place that decides what is
-// allocated, for the model (make_activation_slots) and the estimate (activation_footprint).
-std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const ModelShard& shard,
-                                                const std::vector<LayerRecompute>& plan, int B,
-                                                int T, DType compute, Allocator& al,
-                                                const std::vector<int>& counts) {
-  const SlotBuilder sb(cfg, shard, B, T, compute, al);
-  Activations shared = sb.shared_buffers();
-  size_t max_chunk = 0;
-  bool selective = false;
-  for (const LayerRecompute& p : plan) {
-    if (p.kind == RecomputeGranularity::Full)
-      max_chunk = std::max(max_chunk, static_cast<size_t>(p.chunk_end - p.chunk_begin));
-    selective |= p.kind == RecomputeGranularity::Selective;
-  }
-  // Full: position j of a chunk uses work[j]; the output of a chunk's last layer is the next
-  // chunk's input and is kept per micro-batch, so the last position needs no res2 here.
-  std::vector<LayerActivations> work(max_chunk);
-  for (size_t j = 0; j < max_chunk; ++j) {
-    sb.ln1(work[j]);
-    sb.ln2_gelu(work[j], sb.fl_max, sb.any_moe);
-    sb.core(work[j]);
-    sb.kept(work[j], j + 1 < max_chunk, sb.fl_max, sb.any_moe);
-  }
-  LayerActivations sel;  // selective: one set, refilled before each layer's backward
-  if (selective) {
-    sb.ln1(sel);
-    sb.ln2_gelu(sel, sb.fl_max, sb.any_moe);
-    sb.core(sel);
-  }
-  std::vector<Activations> slots;
-  TESSERA_CHECK(static_cast<int>(counts.size()) == shard.num_chunks(),
-                "activation slots: one count per model chunk");
-  for (int c = 0; c < shard.num_chunks(); ++c)
-    for (int k = 0; k < counts[c]; ++k) {
-      Activations a = shared;
-      a.B = B;
-      a.T = T;
-      a.chunk = c;
-      const LayerRange& chunk = shard.chunks[c];
-      a.ids = Tensor({B, T}, DType::I32, al);
-      a.targets = Tensor({B, T}, DType::I32, al);
-      a.input = sb.res();
-      a.dres = sb.res();
-      for (int l = chunk.begin; l < chunk.end; ++l) {
-        const LayerRecompute& p = plan[static_cast<size_t>(shard.local_index(l))];
-        const bool moe = cfg.is_moe_layer(l);
-        LayerActivations la;
-        switch (p.kind) {
-          case RecomputeGranularity::None:
-            sb.ln1(la);
-            sb.ln2_gelu(la, sb.width(l), moe);
-            sb.core(la);
-            sb.kept(la, true, sb.width(l), moe);
-            break;
-          case RecomputeGranularity::Selective:
-            la = sb.fit(sel, l);
-            sb.kept(la, true, sb.width(l), moe);
-            break;
-          case RecomputeGranularity::Full:
-            la = sb.fit(work[static_cast<size_t>(l - p.chunk_begin)], l);
-            if (p.chunk_last(l)) la.res2 = sb.res();
-            break;
-        }
-        sb.expert_side(la);
-        a.layers.push_back(std::move(la));
-      }
-      if (shard.has_head && c == shard.num_chunks() - 1) {
-        sb.head_buffers(a);
-        sb.mtp_buffers(a, shared);  // multi-token prediction's layers (kept whole) and tensors
-      }
-      slots.push_back(std::move(a));
-    }
-  return slots;
-}
-
-// Hands out no memory; counts the bytes asked for.
-class CountingAllocator final : public Allocator {
- public:
-  void* allocate(size_t bytes) override {
-    bytes_ += static_cast<double>(bytes);
-    return &dummy_;
-  }
-  void deallocate(void*, size_t) override {}
-  Device device() const override { return Device::CPU; }
-  double bytes() const { return bytes_; }
-
- private:
-  double bytes_ = 0;
-  char dummy_ = 0;
-};
-
-}  // namespace
-
-double activation_bytes(const GPTConfig& cfg, const ModelShard& shard, const RecomputeConfig& rc,
-                        int B, int T, DType compute, const std::vector<int>& counts) {
-  CountingAllocator al;
-  build_activation_slots(cfg, shard, plan_recompute(rc, shard), B, T, compute, al, counts);
-  return al.bytes();
-}
-
-ActivationFootprint activation_footprint(const GPTConfig& cfg, const ModelShard& shard,
-                                         const RecomputeConfig& rc, int B, int T, DType compute) {
-  const int V = shard.num_chunks();
-  const double one = activation_bytes(cfg, shard, rc, B, T, compute, std::vector<int>(V, 1));
-  const double two = activation_bytes(cfg, shard, rc, B, T, compute, std::vector<int>(V, 2));
-  ActivationFootprint fp;
-  fp.per_micro_batch = two - one;
-  fp.shared = one - fp.per_micro_batch;
-  return fp;
-}
-
-ActivationFootprint GPTModel::activation_footprint(int B, int T) const {
-  return tessera::activation_footprint(cfg_, shard_, recompute_, B, T, compute_);
-}
-
-std::vector<Activations> GPTModel::make_activation_slots(int B, int T, int count) const {
-  return make_activation_slots(B, T, std::vector<int>(shard_.num_chunks(), count));
-}
-
-std::vector<Activations> GPTModel::make_activation_slots(int B, int T,
-                                                         const std::vector<int>& counts) const {
-  TESSERA_CHECK(T <= cfg_.max_positions(), "sequence of ", T, " tokens exceeds the ",
-                cfg_.max_positions(), " positions of the model");
-  int count = 0;
-  for (int c : counts) count += c;
-  AllocationLabel label(
-      count == 1 ? detail::concat("the activations of one micro-batch (", B, " x ", T, " tokens)")
-                 : detail::concat("the activations of ", count, " micro-batches in flight (", B,
-                                  " x ", T, " tokens each)"));
-  std::vector<Activations> slots =
-      build_activation_slots(cfg_, shard_, plan_, B, T, compute_, be_.allocator(), counts);
-  if (!slots.empty() && slots[0].cp_positions.defined()) {  // shared by every slot
-    TESSERA_CHECK(T % 2 == 0, "context parallelism: ", T, " tokens per rank is odd");
-    std::vector<int32_t> pos(static_cast<size_t>(B) * T);
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < T; ++t)
-        pos[static_cast<size_t>(b) * T + t] =
-            static_cast<int32_t>(cp_position(shard_.cp_rank, shard_.cp_size, T / 2, t));
-    be_.copy_from_host(slots[0].cp_positions, pos.data());
-  }
-  return slots;
 }
 
 LayerActivations& GPTModel::acts_of(int layer, Activations& a) const {
@@ -735,20 +273,9 @@ void GPTModel::reduce_sequence_parallel_grads(int piece) {
         tp_.all_reduce(g, ReduceOp::Sum);
       }
   }
-  if (piece >= 0 && cfg_.is_moe_layer(piece) && tp_.size() > 1) {
-    // Each TP rank routed its share of the tokens: the router's gradient is a partial sum.
-    TESSERA_PHASE("moe-router-grad-all-reduce");
-    tp_.all_reduce(grads_[shard_.local_index(piece)].router_w, ReduceOp::Sum);
-  }
-  if (piece >= 0 && (cfg_.qk_layernorm || cfg_.mla()) && tp_.size() > 1) {
-    // Each TP rank normalized its own heads (--qk-layernorm), or (MLA) back-propagated its own
-    // heads into the replicated latents: those parameters' gradients are partial sums.
-    TESSERA_PHASE("qk-norm-grad-all-reduce");
-    LayerWeights& g = grads_[shard_.local_index(piece)];
-    for (Tensor* t :
-         {&g.q_norm_w, &g.q_norm_b, &g.k_norm_w, &g.k_norm_b, &g.q_down_w, &g.q_down_norm_w,
-          &g.q_down_norm_b, &g.kv_down_w, &g.kv_down_norm_w, &g.kv_down_norm_b})
-      if (t->defined()) tp_.all_reduce(*t, ReduceOp::Sum);
+  if (piece >= 0) {  // each part's partial sums over TP (the router; q/k norms, MLA's latents)
+    mlp_part(piece).reduce_tp_grads(piece);
+    attention_part(piece).reduce_tp_grads(piece);
   }
   if (!sp_) return;
   TESSERA_PHASE("sp-grad-all-reduce");
@@ -768,35 +295,17 @@ void GPTModel::reduce_sequence_parallel_grads(int piece) {
 
 Tensor& GPTModel::activation_backward(PhaseSequence& phase, Tensor& dact, Tensor& dfc1_swiglu,
                                       const Tensor& fc1) {
-  if (cfg_.swiglu) {
-    phase("swiglu-backward");
-    be_.swiglu_backward(dfc1_swiglu, fc1, dact);
-    return dfc1_swiglu;
-  }
-  if (cfg_.squared_relu) {
-    phase("squared-relu-backward");
-    be_.squared_relu_backward(dact, fc1, dact);
-  } else {
-    phase("gelu-backward");
-    be_.gelu_backward(dact, fc1, dact);
-  }
-  return dact;
+  phase(mlp_activation_phase(activation_, true));
+  return mlp_activation_backward(be_, activation_, dact, dfc1_swiglu, fc1);
 }
 
 void GPTModel::activation_forward(PhaseSequence& phase, LayerActivations& la) {
-  phase(cfg_.swiglu         ? "swiglu-forward"
-        : cfg_.squared_relu ? "squared-relu-forward"
-                            : "gelu-forward");
+  phase(mlp_activation_phase(activation_, false));
   mlp_activation(la.gelu, la.fc1);
 }
 
 void GPTModel::mlp_activation(Tensor& out, const Tensor& fc1) {
-  if (cfg_.swiglu)
-    be_.swiglu_forward(out, fc1);
-  else if (cfg_.squared_relu)
-    be_.squared_relu_forward(out, fc1);
-  else
-    be_.gelu_forward(out, fc1);
+  mlp_activation_forward(be_, activation_, out, fc1);
 }
 
 const Tensor& GPTModel::norm_weight(const Tensor& w) {
@@ -815,46 +324,6 @@ void GPTModel::norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tenso
     be_.rmsnorm_forward(out, rstd, inp, w, cfg_.layernorm_epsilon);
   else
     be_.layernorm_forward(out, mean, rstd, inp, w, b, cfg_.layernorm_epsilon);
-}
-
-void GPTModel::qk_norm_forward(Tensor& qkv, const LayerWeights& w, QkNormTensors& keep,
-                               Tensor& tmp) {
-  const int64_t hd = cfg_.head_dim(), width = qkv.dim(qkv.ndim() - 1), n = qkv.numel() / width;
-  Tensor rows = qkv.reshape({n, width});
-  // The query heads at columns [0, Hl*hd), the key heads after them: each copied out whole (the
-  // heads before the norm, for the backward), normalized per head into tmp, and copied back.
-  // `keep` may hold more rows than qkv (generation's buffers): the first n are used.
-  auto one = [&](int64_t col, int64_t heads, const Tensor& raw_all, const Tensor& mean_all,
-                 const Tensor& rstd_all, const Tensor& nw, const Tensor& nb) {
-    Tensor raw = raw_all.view(0, {n, heads * hd}), rstd = rstd_all.view(0, {n * heads});
-    Tensor mean = mean_all.defined() ? mean_all.view(0, {n * heads}) : Tensor();
-    be_.copy_columns(raw, 0, rows, col, heads * hd);
-    Tensor out = tmp.view(0, {n * heads, hd});
-    norm_forward(out, mean, rstd, raw.reshape({n * heads, hd}), nw, nb);
-    be_.copy_columns(rows, col, tmp.view(0, {n, heads * hd}), 0, heads * hd);
-  };
-  one(0, heads_local_, keep.q_raw, keep.q_mean, keep.q_rstd, w.q_norm_w, w.q_norm_b);
-  one(heads_local_ * hd, kv_heads_local_, keep.k_raw, keep.k_mean, keep.k_rstd, w.k_norm_w,
-      w.k_norm_b);
-}
-
-void GPTModel::qk_norm_backward(Tensor& dqkv, LayerWeights& g, const LayerWeights& w,
-                                const QkNormTensors& keep, Tensor& tmp, Tensor& tmp2) {
-  const int64_t hd = cfg_.head_dim(), width = dqkv.dim(dqkv.ndim() - 1), n = dqkv.numel() / width;
-  Tensor rows = dqkv.reshape({n, width});
-  auto one = [&](int64_t col, int64_t heads, const Tensor& raw, const Tensor& mean,
-                 const Tensor& rstd, const Tensor& nw, Tensor& dw, Tensor& db) {
-    Tensor dy = tmp.view(0, {n, heads * hd}), dx = tmp2.view(0, {n, heads * hd});
-    be_.copy_columns(dy, 0, rows, col, heads * hd);
-    be_.zero(dx);  // the norm's backward accumulates
-    Tensor dx_heads = dx.reshape({n * heads, hd});
-    norm_backward(dx_heads, dw, db, dy.reshape({n * heads, hd}), raw.reshape({n * heads, hd}), nw,
-                  mean, rstd);
-    be_.copy_columns(rows, col, dx, 0, heads * hd);
-  };
-  one(0, heads_local_, keep.q_raw, keep.q_mean, keep.q_rstd, w.q_norm_w, g.q_norm_w, g.q_norm_b);
-  one(heads_local_ * hd, kv_heads_local_, keep.k_raw, keep.k_mean, keep.k_rstd, w.k_norm_w,
-      g.k_norm_w, g.k_norm_b);
 }
 
 void GPTModel::add_norm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd,
@@ -923,31 +392,12 @@ void GPTModel::block_forward(int l, Activations& a) {
   const LayerWeights& w = weights_[li];
   LayerActivations& la = acts_of(l, a);
   const Tensor& x = layer_input(l, a);
-  const bool bias_here = shard_.tp_rank == 0;  // row-parallel bias: added once across the group
   PhaseSequence phase;
   phase("layernorm-forward");
   Tensor ln1 = own_rows(la.ln1, a);
   norm_forward(ln1, la.ln1_mean, la.ln1_rstd, x, w.ln1_w, w.ln1_b);
   gather_rows(phase, la.ln1);
-  phase("qkv-gemm-forward");
-  if (cfg_.mla())
-    mla_qkv_forward(la.qkv, la.ln1, w, la.mla, a.mla_q, a.mla_kv);
-  else
-    linear_forward(l, Fp8Gemm::Qkv, la.qkv, la.ln1, w.qkv_w, opt(w.qkv_b), a);
-  if (cfg_.qk_layernorm && !cfg_.mla()) {
-    phase("qk-norm-forward");
-    qk_norm_forward(la.qkv, w, la.qk, a.qk_tmp);
-  }
-  if (cfg_.rope()) {
-    phase("rope");
-    be_.rope(la.qkv, rope_spec(a.T), rope_positions(a), false);
-  }
-  phase("attention-core-forward");
-  attention_core_forward(l, a, la);
-  if (cfg_.mla()) mla_values(la.mla.att_v, la.att);
-  phase("proj-gemm-forward");
-  linear_forward(l, Fp8Gemm::Proj, a.tmp_c, cfg_.mla() ? la.mla.att_v : la.att, w.proj_w,
-                 bias_here ? opt(w.proj_b) : nullptr, a);
+  attention_[static_cast<size_t>(li)]->forward(phase, l, a, la, a.tmp_c);
   Tensor branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::AttnOut, a); d.active()) {
     phase("dropout");
@@ -957,16 +407,7 @@ void GPTModel::block_forward(int l, Activations& a) {
   Tensor ln2 = own_rows(la.ln2, a);
   add_norm_forward(la.res1, ln2, la.ln2_mean, la.ln2_rstd, x, branch, w.ln2_w, w.ln2_b);
   gather_rows(phase, la.ln2);
-  if (cfg_.is_moe_layer(l)) {
-    moe_forward(phase, l, a, a.tmp_c);
-  } else {
-    phase("fc1-gemm-forward");
-    linear_forward(l, Fp8Gemm::Fc1, la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b), a);
-    activation_forward(phase, la);
-    phase("fc2-gemm-forward");
-    linear_forward(l, Fp8Gemm::Fc2, a.tmp_c, la.gelu, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr,
-                   a);
-  }
+  mlp_[static_cast<size_t>(li)]->forward(phase, l, a, la, a.tmp_c);
   branch = reduce_rows(phase, a.tmp_c, a);
   if (const DropoutSpec d = hidden_dropout(l, DropoutKind::MlpOut, a); d.active()) {
     phase("dropout");
@@ -1117,26 +558,8 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
     norm_forward(ln2, la.ln2_mean, la.ln2_rstd, la.res1, w.ln2_w, w.ln2_b);
     gather_rows(phase, la.ln1);  // the gathers of the forward again (sequence parallelism)
     gather_rows(phase, la.ln2);
-    phase("attention-core-forward");  // qkv was kept with RoPE applied
-    attention_core_forward(l, a, la);
-    if (cfg_.mla()) mla_values(la.mla.att_v, la.att);
-    if (la.gelu.defined()) activation_forward(phase, la);
-    if (cfg_.is_moe_layer(l)) {   // the experts' inputs and activations from the kept routing
-      if (shard_.ep_size == 1) {  // else the received rows were kept
-        phase("moe-permute");
-        be_.moe_permute(la.moe_x, la.ln2, la.moe_row);
-      }
-      const int64_t R = la.moe_act.dim(0), efl = la.moe_act.dim(1);
-      int64_t row = 0;
-      for (int64_t rows : la.moe_rows) {
-        if (rows > 0) {
-          Tensor act = la.moe_act.view(row * efl, {rows, efl});
-          mlp_activation(act, la.moe_fc1.view(row * la.moe_fc1.dim(1), {rows, la.moe_fc1.dim(1)}));
-        }
-        row += rows;
-      }
-      TESSERA_CHECK(row <= R, "MoE rows");
-    }
+    attention_part(l).recompute(phase, l, a, la);
+    mlp_part(l).recompute(phase, l, a, la);
   }
 }
 
@@ -1153,50 +576,13 @@ void GPTModel::block_backward(int l, Activations& a) {
   // The branch's gradient is dres through the forward's mask, gathered over TP with sequence
   // parallelism (branch_grad).
   const Tensor& dmlp = branch_grad(phase, a, hidden_dropout(l, DropoutKind::MlpOut, a));
-  if (cfg_.is_moe_layer(l)) {
-    moe_backward(phase, l, a, dmlp);
-  } else {
-    phase("fc2-gemm-backward");
-    const bool gelu = !cfg_.swiglu && !cfg_.squared_relu;
-    if (gelu &&
-        !fp8_layer(l)) {  // GELU's backward in the GEMM's epilogue where the backend has one
-      be_.matmul_gelu_backward(a.dfc, g.fc2_w, opt(g.fc2_b), dmlp, la.gelu, w.fc2_w, la.fc1);
-    } else {
-      linear_backward(l, Fp8Gemm::Fc2, &a.dfc, g.fc2_w, opt(g.fc2_b), dmlp, la.gelu, w.fc2_w);
-      if (gelu) be_.gelu_backward(a.dfc, la.fc1, a.dfc);
-    }
-    const Tensor& dfc1 = gelu ? a.dfc : activation_backward(phase, a.dfc, a.dfc1, la.fc1);
-    phase("fc1-gemm-backward");
-    linear_backward(l, Fp8Gemm::Fc1, &a.dln, g.fc1_w, opt(g.fc1_b), dfc1, la.ln2, w.fc1_w);
-  }
+  mlp_part(l).backward(phase, l, a, la, dmlp);
   Tensor dln = reduce_rows(phase, a.dln, a);  // column-parallel input gradient
   phase("layernorm-backward");
   norm_backward(a.dres, g.ln2_w, g.ln2_b, dln, la.res1, w.ln2_w, la.ln2_mean, la.ln2_rstd);
   // Attention: res1 = x + drop(proj(attn(qkv(ln1(x))))); dres becomes d x.
   const Tensor& dattn = branch_grad(phase, a, hidden_dropout(l, DropoutKind::AttnOut, a));
-  phase("proj-gemm-backward");
-  if (cfg_.mla()) {
-    linear_backward(l, Fp8Gemm::Proj, &a.datt_v, g.proj_w, opt(g.proj_b), dattn, la.mla.att_v,
-                    w.proj_w);
-    mla_expand(a.datt, a.datt_v);
-  } else {
-    linear_backward(l, Fp8Gemm::Proj, &a.datt, g.proj_w, opt(g.proj_b), dattn, la.att, w.proj_w);
-  }
-  phase("attention-core-backward");
-  attention_core_backward(l, a, la);
-  if (cfg_.rope()) {  // the rotation's transpose: rotate the gradient back
-    phase("rope");
-    be_.rope(a.dqkv, rope_spec(a.T), rope_positions(a), true);
-  }
-  if (cfg_.qk_layernorm && !cfg_.mla()) {  // datt is free once the attention core has read it
-    phase("qk-norm-backward");
-    qk_norm_backward(a.dqkv, g, w, la.qk, a.qk_tmp, a.datt);
-  }
-  phase("qkv-gemm-backward");
-  if (cfg_.mla())
-    mla_qkv_backward(l, a, la);
-  else
-    linear_backward(l, Fp8Gemm::Qkv, &a.dln, g.qkv_w, opt(g.qkv_b), a.dqkv, la.ln1, w.qkv_w);
+  attention_part(l).backward(phase, l, a, la, dattn);
   dln = reduce_rows(phase, a.dln, a);
   phase("layernorm-backward");
   norm_backward(a.dres, g.ln1_w, g.ln1_b, dln, x, w.ln1_w, la.ln1_mean, la.ln1_rstd);

@@ -1,7 +1,9 @@
-// gpt.hpp: the GPT-2 model (DESIGN.md invariant 3) on one rank's shard, with explicit forward and
-// backward passes over preallocated buffers. Tensor parallelism is Megatron's: vocab-parallel
-// embedding and cross-entropy, column-parallel QKV and fc1, row-parallel attention projection
-// and fc2; `tp` is the tensor-parallel group (a LocalCommunicator for TP=1).
+// gpt.hpp: the GPT model (DESIGN.md invariant 3) on one rank's shard, with explicit forward and
+// backward passes over preallocated buffers: the block's plumbing here, each layer's attention
+// and MLP as parts chosen once from its spec (model/parts.hpp, model/layer_spec.hpp). Tensor
+// parallelism is Megatron's: vocab-parallel embedding and cross-entropy, column-parallel QKV and
+// fc1, row-parallel attention projection and fc2; `tp` is the tensor-parallel group (a
+// LocalCommunicator for TP=1).
 #pragma once
 
 #include <functional>
@@ -13,12 +15,14 @@
 #include "comm/communicator.hpp"
 #include "model/fp8.hpp"
 #include "model/gpt_config.hpp"
+#include "model/layer_spec.hpp"
 #include "model/params.hpp"
 #include "model/recompute.hpp"
 
 namespace tessera {
 
 class PhaseSequence;  // core/phase_timer.hpp
+class ModelPart;      // model/parts.hpp
 
 // Activations of one transformer layer for one micro-batch. N = B*T tokens; Cl, Fl, Hl are this
 // rank's shares of the hidden width, ffn width and heads. With recomputation (model/recompute.hpp)
@@ -298,34 +302,19 @@ class GPTModel {
   const AttentionDocuments* documents(const Activations& a);
   // The output layer's weight: the tied word embedding, or lm_head.
   const char* output_weight_name() const { return cfg_.tied_head() ? "wte" : "lm_head"; }
-  // The MLP's activation (GELU, SwiGLU or squared ReLU): fc1 output -> out.
-  void mlp_activation(Tensor& out, const Tensor& fc1);
   // The configured norm (LayerNorm or RMSNorm; mean and bias unused by RMSNorm; with
   // --apply-layernorm-1p the weight applied is 1 + w).
   void norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w,
                     const Tensor& b);
-  // --qk-layernorm: normalizes the query and key heads of qkv (n rows of (Hl+2Gl)*hd, the values
-  // untouched) in place, each head over its hd features with w's q_norm / k_norm, keeping the
-  // heads before the norm and its statistics in `keep` (rows n) for the backward; `tmp` (at least
-  // n*Hl*hd elements) is scratch. The backward turns dqkv's query and key gradients (after the
-  // norm) into those before it and accumulates the norms' weight gradients into g; tmp and tmp2
-  // (each n*Hl*hd) are scratch.
-  void qk_norm_forward(Tensor& qkv, const LayerWeights& w, QkNormTensors& keep, Tensor& tmp);
-  // Multi-latent attention (model/mla.cpp): ln (n rows) -> qkv (n rows of 3 * Hl * head_dim:
-  // each query head [RoPE part | the rest], each key head [the shared RoPE key | its own], each
-  // value head [v_head_dim values | zeros]), before RoPE; keeps the latents in `keep`; q and kv
-  // are scratch (n, Hl*hd) and (n, Hl*(qk_head_dim + v_head_dim)). The attention output's values
-  // per head into att_v (mla_values), and the projection's input gradient back (mla_expand).
-  void mla_qkv_forward(Tensor& qkv, const Tensor& ln, const LayerWeights& w, MlaTensors& keep,
-                       Tensor& q, Tensor& kv);
-  void mla_values(Tensor& att_v, const Tensor& att);
-  void qk_norm_backward(Tensor& dqkv, LayerWeights& g, const LayerWeights& w,
-                        const QkNormTensors& keep, Tensor& tmp, Tensor& tmp2);
   // sum = a + b, out = the model's norm of sum (one pass where the backend has one; sum may be a).
   void add_norm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
                         const Tensor& b, const Tensor& w, const Tensor& bias);
   Backend& backend() { return be_; }
   Communicator& tp_comm() { return tp_; }
+  // The parts of layer `layer` (held by this rank), chosen once from its spec (model/parts.hpp).
+  AttentionPart& attention_part(int layer) { return *attention_[shard_.local_index(layer)]; }
+  MlpPart& mlp_part(int layer) { return *mlp_[shard_.local_index(layer)]; }
+  ~GPTModel();
 
   // MoE statistics of this rank's MoE layers, summed over the training micro-batches' forwards
   // since the last reset (recomputation adds nothing): the load-balancing metric (the aux loss
@@ -369,6 +358,9 @@ class GPTModel {
   // Context parallelism: the ring of CP ranks (its size is the shard's cp_size). Needed before a
   // forward when cp_size > 1.
   void set_context_comm(Communicator& cp) { cp_comm_ = &cp; }
+  // Selective recomputation of a MoE layer's routed experts: their inputs and activations from
+  // the kept routing.
+  void moe_recompute(PhaseSequence& phase, LayerActivations& la);
   // The MoE MLP of `layer` for inference (generation, serving): `rows` rows of ln (n,C) -> out
   // (n,C), a partial sum over TP like fc2's output (the caller reduces it). Dropless whatever the
   // capacity factor (as Hugging Face's Mixtral); TP rank 0's logits route every rank. The
@@ -432,8 +424,11 @@ class GPTModel {
   // tmp_c when either applies; else dres itself).
   const Tensor& branch_grad(PhaseSequence& phase, Activations& a, const DropoutSpec& site);
   LayerActivations& acts_of(int layer, Activations& a) const;
-  // The MLP's activation (GELU or SwiGLU): la.fc1 -> la.gelu.
+  friend class ModelPart;
+  // The MLP's activation (of every layer: GELU, SwiGLU or squared ReLU): la.fc1 -> la.gelu, and
+  // fc1 output -> out.
   void activation_forward(PhaseSequence& phase, LayerActivations& la);
+  void mlp_activation(Tensor& out, const Tensor& fc1);
   // w, or 1 + w (in a scratch tensor) with --apply-layernorm-1p.
   const Tensor& norm_weight(const Tensor& w);
   void norm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
@@ -453,10 +448,6 @@ class GPTModel {
   void attention_core_forward(int layer, Activations& a, LayerActivations& la);
   void attention_core_backward(int layer, Activations& a, LayerActivations& la);
   void ring_attention_forward(int layer, Activations& a, LayerActivations& la);
-  // MLA's backward from a.dqkv (after RoPE's inverse) to a.dln (the input gradient, partial over
-  // TP) and the weights' gradients; and datt (the attention output's gradient, zeros at the
-  // padded values) from a.datt_v.
-  void mla_qkv_backward(int layer, Activations& a, LayerActivations& la);
   // Multi-token prediction: each depth's targets from the micro-batch's ids and targets; its
   // forward after the main head (losses and logits' gradients) and its backward before the main
   // head's (adding the main hidden state's gradient to a.dres).
@@ -466,7 +457,6 @@ class GPTModel {
   // The word embedding of `ids` (B,T) into out (own rows, C): the vocabulary-parallel lookup
   // summed over TP (reduce-scattered with sequence parallelism).
   void embed_rows(PhaseSequence& phase, Tensor& out, const Tensor& ids, Activations& a);
-  void mla_expand(Tensor& datt, const Tensor& datt_v);
   void ring_attention_backward(int layer, Activations& a, LayerActivations& la);
   // Hidden dropout over rows of a micro-batch's local rows (this rank's own rows, as
   // dropout_row_begin counts them), keyed by global sample and position (one call per run of
@@ -493,6 +483,16 @@ class GPTModel {
 
   GPTConfig cfg_;
   ModelShard shard_;
+  // Per local layer: its spec and parts (model/layer_spec.hpp).
+  std::vector<LayerSpec> specs_;
+  std::vector<std::unique_ptr<AttentionPart>> attention_;
+  std::vector<std::unique_ptr<MlpPart>> mlp_;
+  MlpActivation activation_ = MlpActivation::Gelu;  // every layer's
+  bool swiglu_ = false;                             // activation_ is SwiGLU
+  bool moe_layer(int layer) const {
+    return specs_[static_cast<size_t>(shard_.local_index(layer))].mlp == MlpKind::MoE;
+  }
+  void init_moe();  // the router's settings (model/moe.cpp)
   Backend& be_;
   Communicator& tp_;
   DType compute_ = DType::F32;

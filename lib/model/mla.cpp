@@ -1,5 +1,6 @@
-// mla.cpp: multi-latent attention (DeepSeek-V2/V3, Megatron-Core's MLA; docs/model.md) of
-// GPTModel, on this rank's Hl heads of hd = qk_head_dim + qk_pos_emb_head_dim features.
+// mla.cpp: multi-latent attention (DeepSeek-V2/V3, Megatron-Core's MLA; docs/model.md) as a part
+// of a layer (model/parts.hpp), on this rank's Hl heads of hd = qk_head_dim + qk_pos_emb_head_dim
+// features.
 //
 // Forward, from the layer's normed input ln (N rows, every TP rank all of them):
 //   queries: q_lat = ln W_qd^T (the latent, replicated over TP), its norm, q = q_lat_n W_qu^T
@@ -17,124 +18,302 @@
 // down-projections: the input gradient is summed over TP with the other column-parallel ones, the
 // replicated weights' gradients once per step (reduce_sequence_parallel_grads).
 #include "core/phase_timer.hpp"
-#include "model/gpt.hpp"
+#include "model/slots.hpp"
 
 namespace tessera {
 
-void GPTModel::mla_qkv_forward(Tensor& qkv, const Tensor& ln, const LayerWeights& w,
-                               MlaTensors& keep, Tensor& q, Tensor& kv) {
-  const int64_t C = cfg_.hidden_size, n = ln.numel() / C, H = heads_local_, D = cfg_.head_dim();
-  const int64_t dn = cfg_.qk_head_dim, dr = cfg_.qk_pos_emb_head_dim, dv = cfg_.v_head_dim;
-  const int64_t qr = cfg_.q_lora_rank, kvr = cfg_.kv_lora_rank;
-  const Tensor x = ln.reshape({n, C});
-  // `keep` may hold more rows than ln (generation's buffers): the first n are used.
-  auto rows = [&](const Tensor& t, int64_t cols) {
-    return t.defined() ? t.view(0, {n, cols}) : Tensor();
-  };
-  auto stats = [&](const Tensor& t) { return t.defined() ? t.view(0, {n}) : Tensor(); };
-  Tensor qv = rows(q, H * D);
-  if (qr > 0) {
-    Tensor ql = rows(keep.q_lat, qr), qn = rows(keep.q_lat_n, qr);
-    be_.matmul_forward(ql, x, w.q_down_w, nullptr);
-    if (cfg_.qk_layernorm) {
-      Tensor mean = stats(keep.q_mean), rstd = stats(keep.q_rstd);
-      norm_forward(qn, mean, rstd, ql, w.q_down_norm_w, w.q_down_norm_b);
+namespace {
+
+class MlaAttention final : public AttentionPart {
+ public:
+  using AttentionPart::AttentionPart;
+
+  void bind(const ParamStore& ps, int l, bool grads, LayerWeights& w) const override {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    w.q_down_w = param(ps, l, "attn.q_down.weight", grads);
+    w.q_down_norm_w = param(ps, l, "attn.q_down_norm.weight", grads);
+    w.q_down_norm_b = param(ps, l, "attn.q_down_norm.bias", grads);
+    w.q_up_w = ps.has(p + "attn.q_up.weight") ? param(ps, l, "attn.q_up.weight", grads)
+                                              : param(ps, l, "attn.q_proj.weight", grads);
+    w.kv_down_w = param(ps, l, "attn.kv_down.weight", grads);
+    w.kv_down_norm_w = param(ps, l, "attn.kv_down_norm.weight", grads);
+    w.kv_down_norm_b = param(ps, l, "attn.kv_down_norm.bias", grads);
+    w.kv_up_w = param(ps, l, "attn.kv_up.weight", grads);
+    w.proj_w = param(ps, l, "attn.proj.weight", grads);
+    w.proj_b = param(ps, l, "attn.proj.bias", grads);
+  }
+
+  void core_buffers(const SlotBuilder& sb, LayerActivations& la) const override {
+    if (la.att.defined()) return;
+    la.att = sb.f({sb.B, sb.T, sb.hl});
+    la.lse = sb.f32({sb.B, sb.heads_l, sb.T});
+    la.mla.att_v = sb.f({sb.N, sb.heads_l * cfg_.v_head_dim});
+  }
+
+  // The heads, and the latents (with their norms' statistics) their backward reads.
+  void kept_buffers(const SlotBuilder& sb, LayerActivations& la) const override {
+    if (la.qkv.defined()) return;
+    la.qkv = sb.f({sb.B, sb.T, sb.qkvl});
+    const int64_t N = sb.N, qr = cfg_.q_lora_rank, kvr = cfg_.kv_lora_rank;
+    const bool norm = spec_.qk_norm;
+    MlaTensors& m = la.mla;
+    if (qr > 0) {
+      m.q_lat = sb.f({N, qr});
+      m.q_lat_n = norm ? sb.f({N, qr}) : m.q_lat;
+      if (norm) {
+        if (!cfg_.rmsnorm()) m.q_mean = sb.f32({N});
+        m.q_rstd = sb.f32({N});
+      }
     }
-    be_.matmul_forward(qv, qn, w.q_up_w, nullptr);
-  } else {
-    be_.matmul_forward(qv, x, w.q_up_w, nullptr);
-  }
-  if (const double f = cfg_.yarn_softmax_factor(); f != 1.0) be_.scale(qv, static_cast<float>(f));
-  Tensor c = rows(keep.c, kvr), cn = rows(keep.c_n, kvr), kpe = rows(keep.k_pe, dr);
-  be_.matmul_forward(c, x, w.kv_down_w.view(0, {kvr, C}), nullptr);
-  be_.matmul_forward(kpe, x, w.kv_down_w.view(kvr * C, {dr, C}), nullptr);
-  if (cfg_.qk_layernorm) {
-    Tensor mean = stats(keep.c_mean), rstd = stats(keep.c_rstd);
-    norm_forward(cn, mean, rstd, c, w.kv_down_norm_w, w.kv_down_norm_b);
-  }
-  Tensor kvv = rows(kv, H * (dn + dv));
-  be_.matmul_forward(kvv, cn, w.kv_up_w, nullptr);
-  Tensor out = qkv.reshape({n, 3 * H * D});
-  be_.zero(out);                                                       // the values' padding
-  be_.copy_column_blocks(out, 0, D, qv, dn, D, dr, H);                 // queries' RoPE part
-  be_.copy_column_blocks(out, dr, D, qv, 0, D, dn, H);                 // and the rest
-  be_.copy_column_blocks(out, H * D, D, kpe, 0, 0, dr, H);             // the shared RoPE key
-  be_.copy_column_blocks(out, H * D + dr, D, kvv, 0, dn + dv, dn, H);  // keys without position
-  be_.copy_column_blocks(out, 2 * H * D, D, kvv, dn, dn + dv, dv, H);  // values
-}
-
-void GPTModel::mla_values(Tensor& att_v, const Tensor& att) {
-  const int64_t H = heads_local_, D = cfg_.head_dim(), dv = cfg_.v_head_dim;
-  const int64_t n = att.numel() / (H * D);
-  Tensor v = att_v.view(0, {n, H * dv});
-  be_.copy_column_blocks(v, 0, dv, att.reshape({n, H * D}), 0, D, dv, H);
-}
-
-void GPTModel::mla_expand(Tensor& datt, const Tensor& datt_v) {
-  const int64_t H = heads_local_, D = cfg_.head_dim(), dv = cfg_.v_head_dim;
-  const int64_t n = datt.numel() / (H * D);
-  Tensor d = datt.reshape({n, H * D});
-  be_.zero(d);  // the padded values' outputs carry no gradient
-  be_.copy_column_blocks(d, 0, D, datt_v, 0, dv, dv, H);
-}
-
-void GPTModel::mla_qkv_backward(int l, Activations& a, LayerActivations& la) {
-  const int li = shard_.local_index(l);
-  const LayerWeights& w = weights_[static_cast<size_t>(li)];
-  LayerWeights& g = grads_[static_cast<size_t>(li)];
-  const MlaTensors& m = la.mla;
-  const int64_t C = cfg_.hidden_size, n = int64_t(a.B) * a.T, H = heads_local_;
-  const int64_t D = cfg_.head_dim(), dn = cfg_.qk_head_dim, dr = cfg_.qk_pos_emb_head_dim;
-  const int64_t dv = cfg_.v_head_dim, qr = cfg_.q_lora_rank, kvr = cfg_.kv_lora_rank;
-  const Tensor rows = a.dqkv.reshape({n, 3 * H * D});
-  // The queries' gradient in the up-projection's order ([without position | RoPE part] per head),
-  // times the softmax factor the forward applied.
-  Tensor dq = a.mla_q.view(0, {n, H * D});
-  be_.copy_column_blocks(dq, dn, D, rows, 0, D, dr, H);
-  be_.copy_column_blocks(dq, 0, D, rows, dr, D, dn, H);
-  if (const double f = cfg_.yarn_softmax_factor(); f != 1.0) be_.scale(dq, static_cast<float>(f));
-  // The keys' (without position) and values' gradient per head, and the shared RoPE key's: the
-  // sum of every head's.
-  Tensor dkv = a.mla_kv.view(0, {n, H * (dn + dv)});
-  be_.copy_column_blocks(dkv, 0, dn + dv, rows, H * D + dr, D, dn, H);
-  be_.copy_column_blocks(dkv, dn, dn + dv, rows, 2 * H * D, D, dv, H);
-  Tensor dkpe = a.mla_dk_pe, tmp = a.mla_tmp_pe;
-  be_.zero(dkpe);
-  for (int64_t h = 0; h < H; ++h) {
-    be_.copy_columns(tmp, 0, rows, H * D + h * D, dr);
-    be_.add(dkpe, dkpe, tmp);
-  }
-  // Keys and values: the up-projection, the latent's norm, the down-projection (its two row
-  // blocks: the latent and the RoPE key).
-  Tensor dcn = a.mla_dc_n;
-  be_.matmul_backward(&dcn, g.kv_up_w, nullptr, dkv, m.c_n, w.kv_up_w);
-  Tensor dc = dcn;
-  if (cfg_.qk_layernorm) {
-    dc = a.mla_dc;
-    be_.zero(dc);  // the norm's backward accumulates
-    norm_backward(dc, g.kv_down_norm_w, g.kv_down_norm_b, dcn, m.c, w.kv_down_norm_w, m.c_mean,
-                  m.c_rstd);
-  }
-  Tensor gc = g.kv_down_w.view(0, {kvr, C}), gpe = g.kv_down_w.view(kvr * C, {dr, C});
-  be_.matmul_backward(&a.dln, gc, nullptr, dc, la.ln1, w.kv_down_w.view(0, {kvr, C}));
-  be_.matmul_backward(&a.mla_dln, gpe, nullptr, dkpe, la.ln1, w.kv_down_w.view(kvr * C, {dr, C}));
-  be_.add(a.dln, a.dln, a.mla_dln);
-  // Queries: the up-projection, the latent's norm, the down-projection (or the one projection).
-  if (qr > 0) {
-    Tensor dqn = a.mla_dq_n;
-    be_.matmul_backward(&dqn, g.q_up_w, nullptr, dq, m.q_lat_n, w.q_up_w);
-    Tensor dql = dqn;
-    if (cfg_.qk_layernorm) {
-      dql = a.mla_dq_lat;
-      be_.zero(dql);
-      norm_backward(dql, g.q_down_norm_w, g.q_down_norm_b, dqn, m.q_lat, w.q_down_norm_w, m.q_mean,
-                    m.q_rstd);
+    m.c = sb.f({N, kvr});
+    m.c_n = norm ? sb.f({N, kvr}) : m.c;
+    m.k_pe = sb.f({N, cfg_.qk_pos_emb_head_dim});
+    if (norm) {
+      if (!cfg_.rmsnorm()) m.c_mean = sb.f32({N});
+      m.c_rstd = sb.f32({N});
     }
-    be_.matmul_backward(&a.mla_dln, g.q_down_w, nullptr, dql, la.ln1, w.q_down_w);
-  } else {
-    be_.matmul_backward(&a.mla_dln, g.q_up_w, nullptr, dq, la.ln1, w.q_up_w);
   }
-  be_.add(a.dln, a.dln, a.mla_dln);
+
+  void shared_buffers(const SlotBuilder& sb, Activations& shared) const override {
+    if (shared.dqkv.defined()) return;
+    const int64_t N = sb.N, dr = cfg_.qk_pos_emb_head_dim;
+    shared.dqkv = sb.f({sb.B, sb.T, sb.qkvl});
+    shared.datt = sb.f({sb.B, sb.T, sb.hl});
+    shared.mla_q = sb.f({N, sb.hl});
+    shared.mla_kv = sb.f({N, sb.heads_l * (cfg_.qk_head_dim + cfg_.v_head_dim)});
+    if (cfg_.q_lora_rank > 0) {
+      shared.mla_dq_n = sb.f({N, cfg_.q_lora_rank});
+      shared.mla_dq_lat = sb.f({N, cfg_.q_lora_rank});
+    }
+    shared.mla_dc_n = sb.f({N, cfg_.kv_lora_rank});
+    shared.mla_dc = sb.f({N, cfg_.kv_lora_rank});
+    shared.mla_dk_pe = sb.f({N, dr});
+    shared.mla_tmp_pe = sb.f({N, dr});
+    shared.mla_dln = sb.f({N, sb.C});
+    shared.datt_v = sb.f({N, sb.heads_l * cfg_.v_head_dim});
+  }
+
+  void forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
+               Tensor& out) override {
+    const LayerWeights& w = weights(l);
+    phase("qkv-gemm-forward");
+    qkv_forward(la.qkv, la.ln1, w, la.mla, a.mla_q, a.mla_kv);
+    if (cfg_.rope()) {
+      phase("rope");
+      rope(la.qkv, a, false);
+    }
+    phase("attention-core-forward");
+    attention_core_forward(l, a, la);
+    values(la.mla.att_v, la.att);
+    phase("proj-gemm-forward");
+    linear_forward(l, Fp8Gemm::Proj, out, la.mla.att_v, w.proj_w,
+                   bias_here() ? opt(w.proj_b) : nullptr, a);
+  }
+
+  void recompute(PhaseSequence& phase, int l, Activations& a, LayerActivations& la) override {
+    phase("attention-core-forward");  // qkv was kept with RoPE applied
+    attention_core_forward(l, a, la);
+    values(la.mla.att_v, la.att);
+  }
+
+  void backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
+                const Tensor& dout) override {
+    const LayerWeights& w = weights(l);
+    LayerWeights& g = grads(l);
+    phase("proj-gemm-backward");
+    linear_backward(l, Fp8Gemm::Proj, &a.datt_v, g.proj_w, opt(g.proj_b), dout, la.mla.att_v,
+                    w.proj_w);
+    expand(a.datt, a.datt_v);
+    phase("attention-core-backward");
+    attention_core_backward(l, a, la);
+    if (cfg_.rope()) {  // the rotation's transpose: rotate the gradient back
+      phase("rope");
+      rope(a.dqkv, a, true);
+    }
+    phase("qkv-gemm-backward");
+    qkv_backward(l, a, la);
+  }
+
+  void reduce_tp_grads(int l) override {
+    if (tp().size() == 1) return;
+    // Each TP rank back-propagated its own heads into the replicated latents: their weights'
+    // gradients are partial sums.
+    TESSERA_PHASE("qk-norm-grad-all-reduce");
+    LayerWeights& g = grads(l);
+    for (Tensor* t : {&g.q_down_w, &g.q_down_norm_w, &g.q_down_norm_b, &g.kv_down_w,
+                      &g.kv_down_norm_w, &g.kv_down_norm_b})
+      if (t->defined()) tp().all_reduce(*t, ReduceOp::Sum);
+  }
+
+  void decode_buffers(DecodeBuffers& d) const override {
+    if (d.qkv.defined()) return;
+    const int64_t rows = d.rows, H = heads_local(), hd = cfg_.head_dim();
+    const int64_t qr = cfg_.q_lora_rank, kvr = cfg_.kv_lora_rank;
+    const bool norm = spec_.qk_norm;
+    Allocator& al = be().allocator();
+    auto f = [&](Shape s) { return Tensor(std::move(s), compute(), al); };
+    auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };
+    d.qkv = f({rows, 3 * H * hd});
+    d.att = f({rows, H * hd});
+    MlaTensors& m = d.mla;
+    if (qr > 0) {
+      m.q_lat = f({rows, qr});
+      m.q_lat_n = norm ? f({rows, qr}) : m.q_lat;
+    }
+    m.c = f({rows, kvr});
+    m.c_n = norm ? f({rows, kvr}) : m.c;
+    m.k_pe = f({rows, cfg_.qk_pos_emb_head_dim});
+    if (norm) {
+      if (!cfg_.rmsnorm()) m.q_mean = f32({rows}), m.c_mean = f32({rows});
+      m.q_rstd = f32({rows});
+      m.c_rstd = f32({rows});
+    }
+    m.att_v = f({rows, H * cfg_.v_head_dim});
+    d.mla_q = f({rows, H * hd});
+    d.mla_kv = f({rows, H * (cfg_.qk_head_dim + cfg_.v_head_dim)});
+  }
+
+  void decode(int l, const DecodeStep& step, const Tensor& ln, Tensor& out,
+              DecodeBuffers& d) override {
+    const LayerWeights& w = weights(l);
+    const int64_t n = step.n;
+    Tensor qkv = d.qkv.view(0, {n, d.qkv.dim(1)}), att = d.att.view(0, {n, d.att.dim(1)});
+    qkv_forward(qkv, ln, w, d.mla, d.mla_q, d.mla_kv);
+    decode_attention(step, qkv, att);
+    Tensor att_v = d.mla.att_v.view(0, {n, d.mla.att_v.dim(1)});
+    values(att_v, att);  // each head's values, not its padding
+    be().matmul_forward(out, att_v, w.proj_w, bias_here() ? opt(w.proj_b) : nullptr);
+  }
+
+ private:
+  // ln (n rows) -> qkv (n rows of 3 * Hl * head_dim: each query head [RoPE part | the rest], each
+  // key head [the shared RoPE key | its own], each value head [v_head_dim values | zeros]),
+  // before RoPE; keeps the latents in `keep` (which may hold more rows: generation's buffers); q
+  // and kv are scratch (n, Hl*hd) and (n, Hl*(qk_head_dim + v_head_dim)).
+  void qkv_forward(Tensor& qkv, const Tensor& ln, const LayerWeights& w, MlaTensors& keep,
+                   Tensor& q, Tensor& kv) const {
+    const int64_t C = cfg_.hidden_size, n = ln.numel() / C, H = heads_local(), D = cfg_.head_dim();
+    const int64_t dn = cfg_.qk_head_dim, dr = cfg_.qk_pos_emb_head_dim, dv = cfg_.v_head_dim;
+    const int64_t qr = cfg_.q_lora_rank, kvr = cfg_.kv_lora_rank;
+    const Tensor x = ln.reshape({n, C});
+    // `keep` may hold more rows than ln (generation's buffers): the first n are used.
+    auto rows = [&](const Tensor& t, int64_t cols) {
+      return t.defined() ? t.view(0, {n, cols}) : Tensor();
+    };
+    auto stats = [&](const Tensor& t) { return t.defined() ? t.view(0, {n}) : Tensor(); };
+    Tensor qv = rows(q, H * D);
+    if (qr > 0) {
+      Tensor ql = rows(keep.q_lat, qr), qn = rows(keep.q_lat_n, qr);
+      be().matmul_forward(ql, x, w.q_down_w, nullptr);
+      if (spec_.qk_norm) {
+        Tensor mean = stats(keep.q_mean), rstd = stats(keep.q_rstd);
+        norm_forward(qn, mean, rstd, ql, w.q_down_norm_w, w.q_down_norm_b);
+      }
+      be().matmul_forward(qv, qn, w.q_up_w, nullptr);
+    } else {
+      be().matmul_forward(qv, x, w.q_up_w, nullptr);
+    }
+    if (const double f = cfg_.yarn_softmax_factor(); f != 1.0)
+      be().scale(qv, static_cast<float>(f));
+    Tensor c = rows(keep.c, kvr), cn = rows(keep.c_n, kvr), kpe = rows(keep.k_pe, dr);
+    be().matmul_forward(c, x, w.kv_down_w.view(0, {kvr, C}), nullptr);
+    be().matmul_forward(kpe, x, w.kv_down_w.view(kvr * C, {dr, C}), nullptr);
+    if (spec_.qk_norm) {
+      Tensor mean = stats(keep.c_mean), rstd = stats(keep.c_rstd);
+      norm_forward(cn, mean, rstd, c, w.kv_down_norm_w, w.kv_down_norm_b);
+    }
+    Tensor kvv = rows(kv, H * (dn + dv));
+    be().matmul_forward(kvv, cn, w.kv_up_w, nullptr);
+    Tensor out = qkv.reshape({n, 3 * H * D});
+    be().zero(out);                                                       // the values' padding
+    be().copy_column_blocks(out, 0, D, qv, dn, D, dr, H);                 // queries' RoPE part
+    be().copy_column_blocks(out, dr, D, qv, 0, D, dn, H);                 // and the rest
+    be().copy_column_blocks(out, H * D, D, kpe, 0, 0, dr, H);             // the shared RoPE key
+    be().copy_column_blocks(out, H * D + dr, D, kvv, 0, dn + dv, dn, H);  // keys without position
+    be().copy_column_blocks(out, 2 * H * D, D, kvv, dn, dn + dv, dv, H);  // values
+  }
+
+  void values(Tensor& att_v, const Tensor& att) const {
+    const int64_t H = heads_local(), D = cfg_.head_dim(), dv = cfg_.v_head_dim;
+    const int64_t n = att.numel() / (H * D);
+    Tensor v = att_v.view(0, {n, H * dv});
+    be().copy_column_blocks(v, 0, dv, att.reshape({n, H * D}), 0, D, dv, H);
+  }
+
+  void expand(Tensor& datt, const Tensor& datt_v) const {
+    const int64_t H = heads_local(), D = cfg_.head_dim(), dv = cfg_.v_head_dim;
+    const int64_t n = datt.numel() / (H * D);
+    Tensor d = datt.reshape({n, H * D});
+    be().zero(d);  // the padded values' outputs carry no gradient
+    be().copy_column_blocks(d, 0, D, datt_v, 0, dv, dv, H);
+  }
+
+  void qkv_backward(int l, Activations& a, LayerActivations& la) const {
+    const LayerWeights& w = weights(l);
+    LayerWeights& g = grads(l);
+    const MlaTensors& m = la.mla;
+    const int64_t C = cfg_.hidden_size, n = int64_t(a.B) * a.T, H = heads_local();
+    const int64_t D = cfg_.head_dim(), dn = cfg_.qk_head_dim, dr = cfg_.qk_pos_emb_head_dim;
+    const int64_t dv = cfg_.v_head_dim, qr = cfg_.q_lora_rank, kvr = cfg_.kv_lora_rank;
+    const Tensor rows = a.dqkv.reshape({n, 3 * H * D});
+    // The queries' gradient in the up-projection's order ([without position | RoPE part] per head),
+    // times the softmax factor the forward applied.
+    Tensor dq = a.mla_q.view(0, {n, H * D});
+    be().copy_column_blocks(dq, dn, D, rows, 0, D, dr, H);
+    be().copy_column_blocks(dq, 0, D, rows, dr, D, dn, H);
+    if (const double f = cfg_.yarn_softmax_factor(); f != 1.0)
+      be().scale(dq, static_cast<float>(f));
+    // The keys' (without position) and values' gradient per head, and the shared RoPE key's: the
+    // sum of every head's.
+    Tensor dkv = a.mla_kv.view(0, {n, H * (dn + dv)});
+    be().copy_column_blocks(dkv, 0, dn + dv, rows, H * D + dr, D, dn, H);
+    be().copy_column_blocks(dkv, dn, dn + dv, rows, 2 * H * D, D, dv, H);
+    Tensor dkpe = a.mla_dk_pe, tmp = a.mla_tmp_pe;
+    be().zero(dkpe);
+    for (int64_t h = 0; h < H; ++h) {
+      be().copy_columns(tmp, 0, rows, H * D + h * D, dr);
+      be().add(dkpe, dkpe, tmp);
+    }
+    // Keys and values: the up-projection, the latent's norm, the down-projection (its two row
+    // blocks: the latent and the RoPE key).
+    Tensor dcn = a.mla_dc_n;
+    be().matmul_backward(&dcn, g.kv_up_w, nullptr, dkv, m.c_n, w.kv_up_w);
+    Tensor dc = dcn;
+    if (spec_.qk_norm) {
+      dc = a.mla_dc;
+      be().zero(dc);  // the norm's backward accumulates
+      norm_backward(dc, g.kv_down_norm_w, g.kv_down_norm_b, dcn, m.c, w.kv_down_norm_w, m.c_mean,
+                    m.c_rstd);
+    }
+    Tensor gc = g.kv_down_w.view(0, {kvr, C}), gpe = g.kv_down_w.view(kvr * C, {dr, C});
+    be().matmul_backward(&a.dln, gc, nullptr, dc, la.ln1, w.kv_down_w.view(0, {kvr, C}));
+    be().matmul_backward(&a.mla_dln, gpe, nullptr, dkpe, la.ln1,
+                         w.kv_down_w.view(kvr * C, {dr, C}));
+    be().add(a.dln, a.dln, a.mla_dln);
+    // Queries: the up-projection, the latent's norm, the down-projection (or the one projection).
+    if (qr > 0) {
+      Tensor dqn = a.mla_dq_n;
+      be().matmul_backward(&dqn, g.q_up_w, nullptr, dq, m.q_lat_n, w.q_up_w);
+      Tensor dql = dqn;
+      if (spec_.qk_norm) {
+        dql = a.mla_dq_lat;
+        be().zero(dql);
+        norm_backward(dql, g.q_down_norm_w, g.q_down_norm_b, dqn, m.q_lat, w.q_down_norm_w,
+                      m.q_mean, m.q_rstd);
+      }
+      be().matmul_backward(&a.mla_dln, g.q_down_w, nullptr, dql, la.ln1, w.q_down_w);
+    } else {
+      be().matmul_backward(&a.mla_dln, g.q_up_w, nullptr, dq, la.ln1, w.q_up_w);
+    }
+    be().add(a.dln, a.dln, a.mla_dln);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<AttentionPart> make_mla_attention(const LayerSpec& spec, const GPTConfig& cfg,
+                                                  const ModelShard& shard, GPTModel* model) {
+  return std::make_unique<MlaAttention>(cfg, shard, spec, model);
 }
 
 }  // namespace tessera

@@ -27,7 +27,7 @@
 #include <sstream>
 
 #include "core/phase_timer.hpp"
-#include "model/gpt.hpp"
+#include "model/slots.hpp"
 
 namespace tessera {
 
@@ -50,6 +50,32 @@ void GPTModel::cp_sum(std::vector<int64_t>& counts) {
   std::vector<double> d(counts.begin(), counts.end());  // exact integers in doubles
   cp_comm_->all_reduce_f64(d.data(), static_cast<int64_t>(d.size()), ReduceOp::Sum);
   for (size_t i = 0; i < d.size(); ++i) counts[i] = static_cast<int64_t>(d[i]);
+}
+
+void GPTModel::init_moe() {
+  if (cfg_.num_experts == 0) return;
+  TESSERA_CHECK(cfg_.num_experts % shard_.ep_size == 0, "--num-experts=", cfg_.num_experts,
+                " does not divide over the expert-parallel size ", shard_.ep_size);
+  TESSERA_CHECK(cfg_.moe_ffn() % shard_.tp_size == 0 &&
+                    cfg_.moe_shared_expert_intermediate_size % shard_.tp_size == 0,
+                "the expert widths must divide by the tensor-parallel size");
+  TESSERA_CHECK(shard_.tp_size == 1 || cfg_.seq_length % shard_.tp_size == 0,
+                "MoE with tensor parallelism needs --seq-length divisible by the "
+                "tensor-parallel size (each TP rank routes its share of the tokens)");
+  routing_.experts = cfg_.num_experts;
+  routing_.topk = cfg_.moe_router_topk;
+  routing_.sigmoid = cfg_.moe_router_score_function == "sigmoid";
+  routing_.pre_softmax = cfg_.moe_router_pre_softmax;
+  routing_.scaling = cfg_.moe_router_topk_scaling_factor;
+  routing_.capacity_factor = cfg_.moe_expert_capacity_factor;
+  routing_.drop_by_position = cfg_.moe_token_drop_policy == "position";
+  routing_.groups = cfg_.moe_router_num_groups;
+  routing_.group_topk = cfg_.moe_router_group_topk;
+  routing_.group_score = cfg_.moe_router_num_groups > 0 ? cfg_.moe_group_score_experts() : 0;
+  test_logit_bias_ = test_hooks::moe_logit_bias(cfg_.num_experts);  // testing: edge cases
+  fault_wrong_rank_ = test_hooks::moe_dispatch_wrong_rank();        // testing: a mutation
+  fault_bias_in_weights_ = test_hooks::router_bias_in_weights();    // testing: mutations
+  fault_no_group_limit_ = test_hooks::router_no_group_limit();
 }
 
 void GPTModel::reset_moe_stats() {
@@ -77,14 +103,13 @@ void GPTModel::begin_step_routing() {
 }
 
 void GPTModel::end_step_routing(Communicator* grad_group) {
-  if (!cfg_.moe()) return;
   const int E = cfg_.num_experts;
   // Every MoE layer of this rank's in one all-reduce: the global batch's tokens per expert (the
   // counts are CP-ring totals already, so the sum over the DP x CP group counts each CP times).
   std::vector<int> layers;
   std::vector<double> all;
   for (int l : shard_.layers()) {
-    if (!cfg_.is_moe_layer(l)) continue;
+    if (!moe_layer(l)) continue;
     std::vector<int64_t>& c = step_tokens_[static_cast<size_t>(shard_.local_index(l))];
     c.resize(static_cast<size_t>(E), 0);
     layers.push_back(l);
@@ -122,16 +147,16 @@ std::vector<std::vector<int64_t>> GPTModel::take_logged_tokens() {
 }
 
 const std::vector<float>& GPTModel::expert_bias(int layer) const {
-  TESSERA_CHECK(cfg_.moe_router_enable_expert_bias && cfg_.is_moe_layer(layer) &&
-                    shard_.local_index(layer) >= 0,
-                "no expert bias for layer ", layer, " on this rank");
+  TESSERA_CHECK(
+      cfg_.moe_router_enable_expert_bias && moe_layer(layer) && shard_.local_index(layer) >= 0,
+      "no expert bias for layer ", layer, " on this rank");
   return expert_bias_[static_cast<size_t>(shard_.local_index(layer))];
 }
 
 void GPTModel::set_expert_bias(int layer, const float* values) {
-  TESSERA_CHECK(cfg_.moe_router_enable_expert_bias && cfg_.is_moe_layer(layer) &&
-                    shard_.local_index(layer) >= 0,
-                "no expert bias for layer ", layer, " on this rank");
+  TESSERA_CHECK(
+      cfg_.moe_router_enable_expert_bias && moe_layer(layer) && shard_.local_index(layer) >= 0,
+      "no expert bias for layer ", layer, " on this rank");
   std::vector<float>& b = expert_bias_[static_cast<size_t>(shard_.local_index(layer))];
   b.assign(values, values + cfg_.num_experts);
 }
@@ -495,7 +520,7 @@ void GPTModel::moe_experts_backward(PhaseSequence& phase, int l, const LayerWeig
       phase("moe-expert-fc2-gemm-backward");
       be_.grouped_matmul_backward(g2);
       Tensor dact = a.moe_dact.view(0, {row, efl});
-      Tensor dfc1 = cfg_.swiglu ? a.moe_dfc1.view(0, {row, efc1}) : Tensor();
+      Tensor dfc1 = swiglu_ ? a.moe_dfc1.view(0, {row, efc1}) : Tensor();
       const Tensor& d1 = activation_backward(phase, dact, dfc1, la.moe_fc1.view(0, {row, efc1}));
       const int64_t d1c = d1.dim(1);
       size_t k = 0;
@@ -525,15 +550,15 @@ void GPTModel::moe_experts_backward(PhaseSequence& phase, int l, const LayerWeig
     ExpertWeights& eg = g.experts[static_cast<size_t>(j)];  // gradients
     Tensor dout = de.view(row * C, {rows, C});
     Tensor dact = a.moe_dact.view(row * efl, {rows, efl});
-    Tensor dfc1 = cfg_.swiglu ? a.moe_dfc1.view(row * efc1, {rows, efc1}) : Tensor();
+    Tensor dfc1 = swiglu_ ? a.moe_dfc1.view(row * efc1, {rows, efc1}) : Tensor();
     const Tensor x = la.moe_xe.view(row * C, {rows, C});
     const Tensor fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
     const Tensor act = la.moe_act.view(row * efl, {rows, efl});
     phase("moe-expert-fc2-gemm-backward");
     linear_backward(l, Fp8Gemm::Fc2, &dact, eg.fc2_w, opt(eg.fc2_b), dout, act, ew.fc2_w, e0 + j);
-    const Tensor& d1 = rows > 0      ? activation_backward(phase, dact, dfc1, fc1)
-                       : cfg_.swiglu ? dfc1
-                                     : dact;
+    const Tensor& d1 = rows > 0  ? activation_backward(phase, dact, dfc1, fc1)
+                       : swiglu_ ? dfc1
+                                 : dact;
     phase("moe-expert-fc1-gemm-backward");
     linear_backward(l, Fp8Gemm::Fc1, &dout, eg.fc1_w, opt(eg.fc1_b), d1, x, ew.fc1_w, e0 + j);
     row += rows;
@@ -610,7 +635,7 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
   const bool shared = w.fc1_w.defined(), ep = shard_.ep_size > 1;
   if (shared) {  // its input gradient waits in moe_dx
     Tensor dfc = a.dfc.view(0, la.gelu.shape());
-    Tensor dfc1 = cfg_.swiglu ? a.dfc1.view(0, la.fc1.shape()) : Tensor();
+    Tensor dfc1 = swiglu_ ? a.dfc1.view(0, la.fc1.shape()) : Tensor();
     phase("fc2-gemm-backward");
     linear_backward(l, Fp8Gemm::Fc2, &dfc, g.fc2_w, opt(g.fc2_b), dy, la.gelu, w.fc2_w);
     const Tensor& d1 = activation_backward(phase, dfc, dfc1, la.fc1);
@@ -635,11 +660,10 @@ void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const T
 
 GPTModel::MoEScratch GPTModel::make_moe_scratch(int64_t rows) const {
   MoEScratch s;
-  if (!cfg_.moe()) return s;
   AllocationLabel label("the MoE buffers of generation");
   Allocator& al = be_.allocator();
   const int64_t C = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.moe_router_topk;
-  const int64_t efl = cfg_.moe_ffn() / shard_.tp_size, glu = cfg_.swiglu ? 2 : 1;
+  const int64_t efl = cfg_.moe_ffn() / shard_.tp_size, glu = swiglu_ ? 2 : 1;
   const int64_t sfl = cfg_.moe_shared_expert_intermediate_size / shard_.tp_size;
   auto f = [&](Shape sh) { return Tensor(std::move(sh), compute_, al); };
   s.rows = rows;
@@ -701,6 +725,165 @@ void GPTModel::moe_mlp(int layer, const Tensor& ln, Tensor& out, MoEScratch& s) 
     be_.matmul_forward(tmp, sact, w.fc2_w, bias_here ? opt(w.fc2_b) : nullptr);
     be_.add(out, out, tmp);
   }
+}
+
+void GPTModel::moe_recompute(PhaseSequence& phase, LayerActivations& la) {
+  if (shard_.ep_size == 1) {  // the experts' inputs from the kept routing (else kept whole)
+    phase("moe-permute");
+    be_.moe_permute(la.moe_x, la.ln2, la.moe_row);
+  }
+  const int64_t R = la.moe_act.dim(0), efl = la.moe_act.dim(1);
+  int64_t row = 0;
+  for (int64_t rows : la.moe_rows) {
+    if (rows > 0) {
+      Tensor act = la.moe_act.view(row * efl, {rows, efl});
+      mlp_activation(act, la.moe_fc1.view(row * la.moe_fc1.dim(1), {rows, la.moe_fc1.dim(1)}));
+    }
+    row += rows;
+  }
+  TESSERA_CHECK(row <= R, "MoE rows");
+}
+
+namespace {
+
+// The MoE layer as a part (model/parts.hpp): the router, the routed experts (this rank's, with
+// expert parallelism), the dispatch and combine, and the shared expert (a dense MLP in the dense
+// MLP's slots). Its passes are GPTModel's moe_* functions above.
+class MoeMlp final : public MlpPart {
+ public:
+  using MlpPart::MlpPart;
+
+  void bind(const ParamStore& ps, int l, bool grads, LayerWeights& w) const override {
+    w.router_w = param(ps, l, "mlp.router.weight", grads);
+    dense_mlp_bind(ps, l, grads, "mlp.shared_expert.", w);  // the dense MLP's slots
+    const int e0 = shard_.experts_begin(cfg_.num_experts);
+    for (int e = e0; e < e0 + shard_.experts_local(cfg_.num_experts); ++e) {
+      const std::string x = "mlp.experts." + std::to_string(e) + ".";
+      w.experts.push_back(
+          {param(ps, l, x + "fc1.weight", grads), param(ps, l, x + "fc1.bias", grads),
+           param(ps, l, x + "fc2.weight", grads), param(ps, l, x + "fc2.bias", grads)});
+    }
+  }
+  int64_t dense_width() const override { return spec_.dense_width / shard_.tp_size; }
+
+  // N*K token copies leave a rank; its experts receive R rows: the same ones without expert
+  // parallelism, else at most N*min(K, local experts) from each of the EP ranks.
+  struct Dims {
+    int64_t E, K, NK, R, efl, glu;
+    int ep;
+    bool allgather;
+  };
+  Dims dims(const SlotBuilder& sb) const {
+    Dims d;
+    d.E = cfg_.num_experts;
+    d.K = cfg_.moe_router_topk;
+    d.NK = sb.N * d.K;
+    d.ep = shard_.ep_size;
+    d.R = d.ep > 1 ? d.ep * sb.N * std::min<int64_t>(d.K, d.E / d.ep) : d.NK;
+    d.allgather = d.ep > 1 && cfg_.moe_token_dispatcher_type == "allgather";
+    d.efl = cfg_.moe_ffn() / shard_.tp_size;
+    d.glu = spec_.activation == MlpActivation::SwiGLU ? 2 : 1;
+    return d;
+  }
+
+  void recomputed_buffers(const SlotBuilder& sb, LayerActivations& la,
+                          int64_t width) const override {
+    dense_mlp_buffers(sb, la, width, spec_.activation, false);
+    if (la.moe_x.defined()) return;
+    const Dims d = dims(sb);
+    la.moe_x = sb.f({d.NK, sb.C});
+    la.moe_act = sb.f({d.R, d.efl});
+  }
+
+  void kept_buffers(const SlotBuilder& sb, LayerActivations& la, int64_t width) const override {
+    dense_mlp_buffers(sb, la, width, spec_.activation, true);
+    if (la.moe_logits.defined()) return;
+    const Dims d = dims(sb);
+    const int64_t N = sb.N;
+    la.moe_logits = sb.f32({N, d.E});
+    la.moe_expert = sb.i32({N, d.K});
+    la.moe_row = sb.i32({N, d.K});
+    la.moe_weight = sb.f32({N, d.K});
+    la.moe_fc1 = sb.f({d.R, d.glu * d.efl});
+    la.moe_out = sb.f({d.NK, sb.C});
+    if (d.ep > 1) la.moe_xe = sb.f({d.R, sb.C});
+    if (d.allgather) {
+      la.moe_ag_weight = sb.f32({d.ep * N, d.K});
+      la.moe_ag_row = sb.i32({d.ep * N, d.K});
+      la.moe_oute = sb.f({d.R, sb.C});
+    }
+  }
+
+  void shared_buffers(const SlotBuilder& sb, Activations& shared) const override {
+    dense_mlp_shared(sb, shared, spec_.activation);
+    if (shared.moe_dout.defined()) return;
+    const Dims d = dims(sb);
+    const int64_t N = sb.N, C = sb.C;
+    shared.moe_dout = sb.f({d.NK, C});
+    if (d.ep > 1) {
+      if (!d.allgather) shared.moe_oute = sb.f({d.R, C});
+      shared.moe_doute = sb.f({d.R, C});
+    }
+    if (d.allgather) {
+      shared.moe_ag_x = sb.f({d.ep * N, C});
+      shared.moe_ag_y = sb.f({d.ep * N, C});
+      shared.moe_ag_logits = sb.f32({d.ep * N, d.E});
+      shared.moe_ag_expert = sb.i32({d.ep * N, d.K});
+      shared.moe_ag_dweight = sb.f32({d.ep * N, d.K});
+    }
+    shared.moe_dact = sb.f({d.R, d.efl});
+    if (d.glu == 2) shared.moe_dfc1 = sb.f({d.R, d.glu * d.efl});
+    shared.moe_dweight = sb.f32({N, d.K});
+    shared.moe_dlogits = sb.f32({N, d.E});
+    shared.moe_dx = sb.f({N, C});
+    shared.moe_tmp = sb.f({N, C});
+    if (sb.compute != DType::F32) shared.moe_logits_c = sb.f({N, d.E});
+  }
+
+  void fit(const SlotBuilder& sb, LayerActivations& la) const override {
+    dense_mlp_fit(sb, la, dense_width(), spec_.activation);
+    if (shard_.ep_size == 1 && la.moe_x.defined()) la.moe_xe = la.moe_x;  // the expert side
+  }
+
+  void forward(PhaseSequence& phase, int l, Activations& a, LayerActivations&,
+               Tensor& out) override {
+    moe_forward(phase, l, a, out);
+  }
+
+  void recompute(PhaseSequence& phase, int, Activations&, LayerActivations& la) override {
+    if (la.gelu.defined()) {  // the shared expert
+      phase(mlp_activation_phase(spec_.activation, false));
+      mlp_activation_forward(be(), spec_.activation, la.gelu, la.fc1);
+    }
+    moe_recompute(phase, la);
+  }
+
+  void backward(PhaseSequence& phase, int l, Activations& a, LayerActivations&,
+                const Tensor& dout) override {
+    moe_backward(phase, l, a, dout);
+  }
+
+  void reduce_tp_grads(int l) override {
+    if (tp().size() == 1) return;
+    // Each TP rank routed its share of the tokens: the router's gradient is a partial sum.
+    TESSERA_PHASE("moe-router-grad-all-reduce");
+    tp().all_reduce(grads(l).router_w, ReduceOp::Sum);
+  }
+
+  void decode_buffers(DecodeBuffers& d) const override {
+    if (d.moe.rows == 0) d.moe = m().make_moe_scratch(d.rows);
+  }
+
+  void decode(int l, const Tensor& ln, Tensor& out, DecodeBuffers& d) override {
+    m().moe_mlp(l, ln, out, d.moe);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<MlpPart> make_moe_mlp(const LayerSpec& spec, const GPTConfig& cfg,
+                                      const ModelShard& shard, GPTModel* model) {
+  return std::make_unique<MoeMlp>(cfg, shard, spec, model);
 }
 
 }  // namespace tessera

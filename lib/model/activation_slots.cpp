@@ -1,0 +1,277 @@
+// activation_slots.cpp: a rank's activation buffers for (B,T) micro-batches, built once for the
+// model (GPTModel::make_activation_slots) and counted for the estimate (activation_footprint,
+// --dry-run) by the same code: the plumbing's buffers here, each layer's parts' through them.
+#include <algorithm>
+
+#include "model/recompute.hpp"
+#include "model/slots.hpp"
+
+namespace tessera {
+
+SlotBuilder::SlotBuilder(const GPTConfig& config, const ModelShard& model_shard, int batch, int seq,
+                         DType dtype, Allocator& alloc)
+    : cfg(config), shard(model_shard), B(batch), T(seq), compute(dtype), al(alloc) {
+  const std::vector<LayerSpec> all = build_layer_specs(cfg);
+  for (int l : shard.layers()) {
+    specs.push_back(all[static_cast<size_t>(l)]);
+    attention.push_back(make_attention_part(specs.back(), cfg, shard, nullptr));
+    mlp.push_back(make_mlp_part(specs.back(), cfg, shard, nullptr));
+    fl_max = std::max(fl_max, mlp.back()->dense_width());
+  }
+}
+
+void SlotBuilder::norm(Tensor& out, Tensor& mean, Tensor& rstd) const {
+  out = f({N, C});
+  if (!cfg.rmsnorm()) mean = f32({Nl});
+  rstd = f32({Nl});
+}
+
+namespace {
+
+// Every buffer of layer l, nothing recomputed.
+void layer_buffers(const SlotBuilder& sb, int l, LayerActivations& la, bool res2) {
+  const AttentionPart& at = sb.attention_of(l);
+  const MlpPart& mlp = sb.mlp_of(l);
+  sb.norm(la.ln1, la.ln1_mean, la.ln1_rstd);
+  sb.norm(la.ln2, la.ln2_mean, la.ln2_rstd);
+  mlp.recomputed_buffers(sb, la, mlp.dense_width());
+  at.core_buffers(sb, la);
+  at.kept_buffers(sb, la);
+  la.res1 = sb.res();
+  mlp.kept_buffers(sb, la, mlp.dense_width());
+  if (res2) la.res2 = sb.res();
+}
+
+// The recompute working set every layer shares (one set per position of a chunk with full
+// recomputation, one with selective): for the widest layer of every kind on this rank, each
+// layer's view of it cut by its MLP part (fit).
+void shared_layer_buffers(const SlotBuilder& sb, LayerActivations& la, bool kept, bool res2) {
+  sb.norm(la.ln1, la.ln1_mean, la.ln1_rstd);
+  sb.norm(la.ln2, la.ln2_mean, la.ln2_rstd);
+  for (const auto& m : sb.mlp) m->recomputed_buffers(sb, la, sb.fl_max);
+  for (const auto& at : sb.attention) at->core_buffers(sb, la);
+  if (!kept) return;
+  for (const auto& at : sb.attention) at->kept_buffers(sb, la);
+  la.res1 = sb.res();
+  for (const auto& m : sb.mlp) m->kept_buffers(sb, la, sb.fl_max);
+  if (res2) la.res2 = sb.res();
+}
+
+// The scratch of the passes, shared by every slot.
+Activations shared_buffers(const SlotBuilder& sb) {
+  Activations shared;
+  shared.tmp_c = sb.f({sb.N, sb.C});
+  shared.dln = sb.f({sb.N, sb.C});
+  for (const auto& at : sb.attention) at->shared_buffers(sb, shared);
+  for (const auto& m : sb.mlp) m->shared_buffers(sb, shared);
+  if (sb.shard.cp_size > 1) {  // context parallelism's ring (model/context_parallel.cpp)
+    const int64_t kvl = sb.qkvl - sb.hl;
+    for (int i = 0; i < 2; ++i) {
+      shared.cp_kv[i] = sb.f({sb.B, sb.T, kvl});
+      shared.cp_dkv[i] = sb.f({sb.B, sb.T, kvl});
+    }
+    shared.cp_dkv_mine = sb.f({sb.B, sb.T, kvl});
+    shared.cp_out = sb.f({sb.B, sb.T, sb.hl});
+    shared.cp_lse = sb.f32({sb.B, sb.heads_l, sb.T});
+    if (sb.cfg.rope()) shared.cp_positions = sb.i32({sb.N});
+    if (sb.cfg.learned_positions() && sb.shard.has_embedding) {
+      shared.cp_wpe = sb.f({sb.T, sb.C});
+      shared.cp_dwpe = sb.f32({sb.T, sb.C});
+    }
+  }
+  return shared;
+}
+
+// Multi-token prediction's depths: each layer keeps everything (no recomputation), and its
+// embedding, norms, projection, final norm, logits and losses; the scratch once per slot set.
+void mtp_buffers(const SlotBuilder& sb, Activations& a, Activations& shared) {
+  const ModelShard& shard = sb.shard;
+  if (shard.mtp_count == 0) return;
+  const int64_t Nl = sb.Nl, N = sb.N, C = sb.C;
+  for (int k = 0; k < shard.mtp_count; ++k) {
+    const int l = shard.mtp_begin + k;
+    LayerActivations la;
+    layer_buffers(sb, l, la, true);
+    sb.mlp_of(l).fit(sb, la);
+    a.layers.push_back(std::move(la));
+    MtpActivations m;
+    m.ids = sb.i32({sb.B, sb.T});
+    m.targets = sb.i32({sb.B, sb.T});
+    m.emb = sb.res();
+    m.e_n = sb.res();
+    m.h_n = sb.res();
+    if (!sb.cfg.rmsnorm())
+      m.e_mean = sb.f32({Nl}), m.h_mean = sb.f32({Nl}), m.lnf_mean = sb.f32({Nl});
+    m.e_rstd = sb.f32({Nl});
+    m.h_rstd = sb.f32({Nl});
+    m.cat = sb.f({Nl, 2 * C});
+    m.x = sb.res();
+    m.lnf = sb.f({N, C});
+    m.lnf_rstd = sb.f32({Nl});
+    m.logits = sb.f({N, sb.vl});
+    m.losses = sb.f32({N});
+    a.mtp.push_back(std::move(m));
+  }
+  if (!shared.mtp_dmain.defined()) {
+    shared.mtp_dmain = sb.res();
+    shared.mtp_dh = sb.res();
+    shared.mtp_demb = sb.f({N, C});
+    shared.mtp_dcat = sb.f({Nl, 2 * C});
+    shared.mtp_de = sb.f({Nl, C});
+    shared.mtp_dhn = sb.f({Nl, C});
+  }
+  a.mtp_dmain = shared.mtp_dmain;
+  a.mtp_dh = shared.mtp_dh;
+  a.mtp_demb = shared.mtp_demb;
+  a.mtp_dcat = shared.mtp_dcat;
+  a.mtp_de = shared.mtp_de;
+  a.mtp_dhn = shared.mtp_dhn;
+}
+
+// The head's buffers: the final norm, the logits and the loss statistics.
+void head_buffers(const SlotBuilder& sb, Activations& a) {
+  a.lnf = sb.f({sb.N, sb.C});
+  if (!sb.cfg.rmsnorm()) a.lnf_mean = sb.f32({sb.Nl});
+  a.lnf_rstd = sb.f32({sb.Nl});
+  a.logits = sb.f({sb.N, sb.vl});
+  a.losses = sb.f32({sb.N});
+  a.rowmax = sb.f32({sb.N});
+  a.sumexp = sb.f32({sb.N});
+  a.target_logit = sb.f32({sb.N});
+}
+
+std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const ModelShard& shard,
+                                                const std::vector<LayerRecompute>& plan, int B,
+                                                int T, DType compute, Allocator& al,
+                                                const std::vector<int>& counts) {
+  const SlotBuilder sb(cfg, shard, B, T, compute, al);
+  Activations shared = shared_buffers(sb);
+  size_t max_chunk = 0;
+  bool selective = false;
+  for (const LayerRecompute& p : plan) {
+    if (p.kind == RecomputeGranularity::Full)
+      max_chunk = std::max(max_chunk, static_cast<size_t>(p.chunk_end - p.chunk_begin));
+    selective |= p.kind == RecomputeGranularity::Selective;
+  }
+  // Full: position j of a chunk uses work[j]; the output of a chunk's last layer is the next
+  // chunk's input and is kept per micro-batch, so the last position needs no res2 here.
+  std::vector<LayerActivations> work(max_chunk);
+  for (size_t j = 0; j < max_chunk; ++j) shared_layer_buffers(sb, work[j], true, j + 1 < max_chunk);
+  LayerActivations sel;  // selective: one set, refilled before each layer's backward
+  if (selective) shared_layer_buffers(sb, sel, false, false);
+  std::vector<Activations> slots;
+  TESSERA_CHECK(static_cast<int>(counts.size()) == shard.num_chunks(),
+                "activation slots: one count per model chunk");
+  for (int c = 0; c < shard.num_chunks(); ++c)
+    for (int k = 0; k < counts[c]; ++k) {
+      Activations a = shared;
+      a.B = B;
+      a.T = T;
+      a.chunk = c;
+      const LayerRange& chunk = shard.chunks[c];
+      a.ids = Tensor({B, T}, DType::I32, al);
+      a.targets = Tensor({B, T}, DType::I32, al);
+      a.input = sb.res();
+      a.dres = sb.res();
+      for (int l = chunk.begin; l < chunk.end; ++l) {
+        const LayerRecompute& p = plan[static_cast<size_t>(shard.local_index(l))];
+        const MlpPart& mlp = sb.mlp_of(l);
+        LayerActivations la;
+        switch (p.kind) {
+          case RecomputeGranularity::None:
+            layer_buffers(sb, l, la, true);
+            break;
+          case RecomputeGranularity::Selective:
+            la = sel;
+            mlp.fit(sb, la);  // cut to this layer before its kept buffers join
+            sb.attention_of(l).kept_buffers(sb, la);
+            la.res1 = sb.res();
+            mlp.kept_buffers(sb, la, mlp.dense_width());
+            la.res2 = sb.res();
+            break;
+          case RecomputeGranularity::Full:
+            la = work[static_cast<size_t>(l - p.chunk_begin)];
+            if (p.chunk_last(l)) la.res2 = sb.res();
+            break;
+        }
+        mlp.fit(sb, la);
+        a.layers.push_back(std::move(la));
+      }
+      if (shard.has_head && c == shard.num_chunks() - 1) {
+        head_buffers(sb, a);
+        mtp_buffers(sb, a, shared);  // multi-token prediction's layers (kept whole) and tensors
+      }
+      slots.push_back(std::move(a));
+    }
+  return slots;
+}
+
+// Hands out no memory; counts the bytes asked for.
+class CountingAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    bytes_ += static_cast<double>(bytes);
+    return &dummy_;
+  }
+  void deallocate(void*, size_t) override {}
+  Device device() const override { return Device::CPU; }
+  double bytes() const { return bytes_; }
+
+ private:
+  double bytes_ = 0;
+  char dummy_ = 0;
+};
+
+}  // namespace
+
+double activation_bytes(const GPTConfig& cfg, const ModelShard& shard, const RecomputeConfig& rc,
+                        int B, int T, DType compute, const std::vector<int>& counts) {
+  CountingAllocator al;
+  build_activation_slots(cfg, shard, plan_recompute(rc, shard), B, T, compute, al, counts);
+  return al.bytes();
+}
+
+ActivationFootprint activation_footprint(const GPTConfig& cfg, const ModelShard& shard,
+                                         const RecomputeConfig& rc, int B, int T, DType compute) {
+  const int V = shard.num_chunks();
+  const double one = activation_bytes(cfg, shard, rc, B, T, compute, std::vector<int>(V, 1));
+  const double two = activation_bytes(cfg, shard, rc, B, T, compute, std::vector<int>(V, 2));
+  ActivationFootprint fp;
+  fp.per_micro_batch = two - one;
+  fp.shared = one - fp.per_micro_batch;
+  return fp;
+}
+
+ActivationFootprint GPTModel::activation_footprint(int B, int T) const {
+  return tessera::activation_footprint(cfg_, shard_, recompute_, B, T, compute_);
+}
+
+std::vector<Activations> GPTModel::make_activation_slots(int B, int T, int count) const {
+  return make_activation_slots(B, T, std::vector<int>(shard_.num_chunks(), count));
+}
+
+std::vector<Activations> GPTModel::make_activation_slots(int B, int T,
+                                                         const std::vector<int>& counts) const {
+  TESSERA_CHECK(T <= cfg_.max_positions(), "sequence of ", T, " tokens exceeds the ",
+                cfg_.max_positions(), " positions of the model");
+  int count = 0;
+  for (int c : counts) count += c;
+  AllocationLabel label(
+      count == 1 ? detail::concat("the activations of one micro-batch (", B, " x ", T, " tokens)")
+                 : detail::concat("the activations of ", count, " micro-batches in flight (", B,
+                                  " x ", T, " tokens each)"));
+  std::vector<Activations> slots =
+      build_activation_slots(cfg_, shard_, plan_, B, T, compute_, be_.allocator(), counts);
+  if (!slots.empty() && slots[0].cp_positions.defined()) {  // shared by every slot
+    TESSERA_CHECK(T % 2 == 0, "context parallelism: ", T, " tokens per rank is odd");
+    std::vector<int32_t> pos(static_cast<size_t>(B) * T);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t)
+        pos[static_cast<size_t>(b) * T + t] =
+            static_cast<int32_t>(cp_position(shard_.cp_rank, shard_.cp_size, T / 2, t));
+    be_.copy_from_host(slots[0].cp_positions, pos.data());
+  }
+  return slots;
+}
+
+}  // namespace tessera

@@ -1,0 +1,218 @@
+// attention.cpp: standard self-attention as a part of a layer (model/parts.hpp): multi-head or
+// grouped-query attention (glued query and key/value projections), with optional per-head q/k
+// norms (Qwen3's --qk-layernorm). Column-parallel QKV over this rank's heads, RoPE, the attention
+// core (fused, or the context-parallel ring), the row-parallel output projection.
+#include "core/phase_timer.hpp"
+#include "model/slots.hpp"
+
+namespace tessera {
+
+Tensor ModelPart::param(const ParamStore& ps, int l, const std::string& name, bool grads) {
+  const std::string full = "layers." + std::to_string(l) + "." + name;
+  if (!ps.has(full)) return Tensor();
+  return grads ? ps.grad(full) : ps.compute_param(full);
+}
+
+void AttentionPart::decode_attention(const DecodeStep& step, Tensor& qkv, Tensor& att) const {
+  if (cfg_.rope()) be().rope(qkv, m().rope_spec(0), step.positions, false);
+  if (step.decode)
+    be().kv_decode(att, qkv, *step.k_cache, *step.v_cache, step.table, step.context, heads_local(),
+                   kv_heads_local(), m().alibi());
+  else
+    be().kv_attention(att, qkv, *step.k_cache, *step.v_cache, *step.segments, heads_local(),
+                      kv_heads_local(), m().alibi());
+}
+
+namespace {
+
+class StandardAttention final : public AttentionPart {
+ public:
+  using AttentionPart::AttentionPart;
+
+  void bind(const ParamStore& ps, int l, bool grads, LayerWeights& w) const override {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    w.qkv_w = param(ps, l, "attn.qkv.weight", grads);
+    w.qkv_b = param(ps, l, "attn.qkv.bias", grads);
+    if (ps.has(p + "attn.q.weight")) {  // grouped-query attention: [q | k | v] as one GEMM
+      auto fused = [&](const char* a, const char* b) {
+        if (!ps.has(p + a)) return Tensor();
+        return grads ? ps.grad_fused(p + a, p + b) : ps.compute_fused(p + a, p + b);
+      };
+      w.qkv_w = fused("attn.q.weight", "attn.kv.weight");
+      w.qkv_b = fused("attn.q.bias", "attn.kv.bias");
+    }
+    w.proj_w = param(ps, l, "attn.proj.weight", grads);
+    w.proj_b = param(ps, l, "attn.proj.bias", grads);
+    w.q_norm_w = param(ps, l, "attn.q_norm.weight", grads);
+    w.q_norm_b = param(ps, l, "attn.q_norm.bias", grads);
+    w.k_norm_w = param(ps, l, "attn.k_norm.weight", grads);
+    w.k_norm_b = param(ps, l, "attn.k_norm.bias", grads);
+  }
+
+  void core_buffers(const SlotBuilder& sb, LayerActivations& la) const override {
+    if (la.att.defined()) return;
+    la.att = sb.f({sb.B, sb.T, sb.hl});
+    la.lse = sb.f32({sb.B, sb.heads_l, sb.T});
+  }
+
+  void kept_buffers(const SlotBuilder& sb, LayerActivations& la) const override {
+    if (la.qkv.defined()) return;
+    la.qkv = sb.f({sb.B, sb.T, sb.qkvl});
+    if (!spec_.qk_norm) return;
+    // The q/k heads before their norms, and the norms' statistics.
+    const int64_t N = sb.N, kv_l = kv_heads_local(), hd = cfg_.head_dim();
+    la.qk.q_raw = sb.f({N, sb.hl});
+    la.qk.k_raw = sb.f({N, kv_l * hd});
+    la.qk.q_rstd = sb.f32({N * sb.heads_l});
+    la.qk.k_rstd = sb.f32({N * kv_l});
+    if (!cfg_.rmsnorm()) {
+      la.qk.q_mean = sb.f32({N * sb.heads_l});
+      la.qk.k_mean = sb.f32({N * kv_l});
+    }
+  }
+
+  void shared_buffers(const SlotBuilder& sb, Activations& shared) const override {
+    if (shared.dqkv.defined()) return;
+    shared.dqkv = sb.f({sb.B, sb.T, sb.qkvl});
+    shared.datt = sb.f({sb.B, sb.T, sb.hl});
+    if (spec_.qk_norm) shared.qk_tmp = sb.f({sb.N, sb.hl});
+  }
+
+  void forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
+               Tensor& out) override {
+    const LayerWeights& w = weights(l);
+    phase("qkv-gemm-forward");
+    linear_forward(l, Fp8Gemm::Qkv, la.qkv, la.ln1, w.qkv_w, opt(w.qkv_b), a);
+    if (spec_.qk_norm) {
+      phase("qk-norm-forward");
+      qk_norm_forward(la.qkv, w, la.qk, a.qk_tmp);
+    }
+    if (cfg_.rope()) {
+      phase("rope");
+      rope(la.qkv, a, false);
+    }
+    phase("attention-core-forward");
+    attention_core_forward(l, a, la);
+    phase("proj-gemm-forward");
+    linear_forward(l, Fp8Gemm::Proj, out, la.att, w.proj_w, bias_here() ? opt(w.proj_b) : nullptr,
+                   a);
+  }
+
+  void recompute(PhaseSequence& phase, int l, Activations& a, LayerActivations& la) override {
+    phase("attention-core-forward");  // qkv was kept with RoPE applied
+    attention_core_forward(l, a, la);
+  }
+
+  void backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
+                const Tensor& dout) override {
+    const LayerWeights& w = weights(l);
+    LayerWeights& g = grads(l);
+    phase("proj-gemm-backward");
+    linear_backward(l, Fp8Gemm::Proj, &a.datt, g.proj_w, opt(g.proj_b), dout, la.att, w.proj_w);
+    phase("attention-core-backward");
+    attention_core_backward(l, a, la);
+    if (cfg_.rope()) {  // the rotation's transpose: rotate the gradient back
+      phase("rope");
+      rope(a.dqkv, a, true);
+    }
+    if (spec_.qk_norm) {  // datt is free once the attention core has read it
+      phase("qk-norm-backward");
+      qk_norm_backward(a.dqkv, g, w, la.qk, a.qk_tmp, a.datt);
+    }
+    phase("qkv-gemm-backward");
+    linear_backward(l, Fp8Gemm::Qkv, &a.dln, g.qkv_w, opt(g.qkv_b), a.dqkv, la.ln1, w.qkv_w);
+  }
+
+  void reduce_tp_grads(int l) override {
+    if (!spec_.qk_norm || tp().size() == 1) return;
+    // Each TP rank normalized its own heads: the norms' gradients are partial sums.
+    TESSERA_PHASE("qk-norm-grad-all-reduce");
+    LayerWeights& g = grads(l);
+    for (Tensor* t : {&g.q_norm_w, &g.q_norm_b, &g.k_norm_w, &g.k_norm_b})
+      if (t->defined()) tp().all_reduce(*t, ReduceOp::Sum);
+  }
+
+  void decode_buffers(DecodeBuffers& d) const override {
+    if (d.qkv.defined()) return;
+    const int64_t rows = d.rows, H = heads_local(), G = kv_heads_local(), hd = cfg_.head_dim();
+    Allocator& al = be().allocator();
+    auto f = [&](Shape s) { return Tensor(std::move(s), compute(), al); };
+    auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };
+    d.qkv = f({rows, (H + 2 * G) * hd});
+    d.att = f({rows, H * hd});
+    if (!spec_.qk_norm) return;
+    d.qk.q_raw = f({rows, H * hd});
+    d.qk.k_raw = f({rows, G * hd});
+    d.qk.q_rstd = f32({rows * H});
+    d.qk.k_rstd = f32({rows * G});
+    if (!cfg_.rmsnorm()) {
+      d.qk.q_mean = f32({rows * H});
+      d.qk.k_mean = f32({rows * G});
+    }
+  }
+
+  void decode(int l, const DecodeStep& step, const Tensor& ln, Tensor& out,
+              DecodeBuffers& d) override {
+    const LayerWeights& w = weights(l);
+    Tensor qkv = d.qkv.view(0, {step.n, d.qkv.dim(1)}), att = d.att.view(0, {step.n, d.att.dim(1)});
+    be().matmul_forward(qkv, ln, w.qkv_w, opt(w.qkv_b));
+    if (spec_.qk_norm) qk_norm_forward(qkv, w, d.qk, att);  // att: scratch until used
+    decode_attention(step, qkv, att);
+    be().matmul_forward(out, att, w.proj_w, bias_here() ? opt(w.proj_b) : nullptr);
+  }
+
+ private:
+  // Normalizes the query and key heads of qkv (n rows of (Hl+2Gl)*hd, the values untouched) in
+  // place, each head over its hd features with the layer's q_norm / k_norm, keeping the heads
+  // before the norm and its statistics in `keep` (which may hold more rows: generation's
+  // buffers) for the backward; `tmp` (at least n*Hl*hd elements) is scratch.
+  void qk_norm_forward(Tensor& qkv, const LayerWeights& w, QkNormTensors& keep, Tensor& tmp) const {
+    const int64_t hd = cfg_.head_dim(), width = qkv.dim(qkv.ndim() - 1), n = qkv.numel() / width;
+    Tensor rows = qkv.reshape({n, width});
+    // The query heads at columns [0, Hl*hd), the key heads after them: each copied out whole,
+    // normalized per head into tmp, and copied back.
+    auto one = [&](int64_t col, int64_t heads, const Tensor& raw_all, const Tensor& mean_all,
+                   const Tensor& rstd_all, const Tensor& nw, const Tensor& nb) {
+      Tensor raw = raw_all.view(0, {n, heads * hd}), rstd = rstd_all.view(0, {n * heads});
+      Tensor mean = mean_all.defined() ? mean_all.view(0, {n * heads}) : Tensor();
+      be().copy_columns(raw, 0, rows, col, heads * hd);
+      Tensor o = tmp.view(0, {n * heads, hd});
+      norm_forward(o, mean, rstd, raw.reshape({n * heads, hd}), nw, nb);
+      be().copy_columns(rows, col, tmp.view(0, {n, heads * hd}), 0, heads * hd);
+    };
+    one(0, heads_local(), keep.q_raw, keep.q_mean, keep.q_rstd, w.q_norm_w, w.q_norm_b);
+    one(heads_local() * hd, kv_heads_local(), keep.k_raw, keep.k_mean, keep.k_rstd, w.k_norm_w,
+        w.k_norm_b);
+  }
+
+  // The backward: dqkv's query and key gradients (after the norm) become those before it, the
+  // norms' weight gradients accumulate into g; tmp and tmp2 (each n*Hl*hd) are scratch.
+  void qk_norm_backward(Tensor& dqkv, LayerWeights& g, const LayerWeights& w,
+                        const QkNormTensors& keep, Tensor& tmp, Tensor& tmp2) const {
+    const int64_t hd = cfg_.head_dim(), width = dqkv.dim(dqkv.ndim() - 1);
+    const int64_t n = dqkv.numel() / width;
+    Tensor rows = dqkv.reshape({n, width});
+    auto one = [&](int64_t col, int64_t heads, const Tensor& raw, const Tensor& mean,
+                   const Tensor& rstd, const Tensor& nw, Tensor& dw, Tensor& db) {
+      Tensor dy = tmp.view(0, {n, heads * hd}), dx = tmp2.view(0, {n, heads * hd});
+      be().copy_columns(dy, 0, rows, col, heads * hd);
+      be().zero(dx);  // the norm's backward accumulates
+      Tensor dx_heads = dx.reshape({n * heads, hd});
+      norm_backward(dx_heads, dw, db, dy.reshape({n * heads, hd}), raw.reshape({n * heads, hd}), nw,
+                    mean, rstd);
+      be().copy_columns(rows, col, dx, 0, heads * hd);
+    };
+    one(0, heads_local(), keep.q_raw, keep.q_mean, keep.q_rstd, w.q_norm_w, g.q_norm_w, g.q_norm_b);
+    one(heads_local() * hd, kv_heads_local(), keep.k_raw, keep.k_mean, keep.k_rstd, w.k_norm_w,
+        g.k_norm_w, g.k_norm_b);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<AttentionPart> make_standard_attention(const LayerSpec& spec, const GPTConfig& cfg,
+                                                       const ModelShard& shard, GPTModel* model) {
+  return std::make_unique<StandardAttention>(cfg, shard, spec, model);
+}
+
+}  // namespace tessera
