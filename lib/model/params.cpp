@@ -6,42 +6,44 @@
 
 #include "core/rng.hpp"
 #include "core/test_hooks.hpp"
+#include "model/parts.hpp"
 
 namespace tessera {
 
-namespace {
-
-struct SpecBuilder {
-  const ModelShard& shard;
-  std::vector<ParamSpec> specs;
-  int64_t offset = 0;
-
-  // split_axis -1: replicated. Otherwise the global extent along the axis is split evenly.
-  void add(std::string name, Shape global, int split_axis, ParamInit init, double std, bool decay,
-           int64_t init_rows = -1) {
-    ParamSpec s;
-    s.name = std::move(name);
-    s.global_shape = global;
-    s.split_axis = split_axis;
-    s.local_shape = global;
-    if (split_axis >= 0) {
-      const int64_t extent = global[split_axis];
-      TESSERA_CHECK(extent % shard.tp_size == 0, s.name, " axis ", split_axis, " of ",
-                    shape_str(global), " does not split over ", shard.tp_size, " ranks");
-      s.local_shape[split_axis] = extent / shard.tp_size;
-      s.split_offset = s.local_shape[split_axis] * shard.tp_rank;
-    }
-    s.init = init;
-    s.init_std = std;
-    s.weight_decay = decay;
-    s.init_rows = init_rows;
-    s.flat_offset = offset;
-    offset += s.numel();
-    specs.push_back(std::move(s));
+void ParamSpecBuilder::add(std::string name, Shape global, int split_axis, ParamInit init,
+                           double std, bool decay, int64_t init_rows) {
+  ParamSpec s;
+  s.name = std::move(name);
+  s.global_shape = global;
+  s.split_axis = split_axis;
+  s.local_shape = global;
+  if (split_axis >= 0) {
+    const int64_t extent = global[split_axis];
+    TESSERA_CHECK(extent % shard.tp_size == 0, s.name, " axis ", split_axis, " of ",
+                  shape_str(global), " does not split over ", shard.tp_size, " ranks");
+    s.local_shape[split_axis] = extent / shard.tp_size;
+    s.split_offset = s.local_shape[split_axis] * shard.tp_rank;
   }
-};
+  s.init = init;
+  s.init_std = std;
+  s.weight_decay = decay;
+  s.init_rows = init_rows;
+  s.flat_offset = offset;
+  offset += s.numel();
+  specs.push_back(std::move(s));
+}
 
-}  // namespace
+void ParamSpecBuilder::norm(const std::string& name, int64_t width) {
+  // --apply-layernorm-1p: the norms apply (1 + w), so w starts at 0 (Megatron's zero-centred
+  // gamma).
+  add(name + ".weight", {width}, -1, cfg.apply_layernorm_1p ? ParamInit::Zeros : ParamInit::Ones,
+      0, false);
+  if (!cfg.rmsnorm()) add(name + ".bias", {width}, -1, ParamInit::Zeros, 0, false);
+}
+
+double ParamSpecBuilder::out_std() const {
+  return cfg.init_method_std / std::sqrt(2.0 * cfg.num_layers);
+}
 
 std::vector<int> ModelShard::layers() const {
   std::vector<int> out;
@@ -110,117 +112,27 @@ ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int p
 }
 
 namespace {
-// Multi-latent attention's projections (model/mla.cpp): the query latent's down-projection, its
-// norm and the up-projection to the heads (or one projection from the hidden state), the key/value
-// latent's (its last qk_pos_emb_head_dim features: the keys' shared RoPE part), its norm and the
-// up-projection to each head's keys without position and values. The latents are replicated over
-// TP (every rank computes them; their gradients are summed over TP), the up-projections split by
-// heads.
-void mla_attention(SpecBuilder& b, const GPTConfig& cfg, const std::string& p,
-                   ParamInit norm_init) {
-  const int64_t h = cfg.hidden_size, heads = cfg.num_attention_heads, hd = cfg.head_dim();
-  const int64_t qr = cfg.q_lora_rank, kvr = cfg.kv_lora_rank, dr = cfg.qk_pos_emb_head_dim;
-  const double std = cfg.init_method_std;
-  auto latent_norm = [&](const std::string& name, int64_t width) {
-    if (!cfg.qk_layernorm) return;
-    b.add(name + ".weight", {width}, -1, norm_init, 0, false);
-    if (!cfg.rmsnorm()) b.add(name + ".bias", {width}, -1, ParamInit::Zeros, 0, false);
-  };
-  if (qr > 0) {
-    b.add(p + "attn.q_down.weight", {qr, h}, -1, ParamInit::Normal, std, true);
-    latent_norm(p + "attn.q_down_norm", qr);
-    b.add(p + "attn.q_up.weight", {heads, hd, qr}, 0, ParamInit::Normal, std, true);
-  } else {
-    b.add(p + "attn.q_proj.weight", {heads, hd, h}, 0, ParamInit::Normal, std, true);
-  }
-  b.add(p + "attn.kv_down.weight", {kvr + dr, h}, -1, ParamInit::Normal, std, true);
-  latent_norm(p + "attn.kv_down_norm", kvr);
-  b.add(p + "attn.kv_up.weight", {heads, cfg.qk_head_dim + cfg.v_head_dim, kvr}, 0,
-        ParamInit::Normal, std, true);
-}
-
-// The specs of `shard`; with `one_expert`, each MoE layer's first local expert only (every expert
-// of a layer has the same shapes), so counting costs the same for 8 experts as for 10^8.
+// The specs of `shard`: the embedding, each layer's norms and its parts' parameters (model/
+// parts.hpp), the head.
 std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard, bool one_expert) {
-  const int64_t h = cfg.hidden_size, heads = cfg.num_attention_heads, hd = cfg.head_dim();
-  const int64_t groups = cfg.kv_heads();
-  const int64_t f = cfg.ffn(), V = cfg.padded_vocab_size(shard.tp_size);
+  const int64_t h = cfg.hidden_size, V = cfg.padded_vocab_size(shard.tp_size);
   const double std = cfg.init_method_std;
-  const double out_std = std / std::sqrt(2.0 * cfg.num_layers);  // residual output projections
-  const bool bias = cfg.add_bias_linear, qkv_bias = cfg.qkv_bias(), ln = !cfg.rmsnorm();
-  // --apply-layernorm-1p: the norms apply (1 + w), so w starts at 0 (Megatron's zero-centred
-  // gamma).
-  const ParamInit norm_init = cfg.apply_layernorm_1p ? ParamInit::Zeros : ParamInit::Ones;
-  SpecBuilder b{shard, {}, 0};
+  ParamSpecBuilder b{cfg, shard, one_expert, {}, 0};
   // The tied word embedding lives on the first stage, and a copy on the last (Megatron's scheme);
   // untied, the last stage has an output layer of its own.
   if (shard.has_embedding || (shard.has_head && cfg.embedding_on_last_stage()))
     b.add("wte", {V, h}, 0, ParamInit::Normal, std, true, cfg.vocab_size);
   if (shard.has_embedding && cfg.learned_positions())
     b.add("wpe", {cfg.max_positions(), h}, -1, ParamInit::Normal, std, true);
-  auto norm = [&](const std::string& name) {
-    b.add(name + ".weight", {h}, -1, norm_init, 0, false);
-    if (ln) b.add(name + ".bias", {h}, -1, ParamInit::Zeros, 0, false);
-  };
+  auto norm = [&](const std::string& name) { b.norm(name, h); };
+  const std::vector<LayerSpec> specs = build_layer_specs(cfg);
   for (int l : shard.layers()) {
     const std::string p = "layers." + std::to_string(l) + ".";
+    const LayerSpec& spec = specs[static_cast<size_t>(l)];
     norm(p + "ln1");
-    if (cfg.mla()) {
-      mla_attention(b, cfg, p, norm_init);
-    } else if (cfg.group_query_attention) {
-      // Query heads and key/value groups split over TP separately; glued so one GEMM reads them
-      // as [H/TP query | G/TP key | G/TP value] heads.
-      b.add(p + "attn.q.weight", {heads, hd, h}, 0, ParamInit::Normal, std, true);
-      b.specs.back().glue_next = true;
-      b.add(p + "attn.kv.weight", {2, groups, hd, h}, 1, ParamInit::Normal, std, true);
-      if (qkv_bias) {
-        b.add(p + "attn.q.bias", {heads, hd}, 0, ParamInit::Zeros, 0, false);
-        b.specs.back().glue_next = true;
-        b.add(p + "attn.kv.bias", {2, groups, hd}, 1, ParamInit::Zeros, 0, false);
-      }
-    } else {
-      b.add(p + "attn.qkv.weight", {3, heads, hd, h}, 1, ParamInit::Normal, std, true);
-      if (qkv_bias) b.add(p + "attn.qkv.bias", {3, heads, hd}, 1, ParamInit::Zeros, 0, false);
-    }
-    if (cfg.qk_layernorm &&
-        !cfg.mla()) {  // one norm of hd features for the query heads, one for keys
-      for (const char* qk : {"attn.q_norm", "attn.k_norm"}) {
-        b.add(p + qk + ".weight", {hd}, -1, norm_init, 0, false);
-        if (ln) b.add(p + qk + ".bias", {hd}, -1, ParamInit::Zeros, 0, false);
-      }
-    }
-    b.add(p + "attn.proj.weight", {h, heads * cfg.value_dim()}, 1, ParamInit::Normal, out_std,
-          true);
-    if (bias) b.add(p + "attn.proj.bias", {h}, -1, ParamInit::Zeros, 0, false);
+    make_attention_part(spec, cfg, shard, nullptr)->add_params(b, l);
     norm(p + "ln2");
-    // An MLP of width w at `m` (fc1, fc2): the dense one, each expert, the shared expert.
-    auto mlp = [&](const std::string& m, int64_t w) {
-      if (cfg.swiglu) {  // [gate; up], each split over TP: a rank holds its gate and up columns
-        b.add(m + "fc1.weight", {2, w, h}, 1, ParamInit::Normal, std, true);
-        if (bias) b.add(m + "fc1.bias", {2, w}, 1, ParamInit::Zeros, 0, false);
-      } else {
-        b.add(m + "fc1.weight", {w, h}, 0, ParamInit::Normal, std, true);
-        if (bias) b.add(m + "fc1.bias", {w}, 0, ParamInit::Zeros, 0, false);
-      }
-      b.add(m + "fc2.weight", {h, w}, 1, ParamInit::Normal, out_std, true);
-      if (bias) b.add(m + "fc2.bias", {h}, -1, ParamInit::Zeros, 0, false);
-    };
-    if (!cfg.is_moe_layer(l)) {
-      mlp(p + "mlp.", f);
-      continue;
-    }
-    // MoE: the router (replicated; every TP rank routes its own rows), this rank's experts by
-    // their global index (layout-free names), and the shared expert.
-    b.add(p + "mlp.router.weight", {cfg.num_experts, h}, -1, ParamInit::Normal, std, true);
-    const int e0 = shard.experts_begin(cfg.num_experts);
-    const int local = shard.experts_local(cfg.num_experts);
-    for (int e = e0; e < e0 + (one_expert ? std::min(local, 1) : local); ++e) {
-      const size_t first = b.specs.size();
-      mlp(p + "mlp.experts." + std::to_string(e) + ".", cfg.moe_ffn());
-      for (size_t k = first; k < b.specs.size(); ++k) b.specs[k].expert = true;
-    }
-    if (cfg.moe_shared_expert_intermediate_size > 0)
-      mlp(p + "mlp.shared_expert.", cfg.moe_shared_expert_intermediate_size);
+    make_mlp_part(spec, cfg, shard, nullptr)->add_params(b, l);
   }
   if (shard.has_head) {
     norm("lnf");

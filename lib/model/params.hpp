@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,27 @@ struct ModelShard {
 // pipeline rank p holds chunks p, p + PP, p + 2 PP, ...
 ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size, int pp_rank,
                            int virtual_stages = 1);
+
+// Builds a shard's parameter specs in flat-buffer order (build_param_specs; each layer's parts add
+// theirs, model/parts.hpp).
+struct ParamSpecBuilder {
+  const GPTConfig& cfg;
+  const ModelShard& shard;
+  // Only each MoE layer's first local expert (every expert of a layer has the same shapes), so
+  // counting costs the same for 8 experts as for 10^8 (count_param_specs).
+  bool one_expert = false;
+  std::vector<ParamSpec> specs;
+  int64_t offset = 0;
+
+  // split_axis -1: replicated. Otherwise the global extent along the axis is split evenly over TP.
+  void add(std::string name, Shape global, int split_axis, ParamInit init, double std, bool decay,
+           int64_t init_rows = -1);
+  // A norm of `width` features: its weight (ones, or zeros with --apply-layernorm-1p, which
+  // applies 1 + w) and, for LayerNorm, its bias.
+  void norm(const std::string& name, int64_t width);
+  // The init std of a residual branch's output projection (fc2, the attention projection).
+  double out_std() const;
+};
 
 // The specs of this shard's parameters, in flat-buffer order.
 std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard& shard);

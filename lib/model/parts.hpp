@@ -123,6 +123,8 @@ class ModelPart {
 class AttentionPart : public ModelPart {
  public:
   using ModelPart::ModelPart;
+  // Layer l's parameters (names, global shapes, TP split, init), after its first norm.
+  virtual void add_params(ParamSpecBuilder& b, int l) const = 0;
   // Layer l's weights (or gradients) from the flat buffers into w.
   virtual void bind(const ParamStore& ps, int l, bool grads, LayerWeights& w) const = 0;
   // Buffers: what the core writes (recomputed by selective recomputation: the output and its
@@ -151,6 +153,8 @@ class AttentionPart : public ModelPart {
 class MlpPart : public ModelPart {
  public:
   using ModelPart::ModelPart;
+  // Layer l's parameters, after its second norm.
+  virtual void add_params(ParamSpecBuilder& b, int l) const = 0;
   virtual void bind(const ParamStore& ps, int l, bool grads, LayerWeights& w) const = 0;
   // This layer's dense MLP width on this rank (the shared expert's in a MoE layer; 0: none).
   virtual int64_t dense_width() const = 0;
@@ -184,6 +188,8 @@ Tensor& mlp_activation_backward(Backend& be, MlpActivation kind, Tensor& dact, T
 // under `prefix` ("mlp." or "mlp.shared_expert."), its buffers for `width` (kept: fc1's output;
 // else the activation's), the scratch of the widest (SlotBuilder::fl_max), and the cut of a
 // working set to `width`.
+void dense_mlp_params(ParamSpecBuilder& b, const std::string& prefix, int64_t width,
+                      MlpActivation act);
 void dense_mlp_bind(const ParamStore& ps, int l, bool grads, const std::string& prefix,
                     LayerWeights& w);
 void dense_mlp_buffers(const SlotBuilder& sb, LayerActivations& la, int64_t width,
