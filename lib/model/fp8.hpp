@@ -6,6 +6,8 @@
 // that every layout quantizes alike.
 #pragma once
 
+#include "model/step_hooks.hpp"
+
 #include <string>
 #include <vector>
 
@@ -21,7 +23,7 @@ namespace tessera {
 enum class Fp8Gemm { Qkv, Proj, Fc1, Fc2 };
 enum class Fp8Role { Input, Weight, GradOutput };
 
-class Fp8Scaling {
+class Fp8Scaling final : public StepHook {
  public:
   // `layers`: the global indices of this shard's layers in local order; `num_experts` the
   // model's (0: dense), whose state every rank keeps for every expert (a rank's own experts'
@@ -44,10 +46,10 @@ class Fp8Scaling {
                               int expert = -1);
   // Delayed scaling, after a step's last backward: the step's amaxes are reduced over TP and the
   // gradient group (DP x CP) and the histories and scales advance (nothing for tensorwise).
-  void end_step(Communicator* grad_group);
-  // Delayed scaling: the amaxes recorded since the last end_step forgotten (a rerun in place).
-  void restart_step() {
-    if (cfg_.recipe == Fp8Recipe::Delayed && n_ > 0) be_.zero(amax_);
+  void end_step(Communicator* grad_group) override;
+  // Delayed scaling: a rerun in place forgets the amaxes recorded since the last end_step.
+  void begin_attempt(bool rerun) override {
+    if (rerun && cfg_.recipe == Fp8Recipe::Delayed && n_ > 0) be_.zero(amax_);
   }
 
   // The state of delayed scaling (checkpoints): history (H, n) and scales (n) of n tensors in the

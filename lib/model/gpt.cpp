@@ -84,6 +84,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
     swiglu_ = activation_ == MlpActivation::SwiGLU;
   }
   init_moe();
+  init_mtp();
   TESSERA_CHECK(!sp_ || cfg.seq_length % shard.tp_size == 0, "sequence parallelism needs ",
                 "--seq-length divisible by the tensor-parallel size");
   {
@@ -453,12 +454,11 @@ void GPTModel::set_fp8(const Fp8Config& c) {
                                       tp_, shard_.cp_size > 1 ? cp_comm_ : nullptr);
 }
 
-void GPTModel::fp8_end_step(Communicator* grad_group) {
-  if (fp8_) fp8_->end_step(grad_group);
-}
-
-void GPTModel::fp8_restart_step() {
-  if (fp8_) fp8_->restart_step();
+std::vector<StepHook*> GPTModel::step_hooks() const {
+  std::vector<StepHook*> hooks;
+  for (StepHook* h : {static_cast<StepHook*>(fp8_.get()), routing_hook_.get(), mtp_hook_.get()})
+    if (h) hooks.push_back(h);
+  return hooks;
 }
 
 void GPTModel::tp_reduce(PhaseSequence& phase, Tensor& t) {

@@ -18,6 +18,7 @@
 #include "model/layer_spec.hpp"
 #include "model/params.hpp"
 #include "model/recompute.hpp"
+#include "model/step_hooks.hpp"
 
 namespace tessera {
 
@@ -335,17 +336,10 @@ class GPTModel {
   // layers) and clears them.
   void begin_step_routing();
   void end_step_routing(Communicator* grad_group);
-  // A training step's bookkeeping around its passes: each attempt of an iteration starts the
-  // routers' counts again (and, a rerun, FP8's amaxes); after the last backward, FP8's delayed
-  // scaling and the routing's end (end_step_routing).
-  void begin_attempt(bool rerun) {
-    begin_step_routing();
-    if (rerun) fp8_restart_step();
-  }
-  void end_step(Communicator* grad_group) {
-    fp8_end_step(grad_group);
-    end_step_routing(grad_group);
-  }
+  // The model's per-step state (model/step_hooks.hpp), in the order a step runs them: FP8's
+  // delayed scaling, the MoE router's loads and expert bias, multi-token prediction's losses;
+  // those this rank has.
+  std::vector<StepHook*> step_hooks() const;
   std::vector<std::vector<int64_t>> take_logged_tokens();
   // The expert bias of MoE layer `layer` (held by this rank), f32 on the host: the routing's
   // source of truth (checkpoints save and restore it).
@@ -374,13 +368,8 @@ class GPTModel {
 
   // FP8 (model/fp8.hpp, docs/training.md "FP8"): the transformer layers' GEMMs of this shard run
   // in FP8 as `c` says (c.enabled), from now on; needs the context-parallel ring set first where
-  // there is one. fp8_end_step advances delayed scaling after a training step's last backward
-  // (`grad_group`: the DP x CP ranks; null for one); nothing without FP8 or with tensorwise.
+  // there is one. Its delayed scaling is a step hook (step_hooks()).
   void set_fp8(const Fp8Config& c);
-  void fp8_end_step(Communicator* grad_group);
-  // Delayed scaling: forgets the amaxes recorded since the last fp8_end_step (an iteration rerun
-  // in place records them again).
-  void fp8_restart_step();
   Fp8Scaling* fp8() { return fp8_.get(); }
 
   // Output of this stage's last layer (what the next stage receives).
@@ -492,7 +481,8 @@ class GPTModel {
   bool moe_layer(int layer) const {
     return specs_[static_cast<size_t>(shard_.local_index(layer))].mlp == MlpKind::MoE;
   }
-  void init_moe();  // the router's settings (model/moe.cpp)
+  void init_moe();  // the router's settings and step hook (model/moe.cpp)
+  void init_mtp();  // multi-token prediction's step hook (model/mtp.cpp)
   Backend& be_;
   Communicator& tp_;
   DType compute_ = DType::F32;
@@ -524,6 +514,9 @@ class GPTModel {
   Communicator* ep_ = nullptr;       // expert parallelism (set_expert_comm)
   Communicator* cp_comm_ = nullptr;  // context parallelism (set_context_comm)
   std::unique_ptr<Fp8Scaling> fp8_;  // FP8 GEMMs (set_fp8); null: none
+  // The step hooks of the MoE router (any MoE layer here) and multi-token prediction (the last
+  // stage with MTP); FP8's is fp8_ itself.
+  std::unique_ptr<StepHook> routing_hook_, mtp_hook_;
   // Testing (the layout-equivalence test): TESSERA_TEST_MOE_LOGIT_BIAS="e:v,e:v" adds v to
   // expert e's router logit (to force all tokens onto some experts), and
   // TESSERA_FAULT_MOE_DISPATCH=wrong-rank sends one token copy to the wrong expert rank.

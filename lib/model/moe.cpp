@@ -52,8 +52,30 @@ void GPTModel::cp_sum(std::vector<int64_t>& counts) {
   for (size_t i = 0; i < d.size(); ++i) counts[i] = static_cast<int64_t>(d[i]);
 }
 
+namespace {
+
+// The router's per-step state: each attempt counts the routed tokens (and the logged load-balance
+// statistics) again; after the step's last backward the loads are summed over the global batch
+// and the aux-loss-free expert bias moves (GPTModel::end_step_routing).
+class RoutingHook final : public StepHook {
+ public:
+  explicit RoutingHook(GPTModel& m) : m_(m) {}
+  void begin_attempt(bool) override {
+    m_.begin_step_routing();
+    m_.reset_moe_stats();
+  }
+  void end_step(Communicator* grad_group) override { m_.end_step_routing(grad_group); }
+
+ private:
+  GPTModel& m_;
+};
+
+}  // namespace
+
 void GPTModel::init_moe() {
   if (cfg_.num_experts == 0) return;
+  for (int l : shard_.layers())
+    if (moe_layer(l)) routing_hook_ = std::make_unique<RoutingHook>(*this);
   TESSERA_CHECK(cfg_.num_experts % shard_.ep_size == 0, "--num-experts=", cfg_.num_experts,
                 " does not divide over the expert-parallel size ", shard_.ep_size);
   TESSERA_CHECK(cfg_.moe_ffn() % shard_.tp_size == 0 &&

@@ -17,6 +17,25 @@
 
 namespace tessera {
 
+namespace {
+
+// Multi-token prediction's per-step state: each attempt sums its depths' losses again.
+class MtpHook final : public StepHook {
+ public:
+  explicit MtpHook(GPTModel& m) : m_(m) {}
+  void begin_attempt(bool) override { m_.reset_mtp_losses(); }
+  void end_step(Communicator*) override {}
+
+ private:
+  GPTModel& m_;
+};
+
+}  // namespace
+
+void GPTModel::init_mtp() {
+  if (shard_.mtp_count > 0) mtp_hook_ = std::make_unique<MtpHook>(*this);
+}
+
 void GPTModel::reset_mtp_losses() {
   for (MtpLoss& m : mtp_losses_) m = MtpLoss{};
 }

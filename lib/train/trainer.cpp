@@ -153,7 +153,8 @@ StepStats Trainer::train_step() {
   }
   if (validator_->exit16_due())  // the state before this iteration, to rerun it elsewhere
     validator_->exit16(checkpointer_->save_for_rerun(state_, validator_->pending_state()));
-  model_->end_step(ctx_.grad_group_size() > 1 ? ctx_.dp : nullptr);  // FP8 scaling, expert bias
+  Communicator* group = ctx_.grad_group_size() > 1 ? ctx_.dp : nullptr;  // the global batch's
+  for (StepHook* h : model_->step_hooks()) h->end_step(group);  // FP8, expert bias, ...
   st.loss = reduced[0] / tokens;
   metrics_->collect(st);  // the step's statistics the grid sums (MoE)
   const OptimizerSet::Update u = optimizers_->step(st.iteration, st.loss, st.global_batch);
@@ -176,12 +177,11 @@ StepStats Trainer::train_step() {
 void Trainer::run_attempt(StepStats& st, int attempt, double tokens, const Timer& step,
                           double reduced[1 + ResultValidator::kFlags]) {
   // MoE's load-balancing and z losses: their mean over the global batch's micro-batches.
-  const float moe_loss_scale =
-      static_cast<float>(st.loss_scale * cfg_.micro_batch_size / st.global_batch);
+  const float moe_loss_scale = float(st.loss_scale * cfg_.micro_batch_size / st.global_batch);
   validator_->begin_attempt(st.iteration, attempt);
   metrics_->begin_step();
   model_->zero_grads();
-  model_->begin_attempt(attempt > 0);  // FP8's amaxes and the routers' counts start again
+  for (StepHook* h : model_->step_hooks()) h->begin_attempt(attempt > 0);
   optimizers_->begin_step();  // buckets start as the last micro-batch's backward completes them
   double loss_sum = 0;
   {

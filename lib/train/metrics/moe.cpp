@@ -22,7 +22,6 @@ class MoEMetrics : public MetricSource {
  public:
   explicit MoEMetrics(const MetricContext& c) : c_(c) {}
 
-  void begin_step() override { c_.model.reset_moe_stats(); }
 
   void collect(const StepStats& s) override {
     // Each layer's metrics summed over this rank's micro-batches; the TP ranks hold the same
