@@ -393,6 +393,17 @@ class GPTModel {
   void linear_backward(int l, Fp8Gemm g, Tensor* dinp, Tensor& dw, Tensor* dbias,
                        const Tensor& dout, const Tensor& inp, const Tensor& w, int expert = -1);
   bool fp8_layer(int l) const { return fp8_ && fp8_->active(shard_.local_index(l)); }
+  // The dense MLP of layer l (model/mlp.cpp; a MoE layer's shared expert too): la.ln2 -> out (N,
+  // C, partial over TP), and its backward from dout (every row) to dinp (partial over TP).
+  void dense_mlp_forward(PhaseSequence& phase, int l, const Activations& a, LayerActivations& la,
+                         Tensor& out);
+  void dense_mlp_backward(PhaseSequence& phase, int l, Activations& a, const LayerActivations& la,
+                          const Tensor& dout, Tensor& dinp);
+  // The vocabulary-parallel cross-entropy of logits (N, Vl) against targets (-1: no loss): the
+  // token losses (N, f32) and, in place, the logits' gradient times grad_scale; a's row
+  // statistics as scratch (model/sequence_parallel.cpp).
+  void cross_entropy(Tensor& losses, Tensor& logits, const Tensor& targets, Activations& a,
+                     float grad_scale);
   // A TP all-reduce inside a layer: phase "tp-all-reduce" where TP > 1.
   void tp_reduce(PhaseSequence& phase, Tensor& t);
   // Sequence parallelism. Rows of a micro-batch's (B*T) token rows this rank holds in the

@@ -91,6 +91,37 @@ void dense_mlp_fit(const SlotBuilder& sb, LayerActivations& la, int64_t width, M
   la.fc1 = width > 0 && la.fc1.defined() ? la.fc1.view(0, {sb.N, glu * width}) : Tensor();
 }
 
+void GPTModel::dense_mlp_forward(PhaseSequence& phase, int l, const Activations& a,
+                                 LayerActivations& la, Tensor& out) {
+  const LayerWeights& w = weights_[static_cast<size_t>(shard_.local_index(l))];
+  phase("fc1-gemm-forward");
+  linear_forward(l, Fp8Gemm::Fc1, la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b), a);
+  activation_forward(phase, la);
+  phase("fc2-gemm-forward");
+  linear_forward(l, Fp8Gemm::Fc2, out, la.gelu, w.fc2_w,
+                 shard_.tp_rank == 0 ? opt(w.fc2_b) : nullptr, a);
+}
+
+void GPTModel::dense_mlp_backward(PhaseSequence& phase, int l, Activations& a,
+                                  const LayerActivations& la, const Tensor& dout, Tensor& dinp) {
+  const size_t li = static_cast<size_t>(shard_.local_index(l));
+  const LayerWeights& w = weights_[li];
+  LayerWeights& g = grads_[li];
+  Tensor dfc = a.dfc.view(0, la.gelu.shape());  // the scratch is the widest MLP's
+  phase("fc2-gemm-backward");
+  const bool gelu = activation_ == MlpActivation::Gelu;
+  const Tensor* dfc1 = &dfc;
+  if (gelu && !fp8_layer(l)) {  // GELU's backward in the GEMM's epilogue where there is one
+    be_.matmul_gelu_backward(dfc, g.fc2_w, opt(g.fc2_b), dout, la.gelu, w.fc2_w, la.fc1);
+  } else {
+    linear_backward(l, Fp8Gemm::Fc2, &dfc, g.fc2_w, opt(g.fc2_b), dout, la.gelu, w.fc2_w);
+    Tensor swiglu = swiglu_ ? a.dfc1.view(0, la.fc1.shape()) : Tensor();
+    dfc1 = &activation_backward(phase, dfc, swiglu, la.fc1);
+  }
+  phase("fc1-gemm-backward");
+  linear_backward(l, Fp8Gemm::Fc1, &dinp, g.fc1_w, opt(g.fc1_b), *dfc1, la.ln2, w.fc1_w);
+}
+
 namespace {
 
 class DenseMlp final : public MlpPart {
@@ -126,13 +157,7 @@ class DenseMlp final : public MlpPart {
 
   void forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                Tensor& out) override {
-    const LayerWeights& w = weights(l);
-    phase("fc1-gemm-forward");
-    linear_forward(l, Fp8Gemm::Fc1, la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b), a);
-    phase(mlp_activation_phase(spec_.activation, false));
-    mlp_activation_forward(be(), spec_.activation, la.gelu, la.fc1);
-    phase("fc2-gemm-forward");
-    linear_forward(l, Fp8Gemm::Fc2, out, la.gelu, w.fc2_w, bias_here() ? opt(w.fc2_b) : nullptr, a);
+    dense_mlp_forward(phase, l, a, la, out);
   }
 
   void recompute(PhaseSequence& phase, int, Activations&, LayerActivations& la) override {
@@ -142,23 +167,7 @@ class DenseMlp final : public MlpPart {
 
   void backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                 const Tensor& dout) override {
-    const LayerWeights& w = weights(l);
-    LayerWeights& g = grads(l);
-    phase("fc2-gemm-backward");
-    const bool gelu = spec_.activation == MlpActivation::Gelu;
-    if (gelu && !fp8_layer(l)) {  // GELU's backward in the GEMM's epilogue where there is one
-      be().matmul_gelu_backward(a.dfc, g.fc2_w, opt(g.fc2_b), dout, la.gelu, w.fc2_w, la.fc1);
-    } else {
-      linear_backward(l, Fp8Gemm::Fc2, &a.dfc, g.fc2_w, opt(g.fc2_b), dout, la.gelu, w.fc2_w);
-      if (gelu) be().gelu_backward(a.dfc, la.fc1, a.dfc);
-    }
-    const Tensor* dfc1 = &a.dfc;
-    if (!gelu) {
-      phase(mlp_activation_phase(spec_.activation, true));
-      dfc1 = &mlp_activation_backward(be(), spec_.activation, a.dfc, a.dfc1, la.fc1);
-    }
-    phase("fc1-gemm-backward");
-    linear_backward(l, Fp8Gemm::Fc1, &a.dln, g.fc1_w, opt(g.fc1_b), *dfc1, la.ln2, w.fc1_w);
+    dense_mlp_backward(phase, l, a, la, dout, a.dln);
   }
 
   void reduce_tp_grads(int) override {}

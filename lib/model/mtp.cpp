@@ -119,14 +119,7 @@ void GPTModel::mtp_forward(Activations& a, float grad_scale) {
     phase("lm-head-gemm-forward");
     be_.matmul_forward(m.logits, m.lnf, head, nullptr);
     phase("cross-entropy");
-    be_.xent_row_max(a.rowmax, m.logits, valid_cols_);
-    tp_.all_reduce(a.rowmax, ReduceOp::Max);
-    be_.xent_row_sums(a.sumexp, a.target_logit, m.logits, a.rowmax, m.targets, valid_cols_,
-                      vocab_begin_);
-    tp_.all_reduce(a.sumexp, ReduceOp::Sum);
-    tp_.all_reduce(a.target_logit, ReduceOp::Sum);
-    be_.xent_loss_and_grad(m.losses, m.logits, a.rowmax, a.sumexp, a.target_logit, m.targets,
-                           valid_cols_, vocab_begin_, scale);
+    cross_entropy(m.losses, m.logits, m.targets, a, scale);
     mtp_host_.resize(static_cast<size_t>(m.losses.numel()));
     be_.copy_to_host(mtp_host_.data(), m.losses);
     double sum = 0;  // in token order, in double: the same on every layout

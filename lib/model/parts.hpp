@@ -108,6 +108,15 @@ class ModelPart {
   void rope(Tensor& qkv, const Activations& a, bool backward) const {
     be().rope(qkv, m_->rope_spec(a.T), m_->rope_positions(a), backward);
   }
+  // The dense MLP's passes (model/mlp.cpp).
+  void dense_mlp_forward(PhaseSequence& phase, int l, const Activations& a, LayerActivations& la,
+                         Tensor& out) const {
+    m_->dense_mlp_forward(phase, l, a, la, out);
+  }
+  void dense_mlp_backward(PhaseSequence& phase, int l, Activations& a, const LayerActivations& la,
+                          const Tensor& dout, Tensor& dinp) const {
+    m_->dense_mlp_backward(phase, l, a, la, dout, dinp);
+  }
   // The MoE layer's passes (model/moe.cpp).
   void moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& out) const {
     m_->moe_forward(phase, l, a, out);

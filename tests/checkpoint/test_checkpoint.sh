@@ -17,8 +17,8 @@ common=(--config "$configs/gpt2-tiny.ini" --num-layers 4 --hidden-size 32 --num-
         --seq-length 32 --max-position-embeddings 32 --vocab-size 600 --global-batch-size 8
         --micro-batch-size 2 --log-interval 1 --lr-warmup-iters 2 --threads 1)
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 train() {  # train NP TP PP ARGS...
   local np=$1 tp=$2 pp=$3
   shift 3

@@ -26,8 +26,8 @@ chmod 755 "$work"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "$@"; }
 # As root, permissions do not stop writes: run the readers as user nobody.
 as_reader() {

@@ -21,8 +21,8 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 conv() { "$bin/tessera-convert" "$@" > "$work/conv.log" 2>&1 || { bad "tessera-convert $*: $(tail -2 "$work/conv.log")"; return 1; }; }
 gen() {  # gen NP TP CKPT PROMPT NEW
   local cmd=("$bin/tessera-generate" --load "$3" --threads 1 --prompt-ids "$4" --max-new-tokens "$5" --greedy --tensor-model-parallel-size "$2")

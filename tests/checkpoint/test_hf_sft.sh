@@ -14,8 +14,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 py=python3
 [ -x /usr/bin/python3 ] && py=/usr/bin/python3
 "$py" -c "import jinja2" || { echo "FAIL: python3-jinja2 is needed (scripts/setup.sh installs it)"; exit 1; }

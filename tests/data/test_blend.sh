@@ -16,8 +16,8 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 
 # Three corpora whose every document starts with its corpus's name in capitals.
 python3 - "$work" <<'EOF'
@@ -113,7 +113,6 @@ train() {  # train NAME NP [options]: metrics in $work/NAME.jsonl
     timeout 300 "${cmd[@]}" > "$work/$name.log" 2>&1
   fi
 }
-losses() { sed 's/.*"lm_loss": \([^,]*\),.*/\1/' "$1"; }
 train one 1; rc1=$?
 lines=$(grep -c "^data: dataset [0-2] '$D/[a-z]*', weight 0\.[0-9]*: train split, documents 0-[0-9]* of [0-9]*, [0-9]* tokens, [0-9]* samples of 33 tokens per epoch; [0-9]* drawn over the run" "$work/one.log")
 [ $rc1 -eq 0 ] && [ "$lines" = 3 ] && grep -q "^data: a blend of 3 datasets" "$work/one.log" \

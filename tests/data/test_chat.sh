@@ -14,8 +14,8 @@ hf=$src/data/hf-tokenizers
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 py=python3
 [ -x /usr/bin/python3 ] && py=/usr/bin/python3
 "$py" -c "import h5py, numpy, jinja2" || { echo "FAIL: python3-h5py, python3-numpy and python3-jinja2 are needed (scripts/setup.sh installs them)"; exit 1; }

@@ -19,8 +19,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 # The numbers of an HDF5 dataset or attribute, space-separated.
 h5values() { h5dump -y -w 0 "$@" | sed -n '/DATA {/,/}/p' | sed '1d;$d' | sed 's/([0-9]*)://' | tr -c '0-9\n' ' ' | xargs; }
 HF=(--tokenizer-type HuggingFaceTokenizer)

@@ -12,8 +12,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 tokenizer=(--vocab-file "$vocab/encoder.json" --merge-file "$vocab/vocab.bpe")
 
 # The writer: MMapIndexedDataset index version 1 (megatron/core/datasets/indexed_dataset.py's

@@ -14,8 +14,8 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "$@"; }
 "$bin/tessera-train" --config "$configs/gpt2-tiny.ini" --num-layers 4 --train-iters 40 --threads 1 \
   --save "$work/ck" > "$work/train.log" 2>&1 || { bad "training the model: $(tail -2 "$work/train.log")"; exit 1; }

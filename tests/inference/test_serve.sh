@@ -16,8 +16,8 @@ trap cleanup EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 tokenizer=(--vocab-file "$vocab/encoder.json" --merge-file "$vocab/vocab.bpe")
 # A GPT-2-vocabulary model (a few steps on mock data: its text is not English, but it is a model).
 "$bin/tessera-train" --config "$configs/gpt2-tiny.ini" --vocab-size 50257 --train-iters 3 --threads 1 \

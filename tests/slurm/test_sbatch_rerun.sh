@@ -9,8 +9,8 @@ src=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 mkdir -p "$work/fake" "$work/tessera/build/bin" "$work/ckpt"
 cp "$src/configs/gpt2-tiny.ini" "$work/tessera/tiny.ini"
 printf '#!/bin/sh\nexit 0\n' > "$work/tessera/build/bin/tessera-train"

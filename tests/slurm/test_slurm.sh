@@ -9,8 +9,8 @@
 set -u
 src=$1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 
 if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
   if [ "$(id -u)" -ne 0 ]; then echo "FAIL: slurm-wlm and munge are not installed and this is not root"; exit 1; fi

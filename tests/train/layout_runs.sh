@@ -1,6 +1,6 @@
 # layout_runs.sh: helpers the layout-comparison scripts source (test_documents.sh,
 # test_loss_mask.sh). They read $bin, $work and the array `common` (tessera-train's options of
-# every run), and call the script's ok / bad.
+# every run), and call ok / bad / losses (tests/lib.sh, which the script sources first).
 run() {  # run NAME NP [options]: tessera-train on NP ranks, metrics in $work/NAME.jsonl
   local name=$1 np=$2 rc
   shift 2
@@ -13,7 +13,6 @@ run() {  # run NAME NP [options]: tessera-train on NP ranks, metrics in $work/NA
   rc=$?
   [ $rc -eq 0 ] || { bad "$name exited $rc: $(grep -v '^\[' "$work/$name.log" | tail -3)"; return 1; }
 }
-losses() { sed 's/.*"lm_loss": \([^,]*\),.*/\1/' "$1"; }
 worst() {  # the worst relative loss difference of two runs over 20 iterations
   paste <(losses "$work/$1.jsonl") <(losses "$work/$2.jsonl") | awk '
     { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }

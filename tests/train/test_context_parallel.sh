@@ -17,8 +17,8 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 # 4 layers, sequence 32 (CP 4: 8 chunks of 4 tokens), global batch 8.
 common=(--config "$configs/gpt2-tiny.ini" --num-layers 4 --hidden-size 32 --num-attention-heads 4
         --seq-length 32 --max-position-embeddings 32 --vocab-size 200 --global-batch-size 8
@@ -36,7 +36,7 @@ run() {  # run NAME NP [options]
   local rc=$?
   [ $rc -eq 0 ] || { bad "$name exited $rc: $(grep -m2 -E 'error|Error' "$work/$name.log")"; return 1; }
 }
-losses() { sed -n 's/.*"iteration": \([0-9]*\),.*"lm_loss": \([^,]*\),.*/\1 \2/p' "$work/$1.jsonl"; }
+losses() { iteration_losses "$work/$1.jsonl"; }
 worst() {  # worst BASE NAME: "N WORST" over the iterations both logged
   awk 'NR == FNR { base[$1] = $2; next }
     ($1 in base) { d = base[$1] - $2; if (d < 0) d = -d; r = d / base[$1]; if (r > w) w = r; n++ }

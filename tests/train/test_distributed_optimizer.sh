@@ -19,8 +19,8 @@ common=(--config "$configs/gpt2-tiny.ini" --num-layers 4 --hidden-size 32 --num-
         --micro-batch-size 1 --log-interval 1 --lr-warmup-iters 2 --threads 1
         --ddp-bucket-size 5000 --train-iters 8)
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 train() {  # train NP TP PP ARGS...
   local np=$1 tp=$2 pp=$3
   shift 3
@@ -28,7 +28,6 @@ train() {  # train NP TP PP ARGS...
   if [ "$np" -gt 1 ]; then timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "${cmd[@]}"
   else timeout 300 "${cmd[@]}"; fi
 }
-losses() { sed 's/.*"lm_loss": \([^,]*\),.*/\1/' "$1"; }
 exact() { sed 's/"ms_per_iter.*//' "$1"; }
 compare() {  # compare NAME FILE: iterations 5-8 against the uninterrupted run, 1e-5 relative
   local worst

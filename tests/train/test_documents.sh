@@ -16,8 +16,8 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 py=python3
 [ -x /usr/bin/python3 ] && py=/usr/bin/python3
 "$py" -c "import h5py, numpy" || { echo "FAIL: python3-h5py and python3-numpy are needed (scripts/setup.sh installs them)"; exit 1; }
@@ -51,7 +51,7 @@ common=(--config "$configs/gpt2-tiny.ini" --num-layers 4 --hidden-size 32 --num-
         --data-path "$work/docs" --split 100,0,0 --eval-interval 0)
 docs=(--reset-position-ids --reset-attention-mask --eod-mask-loss)
 # shellcheck source=layout_runs.sh
-source "$(dirname "$0")/layout_runs.sh"  # run, losses, worst, within
+source "$(dirname "$0")/layout_runs.sh"  # run, worst, within
 
 run plain 1 --micro-batch-size 2 || exit 1
 run base 1 --micro-batch-size 2 "${docs[@]}" --save "$work/ckpt" --save-interval 20 || exit 1

@@ -30,7 +30,6 @@ run() {  # run NAME NP TP PP MBS [more options]
     echo "FAIL: layout $name exited $rc"; tail -5 "$work/$name.log"; return 1
   fi
 }
-losses() { sed 's/.*"lm_loss": \([^,]*\),.*/\1/' "$1"; }
 compare() {  # compare BASE NAME: the worst relative loss difference over 20 iterations
   paste <(losses "$work/$1.jsonl") <(losses "$work/$2.jsonl") | awk '
     { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }

@@ -16,8 +16,8 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 py=python3
 [ -x /usr/bin/python3 ] && py=/usr/bin/python3
 "$py" -c "import h5py, numpy" || { echo "FAIL: python3-h5py and python3-numpy are needed (scripts/setup.sh installs them)"; exit 1; }
@@ -69,7 +69,7 @@ common=(--config "$configs/gpt2-tiny.ini" --num-layers 4 --hidden-size 32 --num-
         --train-iters 20 --log-interval 1 --lr-warmup-iters 2 --threads 1 --device cpu
         --split 100,0,0 --eval-interval 0 --position-embedding-type rope)
 # shellcheck source=layout_runs.sh
-source "$(dirname "$0")/layout_runs.sh"  # run, losses, worst, within
+source "$(dirname "$0")/layout_runs.sh"  # run, worst, within
 differ() {  # differ A B DESCRIPTION: some loss differs by more than 1e-4 relative
   local w
   w=$(worst "$1" "$2")

@@ -25,8 +25,8 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 common=(--config "$configs/gpt2-tiny.ini" --num-layers 4 --hidden-size 32 --num-attention-heads 4
         --seq-length 32 --max-position-embeddings 32 --vocab-size 200 --mock-data
         --global-batch-size 8 --train-iters 20 --log-interval 1 --lr-warmup-iters 2 --threads 1
@@ -39,7 +39,7 @@ q3=(--position-embedding-type rope --rotary-base 1000000 --normalization RMSNorm
     --swiglu --ffn-hidden-size 88 --group-query-attention --num-query-groups 2 --kv-channels 12
     --disable-bias-linear --untie-embeddings-and-output-weights)
 # shellcheck source=layout_runs.sh
-source "$(dirname "$0")/layout_runs.sh"  # run, losses, worst, within
+source "$(dirname "$0")/layout_runs.sh"  # run, worst, within
 
 # Qwen3 (dense).
 run q3 1 --micro-batch-size 2 "${q3[@]}" --qk-layernorm || exit 1

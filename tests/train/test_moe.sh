@@ -14,8 +14,8 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses, metric
 common=(--config "$configs/mixtral-tiny.ini" --num-layers 2 --train-iters 10 --log-interval 1
         --threads 1 --global-batch-size 16 --micro-batch-size 4 --mock-data --vocab-size 200
         --lr-warmup-iters 2 --device cpu)
@@ -29,7 +29,7 @@ train() {  # train NAME NP [options]: the log in NAME.log, metrics in NAME.jsonl
     timeout 300 "${cmd[@]}" > "$work/$name.log" 2>&1
   fi
 }
-losses() { sed -n 's/.*"iteration": \([0-9]*\),.*"lm_loss": \([^,]*\),.*/\1 \2/p' "$work/$1.jsonl"; }
+losses() { iteration_losses "$work/$1.jsonl"; }
 # same BASE NAME WHAT: NAME's iterations equal BASE's same iterations (1e-5 relative)
 same() {
   local out

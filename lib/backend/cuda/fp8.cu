@@ -112,6 +112,10 @@ void fp8_quantize(const Tensor& x, int64_t rows, int64_t cols, const float* scal
   LAUNCH_CHECK();
 }
 
+// matmul.cu: a cached cuBLASLt plan's descriptor and layouts, destroyed.
+void destroy_lt_plan(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                     cublasLtMatrixLayout_t d);
+
 // One cached cuBLASLt FP8 problem, column-major: D (m x n) = scale_a scale_b op(A)^T B (+ beta D)
 // with A stored k x m and B stored k x n. The heuristic sees the descriptor as every call sets it
 // (the scale pointers and the bias given, the pointers' alignments as preferences: an algorithm
@@ -136,13 +140,7 @@ struct Fp8Lt::Impl {
            Plan>
       plans;
   ~Impl() {
-    for (auto& kv : plans) {
-      Plan& p = kv.second;
-      if (p.a) cublasLtMatrixLayoutDestroy(p.a);
-      if (p.b) cublasLtMatrixLayoutDestroy(p.b);
-      if (p.d) cublasLtMatrixLayoutDestroy(p.d);
-      if (p.desc) cublasLtMatmulDescDestroy(p.desc);
-    }
+    for (auto& kv : plans) destroy_lt_plan(kv.second.desc, kv.second.a, kv.second.b, kv.second.d);
     if (handle) cublasLtDestroy(handle);
   }
 };

@@ -85,6 +85,15 @@ constexpr int64_t kFewRows = 16;
 
 }  // namespace
 
+// A cached cuBLASLt plan's descriptor and layouts, destroyed (LtMatmul's plans and Fp8Lt's in
+// fp8.cu).
+void destroy_lt_plan(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                     cublasLtMatrixLayout_t d) {
+  for (cublasLtMatrixLayout_t layout : {a, b, d})
+    if (layout) cublasLtMatrixLayoutDestroy(layout);
+  if (desc) cublasLtMatmulDescDestroy(desc);
+}
+
 // One cached cuBLASLt problem, column-major as in gemm() above: D (m x n) = op(A) op(B) with an
 // epilogue (the bias; GELU's gradient from an auxiliary matrix).
 struct LtMatmul::Plan {
@@ -115,13 +124,7 @@ struct LtMatmul::Impl {
            Plan>
       plans;
   ~Impl() {
-    for (auto& kv : plans) {
-      Plan& p = kv.second;
-      if (p.a) cublasLtMatrixLayoutDestroy(p.a);
-      if (p.b) cublasLtMatrixLayoutDestroy(p.b);
-      if (p.d) cublasLtMatrixLayoutDestroy(p.d);
-      if (p.desc) cublasLtMatmulDescDestroy(p.desc);
-    }
+    for (auto& kv : plans) destroy_lt_plan(kv.second.desc, kv.second.a, kv.second.b, kv.second.d);
     if (handle) cublasLtDestroy(handle);
   }
 };
