@@ -1,6 +1,7 @@
 // hf_deepseek.cpp: DeepSeek-V3's config.json to and from Tessera's options (hf_deepseek.hpp).
 #include "checkpoint/hf_deepseek.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -8,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "core/json.hpp"
+#include "core/logging.hpp"
 
 namespace tessera {
 
@@ -27,6 +29,8 @@ struct DeepSeekSettings {
   int64_t layer_freq = 1, first_dense = 3, max_pos = 4096;
   double scaling = 2.5, aux = 0.001, eps = 1e-6, theta = 10000, init_std = 0.02;
   bool norm_topk = true, seq_aux = true, tied = false, attention_bias = false, quantized = false;
+  bool rope_interleave = true;  // Hugging Face's default
+  std::vector<std::string> unread;  // keys this importer does not read (said, not ignored)
   std::string topk_method = "noaux_tc", scoring = "sigmoid", act = "silu";
   // rope_scaling (absent or null: plain RoPE)
   std::string rope_type;
@@ -122,12 +126,21 @@ void parse(const std::string& path, const std::string& text, DeepSeekSettings& d
         d.scoring = r.string_value();
       else if (k == "hidden_act")
         d.act = r.string_value();
+      else if (k == "rope_interleave")
+        d.rope_interleave = r.bool_value();
       else if (k == "rope_scaling")
         parse_rope(r, d);
       else if (k == "quantization_config") {
         d.quantized = !r.null_value();
         if (d.quantized) r.skip_value();
       } else {
+        // Keys that do not change what the model computes (identity, token ids, the layout it
+        // was trained at, the library's caches); any other is said (import_deepseek_config).
+        static const std::vector<std::string> inert{
+            "architectures", "model_type", "bos_token_id", "eos_token_id", "pad_token_id",
+            "torch_dtype", "transformers_version", "use_cache", "ep_size", "pretraining_tp",
+            "attention_dropout", "_name_or_path", "auto_map"};
+        if (std::find(inert.begin(), inert.end(), k) == inert.end()) d.unread.push_back(k);
         r.skip_value();
       }
     });
@@ -149,6 +162,8 @@ void refuse(const std::string& path, const DeepSeekSettings& d) {
   no(!d.norm_topk, "norm_topk_prob false",
      "true: Tessera renormalizes the chosen sigmoid scores, as Megatron-Core does");
   no(d.attention_bias, "attention_bias true", "false");
+  no(!d.rope_interleave, "rope_interleave false",
+     "true: DeepSeek-V3's RoPE rotates interleaved pairs (2i, 2i+1), as Tessera's import does");
   no(d.topk == 1, "num_experts_per_tok 1 with norm_topk_prob",
      "2 or more: Hugging Face then weighs the expert 1, Tessera (as Megatron-Core) by its score");
   no(d.act != "silu", "hidden_act \"" + d.act + "\"", "silu");
@@ -174,6 +189,10 @@ void parse_deepseek_config(const std::string& path, const std::string& text, GPT
   DeepSeekSettings d;
   parse(path, text, d);
   refuse(path, d);
+  for (const std::string& k : d.unread)
+    TLOG(warning) << "'" << path << "': key \"" << k
+                  << "\" is not read by the DeepSeek-V3 import (Tessera has no such setting); "
+                     "check that it does not change the model";
   cfg.vocab_size = d.vocab;
   cfg.hidden_size = static_cast<int>(d.hidden);
   cfg.ffn_hidden_size = static_cast<int>(d.inter);

@@ -111,11 +111,19 @@ for c in 'quantization_config|{"quant_method": "fp8", "fmt": "e4m3"}|has quantiz
          'norm_topk_prob|false|has norm_topk_prob false' \
          'num_key_value_heads|2|has num_key_value_heads 2 for 4 heads' \
          'n_group|3|has n_group 3 and topk_group 2 for 8 experts' \
-         'num_experts_per_tok|1|has num_experts_per_tok 1 with norm_topk_prob'; do
+         'num_experts_per_tok|1|has num_experts_per_tok 1 with norm_topk_prob' \
+         'rope_interleave|false|has rope_interleave false \(allowed: true'; do
   IFS='|' read -r key value pattern <<<"$c"
   rm -rf "$work/b" && cp -r "$work/ds" "$work/b" && jset "$work/b" "$key" "$value"
   expect "config.json $key $value" "$pattern" -- --from-hf "$work/b" --save "$work/x"
 done
+# A key the import does not read is said (one warning naming it), not ignored; it still converts.
+rm -rf "$work/b" "$work/x" && cp -r "$work/ds" "$work/b" && jset "$work/b" sliding_window 512
+out=$("$bin/tessera-convert" --from-hf "$work/b" --save "$work/x" 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q 'key "sliding_window" is not read by the DeepSeek-V3 import' <<<"$out" \
+   && ! grep -q 'key "architectures"' <<<"$out"; then ok "an unknown config key is named in a warning"
+else bad "unknown config key: rc $rc: $out"; fi
+rm -rf "$work/x"
 rm -rf "$work/b" && cp -r "$work/ds" "$work/b" && jset "$work/b" rope_scaling '{"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4, "mscale": 1.0, "mscale_all_dim": 0.5}'
 expect "YaRN with mscale != mscale_all_dim" "has rope_scaling mscale 1 and mscale_all_dim 0.5" -- --from-hf "$work/b" --save "$work/x"
 rm -rf "$work/b" && cp -r "$work/ds" "$work/b" && python3 - "$work/b" <<'PY'
