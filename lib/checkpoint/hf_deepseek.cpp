@@ -29,7 +29,7 @@ struct DeepSeekSettings {
   int64_t layer_freq = 1, first_dense = 3, max_pos = 4096;
   double scaling = 2.5, aux = 0.001, eps = 1e-6, theta = 10000, init_std = 0.02;
   bool norm_topk = true, seq_aux = true, tied = false, attention_bias = false, quantized = false;
-  bool rope_interleave = true;  // Hugging Face's default
+  bool rope_interleave = true;      // Hugging Face's default
   std::vector<std::string> unread;  // keys this importer does not read (said, not ignored)
   std::string topk_method = "noaux_tc", scoring = "sigmoid", act = "silu";
   // rope_scaling (absent or null: plain RoPE)
@@ -137,9 +137,10 @@ void parse(const std::string& path, const std::string& text, DeepSeekSettings& d
         // Keys that do not change what the model computes (identity, token ids, the layout it
         // was trained at, the library's caches); any other is said (import_deepseek_config).
         static const std::vector<std::string> inert{
-            "architectures", "model_type", "bos_token_id", "eos_token_id", "pad_token_id",
-            "torch_dtype", "transformers_version", "use_cache", "ep_size", "pretraining_tp",
-            "attention_dropout", "_name_or_path", "auto_map"};
+            "architectures", "model_type",     "bos_token_id",         "eos_token_id",
+            "pad_token_id",  "torch_dtype",    "transformers_version", "use_cache",
+            "ep_size",       "pretraining_tp", "attention_dropout",    "_name_or_path",
+            "auto_map"};
         if (std::find(inert.begin(), inert.end(), k) == inert.end()) d.unread.push_back(k);
         r.skip_value();
       }

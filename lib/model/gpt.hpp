@@ -289,8 +289,7 @@ class GPTModel {
   const LayerWeights& layer_weights(int layer) const { return weights_[shard_.local_index(layer)]; }
   int64_t vocab_begin() const { return vocab_begin_; }
   int64_t vocab_local() const { return vocab_local_; }
-  int64_t heads_local() const { return heads_local_; }
-  int64_t kv_heads_local() const { return kv_heads_local_; }
+  int64_t kv_heads_local() const { return kv_heads_local_; }  // the KV cache's heads
   // RoPE of this rank's heads for rows at positions r % seq_len (or given positions).
   RopeSpec rope_spec(int64_t seq_len) const {
     RopeSpec r = rope_;
@@ -345,7 +344,6 @@ class GPTModel {
   // source of truth (checkpoints save and restore it).
   const std::vector<float>& expert_bias(int layer) const;
   void set_expert_bias(int layer, const float* values);
-  const MoERouting& moe_routing() const { return routing_; }
   // Expert parallelism: the group of ranks that split the experts (its size is the shard's
   // ep_size). Without a call, a group of one.
   void set_expert_comm(Communicator& ep);

@@ -258,5 +258,4 @@ std::unique_ptr<MlpPart> make_moe_mlp(const LayerSpec& spec, const GPTConfig& cf
   return std::make_unique<MoeMlp>(cfg, shard, spec, model);
 }
 
-
 }  // namespace tessera

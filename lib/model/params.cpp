@@ -36,8 +36,8 @@ void ParamSpecBuilder::add(std::string name, Shape global, int split_axis, Param
 void ParamSpecBuilder::norm(const std::string& name, int64_t width) {
   // --apply-layernorm-1p: the norms apply (1 + w), so w starts at 0 (Megatron's zero-centred
   // gamma).
-  add(name + ".weight", {width}, -1, cfg.apply_layernorm_1p ? ParamInit::Zeros : ParamInit::Ones,
-      0, false);
+  add(name + ".weight", {width}, -1, cfg.apply_layernorm_1p ? ParamInit::Zeros : ParamInit::Ones, 0,
+      false);
   if (!cfg.rmsnorm()) add(name + ".bias", {width}, -1, ParamInit::Zeros, 0, false);
 }
 

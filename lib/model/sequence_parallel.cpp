@@ -96,15 +96,14 @@ void GPTModel::tp_reduce(PhaseSequence& phase, Tensor& t) {
   tp_.all_reduce(t, ReduceOp::Sum);
 }
 
-void GPTModel::cross_entropy(Tensor& losses, Tensor& logits, const Tensor& targets,
-                             Activations& a, float grad_scale) {
+void GPTModel::cross_entropy(Tensor& losses, Tensor& logits, const Tensor& targets, Activations& a,
+                             float grad_scale) {
   // Each TP rank holds a vocabulary shard of the logits: the row maxima, the sums of exponentials
   // and the target logits are reduced over TP (scratch rows of a), then each rank forms the token
   // losses and its shard of the logits' gradient in place.
   be_.xent_row_max(a.rowmax, logits, valid_cols_);
   tp_.all_reduce(a.rowmax, ReduceOp::Max);
-  be_.xent_row_sums(a.sumexp, a.target_logit, logits, a.rowmax, targets, valid_cols_,
-                    vocab_begin_);
+  be_.xent_row_sums(a.sumexp, a.target_logit, logits, a.rowmax, targets, valid_cols_, vocab_begin_);
   tp_.all_reduce(a.sumexp, ReduceOp::Sum);
   tp_.all_reduce(a.target_logit, ReduceOp::Sum);
   be_.xent_loss_and_grad(losses, logits, a.rowmax, a.sumexp, a.target_logit, targets, valid_cols_,

@@ -154,7 +154,7 @@ StepStats Trainer::train_step() {
   if (validator_->exit16_due())  // the state before this iteration, to rerun it elsewhere
     validator_->exit16(checkpointer_->save_for_rerun(state_, validator_->pending_state()));
   Communicator* group = ctx_.grad_group_size() > 1 ? ctx_.dp : nullptr;  // the global batch's
-  for (StepHook* h : model_->step_hooks()) h->end_step(group);  // FP8, expert bias, ...
+  for (StepHook* h : model_->step_hooks()) h->end_step(group);           // FP8, expert bias, ...
   st.loss = reduced[0] / tokens;
   metrics_->collect(st);  // the step's statistics the grid sums (MoE)
   const OptimizerSet::Update u = optimizers_->step(st.iteration, st.loss, st.global_batch);
