@@ -21,6 +21,7 @@
 #include "core/hdf5_check.hpp"
 #include "core/paths.hpp"
 #include "core/test_hooks.hpp"
+#include "model/config_schema.hpp"
 
 namespace tessera {
 
@@ -81,6 +82,25 @@ bool read_verified(hid_t ds, float* out, int64_t n, double* hash_seconds = nullp
   return same;
 }
 
+// A file's root attributes as the model's table reads and writes them.
+class H5Attributes final : public AttributeSink, public AttributeSource {
+ public:
+  explicit H5Attributes(hid_t f) : f_(f) {}
+  void put(const std::string& name, int64_t v) override { h5_write_attr(f_, name.c_str(), v); }
+  void put(const std::string& name, const std::string& v) override {
+    h5_write_attr(f_, name.c_str(), v);
+  }
+  bool get(const std::string& name, int64_t& v) override {
+    return h5_read_attr(f_, name.c_str(), v);
+  }
+  bool get(const std::string& name, std::string& v) override {
+    return h5_read_attr(f_, name.c_str(), v);
+  }
+
+ private:
+  hid_t f_;
+};
+
 // The attributes written here are listed in checkpoint_file_attributes() (tessera-checkpoint verify
 // compares them between the files).
 void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
@@ -98,79 +118,9 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
     h5_write_attr(f, "skipped_iterations", m.skipped_iterations);
   }
   h5_write_attr(f, "seed", static_cast<int64_t>(m.seed));
-  h5_write_attr(f, "num_layers", static_cast<int64_t>(m.model.num_layers));
-  h5_write_attr(f, "hidden_size", static_cast<int64_t>(m.model.hidden_size));
-  h5_write_attr(f, "num_attention_heads", static_cast<int64_t>(m.model.num_attention_heads));
-  h5_write_attr(f, "ffn_hidden_size", static_cast<int64_t>(m.model.ffn()));
-  h5_write_attr(f, "seq_length", static_cast<int64_t>(m.model.seq_length));
-  h5_write_attr(f, "max_position_embeddings", static_cast<int64_t>(m.model.max_positions()));
-  h5_write_attr(f, "vocab_size", m.model.vocab_size);
-  h5_write_attr(f, "make_vocab_size_divisible_by",
-                static_cast<int64_t>(m.model.make_vocab_size_divisible_by));
+  H5Attributes attrs(f);
+  write_model_attributes(m.model, attrs);  // model/config_schema.cpp
   h5_write_attr(f, "padded_vocab_size", m.model.padded_vocab_size(m.tp_size));
-  h5_write_attr(f, "layernorm_epsilon_x1e9",
-                static_cast<int64_t>(std::llround(m.model.layernorm_epsilon * 1e9)));
-  {  // the Llama family's options (absent in older checkpoints: GPT-2's values)
-    const GPTConfig& c = m.model;
-    char buf[128];
-    h5_write_attr(f, "position_embedding_type", c.position_embedding_type);
-    std::snprintf(buf, sizeof buf, "%.17g", c.rotary_base);
-    h5_write_attr(f, "rotary_base", std::string(buf));
-    std::snprintf(buf, sizeof buf, "%.17g", c.rotary_percent);
-    h5_write_attr(f, "rotary_percent", std::string(buf));
-    h5_write_attr(f, "normalization", c.normalization);
-    if (c.use_rope_scaling) {  // factor, low and high frequency factors, original positions
-      std::snprintf(buf, sizeof buf, "%.17g %.17g %.17g %.17g", c.rope_scaling_factor,
-                    c.rope_scaling_low_freq_factor, c.rope_scaling_high_freq_factor,
-                    c.rope_scaling_original_max_positions);
-      h5_write_attr(f, "rope_scaling", std::string(buf));
-    }
-    h5_write_attr(f, "swiglu", static_cast<int64_t>(c.swiglu));
-    h5_write_attr(f, "num_query_groups",
-                  static_cast<int64_t>(c.group_query_attention ? c.num_query_groups : 0));
-    h5_write_attr(f, "untie_embeddings_and_output_weights",
-                  static_cast<int64_t>(c.untie_embeddings_and_output_weights));
-    h5_write_attr(f, "add_bias_linear", static_cast<int64_t>(c.add_bias_linear));
-    // Qwen2's and Megatron's smaller options (absent in older checkpoints: off)
-    h5_write_attr(f, "add_qkv_bias", static_cast<int64_t>(c.add_qkv_bias));
-    h5_write_attr(f, "kv_channels", static_cast<int64_t>(c.kv_channels));
-    h5_write_attr(f, "apply_layernorm_1p", static_cast<int64_t>(c.apply_layernorm_1p));
-    h5_write_attr(f, "rotary_interleaved", static_cast<int64_t>(c.rotary_interleaved));
-    h5_write_attr(f, "squared_relu", static_cast<int64_t>(c.squared_relu));
-    h5_write_attr(f, "qk_layernorm", static_cast<int64_t>(c.qk_layernorm));  // Qwen3
-    if (c.mtp()) h5_write_attr(f, "mtp_num_layers", static_cast<int64_t>(c.mtp_num_layers));
-    if (c.mla()) {  // multi-latent attention (absent: none) and YaRN
-      h5_write_attr(f, "q_lora_rank", static_cast<int64_t>(c.q_lora_rank));
-      h5_write_attr(f, "kv_lora_rank", static_cast<int64_t>(c.kv_lora_rank));
-      h5_write_attr(f, "qk_head_dim", static_cast<int64_t>(c.qk_head_dim));
-      h5_write_attr(f, "qk_pos_emb_head_dim", static_cast<int64_t>(c.qk_pos_emb_head_dim));
-      h5_write_attr(f, "v_head_dim", static_cast<int64_t>(c.v_head_dim));
-      h5_write_attr(f, "rope_type", c.rope_type);
-      std::snprintf(buf, sizeof buf, "%.17g %.17g %.17g %.17g %.17g %d", c.rotary_scaling_factor,
-                    c.mscale, c.mscale_all_dim, c.beta_fast, c.beta_slow,
-                    c.original_max_position_embeddings);
-      h5_write_attr(f, "yarn", std::string(buf));
-    }
-    if (c.moe()) {  // Mixture of Experts (absent: a dense model)
-      h5_write_attr(f, "num_experts", static_cast<int64_t>(c.num_experts));
-      h5_write_attr(f, "moe_router_topk", static_cast<int64_t>(c.moe_router_topk));
-      h5_write_attr(f, "moe_ffn_hidden_size", static_cast<int64_t>(c.moe_ffn()));
-      h5_write_attr(f, "moe_layer_freq", c.moe_layer_freq);
-      h5_write_attr(f, "moe_router_score_function", c.moe_router_score_function);
-      h5_write_attr(f, "moe_router_pre_softmax", static_cast<int64_t>(c.moe_router_pre_softmax));
-      std::snprintf(buf, sizeof buf, "%.17g", c.moe_router_topk_scaling_factor);
-      h5_write_attr(f, "moe_router_topk_scaling_factor", std::string(buf));
-      h5_write_attr(f, "moe_shared_expert_intermediate_size",
-                    static_cast<int64_t>(c.moe_shared_expert_intermediate_size));
-      // DeepSeek-V3's router (absent in older checkpoints: off)
-      h5_write_attr(f, "moe_router_enable_expert_bias",
-                    static_cast<int64_t>(c.moe_router_enable_expert_bias));
-      h5_write_attr(f, "moe_router_num_groups", static_cast<int64_t>(c.moe_router_num_groups));
-      h5_write_attr(f, "moe_router_group_topk", static_cast<int64_t>(c.moe_router_group_topk));
-      h5_write_attr(f, "moe_router_group_score_experts",
-                    static_cast<int64_t>(c.moe_router_group_score_experts));
-    }
-  }
   h5_write_attr(f, "tensor_model_parallel_size", static_cast<int64_t>(m.tp_size));
   h5_write_attr(f, "pipeline_model_parallel_size", static_cast<int64_t>(m.pp_size));
   h5_write_attr(f, "data_parallel_size", static_cast<int64_t>(m.dp_size));
@@ -189,26 +139,27 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
 }  // namespace
 
 const std::vector<std::string>& checkpoint_file_attributes() {
-  // Every root attribute write_meta below writes (some only in some runs).
-  // clang-format off
-  static const std::vector<std::string> names{
-      "format_version", "iteration", "consumed_samples", "optimizer_steps",
-      "lr_schedule_samples", "loss_scale", "loss_scale_growth_tracker",
-      "loss_scale_hysteresis_tracker", "skipped_iterations", "rerun_state", "seed", "num_layers", "hidden_size",
-      "num_attention_heads", "ffn_hidden_size", "seq_length", "max_position_embeddings",
-      "vocab_size", "make_vocab_size_divisible_by", "padded_vocab_size", "layernorm_epsilon_x1e9",
-      "position_embedding_type", "rotary_base", "rotary_percent", "normalization", "rope_scaling",
-      "swiglu", "num_query_groups", "untie_embeddings_and_output_weights", "add_bias_linear",
-      "add_qkv_bias", "kv_channels", "apply_layernorm_1p", "rotary_interleaved", "squared_relu",
-      "qk_layernorm", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
-      "v_head_dim", "rope_type", "yarn", "mtp_num_layers",
-      "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq",
-      "moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
-      "moe_shared_expert_intermediate_size", "moe_router_enable_expert_bias",
-      "moe_router_num_groups", "moe_router_group_topk", "moe_router_group_score_experts",
-      "tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
-      "tp_rank", "layers", "virtual_pipeline_model_parallel_size", "has_optimizer", "config"};
-  // clang-format on
+  // Every root attribute write_meta writes (some only in some runs): the run's, the model's (its
+  // table, model/config_schema.cpp), the layout's.
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n{"format_version",
+                               "iteration",
+                               "consumed_samples",
+                               "optimizer_steps",
+                               "lr_schedule_samples",
+                               "loss_scale",
+                               "loss_scale_growth_tracker",
+                               "loss_scale_hysteresis_tracker",
+                               "skipped_iterations",
+                               "rerun_state",
+                               "seed"};
+    for (const std::string& a : model_attribute_names()) n.push_back(a);
+    for (const char* a : {"padded_vocab_size", "tensor_model_parallel_size",
+                          "pipeline_model_parallel_size", "data_parallel_size", "tp_rank", "layers",
+                          "virtual_pipeline_model_parallel_size", "has_optimizer", "config"})
+      n.push_back(a);
+    return n;
+  }();
   return names;
 }
 
@@ -357,43 +308,6 @@ std::string resolve_checkpoint_dir(const std::string& dir) {
                     shard_file_name(0, 0) + "; pass a directory written by --save");
 }
 
-// The model attributes of multi-latent attention, YaRN and multi-token prediction (absent in
-// other checkpoints: off).
-void read_deepseek_attributes(hid_t f, const std::string& file, GPTConfig& m) {
-  int64_t x = 0;
-  std::string text;
-  if (h5_read_attr(f, "mtp_num_layers", x)) {  // multi-token prediction
-    if (x < 0 || x > 64)
-      throw ConfigError("checkpoint file '" + file + "' has mtp_num_layers " + std::to_string(x) +
-                        ", outside 0..64 (damaged?)");
-    m.mtp_num_layers = static_cast<int>(x);
-  }
-  if (h5_read_attr(f, "kv_lora_rank", x)) {  // multi-latent attention
-    auto dim = [&](const char* name, int64_t lo) {
-      int64_t v = 0;
-      if (!h5_read_attr(f, name, v) || v < lo || v > (1 << 20))
-        throw ConfigError(
-            detail::concat("checkpoint file '", file, "' has no valid ", name, " (damaged?)"));
-      return static_cast<int>(v);
-    };
-    m.multi_latent_attention = true;
-    m.kv_lora_rank = dim("kv_lora_rank", 1);
-    m.q_lora_rank = dim("q_lora_rank", 0);
-    m.qk_head_dim = dim("qk_head_dim", 1);
-    m.qk_pos_emb_head_dim = dim("qk_pos_emb_head_dim", 2);
-    m.v_head_dim = dim("v_head_dim", 1);
-    if (h5_read_attr(f, "rope_type", text)) m.rope_type = text;
-    if (h5_read_attr(f, "yarn", text)) {
-      std::istringstream in(text);
-      in >> m.rotary_scaling_factor >> m.mscale >> m.mscale_all_dim >> m.beta_fast >> m.beta_slow >>
-          m.original_max_position_embeddings;
-      if (!in)
-        throw ConfigError("checkpoint file '" + file + "' has a malformed yarn attribute '" + text +
-                          "'");
-    }
-  }
-}
-
 CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
   CheckpointMeta meta;
   int64_t v = 0;
@@ -424,8 +338,9 @@ CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
   }
   need("seed", x);
   meta.seed = static_cast<uint64_t>(x);
-  GPTConfig& m = meta.model;
-  // Shape attributes within sizes any model has, so a damaged file cannot overflow the sizes
+  H5Attributes attrs(f);
+  read_model_attributes(attrs, meta.model, file);  // model/config_schema.cpp
+  // Layout attributes within sizes any run has, so a damaged file cannot overflow the sizes
   // computed from them (found by tests/fuzz/fuzz_checkpoint.cpp).
   auto bounded = [&](const char* name, int64_t hi) {
     need(name, x);
@@ -434,87 +349,6 @@ CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
                         ", outside 1.." + std::to_string(hi) + " (damaged?)");
     return static_cast<int>(x);
   };
-  m.num_layers = bounded("num_layers", 1 << 16);
-  m.hidden_size = bounded("hidden_size", 1 << 20);
-  m.num_attention_heads = bounded("num_attention_heads", 1 << 16);
-  m.ffn_hidden_size = bounded("ffn_hidden_size", 1 << 22);
-  m.seq_length = bounded("seq_length", 1 << 24);
-  m.max_position_embeddings = bounded("max_position_embeddings", 1 << 24);
-  m.vocab_size = bounded("vocab_size", 1 << 30);
-  m.make_vocab_size_divisible_by = bounded("make_vocab_size_divisible_by", 1 << 16);
-  need("layernorm_epsilon_x1e9", x);
-  m.layernorm_epsilon = static_cast<double>(x) * 1e-9;
-  {  // optional: checkpoints from before the Llama family hold GPT-2 models
-    std::string text;
-    if (h5_read_attr(f, "position_embedding_type", text)) m.position_embedding_type = text;
-    if (h5_read_attr(f, "rotary_base", text)) m.rotary_base = std::strtod(text.c_str(), nullptr);
-    if (h5_read_attr(f, "rotary_percent", text))
-      m.rotary_percent = std::strtod(text.c_str(), nullptr);
-    if (h5_read_attr(f, "normalization", text)) m.normalization = text;
-    if (h5_read_attr(f, "rope_scaling", text)) {
-      m.use_rope_scaling = true;
-      std::istringstream in(text);
-      in >> m.rope_scaling_factor >> m.rope_scaling_low_freq_factor >>
-          m.rope_scaling_high_freq_factor >> m.rope_scaling_original_max_positions;
-      if (!in)
-        throw ConfigError("checkpoint file '" + file +
-                          "' has a malformed rope_scaling attribute '" + text + "'");
-    }
-    if (h5_read_attr(f, "swiglu", x)) m.swiglu = x != 0;
-    if (h5_read_attr(f, "num_query_groups", x) && x != 0) {
-      if (x < 0 || x > (1 << 16))
-        throw ConfigError("checkpoint file '" + file + "' has num_query_groups " +
-                          std::to_string(x) + ", outside 1..65536 (damaged?)");
-      m.group_query_attention = true;
-      m.num_query_groups = static_cast<int>(x);
-    }
-    if (h5_read_attr(f, "untie_embeddings_and_output_weights", x))
-      m.untie_embeddings_and_output_weights = x != 0;
-    if (h5_read_attr(f, "add_bias_linear", x)) m.add_bias_linear = x != 0;
-    if (h5_read_attr(f, "add_qkv_bias", x)) m.add_qkv_bias = x != 0;
-    if (h5_read_attr(f, "kv_channels", x)) {
-      if (x < 0 || x > (1 << 16))
-        throw ConfigError("checkpoint file '" + file + "' has kv_channels " + std::to_string(x) +
-                          ", outside 0..65536 (damaged?)");
-      m.kv_channels = static_cast<int>(x);
-    }
-    if (h5_read_attr(f, "apply_layernorm_1p", x)) m.apply_layernorm_1p = x != 0;
-    if (h5_read_attr(f, "rotary_interleaved", x)) m.rotary_interleaved = x != 0;
-    if (h5_read_attr(f, "squared_relu", x)) m.squared_relu = x != 0;
-    if (h5_read_attr(f, "qk_layernorm", x)) m.qk_layernorm = x != 0;
-    read_deepseek_attributes(f, file, m);     // MLA, YaRN, multi-token prediction
-    if (h5_read_attr(f, "num_experts", x)) {  // Mixture of Experts
-      auto moe_int = [&](const char* name, int64_t lo, int64_t hi) {
-        int64_t v = 0;
-        if (!h5_read_attr(f, name, v) || v < lo || v > hi)
-          throw ConfigError(detail::concat("checkpoint file '", file, "' has no valid ", name,
-                                           " (allowed: ", lo, " to ", hi, "; damaged?)"));
-        return static_cast<int>(v);
-      };
-      if (x < 1 || x > (1 << 16))
-        throw ConfigError("checkpoint file '" + file + "' has num_experts " + std::to_string(x) +
-                          ", outside 1..65536 (damaged?)");
-      m.num_experts = static_cast<int>(x);
-      m.moe_router_topk = moe_int("moe_router_topk", 1, m.num_experts);
-      m.moe_ffn_hidden_size = moe_int("moe_ffn_hidden_size", 1, 1 << 24);
-      m.moe_shared_expert_intermediate_size =
-          moe_int("moe_shared_expert_intermediate_size", 0, 1 << 24);
-      m.moe_router_pre_softmax = moe_int("moe_router_pre_softmax", 0, 1) != 0;
-      if (h5_read_attr(f, "moe_layer_freq", text)) m.moe_layer_freq = text;
-      if (h5_read_attr(f, "moe_router_score_function", text)) m.moe_router_score_function = text;
-      if (h5_read_attr(f, "moe_router_topk_scaling_factor", text))
-        m.moe_router_topk_scaling_factor = std::strtod(text.c_str(), nullptr);
-      int64_t v = 0;
-      if (h5_read_attr(f, "moe_router_enable_expert_bias", v))
-        m.moe_router_enable_expert_bias = v != 0;
-      if (h5_read_attr(f, "moe_router_num_groups", v)) {
-        m.moe_router_num_groups = moe_int("moe_router_num_groups", 0, m.num_experts);
-        m.moe_router_group_topk = moe_int("moe_router_group_topk", 0, m.num_experts);
-        m.moe_router_group_score_experts =
-            moe_int("moe_router_group_score_experts", 0, m.num_experts);
-      }
-    }
-  }
   meta.tp_size = bounded("tensor_model_parallel_size", 1 << 16);
   meta.pp_size = bounded("pipeline_model_parallel_size", 1 << 16);
   meta.dp_size = bounded("data_parallel_size", 1 << 24);
@@ -647,128 +481,7 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
 }
 
 void CheckpointReader::check_model(const GPTConfig& c) const {
-  const GPTConfig& m = meta_.model;
-  auto differ = [&](const char* opt, int64_t have, int64_t want) {
-    if (have != want)
-      throw ConfigError(detail::concat("checkpoint '", path_, "' has --", opt, "=", have,
-                                       " but this run has ", want,
-                                       "; load it with the model options it was trained with"));
-  };
-  differ("num-layers", m.num_layers, c.num_layers);
-  differ("hidden-size", m.hidden_size, c.hidden_size);
-  differ("num-attention-heads", m.num_attention_heads, c.num_attention_heads);
-  differ("ffn-hidden-size", m.ffn(), c.ffn());
-  differ("max-position-embeddings", m.max_positions(), c.max_positions());
-  differ("vocab-size", m.vocab_size, c.vocab_size);
-  // what the checkpoint has with the option / without it
-  auto option = [&](const char* opt, bool have, bool want, const char* with, const char* without) {
-    if (have != want)
-      throw ConfigError(detail::concat(
-          "checkpoint '", path_, "' was trained ", have ? "with " : "without ", opt, " (",
-          have ? with : without, ") but this run ", want ? "gives it" : "does not",
-          "; load it with the model options it was trained with"));
-  };
-  option("--swiglu", m.swiglu, c.swiglu, "gate and up weights in mlp.fc1",
-         "no gate weights in mlp.fc1");
-  option("--untie-embeddings-and-output-weights", !m.tied_head(), !c.tied_head(),
-         "an lm_head of its own", "the output layer tied to wte");
-  option("--disable-bias-linear", !m.add_bias_linear, !c.add_bias_linear,
-         "no biases in its linear layers", "biases in its linear layers");
-  option("--group-query-attention", m.group_query_attention, c.group_query_attention,
-         "attn.q and attn.kv weights", "a fused attn.qkv weight");
-  differ("num-query-groups", m.kv_heads(), c.kv_heads());
-  option("--add-qkv-bias", m.qkv_bias() && !m.add_bias_linear, c.qkv_bias() && !c.add_bias_linear,
-         "biases on the QKV projection alone", "no QKV-only biases");
-  differ("kv-channels", m.head_dim(), c.head_dim());
-  option("--apply-layernorm-1p", m.apply_layernorm_1p, c.apply_layernorm_1p,
-         "norm weights applied as 1 + w", "norm weights applied as w");
-  option("--squared-relu", m.squared_relu, c.squared_relu, "a squared-ReLU MLP",
-         "no squared-ReLU MLP");
-  option("--qk-layernorm", m.qk_layernorm, c.qk_layernorm,
-         m.mla() ? "latent norms (attn.q_down_norm, attn.kv_down_norm)"
-                 : "attn.q_norm and attn.k_norm weights",
-         "no query/key norms");
-  option("--multi-latent-attention", m.mla(), c.mla(), "multi-latent attention",
-         "standard attention");
-  differ("mtp-num-layers", m.mtp_num_layers, c.mtp_num_layers);
-  if (m.mla()) {
-    differ("q-lora-rank", m.q_lora_rank, c.q_lora_rank);
-    differ("kv-lora-rank", m.kv_lora_rank, c.kv_lora_rank);
-    differ("qk-head-dim", m.qk_head_dim, c.qk_head_dim);
-    differ("qk-pos-emb-head-dim", m.qk_pos_emb_head_dim, c.qk_pos_emb_head_dim);
-    differ("v-head-dim", m.v_head_dim, c.v_head_dim);
-  }
-  differ("num-experts", m.num_experts, c.num_experts);
-  if (m.moe()) {
-    differ("moe-router-topk", m.moe_router_topk, c.moe_router_topk);
-    differ("moe-ffn-hidden-size", m.moe_ffn(), c.moe_ffn());
-    differ("moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size,
-           c.moe_shared_expert_intermediate_size);
-    option("--moe-router-pre-softmax", m.moe_router_pre_softmax, c.moe_router_pre_softmax,
-           "the top-k of the softmax over all experts", "a softmax over the top-k logits");
-    option("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias,
-           c.moe_router_enable_expert_bias, "an aux-loss-free expert bias in its routers",
-           "no expert bias");
-    differ("moe-router-num-groups", m.moe_router_num_groups, c.moe_router_num_groups);
-    if (m.moe_router_num_groups > 0) {
-      differ("moe-router-group-topk", m.moe_router_group_topk, c.moe_router_group_topk);
-      differ("moe-router-group-score-experts", m.moe_group_score_experts(),
-             c.moe_group_score_experts());
-    }
-  }
-  auto text = [&](const char* opt, const std::string& have, const std::string& want) {
-    if (have != want)
-      throw ConfigError(detail::concat("checkpoint '", path_, "' has ", opt, "=", have,
-                                       " but this run has ", want,
-                                       "; load it with the model options it was trained with"));
-  };
-  text("--position-embedding-type", m.position_embedding_type, c.position_embedding_type);
-  if (std::llround(m.layernorm_epsilon * 1e9) != std::llround(c.layernorm_epsilon * 1e9))
-    throw ConfigError(detail::concat(
-        "checkpoint '", path_, "' has --norm-epsilon=", m.layernorm_epsilon, " but this run has ",
-        c.layernorm_epsilon, "; load it with the model options it was trained with"));
-  text("--normalization", m.normalization, c.normalization);
-  if (m.moe()) {
-    text("--moe-layer-freq", m.moe_layer_freq, c.moe_layer_freq);
-    text("--moe-router-score-function", m.moe_router_score_function, c.moe_router_score_function);
-    if (m.moe_router_topk_scaling_factor != c.moe_router_topk_scaling_factor)
-      throw ConfigError(detail::concat(
-          "checkpoint '", path_, "' has --moe-router-topk-scaling-factor=",
-          m.moe_router_topk_scaling_factor, " but this run has ", c.moe_router_topk_scaling_factor,
-          "; load it with the model options it was trained with"));
-  }
-  auto number = [&](const char* opt, double have, double want) {
-    if (have != want)
-      throw ConfigError(detail::concat("checkpoint '", path_, "' has ", opt, "=", have,
-                                       " but this run has ", want,
-                                       "; load it with the model options it was trained with"));
-  };
-  if (m.rope()) {
-    number("--rotary-base", m.rotary_base, c.rotary_base);
-    number("--rotary-percent", m.rotary_percent, c.rotary_percent);
-    option("--rotary-interleaved", m.rotary_interleaved, c.rotary_interleaved,
-           "rotary pairs (2i, 2i+1)", "rotary pairs (i, i + d/2)");
-    option("--use-rope-scaling", m.use_rope_scaling, c.use_rope_scaling,
-           "Llama 3's frequency scaling", "no frequency scaling");
-    text("--rope-type", m.rope_type, c.rope_type);
-    if (m.yarn()) {
-      number("--rotary-scaling-factor", m.rotary_scaling_factor, c.rotary_scaling_factor);
-      number("--mscale-all-dim", m.mscale_all_dim, c.mscale_all_dim);
-      number("--beta-fast", m.beta_fast, c.beta_fast);
-      number("--beta-slow", m.beta_slow, c.beta_slow);
-      number("--original-max-position-embeddings", m.original_max_position_embeddings,
-             c.original_max_position_embeddings);
-    }
-    if (m.use_rope_scaling) {
-      number("--rope-scaling-factor", m.rope_scaling_factor, c.rope_scaling_factor);
-      number("--rope-scaling-low-freq-factor", m.rope_scaling_low_freq_factor,
-             c.rope_scaling_low_freq_factor);
-      number("--rope-scaling-high-freq-factor", m.rope_scaling_high_freq_factor,
-             c.rope_scaling_high_freq_factor);
-      number("--rope-scaling-original-max-position-embeddings",
-             m.rope_scaling_original_max_positions, c.rope_scaling_original_max_positions);
-    }
-  }
+  check_same_model(meta_.model, c, path_);  // model/config_schema.cpp
 }
 
 namespace {
