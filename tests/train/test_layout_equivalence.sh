@@ -4,6 +4,8 @@
 # single-rank loss within 1e-5 relative.
 # Usage: test_layout_equivalence.sh TESSERA_TRAIN CONFIG_DIR
 set -u
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # losses
 bin=$1
 configs=$2
 work=$(mktemp -d)
