@@ -111,11 +111,12 @@ void GPTModel::dense_mlp_backward(PhaseSequence& phase, int l, Activations& a,
   phase("fc2-gemm-backward");
   const bool gelu = activation_ == MlpActivation::Gelu;
   const Tensor* dfc1 = &dfc;
+  // SwiGLU writes its gradient here (alive until fc1's backward has read it).
+  Tensor swiglu = swiglu_ ? a.dfc1.view(0, la.fc1.shape()) : Tensor();
   if (gelu && !fp8_layer(l)) {  // GELU's backward in the GEMM's epilogue where there is one
     be_.matmul_gelu_backward(dfc, g.fc2_w, opt(g.fc2_b), dout, la.gelu, w.fc2_w, la.fc1);
   } else {
     linear_backward(l, Fp8Gemm::Fc2, &dfc, g.fc2_w, opt(g.fc2_b), dout, la.gelu, w.fc2_w);
-    Tensor swiglu = swiglu_ ? a.dfc1.view(0, la.fc1.shape()) : Tensor();
     dfc1 = &activation_backward(phase, dfc, swiglu, la.fc1);
   }
   phase("fc1-gemm-backward");
