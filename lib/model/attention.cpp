@@ -30,30 +30,7 @@ class StandardAttention final : public AttentionPart {
   using AttentionPart::AttentionPart;
 
   void add_params(ParamSpecBuilder& b, int l) const override {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    const int64_t h = cfg_.hidden_size, heads = cfg_.num_attention_heads, hd = cfg_.head_dim();
-    const int64_t groups = cfg_.kv_heads();
-    const double std = cfg_.init_method_std;
-    const bool qkv_bias = cfg_.qkv_bias();
-    if (cfg_.group_query_attention) {
-      // Query heads and key/value groups split over TP separately; glued so one GEMM reads them
-      // as [H/TP query | G/TP key | G/TP value] heads.
-      b.add(p + "attn.q.weight", {heads, hd, h}, 0, ParamInit::Normal, std, true);
-      b.specs.back().glue_next = true;
-      b.add(p + "attn.kv.weight", {2, groups, hd, h}, 1, ParamInit::Normal, std, true);
-      if (qkv_bias) {
-        b.add(p + "attn.q.bias", {heads, hd}, 0, ParamInit::Zeros, 0, false);
-        b.specs.back().glue_next = true;
-        b.add(p + "attn.kv.bias", {2, groups, hd}, 1, ParamInit::Zeros, 0, false);
-      }
-    } else {
-      b.add(p + "attn.qkv.weight", {3, heads, hd, h}, 1, ParamInit::Normal, std, true);
-      if (qkv_bias) b.add(p + "attn.qkv.bias", {3, heads, hd}, 1, ParamInit::Zeros, 0, false);
-    }
-    if (spec_.qk_norm)  // one norm of hd features for the query heads, one for the keys
-      for (const char* qk : {"attn.q_norm", "attn.k_norm"}) b.norm(p + qk, hd);
-    b.add(p + "attn.proj.weight", {h, heads * hd}, 1, ParamInit::Normal, b.out_std(), true);
-    if (cfg_.add_bias_linear) b.add(p + "attn.proj.bias", {h}, -1, ParamInit::Zeros, 0, false);
+    standard_attention_params(spec_, b, l);
   }
 
   void bind(const ParamStore& ps, int l, bool grads, LayerWeights& w) const override {

@@ -17,22 +17,6 @@ std::unique_ptr<MlpPart> make_dense_mlp(const LayerSpec&, const GPTConfig&, cons
 std::unique_ptr<MlpPart> make_moe_mlp(const LayerSpec&, const GPTConfig&, const ModelShard&,
                                       GPTModel*);
 
-std::vector<LayerSpec> build_layer_specs(const GPTConfig& cfg) {
-  std::vector<LayerSpec> specs;
-  for (int l = 0; l < cfg.total_layers(); ++l) {
-    LayerSpec s;
-    s.attention = cfg.multi_latent_attention ? AttentionKind::MultiLatent : AttentionKind::Standard;
-    s.qk_norm = cfg.qk_layernorm;
-    s.mlp = cfg.is_moe_layer(l) ? MlpKind::MoE : MlpKind::Dense;
-    s.activation = cfg.swiglu         ? MlpActivation::SwiGLU
-                   : cfg.squared_relu ? MlpActivation::SquaredRelu
-                                      : MlpActivation::Gelu;
-    s.dense_width = s.mlp == MlpKind::MoE ? cfg.moe_shared_expert_intermediate_size : cfg.ffn();
-    specs.push_back(s);
-  }
-  return specs;
-}
-
 std::unique_ptr<AttentionPart> make_attention_part(const LayerSpec& spec, const GPTConfig& cfg,
                                                    const ModelShard& shard, GPTModel* model) {
   switch (spec.attention) {

@@ -34,26 +34,7 @@ class MlaAttention final : public AttentionPart {
   // without position and values, the output projection. The latents are replicated over TP
   // (every rank computes them; their gradients are summed over TP), the up-projections split by
   // heads.
-  void add_params(ParamSpecBuilder& b, int l) const override {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    const int64_t h = cfg_.hidden_size, heads = cfg_.num_attention_heads, hd = cfg_.head_dim();
-    const int64_t qr = cfg_.q_lora_rank, kvr = cfg_.kv_lora_rank, dr = cfg_.qk_pos_emb_head_dim;
-    const double std = cfg_.init_method_std;
-    if (qr > 0) {
-      b.add(p + "attn.q_down.weight", {qr, h}, -1, ParamInit::Normal, std, true);
-      if (spec_.qk_norm) b.norm(p + "attn.q_down_norm", qr);
-      b.add(p + "attn.q_up.weight", {heads, hd, qr}, 0, ParamInit::Normal, std, true);
-    } else {
-      b.add(p + "attn.q_proj.weight", {heads, hd, h}, 0, ParamInit::Normal, std, true);
-    }
-    b.add(p + "attn.kv_down.weight", {kvr + dr, h}, -1, ParamInit::Normal, std, true);
-    if (spec_.qk_norm) b.norm(p + "attn.kv_down_norm", kvr);
-    b.add(p + "attn.kv_up.weight", {heads, cfg_.qk_head_dim + cfg_.v_head_dim, kvr}, 0,
-          ParamInit::Normal, std, true);
-    b.add(p + "attn.proj.weight", {h, heads * cfg_.v_head_dim}, 1, ParamInit::Normal, b.out_std(),
-          true);
-    if (cfg_.add_bias_linear) b.add(p + "attn.proj.bias", {h}, -1, ParamInit::Zeros, 0, false);
-  }
+  void add_params(ParamSpecBuilder& b, int l) const override { mla_attention_params(spec_, b, l); }
 
   void bind(const ParamStore& ps, int l, bool grads, LayerWeights& w) const override {
     const std::string p = "layers." + std::to_string(l) + ".";

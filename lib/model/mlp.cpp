@@ -48,21 +48,6 @@ Tensor& mlp_activation_backward(Backend& be, MlpActivation kind, Tensor& dact, T
   return dact;
 }
 
-void dense_mlp_params(ParamSpecBuilder& b, const std::string& m, int64_t w, MlpActivation act) {
-  const int64_t h = b.cfg.hidden_size;
-  const double std = b.cfg.init_method_std;
-  const bool bias = b.cfg.add_bias_linear;
-  if (act == MlpActivation::SwiGLU) {  // [gate; up], each split over TP: a rank holds its columns
-    b.add(m + "fc1.weight", {2, w, h}, 1, ParamInit::Normal, std, true);
-    if (bias) b.add(m + "fc1.bias", {2, w}, 1, ParamInit::Zeros, 0, false);
-  } else {
-    b.add(m + "fc1.weight", {w, h}, 0, ParamInit::Normal, std, true);
-    if (bias) b.add(m + "fc1.bias", {w}, 0, ParamInit::Zeros, 0, false);
-  }
-  b.add(m + "fc2.weight", {h, w}, 1, ParamInit::Normal, b.out_std(), true);
-  if (bias) b.add(m + "fc2.bias", {h}, -1, ParamInit::Zeros, 0, false);
-}
-
 void dense_mlp_bind(const ParamStore& ps, int l, bool grads, const std::string& prefix,
                     LayerWeights& w) {
   w.fc1_w = ModelPart::param(ps, l, prefix + "fc1.weight", grads);
@@ -130,8 +115,7 @@ class DenseMlp final : public MlpPart {
   using MlpPart::MlpPart;
 
   void add_params(ParamSpecBuilder& b, int l) const override {
-    dense_mlp_params(b, "layers." + std::to_string(l) + ".mlp.", spec_.dense_width,
-                     spec_.activation);
+    dense_mlp_layer_params(spec_, b, l);
   }
   void bind(const ParamStore& ps, int l, bool grads, LayerWeights& w) const override {
     dense_mlp_bind(ps, l, grads, "mlp.", w);

@@ -109,21 +109,7 @@ class MoeMlp final : public MlpPart {
 
   // The router (replicated; every TP rank routes its own rows), this rank's experts by their
   // global index (layout-free names), and the shared expert.
-  void add_params(ParamSpecBuilder& b, int l) const override {
-    const std::string p = "layers." + std::to_string(l) + ".mlp.";
-    b.add(p + "router.weight", {cfg_.num_experts, cfg_.hidden_size}, -1, ParamInit::Normal,
-          cfg_.init_method_std, true);
-    const int e0 = shard_.experts_begin(cfg_.num_experts);
-    const int local = shard_.experts_local(cfg_.num_experts);
-    for (int e = e0; e < e0 + (b.one_expert ? std::min(local, 1) : local); ++e) {
-      const size_t first = b.specs.size();
-      dense_mlp_params(b, p + "experts." + std::to_string(e) + ".", cfg_.moe_ffn(),
-                       spec_.activation);
-      for (size_t k = first; k < b.specs.size(); ++k) b.specs[k].expert = true;
-    }
-    if (spec_.dense_width > 0)
-      dense_mlp_params(b, p + "shared_expert.", spec_.dense_width, spec_.activation);
-  }
+  void add_params(ParamSpecBuilder& b, int l) const override { moe_mlp_params(spec_, b, l); }
 
   void bind(const ParamStore& ps, int l, bool grads, LayerWeights& w) const override {
     w.router_w = param(ps, l, "mlp.router.weight", grads);

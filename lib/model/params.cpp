@@ -130,9 +130,9 @@ std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard
     const std::string p = "layers." + std::to_string(l) + ".";
     const LayerSpec& spec = specs[static_cast<size_t>(l)];
     norm(p + "ln1");
-    make_attention_part(spec, cfg, shard, nullptr)->add_params(b, l);
+    add_attention_params(spec, b, l);
     norm(p + "ln2");
-    make_mlp_part(spec, cfg, shard, nullptr)->add_params(b, l);
+    add_mlp_params(spec, b, l);
   }
   if (shard.has_head) {
     norm("lnf");

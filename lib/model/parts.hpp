@@ -197,6 +197,13 @@ Tensor& mlp_activation_backward(Backend& be, MlpActivation kind, Tensor& dact, T
 // under `prefix` ("mlp." or "mlp.shared_expert."), its buffers for `width` (kept: fc1's output;
 // else the activation's), the scratch of the widest (SlotBuilder::fl_max), and the cut of a
 // working set to `width`.
+// Each part's parameter specs (model/part_params.cpp), and a layer's by its spec.
+void standard_attention_params(const LayerSpec& spec, ParamSpecBuilder& b, int l);
+void mla_attention_params(const LayerSpec& spec, ParamSpecBuilder& b, int l);
+void dense_mlp_layer_params(const LayerSpec& spec, ParamSpecBuilder& b, int l);
+void moe_mlp_params(const LayerSpec& spec, ParamSpecBuilder& b, int l);
+void add_attention_params(const LayerSpec& spec, ParamSpecBuilder& b, int l);
+void add_mlp_params(const LayerSpec& spec, ParamSpecBuilder& b, int l);
 void dense_mlp_params(ParamSpecBuilder& b, const std::string& prefix, int64_t width,
                       MlpActivation act);
 void dense_mlp_bind(const ParamStore& ps, int l, bool grads, const std::string& prefix,
