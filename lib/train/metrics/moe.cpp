@@ -22,7 +22,6 @@ class MoEMetrics : public MetricSource {
  public:
   explicit MoEMetrics(const MetricContext& c) : c_(c) {}
 
-
   void collect(const StepStats& s) override {
     // Each layer's metrics summed over this rank's micro-batches; the TP ranks hold the same
     // ones, so tp rank 0 contributes; summed over DP and the pipeline stages, then averaged over

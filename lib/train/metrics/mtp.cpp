@@ -22,7 +22,6 @@ class MtpMetrics : public MetricSource {
     interval_.assign(static_cast<size_t>(2 * D), 0.0);
   }
 
-
   void collect(const StepStats&) override {
     // Each depth's loss sum and tokens: the last stage's tp rank 0 of each DP replica and CP rank
     // (each CP rank holds its chunks of the samples).
