@@ -1,9 +1,11 @@
-// hf_deepseek.cpp: DeepSeek-V3's config.json to and from Tessera's options (hf_deepseek.hpp).
+// hf_deepseek.cpp: DeepSeek-V3's adapter (hf_deepseek.hpp): its config.json to and from Tessera's
+// options, its tensor names and the tensors beside the parameters.
 #include "checkpoint/hf_deepseek.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -183,8 +185,6 @@ void refuse(const std::string& path, const DeepSeekSettings& d) {
      "n_group dividing n_routed_experts, topk_group <= n_group");
 }
 
-}  // namespace
-
 void parse_deepseek_config(const std::string& path, const std::string& text, GPTConfig& cfg,
                            double& aux_coeff) {
   DeepSeekSettings d;
@@ -350,6 +350,82 @@ std::string deepseek_config_json(const GPTConfig& cfg, const std::string& torch_
   c << ",\n  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n  \"torch_dtype\": \""
     << torch_dtype << "\"\n}\n";
   return c.str();
+}
+
+// DeepSeek-V3's names: multi-latent attention's projections and latent norms, the router
+// (mlp.gate), the shared experts, the routed experts as Llama MLPs, and multi-token prediction's
+// depth k as layer num_layers + k.
+std::vector<std::string> deepseek_parts(const std::string& n, int num_layers) {
+  if (n.rfind("mtp.", 0) == 0) {
+    const size_t dot = n.find('.', 4);
+    const std::string q =
+        "model.layers." + std::to_string(num_layers + std::stoi(n.substr(4, dot - 4))) + ".";
+    const std::string r = n.substr(dot + 1);
+    if (r == "enorm.weight" || r == "hnorm.weight" || r == "eh_proj.weight") return {q + r};
+    if (r == "final_norm.weight") return {q + "shared_head.norm.weight"};
+    throw Error("no Hugging Face DeepSeek-V3 name for parameter " + n);
+  }
+  if (n.rfind("layers.", 0) != 0) return {};
+  const size_t dot = n.find('.', 7);
+  const std::string h = "model.layers." + n.substr(7, dot - 7) + ".", rest = n.substr(dot + 1);
+  const std::string a = h + "self_attn.", m = h + "mlp.";
+  static const std::map<std::string, std::string> mla{
+      {"attn.q_down.weight", "q_a_proj.weight"},
+      {"attn.q_down_norm.weight", "q_a_layernorm.weight"},
+      {"attn.q_up.weight", "q_b_proj.weight"},
+      {"attn.q_proj.weight", "q_proj.weight"},
+      {"attn.kv_down.weight", "kv_a_proj_with_mqa.weight"},
+      {"attn.kv_down_norm.weight", "kv_a_layernorm.weight"},
+      {"attn.kv_up.weight", "kv_b_proj.weight"}};
+  if (const auto it = mla.find(rest); it != mla.end()) return {a + it->second};
+  if (rest == "mlp.router.weight") return {m + "gate.weight"};
+  auto llama_mlp = [](const std::string& x, const std::string& w) -> std::vector<std::string> {
+    if (w == "fc1.weight") return {x + "gate_proj.weight", x + "up_proj.weight"};
+    if (w == "fc2.weight") return {x + "down_proj.weight"};
+    return {};
+  };
+  if (rest.rfind("mlp.shared_expert.", 0) == 0)
+    return llama_mlp(m + "shared_experts.", rest.substr(18));
+  if (rest.rfind("mlp.experts.", 0) == 0) {
+    const size_t d = rest.find('.', 12);
+    return llama_mlp(m + "experts." + rest.substr(12, d - 12) + ".", rest.substr(d + 1));
+  }
+  return {};
+}
+
+// Each MoE layer's e_score_correction_bias (the router's expert bias) and each MTP layer's copies
+// of the embedding and the output layer (Tessera's MTP shares them).
+std::vector<HfExtra> deepseek_extras(const GPTConfig& cfg) {
+  std::vector<HfExtra> out;
+  for (int l = 0; l < cfg.total_layers(); ++l)
+    if (cfg.is_moe_layer(l) && cfg.moe_router_enable_expert_bias)
+      out.push_back({"model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias",
+                     {cfg.num_experts},
+                     l,
+                     "",
+                     ""});
+  for (int k = 0; k < cfg.mtp_num_layers; ++k) {
+    const std::string q = "model.layers." + std::to_string(cfg.num_layers + k) + ".";
+    const std::string why =
+        "Tessera's multi-token prediction shares the model's (they must be equal, as in "
+        "DeepSeek's checkpoints)";
+    out.push_back({q + "embed_tokens.weight", {cfg.vocab_size, cfg.hidden_size}, -1, "wte", why});
+    out.push_back({q + "shared_head.head.weight",
+                   {cfg.vocab_size, cfg.hidden_size},
+                   -1,
+                   cfg.tied_head() ? "wte" : "lm_head",
+                   why});
+  }
+  return out;
+}
+
+}  // namespace
+
+const HfFamily& deepseek_v3_family() {
+  static const HfFamily f{
+      "deepseek_v3",         "DeepseekV3ForCausalLM", deepseek_parts,           deepseek_extras,
+      parse_deepseek_config, deepseek_config_json,    check_deepseek_exportable};
+  return f;
 }
 
 }  // namespace tessera

@@ -33,20 +33,13 @@ std::string read_text(const std::string& path, const std::string& what) {
 
 // The Hugging Face tensors whose rows, concatenated in this order, make Tessera parameter `n`
 // (flattened to [rows, cols], or to one axis for vectors) in a model of type `arch` with
-// `num_layers` layers (DeepSeek-V3's multi-token prediction layers follow them).
+// `num_layers` layers: the family adapter's names where it has its own, else Llama's.
 std::vector<std::string> hf_parts(const std::string& n, const std::string& arch, int num_layers) {
+  if (const HfFamily* f = hf_family(arch))
+    if (std::vector<std::string> p = f->parts(n, num_layers); !p.empty()) return p;
   if (n == "wte") return {"model.embed_tokens.weight"};
   if (n == "lm_head") return {"lm_head.weight"};
   if (n == "lnf.weight") return {"model.norm.weight"};
-  if (n.rfind("mtp.", 0) == 0) {  // DeepSeek-V3's MTP depth k is model.layers.<num_layers + k>
-    const size_t dot = n.find('.', 4);
-    const std::string q =
-        "model.layers." + std::to_string(num_layers + std::stoi(n.substr(4, dot - 4))) + ".";
-    const std::string r = n.substr(dot + 1);
-    if (r == "enorm.weight" || r == "hnorm.weight" || r == "eh_proj.weight") return {q + r};
-    if (r == "final_norm.weight") return {q + "shared_head.norm.weight"};
-    throw Error("no Hugging Face name for parameter " + n);
-  }
   if (n.rfind("layers.", 0) != 0) throw Error("no Hugging Face Llama name for parameter " + n);
   const size_t dot = n.find('.', 7);
   const std::string h = "model.layers." + n.substr(7, dot - 7) + ".", rest = n.substr(dot + 1);
@@ -55,22 +48,6 @@ std::vector<std::string> hf_parts(const std::string& n, const std::string& arch,
   if (rest == "ln2.weight") return {h + "post_attention_layernorm.weight"};
   if (rest == "attn.q_norm.weight") return {a + "q_norm.weight"};  // Qwen3
   if (rest == "attn.k_norm.weight") return {a + "k_norm.weight"};
-  if (arch == "deepseek_v3") {  // multi-latent attention, the router, the shared experts
-    static const std::map<std::string, std::string> mla{
-        {"attn.q_down.weight", "q_a_proj.weight"},
-        {"attn.q_down_norm.weight", "q_a_layernorm.weight"},
-        {"attn.q_up.weight", "q_b_proj.weight"},
-        {"attn.q_proj.weight", "q_proj.weight"},
-        {"attn.kv_down.weight", "kv_a_proj_with_mqa.weight"},
-        {"attn.kv_down_norm.weight", "kv_a_layernorm.weight"},
-        {"attn.kv_up.weight", "kv_b_proj.weight"}};
-    if (const auto it = mla.find(rest); it != mla.end()) return {a + it->second};
-    if (rest == "mlp.router.weight") return {m + "gate.weight"};
-    const std::string se = m + "shared_experts.";
-    if (rest == "mlp.shared_expert.fc1.weight")
-      return {se + "gate_proj.weight", se + "up_proj.weight"};
-    if (rest == "mlp.shared_expert.fc2.weight") return {se + "down_proj.weight"};
-  }
   for (const char* kind : {"weight", "bias"}) {
     const std::string k = kind;
     if (rest == "attn.q." + k) return {a + "q_proj." + k};
@@ -80,7 +57,7 @@ std::vector<std::string> hf_parts(const std::string& n, const std::string& arch,
     if (rest == "mlp.fc1." + k) return {m + "gate_proj." + k, m + "up_proj." + k};
     if (rest == "mlp.fc2." + k) return {m + "down_proj." + k};
   }
-  if (arch == "qwen3_moe" || arch == "deepseek_v3") {  // router mlp.gate; experts Llama MLPs
+  if (arch == "qwen3_moe") {  // router mlp.gate; experts Llama MLPs
     if (rest == "mlp.router.weight") return {m + "gate.weight"};
     if (rest.rfind("mlp.experts.", 0) == 0) {
       const size_t d = rest.find('.', 12);
@@ -102,33 +79,10 @@ std::vector<std::string> hf_parts(const std::string& n, const std::string& arch,
   throw Error("no Hugging Face Llama name for parameter " + n);
 }
 
-// Tensors of a Hugging Face DeepSeek-V3 directory beside the parameters' parts: each MoE layer's
-// e_score_correction_bias (the router's expert bias: checkpoint group "router") and each MTP
-// layer's copies of the embedding and the output layer (Tessera's MTP shares them).
-struct HfExtra {
-  std::string name;
-  Shape shape;
-  int bias_layer = -1;  // >= 0: that layer's expert bias
-  std::string copy_of;  // else: the parameter this tensor repeats
-};
+// The tensors beside the parameters' parts (the family adapter's; none for the Llama family).
 std::vector<HfExtra> hf_extras(const GPTConfig& cfg, const std::string& arch) {
-  std::vector<HfExtra> out;
-  if (arch != "deepseek_v3") return out;
-  for (int l = 0; l < cfg.total_layers(); ++l)
-    if (cfg.is_moe_layer(l) && cfg.moe_router_enable_expert_bias)
-      out.push_back({"model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias",
-                     {cfg.num_experts},
-                     l,
-                     ""});
-  for (int k = 0; k < cfg.mtp_num_layers; ++k) {
-    const std::string q = "model.layers." + std::to_string(cfg.num_layers + k) + ".";
-    out.push_back({q + "embed_tokens.weight", {cfg.vocab_size, cfg.hidden_size}, -1, "wte"});
-    out.push_back({q + "shared_head.head.weight",
-                   {cfg.vocab_size, cfg.hidden_size},
-                   -1,
-                   cfg.tied_head() ? "wte" : "lm_head"});
-  }
-  return out;
+  const HfFamily* f = hf_family(arch);
+  return f ? f->extras(cfg) : std::vector<HfExtra>{};
 }
 
 bool is_vocab(const ParamSpec& s) {
@@ -171,6 +125,12 @@ std::string number(double v) {
 
 }  // namespace
 
+const HfFamily* hf_family(const std::string& arch) {
+  for (const HfFamily* f : {&deepseek_v3_family()})
+    if (arch == f->model_type) return f;
+  return nullptr;
+}
+
 std::string hf_model_type(const std::string& dir) {
   const std::string path = dir + "/config.json";
   const std::string text = read_text(path, "--from-hf needs a Hugging Face model directory");
@@ -197,7 +157,7 @@ std::string hf_export_architecture(const GPTConfig& cfg, const std::string& aske
     return cfg.moe() ? "mixtral" : cfg.add_qkv_bias && !cfg.add_bias_linear ? "qwen2" : "llama";
   }
   if (asked != "llama" && asked != "qwen2" && asked != "qwen3" && asked != "qwen3_moe" &&
-      asked != "mistral" && asked != "mixtral" && asked != "deepseek_v3")
+      asked != "mistral" && asked != "mixtral" && !hf_family(asked))
     throw ConfigError("--hf-architecture=" + asked +
                       " is not known (allowed: llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, "
                       "deepseek_v3)");
@@ -210,7 +170,7 @@ std::string hf_class_name(const std::string& arch) {
   if (arch == "qwen3_moe") return "Qwen3MoeForCausalLM";
   if (arch == "mistral") return "MistralForCausalLM";
   if (arch == "mixtral") return "MixtralForCausalLM";
-  if (arch == "deepseek_v3") return "DeepseekV3ForCausalLM";
+  if (const HfFamily* f = hf_family(arch)) return f->class_name;
   if (arch == "gpt2") return "GPT2LMHeadModel";
   return "LlamaForCausalLM";
 }
@@ -237,8 +197,8 @@ std::string export_file_name(size_t f, size_t n) {
 // Refuses (ConfigError) a model that the Hugging Face class `cls` of `arch` does not compute.
 void check_exportable(const GPTConfig& cfg, const std::string& arch, const std::string& cls,
                       const std::string& ck) {
-  if (arch == "deepseek_v3") {
-    check_deepseek_exportable(cfg, ck);
+  if (const HfFamily* f = hf_family(arch)) {
+    f->check_exportable(cfg, ck);
     return;
   }
   if (cfg.mla() || cfg.mtp())
@@ -338,7 +298,7 @@ std::vector<std::vector<PlannedTensor>> plan_export_files(
       total += bytes;
     }
   }
-  for (const HfExtra& x : hf_extras(cfg, cfg_arch)) {  // DeepSeek-V3's biases and MTP copies
+  for (const HfExtra& x : hf_extras(cfg, cfg_arch)) {  // the family's router state and copies
     PlannedTensor t{x.name, x.shape, 0, 0, x.bias_layer};
     if (x.bias_layer < 0)
       for (size_t i = 0; i < specs.size(); ++i)
@@ -442,9 +402,9 @@ void write_hf_config(const GPTConfig& cfg, const std::string& arch, const std::s
                      const std::string& dtype, const std::string& dir) {
   std::ostringstream c;
   const char* torch_dtype = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
-  if (arch == "deepseek_v3") {
+  if (const HfFamily* f = hf_family(arch)) {
     write_file_atomically(dir + "/config.json",
-                          deepseek_config_json(cfg, torch_dtype, cfg.moe_aux_loss_coeff));
+                          f->config_json(cfg, torch_dtype, cfg.moe_aux_loss_coeff));
     return;
   }
   c << "{\n  \"architectures\": [\"" << cls << "\"],\n  \"model_type\": \"" << arch << "\",\n"
@@ -804,8 +764,8 @@ void check_hf_tensors(const std::string& dir, const GPTConfig& cfg, const std::s
                           shape_str(want));
     }
   }
-  // DeepSeek-V3's expert biases and MTP copies: present, in shape; a copy must repeat its
-  // parameter's tensor (Tessera's MTP shares the embedding and the output layer: nothing is lost).
+  // The family's tensors beside the parameters: present, in shape; a copy must repeat its
+  // parameter's tensor (Tessera shares the parameter: nothing is lost).
   for (const HfExtra& x : hf_extras(cfg, arch)) {
     expected.insert(x.name);
     if (!st.has(x.name))
@@ -818,9 +778,8 @@ void check_hf_tensors(const std::string& dir, const GPTConfig& cfg, const std::s
     if (x.bias_layer >= 0) continue;
     const std::string main = hf_parts(x.copy_of, arch, cfg.num_layers)[0];
     if (st.read(x.name) != st.read(main))
-      throw ConfigError("'" + st.file_of(x.name) + "': " + x.name + " differs from " + main +
-                        "; Tessera's multi-token prediction shares the model's (they must be "
-                        "equal, as in DeepSeek's checkpoints)");
+      throw ConfigError("'" + st.file_of(x.name) + "': " + x.name + " differs from " + main + "; " +
+                        x.copy_reason);
   }
   // Anything else is a model config.json does not describe (more layers, biases it says are
   // absent): refused rather than dropped. Old files' rotary inv_freq buffers are derived values.
@@ -846,9 +805,9 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
   HfConfigSettings h;
   // The defaults of the config classes (LlamaConfig; Qwen2Config and MistralConfig below).
   h.model_type = hf_model_type(dir);
-  if (h.model_type == "deepseek_v3") {  // its own config (checkpoint/hf_deepseek.cpp)
+  if (const HfFamily* f = hf_family(h.model_type)) {  // its own config.json
     double aux = 0;
-    parse_deepseek_config(path, text, cfg_, aux);
+    f->parse_config(path, text, cfg_, aux);
     cfg_.make_vocab_size_divisible_by = divisible_by;
     st_ = std::make_unique<SafetensorsDir>(dir);
     arch_ = h.model_type;

@@ -460,63 +460,7 @@ std::string GPTConfig::describe() const {
   return out;
 }
 
-namespace {
-// Parameters of the whole model, with `experts_counted` of each MoE layer's experts.
-int64_t count_parameters(const GPTConfig& c, int experts_counted) {
-  const int64_t h = c.hidden_size, L = c.num_layers, hd = c.head_dim();
-  const int64_t qkv = (c.num_attention_heads + 2 * int64_t(c.kv_heads())) * hd;
-  const int64_t norm = c.rmsnorm() ? h : 2 * h;
-  const int64_t bias = c.add_bias_linear ? 1 : 0, qkv_b = c.qkv_bias() ? 1 : 0;
-  auto mlp = [&](int64_t f) {  // one MLP of width f
-    const int64_t fc1 = c.swiglu ? 2 * f : f;
-    return (fc1 * h + bias * fc1) + (h * f + bias * h);
-  };
-  const int64_t qk_norm = c.qk_layernorm ? (c.rmsnorm() ? 2 * hd : 4 * hd) : 0;
-  int64_t attn =
-      2 * norm + qk_norm + (qkv * h + qkv_b * qkv) + (h * c.num_attention_heads * hd + bias * h);
-  if (c.mla()) {  // the latents' projections and norms, the up-projections, the output
-    const int64_t H = c.num_attention_heads, qr = c.q_lora_rank, kvr = c.kv_lora_rank;
-    const int64_t lat = c.qk_layernorm ? (c.rmsnorm() ? 1 : 2) : 0;  // a latent norm's vectors
-    attn = 2 * norm + (qr > 0 ? qr * h + lat * qr + H * hd * qr : H * hd * h) +
-           (kvr + c.qk_pos_emb_head_dim) * h + lat * kvr +
-           H * int64_t(c.qk_head_dim + c.v_head_dim) * kvr + h * H * c.v_head_dim;
-  }
-  int64_t n = c.vocab_size * h + norm;
-  for (int l = 0; l < L; ++l) {
-    n += attn;
-    if (!c.is_moe_layer(l)) {
-      n += mlp(c.ffn());
-      continue;
-    }
-    n += int64_t(c.num_experts) * h + experts_counted * mlp(c.moe_ffn());  // router, experts
-    if (c.moe_router_enable_expert_bias) n += c.num_experts;  // Hugging Face counts the bias
-    if (c.moe_shared_expert_intermediate_size > 0) n += mlp(c.moe_shared_expert_intermediate_size);
-  }
-  for (int k = 0; k < c.mtp_num_layers; ++k) {  // each depth: a layer of the last one's kind,
-    const int l = c.num_layers - 1;             // its norms, the projection, its final norm
-    n += attn + 3 * norm + 2 * h * h;
-    if (!c.is_moe_layer(l)) {
-      n += mlp(c.ffn());
-    } else {
-      n += int64_t(c.num_experts) * h + experts_counted * mlp(c.moe_ffn());
-      if (c.moe_shared_expert_intermediate_size > 0)
-        n += mlp(c.moe_shared_expert_intermediate_size);
-      if (c.moe_router_enable_expert_bias) n += c.num_experts;
-    }
-  }
-  if (c.learned_positions()) n += static_cast<int64_t>(c.max_positions()) * h;
-  if (!c.tied_head()) n += c.vocab_size * h;
-  return n;
-}
-}  // namespace
-
-int64_t GPTConfig::num_parameters() const {
-  return count_parameters(*this, num_experts);
-}
-
-int64_t GPTConfig::num_active_parameters() const {
-  return count_parameters(*this, moe_router_topk);
-}
+// num_parameters() and num_active_parameters(): model/params.cpp, from the parts' parameter specs.
 
 double GPTConfig::train_flops_per_token() const {
   const double h = hidden_size, L = num_layers, s = seq_length, V = static_cast<double>(vocab_size);

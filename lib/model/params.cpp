@@ -167,6 +167,33 @@ ParamCount count_param_specs(const GPTConfig& cfg, const ModelShard& shard) {
   return c;
 }
 
+namespace {
+// The model's parameters as Hugging Face counts them: every parameter spec of the whole model (one
+// rank, one stage) with `experts_counted` of each MoE layer's experts, the vocabulary unpadded,
+// and the routers' expert biases (state here, a buffer there).
+int64_t count_parameters(const GPTConfig& c, int64_t experts_counted) {
+  const ModelShard whole = model_shard_for(c, 1, 0, 1, 0);
+  const int64_t padding = c.padded_vocab_size(1) - c.vocab_size;
+  int64_t n = 0;
+  for (const ParamSpec& s : shard_specs(c, whole, true)) {
+    n += s.expert ? s.numel() * experts_counted : s.numel();
+    if (s.name == "wte" || s.name == "lm_head") n -= padding * c.hidden_size;
+  }
+  if (c.moe_router_enable_expert_bias)
+    for (const LayerSpec& l : build_layer_specs(c))
+      if (l.mlp == MlpKind::MoE) n += c.num_experts;
+  return n;
+}
+}  // namespace
+
+int64_t GPTConfig::num_parameters() const {
+  return count_parameters(*this, num_experts);
+}
+
+int64_t GPTConfig::num_active_parameters() const {
+  return count_parameters(*this, moe_router_topk);
+}
+
 int64_t global_element_index(const ParamSpec& spec, int64_t local_index) {
   if (spec.split_axis < 0) return local_index;
   const int ax = spec.split_axis;
