@@ -17,57 +17,78 @@ namespace {
 
 using namespace schema;  // NOLINT: the row builders
 
-bool rope(const GPTConfig& c) {
-  return c.rope();
-}
-bool yarn(const GPTConfig& c) {
-  return c.rope() && c.yarn();
-}
-bool rope_scaling(const GPTConfig& c) {
-  return c.rope() && c.use_rope_scaling;
-}
-bool mla(const GPTConfig& c) {
-  return c.mla();
-}
-bool moe(const GPTConfig& c) {
-  return c.moe();
-}
-bool moe_groups(const GPTConfig& c) {
-  return c.moe() && c.moe_router_num_groups > 0;
-}
-int64_t experts(const GPTConfig& c) {
-  return c.num_experts;
+using C = GPTConfig;
+using detail::concat;
+
+std::string position_words(const C& c) {
+  if (!c.rope())
+    return c.learned_positions() ? "learned absolute positions"
+           : c.alibi()           ? "ALiBi"
+                                 : "no position embedding";
+  return concat(
+      "RoPE (base ", c.rotary_base, ", ", c.rotary_dim(), " of ", c.head_dim(), " features",
+      c.use_rope_scaling ? concat(", Llama 3 scaling x", c.rope_scaling_factor) : "", ")");
 }
 
-using C = GPTConfig;
+std::string attention_words(const C& c) {
+  if (!c.group_query_attention) return ", multi-head attention";
+  if (c.num_query_groups == 1)
+    return concat(", multi-query attention (1 key/value head for ", c.num_attention_heads, ")");
+  return concat(", grouped-query attention (", c.num_query_groups, " key/value heads for ",
+                c.num_attention_heads, ")");
+}
 
 // The shapes every checkpoint has, the norm, the Llama family's options.
 void shape_fields(std::vector<ModelField>& t) {
+  const std::string G = kModel;
   // The shapes: every checkpoint has them.
-  t.push_back(Int("num-layers", "num_layers", &C::num_layers).range(1, 1 << 16).required());
-  t.push_back(Int("hidden-size", "hidden_size", &C::hidden_size).range(1, 1 << 20).required());
-  t.push_back(Int("num-attention-heads", "num_attention_heads", &C::num_attention_heads)
+  t.push_back(Int("num-layers", "num_layers", &C::num_layers)
                   .range(1, 1 << 16)
-                  .required());
+                  .required()
+                  .help(G, "transformer layers"));
+  t.push_back(Int("hidden-size", "hidden_size", &C::hidden_size)
+                  .range(1, 1 << 20)
+                  .required()
+                  .help(G, "hidden width"));
+  t.push_back(
+      Int("num-attention-heads", "num_attention_heads", &C::num_attention_heads)
+          .range(1, 1 << 16)
+          .required()
+          .help(G, "attention heads (must divide hidden-size, unless --kv-channels is given)"));
   t.push_back(Int("ffn-hidden-size", "ffn_hidden_size", &C::ffn_hidden_size)
                   .range(1, 1 << 22)
                   .required()
-                  .written_as([](const C& c) { return int64_t(c.ffn()); }));
-  t.push_back(
-      Int("seq-length", "seq_length", &C::seq_length).range(1, 1 << 24).required().not_compared());
+                  .written_as([](const C& c) { return int64_t(c.ffn()); })
+                  .help(G, "MLP width (0: 4 * hidden-size)"));
+  t.push_back(Int("seq-length", "seq_length", &C::seq_length)
+                  .range(1, 1 << 24)
+                  .required()
+                  .not_compared()
+                  .help(G, "tokens per sample"));
   t.push_back(Int("max-position-embeddings", "max_position_embeddings", &C::max_position_embeddings)
                   .range(1, 1 << 24)
                   .required()
-                  .written_as([](const C& c) { return int64_t(c.max_positions()); }));
-  t.push_back(Int("vocab-size", "vocab_size", &C::vocab_size).range(1, 1 << 30).required());
+                  .written_as([](const C& c) { return int64_t(c.max_positions()); })
+                  .help(G, "positions of the model (0: seq-length)"));
+  t.push_back(Int("vocab-size", "vocab_size", &C::vocab_size)
+                  .range(1, 1 << 30)
+                  .required()
+                  .help(G, "vocabulary size (0: from the data's shards; 512 for mock data)"));
   t.push_back(Int("make-vocab-size-divisible-by", "make_vocab_size_divisible_by",
                   &C::make_vocab_size_divisible_by)
                   .range(1, 1 << 16)
                   .required()
-                  .not_compared());
+                  .not_compared()
+                  .help(G,
+                        "pad the vocabulary to a multiple of this times TP (padding is masked out "
+                        "of the loss)"));
   {  // the norm's epsilon, as an integer of 1e-9 units (compared so; said as the values)
     ModelField f;
-    f.option = "norm-epsilon";
+    f.option = "norm-epsilon";  // declared as --layernorm-epsilon, --norm-epsilon its alternative
+    f.group = G;
+    f.declare = [](OptionDeclarer& d, C& c) {
+      d.real("layernorm-epsilon", &c.layernorm_epsilon, "LayerNorm epsilon");
+    };
     f.attributes = {"layernorm_epsilon_x1e9"};
     f.write = [](const C& c, AttributeSink& out) {
       out.put("layernorm_epsilon_x1e9", int64_t(std::llround(c.layernorm_epsilon * 1e9)));
@@ -85,12 +106,38 @@ void shape_fields(std::vector<ModelField>& t) {
     };
     t.push_back(f);
   }
+  // Initialization and dropout: not part of a checkpoint's model.
+  t.push_back(option_only(Real("init-method-std", "", &C::init_method_std)
+                              .help(G,
+                                    "std of the normal init (residual projections use "
+                                    "std/sqrt(2*layers))")));
+  t.push_back(
+      option_only(Real("attention-dropout", "", &C::attention_dropout)
+                      .help(G, "dropout on the attention probabilities in training (GPT-2: 0.1)")));
+  t.push_back(option_only(Real("hidden-dropout", "", &C::hidden_dropout)
+                              .help(G,
+                                    "dropout on the embedding output and on each attention and "
+                                    "MLP output before the residual add, in training (GPT-2: "
+                                    "0.1)")));
   // The Llama family's options (absent in checkpoints before it: GPT-2's values).
   t.push_back(
-      Text("position-embedding-type", "position_embedding_type", &C::position_embedding_type));
-  t.push_back(Real("rotary-base", "rotary_base", &C::rotary_base).compared_when(rope));
-  t.push_back(Real("rotary-percent", "rotary_percent", &C::rotary_percent).compared_when(rope));
-  t.push_back(Text("normalization", "normalization", &C::normalization));
+      Text("position-embedding-type", "position_embedding_type", &C::position_embedding_type)
+          .help(G,
+                "learned_absolute (GPT-2) | rope (rotary, Llama) | alibi (linear distance penalty "
+                "per head) | none (causal attention alone)")
+          .says(position_words));
+  t.push_back(Real("rotary-base", "rotary_base", &C::rotary_base)
+                  .compared_when(rope)
+                  .help(G, "RoPE base (theta; Llama 3: 500000)"));
+  t.push_back(Real("rotary-percent", "rotary_percent", &C::rotary_percent)
+                  .compared_when(rope)
+                  .help(G, "share of each head's features that RoPE rotates, 0 < p <= 1"));
+  t.push_back(Text("normalization", "normalization", &C::normalization)
+                  .help(G, "LayerNorm (GPT-2) | RMSNorm (Llama)")
+                  .says([](const C& c) {
+                    return std::string(c.rmsnorm() ? ", RMSNorm" : ", LayerNorm") +
+                           (c.apply_layernorm_1p ? " (1 + w)" : "");
+                  }));
   t.push_back(packed(
       "rope_scaling", [](const C& c) { return c.use_rope_scaling; },
       {&C::rope_scaling_factor, &C::rope_scaling_low_freq_factor, &C::rope_scaling_high_freq_factor,
@@ -98,24 +145,47 @@ void shape_fields(std::vector<ModelField>& t) {
       nullptr, [](C& m) { m.use_rope_scaling = true; }));
   t.push_back(Flag("use-rope-scaling", "", &C::use_rope_scaling, "Llama 3's frequency scaling",
                    "no frequency scaling")
-                  .when(rope));
-  t.push_back(
-      compared_only(Real("rope-scaling-factor", "", &C::rope_scaling_factor).when(rope_scaling)));
-  t.push_back(
-      compared_only(Real("rope-scaling-low-freq-factor", "", &C::rope_scaling_low_freq_factor)
-                        .when(rope_scaling)));
-  t.push_back(
-      compared_only(Real("rope-scaling-high-freq-factor", "", &C::rope_scaling_high_freq_factor)
-                        .when(rope_scaling)));
+                  .when(rope)
+                  .help(G,
+                        "Llama 3.1's RoPE frequency scaling (low/high frequency factors 1/4, "
+                        "original context 8192)"));
+  t.push_back(compared_only(
+      Real("rope-scaling-factor", "", &C::rope_scaling_factor)
+          .when(rope_scaling)
+          .help(G,
+                "with --use-rope-scaling: how much the long wavelengths are slowed (Llama 3.1: 8, "
+                "3.2: 32)")));
+  t.push_back(compared_only(
+      Real("rope-scaling-low-freq-factor", "", &C::rope_scaling_low_freq_factor)
+          .when(rope_scaling)
+          .help(G,
+                "with --use-rope-scaling: wavelengths above original / this are slowed (Llama "
+                "3: 1)")));
+  t.push_back(compared_only(
+      Real("rope-scaling-high-freq-factor", "", &C::rope_scaling_high_freq_factor)
+          .when(rope_scaling)
+          .help(G,
+                "with --use-rope-scaling: wavelengths below original / this are kept (Llama "
+                "3: 4)")));
   t.push_back(compared_only(Real("rope-scaling-original-max-position-embeddings", "",
                                  &C::rope_scaling_original_max_positions)
-                                .when(rope_scaling)));
+                                .when(rope_scaling)
+                                .help(G,
+                                      "with --use-rope-scaling: the context the frequencies were "
+                                      "trained for (Llama 3: 8192)")));
 }
 
 // The MLP, attention and bias options of the Llama family, Qwen2/3 and Megatron.
 void layer_fields(std::vector<ModelField>& t) {
+  const std::string G = kModel;
   t.push_back(Flag("swiglu", "swiglu", &C::swiglu, "gate and up weights in mlp.fc1",
-                   "no gate weights in mlp.fc1"));
+                   "no gate weights in mlp.fc1")
+                  .help(G,
+                        "SwiGLU MLP (gate and up projections, silu(gate) * up) instead of GELU; "
+                        "Llama uses --ffn-hidden-size 8/3 h rounded")
+                  .says([](const C& c) {
+                    return c.swiglu ? ", SwiGLU" : c.squared_relu ? ", squared ReLU" : ", GELU";
+                  }));
   {  // grouped-query attention: the groups, or 0 without
     ModelField f;
     f.attributes = {"num_query_groups"};
@@ -130,38 +200,77 @@ void layer_fields(std::vector<ModelField>& t) {
       m.group_query_attention = true;
       m.num_query_groups = static_cast<int>(x);
     };
+    f.says = attention_words;
     t.push_back(f);
   }
   t.push_back(Flag("untie-embeddings-and-output-weights", "untie_embeddings_and_output_weights",
                    &C::untie_embeddings_and_output_weights, "an lm_head of its own",
-                   "the output layer tied to wte"));
+                   "the output layer tied to wte")
+                  .help(G,
+                        "an output layer (lm_head) of its own instead of the word embedding's "
+                        "transpose")
+                  .says([](const C& c) {
+                    return c.tied_head() ? ", output layer tied to the embedding"
+                                         : ", untied output layer";
+                  }));
   t.push_back(Flag("disable-bias-linear", "add_bias_linear", &C::add_bias_linear,
                    "no biases in its linear layers", "biases in its linear layers")
-                  .compared_as([](const C& c) { return !c.add_bias_linear; }));
+                  .compared_as([](const C& c) { return !c.add_bias_linear; })
+                  .negated()
+                  .help(G, "no biases in the QKV, projection and MLP layers (Llama)")
+                  .says([](const C& c) {
+                    return c.add_bias_linear ? ""
+                           : c.add_qkv_bias  ? ", QKV biases only"
+                                             : ", no linear biases";
+                  }));
   t.push_back(Flag("group-query-attention", "", &C::group_query_attention,
-                   "attn.q and attn.kv weights", "a fused attn.qkv weight"));
-  t.push_back(Int("num-query-groups", "", &C::num_query_groups).compared_as([](const C& c) {
-    return int64_t(c.kv_heads());
-  }));
-  t.back().attributes.clear();  // recorded by num_query_groups above
-  t.back().write = nullptr;
-  t.back().read = nullptr;
+                   "attn.q and attn.kv weights", "a fused attn.qkv weight")
+                  .help(G,
+                        "grouped-query attention: --num-query-groups key/value heads shared by "
+                        "the query heads"));
+  t.push_back(recorded_elsewhere(  // in num_query_groups above
+      Int("num-query-groups", "", &C::num_query_groups)
+          .compared_as([](const C& c) { return int64_t(c.kv_heads()); })
+          .help(G,
+                "key/value heads with --group-query-attention (1: multi-query attention); must "
+                "divide the heads and be divisible by TP")));
   // Qwen2's and Megatron's smaller options (absent in older checkpoints: off).
   t.push_back(Flag("add-qkv-bias", "add_qkv_bias", &C::add_qkv_bias,
                    "biases on the QKV projection alone", "no QKV-only biases")
-                  .compared_as([](const C& c) { return c.qkv_bias() && !c.add_bias_linear; }));
+                  .compared_as([](const C& c) { return c.qkv_bias() && !c.add_bias_linear; })
+                  .help(G, "biases on the QKV projection even with --disable-bias-linear (Qwen2)"));
   t.push_back(Int("kv-channels", "kv_channels", &C::kv_channels)
                   .range(0, 1 << 16)
-                  .compared_as([](const C& c) { return int64_t(c.head_dim()); }));
+                  .compared_as([](const C& c) { return int64_t(c.head_dim()); })
+                  .help(G, "features per attention head (0: hidden-size / num-attention-heads)")
+                  .says([](const C& c) {
+                    return c.kv_channels > 0 ? concat(", ", c.kv_channels, " channels per head")
+                                             : std::string();
+                  }));
   t.push_back(Flag("apply-layernorm-1p", "apply_layernorm_1p", &C::apply_layernorm_1p,
-                   "norm weights applied as 1 + w", "norm weights applied as w"));
-  t.push_back(Flag("rotary-interleaved", "rotary_interleaved", &C::rotary_interleaved,
-                   "rotary pairs (2i, 2i+1)", "rotary pairs (i, i + d/2)"));
+                   "norm weights applied as 1 + w", "norm weights applied as w")
+                  .help(G, "norm weights stored as w and applied as (1 + w), initialized to 0"));
+  t.push_back(
+      Flag("rotary-interleaved", "rotary_interleaved", &C::rotary_interleaved,
+           "rotary pairs (2i, 2i+1)", "rotary pairs (i, i + d/2)")
+          .help(G, "RoPE rotates adjacent feature pairs (2i, 2i+1) instead of the two halves")
+          .says([](const C& c) {
+            return c.rope() && c.rotary_interleaved ? ", interleaved rotary pairs" : "";
+          }));
   t.back().compared = rope;
   t.push_back(Flag("squared-relu", "squared_relu", &C::squared_relu, "a squared-ReLU MLP",
-                   "no squared-ReLU MLP"));
+                   "no squared-ReLU MLP")
+                  .help(G, "MLP activation relu(x)^2 instead of GELU"));
   {  // Qwen3's q/k norms, or multi-latent attention's latent norms
-    ModelField f = Flag("qk-layernorm", "qk_layernorm", &C::qk_layernorm, "", "no query/key norms");
+    ModelField f =
+        Flag("qk-layernorm", "qk_layernorm", &C::qk_layernorm, "", "no query/key norms")
+            .help(G,
+                  "normalize each query and key head (--normalization's norm over its "
+                  "--kv-channels features, weights shared by the heads) before RoPE (Qwen3); with "
+                  "--multi-latent-attention, the query and key/value latents")
+            .says([](const C& c) {
+              return c.qk_layernorm && !c.mla() ? ", query/key norm per head" : "";
+            });
     f.mismatch = [](const C& m, const C& c, const std::string& path) {
       if (m.qk_layernorm == c.qk_layernorm) return std::string();
       const char* with = m.mla() ? "latent norms (attn.q_down_norm, attn.kv_down_norm)"
@@ -172,144 +281,6 @@ void layer_fields(std::vector<ModelField>& t) {
                             c.qk_layernorm ? "gives it" : "does not", kReload);
     };
     t.push_back(f);
-  }
-}
-
-// Multi-token prediction, multi-latent attention and YaRN.
-void deepseek_fields(std::vector<ModelField>& t) {
-  // Multi-token prediction (absent: none).
-  t.push_back(Int("mtp-num-layers", "mtp_num_layers", &C::mtp_num_layers)
-                  .range(0, 64)
-                  .key()
-                  .when([](const C& c) { return c.mtp(); }));
-  t.back().compared = always;
-  // Multi-latent attention and YaRN (absent: standard attention). kv_lora_rank says it is there.
-  t.push_back(Flag("multi-latent-attention", "", &C::multi_latent_attention,
-                   "multi-latent attention", "standard attention"));
-  {
-    ModelField f =
-        Int("kv-lora-rank", "kv_lora_rank", &C::kv_lora_rank).range(1, 1 << 20).when(mla);
-    f.read = [](AttributeSource& in, C& m, const std::string& file) {
-      int64_t x = 0;
-      if (!in.get("kv_lora_rank", x)) return;
-      if (x < 1 || x > (1 << 20))
-        throw ConfigError(out_of_range(file, "kv_lora_rank", x, 1, 1 << 20));
-      m.multi_latent_attention = true;
-      m.kv_lora_rank = static_cast<int>(x);
-    };
-    t.push_back(f);
-  }
-  t.push_back(
-      Int("q-lora-rank", "q_lora_rank", &C::q_lora_rank).range(0, 1 << 20).required().when(mla));
-  t.push_back(
-      Int("qk-head-dim", "qk_head_dim", &C::qk_head_dim).range(1, 1 << 20).required().when(mla));
-  t.push_back(Int("qk-pos-emb-head-dim", "qk_pos_emb_head_dim", &C::qk_pos_emb_head_dim)
-                  .range(2, 1 << 20)
-                  .required()
-                  .when(mla));
-  t.push_back(
-      Int("v-head-dim", "v_head_dim", &C::v_head_dim).range(1, 1 << 20).required().when(mla));
-  t.push_back(Text("rope-type", "rope_type", &C::rope_type).when(mla).compared_when(rope));
-  t.push_back(packed(
-      "yarn", mla,
-      {&C::rotary_scaling_factor, &C::mscale, &C::mscale_all_dim, &C::beta_fast, &C::beta_slow},
-      &C::original_max_position_embeddings, [](C&) {}));
-  t.push_back(
-      compared_only(Real("rotary-scaling-factor", "", &C::rotary_scaling_factor).when(yarn)));
-  t.push_back(compared_only(Real("mscale-all-dim", "", &C::mscale_all_dim).when(yarn)));
-  t.push_back(compared_only(Real("beta-fast", "", &C::beta_fast).when(yarn)));
-  t.push_back(compared_only(Real("beta-slow", "", &C::beta_slow).when(yarn)));
-  t.push_back(
-      Int("original-max-position-embeddings", "", &C::original_max_position_embeddings).when(yarn));
-  t.back().attributes.clear();  // recorded in yarn above
-  t.back().write = nullptr;
-  t.back().read = nullptr;
-}
-
-// The Mixture of Experts and its router.
-void moe_fields(std::vector<ModelField>& t) {
-  // Mixture of Experts (absent: a dense model). num_experts says it is there.
-  {
-    ModelField f =
-        Int("num-experts", "num_experts", &C::num_experts).range(1, 1 << 16).key().when(moe);
-    f.compared = always;
-    t.push_back(f);
-  }
-  t.push_back(Int("moe-router-topk", "moe_router_topk", &C::moe_router_topk)
-                  .range(1, experts)
-                  .required()
-                  .when(moe));
-  t.push_back(Int("moe-ffn-hidden-size", "moe_ffn_hidden_size", &C::moe_ffn_hidden_size)
-                  .range(1, 1 << 24)
-                  .required()
-                  .when(moe)
-                  .written_as([](const C& c) { return int64_t(c.moe_ffn()); }));
-  t.push_back(Text("moe-layer-freq", "moe_layer_freq", &C::moe_layer_freq).when(moe));
-  t.push_back(
-      Text("moe-router-score-function", "moe_router_score_function", &C::moe_router_score_function)
-          .when(moe));
-  {
-    ModelField f =
-        Flag("moe-router-pre-softmax", "moe_router_pre_softmax", &C::moe_router_pre_softmax,
-             "the top-k of the softmax over all experts", "a softmax over the top-k logits")
-            .when(moe);
-    f.read = [](AttributeSource& in, C& m, const std::string& file) {
-      if (!m.moe()) return;
-      int64_t x = 0;
-      if (!in.get("moe_router_pre_softmax", x))
-        throw ConfigError(lacks(file, "moe_router_pre_softmax"));
-      if (x < 0 || x > 1) throw ConfigError(out_of_range(file, "moe_router_pre_softmax", x, 0, 1));
-      m.moe_router_pre_softmax = x != 0;
-    };
-    t.push_back(f);
-  }
-  t.push_back(Real("moe-router-topk-scaling-factor", "moe_router_topk_scaling_factor",
-                   &C::moe_router_topk_scaling_factor)
-                  .when(moe));
-  t.push_back(Int("moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size",
-                  &C::moe_shared_expert_intermediate_size)
-                  .range(0, 1 << 24)
-                  .required()
-                  .when(moe));
-  // DeepSeek-V3's router (absent in older checkpoints: off).
-  t.push_back(Flag("moe-router-enable-expert-bias", "moe_router_enable_expert_bias",
-                   &C::moe_router_enable_expert_bias, "an aux-loss-free expert bias in its routers",
-                   "no expert bias")
-                  .when(moe));
-  {  // group-limited routing: the three together
-    ModelField f = Int("moe-router-num-groups", "moe_router_num_groups", &C::moe_router_num_groups)
-                       .range(0, experts)
-                       .when(moe);
-    f.attributes = {"moe_router_num_groups", "moe_router_group_topk",
-                    "moe_router_group_score_experts"};
-    f.write = [](const C& c, AttributeSink& out) {
-      out.put("moe_router_num_groups", int64_t(c.moe_router_num_groups));
-      out.put("moe_router_group_topk", int64_t(c.moe_router_group_topk));
-      out.put("moe_router_group_score_experts", int64_t(c.moe_router_group_score_experts));
-    };
-    f.read = [](AttributeSource& in, C& m, const std::string& file) {
-      int64_t x = 0;
-      if (!m.moe() || !in.get("moe_router_num_groups", x)) return;
-      for (auto [name, field] :
-           {std::pair<const char*, int C::*>{"moe_router_num_groups", &C::moe_router_num_groups},
-            {"moe_router_group_topk", &C::moe_router_group_topk},
-            {"moe_router_group_score_experts", &C::moe_router_group_score_experts}}) {
-        if (!in.get(name, x)) throw ConfigError(lacks(file, name));
-        if (x < 0 || x > m.num_experts)
-          throw ConfigError(out_of_range(file, name, x, 0, m.num_experts));
-        m.*field = static_cast<int>(x);
-      }
-    };
-    t.push_back(f);
-  }
-  t.push_back(Int("moe-router-group-topk", "", &C::moe_router_group_topk).when(moe_groups));
-  t.push_back(Int("moe-router-group-score-experts", "", &C::moe_router_group_score_experts)
-                  .when(moe_groups)
-                  .compared_as([](const C& c) { return int64_t(c.moe_group_score_experts()); }));
-  for (size_t i = t.size() - 2; i < t.size(); ++i) {  // recorded with the number of groups
-    t[i].attributes.clear();
-    t[i].write = nullptr;
-    t[i].read = nullptr;
   }
 }
 
@@ -345,6 +316,18 @@ void check_same_model(const GPTConfig& m, const GPTConfig& c, const std::string&
     const std::string why = f.mismatch(m, c, path);
     if (!why.empty()) throw ConfigError(why);
   }
+}
+
+void declare_model_options(const std::string& group, OptionDeclarer& d, GPTConfig& m) {
+  for (const ModelField& f : model_fields())
+    if (f.group == group && f.declare) f.declare(d, m);
+}
+
+std::string describe_model(const GPTConfig& c) {
+  std::string out;
+  for (const ModelField& f : model_fields())
+    if (f.says) out += f.says(c);
+  return out;
 }
 
 std::vector<std::string> model_attribute_names() {

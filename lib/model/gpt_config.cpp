@@ -1,6 +1,8 @@
 // gpt_config.cpp: validation and derived sizes of the GPT configuration.
 #include "model/gpt_config.hpp"
 
+#include "model/config_schema.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -408,56 +410,7 @@ int GPTConfig::rotary_dim() const {
 }
 
 std::string GPTConfig::describe() const {
-  std::string out =
-      rope() ? detail::concat(
-                   "RoPE (base ", rotary_base, ", ", rotary_dim(), " of ", head_dim(), " features",
-                   use_rope_scaling ? detail::concat(", Llama 3 scaling x", rope_scaling_factor)
-                                    : std::string(),
-                   ")")
-             : std::string(learned_positions() ? "learned absolute positions"
-                           : alibi()           ? "ALiBi"
-                                               : "no position embedding");
-  out += rmsnorm() ? ", RMSNorm" : ", LayerNorm";
-  if (apply_layernorm_1p) out += " (1 + w)";
-  out += swiglu ? ", SwiGLU" : squared_relu ? ", squared ReLU" : ", GELU";
-  if (rope() && rotary_interleaved) out += ", interleaved rotary pairs";
-  if (qk_layernorm && !mla()) out += ", query/key norm per head";
-  if (mla())
-    out += detail::concat(
-        ", multi-latent attention (",
-        q_lora_rank > 0 ? detail::concat("query rank ", q_lora_rank, ", ") : std::string(),
-        "key/value rank ", kv_lora_rank, ", heads of ", qk_head_dim, " + ", qk_pos_emb_head_dim,
-        " RoPE features, values of ", v_head_dim, qk_layernorm ? ", latent norms" : "", ")");
-  if (yarn())
-    out += detail::concat(", YaRN x", rotary_scaling_factor, " over ",
-                          original_max_position_embeddings, " positions");
-  if (kv_channels > 0) out += detail::concat(", ", kv_channels, " channels per head");
-  if (!group_query_attention)
-    out += ", multi-head attention";
-  else if (num_query_groups == 1)
-    out +=
-        detail::concat(", multi-query attention (1 key/value head for ", num_attention_heads, ")");
-  else
-    out += detail::concat(", grouped-query attention (", num_query_groups, " key/value heads for ",
-                          num_attention_heads, ")");
-  out += tied_head() ? ", output layer tied to the embedding" : ", untied output layer";
-  if (!add_bias_linear) out += add_qkv_bias ? ", QKV biases only" : ", no linear biases";
-  if (moe()) {
-    out += detail::concat(", MoE in ", num_moe_layers(), " of ", num_layers, " layers (",
-                          num_experts, " experts of width ", moe_ffn(), ", top-", moe_router_topk,
-                          " ", moe_router_score_function,
-                          moe_router_pre_softmax ? " before the top-k" : "");
-    if (moe_router_num_groups > 0)
-      out +=
-          detail::concat(" within the best ", moe_router_group_topk, " of ", moe_router_num_groups,
-                         " groups (a group's score: its top ", moe_group_score_experts(), ")");
-    if (moe_router_enable_expert_bias) out += ", expert bias (aux-loss-free)";
-    if (moe_shared_expert_intermediate_size > 0)
-      out += detail::concat(", a shared expert of width ", moe_shared_expert_intermediate_size);
-    out += moe_dropless() ? ", dropless)"
-                          : detail::concat(", capacity factor ", moe_expert_capacity_factor, ")");
-  }
-  return out;
+  return describe_model(*this);  // the table's words (model/config_schema.cpp)
 }
 
 // num_parameters() and num_active_parameters(): model/params.cpp, from the parts' parameter specs.

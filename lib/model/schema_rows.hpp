@@ -47,8 +47,67 @@ inline bool always(const GPTConfig&) {
   return true;
 }
 
+// When a row applies.
+inline bool rope(const GPTConfig& c) {
+  return c.rope();
+}
+inline bool yarn(const GPTConfig& c) {
+  return c.rope() && c.yarn();
+}
+inline bool rope_scaling(const GPTConfig& c) {
+  return c.rope() && c.use_rope_scaling;
+}
+inline bool mla(const GPTConfig& c) {
+  return c.mla();
+}
+inline bool moe(const GPTConfig& c) {
+  return c.moe();
+}
+inline bool moe_groups(const GPTConfig& c) {
+  return c.moe() && c.moe_router_num_groups > 0;
+}
+inline int64_t experts(const GPTConfig& c) {
+  return c.num_experts;
+}
+
+// --help's groups of the model's options.
+const char* const kModel = "Model";
+const char* const kMla = "Multi-latent attention (DeepSeek)";
+const char* const kMoe = "Mixture of Experts";
+
+using Says = std::function<std::string(const GPTConfig&)>;
+using Declare =
+    std::function<void(OptionDeclarer&, GPTConfig&, const std::string&, const std::string&)>;
+
+// What every row builder has: the option's --help group and text, its words in the architecture
+// line, and how its field is declared (set by the builder).
+template <class D>
+struct Row {
+  std::string group_, help_;
+  Says says_;
+  Declare declare_;
+
+  D& help(std::string group, std::string text) {
+    group_ = std::move(group);
+    help_ = std::move(text);
+    return static_cast<D&>(*this);
+  }
+  D& says(Says s) {
+    says_ = std::move(s);
+    return static_cast<D&>(*this);
+  }
+  void documented(ModelField& f) const {
+    f.group = group_;
+    f.says = says_;
+    if (group_.empty()) return;
+    const Declare d = declare_;
+    const std::string o = f.option, h = help_;
+    f.declare = [d, o, h](OptionDeclarer& out, GPTConfig& c) { d(out, c, o, h); };
+  }
+};
+
 // An integer option recorded as an integer attribute.
-struct Int {
+struct Int : Row<Int> {
   std::string opt, attr;
   IntOf get;  // the value written and compared
   std::function<void(GPTConfig&, int64_t)> set;
@@ -64,6 +123,9 @@ struct Int {
   Int(std::string o, std::string a, T GPTConfig::*f) : opt(std::move(o)), attr(std::move(a)) {
     get = [f](const GPTConfig& c) { return static_cast<int64_t>(c.*f); };
     set = [f](GPTConfig& c, int64_t v) { c.*f = static_cast<T>(v); };
+    declare_ = [f](OptionDeclarer& d, GPTConfig& c, const std::string& o, const std::string& h) {
+      d.integer(o, &(c.*f), h);
+    };
   }
   Int& range(int64_t l, int64_t h) {
     lo = l;
@@ -102,6 +164,7 @@ struct Int {
   operator ModelField() const {  // NOLINT: a row of the table
     ModelField f;
     f.option = opt;
+    documented(f);
     f.attributes = {attr};
     f.recorded = when_;
     const std::string a = attr;
@@ -136,10 +199,11 @@ struct Int {
 
 // An option that is on or off, recorded as 0 or 1; its mismatch says what a checkpoint with and
 // without it holds.
-struct Flag {
+struct Flag : Row<Flag> {
   std::string opt, attr, with, without;
   bool GPTConfig::*member;
   When when_ = always;
+  bool when_given_ = true;                         // the field's value when the switch is given
   std::function<bool(const GPTConfig&)> compare_;  // compared as this (default: the member)
 
   Flag(std::string o, std::string a, bool GPTConfig::*f, std::string w, std::string wo)
@@ -147,7 +211,19 @@ struct Flag {
         attr(std::move(a)),
         with(std::move(w)),
         without(std::move(wo)),
-        member(f) {}
+        member(f) {
+    declare_ = [f](OptionDeclarer& d, GPTConfig& c, const std::string& o, const std::string& h) {
+      d.flag(o, &(c.*f), true, h);
+    };
+  }
+  // A --disable- switch: given, the field is false.
+  Flag& negated() {
+    bool GPTConfig::*f = member;
+    declare_ = [f](OptionDeclarer& d, GPTConfig& c, const std::string& o, const std::string& h) {
+      d.flag(o, &(c.*f), false, h);
+    };
+    return *this;
+  }
   Flag& when(When w) {
     when_ = std::move(w);
     return *this;
@@ -159,6 +235,7 @@ struct Flag {
   operator ModelField() const {  // NOLINT: a row of the table
     ModelField f;
     f.option = opt;
+    documented(f);
     bool GPTConfig::*mb = member;
     if (!attr.empty()) {
       f.attributes = {attr};
@@ -185,13 +262,17 @@ struct Flag {
 };
 
 // A real option, recorded exactly as text (%.17g).
-struct Real {
+struct Real : Row<Real> {
   std::string opt, attr;
   double GPTConfig::*member;
   When when_ = always, compared_when_;
 
   Real(std::string o, std::string a, double GPTConfig::*f)
-      : opt(std::move(o)), attr(std::move(a)), member(f) {}
+      : opt(std::move(o)), attr(std::move(a)), member(f) {
+    declare_ = [f](OptionDeclarer& d, GPTConfig& c, const std::string& o, const std::string& h) {
+      d.real(o, &(c.*f), h);
+    };
+  }
   Real& when(When w) {
     when_ = std::move(w);
     return *this;
@@ -203,6 +284,7 @@ struct Real {
   operator ModelField() const {  // NOLINT: a row of the table
     ModelField f;
     f.option = opt;
+    documented(f);
     double GPTConfig::*mb = member;
     if (!attr.empty()) {
       f.attributes = {attr};
@@ -224,13 +306,17 @@ struct Real {
 };
 
 // A text option, recorded as text.
-struct Text {
+struct Text : Row<Text> {
   std::string opt, attr;
   std::string GPTConfig::*member;
   When when_ = always, compared_when_;
 
   Text(std::string o, std::string a, std::string GPTConfig::*f)
-      : opt(std::move(o)), attr(std::move(a)), member(f) {}
+      : opt(std::move(o)), attr(std::move(a)), member(f) {
+    declare_ = [f](OptionDeclarer& d, GPTConfig& c, const std::string& o, const std::string& h) {
+      d.text(o, &(c.*f), h);
+    };
+  }
   Text& when(When w) {
     when_ = std::move(w);
     return *this;
@@ -242,6 +328,7 @@ struct Text {
   operator ModelField() const {  // NOLINT: a row of the table
     ModelField f;
     f.option = opt;
+    documented(f);
     f.attributes = {attr};
     std::string GPTConfig::*mb = member;
     const std::string a = attr;
@@ -293,5 +380,30 @@ inline ModelField compared_only(Real r) {
   r.attr.clear();
   return r;
 }
+
+// An option of the model that checkpoints do not record (dropout, the loss coefficients): declared
+// and described only.
+inline ModelField option_only(ModelField f) {
+  f.attributes.clear();
+  f.recorded = nullptr;
+  f.write = nullptr;
+  f.read = nullptr;
+  f.compared = nullptr;
+  f.mismatch = nullptr;
+  return f;
+}
+
+// A row recorded by another one (its attributes there): declared, compared and described only.
+inline ModelField recorded_elsewhere(ModelField f) {
+  f.attributes.clear();
+  f.write = nullptr;
+  f.read = nullptr;
+  return f;
+}
+
+// The rows of multi-token prediction, multi-latent attention and YaRN, and of the Mixture of
+// Experts (model/schema_mla_moe.cpp).
+void deepseek_fields(std::vector<ModelField>& t);
+void moe_fields(std::vector<ModelField>& t);
 
 }  // namespace tessera::schema

@@ -7,10 +7,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
+#include "model/config_schema.hpp"
 #include "train/options.hpp"
 
 using namespace tessera;
@@ -345,4 +348,102 @@ TEST(Config, LoadOnADirectoryWithoutACheckpointStartsFresh) {
   ASSERT_TRUE(parse({"--load", d + "/absent", "--use-checkpoint-args"}, o));
   EXPECT_TRUE(o.load_fresh);
   std::filesystem::remove_all(d);
+}
+
+// The model's options come from one table (model/config_schema.hpp, issue 55): each row declares
+// its option with its GPTConfig field as the target, every declared option is in --help, no two
+// options set one field, and --dry-run's architecture line is the rows' words.
+namespace {
+struct Declared {
+  std::string name;
+  size_t offset;  // of the target in GPTConfig
+  bool flag = false, when_given = true;
+};
+class RecordingDeclarer : public OptionDeclarer {
+ public:
+  explicit RecordingDeclarer(const GPTConfig& m) : base_(reinterpret_cast<const char*>(&m)) {}
+  std::vector<Declared> seen;
+  void integer(const std::string& n, int* t, const std::string&) override { add(n, t); }
+  void integer(const std::string& n, int64_t* t, const std::string&) override { add(n, t); }
+  void real(const std::string& n, double* t, const std::string&) override { add(n, t); }
+  void text(const std::string& n, std::string* t, const std::string&) override { add(n, t); }
+  void flag(const std::string& n, bool* t, bool given, const std::string&) override {
+    add(n, t);
+    seen.back().flag = true;
+    seen.back().when_given = given;
+  }
+
+ private:
+  void add(const std::string& n, const void* t) {
+    const auto at = static_cast<size_t>(reinterpret_cast<const char*>(t) - base_);
+    ASSERT_LT(at, sizeof(GPTConfig)) << n << " does not set a field of the GPTConfig given";
+    seen.push_back({n, at});
+  }
+  const char* base_;
+};
+}  // namespace
+
+TEST(ConfigSchema, EveryModelOptionIsDeclaredFromTheTable) {
+  GPTConfig m;
+  RecordingDeclarer d(m);
+  for (const char* g : {"Model", "Multi-latent attention (DeepSeek)", "Mixture of Experts"})
+    declare_model_options(g, d, m);
+  std::set<std::string> names;
+  std::map<size_t, std::string> fields;
+  for (const Declared& x : d.seen) {
+    EXPECT_TRUE(names.insert(x.name).second) << x.name << " declared twice";
+    const auto [it, fresh] = fields.emplace(x.offset, x.name);
+    EXPECT_TRUE(fresh) << x.name << " and " << it->second << " set the same field";
+  }
+  // Every row that names an option of a --help group declares it; the rest are by hand.
+  size_t rows = 0;
+  for (const ModelField& f : model_fields())
+    if (!f.group.empty()) {
+      ++rows;
+      EXPECT_TRUE(f.declare) << f.option;
+    }
+  EXPECT_EQ(d.seen.size(), rows);
+  EXPECT_GE(rows, 60u);  // 65 when written
+  // The table's switches: --disable-bias-linear clears its field, the others set theirs.
+  for (const Declared& x : d.seen)
+    if (x.flag) EXPECT_EQ(x.when_given, x.name != "disable-bias-linear") << x.name;
+  // Every one is in --help, and parsing sets its field (three kinds).
+  RunOptions o;
+  testing::internal::CaptureStdout();
+  EXPECT_FALSE(parse({"--help"}, o));
+  const std::string help = testing::internal::GetCapturedStdout();
+  for (const Declared& x : d.seen)
+    EXPECT_NE(help.find("  --" + x.name + " "), std::string::npos) << x.name << " not in --help";
+  ASSERT_TRUE(parse({"--disable-bias-linear", "--kv-channels", "24", "--rotary-base", "500000",
+                     "--moe-layer-freq", "[1,0]", "--hidden-dropout", "0.25"},
+                    o));
+  EXPECT_FALSE(o.model.add_bias_linear);
+  EXPECT_EQ(o.model.kv_channels, 24);
+  EXPECT_EQ(o.model.rotary_base, 500000);
+  EXPECT_EQ(o.model.moe_layer_freq, "[1,0]");
+  EXPECT_EQ(o.model.hidden_dropout, 0.25);
+  RunOptions plain;
+  ASSERT_TRUE(parse({}, plain));
+  EXPECT_TRUE(plain.model.add_bias_linear);
+}
+
+TEST(ConfigSchema, ArchitectureLineIsTheRowsWordsInOrder) {
+  RunOptions o;
+  ASSERT_TRUE(
+      parse({"--config", std::string(TESSERA_SOURCE_DIR) + "/configs/deepseek-tiny.ini"}, o));
+  EXPECT_EQ(o.model.describe(),
+            "RoPE (base 10000, 8 of 24 features), RMSNorm, SwiGLU, multi-head attention, untied "
+            "output layer, no linear biases, interleaved rotary pairs, multi-latent attention "
+            "(query rank 32, key/value rank 24, heads of 16 + 8 RoPE features, values of 16, "
+            "latent norms), YaRN x4 over 32 positions, MoE in 3 of 4 layers (8 experts of width "
+            "32, top-2 sigmoid within the best 2 of 4 groups (a group's score: its top 2), expert "
+            "bias (aux-loss-free), a shared expert of width 64, dropless)");
+  RunOptions g;
+  ASSERT_TRUE(
+      parse({"--position-embedding-type", "alibi", "--squared-relu", "--group-query-attention",
+             "--num-query-groups", "1", "--apply-layernorm-1p", "--kv-channels", "8"},
+            g));
+  EXPECT_EQ(g.model.describe(),
+            "ALiBi, LayerNorm (1 + w), squared ReLU, multi-query attention (1 key/value head for "
+            "4), output layer tied to the embedding, 8 channels per head");
 }

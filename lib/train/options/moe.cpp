@@ -15,72 +15,25 @@ class MoEOptions : public OptionGroup {
  public:
   void add(OptionParser& p, RunOptions& o) override {
     GPTConfig& m = o.model;
-    p.group("Mixture of Experts")
-        .add_options()("num-experts", po::value(&m.num_experts)->default_value(0),
-                       "experts per MoE layer (0: a dense model)")(
-            "moe-router-topk", po::value(&m.moe_router_topk)->default_value(m.moe_router_topk),
-            "experts each token goes to")("moe-ffn-hidden-size",
-                                          po::value(&m.moe_ffn_hidden_size)->default_value(0),
-                                          "each expert's MLP width (0: --ffn-hidden-size)")(
-            "moe-layer-freq", po::value(&m.moe_layer_freq)->default_value(m.moe_layer_freq),
-            "which layers are MoE: N (every N-th layer from layer 0) or a 0/1 list per layer "
-            "such as [1,0,1,0] or ([1]*3+[0])*2")(
-            "moe-router-load-balancing-type",
-            po::value(&m.moe_router_load_balancing_type)
-                ->default_value(m.moe_router_load_balancing_type),
-            "aux_loss (per micro-batch) | seq_aux_loss (per sequence) | none")(
-            "moe-aux-loss-coeff", po::value(&m.moe_aux_loss_coeff)->default_value(0),
-            "the load-balancing loss's weight in the objective")(
-            "moe-z-loss-coeff", po::value(&m.moe_z_loss_coeff)->default_value(0),
-            "the router z-loss's weight (mean logsumexp(logits)^2)")(
-            "moe-router-score-function",
-            po::value(&m.moe_router_score_function)->default_value(m.moe_router_score_function),
-            "softmax | sigmoid (normalized over the top k)")(
-            "moe-router-pre-softmax", po::bool_switch(&m.moe_router_pre_softmax),
-            "routing weights from the softmax over all experts (not renormalized over the top k)")(
-            "moe-router-topk-scaling-factor",
-            po::value(&m.moe_router_topk_scaling_factor)->default_value(0),
-            "routing weights times this (0: unscaled)")(
-            "moe-router-enable-expert-bias", po::bool_switch(&m.moe_router_enable_expert_bias),
-            "aux-loss-free balancing (DeepSeek-V3; sigmoid scores): a per-expert bias added to the "
-            "scores for choosing the top k, updated after each step from the global batch's loads")(
-            "moe-router-bias-update-rate",
-            po::value(&m.moe_router_bias_update_rate)->default_value(m.moe_router_bias_update_rate),
-            "with --moe-router-enable-expert-bias: the bias moves by this times sign(mean load - "
-            "the expert's load) after each step")(
-            "moe-router-num-groups", po::value(&m.moe_router_num_groups)->default_value(0),
-            "group-limited routing: the experts in this many equal groups (0: none)")(
-            "moe-router-group-topk", po::value(&m.moe_router_group_topk)->default_value(0),
-            "with --moe-router-num-groups: the groups each token chooses its experts from")(
-            "moe-router-group-score-experts",
-            po::value(&m.moe_router_group_score_experts)->default_value(0),
-            "with --moe-router-num-groups: a group's score is the sum of its best N scores (0: "
-            "topk / group-topk, Megatron-Core's rule; 2: DeepSeek-V3's, as Hugging Face routes)")(
-            "moe-shared-expert-intermediate-size",
-            po::value(&m.moe_shared_expert_intermediate_size)->default_value(0),
-            "width of a shared expert every token goes through beside its routed ones (0: none)")(
-            "moe-expert-capacity-factor", po::value(&capacity_factor_),
-            "drop token copies beyond ceil(tokens * topk / experts * factor) per expert and "
-            "micro-batch (default: dropless)")(
-            "moe-token-drop-policy", po::value(&drop_policy_),
-            "with a capacity factor: keep the highest routing weights (probs, default) or the "
-            "earliest tokens (position)")(
-            "moe-pad-expert-input-to-capacity", po::bool_switch(&pad_to_capacity_),
-            "with a capacity factor: accepted (Tessera computes the kept rows only; results are "
-            "the same)")(
-            "expert-model-parallel-size", po::value(&o.ep)->default_value(1),
-            "ranks the experts are split over, carved out of the data-parallel ranks (must "
-            "divide DP and --num-experts)")(
-            "moe-token-dispatcher-type",
-            po::value(&m.moe_token_dispatcher_type)->default_value(m.moe_token_dispatcher_type),
-            "alltoall | allgather: how tokens reach their experts' ranks (same results)")(
-            "moe-per-layer-logging", po::bool_switch(&o.train.moe_per_layer_logging),
-            "each MoE layer's tokens per expert over the log interval (min, max, coefficient of "
-            "variation, experts without tokens) and expert bias range: a line per layer, the "
-            "metrics file and TensorBoard")(
-            "moe-grouped-gemm", po::bool_switch(&m.moe_grouped_gemm),
-            "the experts' GEMMs as one grouped GEMM per projection (same results; needs "
-            "--disable-bias-linear)");
+    po::options_description& g = p.group("Mixture of Experts");
+    declare_model_options(g, "Mixture of Experts", m);
+    g.add_options()(
+        "moe-expert-capacity-factor", po::value(&capacity_factor_),
+        "drop token copies beyond ceil(tokens * topk / experts * factor) per expert and "
+        "micro-batch (default: dropless)")(
+        "moe-token-drop-policy", po::value(&drop_policy_),
+        "with a capacity factor: keep the highest routing weights (probs, default) or the "
+        "earliest tokens (position)")(
+        "moe-pad-expert-input-to-capacity", po::bool_switch(&pad_to_capacity_),
+        "with a capacity factor: accepted (Tessera computes the kept rows only; results are "
+        "the same)")(
+        "expert-model-parallel-size", po::value(&o.ep)->default_value(1),
+        "ranks the experts are split over, carved out of the data-parallel ranks (must "
+        "divide DP and --num-experts)")(
+        "moe-per-layer-logging", po::bool_switch(&o.train.moe_per_layer_logging),
+        "each MoE layer's tokens per expert over the log interval (min, max, coefficient of "
+        "variation, experts without tokens) and expert bias range: a line per layer, the "
+        "metrics file and TensorBoard");
   }
 
   void resolve(const OptionParser&, RunOptions& o, StartupNotes& notes) override {

@@ -69,6 +69,11 @@ class OptionGroup {
                        std::ostream& /*out*/) const {}
 };
 
+// Declares the model options of --help group `title` from the model's option table
+// (model/config_schema.hpp) into parser group `g`, with `m`'s fields as their targets
+// (train/options/model.cpp).
+void declare_model_options(po::options_description& g, const std::string& title, GPTConfig& m);
+
 // The groups, in --help's order (train/options/groups.cpp).
 std::vector<std::unique_ptr<OptionGroup>> make_option_groups();
 
