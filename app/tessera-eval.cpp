@@ -178,6 +178,10 @@ int main(int argc, char** argv) {
     trainer.load_checkpoint(load, /*model_only=*/true);
     const int64_t iters = eval_iters > 0 ? eval_iters : (samples + G - 1) / G;
     const double loss = trainer.evaluate(first, 0, iters);
+    if (std::isnan(loss))
+      throw ConfigError("no token of the " + which + " split's " + std::to_string(samples) +
+                        " samples evaluated counts toward the loss (the data's /loss_mask is 0 "
+                        "there): there is no loss to report");
     if (root)
       std::printf(
           "tessera-eval: %s | iteration %lld | %s split of %s: %lld samples, %lld tokens "

@@ -138,7 +138,13 @@ bool OptionParser::parse(int argc, const char* const* argv) {
   stray.add(kStray, -1);
   try {
     po::parsed_options parsed =
-        po::command_line_parser(argc, argv).options(with_stray).positional(stray).run();
+        po::command_line_parser(argc, argv)
+            .options(with_stray)
+            .positional(stray)
+            // No abbreviations (--train-iter for --train-iters), as Megatron's
+            // allow_abbrev=False and as the config file's keys.
+            .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
+            .run();
     for (size_t i = 0; i < parsed.options.size(); ++i) {
       const po::option& o = parsed.options[i];
       if (o.string_key != kStray) continue;
@@ -237,6 +243,23 @@ bool OptionParser::parse(int argc, const char* const* argv) {
             "; give it a value or leave the option out");
     }
     po::notify(vm_);
+  } catch (const po::unknown_option& e) {
+    // An abbreviation of one option: named.
+    std::string name = e.get_option_name(), whole;
+    const std::string bare = name.substr(name.find_first_not_of('-'));
+    int matches = 0;
+    for (const auto& g : groups_)
+      for (const auto& d : g->options())
+        if (d->long_name().rfind(bare, 0) == 0 && !bare.empty()) {
+          whole = d->long_name();
+          ++matches;
+        }
+    if (matches == 1)
+      throw ConfigError("unrecognised option '" + name +
+                        "': options are not abbreviated (as in "
+                        "Megatron-LM); did you mean --" +
+                        whole + "?");
+    throw ConfigError(std::string(e.what()) + " (run " + program_ + " --help for the options)");
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + " (run " + program_ + " --help for the options)");
   }

@@ -42,6 +42,9 @@ void FigureSink::add(const Figure& f, double value) {
 }
 
 std::string validation_loss_text(const std::string& where, double loss) {
+  if (std::isnan(loss))
+    return " validation loss at " + where +
+           " | none: no token of the samples evaluated counts toward the loss";
   char line[320];
   std::snprintf(line, sizeof line,
                 " validation loss at %s | lm loss value: %.9E | lm loss PPL: %.6E", where.c_str(),
@@ -93,6 +96,11 @@ void TrainingMetrics::collect(const StepStats& s) {
 
 void TrainingMetrics::record(const StepStats& s, int64_t consumed_samples) {
   const TrainConfig& cfg = c_.cfg;
+  if (s.not_run) {  // no loss, no line (Megatron's skipped iterations): the next line counts it
+    skipped_samples_ += s.global_batch;
+    ++skipped_iterations_;
+    return;
+  }
   if (tb_ && s.iteration % cfg.tensorboard_log_interval == 0) {
     // Megatron's tags; "vs samples" puts the consumed samples on the x axis.
     tb_->add_scalar("learning-rate", s.lr, s.iteration);
@@ -148,10 +156,17 @@ void TrainingMetrics::log_line(const StepStats& s, int64_t consumed_samples) {
       (long long)s.iteration, (long long)cfg.train_iters, (long long)consumed_samples, sec * 1e3,
       s.lr, gbs, loss, s.grad_norm, tok_s, gflops / 1e3);
   std::string line = buf;
+  if (skipped_iterations_ > 0)  // since the last line, not run (and not in its averages)
+    line += " | skipped iterations: " + std::to_string(skipped_iterations_) +
+            " | skipped samples: " + std::to_string(skipped_samples_);
   std::snprintf(buf, sizeof buf,
                 "{\"iteration\": %lld, \"consumed_samples\": %lld, \"global_batch_size\": %d, ",
                 (long long)s.iteration, (long long)consumed_samples, s.global_batch);
   std::string json = buf;
+  if (skipped_iterations_ > 0)
+    json += "\"skipped_iterations\": " + std::to_string(skipped_iterations_) +
+            ", \"skipped_samples\": " + std::to_string(skipped_samples_) + ", ";
+  skipped_iterations_ = skipped_samples_ = 0;
   json += "\"lm_loss\": " + json_number("%.17g", loss) + ", \"lr\": " + json_number("%.17g", s.lr) +
           ", \"grad_norm\": " + json_number("%.17g", s.grad_norm) +
           ", \"ms_per_iter\": " + json_number("%.4f", sec * 1e3) +

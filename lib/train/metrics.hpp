@@ -121,6 +121,8 @@ class TrainingMetrics {
   double interval_loss_ = 0, interval_loss_all_ = 0, interval_seconds_ = 0;
   int in_interval_ = 0, in_interval_updated_ = 0;
   int64_t interval_samples_ = 0;
+  // Iterations not run since the last line (StepStats::not_run) and their samples.
+  int64_t skipped_iterations_ = 0, skipped_samples_ = 0;
 };
 
 }  // namespace tessera

@@ -41,6 +41,14 @@ int default_threads(MPI_Comm node) {
     CPU_AND(&both, &mine, &other);
     sharing += CPU_COUNT(&both) > 0;
   }
+  // OMP_NUM_THREADS, as OpenMP reads it, when it is one positive number (a list is OpenMP's
+  // nesting: its first level).
+  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (end != env && (*end == '\0' || *end == ',') && v > 0 && v <= 4096)
+      return static_cast<int>(v);
+  }
   return std::max(1, CPU_COUNT(&mine) / std::max(1, sharing));
 }
 

@@ -14,7 +14,8 @@ namespace tessera {
 // Cores this process may run on (sched_getaffinity), at least 1.
 int affinity_cores();
 // This rank's share of its cores: affinity cores / ranks on the node whose masks overlap it, so
-// 8 unbound ranks on 2 cores run one thread each. node is MPI_COMM_TYPE_SHARED of the world.
+// 8 unbound ranks on 2 cores run one thread each; OMP_NUM_THREADS instead when it is set. node is
+// MPI_COMM_TYPE_SHARED of the world (collective over it).
 int default_threads(MPI_Comm node);
 // Sets the OpenMP and OpenBLAS thread counts.
 void set_num_threads(int n);

@@ -185,7 +185,7 @@ StepStats ResultValidator::skip_step(TrainState& state) const {
   StepStats st;
   st.iteration = state.iteration + 1;
   st.global_batch = cfg_.global_batch_at(ctx_.dp_size, state.consumed_samples);
-  st.skipped = true;
+  st.skipped = st.not_run = true;
   state.iteration = st.iteration;
   state.consumed_samples += st.global_batch;
   TLOG(info) << "iteration " << st.iteration << " skipped (--iterations-to-skip or the tracker "

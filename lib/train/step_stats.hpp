@@ -23,7 +23,11 @@ struct StepStats {
   double data_wait_seconds = 0;      // blocked waiting for this step's samples
   double loss_scale = 1;             // fp16: the scale this step's backward used
   bool skipped = false;              // fp16: gradients overflowed, no update (grad_norm is 0)
-  int global_batch = 0;              // samples of this step (changes during a batch-size ramp)
+  // Not run at all: --iterations-to-skip, the rerun tracker's skip, or a global batch in which no
+  // token counts toward the loss. Its samples are consumed; it has no loss and no log line (as
+  // Megatron's skipped iterations); the next line counts its samples.
+  bool not_run = false;
+  int global_batch = 0;  // samples of this step (changes during a batch-size ramp)
 };
 
 // Where training stands: what a checkpoint stores besides the model and the optimizer.

@@ -305,6 +305,22 @@ std::string warmup_past_the_run(const TrainConfig& t) {
                         t.lr, "; shorten the warm-up or lengthen the run");
 }
 
+namespace {
+// Iterations named by --iterations-to-skip and --error-injection-at lie within the run.
+void check_within_run(const TrainConfig& t) {
+  if (t.train_iters <= 0) return;
+  for (int64_t it : t.iterations_to_skip)
+    if (it > t.train_iters)
+      throw ConfigError(detail::concat("--iterations-to-skip ", it, " is beyond the run (",
+                                       t.train_iters, " iterations): it would never be skipped"));
+  for (const auto& [it, rank] : t.error_injection_at)
+    if (it > t.train_iters)
+      throw ConfigError(detail::concat("--error-injection-at ", it, ":", rank,
+                                       " is beyond the run (", t.train_iters,
+                                       " iterations): nothing would be injected"));
+}
+}  // namespace
+
 TrainConfig TrainConfig::resolved(int dp_size) const {
   using detail::concat;
   TrainConfig t = *this;
@@ -353,6 +369,7 @@ TrainConfig TrainConfig::resolved(int dp_size) const {
     t.train_samples = t.lr_decay_samples = t.lr_warmup_samples = t.lr_wsd_decay_samples = 0;
     t.lr_warmup_fraction = 0;
     check_wsd_length(t, *this);
+    check_within_run(t);
     return t;
   }
   auto iters = [&](int64_t samples, const char* option, const char* iter_option, int64_t given) {
@@ -404,6 +421,7 @@ TrainConfig TrainConfig::resolved(int dp_size) const {
   t.train_samples = t.lr_decay_samples = t.lr_warmup_samples = t.lr_wsd_decay_samples = 0;
   t.lr_warmup_fraction = 0;
   check_wsd_length(t, *this);
+  check_within_run(t);
   return t;
 }
 

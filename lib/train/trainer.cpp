@@ -2,6 +2,9 @@
 // (train/trainer.hpp).
 #include "train/trainer.hpp"
 
+#include <cmath>
+#include <limits>
+
 #include <algorithm>
 #include <utility>
 
@@ -110,7 +113,8 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
     metrics_->record(s, state_.consumed_samples);  // the log line, metrics file, TensorBoard
     if (eval_data && cfg_.eval_interval > 0 && s.iteration % cfg_.eval_interval == 0) {
       const double loss = evaluate_next(*eval_data, s.iteration / cfg_.eval_interval - 1);
-      metrics_->record_validation(s.iteration, loss, state_.consumed_samples);
+      if (!std::isnan(loss))
+        metrics_->record_validation(s.iteration, loss, state_.consumed_samples);
       progress(s.iteration);
     }
     checkpointer_->after_iteration(state_);  // a background save commits; a save when due
@@ -139,8 +143,18 @@ StepStats Trainer::train_step() {
   // mean over the global batch's loss tokens, as Megatron reports it.
   const double tokens = executor_->count_loss_tokens();
   st.loss_tokens = static_cast<int64_t>(tokens);
-  TESSERA_CHECK(st.loss_tokens > 0, "iteration ", st.iteration,
-                ": the global batch has no loss tokens");
+  if (st.loss_tokens == 0) {  // nothing to learn from: skipped, said (docs/data.md)
+    TLOG(warning) << "iteration " << st.iteration << ": no token of its global batch (samples "
+                  << state_.consumed_samples << " to "
+                  << state_.consumed_samples + st.global_batch - 1
+                  << ") counts toward the loss (the data's /loss_mask is 0 there, or every "
+                     "target is padding); the iteration is skipped: no update, its samples "
+                     "consumed";
+    st.skipped = st.not_run = true;
+    state_.iteration = st.iteration;
+    state_.consumed_samples += st.global_batch;
+    return st;
+  }
   // fp16: the loss gradient carries the loss scale; the gradients are unscaled after the
   // reduction. Scale 1 in f32 and bf16.
   st.loss_scale = optimizers_->loss_scale();
@@ -231,7 +245,12 @@ double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters)
     progress(state_.iteration);
   }
   ctx_.world->all_reduce_f64(&loss, 1, ReduceOp::Sum);
-  TESSERA_CHECK(tokens > 0, "evaluation over no loss tokens");
+  if (tokens == 0) {  // no loss to report: NaN, which validation_loss_text says as such
+    TLOG(warning) << "evaluation: no token of samples " << first << " to " << first + iters * G - 1
+                  << " of " << data.describe()
+                  << " counts toward the loss (its /loss_mask is 0 there): no loss";
+    return std::numeric_limits<double>::quiet_NaN();
+  }
   return loss / tokens;
 }
 

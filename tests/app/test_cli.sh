@@ -22,6 +22,23 @@ expect() {  # expect CODE PATTERN -- ARGS...
   fi
 }
 expect 2 "unrecognised option '--no-such-option'" -- --no-such-option
+# Issue 58: no abbreviations (Megatron's allow_abbrev=False), options of a feature the model lacks,
+# skips and injections beyond the run.
+expect 2 "unrecognised option '--train-iter': options are not abbreviated .*did you mean --train-iters\?" -- --train-iter 3
+expect 2 "unrecognised option '--first-last': .*did you mean --first-last-layers-bf16\?" -- --train-iters 3 --first-last
+expect 2 "--q-lora-rank has no effect without --multi-latent-attention" -- --train-iters 3 --q-lora-rank 4
+expect 2 "--kv-lora-rank has no effect without --multi-latent-attention" -- --train-iters 3 --kv-lora-rank 4
+expect 2 "--moe-router-topk has no effect without --num-experts" -- --train-iters 3 --moe-router-topk 1
+expect 2 "--moe-router-num-groups has no effect without --num-experts" -- --train-iters 3 --moe-router-num-groups 2
+expect 2 "--iterations-to-skip 99 is beyond the run \(3 iterations\)" -- --train-iters 3 --iterations-to-skip 99
+expect 2 "--error-injection-at 10:0 is beyond the run \(3 iterations\)" -- --train-iters 3 --rerun-mode validate_results --error-injection-at 10
+# OMP_NUM_THREADS is the thread count when --threads is not given (issue 58).
+out=$(OMP_NUM_THREADS=3 "$bin" --config "$configs/gpt2-tiny.ini" --mock-data --train-iters 1 --device cpu 2>&1)
+if grep -q ", 3 threads per rank" <<<"$out"; then echo "ok: OMP_NUM_THREADS=3 -> 3 threads"; else
+  echo "FAIL: OMP_NUM_THREADS=3 not taken: $(grep 'threads per rank' <<<"$out")"; fail=1; fi
+out=$(OMP_NUM_THREADS=3 "$bin" --config "$configs/gpt2-tiny.ini" --mock-data --train-iters 1 --device cpu --threads 1 2>&1)
+if grep -q ", 1 threads per rank" <<<"$out"; then echo "ok: --threads 1 over OMP_NUM_THREADS"; else
+  echo "FAIL: --threads 1 not taken: $(grep 'threads per rank' <<<"$out")"; fail=1; fi
 expect 2 "num-attention-heads=5 must divide --hidden-size=64" -- --hidden-size 64 --num-attention-heads 5
 expect 2 "seq-length=256 exceeds --max-position-embeddings=128" -- --seq-length 256 --max-position-embeddings 128
 expect 2 "micro-batch-size=0" -- --micro-batch-size 0

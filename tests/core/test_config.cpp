@@ -415,7 +415,7 @@ TEST(ConfigSchema, EveryModelOptionIsDeclaredFromTheTable) {
   for (const Declared& x : d.seen)
     EXPECT_NE(help.find("  --" + x.name + " "), std::string::npos) << x.name << " not in --help";
   ASSERT_TRUE(parse({"--disable-bias-linear", "--kv-channels", "24", "--rotary-base", "500000",
-                     "--moe-layer-freq", "[1,0]", "--hidden-dropout", "0.25"},
+                     "--num-experts", "2", "--moe-layer-freq", "[1,0]", "--hidden-dropout", "0.25"},
                     o));
   EXPECT_FALSE(o.model.add_bias_linear);
   EXPECT_EQ(o.model.kv_channels, 24);

@@ -131,3 +131,53 @@ TEST(LossMask, EvaluatingMaskedDataLeavesUnmaskedTrainingAlone) {
   }
   EXPECT_EQ(plain, evaluated);
 }
+
+// A global batch in which no token counts toward the loss (issue 58): the iteration is skipped
+// (no update, its samples consumed, said in a warning), with and without the per-token loss, and
+// the next one trains on the next samples; evaluating only such samples has no loss (NaN).
+TEST(LossMask, AGlobalBatchWithoutCountedTokensIsSkipped) {
+  // Samples 4..7 (the second global batch) have no counted target; 0..3 and 8..11 do.
+  MaskedSamples half = samples(false);
+  std::vector<std::vector<int32_t>> t;
+  std::vector<std::vector<uint8_t>> m;
+  for (int s = 0; s < 12; ++s) {
+    t.push_back(half.tokens_[static_cast<size_t>(s % 4)]);
+    m.push_back(s / 4 == 1 ? std::vector<uint8_t>(kSeq + 1, 0)
+                           : half.masks_[static_cast<size_t>(s % 4)]);
+  }
+  MaskedSamples data(kSeq, t, m);
+  const GPTConfig cfg = testing_util::small_gpt(32, 4, kSeq, kVocab);
+  for (bool per_token : {false, true}) {
+    TrainConfig tc = testing_util::tiny_schedule();
+    tc.micro_batch_size = 2;
+    tc.global_batch_size = 4;
+    tc.train_iters = 3;
+    tc.per_token_loss = per_token;
+    auto be = make_cpu_backend();
+    Trainer tr(cfg, tc, *be, data);
+    const std::vector<StepStats> steps = tr.train();
+    ASSERT_EQ(steps.size(), 3u);
+    EXPECT_FALSE(steps[0].not_run);
+    EXPECT_TRUE(steps[1].not_run && steps[1].skipped);
+    EXPECT_EQ(steps[1].iteration, 2);
+    EXPECT_EQ(steps[1].global_batch, 4);
+    EXPECT_FALSE(steps[2].not_run);
+    EXPECT_TRUE(std::isfinite(steps[2].loss) && steps[2].loss > 1.0);
+    EXPECT_GT(steps[2].grad_norm, 0);
+    EXPECT_EQ(tr.iteration(), 3);
+    // Iteration 3 read samples 8..11 (those of 0..3) after one update: the loss of iteration 2 of
+    // a run without the empty batch, bitwise.
+    {
+      MaskedSamples plain = samples(false);
+      TrainConfig pc = tc;
+      pc.train_iters = 2;
+      auto be2 = make_cpu_backend();
+      Trainer p(cfg, pc, *be2, plain);
+      const std::vector<StepStats> ps = p.train();
+      EXPECT_EQ(steps[0].loss, ps[0].loss);
+      EXPECT_EQ(steps[2].loss, ps[1].loss);
+    }
+    EXPECT_TRUE(std::isnan(tr.evaluate(data, 4, 1)));
+    EXPECT_TRUE(std::isfinite(tr.evaluate(data, 0, 1)));
+  }
+}

@@ -163,7 +163,15 @@ skip = {json.loads(l)["iteration"]: json.loads(l) for l in open(sys.argv[2])}
 assert skip[4]["consumed_samples"] == clean[4]["consumed_samples"] == 32
 assert skip[4]["lr"] == clean[3]["lr"], (skip[4]["lr"], clean[3]["lr"])  # the schedule did not advance
 assert skip[4]["lm_loss"] != clean[4]["lm_loss"]
+# Megatron's record of a skipped iteration: no loss line; the next line counts it.
+assert 3 not in skip, skip.get(3)
+assert skip[4]["skipped_iterations"] == 1 and skip[4]["skipped_samples"] == 8, skip[4]
+assert "skipped_iterations" not in skip[2] and "skipped_iterations" not in skip[5]
 EOF
+grep -q "iteration        3/" "$work/skip.log" && bad "skip: iteration 3 has a log line: $(grep 'iteration        3/' "$work/skip.log")" ||
+  ok "skip: no log line for iteration 3"
+grep -q "iteration        4/.*| skipped iterations: 1 | skipped samples: 8" "$work/skip.log" &&
+  ok "skip: iteration 4's line counts the skipped one" || bad "skip: iteration 4's line: $(grep 'iteration        4/' "$work/skip.log")"
 
 # --- a real NaN on both ranks: 16, 17 elsewhere, and the next launch stops at once ---
 if [ $can_unshare = 1 ]; then

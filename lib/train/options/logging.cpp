@@ -80,8 +80,9 @@ class LoggingOptions : public OptionGroup {
             "no progress for this long (a rank died or hangs) ends the job with an error naming "
             "the "
             "rank (0: wait forever)")("threads", po::value(&o.threads)->default_value(0),
-                                      "OpenMP/BLAS threads per rank (0: this rank's share of the "
-                                      "cores in its affinity mask)")(
+                                      "OpenMP/BLAS threads per rank (0: OMP_NUM_THREADS when it is "
+                                      "set, else this rank's share of the cores in its affinity "
+                                      "mask)")(
             "device", po::value(&o.device)->default_value("auto"),
             "cpu | cuda | auto (cuda when a GPU is visible and the build has CUDA); each rank "
             "takes the GPU of its local rank")("profile", po::bool_switch(&t.profile),

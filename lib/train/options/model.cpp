@@ -1,5 +1,6 @@
 // model.cpp: the model's options (shape, architecture, dropout), their checks and the model's
 // --dry-run lines (parameter count, architecture).
+#include <algorithm>
 #include <cstdio>
 #include <ostream>
 
@@ -57,6 +58,10 @@ class ModelOptions : public OptionGroup {
 
   void resolve(const OptionParser& p, RunOptions& o, StartupNotes&) override {
     GPTConfig& m = o.model;
+    refuse_unused_model_options(
+        p, "Multi-latent attention (DeepSeek)", m.multi_latent_attention,
+        "--multi-latent-attention",
+        {"multi-latent-attention", "mtp-num-layers", "mtp-loss-scaling-factor"});
     if (p.given("num-query-groups") && !m.group_query_attention)
       throw ConfigError(detail::concat("--num-query-groups=", m.num_query_groups,
                                        " needs --group-query-attention (without it every head has "
@@ -105,6 +110,17 @@ class ModelOptions : public OptionGroup {
 void declare_model_options(po::options_description& g, const std::string& title, GPTConfig& m) {
   ParserDeclarer d(g);
   declare_model_options(title, d, m);
+}
+
+void refuse_unused_model_options(const OptionParser& p, const std::string& title, bool has,
+                                 const std::string& feature,
+                                 const std::vector<std::string>& except) {
+  if (has) return;
+  for (const ModelField& f : model_fields())
+    if (f.group == title && f.declare && p.given(f.option) &&
+        std::find(except.begin(), except.end(), f.option) == except.end())
+      throw ConfigError(p.with_origins("--" + f.option + " has no effect without " + feature +
+                                       ": give that, or leave it out"));
 }
 
 std::unique_ptr<OptionGroup> make_model_options() {

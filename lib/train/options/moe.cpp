@@ -36,8 +36,10 @@ class MoEOptions : public OptionGroup {
         "metrics file and TensorBoard");
   }
 
-  void resolve(const OptionParser&, RunOptions& o, StartupNotes& notes) override {
+  void resolve(const OptionParser& p, RunOptions& o, StartupNotes& notes) override {
     GPTConfig& m = o.model;
+    refuse_unused_model_options(p, "Mixture of Experts", m.num_experts > 0,
+                                "--num-experts (a MoE model)", {"num-experts"});
     // Megatron-Core ignores --moe-router-pre-softmax with sigmoid scores (DeepSeek-V3's scripts
     // pass both): accepted, and said so.
     if (m.moe_router_pre_softmax && m.moe_router_score_function == "sigmoid") {

@@ -73,6 +73,12 @@ class OptionGroup {
 // (model/config_schema.hpp) into parser group `g`, with `m`'s fields as their targets
 // (train/options/model.cpp).
 void declare_model_options(po::options_description& g, const std::string& title, GPTConfig& m);
+// ConfigError for an option of group `title` given (command line or config file) although the
+// model lacks the feature the group is about (`feature`, e.g. "--num-experts (a MoE model)"):
+// it would be ignored. `except`: the options that choose the feature.
+void refuse_unused_model_options(const OptionParser& p, const std::string& title, bool has,
+                                 const std::string& feature,
+                                 const std::vector<std::string>& except);
 
 // The groups, in --help's order (train/options/groups.cpp).
 std::vector<std::unique_ptr<OptionGroup>> make_option_groups();
