@@ -85,6 +85,19 @@ struct InferenceSetup {
     set_seq_length(cfg, seq_length, L.checkpoint->path());
     L.context = seq_length > 0 ? seq_length : cfg.max_positions();
     if (with_tokenizer) {
+      // The tokenizer the model was trained with: the checkpoint names it (its training data's),
+      // and the default one (GPT-2's files) is only right for a GPT-2 vocabulary.
+      const std::string& recorded = L.checkpoint->meta().tokenizer;
+      const std::string named = recorded.empty() ? "" : " (tokenizer '" + recorded + "')";
+      const bool defaults = tokenizer.type == "GPT2BPETokenizer" && tokenizer.model.empty() &&
+                            tokenizer.vocab_file == "data/gpt2/encoder.json" &&
+                            tokenizer.merge_file == "data/gpt2/vocab.bpe";
+      if (defaults && (cfg.vocab_size != 50257 || (!recorded.empty() && recorded != "gpt2-bpe")))
+        throw ConfigError(detail::concat(
+            "the checkpoint's model has a vocabulary of ", cfg.vocab_size, " tokens", named,
+            ", not GPT-2's (the default tokenizer): give the tokenizer it was trained with "
+            "(--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR, or --vocab-file and "
+            "--merge-file), or prompts as ids (--prompt-ids)"));
       L.tokenizer = load_tokenizer(tokenizer);
       if (L.tokenizer->vocab_size() != cfg.vocab_size)
         throw ConfigError(detail::concat(
@@ -92,6 +105,14 @@ struct InferenceSetup {
             tokenizer.type == "HuggingFaceTokenizer" ? tokenizer.model : tokenizer.vocab_file, ") ",
             L.tokenizer->vocab_size(),
             "; use the tokenizer the model was trained with, or --prompt-ids"));
+      if (!recorded.empty() && L.tokenizer->name() != recorded)
+        throw ConfigError(
+            "the checkpoint was trained on data made with tokenizer '" + recorded +
+            "', the one given (" +
+            (tokenizer.type == "HuggingFaceTokenizer" ? tokenizer.model : tokenizer.vocab_file) +
+            ") is '" + L.tokenizer->name() +
+            "': give the tokenizer the data was preprocessed with (another one maps the ids to "
+            "other text)");
     }
     validate_model_layout(cfg, tp, pp);  // heads, key/value heads, ffn width, layers
     L.backend = make_rank_backend(*L.grid, device);

@@ -61,7 +61,9 @@ int verify(int argc, char** argv) {
   if (r.iteration >= 0 || r.tp_size > 0) {
     summary += " (";
     if (r.iteration >= 0) summary += "iteration " + std::to_string(r.iteration) + ", ";
-    summary += "TP " + std::to_string(r.tp_size) + " x PP " + std::to_string(r.pp_size) + ")";
+    summary += r.tp_size > 0
+                   ? "TP " + std::to_string(r.tp_size) + " x PP " + std::to_string(r.pp_size) + ")"
+                   : std::string("layout unreadable)");
   }
   char figures[256];
   std::snprintf(figures, sizeof figures,

@@ -39,7 +39,7 @@ uint64_t parse_byte_size(const std::string& text, const std::string& option) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool to_hf = false;
+  bool to_hf = false, overwrite = false;
   std::string from_hf, load, save;
   int tp = 1, pp = 1, ep = 1, divisible = 128, seq_length = 0;
   std::string export_dtype, max_shard = "5GB", hf_architecture;
@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
             "export-dtype", po::value(&export_dtype),
             "with --to-hf: bf16 | f32 | f16 (default: bf16 for Llama, f32 for GPT-2, which is "
             "written in f32 only)")(
+            "overwrite", po::bool_switch(&overwrite),
+            "with --to-hf: replace the Hugging Face model already in --save (refused without "
+            "it)")(
             "max-shard-size", po::value(&max_shard)->default_value("5GB"),
             "with --to-hf (Llama): largest safetensors file, e.g. 5GB, 500MB or bytes; larger "
             "models are split into shards with model.safetensors.index.json");
@@ -96,6 +99,15 @@ int main(int argc, char** argv) {
     if (to_hf) {
       if (load.empty()) throw ConfigError("--to-hf needs --load CKPT");
       CheckpointReader ckpt(load);
+      // An export into a directory that holds one replaces it only when asked (a training
+      // --save is protected the same way).
+      if (!overwrite) {
+        std::error_code ec;
+        for (const char* f : {"config.json", "model.safetensors", "model.safetensors.index.json"})
+          if (std::filesystem::exists(std::filesystem::path(save) / f, ec))
+            throw ConfigError("--save '" + save + "' already holds a Hugging Face model (" + f +
+                              "): give a new or empty directory, or --overwrite to replace it");
+      }
       const bool llama = ckpt.meta().model.rope();
       if (!llama && !hf_architecture.empty())
         throw ConfigError("--hf-architecture=" + hf_architecture + ": checkpoint '" + ckpt.path() +

@@ -177,7 +177,21 @@ int main(int argc, char** argv) {
     Trainer trainer(cfg, t, *be, first, ctx);
     trainer.load_checkpoint(load, /*model_only=*/true);
     const int64_t iters = eval_iters > 0 ? eval_iters : (samples + G - 1) / G;
-    const double loss = trainer.evaluate(first, 0, iters);
+    if (root && eval_iters > 0 && samples > ds->num_samples())
+      std::fprintf(stderr,
+                   "tessera-eval: note: --eval-iters %lld x %lld samples = %lld samples, the %s "
+                   "split holds %lld: its samples repeat (in further epochs, as training's "
+                   "evaluation draws them)\n",
+                   (long long)eval_iters, (long long)G, (long long)samples, which.c_str(),
+                   (long long)ds->num_samples());
+    Timer clock;
+    double said = 0;  // a progress line every 10 s
+    const double loss = trainer.evaluate(first, 0, iters, [&](int64_t done, int64_t total) {
+      if (!root || done == total || clock.seconds() - said < 10) return;
+      said = clock.seconds();
+      std::fprintf(stderr, "tessera-eval: %lld of %lld batches evaluated (%.0f s)\n",
+                   (long long)done, (long long)total, said);
+    });
     if (std::isnan(loss))
       throw ConfigError("no token of the " + which + " split's " + std::to_string(samples) +
                         " samples evaluated counts toward the loss (the data's /loss_mask is 0 "

@@ -166,6 +166,12 @@ int main(int argc, char** argv) {
       int64_t longest = 0;
       for (const auto& p : prompts) longest = std::max<int64_t>(longest, p.size());
       const int64_t context = std::min<int64_t>(L.context, longest + g.max_new_tokens);
+      if (root && longest + g.max_new_tokens > L.context && longest < L.context)
+        std::cerr << "tessera-generate: warning: --max-new-tokens " << g.max_new_tokens
+                  << ": the longest prompt (" << longest << " tokens) leaves room for "
+                  << L.context - longest << " new tokens in the context of " << L.context
+                  << " positions (--seq-length, or the model's): generating at most those"
+                  << std::endl;
       const bool stream = root && tty && prompts.size() == 1 && tok && !beam;
       if (stream) std::cout << texts[0] << std::flush;
       GenerationResult r;

@@ -134,6 +134,7 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
   h5_write_attr(f, "has_optimizer", static_cast<int64_t>(m.has_optimizer));
   h5_write_attr(f, "config", m.config_text);
   if (!m.rerun_state.empty()) h5_write_attr(f, "rerun_state", m.rerun_state);
+  if (!m.tokenizer.empty()) h5_write_attr(f, "tokenizer", m.tokenizer);
 }
 
 }  // namespace
@@ -154,9 +155,10 @@ const std::vector<std::string>& checkpoint_file_attributes() {
                                "rerun_state",
                                "seed"};
     for (const std::string& a : model_attribute_names()) n.push_back(a);
-    for (const char* a : {"padded_vocab_size", "tensor_model_parallel_size",
-                          "pipeline_model_parallel_size", "data_parallel_size", "tp_rank", "layers",
-                          "virtual_pipeline_model_parallel_size", "has_optimizer", "config"})
+    for (const char* a :
+         {"padded_vocab_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+          "data_parallel_size", "tp_rank", "layers", "virtual_pipeline_model_parallel_size",
+          "has_optimizer", "config", "tokenizer"})
       n.push_back(a);
     return n;
   }();
@@ -356,6 +358,7 @@ CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
   meta.has_optimizer = x != 0;
   h5_read_attr(f, "config", meta.config_text);
   h5_read_attr(f, "rerun_state", meta.rerun_state);  // optional: a rerun pending
+  h5_read_attr(f, "tokenizer", meta.tokenizer);      // optional: the data's tokenizer
 
   return meta;
 }

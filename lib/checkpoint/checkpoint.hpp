@@ -47,6 +47,9 @@ struct CheckpointMeta {
   int tp_size = 1, pp_size = 1, dp_size = 1;
   bool has_optimizer = true;
   std::string config_text;  // the run's options, INI
+  // The tokenizer of the training data (its shards' `tokenizer`: "gpt2-bpe", "hf:..."); empty
+  // for mock data, an import, or a checkpoint before it was recorded. Generation checks it.
+  std::string tokenizer;
   // fp16 dynamic loss scaling state (optional attributes; absent in f32/bf16 runs).
   bool has_loss_scale = false;
   double loss_scale = 0;

@@ -121,6 +121,24 @@ std::string flag_of(const po::option& o) {
              : o.original_tokens[0].substr(0, o.original_tokens[0].find('='));
 }
 
+// What an option's value must be, for the error of a value that is not one (": it takes a whole
+// number"), from its declared type; "" for other types.
+std::string value_kind(const po::options_description& all, const std::string& option) {
+  const std::string bare = option.substr(std::min(option.find_first_not_of('-'), option.size()));
+  const po::option_description* d = all.find_nothrow(bare, false);
+  if (!d) return "";
+  const po::value_semantic* v = d->semantic().get();
+  if (dynamic_cast<const po::typed_value<int>*>(v) ||
+      dynamic_cast<const po::typed_value<int64_t>*>(v) ||
+      dynamic_cast<const po::typed_value<long long>*>(v) ||
+      dynamic_cast<const po::typed_value<uint64_t>*>(v))
+    return ": it takes a whole number";
+  if (dynamic_cast<const po::typed_value<double>*>(v) ||
+      dynamic_cast<const po::typed_value<float>*>(v))
+    return ": it takes a number";
+  return "";
+}
+
 }  // namespace
 
 bool OptionParser::parse(int argc, const char* const* argv) {
@@ -221,6 +239,9 @@ bool OptionParser::parse(int argc, const char* const* argv) {
         }
         file.options = std::move(kept_file);
         po::store(file, vm_);
+      } catch (const po::invalid_option_value& e) {
+        throw ConfigError("config file '" + path + "': " + e.what() +
+                          value_kind(all, e.get_option_name()));
       } catch (const po::error& e) {
         throw ConfigError("config file '" + path + "': " + e.what() +
                           " (keys are the command-line option names without dashes; see --help)");
@@ -243,9 +264,21 @@ bool OptionParser::parse(int argc, const char* const* argv) {
             "; give it a value or leave the option out");
     }
     po::notify(vm_);
+  } catch (const po::invalid_option_value& e) {
+    throw ConfigError(std::string(e.what()) + value_kind(all, e.get_option_name()) + " (run " +
+                      program_ + " --help for the options)");
   } catch (const po::unknown_option& e) {
-    // An abbreviation of one option: named.
     std::string name = e.get_option_name(), whole;
+    // A negative number is read as an option: a blend weight (which must be positive), or a value
+    // that needs --name=VALUE.
+    if (name.size() > 1 && name[0] == '-' &&
+        (std::isdigit(static_cast<unsigned char>(name[1])) || name[1] == '.'))
+      throw ConfigError("'" + name +
+                        "' is not an option: a negative number is read as one (blend weights of "
+                        "--data-path and the like must be positive; give another negative value "
+                        "as --option=" +
+                        name + ")");
+    // An abbreviation of one option: named.
     const std::string bare = name.substr(name.find_first_not_of('-'));
     int matches = 0;
     for (const auto& g : groups_)

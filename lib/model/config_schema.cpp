@@ -70,10 +70,20 @@ void shape_fields(std::vector<ModelField>& t) {
                   .required()
                   .written_as([](const C& c) { return int64_t(c.max_positions()); })
                   .help(G, "positions of the model (0: seq-length)"));
-  t.push_back(Int("vocab-size", "vocab_size", &C::vocab_size)
-                  .range(1, 1 << 30)
-                  .required()
-                  .help(G, "vocabulary size (0: from the data's shards; 512 for mock data)"));
+  {  // the vocabulary: given, or the data's (the mismatch names both origins)
+    ModelField f = Int("vocab-size", "vocab_size", &C::vocab_size)
+                       .range(1, 1 << 30)
+                       .required()
+                       .help(G, "vocabulary size (0: from the data's shards; 512 for mock data)");
+    f.mismatch = [](const C& m, const C& c, const std::string& path) {
+      if (m.vocab_size == c.vocab_size) return std::string();
+      return concat("checkpoint '", path, "' has a vocabulary of ", m.vocab_size,
+                    " tokens but this run's has ", c.vocab_size,
+                    " (--vocab-size, or the tokenizer of the data's shards when it is left out): "
+                    "train on data preprocessed with the checkpoint's tokenizer");
+    };
+    t.push_back(f);
+  }
   t.push_back(Int("make-vocab-size-divisible-by", "make_vocab_size_divisible_by",
                   &C::make_vocab_size_divisible_by)
                   .range(1, 1 << 16)

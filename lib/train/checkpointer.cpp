@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "checkpoint/verify.hpp"
@@ -119,6 +120,7 @@ CheckpointMeta TrainingCheckpointer::make_meta(const TrainState& state) const {
   meta.dp_size = ctx_.dp_size;
   meta.has_optimizer = !cfg_.no_save_optim;
   meta.config_text = cfg_.config_text;
+  meta.tokenizer = cfg_.data_tokenizer;
   meta.rerun_state = state.rerun_state;
   const LossScaler& scaler = optimizers_.scaler();
   if (scaler.is_dynamic()) {
@@ -383,6 +385,34 @@ void TrainingCheckpointer::finish_async(bool blocking) {
 
 // ---- loading ----------------------------------------------------------------------------------
 
+namespace {
+// Whether the checkpoint --load `dir` names is damaged on disk, as verify finds it: `latest`
+// naming a missing iteration (or no number), a missing, empty or truncated shard, unreadable
+// attributes, a checksum. Not: the run's options against an intact checkpoint.
+bool damaged_on_disk(const std::string& dir) {
+  const std::string latest = dir + "/latest_checkpointed_iteration.txt";
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(latest, ec)) {
+    std::ifstream in(latest);
+    int64_t it = -1;
+    if (!(in >> it) || it < 0) return true;
+    if (!std::filesystem::is_directory(dir + "/" + iteration_dir_name(it), ec)) return true;
+  }
+  try {
+    return !verify_checkpoint(dir).clean();
+  } catch (const ConfigError&) {
+    return true;
+  }
+}
+
+// "2, 4, 6" (or "none").
+std::string iterations_text(const std::vector<int64_t>& its) {
+  std::string out;
+  for (int64_t i : its) out += (out.empty() ? "" : ", ") + std::to_string(i);
+  return out.empty() ? "none" : out;
+}
+}  // namespace
+
 TrainState TrainingCheckpointer::load_checked(const std::string& dir, bool model_only,
                                               bool load_optimizer, bool fallback,
                                               const RerunTracker& tracker) {
@@ -392,19 +422,35 @@ TrainState TrainingCheckpointer::load_checked(const std::string& dir, bool model
     state = load(dir, model_only, load_optimizer);
   } catch (const CheckpointDamaged& e) {
     damage = e.what();
+  } catch (const ConfigError& e) {
+    // A checkpoint that cannot be read whole is damaged too (verify finds it); another error
+    // (the run's options against an intact checkpoint) is the user's to fix, not to fall back.
+    if (dynamic_cast<const AgreedConfigError*>(&e) || !damaged_on_disk(dir)) throw;
+    damage = e.what();
   }
   damage = first_message(*ctx_.world, damage);  // a damaged file some ranks read: every rank's
   if (damage.empty()) return state;
   // Rank 0 reads the older checkpoints of the directory whole, newest first, until one verifies.
   std::vector<double> found{-1.0};
+  std::vector<int64_t> present;                         // rank 0's listing, for the messages
   const int64_t named = parse_iteration_dir_name(dir);  // --load iter_N: its --save directory
   std::string save_dir = dir;
   if (named >= 0) save_dir = std::filesystem::path(dir).lexically_normal().parent_path().string();
   if (save_dir.empty()) save_dir = ".";
   if (ctx_.world_rank == 0) {
-    const int64_t bad = named >= 0 ? named : parse_iteration_dir_name(resolve_checkpoint_dir(dir));
+    int64_t bad = named;  // the damaged iteration: older ones are candidates
+    if (bad < 0) {
+      try {
+        bad = parse_iteration_dir_name(resolve_checkpoint_dir(dir));
+      } catch (const ConfigError&) {  // `latest` names a missing iteration: that one
+        std::ifstream in(dir + "/latest_checkpointed_iteration.txt");
+        if (!(in >> bad)) bad = -1;
+      }
+    }
     std::vector<int64_t> its = checkpoint_iterations(save_dir);
-    std::sort(its.rbegin(), its.rend());
+    std::sort(its.begin(), its.end());
+    present = its;
+    std::reverse(its.begin(), its.end());
     for (int64_t it : its) {
       if (bad >= 0 && it >= bad) continue;
       try {
@@ -418,13 +464,18 @@ TrainState TrainingCheckpointer::load_checked(const std::string& dir, bool model
   }
   broadcast_f64(*ctx_.world, found, 0);
   const int64_t it = static_cast<int64_t>(found[0]);
+  // The iterations present, from rank 0 (which lists the directory), for the messages.
+  std::vector<double> listed(present.begin(), present.end());
+  broadcast_f64(*ctx_.world, listed, 0);
+  present.assign(listed.begin(), listed.end());
   if (it < 0)
-    throw AgreedConfigError(damage + "; no older checkpoint in '" + save_dir + "' verifies");
+    throw AgreedConfigError(damage + "; no older checkpoint in '" + save_dir +
+                            "' verifies (iterations present: " + iterations_text(present) + ")");
   const std::string older = save_dir + "/" + iteration_dir_name(it);
   if (!fallback)
     throw AgreedConfigError(damage + "; the newest checkpoint that verifies is iteration " +
-                            std::to_string(it) + " (" + older +
-                            "): resume from it with --load-fallback");
+                            std::to_string(it) + " (" + older + "; iterations present: " +
+                            iterations_text(present) + "): resume from it with --load-fallback");
   if (ctx_.world_rank == 0) {
     TLOG(warning) << damage << "; --load-fallback: loading iteration " << it << " instead ("
                   << older << ", verified whole)";
@@ -451,7 +502,8 @@ TrainState TrainingCheckpointer::load(const std::string& dir, bool model_only,
   // The routers' expert biases are model state: loaded with the weights (or a line says why not).
   if (const std::string why = restore_router_state(r, model_); !why.empty()) TLOG(info) << why;
   if (!model_only)  // FP8's delayed scaling continues where it was (or a line says why not)
-    if (const std::string why = restore_fp8_state(r, model_, be_); !why.empty()) TLOG(info) << why;
+    if (const std::string why = restore_fp8_state(r, model_, be_); !why.empty())
+      TLOG(warning) << why;
   // The sample-based schedule's position: stored by a ramped run; otherwise every consumed
   // sample was an update's (a constant batch without skipped steps).
   const int64_t lr_samples = !optimizer                   ? 0

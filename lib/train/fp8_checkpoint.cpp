@@ -1,6 +1,11 @@
 // fp8_checkpoint.cpp: FP8's delayed-scaling state in checkpoints (train/fp8_checkpoint.hpp).
 #include "train/fp8_checkpoint.hpp"
 
+#include <map>
+#include <utility>
+
+#include "core/ini.hpp"
+
 namespace tessera {
 
 namespace {
@@ -61,6 +66,21 @@ std::string restore_fp8_state(const CheckpointReader& r, GPTModel& model, Backen
     return "checkpoint " + r.path() + " holds an amax history of " +
            std::to_string(stored / cols - 1) + " steps, this run's --fp8-amax-history-len is " +
            std::to_string(H) + ": the amax histories start empty and the scales at 1";
+  // The scales belong to the saved run's formats, margin and amax algorithm (its options, saved
+  // with the checkpoint): under others the state starts afresh, said (older checkpoints' options
+  // may lack a key: not compared).
+  const std::map<std::string, std::string> saved = ini_values(r.meta().config_text);
+  const Fp8Config& c = f.config();
+  const std::pair<const char*, std::string> now[] = {
+      {"fp8-format", c.hybrid ? "hybrid" : "e4m3"},
+      {"fp8-amax-compute-algo", c.amax_most_recent ? "most_recent" : "max"},
+      {"fp8-margin", std::to_string(c.margin)}};
+  for (const auto& [key, mine] : now)
+    if (const auto it = saved.find(key); it != saved.end() && it->second != mine)
+      return "checkpoint " + r.path() + " holds FP8 scales for --" + key + " " + it->second +
+             ", this run has " + mine +
+             ": the amax histories start empty and the scales at 1 (resume with --" + key + " " +
+             it->second + " to keep them)";
   std::vector<float> history(static_cast<size_t>(H * n)), scales(static_cast<size_t>(n));
   std::vector<float> t(static_cast<size_t>(stored));
   for (size_t li = 0; li < layers.size(); ++li) {

@@ -120,7 +120,15 @@ void ResultValidator::start(const std::string& rerun_state, int64_t next_iterati
              << (tracker_.enabled() ? tracker_.path() : std::string("none"));
   int64_t it = -1;
   std::vector<Failure> failures;
-  if (rerun_state.empty() || mode_ != Mode::ValidateResults) return;
+  if (rerun_state.empty()) return;
+  if (mode_ != Mode::ValidateResults) {  // the pending diagnosis is dropped: said
+    TLOG(warning) << "result validation: the checkpoint holds a pending rerun of iteration "
+                  << next_iteration << " on other hardware (saved at exit 16); --rerun-mode "
+                  << cfg_.rerun_mode
+                  << " does not run it, and the diagnosis is dropped (relaunch with --rerun-mode "
+                     "validate_results to finish it)";
+    return;
+  }
   if (!decode_state(rerun_state, it, failures) || it != next_iteration) {
     TLOG(warning) << "result validation: the checkpoint's pending rerun does not apply to this "
                      "run (another world size or iteration); ignored";

@@ -173,7 +173,8 @@ std::unique_ptr<TokenDataset> open_train_data(RunOptions& o) {
   // The vocabulary is known once the first corpus is open; the datasets need only the length.
   auto ds = open_blend(o, Split::Train, o.data_meta, o.data_meta_prefix);
   TESSERA_CHECK(ds, "no training data");
-  o.train.documents.eod = o.data_meta.eod_id;  // every corpus of the blend has the same
+  o.train.documents.eod = o.data_meta.eod_id;      // every corpus of the blend has the same
+  o.train.data_tokenizer = o.data_meta.tokenizer;  // checkpoints record it for generation
   const int64_t vocab = o.data_meta.vocab_size;
   if (o.model.vocab_size == 0) {
     o.model.vocab_size = vocab;

@@ -119,7 +119,8 @@ struct TrainConfig {
   // Megatron's --async-save: the loop blocks only while the state is staged in host memory; the
   // write, its verification and the commit complete in the background.
   bool async_save = false;
-  std::string config_text;  // the run's options (INI), stored in every checkpoint
+  std::string config_text;     // the run's options (INI), stored in every checkpoint
+  std::string data_tokenizer;  // the training shards' tokenizer name, stored too ("": mock data)
   // Stopping early (Megatron's): after an iteration divisible by exit_interval, or once
   // exit_duration_mins have passed; both save a checkpoint first when --save is set.
   int64_t exit_interval = 0;

@@ -227,7 +227,8 @@ double Trainer::evaluate_at_end(const TokenDataset& data) {
   return evaluate_next(data, cfg_.eval_interval > 0 ? state_.iteration / cfg_.eval_interval : 0);
 }
 
-double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters) {
+double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters,
+                         const std::function<void(int64_t, int64_t)>& batch_done) {
   sync_params();
   TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "evaluation data has sequence length ",
                 data.seq_length(), ", the model ", model_cfg_.seq_length);
@@ -243,6 +244,7 @@ double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters)
         executor_->run(false, 0, executor_->first_sample(state_.consumed_samples), 0.0f, 1.0f, st);
     loss += (ctx_.last_stage() && ctx_.tp_rank == 0) ? sum : 0.0;
     progress(state_.iteration);
+    if (batch_done) batch_done(it + 1, iters);
   }
   ctx_.world->all_reduce_f64(&loss, 1, ReduceOp::Sum);
   if (tokens == 0) {  // no loss to report: NaN, which validation_loss_text says as such

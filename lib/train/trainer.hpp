@@ -89,7 +89,9 @@ class Trainer {
   double evaluate_at_end(const TokenDataset& data);
   // Mean loss per loss token over `iters` global batches of `data` starting at sample `first`,
   // forward only; the same value on every rank.
-  double evaluate(const TokenDataset& data, int64_t first, int64_t iters);
+  // `batch_done` (optional) hears each global batch evaluated (done, of iters).
+  double evaluate(const TokenDataset& data, int64_t first, int64_t iters,
+                  const std::function<void(int64_t, int64_t)>& batch_done = nullptr);
 
   // Collective. Writes a checkpoint of the current state under `dir` (DESIGN.md invariant 6);
   // throws Error (on every rank) when any rank failed, with the previous checkpoint intact.

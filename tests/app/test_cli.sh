@@ -134,6 +134,8 @@ expect 2 "--fp8-format fp4 is not a choice \(allowed: e4m3, hybrid\)" -- "${tiny
 expect 2 "--fp8-recipe mxfp8: not yet" -- "${tiny[@]}" --fp8-format hybrid --fp8-recipe mxfp8
 expect 2 "--fp8-recipe rowwise is not a choice" -- "${tiny[@]}" --fp8-format hybrid --fp8-recipe rowwise
 expect 2 "--fp8-margin -1: must be >= 0" -- "${tiny[@]}" --fp8-format hybrid --fp8-margin -1
+expect 2 "the argument \('1.5'\) for option '--fp8-margin' is invalid: it takes a whole number" -- "${tiny[@]}" --fp8-format hybrid --fp8-margin 1.5
+expect 2 "the argument \('x'\) for option '--lr' is invalid: it takes a number" -- "${tiny[@]}" --lr x
 expect 2 "--fp8-amax-history-len 0: must be >= 1" -- "${tiny[@]}" --fp8-format hybrid --fp8-amax-history-len 0
 expect 2 "--fp8-amax-compute-algo is delayed scaling's" -- "${tiny[@]}" --fp8-format hybrid --fp8-recipe tensorwise --fp8-amax-compute-algo max
 expect 2 "--fp8-amax-compute-algo sometimes is not a choice" -- "${tiny[@]}" --fp8-format hybrid --fp8-amax-compute-algo sometimes

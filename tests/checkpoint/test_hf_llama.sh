@@ -61,8 +61,14 @@ for case in "gqa --shards 2 --dtype bf16 --groups 2 --seed 1|bf16|2|llama" \
   fi
   grep -q "\"model_type\": \"$arch\"" "$work/$name-out/config.json" && [ "$shards" -gt 1 ] && [ -f "$work/$name-out/model.safetensors.index.json" ] \
     && ok "$name: config.json and model.safetensors.index.json written" || bad "$name: export files: $(ls "$work/$name-out")"
-  # Again into the same directory as one file: the earlier shards and index must go.
-  conv --to-hf --load "$work/$name-ck" --save "$work/$name-out" --export-dtype "$dtype" "${as[@]}" || continue
+  # Again into the same directory: refused without --overwrite (issue 58), nothing touched.
+  before=$(ls -l --time-style=+%s.%N "$work/$name-out" | md5sum)
+  out=$("$bin/tessera-convert" --to-hf --load "$work/$name-ck" --save "$work/$name-out" 2>&1); rc=$?
+  [ $rc -eq 2 ] && grep -q "already holds a Hugging Face model (config.json): give a new or empty directory, or --overwrite" <<<"$out" &&
+    [ "$(ls -l --time-style=+%s.%N "$work/$name-out" | md5sum)" = "$before" ] &&
+    ok "$name: an export over an export without --overwrite -> rc 2, untouched" || bad "$name: export over export: rc $rc $out"
+  # With --overwrite, as one file: the earlier shards and index must go.
+  conv --to-hf --load "$work/$name-ck" --save "$work/$name-out" --export-dtype "$dtype" "${as[@]}" --overwrite || continue
   if [ "$(ls "$work/$name-out")" = "$(printf 'config.json\nmodel.safetensors')" ] && $tool compare "$work/$name" "$work/$name-out" > /dev/null; then
     ok "$name: re-exported as one file over the shards: no stale shard or index left, identical"
   else

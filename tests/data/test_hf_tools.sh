@@ -67,6 +67,17 @@ out=$(gen "${HF[@]}" --tokenizer-model "$sp" --prompt "Once upon" --max-new-toke
 [ "$out" = "Once upon a time" ] && grep -q "2 prompt tokens .* 3 tokens generated" "$work/gen.err" &&
   ok "--prompt 'Once upon' -> '$out' (2 prompt tokens; ' a', ' time', then </s> stops it)" ||
   bad "generation: '$out' / $(tail -1 "$work/gen.err")"
+# The checkpoint names its data's tokenizer (issue 58): another tokenizer.json of the same
+# vocabulary (the same file and one more space: another content hash) is refused, and so is the
+# default GPT-2 tokenizer for this 32000-token model, naming the recorded one.
+mkdir -p "$work/sp-other" && cp "$sp"/* "$work/sp-other/" && echo " " >> "$work/sp-other/tokenizer.json"
+said=$(gen "${HF[@]}" --tokenizer-model "$work/sp-other" --prompt "Once" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "trained on data made with tokenizer 'hf:xxh64:[0-9a-f]*', the one given ($work/sp-other) is 'hf:xxh64:" <<<"$said" &&
+  ok "generate with another tokenizer of the same vocabulary -> rc 2" || bad "tokenizer mismatch: rc $rc $said"
+said=$(gen --prompt "Once" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "vocabulary of 32000 tokens (tokenizer 'hf:xxh64:[0-9a-f]*'), not GPT-2's" <<<"$said" &&
+  ok "generate with the default tokenizer on a 32000-token model -> rc 2, the recorded tokenizer named" ||
+  bad "default tokenizer: rc $rc $said"
 prompt_ids=$(printf 'Once upon' > "$work/p.txt"; node "$ref" "$sp" files "$work/p.txt" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s)[0].ids.join(" ")))')
 ids_out=$(gen --prompt-ids "$prompt_ids" --max-new-tokens 3 2>/dev/null)  # ids only: no EOD stop
 completion=$(sed 's/.*| //' <<<"$ids_out" | sed 's/ 2$//')

@@ -143,6 +143,12 @@ out=$("$bin/tessera-generate" --load "$work/noweights" --prompt-ids "1 2" 2>&1);
 [ $rc -ne 0 ] && grep -q "has no /model group" <<<"$out" && ok "checkpoint without model weights -> rc $rc" || bad "no weights: rc $rc $out"
 out=$("$bin/tessera-generate" --load "$work/ck" --prompt "hello" --vocab-file "$vocab/encoder.json" --merge-file "$vocab/vocab.bpe" 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "vocabulary has 512 tokens, the tokenizer" <<<"$out" && ok "tokenizer/model vocabulary mismatch -> rc 2" || bad "vocab mismatch: rc $rc $out"
+out=$("$bin/tessera-generate" --load "$work/ck" --prompt "hello" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "the checkpoint's model has a vocabulary of 512 tokens, not GPT-2's (the default tokenizer): give the tokenizer it was trained with" <<<"$out" &&
+  ok "the default tokenizer on a 512-token model -> rc 2, no download advice" || bad "default tokenizer: rc $rc $out"
+out=$("$bin/tessera-generate" --load "$work/ck" --prompt-ids "1 2 3" --max-new-tokens 50000 --greedy --threads 1 2>&1 >/dev/null); rc=$?
+[ $rc -eq 0 ] && grep -q "warning: --max-new-tokens 50000: the longest prompt (3 tokens) leaves room for" <<<"$out" &&
+  ok "--max-new-tokens beyond the context: generated, with a warning" || bad "max-new-tokens cap: rc $rc $out"
 
 # tessera-eval: a small real corpus, every sample of the valid split exactly once.
 for i in $(seq 1 400); do echo "{\"text\": \"Line $i: the cat sat on the mat number $((i * 7 % 13)), and the dog ran.\"}"; done > "$work/c.jsonl"
@@ -207,6 +213,11 @@ grep -q "24 samples, 768 tokens evaluated (3 batches of 8)" <<<"$ei" && close "$
 out=$("$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --valid-data-path "$work/c" 2>&1); rc=$?
 [ $rc -eq 2 ] && [ "$(wc -l <<<"$out")" -eq 1 ] && grep -q "give either --data-path or the per-split paths" <<<"$out" \
   && ok "eval --data-path with --valid-data-path -> rc 2" || bad "eval both paths: rc $rc $out"
+# --eval-iters beyond the split: said (its samples repeat), and the loss still that of the samples.
+en=$("$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --split 80,20,0 --threads 1 \
+  --eval-iters $((samples + 1)) --global-batch-size 4 --micro-batch-size 4 2>&1)
+grep -q "note: --eval-iters $((samples + 1)) x 4 samples = $((4 * samples + 4)) samples, the valid split holds $samples: its samples repeat" <<<"$en" \
+  && [ -n "$(ev <<<"$en")" ] && ok "eval --eval-iters beyond the split: a note, and a loss ($(ev <<<"$en"))" || bad "eval beyond the split: $en"
 out=$("$bin/tessera-eval" --load "$work/cc" --data-path "$work/c" --eval-iters -1 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q -- "--eval-iters -1 is negative" <<<"$out" && ok "eval --eval-iters -1 -> rc 2" || bad "eval --eval-iters -1: rc $rc $out"
 [ $fail -eq 0 ] && echo "generation and evaluation: all passed"

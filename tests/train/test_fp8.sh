@@ -144,6 +144,20 @@ if grep -q "holds an amax history of 4 steps, this run's --fp8-amax-history-len 
 else
   echo "FAIL: resuming with another history length ($h2)"; fail=1
 fi
+# Another format or amax algorithm (issue 58): the saved scales belong to the saved ones; the state
+# starts fresh, said in one line, and iteration 11 moves as with another history length.
+for change in "fp8-format hybrid|--fp8-format hybrid --fp8-amax-compute-algo max" \
+              "fp8-amax-compute-algo most_recent|--fp8-format e4m3 --fp8-amax-compute-algo most_recent"; do
+  what=${change%%|*}; args=${change#*|}
+  name=resume-$(tr ' ' '-' <<<"$what")
+  run "$name" 1 $args --fp8-amax-history-len 4 --load "$work/ck" || fail=1
+  moved=$(rel "$want11" "$(field "$name" lm_loss | head -1)")
+  if grep -q "warning: .*holds FP8 scales for --$what" "$work/$name.log" && over "$moved" 1e-5; then
+    echo "ok: resuming with --$what starts the FP8 state fresh and says so (iteration 11 moves $moved)"
+  else
+    echo "FAIL: resuming with --$what said nothing: $(grep -i fp8 "$work/$name.log" | head -3)"; fail=1
+  fi
+done
 # Resharded on load: the same weights and scaling state, other summation orders, which flip single
 # FP8 roundings (measured 1.8e-6): within 1e-5 and far closer than the fresh state's $h2.
 run resume-tp2pp2 4 "${delayed[@]}" --load "$work/ck" --tensor-model-parallel-size 2 \

@@ -106,6 +106,11 @@ expect_rc "persistent error" $? 16 "$d.1.log"
 expect_log "persistent: 16 says why" "$d.1.log" "reproduced the rejected result of rank 1 \\(host $host, CPU\\); exit 16"
 [ "$(cat "$d/latest_checkpointed_iteration.txt")" = 4 ] && ok "persistent: checkpoint of iteration 4" ||
   bad "persistent: latest is $(cat "$d/latest_checkpointed_iteration.txt")"
+# Relaunched with --rerun-mode disabled (no --save: the checkpoint stays): the pending rerun is
+# dropped with a warning, not silently (issue 58).
+run "$d.disabled.log" --load "$d" --rerun-mode disabled
+expect_rc "persistent: relaunched with --rerun-mode disabled" $? 0 "$d.disabled.log"
+expect_log "persistent: the dropped diagnosis said" "$d.disabled.log" "warning: result validation: the checkpoint holds a pending rerun of iteration 5 .*--rerun-mode disabled does not run it"
 run "$d.2.log" "${args[@]}" --load "$d"
 expect_rc "persistent: requeued on the same host" $? 16 "$d.2.log"
 expect_log "persistent: same hardware said" "$d.2.log" "rescheduled on the hardware whose result is to be checked"
@@ -216,6 +221,29 @@ grep -q "iteration=4 status=LOAD_FALLBACK" "$d/result_rejected_tracker.txt" && o
   bad "--load-fallback: no tracker line"
 same_losses "$work/clean.jsonl" "$d.jsonl" 5 8 && ok "--load-fallback: iterations 5-8 equal the clean run's" ||
   bad "--load-fallback: losses differ"
+# Every damage verify finds falls back the same way (issue 58): a truncated, empty or missing
+# shard, `latest` naming a missing iteration; the error names the iterations present.
+for kind in truncated empty missing latest; do
+  d=$work/damage-$kind
+  ITERS=6 run "$d.1.log" --save "$d" --save-interval 2
+  f=$d/iter_0000006/mp_rank_00_000.h5
+  want=4
+  case $kind in
+    truncated) truncate -s $(($(stat -c %s "$f") / 2)) "$f" ;;
+    empty) : > "$f" ;;
+    missing) rm "$f" ;;
+    latest) echo 8 > "$d/latest_checkpointed_iteration.txt"; want=6 ;;
+  esac
+  run "$d.2.log" --load "$d"
+  rc=$?
+  if [ $rc -eq 2 ] && [ "$(grep -c error "$d.2.log")" -eq 1 ] &&
+    grep -qE "the newest checkpoint that verifies is iteration $want \(.*iterations present: 2, 4, 6\): resume from it with --load-fallback" "$d.2.log"; then
+    ok "$kind newest checkpoint: one line naming iteration $want and those present"
+  else bad "$kind newest checkpoint: exit $rc"; cat "$d.2.log"; fi
+  run "$d.3.log" --load "$d" --load-fallback
+  expect_rc "$kind: --load-fallback" $? 0 "$d.3.log"
+  expect_log "$kind: --load-fallback loads iteration $want" "$d.3.log" "--load-fallback: loading iteration $want instead"
+done
 
 # --- --log-straggler names the rank made slow (each way round) ---
 for slow in 0 1; do
