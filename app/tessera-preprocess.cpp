@@ -8,11 +8,11 @@
 #include <iostream>
 
 #include "core/config.hpp"
+#include "core/cpus.hpp"
 #include "core/error.hpp"
 #include "core/paths.hpp"
 #include "data/megatron_import.hpp"
 #include "data/preprocess.hpp"
-#include "train/options.hpp"
 
 using namespace tessera;
 

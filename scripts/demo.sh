@@ -6,7 +6,8 @@
 # Output goes to runs/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+# Only the programs it runs are built (the tests and benchmarks are scripts/test.sh's).
+scripts/setup.sh --targets "tessera-preprocess tessera-train tessera-reshard tessera-eval tessera-generate"
 scripts/prepare-corpus.sh data/corpus
 out=runs/demo
 mkdir -p "$out"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # setup.sh: installs the Debian packages Tessera builds and tests with (idempotent), then
 # configures and builds. Usage: scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build]
+# [--targets "T ..." (build those alone)]
 # CUDA is used when /usr/local/cuda (or nvcc on PATH) exists (not in the --sanitize build); set
 # CUDA_ARCH to override sm_90.
 set -euo pipefail
@@ -9,13 +10,15 @@ cd "$(dirname "$0")/.."
 build_dir=build
 sanitize=OFF
 do_build=1
+targets=""  # --targets "a b": build those alone (scripts/demo.sh builds what it runs)
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build_dir=$2; shift 2 ;;
     --sanitize) sanitize=ON; shift ;;
     --no-build) do_build=0; shift ;;
-    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
-    *) echo "setup.sh: error: unknown option '$1' (allowed: --build-dir DIR, --sanitize, --no-build)" >&2; exit 2 ;;
+    --targets) targets=$2; shift 2 ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    *) echo "setup.sh: error: unknown option '$1' (allowed: --build-dir DIR, --sanitize, --no-build, --targets \"T ...\")" >&2; exit 2 ;;
   esac
 done
 
@@ -67,6 +70,11 @@ elif [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_SANITIZE=$sanitize "${cuda_args[@]}"
 t_configured=$SECONDS
-cmake --build "$build_dir" -j "$(nproc)"
+if [ -n "$targets" ]; then
+  # shellcheck disable=SC2086  # the targets are words
+  cmake --build "$build_dir" -j "$(nproc)" --target $targets
+else
+  cmake --build "$build_dir" -j "$(nproc)"
+fi
 # Where the time went (docs/testing.md): the per-file compile times are in $build_dir/.ninja_log.
 echo "setup.sh: $build_dir: packages and data $((t_installed - t_start)) s, configure $((t_configured - t_installed)) s, build $((SECONDS - t_configured)) s"

@@ -23,6 +23,10 @@ tessera_e2e(app.cli_errors 53 ENVIRONMENT "OMP_NUM_THREADS=1" TIMEOUT 300
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/app/test_cli.sh $<TARGET_FILE:tessera-train>
                  ${CMAKE_SOURCE_DIR}/configs)
 
+# The data and checkpoint tools link no CUDA, NCCL or MPI (issue 58).
+tessera_e2e(app.tool_links 1 TIMEOUT 60
+            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/app/test_tool_links.sh ${CMAKE_BINARY_DIR}/bin)
+
 # A Megatron-LM pretrain_gpt.sh-style launch line runs unchanged, is killed and requeues (issue 27).
 tessera_e2e(app.megatron_script 27 TIMEOUT 600 PROCESSORS 2
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/app/test_megatron_script.sh ${CMAKE_BINARY_DIR}/bin

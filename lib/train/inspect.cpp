@@ -22,6 +22,24 @@ int64_t iteration_of_sample(const TrainConfig& t, int dp_size, int64_t sample) {
   return lo;
 }
 
+// The sample's documents as a range when they follow each other ("3-5"), else in their order
+// ("43, 0": --sft packs documents in the order of its bins).
+std::string documents_text(const SampleRecord& r) {
+  const std::vector<int64_t>& d = r.documents;
+  if (d.empty())
+    return r.last_document == r.first_document
+               ? std::to_string(r.first_document)
+               : std::to_string(r.first_document) + "-" + std::to_string(r.last_document);
+  bool consecutive = true;
+  for (size_t i = 1; i < d.size(); ++i) consecutive &= d[i] == d[i - 1] + 1;
+  if (consecutive)
+    return d.size() == 1 ? std::to_string(d[0])
+                         : std::to_string(d.front()) + "-" + std::to_string(d.back());
+  std::string out;
+  for (int64_t x : d) out += (out.empty() ? "" : ", ") + std::to_string(x);
+  return out;
+}
+
 SampleRecord inspect_sample(const BlendedDataset& data, const TrainConfig& t, int dp_size,
                             int64_t sample) {
   SampleRecord r;

@@ -35,6 +35,10 @@ struct SampleRecord {
 // --rampup-batch-size included).
 int64_t iteration_of_sample(const TrainConfig& t, int dp_size, int64_t sample);
 
+// The sample's documents as a range when they follow each other ("3-5"), else in their order
+// ("43, 0": --sft packs documents in the order of its bins).
+std::string documents_text(const SampleRecord& r);
+
 // t.documents.eod must be the data's end-of-document token.
 SampleRecord inspect_sample(const BlendedDataset& data, const TrainConfig& t, int dp_size,
                             int64_t sample);

@@ -19,14 +19,6 @@
 
 namespace tessera {
 
-int affinity_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
-  const int n = CPU_COUNT(&set);
-  return n > 0 ? n : 1;
-}
-
 int default_threads(MPI_Comm node) {
   cpu_set_t mine;
   CPU_ZERO(&mine);

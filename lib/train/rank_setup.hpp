@@ -8,11 +8,10 @@
 #include <string>
 
 #include "backend/backend.hpp"
+#include "core/cpus.hpp"  // affinity_cores
 
 namespace tessera {
 
-// Cores this process may run on (sched_getaffinity), at least 1.
-int affinity_cores();
 // This rank's share of its cores: affinity cores / ranks on the node whose masks overlap it, so
 // 8 unbound ranks on 2 cores run one thread each; OMP_NUM_THREADS instead when it is set. node is
 // MPI_COMM_TYPE_SHARED of the world (collective over it).

@@ -391,3 +391,21 @@ TEST(BlendIndex, CacheFileIsReadBackAndNeverTrustedWhenDamaged) {
   std::remove(first.cache_file(dir).c_str());
   rmdir(dir.c_str());
 }
+
+// tessera-inspect's documents of a sample (issue 58): a range when they follow each other, else
+// in their order (--sft's bins hold documents [43, 0], which is not "0-43").
+TEST(InspectText, DocumentsAreARangeOnlyWhenTheyFollowEachOther) {
+  SampleRecord r;
+  r.documents = {43, 0};
+  EXPECT_EQ(documents_text(r), "43, 0");
+  r.documents = {3, 4, 5};
+  EXPECT_EQ(documents_text(r), "3-5");
+  r.documents = {7};
+  EXPECT_EQ(documents_text(r), "7");
+  r.documents = {5, 4};
+  EXPECT_EQ(documents_text(r), "5, 4");
+  r.documents.clear();  // none listed: the window's first and last
+  r.first_document = 2;
+  r.last_document = 6;
+  EXPECT_EQ(documents_text(r), "2-6");
+}
