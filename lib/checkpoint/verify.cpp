@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
@@ -726,6 +728,28 @@ CheckpointVerifyReport verify_checkpoint(const std::string& dir, int64_t iterati
   // ---- copies of one slice hold the same data ----
   compare_copies(copies, r);
   return r;
+}
+
+bool checkpoint_damaged(const std::string& dir) {
+  const std::string latest = dir + "/latest_checkpointed_iteration.txt";
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(latest, ec)) {
+    std::ifstream in(latest);
+    int64_t it = -1;
+    if (!(in >> it) || it < 0) return true;
+    if (!std::filesystem::is_directory(dir + "/" + iteration_dir_name(it), ec)) return true;
+  }
+  try {
+    return !verify_checkpoint(dir).clean();
+  } catch (const ConfigError&) {
+    return true;
+  }
+}
+
+std::string checkpoint_iterations_text(const std::vector<int64_t>& its) {
+  std::string out;
+  for (int64_t i : its) out += (out.empty() ? "" : ", ") + std::to_string(i);
+  return out.empty() ? "none" : out;
 }
 
 }  // namespace tessera

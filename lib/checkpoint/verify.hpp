@@ -41,4 +41,11 @@ CheckpointVerifyReport verify_checkpoint(
     const std::string& dir, int64_t iteration = -1,
     const std::function<void(const std::string&)>& progress = nullptr);
 
+// Whether the checkpoint --load `dir` names is damaged on disk, as verify finds it: `latest`
+// naming a missing iteration (or no number), a missing, empty or truncated shard, unreadable
+// attributes, a checksum. Not: a run's options against an intact checkpoint. Reads it whole.
+bool checkpoint_damaged(const std::string& dir);
+// "2, 4, 6" (or "none"), for the messages that name the iterations present.
+std::string checkpoint_iterations_text(const std::vector<int64_t>& its);
+
 }  // namespace tessera

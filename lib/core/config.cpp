@@ -139,6 +139,33 @@ std::string value_kind(const po::options_description& all, const std::string& op
   return "";
 }
 
+// The error of an unknown command-line option: a negative number read as one (a blend weight,
+// or a value that needs --name=VALUE), an abbreviation of one option (named), or Boost's words.
+ConfigError unknown_option_error(const std::string& name, const po::options_description& all,
+                                 const std::string& program) {
+  if (name.size() > 1 && name[0] == '-' &&
+      (std::isdigit(static_cast<unsigned char>(name[1])) || name[1] == '.'))
+    return ConfigError("'" + name +
+                       "' is not an option: a negative number is read as one (blend weights of "
+                       "--data-path and the like must be positive; give another negative value "
+                       "as --option=" +
+                       name + ")");
+  const std::string bare = name.substr(std::min(name.find_first_not_of('-'), name.size()));
+  std::string whole;
+  int matches = 0;
+  for (const auto& d : all.options())
+    if (!bare.empty() && d->long_name().rfind(bare, 0) == 0) {
+      whole = d->long_name();
+      ++matches;
+    }
+  if (matches == 1)
+    return ConfigError("unrecognised option '" + name +
+                       "': options are not abbreviated (as in Megatron-LM); did you mean --" +
+                       whole + "?");
+  return ConfigError("unrecognised option '" + name + "' (run " + program +
+                     " --help for the options)");
+}
+
 }  // namespace
 
 bool OptionParser::parse(int argc, const char* const* argv) {
@@ -268,31 +295,7 @@ bool OptionParser::parse(int argc, const char* const* argv) {
     throw ConfigError(std::string(e.what()) + value_kind(all, e.get_option_name()) + " (run " +
                       program_ + " --help for the options)");
   } catch (const po::unknown_option& e) {
-    std::string name = e.get_option_name(), whole;
-    // A negative number is read as an option: a blend weight (which must be positive), or a value
-    // that needs --name=VALUE.
-    if (name.size() > 1 && name[0] == '-' &&
-        (std::isdigit(static_cast<unsigned char>(name[1])) || name[1] == '.'))
-      throw ConfigError("'" + name +
-                        "' is not an option: a negative number is read as one (blend weights of "
-                        "--data-path and the like must be positive; give another negative value "
-                        "as --option=" +
-                        name + ")");
-    // An abbreviation of one option: named.
-    const std::string bare = name.substr(name.find_first_not_of('-'));
-    int matches = 0;
-    for (const auto& g : groups_)
-      for (const auto& d : g->options())
-        if (d->long_name().rfind(bare, 0) == 0 && !bare.empty()) {
-          whole = d->long_name();
-          ++matches;
-        }
-    if (matches == 1)
-      throw ConfigError("unrecognised option '" + name +
-                        "': options are not abbreviated (as in "
-                        "Megatron-LM); did you mean --" +
-                        whole + "?");
-    throw ConfigError(std::string(e.what()) + " (run " + program_ + " --help for the options)");
+    throw unknown_option_error(e.get_option_name(), all, program_);
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + " (run " + program_ + " --help for the options)");
   }

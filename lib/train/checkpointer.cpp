@@ -385,34 +385,6 @@ void TrainingCheckpointer::finish_async(bool blocking) {
 
 // ---- loading ----------------------------------------------------------------------------------
 
-namespace {
-// Whether the checkpoint --load `dir` names is damaged on disk, as verify finds it: `latest`
-// naming a missing iteration (or no number), a missing, empty or truncated shard, unreadable
-// attributes, a checksum. Not: the run's options against an intact checkpoint.
-bool damaged_on_disk(const std::string& dir) {
-  const std::string latest = dir + "/latest_checkpointed_iteration.txt";
-  std::error_code ec;
-  if (std::filesystem::is_regular_file(latest, ec)) {
-    std::ifstream in(latest);
-    int64_t it = -1;
-    if (!(in >> it) || it < 0) return true;
-    if (!std::filesystem::is_directory(dir + "/" + iteration_dir_name(it), ec)) return true;
-  }
-  try {
-    return !verify_checkpoint(dir).clean();
-  } catch (const ConfigError&) {
-    return true;
-  }
-}
-
-// "2, 4, 6" (or "none").
-std::string iterations_text(const std::vector<int64_t>& its) {
-  std::string out;
-  for (int64_t i : its) out += (out.empty() ? "" : ", ") + std::to_string(i);
-  return out.empty() ? "none" : out;
-}
-}  // namespace
-
 TrainState TrainingCheckpointer::load_checked(const std::string& dir, bool model_only,
                                               bool load_optimizer, bool fallback,
                                               const RerunTracker& tracker) {
@@ -425,7 +397,7 @@ TrainState TrainingCheckpointer::load_checked(const std::string& dir, bool model
   } catch (const ConfigError& e) {
     // A checkpoint that cannot be read whole is damaged too (verify finds it); another error
     // (the run's options against an intact checkpoint) is the user's to fix, not to fall back.
-    if (dynamic_cast<const AgreedConfigError*>(&e) || !damaged_on_disk(dir)) throw;
+    if (dynamic_cast<const AgreedConfigError*>(&e) || !checkpoint_damaged(dir)) throw;
     damage = e.what();
   }
   damage = first_message(*ctx_.world, damage);  // a damaged file some ranks read: every rank's
@@ -469,13 +441,15 @@ TrainState TrainingCheckpointer::load_checked(const std::string& dir, bool model
   broadcast_f64(*ctx_.world, listed, 0);
   present.assign(listed.begin(), listed.end());
   if (it < 0)
-    throw AgreedConfigError(damage + "; no older checkpoint in '" + save_dir +
-                            "' verifies (iterations present: " + iterations_text(present) + ")");
+    throw AgreedConfigError(
+        damage + "; no older checkpoint in '" + save_dir +
+        "' verifies (iterations present: " + checkpoint_iterations_text(present) + ")");
   const std::string older = save_dir + "/" + iteration_dir_name(it);
   if (!fallback)
     throw AgreedConfigError(damage + "; the newest checkpoint that verifies is iteration " +
-                            std::to_string(it) + " (" + older + "; iterations present: " +
-                            iterations_text(present) + "): resume from it with --load-fallback");
+                            std::to_string(it) + " (" + older +
+                            "; iterations present: " + checkpoint_iterations_text(present) +
+                            "): resume from it with --load-fallback");
   if (ctx_.world_rank == 0) {
     TLOG(warning) << damage << "; --load-fallback: loading iteration " << it << " instead ("
                   << older << ", verified whole)";

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "comm/process_grid.hpp"
 #include "core/logging.hpp"
@@ -198,7 +199,17 @@ void TrainingMetrics::log_line(const StepStats& s, int64_t consumed_samples) {
   }
 }
 
+double evaluation_loss(double loss_sum, double tokens, const TokenDataset& data, int64_t begin,
+                       int64_t end) {
+  if (tokens > 0) return loss_sum / tokens;
+  TLOG(warning) << "evaluation: no token of samples " << begin << " to " << end - 1 << " of "
+                << data.describe()
+                << " counts toward the loss (its /loss_mask is 0 there): no loss";
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
 void TrainingMetrics::record_validation(int64_t iteration, double loss, int64_t consumed_samples) {
+  if (std::isnan(loss)) return;  // no counted token: said by evaluation_loss
   TLOG(info) << validation_loss_text("iteration " + std::to_string(iteration), loss);
   if (metrics_.is_open())
     metrics_ << "{\"iteration\": " << iteration

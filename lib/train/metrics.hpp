@@ -12,6 +12,7 @@
 
 #include "comm/communicator.hpp"
 #include "core/tensorboard.hpp"
+#include "data/dataset.hpp"
 #include "model/gpt.hpp"
 #include "train/optimizer_set.hpp"
 #include "train/step_stats.hpp"
@@ -86,6 +87,11 @@ std::vector<std::unique_ptr<MetricSource>> make_metric_sources(const MetricConte
 
 // " validation loss at <where> | lm loss value: ... | lm loss PPL: ..." (one format everywhere).
 std::string validation_loss_text(const std::string& where, double loss);
+// The mean loss per counted token of an evaluation over samples [begin, end) of `data`; NaN with
+// a warning when no token counted (record_validation then records nothing, validation_loss_text
+// says "none").
+double evaluation_loss(double loss_sum, double tokens, const TokenDataset& data, int64_t begin,
+                       int64_t end);
 
 class TrainingMetrics {
  public:

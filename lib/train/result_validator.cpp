@@ -189,6 +189,17 @@ void ResultValidator::start(const std::string& rerun_state, int64_t next_iterati
   from_checkpoint_ = failures;
 }
 
+StepStats ResultValidator::skip_without_loss(TrainState& state, StepStats st) const {
+  TLOG(warning) << "iteration " << st.iteration << ": no token of its global batch (samples "
+                << state.consumed_samples << " to " << state.consumed_samples + st.global_batch - 1
+                << ") counts toward the loss (the data's /loss_mask is 0 there, or every target "
+                   "is padding); the iteration is skipped: no update, its samples consumed";
+  st.skipped = st.not_run = true;
+  state.iteration = st.iteration;
+  state.consumed_samples += st.global_batch;
+  return st;
+}
+
 StepStats ResultValidator::skip_step(TrainState& state) const {
   StepStats st;
   st.iteration = state.iteration + 1;

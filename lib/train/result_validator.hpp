@@ -95,6 +95,9 @@ class ResultValidator {
   bool skip(int64_t iteration) const { return skip_.count(iteration) > 0; }
   // Such an iteration: its samples are consumed, nothing is updated (the learning-rate schedule
   // does not advance); `state` moves past it.
+  // An iteration whose global batch has no token that counts toward the loss (the StepStats
+  // loaded): not run, said in a warning, its samples consumed (docs/data.md).
+  StepStats skip_without_loss(TrainState& state, StepStats st) const;
   StepStats skip_step(TrainState& state) const;
 
   // Before each run of the iteration's forward and backward (attempt 0 is the first).

@@ -2,9 +2,6 @@
 // (train/trainer.hpp).
 #include "train/trainer.hpp"
 
-#include <cmath>
-#include <limits>
-
 #include <algorithm>
 #include <utility>
 
@@ -113,8 +110,7 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
     metrics_->record(s, state_.consumed_samples);  // the log line, metrics file, TensorBoard
     if (eval_data && cfg_.eval_interval > 0 && s.iteration % cfg_.eval_interval == 0) {
       const double loss = evaluate_next(*eval_data, s.iteration / cfg_.eval_interval - 1);
-      if (!std::isnan(loss))
-        metrics_->record_validation(s.iteration, loss, state_.consumed_samples);
+      metrics_->record_validation(s.iteration, loss, state_.consumed_samples);
       progress(s.iteration);
     }
     checkpointer_->after_iteration(state_);  // a background save commits; a save when due
@@ -143,18 +139,7 @@ StepStats Trainer::train_step() {
   // mean over the global batch's loss tokens, as Megatron reports it.
   const double tokens = executor_->count_loss_tokens();
   st.loss_tokens = static_cast<int64_t>(tokens);
-  if (st.loss_tokens == 0) {  // nothing to learn from: skipped, said (docs/data.md)
-    TLOG(warning) << "iteration " << st.iteration << ": no token of its global batch (samples "
-                  << state_.consumed_samples << " to "
-                  << state_.consumed_samples + st.global_batch - 1
-                  << ") counts toward the loss (the data's /loss_mask is 0 there, or every "
-                     "target is padding); the iteration is skipped: no update, its samples "
-                     "consumed";
-    st.skipped = st.not_run = true;
-    state_.iteration = st.iteration;
-    state_.consumed_samples += st.global_batch;
-    return st;
-  }
+  if (st.loss_tokens == 0) return validator_->skip_without_loss(state_, st);  // docs/data.md
   // fp16: the loss gradient carries the loss scale; the gradients are unscaled after the
   // reduction. Scale 1 in f32 and bf16.
   st.loss_scale = optimizers_->loss_scale();
@@ -247,13 +232,7 @@ double Trainer::evaluate(const TokenDataset& data, int64_t first, int64_t iters,
     if (batch_done) batch_done(it + 1, iters);
   }
   ctx_.world->all_reduce_f64(&loss, 1, ReduceOp::Sum);
-  if (tokens == 0) {  // no loss to report: NaN, which validation_loss_text says as such
-    TLOG(warning) << "evaluation: no token of samples " << first << " to " << first + iters * G - 1
-                  << " of " << data.describe()
-                  << " counts toward the loss (its /loss_mask is 0 there): no loss";
-    return std::numeric_limits<double>::quiet_NaN();
-  }
-  return loss / tokens;
+  return evaluation_loss(loss, tokens, data, first, first + iters * G);
 }
 
 void Trainer::save_checkpoint(const std::string& dir) {

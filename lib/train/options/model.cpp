@@ -58,10 +58,11 @@ class ModelOptions : public OptionGroup {
 
   void resolve(const OptionParser& p, RunOptions& o, StartupNotes&) override {
     GPTConfig& m = o.model;
+    // (--rope-type yarn without MLA has its own message, GPTConfig::validate.)
     refuse_unused_model_options(
         p, "Multi-latent attention (DeepSeek)", m.multi_latent_attention,
         "--multi-latent-attention",
-        {"multi-latent-attention", "mtp-num-layers", "mtp-loss-scaling-factor"});
+        {"multi-latent-attention", "mtp-num-layers", "mtp-loss-scaling-factor", "rope-type"});
     if (p.given("num-query-groups") && !m.group_query_attention)
       throw ConfigError(detail::concat("--num-query-groups=", m.num_query_groups,
                                        " needs --group-query-attention (without it every head has "
@@ -115,7 +116,8 @@ void declare_model_options(po::options_description& g, const std::string& title,
 void refuse_unused_model_options(const OptionParser& p, const std::string& title, bool has,
                                  const std::string& feature,
                                  const std::vector<std::string>& except) {
-  if (has) return;
+  // With --use-checkpoint-args the model is the checkpoint's (it may have the feature).
+  if (has || p.given("use-checkpoint-args")) return;
   for (const ModelField& f : model_fields())
     if (f.group == title && f.declare && p.given(f.option) &&
         std::find(except.begin(), except.end(), f.option) == except.end())
