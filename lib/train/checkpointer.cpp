@@ -388,17 +388,24 @@ void TrainingCheckpointer::finish_async(bool blocking) {
 TrainState TrainingCheckpointer::load_checked(const std::string& dir, bool model_only,
                                               bool load_optimizer, bool fallback,
                                               const RerunTracker& tracker) {
-  std::string damage;
+  std::string damage, error;
   TrainState state;
   try {
     state = load(dir, model_only, load_optimizer);
   } catch (const CheckpointDamaged& e) {
     damage = e.what();
+  } catch (const AgreedConfigError&) {
+    throw;  // the run's options against the checkpoint: every rank has it
   } catch (const ConfigError& e) {
-    // A checkpoint that cannot be read whole is damaged too (verify finds it); another error
-    // (the run's options against an intact checkpoint) is the user's to fix, not to fall back.
-    if (dynamic_cast<const AgreedConfigError*>(&e) || !checkpoint_damaged(dir)) throw;
-    damage = e.what();
+    error = e.what();  // a file that cannot be read, or the run's own error: decided below
+  }
+  // A checkpoint that cannot be read whole is damaged too, as verify finds it (rank 0 reads it
+  // whole, once, for every rank); another error is the user's to fix, not to fall back.
+  if (!(error = first_message(*ctx_.world, error)).empty()) {
+    std::vector<double> damaged{ctx_.world_rank == 0 && checkpoint_damaged(dir) ? 1.0 : 0.0};
+    broadcast_f64(*ctx_.world, damaged, 0);
+    if (damaged[0] == 0) throw AgreedConfigError(error);
+    damage = error;
   }
   damage = first_message(*ctx_.world, damage);  // a damaged file some ranks read: every rank's
   if (damage.empty()) return state;
@@ -469,7 +476,11 @@ TrainState TrainingCheckpointer::load(const std::string& dir, bool model_only,
   finish_async(/*blocking=*/true);
   Timer t;
   CheckpointReader r(dir);
-  r.check_model(model_.config());
+  try {  // the same checkpoint and options on every rank: the same answer
+    r.check_model(model_.config());
+  } catch (const ConfigError& e) {
+    throw AgreedConfigError(e.what());
+  }
   const CheckpointMeta& m = r.meta();
   const bool optimizer = m.has_optimizer && !model_only && load_optimizer;
   load_optimizer_state(r, optimizer);

@@ -100,6 +100,7 @@ void TrainingMetrics::record(const StepStats& s, int64_t consumed_samples) {
   if (s.not_run) {  // no loss, no line (Megatron's skipped iterations): the next line counts it
     skipped_samples_ += s.global_batch;
     ++skipped_iterations_;
+    if (s.iteration == cfg.train_iters) log_skipped(s, consumed_samples);  // no next line
     return;
   }
   if (tb_ && s.iteration % cfg.tensorboard_log_interval == 0) {
@@ -131,6 +132,19 @@ void TrainingMetrics::record(const StepStats& s, int64_t consumed_samples) {
     interval_loss_ = interval_loss_all_ = interval_seconds_ = 0;
     in_interval_ = in_interval_updated_ = 0;
   }
+}
+
+void TrainingMetrics::log_skipped(const StepStats& s, int64_t consumed_samples) {
+  const std::string counts = detail::concat("skipped iterations: ", skipped_iterations_,
+                                            " | skipped samples: ", skipped_samples_);
+  TLOG(info) << detail::concat(" iteration ", s.iteration, "/", c_.cfg.train_iters,
+                               " | consumed samples: ", consumed_samples, " | ", counts);
+  if (metrics_.is_open())
+    metrics_ << "{\"iteration\": " << s.iteration << ", \"consumed_samples\": " << consumed_samples
+             << ", \"skipped_iterations\": " << skipped_iterations_
+             << ", \"skipped_samples\": " << skipped_samples_ << "}\n"
+             << std::flush;
+  skipped_iterations_ = skipped_samples_ = 0;
 }
 
 void TrainingMetrics::log_line(const StepStats& s, int64_t consumed_samples) {
@@ -225,6 +239,13 @@ void TrainingMetrics::record_validation(int64_t iteration, double loss, int64_t 
     }
     tb_->flush();
   }
+}
+
+void TrainingMetrics::memory_report_after(Backend& be, const StepStats& s) {
+  const int64_t every = c_.cfg.memory_report_interval;
+  if (s.not_run || (memory_reported_ && !(every > 0 && s.iteration % every == 0))) return;
+  memory_reported_ = true;
+  memory_report(be, s.iteration);
 }
 
 void TrainingMetrics::memory_report(Backend& be, int64_t iteration) {

@@ -113,9 +113,15 @@ class TrainingMetrics {
   void begin_run();
   // Collective: every rank's memory against the --dry-run estimate, printed by rank 0.
   void memory_report(Backend& be, int64_t iteration);
+  // After step `s`: the report when it is the run's first step that ran (a skipped one holds no
+  // activations), then every --memory-report-interval iterations. Collective.
+  void memory_report_after(Backend& be, const StepStats& s);
   void flush();
 
  private:
+  // The last iteration was not run: its count (and the earlier ones' since the last line) said,
+  // a line and a metrics record without a loss.
+  void log_skipped(const StepStats& s, int64_t consumed_samples);
   void log_line(const StepStats& s, int64_t consumed_samples);
 
   MetricContext c_;
@@ -129,6 +135,7 @@ class TrainingMetrics {
   int64_t interval_samples_ = 0;
   // Iterations not run since the last line (StepStats::not_run) and their samples.
   int64_t skipped_iterations_ = 0, skipped_samples_ = 0;
+  bool memory_reported_ = false;
 };
 
 }  // namespace tessera

@@ -102,10 +102,8 @@ std::vector<StepStats> Trainer::train(const TokenDataset* eval_data) {
   while (state_.iteration < cfg_.train_iters) {
     control.before_step(state_.iteration);  // the profiler window opens
     const StepStats s = train_step();
-    const int64_t every = cfg_.memory_report_interval;
-    if (all.empty() || (every > 0 && s.iteration % every == 0))
-      metrics_->memory_report(be_, s.iteration);
-    control.after_step(state_.iteration);  // and closes
+    metrics_->memory_report_after(be_, s);  // the first step that ran, then every interval
+    control.after_step(state_.iteration);   // and closes
     all.push_back(s);
     metrics_->record(s, state_.consumed_samples);  // the log line, metrics file, TensorBoard
     if (eval_data && cfg_.eval_interval > 0 && s.iteration % cfg_.eval_interval == 0) {

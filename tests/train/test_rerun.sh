@@ -177,6 +177,13 @@ grep -q "iteration        3/" "$work/skip.log" && bad "skip: iteration 3 has a l
   ok "skip: no log line for iteration 3"
 grep -q "iteration        4/.*| skipped iterations: 1 | skipped samples: 8" "$work/skip.log" &&
   ok "skip: iteration 4's line counts the skipped one" || bad "skip: iteration 4's line: $(grep 'iteration        4/' "$work/skip.log")"
+# The last iteration skipped: no later line, so its own says the count, without a loss.
+run "$work/skip-last.log" --iterations-to-skip 8 --metrics-file "$work/skip-last.jsonl"
+expect_rc "--iterations-to-skip 8 (the last)" $? 0 "$work/skip-last.log"
+grep -qE "iteration 8/8 \| consumed samples: 64 \| skipped iterations: 1 \| skipped samples: 8" "$work/skip-last.log" &&
+  tail -1 "$work/skip-last.jsonl" | grep -q '"iteration": 8, "consumed_samples": 64, "skipped_iterations": 1, "skipped_samples": 8}' &&
+  ! tail -1 "$work/skip-last.jsonl" | grep -q lm_loss &&
+  ok "skip of the last iteration: its line and record say it, without a loss" || bad "skip of the last iteration: $(tail -2 "$work/skip-last.log")"
 
 # --- a real NaN on both ranks: 16, 17 elsewhere, and the next launch stops at once ---
 if [ $can_unshare = 1 ]; then
