@@ -29,7 +29,13 @@ int main(int argc, char** argv) {
   RunOptions opts;
   try {
     // Every rank parses and validates the same input; only rank 0 reports, all exit 2.
-    if (!parse_run_options(argc, argv, opts)) return 0;
+    RunOptionsProgram program;
+    program.resolve_device = [](const RunOptions& o, const std::string& host) -> std::string {
+      // A plan made on a login node (--dry-run --device cuda) needs no GPU there.
+      if (o.train.dry_run && o.device == "cuda" && visible_gpus() == 0) return "cuda";
+      return resolve_device(o.device, host);
+    };
+    if (!parse_run_options(argc, argv, opts, program)) return 0;
     std::unique_ptr<TokenDataset> data = open_train_data(opts);
     const bool evaluating = opts.skip_train || opts.train.eval_interval > 0;
     std::unique_ptr<TokenDataset> valid = evaluating ? open_valid_data(opts) : nullptr;
@@ -37,6 +43,11 @@ int main(int argc, char** argv) {
       for (const std::string& n : opts.notes)
         std::fprintf(stderr, "tessera-train: %s\n", n.c_str());
     if (opts.train.dry_run) {
+      if (opts.device == "cuda" && !opts.cluster_spec) {  // the verdict against this host's GPU
+        const MemoryCapacity gpu = visible_gpu_capacity();
+        opts.local_gpu_bytes = gpu.bytes;
+        opts.local_gpu = gpu.what;
+      }
       if (root) std::cout << dry_run_report(opts, mpi.world_size());
       return 0;
     }

@@ -134,6 +134,18 @@ MemoryCapacity backend_memory_capacity(Backend& be) {
   return c;
 }
 
+MemoryCapacity visible_gpu_capacity() {
+  MemoryCapacity c;
+#ifdef TESSERA_HAVE_CUDA
+  if (visible_gpus() > 0) {
+    size_t total = 0;
+    c.what = cuda::device_name(0, &total);
+    c.bytes = static_cast<double>(total);
+  }
+#endif
+  return c;
+}
+
 double backend_peak_tflops(Backend& be, DType dtype) {
   return be.device() == Device::CUDA ? peak_tflops(backend_description(be), dtype) : 0;
 }

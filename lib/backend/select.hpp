@@ -45,6 +45,9 @@ struct MemoryCapacity {
   std::string what;  // "the 139.8 GiB of this rank's GPU", "the host's 23.4 GiB"
 };
 MemoryCapacity backend_memory_capacity(Backend& be);
+// The first visible GPU's memory and name ("NVIDIA H200"), without a backend: what a --dry-run
+// checks its layout against when no --cluster is given. bytes 0 when no GPU is visible.
+MemoryCapacity visible_gpu_capacity();
 
 // The device's dense peak in TFLOP/s for GEMMs in `dtype` (bf16/f16 on tensor cores, f32 on the
 // FP32 units), from a GPU's name ("NVIDIA H100 80GB HBM3", ...); 0 when unknown (CPUs, other

@@ -110,6 +110,18 @@ std::vector<int> moe_layer_pattern(const std::string& text, int num_layers) {
 
 }  // namespace
 
+int64_t GPTConfig::moe_received_rows(int64_t tokens, int ep) const {
+  const int64_t K = moe_router_topk, E = num_experts, local = E / std::max(1, ep);
+  if (ep <= 1) return tokens * K;
+  int64_t rows = ep * tokens * std::min<int64_t>(K, local);
+  if (!moe_dropless()) {
+    const auto capacity =
+        static_cast<int64_t>(std::ceil(double(tokens) * K / E * moe_expert_capacity_factor));
+    if (capacity <= tokens) rows = std::min(rows, ep * local * capacity);
+  }
+  return rows;
+}
+
 bool GPTConfig::is_moe_layer(int layer) const {
   if (!moe()) return false;
   if (layer >= num_layers && layer < total_layers()) layer = num_layers - 1;  // MTP: the last's

@@ -169,6 +169,12 @@ struct GPTConfig {
   int num_moe_layers() const;
   int moe_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn(); }
   bool moe_dropless() const { return moe_expert_capacity_factor <= 0; }
+  // The token copies one rank's experts can receive in a MoE layer from `tokens` tokens per rank
+  // over `ep` expert-parallel ranks (the size of its expert-side buffers): every copy without EP
+  // (tokens x top-k); with EP, from each rank at most tokens x min(top-k, local experts)
+  // (dropless), or local experts x the capacity when a capacity factor drops the rest (Megatron's
+  // get_capacity, ceil(tokens x top-k / experts x factor) per expert, as moe_route drops).
+  int64_t moe_received_rows(int64_t tokens, int ep) const;
   // The scores summed into a group's score under group-limited routing.
   int moe_group_score_experts() const {
     return moe_router_group_score_experts > 0

@@ -125,7 +125,8 @@ class MoeMlp final : public MlpPart {
   int64_t dense_width() const override { return spec_.dense_width / shard_.tp_size; }
 
   // N*K token copies leave a rank; its experts receive R rows: the same ones without expert
-  // parallelism, else at most N*min(K, local experts) from each of the EP ranks.
+  // parallelism, else at most N*min(K, local experts) from each of the EP ranks, or their
+  // capacity (GPTConfig::moe_received_rows).
   struct Dims {
     int64_t E, K, NK, R, efl, glu;
     int ep;
@@ -137,7 +138,7 @@ class MoeMlp final : public MlpPart {
     d.K = cfg_.moe_router_topk;
     d.NK = sb.N * d.K;
     d.ep = shard_.ep_size;
-    d.R = d.ep > 1 ? d.ep * sb.N * std::min<int64_t>(d.K, d.E / d.ep) : d.NK;
+    d.R = cfg_.moe_received_rows(sb.N, d.ep);
     d.allgather = d.ep > 1 && cfg_.moe_token_dispatcher_type == "allgather";
     d.efl = cfg_.moe_ffn() / shard_.tp_size;
     d.glu = spec_.activation == MlpActivation::SwiGLU ? 2 : 1;

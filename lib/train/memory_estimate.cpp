@@ -50,7 +50,7 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   e.expert_bytes = experts * ((mixed ? 2.0 + 4.0 / edp : 4.0) + 4.0 + 8.0 / edp);
   if (cfg.moe()) {  // one MoE layer's token copies for one micro-batch (in activation_bytes)
     const double N = double(t.micro_batch_size) * T, K = cfg.moe_router_topk;
-    const double R = ep > 1 ? ep * N * std::min<double>(K, cfg.num_experts / ep) : N * K;
+    const double R = double(cfg.moe_received_rows(int64_t(t.micro_batch_size) * T, ep));
     const double width = dtype_size(t.compute_dtype);
     // sent and returned copies (N*K rows each), and with EP the rows received (R)
     e.dispatch_bytes = width * cfg.hidden_size * (2 * N * K + (ep > 1 ? R : 0));

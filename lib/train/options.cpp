@@ -42,6 +42,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
                        const RunOptionsProgram& program) {
   auto parser = std::make_shared<OptionParser>(program.name, program.usage);
   OptionParser& p = *parser;
+  o.resolve_device = program.resolve_device;
   o.with_origins = [parser](const std::string& message) { return parser->with_origins(message); };
   const std::vector<std::unique_ptr<OptionGroup>> groups = make_option_groups();
   for (const auto& g : groups) g->add(p, o);
@@ -59,13 +60,15 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
 }
 
 std::string dry_run_report(const RunOptions& o, int world_size) {
-  const int world = world_size > 1 ? world_size : o.tp * o.cp * o.pp * o.ep;
+  const int world = o.world_size > 0  ? o.world_size
+                    : world_size > 1 ? world_size
+                                     : o.tp * o.cp * o.pp * o.ep;
   const GridLayout layout = GridLayout::make(world, o.tp, o.pp, o.cp);
   // The dry run's layout checks (a real start makes them on its ProcessGrid).
   check_expert_parallel(layout, o.ep);
   validate_layout(o.model, o.train, layout.tp, layout.pp, layout.dp, layout.cp);
   const std::vector<std::unique_ptr<OptionGroup>> groups = make_option_groups();
-  DryRunContext d{o, world, world_size <= 1, layout};
+  DryRunContext d{o, world, o.world_size <= 0 && world_size <= 1, layout};
   std::ostringstream os;
   for (DryRunSection s : {DryRunSection::Totals, DryRunSection::Setup, DryRunSection::Layout})
     for (const auto& g : groups) g->dry_run(s, d, os);
@@ -84,6 +87,10 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
     for (DryRunSection s : {DryRunSection::Stage, DryRunSection::StageDetail})
       for (const auto& g : groups) g->dry_run(s, d, os);
   }
+  d.stage = -1;
+  d.shard = nullptr;
+  d.estimate = nullptr;
+  for (const auto& g : groups) g->dry_run(DryRunSection::Verdict, d, os);
   return os.str();
 }
 

@@ -45,6 +45,10 @@ struct RunOptionsProgram {
   std::function<void(OptionParser&)> add_options;
   // Only the data matters (the micro-batch size is not checked against the global batch).
   bool data_only = false;
+  // --device auto|cpu|cuda to the device the run takes (backend/select.hpp's resolve_device for
+  // the programs that run a backend; empty: the name is only checked, so the options parse
+  // without the CUDA runtime).
+  std::function<std::string(const RunOptions&, const std::string& host)> resolve_device;
 };
 
 // Parses argv (and --config). Returns false when --help was printed. Throws ConfigError for an

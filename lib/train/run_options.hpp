@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@
 
 namespace tessera {
 
+struct ClusterSpec;
+
 struct RunOptions {
   GPTConfig model;
   TrainConfig train;
@@ -24,7 +27,10 @@ struct RunOptions {
   int ep = 1;                   // expert-parallel size (MoE): carved out of DP
   int cp = 1;                   // context-parallel size: DP = world / (TP * CP * PP)
   int threads = 0;              // 0: this rank's share of the cores in its affinity mask
-  std::string device = "auto";  // resolved to "cpu" or "cuda" by parse_run_options
+  // resolved to "cpu" or "cuda" by parse_run_options through resolve_device (a program that runs
+  // no backend, tessera-inspect, leaves it: "auto" stays)
+  std::string device = "auto";
+  std::function<std::string(const RunOptions&, const std::string& host)> resolve_device;
   // Which attention kernels run (Megatron's --attention-backend), and --deterministic-mode.
   AttentionBackend attention_backend = AttentionBackend::Auto;
   bool deterministic_mode = false;
@@ -56,6 +62,15 @@ struct RunOptions {
   // Lines rank 0 logs at start-up: Megatron options accepted without effect, config-file values
   // the command line replaced, a --load that starts fresh.
   std::vector<std::string> notes;
+  // What a --dry-run checks the layout against (train/options/planning.cpp, docs/planning.md):
+  // --cluster (loaded into cluster_spec), --world-size (0: the MPI world); without a cluster,
+  // this host's GPU (set by tessera-train before its dry run; 0: none) or memory.
+  std::string cluster;
+  std::shared_ptr<const ClusterSpec> cluster_spec;
+  int world_size = 0;
+  double local_gpu_bytes = 0;
+  std::string local_gpu;
+  double host_memory_bytes = 0;
   // A ConfigError's text with a note naming the options it mentions that came from --config.
   std::function<std::string(const std::string&)> with_origins;
 };

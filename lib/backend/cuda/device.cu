@@ -26,6 +26,13 @@ std::string device_description(int index) {
   return buf;
 }
 
+std::string device_name(int index, size_t* total_bytes) {
+  cudaDeviceProp p;
+  CUDA_CHECK(cudaGetDeviceProperties(&p, index));
+  *total_bytes = p.totalGlobalMem;
+  return p.name;
+}
+
 void set_device(int index) {
   CUDA_CHECK(cudaSetDevice(index));
 }

@@ -11,6 +11,8 @@ namespace tessera::cuda {
 int device_count();
 // "NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90" for device `index`.
 std::string device_description(int index);
+// GPU `index`'s name and total memory in bytes, without making it current.
+std::string device_name(int index, size_t* total_bytes);
 // Makes `index` current for this thread.
 void set_device(int index);
 int current_device();

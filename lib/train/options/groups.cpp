@@ -16,6 +16,7 @@ std::unique_ptr<OptionGroup> make_validation_options();   // validation.cpp
 std::unique_ptr<OptionGroup> make_logging_options();      // logging.cpp
 std::unique_ptr<OptionGroup> make_kernel_options();       // kernels.cpp
 std::unique_ptr<OptionGroup> make_fp8_options();          // fp8.cpp
+std::unique_ptr<OptionGroup> make_planning_options();     // planning.cpp
 std::unique_ptr<OptionGroup> make_accepted_options();     // accepted.cpp
 
 std::vector<std::unique_ptr<OptionGroup>> make_option_groups() {
@@ -32,6 +33,7 @@ std::vector<std::unique_ptr<OptionGroup>> make_option_groups() {
   groups.push_back(make_logging_options());
   groups.push_back(make_kernel_options());
   groups.push_back(make_fp8_options());
+  groups.push_back(make_planning_options());
   groups.push_back(make_accepted_options());
   return groups;
 }

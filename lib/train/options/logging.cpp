@@ -4,7 +4,6 @@
 
 #include <sstream>
 
-#include "backend/select.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "train/options.hpp"
@@ -102,7 +101,9 @@ class LoggingOptions : public OptionGroup {
     o.train.profile_ranks = parse_rank_list(profile_ranks_, "--profile-ranks");
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
-    o.device = resolve_device(o.device, host);
+    if (o.device != "cpu" && o.device != "cuda" && o.device != "auto")
+      throw ConfigError("--device=" + o.device + " is not a device (allowed: cpu, cuda, auto)");
+    if (o.resolve_device) o.device = o.resolve_device(o, host);
     if (o.threads < 0)
       throw ConfigError(
           detail::concat("--threads=", o.threads, " is out of range (allowed: >= 0)"));

@@ -81,7 +81,23 @@ class MemoryOptions : public OptionGroup {
     p.alternatives({"recompute-granularity", "recompute-activations"});
   }
 
-  void resolve(const OptionParser&, RunOptions& o, StartupNotes&) override {
+  void resolve(const OptionParser& p, RunOptions& o, StartupNotes& notes) override {
+    // A command line that switches the config file's full recomputation to selective (or none)
+    // drops the file's full-only settings, as an alternative would.
+    const bool switched = (p.given("recompute-granularity") &&
+                           !p.from_config_file("recompute-granularity") &&
+                           recompute_granularity_ != "full") ||
+                          (recompute_activations_ && !p.from_config_file("recompute-activations"));
+    for (const char* full_only : {"recompute-method", "recompute-num-layers"})
+      if (switched && p.from_config_file(full_only)) {
+        notes.input.push_back(std::string("--") + full_only +
+                              " of the config file dropped: the command line's recomputation is "
+                              "not full");
+        if (std::string(full_only) == "recompute-method")
+          recompute_method_.clear();
+        else
+          recompute_num_layers_ = 0;
+      }
     if (recompute_activations_) {
       if (checkpoint_activations_)
         throw ConfigError(

@@ -33,12 +33,13 @@ enum class DryRunSection {
   Layout,       // how the ranks are laid out
   Stage,        // per pipeline stage: one rank's memory
   StageDetail,  // per pipeline stage: what a feature adds to the stage's figures (MoE's experts)
+  Verdict,      // after the stages: whether the fullest rank fits (train/options/planning.cpp)
 };
 
 // What a group's --dry-run lines read. `stage`, `shard` and `estimate` are set for the stage parts.
 struct DryRunContext {
   const RunOptions& o;
-  int world = 1;               // ranks of the run (assumed TP x CP x PP x EP when run alone)
+  int world = 1;  // ranks of the run (--world-size; assumed TP x CP x PP x EP when run alone)
   bool world_assumed = false;  // a single process: the world above is assumed
   GridLayout layout;
   int stage = -1;

@@ -124,7 +124,7 @@ class ParallelismOptions : public OptionGroup {
         o.ep > 1 ? detail::concat(" (EP ", o.ep, " x expert-data-parallel ", layout.dp / o.ep, ")")
                        .c_str()
                  : "",
-        d.world_assumed ? " (assumed: run under mpirun for another DP)" : "",
+        d.world_assumed ? " (assumed: give --world-size, or run under mpirun, for another DP)" : "",
         o.train.global_batch(layout.dp), o.train.micro_batch_size,
         o.train.num_micro_batches(layout.dp), layout.dp);
     out << buf;

@@ -1,0 +1,49 @@
+// cluster.hpp: a cluster kind as data (issue 57): its GPU (memory, HBM bandwidth, dense bf16 and
+// FP8 peaks), GPUs per node, and the two fabrics a collective crosses (NVLink inside a node, the
+// network between nodes). One INI file per kind in configs/clusters/ (docs/planning.md); the
+// --dry-run memory verdict and the step-time predictor read it. No MPI, CUDA or compute: the
+// planning tools link it through tessera_tools.
+#pragma once
+
+#include <string>
+
+namespace tessera {
+
+// One fabric: what one GPU can send (and, at the same time, receive) over it.
+struct FabricSpec {
+  std::string name;           // "NVLink 4 (NVSwitch)", "NDR InfiniBand, one 400 Gb/s port per GPU"
+  double bandwidth_gbs = 0;   // per GPU, per direction, GB/s (1e9 bytes)
+  double latency_us = 0;      // one message's start-up time, microseconds
+  bool sharp = false;         // in-switch reduction (NVLink SHARP) for all-reduce
+};
+
+struct ClusterSpec {
+  std::string name;   // the file's stem: "dgx-h100"
+  std::string file;   // the file read
+  std::string description;
+  std::string gpu;    // "NVIDIA H100 SXM5 80GB"
+  double gpu_memory_gib = 0;  // the GPU's memory as the driver reports it (nvidia-smi), GiB
+  double hbm_tbs = 0;         // HBM bandwidth, TB/s
+  double bf16_tflops = 0;     // dense peak, bf16/f16 tensor cores
+  double fp8_tflops = 0;      // dense peak, FP8 tensor cores (0: the GPU has none)
+  int gpus_per_node = 0;
+  FabricSpec intra_node, inter_node;
+};
+
+// What the Tessera runtime holds on a GPU beside the --dry-run estimate: the CUDA context and the
+// kernels' module images, cuBLAS/cuBLASLt workspaces, NCCL's channel buffers. A layout fits a GPU
+// when the estimate plus this fits its memory (docs/planning.md says where the figure comes from).
+constexpr double kRuntimeReserveGiB = 2.0;
+
+// The folder of the shipped cluster files: configs/clusters of the working directory when it has
+// one, else the one beside the build (../../configs/clusters from build/bin/), else "".
+std::string clusters_folder();
+
+// `name_or_file`: a shipped kind ("dgx-h100") or an INI file's path. ConfigError naming the file
+// or the kinds there are for a missing kind, an unknown key, a missing or out-of-range figure.
+ClusterSpec load_cluster(const std::string& name_or_file);
+
+// One line: "dgx-h100: 8 x NVIDIA H100 SXM5 80GB (79.6 GiB) per node, ...".
+std::string describe_cluster(const ClusterSpec& c);
+
+}  // namespace tessera
