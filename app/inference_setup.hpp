@@ -17,6 +17,7 @@
 #include "data/tokenizer.hpp"
 #include "model/gpt.hpp"
 #include "train/options.hpp"
+#include "train/rank_setup.hpp"
 #include "train/router_checkpoint.hpp"
 
 namespace tessera {

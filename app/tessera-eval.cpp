@@ -16,6 +16,7 @@
 #include "data/blended_dataset.hpp"
 #include "data/gpt_dataset.hpp"
 #include "train/options.hpp"
+#include "train/rank_setup.hpp"
 #include "train/run_data.hpp"
 #include "train/trainer.hpp"
 

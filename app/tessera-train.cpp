@@ -17,6 +17,7 @@
 #include "train/memory_estimate.hpp"
 #include "train/metrics.hpp"
 #include "train/options.hpp"
+#include "train/rank_setup.hpp"
 #include "train/result_validator.hpp"
 #include "train/trainer.hpp"
 #include "train/watchdog.hpp"
@@ -36,6 +37,8 @@ int main(int argc, char** argv) {
       return resolve_device(o.device, host);
     };
     if (!parse_run_options(argc, argv, opts, program)) return 0;
+    opts.launch_rank = mpi.world_rank();
+    opts.launch_world = mpi.world_size();
     std::unique_ptr<TokenDataset> data = open_train_data(opts);
     const bool evaluating = opts.skip_train || opts.train.eval_interval > 0;
     std::unique_ptr<TokenDataset> valid = evaluating ? open_valid_data(opts) : nullptr;

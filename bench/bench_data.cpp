@@ -16,6 +16,7 @@
 #include "data/gpt_dataset.hpp"
 #include "data/preprocess.hpp"
 #include "train/options.hpp"
+#include "train/rank_setup.hpp"
 #include "train/trainer.hpp"
 
 using namespace tessera;

@@ -20,6 +20,7 @@
 #include "core/timer.hpp"
 #include "inference/generator.hpp"
 #include "train/options.hpp"
+#include "train/rank_setup.hpp"
 
 using namespace tessera;
 

@@ -19,6 +19,7 @@
 #include "core/timer.hpp"
 #include "data/dataset.hpp"
 #include "train/options.hpp"
+#include "train/rank_setup.hpp"
 #include "train/trainer.hpp"
 
 using namespace tessera;

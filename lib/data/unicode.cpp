@@ -4,6 +4,7 @@
 #include <unicode/uchar.h>
 
 #include <array>
+#include <cstdio>
 
 namespace tessera {
 
@@ -115,6 +116,40 @@ std::array<uint32_t, 256> gpt2_byte_to_codepoint() {
     cp[b] = direct ? b : 256 + n++;
   }
   return cp;
+}
+
+std::string json_quote(std::string_view in) {
+  std::string fixed;
+  const std::string_view s = utf8_sanitize(in, fixed) ? std::string_view(fixed) : in;
+  std::string o = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"':
+        o += "\\\"";
+        break;
+      case '\\':
+        o += "\\\\";
+        break;
+      case '\n':
+        o += "\\n";
+        break;
+      case '\r':
+        o += "\\r";
+        break;
+      case '\t':
+        o += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned char>(c));
+          o += buf;
+        } else {
+          o += c;
+        }
+    }
+  }
+  return o + "\"";
 }
 
 }  // namespace tessera

@@ -56,6 +56,10 @@ inline uint32_t utf8_at(std::string_view s, size_t i, size_t& len) {
 // Returns false, leaving `out` untouched, when `in` is already valid.
 bool utf8_sanitize(std::string_view in, std::string& out);
 
+// `s` as a JSON string literal; ill-formed UTF-8 becomes U+FFFD (one per maximal subpart): the
+// server's replies, tessera-inspect --json.
+std::string json_quote(std::string_view s);
+
 // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the others for 256 + n
 // in byte order (the byte-level BPE's alphabet; GPT2Tokenizer and the Hugging Face ByteLevel
 // pre-tokenizer both use it).

@@ -146,40 +146,6 @@ ApiRequest parse_api_request(std::string_view body) {
   return q;
 }
 
-std::string json_quote(std::string_view in) {
-  std::string fixed;
-  const std::string_view s = utf8_sanitize(in, fixed) ? std::string_view(fixed) : in;
-  std::string o = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        o += "\\\"";
-        break;
-      case '\\':
-        o += "\\\\";
-        break;
-      case '\n':
-        o += "\\n";
-        break;
-      case '\r':
-        o += "\\r";
-        break;
-      case '\t':
-        o += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned char>(c));
-          o += buf;
-        } else {
-          o += c;
-        }
-    }
-  }
-  return o + "\"";
-}
-
 namespace {
 std::string json_number(double x, int digits) {
   if (!std::isfinite(x)) return "null";

@@ -14,6 +14,7 @@
 #include "comm/communicator.hpp"
 #include "data/tokenizer.hpp"
 #include "model/gpt.hpp"
+#include "data/unicode.hpp"  // json_quote
 
 namespace tessera {
 
@@ -40,9 +41,6 @@ struct ApiRequest {
 
 // Parses and checks a request body; throws ApiError saying what is wrong.
 ApiRequest parse_api_request(std::string_view body);
-
-// `s` as a JSON string literal; ill-formed UTF-8 becomes U+FFFD (one per maximal subpart).
-std::string json_quote(std::string_view s);
 
 struct ServerOptions {
   std::string host = "0.0.0.0";

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/phase_timer.hpp"
+#include "core/test_hooks.hpp"
 #include "model/slots.hpp"
 
 namespace tessera {

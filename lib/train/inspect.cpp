@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
-#include "inference/text_server.hpp"
+#include "data/unicode.hpp"
 
 namespace tessera {
 

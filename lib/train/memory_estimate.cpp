@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "comm/process_grid.hpp"
+#include "comm/grid_layout.hpp"
 #include "model/gpt.hpp"
 #include "model/params.hpp"
 #include "train/layout.hpp"

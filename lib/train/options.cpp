@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include "comm/process_grid.hpp"
+#include "comm/grid_layout.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "train/layout.hpp"

@@ -1,8 +1,9 @@
 // options.hpp: the command-line / config-file options of tessera-train, with Megatron's names.
 // The options come in groups, each in its own file of train/options/ (option_group.hpp); this
-// header is what callers include: it also brings the data opening (run_data.hpp), a rank's
-// set-up (rank_setup.hpp), the memory estimate (memory_estimate.hpp) and the context-parallel
-// ring's traffic (context_parallel.hpp) that the --dry-run report prints.
+// header is what callers include: it also brings the data opening (run_data.hpp), the memory
+// estimate (memory_estimate.hpp) and the context-parallel ring's traffic (context_parallel.hpp)
+// that the --dry-run report prints. No MPI, CUDA or NCCL: tessera-inspect parses the same
+// options (lib/CMakeLists.txt, tessera_host); a rank's set-up is train/rank_setup.hpp.
 #pragma once
 
 #include <functional>
@@ -12,7 +13,6 @@
 #include "model/recompute.hpp"
 #include "train/context_parallel.hpp"
 #include "train/memory_estimate.hpp"
-#include "train/rank_setup.hpp"
 #include "train/run_data.hpp"
 #include "train/run_options.hpp"
 

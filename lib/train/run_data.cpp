@@ -1,7 +1,6 @@
 // run_data.cpp: opening the datasets a run's options name (train/run_data.hpp).
 #include "train/run_data.hpp"
 
-#include <mpi.h>
 
 #include <algorithm>
 #include <array>
@@ -188,12 +187,7 @@ std::unique_ptr<TokenDataset> open_train_data(RunOptions& o) {
   if (d < 0 && ds->num_datasets() > 1) {
     // The blend's order over the whole run: from the cache file of an earlier start when there
     // is one (world rank 0 writes it), else computed here.
-    int initialized = 0, rank = 0, world = 1;
-    MPI_Initialized(&initialized);
-    if (initialized) {
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      MPI_Comm_size(MPI_COMM_WORLD, &world);
-    }
+    const int rank = o.launch_rank, world = std::max(1, o.launch_world);
     const int dp = std::max(1, world / std::max(1, o.tp * o.pp * o.cp));
     const TrainConfig t = o.train.resolved(dp);
     const int64_t run = t.samples_before_iteration(dp, t.train_iters + 1);

@@ -41,6 +41,9 @@ struct RunOptions {
   DataBlend train_data_path, valid_data_path, test_data_path;
   std::string split = "969,30,1";
   std::string data_cache_path;  // where the blend's index file goes ("": beside the first prefix)
+  // The world rank and size of the processes that open the data (tessera-train sets them from
+  // MPI; world rank 0 writes the blend's index file): the options library needs no MPI.
+  int launch_rank = 0, launch_world = 1;
   bool has_data() const { return !data_path.empty() || !train_data_path.empty(); }
   // The tokenizer of the training data and the prefix it came from (set by open_train_data;
   // the validation and test data must share it).

@@ -174,6 +174,20 @@ expect 0 "--use-flash-attn: accepted without effect: attention is always fused" 
 expect 0 "--DDP-impl local: accepted without effect" -- "${tiny[@]}" --DDP-impl local --dry-run
 expect 2 "--DDP-impl fancy is not a choice \(allowed: local,torch\)" -- "${tiny[@]}" --DDP-impl fancy
 expect 2 "--num-workers two: not a whole number" -- "${tiny[@]}" --num-workers two
+# Issue 57/58: the shipped DeepSeek-V3 config fits the hardware it names (64 dgx-h100 nodes), and
+# --dry-run says so; dropless it does not, and the verdict names the change that fits; a plan's
+# --world-size; --cluster and --world-size only with --dry-run; an unknown kind lists the kinds.
+expect 0 "memory verdict: fits dgx-h100's NVIDIA H100 SXM5 80GB \(79.7 GiB\): the fullest rank \(stage 0\) needs 46.3 GiB \+ 2.0 GiB runtime reserve" -- --config "$configs/deepseek-v3.ini" --dry-run --cluster dgx-h100
+dropless=$(mktemp --suffix=.ini)
+grep -v '^moe-expert-capacity-factor' "$configs/deepseek-v3.ini" > "$dropless"
+expect 0 "memory verdict: does not fit dgx-h100's .*needs 104.9 GiB .*; --moe-expert-capacity-factor 1.0 would fit \(46.3 GiB\)" -- --config "$dropless" --dry-run --cluster dgx-h100
+rm -f "$dropless"
+expect 0 "memory verdict: fits dgx-h200's .* needs 105.0 GiB" -- --config "$configs/deepseek-v3.ini" --dry-run --cluster dgx-h200 --recompute-granularity selective
+expect 0 "layout: world 16 = TP 2 x PP 2 x DP 4;" -- --config "$configs/gpt2-tiny.ini" --num-layers 4 --dry-run --world-size 16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+expect 0 "memory verdict: (none: no GPU on this host|fits this host's)" -- --config "$configs/gpt2-tiny.ini" --dry-run --device cuda
+expect 2 "--world-size plans a run: it needs --dry-run" -- --config "$configs/gpt2-tiny.ini" --train-iters 1 --world-size 8
+expect 2 "--cluster dgx-b300: no such cluster kind in .*configs/clusters \(there: dgx-a100, dgx-h100, dgx-h200\)" -- --config "$configs/gpt2-tiny.ini" --dry-run --cluster dgx-b300
+expect 2 "--world-size=0 is out of range" -- --config "$configs/gpt2-tiny.ini" --dry-run --world-size 0
 for opt in num-layers hidden-size num-attention-heads seq-length max-position-embeddings \
            micro-batch-size global-batch-size train-iters lr min-lr lr-decay-style \
            lr-warmup-iters weight-decay clip-grad adam-beta1 adam-beta2 adam-eps seed \

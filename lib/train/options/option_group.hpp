@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/process_grid.hpp"
+#include "comm/grid_layout.hpp"
+#include "core/config.hpp"
 #include "model/gpt.hpp"
 #include "train/memory_estimate.hpp"
 #include "train/run_options.hpp"

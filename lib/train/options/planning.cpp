@@ -54,7 +54,7 @@ class PlanningOptions : public OptionGroup {
         "with --dry-run: the cluster to check the layout against, a kind of configs/clusters "
         "(dgx-a100, dgx-h100, dgx-h200) or a cluster file's path (docs/planning.md); the "
         "report ends with whether the fullest rank fits its GPU")(
-        "world-size", po::value(&o.world_size)->default_value(0),
+        "world-size", po::value(&o.world_size),
         "with --dry-run: the GPUs (ranks) of the plan, instead of the MPI world the dry run "
         "runs in (a multiple of TP x CP x PP, and of EP)");
   }
