@@ -4,7 +4,8 @@
 # losses of the uninterrupted single-rank run; tessera-reshard takes it to TP 2 (with
 # --target-expert-model-parallel-size) and TP 2 x EP 2 resumes the same; the expert tensors are
 # stored once each, by global index, whatever the EP that saved them; tessera-generate reads it;
-# the log, metrics file and --dry-run carry the MoE figures; bad input is one line, exit 2.
+# a capacity factor's runs at EP 4 and EP 2 (allgather) equal the single rank's; the log, metrics
+# file and --dry-run carry the MoE figures; bad input is one line, exit 2.
 # Usage: test_moe.sh BIN_DIR CONFIG_DIR
 set -u
 bin=$1
@@ -55,6 +56,17 @@ same full res-ep1 "saved at EP 4 (distributed optimizer), resumed on one rank"
 train res-ep2 2 --load "$work/ck" --expert-model-parallel-size 2 --async-save --save "$work/ck2" --save-interval 8 \
   || bad "EP 2 resume: $(tail -2 "$work/res-ep2.log")"
 same full res-ep2 "saved at EP 4, resumed at EP 2 (async saves)"
+# A capacity (issue 58): each expert takes at most ceil(N K / E x 0.5) copies from each rank, so
+# the expert side's buffers are sized by it (GPTConfig::moe_received_rows, an eighth of the
+# dropless bound at EP 4) and the copies over it are dropped; EP 4 and the allgather dispatcher at
+# EP 2 train as the single rank does.
+train cap 1 --moe-expert-capacity-factor 0.5 || bad "capacity 0.5: $(tail -2 "$work/cap.log")"
+train cap-ep4 4 --moe-expert-capacity-factor 0.5 --expert-model-parallel-size 4 \
+  || bad "capacity 0.5 at EP 4: $(tail -2 "$work/cap-ep4.log")"
+same cap cap-ep4 "capacity 0.5 at EP 4 (buffers sized by the capacity)"
+train cap-ag 2 --moe-expert-capacity-factor 0.5 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather \
+  || bad "capacity 0.5 at EP 2, allgather: $(tail -2 "$work/cap-ag.log")"
+same cap cap-ag "capacity 0.5 at EP 2 with the allgather dispatcher"
 # The file holds each expert once, by its global index (8 experts x 2 layers x fc1, fc2).
 n=$(python3 - "$work/ck/iter_0000005/mp_rank_00_000.h5" <<'PY'
 import subprocess, sys
