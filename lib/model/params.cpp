@@ -156,6 +156,10 @@ std::vector<ParamSpec> build_param_specs(const GPTConfig& cfg, const ModelShard&
   return shard_specs(cfg, shard, false);
 }
 
+std::vector<ParamSpec> counted_param_specs(const GPTConfig& cfg, const ModelShard& shard) {
+  return shard_specs(cfg, shard, true);
+}
+
 ParamCount count_param_specs(const GPTConfig& cfg, const ModelShard& shard) {
   ParamCount c;
   const int64_t local = shard.experts_local(cfg.num_experts);

@@ -127,6 +127,9 @@ struct ParamCount {
   int64_t parameters = 0, expert_parameters = 0;
 };
 ParamCount count_param_specs(const GPTConfig& cfg, const ModelShard& shard);
+// The specs count_param_specs counts: each MoE layer's first local expert only (`expert` set;
+// the layer's other local experts have the same shapes). The step-time predictor reads its GEMMs.
+std::vector<ParamSpec> counted_param_specs(const GPTConfig& cfg, const ModelShard& shard);
 
 // Global linear index of local element `i` of a shard (for counter-based init and checks).
 int64_t global_element_index(const ParamSpec& spec, int64_t local_index);

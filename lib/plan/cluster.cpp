@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <boost/program_options.hpp>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "core/error.hpp"
@@ -123,6 +126,90 @@ std::string describe_cluster(const ClusterSpec& c) {
                 c.intra_node.name.c_str(), c.intra_node.bandwidth_gbs, c.inter_node.name.c_str(),
                 c.inter_node.bandwidth_gbs);
   return buf;
+}
+
+namespace {
+
+std::vector<std::pair<double, double>> rate_table(const std::string& file, const char* key,
+                                                  const std::string& text) {
+  std::vector<std::pair<double, double>> t;
+  std::istringstream in(text);
+  std::string item;
+  while (in >> item) {
+    const size_t colon = item.find(':');
+    char* end = nullptr;
+    const double w = colon == std::string::npos ? 0 : std::strtod(item.c_str(), &end);
+    const double r = colon == std::string::npos ? 0 : std::strtod(item.c_str() + colon + 1, &end);
+    if (!(w > 0 && r > 0))
+      throw ConfigError("rates file '" + file + "': " + key + " item '" + item +
+                        "' is not WIDTH:TFLOPS (e.g. 2048:800)");
+    t.emplace_back(w, r);
+  }
+  if (t.empty()) throw ConfigError("rates file '" + file + "': " + key + " is empty");
+  std::sort(t.begin(), t.end());
+  return t;
+}
+
+}  // namespace
+
+double GpuRates::gemm(double width, bool fp8) const {
+  const auto& t = fp8 && !gemm_fp8.empty() ? gemm_fp8 : gemm_bf16;
+  if (width <= t.front().first) return t.front().second;
+  if (width >= t.back().first) return t.back().second;
+  for (size_t i = 1; i < t.size(); ++i)
+    if (width <= t[i].first) {
+      const double f = std::log(width / t[i - 1].first) / std::log(t[i].first / t[i - 1].first);
+      return t[i - 1].second + f * (t[i].second - t[i - 1].second);
+    }
+  return t.back().second;
+}
+
+GpuRates load_rates(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw ConfigError("rates file '" + file + "' cannot be read");
+  GpuRates r;
+  r.file = file;
+  std::string bf16, fp8;
+  po::options_description d;
+  d.add_options()("gpu", po::value(&r.gpu)->required())(
+      "bf16-tflops", po::value(&r.bf16_peak)->required())(
+      "fp8-tflops", po::value(&r.fp8_peak)->required())(
+      "hbm-tbs", po::value(&r.hbm_tbs)->required())("gemm.bf16", po::value(&bf16)->required())(
+      "gemm.fp8", po::value(&fp8)->required())(
+      "attention.forward-tflops", po::value(&r.attention_forward)->required())(
+      "attention.backward-tflops", po::value(&r.attention_backward)->required())(
+      "memory.tbs", po::value(&r.memory_tbs)->required());
+  try {
+    po::variables_map vm;
+    po::store(po::parse_config_file(in, d, /*allow_unregistered=*/false), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw ConfigError("rates file '" + file + "': " + e.what() + " (docs/planning.md, \"Rates\")");
+  }
+  r.gemm_bf16 = rate_table(file, "[gemm] bf16", bf16);
+  r.gemm_fp8 = rate_table(file, "[gemm] fp8", fp8);
+  for (double v : {r.bf16_peak, r.hbm_tbs, r.attention_forward, r.attention_backward, r.memory_tbs})
+    if (!(v > 0)) throw ConfigError("rates file '" + file + "': a figure is not positive");
+  return r;
+}
+
+GpuRates rates_for(const ClusterSpec& c) {
+  const std::string dir = fs::path(c.file).parent_path().string();
+  std::string file = (dir.empty() ? std::string(".") : dir) + "/../rates/h200.ini";
+  if (!fs::exists(file)) file = clusters_folder() + "/../rates/h200.ini";
+  GpuRates r = load_rates(file);
+  const double dense = c.bf16_tflops / r.bf16_peak;
+  const double fp8 = c.fp8_tflops > 0 && r.fp8_peak > 0 ? c.fp8_tflops / r.fp8_peak : 0;
+  for (auto& [w, t] : r.gemm_bf16) t *= dense;
+  if (fp8 > 0)
+    for (auto& [w, t] : r.gemm_fp8) t *= fp8;
+  else
+    r.gemm_fp8 = r.gemm_bf16;  // no FP8 tensor cores: FP8 GEMMs run at the bf16 rate
+  r.attention_forward *= dense;
+  r.attention_backward *= dense;
+  r.memory_tbs *= c.hbm_tbs / r.hbm_tbs;
+  r.gpu = c.gpu + " (scaled from " + r.gpu + ")";
+  return r;
 }
 
 }  // namespace tessera

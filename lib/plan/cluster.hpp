@@ -6,6 +6,10 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
+#include <utility>
+#include <vector>
 
 namespace tessera {
 
@@ -45,5 +49,23 @@ ClusterSpec load_cluster(const std::string& name_or_file);
 
 // One line: "dgx-h100: 8 x NVIDIA H100 SXM5 80GB (79.6 GiB) per node, ...".
 std::string describe_cluster(const ClusterSpec& c);
+
+// Tessera's achieved rates on a GPU (configs/rates/*.ini, docs/planning.md "Rates"): GEMMs by
+// width and precision, attention forward and backward, memory-bound passes.
+struct GpuRates {
+  std::string gpu, file;
+  double bf16_peak = 0, fp8_peak = 0, hbm_tbs = 0;  // the GPU's, for scaling to another
+  std::vector<std::pair<double, double>> gemm_bf16, gemm_fp8;  // (width, TFLOP/s), by width
+  double attention_forward = 0, attention_backward = 0;        // TFLOP/s
+  double memory_tbs = 0;                                       // TB/s
+  // The achieved GEMM rate at `width` (the smaller matrix side), TFLOP/s.
+  double gemm(double width, bool fp8) const;
+};
+
+// The measured rates file (configs/rates/h200.ini beside the cluster files) scaled to `c`'s GPU:
+// GEMM and attention rates by the ratio of dense peaks (FP8 GEMMs at bf16 rate where `c`'s GPU
+// has no FP8), the memory-bound rate by the ratio of HBM bandwidths.
+GpuRates rates_for(const ClusterSpec& c);
+GpuRates load_rates(const std::string& file);
 
 }  // namespace tessera

@@ -15,6 +15,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "plan/cluster.hpp"
+#include "plan/predict.hpp"
 #include "train/layout.hpp"
 #include "train/options.hpp"
 #include "train/options/option_group.hpp"
@@ -76,7 +77,15 @@ class PlanningOptions : public OptionGroup {
     if (s == DryRunSection::Setup && d.o.cluster_spec)
       out << "cluster: " << describe_cluster(*d.o.cluster_spec) << " (" << d.o.cluster_spec->file
           << ")\n";
-    if (s == DryRunSection::Verdict) verdict(d, out);
+    if (s == DryRunSection::Verdict) {
+      verdict(d, out);
+      if (d.o.cluster_spec) {  // the predicted step (plan/predict.hpp)
+        const GpuRates rates = rates_for(*d.o.cluster_spec);
+        out << prediction_report(predict_step(d.o.model, d.o.train, d.layout, d.o.ep,
+                                              *d.o.cluster_spec, rates),
+                                 *d.o.cluster_spec, rates);
+      }
+    }
   }
 
  private:

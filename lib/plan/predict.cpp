@@ -1,0 +1,343 @@
+// predict.cpp: the step-time predictor (plan/predict.hpp; docs/planning.md, "The predicted step").
+#include "plan/predict.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "core/dtype.hpp"
+#include "model/params.hpp"
+#include "train/context_parallel.hpp"
+#include "train/layout.hpp"
+#include "train/pipeline.hpp"
+
+namespace tessera {
+
+namespace {
+
+// A group of `n` ranks `stride` apart in the rank order (TP fastest, then CP, DP, PP): inside one
+// node when it spans at most a node's GPUs; else over the network, whose per-GPU links the
+// group's ranks on one node use together (NCCL's rings over every NIC), up to NVLink's rate.
+struct Link {
+  double bw = 0, lat = 0;  // bytes/s, seconds
+};
+Link link_of(const ClusterSpec& c, int stride, int n) {
+  const int G = c.gpus_per_node;
+  if (int64_t(stride) * n <= G) return {c.intra_node.bandwidth_gbs * 1e9, c.intra_node.latency_us * 1e-6};
+  const int per_node = std::max(1, std::min(n, G / std::max(1, stride)));
+  return {std::min(c.intra_node.bandwidth_gbs, per_node * c.inter_node.bandwidth_gbs) * 1e9,
+          c.inter_node.latency_us * 1e-6};
+}
+// Ring collectives (NCCL's Ring/Simple: (n-1) or 2(n-1) steps), `bytes` the whole buffer.
+double all_reduce(const Link& l, int n, double bytes) {
+  return n <= 1 ? 0 : 2.0 * (n - 1) / n * bytes / l.bw + 2.0 * (n - 1) * l.lat;
+}
+double all_gather(const Link& l, int n, double bytes) {  // also reduce-scatter and all-to-all
+  return n <= 1 ? 0 : double(n - 1) / n * bytes / l.bw + (n - 1) * l.lat;
+}
+
+// One micro-batch through one layer on one rank (seconds).
+struct LayerTime {
+  double fwd = 0, bwd = 0, recompute = 0;  // compute
+  double tp = 0, cp = 0, ep = 0;           // exposed communication, forward + backward
+  double recompute_comm = 0;               // the TP/EP communication a full recompute repeats
+  double model_flops = 0;                  // forward + backward, without recomputation
+};
+
+struct Model {
+  const GPTConfig& cfg;
+  const TrainConfig& t;
+  const GridLayout& layout;
+  int ep;
+  const ClusterSpec& cluster;
+  const GpuRates& rates;
+  double wb = 2;    // bytes per activation element
+  double N = 0;     // tokens of a micro-batch on a rank (S / CP per sample)
+  double S = 0;     // the sequence
+  Link tp_link, cp_link, ep_link, pp_link, grad_link, edp_link;
+
+  double gemm_time(double flops, double width) const {
+    return flops / (rates.gemm(width, t.fp8.enabled) * 1e12);
+  }
+  double memory_time(double bytes) const { return bytes / (rates.memory_tbs * 1e12); }
+
+  // The layer's GEMMs, from its parameter specs on this TP rank: 2 N x weight FLOPs forward (a
+  // routed expert's K copies of each token: 2 N K x one expert's weight), twice that backward.
+  LayerTime layer(const std::vector<const ParamSpec*>& weights, bool moe) const {
+    LayerTime l;
+    double gemm_flops = 0;
+    for (const ParamSpec* s : weights) {
+      const double numel = double(s->numel());
+      const double last = double(s->local_shape.back());
+      const double width = std::min(last, numel / last);
+      const double rows = s->expert ? N * cfg.moe_router_topk : N;
+      const double f = 2.0 * rows * numel;
+      gemm_flops += f;
+      l.fwd += gemm_time(f, width);
+      l.bwd += 2 * gemm_time(f, width);
+    }
+    // The attention core: causal, each of this rank's N queries against the sample's keys.
+    const double heads = double(cfg.num_attention_heads) / layout.tp;
+    const double attn =
+        2.0 * t.micro_batch_size * (S / layout.cp) * S * heads * (cfg.head_dim() + cfg.value_dim()) / 2;
+    const double attn_fwd = attn / (rates.attention_forward * 1e12);
+    const double attn_bwd = 2.5 * attn / (rates.attention_backward * 1e12);
+    l.fwd += attn_fwd;
+    l.bwd += attn_bwd;
+    l.model_flops = 3 * gemm_flops + 3.5 * attn;
+    // Memory-bound passes, the fewest bytes Tessera's kernels move: forward, the first norm's
+    // read and write, the fused residual add + second norm (two reads, two writes), the
+    // activation's read and write of the MLP's width; backward twice that.
+    const double sp = t.sequence_parallel ? layout.tp : 1;
+    const double width = moe ? double(cfg.moe_router_topk) * cfg.moe_ffn() : cfg.ffn();
+    const double elem =
+        memory_time(wb * N * (8.0 * cfg.hidden_size / sp + 2.0 * width / layout.tp));
+    l.fwd += elem;
+    l.bwd += 2 * elem;
+    // Tensor parallelism: two all-reduces of the layer's hidden state forward and two backward
+    // (with sequence parallelism an all-gather and a reduce-scatter each instead).
+    const double M = wb * N * cfg.hidden_size;
+    const int T = layout.tp;
+    const double tp_one = t.sequence_parallel ? 2 * all_gather(tp_link, T, M) : all_reduce(tp_link, T, M);
+    l.tp = 4 * tp_one;
+    // Expert parallelism: the dispatch and combine all-to-alls of N K copies, forward and backward.
+    if (moe && ep > 1) l.ep = 4 * all_gather(ep_link, ep, wb * N * cfg.moe_router_topk * cfg.hidden_size);
+    // Context parallelism: the K/V ring beside the attention core; what it takes beyond it.
+    if (layout.cp > 1) {
+      const RingTraffic ring = cp_ring_traffic(cfg, t, layout.tp, layout.cp);
+      const double steps = layout.cp - 1;
+      l.cp = std::max(0.0, ring.forward / cp_link.bw + steps * cp_link.lat - attn_fwd) +
+             std::max(0.0, ring.backward / cp_link.bw + 2 * steps * cp_link.lat - attn_bwd);
+    }
+    switch (t.recompute.granularity) {
+      case RecomputeGranularity::Full:
+        l.recompute = l.fwd;
+        l.recompute_comm = (l.tp + l.ep) / 2;
+        break;
+      case RecomputeGranularity::Selective:
+        l.recompute = attn_fwd;
+        break;
+      default:
+        break;
+    }
+    return l;
+  }
+};
+
+}  // namespace
+
+StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& layout,
+                            int ep, const ClusterSpec& cluster, const GpuRates& rates) {
+  Model m{cfg, t, layout, ep, cluster, rates};
+  m.wb = dtype_size(t.compute_dtype);
+  m.S = cfg.seq_length;
+  m.N = double(t.micro_batch_size) * cfg.seq_length / layout.cp;
+  const int TP = layout.tp, CP = layout.cp, DP = layout.dp, PP = layout.pp;
+  m.tp_link = link_of(cluster, 1, TP);
+  m.cp_link = link_of(cluster, TP, CP);
+  m.ep_link = link_of(cluster, TP * CP, ep);
+  m.pp_link = link_of(cluster, TP * CP * DP, PP);
+  m.grad_link = link_of(cluster, TP, CP * DP);
+  m.edp_link = link_of(cluster, TP * CP * ep, std::max(1, DP / ep) * CP);
+  const int V = std::max(1, t.virtual_pipeline_size);
+  const int micro = t.num_micro_batches(DP);
+  StepPrediction p;
+  p.micro_batches = micro;
+  p.stages.resize(PP);
+  // Per (stage, chunk): one micro-batch's forward and backward (+ recompute) step, and the
+  // stage's communication inside them.
+  std::vector<std::vector<double>> F(PP, std::vector<double>(V)), B(PP, std::vector<double>(V));
+  std::vector<double> tp_comm(PP), cp_comm(PP), ep_comm(PP), flops(PP), dp_grad(PP), dp_param(PP);
+  const double M = m.wb * m.N * cfg.hidden_size;  // one micro-batch's hidden state
+  for (int s = 0; s < PP; ++s) {
+    ParallelContext ctx;
+    ctx.tp_size = TP;
+    ctx.pp_size = PP;
+    ctx.pp_rank = s;
+    ctx.cp_size = CP;
+    ctx.ep_size = ep;
+    const ModelShard shard = make_model_shard(cfg, ctx, t.sequence_parallel, t.virtual_pipeline_size);
+    const std::vector<ParamSpec> specs = counted_param_specs(cfg, shard);
+    std::map<int, std::vector<const ParamSpec*>> by_layer;
+    double dense = 0, experts = 0;
+    for (const ParamSpec& sp : specs) {
+      (sp.expert ? experts : dense) += double(sp.numel()) * (sp.expert ? shard.experts_local(cfg.num_experts) : 1);
+      int layer = -1;
+      if (std::sscanf(sp.name.c_str(), "layers.%d.", &layer) != 1) continue;
+      if (sp.local_shape.size() >= 2 && sp.weight_decay) by_layer[layer].push_back(&sp);
+    }
+    for (int c = 0; c < shard.num_chunks(); ++c) {
+      const LayerRange r = shard.chunks[size_t(c)];
+      for (int l = r.begin; l < r.end; ++l) {
+        const LayerTime lt = m.layer(by_layer[l], cfg.is_moe_layer(l));
+        F[s][c] += lt.fwd + (lt.tp + lt.ep + lt.cp) / 2;
+        B[s][c] += lt.bwd + lt.recompute + (lt.tp + lt.ep + lt.cp) / 2 + lt.recompute_comm;
+        p.stages[s].forward += micro * lt.fwd;
+        p.stages[s].backward += micro * lt.bwd;
+        p.stages[s].recompute += micro * lt.recompute;
+        tp_comm[s] += micro * (lt.tp + (t.recompute.granularity == RecomputeGranularity::Full ? lt.tp / 2 : 0));
+        ep_comm[s] += micro * (lt.ep + (t.recompute.granularity == RecomputeGranularity::Full ? lt.ep / 2 : 0));
+        cp_comm[s] += micro * lt.cp;
+        flops[s] += micro * lt.model_flops;
+      }
+    }
+    // The first stage's embedding (its TP all-reduce), the last's output layer, cross-entropy
+    // and multi-token prediction's layers.
+    if (shard.has_embedding) {
+      const double e = TP > 1 ? all_reduce(m.tp_link, TP, M) : 0;
+      F[s][0] += e + m.memory_time(2 * M);
+      tp_comm[s] += micro * e;
+    }
+    if (shard.has_head) {
+      const int last = shard.num_chunks() - 1;
+      const double V_local = double(cfg.padded_vocab_size(TP)) / TP;
+      const double heads = 1 + shard.mtp_count;
+      const double f = 2.0 * m.N * cfg.hidden_size * V_local;
+      // The logits GEMM (twice its FLOPs backward); cross-entropy reads the logits once forward,
+      // reads them and writes their gradient backward.
+      const double gemm = m.gemm_time(f, cfg.hidden_size), pass = m.memory_time(m.N * V_local * m.wb);
+      const double head_fwd = heads * (gemm + pass), head_bwd = heads * (2 * gemm + 2 * pass);
+      F[s][last] += head_fwd;
+      B[s][last] += head_bwd;
+      p.stages[s].forward += micro * head_fwd;
+      p.stages[s].backward += micro * head_bwd;
+      flops[s] += micro * heads * 3 * f;
+      for (int l = shard.mtp_begin; l < shard.mtp_begin + shard.mtp_count; ++l) {
+        const LayerTime lt = m.layer(by_layer[l], cfg.is_moe_layer(l));
+        F[s][last] += lt.fwd + (lt.tp + lt.ep) / 2;
+        B[s][last] += lt.bwd + lt.recompute + (lt.tp + lt.ep) / 2;
+        p.stages[s].forward += micro * lt.fwd;
+        p.stages[s].backward += micro * lt.bwd;
+        tp_comm[s] += micro * lt.tp;
+        ep_comm[s] += micro * lt.ep;
+        flops[s] += micro * lt.model_flops;
+      }
+    }
+    // Data parallelism: the f32 gradients reduced over DP x CP (experts' over their
+    // expert-data-parallel group), reduce-scattered with the distributed optimizer, whose
+    // updated bf16 weights are then all-gathered; the optimizer's passes over its shard.
+    const double dense_grad = 4 * dense, expert_grad = 4 * experts;
+    const int gn = DP * CP, en = std::max(1, DP / ep) * CP;
+    if (t.use_distributed_optimizer) {
+      dp_grad[s] = all_gather(m.grad_link, gn, dense_grad) + all_gather(m.edp_link, en, expert_grad);
+      dp_param[s] = all_gather(m.grad_link, gn, m.wb * dense) + all_gather(m.edp_link, en, m.wb * experts);
+    } else {
+      dp_grad[s] = all_reduce(m.grad_link, gn, dense_grad) + all_reduce(m.edp_link, en, expert_grad);
+    }
+    const double owned = t.use_distributed_optimizer ? dense / gn + experts / en : dense + experts;
+    // Adam: the f32 master weight, gradient and two moments read, three written, the bf16 copy
+    // written (30 bytes a parameter), and the gradient norm's read of every gradient.
+    p.stages[s].optimizer = m.memory_time(30 * owned + 4 * (dense + experts));
+  }
+  // The pipeline: each rank runs its schedule's steps in order; a forward needs the previous
+  // virtual stage's forward of that micro-batch (and its send), a backward the next one's.
+  auto simulate = [&](double p2p, std::vector<double>& finish, std::vector<double>& busy) {
+    const int stages = PP * V;
+    std::vector<std::vector<PipeStep>> order(PP);
+    for (int s = 0; s < PP; ++s)
+      order[s] = V > 1 ? schedule_interleaved(PP, s, micro, V) : schedule_1f1b(PP, s, micro);
+    std::map<std::tuple<bool, int, int>, double> done;  // (forward, micro, virtual stage)
+    std::vector<size_t> next(PP, 0);
+    std::vector<double> free(PP, 0.0);
+    busy.assign(PP, 0.0);
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int s = 0; s < PP; ++s)
+        while (next[s] < order[s].size()) {
+          const PipeStep& st = order[s][next[s]];
+          const int vs = st.chunk * PP + s;
+          double ready = 0;
+          if (st.forward && vs > 0) {
+            const auto it = done.find({true, st.micro, vs - 1});
+            if (it == done.end()) break;
+            ready = it->second + p2p;
+          } else if (!st.forward && vs < stages - 1) {
+            const auto it = done.find({false, st.micro, vs + 1});
+            if (it == done.end()) break;
+            ready = it->second + p2p;
+          }
+          const double d = st.forward ? F[s][st.chunk] : B[s][st.chunk];
+          free[s] = std::max(free[s], ready) + d;
+          busy[s] += d;
+          done[{st.forward, st.micro, vs}] = free[s];
+          ++next[s];
+          progress = true;
+        }
+    }
+    finish = free;
+  };
+  const double send = PP > 1 ? M / (t.sequence_parallel ? TP : 1) / m.pp_link.bw + m.pp_link.lat : 0;
+  std::vector<double> finish, busy, finish0, busy0;
+  simulate(send, finish, busy);
+  simulate(0, finish0, busy0);
+  // Each stage's gradient reduce overlaps its last micro-batch's backward (--overlap-grad-reduce)
+  // and the parameter gather the next forward (--overlap-param-gather); the rest is exposed.
+  double step = 0, makespan = 0, makespan0 = 0;
+  for (int s = 0; s < PP; ++s) {
+    makespan = std::max(makespan, finish[s]);
+    makespan0 = std::max(makespan0, finish0[s]);
+  }
+  for (int s = 0; s < PP; ++s) {
+    const double window_b = t.overlap_grad_reduce ? B[s][0] : 0;
+    const double window_f = t.overlap_param_gather ? F[s][0] : 0;
+    const double g = std::max(0.0, dp_grad[s] - window_b), a = std::max(0.0, dp_param[s] - window_f);
+    const double end = finish[s] + g + a + p.stages[s].optimizer;
+    if (end > step) {
+      step = end;
+      p.critical_stage = s;
+      p.dp_grad = g;
+      p.dp_param = a;
+    }
+  }
+  const int c = p.critical_stage;
+  p.step = step;
+  p.bubble = std::max(0.0, makespan0 - busy0[c]);
+  p.pp = makespan - makespan0;
+  p.tp = tp_comm[c];
+  p.cp = cp_comm[c];
+  p.ep = ep_comm[c];
+  p.exposed_comm = p.tp + p.pp + p.dp_grad + p.dp_param + p.cp + p.ep;
+  double model_flops = 0;
+  for (int s = 0; s < PP; ++s) model_flops += flops[s];
+  p.tflops_per_gpu = model_flops / PP / step / 1e12;
+  p.mfu = p.tflops_per_gpu / cluster.bf16_tflops;
+  p.tokens_per_s = double(t.global_batch(DP)) * cfg.seq_length / step;
+  return p;
+}
+
+std::string prediction_report(const StepPrediction& p, const ClusterSpec& cluster,
+                              const GpuRates& rates) {
+  std::string out;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "predicted step on %s, from Tessera's rates (%s, %s): %d micro-batches per step\n",
+                cluster.name.c_str(), rates.gpu.c_str(), rates.file.c_str(), p.micro_batches);
+  out += buf;
+  for (size_t s = 0; s < p.stages.size(); ++s) {
+    const auto& st = p.stages[s];
+    std::snprintf(buf, sizeof buf,
+                  "  stage %zu compute per step: forward %.3f s, backward %.3f s, recompute %.3f s, "
+                  "optimizer %.3f s%s\n",
+                  s, st.forward, st.backward, st.recompute, st.optimizer,
+                  int(s) == p.critical_stage ? " (the stage that finishes last)" : "");
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                "  pipeline bubble %.3f s; exposed communication %.3f s: TP/SP %.3f, pipeline "
+                "send/recv %.3f, DP gradient reduce %.3f, DP parameter gather %.3f, CP ring %.3f, "
+                "EP all-to-all %.3f\n",
+                p.bubble, p.exposed_comm, p.tp, p.pp, p.dp_grad, p.dp_param, p.cp, p.ep);
+  out += buf;
+  std::snprintf(buf, sizeof buf,
+                "predicted: step %.4g s | tokens/s %.0f | TFLOP/s/GPU %.1f | MFU %.1f %% | bubble "
+                "%.1f %% | exposed comm %.1f %%\n",
+                p.step, p.tokens_per_s, p.tflops_per_gpu, 100 * p.mfu, 100 * p.bubble / p.step,
+                100 * p.exposed_comm / p.step);
+  out += buf;
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,42 @@
+// predict.hpp: the predicted time of one training step of a layout on a cluster (issue 57,
+// docs/planning.md): per-op times from Tessera's achieved rates (plan/cluster.hpp's GpuRates),
+// collectives from the cluster's fabrics, and the pipeline as a discrete-event timeline of each
+// rank's steps in the order the training schedules issue them (train/pipeline.hpp's 1F1B and
+// interleaved schedules), with sends and receives between the stages.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "comm/grid_layout.hpp"
+#include "model/gpt_config.hpp"
+#include "plan/cluster.hpp"
+#include "train/train_config.hpp"
+
+namespace tessera {
+
+struct StepPrediction {
+  double step = 0;  // seconds
+  double tokens_per_s = 0, tflops_per_gpu = 0, mfu = 0;
+  double bubble = 0, exposed_comm = 0;  // seconds of the step
+  // Per pipeline stage, one rank's compute over the step's micro-batches (seconds).
+  struct Stage {
+    double forward = 0, backward = 0, recompute = 0, optimizer = 0;
+  };
+  std::vector<Stage> stages;
+  int critical_stage = 0;  // the stage that finishes last
+  // Exposed communication of the critical stage's rank, per kind (seconds of the step).
+  double tp = 0, pp = 0, dp_grad = 0, dp_param = 0, cp = 0, ep = 0;
+  int micro_batches = 0;
+};
+
+// `t` resolved for `layout.dp`; `ep` the expert-parallel size.
+StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& layout,
+                            int ep, const ClusterSpec& cluster, const GpuRates& rates);
+
+// The breakdown lines and, last, the one machine-readable line:
+// "predicted: step S s | tokens/s T | TFLOP/s/GPU F | MFU M % | bubble B % | exposed comm C %".
+std::string prediction_report(const StepPrediction& p, const ClusterSpec& cluster,
+                              const GpuRates& rates);
+
+}  // namespace tessera
