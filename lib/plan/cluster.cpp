@@ -178,7 +178,9 @@ GpuRates load_rates(const std::string& file) {
       "gemm.fp8", po::value(&fp8)->required())(
       "attention.forward-tflops", po::value(&r.attention_forward)->required())(
       "attention.backward-tflops", po::value(&r.attention_backward)->required())(
-      "memory.tbs", po::value(&r.memory_tbs)->required());
+      "memory.tbs", po::value(&r.memory_tbs)->required())(
+      "moe.grouped-gemm-tflops", po::value(&r.grouped_gemm)->required())(
+      "moe.routing-ns-per-token", po::value(&r.routing_ns)->required());
   try {
     po::variables_map vm;
     po::store(po::parse_config_file(in, d, /*allow_unregistered=*/false), vm);
@@ -188,7 +190,8 @@ GpuRates load_rates(const std::string& file) {
   }
   r.gemm_bf16 = rate_table(file, "[gemm] bf16", bf16);
   r.gemm_fp8 = rate_table(file, "[gemm] fp8", fp8);
-  for (double v : {r.bf16_peak, r.hbm_tbs, r.attention_forward, r.attention_backward, r.memory_tbs})
+  for (double v : {r.bf16_peak, r.hbm_tbs, r.attention_forward, r.attention_backward,
+                   r.memory_tbs, r.grouped_gemm, r.routing_ns})
     if (!(v > 0)) throw ConfigError("rates file '" + file + "': a figure is not positive");
   return r;
 }
@@ -207,6 +210,7 @@ GpuRates rates_for(const ClusterSpec& c) {
     r.gemm_fp8 = r.gemm_bf16;  // no FP8 tensor cores: FP8 GEMMs run at the bf16 rate
   r.attention_forward *= dense;
   r.attention_backward *= dense;
+  r.grouped_gemm *= dense;
   r.memory_tbs *= c.hbm_tbs / r.hbm_tbs;
   r.gpu = c.gpu + " (scaled from " + r.gpu + ")";
   return r;

@@ -58,6 +58,8 @@ struct GpuRates {
   std::vector<std::pair<double, double>> gemm_bf16, gemm_fp8;  // (width, TFLOP/s), by width
   double attention_forward = 0, attention_backward = 0;        // TFLOP/s
   double memory_tbs = 0;                                       // TB/s
+  double grouped_gemm = 0;       // TFLOP/s, MoE experts' grouped GEMMs
+  double routing_ns = 0;         // ns per token, one MoE layer's routing (not scaled)
   // The achieved GEMM rate at `width` (the smaller matrix side), TFLOP/s.
   double gemm(double width, bool fp8) const;
 };

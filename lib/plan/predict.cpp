@@ -76,8 +76,14 @@ struct Model {
       const double rows = s->expert ? N * cfg.moe_router_topk : N;
       const double f = 2.0 * rows * numel;
       gemm_flops += f;
-      l.fwd += gemm_time(f, width);
-      l.bwd += 2 * gemm_time(f, width);
+      const double g = s->expert ? f / (rates.grouped_gemm * 1e12) : gemm_time(f, width);
+      l.fwd += g;
+      l.bwd += 2 * g;
+    }
+    if (moe) {  // routing, and the token copies' permutation and its inverse (read and write)
+      const double copies = memory_time(4.0 * wb * N * cfg.moe_router_topk * cfg.hidden_size);
+      l.fwd += N * rates.routing_ns * 1e-9 + copies;
+      l.bwd += 2 * copies;
     }
     // The attention core: causal, each of this rank's N queries against the sample's keys.
     const double heads = double(cfg.num_attention_heads) / layout.tp;
@@ -221,16 +227,20 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
     // updated bf16 weights are then all-gathered; the optimizer's passes over its shard.
     const double dense_grad = 4 * dense, expert_grad = 4 * experts;
     const int gn = DP * CP, en = std::max(1, DP / ep) * CP;
+    // (A group with nothing to reduce issues no collective.)
+    auto ag = [](const Link& l, int n, double bytes) { return bytes > 0 ? all_gather(l, n, bytes) : 0; };
+    auto ar = [](const Link& l, int n, double bytes) { return bytes > 0 ? all_reduce(l, n, bytes) : 0; };
     if (t.use_distributed_optimizer) {
-      dp_grad[s] = all_gather(m.grad_link, gn, dense_grad) + all_gather(m.edp_link, en, expert_grad);
-      dp_param[s] = all_gather(m.grad_link, gn, m.wb * dense) + all_gather(m.edp_link, en, m.wb * experts);
+      dp_grad[s] = ag(m.grad_link, gn, dense_grad) + ag(m.edp_link, en, expert_grad);
+      dp_param[s] = ag(m.grad_link, gn, m.wb * dense) + ag(m.edp_link, en, m.wb * experts);
     } else {
-      dp_grad[s] = all_reduce(m.grad_link, gn, dense_grad) + all_reduce(m.edp_link, en, expert_grad);
+      dp_grad[s] = ar(m.grad_link, gn, dense_grad) + ar(m.edp_link, en, expert_grad);
     }
     const double owned = t.use_distributed_optimizer ? dense / gn + experts / en : dense + experts;
-    // Adam: the f32 master weight, gradient and two moments read, three written, the bf16 copy
-    // written (30 bytes a parameter), and the gradient norm's read of every gradient.
-    p.stages[s].optimizer = m.memory_time(30 * owned + 4 * (dense + experts));
+    // Tessera's passes over the parameters each step: Adam on its shard (the f32 master weight,
+    // gradient and two moments read, three written: 28 bytes a parameter), the bf16 copy cast
+    // (4 read, 2 written), the gradient norm's read and the gradients' zeroing (4 each).
+    p.stages[s].optimizer = m.memory_time(28 * owned + 14 * (dense + experts));
   }
   // The pipeline: each rank runs its schedule's steps in order; a forward needs the previous
   // virtual stage's forward of that micro-batch (and its send), a backward the next one's.

@@ -1,0 +1,142 @@
+// test_predict.cpp: the step-time predictor (plan/predict.hpp): its pipeline timeline gives the
+// 1F1B and interleaved schedules' idle time, its collectives follow the ring model on the
+// cluster's fabrics (inside a node, across nodes), the data-parallel reduce hides under the last
+// backward when overlapped, the --dry-run line has the exact form, and a 1,024-GPU layout
+// is predicted in under a second.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "plan/cluster.hpp"
+#include "plan/predict.hpp"
+#include "train/options.hpp"
+#include "train/pipeline.hpp"
+
+using namespace tessera;
+
+namespace {
+
+const std::string kClusters = std::string(TESSERA_SOURCE_DIR) + "/configs/clusters/";
+
+RunOptions parsed(std::vector<std::string> args) {
+  args.insert(args.begin(), "tessera-train");
+  args.push_back("--dry-run");
+  std::vector<const char*> argv;
+  for (auto& a : args) argv.push_back(a.c_str());
+  RunOptions o;
+  EXPECT_TRUE(parse_run_options(static_cast<int>(argv.size()), argv.data(), o));
+  return o;
+}
+
+StepPrediction predict(const RunOptions& o, int world, const ClusterSpec& c) {
+  const GridLayout layout = GridLayout::make(world, o.tp, o.pp, o.cp);
+  const TrainConfig t = o.train.resolved(layout.dp);
+  return predict_step(o.model, t, layout, o.ep, c, rates_for(c));
+}
+
+// A model whose embedding and output layer are small beside its layers (vocabulary 256).
+std::vector<std::string> layers_model(int layers) {
+  return {"--num-layers", std::to_string(layers), "--hidden-size", "2048", "--num-attention-heads",
+          "16", "--seq-length", "2048", "--max-position-embeddings", "2048", "--vocab-size", "256",
+          "--bf16", "--micro-batch-size", "1"};
+}
+
+}  // namespace
+
+// Equal stages: the idle time of the critical stage is the schedule's, (P-1)/(m+P-1) of the
+// pipeline's time with 1F1B, (P-1)/V / (m+(P-1)/V) interleaved.
+TEST(Predict, PipelineBubbleIsTheSchedulesIdleTime) {
+  const ClusterSpec h100 = load_cluster(kClusters + "dgx-h100.ini");
+  std::vector<std::string> a = layers_model(16);
+  a.insert(a.end(), {"--pipeline-model-parallel-size", "4", "--global-batch-size", "8"});
+  StepPrediction p = predict(parsed(a), 4, h100);
+  const double busy = p.stages[size_t(p.critical_stage)].forward +
+                      p.stages[size_t(p.critical_stage)].backward;
+  EXPECT_EQ(p.micro_batches, 8);
+  EXPECT_NEAR(p.bubble / (p.bubble + busy), theoretical_bubble(4, 8), 0.01)
+      << "bubble " << p.bubble << " s, busy " << busy << " s";
+  a.insert(a.end(), {"--num-layers-per-virtual-pipeline-stage", "2"});
+  p = predict(parsed(a), 4, h100);
+  const double busy_v = p.stages[size_t(p.critical_stage)].forward +
+                        p.stages[size_t(p.critical_stage)].backward;
+  EXPECT_NEAR(p.bubble / (p.bubble + busy_v), theoretical_bubble(4, 8, 2), 0.01);
+  EXPECT_LT(theoretical_bubble(4, 8, 2), theoretical_bubble(4, 8));
+}
+
+// TP 2 without sequence parallelism: two all-reduces of the hidden state per layer forward and
+// two backward, and the embedding's, each 2 (n-1)/n M / bandwidth + 2 (n-1) latencies on NVLink.
+TEST(Predict, TensorParallelAllReducesFollowTheRingModel) {
+  const ClusterSpec h100 = load_cluster(kClusters + "dgx-h100.ini");
+  std::vector<std::string> a = layers_model(4);
+  a.insert(a.end(), {"--tensor-model-parallel-size", "2", "--global-batch-size", "1"});
+  const StepPrediction p = predict(parsed(a), 2, h100);
+  const double M = 2.0 * 2048 * 2048;  // bf16 hidden state of 2,048 tokens
+  const double one = 2.0 * (2 - 1) / 2 * M / 450e9 + 2.0 * (2 - 1) * 3.4e-6;
+  EXPECT_NEAR(p.tp, (4 * 4 + 1) * one, 1e-12) << p.tp;
+  EXPECT_DOUBLE_EQ(p.pp + p.dp_grad + p.dp_param + p.cp + p.ep, 0.0);
+  // With sequence parallelism an all-gather and a reduce-scatter replace each all-reduce: the
+  // same bytes in two collectives of (n-1)/n M / bandwidth + (n-1) latencies each.
+  a.push_back("--sequence-parallel");
+  const StepPrediction q = predict(parsed(a), 2, h100);
+  const double half = (2 - 1) / 2.0 * M / 450e9 + (2 - 1) * 3.4e-6;
+  EXPECT_NEAR(q.tp, 4 * 4 * 2 * half + one, 1e-12) << q.tp;
+}
+
+// DP 16 over two nodes: the ring crosses the network, where the 8 ranks of a node use their 8
+// links together (8 x 50 GB/s, under NVLink's 450): without overlap the whole f32 gradient
+// all-reduce is exposed; overlapped with the last backward, what is left of it.
+TEST(Predict, DataParallelReduceCrossesNodesAndHidesUnderTheBackward) {
+  const ClusterSpec h100 = load_cluster(kClusters + "dgx-h100.ini");
+  std::vector<std::string> a = layers_model(4);
+  a.insert(a.end(), {"--global-batch-size", "16", "--overlap-grad-reduce", "false"});
+  RunOptions o = parsed(a);
+  const StepPrediction p = predict(o, 16, h100);
+  // The gradient bytes: every parameter of the (one-stage) rank in f32.
+  const GridLayout layout = GridLayout::make(16, 1, 1, 1);
+  const double n = double(estimate_rank_memory(o.model, o.train.resolved(16), layout, 0).parameters);
+  const double expected = 2.0 * 15 / 16 * 4 * n / 400e9 + 2.0 * 15 * 9.6e-6;
+  EXPECT_NEAR(p.dp_grad, expected, 1e-9 * expected) << p.dp_grad;
+  a.resize(a.size() - 2);  // overlapped (the default)
+  const StepPrediction q = predict(parsed(a), 16, h100);
+  EXPECT_LT(q.dp_grad, p.dp_grad);
+  EXPECT_GE(q.dp_grad, 0.0);
+  EXPECT_LT(q.step, p.step);
+}
+
+TEST(Predict, DryRunPrintsTheMachineReadableLine) {
+  std::vector<std::string> a = layers_model(4);
+  a.insert(a.end(), {"--global-batch-size", "8", "--cluster", "dgx-h200", "--world-size", "8",
+                     "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"});
+  const RunOptions o = parsed(a);
+  const std::string r = dry_run_report(o, 1);
+  const std::regex line(
+      "\npredicted: step [0-9.e+-]+ s \\| tokens/s [0-9]+ \\| TFLOP/s/GPU [0-9.]+ \\| MFU [0-9.]+ % "
+      "\\| bubble [0-9.]+ % \\| exposed comm [0-9.]+ %\n$");
+  EXPECT_TRUE(std::regex_search(r, line)) << r;
+  EXPECT_NE(r.find("stage 1 compute per step: forward"), std::string::npos) << r;
+  EXPECT_NE(r.find("exposed communication"), std::string::npos) << r;
+}
+
+// A 70B-shaped model on 1,024 GPUs (TP 8 x PP 8 x DP 16, 64 micro-batches, interleaved).
+TEST(Predict, AThousandGpuLayoutIsPredictedInUnderASecond) {
+  const ClusterSpec h100 = load_cluster(kClusters + "dgx-h100.ini");
+  const RunOptions o = parsed(
+      {"--num-layers", "80", "--hidden-size", "8192", "--num-attention-heads", "64",
+       "--group-query-attention", "--num-query-groups", "8", "--ffn-hidden-size", "28672",
+       "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+       "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--seq-length", "4096",
+       "--max-position-embeddings", "4096", "--vocab-size", "128256", "--bf16",
+       "--micro-batch-size", "1", "--global-batch-size", "1024", "--tensor-model-parallel-size",
+       "8", "--pipeline-model-parallel-size", "8", "--num-layers-per-virtual-pipeline-stage", "5",
+       "--sequence-parallel", "--use-distributed-optimizer"});
+  const auto start = std::chrono::steady_clock::now();
+  const StepPrediction p = predict(o, 1024, h100);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(s, 1.0);
+  EXPECT_EQ(p.micro_batches, 64);
+  EXPECT_GT(p.mfu, 0.05);
+  EXPECT_LT(p.mfu, 0.9);
+}
