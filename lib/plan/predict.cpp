@@ -133,6 +133,139 @@ struct Model {
   }
 };
 
+// One pipeline stage's rank: its forward and backward step per model chunk (one micro-batch, the
+// communication inside them included), its compute over the step, the communication of each kind,
+// the model FLOPs and the data-parallel collectives after its last backward.
+struct StageCost {
+  std::vector<double> F, B;
+  StepPrediction::Stage compute;
+  double tp = 0, cp = 0, ep = 0, flops = 0, dp_grad = 0, dp_param = 0;
+};
+
+StageCost stage_cost(const Model& m, int s, int micro) {
+  const GPTConfig& cfg = m.cfg;
+  const TrainConfig& t = m.t;
+  const GridLayout& layout = m.layout;
+  const int TP = layout.tp, CP = layout.cp, DP = layout.dp, ep = m.ep;
+  const int V = std::max(1, t.virtual_pipeline_size);
+  StageCost st;
+  st.F.assign(size_t(V), 0.0);
+  st.B.assign(size_t(V), 0.0);
+  ParallelContext ctx;
+  ctx.tp_size = TP;
+  ctx.pp_size = layout.pp;
+  ctx.pp_rank = s;
+  ctx.cp_size = CP;
+  ctx.ep_size = ep;
+  const ModelShard shard = make_model_shard(cfg, ctx, t.sequence_parallel, t.virtual_pipeline_size);
+  const std::vector<ParamSpec> specs = counted_param_specs(cfg, shard);
+  std::map<int, std::vector<const ParamSpec*>> by_layer;
+  double dense = 0, experts = 0;
+  for (const ParamSpec& sp : specs) {
+    if (sp.expert)
+      experts += double(sp.numel()) * shard.experts_local(cfg.num_experts);
+    else
+      dense += double(sp.numel());
+    int layer = -1;
+    if (std::sscanf(sp.name.c_str(), "layers.%d.", &layer) != 1) continue;
+    if (sp.local_shape.size() >= 2 && sp.weight_decay) by_layer[layer].push_back(&sp);
+  }
+  const bool full = t.recompute.granularity == RecomputeGranularity::Full;
+  auto add_layer = [&](int l, int chunk) {
+    const LayerTime lt = m.layer(by_layer[l], cfg.is_moe_layer(l));
+    st.F[size_t(chunk)] += lt.fwd + (lt.tp + lt.ep + lt.cp) / 2;
+    st.B[size_t(chunk)] += lt.bwd + lt.recompute + (lt.tp + lt.ep + lt.cp) / 2 + lt.recompute_comm;
+    st.compute.forward += micro * lt.fwd;
+    st.compute.backward += micro * lt.bwd;
+    st.compute.recompute += micro * lt.recompute;
+    st.tp += micro * (lt.tp + (full ? lt.tp / 2 : 0));
+    st.ep += micro * (lt.ep + (full ? lt.ep / 2 : 0));
+    st.cp += micro * lt.cp;
+    st.flops += micro * lt.model_flops;
+  };
+  for (int c = 0; c < shard.num_chunks(); ++c)
+    for (int l = shard.chunks[size_t(c)].begin; l < shard.chunks[size_t(c)].end; ++l) add_layer(l, c);
+  // The first stage's embedding (its TP all-reduce), the last's output layer, cross-entropy and
+  // multi-token prediction's layers.
+  const double M = m.wb * m.N * cfg.hidden_size;  // one micro-batch's hidden state
+  if (shard.has_embedding) {
+    const double e = TP > 1 ? all_reduce(m.tp_link, TP, M) : 0;
+    st.F[0] += e + m.memory_time(2 * M);
+    st.tp += micro * e;
+  }
+  if (shard.has_head) {
+    const int last = shard.num_chunks() - 1;
+    const double V_local = double(cfg.padded_vocab_size(TP)) / TP;
+    const double heads = 1 + shard.mtp_count;
+    const double f = 2.0 * m.N * cfg.hidden_size * V_local;
+    // The logits GEMM (twice its FLOPs backward); cross-entropy reads the logits once forward,
+    // reads them and writes their gradient backward.
+    const double gemm = m.gemm_time(f, cfg.hidden_size), pass = m.memory_time(m.N * V_local * m.wb);
+    const double head_fwd = heads * (gemm + pass), head_bwd = heads * (2 * gemm + 2 * pass);
+    st.F[size_t(last)] += head_fwd;
+    st.B[size_t(last)] += head_bwd;
+    st.compute.forward += micro * head_fwd;
+    st.compute.backward += micro * head_bwd;
+    st.flops += micro * heads * 3 * f;
+    for (int l = shard.mtp_begin; l < shard.mtp_begin + shard.mtp_count; ++l) add_layer(l, last);
+  }
+  // Data parallelism: the f32 gradients reduced over DP x CP (experts' over their
+  // expert-data-parallel group), reduce-scattered with the distributed optimizer, whose updated
+  // bf16 weights are then all-gathered. A group with nothing to reduce issues no collective.
+  const double dense_grad = 4 * dense, expert_grad = 4 * experts;
+  const int gn = DP * CP, en = std::max(1, DP / ep) * CP;
+  auto ag = [](const Link& l, int n, double bytes) { return bytes > 0 ? all_gather(l, n, bytes) : 0; };
+  auto ar = [](const Link& l, int n, double bytes) { return bytes > 0 ? all_reduce(l, n, bytes) : 0; };
+  if (t.use_distributed_optimizer) {
+    st.dp_grad = ag(m.grad_link, gn, dense_grad) + ag(m.edp_link, en, expert_grad);
+    st.dp_param = ag(m.grad_link, gn, m.wb * dense) + ag(m.edp_link, en, m.wb * experts);
+  } else {
+    st.dp_grad = ar(m.grad_link, gn, dense_grad) + ar(m.edp_link, en, expert_grad);
+  }
+  const double owned = t.use_distributed_optimizer ? dense / gn + experts / en : dense + experts;
+  // Tessera's passes over the parameters each step: Adam on its shard (the f32 master weight,
+  // gradient and two moments read, three written: 28 bytes a parameter), the bf16 copy cast
+  // (4 read, 2 written), the gradient norm's read and the gradients' zeroing (4 each).
+  st.compute.optimizer = m.memory_time(28 * owned + 14 * (dense + experts));
+  return st;
+}
+
+// The pipeline: each rank runs its schedule's steps in order; a forward needs the previous
+// virtual stage's forward of that micro-batch (and its send, `p2p` seconds), a backward the next
+// one's. Each rank's finish time and busy time.
+void simulate_pipeline(const std::vector<StageCost>& cost, int V, int micro, double p2p,
+                       std::vector<double>& finish, std::vector<double>& busy) {
+  const int PP = static_cast<int>(cost.size()), stages = PP * V;
+  std::vector<std::vector<PipeStep>> order(static_cast<size_t>(PP));
+  for (int s = 0; s < PP; ++s)
+    order[size_t(s)] = V > 1 ? schedule_interleaved(PP, s, micro, V) : schedule_1f1b(PP, s, micro);
+  std::map<std::tuple<bool, int, int>, double> done;  // (forward, micro, virtual stage)
+  std::vector<size_t> next(static_cast<size_t>(PP), 0);
+  finish.assign(size_t(PP), 0.0);
+  busy.assign(size_t(PP), 0.0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < PP; ++s)
+      while (next[size_t(s)] < order[size_t(s)].size()) {
+        const PipeStep& st = order[size_t(s)][next[size_t(s)]];
+        const int vs = st.chunk * PP + s;
+        double ready = 0;
+        if (st.forward ? vs > 0 : vs < stages - 1) {
+          const auto it = done.find({st.forward, st.micro, st.forward ? vs - 1 : vs + 1});
+          if (it == done.end()) break;
+          ready = it->second + p2p;
+        }
+        const double d = st.forward ? cost[size_t(s)].F[size_t(st.chunk)]
+                                    : cost[size_t(s)].B[size_t(st.chunk)];
+        finish[size_t(s)] = std::max(finish[size_t(s)], ready) + d;
+        busy[size_t(s)] += d;
+        done[{st.forward, st.micro, vs}] = finish[size_t(s)];
+        ++next[size_t(s)];
+        progress = true;
+      }
+  }
+}
+
 }  // namespace
 
 StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& layout,
@@ -152,149 +285,25 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
   const int micro = t.num_micro_batches(DP);
   StepPrediction p;
   p.micro_batches = micro;
-  p.stages.resize(PP);
-  // Per (stage, chunk): one micro-batch's forward and backward (+ recompute) step, and the
-  // stage's communication inside them.
-  std::vector<std::vector<double>> F(PP, std::vector<double>(V)), B(PP, std::vector<double>(V));
-  std::vector<double> tp_comm(PP), cp_comm(PP), ep_comm(PP), flops(PP), dp_grad(PP), dp_param(PP);
-  const double M = m.wb * m.N * cfg.hidden_size;  // one micro-batch's hidden state
-  for (int s = 0; s < PP; ++s) {
-    ParallelContext ctx;
-    ctx.tp_size = TP;
-    ctx.pp_size = PP;
-    ctx.pp_rank = s;
-    ctx.cp_size = CP;
-    ctx.ep_size = ep;
-    const ModelShard shard = make_model_shard(cfg, ctx, t.sequence_parallel, t.virtual_pipeline_size);
-    const std::vector<ParamSpec> specs = counted_param_specs(cfg, shard);
-    std::map<int, std::vector<const ParamSpec*>> by_layer;
-    double dense = 0, experts = 0;
-    for (const ParamSpec& sp : specs) {
-      (sp.expert ? experts : dense) += double(sp.numel()) * (sp.expert ? shard.experts_local(cfg.num_experts) : 1);
-      int layer = -1;
-      if (std::sscanf(sp.name.c_str(), "layers.%d.", &layer) != 1) continue;
-      if (sp.local_shape.size() >= 2 && sp.weight_decay) by_layer[layer].push_back(&sp);
-    }
-    for (int c = 0; c < shard.num_chunks(); ++c) {
-      const LayerRange r = shard.chunks[size_t(c)];
-      for (int l = r.begin; l < r.end; ++l) {
-        const LayerTime lt = m.layer(by_layer[l], cfg.is_moe_layer(l));
-        F[s][c] += lt.fwd + (lt.tp + lt.ep + lt.cp) / 2;
-        B[s][c] += lt.bwd + lt.recompute + (lt.tp + lt.ep + lt.cp) / 2 + lt.recompute_comm;
-        p.stages[s].forward += micro * lt.fwd;
-        p.stages[s].backward += micro * lt.bwd;
-        p.stages[s].recompute += micro * lt.recompute;
-        tp_comm[s] += micro * (lt.tp + (t.recompute.granularity == RecomputeGranularity::Full ? lt.tp / 2 : 0));
-        ep_comm[s] += micro * (lt.ep + (t.recompute.granularity == RecomputeGranularity::Full ? lt.ep / 2 : 0));
-        cp_comm[s] += micro * lt.cp;
-        flops[s] += micro * lt.model_flops;
-      }
-    }
-    // The first stage's embedding (its TP all-reduce), the last's output layer, cross-entropy
-    // and multi-token prediction's layers.
-    if (shard.has_embedding) {
-      const double e = TP > 1 ? all_reduce(m.tp_link, TP, M) : 0;
-      F[s][0] += e + m.memory_time(2 * M);
-      tp_comm[s] += micro * e;
-    }
-    if (shard.has_head) {
-      const int last = shard.num_chunks() - 1;
-      const double V_local = double(cfg.padded_vocab_size(TP)) / TP;
-      const double heads = 1 + shard.mtp_count;
-      const double f = 2.0 * m.N * cfg.hidden_size * V_local;
-      // The logits GEMM (twice its FLOPs backward); cross-entropy reads the logits once forward,
-      // reads them and writes their gradient backward.
-      const double gemm = m.gemm_time(f, cfg.hidden_size), pass = m.memory_time(m.N * V_local * m.wb);
-      const double head_fwd = heads * (gemm + pass), head_bwd = heads * (2 * gemm + 2 * pass);
-      F[s][last] += head_fwd;
-      B[s][last] += head_bwd;
-      p.stages[s].forward += micro * head_fwd;
-      p.stages[s].backward += micro * head_bwd;
-      flops[s] += micro * heads * 3 * f;
-      for (int l = shard.mtp_begin; l < shard.mtp_begin + shard.mtp_count; ++l) {
-        const LayerTime lt = m.layer(by_layer[l], cfg.is_moe_layer(l));
-        F[s][last] += lt.fwd + (lt.tp + lt.ep) / 2;
-        B[s][last] += lt.bwd + lt.recompute + (lt.tp + lt.ep) / 2;
-        p.stages[s].forward += micro * lt.fwd;
-        p.stages[s].backward += micro * lt.bwd;
-        tp_comm[s] += micro * lt.tp;
-        ep_comm[s] += micro * lt.ep;
-        flops[s] += micro * lt.model_flops;
-      }
-    }
-    // Data parallelism: the f32 gradients reduced over DP x CP (experts' over their
-    // expert-data-parallel group), reduce-scattered with the distributed optimizer, whose
-    // updated bf16 weights are then all-gathered; the optimizer's passes over its shard.
-    const double dense_grad = 4 * dense, expert_grad = 4 * experts;
-    const int gn = DP * CP, en = std::max(1, DP / ep) * CP;
-    // (A group with nothing to reduce issues no collective.)
-    auto ag = [](const Link& l, int n, double bytes) { return bytes > 0 ? all_gather(l, n, bytes) : 0; };
-    auto ar = [](const Link& l, int n, double bytes) { return bytes > 0 ? all_reduce(l, n, bytes) : 0; };
-    if (t.use_distributed_optimizer) {
-      dp_grad[s] = ag(m.grad_link, gn, dense_grad) + ag(m.edp_link, en, expert_grad);
-      dp_param[s] = ag(m.grad_link, gn, m.wb * dense) + ag(m.edp_link, en, m.wb * experts);
-    } else {
-      dp_grad[s] = ar(m.grad_link, gn, dense_grad) + ar(m.edp_link, en, expert_grad);
-    }
-    const double owned = t.use_distributed_optimizer ? dense / gn + experts / en : dense + experts;
-    // Tessera's passes over the parameters each step: Adam on its shard (the f32 master weight,
-    // gradient and two moments read, three written: 28 bytes a parameter), the bf16 copy cast
-    // (4 read, 2 written), the gradient norm's read and the gradients' zeroing (4 each).
-    p.stages[s].optimizer = m.memory_time(28 * owned + 14 * (dense + experts));
-  }
-  // The pipeline: each rank runs its schedule's steps in order; a forward needs the previous
-  // virtual stage's forward of that micro-batch (and its send), a backward the next one's.
-  auto simulate = [&](double p2p, std::vector<double>& finish, std::vector<double>& busy) {
-    const int stages = PP * V;
-    std::vector<std::vector<PipeStep>> order(PP);
-    for (int s = 0; s < PP; ++s)
-      order[s] = V > 1 ? schedule_interleaved(PP, s, micro, V) : schedule_1f1b(PP, s, micro);
-    std::map<std::tuple<bool, int, int>, double> done;  // (forward, micro, virtual stage)
-    std::vector<size_t> next(PP, 0);
-    std::vector<double> free(PP, 0.0);
-    busy.assign(PP, 0.0);
-    for (bool progress = true; progress;) {
-      progress = false;
-      for (int s = 0; s < PP; ++s)
-        while (next[s] < order[s].size()) {
-          const PipeStep& st = order[s][next[s]];
-          const int vs = st.chunk * PP + s;
-          double ready = 0;
-          if (st.forward && vs > 0) {
-            const auto it = done.find({true, st.micro, vs - 1});
-            if (it == done.end()) break;
-            ready = it->second + p2p;
-          } else if (!st.forward && vs < stages - 1) {
-            const auto it = done.find({false, st.micro, vs + 1});
-            if (it == done.end()) break;
-            ready = it->second + p2p;
-          }
-          const double d = st.forward ? F[s][st.chunk] : B[s][st.chunk];
-          free[s] = std::max(free[s], ready) + d;
-          busy[s] += d;
-          done[{st.forward, st.micro, vs}] = free[s];
-          ++next[s];
-          progress = true;
-        }
-    }
-    finish = free;
-  };
+  std::vector<StageCost> cost;
+  for (int s = 0; s < PP; ++s) cost.push_back(stage_cost(m, s, micro));
+  const double M = m.wb * m.N * cfg.hidden_size;
   const double send = PP > 1 ? M / (t.sequence_parallel ? TP : 1) / m.pp_link.bw + m.pp_link.lat : 0;
   std::vector<double> finish, busy, finish0, busy0;
-  simulate(send, finish, busy);
-  simulate(0, finish0, busy0);
+  simulate_pipeline(cost, V, micro, send, finish, busy);
+  simulate_pipeline(cost, V, micro, 0, finish0, busy0);
   // Each stage's gradient reduce overlaps its last micro-batch's backward (--overlap-grad-reduce)
   // and the parameter gather the next forward (--overlap-param-gather); the rest is exposed.
   double step = 0, makespan = 0, makespan0 = 0;
   for (int s = 0; s < PP; ++s) {
-    makespan = std::max(makespan, finish[s]);
-    makespan0 = std::max(makespan0, finish0[s]);
+    makespan = std::max(makespan, finish[size_t(s)]);
+    makespan0 = std::max(makespan0, finish0[size_t(s)]);
   }
   for (int s = 0; s < PP; ++s) {
-    const double window_b = t.overlap_grad_reduce ? B[s][0] : 0;
-    const double window_f = t.overlap_param_gather ? F[s][0] : 0;
-    const double g = std::max(0.0, dp_grad[s] - window_b), a = std::max(0.0, dp_param[s] - window_f);
-    const double end = finish[s] + g + a + p.stages[s].optimizer;
+    const StageCost& c = cost[size_t(s)];
+    const double g = std::max(0.0, c.dp_grad - (t.overlap_grad_reduce ? c.B[0] : 0));
+    const double a = std::max(0.0, c.dp_param - (t.overlap_param_gather ? c.F[0] : 0));
+    const double end = finish[size_t(s)] + g + a + c.compute.optimizer;
     if (end > step) {
       step = end;
       p.critical_stage = s;
@@ -302,16 +311,19 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
       p.dp_param = a;
     }
   }
-  const int c = p.critical_stage;
+  const StageCost& c = cost[size_t(p.critical_stage)];
   p.step = step;
-  p.bubble = std::max(0.0, makespan0 - busy0[c]);
+  p.bubble = std::max(0.0, makespan0 - busy0[size_t(p.critical_stage)]);
   p.pp = makespan - makespan0;
-  p.tp = tp_comm[c];
-  p.cp = cp_comm[c];
-  p.ep = ep_comm[c];
+  p.tp = c.tp;
+  p.cp = c.cp;
+  p.ep = c.ep;
   p.exposed_comm = p.tp + p.pp + p.dp_grad + p.dp_param + p.cp + p.ep;
   double model_flops = 0;
-  for (int s = 0; s < PP; ++s) model_flops += flops[s];
+  for (const StageCost& sc : cost) {
+    model_flops += sc.flops;
+    p.stages.push_back(sc.compute);
+  }
   p.tflops_per_gpu = model_flops / PP / step / 1e12;
   p.mfu = p.tflops_per_gpu / cluster.bf16_tflops;
   p.tokens_per_s = double(t.global_batch(DP)) * cfg.seq_length / step;
