@@ -9,7 +9,7 @@ fail=0
 # shellcheck source=../lib.sh
 source "$(dirname "$0")/../lib.sh"  # ok, bad
 gpu='lib(cudart|cuda|cublas|cublasLt|cudnn[a-z_]*|nccl|mpi|mpi_cxx|open-pal|open-rte)\.so'
-for tool in tessera-preprocess tessera-checkpoint tessera-reshard tessera-inspect; do
+for tool in tessera-preprocess tessera-checkpoint tessera-reshard tessera-inspect tessera-plan; do
   libs=$(ldd "$bin/$tool" 2>&1) || { bad "$tool: ldd failed: $libs"; continue; }
   hits=$(grep -oE "$gpu" <<<"$libs" | sort -u | tr '\n' ' ')
   if [ -z "$hits" ] && "$bin/$tool" --help > /dev/null 2>&1; then

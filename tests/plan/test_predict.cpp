@@ -1,16 +1,18 @@
 // test_predict.cpp: the step-time predictor (plan/predict.hpp): its pipeline timeline gives the
 // 1F1B and interleaved schedules' idle time, its collectives follow the ring model on the
 // cluster's fabrics (inside a node, across nodes), the data-parallel reduce hides under the last
-// backward when overlapped, the --dry-run line has the exact form, and a 1,024-GPU layout
-// is predicted in under a second.
+// backward when overlapped, the --dry-run line has the exact form, a 1,024-GPU layout is
+// predicted in under a second; tessera-plan's ranking.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "plan/cluster.hpp"
+#include "plan/planner.hpp"
 #include "plan/predict.hpp"
 #include "train/options.hpp"
 #include "train/pipeline.hpp"
@@ -139,4 +141,46 @@ TEST(Predict, AThousandGpuLayoutIsPredictedInUnderASecond) {
   EXPECT_EQ(p.micro_batches, 64);
   EXPECT_GT(p.mfu, 0.05);
   EXPECT_LT(p.mfu, 0.9);
+}
+
+// tessera-plan's enumeration: every layout it ranks fits (estimate + reserve within the GPU),
+// fastest first; the top layout's options, given back to tessera-train --dry-run, predict the same
+// step; a model no layout of the GPUs can hold yields none.
+TEST(Planner, RanksTheLayoutsThatFitAndTheirOptionsPredictTheSame) {
+  const ClusterSpec h100 = load_cluster(kClusters + "dgx-h100.ini");
+  std::vector<std::string> model = {
+      "--num-layers", "16", "--hidden-size", "2048", "--num-attention-heads", "32",
+      "--group-query-attention", "--num-query-groups", "8", "--ffn-hidden-size", "8192",
+      "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+      "--disable-bias-linear", "--seq-length", "4096", "--max-position-embeddings", "4096",
+      "--vocab-size", "128256", "--bf16", "--global-batch-size", "64"};
+  const RunOptions o = parsed(model);
+  const PlanResult r = plan_layouts(o.model, o.train, 8, h100);
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_GT(r.considered, r.valid);
+  EXPECT_GE(r.valid, r.fitting);
+  EXPECT_EQ(r.fitting, int64_t(r.ranked.size()));
+  for (size_t i = 0; i < r.ranked.size(); ++i) {
+    EXPECT_LE(r.ranked[i].memory + kRuntimeReserveGiB * 1073741824.0,
+              h100.gpu_memory_gib * 1073741824.0);
+    if (i > 0) EXPECT_GE(r.ranked[i - 1].prediction.tokens_per_s, r.ranked[i].prediction.tokens_per_s);
+  }
+  const PlanCandidate& best = r.ranked.front();
+  std::vector<std::string> again = model;
+  std::istringstream words(best.options());
+  for (std::string w; words >> w;) again.push_back(w);
+  again.insert(again.end(), {"--cluster", "dgx-h100", "--world-size", "8"});
+  const RunOptions b = parsed(again);
+  const StepPrediction p = predict(b, 8, h100);
+  EXPECT_DOUBLE_EQ(p.step, best.prediction.step) << best.options();
+  const std::string report = dry_run_report(b, 1);
+  EXPECT_NE(report.find("memory verdict: fits"), std::string::npos) << report;
+  // 70B-shaped on 8 GPUs: nothing fits.
+  const RunOptions big = parsed({"--num-layers", "80", "--hidden-size", "8192",
+                                 "--num-attention-heads", "64", "--ffn-hidden-size", "28672",
+                                 "--seq-length", "4096", "--max-position-embeddings", "4096",
+                                 "--vocab-size", "128256", "--bf16", "--global-batch-size", "64"});
+  const PlanResult none = plan_layouts(big.model, big.train, 8, h100);
+  EXPECT_TRUE(none.ranked.empty());
+  EXPECT_GT(none.valid, 0);
 }

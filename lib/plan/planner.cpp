@@ -1,0 +1,107 @@
+// planner.cpp: tessera-plan's enumeration (plan/planner.hpp).
+#include "plan/planner.hpp"
+
+#include <algorithm>
+
+#include "comm/grid_layout.hpp"
+#include "core/error.hpp"
+#include "train/layout.hpp"
+#include "train/memory_estimate.hpp"
+
+namespace tessera {
+
+namespace {
+
+std::vector<int> divisors(int n, int limit) {
+  std::vector<int> d;
+  for (int i = 1; i <= std::min(n, limit); ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+}  // namespace
+
+std::string PlanCandidate::options() const {
+  std::string o = "--tensor-model-parallel-size " + std::to_string(tp) +
+                  " --pipeline-model-parallel-size " + std::to_string(pp);
+  if (v > 1) o += " --virtual-pipeline-model-parallel-size " + std::to_string(v);
+  if (cp > 1) o += " --context-parallel-size " + std::to_string(cp);
+  if (ep > 1) o += " --expert-model-parallel-size " + std::to_string(ep);
+  o += " --micro-batch-size " + std::to_string(micro_batch);
+  if (sequence_parallel) o += " --sequence-parallel";
+  if (distributed_optimizer) o += " --use-distributed-optimizer --overlap-param-gather";
+  if (recompute == RecomputeGranularity::Selective) o += " --recompute-granularity selective";
+  if (recompute == RecomputeGranularity::Full)
+    o += " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1";
+  return o;
+}
+
+PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world,
+                        const ClusterSpec& cluster) {
+  const GpuRates rates = rates_for(cluster);
+  const double capacity = (cluster.gpu_memory_gib - kRuntimeReserveGiB) * 1073741824.0;
+  PlanResult r;
+  const int global = base.global_batch_size;
+  if (global <= 0)
+    throw ConfigError("tessera-plan needs the global batch: give --global-batch-size");
+  const std::vector<RecomputeGranularity> recomputes = {
+      RecomputeGranularity::None, RecomputeGranularity::Selective, RecomputeGranularity::Full};
+  for (int tp : divisors(world, cluster.gpus_per_node))
+    for (int cp : divisors(world / tp, 64))
+      for (int pp : divisors(world / (tp * cp), cfg.num_layers)) {
+        const int dp = world / (tp * cp * pp);
+        const std::vector<int> eps = cfg.moe() ? divisors(dp, cfg.num_experts) : std::vector<int>{1};
+        for (int ep : eps)
+          for (int v = 1; v <= (pp > 1 ? 8 : 1); ++v)
+            for (int mb : {1, 2, 4, 8})
+              for (RecomputeGranularity rc : recomputes)
+                for (bool dist : {false, true}) {
+                  if ((dist && dp == 1) || (ep > 1 && cfg.num_experts % ep != 0)) continue;
+                  ++r.considered;
+                  PlanCandidate c;
+                  c.tp = tp, c.pp = pp, c.v = v, c.cp = cp, c.dp = dp, c.ep = ep;
+                  c.micro_batch = mb;
+                  c.sequence_parallel = tp > 1;
+                  c.distributed_optimizer = dist;
+                  c.recompute = rc;
+                  TrainConfig t = base;
+                  t.micro_batch_size = mb;
+                  t.virtual_pipeline_size = v;
+                  t.sequence_parallel = c.sequence_parallel;
+                  t.use_distributed_optimizer = dist;
+                  t.overlap_param_gather = dist;
+                  t.recompute = RecomputeConfig{};
+                  t.recompute.granularity = rc;
+                  if (global % (mb * dp) != 0) continue;
+                  GridLayout layout;
+                  try {
+                    layout = GridLayout::make(world, tp, pp, cp);
+                    check_expert_parallel(layout, ep);
+                    validate_layout(cfg, t, tp, pp, dp, cp);
+                    t = t.resolved(dp);
+                  } catch (const ConfigError&) {
+                    continue;  // not a layout of this model and batch
+                  }
+                  ++r.valid;
+                  // The fullest rank is on the first stage (the most micro-batches in flight, the
+                  // embedding) or the last (the output layer, multi-token prediction).
+                  for (int s : {0, pp - 1})
+                    c.memory = std::max(c.memory,
+                                        estimate_rank_memory(cfg, t, layout, s, ep).total_bytes());
+                  if (c.memory > capacity) continue;
+                  ++r.fitting;
+                  c.prediction = predict_step(cfg, t, layout, ep, cluster, rates);
+                  r.ranked.push_back(c);
+                }
+      }
+  // Fastest first; among equally fast layouts, the one that needs the least memory.
+  std::stable_sort(r.ranked.begin(), r.ranked.end(),
+                   [](const PlanCandidate& a, const PlanCandidate& b) {
+                     if (a.prediction.tokens_per_s != b.prediction.tokens_per_s)
+                       return a.prediction.tokens_per_s > b.prediction.tokens_per_s;
+                     return a.memory < b.memory;
+                   });
+  return r;
+}
+
+}  // namespace tessera
