@@ -1,15 +1,18 @@
 // tessera-plan: which layout to use (issue 57, docs/planning.md). Takes tessera-train's model and
-// batch options (--config, --seq-length, --global-batch-size, --bf16, FP8 ...), the GPUs of the
+// batch options (--config, --seq-length, --global-batch-size, --bf16, FP8 ...) or a Hugging Face
+// model's config.json (--hf-config DIR), the GPUs of the
 // run (--world-size) and the cluster (--cluster), enumerates every layout that fits the GPU's
 // memory, predicts each one's step and prints the fastest with their breakdowns and the
 // tessera-train and sbatch lines that run them. Runs on a login node: no MPI, CUDA or NCCL.
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "core/config.hpp"
+#include "checkpoint/hf_llama.hpp"
 #include "core/error.hpp"
 #include "plan/planner.hpp"
 #include "train/options.hpp"
@@ -26,28 +29,45 @@ const char* recompute_name(RecomputeGranularity g) {
 
 int main(int argc, char** argv) {
   int top = 10;
-  std::string config;
+  std::string config, hf_dir;
   try {
     RunOptions o;
     RunOptionsProgram program;
     program.name = "tessera-plan";
     program.usage =
-        "--config FILE --world-size GPUS --cluster dgx-a100|dgx-h100|dgx-h200|FILE "
-        "--global-batch-size G [--seq-length S] [--top N]";
+        "(--config FILE | --hf-config DIR) --world-size GPUS --cluster "
+        "dgx-a100|dgx-h100|dgx-h200|FILE --global-batch-size G [--seq-length S] [--top N]";
     program.add_options = [&](OptionParser& p) {
       p.group("Plan").add_options()("top", po::value(&top)->default_value(10),
-                                    "how many of the fastest layouts to print");
+                                    "how many of the fastest layouts to print")(
+          "hf-config", po::value(&hf_dir),
+          "a Hugging Face model directory (its config.json alone is read: Llama, Qwen2/3, "
+          "Mistral, Mixtral, DeepSeek-V3): the model, instead of the model options");
     };
     // The planning options belong to a dry run: tessera-plan is one.
     std::vector<const char*> args(argv, argv + argc);
     args.push_back("--dry-run");
     if (!parse_run_options(static_cast<int>(args.size()), args.data(), o, program)) return 0;
-    for (int i = 1; i + 1 < argc; ++i)
-      if (std::string(argv[i]) == "--config") config = argv[i + 1];
+    for (int i = 1; i < argc; ++i) {  // the config file, for the printed command lines
+      const std::string a = argv[i];
+      if (a == "--config" && i + 1 < argc) config = argv[i + 1];
+      if (a.rfind("--config=", 0) == 0) config = a.substr(9);
+    }
     if (!o.cluster_spec)
       throw ConfigError("give --cluster (dgx-a100, dgx-h100, dgx-h200 or a cluster file)");
     if (o.world_size <= 0) throw ConfigError("give --world-size: the GPUs of the run");
     if (top < 1) throw ConfigError("--top=" + std::to_string(top) + " is out of range (allowed: >= 1)");
+    if (!hf_dir.empty()) {  // the model of config.json, at the run's sequence length
+      if (!std::ifstream(hf_dir + "/config.json"))
+        throw ConfigError("--hf-config " + hf_dir +
+                          ": no readable config.json there (give a Hugging Face model directory)");
+      GPTConfig m = hf_model_config(hf_dir, o.model.make_vocab_size_divisible_by);
+      m.seq_length = o.model.seq_length;
+      m.validate();
+      o.model = m;
+      std::printf("tessera-plan: the model of %s/config.json (the model options of the command "
+                  "line and --config are not used)\n", hf_dir.c_str());
+    }
     if (o.model.vocab_size == 0) o.model.vocab_size = 50257;  // the data's is not known here
     const ClusterSpec& c = *o.cluster_spec;
     const auto start = std::chrono::steady_clock::now();

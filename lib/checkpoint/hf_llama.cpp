@@ -799,26 +799,28 @@ void check_hf_tensors(const std::string& dir, const GPTConfig& cfg, const std::s
 
 }  // namespace
 
-HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
+GPTConfig hf_model_config(const std::string& dir, int divisible_by) {
   const std::string path = dir + "/config.json";
   const std::string text = read_text(path, "--from-hf needs a Hugging Face model directory");
+  GPTConfig cfg;
   HfConfigSettings h;
   // The defaults of the config classes (LlamaConfig; Qwen2Config and MistralConfig below).
   h.model_type = hf_model_type(dir);
   if (const HfFamily* f = hf_family(h.model_type)) {  // its own config.json
     double aux = 0;
-    f->parse_config(path, text, cfg_, aux);
-    cfg_.make_vocab_size_divisible_by = divisible_by;
-    st_ = std::make_unique<SafetensorsDir>(dir);
-    arch_ = h.model_type;
-    check_hf_tensors(dir, cfg_, arch_, *st_);
-    return;
+    f->parse_config(path, text, cfg, aux);
+    cfg.make_vocab_size_divisible_by = divisible_by;
+    return cfg;
   }
+  if (h.model_type == "gpt2")
+    throw ConfigError("'" + path +
+                      "' is a GPT-2 model: give its options (configs/gpt2-*.ini) instead of its "
+                      "config.json");
   const bool qwen3 = h.model_type == "qwen3" || h.model_type == "qwen3_moe";
-  cfg_.max_position_embeddings = h.model_type == "qwen2" || qwen3 ? 32768
-                                 : h.model_type == "mistral" || h.model_type == "mixtral"
-                                     ? 4096 * 32
-                                     : 2048;
+  cfg.max_position_embeddings = h.model_type == "qwen2" || qwen3 ? 32768
+                                : h.model_type == "mistral" || h.model_type == "mixtral"
+                                    ? 4096 * 32
+                                    : 2048;
   // Mixtral (MixtralConfig's defaults): the experts, and its router settings.
   h.experts = h.model_type == "mixtral" ? 8 : 0;
   if (h.model_type == "qwen3_moe") {  // Qwen3MoeConfig's defaults
@@ -826,13 +828,18 @@ HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
     h.topk = 8;
   }
   if (qwen3) h.head_dim = 128;  // Qwen3Config's head_dim default, whatever hidden / heads
-  cfg_.layernorm_epsilon = 1e-6;
-  cfg_.untie_embeddings_and_output_weights = true;
-  parse_hf_config(path, text, cfg_, h);
-  check_hf_config(path, h, cfg_);
-  apply_hf_config(path, h, divisible_by, cfg_);
+  cfg.layernorm_epsilon = 1e-6;
+  cfg.untie_embeddings_and_output_weights = true;
+  parse_hf_config(path, text, cfg, h);
+  check_hf_config(path, h, cfg);
+  apply_hf_config(path, h, divisible_by, cfg);
+  return cfg;
+}
+
+HfLlama::HfLlama(const std::string& dir, int divisible_by) : dir_(dir) {
+  cfg_ = hf_model_config(dir, divisible_by);
+  arch_ = hf_model_type(dir);
   st_ = std::make_unique<SafetensorsDir>(dir);
-  arch_ = h.model_type;
   check_hf_tensors(dir, cfg_, arch_, *st_);
 }
 

@@ -22,6 +22,9 @@ namespace tessera {
 
 // The model_type in DIR/config.json ("gpt2", "llama", ...); throws ConfigError naming the file.
 std::string hf_model_type(const std::string& dir);
+// The model of DIR/config.json (a Llama-family or DeepSeek-V3 model, as HfLlama reads it), from
+// the config alone: no weights needed (tessera-plan --hf-config). ConfigError naming the file.
+GPTConfig hf_model_config(const std::string& dir, int make_vocab_size_divisible_by);
 
 struct HfExportOptions {
   std::string dtype = "bf16";             // bf16 | f32 (| f16)

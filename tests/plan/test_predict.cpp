@@ -6,11 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf_llama.hpp"
 #include "plan/cluster.hpp"
 #include "plan/planner.hpp"
 #include "plan/predict.hpp"
@@ -183,4 +187,29 @@ TEST(Planner, RanksTheLayoutsThatFitAndTheirOptionsPredictTheSame) {
   const PlanResult none = plan_layouts(big.model, big.train, 8, h100);
   EXPECT_TRUE(none.ranked.empty());
   EXPECT_GT(none.valid, 0);
+}
+
+// tessera-plan --hf-config: the model of a Hugging Face config.json alone (no weights) is the
+// model of the shipped config of the same shape, and plans.
+TEST(Planner, AHuggingFaceConfigIsTheShippedConfigsModel) {
+  char dir[] = "/tmp/tessera_hfcfg_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  {
+    std::ifstream in(std::string(TESSERA_SOURCE_DIR) + "/tests/checkpoint/hf_configs/qwen3-8b.json");
+    std::ofstream out(std::string(dir) + "/config.json");
+    out << in.rdbuf();
+  }
+  const GPTConfig hf = hf_model_config(dir, 128);
+  const RunOptions shipped =
+      parsed({"--config", std::string(TESSERA_SOURCE_DIR) + "/configs/qwen3-8b.ini"});
+  EXPECT_EQ(hf.num_parameters(), shipped.model.num_parameters());
+  EXPECT_EQ(hf.num_layers, shipped.model.num_layers);
+  EXPECT_EQ(hf.hidden_size, shipped.model.hidden_size);
+  GPTConfig m = hf;
+  m.seq_length = 4096;
+  TrainConfig t = shipped.train;
+  t.global_batch_size = 64;
+  const PlanResult r = plan_layouts(m, t, 8, load_cluster(kClusters + "dgx-h100.ini"));
+  EXPECT_FALSE(r.ranked.empty());
+  std::filesystem::remove_all(dir);
 }
