@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "core/config.hpp"
 #include "checkpoint/hf_llama.hpp"
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "plan/planner.hpp"
 #include "train/options.hpp"
@@ -22,7 +22,9 @@ using namespace tessera;
 namespace {
 
 const char* recompute_name(RecomputeGranularity g) {
-  return g == RecomputeGranularity::Full ? "full" : g == RecomputeGranularity::Selective ? "selective" : "none";
+  return g == RecomputeGranularity::Full        ? "full"
+         : g == RecomputeGranularity::Selective ? "selective"
+                                                : "none";
 }
 
 }  // namespace
@@ -56,7 +58,8 @@ int main(int argc, char** argv) {
     if (!o.cluster_spec)
       throw ConfigError("give --cluster (dgx-a100, dgx-h100, dgx-h200 or a cluster file)");
     if (o.world_size <= 0) throw ConfigError("give --world-size: the GPUs of the run");
-    if (top < 1) throw ConfigError("--top=" + std::to_string(top) + " is out of range (allowed: >= 1)");
+    if (top < 1)
+      throw ConfigError("--top=" + std::to_string(top) + " is out of range (allowed: >= 1)");
     if (!hf_dir.empty()) {  // the model of config.json, at the run's sequence length
       if (!std::ifstream(hf_dir + "/config.json"))
         throw ConfigError("--hf-config " + hf_dir +
@@ -65,8 +68,10 @@ int main(int argc, char** argv) {
       m.seq_length = o.model.seq_length;
       m.validate();
       o.model = m;
-      std::printf("tessera-plan: the model of %s/config.json (the model options of the command "
-                  "line and --config are not used)\n", hf_dir.c_str());
+      std::printf(
+          "tessera-plan: the model of %s/config.json (the model options of the command "
+          "line and --config are not used)\n",
+          hf_dir.c_str());
     }
     if (o.model.vocab_size == 0) o.model.vocab_size = 50257;  // the data's is not known here
     const ClusterSpec& c = *o.cluster_spec;
@@ -74,13 +79,14 @@ int main(int argc, char** argv) {
     const PlanResult r = plan_layouts(o.model, o.train, o.world_size, c);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("tessera-plan: %s\n  %lld parameters on %d GPUs of %s; global batch %d x %d "
-                "tokens; %lld layouts, %lld valid, %lld fit %.1f GiB (estimate + %.1f GiB "
-                "reserve); %.2f s\n",
-                o.model.describe().c_str(), (long long)o.model.num_parameters(), o.world_size,
-                describe_cluster(c).c_str(), o.train.global_batch_size, o.model.seq_length,
-                (long long)r.considered, (long long)r.valid, (long long)r.fitting,
-                c.gpu_memory_gib, kRuntimeReserveGiB, seconds);
+    std::printf(
+        "tessera-plan: %s\n  %lld parameters on %d GPUs of %s; global batch %d x %d "
+        "tokens; %lld layouts, %lld valid, %lld fit %.1f GiB (estimate + %.1f GiB "
+        "reserve); %.2f s\n",
+        o.model.describe().c_str(), (long long)o.model.num_parameters(), o.world_size,
+        describe_cluster(c).c_str(), o.train.global_batch_size, o.model.seq_length,
+        (long long)r.considered, (long long)r.valid, (long long)r.fitting, c.gpu_memory_gib,
+        kRuntimeReserveGiB, seconds);
     if (r.ranked.empty()) {
       std::fprintf(stderr,
                    "tessera-plan: error: no layout of %d GPUs fits %s's %.1f GiB: give more GPUs "
@@ -89,18 +95,19 @@ int main(int argc, char** argv) {
                    o.world_size, c.name.c_str(), c.gpu_memory_gib);
       return 2;
     }
-    std::printf("\n  #  TP  PP   V  CP  EP   DP  mb  recompute  dist-opt  memory GiB  step s  "
-                "tokens/s  TFLOP/s/GPU  MFU %%  bubble %%  exposed comm %%\n");
+    std::printf(
+        "\n  #  TP  PP   V  CP  EP   DP  mb  recompute  dist-opt  memory GiB  step s  "
+        "tokens/s  TFLOP/s/GPU  MFU %%  bubble %%  exposed comm %%\n");
     const size_t n = std::min(r.ranked.size(), size_t(top));
     for (size_t i = 0; i < n; ++i) {
       const PlanCandidate& k = r.ranked[i];
       const StepPrediction& p = k.prediction;
-      std::printf("%3zu %3d %3d %3d %3d %3d %4d %3d  %-9s  %-8s  %10.1f  %6.3f  %8.0f  %11.1f  %5.1f  "
-                  "%8.1f  %14.1f\n",
-                  i + 1, k.tp, k.pp, k.v, k.cp, k.ep, k.dp, k.micro_batch, recompute_name(k.recompute),
-                  k.distributed_optimizer ? "yes" : "no", k.memory / 1073741824.0, p.step,
-                  p.tokens_per_s, p.tflops_per_gpu, 100 * p.mfu, 100 * p.bubble / p.step,
-                  100 * p.exposed_comm / p.step);
+      std::printf(
+          "%3zu %3d %3d %3d %3d %3d %4d %3d  %-9s  %-8s  %10.1f  %6.3f  %8.0f  %11.1f  %5.1f  "
+          "%8.1f  %14.1f\n",
+          i + 1, k.tp, k.pp, k.v, k.cp, k.ep, k.dp, k.micro_batch, recompute_name(k.recompute),
+          k.distributed_optimizer ? "yes" : "no", k.memory / 1073741824.0, p.step, p.tokens_per_s,
+          p.tflops_per_gpu, 100 * p.mfu, 100 * p.bubble / p.step, 100 * p.exposed_comm / p.step);
     }
     const std::string cfg = config.empty() ? "CONFIG.ini" : config;
     const int nodes = (o.world_size + c.gpus_per_node - 1) / c.gpus_per_node;
@@ -110,9 +117,10 @@ int main(int argc, char** argv) {
       std::printf("\n%zu: %s", i + 1, prediction_report(k.prediction, c, rates_for(c)).c_str());
       std::printf("  srun -N %d --ntasks-per-node %d tessera-train --config %s %s\n", nodes,
                   per_node, cfg.c_str(), k.options().c_str());
-      std::printf("  sbatch --nodes=%d --gpus-per-node=%d --ntasks-per-node=%d "
-                  "--export=ALL,CONFIG=%s,EXTRA_ARGS=\"%s\" slurm/train.sbatch\n",
-                  nodes, per_node, per_node, cfg.c_str(), k.options().c_str());
+      std::printf(
+          "  sbatch --nodes=%d --gpus-per-node=%d --ntasks-per-node=%d "
+          "--export=ALL,CONFIG=%s,EXTRA_ARGS=\"%s\" slurm/train.sbatch\n",
+          nodes, per_node, per_node, cfg.c_str(), k.options().c_str());
     }
     return 0;
   } catch (const ConfigError& e) {

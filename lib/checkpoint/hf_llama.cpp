@@ -817,10 +817,9 @@ GPTConfig hf_model_config(const std::string& dir, int divisible_by) {
                       "' is a GPT-2 model: give its options (configs/gpt2-*.ini) instead of its "
                       "config.json");
   const bool qwen3 = h.model_type == "qwen3" || h.model_type == "qwen3_moe";
-  cfg.max_position_embeddings = h.model_type == "qwen2" || qwen3 ? 32768
-                                : h.model_type == "mistral" || h.model_type == "mixtral"
-                                    ? 4096 * 32
-                                    : 2048;
+  cfg.max_position_embeddings = h.model_type == "qwen2" || qwen3                         ? 32768
+                                : h.model_type == "mistral" || h.model_type == "mixtral" ? 4096 * 32
+                                                                                         : 2048;
   // Mixtral (MixtralConfig's defaults): the experts, and its router settings.
   h.experts = h.model_type == "mixtral" ? 8 : 0;
   if (h.model_type == "qwen3_moe") {  // Qwen3MoeConfig's defaults

@@ -85,7 +85,6 @@ void ProcessGrid::use_pipeline_ring() {
   ring_ = true;
 }
 
-
 void ProcessGrid::use_expert_parallel(int ep) {
   TESSERA_CHECK(!nccl_, "use_expert_parallel must come before use_nccl");
   if (ep == ep_) return;

@@ -13,8 +13,8 @@
 
 #include "comm/communicator.hpp"
 #include "data/tokenizer.hpp"
-#include "model/gpt.hpp"
 #include "data/unicode.hpp"  // json_quote
+#include "model/gpt.hpp"
 
 namespace tessera {
 

@@ -60,9 +60,9 @@ std::string clusters_folder() {
 
 ClusterSpec load_cluster(const std::string& name_or_file) {
   ClusterSpec c;
-  const bool path = name_or_file.find('/') != std::string::npos ||
-                    (name_or_file.size() > 4 &&
-                     name_or_file.compare(name_or_file.size() - 4, 4, ".ini") == 0);
+  const bool path =
+      name_or_file.find('/') != std::string::npos ||
+      (name_or_file.size() > 4 && name_or_file.compare(name_or_file.size() - 4, 4, ".ini") == 0);
   if (path) {
     c.file = name_or_file;
   } else {
@@ -82,10 +82,10 @@ ClusterSpec load_cluster(const std::string& name_or_file) {
   c.name = stem;
   po::options_description d;
   d.add_options()("description", po::value(&c.description)->required())(
-      "gpu.model", po::value(&c.gpu)->required())(
-      "gpu.memory-gib", po::value(&c.gpu_memory_gib)->required())(
-      "gpu.hbm-tbs", po::value(&c.hbm_tbs)->required())(
-      "gpu.bf16-tflops", po::value(&c.bf16_tflops)->required())(
+      "gpu.model", po::value(&c.gpu)->required())("gpu.memory-gib",
+                                                  po::value(&c.gpu_memory_gib)->required())(
+      "gpu.hbm-tbs", po::value(&c.hbm_tbs)->required())("gpu.bf16-tflops",
+                                                        po::value(&c.bf16_tflops)->required())(
       "gpu.fp8-tflops", po::value(&c.fp8_tflops)->required())(
       "node.gpus", po::value(&c.gpus_per_node)->required())(
       "intra-node.fabric", po::value(&c.intra_node.name)->required())(
@@ -117,14 +117,14 @@ ClusterSpec load_cluster(const std::string& name_or_file) {
 
 std::string describe_cluster(const ClusterSpec& c) {
   char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "%s: %d x %s (%.1f GiB, %.0f TFLOP/s bf16%s) per node; %s %.0f GB/s per GPU "
-                "inside a node, %s %.0f GB/s per GPU between nodes",
-                c.name.c_str(), c.gpus_per_node, c.gpu.c_str(), c.gpu_memory_gib, c.bf16_tflops,
-                c.fp8_tflops > 0 ? (", " + std::to_string(int(c.fp8_tflops + 0.5)) + " FP8").c_str()
-                                 : "",
-                c.intra_node.name.c_str(), c.intra_node.bandwidth_gbs, c.inter_node.name.c_str(),
-                c.inter_node.bandwidth_gbs);
+  std::snprintf(
+      buf, sizeof buf,
+      "%s: %d x %s (%.1f GiB, %.0f TFLOP/s bf16%s) per node; %s %.0f GB/s per GPU "
+      "inside a node, %s %.0f GB/s per GPU between nodes",
+      c.name.c_str(), c.gpus_per_node, c.gpu.c_str(), c.gpu_memory_gib, c.bf16_tflops,
+      c.fp8_tflops > 0 ? (", " + std::to_string(int(c.fp8_tflops + 0.5)) + " FP8").c_str() : "",
+      c.intra_node.name.c_str(), c.intra_node.bandwidth_gbs, c.inter_node.name.c_str(),
+      c.inter_node.bandwidth_gbs);
   return buf;
 }
 
@@ -172,14 +172,14 @@ GpuRates load_rates(const std::string& file) {
   std::string bf16, fp8;
   po::options_description d;
   d.add_options()("gpu", po::value(&r.gpu)->required())(
-      "bf16-tflops", po::value(&r.bf16_peak)->required())(
-      "fp8-tflops", po::value(&r.fp8_peak)->required())(
+      "bf16-tflops", po::value(&r.bf16_peak)->required())("fp8-tflops",
+                                                          po::value(&r.fp8_peak)->required())(
       "hbm-tbs", po::value(&r.hbm_tbs)->required())("gemm.bf16", po::value(&bf16)->required())(
-      "gemm.fp8", po::value(&fp8)->required())(
-      "attention.forward-tflops", po::value(&r.attention_forward)->required())(
+      "gemm.fp8", po::value(&fp8)->required())("attention.forward-tflops",
+                                               po::value(&r.attention_forward)->required())(
       "attention.backward-tflops", po::value(&r.attention_backward)->required())(
-      "memory.tbs", po::value(&r.memory_tbs)->required())(
-      "moe.grouped-gemm-tflops", po::value(&r.grouped_gemm)->required())(
+      "memory.tbs", po::value(&r.memory_tbs)->required())("moe.grouped-gemm-tflops",
+                                                          po::value(&r.grouped_gemm)->required())(
       "moe.routing-ns-per-token", po::value(&r.routing_ns)->required());
   try {
     po::variables_map vm;
@@ -190,8 +190,8 @@ GpuRates load_rates(const std::string& file) {
   }
   r.gemm_bf16 = rate_table(file, "[gemm] bf16", bf16);
   r.gemm_fp8 = rate_table(file, "[gemm] fp8", fp8);
-  for (double v : {r.bf16_peak, r.hbm_tbs, r.attention_forward, r.attention_backward,
-                   r.memory_tbs, r.grouped_gemm, r.routing_ns})
+  for (double v : {r.bf16_peak, r.hbm_tbs, r.attention_forward, r.attention_backward, r.memory_tbs,
+                   r.grouped_gemm, r.routing_ns})
     if (!(v > 0)) throw ConfigError("rates file '" + file + "': a figure is not positive");
   return r;
 }

@@ -8,24 +8,22 @@
 #include <string>
 #include <utility>
 #include <vector>
-#include <utility>
-#include <vector>
 
 namespace tessera {
 
 // One fabric: what one GPU can send (and, at the same time, receive) over it.
 struct FabricSpec {
-  std::string name;           // "NVLink 4 (NVSwitch)", "NDR InfiniBand, one 400 Gb/s port per GPU"
-  double bandwidth_gbs = 0;   // per GPU, per direction, GB/s (1e9 bytes)
-  double latency_us = 0;      // one message's start-up time, microseconds
-  bool sharp = false;         // in-switch reduction (NVLink SHARP) for all-reduce
+  std::string name;          // "NVLink 4 (NVSwitch)", "NDR InfiniBand, one 400 Gb/s port per GPU"
+  double bandwidth_gbs = 0;  // per GPU, per direction, GB/s (1e9 bytes)
+  double latency_us = 0;     // one message's start-up time, microseconds
+  bool sharp = false;        // in-switch reduction (NVLink SHARP) for all-reduce
 };
 
 struct ClusterSpec {
-  std::string name;   // the file's stem: "dgx-h100"
-  std::string file;   // the file read
+  std::string name;  // the file's stem: "dgx-h100"
+  std::string file;  // the file read
   std::string description;
-  std::string gpu;    // "NVIDIA H100 SXM5 80GB"
+  std::string gpu;            // "NVIDIA H100 SXM5 80GB"
   double gpu_memory_gib = 0;  // the GPU's memory as the driver reports it (nvidia-smi), GiB
   double hbm_tbs = 0;         // HBM bandwidth, TB/s
   double bf16_tflops = 0;     // dense peak, bf16/f16 tensor cores
@@ -54,12 +52,12 @@ std::string describe_cluster(const ClusterSpec& c);
 // width and precision, attention forward and backward, memory-bound passes.
 struct GpuRates {
   std::string gpu, file;
-  double bf16_peak = 0, fp8_peak = 0, hbm_tbs = 0;  // the GPU's, for scaling to another
+  double bf16_peak = 0, fp8_peak = 0, hbm_tbs = 0;             // the GPU's, for scaling to another
   std::vector<std::pair<double, double>> gemm_bf16, gemm_fp8;  // (width, TFLOP/s), by width
   double attention_forward = 0, attention_backward = 0;        // TFLOP/s
   double memory_tbs = 0;                                       // TB/s
-  double grouped_gemm = 0;       // TFLOP/s, MoE experts' grouped GEMMs
-  double routing_ns = 0;         // ns per token, one MoE layer's routing (not scaled)
+  double grouped_gemm = 0;  // TFLOP/s, MoE experts' grouped GEMMs
+  double routing_ns = 0;    // ns per token, one MoE layer's routing (not scaled)
   // The achieved GEMM rate at `width` (the smaller matrix side), TFLOP/s.
   double gemm(double width, bool fp8) const;
 };

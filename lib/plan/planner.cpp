@@ -50,7 +50,8 @@ PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world
     for (int cp : divisors(world / tp, 64))
       for (int pp : divisors(world / (tp * cp), cfg.num_layers)) {
         const int dp = world / (tp * cp * pp);
-        const std::vector<int> eps = cfg.moe() ? divisors(dp, cfg.num_experts) : std::vector<int>{1};
+        const std::vector<int> eps =
+            cfg.moe() ? divisors(dp, cfg.num_experts) : std::vector<int>{1};
         for (int ep : eps)
           for (int v = 1; v <= (pp > 1 ? 8 : 1); ++v)
             for (int mb : {1, 2, 4, 8})

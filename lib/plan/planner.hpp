@@ -28,11 +28,11 @@ struct PlanResult {
   int64_t considered = 0, valid = 0, fitting = 0;
 };
 
-// Every layout of `world` GPUs: TP (up to a node, dividing the heads), CP, PP (dividing the layers),
-// virtual stages, EP (MoE), micro-batch (1, 2, 4, 8), recomputation (none, selective, full) and
-// the distributed optimizer (with DP > 1); sequence parallelism whenever TP > 1. `base` holds the
-// run's global batch, sequence, precision and FP8 settings. A layout fits when its fullest
-// rank's estimate plus kRuntimeReserveGiB fits the cluster's GPU; those are predicted and
+// Every layout of `world` GPUs: TP (up to a node, dividing the heads), CP, PP (dividing the
+// layers), virtual stages, EP (MoE), micro-batch (1, 2, 4, 8), recomputation (none, selective,
+// full) and the distributed optimizer (with DP > 1); sequence parallelism whenever TP > 1. `base`
+// holds the run's global batch, sequence, precision and FP8 settings. A layout fits when its
+// fullest rank's estimate plus kRuntimeReserveGiB fits the cluster's GPU; those are predicted and
 // ranked by tokens/s.
 PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world,
                         const ClusterSpec& cluster);

@@ -26,7 +26,8 @@ struct Link {
 };
 Link link_of(const ClusterSpec& c, int stride, int n) {
   const int G = c.gpus_per_node;
-  if (int64_t(stride) * n <= G) return {c.intra_node.bandwidth_gbs * 1e9, c.intra_node.latency_us * 1e-6};
+  if (int64_t(stride) * n <= G)
+    return {c.intra_node.bandwidth_gbs * 1e9, c.intra_node.latency_us * 1e-6};
   const int per_node = std::max(1, std::min(n, G / std::max(1, stride)));
   return {std::min(c.intra_node.bandwidth_gbs, per_node * c.inter_node.bandwidth_gbs) * 1e9,
           c.inter_node.latency_us * 1e-6};
@@ -54,9 +55,9 @@ struct Model {
   int ep;
   const ClusterSpec& cluster;
   const GpuRates& rates;
-  double wb = 2;    // bytes per activation element
-  double N = 0;     // tokens of a micro-batch on a rank (S / CP per sample)
-  double S = 0;     // the sequence
+  double wb = 2;  // bytes per activation element
+  double N = 0;   // tokens of a micro-batch on a rank (S / CP per sample)
+  double S = 0;   // the sequence
   Link tp_link, cp_link, ep_link, pp_link, grad_link, edp_link;
 
   double gemm_time(double flops, double width) const {
@@ -87,8 +88,8 @@ struct Model {
     }
     // The attention core: causal, each of this rank's N queries against the sample's keys.
     const double heads = double(cfg.num_attention_heads) / layout.tp;
-    const double attn =
-        2.0 * t.micro_batch_size * (S / layout.cp) * S * heads * (cfg.head_dim() + cfg.value_dim()) / 2;
+    const double attn = 2.0 * t.micro_batch_size * (S / layout.cp) * S * heads *
+                        (cfg.head_dim() + cfg.value_dim()) / 2;
     const double attn_fwd = attn / (rates.attention_forward * 1e12);
     const double attn_bwd = 2.5 * attn / (rates.attention_backward * 1e12);
     l.fwd += attn_fwd;
@@ -107,10 +108,12 @@ struct Model {
     // (with sequence parallelism an all-gather and a reduce-scatter each instead).
     const double M = wb * N * cfg.hidden_size;
     const int T = layout.tp;
-    const double tp_one = t.sequence_parallel ? 2 * all_gather(tp_link, T, M) : all_reduce(tp_link, T, M);
+    const double tp_one =
+        t.sequence_parallel ? 2 * all_gather(tp_link, T, M) : all_reduce(tp_link, T, M);
     l.tp = 4 * tp_one;
     // Expert parallelism: the dispatch and combine all-to-alls of N K copies, forward and backward.
-    if (moe && ep > 1) l.ep = 4 * all_gather(ep_link, ep, wb * N * cfg.moe_router_topk * cfg.hidden_size);
+    if (moe && ep > 1)
+      l.ep = 4 * all_gather(ep_link, ep, wb * N * cfg.moe_router_topk * cfg.hidden_size);
     // Context parallelism: the K/V ring beside the attention core; what it takes beyond it.
     if (layout.cp > 1) {
       const RingTraffic ring = cp_ring_traffic(cfg, t, layout.tp, layout.cp);
@@ -184,7 +187,8 @@ StageCost stage_cost(const Model& m, int s, int micro) {
     st.flops += micro * lt.model_flops;
   };
   for (int c = 0; c < shard.num_chunks(); ++c)
-    for (int l = shard.chunks[size_t(c)].begin; l < shard.chunks[size_t(c)].end; ++l) add_layer(l, c);
+    for (int l = shard.chunks[size_t(c)].begin; l < shard.chunks[size_t(c)].end; ++l)
+      add_layer(l, c);
   // The first stage's embedding (its TP all-reduce), the last's output layer, cross-entropy and
   // multi-token prediction's layers.
   const double M = m.wb * m.N * cfg.hidden_size;  // one micro-batch's hidden state
@@ -214,8 +218,12 @@ StageCost stage_cost(const Model& m, int s, int micro) {
   // bf16 weights are then all-gathered. A group with nothing to reduce issues no collective.
   const double dense_grad = 4 * dense, expert_grad = 4 * experts;
   const int gn = DP * CP, en = std::max(1, DP / ep) * CP;
-  auto ag = [](const Link& l, int n, double bytes) { return bytes > 0 ? all_gather(l, n, bytes) : 0; };
-  auto ar = [](const Link& l, int n, double bytes) { return bytes > 0 ? all_reduce(l, n, bytes) : 0; };
+  auto ag = [](const Link& l, int n, double bytes) {
+    return bytes > 0 ? all_gather(l, n, bytes) : 0;
+  };
+  auto ar = [](const Link& l, int n, double bytes) {
+    return bytes > 0 ? all_reduce(l, n, bytes) : 0;
+  };
   if (t.use_distributed_optimizer) {
     st.dp_grad = ag(m.grad_link, gn, dense_grad) + ag(m.edp_link, en, expert_grad);
     st.dp_param = ag(m.grad_link, gn, m.wb * dense) + ag(m.edp_link, en, m.wb * experts);
@@ -255,8 +263,8 @@ void simulate_pipeline(const std::vector<StageCost>& cost, int V, int micro, dou
           if (it == done.end()) break;
           ready = it->second + p2p;
         }
-        const double d = st.forward ? cost[size_t(s)].F[size_t(st.chunk)]
-                                    : cost[size_t(s)].B[size_t(st.chunk)];
+        const double d =
+            st.forward ? cost[size_t(s)].F[size_t(st.chunk)] : cost[size_t(s)].B[size_t(st.chunk)];
         finish[size_t(s)] = std::max(finish[size_t(s)], ready) + d;
         busy[size_t(s)] += d;
         done[{st.forward, st.micro, vs}] = finish[size_t(s)];
@@ -288,7 +296,8 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
   std::vector<StageCost> cost;
   for (int s = 0; s < PP; ++s) cost.push_back(stage_cost(m, s, micro));
   const double M = m.wb * m.N * cfg.hidden_size;
-  const double send = PP > 1 ? M / (t.sequence_parallel ? TP : 1) / m.pp_link.bw + m.pp_link.lat : 0;
+  const double send =
+      PP > 1 ? M / (t.sequence_parallel ? TP : 1) / m.pp_link.bw + m.pp_link.lat : 0;
   std::vector<double> finish, busy, finish0, busy0;
   simulate_pipeline(cost, V, micro, send, finish, busy);
   simulate_pipeline(cost, V, micro, 0, finish0, busy0);
@@ -340,11 +349,12 @@ std::string prediction_report(const StepPrediction& p, const ClusterSpec& cluste
   out += buf;
   for (size_t s = 0; s < p.stages.size(); ++s) {
     const auto& st = p.stages[s];
-    std::snprintf(buf, sizeof buf,
-                  "  stage %zu compute per step: forward %.3f s, backward %.3f s, recompute %.3f s, "
-                  "optimizer %.3f s%s\n",
-                  s, st.forward, st.backward, st.recompute, st.optimizer,
-                  int(s) == p.critical_stage ? " (the stage that finishes last)" : "");
+    std::snprintf(
+        buf, sizeof buf,
+        "  stage %zu compute per step: forward %.3f s, backward %.3f s, recompute %.3f s, "
+        "optimizer %.3f s%s\n",
+        s, st.forward, st.backward, st.recompute, st.optimizer,
+        int(s) == p.critical_stage ? " (the stage that finishes last)" : "");
     out += buf;
   }
   std::snprintf(buf, sizeof buf,

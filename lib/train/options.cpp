@@ -60,7 +60,7 @@ bool parse_run_options(int argc, const char* const* argv, RunOptions& o,
 }
 
 std::string dry_run_report(const RunOptions& o, int world_size) {
-  const int world = o.world_size > 0  ? o.world_size
+  const int world = o.world_size > 0 ? o.world_size
                     : world_size > 1 ? world_size
                                      : o.tp * o.cp * o.pp * o.ep;
   const GridLayout layout = GridLayout::make(world, o.tp, o.pp, o.cp);

@@ -1,7 +1,6 @@
 // run_data.cpp: opening the datasets a run's options name (train/run_data.hpp).
 #include "train/run_data.hpp"
 
-
 #include <algorithm>
 #include <array>
 #include <filesystem>

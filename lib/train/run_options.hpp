@@ -23,10 +23,10 @@ struct RunOptions {
   GPTConfig model;
   TrainConfig train;
   LogOptions log;
-  int tp = 1, pp = 1;           // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
-  int ep = 1;                   // expert-parallel size (MoE): carved out of DP
-  int cp = 1;                   // context-parallel size: DP = world / (TP * CP * PP)
-  int threads = 0;              // 0: this rank's share of the cores in its affinity mask
+  int tp = 1, pp = 1;  // tensor- and pipeline-parallel sizes; DP = world / (TP * PP)
+  int ep = 1;          // expert-parallel size (MoE): carved out of DP
+  int cp = 1;          // context-parallel size: DP = world / (TP * CP * PP)
+  int threads = 0;     // 0: this rank's share of the cores in its affinity mask
   // resolved to "cpu" or "cuda" by parse_run_options through resolve_device (a program that runs
   // no backend, tessera-inspect, leaves it: "auto" stays)
   std::string device = "auto";

@@ -117,11 +117,28 @@ TEST(Cluster, BadFilesAreOneLineErrorsNamingTheFile) {
 // the GPU's memory; otherwise each change that fits, with the estimate under that change.
 TEST(Cluster, DryRunVerdictIsTheEstimateAgainstTheGpu) {
   // A 1.3B-shaped GPT at a large micro-batch on one A100 80 GB: too big unless recomputed.
-  const std::vector<std::string> model = {
-      "--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16",
-      "--seq-length", "2048", "--max-position-embeddings", "2048", "--vocab-size", "50257",
-      "--bf16", "--micro-batch-size", "32", "--global-batch-size", "256", "--dry-run",
-      "--cluster", "dgx-a100", "--world-size", "8"};
+  const std::vector<std::string> model = {"--num-layers",
+                                          "24",
+                                          "--hidden-size",
+                                          "2048",
+                                          "--num-attention-heads",
+                                          "16",
+                                          "--seq-length",
+                                          "2048",
+                                          "--max-position-embeddings",
+                                          "2048",
+                                          "--vocab-size",
+                                          "50257",
+                                          "--bf16",
+                                          "--micro-batch-size",
+                                          "32",
+                                          "--global-batch-size",
+                                          "256",
+                                          "--dry-run",
+                                          "--cluster",
+                                          "dgx-a100",
+                                          "--world-size",
+                                          "8"};
   RunOptions o = parsed(model);
   ASSERT_TRUE(o.cluster_spec);
   const GridLayout layout = GridLayout::make(8, 1, 1, 1);
@@ -175,7 +192,7 @@ TEST(Cluster, MoeExpertBuffersFollowTheCapacity) {
   EXPECT_EQ(c.moe_received_rows(N, 1), N * 2);      // no EP: the N*K copies themselves
   EXPECT_EQ(c.moe_received_rows(N, 4), 4 * N * 2);  // 2 local experts: N each from 4 ranks
   EXPECT_EQ(c.moe_received_rows(N, 8), 8 * N * 1);  // 1 local expert: N from each of 8 ranks
-  c.moe_expert_capacity_factor = 1.0;                // capacity ceil(64 * 2 / 8) = 16
+  c.moe_expert_capacity_factor = 1.0;               // capacity ceil(64 * 2 / 8) = 16
   EXPECT_EQ(c.moe_received_rows(N, 4), 4 * 2 * 16);
   EXPECT_EQ(c.moe_received_rows(N, 8), 8 * 1 * 16);
   c.moe_expert_capacity_factor = 1.3;  // ceil(20.8) = 21

@@ -45,9 +45,21 @@ StepPrediction predict(const RunOptions& o, int world, const ClusterSpec& c) {
 
 // A model whose embedding and output layer are small beside its layers (vocabulary 256).
 std::vector<std::string> layers_model(int layers) {
-  return {"--num-layers", std::to_string(layers), "--hidden-size", "2048", "--num-attention-heads",
-          "16", "--seq-length", "2048", "--max-position-embeddings", "2048", "--vocab-size", "256",
-          "--bf16", "--micro-batch-size", "1"};
+  return {"--num-layers",
+          std::to_string(layers),
+          "--hidden-size",
+          "2048",
+          "--num-attention-heads",
+          "16",
+          "--seq-length",
+          "2048",
+          "--max-position-embeddings",
+          "2048",
+          "--vocab-size",
+          "256",
+          "--bf16",
+          "--micro-batch-size",
+          "1"};
 }
 
 }  // namespace
@@ -59,15 +71,15 @@ TEST(Predict, PipelineBubbleIsTheSchedulesIdleTime) {
   std::vector<std::string> a = layers_model(16);
   a.insert(a.end(), {"--pipeline-model-parallel-size", "4", "--global-batch-size", "8"});
   StepPrediction p = predict(parsed(a), 4, h100);
-  const double busy = p.stages[size_t(p.critical_stage)].forward +
-                      p.stages[size_t(p.critical_stage)].backward;
+  const double busy =
+      p.stages[size_t(p.critical_stage)].forward + p.stages[size_t(p.critical_stage)].backward;
   EXPECT_EQ(p.micro_batches, 8);
   EXPECT_NEAR(p.bubble / (p.bubble + busy), theoretical_bubble(4, 8), 0.01)
       << "bubble " << p.bubble << " s, busy " << busy << " s";
   a.insert(a.end(), {"--num-layers-per-virtual-pipeline-stage", "2"});
   p = predict(parsed(a), 4, h100);
-  const double busy_v = p.stages[size_t(p.critical_stage)].forward +
-                        p.stages[size_t(p.critical_stage)].backward;
+  const double busy_v =
+      p.stages[size_t(p.critical_stage)].forward + p.stages[size_t(p.critical_stage)].backward;
   EXPECT_NEAR(p.bubble / (p.bubble + busy_v), theoretical_bubble(4, 8, 2), 0.01);
   EXPECT_LT(theoretical_bubble(4, 8, 2), theoretical_bubble(4, 8));
 }
@@ -102,7 +114,8 @@ TEST(Predict, DataParallelReduceCrossesNodesAndHidesUnderTheBackward) {
   const StepPrediction p = predict(o, 16, h100);
   // The gradient bytes: every parameter of the (one-stage) rank in f32.
   const GridLayout layout = GridLayout::make(16, 1, 1, 1);
-  const double n = double(estimate_rank_memory(o.model, o.train.resolved(16), layout, 0).parameters);
+  const double n =
+      double(estimate_rank_memory(o.model, o.train.resolved(16), layout, 0).parameters);
   const double expected = 2.0 * 15 / 16 * 4 * n / 400e9 + 2.0 * 15 * 9.6e-6;
   EXPECT_NEAR(p.dp_grad, expected, 1e-9 * expected) << p.dp_grad;
   a.resize(a.size() - 2);  // overlapped (the default)
@@ -119,7 +132,8 @@ TEST(Predict, DryRunPrintsTheMachineReadableLine) {
   const RunOptions o = parsed(a);
   const std::string r = dry_run_report(o, 1);
   const std::regex line(
-      "\npredicted: step [0-9.e+-]+ s \\| tokens/s [0-9]+ \\| TFLOP/s/GPU [0-9.]+ \\| MFU [0-9.]+ % "
+      "\npredicted: step [0-9.e+-]+ s \\| tokens/s [0-9]+ \\| TFLOP/s/GPU [0-9.]+ \\| MFU [0-9.]+ "
+      "% "
       "\\| bubble [0-9.]+ % \\| exposed comm [0-9.]+ %\n$");
   EXPECT_TRUE(std::regex_search(r, line)) << r;
   EXPECT_NE(r.find("stage 1 compute per step: forward"), std::string::npos) << r;
@@ -129,15 +143,43 @@ TEST(Predict, DryRunPrintsTheMachineReadableLine) {
 // A 70B-shaped model on 1,024 GPUs (TP 8 x PP 8 x DP 16, 64 micro-batches, interleaved).
 TEST(Predict, AThousandGpuLayoutIsPredictedInUnderASecond) {
   const ClusterSpec h100 = load_cluster(kClusters + "dgx-h100.ini");
-  const RunOptions o = parsed(
-      {"--num-layers", "80", "--hidden-size", "8192", "--num-attention-heads", "64",
-       "--group-query-attention", "--num-query-groups", "8", "--ffn-hidden-size", "28672",
-       "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
-       "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--seq-length", "4096",
-       "--max-position-embeddings", "4096", "--vocab-size", "128256", "--bf16",
-       "--micro-batch-size", "1", "--global-batch-size", "1024", "--tensor-model-parallel-size",
-       "8", "--pipeline-model-parallel-size", "8", "--num-layers-per-virtual-pipeline-stage", "5",
-       "--sequence-parallel", "--use-distributed-optimizer"});
+  const RunOptions o = parsed({"--num-layers",
+                               "80",
+                               "--hidden-size",
+                               "8192",
+                               "--num-attention-heads",
+                               "64",
+                               "--group-query-attention",
+                               "--num-query-groups",
+                               "8",
+                               "--ffn-hidden-size",
+                               "28672",
+                               "--swiglu",
+                               "--normalization",
+                               "RMSNorm",
+                               "--position-embedding-type",
+                               "rope",
+                               "--disable-bias-linear",
+                               "--untie-embeddings-and-output-weights",
+                               "--seq-length",
+                               "4096",
+                               "--max-position-embeddings",
+                               "4096",
+                               "--vocab-size",
+                               "128256",
+                               "--bf16",
+                               "--micro-batch-size",
+                               "1",
+                               "--global-batch-size",
+                               "1024",
+                               "--tensor-model-parallel-size",
+                               "8",
+                               "--pipeline-model-parallel-size",
+                               "8",
+                               "--num-layers-per-virtual-pipeline-stage",
+                               "5",
+                               "--sequence-parallel",
+                               "--use-distributed-optimizer"});
   const auto start = std::chrono::steady_clock::now();
   const StepPrediction p = predict(o, 1024, h100);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -152,12 +194,32 @@ TEST(Predict, AThousandGpuLayoutIsPredictedInUnderASecond) {
 // step; a model no layout of the GPUs can hold yields none.
 TEST(Planner, RanksTheLayoutsThatFitAndTheirOptionsPredictTheSame) {
   const ClusterSpec h100 = load_cluster(kClusters + "dgx-h100.ini");
-  std::vector<std::string> model = {
-      "--num-layers", "16", "--hidden-size", "2048", "--num-attention-heads", "32",
-      "--group-query-attention", "--num-query-groups", "8", "--ffn-hidden-size", "8192",
-      "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
-      "--disable-bias-linear", "--seq-length", "4096", "--max-position-embeddings", "4096",
-      "--vocab-size", "128256", "--bf16", "--global-batch-size", "64"};
+  std::vector<std::string> model = {"--num-layers",
+                                    "16",
+                                    "--hidden-size",
+                                    "2048",
+                                    "--num-attention-heads",
+                                    "32",
+                                    "--group-query-attention",
+                                    "--num-query-groups",
+                                    "8",
+                                    "--ffn-hidden-size",
+                                    "8192",
+                                    "--swiglu",
+                                    "--normalization",
+                                    "RMSNorm",
+                                    "--position-embedding-type",
+                                    "rope",
+                                    "--disable-bias-linear",
+                                    "--seq-length",
+                                    "4096",
+                                    "--max-position-embeddings",
+                                    "4096",
+                                    "--vocab-size",
+                                    "128256",
+                                    "--bf16",
+                                    "--global-batch-size",
+                                    "64"};
   const RunOptions o = parsed(model);
   const PlanResult r = plan_layouts(o.model, o.train, 8, h100);
   ASSERT_FALSE(r.ranked.empty());
@@ -167,7 +229,8 @@ TEST(Planner, RanksTheLayoutsThatFitAndTheirOptionsPredictTheSame) {
   for (size_t i = 0; i < r.ranked.size(); ++i) {
     EXPECT_LE(r.ranked[i].memory + kRuntimeReserveGiB * 1073741824.0,
               h100.gpu_memory_gib * 1073741824.0);
-    if (i > 0) EXPECT_GE(r.ranked[i - 1].prediction.tokens_per_s, r.ranked[i].prediction.tokens_per_s);
+    if (i > 0)
+      EXPECT_GE(r.ranked[i - 1].prediction.tokens_per_s, r.ranked[i].prediction.tokens_per_s);
   }
   const PlanCandidate& best = r.ranked.front();
   std::vector<std::string> again = model;
@@ -180,10 +243,10 @@ TEST(Planner, RanksTheLayoutsThatFitAndTheirOptionsPredictTheSame) {
   const std::string report = dry_run_report(b, 1);
   EXPECT_NE(report.find("memory verdict: fits"), std::string::npos) << report;
   // 70B-shaped on 8 GPUs: nothing fits.
-  const RunOptions big = parsed({"--num-layers", "80", "--hidden-size", "8192",
-                                 "--num-attention-heads", "64", "--ffn-hidden-size", "28672",
-                                 "--seq-length", "4096", "--max-position-embeddings", "4096",
-                                 "--vocab-size", "128256", "--bf16", "--global-batch-size", "64"});
+  const RunOptions big =
+      parsed({"--num-layers", "80", "--hidden-size", "8192", "--num-attention-heads", "64",
+              "--ffn-hidden-size", "28672", "--seq-length", "4096", "--max-position-embeddings",
+              "4096", "--vocab-size", "128256", "--bf16", "--global-batch-size", "64"});
   const PlanResult none = plan_layouts(big.model, big.train, 8, h100);
   EXPECT_TRUE(none.ranked.empty());
   EXPECT_GT(none.valid, 0);
@@ -195,7 +258,8 @@ TEST(Planner, AHuggingFaceConfigIsTheShippedConfigsModel) {
   char dir[] = "/tmp/tessera_hfcfg_XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   {
-    std::ifstream in(std::string(TESSERA_SOURCE_DIR) + "/tests/checkpoint/hf_configs/qwen3-8b.json");
+    std::ifstream in(std::string(TESSERA_SOURCE_DIR) +
+                     "/tests/checkpoint/hf_configs/qwen3-8b.json");
     std::ofstream out(std::string(dir) + "/config.json");
     out << in.rdbuf();
   }

@@ -84,10 +84,10 @@ class MemoryOptions : public OptionGroup {
   void resolve(const OptionParser& p, RunOptions& o, StartupNotes& notes) override {
     // A command line that switches the config file's full recomputation to selective (or none)
     // drops the file's full-only settings, as an alternative would.
-    const bool switched = (p.given("recompute-granularity") &&
-                           !p.from_config_file("recompute-granularity") &&
-                           recompute_granularity_ != "full") ||
-                          (recompute_activations_ && !p.from_config_file("recompute-activations"));
+    const bool switched =
+        (p.given("recompute-granularity") && !p.from_config_file("recompute-granularity") &&
+         recompute_granularity_ != "full") ||
+        (recompute_activations_ && !p.from_config_file("recompute-activations"));
     for (const char* full_only : {"recompute-method", "recompute-num-layers"})
       if (switched && p.from_config_file(full_only)) {
         notes.input.push_back(std::string("--") + full_only +

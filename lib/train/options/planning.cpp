@@ -50,14 +50,15 @@ std::pair<double, int> fullest_rank(const RunOptions& o, const TrainConfig& t,
 class PlanningOptions : public OptionGroup {
  public:
   void add(OptionParser& p, RunOptions& o) override {
-    p.group("Planning").add_options()(
-        "cluster", po::value(&o.cluster),
-        "with --dry-run: the cluster to check the layout against, a kind of configs/clusters "
-        "(dgx-a100, dgx-h100, dgx-h200) or a cluster file's path (docs/planning.md); the "
-        "report ends with whether the fullest rank fits its GPU")(
-        "world-size", po::value(&o.world_size),
-        "with --dry-run: the GPUs (ranks) of the plan, instead of the MPI world the dry run "
-        "runs in (a multiple of TP x CP x PP, and of EP)");
+    p.group("Planning")
+        .add_options()(
+            "cluster", po::value(&o.cluster),
+            "with --dry-run: the cluster to check the layout against, a kind of configs/clusters "
+            "(dgx-a100, dgx-h100, dgx-h200) or a cluster file's path (docs/planning.md); the "
+            "report ends with whether the fullest rank fits its GPU")(
+            "world-size", po::value(&o.world_size),
+            "with --dry-run: the GPUs (ranks) of the plan, instead of the MPI world the dry run "
+            "runs in (a multiple of TP x CP x PP, and of EP)");
   }
 
   void resolve(const OptionParser& p, RunOptions& o, StartupNotes&) override {
@@ -81,9 +82,9 @@ class PlanningOptions : public OptionGroup {
       verdict(d, out);
       if (d.o.cluster_spec) {  // the predicted step (plan/predict.hpp)
         const GpuRates rates = rates_for(*d.o.cluster_spec);
-        out << prediction_report(predict_step(d.o.model, d.o.train, d.layout, d.o.ep,
-                                              *d.o.cluster_spec, rates),
-                                 *d.o.cluster_spec, rates);
+        out << prediction_report(
+            predict_step(d.o.model, d.o.train, d.layout, d.o.ep, *d.o.cluster_spec, rates),
+            *d.o.cluster_spec, rates);
       }
     }
   }
@@ -124,8 +125,8 @@ class PlanningOptions : public OptionGroup {
           << " to spare\n";
       return;
     }
-    out << "memory verdict: does not fit " << what << ": " << needs << "; " << cures(d, capacity, reserve, sharing)
-        << "\n";
+    out << "memory verdict: does not fit " << what << ": " << needs << "; "
+        << cures(d, capacity, reserve, sharing) << "\n";
   }
 
   // The changes that would make the fullest rank fit, each with what it would need: single ones
@@ -142,23 +143,19 @@ class PlanningOptions : public OptionGroup {
                            r.train.recompute = recompute_options("full", "uniform", 1, false, 0);
                          }});
     if (o.train.micro_batch_size > 1)
-      changes.push_back({"--micro-batch-size 1", [](RunOptions& r) {
-                           r.train.micro_batch_size = 1;
-                         }});
+      changes.push_back(
+          {"--micro-batch-size 1", [](RunOptions& r) { r.train.micro_batch_size = 1; }});
     if (!o.train.use_distributed_optimizer && d.layout.dp > 1)
-      changes.push_back({"--use-distributed-optimizer", [](RunOptions& r) {
-                           r.train.use_distributed_optimizer = true;
-                         }});
+      changes.push_back({"--use-distributed-optimizer",
+                         [](RunOptions& r) { r.train.use_distributed_optimizer = true; }});
     if (!o.train.sequence_parallel && d.layout.tp > 1)
-      changes.push_back({"--sequence-parallel", [](RunOptions& r) {
-                           r.train.sequence_parallel = true;
-                         }});
+      changes.push_back(
+          {"--sequence-parallel", [](RunOptions& r) { r.train.sequence_parallel = true; }});
     // Dropless MoE buffers the most copies a layer can receive (every token to each expert with
     // EP); a capacity drops the rest (Megatron's option, GPTConfig::moe_received_rows).
     if (o.model.moe() && o.model.moe_dropless() && o.ep > 1)
-      changes.push_back({"--moe-expert-capacity-factor 1.0", [](RunOptions& r) {
-                           r.model.moe_expert_capacity_factor = 1.0;
-                         }});
+      changes.push_back({"--moe-expert-capacity-factor 1.0",
+                         [](RunOptions& r) { r.model.moe_expert_capacity_factor = 1.0; }});
     auto need_with = [&](std::initializer_list<const Change*> cs) {
       RunOptions r = o;
       for (const Change* c : cs) c->apply(r);
