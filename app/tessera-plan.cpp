@@ -110,11 +110,12 @@ int main(int argc, char** argv) {
           p.tflops_per_gpu, 100 * p.mfu, 100 * p.bubble / p.step, 100 * p.exposed_comm / p.step);
     }
     const std::string cfg = config.empty() ? "CONFIG.ini" : config;
+    const GpuRates rates = rates_for(c);  // read once for the breakdowns below
     const int nodes = (o.world_size + c.gpus_per_node - 1) / c.gpus_per_node;
     const int per_node = std::min(o.world_size, c.gpus_per_node);
     for (size_t i = 0; i < n; ++i) {
       const PlanCandidate& k = r.ranked[i];
-      std::printf("\n%zu: %s", i + 1, prediction_report(k.prediction, c, rates_for(c)).c_str());
+      std::printf("\n%zu: %s", i + 1, prediction_report(k.prediction, c, rates).c_str());
       std::printf("  srun -N %d --ntasks-per-node %d tessera-train --config %s %s\n", nodes,
                   per_node, cfg.c_str(), k.options().c_str());
       std::printf(
