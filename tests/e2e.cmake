@@ -146,3 +146,10 @@ tessera_e2e(scripts.plot_metrics 1
 # and munge when missing; needs root for that).
 tessera_e2e(slurm.end_to_end 207 TIMEOUT 900 LABELS slurm
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/slurm/test_slurm.sh ${CMAKE_SOURCE_DIR})
+
+# The step-time predictor's collective plan equals each rank's recorded collectives of a real MPI
+# run, for TP/SP, PP (1F1B, interleaved), DP (buckets, distributed optimizer), CP, recomputation,
+# EP and q/k norms (issue 57).
+tessera_e2e(plan.collective_sequence 12 TIMEOUT 300 PROCESSORS 2
+            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/plan/test_collective_sequence.sh
+                 ${CMAKE_BINARY_DIR}/bin ${CMAKE_SOURCE_DIR}/configs)

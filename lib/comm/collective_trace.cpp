@@ -3,10 +3,14 @@
 #include "comm/collective_trace.hpp"
 
 #include "comm/mpi_check.hpp"
+#include "core/error.hpp"
+#include "core/test_hooks.hpp"
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -32,6 +36,21 @@ const bool g_init = [] {
 bool point_to_point(int64_t op) {
   return op == static_cast<int64_t>(TraceOp::Send) || op == static_cast<int64_t>(TraceOp::Recv) ||
          op == static_cast<int64_t>(TraceOp::SendRecv);
+}
+
+// The collective log's file, opened at its first line (the world rank is known by then).
+std::mutex g_log_mutex;
+std::FILE* log_file() {
+  static std::FILE* f = [] {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    const std::string path =
+        std::string(test_hooks::collective_log_prefix()) + ".rank" + std::to_string(rank);
+    std::FILE* file = std::fopen(path.c_str(), "w");
+    TESSERA_CHECK(file != nullptr, "TESSERA_TEST_COLLECTIVE_LOG: cannot write ", path);
+    return file;
+  }();
+  return f;
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -70,6 +89,37 @@ const char* trace_group_name(TraceGroup g) {
       return "expert-data-parallel group";
     default:
       return "group";
+  }
+}
+
+const char* trace_group_key(TraceGroup g) {
+  switch (g) {
+    case TraceGroup::World:
+      return "world";
+    case TraceGroup::TensorParallel:
+      return "tp";
+    case TraceGroup::Pipeline:
+      return "pp";
+    case TraceGroup::PipelineGrad:
+      return "pp_grad";
+    case TraceGroup::DataParallel:
+      return "dp";
+    case TraceGroup::ModelParallel:
+      return "mp";
+    case TraceGroup::Embedding:
+      return "embedding";
+    case TraceGroup::ContextParallel:
+      return "cp";
+    case TraceGroup::PipelineWrap:
+      return "pp_wrap";
+    case TraceGroup::PipelineWrapGrad:
+      return "pp_wrap_grad";
+    case TraceGroup::Expert:
+      return "ep";
+    case TraceGroup::ExpertData:
+      return "edp";
+    default:
+      return "none";
   }
 }
 
@@ -124,6 +174,24 @@ TraceHandle::TraceHandle(TraceGroup g, std::vector<int> members)
 int64_t TraceHandle::issue(TraceOp op) const {
   if (!on() || point_to_point(static_cast<int64_t>(op))) return 0;
   return ++g_calls[static_cast<int>(group_)];
+}
+
+void TraceHandle::log(TraceOp op, int64_t elements, size_t element_bytes, int peer) const {
+  if (!on() || !test_hooks::collective_log_prefix()) return;
+  const std::lock_guard<std::mutex> lock(g_log_mutex);
+  std::FILE* f = log_file();
+  std::fprintf(f, "%s %s %lld %zu", trace_group_key(group_), trace_op_name(op),
+               static_cast<long long>(elements), element_bytes);
+  if (peer >= 0) std::fprintf(f, " %d", world_rank_of(peer));
+  std::fputc('\n', f);
+  std::fflush(f);
+}
+
+void trace_log_iteration(int64_t iteration) {
+  if (!test_hooks::collective_log_prefix()) return;
+  const std::lock_guard<std::mutex> lock(g_log_mutex);
+  std::fprintf(log_file(), "iteration %lld\n", static_cast<long long>(iteration));
+  std::fflush(log_file());
 }
 
 int TraceHandle::world_rank_of(int group_rank) const {

@@ -33,6 +33,7 @@ enum class TraceGroup : int {
   None = -1,  // not traced (communicators outside the process grid)
 };
 const char* trace_group_name(TraceGroup g);  // "data-parallel group"
+const char* trace_group_key(TraceGroup g);   // "dp": the collective log's and predictor's name
 
 enum class TraceOp : int {
   None,
@@ -64,6 +65,12 @@ class TraceHandle {
   // numbered (the members' sequences of sends and receives differ).
   int64_t issue(TraceOp op) const;
   int world_rank_of(int group_rank) const;
+  // The collective log (test hook TESSERA_TEST_COLLECTIVE_LOG, core/test_hooks.hpp): one line
+  // "<group key> <op> <elements> <bytes per element>[ <peer world rank>]" for a call of `op` over
+  // `elements` (the whole buffer: an all-gather's output, a reduce-scatter's input, the rows an
+  // all-to-all sends); `peer` the group rank of a point-to-point partner, -1. Nothing when the
+  // hook is off or the group untraced.
+  void log(TraceOp op, int64_t elements, size_t element_bytes, int peer = -1) const;
   TraceGroup group() const { return group_; }
 
  private:
@@ -86,6 +93,9 @@ class TraceWait {
  private:
   bool on_ = false;
 };
+
+// The collective log's "iteration N" line, as training iteration N starts (nothing when off).
+void trace_log_iteration(int64_t iteration);
 
 // This rank's record as a fixed number of words (the heartbeat's payload).
 constexpr int kTraceWords = 5 + 2 * static_cast<int>(TraceGroup::Count);

@@ -209,6 +209,7 @@ void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
   NVTX_RANGE("mpi-all-reduce");
   expect_host_float(t);
   if (size_ == 1) return;
+  trace_.log(TraceOp::AllReduce, t.numel(), dtype_size(t.dtype()));
   const TraceWait traced(&trace_, TraceOp::AllReduce, trace_.issue(TraceOp::AllReduce), -1);
   MPI_CHECK(
       MPI_Allreduce(MPI_IN_PLACE, t.raw(), count_of(t), mpi_type(t), reduce_op(t, op), comm_));
@@ -218,6 +219,7 @@ std::unique_ptr<PendingOp> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp
   NVTX_RANGE("mpi-all-reduce-async");
   expect_host_float(t);
   MPI_Request req = MPI_REQUEST_NULL;
+  if (size_ > 1) trace_.log(TraceOp::AllReduce, t.numel(), dtype_size(t.dtype()));
   if (size_ > 1)
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count_of(t), mpi_type(t), reduce_op(t, op),
                              comm_, &req));
@@ -235,6 +237,7 @@ void MpiCommunicator::all_reduce_f64(double* data, int64_t n, ReduceOp op) {
 void MpiCommunicator::broadcast(Tensor& t, int root) {
   NVTX_RANGE("mpi-broadcast");
   expect_host_float(t);
+  if (size_ > 1) trace_.log(TraceOp::Broadcast, t.numel(), dtype_size(t.dtype()));
   const TraceWait traced(&trace_, TraceOp::Broadcast, trace_.issue(TraceOp::Broadcast), -1);
   MPI_CHECK(MPI_Bcast(t.raw(), count_of(t), mpi_type(t), root, comm_));
 }
@@ -245,6 +248,7 @@ void MpiCommunicator::all_gather(Tensor& out, const Tensor& in) {
   TESSERA_CHECK(out.numel() == in.numel() * size_, "all_gather output of ", out.numel(),
                 " elements for ", size_, " x ", in.numel());
   TESSERA_CHECK(out.dtype() == in.dtype(), "all_gather dtypes differ");
+  if (size_ > 1) trace_.log(TraceOp::AllGather, out.numel(), dtype_size(out.dtype()));
   const TraceWait traced(&trace_, TraceOp::AllGather, trace_.issue(TraceOp::AllGather), -1);
   MPI_CHECK(MPI_Allgather(in.raw(), count_of(in), mpi_type(in), out.raw(), count_of(in),
                           mpi_type(in), comm_));
@@ -256,6 +260,7 @@ void MpiCommunicator::reduce_scatter(Tensor& out, const Tensor& in) {
   TESSERA_CHECK(in.numel() == out.numel() * size_, "reduce_scatter input of ", in.numel(),
                 " elements for ", size_, " x ", out.numel());
   TESSERA_CHECK(out.dtype() == in.dtype(), "reduce_scatter dtypes differ");
+  if (size_ > 1) trace_.log(TraceOp::ReduceScatter, in.numel(), dtype_size(in.dtype()));
   const TraceWait traced(&trace_, TraceOp::ReduceScatter, trace_.issue(TraceOp::ReduceScatter), -1);
   MPI_CHECK(MPI_Reduce_scatter_block(in.raw(), out.raw(), count_of(out), mpi_type(in),
                                      reduce_op(in, ReduceOp::Sum), comm_));
@@ -267,6 +272,7 @@ std::unique_ptr<PendingOp> MpiCommunicator::reduce_scatter_async(Tensor& buf) {
   TESSERA_CHECK(buf.numel() % size_ == 0, "reduce_scatter_async over ", buf.numel(),
                 " elements, not divisible by the group size ", size_);
   if (size_ == 1) return std::make_unique<MpiPending>(MPI_REQUEST_NULL);
+  trace_.log(TraceOp::ReduceScatter, buf.numel(), dtype_size(buf.dtype()));
   const int count = static_cast<int>(buf.numel() / size_);
   MPI_Request req = MPI_REQUEST_NULL;
   // MPI_IN_PLACE leaves the result at the start of the buffer; it moves to this rank's block.
@@ -287,6 +293,7 @@ std::unique_ptr<PendingOp> MpiCommunicator::all_gather_async(Tensor& buf) {
   TESSERA_CHECK(buf.numel() % size_ == 0, "all_gather_async over ", buf.numel(),
                 " elements, not divisible by the group size ", size_);
   MPI_Request req = MPI_REQUEST_NULL;
+  if (size_ > 1) trace_.log(TraceOp::AllGather, buf.numel(), dtype_size(buf.dtype()));
   if (size_ > 1)
     MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.raw(),
                              static_cast<int>(buf.numel() / size_), mpi_type(buf), comm_, &req));
@@ -298,6 +305,7 @@ std::unique_ptr<PendingOp> MpiCommunicator::send_async(const Tensor& t, int peer
   NVTX_RANGE("mpi-send");
   expect_host_float(t);
   MPI_Request req = MPI_REQUEST_NULL;
+  trace_.log(TraceOp::Send, t.numel(), dtype_size(t.dtype()), peer);
   MPI_CHECK(MPI_Isend(t.raw(), count_of(t), mpi_type(t), peer, tag, comm_, &req));
   return std::make_unique<MpiPending>(req, TraceMark(trace_, TraceOp::Send, 0, peer));
 }
@@ -333,6 +341,7 @@ std::unique_ptr<PendingOp> MpiCommunicator::send_recv_async(const Tensor& send, 
   expect_host_float(send);
   expect_host_float(recv);
   MPI_Request s = MPI_REQUEST_NULL, r = MPI_REQUEST_NULL;
+  trace_.log(TraceOp::SendRecv, send.numel(), dtype_size(send.dtype()), to);
   MPI_CHECK(MPI_Irecv(recv.raw(), count_of(recv), mpi_type(recv), from, tag, comm_, &r));
   MPI_CHECK(MPI_Isend(send.raw(), count_of(send), mpi_type(send), to, tag, comm_, &s));
   return std::make_unique<MpiPendingPair>(s, r, TraceMark(trace_, TraceOp::SendRecv, 0, from));
@@ -341,11 +350,13 @@ std::unique_ptr<PendingOp> MpiCommunicator::send_recv_async(const Tensor& send, 
 void MpiCommunicator::recv(Tensor& t, int peer, int tag) {
   NVTX_RANGE("mpi-recv");
   expect_host_float(t);
+  trace_.log(TraceOp::Recv, t.numel(), dtype_size(t.dtype()), peer);
   const TraceWait traced(&trace_, TraceOp::Recv, trace_.issue(TraceOp::Recv), peer);
   MPI_CHECK(MPI_Recv(t.raw(), count_of(t), mpi_type(t), peer, tag, comm_, MPI_STATUS_IGNORE));
 }
 
 void MpiCommunicator::barrier() {
+  if (size_ > 1) trace_.log(TraceOp::Barrier, 0, 0);
   const TraceWait traced(&trace_, TraceOp::Barrier, trace_.issue(TraceOp::Barrier), -1);
   MPI_CHECK(MPI_Barrier(comm_));
 }
@@ -372,6 +383,7 @@ void MpiCommunicator::all_to_all(const Tensor& send, const std::vector<int64_t>&
     so += s;
     ro += r;
   }
+  if (size_ > 1) trace_.log(TraceOp::AllToAll, so, dtype_size(send.dtype()));
   const TraceWait traced(&trace_, TraceOp::AllToAll, trace_.issue(TraceOp::AllToAll), -1);
   MPI_CHECK(MPI_Alltoallv(send.raw(), sc.data(), sd.data(), mpi_type(send), recv.raw(), rc.data(),
                           rd.data(), mpi_type(recv), comm_));

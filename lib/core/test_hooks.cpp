@@ -94,4 +94,12 @@ long slow_save_ms() {
   return ms;
 }
 
+const char* collective_log_prefix() {
+  static const char* prefix = [] {
+    const char* v = std::getenv("TESSERA_TEST_COLLECTIVE_LOG");
+    return v && *v ? v : nullptr;
+  }();
+  return prefix;
+}
+
 }  // namespace tessera::test_hooks

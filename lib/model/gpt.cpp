@@ -146,24 +146,7 @@ void GPTModel::init_parameters(uint64_t seed, const ParamSink& master_sink) {
 }
 
 std::vector<std::vector<int>> GPTModel::pieces_of_params() const {
-  std::vector<std::vector<int>> out;
-  for (const ParamSpec& s : params_->specs()) {
-    std::vector<int> pieces;
-    if (s.name == "wte") {
-      if (shard_.has_head) pieces.push_back(kHeadPiece);
-      if (shard_.has_embedding) pieces.push_back(kEmbedPiece);
-    } else if (s.name == "wpe") {
-      pieces.push_back(kEmbedPiece);
-    } else if (s.name.rfind("lnf.", 0) == 0 || s.name == "lm_head" ||
-               s.name.rfind("mtp.", 0) == 0) {
-      pieces.push_back(kHeadPiece);
-    } else {  // "layers.<l>.…" (multi-token prediction's layers run in the head piece)
-      const int l = std::stoi(s.name.substr(7, s.name.find('.', 7) - 7));
-      pieces.push_back(shard_.is_mtp_layer(l) ? kHeadPiece : l);
-    }
-    out.push_back(std::move(pieces));
-  }
-  return out;
+  return param_pieces(params_->specs(), shard_);
 }
 
 void GPTModel::sync_compute_weights() {

@@ -329,4 +329,27 @@ std::vector<ParamSpec> global_param_specs(const GPTConfig& cfg) {
   return build_param_specs(cfg, model_shard_for(cfg, 1, 0, 1, 0));
 }
 
+std::vector<std::vector<int>> param_pieces(const std::vector<ParamSpec>& specs,
+                                           const ModelShard& shard) {
+  constexpr int kHeadPiece = -1, kEmbedPiece = -2;  // GPTModel's
+  std::vector<std::vector<int>> out;
+  for (const ParamSpec& s : specs) {
+    std::vector<int> pieces;
+    if (s.name == "wte") {
+      if (shard.has_head) pieces.push_back(kHeadPiece);
+      if (shard.has_embedding) pieces.push_back(kEmbedPiece);
+    } else if (s.name == "wpe") {
+      pieces.push_back(kEmbedPiece);
+    } else if (s.name.rfind("lnf.", 0) == 0 || s.name == "lm_head" ||
+               s.name.rfind("mtp.", 0) == 0) {
+      pieces.push_back(kHeadPiece);
+    } else {  // "layers.<l>.…" (multi-token prediction's layers run in the head piece)
+      const int l = std::stoi(s.name.substr(7, s.name.find('.', 7) - 7));
+      pieces.push_back(shard.is_mtp_layer(l) ? kHeadPiece : l);
+    }
+    out.push_back(std::move(pieces));
+  }
+  return out;
+}
+
 }  // namespace tessera

@@ -131,6 +131,14 @@ ParamCount count_param_specs(const GPTConfig& cfg, const ModelShard& shard);
 // the layer's other local experts have the same shapes). The step-time predictor reads its GEMMs.
 std::vector<ParamSpec> counted_param_specs(const GPTConfig& cfg, const ModelShard& shard);
 
+// The backward pieces that write each spec's gradient (GPTModel's kHeadPiece -1, kEmbedPiece -2,
+// or the layer index): the gradient of a parameter is final when all of its pieces have run. wte
+// on a stage with both ends has two. The data-parallel reducer starts a bucket when its
+// parameters are final (train/grad_reducer.hpp); the step-time predictor's collective plan
+// orders the buckets the same way.
+std::vector<std::vector<int>> param_pieces(const std::vector<ParamSpec>& specs,
+                                           const ModelShard& shard);
+
 // Global linear index of local element `i` of a shard (for counter-based init and checks).
 int64_t global_element_index(const ParamSpec& spec, int64_t local_index);
 

@@ -78,4 +78,17 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
         concat("padded vocabulary ", cfg.padded_vocab_size(tp), " is not divisible by TP ", tp));
 }
 
+FlatLayout training_flat_layout(const TrainConfig& cfg, const GPTConfig& model_cfg,
+                                const ParallelContext& ctx) {
+  const bool dist = cfg.use_distributed_optimizer;
+  FlatLayout layout;
+  layout.bucket_elems = cfg.ddp_bucket_size;
+  layout.shards = dist ? ctx.grad_group_size() : 1;  // the optimizer shards over DP x CP
+  layout.embedding_alone = dist && model_cfg.embedding_on_last_stage();
+  layout.master = !(dist && cfg.compute_dtype != DType::F32);  // else the optimizer's blocks
+  // Expert parallelism: the routed experts' gradients reduce over the expert-data-parallel group.
+  layout.experts_apart = ctx.ep_size > 1;
+  return layout;
+}
+
 }  // namespace tessera

@@ -22,6 +22,11 @@ inline int64_t dp_slice_begin(int64_t consumed, int64_t global_batch, int dp_siz
 ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
                             bool sequence_parallel = false, int virtual_stages = 1);
 
+// How this rank's flat gradient buffer is cut into data-parallel buckets for the run
+// (OptimizerSet's, and the step-time predictor's collective plan, plan/collectives.hpp).
+FlatLayout training_flat_layout(const TrainConfig& cfg, const GPTConfig& model_cfg,
+                                const ParallelContext& ctx);
+
 // Checks the layout against the model and batch, naming the numbers (ConfigError). Runs once per
 // start: tessera-train calls it once its grid is built, dry_run_report (train/options.hpp) for
 // --dry-run; a caller that builds a Trainer by hand (tests, benchmarks) calls it itself.

@@ -7,20 +7,13 @@
 #include "core/error.hpp"
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
+#include "train/layout.hpp"
 
 namespace tessera {
 
 FlatLayout OptimizerSet::flat_layout(const TrainConfig& cfg, const GPTConfig& model_cfg,
                                      const ParallelContext& ctx) {
-  const bool dist = cfg.use_distributed_optimizer;
-  FlatLayout layout;
-  layout.bucket_elems = cfg.ddp_bucket_size;
-  layout.shards = dist ? ctx.grad_group_size() : 1;  // the optimizer shards over DP x CP
-  layout.embedding_alone = dist && model_cfg.embedding_on_last_stage();
-  layout.master = !(dist && cfg.compute_dtype != DType::F32);  // else the optimizer's blocks
-  // Expert parallelism: the routed experts' gradients reduce over the expert-data-parallel group.
-  layout.experts_apart = ctx.ep_size > 1;
-  return layout;
+  return training_flat_layout(cfg, model_cfg, ctx);
 }
 
 OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,

@@ -71,6 +71,7 @@ struct RunOptions {
   std::string cluster;
   std::shared_ptr<const ClusterSpec> cluster_spec;
   int world_size = 0;
+  std::string collective_plan;  // --collective-plan: the prefix of each rank's planned calls
   double local_gpu_bytes = 0;
   std::string local_gpu;
   double host_memory_bytes = 0;

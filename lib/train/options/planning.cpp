@@ -15,6 +15,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "plan/cluster.hpp"
+#include "plan/collectives.hpp"
 #include "plan/predict.hpp"
 #include "train/layout.hpp"
 #include "train/options.hpp"
@@ -58,14 +59,18 @@ class PlanningOptions : public OptionGroup {
             "report ends with whether the fullest rank fits its GPU")(
             "world-size", po::value(&o.world_size),
             "with --dry-run: the GPUs (ranks) of the plan, instead of the MPI world the dry run "
-            "runs in (a multiple of TP x CP x PP, and of EP)");
+            "runs in (a multiple of TP x CP x PP, and of EP)")(
+            "collective-plan", po::value(&o.collective_plan),
+            "with --dry-run: write the collectives each rank issues in one training step, in "
+            "order, to PREFIX.rank<R> (one line per call: group, operation, elements, bytes per "
+            "element, peer; docs/planning.md)");
   }
 
   void resolve(const OptionParser& p, RunOptions& o, StartupNotes&) override {
     if (o.world_size < 0 || (p.given("world-size") && o.world_size == 0))
       throw ConfigError(detail::concat("--world-size=", o.world_size,
                                        " is out of range (allowed: >= 1, the ranks of the plan)"));
-    for (const char* name : {"cluster", "world-size"})
+    for (const char* name : {"cluster", "world-size", "collective-plan"})
       if (p.given(name) && !o.train.dry_run)
         throw ConfigError(std::string("--") + name +
                           " plans a run: it needs --dry-run (a real run takes its world from "
@@ -80,6 +85,7 @@ class PlanningOptions : public OptionGroup {
           << ")\n";
     if (s == DryRunSection::Verdict) {
       verdict(d, out);
+      if (!d.o.collective_plan.empty()) write_collective_plan(d, out);
       if (d.o.cluster_spec) {  // the predicted step (plan/predict.hpp)
         const GpuRates rates = rates_for(*d.o.cluster_spec);
         out << prediction_report(
@@ -90,6 +96,24 @@ class PlanningOptions : public OptionGroup {
   }
 
  private:
+  // --collective-plan: every rank's planned step (plan/collectives.hpp), one file each.
+  static void write_collective_plan(const DryRunContext& d, std::ostream& out) {
+    const std::string& prefix = d.o.collective_plan;
+    for (int r = 0; r < d.world; ++r) {
+      const CollectivePlan plan(d.o.model, d.o.train, d.layout, d.o.ep, r, d.o.device == "cuda");
+      const std::string path = prefix + ".rank" + std::to_string(r);
+      std::FILE* f = std::fopen(path.c_str(), "w");
+      if (!f)
+        throw ConfigError("--collective-plan: cannot write " + path +
+                          " (check that its folder exists and is writable)");
+      for (const PlannedCall& c : plan.step()) std::fprintf(f, "%s\n", c.line().c_str());
+      const bool written = std::fclose(f) == 0;
+      if (!written) throw ConfigError("--collective-plan: writing " + path + " failed");
+    }
+    out << "collective plan: " << d.world << " file" << (d.world == 1 ? "" : "s") << " "
+        << prefix << ".rank0..." << d.world - 1 << "\n";
+  }
+
   static void verdict(const DryRunContext& d, std::ostream& out) {
     const RunOptions& o = d.o;
     double capacity = 0, reserve = 0;

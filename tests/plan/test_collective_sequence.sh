@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# test_collective_sequence.sh (issue 57, point 2): the step-time predictor's collective plan
+# (plan/collectives.hpp, `tessera-train --dry-run --collective-plan PREFIX`) against what a real MPI
+# run of the same layout issues (the test hook TESSERA_TEST_COLLECTIVE_LOG records every tensor
+# collective and point-to-point call of each rank). For each layout, each rank's recorded calls of
+# iteration 2 must equal its planned step line by line: group, operation, elements, bytes per
+# element and peer. An all-to-all's size follows the routing (the combine sends back what the
+# rank's experts received): its lines are compared without the size, and the sizes summed over
+# all ranks must equal the plan's (dispatch and combine move every token copy once each way).
+# Usage: test_collective_sequence.sh BIN_DIR CONFIG_DIR
+set -u
+bin=$1
+configs=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+gpt=(--config "$configs/gpt2-tiny.ini" --num-layers 4 --hidden-size 32 --num-attention-heads 4
+     --seq-length 32 --max-position-embeddings 32 --vocab-size 200 --global-batch-size 8
+     --micro-batch-size 2 --train-iters 2 --log-interval 1 --lr-warmup-iters 2 --threads 1)
+moe=(--config "$configs/mixtral-tiny.ini" --num-layers 2 --global-batch-size 8
+     --micro-batch-size 2 --mock-data --vocab-size 200 --train-iters 2 --log-interval 1
+     --lr-warmup-iters 2 --threads 1)
+qwen3=(--config "$configs/qwen3-tiny.ini" --num-layers 2 --global-batch-size 8
+       --micro-batch-size 2 --mock-data --vocab-size 200 --train-iters 2 --log-interval 1
+       --lr-warmup-iters 2 --threads 1)
+fail=0
+check() {  # check NAME NP MODEL OPTIONS...: MODEL is gpt, moe or qwen3
+  local name=$1 np=$2 model=$3
+  shift 3
+  local -n common=$model
+  if ! TESSERA_TEST_COLLECTIVE_LOG="$work/$name" timeout 300 mpirun --oversubscribe --bind-to none \
+      -np "$np" "$bin/tessera-train" "${common[@]}" "$@" > "$work/$name.log" 2>&1; then
+    echo "FAIL: $name: the MPI run exited non-zero"; tail -3 "$work/$name.log"; fail=1; return
+  fi
+  if ! "$bin/tessera-train" "${common[@]}" "$@" --dry-run --world-size "$np" \
+      --collective-plan "$work/$name.plan" > "$work/$name.dry" 2>&1; then
+    echo "FAIL: $name: the dry run exited non-zero"; tail -3 "$work/$name.dry"; fail=1; return
+  fi
+  local r calls=0 bad=0 rec_a2a=0 plan_a2a=0 n
+  for ((r = 0; r < np; r++)); do
+    # Iteration 2's calls (iteration 1 is the same; the plan is one step).
+    awk '/^iteration 2$/ { on = 1; next } /^iteration / { on = 0 } on' "$work/$name.rank$r" \
+      > "$work/$name.rec$r"
+    n=$(awk '$2 == "all_to_all" { s += $3 } END { print s + 0 }' "$work/$name.rec$r")
+    rec_a2a=$((rec_a2a + n))
+    n=$(awk '$2 == "all_to_all" { s += $3 } END { print s + 0 }' "$work/$name.plan.rank$r")
+    plan_a2a=$((plan_a2a + n))
+    if ! diff <(awk '$2 == "all_to_all" { $3 = "*" } 1' "$work/$name.rec$r") \
+              <(awk '$2 == "all_to_all" { $3 = "*" } 1' "$work/$name.plan.rank$r") \
+              > "$work/$name.diff$r"; then
+      echo "FAIL: $name rank $r: recorded (<) and planned (>) calls differ:"
+      head -8 "$work/$name.diff$r"
+      bad=1
+    fi
+    calls=$((calls + $(wc -l < "$work/$name.rec$r")))
+  done
+  if [ "$calls" -eq 0 ]; then echo "FAIL: $name: no call recorded"; bad=1; fi
+  if [ "$rec_a2a" -ne "$plan_a2a" ]; then
+    echo "FAIL: $name: all-to-all elements over all ranks: recorded $rec_a2a, planned $plan_a2a"
+    bad=1
+  fi
+  if [ "$bad" -eq 0 ]; then
+    echo "ok: $name: $np ranks, $calls calls equal to the plan$([ "$rec_a2a" -gt 0 ] && echo ", all-to-all $rec_a2a elements")"
+  else
+    fail=1
+  fi
+}
+# TP2 + SP x PP2 (1F1B) x DP2 with the distributed optimizer: the SP gathers and reduce-scatters,
+# the stages' sends and receives, the buckets' reduce-scatters as the backward completes them,
+# the embedding group, the gathers.
+check tp2sp-pp2-dp2-distopt 8 gpt --tensor-model-parallel-size 2 --sequence-parallel \
+  --pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-param-gather \
+  --ddp-bucket-size 3000
+# Interleaved 1F1B on 4 stages with 2 model chunks each (the wrap-around groups), 8 layers.
+check pp4-interleaved 4 gpt --pipeline-model-parallel-size 4 \
+  --num-layers-per-virtual-pipeline-stage 1 --num-layers 8 --global-batch-size 16
+# The context-parallel ring of 4 in bf16 (2-byte blocks), DP over the CP ranks' gradients.
+check cp4-bf16 4 gpt --context-parallel-size 4 --bf16
+# Selective recomputation (the gathers and the ring again) at TP2 + SP x CP2.
+check tp2sp-cp2-selective 4 gpt --tensor-model-parallel-size 2 --sequence-parallel \
+  --context-parallel-size 2 --recompute-granularity selective
+# Full recomputation of 2-layer chunks at TP2 (all-reduces), DP2 reducing its buckets after the
+# backward, in bucket order.
+check tp2-dp2-full 4 gpt --tensor-model-parallel-size 2 --recompute-granularity full \
+  --recompute-method uniform --recompute-num-layers 2 --overlap-grad-reduce false \
+  --ddp-bucket-size 4000
+# MoE: EP2 (the all-to-alls), and TP2 + SP x EP2 (the router's gathers and sums).
+check ep2 2 moe --expert-model-parallel-size 2
+check tp2sp-ep2 4 moe --tensor-model-parallel-size 2 --sequence-parallel \
+  --expert-model-parallel-size 2
+# Qwen3's q/k norms (their gradients summed over TP once a step), RMSNorm.
+check qwen3-tp2sp 2 qwen3 --tensor-model-parallel-size 2 --sequence-parallel
+exit $fail
