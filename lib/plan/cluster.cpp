@@ -87,6 +87,7 @@ ClusterSpec load_cluster(const std::string& name_or_file) {
       "gpu.hbm-tbs", po::value(&c.hbm_tbs)->required())("gpu.bf16-tflops",
                                                         po::value(&c.bf16_tflops)->required())(
       "gpu.fp8-tflops", po::value(&c.fp8_tflops)->required())(
+      "gpu.rates", po::value(&c.rates)->default_value(""))(
       "node.gpus", po::value(&c.gpus_per_node)->required())(
       "intra-node.fabric", po::value(&c.intra_node.name)->required())(
       "intra-node.bandwidth-gbs", po::value(&c.intra_node.bandwidth_gbs)->required())(
@@ -173,12 +174,13 @@ GpuRates load_rates(const std::string& file) {
   po::options_description d;
   d.add_options()("gpu", po::value(&r.gpu)->required())(
       "bf16-tflops", po::value(&r.bf16_peak)->required())("fp8-tflops",
-                                                          po::value(&r.fp8_peak)->required())(
+                                                          po::value(&r.fp8_peak)->default_value(0))(
       "hbm-tbs", po::value(&r.hbm_tbs)->required())("gemm.bf16", po::value(&bf16)->required())(
-      "gemm.fp8", po::value(&fp8)->required())("attention.forward-tflops",
+      "gemm.fp8", po::value(&fp8)->default_value(""))("attention.forward-tflops",
                                                po::value(&r.attention_forward)->required())(
       "attention.backward-tflops", po::value(&r.attention_backward)->required())(
-      "memory.tbs", po::value(&r.memory_tbs)->required())("moe.grouped-gemm-tflops",
+      "memory.tbs", po::value(&r.memory_tbs)->required())(
+      "memory.elementwise-tbs", po::value(&r.elementwise_tbs)->default_value(0))("moe.grouped-gemm-tflops",
                                                           po::value(&r.grouped_gemm)->required())(
       "moe.routing-ns-per-token", po::value(&r.routing_ns)->required());
   try {
@@ -189,7 +191,10 @@ GpuRates load_rates(const std::string& file) {
     throw ConfigError("rates file '" + file + "': " + e.what() + " (docs/planning.md, \"Rates\")");
   }
   r.gemm_bf16 = rate_table(file, "[gemm] bf16", bf16);
-  r.gemm_fp8 = rate_table(file, "[gemm] fp8", fp8);
+  if (!fp8.empty()) r.gemm_fp8 = rate_table(file, "[gemm] fp8", fp8);
+  if (r.elementwise_tbs < 0)
+    throw ConfigError("rates file '" + file + "': [memory] elementwise-tbs is negative");
+  if (r.elementwise_tbs == 0) r.elementwise_tbs = r.memory_tbs;
   for (double v : {r.bf16_peak, r.hbm_tbs, r.attention_forward, r.attention_backward, r.memory_tbs,
                    r.grouped_gemm, r.routing_ns})
     if (!(v > 0)) throw ConfigError("rates file '" + file + "': a figure is not positive");
@@ -198,13 +203,17 @@ GpuRates load_rates(const std::string& file) {
 
 GpuRates rates_for(const ClusterSpec& c) {
   const std::string dir = fs::path(c.file).parent_path().string();
+  if (!c.rates.empty()) {  // measured on this cluster's GPU
+    const fs::path p(c.rates);
+    return load_rates(p.is_absolute() || dir.empty() ? c.rates : (fs::path(dir) / p).string());
+  }
   std::string file = (dir.empty() ? std::string(".") : dir) + "/../rates/h200.ini";
   if (!fs::exists(file)) file = clusters_folder() + "/../rates/h200.ini";
   GpuRates r = load_rates(file);
   const double dense = c.bf16_tflops / r.bf16_peak;
   const double fp8 = c.fp8_tflops > 0 && r.fp8_peak > 0 ? c.fp8_tflops / r.fp8_peak : 0;
   for (auto& [w, t] : r.gemm_bf16) t *= dense;
-  if (fp8 > 0)
+  if (fp8 > 0 && !r.gemm_fp8.empty())
     for (auto& [w, t] : r.gemm_fp8) t *= fp8;
   else
     r.gemm_fp8 = r.gemm_bf16;  // no FP8 tensor cores: FP8 GEMMs run at the bf16 rate
@@ -212,6 +221,7 @@ GpuRates rates_for(const ClusterSpec& c) {
   r.attention_backward *= dense;
   r.grouped_gemm *= dense;
   r.memory_tbs *= c.hbm_tbs / r.hbm_tbs;
+  r.elementwise_tbs *= c.hbm_tbs / r.hbm_tbs;
   r.gpu = c.gpu + " (scaled from " + r.gpu + ")";
   return r;
 }

@@ -30,6 +30,9 @@ struct ClusterSpec {
   double fp8_tflops = 0;      // dense peak, FP8 tensor cores (0: the GPU has none)
   int gpus_per_node = 0;
   FabricSpec intra_node, inter_node;
+  // [gpu] rates: a rates file measured on this GPU (bench_rates), its path as given or relative
+  // to the cluster file's folder; "" scales configs/rates/h200.ini (rates_for).
+  std::string rates;
 };
 
 // What the Tessera runtime holds on a GPU beside the --dry-run estimate: the CUDA context and the
@@ -55,16 +58,22 @@ struct GpuRates {
   double bf16_peak = 0, fp8_peak = 0, hbm_tbs = 0;             // the GPU's, for scaling to another
   std::vector<std::pair<double, double>> gemm_bf16, gemm_fp8;  // (width, TFLOP/s), by width
   double attention_forward = 0, attention_backward = 0;        // TFLOP/s
-  double memory_tbs = 0;                                       // TB/s
+  double memory_tbs = 0;  // TB/s of streaming passes (the optimizer's, copies and casts)
+  // TB/s of the layers' element-wise kernels (norms, activations, cross-entropy), counted in the
+  // fewest bytes they move; [memory] elementwise-tbs, the streaming rate when absent (on a GPU
+  // they run at memory speed; on the CPU their arithmetic sets it).
+  double elementwise_tbs = 0;
   double grouped_gemm = 0;  // TFLOP/s, MoE experts' grouped GEMMs
   double routing_ns = 0;    // ns per token, one MoE layer's routing (not scaled)
   // The achieved GEMM rate at `width` (the smaller matrix side), TFLOP/s.
   double gemm(double width, bool fp8) const;
 };
 
-// The measured rates file (configs/rates/h200.ini beside the cluster files) scaled to `c`'s GPU:
-// GEMM and attention rates by the ratio of dense peaks (FP8 GEMMs at bf16 rate where `c`'s GPU
-// has no FP8), the memory-bound rate by the ratio of HBM bandwidths.
+// The rates of `c`'s GPU: its own measured file when the cluster names one ([gpu] rates), as it
+// is; else the measured rates file (configs/rates/h200.ini beside the cluster files) scaled to
+// `c`'s GPU: GEMM and attention rates by the ratio of dense peaks (FP8 GEMMs at bf16 rate where
+// `c`'s GPU has no FP8), the memory-bound rate by the ratio of HBM bandwidths. A rates file
+// without an FP8 GEMM table ([gemm] fp8) runs FP8 GEMMs at its bf16 rate.
 GpuRates rates_for(const ClusterSpec& c);
 GpuRates load_rates(const std::string& file);
 

@@ -188,7 +188,9 @@ CallList CollectivePlan::layer_forward(int l) const {
 // input gradient reduced, the same for attention with the ring between.
 CallList CollectivePlan::layer_backward(int l, bool last_micro) const {
   CallList out;
-  const LayerRecompute& r = recompute_[static_cast<size_t>(shard_.local_index(l))];
+  const LayerRecompute r = shard_.is_mtp_layer(l)
+                               ? LayerRecompute{}
+                               : recompute_[static_cast<size_t>(shard_.local_index(l))];
   if (r.kind == RecomputeGranularity::Full && r.chunk_last(l)) {
     for (int k = r.chunk_begin; k < r.chunk_end; ++k) {
       const CallList f = layer_forward(k);
@@ -214,7 +216,6 @@ CallList CollectivePlan::layer_backward(int l, bool last_micro) const {
 // three reductions of a float per token (row maximum, sum of exponentials, target logit).
 CallList CollectivePlan::head_forward() const {
   CallList out;
-  TESSERA_CHECK(!cfg_.mtp(), "the collective plan does not list multi-token prediction's calls");
   hidden_gather(out);
   if (layout_.tp > 1)
     for (int i = 0; i < 3; ++i) out.push_back(call("tp", "all_reduce", rows_, 4));
@@ -279,6 +280,10 @@ void append(CallList& out, const CallList& more) {
 // (the buckets not started, the embedding group's sum) and the distributed optimizer's gathers.
 CallList CollectivePlan::step() const {
   constexpr int kHead = -1, kEmbed = -2;  // GPTModel::kHeadPiece, kEmbedPiece
+  if (cfg_.mtp())
+    throw ConfigError(
+        "--collective-plan: multi-token prediction's calls are not in the plan yet (the "
+        "predicted step counts them); plan without --mtp-num-layers");
   const int P = layout_.pp, V = shard_.num_chunks(), micro = t_.num_micro_batches(layout_.dp);
   // The data-parallel buckets of this rank's flat buffer, as the trainer lays it out.
   ParallelContext ctx;

@@ -64,7 +64,8 @@ class CollectivePlan {
   CallList receive_backward(int chunk) const;
   CallList send_backward(int chunk) const;
 
-  // The whole step in issue order.
+  // The whole step in issue order (ConfigError with multi-token prediction: its head's calls are
+  // not listed).
   CallList step() const;
 
  private:

@@ -10,6 +10,7 @@
 
 #include "core/dtype.hpp"
 #include "model/params.hpp"
+#include "plan/collectives.hpp"
 #include "train/context_parallel.hpp"
 #include "train/layout.hpp"
 #include "train/pipeline.hpp"
@@ -43,10 +44,19 @@ double all_gather(const Link& l, int n, double bytes) {  // also reduce-scatter 
 // One micro-batch through one layer on one rank (seconds).
 struct LayerTime {
   double fwd = 0, bwd = 0, recompute = 0;  // compute
-  double tp = 0, cp = 0, ep = 0;           // exposed communication, forward + backward
-  double recompute_comm = 0;               // the TP/EP communication a full recompute repeats
-  double model_flops = 0;                  // forward + backward, without recomputation
+  // Exposed communication: TP/SP and EP of the forward and of the backward (its recomputation's
+  // calls included), the CP ring's beyond the attention it overlaps, forward + backward.
+  double tp_fwd = 0, tp_bwd = 0, ep_fwd = 0, ep_bwd = 0, cp = 0;
+  double once = 0;         // the TP sums of partial gradients, once a step (last micro-batch)
+  double model_flops = 0;  // forward + backward, without recomputation
 };
+
+// The time of a planned call (plan/collectives.hpp) over `link` in a group of `n`: ring
+// all-reduce, or one pass of the buffer for the gathers, reduce-scatters and all-to-alls.
+double call_time(const PlannedCall& c, const Link& link, int n) {
+  const double bytes = double(c.elements) * c.bytes;
+  return c.op == "all_reduce" ? all_reduce(link, n, bytes) : all_gather(link, n, bytes);
+}
 
 struct Model {
   const GPTConfig& cfg;
@@ -60,14 +70,33 @@ struct Model {
   double S = 0;   // the sequence
   Link tp_link, cp_link, ep_link, pp_link, grad_link, edp_link;
 
+  // The calls of `group` among `calls`, timed; CP's ring as the bytes it moves and its steps.
+  double calls_time(const CallList& calls, const std::string& group) const {
+    double s = 0;
+    for (const PlannedCall& c : calls)
+      if (c.group == group)
+        s += group == "tp" ? call_time(c, tp_link, layout.tp) : call_time(c, ep_link, ep);
+    return s;
+  }
+  static std::pair<double, int> ring(const CallList& calls) {
+    double bytes = 0;
+    int steps = 0;
+    for (const PlannedCall& c : calls)
+      if (c.group == "cp") bytes += double(c.elements) * c.bytes, ++steps;
+    return {bytes, steps};
+  }
+
   double gemm_time(double flops, double width) const {
     return flops / (rates.gemm(width, t.fp8.enabled) * 1e12);
   }
   double memory_time(double bytes) const { return bytes / (rates.memory_tbs * 1e12); }
+  double elementwise_time(double bytes) const { return bytes / (rates.elementwise_tbs * 1e12); }
 
   // The layer's GEMMs, from its parameter specs on this TP rank: 2 N x weight FLOPs forward (a
   // routed expert's K copies of each token: 2 N K x one expert's weight), twice that backward.
-  LayerTime layer(const std::vector<const ParamSpec*>& weights, bool moe) const {
+  // Its communication: the calls the collective plan lists for it (the same the model issues).
+  LayerTime layer(int index, const std::vector<const ParamSpec*>& weights, bool moe,
+                  const CollectivePlan& plan) const {
     LayerTime l;
     double gemm_flops = 0;
     for (const ParamSpec* s : weights) {
@@ -101,30 +130,27 @@ struct Model {
     const double sp = t.sequence_parallel ? layout.tp : 1;
     const double width = moe ? double(cfg.moe_router_topk) * cfg.moe_ffn() : cfg.ffn();
     const double elem =
-        memory_time(wb * N * (8.0 * cfg.hidden_size / sp + 2.0 * width / layout.tp));
+        elementwise_time(wb * N * (8.0 * cfg.hidden_size / sp + 2.0 * width / layout.tp));
     l.fwd += elem;
     l.bwd += 2 * elem;
-    // Tensor parallelism: two all-reduces of the layer's hidden state forward and two backward
-    // (with sequence parallelism an all-gather and a reduce-scatter each instead).
-    const double M = wb * N * cfg.hidden_size;
-    const int T = layout.tp;
-    const double tp_one =
-        t.sequence_parallel ? 2 * all_gather(tp_link, T, M) : all_reduce(tp_link, T, M);
-    l.tp = 4 * tp_one;
-    // Expert parallelism: the dispatch and combine all-to-alls of N K copies, forward and backward.
-    if (moe && ep > 1)
-      l.ep = 4 * all_gather(ep_link, ep, wb * N * cfg.moe_router_topk * cfg.hidden_size);
+    // Tensor/sequence and expert parallelism: the layer's planned calls, forward and backward
+    // (the backward's own recomputation included), and the once-a-step sums.
+    const CallList fwd = plan.layer_forward(index), bwd = plan.layer_backward(index, false);
+    l.tp_fwd = calls_time(fwd, "tp");
+    l.ep_fwd = calls_time(fwd, "ep");
+    l.tp_bwd = calls_time(bwd, "tp");
+    l.ep_bwd = calls_time(bwd, "ep");
+    l.once = calls_time(plan.layer_backward(index, true), "tp") - l.tp_bwd;
     // Context parallelism: the K/V ring beside the attention core; what it takes beyond it.
     if (layout.cp > 1) {
-      const RingTraffic ring = cp_ring_traffic(cfg, t, layout.tp, layout.cp);
-      const double steps = layout.cp - 1;
-      l.cp = std::max(0.0, ring.forward / cp_link.bw + steps * cp_link.lat - attn_fwd) +
-             std::max(0.0, ring.backward / cp_link.bw + 2 * steps * cp_link.lat - attn_bwd);
+      const auto [f_bytes, f_steps] = ring(fwd);
+      const auto [b_bytes, b_steps] = ring(bwd);
+      l.cp = std::max(0.0, f_bytes / cp_link.bw + f_steps * cp_link.lat - attn_fwd) +
+             std::max(0.0, b_bytes / cp_link.bw + b_steps * cp_link.lat - attn_bwd);
     }
     switch (t.recompute.granularity) {
       case RecomputeGranularity::Full:
         l.recompute = l.fwd;
-        l.recompute_comm = (l.tp + l.ep) / 2;
         break;
       case RecomputeGranularity::Selective:
         l.recompute = attn_fwd;
@@ -143,6 +169,7 @@ struct StageCost {
   std::vector<double> F, B;
   StepPrediction::Stage compute;
   double tp = 0, cp = 0, ep = 0, flops = 0, dp_grad = 0, dp_param = 0;
+  double once = 0;  // the TP sums of partial gradients after the last backward
 };
 
 StageCost stage_cost(const Model& m, int s, int micro) {
@@ -173,17 +200,20 @@ StageCost stage_cost(const Model& m, int s, int micro) {
     if (std::sscanf(sp.name.c_str(), "layers.%d.", &layer) != 1) continue;
     if (sp.local_shape.size() >= 2 && sp.weight_decay) by_layer[layer].push_back(&sp);
   }
-  const bool full = t.recompute.granularity == RecomputeGranularity::Full;
+  // The calls of this stage's first rank (plan/collectives.hpp): the same on every rank of the
+  // stage but for peers and all-to-all sizes.
+  const CollectivePlan plan(cfg, t, layout, ep, layout.rank_of(0, s, 0, 0));
   auto add_layer = [&](int l, int chunk) {
-    const LayerTime lt = m.layer(by_layer[l], cfg.is_moe_layer(l));
-    st.F[size_t(chunk)] += lt.fwd + (lt.tp + lt.ep + lt.cp) / 2;
-    st.B[size_t(chunk)] += lt.bwd + lt.recompute + (lt.tp + lt.ep + lt.cp) / 2 + lt.recompute_comm;
+    const LayerTime lt = m.layer(l, by_layer[l], cfg.is_moe_layer(l), plan);
+    st.F[size_t(chunk)] += lt.fwd + lt.tp_fwd + lt.ep_fwd + lt.cp / 2;
+    st.B[size_t(chunk)] += lt.bwd + lt.recompute + lt.tp_bwd + lt.ep_bwd + lt.cp / 2;
     st.compute.forward += micro * lt.fwd;
     st.compute.backward += micro * lt.bwd;
     st.compute.recompute += micro * lt.recompute;
-    st.tp += micro * (lt.tp + (full ? lt.tp / 2 : 0));
-    st.ep += micro * (lt.ep + (full ? lt.ep / 2 : 0));
+    st.tp += micro * (lt.tp_fwd + lt.tp_bwd) + lt.once;
+    st.ep += micro * (lt.ep_fwd + lt.ep_bwd);
     st.cp += micro * lt.cp;
+    st.once += lt.once;
     st.flops += micro * lt.model_flops;
   };
   for (int c = 0; c < shard.num_chunks(); ++c)
@@ -193,9 +223,11 @@ StageCost stage_cost(const Model& m, int s, int micro) {
   // multi-token prediction's layers.
   const double M = m.wb * m.N * cfg.hidden_size;  // one micro-batch's hidden state
   if (shard.has_embedding) {
-    const double e = TP > 1 ? all_reduce(m.tp_link, TP, M) : 0;
+    const double e = m.calls_time(plan.embed_forward(), "tp");
+    const double eb = m.calls_time(plan.embed_backward(), "tp");
     st.F[0] += e + m.memory_time(2 * M);
-    st.tp += micro * e;
+    st.B[0] += eb;
+    st.tp += micro * (e + eb);
   }
   if (shard.has_head) {
     const int last = shard.num_chunks() - 1;
@@ -204,10 +236,15 @@ StageCost stage_cost(const Model& m, int s, int micro) {
     const double f = 2.0 * m.N * cfg.hidden_size * V_local;
     // The logits GEMM (twice its FLOPs backward); cross-entropy reads the logits once forward,
     // reads them and writes their gradient backward.
-    const double gemm = m.gemm_time(f, cfg.hidden_size), pass = m.memory_time(m.N * V_local * m.wb);
+    const double gemm = m.gemm_time(f, cfg.hidden_size), pass = m.elementwise_time(m.N * V_local * m.wb);
     const double head_fwd = heads * (gemm + pass), head_bwd = heads * (2 * gemm + 2 * pass);
-    st.F[size_t(last)] += head_fwd;
-    st.B[size_t(last)] += head_bwd;
+    const double comm_fwd = heads * m.calls_time(plan.head_forward(), "tp");
+    const double comm_bwd = heads * m.calls_time(plan.head_backward(false), "tp");
+    const double once = m.calls_time(plan.head_backward(true), "tp") - comm_bwd / heads;
+    st.F[size_t(last)] += head_fwd + comm_fwd;
+    st.B[size_t(last)] += head_bwd + comm_bwd;
+    st.tp += micro * (comm_fwd + comm_bwd) + once;
+    st.once += once;
     st.compute.forward += micro * head_fwd;
     st.compute.backward += micro * head_bwd;
     st.flops += micro * heads * 3 * f;
@@ -312,7 +349,7 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
     const StageCost& c = cost[size_t(s)];
     const double g = std::max(0.0, c.dp_grad - (t.overlap_grad_reduce ? c.B[0] : 0));
     const double a = std::max(0.0, c.dp_param - (t.overlap_param_gather ? c.F[0] : 0));
-    const double end = finish[size_t(s)] + g + a + c.compute.optimizer;
+    const double end = finish[size_t(s)] + c.once + g + a + c.compute.optimizer;
     if (end > step) {
       step = end;
       p.critical_stage = s;

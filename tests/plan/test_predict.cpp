@@ -93,14 +93,22 @@ TEST(Predict, TensorParallelAllReducesFollowTheRingModel) {
   const StepPrediction p = predict(parsed(a), 2, h100);
   const double M = 2.0 * 2048 * 2048;  // bf16 hidden state of 2,048 tokens
   const double one = 2.0 * (2 - 1) / 2 * M / 450e9 + 2.0 * (2 - 1) * 3.4e-6;
-  EXPECT_NEAR(p.tp, (4 * 4 + 1) * one, 1e-12) << p.tp;
+  auto ar = [](double bytes) { return 2.0 * (2 - 1) / 2 * bytes / 450e9 + 2.0 * (2 - 1) * 3.4e-6; };
+  // The calls of plan/collectives.hpp (tests/plan/test_collective_sequence.sh holds them to a
+  // real run's): two all-reduces per layer forward and two backward, the embedding's sum, the
+  // output layer's input gradient, and cross-entropy's three sums of a float per token.
+  const double xent = 3 * ar(4.0 * 2048);
+  EXPECT_NEAR(p.tp, (4 * 4 + 2) * one + xent, 1e-12) << p.tp;
   EXPECT_DOUBLE_EQ(p.pp + p.dp_grad + p.dp_param + p.cp + p.ep, 0.0);
   // With sequence parallelism an all-gather and a reduce-scatter replace each all-reduce: the
-  // same bytes in two collectives of (n-1)/n M / bandwidth + (n-1) latencies each.
+  // same bytes in two collectives of (n-1)/n M / bandwidth + (n-1) latencies each; the
+  // embedding's and output layer's gathers too; once a step the LayerNorms' gradients summed
+  // (weight and bias of 2,048 floats, two per layer and the final one).
   a.push_back("--sequence-parallel");
   const StepPrediction q = predict(parsed(a), 2, h100);
   const double half = (2 - 1) / 2.0 * M / 450e9 + (2 - 1) * 3.4e-6;
-  EXPECT_NEAR(q.tp, 4 * 4 * 2 * half + one, 1e-12) << q.tp;
+  const double norms = (4 * 4 + 2) * ar(4.0 * 2048);
+  EXPECT_NEAR(q.tp, (4 * 4 * 2 + 4) * half + xent + norms, 1e-12) << q.tp;
 }
 
 // DP 16 over two nodes: the ring crosses the network, where the 8 ranks of a node use their 8
