@@ -8,6 +8,7 @@
 # V/16lh); the step time is that over (teraFLOP/s x GPUs). The paper does not give each row's
 # micro-batch size or interleaving: the predictions use micro-batch 1 and the plain 1F1B
 # schedule (docs/planning.md says what that leaves out).
+# A second table: recent NeMo runs on DGX H100 (below).
 # Usage: bench/predict_published.sh [BIN_DIR=build/bin]   (prints one table row per run)
 set -euo pipefail
 bin=${1:-build/bin}
@@ -40,7 +41,61 @@ print(f'{f/($tflops*1e12*$gpus):.3f}')")
   dp=$((gpus / (tp * pp)))
   echo "| ${size}B ($layers x $hidden) | $gpus | TP $tp x PP $pp x DP $dp | $batch | $tflops ($published) | $step | $err % | $bubble %, $comm % |"
 done <<<"$rows"
+# Recent runs on DGX H100 in BF16 (NVIDIA's dgxc-benchmarking recipes for the NeMo 24.12
+# container, tags v25.02 / v25.03: llama3.1/, nemo_megatron/README_175b.md, nemotron/ READMEs;
+# total tokens/s of the smallest full-model scale, so the step is GBS x sequence / tokens/s).
+# These runs use Megatron-Core with Transformer Engine (cuDNN flash attention) and, with TP > 1,
+# TP communication overlap, which Tessera does not have (docs/planning.md). The predictions use
+# the published layout, micro-batch and precision, the distributed optimizer with both overlaps
+# and no recomputation (the recipes'); the memory verdict is printed on the row.
+echo
+echo "| model | GPUs | layout | GBS x seq | published tokens/s (step s) | predicted step s | error | predicted bubble, exposed comm | Tessera's memory at this layout |"
+echo "|---|---|---|---|---|---|---|---|---|"
+llama() {  # layers hidden heads ffn
+  echo "--num-layers $1 --hidden-size $2 --num-attention-heads $3 --ffn-hidden-size $4" \
+       "--group-query-attention --num-query-groups 8 --swiglu --position-embedding-type rope" \
+       "--rotary-base 500000 --normalization RMSNorm --disable-bias-linear" \
+       "--untie-embeddings-and-output-weights --vocab-size 128256 --seq-length 8192" \
+       "--max-position-embeddings 8192"
+}
+gpt3="--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 \
+  --max-position-embeddings 2048 --vocab-size 51200"
+nemotron="--num-layers 32 --hidden-size 6144 --num-attention-heads 48 --group-query-attention \
+  --num-query-groups 8 --ffn-hidden-size 24576 --squared-relu --position-embedding-type rope \
+  --disable-bias-linear --untie-embeddings-and-output-weights --seq-length 4096 \
+  --max-position-embeddings 4096 --vocab-size 256000"
+h100_row() {  # NAME GPUS GBS SEQ TOKENS_PER_S LAYOUT_TEXT OPTIONS...
+  local name=$1 gpus=$2 gbs=$3 seq=$4 tps=$5 layout=$6
+  shift 6
+  local out verdict step bubble comm published err
+  # shellcheck disable=SC2068
+  out=$("$bin/tessera-train" $@ --bf16 --global-batch-size "$gbs" --use-distributed-optimizer \
+    --overlap-param-gather --attention-dropout 0 --hidden-dropout 0 --dry-run --cluster dgx-h100 \
+    --world-size "$gpus" 2>&1)
+  read -r step bubble comm < <(grep '^predicted: ' <<<"$out" |
+    sed -E 's/predicted: step ([0-9.e+-]+) s .*bubble ([0-9.]+) % .*exposed comm ([0-9.]+) %/\1 \2 \3/')
+  verdict=$(grep '^memory verdict' <<<"$out" | sed -E 's/.*: the fullest rank \(stage [0-9]+\) needs ([0-9.]+ GiB).*/\1/')
+  published=$(python3 -c "print(f'{$gbs*$seq/$tps:.3f}')")
+  err=$(python3 -c "print(f'{($step-$published)/$published*100:+.1f}')")
+  errors+=("$err")
+  echo "| $name | $gpus | $layout | $gbs x $seq | $tps ($published) | $step | $err % | $bubble %, $comm % | $verdict |"
+}
+h100_row "Llama 3.1 8B" 8 128 8192 82028 "TP 1 x PP 1 x CP 2 x DP 4, mb 1" \
+  "$(llama 32 4096 32 14336)" --micro-batch-size 1 --context-parallel-size 2
+h100_row "Llama 3.1 70B" 64 128 8192 71756 "TP 4 x PP 4 (V 5) x CP 2 x DP 2, SP, mb 1" \
+  "$(llama 80 8192 64 28672)" --micro-batch-size 1 --tensor-model-parallel-size 4 \
+  --sequence-parallel --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 4 \
+  --context-parallel-size 2
+h100_row "Llama 3.1 405B" 576 252 8192 117964 "TP 8 x PP 9 (V 7) x CP 2 x DP 4, SP, mb 1" \
+  "$(llama 126 16384 128 53248)" --micro-batch-size 1 --tensor-model-parallel-size 8 \
+  --sequence-parallel --pipeline-model-parallel-size 9 --num-layers-per-virtual-pipeline-stage 2 \
+  --context-parallel-size 2
+h100_row "GPT-3 175B" 128 256 2048 63099 "TP 4 x PP 8 (V 12) x DP 4, SP, mb 1" \
+  "$gpt3" --micro-batch-size 1 --tensor-model-parallel-size 4 --sequence-parallel \
+  --pipeline-model-parallel-size 8 --num-layers-per-virtual-pipeline-stage 1
+h100_row "Nemotron-4 15B" 16 64 4096 93223 "TP 4 x DP 4, SP, mb 4" \
+  "$nemotron" --micro-batch-size 4 --tensor-model-parallel-size 4 --sequence-parallel
 python3 -c "
 import statistics
 e=[abs(float(x)) for x in '${errors[*]}'.split()]
-print(f'median |error| {statistics.median(e):.1f} %, largest {max(e):.1f} %')"
+print(f'all {len(e)} rows: median |error| {statistics.median(e):.1f} %, largest {max(e):.1f} %')"

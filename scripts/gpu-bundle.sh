@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
 targets=(test_cuda_device test_cuda_ops test_cuda_train test_device_staging tessera-train
-         bench_gpu_train bench_attention bench_generate bench_fp8)
+         bench_gpu_train bench_attention bench_generate bench_fp8 bench_rates)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
   -DTESSERA_BUILD_BENCH=ON > /dev/null
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"

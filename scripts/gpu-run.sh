@@ -13,7 +13,9 @@
 # test_cuda_train, then the 1.3B step in bf16 and with FP8 GEMMs one after the other, then
 # bench_fp8's pass-by-pass times at the 1.3B shapes), train (gpt2-tiny
 # and llama-tiny on --device cuda vs cpu), attention (bench_attention and the PyTorch peer), bench
-# (bench_gpu_train BENCH_ARGS), generate (bench_generate gpu bf16), llama1b; and only when named:
+# (bench_gpu_train BENCH_ARGS), generate (bench_generate gpu bf16), llama1b, rates (issue 57:
+# bench_rates --device cuda, the step-time predictor's rates file, $OUT/rates-gpu.ini, to copy
+# to configs/rates/ and name in a cluster file's [gpu] rates); and only when named:
 # save (--async-save against a synchronous save, resumed bitwise; SAVE_MODEL, SAVE_MB, SAVE_GBS,
 # SAVE_INTERVAL), decode-profile (ncu's kernel times of batch-1 decode steps), rerun (issue 39:
 # bench/bench_rerun.sh on GPT-2 124M bf16: result validation's cost when nothing fails, and
@@ -157,8 +159,8 @@ fi
 if [ -n "$steps" ]; then
   for st in ${steps//,/ }; do
     case $st in
-      tests|fused|fp8|train|save|attention|bench|generate|decode-profile|llama1b|rerun) ;;
-      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: tests, fused, fp8, train, save, attention, bench, generate, decode-profile, llama1b, rerun)" >&2; exit 2 ;;
+      tests|fused|fp8|train|save|attention|bench|generate|decode-profile|llama1b|rerun|rates) ;;
+      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: tests, fused, fp8, train, save, attention, bench, generate, decode-profile, llama1b, rerun, rates)" >&2; exit 2 ;;
     esac
   done
   step() { [[ $steps == *",$1,"* ]]; }
@@ -171,6 +173,11 @@ else
       *) [ $bench -eq 1 ] && [ $memory -eq 0 ] ;;
     esac
   }
+fi
+if step rates; then
+  echo "== bench_rates --device cuda (issue 57: the predictor's rates of this GPU) =="
+  "$root/bin/bench_rates" --device cuda --out "$out/rates-gpu.ini" 2>&1 | tail -2 || status=1
+  [ -s "$out/rates-gpu.ini" ] && grep -vE '^#' "$out/rates-gpu.ini"
 fi
 if step tests; then
   for t in test_cuda_device test_cuda_ops test_cuda_train test_device_staging; do

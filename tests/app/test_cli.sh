@@ -188,6 +188,10 @@ expect 0 "memory verdict: (none: no GPU on this host|fits this host's)" -- --con
 expect 2 "--world-size plans a run: it needs --dry-run" -- --config "$configs/gpt2-tiny.ini" --train-iters 1 --world-size 8
 expect 2 "--cluster dgx-b300: no such cluster kind in .*configs/clusters \(there: dgx-a100, dgx-h100, dgx-h200\)" -- --config "$configs/gpt2-tiny.ini" --dry-run --cluster dgx-b300
 expect 2 "--world-size=0 is out of range" -- --config "$configs/gpt2-tiny.ini" --dry-run --world-size 0
+# --collective-plan: only with --dry-run; an unwritable prefix names the file; MTP is refused.
+expect 2 "--collective-plan plans a run: it needs --dry-run" -- --config "$configs/gpt2-tiny.ini" --train-iters 1 --collective-plan /tmp/p
+expect 2 "--collective-plan: cannot write /nonexistent-dir/p.rank0 \(check that its folder exists and is writable\)" -- --config "$configs/gpt2-tiny.ini" --dry-run --collective-plan /nonexistent-dir/p
+expect 2 "--collective-plan: multi-token prediction's calls are not in the plan yet" -- --config "$configs/llama-tiny.ini" --dry-run --mtp-num-layers 1 --collective-plan /tmp/tessera-cli-plan
 for opt in num-layers hidden-size num-attention-heads seq-length max-position-embeddings \
            micro-batch-size global-batch-size train-iters lr min-lr lr-decay-style \
            lr-warmup-iters weight-decay clip-grad adam-beta1 adam-beta2 adam-eps seed \
