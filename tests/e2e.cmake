@@ -153,3 +153,9 @@ tessera_e2e(slurm.end_to_end 207 TIMEOUT 900 LABELS slurm
 tessera_e2e(plan.collective_sequence 12 TIMEOUT 300 PROCESSORS 2
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/plan/test_collective_sequence.sh
                  ${CMAKE_BINARY_DIR}/bin ${CMAKE_SOURCE_DIR}/configs)
+
+# Muon (issue 59): the single-rank trajectory at TP2 (+SP, duplicated and distributed), PP2, DP2,
+# TP2 x PP2; blockwise differs; GQA without the q/k/v split; momentum resumed across layouts.
+tessera_e2e(train.muon 12 TIMEOUT 300 PROCESSORS 2
+            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/test_muon.sh ${CMAKE_BINARY_DIR}/bin
+                 ${CMAKE_SOURCE_DIR}/configs)

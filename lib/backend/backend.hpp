@@ -442,6 +442,11 @@ class Backend {
   }
   virtual double collected_sum_squares() { return collected_squares_; }
   virtual void scale(Tensor& x, float s) = 0;
+  // A plain GEMM on 2-D row-major tensors: c (M,N) = alpha op(a) op(b) + beta c, op(x) = x^T
+  // when asked. c is f32; a and b f32, or bf16 both on CUDA (cuBLAS, f32 accumulation). Muon's
+  // Newton-Schulz iterations (train/muon.hpp).
+  virtual void gemm(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                    float alpha, float beta) = 0;
   // Mixture of Experts (backend/cpu/moe.hpp has the semantics, on host arrays). logits and
   // dlogits (N,E), weight and dweight (N,K) are f32; expert and row (N,K) int32; x, dx (N,C) and
   // the permuted x_perm, out, dout, dx_perm (R,C) rows are in the compute dtype. These defaults

@@ -15,6 +15,7 @@
 #include "core/test_hooks.hpp"
 #include "core/timer.hpp"
 #include "train/fp8_checkpoint.hpp"
+#include "train/muon.hpp"
 #include "train/router_checkpoint.hpp"
 
 namespace tessera {
@@ -483,7 +484,9 @@ TrainState TrainingCheckpointer::load(const std::string& dir, bool model_only,
   }
   const CheckpointMeta& m = r.meta();
   const bool optimizer = m.has_optimizer && !model_only && load_optimizer;
-  load_optimizer_state(r, optimizer);
+  const std::string other = optimizer_state_mismatch(m.config_text, cfg_.optimizer, r.path());
+  if (optimizer && !other.empty()) TLOG(warning) << other;  // AdamW's moments vs Muon's momentum
+  load_optimizer_state(r, optimizer && other.empty());
   // The routers' expert biases are model state: loaded with the weights (or a line says why not).
   if (const std::string why = restore_router_state(r, model_); !why.empty()) TLOG(info) << why;
   if (!model_only)  // FP8's delayed scaling continues where it was (or a line says why not)

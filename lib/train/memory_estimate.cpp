@@ -9,6 +9,7 @@
 #include "model/gpt.hpp"
 #include "model/params.hpp"
 #include "train/layout.hpp"
+#include "train/muon_plan.hpp"
 #include "train/pipeline.hpp"
 
 namespace tessera {
@@ -47,6 +48,12 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
       mixed ? 2.0 * e.parameters + 4.0 * (dense / dp + experts / edp) : 4.0 * e.parameters;
   e.grad_bytes = 4.0 * e.parameters;
   e.optimizer_bytes = 8.0 * (dense / dp + experts / edp);
+  // Muon: its momentum is Adam's first moment (counted above); its Newton-Schulz scratch for the
+  // largest matrix during the step (with the bf16 copies CUDA makes: a few MiB over on the CPU).
+  if (t.optimizer == "muon")
+    e.optimizer_bytes += muon_scratch_bytes(
+        plan_muon_matrices(counted_param_specs(cfg, shard), layout.tp, t.muon.split_qkv),
+        layout.tp, t.muon, /*device=*/true);
   e.expert_bytes = experts * ((mixed ? 2.0 + 4.0 / edp : 4.0) + 4.0 + 8.0 / edp);
   if (cfg.moe()) {  // one MoE layer's token copies for one micro-batch (in activation_bytes)
     const double N = double(t.micro_batch_size) * T, K = cfg.moe_router_topk;

@@ -20,7 +20,9 @@ void AdamW::step(double lr, double weight_decay, double grad_scale) {
   hyper_.lr = lr;
   hyper_.grad_scale = grad_scale;
   if (segments_.empty()) {  // adjacent parameters that both decay, or both not, make one segment
-    for (const ParamSpec& s : params_.specs()) {
+    for (size_t i = 0; i < params_.specs().size(); ++i) {
+      const ParamSpec& s = params_.specs()[i];
+      if (i < skip_.size() && skip_[i]) continue;
       const int64_t end = s.flat_offset + s.numel();
       if (!segments_.empty() && segments_.back().end == s.flat_offset &&
           decays_.back() == s.weight_decay) {

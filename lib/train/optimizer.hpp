@@ -16,6 +16,9 @@ class AdamW {
   // `grad_scale` as it is read (clip_coefficient's factor: the clip without a pass of its own).
   // In mixed precision the bf16/f16 compute copy of the weights is refreshed in the same pass.
   void step(double lr, double weight_decay, double grad_scale = 1.0);
+  // The parameters another optimizer updates (Muon's matrices: `skip[i]` for spec i): this one
+  // leaves them alone. Before the first step.
+  void skip_params(std::vector<bool> skip) { skip_ = std::move(skip); }
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }
   Tensor& exp_avg() { return m_; }
@@ -30,6 +33,7 @@ class AdamW {
   // segment i takes the step's weight decay (else 0).
   std::vector<AdamWSegment> segments_;
   std::vector<bool> decays_;
+  std::vector<bool> skip_;
   int64_t step_ = 0;
 };
 

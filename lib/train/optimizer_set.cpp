@@ -49,6 +49,13 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
     model_.init_parameters(cfg_.seed);
     optimizer_ = std::make_unique<AdamW>(model_.params(), be_, cfg_.adam_beta1, cfg_.adam_beta2,
                                          cfg_.adam_eps);
+    if (cfg_.optimizer == "muon") {  // Muon's matrices; AdamW the rest (train/muon.hpp)
+      muon_ = std::make_unique<Muon>(model_.params(), be_, cfg_.muon, *ctx_.tp,
+                                     optimizer_->exp_avg());
+      std::vector<bool> skip;
+      for (const ParamSpec& s : model_.params().specs()) skip.push_back(is_muon_param(s));
+      optimizer_->skip_params(std::move(skip));
+    }
   }
   reducer_ =
       std::make_unique<GradReducer>(model_, *ctx_.dp, dist, cfg_.overlap_grad_reduce, expert_dp);
@@ -128,6 +135,7 @@ void OptimizerSet::update(Update& u, double grad_scale) {
   if (!dist_opt_) {
     {
       TESSERA_PHASE("optimizer-step");
+      if (muon_) muon_->step(u.lr, u.weight_decay, grad_scale);
       optimizer_->step(u.lr, u.weight_decay, grad_scale);  // and the compute copy's refresh
     }
     return;

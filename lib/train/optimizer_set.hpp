@@ -16,6 +16,7 @@
 #include "train/grid_norms.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/lr_schedule.hpp"
+#include "train/muon.hpp"
 #include "train/optimizer.hpp"
 #include "train/step_stats.hpp"
 #include "train/timers.hpp"
@@ -93,6 +94,7 @@ class OptimizerSet {
   const ParallelContext& ctx_;
   IterationTimers& timers_;
   std::unique_ptr<AdamW> optimizer_;            // without the distributed optimizer
+  std::unique_ptr<Muon> muon_;                  // --optimizer muon: the matrices (AdamW the rest)
   std::unique_ptr<DistributedAdamW> dist_opt_;  // --use-distributed-optimizer
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<GridNorms> norms_;

@@ -61,6 +61,22 @@ struct TrainConfig {
   bool per_token_loss = false;
   double clip_grad = 1.0;  // 0: no clipping
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  // --optimizer: "adam" (AdamW for every parameter) or "muon" (Muon for the hidden layers'
+  // matrices, AdamW for the embeddings, the output layer, norms and biases; train/muon.hpp).
+  std::string optimizer = "adam";
+  // Muon's options, Megatron-Core's names and argparse defaults (Megatron-LM d98e8a6,
+  // megatron/training/arguments.py; the math of Emerging-Optimizers v0.3.0).
+  struct Muon {
+    double momentum = 0.9;                 // --muon-momentum
+    bool nesterov = false;                 // --muon-nesterov
+    bool split_qkv = true;                 // --muon-no-split-qkv clears it
+    std::string scale_mode = "spectral";   // spectral | unit_rms_norm | shape_scaling
+    std::string matmul_prec = "medium";    // --muon-fp32-matmul-prec: low | medium | high
+    std::string coefficients = "quintic";  // --muon-coefficient-type: quintic | simple
+    int ns_steps = 5;                      // --muon-num-ns-steps
+    std::string tp_mode = "duplicated";    // blockwise | duplicated | distributed
+    double extra_scale = 1.0;              // --muon-extra-scale-factor
+  } muon;
   uint64_t seed = 1234;
   int log_interval = 10;
   std::string metrics_file;           // JSONL, one line per logged iteration; empty: none

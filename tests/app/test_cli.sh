@@ -188,6 +188,12 @@ expect 0 "memory verdict: (none: no GPU on this host|fits this host's)" -- --con
 expect 2 "--world-size plans a run: it needs --dry-run" -- --config "$configs/gpt2-tiny.ini" --train-iters 1 --world-size 8
 expect 2 "--cluster dgx-b300: no such cluster kind in .*configs/clusters \(there: dgx-a100, dgx-h100, dgx-h200\)" -- --config "$configs/gpt2-tiny.ini" --dry-run --cluster dgx-b300
 expect 2 "--world-size=0 is out of range" -- --config "$configs/gpt2-tiny.ini" --dry-run --world-size 0
+# Issue 59: --optimizer and Muon's options.
+expect 2 "--optimizer sgd is not a choice \(allowed: adam, muon, dist_muon\)" -- "${tiny[@]}" --optimizer sgd
+expect 2 "--muon-momentum is a Muon option: it needs --optimizer muon" -- "${tiny[@]}" --muon-momentum 0.95
+expect 2 "--muon-tp-mode rowwise is not a choice \(allowed: blockwise, duplicated, distributed\)" -- "${tiny[@]}" --optimizer muon --muon-tp-mode rowwise
+expect 2 "--muon-num-ns-steps=0 is out of range" -- "${tiny[@]}" --optimizer muon --muon-num-ns-steps 0
+expect 2 "--optimizer muon with --use-distributed-optimizer \(dist_muon\): Tessera's Muon does not run over" -- "${tiny[@]}" --optimizer dist_muon
 # --collective-plan: only with --dry-run; an unwritable prefix names the file; MTP is refused.
 expect 2 "--collective-plan plans a run: it needs --dry-run" -- --config "$configs/gpt2-tiny.ini" --train-iters 1 --collective-plan /tmp/p
 expect 2 "--collective-plan: cannot write /nonexistent-dir/p.rank0 \(check that its folder exists and is writable\)" -- --config "$configs/gpt2-tiny.ini" --dry-run --collective-plan /nonexistent-dir/p

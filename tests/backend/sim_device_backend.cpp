@@ -247,6 +247,11 @@ class SimDeviceBackend final : public Backend {
     Open open;
     cpu_->scale(x, s);
   }
+  void gemm(Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha,
+            float beta) override {
+    Open open;
+    cpu_->gemm(c, a, ta, b, tb, alpha, beta);
+  }
   void zero(Tensor& t) override {
     Open open;
     cpu_->zero(t);

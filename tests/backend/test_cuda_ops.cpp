@@ -1278,3 +1278,28 @@ TEST_F(CudaOps, KvAttentionAlibiMatchesCpu) {
     expect_close(kcd, kc, 0, "k cache (ALiBi)");
   }
 }
+
+// Backend::gemm (Muon's Newton-Schulz, train/muon.hpp): every transpose combination at a
+// rectangular shape in f32 against the CPU's OpenBLAS, and with bf16 inputs (f32 accumulation)
+// against the CPU product of the bf16-rounded inputs; beta accumulates.
+TEST_F(CudaOps, GemmEveryTransposeF32AndBf16) {
+  const int64_t M = 37, N = 53, K = 129;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const Tensor a = rand(ta ? Shape{K, M} : Shape{M, K}), b = rand(tb ? Shape{N, K} : Shape{K, N});
+      Tensor c0 = rand({M, N});
+      Tensor want(c0.shape());
+      cpu_->cast(want, c0);
+      cpu_->gemm(want, a, ta, b, tb, 0.5f, 1.f);
+      Tensor got = dev(c0);
+      gpu_->gemm(got, dev(a), ta, dev(b), tb, 0.5f, 1.f);
+      expect_close(got, want, 1e-5, "gemm f32");
+      // bf16 inputs: the reference multiplies the rounded values in f32.
+      const Tensor ab = widened(as(DType::BF16, a)), bb = widened(as(DType::BF16, b));
+      Tensor want16({M, N});
+      cpu_->gemm(want16, ab, ta, bb, tb, 1.f, 0.f);
+      Tensor got16 = poisoned({M, N});
+      gpu_->gemm(got16, dev(as(DType::BF16, a)), ta, dev(as(DType::BF16, b)), tb, 1.f, 0.f);
+      expect_close(got16, want16, 1e-4, "gemm bf16");
+    }
+}

@@ -580,6 +580,19 @@ class CpuBackend final : public Backend {
     TESSERA_F32_INOUT(v, x);
     cpu::scale_inplace(v.get(), x.numel(), s);
   }
+  void gemm(Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha,
+            float beta) override {
+    TESSERA_CHECK(a.dtype() == DType::F32 && b.dtype() == DType::F32 && c.dtype() == DType::F32 &&
+                      a.shape().size() == 2 && b.shape().size() == 2 && c.shape().size() == 2,
+                  "gemm: 2-D f32 tensors on the CPU, got ", shape_str(a.shape()), " ",
+                  shape_str(b.shape()), " ", shape_str(c.shape()));
+    const int64_t M = c.dim(0), N = c.dim(1), K = ta ? a.dim(0) : a.dim(1);
+    TESSERA_CHECK((ta ? a.dim(1) : a.dim(0)) == M && (tb ? b.dim(0) : b.dim(1)) == N &&
+                      (tb ? b.dim(1) : b.dim(0)) == K,
+                  "gemm: shapes ", shape_str(a.shape()), " x ", shape_str(b.shape()), " -> ",
+                  shape_str(c.shape()));
+    cpu::gemm(ta, tb, M, N, K, alpha, a.f32(), a.dim(1), b.f32(), b.dim(1), beta, c.f32(), N);
+  }
 
  private:
   // Grow-only workspace for attention, so steady-state steps allocate nothing.

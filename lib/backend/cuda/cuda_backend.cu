@@ -729,6 +729,10 @@ class CudaBackend final : public Backend {
     expect_dtype(x, DType::F32, "scale operand (gradients)");
     cuda_ops::scale(x, s, stream_);
   }
+  void gemm(Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha,
+            float beta) override {
+    cuda_ops::gemm_2d(c, a, ta, b, tb, alpha, beta, blas_->get());
+  }
 
  private:
   static constexpr int kStages = 8;

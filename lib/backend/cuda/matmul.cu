@@ -79,6 +79,30 @@ void gemm(cublasHandle_t blas, cublasOperation_t ta, cublasOperation_t tb, int64
   }
 }
 
+}  // namespace
+
+void gemm_2d(Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha,
+             float beta, cublasHandle_t blas) {
+  TESSERA_CHECK(a.shape().size() == 2 && b.shape().size() == 2 && c.shape().size() == 2 &&
+                    c.dtype() == DType::F32 && a.dtype() == b.dtype() &&
+                    (a.dtype() == DType::F32 || a.dtype() == DType::BF16),
+                "gemm: 2-D tensors, f32 or bf16 inputs and an f32 output, got ",
+                dtype_name(a.dtype()), " ", dtype_name(b.dtype()), " -> ", dtype_name(c.dtype()));
+  const int64_t M = c.dim(0), N = c.dim(1), K = ta ? a.dim(0) : a.dim(1);
+  TESSERA_CHECK((ta ? a.dim(1) : a.dim(0)) == M && (tb ? b.dim(0) : b.dim(1)) == N &&
+                    (tb ? b.dim(1) : b.dim(0)) == K,
+                "gemm: shapes ", shape_str(a.shape()), " x ", shape_str(b.shape()), " -> ",
+                shape_str(c.shape()));
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS computes the
+  // (N x M) product of B and A with the same transposes.
+  CUBLAS_CHECK(cublasGemmEx(blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            (int)N, (int)M, (int)K, &alpha, b.raw(), cuda_type(b.dtype()),
+                            (int)b.dim(1), a.raw(), cuda_type(a.dtype()), (int)a.dim(1), &beta,
+                            c.raw(), CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+namespace {
+
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 // GEMMs over at most this many rows (tokens) keep away from split-K's separate reduce kernel.
 constexpr int64_t kFewRows = 16;

@@ -8,6 +8,7 @@ std::unique_ptr<OptionGroup> make_model_options();        // model.cpp
 std::unique_ptr<OptionGroup> make_moe_options();          // moe.cpp
 std::unique_ptr<OptionGroup> make_parallelism_options();  // parallelism.cpp
 std::unique_ptr<OptionGroup> make_training_options();     // training.cpp
+std::unique_ptr<OptionGroup> make_optimizer_options();    // optimizer.cpp
 std::unique_ptr<OptionGroup> make_memory_options();       // memory.cpp
 std::unique_ptr<OptionGroup> make_data_options();         // data.cpp
 std::unique_ptr<OptionGroup> make_document_options();     // documents.cpp
@@ -25,6 +26,7 @@ std::vector<std::unique_ptr<OptionGroup>> make_option_groups() {
   groups.push_back(make_moe_options());
   groups.push_back(make_parallelism_options());
   groups.push_back(make_training_options());
+  groups.push_back(make_optimizer_options());
   groups.push_back(make_memory_options());
   groups.push_back(make_data_options());
   groups.push_back(make_document_options());

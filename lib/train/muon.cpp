@@ -1,0 +1,170 @@
+// muon.cpp: Muon's step (train/muon.hpp).
+#include "train/muon.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/ini.hpp"
+#include "core/phase_timer.hpp"
+
+namespace tessera {
+
+void muon_coefficients(const std::string& type, int k, double& a, double& b, double& c) {
+  // Emerging-Optimizers v0.3.0 muon_utils.py: "quintic" tuned per step, cycled; "simple" one
+  // tuple for every step.
+  static const double quintic[5][3] = {{4.0848, -6.8946, 2.9270},
+                                       {3.9505, -6.3029, 2.6377},
+                                       {3.7418, -5.5913, 2.3037},
+                                       {2.8769, -3.1427, 1.2046},
+                                       {2.8366, -3.0525, 1.2012}};
+  if (type == "simple") {
+    a = 3.4445, b = -4.7750, c = 2.0315;
+    return;
+  }
+  TESSERA_CHECK(type == "quintic", "Muon: coefficient type ", type);
+  const double* q = quintic[k % 5];
+  a = q[0], b = q[1], c = q[2];
+}
+
+double muon_scale(const std::string& mode, int64_t rows, int64_t cols) {
+  const double r = double(rows), c = double(cols);
+  if (mode == "spectral") return std::sqrt(std::max(r, c));
+  if (mode == "unit_rms_norm") return std::sqrt(r / c);
+  TESSERA_CHECK(mode == "shape_scaling", "Muon: scale mode ", mode);
+  return std::sqrt(std::max(1.0, r / c));
+}
+
+std::string optimizer_state_mismatch(const std::string& saved_config, const std::string& optimizer,
+                                     const std::string& path) {
+  const auto values = ini_values(saved_config);
+  const auto it = values.find("optimizer");
+  std::string saved = it == values.end() ? "adam" : it->second;
+  if (saved == "dist_muon") saved = "muon";
+  if (saved == optimizer) return std::string();
+  return "checkpoint " + path + " holds " + saved + "'s optimizer state, this run uses --optimizer " +
+         optimizer + ": its moments start at zero (the learning-rate schedule continues; resume "
+         "with --optimizer " + saved + " to keep them)";
+}
+
+Muon::Muon(ParamStore& params, Backend& be, const TrainConfig::Muon& opt, Communicator& tp,
+           Tensor& momentum)
+    : params_(params), be_(be), opt_(opt), tp_(tp), momentum_(momentum) {
+  matrices_ = plan_muon_matrices(params.specs(), tp.size(), opt.split_qkv);
+  lowp_ = be.device() != Device::CPU && opt.matmul_prec != "high";
+}
+
+void Muon::orthogonalize(std::vector<Tensor>& blocks, bool wide, Communicator* sum_over) {
+  Allocator& al = be_.allocator();
+  double ss = 0;
+  for (const Tensor& x : blocks) ss += be_.sum_squares(x);
+  if (sum_over) sum_over->all_reduce_f64(&ss, 1, ReduceOp::Sum);
+  const float inv = static_cast<float>(1.0 / std::max(std::sqrt(ss), 1e-7));
+  for (Tensor& x : blocks) be_.scale(x, inv);
+  // The Gram side: the rows of every block (wide) or the columns (tall).
+  const int64_t g = wide ? blocks[0].dim(0) : blocks[0].dim(1);
+  Tensor A({g, g}, DType::F32, al), A2({g, g}, DType::F32, al), B({g, g}, DType::F32, al);
+  const DType gd = lowp_ ? DType::BF16 : DType::F32;
+  Tensor Ab, Bb;  // bf16 copies of A and B (lowp)
+  if (lowp_) Ab = Tensor({g, g}, gd, al), Bb = Tensor({g, g}, gd, al);
+  std::vector<Tensor> low;  // bf16 copies of the blocks (lowp)
+  for (const Tensor& x : blocks)
+    if (lowp_) low.emplace_back(x.shape(), gd, al);
+  std::vector<Tensor> prod;
+  for (const Tensor& x : blocks) prod.emplace_back(x.shape(), DType::F32, al);
+  for (int k = 0; k < opt_.ns_steps; ++k) {
+    double a = 0, b = 0, c = 0;
+    muon_coefficients(opt_.coefficients, k, a, b, c);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (lowp_) be_.cast(low[i], blocks[i]);
+      const Tensor& x = lowp_ ? low[i] : blocks[i];
+      be_.gemm(A, x, !wide, x, wide, 1.f, i == 0 ? 0.f : 1.f);  // X X^T or X^T X, summed
+    }
+    if (sum_over) sum_over->all_reduce(A, ReduceOp::Sum);
+    if (lowp_) be_.cast(Ab, A);
+    be_.gemm(A2, lowp_ ? Ab : A, false, lowp_ ? Ab : A, false, 1.f, 0.f);
+    be_.scale(A, static_cast<float>(b));
+    be_.scale(A2, static_cast<float>(c));
+    be_.add(B, A, A2);
+    if (lowp_) be_.cast(Bb, B);
+    const Tensor& bm = lowp_ ? Bb : B;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const Tensor& x = lowp_ ? low[i] : blocks[i];
+      if (wide)
+        be_.gemm(prod[i], bm, false, x, false, 1.f, 0.f);  // B X
+      else
+        be_.gemm(prod[i], x, false, bm, false, 1.f, 0.f);  // X B (B is symmetric)
+      be_.scale(blocks[i], static_cast<float>(a));
+      be_.add(blocks[i], blocks[i], prod[i]);
+    }
+  }
+}
+
+void Muon::step(double lr, double weight_decay, double grad_scale) {
+  TESSERA_PHASE("muon-step");
+  Allocator& al = be_.allocator();
+  const int T = tp_.size(), r0 = tp_.rank();
+  const double beta = opt_.momentum;
+  const bool mixed = params_.compute_dtype() != DType::F32;
+  for (const MuonMatrix& mm : matrices_) {
+    const Shape shape{mm.rows, mm.cols};
+    Tensor g = params_.flat_grads().view(mm.offset, shape);
+    Tensor m = momentum_.view(mm.offset, shape);
+    Tensor p = params_.flat_params().view(mm.offset, shape);
+    // m <- beta m + (1 - beta) g;  u = Nesterov ? (1 - beta) g + beta m : m
+    Tensor u(shape, DType::F32, al);
+    be_.cast(u, g);  // a copy
+    be_.scale(u, static_cast<float>((1 - beta) * grad_scale));
+    be_.scale(m, static_cast<float>(beta));
+    be_.add(m, m, u);
+    if (opt_.nesterov) {
+      Tensor bm(shape, DType::F32, al);
+      be_.cast(bm, m);
+      be_.scale(bm, static_cast<float>(beta));
+      be_.add(u, u, bm);
+    } else {
+      be_.cast(u, m);
+    }
+    // The matrix Newton-Schulz runs on, and this rank's part of its result.
+    const bool split = mm.split != MuonMatrix::Split::None && T > 1;
+    Tensor whole, mine = u;
+    std::vector<Tensor> blocks;
+    bool wide = mm.rows <= mm.cols;
+    Communicator* sum_over = nullptr;
+    if (split && opt_.tp_mode == "duplicated") {
+      // Every shard gathered: the row blocks are the whole matrix's rows (in shard order), the
+      // column blocks its columns; Newton-Schulz commutes with permuting either.
+      whole = Tensor({T * mm.rows, mm.cols}, DType::F32, al);
+      tp_.all_gather(whole, u);
+      if (mm.split == MuonMatrix::Split::Rows) {
+        blocks.push_back(whole);
+        wide = T * mm.rows <= mm.cols;
+        mine = whole.view(int64_t(r0) * mm.numel(), shape);
+      } else {
+        for (int t = 0; t < T; ++t) blocks.push_back(whole.view(int64_t(t) * mm.numel(), shape));
+        wide = true;
+        mine = blocks[size_t(r0)];
+      }
+    } else if (split && opt_.tp_mode == "distributed") {
+      blocks.push_back(u);
+      wide = mm.split == MuonMatrix::Split::Cols;  // the Gram over the side TP does not cut
+      sum_over = &tp_;
+    } else {
+      blocks.push_back(u);  // unsplit, or blockwise: the shard alone
+    }
+    orthogonalize(blocks, wide, sum_over);
+    const bool local_dims = opt_.tp_mode == "blockwise";
+    const double s = muon_scale(opt_.scale_mode, local_dims ? mm.rows : mm.global_rows,
+                                local_dims ? mm.cols : mm.global_cols) *
+                     opt_.extra_scale;
+    be_.scale(p, static_cast<float>(1 - lr * weight_decay));
+    be_.scale(mine, static_cast<float>(-lr * s));
+    be_.add(p, p, mine);
+    if (mixed) {
+      Tensor c = params_.flat_compute().view(mm.offset, shape);
+      be_.cast(c, p);
+    }
+  }
+}
+
+}  // namespace tessera

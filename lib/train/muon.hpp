@@ -1,0 +1,70 @@
+// muon.hpp: Muon (issue 59; docs/training.md "Muon"): momentum orthogonalized by Newton-Schulz
+// for the hidden layers' matrices (train/muon_plan.hpp says which), as Megatron-Core runs it
+// (Megatron-LM d98e8a6, Emerging-Optimizers v0.3.0 orthogonalized_optimizer.py / muon_utils.py):
+//
+//   p <- p (1 - lr wd)                          decoupled weight decay
+//   m <- beta m + (1 - beta) g                  (g: the clipped gradient; m starts at 0)
+//   u  = Nesterov ? (1 - beta) g + beta m : m
+//   p <- p - lr * scale(rows, cols) * extra * NS(u)
+//
+// NS: u / max(||u||_F, 1e-7), then per step (a, b, c) (quintic: five tuned tuples, cycled;
+// simple: 3.4445, -4.7750, 2.0315) X <- a X + (b A + c A^2) X with A = X X^T (or, for a tall
+// matrix, X <- a X + X (b A + c A^2) with A = X^T X: the same polynomial). A tensor-parallel
+// matrix is orthogonalized whole: gathered on every TP rank (duplicated), or with its Gram
+// matrices summed over TP (distributed); blockwise treats each shard as a matrix of its own
+// (layout-dependent). Every GEMM goes through Backend::gemm (cuBLAS on CUDA, bf16 inputs unless
+// --muon-fp32-matmul-prec high; f32 on the CPU).
+//
+// The momentum lives in AdamW's first-moment buffer at the matrix's offsets, so checkpoints save
+// and reshard it as optimizer/exp_avg; the parameters Muon does not update take AdamW's step.
+#pragma once
+
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "comm/communicator.hpp"
+#include "model/params.hpp"
+#include "train/muon_plan.hpp"
+#include "train/train_config.hpp"
+
+namespace tessera {
+
+// The Newton-Schulz coefficients (a, b, c) of step k (0-based) of `type` ("quintic", "simple").
+void muon_coefficients(const std::string& type, int k, double& a, double& b, double& c);
+// The update's scale for a (rows, cols) matrix under `mode` (spectral, unit_rms_norm,
+// shape_scaling).
+double muon_scale(const std::string& mode, int64_t rows, int64_t cols);
+
+// "" when a checkpoint saved with `saved_config` (its options, INI) holds optimizer state for
+// `optimizer` ("adam", "muon"); else the warning that its moments are not reused (they start at
+// zero; the schedule continues). A checkpoint without the key was saved by AdamW.
+std::string optimizer_state_mismatch(const std::string& saved_config, const std::string& optimizer,
+                                     const std::string& path);
+
+class Muon {
+ public:
+  // `momentum`: the flat buffer of the parameters' size whose Muon ranges hold the momentum
+  // (AdamW's first moment); `tp`: the tensor-parallel group.
+  Muon(ParamStore& params, Backend& be, const TrainConfig::Muon& opt, Communicator& tp,
+       Tensor& momentum);
+  const std::vector<MuonMatrix>& matrices() const { return matrices_; }
+  // One step: lr and wd of the schedules, `grad_scale` the clip coefficient (applied as the
+  // gradients are read). In mixed precision the compute copy of each matrix is refreshed.
+  void step(double lr, double weight_decay, double grad_scale);
+
+ private:
+  // Newton-Schulz over `blocks`: column blocks of one matrix (wide: Gram over the rows) or row
+  // blocks (tall: Gram over the columns); `sum_over`: the group whose blocks make the matrix
+  // (distributed), null when `blocks` is all of it.
+  void orthogonalize(std::vector<Tensor>& blocks, bool wide, Communicator* sum_over);
+
+  ParamStore& params_;
+  Backend& be_;
+  TrainConfig::Muon opt_;
+  Communicator& tp_;
+  Tensor& momentum_;
+  std::vector<MuonMatrix> matrices_;
+  bool lowp_ = false;  // bf16 GEMM inputs (CUDA, --muon-fp32-matmul-prec low or medium)
+};
+
+}  // namespace tessera

@@ -1,0 +1,107 @@
+// muon_plan.cpp: Muon's matrices of a rank and their scratch (train/muon_plan.hpp).
+#include "train/muon_plan.hpp"
+
+#include <algorithm>
+
+namespace tessera {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+int64_t leading(const Shape& s) {
+  int64_t n = 1;
+  for (size_t i = 0; i + 1 < s.size(); ++i) n *= s[i];
+  return n;
+}
+
+MuonMatrix whole(const ParamSpec& s, int tp) {
+  MuonMatrix m;
+  m.name = s.name;
+  m.offset = s.flat_offset;
+  m.rows = leading(s.local_shape);
+  m.cols = s.local_shape.back();
+  const int last = static_cast<int>(s.global_shape.size()) - 1;
+  m.split = s.split_axis < 0 || tp == 1 ? MuonMatrix::Split::None
+            : s.split_axis == last      ? MuonMatrix::Split::Cols
+                                        : MuonMatrix::Split::Rows;
+  m.global_rows = leading(s.global_shape);
+  m.global_cols = s.global_shape.back();
+  return m;
+}
+
+// `m` cut into `parts` equal row blocks (the query, key and value projections), named.
+void add_parts(std::vector<MuonMatrix>& out, const MuonMatrix& m,
+               const std::vector<std::string>& parts) {
+  const int64_t n = static_cast<int64_t>(parts.size());
+  for (int64_t i = 0; i < n; ++i) {
+    MuonMatrix p = m;
+    p.name = m.name + ":" + parts[size_t(i)];
+    p.rows = m.rows / n;
+    p.global_rows = m.global_rows / n;
+    p.offset = m.offset + i * p.rows * m.cols;
+    out.push_back(p);
+  }
+}
+
+}  // namespace
+
+bool is_muon_param(const ParamSpec& s) {
+  return s.global_shape.size() >= 2 && s.name != "wte" && s.name != "wpe" && s.name != "lm_head";
+}
+
+std::vector<MuonMatrix> plan_muon_matrices(const std::vector<ParamSpec>& specs, int tp,
+                                           bool split_qkv) {
+  std::vector<MuonMatrix> out;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ParamSpec& s = specs[i];
+    if (!is_muon_param(s)) continue;
+    const MuonMatrix m = whole(s, tp);
+    if (ends_with(s.name, "attn.qkv.weight") && split_qkv) {
+      add_parts(out, m, {"q", "k", "v"});  // [3, heads, head_dim, hidden]
+    } else if (ends_with(s.name, "attn.kv.weight") && split_qkv) {
+      add_parts(out, m, {"k", "v"});  // [2, groups, head_dim, hidden]
+    } else if (ends_with(s.name, "attn.q.weight") && !split_qkv && i + 1 < specs.size() &&
+               ends_with(specs[i + 1].name, "attn.kv.weight")) {
+      // One matrix of the query rows and the key/value rows (glued: contiguous in the buffers).
+      const MuonMatrix kv = whole(specs[i + 1], tp);
+      MuonMatrix qkv = m;
+      qkv.name = s.name.substr(0, s.name.size() - 8) + "qkv";  // "layers.0.attn.qkv"
+      qkv.rows = m.rows + kv.rows;
+      qkv.global_rows = m.global_rows + kv.global_rows;
+      out.push_back(qkv);
+      ++i;
+    } else {
+      out.push_back(m);
+    }
+  }
+  return out;
+}
+
+double muon_scratch_bytes(const std::vector<MuonMatrix>& matrices, int tp,
+                          const TrainConfig::Muon& opt, bool device) {
+  double peak = 0;
+  const bool lowp = device && opt.matmul_prec != "high";
+  for (const MuonMatrix& m : matrices) {
+    const bool gathered = opt.tp_mode == "duplicated" && m.split != MuonMatrix::Split::None;
+    // The matrix Newton-Schulz runs on, and the side its Gram matrix is over.
+    const int64_t r = gathered && m.split == MuonMatrix::Split::Rows ? m.rows * tp : m.rows;
+    const int64_t c = gathered && m.split == MuonMatrix::Split::Cols ? m.cols * tp : m.cols;
+    bool wide = r <= c;
+    if (opt.tp_mode == "distributed" && m.split != MuonMatrix::Split::None)
+      wide = m.split == MuonMatrix::Split::Cols;
+    if (gathered && m.split == MuonMatrix::Split::Cols) wide = true;
+    const double g = double(wide ? r : c);
+    double bytes = 4.0 * m.numel() * (opt.nesterov ? 2 : 1);  // the update (and Nesterov's term)
+    if (gathered) bytes += 4.0 * double(r) * c;                // the whole matrix
+    bytes += 4.0 * double(r) * c;                              // the GEMM's product
+    bytes += 3 * 4.0 * g * g;                                  // A, A^2, B
+    if (lowp) bytes += 2.0 * double(r) * c + 2 * 2.0 * g * g;  // bf16 copies of X, A, B
+    peak = std::max(peak, bytes);
+  }
+  return peak;
+}
+
+}  // namespace tessera

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# test_muon.sh (issue 59): --optimizer muon trains the single-rank trajectory at every layout.
+# Muon orthogonalizes each matrix whole (the duplicated and distributed TP modes), so TP2 with and
+# without sequence parallelism, PP2, DP2 and TP2 x PP2 give the 1-rank losses of 20 iterations
+# (dropout on) to 1e-6 relative; blockwise (each TP shard alone) must differ. Llama's grouped
+# query/key/value projections with --muon-no-split-qkv at TP2 against one rank; the split default
+# differs from it. The momentum is checkpointed as optimizer/exp_avg: saved at TP2, resumed at one
+# rank, iterations 11-20 are the uninterrupted run's; AdamW's checkpoint under Muon warns and
+# starts the moments at zero. --dry-run names the optimizer.
+# Usage: test_muon.sh BIN_DIR CONFIG_DIR
+set -u
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"
+bin=$1
+configs=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fail=0
+gpt=(--config "$configs/gpt2-tiny.ini" --num-layers 4 --hidden-size 32 --num-attention-heads 4
+     --seq-length 32 --max-position-embeddings 32 --vocab-size 200 --global-batch-size 8
+     --micro-batch-size 2 --train-iters 20 --log-interval 1 --lr-warmup-iters 2 --threads 1
+     --hidden-dropout 0.1 --attention-dropout 0.1 --optimizer muon --lr 0.01)
+llama=(--config "$configs/llama-tiny.ini" --num-layers 2 --global-batch-size 8 --micro-batch-size 2
+       --mock-data --vocab-size 200 --train-iters 20 --log-interval 1 --lr-warmup-iters 2
+       --threads 1 --optimizer muon --lr 0.01)
+train() {  # train NAME NP MODEL [options]
+  local name=$1 np=$2
+  local -n model=$3
+  shift 3
+  local cmd=("$bin/tessera-train" "${model[@]}" --metrics-file "$work/$name.jsonl" "$@")
+  if [ "$np" -gt 1 ]; then
+    timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "${cmd[@]}" > "$work/$name.log" 2>&1
+  else
+    timeout 300 "${cmd[@]}" > "$work/$name.log" 2>&1
+  fi
+}
+worst() {  # worst BASE NAME: the worst relative loss difference over the iterations both logged
+  join <(iteration_losses "$work/$1.jsonl" | sort -k1,1) <(iteration_losses "$work/$2.jsonl" | sort -k1,1) | awk '
+    { d = $2 - $3; if (d < 0) d = -d; r = d / $2; if (r > w) w = r; n++ }
+    END { if (n == 0) print "missing"; else printf "%.3g %d", w, n }'
+}
+same() {  # same BASE NAME DESCRIPTION [ITERATIONS=20]
+  local w
+  read -r w n < <(worst "$1" "$2")
+  if [ "$w" != "missing" ] && [ "${n:-0}" -eq "${4:-20}" ] && awk -v w="$w" 'BEGIN { exit !(w <= 1e-6) }'; then
+    ok "$3: worst relative loss difference $w over $n iterations"
+  else
+    bad "$3: worst relative loss difference $w over ${n:-0} iterations"
+  fi
+}
+differs() {  # differs BASE NAME DESCRIPTION
+  local w n
+  read -r w n < <(worst "$1" "$2")
+  if [ "$w" != "missing" ] && awk -v w="$w" 'BEGIN { exit !(w > 1e-4) }'; then
+    ok "$3: differs as it should (worst relative difference $w)"
+  else
+    bad "$3: should differ from $1, worst relative difference $w"
+  fi
+}
+train base 1 gpt || { bad "1-rank Muon run: $(tail -3 "$work/base.log")"; exit 1; }
+train adam 1 gpt --optimizer adam
+differs adam base "Muon against AdamW (the same run)"
+train tp2sp 2 gpt --tensor-model-parallel-size 2 --sequence-parallel || bad "TP2 SP: $(tail -2 "$work/tp2sp.log")"
+same base tp2sp "TP2 + SP, duplicated (the default)"
+train tp2dist 2 gpt --tensor-model-parallel-size 2 --muon-tp-mode distributed || bad "TP2 distributed: $(tail -2 "$work/tp2dist.log")"
+same base tp2dist "TP2, distributed (Gram matrices summed over TP)"
+train pp2 2 gpt --pipeline-model-parallel-size 2 || bad "PP2: $(tail -2 "$work/pp2.log")"
+same base pp2 "PP2"
+train dp2 2 gpt || bad "DP2: $(tail -2 "$work/dp2.log")"
+same base dp2 "DP2"
+train tp2pp2 4 gpt --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --muon-nesterov \
+  || bad "TP2 x PP2: $(tail -2 "$work/tp2pp2.log")"
+train nesterov 1 gpt --muon-nesterov || bad "Nesterov: $(tail -2 "$work/nesterov.log")"
+same nesterov tp2pp2 "TP2 x PP2 with Nesterov momentum"
+train block 2 gpt --tensor-model-parallel-size 2 --muon-tp-mode blockwise || bad "blockwise: $(tail -2 "$work/block.log")"
+differs base block "TP2 blockwise (each shard orthogonalized alone: layout-dependent)"
+# Grouped-query attention: q and k/v are two parameters; without the split they are one matrix.
+train llama1 1 llama --muon-no-split-qkv || bad "llama no split: $(tail -2 "$work/llama1.log")"
+train llama2 2 llama --muon-no-split-qkv --tensor-model-parallel-size 2 || bad "llama TP2: $(tail -2 "$work/llama2.log")"
+same llama1 llama2 "Llama (GQA) at TP2 with --muon-no-split-qkv"
+train llamasplit 1 llama || bad "llama split: $(tail -2 "$work/llamasplit.log")"
+differs llama1 llamasplit "q, k and v apart (the default) against together"
+# The momentum in checkpoints: saved at TP2 at iteration 10, resumed on one rank.
+train save 2 gpt --tensor-model-parallel-size 2 --save "$work/ck" --save-interval 10 --exit-interval 10 \
+  || bad "TP2 save: $(tail -2 "$work/save.log")"
+train resume 1 gpt --load "$work/ck" || bad "resume: $(tail -2 "$work/resume.log")"
+same base resume "saved at TP2, resumed on one rank (iterations 11-20)" 10
+train adamck 1 gpt --optimizer adam --save "$work/ck-adam" --save-interval 10 --exit-interval 10
+train cross 1 gpt --load "$work/ck-adam"
+grep -q "holds adam's optimizer state, this run uses --optimizer muon: its moments start at zero" "$work/cross.log" \
+  && ok "AdamW's checkpoint under --optimizer muon: warned, moments from zero" \
+  || bad "AdamW's checkpoint under Muon: $(grep -m2 -iE 'warn|error' "$work/cross.log")"
+dry=$("$bin/tessera-train" "${gpt[@]}" --dry-run 2>&1)
+grep -q "optimizer: Muon (momentum 0.9, 5 quintic Newton-Schulz steps, spectral scale x 1, TP duplicated, q/k/v apart)" <<<"$dry" \
+  && ok "--dry-run names Muon and its settings" || bad "--dry-run: $(grep -i optim <<<"$dry")"
+[ $fail -eq 0 ] && echo "Muon: all passed"
+exit $fail
