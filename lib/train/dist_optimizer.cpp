@@ -15,7 +15,8 @@ int piece_index(int piece, const ModelShard& shard) {
 }  // namespace
 
 DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicator& dp,
-                                   double beta1, double beta2, double eps, Communicator* expert_dp)
+                                   double beta1, double beta2, double eps, Communicator* expert_dp,
+                                   const std::vector<bool>* skip)
     : model_(model), params_(model.params()), be_(backend), dp_(dp) {
   hyper_.beta1 = beta1;
   hyper_.beta2 = beta2;
@@ -42,6 +43,7 @@ DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicat
     std::vector<bool> decays;       // per segment: takes the step's weight decay
     for (int p = fb.first_param; p < fb.end_param; ++p) {
       const ParamSpec& s = specs[p];
+      if (skip && (*skip)[static_cast<size_t>(p)]) continue;
       const int64_t lo = std::max(k.flat_begin, s.flat_offset);
       const int64_t hi = std::min(k.flat_end, s.flat_offset + s.numel());
       if (lo >= hi) continue;
@@ -78,6 +80,15 @@ DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicat
         auto& list = buckets_of_piece_[static_cast<size_t>(piece_index(piece, sh))];
         if (list.empty() || list.back() != static_cast<int>(b)) list.push_back(static_cast<int>(b));
       }
+}
+
+Tensor DistributedAdamW::block_weights(const Block& k) const {
+  return owns_master() ? master_.view(k.shard_begin, {k.numel()})
+                       : params_.flat_compute().view(k.flat_begin, {k.numel()});
+}
+
+Tensor DistributedAdamW::block_compute(const Block& k) const {
+  return params_.flat_compute().view(k.flat_begin, {k.numel()});
 }
 
 void DistributedAdamW::zero_moments() {

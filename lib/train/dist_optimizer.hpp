@@ -26,8 +26,11 @@ class DistributedAdamW {
   // `model`'s ParamStore must be laid out for dp.size() blocks (FlatLayout::shards).
   // expert_dp (expert parallelism): the group that shares the routed experts' buckets
   // (FlatBucket::expert), whose blocks are cut over it instead of dp.
+  // `skip` (per spec): parameters another optimizer updates (Muon's matrices, train/muon.hpp):
+  // AdamW leaves them out of its blocks' segments.
   DistributedAdamW(GPTModel& model, Backend& backend, Communicator& dp, double beta1, double beta2,
-                   double eps, Communicator* expert_dp = nullptr);
+                   double eps, Communicator* expert_dp = nullptr,
+                   const std::vector<bool>* skip = nullptr);
 
   // This rank's block of one bucket: flat elements [flat_begin, flat_end), stored from
   // shard_begin in the shard buffers (moments, master weights).
@@ -38,6 +41,11 @@ class DistributedAdamW {
     int64_t numel() const { return flat_end - flat_begin; }
   };
   const std::vector<Block>& blocks() const { return blocks_; }
+  // The first moments of this rank's blocks (Muon keeps its momentum there), and a block's f32
+  // weights (the master weights, or in f32 the parameters) and compute copy, as views.
+  Tensor& first_moment() { return m_; }
+  Tensor block_weights(const Block& k) const;
+  Tensor block_compute(const Block& k) const;
   int64_t shard_numel() const { return shard_numel_; }
   // Mixed precision: the f32 master weights live here (the ParamStore has none).
   bool owns_master() const { return master_.defined(); }

@@ -54,6 +54,15 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
     e.optimizer_bytes += muon_scratch_bytes(
         plan_muon_matrices(counted_param_specs(cfg, shard), layout.tp, t.muon.split_qkv),
         layout.tp, t.muon, /*device=*/true);
+  if (t.optimizer == "muon" && t.use_distributed_optimizer) {  // layer-wise: u and the update
+    ParallelContext grid = ctx;  // of the largest bucket, f32 (train/muon.hpp)
+    grid.dp_size = layout.dp;
+    std::vector<ParamSpec> specs = counted_param_specs(cfg, shard);
+    int64_t largest = 0;
+    for (const FlatBucket& b : layout_flat_buffer(specs, training_flat_layout(t, cfg, grid)))
+      largest = std::max(largest, b.numel());
+    e.optimizer_bytes += 8.0 * double(largest);
+  }
   e.expert_bytes = experts * ((mixed ? 2.0 + 4.0 / edp : 4.0) + 4.0 + 8.0 / edp);
   if (cfg.moe()) {  // one MoE layer's token copies for one micro-batch (in activation_bytes)
     const double N = double(t.micro_batch_size) * T, K = cfg.moe_router_topk;

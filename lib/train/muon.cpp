@@ -49,7 +49,14 @@ std::string optimizer_state_mismatch(const std::string& saved_config, const std:
 
 Muon::Muon(ParamStore& params, Backend& be, const TrainConfig::Muon& opt, Communicator& tp,
            Tensor& momentum)
-    : params_(params), be_(be), opt_(opt), tp_(tp), momentum_(momentum) {
+    : params_(params), be_(be), opt_(opt), tp_(tp), momentum_(&momentum) {
+  matrices_ = plan_muon_matrices(params.specs(), tp.size(), opt.split_qkv);
+  lowp_ = be.device() != Device::CPU && opt.matmul_prec != "high";
+}
+
+Muon::Muon(ParamStore& params, Backend& be, const TrainConfig::Muon& opt, Communicator& tp,
+           DistributedAdamW& dist)
+    : params_(params), be_(be), opt_(opt), tp_(tp), dist_(&dist) {
   matrices_ = plan_muon_matrices(params.specs(), tp.size(), opt.split_qkv);
   lowp_ = be.device() != Device::CPU && opt.matmul_prec != "high";
 }
@@ -100,69 +107,140 @@ void Muon::orthogonalize(std::vector<Tensor>& blocks, bool wide, Communicator* s
   }
 }
 
+void Muon::momentum(Tensor& m, const Tensor& g, Tensor& u, double grad_scale) {
+  const double beta = opt_.momentum;
+  be_.cast(u, g);  // a copy
+  be_.scale(u, static_cast<float>((1 - beta) * grad_scale));
+  be_.scale(m, static_cast<float>(beta));
+  be_.add(m, m, u);
+  if (opt_.nesterov) {  // u = (1 - beta) g + beta m
+    Tensor bm(u.shape(), DType::F32, be_.allocator());
+    be_.cast(bm, m);
+    be_.scale(bm, static_cast<float>(beta));
+    be_.add(u, u, bm);
+  } else {
+    be_.cast(u, m);
+  }
+}
+
+double Muon::scale_of(const MuonMatrix& mm) const {
+  const bool local = opt_.tp_mode == "blockwise";
+  return muon_scale(opt_.scale_mode, local ? mm.rows : mm.global_rows,
+                    local ? mm.cols : mm.global_cols) *
+         opt_.extra_scale;
+}
+
+Tensor Muon::orthogonal(const MuonMatrix& mm, Tensor& u, Tensor& whole) {
+  const int T = tp_.size(), r0 = tp_.rank();
+  const Shape shape{mm.rows, mm.cols};
+  const bool split = mm.split != MuonMatrix::Split::None && T > 1;
+  Tensor mine = u;
+  std::vector<Tensor> blocks;
+  bool wide = mm.rows <= mm.cols;
+  Communicator* sum_over = nullptr;
+  if (split && opt_.tp_mode == "duplicated") {
+    // Every shard gathered: the row blocks are the whole matrix's rows (in shard order), the
+    // column blocks its columns; Newton-Schulz commutes with permuting either.
+    whole = Tensor({T * mm.rows, mm.cols}, DType::F32, be_.allocator());
+    tp_.all_gather(whole, u);
+    if (mm.split == MuonMatrix::Split::Rows) {
+      blocks.push_back(whole);
+      wide = T * mm.rows <= mm.cols;
+      mine = whole.view(int64_t(r0) * mm.numel(), shape);
+    } else {
+      for (int t = 0; t < T; ++t) blocks.push_back(whole.view(int64_t(t) * mm.numel(), shape));
+      wide = true;
+      mine = blocks[size_t(r0)];
+    }
+  } else if (split && opt_.tp_mode == "distributed") {
+    blocks.push_back(u);
+    wide = mm.split == MuonMatrix::Split::Cols;  // the Gram over the side TP does not cut
+    sum_over = &tp_;
+  } else {
+    blocks.push_back(u);  // unsplit, or blockwise: the shard alone
+  }
+  orthogonalize(blocks, wide, sum_over);
+  return mine;
+}
+
 void Muon::step(double lr, double weight_decay, double grad_scale) {
   TESSERA_PHASE("muon-step");
+  if (dist_) {
+    step_layerwise(lr, weight_decay, grad_scale);
+    return;
+  }
   Allocator& al = be_.allocator();
-  const int T = tp_.size(), r0 = tp_.rank();
-  const double beta = opt_.momentum;
   const bool mixed = params_.compute_dtype() != DType::F32;
   for (const MuonMatrix& mm : matrices_) {
     const Shape shape{mm.rows, mm.cols};
     Tensor g = params_.flat_grads().view(mm.offset, shape);
-    Tensor m = momentum_.view(mm.offset, shape);
+    Tensor m = momentum_->view(mm.offset, shape);
     Tensor p = params_.flat_params().view(mm.offset, shape);
-    // m <- beta m + (1 - beta) g;  u = Nesterov ? (1 - beta) g + beta m : m
-    Tensor u(shape, DType::F32, al);
-    be_.cast(u, g);  // a copy
-    be_.scale(u, static_cast<float>((1 - beta) * grad_scale));
-    be_.scale(m, static_cast<float>(beta));
-    be_.add(m, m, u);
-    if (opt_.nesterov) {
-      Tensor bm(shape, DType::F32, al);
-      be_.cast(bm, m);
-      be_.scale(bm, static_cast<float>(beta));
-      be_.add(u, u, bm);
-    } else {
-      be_.cast(u, m);
-    }
-    // The matrix Newton-Schulz runs on, and this rank's part of its result.
-    const bool split = mm.split != MuonMatrix::Split::None && T > 1;
-    Tensor whole, mine = u;
-    std::vector<Tensor> blocks;
-    bool wide = mm.rows <= mm.cols;
-    Communicator* sum_over = nullptr;
-    if (split && opt_.tp_mode == "duplicated") {
-      // Every shard gathered: the row blocks are the whole matrix's rows (in shard order), the
-      // column blocks its columns; Newton-Schulz commutes with permuting either.
-      whole = Tensor({T * mm.rows, mm.cols}, DType::F32, al);
-      tp_.all_gather(whole, u);
-      if (mm.split == MuonMatrix::Split::Rows) {
-        blocks.push_back(whole);
-        wide = T * mm.rows <= mm.cols;
-        mine = whole.view(int64_t(r0) * mm.numel(), shape);
-      } else {
-        for (int t = 0; t < T; ++t) blocks.push_back(whole.view(int64_t(t) * mm.numel(), shape));
-        wide = true;
-        mine = blocks[size_t(r0)];
-      }
-    } else if (split && opt_.tp_mode == "distributed") {
-      blocks.push_back(u);
-      wide = mm.split == MuonMatrix::Split::Cols;  // the Gram over the side TP does not cut
-      sum_over = &tp_;
-    } else {
-      blocks.push_back(u);  // unsplit, or blockwise: the shard alone
-    }
-    orthogonalize(blocks, wide, sum_over);
-    const bool local_dims = opt_.tp_mode == "blockwise";
-    const double s = muon_scale(opt_.scale_mode, local_dims ? mm.rows : mm.global_rows,
-                                local_dims ? mm.cols : mm.global_cols) *
-                     opt_.extra_scale;
+    Tensor u(shape, DType::F32, al), whole;
+    momentum(m, g, u, grad_scale);
+    Tensor mine = orthogonal(mm, u, whole);
     be_.scale(p, static_cast<float>(1 - lr * weight_decay));
-    be_.scale(mine, static_cast<float>(-lr * s));
+    be_.scale(mine, static_cast<float>(-lr * scale_of(mm)));
     be_.add(p, p, mine);
     if (mixed) {
       Tensor c = params_.flat_compute().view(mm.offset, shape);
       be_.cast(c, p);
+    }
+  }
+}
+
+void Muon::step_layerwise(double lr, double weight_decay, double grad_scale) {
+  Allocator& al = be_.allocator();
+  const auto& buckets = params_.buckets();
+  const bool mixed = params_.compute_dtype() != DType::F32;
+  for (const DistributedAdamW::Block& k : dist_->blocks()) {
+    const FlatBucket& fb = buckets[size_t(k.bucket)];
+    std::vector<const MuonMatrix*> mine;
+    for (const MuonMatrix& mm : matrices_)
+      if (mm.offset >= fb.begin && mm.offset < fb.end) mine.push_back(&mm);
+    if (mine.empty()) continue;
+    // The momentum of this rank's elements, and their direction u into the bucket.
+    Tensor U({fb.numel()}, DType::F32, al), O({fb.numel()}, DType::F32, al);
+    be_.zero(U);
+    be_.zero(O);
+    for (const MuonMatrix* mm : mine) {
+      const int64_t lo = std::max(k.flat_begin, mm->offset);
+      const int64_t hi = std::min(k.flat_end, mm->offset + mm->numel());
+      if (lo >= hi) continue;
+      const Shape n{hi - lo};
+      Tensor g = params_.flat_grads().view(lo, n);
+      Tensor m = dist_->first_moment().view(k.shard_begin + (lo - k.flat_begin), n);
+      Tensor u = U.view(lo - fb.begin, n);
+      momentum(m, g, u, grad_scale);
+    }
+    k.comm->all_gather_async(U)->wait_device();  // every matrix whole, on every rank
+    // The bucket's matrices dealt to the ranks in turn: -lr s NS(u) of one's own into O.
+    const int P = k.comm->size(), me = k.comm->rank();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (static_cast<int>(i % size_t(P)) != me) continue;
+      const MuonMatrix& mm = *mine[i];
+      const Shape shape{mm.rows, mm.cols};
+      Tensor u = U.view(mm.offset - fb.begin, shape), whole;
+      Tensor part = orthogonal(mm, u, whole);
+      be_.scale(part, static_cast<float>(-lr * scale_of(mm)));
+      Tensor o = O.view(mm.offset - fb.begin, shape);
+      be_.cast(o, part);
+    }
+    k.comm->reduce_scatter_async(O)->wait_device();  // this rank's block: its elements' updates
+    Tensor w = dist_->block_weights(k), c = dist_->block_compute(k);
+    const Tensor ob = O.view(int64_t(me) * k.numel(), {k.numel()});
+    for (const MuonMatrix* mm : mine) {
+      const int64_t lo = std::max(k.flat_begin, mm->offset);
+      const int64_t hi = std::min(k.flat_end, mm->offset + mm->numel());
+      if (lo >= hi) continue;
+      const Shape n{hi - lo};
+      Tensor p = w.view(lo - k.flat_begin, n);
+      be_.scale(p, static_cast<float>(1 - lr * weight_decay));
+      be_.add(p, p, ob.view(lo - k.flat_begin, n));
+      if (mixed) {
+        Tensor cp = c.view(lo - k.flat_begin, n);
+        be_.cast(cp, p);
+      }
     }
   }
 }

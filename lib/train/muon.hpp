@@ -24,6 +24,7 @@
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "model/params.hpp"
+#include "train/dist_optimizer.hpp"
 #include "train/muon_plan.hpp"
 #include "train/train_config.hpp"
 
@@ -47,12 +48,32 @@ class Muon {
   // (AdamW's first moment); `tp`: the tensor-parallel group.
   Muon(ParamStore& params, Backend& be, const TrainConfig::Muon& opt, Communicator& tp,
        Tensor& momentum);
+  // Over the distributed optimizer (--optimizer dist_muon, or muon with
+  // --use-distributed-optimizer): the momentum in its first moments; each step is layer-wise
+  // (step_layerwise).
+  Muon(ParamStore& params, Backend& be, const TrainConfig::Muon& opt, Communicator& tp,
+       DistributedAdamW& dist);
   const std::vector<MuonMatrix>& matrices() const { return matrices_; }
   // One step: lr and wd of the schedules, `grad_scale` the clip coefficient (applied as the
   // gradients are read). In mixed precision the compute copy of each matrix is refreshed.
   void step(double lr, double weight_decay, double grad_scale);
 
  private:
+  // Megatron's layer-wise distribution over the distributed optimizer's element blocks: each DP
+  // rank updates the momentum of its blocks' elements; per bucket the update direction u is
+  // all-gathered (each rank then has every matrix whole), the bucket's matrices are dealt to the
+  // ranks in turn, each rank orthogonalizes its own and writes -lr s NS(u) into an otherwise zero
+  // bucket, and a reduce-scatter hands every rank its block of that (exact: one rank's value plus
+  // zeros); each rank applies it to its blocks. Two f32 collectives of the bucket per step (an
+  // all-reduce's bytes); Newton-Schulz's compute divided by DP.
+  void step_layerwise(double lr, double weight_decay, double grad_scale);
+  // m <- beta m + (1 - beta) clip g, and u (f32, same shape) = the direction to orthogonalize.
+  void momentum(Tensor& m, const Tensor& g, Tensor& u, double grad_scale);
+  // NS(u) of the whole matrix; returns the view of this TP rank's part (u itself, or a part of a
+  // gathered buffer `whole` it allocates).
+  Tensor orthogonal(const MuonMatrix& mm, Tensor& u, Tensor& whole);
+  // The update's scale times the extra factor, of the whole (or, blockwise, the local) matrix.
+  double scale_of(const MuonMatrix& mm) const;
   // Newton-Schulz over `blocks`: column blocks of one matrix (wide: Gram over the rows) or row
   // blocks (tall: Gram over the columns); `sum_over`: the group whose blocks make the matrix
   // (distributed), null when `blocks` is all of it.
@@ -62,7 +83,8 @@ class Muon {
   Backend& be_;
   TrainConfig::Muon opt_;
   Communicator& tp_;
-  Tensor& momentum_;
+  Tensor* momentum_ = nullptr;       // replicated: AdamW's first moment (flat offsets)
+  DistributedAdamW* dist_ = nullptr;  // layer-wise: its first moments (shard offsets)
   std::vector<MuonMatrix> matrices_;
   bool lowp_ = false;  // bf16 GEMM inputs (CUDA, --muon-fp32-matmul-prec low or medium)
 };

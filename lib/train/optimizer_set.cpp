@@ -32,9 +32,15 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
                 ? LossScaler::constant(cfg_.loss_scale)
                 : LossScaler::dynamic(cfg_.initial_loss_scale, cfg_.min_loss_scale,
                                       cfg_.loss_scale_window, cfg_.hysteresis);
+  std::vector<bool> muon_params;  // --optimizer muon: its matrices; AdamW the rest
+  for (const ParamSpec& s : model_.params().specs())
+    muon_params.push_back(cfg_.optimizer == "muon" && is_muon_param(s));
   if (dist) {
     dist_opt_ = std::make_unique<DistributedAdamW>(model_, be_, *ctx_.dp, cfg_.adam_beta1,
-                                                   cfg_.adam_beta2, cfg_.adam_eps, expert_dp);
+                                                   cfg_.adam_beta2, cfg_.adam_eps, expert_dp,
+                                                   &muon_params);
+    if (cfg_.optimizer == "muon")  // layer-wise over the blocks (train/muon.hpp)
+      muon_ = std::make_unique<Muon>(model_.params(), be_, cfg_.muon, *ctx_.tp, *dist_opt_);
     if (dist_opt_->owns_master()) {
       model_.init_parameters(cfg_.seed, [this](const ParamSpec& s, const float* v) {
         dist_opt_->set_state("master", s, v);
@@ -52,9 +58,7 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
     if (cfg_.optimizer == "muon") {  // Muon's matrices; AdamW the rest (train/muon.hpp)
       muon_ = std::make_unique<Muon>(model_.params(), be_, cfg_.muon, *ctx_.tp,
                                      optimizer_->exp_avg());
-      std::vector<bool> skip;
-      for (const ParamSpec& s : model_.params().specs()) skip.push_back(is_muon_param(s));
-      optimizer_->skip_params(std::move(skip));
+      optimizer_->skip_params(muon_params);
     }
   }
   reducer_ =
@@ -142,6 +146,10 @@ void OptimizerSet::update(Update& u, double grad_scale) {
   }
   {
     TESSERA_PHASE("optimizer-step");  // its blocks, then the parameter gather starts
+    if (muon_) {
+      dist_opt_->wait_all();  // a gather still in flight writes the compute copy
+      muon_->step(u.lr, u.weight_decay, grad_scale);
+    }
     dist_opt_->step(u.lr, u.weight_decay, /*overlap_gather=*/true, grad_scale);
   }
   if (!cfg_.overlap_param_gather) {  // else each layer waits for its buckets in the forward

@@ -193,7 +193,7 @@ expect 2 "--optimizer sgd is not a choice \(allowed: adam, muon, dist_muon\)" --
 expect 2 "--muon-momentum is a Muon option: it needs --optimizer muon" -- "${tiny[@]}" --muon-momentum 0.95
 expect 2 "--muon-tp-mode rowwise is not a choice \(allowed: blockwise, duplicated, distributed\)" -- "${tiny[@]}" --optimizer muon --muon-tp-mode rowwise
 expect 2 "--muon-num-ns-steps=0 is out of range" -- "${tiny[@]}" --optimizer muon --muon-num-ns-steps 0
-expect 2 "--optimizer muon with --use-distributed-optimizer \(dist_muon\): Tessera's Muon does not run over" -- "${tiny[@]}" --optimizer dist_muon
+expect 0 "optimizer: Muon .*, layer-wise over the distributed optimizer\) for the hidden matrices" -- "${tiny[@]}" --optimizer dist_muon --dry-run
 # --collective-plan: only with --dry-run; an unwritable prefix names the file; MTP is refused.
 expect 2 "--collective-plan plans a run: it needs --dry-run" -- --config "$configs/gpt2-tiny.ini" --train-iters 1 --collective-plan /tmp/p
 expect 2 "--collective-plan: cannot write /nonexistent-dir/p.rank0 \(check that its folder exists and is writable\)" -- --config "$configs/gpt2-tiny.ini" --dry-run --collective-plan /nonexistent-dir/p

@@ -22,6 +22,9 @@ gpt=(--config "$configs/gpt2-tiny.ini" --num-layers 4 --hidden-size 32 --num-att
      --seq-length 32 --max-position-embeddings 32 --vocab-size 200 --global-batch-size 8
      --micro-batch-size 2 --train-iters 20 --log-interval 1 --lr-warmup-iters 2 --threads 1
      --hidden-dropout 0.1 --attention-dropout 0.1 --optimizer muon --lr 0.01)
+moe=(--config "$configs/mixtral-tiny.ini" --num-layers 2 --global-batch-size 8 --micro-batch-size 2
+     --mock-data --vocab-size 200 --train-iters 20 --log-interval 1 --lr-warmup-iters 2 --threads 1
+     --optimizer muon --lr 0.01)
 llama=(--config "$configs/llama-tiny.ini" --num-layers 2 --global-batch-size 8 --micro-batch-size 2
        --mock-data --vocab-size 200 --train-iters 20 --log-interval 1 --lr-warmup-iters 2
        --threads 1 --optimizer muon --lr 0.01)
@@ -74,6 +77,31 @@ train tp2pp2 4 gpt --tensor-model-parallel-size 2 --pipeline-model-parallel-size
   || bad "TP2 x PP2: $(tail -2 "$work/tp2pp2.log")"
 train nesterov 1 gpt --muon-nesterov || bad "Nesterov: $(tail -2 "$work/nesterov.log")"
 same nesterov tp2pp2 "TP2 x PP2 with Nesterov momentum"
+# Over the distributed optimizer (layer-wise: matrices dealt to the DP ranks, made whole by a
+# gather of the direction, the update reduce-scattered back to the blocks' owners).
+train distmuon 2 gpt --optimizer dist_muon --ddp-bucket-size 2000 || bad "dist_muon DP2: $(tail -2 "$work/distmuon.log")"
+same base distmuon "DP2, --optimizer dist_muon (several buckets)"
+train distmuon4 4 gpt --optimizer muon --use-distributed-optimizer --tensor-model-parallel-size 2 \
+  --sequence-parallel || bad "muon + dist-opt TP2 x DP2: $(tail -2 "$work/distmuon4.log")"
+same base distmuon4 "TP2 + SP x DP2 with the distributed optimizer"
+train distsave 4 gpt --optimizer dist_muon --tensor-model-parallel-size 2 --save "$work/ck-dist" \
+  --save-interval 10 --exit-interval 10 || bad "dist_muon save: $(tail -2 "$work/distsave.log")"
+train distresume 1 gpt --load "$work/ck-dist" || bad "resume of dist_muon: $(tail -2 "$work/distresume.log")"
+same base distresume "dist_muon's checkpoint (TP2 x DP2) resumed on one rank without it (iterations 11-20)" 10
+# Mixed precision over the distributed optimizer (its f32 master blocks, the bf16 copy refreshed):
+# bf16's own reduction-order noise against one rank, measured 1.5e-3.
+train distbf16 4 gpt --optimizer dist_muon --tensor-model-parallel-size 2 --bf16 \
+  || bad "dist_muon TP2 x DP2 bf16: $(tail -2 "$work/distbf16.log")"
+train bf16 1 gpt --bf16 || bad "bf16: $(tail -2 "$work/bf16.log")"
+read -r w n < <(worst bf16 distbf16)
+awk -v w="$w" 'BEGIN { exit !(w <= 1e-2) }' && ok "TP2 x DP2 bf16 with the distributed optimizer: within bf16's noise of one rank ($w)" \
+  || bad "TP2 x DP2 bf16 with the distributed optimizer: $w"
+# MoE: each routed expert's matrices and the router on Muon; TP2 + SP x EP2 over the distributed
+# optimizer (the experts' buckets cut over their expert-data-parallel group) against one rank.
+train moe1 1 moe || bad "MoE: $(tail -2 "$work/moe1.log")"
+train moe4 4 moe --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 \
+  --use-distributed-optimizer || bad "MoE TP2 x EP2: $(tail -2 "$work/moe4.log")"
+same moe1 moe4 "Mixtral-shaped MoE at TP2 + SP x EP2 with the distributed optimizer"
 train block 2 gpt --tensor-model-parallel-size 2 --muon-tp-mode blockwise || bad "blockwise: $(tail -2 "$work/block.log")"
 differs base block "TP2 blockwise (each shard orthogonalized alone: layout-dependent)"
 # Grouped-query attention: q and k/v are two parameters; without the split they are one matrix.

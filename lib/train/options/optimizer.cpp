@@ -87,11 +87,6 @@ class OptimizerOptions : public OptionGroup {
     if (!(m.extra_scale > 0))
       throw ConfigError("--muon-extra-scale-factor=" + std::to_string(m.extra_scale) +
                         " is out of range (allowed: > 0)");
-    if (t.optimizer == "muon" && t.use_distributed_optimizer)
-      throw ConfigError(
-          "--optimizer muon with --use-distributed-optimizer (dist_muon): Tessera's Muon does "
-          "not run over the distributed optimizer's sharded buffers yet; drop "
-          "--use-distributed-optimizer (docs/training.md, \"Muon\")");
   }
 
   void dry_run(DryRunSection s, const DryRunContext& d, std::ostream& out) const override {
@@ -101,6 +96,7 @@ class OptimizerOptions : public OptionGroup {
         << ", " << t.muon.ns_steps << " " << t.muon.coefficients << " Newton-Schulz steps, "
         << t.muon.scale_mode << " scale x " << t.muon.extra_scale << ", TP "
         << t.muon.tp_mode << (t.muon.split_qkv ? ", q/k/v apart" : ", q/k/v together")
+        << (t.use_distributed_optimizer ? ", layer-wise over the distributed optimizer" : "")
         << ") for the hidden matrices; AdamW for the rest\n";
   }
 
