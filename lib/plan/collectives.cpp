@@ -8,6 +8,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "train/layout.hpp"
+#include "train/muon_plan.hpp"
 #include "train/pipeline.hpp"
 
 namespace tessera {
@@ -275,6 +276,43 @@ void append(CallList& out, const CallList& more) {
 }
 }  // namespace
 
+// Muon::step (train/muon.hpp): a TP-cut matrix gathered whole (duplicated) or its Gram matrix
+// summed at every Newton-Schulz step (distributed); over the distributed optimizer, per bucket
+// holding matrices, the direction gathered, this rank's dealt matrices, the update
+// reduce-scattered.
+void CollectivePlan::muon_calls(const std::vector<ParamSpec>& specs,
+                                const std::vector<FlatBucket>& fb, CallList& out) const {
+  const std::vector<MuonMatrix> matrices =
+      plan_muon_matrices(specs, layout_.tp, t_.muon.split_qkv);
+  auto orthogonalize = [&](const MuonMatrix& m) {
+    if (m.split == MuonMatrix::Split::None || layout_.tp == 1) return;
+    if (t_.muon.tp_mode == "duplicated") {
+      out.push_back(call("tp", "all_gather", layout_.tp * m.numel(), 4));
+    } else if (t_.muon.tp_mode == "distributed") {
+      const int64_t g = m.split == MuonMatrix::Split::Cols ? m.rows : m.cols;
+      for (int k = 0; k < t_.muon.ns_steps; ++k) out.push_back(call("tp", "all_reduce", g * g, 4));
+    }
+  };
+  if (!t_.use_distributed_optimizer) {
+    for (const MuonMatrix& m : matrices) orthogonalize(m);
+    return;
+  }
+  for (const FlatBucket& b : fb) {
+    std::vector<const MuonMatrix*> in;
+    for (const MuonMatrix& m : matrices)
+      if (m.offset >= b.begin && m.offset < b.end) in.push_back(&m);
+    if (in.empty()) continue;
+    const bool expert = b.expert && ep_ > 1;
+    const std::string g = expert ? "edp" : "dp";
+    const int n = group_size(g);
+    const int me = me_.cp + layout_.cp * (expert ? me_.dp / ep_ : me_.dp);
+    if (n > 1) out.push_back(call(g, "all_gather", b.numel(), 4));
+    for (size_t i = 0; i < in.size(); ++i)
+      if (static_cast<int>(i % size_t(n)) == me) orthogonalize(*in[i]);
+    if (n > 1) out.push_back(call(g, "reduce_scatter", b.numel(), 4));
+  }
+}
+
 // StepExecutor::run over the schedule; in each chunk's last backward the trainer's
 // on_grads_ready (the TP sums, then GradReducer::piece_ready); OptimizerSet::finish_reduction
 // (the buckets not started, the embedding group's sum) and the distributed optimizer's gathers.
@@ -359,6 +397,7 @@ CallList CollectivePlan::step() const {
         n = dist ? buckets[size_t(bucket_of[p])].elements / flat.shards : specs[p].numel();
     out.push_back(call("embedding", "all_reduce", n, 4));
   }
+  if (t_.optimizer == "muon") muon_calls(specs, fb, out);
   if (dist)  // DistributedAdamW::step: the updated blocks gathered, the last bucket first
     for (size_t b = buckets.size(); b-- > 0;) {
       const std::string g = buckets[b].expert ? "edp" : "dp";

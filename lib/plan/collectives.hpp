@@ -4,7 +4,7 @@
 // context-parallel collectives as the model's parts issue them, the pipeline's sends and receives
 // with their peers, the data-parallel buckets where the last micro-batch's backward completes
 // them (train/grad_reducer.hpp, from the same flat-buffer layout and the same parameter pieces),
-// the embedding group's sum and the distributed optimizer's gathers. The step-time predictor
+// the embedding group's sum, Muon's (--optimizer muon) and the distributed optimizer's gathers. The step-time predictor
 // (plan/predict.hpp) times these calls; tests/plan/test_collective_sequence.sh checks the plan
 // against the collectives a real MPI run records (TESSERA_TEST_COLLECTIVE_LOG), rank by rank.
 //
@@ -82,6 +82,8 @@ class CollectivePlan {
   void moe_forward(CallList& out) const;
   void moe_backward(CallList& out) const;
   void tp_grad_sums(int layer, CallList& out) const;
+  void muon_calls(const std::vector<ParamSpec>& specs, const std::vector<FlatBucket>& buckets,
+                  CallList& out) const;
   PlannedCall call(const std::string& group, const char* op, int64_t elements, int bytes,
                    int peer = -1) const;
   int world_of_stage(int pp_rank) const;

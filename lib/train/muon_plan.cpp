@@ -49,7 +49,10 @@ void add_parts(std::vector<MuonMatrix>& out, const MuonMatrix& m,
 }  // namespace
 
 bool is_muon_param(const ParamSpec& s) {
-  return s.global_shape.size() >= 2 && s.name != "wte" && s.name != "wpe" && s.name != "lm_head";
+  // Weights decay; biases (Tessera keeps a fused projection's bias as [3, heads, head_dim], a
+  // vector in Megatron) and norms do not.
+  return s.global_shape.size() >= 2 && s.weight_decay && s.name != "wte" && s.name != "wpe" &&
+         s.name != "lm_head";
 }
 
 std::vector<MuonMatrix> plan_muon_matrices(const std::vector<ParamSpec>& specs, int tp,

@@ -2,10 +2,11 @@
 // orthogonalizes (issue 59; docs/training.md "Muon"), and the scratch that costs. No backend: the
 // optimizer (train/muon.hpp) and the memory estimate both read it.
 //
-// As Megatron-Core (Megatron-LM d98e8a6 with Emerging-Optimizers v0.3.0): every parameter of two
-// or more dimensions except the word and position embeddings and the output layer is a Muon
-// matrix (the router and each routed expert's weights included); 1-D parameters (norms, biases)
-// and those three stay on AdamW. A weight is the matrix (the product of its leading dimensions x
+// As Megatron-Core (Megatron-LM d98e8a6 with Emerging-Optimizers v0.3.0): every weight matrix
+// except the word and position embeddings and the output layer is a Muon matrix (the router and
+// each routed expert's weights included); norms and biases (Megatron's 1-D parameters; Tessera
+// keeps some biases in several dimensions, [3, heads, head_dim]: the parameters without weight
+// decay) and those three stay on AdamW. A weight is the matrix (the product of its leading dimensions x
 // its last one) it is as a GEMM's operand. With --muon-split-qkv (the default) the query, key and
 // value projections are three matrices (all query heads together, all key heads, all value
 // heads); without it one. SwiGLU's gate and up projection are one matrix, each MLA projection its

@@ -89,6 +89,14 @@ check tp2-dp2-full 4 gpt --tensor-model-parallel-size 2 --recompute-granularity 
 check ep2 2 moe --expert-model-parallel-size 2
 check tp2sp-ep2 4 moe --tensor-model-parallel-size 2 --sequence-parallel \
   --expert-model-parallel-size 2
+# Muon (issue 59): the TP-cut matrices gathered (duplicated) or their Gram matrices summed at
+# each Newton-Schulz step (distributed); over the distributed optimizer each bucket's direction
+# gathered, the rank's dealt matrices, the update reduce-scattered.
+check muon-tp2 2 gpt --tensor-model-parallel-size 2 --optimizer muon
+check muon-tp2-distributed 2 gpt --tensor-model-parallel-size 2 --optimizer muon \
+  --muon-tp-mode distributed
+check dist-muon-tp2-dp2 4 gpt --tensor-model-parallel-size 2 --optimizer dist_muon \
+  --ddp-bucket-size 3000
 # Qwen3's q/k norms (their gradients summed over TP once a step), RMSNorm.
 check qwen3-tp2sp 2 qwen3 --tensor-model-parallel-size 2 --sequence-parallel
 exit $fail

@@ -285,3 +285,36 @@ TEST(Planner, AHuggingFaceConfigIsTheShippedConfigsModel) {
   EXPECT_FALSE(r.ranked.empty());
   std::filesystem::remove_all(dir);
 }
+
+// Muon (issue 59): the optimizer's time adds Newton-Schulz's GEMMs, 5 steps of 2 (2 g^2 o + g^3)
+// FLOPs for a g x o matrix (g the smaller side), at the achieved rate of width g: q, k, v and the
+// projection 2048 x 2048, fc1 and fc2 8192 x 2048, per layer. Over the distributed optimizer the
+// matrices are dealt to the DP ranks, and each bucket's direction and update cross DP in f32.
+TEST(Predict, MuonAddsNewtonSchulzAtTheGemmRate) {
+  const ClusterSpec h100 = load_cluster(kClusters + "dgx-h100.ini");
+  const GpuRates rates = rates_for(h100);
+  std::vector<std::string> a = layers_model(4);
+  a.insert(a.end(), {"--global-batch-size", "1"});
+  const StepPrediction adam = predict(parsed(a), 1, h100);
+  a.insert(a.end(), {"--optimizer", "muon"});
+  const StepPrediction muon = predict(parsed(a), 1, h100);
+  auto ns = [](double g, double o) { return 5 * 2.0 * (2 * g * g * o + g * g * g); };
+  const double flops = 4 * (4 * ns(2048, 2048) + 2 * ns(2048, 8192));
+  const double expected = flops / (rates.gemm(2048, false) * 1e12);
+  const double added = muon.stages[0].optimizer - adam.stages[0].optimizer;
+  EXPECT_NEAR(added, expected, 1e-9 * expected) << added;
+  EXPECT_NEAR(muon.step - adam.step, expected, 1e-9 * expected);
+  // DP 2 with the distributed optimizer: half the Newton-Schulz work per rank, and every
+  // parameter's direction gathered and update reduce-scattered once over NVLink in f32.
+  a.insert(a.end(), {"--use-distributed-optimizer", "--global-batch-size", "2"});
+  RunOptions o = parsed(a);
+  const StepPrediction dist = predict(o, 2, h100);
+  o.train.optimizer = "adam";
+  const StepPrediction dist_adam = predict(o, 2, h100);
+  const double n = double(estimate_rank_memory(o.model, o.train.resolved(2),
+                                               GridLayout::make(2, 1, 1, 1), 0)
+                              .parameters);
+  const double crossing = 2 * (0.5 * 4 * n / 450e9 + 3.4e-6);
+  const double dist_added = dist.stages[0].optimizer - dist_adam.stages[0].optimizer;
+  EXPECT_NEAR(dist_added, expected / 2 + crossing, 1e-9 * expected) << dist_added;
+}

@@ -231,13 +231,19 @@ TEST(Muon, PlansMegatronsMatrices) {
   ParamSpec router;
   router.name = "layers.0.mlp.router.weight";
   router.global_shape = router.local_shape = {4, 8};
+  router.weight_decay = true;
   s.push_back(router);
+  ParamSpec bias;  // a fused projection's bias: several dimensions, no decay, AdamW's
+  bias.name = "layers.0.attn.qkv.bias";
+  bias.global_shape = bias.local_shape = {3, 2, 4};
+  s.push_back(bias);
   ParamSpec lm;
   lm.name = "lm_head";
+  lm.weight_decay = true;  // decays, but the output layer stays on AdamW
   lm.global_shape = lm.local_shape = {10, 8};
   s.push_back(lm);
   const auto split = plan_muon_matrices(s, 1, true);
-  ASSERT_EQ(split.size(), 6u);  // q, k, v, fc1, fc2, the router; not wte, lm_head, the norm
+  ASSERT_EQ(split.size(), 6u);  // q, k, v, fc1, fc2, the router; not wte, lm_head, norm, bias
   EXPECT_EQ(split[0].name, "layers.0.attn.qkv.weight:q");
   EXPECT_EQ(split[2].rows, 8);
   EXPECT_EQ(split[5].name, "layers.0.mlp.router.weight");
