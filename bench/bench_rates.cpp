@@ -157,12 +157,13 @@ int main(int argc, char** argv) {
   // GEMMs: rows N of width w against a (4w, w) weight (the MLP's shape), forward and backward;
   // the rate of the three GEMMs together, 6 N w 4w FLOPs.
   const int64_t N = gpu ? 8192 : 1024;
-  const std::vector<int64_t> widths =
-      gpu ? std::vector<int64_t>{512, 1024, 2048, 4096, 8192} : std::vector<int64_t>{32, 64, 128, 256};
+  const std::vector<int64_t> widths = gpu ? std::vector<int64_t>{512, 1024, 2048, 4096, 8192}
+                                          : std::vector<int64_t>{32, 64, 128, 256};
   std::string gemm;
   double best = 0;
   for (int64_t w : widths) {
-    Tensor x = random_tensor(*be, {N, w}, dtype, gen), wt = random_tensor(*be, {4 * w, w}, dtype, gen);
+    Tensor x = random_tensor(*be, {N, w}, dtype, gen),
+           wt = random_tensor(*be, {4 * w, w}, dtype, gen);
     Tensor y = random_tensor(*be, {N, 4 * w}, dtype, gen), dx({N, w}, dtype, be->allocator());
     Tensor dw({4 * w, w}, DType::F32, be->allocator());
     be->zero(dw);
@@ -177,10 +178,11 @@ int main(int argc, char** argv) {
   const int64_t B = gpu ? 8 : 1, H = gpu ? 16 : 4, T = gpu ? 2048 : 256, D = gpu ? 128 : 16;
   Tensor qkv = random_tensor(*be, {B, T, 3 * H * D}, dtype, gen);
   Tensor att({B, T, H * D}, dtype, be->allocator()), lse({B, H, T}, DType::F32, be->allocator());
-  Tensor datt = random_tensor(*be, {B, T, H * D}, dtype, gen), dqkv({B, T, 3 * H * D}, dtype, be->allocator());
+  Tensor datt = random_tensor(*be, {B, T, H * D}, dtype, gen),
+         dqkv({B, T, 3 * H * D}, dtype, be->allocator());
   const double af = median_seconds(*be, reps, [&] { be->attention_forward(att, lse, qkv, H); });
-  const double ab = median_seconds(
-      *be, reps, [&] { be->attention_backward(dqkv, datt, qkv, att, lse, H); });
+  const double ab =
+      median_seconds(*be, reps, [&] { be->attention_backward(dqkv, datt, qkv, att, lse, H); });
   const double attn = 4.0 * B * H * T * T * D / 2;
   // The element-wise passes of a layer and the head, together: the bytes the predictor counts for
   // them (the fewest each kernel moves: LayerNorm forward 2 x the elements, the residual add 3,
@@ -206,9 +208,11 @@ int main(int argc, char** argv) {
   const int64_t xrows = gpu ? 8192 : 512;
   Tensor logits = random_tensor(*be, {xrows, V}, dtype, gen);
   Tensor rowmax({xrows}, DType::F32, be->allocator()), sumexp({xrows}, DType::F32, be->allocator());
-  Tensor target_logit({xrows}, DType::F32, be->allocator()), losses({xrows}, DType::F32, be->allocator());
+  Tensor target_logit({xrows}, DType::F32, be->allocator()),
+      losses({xrows}, DType::F32, be->allocator());
   std::vector<int32_t> host_targets(static_cast<size_t>(xrows));
-  for (int64_t i = 0; i < xrows; ++i) host_targets[size_t(i)] = static_cast<int32_t>((i * 7919) % V);
+  for (int64_t i = 0; i < xrows; ++i)
+    host_targets[size_t(i)] = static_cast<int32_t>((i * 7919) % V);
   Tensor targets({xrows}, DType::I32, be->allocator());
   be->copy_from_host(targets, host_targets.data());
   Tensor fresh = random_tensor(*be, {xrows, V}, dtype, gen);
@@ -237,7 +241,8 @@ int main(int argc, char** argv) {
     gy.push_back(Tensor({rows, 4 * w}, dtype, be->allocator()));
   }
   std::vector<Backend::GroupedGemm> groups;
-  for (int e = 0; e < E; ++e) groups.push_back({&gy[size_t(e)], nullptr, &gx[size_t(e)], nullptr, &gw[size_t(e)]});
+  for (int e = 0; e < E; ++e)
+    groups.push_back({&gy[size_t(e)], nullptr, &gx[size_t(e)], nullptr, &gw[size_t(e)]});
   const double gg = median_seconds(*be, reps, [&] { be->grouped_matmul_forward(groups); });
   const double grouped = 2.0 * N * w * 4 * w / gg / 1e12;
   Tensor router_logits = random_tensor(*be, {N, E}, DType::F32, gen);
@@ -247,8 +252,9 @@ int main(int argc, char** argv) {
   routing.experts = int(E);
   routing.topk = 2;
   std::vector<int64_t> routed, kept;
-  const double route = median_seconds(
-      *be, reps, [&] { be->moe_route(expert, weight, row, router_logits, routing, N, routed, kept); });
+  const double route = median_seconds(*be, reps, [&] {
+    be->moe_route(expert, weight, row, router_logits, routing, N, routed, kept);
+  });
   const std::string what = backend_description(*be);
   emit("# %s: Tessera's achieved rates measured by bench_rates (--device %s, %s, %d thread%s);\n",
        what.c_str(), device.c_str(), dtype_name(dtype), threads, threads == 1 ? "" : "s");
@@ -262,9 +268,10 @@ int main(int argc, char** argv) {
        (long long)D);
   emit("forward-tflops = %.6g\nbackward-tflops = %.6g\n", attn / af / 1e12, 2.5 * attn / ab / 1e12);
   emit("[memory]\n# streaming: out = a + b over %lld elements\ntbs = %.6g\n", (long long)M, tbs);
-  emit("# element-wise: LayerNorm, residual add, GELU forward and backward over %lld x %lld; "
-       "cross-entropy over %lld x %lld\nelementwise-tbs = %.6g\n",
-       (long long)R, (long long)C, (long long)xrows, (long long)V, elementwise_tbs);
+  emit(
+      "# element-wise: LayerNorm, residual add, GELU forward and backward over %lld x %lld; "
+      "cross-entropy over %lld x %lld\nelementwise-tbs = %.6g\n",
+      (long long)R, (long long)C, (long long)xrows, (long long)V, elementwise_tbs);
   emit("[moe]\n# 8 experts' forward GEMMs of width %lld; top-2 of 8 routing of %lld tokens\n",
        (long long)w, (long long)N);
   emit("grouped-gemm-tflops = %.6g\nrouting-ns-per-token = %.6g\n", grouped, route / N * 1e9);

@@ -87,8 +87,8 @@ ClusterSpec load_cluster(const std::string& name_or_file) {
       "gpu.hbm-tbs", po::value(&c.hbm_tbs)->required())("gpu.bf16-tflops",
                                                         po::value(&c.bf16_tflops)->required())(
       "gpu.fp8-tflops", po::value(&c.fp8_tflops)->required())(
-      "gpu.rates", po::value(&c.rates)->default_value(""))(
-      "node.gpus", po::value(&c.gpus_per_node)->required())(
+      "gpu.rates", po::value(&c.rates)->default_value(""))("node.gpus",
+                                                           po::value(&c.gpus_per_node)->required())(
       "intra-node.fabric", po::value(&c.intra_node.name)->required())(
       "intra-node.bandwidth-gbs", po::value(&c.intra_node.bandwidth_gbs)->required())(
       "intra-node.latency-us", po::value(&c.intra_node.latency_us)->required())(
@@ -177,11 +177,11 @@ GpuRates load_rates(const std::string& file) {
                                                           po::value(&r.fp8_peak)->default_value(0))(
       "hbm-tbs", po::value(&r.hbm_tbs)->required())("gemm.bf16", po::value(&bf16)->required())(
       "gemm.fp8", po::value(&fp8)->default_value(""))("attention.forward-tflops",
-                                               po::value(&r.attention_forward)->required())(
+                                                      po::value(&r.attention_forward)->required())(
       "attention.backward-tflops", po::value(&r.attention_backward)->required())(
       "memory.tbs", po::value(&r.memory_tbs)->required())(
-      "memory.elementwise-tbs", po::value(&r.elementwise_tbs)->default_value(0))("moe.grouped-gemm-tflops",
-                                                          po::value(&r.grouped_gemm)->required())(
+      "memory.elementwise-tbs", po::value(&r.elementwise_tbs)->default_value(0))(
+      "moe.grouped-gemm-tflops", po::value(&r.grouped_gemm)->required())(
       "moe.routing-ns-per-token", po::value(&r.routing_ns)->required());
   try {
     po::variables_map vm;

@@ -282,8 +282,7 @@ void append(CallList& out, const CallList& more) {
 // reduce-scattered.
 void CollectivePlan::muon_calls(const std::vector<ParamSpec>& specs,
                                 const std::vector<FlatBucket>& fb, CallList& out) const {
-  const std::vector<MuonMatrix> matrices =
-      plan_muon_matrices(specs, layout_.tp, t_.muon.split_qkv);
+  const std::vector<MuonMatrix> matrices = plan_muon_matrices(specs, layout_.tp, t_.muon.split_qkv);
   auto orthogonalize = [&](const MuonMatrix& m) {
     if (m.split == MuonMatrix::Split::None || layout_.tp == 1) return;
     if (t_.muon.tp_mode == "duplicated") {

@@ -4,9 +4,10 @@
 // context-parallel collectives as the model's parts issue them, the pipeline's sends and receives
 // with their peers, the data-parallel buckets where the last micro-batch's backward completes
 // them (train/grad_reducer.hpp, from the same flat-buffer layout and the same parameter pieces),
-// the embedding group's sum, Muon's (--optimizer muon) and the distributed optimizer's gathers. The step-time predictor
-// (plan/predict.hpp) times these calls; tests/plan/test_collective_sequence.sh checks the plan
-// against the collectives a real MPI run records (TESSERA_TEST_COLLECTIVE_LOG), rank by rank.
+// the embedding group's sum, Muon's (--optimizer muon) and the distributed optimizer's gathers. The
+// step-time predictor (plan/predict.hpp) times these calls; tests/plan/test_collective_sequence.sh
+// checks the plan against the collectives a real MPI run records (TESSERA_TEST_COLLECTIVE_LOG),
+// rank by rank.
 //
 // Not in the plan: host reductions of a few doubles (the loss, the gradient norm, token counts,
 // MoE's routing counts: microseconds of latency each, no bandwidth), and the start-up and
@@ -27,8 +28,8 @@
 namespace tessera {
 
 struct PlannedCall {
-  std::string group;  // the communicator: "tp", "cp", "pp", ... (trace_group_key's names)
-  std::string op;     // "all_reduce", "send", ... (trace_op_name's names)
+  std::string group;     // the communicator: "tp", "cp", "pp", ... (trace_group_key's names)
+  std::string op;        // "all_reduce", "send", ... (trace_op_name's names)
   int64_t elements = 0;  // the whole buffer (an all-gather's output, a reduce-scatter's input)
   int bytes = 4;         // per element
   int peer = -1;         // point-to-point: the partner's world rank

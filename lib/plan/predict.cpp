@@ -11,9 +11,9 @@
 #include "core/dtype.hpp"
 #include "model/params.hpp"
 #include "plan/collectives.hpp"
-#include "train/muon_plan.hpp"
 #include "train/context_parallel.hpp"
 #include "train/layout.hpp"
+#include "train/muon_plan.hpp"
 #include "train/pipeline.hpp"
 
 namespace tessera {
@@ -237,7 +237,8 @@ StageCost stage_cost(const Model& m, int s, int micro) {
     const double f = 2.0 * m.N * cfg.hidden_size * V_local;
     // The logits GEMM (twice its FLOPs backward); cross-entropy reads the logits once forward,
     // reads them and writes their gradient backward.
-    const double gemm = m.gemm_time(f, cfg.hidden_size), pass = m.elementwise_time(m.N * V_local * m.wb);
+    const double gemm = m.gemm_time(f, cfg.hidden_size),
+                 pass = m.elementwise_time(m.N * V_local * m.wb);
     const double head_fwd = heads * (gemm + pass), head_bwd = heads * (2 * gemm + 2 * pass);
     const double comm_fwd = heads * m.calls_time(plan.head_forward(), "tp");
     const double comm_bwd = heads * m.calls_time(plan.head_backward(false), "tp");
@@ -278,8 +279,10 @@ StageCost stage_cost(const Model& m, int s, int micro) {
     double ns = 0;
     for (const MuonMatrix& mm : plan_muon_matrices(specs, TP, t.muon.split_qkv)) {
       const bool cut = mm.split != MuonMatrix::Split::None && TP > 1;
-      const double r = double(whole && cut && mm.split == MuonMatrix::Split::Rows ? mm.global_rows : mm.rows);
-      const double c = double(whole && cut && mm.split == MuonMatrix::Split::Cols ? mm.global_cols : mm.cols);
+      const double r =
+          double(whole && cut && mm.split == MuonMatrix::Split::Rows ? mm.global_rows : mm.rows);
+      const double c =
+          double(whole && cut && mm.split == MuonMatrix::Split::Cols ? mm.global_cols : mm.cols);
       const double g = std::min(r, c), o = std::max(r, c);
       const double copies = mm.name.find(".experts.") != std::string::npos
                                 ? shard.experts_local(cfg.num_experts)
@@ -290,9 +293,8 @@ StageCost stage_cost(const Model& m, int s, int micro) {
     }
     // Over the distributed optimizer the matrices are dealt to the DP x CP ranks.
     // the buckets' direction gathered and updates reduce-scattered (f32).
-    st.compute.optimizer += t.use_distributed_optimizer
-                                ? ns / gn + 2 * ag(m.grad_link, gn, 4 * dense)
-                                : ns;
+    st.compute.optimizer +=
+        t.use_distributed_optimizer ? ns / gn + 2 * ag(m.grad_link, gn, 4 * dense) : ns;
   }
   return st;
 }

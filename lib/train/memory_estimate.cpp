@@ -52,8 +52,8 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   // largest matrix during the step (with the bf16 copies CUDA makes: a few MiB over on the CPU).
   if (t.optimizer == "muon")
     e.optimizer_bytes += muon_scratch_bytes(
-        plan_muon_matrices(counted_param_specs(cfg, shard), layout.tp, t.muon.split_qkv),
-        layout.tp, t.muon, /*device=*/true);
+        plan_muon_matrices(counted_param_specs(cfg, shard), layout.tp, t.muon.split_qkv), layout.tp,
+        t.muon, /*device=*/true);
   if (t.optimizer == "muon" && t.use_distributed_optimizer) {  // layer-wise: u and the update
     ParallelContext grid = ctx;  // of the largest bucket, f32 (train/muon.hpp)
     grid.dp_size = layout.dp;

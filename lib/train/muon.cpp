@@ -42,9 +42,11 @@ std::string optimizer_state_mismatch(const std::string& saved_config, const std:
   std::string saved = it == values.end() ? "adam" : it->second;
   if (saved == "dist_muon") saved = "muon";
   if (saved == optimizer) return std::string();
-  return "checkpoint " + path + " holds " + saved + "'s optimizer state, this run uses --optimizer " +
-         optimizer + ": its moments start at zero (the learning-rate schedule continues; resume "
-         "with --optimizer " + saved + " to keep them)";
+  return "checkpoint " + path + " holds " + saved +
+         "'s optimizer state, this run uses --optimizer " + optimizer +
+         ": its moments start at zero (the learning-rate schedule continues; resume "
+         "with --optimizer " +
+         saved + " to keep them)";
 }
 
 Muon::Muon(ParamStore& params, Backend& be, const TrainConfig::Muon& opt, Communicator& tp,

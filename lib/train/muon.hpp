@@ -83,7 +83,7 @@ class Muon {
   Backend& be_;
   TrainConfig::Muon opt_;
   Communicator& tp_;
-  Tensor* momentum_ = nullptr;       // replicated: AdamW's first moment (flat offsets)
+  Tensor* momentum_ = nullptr;        // replicated: AdamW's first moment (flat offsets)
   DistributedAdamW* dist_ = nullptr;  // layer-wise: its first moments (shard offsets)
   std::vector<MuonMatrix> matrices_;
   bool lowp_ = false;  // bf16 GEMM inputs (CUDA, --muon-fp32-matmul-prec low or medium)

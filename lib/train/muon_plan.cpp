@@ -97,7 +97,7 @@ double muon_scratch_bytes(const std::vector<MuonMatrix>& matrices, int tp,
       wide = m.split == MuonMatrix::Split::Cols;
     if (gathered && m.split == MuonMatrix::Split::Cols) wide = true;
     const double g = double(wide ? r : c);
-    double bytes = 4.0 * m.numel() * (opt.nesterov ? 2 : 1);  // the update (and Nesterov's term)
+    double bytes = 4.0 * m.numel() * (opt.nesterov ? 2 : 1);   // the update (and Nesterov's term)
     if (gathered) bytes += 4.0 * double(r) * c;                // the whole matrix
     bytes += 4.0 * double(r) * c;                              // the GEMM's product
     bytes += 3 * 4.0 * g * g;                                  // A, A^2, B

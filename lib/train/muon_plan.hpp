@@ -6,11 +6,11 @@
 // except the word and position embeddings and the output layer is a Muon matrix (the router and
 // each routed expert's weights included); norms and biases (Megatron's 1-D parameters; Tessera
 // keeps some biases in several dimensions, [3, heads, head_dim]: the parameters without weight
-// decay) and those three stay on AdamW. A weight is the matrix (the product of its leading dimensions x
-// its last one) it is as a GEMM's operand. With --muon-split-qkv (the default) the query, key and
-// value projections are three matrices (all query heads together, all key heads, all value
-// heads); without it one. SwiGLU's gate and up projection are one matrix, each MLA projection its
-// own.
+// decay) and those three stay on AdamW. A weight is the matrix (the product of its leading
+// dimensions x its last one) it is as a GEMM's operand. With --muon-split-qkv (the default) the
+// query, key and value projections are three matrices (all query heads together, all key heads, all
+// value heads); without it one. SwiGLU's gate and up projection are one matrix, each MLA projection
+// its own.
 #pragma once
 
 #include <cstdint>

@@ -36,9 +36,9 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
   for (const ParamSpec& s : model_.params().specs())
     muon_params.push_back(cfg_.optimizer == "muon" && is_muon_param(s));
   if (dist) {
-    dist_opt_ = std::make_unique<DistributedAdamW>(model_, be_, *ctx_.dp, cfg_.adam_beta1,
-                                                   cfg_.adam_beta2, cfg_.adam_eps, expert_dp,
-                                                   &muon_params);
+    dist_opt_ =
+        std::make_unique<DistributedAdamW>(model_, be_, *ctx_.dp, cfg_.adam_beta1, cfg_.adam_beta2,
+                                           cfg_.adam_eps, expert_dp, &muon_params);
     if (cfg_.optimizer == "muon")  // layer-wise over the blocks (train/muon.hpp)
       muon_ = std::make_unique<Muon>(model_.params(), be_, cfg_.muon, *ctx_.tp, *dist_opt_);
     if (dist_opt_->owns_master()) {
@@ -56,8 +56,8 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
     optimizer_ = std::make_unique<AdamW>(model_.params(), be_, cfg_.adam_beta1, cfg_.adam_beta2,
                                          cfg_.adam_eps);
     if (cfg_.optimizer == "muon") {  // Muon's matrices; AdamW the rest (train/muon.hpp)
-      muon_ = std::make_unique<Muon>(model_.params(), be_, cfg_.muon, *ctx_.tp,
-                                     optimizer_->exp_avg());
+      muon_ =
+          std::make_unique<Muon>(model_.params(), be_, cfg_.muon, *ctx_.tp, optimizer_->exp_avg());
       optimizer_->skip_params(muon_params);
     }
   }

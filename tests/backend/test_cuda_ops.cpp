@@ -1286,7 +1286,8 @@ TEST_F(CudaOps, GemmEveryTransposeF32AndBf16) {
   const int64_t M = 37, N = 53, K = 129;
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
-      const Tensor a = rand(ta ? Shape{K, M} : Shape{M, K}), b = rand(tb ? Shape{N, K} : Shape{K, N});
+      const Tensor a = rand(ta ? Shape{K, M} : Shape{M, K}),
+                   b = rand(tb ? Shape{N, K} : Shape{K, N});
       Tensor c0 = rand({M, N});
       Tensor want(c0.shape());
       cpu_->cast(want, c0);

@@ -311,9 +311,9 @@ TEST(Predict, MuonAddsNewtonSchulzAtTheGemmRate) {
   const StepPrediction dist = predict(o, 2, h100);
   o.train.optimizer = "adam";
   const StepPrediction dist_adam = predict(o, 2, h100);
-  const double n = double(estimate_rank_memory(o.model, o.train.resolved(2),
-                                               GridLayout::make(2, 1, 1, 1), 0)
-                              .parameters);
+  const double n =
+      double(estimate_rank_memory(o.model, o.train.resolved(2), GridLayout::make(2, 1, 1, 1), 0)
+                 .parameters);
   const double crossing = 2 * (0.5 * 4 * n / 450e9 + 3.4e-6);
   const double dist_added = dist.stages[0].optimizer - dist_adam.stages[0].optimizer;
   EXPECT_NEAR(dist_added, expected / 2 + crossing, 1e-9 * expected) << dist_added;

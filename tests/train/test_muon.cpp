@@ -27,7 +27,8 @@ Mat matmul(const Mat& a, const Mat& b, int64_t n, int64_t k, int64_t m) {  // (n
   Mat c(size_t(n * m), 0.0);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t p = 0; p < k; ++p)
-      for (int64_t j = 0; j < m; ++j) c[size_t(i * m + j)] += a[size_t(i * k + p)] * b[size_t(p * m + j)];
+      for (int64_t j = 0; j < m; ++j)
+        c[size_t(i * m + j)] += a[size_t(i * k + p)] * b[size_t(p * m + j)];
   return c;
 }
 Mat transpose(const Mat& a, int64_t r, int64_t c) {
@@ -39,8 +40,10 @@ Mat transpose(const Mat& a, int64_t r, int64_t c) {
 
 // Newton-Schulz from the definition (quintic tuples, cycled), in double.
 Mat newton_schulz(Mat x, int64_t r, int64_t c, int steps, bool simple) {
-  const double q[5][3] = {{4.0848, -6.8946, 2.9270}, {3.9505, -6.3029, 2.6377},
-                          {3.7418, -5.5913, 2.3037}, {2.8769, -3.1427, 1.2046},
+  const double q[5][3] = {{4.0848, -6.8946, 2.9270},
+                          {3.9505, -6.3029, 2.6377},
+                          {3.7418, -5.5913, 2.3037},
+                          {2.8769, -3.1427, 1.2046},
                           {2.8366, -3.0525, 1.2012}};
   const bool tall = r > c;
   if (tall) x = transpose(x, r, c), std::swap(r, c);
@@ -172,7 +175,8 @@ double run(const Case& cs, int iters, const Case* reference = nullptr) {
   for (const char* name : {"wte", "layers.0.ln1.weight"}) {  // AdamW's, bit for bit
     const ParamSpec& s = ps.spec(name);
     for (int64_t i = 0; i < s.numel(); ++i)
-      EXPECT_EQ(got[size_t(s.flat_offset + i)], want[size_t(s.flat_offset + i)]) << name << " " << i;
+      EXPECT_EQ(got[size_t(s.flat_offset + i)], want[size_t(s.flat_offset + i)])
+          << name << " " << i;
   }
   return worst;
 }

@@ -81,8 +81,8 @@ void gemm(cublasHandle_t blas, cublasOperation_t ta, cublasOperation_t tb, int64
 
 }  // namespace
 
-void gemm_2d(Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha,
-             float beta, cublasHandle_t blas) {
+void gemm_2d(Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha, float beta,
+             cublasHandle_t blas) {
   TESSERA_CHECK(a.shape().size() == 2 && b.shape().size() == 2 && c.shape().size() == 2 &&
                     c.dtype() == DType::F32 && a.dtype() == b.dtype() &&
                     (a.dtype() == DType::F32 || a.dtype() == DType::BF16),

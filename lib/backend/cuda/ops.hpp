@@ -228,8 +228,8 @@ class LtMatmul {
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias,
                     cublasHandle_t blas, LtMatmul* lt, Workspace& ws, cudaStream_t s);
 // Backend::gemm: c (M,N) f32 = alpha op(a) op(b) + beta c, row-major; a and b f32 or bf16.
-void gemm_2d(Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha,
-             float beta, cublasHandle_t blas);
+void gemm_2d(Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha, float beta,
+             cublasHandle_t blas);
 void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight, cublasHandle_t blas, Workspace& ws,
                      cudaStream_t s);

@@ -1,5 +1,6 @@
-// optimizer.cpp: --optimizer and Muon's options (issue 59, docs/training.md "Muon"): Megatron-Core's
-// names and argparse defaults (Megatron-LM d98e8a6, megatron/training/arguments.py), checked here.
+// optimizer.cpp: --optimizer and Muon's options (issue 59, docs/training.md "Muon"):
+// Megatron-Core's names and argparse defaults (Megatron-LM d98e8a6,
+// megatron/training/arguments.py), checked here.
 #include <ostream>
 #include <string>
 
@@ -22,9 +23,8 @@ class OptimizerOptions : public OptionGroup {
             "adam (AdamW for every parameter) | muon (Muon for the hidden layers' matrices, "
             "AdamW with --adam-beta1/2 and --adam-eps for embeddings, the output layer, norms "
             "and biases) | dist_muon (Megatron's older name for muon with the distributed "
-            "optimizer)")(
-            "muon-momentum", po::value(&m.momentum)->default_value(m.momentum),
-            "Muon's momentum: m = beta m + (1 - beta) g")(
+            "optimizer)")("muon-momentum", po::value(&m.momentum)->default_value(m.momentum),
+                          "Muon's momentum: m = beta m + (1 - beta) g")(
             "muon-nesterov", po::bool_switch(&m.nesterov),
             "Nesterov momentum: orthogonalize (1 - beta) g + beta m instead of m")(
             "muon-no-split-qkv", po::bool_switch(&no_split_qkv_),
@@ -61,18 +61,17 @@ class OptimizerOptions : public OptionGroup {
     t.optimizer = optimizer_;
     t.muon.split_qkv = !no_split_qkv_;
     if (t.optimizer != "muon")
-      for (const char* name :
-           {"muon-momentum", "muon-nesterov", "muon-no-split-qkv", "muon-scale-mode",
-            "muon-extra-scale-factor", "muon-num-ns-steps", "muon-coefficient-type",
-            "muon-fp32-matmul-prec", "muon-tp-mode"})
+      for (const char* name : {"muon-momentum", "muon-nesterov", "muon-no-split-qkv",
+                               "muon-scale-mode", "muon-extra-scale-factor", "muon-num-ns-steps",
+                               "muon-coefficient-type", "muon-fp32-matmul-prec", "muon-tp-mode"})
         if (p.given(name))
           throw ConfigError(std::string("--") + name +
                             " is a Muon option: it needs --optimizer muon (this run uses adam)");
     auto one_of = [](const char* name, const std::string& v, const char* allowed) {
       const std::string list = std::string(", ") + allowed + ",";
       if (list.find(", " + v + ",") == std::string::npos)
-        throw ConfigError(std::string("--") + name + " " + v + " is not a choice (allowed: " +
-                          allowed + ")");
+        throw ConfigError(std::string("--") + name + " " + v +
+                          " is not a choice (allowed: " + allowed + ")");
     };
     one_of("muon-scale-mode", m.scale_mode, "spectral, unit_rms_norm, shape_scaling");
     one_of("muon-coefficient-type", m.coefficients, "quintic, simple");
@@ -94,8 +93,8 @@ class OptimizerOptions : public OptionGroup {
     if (s != DryRunSection::Setup || t.optimizer != "muon") return;
     out << "optimizer: Muon (momentum " << t.muon.momentum << (t.muon.nesterov ? ", Nesterov" : "")
         << ", " << t.muon.ns_steps << " " << t.muon.coefficients << " Newton-Schulz steps, "
-        << t.muon.scale_mode << " scale x " << t.muon.extra_scale << ", TP "
-        << t.muon.tp_mode << (t.muon.split_qkv ? ", q/k/v apart" : ", q/k/v together")
+        << t.muon.scale_mode << " scale x " << t.muon.extra_scale << ", TP " << t.muon.tp_mode
+        << (t.muon.split_qkv ? ", q/k/v apart" : ", q/k/v together")
         << (t.use_distributed_optimizer ? ", layer-wise over the distributed optimizer" : "")
         << ") for the hidden matrices; AdamW for the rest\n";
   }

@@ -110,8 +110,8 @@ class PlanningOptions : public OptionGroup {
       const bool written = std::fclose(f) == 0;
       if (!written) throw ConfigError("--collective-plan: writing " + path + " failed");
     }
-    out << "collective plan: " << d.world << " file" << (d.world == 1 ? "" : "s") << " "
-        << prefix << ".rank0..." << d.world - 1 << "\n";
+    out << "collective plan: " << d.world << " file" << (d.world == 1 ? "" : "s") << " " << prefix
+        << ".rank0..." << d.world - 1 << "\n";
   }
 
   static void verdict(const DryRunContext& d, std::ostream& out) {
