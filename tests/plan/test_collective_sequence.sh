@@ -24,8 +24,11 @@ moe=(--config "$configs/mixtral-tiny.ini" --num-layers 2 --global-batch-size 8
 qwen3=(--config "$configs/qwen3-tiny.ini" --num-layers 2 --global-batch-size 8
        --micro-batch-size 2 --mock-data --vocab-size 200 --train-iters 2 --log-interval 1
        --lr-warmup-iters 2 --threads 1)
+deepseek=(--config "$configs/deepseek-tiny.ini" --global-batch-size 8 --micro-batch-size 2
+          --mock-data --vocab-size 200 --train-iters 2 --log-interval 1 --lr-warmup-iters 2
+          --threads 1)
 fail=0
-check() {  # check NAME NP MODEL OPTIONS...: MODEL is gpt, moe or qwen3
+check() {  # check NAME NP MODEL OPTIONS...: MODEL is gpt, moe, qwen3 or deepseek
   local name=$1 np=$2 model=$3
   shift 3
   local -n common=$model
@@ -99,4 +102,7 @@ check dist-muon-tp2-dp2 4 gpt --tensor-model-parallel-size 2 --optimizer dist_mu
   --ddp-bucket-size 3000
 # Qwen3's q/k norms (their gradients summed over TP once a step), RMSNorm.
 check qwen3-tp2sp 2 qwen3 --tensor-model-parallel-size 2 --sequence-parallel
+# DeepSeek-V3-shaped: MLA's latents (their TP-partial gradients), a dense first layer, shared
+# experts, the grouped sigmoid router, at TP2 x EP2.
+check deepseek-tp2-ep2 4 deepseek --tensor-model-parallel-size 2 --expert-model-parallel-size 2
 exit $fail
