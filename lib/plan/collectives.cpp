@@ -73,25 +73,26 @@ void CollectivePlan::hidden_gather(CallList& out) const {
   if (sp_) out.push_back(call("tp", "all_gather", rows_ * cfg_.hidden_size, wb_));
 }
 
+// One step of the context-parallel ring: this rank's key/value block (or the partial gradient
+// of one) sent to the next CP rank while the previous one's arrives.
+PlannedCall CollectivePlan::ring_step() const {
+  const int next = layout_.rank_of(me_.tp, me_.pp, me_.dp, (me_.cp + 1) % layout_.cp);
+  const int64_t kv = rows_ * 2 * (cfg_.kv_heads() / layout_.tp) * cfg_.head_dim();
+  return call("cp", "send_recv", kv, wb_, next);
+}
+
 // GPTModel::ring_attention_forward: CP - 1 steps, each sending this step's key/value block on.
 void CollectivePlan::ring_forward(CallList& out) const {
-  const int P = layout_.cp;
-  if (P == 1) return;
-  const int next = layout_.rank_of(me_.tp, me_.pp, me_.dp, (me_.cp + 1) % P);
-  const int64_t kv = rows_ * 2 * (cfg_.kv_heads() / layout_.tp) * cfg_.head_dim();
-  for (int i = 0; i + 1 < P; ++i) out.push_back(call("cp", "send_recv", kv, wb_, next));
+  for (int i = 0; i + 1 < layout_.cp; ++i) out.push_back(ring_step());
 }
 
 // GPTModel::ring_attention_backward: the key/value blocks again (CP - 1) and, at every step, the
 // partial key/value gradient sent on (CP).
 void CollectivePlan::ring_backward(CallList& out) const {
-  const int P = layout_.cp;
-  if (P == 1) return;
-  const int next = layout_.rank_of(me_.tp, me_.pp, me_.dp, (me_.cp + 1) % P);
-  const int64_t kv = rows_ * 2 * (cfg_.kv_heads() / layout_.tp) * cfg_.head_dim();
-  for (int i = 0; i < P; ++i) {
-    if (i + 1 < P) out.push_back(call("cp", "send_recv", kv, wb_, next));
-    out.push_back(call("cp", "send_recv", kv, wb_, next));
+  if (layout_.cp == 1) return;
+  for (int i = 0; i < layout_.cp; ++i) {
+    if (i + 1 < layout_.cp) out.push_back(ring_step());
+    out.push_back(ring_step());
   }
 }
 

@@ -78,6 +78,7 @@ class CollectivePlan {
   };
   void hidden_reduce(CallList& out) const;  // a row-parallel output: all-reduce or reduce-scatter
   void hidden_gather(CallList& out) const;  // sequence parallelism's gather
+  PlannedCall ring_step() const;
   void ring_forward(CallList& out) const;
   void ring_backward(CallList& out) const;
   void moe_forward(CallList& out) const;

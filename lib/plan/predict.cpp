@@ -275,20 +275,16 @@ StageCost stage_cost(const Model& m, int s, int micro) {
   // (4 read, 2 written), the gradient norm's read and the gradients' zeroing (4 each).
   st.compute.optimizer = m.memory_time(28 * owned + 14 * (dense + experts));
   if (t.optimizer == "muon") {  // Newton-Schulz's GEMMs (train/muon.hpp) and Muon's TP calls
-    const bool whole = t.muon.tp_mode == "duplicated";
     double ns = 0;
     for (const MuonMatrix& mm : plan_muon_matrices(specs, TP, t.muon.split_qkv)) {
-      const bool cut = mm.split != MuonMatrix::Split::None && TP > 1;
-      const double r =
-          double(whole && cut && mm.split == MuonMatrix::Split::Rows ? mm.global_rows : mm.rows);
-      const double c =
-          double(whole && cut && mm.split == MuonMatrix::Split::Cols ? mm.global_cols : mm.cols);
-      const double g = std::min(r, c), o = std::max(r, c);
+      const MuonNsShape shape = muon_ns_shape(mm, TP, t.muon.tp_mode);  // what Muon iterates on
+      const double g = double(shape.wide ? shape.rows : shape.cols);    // the Gram matrix's side
+      const double o = double(shape.wide ? shape.cols : shape.rows);
       const double copies = mm.name.find(".experts.") != std::string::npos
                                 ? shard.experts_local(cfg.num_experts)
                                 : 1;  // counted specs hold a layer's first expert
       ns += copies * m.gemm_time(t.muon.ns_steps * 2.0 * (2 * g * g * o + g * g * g), g);
-      if (whole && cut)  // the matrix gathered whole over TP (f32)
+      if (shape.gathered)  // the matrix gathered whole over TP (f32)
         ns += copies * all_gather(m.tp_link, TP, 4.0 * double(mm.numel()) * TP);
     }
     // Over the distributed optimizer the matrices are dealt to the DP x CP ranks.

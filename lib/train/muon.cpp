@@ -135,33 +135,28 @@ double Muon::scale_of(const MuonMatrix& mm) const {
 Tensor Muon::orthogonal(const MuonMatrix& mm, Tensor& u, Tensor& whole) {
   const int T = tp_.size(), r0 = tp_.rank();
   const Shape shape{mm.rows, mm.cols};
-  const bool split = mm.split != MuonMatrix::Split::None && T > 1;
+  const MuonNsShape ns = muon_ns_shape(mm, T, opt_.tp_mode);
   Tensor mine = u;
   std::vector<Tensor> blocks;
-  bool wide = mm.rows <= mm.cols;
   Communicator* sum_over = nullptr;
-  if (split && opt_.tp_mode == "duplicated") {
+  if (ns.gathered) {
     // Every shard gathered: the row blocks are the whole matrix's rows (in shard order), the
     // column blocks its columns; Newton-Schulz commutes with permuting either.
     whole = Tensor({T * mm.rows, mm.cols}, DType::F32, be_.allocator());
     tp_.all_gather(whole, u);
     if (mm.split == MuonMatrix::Split::Rows) {
       blocks.push_back(whole);
-      wide = T * mm.rows <= mm.cols;
       mine = whole.view(int64_t(r0) * mm.numel(), shape);
     } else {
       for (int t = 0; t < T; ++t) blocks.push_back(whole.view(int64_t(t) * mm.numel(), shape));
-      wide = true;
       mine = blocks[size_t(r0)];
     }
-  } else if (split && opt_.tp_mode == "distributed") {
-    blocks.push_back(u);
-    wide = mm.split == MuonMatrix::Split::Cols;  // the Gram over the side TP does not cut
-    sum_over = &tp_;
   } else {
-    blocks.push_back(u);  // unsplit, or blockwise: the shard alone
+    blocks.push_back(u);  // unsplit, blockwise (the shard alone), or distributed:
+    if (opt_.tp_mode == "distributed" && mm.split != MuonMatrix::Split::None && T > 1)
+      sum_over = &tp_;  // the Gram matrices summed over TP
   }
-  orthogonalize(blocks, wide, sum_over);
+  orthogonalize(blocks, ns.wide, sum_over);
   return mine;
 }
 

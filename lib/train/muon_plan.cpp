@@ -83,20 +83,33 @@ std::vector<MuonMatrix> plan_muon_matrices(const std::vector<ParamSpec>& specs, 
   return out;
 }
 
+MuonNsShape muon_ns_shape(const MuonMatrix& m, int tp, const std::string& tp_mode) {
+  MuonNsShape s{m.rows, m.cols, m.rows <= m.cols, false};
+  if (m.split == MuonMatrix::Split::None || tp == 1 || tp_mode == "blockwise") return s;
+  if (tp_mode == "distributed") {
+    s.wide = m.split == MuonMatrix::Split::Cols;
+    return s;
+  }
+  s.gathered = true;
+  if (m.split == MuonMatrix::Split::Rows) {
+    s.rows = m.rows * tp;
+    s.wide = s.rows <= s.cols;
+  } else {
+    s.cols = m.cols * tp;
+    s.wide = true;
+  }
+  return s;
+}
+
 double muon_scratch_bytes(const std::vector<MuonMatrix>& matrices, int tp,
                           const TrainConfig::Muon& opt, bool device) {
   double peak = 0;
   const bool lowp = device && opt.matmul_prec != "high";
   for (const MuonMatrix& m : matrices) {
-    const bool gathered = opt.tp_mode == "duplicated" && m.split != MuonMatrix::Split::None;
-    // The matrix Newton-Schulz runs on, and the side its Gram matrix is over.
-    const int64_t r = gathered && m.split == MuonMatrix::Split::Rows ? m.rows * tp : m.rows;
-    const int64_t c = gathered && m.split == MuonMatrix::Split::Cols ? m.cols * tp : m.cols;
-    bool wide = r <= c;
-    if (opt.tp_mode == "distributed" && m.split != MuonMatrix::Split::None)
-      wide = m.split == MuonMatrix::Split::Cols;
-    if (gathered && m.split == MuonMatrix::Split::Cols) wide = true;
-    const double g = double(wide ? r : c);
+    const MuonNsShape ns = muon_ns_shape(m, tp, opt.tp_mode);
+    const bool gathered = ns.gathered;
+    const int64_t r = ns.rows, c = ns.cols;
+    const double g = double(ns.wide ? r : c);
     double bytes = 4.0 * m.numel() * (opt.nesterov ? 2 : 1);   // the update (and Nesterov's term)
     if (gathered) bytes += 4.0 * double(r) * c;                // the whole matrix
     bytes += 4.0 * double(r) * c;                              // the GEMM's product

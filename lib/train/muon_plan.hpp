@@ -39,6 +39,16 @@ bool is_muon_param(const ParamSpec& s);
 std::vector<MuonMatrix> plan_muon_matrices(const std::vector<ParamSpec>& specs, int tp,
                                            bool split_qkv);
 
+// The matrix Newton-Schulz iterates on for `m` under --muon-tp-mode `tp_mode` at TP `tp`: the
+// whole matrix gathered (duplicated, cut by TP), else this rank's piece; `wide`: the Gram matrix
+// is over the rows (X X^T) rather than the columns (a column-cut matrix gathered iterates on its
+// column blocks, a distributed one over the side TP does not cut).
+struct MuonNsShape {
+  int64_t rows = 0, cols = 0;
+  bool wide = true, gathered = false;
+};
+MuonNsShape muon_ns_shape(const MuonMatrix& m, int tp, const std::string& tp_mode);
+
 // The Newton-Schulz scratch of one step, in bytes, for the largest of `matrices` (f32; the
 // gathered whole matrix under the duplicated TP mode, the Gram matrices, bf16 copies on CUDA).
 double muon_scratch_bytes(const std::vector<MuonMatrix>& matrices, int tp,
