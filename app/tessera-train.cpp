@@ -120,10 +120,7 @@ int main(int argc, char** argv) {
                               std::max(1, opts.train.virtual_pipeline_size))
         << "; sequence parallelism " << (opts.train.sequence_parallel ? "on" : "off")
         << "; activation recomputation: " << opts.train.recompute.describe() << "; optimizer: "
-        << (opts.train.use_distributed_optimizer
-                ? "distributed over DP " + std::to_string(ctx.dp_size) +
-                      (opts.train.overlap_param_gather ? " (parameter gather overlapped)" : "")
-                : std::string("replicated"));
+        << describe_dp_sharding(opts.train, ctx.dp_size);
     if (!opts.load.empty() && !opts.load_fresh) {
       try {
         trainer.load_checkpoint(opts.load, opts.finetune, !opts.no_load_optim, opts.load_fallback);

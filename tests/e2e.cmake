@@ -159,3 +159,10 @@ tessera_e2e(plan.collective_sequence 12 TIMEOUT 300 PROCESSORS 2
 tessera_e2e(train.muon 12 TIMEOUT 300 PROCESSORS 2
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/test_muon.sh ${CMAKE_BINARY_DIR}/bin
                  ${CMAKE_SOURCE_DIR}/configs)
+
+# Megatron-FSDP (issue 59): every sharding strategy at DP2 and DP4, and with TP + SP, PP (1F1B,
+# interleaved), CP, full recomputation, EP and Muon, gives the 1-rank trajectory; checkpoints
+# move between FSDP and TP x PP; the pool the run holds is the --dry-run estimate's.
+tessera_e2e(train.fsdp 60 TIMEOUT 600 PROCESSORS 2
+            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/test_fsdp.sh ${CMAKE_BINARY_DIR}/bin
+                 ${CMAKE_SOURCE_DIR}/configs)

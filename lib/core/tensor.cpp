@@ -91,14 +91,50 @@ Allocator& cpu_allocator() {
 Storage::Storage(Allocator& alloc, size_t bytes) : alloc_(alloc), bytes_(bytes) {
   ptr_ = alloc_.allocate(bytes);
 }
+Storage::Storage(Allocator& alloc, size_t bytes, Unbound)
+    : alloc_(alloc), bytes_(bytes), owned_(false) {}
 Storage::~Storage() {
-  alloc_.deallocate(ptr_, bytes_);
+  if (owned_) alloc_.deallocate(ptr_, bytes_);
+}
+void Storage::bind(void* p) {
+  TESSERA_CHECK(!owned_, "bind() on storage that owns its memory");
+  ptr_ = p;
 }
 
 Tensor::Tensor(Shape shape, DType dtype, Allocator& alloc)
     : shape_(std::move(shape)), dtype_(dtype) {
   numel_ = shape_numel(shape_);
   storage_ = std::make_shared<Storage>(alloc, static_cast<size_t>(numel_) * dtype_size(dtype));
+}
+
+Tensor Tensor::unbound(Shape shape, DType dtype, Allocator& alloc) {
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.numel_ = shape_numel(t.shape_);
+  t.storage_ = std::make_shared<Storage>(alloc, static_cast<size_t>(t.numel_) * dtype_size(dtype),
+                                         Storage::Unbound{});
+  return t;
+}
+
+void Tensor::bind_storage(const Tensor& memory) const {
+  TESSERA_CHECK(storage_ && !storage_->owned(), "bind_storage on a tensor that owns its memory");
+  TESSERA_CHECK(memory.defined() && memory.nbytes() >= storage_->bytes() &&
+                    memory.device() == device(),
+                "bind_storage: ", memory.nbytes(), " bytes on ", device_name(memory.device()),
+                " for ", storage_->bytes(), " on ", device_name(device()));
+  storage_->bind(memory.raw());
+}
+
+void Tensor::unbind_storage() const {
+  TESSERA_CHECK(storage_ && !storage_->owned(), "unbind_storage on a tensor that owns its memory");
+  storage_->unbind();
+}
+
+void Tensor::unbound_error() {
+  throw Error(
+      "a tensor was read while it had no memory: an FSDP unit's parameters or gradients were "
+      "used outside the passes that gather them (train/fsdp.hpp)");
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Allocator& alloc) {

@@ -58,17 +58,25 @@ class AllocationLabel {
 class Storage {
  public:
   Storage(Allocator& alloc, size_t bytes);
+  // Unbound storage (Tensor::unbound): no memory of its own; bind() points it at memory someone
+  // else owns (FSDP's gathered units, train/fsdp.hpp), and every view made of it follows.
+  struct Unbound {};
+  Storage(Allocator& alloc, size_t bytes, Unbound);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return ptr_; }
   size_t bytes() const { return bytes_; }
   Device device() const { return alloc_.device(); }
+  bool owned() const { return owned_; }
+  void bind(void* p);
+  void unbind() { ptr_ = nullptr; }
 
  private:
   Allocator& alloc_;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  bool owned_ = true;
 };
 
 // Contiguous row-major tensor. Copying a Tensor copies the view, not the data.
@@ -78,6 +86,13 @@ class Tensor {
   // Allocates uninitialized storage.
   Tensor(Shape shape, DType dtype = DType::F32, Allocator& alloc = cpu_allocator());
   static Tensor zeros(Shape shape, DType dtype = DType::F32, Allocator& alloc = cpu_allocator());
+  // A tensor without memory until bind_storage (Storage::Unbound); reading it unbound is an error.
+  static Tensor unbound(Shape shape, DType dtype, Allocator& alloc);
+  // Points this tensor's whole storage (and so every view of it) at `memory`'s data, which must
+  // be as large and on the same device; unbind_storage leaves it without memory again.
+  void bind_storage(const Tensor& memory) const;
+  void unbind_storage() const;
+  bool storage_bound() const { return storage_ && storage_->data() != nullptr; }
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -88,7 +103,11 @@ class Tensor {
   DType dtype() const { return dtype_; }
   Device device() const { return storage_ ? storage_->device() : Device::CPU; }
 
-  void* raw() const { return static_cast<char*>(storage_->data()) + offset_bytes_; }
+  void* raw() const {
+    void* base = storage_->data();
+    if (!base) unbound_error();
+    return static_cast<char*>(base) + offset_bytes_;
+  }
   template <typename T>
   T* data() const {
     return static_cast<T*>(raw());
@@ -107,6 +126,7 @@ class Tensor {
   void copy_from(const Tensor& src);  // CPU, same dtype and numel
 
  private:
+  [[noreturn]] static void unbound_error();
   std::shared_ptr<Storage> storage_;
   size_t offset_bytes_ = 0;
   Shape shape_;

@@ -129,7 +129,8 @@ void GPTModel::init_parameters(uint64_t seed, const ParamSink& master_sink) {
   const bool master = params_->has_master();
   TESSERA_CHECK(master || master_sink, "init_parameters: no master weights here and no sink");
   if (master) be_.zero(params_->flat_params());
-  if (compute_ != DType::F32) be_.zero(params_->flat_compute());
+  if (compute_ != DType::F32 && !params_->layout().units_only_compute)
+    be_.zero(params_->flat_compute());
   std::vector<float> host;
   for (const ParamSpec& s : params_->specs()) {
     host.resize(static_cast<size_t>(s.numel()));
@@ -159,6 +160,9 @@ void GPTModel::sync_compute_weights() {
 }
 
 void GPTModel::zero_grads() {
+  // Megatron-FSDP's sharded gradients: each unit's are zeroed when bound for a backward, the
+  // shard at the step's start (train/fsdp.hpp).
+  if (params_->layout().units_only_grads) return;
   TESSERA_PHASE("zero-grads");
   be_.zero(params_->flat_grads());
 }
@@ -283,6 +287,7 @@ void GPTModel::embed_forward(Activations& a) {
     phase("dropout");
     apply_hidden_dropout(a.input, a.input, d, a);
   }
+  if (after_forward) after_forward(kEmbedPiece);
 }
 
 void GPTModel::block_forward(int l, Activations& a) {
@@ -317,6 +322,7 @@ void GPTModel::block_forward(int l, Activations& a) {
   }
   phase("residual-add");
   be_.add(la.res2, la.res1, branch);
+  if (after_forward && !shard_.is_mtp_layer(l)) after_forward(l);
 }
 
 void GPTModel::linear_forward(int l, Fp8Gemm g, Tensor& out, const Tensor& inp, const Tensor& w,
@@ -394,6 +400,7 @@ void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out
     if (!a.mtp_staged) mtp_prepare(a);
     mtp_forward(a, grad_scale);
   }
+  if (after_forward) after_forward(kHeadPiece);
 }
 
 double GPTModel::forward(Activations& a, float grad_scale) {
@@ -406,6 +413,7 @@ double GPTModel::forward(Activations& a, float grad_scale) {
 // backward
 
 void GPTModel::head_backward(Activations& a) {
+  if (before_backward) before_backward(kHeadPiece);
   NVTX_RANGE("head-backward");
   // logits now hold dlogits. dlnf = dlogits * W (the output weight) is a partial sum over
   // vocabulary shards.
@@ -453,6 +461,7 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
 }
 
 void GPTModel::block_backward(int l, Activations& a) {
+  if (before_backward && !shard_.is_mtp_layer(l)) before_backward(l);  // MTP's: the head piece's
   recompute_for_backward(l, a);
   const int li = shard_.local_index(l);
   NvtxRange range(range_names_[2 * li + 1].c_str());
@@ -478,6 +487,7 @@ void GPTModel::block_backward(int l, Activations& a) {
 }
 
 void GPTModel::embed_backward(Activations& a) {
+  if (before_backward) before_backward(kEmbedPiece);
   Tensor dwte = params_->grad("wte");
   // d (wte[ids] + wpe): dres through the embedding dropout's mask, all rows (gathered over TP
   // with sequence parallelism): every TP rank needs every row for its vocabulary shard, and
@@ -493,6 +503,7 @@ void GPTModel::embed_backward(Activations& a) {
 void GPTModel::backward(Activations& a) {
   auto ready = [this](int piece) {
     if (on_grads_ready) on_grads_ready(piece);
+    if (after_backward) after_backward(piece);
   };
   if (ends_in_head(a)) {
     head_backward(a);

@@ -282,6 +282,10 @@ class GPTModel {
   // Called before each forward piece reads its weights (the distributed optimizer's overlapped
   // parameter gather waits there for the buckets the piece needs).
   std::function<void(int piece)> before_forward;
+  // Megatron-FSDP's parameter and gradient lifetimes (train/fsdp.hpp): after each forward piece;
+  // before each backward piece (ahead of its recomputation) and after it (after on_grads_ready).
+  // Multi-token prediction's layers are the head piece's.
+  std::function<void(int piece)> after_forward, before_backward, after_backward;
   // The pieces whose passes read or write each parameter (in spec order): a layer index,
   // kHeadPiece or kEmbedPiece (the tied embedding: both on the stage that has both).
   std::vector<std::vector<int>> pieces_of_params() const;

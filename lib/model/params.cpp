@@ -238,6 +238,9 @@ std::vector<FlatBucket> layout_flat_buffer(std::vector<ParamSpec>& specs, const 
   // Group whole parameters into buckets from the last one backwards.
   std::vector<FlatBucket> buckets;
   auto alone = [&](int k) { return l.embedding_alone && specs[k].name == "wte"; };
+  auto same_unit = [&](int a, int b) {
+    return !l.fsdp_units || fsdp_unit_of(specs[a].name) == fsdp_unit_of(specs[b].name);
+  };
   for (int i = n - 1; i >= 0;) {
     FlatBucket b;
     b.end_param = i + 1;
@@ -246,8 +249,11 @@ std::vector<FlatBucket> layout_flat_buffer(std::vector<ParamSpec>& specs, const 
       --i;
     } else {
       int64_t size = 0;
+      const int last = i;
       while (i >= 0 && !alone(i) && (!l.experts_apart || specs[i].expert == b.expert) &&
-             (size == 0 || l.bucket_elems == 0 || size < l.bucket_elems || specs[i].glue_next)) {
+             (l.fsdp_units ? same_unit(i, last)
+                           : size == 0 || l.bucket_elems == 0 || size < l.bucket_elems ||
+                                 specs[i].glue_next)) {
         size += specs[i].numel();
         --i;
       }
@@ -274,15 +280,65 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, Allocator& alloc, DType com
     : specs_(std::move(specs)), layout_(layout) {
   TESSERA_CHECK(compute == DType::F32 || compute == DType::BF16 || compute == DType::F16,
                 "compute dtype must be f32, bf16 or f16");
-  TESSERA_CHECK(layout_.master || compute != DType::F32,
+  TESSERA_CHECK(layout_.master || compute != DType::F32 || layout_.units_only_compute,
                 "f32 training keeps its f32 parameters: they are the compute weights");
+  TESSERA_CHECK(!(layout_.units_only_grads || layout_.units_only_compute) || layout_.fsdp_units,
+                "unit-only buffers need the FSDP unit layout");
+  TESSERA_CHECK(!layout_.units_only_compute || !layout_.master,
+                "sharded parameters keep no full f32 master buffer");
   buckets_ = layout_flat_buffer(specs_, layout_);
   int64_t total = 0;
   for (const FlatBucket& b : buckets_) total = std::max(total, b.end);
+  numel_ = total;
   for (size_t i = 0; i < specs_.size(); ++i) index_[specs_[i].name] = i;
+  bucket_of_.assign(specs_.size(), -1);
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    for (int p = buckets_[b].first_param; p < buckets_[b].end_param; ++p)
+      bucket_of_[static_cast<size_t>(p)] = static_cast<int>(b);
   if (layout_.master) flat_params_ = Tensor({total}, DType::F32, alloc);
-  flat_grads_ = Tensor({total}, DType::F32, alloc);
-  flat_compute_ = compute == DType::F32 ? flat_params_ : Tensor({total}, compute, alloc);
+  if (layout_.units_only_grads) {
+    for (const FlatBucket& b : buckets_)
+      unit_grads_.push_back(Tensor::unbound({b.numel()}, DType::F32, alloc));
+  } else {
+    flat_grads_ = Tensor({total}, DType::F32, alloc);
+  }
+  if (layout_.units_only_compute) {
+    for (const FlatBucket& b : buckets_)
+      unit_compute_.push_back(Tensor::unbound({b.numel()}, compute, alloc));
+  } else {
+    flat_compute_ = compute == DType::F32 ? flat_params_ : Tensor({total}, compute, alloc);
+  }
+}
+
+std::string fsdp_unit_of(const std::string& name) {
+  if (name.rfind("layers.", 0) == 0) return name.substr(0, name.find('.', 7));
+  if (name == "wte" || name == "wpe") return "embedding";
+  return "head";
+}
+
+void ParamStore::check_flat(const Tensor& t, const char* what) {
+  TESSERA_CHECK(t.defined(), "this rank's ", what,
+                " have no flat buffer: FSDP holds them unit by unit (train/fsdp.hpp)");
+}
+
+Tensor ParamStore::bucket_grads(int b) const {
+  if (layout_.units_only_grads) return unit_grads_[static_cast<size_t>(b)];
+  const FlatBucket& fb = buckets_[static_cast<size_t>(b)];
+  return flat_grads_.view(fb.begin, {fb.numel()});
+}
+
+Tensor ParamStore::bucket_compute(int b) const {
+  if (layout_.units_only_compute) return unit_compute_[static_cast<size_t>(b)];
+  const FlatBucket& fb = buckets_[static_cast<size_t>(b)];
+  return flat_compute_.view(fb.begin, {fb.numel()});
+}
+
+Tensor ParamStore::flat_view(bool grads, const ParamSpec& s, Shape shape) const {
+  const bool units = grads ? layout_.units_only_grads : layout_.units_only_compute;
+  if (!units) return (grads ? flat_grads_ : flat_compute_).view(s.flat_offset, std::move(shape));
+  const int b = bucket_of_[index_.at(s.name)];
+  const Tensor& unit = (grads ? unit_grads_ : unit_compute_)[static_cast<size_t>(b)];
+  return unit.view(s.flat_offset - buckets_[static_cast<size_t>(b)].begin, std::move(shape));
 }
 
 void ParamStore::check_master() const {
@@ -292,21 +348,23 @@ void ParamStore::check_master() const {
 }
 
 namespace {
-Tensor fused_view(const Tensor& flat, const ParamSpec& a, const ParamSpec& b) {
+Shape fused_shape(const ParamSpec& a, const ParamSpec& b) {
   TESSERA_CHECK(a.glue_next && a.flat_offset + a.numel() == b.flat_offset, a.name, " and ", b.name,
                 " are not glued in the flat buffers");
   const int64_t cols = a.local_shape.back();
   TESSERA_CHECK(b.local_shape.back() == cols, a.name, " and ", b.name, " differ in columns");
-  return flat.view(a.flat_offset, {(a.numel() + b.numel()) / cols, cols});
+  return {(a.numel() + b.numel()) / cols, cols};
 }
 }  // namespace
 
 Tensor ParamStore::compute_fused(const std::string& first, const std::string& second) const {
-  return fused_view(flat_compute_, spec(first), spec(second));
+  const ParamSpec &a = spec(first), &b = spec(second);
+  return flat_view(false, a, fused_shape(a, b));
 }
 
 Tensor ParamStore::grad_fused(const std::string& first, const std::string& second) const {
-  return fused_view(flat_grads_, spec(first), spec(second));
+  const ParamSpec &a = spec(first), &b = spec(second);
+  return flat_view(true, a, fused_shape(a, b));
 }
 
 Tensor ParamStore::compute_param(const std::string& name) const {

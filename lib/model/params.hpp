@@ -161,7 +161,18 @@ struct FlatLayout {
   // false: no f32 master buffer here (mixed precision with the distributed optimizer, which
   // keeps the master weights of its blocks); param()/flat_params() are then an error.
   bool master = true;
+  // Megatron-FSDP (train/fsdp.hpp): one bucket per FSDP unit (a layer, the embedding, the head;
+  // fsdp_unit_of), whatever bucket_elems says. units_only_grads / units_only_compute: the
+  // gradients / compute weights have no flat buffer; each bucket's are an unbound tensor
+  // (ParamStore::bucket_grads, bucket_compute) that FSDP binds while a pass needs them.
+  bool fsdp_units = false;
+  bool units_only_grads = false;
+  bool units_only_compute = false;
 };
+
+// The FSDP unit a parameter belongs to: "layers.<l>" for a layer's (multi-token prediction's
+// layers too), "embedding" (wte, wpe), "head" (the final norm, the output layer, MTP's own).
+std::string fsdp_unit_of(const std::string& param_name);
 
 struct FlatBucket {
   int64_t begin = 0, end = 0;          // flat element range, padding included
@@ -188,14 +199,26 @@ class ParamStore {
   const std::vector<FlatBucket>& buckets() const { return buckets_; }
   const FlatLayout& layout() const { return layout_; }
   // Elements of the flat buffers (parameters plus bucket padding).
-  int64_t numel() const { return flat_grads_.numel(); }
+  int64_t numel() const { return numel_; }
   bool has_master() const { return layout_.master; }
   Tensor& flat_params() {
     check_master();
     return flat_params_;
   }
-  Tensor& flat_grads() { return flat_grads_; }
-  Tensor& flat_compute() { return flat_compute_; }
+  Tensor& flat_grads() {
+    check_flat(flat_grads_, "gradients");
+    return flat_grads_;
+  }
+  Tensor& flat_compute() {
+    check_flat(flat_compute_, "compute weights");
+    return flat_compute_;
+  }
+  // Bucket b's gradients / compute weights: a view of the flat buffer, or (FSDP units) the
+  // bucket's own tensor, bound only while FSDP holds it.
+  Tensor bucket_grads(int b) const;
+  Tensor bucket_compute(int b) const;
+  // The bucket that holds spec index i.
+  int bucket_of(size_t spec_index) const { return bucket_of_[spec_index]; }
   DType compute_dtype() const { return flat_compute_.dtype(); }
   bool has(const std::string& name) const { return index_.count(name) != 0; }
   const ParamSpec& spec(const std::string& name) const;
@@ -205,24 +228,28 @@ class ParamStore {
     check_master();
     return flat_params_.view(s.flat_offset, s.local_shape);
   }
-  Tensor grad(const ParamSpec& s) const { return flat_grads_.view(s.flat_offset, s.local_shape); }
+  Tensor grad(const ParamSpec& s) const { return flat_view(true, s, s.local_shape); }
   // Two glued parameters (ParamSpec::glue_next) as one (rows, cols) matrix, rows summed: the
   // compute weights, or the gradients.
   Tensor compute_fused(const std::string& first, const std::string& second) const;
   Tensor grad_fused(const std::string& first, const std::string& second) const;
   // The weights the forward and backward read (the master ones in f32).
   Tensor compute_param(const std::string& name) const;
-  Tensor compute_param(const ParamSpec& s) const {
-    return flat_compute_.view(s.flat_offset, s.local_shape);
-  }
+  Tensor compute_param(const ParamSpec& s) const { return flat_view(false, s, s.local_shape); }
 
  private:
   void check_master() const;
+  static void check_flat(const Tensor& t, const char* what);
+  // `shape` at spec s's offset in the gradients (grads) or the compute weights.
+  Tensor flat_view(bool grads, const ParamSpec& s, Shape shape) const;
   std::vector<ParamSpec> specs_;
   FlatLayout layout_;
   std::vector<FlatBucket> buckets_;
   std::map<std::string, size_t> index_;
   Tensor flat_params_, flat_grads_, flat_compute_;
+  std::vector<Tensor> unit_grads_, unit_compute_;  // per bucket, when the layout says so
+  std::vector<int> bucket_of_;                     // per spec
+  int64_t numel_ = 0;
 };
 
 }  // namespace tessera

@@ -70,6 +70,20 @@ DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicat
     master_ = Tensor({shard_numel_}, DType::F32, be_.allocator());
     be_.zero(master_);
   }
+  if (params_.layout().units_only_grads) {
+    AllocationLabel label("the gradient shard of this rank's blocks (Megatron-FSDP)");
+    g_ = Tensor({shard_numel_}, DType::F32, be_.allocator());
+    be_.zero(g_);
+  }
+  if (params_.layout().units_only_compute) {
+    if (params_.compute_dtype() == DType::F32) {
+      c_ = master_;
+    } else {
+      AllocationLabel label("the compute copy of this rank's blocks (Megatron-FSDP)");
+      c_ = Tensor({shard_numel_}, params_.compute_dtype(), be_.allocator());
+      be_.zero(c_);
+    }
+  }
   gathers_.resize(buckets.size());
   const ModelShard& sh = model.shard();
   buckets_of_piece_.resize(static_cast<size_t>(2 + sh.num_layers()));
@@ -88,7 +102,13 @@ Tensor DistributedAdamW::block_weights(const Block& k) const {
 }
 
 Tensor DistributedAdamW::block_compute(const Block& k) const {
+  if (c_.defined()) return c_.view(k.shard_begin, {k.numel()});
   return params_.flat_compute().view(k.flat_begin, {k.numel()});
+}
+
+Tensor DistributedAdamW::block_grads(const Block& k) const {
+  if (g_.defined()) return g_.view(k.shard_begin, {k.numel()});
+  return params_.flat_grads().view(k.flat_begin, {k.numel()});
 }
 
 void DistributedAdamW::zero_moments() {
@@ -113,18 +133,19 @@ void DistributedAdamW::step(double lr, double weight_decay, bool overlap_gather,
     for (size_t j = 0; j < segments_[i].size(); ++j)
       segments_[i][j].weight_decay = decays_[i][j] ? weight_decay : 0.0;
   wait_all();  // a gather still in flight writes the compute copy
-  Tensor& grads = params_.flat_grads();
-  Tensor& compute = params_.flat_compute();
+  // With master weights of its own, the block's compute copy (bf16/f16) in the same pass (none
+  // in f32 under FSDP's sharded parameters: the master shard is the compute copy's).
+  const bool copy = owns_master() && params_.compute_dtype() != DType::F32;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const Block& k = blocks_[i];
     const Shape n{k.numel()};
-    Tensor g = grads.view(k.flat_begin, n);
-    Tensor p = owns_master() ? master_.view(k.shard_begin, n) : compute.view(k.flat_begin, n);
+    Tensor g = block_grads(k);
+    Tensor p = block_weights(k);
     Tensor m = m_.view(k.shard_begin, n), v = v_.view(k.shard_begin, n);
-    // With master weights of its own, the block's compute copy (bf16/f16) in the same pass.
-    Tensor c = compute.view(k.flat_begin, n);
-    be_.adamw_step_flat(p, g, m, v, segments_[i], hyper_, step_, owns_master() ? &c : nullptr);
+    Tensor c = block_compute(k);
+    be_.adamw_step_flat(p, g, m, v, segments_[i], hyper_, step_, copy ? &c : nullptr);
   }
+  if (c_.defined()) return;  // sharded parameters: FSDP gathers each unit when a pass needs it
   // Forward order: the bucket holding the first parameters (the last bucket) first.
   for (int b = static_cast<int>(gathers_.size()) - 1; b >= 0; --b) start_gather(b);
   if (!overlap_gather) wait_all();
@@ -132,11 +153,12 @@ void DistributedAdamW::step(double lr, double weight_decay, bool overlap_gather,
 
 void DistributedAdamW::publish() {
   wait_all();
-  if (owns_master())
+  if (owns_master() && !(c_.defined() && params_.compute_dtype() == DType::F32))
     for (const Block& k : blocks_) {
-      Tensor c = params_.flat_compute().view(k.flat_begin, {k.numel()});
+      Tensor c = block_compute(k);
       be_.cast(c, master_.view(k.shard_begin, {k.numel()}));
     }
+  if (c_.defined()) return;  // sharded parameters: gathered per unit by FSDP
   for (int b = static_cast<int>(gathers_.size()) - 1; b >= 0; --b) start_gather(b);
   wait_all();
 }
@@ -187,7 +209,7 @@ std::vector<Tensor> DistributedAdamW::block_views(const std::vector<bool>& count
       const int64_t hi = std::min(k.flat_end, s.flat_offset + s.numel());
       if (lo >= hi) continue;
       if (!params)
-        out.push_back(params_.flat_grads().view(lo, {hi - lo}));
+        out.push_back(block_grads(k).view(lo - k.flat_begin, {hi - lo}));
       else if (owns_master())  // this block's f32 master weights
         out.push_back(master_.view(k.shard_begin + (lo - k.flat_begin), {hi - lo}));
       else  // f32 training: the parameters themselves
@@ -204,7 +226,7 @@ Tensor DistributedAdamW::embedding_grad_block() const {
     const FlatBucket& fb = params_.buckets()[static_cast<size_t>(k.bucket)];
     if (s.flat_offset >= fb.begin && s.flat_offset < fb.end) {
       TESSERA_CHECK(fb.end_param - fb.first_param == 1, "wte shares its bucket");
-      return params_.flat_grads().view(k.flat_begin, {k.numel()});
+      return block_grads(k);
     }
   }
   throw Error("wte is in no bucket");

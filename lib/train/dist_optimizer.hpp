@@ -46,6 +46,10 @@ class DistributedAdamW {
   Tensor& first_moment() { return m_; }
   Tensor block_weights(const Block& k) const;
   Tensor block_compute(const Block& k) const;
+  // The summed gradient of a block: in the flat gradient buffer, or (Megatron-FSDP's sharded
+  // gradients, train/fsdp.hpp) in the gradient shard, which FSDP fills.
+  Tensor block_grads(const Block& k) const;
+  Tensor& grad_shard() { return g_; }
   int64_t shard_numel() const { return shard_numel_; }
   // Mixed precision: the f32 master weights live here (the ParamStore has none).
   bool owns_master() const { return master_.defined(); }
@@ -98,6 +102,9 @@ class DistributedAdamW {
   std::vector<std::vector<bool>> decays_;  // per block and segment: takes the weight decay
   int64_t shard_numel_ = 0;
   Tensor m_, v_, master_;                            // shard buffers
+  // Megatron-FSDP: the gradient shard (sharded gradients) and the compute copy's shard (sharded
+  // parameters; the master shard itself in f32), else undefined.
+  Tensor g_, c_;
   std::vector<std::unique_ptr<PendingOp>> gathers_;  // per bucket, while overlapped
   std::vector<std::vector<int>> buckets_of_piece_;   // indexed by piece + 2 (embed, head, layers)
   int64_t step_ = 0;

@@ -86,6 +86,14 @@ FlatLayout training_flat_layout(const TrainConfig& cfg, const GPTConfig& model_c
   layout.shards = dist ? ctx.grad_group_size() : 1;  // the optimizer shards over DP x CP
   layout.embedding_alone = dist && model_cfg.embedding_on_last_stage();
   layout.master = !(dist && cfg.compute_dtype != DType::F32);  // else the optimizer's blocks
+  if (cfg.megatron_fsdp) {  // one bucket per FSDP unit (train/fsdp.hpp)
+    layout.fsdp_units = true;
+    layout.bucket_elems = 0;
+    // (The tied embedding is a unit of its own, embedding_alone: both ends read it.)
+    layout.units_only_grads = cfg.fsdp_shards_grads();
+    layout.units_only_compute = cfg.fsdp_shards_params();
+    if (layout.units_only_compute) layout.master = false;  // the optimizer's blocks, f32 too
+  }
   // Expert parallelism: the routed experts' gradients reduce over the expert-data-parallel group.
   layout.experts_apart = ctx.ep_size > 1;
   return layout;

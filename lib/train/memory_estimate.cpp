@@ -8,11 +8,47 @@
 #include "comm/grid_layout.hpp"
 #include "model/gpt.hpp"
 #include "model/params.hpp"
+#include "train/fsdp_ledger.hpp"
 #include "train/layout.hpp"
 #include "train/muon_plan.hpp"
 #include "train/pipeline.hpp"
 
 namespace tessera {
+
+namespace {
+// Megatron-FSDP's sharded gradients and parameters (train/fsdp.hpp): the shards from the FSDP
+// unit layout of every parameter (each expert's too), the pool from the ledger run over the
+// stage's schedule: the same bookkeeping the run does. `adam_bytes`: the moments counted so far.
+void fsdp_memory(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& layout,
+                 const ParallelContext& ctx, const ModelShard& shard,
+                 const std::vector<PipeStep>& steps, double adam_bytes, MemoryEstimate& e) {
+  ParallelContext grid = ctx;
+  grid.dp_size = layout.dp;
+  std::vector<ParamSpec> specs = build_param_specs(cfg, shard);
+  const std::vector<FlatBucket> buckets =
+      layout_flat_buffer(specs, training_flat_layout(t, cfg, grid));
+  const int64_t group = grid.grad_group_size();
+  int64_t total = 0;
+  e.fsdp_shard_elements = 0;
+  for (const FlatBucket& b : buckets) {  // routed experts' buckets over expert data parallelism
+    e.fsdp_shard_elements += b.numel() / (b.expert && ctx.ep_size > 1 ? group / ctx.ep_size : group);
+    total = std::max(total, b.end);
+  }
+  const double mine = static_cast<double>(e.fsdp_shard_elements);
+  const double width = dtype_size(t.compute_dtype);
+  const bool mixed = t.compute_dtype != DType::F32;
+  e.grad_bytes = 4.0 * mine;
+  e.optimizer_bytes += 8.0 * mine - adam_bytes;  // Muon's scratch stays
+  if (t.fsdp_shards_params())  // the master shard and, in mixed precision, its compute copy
+    e.param_bytes = (mixed ? 4.0 + width : 4.0) * mine;
+  else  // the whole compute copy (the f32 parameters in f32) and the master shard
+    e.param_bytes = mixed ? width * static_cast<double>(total) + 4.0 * mine
+                          : 4.0 * static_cast<double>(total);
+  e.fsdp_pool_bytes = static_cast<double>(fsdp_pool_bytes(
+      specs, buckets, shard, t.fsdp_shards_grads(), t.fsdp_shards_params(), t.compute_dtype,
+      steps, plan_recompute(t.recompute, shard)));
+}
+}  // namespace
 
 MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
                                     const GridLayout& layout, int stage, int ep) {
@@ -31,9 +67,10 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   e.expert_parameters = count.expert_parameters;
   const int V = t.virtual_pipeline_size;
   const int micro = t.num_micro_batches(layout.dp);
+  const std::vector<PipeStep> steps = V > 1 ? schedule_interleaved(layout.pp, stage, micro, V)
+                                             : schedule_1f1b(layout.pp, stage, micro);
   std::vector<int> chunk_slots{pipeline_slots(layout.pp, stage, micro)};
-  if (V > 1)
-    chunk_slots = pipeline_chunk_slots(schedule_interleaved(layout.pp, stage, micro, V), V);
+  if (V > 1) chunk_slots = pipeline_chunk_slots(steps, V);
   e.slots = 0;
   for (int n : chunk_slots) e.slots += n;
   // f32 master weights, plus their bf16/f16 copy in mixed precision; with the distributed
@@ -63,6 +100,8 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
       largest = std::max(largest, b.numel());
     e.optimizer_bytes += 8.0 * double(largest);
   }
+  if (t.fsdp_shards_grads())
+    fsdp_memory(cfg, t, layout, ctx, shard, steps, 8.0 * (dense / dp + experts / edp), e);
   e.expert_bytes = experts * ((mixed ? 2.0 + 4.0 / edp : 4.0) + 4.0 + 8.0 / edp);
   if (cfg.moe()) {  // one MoE layer's token copies for one micro-batch (in activation_bytes)
     const double N = double(t.micro_batch_size) * T, K = cfg.moe_router_topk;

@@ -32,8 +32,15 @@ struct MemoryEstimate {
   // FP8 (model/fp8.hpp): the scaling state of the stage's layers (amax, scale, format maximum and
   // H rows of history per tensor, 12 tensors per layer).
   double fp8_state_bytes = 0;
+  // Megatron-FSDP's sharded gradients / parameters (train/fsdp.hpp): this rank's elements of the
+  // flat buffers (its blocks, bucket padding included), and the pool of gathered weights and
+  // unreduced gradients the stage's schedule holds at most (in total_bytes; param_bytes and
+  // grad_bytes count the shards).
+  int64_t fsdp_shard_elements = 0;
+  double fsdp_pool_bytes = 0;
   double total_bytes() const {
-    return param_bytes + grad_bytes + optimizer_bytes + activation_bytes + fp8_state_bytes;
+    return param_bytes + grad_bytes + optimizer_bytes + activation_bytes + fp8_state_bytes +
+           fsdp_pool_bytes;
   }
 };
 

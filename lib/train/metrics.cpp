@@ -10,6 +10,7 @@
 #include "core/logging.hpp"
 #include "core/paths.hpp"
 #include "train/memory_estimate.hpp"
+#include "train/optimizer_set.hpp"
 
 namespace tessera {
 
@@ -252,24 +253,33 @@ void TrainingMetrics::memory_report(Backend& be, int64_t iteration) {
   const ParallelContext& ctx = c_.ctx;
   const Backend::MemoryStats m = be.memory_stats();
   const int R = ctx.world->size(), me = ctx.world->rank();
-  std::vector<double> all(static_cast<size_t>(4 * R), 0.0);  // every rank's, gathered by a sum
+  constexpr int F = 6;  // figures per rank, every rank's gathered by a sum
+  std::vector<double> all(static_cast<size_t>(F * R), 0.0);
   const GridLayout layout = GridLayout::make(R, ctx.tp_size, ctx.pp_size, ctx.cp_size);
-  all[4 * me] = m.allocated;
-  all[4 * me + 1] = m.max_allocated;
-  all[4 * me + 2] = m.reserved;
-  all[4 * me + 3] =
-      estimate_rank_memory(c_.model.config(), c_.cfg, layout, ctx.pp_rank, ctx.ep_size)
-          .total_bytes();
+  const MemoryEstimate e =
+      estimate_rank_memory(c_.model.config(), c_.cfg, layout, ctx.pp_rank, ctx.ep_size);
+  double* mine = all.data() + F * me;
+  mine[0] = m.allocated;
+  mine[1] = m.max_allocated;
+  mine[2] = m.reserved;
+  mine[3] = e.total_bytes();
+  // Megatron-FSDP's pool of gathered weights and unreduced gradients, held and estimated.
+  const FsdpUnits* fsdp = c_.optimizers.fsdp();
+  mine[4] = fsdp ? static_cast<double>(fsdp->pool_bytes()) : 0.0;
+  mine[5] = e.fsdp_pool_bytes;
   ctx.world->all_reduce_f64(all.data(), static_cast<int64_t>(all.size()), ReduceOp::Sum);
   const double MB = 1024.0 * 1024.0;
   for (int r = 0; r < R; ++r) {
-    char line[320];
-    std::snprintf(
+    const double* f = all.data() + F * r;
+    char line[400];
+    int n = std::snprintf(
         line, sizeof line,
         "[Rank %d] (after %lld iterations) memory (MB) | allocated: %.2f | max allocated: "
         "%.2f | reserved (%s): %.2f | --dry-run estimate: %.2f",
-        r, (long long)iteration, all[4 * r] / MB, all[4 * r + 1] / MB, m.reserved_what,
-        all[4 * r + 2] / MB, all[4 * r + 3] / MB);
+        r, (long long)iteration, f[0] / MB, f[1] / MB, m.reserved_what, f[2] / MB, f[3] / MB);
+    if (fsdp && n > 0 && n < static_cast<int>(sizeof line))
+      std::snprintf(line + n, sizeof line - static_cast<size_t>(n),
+                    " | FSDP units' pool: %.0f bytes (estimate %.0f)", f[4], f[5]);
     TLOG(info) << line;
   }
 }

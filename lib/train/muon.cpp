@@ -205,7 +205,7 @@ void Muon::step_layerwise(double lr, double weight_decay, double grad_scale) {
       const int64_t hi = std::min(k.flat_end, mm->offset + mm->numel());
       if (lo >= hi) continue;
       const Shape n{hi - lo};
-      Tensor g = params_.flat_grads().view(lo, n);
+      Tensor g = dist_->block_grads(k).view(lo - k.flat_begin, n);  // FSDP: the shard
       Tensor m = dist_->first_moment().view(k.shard_begin + (lo - k.flat_begin), n);
       Tensor u = U.view(lo - fb.begin, n);
       momentum(m, g, u, grad_scale);

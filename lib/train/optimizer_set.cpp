@@ -49,7 +49,9 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
     } else {
       model_.init_parameters(cfg_.seed);
     }
-    if (cfg_.overlap_param_gather)
+    if (cfg_.fsdp_shards_grads())  // after the master weights are set (train/fsdp.hpp)
+      fsdp_ = std::make_unique<FsdpUnits>(model_, be_, *dist_opt_);
+    if (cfg_.overlap_param_gather && !cfg_.fsdp_shards_params())
       model_.before_forward = [this](int piece) { dist_opt_->wait_params(piece); };
   } else {
     model_.init_parameters(cfg_.seed);
@@ -67,14 +69,20 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
 }
 
 void OptimizerSet::begin_step() {
-  reducer_->begin();
+  if (reduces_every_micro_batch())
+    fsdp_->begin_step();
+  else
+    reducer_->begin();
 }
 
 void OptimizerSet::finish_reduction() {
   {
     TESSERA_PHASE("dp-grad-reduce-wait");
     IterationTimers::Scope timed(timers_, IterationTimers::GradsAllReduce);
-    reducer_->finish();
+    if (reduces_every_micro_batch())
+      fsdp_->finish();
+    else
+      reducer_->finish();
   }
   if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage()) &&
       model_.config().embedding_on_last_stage()) {
@@ -112,7 +120,8 @@ OptimizerSet::Update OptimizerSet::step(int64_t iteration, double loss, int glob
   u.grad_norm = std::sqrt(norm2) / loss_scale;
   if (loss_scale != 1.0) {
     TESSERA_PHASE("grad-clip");  // unscaling (fp16) is the same kind of pass
-    be_.scale(model_.params().flat_grads(), static_cast<float>(1.0 / loss_scale));
+    be_.scale(fsdp_ ? dist_opt_->grad_shard() : model_.params().flat_grads(),
+              static_cast<float>(1.0 / loss_scale));
   }
   if (!std::isfinite(loss) || !std::isfinite(u.grad_norm))
     throw Error(detail::concat(

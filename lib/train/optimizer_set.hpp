@@ -12,6 +12,7 @@
 #include "comm/communicator.hpp"
 #include "model/gpt.hpp"
 #include "train/dist_optimizer.hpp"
+#include "train/fsdp.hpp"
 #include "train/grad_reducer.hpp"
 #include "train/grid_norms.hpp"
 #include "train/loss_scaler.hpp"
@@ -40,12 +41,24 @@ class OptimizerSet {
   double loss_scale() const { return scaler_.scale(); }
   // Before a step's backward: the reduction's buckets start as the backward completes them.
   void begin_step();
-  // The model's piece `piece` has its gradients of the step (the last micro-batch's backward).
-  void piece_ready(int piece) { reducer_->piece_ready(piece); }
+  // Whether gradients reduce after every micro-batch's backward (Megatron-FSDP's sharded
+  // gradients), not only after the step's last.
+  bool reduces_every_micro_batch() const { return fsdp_ && fsdp_->shards_grads(); }
+  // The model's piece `piece` has its gradients of the step (the last micro-batch's backward), or
+  // of the micro-batch (reduces_every_micro_batch).
+  void piece_ready(int piece) {
+    if (reduces_every_micro_batch())
+      fsdp_->piece_ready(piece);
+    else
+      reducer_->piece_ready(piece);
+  }
   // Each gradient bucket's local values before its data-parallel reduction (result validation).
   void before_reduce(std::function<void(const Tensor&)> f) {
+    if (fsdp_) fsdp_->before_reduce = f;
     reducer_->before_reduce = std::move(f);
   }
+  // Megatron-FSDP's units (sharded gradients or parameters); null otherwise.
+  FsdpUnits* fsdp() { return fsdp_.get(); }
   // Waits for the data-parallel reduction and all-reduces the tied embedding's two halves.
   void finish_reduction();
 
@@ -97,6 +110,7 @@ class OptimizerSet {
   std::unique_ptr<Muon> muon_;                  // --optimizer muon: the matrices (AdamW the rest)
   std::unique_ptr<DistributedAdamW> dist_opt_;  // --use-distributed-optimizer
   std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<FsdpUnits> fsdp_;  // --use-megatron-fsdp with optim_grads(_params)
   std::unique_ptr<GridNorms> norms_;
   LrSchedule lr_schedule_;
   WeightDecaySchedule wd_schedule_;

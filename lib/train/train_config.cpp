@@ -293,6 +293,25 @@ void TrainConfig::validate(int dp_size) const {
   if (!lr_schedule_in_samples) validate_rampup(*this, dp_size);  // resolved() checked it
 }
 
+std::string describe_dp_sharding(const TrainConfig& t, int dp) {
+  const std::string over = " over DP " + std::to_string(dp);
+  if (t.megatron_fsdp) {
+    using S = TrainConfig::DpSharding;
+    switch (t.dp_sharding) {
+      case S::NoShard: return "Megatron-FSDP no_shard (replicated, one bucket per layer)";
+      case S::Optim: return "Megatron-FSDP optim (the optimizer state" + over + ")";
+      case S::OptimGrads:
+        return "Megatron-FSDP optim_grads (the optimizer state and gradients" + over + ")";
+      case S::OptimGradsParams:
+        return "Megatron-FSDP optim_grads_params (the optimizer state, gradients and "
+               "parameters" +
+               over + ")";
+    }
+  }
+  if (!t.use_distributed_optimizer) return "replicated";
+  return "distributed" + over + (t.overlap_param_gather ? " (parameter gather overlapped)" : "");
+}
+
 std::string warmup_past_the_run(const TrainConfig& t) {
   if (t.train_iters <= 0 || t.lr_warmup_iters <= 0) return std::string();
   const char* unit = t.lr_schedule_in_samples ? " samples" : " iterations";

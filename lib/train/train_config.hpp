@@ -86,6 +86,20 @@ struct TrainConfig {
   bool use_distributed_optimizer = false;
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;  // needs the distributed optimizer
+  // Megatron-FSDP (--use-megatron-fsdp, train/fsdp.hpp): one bucket per FSDP unit (a layer, the
+  // embedding, the head) and what --data-parallel-sharding-strategy shards over the DP ranks:
+  // nothing (no_shard: DDP), the optimizer state (optim: the distributed optimizer), also the
+  // gradients (optim_grads), also the parameters (optim_grads_params).
+  enum class DpSharding { NoShard, Optim, OptimGrads, OptimGradsParams };
+  bool megatron_fsdp = false;
+  DpSharding dp_sharding = DpSharding::NoShard;
+  bool fsdp_shards_grads() const {
+    return megatron_fsdp && (dp_sharding == DpSharding::OptimGrads ||
+                             dp_sharding == DpSharding::OptimGradsParams);
+  }
+  bool fsdp_shards_params() const {
+    return megatron_fsdp && dp_sharding == DpSharding::OptimGradsParams;
+  }
   // Megatron's sequence parallelism (needs TP > 1): LayerNorm, dropout and residual regions split
   // over the TP group along the tokens; all-gather / reduce-scatter instead of all-reduce.
   bool sequence_parallel = false;
@@ -214,6 +228,10 @@ struct TrainConfig {
 // For a resolved config: the warning line when the warm-up lasts the whole run (the learning
 // rate never reaches --lr), else "". A warm-up not shorter than an explicit decay is refused by
 // validate(), as Megatron asserts.
+// What the data-parallel ranks shard, for the start-up and --dry-run lines: "replicated",
+// "distributed over DP 4", or Megatron-FSDP's strategy and what it shards.
+std::string describe_dp_sharding(const TrainConfig& t, int dp);
+
 std::string warmup_past_the_run(const TrainConfig& resolved);
 
 }  // namespace tessera

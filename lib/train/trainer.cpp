@@ -50,10 +50,9 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   optimizers_ = std::make_unique<OptimizerSet>(*model_, be_, cfg_, ctx_, timers_);
   executor_ = std::make_unique<StepExecutor>(*model_, be_, cfg_, ctx_, data_, timers_);
   model_->on_grads_ready = [this](int piece) {
-    // The last micro-batch's backward (of the piece's chunk) completes a piece's gradients:
-    // sequence parallelism's LayerNorm gradients are summed over TP first, then the
-    // data-parallel reduction may start.
-    if (!executor_->in_last_backward()) return;
+    // The last micro-batch's backward (of the piece's chunk; every one's under FSDP's sharded
+    // gradients) completes a piece's gradients: the TP sums first, then the DP reduction.
+    if (!executor_->in_last_backward() && !optimizers_->reduces_every_micro_batch()) return;
     model_->reduce_sequence_parallel_grads(piece);
     optimizers_->piece_ready(piece);
   };

@@ -126,6 +126,11 @@ for _ in $(seq 1 120); do grep -q "requeueing job" "$log" 2>/dev/null && break; 
 if grep -q "received signal 10 (SIGUSR1)" "$log" && grep -q "tessera-train exited 0" "$log" && grep -q "requeueing job $j" "$log"; then
   stopped=$(grep -o "stopping after iteration [0-9]*" "$log" | head -1 | awk '{print $4}')
   ok "scancel --signal=USR1: saved at iteration $stopped, exited 0, job requeued"
+  # Slurm holds a requeued job for about two minutes (EligibleTime = requeue + 121 s); the test
+  # makes it eligible now (what an administrator's `scontrol update StartTime=now` does), so the
+  # wait is the resume itself.
+  for _ in $(seq 1 30); do [ "$(state_of "$j")" = PENDING ] && break; sleep 1; done
+  scontrol update JobId="$j" StartTime=now > /dev/null 2>&1 || bad "scontrol update StartTime=now of the requeued job $j"
   # Let the requeued job resume, then stop it for good (USR1 again with REQUEUE still 1 would loop:
   # cancel it once it has resumed from the saved iteration).
   for _ in $(seq 1 180); do grep -q "resuming from $ck (iteration $stopped)" "$log" && break; sleep 1; done

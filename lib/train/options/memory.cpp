@@ -114,9 +114,10 @@ class MemoryOptions : public OptionGroup {
     const TrainConfig& t = d.o.train;
     if (s == DryRunSection::Setup)
       out << "activation recomputation: " << t.recompute.describe() << "; optimizer: "
-          << (t.use_distributed_optimizer ? "distributed (master weights and Adam moments of "
-                                            "1/DP of the parameters per rank)"
-                                          : "replicated on every DP rank")
+          << (t.megatron_fsdp ? describe_dp_sharding(t, d.layout.dp)
+              : t.use_distributed_optimizer ? "distributed (master weights and Adam moments of "
+                                              "1/DP of the parameters per rank)"
+                                            : "replicated on every DP rank")
           << "; sequence parallelism: " << (t.sequence_parallel ? "on" : "off") << "\n";
     else if (s == DryRunSection::Stage)
       stage_lines(d, out);
@@ -142,8 +143,16 @@ class MemoryOptions : public OptionGroup {
                   shard.has_embedding ? ", embedding" : "", shard.has_head ? ", head" : "",
                   (long long)local, gib(p), gib(g), gib(adam), gib(act), slots,
                   slots == 1 ? "" : "es", shard.num_chunks() > 1 ? " over its model chunks" : "",
-                  gib(p + g + adam + act));
+                  gib(e.total_bytes() - e.fp8_state_bytes));
     out << buf;
+    if (d.o.train.fsdp_shards_grads()) {
+      std::snprintf(buf, sizeof buf,
+                    "  Megatron-FSDP: %lld elements of the flat buffers per rank (its blocks); "
+                    "units' pool %.0f bytes (%.3f GiB: gathered weights and unreduced gradients "
+                    "at most at once, in the total)\n",
+                    (long long)e.fsdp_shard_elements, e.fsdp_pool_bytes, gib(e.fsdp_pool_bytes));
+      out << buf;
+    }
     std::snprintf(buf, sizeof buf,
                   "  bytes per parameter %.1f (weights %.1f, gradients %.1f, optimizer %.1f) | "
                   "activations kept per layer per micro-batch %.2f MiB, shared working set %.2f "

@@ -49,7 +49,16 @@ class ParallelismOptions : public OptionGroup {
             "overlap-param-gather",
             po::value(&t.overlap_param_gather)->default_value(false)->implicit_value(true),
             "with --use-distributed-optimizer: gather updated weights bucket by bucket while the "
-            "next forward runs");
+            "next forward runs")(
+            "use-megatron-fsdp", po::bool_switch(&t.megatron_fsdp),
+            "Megatron-FSDP: one data-parallel bucket per layer (and one for the embedding, one "
+            "for the head), sharded over the DP ranks as --data-parallel-sharding-strategy says")(
+            "data-parallel-sharding-strategy",
+            po::value(&sharding_)->default_value("no_shard"),
+            "with --use-megatron-fsdp: no_shard (DDP), optim (optimizer state, ZeRO-1), "
+            "optim_grads (and gradients, reduce-scattered each micro-batch, ZeRO-2), "
+            "optim_grads_params (and parameters, each layer's gathered for its forward and again "
+            "for its backward, ZeRO-3)");
     p.alternatives(
         {"num-layers-per-virtual-pipeline-stage", "virtual-pipeline-model-parallel-size"});
   }
@@ -73,8 +82,9 @@ class ParallelismOptions : public OptionGroup {
 
   // The virtual pipeline size: --num-layers-per-virtual-pipeline-stage needs the model's layers,
   // which --use-checkpoint-args (a later group) may have replaced.
-  void resolve_late(const OptionParser&, RunOptions& o, StartupNotes& notes) override {
+  void resolve_late(const OptionParser& p, RunOptions& o, StartupNotes& notes) override {
     using detail::concat;
+    resolve_sharding(p, o, notes);  // after the optimizer's group (dist_muon)
     const GPTConfig& m = o.model;
     TrainConfig& t = o.train;
     const int per_stage = layers_per_virtual_stage_;
@@ -132,6 +142,40 @@ class ParallelismOptions : public OptionGroup {
   }
 
  private:
+  void resolve_sharding(const OptionParser& p, RunOptions& o, StartupNotes& notes) const {
+    using S = TrainConfig::DpSharding;
+    TrainConfig& t = o.train;
+    if (sharding_ == "no_shard")
+      t.dp_sharding = S::NoShard;
+    else if (sharding_ == "optim")
+      t.dp_sharding = S::Optim;
+    else if (sharding_ == "optim_grads")
+      t.dp_sharding = S::OptimGrads;
+    else if (sharding_ == "optim_grads_params")
+      t.dp_sharding = S::OptimGradsParams;
+    else
+      throw ConfigError("--data-parallel-sharding-strategy=" + sharding_ +
+                        " is not a strategy (allowed: no_shard, optim, optim_grads, "
+                        "optim_grads_params)");
+    if (!t.megatron_fsdp) {
+      if (p.given("data-parallel-sharding-strategy"))
+        throw ConfigError(
+            "--data-parallel-sharding-strategy needs --use-megatron-fsdp (without it, "
+            "--use-distributed-optimizer shards the optimizer state)");
+      return;
+    }
+    // Megatron-FSDP's sharding strategies above no_shard run on the distributed optimizer
+    // (Megatron asks for --use-distributed-optimizer with them; here the strategy implies it).
+    if (t.dp_sharding != S::NoShard) t.use_distributed_optimizer = true;
+    if (t.dp_sharding == S::NoShard && t.use_distributed_optimizer) {
+      t.use_distributed_optimizer = false;
+      notes.run.push_back(
+          "--use-megatron-fsdp --data-parallel-sharding-strategy no_shard keeps the optimizer "
+          "state whole, as DDP does: --use-distributed-optimizer has no effect under it (optim "
+          "or higher shards it)");
+    }
+  }
+
   static void context_parallel_line(const DryRunContext& d, std::ostream& out) {
     const GridLayout& layout = d.layout;
     const RingTraffic ring = cp_ring_traffic(d.o.model, d.o.train, layout.tp, layout.cp);
@@ -153,7 +197,7 @@ class ParallelismOptions : public OptionGroup {
     out << buf;
   }
 
-  std::string cp_comm_type_;
+  std::string cp_comm_type_, sharding_;
   int virtual_size_ = 0, layers_per_virtual_stage_ = 0;
 };
 

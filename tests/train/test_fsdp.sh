@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# test_fsdp.sh (issue 59): Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy)
+# trains the single-rank trajectory. Every strategy (no_shard, optim, optim_grads,
+# optim_grads_params) at DP2 and DP4, and optim_grads(_params) with TP2 + SP, PP2 (1F1B and
+# interleaved), CP2, full recomputation, a Mixtral-shaped MoE at EP2 and Muon give the 1-rank
+# losses of 20 iterations (dropout on) to 1e-6 relative. A checkpoint saved under
+# optim_grads_params at DP2 resumes at TP2 x PP2 and the other way round (iterations 11-20 the
+# uninterrupted run's). The memory report's FSDP pool (what the run holds) equals the --dry-run
+# estimate's; the options' errors are one line.
+# Usage: test_fsdp.sh BIN_DIR CONFIG_DIR
+set -u
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"
+bin=$1
+configs=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fail=0
+gpt=(--config "$configs/gpt2-tiny.ini" --num-layers 4 --hidden-size 32 --num-attention-heads 4
+     --seq-length 32 --max-position-embeddings 32 --vocab-size 200 --global-batch-size 8
+     --micro-batch-size 2 --train-iters 20 --log-interval 1 --lr-warmup-iters 2 --threads 1
+     --hidden-dropout 0.1 --attention-dropout 0.1 --lr 0.01)
+moe=(--config "$configs/mixtral-tiny.ini" --num-layers 2 --global-batch-size 8 --micro-batch-size 2
+     --mock-data --vocab-size 200 --train-iters 20 --log-interval 1 --lr-warmup-iters 2 --threads 1
+     --lr 0.01)
+fsdp=(--use-megatron-fsdp --data-parallel-sharding-strategy)
+train() {  # train NAME NP MODEL [options]: metrics in $work/NAME.jsonl, log in $work/NAME.log
+  local name=$1 np=$2 rc
+  local -n model=$3
+  shift 3
+  local cmd=("$bin/tessera-train" "${model[@]}" --metrics-file "$work/$name.jsonl" "$@")
+  if [ "$np" -gt 1 ]; then
+    timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "${cmd[@]}" > "$work/$name.log" 2>&1
+  else
+    timeout 300 "${cmd[@]}" > "$work/$name.log" 2>&1
+  fi
+  rc=$?
+  [ $rc -eq 0 ] || bad "$name exited $rc: $(grep -v '^\[' "$work/$name.log" | tail -3)"
+}
+worst() {  # worst BASE NAME...: the worst relative loss difference over the iterations logged
+  join <(iteration_losses "$work/$1.jsonl" | sort -k1,1) \
+       <(shift; for n in "$@"; do iteration_losses "$work/$n.jsonl"; done | sort -k1,1) | awk '
+    { d = $2 - $3; if (d < 0) d = -d; r = d / $2; if (r > w) w = r; n++ }
+    END { if (n == 0) print "missing"; else printf "%.3g %d", w, n }'
+}
+same() {  # same BASE DESCRIPTION NAME...: 20 iterations within 1e-6 relative
+  local base=$1 what=$2 w n
+  shift 2
+  read -r w n < <(worst "$base" "$@")
+  if [ "$w" != "missing" ] && [ "${n:-0}" -eq 20 ] && awk -v w="$w" 'BEGIN { exit !(w <= 1e-6) }'; then
+    ok "$what: worst relative loss difference $w over $n iterations"
+  else
+    bad "$what: worst relative loss difference $w over ${n:-0} iterations"
+  fi
+}
+
+# Every strategy at DP2 and DP4 against one rank.
+train one 1 gpt
+for s in no_shard optim optim_grads optim_grads_params; do
+  for dp in 2 4; do
+    train "$s-dp$dp" "$dp" gpt "${fsdp[@]}" "$s"
+    same one "$s at DP$dp" "$s-dp$dp"
+  done
+done
+grep -q "optimizer: Megatron-FSDP optim_grads_params (the optimizer state, gradients and parameters over DP 2)" \
+  "$work/optim_grads_params-dp2.log" && ok "the start-up line names the strategy" \
+  || bad "no strategy in the start-up line: $(grep 'optimizer:' "$work/optim_grads_params-dp2.log")"
+
+# With the other layouts.
+train tp2sp 4 gpt "${fsdp[@]}" optim_grads_params --tensor-model-parallel-size 2 --sequence-parallel
+same one "optim_grads_params at TP2 + SP x DP2" tp2sp
+train pp2 4 gpt "${fsdp[@]}" optim_grads_params --pipeline-model-parallel-size 2
+same one "optim_grads_params at PP2 x DP2" pp2
+train vpp 4 gpt "${fsdp[@]}" optim_grads --pipeline-model-parallel-size 2 \
+  --virtual-pipeline-model-parallel-size 2
+same one "optim_grads at interleaved PP2 x DP2" vpp
+train cp2 4 gpt "${fsdp[@]}" optim_grads_params --context-parallel-size 2
+same one "optim_grads_params at CP2 x DP2" cp2
+train full 2 gpt "${fsdp[@]}" optim_grads_params --recompute-granularity full \
+  --recompute-method uniform --recompute-num-layers 2
+same one "optim_grads_params at DP2 with full recomputation" full
+train moe-one 1 moe
+train moe-ep2 2 moe "${fsdp[@]}" optim_grads_params --expert-model-parallel-size 2
+same moe-one "Mixtral-shaped MoE, optim_grads_params at EP2 (DP2)" moe-ep2
+train muon-one 1 gpt --optimizer muon
+train muon-dp2 2 gpt --optimizer muon "${fsdp[@]}" optim_grads_params
+same muon-one "Muon under optim_grads_params at DP2 (layer-wise)" muon-dp2
+
+# Checkpoints stay free of the layout.
+train z3-save 2 gpt "${fsdp[@]}" optim_grads_params --exit-interval 10 --save "$work/ck-z3" --save-interval 10
+train z3-to-tppp 4 gpt --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --load "$work/ck-z3"
+same one "saved under optim_grads_params at DP2, resumed at TP2 x PP2" z3-save z3-to-tppp
+train tppp-save 4 gpt --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --exit-interval 10 \
+  --save "$work/ck-tppp" --save-interval 10
+train tppp-to-z3 2 gpt "${fsdp[@]}" optim_grads_params --load "$work/ck-tppp"
+same one "saved at TP2 x PP2, resumed under optim_grads_params at DP2" tppp-save tppp-to-z3
+
+# The pool the run holds is the estimate's (memory report after the first iteration, --dry-run).
+for s in optim_grads optim_grads_params; do
+  for log in "$work/$s-dp2.log" "$work/full.log" "$work/pp2.log"; do
+    [ "$s" = optim_grads ] && [ "$log" != "$work/$s-dp2.log" ] && continue
+    pool=$(grep -o "FSDP units' pool: [0-9]* bytes (estimate [0-9]*)" "$log" | head -1)
+    held=$(awk '{print $4}' <<<"$pool")
+    est=$(tr -d ')' <<<"$pool" | awk '{print $7}')
+    if [ -n "$held" ] && [ "$held" -gt 0 ] && [ "$held" = "$est" ]; then
+      ok "$(basename "$log" .log): FSDP pool held $held bytes = estimate"
+    else
+      bad "$(basename "$log" .log): FSDP pool '$pool'"
+    fi
+  done
+done
+dry=$("$bin/tessera-train" "${gpt[@]}" "${fsdp[@]}" optim_grads_params --dry-run --world-size 2 2>&1)
+est=$(grep -o "units' pool [0-9]* bytes" <<<"$dry" | awk '{print $3}')
+held=$(grep -o "FSDP units' pool: [0-9]* bytes" "$work/optim_grads_params-dp2.log" | head -1 | awk '{print $4}')
+[ -n "$est" ] && [ "$est" = "$held" ] && ok "--dry-run's pool $est bytes = the run's" \
+  || bad "--dry-run pool '$est' against the run's '$held': $(grep -i fsdp <<<"$dry")"
+
+# Errors and notes.
+out=$("$bin/tessera-train" "${gpt[@]}" --data-parallel-sharding-strategy optim --dry-run 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "needs --use-megatron-fsdp" <<<"$out" && ok "a strategy without --use-megatron-fsdp: rc 2" \
+  || bad "strategy without FSDP: rc $rc $out"
+out=$("$bin/tessera-train" "${gpt[@]}" "${fsdp[@]}" zero3 --dry-run 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "zero3 is not a strategy (allowed: no_shard, optim, optim_grads, optim_grads_params)" <<<"$out" \
+  && ok "an unknown strategy: rc 2" || bad "unknown strategy: rc $rc $out"
+out=$("$bin/tessera-train" "${gpt[@]}" "${fsdp[@]}" no_shard --use-distributed-optimizer --dry-run --world-size 2 2>&1)
+grep -q "no_shard keeps the optimizer state whole" <<<"$out" && grep -q "optimizer: Megatron-FSDP no_shard" <<<"$out" \
+  && ok "no_shard with --use-distributed-optimizer: a note, replicated" || bad "no_shard + dist-opt: $out"
+
+[ $fail -eq 0 ] && echo "fsdp: all passed"
+exit $fail
