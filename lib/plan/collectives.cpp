@@ -4,6 +4,7 @@
 #include "plan/collectives.hpp"
 
 #include <algorithm>
+#include <memory>
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
@@ -195,8 +196,10 @@ CallList CollectivePlan::layer_backward(int l, bool last_micro) const {
                                : recompute_[static_cast<size_t>(shard_.local_index(l))];
   if (r.kind == RecomputeGranularity::Full && r.chunk_last(l)) {
     for (int k = r.chunk_begin; k < r.chunk_end; ++k) {
+      fsdp_hook(&FsdpLedger::before_forward, k, out);
       const CallList f = layer_forward(k);
       out.insert(out.end(), f.begin(), f.end());
+      fsdp_hook(&FsdpLedger::after_forward, k, out);
     }
   } else if (r.kind == RecomputeGranularity::Selective) {
     hidden_gather(out);  // both LayerNorms' outputs
@@ -210,7 +213,7 @@ CallList CollectivePlan::layer_backward(int l, bool last_micro) const {
   hidden_gather(out);
   ring_backward(out);
   hidden_reduce(out);
-  if (last_micro) tp_grad_sums(l, out);
+  if (last_micro || t_.fsdp_shards_grads()) tp_grad_sums(l, out);  // FSDP: every micro-batch
   return out;
 }
 
@@ -229,7 +232,7 @@ CallList CollectivePlan::head_forward() const {
 CallList CollectivePlan::head_backward(bool last_micro) const {
   CallList out;
   hidden_reduce(out);
-  if (last_micro && sp_)
+  if ((last_micro || t_.fsdp_shards_grads()) && sp_)
     for (int i = 0; i < (cfg_.rmsnorm() ? 1 : 2); ++i)
       out.push_back(call("tp", "all_reduce", cfg_.hidden_size, 4));
   return out;
@@ -276,6 +279,40 @@ void append(CallList& out, const CallList& more) {
   out.insert(out.end(), more.begin(), more.end());
 }
 }  // namespace
+
+// The units' collectives as FsdpUnits issues them (train/fsdp.cpp): a unit's gather over its
+// blocks' group in the compute dtype, its reduce-scatter in f32.
+struct CollectivePlan::FsdpRecorder final : FsdpLedger::Actions {
+  FsdpRecorder(const CollectivePlan& p, const std::vector<ParamSpec>& specs,
+               const std::vector<FlatBucket>& fb)
+      : plan(p),
+        buckets(fb),
+        ledger(fsdp_units(specs, fb, p.shard_), p.shard_, true, p.t_.fsdp_shards_params(),
+               p.t_.compute_dtype, nullptr) {
+    ledger.set_actions(this);
+  }
+  void issue(int unit, const char* op, int bytes) {
+    const FlatBucket& b = buckets[static_cast<size_t>(unit)];
+    const std::string g = b.expert && plan.ep_ > 1 ? "edp" : "dp";
+    if (plan.group_size(g) > 1) out->push_back(plan.call(g, op, b.numel(), bytes));
+  }
+  void gather(int unit, const Tensor&) override { issue(unit, "all_gather", plan.wb_); }
+  void release_params(int) override {}
+  void bind_grads(int, const Tensor&) override {}
+  void start_reduce(int unit) override { issue(unit, "reduce_scatter", 4); }
+  void finish_reduce(int) override {}
+
+  const CollectivePlan& plan;
+  const std::vector<FlatBucket>& buckets;
+  FsdpLedger ledger;
+  CallList* out = nullptr;
+};
+
+void CollectivePlan::fsdp_hook(void (FsdpLedger::*hook)(int), int piece, CallList& out) const {
+  if (!fsdp_) return;
+  fsdp_->out = &out;
+  (fsdp_->ledger.*hook)(piece);
+}
 
 // Muon::step (train/muon.hpp): a TP-cut matrix gathered whole (duplicated) or its Gram matrix
 // summed at every Newton-Schulz step (distributed); over the distributed optimizer, per bucket
@@ -343,6 +380,17 @@ CallList CollectivePlan::step() const {
   }
   for (size_t p = 0; p < specs.size(); ++p) remaining[p] = static_cast<int>(pieces[p].size());
   CallList out;
+  // Megatron-FSDP's sharded units replace the buckets' reduction (and, sharding parameters, the
+  // optimizer's gathers) with their own calls at the model's hooks.
+  const bool units = t_.fsdp_shards_grads();
+  std::unique_ptr<FsdpRecorder> recorder;
+  if (units) recorder = std::make_unique<FsdpRecorder>(*this, specs, fb);
+  fsdp_ = recorder.get();
+  struct Reset {
+    const CollectivePlan* p;
+    ~Reset() { p->fsdp_ = nullptr; }
+  } reset{this};
+  auto hook = [&](void (FsdpLedger::*h)(int), int piece) { fsdp_hook(h, piece, out); };
   auto reduce = [&](Bucket& b) {
     b.started = true;
     const std::string g = b.expert ? "edp" : "dp";
@@ -350,7 +398,7 @@ CallList CollectivePlan::step() const {
       out.push_back(call(g, dist ? "reduce_scatter" : "all_reduce", b.elements, 4));
   };
   auto ready = [&](int piece) {  // GradReducer::piece_ready
-    if (!t_.overlap_grad_reduce) return;
+    if (!t_.overlap_grad_reduce || units) return;
     for (size_t p = 0; p < specs.size(); ++p) {
       if (std::find(pieces[p].begin(), pieces[p].end(), piece) == pieces[p].end()) continue;
       if (--remaining[p] > 0) continue;
@@ -364,32 +412,37 @@ CallList CollectivePlan::step() const {
     const LayerRange& range = shard_.chunks[size_t(st.chunk)];
     const bool embeds = st.chunk == 0 && shard_.has_embedding;
     const bool head = st.chunk == V - 1 && shard_.has_head;
+    auto forward = [&](int piece, const CallList& calls) {
+      hook(&FsdpLedger::before_forward, piece);
+      append(out, calls);
+      hook(&FsdpLedger::after_forward, piece);
+    };
     if (st.forward) {
       append(out, receive_forward(st.chunk));
-      if (embeds) append(out, embed_forward());
-      for (int l = range.begin; l < range.end; ++l) append(out, layer_forward(l));
-      if (head) append(out, head_forward());
+      if (embeds) forward(kEmbed, embed_forward());
+      for (int l = range.begin; l < range.end; ++l) forward(l, layer_forward(l));
+      if (head) forward(kHead, head_forward());
       append(out, send_forward(st.chunk));
       continue;
     }
     const bool last = st.micro == micro - 1;
+    auto backward = [&](int piece, auto&& calls) {  // GPTModel::backward's hooks around a piece
+      hook(&FsdpLedger::before_backward, piece);
+      append(out, calls());
+      if (last) ready(piece);
+      hook(&FsdpLedger::grads_ready, piece);
+      hook(&FsdpLedger::after_backward, piece);
+    };
     append(out, receive_backward(st.chunk));
-    if (head) {
-      append(out, head_backward(last));
-      if (last) ready(kHead);
-    }
-    for (int l = range.end - 1; l >= range.begin; --l) {
-      append(out, layer_backward(l, last));
-      if (last) ready(l);
-    }
-    if (embeds) {
-      append(out, embed_backward());
-      if (last) ready(kEmbed);
-    }
+    if (head) backward(kHead, [&] { return head_backward(last); });
+    for (int l = range.end - 1; l >= range.begin; --l)
+      backward(l, [&] { return layer_backward(l, last); });
+    if (embeds) backward(kEmbed, [&] { return embed_backward(); });
     append(out, send_backward(st.chunk));
   }
+  if (recorder) recorder->ledger.finish();
   for (Bucket& b : buckets)  // GradReducer::finish: in bucket order
-    if (!b.started) reduce(b);
+    if (!b.started && !units) reduce(b);
   if (P > 1 && (shard_.has_embedding || shard_.has_head) && cfg_.embedding_on_last_stage()) {
     int64_t n = 0;  // wte's gradient, or the block of its bucket this rank owns
     for (size_t p = 0; p < specs.size(); ++p)
@@ -398,7 +451,7 @@ CallList CollectivePlan::step() const {
     out.push_back(call("embedding", "all_reduce", n, 4));
   }
   if (t_.optimizer == "muon") muon_calls(specs, fb, out);
-  if (dist)  // DistributedAdamW::step: the updated blocks gathered, the last bucket first
+  if (dist && !t_.fsdp_shards_params())  // DistributedAdamW::step: the updated blocks gathered
     for (size_t b = buckets.size(); b-- > 0;) {
       const std::string g = buckets[b].expert ? "edp" : "dp";
       if (group_size(g) > 1)

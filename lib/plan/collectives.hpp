@@ -23,6 +23,7 @@
 #include "model/layer_spec.hpp"
 #include "model/params.hpp"
 #include "model/recompute.hpp"
+#include "train/fsdp_ledger.hpp"
 #include "train/train_config.hpp"
 
 namespace tessera {
@@ -88,6 +89,12 @@ class CollectivePlan {
                   CallList& out) const;
   PlannedCall call(const std::string& group, const char* op, int64_t elements, int bytes,
                    int peer = -1) const;
+  // Megatron-FSDP's sharded units (train/fsdp_ledger.hpp): during step(), the ledger that issues
+  // the units' gathers and reduce-scatters at the model's hooks; fsdp_hook runs one hook, its
+  // calls appended to `out` (nothing without FSDP's sharded units).
+  struct FsdpRecorder;
+  void fsdp_hook(void (FsdpLedger::*hook)(int), int piece, CallList& out) const;
+  mutable FsdpRecorder* fsdp_ = nullptr;
   int world_of_stage(int pp_rank) const;
 
   const GPTConfig& cfg_;

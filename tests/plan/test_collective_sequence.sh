@@ -105,4 +105,15 @@ check qwen3-tp2sp 2 qwen3 --tensor-model-parallel-size 2 --sequence-parallel
 # DeepSeek-V3-shaped: MLA's latents (their TP-partial gradients), a dense first layer, shared
 # experts, the grouped sigmoid router, at TP2 x EP2.
 check deepseek-tp2-ep2 4 deepseek --tensor-model-parallel-size 2 --expert-model-parallel-size 2
+# Megatron-FSDP (issue 59): each unit's gathers before its forward and backward pieces (with full
+# recomputation, again for the chunk's forward), its reduce-scatter once its pieces ran, every
+# micro-batch, and the TP sums every micro-batch: TP2 + SP x PP2 x DP2 (optim_grads_params,
+# full recomputation), and a Mixtral-shaped MoE at EP2 with the bf16 gathers (optim_grads_params)
+# and optim_grads at DP2 (the optimizer's gathers after the step).
+check fsdp-tp2sp-pp2-dp2 8 gpt --tensor-model-parallel-size 2 --sequence-parallel \
+  --pipeline-model-parallel-size 2 --use-megatron-fsdp --data-parallel-sharding-strategy \
+  optim_grads_params --recompute-granularity full --recompute-method uniform --recompute-num-layers 2
+check fsdp-ep2-bf16 2 moe --expert-model-parallel-size 2 --bf16 --use-megatron-fsdp \
+  --data-parallel-sharding-strategy optim_grads_params
+check fsdp-optim-grads-dp2 2 gpt --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads
 exit $fail
