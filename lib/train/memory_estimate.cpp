@@ -16,8 +16,8 @@
 namespace tessera {
 
 namespace {
-// Megatron-FSDP's sharded gradients and parameters (train/fsdp.hpp): the shards from the FSDP
-// unit layout of every parameter (each expert's too), the pool from the ledger run over the
+// Megatron-FSDP (train/fsdp.hpp), every strategy: the buffers from the FSDP unit layout of every
+// parameter (each expert's too, the padding included), the pool from the ledger run over the
 // stage's schedule: the same bookkeeping the run does. `adam_bytes`: the moments counted so far.
 void fsdp_memory(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& layout,
                  const ParallelContext& ctx, const ModelShard& shard,
@@ -27,23 +27,26 @@ void fsdp_memory(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& l
   std::vector<ParamSpec> specs = build_param_specs(cfg, shard);
   const std::vector<FlatBucket> buckets =
       layout_flat_buffer(specs, training_flat_layout(t, cfg, grid));
-  const int64_t group = grid.grad_group_size();
+  // no_shard keeps whole buffers (one block per bucket); the others cut each bucket over DP x CP.
+  const int64_t group = t.use_distributed_optimizer ? grid.grad_group_size() : 1;
   int64_t total = 0;
   e.fsdp_shard_elements = 0;
   for (const FlatBucket& b : buckets) {  // routed experts' buckets over expert data parallelism
-    e.fsdp_shard_elements += b.numel() / (b.expert && ctx.ep_size > 1 ? group / ctx.ep_size : group);
+    const int64_t blocks = b.expert && ctx.ep_size > 1 && group > 1 ? group / ctx.ep_size : group;
+    e.fsdp_shard_elements += b.numel() / blocks;
     total = std::max(total, b.end);
   }
   const double mine = static_cast<double>(e.fsdp_shard_elements);
   const double width = dtype_size(t.compute_dtype);
   const bool mixed = t.compute_dtype != DType::F32;
-  e.grad_bytes = 4.0 * mine;
+  e.grad_bytes = 4.0 * (t.fsdp_shards_grads() ? mine : static_cast<double>(total));
   e.optimizer_bytes += 8.0 * mine - adam_bytes;  // Muon's scratch stays
   if (t.fsdp_shards_params())  // the master shard and, in mixed precision, its compute copy
     e.param_bytes = (mixed ? 4.0 + width : 4.0) * mine;
-  else  // the whole compute copy (the f32 parameters in f32) and the master shard
+  else  // the whole compute copy (the f32 parameters in f32) and the master shard (or all)
     e.param_bytes = mixed ? width * static_cast<double>(total) + 4.0 * mine
                           : 4.0 * static_cast<double>(total);
+  if (!t.fsdp_shards_grads()) return;  // no pool: the flat buffers are whole
   e.fsdp_pool_bytes = static_cast<double>(fsdp_pool_bytes(
       specs, buckets, shard, t.fsdp_shards_grads(), t.fsdp_shards_params(), t.compute_dtype,
       steps, plan_recompute(t.recompute, shard)));
@@ -100,7 +103,7 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
       largest = std::max(largest, b.numel());
     e.optimizer_bytes += 8.0 * double(largest);
   }
-  if (t.fsdp_shards_grads())
+  if (t.megatron_fsdp)  // every strategy from its unit layout, padding included
     fsdp_memory(cfg, t, layout, ctx, shard, steps, 8.0 * (dense / dp + experts / edp), e);
   e.expert_bytes = experts * ((mixed ? 2.0 + 4.0 / edp : 4.0) + 4.0 + 8.0 / edp);
   if (cfg.moe()) {  // one MoE layer's token copies for one micro-batch (in activation_bytes)

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "core/dtype.hpp"
 #include "core/rng.hpp"
@@ -35,6 +36,33 @@ TEST(Tensor, CopyAndFill) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(b.f32()[i], 2.5f);
   Tensor c({6});
   EXPECT_THROW(c.copy_from(a), Error);
+}
+
+// Megatron-FSDP's unit tensors (train/fsdp.hpp): no memory until bound; views made before the
+// binding follow it, reading while unbound is an error naming FSDP, and owned storage refuses.
+TEST(Tensor, UnboundStorageFollowsItsBinding) {
+  Tensor unit = Tensor::unbound({6}, DType::F32, cpu_allocator());
+  Tensor w = unit.view(2, {2, 2});  // a parameter's view, made once
+  EXPECT_FALSE(unit.storage_bound());
+  try {
+    (void)w.f32();
+    ADD_FAILURE() << "reading an unbound tensor did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FSDP unit"), std::string::npos) << e.what();
+  }
+  Tensor a({6}), b({8});
+  for (int i = 0; i < 6; ++i) a.f32()[i] = float(i);
+  for (int i = 0; i < 8; ++i) b.f32()[i] = float(10 + i);
+  unit.bind_storage(a);
+  EXPECT_TRUE(w.storage_bound());
+  EXPECT_EQ(w.f32()[0], 2.f);
+  EXPECT_EQ(w.f32()[3], 5.f);
+  unit.bind_storage(b);  // another buffer of the pool: the same view reads it
+  EXPECT_EQ(w.f32()[0], 12.f);
+  unit.unbind_storage();
+  EXPECT_THROW((void)w.f32(), Error);
+  EXPECT_THROW(unit.bind_storage(Tensor({5})), Error);  // too small
+  EXPECT_THROW(a.bind_storage(b), Error);                // owns its memory
 }
 
 TEST(DType, Bf16RoundsToNearestEven) {

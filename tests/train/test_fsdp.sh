@@ -6,7 +6,8 @@
 # losses of 20 iterations (dropout on) to 1e-6 relative. A checkpoint saved under
 # optim_grads_params at DP2 resumes at TP2 x PP2 and the other way round (iterations 11-20 the
 # uninterrupted run's). The memory report's FSDP pool (what the run holds) equals the --dry-run
-# estimate's; the options' errors are one line.
+# estimate's, and each strategy's whole estimate is within 2 % of what the rank allocated; the
+# options' errors are one line.
 # Usage: test_fsdp.sh BIN_DIR CONFIG_DIR
 set -u
 # shellcheck source=../lib.sh
@@ -110,6 +111,17 @@ for s in optim_grads optim_grads_params; do
       bad "$(basename "$log" .log): FSDP pool '$pool'"
     fi
   done
+done
+# Each strategy's whole estimate against what rank 0 has allocated after the first iteration.
+for s in no_shard optim optim_grads optim_grads_params; do
+  line=$(grep "\[Rank 0\] (after 1 iterations) memory" "$work/$s-dp2.log" | head -1)
+  alloc=$(grep -o "| allocated: [0-9.]*" <<<"$line" | awk '{print $3}')
+  est=$(grep -o "estimate: [0-9.]*" <<<"$line" | awk '{print $2}')
+  if [ -n "$alloc" ] && [ -n "$est" ] && awk -v a="$alloc" -v e="$est" 'BEGIN { d = a - e; if (d < 0) d = -d; exit !(e > 0 && d / e <= 0.02) }'; then
+    ok "$s at DP2: allocated $alloc MB, --dry-run estimate $est MB"
+  else
+    bad "$s at DP2: allocated '$alloc' MB against the estimate '$est' MB: $line"
+  fi
 done
 dry=$("$bin/tessera-train" "${gpt[@]}" "${fsdp[@]}" optim_grads_params --dry-run --world-size 2 2>&1)
 est=$(grep -o "units' pool [0-9]* bytes" <<<"$dry" | awk '{print $3}')
