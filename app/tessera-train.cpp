@@ -100,27 +100,28 @@ int main(int argc, char** argv) {
     Trainer trainer(opts.model, opts.train, *backend, *data, ctx);
     trainer.on_progress = [&](int64_t it) { watchdog.progress(it); };
     const std::vector<int64_t>& ramp = opts.train.rampup_batch_size;
-    TLOG(info)
-        << "global batch " << trainer.step_global_batch() << " = " << trainer.num_micro_batches()
-        << " micro-batches of " << opts.train.micro_batch_size << " x DP " << ctx.dp_size
-        << (ramp.size() == 3
-                ? " at first (--rampup-batch-size: +" + std::to_string(ramp[1]) +
-                      " in equal parts of the first " + std::to_string(ramp[2]) +
-                      " samples, up to " + std::to_string(opts.train.global_batch(ctx.dp_size)) +
-                      "; " + std::to_string(trainer.config().train_iters) + " iterations)"
-                : std::string())
-        << "; " << (opts.train.virtual_pipeline_size > 1 ? "interleaved 1F1B" : "1F1B")
-        << " pipeline"
-        << (opts.train.virtual_pipeline_size > 1
-                ? " (" + std::to_string(opts.train.virtual_pipeline_size) +
-                      " model chunks per rank)"
-                : std::string())
-        << " bubble (theoretical) "
-        << theoretical_bubble(ctx.pp_size, trainer.num_micro_batches(),
-                              std::max(1, opts.train.virtual_pipeline_size))
-        << "; sequence parallelism " << (opts.train.sequence_parallel ? "on" : "off")
-        << "; activation recomputation: " << opts.train.recompute.describe() << "; optimizer: "
-        << describe_dp_sharding(opts.train, ctx.dp_size);
+    TLOG(info) << "global batch " << trainer.step_global_batch() << " = "
+               << trainer.num_micro_batches() << " micro-batches of " << opts.train.micro_batch_size
+               << " x DP " << ctx.dp_size
+               << (ramp.size() == 3
+                       ? " at first (--rampup-batch-size: +" + std::to_string(ramp[1]) +
+                             " in equal parts of the first " + std::to_string(ramp[2]) +
+                             " samples, up to " +
+                             std::to_string(opts.train.global_batch(ctx.dp_size)) + "; " +
+                             std::to_string(trainer.config().train_iters) + " iterations)"
+                       : std::string())
+               << "; " << (opts.train.virtual_pipeline_size > 1 ? "interleaved 1F1B" : "1F1B")
+               << " pipeline"
+               << (opts.train.virtual_pipeline_size > 1
+                       ? " (" + std::to_string(opts.train.virtual_pipeline_size) +
+                             " model chunks per rank)"
+                       : std::string())
+               << " bubble (theoretical) "
+               << theoretical_bubble(ctx.pp_size, trainer.num_micro_batches(),
+                                     std::max(1, opts.train.virtual_pipeline_size))
+               << "; sequence parallelism " << (opts.train.sequence_parallel ? "on" : "off")
+               << "; activation recomputation: " << opts.train.recompute.describe()
+               << "; optimizer: " << describe_dp_sharding(opts.train, ctx.dp_size);
     if (!opts.load.empty() && !opts.load_fresh) {
       try {
         trainer.load_checkpoint(opts.load, opts.finetune, !opts.no_load_optim, opts.load_fallback);

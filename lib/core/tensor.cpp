@@ -119,10 +119,10 @@ Tensor Tensor::unbound(Shape shape, DType dtype, Allocator& alloc) {
 
 void Tensor::bind_storage(const Tensor& memory) const {
   TESSERA_CHECK(storage_ && !storage_->owned(), "bind_storage on a tensor that owns its memory");
-  TESSERA_CHECK(memory.defined() && memory.nbytes() >= storage_->bytes() &&
-                    memory.device() == device(),
-                "bind_storage: ", memory.nbytes(), " bytes on ", device_name(memory.device()),
-                " for ", storage_->bytes(), " on ", device_name(device()));
+  TESSERA_CHECK(
+      memory.defined() && memory.nbytes() >= storage_->bytes() && memory.device() == device(),
+      "bind_storage: ", memory.nbytes(), " bytes on ", device_name(memory.device()), " for ",
+      storage_->bytes(), " on ", device_name(device()));
   storage_->bind(memory.raw());
 }
 

@@ -101,7 +101,7 @@ class DistributedAdamW {
   std::vector<std::vector<AdamWSegment>> segments_;  // per block, relative to its start
   std::vector<std::vector<bool>> decays_;  // per block and segment: takes the weight decay
   int64_t shard_numel_ = 0;
-  Tensor m_, v_, master_;                            // shard buffers
+  Tensor m_, v_, master_;  // shard buffers
   // Megatron-FSDP: the gradient shard (sharded gradients) and the compute copy's shard (sharded
   // parameters; the master shard itself in f32), else undefined.
   Tensor g_, c_;

@@ -14,9 +14,9 @@ FsdpUnits::FsdpUnits(GPTModel& model, Backend& be, DistributedAdamW& opt)
               model.shard(), model.params().layout().units_only_grads,
               model.params().layout().units_only_compute, model.params().compute_dtype(),
               &be.allocator()) {
-  TESSERA_CHECK(model_.params().layout().fsdp_units &&
-                    (ledger_.shards_grads() || ledger_.shards_params()),
-                "FsdpUnits without sharded FSDP units");
+  TESSERA_CHECK(
+      model_.params().layout().fsdp_units && (ledger_.shards_grads() || ledger_.shards_params()),
+      "FsdpUnits without sharded FSDP units");
   ledger_.set_actions(this);
   ops_.resize(model_.params().buckets().size());
   if (ledger_.shards_params()) {

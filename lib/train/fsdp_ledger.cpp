@@ -147,9 +147,8 @@ std::vector<FsdpLedger::Unit> fsdp_units(const std::vector<ParamSpec>& specs,
   return units;
 }
 
-int64_t fsdp_pool_bytes(const std::vector<ParamSpec>& specs,
-                        const std::vector<FlatBucket>& buckets, const ModelShard& shard,
-                        bool grads, bool params, DType compute,
+int64_t fsdp_pool_bytes(const std::vector<ParamSpec>& specs, const std::vector<FlatBucket>& buckets,
+                        const ModelShard& shard, bool grads, bool params, DType compute,
                         const std::vector<PipeStep>& steps,
                         const std::vector<LayerRecompute>& plan) {
   if (!grads && !params) return 0;

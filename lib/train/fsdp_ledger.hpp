@@ -24,11 +24,11 @@ class FsdpLedger {
 
   struct Actions {
     virtual ~Actions() = default;
-    virtual void gather(int unit, const Tensor& mem) = 0;       // bind and fill its weights
-    virtual void release_params(int unit) = 0;                  // unbind its weights
-    virtual void bind_grads(int unit, const Tensor& mem) = 0;   // bind and zero its gradients
-    virtual void start_reduce(int unit) = 0;                    // its reduce-scatter
-    virtual void finish_reduce(int unit) = 0;                   // wait, add the block, unbind
+    virtual void gather(int unit, const Tensor& mem) = 0;      // bind and fill its weights
+    virtual void release_params(int unit) = 0;                 // unbind its weights
+    virtual void bind_grads(int unit, const Tensor& mem) = 0;  // bind and zero its gradients
+    virtual void start_reduce(int unit) = 0;                   // its reduce-scatter
+    virtual void finish_reduce(int unit) = 0;                  // wait, add the block, unbind
   };
   struct Unit {
     int64_t numel = 0;        // the bucket's elements, padding included
@@ -49,7 +49,7 @@ class FsdpLedger {
   void before_backward(int piece);
   void grads_ready(int piece);  // after a piece's backward (every micro-batch)
   void after_backward(int piece) { release_params(piece); }
-  void finish();                // completes every reduction
+  void finish();  // completes every reduction
   bool idle() const { return in_flight_.empty(); }
 
   // Bytes the pool holds (it never frees them).
@@ -57,8 +57,8 @@ class FsdpLedger {
 
  private:
   struct State {
-    int pending = 0;        // pieces still to write its gradients this micro-batch
-    int param_users = 0;    // passes holding its gathered weights
+    int pending = 0;      // pieces still to write its gradients this micro-batch
+    int param_users = 0;  // passes holding its gathered weights
     bool grads_bound = false, reducing = false;
     Tensor grad_mem, param_mem;
   };
@@ -91,9 +91,8 @@ std::vector<FsdpLedger::Unit> fsdp_units(const std::vector<ParamSpec>& specs,
 // The bytes FSDP's pool holds on a rank of `shard` after a step of `steps` (the stage's pipeline
 // schedule), with the recomputation `plan` (plan_recompute): the gathered weights and unreduced
 // gradients the hooks of that step hold at most at once.
-int64_t fsdp_pool_bytes(const std::vector<ParamSpec>& specs,
-                        const std::vector<FlatBucket>& buckets, const ModelShard& shard,
-                        bool grads, bool params, DType compute,
+int64_t fsdp_pool_bytes(const std::vector<ParamSpec>& specs, const std::vector<FlatBucket>& buckets,
+                        const ModelShard& shard, bool grads, bool params, DType compute,
                         const std::vector<PipeStep>& steps,
                         const std::vector<LayerRecompute>& plan);
 

@@ -44,12 +44,12 @@ void fsdp_memory(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& l
   if (t.fsdp_shards_params())  // the master shard and, in mixed precision, its compute copy
     e.param_bytes = (mixed ? 4.0 + width : 4.0) * mine;
   else  // the whole compute copy (the f32 parameters in f32) and the master shard (or all)
-    e.param_bytes = mixed ? width * static_cast<double>(total) + 4.0 * mine
-                          : 4.0 * static_cast<double>(total);
+    e.param_bytes =
+        mixed ? width * static_cast<double>(total) + 4.0 * mine : 4.0 * static_cast<double>(total);
   if (!t.fsdp_shards_grads()) return;  // no pool: the flat buffers are whole
-  e.fsdp_pool_bytes = static_cast<double>(fsdp_pool_bytes(
-      specs, buckets, shard, t.fsdp_shards_grads(), t.fsdp_shards_params(), t.compute_dtype,
-      steps, plan_recompute(t.recompute, shard)));
+  e.fsdp_pool_bytes = static_cast<double>(
+      fsdp_pool_bytes(specs, buckets, shard, t.fsdp_shards_grads(), t.fsdp_shards_params(),
+                      t.compute_dtype, steps, plan_recompute(t.recompute, shard)));
 }
 }  // namespace
 
@@ -71,7 +71,7 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   const int V = t.virtual_pipeline_size;
   const int micro = t.num_micro_batches(layout.dp);
   const std::vector<PipeStep> steps = V > 1 ? schedule_interleaved(layout.pp, stage, micro, V)
-                                             : schedule_1f1b(layout.pp, stage, micro);
+                                            : schedule_1f1b(layout.pp, stage, micro);
   std::vector<int> chunk_slots{pipeline_slots(layout.pp, stage, micro)};
   if (V > 1) chunk_slots = pipeline_chunk_slots(steps, V);
   e.slots = 0;

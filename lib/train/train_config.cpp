@@ -298,8 +298,10 @@ std::string describe_dp_sharding(const TrainConfig& t, int dp) {
   if (t.megatron_fsdp) {
     using S = TrainConfig::DpSharding;
     switch (t.dp_sharding) {
-      case S::NoShard: return "Megatron-FSDP no_shard (replicated, one bucket per layer)";
-      case S::Optim: return "Megatron-FSDP optim (the optimizer state" + over + ")";
+      case S::NoShard:
+        return "Megatron-FSDP no_shard (replicated, one bucket per layer)";
+      case S::Optim:
+        return "Megatron-FSDP optim (the optimizer state" + over + ")";
       case S::OptimGrads:
         return "Megatron-FSDP optim_grads (the optimizer state and gradients" + over + ")";
       case S::OptimGradsParams:

@@ -94,8 +94,8 @@ struct TrainConfig {
   bool megatron_fsdp = false;
   DpSharding dp_sharding = DpSharding::NoShard;
   bool fsdp_shards_grads() const {
-    return megatron_fsdp && (dp_sharding == DpSharding::OptimGrads ||
-                             dp_sharding == DpSharding::OptimGradsParams);
+    return megatron_fsdp &&
+           (dp_sharding == DpSharding::OptimGrads || dp_sharding == DpSharding::OptimGradsParams);
   }
   bool fsdp_shards_params() const {
     return megatron_fsdp && dp_sharding == DpSharding::OptimGradsParams;

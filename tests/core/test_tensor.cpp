@@ -62,7 +62,7 @@ TEST(Tensor, UnboundStorageFollowsItsBinding) {
   unit.unbind_storage();
   EXPECT_THROW((void)w.f32(), Error);
   EXPECT_THROW(unit.bind_storage(Tensor({5})), Error);  // too small
-  EXPECT_THROW(a.bind_storage(b), Error);                // owns its memory
+  EXPECT_THROW(a.bind_storage(b), Error);               // owns its memory
 }
 
 TEST(DType, Bf16RoundsToNearestEven) {

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "model/params.hpp"
+#include "tiny.hpp"
 #include "train/fsdp_ledger.hpp"
 #include "train/pipeline.hpp"
-#include "tiny.hpp"
 
 using namespace tessera;
 using testing_util::small_gpt;
@@ -93,12 +93,10 @@ TEST(Fsdp, LedgerPoolIsTheUnitsHeldAtOnce) {
   }
   const std::vector<PipeStep> steps = schedule_1f1b(1, 0, 2);
   const std::vector<LayerRecompute> none(3);
-  const int64_t grads =
-      fsdp_pool_bytes(specs, buckets, sh, true, false, DType::F32, steps, none);
+  const int64_t grads = fsdp_pool_bytes(specs, buckets, sh, true, false, DType::F32, steps, none);
   EXPECT_EQ(grads, 4 * (other + 2 * layer));
   // The weights: one unit's at a time (the tied wte with the head, then with the embedding).
-  const int64_t both =
-      fsdp_pool_bytes(specs, buckets, sh, true, true, DType::BF16, steps, none);
+  const int64_t both = fsdp_pool_bytes(specs, buckets, sh, true, true, DType::BF16, steps, none);
   EXPECT_EQ(both, grads + 2 * (other + layer));
   // Full recomputation of the 3 layers: the chunk's other layers gathered while the last one's
   // backward holds its own: two layer buffers of weights.

@@ -53,8 +53,7 @@ class ParallelismOptions : public OptionGroup {
             "use-megatron-fsdp", po::bool_switch(&t.megatron_fsdp),
             "Megatron-FSDP: one data-parallel bucket per layer (and one for the embedding, one "
             "for the head), sharded over the DP ranks as --data-parallel-sharding-strategy says")(
-            "data-parallel-sharding-strategy",
-            po::value(&sharding_)->default_value("no_shard"),
+            "data-parallel-sharding-strategy", po::value(&sharding_)->default_value("no_shard"),
             "with --use-megatron-fsdp: no_shard (DDP), optim (optimizer state, ZeRO-1), "
             "optim_grads (and gradients, reduce-scattered each micro-batch, ZeRO-2), "
             "optim_grads_params (and parameters, each layer's gathered for its forward and again "
