@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
     ProcessGrid grid(opts.tp, opts.pp, opts.cp);
     validate_layout(opts.model, opts.train, opts.tp, opts.pp, grid.layout().dp, opts.cp);
     grid.use_expert_parallel(opts.ep);  // ConfigError when EP does not divide DP
+    grid.use_optimizer_instances(opts.train.dist_opt_instances);  // HSDP's groups
     opts.log.rank = grid.world_rank();
     opts.log.host = grid.host();
     init_logging(opts.log);
@@ -121,7 +122,7 @@ int main(int argc, char** argv) {
                                      std::max(1, opts.train.virtual_pipeline_size))
                << "; sequence parallelism " << (opts.train.sequence_parallel ? "on" : "off")
                << "; activation recomputation: " << opts.train.recompute.describe()
-               << "; optimizer: " << describe_dp_sharding(opts.train, ctx.dp_size);
+               << "; optimizer: " << describe_dp_sharding(opts.train, ctx.dp_size, ctx.cp_size);
     if (!opts.load.empty() && !opts.load_fresh) {
       try {
         trainer.load_checkpoint(opts.load, opts.finetune, !opts.no_load_optim, opts.load_fallback);

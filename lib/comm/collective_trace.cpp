@@ -87,6 +87,14 @@ const char* trace_group_name(TraceGroup g) {
       return "expert-parallel group";
     case TraceGroup::ExpertData:
       return "expert-data-parallel group";
+    case TraceGroup::DataParallelShard:
+      return "data-parallel shard group (one optimizer instance)";
+    case TraceGroup::DataParallelReplica:
+      return "data-parallel replica group (across optimizer instances)";
+    case TraceGroup::ExpertDataShard:
+      return "expert-data-parallel shard group (one optimizer instance)";
+    case TraceGroup::ExpertDataReplica:
+      return "expert-data-parallel replica group (across optimizer instances)";
     default:
       return "group";
   }
@@ -118,6 +126,14 @@ const char* trace_group_key(TraceGroup g) {
       return "ep";
     case TraceGroup::ExpertData:
       return "edp";
+    case TraceGroup::DataParallelShard:
+      return "dp_shard";
+    case TraceGroup::DataParallelReplica:
+      return "dp_replica";
+    case TraceGroup::ExpertDataShard:
+      return "edp_shard";
+    case TraceGroup::ExpertDataReplica:
+      return "edp_replica";
     default:
       return "none";
   }

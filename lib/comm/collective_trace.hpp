@@ -29,6 +29,10 @@ enum class TraceGroup : int {
   PipelineWrapGrad,
   Expert,
   ExpertData,
+  DataParallelShard,    // HSDP: one optimizer instance's data-parallel ranks
+  DataParallelReplica,  // HSDP: the same shard across the instances
+  ExpertDataShard,
+  ExpertDataReplica,
   Count,
   None = -1,  // not traced (communicators outside the process grid)
 };

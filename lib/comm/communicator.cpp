@@ -39,6 +39,7 @@ ParallelContext ParallelContext::single() {
   static LocalCommunicator local;
   ParallelContext c;
   c.world = c.tp = c.pp = c.dp = c.model_parallel = c.embedding = c.ep = c.edp = c.cp = &local;
+  c.dp_shard = c.dp_replica = c.edp_shard = c.edp_replica = &local;
   return c;
 }
 

@@ -166,7 +166,22 @@ struct ParallelContext {
   int ep_size = 1, ep_rank = 0;
   Communicator* ep = nullptr;
   Communicator* edp = nullptr;
+  // HSDP / the partial distributed optimizer (ProcessGrid::use_optimizer_instances): the
+  // gradient group split into dp_instances groups of consecutive ranks. dp_shard: this rank's
+  // instance, the group the sharded state is cut over; dp_replica: the ranks of the other
+  // instances holding the same shard. edp_shard / edp_replica: the same for the routed experts'
+  // group. Without: dp_shard = dp, edp_shard = edp and the replica groups are groups of one.
+  int dp_instances = 1;
+  Communicator* dp_shard = nullptr;
+  Communicator* dp_replica = nullptr;
+  Communicator* edp_shard = nullptr;
+  Communicator* edp_replica = nullptr;
   Communicator* pp_backward() const { return pp_grad ? pp_grad : pp; }
+  Communicator* shard_group() const { return dp_shard ? dp_shard : dp; }
+  Communicator* expert_shard_group() const { return edp_shard ? edp_shard : edp; }
+  // Null without replicas (one instance).
+  Communicator* replica_group() const { return dp_instances > 1 ? dp_replica : nullptr; }
+  Communicator* expert_replica_group() const { return dp_instances > 1 ? edp_replica : nullptr; }
   int grad_group_size() const { return dp_size * cp_size; }
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1; }

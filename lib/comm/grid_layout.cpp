@@ -1,6 +1,8 @@
 // grid_layout.cpp: the process grid's arithmetic (comm/grid_layout.hpp).
 #include "comm/grid_layout.hpp"
 
+#include <algorithm>
+
 #include "core/error.hpp"
 
 namespace tessera {
@@ -127,6 +129,21 @@ void check_expert_parallel(const GridLayout& layout, int ep) {
         "--expert-model-parallel-size=", ep, " does not divide the data-parallel size ", layout.dp,
         " (world ", layout.world, " / (TP ", layout.tp, " x PP ", layout.pp,
         "); experts are split over ranks carved out of DP: allowed a divisor of ", layout.dp, ")"));
+}
+
+void check_optimizer_instances(const GridLayout& layout, int ep, int instances) {
+  const int grad = layout.dp * layout.cp;
+  if (instances < 1 || grad % instances != 0)
+    throw ConfigError(detail::concat(
+        "--num-distributed-optimizer-instances=", instances,
+        " does not divide the data-parallel ranks DP ", layout.dp, " x CP ", layout.cp, " = ",
+        grad, " (each instance is an equal group of consecutive data-parallel ranks)"));
+  const int expert = layout.dp / std::max(ep, 1) * layout.cp;
+  if (ep > 1 && expert % instances != 0)
+    throw ConfigError(detail::concat(
+        "--num-distributed-optimizer-instances=", instances,
+        " does not divide the expert-data-parallel ranks DP ", layout.dp, " / EP ", ep, " x CP ",
+        layout.cp, " = ", expert, " (the routed experts' state is split into the same instances)"));
 }
 
 }  // namespace tessera

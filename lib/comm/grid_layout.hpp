@@ -39,4 +39,9 @@ struct GridLayout {
 // naming both otherwise). ProcessGrid::use_expert_parallel and --dry-run's layout check call it.
 void check_expert_parallel(const GridLayout& layout, int ep);
 
+// HSDP / the partial distributed optimizer's condition: `instances` divides the gradient group
+// (DP x CP) and, with expert parallelism, the expert-data-parallel group (DP / EP x CP), each cut
+// into `instances` groups of consecutive ranks. ConfigError naming the numbers otherwise.
+void check_optimizer_instances(const GridLayout& layout, int ep, int instances);
+
 }  // namespace tessera

@@ -103,6 +103,33 @@ void ProcessGrid::use_expert_parallel(int ep) {
   edp_comm_ = std::make_unique<MpiCommunicator>(edp_group_.get(), TraceGroup::ExpertData);
 }
 
+void ProcessGrid::use_optimizer_instances(int instances) {
+  TESSERA_CHECK(!nccl_, "use_optimizer_instances must come before use_nccl");
+  if (instances == instances_) return;
+  TESSERA_CHECK(instances_ == 1, "use_optimizer_instances called twice");
+  check_optimizer_instances(layout_, ep_, instances);
+  instances_ = instances;
+  const GridCoords& c = coords_;
+  const int TP = layout_.tp, CP = layout_.cp, N = instances;
+  const int mp = c.pp * TP + c.tp;  // the gradient group's (tp, pp)
+  // The gradient group's rank dc = cp + CP * dp; instance dc / S of S consecutive ranks.
+  const int dc = c.cp + CP * c.dp, S = layout_.dp * CP / N;
+  shard_ = split(mp * N + dc / S, dc % S);
+  replica_ = split(mp * S + dc % S, dc / S);
+  shard_comm_ = std::make_unique<MpiCommunicator>(shard_.get(), TraceGroup::DataParallelShard);
+  replica_comm_ =
+      std::make_unique<MpiCommunicator>(replica_.get(), TraceGroup::DataParallelReplica);
+  if (ep_ > 1) {  // the expert-data-parallel group's rank: cp + CP * (dp / ep), per ep_rank
+    const int ep_rank = c.dp % ep_, e = c.cp + CP * (c.dp / ep_);
+    const int ES = layout_.dp / ep_ * CP / N;
+    eshard_ = split((mp * ep_ + ep_rank) * N + e / ES, e % ES);
+    ereplica_ = split((mp * ep_ + ep_rank) * ES + e % ES, e / ES);
+    eshard_comm_ = std::make_unique<MpiCommunicator>(eshard_.get(), TraceGroup::ExpertDataShard);
+    ereplica_comm_ =
+        std::make_unique<MpiCommunicator>(ereplica_.get(), TraceGroup::ExpertDataReplica);
+  }
+}
+
 void ProcessGrid::use_nccl(void* compute_stream) {
 #ifdef TESSERA_HAVE_CUDA
   TESSERA_CHECK(!nccl_, "use_nccl called twice");
@@ -124,6 +151,16 @@ void ProcessGrid::use_nccl(void* compute_stream) {
   if (ep_ > 1) {  // then expert parallelism: EP, expert-data-parallel
     ep_comm_ = make(ep_group_.get(), ep_, TraceGroup::Expert);
     edp_comm_ = make(edp_group_.get(), layout_.dp / ep_ * layout_.cp, TraceGroup::ExpertData);
+  }
+  if (instances_ > 1) {  // then HSDP's instances: shard, replica (experts' after)
+    const int S = layout_.dp * layout_.cp / instances_;
+    shard_comm_ = make(shard_.get(), S, TraceGroup::DataParallelShard);
+    replica_comm_ = make(replica_.get(), instances_, TraceGroup::DataParallelReplica);
+    if (ep_ > 1) {
+      eshard_comm_ = make(eshard_.get(), layout_.dp / ep_ * layout_.cp / instances_,
+                          TraceGroup::ExpertDataShard);
+      ereplica_comm_ = make(ereplica_.get(), instances_, TraceGroup::ExpertDataReplica);
+    }
   }
   if (layout_.cp > 1)
     cp_comm_ = make(cp_.get(), layout_.cp,
@@ -166,6 +203,12 @@ ParallelContext ProcessGrid::context() {
     c.ep = &local;
     c.edp = dp_comm_.get();
   }
+  static LocalCommunicator alone;
+  c.dp_instances = instances_;
+  c.dp_shard = instances_ > 1 ? shard_comm_.get() : c.dp;
+  c.dp_replica = instances_ > 1 ? replica_comm_.get() : &alone;
+  c.edp_shard = instances_ > 1 && ep_ > 1 ? eshard_comm_.get() : instances_ > 1 ? c.dp_shard : c.edp;
+  c.edp_replica = instances_ > 1 && ep_ > 1 ? ereplica_comm_.get() : instances_ > 1 ? c.dp_replica : &alone;
   return c;
 }
 
@@ -194,6 +237,9 @@ std::string ProcessGrid::layout_table() {
   if (ep_ > 1)
     os << ", expert-parallel size " << ep_ << " (ep = dp % " << ep_
        << "), expert-data-parallel size " << layout_.dp / ep_ * layout_.cp;
+  if (instances_ > 1)
+    os << ", " << instances_ << " optimizer instances of " << layout_.dp * CP / instances_
+       << " consecutive data-parallel ranks (HSDP: sharded inside one, replicated across)";
   os << "\n";
   os << (ep_ > 1  ? "  rank   tp   pp   dp   ep  local  host\n"
          : CP > 1 ? "  rank   tp   cp   dp   pp  local  host\n"

@@ -46,6 +46,12 @@ class ProcessGrid {
   // does not divide DP. With context parallelism an EP group stays inside one CP rank, and expert
   // gradients are summed over expert-DP x CP.
   void use_expert_parallel(int ep);
+  // Collective; after use_expert_parallel, before use_nccl. HSDP / the partial distributed
+  // optimizer (--num-distributed-optimizer-instances): the gradient group (DP x CP, rank
+  // cp + CP * dp) cut into `instances` groups of consecutive ranks (the shard groups), and the
+  // ranks at the same place in each (the replica groups); the expert-data-parallel group the
+  // same way. ConfigError naming the numbers when `instances` does not divide them.
+  void use_optimizer_instances(int instances);
 
   ParallelContext context();
 
@@ -69,6 +75,9 @@ class ProcessGrid {
   int ep_ = 1;  // use_expert_parallel
   MpiComm ep_group_, edp_group_;
   std::unique_ptr<Communicator> ep_comm_, edp_comm_;
+  int instances_ = 1;  // use_optimizer_instances
+  MpiComm shard_, replica_, eshard_, ereplica_;
+  std::unique_ptr<Communicator> shard_comm_, replica_comm_, eshard_comm_, ereplica_comm_;
   bool in_embedding_ = false, nccl_ = false, ring_ = false;
 };
 

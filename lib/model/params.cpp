@@ -233,7 +233,7 @@ void init_param(const ParamSpec& spec, uint64_t seed, float* out) {
 }
 
 std::vector<FlatBucket> layout_flat_buffer(std::vector<ParamSpec>& specs, const FlatLayout& l) {
-  TESSERA_CHECK(l.shards >= 1 && l.bucket_elems >= 0, "bad flat layout");
+  TESSERA_CHECK(l.shards >= 1 && l.shard_split >= 1 && l.bucket_elems >= 0, "bad flat layout");
   const int n = static_cast<int>(specs.size());
   // Group whole parameters into buckets from the last one backwards.
   std::vector<FlatBucket> buckets;
@@ -269,7 +269,8 @@ std::vector<FlatBucket> layout_flat_buffer(std::vector<ParamSpec>& specs, const 
       specs[p].flat_offset = offset;
       offset += specs[p].numel();
     }
-    offset = (offset - it->begin + l.shards - 1) / l.shards * l.shards + it->begin;
+    const int64_t pad = int64_t(l.shards) * l.shard_split;
+    offset = (offset - it->begin + pad - 1) / pad * pad + it->begin;
     it->end = offset;
   }
   return buckets;
@@ -277,7 +278,7 @@ std::vector<FlatBucket> layout_flat_buffer(std::vector<ParamSpec>& specs, const 
 
 ParamStore::ParamStore(std::vector<ParamSpec> specs, Allocator& alloc, DType compute,
                        const FlatLayout& layout)
-    : specs_(std::move(specs)), layout_(layout) {
+    : specs_(std::move(specs)), layout_(layout), compute_(compute) {
   TESSERA_CHECK(compute == DType::F32 || compute == DType::BF16 || compute == DType::F16,
                 "compute dtype must be f32, bf16 or f16");
   TESSERA_CHECK(layout_.master || compute != DType::F32 || layout_.units_only_compute,

@@ -154,6 +154,9 @@ void init_param(const ParamSpec& spec, uint64_t seed, float* out);
 struct FlatLayout {
   int64_t bucket_elems = 0;  // 0: one bucket
   int shards = 1;
+  // HSDP's outer optimizer sharding: each of the `shards` blocks is cut again into this many
+  // (the buckets padded to a multiple of shards x shard_split).
+  int shard_split = 1;
   bool embedding_alone = false;
   // Expert parallelism: routed experts' parameters never share a bucket with the others (their
   // buckets reduce over another group).
@@ -219,7 +222,9 @@ class ParamStore {
   Tensor bucket_compute(int b) const;
   // The bucket that holds spec index i.
   int bucket_of(size_t spec_index) const { return bucket_of_[spec_index]; }
-  DType compute_dtype() const { return flat_compute_.dtype(); }
+  // The forward's and backward's dtype (also when no flat compute buffer exists: FSDP's
+  // units_only_compute).
+  DType compute_dtype() const { return compute_; }
   bool has(const std::string& name) const { return index_.count(name) != 0; }
   const ParamSpec& spec(const std::string& name) const;
   Tensor param(const std::string& name) const;
@@ -247,6 +252,7 @@ class ParamStore {
   std::vector<FlatBucket> buckets_;
   std::map<std::string, size_t> index_;
   Tensor flat_params_, flat_grads_, flat_compute_;
+  DType compute_ = DType::F32;
   std::vector<Tensor> unit_grads_, unit_compute_;  // per bucket, when the layout says so
   std::vector<int> bucket_of_;                     // per spec
   int64_t numel_ = 0;

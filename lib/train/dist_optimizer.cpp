@@ -16,7 +16,8 @@ int piece_index(int piece, const ModelShard& shard) {
 
 DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicator& dp,
                                    double beta1, double beta2, double eps, Communicator* expert_dp,
-                                   const std::vector<bool>* skip)
+                                   const std::vector<bool>* skip, Communicator* replicas,
+                                   Communicator* expert_replicas)
     : model_(model), params_(model.params()), be_(backend), dp_(dp) {
   hyper_.beta1 = beta1;
   hyper_.beta2 = beta2;
@@ -26,16 +27,29 @@ DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicat
                 " ranks");
   const auto& buckets = params_.buckets();
   const auto& specs = params_.specs();
+  const bool split = params_.layout().shard_split > 1;
+  int64_t cut_total = 0;
   for (size_t b = 0; b < buckets.size(); ++b) {
     const FlatBucket& fb = buckets[b];
     Communicator* comm = fb.expert && expert_dp ? expert_dp : &dp;
+    Communicator* reps = fb.expert && expert_dp ? expert_replicas : replicas;
+    if (reps && reps->size() == 1) reps = nullptr;
     const int P = comm->size(), r = comm->rank();
     TESSERA_CHECK(fb.numel() % P == 0, "bucket of ", fb.numel(), " elements for ", P, " blocks");
-    const int64_t n = fb.numel() / P;
     Block k;
     k.comm = comm;
+    k.replicas = reps;
+    k.split = split && reps;
     k.bucket = static_cast<int>(b);
-    k.flat_begin = fb.begin + r * n;
+    k.cut_numel = fb.numel() / P;
+    k.cut_begin = fb.begin + r * k.cut_numel;
+    k.cut_shard_begin = cut_total;
+    cut_total += k.cut_numel;
+    const int parts = k.split ? reps->size() : 1, part = k.split ? reps->rank() : 0;
+    TESSERA_CHECK(k.cut_numel % parts == 0, "block of ", k.cut_numel, " elements for ", parts,
+                  " replicas");
+    const int64_t n = k.cut_numel / parts;
+    k.flat_begin = k.cut_begin + part * n;
     k.flat_end = k.flat_begin + n;
     k.shard_begin = shard_numel_;
     shard_numel_ += n;
@@ -72,15 +86,16 @@ DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicat
   }
   if (params_.layout().units_only_grads) {
     AllocationLabel label("the gradient shard of this rank's blocks (Megatron-FSDP)");
-    g_ = Tensor({shard_numel_}, DType::F32, be_.allocator());
+    g_ = Tensor({cut_total}, DType::F32, be_.allocator());
     be_.zero(g_);
   }
   if (params_.layout().units_only_compute) {
-    if (params_.compute_dtype() == DType::F32) {
+    if (params_.compute_dtype() == DType::F32 && cut_total == shard_numel_) {
       c_ = master_;
+      c_is_master_ = true;
     } else {
       AllocationLabel label("the compute copy of this rank's blocks (Megatron-FSDP)");
-      c_ = Tensor({shard_numel_}, params_.compute_dtype(), be_.allocator());
+      c_ = Tensor({cut_total}, params_.compute_dtype(), be_.allocator());
       be_.zero(c_);
     }
   }
@@ -102,13 +117,43 @@ Tensor DistributedAdamW::block_weights(const Block& k) const {
 }
 
 Tensor DistributedAdamW::block_compute(const Block& k) const {
-  if (c_.defined()) return c_.view(k.shard_begin, {k.numel()});
+  if (c_.defined()) return c_.view(k.cut_shard_begin + (k.flat_begin - k.cut_begin), {k.numel()});
   return params_.flat_compute().view(k.flat_begin, {k.numel()});
 }
 
 Tensor DistributedAdamW::block_grads(const Block& k) const {
-  if (g_.defined()) return g_.view(k.shard_begin, {k.numel()});
+  if (g_.defined()) return g_.view(k.cut_shard_begin + (k.flat_begin - k.cut_begin), {k.numel()});
   return params_.flat_grads().view(k.flat_begin, {k.numel()});
+}
+
+void DistributedAdamW::reduce_replicas() {
+  std::vector<std::unique_ptr<PendingOp>> ops;
+  for (const Block& k : blocks_) {
+    if (!k.replicas) continue;
+    if (k.split) {  // the cut's sum over the instances, this rank's part of it
+      Tensor cut =
+          g_.defined() ? cut_grads(k) : params_.flat_grads().view(k.cut_begin, {k.cut_numel});
+      ops.push_back(k.replicas->reduce_scatter_async(cut));
+    } else {
+      Tensor g = block_grads(k);
+      ops.push_back(k.replicas->all_reduce_async(g, ReduceOp::Sum));
+    }
+  }
+  for (auto& op : ops) op->wait();
+}
+
+void DistributedAdamW::gather_replicas() {
+  std::vector<std::unique_ptr<PendingOp>> ops;
+  for (const Block& k : blocks_) {
+    if (!k.split) continue;
+    if (params_.compute_dtype() == DType::F32) {  // f32: the part's updated weights
+      Tensor c = block_compute(k);
+      be_.cast(c, master_.view(k.shard_begin, {k.numel()}));
+    }
+    Tensor cut = cut_compute(k);
+    ops.push_back(k.replicas->all_gather_async(cut));
+  }
+  for (auto& op : ops) op->wait();
 }
 
 void DistributedAdamW::zero_moments() {
@@ -145,6 +190,7 @@ void DistributedAdamW::step(double lr, double weight_decay, bool overlap_gather,
     Tensor c = block_compute(k);
     be_.adamw_step_flat(p, g, m, v, segments_[i], hyper_, step_, copy ? &c : nullptr);
   }
+  gather_replicas();        // outer optimizer sharding: each cut whole again
   if (c_.defined()) return;  // sharded parameters: FSDP gathers each unit when a pass needs it
   // Forward order: the bucket holding the first parameters (the last bucket) first.
   for (int b = static_cast<int>(gathers_.size()) - 1; b >= 0; --b) start_gather(b);
@@ -153,11 +199,12 @@ void DistributedAdamW::step(double lr, double weight_decay, bool overlap_gather,
 
 void DistributedAdamW::publish() {
   wait_all();
-  if (owns_master() && !(c_.defined() && params_.compute_dtype() == DType::F32))
+  if (owns_master() && !c_is_master_)
     for (const Block& k : blocks_) {
       Tensor c = block_compute(k);
       be_.cast(c, master_.view(k.shard_begin, {k.numel()}));
     }
+  gather_replicas();
   if (c_.defined()) return;  // sharded parameters: gathered per unit by FSDP
   for (int b = static_cast<int>(gathers_.size()) - 1; b >= 0; --b) start_gather(b);
   wait_all();
@@ -201,6 +248,7 @@ std::vector<Tensor> DistributedAdamW::block_views(const std::vector<bool>& count
   std::vector<Tensor> out;
   const auto& specs = params_.specs();
   for (const Block& k : blocks_) {
+    if (!k.counted()) continue;  // HSDP: another instance's rank counts this one
     const FlatBucket& fb = params_.buckets()[static_cast<size_t>(k.bucket)];
     for (int p = fb.first_param; p < fb.end_param; ++p) {
       if (!counted[static_cast<size_t>(p)]) continue;
@@ -259,8 +307,12 @@ std::vector<float> DistributedAdamW::gather_state(const char* which, bool want) 
   for (const Block& k : blocks_) {
     const FlatBucket& fb = params_.buckets()[static_cast<size_t>(k.bucket)];
     Tensor full = scratch.view(0, {fb.numel()});
-    Tensor mine = full.view(k.comm->rank() * k.numel(), {k.numel()});
+    Tensor mine = full.view(k.flat_begin - fb.begin, {k.numel()});
     be_.cast(mine, st.view(k.shard_begin, {k.numel()}));  // a device copy
+    if (k.split) {  // the cut from its replicas' parts first
+      Tensor cut = full.view(k.cut_begin - fb.begin, {k.cut_numel});
+      k.replicas->all_gather_async(cut)->wait();
+    }
     k.comm->all_gather_async(full)->wait();
     if (want) be_.copy_to_host(host.data() + fb.begin, full);
   }

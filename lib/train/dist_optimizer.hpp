@@ -28,17 +28,32 @@ class DistributedAdamW {
   // (FlatBucket::expert), whose blocks are cut over it instead of dp.
   // `skip` (per spec): parameters another optimizer updates (Muon's matrices, train/muon.hpp):
   // AdamW leaves them out of its blocks' segments.
+  // HSDP (--num-distributed-optimizer-instances): `dp` and `expert_dp` are one instance's ranks
+  // (the shard groups) and `replicas` / `expert_replicas` the same blocks' ranks in the other
+  // instances, whose gradients reduce_replicas sums; null without. With the layout's
+  // shard_split (--outer-dp-sharding-strategy optim) each block is cut again over the replicas.
   DistributedAdamW(GPTModel& model, Backend& backend, Communicator& dp, double beta1, double beta2,
                    double eps, Communicator* expert_dp = nullptr,
-                   const std::vector<bool>* skip = nullptr);
+                   const std::vector<bool>* skip = nullptr, Communicator* replicas = nullptr,
+                   Communicator* expert_replicas = nullptr);
 
   // This rank's block of one bucket: flat elements [flat_begin, flat_end), stored from
-  // shard_begin in the shard buffers (moments, master weights).
+  // shard_begin in the optimizer's shard buffers (moments, master weights).
   struct Block {
     int bucket = 0;
     int64_t flat_begin = 0, flat_end = 0, shard_begin = 0;
     Communicator* comm = nullptr;  // the group the bucket is cut over
+    // HSDP: the ranks of the other instances holding the same cut (null without). The cut,
+    // flat [cut_begin, cut_begin + cut_numel), is what `comm` gives this rank and what FSDP's
+    // gradient and compute shards hold (from cut_shard_begin); it is the block itself, or with
+    // `split` (outer optimizer sharding) cut again over the replicas, the block being this
+    // rank's part.
+    Communicator* replicas = nullptr;
+    bool split = false;
+    int64_t cut_begin = 0, cut_numel = 0, cut_shard_begin = 0;
     int64_t numel() const { return flat_end - flat_begin; }
+    // Whether this rank counts the block in the grid's norms (one replica of each does).
+    bool counted() const { return split || !replicas || replicas->rank() == 0; }
   };
   const std::vector<Block>& blocks() const { return blocks_; }
   // The first moments of this rank's blocks (Muon keeps its momentum there), and a block's f32
@@ -49,7 +64,14 @@ class DistributedAdamW {
   // The summed gradient of a block: in the flat gradient buffer, or (Megatron-FSDP's sharded
   // gradients, train/fsdp.hpp) in the gradient shard, which FSDP fills.
   Tensor block_grads(const Block& k) const;
+  // FSDP: the block's cut in the gradient shard and in the compute copy's shard.
+  Tensor cut_grads(const Block& k) const { return g_.view(k.cut_shard_begin, {k.cut_numel}); }
+  Tensor cut_compute(const Block& k) const { return c_.view(k.cut_shard_begin, {k.cut_numel}); }
   Tensor& grad_shard() { return g_; }
+  // Collective over the replicas (HSDP), once the step's gradients are reduced over the shard
+  // groups: sums each block's gradient across the instances (an all-reduce; with `split` a
+  // reduce-scatter that leaves each rank its part). Nothing without replicas.
+  void reduce_replicas();
   int64_t shard_numel() const { return shard_numel_; }
   // Mixed precision: the f32 master weights live here (the ParamStore has none).
   bool owns_master() const { return master_.defined(); }
@@ -91,6 +113,8 @@ class DistributedAdamW {
   std::vector<Tensor> block_views(const std::vector<bool>& counted, bool params) const;
   Tensor& state(const char* which);
   void start_gather(int bucket);
+  // split: each cut's compute copy gathered from the replicas' parts (after the update).
+  void gather_replicas();
 
   GPTModel& model_;
   ParamStore& params_;
@@ -105,6 +129,7 @@ class DistributedAdamW {
   // Megatron-FSDP: the gradient shard (sharded gradients) and the compute copy's shard (sharded
   // parameters; the master shard itself in f32), else undefined.
   Tensor g_, c_;
+  bool c_is_master_ = false;  // f32 without split: the master shard is the compute shard
   std::vector<std::unique_ptr<PendingOp>> gathers_;  // per bucket, while overlapped
   std::vector<std::vector<int>> buckets_of_piece_;   // indexed by piece + 2 (embed, head, layers)
   int64_t step_ = 0;

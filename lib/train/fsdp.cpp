@@ -46,8 +46,8 @@ void FsdpUnits::gather(int unit, const Tensor& mem) {
   Tensor full = model_.params().bucket_compute(unit);
   full.bind_storage(mem);
   const DistributedAdamW::Block& k = opt_.blocks()[static_cast<size_t>(unit)];
-  Tensor mine = full.view(k.comm->rank() * k.numel(), {k.numel()});
-  be_.cast(mine, opt_.block_compute(k));  // this rank's block of the compute copy
+  Tensor mine = full.view(k.cut_begin - model_.params().buckets()[unit].begin, {k.cut_numel});
+  be_.cast(mine, opt_.cut_compute(k));  // this rank's cut of the compute copy
   k.comm->all_gather_async(full)->wait_device();
 }
 
@@ -75,8 +75,8 @@ void FsdpUnits::finish_reduce(int unit) {
   op.reset();
   Tensor g = model_.params().bucket_grads(unit);
   const DistributedAdamW::Block& k = opt_.blocks()[static_cast<size_t>(unit)];
-  Tensor mine = g.view(k.comm->rank() * k.numel(), {k.numel()});
-  Tensor acc = opt_.grad_shard().view(k.shard_begin, {k.numel()});
+  Tensor mine = g.view(k.cut_begin - model_.params().buckets()[unit].begin, {k.cut_numel});
+  Tensor acc = opt_.cut_grads(k);
   be_.add(acc, acc, mine);  // this micro-batch's sum over DP, into the step's
   g.unbind_storage();
 }

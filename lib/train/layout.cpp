@@ -83,7 +83,10 @@ FlatLayout training_flat_layout(const TrainConfig& cfg, const GPTConfig& model_c
   const bool dist = cfg.use_distributed_optimizer;
   FlatLayout layout;
   layout.bucket_elems = cfg.ddp_bucket_size;
-  layout.shards = dist ? ctx.grad_group_size() : 1;  // the optimizer shards over DP x CP
+  // The optimizer shards over DP x CP, or over one instance of it (HSDP), whose blocks
+  // --outer-dp-sharding-strategy optim cuts again over the instances.
+  layout.shards = dist ? ctx.grad_group_size() / cfg.dist_opt_instances : 1;
+  if (dist && cfg.outer_dp_shards_optim) layout.shard_split = cfg.dist_opt_instances;
   layout.embedding_alone = dist && model_cfg.embedding_on_last_stage();
   layout.master = !(dist && cfg.compute_dtype != DType::F32);  // else the optimizer's blocks
   if (cfg.megatron_fsdp) {  // one bucket per FSDP unit (train/fsdp.hpp)

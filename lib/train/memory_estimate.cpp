@@ -27,25 +27,30 @@ void fsdp_memory(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& l
   std::vector<ParamSpec> specs = build_param_specs(cfg, shard);
   const std::vector<FlatBucket> buckets =
       layout_flat_buffer(specs, training_flat_layout(t, cfg, grid));
-  // no_shard keeps whole buffers (one block per bucket); the others cut each bucket over DP x CP.
-  const int64_t group = t.use_distributed_optimizer ? grid.grad_group_size() : 1;
-  int64_t total = 0;
+  // no_shard keeps whole buffers (one block per bucket); the others cut each bucket over DP x CP,
+  // or over one HSDP instance of it (and the optimizer's part again over the instances).
+  const int N = t.dist_opt_instances;
+  const int64_t group = t.use_distributed_optimizer ? grid.grad_group_size() / N : 1;
+  const int64_t split = t.outer_dp_shards_optim ? N : 1;
+  int64_t total = 0, optimizer = 0;
   e.fsdp_shard_elements = 0;
   for (const FlatBucket& b : buckets) {  // routed experts' buckets over expert data parallelism
     const int64_t blocks = b.expert && ctx.ep_size > 1 && group > 1 ? group / ctx.ep_size : group;
     e.fsdp_shard_elements += b.numel() / blocks;
+    optimizer += b.numel() / blocks / split;
     total = std::max(total, b.end);
   }
-  const double mine = static_cast<double>(e.fsdp_shard_elements);
+  const double mine = static_cast<double>(e.fsdp_shard_elements);  // gradient / compute shards
+  const double part = static_cast<double>(optimizer);              // master and moments
   const double width = dtype_size(t.compute_dtype);
   const bool mixed = t.compute_dtype != DType::F32;
   e.grad_bytes = 4.0 * (t.fsdp_shards_grads() ? mine : static_cast<double>(total));
-  e.optimizer_bytes += 8.0 * mine - adam_bytes;  // Muon's scratch stays
-  if (t.fsdp_shards_params())  // the master shard and, in mixed precision, its compute copy
-    e.param_bytes = (mixed ? 4.0 + width : 4.0) * mine;
+  e.optimizer_bytes += 8.0 * part - adam_bytes;  // Muon's scratch stays
+  if (t.fsdp_shards_params())  // the master part and the compute shard (f32: the master's own)
+    e.param_bytes = 4.0 * part + (mixed || split > 1 ? width * mine : 0.0);
   else  // the whole compute copy (the f32 parameters in f32) and the master shard (or all)
     e.param_bytes =
-        mixed ? width * static_cast<double>(total) + 4.0 * mine : 4.0 * static_cast<double>(total);
+        mixed ? width * static_cast<double>(total) + 4.0 * part : 4.0 * static_cast<double>(total);
   if (!t.fsdp_shards_grads()) return;  // no pool: the flat buffers are whole
   e.fsdp_pool_bytes = static_cast<double>(
       fsdp_pool_bytes(specs, buckets, shard, t.fsdp_shards_grads(), t.fsdp_shards_params(),
@@ -80,8 +85,12 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   // optimizer the master weights (mixed precision) and the Adam moments of 1/DP of them.
   const bool mixed = t.compute_dtype != DType::F32;
   // Routed experts' blocks are cut over the expert-data-parallel group (DP / EP).
-  const double dp = t.use_distributed_optimizer ? double(layout.dp) * layout.cp : 1.0;
-  const double edp = t.use_distributed_optimizer ? double(layout.dp) / ep * layout.cp : 1.0;
+  // HSDP's instances each hold the whole state, unless the outer strategy cuts it again.
+  const double instances = t.outer_dp_shards_optim ? 1.0 : double(t.dist_opt_instances);
+  const double dp =
+      t.use_distributed_optimizer ? double(layout.dp) * layout.cp / instances : 1.0;
+  const double edp =
+      t.use_distributed_optimizer ? double(layout.dp) / ep * layout.cp / instances : 1.0;
   const double dense = static_cast<double>(e.parameters - e.expert_parameters);
   const double experts = static_cast<double>(e.expert_parameters);
   e.param_bytes =

@@ -26,7 +26,9 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
       lr_schedule_(LrSchedule::of(cfg, ctx.dp_size)),
       wd_schedule_(WeightDecaySchedule::of(cfg)) {
   const bool dist = cfg_.use_distributed_optimizer;
-  Communicator* expert_dp = ctx_.ep_size > 1 ? ctx_.edp : nullptr;
+  // The groups the distributed optimizer's state is cut over: DP x CP (the routed experts' over
+  // expert DP x CP), or with HSDP one instance of it (ParallelContext::dp_shard).
+  Communicator* expert_dp = ctx_.ep_size > 1 ? ctx_.expert_shard_group() : nullptr;
   scaler_ = cfg_.compute_dtype != DType::F16 ? LossScaler::constant(1.0)
             : cfg_.loss_scale > 0
                 ? LossScaler::constant(cfg_.loss_scale)
@@ -37,8 +39,9 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
     muon_params.push_back(cfg_.optimizer == "muon" && is_muon_param(s));
   if (dist) {
     dist_opt_ =
-        std::make_unique<DistributedAdamW>(model_, be_, *ctx_.dp, cfg_.adam_beta1, cfg_.adam_beta2,
-                                           cfg_.adam_eps, expert_dp, &muon_params);
+        std::make_unique<DistributedAdamW>(model_, be_, *ctx_.shard_group(), cfg_.adam_beta1,
+                                           cfg_.adam_beta2, cfg_.adam_eps, expert_dp, &muon_params,
+                                           ctx_.replica_group(), ctx_.expert_replica_group());
     if (cfg_.optimizer == "muon")  // layer-wise over the blocks (train/muon.hpp)
       muon_ = std::make_unique<Muon>(model_.params(), be_, cfg_.muon, *ctx_.tp, *dist_opt_);
     if (dist_opt_->owns_master()) {
@@ -63,8 +66,8 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
       optimizer_->skip_params(muon_params);
     }
   }
-  reducer_ =
-      std::make_unique<GradReducer>(model_, *ctx_.dp, dist, cfg_.overlap_grad_reduce, expert_dp);
+  reducer_ = std::make_unique<GradReducer>(model_, dist ? *ctx_.shard_group() : *ctx_.dp, dist,
+                                           cfg_.overlap_grad_reduce, expert_dp);
   norms_ = std::make_unique<GridNorms>(model_, be_, ctx_, dist_opt_.get());
 }
 
@@ -83,6 +86,7 @@ void OptimizerSet::finish_reduction() {
       fsdp_->finish();
     else
       reducer_->finish();
+    if (dist_opt_) dist_opt_->reduce_replicas();  // HSDP: across the instances, once a step
   }
   if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage()) &&
       model_.config().embedding_on_last_stage()) {

@@ -66,6 +66,7 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
   const GridLayout layout = GridLayout::make(world, o.tp, o.pp, o.cp);
   // The dry run's layout checks (a real start makes them on its ProcessGrid).
   check_expert_parallel(layout, o.ep);
+  check_optimizer_instances(layout, o.ep, o.train.dist_opt_instances);
   validate_layout(o.model, o.train, layout.tp, layout.pp, layout.dp, layout.cp);
   const std::vector<std::unique_ptr<OptionGroup>> groups = make_option_groups();
   DryRunContext d{o, world, o.world_size <= 0 && world_size <= 1, layout};

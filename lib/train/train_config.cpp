@@ -293,8 +293,16 @@ void TrainConfig::validate(int dp_size) const {
   if (!lr_schedule_in_samples) validate_rampup(*this, dp_size);  // resolved() checked it
 }
 
-std::string describe_dp_sharding(const TrainConfig& t, int dp) {
-  const std::string over = " over DP " + std::to_string(dp);
+std::string describe_dp_sharding(const TrainConfig& t, int dp, int cp) {
+  const int n = t.dist_opt_instances;
+  // HSDP: sharded inside each of n instances, replicated (or the optimizer state cut) across.
+  const std::string over =
+      n > 1 ? detail::concat(" over the ", cp > 1 ? "DP x CP " : "DP ", dp * cp, " ranks' ", n,
+                             " instances of ", dp * cp / n, ", ",
+                             t.outer_dp_shards_optim ? "the optimizer state cut again across "
+                                                       "the instances"
+                                                     : "replicated across the instances")
+            : " over DP " + std::to_string(dp);
   if (t.megatron_fsdp) {
     using S = TrainConfig::DpSharding;
     switch (t.dp_sharding) {

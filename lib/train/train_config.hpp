@@ -100,6 +100,13 @@ struct TrainConfig {
   bool fsdp_shards_params() const {
     return megatron_fsdp && dp_sharding == DpSharding::OptimGradsParams;
   }
+  // HSDP / the partial distributed optimizer (--num-distributed-optimizer-instances N > 1): the
+  // gradient group (DP x CP) is split into N instances of consecutive ranks; what is sharded is
+  // cut over an instance's ranks and replicated across the instances, whose gradients are summed
+  // once per step. With --outer-dp-sharding-strategy optim (Megatron-FSDP optim_grads_params
+  // only) the optimizer state is cut again over the instances.
+  int dist_opt_instances = 1;
+  bool outer_dp_shards_optim = false;
   // Megatron's sequence parallelism (needs TP > 1): LayerNorm, dropout and residual regions split
   // over the TP group along the tokens; all-gather / reduce-scatter instead of all-reduce.
   bool sequence_parallel = false;
@@ -225,13 +232,14 @@ struct TrainConfig {
   }
 };
 
+// What the data-parallel ranks shard, for the start-up and --dry-run lines: "replicated",
+// "distributed over DP 4", or Megatron-FSDP's strategy and what it shards (with HSDP's
+// instances over the DP x CP ranks).
+std::string describe_dp_sharding(const TrainConfig& t, int dp, int cp = 1);
+
 // For a resolved config: the warning line when the warm-up lasts the whole run (the learning
 // rate never reaches --lr), else "". A warm-up not shorter than an explicit decay is refused by
 // validate(), as Megatron asserts.
-// What the data-parallel ranks shard, for the start-up and --dry-run lines: "replicated",
-// "distributed over DP 4", or Megatron-FSDP's strategy and what it shards.
-std::string describe_dp_sharding(const TrainConfig& t, int dp);
-
 std::string warmup_past_the_run(const TrainConfig& resolved);
 
 }  // namespace tessera

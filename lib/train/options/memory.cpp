@@ -114,7 +114,8 @@ class MemoryOptions : public OptionGroup {
     const TrainConfig& t = d.o.train;
     if (s == DryRunSection::Setup)
       out << "activation recomputation: " << t.recompute.describe() << "; optimizer: "
-          << (t.megatron_fsdp               ? describe_dp_sharding(t, d.layout.dp)
+          << (t.megatron_fsdp || t.dist_opt_instances > 1
+                  ? describe_dp_sharding(t, d.layout.dp, d.layout.cp)
               : t.use_distributed_optimizer ? "distributed (master weights and Adam moments of "
                                               "1/DP of the parameters per rank)"
                                             : "replicated on every DP rank")

@@ -53,11 +53,22 @@ class ParallelismOptions : public OptionGroup {
             "use-megatron-fsdp", po::bool_switch(&t.megatron_fsdp),
             "Megatron-FSDP: one data-parallel bucket per layer (and one for the embedding, one "
             "for the head), sharded over the DP ranks as --data-parallel-sharding-strategy says")(
-            "data-parallel-sharding-strategy", po::value(&sharding_)->default_value("no_shard"),
+            "data-parallel-sharding-strategy",
+            po::value(&sharding_)->default_value("optim_grads_params"),
             "with --use-megatron-fsdp: no_shard (DDP), optim (optimizer state, ZeRO-1), "
             "optim_grads (and gradients, reduce-scattered each micro-batch, ZeRO-2), "
             "optim_grads_params (and parameters, each layer's gathered for its forward and again "
-            "for its backward, ZeRO-3)");
+            "for its backward, ZeRO-3; Megatron's default)")(
+            "num-distributed-optimizer-instances",
+            po::value(&t.dist_opt_instances)->default_value(1),
+            "HSDP / partial distributed optimizer: split the data-parallel ranks (x CP) into N "
+            "instances of consecutive ranks (one per node, say); the optimizer state (and FSDP's "
+            "gradients and weights) are sharded inside an instance and replicated across them, "
+            "gradients summed across instances once per step")(
+            "outer-dp-sharding-strategy", po::value(&outer_sharding_)->default_value("no_shard"),
+            "with --use-megatron-fsdp and --num-distributed-optimizer-instances > 1: no_shard "
+            "(replicated across instances) or optim (the optimizer state also sharded across "
+            "them; needs optim_grads_params)");
     p.alternatives(
         {"num-layers-per-virtual-pipeline-stage", "virtual-pipeline-model-parallel-size"});
   }
@@ -84,6 +95,7 @@ class ParallelismOptions : public OptionGroup {
   void resolve_late(const OptionParser& p, RunOptions& o, StartupNotes& notes) override {
     using detail::concat;
     resolve_sharding(p, o, notes);  // after the optimizer's group (dist_muon)
+    resolve_instances(p, o);
     const GPTConfig& m = o.model;
     TrainConfig& t = o.train;
     const int per_stage = layers_per_virtual_stage_;
@@ -175,6 +187,44 @@ class ParallelismOptions : public OptionGroup {
     }
   }
 
+  // --num-distributed-optimizer-instances and --outer-dp-sharding-strategy (HSDP), after
+  // resolve_sharding settled whether the distributed optimizer runs.
+  void resolve_instances(const OptionParser& p, RunOptions& o) const {
+    using detail::concat;
+    TrainConfig& t = o.train;
+    if (outer_sharding_ != "no_shard" && outer_sharding_ != "optim")
+      throw ConfigError("--outer-dp-sharding-strategy=" + outer_sharding_ +
+                        " is not a strategy (allowed: no_shard, optim)");
+    t.outer_dp_shards_optim = outer_sharding_ == "optim";
+    if (t.dist_opt_instances < 1)
+      throw ConfigError(concat("--num-distributed-optimizer-instances=", t.dist_opt_instances,
+                               " is out of range (allowed: >= 1)"));
+    if (p.given("outer-dp-sharding-strategy") && !t.megatron_fsdp)
+      throw ConfigError(
+          "--outer-dp-sharding-strategy needs --use-megatron-fsdp (HSDP; without FSDP, "
+          "--num-distributed-optimizer-instances alone replicates the distributed optimizer)");
+    if (t.dist_opt_instances > 1 && !t.use_distributed_optimizer)
+      throw ConfigError(concat(
+          "--num-distributed-optimizer-instances=", t.dist_opt_instances,
+          " needs a sharded optimizer: --use-distributed-optimizer, or --use-megatron-fsdp with "
+          "a --data-parallel-sharding-strategy above no_shard"));
+    if (t.outer_dp_shards_optim) {
+      if (t.dp_sharding != TrainConfig::DpSharding::OptimGradsParams)
+        throw ConfigError(
+            "--outer-dp-sharding-strategy optim needs --data-parallel-sharding-strategy "
+            "optim_grads_params (outer sharding cuts the inner shards again, as Megatron-FSDP "
+            "does)");
+      if (t.dist_opt_instances == 1)
+        throw ConfigError(
+            "--outer-dp-sharding-strategy optim needs --num-distributed-optimizer-instances > 1 "
+            "(the instances it shards the optimizer state over)");
+      if (t.optimizer == "muon")
+        throw ConfigError(
+            "--outer-dp-sharding-strategy optim does not run with --optimizer muon (Muon makes "
+            "each matrix whole from one instance's shards); use no_shard");
+    }
+  }
+
   static void context_parallel_line(const DryRunContext& d, std::ostream& out) {
     const GridLayout& layout = d.layout;
     const RingTraffic ring = cp_ring_traffic(d.o.model, d.o.train, layout.tp, layout.cp);
@@ -196,7 +246,7 @@ class ParallelismOptions : public OptionGroup {
     out << buf;
   }
 
-  std::string cp_comm_type_, sharding_;
+  std::string cp_comm_type_, sharding_, outer_sharding_;
   int virtual_size_ = 0, layers_per_virtual_stage_ = 0;
 };
 
