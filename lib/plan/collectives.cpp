@@ -49,8 +49,22 @@ int CollectivePlan::group_size(const std::string& g) const {
   if (g == "dp") return layout_.dp * layout_.cp;
   if (g == "ep") return ep_;
   if (g == "edp") return layout_.dp / ep_ * layout_.cp;
+  const int N = t_.dist_opt_instances;
+  if (g == "dp_shard") return layout_.dp * layout_.cp / N;
+  if (g == "edp_shard") return layout_.dp / ep_ * layout_.cp / N;
+  if (g == "dp_replica" || g == "edp_replica") return N;
   if (g == "pp" || g == "pp_grad") return layout_.pp;
   return 2;  // the embedding and wrap-around groups: the first and last stage
+}
+
+std::string CollectivePlan::shard_group(bool expert) const {
+  if (t_.dist_opt_instances > 1) return expert ? "edp_shard" : "dp_shard";
+  return expert ? "edp" : "dp";
+}
+
+int CollectivePlan::shard_rank(bool expert) const {
+  const int r = me_.cp + layout_.cp * (expert ? me_.dp / ep_ : me_.dp);  // in dp / edp
+  return r % group_size(shard_group(expert));
 }
 
 PlannedCall CollectivePlan::call(const std::string& group, const char* op, int64_t elements,
@@ -293,7 +307,7 @@ struct CollectivePlan::FsdpRecorder final : FsdpLedger::Actions {
   }
   void issue(int unit, const char* op, int bytes) {
     const FlatBucket& b = buckets[static_cast<size_t>(unit)];
-    const std::string g = b.expert && plan.ep_ > 1 ? "edp" : "dp";
+    const std::string g = plan.shard_group(b.expert && plan.ep_ > 1);
     if (plan.group_size(g) > 1) out->push_back(plan.call(g, op, b.numel(), bytes));
   }
   void gather(int unit, const Tensor&) override { issue(unit, "all_gather", plan.wb_); }
@@ -340,9 +354,9 @@ void CollectivePlan::muon_calls(const std::vector<ParamSpec>& specs,
       if (m.offset >= b.begin && m.offset < b.end) in.push_back(&m);
     if (in.empty()) continue;
     const bool expert = b.expert && ep_ > 1;
-    const std::string g = expert ? "edp" : "dp";
+    const std::string g = shard_group(expert);
     const int n = group_size(g);
-    const int me = me_.cp + layout_.cp * (expert ? me_.dp / ep_ : me_.dp);
+    const int me = shard_rank(expert);
     if (n > 1) out.push_back(call(g, "all_gather", b.numel(), 4));
     for (size_t i = 0; i < in.size(); ++i)
       if (static_cast<int>(i % size_t(n)) == me) orthogonalize(*in[i]);
@@ -393,7 +407,7 @@ CallList CollectivePlan::step() const {
   auto hook = [&](void (FsdpLedger::*h)(int), int piece) { fsdp_hook(h, piece, out); };
   auto reduce = [&](Bucket& b) {
     b.started = true;
-    const std::string g = b.expert ? "edp" : "dp";
+    const std::string g = dist ? shard_group(b.expert) : b.expert ? "edp" : "dp";
     if (group_size(g) > 1)
       out.push_back(call(g, dist ? "reduce_scatter" : "all_reduce", b.elements, 4));
   };
@@ -443,17 +457,29 @@ CallList CollectivePlan::step() const {
   if (recorder) recorder->ledger.finish();
   for (Bucket& b : buckets)  // GradReducer::finish: in bucket order
     if (!b.started && !units) reduce(b);
+  // DistributedAdamW::reduce_replicas (HSDP): each block summed across the instances, or with
+  // outer optimizer sharding its cut reduce-scattered over them.
+  const int N = t_.dist_opt_instances;
+  const bool split = t_.outer_dp_shards_optim && N > 1;
+  auto cut_of = [&](const Bucket& b) { return b.elements / group_size(shard_group(b.expert)); };
+  if (dist && N > 1)
+    for (const Bucket& b : buckets)
+      out.push_back(call(b.expert ? "edp_replica" : "dp_replica",
+                         split ? "reduce_scatter" : "all_reduce", cut_of(b), 4));
   if (P > 1 && (shard_.has_embedding || shard_.has_head) && cfg_.embedding_on_last_stage()) {
     int64_t n = 0;  // wte's gradient, or the block of its bucket this rank owns
     for (size_t p = 0; p < specs.size(); ++p)
       if (specs[p].name == "wte")
-        n = dist ? buckets[size_t(bucket_of[p])].elements / flat.shards : specs[p].numel();
+        n = dist ? cut_of(buckets[size_t(bucket_of[p])]) / (split ? N : 1) : specs[p].numel();
     out.push_back(call("embedding", "all_reduce", n, 4));
   }
   if (t_.optimizer == "muon") muon_calls(specs, fb, out);
+  if (split)  // DistributedAdamW::gather_replicas: each cut whole again, in the compute dtype
+    for (const Bucket& b : buckets)
+      out.push_back(call(b.expert ? "edp_replica" : "dp_replica", "all_gather", cut_of(b), wb_));
   if (dist && !t_.fsdp_shards_params())  // DistributedAdamW::step: the updated blocks gathered
     for (size_t b = buckets.size(); b-- > 0;) {
-      const std::string g = buckets[b].expert ? "edp" : "dp";
+      const std::string g = shard_group(buckets[b].expert);
       if (group_size(g) > 1)
         out.push_back(call(g, "all_gather", buckets[b].elements, wb_));  // the compute copy
     }

@@ -50,6 +50,11 @@ class CollectivePlan {
   const ModelShard& shard() const { return shard_; }
   // The group's size for a group key of this plan ("tp" -> TP, "dp" -> DP x CP, ...).
   int group_size(const std::string& group) const;
+  // The group the distributed optimizer cuts a bucket over: "dp" ("edp" for the routed experts'
+  // with EP), or with HSDP's instances one instance of it ("dp_shard", "edp_shard").
+  std::string shard_group(bool expert) const;
+  // This rank's place in that group.
+  int shard_rank(bool expert) const;
 
   // One micro-batch's calls of each piece.
   CallList embed_forward() const;

@@ -263,13 +263,32 @@ StageCost stage_cost(const Model& m, int s, int micro) {
   auto ar = [](const Link& l, int n, double bytes) {
     return bytes > 0 ? all_reduce(l, n, bytes) : 0;
   };
+  // HSDP (--num-distributed-optimizer-instances N): reduce-scattered and gathered inside one
+  // instance of gn / N consecutive ranks, the shard then summed across the N instances
+  // (all-reduce; reduce-scatter, and the updated cut gathered back, with outer optimizer
+  // sharding).
+  const int N = t.use_distributed_optimizer ? t.dist_opt_instances : 1;
+  const bool split = N > 1 && t.outer_dp_shards_optim;
+  const int gi = gn / N, ei = std::max(1, en / N);
   if (t.use_distributed_optimizer) {
-    st.dp_grad = ag(m.grad_link, gn, dense_grad) + ag(m.edp_link, en, expert_grad);
-    st.dp_param = ag(m.grad_link, gn, m.wb * dense) + ag(m.edp_link, en, m.wb * experts);
+    const Link inner = N > 1 ? link_of(m.cluster, TP, gi) : m.grad_link;
+    const Link einner = N > 1 ? link_of(m.cluster, TP * CP * ep, ei) : m.edp_link;
+    st.dp_grad = ag(inner, gi, dense_grad) + ag(einner, ei, expert_grad);
+    st.dp_param = ag(inner, gi, m.wb * dense) + ag(einner, ei, m.wb * experts);
+    if (N > 1) {
+      const Link outer = link_of(m.cluster, TP * gi, N);
+      const Link eouter = link_of(m.cluster, TP * CP * ep * ei, N);
+      const double cut = dense_grad / gi, ecut = expert_grad / ei;
+      st.dp_grad += split ? ag(outer, N, cut) + ag(eouter, N, ecut)
+                          : ar(outer, N, cut) + ar(eouter, N, ecut);
+      if (split) st.dp_param += ag(outer, N, m.wb * dense / gi) + ag(eouter, N, m.wb * experts / ei);
+    }
   } else {
     st.dp_grad = ar(m.grad_link, gn, dense_grad) + ar(m.edp_link, en, expert_grad);
   }
-  const double owned = t.use_distributed_optimizer ? dense / gn + experts / en : dense + experts;
+  const double owned = !t.use_distributed_optimizer ? dense + experts
+                       : split                      ? dense / gn + experts / en
+                                                    : dense / gi + experts / ei;
   // Tessera's passes over the parameters each step: Adam on its shard (the f32 master weight,
   // gradient and two moments read, three written: 28 bytes a parameter), the bf16 copy cast
   // (4 read, 2 written), the gradient norm's read and the gradients' zeroing (4 each).

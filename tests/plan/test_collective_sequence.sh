@@ -116,4 +116,12 @@ check fsdp-tp2sp-pp2-dp2 8 gpt --tensor-model-parallel-size 2 --sequence-paralle
 check fsdp-ep2-bf16 2 moe --expert-model-parallel-size 2 --bf16 --use-megatron-fsdp \
   --data-parallel-sharding-strategy optim_grads_params
 check fsdp-optim-grads-dp2 2 gpt --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads
+# HSDP: the units over one instance of two DP ranks, the shards summed across the two instances
+# (reduce-scattered, and the updated cut gathered back, with --outer-dp-sharding-strategy optim)
+# at DP4 x PP2 (the tied embedding's block summed after), and the partial distributed optimizer
+# with a Mixtral-shaped MoE at EP2 x DP4 in bf16 (the experts' instances of one rank each).
+check hsdp-optim-dp4-pp2 8 gpt --pipeline-model-parallel-size 2 --use-megatron-fsdp \
+  --num-distributed-optimizer-instances 2 --outer-dp-sharding-strategy optim
+check hsdp-distopt-ep2-dp4 4 moe --expert-model-parallel-size 2 --bf16 --use-distributed-optimizer \
+  --num-distributed-optimizer-instances 2 --overlap-param-gather
 exit $fail

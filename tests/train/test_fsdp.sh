@@ -5,9 +5,11 @@
 # interleaved), CP2, full recomputation, a Mixtral-shaped MoE at EP2 and Muon give the 1-rank
 # losses of 20 iterations (dropout on) to 1e-6 relative. A checkpoint saved under
 # optim_grads_params at DP2 resumes at TP2 x PP2 and the other way round (iterations 11-20 the
-# uninterrupted run's). The memory report's FSDP pool (what the run holds) equals the --dry-run
-# estimate's, and each strategy's whole estimate is within 2 % of what the rank allocated; the
-# options' errors are one line.
+# uninterrupted run's). HSDP (--num-distributed-optimizer-instances, --outer-dp-sharding-strategy)
+# and the partial distributed optimizer give the same losses with CP, TP + SP x PP, EP and Muon,
+# and their checkpoints move to TP2 x PP2 and back. The memory report's FSDP pool (what the run
+# holds) equals the --dry-run estimate's, and each strategy's whole estimate is within 2 % of
+# what the rank allocated (f32 and bf16); the options' errors are one line.
 # Usage: test_fsdp.sh BIN_DIR CONFIG_DIR
 set -u
 # shellcheck source=../lib.sh
@@ -89,6 +91,32 @@ train muon-one 1 gpt --optimizer muon
 train muon-dp2 2 gpt --optimizer muon "${fsdp[@]}" optim_grads_params
 same muon-one "Muon under optim_grads_params at DP2 (layer-wise)" muon-dp2
 
+# HSDP (--num-distributed-optimizer-instances): sharded inside instances of consecutive DP x CP
+# ranks, replicated across them (no_shard) or the optimizer state cut again (optim).
+hsdp=(--num-distributed-optimizer-instances 2)
+train hsdp 4 gpt --use-megatron-fsdp "${hsdp[@]}"
+same one "HSDP: optim_grads_params (the default) in 2 instances of DP2, replicated" hsdp
+train hfsdp 4 gpt --use-megatron-fsdp "${hsdp[@]}" --outer-dp-sharding-strategy optim
+same one "HSDP: optim_grads_params in 2 instances, optimizer state cut across them" hfsdp
+train hsdp-grads 4 gpt "${fsdp[@]}" optim_grads --num-distributed-optimizer-instances 4
+same one "HSDP: optim_grads in 4 instances of one rank" hsdp-grads
+train partial 4 gpt --use-distributed-optimizer "${hsdp[@]}" --overlap-param-gather
+same one "partial distributed optimizer: 2 instances of DP2, parameter gather overlapped" partial
+train hsdp-cp2 4 gpt --use-megatron-fsdp "${hsdp[@]}" --context-parallel-size 2
+same one "HSDP at CP2 x DP2: 2 instances of 2 of the DP x CP ranks" hsdp-cp2
+train hfsdp-tppp 8 gpt --use-megatron-fsdp "${hsdp[@]}" --outer-dp-sharding-strategy optim \
+  --tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2
+same one "HSDP (optim) at TP2 + SP x PP2 x DP2" hfsdp-tppp
+train hfsdp-moe 4 moe --use-megatron-fsdp "${hsdp[@]}" --outer-dp-sharding-strategy optim \
+  --expert-model-parallel-size 2
+same moe-one "HSDP (optim), Mixtral-shaped MoE at EP2 x DP4 (experts' instances of one rank)" hfsdp-moe
+train hsdp-muon 4 gpt --optimizer muon --use-megatron-fsdp "${hsdp[@]}"
+same muon-one "HSDP with Muon (each instance layer-wise)" hsdp-muon
+grep -q "optimizer: Megatron-FSDP optim_grads_params (the optimizer state, gradients and parameters over the DP 4 ranks' 2 instances of 2, the optimizer state cut again across the instances)" \
+  "$work/hfsdp.log" && grep -q "2 optimizer instances of 2 consecutive data-parallel ranks" "$work/hfsdp.log" \
+  && ok "the start-up lines name the instances" \
+  || bad "no instances in the start-up lines: $(grep -E 'optimizer:|process grid' "$work/hfsdp.log")"
+
 # Checkpoints stay free of the layout.
 train z3-save 2 gpt "${fsdp[@]}" optim_grads_params --exit-interval 10 --save "$work/ck-z3" --save-interval 10
 train z3-to-tppp 4 gpt --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --load "$work/ck-z3"
@@ -97,6 +125,15 @@ train tppp-save 4 gpt --tensor-model-parallel-size 2 --pipeline-model-parallel-s
   --save "$work/ck-tppp" --save-interval 10
 train tppp-to-z3 2 gpt "${fsdp[@]}" optim_grads_params --load "$work/ck-tppp"
 same one "saved at TP2 x PP2, resumed under optim_grads_params at DP2" tppp-save tppp-to-z3
+
+train hfsdp-save 4 gpt --use-megatron-fsdp "${hsdp[@]}" --outer-dp-sharding-strategy optim \
+  --exit-interval 10 --save "$work/ck-hfsdp" --save-interval 10
+train hfsdp-to-tppp 4 gpt --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+  --load "$work/ck-hfsdp"
+same one "saved under HSDP (optim) at DP4, resumed at TP2 x PP2" hfsdp-save hfsdp-to-tppp
+train tppp-to-hfsdp 4 gpt --use-megatron-fsdp "${hsdp[@]}" --outer-dp-sharding-strategy optim \
+  --load "$work/ck-tppp"
+same one "saved at TP2 x PP2, resumed under HSDP (optim) at DP4" tppp-save tppp-to-hfsdp
 
 # The pool the run holds is the estimate's (memory report after the first iteration, --dry-run).
 for s in optim_grads optim_grads_params; do
@@ -112,15 +149,30 @@ for s in optim_grads optim_grads_params; do
     fi
   done
 done
+# bf16: the gathered units and the compute shard in bf16 (the pool and the whole estimate).
+train bf16-z3 2 gpt --bf16 --use-megatron-fsdp
+train bf16-hfsdp 4 gpt --bf16 --use-megatron-fsdp "${hsdp[@]}" --outer-dp-sharding-strategy optim
+for log in hfsdp hsdp bf16-z3 bf16-hfsdp; do
+  pool=$(grep -o "FSDP units' pool: [0-9]* bytes (estimate [0-9]*)" "$work/$log.log" | head -1)
+  held=$(awk '{print $4}' <<<"$pool")
+  est=$(tr -d ')' <<<"$pool" | awk '{print $7}')
+  if [ -n "$held" ] && [ "$held" -gt 0 ] && [ "$held" = "$est" ]; then
+    ok "$log: FSDP pool held $held bytes = estimate"
+  else
+    bad "$log: FSDP pool '$pool'"
+  fi
+done
 # Each strategy's whole estimate against what rank 0 has allocated after the first iteration.
-for s in no_shard optim optim_grads optim_grads_params; do
-  line=$(grep "\[Rank 0\] (after 1 iterations) memory" "$work/$s-dp2.log" | head -1)
+for s in no_shard optim optim_grads optim_grads_params hsdp hfsdp partial bf16-z3 bf16-hfsdp; do
+  log=$work/$s-dp2.log
+  [ -f "$log" ] || log=$work/$s.log
+  line=$(grep "\[Rank 0\] (after 1 iterations) memory" "$log" | head -1)
   alloc=$(grep -o "| allocated: [0-9.]*" <<<"$line" | awk '{print $3}')
   est=$(grep -o "estimate: [0-9.]*" <<<"$line" | awk '{print $2}')
   if [ -n "$alloc" ] && [ -n "$est" ] && awk -v a="$alloc" -v e="$est" 'BEGIN { d = a - e; if (d < 0) d = -d; exit !(e > 0 && d / e <= 0.02) }'; then
-    ok "$s at DP2: allocated $alloc MB, --dry-run estimate $est MB"
+    ok "$s: allocated $alloc MB, --dry-run estimate $est MB"
   else
-    bad "$s at DP2: allocated '$alloc' MB against the estimate '$est' MB: $line"
+    bad "$s: allocated '$alloc' MB against the estimate '$est' MB: $line"
   fi
 done
 dry=$("$bin/tessera-train" "${gpt[@]}" "${fsdp[@]}" optim_grads_params --dry-run --world-size 2 2>&1)
@@ -139,6 +191,33 @@ out=$("$bin/tessera-train" "${gpt[@]}" "${fsdp[@]}" zero3 --dry-run 2>&1); rc=$?
 out=$("$bin/tessera-train" "${gpt[@]}" "${fsdp[@]}" no_shard --use-distributed-optimizer --dry-run --world-size 2 2>&1)
 grep -q "no_shard keeps the optimizer state whole" <<<"$out" && grep -q "optimizer: Megatron-FSDP no_shard" <<<"$out" \
   && ok "no_shard with --use-distributed-optimizer: a note, replicated" || bad "no_shard + dist-opt: $out"
+
+err() {  # err DESCRIPTION EXPECTED OPTIONS...: one line naming the option, exit 2
+  local what=$1 want=$2 out rc
+  shift 2
+  out=$("$bin/tessera-train" "${gpt[@]}" "$@" --dry-run 2>&1); rc=$?
+  if [ $rc -eq 2 ] && grep -qF -- "$want" <<<"$out"; then ok "$what: rc 2"; else bad "$what: rc $rc $out"; fi
+}
+err "3 instances of DP4" "--num-distributed-optimizer-instances=3 does not divide the data-parallel ranks DP 4 x CP 1 = 4" \
+  --use-megatron-fsdp --num-distributed-optimizer-instances 3 --world-size 4
+err "instances without a sharded optimizer" "--num-distributed-optimizer-instances=2 needs a sharded optimizer" \
+  "${hsdp[@]}" --world-size 4
+err "instances under no_shard" "--num-distributed-optimizer-instances=2 needs a sharded optimizer" \
+  "${fsdp[@]}" no_shard "${hsdp[@]}" --world-size 4
+err "outer strategy without FSDP" "--outer-dp-sharding-strategy needs --use-megatron-fsdp" \
+  --use-distributed-optimizer "${hsdp[@]}" --outer-dp-sharding-strategy optim --world-size 4
+err "outer optim under optim_grads" "--outer-dp-sharding-strategy optim needs --data-parallel-sharding-strategy optim_grads_params" \
+  "${fsdp[@]}" optim_grads "${hsdp[@]}" --outer-dp-sharding-strategy optim --world-size 4
+err "outer optim in one instance" "--outer-dp-sharding-strategy optim needs --num-distributed-optimizer-instances > 1" \
+  --use-megatron-fsdp --outer-dp-sharding-strategy optim --world-size 4
+err "an unknown outer strategy" "--outer-dp-sharding-strategy=full is not a strategy (allowed: no_shard, optim)" \
+  --use-megatron-fsdp --outer-dp-sharding-strategy full
+err "outer optim with Muon" "--outer-dp-sharding-strategy optim does not run with --optimizer muon" \
+  --optimizer muon --use-megatron-fsdp "${hsdp[@]}" --outer-dp-sharding-strategy optim --world-size 4
+out=$("$bin/tessera-train" "${moe[@]}" --use-megatron-fsdp --expert-model-parallel-size 2 \
+  --num-distributed-optimizer-instances 4 --dry-run --world-size 4 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -qF "does not divide the expert-data-parallel ranks DP 4 / EP 2 x CP 1 = 2" <<<"$out" \
+  && ok "4 instances of the experts' 2 ranks: rc 2" || bad "experts' instances: rc $rc $out"
 
 [ $fail -eq 0 ] && echo "fsdp: all passed"
 exit $fail
