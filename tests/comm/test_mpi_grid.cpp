@@ -2,6 +2,8 @@
 // ranks GridLayout says, and the MPI collectives compute what they should.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "comm/process_grid.hpp"
 
 using namespace tessera;
@@ -70,6 +72,36 @@ TEST(ProcessGrid, PipelineRingCommunicators) {
   (ctx.first_stage() ? fwd : bwd).recv(got, ctx.first_stage() ? 1 : 0, 1);
   a->wait();
   EXPECT_EQ(got.f32()[0], float(want[ctx.first_stage() ? 1 : 0]));
+}
+
+// HSDP's instances: the gradient group (DP x CP of a (tp, pp)) cut into groups of consecutive
+// ranks, and the ranks at the same place in each; a sum over both is the gradient group's.
+TEST(ProcessGrid, OptimizerInstancesCutTheGradientGroup) {
+  ProcessGrid grid(2, 1, 1);
+  grid.use_optimizer_instances(2);
+  const ParallelContext ctx = grid.context();
+  const int r = grid.world_rank();
+  const std::vector<int> grad = group_containing(grid.layout().grad_groups(), r);
+  const int S = static_cast<int>(grad.size()) / 2;
+  const int at = static_cast<int>(std::find(grad.begin(), grad.end(), r) - grad.begin());
+  std::vector<int> shard(grad.begin() + at / S * S, grad.begin() + at / S * S + S);
+  std::vector<int> replica{grad[static_cast<size_t>(at % S)], grad[static_cast<size_t>(at % S + S)]};
+  EXPECT_EQ(ctx.dp_instances, 2);
+  EXPECT_EQ(members(*ctx.shard_group(), r), shard);
+  EXPECT_EQ(members(*ctx.replica_group(), r), replica);
+  EXPECT_EQ(members(*ctx.dp, r), grad);  // the whole gradient group stays
+  Tensor x({1});
+  x.f32()[0] = static_cast<float>(r + 1);
+  ctx.shard_group()->all_reduce(x, ReduceOp::Sum);
+  ctx.replica_group()->all_reduce(x, ReduceOp::Sum);
+  float want = 0;
+  for (int g : grad) want += static_cast<float>(g + 1);
+  EXPECT_EQ(x.f32()[0], want);
+  const std::string table = grid.layout_table();
+  if (r == 0) {
+    EXPECT_NE(table.find("2 optimizer instances of " + std::to_string(S)), std::string::npos)
+        << table;
+  }
 }
 
 TEST(MpiCommunicator, Collectives) {

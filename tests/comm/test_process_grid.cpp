@@ -95,6 +95,26 @@ TEST(GridLayout, ImpossibleLayoutNamesTheNumbers) {
   EXPECT_THROW(GridLayout::make(4, 0, 1), ConfigError);
 }
 
+TEST(GridLayout, OptimizerInstancesDivideTheDataParallelRanks) {
+  const GridLayout L = GridLayout::make(16, 2, 1, 2);  // DP 4 x CP 2 = 8 gradient ranks
+  EXPECT_NO_THROW(check_optimizer_instances(L, 1, 4));
+  EXPECT_NO_THROW(check_optimizer_instances(L, 2, 4));  // the experts' DP 2 x CP 2 = 4
+  try {
+    check_optimizer_instances(L, 1, 3);
+    FAIL() << "3 instances of 8 ranks accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("DP 4 x CP 2 = 8"), std::string::npos) << e.what();
+  }
+  try {
+    check_optimizer_instances(L, 4, 4);  // the experts' DP 1 x CP 2 = 2
+    FAIL() << "4 instances of 2 expert ranks accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("DP 4 / EP 4 x CP 2 = 2"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(check_optimizer_instances(L, 1, 0), ConfigError);
+}
+
 TEST(Pipeline, OneFOneBOrderForFourStagesEightMicroBatches) {
   EXPECT_EQ(schedule_string(schedule_1f1b(4, 0, 8)),
             "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
