@@ -170,6 +170,8 @@ struct StageCost {
   std::vector<double> F, B;
   StepPrediction::Stage compute;
   double tp = 0, cp = 0, ep = 0, flops = 0, dp_grad = 0, dp_param = 0;
+  double fsdp = 0;  // Megatron-FSDP's units' gathers and reduce-scatters, every micro-batch
+  double dp_grad_after = 0, dp_param_after = 0;  // HSDP's sums across the instances
   double once = 0;  // the TP sums of partial gradients after the last backward
 };
 
@@ -270,18 +272,54 @@ StageCost stage_cost(const Model& m, int s, int micro) {
   const int N = t.use_distributed_optimizer ? t.dist_opt_instances : 1;
   const bool split = N > 1 && t.outer_dp_shards_optim;
   const int gi = gn / N, ei = std::max(1, en / N);
+  const Link inner = N > 1 ? link_of(m.cluster, TP, gi) : m.grad_link;
+  const Link einner = N > 1 ? link_of(m.cluster, TP * CP * ep, ei) : m.edp_link;
+  // Megatron-FSDP's units (train/fsdp.hpp): every micro-batch, each unit of a chunk gathered
+  // before its forward and again before its backward (optim_grads_params; full recomputation a
+  // third time) in the compute dtype, and reduce-scattered in f32 after its backward
+  // (optim_grads and up), over the shard group. The GPU path issues each gather when the pass
+  // reaches the unit (no prefetch yet): all of it is exposed, inside the chunk's steps.
+  const bool unit_grads = t.fsdp_shards_grads(), unit_params = t.fsdp_shards_params();
+  if (unit_grads) {
+    std::vector<double> chunk_dense(size_t(V), 0.0), chunk_experts(size_t(V), 0.0);
+    for (const ParamSpec& sp : specs) {
+      int layer = -1, chunk = shard.num_chunks() - 1;  // the head's units: the last chunk
+      if (std::sscanf(sp.name.c_str(), "layers.%d.", &layer) == 1) {
+        for (int c = 0; c < shard.num_chunks(); ++c)
+          if (layer >= shard.chunks[size_t(c)].begin && layer < shard.chunks[size_t(c)].end)
+            chunk = c;
+      } else if (sp.name == "wte" || sp.name == "wpe") {
+        chunk = 0;
+      }
+      if (sp.expert)
+        chunk_experts[size_t(chunk)] += double(sp.numel()) * shard.experts_local(cfg.num_experts);
+      else
+        chunk_dense[size_t(chunk)] += double(sp.numel());
+    }
+    const double gathers = t.recompute.granularity == RecomputeGranularity::Full ? 2 : 1;
+    for (int c = 0; c < V; ++c) {
+      const double d = chunk_dense[size_t(c)], e = chunk_experts[size_t(c)];
+      const double gather = unit_params ? ag(inner, gi, m.wb * d) + ag(einner, ei, m.wb * e) : 0;
+      const double reduce = ag(inner, gi, 4 * d) + ag(einner, ei, 4 * e);
+      st.F[size_t(c)] += gather;
+      st.B[size_t(c)] += gathers * gather + reduce;
+      st.fsdp += micro * ((1 + gathers) * gather + reduce);
+    }
+  }
   if (t.use_distributed_optimizer) {
-    const Link inner = N > 1 ? link_of(m.cluster, TP, gi) : m.grad_link;
-    const Link einner = N > 1 ? link_of(m.cluster, TP * CP * ep, ei) : m.edp_link;
-    st.dp_grad = ag(inner, gi, dense_grad) + ag(einner, ei, expert_grad);
-    st.dp_param = ag(inner, gi, m.wb * dense) + ag(einner, ei, m.wb * experts);
+    // The step's reduction and gather, unless FSDP's units do them every micro-batch.
+    st.dp_grad = unit_grads ? 0 : ag(inner, gi, dense_grad) + ag(einner, ei, expert_grad);
+    st.dp_param = unit_params ? 0 : ag(inner, gi, m.wb * dense) + ag(einner, ei, m.wb * experts);
     if (N > 1) {
       const Link outer = link_of(m.cluster, TP * gi, N);
       const Link eouter = link_of(m.cluster, TP * CP * ep * ei, N);
       const double cut = dense_grad / gi, ecut = expert_grad / ei;
-      st.dp_grad += split ? ag(outer, N, cut) + ag(eouter, N, ecut)
-                          : ar(outer, N, cut) + ar(eouter, N, ecut);
-      if (split) st.dp_param += ag(outer, N, m.wb * dense / gi) + ag(eouter, N, m.wb * experts / ei);
+      // After the whole reduction (DistributedAdamW::reduce_replicas) and inside the optimizer
+      // step (gather_replicas): not overlapped.
+      st.dp_grad_after = split ? ag(outer, N, cut) + ag(eouter, N, ecut)
+                               : ar(outer, N, cut) + ar(eouter, N, ecut);
+      if (split)
+        st.dp_param_after = ag(outer, N, m.wb * dense / gi) + ag(eouter, N, m.wb * experts / ei);
     }
   } else {
     st.dp_grad = ar(m.grad_link, gn, dense_grad) + ar(m.edp_link, en, expert_grad);
@@ -386,8 +424,10 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
   }
   for (int s = 0; s < PP; ++s) {
     const StageCost& c = cost[size_t(s)];
-    const double g = std::max(0.0, c.dp_grad - (t.overlap_grad_reduce ? c.B[0] : 0));
-    const double a = std::max(0.0, c.dp_param - (t.overlap_param_gather ? c.F[0] : 0));
+    const double g =
+        std::max(0.0, c.dp_grad - (t.overlap_grad_reduce ? c.B[0] : 0)) + c.dp_grad_after;
+    const double a =
+        std::max(0.0, c.dp_param - (t.overlap_param_gather ? c.F[0] : 0)) + c.dp_param_after;
     const double end = finish[size_t(s)] + c.once + g + a + c.compute.optimizer;
     if (end > step) {
       step = end;
@@ -403,7 +443,8 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
   p.tp = c.tp;
   p.cp = c.cp;
   p.ep = c.ep;
-  p.exposed_comm = p.tp + p.pp + p.dp_grad + p.dp_param + p.cp + p.ep;
+  p.fsdp = c.fsdp;
+  p.exposed_comm = p.tp + p.pp + p.dp_grad + p.dp_param + p.cp + p.ep + p.fsdp;
   double model_flops = 0;
   for (const StageCost& sc : cost) {
     model_flops += sc.flops;
@@ -436,8 +477,8 @@ std::string prediction_report(const StepPrediction& p, const ClusterSpec& cluste
   std::snprintf(buf, sizeof buf,
                 "  pipeline bubble %.3f s; exposed communication %.3f s: TP/SP %.3f, pipeline "
                 "send/recv %.3f, DP gradient reduce %.3f, DP parameter gather %.3f, CP ring %.3f, "
-                "EP all-to-all %.3f\n",
-                p.bubble, p.exposed_comm, p.tp, p.pp, p.dp_grad, p.dp_param, p.cp, p.ep);
+                "EP all-to-all %.3f, FSDP units %.3f\n",
+                p.bubble, p.exposed_comm, p.tp, p.pp, p.dp_grad, p.dp_param, p.cp, p.ep, p.fsdp);
   out += buf;
   std::snprintf(buf, sizeof buf,
                 "predicted: step %.4g s | tokens/s %.0f | TFLOP/s/GPU %.1f | MFU %.1f %% | bubble "

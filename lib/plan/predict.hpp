@@ -27,6 +27,7 @@ struct StepPrediction {
   int critical_stage = 0;  // the stage that finishes last
   // Exposed communication of the critical stage's rank, per kind (seconds of the step).
   double tp = 0, pp = 0, dp_grad = 0, dp_param = 0, cp = 0, ep = 0;
+  double fsdp = 0;  // Megatron-FSDP's units' gathers and reduce-scatters, every micro-batch
   int micro_batches = 0;
 };
 

@@ -133,6 +133,36 @@ TEST(Predict, DataParallelReduceCrossesNodesAndHidesUnderTheBackward) {
   EXPECT_LT(q.step, p.step);
 }
 
+// Megatron-FSDP at DP 16 on two nodes: every micro-batch each unit gathered twice (forward,
+// backward) in bf16 and reduce-scattered in f32, over the network (8 links of a node together);
+// no step-end reduction or gather. HSDP in 2 instances of a node's 8 ranks: the same calls on
+// NVLink, then once a step the f32 shard (1/8 of the gradients) all-reduced between the two
+// instances, one network link per pair.
+TEST(Predict, FsdpUnitsEveryMicroBatchAndHsdpInsideANode) {
+  const ClusterSpec h100 = load_cluster(kClusters + "dgx-h100.ini");
+  std::vector<std::string> a = layers_model(4);
+  a.insert(a.end(), {"--global-batch-size", "32", "--use-megatron-fsdp"});
+  RunOptions o = parsed(a);
+  const StepPrediction p = predict(o, 16, h100);
+  const double P = double(estimate_rank_memory(o.model, o.train.resolved(16),
+                                               GridLayout::make(16, 1, 1, 1), 0)
+                              .parameters);
+  auto ag = [](double n, double bytes, double bw, double lat) {
+    return (n - 1) / n * bytes / bw + (n - 1) * lat;
+  };
+  const double micro = 2;  // 32 / (micro-batch 1 x DP 16)
+  const double fsdp = micro * (2 * ag(16, 2 * P, 400e9, 9.6e-6) + ag(16, 4 * P, 400e9, 9.6e-6));
+  EXPECT_NEAR(p.fsdp, fsdp, 1e-9 * fsdp);
+  EXPECT_DOUBLE_EQ(p.dp_grad + p.dp_param, 0.0);
+  a.insert(a.end(), {"--num-distributed-optimizer-instances", "2"});
+  const StepPrediction q = predict(parsed(a), 16, h100);
+  const double inside = micro * (2 * ag(8, 2 * P, 450e9, 3.4e-6) + ag(8, 4 * P, 450e9, 3.4e-6));
+  EXPECT_NEAR(q.fsdp, inside, 1e-9 * inside);
+  const double across = 2.0 * 1 / 2 * (4 * P / 8) / 50e9 + 2.0 * 1 * 9.6e-6;
+  EXPECT_NEAR(q.dp_grad, across, 1e-9 * across);
+  EXPECT_LT(q.fsdp, p.fsdp);
+}
+
 TEST(Predict, DryRunPrintsTheMachineReadableLine) {
   std::vector<std::string> a = layers_model(4);
   a.insert(a.end(), {"--global-batch-size", "8", "--cluster", "dgx-h200", "--world-size", "8",
