@@ -136,8 +136,8 @@ void check_optimizer_instances(const GridLayout& layout, int ep, int instances) 
   if (instances < 1 || grad % instances != 0)
     throw ConfigError(detail::concat(
         "--num-distributed-optimizer-instances=", instances,
-        " does not divide the data-parallel ranks DP ", layout.dp, " x CP ", layout.cp, " = ",
-        grad, " (each instance is an equal group of consecutive data-parallel ranks)"));
+        " does not divide the data-parallel ranks DP ", layout.dp, " x CP ", layout.cp, " = ", grad,
+        " (each instance is an equal group of consecutive data-parallel ranks)"));
   const int expert = layout.dp / std::max(ep, 1) * layout.cp;
   if (ep > 1 && expert % instances != 0)
     throw ConfigError(detail::concat(

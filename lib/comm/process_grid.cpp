@@ -207,8 +207,12 @@ ParallelContext ProcessGrid::context() {
   c.dp_instances = instances_;
   c.dp_shard = instances_ > 1 ? shard_comm_.get() : c.dp;
   c.dp_replica = instances_ > 1 ? replica_comm_.get() : &alone;
-  c.edp_shard = instances_ > 1 && ep_ > 1 ? eshard_comm_.get() : instances_ > 1 ? c.dp_shard : c.edp;
-  c.edp_replica = instances_ > 1 && ep_ > 1 ? ereplica_comm_.get() : instances_ > 1 ? c.dp_replica : &alone;
+  c.edp_shard = instances_ > 1 && ep_ > 1 ? eshard_comm_.get()
+                : instances_ > 1          ? c.dp_shard
+                                          : c.edp;
+  c.edp_replica = instances_ > 1 && ep_ > 1 ? ereplica_comm_.get()
+                  : instances_ > 1          ? c.dp_replica
+                                            : &alone;
   return c;
 }
 

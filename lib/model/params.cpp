@@ -388,6 +388,31 @@ std::vector<ParamSpec> global_param_specs(const GPTConfig& cfg) {
   return build_param_specs(cfg, model_shard_for(cfg, 1, 0, 1, 0));
 }
 
+int piece_slot(int piece, const ModelShard& shard) {
+  constexpr int kHeadPiece = -1, kEmbedPiece = -2;  // GPTModel's
+  if (piece == kEmbedPiece) return 0;
+  if (piece == kHeadPiece) return 1;
+  return 2 + shard.local_index(piece);
+}
+
+int num_piece_slots(const ModelShard& shard) {
+  return 2 + shard.num_layers();
+}
+
+std::vector<std::vector<int>> buckets_of_pieces(const std::vector<ParamSpec>& specs,
+                                                const std::vector<FlatBucket>& buckets,
+                                                const ModelShard& shard) {
+  const auto pieces = param_pieces(specs, shard);
+  std::vector<std::vector<int>> out(static_cast<size_t>(num_piece_slots(shard)));
+  for (size_t b = 0; b < buckets.size(); ++b)
+    for (int p = buckets[b].first_param; p < buckets[b].end_param; ++p)
+      for (int piece : pieces[static_cast<size_t>(p)]) {
+        auto& list = out[static_cast<size_t>(piece_slot(piece, shard))];
+        if (list.empty() || list.back() != static_cast<int>(b)) list.push_back(static_cast<int>(b));
+      }
+  return out;
+}
+
 std::vector<std::vector<int>> param_pieces(const std::vector<ParamSpec>& specs,
                                            const ModelShard& shard) {
   constexpr int kHeadPiece = -1, kEmbedPiece = -2;  // GPTModel's

@@ -139,6 +139,11 @@ std::vector<ParamSpec> counted_param_specs(const GPTConfig& cfg, const ModelShar
 std::vector<std::vector<int>> param_pieces(const std::vector<ParamSpec>& specs,
                                            const ModelShard& shard);
 
+// A piece's slot in per-piece tables: 0 the embedding piece, 1 the head, 2 + a layer's local
+// index on `shard`; num_piece_slots(shard) slots in all.
+int piece_slot(int piece, const ModelShard& shard);
+int num_piece_slots(const ModelShard& shard);
+
 // Global linear index of local element `i` of a shard (for counter-based init and checks).
 int64_t global_element_index(const ParamSpec& spec, int64_t local_index);
 
@@ -188,6 +193,13 @@ struct FlatBucket {
 // the backward finishes them (the one at the end of the buffer first). With one shard and no
 // bucket of its own for the embedding, the offsets are the plain running sum.
 std::vector<FlatBucket> layout_flat_buffer(std::vector<ParamSpec>& specs, const FlatLayout& layout);
+
+// Per piece slot (piece_slot), the buckets holding a parameter the piece writes, in bucket order:
+// what the distributed optimizer's overlapped gather waits for before a piece, and FSDP's units
+// a piece gathers.
+std::vector<std::vector<int>> buckets_of_pieces(const std::vector<ParamSpec>& specs,
+                                                const std::vector<FlatBucket>& buckets,
+                                                const ModelShard& shard);
 
 // This rank's parameters and gradients, each in one flat f32 buffer (room for ZeRO-style
 // reduce-scatter by range later); every parameter is a view into them. With a bf16 or f16 compute

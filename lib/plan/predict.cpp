@@ -175,6 +175,95 @@ struct StageCost {
   double once = 0;  // the TP sums of partial gradients after the last backward
 };
 
+// The data-parallel collectives of a stage's rank (the gradients' reduction and the weights'
+// gather after the step, Megatron-FSDP's units every micro-batch inside the chunks' steps, HSDP's
+// sums across the instances) and its optimizer pass over the parameters.
+void data_parallel_cost(const Model& m, const ModelShard& shard,
+                        const std::vector<ParamSpec>& specs, double dense, double experts,
+                        int micro, StageCost& st) {
+  const GPTConfig& cfg = m.cfg;
+  const TrainConfig& t = m.t;
+  const int TP = m.layout.tp, CP = m.layout.cp, DP = m.layout.dp, ep = m.ep;
+  const int V = std::max(1, t.virtual_pipeline_size);
+  // Data parallelism: the f32 gradients reduced over DP x CP (experts' over their
+  // expert-data-parallel group), reduce-scattered with the distributed optimizer, whose updated
+  // bf16 weights are then all-gathered. A group with nothing to reduce issues no collective.
+  const double dense_grad = 4 * dense, expert_grad = 4 * experts;
+  const int gn = DP * CP, en = std::max(1, DP / ep) * CP;
+  auto ag = [](const Link& l, int n, double bytes) {
+    return bytes > 0 ? all_gather(l, n, bytes) : 0;
+  };
+  auto ar = [](const Link& l, int n, double bytes) {
+    return bytes > 0 ? all_reduce(l, n, bytes) : 0;
+  };
+  // HSDP (--num-distributed-optimizer-instances N): reduce-scattered and gathered inside one
+  // instance of gn / N consecutive ranks, the shard then summed across the N instances
+  // (all-reduce; reduce-scatter, and the updated cut gathered back, with outer optimizer
+  // sharding).
+  const int N = t.use_distributed_optimizer ? t.dist_opt_instances : 1;
+  const bool split = N > 1 && t.outer_dp_shards_optim;
+  const int gi = gn / N, ei = std::max(1, en / N);
+  const Link inner = N > 1 ? link_of(m.cluster, TP, gi) : m.grad_link;
+  const Link einner = N > 1 ? link_of(m.cluster, TP * CP * ep, ei) : m.edp_link;
+  // Megatron-FSDP's units (train/fsdp.hpp): every micro-batch, each unit of a chunk gathered
+  // before its forward and again before its backward (optim_grads_params; full recomputation a
+  // third time) in the compute dtype, and reduce-scattered in f32 after its backward
+  // (optim_grads and up), over the shard group. The GPU path issues each gather when the pass
+  // reaches the unit (no prefetch yet): all of it is exposed, inside the chunk's steps.
+  const bool unit_grads = t.fsdp_shards_grads(), unit_params = t.fsdp_shards_params();
+  if (unit_grads) {
+    std::vector<double> chunk_dense(size_t(V), 0.0), chunk_experts(size_t(V), 0.0);
+    for (const ParamSpec& sp : specs) {
+      int layer = -1, chunk = shard.num_chunks() - 1;  // the head's units: the last chunk
+      if (std::sscanf(sp.name.c_str(), "layers.%d.", &layer) == 1) {
+        for (int c = 0; c < shard.num_chunks(); ++c)
+          if (layer >= shard.chunks[size_t(c)].begin && layer < shard.chunks[size_t(c)].end)
+            chunk = c;
+      } else if (sp.name == "wte" || sp.name == "wpe") {
+        chunk = 0;
+      }
+      if (sp.expert)
+        chunk_experts[size_t(chunk)] += double(sp.numel()) * shard.experts_local(cfg.num_experts);
+      else
+        chunk_dense[size_t(chunk)] += double(sp.numel());
+    }
+    const double gathers = t.recompute.granularity == RecomputeGranularity::Full ? 2 : 1;
+    for (int c = 0; c < V; ++c) {
+      const double d = chunk_dense[size_t(c)], e = chunk_experts[size_t(c)];
+      const double gather = unit_params ? ag(inner, gi, m.wb * d) + ag(einner, ei, m.wb * e) : 0;
+      const double reduce = ag(inner, gi, 4 * d) + ag(einner, ei, 4 * e);
+      st.F[size_t(c)] += gather;
+      st.B[size_t(c)] += gathers * gather + reduce;
+      st.fsdp += micro * ((1 + gathers) * gather + reduce);
+    }
+  }
+  if (t.use_distributed_optimizer) {
+    // The step's reduction and gather, unless FSDP's units do them every micro-batch.
+    st.dp_grad = unit_grads ? 0 : ag(inner, gi, dense_grad) + ag(einner, ei, expert_grad);
+    st.dp_param = unit_params ? 0 : ag(inner, gi, m.wb * dense) + ag(einner, ei, m.wb * experts);
+    if (N > 1) {
+      const Link outer = link_of(m.cluster, TP * gi, N);
+      const Link eouter = link_of(m.cluster, TP * CP * ep * ei, N);
+      const double cut = dense_grad / gi, ecut = expert_grad / ei;
+      // After the whole reduction (DistributedAdamW::reduce_replicas) and inside the optimizer
+      // step (gather_replicas): not overlapped.
+      st.dp_grad_after =
+          split ? ag(outer, N, cut) + ag(eouter, N, ecut) : ar(outer, N, cut) + ar(eouter, N, ecut);
+      if (split)
+        st.dp_param_after = ag(outer, N, m.wb * dense / gi) + ag(eouter, N, m.wb * experts / ei);
+    }
+  } else {
+    st.dp_grad = ar(m.grad_link, gn, dense_grad) + ar(m.edp_link, en, expert_grad);
+  }
+  const double owned = !t.use_distributed_optimizer ? dense + experts
+                       : split                      ? dense / gn + experts / en
+                                                    : dense / gi + experts / ei;
+  // Tessera's passes over the parameters each step: Adam on its shard (the f32 master weight,
+  // gradient and two moments read, three written: 28 bytes a parameter), the bf16 copy cast
+  // (4 read, 2 written), the gradient norm's read and the gradients' zeroing (4 each).
+  st.compute.optimizer = m.memory_time(28 * owned + 14 * (dense + experts));
+}
+
 StageCost stage_cost(const Model& m, int s, int micro) {
   const GPTConfig& cfg = m.cfg;
   const TrainConfig& t = m.t;
@@ -254,83 +343,9 @@ StageCost stage_cost(const Model& m, int s, int micro) {
     st.flops += micro * heads * 3 * f;
     for (int l = shard.mtp_begin; l < shard.mtp_begin + shard.mtp_count; ++l) add_layer(l, last);
   }
-  // Data parallelism: the f32 gradients reduced over DP x CP (experts' over their
-  // expert-data-parallel group), reduce-scattered with the distributed optimizer, whose updated
-  // bf16 weights are then all-gathered. A group with nothing to reduce issues no collective.
-  const double dense_grad = 4 * dense, expert_grad = 4 * experts;
-  const int gn = DP * CP, en = std::max(1, DP / ep) * CP;
-  auto ag = [](const Link& l, int n, double bytes) {
-    return bytes > 0 ? all_gather(l, n, bytes) : 0;
-  };
-  auto ar = [](const Link& l, int n, double bytes) {
-    return bytes > 0 ? all_reduce(l, n, bytes) : 0;
-  };
-  // HSDP (--num-distributed-optimizer-instances N): reduce-scattered and gathered inside one
-  // instance of gn / N consecutive ranks, the shard then summed across the N instances
-  // (all-reduce; reduce-scatter, and the updated cut gathered back, with outer optimizer
-  // sharding).
-  const int N = t.use_distributed_optimizer ? t.dist_opt_instances : 1;
-  const bool split = N > 1 && t.outer_dp_shards_optim;
-  const int gi = gn / N, ei = std::max(1, en / N);
-  const Link inner = N > 1 ? link_of(m.cluster, TP, gi) : m.grad_link;
-  const Link einner = N > 1 ? link_of(m.cluster, TP * CP * ep, ei) : m.edp_link;
-  // Megatron-FSDP's units (train/fsdp.hpp): every micro-batch, each unit of a chunk gathered
-  // before its forward and again before its backward (optim_grads_params; full recomputation a
-  // third time) in the compute dtype, and reduce-scattered in f32 after its backward
-  // (optim_grads and up), over the shard group. The GPU path issues each gather when the pass
-  // reaches the unit (no prefetch yet): all of it is exposed, inside the chunk's steps.
-  const bool unit_grads = t.fsdp_shards_grads(), unit_params = t.fsdp_shards_params();
-  if (unit_grads) {
-    std::vector<double> chunk_dense(size_t(V), 0.0), chunk_experts(size_t(V), 0.0);
-    for (const ParamSpec& sp : specs) {
-      int layer = -1, chunk = shard.num_chunks() - 1;  // the head's units: the last chunk
-      if (std::sscanf(sp.name.c_str(), "layers.%d.", &layer) == 1) {
-        for (int c = 0; c < shard.num_chunks(); ++c)
-          if (layer >= shard.chunks[size_t(c)].begin && layer < shard.chunks[size_t(c)].end)
-            chunk = c;
-      } else if (sp.name == "wte" || sp.name == "wpe") {
-        chunk = 0;
-      }
-      if (sp.expert)
-        chunk_experts[size_t(chunk)] += double(sp.numel()) * shard.experts_local(cfg.num_experts);
-      else
-        chunk_dense[size_t(chunk)] += double(sp.numel());
-    }
-    const double gathers = t.recompute.granularity == RecomputeGranularity::Full ? 2 : 1;
-    for (int c = 0; c < V; ++c) {
-      const double d = chunk_dense[size_t(c)], e = chunk_experts[size_t(c)];
-      const double gather = unit_params ? ag(inner, gi, m.wb * d) + ag(einner, ei, m.wb * e) : 0;
-      const double reduce = ag(inner, gi, 4 * d) + ag(einner, ei, 4 * e);
-      st.F[size_t(c)] += gather;
-      st.B[size_t(c)] += gathers * gather + reduce;
-      st.fsdp += micro * ((1 + gathers) * gather + reduce);
-    }
-  }
-  if (t.use_distributed_optimizer) {
-    // The step's reduction and gather, unless FSDP's units do them every micro-batch.
-    st.dp_grad = unit_grads ? 0 : ag(inner, gi, dense_grad) + ag(einner, ei, expert_grad);
-    st.dp_param = unit_params ? 0 : ag(inner, gi, m.wb * dense) + ag(einner, ei, m.wb * experts);
-    if (N > 1) {
-      const Link outer = link_of(m.cluster, TP * gi, N);
-      const Link eouter = link_of(m.cluster, TP * CP * ep * ei, N);
-      const double cut = dense_grad / gi, ecut = expert_grad / ei;
-      // After the whole reduction (DistributedAdamW::reduce_replicas) and inside the optimizer
-      // step (gather_replicas): not overlapped.
-      st.dp_grad_after = split ? ag(outer, N, cut) + ag(eouter, N, ecut)
-                               : ar(outer, N, cut) + ar(eouter, N, ecut);
-      if (split)
-        st.dp_param_after = ag(outer, N, m.wb * dense / gi) + ag(eouter, N, m.wb * experts / ei);
-    }
-  } else {
-    st.dp_grad = ar(m.grad_link, gn, dense_grad) + ar(m.edp_link, en, expert_grad);
-  }
-  const double owned = !t.use_distributed_optimizer ? dense + experts
-                       : split                      ? dense / gn + experts / en
-                                                    : dense / gi + experts / ei;
-  // Tessera's passes over the parameters each step: Adam on its shard (the f32 master weight,
-  // gradient and two moments read, three written: 28 bytes a parameter), the bf16 copy cast
-  // (4 read, 2 written), the gradient norm's read and the gradients' zeroing (4 each).
-  st.compute.optimizer = m.memory_time(28 * owned + 14 * (dense + experts));
+  data_parallel_cost(m, shard, specs, dense, experts, micro, st);
+  const int gn = DP * CP,
+            gi = gn / std::max(1, t.use_distributed_optimizer ? t.dist_opt_instances : 1);
   if (t.optimizer == "muon") {  // Newton-Schulz's GEMMs (train/muon.hpp) and Muon's TP calls
     double ns = 0;
     for (const MuonMatrix& mm : plan_muon_matrices(specs, TP, t.muon.split_qkv)) {
@@ -344,10 +359,12 @@ StageCost stage_cost(const Model& m, int s, int micro) {
       if (shape.gathered)  // the matrix gathered whole over TP (f32)
         ns += copies * all_gather(m.tp_link, TP, 4.0 * double(mm.numel()) * TP);
     }
-    // Over the distributed optimizer the matrices are dealt to the DP x CP ranks.
-    // the buckets' direction gathered and updates reduce-scattered (f32).
-    st.compute.optimizer +=
-        t.use_distributed_optimizer ? ns / gn + 2 * ag(m.grad_link, gn, 4 * dense) : ns;
+    // Over the distributed optimizer the matrices are dealt to the DP x CP ranks (of one
+    // instance with HSDP), the buckets' direction gathered and updates reduce-scattered (f32).
+    const Link shard_link = gi < gn ? link_of(m.cluster, TP, gi) : m.grad_link;
+    st.compute.optimizer += t.use_distributed_optimizer && gi > 1
+                                ? ns / gi + 2 * all_gather(shard_link, gi, 4 * dense)
+                                : ns;
   }
   return st;
 }

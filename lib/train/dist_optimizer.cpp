@@ -6,14 +6,6 @@
 
 namespace tessera {
 
-namespace {
-int piece_index(int piece, const ModelShard& shard) {
-  if (piece == GPTModel::kEmbedPiece) return 0;
-  if (piece == GPTModel::kHeadPiece) return 1;
-  return 2 + shard.local_index(piece);
-}
-}  // namespace
-
 DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicator& dp,
                                    double beta1, double beta2, double eps, Communicator* expert_dp,
                                    const std::vector<bool>* skip, Communicator* replicas,
@@ -100,15 +92,7 @@ DistributedAdamW::DistributedAdamW(GPTModel& model, Backend& backend, Communicat
     }
   }
   gathers_.resize(buckets.size());
-  const ModelShard& sh = model.shard();
-  buckets_of_piece_.resize(static_cast<size_t>(2 + sh.num_layers()));
-  const auto pieces = model.pieces_of_params();
-  for (size_t b = 0; b < buckets.size(); ++b)
-    for (int p = buckets[b].first_param; p < buckets[b].end_param; ++p)
-      for (int piece : pieces[static_cast<size_t>(p)]) {
-        auto& list = buckets_of_piece_[static_cast<size_t>(piece_index(piece, sh))];
-        if (list.empty() || list.back() != static_cast<int>(b)) list.push_back(static_cast<int>(b));
-      }
+  buckets_of_piece_ = buckets_of_pieces(specs, buckets, model.shard());
 }
 
 Tensor DistributedAdamW::block_weights(const Block& k) const {
@@ -190,7 +174,7 @@ void DistributedAdamW::step(double lr, double weight_decay, bool overlap_gather,
     Tensor c = block_compute(k);
     be_.adamw_step_flat(p, g, m, v, segments_[i], hyper_, step_, copy ? &c : nullptr);
   }
-  gather_replicas();        // outer optimizer sharding: each cut whole again
+  gather_replicas();         // outer optimizer sharding: each cut whole again
   if (c_.defined()) return;  // sharded parameters: FSDP gathers each unit when a pass needs it
   // Forward order: the bucket holding the first parameters (the last bucket) first.
   for (int b = static_cast<int>(gathers_.size()) - 1; b >= 0; --b) start_gather(b);
@@ -218,7 +202,7 @@ void DistributedAdamW::start_gather(int b) {
 
 void DistributedAdamW::wait_params(int piece) {
   // The piece's kernels are queued after the gathers of its buckets; the host does not block.
-  for (int b : buckets_of_piece_[static_cast<size_t>(piece_index(piece, model_.shard()))]) {
+  for (int b : buckets_of_piece_[static_cast<size_t>(piece_slot(piece, model_.shard()))]) {
     auto& g = gathers_[static_cast<size_t>(b)];
     if (g) {
       g->wait_device();
@@ -309,7 +293,7 @@ std::vector<float> DistributedAdamW::gather_state(const char* which, bool want) 
     Tensor full = scratch.view(0, {fb.numel()});
     Tensor mine = full.view(k.flat_begin - fb.begin, {k.numel()});
     be_.cast(mine, st.view(k.shard_begin, {k.numel()}));  // a device copy
-    if (k.split) {  // the cut from its replicas' parts first
+    if (k.split) {                                        // the cut from its replicas' parts first
       Tensor cut = full.view(k.cut_begin - fb.begin, {k.cut_numel});
       k.replicas->all_gather_async(cut)->wait();
     }

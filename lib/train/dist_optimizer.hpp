@@ -131,7 +131,7 @@ class DistributedAdamW {
   Tensor g_, c_;
   bool c_is_master_ = false;  // f32 without split: the master shard is the compute shard
   std::vector<std::unique_ptr<PendingOp>> gathers_;  // per bucket, while overlapped
-  std::vector<std::vector<int>> buckets_of_piece_;   // indexed by piece + 2 (embed, head, layers)
+  std::vector<std::vector<int>> buckets_of_piece_;   // by piece_slot (model/params.hpp)
   int64_t step_ = 0;
 };
 

@@ -9,12 +9,6 @@ namespace tessera {
 
 namespace {
 constexpr int kHeadPiece = -1, kEmbedPiece = -2;  // GPTModel's
-
-int piece_slot(int piece, const ModelShard& shard) {
-  if (piece == kEmbedPiece) return 0;
-  if (piece == kHeadPiece) return 1;
-  return 2 + shard.local_index(piece);
-}
 }  // namespace
 
 FsdpLedger::FsdpLedger(std::vector<Unit> units, const ModelShard& shard, bool grads, bool params,
@@ -26,7 +20,7 @@ FsdpLedger::FsdpLedger(std::vector<Unit> units, const ModelShard& shard, bool gr
       compute_(compute),
       alloc_(alloc) {
   state_.resize(units_.size());
-  of_piece_.resize(static_cast<size_t>(2 + shard_.num_layers()));
+  of_piece_.resize(static_cast<size_t>(num_piece_slots(shard_)));
   for (size_t b = 0; b < units_.size(); ++b)
     for (int piece : units_[b].pieces)
       of_piece_[static_cast<size_t>(piece_slot(piece, shard_))].push_back(static_cast<int>(b));

@@ -87,8 +87,7 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   // Routed experts' blocks are cut over the expert-data-parallel group (DP / EP).
   // HSDP's instances each hold the whole state, unless the outer strategy cuts it again.
   const double instances = t.outer_dp_shards_optim ? 1.0 : double(t.dist_opt_instances);
-  const double dp =
-      t.use_distributed_optimizer ? double(layout.dp) * layout.cp / instances : 1.0;
+  const double dp = t.use_distributed_optimizer ? double(layout.dp) * layout.cp / instances : 1.0;
   const double edp =
       t.use_distributed_optimizer ? double(layout.dp) / ep * layout.cp / instances : 1.0;
   const double dense = static_cast<double>(e.parameters - e.expert_parameters);

@@ -38,10 +38,9 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
   for (const ParamSpec& s : model_.params().specs())
     muon_params.push_back(cfg_.optimizer == "muon" && is_muon_param(s));
   if (dist) {
-    dist_opt_ =
-        std::make_unique<DistributedAdamW>(model_, be_, *ctx_.shard_group(), cfg_.adam_beta1,
-                                           cfg_.adam_beta2, cfg_.adam_eps, expert_dp, &muon_params,
-                                           ctx_.replica_group(), ctx_.expert_replica_group());
+    dist_opt_ = std::make_unique<DistributedAdamW>(
+        model_, be_, *ctx_.shard_group(), cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps,
+        expert_dp, &muon_params, ctx_.replica_group(), ctx_.expert_replica_group());
     if (cfg_.optimizer == "muon")  // layer-wise over the blocks (train/muon.hpp)
       muon_ = std::make_unique<Muon>(model_.params(), be_, cfg_.muon, *ctx_.tp, *dist_opt_);
     if (dist_opt_->owns_master()) {

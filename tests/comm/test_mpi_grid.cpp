@@ -85,7 +85,8 @@ TEST(ProcessGrid, OptimizerInstancesCutTheGradientGroup) {
   const int S = static_cast<int>(grad.size()) / 2;
   const int at = static_cast<int>(std::find(grad.begin(), grad.end(), r) - grad.begin());
   std::vector<int> shard(grad.begin() + at / S * S, grad.begin() + at / S * S + S);
-  std::vector<int> replica{grad[static_cast<size_t>(at % S)], grad[static_cast<size_t>(at % S + S)]};
+  std::vector<int> replica{grad[static_cast<size_t>(at % S)],
+                           grad[static_cast<size_t>(at % S + S)]};
   EXPECT_EQ(ctx.dp_instances, 2);
   EXPECT_EQ(members(*ctx.shard_group(), r), shard);
   EXPECT_EQ(members(*ctx.replica_group(), r), replica);

@@ -109,8 +109,7 @@ TEST(GridLayout, OptimizerInstancesDivideTheDataParallelRanks) {
     check_optimizer_instances(L, 4, 4);  // the experts' DP 1 x CP 2 = 2
     FAIL() << "4 instances of 2 expert ranks accepted";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("DP 4 / EP 4 x CP 2 = 2"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("DP 4 / EP 4 x CP 2 = 2"), std::string::npos) << e.what();
   }
   EXPECT_THROW(check_optimizer_instances(L, 1, 0), ConfigError);
 }

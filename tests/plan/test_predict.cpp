@@ -144,9 +144,9 @@ TEST(Predict, FsdpUnitsEveryMicroBatchAndHsdpInsideANode) {
   a.insert(a.end(), {"--global-batch-size", "32", "--use-megatron-fsdp"});
   RunOptions o = parsed(a);
   const StepPrediction p = predict(o, 16, h100);
-  const double P = double(estimate_rank_memory(o.model, o.train.resolved(16),
-                                               GridLayout::make(16, 1, 1, 1), 0)
-                              .parameters);
+  const double P =
+      double(estimate_rank_memory(o.model, o.train.resolved(16), GridLayout::make(16, 1, 1, 1), 0)
+                 .parameters);
   auto ag = [](double n, double bytes, double bw, double lat) {
     return (n - 1) / n * bytes / bw + (n - 1) * lat;
   };

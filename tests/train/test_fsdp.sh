@@ -29,25 +29,8 @@ moe=(--config "$configs/mixtral-tiny.ini" --num-layers 2 --global-batch-size 8 -
      --mock-data --vocab-size 200 --train-iters 20 --log-interval 1 --lr-warmup-iters 2 --threads 1
      --lr 0.01)
 fsdp=(--use-megatron-fsdp --data-parallel-sharding-strategy)
-train() {  # train NAME NP MODEL [options]: metrics in $work/NAME.jsonl, log in $work/NAME.log
-  local name=$1 np=$2 rc
-  local -n model=$3
-  shift 3
-  local cmd=("$bin/tessera-train" "${model[@]}" --metrics-file "$work/$name.jsonl" "$@")
-  if [ "$np" -gt 1 ]; then
-    timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "${cmd[@]}" > "$work/$name.log" 2>&1
-  else
-    timeout 300 "${cmd[@]}" > "$work/$name.log" 2>&1
-  fi
-  rc=$?
-  [ $rc -eq 0 ] || bad "$name exited $rc: $(grep -v '^\[' "$work/$name.log" | tail -3)"
-}
-worst() {  # worst BASE NAME...: the worst relative loss difference over the iterations logged
-  join <(iteration_losses "$work/$1.jsonl" | sort -k1,1) \
-       <(shift; for n in "$@"; do iteration_losses "$work/$n.jsonl"; done | sort -k1,1) | awk '
-    { d = $2 - $3; if (d < 0) d = -d; r = d / $2; if (r > w) w = r; n++ }
-    END { if (n == 0) print "missing"; else printf "%.3g %d", w, n }'
-}
+# shellcheck source=model_runs.sh
+source "$(dirname "$0")/model_runs.sh"
 same() {  # same BASE DESCRIPTION NAME...: 20 iterations within 1e-6 relative
   local base=$1 what=$2 w n
   shift 2

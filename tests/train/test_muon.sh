@@ -28,22 +28,8 @@ moe=(--config "$configs/mixtral-tiny.ini" --num-layers 2 --global-batch-size 8 -
 llama=(--config "$configs/llama-tiny.ini" --num-layers 2 --global-batch-size 8 --micro-batch-size 2
        --mock-data --vocab-size 200 --train-iters 20 --log-interval 1 --lr-warmup-iters 2
        --threads 1 --optimizer muon --lr 0.01)
-train() {  # train NAME NP MODEL [options]
-  local name=$1 np=$2
-  local -n model=$3
-  shift 3
-  local cmd=("$bin/tessera-train" "${model[@]}" --metrics-file "$work/$name.jsonl" "$@")
-  if [ "$np" -gt 1 ]; then
-    timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "${cmd[@]}" > "$work/$name.log" 2>&1
-  else
-    timeout 300 "${cmd[@]}" > "$work/$name.log" 2>&1
-  fi
-}
-worst() {  # worst BASE NAME: the worst relative loss difference over the iterations both logged
-  join <(iteration_losses "$work/$1.jsonl" | sort -k1,1) <(iteration_losses "$work/$2.jsonl" | sort -k1,1) | awk '
-    { d = $2 - $3; if (d < 0) d = -d; r = d / $2; if (r > w) w = r; n++ }
-    END { if (n == 0) print "missing"; else printf "%.3g %d", w, n }'
-}
+# shellcheck source=model_runs.sh
+source "$(dirname "$0")/model_runs.sh"
 same() {  # same BASE NAME DESCRIPTION [ITERATIONS=20]
   local w
   read -r w n < <(worst "$1" "$2")
