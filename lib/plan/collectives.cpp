@@ -311,6 +311,7 @@ struct CollectivePlan::FsdpRecorder final : FsdpLedger::Actions {
     if (plan.group_size(g) > 1) out->push_back(plan.call(g, op, b.numel(), bytes));
   }
   void gather(int unit, const Tensor&) override { issue(unit, "all_gather", plan.wb_); }
+  void wait_gather(int) override {}
   void release_params(int) override {}
   void bind_grads(int, const Tensor&) override {}
   void start_reduce(int unit) override { issue(unit, "reduce_scatter", 4); }

@@ -208,8 +208,8 @@ void data_parallel_cost(const Model& m, const ModelShard& shard,
   // Megatron-FSDP's units (train/fsdp.hpp): every micro-batch, each unit of a chunk gathered
   // before its forward and again before its backward (optim_grads_params; full recomputation a
   // third time) in the compute dtype, and reduce-scattered in f32 after its backward
-  // (optim_grads and up), over the shard group. The GPU path issues each gather when the pass
-  // reaches the unit (no prefetch yet): all of it is exposed, inside the chunk's steps.
+  // (optim_grads and up), over the shard group; what the chunk's compute does not hide is
+  // exposed inside the chunk's steps.
   const bool unit_grads = t.fsdp_shards_grads(), unit_params = t.fsdp_shards_params();
   if (unit_grads) {
     std::vector<double> chunk_dense(size_t(V), 0.0), chunk_experts(size_t(V), 0.0);
@@ -227,14 +227,26 @@ void data_parallel_cost(const Model& m, const ModelShard& shard,
       else
         chunk_dense[size_t(chunk)] += double(sp.numel());
     }
-    const double gathers = t.recompute.granularity == RecomputeGranularity::Full ? 2 : 1;
+    // Each piece's gather starts as the piece before it in the pass starts (FsdpLedger's
+    // prefetch) and each reduce-scatter behind the next piece's backward, all in order on the
+    // shard group's stream: over a chunk's pass the calls hide under its compute but for the
+    // pass's first piece's gather (the chunk's pieces taken as equal). Full recomputation's
+    // second gathers are not prefetched.
+    const double again = t.recompute.granularity == RecomputeGranularity::Full ? 1 : 0;
     for (int c = 0; c < V; ++c) {
+      const LayerRange& r = shard.chunks[size_t(c)];
+      const double pieces = std::max(
+          1, r.end - r.begin + (c == 0 && shard.has_embedding) + (c == V - 1 && shard.has_head));
       const double d = chunk_dense[size_t(c)], e = chunk_experts[size_t(c)];
       const double gather = unit_params ? ag(inner, gi, m.wb * d) + ag(einner, ei, m.wb * e) : 0;
       const double reduce = ag(inner, gi, 4 * d) + ag(einner, ei, 4 * e);
-      st.F[size_t(c)] += gather;
-      st.B[size_t(c)] += gathers * gather + reduce;
-      st.fsdp += micro * ((1 + gathers) * gather + reduce);
+      const double first = gather / pieces;
+      const double fwd = first + std::max(0.0, gather - first - st.F[size_t(c)]);
+      const double bwd =
+          first + again * gather + std::max(0.0, gather - first + reduce - st.B[size_t(c)]);
+      st.F[size_t(c)] += fwd;
+      st.B[size_t(c)] += bwd;
+      st.fsdp += micro * (fwd + bwd);
     }
   }
   if (t.use_distributed_optimizer) {

@@ -19,6 +19,7 @@ FsdpUnits::FsdpUnits(GPTModel& model, Backend& be, DistributedAdamW& opt)
       "FsdpUnits without sharded FSDP units");
   ledger_.set_actions(this);
   ops_.resize(model_.params().buckets().size());
+  gathers_.resize(ops_.size());
   if (ledger_.shards_params()) {
     model_.before_forward = [this](int piece) { ledger_.before_forward(piece); };
     model_.after_forward = [this](int piece) { ledger_.after_forward(piece); };
@@ -34,6 +35,8 @@ FsdpUnits::~FsdpUnits() {
   model_.after_backward = nullptr;
   for (auto& op : ops_)
     if (op) op->wait();
+  for (auto& op : gathers_)
+    if (op) op->wait();
 }
 
 void FsdpUnits::begin_step() {
@@ -48,7 +51,14 @@ void FsdpUnits::gather(int unit, const Tensor& mem) {
   const DistributedAdamW::Block& k = opt_.blocks()[static_cast<size_t>(unit)];
   Tensor mine = full.view(k.cut_begin - model_.params().buckets()[unit].begin, {k.cut_numel});
   be_.cast(mine, opt_.cut_compute(k));  // this rank's cut of the compute copy
-  k.comm->all_gather_async(full)->wait_device();
+  gathers_[static_cast<size_t>(unit)] = k.comm->all_gather_async(full);
+}
+
+void FsdpUnits::wait_gather(int unit) {
+  auto& op = gathers_[static_cast<size_t>(unit)];
+  TESSERA_CHECK(op, "FSDP unit ", unit, " waited for without a gather");
+  op->wait_device();  // the compute stream (not the host) waits: the gather ran behind compute
+  op.reset();
 }
 
 void FsdpUnits::release_params(int unit) {

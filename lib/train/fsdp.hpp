@@ -13,7 +13,10 @@
 //   - compute weights (optim_grads_params): before a piece's forward each of its units is
 //     all-gathered from the ranks' blocks of the compute copy (the distributed optimizer keeps
 //     them, updated with the master weights), and released after it; gathered again before the
-//     piece's backward (ahead of its recomputation) and released after it.
+//     piece's backward (ahead of its recomputation) and released after it. A piece's gather is
+//     started as the piece before it in the pass starts (the next layer's forward, the previous
+//     layer's backward; the communicator's stream on the GPU) and waited for, by the compute
+//     stream only, when its piece begins: it runs behind the previous piece's compute.
 //   - gradients (optim_grads and up): bound and zeroed before the first backward piece that
 //     writes them in a micro-batch; once every piece that writes a unit has run, the unit is
 //     reduce-scattered (every micro-batch, not only the last: the full gradient never outlives
@@ -58,6 +61,7 @@ class FsdpUnits : private FsdpLedger::Actions {
 
  private:
   void gather(int unit, const Tensor& mem) override;
+  void wait_gather(int unit) override;
   void release_params(int unit) override;
   void bind_grads(int unit, const Tensor& mem) override;
   void start_reduce(int unit) override;
@@ -67,7 +71,8 @@ class FsdpUnits : private FsdpLedger::Actions {
   Backend& be_;
   DistributedAdamW& opt_;
   FsdpLedger ledger_;
-  std::vector<std::unique_ptr<PendingOp>> ops_;  // per unit, while its reduction is in flight
+  std::vector<std::unique_ptr<PendingOp>> ops_;      // per unit, while its reduction is in flight
+  std::vector<std::unique_ptr<PendingOp>> gathers_;  // per unit, while its gather is in flight
 };
 
 }  // namespace tessera

@@ -9,6 +9,7 @@ namespace tessera {
 
 namespace {
 constexpr int kHeadPiece = -1, kEmbedPiece = -2;  // GPTModel's
+constexpr int kNone = -3;
 }  // namespace
 
 FsdpLedger::FsdpLedger(std::vector<Unit> units, const ModelShard& shard, bool grads, bool params,
@@ -61,14 +62,74 @@ void FsdpLedger::give(Tensor& mem, int64_t numel, DType dtype) {
   mem = Tensor();
 }
 
+int FsdpLedger::next_piece(int piece, bool forward) const {
+  const int C = shard_.num_chunks();
+  if (forward) {
+    if (piece == kHeadPiece) return kNone;
+    if (piece == kEmbedPiece) {
+      const LayerRange& r = shard_.chunks[0];
+      return r.end > r.begin ? r.begin : C == 1 && shard_.has_head ? kHeadPiece : kNone;
+    }
+    for (int c = 0; c < C; ++c) {
+      const LayerRange& r = shard_.chunks[static_cast<size_t>(c)];
+      if (piece < r.begin || piece >= r.end) continue;
+      if (piece + 1 < r.end) return piece + 1;
+      return c == C - 1 && shard_.has_head ? kHeadPiece : kNone;
+    }
+    return kNone;
+  }
+  if (piece == kEmbedPiece) return kNone;
+  if (piece == kHeadPiece) {
+    const LayerRange& r = shard_.chunks[static_cast<size_t>(C - 1)];
+    return r.end > r.begin ? r.end - 1 : C == 1 && shard_.has_embedding ? kEmbedPiece : kNone;
+  }
+  for (int c = 0; c < C; ++c) {
+    const LayerRange& r = shard_.chunks[static_cast<size_t>(c)];
+    if (piece < r.begin || piece >= r.end) continue;
+    if (piece > r.begin) return piece - 1;
+    return c == 0 && shard_.has_embedding ? kEmbedPiece : kNone;
+  }
+  return kNone;
+}
+
+void FsdpLedger::prefetch(int piece) {
+  if (piece == kNone) return;
+  for (int b : units_of(piece)) {
+    State& st = state_[static_cast<size_t>(b)];
+    if (st.param_users > 0 || st.prefetched) continue;  // held, or already on its way
+    st.param_mem = take(units_[static_cast<size_t>(b)].numel, compute_);
+    st.prefetched = true;
+    if (actions_) actions_->gather(b, st.param_mem);
+  }
+}
+
 void FsdpLedger::acquire_params(int piece) {
   if (!params_) return;
   for (int b : units_of(piece)) {
     State& st = state_[static_cast<size_t>(b)];
-    if (st.param_users++ > 0) continue;
-    st.param_mem = take(units_[static_cast<size_t>(b)].numel, compute_);
-    if (actions_) actions_->gather(b, st.param_mem);
+    if (st.param_users++ > 0) {
+      st.waits = false;
+    } else if (st.prefetched) {
+      st.prefetched = false;
+      st.waits = true;
+    } else {
+      st.param_mem = take(units_[static_cast<size_t>(b)].numel, compute_);
+      st.waits = true;
+      if (actions_) actions_->gather(b, st.param_mem);
+    }
   }
+  for (int b : units_of(piece))  // every gather of the piece started before the first wait
+    if (state_[static_cast<size_t>(b)].waits && actions_) actions_->wait_gather(b);
+}
+
+void FsdpLedger::before_forward(int piece) {
+  acquire_params(piece);
+  if (params_ && !in_backward_) prefetch(next_piece(piece, true));  // not a recomputation's
+}
+
+void FsdpLedger::after_backward(int piece) {
+  release_params(piece);
+  in_backward_ = false;
 }
 
 void FsdpLedger::release_params(int piece) {
@@ -84,6 +145,8 @@ void FsdpLedger::release_params(int piece) {
 
 void FsdpLedger::before_backward(int piece) {
   acquire_params(piece);
+  if (params_) prefetch(next_piece(piece, false));
+  in_backward_ = true;
   if (!grads_) return;
   for (int b : units_of(piece)) {
     State& st = state_[static_cast<size_t>(b)];
@@ -122,6 +185,16 @@ void FsdpLedger::complete_oldest() {
 
 void FsdpLedger::finish() {
   while (!in_flight_.empty()) complete_oldest();
+  for (size_t b = 0; b < state_.size(); ++b) {  // a prefetch no piece took (none in a step)
+    State& st = state_[b];
+    if (!st.prefetched) continue;
+    st.prefetched = false;
+    if (actions_) {
+      actions_->wait_gather(static_cast<int>(b));
+      actions_->release_params(static_cast<int>(b));
+    }
+    give(st.param_mem, units_[b].numel, compute_);
+  }
 }
 
 std::vector<FsdpLedger::Unit> fsdp_units(const std::vector<ParamSpec>& specs,

@@ -24,7 +24,10 @@ class FsdpLedger {
 
   struct Actions {
     virtual ~Actions() = default;
-    virtual void gather(int unit, const Tensor& mem) = 0;      // bind and fill its weights
+    // Bind the unit's weights to `mem` and start gathering them (the device does not wait yet);
+    // wait_gather orders what follows after that gather.
+    virtual void gather(int unit, const Tensor& mem) = 0;
+    virtual void wait_gather(int unit) = 0;
     virtual void release_params(int unit) = 0;                 // unbind its weights
     virtual void bind_grads(int unit, const Tensor& mem) = 0;  // bind and zero its gradients
     virtual void start_reduce(int unit) = 0;                   // its reduce-scatter
@@ -43,13 +46,16 @@ class FsdpLedger {
   bool shards_params() const { return params_; }
   void set_actions(Actions* a) { actions_ = a; }
 
-  // The model's hooks (GPTModel::before_forward and friends), and the step's end.
-  void before_forward(int piece) { acquire_params(piece); }
+  // The model's hooks (GPTModel::before_forward and friends), and the step's end. Acquiring a
+  // piece's weights also starts gathering the next piece's of the same pass (the next layer
+  // forward, the previous one backward; not inside a backward's recomputation), so that gather
+  // runs behind this piece's compute.
+  void before_forward(int piece);
   void after_forward(int piece) { release_params(piece); }
   void before_backward(int piece);
   void grads_ready(int piece);  // after a piece's backward (every micro-batch)
-  void after_backward(int piece) { release_params(piece); }
-  void finish();  // completes every reduction
+  void after_backward(int piece);
+  void finish();  // completes every reduction; drops a prefetch left over
   bool idle() const { return in_flight_.empty(); }
 
   // Bytes the pool holds (it never frees them).
@@ -57,12 +63,18 @@ class FsdpLedger {
 
  private:
   struct State {
-    int pending = 0;      // pieces still to write its gradients this micro-batch
-    int param_users = 0;  // passes holding its gathered weights
+    int pending = 0;          // pieces still to write its gradients this micro-batch
+    int param_users = 0;      // passes holding its gathered weights
+    bool prefetched = false;  // its gather started ahead of the piece that needs it
+    bool waits = false;       // acquire_params: this piece's acquire waits for its gather
     bool grads_bound = false, reducing = false;
     Tensor grad_mem, param_mem;
   };
   const std::vector<int>& units_of(int piece) const;
+  // The piece the same pass runs after `piece` on this shard (forward: the next layer of its
+  // chunk, then the head; backward: the previous layer, then the embedding), or kNone.
+  int next_piece(int piece, bool forward) const;
+  void prefetch(int piece);
   void acquire_params(int piece);
   void release_params(int piece);
   void complete_oldest();
@@ -78,6 +90,7 @@ class FsdpLedger {
   Actions* actions_ = nullptr;
   std::vector<std::vector<int>> of_piece_;  // units per piece (embed, head, then local layers)
   std::deque<int> in_flight_;
+  bool in_backward_ = false;  // between a piece's before_backward and after_backward
   std::map<std::pair<int64_t, int>, std::vector<Tensor>> free_;  // by (elements, dtype)
   std::map<std::pair<int64_t, int>, int> free_count_;            // the same, counting only
   int64_t pool_bytes_ = 0;

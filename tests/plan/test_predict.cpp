@@ -135,13 +135,17 @@ TEST(Predict, DataParallelReduceCrossesNodesAndHidesUnderTheBackward) {
 
 // Megatron-FSDP at DP 16 on two nodes: every micro-batch each unit gathered twice (forward,
 // backward) in bf16 and reduce-scattered in f32, over the network (8 links of a node together);
-// no step-end reduction or gather. HSDP in 2 instances of a node's 8 ranks: the same calls on
-// NVLink, then once a step the f32 shard (1/8 of the gradients) all-reduced between the two
-// instances, one network link per pair.
+// no step-end reduction or gather. Each gather starts as the piece before it does, so with
+// micro-batches of 4 samples the calls hide under the compute but for each pass's first gather:
+// one of the stage's 6 pieces' (embedding, 4 layers, head) share of the bytes, forward and
+// backward. HSDP in 2 instances of a node's 8 ranks: the same on NVLink, then once a step the f32
+// shard (1/8 of the gradients) all-reduced between the two instances, one network link per pair.
+// On a slow network the calls show beyond the first gathers, up to all of them.
 TEST(Predict, FsdpUnitsEveryMicroBatchAndHsdpInsideANode) {
-  const ClusterSpec h100 = load_cluster(kClusters + "dgx-h100.ini");
+  ClusterSpec h100 = load_cluster(kClusters + "dgx-h100.ini");
   std::vector<std::string> a = layers_model(4);
-  a.insert(a.end(), {"--global-batch-size", "32", "--use-megatron-fsdp"});
+  a.insert(a.end(),
+           {"--micro-batch-size", "4", "--global-batch-size", "128", "--use-megatron-fsdp"});
   RunOptions o = parsed(a);
   const StepPrediction p = predict(o, 16, h100);
   const double P =
@@ -150,17 +154,24 @@ TEST(Predict, FsdpUnitsEveryMicroBatchAndHsdpInsideANode) {
   auto ag = [](double n, double bytes, double bw, double lat) {
     return (n - 1) / n * bytes / bw + (n - 1) * lat;
   };
-  const double micro = 2;  // 32 / (micro-batch 1 x DP 16)
-  const double fsdp = micro * (2 * ag(16, 2 * P, 400e9, 9.6e-6) + ag(16, 4 * P, 400e9, 9.6e-6));
-  EXPECT_NEAR(p.fsdp, fsdp, 1e-9 * fsdp);
+  const double micro = 2;  // 128 / (micro-batch 4 x DP 16)
+  const double first = ag(16, 2 * P, 400e9, 9.6e-6) / 6;
+  EXPECT_NEAR(p.fsdp, micro * 2 * first, 1e-9 * first);
   EXPECT_DOUBLE_EQ(p.dp_grad + p.dp_param, 0.0);
-  a.insert(a.end(), {"--num-distributed-optimizer-instances", "2"});
-  const StepPrediction q = predict(parsed(a), 16, h100);
-  const double inside = micro * (2 * ag(8, 2 * P, 450e9, 3.4e-6) + ag(8, 4 * P, 450e9, 3.4e-6));
-  EXPECT_NEAR(q.fsdp, inside, 1e-9 * inside);
+  std::vector<std::string> h = a;
+  h.insert(h.end(), {"--num-distributed-optimizer-instances", "2"});
+  const StepPrediction q = predict(parsed(h), 16, h100);
+  const double inside = ag(8, 2 * P, 450e9, 3.4e-6) / 6;
+  EXPECT_NEAR(q.fsdp, micro * 2 * inside, 1e-9 * inside);
   const double across = 2.0 * 1 / 2 * (4 * P / 8) / 50e9 + 2.0 * 1 * 9.6e-6;
   EXPECT_NEAR(q.dp_grad, across, 1e-9 * across);
   EXPECT_LT(q.fsdp, p.fsdp);
+  h100.inter_node.bandwidth_gbs = 0.5;  // 4 GB/s for a node's 8 ranks
+  const StepPrediction slow = predict(o, 16, h100);
+  const double all = micro * (2 * ag(16, 2 * P, 4e9, 9.6e-6) + ag(16, 4 * P, 4e9, 9.6e-6));
+  EXPECT_GT(slow.fsdp, micro * 2 * ag(16, 2 * P, 4e9, 9.6e-6) / 6);
+  EXPECT_LT(slow.fsdp, all);
+  EXPECT_GT(slow.fsdp, 0.5 * all);  // the compute hides little of it
 }
 
 TEST(Predict, DryRunPrintsTheMachineReadableLine) {

@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "model/gpt.hpp"
 #include "model/params.hpp"
 #include "tiny.hpp"
 #include "train/fsdp_ledger.hpp"
@@ -78,7 +79,8 @@ TEST(Fsdp, UnitOnlyStoreViewsFollowTheirBucket) {
 // The ledger's pool for one step of a 3-layer model, gradients sharded, 2 micro-batches: the
 // backward holds the head's and the tied embedding's units, each layer's while the one before it
 // is still reducing (two layer-sized buffers), the embedding's (wpe) last; the next micro-batch
-// reuses them. Sharding the weights too adds one gathered buffer of each unit (bf16).
+// reuses them. Sharding the weights too adds one gathered buffer of each unit (bf16) and a second
+// layer's: a layer's weights are held while the next one's gather (the prefetch) is in flight.
 TEST(Fsdp, LedgerPoolIsTheUnitsHeldAtOnce) {
   const GPTConfig cfg = small_gpt(32, 4, 16, 100, 3);
   const ModelShard sh = whole(cfg);
@@ -95,11 +97,14 @@ TEST(Fsdp, LedgerPoolIsTheUnitsHeldAtOnce) {
   const std::vector<LayerRecompute> none(3);
   const int64_t grads = fsdp_pool_bytes(specs, buckets, sh, true, false, DType::F32, steps, none);
   EXPECT_EQ(grads, 4 * (other + 2 * layer));
-  // The weights: one unit's at a time (the tied wte with the head, then with the embedding).
+  // The weights: the embedding's units (wte, wpe) with the first layer's prefetched, each layer's
+  // with the next one's, the last layer's with the head's (wte, the final norm); backward the
+  // same in reverse, in the same buffers.
   const int64_t both = fsdp_pool_bytes(specs, buckets, sh, true, true, DType::BF16, steps, none);
-  EXPECT_EQ(both, grads + 2 * (other + layer));
-  // Full recomputation of the 3 layers: the chunk's other layers gathered while the last one's
-  // backward holds its own: two layer buffers of weights.
+  EXPECT_EQ(both, grads + 2 * (other + 2 * layer));
+  // Full recomputation of the 3 layers: the last layer's backward holds its own weights and the
+  // previous layer's prefetched while the chunk's first layer is gathered again for its second
+  // forward (no prefetch inside a recomputation): a third layer buffer.
   std::vector<LayerRecompute> full(3);
   for (LayerRecompute& r : full) {
     r.kind = RecomputeGranularity::Full;
@@ -108,4 +113,57 @@ TEST(Fsdp, LedgerPoolIsTheUnitsHeldAtOnce) {
   }
   EXPECT_EQ(fsdp_pool_bytes(specs, buckets, sh, true, true, DType::BF16, steps, full),
             both + 2 * layer);
+}
+
+// The ledger's calls in a step of one micro-batch: each piece's gather is started while the piece
+// before it in the pass holds its own weights (forward: the next layer; backward: the previous),
+// and waited for only when its piece begins; a unit gathered once is not gathered again while
+// held, and every gather is waited for before its weights are released.
+TEST(Fsdp, LedgerPrefetchesTheNextPieceOfThePass) {
+  const GPTConfig cfg = small_gpt(32, 4, 16, 100, 3);
+  const ModelShard sh = whole(cfg);
+  std::vector<ParamSpec> specs = build_param_specs(cfg, sh);
+  const std::vector<FlatBucket> buckets = layout_flat_buffer(specs, fsdp_layout(2));
+  std::vector<FsdpLedger::Unit> units = fsdp_units(specs, buckets, sh);
+  std::vector<std::string> name(units.size());
+  for (const FlatBucket& b : buckets) {
+    const std::string& first = specs[size_t(b.first_param)].name;
+    name[size_t(&b - buckets.data())] =
+        first.rfind("layers.", 0) == 0 ? fsdp_unit_of(first) : first;
+  }
+  struct Rec final : FsdpLedger::Actions {
+    const std::vector<std::string>* name;
+    std::vector<std::string> log;
+    std::set<int> started;
+    void gather(int u, const Tensor&) override {
+      EXPECT_TRUE(started.insert(u).second) << (*name)[size_t(u)] << " gathered twice";
+      log.push_back("g " + (*name)[size_t(u)]);
+    }
+    void wait_gather(int u) override {
+      EXPECT_EQ(started.erase(u), 1u) << (*name)[size_t(u)] << " waited for unstarted";
+      log.push_back("w " + (*name)[size_t(u)]);
+    }
+    void release_params(int u) override {
+      EXPECT_EQ(started.count(u), 0u) << (*name)[size_t(u)] << " released while gathering";
+    }
+    void bind_grads(int, const Tensor&) override {}
+    void start_reduce(int) override {}
+    void finish_reduce(int) override {}
+  } rec;
+  rec.name = &name;
+  FsdpLedger ledger(units, sh, false, true, DType::F32, &cpu_allocator());
+  ledger.set_actions(&rec);
+  constexpr int E = GPTModel::kEmbedPiece, H = GPTModel::kHeadPiece;
+  for (int p : {E, 0, 1, 2, H}) ledger.before_forward(p), ledger.after_forward(p);
+  for (int p : {H, 2, 1, 0, E}) ledger.before_backward(p), ledger.after_backward(p);
+  ledger.finish();
+  EXPECT_TRUE(rec.started.empty());
+  std::string seq;
+  for (const std::string& s : rec.log) seq += s + "; ";
+  // The tied embedding (wte) is in the embedding's and the head's pieces, each bucket a unit.
+  EXPECT_EQ(seq,
+            "g wpe; g wte; w wpe; w wte; g layers.0; w layers.0; g layers.1; w layers.1; "
+            "g layers.2; w layers.2; g lnf.weight; g wte; w lnf.weight; w wte; "
+            "g lnf.weight; g wte; w lnf.weight; w wte; g layers.2; w layers.2; g layers.1; "
+            "w layers.1; g layers.0; w layers.0; g wpe; g wte; w wpe; w wte; ");
 }
