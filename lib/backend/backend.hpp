@@ -443,8 +443,9 @@ class Backend {
   virtual double collected_sum_squares() { return collected_squares_; }
   virtual void scale(Tensor& x, float s) = 0;
   // A plain GEMM on 2-D row-major tensors: c (M,N) = alpha op(a) op(b) + beta c, op(x) = x^T
-  // when asked. c is f32; a and b f32, or bf16 both on CUDA (cuBLAS, f32 accumulation). Muon's
-  // Newton-Schulz iterations (train/muon.hpp).
+  // when asked; or a batch of them, all three 3-D with the same leading size (c (L,M,N): one
+  // strided batched GEMM on CUDA). c is f32; a and b f32, or bf16 both on CUDA (cuBLAS, f32
+  // accumulation). Muon's Newton-Schulz iterations (train/muon.hpp).
   virtual void gemm(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                     float alpha, float beta) = 0;
   // Mixture of Experts (backend/cpu/moe.hpp has the semantics, on host arrays). logits and

@@ -63,48 +63,63 @@ Muon::Muon(ParamStore& params, Backend& be, const TrainConfig::Muon& opt, Commun
   lowp_ = be.device() != Device::CPU && opt.matmul_prec != "high";
 }
 
-void Muon::orthogonalize(std::vector<Tensor>& blocks, bool wide, Communicator* sum_over) {
+std::vector<const MuonMatrix*> Muon::all_matrices() const {
+  std::vector<const MuonMatrix*> all;
+  for (const MuonMatrix& mm : matrices_) all.push_back(&mm);
+  return all;
+}
+
+void Muon::orthogonalize(Tensor& X, int64_t L, bool wide, Communicator* sum_over) {
   Allocator& al = be_.allocator();
-  double ss = 0;
-  for (const Tensor& x : blocks) ss += be_.sum_squares(x);
-  if (sum_over) sum_over->all_reduce_f64(&ss, 1, ReduceOp::Sum);
-  const float inv = static_cast<float>(1.0 / std::max(std::sqrt(ss), 1e-7));
-  for (Tensor& x : blocks) be_.scale(x, inv);
+  const int64_t nb = X.dim(0) / L, r = X.dim(1), c = X.dim(2), n = r * c;
+  auto block = [&](Tensor& t, int64_t j) { return t.view(j * L * n, {L, r, c}); };
+  // Each matrix over its Frobenius norm (its blocks' squares, summed over `sum_over`).
+  std::vector<double> ss(size_t(L), 0.0);
+  for (int64_t i = 0; i < L; ++i) {
+    std::vector<Tensor> mine;
+    for (int64_t j = 0; j < nb; ++j) mine.push_back(X.view((j * L + i) * n, {r, c}));
+    ss[size_t(i)] = be_.sum_squares_all(mine);
+  }
+  if (sum_over) sum_over->all_reduce_f64(ss.data(), L, ReduceOp::Sum);
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t j = 0; j < nb; ++j) {
+      Tensor x = X.view((j * L + i) * n, {r, c});
+      be_.scale(x, static_cast<float>(1.0 / std::max(std::sqrt(ss[size_t(i)]), 1e-7)));
+    }
   // The Gram side: the rows of every block (wide) or the columns (tall).
-  const int64_t g = wide ? blocks[0].dim(0) : blocks[0].dim(1);
-  Tensor A({g, g}, DType::F32, al), A2({g, g}, DType::F32, al), B({g, g}, DType::F32, al);
+  const int64_t g = wide ? r : c;
+  Tensor A({L, g, g}, DType::F32, al), A2({L, g, g}, DType::F32, al), B({L, g, g}, DType::F32, al);
   const DType gd = lowp_ ? DType::BF16 : DType::F32;
-  Tensor Ab, Bb;  // bf16 copies of A and B (lowp)
-  if (lowp_) Ab = Tensor({g, g}, gd, al), Bb = Tensor({g, g}, gd, al);
-  std::vector<Tensor> low;  // bf16 copies of the blocks (lowp)
-  for (const Tensor& x : blocks)
-    if (lowp_) low.emplace_back(x.shape(), gd, al);
-  std::vector<Tensor> prod;
-  for (const Tensor& x : blocks) prod.emplace_back(x.shape(), DType::F32, al);
+  Tensor Ab, Bb, low;  // bf16 copies of A, B and X (lowp)
+  if (lowp_) Ab = Tensor(A.shape(), gd, al), Bb = Tensor(B.shape(), gd, al);
+  if (lowp_) low = Tensor(X.shape(), gd, al);
+  Tensor prod({L, r, c}, DType::F32, al);  // one block of each matrix at a time
   for (int k = 0; k < opt_.ns_steps; ++k) {
-    double a = 0, b = 0, c = 0;
-    muon_coefficients(opt_.coefficients, k, a, b, c);
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      if (lowp_) be_.cast(low[i], blocks[i]);
-      const Tensor& x = lowp_ ? low[i] : blocks[i];
-      be_.gemm(A, x, !wide, x, wide, 1.f, i == 0 ? 0.f : 1.f);  // X X^T or X^T X, summed
+    double a = 0, b = 0, cc = 0;
+    muon_coefficients(opt_.coefficients, k, a, b, cc);
+    if (lowp_) be_.cast(low, X);
+    Tensor& src = lowp_ ? low : X;
+    for (int64_t j = 0; j < nb; ++j) {
+      const Tensor x = block(src, j);
+      be_.gemm(A, x, !wide, x, wide, 1.f, j == 0 ? 0.f : 1.f);  // X X^T or X^T X, summed
     }
     if (sum_over) sum_over->all_reduce(A, ReduceOp::Sum);
     if (lowp_) be_.cast(Ab, A);
     be_.gemm(A2, lowp_ ? Ab : A, false, lowp_ ? Ab : A, false, 1.f, 0.f);
     be_.scale(A, static_cast<float>(b));
-    be_.scale(A2, static_cast<float>(c));
+    be_.scale(A2, static_cast<float>(cc));
     be_.add(B, A, A2);
     if (lowp_) be_.cast(Bb, B);
     const Tensor& bm = lowp_ ? Bb : B;
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      const Tensor& x = lowp_ ? low[i] : blocks[i];
+    for (int64_t j = 0; j < nb; ++j) {
+      const Tensor x = block(src, j);
       if (wide)
-        be_.gemm(prod[i], bm, false, x, false, 1.f, 0.f);  // B X
+        be_.gemm(prod, bm, false, x, false, 1.f, 0.f);  // B X
       else
-        be_.gemm(prod[i], x, false, bm, false, 1.f, 0.f);  // X B (B is symmetric)
-      be_.scale(blocks[i], static_cast<float>(a));
-      be_.add(blocks[i], blocks[i], prod[i]);
+        be_.gemm(prod, x, false, bm, false, 1.f, 0.f);  // X B (B is symmetric)
+      Tensor xj = block(X, j);
+      be_.scale(xj, static_cast<float>(a));
+      be_.add(xj, xj, prod);
     }
   }
 }
@@ -132,31 +147,37 @@ double Muon::scale_of(const MuonMatrix& mm) const {
          opt_.extra_scale;
 }
 
-Tensor Muon::orthogonal(const MuonMatrix& mm, Tensor& u, Tensor& whole) {
+std::vector<Tensor> Muon::orthogonal(const std::vector<const MuonMatrix*>& batch, Tensor& U,
+                                     Tensor& whole) {
+  const MuonMatrix& mm = *batch[0];
   const int T = tp_.size(), r0 = tp_.rank();
+  const int64_t L = static_cast<int64_t>(batch.size()), n = mm.numel();
   const Shape shape{mm.rows, mm.cols};
   const MuonNsShape ns = muon_ns_shape(mm, T, opt_.tp_mode);
-  Tensor mine = u;
-  std::vector<Tensor> blocks;
-  Communicator* sum_over = nullptr;
-  if (ns.gathered) {
-    // Every shard gathered: the row blocks are the whole matrix's rows (in shard order), the
-    // column blocks its columns; Newton-Schulz commutes with permuting either.
-    whole = Tensor({T * mm.rows, mm.cols}, DType::F32, be_.allocator());
-    tp_.all_gather(whole, u);
-    if (mm.split == MuonMatrix::Split::Rows) {
-      blocks.push_back(whole);
-      mine = whole.view(int64_t(r0) * mm.numel(), shape);
-    } else {
-      for (int t = 0; t < T; ++t) blocks.push_back(whole.view(int64_t(t) * mm.numel(), shape));
-      mine = blocks[size_t(r0)];
+  std::vector<Tensor> mine;
+  if (ns.gathered && mm.split == MuonMatrix::Split::Rows) {
+    // Each matrix gathered whole, its rows in shard order: one block of (T rows, cols) each.
+    whole = Tensor({L, T * mm.rows, mm.cols}, DType::F32, be_.allocator());
+    for (int64_t i = 0; i < L; ++i) {
+      Tensor w = whole.view(i * T * n, {T * mm.rows, mm.cols});
+      tp_.all_gather(w, U.view(i * n, shape));
+      mine.push_back(whole.view((i * T + r0) * n, shape));
     }
+    orthogonalize(whole, L, ns.wide, nullptr);
+  } else if (ns.gathered) {
+    // Column blocks: one gather of the batch puts block t of matrix i at t L + i, as
+    // orthogonalize reads them (Newton-Schulz commutes with permuting the columns).
+    whole = Tensor({T * L, mm.rows, mm.cols}, DType::F32, be_.allocator());
+    tp_.all_gather(whole, U);
+    for (int64_t i = 0; i < L; ++i) mine.push_back(whole.view((r0 * L + i) * n, shape));
+    orthogonalize(whole, L, ns.wide, nullptr);
   } else {
-    blocks.push_back(u);  // unsplit, blockwise (the shard alone), or distributed:
-    if (opt_.tp_mode == "distributed" && mm.split != MuonMatrix::Split::None && T > 1)
-      sum_over = &tp_;  // the Gram matrices summed over TP
+    // Unsplit, blockwise (the shard alone), or distributed (the Gram matrices summed over TP).
+    const bool distributed =
+        opt_.tp_mode == "distributed" && mm.split != MuonMatrix::Split::None && T > 1;
+    orthogonalize(U, L, ns.wide, distributed ? &tp_ : nullptr);
+    for (int64_t i = 0; i < L; ++i) mine.push_back(U.view(i * n, shape));
   }
-  orthogonalize(blocks, ns.wide, sum_over);
   return mine;
 }
 
@@ -168,20 +189,29 @@ void Muon::step(double lr, double weight_decay, double grad_scale) {
   }
   Allocator& al = be_.allocator();
   const bool mixed = params_.compute_dtype() != DType::F32;
-  for (const MuonMatrix& mm : matrices_) {
-    const Shape shape{mm.rows, mm.cols};
-    Tensor g = params_.flat_grads().view(mm.offset, shape);
-    Tensor m = momentum_->view(mm.offset, shape);
-    Tensor p = params_.flat_params().view(mm.offset, shape);
-    Tensor u(shape, DType::F32, al), whole;
-    momentum(m, g, u, grad_scale);
-    Tensor mine = orthogonal(mm, u, whole);
-    be_.scale(p, static_cast<float>(1 - lr * weight_decay));
-    be_.scale(mine, static_cast<float>(-lr * scale_of(mm)));
-    be_.add(p, p, mine);
-    if (mixed) {
-      Tensor c = params_.flat_compute().view(mm.offset, shape);
-      be_.cast(c, p);
+  for (const auto& batch : muon_batches(all_matrices(), tp_.size(), opt_.tp_mode)) {
+    const int64_t L = static_cast<int64_t>(batch.size()), n = batch[0]->numel();
+    Tensor U({L, batch[0]->rows, batch[0]->cols}, DType::F32, al), whole;
+    for (int64_t i = 0; i < L; ++i) {
+      const MuonMatrix& mm = *batch[size_t(i)];
+      const Shape shape{mm.rows, mm.cols};
+      Tensor g = params_.flat_grads().view(mm.offset, shape);
+      Tensor m = momentum_->view(mm.offset, shape);
+      Tensor u = U.view(i * n, shape);
+      momentum(m, g, u, grad_scale);
+    }
+    std::vector<Tensor> mine = orthogonal(batch, U, whole);
+    for (int64_t i = 0; i < L; ++i) {
+      const MuonMatrix& mm = *batch[size_t(i)];
+      const Shape shape{mm.rows, mm.cols};
+      Tensor p = params_.flat_params().view(mm.offset, shape);
+      be_.scale(p, static_cast<float>(1 - lr * weight_decay));
+      be_.scale(mine[size_t(i)], static_cast<float>(-lr * scale_of(mm)));
+      be_.add(p, p, mine[size_t(i)]);
+      if (mixed) {
+        Tensor c = params_.flat_compute().view(mm.offset, shape);
+        be_.cast(c, p);
+      }
     }
   }
 }
@@ -211,17 +241,27 @@ void Muon::step_layerwise(double lr, double weight_decay, double grad_scale) {
       momentum(m, g, u, grad_scale);
     }
     k.comm->all_gather_async(U)->wait_device();  // every matrix whole, on every rank
-    // The bucket's matrices dealt to the ranks in turn: -lr s NS(u) of one's own into O.
+    // The bucket's matrices dealt to the ranks in turn: -lr s NS(u) of one's own into O, the
+    // same-shaped ones of a rank in batches (their directions copied out of the bucket).
     const int P = k.comm->size(), me = k.comm->rank();
-    for (size_t i = 0; i < mine.size(); ++i) {
-      if (static_cast<int>(i % size_t(P)) != me) continue;
-      const MuonMatrix& mm = *mine[i];
-      const Shape shape{mm.rows, mm.cols};
-      Tensor u = U.view(mm.offset - fb.begin, shape), whole;
-      Tensor part = orthogonal(mm, u, whole);
-      be_.scale(part, static_cast<float>(-lr * scale_of(mm)));
-      Tensor o = O.view(mm.offset - fb.begin, shape);
-      be_.cast(o, part);
+    std::vector<const MuonMatrix*> own;
+    for (size_t i = 0; i < mine.size(); ++i)
+      if (static_cast<int>(i % size_t(P)) == me) own.push_back(mine[i]);
+    for (const auto& batch : muon_batches(own, tp_.size(), opt_.tp_mode)) {
+      const int64_t L = static_cast<int64_t>(batch.size()), n = batch[0]->numel();
+      const Shape shape{batch[0]->rows, batch[0]->cols};
+      Tensor B({L, shape[0], shape[1]}, DType::F32, al), whole;
+      for (int64_t i = 0; i < L; ++i) {
+        Tensor b = B.view(i * n, shape);
+        be_.cast(b, U.view(batch[size_t(i)]->offset - fb.begin, shape));
+      }
+      std::vector<Tensor> parts = orthogonal(batch, B, whole);
+      for (int64_t i = 0; i < L; ++i) {
+        const MuonMatrix& mm = *batch[size_t(i)];
+        be_.scale(parts[size_t(i)], static_cast<float>(-lr * scale_of(mm)));
+        Tensor o = O.view(mm.offset - fb.begin, shape);
+        be_.cast(o, parts[size_t(i)]);
+      }
     }
     k.comm->reduce_scatter_async(O)->wait_device();  // this rank's block: its elements' updates
     Tensor w = dist_->block_weights(k), c = dist_->block_compute(k);

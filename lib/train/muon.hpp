@@ -12,8 +12,9 @@
 // matrix, X <- a X + X (b A + c A^2) with A = X^T X: the same polynomial). A tensor-parallel
 // matrix is orthogonalized whole: gathered on every TP rank (duplicated), or with its Gram
 // matrices summed over TP (distributed); blockwise treats each shard as a matrix of its own
-// (layout-dependent). Every GEMM goes through Backend::gemm (cuBLAS on CUDA, bf16 inputs unless
-// --muon-fp32-matmul-prec high; f32 on the CPU).
+// (layout-dependent). Same-shaped matrices iterate together (muon_batches: one batched GEMM per
+// product, cuBLAS's strided batches on CUDA, bf16 inputs unless --muon-fp32-matmul-prec high;
+// f32 on the CPU).
 //
 // The momentum lives in AdamW's first-moment buffer at the matrix's offsets, so checkpoints save
 // and reshard it as optimizer/exp_avg; the parameters Muon does not update take AdamW's step.
@@ -69,15 +70,19 @@ class Muon {
   void step_layerwise(double lr, double weight_decay, double grad_scale);
   // m <- beta m + (1 - beta) clip g, and u (f32, same shape) = the direction to orthogonalize.
   void momentum(Tensor& m, const Tensor& g, Tensor& u, double grad_scale);
-  // NS(u) of the whole matrix; returns the view of this TP rank's part (u itself, or a part of a
-  // gathered buffer `whole` it allocates).
-  Tensor orthogonal(const MuonMatrix& mm, Tensor& u, Tensor& whole);
+  // NS(u) of each whole matrix of a batch (muon_batches), U (L, rows, cols) the directions of
+  // this rank's pieces in the batch's order; returns the view of this rank's part of each (in U,
+  // or in a gathered buffer `whole` it allocates).
+  std::vector<Tensor> orthogonal(const std::vector<const MuonMatrix*>& batch, Tensor& U,
+                                 Tensor& whole);
   // The update's scale times the extra factor, of the whole (or, blockwise, the local) matrix.
   double scale_of(const MuonMatrix& mm) const;
-  // Newton-Schulz over `blocks`: column blocks of one matrix (wide: Gram over the rows) or row
-  // blocks (tall: Gram over the columns); `sum_over`: the group whose blocks make the matrix
-  // (distributed), null when `blocks` is all of it.
-  void orthogonalize(std::vector<Tensor>& blocks, bool wide, Communicator* sum_over);
+  // Newton-Schulz over L matrices at once, X (nb L, r, c) their blocks (block j of matrix i at
+  // j L + i): column blocks (wide: Gram over the rows) or row blocks (tall: Gram over the
+  // columns), each product one batched GEMM; `sum_over`: the group whose blocks make the matrices
+  // (distributed), null when X is all of them.
+  void orthogonalize(Tensor& X, int64_t L, bool wide, Communicator* sum_over);
+  std::vector<const MuonMatrix*> all_matrices() const;
 
   ParamStore& params_;
   Backend& be_;

@@ -2,6 +2,8 @@
 #include "train/muon_plan.hpp"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 namespace tessera {
 
@@ -101,20 +103,43 @@ MuonNsShape muon_ns_shape(const MuonMatrix& m, int tp, const std::string& tp_mod
   return s;
 }
 
+std::vector<std::vector<const MuonMatrix*>> muon_batches(const std::vector<const MuonMatrix*>& ms,
+                                                         int tp, const std::string& tp_mode) {
+  std::vector<std::vector<const MuonMatrix*>> batches;
+  std::map<std::tuple<int64_t, int64_t, int, bool>, size_t> open;  // shape -> its open batch
+  for (const MuonMatrix* m : ms) {
+    const MuonNsShape ns = muon_ns_shape(*m, tp, tp_mode);
+    const auto key = std::make_tuple(m->rows, m->cols, static_cast<int>(m->split), ns.wide);
+    const int64_t whole = ns.rows * ns.cols;
+    auto it = open.find(key);
+    if (it != open.end() && int64_t(batches[it->second].size() + 1) * whole <= kMuonBatchElements) {
+      batches[it->second].push_back(m);
+      continue;
+    }
+    open[key] = batches.size();
+    batches.push_back({m});
+  }
+  return batches;
+}
+
 double muon_scratch_bytes(const std::vector<MuonMatrix>& matrices, int tp,
                           const TrainConfig::Muon& opt, bool device) {
   double peak = 0;
   const bool lowp = device && opt.matmul_prec != "high";
-  for (const MuonMatrix& m : matrices) {
+  std::vector<const MuonMatrix*> all;
+  for (const MuonMatrix& m : matrices) all.push_back(&m);
+  for (const auto& batch : muon_batches(all, tp, opt.tp_mode)) {
+    const MuonMatrix& m = *batch[0];
     const MuonNsShape ns = muon_ns_shape(m, tp, opt.tp_mode);
-    const bool gathered = ns.gathered;
-    const int64_t r = ns.rows, c = ns.cols;
-    const double g = double(ns.wide ? r : c);
-    double bytes = 4.0 * m.numel() * (opt.nesterov ? 2 : 1);   // the update (and Nesterov's term)
-    if (gathered) bytes += 4.0 * double(r) * c;                // the whole matrix
-    bytes += 4.0 * double(r) * c;                              // the GEMM's product
-    bytes += 3 * 4.0 * g * g;                                  // A, A^2, B
-    if (lowp) bytes += 2.0 * double(r) * c + 2 * 2.0 * g * g;  // bf16 copies of X, A, B
+    const double L = double(batch.size()), X = L * double(ns.rows) * double(ns.cols);
+    const double blocks = ns.gathered && m.split == MuonMatrix::Split::Cols ? tp : 1;
+    const double g = double(ns.wide ? ns.rows : ns.cols);
+    double bytes = 4.0 * L * double(m.numel());          // the batch's directions
+    if (opt.nesterov) bytes += 4.0 * double(m.numel());  // Nesterov's term, one at a time
+    if (ns.gathered) bytes += 4.0 * X;                   // the whole matrices
+    bytes += 4.0 * X / blocks;                           // a product (one block of each)
+    bytes += 3 * 4.0 * L * g * g;                        // A, A^2, B
+    if (lowp) bytes += 2.0 * X + 2 * 2.0 * L * g * g;    // bf16 copies of X, A, B
     peak = std::max(peak, bytes);
   }
   return peak;

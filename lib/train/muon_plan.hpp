@@ -49,8 +49,16 @@ struct MuonNsShape {
 };
 MuonNsShape muon_ns_shape(const MuonMatrix& m, int tp, const std::string& tp_mode);
 
-// The Newton-Schulz scratch of one step, in bytes, for the largest of `matrices` (f32; the
-// gathered whole matrix under the duplicated TP mode, the Gram matrices, bf16 copies on CUDA).
+// Newton-Schulz's batches: the matrices of `ms` (in their order) that iterate together, one
+// batched GEMM per product: the same piece, TP cut and Newton-Schulz shape, at most
+// kMuonBatchElements elements of whole matrices in a batch (a larger matrix alone).
+constexpr int64_t kMuonBatchElements = int64_t(64) << 20;  // 256 MiB in f32
+std::vector<std::vector<const MuonMatrix*>> muon_batches(const std::vector<const MuonMatrix*>& ms,
+                                                         int tp, const std::string& tp_mode);
+
+// The Newton-Schulz scratch of one step, in bytes, for the largest batch of `matrices` (f32: the
+// batch's directions, the gathered whole matrices under the duplicated TP mode, a product, the
+// Gram matrices; bf16 copies on CUDA).
 double muon_scratch_bytes(const std::vector<MuonMatrix>& matrices, int tp,
                           const TrainConfig::Muon& m, bool device);
 

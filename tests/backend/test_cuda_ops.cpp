@@ -1304,3 +1304,31 @@ TEST_F(CudaOps, GemmEveryTransposeF32AndBf16) {
       expect_close(got16, want16, 1e-4, "gemm bf16");
     }
 }
+
+// Backend::gemm on a batch (3-D: Muon's same-shaped matrices, one strided batched cuBLAS call):
+// each matrix of the batch is the CPU's product of that matrix, f32 and bf16 inputs, beta
+// accumulating, at a Newton-Schulz shape (the Gram matrix X X^T and B X).
+TEST_F(CudaOps, GemmBatchedIsEachMatrix) {
+  const int64_t L = 5, r = 48, c = 160;
+  const Tensor x = rand({L, r, c});
+  Tensor a0 = rand({L, r, r});
+  Tensor want(a0.shape());
+  cpu_->cast(want, a0);
+  for (int64_t i = 0; i < L; ++i) {
+    Tensor w = want.view(i * r * r, {r, r});
+    cpu_->gemm(w, x.view(i * r * c, {r, c}), false, x.view(i * r * c, {r, c}), true, 1.f, 1.f);
+  }
+  Tensor got = dev(a0);
+  const Tensor xd = dev(x);
+  gpu_->gemm(got, xd, false, xd, true, 1.f, 1.f);
+  expect_close(got, want, 1e-5, "batched gemm X X^T f32");
+  const Tensor xb = widened(as(DType::BF16, x)), bb = widened(as(DType::BF16, rand({L, r, r})));
+  Tensor want16({L, r, c});
+  for (int64_t i = 0; i < L; ++i) {
+    Tensor w = want16.view(i * r * c, {r, c});
+    cpu_->gemm(w, bb.view(i * r * r, {r, r}), false, xb.view(i * r * c, {r, c}), false, 1.f, 0.f);
+  }
+  Tensor got16 = poisoned({L, r, c});
+  gpu_->gemm(got16, dev(as(DType::BF16, bb)), false, dev(as(DType::BF16, xb)), false, 1.f, 0.f);
+  expect_close(got16, want16, 1e-4, "batched gemm B X bf16");
+}

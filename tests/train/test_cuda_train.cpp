@@ -313,6 +313,35 @@ TEST_F(CudaTrain, DistributedOptimizerAtOneRankMatches) {
   }
 }
 
+// Muon (issue 59) on the GPU: with f32 Newton-Schulz GEMMs (--muon-fp32-matmul-prec high) the
+// CPU's trajectory; with bf16 GEMM inputs (the default, batched cuBLAS GEMMs over q, k, v and the
+// layers' same-shaped matrices) within bf16's reach of it and learning; layer-wise over the
+// distributed optimizer at one rank the replicated run's.
+TEST_F(CudaTrain, MuonMatchesTheCpu) {
+  auto muon = [](const char* prec) {
+    return [prec](TrainConfig& t) {
+      t.optimizer = "muon";
+      t.lr = 0.01;
+      t.muon.matmul_prec = prec;
+    };
+  };
+  const Result c = train(*cpu_, DType::F32, 5, muon("high")),
+               g = train(*gpu_, DType::F32, 5, muon("high"));
+  ASSERT_EQ(g.losses.size(), 5u);
+  EXPECT_LT(worst_rel(c.losses, g.losses), 1e-5) << "f32 GEMMs";
+  const Result low = train(*gpu_, DType::F32, 20, muon("medium")),
+               cl = train(*cpu_, DType::F32, 20, muon("medium"));
+  EXPECT_LT(worst_rel(cl.losses, low.losses), 1e-2) << "bf16 GEMM inputs";
+  EXPECT_GT(worst_rel(cl.losses, low.losses), 0.0) << "bf16 GEMM inputs changed nothing";
+  EXPECT_LT(low.losses.back(), low.losses.front() - 0.3) << "Muon on the GPU learns";
+  const Result dist = train(*gpu_, DType::F32, 5, [&](TrainConfig& t) {
+    muon("high")(t);
+    t.use_distributed_optimizer = true;
+    t.ddp_bucket_size = 20000;
+  });
+  EXPECT_LT(worst_rel(g.losses, dist.losses), 1e-6) << "layer-wise at one rank";
+}
+
 // Generation on the GPU (issue 16) from the CPU model's weights, GPT-2, Qwen2's options, Qwen3 and
 // the Llama family (RoPE, multi-query attention): greedy and seeded top-k sampling in f32 give the
 // CPU's ids, with the decode steps replayed as CUDA graphs and op by op (set_graphs(false)); in

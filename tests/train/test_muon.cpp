@@ -253,3 +253,33 @@ TEST(Muon, PlansMegatronsMatrices) {
   EXPECT_EQ(split[5].name, "layers.0.mlp.router.weight");
   EXPECT_EQ(plan_muon_matrices(s, 1, false).size(), 4u);
 }
+
+// Same-shaped matrices iterate together (one batched GEMM per product): q, k and v of the
+// layer; different shapes, cuts or Gram sides apart; a batch holds at most kMuonBatchElements
+// elements of whole matrices; the scratch estimate grows with the largest batch.
+TEST(Muon, BatchesSameShapedMatricesUpToTheCap) {
+  const auto split = plan_muon_matrices(specs(), 1, true);
+  std::vector<const MuonMatrix*> all;
+  for (const MuonMatrix& m : split) all.push_back(&m);
+  const auto batches = muon_batches(all, 1, "duplicated");
+  ASSERT_EQ(batches.size(), 3u);  // q k v; fc1; fc2
+  EXPECT_EQ(batches[0].size(), 3u);
+  EXPECT_EQ(batches[0][2]->name, "layers.0.attn.qkv.weight:v");
+  MuonMatrix big;
+  big.rows = 4096, big.cols = 6144;  // 24 Mi elements: two in a batch, not three
+  big.global_rows = big.rows, big.global_cols = big.cols;
+  MuonMatrix cut = big;  // the same piece, but a column-cut matrix's at TP2
+  cut.split = MuonMatrix::Split::Cols;
+  cut.global_cols = 2 * big.cols;
+  std::vector<const MuonMatrix*> bigs{&big, &cut, &big, &big};
+  const auto b2 = muon_batches(bigs, 2, "duplicated");
+  ASSERT_EQ(b2.size(), 3u);
+  EXPECT_EQ(b2[0].size(), 2u);  // big, big (the cut one apart)
+  EXPECT_EQ(b2[1].size(), 1u);
+  EXPECT_EQ(b2[1][0], &cut);
+  EXPECT_EQ(b2[2].size(), 1u);
+  TrainConfig::Muon opt;
+  opt.matmul_prec = "high";
+  const double one = muon_scratch_bytes({big}, 1, opt, true);
+  EXPECT_DOUBLE_EQ(muon_scratch_bytes({big, big}, 1, opt, true), 2 * one);
+}

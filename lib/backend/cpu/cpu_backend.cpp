@@ -582,10 +582,19 @@ class CpuBackend final : public Backend {
   }
   void gemm(Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha,
             float beta) override {
+    if (c.ndim() == 3 && a.ndim() == 3 && b.ndim() == 3 && a.dim(0) == c.dim(0) &&
+        b.dim(0) == c.dim(0)) {  // a batch: each matrix in turn
+      const Shape cs{c.dim(1), c.dim(2)}, as{a.dim(1), a.dim(2)}, bs{b.dim(1), b.dim(2)};
+      for (int64_t i = 0; i < c.dim(0); ++i) {
+        Tensor ci = c.view(i * cs[0] * cs[1], cs);
+        gemm(ci, a.view(i * as[0] * as[1], as), ta, b.view(i * bs[0] * bs[1], bs), tb, alpha, beta);
+      }
+      return;
+    }
     TESSERA_CHECK(a.dtype() == DType::F32 && b.dtype() == DType::F32 && c.dtype() == DType::F32 &&
                       a.shape().size() == 2 && b.shape().size() == 2 && c.shape().size() == 2,
-                  "gemm: 2-D f32 tensors on the CPU, got ", shape_str(a.shape()), " ",
-                  shape_str(b.shape()), " ", shape_str(c.shape()));
+                  "gemm: 2-D (or a batch of 3-D) f32 tensors on the CPU, got ",
+                  shape_str(a.shape()), " ", shape_str(b.shape()), " ", shape_str(c.shape()));
     const int64_t M = c.dim(0), N = c.dim(1), K = ta ? a.dim(0) : a.dim(1);
     TESSERA_CHECK((ta ? a.dim(1) : a.dim(0)) == M && (tb ? b.dim(0) : b.dim(1)) == N &&
                       (tb ? b.dim(1) : b.dim(0)) == K,

@@ -83,22 +83,28 @@ void gemm(cublasHandle_t blas, cublasOperation_t ta, cublasOperation_t tb, int64
 
 void gemm_2d(Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha, float beta,
              cublasHandle_t blas) {
-  TESSERA_CHECK(a.shape().size() == 2 && b.shape().size() == 2 && c.shape().size() == 2 &&
-                    c.dtype() == DType::F32 && a.dtype() == b.dtype() &&
-                    (a.dtype() == DType::F32 || a.dtype() == DType::BF16),
-                "gemm: 2-D tensors, f32 or bf16 inputs and an f32 output, got ",
-                dtype_name(a.dtype()), " ", dtype_name(b.dtype()), " -> ", dtype_name(c.dtype()));
-  const int64_t M = c.dim(0), N = c.dim(1), K = ta ? a.dim(0) : a.dim(1);
-  TESSERA_CHECK((ta ? a.dim(1) : a.dim(0)) == M && (tb ? b.dim(0) : b.dim(1)) == N &&
-                    (tb ? b.dim(1) : b.dim(0)) == K,
+  const int nd = c.ndim();
+  const bool batch =
+      nd == 3 && a.ndim() == 3 && b.ndim() == 3 && a.dim(0) == c.dim(0) && b.dim(0) == c.dim(0);
+  TESSERA_CHECK((batch || (nd == 2 && a.ndim() == 2 && b.ndim() == 2)) && c.dtype() == DType::F32 &&
+                    a.dtype() == b.dtype() && (a.dtype() == DType::F32 || a.dtype() == DType::BF16),
+                "gemm: 2-D tensors (or a batch of 3-D), f32 or bf16 inputs and an f32 output, got ",
+                shape_str(a.shape()), " ", dtype_name(a.dtype()), " x ", shape_str(b.shape()), " ",
+                dtype_name(b.dtype()), " -> ", shape_str(c.shape()), " ", dtype_name(c.dtype()));
+  const int o = batch ? 1 : 0;  // the matrices' first axis
+  const int64_t L = batch ? c.dim(0) : 1;
+  const int64_t M = c.dim(o), N = c.dim(o + 1), K = ta ? a.dim(o) : a.dim(o + 1);
+  TESSERA_CHECK((ta ? a.dim(o + 1) : a.dim(o)) == M && (tb ? b.dim(o) : b.dim(o + 1)) == N &&
+                    (tb ? b.dim(o + 1) : b.dim(o)) == K,
                 "gemm: shapes ", shape_str(a.shape()), " x ", shape_str(b.shape()), " -> ",
                 shape_str(c.shape()));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS computes the
-  // (N x M) product of B and A with the same transposes.
-  CUBLAS_CHECK(cublasGemmEx(blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                            (int)N, (int)M, (int)K, &alpha, b.raw(), cuda_type(b.dtype()),
-                            (int)b.dim(1), a.raw(), cuda_type(a.dtype()), (int)a.dim(1), &beta,
-                            c.raw(), CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  // (N x M) product of B and A with the same transposes; a batch's matrices one after another.
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K,
+      &alpha, b.raw(), cuda_type(b.dtype()), (int)b.dim(o + 1), (long long)(K * N), a.raw(),
+      cuda_type(a.dtype()), (int)a.dim(o + 1), (long long)(M * K), &beta, c.raw(), CUDA_R_32F,
+      (int)N, (long long)(M * N), (int)L, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 namespace {

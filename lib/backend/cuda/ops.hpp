@@ -227,7 +227,8 @@ class LtMatmul {
 // `blas` is bound to stream `s`; `lt` may be null (no cuBLASLt path).
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias,
                     cublasHandle_t blas, LtMatmul* lt, Workspace& ws, cudaStream_t s);
-// Backend::gemm: c (M,N) f32 = alpha op(a) op(b) + beta c, row-major; a and b f32 or bf16.
+// Backend::gemm: c (M,N) f32 = alpha op(a) op(b) + beta c, row-major; a and b f32 or bf16;
+// or a batch of them (3-D, c (L,M,N)), one strided batched call.
 void gemm_2d(Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha, float beta,
              cublasHandle_t blas);
 void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
