@@ -13,7 +13,12 @@
 // [--breakdown]
 // [--recompute=full|selective]
 // [--distributed-optimizer] [--max-micro-batch]
-// [--fp8=e4m3|hybrid[:delayed|:tensorwise]]
+// [--fp8=e4m3|hybrid[:delayed|:tensorwise]] [--muon[=low|medium|high]]
+//
+// --muon trains with Muon (issue 59; docs/training.md "Muon": Megatron-Core's defaults, the
+// Newton-Schulz GEMMs batched over same-shaped matrices, bf16 inputs unless =high): with
+// --breakdown the muon-step phase is Newton-Schulz's time a step (docs/performance.md, "Muon",
+// has the prediction).
 //
 // --fp8 runs the transformer layers' GEMMs in FP8 (docs/training.md, "FP8"; bf16 elsewhere):
 // scripts/gpu-lease.sh's fp8 step runs the 1.3B step without and with it, one after the other on
@@ -96,6 +101,7 @@ int main(int argc, char** argv) {
   bool distributed = false, max_mbs = false;
   RecomputeConfig recompute;
   Fp8Config fp8;
+  std::string muon;  // --muon[=PREC]: Muon's Newton-Schulz precision, "" for AdamW
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--breakdown") == 0) {
       breakdown = true;
@@ -116,6 +122,13 @@ int main(int argc, char** argv) {
       fp8.enabled = true;
       fp8.hybrid = format == "hybrid";
       fp8.recipe = recipe == "delayed" ? Fp8Recipe::Delayed : Fp8Recipe::Tensorwise;
+    } else if (std::strncmp(argv[i], "--muon", 6) == 0 && (argv[i][6] == 0 || argv[i][6] == '=')) {
+      muon = argv[i][6] ? argv[i] + 7 : "medium";
+      if (muon != "low" && muon != "medium" && muon != "high") {
+        std::fprintf(stderr, "bench_gpu_train: %s: give --muon or --muon=low|medium|high\n",
+                     argv[i]);
+        return 2;
+      }
     } else if (std::strncmp(argv[i], "--recompute=", 12) == 0) {
       try {
         recompute.granularity = parse_recompute_granularity(argv[i] + 12);
@@ -137,7 +150,7 @@ int main(int argc, char** argv) {
   const std::string dtype_arg = arg(4, "bf16");
 #ifndef TESSERA_HAVE_CUDA
   (void)which, (void)steps, (void)mbs_arg, (void)peak, (void)dtype_arg, (void)breakdown;
-  (void)distributed, (void)max_mbs, (void)fp8;
+  (void)distributed, (void)max_mbs, (void)fp8, (void)muon;
   std::fprintf(stderr, "bench_gpu_train: this build has no CUDA backend\n");
   return 2;
 #else
@@ -159,13 +172,14 @@ int main(int argc, char** argv) {
   if (peak <= 0) peak = peak_tflops(device, DType::BF16);
   std::printf(
       "bench_gpu_train: %s; peak dense bf16 %.1f TFLOP/s%s; %s training%s; activation "
-      "recomputation %s; %s optimizer\n",
+      "recomputation %s; %s %s optimizer\n",
       device.c_str(), peak, peak > 0 ? "" : " (unknown device: MFU not printed)", dtype_name(dtype),
       fp8.enabled ? (std::string(", FP8 GEMMs (") + (fp8.hybrid ? "hybrid" : "e4m3") + ", " +
                      (fp8.recipe == Fp8Recipe::Delayed ? "delayed" : "tensorwise") + ")")
                         .c_str()
                   : "",
-      recompute.describe().c_str(), distributed ? "distributed" : "replicated");
+      recompute.describe().c_str(), distributed ? "distributed" : "replicated",
+      muon.empty() ? "AdamW" : ("Muon (Newton-Schulz " + muon + ")").c_str());
   for (const Preset& p : kPresets) {
     if (which == "all" ? !p.in_all : which != p.name) continue;
     GPTConfig m;
@@ -214,6 +228,10 @@ int main(int argc, char** argv) {
     t.recompute = recompute;
     t.use_distributed_optimizer = distributed;
     t.fp8 = fp8;
+    if (!muon.empty()) {
+      t.optimizer = "muon";
+      t.muon.matmul_prec = muon;
+    }
     if (max_mbs) {  // the largest micro-batch that trains (two steps), smallest first
       int best = 0;
       for (int mbs : {8, 16, 24, 32, 48, 64, 96, 128}) {

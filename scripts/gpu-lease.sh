@@ -35,6 +35,8 @@ plan=(
   "bench-1.3b|90|bash scripts/gpu-run.sh --steps=bench 1.3b 10"
   "llama1b|90|bash scripts/gpu-run.sh --steps=llama1b"
   "mixtral|90|bash scripts/gpu-run.sh --steps=bench mixtral 10"
+  "muon-1.3b|90|bash scripts/gpu-run.sh --steps=bench 1.3b 5 0 0 bf16 --muon --breakdown"
+  "muon-1.3b-f32|60|bash scripts/gpu-run.sh --steps=bench 1.3b 2 0 0 bf16 --muon=high"
   "mixtral-breakdown|60|bash scripts/gpu-run.sh --steps=bench mixtral 5 0 0 bf16 --breakdown"
   "mixtral-per-expert|60|env TESSERA_BENCH_NO_GROUPED_GEMM=1 bash scripts/gpu-run.sh --steps=bench mixtral 10"
   "decode-profile|100|bash scripts/gpu-run.sh --steps=decode-profile"
