@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
     const int threads = opts.threads > 0 ? opts.threads : default_threads(grid.node_comm());
     set_num_threads(threads);
     const std::string table = grid.layout_table();
-    auto backend = make_rank_backend(grid, opts.device, opts.train.virtual_pipeline_size > 1);
+    auto backend = make_rank_backend(grid, opts.device, opts.train.virtual_pipeline_size > 1,
+                                     opts.ranks_per_gpu);
     check_rank_memory(
         grid, *backend,
         estimate_rank_memory(opts.model, opts.train, grid.layout(), grid.coords().pp, opts.ep));

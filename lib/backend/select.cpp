@@ -53,26 +53,46 @@ std::string resolve_device(const std::string& device, const std::string& host) {
   return "cuda";
 }
 
-int choose_gpu(int local_rank, int local_size, int gpus, const std::string& host) {
+int choose_gpu(int local_rank, int local_size, int gpus, const std::string& host,
+               int ranks_per_gpu) {
   if (gpus <= 0) throw ConfigError(concat("--device=cuda: no CUDA device is visible on ", host));
   TESSERA_CHECK(local_rank >= 0 && local_rank < local_size, "local rank ", local_rank,
                 " outside the ", local_size, " ranks of the node");
   if (gpus >= local_size) return local_rank;
   if (gpus == 1) return 0;  // one GPU per task (checked across the node by check_distinct_gpus)
+  if (ranks_per_gpu > 1 && int64_t(gpus) * ranks_per_gpu >= local_size) return local_rank % gpus;
   throw ConfigError(concat(local_size, " ranks share ", host, ", which has ", gpus,
-                           " visible GPUs; start at most one rank per GPU (e.g. srun "
+                           " visible GPUs", ranks_per_gpu > 1 ? concat(" (--ranks-per-gpu ", ranks_per_gpu, ")") : std::string(),
+                           "; start at most one rank per GPU (e.g. srun "
                            "--ntasks-per-node=",
                            gpus, ", or mpirun -np ", gpus, " per node)"));
 }
 
-void check_distinct_gpus(const std::vector<std::string>& ids, const std::string& host) {
-  for (size_t a = 0; a < ids.size(); ++a)
-    for (size_t b = a + 1; b < ids.size(); ++b)
-      if (!ids[a].empty() && ids[a] == ids[b])
+void check_distinct_gpus(const std::vector<std::string>& ids, const std::string& host,
+                         int ranks_per_gpu, const std::vector<std::string>& nccl_hosts) {
+  for (size_t a = 0; a < ids.size(); ++a) {
+    if (ids[a].empty()) continue;  // a CPU rank
+    int sharing = 1;
+    for (size_t b = a + 1; b < ids.size(); ++b) {
+      if (ids[a] != ids[b]) continue;
+      if (ranks_per_gpu <= 1)
         throw ConfigError(concat("local ranks ", a, " and ", b, " on ", host,
                                  " would share the GPU at PCI ", ids[a],
                                  "; give each task its own GPU (srun --gpus-per-task=1, or as "
                                  "many ranks per node as GPUs)"));
+      if (++sharing > ranks_per_gpu)
+        throw ConfigError(concat(sharing, " local ranks on ", host, " (", a, ", ..., ", b,
+                                 ") would share the GPU at PCI ", ids[a], "; --ranks-per-gpu ",
+                                 ranks_per_gpu, " allows ", ranks_per_gpu));
+      if (a < nccl_hosts.size() && b < nccl_hosts.size() && nccl_hosts[a] == nccl_hosts[b])
+        throw ConfigError(concat(
+            "local ranks ", a, " and ", b, " on ", host, " share the GPU at PCI ", ids[a],
+            " with the same NCCL host (NCCL_HOSTID ",
+            nccl_hosts[a].empty() ? std::string("unset") : "'" + nccl_hosts[a] + "'",
+            "): NCCL refuses two ranks of one host on one GPU; start each rank through "
+            "scripts/nccl-share-gpu.sh, which gives it its own NCCL_HOSTID"));
+    }
+  }
 }
 
 std::string backend_gpu_id(Backend& be) {
@@ -84,15 +104,16 @@ std::string backend_gpu_id(Backend& be) {
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank, int local_size,
-                                      const std::string& host) {
+                                      const std::string& host, int ranks_per_gpu) {
   if (device == "cpu") return make_cpu_backend();
   TESSERA_CHECK(device == "cuda", "make_backend: unresolved device '", device, "'");
 #ifdef TESSERA_HAVE_CUDA
-  cuda::set_device(choose_gpu(local_rank, local_size, visible_gpus(), host));
+  cuda::set_device(choose_gpu(local_rank, local_size, visible_gpus(), host, ranks_per_gpu));
   return make_cuda_backend();
 #else
   (void)local_rank;
   (void)local_size;
+  (void)ranks_per_gpu;
   throw ConfigError("--device=cuda: this build has no CUDA backend (" + host + ")");
 #endif
 }

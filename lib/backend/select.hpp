@@ -22,18 +22,22 @@ std::string resolve_device(const std::string& device, const std::string& host);
 
 // The GPU of local rank `local_rank` of `local_size` ranks on a node where this rank sees `gpus`
 // GPUs: the local rank itself when there are enough; GPU 0 when the rank sees exactly one (Slurm's
-// --gpus-per-task / --gpu-bind gives each task its own; check_distinct_gpus then proves it).
-// ConfigError when several GPUs are visible but fewer than the ranks (each rank needs its own).
-int choose_gpu(int local_rank, int local_size, int gpus, const std::string& host);
-// `ids[r]` is the PCI bus id of the GPU local rank r took; ConfigError naming the ranks when two
-// share one.
-void check_distinct_gpus(const std::vector<std::string>& ids, const std::string& host);
+// --gpus-per-task / --gpu-bind gives each task its own; check_distinct_gpus then proves it); with
+// `ranks_per_gpu` > 1 (--ranks-per-gpu: tests sharing one GPU), local rank r takes GPU r % gpus.
+// ConfigError when several GPUs are visible but fewer than the ranks need.
+int choose_gpu(int local_rank, int local_size, int gpus, const std::string& host,
+               int ranks_per_gpu = 1);
+// `ids[r]` is the PCI bus id of the GPU local rank r took: ConfigError naming the ranks when more
+// than `ranks_per_gpu` share one, or when two that share one report the same NCCL host
+// (`nccl_hosts[r]`: its NCCL_HOSTID, "" unset; NCCL refuses two ranks of one host on one GPU).
+void check_distinct_gpus(const std::vector<std::string>& ids, const std::string& host,
+                         int ranks_per_gpu = 1, const std::vector<std::string>& nccl_hosts = {});
 // The PCI bus id of the current GPU ("" on the CPU backend).
 std::string backend_gpu_id(Backend& be);
 
 // The backend for a resolved device; for cuda, selects the GPU (choose_gpu) first.
 std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank, int local_size,
-                                      const std::string& host);
+                                      const std::string& host, int ranks_per_gpu = 1);
 
 // "NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90" for the current GPU, "cpu" on the CPU backend.
 std::string backend_description(Backend& be);

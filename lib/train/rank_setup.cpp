@@ -49,23 +49,34 @@ void set_num_threads(int n) {
   openblas_set_num_threads(n);
 }
 
+namespace {
+// Every local rank's string `mine` (at most 63 characters), in local rank order (collective over
+// the node).
+std::vector<std::string> node_strings(ProcessGrid& grid, const std::string& mine) {
+  constexpr int kLen = 64;
+  char buf[kLen] = {0};
+  std::snprintf(buf, sizeof buf, "%s", mine.c_str());
+  std::vector<char> all(static_cast<size_t>(kLen) * grid.local_size());
+  MPI_CHECK(MPI_Allgather(buf, kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, grid.node_comm()));
+  std::vector<std::string> out;
+  for (int r = 0; r < grid.local_size(); ++r) out.emplace_back(all.data() + size_t(r) * kLen);
+  return out;
+}
+}  // namespace
+
 std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string& device,
-                                           bool pipeline_ring) {
+                                           bool pipeline_ring, int ranks_per_gpu) {
   // Megatron's setting: one hardware queue, so kernels of the compute and NCCL streams start in
   // the order the host issued them on every rank (no cross-stream reordering between ranks).
   if (device == "cuda") setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", /*overwrite=*/0);
   std::unique_ptr<Backend> be;
   try {
-    be = make_backend(device, grid.local_rank(), grid.local_size(), grid.host());
-    // Every rank of the node learns which GPU each took (collective over the node).
-    constexpr int kId = 32;
-    char mine[kId] = {0};
-    std::snprintf(mine, sizeof mine, "%s", backend_gpu_id(*be).c_str());
-    std::vector<char> all(static_cast<size_t>(kId) * grid.local_size());
-    MPI_CHECK(MPI_Allgather(mine, kId, MPI_CHAR, all.data(), kId, MPI_CHAR, grid.node_comm()));
-    std::vector<std::string> ids;
-    for (int r = 0; r < grid.local_size(); ++r) ids.emplace_back(all.data() + size_t(r) * kId);
-    check_distinct_gpus(ids, grid.host());
+    be = make_backend(device, grid.local_rank(), grid.local_size(), grid.host(), ranks_per_gpu);
+    // Every rank of the node learns which GPU each took, and its NCCL host (collective).
+    const char* nccl_host = std::getenv("NCCL_HOSTID");
+    const std::vector<std::string> ids = node_strings(grid, backend_gpu_id(*be));
+    const std::vector<std::string> hosts = node_strings(grid, nccl_host ? nccl_host : "");
+    check_distinct_gpus(ids, grid.host(), ranks_per_gpu, hosts);
   } catch (const ConfigError& e) {
     abort_job(e.what(), 2);
   }
@@ -76,11 +87,17 @@ std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string&
 
 void check_rank_memory(ProcessGrid& grid, Backend& be, const MemoryEstimate& e) {
   const MemoryCapacity cap = backend_memory_capacity(be);
-  // On the CPU the node's ranks share the host's memory: their estimates together must fit.
-  const int sharing = be.device() == Device::CPU ? grid.local_size() : 1;
-  double together = e.total_bytes();
-  if (sharing > 1)
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &together, 1, MPI_DOUBLE, MPI_SUM, grid.node_comm()));
+  // On the CPU the node's ranks share the host's memory, and on a GPU several ranks may share
+  // (--ranks-per-gpu): their estimates together must fit.
+  const std::vector<std::string> ids = node_strings(grid, backend_gpu_id(be));
+  std::vector<double> each(static_cast<size_t>(grid.local_size()));
+  double mine = e.total_bytes();
+  MPI_CHECK(MPI_Allgather(&mine, 1, MPI_DOUBLE, each.data(), 1, MPI_DOUBLE, grid.node_comm()));
+  int sharing = 0;
+  double together = 0;
+  for (int r = 0; r < grid.local_size(); ++r)
+    if (be.device() == Device::CPU || ids[size_t(r)] == ids[size_t(grid.local_rank())])
+      ++sharing, together += each[size_t(r)];
   std::string why = memory_fit_problem(e, grid.coords().pp, cap.bytes, cap.what, sharing, together);
   if (!why.empty() && grid.world_rank() != 0)  // rank 0 prints it: say whose it is
     why = "rank " + std::to_string(grid.world_rank()) + ": " + why;

@@ -24,14 +24,16 @@ class ProcessGrid;
 // with CUDA, the grid's device-tensor groups switch to NCCL (collective: every rank calls it).
 // A rank that cannot take its GPU ends the whole job with the reason (exit code 2).
 // `pipeline_ring`: virtual pipeline stages (ProcessGrid::use_pipeline_ring before the NCCL
-// communicators are made).
+// communicators are made). `ranks_per_gpu` (--ranks-per-gpu): how many local ranks may share one
+// GPU (tests on one GPU; each must then have its own NCCL_HOSTID, scripts/nccl-share-gpu.sh).
 std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string& device,
-                                           bool pipeline_ring = false);
+                                           bool pipeline_ring = false, int ranks_per_gpu = 1);
 
 struct MemoryEstimate;
 // Collective over the world, before the model is built: when the estimate `e` of this rank's
 // memory (train/memory_estimate.hpp) exceeds what the rank has (backend_memory_capacity; on the
-// CPU: the estimates of the node's ranks together against the host's memory), every
+// CPU: the estimates of the node's ranks together against the host's memory; on a GPU that
+// several ranks share, --ranks-per-gpu, theirs together against its memory), every
 // rank throws AgreedConfigError with the first such rank's line, instead of allocating until the
 // kernel's OOM killer or the GPU allocator ends the run.
 void check_rank_memory(ProcessGrid& grid, Backend& be, const MemoryEstimate& e);

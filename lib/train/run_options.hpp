@@ -30,6 +30,7 @@ struct RunOptions {
   // resolved to "cpu" or "cuda" by parse_run_options through resolve_device (a program that runs
   // no backend, tessera-inspect, leaves it: "auto" stays)
   std::string device = "auto";
+  int ranks_per_gpu = 1;  // --ranks-per-gpu: local ranks that may share one GPU
   std::function<std::string(const RunOptions&, const std::string& host)> resolve_device;
   // Which attention kernels run (Megatron's --attention-backend), and --deterministic-mode.
   AttentionBackend attention_backend = AttentionBackend::Auto;

@@ -266,6 +266,37 @@ TEST(DeviceSelection, TwoRanksOnOneGpuAreRefused) {
   }
 }
 
+// --ranks-per-gpu N (issue 56: several ranks on the one lent GPU, through NCCL): local rank r
+// takes GPU r % gpus, at most N ranks a GPU, and ranks that share one must report different NCCL
+// hosts (NCCL_HOSTID), or NCCL would refuse them.
+TEST(DeviceSelection, RanksPerGpuSharesAGpuWithItsOwnNcclHost) {
+  EXPECT_EQ(choose_gpu(3, 4, 2, "n", 2), 1);
+  EXPECT_EQ(choose_gpu(2, 4, 2, "n", 2), 0);
+  EXPECT_THROW(choose_gpu(0, 5, 2, "n", 2), ConfigError);  // 5 ranks, 2 GPUs x 2
+  const std::vector<std::string> one(3, "0000:1B:00.0");
+  EXPECT_NO_THROW(check_distinct_gpus(one, "n", 3, {"r0", "r1", "r2"}));
+  try {
+    check_distinct_gpus(one, "node3", 2, {"r0", "r1", "r2"});
+    FAIL() << "three ranks on a GPU under --ranks-per-gpu 2";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("3 local ranks on node3 (0, ..., 2) would share the GPU "
+                                         "at PCI 0000:1B:00.0; --ranks-per-gpu 2 allows 2"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    check_distinct_gpus({"0000:1B:00.0", "0000:1B:00.0"}, "node3", 2, {"", ""});
+    FAIL() << "two ranks of one NCCL host on one GPU";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("local ranks 0 and 1 on node3 share the GPU at PCI 0000:1B:00.0 with the "
+                     "same NCCL host (NCCL_HOSTID unset)"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("scripts/nccl-share-gpu.sh"), std::string::npos) << m;
+  }
+}
+
 TEST(DeviceSelection, MoreRanksThanGpusIsAnErrorNamingTheHost) {
   try {
     choose_gpu(0, 8, 4, "node7");

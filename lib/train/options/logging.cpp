@@ -84,7 +84,11 @@ class LoggingOptions : public OptionGroup {
                                       "mask)")(
             "device", po::value(&o.device)->default_value("auto"),
             "cpu | cuda | auto (cuda when a GPU is visible and the build has CUDA); each rank "
-            "takes the GPU of its local rank")("profile", po::bool_switch(&t.profile),
+            "takes the GPU of its local rank")(
+            "ranks-per-gpu", po::value(&o.ranks_per_gpu)->default_value(1),
+            "local ranks that may share one GPU (default 1: each rank its own, as a cluster "
+            "needs); more for tests on one GPU, whose ranks then need their own NCCL_HOSTID "
+            "(start them through scripts/nccl-share-gpu.sh)")("profile", po::bool_switch(&t.profile),
                                                "bracket iterations with cudaProfilerStart/Stop for "
                                                "nsys --capture-range=cudaProfilerApi "
                                                "(docs/profiling.md)")(
@@ -104,6 +108,9 @@ class LoggingOptions : public OptionGroup {
     if (o.device != "cpu" && o.device != "cuda" && o.device != "auto")
       throw ConfigError("--device=" + o.device + " is not a device (allowed: cpu, cuda, auto)");
     if (o.resolve_device) o.device = o.resolve_device(o, host);
+    if (o.ranks_per_gpu < 1)
+      throw ConfigError(detail::concat("--ranks-per-gpu=", o.ranks_per_gpu,
+                                       " is out of range (allowed: >= 1)"));
     if (o.threads < 0)
       throw ConfigError(
           detail::concat("--threads=", o.threads, " is out of range (allowed: >= 0)"));
