@@ -3,14 +3,15 @@
 # That machine has the CUDA toolkit, cuBLAS and NCCL but no Open MPI, HDF5, Boost, OpenBLAS or
 # GoogleTest, and cannot install packages. So the CUDA programs are built here, for sm_90, and
 # travel with every shared library they load except the C/C++ runtime and CUDA's own, plus the
-# Open MPI runtime (plugins, help files, orted) relocated with OPAL_PREFIX.
+# Open MPI runtime (plugins, help files, orted, the mpirun launcher) relocated with OPAL_PREFIX,
+# and the CPU runs the NCCL layouts are checked against (scripts/nccl-layouts.sh ref).
 # Usage: scripts/gpu-bundle.sh [BUILD_DIR=build-gpu]   -> .gpu/tessera-gpu.tar.xz (git-ignored)
 # Then, with the device tool: run "bash scripts/gpu-run.sh" with carry [".gpu"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
 targets=(test_cuda_device test_cuda_ops test_cuda_train test_device_staging tessera-train
-         bench_gpu_train bench_attention bench_generate bench_fp8 bench_rates)
+         bench_gpu_train bench_attention bench_generate bench_fp8 bench_rates test_nccl)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
   -DTESSERA_BUILD_BENCH=ON > /dev/null
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
@@ -21,7 +22,14 @@ stage=$work/tessera-gpu
 mkdir -p "$stage/bin" "$stage/lib" "$stage/configs" "$stage/ompi/bin" \
   "$stage/ompi/lib/x86_64-linux-gnu" "$stage/ompi/share"
 for t in "${targets[@]}"; do cp "$build/bin/$t" "$stage/bin/"; done
-cp configs/gpt2-tiny.ini configs/llama-tiny.ini configs/gpt2-124m.ini configs/gpt2-1.3b.ini "$stage/configs/"
+cp configs/gpt2-tiny.ini configs/llama-tiny.ini configs/mixtral-tiny.ini configs/gpt2-124m.ini \
+  configs/gpt2-1.3b.ini "$stage/configs/"
+# Issue 56: the CPU MPI runs of every layout scripts/nccl-layouts.sh runs over NCCL there.
+for np in 2 4; do
+  NP=$np bash scripts/nccl-layouts.sh ref "$build/bin" "$stage/ref" > "$work/ref$np.log" 2>&1 ||
+    { cat "$work/ref$np.log"; echo "gpu-bundle.sh: error: the CPU reference runs failed" >&2; exit 1; }
+done
+rm -f "$stage"/ref/*.log
 
 # Open MPI 4 and PMIx as installed under /usr, laid out again under ompi/ (OPAL_PREFIX).
 mpilib=/usr/lib/x86_64-linux-gnu
@@ -31,6 +39,7 @@ rm -rf "$stage/ompi/lib/x86_64-linux-gnu/openmpi/include"
 rm -f "$stage"/ompi/lib/x86_64-linux-gnu/pmix2/lib/*.a
 cp -a /usr/share/openmpi "$stage/ompi/share/"
 cp -L "$(command -v orted)" "$stage/ompi/bin/"
+cp -L "$(command -v mpirun)" "$stage/ompi/bin/mpirun"  # orterun: the launcher (no MPI there)
 
 # Every library those load, once, except the C/C++ runtime and CUDA's (the GPU machine has them,
 # matching its driver; cuDNN there is PyTorch's wheel, which gpu-run.sh finds).
@@ -42,7 +51,7 @@ collect() {
     [ -e "$stage/lib/$name" ] || cp -L "$lib" "$stage/lib/$name"
   done
 }
-for f in "$stage"/bin/* "$stage/ompi/bin/orted"; do collect "$f"; done
+for f in "$stage"/bin/* "$stage/ompi/bin/orted" "$stage/ompi/bin/mpirun"; do collect "$f"; done
 while IFS= read -r -d '' f; do collect "$f"; done < <(find "$stage/ompi" -name '*.so*' -type f -print0)
 
 mkdir -p .gpu

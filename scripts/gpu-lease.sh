@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# gpu-lease.sh: one call of the device tool that does as much of issue 26 as a lease allows. It
-# runs scripts/gpu-run.sh's steps in order of importance, each under `timeout` against one
+# gpu-lease.sh: one call of the device tool that does as much of issues 26 and 56 as a lease
+# allows. It runs scripts/gpu-run.sh's steps in order of importance (issue 56's NCCL runs first), each under `timeout` against one
 # deadline, so that a slow step costs the steps after it and never the logs: correctness first
 # (the CUDA tests, the trainer on cuda vs cpu), then the benchmarks (attention with the PyTorch
 # peer, GPT-2 124M, decode/prefill, PyTorch's GPT-2 124M (bench/train_peer.py), 1.3B, Llama 1B,
@@ -22,7 +22,11 @@ mkdir -p "$logs" "$final"
 # The test_cuda_ops cases with shared memory and barriers, for racecheck and synccheck.
 kernels='*AttentionForwardBackward*:*RmsNorm*:*LayerNorm*:*Moe*:*EmbeddingsAndCrossEntropy*:*KvAttentionBf16*'
 # step name, longest time it may take (seconds), command
+# Issue 56 first: the NCCL smoke test and the 2-rank layouts (one lease, ~6 min), then the 4-rank
+# layouts; what does not fit waits for the next lease (GPU_LEASE_STEPS picks).
 plan=(
+  "nccl2|330|bash scripts/gpu-run.sh --steps=nccl2"
+  "nccl4|240|bash scripts/gpu-run.sh --steps=nccl4"
   "fp8|150|bash scripts/gpu-run.sh --steps=fp8"
   "fused|120|bash scripts/gpu-run.sh --steps=fused"
   "tests|300|bash scripts/gpu-run.sh --steps=tests"

@@ -19,7 +19,8 @@
 # save (--async-save against a synchronous save, resumed bitwise; SAVE_MODEL, SAVE_MB, SAVE_GBS,
 # SAVE_INTERVAL), decode-profile (ncu's kernel times of batch-1 decode steps), rerun (issue 39:
 # bench/bench_rerun.sh on GPT-2 124M bf16: result validation's cost when nothing fails, and
-# report_stats's spread on the GPU). scripts/gpu-lease.sh
+# report_stats's spread on the GPU), nccl2 / nccl4 (issue 56: test_nccl and every layout of 2 or
+# 4 ranks sharing this GPU through NCCL, scripts/nccl-layouts.sh). scripts/gpu-lease.sh
 # runs them one by one under a deadline. GPU_RUN_REUSE=1 keeps an archive already unpacked.
 #
 # --memory runs, instead of the tests and the default benchmarks, issue 13's GPU figures on the 1.3B config
@@ -69,6 +70,10 @@ export LD_LIBRARY_PATH="$root/lib${cudalibs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 export OPAL_PREFIX="$root/ompi" PATH="$root/ompi/bin:$PATH"
 export PMIX_MCA_mca_base_component_path="$root/ompi/lib/x86_64-linux-gnu/pmix2/lib/pmix"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=false
+# Containers: no cross-memory attach between the ranks (ptrace is refused), so Open MPI's
+# shared-memory transport copies through its own segment; no InfiniBand probing.
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl=self,vader,tcp
+export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/device.txt"
 [ "${GPU_RUN_REUSE:-0}" = 1 ] || cat "$out/device.txt"
 for b in "$root"/bin/*; do
@@ -159,8 +164,8 @@ fi
 if [ -n "$steps" ]; then
   for st in ${steps//,/ }; do
     case $st in
-      tests|fused|fp8|train|save|attention|bench|generate|decode-profile|llama1b|rerun|rates) ;;
-      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: tests, fused, fp8, train, save, attention, bench, generate, decode-profile, llama1b, rerun, rates)" >&2; exit 2 ;;
+      tests|fused|fp8|train|save|attention|bench|generate|decode-profile|llama1b|rerun|rates|nccl2|nccl4) ;;
+      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: tests, fused, fp8, train, save, attention, bench, generate, decode-profile, llama1b, rerun, rates, nccl2, nccl4)" >&2; exit 2 ;;
     esac
   done
   step() { [[ $steps == *",$1,"* ]]; }
@@ -168,11 +173,33 @@ else
   step() {
     case $1 in
       tests|train) [ $tests -eq 1 ] ;;
-      save|decode-profile|rerun) false ;;  # only when asked (--steps=save: checkpoints of GBs)
+      save|decode-profile|rerun|nccl2|nccl4) false ;;  # only when asked (save: checkpoints of GBs)
       llama1b) [ $bench -eq 1 ] && [ $memory -eq 0 ] && [ ${#bench_args[@]} -eq 0 ] ;;
       *) [ $bench -eq 1 ] && [ $memory -eq 0 ] ;;
     esac
   }
+fi
+if step nccl2 || step nccl4; then
+  # Issue 56: several ranks on this one GPU through NCCL (scripts/nccl-share-gpu.sh gives each its
+  # own NCCL_HOSTID). First what could refuse them, in seconds: the compute mode (an exclusive
+  # mode takes one process), the launcher (the bundle's Open MPI, not a system one), then a 2-rank
+  # run of every collective on two communicators with NCCL's own account of its transport.
+  echo "== NCCL on one GPU: compute mode $(nvidia-smi --query-gpu=compute_mode --format=csv,noheader | head -1) =="
+  echo "mpirun: $(command -v mpirun) ($(mpirun --version 2>&1 | head -1)); its libraries: $(ldd "$(command -v mpirun)" | awk '/libopen|libmpi/ {print $3}' | tr '\n' ' ')"
+  if step nccl2; then
+    NCCL_DEBUG=INFO timeout 120 mpirun --oversubscribe --bind-to none -np 2 \
+      scripts/nccl-share-gpu.sh "$root/bin/test_nccl" --gtest_brief=1 > "$out/nccl-smoke.log" 2>&1
+    rc=$?
+    grep -E 'NCCL INFO (Using network|Channel 00/0|comm .* Init COMPLETE|NET/Socket : Using)|\[  (PASSED|FAILED|SKIPPED) ' "$out/nccl-smoke.log" | sort | uniq | head -12
+    grep -E 'NCCL WARN|error' "$out/nccl-smoke.log" | head -5
+    echo "test_nccl (2 ranks on one GPU): rc $rc"
+    [ $rc -eq 0 ] || status=1
+  fi
+  for np in 2 4; do
+    step "nccl$np" || continue
+    echo "== every layout of $np ranks over NCCL against its CPU run (carried) and the 1-rank CUDA run =="
+    NP=$np bash scripts/nccl-layouts.sh gpu "$root/bin" "$root/ref" "$out/nccl$np" || status=1
+  done
 fi
 if step rates; then
   echo "== bench_rates --device cuda (issue 57: the predictor's rates of this GPU) =="
