@@ -5,13 +5,21 @@
 # travel with every shared library they load except the C/C++ runtime and CUDA's own, plus the
 # Open MPI runtime (plugins, help files, orted, the mpirun launcher) relocated with OPAL_PREFIX,
 # and the CPU runs the NCCL layouts are checked against (scripts/nccl-layouts.sh ref).
-# Usage: scripts/gpu-bundle.sh [BUILD_DIR=build-gpu]   -> .gpu/tessera-gpu.tar.xz (git-ignored)
+# Usage: [GPU_BUNDLE_TARGETS="PROGRAM ..."] scripts/gpu-bundle.sh [BUILD_DIR=build-gpu]
+#   -> .gpu/tessera-gpu.tar.xz (git-ignored)
 # Then, with the device tool: run "bash scripts/gpu-run.sh" with carry [".gpu"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
-targets=(test_cuda_device test_cuda_ops test_cuda_train test_device_staging tessera-train
-         bench_gpu_train bench_attention bench_generate bench_fp8 bench_rates test_nccl)
+all=(test_cuda_device test_cuda_ops test_cuda_train test_device_staging tessera-train
+     bench_gpu_train bench_attention bench_generate bench_fp8 bench_rates test_nccl)
+# Each program carries all of Tessera's kernels (~4 MB compressed): every one of them together
+# passes the device tool's 64 MiB carry limit, so a lease takes the ones its steps run
+# (GPU_BUNDLE_TARGETS="tessera-train test_nccl ..."; default: issue 56's NCCL lease).
+read -r -a targets <<< "${GPU_BUNDLE_TARGETS:-tessera-train test_nccl test_cuda_train test_cuda_ops bench_gpu_train}"
+for t in "${targets[@]}"; do
+  [[ " ${all[*]} " == *" $t "* ]] || { echo "gpu-bundle.sh: error: GPU_BUNDLE_TARGETS: unknown program '$t' (allowed: ${all[*]})" >&2; exit 2; }
+done
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
   -DTESSERA_BUILD_BENCH=ON > /dev/null
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
@@ -57,5 +65,10 @@ while IFS= read -r -d '' f; do collect "$f"; done < <(find "$stage/ompi" -name '
 mkdir -p .gpu
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 tar -C "$work" -cJf .gpu/tessera-gpu.tar.xz tessera-gpu
+size=$(stat -c %s .gpu/tessera-gpu.tar.xz)
+if [ "$size" -gt $((60 << 20)) ]; then
+  echo "gpu-bundle.sh: error: .gpu/tessera-gpu.tar.xz is $((size >> 20)) MiB, over the device tool's 64 MiB carry limit with the working tree; give fewer programs in GPU_BUNDLE_TARGETS (now: ${targets[*]})" >&2
+  exit 1
+fi
 echo "gpu-bundle.sh: .gpu/tessera-gpu.tar.xz ($(du -h .gpu/tessera-gpu.tar.xz | cut -f1)," \
   "$(ls "$stage/lib" | wc -l) libraries); on the GPU machine: bash scripts/gpu-run.sh (carry .gpu)"
