@@ -24,6 +24,8 @@ else
   out=${3:?OUT: the folder for the CPU runs}
 fi
 np=${NP:-2}
+# The gpu half's device: cuda; NCCL_LAYOUTS_DEVICE=cpu runs its logic here (MPI, no NCCL).
+gdev=${NCCL_LAYOUTS_DEVICE:-cuda}
 tol=${NCCL_TOL:-1e-6}
 mkdir -p "$out"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1
@@ -60,7 +62,7 @@ run() {  # run NAME NP DEVICE MODEL OPTIONS...: metrics in $out/NAME.jsonl, log 
   shift 4
   rm -f "$out/$name.jsonl"
   local cmd=("$bin/tessera-train" "${model[@]}" --device "$device" --metrics-file "$out/$name.jsonl" "$@")
-  if [ "$device" = cuda ] && [ "$n" -gt 1 ]; then
+  if [ "$mode" = gpu ] && [ "$n" -gt 1 ]; then
     cmd=("$here/nccl-share-gpu.sh" "${cmd[@]}" --ranks-per-gpu "$n")
   fi
   if [ "$n" -gt 1 ]; then
@@ -82,7 +84,7 @@ fail=0
 for b in "${bases[@]}"; do  # the 1-rank runs (CPU here, CUDA there)
   IFS='|' read -r name model opts <<< "$b"
   # shellcheck disable=SC2086
-  run "$name" 1 "$([ "$mode" = gpu ] && echo cuda || echo cpu)" "$model" $opts || fail=1
+  run "$name" 1 "$([ "$mode" = gpu ] && echo "$gdev" || echo cpu)" "$model" $opts || fail=1
 done
 for l in "${layouts[@]}"; do
   IFS='|' read -r name n model base opts <<< "$l"
@@ -94,7 +96,7 @@ for l in "${layouts[@]}"; do
   fi
   s=$(date +%s)
   # shellcheck disable=SC2086
-  run "$name" "$n" cuda "$model" $opts || { fail=1; continue; }
+  run "$name" "$n" "$gdev" "$model" $opts || { fail=1; continue; }
   read -r wc nc < <(worst "$ref/$name.jsonl" "$out/$name.jsonl")
   read -r wg ng < <(worst "$out/$base.jsonl" "$out/$name.jsonl")
   line="$name ($n ranks over NCCL, $(( $(date +%s) - s )) s): vs its CPU MPI run $wc over $nc iterations, vs the 1-rank CUDA run $wg over $ng"
@@ -105,5 +107,28 @@ for l in "${layouts[@]}"; do
     fail=1
   fi
 done
+# Races between streams (what racecheck cannot see): the overlapped layouts again with the
+# collectives' stream delayed, then the compute stream; each must be bitwise its undelayed run.
+if [ "$mode" = gpu ] && [ "$np" = 2 ]; then
+  for l in "${layouts[@]}"; do
+    IFS='|' read -r name n model base opts <<< "$l"
+    case $name in dp2-overlap|dp2-distopt|cp2|ep2|fsdp-dp2|pp2-interleaved) ;; *) continue ;; esac
+    [ -s "$out/$name.jsonl" ] || continue
+    for hook in COMM COMPUTE; do
+      export "TESSERA_TEST_DELAY_${hook}_US=${NCCL_DELAY_US:-2000}"  # mpirun's ranks inherit it
+      # shellcheck disable=SC2086
+      run "$name-delay-$hook" "$n" "$gdev" "$model" $opts
+      rc=$?
+      unset "TESSERA_TEST_DELAY_${hook}_US"
+      [ $rc -eq 0 ] || { fail=1; continue; }
+      if cmp -s <(iteration_losses "$out/$name.jsonl") <(iteration_losses "$out/$name-delay-$hook.jsonl"); then
+        ok "$name with the ${hook,,} stream delayed ${NCCL_DELAY_US:-2000} us: bitwise the undelayed run"
+      else
+        bad "$name with the ${hook,,} stream delayed: differs from the undelayed run (worst $(worst "$out/$name.jsonl" "$out/$name-delay-$hook.jsonl"))"
+        fail=1
+      fi
+    done
+  done
+fi
 [ "$mode" = gpu ] && grep -h "NET/Socket\|via NET\|Using network" "$out"/*.log 2>/dev/null | sort | uniq -c | head -5
 exit $fail

@@ -5,10 +5,12 @@
 #include <nccl.h>
 
 #include "backend/cuda/cuda_check.hpp"
+#include "backend/cuda/device.hpp"
 #include "comm/mpi.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/nccl_check.hpp"
 #include "core/nvtx.hpp"
+#include "core/test_hooks.hpp"
 
 namespace tessera {
 
@@ -245,9 +247,13 @@ class NcclCommunicator final : public Communicator {
     return {base, base + count * dtype_size(buf.dtype()) * rank_, count};
   }
   // The communication stream waits for everything queued on the compute stream so far.
+  // The test hooks' delays (core/test_hooks.hpp): the collective late, or the compute stream's
+  // next work late.
   void after_compute() {
     CUDA_CHECK(cudaEventRecord(ready_, compute_));
     CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    cuda::sleep_on_stream(stream_, test_hooks::delay_comm_us());
+    cuda::sleep_on_stream(compute_, test_hooks::delay_compute_us());
   }
   // The compute stream waits for the collective just queued.
   void before_compute() {

@@ -50,6 +50,24 @@ float perturb_init() {
   return p;
 }
 
+namespace {
+int env_us(const char* name) {
+  const char* v = std::getenv(name);
+  const long us = v ? std::strtol(v, nullptr, 10) : 0;
+  return us > 0 && us < 10000000 ? static_cast<int>(us) : 0;
+}
+}  // namespace
+
+int delay_comm_us() {
+  static const int us = env_us("TESSERA_TEST_DELAY_COMM_US");
+  return us;
+}
+
+int delay_compute_us() {
+  static const int us = env_us("TESSERA_TEST_DELAY_COMPUTE_US");
+  return us;
+}
+
 bool moe_dispatch_wrong_rank() {
   return env_is("TESSERA_FAULT_MOE_DISPATCH", "wrong-rank");
 }

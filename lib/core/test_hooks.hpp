@@ -48,6 +48,15 @@ bool fp8_no_tp_amax();
 // std::strtof; unset or unparsable: 0 (no change). Read once. Used by tests/train/test_fp8.sh.
 float perturb_init();
 
+// TESSERA_TEST_DELAY_COMM_US=N / TESSERA_TEST_DELAY_COMPUTE_US=N (issue 56): every NCCL
+// collective's stream sleeps N microseconds before the collective (its results arrive late), or
+// the compute stream sleeps N microseconds after each collective is queued (the work that feeds
+// the next one finishes late). Correct stream ordering leaves a run bitwise unchanged; a missing
+// wait shows as different losses. std::strtol; unset or unparsable: 0. Read once. Used by
+// scripts/nccl-layouts.sh on the GPU.
+int delay_comm_us();
+int delay_compute_us();
+
 // TESSERA_FAULT_MOE_DISPATCH=wrong-rank: expert-parallel rank 0 swaps one token copy between the
 // first two EP ranks' dispatch buffers. Any other value or unset: off. Read at each call (each
 // model construction). Used by tests/train/test_layout_equivalence.sh (the EP2 mutation must

@@ -1,4 +1,5 @@
 // device.cu: device discovery, the device allocator and host<->device copies.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -120,6 +121,26 @@ void copy_to_host(Tensor& dst, const Tensor& src) {
                 "copy_to_host needs a host destination and a device source of equal size");
   CUDA_CHECK(cudaDeviceSynchronize());
   CUDA_CHECK(cudaMemcpy(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToHost));
+}
+
+namespace {
+__global__ void sleep_kernel(long long cycles_per_us, int us) {
+  const long long end = clock64() + cycles_per_us * us;
+  while (clock64() < end) {
+  }
+}
+}  // namespace
+
+void sleep_on_stream(void* stream, int us) {
+  if (us <= 0) return;
+  static const long long per_us = [] {
+    int khz = 0, dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
+    return std::max(1LL, static_cast<long long>(khz) / 1000);
+  }();
+  sleep_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(per_us, us);
+  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace tessera::cuda

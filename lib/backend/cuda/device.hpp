@@ -29,6 +29,10 @@ size_t allocated_bytes();
 size_t peak_allocated_bytes();
 void reset_peak_allocated_bytes();  // the peak restarts from what is held now
 
+// Queues a kernel on `stream` (a cudaStream_t) that spins for `us` microseconds: the test hooks'
+// stream delays (core/test_hooks.hpp).
+void sleep_on_stream(void* stream, int us);
+
 // Copies between host and device tensors of the same dtype and size.
 void copy_to_device(Tensor& dst, const Tensor& src);
 void copy_to_host(Tensor& dst, const Tensor& src);
