@@ -16,7 +16,7 @@ all=(test_cuda_device test_cuda_ops test_cuda_train test_device_staging tessera-
 # Each program carries all of Tessera's kernels (~4 MB compressed): every one of them together
 # passes the device tool's 64 MiB carry limit, so a lease takes the ones its steps run
 # (GPU_BUNDLE_TARGETS="tessera-train test_nccl ..."; default: issue 56's NCCL lease).
-read -r -a targets <<< "${GPU_BUNDLE_TARGETS:-tessera-train test_nccl test_cuda_train test_cuda_ops bench_gpu_train}"
+read -r -a targets <<< "${GPU_BUNDLE_TARGETS:-tessera-train test_nccl test_cuda_train test_cuda_ops bench_gpu_train bench_rates}"
 for t in "${targets[@]}"; do
   [[ " ${all[*]} " == *" $t "* ]] || { echo "gpu-bundle.sh: error: GPU_BUNDLE_TARGETS: unknown program '$t' (allowed: ${all[*]})" >&2; exit 2; }
 done

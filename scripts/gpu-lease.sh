@@ -23,10 +23,14 @@ mkdir -p "$logs" "$final"
 kernels='*AttentionForwardBackward*:*RmsNorm*:*LayerNorm*:*Moe*:*EmbeddingsAndCrossEntropy*:*KvAttentionBf16*'
 # step name, longest time it may take (seconds), command
 # Issue 56 first: the NCCL smoke test and the 2-rank layouts (one lease, ~6 min), then the 4-rank
-# layouts; what does not fit waits for the next lease (GPU_LEASE_STEPS picks).
+# layouts and the predictor's rates (the default bundle, scripts/gpu-bundle.sh); what does not fit
+# waits for the next lease, whose bundle names the benchmarks' programs (GPU_BUNDLE_TARGETS=
+# "bench_gpu_train bench_fp8 bench_generate bench_attention test_cuda_ops test_cuda_train"), and
+# GPU_LEASE_STEPS picks the steps.
 plan=(
   "nccl2|330|bash scripts/gpu-run.sh --steps=nccl2"
   "nccl4|240|bash scripts/gpu-run.sh --steps=nccl4"
+  "rates|90|bash scripts/gpu-run.sh --steps=rates"
   "fp8|150|bash scripts/gpu-run.sh --steps=fp8"
   "fused|120|bash scripts/gpu-run.sh --steps=fused"
   "tests|300|bash scripts/gpu-run.sh --steps=tests"
