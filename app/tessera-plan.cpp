@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::printf(
-        "\n  #  TP  PP   V  CP  EP   DP  mb  recompute  dist-opt  memory GiB  step s  "
+        "\n  #  TP  PP   V  CP  EP   DP  mb  recompute  sharding  memory GiB  step s  "
         "tokens/s  TFLOP/s/GPU  MFU %%  bubble %%  exposed comm %%\n");
     const size_t n = std::min(r.ranked.size(), size_t(top));
     for (size_t i = 0; i < n; ++i) {
@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
           "%3zu %3d %3d %3d %3d %3d %4d %3d  %-9s  %-8s  %10.1f  %6.3f  %8.0f  %11.1f  %5.1f  "
           "%8.1f  %14.1f\n",
           i + 1, k.tp, k.pp, k.v, k.cp, k.ep, k.dp, k.micro_batch, recompute_name(k.recompute),
-          k.distributed_optimizer ? "yes" : "no", k.memory / 1073741824.0, p.step, p.tokens_per_s,
+          k.sharding_name().c_str(), k.memory / 1073741824.0, p.step, p.tokens_per_s,
           p.tflops_per_gpu, 100 * p.mfu, 100 * p.bubble / p.step, 100 * p.exposed_comm / p.step);
     }
     const std::string cfg = config.empty() ? "CONFIG.ini" : config;

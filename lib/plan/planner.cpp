@@ -29,11 +29,27 @@ std::string PlanCandidate::options() const {
   if (ep > 1) o += " --expert-model-parallel-size " + std::to_string(ep);
   o += " --micro-batch-size " + std::to_string(micro_batch);
   if (sequence_parallel) o += " --sequence-parallel";
-  if (distributed_optimizer) o += " --use-distributed-optimizer --overlap-param-gather";
+  if (sharding == Sharding::DistOpt) o += " --use-distributed-optimizer --overlap-param-gather";
+  if (sharding == Sharding::Fsdp || sharding == Sharding::Hsdp) o += " --use-megatron-fsdp";
+  if (sharding == Sharding::Hsdp)
+    o += " --num-distributed-optimizer-instances " + std::to_string(instances);
   if (recompute == RecomputeGranularity::Selective) o += " --recompute-granularity selective";
   if (recompute == RecomputeGranularity::Full)
     o += " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1";
   return o;
+}
+
+std::string PlanCandidate::sharding_name() const {
+  switch (sharding) {
+    case Sharding::DistOpt:
+      return "dist-opt";
+    case Sharding::Fsdp:
+      return "fsdp";
+    case Sharding::Hsdp:
+      return "hsdp/" + std::to_string(instances);
+    default:
+      return "none";
+  }
 }
 
 PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world,
@@ -56,21 +72,37 @@ PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world
           for (int v = 1; v <= (pp > 1 ? 8 : 1); ++v)
             for (int mb : {1, 2, 4, 8})
               for (RecomputeGranularity rc : recomputes)
-                for (bool dist : {false, true}) {
-                  if ((dist && dp == 1) || (ep > 1 && cfg.num_experts % ep != 0)) continue;
+                for (int mode = 0; mode < 4; ++mode) {
+                  using S = PlanCandidate::Sharding;
+                  const S sharding = static_cast<S>(mode);
+                  // HSDP: one instance per node the data-parallel ranks (with TP and CP) span.
+                  const int nodes = tp * cp * dp / std::max(1, cluster.gpus_per_node);
+                  const int n = sharding == S::Hsdp ? nodes : 1;
+                  if ((sharding != S::None && dp * cp == 1) ||
+                      (sharding == S::DistOpt && dp == 1) ||
+                      (sharding == S::Hsdp && (n < 2 || (dp * cp) % n != 0 ||
+                                               (tp * cp * dp) % cluster.gpus_per_node != 0)) ||
+                      (ep > 1 && cfg.num_experts % ep != 0))
+                    continue;
                   ++r.considered;
                   PlanCandidate c;
                   c.tp = tp, c.pp = pp, c.v = v, c.cp = cp, c.dp = dp, c.ep = ep;
                   c.micro_batch = mb;
                   c.sequence_parallel = tp > 1;
-                  c.distributed_optimizer = dist;
+                  c.sharding = sharding;
+                  c.instances = n;
                   c.recompute = rc;
+                  const bool fsdp = sharding == S::Fsdp || sharding == S::Hsdp;
                   TrainConfig t = base;
                   t.micro_batch_size = mb;
                   t.virtual_pipeline_size = v;
                   t.sequence_parallel = c.sequence_parallel;
-                  t.use_distributed_optimizer = dist;
-                  t.overlap_param_gather = dist;
+                  t.use_distributed_optimizer = sharding != S::None;
+                  t.overlap_param_gather = sharding == S::DistOpt;
+                  t.megatron_fsdp = fsdp;
+                  t.dp_sharding = fsdp ? TrainConfig::DpSharding::OptimGradsParams
+                                       : TrainConfig::DpSharding::NoShard;
+                  t.dist_opt_instances = n;
                   t.recompute = RecomputeConfig{};
                   t.recompute.granularity = rc;
                   if (global % (mb * dp) != 0) continue;
@@ -78,6 +110,7 @@ PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world
                   try {
                     layout = GridLayout::make(world, tp, pp, cp);
                     check_expert_parallel(layout, ep);
+                    if (n > 1) check_optimizer_instances(layout, ep, n);
                     validate_layout(cfg, t, tp, pp, dp, cp);
                     t = t.resolved(dp);
                   } catch (const ConfigError&) {

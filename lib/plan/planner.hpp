@@ -15,12 +15,19 @@ namespace tessera {
 
 struct PlanCandidate {
   int tp = 1, pp = 1, v = 1, cp = 1, dp = 1, ep = 1, micro_batch = 1;
-  bool sequence_parallel = false, distributed_optimizer = false;
+  bool sequence_parallel = false;
+  // How the data-parallel ranks share the weights and optimizer state: replicated, the
+  // distributed optimizer, Megatron-FSDP (optim_grads_params), or HSDP (FSDP inside each of
+  // `instances` groups of one node's data-parallel ranks, replicated across them).
+  enum class Sharding { None, DistOpt, Fsdp, Hsdp } sharding = Sharding::None;
+  int instances = 1;
   RecomputeGranularity recompute = RecomputeGranularity::None;
   double memory = 0;  // the fullest rank's estimate, bytes (the runtime reserve not included)
   StepPrediction prediction;
   // The tessera-train options of this layout ("--tensor-model-parallel-size 8 ...").
   std::string options() const;
+  // "none", "dist-opt", "fsdp", "hsdp/N".
+  std::string sharding_name() const;
 };
 
 struct PlanResult {
@@ -30,7 +37,9 @@ struct PlanResult {
 
 // Every layout of `world` GPUs: TP (up to a node, dividing the heads), CP, PP (dividing the
 // layers), virtual stages, EP (MoE), micro-batch (1, 2, 4, 8), recomputation (none, selective,
-// full) and the distributed optimizer (with DP > 1); sequence parallelism whenever TP > 1. `base`
+// full) and the data-parallel sharding (with DP x CP > 1: the distributed optimizer, Megatron-FSDP,
+// and HSDP with one instance per node when the data-parallel ranks span nodes); sequence
+// parallelism whenever TP > 1. `base`
 // holds the run's global batch, sequence, precision and FP8 settings. A layout fits when its
 // fullest rank's estimate plus kRuntimeReserveGiB fits the cluster's GPU; those are predicted and
 // ranked by tokens/s.

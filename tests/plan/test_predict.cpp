@@ -359,3 +359,46 @@ TEST(Predict, MuonAddsNewtonSchulzAtTheGemmRate) {
   const double dist_added = dist.stages[0].optimizer - dist_adam.stages[0].optimizer;
   EXPECT_NEAR(dist_added, expected / 2 + crossing, 1e-9 * expected) << dist_added;
 }
+
+// The planner's data-parallel sharding: at 16 GPUs (two nodes) it ranks Megatron-FSDP and HSDP
+// (one instance per node) beside the distributed optimizer; each one's options, given back to
+// tessera-train, predict the same step and estimate the same memory, and FSDP's weights,
+// gradients and optimizer state per rank are below the distributed optimizer's at the same
+// layout.
+TEST(Planner, ProposesFsdpAndHsdpWhoseOptionsPredictTheSame) {
+  const ClusterSpec h100 = load_cluster(kClusters + "dgx-h100.ini");
+  std::vector<std::string> model = layers_model(8);
+  model.insert(model.end(), {"--global-batch-size", "64"});
+  const RunOptions o = parsed(model);
+  const PlanResult r = plan_layouts(o.model, o.train, 16, h100);
+  using S = PlanCandidate::Sharding;
+  const PlanCandidate *fsdp = nullptr, *hsdp = nullptr, *dist = nullptr;
+  for (const PlanCandidate& c : r.ranked) {
+    if (c.tp != 1 || c.pp != 1 || c.cp != 1 || c.micro_batch != 2 ||
+        c.recompute != RecomputeGranularity::None)
+      continue;
+    if (c.sharding == S::Fsdp) fsdp = &c;
+    if (c.sharding == S::Hsdp) hsdp = &c;
+    if (c.sharding == S::DistOpt) dist = &c;
+  }
+  ASSERT_TRUE(fsdp && hsdp && dist);
+  EXPECT_EQ(hsdp->instances, 2);
+  EXPECT_EQ(hsdp->sharding_name(), "hsdp/2");
+  EXPECT_NE(hsdp->options().find("--use-megatron-fsdp --num-distributed-optimizer-instances 2"),
+            std::string::npos)
+      << hsdp->options();
+  EXPECT_LT(fsdp->memory, dist->memory);
+  EXPECT_LT(fsdp->memory, hsdp->memory);  // HSDP shards over 8 ranks, FSDP over 16
+  for (const PlanCandidate* c : {fsdp, hsdp}) {
+    std::vector<std::string> again = model;
+    std::istringstream words(c->options());
+    for (std::string w; words >> w;) again.push_back(w);
+    const RunOptions b = parsed(again);
+    EXPECT_DOUBLE_EQ(predict(b, 16, h100).step, c->prediction.step) << c->options();
+    const GridLayout layout = GridLayout::make(16, b.tp, b.pp, b.cp);
+    EXPECT_DOUBLE_EQ(
+        estimate_rank_memory(b.model, b.train.resolved(layout.dp), layout, 0, b.ep).total_bytes(),
+        c->memory)
+        << c->options();
+  }
+}
