@@ -329,24 +329,39 @@ void CollectivePlan::fsdp_hook(void (FsdpLedger::*hook)(int), int piece, CallLis
   (fsdp_->ledger.*hook)(piece);
 }
 
-// Muon::step (train/muon.hpp): a TP-cut matrix gathered whole (duplicated) or its Gram matrix
-// summed at every Newton-Schulz step (distributed); over the distributed optimizer, per bucket
-// holding matrices, the direction gathered, this rank's dealt matrices, the update
-// reduce-scattered.
+// Muon::step (train/muon.hpp): TP-cut matrices gathered whole (duplicated) or their Gram
+// matrices summed at every Newton-Schulz step (distributed), batch by batch; over the distributed
+// optimizer, per bucket holding matrices, the direction gathered, this rank's dealt matrices in
+// batches, the update reduce-scattered.
 void CollectivePlan::muon_calls(const std::vector<ParamSpec>& specs,
                                 const std::vector<FlatBucket>& fb, CallList& out) const {
   const std::vector<MuonMatrix> matrices = plan_muon_matrices(specs, layout_.tp, t_.muon.split_qkv);
-  auto orthogonalize = [&](const MuonMatrix& m) {
+  // A batch of same-shaped matrices (muon_batches), as Muon::orthogonal runs it: row-cut ones
+  // gathered one by one, column-cut ones in one call; distributed, the batch's Gram matrices
+  // summed at each step in one call.
+  auto orthogonalize = [&](const std::vector<const MuonMatrix*>& batch) {
+    const MuonMatrix& m = *batch[0];
+    const int64_t L = static_cast<int64_t>(batch.size());
     if (m.split == MuonMatrix::Split::None || layout_.tp == 1) return;
     if (t_.muon.tp_mode == "duplicated") {
-      out.push_back(call("tp", "all_gather", layout_.tp * m.numel(), 4));
+      if (m.split == MuonMatrix::Split::Rows)
+        for (int64_t i = 0; i < L; ++i)
+          out.push_back(call("tp", "all_gather", layout_.tp * m.numel(), 4));
+      else
+        out.push_back(call("tp", "all_gather", layout_.tp * L * m.numel(), 4));
     } else if (t_.muon.tp_mode == "distributed") {
       const int64_t g = m.split == MuonMatrix::Split::Cols ? m.rows : m.cols;
-      for (int k = 0; k < t_.muon.ns_steps; ++k) out.push_back(call("tp", "all_reduce", g * g, 4));
+      for (int k = 0; k < t_.muon.ns_steps; ++k)
+        out.push_back(call("tp", "all_reduce", L * g * g, 4));
     }
   };
+  auto batches = [&](const std::vector<const MuonMatrix*>& ms) {
+    for (const auto& batch : muon_batches(ms, layout_.tp, t_.muon.tp_mode)) orthogonalize(batch);
+  };
   if (!t_.use_distributed_optimizer) {
-    for (const MuonMatrix& m : matrices) orthogonalize(m);
+    std::vector<const MuonMatrix*> all;
+    for (const MuonMatrix& m : matrices) all.push_back(&m);
+    batches(all);
     return;
   }
   for (const FlatBucket& b : fb) {
@@ -359,8 +374,10 @@ void CollectivePlan::muon_calls(const std::vector<ParamSpec>& specs,
     const int n = group_size(g);
     const int me = shard_rank(expert);
     if (n > 1) out.push_back(call(g, "all_gather", b.numel(), 4));
+    std::vector<const MuonMatrix*> own;
     for (size_t i = 0; i < in.size(); ++i)
-      if (static_cast<int>(i % size_t(n)) == me) orthogonalize(*in[i]);
+      if (static_cast<int>(i % size_t(n)) == me) own.push_back(in[i]);
+    batches(own);
     if (n > 1) out.push_back(call(g, "reduce_scatter", b.numel(), 4));
   }
 }
