@@ -61,11 +61,12 @@ int choose_gpu(int local_rank, int local_size, int gpus, const std::string& host
   if (gpus >= local_size) return local_rank;
   if (gpus == 1) return 0;  // one GPU per task (checked across the node by check_distinct_gpus)
   if (ranks_per_gpu > 1 && int64_t(gpus) * ranks_per_gpu >= local_size) return local_rank % gpus;
-  throw ConfigError(concat(local_size, " ranks share ", host, ", which has ", gpus,
-                           " visible GPUs", ranks_per_gpu > 1 ? concat(" (--ranks-per-gpu ", ranks_per_gpu, ")") : std::string(),
-                           "; start at most one rank per GPU (e.g. srun "
-                           "--ntasks-per-node=",
-                           gpus, ", or mpirun -np ", gpus, " per node)"));
+  throw ConfigError(
+      concat(local_size, " ranks share ", host, ", which has ", gpus, " visible GPUs",
+             ranks_per_gpu > 1 ? concat(" (--ranks-per-gpu ", ranks_per_gpu, ")") : std::string(),
+             "; start at most one rank per GPU (e.g. srun "
+             "--ntasks-per-node=",
+             gpus, ", or mpirun -np ", gpus, " per node)"));
 }
 
 void check_distinct_gpus(const std::vector<std::string>& ids, const std::string& host,
@@ -85,12 +86,12 @@ void check_distinct_gpus(const std::vector<std::string>& ids, const std::string&
                                  ") would share the GPU at PCI ", ids[a], "; --ranks-per-gpu ",
                                  ranks_per_gpu, " allows ", ranks_per_gpu));
       if (a < nccl_hosts.size() && b < nccl_hosts.size() && nccl_hosts[a] == nccl_hosts[b])
-        throw ConfigError(concat(
-            "local ranks ", a, " and ", b, " on ", host, " share the GPU at PCI ", ids[a],
-            " with the same NCCL host (NCCL_HOSTID ",
-            nccl_hosts[a].empty() ? std::string("unset") : "'" + nccl_hosts[a] + "'",
-            "): NCCL refuses two ranks of one host on one GPU; start each rank through "
-            "scripts/nccl-share-gpu.sh, which gives it its own NCCL_HOSTID"));
+        throw ConfigError(
+            concat("local ranks ", a, " and ", b, " on ", host, " share the GPU at PCI ", ids[a],
+                   " with the same NCCL host (NCCL_HOSTID ",
+                   nccl_hosts[a].empty() ? std::string("unset") : "'" + nccl_hosts[a] + "'",
+                   "): NCCL refuses two ranks of one host on one GPU; start each rank through "
+                   "scripts/nccl-share-gpu.sh, which gives it its own NCCL_HOSTID"));
     }
   }
 }

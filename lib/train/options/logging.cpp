@@ -88,12 +88,13 @@ class LoggingOptions : public OptionGroup {
             "ranks-per-gpu", po::value(&o.ranks_per_gpu)->default_value(1),
             "local ranks that may share one GPU (default 1: each rank its own, as a cluster "
             "needs); more for tests on one GPU, whose ranks then need their own NCCL_HOSTID "
-            "(start them through scripts/nccl-share-gpu.sh)")("profile", po::bool_switch(&t.profile),
-                                               "bracket iterations with cudaProfilerStart/Stop for "
-                                               "nsys --capture-range=cudaProfilerApi "
-                                               "(docs/profiling.md)")(
-            "profile-step-start", po::value(&t.profile_step_start)->default_value(10),
-            "with --profile: start capturing before iteration N+1")(
+            "(start them through scripts/nccl-share-gpu.sh)")(
+            "profile", po::bool_switch(&t.profile),
+            "bracket iterations with cudaProfilerStart/Stop for "
+            "nsys --capture-range=cudaProfilerApi "
+            "(docs/profiling.md)")("profile-step-start",
+                                   po::value(&t.profile_step_start)->default_value(10),
+                                   "with --profile: start capturing before iteration N+1")(
             "profile-step-end", po::value(&t.profile_step_end)->default_value(12),
             "with --profile: stop capturing after iteration N")(
             "profile-ranks", po::value(&profile_ranks_)->default_value("0"),
@@ -109,8 +110,8 @@ class LoggingOptions : public OptionGroup {
       throw ConfigError("--device=" + o.device + " is not a device (allowed: cpu, cuda, auto)");
     if (o.resolve_device) o.device = o.resolve_device(o, host);
     if (o.ranks_per_gpu < 1)
-      throw ConfigError(detail::concat("--ranks-per-gpu=", o.ranks_per_gpu,
-                                       " is out of range (allowed: >= 1)"));
+      throw ConfigError(
+          detail::concat("--ranks-per-gpu=", o.ranks_per_gpu, " is out of range (allowed: >= 1)"));
     if (o.threads < 0)
       throw ConfigError(
           detail::concat("--threads=", o.threads, " is out of range (allowed: >= 0)"));
