@@ -105,21 +105,20 @@ void FsdpLedger::prefetch(int piece) {
 
 void FsdpLedger::acquire_params(int piece) {
   if (!params_) return;
+  std::vector<int> wait;  // the units this acquire holds first: their gathers to wait for
   for (int b : units_of(piece)) {
     State& st = state_[static_cast<size_t>(b)];
-    if (st.param_users++ > 0) {
-      st.waits = false;
-    } else if (st.prefetched) {
+    if (st.param_users++ > 0) continue;
+    wait.push_back(b);
+    if (st.prefetched) {
       st.prefetched = false;
-      st.waits = true;
     } else {
       st.param_mem = take(units_[static_cast<size_t>(b)].numel, compute_);
-      st.waits = true;
       if (actions_) actions_->gather(b, st.param_mem);
     }
   }
-  for (int b : units_of(piece))  // every gather of the piece started before the first wait
-    if (state_[static_cast<size_t>(b)].waits && actions_) actions_->wait_gather(b);
+  if (actions_)  // every gather of the piece started before the first wait
+    for (int b : wait) actions_->wait_gather(b);
 }
 
 void FsdpLedger::before_forward(int piece) {

@@ -66,7 +66,6 @@ class FsdpLedger {
     int pending = 0;          // pieces still to write its gradients this micro-batch
     int param_users = 0;      // passes holding its gathered weights
     bool prefetched = false;  // its gather started ahead of the piece that needs it
-    bool waits = false;       // acquire_params: this piece's acquire waits for its gather
     bool grads_bound = false, reducing = false;
     Tensor grad_mem, param_mem;
   };
