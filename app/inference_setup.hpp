@@ -7,16 +7,16 @@
 #include <string>
 
 #include "backend/backend.hpp"
-#include "backend/select.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/reshard.hpp"
-#include "comm/process_grid.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/logging.hpp"
 #include "data/tokenizer.hpp"
 #include "model/gpt.hpp"
-#include "train/options.hpp"
+#include "options/options.hpp"
+#include "runtime/process_grid.hpp"
+#include "runtime/select.hpp"
 #include "train/rank_setup.hpp"
 #include "train/router_checkpoint.hpp"
 

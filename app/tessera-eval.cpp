@@ -6,18 +6,18 @@
 #include <iostream>
 
 #include "backend/backend.hpp"
-#include "backend/select.hpp"
 #include "checkpoint/checkpoint.hpp"
-#include "comm/mpi.hpp"
-#include "comm/process_grid.hpp"
+#include "comm/mpi/mpi.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/logging.hpp"
 #include "data/blended_dataset.hpp"
 #include "data/gpt_dataset.hpp"
-#include "train/options.hpp"
+#include "options/options.hpp"
+#include "run/run_data.hpp"
+#include "runtime/process_grid.hpp"
+#include "runtime/select.hpp"
 #include "train/rank_setup.hpp"
-#include "train/run_data.hpp"
 #include "train/trainer.hpp"
 
 using namespace tessera;

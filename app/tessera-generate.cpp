@@ -10,7 +10,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "comm/mpi.hpp"
+#include "comm/mpi/mpi.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "data/chat_template.hpp"

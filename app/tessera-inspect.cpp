@@ -15,8 +15,8 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "data/tokenizer.hpp"
-#include "train/inspect.hpp"
-#include "train/options.hpp"
+#include "options/options.hpp"
+#include "run/inspect.hpp"
 
 using namespace tessera;
 

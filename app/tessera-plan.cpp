@@ -14,8 +14,8 @@
 #include "checkpoint/hf_llama.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "options/options.hpp"
 #include "plan/planner.hpp"
-#include "train/options.hpp"
 
 using namespace tessera;
 

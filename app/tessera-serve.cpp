@@ -4,7 +4,7 @@
 // any TP x PP, world rank 0 serves HTTP and every rank computes.
 #include <cstdio>
 
-#include "comm/mpi.hpp"
+#include "comm/mpi/mpi.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "inference/text_server.hpp"

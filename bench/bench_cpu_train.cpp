@@ -12,7 +12,7 @@
 #include "backend/backend.hpp"
 #include "core/timer.hpp"
 #include "data/dataset.hpp"
-#include "train/options.hpp"
+#include "options/options.hpp"
 #include "train/rank_setup.hpp"
 #include "train/trainer.hpp"
 

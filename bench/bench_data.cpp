@@ -15,7 +15,7 @@
 #include "core/timer.hpp"
 #include "data/gpt_dataset.hpp"
 #include "data/preprocess.hpp"
-#include "train/options.hpp"
+#include "options/options.hpp"
 #include "train/rank_setup.hpp"
 #include "train/trainer.hpp"
 

@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "backend/select.hpp"
 #include "core/timer.hpp"
 #include "inference/generator.hpp"
-#include "train/options.hpp"
+#include "options/options.hpp"
+#include "runtime/select.hpp"
 #include "train/rank_setup.hpp"
 
 using namespace tessera;

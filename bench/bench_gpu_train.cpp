@@ -46,12 +46,12 @@
 #include <string>
 #include <vector>
 
-#include "backend/select.hpp"
-#include "comm/process_grid.hpp"
 #include "core/phase_timer.hpp"
 #include "core/timer.hpp"
 #include "data/dataset.hpp"
-#include "train/options.hpp"
+#include "options/options.hpp"
+#include "runtime/process_grid.hpp"
+#include "runtime/select.hpp"
 #include "train/trainer.hpp"
 
 #ifdef TESSERA_HAVE_CUDA

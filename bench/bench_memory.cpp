@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "comm/mpi.hpp"
-#include "comm/process_grid.hpp"
+#include "comm/mpi/mpi.hpp"
 #include "core/timer.hpp"
 #include "data/dataset.hpp"
-#include "train/options.hpp"
+#include "options/options.hpp"
+#include "runtime/process_grid.hpp"
 #include "train/rank_setup.hpp"
 #include "train/trainer.hpp"
 

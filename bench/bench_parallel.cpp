@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "comm/process_grid.hpp"
 #include "core/timer.hpp"
 #include "data/dataset.hpp"
-#include "train/options.hpp"
+#include "options/options.hpp"
+#include "runtime/process_grid.hpp"
 #include "train/rank_setup.hpp"
 #include "train/trainer.hpp"
 
@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
                     (long long)m.num_parameters(), (long long)m.num_active_parameters());
       }
       if (cp > 1) {
-        // The ring per layer per micro-batch (train/context_parallel.hpp cp_ring_traffic), over the
+        // The ring per layer per micro-batch (run/context_parallel.hpp cp_ring_traffic), over the
         // stage's layers and the step's micro-batches.
         const RingTraffic ring = cp_ring_traffic(m, t, tp, cp);
         const double formula = ring.per_layer() * (m.num_layers / pp) * micro;

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "backend/select.hpp"
 #include "core/timer.hpp"
+#include "runtime/select.hpp"
 
 using namespace tessera;
 

@@ -1,7 +1,7 @@
 // communicator.hpp: the one collective interface layers and schedules talk to, so a layer never
 // reaches into MPI or NCCL. Implementations: LocalCommunicator (a group of one), MpiCommunicator
-// (host tensors, comm/mpi.hpp) and NcclCommunicator (device tensors, comm/nccl_communicator.hpp),
-// all built on the process grid's MPI groups.
+// (host tensors, comm/mpi/mpi.hpp) and NcclCommunicator (device tensors,
+// comm/nccl/nccl_communicator.hpp), all built on the process grid's MPI groups.
 #pragma once
 
 #include <cstdint>

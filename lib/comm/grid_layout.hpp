@@ -1,7 +1,7 @@
 // grid_layout.hpp: the arithmetic of the (TP, CP, DP, PP) process grid (DESIGN.md invariant 1,
 // Megatron's default order: rank = tp + TP * (cp + CP * (dp + DP * pp))): which world ranks form
 // each group. No MPI: --dry-run, the planner and the tests use it as ProcessGrid
-// (comm/process_grid.hpp) does.
+// (runtime/process_grid.hpp) does.
 #pragma once
 
 #include <vector>

@@ -1,6 +1,6 @@
 // documents.hpp: documents inside one sample that do not see each other (Megatron's
 // --reset-attention-mask) and the position ids they restart (--reset-position-ids), as the
-// attention kernels take them. The rules that fill these tables are train/sample_layout.hpp's
+// attention kernels take them. The rules that fill these tables are run/sample_layout.hpp's
 // (docs/data.md, "Documents inside a sample").
 #pragma once
 

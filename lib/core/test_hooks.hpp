@@ -94,7 +94,7 @@ long slow_save_ms();
 // TESSERA_TEST_COLLECTIVE_LOG=PREFIX: each rank appends every tensor collective and point-to-point
 // call its process-grid communicators issue (groups of more than one rank; not the host f64
 // reductions) to PREFIX.rank<world rank>, one line each, with a line "iteration N" as training
-// iteration N starts (comm/collective_trace.hpp, trace_log). nullptr when unset or empty. Read
+// iteration N starts (comm/mpi/collective_trace.hpp, trace_log). nullptr when unset or empty. Read
 // once. Used by tests/plan/test_collective_sequence.sh (the predictor's sequence must equal it).
 const char* collective_log_prefix();
 

@@ -2,7 +2,7 @@
 // --help group and text, the GPTConfig field it sets, the checkpoint attribute that records it,
 // the range a checkpoint's value must lie in, how a checkpoint that differs from the run is
 // described, and its words in the --dry-run architecture line. tessera-train declares the options
-// from it (lib/train/options/model.cpp, moe.cpp), checkpoints write and read their model
+// from it (lib/options/model.cpp, moe.cpp), checkpoints write and read their model
 // attributes from it (lib/checkpoint/checkpoint.cpp) and compare a run against a checkpoint with
 // it, and GPTConfig::describe() is its words in order; a new model option is one line in
 // model_fields() (config_schema.cpp).

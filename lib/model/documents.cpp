@@ -1,4 +1,4 @@
-// documents.cpp: documents inside a micro-batch's samples (train/sample_layout.hpp, docs/data.md,
+// documents.cpp: documents inside a micro-batch's samples (run/sample_layout.hpp, docs/data.md,
 // "Documents inside a sample"). The trainer hands each micro-batch's tables over before its
 // forward; they stay in the activation slot for the backward (and its recomputation). The position
 // ids replace the row index everywhere a position is read: RoPE's angle, the learned position

@@ -1,4 +1,4 @@
-// fp8_config.hpp: what Megatron's --fp8-* options say (train/options/fp8.cpp parses them;
+// fp8_config.hpp: what Megatron's --fp8-* options say (options/fp8.cpp parses them;
 // model/fp8.hpp acts on them; docs/training.md, "FP8").
 #pragma once
 

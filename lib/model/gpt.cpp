@@ -259,7 +259,7 @@ void GPTModel::norm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor&
 // TP collectives inside a layer are a phase of their own ("tp-all-reduce") where TP > 1.
 
 void GPTModel::embed_forward(Activations& a) {
-  if (before_forward) before_forward(kEmbedPiece);
+  notify(&PassObserver::before_forward, kEmbedPiece);
   TESSERA_CHECK(embeds(a), "embed_forward on a stage (or model chunk) without the embedding");
   PhaseSequence phase;
   phase("embedding-forward");
@@ -287,11 +287,11 @@ void GPTModel::embed_forward(Activations& a) {
     phase("dropout");
     apply_hidden_dropout(a.input, a.input, d, a);
   }
-  if (after_forward) after_forward(kEmbedPiece);
+  notify(&PassObserver::after_forward, kEmbedPiece);
 }
 
 void GPTModel::block_forward(int l, Activations& a) {
-  if (before_forward && !shard_.is_mtp_layer(l)) before_forward(l);  // MTP's: the head piece's
+  if (!shard_.is_mtp_layer(l)) notify(&PassObserver::before_forward, l);  // MTP's: the head piece's
   const int li = shard_.local_index(l);
   TESSERA_CHECK(li >= 0 && shard_.chunk_of(l) == a.chunk, "layer ", l,
                 " is not in the activations' model chunk");
@@ -322,7 +322,7 @@ void GPTModel::block_forward(int l, Activations& a) {
   }
   phase("residual-add");
   be_.add(la.res2, la.res1, branch);
-  if (after_forward && !shard_.is_mtp_layer(l)) after_forward(l);
+  if (!shard_.is_mtp_layer(l)) notify(&PassObserver::after_forward, l);
 }
 
 void GPTModel::linear_forward(int l, Fp8Gemm g, Tensor& out, const Tensor& inp, const Tensor& w,
@@ -380,7 +380,7 @@ double GPTModel::head_forward(Activations& a, float grad_scale) {
 }
 
 void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out) {
-  if (before_forward) before_forward(kHeadPiece);
+  notify(&PassObserver::before_forward, kHeadPiece);
   NVTX_RANGE("head-forward-loss");
   TESSERA_CHECK(ends_in_head(a),
                 "head_forward on a stage (or model chunk) without the output layer");
@@ -400,7 +400,7 @@ void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out
     if (!a.mtp_staged) mtp_prepare(a);
     mtp_forward(a, grad_scale);
   }
-  if (after_forward) after_forward(kHeadPiece);
+  notify(&PassObserver::after_forward, kHeadPiece);
 }
 
 double GPTModel::forward(Activations& a, float grad_scale) {
@@ -413,7 +413,7 @@ double GPTModel::forward(Activations& a, float grad_scale) {
 // backward
 
 void GPTModel::head_backward(Activations& a) {
-  if (before_backward) before_backward(kHeadPiece);
+  notify(&PassObserver::before_backward, kHeadPiece);
   NVTX_RANGE("head-backward");
   // logits now hold dlogits. dlnf = dlogits * W (the output weight) is a partial sum over
   // vocabulary shards.
@@ -461,7 +461,8 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
 }
 
 void GPTModel::block_backward(int l, Activations& a) {
-  if (before_backward && !shard_.is_mtp_layer(l)) before_backward(l);  // MTP's: the head piece's
+  if (!shard_.is_mtp_layer(l))
+    notify(&PassObserver::before_backward, l);  // MTP's: the head piece's
   recompute_for_backward(l, a);
   const int li = shard_.local_index(l);
   NvtxRange range(range_names_[2 * li + 1].c_str());
@@ -487,7 +488,7 @@ void GPTModel::block_backward(int l, Activations& a) {
 }
 
 void GPTModel::embed_backward(Activations& a) {
-  if (before_backward) before_backward(kEmbedPiece);
+  notify(&PassObserver::before_backward, kEmbedPiece);
   Tensor dwte = params_->grad("wte");
   // d (wte[ids] + wpe): dres through the embedding dropout's mask, all rows (gathered over TP
   // with sequence parallelism): every TP rank needs every row for its vocabulary shard, and
@@ -500,10 +501,14 @@ void GPTModel::embed_backward(Activations& a) {
   if (cfg_.learned_positions()) position_embedding_grad(demb.reshape({a.B, a.T, C}), a);
 }
 
+void GPTModel::remove_observer(PassObserver* o) {
+  observers_.erase(std::remove(observers_.begin(), observers_.end(), o), observers_.end());
+}
+
 void GPTModel::backward(Activations& a) {
   auto ready = [this](int piece) {
-    if (on_grads_ready) on_grads_ready(piece);
-    if (after_backward) after_backward(piece);
+    notify(&PassObserver::grads_ready, piece);
+    notify(&PassObserver::after_backward, piece);
   };
   if (ends_in_head(a)) {
     head_backward(a);

@@ -17,6 +17,7 @@
 #include "model/gpt_config.hpp"
 #include "model/layer_spec.hpp"
 #include "model/params.hpp"
+#include "model/pass_observer.hpp"
 #include "model/recompute.hpp"
 #include "model/step_hooks.hpp"
 
@@ -226,7 +227,7 @@ class GPTModel {
   std::vector<Activations> make_activation_slots(int B, int T,
                                                  const std::vector<int>& counts) const;
   Activations make_activations(int B, int T) const { return make_activation_slots(B, T, 1)[0]; }
-  // Documents inside the micro-batch's samples (train/sample_layout.hpp; host arrays of the whole
+  // Documents inside the micro-batch's samples (run/sample_layout.hpp; host arrays of the whole
   // samples, B*S with S = cp*T the sequence length, row b*S + p by global position; either may be
   // null): each position's id (--reset-position-ids: RoPE, ALiBi and the learned position
   // embedding take it) and the first key it may see (--reset-attention-mask). Every CP rank gets
@@ -274,18 +275,12 @@ class GPTModel {
   void embed_backward(Activations& a);
   void backward(Activations& a);
 
-  // Called after each backward piece whose parameter gradients are then complete for this
-  // micro-batch: a layer index, kHeadPiece or kEmbedPiece. The data-parallel reducer uses it to
-  // start reducing buckets while the rest of the backward runs.
-  static constexpr int kHeadPiece = -1, kEmbedPiece = -2;
-  std::function<void(int piece)> on_grads_ready;
-  // Called before each forward piece reads its weights (the distributed optimizer's overlapped
-  // parameter gather waits there for the buckets the piece needs).
-  std::function<void(int piece)> before_forward;
-  // Megatron-FSDP's parameter and gradient lifetimes (train/fsdp.hpp): after each forward piece;
-  // before each backward piece (ahead of its recomputation) and after it (after on_grads_ready).
-  // Multi-token prediction's layers are the head piece's.
-  std::function<void(int piece)> after_forward, before_backward, after_backward;
+  // The observers of the passes, piece by piece (model/pass_observer.hpp: the gradient reduction,
+  // the overlapped parameter gather, Megatron-FSDP), called in the order they were added.
+  // Multi-token prediction's layers are the head piece's. An observer removes itself before it
+  // goes.
+  void add_observer(PassObserver* o) { observers_.push_back(o); }
+  void remove_observer(PassObserver* o);
   // The pieces whose passes read or write each parameter (in spec order): a layer index,
   // kHeadPiece or kEmbedPiece (the tied embedding: both on the stage that has both).
   std::vector<std::vector<int>> pieces_of_params() const;
@@ -530,6 +525,11 @@ class GPTModel {
   // The step hooks of the MoE router (any MoE layer here) and multi-token prediction (the last
   // stage with MTP); FP8's is fp8_ itself.
   std::unique_ptr<StepHook> routing_hook_, mtp_hook_;
+  std::vector<PassObserver*> observers_;  // add_observer
+  // Calls `event` of every observer for `piece`.
+  void notify(void (PassObserver::*event)(int), int piece) {
+    for (PassObserver* o : observers_) (o->*event)(piece);
+  }
   // Testing (the layout-equivalence test): TESSERA_TEST_MOE_LOGIT_BIAS="e:v,e:v" adds v to
   // expert e's router logit (to force all tokens onto some experts), and
   // TESSERA_FAULT_MOE_DISPATCH=wrong-rank sends one token copy to the wrong expert rank.

@@ -389,7 +389,6 @@ std::vector<ParamSpec> global_param_specs(const GPTConfig& cfg) {
 }
 
 int piece_slot(int piece, const ModelShard& shard) {
-  constexpr int kHeadPiece = -1, kEmbedPiece = -2;  // GPTModel's
   if (piece == kEmbedPiece) return 0;
   if (piece == kHeadPiece) return 1;
   return 2 + shard.local_index(piece);
@@ -415,7 +414,6 @@ std::vector<std::vector<int>> buckets_of_pieces(const std::vector<ParamSpec>& sp
 
 std::vector<std::vector<int>> param_pieces(const std::vector<ParamSpec>& specs,
                                            const ModelShard& shard) {
-  constexpr int kHeadPiece = -1, kEmbedPiece = -2;  // GPTModel's
   std::vector<std::vector<int>> out;
   for (const ParamSpec& s : specs) {
     std::vector<int> pieces;

@@ -131,7 +131,12 @@ ParamCount count_param_specs(const GPTConfig& cfg, const ModelShard& shard);
 // the layer's other local experts have the same shapes). The step-time predictor reads its GEMMs.
 std::vector<ParamSpec> counted_param_specs(const GPTConfig& cfg, const ModelShard& shard);
 
-// The backward pieces that write each spec's gradient (GPTModel's kHeadPiece -1, kEmbedPiece -2,
+// A piece of a stage's passes: a transformer layer (its global index), or one of these two (the
+// head: the final norm, the logits, the loss and multi-token prediction; the embedding). The
+// model's passes, the gradient reduction, FSDP's ledger and the collective plan all count in them.
+constexpr int kHeadPiece = -1, kEmbedPiece = -2;
+
+// The backward pieces that write each spec's gradient (kHeadPiece, kEmbedPiece
 // or the layer index): the gradient of a parameter is final when all of its pieces have run. wte
 // on a stage with both ends has two. The data-parallel reducer starts a bucket when its
 // parameters are final (train/grad_reducer.hpp); the step-time predictor's collective plan

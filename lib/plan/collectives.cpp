@@ -8,9 +8,9 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "train/layout.hpp"
-#include "train/muon_plan.hpp"
-#include "train/pipeline.hpp"
+#include "run/layout.hpp"
+#include "run/muon_plan.hpp"
+#include "run/pipeline.hpp"
 
 namespace tessera {
 
@@ -386,7 +386,6 @@ void CollectivePlan::muon_calls(const std::vector<ParamSpec>& specs,
 // on_grads_ready (the TP sums, then GradReducer::piece_ready); OptimizerSet::finish_reduction
 // (the buckets not started, the embedding group's sum) and the distributed optimizer's gathers.
 CallList CollectivePlan::step() const {
-  constexpr int kHead = -1, kEmbed = -2;  // GPTModel::kHeadPiece, kEmbedPiece
   if (cfg_.mtp())
     throw ConfigError(
         "--collective-plan: multi-token prediction's calls are not in the plan yet (the "
@@ -451,9 +450,9 @@ CallList CollectivePlan::step() const {
     };
     if (st.forward) {
       append(out, receive_forward(st.chunk));
-      if (embeds) forward(kEmbed, embed_forward());
+      if (embeds) forward(kEmbedPiece, embed_forward());
       for (int l = range.begin; l < range.end; ++l) forward(l, layer_forward(l));
-      if (head) forward(kHead, head_forward());
+      if (head) forward(kHeadPiece, head_forward());
       append(out, send_forward(st.chunk));
       continue;
     }
@@ -466,10 +465,10 @@ CallList CollectivePlan::step() const {
       hook(&FsdpLedger::after_backward, piece);
     };
     append(out, receive_backward(st.chunk));
-    if (head) backward(kHead, [&] { return head_backward(last); });
+    if (head) backward(kHeadPiece, [&] { return head_backward(last); });
     for (int l = range.end - 1; l >= range.begin; --l)
       backward(l, [&] { return layer_backward(l, last); });
-    if (embeds) backward(kEmbed, [&] { return embed_backward(); });
+    if (embeds) backward(kEmbedPiece, [&] { return embed_backward(); });
     append(out, send_backward(st.chunk));
   }
   if (recorder) recorder->ledger.finish();

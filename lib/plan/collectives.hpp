@@ -1,6 +1,6 @@
 // collectives.hpp: the collectives one rank issues in one training step, in the order it issues
 // them (issue 57, docs/planning.md "The collective plan"): each micro-batch's forward and backward
-// walked in the pipeline schedule's order (train/pipeline.hpp), the layers' tensor-, sequence- and
+// walked in the pipeline schedule's order (run/pipeline.hpp), the layers' tensor-, sequence- and
 // context-parallel collectives as the model's parts issue them, the pipeline's sends and receives
 // with their peers, the data-parallel buckets where the last micro-batch's backward completes
 // them (train/grad_reducer.hpp, from the same flat-buffer layout and the same parameter pieces),
@@ -23,8 +23,8 @@
 #include "model/layer_spec.hpp"
 #include "model/params.hpp"
 #include "model/recompute.hpp"
-#include "train/fsdp_ledger.hpp"
-#include "train/train_config.hpp"
+#include "run/fsdp_ledger.hpp"
+#include "run/train_config.hpp"
 
 namespace tessera {
 
@@ -94,7 +94,7 @@ class CollectivePlan {
                   CallList& out) const;
   PlannedCall call(const std::string& group, const char* op, int64_t elements, int bytes,
                    int peer = -1) const;
-  // Megatron-FSDP's sharded units (train/fsdp_ledger.hpp): during step(), the ledger that issues
+  // Megatron-FSDP's sharded units (run/fsdp_ledger.hpp): during step(), the ledger that issues
   // the units' gathers and reduce-scatters at the model's hooks; fsdp_hook runs one hook, its
   // calls appended to `out` (nothing without FSDP's sharded units).
   struct FsdpRecorder;

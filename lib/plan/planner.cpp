@@ -5,8 +5,8 @@
 
 #include "comm/grid_layout.hpp"
 #include "core/error.hpp"
-#include "train/layout.hpp"
-#include "train/memory_estimate.hpp"
+#include "run/layout.hpp"
+#include "run/memory_estimate.hpp"
 
 namespace tessera {
 

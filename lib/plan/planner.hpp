@@ -9,7 +9,7 @@
 #include "model/gpt_config.hpp"
 #include "plan/cluster.hpp"
 #include "plan/predict.hpp"
-#include "train/train_config.hpp"
+#include "run/train_config.hpp"
 
 namespace tessera {
 

@@ -11,10 +11,10 @@
 #include "core/dtype.hpp"
 #include "model/params.hpp"
 #include "plan/collectives.hpp"
-#include "train/context_parallel.hpp"
-#include "train/layout.hpp"
-#include "train/muon_plan.hpp"
-#include "train/pipeline.hpp"
+#include "run/context_parallel.hpp"
+#include "run/layout.hpp"
+#include "run/muon_plan.hpp"
+#include "run/pipeline.hpp"
 
 namespace tessera {
 

@@ -1,7 +1,7 @@
 // predict.hpp: the predicted time of one training step of a layout on a cluster (issue 57,
 // docs/planning.md): per-op times from Tessera's achieved rates (plan/cluster.hpp's GpuRates),
 // collectives from the cluster's fabrics, and the pipeline as a discrete-event timeline of each
-// rank's steps in the order the training schedules issue them (train/pipeline.hpp's 1F1B and
+// rank's steps in the order the training schedules issue them (run/pipeline.hpp's 1F1B and
 // interleaved schedules), with sends and receives between the stages.
 #pragma once
 
@@ -11,7 +11,7 @@
 #include "comm/grid_layout.hpp"
 #include "model/gpt_config.hpp"
 #include "plan/cluster.hpp"
-#include "train/train_config.hpp"
+#include "run/train_config.hpp"
 
 namespace tessera {
 

@@ -13,11 +13,11 @@
 #include "checkpoint/checkpoint.hpp"
 #include "comm/communicator.hpp"
 #include "model/gpt.hpp"
+#include "run/train_config.hpp"
 #include "train/optimizer_set.hpp"
 #include "train/rerun_tracker.hpp"
 #include "train/step_stats.hpp"
 #include "train/timers.hpp"
-#include "train/train_config.hpp"
 
 namespace tessera {
 

@@ -20,23 +20,27 @@ FsdpUnits::FsdpUnits(GPTModel& model, Backend& be, DistributedAdamW& opt)
   ledger_.set_actions(this);
   ops_.resize(model_.params().buckets().size());
   gathers_.resize(ops_.size());
-  if (ledger_.shards_params()) {
-    model_.before_forward = [this](int piece) { ledger_.before_forward(piece); };
-    model_.after_forward = [this](int piece) { ledger_.after_forward(piece); };
-    model_.after_backward = [this](int piece) { ledger_.after_backward(piece); };
-  }
-  model_.before_backward = [this](int piece) { ledger_.before_backward(piece); };
+  model_.add_observer(this);
 }
 
 FsdpUnits::~FsdpUnits() {
-  model_.before_forward = nullptr;
-  model_.after_forward = nullptr;
-  model_.before_backward = nullptr;
-  model_.after_backward = nullptr;
+  model_.remove_observer(this);
   for (auto& op : ops_)
     if (op) op->wait();
   for (auto& op : gathers_)
     if (op) op->wait();
+}
+
+void FsdpUnits::before_forward(int piece) {
+  if (ledger_.shards_params()) ledger_.before_forward(piece);
+}
+
+void FsdpUnits::after_forward(int piece) {
+  if (ledger_.shards_params()) ledger_.after_forward(piece);
+}
+
+void FsdpUnits::after_backward(int piece) {
+  if (ledger_.shards_params()) ledger_.after_backward(piece);
 }
 
 void FsdpUnits::begin_step() {

@@ -35,13 +35,14 @@
 
 #include "backend/backend.hpp"
 #include "model/gpt.hpp"
+#include "run/fsdp_ledger.hpp"
 #include "train/dist_optimizer.hpp"
-#include "train/fsdp_ledger.hpp"
+#include "train/grad_reduction.hpp"
 
 namespace tessera {
 
-// Installs FSDP on the model's hooks and moves the tensors the ledger says.
-class FsdpUnits : private FsdpLedger::Actions {
+// Observes the model's passes and moves the tensors the ledger says.
+class FsdpUnits : public GradReduction, private PassObserver, private FsdpLedger::Actions {
  public:
   FsdpUnits(GPTModel& model, Backend& be, DistributedAdamW& opt);
   ~FsdpUnits() override;
@@ -49,17 +50,23 @@ class FsdpUnits : private FsdpLedger::Actions {
   FsdpUnits& operator=(const FsdpUnits&) = delete;
 
   bool shards_grads() const { return ledger_.shards_grads(); }
+  bool every_micro_batch() const override { return ledger_.shards_grads(); }
   // The step's start: zeroes the gradient shard.
-  void begin_step();
+  void begin_step() override;
   // Every micro-batch, after piece `piece`'s backward (and its TP sums).
-  void piece_ready(int piece) { ledger_.grads_ready(piece); }
+  void piece_ready(int piece) override { ledger_.grads_ready(piece); }
   // The step's last backward has run: completes every reduction.
-  void finish() { ledger_.finish(); }
-  // Each unit's local gradients just before its reduction (result validation's check).
-  std::function<void(const Tensor&)> before_reduce;
+  void finish() override { ledger_.finish(); }
+  Tensor reduced_grads() override { return opt_.grad_shard(); }
   int64_t pool_bytes() const { return ledger_.pool_bytes(); }
 
  private:
+  // The passes: the compute weights' gathers and releases (optim_grads_params), the gradients'
+  // binding before a backward piece.
+  void before_forward(int piece) override;
+  void after_forward(int piece) override;
+  void before_backward(int piece) override { ledger_.before_backward(piece); }
+  void after_backward(int piece) override;
   void gather(int unit, const Tensor& mem) override;
   void wait_gather(int unit) override;
   void release_params(int unit) override;

@@ -15,9 +15,9 @@ GradReducer::GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter,
   for (int i = 0; i < n; ++i) {
     sources_[i] = static_cast<int>(pieces[i].size());  // wte on a stage with both ends: 2
     for (int piece : pieces[i]) {
-      if (piece == GPTModel::kHeadPiece)
+      if (piece == kHeadPiece)
         head_params_.push_back(i);
-      else if (piece == GPTModel::kEmbedPiece)
+      else if (piece == kEmbedPiece)
         embed_params_.push_back(i);
       else
         params_of_layer_[sh.local_index(piece)].push_back(i);
@@ -39,7 +39,7 @@ GradReducer::GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter,
                 " data-parallel blocks, the DP group has ", dp.size(), " ranks");
 }
 
-void GradReducer::begin() {
+void GradReducer::begin_step() {
   remaining_ = sources_;
   for (Bucket& b : buckets_) {
     b.pending = b.params;
@@ -57,8 +57,8 @@ void GradReducer::start(Bucket& b) {
 
 void GradReducer::piece_ready(int piece) {
   if (!armed_ || !overlap_) return;
-  const std::vector<int>& params = piece == GPTModel::kHeadPiece ? head_params_
-                                   : piece == GPTModel::kEmbedPiece
+  const std::vector<int>& params = piece == kHeadPiece ? head_params_
+                                   : piece == kEmbedPiece
                                        ? embed_params_
                                        : params_of_layer_[model_.shard().local_index(piece)];
   for (int p : params) {

@@ -13,10 +13,11 @@
 
 #include "comm/communicator.hpp"
 #include "model/gpt.hpp"
+#include "train/grad_reduction.hpp"
 
 namespace tessera {
 
-class GradReducer {
+class GradReducer : public GradReduction {
  public:
   // reduce_scatter: the distributed optimizer's reduction. overlap: start buckets during the
   // backward (--overlap-grad-reduce); otherwise all start in finish().
@@ -25,16 +26,15 @@ class GradReducer {
   GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter = false, bool overlap = true,
               Communicator* expert_dp = nullptr);
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  bool every_micro_batch() const override { return false; }
   // Arms the reducer for the last micro-batch's backward of this step.
-  void begin();
-  // The model's on_grads_ready hook: marks the piece's parameters final.
-  void piece_ready(int piece);
+  void begin_step() override;
+  // Marks the piece's parameters final (the last micro-batch's backward of the piece).
+  void piece_ready(int piece) override;
   // Starts what has not started (nothing, if every piece reported) and waits for all buckets.
-  void finish();
+  void finish() override;
+  Tensor reduced_grads() override { return model_.params().flat_grads(); }
   int64_t bytes_reduced_per_step() const { return 4 * total_elems_; }
-  // Called with each bucket's local gradients just before its reduction starts (result
-  // validation's check); none when empty.
-  std::function<void(const Tensor& local_grads)> before_reduce;
   bool reduce_scatter() const { return reduce_scatter_; }
 
  private:

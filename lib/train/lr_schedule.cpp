@@ -7,7 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/ini.hpp"
-#include "train/train_config.hpp"
+#include "run/train_config.hpp"
 
 namespace tessera {
 

@@ -6,10 +6,10 @@
 #include <cstdio>
 #include <limits>
 
-#include "comm/process_grid.hpp"
 #include "core/logging.hpp"
 #include "core/paths.hpp"
-#include "train/memory_estimate.hpp"
+#include "run/memory_estimate.hpp"
+#include "runtime/process_grid.hpp"
 #include "train/optimizer_set.hpp"
 
 namespace tessera {

@@ -14,10 +14,10 @@
 #include "core/tensorboard.hpp"
 #include "data/dataset.hpp"
 #include "model/gpt.hpp"
+#include "run/train_config.hpp"
 #include "train/optimizer_set.hpp"
 #include "train/step_stats.hpp"
 #include "train/timers.hpp"
-#include "train/train_config.hpp"
 
 namespace tessera {
 

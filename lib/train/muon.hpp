@@ -1,5 +1,5 @@
 // muon.hpp: Muon (issue 59; docs/training.md "Muon"): momentum orthogonalized by Newton-Schulz
-// for the hidden layers' matrices (train/muon_plan.hpp says which), as Megatron-Core runs it
+// for the hidden layers' matrices (run/muon_plan.hpp says which), as Megatron-Core runs it
 // (Megatron-LM d98e8a6, Emerging-Optimizers v0.3.0 orthogonalized_optimizer.py / muon_utils.py):
 //
 //   p <- p (1 - lr wd)                          decoupled weight decay
@@ -25,9 +25,9 @@
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "model/params.hpp"
+#include "run/muon_plan.hpp"
+#include "run/train_config.hpp"
 #include "train/dist_optimizer.hpp"
-#include "train/muon_plan.hpp"
-#include "train/train_config.hpp"
 
 namespace tessera {
 

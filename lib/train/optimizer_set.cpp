@@ -7,7 +7,7 @@
 #include "core/error.hpp"
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
-#include "train/layout.hpp"
+#include "run/layout.hpp"
 
 namespace tessera {
 
@@ -51,10 +51,12 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
     } else {
       model_.init_parameters(cfg_.seed);
     }
-    if (cfg_.fsdp_shards_grads())  // after the master weights are set (train/fsdp.hpp)
-      fsdp_ = std::make_unique<FsdpUnits>(model_, be_, *dist_opt_);
-    if (cfg_.overlap_param_gather && !cfg_.fsdp_shards_params())
-      model_.before_forward = [this](int piece) { dist_opt_->wait_params(piece); };
+    if (cfg_.fsdp_shards_grads()) {  // after the master weights are set (train/fsdp.hpp)
+      auto fsdp = std::make_unique<FsdpUnits>(model_, be_, *dist_opt_);
+      fsdp_ = fsdp.get();
+      reduction_ = std::move(fsdp);
+    }
+    wait_params_ = cfg_.overlap_param_gather && !cfg_.fsdp_shards_params();
   } else {
     model_.init_parameters(cfg_.seed);
     optimizer_ = std::make_unique<AdamW>(model_.params(), be_, cfg_.adam_beta1, cfg_.adam_beta2,
@@ -65,26 +67,38 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
       optimizer_->skip_params(muon_params);
     }
   }
-  reducer_ = std::make_unique<GradReducer>(model_, dist ? *ctx_.shard_group() : *ctx_.dp, dist,
-                                           cfg_.overlap_grad_reduce, expert_dp);
+  if (!reduction_)
+    reduction_ = std::make_unique<GradReducer>(model_, dist ? *ctx_.shard_group() : *ctx_.dp, dist,
+                                               cfg_.overlap_grad_reduce, expert_dp);
   norms_ = std::make_unique<GridNorms>(model_, be_, ctx_, dist_opt_.get());
+  model_.add_observer(this);
+}
+
+OptimizerSet::~OptimizerSet() {
+  model_.remove_observer(this);
+}
+
+void OptimizerSet::grads_ready(int piece) {
+  // The last micro-batch's backward (of the piece's chunk; every one's under FSDP's sharded
+  // gradients) completes a piece's gradients: the TP sums first, then the DP reduction.
+  if (!reduction_->every_micro_batch() && !(last_backward_ && last_backward_())) return;
+  model_.reduce_sequence_parallel_grads(piece);
+  reduction_->piece_ready(piece);
+}
+
+void OptimizerSet::before_forward(int piece) {
+  if (wait_params_) dist_opt_->wait_params(piece);
 }
 
 void OptimizerSet::begin_step() {
-  if (reduces_every_micro_batch())
-    fsdp_->begin_step();
-  else
-    reducer_->begin();
+  reduction_->begin_step();
 }
 
 void OptimizerSet::finish_reduction() {
   {
     TESSERA_PHASE("dp-grad-reduce-wait");
     IterationTimers::Scope timed(timers_, IterationTimers::GradsAllReduce);
-    if (reduces_every_micro_batch())
-      fsdp_->finish();
-    else
-      reducer_->finish();
+    reduction_->finish();
     if (dist_opt_) dist_opt_->reduce_replicas();  // HSDP: across the instances, once a step
   }
   if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage()) &&
@@ -123,8 +137,8 @@ OptimizerSet::Update OptimizerSet::step(int64_t iteration, double loss, int glob
   u.grad_norm = std::sqrt(norm2) / loss_scale;
   if (loss_scale != 1.0) {
     TESSERA_PHASE("grad-clip");  // unscaling (fp16) is the same kind of pass
-    be_.scale(fsdp_ ? dist_opt_->grad_shard() : model_.params().flat_grads(),
-              static_cast<float>(1.0 / loss_scale));
+    Tensor grads = reduction_->reduced_grads();
+    be_.scale(grads, static_cast<float>(1.0 / loss_scale));
   }
   if (!std::isfinite(loss) || !std::isfinite(u.grad_norm))
     throw Error(detail::concat(

@@ -11,6 +11,7 @@
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "model/gpt.hpp"
+#include "run/train_config.hpp"
 #include "train/dist_optimizer.hpp"
 #include "train/fsdp.hpp"
 #include "train/grad_reducer.hpp"
@@ -21,11 +22,12 @@
 #include "train/optimizer.hpp"
 #include "train/step_stats.hpp"
 #include "train/timers.hpp"
-#include "train/train_config.hpp"
 
 namespace tessera {
 
-class OptimizerSet {
+// It observes the model's passes (model/pass_observer.hpp): a piece's completed gradients go to
+// the reduction, and the overlapped parameter gather waits before a piece's forward.
+class OptimizerSet : private PassObserver {
  public:
   // The flat parameter/gradient layout the optimizer needs (bucket size, DP x CP shards and the
   // embedding's own bucket with the distributed optimizer, experts apart with EP).
@@ -36,29 +38,26 @@ class OptimizerSet {
   // distributed optimizer's master blocks take their share first). `cfg` is resolved.
   OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg, const ParallelContext& ctx,
                IterationTimers& timers);
+  ~OptimizerSet() override;
+  OptimizerSet(const OptimizerSet&) = delete;
+  OptimizerSet& operator=(const OptimizerSet&) = delete;
+  // `last_backward`: whether the backward running is a piece's last of the step (the step
+  // executor knows); the reduction takes a piece's gradients then (every micro-batch under
+  // Megatron-FSDP's sharded gradients), after their sums over TP.
+  void observe_backward(std::function<bool()> last_backward) {
+    last_backward_ = std::move(last_backward);
+  }
 
   // fp16: the loss scale of the next backward (1 in f32 and bf16).
   double loss_scale() const { return scaler_.scale(); }
   // Before a step's backward: the reduction's buckets start as the backward completes them.
   void begin_step();
-  // Whether gradients reduce after every micro-batch's backward (Megatron-FSDP's sharded
-  // gradients), not only after the step's last.
-  bool reduces_every_micro_batch() const { return fsdp_ && fsdp_->shards_grads(); }
-  // The model's piece `piece` has its gradients of the step (the last micro-batch's backward), or
-  // of the micro-batch (reduces_every_micro_batch).
-  void piece_ready(int piece) {
-    if (reduces_every_micro_batch())
-      fsdp_->piece_ready(piece);
-    else
-      reducer_->piece_ready(piece);
-  }
   // Each gradient bucket's local values before its data-parallel reduction (result validation).
   void before_reduce(std::function<void(const Tensor&)> f) {
-    if (fsdp_) fsdp_->before_reduce = f;
-    reducer_->before_reduce = std::move(f);
+    reduction_->before_reduce = std::move(f);
   }
   // Megatron-FSDP's units (sharded gradients or parameters); null otherwise.
-  FsdpUnits* fsdp() { return fsdp_.get(); }
+  FsdpUnits* fsdp() { return fsdp_; }
   // Waits for the data-parallel reduction and all-reduces the tied embedding's two halves.
   void finish_reduction();
 
@@ -100,6 +99,9 @@ class OptimizerSet {
   int64_t lr_schedule_step(int global_batch) const;
   // The optimizer step; grad_scale (the clip factor) multiplies each gradient as it is read.
   void update(Update& u, double grad_scale);
+  // The passes (PassObserver): a piece's gradients complete; a piece about to read its weights.
+  void grads_ready(int piece) override;
+  void before_forward(int piece) override;
 
   GPTModel& model_;
   Backend& be_;
@@ -109,8 +111,12 @@ class OptimizerSet {
   std::unique_ptr<AdamW> optimizer_;            // without the distributed optimizer
   std::unique_ptr<Muon> muon_;                  // --optimizer muon: the matrices (AdamW the rest)
   std::unique_ptr<DistributedAdamW> dist_opt_;  // --use-distributed-optimizer
-  std::unique_ptr<GradReducer> reducer_;
-  std::unique_ptr<FsdpUnits> fsdp_;  // --use-megatron-fsdp with optim_grads(_params)
+  // The bucketed reducer, or Megatron-FSDP's units (--use-megatron-fsdp with
+  // optim_grads(_params)); fsdp_ views the latter.
+  std::unique_ptr<GradReduction> reduction_;
+  FsdpUnits* fsdp_ = nullptr;
+  std::function<bool()> last_backward_;  // observe_backward
+  bool wait_params_ = false;             // the overlapped parameter gather (before_forward)
   std::unique_ptr<GridNorms> norms_;
   LrSchedule lr_schedule_;
   WeightDecaySchedule wd_schedule_;

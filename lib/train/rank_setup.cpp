@@ -10,12 +10,12 @@
 #include <cstdlib>
 #include <vector>
 
-#include "backend/select.hpp"
-#include "comm/mpi.hpp"
-#include "comm/mpi_check.hpp"
-#include "comm/process_grid.hpp"
+#include "comm/mpi/mpi.hpp"
+#include "comm/mpi/mpi_check.hpp"
 #include "core/error.hpp"
-#include "train/memory_estimate.hpp"
+#include "run/memory_estimate.hpp"
+#include "runtime/process_grid.hpp"
+#include "runtime/select.hpp"
 
 namespace tessera {
 

@@ -31,7 +31,7 @@ std::unique_ptr<Backend> make_rank_backend(ProcessGrid& grid, const std::string&
 
 struct MemoryEstimate;
 // Collective over the world, before the model is built: when the estimate `e` of this rank's
-// memory (train/memory_estimate.hpp) exceeds what the rank has (backend_memory_capacity; on the
+// memory (run/memory_estimate.hpp) exceeds what the rank has (backend_memory_capacity; on the
 // CPU: the estimates of the node's ranks together against the host's memory; on a GPU that
 // several ranks share, --ranks-per-gpu, theirs together against its memory), every
 // rank throws AgreedConfigError with the first such rank's line, instead of allocating until the

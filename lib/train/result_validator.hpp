@@ -30,9 +30,9 @@
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
+#include "run/train_config.hpp"
 #include "train/rerun_tracker.hpp"
 #include "train/step_stats.hpp"
-#include "train/train_config.hpp"
 
 namespace tessera {
 

@@ -9,7 +9,7 @@
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "core/timer.hpp"
-#include "train/train_config.hpp"
+#include "run/train_config.hpp"
 
 namespace tessera {
 

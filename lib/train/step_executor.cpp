@@ -7,8 +7,8 @@
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
 #include "core/timer.hpp"
-#include "train/context_parallel.hpp"
-#include "train/layout.hpp"
+#include "run/context_parallel.hpp"
+#include "run/layout.hpp"
 
 namespace tessera {
 
@@ -214,7 +214,7 @@ double StepExecutor::run(bool with_backward, int64_t iteration, int64_t sample_b
   return ctx_.last_stage() ? sum_micro_losses() : 0.0;
 }
 
-// Documents inside the micro-batch's samples (train/sample_layout.hpp): their position ids and
+// Documents inside the micro-batch's samples (run/sample_layout.hpp): their position ids and
 // first visible keys to the model, from the whole samples (a document may span the chunks of
 // context parallelism; the model keeps this rank's rows where a row's own position is read).
 void StepExecutor::stage_documents(int micro, Activations& a) {
@@ -281,7 +281,7 @@ void StepExecutor::stage_micro_batch(int micro, Activations& a) {
     const int32_t* sample = batch_.data() + s * S;
     // The targets whose loss counts (loss masks, --eod-mask-loss), -1 elsewhere.
     sample_targets(sample, mask_of(s), sample_targets_.data());
-    if (ctx_.cp_size > 1) {  // this rank's chunks (train/context_parallel.hpp)
+    if (ctx_.cp_size > 1) {  // this rank's chunks (run/context_parallel.hpp)
       cp_sample_tokens(sample, T, ctx_.cp_rank, ctx_.cp_size, host_ids_.data() + b * T,
                        host_targets_.data() + b * T);
       cp_sample_tokens(sample_targets_.data(), T, ctx_.cp_rank, ctx_.cp_size, cp_ids_.data(),

@@ -13,10 +13,10 @@
 #include "data/dataset.hpp"
 #include "data/prefetcher.hpp"
 #include "model/gpt.hpp"
-#include "train/pipeline.hpp"
+#include "run/pipeline.hpp"
+#include "run/train_config.hpp"
 #include "train/step_stats.hpp"
 #include "train/timers.hpp"
-#include "train/train_config.hpp"
 
 namespace tessera {
 

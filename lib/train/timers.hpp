@@ -46,7 +46,7 @@ class IterationTimers {
   static int level(Id id);
 
   // level 0: only save-checkpoint (printed when a checkpoint is saved); option: minmax | max |
-  // all; `clock` takes the timestamps (backend/select.hpp make_phase_clock).
+  // all; `clock` takes the timestamps (runtime/select.hpp make_phase_clock).
   void configure(int level, std::string option, std::unique_ptr<PhaseClock> clock,
                  bool distributed_optimizer);
   bool on(Id id) const { return level(id) <= level_; }

@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <utility>
 
-#include "backend/select.hpp"
-#include "comm/collective_trace.hpp"
+#include "comm/mpi/collective_trace.hpp"
 #include "core/logging.hpp"
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
 #include "core/timer.hpp"
+#include "runtime/select.hpp"
 #include "train/checkpointer.hpp"
 #include "train/metrics.hpp"
 #include "train/optimizer_set.hpp"
@@ -49,13 +49,7 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   model_->set_fp8(cfg_.fp8);
   optimizers_ = std::make_unique<OptimizerSet>(*model_, be_, cfg_, ctx_, timers_);
   executor_ = std::make_unique<StepExecutor>(*model_, be_, cfg_, ctx_, data_, timers_);
-  model_->on_grads_ready = [this](int piece) {
-    // The last micro-batch's backward (of the piece's chunk; every one's under FSDP's sharded
-    // gradients) completes a piece's gradients: the TP sums first, then the DP reduction.
-    if (!executor_->in_last_backward() && !optimizers_->reduces_every_micro_batch()) return;
-    model_->reduce_sequence_parallel_grads(piece);
-    optimizers_->piece_ready(piece);
-  };
+  optimizers_->observe_backward([this] { return executor_->in_last_backward(); });
   executor_->shape(cfg_.global_batch_at(ctx_.dp_size, 0));
   // Collective pre-flights: an unusable --save, --metrics-file or --tensorboard-dir is every
   // rank's ConfigError now, not after hours of training.
@@ -129,7 +123,8 @@ StepStats Trainer::train_step() {
   Timer timer;
   StepStats st;
   st.iteration = state_.iteration + 1;
-  trace_log_iteration(st.iteration);  // the collective log's test hook (comm/collective_trace.hpp)
+  trace_log_iteration(
+      st.iteration);  // the collective log's test hook (comm/mpi/collective_trace.hpp)
   executor_->shape(cfg_.global_batch_at(ctx_.dp_size, state_.consumed_samples));
   st.global_batch = executor_->global_batch();
   executor_->load_training_batch(state_.consumed_samples, st);

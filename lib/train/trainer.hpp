@@ -19,14 +19,14 @@
 #include "core/timer.hpp"
 #include "data/dataset.hpp"
 #include "model/gpt.hpp"
+#include "run/layout.hpp"
+#include "run/pipeline.hpp"
+#include "run/train_config.hpp"
 #include "train/dist_optimizer.hpp"
-#include "train/layout.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
-#include "train/pipeline.hpp"
 #include "train/step_stats.hpp"
 #include "train/timers.hpp"
-#include "train/train_config.hpp"
 
 namespace tessera {
 

@@ -1,7 +1,7 @@
 // watchdog.cpp: stop signals, heartbeats and the no-progress timeout.
 #include "train/watchdog.hpp"
 
-#include "comm/collective_trace.hpp"
+#include "comm/mpi/collective_trace.hpp"
 
 #include <unistd.h>
 

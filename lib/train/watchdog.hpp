@@ -3,7 +3,7 @@
 // thread's progress. When the main thread has made no progress for --distributed-timeout-minutes
 // (it waits in a collective for a rank that died or stopped answering), rank 0 names the ranks
 // whose heartbeats stopped and, from the collective record each heartbeat carries
-// (comm/collective_trace.hpp), the collective that is stuck, on which group, the ranks that did
+// (comm/mpi/collective_trace.hpp), the collective that is stuck, on which group, the ranks that did
 // not arrive and where they are; every rank prints one line, and the process exits non-zero so
 // the launcher (mpirun, srun) ends the whole job.
 #pragma once

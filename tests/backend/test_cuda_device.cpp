@@ -79,7 +79,7 @@ TEST(CudaDevice, OutOfMemoryNamesTheRequest) {
 
 #include <mpi.h>
 
-#include "comm/nccl_communicator.hpp"
+#include "comm/nccl/nccl_communicator.hpp"
 
 TEST(Nccl, AllReduceOnDeviceTensors) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";

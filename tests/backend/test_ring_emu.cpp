@@ -24,7 +24,7 @@
 #include "backend/cpu/ring_attention.hpp"
 #include "backend/cuda/flash_attention_tc.cuh"
 #include "backend/cuda/ring.cuh"
-#include "backend/select.hpp"
+#include "runtime/select.hpp"
 
 using namespace tessera;
 namespace rk = tessera::ring_kernels;

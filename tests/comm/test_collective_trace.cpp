@@ -1,8 +1,8 @@
-// test_collective_trace.cpp: the collective record a rank keeps (comm/collective_trace.hpp) and
+// test_collective_trace.cpp: the collective record a rank keeps (comm/mpi/collective_trace.hpp) and
 // rank 0's account of a hang from every rank's record.
 #include <gtest/gtest.h>
 
-#include "comm/collective_trace.hpp"
+#include "comm/mpi/collective_trace.hpp"
 
 using namespace tessera;
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "comm/process_grid.hpp"
+#include "runtime/process_grid.hpp"
 
 using namespace tessera;
 

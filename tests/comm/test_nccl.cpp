@@ -1,4 +1,4 @@
-// test_nccl.cpp (issue 56): Tessera's NCCL communicators (comm/nccl_communicator.hpp) between
+// test_nccl.cpp (issue 56): Tessera's NCCL communicators (comm/nccl/nccl_communicator.hpp) between
 // several ranks, each on its own GPU or all on one (--ranks-per-gpu's case: every rank started
 // through scripts/nccl-share-gpu.sh, which gives it its own NCCL_HOSTID, so NCCL joins them over
 // its socket transport). Every collective the trainer uses, on two communicators at once, against
@@ -15,8 +15,8 @@
 #include "backend/backend.hpp"
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/device.hpp"
-#include "backend/select.hpp"
-#include "comm/nccl_communicator.hpp"
+#include "comm/nccl/nccl_communicator.hpp"
+#include "runtime/select.hpp"
 
 using namespace tessera;
 

@@ -1,8 +1,8 @@
 // test_process_grid.cpp: the rank layout against Megatron-LM's tables, and the 1F1B schedule.
 #include <gtest/gtest.h>
 
-#include "comm/process_grid.hpp"
-#include "train/pipeline.hpp"
+#include "run/pipeline.hpp"
+#include "runtime/process_grid.hpp"
 
 using namespace tessera;
 using Groups = std::vector<std::vector<int>>;

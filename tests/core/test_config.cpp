@@ -14,7 +14,7 @@
 
 #include "core/error.hpp"
 #include "model/config_schema.hpp"
-#include "train/options.hpp"
+#include "options/options.hpp"
 
 using namespace tessera;
 

@@ -118,7 +118,7 @@ TEST(Rng, NormalHasUnitMoments) {
 
 // ---- check macros -----------------------------------------------------------------------------
 
-#include "comm/mpi_check.hpp"
+#include "comm/mpi/mpi_check.hpp"
 #include "core/hdf5_check.hpp"
 
 namespace {

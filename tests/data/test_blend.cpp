@@ -19,8 +19,8 @@
 #include "core/error.hpp"
 #include "data/blended_dataset.hpp"
 #include "data/shard.hpp"
-#include "train/inspect.hpp"
-#include "train/options.hpp"
+#include "options/options.hpp"
+#include "run/inspect.hpp"
 #include "train/tiny.hpp"
 #include "train/trainer.hpp"
 

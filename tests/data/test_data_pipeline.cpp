@@ -16,7 +16,7 @@
 #include "data/packing.hpp"
 #include "data/prefetcher.hpp"
 #include "data/preprocess.hpp"
-#include "train/options.hpp"
+#include "options/options.hpp"
 #include "train/trainer.hpp"
 
 #include "data/gpt2_vocab.hpp"

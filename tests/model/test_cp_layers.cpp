@@ -13,7 +13,7 @@
 #include <random>
 
 #include "backend/backend.hpp"
-#include "comm/mpi.hpp"
+#include "comm/mpi/mpi.hpp"
 #include "core/context_parallel.hpp"
 #include "model/gpt.hpp"
 

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "backend/backend.hpp"
-#include "comm/mpi.hpp"
+#include "comm/mpi/mpi.hpp"
 #include "model/gpt.hpp"
 
 using namespace tessera;

@@ -1,5 +1,5 @@
 // test_cluster.cpp: cluster files (plan/cluster.hpp) and what --dry-run checks against them
-// (train/options/planning.cpp): --world-size, the memory verdict and the changes it proposes;
+// (options/planning.cpp): --world-size, the memory verdict and the changes it proposes;
 // the MoE expert-side buffers a capacity bounds (GPTConfig::moe_received_rows).
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,8 +12,8 @@
 
 #include "comm/grid_layout.hpp"
 #include "core/error.hpp"
+#include "options/options.hpp"
 #include "plan/cluster.hpp"
-#include "train/options.hpp"
 
 using namespace tessera;
 

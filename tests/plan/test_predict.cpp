@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "checkpoint/hf_llama.hpp"
+#include "options/options.hpp"
 #include "plan/cluster.hpp"
 #include "plan/planner.hpp"
 #include "plan/predict.hpp"
-#include "train/options.hpp"
-#include "train/pipeline.hpp"
+#include "run/pipeline.hpp"
 
 using namespace tessera;
 

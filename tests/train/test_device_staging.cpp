@@ -243,8 +243,8 @@ TEST(SimDevice, EvaluationAndGenerationEqualTheCpuBackend) {
 
 // ---- device selection (DESIGN.md invariant 1) ---------------------------------------------------
 
-#include "backend/select.hpp"
-#include "train/options.hpp"
+#include "options/options.hpp"
+#include "runtime/select.hpp"
 
 TEST(DeviceSelection, EachLocalRankTakesItsOwnGpu) {
   for (int r = 0; r < 8; ++r) EXPECT_EQ(choose_gpu(r, 8, 8, "node1"), r);

@@ -1,4 +1,4 @@
-// test_fsdp.cpp: Megatron-FSDP's unit layout and its ledger (train/fsdp_ledger.hpp) on their
+// test_fsdp.cpp: Megatron-FSDP's unit layout and its ledger (run/fsdp_ledger.hpp) on their
 // own; train.fsdp (tests/train/test_fsdp.sh) runs the strategies end to end.
 #include <gtest/gtest.h>
 
@@ -7,9 +7,9 @@
 
 #include "model/gpt.hpp"
 #include "model/params.hpp"
+#include "run/fsdp_ledger.hpp"
+#include "run/pipeline.hpp"
 #include "tiny.hpp"
-#include "train/fsdp_ledger.hpp"
-#include "train/pipeline.hpp"
 
 using namespace tessera;
 using testing_util::small_gpt;
@@ -153,7 +153,7 @@ TEST(Fsdp, LedgerPrefetchesTheNextPieceOfThePass) {
   rec.name = &name;
   FsdpLedger ledger(units, sh, false, true, DType::F32, &cpu_allocator());
   ledger.set_actions(&rec);
-  constexpr int E = GPTModel::kEmbedPiece, H = GPTModel::kHeadPiece;
+  constexpr int E = kEmbedPiece, H = kHeadPiece;
   for (int p : {E, 0, 1, 2, H}) ledger.before_forward(p), ledger.after_forward(p);
   for (int p : {H, 2, 1, 0, E}) ledger.before_backward(p), ledger.after_backward(p);
   ledger.finish();

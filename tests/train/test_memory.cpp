@@ -17,8 +17,8 @@
 #include <functional>
 
 #include "backend/backend.hpp"
-#include "comm/process_grid.hpp"
 #include "data/dataset.hpp"
+#include "runtime/process_grid.hpp"
 #include "train/trainer.hpp"
 
 using namespace tessera;

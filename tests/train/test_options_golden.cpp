@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "train/options.hpp"
+#include "options/options.hpp"
 
 using namespace tessera;
 

@@ -1,5 +1,5 @@
 // test_phase_breakdown.cpp: the phase timer over real training steps on the CPU backend with the
-// host clock (backend/select.hpp make_phase_clock): one step of a 2-layer model in two
+// host clock (runtime/select.hpp make_phase_clock): one step of a 2-layer model in two
 // micro-batches yields exactly the expected op-kind phases with the expected call counts, their
 // sum is at most the step's wall time and most of it, and timing changes no result bit.
 #include <gtest/gtest.h>
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "backend/select.hpp"
 #include "core/phase_timer.hpp"
 #include "data/dataset.hpp"
+#include "runtime/select.hpp"
 #include "train/tiny.hpp"
 #include "train/trainer.hpp"
 

@@ -1,10 +1,10 @@
-// Megatron's _get_ltor_masks_and_position_ids (train/sample_layout.hpp) on hand-worked samples.
+// Megatron's _get_ltor_masks_and_position_ids (run/sample_layout.hpp) on hand-worked samples.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "train/sample_layout.hpp"
+#include "run/sample_layout.hpp"
 
 using namespace tessera;
 

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "model/gpt_config.hpp"
-#include "train/train_config.hpp"
+#include "run/train_config.hpp"
 
 namespace tessera::testing_util {
 

@@ -1,0 +1,259 @@
+// parallelism.cpp: the layout options (TP, PP, CP, virtual pipeline stages, sequence parallelism,
+// data-parallel gradient reduction and the distributed optimizer), their checks and the layout's
+// --dry-run lines.
+#include <cstdio>
+#include <ostream>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "options/option_group.hpp"
+#include "run/context_parallel.hpp"
+
+namespace tessera {
+namespace {
+
+class ParallelismOptions : public OptionGroup {
+ public:
+  void add(OptionParser& p, RunOptions& o) override {
+    TrainConfig& t = o.train;
+    p.group("Parallelism")
+        .add_options()("tensor-model-parallel-size", po::value(&o.tp)->default_value(1),
+                       "tensor-parallel ranks (consecutive ranks; keep them in one node)")(
+            "pipeline-model-parallel-size", po::value(&o.pp)->default_value(1),
+            "pipeline stages (layers split evenly); DP = world / (TP * CP * PP)")(
+            "cp-comm-type", po::value(&cp_comm_type_)->default_value("p2p"),
+            "context parallelism's communication: p2p (the K/V ring; the only one Tessera has)")(
+            "context-parallel-size", po::value(&o.cp)->default_value(1),
+            "context parallelism: each sequence split over CP ranks (two of its 2 x CP chunks "
+            "each), attention around their ring; same losses (needs --seq-length a multiple of "
+            "2 x CP)")(
+            "num-layers-per-virtual-pipeline-stage",
+            po::value(&layers_per_virtual_stage_)->default_value(0),
+            "the interleaved 1F1B schedule: model chunks of N layers, each pipeline rank holding "
+            "every PP-th chunk (needs PP > 1 and micro-batches per step a multiple of PP)")(
+            "virtual-pipeline-model-parallel-size", po::value(&virtual_size_)->default_value(0),
+            "the interleaved 1F1B schedule given as the number of model chunks per pipeline rank")(
+            "sequence-parallel", po::bool_switch(&t.sequence_parallel),
+            "with TP > 1: split the LayerNorm, dropout and residual regions along the tokens "
+            "(each rank 1/TP of a micro-batch's) over the tensor-parallel group (all-gather before "
+            "and reduce-scatter after the "
+            "tensor-parallel GEMMs instead of all-reduces; activations of those regions / TP)")(
+            "ddp-bucket-size", po::value(&t.ddp_bucket_size)->default_value(t.ddp_bucket_size),
+            "elements per data-parallel gradient all-reduce bucket")(
+            "use-distributed-optimizer", po::bool_switch(&t.use_distributed_optimizer),
+            "shard the fp32 master weights and Adam moments over the data-parallel ranks (ZeRO-1): "
+            "gradients reduce-scattered, updated weights all-gathered")(
+            "overlap-grad-reduce",
+            po::value(&t.overlap_grad_reduce)->default_value(true)->implicit_value(true),
+            "reduce gradient buckets while the backward runs (true | false; default true)")(
+            "overlap-param-gather",
+            po::value(&t.overlap_param_gather)->default_value(false)->implicit_value(true),
+            "with --use-distributed-optimizer: gather updated weights bucket by bucket while the "
+            "next forward runs")(
+            "use-megatron-fsdp", po::bool_switch(&t.megatron_fsdp),
+            "Megatron-FSDP: one data-parallel bucket per layer (and one for the embedding, one "
+            "for the head), sharded over the DP ranks as --data-parallel-sharding-strategy says")(
+            "data-parallel-sharding-strategy",
+            po::value(&sharding_)->default_value("optim_grads_params"),
+            "with --use-megatron-fsdp: no_shard (DDP), optim (optimizer state, ZeRO-1), "
+            "optim_grads (and gradients, reduce-scattered each micro-batch, ZeRO-2), "
+            "optim_grads_params (and parameters, each layer's gathered for its forward and again "
+            "for its backward, ZeRO-3; Megatron's default)")(
+            "num-distributed-optimizer-instances",
+            po::value(&t.dist_opt_instances)->default_value(1),
+            "HSDP / partial distributed optimizer: split the data-parallel ranks (x CP) into N "
+            "instances of consecutive ranks (one per node, say); the optimizer state (and FSDP's "
+            "gradients and weights) are sharded inside an instance and replicated across them, "
+            "gradients summed across instances once per step")(
+            "outer-dp-sharding-strategy", po::value(&outer_sharding_)->default_value("no_shard"),
+            "with --use-megatron-fsdp and --num-distributed-optimizer-instances > 1: no_shard "
+            "(replicated across instances) or optim (the optimizer state also sharded across "
+            "them; needs optim_grads_params)");
+    p.alternatives(
+        {"num-layers-per-virtual-pipeline-stage", "virtual-pipeline-model-parallel-size"});
+  }
+
+  void resolve(const OptionParser&, RunOptions& o, StartupNotes&) override {
+    using detail::concat;
+    if (o.tp < 1)
+      throw ConfigError(
+          concat("--tensor-model-parallel-size=", o.tp, " is out of range (allowed: >= 1)"));
+    if (o.pp < 1)
+      throw ConfigError(
+          concat("--pipeline-model-parallel-size=", o.pp, " is out of range (allowed: >= 1)"));
+    if (o.cp < 1)
+      throw ConfigError(
+          concat("--context-parallel-size=", o.cp, " is out of range (allowed: >= 1)"));
+    if (cp_comm_type_ != "p2p")
+      throw ConfigError("--cp-comm-type=" + cp_comm_type_ +
+                        " is not available: Tessera's context parallelism passes K/V blocks "
+                        "around a ring, point to point (allowed: p2p)");
+  }
+
+  // The virtual pipeline size: --num-layers-per-virtual-pipeline-stage needs the model's layers,
+  // which --use-checkpoint-args (a later group) may have replaced.
+  void resolve_late(const OptionParser& p, RunOptions& o, StartupNotes& notes) override {
+    using detail::concat;
+    resolve_sharding(p, o, notes);  // after the optimizer's group (dist_muon)
+    resolve_instances(p, o);
+    const GPTConfig& m = o.model;
+    TrainConfig& t = o.train;
+    const int per_stage = layers_per_virtual_stage_;
+    if (per_stage < 0)
+      throw ConfigError(concat("--num-layers-per-virtual-pipeline-stage=", per_stage,
+                               " is out of range (allowed: >= 1)"));
+    if (virtual_size_ < 0)
+      throw ConfigError(concat("--virtual-pipeline-model-parallel-size=", virtual_size_,
+                               " is out of range (allowed: >= 1)"));
+    if (per_stage > 0) {
+      if (m.num_layers % (o.pp * per_stage) != 0)
+        throw ConfigError(concat("--num-layers=", m.num_layers,
+                                 " is not divisible by --pipeline-model-parallel-size=", o.pp,
+                                 " x --num-layers-per-virtual-pipeline-stage=", per_stage, " = ",
+                                 o.pp * per_stage));
+      const int v = m.num_layers / (o.pp * per_stage);
+      if (virtual_size_ > 0 && virtual_size_ != v)
+        throw ConfigError(concat("--virtual-pipeline-model-parallel-size=", virtual_size_,
+                                 " and --num-layers-per-virtual-pipeline-stage=", per_stage,
+                                 " disagree (the latter means ", v, " chunks per rank); give one"));
+      t.virtual_pipeline_size = v;
+      t.virtual_option = "--num-layers-per-virtual-pipeline-stage";
+    } else if (virtual_size_ > 0) {
+      t.virtual_pipeline_size = virtual_size_;
+    }
+    if (t.virtual_pipeline_size == 1 && (per_stage > 0 || virtual_size_ > 0))
+      notes.run.push_back(
+          per_stage > 0
+              ? concat("--num-layers-per-virtual-pipeline-stage=", per_stage,
+                       " makes one model chunk per pipeline rank (", m.num_layers, " layers / PP ",
+                       o.pp, "): the plain 1F1B schedule runs, as in Megatron-LM")
+              : std::string("--virtual-pipeline-model-parallel-size=1: one model chunk per "
+                            "pipeline rank, the plain 1F1B schedule"));
+  }
+
+  void dry_run(DryRunSection s, const DryRunContext& d, std::ostream& out) const override {
+    if (s != DryRunSection::Layout) return;
+    const RunOptions& o = d.o;
+    const GridLayout& layout = d.layout;
+    char buf[400];
+    std::snprintf(
+        buf, sizeof buf,
+        "layout: world %d = TP %d x%s PP %d x DP %d%s%s; global batch %d = micro-batch %d x "
+        "%d micro-batches x DP %d\n",
+        d.world, layout.tp, layout.cp > 1 ? detail::concat(" CP ", layout.cp, " x").c_str() : "",
+        layout.pp, layout.dp,
+        o.ep > 1 ? detail::concat(" (EP ", o.ep, " x expert-data-parallel ", layout.dp / o.ep, ")")
+                       .c_str()
+                 : "",
+        d.world_assumed ? " (assumed: give --world-size, or run under mpirun, for another DP)" : "",
+        o.train.global_batch(layout.dp), o.train.micro_batch_size,
+        o.train.num_micro_batches(layout.dp), layout.dp);
+    out << buf;
+    if (layout.cp > 1) context_parallel_line(d, out);
+  }
+
+ private:
+  void resolve_sharding(const OptionParser& p, RunOptions& o, StartupNotes& notes) const {
+    using S = TrainConfig::DpSharding;
+    TrainConfig& t = o.train;
+    if (sharding_ == "no_shard")
+      t.dp_sharding = S::NoShard;
+    else if (sharding_ == "optim")
+      t.dp_sharding = S::Optim;
+    else if (sharding_ == "optim_grads")
+      t.dp_sharding = S::OptimGrads;
+    else if (sharding_ == "optim_grads_params")
+      t.dp_sharding = S::OptimGradsParams;
+    else
+      throw ConfigError("--data-parallel-sharding-strategy=" + sharding_ +
+                        " is not a strategy (allowed: no_shard, optim, optim_grads, "
+                        "optim_grads_params)");
+    if (!t.megatron_fsdp) {
+      if (p.given("data-parallel-sharding-strategy"))
+        throw ConfigError(
+            "--data-parallel-sharding-strategy needs --use-megatron-fsdp (without it, "
+            "--use-distributed-optimizer shards the optimizer state)");
+      return;
+    }
+    // Megatron-FSDP's sharding strategies above no_shard run on the distributed optimizer
+    // (Megatron asks for --use-distributed-optimizer with them; here the strategy implies it).
+    if (t.dp_sharding != S::NoShard) t.use_distributed_optimizer = true;
+    if (t.dp_sharding == S::NoShard && t.use_distributed_optimizer) {
+      t.use_distributed_optimizer = false;
+      notes.run.push_back(
+          "--use-megatron-fsdp --data-parallel-sharding-strategy no_shard keeps the optimizer "
+          "state whole, as DDP does: --use-distributed-optimizer has no effect under it (optim "
+          "or higher shards it)");
+    }
+  }
+
+  // --num-distributed-optimizer-instances and --outer-dp-sharding-strategy (HSDP), after
+  // resolve_sharding settled whether the distributed optimizer runs.
+  void resolve_instances(const OptionParser& p, RunOptions& o) const {
+    using detail::concat;
+    TrainConfig& t = o.train;
+    if (outer_sharding_ != "no_shard" && outer_sharding_ != "optim")
+      throw ConfigError("--outer-dp-sharding-strategy=" + outer_sharding_ +
+                        " is not a strategy (allowed: no_shard, optim)");
+    t.outer_dp_shards_optim = outer_sharding_ == "optim";
+    if (t.dist_opt_instances < 1)
+      throw ConfigError(concat("--num-distributed-optimizer-instances=", t.dist_opt_instances,
+                               " is out of range (allowed: >= 1)"));
+    if (p.given("outer-dp-sharding-strategy") && !t.megatron_fsdp)
+      throw ConfigError(
+          "--outer-dp-sharding-strategy needs --use-megatron-fsdp (HSDP; without FSDP, "
+          "--num-distributed-optimizer-instances alone replicates the distributed optimizer)");
+    if (t.dist_opt_instances > 1 && !t.use_distributed_optimizer)
+      throw ConfigError(concat(
+          "--num-distributed-optimizer-instances=", t.dist_opt_instances,
+          " needs a sharded optimizer: --use-distributed-optimizer, or --use-megatron-fsdp with "
+          "a --data-parallel-sharding-strategy above no_shard"));
+    if (t.outer_dp_shards_optim) {
+      if (t.dp_sharding != TrainConfig::DpSharding::OptimGradsParams)
+        throw ConfigError(
+            "--outer-dp-sharding-strategy optim needs --data-parallel-sharding-strategy "
+            "optim_grads_params (outer sharding cuts the inner shards again, as Megatron-FSDP "
+            "does)");
+      if (t.dist_opt_instances == 1)
+        throw ConfigError(
+            "--outer-dp-sharding-strategy optim needs --num-distributed-optimizer-instances > 1 "
+            "(the instances it shards the optimizer state over)");
+      if (t.optimizer == "muon")
+        throw ConfigError(
+            "--outer-dp-sharding-strategy optim does not run with --optimizer muon (Muon makes "
+            "each matrix whole from one instance's shards); use no_shard");
+    }
+  }
+
+  static void context_parallel_line(const DryRunContext& d, std::ostream& out) {
+    const GridLayout& layout = d.layout;
+    const RingTraffic ring = cp_ring_traffic(d.o.model, d.o.train, layout.tp, layout.cp);
+    const int S = d.o.model.seq_length, c = S / (2 * layout.cp);
+    char recomputed[64] = "";
+    if (ring.recompute > 0)
+      std::snprintf(recomputed, sizeof recomputed, " + %.2f MiB recomputed",
+                    ring.recompute / (1024.0 * 1024.0));
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "context parallelism: CP %d; each rank holds %d of the %d tokens of a sample "
+                  "(chunks r and %d-r of %d tokens); per-token activations / %d; ring per layer "
+                  "per micro-batch: K/V block %.2f MiB, sent %.2f MiB forward + %.2f MiB "
+                  "backward%s = %.2f MiB per rank\n",
+                  layout.cp, S / layout.cp, S, 2 * layout.cp - 1, c, layout.cp,
+                  ring.block / (1024.0 * 1024.0), ring.forward / (1024.0 * 1024.0),
+                  ring.backward / (1024.0 * 1024.0), recomputed,
+                  ring.per_layer() / (1024.0 * 1024.0));
+    out << buf;
+  }
+
+  std::string cp_comm_type_, sharding_, outer_sharding_;
+  int virtual_size_ = 0, layers_per_virtual_stage_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<OptionGroup> make_parallelism_options() {
+  return std::make_unique<ParallelismOptions>();
+}
+
+}  // namespace tessera
