@@ -27,7 +27,7 @@ InferenceEngine::InferenceEngine(GPTModel& model, const ParallelContext& ctx, in
                 " exceeds the model's ", cfg.max_positions(), " positions");
   const ModelShard& sh = model.shard();
   for (int n = sh.num_layers() - sh.mtp_count; n > 0; --n) {  // MTP's layers do not generate
-    const Shape s{max_sequences, model.kv_heads_local(), max_positions, cfg.head_dim()};
+    const Shape s{max_sequences, model.services().kv_heads_local(), max_positions, cfg.head_dim()};
     AllocationLabel label("the KV cache");
     // In the compute dtype: a bf16 model's cache holds bf16 keys and values (half the bytes).
     k_cache_.push_back(Tensor(s, model.compute_dtype(), be_.allocator()));
@@ -56,7 +56,7 @@ void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
   rows_ = std::max(n, rows_);
   segs_ = std::max(segs, segs_);
   const GPTConfig& cfg = model_.config();
-  const int64_t C = cfg.hidden_size, Vl = model_.vocab_local();
+  const int64_t C = cfg.hidden_size, Vl = model_.services().vocab_local();
   Allocator& al = be_.allocator();
   // Activations in the model's compute dtype (as its training forward has them); the norm
   // statistics and the logits handed back in f32.
@@ -126,7 +126,7 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
   const Tensor all = forward_logits(segments, tokens, all_rows);
   if (!all.defined()) return;  // not the last stage
   const int tp = model_.shard().tp_size;
-  const int64_t Vl = model_.vocab_local(), V = model_.config().vocab_size;
+  const int64_t Vl = model_.services().vocab_local(), V = model_.config().vocab_size;
   host_logits_.resize(static_cast<size_t>(all.numel()));
   be_.copy_to_host(host_logits_.data(), all);
   logits.assign(static_cast<size_t>(S * V), 0.f);
@@ -267,7 +267,8 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
   Tensor mean = mean_.view(0, {n}), rstd = rstd_.view(0, {n});
   Tensor ids = ids_.view(0, {n}), pos = pos_.view(0, {n});
   if (sh.has_embedding) {
-    be_.embedding_forward(x, ids, model_.params().compute_param("wte"), model_.vocab_begin());
+    be_.embedding_forward(x, ids, model_.params().compute_param("wte"),
+                          model_.services().vocab_begin());
     model_.tp_comm().all_reduce(x, ReduceOp::Sum);
     if (cfg.learned_positions()) {
       be_.embedding_forward(tmp, pos, model_.params().compute_param("wpe"), 0);
@@ -291,18 +292,18 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
   for (size_t k = 0; k < layers.size(); ++k) {
     const int l = layers[k];
     const LayerWeights& w = model_.layer_weights(l);
-    if (!ln1_done) model_.norm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b);
+    if (!ln1_done) model_.services().norm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b);
     step.k_cache = &k_cache_[sh.local_index(l)];
     step.v_cache = &v_cache_[sh.local_index(l)];
     model_.attention_part(l).decode(l, step, ln, tmp, parts_);
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
-    model_.add_norm_forward(x, ln, mean, rstd, x, tmp, w.ln2_w, w.ln2_b);
+    model_.services().add_norm_forward(x, ln, mean, rstd, x, tmp, w.ln2_w, w.ln2_b);
     model_.mlp_part(l).decode(l, ln, tmp, parts_);
     model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
     ln1_done = k + 1 < layers.size();
     if (ln1_done) {
       const LayerWeights& next = model_.layer_weights(layers[k + 1]);
-      model_.add_norm_forward(x, ln, mean, rstd, x, tmp, next.ln1_w, next.ln1_b);
+      model_.services().add_norm_forward(x, ln, mean, rstd, x, tmp, next.ln1_w, next.ln1_b);
     } else {
       be_.add(x, x, tmp);
     }
@@ -317,9 +318,10 @@ Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backe
   Tensor lx = last_x_.view(0, {S, C}), lnf = lnf_.view(0, {S, C});
   Tensor lm = lnf_mean_.view(0, {S}), lr = lnf_rstd_.view(0, {S});
   be_.embedding_forward(lx, last_rows, x, 0);  // gathers rows of x
-  model_.norm_forward(lnf, lm, lr, lx, model_.params().compute_param("lnf.weight"),
-                      cfg.rmsnorm() ? Tensor() : model_.params().compute_param("lnf.bias"));
-  const int64_t Vl = model_.vocab_local();
+  model_.services().norm_forward(
+      lnf, lm, lr, lx, model_.params().compute_param("lnf.weight"),
+      cfg.rmsnorm() ? Tensor() : model_.params().compute_param("lnf.bias"));
+  const int64_t Vl = model_.services().vocab_local();
   Tensor lg = logits_.view(0, {S, Vl});
   be_.matmul_forward(lg, lnf, model_.params().compute_param(model_.output_weight_name()), nullptr);
   if (lg.dtype() != DType::F32) {

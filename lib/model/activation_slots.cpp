@@ -3,6 +3,7 @@
 // --dry-run) by the same code: the plumbing's buffers here, each layer's parts' through them.
 #include <algorithm>
 
+#include "model/gpt.hpp"
 #include "model/recompute.hpp"
 #include "model/slots.hpp"
 
@@ -240,10 +241,6 @@ ActivationFootprint activation_footprint(const GPTConfig& cfg, const ModelShard&
   fp.per_micro_batch = two - one;
   fp.shared = one - fp.per_micro_batch;
   return fp;
-}
-
-ActivationFootprint GPTModel::activation_footprint(int B, int T) const {
-  return tessera::activation_footprint(cfg_, shard_, recompute_, B, T, compute_);
 }
 
 std::vector<Activations> GPTModel::make_activation_slots(int B, int T, int count) const {

@@ -14,13 +14,13 @@ Tensor ModelPart::param(const ParamStore& ps, int l, const std::string& name, bo
 }
 
 void AttentionPart::decode_attention(const DecodeStep& step, Tensor& qkv, Tensor& att) const {
-  if (cfg_.rope()) be().rope(qkv, m().rope_spec(0), step.positions, false);
+  if (cfg_.rope()) be().rope(qkv, s().rope_spec(0), step.positions, false);
   if (step.decode)
     be().kv_decode(att, qkv, *step.k_cache, *step.v_cache, step.table, step.context, heads_local(),
-                   kv_heads_local(), m().alibi());
+                   kv_heads_local(), s().alibi());
   else
     be().kv_attention(att, qkv, *step.k_cache, *step.v_cache, *step.segments, heads_local(),
-                      kv_heads_local(), m().alibi());
+                      kv_heads_local(), s().alibi());
 }
 
 namespace {
@@ -29,28 +29,38 @@ class StandardAttention final : public AttentionPart {
  public:
   using AttentionPart::AttentionPart;
 
+  // The query, key and value projections (glued: one GEMM), the optional q/k norms, the output
+  // projection.
   void add_params(ParamSpecBuilder& b, int l) const override {
-    standard_attention_params(spec_, b, l);
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const int64_t h = b.cfg.hidden_size, heads = b.cfg.num_attention_heads, hd = b.cfg.head_dim();
+    const int64_t groups = b.cfg.kv_heads();
+    const double std = b.cfg.init_method_std;
+    const bool qkv_bias = b.cfg.qkv_bias();
+    if (b.cfg.group_query_attention) {
+      // Query heads and key/value groups split over TP separately; glued so one GEMM reads them
+      // as [H/TP query | G/TP key | G/TP value] heads.
+      b.add(p + "attn.q.weight", {heads, hd, h}, 0, ParamInit::Normal, std, true);
+      b.specs.back().glue_next = true;
+      b.add(p + "attn.kv.weight", {2, groups, hd, h}, 1, ParamInit::Normal, std, true);
+      if (qkv_bias) {
+        b.add(p + "attn.q.bias", {heads, hd}, 0, ParamInit::Zeros, 0, false);
+        b.specs.back().glue_next = true;
+        b.add(p + "attn.kv.bias", {2, groups, hd}, 1, ParamInit::Zeros, 0, false);
+      }
+    } else {
+      b.add(p + "attn.qkv.weight", {3, heads, hd, h}, 1, ParamInit::Normal, std, true);
+      if (qkv_bias) b.add(p + "attn.qkv.bias", {3, heads, hd}, 1, ParamInit::Zeros, 0, false);
+    }
+    if (spec_.qk_norm)  // one norm of hd features for the query heads, one for the keys
+      for (const char* qk : {"attn.q_norm", "attn.k_norm"}) b.norm(p + qk, hd);
+    b.add(p + "attn.proj.weight", {h, heads * hd}, 1, ParamInit::Normal, b.out_std(), true);
+    if (b.cfg.add_bias_linear) b.add(p + "attn.proj.bias", {h}, -1, ParamInit::Zeros, 0, false);
   }
 
-  void bind(const ParamStore& ps, int l, bool grads, LayerWeights& w) const override {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    w.qkv_w = param(ps, l, "attn.qkv.weight", grads);
-    w.qkv_b = param(ps, l, "attn.qkv.bias", grads);
-    if (ps.has(p + "attn.q.weight")) {  // grouped-query attention: [q | k | v] as one GEMM
-      auto fused = [&](const char* a, const char* b) {
-        if (!ps.has(p + a)) return Tensor();
-        return grads ? ps.grad_fused(p + a, p + b) : ps.compute_fused(p + a, p + b);
-      };
-      w.qkv_w = fused("attn.q.weight", "attn.kv.weight");
-      w.qkv_b = fused("attn.q.bias", "attn.kv.bias");
-    }
-    w.proj_w = param(ps, l, "attn.proj.weight", grads);
-    w.proj_b = param(ps, l, "attn.proj.bias", grads);
-    w.q_norm_w = param(ps, l, "attn.q_norm.weight", grads);
-    w.q_norm_b = param(ps, l, "attn.q_norm.bias", grads);
-    w.k_norm_w = param(ps, l, "attn.k_norm.weight", grads);
-    w.k_norm_b = param(ps, l, "attn.k_norm.bias", grads);
+  void bind(const ParamStore& ps, int l) override {
+    w_ = weights_of(ps, l, false);
+    g_ = weights_of(ps, l, true);
   }
 
   void core_buffers(const SlotBuilder& sb, LayerActivations& la) const override {
@@ -84,54 +94,54 @@ class StandardAttention final : public AttentionPart {
 
   void forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                Tensor& out) override {
-    const LayerWeights& w = weights(l);
+    const Weights& w = w_;
     phase("qkv-gemm-forward");
-    linear_forward(l, Fp8Gemm::Qkv, la.qkv, la.ln1, w.qkv_w, opt(w.qkv_b), a);
+    s().linear_forward(l, Fp8Gemm::Qkv, la.qkv, la.ln1, w.qkv_w, opt(w.qkv_b), a);
     if (spec_.qk_norm) {
       phase("qk-norm-forward");
       qk_norm_forward(la.qkv, w, la.qk, a.qk_tmp);
     }
     if (cfg_.rope()) {
       phase("rope");
-      rope(la.qkv, a, false);
+      s().rope(la.qkv, a, false);
     }
     phase("attention-core-forward");
-    attention_core_forward(l, a, la);
+    s().attention_core_forward(l, a, la);
     phase("proj-gemm-forward");
-    linear_forward(l, Fp8Gemm::Proj, out, la.att, w.proj_w, bias_here() ? opt(w.proj_b) : nullptr,
-                   a);
+    s().linear_forward(l, Fp8Gemm::Proj, out, la.att, w.proj_w,
+                       bias_here() ? opt(w.proj_b) : nullptr, a);
   }
 
   void recompute(PhaseSequence& phase, int l, Activations& a, LayerActivations& la) override {
     phase("attention-core-forward");  // qkv was kept with RoPE applied
-    attention_core_forward(l, a, la);
+    s().attention_core_forward(l, a, la);
   }
 
   void backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                 const Tensor& dout) override {
-    const LayerWeights& w = weights(l);
-    LayerWeights& g = grads(l);
+    const Weights& w = w_;
+    Weights& g = g_;
     phase("proj-gemm-backward");
-    linear_backward(l, Fp8Gemm::Proj, &a.datt, g.proj_w, opt(g.proj_b), dout, la.att, w.proj_w);
+    s().linear_backward(l, Fp8Gemm::Proj, &a.datt, g.proj_w, opt(g.proj_b), dout, la.att, w.proj_w);
     phase("attention-core-backward");
-    attention_core_backward(l, a, la);
+    s().attention_core_backward(l, a, la);
     if (cfg_.rope()) {  // the rotation's transpose: rotate the gradient back
       phase("rope");
-      rope(a.dqkv, a, true);
+      s().rope(a.dqkv, a, true);
     }
     if (spec_.qk_norm) {  // datt is free once the attention core has read it
       phase("qk-norm-backward");
       qk_norm_backward(a.dqkv, g, w, la.qk, a.qk_tmp, a.datt);
     }
     phase("qkv-gemm-backward");
-    linear_backward(l, Fp8Gemm::Qkv, &a.dln, g.qkv_w, opt(g.qkv_b), a.dqkv, la.ln1, w.qkv_w);
+    s().linear_backward(l, Fp8Gemm::Qkv, &a.dln, g.qkv_w, opt(g.qkv_b), a.dqkv, la.ln1, w.qkv_w);
   }
 
   void reduce_tp_grads(int l) override {
     if (!spec_.qk_norm || tp().size() == 1) return;
     // Each TP rank normalized its own heads: the norms' gradients are partial sums.
     TESSERA_PHASE("qk-norm-grad-all-reduce");
-    LayerWeights& g = grads(l);
+    Weights& g = g_;
     for (Tensor* t : {&g.q_norm_w, &g.q_norm_b, &g.k_norm_w, &g.k_norm_b})
       if (t->defined()) tp().all_reduce(*t, ReduceOp::Sum);
   }
@@ -157,7 +167,7 @@ class StandardAttention final : public AttentionPart {
 
   void decode(int l, const DecodeStep& step, const Tensor& ln, Tensor& out,
               DecodeBuffers& d) override {
-    const LayerWeights& w = weights(l);
+    const Weights& w = w_;
     Tensor qkv = d.qkv.view(0, {step.n, d.qkv.dim(1)}), att = d.att.view(0, {step.n, d.att.dim(1)});
     be().matmul_forward(qkv, ln, w.qkv_w, opt(w.qkv_b));
     if (spec_.qk_norm) qk_norm_forward(qkv, w, d.qk, att);  // att: scratch until used
@@ -166,11 +176,40 @@ class StandardAttention final : public AttentionPart {
   }
 
  private:
+  // The layer's weights (or gradients); with grouped-query attention qkv_w / qkv_b view the glued
+  // query and key/value parameters; absent ones (biases, the q/k norms) undefined.
+  struct Weights {
+    Tensor qkv_w, qkv_b, proj_w, proj_b, q_norm_w, q_norm_b, k_norm_w, k_norm_b;
+  };
+  static Weights weights_of(const ParamStore& ps, int l, bool grads) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    Weights w;
+    w.qkv_w = param(ps, l, "attn.qkv.weight", grads);
+    w.qkv_b = param(ps, l, "attn.qkv.bias", grads);
+    if (ps.has(p + "attn.q.weight")) {  // grouped-query attention: [q | k | v] as one GEMM
+      auto fused = [&](const char* a, const char* b) {
+        if (!ps.has(p + a)) return Tensor();
+        return grads ? ps.grad_fused(p + a, p + b) : ps.compute_fused(p + a, p + b);
+      };
+      w.qkv_w = fused("attn.q.weight", "attn.kv.weight");
+      w.qkv_b = fused("attn.q.bias", "attn.kv.bias");
+    }
+    w.proj_w = param(ps, l, "attn.proj.weight", grads);
+    w.proj_b = param(ps, l, "attn.proj.bias", grads);
+    w.q_norm_w = param(ps, l, "attn.q_norm.weight", grads);
+    w.q_norm_b = param(ps, l, "attn.q_norm.bias", grads);
+    w.k_norm_w = param(ps, l, "attn.k_norm.weight", grads);
+    w.k_norm_b = param(ps, l, "attn.k_norm.bias", grads);
+    return w;
+  }
+
+  Weights w_, g_;
+
   // Normalizes the query and key heads of qkv (n rows of (Hl+2Gl)*hd, the values untouched) in
   // place, each head over its hd features with the layer's q_norm / k_norm, keeping the heads
   // before the norm and its statistics in `keep` (which may hold more rows: generation's
   // buffers) for the backward; `tmp` (at least n*Hl*hd elements) is scratch.
-  void qk_norm_forward(Tensor& qkv, const LayerWeights& w, QkNormTensors& keep, Tensor& tmp) const {
+  void qk_norm_forward(Tensor& qkv, const Weights& w, QkNormTensors& keep, Tensor& tmp) const {
     const int64_t hd = cfg_.head_dim(), width = qkv.dim(qkv.ndim() - 1), n = qkv.numel() / width;
     Tensor rows = qkv.reshape({n, width});
     // The query heads at columns [0, Hl*hd), the key heads after them: each copied out whole,
@@ -181,7 +220,7 @@ class StandardAttention final : public AttentionPart {
       Tensor mean = mean_all.defined() ? mean_all.view(0, {n * heads}) : Tensor();
       be().copy_columns(raw, 0, rows, col, heads * hd);
       Tensor o = tmp.view(0, {n * heads, hd});
-      norm_forward(o, mean, rstd, raw.reshape({n * heads, hd}), nw, nb);
+      s().norm_forward(o, mean, rstd, raw.reshape({n * heads, hd}), nw, nb);
       be().copy_columns(rows, col, tmp.view(0, {n, heads * hd}), 0, heads * hd);
     };
     one(0, heads_local(), keep.q_raw, keep.q_mean, keep.q_rstd, w.q_norm_w, w.q_norm_b);
@@ -191,8 +230,8 @@ class StandardAttention final : public AttentionPart {
 
   // The backward: dqkv's query and key gradients (after the norm) become those before it, the
   // norms' weight gradients accumulate into g; tmp and tmp2 (each n*Hl*hd) are scratch.
-  void qk_norm_backward(Tensor& dqkv, LayerWeights& g, const LayerWeights& w,
-                        const QkNormTensors& keep, Tensor& tmp, Tensor& tmp2) const {
+  void qk_norm_backward(Tensor& dqkv, Weights& g, const Weights& w, const QkNormTensors& keep,
+                        Tensor& tmp, Tensor& tmp2) const {
     const int64_t hd = cfg_.head_dim(), width = dqkv.dim(dqkv.ndim() - 1);
     const int64_t n = dqkv.numel() / width;
     Tensor rows = dqkv.reshape({n, width});
@@ -202,8 +241,8 @@ class StandardAttention final : public AttentionPart {
       be().copy_columns(dy, 0, rows, col, heads * hd);
       be().zero(dx);  // the norm's backward accumulates
       Tensor dx_heads = dx.reshape({n * heads, hd});
-      norm_backward(dx_heads, dw, db, dy.reshape({n * heads, hd}), raw.reshape({n * heads, hd}), nw,
-                    mean, rstd);
+      s().norm_backward(dx_heads, dw, db, dy.reshape({n * heads, hd}), raw.reshape({n * heads, hd}),
+                        nw, mean, rstd);
       be().copy_columns(rows, col, dx, 0, heads * hd);
     };
     one(0, heads_local(), keep.q_raw, keep.q_mean, keep.q_rstd, w.q_norm_w, g.q_norm_w, g.q_norm_b);
@@ -215,8 +254,9 @@ class StandardAttention final : public AttentionPart {
 }  // namespace
 
 std::unique_ptr<AttentionPart> make_standard_attention(const LayerSpec& spec, const GPTConfig& cfg,
-                                                       const ModelShard& shard, GPTModel* model) {
-  return std::make_unique<StandardAttention>(cfg, shard, spec, model);
+                                                       const ModelShard& shard,
+                                                       PartServices* services) {
+  return std::make_unique<StandardAttention>(cfg, shard, spec, services);
 }
 
 }  // namespace tessera

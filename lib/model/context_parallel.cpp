@@ -13,7 +13,7 @@
 
 #include "core/context_parallel.hpp"
 #include "core/test_hooks.hpp"
-#include "model/gpt.hpp"
+#include "model/part_services.hpp"
 
 namespace tessera {
 
@@ -23,7 +23,7 @@ constexpr int kTagKv = 3001, kTagDkv = 3002;
 
 }  // namespace
 
-void GPTModel::attention_core_forward(int l, Activations& a, LayerActivations& la) {
+void PartServices::attention_core_forward(int l, Activations& a, LayerActivations& la) {
   if (shard_.cp_size > 1) {
     ring_attention_forward(l, a, la);
     return;
@@ -32,7 +32,7 @@ void GPTModel::attention_core_forward(int l, Activations& a, LayerActivations& l
                         kv_heads_local_, alibi(), documents(a));
 }
 
-void GPTModel::attention_core_backward(int l, Activations& a, LayerActivations& la) {
+void PartServices::attention_core_backward(int l, Activations& a, LayerActivations& la) {
   if (shard_.cp_size > 1) {
     ring_attention_backward(l, a, la);
     return;
@@ -41,11 +41,11 @@ void GPTModel::attention_core_backward(int l, Activations& a, LayerActivations& 
                          attention_dropout(l, a), kv_heads_local_, alibi(), documents(a));
 }
 
-void GPTModel::ring_attention_forward(int l, Activations& a, LayerActivations& la) {
+void PartServices::ring_attention_forward(int l, Activations& a, LayerActivations& la) {
   const int P = shard_.cp_size, r = shard_.cp_rank;
-  TESSERA_CHECK(cp_comm_ && cp_comm_->size() == P && cp_comm_->rank() == r,
+  TESSERA_CHECK(cp_ && cp_->size() == P && cp_->rank() == r,
                 "context parallelism: the model has no ring of ", P,
-                " ranks (GPTModel::set_context_comm)");
+                " ranks (PartServices::set_context_comm)");
   const int next = (r + 1) % P, prev = (r + P - 1) % P;
   const int64_t c = a.T / 2, hl = heads_local_ * cfg_.head_dim(), kvl = a.cp_kv[0].dim(2);
   const AttentionDropout* drop = attention_dropout(l, a);
@@ -54,8 +54,7 @@ void GPTModel::ring_attention_forward(int l, Activations& a, LayerActivations& l
   for (int i = 0; i < P; ++i) {
     Tensor& kv = a.cp_kv[i % 2];
     std::unique_ptr<PendingOp> arriving;  // the next step's block, sent on while this one runs
-    if (i + 1 < P)
-      arriving = cp_comm_->send_recv_async(kv, next, a.cp_kv[(i + 1) % 2], prev, kTagKv);
+    if (i + 1 < P) arriving = cp_->send_recv_async(kv, next, a.cp_kv[(i + 1) % 2], prev, kTagKv);
     const CpStepBlock s = cp_step_block(r, P, i, c);
     const Backend::RingBlock blk =
         ring_block_spec(s, r, P, heads_local_, kv_heads_local_, drop, alibi(), documents(a));
@@ -72,10 +71,10 @@ void GPTModel::ring_attention_forward(int l, Activations& a, LayerActivations& l
   }
 }
 
-void GPTModel::ring_attention_backward(int l, Activations& a, LayerActivations& la) {
+void PartServices::ring_attention_backward(int l, Activations& a, LayerActivations& la) {
   const int P = shard_.cp_size, r = shard_.cp_rank;
-  TESSERA_CHECK(cp_comm_ && cp_comm_->size() == P, "context parallelism: no ring of ", P,
-                " ranks (GPTModel::set_context_comm)");
+  TESSERA_CHECK(cp_ && cp_->size() == P, "context parallelism: no ring of ", P,
+                " ranks (PartServices::set_context_comm)");
   const int next = (r + 1) % P, prev = (r + P - 1) % P;
   const int64_t c = a.T / 2, hl = heads_local_ * cfg_.head_dim(), kvl = a.cp_kv[0].dim(2);
   const AttentionDropout* drop = attention_dropout(l, a);
@@ -91,8 +90,7 @@ void GPTModel::ring_attention_backward(int l, Activations& a, LayerActivations& 
     Tensor& kv = a.cp_kv[i % 2];
     Tensor& sum = a.cp_dkv[i % 2];
     std::unique_ptr<PendingOp> arriving;
-    if (i + 1 < P)
-      arriving = cp_comm_->send_recv_async(kv, next, a.cp_kv[(i + 1) % 2], prev, kTagKv);
+    if (i + 1 < P) arriving = cp_->send_recv_async(kv, next, a.cp_kv[(i + 1) % 2], prev, kTagKv);
     const CpStepBlock s = cp_step_block(r, P, i, c);
     Tensor& mine = i == 0 ? sum : a.cp_dkv_mine;  // step 0 starts the owner's sum
     be_.zero(mine);
@@ -104,14 +102,14 @@ void GPTModel::ring_attention_backward(int l, Activations& a, LayerActivations& 
       sums->wait_device();  // the partial sum for this owner is in `sum`
       be_.add(sum, sum, mine);
     }
-    sums = cp_comm_->send_recv_async(sum, next, a.cp_dkv[(i + 1) % 2], prev, kTagDkv);
+    sums = cp_->send_recv_async(sum, next, a.cp_dkv[(i + 1) % 2], prev, kTagDkv);
   }
   sums->wait_device();
   be_.copy_columns(a.dqkv, hl, a.cp_dkv[P % 2], 0, kvl);
 }
 
-void GPTModel::apply_hidden_dropout(Tensor& out, const Tensor& in, const DropoutSpec& d,
-                                    const Activations& a) {
+void PartServices::apply_hidden_dropout(Tensor& out, const Tensor& in, const DropoutSpec& d,
+                                        const Activations& a) {
   if (shard_.cp_size == 1) {
     be_.dropout(out, in, d, dropout_row_begin(a), a.T);
     return;
@@ -132,49 +130,9 @@ void GPTModel::apply_hidden_dropout(Tensor& out, const Tensor& in, const Dropout
   }
 }
 
-const Tensor* GPTModel::rope_positions(const Activations& a) const {
+const Tensor* PartServices::rope_positions(const Activations& a) const {
   if (a.doc_positions.defined()) return &a.doc_positions;  // model/documents.cpp
   return shard_.cp_size > 1 && a.cp_positions.defined() ? &a.cp_positions : nullptr;
-}
-
-void GPTModel::add_position_embedding(Tensor& btc, Activations& a) {
-  const Tensor wpe = params_->compute_param("wpe");
-  if (a.doc_positions.defined()) {  // each row's own position (model/documents.cpp)
-    add_document_positions(btc, wpe, a);
-    return;
-  }
-  if (shard_.cp_size == 1) {
-    be_.position_embedding_forward(btc, wpe);
-    return;
-  }
-  const int64_t C = cfg_.hidden_size, c = a.T / 2;
-  for (int64_t half = 0; half < 2; ++half) {
-    const int64_t p0 = cp_position(shard_.cp_rank, shard_.cp_size, c, half * c);
-    Tensor rows = a.cp_wpe.view(half * c * C, {c, C});
-    be_.cast(rows, wpe.view(p0 * C, {c, C}));  // a copy
-  }
-  be_.position_embedding_forward(btc, a.cp_wpe);
-}
-
-void GPTModel::position_embedding_grad(const Tensor& dbtc, Activations& a) {
-  Tensor dwpe = params_->grad("wpe");
-  if (a.doc_positions.defined()) {
-    const int64_t N = int64_t(a.B) * a.T;
-    be_.embedding_backward(dwpe, dbtc.reshape({N, cfg_.hidden_size}), a.doc_positions, 0);
-    return;
-  }
-  if (shard_.cp_size == 1) {
-    be_.position_embedding_backward(dwpe, dbtc);
-    return;
-  }
-  const int64_t C = cfg_.hidden_size, c = a.T / 2;
-  be_.zero(a.cp_dwpe);
-  be_.position_embedding_backward(a.cp_dwpe, dbtc);
-  for (int64_t half = 0; half < 2; ++half) {
-    const int64_t p0 = cp_position(shard_.cp_rank, shard_.cp_size, c, half * c);
-    Tensor g = dwpe.view(p0 * C, {c, C});
-    be_.add(g, g, a.cp_dwpe.view(half * c * C, {c, C}));
-  }
 }
 
 }  // namespace tessera

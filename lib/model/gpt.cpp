@@ -1,7 +1,8 @@
-// gpt.cpp: the model's plumbing on one rank's shard (DESIGN.md invariant 3): the embedding, the
-// block around its parts (the residual stream, the norms, the TP/SP reductions of the parts'
-// outputs and input gradients, the dropout sites, recomputation), the head and its loss. What
-// varies between families is in the parts (model/parts.hpp), chosen once per layer.
+// gpt.cpp: the model's plumbing on one rank's shard (DESIGN.md invariant 3): the block around its
+// parts (the residual stream, the norms, the TP/SP reductions of the parts' outputs and input
+// gradients, the dropout sites, recomputation), the head and its loss; the embedding is in
+// model/embedding.cpp. What varies between families is in the parts (model/parts.hpp), chosen
+// once per layer; what they share with the plumbing is PartServices (model/part_services.hpp).
 #include "model/gpt.hpp"
 
 #include <algorithm>
@@ -9,7 +10,8 @@
 
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
-#include "core/test_hooks.hpp"
+#include "model/mtp.hpp"
+#include "model/part_services.hpp"
 #include "model/parts.hpp"
 
 namespace tessera {
@@ -17,15 +19,12 @@ namespace tessera {
 namespace {
 // Layer l's norms from the flat buffers; the parts bind their own weights. Absent parameters
 // (norm biases with RMSNorm) stay undefined tensors.
-LayerWeights layer_tensors(const ParamStore& ps, int l, bool grads, const AttentionPart& attention,
-                           const MlpPart& mlp) {
+LayerWeights norms(const ParamStore& ps, int l, bool grads) {
   LayerWeights w;
   w.ln1_w = ModelPart::param(ps, l, "ln1.weight", grads);
   w.ln1_b = ModelPart::param(ps, l, "ln1.bias", grads);
   w.ln2_w = ModelPart::param(ps, l, "ln2.weight", grads);
   w.ln2_b = ModelPart::param(ps, l, "ln2.bias", grads);
-  attention.bind(ps, l, grads, w);
-  mlp.bind(ps, l, grads, w);
   return w;
 }
 
@@ -44,80 +43,29 @@ GPTModel::GPTModel(const GPTConfig& cfg, const ModelShard& shard, Backend& backe
   TESSERA_CHECK(cfg.num_attention_heads % shard.tp_size == 0 && cfg.ffn() % shard.tp_size == 0 &&
                     cfg.kv_heads() % shard.tp_size == 0,
                 "heads, query groups and ffn width must divide by the tensor-parallel size");
+  TESSERA_CHECK(
+      !shard.sequence_parallel || shard.tp_size == 1 || cfg.seq_length % shard.tp_size == 0,
+      "sequence parallelism needs --seq-length divisible by the tensor-parallel size");
   padded_vocab_ = cfg_.padded_vocab_size(shard.tp_size);
-  vocab_local_ = padded_vocab_ / shard.tp_size;
-  vocab_begin_ = vocab_local_ * shard.tp_rank;
-  valid_cols_ =
-      std::max<int64_t>(0, std::min<int64_t>(vocab_local_, cfg_.vocab_size - vocab_begin_));
-  heads_local_ = cfg.num_attention_heads / shard.tp_size;
-  kv_heads_local_ = cfg.kv_heads() / shard.tp_size;
-  rope_.heads = heads_local_;
-  rope_.kv_heads = kv_heads_local_;
-  rope_.head_dim = cfg.head_dim();
-  rope_.rot_dim = cfg.rotary_dim();
-  rope_.base = cfg.rotary_base;
-  rope_.interleaved = cfg.rotary_interleaved;
-  alibi_.head_begin = heads_local_ * shard.tp_rank;
-  alibi_.heads_total = cfg.num_attention_heads;
-  if (cfg.use_rope_scaling)
-    rope_.scaling =
-        RopeScaling{cfg.rope_scaling_factor, cfg.rope_scaling_low_freq_factor,
-                    cfg.rope_scaling_high_freq_factor, cfg.rope_scaling_original_max_positions};
-  if (cfg.yarn()) {  // YaRN (MLA): the factor over the original context, the beta ramp
-    rope_.scaling.factor = cfg.rotary_scaling_factor;
-    rope_.scaling.original_max_positions = cfg.original_max_position_embeddings;
-    rope_.scaling.yarn = true;
-    rope_.scaling.beta_fast = cfg.beta_fast;
-    rope_.scaling.beta_slow = cfg.beta_slow;
+  services_ = std::make_unique<PartServices>(cfg_, shard_, backend, tp, compute);
+  const std::vector<LayerSpec> all = build_layer_specs(cfg_);
+  for (int l : shard_.layers()) {
+    specs_.push_back(all[static_cast<size_t>(l)]);
+    attention_.push_back(make_attention_part(specs_.back(), cfg_, shard_, services_.get()));
+    mlp_.push_back(make_mlp_part(specs_.back(), cfg_, shard_, services_.get()));
   }
-  hidden_local_ = heads_local_ * cfg.head_dim();
-  ffn_local_ = cfg.ffn() / shard.tp_size;
-  sp_ = shard.sequence_parallel && shard.tp_size > 1;
-  {
-    const std::vector<LayerSpec> all = build_layer_specs(cfg_);
-    for (int l : shard_.layers()) {
-      specs_.push_back(all[static_cast<size_t>(l)]);
-      attention_.push_back(make_attention_part(specs_.back(), cfg_, shard_, this));
-      mlp_.push_back(make_mlp_part(specs_.back(), cfg_, shard_, this));
-    }
-    if (!all.empty()) activation_ = all[0].activation;
-    swiglu_ = activation_ == MlpActivation::SwiGLU;
-  }
-  init_moe();
-  init_mtp();
-  TESSERA_CHECK(!sp_ || cfg.seq_length % shard.tp_size == 0, "sequence parallelism needs ",
-                "--seq-length divisible by the tensor-parallel size");
   {
     AllocationLabel label("the parameters and gradients of this rank's shard");
     params_ = std::make_unique<ParamStore>(build_param_specs(cfg_, shard_), backend.allocator(),
                                            compute, layout);
   }
-  if (cfg_.apply_layernorm_1p) {  // the constant 1 of (1 + w), and where (1 + w) is formed
-    AllocationLabel label("the (1 + w) norm weights of --apply-layernorm-1p");
-    const int64_t width = std::max<int64_t>(cfg_.hidden_size, cfg_.head_dim());  // q/k norms: hd
-    const std::vector<float> ones(static_cast<size_t>(width), 1.f);
-    Tensor host_ones({width}, DType::F32, backend.allocator());
-    be_.copy_from_host(host_ones, ones.data());
-    norm_w1p_ = Tensor({width}, compute, backend.allocator());
-    norm_ones_ = host_ones;
-    if (compute != DType::F32) {
-      norm_ones_ = Tensor({width}, compute, backend.allocator());
-      be_.cast(norm_ones_, host_ones);
-    }
-  }
-  moe_stats_.resize(static_cast<size_t>(shard_.num_layers()));
-  mtp_losses_.assign(static_cast<size_t>(shard_.mtp_count), MtpLoss{});
-  step_tokens_.resize(static_cast<size_t>(shard_.num_layers()));
-  logged_tokens_.resize(static_cast<size_t>(shard_.num_layers()));
-  expert_bias_.resize(static_cast<size_t>(shard_.num_layers()));
-  for (int l : shard_.layers())
-    if (moe_layer(l) && cfg_.moe_router_enable_expert_bias)  // starts at zero
-      expert_bias_[static_cast<size_t>(shard_.local_index(l))].assign(
-          static_cast<size_t>(cfg_.num_experts), 0.f);
+  if (shard_.mtp_count > 0) mtp_ = std::make_unique<MtpHead>(cfg_, shard_, *services_, *params_);
   for (int l : shard_.layers()) {
     const size_t li = static_cast<size_t>(shard_.local_index(l));
-    weights_.push_back(layer_tensors(*params_, l, false, *attention_[li], *mlp_[li]));
-    grads_.push_back(layer_tensors(*params_, l, true, *attention_[li], *mlp_[li]));
+    attention_[li]->bind(*params_, l);
+    mlp_[li]->bind(*params_, l);
+    weights_.push_back(norms(*params_, l, false));
+    grads_.push_back(norms(*params_, l, true));
     range_names_.push_back("layer-" + std::to_string(l) + "-forward");
     range_names_.push_back("layer-" + std::to_string(l) + "-backward");
   }
@@ -146,10 +94,6 @@ void GPTModel::init_parameters(uint64_t seed, const ParamSink& master_sink) {
   zero_grads();
 }
 
-std::vector<std::vector<int>> GPTModel::pieces_of_params() const {
-  return param_pieces(params_->specs(), shard_);
-}
-
 void GPTModel::sync_compute_weights() {
   if (compute_ == DType::F32) return;
   TESSERA_CHECK(params_->has_master(),
@@ -167,27 +111,6 @@ void GPTModel::zero_grads() {
   be_.zero(params_->flat_grads());
 }
 
-LayerActivations& GPTModel::acts_of(int layer, Activations& a) const {
-  return a.layers[layer - shard_.chunks[a.chunk].begin];
-}
-
-DropoutSpec GPTModel::hidden_dropout(int layer, DropoutKind kind, const Activations& a) const {
-  const DropoutContext& c = a.dropout;
-  if (!c.training || cfg_.hidden_dropout <= 0) return {};
-  return make_dropout_spec(cfg_.hidden_dropout, c.seed, c.iteration, layer, kind, c.sample_begin);
-}
-
-const AttentionDropout* GPTModel::attention_dropout(int layer, const Activations& a) {
-  const DropoutContext& c = a.dropout;
-  if (!c.training || cfg_.attention_dropout <= 0) return nullptr;
-  attn_drop_.spec = make_dropout_spec(cfg_.attention_dropout, c.seed, c.iteration, layer,
-                                      DropoutKind::Attention, c.sample_begin);
-  attn_drop_.head_begin =
-      test_hooks::dropout_ignore_tp_offset() ? 0 : heads_local_ * shard_.tp_rank;
-  attn_drop_.heads_total = cfg_.num_attention_heads;
-  return &attn_drop_;
-}
-
 const Tensor& GPTModel::layer_input(int layer, const Activations& a) const {
   if (shard_.is_mtp_layer(layer)) return a.mtp[static_cast<size_t>(layer - shard_.mtp_begin)].x;
   const int begin = shard_.chunks[a.chunk].begin;
@@ -199,57 +122,32 @@ Tensor& GPTModel::stage_output(Activations& a) {
   return n == 0 ? a.input : a.layers[static_cast<size_t>(n - 1)].res2;
 }
 
-Tensor& GPTModel::activation_backward(PhaseSequence& phase, Tensor& dact, Tensor& dfc1_swiglu,
-                                      const Tensor& fc1) {
-  phase(mlp_activation_phase(activation_, true));
-  return mlp_activation_backward(be_, activation_, dact, dfc1_swiglu, fc1);
+void GPTModel::set_expert_comm(Communicator& ep) {
+  services_->set_expert_comm(ep);
 }
 
-void GPTModel::activation_forward(PhaseSequence& phase, LayerActivations& la) {
-  phase(mlp_activation_phase(activation_, false));
-  mlp_activation(la.gelu, la.fc1);
+void GPTModel::set_context_comm(Communicator& cp) {
+  services_->set_context_comm(cp);
 }
 
-void GPTModel::mlp_activation(Tensor& out, const Tensor& fc1) {
-  mlp_activation_forward(be_, activation_, out, fc1);
+void GPTModel::set_fp8(const Fp8Config& c) {
+  services_->set_fp8(c);
 }
 
-const Tensor& GPTModel::norm_weight(const Tensor& w) {
-  if (!cfg_.apply_layernorm_1p) return w;
-  // (1 + w) formed just before each use: the stored weight stays what the optimizer updates, and
-  // its gradient is the gradient of (1 + w). The hidden norms are C wide, the q/k norms hd.
-  norm_w1p_view_ = norm_w1p_.view(0, {w.numel()});
-  be_.add(norm_w1p_view_, w, norm_ones_.view(0, {w.numel()}));
-  return norm_w1p_view_;
+Fp8Scaling* GPTModel::fp8() const {
+  return services_->fp8();
 }
 
-void GPTModel::norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
-                            const Tensor& weight, const Tensor& b) {
-  const Tensor& w = norm_weight(weight);
-  if (cfg_.rmsnorm())
-    be_.rmsnorm_forward(out, rstd, inp, w, cfg_.layernorm_epsilon);
-  else
-    be_.layernorm_forward(out, mean, rstd, inp, w, b, cfg_.layernorm_epsilon);
-}
-
-void GPTModel::add_norm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd,
-                                const Tensor& a, const Tensor& b, const Tensor& weight,
-                                const Tensor& bias) {
-  const Tensor& w = norm_weight(weight);
-  if (cfg_.rmsnorm())
-    be_.add_rmsnorm_forward(sum, out, rstd, a, b, w, cfg_.layernorm_epsilon);
-  else
-    be_.add_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, cfg_.layernorm_epsilon);
-}
-
-void GPTModel::norm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout,
-                             const Tensor& inp, const Tensor& weight, const Tensor& mean,
-                             const Tensor& rstd) {
-  const Tensor& w = norm_weight(weight);
-  if (cfg_.rmsnorm())
-    be_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd);
-  else
-    be_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd);
+std::vector<StepHook*> GPTModel::step_hooks() const {
+  std::vector<StepHook*> hooks;
+  auto add = [&](StepHook* h) {
+    if (h && std::find(hooks.begin(), hooks.end(), h) == hooks.end()) hooks.push_back(h);
+  };
+  add(services_->fp8());
+  for (const auto& m : mlp_) add(m->step_hook());  // the MoE layers' one
+  for (const auto& at : attention_) add(at->step_hook());
+  add(mtp_.get());
+  return hooks;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -258,38 +156,6 @@ void GPTModel::norm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor&
 // Phases (core/phase_timer.hpp, docs/profiling.md): one per op kind, each also an NVTX range. The
 // TP collectives inside a layer are a phase of their own ("tp-all-reduce") where TP > 1.
 
-void GPTModel::embed_forward(Activations& a) {
-  notify(&PassObserver::before_forward, kEmbedPiece);
-  TESSERA_CHECK(embeds(a), "embed_forward on a stage (or model chunk) without the embedding");
-  PhaseSequence phase;
-  phase("embedding-forward");
-  const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size;
-  if (sp_) {
-    // Each TP rank fills the rows of its vocabulary shard (zeros elsewhere) and rank 0 adds the
-    // positions; the reduce-scatter sums them (wpe and one embedding row per element, the rest
-    // zeros: the all-reduce path's sum, bit for bit) and leaves each rank its rows.
-    Tensor full = a.tmp_c;
-    be_.embedding_forward(full, a.ids, params_->compute_param("wte"), vocab_begin_);
-    if (shard_.tp_rank == 0 && cfg_.learned_positions()) {
-      Tensor btc = full.reshape({a.B, a.T, C});
-      add_position_embedding(btc, a);
-    }
-    const Tensor mine = reduce_rows(phase, full, a);
-    phase("embedding-forward");
-    be_.cast(a.input, mine);  // a copy
-  } else {
-    Tensor x = a.input.reshape({N, C});
-    be_.embedding_forward(x, a.ids, params_->compute_param("wte"), vocab_begin_);
-    tp_.all_reduce(a.input, ReduceOp::Sum);  // each TP rank filled the rows of its vocab shard
-    if (cfg_.learned_positions()) add_position_embedding(a.input, a);
-  }
-  if (const DropoutSpec d = hidden_dropout(0, DropoutKind::Embedding, a); d.active()) {
-    phase("dropout");
-    apply_hidden_dropout(a.input, a.input, d, a);
-  }
-  notify(&PassObserver::after_forward, kEmbedPiece);
-}
-
 void GPTModel::block_forward(int l, Activations& a) {
   if (!shard_.is_mtp_layer(l)) notify(&PassObserver::before_forward, l);  // MTP's: the head piece's
   const int li = shard_.local_index(l);
@@ -297,75 +163,33 @@ void GPTModel::block_forward(int l, Activations& a) {
                 " is not in the activations' model chunk");
   NvtxRange range(range_names_[2 * li].c_str());
   const LayerWeights& w = weights_[li];
-  LayerActivations& la = acts_of(l, a);
+  LayerActivations& la = services_->acts(l, a);
   const Tensor& x = layer_input(l, a);
   PhaseSequence phase;
   phase("layernorm-forward");
-  Tensor ln1 = own_rows(la.ln1, a);
-  norm_forward(ln1, la.ln1_mean, la.ln1_rstd, x, w.ln1_w, w.ln1_b);
-  gather_rows(phase, la.ln1);
+  PartServices& s = *services_;
+  Tensor ln1 = s.own_rows(la.ln1, a);
+  s.norm_forward(ln1, la.ln1_mean, la.ln1_rstd, x, w.ln1_w, w.ln1_b);
+  s.gather_rows(phase, la.ln1);
   attention_[static_cast<size_t>(li)]->forward(phase, l, a, la, a.tmp_c);
-  Tensor branch = reduce_rows(phase, a.tmp_c, a);
-  if (const DropoutSpec d = hidden_dropout(l, DropoutKind::AttnOut, a); d.active()) {
+  Tensor branch = s.reduce_rows(phase, a.tmp_c, a);
+  if (const DropoutSpec d = s.hidden_dropout(l, DropoutKind::AttnOut, a); d.active()) {
     phase("dropout");
-    apply_hidden_dropout(branch, branch, d, a);
+    s.apply_hidden_dropout(branch, branch, d, a);
   }
   phase("layernorm-forward");  // fused with the residual add
-  Tensor ln2 = own_rows(la.ln2, a);
-  add_norm_forward(la.res1, ln2, la.ln2_mean, la.ln2_rstd, x, branch, w.ln2_w, w.ln2_b);
-  gather_rows(phase, la.ln2);
+  Tensor ln2 = s.own_rows(la.ln2, a);
+  s.add_norm_forward(la.res1, ln2, la.ln2_mean, la.ln2_rstd, x, branch, w.ln2_w, w.ln2_b);
+  s.gather_rows(phase, la.ln2);
   mlp_[static_cast<size_t>(li)]->forward(phase, l, a, la, a.tmp_c);
-  branch = reduce_rows(phase, a.tmp_c, a);
-  if (const DropoutSpec d = hidden_dropout(l, DropoutKind::MlpOut, a); d.active()) {
+  branch = s.reduce_rows(phase, a.tmp_c, a);
+  if (const DropoutSpec d = s.hidden_dropout(l, DropoutKind::MlpOut, a); d.active()) {
     phase("dropout");
-    apply_hidden_dropout(branch, branch, d, a);
+    s.apply_hidden_dropout(branch, branch, d, a);
   }
   phase("residual-add");
   be_.add(la.res2, la.res1, branch);
   if (!shard_.is_mtp_layer(l)) notify(&PassObserver::after_forward, l);
-}
-
-void GPTModel::linear_forward(int l, Fp8Gemm g, Tensor& out, const Tensor& inp, const Tensor& w,
-                              const Tensor* bias, const Activations& a, int expert) {
-  if (!fp8_layer(l)) {
-    be_.matmul_forward(out, inp, w, bias);
-    return;
-  }
-  const int li = shard_.local_index(l);
-  const bool record = a.dropout.training && !recomputing_;  // a training step's first forward
-  const Backend::Fp8Operand x = fp8_->operand(li, g, Fp8Role::Input, inp, record, expert);
-  const Backend::Fp8Operand wq = fp8_->operand(li, g, Fp8Role::Weight, w, record, expert);
-  if (inp.dim(0) > 0) be_.fp8_matmul_forward(out, inp, w, bias, x, wq);
-}
-
-void GPTModel::linear_backward(int l, Fp8Gemm g, Tensor* dinp, Tensor& dw, Tensor* dbias,
-                               const Tensor& dout, const Tensor& inp, const Tensor& w, int expert) {
-  if (!fp8_layer(l)) {
-    be_.matmul_backward(dinp, dw, dbias, dout, inp, w);
-    return;
-  }
-  // The input and weight quantized again as in the forward (the same scales, so the same values);
-  // the output gradient's amax joins the step's (a backward is always a training step's).
-  const int li = shard_.local_index(l);
-  const Backend::Fp8Operand go = fp8_->operand(li, g, Fp8Role::GradOutput, dout, true, expert);
-  const Backend::Fp8Operand x = fp8_->operand(li, g, Fp8Role::Input, inp, false, expert);
-  const Backend::Fp8Operand wq = fp8_->operand(li, g, Fp8Role::Weight, w, false, expert);
-  if (inp.dim(0) > 0) be_.fp8_matmul_backward(dinp, dw, dbias, dout, inp, w, go, x, wq);
-}
-
-void GPTModel::set_fp8(const Fp8Config& c) {
-  fp8_.reset();
-  if (!c.enabled) return;
-  TESSERA_CHECK(shard_.cp_size == 1 || cp_comm_, "set_fp8 before set_context_comm");
-  fp8_ = std::make_unique<Fp8Scaling>(c, shard_.layers(), cfg_.num_layers, cfg_.num_experts, be_,
-                                      tp_, shard_.cp_size > 1 ? cp_comm_ : nullptr);
-}
-
-std::vector<StepHook*> GPTModel::step_hooks() const {
-  std::vector<StepHook*> hooks;
-  for (StepHook* h : {static_cast<StepHook*>(fp8_.get()), routing_hook_.get(), mtp_hook_.get()})
-    if (h) hooks.push_back(h);
-  return hooks;
 }
 
 double GPTModel::head_forward(Activations& a, float grad_scale) {
@@ -387,19 +211,18 @@ void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out
   const Tensor& h = stage_output(a);
   PhaseSequence phase;
   phase("layernorm-forward");
-  Tensor lnf = own_rows(a.lnf, a);
-  norm_forward(lnf, a.lnf_mean, a.lnf_rstd, h, params_->compute_param("lnf.weight"),
-               cfg_.rmsnorm() ? Tensor() : params_->compute_param("lnf.bias"));
-  gather_rows(phase, a.lnf);
+  PartServices& s = *services_;
+  Tensor lnf = s.own_rows(a.lnf, a);
+  s.norm_forward(lnf, a.lnf_mean, a.lnf_rstd, h, params_->compute_param("lnf.weight"),
+                 cfg_.rmsnorm() ? Tensor() : params_->compute_param("lnf.bias"));
+  s.gather_rows(phase, a.lnf);
   phase("lm-head-gemm-forward");
   be_.matmul_forward(a.logits, a.lnf, params_->compute_param(output_weight_name()), nullptr);
   phase("cross-entropy");  // with its TP all-reduces of the row statistics
-  cross_entropy(a.losses, a.logits, a.targets, a, grad_scale);
+  s.cross_entropy(a.losses, a.logits, a.targets, a, grad_scale);
   if (losses_out.raw() != a.losses.raw()) be_.cast(losses_out, a.losses);  // a device copy
-  if (cfg_.mtp() && a.dropout.training) {  // its loss joins the gradient, logged apart
-    if (!a.mtp_staged) mtp_prepare(a);
-    mtp_forward(a, grad_scale);
-  }
+  if (mtp_ && a.dropout.training)  // its loss joins the gradient, logged apart
+    mtp_->forward(a, grad_scale, h, [this](int l, Activations& x) { block_forward(l, x); });
   notify(&PassObserver::after_forward, kHeadPiece);
 }
 
@@ -422,14 +245,15 @@ void GPTModel::head_backward(Activations& a) {
   phase("lm-head-gemm-backward");
   be_.matmul_backward(&a.dln, dw, nullptr, a.logits, a.lnf,
                       params_->compute_param(output_weight_name()));
-  const Tensor dlnf = reduce_rows(phase, a.dln, a);
+  const Tensor dlnf = services_->reduce_rows(phase, a.dln, a);
   phase("layernorm-backward");
   be_.zero(a.dres);
   Tensor dlnf_w = params_->grad("lnf.weight");
   Tensor dlnf_b = cfg_.rmsnorm() ? Tensor() : params_->grad("lnf.bias");
-  norm_backward(a.dres, dlnf_w, dlnf_b, dlnf, stage_output(a), params_->compute_param("lnf.weight"),
-                a.lnf_mean, a.lnf_rstd);
-  if (cfg_.mtp() && a.dropout.training) mtp_backward(a);  // adds the MTP chain's gradient
+  services_->norm_backward(a.dres, dlnf_w, dlnf_b, dlnf, stage_output(a),
+                           params_->compute_param("lnf.weight"), a.lnf_mean, a.lnf_rstd);
+  if (mtp_ && a.dropout.training)  // adds the MTP chain's gradient
+    mtp_->backward(a, stage_output(a), [this](int l, Activations& x) { block_backward(l, x); });
 }
 
 void GPTModel::recompute_for_backward(int l, Activations& a) {
@@ -438,23 +262,24 @@ void GPTModel::recompute_for_backward(int l, Activations& a) {
     // The chunk's forward again from its kept input: every buffer of the chunk (the working set)
     // is refilled, and the kept output is rewritten with the same bits.
     NVTX_RANGE("recompute-full");
-    recomputing_ = true;
+    services_->set_recomputing(true);
     for (int k = p.chunk_begin; k < p.chunk_end; ++k) block_forward(k, a);
-    recomputing_ = false;
+    services_->set_recomputing(false);
   } else if (p.kind == RecomputeGranularity::Selective) {
     // The LayerNorm outputs (with their statistics), the attention core's output and lse, and
     // the GELU output, from the kept layer input, qkv, res1 and fc1 output: the same kernels on
     // the same inputs as the forward.
     NVTX_RANGE("recompute-selective");
     const LayerWeights& w = weights_[shard_.local_index(l)];
-    LayerActivations& la = acts_of(l, a);
+    PartServices& s = *services_;
+    LayerActivations& la = s.acts(l, a);
     PhaseSequence phase;
     phase("layernorm-forward");
-    Tensor ln1 = own_rows(la.ln1, a), ln2 = own_rows(la.ln2, a);
-    norm_forward(ln1, la.ln1_mean, la.ln1_rstd, layer_input(l, a), w.ln1_w, w.ln1_b);
-    norm_forward(ln2, la.ln2_mean, la.ln2_rstd, la.res1, w.ln2_w, w.ln2_b);
-    gather_rows(phase, la.ln1);  // the gathers of the forward again (sequence parallelism)
-    gather_rows(phase, la.ln2);
+    Tensor ln1 = s.own_rows(la.ln1, a), ln2 = s.own_rows(la.ln2, a);
+    s.norm_forward(ln1, la.ln1_mean, la.ln1_rstd, layer_input(l, a), w.ln1_w, w.ln1_b);
+    s.norm_forward(ln2, la.ln2_mean, la.ln2_rstd, la.res1, w.ln2_w, w.ln2_b);
+    s.gather_rows(phase, la.ln1);  // the gathers of the forward again (sequence parallelism)
+    s.gather_rows(phase, la.ln2);
     attention_part(l).recompute(phase, l, a, la);
     mlp_part(l).recompute(phase, l, a, la);
   }
@@ -468,37 +293,24 @@ void GPTModel::block_backward(int l, Activations& a) {
   NvtxRange range(range_names_[2 * li + 1].c_str());
   const LayerWeights& w = weights_[li];
   LayerWeights& g = grads_[li];
-  LayerActivations& la = acts_of(l, a);
+  PartServices& s = *services_;
+  LayerActivations& la = s.acts(l, a);
   const Tensor& x = layer_input(l, a);
   PhaseSequence phase;
   // MLP: res2 = res1 + drop(fc2(gelu(fc1(ln2(res1))))); dres holds d res2 and becomes d res1.
   // The branch's gradient is dres through the forward's mask, gathered over TP with sequence
   // parallelism (branch_grad).
-  const Tensor& dmlp = branch_grad(phase, a, hidden_dropout(l, DropoutKind::MlpOut, a));
+  const Tensor& dmlp = s.branch_grad(phase, a, s.hidden_dropout(l, DropoutKind::MlpOut, a));
   mlp_part(l).backward(phase, l, a, la, dmlp);
-  Tensor dln = reduce_rows(phase, a.dln, a);  // column-parallel input gradient
+  Tensor dln = s.reduce_rows(phase, a.dln, a);  // column-parallel input gradient
   phase("layernorm-backward");
-  norm_backward(a.dres, g.ln2_w, g.ln2_b, dln, la.res1, w.ln2_w, la.ln2_mean, la.ln2_rstd);
+  s.norm_backward(a.dres, g.ln2_w, g.ln2_b, dln, la.res1, w.ln2_w, la.ln2_mean, la.ln2_rstd);
   // Attention: res1 = x + drop(proj(attn(qkv(ln1(x))))); dres becomes d x.
-  const Tensor& dattn = branch_grad(phase, a, hidden_dropout(l, DropoutKind::AttnOut, a));
+  const Tensor& dattn = s.branch_grad(phase, a, s.hidden_dropout(l, DropoutKind::AttnOut, a));
   attention_part(l).backward(phase, l, a, la, dattn);
-  dln = reduce_rows(phase, a.dln, a);
+  dln = s.reduce_rows(phase, a.dln, a);
   phase("layernorm-backward");
-  norm_backward(a.dres, g.ln1_w, g.ln1_b, dln, x, w.ln1_w, la.ln1_mean, la.ln1_rstd);
-}
-
-void GPTModel::embed_backward(Activations& a) {
-  notify(&PassObserver::before_backward, kEmbedPiece);
-  Tensor dwte = params_->grad("wte");
-  // d (wte[ids] + wpe): dres through the embedding dropout's mask, all rows (gathered over TP
-  // with sequence parallelism): every TP rank needs every row for its vocabulary shard, and
-  // computes the whole (replicated) position-embedding gradient.
-  PhaseSequence phase;
-  const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size;
-  const Tensor& demb = branch_grad(phase, a, hidden_dropout(0, DropoutKind::Embedding, a));
-  phase("embedding-backward");
-  be_.embedding_backward(dwte, demb.reshape({N, C}), a.ids, vocab_begin_);
-  if (cfg_.learned_positions()) position_embedding_grad(demb.reshape({a.B, a.T, C}), a);
+  s.norm_backward(a.dres, g.ln1_w, g.ln1_b, dln, x, w.ln1_w, la.ln1_mean, la.ln1_rstd);
 }
 
 void GPTModel::remove_observer(PassObserver* o) {
@@ -521,6 +333,31 @@ void GPTModel::backward(Activations& a) {
   if (embeds(a)) {
     embed_backward(a);
     ready(kEmbedPiece);
+  }
+}
+
+void GPTModel::reduce_sequence_parallel_grads(int piece) {
+  if (piece == kHeadPiece && mtp_) {  // multi-token prediction's layers complete with the head
+    for (int k = 0; k < shard_.mtp_count; ++k) reduce_sequence_parallel_grads(shard_.mtp_begin + k);
+    mtp_->reduce_tp_grads();  // and its norms and projection
+  }
+  if (piece >= 0) {  // each part's partial sums over TP (the router; q/k norms, MLA's latents)
+    mlp_part(piece).reduce_tp_grads(piece);
+    attention_part(piece).reduce_tp_grads(piece);
+  }
+  if (!services_->sequence_parallel()) return;
+  TESSERA_PHASE("sp-grad-all-reduce");
+  auto reduce = [&](const std::string& name) {
+    Tensor g = params_->grad(name);
+    tp_.all_reduce(g, ReduceOp::Sum);
+  };
+  if (piece == kHeadPiece) {
+    reduce("lnf.weight");
+    if (!cfg_.rmsnorm()) reduce("lnf.bias");
+  } else if (piece >= 0) {
+    LayerWeights& g = grads_[shard_.local_index(piece)];
+    for (Tensor* t : {&g.ln1_w, &g.ln1_b, &g.ln2_w, &g.ln2_b})
+      if (t->defined()) tp_.all_reduce(*t, ReduceOp::Sum);
   }
 }
 

@@ -16,7 +16,7 @@
 
 namespace tessera {
 
-class GPTModel;
+class PartServices;
 class AttentionPart;
 class MlpPart;
 
@@ -39,12 +39,12 @@ struct LayerSpec {
 // One entry per transformer layer with parameters (the model's, then multi-token prediction's).
 std::vector<LayerSpec> build_layer_specs(const GPTConfig& cfg);
 
-// The parts of a spec, for a model's shard (`model` null: to plan buffers only). cfg and shard
-// must outlive them.
+// The parts of a spec, for a model's shard (`services` its model's; null: to plan parameters and
+// buffers only). cfg and shard must outlive them.
 struct ModelShard;
 std::unique_ptr<AttentionPart> make_attention_part(const LayerSpec& spec, const GPTConfig& cfg,
-                                                   const ModelShard& shard, GPTModel* model);
+                                                   const ModelShard& shard, PartServices* services);
 std::unique_ptr<MlpPart> make_mlp_part(const LayerSpec& spec, const GPTConfig& cfg,
-                                       const ModelShard& shard, GPTModel* model);
+                                       const ModelShard& shard, PartServices* services);
 
 }  // namespace tessera

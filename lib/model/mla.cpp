@@ -16,7 +16,7 @@
 // Backward: the mirror. The shared k_pe's gradient sums over the heads; each TP rank's heads give
 // partial sums of the latents' gradients, which flow linearly through the latent norms and
 // down-projections: the input gradient is summed over TP with the other column-parallel ones, the
-// replicated weights' gradients once per step (reduce_sequence_parallel_grads).
+// replicated weights' gradients once per step (reduce_tp_grads).
 #include "core/phase_timer.hpp"
 #include "model/slots.hpp"
 
@@ -34,21 +34,30 @@ class MlaAttention final : public AttentionPart {
   // without position and values, the output projection. The latents are replicated over TP
   // (every rank computes them; their gradients are summed over TP), the up-projections split by
   // heads.
-  void add_params(ParamSpecBuilder& b, int l) const override { mla_attention_params(spec_, b, l); }
-
-  void bind(const ParamStore& ps, int l, bool grads, LayerWeights& w) const override {
+  void add_params(ParamSpecBuilder& b, int l) const override {
     const std::string p = "layers." + std::to_string(l) + ".";
-    w.q_down_w = param(ps, l, "attn.q_down.weight", grads);
-    w.q_down_norm_w = param(ps, l, "attn.q_down_norm.weight", grads);
-    w.q_down_norm_b = param(ps, l, "attn.q_down_norm.bias", grads);
-    w.q_up_w = ps.has(p + "attn.q_up.weight") ? param(ps, l, "attn.q_up.weight", grads)
-                                              : param(ps, l, "attn.q_proj.weight", grads);
-    w.kv_down_w = param(ps, l, "attn.kv_down.weight", grads);
-    w.kv_down_norm_w = param(ps, l, "attn.kv_down_norm.weight", grads);
-    w.kv_down_norm_b = param(ps, l, "attn.kv_down_norm.bias", grads);
-    w.kv_up_w = param(ps, l, "attn.kv_up.weight", grads);
-    w.proj_w = param(ps, l, "attn.proj.weight", grads);
-    w.proj_b = param(ps, l, "attn.proj.bias", grads);
+    const int64_t h = b.cfg.hidden_size, heads = b.cfg.num_attention_heads, hd = b.cfg.head_dim();
+    const int64_t qr = b.cfg.q_lora_rank, kvr = b.cfg.kv_lora_rank, dr = b.cfg.qk_pos_emb_head_dim;
+    const double std = b.cfg.init_method_std;
+    if (qr > 0) {
+      b.add(p + "attn.q_down.weight", {qr, h}, -1, ParamInit::Normal, std, true);
+      if (spec_.qk_norm) b.norm(p + "attn.q_down_norm", qr);
+      b.add(p + "attn.q_up.weight", {heads, hd, qr}, 0, ParamInit::Normal, std, true);
+    } else {
+      b.add(p + "attn.q_proj.weight", {heads, hd, h}, 0, ParamInit::Normal, std, true);
+    }
+    b.add(p + "attn.kv_down.weight", {kvr + dr, h}, -1, ParamInit::Normal, std, true);
+    if (spec_.qk_norm) b.norm(p + "attn.kv_down_norm", kvr);
+    b.add(p + "attn.kv_up.weight", {heads, b.cfg.qk_head_dim + b.cfg.v_head_dim, kvr}, 0,
+          ParamInit::Normal, std, true);
+    b.add(p + "attn.proj.weight", {h, heads * b.cfg.v_head_dim}, 1, ParamInit::Normal, b.out_std(),
+          true);
+    if (b.cfg.add_bias_linear) b.add(p + "attn.proj.bias", {h}, -1, ParamInit::Zeros, 0, false);
+  }
+
+  void bind(const ParamStore& ps, int l) override {
+    w_ = weights_of(ps, l, false);
+    g_ = weights_of(ps, l, true);
   }
 
   void core_buffers(const SlotBuilder& sb, LayerActivations& la) const override {
@@ -103,43 +112,43 @@ class MlaAttention final : public AttentionPart {
 
   void forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                Tensor& out) override {
-    const LayerWeights& w = weights(l);
+    const Weights& w = w_;
     phase("qkv-gemm-forward");
     qkv_forward(la.qkv, la.ln1, w, la.mla, a.mla_q, a.mla_kv);
     if (cfg_.rope()) {
       phase("rope");
-      rope(la.qkv, a, false);
+      s().rope(la.qkv, a, false);
     }
     phase("attention-core-forward");
-    attention_core_forward(l, a, la);
+    s().attention_core_forward(l, a, la);
     values(la.mla.att_v, la.att);
     phase("proj-gemm-forward");
-    linear_forward(l, Fp8Gemm::Proj, out, la.mla.att_v, w.proj_w,
-                   bias_here() ? opt(w.proj_b) : nullptr, a);
+    s().linear_forward(l, Fp8Gemm::Proj, out, la.mla.att_v, w.proj_w,
+                       bias_here() ? opt(w.proj_b) : nullptr, a);
   }
 
   void recompute(PhaseSequence& phase, int l, Activations& a, LayerActivations& la) override {
     phase("attention-core-forward");  // qkv was kept with RoPE applied
-    attention_core_forward(l, a, la);
+    s().attention_core_forward(l, a, la);
     values(la.mla.att_v, la.att);
   }
 
   void backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                 const Tensor& dout) override {
-    const LayerWeights& w = weights(l);
-    LayerWeights& g = grads(l);
+    const Weights& w = w_;
+    Weights& g = g_;
     phase("proj-gemm-backward");
-    linear_backward(l, Fp8Gemm::Proj, &a.datt_v, g.proj_w, opt(g.proj_b), dout, la.mla.att_v,
-                    w.proj_w);
+    s().linear_backward(l, Fp8Gemm::Proj, &a.datt_v, g.proj_w, opt(g.proj_b), dout, la.mla.att_v,
+                        w.proj_w);
     expand(a.datt, a.datt_v);
     phase("attention-core-backward");
-    attention_core_backward(l, a, la);
+    s().attention_core_backward(l, a, la);
     if (cfg_.rope()) {  // the rotation's transpose: rotate the gradient back
       phase("rope");
-      rope(a.dqkv, a, true);
+      s().rope(a.dqkv, a, true);
     }
     phase("qkv-gemm-backward");
-    qkv_backward(l, a, la);
+    qkv_backward(a, la);
   }
 
   void reduce_tp_grads(int l) override {
@@ -147,7 +156,7 @@ class MlaAttention final : public AttentionPart {
     // Each TP rank back-propagated its own heads into the replicated latents: their weights'
     // gradients are partial sums.
     TESSERA_PHASE("qk-norm-grad-all-reduce");
-    LayerWeights& g = grads(l);
+    Weights& g = g_;
     for (Tensor* t : {&g.q_down_w, &g.q_down_norm_w, &g.q_down_norm_b, &g.kv_down_w,
                       &g.kv_down_norm_w, &g.kv_down_norm_b})
       if (t->defined()) tp().all_reduce(*t, ReduceOp::Sum);
@@ -183,7 +192,7 @@ class MlaAttention final : public AttentionPart {
 
   void decode(int l, const DecodeStep& step, const Tensor& ln, Tensor& out,
               DecodeBuffers& d) override {
-    const LayerWeights& w = weights(l);
+    const Weights& w = w_;
     const int64_t n = step.n;
     Tensor qkv = d.qkv.view(0, {n, d.qkv.dim(1)}), att = d.att.view(0, {n, d.att.dim(1)});
     qkv_forward(qkv, ln, w, d.mla, d.mla_q, d.mla_kv);
@@ -194,12 +203,38 @@ class MlaAttention final : public AttentionPart {
   }
 
  private:
+  // The layer's weights (or gradients): the latents' down-projections and norms, the
+  // up-projections (q_up_w is the query projection from the hidden state when there is no query
+  // latent), the output projection; absent ones undefined.
+  struct Weights {
+    Tensor q_down_w, q_down_norm_w, q_down_norm_b, q_up_w, kv_down_w, kv_down_norm_w,
+        kv_down_norm_b, kv_up_w, proj_w, proj_b;
+  };
+  static Weights weights_of(const ParamStore& ps, int l, bool grads) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    Weights w;
+    w.q_down_w = param(ps, l, "attn.q_down.weight", grads);
+    w.q_down_norm_w = param(ps, l, "attn.q_down_norm.weight", grads);
+    w.q_down_norm_b = param(ps, l, "attn.q_down_norm.bias", grads);
+    w.q_up_w = ps.has(p + "attn.q_up.weight") ? param(ps, l, "attn.q_up.weight", grads)
+                                              : param(ps, l, "attn.q_proj.weight", grads);
+    w.kv_down_w = param(ps, l, "attn.kv_down.weight", grads);
+    w.kv_down_norm_w = param(ps, l, "attn.kv_down_norm.weight", grads);
+    w.kv_down_norm_b = param(ps, l, "attn.kv_down_norm.bias", grads);
+    w.kv_up_w = param(ps, l, "attn.kv_up.weight", grads);
+    w.proj_w = param(ps, l, "attn.proj.weight", grads);
+    w.proj_b = param(ps, l, "attn.proj.bias", grads);
+    return w;
+  }
+
+  Weights w_, g_;
+
   // ln (n rows) -> qkv (n rows of 3 * Hl * head_dim: each query head [RoPE part | the rest], each
   // key head [the shared RoPE key | its own], each value head [v_head_dim values | zeros]),
   // before RoPE; keeps the latents in `keep` (which may hold more rows: generation's buffers); q
   // and kv are scratch (n, Hl*hd) and (n, Hl*(qk_head_dim + v_head_dim)).
-  void qkv_forward(Tensor& qkv, const Tensor& ln, const LayerWeights& w, MlaTensors& keep,
-                   Tensor& q, Tensor& kv) const {
+  void qkv_forward(Tensor& qkv, const Tensor& ln, const Weights& w, MlaTensors& keep, Tensor& q,
+                   Tensor& kv) const {
     const int64_t C = cfg_.hidden_size, n = ln.numel() / C, H = heads_local(), D = cfg_.head_dim();
     const int64_t dn = cfg_.qk_head_dim, dr = cfg_.qk_pos_emb_head_dim, dv = cfg_.v_head_dim;
     const int64_t qr = cfg_.q_lora_rank, kvr = cfg_.kv_lora_rank;
@@ -215,7 +250,7 @@ class MlaAttention final : public AttentionPart {
       be().matmul_forward(ql, x, w.q_down_w, nullptr);
       if (spec_.qk_norm) {
         Tensor mean = stats(keep.q_mean), rstd = stats(keep.q_rstd);
-        norm_forward(qn, mean, rstd, ql, w.q_down_norm_w, w.q_down_norm_b);
+        s().norm_forward(qn, mean, rstd, ql, w.q_down_norm_w, w.q_down_norm_b);
       }
       be().matmul_forward(qv, qn, w.q_up_w, nullptr);
     } else {
@@ -228,7 +263,7 @@ class MlaAttention final : public AttentionPart {
     be().matmul_forward(kpe, x, w.kv_down_w.view(kvr * C, {dr, C}), nullptr);
     if (spec_.qk_norm) {
       Tensor mean = stats(keep.c_mean), rstd = stats(keep.c_rstd);
-      norm_forward(cn, mean, rstd, c, w.kv_down_norm_w, w.kv_down_norm_b);
+      s().norm_forward(cn, mean, rstd, c, w.kv_down_norm_w, w.kv_down_norm_b);
     }
     Tensor kvv = rows(kv, H * (dn + dv));
     be().matmul_forward(kvv, cn, w.kv_up_w, nullptr);
@@ -256,9 +291,9 @@ class MlaAttention final : public AttentionPart {
     be().copy_column_blocks(d, 0, D, datt_v, 0, dv, dv, H);
   }
 
-  void qkv_backward(int l, Activations& a, LayerActivations& la) const {
-    const LayerWeights& w = weights(l);
-    LayerWeights& g = grads(l);
+  void qkv_backward(Activations& a, LayerActivations& la) {
+    const Weights& w = w_;
+    Weights& g = g_;
     const MlaTensors& m = la.mla;
     const int64_t C = cfg_.hidden_size, n = int64_t(a.B) * a.T, H = heads_local();
     const int64_t D = cfg_.head_dim(), dn = cfg_.qk_head_dim, dr = cfg_.qk_pos_emb_head_dim;
@@ -290,8 +325,8 @@ class MlaAttention final : public AttentionPart {
     if (spec_.qk_norm) {
       dc = a.mla_dc;
       be().zero(dc);  // the norm's backward accumulates
-      norm_backward(dc, g.kv_down_norm_w, g.kv_down_norm_b, dcn, m.c, w.kv_down_norm_w, m.c_mean,
-                    m.c_rstd);
+      s().norm_backward(dc, g.kv_down_norm_w, g.kv_down_norm_b, dcn, m.c, w.kv_down_norm_w,
+                        m.c_mean, m.c_rstd);
     }
     Tensor gc = g.kv_down_w.view(0, {kvr, C}), gpe = g.kv_down_w.view(kvr * C, {dr, C});
     be().matmul_backward(&a.dln, gc, nullptr, dc, la.ln1, w.kv_down_w.view(0, {kvr, C}));
@@ -306,8 +341,8 @@ class MlaAttention final : public AttentionPart {
       if (spec_.qk_norm) {
         dql = a.mla_dq_lat;
         be().zero(dql);
-        norm_backward(dql, g.q_down_norm_w, g.q_down_norm_b, dqn, m.q_lat, w.q_down_norm_w,
-                      m.q_mean, m.q_rstd);
+        s().norm_backward(dql, g.q_down_norm_w, g.q_down_norm_b, dqn, m.q_lat, w.q_down_norm_w,
+                          m.q_mean, m.q_rstd);
       }
       be().matmul_backward(&a.mla_dln, g.q_down_w, nullptr, dql, la.ln1, w.q_down_w);
     } else {
@@ -320,8 +355,8 @@ class MlaAttention final : public AttentionPart {
 }  // namespace
 
 std::unique_ptr<AttentionPart> make_mla_attention(const LayerSpec& spec, const GPTConfig& cfg,
-                                                  const ModelShard& shard, GPTModel* model) {
-  return std::make_unique<MlaAttention>(cfg, shard, spec, model);
+                                                  const ModelShard& shard, PartServices* services) {
+  return std::make_unique<MlaAttention>(cfg, shard, spec, services);
 }
 
 }  // namespace tessera

@@ -1,6 +1,8 @@
-// mlp.cpp: the dense MLP as a part of a layer (model/parts.hpp): column-parallel fc1, the
-// activation (GELU, SwiGLU's gate * up, or squared ReLU), row-parallel fc2. A MoE layer's shared
-// expert is the same MLP (model/moe.cpp uses these buffers and helpers).
+// mlp.cpp: the dense MLP as a part of a layer (model/mlp.hpp): column-parallel fc1, the
+// activation (GELU, SwiGLU's gate * up, or squared ReLU), row-parallel fc2. A MoE layer's experts
+// and shared expert reuse its parameters, weights and buffers (model/moe.hpp).
+#include "model/mlp.hpp"
+
 #include "core/phase_timer.hpp"
 #include "model/slots.hpp"
 
@@ -48,12 +50,28 @@ Tensor& mlp_activation_backward(Backend& be, MlpActivation kind, Tensor& dact, T
   return dact;
 }
 
-void dense_mlp_bind(const ParamStore& ps, int l, bool grads, const std::string& prefix,
-                    LayerWeights& w) {
+MlpWeights dense_mlp_bind(const ParamStore& ps, int l, bool grads, const std::string& prefix) {
+  MlpWeights w;
   w.fc1_w = ModelPart::param(ps, l, prefix + "fc1.weight", grads);
   w.fc1_b = ModelPart::param(ps, l, prefix + "fc1.bias", grads);
   w.fc2_w = ModelPart::param(ps, l, prefix + "fc2.weight", grads);
   w.fc2_b = ModelPart::param(ps, l, prefix + "fc2.bias", grads);
+  return w;
+}
+
+void dense_mlp_params(ParamSpecBuilder& b, const std::string& m, int64_t w, MlpActivation act) {
+  const int64_t h = b.cfg.hidden_size;
+  const double std = b.cfg.init_method_std;
+  const bool bias = b.cfg.add_bias_linear;
+  if (act == MlpActivation::SwiGLU) {  // [gate; up], each split over TP: a rank holds its columns
+    b.add(m + "fc1.weight", {2, w, h}, 1, ParamInit::Normal, std, true);
+    if (bias) b.add(m + "fc1.bias", {2, w}, 1, ParamInit::Zeros, 0, false);
+  } else {
+    b.add(m + "fc1.weight", {w, h}, 0, ParamInit::Normal, std, true);
+    if (bias) b.add(m + "fc1.bias", {w}, 0, ParamInit::Zeros, 0, false);
+  }
+  b.add(m + "fc2.weight", {h, w}, 1, ParamInit::Normal, b.out_std(), true);
+  if (bias) b.add(m + "fc2.bias", {h}, -1, ParamInit::Zeros, 0, false);
 }
 
 void dense_mlp_buffers(const SlotBuilder& sb, LayerActivations& la, int64_t width,
@@ -76,114 +94,102 @@ void dense_mlp_fit(const SlotBuilder& sb, LayerActivations& la, int64_t width, M
   la.fc1 = width > 0 && la.fc1.defined() ? la.fc1.view(0, {sb.N, glu * width}) : Tensor();
 }
 
-void GPTModel::dense_mlp_forward(PhaseSequence& phase, int l, const Activations& a,
-                                 LayerActivations& la, Tensor& out) {
-  const LayerWeights& w = weights_[static_cast<size_t>(shard_.local_index(l))];
-  phase("fc1-gemm-forward");
-  linear_forward(l, Fp8Gemm::Fc1, la.fc1, la.ln2, w.fc1_w, opt(w.fc1_b), a);
-  activation_forward(phase, la);
-  phase("fc2-gemm-forward");
-  linear_forward(l, Fp8Gemm::Fc2, out, la.gelu, w.fc2_w,
-                 shard_.tp_rank == 0 ? opt(w.fc2_b) : nullptr, a);
+void DenseMlp::add_params(ParamSpecBuilder& b, int l) const {
+  dense_mlp_params(b, "layers." + std::to_string(l) + "." + prefix_, spec_.dense_width,
+                   spec_.activation);
 }
 
-void GPTModel::dense_mlp_backward(PhaseSequence& phase, int l, Activations& a,
-                                  const LayerActivations& la, const Tensor& dout, Tensor& dinp) {
-  const size_t li = static_cast<size_t>(shard_.local_index(l));
-  const LayerWeights& w = weights_[li];
-  LayerWeights& g = grads_[li];
+void DenseMlp::bind(const ParamStore& ps, int l) {
+  w_ = dense_mlp_bind(ps, l, false, prefix_);
+  g_ = dense_mlp_bind(ps, l, true, prefix_);
+}
+
+void DenseMlp::recomputed_buffers(const SlotBuilder& sb, LayerActivations& la,
+                                  int64_t width) const {
+  dense_mlp_buffers(sb, la, width, spec_.activation, false);
+}
+
+void DenseMlp::kept_buffers(const SlotBuilder& sb, LayerActivations& la, int64_t width) const {
+  dense_mlp_buffers(sb, la, width, spec_.activation, true);
+}
+
+void DenseMlp::shared_buffers(const SlotBuilder& sb, Activations& shared) const {
+  dense_mlp_shared(sb, shared, spec_.activation);
+}
+
+void DenseMlp::fit(const SlotBuilder& sb, LayerActivations& la) const {
+  dense_mlp_fit(sb, la, dense_width(), spec_.activation);
+  // A working set shared with MoE layers: none of their buffers here.
+  for (Tensor* t :
+       {&la.moe_x, &la.moe_xe, &la.moe_act, &la.moe_logits, &la.moe_expert, &la.moe_row,
+        &la.moe_weight, &la.moe_fc1, &la.moe_out, &la.moe_ag_weight, &la.moe_ag_row, &la.moe_oute})
+    *t = Tensor();
+}
+
+void DenseMlp::forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
+                       Tensor& out) {
+  phase("fc1-gemm-forward");
+  s().linear_forward(l, Fp8Gemm::Fc1, la.fc1, la.ln2, w_.fc1_w, opt(w_.fc1_b), a);
+  phase(mlp_activation_phase(spec_.activation, false));
+  mlp_activation_forward(be(), spec_.activation, la.gelu, la.fc1);
+  phase("fc2-gemm-forward");
+  s().linear_forward(l, Fp8Gemm::Fc2, out, la.gelu, w_.fc2_w, bias_here() ? opt(w_.fc2_b) : nullptr,
+                     a);
+}
+
+void DenseMlp::recompute(PhaseSequence& phase, int, Activations&, LayerActivations& la) {
+  phase(mlp_activation_phase(spec_.activation, false));
+  mlp_activation_forward(be(), spec_.activation, la.gelu, la.fc1);
+}
+
+void DenseMlp::backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
+                        const Tensor& dout) {
+  backward_into(phase, l, a, la, dout, a.dln);
+}
+
+void DenseMlp::backward_into(PhaseSequence& phase, int l, Activations& a,
+                             const LayerActivations& la, const Tensor& dout, Tensor& dinp) {
   Tensor dfc = a.dfc.view(0, la.gelu.shape());  // the scratch is the widest MLP's
   phase("fc2-gemm-backward");
-  const bool gelu = activation_ == MlpActivation::Gelu;
+  const bool gelu = spec_.activation == MlpActivation::Gelu;
   const Tensor* dfc1 = &dfc;
   // SwiGLU writes its gradient here (alive until fc1's backward has read it).
-  Tensor swiglu = swiglu_ ? a.dfc1.view(0, la.fc1.shape()) : Tensor();
-  if (gelu && !fp8_layer(l)) {  // GELU's backward in the GEMM's epilogue where there is one
-    be_.matmul_gelu_backward(dfc, g.fc2_w, opt(g.fc2_b), dout, la.gelu, w.fc2_w, la.fc1);
+  Tensor swiglu =
+      spec_.activation == MlpActivation::SwiGLU ? a.dfc1.view(0, la.fc1.shape()) : Tensor();
+  if (gelu && !s().fp8_layer(l)) {  // GELU's backward in the GEMM's epilogue where there is one
+    be().matmul_gelu_backward(dfc, g_.fc2_w, opt(g_.fc2_b), dout, la.gelu, w_.fc2_w, la.fc1);
   } else {
-    linear_backward(l, Fp8Gemm::Fc2, &dfc, g.fc2_w, opt(g.fc2_b), dout, la.gelu, w.fc2_w);
-    dfc1 = &activation_backward(phase, dfc, swiglu, la.fc1);
+    s().linear_backward(l, Fp8Gemm::Fc2, &dfc, g_.fc2_w, opt(g_.fc2_b), dout, la.gelu, w_.fc2_w);
+    phase(mlp_activation_phase(spec_.activation, true));
+    dfc1 = &mlp_activation_backward(be(), spec_.activation, dfc, swiglu, la.fc1);
   }
   phase("fc1-gemm-backward");
-  linear_backward(l, Fp8Gemm::Fc1, &dinp, g.fc1_w, opt(g.fc1_b), *dfc1, la.ln2, w.fc1_w);
+  s().linear_backward(l, Fp8Gemm::Fc1, &dinp, g_.fc1_w, opt(g_.fc1_b), *dfc1, la.ln2, w_.fc1_w);
 }
 
-namespace {
+void DenseMlp::decode_buffers(DecodeBuffers& d) const {
+  if (d.act.defined()) return;
+  const int64_t glu = spec_.activation == MlpActivation::SwiGLU ? 2 : 1;
+  const int64_t Fl = cfg_.ffn() / shard_.tp_size;
+  d.fc = Tensor({d.rows, glu * Fl}, compute(), be().allocator());
+  d.act = Tensor({d.rows, Fl}, compute(), be().allocator());
+}
 
-class DenseMlp final : public MlpPart {
- public:
-  using MlpPart::MlpPart;
-
-  void add_params(ParamSpecBuilder& b, int l) const override {
-    dense_mlp_layer_params(spec_, b, l);
+void DenseMlp::decode(int, const Tensor& ln, Tensor& out, DecodeBuffers& d) {
+  const int64_t n = ln.dim(0);
+  Tensor fc = d.fc.view(0, {n, d.fc.dim(1)}), act = d.act.view(0, {n, d.act.dim(1)});
+  if (spec_.activation == MlpActivation::Gelu) {  // one kernel on the CUDA backend
+    be().matmul_gelu_forward(act, fc, ln, w_.fc1_w, opt(w_.fc1_b));
+  } else {
+    be().matmul_forward(fc, ln, w_.fc1_w, opt(w_.fc1_b));
+    mlp_activation_forward(be(), spec_.activation, act, fc);
   }
-  void bind(const ParamStore& ps, int l, bool grads, LayerWeights& w) const override {
-    dense_mlp_bind(ps, l, grads, "mlp.", w);
-  }
-  int64_t dense_width() const override { return spec_.dense_width / shard_.tp_size; }
-  void recomputed_buffers(const SlotBuilder& sb, LayerActivations& la,
-                          int64_t width) const override {
-    dense_mlp_buffers(sb, la, width, spec_.activation, false);
-  }
-  void kept_buffers(const SlotBuilder& sb, LayerActivations& la, int64_t width) const override {
-    dense_mlp_buffers(sb, la, width, spec_.activation, true);
-  }
-  void shared_buffers(const SlotBuilder& sb, Activations& shared) const override {
-    dense_mlp_shared(sb, shared, spec_.activation);
-  }
-  void fit(const SlotBuilder& sb, LayerActivations& la) const override {
-    dense_mlp_fit(sb, la, dense_width(), spec_.activation);
-    // A working set shared with MoE layers: none of their buffers here.
-    for (Tensor* t : {&la.moe_x, &la.moe_xe, &la.moe_act, &la.moe_logits, &la.moe_expert,
-                      &la.moe_row, &la.moe_weight, &la.moe_fc1, &la.moe_out, &la.moe_ag_weight,
-                      &la.moe_ag_row, &la.moe_oute})
-      *t = Tensor();
-  }
-
-  void forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
-               Tensor& out) override {
-    dense_mlp_forward(phase, l, a, la, out);
-  }
-
-  void recompute(PhaseSequence& phase, int, Activations&, LayerActivations& la) override {
-    phase(mlp_activation_phase(spec_.activation, false));
-    mlp_activation_forward(be(), spec_.activation, la.gelu, la.fc1);
-  }
-
-  void backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
-                const Tensor& dout) override {
-    dense_mlp_backward(phase, l, a, la, dout, a.dln);
-  }
-
-  void reduce_tp_grads(int) override {}
-
-  void decode_buffers(DecodeBuffers& d) const override {
-    if (d.act.defined()) return;
-    const int64_t glu = spec_.activation == MlpActivation::SwiGLU ? 2 : 1;
-    const int64_t Fl = cfg_.ffn() / shard_.tp_size;
-    d.fc = Tensor({d.rows, glu * Fl}, compute(), be().allocator());
-    d.act = Tensor({d.rows, Fl}, compute(), be().allocator());
-  }
-
-  void decode(int l, const Tensor& ln, Tensor& out, DecodeBuffers& d) override {
-    const LayerWeights& w = weights(l);
-    const int64_t n = ln.dim(0);
-    Tensor fc = d.fc.view(0, {n, d.fc.dim(1)}), act = d.act.view(0, {n, d.act.dim(1)});
-    if (spec_.activation == MlpActivation::Gelu) {  // one kernel on the CUDA backend
-      be().matmul_gelu_forward(act, fc, ln, w.fc1_w, opt(w.fc1_b));
-    } else {
-      be().matmul_forward(fc, ln, w.fc1_w, opt(w.fc1_b));
-      mlp_activation_forward(be(), spec_.activation, act, fc);
-    }
-    be().matmul_forward(out, act, w.fc2_w, bias_here() ? opt(w.fc2_b) : nullptr);
-  }
-};
-
-}  // namespace
+  be().matmul_forward(out, act, w_.fc2_w, bias_here() ? opt(w_.fc2_b) : nullptr);
+}
 
 std::unique_ptr<MlpPart> make_dense_mlp(const LayerSpec& spec, const GPTConfig& cfg,
-                                        const ModelShard& shard, GPTModel* model) {
-  return std::make_unique<DenseMlp>(cfg, shard, spec, model);
+                                        const ModelShard& shard, PartServices* services) {
+  return std::make_unique<DenseMlp>(cfg, shard, spec, services);
 }
 
 }  // namespace tessera

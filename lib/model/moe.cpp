@@ -1,4 +1,5 @@
-// moe.cpp: the Mixture-of-Experts MLP (Megatron-Core's MoE layer, docs/model.md) of GPTModel.
+// moe.cpp: the passes of the Mixture-of-Experts MLP (model/moe.hpp; Megatron-Core's MoE layer,
+// docs/model.md).
 //
 // Forward, per micro-batch of N tokens (ln2 holds every row on every TP rank):
 //   each TP rank computes the router logits of its 1/TP of the rows (its sequence-parallel rows
@@ -11,11 +12,11 @@
 //   sequence parallelism).
 // Backward: the mirror; the routing weights' gradient sums over TP (each rank holds a part of
 // each expert output), and the router's weight gradient (each rank its rows) is summed over TP
-// once per step (reduce_sequence_parallel_grads).
+// once per step (reduce_tp_grads).
 // Expert parallelism (EP ranks carved out of DP, each holding E/EP experts): between the
 // permutation and the experts the token copies travel to their experts' ranks and back, by
-// all-to-all (counts first: moe_plan) or with the allgather dispatcher by gathering the EP
-// group's tokens and reduce-scattering the outputs (moe_allgather_dispatch); the expert side's
+// all-to-all (counts first: plan) or with the allgather dispatcher by gathering the EP
+// group's tokens and reduce-scattering the outputs (allgather_dispatch); the expert side's
 // rows are blocks by sending rank, then local expert (docs/parallelism.md).
 // Context parallelism: each CP rank routes its own tokens (dropless only); the load-balancing
 // counts and statistics of a group (the micro-batch, or a sample with seq_aux) are summed over
@@ -27,6 +28,7 @@
 #include <sstream>
 
 #include "core/phase_timer.hpp"
+#include "model/moe.hpp"
 #include "model/slots.hpp"
 
 namespace tessera {
@@ -39,7 +41,7 @@ bool visits_empty_blocks(bool fp8, int cp_size, const Fp8Scaling* scaling) {
   return fp8 && cp_size > 1 && scaling->config().recipe == Fp8Recipe::Tensorwise;
 }
 }  // namespace
-void GPTModel::moe_plan(LayerActivations& la, const std::vector<int64_t>& kept) {
+void MoeMlp::plan(LayerActivations& la, const std::vector<int64_t>& kept) {
   const int E = cfg_.num_experts, EP = shard_.ep_size, El = E / EP;
   const int e0 = shard_.experts_begin(E);
   la.moe_rows.clear();
@@ -56,8 +58,7 @@ void GPTModel::moe_plan(LayerActivations& la, const std::vector<int64_t>& kept) 
   for (int e = 0; e < E; ++e)
     all[static_cast<size_t>(shard_.ep_rank) * E + e] =
         static_cast<double>(kept[static_cast<size_t>(e)]);
-  TESSERA_CHECK(ep_, "expert parallelism without its communicator (set_expert_comm)");
-  ep_->all_reduce_f64(all.data(), static_cast<int64_t>(all.size()), ReduceOp::Sum);
+  ep_group().all_reduce_f64(all.data(), static_cast<int64_t>(all.size()), ReduceOp::Sum);
   la.moe_send.assign(static_cast<size_t>(EP), 0);
   la.moe_recv.assign(static_cast<size_t>(EP), 0);
   for (int p = 0; p < EP; ++p)
@@ -70,16 +71,16 @@ void GPTModel::moe_plan(LayerActivations& la, const std::vector<int64_t>& kept) 
     }
 }
 
-void GPTModel::moe_allgather_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la,
-                                      int64_t group_rows, const MoERouting& routing) {
+void MoeMlp::allgather_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la,
+                                int64_t group_rows, const MoERouting& routing) {
   const int EP = shard_.ep_size, E = cfg_.num_experts, El = E / EP;
   const int e0 = shard_.experts_begin(E);
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, K = cfg_.moe_router_topk;
   // Every EP rank's tokens and router logits; each rank's routing is recomputed here from its
   // logits (the same deterministic function its owner ran, its capacity included).
   phase("moe-allgather");
-  ep_->all_gather(a.moe_ag_x, la.ln2);
-  ep_->all_gather(a.moe_ag_logits, la.moe_logits);
+  ep_group().all_gather(a.moe_ag_x, la.ln2);
+  ep_group().all_gather(a.moe_ag_logits, la.moe_logits);
   phase("moe-permute");
   la.moe_rows.clear();
   la.moe_block_expert.clear();
@@ -90,8 +91,8 @@ void GPTModel::moe_allgather_dispatch(PhaseSequence& phase, Activations& a, Laye
     Tensor weight = la.moe_ag_weight.view(p * N * K, {N, K});
     Tensor row = la.moe_ag_row.view(p * N * K, {N, K});
     std::vector<int64_t> routed, kept;
-    be_.moe_route(expert, weight, row, a.moe_ag_logits.view(p * N * E, {N, E}), routing, group_rows,
-                  routed, kept);
+    be().moe_route(expert, weight, row, a.moe_ag_logits.view(p * N * E, {N, E}), routing,
+                   group_rows, routed, kept);
     // This rank's experts hold rows [first, first + mine) of rank p's permutation: re-based to
     // follow the ranks before p on the expert side; the other slots are not ours (-1).
     int64_t first = 0, mine = 0;
@@ -101,82 +102,81 @@ void GPTModel::moe_allgather_dispatch(PhaseSequence& phase, Activations& a, Laye
       la.moe_rows.push_back(kept[static_cast<size_t>(e0 + j)]);
       la.moe_block_expert.push_back(j);
     }
-    be_.copy_to_host(rows_host.data(), row);
+    be().copy_to_host(rows_host.data(), row);
     for (int32_t& r : rows_host)
       r = r >= first && r < first + mine ? static_cast<int32_t>(r - first + base) : -1;
-    be_.copy_from_host(row, rows_host.data());
-    be_.moe_permute(la.moe_xe, a.moe_ag_x.view(p * N * C, {N, C}), row);
+    be().copy_from_host(row, rows_host.data());
+    be().moe_permute(la.moe_xe, a.moe_ag_x.view(p * N * C, {N, C}), row);
     base += mine;
   }
 }
 
 // The router logits: this rank's rows, then every rank's logits to all.
-void GPTModel::moe_router_forward(PhaseSequence& phase, const LayerWeights& w, Activations& a,
-                                  LayerActivations& la) {
+void MoeMlp::router_forward(PhaseSequence& phase, Activations& a, LayerActivations& la) {
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, E = cfg_.num_experts;
   const int64_t nl = router_rows(a), rb = nl * shard_.tp_rank;
   phase("moe-router-gemm");
   const Tensor x_mine = la.ln2.view(rb * C, {nl, C});
   Tensor logits_mine = la.moe_logits.view(rb * E, {nl, E});
-  if (compute_ == DType::F32) {
-    be_.matmul_forward(logits_mine, x_mine, w.router_w, nullptr);
+  if (compute() == DType::F32) {
+    be().matmul_forward(logits_mine, x_mine, router_w_, nullptr);
   } else {
     Tensor lc = a.moe_logits_c.view(rb * E, {nl, E});
-    be_.matmul_forward(lc, x_mine, w.router_w, nullptr);
-    be_.cast(logits_mine, lc);
+    be().matmul_forward(lc, x_mine, router_w_, nullptr);
+    be().cast(logits_mine, lc);
   }
-  if (tp_.size() > 1) {
+  if (tp().size() > 1) {
     phase("moe-logits-all-gather");
-    tp_.all_gather_async(la.moe_logits)->wait_device();
+    tp().all_gather_async(la.moe_logits)->wait_device();
   }
   if (!test_logit_bias_.empty()) {  // testing: a constant added to some experts' logits
     std::vector<float> z(static_cast<size_t>(N * E));
-    be_.copy_to_host(z.data(), la.moe_logits);
+    be().copy_to_host(z.data(), la.moe_logits);
     for (int64_t n = 0; n < N; ++n)
       for (const auto& [e, v] : test_logit_bias_) z[static_cast<size_t>(n * E + e)] += v;
-    be_.copy_from_host(la.moe_logits, z.data());
+    be().copy_from_host(la.moe_logits, z.data());
   }
 }
 
 // The token copies to the expert side: permuted by expert, and sent to the experts' ranks.
-void GPTModel::moe_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la,
-                            int64_t group_rows, const std::vector<int64_t>& kept, bool allgather,
-                            const MoERouting& routing) {
+void MoeMlp::dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la,
+                      int64_t group_rows, const std::vector<int64_t>& kept, bool allgather,
+                      const MoERouting& routing) {
   const int64_t C = cfg_.hidden_size;
   const bool ep = shard_.ep_size > 1;
   if (allgather) {
-    moe_allgather_dispatch(phase, a, la, group_rows, routing);
+    allgather_dispatch(phase, a, la, group_rows, routing);
   } else {
     // The token copies, grouped by expert; with expert parallelism each rank's share goes to the
     // rank of its experts (all-to-all), and the results come back the same way.
     phase("moe-permute");
-    be_.moe_permute(la.moe_x, la.ln2, la.moe_row);
-    moe_plan(la, kept);
+    be().moe_permute(la.moe_x, la.ln2, la.moe_row);
+    plan(la, kept);
   }
   if (ep && !allgather) {
     if (fault_wrong_rank_ && shard_.ep_rank == 0 && la.moe_send[0] > 0 && la.moe_send[1] > 0) {
       // testing: the first copy for rank 0 and the first for rank 1 trade places
       std::vector<float> x(static_cast<size_t>(la.moe_x.numel()));
-      Tensor xf({la.moe_x.numel()}, DType::F32, be_.allocator());
-      be_.cast(xf, la.moe_x.reshape({la.moe_x.numel()}));
-      be_.copy_to_host(x.data(), xf);
+      Tensor xf({la.moe_x.numel()}, DType::F32, be().allocator());
+      be().cast(xf, la.moe_x.reshape({la.moe_x.numel()}));
+      be().copy_to_host(x.data(), xf);
       std::swap_ranges(x.begin(), x.begin() + C, x.begin() + la.moe_send[0] * C);
-      be_.copy_from_host(xf, x.data());
+      be().copy_from_host(xf, x.data());
       Tensor flat = la.moe_x.reshape({la.moe_x.numel()});
-      be_.cast(flat, xf);
+      be().cast(flat, xf);
     }
     phase("moe-dispatch-all-to-all");
-    ep_->all_to_all(la.moe_x, la.moe_send, la.moe_xe, la.moe_recv, C);
+    ep_group().all_to_all(la.moe_x, la.moe_send, la.moe_xe, la.moe_recv, C);
   }
 }
 
 // Each local expert's MLP on its blocks of la.moe_xe, into oute.
-void GPTModel::moe_experts_forward(PhaseSequence& phase, int l, const LayerWeights& w,
-                                   const Activations& a, LayerActivations& la, Tensor& oute) {
+void MoeMlp::experts_forward(PhaseSequence& phase, int l, const Activations& a,
+                             LayerActivations& la, Tensor& oute) {
   const int64_t C = cfg_.hidden_size;
   const bool bias_here = shard_.tp_rank == 0;  // row-parallel biases: added once across TP
   const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
-  const bool fp8 = fp8_layer(l);
+  const bool fp8 = s().fp8_layer(l);
   if (cfg_.moe_grouped_gemm && !fp8) {
     // One grouped GEMM per projection over the blocks with rows; the activation in one pass over
     // all of them (their rows are contiguous).
@@ -186,7 +186,7 @@ void GPTModel::moe_experts_forward(PhaseSequence& phase, int l, const LayerWeigh
     for (size_t b = 0; b < la.moe_rows.size(); ++b) {
       const int64_t rows = la.moe_rows[b];
       if (rows == 0) continue;
-      const ExpertWeights& ew = w.experts[static_cast<size_t>(la.moe_block_expert[b])];
+      const MlpWeights& ew = experts_w_[static_cast<size_t>(la.moe_block_expert[b])];
       Tensor& x = views.emplace_back(la.moe_xe.view(row * C, {rows, C}));
       Tensor& fc1 = views.emplace_back(la.moe_fc1.view(row * efc1, {rows, efc1}));
       Tensor& act = views.emplace_back(la.moe_act.view(row * efl, {rows, efl}));
@@ -197,43 +197,43 @@ void GPTModel::moe_experts_forward(PhaseSequence& phase, int l, const LayerWeigh
     }
     if (row > 0) {
       phase("moe-expert-fc1-gemm-forward");
-      be_.grouped_matmul_forward(g1);
+      be().grouped_matmul_forward(g1);
       phase("moe-expert-activation-forward");
       Tensor act = la.moe_act.view(0, {row, efl});
-      mlp_activation(act, la.moe_fc1.view(0, {row, efc1}));
+      activation(act, la.moe_fc1.view(0, {row, efc1}));
       phase("moe-expert-fc2-gemm-forward");
-      be_.grouped_matmul_forward(g2);
+      be().grouped_matmul_forward(g2);
     }
   } else {
     // One block (a sender's tokens for one expert) at a time. In FP8 each block has its own
     // scales (the grouped GEMM has no FP8 form); the empty ones too under tensorwise scaling with
     // context parallelism, whose amax reductions the other CP ranks make for their share.
-    const bool empty_too = visits_empty_blocks(fp8, shard_.cp_size, fp8_.get());
+    const bool empty_too = visits_empty_blocks(fp8, shard_.cp_size, s().fp8());
     const int e0 = shard_.experts_begin(cfg_.num_experts);
     int64_t row = 0;
     for (size_t b = 0; b < la.moe_rows.size(); ++b) {
       const int64_t rows = la.moe_rows[b];
       if (rows == 0 && !empty_too) continue;  // an expert no token chose (from this sender)
       const int j = la.moe_block_expert[b];
-      const ExpertWeights& ew = w.experts[static_cast<size_t>(j)];
+      const MlpWeights& ew = experts_w_[static_cast<size_t>(j)];
       Tensor x = la.moe_xe.view(row * C, {rows, C}),
              fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
       Tensor act = la.moe_act.view(row * efl, {rows, efl}), y = oute.view(row * C, {rows, C});
       phase("moe-expert-fc1-gemm-forward");
-      linear_forward(l, Fp8Gemm::Fc1, fc1, x, ew.fc1_w, opt(ew.fc1_b), a, e0 + j);
+      s().linear_forward(l, Fp8Gemm::Fc1, fc1, x, ew.fc1_w, opt(ew.fc1_b), a, e0 + j);
       phase("moe-expert-activation-forward");
-      if (rows > 0) mlp_activation(act, fc1);
+      if (rows > 0) activation(act, fc1);
       phase("moe-expert-fc2-gemm-forward");
-      linear_forward(l, Fp8Gemm::Fc2, y, act, ew.fc2_w, bias_here ? opt(ew.fc2_b) : nullptr, a,
-                     e0 + j);
+      s().linear_forward(l, Fp8Gemm::Fc2, y, act, ew.fc2_w, bias_here ? opt(ew.fc2_b) : nullptr, a,
+                         e0 + j);
       row += rows;
     }
   }
 }
 
 // The expert outputs back to their tokens' ranks, un-permuted into token order, weighted.
-void GPTModel::moe_combine(PhaseSequence& phase, Activations& a, LayerActivations& la, Tensor& oute,
-                           Tensor& out, bool allgather) {
+void MoeMlp::combine(PhaseSequence& phase, Activations& a, LayerActivations& la, Tensor& oute,
+                     Tensor& out, bool allgather) {
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, K = cfg_.moe_router_topk;
   const bool ep = shard_.ep_size > 1;
   if (allgather) {
@@ -243,100 +243,97 @@ void GPTModel::moe_combine(PhaseSequence& phase, Activations& a, LayerActivation
     const int EP = shard_.ep_size;
     for (int p = 0; p < EP; ++p) {
       Tensor yp = a.moe_ag_y.view(p * N * C, {N, C});
-      be_.moe_unpermute(yp, la.moe_oute, la.moe_ag_row.view(p * N * K, {N, K}),
-                        la.moe_ag_weight.view(p * N * K, {N, K}));
+      be().moe_unpermute(yp, la.moe_oute, la.moe_ag_row.view(p * N * K, {N, K}),
+                         la.moe_ag_weight.view(p * N * K, {N, K}));
     }
     phase("moe-reduce-scatter");
-    ep_->reduce_scatter(out, a.moe_ag_y);
+    ep_group().reduce_scatter(out, a.moe_ag_y);
   } else {
     if (ep) {
       phase("moe-combine-all-to-all");
-      ep_->all_to_all(oute, la.moe_recv, la.moe_out, la.moe_send, C);
+      ep_group().all_to_all(oute, la.moe_recv, la.moe_out, la.moe_send, C);
     }
     phase("moe-unpermute");
-    be_.moe_unpermute(out, la.moe_out, la.moe_row, la.moe_weight);
+    be().moe_unpermute(out, la.moe_out, la.moe_row, la.moe_weight);
   }
 }
 
-void GPTModel::moe_forward(PhaseSequence& phase, int l, Activations& a, Tensor& out) {
-  const int li = shard_.local_index(l);
-  const LayerWeights& w = weights_[li];
-  LayerActivations& la = acts_of(l, a);
+void MoeMlp::forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
+                     Tensor& out) {
   const int64_t N = int64_t(a.B) * a.T;
   const bool ep = shard_.ep_size > 1;
   // The router: this rank's rows, then every rank's logits to all.
-  moe_router_forward(phase, w, a, la);
+  router_forward(phase, a, la);
   phase("moe-route");
   const bool seq_aux = cfg_.moe_router_load_balancing_type == "seq_aux_loss";
   const int64_t group_rows = seq_aux ? a.T : N;
   std::vector<int64_t> kept;
-  const MoERouting routing = routing_of(l);
-  be_.moe_route(la.moe_expert, la.moe_weight, la.moe_row, la.moe_logits, routing, group_rows,
-                la.moe_routed, kept);
+  const MoERouting routing = current_routing();
+  be().moe_route(la.moe_expert, la.moe_weight, la.moe_row, la.moe_logits, routing, group_rows,
+                 la.moe_routed, kept);
   // Context parallelism: a group's tokens (the micro-batch's, or one sample's with seq_aux) are
   // spread over the CP ranks, so its routed counts are summed over the ring (dropless routing:
   // each token's experts do not depend on the others').
-  if (shard_.cp_size > 1) cp_sum(la.moe_routed);
+  if (shard_.cp_size > 1) s().cp_sum(la.moe_routed);
   if (fault_bias_in_weights_ && !routing.expert_bias.empty()) {  // testing: a mutation
     const int64_t K = cfg_.moe_router_topk;
     std::vector<int32_t> ex(static_cast<size_t>(N * K));
     std::vector<float> wt(ex.size());
-    be_.copy_to_host(ex.data(), la.moe_expert);
-    be_.copy_to_host(wt.data(), la.moe_weight);
+    be().copy_to_host(ex.data(), la.moe_expert);
+    be().copy_to_host(wt.data(), la.moe_weight);
     for (size_t i = 0; i < ex.size(); ++i)
       if (ex[i] >= 0) wt[i] += routing.expert_bias[static_cast<size_t>(ex[i])];
-    be_.copy_from_host(la.moe_weight, wt.data());
+    be().copy_from_host(la.moe_weight, wt.data());
   }
   la.moe_loss_scale = a.moe_loss_scale;
-  if (a.dropout.training && !recomputing_) {  // the logged metrics, once per micro-batch
-    moe_record_stats(li, a, la, group_rows);
-    count_step_tokens(li, la.moe_routed);
+  if (a.dropout.training && !s().recomputing()) {  // the logged metrics, once per micro-batch
+    record_stats(a, la, group_rows);
+    count_step_tokens(la.moe_routed);
   }
   const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
-  moe_dispatch(phase, a, la, group_rows, kept, allgather, routing);
+  dispatch(phase, a, la, group_rows, kept, allgather, routing);
   Tensor oute = allgather ? la.moe_oute : ep ? a.moe_oute : la.moe_out;
-  moe_experts_forward(phase, l, w, a, la, oute);
-  moe_combine(phase, a, la, oute, out, allgather);
-  if (w.fc1_w.defined()) {  // the shared expert: the dense MLP beside the routed ones
-    dense_mlp_forward(phase, l, a, la, a.moe_tmp);
+  experts_forward(phase, l, a, la, oute);
+  combine(phase, a, la, oute, out, allgather);
+  if (shared_) {  // the shared expert: the dense MLP beside the routed ones
+    shared_->forward(phase, l, a, la, a.moe_tmp);
     phase("residual-add");
-    be_.add(out, out, a.moe_tmp);
+    be().add(out, out, a.moe_tmp);
   }
 }
 
 // The gradients of the expert outputs (into de) and of the routing weights from dy.
-void GPTModel::moe_combine_backward(PhaseSequence& phase, Activations& a, LayerActivations& la,
-                                    const Tensor& dy, Tensor& de, bool allgather) {
+void MoeMlp::combine_backward(PhaseSequence& phase, Activations& a, LayerActivations& la,
+                              const Tensor& dy, Tensor& de, bool allgather) {
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, K = cfg_.moe_router_topk;
   const int EP = shard_.ep_size;
   if (allgather) {
     // Every EP rank's output gradients; this rank's experts' slots of them, and their routing
     // weights' gradients, summed over the EP group into each rank's own.
     phase("moe-allgather");
-    ep_->all_gather(a.moe_ag_y, dy);
+    ep_group().all_gather(a.moe_ag_y, dy);
     phase("moe-unpermute-backward");
     for (int p = 0; p < EP; ++p) {
       Tensor dwp = a.moe_ag_dweight.view(p * N * K, {N, K});
-      be_.moe_unpermute_backward(de, dwp, a.moe_ag_y.view(p * N * C, {N, C}), la.moe_oute,
-                                 la.moe_ag_row.view(p * N * K, {N, K}),
-                                 la.moe_ag_weight.view(p * N * K, {N, K}));
+      be().moe_unpermute_backward(de, dwp, a.moe_ag_y.view(p * N * C, {N, C}), la.moe_oute,
+                                  la.moe_ag_row.view(p * N * K, {N, K}),
+                                  la.moe_ag_weight.view(p * N * K, {N, K}));
     }
     phase("moe-reduce-scatter");
-    ep_->reduce_scatter(a.moe_dweight, a.moe_ag_dweight);
+    ep_group().reduce_scatter(a.moe_dweight, a.moe_ag_dweight);
   } else {
     phase("moe-unpermute-backward");
-    be_.moe_unpermute_backward(a.moe_dout, a.moe_dweight, dy, la.moe_out, la.moe_row,
-                               la.moe_weight);
+    be().moe_unpermute_backward(a.moe_dout, a.moe_dweight, dy, la.moe_out, la.moe_row,
+                                la.moe_weight);
   }
 }
 
 // Each local expert's MLP backward: its weights' gradients, and its input gradients into de.
-void GPTModel::moe_experts_backward(PhaseSequence& phase, int l, const LayerWeights& w,
-                                    LayerWeights& g, Activations& a, LayerActivations& la,
-                                    Tensor& de) {
+void MoeMlp::experts_backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
+                              Tensor& de) {
   const int64_t C = cfg_.hidden_size;
   const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
-  const bool fp8 = fp8_layer(l);
+  const bool fp8 = s().fp8_layer(l);
   if (cfg_.moe_grouped_gemm && !fp8) {
     // fc2's backward for every block, the activation's over all rows, then fc1's (which
     // overwrites the output gradients fc2's backward has read).
@@ -351,15 +348,16 @@ void GPTModel::moe_experts_backward(PhaseSequence& phase, int l, const LayerWeig
       Tensor& dout = views.emplace_back(de.view(row * C, {rows, C}));
       Tensor& dact = views.emplace_back(a.moe_dact.view(row * efl, {rows, efl}));
       Tensor& act = views.emplace_back(la.moe_act.view(row * efl, {rows, efl}));
-      g2.push_back({&dact, &g.experts[j].fc2_w, &act, &dout, &w.experts[j].fc2_w});
+      g2.push_back({&dact, &experts_g_[j].fc2_w, &act, &dout, &experts_w_[j].fc2_w});
       spans.emplace_back(row, rows);
       row += rows;
     }
     if (row > 0) {
       phase("moe-expert-fc2-gemm-backward");
-      be_.grouped_matmul_backward(g2);
+      be().grouped_matmul_backward(g2);
       Tensor dact = a.moe_dact.view(0, {row, efl});
-      Tensor dfc1 = swiglu_ ? a.moe_dfc1.view(0, {row, efc1}) : Tensor();
+      Tensor dfc1 =
+          spec_.activation == MlpActivation::SwiGLU ? a.moe_dfc1.view(0, {row, efc1}) : Tensor();
       const Tensor& d1 = activation_backward(phase, dact, dfc1, la.moe_fc1.view(0, {row, efc1}));
       const int64_t d1c = d1.dim(1);
       size_t k = 0;
@@ -370,43 +368,46 @@ void GPTModel::moe_experts_backward(PhaseSequence& phase, int l, const LayerWeig
         Tensor& dx = views.emplace_back(de.view(r0 * C, {rows, C}));
         Tensor& d1b = views.emplace_back(d1.view(r0 * d1c, {rows, d1c}));
         Tensor& x = views.emplace_back(la.moe_xe.view(r0 * C, {rows, C}));
-        g1.push_back({&dx, &g.experts[j].fc1_w, &x, &d1b, &w.experts[j].fc1_w});
+        g1.push_back({&dx, &experts_g_[j].fc1_w, &x, &d1b, &experts_w_[j].fc1_w});
       }
       phase("moe-expert-fc1-gemm-backward");
-      be_.grouped_matmul_backward(g1);
+      be().grouped_matmul_backward(g1);
     }
   }
   if (cfg_.moe_grouped_gemm && !fp8) return;
   // One block at a time (FP8: each with its scales, the empty ones as in the forward).
-  const bool empty_too = visits_empty_blocks(fp8, shard_.cp_size, fp8_.get());
+  const bool empty_too = visits_empty_blocks(fp8, shard_.cp_size, s().fp8());
   const int e0 = shard_.experts_begin(cfg_.num_experts);
   int64_t row = 0;
   for (size_t b = 0; b < la.moe_rows.size(); ++b) {
     const int64_t rows = la.moe_rows[b];
     if (rows == 0 && !empty_too) continue;  // no token: no gradient (the weights' stay as they are)
     const int j = la.moe_block_expert[b];
-    const ExpertWeights& ew = w.experts[static_cast<size_t>(j)];
-    ExpertWeights& eg = g.experts[static_cast<size_t>(j)];  // gradients
+    const MlpWeights& ew = experts_w_[static_cast<size_t>(j)];
+    MlpWeights& eg = experts_g_[static_cast<size_t>(j)];  // gradients
     Tensor dout = de.view(row * C, {rows, C});
     Tensor dact = a.moe_dact.view(row * efl, {rows, efl});
-    Tensor dfc1 = swiglu_ ? a.moe_dfc1.view(row * efc1, {rows, efc1}) : Tensor();
+    Tensor dfc1 = spec_.activation == MlpActivation::SwiGLU
+                      ? a.moe_dfc1.view(row * efc1, {rows, efc1})
+                      : Tensor();
     const Tensor x = la.moe_xe.view(row * C, {rows, C});
     const Tensor fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
     const Tensor act = la.moe_act.view(row * efl, {rows, efl});
     phase("moe-expert-fc2-gemm-backward");
-    linear_backward(l, Fp8Gemm::Fc2, &dact, eg.fc2_w, opt(eg.fc2_b), dout, act, ew.fc2_w, e0 + j);
-    const Tensor& d1 = rows > 0  ? activation_backward(phase, dact, dfc1, fc1)
-                       : swiglu_ ? dfc1
-                                 : dact;
+    s().linear_backward(l, Fp8Gemm::Fc2, &dact, eg.fc2_w, opt(eg.fc2_b), dout, act, ew.fc2_w,
+                        e0 + j);
+    const Tensor& d1 = rows > 0 ? activation_backward(phase, dact, dfc1, fc1)
+                       : spec_.activation == MlpActivation::SwiGLU ? dfc1
+                                                                   : dact;
     phase("moe-expert-fc1-gemm-backward");
-    linear_backward(l, Fp8Gemm::Fc1, &dout, eg.fc1_w, opt(eg.fc1_b), d1, x, ew.fc1_w, e0 + j);
+    s().linear_backward(l, Fp8Gemm::Fc1, &dout, eg.fc1_w, opt(eg.fc1_b), d1, x, ew.fc1_w, e0 + j);
     row += rows;
   }
 }
 
 // The expert inputs' gradients (de) back to their tokens' ranks and into token order (a.dln).
-void GPTModel::moe_dispatch_backward(PhaseSequence& phase, Activations& a, LayerActivations& la,
-                                     Tensor& de, bool allgather) {
+void MoeMlp::dispatch_backward(PhaseSequence& phase, Activations& a, LayerActivations& la,
+                               Tensor& de, bool allgather) {
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, K = cfg_.moe_router_topk;
   const bool ep = shard_.ep_size > 1;
   const int EP = shard_.ep_size;
@@ -415,23 +416,22 @@ void GPTModel::moe_dispatch_backward(PhaseSequence& phase, Activations& a, Layer
     phase("moe-permute-backward");
     for (int p = 0; p < EP; ++p) {
       Tensor dxp = a.moe_ag_y.view(p * N * C, {N, C});
-      be_.moe_permute_backward(dxp, de, la.moe_ag_row.view(p * N * K, {N, K}));
+      be().moe_permute_backward(dxp, de, la.moe_ag_row.view(p * N * K, {N, K}));
     }
     phase("moe-reduce-scatter");
-    ep_->reduce_scatter(a.dln, a.moe_ag_y);
+    ep_group().reduce_scatter(a.dln, a.moe_ag_y);
   } else {
     if (ep) {
       phase("moe-combine-all-to-all");
-      ep_->all_to_all(de, la.moe_recv, a.moe_dout, la.moe_send, C);
+      ep_group().all_to_all(de, la.moe_recv, a.moe_dout, la.moe_send, C);
     }
     phase("moe-permute-backward");
-    be_.moe_permute_backward(a.dln, a.moe_dout, la.moe_row);
+    be().moe_permute_backward(a.dln, a.moe_dout, la.moe_row);
   }
 }
 
 // The router's gradients: through the routing weights, the load-balancing loss and the z-loss.
-void GPTModel::moe_router_grad(PhaseSequence& phase, const LayerWeights& w, LayerWeights& g,
-                               Activations& a, LayerActivations& la) {
+void MoeMlp::router_grad(PhaseSequence& phase, Activations& a, LayerActivations& la) {
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, E = cfg_.num_experts;
   const int64_t K = cfg_.moe_router_topk;
   const int64_t nl = router_rows(a), rb = nl * shard_.tp_rank;
@@ -450,43 +450,40 @@ void GPTModel::moe_router_grad(PhaseSequence& phase, const LayerWeights& w, Laye
       aux_grad[i] = c * static_cast<double>(la.moe_routed[i]);
   }
   const double z_grad = la.moe_loss_scale * cfg_.moe_z_loss_coeff / (double(N) * shard_.cp_size);
-  be_.moe_router_backward(a.moe_dlogits, la.moe_logits, la.moe_expert, la.moe_weight, a.moe_dweight,
-                          routing_, group_rows, aux_grad, z_grad);
+  be().moe_router_backward(a.moe_dlogits, la.moe_logits, la.moe_expert, la.moe_weight,
+                           a.moe_dweight, routing_, group_rows, aux_grad, z_grad);
   // This rank's rows: the router weight's gradient and their input gradient.
   Tensor dlogits = a.moe_dlogits.view(rb * E, {nl, E});
-  if (compute_ != DType::F32) {
+  if (compute() != DType::F32) {
     Tensor lc = a.moe_logits_c.view(rb * E, {nl, E});
-    be_.cast(lc, dlogits);
+    be().cast(lc, dlogits);
     dlogits = lc;
   }
   const Tensor x_mine = la.ln2.view(rb * C, {nl, C});
   Tensor dx_mine = a.moe_dx.view(rb * C, {nl, C}), dln_mine = a.dln.view(rb * C, {nl, C});
-  be_.matmul_backward(&dx_mine, g.router_w, nullptr, dlogits, x_mine, w.router_w);
-  be_.add(dln_mine, dln_mine, dx_mine);
+  be().matmul_backward(&dx_mine, router_g_, nullptr, dlogits, x_mine, router_w_);
+  be().add(dln_mine, dln_mine, dx_mine);
 }
 
-void GPTModel::moe_backward(PhaseSequence& phase, int l, Activations& a, const Tensor& dy) {
-  const int li = shard_.local_index(l);
-  const LayerWeights& w = weights_[li];
-  LayerWeights& g = grads_[li];
-  LayerActivations& la = acts_of(l, a);
+void MoeMlp::backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
+                      const Tensor& dy) {
   const int64_t C = cfg_.hidden_size;
-  const bool shared = w.fc1_w.defined(), ep = shard_.ep_size > 1;
-  if (shared) dense_mlp_backward(phase, l, a, la, dy, a.moe_dx);  // the input gradient waits
+  const bool shared = shared_ != nullptr, ep = shard_.ep_size > 1;
+  if (shared) shared_->backward_into(phase, l, a, la, dy, a.moe_dx);  // the input gradient waits
   const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
   Tensor de = ep ? a.moe_doute : a.moe_dout;  // the expert side's output gradients
-  moe_combine_backward(phase, a, la, dy, de, allgather);
-  tp_reduce(phase, a.moe_dweight);  // each rank's expert outputs are partial sums over TP
+  combine_backward(phase, a, la, dy, de, allgather);
+  s().tp_reduce(phase, a.moe_dweight);  // each rank's expert outputs are partial sums over TP
   // The expert side's output gradients (sent to the experts' ranks with expert parallelism);
   // each block's rows become its input gradients once fc2's backward has read them.
   if (ep && !allgather) {
     phase("moe-dispatch-all-to-all");
-    ep_->all_to_all(a.moe_dout, la.moe_send, de, la.moe_recv, C);
+    ep_group().all_to_all(a.moe_dout, la.moe_send, de, la.moe_recv, C);
   }
-  moe_experts_backward(phase, l, w, g, a, la, de);
-  moe_dispatch_backward(phase, a, la, de, allgather);
-  if (shared) be_.add(a.dln, a.dln, a.moe_dx);
-  moe_router_grad(phase, w, g, a, la);
+  experts_backward(phase, l, a, la, de);
+  dispatch_backward(phase, a, la, de, allgather);
+  if (shared) be().add(a.dln, a.dln, a.moe_dx);
+  router_grad(phase, a, la);
 }
 
 }  // namespace tessera

@@ -6,6 +6,7 @@
 
 #include "core/rng.hpp"
 #include "core/test_hooks.hpp"
+#include "model/mtp.hpp"
 #include "model/parts.hpp"
 
 namespace tessera {
@@ -112,8 +113,8 @@ ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int p
 }
 
 namespace {
-// The specs of `shard`: the embedding, each layer's norms and its parts' parameters (model/
-// parts.hpp), the head.
+// The specs of `shard`: the embedding, each layer's norms and its parts' parameters (each part's
+// add_params, model/parts.hpp), the head with multi-token prediction's (model/mtp.hpp).
 std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard, bool one_expert) {
   const int64_t h = cfg.hidden_size, V = cfg.padded_vocab_size(shard.tp_size);
   const double std = cfg.init_method_std;
@@ -130,23 +131,14 @@ std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard
     const std::string p = "layers." + std::to_string(l) + ".";
     const LayerSpec& spec = specs[static_cast<size_t>(l)];
     norm(p + "ln1");
-    add_attention_params(spec, b, l);
+    make_attention_part(spec, cfg, shard, nullptr)->add_params(b, l);
     norm(p + "ln2");
-    add_mlp_params(spec, b, l);
+    make_mlp_part(spec, cfg, shard, nullptr)->add_params(b, l);
   }
   if (shard.has_head) {
     norm("lnf");
     if (!cfg.tied_head()) b.add("lm_head", {V, h}, 0, ParamInit::Normal, std, true, cfg.vocab_size);
-    // Multi-token prediction's depths (their transformer layers are above, after the model's):
-    // the embedding's and the hidden state's norms, the projection of the two concatenated
-    // (replicated over TP: row-local), the final norm.
-    for (int k = 0; k < shard.mtp_count; ++k) {
-      const std::string m = "mtp." + std::to_string(k) + ".";
-      norm(m + "enorm");
-      norm(m + "hnorm");
-      b.add(m + "eh_proj.weight", {h, 2 * h}, -1, ParamInit::Normal, std, true);
-      norm(m + "final_norm");
-    }
+    MtpHead::add_params(b);  // multi-token prediction's (its layers' are above)
   }
   return std::move(b.specs);
 }

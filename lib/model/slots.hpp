@@ -5,7 +5,7 @@
 #include <memory>
 #include <vector>
 
-#include "model/gpt.hpp"
+#include "model/activations.hpp"
 #include "model/layer_spec.hpp"
 #include "model/parts.hpp"
 

@@ -7,7 +7,7 @@ GradReducer::GradReducer(GPTModel& model, Communicator& dp, bool reduce_scatter,
                          Communicator* expert_dp)
     : model_(model), dp_(dp), reduce_scatter_(reduce_scatter), overlap_(overlap) {
   const ModelShard& sh = model.shard();
-  const auto pieces = model.pieces_of_params();
+  const auto pieces = param_pieces(model.params().specs(), sh);
   const int n = static_cast<int>(pieces.size());
   bucket_of_param_.assign(n, -1);
   sources_.assign(n, 1);

@@ -1,6 +1,8 @@
 // router_checkpoint.cpp: the MoE router's expert bias in checkpoints (train/router_checkpoint.hpp).
 #include "train/router_checkpoint.hpp"
 
+#include "model/parts.hpp"
+
 namespace tessera {
 
 std::vector<ExtraTensor> router_checkpoint_tensors(const GPTModel& model) {
@@ -13,7 +15,7 @@ std::vector<ExtraTensor> router_checkpoint_tensors(const GPTModel& model) {
     e.group = kRouterGroup;
     e.spec.name = expert_bias_name(l);
     e.spec.global_shape = e.spec.local_shape = {c.num_experts};
-    e.data = model.expert_bias(l);
+    e.data = model.mlp_part(l).router()->expert_bias();
     out.push_back(std::move(e));
   }
   return out;
@@ -40,7 +42,7 @@ std::string restore_router_state(const CheckpointReader& r, GPTModel& model) {
                         " (or holds it for another expert count) while other layers have theirs "
                         "(damaged); use another checkpoint");
     r.read_whole(kRouterGroup, name, b.data());
-    model.set_expert_bias(l, b.data());
+    model.mlp_part(l).router()->set_expert_bias(b.data());
   }
   return std::string();
 }

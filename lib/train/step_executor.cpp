@@ -7,6 +7,7 @@
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
 #include "core/timer.hpp"
+#include "model/mtp.hpp"
 #include "run/context_parallel.hpp"
 #include "run/layout.hpp"
 
@@ -263,7 +264,7 @@ void StepExecutor::stage_mtp(int micro, Activations& a) {
         std::memcpy(tb, shifted_tg.data() + 1, sizeof(int32_t) * T);
       }
     }
-    model_.set_mtp_inputs(a, k, ids.data(), tg.data());
+    model_.mtp()->set_inputs(a, k, ids.data(), tg.data());
   }
 }
 

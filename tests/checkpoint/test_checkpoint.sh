@@ -26,7 +26,8 @@ train() {  # train NP TP PP ARGS...
   if [ "$np" -gt 1 ]; then timeout 300 mpirun --oversubscribe --bind-to none -np "$np" "${cmd[@]}"
   else timeout 300 "${cmd[@]}"; fi
 }
-losses() { sed 's/"ms_per_iter.*//' "$1"; }  # iteration, samples, loss, lr, grad norm (%.17g)
+# records_untimed FILE: each record up to its timings (iteration, samples, loss, lr, grad norm).
+records_untimed() { sed 's/"ms_per_iter.*//' "$1"; }
 evalloss() { grep -o 'lm loss value: [0-9.E+-]*' | awk '{print $4}'; }
 close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 1e-6 * a) }'; }
 
@@ -38,10 +39,10 @@ for layout in "1 1 1" "8 2 2"; do
   train "$np" "$tp" "$pp" --train-iters 12 --metrics-file "$d-full.jsonl" > "$d-full.log" 2>&1 || bad "full run np $np"
   train "$np" "$tp" "$pp" --train-iters 12 --exit-interval 6 --save "$d" > "$d-a.log" 2>&1 || bad "first half np $np"
   train "$np" "$tp" "$pp" --train-iters 12 --load "$d" --save "$d" --metrics-file "$d-res.jsonl" > "$d-b.log" 2>&1 || bad "resumed half np $np"
-  if diff <(losses "$d-full.jsonl" | tail -6) <(losses "$d-res.jsonl") > /dev/null && [ "$(wc -l < "$d-res.jsonl")" -eq 6 ]; then
+  if diff <(records_untimed "$d-full.jsonl" | tail -6) <(records_untimed "$d-res.jsonl") > /dev/null && [ "$(wc -l < "$d-res.jsonl")" -eq 6 ]; then
     ok "exact resume at np $np (TP $tp PP $pp): iterations 7-12 bitwise equal to the uninterrupted run"
   else
-    bad "resume at np $np differs:"; diff <(losses "$d-full.jsonl" | tail -6) <(losses "$d-res.jsonl") | head -4
+    bad "resume at np $np differs:"; diff <(records_untimed "$d-full.jsonl" | tail -6) <(records_untimed "$d-res.jsonl") | head -4
   fi
 done
 [ "$(cat "$work/resume-1/latest_checkpointed_iteration.txt")" = "12" ] && ok "latest points at the end-of-training save (12)" || bad "latest file: $(cat "$work/resume-1/latest_checkpointed_iteration.txt")"
@@ -53,10 +54,10 @@ d=$work/vp
 train 2 1 2 "${vp[@]}" --train-iters 12 --metrics-file "$d-full.jsonl" > "$d-full.log" 2>&1 || bad "full run with virtual stages: $(tail -2 "$d-full.log")"
 train 2 1 2 "${vp[@]}" --train-iters 12 --exit-interval 6 --save "$d" > "$d-a.log" 2>&1 || bad "first half with virtual stages"
 train 2 1 2 "${vp[@]}" --train-iters 12 --load "$d" --metrics-file "$d-res.jsonl" > "$d-b.log" 2>&1 || bad "resumed half with virtual stages"
-if diff <(losses "$d-full.jsonl" | tail -6) <(losses "$d-res.jsonl") > /dev/null && [ "$(wc -l < "$d-res.jsonl")" -eq 6 ]; then
+if diff <(records_untimed "$d-full.jsonl" | tail -6) <(records_untimed "$d-res.jsonl") > /dev/null && [ "$(wc -l < "$d-res.jsonl")" -eq 6 ]; then
   ok "exact resume at PP2 with 2 virtual stages and dropout: iterations 7-12 bitwise equal"
 else
-  bad "resume with virtual stages differs:"; diff <(losses "$d-full.jsonl" | tail -6) <(losses "$d-res.jsonl") | head -4
+  bad "resume with virtual stages differs:"; diff <(records_untimed "$d-full.jsonl" | tail -6) <(records_untimed "$d-res.jsonl") | head -4
 fi
 train 1 1 1 --attention-dropout 0.1 --hidden-dropout 0.1 --train-iters 12 --load "$d" --metrics-file "$d-one.jsonl" > "$d-c.log" 2>&1 || bad "virtual-stage checkpoint resumed at 1 rank"
 worst=$(paste <(sed 's/.*"lm_loss": \([^,]*\),.*/\1/' "$d-full.jsonl" | tail -6) <(sed 's/.*"lm_loss": \([^,]*\),.*/\1/' "$d-one.jsonl") | awk '{ x = $1 - $2; if (x < 0) x = -x; if (x / $1 > w) w = x / $1; n++ } END { print (n == 6 ? w : "missing") }')
@@ -76,10 +77,10 @@ d=$work/llama
 train 4 2 2 "${llama[@]}" --train-iters 10 --metrics-file "$d-full.jsonl" > "$d-full.log" 2>&1 || bad "Llama full run: $(tail -2 "$d-full.log")"
 train 4 2 2 "${llama[@]}" --train-iters 10 --exit-interval 5 --save "$d" > "$d-a.log" 2>&1 || bad "Llama first half"
 train 4 2 2 "${llama[@]}" --train-iters 10 --load "$d" --metrics-file "$d-res.jsonl" > "$d-b.log" 2>&1 || bad "Llama resumed half"
-if diff <(losses "$d-full.jsonl" | tail -5) <(losses "$d-res.jsonl") > /dev/null && [ "$(wc -l < "$d-res.jsonl")" -eq 5 ]; then
+if diff <(records_untimed "$d-full.jsonl" | tail -5) <(records_untimed "$d-res.jsonl") > /dev/null && [ "$(wc -l < "$d-res.jsonl")" -eq 5 ]; then
   ok "exact resume of the Llama-style model at TP2 x PP2: iterations 6-10 bitwise equal"
 else
-  bad "Llama resume differs:"; diff <(losses "$d-full.jsonl" | tail -5) <(losses "$d-res.jsonl") | head -4
+  bad "Llama resume differs:"; diff <(records_untimed "$d-full.jsonl" | tail -5) <(records_untimed "$d-res.jsonl") | head -4
 fi
 "$bin/tessera-reshard" --load "$d" --save "$d-tp1" --target-tensor-model-parallel-size 1 --target-pipeline-model-parallel-size 1 > "$d-r1.log" 2>&1 || bad "Llama reshard to TP1: $(cat "$d-r1.log")"
 "$bin/tessera-reshard" --load "$d-tp1" --save "$d-back" --target-tensor-model-parallel-size 2 --target-pipeline-model-parallel-size 2 > "$d-r2.log" 2>&1 || bad "Llama reshard back"

@@ -9,6 +9,8 @@
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "model/gpt.hpp"
+#include "model/mtp.hpp"
+#include "model/parts.hpp"
 #include "reference_gpt.hpp"
 
 using namespace tessera;
@@ -66,7 +68,7 @@ RefParams to_reference(const GPTModel& m) {
   if (c.moe_router_enable_expert_bias)  // the routers' biases: state, not parameters
     for (int l = 0; l < c.num_layers; ++l)
       if (c.is_moe_layer(l)) {
-        const std::vector<float>& b = m.expert_bias(l);
+        const std::vector<float>& b = m.mlp_part(l).router()->expert_bias();
         r["layers." + std::to_string(l) + ".mlp.router.expert_bias"] =
             std::vector<double>(b.begin(), b.end());
       }
@@ -81,7 +83,7 @@ void set_expert_biases(GPTModel& m) {
     if (c.is_moe_layer(l)) {
       std::vector<float> b(static_cast<size_t>(c.num_experts));
       for (int e = 0; e < c.num_experts; ++e) b[e] = 0.3f * std::sin(1.7f * e + 0.9f * l);
-      m.set_expert_bias(l, b.data());
+      m.mlp_part(l).router()->set_expert_bias(b.data());
     }
 }
 
@@ -717,7 +719,7 @@ TEST(GPT, MtpMatchesIndependentReference) {
     Activations a = model.make_activations(B, T);
     load(a, batch);
     a.dropout.training = true;
-    model.reset_mtp_losses();
+    model.mtp()->begin_attempt(false);
     const double loss = model.forward(a, 1.0f / N) / N;
     const RefParams p = to_reference(model);
     GPTConfig lm = cfg;
@@ -726,7 +728,7 @@ TEST(GPT, MtpMatchesIndependentReference) {
     const double ref = reference_loss(cfg, p, batch.ids, batch.targets, B, T);
     EXPECT_NEAR(loss, ref_lm, 1e-5 * ref_lm);
     double mtp_sum = 0, tokens = 0;
-    for (const GPTModel::MtpLoss& m : model.mtp_losses()) {
+    for (const MtpHead::Loss& m : model.mtp()->losses()) {
       mtp_sum += m.sum;
       tokens += m.tokens;
     }

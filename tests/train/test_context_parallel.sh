@@ -36,11 +36,10 @@ run() {  # run NAME NP [options]
   local rc=$?
   [ $rc -eq 0 ] || { bad "$name exited $rc: $(grep -m2 -E 'error|Error' "$work/$name.log")"; return 1; }
 }
-losses() { iteration_losses "$work/$1.jsonl"; }
 worst() {  # worst BASE NAME: "N WORST" over the iterations both logged
   awk 'NR == FNR { base[$1] = $2; next }
     ($1 in base) { d = base[$1] - $2; if (d < 0) d = -d; r = d / base[$1]; if (r > w) w = r; n++ }
-    END { printf "%d %.3g", n, w }' <(losses "$1") <(losses "$2")
+    END { printf "%d %.3g", n, w }' <(run_losses "$1") <(run_losses "$2")
 }
 within() {  # within BASE NAME N WHAT: N iterations, each within 1e-5
   set -- "$1" "$2" "$3" "$4" $(worst "$1" "$2")

@@ -30,13 +30,12 @@ train() {  # train NAME NP [options]: the log in NAME.log, metrics in NAME.jsonl
     timeout 300 "${cmd[@]}" > "$work/$name.log" 2>&1
   fi
 }
-losses() { iteration_losses "$work/$1.jsonl"; }
 # same BASE NAME WHAT: NAME's iterations equal BASE's same iterations (1e-5 relative)
 same() {
   local out
   out=$(awk 'NR == FNR { base[$1] = $2; next }
     ($1 in base) { d = base[$1] - $2; if (d < 0) d = -d; r = d / base[$1]; if (r > w) w = r; n++ }
-    END { printf "%d %.3g", n, w }' <(losses "$1") <(losses "$2"))
+    END { printf "%d %.3g", n, w }' <(run_losses "$1") <(run_losses "$2"))
   set -- "$1" "$2" "$3" $out
   if [ "$4" -ge 5 ] && awk -v w="$5" 'BEGIN { exit !(w <= 1e-5) }'; then
     ok "$3: $4 iterations within $5 of the uninterrupted run"

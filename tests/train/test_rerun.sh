@@ -33,17 +33,17 @@ run() {
     "${cmd[@]}" >"$log" 2>&1
   fi
 }
-# losses FILE: "iteration loss" per line of a metrics file.
-losses() { python3 -c '
+# loss_records FILE: "iteration loss" (Python's repr) per line of a metrics file.
+loss_records() { python3 -c '
 import json, sys
 for l in open(sys.argv[1]):
     d = json.loads(l)
     if "lm_loss" in d: print(d["iteration"], repr(d["lm_loss"]))' "$1"; }
 # same_losses A B FIRST LAST: iterations FIRST..LAST of metrics files A and B are equal.
 same_losses() {
-  diff <(losses "$1" | awk -v a="$3" -v b="$4" '$1 >= a && $1 <= b') \
-    <(losses "$2" | awk -v a="$3" -v b="$4" '$1 >= a && $1 <= b') >/dev/null &&
-    [ "$(losses "$1" | awk -v a="$3" -v b="$4" '$1 >= a && $1 <= b' | wc -l)" -eq $(($4 - $3 + 1)) ]
+  diff <(loss_records "$1" | awk -v a="$3" -v b="$4" '$1 >= a && $1 <= b') \
+    <(loss_records "$2" | awk -v a="$3" -v b="$4" '$1 >= a && $1 <= b') >/dev/null &&
+    [ "$(loss_records "$1" | awk -v a="$3" -v b="$4" '$1 >= a && $1 <= b' | wc -l)" -eq $(($4 - $3 + 1)) ]
 }
 expect_rc() {  # expect_rc WHAT RC WANT LOG
   if [ "$2" -eq "$3" ]; then ok "$1: exit $2"; else bad "$1: exit $2, expected $3"; tail -5 "$4"; fi
@@ -56,7 +56,7 @@ unshare -u sh -c 'hostname tessera-other' 2>/dev/null || can_unshare=0
 
 run "$work/clean.log" --metrics-file "$work/clean.jsonl" --save "$work/clean"
 expect_rc "clean run" $? 0 "$work/clean.log"
-[ "$(losses "$work/clean.jsonl" | wc -l)" -eq 8 ] && ok "clean run: 8 losses" || bad "clean run: losses"
+[ "$(loss_records "$work/clean.jsonl" | wc -l)" -eq 8 ] && ok "clean run: 8 losses" || bad "clean run: losses"
 expect_log "the tracker file defaults beside --save" "$work/clean.log" \
   "result validation: validate_results .*; tracker file $work/clean/result_rejected_tracker.txt"
 [ ! -s "$work/clean/result_rejected_tracker.txt" ] && ok "clean run: the tracker file is empty" ||

@@ -2,6 +2,7 @@
 // without their coefficients, averaged over the micro-batches of the global batch and over the
 // MoE layers, in the log line and the metrics file (the interval's mean) and in TensorBoard (each
 // step's).
+#include "model/parts.hpp"
 #include "train/metrics.hpp"
 
 namespace tessera {
@@ -29,10 +30,11 @@ class MoEMetrics : public MetricSource {
     // context parallelism every CP rank holds the whole sequences' figures: cp rank 0's.)
     double v[2] = {0, 0};
     if (c_.ctx.tp_rank == 0 && c_.ctx.cp_rank == 0)
-      for (const GPTModel::MoEStats& m : c_.model.moe_stats()) {
-        v[0] += m.balance;
-        v[1] += m.z;
-      }
+      for (int l : c_.model.shard().layers())
+        if (const MoeRouter* r = c_.model.mlp_part(l).router()) {
+          v[0] += r->stats().balance;
+          v[1] += r->stats().z;
+        }
     c_.ctx.world->all_reduce_f64(v, 2, ReduceOp::Sum);
     const double micro = double(s.global_batch) / c_.cfg.micro_batch_size;
     // The MoE layers: the model's, and multi-token prediction's (of the last layer's kind).

@@ -1,13 +1,14 @@
 // moe_layers.cpp: --moe-per-layer-logging (Megatron's option): each MoE layer's load over the log
 // interval, from the tokens per expert the routers counted over the global batch of every step
-// (GPTModel::end_step_routing): the fewest and most tokens an expert received, their coefficient
-// of variation (std / mean over the experts), and the experts that received none; with the
-// aux-loss-free expert bias, its range. One line per MoE layer after the iteration line, the
+// (the MoE layers' step hook, model/moe.hpp): the fewest and most tokens an expert received, their
+// coefficient of variation (std / mean over the experts), and the experts that received none; with
+// the aux-loss-free expert bias, its range. One line per MoE layer after the iteration line, the
 // figures in the metrics file (moe_layer_L_tokens_min, ...) and TensorBoard (moe/layer_L/...).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
+#include "model/parts.hpp"
 #include "train/metrics.hpp"
 
 namespace tessera {
@@ -39,7 +40,11 @@ class MoELayerMetrics : public MetricSource {
     const bool bias = m.moe_router_enable_expert_bias;
     // Every MoE layer's counts (and bias) to every rank: the counts are global already and the
     // same on the ranks of a stage, so one rank of each stage contributes (tp, cp, dp rank 0).
-    const std::vector<std::vector<int64_t>> counts = c_.model.take_logged_tokens();
+    std::vector<std::vector<int64_t>> counts;  // by local layer (empty for a dense one)
+    for (int l : model.shard().layers()) {
+      MoeRouter* r = model.mlp_part(l).router();
+      counts.push_back(r ? r->take_logged_tokens() : std::vector<int64_t>());
+    }
     const size_t per = static_cast<size_t>(E) * (bias ? 2 : 1);
     std::vector<double> all(layers_.size() * per, 0.0);
     const bool mine = ctx.tp_rank == 0 && ctx.cp_rank == 0 && ctx.dp_rank == 0;
@@ -49,7 +54,7 @@ class MoELayerMetrics : public MetricSource {
       const std::vector<int64_t>& c = counts[static_cast<size_t>(li)];
       for (size_t e = 0; e < c.size(); ++e) all[j * per + e] = static_cast<double>(c[e]);
       if (bias) {
-        const std::vector<float>& b = model.expert_bias(layers_[j]);
+        const std::vector<float>& b = model.mlp_part(layers_[j]).router()->expert_bias();
         for (int e = 0; e < E; ++e) all[j * per + static_cast<size_t>(E + e)] = b[e];
       }
     }

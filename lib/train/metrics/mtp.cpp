@@ -4,6 +4,7 @@
 // "mtp_k loss" in TensorBoard (each step's). The LM loss logged stays the main one.
 #include <cstdio>
 
+#include "model/mtp.hpp"
 #include "train/metrics.hpp"
 
 namespace tessera {
@@ -27,11 +28,11 @@ class MtpMetrics : public MetricSource {
     // (each CP rank holds its chunks of the samples).
     const int D = c_.model.config().mtp_num_layers;
     std::vector<double> v(static_cast<size_t>(2 * D), 0.0);
-    const bool mine = c_.ctx.last_stage() && c_.ctx.tp_rank == 0;
-    if (mine)
+    const MtpHead* mtp = c_.model.mtp();
+    if (mtp && c_.ctx.last_stage() && c_.ctx.tp_rank == 0)
       for (int k = 0; k < D; ++k) {
-        v[static_cast<size_t>(2 * k)] = c_.model.mtp_losses()[static_cast<size_t>(k)].sum;
-        v[static_cast<size_t>(2 * k + 1)] = c_.model.mtp_losses()[static_cast<size_t>(k)].tokens;
+        v[static_cast<size_t>(2 * k)] = mtp->losses()[static_cast<size_t>(k)].sum;
+        v[static_cast<size_t>(2 * k + 1)] = mtp->losses()[static_cast<size_t>(k)].tokens;
       }
     c_.ctx.world->all_reduce_f64(v.data(), static_cast<int64_t>(v.size()), ReduceOp::Sum);
     for (int k = 0; k < D; ++k) {
