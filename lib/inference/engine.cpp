@@ -7,13 +7,49 @@
 #include <exception>
 
 #include "core/logging.hpp"
+#include "model/part_services.hpp"
 #include "model/parts.hpp"
 
 namespace tessera {
 
 namespace {
 constexpr int kTagHidden = 11;
+constexpr size_t kAlign = 256;  // every tensor of a step starts on a 256-byte boundary
+size_t aligned(size_t bytes) {
+  return (bytes + kAlign - 1) / kAlign * kAlign;
 }
+}  // namespace
+
+// Hands out consecutive pieces of one backend buffer: a step's buffers are built without
+// allocating, at the same addresses for the same sizes (a CUDA graph replays them). Without a
+// buffer it only counts (the size of the largest step).
+class InferenceEngine::Arena final : public Allocator {
+ public:
+  Arena(Allocator& backing, size_t bytes) : backing_(backing), size_(bytes) {
+    if (bytes > 0) base_ = static_cast<char*>(backing.allocate(bytes));
+  }
+  ~Arena() override {
+    if (base_) backing_.deallocate(base_, size_);
+  }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  void reset() { used_ = 0; }
+  size_t used() const { return used_; }
+  void* allocate(size_t bytes) override {
+    const size_t at = used_;
+    used_ = aligned(at + bytes);
+    if (!base_) return nullptr;  // counting
+    TESSERA_CHECK(used_ <= size_, "generation's buffers: ", used_, " bytes in an arena of ", size_);
+    return base_ + at;
+  }
+  void deallocate(void*, size_t) override {}
+  Device device() const override { return backing_.device(); }
+
+ private:
+  Allocator& backing_;
+  char* base_ = nullptr;
+  size_t size_ = 0, used_ = 0;
+};
 
 InferenceEngine::InferenceEngine(GPTModel& model, const ParallelContext& ctx, int max_sequences,
                                  int64_t max_positions)
@@ -26,6 +62,7 @@ InferenceEngine::InferenceEngine(GPTModel& model, const ParallelContext& ctx, in
   TESSERA_CHECK(max_positions <= cfg.max_positions(), "context of ", max_positions,
                 " exceeds the model's ", cfg.max_positions(), " positions");
   const ModelShard& sh = model.shard();
+  for (int l : sh.layers()) moe_ = moe_ || model.mlp_part(l).router() != nullptr;
   for (int n = sh.num_layers() - sh.mtp_count; n > 0; --n) {  // MTP's layers do not generate
     const Shape s{max_sequences, model.services().kv_heads_local(), max_positions, cfg.head_dim()};
     AllocationLabel label("the KV cache");
@@ -50,41 +87,57 @@ void InferenceEngine::release_graphs() {
   warmed_.clear();
 }
 
-void InferenceEngine::ensure_rows(int64_t n, int64_t segs) {
-  if (n <= rows_ && segs <= segs_) return;
-  release_graphs();  // they hold the buffers about to be replaced
+namespace {
+// The context's own buffers of a step with S output rows: the rows, their hidden states and the
+// logits in f32, every TP rank's.
+void context_buffers(InferenceContext& c, const GPTModel& m, int64_t n, int64_t S, Allocator& al) {
+  const int64_t C = m.config().hidden_size, Vl = m.services().vocab_local();
+  c.table = Tensor({n, 3}, DType::I32, al);
+  if (!m.shard().has_head) return;
+  c.out_rows = Tensor({S}, DType::I32, al);
+  c.rows_x = Tensor({S, C}, m.compute_dtype(), al);
+  if (m.compute_dtype() != DType::F32) c.logits_f32 = Tensor({S, Vl}, DType::F32, al);
+  if (m.shard().tp_size > 1) c.gathered = Tensor({m.shard().tp_size * S * Vl}, DType::F32, al);
+}
+}  // namespace
+
+void InferenceEngine::ensure_rows(int64_t n, int64_t S) {
+  if (n <= rows_ && S <= segs_) return;
+  release_graphs();  // they point into the arena about to be replaced
+  decode_steps_.clear();
+  prefill_.reset();
+  arena_.reset();
   rows_ = std::max(n, rows_);
-  segs_ = std::max(segs, segs_);
-  const GPTConfig& cfg = model_.config();
-  const int64_t C = cfg.hidden_size, Vl = model_.services().vocab_local();
-  Allocator& al = be_.allocator();
-  // Activations in the model's compute dtype (as its training forward has them); the norm
-  // statistics and the logits handed back in f32.
-  const DType dt = model_.compute_dtype();
-  auto f = [&](Shape s) { return Tensor(std::move(s), dt, al); };
-  auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };
-  ids_ = Tensor({rows_}, DType::I32, al);
-  pos_ = Tensor({rows_}, DType::I32, al);
-  dec_rows_ = Tensor({rows_, 3}, DType::I32, al);
-  x_ = f({rows_, C});
-  ln_ = f({rows_, C});
-  tmp_ = f({rows_, C});
-  parts_ = DecodeBuffers{};  // each part of this stage's layers allocates what it uses
-  parts_.rows = rows_;
-  for (int l : generating_layers()) {
-    model_.attention_part(l).decode_buffers(parts_);
-    model_.mlp_part(l).decode_buffers(parts_);
+  segs_ = std::max(S, segs_);
+  Arena count(be_.allocator(), 0);  // the largest step's bytes
+  {
+    Step probe;
+    probe.acts = model_.make_decode_activations(rows_, segs_, count);
+    context_buffers(probe.ctx, model_, rows_, segs_, count);
   }
-  mean_ = f32({rows_});
-  rstd_ = f32({rows_});
-  last_rows_ = Tensor({segs_}, DType::I32, al);
-  last_x_ = f({segs_, C});
-  lnf_ = f({segs_, C});
-  lnf_mean_ = f32({segs_});
-  lnf_rstd_ = f32({segs_});
-  logits_ = f({segs_, Vl});
-  logits_f32_ = dt == DType::F32 ? logits_ : f32({segs_, Vl});
-  gathered_ = f32({model_.shard().tp_size * segs_ * Vl});
+  AllocationLabel label("generation's buffers (activations of up to " + std::to_string(rows_) +
+                        " new tokens)");
+  arena_ = std::make_unique<Arena>(be_.allocator(), count.used());
+}
+
+InferenceEngine::Step& InferenceEngine::step_for(int64_t n, int64_t S, bool decode) {
+  if (decode) {
+    auto it = decode_steps_.find(n);
+    if (it != decode_steps_.end()) return *it->second;
+  }
+  auto step = std::make_unique<Step>();
+  arena_->reset();  // a step's buffers overlay every other step's: one runs at a time
+  step->acts = model_.make_decode_activations(n, S, *arena_);
+  context_buffers(step->ctx, model_, n, S, *arena_);
+  step->acts.inference = &step->ctx;
+  step->ctx.k_cache = &k_cache_;
+  step->ctx.v_cache = &v_cache_;
+  Step& s = *step;
+  if (decode)
+    decode_steps_[n] = std::move(step);
+  else
+    prefill_ = std::move(step);
+  return s;
 }
 
 void InferenceEngine::reserve_reorder() {
@@ -139,12 +192,6 @@ void InferenceEngine::forward(const std::vector<TokenSegment>& segments,
     }
 }
 
-std::vector<int> InferenceEngine::generating_layers() const {
-  std::vector<int> layers = model_.shard().layers();
-  layers.resize(layers.size() - static_cast<size_t>(model_.shard().mtp_count));  // MTP's last
-  return layers;
-}
-
 std::vector<int32_t> InferenceEngine::forward_sample(const std::vector<TokenSegment>& segments,
                                                      const std::vector<int32_t>& tokens,
                                                      const std::vector<TokenSampling>& how) {
@@ -174,6 +221,8 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
   // Output rows: the last token of each segment, or every token.
   const int64_t S = all_rows ? n : static_cast<int64_t>(segments.size());
   ensure_rows(n, S);
+  Step& st = step_for(n, S, decode);
+  InferenceContext& c = st.ctx;
   // The step's inputs, on the device before any of its work: token ids, positions, the output
   // rows (the last of each segment, or every row), and a decode step's row table.
   std::vector<Backend::KvSegment> kv;
@@ -184,9 +233,8 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
     for (int64_t t = 0; t < s.count; ++t) host_pos_[row + t] = static_cast<int32_t>(s.pos0 + t);
     row += s.count;
   }
-  Tensor ids = ids_.view(0, {n}), pos = pos_.view(0, {n});
-  be_.copy_from_host(ids, tokens.data());
-  be_.copy_from_host(pos, host_pos_.data());
+  be_.copy_from_host(st.acts.ids, tokens.data());
+  be_.copy_from_host(st.acts.doc_positions, host_pos_.data());
   const ModelShard& sh = model_.shard();
   if (sh.has_head) {
     host_pos_.resize(static_cast<size_t>(S));
@@ -199,8 +247,7 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
         host_pos_[i] = static_cast<int32_t>(row - 1);
       }
     }
-    Tensor last_rows = last_rows_.view(0, {S});
-    be_.copy_from_host(last_rows, host_pos_.data());
+    be_.copy_from_host(c.out_rows, host_pos_.data());
   }
   if (decode) {
     host_pos_.resize(static_cast<size_t>(3 * n));
@@ -209,8 +256,7 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
       host_pos_[3 * i + 1] = static_cast<int32_t>(segments[i].pos0);
       host_pos_[3 * i + 2] = static_cast<int32_t>(i);
     }
-    Tensor table = dec_rows_.view(0, {n, 3});
-    be_.copy_from_host(table, host_pos_.data());
+    be_.copy_from_host(c.table, host_pos_.data());
   }
   // A decode step at one rank may run as a CUDA graph: captured at its second step of this many
   // rows (the first allocated whatever scratch the ops need), replayed after. Inputs live in the
@@ -223,7 +269,9 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
                       ctx_.pp_size == 1 && sh.has_head && sh.has_embedding;
   // A graph's attention is planned for the whole cache (its launch may not depend on the step);
   // so is the op-by-op step that warms it up (same scratch sizes). Otherwise the step's context.
-  const int64_t context = graphs ? max_positions_ : longest;
+  c.decode = decode;
+  c.context = graphs ? max_positions_ : longest;
+  c.segments = &kv;
   if (graphs) {
     auto it = graphs_.find(n);
     if (it != graphs_.end()) {
@@ -232,11 +280,11 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
       return it->second.logits;
     }
     // MoE routing runs on the host (its expert GEMMs follow the routed counts): no graphs.
-    if (warmed_.count(n) && !parts_.moe.rows && be_.graph_begin()) {
+    if (warmed_.count(n) && !moe_ && be_.graph_begin()) {
       Graph g;
       std::string why;
       try {
-        g.logits = run_layers(n, S, kv, true, context);
+        g.logits = run(st);
         g.handle = be_.graph_end();
         if (g.handle < 0) why = "the backend could not capture the step";
       } catch (const std::exception& e) {
@@ -254,88 +302,19 @@ Tensor InferenceEngine::forward_logits(const std::vector<TokenSegment>& segments
     }
     warmed_.insert(n);
   }
-  return run_layers(n, S, kv, decode, context);
+  return run(st);
 }
 
-Tensor InferenceEngine::run_layers(int64_t n, int64_t S, const std::vector<Backend::KvSegment>& kv,
-                                   bool decode, int64_t context) {
-  const GPTConfig& cfg = model_.config();
-  const ModelShard& sh = model_.shard();
-  const int64_t C = cfg.hidden_size;
-  // Views of exactly n rows.
-  Tensor x = x_.view(0, {n, C}), ln = ln_.view(0, {n, C}), tmp = tmp_.view(0, {n, C});
-  Tensor mean = mean_.view(0, {n}), rstd = rstd_.view(0, {n});
-  Tensor ids = ids_.view(0, {n}), pos = pos_.view(0, {n});
-  if (sh.has_embedding) {
-    be_.embedding_forward(x, ids, model_.params().compute_param("wte"),
-                          model_.services().vocab_begin());
-    model_.tp_comm().all_reduce(x, ReduceOp::Sum);
-    if (cfg.learned_positions()) {
-      be_.embedding_forward(tmp, pos, model_.params().compute_param("wpe"), 0);
-      be_.add(x, x, tmp);
-    }
-  } else {
-    ctx_.pp->recv(x, ctx_.pp_rank - 1, kTagHidden);
-  }
-  DecodeStep step;
-  step.n = n;
-  step.positions = &pos;
-  step.decode = decode;
-  if (decode) step.table = dec_rows_.view(0, {n, 3});
-  step.context = context;
-  step.segments = &kv;
-  // The same parts as training's forward (model/parts.hpp), each layer's attention with its KV
-  // cache. The residual adds are fused with the norm after them (the attention branch's with ln2,
-  // the MLP branch's with the next layer's ln1: one kernel instead of two, the same values).
-  const std::vector<int> layers = generating_layers();
-  bool ln1_done = false;  // ln holds this layer's first norm already
-  for (size_t k = 0; k < layers.size(); ++k) {
-    const int l = layers[k];
-    const LayerWeights& w = model_.layer_weights(l);
-    if (!ln1_done) model_.services().norm_forward(ln, mean, rstd, x, w.ln1_w, w.ln1_b);
-    step.k_cache = &k_cache_[sh.local_index(l)];
-    step.v_cache = &v_cache_[sh.local_index(l)];
-    model_.attention_part(l).decode(l, step, ln, tmp, parts_);
-    model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
-    model_.services().add_norm_forward(x, ln, mean, rstd, x, tmp, w.ln2_w, w.ln2_b);
-    model_.mlp_part(l).decode(l, ln, tmp, parts_);
-    model_.tp_comm().all_reduce(tmp, ReduceOp::Sum);
-    ln1_done = k + 1 < layers.size();
-    if (ln1_done) {
-      const LayerWeights& next = model_.layer_weights(layers[k + 1]);
-      model_.services().add_norm_forward(x, ln, mean, rstd, x, tmp, next.ln1_w, next.ln1_b);
-    } else {
-      be_.add(x, x, tmp);
-    }
-  }
-  if (!sh.has_head) {
-    ctx_.pp->send_async(x, ctx_.pp_rank + 1, kTagHidden)->wait();
+Tensor InferenceEngine::run(Step& s) {
+  // The hidden states from the previous stage; the model's own forward over this stage's layers
+  // (the embedding on the first, the head's logits of the output rows on the last); to the next.
+  if (!model_.shard().has_embedding) ctx_.pp->recv(s.acts.input, ctx_.pp_rank - 1, kTagHidden);
+  model_.forward(s.acts, 0.f);
+  if (!model_.shard().has_head) {
+    ctx_.pp->send_async(model_.stage_output(s.acts), ctx_.pp_rank + 1, kTagHidden)->wait();
     return Tensor();
   }
-  // The output rows (last_rows_, written by forward_logits), their final LayerNorm and
-  // vocabulary-parallel logits.
-  Tensor last_rows = last_rows_.view(0, {S});
-  Tensor lx = last_x_.view(0, {S, C}), lnf = lnf_.view(0, {S, C});
-  Tensor lm = lnf_mean_.view(0, {S}), lr = lnf_rstd_.view(0, {S});
-  be_.embedding_forward(lx, last_rows, x, 0);  // gathers rows of x
-  model_.services().norm_forward(
-      lnf, lm, lr, lx, model_.params().compute_param("lnf.weight"),
-      cfg.rmsnorm() ? Tensor() : model_.params().compute_param("lnf.bias"));
-  const int64_t Vl = model_.services().vocab_local();
-  Tensor lg = logits_.view(0, {S, Vl});
-  be_.matmul_forward(lg, lnf, model_.params().compute_param(model_.output_weight_name()), nullptr);
-  if (lg.dtype() != DType::F32) {
-    Tensor lf = logits_f32_.view(0, {S, Vl});
-    be_.cast(lf, lg);
-    lg = lf;
-  }
-  const int tp = sh.tp_size;
-  Tensor all = gathered_.view(0, {tp * S * Vl});
-  if (tp == 1)
-    all = lg.reshape({S * Vl});
-  else
-    model_.tp_comm().all_gather(all, lg.reshape({S * Vl}));
-  return all;
+  return s.ctx.logits;
 }
 
 }  // namespace tessera

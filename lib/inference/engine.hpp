@@ -1,18 +1,20 @@
 // engine.hpp: GPT inference with a KV cache on one rank's shard (any TP x PP layout): the new
 // tokens of several sequences go through this stage's layers in one batch, each attending to its
 // own cached keys and values; the last stage returns the logits of each sequence's last new token
-// over the whole (true) vocabulary, gathered across tensor-parallel ranks. Weights, activations
-// and the KV cache are in the model's compute dtype (f32, bf16 or f16); the logits come back in
-// f32.
+// over the whole (true) vocabulary, gathered across tensor-parallel ranks. The forward is the
+// model's own (GPTModel::forward with an InferenceContext: the same embedding, block and head as
+// training); the engine owns the caches, stages each step's inputs and exchanges the hidden
+// states between pipeline stages. Weights, activations and the KV cache are in the model's compute
+// dtype (f32, bf16 or f16); the logits come back in f32.
 #pragma once
 
 #include <map>
+#include <memory>
 #include <set>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "model/gpt.hpp"
-#include "model/parts.hpp"
 
 namespace tessera {
 
@@ -67,21 +69,29 @@ class InferenceEngine {
   InferenceEngine& operator=(const InferenceEngine&) = delete;
 
  private:
-  void ensure_rows(int64_t n, int64_t segments);
-  // The forward pass; on the last stage the logits of the output rows as all_gather leaves them
+  // One forward's buffers for n rows and S output rows (the model's activations and the
+  // context), built in the arena; a decode step's are kept per row count, a prefill's rebuilt.
+  struct Step {
+    Activations acts;
+    InferenceContext ctx;
+  };
+  class Arena;
+  // Room in the arena for up to n rows and S output rows (a larger arena drops the built steps
+  // and the graphs, which point into the old one).
+  void ensure_rows(int64_t n, int64_t S);
+  Step& step_for(int64_t n, int64_t S, bool decode);
+  // The forward pass; on the last stage the logits of the output rows as the head leaves them
   // ((tp, rows, vocab_local) f32 on the backend), elsewhere an undefined tensor.
   Tensor forward_logits(const std::vector<TokenSegment>& segments,
                         const std::vector<int32_t>& tokens, bool all_rows);
-  // forward_logits' device work once the step's inputs are on the device: n rows, S output rows,
-  // `kv` the segments (unused for a decode step, whose row table is in dec_rows_, its attention
-  // planned for positions below `context`).
-  Tensor run_layers(int64_t n, int64_t S, const std::vector<Backend::KvSegment>& kv, bool decode,
-                    int64_t context);
+  // The device work of a step whose inputs are staged: the model's forward between the stages'
+  // hidden-state exchanges.
+  Tensor run(Step& s);
   void release_graphs();
 
   struct Graph {
     int64_t handle = -1;
-    Tensor logits;  // what run_layers returned when it was captured
+    Tensor logits;  // what run returned when it was captured
   };
 
   GPTModel& model_;
@@ -89,16 +99,14 @@ class InferenceEngine {
   Backend& be_;
   int64_t max_positions_;
   int max_sequences_;
+  bool moe_ = false;                       // a MoE layer here: routing on the host, no graphs
   std::vector<Tensor> k_cache_, v_cache_;  // per local layer (slots, heads_local, Tmax, head_dim)
   std::vector<Tensor> k_spare_, v_spare_;  // reorder_slots' destination, swapped in
   Tensor slot_ids_;
-  int64_t rows_ = 0, segs_ = 0;
-  Tensor ids_, pos_, x_, ln_, tmp_, mean_, rstd_;
-  Tensor last_rows_, last_x_, lnf_, lnf_mean_, lnf_rstd_, logits_, logits_f32_, gathered_;
-  Tensor dec_rows_;      // a decode step's row table (rows, 3): slot, position, row
-  DecodeBuffers parts_;  // the layers' parts' buffers (rows_ rows)
-  // This stage's layers that generate (multi-token prediction's do not).
-  std::vector<int> generating_layers() const;
+  int64_t rows_ = 0, segs_ = 0;  // the arena's room
+  std::unique_ptr<Arena> arena_;
+  std::map<int64_t, std::unique_ptr<Step>> decode_steps_;  // by number of rows
+  std::unique_ptr<Step> prefill_;                          // the last prefill's
   std::vector<int32_t> host_pos_;   // positions / last rows / row table, staged for the backend
   std::vector<float> host_logits_;  // the gathered logits, back on the host
   bool graphs_wanted_ = true, graphs_failed_ = false;

@@ -10,8 +10,14 @@
 namespace tessera {
 
 SlotBuilder::SlotBuilder(const GPTConfig& config, const ModelShard& model_shard, int batch, int seq,
-                         DType dtype, Allocator& alloc)
-    : cfg(config), shard(model_shard), B(batch), T(seq), compute(dtype), al(alloc) {
+                         DType dtype, Allocator& alloc, bool for_inference)
+    : cfg(config),
+      shard(model_shard),
+      B(batch),
+      T(seq),
+      compute(dtype),
+      al(alloc),
+      inference(for_inference) {
   const std::vector<LayerSpec> all = build_layer_specs(cfg);
   for (int l : shard.layers()) {
     specs.push_back(all[static_cast<size_t>(l)]);
@@ -269,6 +275,37 @@ std::vector<Activations> GPTModel::make_activation_slots(int B, int T,
     be_.copy_from_host(slots[0].cp_positions, pos.data());
   }
   return slots;
+}
+
+Activations GPTModel::make_decode_activations(int64_t n, int64_t S, Allocator& al) const {
+  TESSERA_CHECK(!services_->sequence_parallel() && shard_.num_chunks() == 1,
+                "generation runs without sequence parallelism and virtual pipeline stages");
+  const SlotBuilder sb(cfg_, shard_, 1, static_cast<int>(n), compute_, al, true);
+  Activations a;
+  a.B = 1;
+  a.T = static_cast<int>(n);
+  a.ids = sb.i32({1, n});
+  a.doc_positions = sb.i32({n});  // each row's position: RoPE and the learned positions read it
+  a.tmp_c = sb.f({n, sb.C});
+  for (const auto& at : sb.attention) at->shared_buffers(sb, a);  // the forward's scratch
+  for (const auto& m : sb.mlp) m->shared_buffers(sb, a);
+  LayerActivations la;  // every part's forward buffers, for the widest of each kind
+  shared_layer_buffers(sb, la, true, true);
+  a.input = la.res2;  // the hidden state runs through the layers in place
+  if (cfg_.learned_positions() && shard_.has_embedding) a.doc_wpe = sb.f({n, sb.C});
+  const LayerRange& chunk = shard_.chunks[0];
+  for (int l = chunk.begin; l < chunk.end; ++l) {
+    LayerActivations layer = la;
+    sb.mlp_of(l).fit(sb, layer);
+    a.layers.push_back(std::move(layer));
+  }
+  if (shard_.has_head) {  // the output rows' final norm and logits
+    a.lnf = sb.f({S, sb.C});
+    if (!cfg_.rmsnorm()) a.lnf_mean = sb.f32({S});
+    a.lnf_rstd = sb.f32({S});
+    a.logits = sb.f({S, sb.vl});
+  }
+  return a;
 }
 
 }  // namespace tessera

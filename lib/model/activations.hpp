@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "core/tensor.hpp"
 #include "model/gpt_config.hpp"
+#include "model/params.hpp"
 #include "model/recompute.hpp"
 
 namespace tessera {
@@ -94,14 +96,34 @@ struct DropoutContext {
   int64_t sample_begin = 0;  // global index of the micro-batch's first sample
 };
 
+// A forward for generation (lib/inference/engine.hpp, docs/generation.md): the same forward as
+// training's over one batch of new tokens of several sequences (B = 1, T = their n rows, the rows'
+// positions in Activations::doc_positions), each attending to its sequence's cached keys and
+// values: a decode step (one new token per sequence, its row table on the backend, the attention
+// planned for contexts up to `context`) or a prefill's segments. On the last stage the head
+// returns the logits of `out_rows` (S rows) instead of a loss.
+struct InferenceContext {
+  bool decode = false;
+  Tensor table;  // a decode step's rows (n, 3) int32: cache slot, position, row
+  int64_t context = 0;
+  const std::vector<Backend::KvSegment>* segments = nullptr;
+  std::vector<Tensor>* k_cache = nullptr;  // per local layer (slots, Gl, Tmax, hd)
+  std::vector<Tensor>* v_cache = nullptr;
+  // The head: the output rows (S) int32, their hidden states (S, C), the logits in f32 (S, Vl; the
+  // logits themselves in f32 models) and all TP ranks' (tp * S * Vl), which the head leaves in
+  // `logits`.
+  Tensor out_rows, rows_x, logits_f32, gathered, logits;
+};
+
 // Everything one micro-batch needs on this stage (one model chunk of it with the interleaved
 // schedule), allocated once for a fixed (B,T).
 struct Activations {
   int B = 0, T = 0;
   int chunk = 0;  // the model chunk (ModelShard::chunks) whose layers these are
   DropoutContext dropout;
-  Tensor ids, targets;  // (B,T) int32; targets < 0 carry no loss
-  Tensor input;         // (B,T,C): embedding output, or what the previous stage sent
+  InferenceContext* inference = nullptr;  // generation's forward; null: training or evaluation
+  Tensor ids, targets;                    // (B,T) int32; targets < 0 carry no loss
+  Tensor input;  // (B,T,C): embedding output, or what the previous stage sent
   std::vector<LayerActivations> layers;
   Tensor lnf, lnf_mean, lnf_rstd;               // last stage
   Tensor logits;                                // (N,Vl), overwritten in place by dlogits

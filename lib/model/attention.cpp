@@ -13,16 +13,6 @@ Tensor ModelPart::param(const ParamStore& ps, int l, const std::string& name, bo
   return grads ? ps.grad(full) : ps.compute_param(full);
 }
 
-void AttentionPart::decode_attention(const DecodeStep& step, Tensor& qkv, Tensor& att) const {
-  if (cfg_.rope()) be().rope(qkv, s().rope_spec(0), step.positions, false);
-  if (step.decode)
-    be().kv_decode(att, qkv, *step.k_cache, *step.v_cache, step.table, step.context, heads_local(),
-                   kv_heads_local(), s().alibi());
-  else
-    be().kv_attention(att, qkv, *step.k_cache, *step.v_cache, *step.segments, heads_local(),
-                      kv_heads_local(), s().alibi());
-}
-
 namespace {
 
 class StandardAttention final : public AttentionPart {
@@ -86,10 +76,10 @@ class StandardAttention final : public AttentionPart {
   }
 
   void shared_buffers(const SlotBuilder& sb, Activations& shared) const override {
-    if (shared.dqkv.defined()) return;
+    if (spec_.qk_norm && !shared.qk_tmp.defined()) shared.qk_tmp = sb.f({sb.N, sb.hl});
+    if (sb.inference || shared.dqkv.defined()) return;
     shared.dqkv = sb.f({sb.B, sb.T, sb.qkvl});
     shared.datt = sb.f({sb.B, sb.T, sb.hl});
-    if (spec_.qk_norm) shared.qk_tmp = sb.f({sb.N, sb.hl});
   }
 
   void forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
@@ -144,35 +134,6 @@ class StandardAttention final : public AttentionPart {
     Weights& g = g_;
     for (Tensor* t : {&g.q_norm_w, &g.q_norm_b, &g.k_norm_w, &g.k_norm_b})
       if (t->defined()) tp().all_reduce(*t, ReduceOp::Sum);
-  }
-
-  void decode_buffers(DecodeBuffers& d) const override {
-    if (d.qkv.defined()) return;
-    const int64_t rows = d.rows, H = heads_local(), G = kv_heads_local(), hd = cfg_.head_dim();
-    Allocator& al = be().allocator();
-    auto f = [&](Shape s) { return Tensor(std::move(s), compute(), al); };
-    auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };
-    d.qkv = f({rows, (H + 2 * G) * hd});
-    d.att = f({rows, H * hd});
-    if (!spec_.qk_norm) return;
-    d.qk.q_raw = f({rows, H * hd});
-    d.qk.k_raw = f({rows, G * hd});
-    d.qk.q_rstd = f32({rows * H});
-    d.qk.k_rstd = f32({rows * G});
-    if (!cfg_.rmsnorm()) {
-      d.qk.q_mean = f32({rows * H});
-      d.qk.k_mean = f32({rows * G});
-    }
-  }
-
-  void decode(int l, const DecodeStep& step, const Tensor& ln, Tensor& out,
-              DecodeBuffers& d) override {
-    const Weights& w = w_;
-    Tensor qkv = d.qkv.view(0, {step.n, d.qkv.dim(1)}), att = d.att.view(0, {step.n, d.att.dim(1)});
-    be().matmul_forward(qkv, ln, w.qkv_w, opt(w.qkv_b));
-    if (spec_.qk_norm) qk_norm_forward(qkv, w, d.qk, att);  // att: scratch until used
-    decode_attention(step, qkv, att);
-    be().matmul_forward(out, att, w.proj_w, bias_here() ? opt(w.proj_b) : nullptr);
   }
 
  private:

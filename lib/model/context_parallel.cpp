@@ -24,6 +24,20 @@ constexpr int kTagKv = 3001, kTagDkv = 3002;
 }  // namespace
 
 void PartServices::attention_core_forward(int l, Activations& a, LayerActivations& la) {
+  if (a.inference) {  // generation: the new rows' keys and values into the layer's KV cache
+    InferenceContext& c = *a.inference;
+    const size_t li = static_cast<size_t>(shard_.local_index(l));
+    const int64_t n = int64_t(a.B) * a.T;
+    Tensor& kc = (*c.k_cache)[li];
+    Tensor& vc = (*c.v_cache)[li];
+    Tensor att = la.att.reshape({n, la.att.numel() / n});
+    const Tensor qkv = la.qkv.reshape({n, la.qkv.numel() / n});
+    if (c.decode)
+      be_.kv_decode(att, qkv, kc, vc, c.table, c.context, heads_local_, kv_heads_local_, alibi());
+    else
+      be_.kv_attention(att, qkv, kc, vc, *c.segments, heads_local_, kv_heads_local_, alibi());
+    return;
+  }
   if (shard_.cp_size > 1) {
     ring_attention_forward(l, a, la);
     return;

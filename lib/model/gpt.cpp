@@ -194,6 +194,7 @@ void GPTModel::block_forward(int l, Activations& a) {
 
 double GPTModel::head_forward(Activations& a, float grad_scale) {
   head_forward(a, grad_scale, a.losses);
+  if (a.inference) return 0.0;  // generation: the logits are the result
   // Token losses come back to the host and are summed in double, in order (any layout, any
   // backend: the same sum).
   host_losses_.resize(static_cast<size_t>(a.losses.numel()));
@@ -209,15 +210,35 @@ void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out
   TESSERA_CHECK(ends_in_head(a),
                 "head_forward on a stage (or model chunk) without the output layer");
   const Tensor& h = stage_output(a);
+  InferenceContext* gen = a.inference;
+  if (gen) {  // generation: the output rows alone (each sequence's last new token, or every row)
+    const int64_t C = cfg_.hidden_size;
+    be_.embedding_forward(gen->rows_x, gen->out_rows, h.reshape({h.numel() / C, C}), 0);
+  }
   PhaseSequence phase;
   phase("layernorm-forward");
   PartServices& s = *services_;
   Tensor lnf = s.own_rows(a.lnf, a);
-  s.norm_forward(lnf, a.lnf_mean, a.lnf_rstd, h, params_->compute_param("lnf.weight"),
+  s.norm_forward(lnf, a.lnf_mean, a.lnf_rstd, gen ? gen->rows_x : h,
+                 params_->compute_param("lnf.weight"),
                  cfg_.rmsnorm() ? Tensor() : params_->compute_param("lnf.bias"));
   s.gather_rows(phase, a.lnf);
   phase("lm-head-gemm-forward");
   be_.matmul_forward(a.logits, a.lnf, params_->compute_param(output_weight_name()), nullptr);
+  if (gen) {  // the logits in f32 over the whole (padded) vocabulary: every TP rank's shard
+    Tensor logits = a.logits;
+    if (logits.dtype() != DType::F32) {
+      be_.cast(gen->logits_f32, logits);
+      logits = gen->logits_f32;
+    }
+    gen->logits = logits.reshape({logits.numel()});
+    if (tp_.size() > 1) {
+      tp_.all_gather(gen->gathered, gen->logits);
+      gen->logits = gen->gathered;
+    }
+    notify(&PassObserver::after_forward, kHeadPiece);
+    return;
+  }
   phase("cross-entropy");  // with its TP all-reduces of the row statistics
   s.cross_entropy(a.losses, a.logits, a.targets, a, grad_scale);
   if (losses_out.raw() != a.losses.raw()) be_.cast(losses_out, a.losses);  // a device copy

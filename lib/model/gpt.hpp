@@ -68,6 +68,11 @@ class GPTModel {
   std::vector<Activations> make_activation_slots(int B, int T,
                                                  const std::vector<int>& counts) const;
   Activations make_activations(int B, int T) const { return make_activation_slots(B, T, 1)[0]; }
+  // Generation's buffers (lib/inference/engine.hpp) for a forward of n rows (B = 1, T = n) whose
+  // head returns the logits of S rows: the forward's alone, one layer's set that every layer
+  // shares (nothing is kept for a backward), the hidden state running through it in place. Set
+  // a.inference before the forward.
+  Activations make_decode_activations(int64_t n, int64_t S, Allocator& al) const;
   // Documents inside the micro-batch's samples (run/sample_layout.hpp; host arrays of the whole
   // samples, B*S with S = cp*T the sequence length, row b*S + p by global position; either may be
   // null): each position's id (--reset-position-ids: RoPE, ALiBi and the learned position
@@ -93,7 +98,9 @@ class GPTModel {
   // The same, leaving the token losses (N, f32) in `losses_out` (backend memory) instead of
   // summing them on the host: no device round trip per micro-batch.
   void head_forward(Activations& a, float grad_scale, Tensor& losses_out);
-  // All of a's chunk (first and last stage together when PP = 1).
+  // All of a's chunk (first and last stage together when PP = 1): training's, evaluation's and
+  // generation's forward (a.inference: the KV caches, the rows' positions, the output rows; the
+  // head leaves their logits in the context instead of a loss).
   double forward(Activations& a, float grad_scale);
 
   // The backward pieces mirror the forward; each reads and writes a.dres. block_backward runs the

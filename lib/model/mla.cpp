@@ -92,8 +92,15 @@ class MlaAttention final : public AttentionPart {
   }
 
   void shared_buffers(const SlotBuilder& sb, Activations& shared) const override {
-    if (shared.dqkv.defined()) return;
     const int64_t N = sb.N, dr = cfg_.qk_pos_emb_head_dim;
+    if (sb.inference) {  // the forward's scratch alone
+      if (!shared.mla_q.defined()) {
+        shared.mla_q = sb.f({N, sb.hl});
+        shared.mla_kv = sb.f({N, sb.heads_l * (cfg_.qk_head_dim + cfg_.v_head_dim)});
+      }
+      return;
+    }
+    if (shared.dqkv.defined()) return;
     shared.dqkv = sb.f({sb.B, sb.T, sb.qkvl});
     shared.datt = sb.f({sb.B, sb.T, sb.hl});
     shared.mla_q = sb.f({N, sb.hl});
@@ -160,46 +167,6 @@ class MlaAttention final : public AttentionPart {
     for (Tensor* t : {&g.q_down_w, &g.q_down_norm_w, &g.q_down_norm_b, &g.kv_down_w,
                       &g.kv_down_norm_w, &g.kv_down_norm_b})
       if (t->defined()) tp().all_reduce(*t, ReduceOp::Sum);
-  }
-
-  void decode_buffers(DecodeBuffers& d) const override {
-    if (d.qkv.defined()) return;
-    const int64_t rows = d.rows, H = heads_local(), hd = cfg_.head_dim();
-    const int64_t qr = cfg_.q_lora_rank, kvr = cfg_.kv_lora_rank;
-    const bool norm = spec_.qk_norm;
-    Allocator& al = be().allocator();
-    auto f = [&](Shape s) { return Tensor(std::move(s), compute(), al); };
-    auto f32 = [&](Shape s) { return Tensor(std::move(s), DType::F32, al); };
-    d.qkv = f({rows, 3 * H * hd});
-    d.att = f({rows, H * hd});
-    MlaTensors& m = d.mla;
-    if (qr > 0) {
-      m.q_lat = f({rows, qr});
-      m.q_lat_n = norm ? f({rows, qr}) : m.q_lat;
-    }
-    m.c = f({rows, kvr});
-    m.c_n = norm ? f({rows, kvr}) : m.c;
-    m.k_pe = f({rows, cfg_.qk_pos_emb_head_dim});
-    if (norm) {
-      if (!cfg_.rmsnorm()) m.q_mean = f32({rows}), m.c_mean = f32({rows});
-      m.q_rstd = f32({rows});
-      m.c_rstd = f32({rows});
-    }
-    m.att_v = f({rows, H * cfg_.v_head_dim});
-    d.mla_q = f({rows, H * hd});
-    d.mla_kv = f({rows, H * (cfg_.qk_head_dim + cfg_.v_head_dim)});
-  }
-
-  void decode(int l, const DecodeStep& step, const Tensor& ln, Tensor& out,
-              DecodeBuffers& d) override {
-    const Weights& w = w_;
-    const int64_t n = step.n;
-    Tensor qkv = d.qkv.view(0, {n, d.qkv.dim(1)}), att = d.att.view(0, {n, d.att.dim(1)});
-    qkv_forward(qkv, ln, w, d.mla, d.mla_q, d.mla_kv);
-    decode_attention(step, qkv, att);
-    Tensor att_v = d.mla.att_v.view(0, {n, d.mla.att_v.dim(1)});
-    values(att_v, att);  // each head's values, not its padding
-    be().matmul_forward(out, att_v, w.proj_w, bias_here() ? opt(w.proj_b) : nullptr);
   }
 
  private:

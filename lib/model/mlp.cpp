@@ -83,7 +83,7 @@ void dense_mlp_buffers(const SlotBuilder& sb, LayerActivations& la, int64_t widt
 }
 
 void dense_mlp_shared(const SlotBuilder& sb, Activations& shared, MlpActivation act) {
-  if (sb.fl_max <= 0 || shared.dfc.defined()) return;
+  if (sb.inference || sb.fl_max <= 0 || shared.dfc.defined()) return;  // the backward's
   shared.dfc = sb.f({sb.N, sb.fl_max});
   if (act == MlpActivation::SwiGLU) shared.dfc1 = sb.f({sb.N, 2 * sb.fl_max});
 }
@@ -165,26 +165,6 @@ void DenseMlp::backward_into(PhaseSequence& phase, int l, Activations& a,
   }
   phase("fc1-gemm-backward");
   s().linear_backward(l, Fp8Gemm::Fc1, &dinp, g_.fc1_w, opt(g_.fc1_b), *dfc1, la.ln2, w_.fc1_w);
-}
-
-void DenseMlp::decode_buffers(DecodeBuffers& d) const {
-  if (d.act.defined()) return;
-  const int64_t glu = spec_.activation == MlpActivation::SwiGLU ? 2 : 1;
-  const int64_t Fl = cfg_.ffn() / shard_.tp_size;
-  d.fc = Tensor({d.rows, glu * Fl}, compute(), be().allocator());
-  d.act = Tensor({d.rows, Fl}, compute(), be().allocator());
-}
-
-void DenseMlp::decode(int, const Tensor& ln, Tensor& out, DecodeBuffers& d) {
-  const int64_t n = ln.dim(0);
-  Tensor fc = d.fc.view(0, {n, d.fc.dim(1)}), act = d.act.view(0, {n, d.act.dim(1)});
-  if (spec_.activation == MlpActivation::Gelu) {  // one kernel on the CUDA backend
-    be().matmul_gelu_forward(act, fc, ln, w_.fc1_w, opt(w_.fc1_b));
-  } else {
-    be().matmul_forward(fc, ln, w_.fc1_w, opt(w_.fc1_b));
-    mlp_activation_forward(be(), spec_.activation, act, fc);
-  }
-  be().matmul_forward(out, act, w_.fc2_w, bias_here() ? opt(w_.fc2_b) : nullptr);
 }
 
 std::unique_ptr<MlpPart> make_dense_mlp(const LayerSpec& spec, const GPTConfig& cfg,

@@ -32,8 +32,6 @@ class DenseMlp final : public MlpPart {
   void recompute(PhaseSequence& phase, int l, Activations& a, LayerActivations& la) override;
   void backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                 const Tensor& dout) override;
-  void decode_buffers(DecodeBuffers& d) const override;
-  void decode(int l, const Tensor& ln, Tensor& out, DecodeBuffers& d) override;
 
   // The backward into dinp (partial over TP): a.dln for a dense layer, the MoE layer's scratch
   // for its shared expert.

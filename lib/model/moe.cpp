@@ -260,6 +260,10 @@ void MoeMlp::combine(PhaseSequence& phase, Activations& a, LayerActivations& la,
 
 void MoeMlp::forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                      Tensor& out) {
+  if (a.inference) {
+    infer(a, la, out);
+    return;
+  }
   const int64_t N = int64_t(a.B) * a.T;
   const bool ep = shard_.ep_size > 1;
   // The router: this rank's rows, then every rank's logits to all.

@@ -64,12 +64,6 @@ class MoeMlp final : public MlpPart, public MoeRouter {
   void backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                 const Tensor& dy) override;
 
-  // Generation's MoE MLP: `rows` rows of ln (n,C) -> out (n,C), a partial sum over TP like fc2's
-  // output (the caller reduces it). Dropless whatever the capacity factor (as Hugging Face's
-  // Mixtral); TP rank 0's logits route every rank.
-  void decode_buffers(DecodeBuffers& d) const override;
-  void decode(int l, const Tensor& ln, Tensor& out, DecodeBuffers& d) override;
-
   MoeRouter* router() override { return this; }
   const Stats& stats() const override { return stats_; }
   std::vector<int64_t> take_logged_tokens() override;
@@ -93,6 +87,10 @@ class MoeMlp final : public MlpPart, public MoeRouter {
     bool allgather;
   };
   Dims dims(const SlotBuilder& sb) const;
+  // The forward in generation (a.inference): la.ln2 -> out, a partial sum over TP like fc2's
+  // output. Dropless whatever the capacity factor (as Hugging Face's Mixtral); TP rank 0's logits
+  // route every rank (a batch of new tokens need not divide over TP); no statistics.
+  void infer(Activations& a, LayerActivations& la, Tensor& out);
   // The rows of a micro-batch this TP rank routes: its sequence-parallel rows, else its 1/TP.
   int64_t router_rows(const Activations& a) const;
   // The routing options: the model's with this layer's expert bias.

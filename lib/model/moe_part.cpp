@@ -1,6 +1,6 @@
 // moe_part.cpp: the MoE layer's parameters, weights and buffers (model/moe.hpp), selective
-// recomputation of the routed experts, and generation's MoE MLP (dropless, every TP rank routing
-// as rank 0 does).
+// recomputation of the routed experts, and its forward in generation (dropless, every TP rank
+// routing as rank 0 does).
 #include <algorithm>
 
 #include "core/phase_timer.hpp"
@@ -52,7 +52,7 @@ MoeMlp::Dims MoeMlp::dims(const SlotBuilder& sb) const {
   d.K = cfg_.moe_router_topk;
   d.NK = sb.N * d.K;
   d.ep = shard_.ep_size;
-  d.R = cfg_.moe_received_rows(sb.N, d.ep);
+  d.R = sb.inference ? d.NK : cfg_.moe_received_rows(sb.N, d.ep);  // generation: dropless
   d.allgather = d.ep > 1 && cfg_.moe_token_dispatcher_type == "allgather";
   d.efl = cfg_.moe_ffn() / shard_.tp_size;
   d.glu = spec_.activation == MlpActivation::SwiGLU ? 2 : 1;
@@ -88,9 +88,15 @@ void MoeMlp::kept_buffers(const SlotBuilder& sb, LayerActivations& la, int64_t w
 
 void MoeMlp::shared_buffers(const SlotBuilder& sb, Activations& shared) const {
   dense_mlp_shared(sb, shared, spec_.activation);
-  if (shared.moe_dout.defined()) return;
   const Dims d = dims(sb);
   const int64_t N = sb.N, C = sb.C;
+  if (sb.inference) {  // the forward's scratch alone: the shared expert's output, the logits
+    if (shared.moe_tmp.defined()) return;
+    shared.moe_tmp = sb.f({N, C});
+    if (sb.compute != DType::F32) shared.moe_logits_c = sb.f({N, d.E});
+    return;
+  }
+  if (shared.moe_dout.defined()) return;
   shared.moe_dout = sb.f({d.NK, C});
   if (d.ep > 1) {
     if (!d.allgather) shared.moe_oute = sb.f({d.R, C});
@@ -144,74 +150,42 @@ Tensor& MoeMlp::activation_backward(PhaseSequence& phase, Tensor& dact, Tensor& 
   return mlp_activation_backward(be(), spec_.activation, dact, dfc1_swiglu, fc1);
 }
 
-void MoeMlp::decode_buffers(DecodeBuffers& d) const {
-  if (d.moe.rows > 0) return;
-  MoeScratch& s = d.moe;
-  AllocationLabel label("the MoE buffers of generation");
-  Allocator& al = be().allocator();
-  const int64_t rows = d.rows, C = cfg_.hidden_size, E = cfg_.num_experts;
-  const int64_t K = cfg_.moe_router_topk;
-  const int64_t efl = cfg_.moe_ffn() / shard_.tp_size;
-  const int64_t glu = spec_.activation == MlpActivation::SwiGLU ? 2 : 1;
-  const int64_t sfl = cfg_.moe_shared_expert_intermediate_size / shard_.tp_size;
-  auto f = [&](Shape sh) { return Tensor(std::move(sh), compute(), al); };
-  s.rows = rows;
-  s.logits = Tensor({rows, E}, DType::F32, al);
-  s.logits_c = compute() == DType::F32 ? s.logits : f({rows, E});
-  s.expert = Tensor({rows, K}, DType::I32, al);
-  s.row = Tensor({rows, K}, DType::I32, al);
-  s.weight = Tensor({rows, K}, DType::F32, al);
-  s.x = f({rows * K, C});
-  s.fc1 = f({rows * K, glu * efl});
-  s.act = f({rows * K, efl});
-  s.out = f({rows * K, C});
-  if (sfl > 0) {
-    s.sfc1 = f({rows, glu * sfl});
-    s.sact = f({rows, sfl});
-    s.tmp = f({rows, C});
-  }
-}
-
-void MoeMlp::decode(int, const Tensor& ln, Tensor& out, DecodeBuffers& d) {
-  MoeScratch& s = d.moe;
-  const int64_t n = ln.dim(0), C = cfg_.hidden_size, E = cfg_.num_experts;
-  const int64_t K = cfg_.moe_router_topk;
-  TESSERA_CHECK(n <= s.rows, "MoE generation: ", n, " rows for a scratch of ", s.rows);
-  Tensor lc = s.logits_c.view(0, {n, E}), logits = s.logits.view(0, {n, E});
+void MoeMlp::infer(Activations& a, LayerActivations& la, Tensor& out) {
+  TESSERA_CHECK(shard_.ep_size == 1,
+                "generation with expert parallelism (every rank runs its own "
+                "experts only); generate at --expert-model-parallel-size 1");
+  const Tensor& ln = la.ln2;
+  const int64_t n = int64_t(a.B) * a.T, C = cfg_.hidden_size;
+  Tensor logits = la.moe_logits, lc = compute() == DType::F32 ? logits : a.moe_logits_c;
   be().matmul_forward(lc, ln, router_w_, nullptr);
   if (compute() != DType::F32) be().cast(logits, lc);
   tp().broadcast(logits, 0);  // every TP rank routes as rank 0 does
-  Tensor expert = s.expert.view(0, {n, K}), weight = s.weight.view(0, {n, K});
-  Tensor row = s.row.view(0, {n, K});
   MoERouting r = current_routing();
   r.capacity_factor = 0;
   std::vector<int64_t> routed, kept;
-  be().moe_route(expert, weight, row, logits, r, n, routed, kept);
-  Tensor x = s.x.view(0, {n * K, C});
-  be().moe_permute(x, ln, row);
-  const int64_t efc1 = s.fc1.dim(1), efl = s.act.dim(1);
+  be().moe_route(la.moe_expert, la.moe_weight, la.moe_row, logits, r, n, routed, kept);
+  be().moe_permute(la.moe_x, ln, la.moe_row);
+  const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
   const int e0 = shard_.experts_begin(cfg_.num_experts);
   int64_t at = 0;
   for (size_t j = 0; j < experts_w_.size(); ++j) {
     const int64_t rows = kept[static_cast<size_t>(e0) + j];
     if (rows == 0) continue;
     const MlpWeights& ew = experts_w_[j];
-    Tensor xe = x.view(at * C, {rows, C}), fc1 = s.fc1.view(at * efc1, {rows, efc1});
-    Tensor act = s.act.view(at * efl, {rows, efl}), y = s.out.view(at * C, {rows, C});
+    Tensor xe = la.moe_x.view(at * C, {rows, C}), fc1 = la.moe_fc1.view(at * efc1, {rows, efc1});
+    Tensor act = la.moe_act.view(at * efl, {rows, efl}), y = la.moe_out.view(at * C, {rows, C});
     be().matmul_forward(fc1, xe, ew.fc1_w, opt(ew.fc1_b));
     activation(act, fc1);
     be().matmul_forward(y, act, ew.fc2_w, bias_here() ? opt(ew.fc2_b) : nullptr);
     at += rows;
   }
-  be().moe_unpermute(out, s.out.view(0, {n * K, C}), row, weight);
+  be().moe_unpermute(out, la.moe_out, la.moe_row, la.moe_weight);
   if (shared_) {  // the shared expert
     const MlpWeights& w = shared_->weights();
-    Tensor sfc1 = s.sfc1.view(0, {n, s.sfc1.dim(1)}), sact = s.sact.view(0, {n, s.sact.dim(1)});
-    Tensor tmp = s.tmp.view(0, {n, C});
-    be().matmul_forward(sfc1, ln, w.fc1_w, opt(w.fc1_b));
-    activation(sact, sfc1);
-    be().matmul_forward(tmp, sact, w.fc2_w, bias_here() ? opt(w.fc2_b) : nullptr);
-    be().add(out, out, tmp);
+    be().matmul_forward(la.fc1, ln, w.fc1_w, opt(w.fc1_b));
+    activation(la.gelu, la.fc1);
+    be().matmul_forward(a.moe_tmp, la.gelu, w.fc2_w, bias_here() ? opt(w.fc2_b) : nullptr);
+    be().add(out, out, a.moe_tmp);
   }
 }
 

@@ -5,18 +5,20 @@
 // its parameters (add_params: names, global shapes, TP split, init; what the model's parameter
 // list is made of), its weights and gradients (bound from the flat buffers), the activation
 // buffers it keeps, recomputes and shares (so the --dry-run estimate counts exactly what is
-// allocated), its forward, backward, selective recomputation, its per-step state (a step hook)
-// and the decode step of generation. It reaches the rest of the model only through PartServices
+// allocated), its forward (training's and generation's), backward, selective recomputation and
+// its per-step state (a step hook). It reaches the rest of the model only through PartServices
 // (model/part_services.hpp): the GEMMs (FP8 where the layer runs in FP8), the norms, the TP
 // reduction, the attention core, RoPE.
 //
 // Contracts, for the attention part and the MLP part alike:
 //   forward:   the normed input (every token row, gathered over TP with sequence parallelism) ->
 //              out (N, C): this rank's partial sum over TP (row-parallel biases on TP rank 0 only);
+//              generation runs the same forward with an inference context (Activations::
+//              inference: the KV cache and the rows' positions, which PartServices' attention core
+//              and RoPE read);
 //   backward:  the branch's output gradient (every row) -> a.dln, the input gradient, a partial
 //              sum over TP; the weights' gradients accumulated;
-//   recompute: refills what selective recomputation did not keep, from what it did;
-//   decode:    forward on generation's buffers (n rows, DecodeBuffers), with the KV cache.
+//   recompute: refills what selective recomputation did not keep, from what it did.
 #pragma once
 
 #include <string>
@@ -32,37 +34,6 @@ namespace tessera {
 
 class PhaseSequence;
 struct SlotBuilder;  // model/slots.hpp
-
-// What one decode step of generation passes to a layer's attention: the step's rows and their
-// positions, the layer's KV cache, and how the attention runs (a decode step's row table, or the
-// segments of a prefill).
-struct DecodeStep {
-  int64_t n = 0;
-  const Tensor* positions = nullptr;  // (n) int32
-  bool decode = false;                // one new token per sequence: table and context
-  Tensor table;
-  int64_t context = 0;
-  const std::vector<Backend::KvSegment>* segments = nullptr;
-  Tensor* k_cache = nullptr;
-  Tensor* v_cache = nullptr;
-};
-
-// A mixture of experts' buffers in generation, for up to `rows` rows (model/moe.hpp).
-struct MoeScratch {
-  int64_t rows = 0;
-  Tensor logits_c, logits, expert, weight, row, x, fc1, act, out, sfc1, sact, tmp;
-};
-
-// Generation's buffers, for up to `rows` rows; each part allocates what it uses.
-struct DecodeBuffers {
-  int64_t rows = 0;
-  Tensor qkv, att;       // standard and multi-latent attention
-  QkNormTensors qk;      // --qk-layernorm
-  MlaTensors mla;        // multi-latent attention's latents
-  Tensor mla_q, mla_kv;  // and its scratch
-  Tensor fc, act;        // the dense MLP's fc1 output and activation
-  MoeScratch moe;        // a mixture of experts
-};
 
 // The base of every part. A part is made for a model (`services` its model's), or without one to
 // plan parameters and buffers (the parameter list and the --dry-run estimate build the same
@@ -108,7 +79,8 @@ class AttentionPart : public ModelPart {
   using ModelPart::ModelPart;
   // Buffers: what the core writes (recomputed by selective recomputation: the output and its
   // log-sum-exp), what the layer keeps (the projected heads and what their norms' backward
-  // reads), and the scratch every layer shares (into `shared`, once).
+  // reads), and the scratch every layer shares (into `shared`, once; the forward's alone for
+  // generation, SlotBuilder::inference).
   virtual void core_buffers(const SlotBuilder& sb, LayerActivations& la) const = 0;
   virtual void kept_buffers(const SlotBuilder& sb, LayerActivations& la) const = 0;
   virtual void shared_buffers(const SlotBuilder& sb, Activations& shared) const = 0;
@@ -117,13 +89,6 @@ class AttentionPart : public ModelPart {
   virtual void recompute(PhaseSequence& phase, int l, Activations& a, LayerActivations& la) = 0;
   virtual void backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                         const Tensor& dout) = 0;
-  virtual void decode_buffers(DecodeBuffers& d) const = 0;
-  virtual void decode(int l, const DecodeStep& step, const Tensor& ln, Tensor& out,
-                      DecodeBuffers& d) = 0;
-
- protected:
-  // Generation's attention from qkv (n rows, before RoPE) into att, with the layer's KV cache.
-  void decode_attention(const DecodeStep& step, Tensor& qkv, Tensor& att) const;
 };
 
 // The router of a MoE layer as the trainer reads and restores it (model/moe.hpp): the logged
@@ -164,8 +129,6 @@ class MlpPart : public ModelPart {
   virtual void recompute(PhaseSequence& phase, int l, Activations& a, LayerActivations& la) = 0;
   virtual void backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                         const Tensor& dout) = 0;
-  virtual void decode_buffers(DecodeBuffers& d) const = 0;
-  virtual void decode(int l, const Tensor& ln, Tensor& out, DecodeBuffers& d) = 0;
   // A MoE layer's router; null for a dense MLP.
   virtual MoeRouter* router() { return nullptr; }
 };

@@ -13,13 +13,15 @@ namespace tessera {
 
 struct SlotBuilder {
   SlotBuilder(const GPTConfig& config, const ModelShard& model_shard, int batch, int seq,
-              DType dtype, Allocator& alloc);
+              DType dtype, Allocator& alloc, bool for_inference = false);
 
   const GPTConfig& cfg;
   const ModelShard& shard;
   const int B, T;
   const DType compute;
   Allocator& al;
+  // Generation's buffers: the forward's alone (no backward scratch), MoE dropless.
+  const bool inference;
   const int64_t N = int64_t(B) * T, C = cfg.hidden_size;
   // Sequence parallelism: the LayerNorm/dropout/residual tensors (and the LayerNorm statistics)
   // hold this rank's Nl of the N token rows; the LayerNorm outputs stay whole (gathered for the
