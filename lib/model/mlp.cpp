@@ -128,6 +128,13 @@ void DenseMlp::fit(const SlotBuilder& sb, LayerActivations& la) const {
 
 void DenseMlp::forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                        Tensor& out) {
+  if (a.inference && spec_.activation == MlpActivation::Gelu && !s().fp8_layer(l)) {
+    // Generation keeps nothing for a backward: fc1 and its GELU in one kernel on the CUDA
+    // backend (cuBLASLt's epilogue; the same as the two on the CPU).
+    be().matmul_gelu_forward(la.gelu, la.fc1, la.ln2, w_.fc1_w, opt(w_.fc1_b));
+    be().matmul_forward(out, la.gelu, w_.fc2_w, bias_here() ? opt(w_.fc2_b) : nullptr);
+    return;
+  }
   phase("fc1-gemm-forward");
   s().linear_forward(l, Fp8Gemm::Fc1, la.fc1, la.ln2, w_.fc1_w, opt(w_.fc1_b), a);
   phase(mlp_activation_phase(spec_.activation, false));

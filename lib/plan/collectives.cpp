@@ -76,7 +76,7 @@ int CollectivePlan::world_of_stage(int pp_rank) const {
   return layout_.rank_of(me_.tp, pp_rank, me_.dp, me_.cp);
 }
 
-// GPTModel::reduce_rows: a row-parallel GEMM's output summed over TP, all of it or (sequence
+// PartServices::reduce_rows: a row-parallel GEMM's output summed over TP, all of it or (sequence
 // parallelism) reduce-scattered to this rank's rows.
 void CollectivePlan::hidden_reduce(CallList& out) const {
   if (layout_.tp == 1) return;
