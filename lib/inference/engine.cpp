@@ -38,7 +38,7 @@ class InferenceEngine::Arena final : public Allocator {
   void* allocate(size_t bytes) override {
     const size_t at = used_;
     used_ = aligned(at + bytes);
-    if (!base_) return nullptr;  // counting
+    if (!base_) return &dummy_;  // counting: no memory behind the tensors
     TESSERA_CHECK(used_ <= size_, "generation's buffers: ", used_, " bytes in an arena of ", size_);
     return base_ + at;
   }
@@ -49,6 +49,7 @@ class InferenceEngine::Arena final : public Allocator {
   Allocator& backing_;
   char* base_ = nullptr;
   size_t size_ = 0, used_ = 0;
+  char dummy_ = 0;
 };
 
 InferenceEngine::InferenceEngine(GPTModel& model, const ParallelContext& ctx, int max_sequences,
