@@ -105,16 +105,26 @@ grep -q "optimizer: Megatron-FSDP optim_grads_params (the optimizer state, gradi
 # (hybrid, emulated exactly on the CPU) stays within FP8's rounding noise of one rank (the 1-rank
 # run against itself from weights moved by 1e-7; rounding is discontinuous, so f32 summation
 # order flips single elements and the trajectories drift apart, tests/train/test_fp8.sh).
+# One perturbation's distance is a poor estimate of that noise (on one machine +1e-7 gave 6e-5
+# and -1e-7 2e-3 over the same 20 iterations): the larger of the two signs' is the noise. The
+# first iteration, before any rounding flip can grow, must agree to 1e-6.
 fp8=(--bf16 --fp8-format hybrid --hidden-dropout 0 --attention-dropout 0)
 train fp8-one 1 gpt "${fp8[@]}"
 TESSERA_TEST_PERTURB_INIT=1e-7 train fp8-noise 1 gpt "${fp8[@]}"
+TESSERA_TEST_PERTURB_INIT=-1e-7 train fp8-noise-neg 1 gpt "${fp8[@]}"
 train fp8-dp2 2 gpt "${fp8[@]}" "${fsdp[@]}" optim_grads_params
-read -r noise _ < <(worst fp8-one fp8-noise)
+read -r noise_pos _ < <(worst fp8-one fp8-noise)
+read -r noise_neg _ < <(worst fp8-one fp8-noise-neg)
+noise=$(awk -v a="$noise_pos" -v b="$noise_neg" 'BEGIN { print (a > b ? a : b) }')
 read -r w n < <(worst fp8-one fp8-dp2)
-if [ "${n:-0}" -eq 20 ] && awk -v w="$w" -v e="$noise" 'BEGIN { exit !(e > 0 && w <= 2 * e) }'; then
-  ok "FP8 (hybrid) under optim_grads_params at DP2: $w over $n iterations, noise $noise"
+first=$(join <(iteration_losses "$work/fp8-one.jsonl" | head -1) \
+             <(iteration_losses "$work/fp8-dp2.jsonl" | head -1) |
+        awk '{ d = $2 - $3; if (d < 0) d = -d; printf "%.3g", d / $2 }')
+if [ "${n:-0}" -eq 20 ] && awk -v w="$w" -v e="$noise" -v f="${first:-1}" \
+    'BEGIN { exit !(e > 0 && w <= 2 * e && f <= 1e-6) }'; then
+  ok "FP8 (hybrid) under optim_grads_params at DP2: iteration 1 within $first, $w over $n iterations, noise $noise"
 else
-  bad "FP8 (hybrid) under optim_grads_params at DP2: $w over ${n:-0} iterations, noise $noise (twice allowed)"
+  bad "FP8 (hybrid) under optim_grads_params at DP2: iteration 1 ${first:-missing} (1e-6), $w over ${n:-0} iterations, noise $noise (twice allowed)"
 fi
 
 # Checkpoints stay free of the layout.
