@@ -71,18 +71,33 @@ struct BlockStopSignals {
 };
 
 // One HTTP exchange on a fresh connection: the status, or 0 when no answer came (refused,
-// reset, closed without a response).
-int put(int port, const std::string& body, std::string* answer) {
+// reset, closed without a response). `sent` (when given) counts the request once its connect and
+// write have returned, whatever they returned: the test signals only after every request is in
+// the server's backlog and socket buffer, so a request "sent before the signal" is one the server
+// must answer (a client descheduled between starting and writing would otherwise meet a closed
+// port, or the stop's 500 ms wait for a late request, and read as a lost request).
+int put(int port, const std::string& body, std::string* answer,
+        std::atomic<int>* sent = nullptr) {
+  struct Count {
+    std::atomic<int>* n;
+    ~Count() {
+      if (n) ++*n;
+    }
+  };
   try {
     net::io_context io;
     tcp::socket sock(io);
-    sock.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)));
     http::request<http::string_body> req{http::verb::put, "/api", 11};
     req.set(http::field::host, "127.0.0.1");
     req.set(http::field::content_type, "application/json");
     req.body() = body;
     req.prepare_payload();
-    http::write(sock, req);
+    {
+      Count count{sent};
+      sock.connect(
+          tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)));
+      http::write(sock, req);
+    }
     beast::flat_buffer buf;
     http::response<http::string_body> res;
     http::read(sock, buf, res);
@@ -139,7 +154,8 @@ TEST(TextServer, SigtermWithRequestsInFlightAnswersEveryRequestAndJoinsEveryThre
     std::vector<int> status(kClients, -1);
     std::vector<std::string> bodies(kClients);
     std::vector<std::thread> clients;
-    std::atomic<int> sent{0};
+    std::atomic<int> sent{0};  // requests written (or refused) by their clients
+    std::atomic<int> idle_connected{0};
     std::vector<int> idle_closed(2, 0);
     {
       BlockStopSignals block;
@@ -147,8 +163,7 @@ TEST(TextServer, SigtermWithRequestsInFlightAnswersEveryRequestAndJoinsEveryThre
         clients.emplace_back([&, c] {
           const std::string body = "{\"prompts\": [\"request " + std::to_string(c) +
                                    "\"], \"tokens_to_generate\": 48, \"temperature\": 0}";
-          ++sent;
-          status[c] = put(port, body, &bodies[c]);
+          status[c] = put(port, body, &bodies[c], &sent);
         });
       // Two idle keep-alive connections: connected, nothing sent; the stop must close them.
       for (int k = 0; k < 2; ++k)
@@ -156,8 +171,15 @@ TEST(TextServer, SigtermWithRequestsInFlightAnswersEveryRequestAndJoinsEveryThre
           try {
             net::io_context io;
             tcp::socket sock(io);
+            boost::system::error_code cec;
             sock.connect(
-                tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)));
+                tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)),
+                cec);
+            ++idle_connected;
+            if (cec) {
+              idle_closed[k] = 3;
+              return;
+            }
             char byte;
             boost::system::error_code ec;
             sock.read_some(net::buffer(&byte, 1), ec);  // returns when the server closes
@@ -167,7 +189,10 @@ TEST(TextServer, SigtermWithRequestsInFlightAnswersEveryRequestAndJoinsEveryThre
           }
         });
     }
-    while (sent < kClients) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Every connection is made before the signal: a connection the server has not yet accepted
+    // sits in its backlog, which the stop drains.
+    while (sent < kClients || idle_connected < 2)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 40));
     ASSERT_EQ(kill(getpid(), SIGTERM), 0);
     for (auto& t : clients) t.join();
