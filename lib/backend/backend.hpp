@@ -67,6 +67,9 @@ class Backend {
   virtual int device_index() const { return -1; }
   virtual const char* name() const = 0;
   virtual Allocator& allocator() = 0;
+  // False for the backend of shapes only (backend/shape_backend.hpp): host work that only feeds
+  // its arithmetic (drawing the initial weights) is skipped.
+  virtual bool computes() const { return true; }
 
   virtual void zero(Tensor& t) = 0;
 
@@ -445,7 +448,7 @@ class Backend {
   // A plain GEMM on 2-D row-major tensors: c (M,N) = alpha op(a) op(b) + beta c, op(x) = x^T
   // when asked; or a batch of them, all three 3-D with the same leading size (c (L,M,N): one
   // strided batched GEMM on CUDA). c is f32; a and b f32, or bf16 both on CUDA (cuBLAS, f32
-  // accumulation). Muon's Newton-Schulz iterations (train/muon.hpp).
+  // accumulation). Muon's Newton-Schulz iterations (step/muon.hpp).
   virtual void gemm(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                     float alpha, float beta) = 0;
   // Mixture of Experts (backend/cpu/moe.hpp has the semantics, on host arrays). logits and

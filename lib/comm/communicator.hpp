@@ -4,6 +4,7 @@
 // comm/nccl/nccl_communicator.hpp), all built on the process grid's MPI groups.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -40,6 +41,14 @@ class Communicator {
   virtual std::unique_ptr<PendingOp> all_reduce_async(Tensor& t, ReduceOp op) = 0;
   // Host doubles (losses, norms, counts), in place.
   virtual void all_reduce_f64(double* data, int64_t n, ReduceOp op) = 0;
+  // Host doubles of every rank: `all` (size() * n) = each rank's `mine` (n), in rank order. An
+  // all-reduce of this rank's values among zeros (exact); a recording communicator
+  // (comm/recording.hpp) gives every rank this one's.
+  virtual void all_gather_f64(const double* mine, int64_t n, double* all) {
+    std::fill(all, all + int64_t(size()) * n, 0.0);
+    std::copy(mine, mine + n, all + int64_t(rank()) * n);
+    all_reduce_f64(all, int64_t(size()) * n, ReduceOp::Sum);
+  }
   virtual void broadcast(Tensor& t, int root) = 0;
   // out (size * in.numel()) = the inputs of all ranks, in rank order.
   virtual void all_gather(Tensor& out, const Tensor& in) = 0;

@@ -134,7 +134,7 @@ void Tensor::unbind_storage() const {
 void Tensor::unbound_error() {
   throw Error(
       "a tensor was read while it had no memory: an FSDP unit's parameters or gradients were "
-      "used outside the passes that gather them (train/fsdp.hpp)");
+      "used outside the passes that gather them (step/fsdp.hpp)");
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Allocator& alloc) {

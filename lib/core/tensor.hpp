@@ -59,7 +59,7 @@ class Storage {
  public:
   Storage(Allocator& alloc, size_t bytes);
   // Unbound storage (Tensor::unbound): no memory of its own; bind() points it at memory someone
-  // else owns (FSDP's gathered units, train/fsdp.hpp), and every view made of it follows.
+  // else owns (FSDP's gathered units, step/fsdp.hpp), and every view made of it follows.
   struct Unbound {};
   Storage(Allocator& alloc, size_t bytes, Unbound);
   ~Storage();

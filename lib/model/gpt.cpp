@@ -76,6 +76,7 @@ void GPTModel::init_parameters(uint64_t seed, const ParamSink& master_sink) {
   // parameter at a time so the staging buffer stays small. Bucket padding is zero.
   const bool master = params_->has_master();
   TESSERA_CHECK(master || master_sink, "init_parameters: no master weights here and no sink");
+  if (!be_.computes()) return;  // shapes only: no values to draw
   if (master) be_.zero(params_->flat_params());
   if (compute_ != DType::F32 && !params_->layout().units_only_compute)
     be_.zero(params_->flat_compute());
@@ -105,7 +106,7 @@ void GPTModel::sync_compute_weights() {
 
 void GPTModel::zero_grads() {
   // Megatron-FSDP's sharded gradients: each unit's are zeroed when bound for a backward, the
-  // shard at the step's start (train/fsdp.hpp).
+  // shard at the step's start (step/fsdp.hpp).
   if (params_->layout().units_only_grads) return;
   TESSERA_PHASE("zero-grads");
   be_.zero(params_->flat_grads());

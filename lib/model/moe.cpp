@@ -54,11 +54,9 @@ void MoeMlp::plan(LayerActivations& la, const std::vector<int64_t>& kept) {
     return;
   }
   // Every rank's rows per expert (counts first, then tokens): exact integers in doubles.
-  std::vector<double> all(static_cast<size_t>(EP) * E, 0.0);
-  for (int e = 0; e < E; ++e)
-    all[static_cast<size_t>(shard_.ep_rank) * E + e] =
-        static_cast<double>(kept[static_cast<size_t>(e)]);
-  ep_group().all_reduce_f64(all.data(), static_cast<int64_t>(all.size()), ReduceOp::Sum);
+  std::vector<double> mine(static_cast<size_t>(E)), all(static_cast<size_t>(EP) * E);
+  for (int e = 0; e < E; ++e) mine[static_cast<size_t>(e)] = static_cast<double>(kept[size_t(e)]);
+  ep_group().all_gather_f64(mine.data(), E, all.data());
   la.moe_send.assign(static_cast<size_t>(EP), 0);
   la.moe_recv.assign(static_cast<size_t>(EP), 0);
   for (int p = 0; p < EP; ++p)

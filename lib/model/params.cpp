@@ -311,7 +311,7 @@ std::string fsdp_unit_of(const std::string& name) {
 
 void ParamStore::check_flat(const Tensor& t, const char* what) {
   TESSERA_CHECK(t.defined(), "this rank's ", what,
-                " have no flat buffer: FSDP holds them unit by unit (train/fsdp.hpp)");
+                " have no flat buffer: FSDP holds them unit by unit (step/fsdp.hpp)");
 }
 
 Tensor ParamStore::bucket_grads(int b) const {

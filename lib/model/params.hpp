@@ -139,7 +139,7 @@ constexpr int kHeadPiece = -1, kEmbedPiece = -2;
 // The backward pieces that write each spec's gradient (kHeadPiece, kEmbedPiece
 // or the layer index): the gradient of a parameter is final when all of its pieces have run. wte
 // on a stage with both ends has two. The data-parallel reducer starts a bucket when its
-// parameters are final (train/grad_reducer.hpp); the step-time predictor's collective plan
+// parameters are final (step/grad_reducer.hpp); the step-time predictor's collective plan
 // orders the buckets the same way.
 std::vector<std::vector<int>> param_pieces(const std::vector<ParamSpec>& specs,
                                            const ModelShard& shard);
@@ -174,7 +174,7 @@ struct FlatLayout {
   // false: no f32 master buffer here (mixed precision with the distributed optimizer, which
   // keeps the master weights of its blocks); param()/flat_params() are then an error.
   bool master = true;
-  // Megatron-FSDP (train/fsdp.hpp): one bucket per FSDP unit (a layer, the embedding, the head;
+  // Megatron-FSDP (step/fsdp.hpp): one bucket per FSDP unit (a layer, the embedding, the head;
   // fsdp_unit_of), whatever bucket_elems says. units_only_grads / units_only_compute: the
   // gradients / compute weights have no flat buffer; each bucket's are an unbound tensor
   // (ParamStore::bucket_grads, bucket_compute) that FSDP binds while a pass needs them.

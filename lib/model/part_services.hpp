@@ -39,8 +39,12 @@ class PartServices {
   int64_t vocab_begin() const { return vocab_begin_; }
   int64_t vocab_local() const { return vocab_local_; }
   // The layer's buffers of a micro-batch (its model chunk's).
+  // The chunk's layers in order, then multi-token prediction's.
   LayerActivations& acts(int layer, Activations& a) const {
-    return a.layers[static_cast<size_t>(layer - shard_.chunks[a.chunk].begin)];
+    const LayerRange& c = shard_.chunks[a.chunk];
+    const int i =
+        shard_.is_mtp_layer(layer) ? c.size() + layer - shard_.mtp_begin : layer - c.begin;
+    return a.layers[static_cast<size_t>(i)];
   }
 
   // Expert parallelism: the group that splits the experts (its size is the shard's ep_size;

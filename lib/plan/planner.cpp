@@ -57,6 +57,7 @@ PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world
   const GpuRates rates = rates_for(cluster);
   const double capacity = (cluster.gpu_memory_gib - kRuntimeReserveGiB) * 1073741824.0;
   PlanResult r;
+  PieceCallsCache pieces;  // the layouts' pieces share their recordings (plan/collectives.hpp)
   const int global = base.global_batch_size;
   if (global <= 0)
     throw ConfigError("tessera-plan needs the global batch: give --global-batch-size");
@@ -124,7 +125,7 @@ PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world
                                         estimate_rank_memory(cfg, t, layout, s, ep).total_bytes());
                   if (c.memory > capacity) continue;
                   ++r.fitting;
-                  c.prediction = predict_step(cfg, t, layout, ep, cluster, rates);
+                  c.prediction = predict_step(cfg, t, layout, ep, cluster, rates, &pieces);
                   r.ranked.push_back(c);
                 }
       }

@@ -97,7 +97,7 @@ struct Model {
   // routed expert's K copies of each token: 2 N K x one expert's weight), twice that backward.
   // Its communication: the calls the collective plan lists for it (the same the model issues).
   LayerTime layer(int index, const std::vector<const ParamSpec*>& weights, bool moe,
-                  const CollectivePlan& plan) const {
+                  const PieceCalls& plan) const {
     LayerTime l;
     double gemm_flops = 0;
     for (const ParamSpec* s : weights) {
@@ -205,7 +205,7 @@ void data_parallel_cost(const Model& m, const ModelShard& shard,
   const int gi = gn / N, ei = std::max(1, en / N);
   const Link inner = N > 1 ? link_of(m.cluster, TP, gi) : m.grad_link;
   const Link einner = N > 1 ? link_of(m.cluster, TP * CP * ep, ei) : m.edp_link;
-  // Megatron-FSDP's units (train/fsdp.hpp): every micro-batch, each unit of a chunk gathered
+  // Megatron-FSDP's units (step/fsdp.hpp): every micro-batch, each unit of a chunk gathered
   // before its forward and again before its backward (optim_grads_params; full recomputation a
   // third time) in the compute dtype, and reduce-scattered in f32 after its backward
   // (optim_grads and up), over the shard group; what the chunk's compute does not hide is
@@ -276,7 +276,7 @@ void data_parallel_cost(const Model& m, const ModelShard& shard,
   st.compute.optimizer = m.memory_time(28 * owned + 14 * (dense + experts));
 }
 
-StageCost stage_cost(const Model& m, int s, int micro) {
+StageCost stage_cost(const Model& m, int s, int micro, const PieceCalls& plan) {
   const GPTConfig& cfg = m.cfg;
   const TrainConfig& t = m.t;
   const GridLayout& layout = m.layout;
@@ -306,7 +306,8 @@ StageCost stage_cost(const Model& m, int s, int micro) {
   }
   // The calls of this stage's first rank (plan/collectives.hpp): the same on every rank of the
   // stage but for peers and all-to-all sizes.
-  const CollectivePlan plan(cfg, t, layout, ep, layout.rank_of(0, s, 0, 0));
+  // The calls of a rank at the first position of its groups (plan/collectives.hpp): the same on
+  // every rank of the stage but for peers and all-to-all sizes.
   auto add_layer = [&](int l, int chunk) {
     const LayerTime lt = m.layer(l, by_layer[l], cfg.is_moe_layer(l), plan);
     st.F[size_t(chunk)] += lt.fwd + lt.tp_fwd + lt.ep_fwd + lt.cp / 2;
@@ -343,12 +344,15 @@ StageCost stage_cost(const Model& m, int s, int micro) {
     const double gemm = m.gemm_time(f, cfg.hidden_size),
                  pass = m.elementwise_time(m.N * V_local * m.wb);
     const double head_fwd = heads * (gemm + pass), head_bwd = heads * (2 * gemm + 2 * pass);
-    const double comm_fwd = heads * m.calls_time(plan.head_forward(), "tp");
-    const double comm_bwd = heads * m.calls_time(plan.head_backward(false), "tp");
-    const double once = m.calls_time(plan.head_backward(true), "tp") - comm_bwd / heads;
-    st.F[size_t(last)] += head_fwd + comm_fwd;
-    st.B[size_t(last)] += head_bwd + comm_bwd;
+    // The head piece's calls: multi-token prediction's layers included (theirs are the head's).
+    const CallList hf = plan.head_forward(), hb = plan.head_backward(false);
+    const double comm_fwd = m.calls_time(hf, "tp"), comm_bwd = m.calls_time(hb, "tp");
+    const double ep_fwd = m.calls_time(hf, "ep"), ep_bwd = m.calls_time(hb, "ep");
+    const double once = m.calls_time(plan.head_backward(true), "tp") - comm_bwd;
+    st.F[size_t(last)] += head_fwd + comm_fwd + ep_fwd;
+    st.B[size_t(last)] += head_bwd + comm_bwd + ep_bwd;
     st.tp += micro * (comm_fwd + comm_bwd) + once;
+    st.ep += micro * (ep_fwd + ep_bwd);
     st.once += once;
     st.compute.forward += micro * head_fwd;
     st.compute.backward += micro * head_bwd;
@@ -358,7 +362,7 @@ StageCost stage_cost(const Model& m, int s, int micro) {
   data_parallel_cost(m, shard, specs, dense, experts, micro, st);
   const int gn = DP * CP,
             gi = gn / std::max(1, t.use_distributed_optimizer ? t.dist_opt_instances : 1);
-  if (t.optimizer == "muon") {  // Newton-Schulz's GEMMs (train/muon.hpp) and Muon's TP calls
+  if (t.optimizer == "muon") {  // Newton-Schulz's GEMMs (step/muon.hpp) and Muon's TP calls
     double ns = 0;
     for (const MuonMatrix& mm : plan_muon_matrices(specs, TP, t.muon.split_qkv)) {
       const MuonNsShape shape = muon_ns_shape(mm, TP, t.muon.tp_mode);  // what Muon iterates on
@@ -420,7 +424,8 @@ void simulate_pipeline(const std::vector<StageCost>& cost, int V, int micro, dou
 }  // namespace
 
 StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& layout,
-                            int ep, const ClusterSpec& cluster, const GpuRates& rates) {
+                            int ep, const ClusterSpec& cluster, const GpuRates& rates,
+                            PieceCallsCache* cache) {
   Model m{cfg, t, layout, ep, cluster, rates};
   m.wb = dtype_size(t.compute_dtype);
   m.S = cfg.seq_length;
@@ -437,7 +442,9 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
   StepPrediction p;
   p.micro_batches = micro;
   std::vector<StageCost> cost;
-  for (int s = 0; s < PP; ++s) cost.push_back(stage_cost(m, s, micro));
+  PieceCallsCache own;
+  const PieceCalls& calls = (cache ? *cache : own).get(cfg, t, layout, ep);
+  for (int s = 0; s < PP; ++s) cost.push_back(stage_cost(m, s, micro, calls));
   const double M = m.wb * m.N * cfg.hidden_size;
   const double send =
       PP > 1 ? M / (t.sequence_parallel ? TP : 1) / m.pp_link.bw + m.pp_link.lat : 0;

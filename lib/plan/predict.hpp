@@ -11,6 +11,7 @@
 #include "comm/grid_layout.hpp"
 #include "model/gpt_config.hpp"
 #include "plan/cluster.hpp"
+#include "plan/collectives.hpp"
 #include "run/train_config.hpp"
 
 namespace tessera {
@@ -31,9 +32,12 @@ struct StepPrediction {
   int micro_batches = 0;
 };
 
-// `t` resolved for `layout.dp`; `ep` the expert-parallel size.
+// `t` resolved for `layout.dp`; `ep` the expert-parallel size. Each piece's calls come from a
+// recording of the trainer's step (plan/collectives.hpp, PieceCalls), taken from `cache` when it
+// holds one for this model (the planner's layouts share them) and made otherwise.
 StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& layout,
-                            int ep, const ClusterSpec& cluster, const GpuRates& rates);
+                            int ep, const ClusterSpec& cluster, const GpuRates& rates,
+                            PieceCallsCache* cache = nullptr);
 
 // The breakdown lines and, last, the one machine-readable line:
 // "predicted: step S s | tokens/s T | TFLOP/s/GPU F | MFU M % | bubble B % | exposed comm C %".

@@ -1,4 +1,4 @@
-// fsdp_ledger.hpp: Megatron-FSDP's buffer bookkeeping without tensors' contents (train/fsdp.hpp
+// fsdp_ledger.hpp: Megatron-FSDP's buffer bookkeeping without tensors' contents (step/fsdp.hpp
 // says what the units are): which units a pass holds gathered or unreduced, the pool's bytes, and
 // the same count for the memory estimate over a stage's schedule.
 #pragma once

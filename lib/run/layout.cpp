@@ -89,7 +89,7 @@ FlatLayout training_flat_layout(const TrainConfig& cfg, const GPTConfig& model_c
   if (dist && cfg.outer_dp_shards_optim) layout.shard_split = cfg.dist_opt_instances;
   layout.embedding_alone = dist && model_cfg.embedding_on_last_stage();
   layout.master = !(dist && cfg.compute_dtype != DType::F32);  // else the optimizer's blocks
-  if (cfg.megatron_fsdp) {  // one bucket per FSDP unit (train/fsdp.hpp)
+  if (cfg.megatron_fsdp) {  // one bucket per FSDP unit (step/fsdp.hpp)
     layout.fsdp_units = true;
     layout.bucket_elems = 0;
     // (The tied embedding is a unit of its own, embedding_alone: both ends read it.)

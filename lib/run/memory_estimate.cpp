@@ -16,7 +16,7 @@
 namespace tessera {
 
 namespace {
-// Megatron-FSDP (train/fsdp.hpp), every strategy: the buffers from the FSDP unit layout of every
+// Megatron-FSDP (step/fsdp.hpp), every strategy: the buffers from the FSDP unit layout of every
 // parameter (each expert's too, the padding included), the pool from the ledger run over the
 // stage's schedule: the same bookkeeping the run does. `adam_bytes`: the moments counted so far.
 void fsdp_memory(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& layout,
@@ -103,7 +103,7 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
         plan_muon_matrices(counted_param_specs(cfg, shard), layout.tp, t.muon.split_qkv), layout.tp,
         t.muon, /*device=*/true);
   if (t.optimizer == "muon" && t.use_distributed_optimizer) {  // layer-wise: u and the update
-    ParallelContext grid = ctx;  // of the largest bucket, f32 (train/muon.hpp)
+    ParallelContext grid = ctx;  // of the largest bucket, f32 (step/muon.hpp)
     grid.dp_size = layout.dp;
     std::vector<ParamSpec> specs = counted_param_specs(cfg, shard);
     int64_t largest = 0;

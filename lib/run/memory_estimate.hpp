@@ -32,7 +32,7 @@ struct MemoryEstimate {
   // FP8 (model/fp8.hpp): the scaling state of the stage's layers (amax, scale, format maximum and
   // H rows of history per tensor, 12 tensors per layer).
   double fp8_state_bytes = 0;
-  // Megatron-FSDP's sharded gradients / parameters (train/fsdp.hpp): this rank's elements of the
+  // Megatron-FSDP's sharded gradients / parameters (step/fsdp.hpp): this rank's elements of the
   // flat buffers (its blocks, bucket padding included), and the pool of gathered weights and
   // unreduced gradients the stage's schedule holds at most (in total_bytes; param_bytes and
   // grad_bytes count the shards).

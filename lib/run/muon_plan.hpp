@@ -1,6 +1,6 @@
 // muon_plan.hpp: which of a rank's parameters Muon updates, cut into the matrices it
 // orthogonalizes (issue 59; docs/training.md "Muon"), and the scratch that costs. No backend: the
-// optimizer (train/muon.hpp) and the memory estimate both read it.
+// optimizer (step/muon.hpp) and the memory estimate both read it.
 //
 // As Megatron-Core (Megatron-LM d98e8a6 with Emerging-Optimizers v0.3.0): every weight matrix
 // except the word and position embeddings and the output layer is a Muon matrix (the router and

@@ -20,7 +20,7 @@ struct TrainConfig {
   int64_t train_iters = 0;
   double lr = 1e-4;
   double min_lr = 0.0;
-  // constant | linear | cosine | inverse-square-root | WSD (train/lr_schedule.hpp)
+  // constant | linear | cosine | inverse-square-root | WSD (step/lr_schedule.hpp)
   std::string lr_decay_style = "linear";
   int64_t lr_warmup_iters = 0;
   int64_t lr_decay_iters = 0;  // 0: train_iters
@@ -57,12 +57,12 @@ struct TrainConfig {
   LtorOptions documents;
   // --calculate-per-token-loss: the objective is the global batch's summed token losses over its
   // loss tokens; without it Megatron's mean per micro-batch, averaged over the micro-batches (the
-  // same when every token counts; train/step_executor.hpp, micro_grad_scale).
+  // same when every token counts; step/step_executor.hpp, micro_grad_scale).
   bool per_token_loss = false;
   double clip_grad = 1.0;  // 0: no clipping
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   // --optimizer: "adam" (AdamW for every parameter) or "muon" (Muon for the hidden layers'
-  // matrices, AdamW for the embeddings, the output layer, norms and biases; train/muon.hpp).
+  // matrices, AdamW for the embeddings, the output layer, norms and biases; step/muon.hpp).
   std::string optimizer = "adam";
   // Muon's options, Megatron-Core's names and argparse defaults (Megatron-LM d98e8a6,
   // megatron/training/arguments.py; the math of Emerging-Optimizers v0.3.0).
@@ -81,12 +81,12 @@ struct TrainConfig {
   int log_interval = 10;
   std::string metrics_file;           // JSONL, one line per logged iteration; empty: none
   int64_t ddp_bucket_size = 4 << 20;  // elements per data-parallel all-reduce bucket
-  // The distributed optimizer (ZeRO-1, train/dist_optimizer.hpp) and what overlaps the backward
+  // The distributed optimizer (ZeRO-1, step/dist_optimizer.hpp) and what overlaps the backward
   // and the next forward. Gradient reduction overlaps the backward by default.
   bool use_distributed_optimizer = false;
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;  // needs the distributed optimizer
-  // Megatron-FSDP (--use-megatron-fsdp, train/fsdp.hpp): one bucket per FSDP unit (a layer, the
+  // Megatron-FSDP (--use-megatron-fsdp, step/fsdp.hpp): one bucket per FSDP unit (a layer, the
   // embedding, the head) and what --data-parallel-sharding-strategy shards over the DP ranks:
   // nothing (no_shard: DDP), the optimizer state (optim: the distributed optimizer), also the
   // gradients (optim_grads), also the parameters (optim_grads_params).
@@ -120,7 +120,7 @@ struct TrainConfig {
   // FP8 GEMMs in the transformer layers (--fp8-format and friends, model/fp8_config.hpp).
   Fp8Config fp8;
   double peak_tflops = 0;  // per rank, for MFU in the log; 0: MFU not printed
-  // Megatron's timers (train/timers.hpp): level 0 (save-checkpoint only), 1, 2; minmax|max|all.
+  // Megatron's timers (step/timers.hpp): level 0 (save-checkpoint only), 1, 2; minmax|max|all.
   int timing_log_level = 0;
   std::string timing_log_option = "minmax";
   // More figures in the iteration line: the parameters' L2 norm, zeros in the gradient.

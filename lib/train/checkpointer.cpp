@@ -15,7 +15,7 @@
 #include "core/test_hooks.hpp"
 #include "core/timer.hpp"
 #include "train/fp8_checkpoint.hpp"
-#include "train/muon.hpp"
+#include "step/muon.hpp"
 #include "train/router_checkpoint.hpp"
 
 namespace tessera {

@@ -14,10 +14,10 @@
 #include "comm/communicator.hpp"
 #include "model/gpt.hpp"
 #include "run/train_config.hpp"
-#include "train/optimizer_set.hpp"
+#include "step/optimizer_set.hpp"
 #include "train/rerun_tracker.hpp"
-#include "train/step_stats.hpp"
-#include "train/timers.hpp"
+#include "step/step_stats.hpp"
+#include "step/timers.hpp"
 
 namespace tessera {
 

@@ -10,7 +10,7 @@
 #include "core/paths.hpp"
 #include "run/memory_estimate.hpp"
 #include "runtime/process_grid.hpp"
-#include "train/optimizer_set.hpp"
+#include "step/optimizer_set.hpp"
 
 namespace tessera {
 

@@ -15,9 +15,9 @@
 #include "data/dataset.hpp"
 #include "model/gpt.hpp"
 #include "run/train_config.hpp"
-#include "train/optimizer_set.hpp"
-#include "train/step_stats.hpp"
-#include "train/timers.hpp"
+#include "step/optimizer_set.hpp"
+#include "step/step_stats.hpp"
+#include "step/timers.hpp"
 
 namespace tessera {
 

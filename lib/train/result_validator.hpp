@@ -32,7 +32,7 @@
 #include "core/error.hpp"
 #include "run/train_config.hpp"
 #include "train/rerun_tracker.hpp"
-#include "train/step_stats.hpp"
+#include "step/step_stats.hpp"
 
 namespace tessera {
 

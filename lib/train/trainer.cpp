@@ -11,12 +11,13 @@
 #include "core/phase_timer.hpp"
 #include "core/timer.hpp"
 #include "runtime/select.hpp"
+#include "step/optimizer_set.hpp"
+#include "step/step_executor.hpp"
+#include "step/training_step.hpp"
 #include "train/checkpointer.hpp"
 #include "train/metrics.hpp"
-#include "train/optimizer_set.hpp"
 #include "train/result_validator.hpp"
 #include "train/run_control.hpp"
-#include "train/step_executor.hpp"
 
 namespace tessera {
 
@@ -39,17 +40,12 @@ Trainer::Trainer(const GPTConfig& model_cfg, const TrainConfig& train_cfg, Backe
   model_cfg_.validate();
   TESSERA_CHECK(data.seq_length() == model_cfg_.seq_length, "dataset sequence length ",
                 data.seq_length(), " differs from --seq-length ", model_cfg_.seq_length);
-  model_ = std::make_unique<GPTModel>(
-      model_cfg_,
-      make_model_shard(model_cfg_, ctx_, cfg_.sequence_parallel, cfg_.virtual_pipeline_size), be_,
-      *ctx_.tp, cfg_.compute_dtype, cfg_.recompute,
-      OptimizerSet::flat_layout(cfg_, model_cfg_, ctx_));
-  if (ctx_.ep_size > 1) model_->set_expert_comm(*ctx_.ep);
-  if (ctx_.cp_size > 1) model_->set_context_comm(*ctx_.cp);
-  model_->set_fp8(cfg_.fp8);
+  model_ = make_training_model(model_cfg_, cfg_, be_, ctx_);
   optimizers_ = std::make_unique<OptimizerSet>(*model_, be_, cfg_, ctx_, timers_);
   executor_ = std::make_unique<StepExecutor>(*model_, be_, cfg_, ctx_, data_, timers_);
   optimizers_->observe_backward([this] { return executor_->in_last_backward(); });
+  step_ = std::make_unique<TrainingStep>(
+      TrainingStep{*model_, *executor_, *optimizers_, ctx_, timers_});
   executor_->shape(cfg_.global_batch_at(ctx_.dp_size, 0));
   // Collective pre-flights: an unusable --save, --metrics-file or --tensorboard-dir is every
   // rank's ConfigError now, not after hours of training.
@@ -146,8 +142,7 @@ StepStats Trainer::train_step() {
   }
   if (validator_->exit16_due())  // the state before this iteration, to rerun it elsewhere
     validator_->exit16(checkpointer_->save_for_rerun(state_, validator_->pending_state()));
-  Communicator* group = ctx_.grad_group_size() > 1 ? ctx_.dp : nullptr;  // the global batch's
-  for (StepHook* h : model_->step_hooks()) h->end_step(group);           // FP8, expert bias, ...
+  step_->end_hooks();  // FP8, expert bias, ...
   st.loss = reduced[0] / tokens;
   metrics_->collect(st);  // the step's statistics the grid sums (MoE)
   const OptimizerSet::Update u = optimizers_->step(st.iteration, st.loss, st.global_batch);
@@ -173,21 +168,8 @@ void Trainer::run_attempt(StepStats& st, int attempt, double tokens, const Timer
   const float moe_loss_scale = float(st.loss_scale * cfg_.micro_batch_size / st.global_batch);
   validator_->begin_attempt(st.iteration, attempt);
   metrics_->begin_step();
-  model_->zero_grads();
-  for (StepHook* h : model_->step_hooks()) h->begin_attempt(attempt > 0);
-  optimizers_->begin_step();  // buckets start as the last micro-batch's backward completes them
-  double loss_sum = 0;
-  {
-    st.pipeline_start = step.seconds();
-    IterationTimers::Scope timed(timers_, IterationTimers::ForwardBackward);
-    Timer pipeline;
-    loss_sum = executor_->run(true, st.iteration, executor_->first_sample(state_.consumed_samples),
-                              st.loss_scale, moe_loss_scale, st);
-    st.pipeline_seconds = pipeline.seconds();
-  }
-  Timer dp_wait;
-  optimizers_->finish_reduction();
-  st.dp_wait_seconds = dp_wait.seconds();
+  const double loss_sum = step_->attempt(
+      st, attempt > 0, executor_->first_sample(state_.consumed_samples), moe_loss_scale, step);
   // Every rank learns the loss (only the last stage's tp-rank-0 ranks contribute their slice)
   // and result validation's findings, checked locally before this reduction, in one all-reduce.
   const bool has_loss = ctx_.last_stage() && ctx_.tp_rank == 0;

@@ -4,6 +4,8 @@
 //                                        pipeline schedule, activation slots, stage links
 //   OptimizerSet (optimizer_set.hpp)     gradient reduction, loss scaling, norms, clipping,
 //                                        schedules, AdamW or the distributed optimizer
+//   TrainingStep (training_step.hpp)     an iteration's work on the model and the two above, in
+//                                        the order the collective plan records it
 //   TrainingCheckpointer (checkpointer.hpp)  saves (sync/async), commits, loads
 //   TrainingMetrics (metrics.hpp)        the log line, the metrics file, TensorBoard
 //   RunControl (run_control.hpp)         profiler window, stop signals, exits
@@ -22,16 +24,17 @@
 #include "run/layout.hpp"
 #include "run/pipeline.hpp"
 #include "run/train_config.hpp"
-#include "train/dist_optimizer.hpp"
-#include "train/loss_scaler.hpp"
-#include "train/optimizer.hpp"
-#include "train/step_stats.hpp"
-#include "train/timers.hpp"
+#include "step/dist_optimizer.hpp"
+#include "step/loss_scaler.hpp"
+#include "step/optimizer.hpp"
+#include "step/step_stats.hpp"
+#include "step/timers.hpp"
 
 namespace tessera {
 
 class OptimizerSet;
 class StepExecutor;
+struct TrainingStep;
 class TrainingCheckpointer;
 class TrainingMetrics;
 class ResultValidator;
@@ -130,6 +133,7 @@ class Trainer {
   std::unique_ptr<GPTModel> model_;
   std::unique_ptr<OptimizerSet> optimizers_;
   std::unique_ptr<StepExecutor> executor_;
+  std::unique_ptr<TrainingStep> step_;  // the iteration's work on the three above
   std::unique_ptr<TrainingCheckpointer> checkpointer_;
   std::unique_ptr<TrainingMetrics> metrics_;
   std::unique_ptr<ResultValidator> validator_;

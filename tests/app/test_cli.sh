@@ -194,10 +194,11 @@ expect 2 "--muon-momentum is a Muon option: it needs --optimizer muon" -- "${tin
 expect 2 "--muon-tp-mode rowwise is not a choice \(allowed: blockwise, duplicated, distributed\)" -- "${tiny[@]}" --optimizer muon --muon-tp-mode rowwise
 expect 2 "--muon-num-ns-steps=0 is out of range" -- "${tiny[@]}" --optimizer muon --muon-num-ns-steps 0
 expect 0 "optimizer: Muon .*, layer-wise over the distributed optimizer\) for the hidden matrices" -- "${tiny[@]}" --optimizer dist_muon --dry-run
-# --collective-plan: only with --dry-run; an unwritable prefix names the file; MTP is refused.
+# --collective-plan: only with --dry-run; an unwritable prefix names the file; multi-token
+# prediction is planned (issue 69: the plan is the recorded step).
 expect 2 "--collective-plan plans a run: it needs --dry-run" -- --config "$configs/gpt2-tiny.ini" --train-iters 1 --collective-plan /tmp/p
 expect 2 "--collective-plan: cannot write /nonexistent-dir/p.rank0 \(check that its folder exists and is writable\)" -- --config "$configs/gpt2-tiny.ini" --dry-run --collective-plan /nonexistent-dir/p
-expect 2 "--collective-plan: multi-token prediction's calls are not in the plan yet" -- --config "$configs/llama-tiny.ini" --dry-run --mtp-num-layers 1 --collective-plan /tmp/tessera-cli-plan
+expect 0 "collective plan: 2 files /tmp/tessera-cli-plan.rank0...1" -- --config "$configs/llama-tiny.ini" --dry-run --mtp-num-layers 1 --world-size 2 --tensor-model-parallel-size 2 --collective-plan /tmp/tessera-cli-plan
 for opt in num-layers hidden-size num-attention-heads seq-length max-position-embeddings \
            micro-batch-size global-batch-size train-iters lr min-lr lr-decay-style \
            lr-warmup-iters weight-decay clip-grad adam-beta1 adam-beta2 adam-eps seed \

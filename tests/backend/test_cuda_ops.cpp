@@ -1279,7 +1279,7 @@ TEST_F(CudaOps, KvAttentionAlibiMatchesCpu) {
   }
 }
 
-// Backend::gemm (Muon's Newton-Schulz, train/muon.hpp): every transpose combination at a
+// Backend::gemm (Muon's Newton-Schulz, step/muon.hpp): every transpose combination at a
 // rectangular shape in f32 against the CPU's OpenBLAS, and with bf16 inputs (f32 accumulation)
 // against the CPU product of the bf16-rounded inputs; beta accumulates.
 TEST_F(CudaOps, GemmEveryTransposeF32AndBf16) {

@@ -38,7 +38,7 @@ TEST(Tensor, CopyAndFill) {
   EXPECT_THROW(c.copy_from(a), Error);
 }
 
-// Megatron-FSDP's unit tensors (train/fsdp.hpp): no memory until bound; views made before the
+// Megatron-FSDP's unit tensors (step/fsdp.hpp): no memory until bound; views made before the
 // binding follow it, reading while unbound is an error naming FSDP, and owned storage refuses.
 TEST(Tensor, UnboundStorageFollowsItsBinding) {
   Tensor unit = Tensor::unbound({6}, DType::F32, cpu_allocator());

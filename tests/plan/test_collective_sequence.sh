@@ -105,6 +105,11 @@ check qwen3-tp2sp 2 qwen3 --tensor-model-parallel-size 2 --sequence-parallel
 # DeepSeek-V3-shaped: MLA's latents (their TP-partial gradients), a dense first layer, shared
 # experts, the grouped sigmoid router, at TP2 x EP2.
 check deepseek-tp2-ep2 4 deepseek --tensor-model-parallel-size 2 --expert-model-parallel-size 2
+# Multi-token prediction (issue 69): its layer, embedding and head on the last stage at TP2 + SP x
+# PP2 (a MoE layer at EP2 over DP2 with 8 ranks would not fit CI; EP2 at PP1 here instead).
+check deepseek-mtp-tp2sp-pp2 4 deepseek --tensor-model-parallel-size 2 --sequence-parallel \
+  --pipeline-model-parallel-size 2 --mtp-num-layers 1
+check deepseek-mtp-ep2 2 deepseek --expert-model-parallel-size 2 --mtp-num-layers 1
 # Megatron-FSDP (issue 59): each unit's gathers before its forward and backward pieces (with full
 # recomputation, again for the chunk's forward), its reduce-scatter once its pieces ran, every
 # micro-batch, and the TP sums every micro-batch: TP2 + SP x PP2 x DP2 (optim_grads_params,

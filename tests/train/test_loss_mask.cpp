@@ -1,4 +1,4 @@
-// Loss masks (data/dataset.hpp, train/step_executor.cpp) through the trainer: a target whose mask
+// Loss masks (data/dataset.hpp, step/step_executor.cpp) through the trainer: a target whose mask
 // is 0 does not count, and the objective is Megatron's mean per micro-batch averaged over the
 // micro-batches, or with --calculate-per-token-loss the global batch's mean per token.
 #include <gtest/gtest.h>

@@ -10,7 +10,7 @@
 
 #include "backend/backend.hpp"
 #include "data/dataset.hpp"
-#include "train/loss_scaler.hpp"
+#include "step/loss_scaler.hpp"
 #include "train/tiny.hpp"
 #include "train/trainer.hpp"
 

@@ -1,4 +1,4 @@
-// test_muon.cpp: Muon (train/muon.hpp, issue 59) against a float64 reference written from the
+// test_muon.cpp: Muon (step/muon.hpp, issue 59) against a float64 reference written from the
 // definitions (Megatron-Core's Muon: Megatron-LM d98e8a6 with Emerging-Optimizers v0.3.0):
 //   m <- beta m + (1 - beta) g; u = Nesterov ? (1 - beta) g + beta m : m;
 //   X = u / max(||u||_F, 1e-7), transposed when it has more rows than columns; per step k
@@ -14,8 +14,8 @@
 
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
-#include "train/muon.hpp"
-#include "train/optimizer.hpp"
+#include "step/muon.hpp"
+#include "step/optimizer.hpp"
 
 using namespace tessera;
 

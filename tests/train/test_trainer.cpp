@@ -8,7 +8,7 @@
 
 #include "backend/backend.hpp"
 #include "data/dataset.hpp"
-#include "train/lr_schedule.hpp"
+#include "step/lr_schedule.hpp"
 #include "train/tiny.hpp"
 #include "train/trainer.hpp"
 

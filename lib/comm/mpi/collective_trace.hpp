@@ -14,44 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "comm/collective_names.hpp"
+
 namespace tessera {
-
-enum class TraceGroup : int {
-  World,
-  TensorParallel,
-  Pipeline,
-  PipelineGrad,
-  DataParallel,
-  ModelParallel,
-  Embedding,
-  ContextParallel,
-  PipelineWrap,
-  PipelineWrapGrad,
-  Expert,
-  ExpertData,
-  DataParallelShard,    // HSDP: one optimizer instance's data-parallel ranks
-  DataParallelReplica,  // HSDP: the same shard across the instances
-  ExpertDataShard,
-  ExpertDataReplica,
-  Count,
-  None = -1,  // not traced (communicators outside the process grid)
-};
-const char* trace_group_name(TraceGroup g);  // "data-parallel group"
-const char* trace_group_key(TraceGroup g);   // "dp": the collective log's and predictor's name
-
-enum class TraceOp : int {
-  None,
-  AllReduce,
-  Broadcast,
-  AllGather,
-  ReduceScatter,
-  AllToAll,
-  Barrier,
-  Send,
-  Recv,
-  SendRecv,
-};
-const char* trace_op_name(TraceOp op);  // "all_reduce"
 
 // The world ranks of `comm`'s ranks, in its rank order.
 std::vector<int> world_ranks_of(MPI_Comm comm);

@@ -1,5 +1,5 @@
-// grid_norms.cpp: grid-wide gradient and parameter norms (train/grid_norms.hpp).
-#include "train/grid_norms.hpp"
+// grid_norms.cpp: grid-wide gradient and parameter norms (step/grid_norms.hpp).
+#include "step/grid_norms.hpp"
 
 #include <cmath>
 

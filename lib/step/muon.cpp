@@ -1,5 +1,5 @@
-// muon.cpp: Muon's step (train/muon.hpp).
-#include "train/muon.hpp"
+// muon.cpp: Muon's step (step/muon.hpp).
+#include "step/muon.hpp"
 
 #include <algorithm>
 #include <cmath>

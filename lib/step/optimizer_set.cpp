@@ -1,6 +1,6 @@
 // optimizer_set.cpp: gradient reduction, loss scaling, clipping and the update
-// (train/optimizer_set.hpp).
-#include "train/optimizer_set.hpp"
+// (step/optimizer_set.hpp).
+#include "step/optimizer_set.hpp"
 
 #include <cmath>
 
@@ -41,7 +41,7 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
     dist_opt_ = std::make_unique<DistributedAdamW>(
         model_, be_, *ctx_.shard_group(), cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps,
         expert_dp, &muon_params, ctx_.replica_group(), ctx_.expert_replica_group());
-    if (cfg_.optimizer == "muon")  // layer-wise over the blocks (train/muon.hpp)
+    if (cfg_.optimizer == "muon")  // layer-wise over the blocks (step/muon.hpp)
       muon_ = std::make_unique<Muon>(model_.params(), be_, cfg_.muon, *ctx_.tp, *dist_opt_);
     if (dist_opt_->owns_master()) {
       model_.init_parameters(cfg_.seed, [this](const ParamSpec& s, const float* v) {
@@ -51,7 +51,7 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
     } else {
       model_.init_parameters(cfg_.seed);
     }
-    if (cfg_.fsdp_shards_grads()) {  // after the master weights are set (train/fsdp.hpp)
+    if (cfg_.fsdp_shards_grads()) {  // after the master weights are set (step/fsdp.hpp)
       auto fsdp = std::make_unique<FsdpUnits>(model_, be_, *dist_opt_);
       fsdp_ = fsdp.get();
       reduction_ = std::move(fsdp);
@@ -61,7 +61,7 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
     model_.init_parameters(cfg_.seed);
     optimizer_ = std::make_unique<AdamW>(model_.params(), be_, cfg_.adam_beta1, cfg_.adam_beta2,
                                          cfg_.adam_eps);
-    if (cfg_.optimizer == "muon") {  // Muon's matrices; AdamW the rest (train/muon.hpp)
+    if (cfg_.optimizer == "muon") {  // Muon's matrices; AdamW the rest (step/muon.hpp)
       muon_ =
           std::make_unique<Muon>(model_.params(), be_, cfg_.muon, *ctx_.tp, optimizer_->exp_avg());
       optimizer_->skip_params(muon_params);

@@ -1,7 +1,7 @@
 // grad_reduction.hpp: the step's data-parallel gradient reduction as OptimizerSet drives it, one
-// of two strategies: the bucketed reducer (train/grad_reducer.hpp: an all-reduce, or the
+// of two strategies: the bucketed reducer (step/grad_reducer.hpp: an all-reduce, or the
 // distributed optimizer's reduce-scatter, after the step's last backward) or Megatron-FSDP's
-// units (train/fsdp.hpp: a reduce-scatter after every micro-batch's backward).
+// units (step/fsdp.hpp: a reduce-scatter after every micro-batch's backward).
 #pragma once
 
 #include <functional>

@@ -13,7 +13,7 @@
 
 #include "comm/communicator.hpp"
 #include "model/gpt.hpp"
-#include "train/grad_reduction.hpp"
+#include "step/grad_reduction.hpp"
 
 namespace tessera {
 

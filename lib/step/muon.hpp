@@ -27,7 +27,7 @@
 #include "model/params.hpp"
 #include "run/muon_plan.hpp"
 #include "run/train_config.hpp"
-#include "train/dist_optimizer.hpp"
+#include "step/dist_optimizer.hpp"
 
 namespace tessera {
 

@@ -15,8 +15,8 @@
 #include "model/gpt.hpp"
 #include "run/pipeline.hpp"
 #include "run/train_config.hpp"
-#include "train/step_stats.hpp"
-#include "train/timers.hpp"
+#include "step/step_stats.hpp"
+#include "step/timers.hpp"
 
 namespace tessera {
 

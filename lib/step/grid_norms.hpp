@@ -9,7 +9,7 @@
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "model/gpt.hpp"
-#include "train/dist_optimizer.hpp"
+#include "step/dist_optimizer.hpp"
 
 namespace tessera {
 

@@ -26,7 +26,7 @@ class DistributedAdamW {
   // `model`'s ParamStore must be laid out for dp.size() blocks (FlatLayout::shards).
   // expert_dp (expert parallelism): the group that shares the routed experts' buckets
   // (FlatBucket::expert), whose blocks are cut over it instead of dp.
-  // `skip` (per spec): parameters another optimizer updates (Muon's matrices, train/muon.hpp):
+  // `skip` (per spec): parameters another optimizer updates (Muon's matrices, step/muon.hpp):
   // AdamW leaves them out of its blocks' segments.
   // HSDP (--num-distributed-optimizer-instances): `dp` and `expert_dp` are one instance's ranks
   // (the shard groups) and `replicas` / `expert_replicas` the same blocks' ranks in the other
@@ -62,7 +62,7 @@ class DistributedAdamW {
   Tensor block_weights(const Block& k) const;
   Tensor block_compute(const Block& k) const;
   // The summed gradient of a block: in the flat gradient buffer, or (Megatron-FSDP's sharded
-  // gradients, train/fsdp.hpp) in the gradient shard, which FSDP fills.
+  // gradients, step/fsdp.hpp) in the gradient shard, which FSDP fills.
   Tensor block_grads(const Block& k) const;
   // FSDP: the block's cut in the gradient shard and in the compute copy's shard.
   Tensor cut_grads(const Block& k) const { return g_.view(k.cut_shard_begin, {k.cut_numel}); }

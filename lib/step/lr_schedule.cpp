@@ -1,5 +1,5 @@
 // lr_schedule.cpp: the learning-rate and weight-decay schedules (Megatron's get_lr and get_wd).
-#include "train/lr_schedule.hpp"
+#include "step/lr_schedule.hpp"
 
 #include <algorithm>
 #include <cmath>

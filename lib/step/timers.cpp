@@ -1,5 +1,5 @@
 // timers.cpp: Megatron-LM's iteration timers: timing, the collection over ranks and the log text.
-#include "train/timers.hpp"
+#include "step/timers.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,5 +1,5 @@
-// step_executor.cpp: the pipeline schedule of one step on this rank (train/step_executor.hpp).
-#include "train/step_executor.hpp"
+// step_executor.cpp: the pipeline schedule of one step on this rank (step/step_executor.hpp).
+#include "step/step_executor.hpp"
 
 #include <cstring>
 

@@ -1,5 +1,5 @@
 // optimizer.cpp: AdamW and gradient clipping.
-#include "train/optimizer.hpp"
+#include "step/optimizer.hpp"
 
 namespace tessera {
 

@@ -1,5 +1,5 @@
 // dist_optimizer.cpp: AdamW over this DP rank's blocks of the flat buffers.
-#include "train/dist_optimizer.hpp"
+#include "step/dist_optimizer.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -1,5 +1,5 @@
 // grad_reducer.cpp: bucketed, overlapped data-parallel reduction of gradients.
-#include "train/grad_reducer.hpp"
+#include "step/grad_reducer.hpp"
 
 namespace tessera {
 

@@ -5,7 +5,7 @@
 // The flat buffers are laid out one bucket per FSDP unit (a transformer layer, the embedding, the
 // head; the tied embedding and, with expert parallelism, a layer's routed experts units of their
 // own), each bucket cut into one block per data-parallel rank as the distributed optimizer cuts
-// them (train/dist_optimizer.hpp). What a strategy shards has no flat buffer: each unit's
+// them (step/dist_optimizer.hpp). What a strategy shards has no flat buffer: each unit's
 // gradients (optim_grads) or also its compute weights (optim_grads_params) are an unbound tensor
 // (ParamStore::bucket_grads, bucket_compute) that FSDP binds to a buffer of its pool while a pass
 // needs them:
@@ -36,8 +36,8 @@
 #include "backend/backend.hpp"
 #include "model/gpt.hpp"
 #include "run/fsdp_ledger.hpp"
-#include "train/dist_optimizer.hpp"
-#include "train/grad_reduction.hpp"
+#include "step/dist_optimizer.hpp"
+#include "step/grad_reduction.hpp"
 
 namespace tessera {
 

@@ -1,5 +1,5 @@
 // loss_scaler.cpp: constant and dynamic loss scaling.
-#include "train/loss_scaler.hpp"
+#include "step/loss_scaler.hpp"
 
 #include <algorithm>
 

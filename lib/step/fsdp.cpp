@@ -1,5 +1,5 @@
-// fsdp.cpp: Megatron-FSDP's units on the model's hooks (train/fsdp.hpp).
-#include "train/fsdp.hpp"
+// fsdp.cpp: Megatron-FSDP's units on the model's hooks (step/fsdp.hpp).
+#include "step/fsdp.hpp"
 
 #include "core/error.hpp"
 #include "core/phase_timer.hpp"

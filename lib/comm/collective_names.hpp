@@ -1,0 +1,45 @@
+// collective_names.hpp: the names of the process grid's groups and of the collective operations,
+// as the hang record (comm/mpi/collective_trace.hpp), the collective log and the collective plan
+// (plan/collectives.hpp, recorded by comm/recording.hpp) write them. No MPI.
+#pragma once
+
+namespace tessera {
+
+enum class TraceGroup : int {
+  World,
+  TensorParallel,
+  Pipeline,
+  PipelineGrad,
+  DataParallel,
+  ModelParallel,
+  Embedding,
+  ContextParallel,
+  PipelineWrap,
+  PipelineWrapGrad,
+  Expert,
+  ExpertData,
+  DataParallelShard,    // HSDP: one optimizer instance's data-parallel ranks
+  DataParallelReplica,  // HSDP: the same shard across the instances
+  ExpertDataShard,
+  ExpertDataReplica,
+  Count,
+  None = -1,  // not traced (communicators outside the process grid)
+};
+const char* trace_group_name(TraceGroup g);  // "data-parallel group"
+const char* trace_group_key(TraceGroup g);   // "dp": the collective log's and predictor's name
+
+enum class TraceOp : int {
+  None,
+  AllReduce,
+  Broadcast,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  Barrier,
+  Send,
+  Recv,
+  SendRecv,
+};
+const char* trace_op_name(TraceOp op);  // "all_reduce"
+
+}  // namespace tessera
