@@ -27,6 +27,11 @@ tessera_e2e(app.cli_errors 53 ENVIRONMENT "OMP_NUM_THREADS=1" TIMEOUT 300
 tessera_e2e(app.tool_links 1 TIMEOUT 60
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/app/test_tool_links.sh ${CMAKE_BINARY_DIR}/bin)
 
+# Shipped cluster kinds from any directory, copied cluster files' rates beside them (issue 71).
+tessera_e2e(app.cluster_paths 5 TIMEOUT 120
+            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/app/test_cluster_paths.sh ${CMAKE_BINARY_DIR}
+                 ${CMAKE_SOURCE_DIR}/configs)
+
 # A Megatron-LM pretrain_gpt.sh-style launch line runs unchanged, is killed and requeues (issue 27).
 tessera_e2e(app.megatron_script 27 TIMEOUT 600 PROCESSORS 2
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/app/test_megatron_script.sh ${CMAKE_BINARY_DIR}/bin

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -108,8 +109,16 @@ std::string OptionParser::with_origins(const std::string& message) const {
   std::string list;
   for (size_t i = 0; i < named.size(); ++i)
     list += (i == 0 ? "" : i + 1 == named.size() ? " and " : ", ") + named[i];
+  // A switch the file turns on: the command line's spelling for off.
+  std::string offs;
+  for (const std::string& flag : named)
+    for (const auto& g : groups_)
+      if (const po::option_description* d = g->find_nothrow(flag.substr(2), false))
+        if (d->semantic()->max_tokens() == 0)
+          offs += (offs.empty() ? "" : ", ") + ("--no-" + flag.substr(2));
   return message + " (" + list + (named.size() == 1 ? " is" : " are") + " set in config file '" +
-         config_path_ + "')";
+         config_path_ + "'" +
+         (offs.empty() ? "" : "; " + offs + " on the command line turns it off") + ")";
 }
 
 namespace {
@@ -166,6 +175,96 @@ ConfigError unknown_option_error(const std::string& name, const po::options_desc
                      " --help for the options)");
 }
 
+// Megatron's spellings of a switch's state beside the bare `--X` (on): `--no-X` (argparse's
+// BooleanOptionalAction, as Megatron's ArgumentGroupFactory generates) and `--X=false` /
+// `--X false` (also `=true`, and 1/0, yes/no, on/off), so a config file's switch can be turned
+// off on the command line (the separate word only true or false: `--bf16 yes` stays an error);
+// `--no-X` of a true/false option (--overlap-grad-reduce) is
+// `--X=false`. Returns the arguments Boost parses: each switch's last spelling decides it (as a
+// repeated option's last value does), on as `--X`, off in `off`.
+std::vector<std::string> switch_spellings(int argc, const char* const* argv,
+                                          const po::options_description& all,
+                                          std::set<std::string>& off) {
+  auto find = [&](const std::string& key) { return all.find_nothrow(key, false); };
+  auto is_switch = [&](const std::string& key) {
+    const po::option_description* d = find(key);
+    return d && d->semantic()->max_tokens() == 0;
+  };
+  auto is_true_false = [&](const std::string& key) {
+    const po::option_description* d = find(key);
+    return d && dynamic_cast<const po::typed_value<bool>*>(d->semantic().get()) &&
+           d->semantic()->max_tokens() == 1;
+  };
+  auto truth = [](std::string v, int& out) {
+    std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (v == "true" || v == "1" || v == "yes" || v == "on") return out = 1, true;
+    if (v == "false" || v == "0" || v == "no" || v == "off") return out = 0, true;
+    return false;
+  };
+  // Each argument as given, a switch's spelling as (key, on) at its place.
+  struct Arg {
+    std::string text, key;
+    bool on = true;
+  };
+  std::vector<Arg> given;
+  std::map<std::string, size_t> last;  // a switch's last spelling
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--", 0) != 0 || a == "--") {
+      given.push_back({a, "", true});
+      continue;
+    }
+    const size_t eq = a.find('=');
+    const std::string key = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (eq == std::string::npos && !find(key) && key.rfind("no-", 0) == 0) {
+      const std::string base = key.substr(3);
+      if (is_switch(base)) {
+        last[base] = given.size();
+        given.push_back({a, base, false});
+        continue;
+      }
+      if (is_true_false(base)) {
+        given.push_back({"--" + base + "=false", "", true});
+        continue;
+      }
+    }
+    if (!is_switch(key)) {
+      given.push_back({a, "", true});
+      continue;
+    }
+    int on = 1;
+    if (eq != std::string::npos) {
+      if (!truth(a.substr(eq + 1), on))
+        throw ConfigError("--" + key + "=" + a.substr(eq + 1) +
+                          ": a switch is given alone (on), as --no-" + key +
+                          " (off), or with true or false");
+    } else if (i + 1 < argc) {  // `--X false` / `--X true`: its value (other words stay stray)
+      std::string next = argv[i + 1];
+      std::transform(next.begin(), next.end(), next.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      if (next == "true" || next == "false") {
+        on = next == "true";
+        ++i;
+      }
+    }
+    last[key] = given.size();
+    given.push_back({a, key, on != 0});
+  }
+  std::vector<std::string> args{argc > 0 ? argv[0] : "program"};
+  for (size_t i = 0; i < given.size(); ++i) {
+    const Arg& g = given[i];
+    if (g.key.empty()) {
+      args.push_back(g.text);
+    } else if (last[g.key] == i) {
+      if (g.on)
+        args.push_back("--" + g.key);
+      else
+        off.insert(g.key);
+    }
+  }
+  return args;
+}
+
 }  // namespace
 
 bool OptionParser::parse(int argc, const char* const* argv) {
@@ -173,6 +272,12 @@ bool OptionParser::parse(int argc, const char* const* argv) {
   for (const auto& g : groups_) all.add(*g);
   for (int i = 1; i < argc; ++i)
     refuse_placeholders(argv[i], "command-line argument " + std::to_string(i));
+  std::set<std::string> off;
+  const std::vector<std::string> spelled = switch_spellings(argc, argv, all, off);
+  std::vector<const char*> args;
+  for (const std::string& a : spelled) args.push_back(a.c_str());
+  argc = static_cast<int>(args.size());
+  argv = args.data();
   // A word that belongs to no option (`--bf16 yes`, an unquoted prompt) is caught here and named,
   // instead of Boost's "too many positional options".
   constexpr const char* kStray = "\x01stray";
@@ -203,7 +308,7 @@ bool OptionParser::parse(int argc, const char* const* argv) {
       const po::option_description* d = all.find_nothrow(before.string_key, false);
       const bool is_switch = d && d->semantic()->max_tokens() == 0;
       throw ConfigError("unexpected argument '" + word + "' after " + flag_of(before) +
-                        (is_switch ? ", a switch that takes no value (leave the value out)"
+                        (is_switch ? ", a switch: leave the value out (on), or give true or false"
                                    : ", which takes one value (quote a value that has spaces)"));
     }
     // As argparse does (and Megatron-LM's launch scripts rely on: `... $EXTRA_ARGS` overriding an
@@ -221,6 +326,9 @@ bool OptionParser::parse(int argc, const char* const* argv) {
     po::store(parsed, vm_);
     for (const auto& [key, value] : vm_)
       if (!value.defaulted()) command_line_.insert(key);
+    // A switch turned off on the command line keeps its default (off): the config file's value
+    // of it is dropped below.
+    for (const std::string& key : off) command_line_.insert(key);
     if (vm_.count("help")) {
       std::cout << help();
       return false;
@@ -254,6 +362,11 @@ bool OptionParser::parse(int argc, const char* const* argv) {
         };
         std::vector<po::option> kept_file;
         for (po::option& o : file.options) {
+          if (off.count(o.string_key)) {
+            replaced_.push_back("--no-" + o.string_key + " on the command line replaces " +
+                                o.string_key + " of config file '" + path + "'");
+            continue;
+          }
           const std::string by = replacing(o.string_key);
           if (by.empty()) {
             kept_file.push_back(std::move(o));

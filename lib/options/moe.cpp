@@ -20,7 +20,7 @@ class MoEOptions : public OptionGroup {
     g.add_options()(
         "moe-expert-capacity-factor", po::value(&capacity_factor_),
         "drop token copies beyond ceil(tokens * topk / experts * factor) per expert and "
-        "micro-batch (default: dropless)")(
+        "micro-batch (default: dropless; none: dropless again over a config file's factor)")(
         "moe-token-drop-policy", po::value(&drop_policy_),
         "with a capacity factor: keep the highest routing weights (probs, default) or the "
         "earliest tokens (position)")(

@@ -50,10 +50,14 @@ void positive(const std::string& file, const char* key, double v) {
 std::string clusters_folder() {
   if (is_dir("configs/clusters")) return "configs/clusters";
   char exe[4096] = {0};
-  if (readlink("/proc/self/exe", exe, sizeof exe - 1) > 0) {  // build/bin/<program>
+  if (readlink("/proc/self/exe", exe, sizeof exe - 1) > 0) {  // <prefix>/bin/<program>
     const std::string e = exe;
-    const std::string dir = e.substr(0, e.rfind('/')) + "/../../configs/clusters";
-    if (is_dir(dir)) return dir;
+    const std::string bin = e.substr(0, e.rfind('/'));
+    // The build tree's copy (bin/../configs), an installed one (share/tessera), the sources
+    // (a build folder inside the repository).
+    for (const char* up : {"/../configs/clusters", "/../share/tessera/configs/clusters",
+                           "/../../configs/clusters"})
+      if (is_dir(bin + up)) return bin + up;
   }
   return "";
 }
@@ -207,8 +211,18 @@ GpuRates rates_for(const ClusterSpec& c) {
     const fs::path p(c.rates);
     return load_rates(p.is_absolute() || dir.empty() ? c.rates : (fs::path(dir) / p).string());
   }
+  // The reference rates: beside the cluster file's folder (a copy of configs/), else the shipped
+  // ones.
   std::string file = (dir.empty() ? std::string(".") : dir) + "/../rates/h200.ini";
-  if (!fs::exists(file)) file = clusters_folder() + "/../rates/h200.ini";
+  if (!fs::exists(file)) {
+    const std::string shipped = clusters_folder();
+    if (shipped.empty())
+      throw ConfigError("cluster file '" + c.file +
+                        "' names no rates file and the shipped rates (configs/rates/h200.ini) are "
+                        "neither beside it, in the working directory nor beside the program; give "
+                        "[gpu] rates = FILE");
+    file = shipped + "/../rates/h200.ini";
+  }
   GpuRates r = load_rates(file);
   const double dense = c.bf16_tflops / r.bf16_peak;
   const double fp8 = c.fp8_tflops > 0 && r.fp8_peak > 0 ? c.fp8_tflops / r.fp8_peak : 0;

@@ -41,7 +41,9 @@ struct ClusterSpec {
 constexpr double kRuntimeReserveGiB = 2.0;
 
 // The folder of the shipped cluster files: configs/clusters of the working directory when it has
-// one, else the one beside the build (../../configs/clusters from build/bin/), else "".
+// one, else the one beside the program: the build tree's copy (bin/../configs/clusters), an
+// installed one (bin/../share/tessera/configs/clusters) or the sources' (bin/../../configs), else
+// "". The rates files are in its sibling folder rates/.
 std::string clusters_folder();
 
 // `name_or_file`: a shipped kind ("dgx-h100") or an INI file's path. ConfigError naming the file

@@ -176,6 +176,8 @@ double StepExecutor::count_loss_tokens() {
   for (size_t m = 0; m < micro_tokens_.size() && !said_empty_; ++m)
     if (micro_tokens_[m] == 0 && global_tokens_ > 0) {
       said_empty_ = true;
+      // The DP rank's samples: its TP, CP and PP ranks hold the same; its first one says it.
+      if (ctx_.tp_rank != 0 || ctx_.cp_rank != 0 || ctx_.pp_rank != 0) break;
       TLOG(warning) << "a micro-batch of data-parallel rank " << ctx_.dp_rank
                     << " has no token whose loss counts (its loss masks are all 0): it adds "
                        "nothing to the gradient (said once)";

@@ -99,7 +99,7 @@ expect 0 "parameters: 1235814400 \(model, tied head counted once\)" -- --config 
 expect 0 "iteration +4/ +4 .*lm loss" -- --config "$configs/llama-tiny.ini" --device cpu --train-iters 4 --log-interval 1
 # Megatron launch lines and hostile input (issue 27): one line each, naming the option.
 tiny=(--config "$configs/gpt2-tiny.ini")
-expect 2 "unexpected argument 'yes' after --bf16, a switch that takes no value" -- "${tiny[@]}" --bf16 yes
+expect 2 "unexpected argument 'yes' after --bf16, a switch: leave the value out \(on\), or give true or false" -- "${tiny[@]}" --bf16 yes
 expect 2 "unexpected argument 'hello' \(not an option's value" -- hello "${tiny[@]}"
 expect 2 "^rank 0 .*: error: --data-path '/nonexistent/a' names no shards" -- "${tiny[@]}" --data-path 0.5 /nonexistent/a 0.5 /nonexistent/b
 expect 2 "--data-path 0.5 a 0.5: 3 words; a blend is pairs of a weight and a prefix" -- "${tiny[@]}" --data-path 0.5 a 0.5
@@ -182,6 +182,8 @@ dropless=$(mktemp --suffix=.ini)
 grep -v '^moe-expert-capacity-factor' "$configs/deepseek-v3.ini" > "$dropless"
 expect 0 "memory verdict: does not fit dgx-h100's .*needs 104.9 GiB .*; --moe-expert-capacity-factor 1.0 would fit \(46.3 GiB\)" -- --config "$dropless" --dry-run --cluster dgx-h100
 rm -f "$dropless"
+# ... and --moe-expert-capacity-factor none over the file's factor is dropless again (issue 71).
+expect 0 "memory verdict: does not fit dgx-h100's .*needs 104.9 GiB" -- --config "$configs/deepseek-v3.ini" --dry-run --cluster dgx-h100 --moe-expert-capacity-factor none
 expect 0 "memory verdict: fits dgx-h200's .* needs 105.0 GiB" -- --config "$configs/deepseek-v3.ini" --dry-run --cluster dgx-h200 --recompute-granularity selective
 expect 0 "layout: world 16 = TP 2 x PP 2 x DP 4;" -- --config "$configs/gpt2-tiny.ini" --num-layers 4 --dry-run --world-size 16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
 expect 0 "memory verdict: (none: no GPU on this host|fits this host's)" -- --config "$configs/gpt2-tiny.ini" --dry-run --device cuda
@@ -199,6 +201,39 @@ expect 0 "optimizer: Muon .*, layer-wise over the distributed optimizer\) for th
 expect 2 "--collective-plan plans a run: it needs --dry-run" -- --config "$configs/gpt2-tiny.ini" --train-iters 1 --collective-plan /tmp/p
 expect 2 "--collective-plan: cannot write /nonexistent-dir/p.rank0 \(check that its folder exists and is writable\)" -- --config "$configs/gpt2-tiny.ini" --dry-run --collective-plan /nonexistent-dir/p
 expect 0 "collective plan: 2 files /tmp/tessera-cli-plan.rank0...1" -- --config "$configs/llama-tiny.ini" --dry-run --mtp-num-layers 1 --world-size 2 --tensor-model-parallel-size 2 --collective-plan /tmp/tessera-cli-plan
+# Issue 71 point 2: a config file's switch turned off on the command line, in Megatron's spellings
+# (--no-X, --X=false, --X false; the last spelling wins); a bad value names the spellings; the
+# refusal of a switch the file set says how to turn it off; --no-X of a true/false option.
+spfile=$(mktemp --suffix=.ini)
+grep -v '^sequence-parallel' "$configs/gpt2-tiny.ini" > "$spfile"
+echo "sequence-parallel = true" >> "$spfile"
+expect 2 "--sequence-parallel needs --tensor-model-parallel-size > 1 .*set in config file '$spfile'; --no-sequence-parallel on the command line turns it off\)" -- --config "$spfile" --dry-run
+for off in "--no-sequence-parallel" "--sequence-parallel=false" "--sequence-parallel false" "--sequence-parallel=0" "--sequence-parallel --no-sequence-parallel"; do
+  # shellcheck disable=SC2086
+  expect 0 "sequence parallelism: off" -- --config "$spfile" --dry-run $off
+done
+expect 2 "--sequence-parallel needs --tensor-model-parallel-size > 1" -- --config "$spfile" --dry-run --no-sequence-parallel --sequence-parallel=true
+expect 0 "sequence parallelism: on" -- --config "$spfile" --dry-run --world-size 2 --tensor-model-parallel-size 2
+expect 2 "--sequence-parallel=maybe: a switch is given alone \(on\), as --no-sequence-parallel \(off\), or with true or false" -- --config "$spfile" --dry-run --sequence-parallel=maybe
+expect 2 "--no-such-switch" -- --config "$spfile" --dry-run --no-such-switch
+rm -f "$spfile"
+# --no-overlap-grad-reduce is --overlap-grad-reduce false: the buckets' all-reduces move after the
+# backward in the collective plan (TP2 x DP2, small buckets).
+planned() {  # planned PREFIX OPTIONS...: rank 0's planned calls
+  "$bin" "${tiny[@]}" --num-layers 4 --dry-run --world-size 4 --tensor-model-parallel-size 2 \
+    --ddp-bucket-size 3000 --collective-plan "$1" "${@:2}" > /dev/null 2>&1 && cat "$1.rank0"
+}
+p_on=$(planned /tmp/tessera-cli-ov1)
+p_no=$(planned /tmp/tessera-cli-ov2 --no-overlap-grad-reduce)
+p_false=$(planned /tmp/tessera-cli-ov3 --overlap-grad-reduce false)
+rm -f /tmp/tessera-cli-ov*
+if [ -n "$p_no" ] && [ "$p_no" = "$p_false" ] && [ "$p_no" != "$p_on" ] \
+   && [ "$(sort <<<"$p_no")" = "$(sort <<<"$p_on")" ]; then
+  echo "ok: --no-overlap-grad-reduce plans as --overlap-grad-reduce false (the same calls, reordered)"
+else
+  echo "FAIL: --no-overlap-grad-reduce: $(wc -l <<<"$p_no") calls, not --overlap-grad-reduce false's or not reordered"
+  fail=1
+fi
 for opt in num-layers hidden-size num-attention-heads seq-length max-position-embeddings \
            micro-batch-size global-batch-size train-iters lr min-lr lr-decay-style \
            lr-warmup-iters weight-decay clip-grad adam-beta1 adam-beta2 adam-eps seed \

@@ -265,8 +265,8 @@ TEST(Config, EmptyValuesStrayWordsAndConfigDirectoriesAreOneLineErrors) {
                                              "'; give it a value or leave the option out");
   std::remove(ini.c_str());
   EXPECT_EQ(error_of({"--bf16", "yes"}),
-            "unexpected argument 'yes' after --bf16, a switch that takes no value (leave the "
-            "value out)");
+            "unexpected argument 'yes' after --bf16, a switch: leave the value out (on), or give "
+            "true or false");
   EXPECT_EQ(error_of({"--lr", "0.1", "0.2"}),
             "unexpected argument '0.2' after --lr, which takes one value (quote a value that has "
             "spaces)");

@@ -118,6 +118,16 @@ if run silent 1 --data-path "$work/silent" --micro-batch-size 1; then
     && ok "a micro-batch without a counted token: said once, 20 finite losses" \
     || bad "micro-batch without a counted token: said $n times, $(grep -ci nan "$work/silent.jsonl") NaN lines"
 fi
+# The same at TP2: every rank of the grid skips alike: each warning once, not once per rank
+# (issue 71 point 9).
+if run silent-tp2 2 --data-path "$work/silent" --micro-batch-size 1 --tensor-model-parallel-size 2; then
+  n=$(grep -c "has no token whose loss counts" "$work/silent-tp2.log")
+  skips=$(grep -c "counts toward the loss" "$work/silent-tp2.log")
+  iters=$(grep -o "iteration [0-9]*: no token of its global batch" "$work/silent-tp2.log" | sort -u | wc -l)
+  [ "$n" = 1 ] && [ "$skips" = "$iters" ] \
+    && ok "TP2: the empty micro-batch said once, $skips skipped iteration(s) each said once" \
+    || bad "TP2: the empty micro-batch said $n times, skips said $skips times for $iters iterations"
+fi
 
 # --sft: whole conversations packed first-fit, positions and attention reset per document (the
 # shards' boundaries), the same losses at every layout, resumed exactly.
