@@ -26,6 +26,22 @@ bool is_file(const std::string& p) {
   return access(p.c_str(), R_OK) == 0;
 }
 
+// The text of tokens [begin, end): a packed sample's padding (--sft: id -1, no token) as
+// "<pad xN>", the rest decoded.
+std::string text_of(const Tokenizer& tok, const std::vector<int32_t>& t, size_t begin,
+                    size_t end) {
+  std::string out;
+  for (size_t p = begin; p < end;) {
+    const bool pad = t[p] < 0;
+    size_t q = p;
+    while (q < end && (t[q] < 0) == pad) ++q;
+    out += pad ? "<pad x" + std::to_string(q - p) + ">"
+               : tok.decode(std::vector<int32_t>(t.begin() + p, t.begin() + q));
+    p = q;
+  }
+  return out;
+}
+
 // The tokenizer that decodes the shards' text: the tokenizer options when given (checked against
 // the shards already), else GPT-2's files shipped in data/gpt2 for shards made with GPT-2's BPE.
 std::shared_ptr<const Tokenizer> text_tokenizer(const RunOptions& o) {
@@ -151,7 +167,7 @@ int main(int argc, char** argv) {
                 << " | documents " << documents_text(r);
       std::cout << " | " << r.tokens.size() << " tokens";
       if (!r.masked) {
-        std::cout << "\n" << tok->decode(r.tokens) << "\n";
+        std::cout << "\n" << text_of(*tok, r.tokens, 0, r.tokens.size()) << "\n";
         continue;
       }
       // [brackets] around the runs of tokens that are targets whose loss counts.
@@ -162,8 +178,7 @@ int main(int argc, char** argv) {
         const bool in = p > 0 && r.loss_mask[p - 1];
         size_t q = p + 1;
         while (q < r.tokens.size() && (r.loss_mask[q - 1] != 0) == in) ++q;
-        const std::string text =
-            tok->decode(std::vector<int32_t>(r.tokens.begin() + p, r.tokens.begin() + q));
+        const std::string text = text_of(*tok, r.tokens, p, q);
         std::cout << (in ? "[" + text + "]" : text);
         p = q;
       }

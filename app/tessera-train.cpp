@@ -123,7 +123,9 @@ int main(int argc, char** argv) {
                                      std::max(1, opts.train.virtual_pipeline_size))
                << "; sequence parallelism " << (opts.train.sequence_parallel ? "on" : "off")
                << "; activation recomputation: " << opts.train.recompute.describe()
-               << "; optimizer: " << describe_dp_sharding(opts.train, ctx.dp_size, ctx.cp_size);
+               << "; optimizer: "
+               << (opts.train.optimizer == "muon" ? "Muon (AdamW for the rest), " : "")
+               << describe_dp_sharding(opts.train, ctx.dp_size, ctx.cp_size);
     if (!opts.load.empty() && !opts.load_fresh) {
       try {
         trainer.load_checkpoint(opts.load, opts.finetune, !opts.no_load_optim, opts.load_fallback);

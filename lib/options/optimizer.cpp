@@ -20,10 +20,11 @@ class OptimizerOptions : public OptionGroup {
     p.group("Optimizer")
         .add_options()(
             "optimizer", po::value(&optimizer_)->default_value("adam"),
-            "adam (AdamW for every parameter) | muon (Muon for the hidden layers' matrices, "
-            "AdamW with --adam-beta1/2 and --adam-eps for embeddings, the output layer, norms "
-            "and biases) | dist_muon (Megatron's older name for muon with the distributed "
-            "optimizer)")("muon-momentum", po::value(&m.momentum)->default_value(m.momentum),
+            "adam (AdamW for every parameter) | muon (Muon for the matrices, AdamW with "
+            "--adam-beta1/2 and --adam-eps for the word embedding, the output layer, norms and "
+            "biases) | dist_muon (deprecated in Megatron: muon with the distributed optimizer)")(
+            "muon-scalar-optimizer", po::value(&scalar_)->default_value("adam"),
+            "the optimizer of what Muon does not take: adam (AdamW, Megatron's default)")("muon-momentum", po::value(&m.momentum)->default_value(m.momentum),
                           "Muon's momentum: m = beta m + (1 - beta) g")(
             "muon-nesterov", po::bool_switch(&m.nesterov),
             "Nesterov momentum: orthogonalize (1 - beta) g + beta m instead of m")(
@@ -48,13 +49,19 @@ class OptimizerOptions : public OptionGroup {
             "(the Gram matrices summed over TP) | blockwise (each shard alone: depends on TP)");
   }
 
-  void resolve(const OptionParser& p, RunOptions& o, StartupNotes&) override {
+  void resolve(const OptionParser& p, RunOptions& o, StartupNotes& notes) override {
     TrainConfig& t = o.train;
     const TrainConfig::Muon& m = t.muon;
     if (optimizer_ == "dist_muon") {  // Megatron: deprecated, muon + the distributed optimizer
       optimizer_ = "muon";
       t.use_distributed_optimizer = true;
+      notes.input.push_back(
+          "--optimizer dist_muon is deprecated (as in Megatron-LM): it runs --optimizer muon "
+          "--use-distributed-optimizer; give those");
     }
+    if (scalar_ != "adam")
+      throw ConfigError("--muon-scalar-optimizer " + scalar_ +
+                        " is not a choice (allowed: adam; Megatron's lion is not offered yet)");
     if (optimizer_ != "adam" && optimizer_ != "muon")
       throw ConfigError("--optimizer " + optimizer_ +
                         " is not a choice (allowed: adam, muon, dist_muon)");
@@ -62,6 +69,7 @@ class OptimizerOptions : public OptionGroup {
     t.muon.split_qkv = !no_split_qkv_;
     if (t.optimizer != "muon")
       for (const char* name : {"muon-momentum", "muon-nesterov", "muon-no-split-qkv",
+                               "muon-scalar-optimizer",
                                "muon-scale-mode", "muon-extra-scale-factor", "muon-num-ns-steps",
                                "muon-coefficient-type", "muon-fp32-matmul-prec", "muon-tp-mode"})
         if (p.given(name))
@@ -96,10 +104,11 @@ class OptimizerOptions : public OptionGroup {
         << t.muon.scale_mode << " scale x " << t.muon.extra_scale << ", TP " << t.muon.tp_mode
         << (t.muon.split_qkv ? ", q/k/v apart" : ", q/k/v together")
         << (t.use_distributed_optimizer ? ", layer-wise over the distributed optimizer" : "")
-        << ") for the hidden matrices; AdamW for the rest\n";
+        << ") for the matrices; AdamW for the word embedding, the output layer, norms and biases\n";
   }
 
  private:
+  std::string scalar_;  // --muon-scalar-optimizer
   std::string optimizer_ = "adam";
   bool no_split_qkv_ = false;
 };

@@ -51,10 +51,12 @@ void add_parts(std::vector<MuonMatrix>& out, const MuonMatrix& m,
 }  // namespace
 
 bool is_muon_param(const ParamSpec& s) {
-  // Weights decay; biases (Tessera keeps a fused projection's bias as [3, heads, head_dim], a
-  // vector in Megatron) and norms do not.
-  return s.global_shape.size() >= 2 && s.weight_decay && s.name != "wte" && s.name != "wpe" &&
-         s.name != "lm_head";
+  // As Megatron routes them (emerging_optimizers.py: the scalar optimizer takes the parameters
+  // tagged is_embedding_or_output_parameter, the word embedding and the output layer, and those
+  // not 2-D): the learned position embedding is a Muon matrix. Weights decay; biases (Tessera
+  // keeps a fused projection's bias as [3, heads, head_dim], a vector in Megatron) and norms do
+  // not.
+  return s.global_shape.size() >= 2 && s.weight_decay && s.name != "wte" && s.name != "lm_head";
 }
 
 std::vector<MuonMatrix> plan_muon_matrices(const std::vector<ParamSpec>& specs, int tp,

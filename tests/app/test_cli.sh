@@ -195,7 +195,12 @@ expect 2 "--optimizer sgd is not a choice \(allowed: adam, muon, dist_muon\)" --
 expect 2 "--muon-momentum is a Muon option: it needs --optimizer muon" -- "${tiny[@]}" --muon-momentum 0.95
 expect 2 "--muon-tp-mode rowwise is not a choice \(allowed: blockwise, duplicated, distributed\)" -- "${tiny[@]}" --optimizer muon --muon-tp-mode rowwise
 expect 2 "--muon-num-ns-steps=0 is out of range" -- "${tiny[@]}" --optimizer muon --muon-num-ns-steps 0
-expect 0 "optimizer: Muon .*, layer-wise over the distributed optimizer\) for the hidden matrices" -- "${tiny[@]}" --optimizer dist_muon --dry-run
+expect 0 "optimizer: Muon .*, layer-wise over the distributed optimizer\) for the matrices; AdamW for the word embedding, the output layer" -- "${tiny[@]}" --optimizer dist_muon --dry-run
+# Issue 71 point 7: dist_muon says it is deprecated; the scalar optimizer is Megatron's adam.
+expect 0 "--optimizer dist_muon is deprecated \(as in Megatron-LM\): it runs --optimizer muon --use-distributed-optimizer" -- "${tiny[@]}" --optimizer dist_muon --dry-run
+expect 0 "optimizer: Muon" -- "${tiny[@]}" --optimizer muon --muon-scalar-optimizer adam --dry-run
+expect 2 "--muon-scalar-optimizer lion is not a choice \(allowed: adam" -- "${tiny[@]}" --optimizer muon --muon-scalar-optimizer lion
+expect 2 "--muon-scalar-optimizer is a Muon option: it needs --optimizer muon" -- "${tiny[@]}" --muon-scalar-optimizer adam
 # --collective-plan: only with --dry-run; an unwritable prefix names the file; multi-token
 # prediction is planned (issue 69: the plan is the recorded step).
 expect 2 "--collective-plan plans a run: it needs --dry-run" -- --config "$configs/gpt2-tiny.ini" --train-iters 1 --collective-plan /tmp/p

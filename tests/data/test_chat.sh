@@ -117,6 +117,12 @@ grep -q "targets count, in \[brackets\]" <<<"$text" && grep -qF "<|eot_id|>]<|en
   && ! grep -qF "[<|start_header_id|>" <<<"$text" \
   && ok "tessera-inspect brackets the targets: $(grep -oF '[Au revoir, à bientôt.<|eot_id|>]' <<<"$text")" \
   || bad "tessera-inspect text: $text"
+# --sft packs whole conversations: a sample's padding (no token) shows as padding (issue 71).
+sft=$("$bin/tessera-inspect" "${ins[@]}" --sft --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$hf/llama3_1" --seq-length 64 2>&1)
+rc=$?
+[ $rc -eq 0 ] && grep -qE "<pad x[0-9]+>" <<<"$sft" && ! grep -q "outside the vocabulary" <<<"$sft" \
+  && ok "tessera-inspect --sft text: padding shown as $(grep -oE '<pad x[0-9]+>' <<<"$sft" | head -1)" \
+  || bad "tessera-inspect --sft text: rc $rc, $sft"
 js=$("$bin/tessera-inspect" "${ins[@]}" --json --reset-position-ids 2>&1)
 "$py" - "$js" <<'PY' && ok "tessera-inspect --json: loss_mask, position_ids (reset after the EOD), document_starts" || bad "tessera-inspect --json: $js"
 import json, sys

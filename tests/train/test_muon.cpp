@@ -283,3 +283,23 @@ TEST(Muon, BatchesSameShapedMatricesUpToTheCap) {
   const double one = muon_scratch_bytes({big}, 1, opt, true);
   EXPECT_DOUBLE_EQ(muon_scratch_bytes({big, big}, 1, opt, true), 2 * one);
 }
+
+// Megatron's routing (issue 71 point 7; megatron/core/optimizer/emerging_optimizers.py): the
+// scalar optimizer takes the word embedding and the output layer (is_embedding_or_output_parameter)
+// and what is not 2-D; the learned position embedding, like every other matrix, is Muon's.
+TEST(Muon, RoutesParametersAsMegatron) {
+  auto spec = [](const char* name, Shape shape, bool decay) {
+    ParamSpec p;
+    p.name = name;
+    p.global_shape = p.local_shape = shape;
+    p.weight_decay = decay;
+    return p;
+  };
+  EXPECT_TRUE(is_muon_param(spec("wpe", {32, 8}, true)));
+  EXPECT_TRUE(is_muon_param(spec("layers.0.mlp.fc1.weight", {16, 8}, true)));
+  EXPECT_TRUE(is_muon_param(spec("mtp.0.eh_proj.weight", {8, 16}, true)));
+  EXPECT_FALSE(is_muon_param(spec("wte", {10, 8}, true)));
+  EXPECT_FALSE(is_muon_param(spec("lm_head", {10, 8}, true)));
+  EXPECT_FALSE(is_muon_param(spec("layers.0.ln1.weight", {8}, false)));
+  EXPECT_FALSE(is_muon_param(spec("layers.0.attn.qkv.bias", {3, 2, 4}, false)));
+}
