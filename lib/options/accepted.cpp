@@ -42,6 +42,21 @@ constexpr AcceptedOption kAccepted[] = {
     {"override-opt_param-scheduler", nullptr,
      "a resumed run always takes this run's learning-rate and weight-decay schedule (a change "
      "from the checkpoint's is one warning line)"},
+    // Megatron-FSDP's recommended options (docs/training.md, "Megatron-FSDP").
+    {"ckpt-format", "fsdp_dtensor",
+     "Tessera's sharded HDF5 checkpoint holds a Megatron-FSDP run (loadable at any layout and "
+     "sharding)"},
+    {"grad-reduce-in-bf16", nullptr,
+     "gradients are reduced in fp32 (exact across layouts; bf16 reduction is not offered)"},
+    {"use-nccl-ub", nullptr,
+     "NCCL user-buffer registration is not used: the collectives run on Tessera's own buffers"},
+    {"fsdp-double-buffer", nullptr,
+     "Megatron-FSDP's units are gathered into buffers allocated once per unit; no double buffer"},
+    {"fsdp-manual-registration", nullptr,
+     "NCCL user-buffer registration is not used: nothing to register"},
+    {"init-model-with-meta-device", nullptr,
+     "each rank initializes only its own shard from the counter-based RNG: no full model is "
+     "ever materialized"},
     {"override-opt-param-scheduler", nullptr,
      "a resumed run always takes this run's learning-rate and weight-decay schedule (a change "
      "from the checkpoint's is one warning line)"},

@@ -118,15 +118,24 @@ class PlanningOptions : public OptionGroup {
     const RunOptions& o = d.o;
     double capacity = 0, reserve = 0;
     std::string what;
-    int sharing = 1;  // ranks whose estimates share the capacity (the CPU's host memory)
+    // Ranks whose estimates share the capacity: the CPU run's on the host's memory, or
+    // --ranks-per-gpu on a GPU (each with its own runtime reserve).
+    int sharing = 1;
+    const std::string shared =
+        o.ranks_per_gpu > 1
+            ? ", shared by --ranks-per-gpu " + std::to_string(o.ranks_per_gpu) + " ranks"
+            : std::string();
     if (o.cluster_spec) {
       capacity = o.cluster_spec->gpu_memory_gib * kGiB;
-      reserve = kRuntimeReserveGiB * kGiB;
-      what = o.cluster_spec->name + "'s " + o.cluster_spec->gpu + " (" + gib_text(capacity) + ")";
+      sharing = o.ranks_per_gpu;
+      reserve = kRuntimeReserveGiB * kGiB * sharing;
+      what = o.cluster_spec->name + "'s " + o.cluster_spec->gpu + " (" + gib_text(capacity) +
+             shared + ")";
     } else if (o.device == "cuda" && o.local_gpu_bytes > 0) {
       capacity = o.local_gpu_bytes;
-      reserve = kRuntimeReserveGiB * kGiB;
-      what = "this host's " + o.local_gpu + " (" + gib_text(capacity) + ")";
+      sharing = o.ranks_per_gpu;
+      reserve = kRuntimeReserveGiB * kGiB * sharing;
+      what = "this host's " + o.local_gpu + " (" + gib_text(capacity) + shared + ")";
     } else if (o.device == "cuda") {
       out << "memory verdict: none: no GPU on this host to check against; give --cluster "
              "(dgx-a100, dgx-h100, dgx-h200 or a cluster file, docs/planning.md)\n";
@@ -169,7 +178,15 @@ class PlanningOptions : public OptionGroup {
     if (o.train.micro_batch_size > 1)
       changes.push_back(
           {"--micro-batch-size 1", [](RunOptions& r) { r.train.micro_batch_size = 1; }});
-    if (!o.train.use_distributed_optimizer && d.layout.dp > 1)
+    // Under Megatron-FSDP's no_shard the distributed optimizer has no effect: its next strategy
+    // shards the optimizer state.
+    if (o.train.megatron_fsdp && o.train.dp_sharding == TrainConfig::DpSharding::NoShard &&
+        d.layout.dp * d.layout.cp > 1)
+      changes.push_back({"--data-parallel-sharding-strategy optim", [](RunOptions& r) {
+                           r.train.dp_sharding = TrainConfig::DpSharding::Optim;
+                           r.train.use_distributed_optimizer = true;
+                         }});
+    else if (!o.train.use_distributed_optimizer && d.layout.dp > 1)
       changes.push_back({"--use-distributed-optimizer",
                          [](RunOptions& r) { r.train.use_distributed_optimizer = true; }});
     if (!o.train.sequence_parallel && d.layout.tp > 1)

@@ -288,6 +288,11 @@ void TrainConfig::validate(int dp_size) const {
     throw ConfigError(
         "--overlap-param-gather needs --use-distributed-optimizer (without it there is no "
         "parameter gather to overlap)");
+  if (overlap_param_gather && !overlap_grad_reduce)  // Megatron-LM's assertion
+    throw ConfigError(
+        "--overlap-param-gather needs --overlap-grad-reduce (on by default; as Megatron-LM, the "
+        "gather overlaps only with the reduction overlapped): drop --overlap-grad-reduce false "
+        "or --overlap-param-gather");
   if (!(peak_tflops >= 0))
     throw ConfigError(concat("--peak-tflops=", peak_tflops, " is out of range (allowed: >= 0)"));
   if (!lr_schedule_in_samples) validate_rampup(*this, dp_size);  // resolved() checked it

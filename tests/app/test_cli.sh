@@ -196,6 +196,23 @@ expect 2 "--muon-momentum is a Muon option: it needs --optimizer muon" -- "${tin
 expect 2 "--muon-tp-mode rowwise is not a choice \(allowed: blockwise, duplicated, distributed\)" -- "${tiny[@]}" --optimizer muon --muon-tp-mode rowwise
 expect 2 "--muon-num-ns-steps=0 is out of range" -- "${tiny[@]}" --optimizer muon --muon-num-ns-steps 0
 expect 0 "optimizer: Muon .*, layer-wise over the distributed optimizer\) for the matrices; AdamW for the word embedding, the output layer" -- "${tiny[@]}" --optimizer dist_muon --dry-run
+# Issue 71 point 8: Megatron's assertion; Megatron-FSDP's recommended options taken, each saying why.
+expect 2 "--overlap-param-gather needs --overlap-grad-reduce \(on by default" -- "${tiny[@]}" --dry-run --world-size 2 --use-distributed-optimizer --overlap-param-gather --overlap-grad-reduce false
+for opt in "--ckpt-format fsdp_dtensor" --grad-reduce-in-bf16 --use-nccl-ub --fsdp-double-buffer --fsdp-manual-registration --init-model-with-meta-device; do
+  # shellcheck disable=SC2086
+  expect 0 "tessera-train: ${opt%% *}( fsdp_dtensor)?: accepted without effect: " -- "${tiny[@]}" --dry-run --world-size 2 --use-megatron-fsdp $opt
+done
+expect 2 "--ckpt-format torch_dist is not a choice \(allowed: fsdp_dtensor\)" -- "${tiny[@]}" --dry-run --ckpt-format torch_dist
+# Issue 71 point 4: --ranks-per-gpu ranks share the GPU (each with its reserve); under FSDP
+# no_shard the cure is the next strategy, not the distributed optimizer it just ignored.
+expect 0 "memory verdict: does not fit dgx-h100's NVIDIA H100 SXM5 80GB \(79.7 GiB, shared by --ranks-per-gpu 2 ranks\): the fullest rank \(stage 0\) needs 46.3 GiB, 2 ranks 92.6 GiB \+ 4.0 GiB runtime reserve" -- --config "$configs/deepseek-v3.ini" --dry-run --cluster dgx-h100 --ranks-per-gpu 2
+out=$("$bin" --config "$configs/qwen3-8b.ini" --dry-run --cluster dgx-h100 --world-size 8 --use-megatron-fsdp --data-parallel-sharding-strategy no_shard --micro-batch-size 8 --recompute-granularity full 2>&1)
+if grep -q "memory verdict: does not fit .*--data-parallel-sharding-strategy optim would fit (48.3 GiB)" <<<"$out" \
+   && ! grep "memory verdict" <<<"$out" | grep -q -- "--use-distributed-optimizer"; then
+  echo "ok: FSDP no_shard's verdict suggests --data-parallel-sharding-strategy optim"
+else
+  echo "FAIL: FSDP no_shard's verdict: $(grep 'memory verdict' <<<"$out")"; fail=1
+fi
 # Issue 71 point 7: dist_muon says it is deprecated; the scalar optimizer is Megatron's adam.
 expect 0 "--optimizer dist_muon is deprecated \(as in Megatron-LM\): it runs --optimizer muon --use-distributed-optimizer" -- "${tiny[@]}" --optimizer dist_muon --dry-run
 expect 0 "optimizer: Muon" -- "${tiny[@]}" --optimizer muon --muon-scalar-optimizer adam --dry-run
