@@ -21,6 +21,17 @@ using namespace tessera;
 
 namespace {
 
+// `w` as one shell word (single-quoted when it holds anything but safe characters).
+std::string shell_word(const std::string& w) {
+  const bool safe = !w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOP"
+                                                      "QRSTUVWXYZ0123456789-_=./:,+@") ==
+                                      std::string::npos;
+  if (safe) return w;
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 const char* recompute_name(RecomputeGranularity g) {
   return g == RecomputeGranularity::Full        ? "full"
          : g == RecomputeGranularity::Selective ? "selective"
@@ -50,10 +61,21 @@ int main(int argc, char** argv) {
     std::vector<const char*> args(argv, argv + argc);
     args.push_back("--dry-run");
     if (!parse_run_options(static_cast<int>(args.size()), args.data(), o, program)) return 0;
-    for (int i = 1; i < argc; ++i) {  // the config file, for the printed command lines
+    // The printed command lines: the config file, and the options given here that tessera-train
+    // takes too (the batch, sequence, precision, vocabulary, ...), as given.
+    std::string passed;
+    for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
-      if (a == "--config" && i + 1 < argc) config = argv[i + 1];
-      if (a.rfind("--config=", 0) == 0) config = a.substr(9);
+      const std::string key = a.substr(0, a.find('='));
+      const bool planner_only = key == "--world-size" || key == "--cluster" || key == "--top" ||
+                                key == "--hf-config" || key == "--config";
+      const bool joined = a.find('=') != std::string::npos;
+      if (key == "--config") config = joined ? a.substr(9) : (i + 1 < argc ? argv[i + 1] : "");
+      if (planner_only) {
+        if (!joined && i + 1 < argc) ++i;  // its value
+        continue;
+      }
+      passed += " " + shell_word(a);
     }
     if (!o.cluster_spec)
       throw ConfigError("give --cluster (dgx-a100, dgx-h100, dgx-h200 or a cluster file)");
@@ -111,17 +133,21 @@ int main(int argc, char** argv) {
     }
     const std::string cfg = config.empty() ? "CONFIG.ini" : config;
     const GpuRates rates = rates_for(c);  // read once for the breakdowns below
-    const int nodes = (o.world_size + c.gpus_per_node - 1) / c.gpus_per_node;
-    const int per_node = std::min(o.world_size, c.gpus_per_node);
+    // Whole nodes of equal task counts whose product is the world size (12 GPUs of 8-GPU nodes:
+    // 2 nodes of 6).
+    int nodes = (o.world_size + c.gpus_per_node - 1) / c.gpus_per_node;
+    while (o.world_size % nodes != 0) ++nodes;
+    const int per_node = o.world_size / nodes;
     for (size_t i = 0; i < n; ++i) {
       const PlanCandidate& k = r.ranked[i];
       std::printf("\n%zu: %s", i + 1, prediction_report(k.prediction, c, rates).c_str());
+      const std::string args = (passed + " " + k.options()).substr(1);
       std::printf("  srun -N %d --ntasks-per-node %d tessera-train --config %s %s\n", nodes,
-                  per_node, cfg.c_str(), k.options().c_str());
+                  per_node, cfg.c_str(), args.c_str());
       std::printf(
           "  sbatch --nodes=%d --gpus-per-node=%d --ntasks-per-node=%d "
           "--export=ALL,CONFIG=%s,EXTRA_ARGS=\"%s\" slurm/train.sbatch\n",
-          nodes, per_node, per_node, cfg.c_str(), k.options().c_str());
+          nodes, per_node, per_node, cfg.c_str(), args.c_str());
     }
     return 0;
   } catch (const ConfigError& e) {

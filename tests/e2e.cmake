@@ -32,6 +32,11 @@ tessera_e2e(app.cluster_paths 5 TIMEOUT 120
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/app/test_cluster_paths.sh ${CMAKE_BINARY_DIR}
                  ${CMAKE_SOURCE_DIR}/configs)
 
+# tessera-plan's printed lines run the layouts it ranked (issue 71).
+tessera_e2e(plan.printed_lines 30 TIMEOUT 300
+            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/plan/test_plan_lines.sh ${CMAKE_BINARY_DIR}/bin
+                 ${CMAKE_SOURCE_DIR}/configs)
+
 # A Megatron-LM pretrain_gpt.sh-style launch line runs unchanged, is killed and requeues (issue 27).
 tessera_e2e(app.megatron_script 27 TIMEOUT 600 PROCESSORS 2
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/app/test_megatron_script.sh ${CMAKE_BINARY_DIR}/bin

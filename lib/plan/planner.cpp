@@ -22,17 +22,31 @@ std::vector<int> divisors(int n, int limit) {
 }  // namespace
 
 std::string PlanCandidate::options() const {
+  // Every layout setting spelled out, on or off, so that a config file's own (sequence
+  // parallelism, the distributed optimizer, recomputation, EP) never stays in force where the
+  // row chose otherwise.
   std::string o = "--tensor-model-parallel-size " + std::to_string(tp) +
                   " --pipeline-model-parallel-size " + std::to_string(pp);
   if (v > 1) o += " --virtual-pipeline-model-parallel-size " + std::to_string(v);
-  if (cp > 1) o += " --context-parallel-size " + std::to_string(cp);
-  if (ep > 1) o += " --expert-model-parallel-size " + std::to_string(ep);
+  o += " --context-parallel-size " + std::to_string(cp);
+  o += " --expert-model-parallel-size " + std::to_string(ep);
   o += " --micro-batch-size " + std::to_string(micro_batch);
-  if (sequence_parallel) o += " --sequence-parallel";
-  if (sharding == Sharding::DistOpt) o += " --use-distributed-optimizer --overlap-param-gather";
-  if (sharding == Sharding::Fsdp || sharding == Sharding::Hsdp) o += " --use-megatron-fsdp";
-  if (sharding == Sharding::Hsdp)
-    o += " --num-distributed-optimizer-instances " + std::to_string(instances);
+  o += sequence_parallel ? " --sequence-parallel" : " --no-sequence-parallel";
+  switch (sharding) {
+    case Sharding::None:
+      o += " --no-use-distributed-optimizer --no-overlap-param-gather --no-use-megatron-fsdp";
+      break;
+    case Sharding::DistOpt:
+      o += " --use-distributed-optimizer --overlap-param-gather --no-use-megatron-fsdp";
+      break;
+    case Sharding::Fsdp:
+    case Sharding::Hsdp:
+      o += " --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params "
+           "--no-overlap-param-gather";
+      break;
+  }
+  o += " --num-distributed-optimizer-instances " + std::to_string(instances);
+  if (recompute == RecomputeGranularity::None) o += " --recompute-granularity none";
   if (recompute == RecomputeGranularity::Selective) o += " --recompute-granularity selective";
   if (recompute == RecomputeGranularity::Full)
     o += " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1";

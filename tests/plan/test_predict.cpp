@@ -384,7 +384,9 @@ TEST(Planner, ProposesFsdpAndHsdpWhoseOptionsPredictTheSame) {
   ASSERT_TRUE(fsdp && hsdp && dist);
   EXPECT_EQ(hsdp->instances, 2);
   EXPECT_EQ(hsdp->sharding_name(), "hsdp/2");
-  EXPECT_NE(hsdp->options().find("--use-megatron-fsdp --num-distributed-optimizer-instances 2"),
+  EXPECT_NE(hsdp->options().find("--use-megatron-fsdp --data-parallel-sharding-strategy "
+                                  "optim_grads_params --no-overlap-param-gather "
+                                  "--num-distributed-optimizer-instances 2"),
             std::string::npos)
       << hsdp->options();
   EXPECT_LT(fsdp->memory, dist->memory);
