@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "checkpoint/hf_llama.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "options/options.hpp"
 #include "plan/planner.hpp"
 
@@ -23,13 +25,82 @@ namespace {
 
 // `w` as one shell word (single-quoted when it holds anything but safe characters).
 std::string shell_word(const std::string& w) {
-  const bool safe = !w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOP"
-                                                      "QRSTUVWXYZ0123456789-_=./:,+@") ==
-                                      std::string::npos;
+  const bool safe = !w.empty() && w.find_first_not_of(
+                                      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOP"
+                                      "QRSTUVWXYZ0123456789-_=./:,+@") == std::string::npos;
   if (safe) return w;
   std::string q = "'";
   for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
+}
+
+// --hf-config DIR: the options config.json settles for the run where the command line does not
+// (appended to it), each also said in `assumed`: the sequence length (rope_scaling's
+// original_max_position_embeddings: the length it was trained at; a max_position_embeddings alone
+// is what the model takes, not a training length: --seq-length is then required) and the
+// precision (torch_dtype, or dtype).
+std::vector<std::string> hf_run_options(int argc, char** argv, std::vector<std::string>& assumed) {
+  std::string dir;
+  bool seq = false, precision = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const std::string key = a.substr(0, a.find('='));
+    if (key == "--hf-config")
+      dir = a.find('=') != std::string::npos ? a.substr(11) : (i + 1 < argc ? argv[i + 1] : "");
+    seq = seq || key == "--seq-length";
+    precision = precision || key == "--bf16" || key == "--fp16";
+  }
+  std::vector<std::string> out;
+  if (dir.empty()) return out;
+  const std::string path = dir + "/config.json";
+  std::ifstream in(path);
+  if (!in) return out;  // named below, with the directory
+  std::stringstream text;
+  text << in.rdbuf();
+  JsonValue root;
+  try {
+    const std::string t = text.str();
+    root = JsonReader(t).value();
+  } catch (const JsonError& e) {
+    throw ConfigError("'" + path + "': " + e.message);
+  }
+  auto number = [](const JsonValue* v) { return v && v->type == JsonValue::Type::Number; };
+  if (seq) {
+    assumed.push_back("the sequence length of --seq-length");
+  } else {
+    const JsonValue* rs = root.find("rope_scaling");
+    const JsonValue* orig = rs ? rs->find("original_max_position_embeddings") : nullptr;
+    if (!number(orig)) {
+      const JsonValue* mp = root.find("max_position_embeddings");
+      throw ConfigError("--hf-config " + dir + ": give --seq-length (" + path + " has no " +
+                        "rope_scaling.original_max_position_embeddings" +
+                        (number(mp) ? "; its max_position_embeddings " +
+                                          std::to_string(static_cast<long long>(mp->number)) +
+                                          " is the longest the model takes, not a training length"
+                                    : std::string()) +
+                        ")");
+    }
+    const std::string n = std::to_string(static_cast<long long>(orig->number));
+    out.insert(out.end(), {"--seq-length", n});
+    assumed.push_back("sequence " + n + " (rope_scaling.original_max_position_embeddings; " +
+                      "--seq-length changes it)");
+  }
+  if (precision) {
+    assumed.push_back("the precision of --bf16/--fp16");
+  } else {
+    const JsonValue* d = root.find("torch_dtype");
+    if (!d || d->type != JsonValue::Type::String) d = root.find("dtype");
+    const std::string dt = d && d->type == JsonValue::Type::String ? d->string : "";
+    if (dt == "bfloat16") out.push_back("--bf16");
+    if (dt == "float16") out.push_back("--fp16");
+    assumed.push_back(dt == "bfloat16" || dt == "float16"
+                          ? dt + " (config.json's " +
+                                (root.find("torch_dtype") ? "torch_dtype" : "dtype") + ")"
+                          : "float32 (config.json states " + (dt.empty() ? "no dtype" : dt) +
+                                "; --bf16 plans in bf16)");
+  }
+  assumed.push_back("Hugging Face's defaults for what config.json leaves out");
+  return out;
 }
 
 const char* recompute_name(RecomputeGranularity g) {
@@ -57,8 +128,12 @@ int main(int argc, char** argv) {
           "a Hugging Face model directory (its config.json alone is read: Llama, Qwen2/3, "
           "Mistral, Mixtral, DeepSeek-V3): the model, instead of the model options");
     };
-    // The planning options belong to a dry run: tessera-plan is one.
+    // The planning options belong to a dry run: tessera-plan is one. With --hf-config, what
+    // config.json says of the run (its sequence and dtype) joins them where not given.
+    std::vector<std::string> assumed;
+    std::vector<std::string> from_file = hf_run_options(argc, argv, assumed);
     std::vector<const char*> args(argv, argv + argc);
+    for (const std::string& a : from_file) args.push_back(a.c_str());
     args.push_back("--dry-run");
     if (!parse_run_options(static_cast<int>(args.size()), args.data(), o, program)) return 0;
     // The printed command lines: the config file, and the options given here that tessera-train
@@ -77,6 +152,7 @@ int main(int argc, char** argv) {
       }
       passed += " " + shell_word(a);
     }
+    for (const std::string& a : from_file) passed += " " + shell_word(a);  // config.json's
     if (!o.cluster_spec)
       throw ConfigError("give --cluster (dgx-a100, dgx-h100, dgx-h200 or a cluster file)");
     if (o.world_size <= 0) throw ConfigError("give --world-size: the GPUs of the run");
@@ -94,6 +170,9 @@ int main(int argc, char** argv) {
           "tessera-plan: the model of %s/config.json (the model options of the command "
           "line and --config are not used)\n",
           hf_dir.c_str());
+      std::string a;
+      for (const std::string& x : assumed) a += (a.empty() ? "" : "; ") + x;
+      std::printf("tessera-plan: the plan rests on: %s\n", a.c_str());
     }
     if (o.model.vocab_size == 0) o.model.vocab_size = 50257;  // the data's is not known here
     const ClusterSpec& c = *o.cluster_spec;

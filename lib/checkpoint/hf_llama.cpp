@@ -827,6 +827,13 @@ GPTConfig hf_model_config(const std::string& dir, int divisible_by) {
     h.topk = 8;
   }
   if (qwen3) h.head_dim = 128;  // Qwen3Config's head_dim default, whatever hidden / heads
+  // intermediate_size's defaults (not 4 x hidden): LlamaConfig 11008, Qwen2Config and Qwen3Config
+  // 22016, MistralConfig and MixtralConfig 14336, Qwen3MoeConfig 6144.
+  cfg.ffn_hidden_size = h.model_type == "llama"                                  ? 11008
+                        : h.model_type == "qwen2" || h.model_type == "qwen3"     ? 22016
+                        : h.model_type == "mistral" || h.model_type == "mixtral" ? 14336
+                        : h.model_type == "qwen3_moe"                            ? 6144
+                                                                                 : 0;
   cfg.layernorm_epsilon = 1e-6;
   cfg.untie_embeddings_and_output_weights = true;
   parse_hf_config(path, text, cfg, h);

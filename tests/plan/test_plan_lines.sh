@@ -55,5 +55,29 @@ check readme 8 dgx-h100 --config "$configs/llama3-1b.ini" --global-batch-size 12
 check qwen3-moe 16 dgx-h100 --config "$configs/qwen3-30b-a3b.ini" --global-batch-size 64 --top 3
 check twelve 12 dgx-h100 --config "$configs/gpt2-1.3b.ini" --global-batch-size 96 --bf16 \
   --vocab-size 50257 --seq-length 1024 --top 2
+# --hf-config (issue 71 point 5): the sequence from rope_scaling's original length, else
+# --seq-length required naming the file's max_position_embeddings; the dtype from torch_dtype; the
+# assumptions printed.
+hfcfgs=$(dirname "$0")/../checkpoint/hf_configs
+mkdir -p "$work/qwen3" "$work/dsv3"
+cp "$hfcfgs/qwen3-8b.json" "$work/qwen3/config.json"
+python3 - "$hfcfgs/deepseek-v3.json" "$work/dsv3/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.pop("quantization_config", None)  # as dequantized weights' config.json
+json.dump(c, open(sys.argv[2], "w"))
+PY
+out=$("$bin/tessera-plan" --hf-config "$work/qwen3" --world-size 8 --cluster dgx-h100 --global-batch-size 64 --top 1 2>&1)
+rc=$?
+[ $rc -eq 2 ] && grep -q "give --seq-length (.*config.json has no rope_scaling.original_max_position_embeddings; its max_position_embeddings 40960 is the longest the model takes" <<<"$out" \
+  && ok "--hf-config without a training length: --seq-length asked for" || bad "--hf-config qwen3-8b: rc $rc, $out"
+out=$("$bin/tessera-plan" --hf-config "$work/qwen3" --world-size 8 --cluster dgx-h100 --global-batch-size 64 --seq-length 4096 --top 1 2>&1)
+grep -q "the plan rests on: the sequence length of --seq-length; bfloat16 (config.json's torch_dtype)" <<<"$out" \
+  && grep -q "global batch 64 x 4096 tokens" <<<"$out" && grep -q -- "--bf16" <<<"$(grep srun <<<"$out")" \
+  && ok "--hf-config qwen3-8b plans in bf16 at --seq-length 4096" || bad "--hf-config qwen3-8b: $out"
+out=$("$bin/tessera-plan" --hf-config "$work/dsv3" --world-size 8 --cluster dgx-h100 --global-batch-size 64 --top 1 2>&1)
+grep -q "the plan rests on: sequence 4096 (rope_scaling.original_max_position_embeddings" <<<"$out" \
+  && grep -q "global batch 64 x 4096 tokens" <<<"$out" \
+  && ok "--hf-config deepseek-v3: sequence 4096 from rope_scaling" || bad "--hf-config deepseek-v3: $out"
 [ $fail -eq 0 ] && echo "plan.printed_lines: all passed"
 exit $fail

@@ -327,6 +327,22 @@ TEST(Planner, AHuggingFaceConfigIsTheShippedConfigsModel) {
   std::filesystem::remove_all(dir);
 }
 
+// A config.json that leaves intermediate_size out gets Hugging Face's default for its family, not
+// 4 x hidden (issue 71 point 5).
+TEST(Planner, AHuggingFaceConfigsOmittedWidthIsHuggingFacesDefault) {
+  char dir[] = "/tmp/tessera_hfdef_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  for (const auto& [type, width] : std::vector<std::pair<std::string, int>>{
+           {"llama", 11008}, {"qwen2", 22016}, {"mistral", 14336}}) {
+    std::ofstream(std::string(dir) + "/config.json")
+        << "{\"model_type\": \"" << type
+        << "\", \"hidden_size\": 256, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+           "\"vocab_size\": 1000, \"max_position_embeddings\": 512, \"sliding_window\": null}";
+    EXPECT_EQ(hf_model_config(dir, 128).ffn_hidden_size, width) << type;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // Muon (issue 59): the optimizer's time adds Newton-Schulz's GEMMs, 5 steps of 2 (2 g^2 o + g^3)
 // FLOPs for a g x o matrix (g the smaller side), at the achieved rate of width g: q, k, v and the
 // projection 2048 x 2048, fc1 and fc2 8192 x 2048, per layer. Over the distributed optimizer the
