@@ -32,6 +32,11 @@ tessera_e2e(app.cluster_paths 5 TIMEOUT 120
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/app/test_cluster_paths.sh ${CMAKE_BINARY_DIR}
                  ${CMAKE_SOURCE_DIR}/configs)
 
+# The documented example commands print what the documents show (issue 71).
+tessera_e2e(app.doc_examples 5 TIMEOUT 300
+            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/app/test_doc_examples.sh ${CMAKE_BINARY_DIR}/bin
+                 ${CMAKE_SOURCE_DIR})
+
 # tessera-plan's printed lines run the layouts it ranked (issue 71).
 tessera_e2e(plan.printed_lines 30 TIMEOUT 300
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/plan/test_plan_lines.sh ${CMAKE_BINARY_DIR}/bin
