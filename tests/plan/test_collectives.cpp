@@ -14,6 +14,7 @@
 #include "comm/recording.hpp"
 #include "options/options.hpp"
 #include "plan/collectives.hpp"
+#include "plan/dry_run_options.hpp"
 
 using namespace tessera;
 
@@ -22,13 +23,7 @@ namespace {
 const std::string kConfigs = std::string(TESSERA_SOURCE_DIR) + "/configs/";
 
 RunOptions parsed(std::vector<std::string> args) {
-  args.insert(args.begin(), "tessera-train");
-  args.push_back("--dry-run");
-  std::vector<const char*> argv;
-  for (auto& a : args) argv.push_back(a.c_str());
-  RunOptions o;
-  EXPECT_TRUE(parse_run_options(static_cast<int>(argv.size()), argv.data(), o));
-  return o;
+  return dry_run_options(std::move(args));
 }
 
 // The calls of the model's own groups (the gradient buckets a last backward completes follow

@@ -95,7 +95,7 @@ std::vector<std::string> full_config() {
           "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
           "--context-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
           "--sequence-parallel", "--ddp-bucket-size", "1000", "--use-distributed-optimizer",
-          "--overlap-grad-reduce", "false", "--overlap-param-gather",
+          "--overlap-grad-reduce", "true", "--overlap-param-gather",
           // Training
           "--micro-batch-size", "2", "--global-batch-size", "16", "--train-samples", "1600", "--lr",
           "0.0003", "--min-lr", "3e-05", "--lr-decay-style", "WSD", "--lr-warmup-samples", "80",
