@@ -98,14 +98,18 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   e.optimizer_bytes = 8.0 * (dense / dp + experts / edp);
   // Muon: its momentum is Adam's first moment (counted above); its Newton-Schulz scratch for the
   // largest matrix during the step (with the bf16 copies CUDA makes: a few MiB over on the CPU).
+  // Muon batches a MoE layer's local experts together: their specs one per expert, as the model
+  // holds them (the counted specs hold one per layer).
+  const std::vector<ParamSpec> muon_specs =
+      t.optimizer == "muon" ? build_param_specs(cfg, shard) : std::vector<ParamSpec>{};
   if (t.optimizer == "muon")
-    e.optimizer_bytes += muon_scratch_bytes(
-        plan_muon_matrices(counted_param_specs(cfg, shard), layout.tp, t.muon.split_qkv), layout.tp,
-        t.muon, /*device=*/true);
+    e.optimizer_bytes +=
+        muon_scratch_bytes(plan_muon_matrices(muon_specs, layout.tp, t.muon.split_qkv), layout.tp,
+                           t.muon, /*device=*/true);
   if (t.optimizer == "muon" && t.use_distributed_optimizer) {  // layer-wise: u and the update
     ParallelContext grid = ctx;  // of the largest bucket, f32 (step/muon.hpp)
     grid.dp_size = layout.dp;
-    std::vector<ParamSpec> specs = counted_param_specs(cfg, shard);
+    std::vector<ParamSpec> specs = muon_specs;
     int64_t largest = 0;
     for (const FlatBucket& b : layout_flat_buffer(specs, training_flat_layout(t, cfg, grid)))
       largest = std::max(largest, b.numel());
