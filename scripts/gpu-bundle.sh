@@ -32,6 +32,8 @@ mkdir -p "$stage/bin" "$stage/lib" "$stage/configs" "$stage/ompi/bin" \
 for t in "${targets[@]}"; do cp "$build/bin/$t" "$stage/bin/"; done
 cp configs/gpt2-tiny.ini configs/llama-tiny.ini configs/mixtral-tiny.ini configs/gpt2-124m.ini \
   configs/gpt2-1.3b.ini "$stage/configs/"
+# The shipped cluster kinds and rates beside bin/, where the programs look (issue 71).
+cp -r configs/clusters configs/rates "$stage/configs/"
 # Issue 56: the CPU MPI runs of every layout scripts/nccl-layouts.sh runs over NCCL there.
 for np in 2 4; do
   NP=$np bash scripts/nccl-layouts.sh ref "$build/bin" "$stage/ref" > "$work/ref$np.log" 2>&1 ||
