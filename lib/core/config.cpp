@@ -179,7 +179,7 @@ ConfigError unknown_option_error(const std::string& name, const po::options_desc
 // BooleanOptionalAction, as Megatron's ArgumentGroupFactory generates) and `--X=false` /
 // `--X false` (also `=true`, and 1/0, yes/no, on/off), so a config file's switch can be turned
 // off on the command line (the separate word only true or false: `--bf16 yes` stays an error);
-// `--no-X` of a true/false option (--overlap-grad-reduce) is
+// `--no-X` or `--disable-X` of a true/false option (--overlap-grad-reduce) is
 // `--X=false`. Returns the arguments Boost parses: each switch's last spelling decides it (as a
 // repeated option's last value does), on as `--X`, off in `off`.
 std::vector<std::string> switch_spellings(int argc, const char* const* argv,
@@ -216,6 +216,12 @@ std::vector<std::string> switch_spellings(int argc, const char* const* argv,
     }
     const size_t eq = a.find('=');
     const std::string key = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    // Megatron's ArgumentGroupFactory gives a true-by-default option --no-X and --disable-X.
+    if (eq == std::string::npos && !find(key) && key.rfind("disable-", 0) == 0 &&
+        is_true_false(key.substr(8))) {
+      given.push_back({"--" + key.substr(8) + "=false", "", true});
+      continue;
+    }
     if (eq == std::string::npos && !find(key) && key.rfind("no-", 0) == 0) {
       const std::string base = key.substr(3);
       if (is_switch(base)) {

@@ -248,10 +248,11 @@ planned() {  # planned PREFIX OPTIONS...: rank 0's planned calls
 p_on=$(planned /tmp/tessera-cli-ov1)
 p_no=$(planned /tmp/tessera-cli-ov2 --no-overlap-grad-reduce)
 p_false=$(planned /tmp/tessera-cli-ov3 --overlap-grad-reduce false)
+p_disable=$(planned /tmp/tessera-cli-ov4 --disable-overlap-grad-reduce)
 rm -f /tmp/tessera-cli-ov*
-if [ -n "$p_no" ] && [ "$p_no" = "$p_false" ] && [ "$p_no" != "$p_on" ] \
+if [ -n "$p_no" ] && [ "$p_no" = "$p_false" ] && [ "$p_no" = "$p_disable" ] && [ "$p_no" != "$p_on" ] \
    && [ "$(sort <<<"$p_no")" = "$(sort <<<"$p_on")" ]; then
-  echo "ok: --no-overlap-grad-reduce plans as --overlap-grad-reduce false (the same calls, reordered)"
+  echo "ok: --no-overlap-grad-reduce and --disable-overlap-grad-reduce plan as --overlap-grad-reduce false (the same calls, reordered)"
 else
   echo "FAIL: --no-overlap-grad-reduce: $(wc -l <<<"$p_no") calls, not --overlap-grad-reduce false's or not reordered"
   fail=1
