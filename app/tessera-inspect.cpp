@@ -28,8 +28,7 @@ bool is_file(const std::string& p) {
 
 // The text of tokens [begin, end): a packed sample's padding (--sft: id -1, no token) as
 // "<pad xN>", the rest decoded.
-std::string text_of(const Tokenizer& tok, const std::vector<int32_t>& t, size_t begin,
-                    size_t end) {
+std::string text_of(const Tokenizer& tok, const std::vector<int32_t>& t, size_t begin, size_t end) {
   std::string out;
   for (size_t p = begin; p < end;) {
     const bool pad = t[p] < 0;

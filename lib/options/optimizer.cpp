@@ -24,8 +24,9 @@ class OptimizerOptions : public OptionGroup {
             "--adam-beta1/2 and --adam-eps for the word embedding, the output layer, norms and "
             "biases) | dist_muon (deprecated in Megatron: muon with the distributed optimizer)")(
             "muon-scalar-optimizer", po::value(&scalar_)->default_value("adam"),
-            "the optimizer of what Muon does not take: adam (AdamW, Megatron's default)")("muon-momentum", po::value(&m.momentum)->default_value(m.momentum),
-                          "Muon's momentum: m = beta m + (1 - beta) g")(
+            "the optimizer of what Muon does not take: adam (AdamW, Megatron's default)")(
+            "muon-momentum", po::value(&m.momentum)->default_value(m.momentum),
+            "Muon's momentum: m = beta m + (1 - beta) g")(
             "muon-nesterov", po::bool_switch(&m.nesterov),
             "Nesterov momentum: orthogonalize (1 - beta) g + beta m instead of m")(
             "muon-no-split-qkv", po::bool_switch(&no_split_qkv_),
@@ -68,10 +69,10 @@ class OptimizerOptions : public OptionGroup {
     t.optimizer = optimizer_;
     t.muon.split_qkv = !no_split_qkv_;
     if (t.optimizer != "muon")
-      for (const char* name : {"muon-momentum", "muon-nesterov", "muon-no-split-qkv",
-                               "muon-scalar-optimizer",
-                               "muon-scale-mode", "muon-extra-scale-factor", "muon-num-ns-steps",
-                               "muon-coefficient-type", "muon-fp32-matmul-prec", "muon-tp-mode"})
+      for (const char* name :
+           {"muon-momentum", "muon-nesterov", "muon-no-split-qkv", "muon-scalar-optimizer",
+            "muon-scale-mode", "muon-extra-scale-factor", "muon-num-ns-steps",
+            "muon-coefficient-type", "muon-fp32-matmul-prec", "muon-tp-mode"})
         if (p.given(name))
           throw ConfigError(std::string("--") + name +
                             " is a Muon option: it needs --optimizer muon (this run uses adam)");

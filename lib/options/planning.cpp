@@ -121,10 +121,9 @@ class PlanningOptions : public OptionGroup {
     // Ranks whose estimates share the capacity: the CPU run's on the host's memory, or
     // --ranks-per-gpu on a GPU (each with its own runtime reserve).
     int sharing = 1;
-    const std::string shared =
-        o.ranks_per_gpu > 1
-            ? ", shared by --ranks-per-gpu " + std::to_string(o.ranks_per_gpu) + " ranks"
-            : std::string();
+    const std::string shared = o.ranks_per_gpu > 1 ? ", shared by --ranks-per-gpu " +
+                                                         std::to_string(o.ranks_per_gpu) + " ranks"
+                                                   : std::string();
     if (o.cluster_spec) {
       capacity = o.cluster_spec->gpu_memory_gib * kGiB;
       sharing = o.ranks_per_gpu;

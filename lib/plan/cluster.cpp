@@ -55,8 +55,8 @@ std::string clusters_folder() {
     const std::string bin = e.substr(0, e.rfind('/'));
     // The build tree's copy (bin/../configs), an installed one (share/tessera), the sources
     // (a build folder inside the repository).
-    for (const char* up : {"/../configs/clusters", "/../share/tessera/configs/clusters",
-                           "/../../configs/clusters"})
+    for (const char* up :
+         {"/../configs/clusters", "/../share/tessera/configs/clusters", "/../../configs/clusters"})
       if (is_dir(bin + up)) return bin + up;
   }
   return "";

@@ -14,8 +14,8 @@
 #include "core/nvtx.hpp"
 #include "core/test_hooks.hpp"
 #include "core/timer.hpp"
-#include "train/fp8_checkpoint.hpp"
 #include "step/muon.hpp"
+#include "train/fp8_checkpoint.hpp"
 #include "train/router_checkpoint.hpp"
 
 namespace tessera {

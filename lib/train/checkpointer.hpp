@@ -15,9 +15,9 @@
 #include "model/gpt.hpp"
 #include "run/train_config.hpp"
 #include "step/optimizer_set.hpp"
-#include "train/rerun_tracker.hpp"
 #include "step/step_stats.hpp"
 #include "step/timers.hpp"
+#include "train/rerun_tracker.hpp"
 
 namespace tessera {
 

@@ -192,9 +192,10 @@ void ResultValidator::start(const std::string& rerun_state, int64_t next_iterati
 StepStats ResultValidator::skip_without_loss(TrainState& state, StepStats st) const {
   if (ctx_.world_rank == 0)  // every rank skips alike (the count is the grid's): one says it
     TLOG(warning) << "iteration " << st.iteration << ": no token of its global batch (samples "
-                << state.consumed_samples << " to " << state.consumed_samples + st.global_batch - 1
-                << ") counts toward the loss (the data's /loss_mask is 0 there, or every target "
-                   "is padding); the iteration is skipped: no update, its samples consumed";
+                  << state.consumed_samples << " to "
+                  << state.consumed_samples + st.global_batch - 1
+                  << ") counts toward the loss (the data's /loss_mask is 0 there, or every target "
+                     "is padding); the iteration is skipped: no update, its samples consumed";
   st.skipped = st.not_run = true;
   state.iteration = st.iteration;
   state.consumed_samples += st.global_batch;

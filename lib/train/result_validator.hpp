@@ -31,8 +31,8 @@
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "run/train_config.hpp"
-#include "train/rerun_tracker.hpp"
 #include "step/step_stats.hpp"
+#include "train/rerun_tracker.hpp"
 
 namespace tessera {
 

@@ -76,8 +76,7 @@ struct BlockStopSignals {
 // the server's backlog and socket buffer, so a request "sent before the signal" is one the server
 // must answer (a client descheduled between starting and writing would otherwise meet a closed
 // port, or the stop's 500 ms wait for a late request, and read as a lost request).
-int put(int port, const std::string& body, std::string* answer,
-        std::atomic<int>* sent = nullptr) {
+int put(int port, const std::string& body, std::string* answer, std::atomic<int>* sent = nullptr) {
   struct Count {
     std::atomic<int>* n;
     ~Count() {
@@ -94,8 +93,7 @@ int put(int port, const std::string& body, std::string* answer,
     req.prepare_payload();
     {
       Count count{sent};
-      sock.connect(
-          tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)));
+      sock.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)));
       http::write(sock, req);
     }
     beast::flat_buffer buf;
