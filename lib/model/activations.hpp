@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <typeinfo>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "model/gpt_config.hpp"
 #include "model/params.hpp"
@@ -15,54 +18,83 @@
 
 namespace tessera {
 
+// The buffers a part keeps beyond the block's, one struct per part kind, declared in the part's
+// own file (MoE's in model/moe.hpp, multi-latent attention's in model/mla.cpp, the q/k norms' in
+// model/attention.cpp) and held here by type, so a new part adds its buffers without touching
+// this file. Copies are deep in the struct and shallow in its tensors (views of the same memory),
+// as the rest of LayerActivations: a layer's view of a shared working set is a copy.
+class PartBuffers {
+ public:
+  PartBuffers() = default;
+  PartBuffers(const PartBuffers& o) { *this = o; }
+  PartBuffers(PartBuffers&&) = default;
+  PartBuffers& operator=(const PartBuffers& o) {
+    if (this == &o) return *this;
+    items_.clear();
+    for (const Item& i : o.items_) items_.push_back({i.type, i.value->clone()});
+    return *this;
+  }
+  PartBuffers& operator=(PartBuffers&&) = default;
+
+  // The part's struct, made empty on first use.
+  template <class T>
+  T& get() {
+    if (T* t = find<T>()) return *t;
+    auto h = std::make_unique<Holder<T>>();
+    T& t = h->value;
+    items_.push_back({&typeid(T), std::move(h)});
+    return t;
+  }
+  template <class T>
+  const T& get() const {
+    const T* t = find<T>();
+    TESSERA_CHECK(t, "a part's buffers read before they were built");
+    return *t;
+  }
+  // Null where this set holds no T (a layer of another kind).
+  template <class T>
+  T* find() {
+    for (Item& i : items_)
+      if (*i.type == typeid(T)) return &static_cast<Holder<T>*>(i.value.get())->value;
+    return nullptr;
+  }
+  template <class T>
+  const T* find() const {
+    return const_cast<PartBuffers*>(this)->find<T>();
+  }
+
+ private:
+  struct Base {
+    virtual ~Base() = default;
+    virtual std::unique_ptr<Base> clone() const = 0;
+  };
+  template <class T>
+  struct Holder final : Base {
+    T value;
+    std::unique_ptr<Base> clone() const override { return std::make_unique<Holder>(*this); }
+  };
+  struct Item {
+    const std::type_info* type;
+    std::unique_ptr<Base> value;
+  };
+  std::vector<Item> items_;
+};
+
 // Activations of one transformer layer for one micro-batch. N = B*T tokens; Cl, Fl, Hl are this
 // rank's shares of the hidden width, ffn width and heads. With recomputation (model/recompute.hpp)
 // some of these tensors are views of a working set shared by every micro-batch in flight: they are
 // filled again just before the layer's backward reads them.
-// --qk-layernorm: the query and key heads of a layer's qkv before their norm, (n, Hl*hd) and
-// (n, Gl*hd), and the norm's statistics (n*Hl), (n*Gl) (the means with LayerNorm only).
-struct QkNormTensors {
-  Tensor q_raw, k_raw, q_mean, q_rstd, k_mean, k_rstd;
-};
-
-// Multi-latent attention (model/mla.cpp): what its backward reads. The query latent before and
-// after its norm (N, q_lora_rank) with the norm's statistics (N); the key/value latent before
-// and after its norm (N, kv_lora_rank) with its statistics, and the keys' shared RoPE part
-// (N, rope dim) before RoPE; the attention output's values per head (N, Hl*v_head_dim), the output
-// projection's input. Without the latent norms q_lat_n and c_n are q_lat and c.
-struct MlaTensors {
-  Tensor q_lat, q_lat_n, q_mean, q_rstd, c, c_n, c_mean, c_rstd, k_pe, att_v;
-};
-
 struct LayerActivations {
   Tensor ln1, ln1_mean, ln1_rstd;  // (N,C), (N), (N)
-  MlaTensors mla;                  // --multi-latent-attention
-  Tensor qkv;        // (B,T,(Hl+2Gl)*hd): query, key, value heads (q/k norms and RoPE applied)
-  QkNormTensors qk;  // --qk-layernorm: what the q/k norms' backward reads
-  Tensor att, lse;   // (B,T,Cl), (B,Hl,T)
-  Tensor res1;       // (N,C)  x + attention
+  Tensor qkv;                      // (B,T,(Hl+2Gl)*hd): query, key, value heads (RoPE applied)
+  Tensor att, lse;                 // (B,T,Cl), (B,Hl,T)
+  Tensor res1;                     // (N,C)  x + attention
   Tensor ln2, ln2_mean, ln2_rstd;
-  Tensor fc1, gelu;  // (N,Fl) (fc1 (N,2Fl) with SwiGLU: gate and up); gelu: the activation's output
-  Tensor res2;       // (N,C)  layer output
-  // A MoE layer (model/moe.cpp; fc1 and gelu then belong to the shared expert, undefined without
-  // one). R: rows of the permuted buffer (token copies grouped by expert).
-  Tensor moe_logits;           // (N,E) f32 router logits (every rank's rows, gathered)
-  Tensor moe_expert, moe_row;  // (N,K) int32: each slot's expert and permuted row
-  Tensor moe_weight;           // (N,K) f32 routing weights
-  Tensor moe_x;                // (N*K,C) this rank's token copies grouped by expert
-  Tensor moe_out;              // (N*K,C) their expert outputs (partial sums over TP)
-  // The expert side: the rows this rank's experts receive (R of them; with expert parallelism
-  // from every rank of the EP group, by sender then expert; without, moe_x and moe_out).
-  Tensor moe_xe, moe_fc1, moe_act;          // (R,C), (R, expert fc1 width), (R, expert width)
-  std::vector<int64_t> moe_rows;            // the expert side's blocks: rows of each
-  std::vector<int> moe_block_expert;        // and its local expert
-  std::vector<int64_t> moe_send, moe_recv;  // rows sent to / received from each EP rank
-  // The allgather dispatcher (expert parallelism): every EP rank's routing weights and slots'
-  // rows in this rank's expert side (-1: another rank's expert), (EP*N,K); and the expert side's
-  // outputs (R,C), kept for the backward.
-  Tensor moe_ag_weight, moe_ag_row, moe_oute;
-  std::vector<int64_t> moe_routed;  // tokens routed to each expert (per load-balancing group)
-  float moe_loss_scale = 0;         // the micro-batch's Activations::moe_loss_scale
+  // (N,Fl) (fc1 (N,2Fl) with SwiGLU: gate and up); gelu: the activation's output. In a MoE layer
+  // its shared expert's (undefined without one).
+  Tensor fc1, gelu;
+  Tensor res2;        // (N,C)  layer output
+  PartBuffers parts;  // what the layer's parts keep beyond these
 };
 
 // The block's own parameters (or gradients) of one layer, its two norms, resolved once so a step
@@ -134,22 +166,8 @@ struct Activations {
   Tensor dln;              // (N,C)
   Tensor dqkv, datt, dfc;  // (N,(Hl+2Gl)hd), (N,Cl), (N,Fl)
   Tensor dfc1;             // (N,2Fl): the gradient of SwiGLU's gate and up (SwiGLU only)
-  Tensor qk_tmp;           // (N,Hl*hd): the q/k norms' scratch (--qk-layernorm only)
-  // MLA's scratch: the heads' queries (N, Hl*hd), keys without position and values
-  // (N, Hl*(qk_head_dim + v_head_dim)), the latents' gradients after and before their norms
-  // (N, q_lora_rank) x 2, (N, kv_lora_rank) x 2, the shared RoPE key's gradient (N, rope dim) and
-  // one head's (N, rope dim), and a second (N,C) for the input gradient's other parts.
-  Tensor mla_q, mla_kv, mla_dq_n, mla_dq_lat, mla_dc_n, mla_dc, mla_dk_pe, mla_tmp_pe, mla_dln;
-  Tensor datt_v;  // MLA: the output projection's input gradient (N, Hl*v_head_dim)
-  // MoE scratch: expert output and input gradients (R,C), the expert activation's and fc1's
-  // gradients, the routing weights' (N,K) and the logits' (N,E) gradients (f32), and two (N,C).
-  Tensor moe_dout, moe_dact, moe_dfc1, moe_dweight, moe_dlogits, moe_dx, moe_tmp;
-  // Expert parallelism: the expert side's outputs and gradients (R,C) before they return; the
-  // allgather dispatcher's gathered rows (EP*N,C: inputs, then outputs or gradients), logits
-  // (EP*N,E), experts (EP*N,K) and routing-weight gradients (EP*N,K).
-  Tensor moe_oute, moe_doute;
-  Tensor moe_ag_x, moe_ag_y, moe_ag_logits, moe_ag_expert, moe_ag_dweight;
-  Tensor moe_logits_c;  // (N,E) logits in the compute dtype (mixed precision only)
+  // The parts' own scratch (MLA's, MoE's, the q/k norms'), by type as LayerActivations::parts.
+  PartBuffers part_scratch;
   // Context parallelism (model/context_parallel.cpp), T being this rank's tokens per sample: the
   // K/V blocks in hand and arriving (B,T,2Gl*hd), the dK/dV sums travelling with them in the
   // backward and a step's own dK/dV part, a block's partial output (B,T,Cl) and log-sum-exp

@@ -15,6 +15,16 @@ Tensor ModelPart::param(const ParamStore& ps, int l, const std::string& name, bo
 
 namespace {
 
+// --qk-layernorm: the query and key heads of a layer's qkv before their norm, (N, Hl*hd) and
+// (N, Gl*hd), and the norm's statistics (N*Hl), (N*Gl) (the means with LayerNorm only); the
+// norms' scratch (N, Hl*hd), shared by the layers.
+struct QkNormBuffers {
+  Tensor q_raw, k_raw, q_mean, q_rstd, k_mean, k_rstd;
+};
+struct QkNormScratch {
+  Tensor tmp;
+};
+
 class StandardAttention final : public AttentionPart {
  public:
   using AttentionPart::AttentionPart;
@@ -65,18 +75,22 @@ class StandardAttention final : public AttentionPart {
     if (!spec_.qk_norm) return;
     // The q/k heads before their norms, and the norms' statistics.
     const int64_t N = sb.N, kv_l = kv_heads_local(), hd = cfg_.head_dim();
-    la.qk.q_raw = sb.f({N, sb.hl});
-    la.qk.k_raw = sb.f({N, kv_l * hd});
-    la.qk.q_rstd = sb.f32({N * sb.heads_l});
-    la.qk.k_rstd = sb.f32({N * kv_l});
+    QkNormBuffers& qk = la.parts.get<QkNormBuffers>();
+    qk.q_raw = sb.f({N, sb.hl});
+    qk.k_raw = sb.f({N, kv_l * hd});
+    qk.q_rstd = sb.f32({N * sb.heads_l});
+    qk.k_rstd = sb.f32({N * kv_l});
     if (!cfg_.rmsnorm()) {
-      la.qk.q_mean = sb.f32({N * sb.heads_l});
-      la.qk.k_mean = sb.f32({N * kv_l});
+      qk.q_mean = sb.f32({N * sb.heads_l});
+      qk.k_mean = sb.f32({N * kv_l});
     }
   }
 
   void shared_buffers(const SlotBuilder& sb, Activations& shared) const override {
-    if (spec_.qk_norm && !shared.qk_tmp.defined()) shared.qk_tmp = sb.f({sb.N, sb.hl});
+    if (spec_.qk_norm) {
+      Tensor& tmp = shared.part_scratch.get<QkNormScratch>().tmp;
+      if (!tmp.defined()) tmp = sb.f({sb.N, sb.hl});
+    }
     if (sb.inference || shared.dqkv.defined()) return;
     shared.dqkv = sb.f({sb.B, sb.T, sb.qkvl});
     shared.datt = sb.f({sb.B, sb.T, sb.hl});
@@ -89,7 +103,8 @@ class StandardAttention final : public AttentionPart {
     s().linear_forward(l, Fp8Gemm::Qkv, la.qkv, la.ln1, w.qkv_w, opt(w.qkv_b), a);
     if (spec_.qk_norm) {
       phase("qk-norm-forward");
-      qk_norm_forward(la.qkv, w, la.qk, a.qk_tmp);
+      qk_norm_forward(la.qkv, w, la.parts.get<QkNormBuffers>(),
+                      a.part_scratch.get<QkNormScratch>().tmp);
     }
     if (cfg_.rope()) {
       phase("rope");
@@ -121,7 +136,8 @@ class StandardAttention final : public AttentionPart {
     }
     if (spec_.qk_norm) {  // datt is free once the attention core has read it
       phase("qk-norm-backward");
-      qk_norm_backward(a.dqkv, g, w, la.qk, a.qk_tmp, a.datt);
+      qk_norm_backward(a.dqkv, g, w, la.parts.get<QkNormBuffers>(),
+                       a.part_scratch.get<QkNormScratch>().tmp, a.datt);
     }
     phase("qkv-gemm-backward");
     s().linear_backward(l, Fp8Gemm::Qkv, &a.dln, g.qkv_w, opt(g.qkv_b), a.dqkv, la.ln1, w.qkv_w);
@@ -170,7 +186,7 @@ class StandardAttention final : public AttentionPart {
   // place, each head over its hd features with the layer's q_norm / k_norm, keeping the heads
   // before the norm and its statistics in `keep` (which may hold more rows: generation's
   // buffers) for the backward; `tmp` (at least n*Hl*hd elements) is scratch.
-  void qk_norm_forward(Tensor& qkv, const Weights& w, QkNormTensors& keep, Tensor& tmp) const {
+  void qk_norm_forward(Tensor& qkv, const Weights& w, QkNormBuffers& keep, Tensor& tmp) const {
     const int64_t hd = cfg_.head_dim(), width = qkv.dim(qkv.ndim() - 1), n = qkv.numel() / width;
     Tensor rows = qkv.reshape({n, width});
     // The query heads at columns [0, Hl*hd), the key heads after them: each copied out whole,
@@ -191,7 +207,7 @@ class StandardAttention final : public AttentionPart {
 
   // The backward: dqkv's query and key gradients (after the norm) become those before it, the
   // norms' weight gradients accumulate into g; tmp and tmp2 (each n*Hl*hd) are scratch.
-  void qk_norm_backward(Tensor& dqkv, Weights& g, const Weights& w, const QkNormTensors& keep,
+  void qk_norm_backward(Tensor& dqkv, Weights& g, const Weights& w, const QkNormBuffers& keep,
                         Tensor& tmp, Tensor& tmp2) const {
     const int64_t hd = cfg_.head_dim(), width = dqkv.dim(dqkv.ndim() - 1);
     const int64_t n = dqkv.numel() / width;

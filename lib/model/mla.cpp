@@ -24,6 +24,24 @@ namespace tessera {
 
 namespace {
 
+// What the backward reads: the query latent before and after its norm (N, q_lora_rank) with the
+// norm's statistics (N); the key/value latent before and after its norm (N, kv_lora_rank) with
+// its statistics, and the keys' shared RoPE part (N, rope dim) before RoPE; the attention output's
+// values per head (N, Hl*v_head_dim), the output projection's input. Without the latent norms
+// q_lat_n and c_n are q_lat and c.
+struct MlaBuffers {
+  Tensor q_lat, q_lat_n, q_mean, q_rstd, c, c_n, c_mean, c_rstd, k_pe, att_v;
+};
+
+// The scratch the layers share: the heads' queries (N, Hl*hd), keys without position and values
+// (N, Hl*(qk_head_dim + v_head_dim)), the latents' gradients after and before their norms
+// (N, q_lora_rank) x 2, (N, kv_lora_rank) x 2, the shared RoPE key's gradient (N, rope dim) and
+// one head's (N, rope dim), a second (N,C) for the input gradient's other parts, and the output
+// projection's input gradient (N, Hl*v_head_dim).
+struct MlaScratch {
+  Tensor q, kv, dq_n, dq_lat, dc_n, dc, dk_pe, tmp_pe, dln, datt_v;
+};
+
 class MlaAttention final : public AttentionPart {
  public:
   using AttentionPart::AttentionPart;
@@ -64,7 +82,7 @@ class MlaAttention final : public AttentionPart {
     if (la.att.defined()) return;
     la.att = sb.f({sb.B, sb.T, sb.hl});
     la.lse = sb.f32({sb.B, sb.heads_l, sb.T});
-    la.mla.att_v = sb.f({sb.N, sb.heads_l * cfg_.v_head_dim});
+    la.parts.get<MlaBuffers>().att_v = sb.f({sb.N, sb.heads_l * cfg_.v_head_dim});
   }
 
   // The heads, and the latents (with their norms' statistics) their backward reads.
@@ -73,7 +91,7 @@ class MlaAttention final : public AttentionPart {
     la.qkv = sb.f({sb.B, sb.T, sb.qkvl});
     const int64_t N = sb.N, qr = cfg_.q_lora_rank, kvr = cfg_.kv_lora_rank;
     const bool norm = spec_.qk_norm;
-    MlaTensors& m = la.mla;
+    MlaBuffers& m = la.parts.get<MlaBuffers>();
     if (qr > 0) {
       m.q_lat = sb.f({N, qr});
       m.q_lat_n = norm ? sb.f({N, qr}) : m.q_lat;
@@ -93,61 +111,64 @@ class MlaAttention final : public AttentionPart {
 
   void shared_buffers(const SlotBuilder& sb, Activations& shared) const override {
     const int64_t N = sb.N, dr = cfg_.qk_pos_emb_head_dim;
+    MlaScratch& sc = shared.part_scratch.get<MlaScratch>();
     if (sb.inference) {  // the forward's scratch alone
-      if (!shared.mla_q.defined()) {
-        shared.mla_q = sb.f({N, sb.hl});
-        shared.mla_kv = sb.f({N, sb.heads_l * (cfg_.qk_head_dim + cfg_.v_head_dim)});
+      if (!sc.q.defined()) {
+        sc.q = sb.f({N, sb.hl});
+        sc.kv = sb.f({N, sb.heads_l * (cfg_.qk_head_dim + cfg_.v_head_dim)});
       }
       return;
     }
     if (shared.dqkv.defined()) return;
     shared.dqkv = sb.f({sb.B, sb.T, sb.qkvl});
     shared.datt = sb.f({sb.B, sb.T, sb.hl});
-    shared.mla_q = sb.f({N, sb.hl});
-    shared.mla_kv = sb.f({N, sb.heads_l * (cfg_.qk_head_dim + cfg_.v_head_dim)});
+    sc.q = sb.f({N, sb.hl});
+    sc.kv = sb.f({N, sb.heads_l * (cfg_.qk_head_dim + cfg_.v_head_dim)});
     if (cfg_.q_lora_rank > 0) {
-      shared.mla_dq_n = sb.f({N, cfg_.q_lora_rank});
-      shared.mla_dq_lat = sb.f({N, cfg_.q_lora_rank});
+      sc.dq_n = sb.f({N, cfg_.q_lora_rank});
+      sc.dq_lat = sb.f({N, cfg_.q_lora_rank});
     }
-    shared.mla_dc_n = sb.f({N, cfg_.kv_lora_rank});
-    shared.mla_dc = sb.f({N, cfg_.kv_lora_rank});
-    shared.mla_dk_pe = sb.f({N, dr});
-    shared.mla_tmp_pe = sb.f({N, dr});
-    shared.mla_dln = sb.f({N, sb.C});
-    shared.datt_v = sb.f({N, sb.heads_l * cfg_.v_head_dim});
+    sc.dc_n = sb.f({N, cfg_.kv_lora_rank});
+    sc.dc = sb.f({N, cfg_.kv_lora_rank});
+    sc.dk_pe = sb.f({N, dr});
+    sc.tmp_pe = sb.f({N, dr});
+    sc.dln = sb.f({N, sb.C});
+    sc.datt_v = sb.f({N, sb.heads_l * cfg_.v_head_dim});
   }
 
   void forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                Tensor& out) override {
     const Weights& w = w_;
     phase("qkv-gemm-forward");
-    qkv_forward(la.qkv, la.ln1, w, la.mla, a.mla_q, a.mla_kv);
+    MlaScratch& sc = a.part_scratch.get<MlaScratch>();
+    qkv_forward(la.qkv, la.ln1, w, la.parts.get<MlaBuffers>(), sc.q, sc.kv);
     if (cfg_.rope()) {
       phase("rope");
       s().rope(la.qkv, a, false);
     }
     phase("attention-core-forward");
     s().attention_core_forward(l, a, la);
-    values(la.mla.att_v, la.att);
+    values(la.parts.get<MlaBuffers>().att_v, la.att);
     phase("proj-gemm-forward");
-    s().linear_forward(l, Fp8Gemm::Proj, out, la.mla.att_v, w.proj_w,
+    s().linear_forward(l, Fp8Gemm::Proj, out, la.parts.get<MlaBuffers>().att_v, w.proj_w,
                        bias_here() ? opt(w.proj_b) : nullptr, a);
   }
 
   void recompute(PhaseSequence& phase, int l, Activations& a, LayerActivations& la) override {
     phase("attention-core-forward");  // qkv was kept with RoPE applied
     s().attention_core_forward(l, a, la);
-    values(la.mla.att_v, la.att);
+    values(la.parts.get<MlaBuffers>().att_v, la.att);
   }
 
   void backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                 const Tensor& dout) override {
     const Weights& w = w_;
     Weights& g = g_;
+    Tensor& datt_v = a.part_scratch.get<MlaScratch>().datt_v;
     phase("proj-gemm-backward");
-    s().linear_backward(l, Fp8Gemm::Proj, &a.datt_v, g.proj_w, opt(g.proj_b), dout, la.mla.att_v,
+    s().linear_backward(l, Fp8Gemm::Proj, &datt_v, g.proj_w, opt(g.proj_b), dout, la.parts.get<MlaBuffers>().att_v,
                         w.proj_w);
-    expand(a.datt, a.datt_v);
+    expand(a.datt, datt_v);
     phase("attention-core-backward");
     s().attention_core_backward(l, a, la);
     if (cfg_.rope()) {  // the rotation's transpose: rotate the gradient back
@@ -200,7 +221,7 @@ class MlaAttention final : public AttentionPart {
   // key head [the shared RoPE key | its own], each value head [v_head_dim values | zeros]),
   // before RoPE; keeps the latents in `keep` (which may hold more rows: generation's buffers); q
   // and kv are scratch (n, Hl*hd) and (n, Hl*(qk_head_dim + v_head_dim)).
-  void qkv_forward(Tensor& qkv, const Tensor& ln, const Weights& w, MlaTensors& keep, Tensor& q,
+  void qkv_forward(Tensor& qkv, const Tensor& ln, const Weights& w, MlaBuffers& keep, Tensor& q,
                    Tensor& kv) const {
     const int64_t C = cfg_.hidden_size, n = ln.numel() / C, H = heads_local(), D = cfg_.head_dim();
     const int64_t dn = cfg_.qk_head_dim, dr = cfg_.qk_pos_emb_head_dim, dv = cfg_.v_head_dim;
@@ -261,24 +282,25 @@ class MlaAttention final : public AttentionPart {
   void qkv_backward(Activations& a, LayerActivations& la) {
     const Weights& w = w_;
     Weights& g = g_;
-    const MlaTensors& m = la.mla;
+    const MlaBuffers& m = la.parts.get<MlaBuffers>();
+    MlaScratch& sc = a.part_scratch.get<MlaScratch>();
     const int64_t C = cfg_.hidden_size, n = int64_t(a.B) * a.T, H = heads_local();
     const int64_t D = cfg_.head_dim(), dn = cfg_.qk_head_dim, dr = cfg_.qk_pos_emb_head_dim;
     const int64_t dv = cfg_.v_head_dim, qr = cfg_.q_lora_rank, kvr = cfg_.kv_lora_rank;
     const Tensor rows = a.dqkv.reshape({n, 3 * H * D});
     // The queries' gradient in the up-projection's order ([without position | RoPE part] per head),
     // times the softmax factor the forward applied.
-    Tensor dq = a.mla_q.view(0, {n, H * D});
+    Tensor dq = sc.q.view(0, {n, H * D});
     be().copy_column_blocks(dq, dn, D, rows, 0, D, dr, H);
     be().copy_column_blocks(dq, 0, D, rows, dr, D, dn, H);
     if (const double f = cfg_.yarn_softmax_factor(); f != 1.0)
       be().scale(dq, static_cast<float>(f));
     // The keys' (without position) and values' gradient per head, and the shared RoPE key's: the
     // sum of every head's.
-    Tensor dkv = a.mla_kv.view(0, {n, H * (dn + dv)});
+    Tensor dkv = sc.kv.view(0, {n, H * (dn + dv)});
     be().copy_column_blocks(dkv, 0, dn + dv, rows, H * D + dr, D, dn, H);
     be().copy_column_blocks(dkv, dn, dn + dv, rows, 2 * H * D, D, dv, H);
-    Tensor dkpe = a.mla_dk_pe, tmp = a.mla_tmp_pe;
+    Tensor dkpe = sc.dk_pe, tmp = sc.tmp_pe;
     be().zero(dkpe);
     for (int64_t h = 0; h < H; ++h) {
       be().copy_columns(tmp, 0, rows, H * D + h * D, dr);
@@ -286,36 +308,36 @@ class MlaAttention final : public AttentionPart {
     }
     // Keys and values: the up-projection, the latent's norm, the down-projection (its two row
     // blocks: the latent and the RoPE key).
-    Tensor dcn = a.mla_dc_n;
+    Tensor dcn = sc.dc_n;
     be().matmul_backward(&dcn, g.kv_up_w, nullptr, dkv, m.c_n, w.kv_up_w);
     Tensor dc = dcn;
     if (spec_.qk_norm) {
-      dc = a.mla_dc;
+      dc = sc.dc;
       be().zero(dc);  // the norm's backward accumulates
       s().norm_backward(dc, g.kv_down_norm_w, g.kv_down_norm_b, dcn, m.c, w.kv_down_norm_w,
                         m.c_mean, m.c_rstd);
     }
     Tensor gc = g.kv_down_w.view(0, {kvr, C}), gpe = g.kv_down_w.view(kvr * C, {dr, C});
     be().matmul_backward(&a.dln, gc, nullptr, dc, la.ln1, w.kv_down_w.view(0, {kvr, C}));
-    be().matmul_backward(&a.mla_dln, gpe, nullptr, dkpe, la.ln1,
+    be().matmul_backward(&sc.dln, gpe, nullptr, dkpe, la.ln1,
                          w.kv_down_w.view(kvr * C, {dr, C}));
-    be().add(a.dln, a.dln, a.mla_dln);
+    be().add(a.dln, a.dln, sc.dln);
     // Queries: the up-projection, the latent's norm, the down-projection (or the one projection).
     if (qr > 0) {
-      Tensor dqn = a.mla_dq_n;
+      Tensor dqn = sc.dq_n;
       be().matmul_backward(&dqn, g.q_up_w, nullptr, dq, m.q_lat_n, w.q_up_w);
       Tensor dql = dqn;
       if (spec_.qk_norm) {
-        dql = a.mla_dq_lat;
+        dql = sc.dq_lat;
         be().zero(dql);
         s().norm_backward(dql, g.q_down_norm_w, g.q_down_norm_b, dqn, m.q_lat, w.q_down_norm_w,
                           m.q_mean, m.q_rstd);
       }
-      be().matmul_backward(&a.mla_dln, g.q_down_w, nullptr, dql, la.ln1, w.q_down_w);
+      be().matmul_backward(&sc.dln, g.q_down_w, nullptr, dql, la.ln1, w.q_down_w);
     } else {
-      be().matmul_backward(&a.mla_dln, g.q_up_w, nullptr, dq, la.ln1, w.q_up_w);
+      be().matmul_backward(&sc.dln, g.q_up_w, nullptr, dq, la.ln1, w.q_up_w);
     }
-    be().add(a.dln, a.dln, a.mla_dln);
+    be().add(a.dln, a.dln, sc.dln);
   }
 };
 

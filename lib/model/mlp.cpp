@@ -119,11 +119,6 @@ void DenseMlp::shared_buffers(const SlotBuilder& sb, Activations& shared) const 
 
 void DenseMlp::fit(const SlotBuilder& sb, LayerActivations& la) const {
   dense_mlp_fit(sb, la, dense_width(), spec_.activation);
-  // A working set shared with MoE layers: none of their buffers here.
-  for (Tensor* t :
-       {&la.moe_x, &la.moe_xe, &la.moe_act, &la.moe_logits, &la.moe_expert, &la.moe_row,
-        &la.moe_weight, &la.moe_fc1, &la.moe_out, &la.moe_ag_weight, &la.moe_ag_row, &la.moe_oute})
-    *t = Tensor();
 }
 
 void DenseMlp::forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,

@@ -42,14 +42,15 @@ bool visits_empty_blocks(bool fp8, int cp_size, const Fp8Scaling* scaling) {
 }
 }  // namespace
 void MoeMlp::plan(LayerActivations& la, const std::vector<int64_t>& kept) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
   const int E = cfg_.num_experts, EP = shard_.ep_size, El = E / EP;
   const int e0 = shard_.experts_begin(E);
-  la.moe_rows.clear();
-  la.moe_block_expert.clear();
+  mb.rows.clear();
+  mb.block_expert.clear();
   if (EP == 1) {
     for (int j = 0; j < El; ++j) {
-      la.moe_rows.push_back(kept[static_cast<size_t>(e0 + j)]);
-      la.moe_block_expert.push_back(j);
+      mb.rows.push_back(kept[static_cast<size_t>(e0 + j)]);
+      mb.block_expert.push_back(j);
     }
     return;
   }
@@ -57,39 +58,41 @@ void MoeMlp::plan(LayerActivations& la, const std::vector<int64_t>& kept) {
   std::vector<double> mine(static_cast<size_t>(E)), all(static_cast<size_t>(EP) * E);
   for (int e = 0; e < E; ++e) mine[static_cast<size_t>(e)] = static_cast<double>(kept[size_t(e)]);
   ep_group().all_gather_f64(mine.data(), E, all.data());
-  la.moe_send.assign(static_cast<size_t>(EP), 0);
-  la.moe_recv.assign(static_cast<size_t>(EP), 0);
+  mb.send.assign(static_cast<size_t>(EP), 0);
+  mb.recv.assign(static_cast<size_t>(EP), 0);
   for (int p = 0; p < EP; ++p)
     for (int j = 0; j < El; ++j) {
-      la.moe_send[static_cast<size_t>(p)] += kept[static_cast<size_t>(p * El + j)];
+      mb.send[static_cast<size_t>(p)] += kept[static_cast<size_t>(p * El + j)];
       const int64_t rows = static_cast<int64_t>(all[static_cast<size_t>(p) * E + e0 + j]);
-      la.moe_recv[static_cast<size_t>(p)] += rows;
-      la.moe_rows.push_back(rows);  // from rank p, for local expert j
-      la.moe_block_expert.push_back(j);
+      mb.recv[static_cast<size_t>(p)] += rows;
+      mb.rows.push_back(rows);  // from rank p, for local expert j
+      mb.block_expert.push_back(j);
     }
 }
 
 void MoeMlp::allgather_dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la,
                                 int64_t group_rows, const MoERouting& routing) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
+  MoeScratch& ms = a.part_scratch.get<MoeScratch>();
   const int EP = shard_.ep_size, E = cfg_.num_experts, El = E / EP;
   const int e0 = shard_.experts_begin(E);
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, K = cfg_.moe_router_topk;
   // Every EP rank's tokens and router logits; each rank's routing is recomputed here from its
   // logits (the same deterministic function its owner ran, its capacity included).
   phase("moe-allgather");
-  ep_group().all_gather(a.moe_ag_x, la.ln2);
-  ep_group().all_gather(a.moe_ag_logits, la.moe_logits);
+  ep_group().all_gather(ms.ag_x, la.ln2);
+  ep_group().all_gather(ms.ag_logits, mb.logits);
   phase("moe-permute");
-  la.moe_rows.clear();
-  la.moe_block_expert.clear();
+  mb.rows.clear();
+  mb.block_expert.clear();
   std::vector<int32_t> rows_host(static_cast<size_t>(N * K));
   int64_t base = 0;
   for (int p = 0; p < EP; ++p) {
-    Tensor expert = a.moe_ag_expert.view(p * N * K, {N, K});
-    Tensor weight = la.moe_ag_weight.view(p * N * K, {N, K});
-    Tensor row = la.moe_ag_row.view(p * N * K, {N, K});
+    Tensor expert = ms.ag_expert.view(p * N * K, {N, K});
+    Tensor weight = mb.ag_weight.view(p * N * K, {N, K});
+    Tensor row = mb.ag_row.view(p * N * K, {N, K});
     std::vector<int64_t> routed, kept;
-    be().moe_route(expert, weight, row, a.moe_ag_logits.view(p * N * E, {N, E}), routing,
+    be().moe_route(expert, weight, row, ms.ag_logits.view(p * N * E, {N, E}), routing,
                    group_rows, routed, kept);
     // This rank's experts hold rows [first, first + mine) of rank p's permutation: re-based to
     // follow the ranks before p on the expert side; the other slots are not ours (-1).
@@ -97,42 +100,44 @@ void MoeMlp::allgather_dispatch(PhaseSequence& phase, Activations& a, LayerActiv
     for (int e = 0; e < e0; ++e) first += kept[static_cast<size_t>(e)];
     for (int j = 0; j < El; ++j) {
       mine += kept[static_cast<size_t>(e0 + j)];
-      la.moe_rows.push_back(kept[static_cast<size_t>(e0 + j)]);
-      la.moe_block_expert.push_back(j);
+      mb.rows.push_back(kept[static_cast<size_t>(e0 + j)]);
+      mb.block_expert.push_back(j);
     }
     be().copy_to_host(rows_host.data(), row);
     for (int32_t& r : rows_host)
       r = r >= first && r < first + mine ? static_cast<int32_t>(r - first + base) : -1;
     be().copy_from_host(row, rows_host.data());
-    be().moe_permute(la.moe_xe, a.moe_ag_x.view(p * N * C, {N, C}), row);
+    be().moe_permute(mb.xe, ms.ag_x.view(p * N * C, {N, C}), row);
     base += mine;
   }
 }
 
 // The router logits: this rank's rows, then every rank's logits to all.
 void MoeMlp::router_forward(PhaseSequence& phase, Activations& a, LayerActivations& la) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
+  MoeScratch& ms = a.part_scratch.get<MoeScratch>();
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, E = cfg_.num_experts;
   const int64_t nl = router_rows(a), rb = nl * shard_.tp_rank;
   phase("moe-router-gemm");
   const Tensor x_mine = la.ln2.view(rb * C, {nl, C});
-  Tensor logits_mine = la.moe_logits.view(rb * E, {nl, E});
+  Tensor logits_mine = mb.logits.view(rb * E, {nl, E});
   if (compute() == DType::F32) {
     be().matmul_forward(logits_mine, x_mine, router_w_, nullptr);
   } else {
-    Tensor lc = a.moe_logits_c.view(rb * E, {nl, E});
+    Tensor lc = ms.logits_c.view(rb * E, {nl, E});
     be().matmul_forward(lc, x_mine, router_w_, nullptr);
     be().cast(logits_mine, lc);
   }
   if (tp().size() > 1) {
     phase("moe-logits-all-gather");
-    tp().all_gather_async(la.moe_logits)->wait_device();
+    tp().all_gather_async(mb.logits)->wait_device();
   }
   if (!test_logit_bias_.empty()) {  // testing: a constant added to some experts' logits
     std::vector<float> z(static_cast<size_t>(N * E));
-    be().copy_to_host(z.data(), la.moe_logits);
+    be().copy_to_host(z.data(), mb.logits);
     for (int64_t n = 0; n < N; ++n)
       for (const auto& [e, v] : test_logit_bias_) z[static_cast<size_t>(n * E + e)] += v;
-    be().copy_from_host(la.moe_logits, z.data());
+    be().copy_from_host(mb.logits, z.data());
   }
 }
 
@@ -140,6 +145,7 @@ void MoeMlp::router_forward(PhaseSequence& phase, Activations& a, LayerActivatio
 void MoeMlp::dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la,
                       int64_t group_rows, const std::vector<int64_t>& kept, bool allgather,
                       const MoERouting& routing) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
   const int64_t C = cfg_.hidden_size;
   const bool ep = shard_.ep_size > 1;
   if (allgather) {
@@ -148,32 +154,33 @@ void MoeMlp::dispatch(PhaseSequence& phase, Activations& a, LayerActivations& la
     // The token copies, grouped by expert; with expert parallelism each rank's share goes to the
     // rank of its experts (all-to-all), and the results come back the same way.
     phase("moe-permute");
-    be().moe_permute(la.moe_x, la.ln2, la.moe_row);
+    be().moe_permute(mb.x, la.ln2, mb.row);
     plan(la, kept);
   }
   if (ep && !allgather) {
-    if (fault_wrong_rank_ && shard_.ep_rank == 0 && la.moe_send[0] > 0 && la.moe_send[1] > 0) {
+    if (fault_wrong_rank_ && shard_.ep_rank == 0 && mb.send[0] > 0 && mb.send[1] > 0) {
       // testing: the first copy for rank 0 and the first for rank 1 trade places
-      std::vector<float> x(static_cast<size_t>(la.moe_x.numel()));
-      Tensor xf({la.moe_x.numel()}, DType::F32, be().allocator());
-      be().cast(xf, la.moe_x.reshape({la.moe_x.numel()}));
+      std::vector<float> x(static_cast<size_t>(mb.x.numel()));
+      Tensor xf({mb.x.numel()}, DType::F32, be().allocator());
+      be().cast(xf, mb.x.reshape({mb.x.numel()}));
       be().copy_to_host(x.data(), xf);
-      std::swap_ranges(x.begin(), x.begin() + C, x.begin() + la.moe_send[0] * C);
+      std::swap_ranges(x.begin(), x.begin() + C, x.begin() + mb.send[0] * C);
       be().copy_from_host(xf, x.data());
-      Tensor flat = la.moe_x.reshape({la.moe_x.numel()});
+      Tensor flat = mb.x.reshape({mb.x.numel()});
       be().cast(flat, xf);
     }
     phase("moe-dispatch-all-to-all");
-    ep_group().all_to_all(la.moe_x, la.moe_send, la.moe_xe, la.moe_recv, C);
+    ep_group().all_to_all(mb.x, mb.send, mb.xe, mb.recv, C);
   }
 }
 
-// Each local expert's MLP on its blocks of la.moe_xe, into oute.
+// Each local expert's MLP on its blocks of mb.xe, into oute.
 void MoeMlp::experts_forward(PhaseSequence& phase, int l, const Activations& a,
                              LayerActivations& la, Tensor& oute) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
   const int64_t C = cfg_.hidden_size;
   const bool bias_here = shard_.tp_rank == 0;  // row-parallel biases: added once across TP
-  const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
+  const int64_t efc1 = mb.fc1.dim(1), efl = mb.act.dim(1);
   const bool fp8 = s().fp8_layer(l);
   if (cfg_.moe_grouped_gemm && !fp8) {
     // One grouped GEMM per projection over the blocks with rows; the activation in one pass over
@@ -181,13 +188,13 @@ void MoeMlp::experts_forward(PhaseSequence& phase, int l, const Activations& a,
     std::deque<Tensor> views;  // stable addresses for the groups' pointers
     std::vector<Backend::GroupedGemm> g1, g2;
     int64_t row = 0;
-    for (size_t b = 0; b < la.moe_rows.size(); ++b) {
-      const int64_t rows = la.moe_rows[b];
+    for (size_t b = 0; b < mb.rows.size(); ++b) {
+      const int64_t rows = mb.rows[b];
       if (rows == 0) continue;
-      const MlpWeights& ew = experts_w_[static_cast<size_t>(la.moe_block_expert[b])];
-      Tensor& x = views.emplace_back(la.moe_xe.view(row * C, {rows, C}));
-      Tensor& fc1 = views.emplace_back(la.moe_fc1.view(row * efc1, {rows, efc1}));
-      Tensor& act = views.emplace_back(la.moe_act.view(row * efl, {rows, efl}));
+      const MlpWeights& ew = experts_w_[static_cast<size_t>(mb.block_expert[b])];
+      Tensor& x = views.emplace_back(mb.xe.view(row * C, {rows, C}));
+      Tensor& fc1 = views.emplace_back(mb.fc1.view(row * efc1, {rows, efc1}));
+      Tensor& act = views.emplace_back(mb.act.view(row * efl, {rows, efl}));
       Tensor& y = views.emplace_back(oute.view(row * C, {rows, C}));
       g1.push_back({&fc1, nullptr, &x, nullptr, &ew.fc1_w});
       g2.push_back({&y, nullptr, &act, nullptr, &ew.fc2_w});
@@ -197,8 +204,8 @@ void MoeMlp::experts_forward(PhaseSequence& phase, int l, const Activations& a,
       phase("moe-expert-fc1-gemm-forward");
       be().grouped_matmul_forward(g1);
       phase("moe-expert-activation-forward");
-      Tensor act = la.moe_act.view(0, {row, efl});
-      activation(act, la.moe_fc1.view(0, {row, efc1}));
+      Tensor act = mb.act.view(0, {row, efl});
+      activation(act, mb.fc1.view(0, {row, efc1}));
       phase("moe-expert-fc2-gemm-forward");
       be().grouped_matmul_forward(g2);
     }
@@ -209,14 +216,14 @@ void MoeMlp::experts_forward(PhaseSequence& phase, int l, const Activations& a,
     const bool empty_too = visits_empty_blocks(fp8, shard_.cp_size, s().fp8());
     const int e0 = shard_.experts_begin(cfg_.num_experts);
     int64_t row = 0;
-    for (size_t b = 0; b < la.moe_rows.size(); ++b) {
-      const int64_t rows = la.moe_rows[b];
+    for (size_t b = 0; b < mb.rows.size(); ++b) {
+      const int64_t rows = mb.rows[b];
       if (rows == 0 && !empty_too) continue;  // an expert no token chose (from this sender)
-      const int j = la.moe_block_expert[b];
+      const int j = mb.block_expert[b];
       const MlpWeights& ew = experts_w_[static_cast<size_t>(j)];
-      Tensor x = la.moe_xe.view(row * C, {rows, C}),
-             fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
-      Tensor act = la.moe_act.view(row * efl, {rows, efl}), y = oute.view(row * C, {rows, C});
+      Tensor x = mb.xe.view(row * C, {rows, C}),
+             fc1 = mb.fc1.view(row * efc1, {rows, efc1});
+      Tensor act = mb.act.view(row * efl, {rows, efl}), y = oute.view(row * C, {rows, C});
       phase("moe-expert-fc1-gemm-forward");
       s().linear_forward(l, Fp8Gemm::Fc1, fc1, x, ew.fc1_w, opt(ew.fc1_b), a, e0 + j);
       phase("moe-expert-activation-forward");
@@ -232,6 +239,8 @@ void MoeMlp::experts_forward(PhaseSequence& phase, int l, const Activations& a,
 // The expert outputs back to their tokens' ranks, un-permuted into token order, weighted.
 void MoeMlp::combine(PhaseSequence& phase, Activations& a, LayerActivations& la, Tensor& oute,
                      Tensor& out, bool allgather) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
+  MoeScratch& ms = a.part_scratch.get<MoeScratch>();
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, K = cfg_.moe_router_topk;
   const bool ep = shard_.ep_size > 1;
   if (allgather) {
@@ -240,24 +249,26 @@ void MoeMlp::combine(PhaseSequence& phase, Activations& a, LayerActivations& la,
     phase("moe-unpermute");
     const int EP = shard_.ep_size;
     for (int p = 0; p < EP; ++p) {
-      Tensor yp = a.moe_ag_y.view(p * N * C, {N, C});
-      be().moe_unpermute(yp, la.moe_oute, la.moe_ag_row.view(p * N * K, {N, K}),
-                         la.moe_ag_weight.view(p * N * K, {N, K}));
+      Tensor yp = ms.ag_y.view(p * N * C, {N, C});
+      be().moe_unpermute(yp, mb.oute, mb.ag_row.view(p * N * K, {N, K}),
+                         mb.ag_weight.view(p * N * K, {N, K}));
     }
     phase("moe-reduce-scatter");
-    ep_group().reduce_scatter(out, a.moe_ag_y);
+    ep_group().reduce_scatter(out, ms.ag_y);
   } else {
     if (ep) {
       phase("moe-combine-all-to-all");
-      ep_group().all_to_all(oute, la.moe_recv, la.moe_out, la.moe_send, C);
+      ep_group().all_to_all(oute, mb.recv, mb.out, mb.send, C);
     }
     phase("moe-unpermute");
-    be().moe_unpermute(out, la.moe_out, la.moe_row, la.moe_weight);
+    be().moe_unpermute(out, mb.out, mb.row, mb.weight);
   }
 }
 
 void MoeMlp::forward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                      Tensor& out) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
+  MoeScratch& ms = a.part_scratch.get<MoeScratch>();
   if (a.inference) {
     infer(a, la, out);
     return;
@@ -271,70 +282,74 @@ void MoeMlp::forward(PhaseSequence& phase, int l, Activations& a, LayerActivatio
   const int64_t group_rows = seq_aux ? a.T : N;
   std::vector<int64_t> kept;
   const MoERouting routing = current_routing();
-  be().moe_route(la.moe_expert, la.moe_weight, la.moe_row, la.moe_logits, routing, group_rows,
-                 la.moe_routed, kept);
+  be().moe_route(mb.expert, mb.weight, mb.row, mb.logits, routing, group_rows,
+                 mb.routed, kept);
   // Context parallelism: a group's tokens (the micro-batch's, or one sample's with seq_aux) are
   // spread over the CP ranks, so its routed counts are summed over the ring (dropless routing:
   // each token's experts do not depend on the others').
-  if (shard_.cp_size > 1) s().cp_sum(la.moe_routed);
+  if (shard_.cp_size > 1) s().cp_sum(mb.routed);
   if (fault_bias_in_weights_ && !routing.expert_bias.empty()) {  // testing: a mutation
     const int64_t K = cfg_.moe_router_topk;
     std::vector<int32_t> ex(static_cast<size_t>(N * K));
     std::vector<float> wt(ex.size());
-    be().copy_to_host(ex.data(), la.moe_expert);
-    be().copy_to_host(wt.data(), la.moe_weight);
+    be().copy_to_host(ex.data(), mb.expert);
+    be().copy_to_host(wt.data(), mb.weight);
     for (size_t i = 0; i < ex.size(); ++i)
       if (ex[i] >= 0) wt[i] += routing.expert_bias[static_cast<size_t>(ex[i])];
-    be().copy_from_host(la.moe_weight, wt.data());
+    be().copy_from_host(mb.weight, wt.data());
   }
-  la.moe_loss_scale = a.moe_loss_scale;
+  mb.loss_scale = a.moe_loss_scale;
   if (a.dropout.training && !s().recomputing()) {  // the logged metrics, once per micro-batch
     record_stats(a, la, group_rows);
-    count_step_tokens(la.moe_routed);
+    count_step_tokens(mb.routed);
   }
   const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
   dispatch(phase, a, la, group_rows, kept, allgather, routing);
-  Tensor oute = allgather ? la.moe_oute : ep ? a.moe_oute : la.moe_out;
+  Tensor oute = allgather ? mb.oute : ep ? ms.oute : mb.out;
   experts_forward(phase, l, a, la, oute);
   combine(phase, a, la, oute, out, allgather);
   if (shared_) {  // the shared expert: the dense MLP beside the routed ones
-    shared_->forward(phase, l, a, la, a.moe_tmp);
+    shared_->forward(phase, l, a, la, ms.tmp);
     phase("residual-add");
-    be().add(out, out, a.moe_tmp);
+    be().add(out, out, ms.tmp);
   }
 }
 
 // The gradients of the expert outputs (into de) and of the routing weights from dy.
 void MoeMlp::combine_backward(PhaseSequence& phase, Activations& a, LayerActivations& la,
                               const Tensor& dy, Tensor& de, bool allgather) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
+  MoeScratch& ms = a.part_scratch.get<MoeScratch>();
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, K = cfg_.moe_router_topk;
   const int EP = shard_.ep_size;
   if (allgather) {
     // Every EP rank's output gradients; this rank's experts' slots of them, and their routing
     // weights' gradients, summed over the EP group into each rank's own.
     phase("moe-allgather");
-    ep_group().all_gather(a.moe_ag_y, dy);
+    ep_group().all_gather(ms.ag_y, dy);
     phase("moe-unpermute-backward");
     for (int p = 0; p < EP; ++p) {
-      Tensor dwp = a.moe_ag_dweight.view(p * N * K, {N, K});
-      be().moe_unpermute_backward(de, dwp, a.moe_ag_y.view(p * N * C, {N, C}), la.moe_oute,
-                                  la.moe_ag_row.view(p * N * K, {N, K}),
-                                  la.moe_ag_weight.view(p * N * K, {N, K}));
+      Tensor dwp = ms.ag_dweight.view(p * N * K, {N, K});
+      be().moe_unpermute_backward(de, dwp, ms.ag_y.view(p * N * C, {N, C}), mb.oute,
+                                  mb.ag_row.view(p * N * K, {N, K}),
+                                  mb.ag_weight.view(p * N * K, {N, K}));
     }
     phase("moe-reduce-scatter");
-    ep_group().reduce_scatter(a.moe_dweight, a.moe_ag_dweight);
+    ep_group().reduce_scatter(ms.dweight, ms.ag_dweight);
   } else {
     phase("moe-unpermute-backward");
-    be().moe_unpermute_backward(a.moe_dout, a.moe_dweight, dy, la.moe_out, la.moe_row,
-                                la.moe_weight);
+    be().moe_unpermute_backward(ms.dout, ms.dweight, dy, mb.out, mb.row,
+                                mb.weight);
   }
 }
 
 // Each local expert's MLP backward: its weights' gradients, and its input gradients into de.
 void MoeMlp::experts_backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                               Tensor& de) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
+  MoeScratch& ms = a.part_scratch.get<MoeScratch>();
   const int64_t C = cfg_.hidden_size;
-  const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
+  const int64_t efc1 = mb.fc1.dim(1), efl = mb.act.dim(1);
   const bool fp8 = s().fp8_layer(l);
   if (cfg_.moe_grouped_gemm && !fp8) {
     // fc2's backward for every block, the activation's over all rows, then fc1's (which
@@ -343,13 +358,13 @@ void MoeMlp::experts_backward(PhaseSequence& phase, int l, Activations& a, Layer
     std::vector<Backend::GroupedGemm> g2, g1;
     std::vector<std::pair<int64_t, int64_t>> spans;  // (first row, rows) of each block with rows
     int64_t row = 0;
-    for (size_t b = 0; b < la.moe_rows.size(); ++b) {
-      const int64_t rows = la.moe_rows[b];
+    for (size_t b = 0; b < mb.rows.size(); ++b) {
+      const int64_t rows = mb.rows[b];
       if (rows == 0) continue;
-      const size_t j = static_cast<size_t>(la.moe_block_expert[b]);
+      const size_t j = static_cast<size_t>(mb.block_expert[b]);
       Tensor& dout = views.emplace_back(de.view(row * C, {rows, C}));
-      Tensor& dact = views.emplace_back(a.moe_dact.view(row * efl, {rows, efl}));
-      Tensor& act = views.emplace_back(la.moe_act.view(row * efl, {rows, efl}));
+      Tensor& dact = views.emplace_back(ms.dact.view(row * efl, {rows, efl}));
+      Tensor& act = views.emplace_back(mb.act.view(row * efl, {rows, efl}));
       g2.push_back({&dact, &experts_g_[j].fc2_w, &act, &dout, &experts_w_[j].fc2_w});
       spans.emplace_back(row, rows);
       row += rows;
@@ -357,19 +372,19 @@ void MoeMlp::experts_backward(PhaseSequence& phase, int l, Activations& a, Layer
     if (row > 0) {
       phase("moe-expert-fc2-gemm-backward");
       be().grouped_matmul_backward(g2);
-      Tensor dact = a.moe_dact.view(0, {row, efl});
+      Tensor dact = ms.dact.view(0, {row, efl});
       Tensor dfc1 =
-          spec_.activation == MlpActivation::SwiGLU ? a.moe_dfc1.view(0, {row, efc1}) : Tensor();
-      const Tensor& d1 = activation_backward(phase, dact, dfc1, la.moe_fc1.view(0, {row, efc1}));
+          spec_.activation == MlpActivation::SwiGLU ? ms.dfc1.view(0, {row, efc1}) : Tensor();
+      const Tensor& d1 = activation_backward(phase, dact, dfc1, mb.fc1.view(0, {row, efc1}));
       const int64_t d1c = d1.dim(1);
       size_t k = 0;
-      for (size_t b = 0; b < la.moe_rows.size(); ++b) {
-        if (la.moe_rows[b] == 0) continue;
-        const size_t j = static_cast<size_t>(la.moe_block_expert[b]);
+      for (size_t b = 0; b < mb.rows.size(); ++b) {
+        if (mb.rows[b] == 0) continue;
+        const size_t j = static_cast<size_t>(mb.block_expert[b]);
         const auto [r0, rows] = spans[k++];
         Tensor& dx = views.emplace_back(de.view(r0 * C, {rows, C}));
         Tensor& d1b = views.emplace_back(d1.view(r0 * d1c, {rows, d1c}));
-        Tensor& x = views.emplace_back(la.moe_xe.view(r0 * C, {rows, C}));
+        Tensor& x = views.emplace_back(mb.xe.view(r0 * C, {rows, C}));
         g1.push_back({&dx, &experts_g_[j].fc1_w, &x, &d1b, &experts_w_[j].fc1_w});
       }
       phase("moe-expert-fc1-gemm-backward");
@@ -381,20 +396,20 @@ void MoeMlp::experts_backward(PhaseSequence& phase, int l, Activations& a, Layer
   const bool empty_too = visits_empty_blocks(fp8, shard_.cp_size, s().fp8());
   const int e0 = shard_.experts_begin(cfg_.num_experts);
   int64_t row = 0;
-  for (size_t b = 0; b < la.moe_rows.size(); ++b) {
-    const int64_t rows = la.moe_rows[b];
+  for (size_t b = 0; b < mb.rows.size(); ++b) {
+    const int64_t rows = mb.rows[b];
     if (rows == 0 && !empty_too) continue;  // no token: no gradient (the weights' stay as they are)
-    const int j = la.moe_block_expert[b];
+    const int j = mb.block_expert[b];
     const MlpWeights& ew = experts_w_[static_cast<size_t>(j)];
     MlpWeights& eg = experts_g_[static_cast<size_t>(j)];  // gradients
     Tensor dout = de.view(row * C, {rows, C});
-    Tensor dact = a.moe_dact.view(row * efl, {rows, efl});
+    Tensor dact = ms.dact.view(row * efl, {rows, efl});
     Tensor dfc1 = spec_.activation == MlpActivation::SwiGLU
-                      ? a.moe_dfc1.view(row * efc1, {rows, efc1})
+                      ? ms.dfc1.view(row * efc1, {rows, efc1})
                       : Tensor();
-    const Tensor x = la.moe_xe.view(row * C, {rows, C});
-    const Tensor fc1 = la.moe_fc1.view(row * efc1, {rows, efc1});
-    const Tensor act = la.moe_act.view(row * efl, {rows, efl});
+    const Tensor x = mb.xe.view(row * C, {rows, C});
+    const Tensor fc1 = mb.fc1.view(row * efc1, {rows, efc1});
+    const Tensor act = mb.act.view(row * efl, {rows, efl});
     phase("moe-expert-fc2-gemm-backward");
     s().linear_backward(l, Fp8Gemm::Fc2, &dact, eg.fc2_w, opt(eg.fc2_b), dout, act, ew.fc2_w,
                         e0 + j);
@@ -410,6 +425,8 @@ void MoeMlp::experts_backward(PhaseSequence& phase, int l, Activations& a, Layer
 // The expert inputs' gradients (de) back to their tokens' ranks and into token order (a.dln).
 void MoeMlp::dispatch_backward(PhaseSequence& phase, Activations& a, LayerActivations& la,
                                Tensor& de, bool allgather) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
+  MoeScratch& ms = a.part_scratch.get<MoeScratch>();
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, K = cfg_.moe_router_topk;
   const bool ep = shard_.ep_size > 1;
   const int EP = shard_.ep_size;
@@ -417,23 +434,25 @@ void MoeMlp::dispatch_backward(PhaseSequence& phase, Activations& a, LayerActiva
     // Each rank's tokens' input gradients from this rank's experts, summed over the EP group.
     phase("moe-permute-backward");
     for (int p = 0; p < EP; ++p) {
-      Tensor dxp = a.moe_ag_y.view(p * N * C, {N, C});
-      be().moe_permute_backward(dxp, de, la.moe_ag_row.view(p * N * K, {N, K}));
+      Tensor dxp = ms.ag_y.view(p * N * C, {N, C});
+      be().moe_permute_backward(dxp, de, mb.ag_row.view(p * N * K, {N, K}));
     }
     phase("moe-reduce-scatter");
-    ep_group().reduce_scatter(a.dln, a.moe_ag_y);
+    ep_group().reduce_scatter(a.dln, ms.ag_y);
   } else {
     if (ep) {
       phase("moe-combine-all-to-all");
-      ep_group().all_to_all(de, la.moe_recv, a.moe_dout, la.moe_send, C);
+      ep_group().all_to_all(de, mb.recv, ms.dout, mb.send, C);
     }
     phase("moe-permute-backward");
-    be().moe_permute_backward(a.dln, a.moe_dout, la.moe_row);
+    be().moe_permute_backward(a.dln, ms.dout, mb.row);
   }
 }
 
 // The router's gradients: through the routing weights, the load-balancing loss and the z-loss.
 void MoeMlp::router_grad(PhaseSequence& phase, Activations& a, LayerActivations& la) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
+  MoeScratch& ms = a.part_scratch.get<MoeScratch>();
   const int64_t N = int64_t(a.B) * a.T, C = cfg_.hidden_size, E = cfg_.num_experts;
   const int64_t K = cfg_.moe_router_topk;
   const int64_t nl = router_rows(a), rb = nl * shard_.tp_rank;
@@ -445,46 +464,48 @@ void MoeMlp::router_grad(PhaseSequence& phase, Activations& a, LayerActivations&
   std::vector<double> aux_grad;
   if (cfg_.moe_router_load_balancing_type != "none" && cfg_.moe_aux_loss_coeff > 0) {
     // d (scale * coeff * mean over groups of E/(K T^2) sum_i P_i count_i) / d score(x, i)
-    const double c = la.moe_loss_scale * cfg_.moe_aux_loss_coeff * double(E) /
+    const double c = mb.loss_scale * cfg_.moe_aux_loss_coeff * double(E) /
                      (double(K) * rows * rows * double(groups));
-    aux_grad.resize(la.moe_routed.size());
+    aux_grad.resize(mb.routed.size());
     for (size_t i = 0; i < aux_grad.size(); ++i)
-      aux_grad[i] = c * static_cast<double>(la.moe_routed[i]);
+      aux_grad[i] = c * static_cast<double>(mb.routed[i]);
   }
-  const double z_grad = la.moe_loss_scale * cfg_.moe_z_loss_coeff / (double(N) * shard_.cp_size);
-  be().moe_router_backward(a.moe_dlogits, la.moe_logits, la.moe_expert, la.moe_weight,
-                           a.moe_dweight, routing_, group_rows, aux_grad, z_grad);
+  const double z_grad = mb.loss_scale * cfg_.moe_z_loss_coeff / (double(N) * shard_.cp_size);
+  be().moe_router_backward(ms.dlogits, mb.logits, mb.expert, mb.weight,
+                           ms.dweight, routing_, group_rows, aux_grad, z_grad);
   // This rank's rows: the router weight's gradient and their input gradient.
-  Tensor dlogits = a.moe_dlogits.view(rb * E, {nl, E});
+  Tensor dlogits = ms.dlogits.view(rb * E, {nl, E});
   if (compute() != DType::F32) {
-    Tensor lc = a.moe_logits_c.view(rb * E, {nl, E});
+    Tensor lc = ms.logits_c.view(rb * E, {nl, E});
     be().cast(lc, dlogits);
     dlogits = lc;
   }
   const Tensor x_mine = la.ln2.view(rb * C, {nl, C});
-  Tensor dx_mine = a.moe_dx.view(rb * C, {nl, C}), dln_mine = a.dln.view(rb * C, {nl, C});
+  Tensor dx_mine = ms.dx.view(rb * C, {nl, C}), dln_mine = a.dln.view(rb * C, {nl, C});
   be().matmul_backward(&dx_mine, router_g_, nullptr, dlogits, x_mine, router_w_);
   be().add(dln_mine, dln_mine, dx_mine);
 }
 
 void MoeMlp::backward(PhaseSequence& phase, int l, Activations& a, LayerActivations& la,
                       const Tensor& dy) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
+  MoeScratch& ms = a.part_scratch.get<MoeScratch>();
   const int64_t C = cfg_.hidden_size;
   const bool shared = shared_ != nullptr, ep = shard_.ep_size > 1;
-  if (shared) shared_->backward_into(phase, l, a, la, dy, a.moe_dx);  // the input gradient waits
+  if (shared) shared_->backward_into(phase, l, a, la, dy, ms.dx);  // the input gradient waits
   const bool allgather = ep && cfg_.moe_token_dispatcher_type == "allgather";
-  Tensor de = ep ? a.moe_doute : a.moe_dout;  // the expert side's output gradients
+  Tensor de = ep ? ms.doute : ms.dout;  // the expert side's output gradients
   combine_backward(phase, a, la, dy, de, allgather);
-  s().tp_reduce(phase, a.moe_dweight);  // each rank's expert outputs are partial sums over TP
+  s().tp_reduce(phase, ms.dweight);  // each rank's expert outputs are partial sums over TP
   // The expert side's output gradients (sent to the experts' ranks with expert parallelism);
   // each block's rows become its input gradients once fc2's backward has read them.
   if (ep && !allgather) {
     phase("moe-dispatch-all-to-all");
-    ep_group().all_to_all(a.moe_dout, la.moe_send, de, la.moe_recv, C);
+    ep_group().all_to_all(ms.dout, mb.send, de, mb.recv, C);
   }
   experts_backward(phase, l, a, la, de);
   dispatch_backward(phase, a, la, de, allgather);
-  if (shared) be().add(a.dln, a.dln, a.moe_dx);
+  if (shared) be().add(a.dln, a.dln, ms.dx);
   router_grad(phase, a, la);
 }
 

@@ -21,6 +21,41 @@ namespace tessera {
 
 class MoeMlp;
 
+// What a MoE layer keeps of a micro-batch (the shared expert's tensors are the layer's fc1 and
+// gelu). R: rows of the permuted buffer (token copies grouped by expert).
+struct MoeBuffers {
+  Tensor logits;         // (N,E) f32 router logits (every rank's rows, gathered)
+  Tensor expert, row;    // (N,K) int32: each slot's expert and permuted row
+  Tensor weight;         // (N,K) f32 routing weights
+  Tensor x;              // (N*K,C) this rank's token copies grouped by expert
+  Tensor out;            // (N*K,C) their expert outputs (partial sums over TP)
+  // The expert side: the rows this rank's experts receive (R of them; with expert parallelism
+  // from every rank of the EP group, by sender then expert; without, x and out).
+  Tensor xe, fc1, act;                   // (R,C), (R, expert fc1 width), (R, expert width)
+  std::vector<int64_t> rows;             // the expert side's blocks: rows of each
+  std::vector<int> block_expert;         // and its local expert
+  std::vector<int64_t> send, recv;       // rows sent to / received from each EP rank
+  // The allgather dispatcher (expert parallelism): every EP rank's routing weights and slots'
+  // rows in this rank's expert side (-1: another rank's expert), (EP*N,K); and the expert side's
+  // outputs (R,C), kept for the backward.
+  Tensor ag_weight, ag_row, oute;
+  std::vector<int64_t> routed;  // tokens routed to each expert (per load-balancing group)
+  float loss_scale = 0;         // the micro-batch's Activations::moe_loss_scale
+};
+
+// The MoE layers' shared scratch: expert output and input gradients (R,C), the expert
+// activation's and fc1's gradients, the routing weights' (N,K) and the logits' (N,E) gradients
+// (f32), and two (N,C); with expert parallelism the expert side's outputs and gradients (R,C)
+// before they return; the allgather dispatcher's gathered rows (EP*N,C: inputs, then outputs or
+// gradients), logits (EP*N,E), experts (EP*N,K) and routing-weight gradients (EP*N,K); the logits
+// in the compute dtype (N,E; mixed precision only).
+struct MoeScratch {
+  Tensor dout, dact, dfc1, dweight, dlogits, dx, tmp;
+  Tensor oute, doute;
+  Tensor ag_x, ag_y, ag_logits, ag_expert, ag_dweight;
+  Tensor logits_c;
+};
+
 // The step hook of a model's MoE layers (one per model; each MoE part registers itself): each
 // attempt of an iteration counts the routed tokens and the logged statistics again; after the
 // step's last backward every layer's loads are summed over the global batch (one all-reduce) and
@@ -101,7 +136,7 @@ class MoeMlp final : public MlpPart, public MoeRouter {
   }
   Tensor& activation_backward(PhaseSequence& phase, Tensor& dact, Tensor& dfc1_swiglu,
                               const Tensor& fc1) const;
-  // The steps of forward: the router logits (every rank's rows in la.moe_logits); the logged
+  // The steps of forward: the router logits (every rank's rows in MoeBuffers::logits); the logged
   // load-balance and z-loss metrics; the token copies to the expert side (counts first: plan;
   // or the allgather dispatcher); the experts' MLPs into oute; their outputs back into token
   // order in out.

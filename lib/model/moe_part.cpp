@@ -60,84 +60,89 @@ MoeMlp::Dims MoeMlp::dims(const SlotBuilder& sb) const {
 }
 
 void MoeMlp::recomputed_buffers(const SlotBuilder& sb, LayerActivations& la, int64_t width) const {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
   dense_mlp_buffers(sb, la, width, spec_.activation, false);
-  if (la.moe_x.defined()) return;
+  if (mb.x.defined()) return;
   const Dims d = dims(sb);
-  la.moe_x = sb.f({d.NK, sb.C});
-  la.moe_act = sb.f({d.R, d.efl});
+  mb.x = sb.f({d.NK, sb.C});
+  mb.act = sb.f({d.R, d.efl});
 }
 
 void MoeMlp::kept_buffers(const SlotBuilder& sb, LayerActivations& la, int64_t width) const {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
   dense_mlp_buffers(sb, la, width, spec_.activation, true);
-  if (la.moe_logits.defined()) return;
+  if (mb.logits.defined()) return;
   const Dims d = dims(sb);
   const int64_t N = sb.N;
-  la.moe_logits = sb.f32({N, d.E});
-  la.moe_expert = sb.i32({N, d.K});
-  la.moe_row = sb.i32({N, d.K});
-  la.moe_weight = sb.f32({N, d.K});
-  la.moe_fc1 = sb.f({d.R, d.glu * d.efl});
-  la.moe_out = sb.f({d.NK, sb.C});
-  if (d.ep > 1) la.moe_xe = sb.f({d.R, sb.C});
+  mb.logits = sb.f32({N, d.E});
+  mb.expert = sb.i32({N, d.K});
+  mb.row = sb.i32({N, d.K});
+  mb.weight = sb.f32({N, d.K});
+  mb.fc1 = sb.f({d.R, d.glu * d.efl});
+  mb.out = sb.f({d.NK, sb.C});
+  if (d.ep > 1) mb.xe = sb.f({d.R, sb.C});
   if (d.allgather) {
-    la.moe_ag_weight = sb.f32({d.ep * N, d.K});
-    la.moe_ag_row = sb.i32({d.ep * N, d.K});
-    la.moe_oute = sb.f({d.R, sb.C});
+    mb.ag_weight = sb.f32({d.ep * N, d.K});
+    mb.ag_row = sb.i32({d.ep * N, d.K});
+    mb.oute = sb.f({d.R, sb.C});
   }
 }
 
 void MoeMlp::shared_buffers(const SlotBuilder& sb, Activations& shared) const {
+  MoeScratch& ms = shared.part_scratch.get<MoeScratch>();
   dense_mlp_shared(sb, shared, spec_.activation);
   const Dims d = dims(sb);
   const int64_t N = sb.N, C = sb.C;
   if (sb.inference) {  // the forward's scratch alone: the shared expert's output, the logits
-    if (shared.moe_tmp.defined()) return;
-    shared.moe_tmp = sb.f({N, C});
-    if (sb.compute != DType::F32) shared.moe_logits_c = sb.f({N, d.E});
+    if (ms.tmp.defined()) return;
+    ms.tmp = sb.f({N, C});
+    if (sb.compute != DType::F32) ms.logits_c = sb.f({N, d.E});
     return;
   }
-  if (shared.moe_dout.defined()) return;
-  shared.moe_dout = sb.f({d.NK, C});
+  if (ms.dout.defined()) return;
+  ms.dout = sb.f({d.NK, C});
   if (d.ep > 1) {
-    if (!d.allgather) shared.moe_oute = sb.f({d.R, C});
-    shared.moe_doute = sb.f({d.R, C});
+    if (!d.allgather) ms.oute = sb.f({d.R, C});
+    ms.doute = sb.f({d.R, C});
   }
   if (d.allgather) {
-    shared.moe_ag_x = sb.f({d.ep * N, C});
-    shared.moe_ag_y = sb.f({d.ep * N, C});
-    shared.moe_ag_logits = sb.f32({d.ep * N, d.E});
-    shared.moe_ag_expert = sb.i32({d.ep * N, d.K});
-    shared.moe_ag_dweight = sb.f32({d.ep * N, d.K});
+    ms.ag_x = sb.f({d.ep * N, C});
+    ms.ag_y = sb.f({d.ep * N, C});
+    ms.ag_logits = sb.f32({d.ep * N, d.E});
+    ms.ag_expert = sb.i32({d.ep * N, d.K});
+    ms.ag_dweight = sb.f32({d.ep * N, d.K});
   }
-  shared.moe_dact = sb.f({d.R, d.efl});
-  if (d.glu == 2) shared.moe_dfc1 = sb.f({d.R, d.glu * d.efl});
-  shared.moe_dweight = sb.f32({N, d.K});
-  shared.moe_dlogits = sb.f32({N, d.E});
-  shared.moe_dx = sb.f({N, C});
-  shared.moe_tmp = sb.f({N, C});
-  if (sb.compute != DType::F32) shared.moe_logits_c = sb.f({N, d.E});
+  ms.dact = sb.f({d.R, d.efl});
+  if (d.glu == 2) ms.dfc1 = sb.f({d.R, d.glu * d.efl});
+  ms.dweight = sb.f32({N, d.K});
+  ms.dlogits = sb.f32({N, d.E});
+  ms.dx = sb.f({N, C});
+  ms.tmp = sb.f({N, C});
+  if (sb.compute != DType::F32) ms.logits_c = sb.f({N, d.E});
 }
 
 void MoeMlp::fit(const SlotBuilder& sb, LayerActivations& la) const {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
   dense_mlp_fit(sb, la, dense_width(), spec_.activation);
-  if (shard_.ep_size == 1 && la.moe_x.defined()) la.moe_xe = la.moe_x;  // the expert side
+  if (shard_.ep_size == 1 && mb.x.defined()) mb.xe = mb.x;  // the expert side
 }
 
 void MoeMlp::recompute(PhaseSequence& phase, int, Activations&, LayerActivations& la) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
   if (la.gelu.defined()) {  // the shared expert
     phase(mlp_activation_phase(spec_.activation, false));
     activation(la.gelu, la.fc1);
   }
   if (shard_.ep_size == 1) {  // the experts' inputs from the kept routing (else kept whole)
     phase("moe-permute");
-    be().moe_permute(la.moe_x, la.ln2, la.moe_row);
+    be().moe_permute(mb.x, la.ln2, mb.row);
   }
-  const int64_t R = la.moe_act.dim(0), efl = la.moe_act.dim(1);
+  const int64_t R = mb.act.dim(0), efl = mb.act.dim(1);
   int64_t row = 0;
-  for (int64_t rows : la.moe_rows) {
+  for (int64_t rows : mb.rows) {
     if (rows > 0) {
-      Tensor act = la.moe_act.view(row * efl, {rows, efl});
-      activation(act, la.moe_fc1.view(row * la.moe_fc1.dim(1), {rows, la.moe_fc1.dim(1)}));
+      Tensor act = mb.act.view(row * efl, {rows, efl});
+      activation(act, mb.fc1.view(row * mb.fc1.dim(1), {rows, mb.fc1.dim(1)}));
     }
     row += rows;
   }
@@ -151,41 +156,43 @@ Tensor& MoeMlp::activation_backward(PhaseSequence& phase, Tensor& dact, Tensor& 
 }
 
 void MoeMlp::infer(Activations& a, LayerActivations& la, Tensor& out) {
+  MoeBuffers& mb = la.parts.get<MoeBuffers>();
+  MoeScratch& ms = a.part_scratch.get<MoeScratch>();
   TESSERA_CHECK(shard_.ep_size == 1,
                 "generation with expert parallelism (every rank runs its own "
                 "experts only); generate at --expert-model-parallel-size 1");
   const Tensor& ln = la.ln2;
   const int64_t n = int64_t(a.B) * a.T, C = cfg_.hidden_size;
-  Tensor logits = la.moe_logits, lc = compute() == DType::F32 ? logits : a.moe_logits_c;
+  Tensor logits = mb.logits, lc = compute() == DType::F32 ? logits : ms.logits_c;
   be().matmul_forward(lc, ln, router_w_, nullptr);
   if (compute() != DType::F32) be().cast(logits, lc);
   tp().broadcast(logits, 0);  // every TP rank routes as rank 0 does
   MoERouting r = current_routing();
   r.capacity_factor = 0;
   std::vector<int64_t> routed, kept;
-  be().moe_route(la.moe_expert, la.moe_weight, la.moe_row, logits, r, n, routed, kept);
-  be().moe_permute(la.moe_x, ln, la.moe_row);
-  const int64_t efc1 = la.moe_fc1.dim(1), efl = la.moe_act.dim(1);
+  be().moe_route(mb.expert, mb.weight, mb.row, logits, r, n, routed, kept);
+  be().moe_permute(mb.x, ln, mb.row);
+  const int64_t efc1 = mb.fc1.dim(1), efl = mb.act.dim(1);
   const int e0 = shard_.experts_begin(cfg_.num_experts);
   int64_t at = 0;
   for (size_t j = 0; j < experts_w_.size(); ++j) {
     const int64_t rows = kept[static_cast<size_t>(e0) + j];
     if (rows == 0) continue;
     const MlpWeights& ew = experts_w_[j];
-    Tensor xe = la.moe_x.view(at * C, {rows, C}), fc1 = la.moe_fc1.view(at * efc1, {rows, efc1});
-    Tensor act = la.moe_act.view(at * efl, {rows, efl}), y = la.moe_out.view(at * C, {rows, C});
+    Tensor xe = mb.x.view(at * C, {rows, C}), fc1 = mb.fc1.view(at * efc1, {rows, efc1});
+    Tensor act = mb.act.view(at * efl, {rows, efl}), y = mb.out.view(at * C, {rows, C});
     be().matmul_forward(fc1, xe, ew.fc1_w, opt(ew.fc1_b));
     activation(act, fc1);
     be().matmul_forward(y, act, ew.fc2_w, bias_here() ? opt(ew.fc2_b) : nullptr);
     at += rows;
   }
-  be().moe_unpermute(out, la.moe_out, la.moe_row, la.moe_weight);
+  be().moe_unpermute(out, mb.out, mb.row, mb.weight);
   if (shared_) {  // the shared expert
     const MlpWeights& w = shared_->weights();
     be().matmul_forward(la.fc1, ln, w.fc1_w, opt(w.fc1_b));
     activation(la.gelu, la.fc1);
-    be().matmul_forward(a.moe_tmp, la.gelu, w.fc2_w, bias_here() ? opt(w.fc2_b) : nullptr);
-    be().add(out, out, a.moe_tmp);
+    be().matmul_forward(ms.tmp, la.gelu, w.fc2_w, bias_here() ? opt(w.fc2_b) : nullptr);
+    be().add(out, out, ms.tmp);
   }
 }
 

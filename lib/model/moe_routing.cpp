@@ -139,11 +139,12 @@ void MoeMlp::set_expert_bias(const float* values) {
 
 // The logged metrics of a micro-batch: the load balance and the z-loss, over the CP ring.
 void MoeMlp::record_stats(const Activations& a, const LayerActivations& la, int64_t group_rows) {
+  const MoeBuffers& mb = la.parts.get<MoeBuffers>();
   const int64_t N = int64_t(a.B) * a.T, E = cfg_.num_experts, K = cfg_.moe_router_topk;
   const int cpn = shard_.cp_size;
   std::vector<double> score_sums;
   double lse_sq = 0;
-  be().moe_router_stats(la.moe_logits, routing_, group_rows, score_sums, lse_sq);
+  be().moe_router_stats(mb.logits, routing_, group_rows, score_sums, lse_sq);
   if (cpn > 1) {
     score_sums.push_back(lse_sq);
     s().context_comm()->all_reduce_f64(score_sums.data(), static_cast<int64_t>(score_sums.size()),
@@ -155,7 +156,7 @@ void MoeMlp::record_stats(const Activations& a, const LayerActivations& la, int6
   const double rows = double(group_rows) * cpn;  // a group's tokens over the whole ring
   double balance = 0;  // E / (K T^2) sum_i P_i count_i, averaged over the groups
   for (size_t i = 0; i < score_sums.size(); ++i)
-    balance += score_sums[i] * static_cast<double>(la.moe_routed[i]);
+    balance += score_sums[i] * static_cast<double>(mb.routed[i]);
   balance *= double(E) / (double(K) * rows * rows * double(groups));
   stats_.balance += balance;
   stats_.z += lse_sq / (double(N) * cpn);

@@ -9,6 +9,7 @@
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "model/gpt.hpp"
+#include "model/moe.hpp"
 #include "model/mtp.hpp"
 #include "model/parts.hpp"
 #include "reference_gpt.hpp"
@@ -786,11 +787,11 @@ TEST(GPT, MoERoutingDropsWhereAskedAndReachesEveryExpert) {
     load(a, random_batch(2, 7, 50, 21));
     model.forward(a, 1.0f / 14);
     const int l = cfg.num_layers - 1;  // an MoE layer in every variant
-    const LayerActivations& la = a.layers[static_cast<size_t>(l)];
+    const MoeBuffers& mb = a.layers[static_cast<size_t>(l)].parts.get<MoeBuffers>();
     int dropped = 0;
-    for (int64_t i = 0; i < la.moe_expert.numel(); ++i) dropped += la.moe_expert.i32()[i] < 0;
+    for (int64_t i = 0; i < mb.expert.numel(); ++i) dropped += mb.expert.i32()[i] < 0;
     int64_t rows = 0;
-    for (int64_t r : la.moe_rows) rows += r;
+    for (int64_t r : mb.rows) rows += r;
     EXPECT_EQ(rows + dropped, 14 * cfg.moe_router_topk) << "variant " << variant;
     if (cfg.moe_dropless()) {
       EXPECT_EQ(dropped, 0) << "variant " << variant;
@@ -798,7 +799,7 @@ TEST(GPT, MoERoutingDropsWhereAskedAndReachesEveryExpert) {
       EXPECT_GT(dropped, 0) << "variant " << variant;
     }
     if (variant == 0) {
-      for (int64_t r : la.moe_rows) EXPECT_GT(r, 0);
+      for (int64_t r : mb.rows) EXPECT_GT(r, 0);
     }
   }
 }
