@@ -89,25 +89,26 @@ std::string ModelShard::describe_layers() const {
 }
 
 ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size, int pp_rank,
-                           int virtual_stages) {
-  TESSERA_CHECK(
-      pp_size >= 1 && virtual_stages >= 1 && cfg.num_layers % (pp_size * virtual_stages) == 0,
-      "--num-layers=", cfg.num_layers, " is not divisible by the pipeline size ", pp_size,
-      " x virtual stages ", virtual_stages);
+                           int virtual_stages, const PipelineSplitOptions& split) {
+  const int mtp = cfg.mtp() ? cfg.mtp_num_layers : 0;
+  const std::vector<StageSpan> spans =
+      split_stages(split, cfg.num_layers, mtp, pp_size, split.layout.empty() ? virtual_stages : 0);
+  const int V = static_cast<int>(spans.size()) / pp_size;
+  TESSERA_CHECK(pp_rank >= 0 && pp_rank < pp_size, "pipeline rank ", pp_rank, " of ", pp_size);
   ModelShard s;
   s.tp_size = tp_size;
   s.tp_rank = tp_rank;
-  const int per_chunk = cfg.num_layers / (pp_size * virtual_stages);
   s.chunks.clear();
-  for (int c = 0; c < virtual_stages; ++c) {
-    const int begin = (c * pp_size + pp_rank) * per_chunk;
-    s.chunks.push_back({begin, begin + per_chunk});
+  for (int c = 0; c < V; ++c) {
+    const StageSpan& sp = spans[static_cast<size_t>(c * pp_size + pp_rank)];
+    s.chunks.push_back({sp.begin, sp.end});
   }
-  s.has_embedding = pp_rank == 0;
-  s.has_head = pp_rank == pp_size - 1;
-  if (s.has_head && cfg.mtp()) {
+  s.has_embedding = spans[static_cast<size_t>(pp_rank)].embedding;
+  const StageSpan& last = spans[static_cast<size_t>((V - 1) * pp_size + pp_rank)];
+  s.has_head = last.loss;
+  if (last.mtp > 0) {
     s.mtp_begin = cfg.num_layers;
-    s.mtp_count = cfg.mtp_num_layers;
+    s.mtp_count = last.mtp;
   }
   return s;
 }

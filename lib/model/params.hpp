@@ -14,6 +14,7 @@
 
 #include "core/tensor.hpp"
 #include "model/gpt_config.hpp"
+#include "model/pipeline_split.hpp"
 
 namespace tessera {
 
@@ -87,12 +88,14 @@ struct ModelShard {
   std::string describe_layers() const;
 };
 
-// The shard of (tp_rank, pp_rank) in a TP x PP layout: layers split evenly over the stages, the
-// embedding on the first stage, the final norm and the (tied or own) output layer on the last. With
+// The shard of (tp_rank, pp_rank) in a TP x PP layout: the stage split of `split`
+// (model/pipeline_split.hpp; default: the layers split evenly over the stages), the embedding on
+// the first stage, the final norm and the (tied or own) output layer on the last. With
 // `virtual_stages` V > 1 (the interleaved schedule) the layers are split into PP x V chunks and
-// pipeline rank p holds chunks p, p + PP, p + 2 PP, ...
+// pipeline rank p holds chunks p, p + PP, p + 2 PP, ... A layout string sets V itself
+// (virtual_stages 0 or equal).
 ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int pp_size, int pp_rank,
-                           int virtual_stages = 1);
+                           int virtual_stages = 1, const PipelineSplitOptions& split = {});
 
 // Builds a shard's parameter specs in flat-buffer order (build_param_specs; each layer's parts add
 // theirs, model/parts.hpp).

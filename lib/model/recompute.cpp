@@ -1,11 +1,10 @@
 // recompute.cpp: the recomputation plan of a pipeline stage.
 #include "model/recompute.hpp"
 
-#include "model/params.hpp"
-
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "model/params.hpp"
 
 namespace tessera {
 
@@ -49,12 +48,14 @@ RecomputeMethod parse_recompute_method(const std::string& s) {
   throw ConfigError("--recompute-method=" + s + " is not a method (allowed: uniform, block)");
 }
 
-std::vector<LayerRecompute> plan_recompute(const RecomputeConfig& rc, int layer_begin,
-                                           int layer_end) {
+namespace {
+
+// A stage's plan; --recompute-num-layers beyond its layers covers them all (uneven stages: the
+// count is checked against the largest).
+std::vector<LayerRecompute> stage_plan(const RecomputeConfig& rc, int layer_begin, int layer_end) {
   const int n = layer_end - layer_begin;
   std::vector<LayerRecompute> plan(static_cast<size_t>(n));
   if (n == 0 || rc.granularity == RecomputeGranularity::None) return plan;
-  rc.validate(n);
   for (int i = 0; i < n; ++i) {
     LayerRecompute& p = plan[static_cast<size_t>(i)];
     const int l = layer_begin + i;
@@ -73,10 +74,22 @@ std::vector<LayerRecompute> plan_recompute(const RecomputeConfig& rc, int layer_
   return plan;
 }
 
+}  // namespace
+
+std::vector<LayerRecompute> plan_recompute(const RecomputeConfig& rc, int layer_begin,
+                                           int layer_end) {
+  if (layer_end > layer_begin && rc.granularity != RecomputeGranularity::None)
+    rc.validate(layer_end - layer_begin);
+  return stage_plan(rc, layer_begin, layer_end);
+}
+
 std::vector<LayerRecompute> plan_recompute(const RecomputeConfig& rc, const ModelShard& shard) {
   std::vector<LayerRecompute> plan;
+  int widest = 0;
+  for (const LayerRange& c : shard.chunks) widest = std::max(widest, c.size());
+  if (widest > 0 && rc.granularity != RecomputeGranularity::None) rc.validate(widest);
   for (const LayerRange& c : shard.chunks) {
-    const auto p = plan_recompute(rc, c.begin, c.end);
+    const auto p = stage_plan(rc, c.begin, c.end);
     plan.insert(plan.end(), p.begin(), p.end());
   }
   plan.resize(plan.size() + static_cast<size_t>(shard.mtp_count));  // MTP's layers keep all

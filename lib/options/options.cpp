@@ -80,7 +80,7 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
     ctx.pp_rank = stage;
     ctx.cp_size = layout.cp;
     const ModelShard shard =
-        make_model_shard(o.model, ctx, o.train.sequence_parallel, o.train.virtual_pipeline_size);
+        make_model_shard(o.model, ctx, o.train);
     const MemoryEstimate e = estimate_rank_memory(o.model, o.train, layout, stage, o.ep);
     d.stage = stage;
     d.shard = &shard;

@@ -6,6 +6,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "model/pipeline_split.hpp"
 #include "options/option_group.hpp"
 #include "run/context_parallel.hpp"
 
@@ -20,7 +21,8 @@ class ParallelismOptions : public OptionGroup {
         .add_options()("tensor-model-parallel-size", po::value(&o.tp)->default_value(1),
                        "tensor-parallel ranks (consecutive ranks; keep them in one node)")(
             "pipeline-model-parallel-size", po::value(&o.pp)->default_value(1),
-            "pipeline stages (layers split evenly); DP = world / (TP * CP * PP)")(
+            "pipeline stages (layers split evenly unless the uneven-stage options below say "
+            "otherwise); DP = world / (TP * CP * PP)")(
             "cp-comm-type", po::value(&cp_comm_type_)->default_value("p2p"),
             "context parallelism's communication: p2p (the K/V ring; the only one Tessera has)")(
             "context-parallel-size", po::value(&o.cp)->default_value(1),
@@ -33,6 +35,27 @@ class ParallelismOptions : public OptionGroup {
             "every PP-th chunk (needs PP > 1 and micro-batches per step a multiple of PP)")(
             "virtual-pipeline-model-parallel-size", po::value(&virtual_size_)->default_value(0),
             "the interleaved 1F1B schedule given as the number of model chunks per pipeline rank")(
+            "num-virtual-stages-per-pipeline-rank",
+            po::value(&virtual_stages_)->default_value(0),
+            "Megatron-LM's name of --virtual-pipeline-model-parallel-size (the one it asks for "
+            "with uneven stages)")(
+            "decoder-first-pipeline-num-layers", po::value(&first_)->default_value(0),
+            "uneven stages: the transformer layers of the first pipeline rank (default: an even "
+            "split); the other ranks' split evenly, a multiple of the virtual stages each")(
+            "decoder-last-pipeline-num-layers", po::value(&last_)->default_value(0),
+            "uneven stages: the transformer layers of the last pipeline rank")(
+            "account-for-embedding-in-pipeline-split",
+            po::bool_switch(&t.pipeline_split.account_embedding),
+            "count the embedding as a layer when splitting the layers over the stages (the first "
+            "stage holds one transformer layer fewer)")(
+            "account-for-loss-in-pipeline-split", po::bool_switch(&t.pipeline_split.account_loss),
+            "count the loss (final norm, output layer, cross-entropy) as a layer when splitting "
+            "(the last stage holds one transformer layer fewer)")(
+            "pipeline-model-parallel-layout", po::value(&t.pipeline_split.layout),
+            "the layers of every (virtual) stage, as Megatron-LM writes them: E embedding, t "
+            "transformer layer, m MTP layer, L loss, | between stages (in order of virtual stage, "
+            "then pipeline rank), (...)*N and x*N repeat, commas cosmetic, e.g. "
+            "\"Et*3|(tt|)*29,mL\"; the virtual stages per rank are its stages / PP")(
             "sequence-parallel", po::bool_switch(&t.sequence_parallel),
             "with TP > 1: split the LayerNorm, dropout and residual regions along the tokens "
             "(each rank 1/TP of a micro-batch's) over the tensor-parallel group (all-gather before "
@@ -69,8 +92,8 @@ class ParallelismOptions : public OptionGroup {
             "with --use-megatron-fsdp and --num-distributed-optimizer-instances > 1: no_shard "
             "(replicated across instances) or optim (the optimizer state also sharded across "
             "them; needs optim_grads_params)");
-    p.alternatives(
-        {"num-layers-per-virtual-pipeline-stage", "virtual-pipeline-model-parallel-size"});
+    p.alternatives({"num-layers-per-virtual-pipeline-stage", "virtual-pipeline-model-parallel-size",
+                    "num-virtual-stages-per-pipeline-rank"});
   }
 
   void resolve(const OptionParser&, RunOptions& o, StartupNotes&) override {
@@ -99,27 +122,48 @@ class ParallelismOptions : public OptionGroup {
     const GPTConfig& m = o.model;
     TrainConfig& t = o.train;
     const int per_stage = layers_per_virtual_stage_;
+    if (virtual_stages_ != 0) virtual_size_ = virtual_stages_;
+    const char* vp_name = virtual_stages_ != 0 ? "--num-virtual-stages-per-pipeline-rank"
+                                               : "--virtual-pipeline-model-parallel-size";
     if (per_stage < 0)
       throw ConfigError(concat("--num-layers-per-virtual-pipeline-stage=", per_stage,
                                " is out of range (allowed: >= 1)"));
     if (virtual_size_ < 0)
-      throw ConfigError(concat("--virtual-pipeline-model-parallel-size=", virtual_size_,
-                               " is out of range (allowed: >= 1)"));
-    if (per_stage > 0) {
-      if (m.num_layers % (o.pp * per_stage) != 0)
+      throw ConfigError(concat(vp_name, "=", virtual_size_, " is out of range (allowed: >= 1)"));
+    resolve_split(p, o, per_stage, vp_name);
+    PipelineSplitOptions& ps = t.pipeline_split;
+    if (!ps.layout.empty()) {
+      const int v = layout_virtual_stages(ps.layout, o.pp);
+      if (virtual_size_ > 0 && virtual_size_ != v)
+        throw ConfigError(concat(vp_name, "=", virtual_size_,
+                                 " disagrees with --pipeline-model-parallel-layout: its stages "
+                                 "over PP ",
+                                 o.pp, " make ", v, " virtual stages per rank (give ", v,
+                                 ", or leave it out)"));
+      t.virtual_pipeline_size = v;
+      if (v > 1) t.virtual_option = "--pipeline-model-parallel-layout";
+    } else if (per_stage > 0) {
+      // Megatron-LM: the layers per virtual stage count the embedding and the loss when they are
+      // counted in the split.
+      const int counted = m.num_layers + (ps.account_embedding ? 1 : 0) + (ps.account_loss ? 1 : 0);
+      if (counted % (o.pp * per_stage) != 0)
         throw ConfigError(concat("--num-layers=", m.num_layers,
+                                 counted != m.num_layers ? concat(" (", counted, " counting the "
+                                                                  "embedding and loss)")
+                                                         : std::string(),
                                  " is not divisible by --pipeline-model-parallel-size=", o.pp,
                                  " x --num-layers-per-virtual-pipeline-stage=", per_stage, " = ",
                                  o.pp * per_stage));
-      const int v = m.num_layers / (o.pp * per_stage);
+      const int v = counted / (o.pp * per_stage);
       if (virtual_size_ > 0 && virtual_size_ != v)
-        throw ConfigError(concat("--virtual-pipeline-model-parallel-size=", virtual_size_,
+        throw ConfigError(concat(vp_name, "=", virtual_size_,
                                  " and --num-layers-per-virtual-pipeline-stage=", per_stage,
                                  " disagree (the latter means ", v, " chunks per rank); give one"));
       t.virtual_pipeline_size = v;
       t.virtual_option = "--num-layers-per-virtual-pipeline-stage";
     } else if (virtual_size_ > 0) {
       t.virtual_pipeline_size = virtual_size_;
+      t.virtual_option = vp_name;
     }
     if (t.virtual_pipeline_size == 1 && (per_stage > 0 || virtual_size_ > 0))
       notes.run.push_back(
@@ -127,8 +171,41 @@ class ParallelismOptions : public OptionGroup {
               ? concat("--num-layers-per-virtual-pipeline-stage=", per_stage,
                        " makes one model chunk per pipeline rank (", m.num_layers, " layers / PP ",
                        o.pp, "): the plain 1F1B schedule runs, as in Megatron-LM")
-              : std::string("--virtual-pipeline-model-parallel-size=1: one model chunk per "
-                            "pipeline rank, the plain 1F1B schedule"));
+              : concat(vp_name, "=1: one model chunk per pipeline rank, the plain 1F1B schedule"));
+    // Every stage split is checked here, before any rank builds its shard.
+    if (ps.uneven())
+      split_stages(ps, m.num_layers, m.mtp() ? m.mtp_num_layers : 0, o.pp,
+                   ps.layout.empty() ? t.virtual_pipeline_size : 0);
+  }
+
+  // The uneven-stage options' values (Megatron's: a count given must be >= 1) and what Megatron
+  // refuses beside them.
+  void resolve_split(const OptionParser& p, RunOptions& o, int per_stage,
+                     const char* vp_name) const {
+    using detail::concat;
+    PipelineSplitOptions& ps = o.train.pipeline_split;
+    for (const auto& [name, v] : {std::pair<const char*, int>{"decoder-first-pipeline-num-layers",
+                                                               first_},
+                                  {"decoder-last-pipeline-num-layers", last_}})
+      if (p.given(name) && v < 1)
+        throw ConfigError(concat("--", name, "=", v, " is out of range (allowed: >= 1)"));
+    ps.first = first_;
+    ps.last = last_;
+    if (p.given("pipeline-model-parallel-layout") && ps.layout.empty())
+      throw ConfigError("--pipeline-model-parallel-layout is empty (give the stages' layers, "
+                        "e.g. \"Ett|ttL\")");
+    if (!ps.layout.empty() && per_stage > 0)
+      throw ConfigError(
+          "--num-layers-per-virtual-pipeline-stage cannot be given with "
+          "--pipeline-model-parallel-layout (the layout's stages / PP are the virtual stages; "
+          "as Megatron-LM)");
+    if ((ps.first > 0 || ps.last > 0) && per_stage > 0)
+      throw ConfigError(concat(
+          "--num-layers-per-virtual-pipeline-stage cannot be given with uneven stages (",
+          ps.first > 0 ? "--decoder-first-pipeline-num-layers" : "--decoder-last-pipeline-num-layers",
+          "): give the virtual stages per rank with --num-virtual-stages-per-pipeline-rank, as "
+          "Megatron-LM asks"));
+    (void)vp_name;
   }
 
   void dry_run(DryRunSection s, const DryRunContext& d, std::ostream& out) const override {
@@ -247,7 +324,8 @@ class ParallelismOptions : public OptionGroup {
   }
 
   std::string cp_comm_type_, sharding_, outer_sharding_;
-  int virtual_size_ = 0, layers_per_virtual_stage_ = 0;
+  int virtual_size_ = 0, layers_per_virtual_stage_ = 0, virtual_stages_ = 0;
+  int first_ = 0, last_ = 0;  // --decoder-first/last-pipeline-num-layers (0: not given)
 };
 
 }  // namespace

@@ -291,7 +291,7 @@ StageCost stage_cost(const Model& m, int s, int micro, const PieceCalls& plan) {
   ctx.pp_rank = s;
   ctx.cp_size = CP;
   ctx.ep_size = ep;
-  const ModelShard shard = make_model_shard(cfg, ctx, t.sequence_parallel, t.virtual_pipeline_size);
+  const ModelShard shard = make_model_shard(cfg, ctx, t);
   const std::vector<ParamSpec> specs = counted_param_specs(cfg, shard);
   std::map<int, std::vector<const ParamSpec*>> by_layer;
   double dense = 0, experts = 0;

@@ -1,16 +1,17 @@
 // layout.cpp: the model shard of a rank and the layout check (run/layout.hpp).
 #include "run/layout.hpp"
 
+#include <algorithm>
+
 #include "core/error.hpp"
 #include "run/context_parallel.hpp"
 
 namespace tessera {
 
-ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
-                            bool sequence_parallel, int virtual_stages) {
-  ModelShard s =
-      model_shard_for(cfg, ctx.tp_size, ctx.tp_rank, ctx.pp_size, ctx.pp_rank, virtual_stages);
-  s.sequence_parallel = sequence_parallel && ctx.tp_size > 1;
+ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx, const TrainConfig& t) {
+  ModelShard s = model_shard_for(cfg, ctx.tp_size, ctx.tp_rank, ctx.pp_size, ctx.pp_rank,
+                                 t.virtual_pipeline_size, t.pipeline_split);
+  s.sequence_parallel = t.sequence_parallel && ctx.tp_size > 1;
   s.ep_size = ctx.ep_size;
   s.ep_rank = ctx.ep_rank;
   s.cp_size = ctx.cp_size;
@@ -36,17 +37,20 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
   if (cfg.ffn() % tp != 0)
     throw ConfigError(concat("--ffn-hidden-size=", cfg.ffn(),
                              " is not divisible by --tensor-model-parallel-size=", tp));
-  if (cfg.num_layers % pp != 0)
+  const int V = t.virtual_pipeline_size;
+  const PipelineSplitOptions& split = t.pipeline_split;
+  if (!split.uneven() && cfg.num_layers % pp != 0)
     throw ConfigError(concat("--num-layers=", cfg.num_layers,
                              " is not divisible by --pipeline-model-parallel-size=", pp,
-                             " (allowed PP: a divisor of ", cfg.num_layers, ")"));
-  const int V = t.virtual_pipeline_size;
+                             " (allowed PP: a divisor of ", cfg.num_layers,
+                             "; or uneven stages: --decoder-first-pipeline-num-layers, "
+                             "--decoder-last-pipeline-num-layers, --pipeline-model-parallel-layout)"));
   if (V > 1) {
     if (pp == 1)
       throw ConfigError(concat(t.virtual_option,
                                " needs --pipeline-model-parallel-size > 1 (the "
                                "interleaved schedule spreads model chunks over pipeline stages)"));
-    if (cfg.num_layers % (pp * V) != 0)
+    if (!split.uneven() && cfg.num_layers % (pp * V) != 0)
       throw ConfigError(concat("--num-layers=", cfg.num_layers,
                                " is not divisible by --pipeline-model-parallel-size=", pp,
                                " x virtual stages ", V, " = ", pp * V, " (", t.virtual_option,
@@ -63,7 +67,12 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
                                  pp));
     }
   }
-  t.recompute.validate(cfg.num_layers / (pp * V), V > 1);
+  // The widest model chunk (every chunk alike without uneven stages).
+  const std::vector<StageSpan> spans = split_stages(
+      split, cfg.num_layers, cfg.mtp() ? cfg.mtp_num_layers : 0, pp, split.layout.empty() ? V : 0);
+  int widest = 0;
+  for (const StageSpan& s : spans) widest = std::max(widest, s.layers());
+  t.recompute.validate(widest, V > 1);
   if (t.sequence_parallel && tp == 1)
     throw ConfigError(
         "--sequence-parallel needs --tensor-model-parallel-size > 1 (it splits the LayerNorm and "

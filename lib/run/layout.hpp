@@ -17,10 +17,9 @@ inline int64_t dp_slice_begin(int64_t consumed, int64_t global_batch, int dp_siz
   return consumed + dp_rank * (global_batch / dp_size);
 }
 
-// Which layers pipeline stage `pp_rank` of `pp_size` holds: an even split (validated earlier);
-// with sequence parallelism where TP > 1.
-ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
-                            bool sequence_parallel = false, int virtual_stages = 1);
+// This rank's shard: the layers of its pipeline stage as t's stage split, its virtual stages and
+// sequence parallelism (where TP > 1) say; TP, EP and CP from ctx.
+ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx, const TrainConfig& t);
 
 // How this rank's flat gradient buffer is cut into data-parallel buckets for the run
 // (OptimizerSet's, and the step-time predictor's collective plan, plan/collectives.hpp).

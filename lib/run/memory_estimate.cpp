@@ -68,7 +68,7 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   ctx.cp_size = layout.cp;
   // Context parallelism: each rank's activations hold S / CP tokens of a sample.
   const int T = cfg.seq_length / layout.cp;
-  const ModelShard shard = make_model_shard(cfg, ctx, t.sequence_parallel, t.virtual_pipeline_size);
+  const ModelShard shard = make_model_shard(cfg, ctx, t);
   MemoryEstimate e;
   const ParamCount count = count_param_specs(cfg, shard);
   e.parameters = count.parameters;

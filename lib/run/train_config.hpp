@@ -9,6 +9,7 @@
 
 #include "core/dtype.hpp"
 #include "model/fp8_config.hpp"
+#include "model/pipeline_split.hpp"
 #include "model/recompute.hpp"
 #include "run/sample_layout.hpp"
 
@@ -115,6 +116,9 @@ struct TrainConfig {
   // errors by virtual_option). 1: plain 1F1B.
   int virtual_pipeline_size = 1;
   const char* virtual_option = "--virtual-pipeline-model-parallel-size";
+  // Which layers each stage holds (model/pipeline_split.hpp): uneven first/last stages, the
+  // embedding and loss counted as layers, or Megatron's layout string; default an even split.
+  PipelineSplitOptions pipeline_split;
   // Activation recomputation (--recompute-granularity/-method/-num-layers, model/recompute.hpp).
   RecomputeConfig recompute;
   // FP8 GEMMs in the transformer layers (--fp8-format and friends, model/fp8_config.hpp).

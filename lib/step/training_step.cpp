@@ -8,7 +8,7 @@ namespace tessera {
 std::unique_ptr<GPTModel> make_training_model(const GPTConfig& cfg, const TrainConfig& t,
                                               Backend& be, const ParallelContext& ctx,
                                               const LayerRange* layers) {
-  ModelShard shard = make_model_shard(cfg, ctx, t.sequence_parallel, t.virtual_pipeline_size);
+  ModelShard shard = make_model_shard(cfg, ctx, t);
   if (layers) {
     TESSERA_CHECK(ctx.pp_size == 1 && shard.num_chunks() == 1,
                   "make_training_model: a layer range needs a single stage");
