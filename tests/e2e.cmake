@@ -63,6 +63,13 @@ tessera_e2e(train.layout_equivalence 57 TIMEOUT 900 PROCESSORS 2
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/test_layout_equivalence.sh
                  $<TARGET_FILE:tessera-train> ${CMAKE_SOURCE_DIR}/configs)
 
+# Uneven pipeline stages (issue 72): Megatron's split options and layout strings give the
+# single-rank losses for odd layer counts beside every dimension and family; checkpoints resume
+# across splits; bad splits refused in one line.
+tessera_e2e(train.uneven_stages 20 TIMEOUT 600 PROCESSORS 2
+            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/test_uneven_stages.sh ${CMAKE_BINARY_DIR}/bin
+                 ${CMAKE_SOURCE_DIR}/configs)
+
 # The model families of issue 41 (Qwen3's per-head q/k norms, Qwen3-MoE) give the single-rank
 # losses at TP+SP, PP, DP with the distributed optimizer, CP, EP and with recomputation.
 tessera_e2e(train.model_families 53 TIMEOUT 600 PROCESSORS 2

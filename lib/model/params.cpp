@@ -93,6 +93,7 @@ ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int p
   const int mtp = cfg.mtp() ? cfg.mtp_num_layers : 0;
   const std::vector<StageSpan> spans =
       split_stages(split, cfg.num_layers, mtp, pp_size, split.layout.empty() ? virtual_stages : 0);
+  require_mtp_with_loss(spans, split);
   const int V = static_cast<int>(spans.size()) / pp_size;
   TESSERA_CHECK(pp_rank >= 0 && pp_rank < pp_size, "pipeline rank ", pp_rank, " of ", pp_size);
   ModelShard s;

@@ -107,10 +107,10 @@ std::vector<StageSpan> from_layout(const PipelineSplitOptions& o, int L, int M, 
   // The flattened layout in layer order is the stages in order of s.
   std::string flat;
   for (const std::string& s : stages) flat += s;
-  if (flat.empty() || flat.front() != 'E')
+  if (stages.front().empty() || stages.front().front() != 'E')
     throw ConfigError(concat(kLayout, " \"", o.layout,
                              "\" must begin with E (the embedding, in the first stage)"));
-  if (flat.back() != 'L')
+  if (stages.back().empty() || stages.back().back() != 'L')
     throw ConfigError(
         concat(kLayout, " \"", o.layout, "\" must end with L (the loss, in the last stage)"));
   if (count_of(stages, 'E') != 1)
@@ -149,11 +149,6 @@ std::vector<StageSpan> from_layout(const PipelineSplitOptions& o, int L, int M, 
       throw ConfigError(concat(kLayout, " \"", o.layout,
                                "\": all MTP layers (m) must be in one stage (stage ", s, " holds ",
                                sp.mtp, " of ", M, ")"));
-    if (sp.mtp > 0 && !sp.loss)
-      throw ConfigError(concat(
-          kLayout, " \"", o.layout, "\": the MTP layers are in stage ", s,
-          " without the loss; Tessera runs multi-token prediction in the loss's stage: write "
-          "them together (\"...mL\")"));
   }
   return spans;
 }
@@ -262,6 +257,15 @@ std::vector<StageSpan> split_stages(const PipelineSplitOptions& o, int L, int M,
   spans.back().loss = true;
   spans.back().mtp = M;
   return spans;
+}
+
+void require_mtp_with_loss(const std::vector<StageSpan>& spans, const PipelineSplitOptions& o) {
+  for (size_t s = 0; s < spans.size(); ++s)
+    if (spans[s].mtp > 0 && !spans[s].loss)
+      throw ConfigError(concat(
+          kLayout, " \"", o.layout, "\": the MTP layers are in stage ", s,
+          " without the loss; Tessera runs multi-token prediction in the loss's stage: write "
+          "them together (\"...mL\")"));
 }
 
 std::string describe_stage(const StageSpan& s) {

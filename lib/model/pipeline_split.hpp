@@ -49,8 +49,11 @@ int layout_virtual_stages(const std::string& layout, int pp);
 std::vector<StageSpan> split_stages(const PipelineSplitOptions& o, int num_layers, int mtp_layers,
                                     int pp, int vp);
 
-// "E t*3 | t*2 ..." as Megatron's pretty_repr prints a stage: "embedding,decoder*3", or
-// "(empty stage)".
+// Megatron-LM lets a layout put the MTP layers in a stage of their own before the loss's
+// ("...m|L", its mtp_standalone); Tessera runs them in the loss's stage and refuses that here.
+void require_mtp_with_loss(const std::vector<StageSpan>& spans, const PipelineSplitOptions& o);
+
+// A stage as Megatron's pretty_repr prints it: "embedding,decoder*3", or "(empty stage)".
 std::string describe_stage(const StageSpan& s);
 
 }  // namespace tessera

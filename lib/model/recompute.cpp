@@ -85,9 +85,8 @@ std::vector<LayerRecompute> plan_recompute(const RecomputeConfig& rc, int layer_
 
 std::vector<LayerRecompute> plan_recompute(const RecomputeConfig& rc, const ModelShard& shard) {
   std::vector<LayerRecompute> plan;
-  int widest = 0;
-  for (const LayerRange& c : shard.chunks) widest = std::max(widest, c.size());
-  if (widest > 0 && rc.granularity != RecomputeGranularity::None) rc.validate(widest);
+  // --recompute-num-layers was checked against the widest stage of the whole model
+  // (validate_layout); a narrower stage recomputes all its layers (Megatron-LM's slicing).
   for (const LayerRange& c : shard.chunks) {
     const auto p = stage_plan(rc, c.begin, c.end);
     plan.insert(plan.end(), p.begin(), p.end());

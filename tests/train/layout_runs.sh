@@ -18,11 +18,11 @@ worst() {  # the worst relative loss difference of two runs over 20 iterations
     { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
     END { if (n != 20) print "missing"; else printf "%.3g", w }'
 }
-within() {  # within BASE NAME DESCRIPTION: every loss within 1e-5 relative
-  local w
+within() {  # within BASE NAME DESCRIPTION [TOLERANCE]: every loss within 1e-5 (or TOLERANCE)
+  local w t=${4:-1e-5}
   w=$(worst "$1" "$2")
-  if [ "$w" = missing ] || awk -v w="$w" 'BEGIN { exit !(w > 1e-5) }'; then
-    bad "$2 ($3): worst relative loss difference $w against $1"
+  if [ "$w" = missing ] || awk -v w="$w" -v t="$t" 'BEGIN { exit !(w > t) }'; then
+    bad "$2 ($3): worst relative loss difference $w against $1 (bound $t)"
   else
     ok "$2 ($3): worst relative difference $w over 20 iterations"
   fi

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# test_uneven_stages.sh: uneven pipeline stages (issue 72) train the single-rank model. With an odd
+# layer count (5; DeepSeek's 5 + one MTP layer) and dropout on, every iteration's loss of 20 equals
+# the single-rank run's to 1e-6 relative in f32 at PP2 (--decoder-first-pipeline-num-layers), PP3
+# (first and last), PP4 (a layout string with an empty stage) and PP2 x VP2 (a layout string), and
+# beside every other dimension: TP2 + SP, CP2, DP2 with the distributed optimizer, Megatron-FSDP,
+# full and selective recomputation, the embedding and loss counted as layers; for GPT-2, Llama,
+# Qwen3, Mixtral (EP2) and DeepSeek-V3 (MLA, its router, MTP in the loss's stage). A checkpoint
+# saved at an uneven split resumes on one rank, and one saved on one rank resumes at an uneven
+# split, each giving the uninterrupted run's losses (1e-6). Bad splits: one error
+# line naming the option, exit 2.
+# Usage: test_uneven_stages.sh BIN_DIR CONFIG_DIR
+set -u
+bin=$1
+configs=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fail=0
+# shellcheck source=../lib.sh
+source "$(dirname "$0")/../lib.sh"  # ok, bad, losses, iteration_losses
+common=(--num-layers 5 --hidden-size 32 --num-attention-heads 4 --seq-length 32
+        --max-position-embeddings 64 --vocab-size 200 --mock-data --global-batch-size 8
+        --micro-batch-size 2 --train-iters 20 --log-interval 1 --lr-warmup-iters 2 --threads 1
+        --device cpu --eval-interval 0 --seed 1 --attention-dropout 0.1 --hidden-dropout 0.1)
+# shellcheck source=layout_runs.sh
+source "$(dirname "$0")/layout_runs.sh"  # run, worst, within
+tol=1e-6
+
+family() {  # family NAME CONFIG [options]: the single-rank base run of a family
+  local name=$1 config=$2
+  shift 2
+  run "$name" 1 --config "$configs/$config" "$@"
+}
+layouts() {  # layouts BASE CONFIG "NAME NP options..." ...: each against BASE
+  local base=$1 config=$2 spec
+  shift 2
+  for spec in "$@"; do
+    set -- $spec
+    local name=$1 np=$2
+    shift 2
+    run "$name" "$np" --config "$configs/$config" "${extra[@]}" "$@" &&
+      within "$base" "$name" "np $np $*" "$tol"
+  done
+}
+
+# GPT-2: every split kind, and beside every other dimension.
+extra=()
+family gpt2 gpt2-tiny.ini || exit 1
+layouts gpt2 gpt2-tiny.ini \
+  "gpt2-pp2-first2 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 2" \
+  "gpt2-pp3-first1-last2 3 --pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 2" \
+  "gpt2-pp4-layout 4 --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout E|tt||tttL" \
+  "gpt2-pp2-vp2 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|tt|t|tL" \
+  "gpt2-pp2-accounted 2 --pipeline-model-parallel-size 2 --account-for-loss-in-pipeline-split" \
+  "gpt2-tp2sp-pp2 4 --tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2 --decoder-last-pipeline-num-layers 1" \
+  "gpt2-cp2-pp2 4 --context-parallel-size 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 3" \
+  "gpt2-dp2-pp2-dist 4 --use-distributed-optimizer --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 2" \
+  "gpt2-dp2-pp2-fsdp 4 --use-megatron-fsdp --pipeline-model-parallel-size 2 --decoder-last-pipeline-num-layers 2" \
+  "gpt2-pp3-full 3 --pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 2 --recompute-granularity full --recompute-method uniform --recompute-num-layers 2" \
+  "gpt2-pp2-vp2-selective 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Ett|t|t|tL --recompute-granularity selective"
+
+# Llama and Qwen3 (RoPE, SwiGLU, grouped-query attention; Qwen3's q/k norms).
+family llama llama-tiny.ini || exit 1
+layouts llama llama-tiny.ini \
+  "llama-pp3 3 --pipeline-model-parallel-size 3 --pipeline-model-parallel-layout Ett|t|ttL" \
+  "llama-tp2-pp2-vp2 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|t|tt|tL"
+family qwen3 qwen3-tiny.ini || exit 1
+layouts qwen3 qwen3-tiny.ini \
+  "qwen3-pp2 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 3"
+
+# Mixtral (a MoE MLP in every layer) with expert parallelism.
+family mixtral mixtral-tiny.ini || exit 1
+layouts mixtral mixtral-tiny.ini \
+  "mixtral-ep2-pp2 4 --expert-model-parallel-size 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 2"
+
+# DeepSeek-V3: MLA, a dense first layer then its router, one MTP layer with the loss.
+ds=(--moe-layer-freq "[0,1,1,1,1]" --mtp-num-layers 1)
+extra=("${ds[@]}")
+family deepseek deepseek-tiny.ini "${ds[@]}" || exit 1
+layouts deepseek deepseek-tiny.ini \
+  "deepseek-pp2-layout 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Ett|tttmL" \
+  "deepseek-pp2-accounted 2 --pipeline-model-parallel-size 2 --account-for-embedding-in-pipeline-split" \
+  "deepseek-ep2-pp2 4 --expert-model-parallel-size 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1"
+extra=()
+
+# Checkpoints carry no split: saved uneven, resumed on one rank; saved on one rank, resumed uneven
+# (5 layers have no even split at PP 2 to 4).
+run ck-uneven 3 --config "$configs/gpt2-tiny.ini" --pipeline-model-parallel-size 3 \
+  --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 2 \
+  --save "$work/ck-uneven" --save-interval 10 --exit-interval 10 &&
+run resume-r1 1 --config "$configs/gpt2-tiny.ini" --load "$work/ck-uneven" &&
+run ck-r1 1 --config "$configs/gpt2-tiny.ini" --save "$work/ck-r1" --save-interval 10 \
+  --exit-interval 10 &&
+run resume-uneven 2 --config "$configs/gpt2-tiny.ini" --pipeline-model-parallel-size 2 \
+  --pipeline-model-parallel-layout "Et|tt|t|tL" --load "$work/ck-r1"
+for r in resume-r1 resume-uneven; do  # iterations 11-20 against the uninterrupted run's
+  w=$(paste <(iteration_losses "$work/gpt2.jsonl" | awk '$1 > 10 { print $2 }') \
+            <(iteration_losses "$work/$r.jsonl" | awk '{ print $2 }') | awk '
+        { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
+        END { if (n != 10) print "missing"; else printf "%.3g", w }')
+  if [ "$w" != missing ] && awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
+    ok "$r: iterations 11-20 within $w of the uninterrupted run's"
+  else
+    bad "$r: iterations 11-20 differ from the uninterrupted run's by $w"
+  fi
+done
+
+# Bad splits: one line naming the option, exit 2.
+refuse() {  # refuse PATTERN options...
+  local pattern=$1 out rc
+  shift
+  out=$("$bin/tessera-train" --config "$configs/gpt2-tiny.ini" "${common[@]}" --dry-run "$@" 2>&1)
+  rc=$?
+  if [ $rc -eq 2 ] && [ "$(echo "$out" | grep -c 'error:')" -eq 1 ] && echo "$out" | grep -Eq -- "$pattern"; then
+    ok "refused: $*"
+  else
+    bad "not refused as '$pattern' (exit $rc): $* -> $(echo "$out" | tail -2)"
+  fi
+}
+refuse "needs --pipeline-model-parallel-size > 1" --decoder-first-pipeline-num-layers 2
+refuse "--decoder-first-pipeline-num-layers=0 is out of range" --world-size 2 \
+  --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 0
+refuse "leaves 1 layers for 0 middle pipeline stages" --world-size 2 \
+  --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 2
+refuse "places 4 decoder layers \(t\), but --num-layers=5" --world-size 2 \
+  --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Ett|ttL"
+refuse "invalid layer character 'x'" --world-size 2 --pipeline-model-parallel-size 2 \
+  --pipeline-model-parallel-layout "Ettx|tttL"
+refuse "--virtual-pipeline-model-parallel-size=3 disagrees with --pipeline-model-parallel-layout" \
+  --world-size 2 --pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 3 \
+  --pipeline-model-parallel-layout "Et|tt|t|tL"
+refuse "places every layer itself: drop --decoder-first-pipeline-num-layers" --world-size 2 \
+  --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 2 \
+  --pipeline-model-parallel-layout "Ett|tttL"
+refuse "--num-layers-per-virtual-pipeline-stage cannot be given with uneven stages" \
+  --world-size 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 2 \
+  --num-layers-per-virtual-pipeline-stage 1
+refuse "6 layers \(--num-layers=5 \+ 1 for the embedding\) are not divisible by --pipeline-model-parallel-size=4" \
+  --world-size 4 --pipeline-model-parallel-size 4 --account-for-embedding-in-pipeline-split
+exit $fail
