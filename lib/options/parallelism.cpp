@@ -227,7 +227,44 @@ class ParallelismOptions : public OptionGroup {
         o.train.global_batch(layout.dp), o.train.micro_batch_size,
         o.train.num_micro_batches(layout.dp), layout.dp);
     out << buf;
+    if (o.train.pipeline_split.uneven()) split_line(d, out);
     if (layout.cp > 1) context_parallel_line(d, out);
+  }
+
+  // The stages of an uneven split, as Megatron's pretty_repr groups them: each pipeline rank's
+  // virtual stages (";" between them), equal neighbouring ranks together.
+  static void split_line(const DryRunContext& d, std::ostream& out) {
+    const RunOptions& o = d.o;
+    const PipelineSplitOptions& ps = o.train.pipeline_split;
+    const int pp = d.layout.pp;
+    const std::vector<StageSpan> spans =
+        split_stages(ps, o.model.num_layers, o.model.mtp() ? o.model.mtp_num_layers : 0, pp,
+                     ps.layout.empty() ? o.train.virtual_pipeline_size : 0);
+    const int V = static_cast<int>(spans.size()) / pp;
+    std::vector<std::string> rows;
+    for (int r = 0; r < pp; ++r) {
+      std::string row;
+      for (int c = 0; c < V; ++c)
+        row += (c ? "; " : "") + describe_stage(spans[static_cast<size_t>(c * pp + r)]);
+      rows.push_back(row);
+    }
+    std::string line;
+    for (int r = 0; r < pp;) {
+      int e = r;
+      while (e + 1 < pp && rows[static_cast<size_t>(e + 1)] == rows[static_cast<size_t>(r)]) ++e;
+      line += detail::concat(line.empty() ? "" : " | ", e > r ? "PP ranks " : "PP rank ", r,
+                             e > r ? detail::concat("-", e) : std::string(), ": ",
+                             rows[static_cast<size_t>(r)]);
+      r = e + 1;
+    }
+    const std::string source =
+        !ps.layout.empty()
+            ? "--pipeline-model-parallel-layout \"" + ps.layout + "\""
+            : ps.first > 0 || ps.last > 0
+                  ? std::string("--decoder-first/last-pipeline-num-layers")
+                  : std::string("the embedding and loss counted as layers");
+    out << "pipeline split (" << source << "; " << V << " virtual stage" << (V > 1 ? "s" : "")
+        << " per rank): " << line << "\n";
   }
 
  private:

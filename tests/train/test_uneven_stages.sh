@@ -5,7 +5,8 @@
 # (first and last), PP4 (a layout string with an empty stage) and PP2 x VP2 (a layout string), and
 # beside every other dimension: TP2 + SP, CP2, DP2 with the distributed optimizer, Megatron-FSDP,
 # full and selective recomputation, the embedding and loss counted as layers; for GPT-2, Llama,
-# Qwen3, Mixtral (EP2) and DeepSeek-V3 (MLA, its router, MTP in the loss's stage). A checkpoint
+# Qwen3, Mixtral (EP2) and DeepSeek-V3 (MLA, its router, MTP in the loss's stage); Llama 3.1 405B's
+# published PP8 x VP8 with the embedding and loss counted on 126 layers bitwise. A checkpoint
 # saved at an uneven split resumes on one rank, and one saved on one rank resumes at an uneven
 # split, each giving the uninterrupted run's losses (1e-6). Bad splits: one error
 # line naming the option, exit 2.
@@ -85,6 +86,21 @@ layouts deepseek deepseek-tiny.ini \
   "deepseek-ep2-pp2 4 --expert-model-parallel-size 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1"
 extra=()
 
+# Llama 3.1 405B's published pipeline options on its 126 layers (a tiny width): PP8 x VP8 with the
+# embedding and loss counted, 8 ranks, 2 iterations: the one rank's losses bitwise.
+big=(--config "$configs/llama-tiny.ini" --num-layers 126 --global-batch-size 16 --micro-batch-size 1
+     --train-iters 2)
+run llama405 1 "${big[@]}" &&
+run llama405-pp8vp8 8 "${big[@]}" --pipeline-model-parallel-size 8 \
+  --num-virtual-stages-per-pipeline-rank 8 --account-for-embedding-in-pipeline-split \
+  --account-for-loss-in-pipeline-split &&
+if [ "$(losses "$work/llama405.jsonl" | wc -l)" -eq 2 ] &&
+   diff <(losses "$work/llama405.jsonl") <(losses "$work/llama405-pp8vp8.jsonl") >/dev/null; then
+  ok "126 layers at PP8 x VP8, embedding and loss counted: the one rank's losses bitwise"
+else
+  bad "126 layers at PP8 x VP8: $(losses "$work/llama405-pp8vp8.jsonl" | tr '\n' ' ') against $(losses "$work/llama405.jsonl" | tr '\n' ' ')"
+fi
+
 # Checkpoints carry no split: saved uneven, resumed on one rank; saved on one rank, resumed uneven
 # (5 layers have no even split at PP 2 to 4).
 run ck-uneven 3 --config "$configs/gpt2-tiny.ini" --pipeline-model-parallel-size 3 \
@@ -106,6 +122,13 @@ for r in resume-r1 resume-uneven; do  # iterations 11-20 against the uninterrupt
     bad "$r: iterations 11-20 differ from the uninterrupted run's by $w"
   fi
 done
+
+# --dry-run names each rank's stages (Megatron's pretty_repr, equal ranks grouped).
+line=$("$bin/tessera-train" --config "$configs/llama-tiny.ini" "${common[@]}" --num-layers 7 \
+  --dry-run --world-size 4 --pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 1 2>&1 |
+  grep '^pipeline split')
+want="pipeline split (--decoder-first/last-pipeline-num-layers; 1 virtual stage per rank): PP rank 0: embedding,decoder | PP ranks 1-2: decoder*2 | PP rank 3: decoder*2,loss"
+if [ "$line" = "$want" ]; then ok "--dry-run: $line"; else bad "--dry-run printed '$line'"; fi
 
 # Bad splits: one line naming the option, exit 2.
 refuse() {  # refuse PATTERN options...
