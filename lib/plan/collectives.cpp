@@ -71,6 +71,7 @@ PieceRecording piece_recording(const GPTConfig& cfg, const TrainConfig& t, const
   PieceRecording r;
   r.t = t;
   r.t.virtual_pipeline_size = 1;
+  r.t.pipeline_split = {};  // one stage: its layers are the window below
   r.t.dist_opt_instances = 1;
   r.t.outer_dp_shards_optim = false;
   if (r.t.recompute.full()) {

@@ -133,10 +133,12 @@ PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world
                   }
                   ++r.valid;
                   // The fullest rank is on the first stage (the most micro-batches in flight, the
-                  // embedding) or the last (the output layer, multi-token prediction).
-                  for (int s : {0, pp - 1})
-                    c.memory = std::max(c.memory,
-                                        estimate_rank_memory(cfg, t, layout, s, ep).total_bytes());
+                  // embedding) or the last (the output layer, multi-token prediction); with
+                  // uneven stages it may be any.
+                  for (int s = 0; s < pp; ++s)
+                    if (s == 0 || s == pp - 1 || t.pipeline_split.uneven())
+                      c.memory = std::max(
+                          c.memory, estimate_rank_memory(cfg, t, layout, s, ep).total_bytes());
                   if (c.memory > capacity) continue;
                   ++r.fitting;
                   c.prediction = predict_step(cfg, t, layout, ep, cluster, rates, &pieces);

@@ -129,4 +129,13 @@ check hsdp-optim-dp4-pp2 8 gpt --pipeline-model-parallel-size 2 --use-megatron-f
   --num-distributed-optimizer-instances 2 --outer-dp-sharding-strategy optim
 check hsdp-distopt-ep2-dp4 4 moe --expert-model-parallel-size 2 --bf16 --use-distributed-optimizer \
   --num-distributed-optimizer-instances 2 --overlap-param-gather
+# Uneven stages (issue 72): 5 layers at TP2 + SP x PP3 (first 1, last 2), a layout with an
+# empty virtual stage at PP2 x VP2 (the ring), and DeepSeek's MTP beside the loss in a layout.
+check uneven-tp2sp-pp3 6 gpt --num-layers 5 --tensor-model-parallel-size 2 --sequence-parallel \
+  --pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 1 \
+  --decoder-last-pipeline-num-layers 2
+check layout-pp2-vp2-empty 2 gpt --num-layers 5 --pipeline-model-parallel-size 2 \
+  --pipeline-model-parallel-layout "Et|tt||ttL"
+check deepseek-mtp-layout-pp2 2 deepseek --pipeline-model-parallel-size 2 --mtp-num-layers 1 \
+  --pipeline-model-parallel-layout "Et|tttmL"
 exit $fail
