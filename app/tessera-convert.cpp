@@ -158,6 +158,7 @@ int main(int argc, char** argv) {
       check_target_expert_parallel(meta.model, ep, from_hf);
       meta.tp_size = tp;
       meta.pp_size = pp;
+      meta.pipeline_layout.clear();
       meta.has_optimizer = false;
       meta.config_text = "# imported from Hugging Face " + type + " directory " + from_hf + "\n";
       if (meta.model.moe()) {  // HF's router_aux_loss_coef, kept for training and the export

@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
               << std::endl;
     meta.tp_size = tp;
     meta.pp_size = pp;
+    meta.pipeline_layout.clear();  // written at the even split
     write_checkpoint(
         save, meta,
         [&](const std::string& group, const ParamSpec& s, float* out) {

@@ -130,6 +130,8 @@ void write_meta(hid_t f, const CheckpointMeta& m, const ModelShard& sh) {
     for (int l : sh.layers()) layers.push_back(l);
     h5_write_attr(f, "layers", layers);
     h5_write_attr(f, "virtual_pipeline_model_parallel_size", static_cast<int64_t>(sh.num_chunks()));
+    if (!m.pipeline_layout.empty())
+      h5_write_attr(f, "pipeline_model_parallel_layout", m.pipeline_layout);
   }
   h5_write_attr(f, "has_optimizer", static_cast<int64_t>(m.has_optimizer));
   h5_write_attr(f, "config", m.config_text);
@@ -158,6 +160,7 @@ const std::vector<std::string>& checkpoint_file_attributes() {
     for (const char* a :
          {"padded_vocab_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
           "data_parallel_size", "tp_rank", "layers", "virtual_pipeline_model_parallel_size",
+          "pipeline_model_parallel_layout",
           "has_optimizer", "config", "tokenizer"})
       n.push_back(a);
     return n;
@@ -359,6 +362,7 @@ CheckpointMeta read_checkpoint_meta(hid_t f, const std::string& file) {
   h5_read_attr(f, "config", meta.config_text);
   h5_read_attr(f, "rerun_state", meta.rerun_state);  // optional: a rerun pending
   h5_read_attr(f, "tokenizer", meta.tokenizer);      // optional: the data's tokenizer
+  h5_read_attr(f, "pipeline_model_parallel_layout", meta.pipeline_layout);  // optional: uneven
 
   return meta;
 }

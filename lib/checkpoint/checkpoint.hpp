@@ -45,6 +45,10 @@ struct CheckpointMeta {
   uint64_t seed = 0;
   GPTConfig model;
   int tp_size = 1, pp_size = 1, dp_size = 1;
+  // The stage split the files were saved at when uneven (model/pipeline_split.hpp's layout
+  // string, every layer written out); empty: the even split. Loading never needs it (files name
+  // their layers); the verifier checks each file's layers against it.
+  std::string pipeline_layout;
   bool has_optimizer = true;
   std::string config_text;  // the run's options, INI
   // The tokenizer of the training data (its shards' `tokenizer`: "gpt2-bpe", "hf:..."); empty

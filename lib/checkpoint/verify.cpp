@@ -445,8 +445,10 @@ void layout_expected_tensors(FileCheck& fc, const ExpectedModel& m,
   const ShardFile& f = *fc.file;
   if (!m.have_layout || f.tp >= r.tp_size || f.pp >= r.pp_size) return;
   try {
+    PipelineSplitOptions split;  // the uneven split the files were saved at, if any
+    split.layout = m.meta.pipeline_layout;
     const ModelShard shard =
-        model_shard_for(m.meta.model, r.tp_size, f.tp, r.pp_size, f.pp, m.virtual_stages);
+        model_shard_for(m.meta.model, r.tp_size, f.tp, r.pp_size, f.pp, m.virtual_stages, split);
     std::vector<int64_t> layers;
     for (int l : shard.layers()) layers.push_back(l);
     const std::string have = attribute_text(fc.h, "layers");

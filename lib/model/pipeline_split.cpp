@@ -268,6 +268,18 @@ void require_mtp_with_loss(const std::vector<StageSpan>& spans, const PipelineSp
           "them together (\"...mL\")"));
 }
 
+std::string layout_string(const std::vector<StageSpan>& spans) {
+  std::string out;
+  for (size_t s = 0; s < spans.size(); ++s) {
+    if (s) out += '|';
+    if (spans[s].embedding) out += 'E';
+    out += std::string(static_cast<size_t>(spans[s].layers()), 't');
+    out += std::string(static_cast<size_t>(spans[s].mtp), 'm');
+    if (spans[s].loss) out += 'L';
+  }
+  return out;
+}
+
 std::string describe_stage(const StageSpan& s) {
   std::vector<std::string> parts;
   auto add = [&](const char* name, int n) {

@@ -53,6 +53,10 @@ std::vector<StageSpan> split_stages(const PipelineSplitOptions& o, int num_layer
 // ("...m|L", its mtp_standalone); Tessera runs them in the loss's stage and refuses that here.
 void require_mtp_with_loss(const std::vector<StageSpan>& spans, const PipelineSplitOptions& o);
 
+// The spans as a layout string, every layer written out ("Ett|tt|ttmL"): what a checkpoint
+// records of the split it was saved at (split_stages of it gives the spans back).
+std::string layout_string(const std::vector<StageSpan>& spans);
+
 // A stage as Megatron's pretty_repr prints it: "embedding,decoder*3", or "(empty stage)".
 std::string describe_stage(const StageSpan& s);
 

@@ -111,6 +111,20 @@ run ck-r1 1 --config "$configs/gpt2-tiny.ini" --save "$work/ck-r1" --save-interv
   --exit-interval 10 &&
 run resume-uneven 2 --config "$configs/gpt2-tiny.ini" --pipeline-model-parallel-size 2 \
   --pipeline-model-parallel-layout "Et|tt|t|tL" --load "$work/ck-r1"
+# The checkpoint records its split (pipeline_model_parallel_layout) for the verifier, and reshards.
+if "$bin/tessera-checkpoint" verify "$work/ck-uneven" > "$work/verify.log" 2>&1 &&
+   grep -q ": clean$" "$work/verify.log"; then
+  ok "tessera-checkpoint verify: the uneven checkpoint is clean"
+else
+  bad "tessera-checkpoint verify of the uneven checkpoint: $(tail -2 "$work/verify.log")"
+fi
+if "$bin/tessera-reshard" --load "$work/ck-uneven" --save "$work/ck-resharded" \
+     --target-tensor-model-parallel-size 1 --target-pipeline-model-parallel-size 1 > "$work/reshard.log" 2>&1 &&
+   "$bin/tessera-checkpoint" verify "$work/ck-resharded" 2>&1 | grep -q ": clean$"; then
+  ok "tessera-reshard: the uneven checkpoint to one stage, verified clean"
+else
+  bad "tessera-reshard of the uneven checkpoint: $(tail -2 "$work/reshard.log")"
+fi
 for r in resume-r1 resume-uneven; do  # iterations 11-20 against the uninterrupted run's
   w=$(paste <(iteration_losses "$work/gpt2.jsonl" | awk '$1 > 10 { print $2 }') \
             <(iteration_losses "$work/$r.jsonl" | awk '{ print $2 }') | awk '
