@@ -468,6 +468,16 @@ void layout_expected_tensors(FileCheck& fc, const ExpectedModel& m,
     for (const ParamSpec& s : build_param_specs(m.meta.model, shard))
       for (const std::string& g : groups) fc.expected[g + "/" + s.name] = s;
     for (int l : shard.layers()) fc.optional.insert("fp8/" + fp8_state_name(l));
+    // The aux-loss-free router's expert bias of each MoE layer (group "router", E unsplit).
+    const GPTConfig& mc = m.meta.model;
+    if (mc.moe_router_enable_expert_bias)
+      for (int l : shard.layers()) {
+        if (!mc.is_moe_layer(l)) continue;
+        ParamSpec s;
+        s.name = expert_bias_name(l);
+        s.global_shape = s.local_shape = {mc.num_experts};
+        fc.expected[std::string(kRouterGroup) + "/" + s.name] = s;
+      }
     fc.fp8_columns = fp8_state_columns(m.meta.model.num_experts);
   } catch (const Error& e) {
     r.problems.push_back(f.path + ": the model its attributes record cannot be laid out at " +

@@ -119,6 +119,11 @@ void mtp_buffers(const SlotBuilder& sb, Activations& a, Activations& shared) {
     m.losses = sb.f32({N});
     a.mtp.push_back(std::move(m));
   }
+  if (!a.rowmax.defined()) {  // a stage of its own: the cross-entropy's row statistics
+    a.rowmax = sb.f32({N});
+    a.sumexp = sb.f32({N});
+    a.target_logit = sb.f32({N});
+  }
   if (!shared.mtp_dmain.defined()) {
     shared.mtp_dmain = sb.res();
     shared.mtp_dh = sb.res();
@@ -204,8 +209,8 @@ std::vector<Activations> build_activation_slots(const GPTConfig& cfg, const Mode
         mlp.fit(sb, la);
         a.layers.push_back(std::move(la));
       }
-      if (shard.has_head && c == shard.num_chunks() - 1) {
-        head_buffers(sb, a);
+      if (c == shard.num_chunks() - 1) {
+        if (shard.has_head) head_buffers(sb, a);
         mtp_buffers(sb, a, shared);  // multi-token prediction's layers (kept whole) and tensors
       }
       slots.push_back(std::move(a));

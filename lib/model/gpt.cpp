@@ -248,9 +248,18 @@ void GPTModel::head_forward(Activations& a, float grad_scale, Tensor& losses_out
   notify(&PassObserver::after_forward, kHeadPiece);
 }
 
+void GPTModel::mtp_forward(Activations& a, float grad_scale) {
+  notify(&PassObserver::before_forward, kHeadPiece);
+  if (a.dropout.training)
+    mtp_->forward(a, grad_scale, stage_output(a),
+                  [this](int l, Activations& x) { block_forward(l, x); });
+  notify(&PassObserver::after_forward, kHeadPiece);
+}
+
 double GPTModel::forward(Activations& a, float grad_scale) {
   if (embeds(a)) embed_forward(a);
   for (int l = chunk_layers(a).begin; l < chunk_layers(a).end; ++l) block_forward(l, a);
+  if (ends_in_mtp(a)) mtp_forward(a, grad_scale);
   return ends_in_head(a) ? head_forward(a, grad_scale) : 0.0;
 }
 
@@ -275,6 +284,12 @@ void GPTModel::head_backward(Activations& a) {
   services_->norm_backward(a.dres, dlnf_w, dlnf_b, dlnf, stage_output(a),
                            params_->compute_param("lnf.weight"), a.lnf_mean, a.lnf_rstd);
   if (mtp_ && a.dropout.training)  // adds the MTP chain's gradient
+    mtp_->backward(a, stage_output(a), [this](int l, Activations& x) { block_backward(l, x); });
+}
+
+void GPTModel::mtp_backward(Activations& a) {
+  notify(&PassObserver::before_backward, kHeadPiece);
+  if (a.dropout.training)  // a.dres: the next stage's gradient of this stage's output
     mtp_->backward(a, stage_output(a), [this](int l, Activations& x) { block_backward(l, x); });
 }
 
@@ -347,6 +362,9 @@ void GPTModel::backward(Activations& a) {
   if (ends_in_head(a)) {
     head_backward(a);
     ready(kHeadPiece);
+  } else if (ends_in_mtp(a)) {
+    mtp_backward(a);
+    ready(kHeadPiece);
   }
   for (int l = chunk_layers(a).end - 1; l >= chunk_layers(a).begin; --l) {
     block_backward(l, a);
@@ -373,7 +391,7 @@ void GPTModel::reduce_sequence_parallel_grads(int piece) {
     Tensor g = params_->grad(name);
     tp_.all_reduce(g, ReduceOp::Sum);
   };
-  if (piece == kHeadPiece) {
+  if (piece == kHeadPiece && shard_.has_head) {
     reduce("lnf.weight");
     if (!cfg_.rmsnorm()) reduce("lnf.bias");
   } else if (piece >= 0) {

@@ -83,6 +83,11 @@ class GPTModel {
 
   // Whether a's chunk begins with the embedding / ends with the head (first / last virtual stage).
   bool embeds(const Activations& a) const { return shard_.has_embedding && a.chunk == 0; }
+  // The chunk ends in multi-token prediction without the loss (a layout's "m|L"): its head piece
+  // is mtp_forward / mtp_backward.
+  bool ends_in_mtp(const Activations& a) const {
+    return !shard_.has_head && shard_.mtp_count > 0 && a.chunk == shard_.num_chunks() - 1;
+  }
   bool ends_in_head(const Activations& a) const {
     return shard_.has_head && a.chunk == shard_.num_chunks() - 1;
   }
@@ -98,6 +103,10 @@ class GPTModel {
   // The same, leaving the token losses (N, f32) in `losses_out` (backend memory) instead of
   // summing them on the host: no device round trip per micro-batch.
   void head_forward(Activations& a, float grad_scale, Tensor& losses_out);
+  // The head piece of a chunk that ends in multi-token prediction alone (ends_in_mtp): its
+  // losses join the gradient (training micro-batches; nothing otherwise), the stage's output
+  // passes on unchanged; the backward adds its gradient of that output to a.dres.
+  void mtp_forward(Activations& a, float grad_scale);
   // All of a's chunk (first and last stage together when PP = 1): training's, evaluation's and
   // generation's forward (a.inference: the KV caches, the rows' positions, the output rows; the
   // head leaves their logits in the context instead of a loss).
@@ -107,6 +116,7 @@ class GPTModel {
   // layers in reverse order (the last layer first): with full recomputation, the backward of a
   // chunk's last layer first re-runs the chunk's forward.
   void head_backward(Activations& a);
+  void mtp_backward(Activations& a);
   void block_backward(int layer, Activations& a);
   void embed_backward(Activations& a);
   void backward(Activations& a);

@@ -93,7 +93,6 @@ ModelShard model_shard_for(const GPTConfig& cfg, int tp_size, int tp_rank, int p
   const int mtp = cfg.mtp() ? cfg.mtp_num_layers : 0;
   const std::vector<StageSpan> spans =
       split_stages(split, cfg.num_layers, mtp, pp_size, split.layout.empty() ? virtual_stages : 0);
-  require_mtp_with_loss(spans, split);
   const int V = static_cast<int>(spans.size()) / pp_size;
   TESSERA_CHECK(pp_rank >= 0 && pp_rank < pp_size, "pipeline rank ", pp_rank, " of ", pp_size);
   ModelShard s;
@@ -123,7 +122,9 @@ std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard
   ParamSpecBuilder b{cfg, shard, one_expert, {}, 0};
   // The tied word embedding lives on the first stage, and a copy on the last (Megatron's scheme);
   // untied, the last stage has an output layer of its own.
-  if (shard.has_embedding || (shard.has_head && cfg.embedding_on_last_stage()))
+  // Multi-token prediction on a stage of its own embeds the shifted tokens with a copy too.
+  if (shard.has_embedding || (shard.has_head && cfg.embedding_on_last_stage()) ||
+      shard.mtp_count > 0)
     b.add("wte", {V, h}, 0, ParamInit::Normal, std, true, cfg.vocab_size);
   if (shard.has_embedding && cfg.learned_positions())
     b.add("wpe", {cfg.max_positions(), h}, -1, ParamInit::Normal, std, true);
@@ -137,8 +138,9 @@ std::vector<ParamSpec> shard_specs(const GPTConfig& cfg, const ModelShard& shard
     norm(p + "ln2");
     make_mlp_part(spec, cfg, shard, nullptr)->add_params(b, l);
   }
-  if (shard.has_head) {
-    norm("lnf");
+  if (shard.head_piece()) {
+    if (shard.has_head) norm("lnf");
+    // The output layer; multi-token prediction on a stage of its own reads a copy.
     if (!cfg.tied_head()) b.add("lm_head", {V, h}, 0, ParamInit::Normal, std, true, cfg.vocab_size);
     MtpHead::add_params(b);  // multi-token prediction's (its layers' are above)
   }
@@ -231,7 +233,10 @@ std::vector<FlatBucket> layout_flat_buffer(std::vector<ParamSpec>& specs, const 
   const int n = static_cast<int>(specs.size());
   // Group whole parameters into buckets from the last one backwards.
   std::vector<FlatBucket> buckets;
-  auto alone = [&](int k) { return l.embedding_alone && specs[k].name == "wte"; };
+  auto alone = [&](int k) {
+    return (l.embedding_alone && specs[k].name == "wte") ||
+           (l.head_alone && specs[k].name == "lm_head");
+  };
   auto same_unit = [&](int a, int b) {
     return !l.fsdp_units || fsdp_unit_of(specs[a].name) == fsdp_unit_of(specs[b].name);
   };
@@ -412,7 +417,7 @@ std::vector<std::vector<int>> param_pieces(const std::vector<ParamSpec>& specs,
   for (const ParamSpec& s : specs) {
     std::vector<int> pieces;
     if (s.name == "wte") {
-      if (shard.has_head) pieces.push_back(kHeadPiece);
+      if (shard.head_piece()) pieces.push_back(kHeadPiece);
       if (shard.has_embedding) pieces.push_back(kEmbedPiece);
     } else if (s.name == "wpe") {
       pieces.push_back(kEmbedPiece);

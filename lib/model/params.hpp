@@ -66,11 +66,16 @@ struct ModelShard {
   // at the global positions cp_position(cp_rank, cp_size, T/2, t) of a cp_size*T-token
   // sequence; attention runs around the CP ring. Changes activations, never parameters.
   int cp_size = 1, cp_rank = 0;
-  // Multi-token prediction (the last stage): its transformer layers [mtp_begin, mtp_begin +
-  // mtp_count) (indices after the model's), run by the head piece, not by the chunk loops.
+  // Multi-token prediction: its transformer layers [mtp_begin, mtp_begin + mtp_count) (indices
+  // after the model's), run by the head piece of the last chunk, not by the chunk loops. On the
+  // last stage beside the loss, or (a layout's "m|L") on a stage of their own, whose head piece
+  // is then multi-token prediction alone: it holds copies of the word embedding and the output
+  // layer, their gradients summed with the other stages' (step/optimizer_set.cpp).
   int mtp_begin = 0, mtp_count = 0;
 
   int num_chunks() const { return static_cast<int>(chunks.size()); }
+  // The last chunk ends in a head piece: the loss, multi-token prediction, or both.
+  bool head_piece() const { return has_head || mtp_count > 0; }
   bool is_mtp_layer(int layer) const {
     return mtp_count > 0 && layer >= mtp_begin && layer < mtp_begin + mtp_count;
   }
@@ -171,6 +176,9 @@ struct FlatLayout {
   // (the buckets padded to a multiple of shards x shard_split).
   int shard_split = 1;
   bool embedding_alone = false;
+  // The output layer in a bucket of its own too: multi-token prediction on a stage of its own
+  // holds a copy, its gradient summed with the last stage's block by block.
+  bool head_alone = false;
   // Expert parallelism: routed experts' parameters never share a bucket with the others (their
   // buckets reduce over another group).
   bool experts_apart = false;

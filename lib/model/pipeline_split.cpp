@@ -259,13 +259,10 @@ std::vector<StageSpan> split_stages(const PipelineSplitOptions& o, int L, int M,
   return spans;
 }
 
-void require_mtp_with_loss(const std::vector<StageSpan>& spans, const PipelineSplitOptions& o) {
+int standalone_mtp_rank(const std::vector<StageSpan>& spans, int pp) {
   for (size_t s = 0; s < spans.size(); ++s)
-    if (spans[s].mtp > 0 && !spans[s].loss)
-      throw ConfigError(concat(
-          kLayout, " \"", o.layout, "\": the MTP layers are in stage ", s,
-          " without the loss; Tessera runs multi-token prediction in the loss's stage: write "
-          "them together (\"...mL\")"));
+    if (spans[s].mtp > 0 && !spans[s].loss) return static_cast<int>(s) % pp;
+  return -1;
 }
 
 std::string layout_string(const std::vector<StageSpan>& spans) {

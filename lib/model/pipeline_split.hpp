@@ -49,9 +49,9 @@ int layout_virtual_stages(const std::string& layout, int pp);
 std::vector<StageSpan> split_stages(const PipelineSplitOptions& o, int num_layers, int mtp_layers,
                                     int pp, int vp);
 
-// Megatron-LM lets a layout put the MTP layers in a stage of their own before the loss's
-// ("...m|L", its mtp_standalone); Tessera runs them in the loss's stage and refuses that here.
-void require_mtp_with_loss(const std::vector<StageSpan>& spans, const PipelineSplitOptions& o);
+// The pipeline rank whose last virtual stage runs multi-token prediction without the loss (a
+// layout's "m|L", Megatron's mtp_standalone); -1 when the MTP layers (if any) are with the loss.
+int standalone_mtp_rank(const std::vector<StageSpan>& spans, int pp);
 
 // The spans as a layout string, every layer written out ("Ett|tt|ttmL"): what a checkpoint
 // records of the split it was saved at (split_stages of it gives the spans back).

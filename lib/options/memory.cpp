@@ -137,11 +137,14 @@ class MemoryOptions : public OptionGroup {
                  adam = e.optimizer_bytes;
     char buf[400];
     std::snprintf(buf, sizeof buf,
-                  "stage %d (layers %s%s%s): parameters per rank %lld | memory per rank (GiB): "
+                  "stage %d (layers %s%s%s%s): parameters per rank %lld | memory per rank (GiB): "
                   "parameters %.3f, gradients %.3f, optimizer state %.3f, activations %.3f "
                   "(%d micro-batch%s in flight%s), total %.3f\n",
                   d.stage, shard.describe_layers().c_str(),
                   shard.has_embedding ? ", embedding" : "", shard.has_head ? ", head" : "",
+                  !shard.has_head && shard.mtp_count > 0
+                      ? ", multi-token prediction with copies of the embedding and output layer"
+                      : "",
                   (long long)local, gib(p), gib(g), gib(adam), gib(act), slots,
                   slots == 1 ? "" : "es", shard.num_chunks() > 1 ? " over its model chunks" : "",
                   gib(e.total_bytes() - e.fp8_state_bytes));

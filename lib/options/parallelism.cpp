@@ -174,9 +174,8 @@ class ParallelismOptions : public OptionGroup {
               : concat(vp_name, "=1: one model chunk per pipeline rank, the plain 1F1B schedule"));
     // Every stage split is checked here, before any rank builds its shard.
     if (ps.uneven())
-      require_mtp_with_loss(split_stages(ps, m.num_layers, m.mtp() ? m.mtp_num_layers : 0, o.pp,
-                                         ps.layout.empty() ? t.virtual_pipeline_size : 0),
-                            ps);
+      split_stages(ps, m.num_layers, m.mtp() ? m.mtp_num_layers : 0, o.pp,
+                   ps.layout.empty() ? t.virtual_pipeline_size : 0);
   }
 
   // The uneven-stage options' values (Megatron's: a count given must be >= 1) and what Megatron

@@ -236,7 +236,7 @@ void data_parallel_cost(const Model& m, const ModelShard& shard,
     for (int c = 0; c < V; ++c) {
       const LayerRange& r = shard.chunks[size_t(c)];
       const double pieces = std::max(
-          1, r.end - r.begin + (c == 0 && shard.has_embedding) + (c == V - 1 && shard.has_head));
+          1, r.end - r.begin + (c == 0 && shard.has_embedding) + (c == V - 1 && shard.head_piece()));
       const double d = chunk_dense[size_t(c)], e = chunk_experts[size_t(c)];
       const double gather = unit_params ? ag(inner, gi, m.wb * d) + ag(einner, ei, m.wb * e) : 0;
       const double reduce = ag(inner, gi, 4 * d) + ag(einner, ei, 4 * e);
@@ -334,10 +334,13 @@ StageCost stage_cost(const Model& m, int s, int micro, const PieceCalls& plan) {
     st.B[0] += eb;
     st.tp += micro * (e + eb);
   }
-  if (shard.has_head) {
+  if (shard.head_piece()) {  // the loss, multi-token prediction, or both
     const int last = shard.num_chunks() - 1;
     const double V_local = double(cfg.padded_vocab_size(TP)) / TP;
-    const double heads = 1 + shard.mtp_count;
+    const double heads = (shard.has_head ? 1 : 0) + shard.mtp_count;
+    // The recorded head piece holds the loss and multi-token prediction's depths: a stage with
+    // only the latter issues their share of its calls.
+    const double share = heads / (1.0 + cfg.mtp_num_layers * (cfg.mtp() ? 1 : 0));
     const double f = 2.0 * m.N * cfg.hidden_size * V_local;
     // The logits GEMM (twice its FLOPs backward); cross-entropy reads the logits once forward,
     // reads them and writes their gradient backward.
@@ -346,9 +349,10 @@ StageCost stage_cost(const Model& m, int s, int micro, const PieceCalls& plan) {
     const double head_fwd = heads * (gemm + pass), head_bwd = heads * (2 * gemm + 2 * pass);
     // The head piece's calls: multi-token prediction's layers included (theirs are the head's).
     const CallList hf = plan.head_forward(), hb = plan.head_backward(false);
-    const double comm_fwd = m.calls_time(hf, "tp"), comm_bwd = m.calls_time(hb, "tp");
-    const double ep_fwd = m.calls_time(hf, "ep"), ep_bwd = m.calls_time(hb, "ep");
-    const double once = m.calls_time(plan.head_backward(true), "tp") - comm_bwd;
+    const double comm_fwd = share * m.calls_time(hf, "tp"),
+                 comm_bwd = share * m.calls_time(hb, "tp");
+    const double ep_fwd = share * m.calls_time(hf, "ep"), ep_bwd = share * m.calls_time(hb, "ep");
+    const double once = share * m.calls_time(plan.head_backward(true), "tp") - comm_bwd;
     st.F[size_t(last)] += head_fwd + comm_fwd + ep_fwd;
     st.B[size_t(last)] += head_bwd + comm_bwd + ep_bwd;
     st.tp += micro * (comm_fwd + comm_bwd) + once;

@@ -67,13 +67,13 @@ int FsdpLedger::next_piece(int piece, bool forward) const {
     if (piece == kHeadPiece) return kNone;
     if (piece == kEmbedPiece) {
       const LayerRange& r = shard_.chunks[0];
-      return r.end > r.begin ? r.begin : C == 1 && shard_.has_head ? kHeadPiece : kNone;
+      return r.end > r.begin ? r.begin : C == 1 && shard_.head_piece() ? kHeadPiece : kNone;
     }
     for (int c = 0; c < C; ++c) {
       const LayerRange& r = shard_.chunks[static_cast<size_t>(c)];
       if (piece < r.begin || piece >= r.end) continue;
       if (piece + 1 < r.end) return piece + 1;
-      return c == C - 1 && shard_.has_head ? kHeadPiece : kNone;
+      return c == C - 1 && shard_.head_piece() ? kHeadPiece : kNone;
     }
     return kNone;
   }
@@ -223,7 +223,7 @@ int64_t fsdp_pool_bytes(const std::vector<ParamSpec>& specs, const std::vector<F
   for (const PipeStep& s : steps) {
     const LayerRange& r = shard.chunks[static_cast<size_t>(s.chunk)];
     const bool embed = s.chunk == 0 && shard.has_embedding;
-    const bool head = s.chunk == last && shard.has_head;
+    const bool head = s.chunk == last && shard.head_piece();
     if (s.forward) {
       if (embed) ledger.before_forward(kEmbedPiece), ledger.after_forward(kEmbedPiece);
       for (int l = r.begin; l < r.end; ++l) ledger.before_forward(l), ledger.after_forward(l);

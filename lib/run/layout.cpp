@@ -19,6 +19,12 @@ ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx, co
   return s;
 }
 
+int standalone_mtp_rank(const GPTConfig& cfg, const TrainConfig& t, int pp) {
+  if (!cfg.mtp() || t.pipeline_split.layout.empty()) return -1;
+  return standalone_mtp_rank(split_stages(t.pipeline_split, cfg.num_layers, cfg.mtp_num_layers, pp, 0),
+                             pp);
+}
+
 void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp, int cp) {
   using detail::concat;
   t.validate(dp);  // the batch's options at this DP (the global batch splits into micro-batches)
@@ -97,6 +103,8 @@ FlatLayout training_flat_layout(const TrainConfig& cfg, const GPTConfig& model_c
   layout.shards = dist ? ctx.grad_group_size() / cfg.dist_opt_instances : 1;
   if (dist && cfg.outer_dp_shards_optim) layout.shard_split = cfg.dist_opt_instances;
   layout.embedding_alone = dist && model_cfg.embedding_on_last_stage();
+  layout.head_alone = dist && !model_cfg.tied_head() &&
+                      standalone_mtp_rank(model_cfg, cfg, ctx.pp_size) >= 0;
   layout.master = !(dist && cfg.compute_dtype != DType::F32);  // else the optimizer's blocks
   if (cfg.megatron_fsdp) {  // one bucket per FSDP unit (step/fsdp.hpp)
     layout.fsdp_units = true;

@@ -251,17 +251,17 @@ std::vector<Tensor> DistributedAdamW::block_views(const std::vector<bool>& count
   return out;
 }
 
-Tensor DistributedAdamW::embedding_grad_block() const {
-  if (!params_.has("wte")) return Tensor();
-  const ParamSpec& s = params_.spec("wte");
+Tensor DistributedAdamW::grad_block(const std::string& name) const {
+  if (!params_.has(name)) return Tensor();
+  const ParamSpec& s = params_.spec(name);
   for (const Block& k : blocks_) {
     const FlatBucket& fb = params_.buckets()[static_cast<size_t>(k.bucket)];
     if (s.flat_offset >= fb.begin && s.flat_offset < fb.end) {
-      TESSERA_CHECK(fb.end_param - fb.first_param == 1, "wte shares its bucket");
+      TESSERA_CHECK(fb.end_param - fb.first_param == 1, name, " shares its bucket");
       return block_grads(k);
     }
   }
-  throw Error("wte is in no bucket");
+  throw Error(name + " is in no bucket");
 }
 
 void DistributedAdamW::set_state(const char* which, const ParamSpec& spec, const float* values) {

@@ -96,9 +96,10 @@ class DistributedAdamW {
   std::vector<Tensor> grad_blocks(const std::vector<bool>& counted) const;
   // The same blocks of the f32 weights (master weights in bf16/fp16 training).
   std::vector<Tensor> param_blocks(const std::vector<bool>& counted) const;
-  // The wte gradient block this rank owns (tied embedding: summed between the first and last
-  // stage block by block); undefined when this rank has no wte.
-  Tensor embedding_grad_block() const;
+  // The gradient block this rank owns of `name`, a parameter in a bucket of its own (wte, and
+  // lm_head beside a stage of multi-token prediction: summed across the stages holding copies
+  // block by block); undefined when this rank has no such parameter.
+  Tensor grad_block(const std::string& name) const;
 
   // State in the global layout. set_state copies the part of `values` (spec.local_shape, f32,
   // on the host) that falls in this rank's blocks into "master", "exp_avg" or "exp_avg_sq".

@@ -13,10 +13,13 @@ GridNorms::GridNorms(GPTModel& model, Backend& be, const ParallelContext& ctx,
 
 const std::vector<bool>& GridNorms::counted_params() {
   if (counted_.empty()) {
+    // The copies count once: the word embedding on the first stage, the output layer on the last
+    // (multi-token prediction on a stage of its own holds a copy of both).
     const bool tied_copy = ctx_.pp_size > 1 && !ctx_.first_stage();
+    const bool head_copy = !model_.shard().has_head;
     for (const ParamSpec& s : model_.params().specs())
       counted_.push_back(!(s.split_axis < 0 && ctx_.tp_rank != 0) &&
-                         !(tied_copy && s.name == "wte"));
+                         !(tied_copy && s.name == "wte") && !(head_copy && s.name == "lm_head"));
   }
   return counted_;
 }

@@ -26,6 +26,7 @@ OptimizerSet::OptimizerSet(GPTModel& model, Backend& be, const TrainConfig& cfg,
       lr_schedule_(LrSchedule::of(cfg, ctx.dp_size)),
       wd_schedule_(WeightDecaySchedule::of(cfg)) {
   const bool dist = cfg_.use_distributed_optimizer;
+  mtp_rank_ = standalone_mtp_rank(model_.config(), cfg_, ctx_.pp_size);
   // The groups the distributed optimizer's state is cut over: DP x CP (the routed experts' over
   // expert DP x CP), or with HSDP one instance of it (ParallelContext::dp_shard).
   Communicator* expert_dp = ctx_.ep_size > 1 ? ctx_.expert_shard_group() : nullptr;
@@ -101,15 +102,50 @@ void OptimizerSet::finish_reduction() {
     reduction_->finish();
     if (dist_opt_) dist_opt_->reduce_replicas();  // HSDP: across the instances, once a step
   }
-  if (ctx_.pp_size > 1 && (ctx_.first_stage() || ctx_.last_stage()) &&
-      model_.config().embedding_on_last_stage()) {
+  if (ctx_.pp_size == 1) return;
+  auto block = [&](const char* name) {  // with the distributed optimizer, this DP rank's block
+    return dist_opt_ ? dist_opt_->grad_block(name) : model_.params().grad(name);
+  };
+  // Multi-token prediction on a stage of its own (rank m): its copies' gradients join the last
+  // stage's, which sends the sums back: the word embedding's before and after the embedding
+  // group's sum (m = 0 is in that group already), the output layer's (untied).
+  const int m = mtp_rank_, last = ctx_.pp_size - 1;
+  const bool untied = !model_.config().tied_head();
+  const bool wte_pair = m > 0, pair = m >= 0 && (ctx_.pp_rank == m || ctx_.pp_rank == last);
+  if (pair && wte_pair) exchange_half(block("wte"), m, last, true);
+  if ((ctx_.first_stage() || ctx_.last_stage()) && model_.config().embedding_on_last_stage()) {
     TESSERA_PHASE("embedding-grad-allreduce");
     IterationTimers::Scope timed(timers_, IterationTimers::EmbeddingGradsAllReduce);
-    // The embedding's two copies (tied, or read by multi-token prediction on the last stage);
-    // with the distributed optimizer, the block this DP rank
-    // owns (the same elements on both stages: wte has a bucket of its own).
-    Tensor dwte = dist_opt_ ? dist_opt_->embedding_grad_block() : model_.params().grad("wte");
+    // The embedding's copies (tied, or read by multi-token prediction); with the distributed
+    // optimizer, the block this DP rank owns (the same elements on every stage: wte has a
+    // bucket of its own).
+    Tensor dwte = block("wte");
     ctx_.embedding->all_reduce(dwte, ReduceOp::Sum);
+  }
+  if (pair && wte_pair) exchange_half(block("wte"), m, last, false);
+  if (pair && untied) {
+    exchange_half(block("lm_head"), m, last, true);
+    exchange_half(block("lm_head"), m, last, false);
+  }
+}
+
+void OptimizerSet::exchange_half(Tensor grad, int m, int last, bool to_last) {
+  TESSERA_PHASE("mtp-copy-grad-p2p");
+  IterationTimers::Scope timed(timers_, IterationTimers::EmbeddingGradsAllReduce);
+  Communicator& pp = *ctx_.pp;
+  constexpr int kTag = 7301;
+  if (to_last && ctx_.pp_rank == m) {
+    pp.send_async(grad, last, kTag)->wait();
+  } else if (to_last) {  // the last stage adds the copy's gradient to its own
+    if (!copy_grad_.defined() || copy_grad_.numel() < grad.numel())
+      copy_grad_ = Tensor({grad.numel()}, grad.dtype(), be_.allocator());
+    Tensor in = copy_grad_.view(0, grad.shape());
+    pp.recv(in, m, kTag);
+    be_.add(grad, grad, in);
+  } else if (ctx_.pp_rank == last) {
+    pp.send_async(grad, m, kTag + 1)->wait();
+  } else {
+    pp.recv(grad, last, kTag + 1);
   }
 }
 

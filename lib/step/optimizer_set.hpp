@@ -99,6 +99,10 @@ class OptimizerSet : private PassObserver {
   int64_t lr_schedule_step(int global_batch) const;
   // The optimizer step; grad_scale (the clip factor) multiplies each gradient as it is read.
   void update(Update& u, double grad_scale);
+  // Multi-token prediction on a stage of its own (rank m): one half of the exchange of a
+  // copy's gradient with the last stage: to the last stage (which adds it to its own), or the
+  // sum back.
+  void exchange_half(Tensor grad, int m, int last, bool to_last);
   // The passes (PassObserver): a piece's gradients complete; a piece about to read its weights.
   void grads_ready(int piece) override;
   void before_forward(int piece) override;
@@ -123,6 +127,8 @@ class OptimizerSet : private PassObserver {
   LossScaler scaler_ = LossScaler::constant(1.0);
   int64_t skipped_iterations_ = 0;
   int64_t lr_samples_ = 0;
+  int mtp_rank_ = -1;  // the pipeline rank of multi-token prediction without the loss, or -1
+  Tensor copy_grad_;   // the last stage's receive buffer of that stage's copies' gradients
 };
 
 }  // namespace tessera

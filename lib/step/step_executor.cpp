@@ -295,10 +295,10 @@ void StepExecutor::stage_micro_batch(int micro, Activations& a) {
     std::memcpy(host_targets_.data() + b * T, sample_targets_.data() + 1, sizeof(int32_t) * T);
   }
   stage_documents(micro, a);
-  if (model_.ends_in_head(a) && model_.config().mtp()) stage_mtp(micro, a);
-  // The ids: the embedding's, and multi-token prediction's on the last stage (it embeds them
-  // shifted).
-  if (model_.embeds(a) || (model_.ends_in_head(a) && model_.config().mtp()))
+  const bool mtp = model_.mtp() && (model_.ends_in_head(a) || model_.ends_in_mtp(a));
+  if (mtp) stage_mtp(micro, a);
+  // The ids: the embedding's, and multi-token prediction's (it embeds them shifted).
+  if (model_.embeds(a) || mtp)
     be_.copy_from_host(a.ids, host_ids_.data());
   if (model_.ends_in_head(a)) be_.copy_from_host(a.targets, host_targets_.data());
 }
@@ -337,6 +337,7 @@ void StepExecutor::forward_micro(int micro, Activations& a, float grad_scale, St
     if (first) model_.embed_forward(a);
     for (int l = model_.chunk_layers(a).begin; l < model_.chunk_layers(a).end; ++l)
       model_.block_forward(l, a);
+    if (model_.ends_in_mtp(a)) model_.mtp_forward(a, grad_scale);
     if (last) {
       Tensor out = micro_losses_.view(int64_t(micro) * B * T, {int64_t(B) * T});
       model_.head_forward(a, grad_scale, out);  // summed once per step, in sum_micro_losses

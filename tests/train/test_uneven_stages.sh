@@ -5,7 +5,9 @@
 # (first and last), PP4 (a layout string with an empty stage) and PP2 x VP2 (a layout string), and
 # beside every other dimension: TP2 + SP, CP2, DP2 with the distributed optimizer, Megatron-FSDP,
 # full and selective recomputation, the embedding and loss counted as layers; for GPT-2, Llama,
-# Qwen3, Mixtral (EP2) and DeepSeek-V3 (MLA, its router, MTP in the loss's stage); Llama 3.1 405B's
+# Qwen3, Mixtral (EP2) and DeepSeek-V3 (MLA, its router, MTP beside the loss and on a stage of
+# its own, at PP4, PP2 x VP2 on the first rank, with TP2 + SP, the distributed optimizer,
+# Megatron-FSDP, tied and untied); Llama 3.1 405B's
 # published PP8 x VP8 with the embedding and loss counted on 126 layers bitwise. A checkpoint
 # saved at an uneven split resumes on one rank, and one saved on one rank resumes at an uneven
 # split, each giving the uninterrupted run's losses (1e-6). Bad splits: one error
@@ -83,7 +85,47 @@ family deepseek deepseek-tiny.ini "${ds[@]}" || exit 1
 layouts deepseek deepseek-tiny.ini \
   "deepseek-pp2-layout 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Ett|tttmL" \
   "deepseek-pp2-accounted 2 --pipeline-model-parallel-size 2 --account-for-embedding-in-pipeline-split" \
-  "deepseek-ep2-pp2 4 --expert-model-parallel-size 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1"
+  "deepseek-ep2-pp2 4 --expert-model-parallel-size 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1" \
+  "deepseek-pp4-mtp-alone 4 --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout Ett|ttt|m|L" \
+  "deepseek-pp2vp2-mtp-alone-first 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Ett|ttt|m|L" \
+  "deepseek-tp2sp-pp2vp2-mtp-alone 4 --tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Ett|ttt|m|L" \
+  "deepseek-dp2-pp2vp2-mtp-alone-dist 4 --use-distributed-optimizer --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Ett|ttt|m|L" \
+  "deepseek-dp2-pp2vp2-mtp-alone-fsdp 4 --use-megatron-fsdp --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Ett|ttt|m|L"
+# The MTP loss of those runs too (logged by the stage that runs it).
+for r in deepseek-pp4-mtp-alone deepseek-dp2-pp2vp2-mtp-alone-dist deepseek-tp2sp-pp2vp2-mtp-alone; do
+  w=$(paste <(metric "$work/deepseek.jsonl" mtp_1_loss) <(metric "$work/$r.jsonl" mtp_1_loss) | awk '
+        { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
+        END { if (n != 20) print "missing"; else printf "%.3g", w }')
+  if [ "$w" != missing ] && awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
+    ok "$r: mtp_1 loss within $w of one rank's"
+  else
+    bad "$r: mtp_1 loss differs from one rank's by $w"
+  fi
+done
+# Saved with the MTP stage's copies, verified, resumed on one rank.
+run ck-mtp 4 --config "$configs/deepseek-tiny.ini" "${ds[@]}" --pipeline-model-parallel-size 4 \
+  --pipeline-model-parallel-layout "Ett|ttt|m|L" --save "$work/ck-mtp" --save-interval 10 \
+  --exit-interval 10 &&
+run resume-mtp 1 --config "$configs/deepseek-tiny.ini" "${ds[@]}" --load "$work/ck-mtp"
+if "$bin/tessera-checkpoint" verify "$work/ck-mtp" 2>&1 | grep -q ": clean$"; then
+  ok "the checkpoint with a multi-token prediction stage verifies clean"
+else
+  bad "tessera-checkpoint verify of the multi-token prediction stage's checkpoint"
+fi
+w=$(paste <(iteration_losses "$work/deepseek.jsonl" | awk '$1 > 10 { print $2 }') \
+          <(iteration_losses "$work/resume-mtp.jsonl" | awk '{ print $2 }') | awk '
+      { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
+      END { if (n != 10) print "missing"; else printf "%.3g", w }')
+if [ "$w" != missing ] && awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
+  ok "resume-mtp: iterations 11-20 on one rank within $w of the uninterrupted run's"
+else
+  bad "resume-mtp: iterations 11-20 differ by $w"
+fi
+# Tied: the multi-token prediction stage's one copy is the embedding and the output layer.
+extra=("${ds[@]}" --untie-embeddings-and-output-weights false)
+family deepseek-tied deepseek-tiny.ini "${extra[@]}" || exit 1
+layouts deepseek-tied deepseek-tiny.ini \
+  "deepseek-tied-pp4-mtp-alone 4 --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout Ett|ttt|m|L"
 extra=()
 
 # Llama 3.1 405B's published pipeline options on its 126 layers (a tiny width): PP8 x VP8 with the

@@ -24,12 +24,13 @@ class MtpMetrics : public MetricSource {
   }
 
   void collect(const StepStats&) override {
-    // Each depth's loss sum and tokens: the last stage's tp rank 0 of each DP replica and CP rank
-    // (each CP rank holds its chunks of the samples).
+    // Each depth's loss sum and tokens: tp rank 0 of the stage that runs multi-token prediction
+    // (the last, or a layout's own), of each DP replica and CP rank (each CP rank holds its
+    // chunks of the samples).
     const int D = c_.model.config().mtp_num_layers;
     std::vector<double> v(static_cast<size_t>(2 * D), 0.0);
     const MtpHead* mtp = c_.model.mtp();
-    if (mtp && c_.ctx.last_stage() && c_.ctx.tp_rank == 0)
+    if (mtp && c_.ctx.tp_rank == 0)
       for (int k = 0; k < D; ++k) {
         v[static_cast<size_t>(2 * k)] = mtp->losses()[static_cast<size_t>(k)].sum;
         v[static_cast<size_t>(2 * k + 1)] = mtp->losses()[static_cast<size_t>(k)].tokens;
