@@ -99,15 +99,7 @@ int main(int argc, char** argv) {
       TLOG(warning) << w;
     install_stop_signals();
     Watchdog watchdog(opts.train.distributed_timeout_minutes, MPI_COMM_WORLD);
-    // The model and its step are built per rank (a rank's stage, its shard): an error here may
-    // be one rank's only, and its peers would wait in a collective for it; end the job instead.
-    std::unique_ptr<Trainer> built;
-    try {
-      built = std::make_unique<Trainer>(opts.model, opts.train, *backend, *data, ctx);
-    } catch (const ConfigError& e) {
-      abort_job(e.what(), 2);
-    }
-    Trainer& trainer = *built;
+    Trainer trainer(opts.model, opts.train, *backend, *data, ctx);
     trainer.on_progress = [&](int64_t it) { watchdog.progress(it); };
     const std::vector<int64_t>& ramp = opts.train.rampup_batch_size;
     TLOG(info) << "global batch " << trainer.step_global_batch() << " = "

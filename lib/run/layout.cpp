@@ -19,6 +19,13 @@ ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx, co
   return s;
 }
 
+std::string saved_pipeline_layout(const GPTConfig& cfg, const TrainConfig& t, int pp) {
+  const PipelineSplitOptions& s = t.pipeline_split;
+  if (!s.uneven()) return std::string();
+  return layout_string(split_stages(s, cfg.num_layers, cfg.mtp() ? cfg.mtp_num_layers : 0, pp,
+                                    s.layout.empty() ? t.virtual_pipeline_size : 0));
+}
+
 int standalone_mtp_rank(const GPTConfig& cfg, const TrainConfig& t, int pp) {
   if (!cfg.mtp() || t.pipeline_split.layout.empty()) return -1;
   return standalone_mtp_rank(split_stages(t.pipeline_split, cfg.num_layers, cfg.mtp_num_layers, pp, 0),

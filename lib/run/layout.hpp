@@ -20,6 +20,9 @@ inline int64_t dp_slice_begin(int64_t consumed, int64_t global_batch, int dp_siz
 // This rank's shard: the layers of its pipeline stage as t's stage split, its virtual stages and
 // sequence parallelism (where TP > 1) say; TP, EP and CP from ctx.
 ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx, const TrainConfig& t);
+// The uneven stage split of t at `pp` ranks as a layout string with every layer written out (what
+// a checkpoint records); empty for the even split.
+std::string saved_pipeline_layout(const GPTConfig& cfg, const TrainConfig& t, int pp);
 // The pipeline rank that runs multi-token prediction on a stage of its own (t's layout string
 // "...m|L"), -1 without one.
 int standalone_mtp_rank(const GPTConfig& cfg, const TrainConfig& t, int pp);

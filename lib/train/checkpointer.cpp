@@ -14,6 +14,7 @@
 #include "core/nvtx.hpp"
 #include "core/test_hooks.hpp"
 #include "core/timer.hpp"
+#include "run/layout.hpp"
 #include "step/muon.hpp"
 #include "train/fp8_checkpoint.hpp"
 #include "train/router_checkpoint.hpp"
@@ -118,13 +119,7 @@ CheckpointMeta TrainingCheckpointer::make_meta(const TrainState& state) const {
   meta.model = model_.config();
   meta.tp_size = ctx_.tp_size;
   meta.pp_size = ctx_.pp_size;
-  if (cfg_.pipeline_split.uneven()) {
-    const GPTConfig& m = model_.config();
-    meta.pipeline_layout = layout_string(
-        split_stages(cfg_.pipeline_split, m.num_layers, m.mtp() ? m.mtp_num_layers : 0,
-                     ctx_.pp_size,
-                     cfg_.pipeline_split.layout.empty() ? cfg_.virtual_pipeline_size : 0));
-  }
+  meta.pipeline_layout = saved_pipeline_layout(model_.config(), cfg_, ctx_.pp_size);
   meta.dp_size = ctx_.dp_size;
   meta.has_optimizer = !cfg_.no_save_optim;
   meta.config_text = cfg_.config_text;

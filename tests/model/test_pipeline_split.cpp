@@ -80,15 +80,23 @@ TEST(PipelineLayout, SplitsTheDeepSeekExample) {
     EXPECT_EQ(describe_stage(spans[30]), "mtp");
     EXPECT_EQ(describe_stage(spans[31]), "loss");
   }
-  // The docs' rank map: PP rank 14's second virtual stage holds the MTP layer, rank 15's the
-  // loss. Tessera runs the MTP layers in the loss's stage, and says so.
-  EXPECT_NE(error_of([&] {
-              GPTConfig cfg;
-              cfg.num_layers = 61;
-              cfg.mtp_num_layers = 1;
-              model_shard_for(cfg, 1, 0, 16, 14, 0, o);
-            }).find("without the loss"),
-            std::string::npos);
+  // The docs' rank map: PP rank 14's second virtual stage holds the MTP layer (a stage of its
+  // own: Megatron's mtp_standalone), rank 15's the loss.
+  EXPECT_EQ(standalone_mtp_rank(split_stages(o, 61, 1, 16, 0), 16), 14);
+  GPTConfig cfg;
+  cfg.num_layers = 61;
+  cfg.mtp_num_layers = 1;
+  const ModelShard r14 = model_shard_for(cfg, 1, 0, 16, 14, 0, o);
+  EXPECT_EQ(r14.mtp_count, 1);
+  EXPECT_EQ(r14.mtp_begin, 61);
+  EXPECT_FALSE(r14.has_head);
+  EXPECT_TRUE(r14.head_piece());
+  EXPECT_EQ(r14.chunks[1].size(), 0);
+  EXPECT_EQ(r14.describe_layers(), "29-30");  // its first virtual stage: stage 14
+  const ModelShard r15 = model_shard_for(cfg, 1, 0, 16, 15, 0, o);
+  EXPECT_TRUE(r15.has_head);
+  EXPECT_EQ(r15.mtp_count, 0);
+  EXPECT_EQ(layout_string(split_stages(o, 61, 1, 16, 0)).substr(0, 12), "Ettt|tt|tt|t");
   // Written with the MTP layer beside the loss it builds.
   o.layout = "Et*3|(tt|)*29,t|mL";
   EXPECT_NE(error_of([&] { split_stages(o, 61, 1, 16, 0); }).find("places 62 decoder"),
