@@ -8,7 +8,8 @@
 # Qwen3, Mixtral (EP2) and DeepSeek-V3 (MLA, its router, MTP beside the loss and on a stage of
 # its own, at PP4, PP2 x VP2 on the first rank, with TP2 + SP, the distributed optimizer,
 # Megatron-FSDP, tied and untied); Llama 3.1 405B's
-# published PP8 x VP8 with the embedding and loss counted on 126 layers bitwise. A checkpoint
+# published PP8 x VP8 with the embedding and loss counted on 126 layers bitwise, and DeepSeek-V3's
+# PP16 x VP2 layout string on 61 + 1 MTP layers on 16 ranks. A checkpoint
 # saved at an uneven split resumes on one rank, and one saved on one rank resumes at an uneven
 # split, each giving the uninterrupted run's losses (1e-6). Bad splits: one error
 # line naming the option, exit 2.
@@ -142,6 +143,25 @@ if [ "$(losses "$work/llama405.jsonl" | wc -l)" -eq 2 ] &&
 else
   bad "126 layers at PP8 x VP8: $(losses "$work/llama405-pp8vp8.jsonl" | tr '\n' ' ') against $(losses "$work/llama405.jsonl" | tr '\n' ' ')"
 fi
+
+# DeepSeek-V3's layout from Megatron's docs on its 61 layers + 1 MTP layer (a tiny width): PP16 x
+# VP2, "Et*3|(tt|)*29,m|L" (the MTP layer on PP rank 14's second virtual stage), 16 ranks, 2
+# iterations: the one rank's LM and MTP losses.
+dsv3=(--config "$configs/deepseek-tiny.ini" --num-layers 61 --moe-layer-freq "([0]*3+[1]*58)"
+      --mtp-num-layers 1 --global-batch-size 16 --micro-batch-size 1 --train-iters 2)
+run dsv3 1 "${dsv3[@]}" &&
+run dsv3-pp16vp2 16 "${dsv3[@]}" --pipeline-model-parallel-size 16 \
+  --pipeline-model-parallel-layout "Et*3|(tt|)*29,m|L" &&
+for key in lm_loss mtp_1_loss; do
+  w=$(paste <(metric "$work/dsv3.jsonl" $key) <(metric "$work/dsv3-pp16vp2.jsonl" $key) | awk '
+        { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
+        END { if (n != 2) print "missing"; else printf "%.3g", w }')
+  if [ "$w" != missing ] && awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
+    ok "DeepSeek-V3's layout at PP16 x VP2 on 16 ranks: $key within $w of one rank's"
+  else
+    bad "DeepSeek-V3's layout at PP16 x VP2: $key differs by $w"
+  fi
+done
 
 # Checkpoints carry no split: saved uneven, resumed on one rank; saved on one rank, resumed uneven
 # (5 layers have no even split at PP 2 to 4).
