@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -138,6 +139,20 @@ int main(int argc, char** argv) {
     if (!parse_run_options(static_cast<int>(args.size()), args.data(), o, program)) return 0;
     // The printed command lines: the config file, and the options given here that tessera-train
     // takes too (the batch, sequence, precision, vocabulary, ...), as given.
+    // The layout options given restrict the search (PlanConstraints); each row spells its
+    // layout out, so they are not carried over as given.
+    const std::set<std::string> layout_keys = {
+        "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+        "--context-parallel-size", "--expert-model-parallel-size",
+        "--virtual-pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank",
+        "--num-layers-per-virtual-pipeline-stage", "--micro-batch-size", "--recompute-granularity",
+        "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
+        "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--sequence-parallel",
+        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+        "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+        "--pipeline-model-parallel-layout", "--overlap-param-gather",
+        "--num-distributed-optimizer-instances"};
+    std::set<std::string> given;
     std::string passed;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -146,11 +161,42 @@ int main(int argc, char** argv) {
                                 key == "--hf-config" || key == "--config";
       const bool joined = a.find('=') != std::string::npos;
       if (key == "--config") config = joined ? a.substr(9) : (i + 1 < argc ? argv[i + 1] : "");
-      if (planner_only) {
-        if (!joined && i + 1 < argc) ++i;  // its value
+      const bool layout = layout_keys.count(key) > 0;
+      if (layout) given.insert(key);
+      if (planner_only || layout) {
+        // Its value, unless it is a switch (the next word another option).
+        if (!joined && i + 1 < argc && (planner_only || std::string(argv[i + 1]).rfind("--", 0) != 0))
+          ++i;
         continue;
       }
       passed += " " + shell_word(a);
+    }
+    PlanConstraints fixed;
+    auto has = [&](const char* k) { return given.count(k) > 0; };
+    if (has("--tensor-model-parallel-size")) fixed.tp = o.tp;
+    if (has("--pipeline-model-parallel-size")) fixed.pp = o.pp;
+    if (has("--context-parallel-size")) fixed.cp = o.cp;
+    if (has("--expert-model-parallel-size")) fixed.ep = o.ep;
+    if (has("--virtual-pipeline-model-parallel-size") ||
+        has("--num-virtual-stages-per-pipeline-rank") ||
+        has("--num-layers-per-virtual-pipeline-stage") || has("--pipeline-model-parallel-layout"))
+      fixed.v = o.train.virtual_pipeline_size;
+    if (has("--micro-batch-size")) fixed.micro_batch = o.train.micro_batch_size;
+    if (has("--recompute-granularity")) {
+      fixed.recompute_set = true;
+      fixed.recompute = o.train.recompute.granularity;
+    }
+    if (has("--use-megatron-fsdp") || has("--use-distributed-optimizer")) {
+      fixed.sharding_set = true;
+      fixed.sharding = o.train.megatron_fsdp ? PlanCandidate::Sharding::Fsdp
+                       : o.train.use_distributed_optimizer ? PlanCandidate::Sharding::DistOpt
+                                                           : PlanCandidate::Sharding::None;
+    }
+    if (has("--decoder-first-pipeline-num-layers") || has("--decoder-last-pipeline-num-layers") ||
+        has("--account-for-embedding-in-pipeline-split") ||
+        has("--account-for-loss-in-pipeline-split") || has("--pipeline-model-parallel-layout")) {
+      fixed.split_set = true;
+      fixed.split = o.train.pipeline_split;
     }
     for (const std::string& a : from_file) passed += " " + shell_word(a);  // config.json's
     if (!o.cluster_spec)
@@ -177,7 +223,7 @@ int main(int argc, char** argv) {
     if (o.model.vocab_size == 0) o.model.vocab_size = 50257;  // the data's is not known here
     const ClusterSpec& c = *o.cluster_spec;
     const auto start = std::chrono::steady_clock::now();
-    const PlanResult r = plan_layouts(o.model, o.train, o.world_size, c);
+    const PlanResult r = plan_layouts(o.model, o.train, o.world_size, c, fixed);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf(
@@ -198,17 +244,18 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "\n  #  TP  PP   V  CP  EP   DP  mb  recompute  sharding  memory GiB  step s  "
-        "tokens/s  TFLOP/s/GPU  MFU %%  bubble %%  exposed comm %%\n");
+        "tokens/s  TFLOP/s/GPU  MFU %%  bubble %%  exposed comm %%  split\n");
     const size_t n = std::min(r.ranked.size(), size_t(top));
     for (size_t i = 0; i < n; ++i) {
       const PlanCandidate& k = r.ranked[i];
       const StepPrediction& p = k.prediction;
       std::printf(
           "%3zu %3d %3d %3d %3d %3d %4d %3d  %-9s  %-8s  %10.1f  %6.3f  %8.0f  %11.1f  %5.1f  "
-          "%8.1f  %14.1f\n",
+          "%8.1f  %14.1f  %s\n",
           i + 1, k.tp, k.pp, k.v, k.cp, k.ep, k.dp, k.micro_batch, recompute_name(k.recompute),
           k.sharding_name().c_str(), k.memory / 1073741824.0, p.step, p.tokens_per_s,
-          p.tflops_per_gpu, 100 * p.mfu, 100 * p.bubble / p.step, 100 * p.exposed_comm / p.step);
+          p.tflops_per_gpu, 100 * p.mfu, 100 * p.bubble / p.step, 100 * p.exposed_comm / p.step,
+          k.split_name().c_str());
     }
     const std::string cfg = config.empty() ? "CONFIG.ini" : config;
     const GpuRates rates = rates_for(c);  // read once for the breakdowns below
@@ -221,8 +268,14 @@ int main(int argc, char** argv) {
       const PlanCandidate& k = r.ranked[i];
       std::printf("\n%zu: %s", i + 1, prediction_report(k.prediction, c, rates).c_str());
       const std::string args = (passed + " " + k.options()).substr(1);
+      // The shell's words: a layout string's '|' quoted (EXTRA_ARGS below is split on spaces
+      // only, without quotes).
+      std::string words, word;
+      std::istringstream in(k.options());
+      while (in >> word) words += " " + shell_word(word);
+      const std::string quoted = (passed + words).substr(1);
       std::printf("  srun -N %d --ntasks-per-node %d tessera-train --config %s %s\n", nodes,
-                  per_node, cfg.c_str(), args.c_str());
+                  per_node, cfg.c_str(), quoted.c_str());
       std::printf(
           "  sbatch --nodes=%d --gpus-per-node=%d --ntasks-per-node=%d "
           "--export=ALL,CONFIG=%s,EXTRA_ARGS=\"%s\" slurm/train.sbatch\n",

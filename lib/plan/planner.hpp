@@ -22,12 +22,29 @@ struct PlanCandidate {
   enum class Sharding { None, DistOpt, Fsdp, Hsdp } sharding = Sharding::None;
   int instances = 1;
   RecomputeGranularity recompute = RecomputeGranularity::None;
+  // The stage split (model/pipeline_split.hpp): even, the embedding and loss counted, first/last
+  // stages, or a layout string (multi-token prediction on a stage of its own).
+  PipelineSplitOptions split;
   double memory = 0;  // the fullest rank's estimate, bytes (the runtime reserve not included)
   StepPrediction prediction;
   // The tessera-train options of this layout ("--tensor-model-parallel-size 8 ...").
   std::string options() const;
   // "none", "dist-opt", "fsdp", "hsdp/N".
   std::string sharding_name() const;
+  // "even", "E+L" (counted), "E", "L", "3/2" (first/last layers), "layout".
+  std::string split_name() const;
+};
+
+// What the command line fixed (tessera-plan: any layout option given restricts the search to
+// it): 0 / unset leaves a dimension free.
+struct PlanConstraints {
+  int tp = 0, pp = 0, cp = 0, ep = 0, v = 0, micro_batch = 0;
+  bool recompute_set = false;
+  RecomputeGranularity recompute = RecomputeGranularity::None;
+  bool sharding_set = false;
+  PlanCandidate::Sharding sharding = PlanCandidate::Sharding::None;
+  bool split_set = false;  // the split options given: that split only
+  PipelineSplitOptions split;
 };
 
 struct PlanResult {
@@ -35,15 +52,24 @@ struct PlanResult {
   int64_t considered = 0, valid = 0, fitting = 0;
 };
 
-// Every layout of `world` GPUs: TP (up to a node, dividing the heads), CP, PP (dividing the
-// layers), virtual stages, EP (MoE), micro-batch (1, 2, 4, 8), recomputation (none, selective,
-// full) and the data-parallel sharding (with DP x CP > 1: the distributed optimizer, Megatron-FSDP,
-// and HSDP with one instance per node when the data-parallel ranks span nodes); sequence
-// parallelism whenever TP > 1. `base`
-// holds the run's global batch, sequence, precision and FP8 settings. A layout fits when its
-// fullest rank's estimate plus kRuntimeReserveGiB fits the cluster's GPU; those are predicted and
-// ranked by tokens/s.
+// Every layout of `world` GPUs: TP (up to a node, dividing the heads), CP, PP (up to the layers),
+// virtual stages, the stage split (plan_splits), EP (MoE), micro-batch (1, 2, 4, 8),
+// recomputation (none, selective, full) and the data-parallel sharding (with DP x CP > 1: the
+// distributed optimizer, Megatron-FSDP, and HSDP with one instance per node when the data-parallel
+// ranks span nodes); sequence parallelism whenever TP > 1; each dimension `fixed` sets is held
+// there. `base` holds the run's global batch, sequence, precision and FP8 settings. A layout fits
+// when its fullest rank's estimate plus kRuntimeReserveGiB fits the cluster's GPU; those are
+// predicted and ranked by tokens/s.
 PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world,
-                        const ClusterSpec& cluster);
+                        const ClusterSpec& cluster, const PlanConstraints& fixed = {});
+
+// The stage splits worth predicting for `layers` decoder layers (and `mtp` MTP layers) at PP x V,
+// pruned to the balanced ones: the even split where PP x V divides the layers; the embedding and
+// the loss counted as layers (both, or the one that divides); the first and last stages' layers
+// around balanced middle stages, when the even split does not exist; and for a model with
+// multi-token prediction, a layout with the MTP layers on a stage of their own before the loss's,
+// the decoder layers spread over the stages before them (the embedding counted as one), as
+// Megatron's DeepSeek-V3 layout does. Each is valid (split_stages accepts it).
+std::vector<PipelineSplitOptions> plan_splits(int layers, int mtp, int pp, int v);
 
 }  // namespace tessera

@@ -398,7 +398,11 @@ void simulate_pipeline(const std::vector<StageCost>& cost, int V, int micro, dou
   std::vector<std::vector<PipeStep>> order(static_cast<size_t>(PP));
   for (int s = 0; s < PP; ++s)
     order[size_t(s)] = V > 1 ? schedule_interleaved(PP, s, micro, V) : schedule_1f1b(PP, s, micro);
-  std::map<std::tuple<bool, int, int>, double> done;  // (forward, micro, virtual stage)
+  // When (forward, micro-batch, virtual stage) finished; negative: not yet.
+  std::vector<double> done(size_t(2) * size_t(micro) * size_t(stages), -1.0);
+  auto at = [&](bool forward, int mb, int vs) -> double& {
+    return done[(size_t(forward) * size_t(micro) + size_t(mb)) * size_t(stages) + size_t(vs)];
+  };
   std::vector<size_t> next(static_cast<size_t>(PP), 0);
   finish.assign(size_t(PP), 0.0);
   busy.assign(size_t(PP), 0.0);
@@ -410,15 +414,15 @@ void simulate_pipeline(const std::vector<StageCost>& cost, int V, int micro, dou
         const int vs = st.chunk * PP + s;
         double ready = 0;
         if (st.forward ? vs > 0 : vs < stages - 1) {
-          const auto it = done.find({st.forward, st.micro, st.forward ? vs - 1 : vs + 1});
-          if (it == done.end()) break;
-          ready = it->second + p2p;
+          const double prev = at(st.forward, st.micro, st.forward ? vs - 1 : vs + 1);
+          if (prev < 0) break;
+          ready = prev + p2p;
         }
         const double d =
             st.forward ? cost[size_t(s)].F[size_t(st.chunk)] : cost[size_t(s)].B[size_t(st.chunk)];
         finish[size_t(s)] = std::max(finish[size_t(s)], ready) + d;
         busy[size_t(s)] += d;
-        done[{st.forward, st.micro, vs}] = finish[size_t(s)];
+        at(st.forward, st.micro, vs) = finish[size_t(s)];
         ++next[size_t(s)];
         progress = true;
       }
@@ -448,7 +452,13 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
   std::vector<StageCost> cost;
   PieceCallsCache own;
   const PieceCalls& calls = (cache ? *cache : own).get(cfg, t, layout, ep);
-  for (int s = 0; s < PP; ++s) cost.push_back(stage_cost(m, s, micro, calls));
+  std::map<std::string, StageCost> by_shape;
+  for (int s = 0; s < PP; ++s) {
+    const std::string key = pipeline_stage_shape(cfg, t, layout, ep, s);
+    auto it = by_shape.find(key);
+    if (it == by_shape.end()) it = by_shape.emplace(key, stage_cost(m, s, micro, calls)).first;
+    cost.push_back(it->second);
+  }
   const double M = m.wb * m.N * cfg.hidden_size;
   const double send =
       PP > 1 ? M / (t.sequence_parallel ? TP : 1) / m.pp_link.bw + m.pp_link.lat : 0;
@@ -527,6 +537,29 @@ std::string prediction_report(const StepPrediction& p, const ClusterSpec& cluste
                 100 * p.exposed_comm / p.step);
   out += buf;
   return out;
+}
+
+std::string pipeline_stage_shape(const GPTConfig& cfg, const TrainConfig& t,
+                                 const GridLayout& layout, int ep, int s) {
+  ParallelContext ctx;
+  ctx.tp_size = layout.tp;
+  ctx.pp_size = layout.pp;
+  ctx.pp_rank = s;
+  ctx.cp_size = layout.cp;
+  ctx.ep_size = ep;
+  const ModelShard shard = make_model_shard(cfg, ctx, t);
+  std::string key;
+  for (const LayerRange& r : shard.chunks) {
+    key += '[';
+    for (int l = r.begin; l < r.end; ++l)
+      key += char('a' + 2 * cfg.is_moe_layer(l) +
+                  (t.fp8.enabled && t.fp8.layer_in_fp8(l, cfg.num_layers)));
+    key += ']';
+  }
+  key += shard.has_embedding ? "E" : "";
+  key += shard.has_head ? "L" : "";
+  key += std::to_string(shard.mtp_count);
+  return key;
 }
 
 }  // namespace tessera

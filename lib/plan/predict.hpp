@@ -44,4 +44,11 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
 std::string prediction_report(const StepPrediction& p, const ClusterSpec& cluster,
                               const GpuRates& rates);
 
+// What decides pipeline stage s's cost and memory beyond its position: each model chunk's layers
+// by kind (MoE or dense, FP8 or not), the embedding, the loss and multi-token prediction it
+// holds. Stages of one shape cost the same (a deep pipeline has few shapes); of those, the
+// earliest has the most micro-batches in flight.
+std::string pipeline_stage_shape(const GPTConfig& cfg, const TrainConfig& t,
+                                 const GridLayout& layout, int ep, int s);
+
 }  // namespace tessera

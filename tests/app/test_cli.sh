@@ -205,6 +205,9 @@ done
 expect 2 "--ckpt-format torch_dist is not a choice \(allowed: fsdp_dtensor\)" -- "${tiny[@]}" --dry-run --ckpt-format torch_dist
 # Issue 71 point 4: --ranks-per-gpu ranks share the GPU (each with its reserve); under FSDP
 # no_shard the cure is the next strategy, not the distributed optimizer it just ignored.
+# Issue 72: the published-style DeepSeek-V3 pipeline the config states (PP16 x VP2 layout string,
+# EP 64, 1,024 GPUs) fits; its fullest rank is the MTP stage.
+expect 0 "memory verdict: fits dgx-h100's NVIDIA H100 SXM5 80GB \(79.7 GiB\): the fullest rank \(stage 14\) needs 47.9 GiB \+ 2.0 GiB runtime reserve" -- --config "$configs/deepseek-v3.ini" --dry-run --cluster dgx-h100 --world-size 1024 --tensor-model-parallel-size 1 --no-sequence-parallel --pipeline-model-parallel-size 16 --pipeline-model-parallel-layout "Et*3|(tt|)*29,m|L" --expert-model-parallel-size 64
 expect 0 "memory verdict: does not fit dgx-h100's NVIDIA H100 SXM5 80GB \(79.7 GiB, shared by --ranks-per-gpu 2 ranks\): the fullest rank \(stage 0\) needs 46.3 GiB, 2 ranks 92.6 GiB \+ 4.0 GiB runtime reserve" -- --config "$configs/deepseek-v3.ini" --dry-run --cluster dgx-h100 --ranks-per-gpu 2
 out=$("$bin" --config "$configs/qwen3-8b.ini" --dry-run --cluster dgx-h100 --world-size 8 --use-megatron-fsdp --data-parallel-sharding-strategy no_shard --micro-batch-size 8 --recompute-granularity full 2>&1)
 if grep -q "memory verdict: does not fit .*--data-parallel-sharding-strategy optim would fit (48.3 GiB)" <<<"$out" \

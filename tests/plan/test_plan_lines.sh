@@ -55,6 +55,25 @@ check readme 8 dgx-h100 --config "$configs/llama3-1b.ini" --global-batch-size 12
 check qwen3-moe 16 dgx-h100 --config "$configs/qwen3-30b-a3b.ini" --global-batch-size 64 --top 3
 check twelve 12 dgx-h100 --config "$configs/gpt2-1.3b.ini" --global-batch-size 96 --bf16 \
   --vocab-size 50257 --seq-length 1024 --top 2
+# Issue 72: stage splits searched and layout options restricting the search. 15 layers at PP 4
+# (given: every row at PP 4) can only split unevenly; a given layout string holds in every row
+# (the MTP layer on a stage of its own), and its lines run it (the '|' quoted).
+check uneven 8 dgx-h100 --config "$configs/llama3-1b.ini" --num-layers 15 --global-batch-size 64 \
+  --pipeline-model-parallel-size 4 --top 3
+check mtp-layout 8 dgx-h100 --config "$configs/deepseek-tiny.ini" --mtp-num-layers 1 \
+  --hidden-size 4096 --seq-length 4096 --max-position-embeddings 4096 --vocab-size 50257 \
+  --global-batch-size 64 --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout "Et|ttt|m|L" --top 2
+for name in uneven mtp-layout; do
+  pps=$(grep -E '^ +[0-9]+ +[0-9]+ +[0-9]+ ' "$work/$name.plan" | awk '{ print $3 }' | sort -u | tr '\n' ' ')
+  splits=$(grep -E '^ +[0-9]+ +[0-9]+ +[0-9]+ ' "$work/$name.plan" | awk '{ print $NF }' | sort -u | tr '\n' ' ')
+  if [ "$pps" = "4 " ] && ! grep -qw even <<<"$splits"; then
+    ok "$name: every row at the given PP 4, splits: $splits"
+  else
+    bad "$name: rows at PP $pps with splits $splits"
+  fi
+done
+grep -q "pipeline-model-parallel-layout 'Et|ttt|m|L'" "$work/mtp-layout.plan" &&
+  ok "mtp-layout: the srun line quotes the layout" || bad "mtp-layout: no quoted layout in $(grep srun "$work/mtp-layout.plan" | head -1)"
 # --hf-config (issue 71 point 5): the sequence from rope_scaling's original length, else
 # --seq-length required naming the file's max_position_embeddings; the dtype from torch_dtype; the
 # assumptions printed.
