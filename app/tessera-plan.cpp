@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -141,17 +141,28 @@ int main(int argc, char** argv) {
     // takes too (the batch, sequence, precision, vocabulary, ...), as given.
     // The layout options given restrict the search (PlanConstraints); each row spells its
     // layout out, so they are not carried over as given.
-    const std::set<std::string> layout_keys = {
-        "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
-        "--context-parallel-size", "--expert-model-parallel-size",
-        "--virtual-pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank",
-        "--num-layers-per-virtual-pipeline-stage", "--micro-batch-size", "--recompute-granularity",
-        "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
-        "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--sequence-parallel",
-        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-        "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-        "--pipeline-model-parallel-layout", "--overlap-param-gather",
-        "--num-distributed-optimizer-instances"};
+    const std::set<std::string> layout_keys = {"--tensor-model-parallel-size",
+                                               "--pipeline-model-parallel-size",
+                                               "--context-parallel-size",
+                                               "--expert-model-parallel-size",
+                                               "--virtual-pipeline-model-parallel-size",
+                                               "--num-virtual-stages-per-pipeline-rank",
+                                               "--num-layers-per-virtual-pipeline-stage",
+                                               "--micro-batch-size",
+                                               "--recompute-granularity",
+                                               "--recompute-method",
+                                               "--recompute-num-layers",
+                                               "--use-distributed-optimizer",
+                                               "--use-megatron-fsdp",
+                                               "--data-parallel-sharding-strategy",
+                                               "--sequence-parallel",
+                                               "--decoder-first-pipeline-num-layers",
+                                               "--decoder-last-pipeline-num-layers",
+                                               "--account-for-embedding-in-pipeline-split",
+                                               "--account-for-loss-in-pipeline-split",
+                                               "--pipeline-model-parallel-layout",
+                                               "--overlap-param-gather",
+                                               "--num-distributed-optimizer-instances"};
     std::set<std::string> given;
     std::string passed;
     for (int i = 1; i < argc; ++i) {
@@ -165,7 +176,8 @@ int main(int argc, char** argv) {
       if (layout) given.insert(key);
       if (planner_only || layout) {
         // Its value, unless it is a switch (the next word another option).
-        if (!joined && i + 1 < argc && (planner_only || std::string(argv[i + 1]).rfind("--", 0) != 0))
+        if (!joined && i + 1 < argc &&
+            (planner_only || std::string(argv[i + 1]).rfind("--", 0) != 0))
           ++i;
         continue;
       }
@@ -188,7 +200,7 @@ int main(int argc, char** argv) {
     }
     if (has("--use-megatron-fsdp") || has("--use-distributed-optimizer")) {
       fixed.sharding_set = true;
-      fixed.sharding = o.train.megatron_fsdp ? PlanCandidate::Sharding::Fsdp
+      fixed.sharding = o.train.megatron_fsdp               ? PlanCandidate::Sharding::Fsdp
                        : o.train.use_distributed_optimizer ? PlanCandidate::Sharding::DistOpt
                                                            : PlanCandidate::Sharding::None;
     }

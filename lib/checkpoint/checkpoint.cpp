@@ -160,8 +160,7 @@ const std::vector<std::string>& checkpoint_file_attributes() {
     for (const char* a :
          {"padded_vocab_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
           "data_parallel_size", "tp_rank", "layers", "virtual_pipeline_model_parallel_size",
-          "pipeline_model_parallel_layout",
-          "has_optimizer", "config", "tokenizer"})
+          "pipeline_model_parallel_layout", "has_optimizer", "config", "tokenizer"})
       n.push_back(a);
     return n;
   }();

@@ -166,8 +166,8 @@ class MlaAttention final : public AttentionPart {
     Weights& g = g_;
     Tensor& datt_v = a.part_scratch.get<MlaScratch>().datt_v;
     phase("proj-gemm-backward");
-    s().linear_backward(l, Fp8Gemm::Proj, &datt_v, g.proj_w, opt(g.proj_b), dout, la.parts.get<MlaBuffers>().att_v,
-                        w.proj_w);
+    s().linear_backward(l, Fp8Gemm::Proj, &datt_v, g.proj_w, opt(g.proj_b), dout,
+                        la.parts.get<MlaBuffers>().att_v, w.proj_w);
     expand(a.datt, datt_v);
     phase("attention-core-backward");
     s().attention_core_backward(l, a, la);
@@ -319,8 +319,7 @@ class MlaAttention final : public AttentionPart {
     }
     Tensor gc = g.kv_down_w.view(0, {kvr, C}), gpe = g.kv_down_w.view(kvr * C, {dr, C});
     be().matmul_backward(&a.dln, gc, nullptr, dc, la.ln1, w.kv_down_w.view(0, {kvr, C}));
-    be().matmul_backward(&sc.dln, gpe, nullptr, dkpe, la.ln1,
-                         w.kv_down_w.view(kvr * C, {dr, C}));
+    be().matmul_backward(&sc.dln, gpe, nullptr, dkpe, la.ln1, w.kv_down_w.view(kvr * C, {dr, C}));
     be().add(a.dln, a.dln, sc.dln);
     // Queries: the up-projection, the latent's norm, the down-projection (or the one projection).
     if (qr > 0) {

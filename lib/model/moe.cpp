@@ -92,8 +92,8 @@ void MoeMlp::allgather_dispatch(PhaseSequence& phase, Activations& a, LayerActiv
     Tensor weight = mb.ag_weight.view(p * N * K, {N, K});
     Tensor row = mb.ag_row.view(p * N * K, {N, K});
     std::vector<int64_t> routed, kept;
-    be().moe_route(expert, weight, row, ms.ag_logits.view(p * N * E, {N, E}), routing,
-                   group_rows, routed, kept);
+    be().moe_route(expert, weight, row, ms.ag_logits.view(p * N * E, {N, E}), routing, group_rows,
+                   routed, kept);
     // This rank's experts hold rows [first, first + mine) of rank p's permutation: re-based to
     // follow the ranks before p on the expert side; the other slots are not ours (-1).
     int64_t first = 0, mine = 0;
@@ -221,8 +221,7 @@ void MoeMlp::experts_forward(PhaseSequence& phase, int l, const Activations& a,
       if (rows == 0 && !empty_too) continue;  // an expert no token chose (from this sender)
       const int j = mb.block_expert[b];
       const MlpWeights& ew = experts_w_[static_cast<size_t>(j)];
-      Tensor x = mb.xe.view(row * C, {rows, C}),
-             fc1 = mb.fc1.view(row * efc1, {rows, efc1});
+      Tensor x = mb.xe.view(row * C, {rows, C}), fc1 = mb.fc1.view(row * efc1, {rows, efc1});
       Tensor act = mb.act.view(row * efl, {rows, efl}), y = oute.view(row * C, {rows, C});
       phase("moe-expert-fc1-gemm-forward");
       s().linear_forward(l, Fp8Gemm::Fc1, fc1, x, ew.fc1_w, opt(ew.fc1_b), a, e0 + j);
@@ -282,8 +281,7 @@ void MoeMlp::forward(PhaseSequence& phase, int l, Activations& a, LayerActivatio
   const int64_t group_rows = seq_aux ? a.T : N;
   std::vector<int64_t> kept;
   const MoERouting routing = current_routing();
-  be().moe_route(mb.expert, mb.weight, mb.row, mb.logits, routing, group_rows,
-                 mb.routed, kept);
+  be().moe_route(mb.expert, mb.weight, mb.row, mb.logits, routing, group_rows, mb.routed, kept);
   // Context parallelism: a group's tokens (the micro-batch's, or one sample's with seq_aux) are
   // spread over the CP ranks, so its routed counts are summed over the ring (dropless routing:
   // each token's experts do not depend on the others').
@@ -338,8 +336,7 @@ void MoeMlp::combine_backward(PhaseSequence& phase, Activations& a, LayerActivat
     ep_group().reduce_scatter(ms.dweight, ms.ag_dweight);
   } else {
     phase("moe-unpermute-backward");
-    be().moe_unpermute_backward(ms.dout, ms.dweight, dy, mb.out, mb.row,
-                                mb.weight);
+    be().moe_unpermute_backward(ms.dout, ms.dweight, dy, mb.out, mb.row, mb.weight);
   }
 }
 
@@ -404,9 +401,8 @@ void MoeMlp::experts_backward(PhaseSequence& phase, int l, Activations& a, Layer
     MlpWeights& eg = experts_g_[static_cast<size_t>(j)];  // gradients
     Tensor dout = de.view(row * C, {rows, C});
     Tensor dact = ms.dact.view(row * efl, {rows, efl});
-    Tensor dfc1 = spec_.activation == MlpActivation::SwiGLU
-                      ? ms.dfc1.view(row * efc1, {rows, efc1})
-                      : Tensor();
+    Tensor dfc1 = spec_.activation == MlpActivation::SwiGLU ? ms.dfc1.view(row * efc1, {rows, efc1})
+                                                            : Tensor();
     const Tensor x = mb.xe.view(row * C, {rows, C});
     const Tensor fc1 = mb.fc1.view(row * efc1, {rows, efc1});
     const Tensor act = mb.act.view(row * efl, {rows, efl});
@@ -471,8 +467,8 @@ void MoeMlp::router_grad(PhaseSequence& phase, Activations& a, LayerActivations&
       aux_grad[i] = c * static_cast<double>(mb.routed[i]);
   }
   const double z_grad = mb.loss_scale * cfg_.moe_z_loss_coeff / (double(N) * shard_.cp_size);
-  be().moe_router_backward(ms.dlogits, mb.logits, mb.expert, mb.weight,
-                           ms.dweight, routing_, group_rows, aux_grad, z_grad);
+  be().moe_router_backward(ms.dlogits, mb.logits, mb.expert, mb.weight, ms.dweight, routing_,
+                           group_rows, aux_grad, z_grad);
   // This rank's rows: the router weight's gradient and their input gradient.
   Tensor dlogits = ms.dlogits.view(rb * E, {nl, E});
   if (compute() != DType::F32) {

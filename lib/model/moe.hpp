@@ -24,17 +24,17 @@ class MoeMlp;
 // What a MoE layer keeps of a micro-batch (the shared expert's tensors are the layer's fc1 and
 // gelu). R: rows of the permuted buffer (token copies grouped by expert).
 struct MoeBuffers {
-  Tensor logits;         // (N,E) f32 router logits (every rank's rows, gathered)
-  Tensor expert, row;    // (N,K) int32: each slot's expert and permuted row
-  Tensor weight;         // (N,K) f32 routing weights
-  Tensor x;              // (N*K,C) this rank's token copies grouped by expert
-  Tensor out;            // (N*K,C) their expert outputs (partial sums over TP)
+  Tensor logits;       // (N,E) f32 router logits (every rank's rows, gathered)
+  Tensor expert, row;  // (N,K) int32: each slot's expert and permuted row
+  Tensor weight;       // (N,K) f32 routing weights
+  Tensor x;            // (N*K,C) this rank's token copies grouped by expert
+  Tensor out;          // (N*K,C) their expert outputs (partial sums over TP)
   // The expert side: the rows this rank's experts receive (R of them; with expert parallelism
   // from every rank of the EP group, by sender then expert; without, x and out).
-  Tensor xe, fc1, act;                   // (R,C), (R, expert fc1 width), (R, expert width)
-  std::vector<int64_t> rows;             // the expert side's blocks: rows of each
-  std::vector<int> block_expert;         // and its local expert
-  std::vector<int64_t> send, recv;       // rows sent to / received from each EP rank
+  Tensor xe, fc1, act;              // (R,C), (R, expert fc1 width), (R, expert width)
+  std::vector<int64_t> rows;        // the expert side's blocks: rows of each
+  std::vector<int> block_expert;    // and its local expert
+  std::vector<int64_t> send, recv;  // rows sent to / received from each EP rank
   // The allgather dispatcher (expert parallelism): every EP rank's routing weights and slots'
   // rows in this rank's expert side (-1: another rank's expert), (EP*N,K); and the expert side's
   // outputs (R,C), kept for the backward.

@@ -25,7 +25,8 @@ int digits_at(const std::string& s, size_t& i) {
   long long v = 0;
   while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
     v = v * 10 + (s[i] - '0');
-    if (v > 1000000) throw ConfigError(concat(kLayout, ": a repeat count in \"", s, "\" exceeds 1000000"));
+    if (v > 1000000)
+      throw ConfigError(concat(kLayout, ": a repeat count in \"", s, "\" exceeds 1000000"));
     ++i;
   }
   return i == start ? -1 : static_cast<int>(v);
@@ -86,19 +87,19 @@ int count_of(const std::vector<std::string>& stages, char c) {
 }
 
 std::vector<StageSpan> from_layout(const PipelineSplitOptions& o, int L, int M, int pp, int vp) {
-  const char* other = o.first > 0                ? kFirst
-                      : o.last > 0               ? kLast
-                      : o.account_embedding      ? "--account-for-embedding-in-pipeline-split"
-                      : o.account_loss           ? "--account-for-loss-in-pipeline-split"
-                                                 : nullptr;
+  const char* other = o.first > 0           ? kFirst
+                      : o.last > 0          ? kLast
+                      : o.account_embedding ? "--account-for-embedding-in-pipeline-split"
+                      : o.account_loss      ? "--account-for-loss-in-pipeline-split"
+                                            : nullptr;
   if (other)
     throw ConfigError(concat(kLayout, " places every layer itself: drop ", other,
                              " (Megatron-LM refuses the two together)"));
   const std::vector<std::string> stages = parse_pipeline_layout(o.layout);
   const int n = static_cast<int>(stages.size());
   if (n % pp != 0)
-    throw ConfigError(concat(kLayout, " \"", o.layout, "\" has ", n,
-                             " stages, not a multiple of ", kPP, "=", pp));
+    throw ConfigError(concat(kLayout, " \"", o.layout, "\" has ", n, " stages, not a multiple of ",
+                             kPP, "=", pp));
   const int V = n / pp;
   if (vp > 0 && vp != V)
     throw ConfigError(concat("--virtual-pipeline-model-parallel-size=", vp, " disagrees with ",
@@ -178,8 +179,8 @@ std::vector<std::string> parse_pipeline_layout(const std::string& layout) {
 int layout_virtual_stages(const std::string& layout, int pp) {
   const int n = static_cast<int>(parse_pipeline_layout(layout).size());
   if (pp < 1 || n % pp != 0)
-    throw ConfigError(concat(kLayout, " \"", layout, "\" has ", n,
-                             " stages, not a multiple of ", kPP, "=", pp));
+    throw ConfigError(
+        concat(kLayout, " \"", layout, "\" has ", n, " stages, not a multiple of ", kPP, "=", pp));
   return n / pp;
 }
 
@@ -191,10 +192,10 @@ std::vector<StageSpan> split_stages(const PipelineSplitOptions& o, int L, int M,
   std::vector<int> per_rank(static_cast<size_t>(pp));
   if (o.first > 0 || o.last > 0) {
     if (o.account_embedding || o.account_loss)
-      throw ConfigError(concat(
-          o.first > 0 ? kFirst : kLast, " cannot be given with --account-for-",
-          o.account_embedding ? "embedding" : "loss",
-          "-in-pipeline-split (Megatron-LM refuses the two together): give one of them"));
+      throw ConfigError(
+          concat(o.first > 0 ? kFirst : kLast, " cannot be given with --account-for-",
+                 o.account_embedding ? "embedding" : "loss",
+                 "-in-pipeline-split (Megatron-LM refuses the two together): give one of them"));
     if (pp == 1)
       throw ConfigError(concat(o.first > 0 ? kFirst : kLast, "=", o.first > 0 ? o.first : o.last,
                                " needs ", kPP, " > 1: the one stage holds all ", L,
@@ -245,8 +246,8 @@ std::vector<StageSpan> split_stages(const PipelineSplitOptions& o, int L, int M,
   int next = 0;
   for (int s = 0; s < stages; ++s) {
     int n = per_rank[static_cast<size_t>(s % pp)] / V;
-    if (s == 0 && o.account_embedding) --n;            // the embedding counts as a layer
-    if (s == stages - 1 && o.account_loss) --n;        // and the loss
+    if (s == 0 && o.account_embedding) --n;      // the embedding counts as a layer
+    if (s == stages - 1 && o.account_loss) --n;  // and the loss
     StageSpan& sp = spans[static_cast<size_t>(s)];
     sp.begin = next;
     sp.end = next + n;

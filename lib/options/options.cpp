@@ -79,8 +79,7 @@ std::string dry_run_report(const RunOptions& o, int world_size) {
     ctx.pp_size = layout.pp;
     ctx.pp_rank = stage;
     ctx.cp_size = layout.cp;
-    const ModelShard shard =
-        make_model_shard(o.model, ctx, o.train);
+    const ModelShard shard = make_model_shard(o.model, ctx, o.train);
     const MemoryEstimate e = estimate_rank_memory(o.model, o.train, layout, stage, o.ep);
     d.stage = stage;
     d.shard = &shard;

@@ -35,8 +35,7 @@ class ParallelismOptions : public OptionGroup {
             "every PP-th chunk (needs PP > 1 and micro-batches per step a multiple of PP)")(
             "virtual-pipeline-model-parallel-size", po::value(&virtual_size_)->default_value(0),
             "the interleaved 1F1B schedule given as the number of model chunks per pipeline rank")(
-            "num-virtual-stages-per-pipeline-rank",
-            po::value(&virtual_stages_)->default_value(0),
+            "num-virtual-stages-per-pipeline-rank", po::value(&virtual_stages_)->default_value(0),
             "Megatron-LM's name of --virtual-pipeline-model-parallel-size (the one it asks for "
             "with uneven stages)")(
             "decoder-first-pipeline-num-layers", po::value(&first_)->default_value(0),
@@ -148,7 +147,8 @@ class ParallelismOptions : public OptionGroup {
       const int counted = m.num_layers + (ps.account_embedding ? 1 : 0) + (ps.account_loss ? 1 : 0);
       if (counted % (o.pp * per_stage) != 0)
         throw ConfigError(concat("--num-layers=", m.num_layers,
-                                 counted != m.num_layers ? concat(" (", counted, " counting the "
+                                 counted != m.num_layers ? concat(" (", counted,
+                                                                  " counting the "
                                                                   "embedding and loss)")
                                                          : std::string(),
                                  " is not divisible by --pipeline-model-parallel-size=", o.pp,
@@ -184,16 +184,17 @@ class ParallelismOptions : public OptionGroup {
                      const char* vp_name) const {
     using detail::concat;
     PipelineSplitOptions& ps = o.train.pipeline_split;
-    for (const auto& [name, v] : {std::pair<const char*, int>{"decoder-first-pipeline-num-layers",
-                                                               first_},
-                                  {"decoder-last-pipeline-num-layers", last_}})
+    for (const auto& [name, v] :
+         {std::pair<const char*, int>{"decoder-first-pipeline-num-layers", first_},
+          {"decoder-last-pipeline-num-layers", last_}})
       if (p.given(name) && v < 1)
         throw ConfigError(concat("--", name, "=", v, " is out of range (allowed: >= 1)"));
     ps.first = first_;
     ps.last = last_;
     if (p.given("pipeline-model-parallel-layout") && ps.layout.empty())
-      throw ConfigError("--pipeline-model-parallel-layout is empty (give the stages' layers, "
-                        "e.g. \"Ett|ttL\")");
+      throw ConfigError(
+          "--pipeline-model-parallel-layout is empty (give the stages' layers, "
+          "e.g. \"Ett|ttL\")");
     if (!ps.layout.empty() && per_stage > 0)
       throw ConfigError(
           "--num-layers-per-virtual-pipeline-stage cannot be given with "
@@ -202,7 +203,8 @@ class ParallelismOptions : public OptionGroup {
     if ((ps.first > 0 || ps.last > 0) && per_stage > 0)
       throw ConfigError(concat(
           "--num-layers-per-virtual-pipeline-stage cannot be given with uneven stages (",
-          ps.first > 0 ? "--decoder-first-pipeline-num-layers" : "--decoder-last-pipeline-num-layers",
+          ps.first > 0 ? "--decoder-first-pipeline-num-layers"
+                       : "--decoder-last-pipeline-num-layers",
           "): give the virtual stages per rank with --num-virtual-stages-per-pipeline-rank, as "
           "Megatron-LM asks"));
     (void)vp_name;
@@ -257,11 +259,9 @@ class ParallelismOptions : public OptionGroup {
       r = e + 1;
     }
     const std::string source =
-        !ps.layout.empty()
-            ? "--pipeline-model-parallel-layout \"" + ps.layout + "\""
-            : ps.first > 0 || ps.last > 0
-                  ? std::string("--decoder-first/last-pipeline-num-layers")
-                  : std::string("the embedding and loss counted as layers");
+        !ps.layout.empty()            ? "--pipeline-model-parallel-layout \"" + ps.layout + "\""
+        : ps.first > 0 || ps.last > 0 ? std::string("--decoder-first/last-pipeline-num-layers")
+                                      : std::string("the embedding and loss counted as layers");
     out << "pipeline split (" << source << "; " << V << " virtual stage" << (V > 1 ? "s" : "")
         << " per rank): " << line << "\n";
   }

@@ -117,10 +117,10 @@ std::string PlanCandidate::options() const {
                   " --pipeline-model-parallel-size " + std::to_string(pp);
   if (!split.layout.empty()) {  // it sets the virtual stages itself; written out, no repeats
     std::string flat;
-    for (const std::string& s : parse_pipeline_layout(split.layout)) flat += (flat.empty() ? "" : "|") + s;
+    for (const std::string& s : parse_pipeline_layout(split.layout))
+      flat += (flat.empty() ? "" : "|") + s;
     o += " --pipeline-model-parallel-layout " + flat;
-  }
-  else if (v > 1)
+  } else if (v > 1)
     o += " --virtual-pipeline-model-parallel-size " + std::to_string(v);
   if (split.first > 0) o += " --decoder-first-pipeline-num-layers " + std::to_string(split.first);
   if (split.last > 0) o += " --decoder-last-pipeline-num-layers " + std::to_string(split.last);
@@ -200,75 +200,75 @@ PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world
             // No valid split at (pp, v): its layouts count as considered, none as valid.
             if (splits_of(pp, v).empty()) r.considered += 4 * int64_t(recomputes.size()) * 4;
             for (const PipelineSplitOptions& split : splits_of(pp, v))
-            for (int mb : {1, 2, 4, 8})
-              for (RecomputeGranularity rc : recomputes)
-                for (int mode = 0; mode < 4; ++mode) {
-                  using S = PlanCandidate::Sharding;
-                  const S sharding = static_cast<S>(mode);
-                  if (!held(fixed.ep, ep) || !held(fixed.v, v) || !held(fixed.micro_batch, mb) ||
-                      (fixed.recompute_set && fixed.recompute != rc) ||
-                      (fixed.sharding_set && fixed.sharding != sharding &&
-                       !(fixed.sharding == S::Fsdp && sharding == S::Hsdp)))
-                    continue;
-                  // HSDP: one instance per node the data-parallel ranks (with TP and CP) span.
-                  const int nodes = tp * cp * dp / std::max(1, cluster.gpus_per_node);
-                  const int n = sharding == S::Hsdp ? nodes : 1;
-                  if ((sharding != S::None && dp * cp == 1) ||
-                      (sharding == S::DistOpt && dp == 1) ||
-                      (sharding == S::Hsdp && (n < 2 || (dp * cp) % n != 0 ||
-                                               (tp * cp * dp) % cluster.gpus_per_node != 0)) ||
-                      (ep > 1 && cfg.num_experts % ep != 0))
-                    continue;
-                  ++r.considered;
-                  PlanCandidate c;
-                  c.tp = tp, c.pp = pp, c.v = v, c.cp = cp, c.dp = dp, c.ep = ep;
-                  c.micro_batch = mb;
-                  c.sequence_parallel = tp > 1;
-                  c.sharding = sharding;
-                  c.instances = n;
-                  c.recompute = rc;
-                  c.split = split;
-                  const bool fsdp = sharding == S::Fsdp || sharding == S::Hsdp;
-                  TrainConfig t = base;
-                  t.micro_batch_size = mb;
-                  t.virtual_pipeline_size = v;
-                  t.pipeline_split = split;
-                  t.sequence_parallel = c.sequence_parallel;
-                  t.use_distributed_optimizer = sharding != S::None;
-                  t.overlap_param_gather = sharding == S::DistOpt;
-                  t.megatron_fsdp = fsdp;
-                  t.dp_sharding = fsdp ? TrainConfig::DpSharding::OptimGradsParams
-                                       : TrainConfig::DpSharding::NoShard;
-                  t.dist_opt_instances = n;
-                  t.recompute = RecomputeConfig{};
-                  t.recompute.granularity = rc;
-                  if (global % (mb * dp) != 0) continue;
-                  GridLayout layout;
-                  try {
-                    layout = GridLayout::make(world, tp, pp, cp);
-                    check_expert_parallel(layout, ep);
-                    if (n > 1) check_optimizer_instances(layout, ep, n);
-                    validate_layout(cfg, t, tp, pp, dp, cp);
-                    t = t.resolved(dp);
-                  } catch (const ConfigError&) {
-                    continue;  // not a layout of this model and batch
+              for (int mb : {1, 2, 4, 8})
+                for (RecomputeGranularity rc : recomputes)
+                  for (int mode = 0; mode < 4; ++mode) {
+                    using S = PlanCandidate::Sharding;
+                    const S sharding = static_cast<S>(mode);
+                    if (!held(fixed.ep, ep) || !held(fixed.v, v) || !held(fixed.micro_batch, mb) ||
+                        (fixed.recompute_set && fixed.recompute != rc) ||
+                        (fixed.sharding_set && fixed.sharding != sharding &&
+                         !(fixed.sharding == S::Fsdp && sharding == S::Hsdp)))
+                      continue;
+                    // HSDP: one instance per node the data-parallel ranks (with TP and CP) span.
+                    const int nodes = tp * cp * dp / std::max(1, cluster.gpus_per_node);
+                    const int n = sharding == S::Hsdp ? nodes : 1;
+                    if ((sharding != S::None && dp * cp == 1) ||
+                        (sharding == S::DistOpt && dp == 1) ||
+                        (sharding == S::Hsdp && (n < 2 || (dp * cp) % n != 0 ||
+                                                 (tp * cp * dp) % cluster.gpus_per_node != 0)) ||
+                        (ep > 1 && cfg.num_experts % ep != 0))
+                      continue;
+                    ++r.considered;
+                    PlanCandidate c;
+                    c.tp = tp, c.pp = pp, c.v = v, c.cp = cp, c.dp = dp, c.ep = ep;
+                    c.micro_batch = mb;
+                    c.sequence_parallel = tp > 1;
+                    c.sharding = sharding;
+                    c.instances = n;
+                    c.recompute = rc;
+                    c.split = split;
+                    const bool fsdp = sharding == S::Fsdp || sharding == S::Hsdp;
+                    TrainConfig t = base;
+                    t.micro_batch_size = mb;
+                    t.virtual_pipeline_size = v;
+                    t.pipeline_split = split;
+                    t.sequence_parallel = c.sequence_parallel;
+                    t.use_distributed_optimizer = sharding != S::None;
+                    t.overlap_param_gather = sharding == S::DistOpt;
+                    t.megatron_fsdp = fsdp;
+                    t.dp_sharding = fsdp ? TrainConfig::DpSharding::OptimGradsParams
+                                         : TrainConfig::DpSharding::NoShard;
+                    t.dist_opt_instances = n;
+                    t.recompute = RecomputeConfig{};
+                    t.recompute.granularity = rc;
+                    if (global % (mb * dp) != 0) continue;
+                    GridLayout layout;
+                    try {
+                      layout = GridLayout::make(world, tp, pp, cp);
+                      check_expert_parallel(layout, ep);
+                      if (n > 1) check_optimizer_instances(layout, ep, n);
+                      validate_layout(cfg, t, tp, pp, dp, cp);
+                      t = t.resolved(dp);
+                    } catch (const ConfigError&) {
+                      continue;  // not a layout of this model and batch
+                    }
+                    ++r.valid;
+                    // The fullest rank is on the first stage (the most micro-batches in flight, the
+                    // embedding) or the last (the output layer, multi-token prediction); with
+                    // uneven stages it may be any.
+                    std::set<std::string> shapes;  // of each shape, the earliest (fullest) stage
+                    for (int s = 0; s < pp; ++s)
+                      if (s == 0 || s == pp - 1 ||
+                          (t.pipeline_split.uneven() &&
+                           shapes.insert(pipeline_stage_shape(cfg, t, layout, ep, s)).second))
+                        c.memory = std::max(
+                            c.memory, estimate_rank_memory(cfg, t, layout, s, ep).total_bytes());
+                    if (c.memory > capacity) continue;
+                    ++r.fitting;
+                    c.prediction = predict_step(cfg, t, layout, ep, cluster, rates, &pieces);
+                    r.ranked.push_back(c);
                   }
-                  ++r.valid;
-                  // The fullest rank is on the first stage (the most micro-batches in flight, the
-                  // embedding) or the last (the output layer, multi-token prediction); with
-                  // uneven stages it may be any.
-                  std::set<std::string> shapes;  // of each shape, the earliest (fullest) stage
-                  for (int s = 0; s < pp; ++s)
-                    if (s == 0 || s == pp - 1 ||
-                        (t.pipeline_split.uneven() &&
-                         shapes.insert(pipeline_stage_shape(cfg, t, layout, ep, s)).second))
-                      c.memory = std::max(
-                          c.memory, estimate_rank_memory(cfg, t, layout, s, ep).total_bytes());
-                  if (c.memory > capacity) continue;
-                  ++r.fitting;
-                  c.prediction = predict_step(cfg, t, layout, ep, cluster, rates, &pieces);
-                  r.ranked.push_back(c);
-                }
           }
       }
   // Fastest first; among equally fast layouts, the one that needs the least memory.

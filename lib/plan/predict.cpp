@@ -235,8 +235,8 @@ void data_parallel_cost(const Model& m, const ModelShard& shard,
     const double again = t.recompute.granularity == RecomputeGranularity::Full ? 1 : 0;
     for (int c = 0; c < V; ++c) {
       const LayerRange& r = shard.chunks[size_t(c)];
-      const double pieces = std::max(
-          1, r.end - r.begin + (c == 0 && shard.has_embedding) + (c == V - 1 && shard.head_piece()));
+      const double pieces = std::max(1, r.end - r.begin + (c == 0 && shard.has_embedding) +
+                                            (c == V - 1 && shard.head_piece()));
       const double d = chunk_dense[size_t(c)], e = chunk_experts[size_t(c)];
       const double gather = unit_params ? ag(inner, gi, m.wb * d) + ag(einner, ei, m.wb * e) : 0;
       const double reduce = ag(inner, gi, 4 * d) + ag(einner, ei, 4 * e);

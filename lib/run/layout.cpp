@@ -8,7 +8,8 @@
 
 namespace tessera {
 
-ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx, const TrainConfig& t) {
+ModelShard make_model_shard(const GPTConfig& cfg, const ParallelContext& ctx,
+                            const TrainConfig& t) {
   ModelShard s = model_shard_for(cfg, ctx.tp_size, ctx.tp_rank, ctx.pp_size, ctx.pp_rank,
                                  t.virtual_pipeline_size, t.pipeline_split);
   s.sequence_parallel = t.sequence_parallel && ctx.tp_size > 1;
@@ -28,8 +29,8 @@ std::string saved_pipeline_layout(const GPTConfig& cfg, const TrainConfig& t, in
 
 int standalone_mtp_rank(const GPTConfig& cfg, const TrainConfig& t, int pp) {
   if (!cfg.mtp() || t.pipeline_split.layout.empty()) return -1;
-  return standalone_mtp_rank(split_stages(t.pipeline_split, cfg.num_layers, cfg.mtp_num_layers, pp, 0),
-                             pp);
+  return standalone_mtp_rank(
+      split_stages(t.pipeline_split, cfg.num_layers, cfg.mtp_num_layers, pp, 0), pp);
 }
 
 void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp, int dp, int cp) {
@@ -53,11 +54,11 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
   const int V = t.virtual_pipeline_size;
   const PipelineSplitOptions& split = t.pipeline_split;
   if (!split.uneven() && cfg.num_layers % pp != 0)
-    throw ConfigError(concat("--num-layers=", cfg.num_layers,
-                             " is not divisible by --pipeline-model-parallel-size=", pp,
-                             " (allowed PP: a divisor of ", cfg.num_layers,
-                             "; or uneven stages: --decoder-first-pipeline-num-layers, "
-                             "--decoder-last-pipeline-num-layers, --pipeline-model-parallel-layout)"));
+    throw ConfigError(concat(
+        "--num-layers=", cfg.num_layers, " is not divisible by --pipeline-model-parallel-size=", pp,
+        " (allowed PP: a divisor of ", cfg.num_layers,
+        "; or uneven stages: --decoder-first-pipeline-num-layers, "
+        "--decoder-last-pipeline-num-layers, --pipeline-model-parallel-layout)"));
   if (V > 1) {
     if (pp == 1)
       throw ConfigError(concat(t.virtual_option,
@@ -110,8 +111,8 @@ FlatLayout training_flat_layout(const TrainConfig& cfg, const GPTConfig& model_c
   layout.shards = dist ? ctx.grad_group_size() / cfg.dist_opt_instances : 1;
   if (dist && cfg.outer_dp_shards_optim) layout.shard_split = cfg.dist_opt_instances;
   layout.embedding_alone = dist && model_cfg.embedding_on_last_stage();
-  layout.head_alone = dist && !model_cfg.tied_head() &&
-                      standalone_mtp_rank(model_cfg, cfg, ctx.pp_size) >= 0;
+  layout.head_alone =
+      dist && !model_cfg.tied_head() && standalone_mtp_rank(model_cfg, cfg, ctx.pp_size) >= 0;
   layout.master = !(dist && cfg.compute_dtype != DType::F32);  // else the optimizer's blocks
   if (cfg.megatron_fsdp) {  // one bucket per FSDP unit (step/fsdp.hpp)
     layout.fsdp_units = true;

@@ -298,8 +298,7 @@ void StepExecutor::stage_micro_batch(int micro, Activations& a) {
   const bool mtp = model_.mtp() && (model_.ends_in_head(a) || model_.ends_in_mtp(a));
   if (mtp) stage_mtp(micro, a);
   // The ids: the embedding's, and multi-token prediction's (it embeds them shifted).
-  if (model_.embeds(a) || mtp)
-    be_.copy_from_host(a.ids, host_ids_.data());
+  if (model_.embeds(a) || mtp) be_.copy_from_host(a.ids, host_ids_.data());
   if (model_.ends_in_head(a)) be_.copy_from_host(a.targets, host_targets_.data());
 }
 

@@ -208,8 +208,9 @@ TEST(PipelineSplit, RefusesUnevenStagesMegatronRefuses) {
     o.last = last;
     return error_of([&] { split_stages(o, L, 0, pp, vp); });
   };
-  EXPECT_NE(refusal(3, 0, 8, 2, 2).find("--decoder-first-pipeline-num-layers=3 is not divisible "
-                                        "by the 2 virtual stages"),
+  EXPECT_NE(refusal(3, 0, 8, 2, 2)
+                .find("--decoder-first-pipeline-num-layers=3 is not divisible "
+                      "by the 2 virtual stages"),
             std::string::npos);
   EXPECT_NE(refusal(0, 1, 8, 2, 2).find("--decoder-last-pipeline-num-layers=1 is not divisible"),
             std::string::npos);
@@ -227,8 +228,9 @@ TEST(PipelineSplit, RefusesUnevenStagesMegatronRefuses) {
   PipelineSplitOptions o;
   o.first = 1;
   o.account_loss = true;
-  EXPECT_NE(error_of([&] { split_stages(o, 5, 0, 2, 1); }).find("cannot be given with "
-                                                                "--account-for-loss"),
+  EXPECT_NE(error_of([&] { split_stages(o, 5, 0, 2, 1); })
+                .find("cannot be given with "
+                      "--account-for-loss"),
             std::string::npos);
 }
 
