@@ -31,6 +31,20 @@ common=(--num-layers 5 --hidden-size 32 --num-attention-heads 4 --seq-length 32
 # shellcheck source=layout_runs.sh
 source "$(dirname "$0")/layout_runs.sh"  # run, worst, within
 tol=1e-6
+# pairs_worst N: the worst relative difference of the number pairs on stdin ("missing" unless N).
+pairs_worst() {
+  awk -v want="$1" '{ d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
+    END { if (n != want) print "missing"; else printf "%.3g", w }'
+}
+# within_tol W WHAT: ok when W is a number within the tolerance.
+within_tol() {
+  if [ "$1" != missing ] && awk -v w="$1" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
+    ok "$2 within $1"
+  else
+    bad "$2: differs by $1 (bound $tol)"
+  fi
+}
+after10() { iteration_losses "$1" | awk '$1 > 10 { print $2 }'; }  # iterations 11-20's losses
 
 family() {  # family NAME CONFIG [options]: the single-rank base run of a family
   local name=$1 config=$2
@@ -94,14 +108,8 @@ layouts deepseek deepseek-tiny.ini \
   "deepseek-dp2-pp2vp2-mtp-alone-fsdp 4 --use-megatron-fsdp --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Ett|ttt|m|L"
 # The MTP loss of those runs too (logged by the stage that runs it).
 for r in deepseek-pp4-mtp-alone deepseek-dp2-pp2vp2-mtp-alone-dist deepseek-tp2sp-pp2vp2-mtp-alone; do
-  w=$(paste <(metric "$work/deepseek.jsonl" mtp_1_loss) <(metric "$work/$r.jsonl" mtp_1_loss) | awk '
-        { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
-        END { if (n != 20) print "missing"; else printf "%.3g", w }')
-  if [ "$w" != missing ] && awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
-    ok "$r: mtp_1 loss within $w of one rank's"
-  else
-    bad "$r: mtp_1 loss differs from one rank's by $w"
-  fi
+  within_tol "$(paste <(metric "$work/deepseek.jsonl" mtp_1_loss) <(metric "$work/$r.jsonl" mtp_1_loss) |
+    pairs_worst 20)" "$r: mtp_1 loss against one rank's"
 done
 # Saved with the MTP stage's copies, verified, resumed on one rank.
 run ck-mtp 4 --config "$configs/deepseek-tiny.ini" "${ds[@]}" --pipeline-model-parallel-size 4 \
@@ -113,15 +121,8 @@ if "$bin/tessera-checkpoint" verify "$work/ck-mtp" 2>&1 | grep -q ": clean$"; th
 else
   bad "tessera-checkpoint verify of the multi-token prediction stage's checkpoint"
 fi
-w=$(paste <(iteration_losses "$work/deepseek.jsonl" | awk '$1 > 10 { print $2 }') \
-          <(iteration_losses "$work/resume-mtp.jsonl" | awk '{ print $2 }') | awk '
-      { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
-      END { if (n != 10) print "missing"; else printf "%.3g", w }')
-if [ "$w" != missing ] && awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
-  ok "resume-mtp: iterations 11-20 on one rank within $w of the uninterrupted run's"
-else
-  bad "resume-mtp: iterations 11-20 differ by $w"
-fi
+within_tol "$(paste <(after10 "$work/deepseek.jsonl") <(losses "$work/resume-mtp.jsonl") | pairs_worst 10)" \
+  "resume-mtp: iterations 11-20 on one rank against the uninterrupted run's"
 # Tied: the multi-token prediction stage's one copy is the embedding and the output layer.
 extra=("${ds[@]}" --untie-embeddings-and-output-weights false)
 family deepseek-tied deepseek-tiny.ini "${extra[@]}" || exit 1
@@ -153,14 +154,8 @@ run dsv3 1 "${dsv3[@]}" &&
 run dsv3-pp16vp2 16 "${dsv3[@]}" --pipeline-model-parallel-size 16 \
   --pipeline-model-parallel-layout "Et*3|(tt|)*29,m|L" &&
 for key in lm_loss mtp_1_loss; do
-  w=$(paste <(metric "$work/dsv3.jsonl" $key) <(metric "$work/dsv3-pp16vp2.jsonl" $key) | awk '
-        { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
-        END { if (n != 2) print "missing"; else printf "%.3g", w }')
-  if [ "$w" != missing ] && awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
-    ok "DeepSeek-V3's layout at PP16 x VP2 on 16 ranks: $key within $w of one rank's"
-  else
-    bad "DeepSeek-V3's layout at PP16 x VP2: $key differs by $w"
-  fi
+  within_tol "$(paste <(metric "$work/dsv3.jsonl" $key) <(metric "$work/dsv3-pp16vp2.jsonl" $key) |
+    pairs_worst 2)" "DeepSeek-V3's layout at PP16 x VP2 on 16 ranks: $key against one rank's"
 done
 
 # Checkpoints carry no split: saved uneven, resumed on one rank; saved on one rank, resumed uneven
@@ -188,15 +183,8 @@ else
   bad "tessera-reshard of the uneven checkpoint: $(tail -2 "$work/reshard.log")"
 fi
 for r in resume-r1 resume-uneven; do  # iterations 11-20 against the uninterrupted run's
-  w=$(paste <(iteration_losses "$work/gpt2.jsonl" | awk '$1 > 10 { print $2 }') \
-            <(iteration_losses "$work/$r.jsonl" | awk '{ print $2 }') | awk '
-        { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
-        END { if (n != 10) print "missing"; else printf "%.3g", w }')
-  if [ "$w" != missing ] && awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
-    ok "$r: iterations 11-20 within $w of the uninterrupted run's"
-  else
-    bad "$r: iterations 11-20 differ from the uninterrupted run's by $w"
-  fi
+  within_tol "$(paste <(after10 "$work/gpt2.jsonl") <(losses "$work/$r.jsonl") | pairs_worst 10)" \
+    "$r: iterations 11-20 against the uninterrupted run's"
 done
 
 # --dry-run names each rank's stages (Megatron's pretty_repr, equal ranks grouped).
