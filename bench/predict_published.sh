@@ -95,6 +95,25 @@ h100_row "GPT-3 175B" 128 256 2048 63099 "TP 4 x PP 8 (V 12) x DP 4, SP, mb 1" \
   --pipeline-model-parallel-size 8 --num-layers-per-virtual-pipeline-stage 1
 h100_row "Nemotron-4 15B" 16 64 4096 93223 "TP 4 x DP 4, SP, mb 4" \
   "$nemotron" --micro-batch-size 4 --tensor-model-parallel-size 4 --sequence-parallel
+# Runs that need uneven stages (issue 72): Megatron-Bridge's performance summary (docs/
+# performance-summary.md of NVIDIA-NeMo/Megatron-Bridge, the 25.09 NeMo container's DGX-H100
+# table; tokens/s per GPU there, times the GPUs here). The 405B at PP 8 x VP 8 counts the
+# embedding and the loss as layers ((126 + 2) / 64); FP8 with current (tensorwise) scaling, as
+# the 26.02 table names the same row's precision. DeepSeek-V3 (dropless) at PP 8 x VP 4 with the
+# layout of Megatron's docs (32 stages, the MTP layer on a stage of its own), published in FP8
+# (128 x 128 blocks): Tessera runs MLA and MTP in bf16 only, so this row is predicted in bf16.
+h100_row "Llama 3.1 405B (FP8)" 1024 512 8192 $((302 * 1024)) \
+  "TP 8 x PP 8 (V 8, E+L) x CP 2 x DP 2, SP, mb 1" \
+  "$(llama 126 16384 128 53248)" --micro-batch-size 1 --tensor-model-parallel-size 8 \
+  --sequence-parallel --pipeline-model-parallel-size 8 --num-virtual-stages-per-pipeline-rank 8 \
+  --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split \
+  --context-parallel-size 2 --fp8-format hybrid --fp8-recipe tensorwise
+dsv3_layout=$(python3 -c "print('Ettt' + '|tt' * 29 + '|m|L')")  # Et*3|(tt|)*29,m|L written out
+h100_row "DeepSeek-V3 (FP8 published; bf16 predicted)" 1024 8192 4096 $((1297 * 1024)) \
+  "TP 2 x PP 8 (V 4, layout) x EP 64 x DP 64, SP, mb 1" \
+  --config configs/deepseek-v3.ini --micro-batch-size 1 --tensor-model-parallel-size 2 \
+  --sequence-parallel --pipeline-model-parallel-size 8 --pipeline-model-parallel-layout "$dsv3_layout" \
+  --expert-model-parallel-size 64 --moe-expert-capacity-factor none --recompute-granularity none
 python3 -c "
 import statistics
 e=[abs(float(x)) for x in '${errors[*]}'.split()]
