@@ -70,6 +70,13 @@ tessera_e2e(train.uneven_stages 20 TIMEOUT 600 PROCESSORS 2
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/test_uneven_stages.sh ${CMAKE_BINARY_DIR}/bin
                  ${CMAKE_SOURCE_DIR}/configs)
 
+# The zero-bubble schedule (issue 72): ZB-H1's B/W split gives 1F1B's losses and gradient norms
+# bit for bit beside uneven stages, VP, TP/SP, DP with the distributed optimizer, recomputation,
+# MoE and MTP; W passes where the dry run says; bad combinations refused in one line.
+tessera_e2e(train.zero_bubble 20 TIMEOUT 600 PROCESSORS 2
+            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/test_zero_bubble.sh ${CMAKE_BINARY_DIR}/bin
+                 ${CMAKE_SOURCE_DIR}/configs)
+
 # The model families of issue 41 (Qwen3's per-head q/k norms, Qwen3-MoE) give the single-rank
 # losses at TP+SP, PP, DP with the distributed optimizer, CP, EP and with recomputation.
 tessera_e2e(train.model_families 53 TIMEOUT 600 PROCESSORS 2

@@ -144,7 +144,9 @@ class Backend {
   // out (N,OC) = inp (N,IC) * weight (OC,IC)^T + bias (OC, optional).
   virtual void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
                               const Tensor* bias) = 0;
-  // dinp (N,IC) overwritten when given; dweight and dbias (when given) accumulated.
+  // dinp (N,IC) overwritten when given; dweight and dbias (when given) accumulated. An undefined
+  // dweight asks for the input gradient alone (bias skipped too): zero-bubble's B pass, whose W
+  // pass later calls with dinp null. Apart or together, the results are the same bits.
   virtual void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
                                const Tensor& inp, const Tensor& weight) = 0;
 
@@ -154,7 +156,7 @@ class Backend {
   // backend issues one grouped GEMM per call.
   struct GroupedGemm {
     Tensor* out;      // forward: out; backward: dinp (may be null)
-    Tensor* dweight;  // backward only
+    Tensor* dweight;  // backward only (null: the input gradients alone, as matmul_backward's)
     const Tensor* inp;
     const Tensor* dout;  // backward only
     const Tensor* weight;
@@ -163,8 +165,9 @@ class Backend {
     for (const GroupedGemm& g : groups) matmul_forward(*g.out, *g.inp, *g.weight, nullptr);
   }
   virtual void grouped_matmul_backward(const std::vector<GroupedGemm>& groups) {
+    Tensor none;
     for (const GroupedGemm& g : groups)
-      matmul_backward(g.out, *g.dweight, nullptr, *g.dout, *g.inp, *g.weight);
+      matmul_backward(g.out, g.dweight ? *g.dweight : none, nullptr, *g.dout, *g.inp, *g.weight);
   }
 
   // FP8 GEMMs (docs/training.md, "FP8"; model/fp8.hpp keeps the scaling state). An operand is
@@ -369,8 +372,8 @@ class Backend {
     gelu_forward(out, pre);
   }
   // The MLP's second linear layer's backward through the GELU before it: dweight and dbias (when
-  // given) accumulated as matmul_backward's, and dpre = (dout weight) * gelu'(pre) (the gradient
-  // at the GELU's input, overwritten). This default composes matmul_backward and gelu_backward;
+  // given; an undefined dweight skips them, as matmul_backward's) accumulated as matmul_backward's,
+  // and dpre = (dout weight) * gelu'(pre) (the gradient at the GELU's input, overwritten). This default composes matmul_backward and gelu_backward;
   // the CUDA backend in bf16/f16 takes GELU's derivative in cuBLASLt's DGELU epilogue (the product
   // rounded once, not twice).
   virtual void matmul_gelu_backward(Tensor& dpre, Tensor& dweight, Tensor* dbias,

@@ -1,6 +1,8 @@
 // collective_names.cpp: the groups' and operations' names (comm/collective_names.hpp).
 #include "comm/collective_names.hpp"
 
+#include <atomic>
+
 namespace tessera {
 
 const char* trace_group_name(TraceGroup g) {
@@ -104,6 +106,42 @@ const char* trace_op_name(TraceOp op) {
     default:
       return "collective";
   }
+}
+
+namespace {
+std::atomic<int64_t> g_pipeline_pass{0};
+}
+
+void trace_pipeline_pass(PipePass pass, int micro, int chunk) {
+  g_pipeline_pass.store(static_cast<int64_t>(pass) | (int64_t(micro) << 8) | (int64_t(chunk) << 40),
+                        std::memory_order_relaxed);
+}
+
+int64_t trace_pipeline_word() {
+  return g_pipeline_pass.load(std::memory_order_relaxed);
+}
+
+std::string describe_pipeline_word(int64_t word) {
+  const int64_t micro = (word >> 8) & ((int64_t(1) << 32) - 1), chunk = word >> 40;
+  std::string what;
+  switch (static_cast<PipePass>(word & 0xff)) {
+    case PipePass::Forward:
+      what = "the forward";
+      break;
+    case PipePass::Backward:
+      what = "the backward";
+      break;
+    case PipePass::InputGrad:
+      what = "the B pass (input gradients)";
+      break;
+    case PipePass::WeightGrad:
+      what = "the W pass (weight gradients)";
+      break;
+    default:
+      return "";
+  }
+  return what + " of micro-batch " + std::to_string(micro) +
+         (chunk > 0 ? ", model chunk " + std::to_string(chunk) : "");
 }
 
 }  // namespace tessera

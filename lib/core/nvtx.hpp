@@ -1,7 +1,10 @@
 // nvtx.hpp: NVTX ranges for Nsight Systems (docs/profiling.md). Header-only NVTX v3 from the CUDA
 // toolkit: without a profiler attached a range costs a branch, and builds without the toolkit
-// compile the ranges away.
+// compile the ranges away. The test hook TESSERA_TEST_NVTX_LOG (core/test_hooks.hpp) writes the
+// scoped ranges' names to a file in either build, so tests check them on the CPU.
 #pragma once
+
+#include "core/test_hooks.hpp"
 
 #if defined(__has_include)
 #if __has_include(<nvtx3/nvToolsExt.h>)
@@ -17,13 +20,16 @@ class NvtxRange {
  public:
 #ifdef TESSERA_HAVE_NVTX
   explicit NvtxRange(const char* name) {
+    if (test_hooks::nvtx_log_on()) test_hooks::nvtx_log(name);
     nvtxRangePushA(name);
   }
   ~NvtxRange() {
     nvtxRangePop();
   }
 #else
-  explicit NvtxRange(const char*) {}
+  explicit NvtxRange(const char* name) {
+    if (test_hooks::nvtx_log_on()) test_hooks::nvtx_log(name);
+  }
 #endif
   NvtxRange(const NvtxRange&) = delete;
   NvtxRange& operator=(const NvtxRange&) = delete;

@@ -112,6 +112,35 @@ long slow_save_ms() {
   return ms;
 }
 
+namespace {
+const char* nvtx_log_prefix() {
+  static const char* prefix = [] {
+    const char* v = std::getenv("TESSERA_TEST_NVTX_LOG");
+    return v && *v ? v : nullptr;
+  }();
+  return prefix;
+}
+}  // namespace
+
+bool nvtx_log_on() {
+  static const bool on = nvtx_log_prefix() != nullptr;
+  return on;
+}
+
+void nvtx_log(const char* name) {
+  static std::FILE* f = [] {
+    const char* rank = nullptr;
+    for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"})
+      if (!rank) rank = std::getenv(v);
+    const std::string path = std::string(nvtx_log_prefix()) + ".rank" + (rank ? rank : "0");
+    return std::fopen(path.c_str(), "w");
+  }();
+  if (!f) return;
+  std::fputs(name, f);
+  std::fputc('\n', f);
+  std::fflush(f);
+}
+
 const char* collective_log_prefix() {
   static const char* prefix = [] {
     const char* v = std::getenv("TESSERA_TEST_COLLECTIVE_LOG");

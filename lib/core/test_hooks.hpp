@@ -98,4 +98,12 @@ long slow_save_ms();
 // once. Used by tests/plan/test_collective_sequence.sh (the predictor's sequence must equal it).
 const char* collective_log_prefix();
 
+// TESSERA_TEST_NVTX_LOG=PREFIX: each process appends the name of every scoped NVTX range it opens
+// (core/nvtx.hpp's NvtxRange: the pipeline's forward / backward / backward-input /
+// backward-weight, the layers' ranges) to PREFIX.rank<R>, one per line (R: the launcher's rank,
+// OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID; else 0). Off when unset or empty. Read once.
+// Used by tests/train/test_zero_bubble.sh (the Nsight names of B and W passes, checked on the CPU).
+bool nvtx_log_on();
+void nvtx_log(const char* name);
+
 }  // namespace tessera::test_hooks

@@ -243,6 +243,35 @@ double activation_bytes(const GPTConfig& cfg, const ModelShard& shard, const Rec
   return al.bytes();
 }
 
+double weight_pass_bytes(const GPTConfig& cfg, const ModelShard& shard, int B, int T,
+                         DType compute, int chunk) {
+  CountingAllocator al;
+  const SlotBuilder sb(cfg, shard, B, T, compute, al);
+  int64_t n = 0;
+  auto layer = [&](int l) {
+    n += sb.attention_of(l).deferred_elements(sb) + sb.mlp_of(l).deferred_elements(sb);
+  };
+  // A tied output layer's table also takes the embedding's scatters in W: their gradient and ids.
+  int64_t ids = 0;
+  auto embedding = [&] {
+    if (!cfg.tied_head()) return;
+    n += sb.N * sb.C;
+    ids += sb.N;
+  };
+  const LayerRange& c = shard.chunks[static_cast<size_t>(chunk)];
+  if (chunk == 0 && shard.has_embedding) embedding();
+  for (int l = c.begin; l < c.end; ++l) layer(l);
+  if (chunk == shard.num_chunks() - 1) {
+    if (shard.has_head) n += sb.N * (sb.C + sb.vl);  // the output layer
+    for (int k = 0; k < shard.mtp_count; ++k) {  // each depth's output layer, projection, layer
+      n += sb.N * (sb.C + sb.vl) + sb.N * (2 * sb.C + sb.C);
+      layer(shard.mtp_begin + k);
+      embedding();
+    }
+  }
+  return static_cast<double>(n) * dtype_size(compute) + 4.0 * static_cast<double>(ids);
+}
+
 ActivationFootprint activation_footprint(const GPTConfig& cfg, const ModelShard& shard,
                                          const RecomputeConfig& rc, int B, int T, DType compute) {
   const int V = shard.num_chunks();

@@ -205,5 +205,10 @@ ActivationFootprint activation_footprint(const GPTConfig& cfg, const ModelShard&
 // Bytes of make_activation_slots(B, T, counts): counts[c] slots of model chunk c.
 double activation_bytes(const GPTConfig& cfg, const ModelShard& shard, const RecomputeConfig& rc,
                         int B, int T, DType compute, const std::vector<int>& counts);
+// Zero-bubble (model/weight_grads.hpp): the bytes a B pass of a (B,T) micro-batch of model chunk
+// `chunk` holds until its W pass: each deferred GEMM's input and output gradient (the parts'
+// deferred_elements, the output layer's and multi-token prediction's GEMMs).
+double weight_pass_bytes(const GPTConfig& cfg, const ModelShard& shard, int B, int T,
+                         DType compute, int chunk);
 
 }  // namespace tessera

@@ -86,6 +86,9 @@ class StandardAttention final : public AttentionPart {
     }
   }
 
+  int64_t deferred_elements(const SlotBuilder& sb) const override {
+    return sb.N * (sb.C + sb.qkvl) + sb.N * (sb.hl + sb.C);  // qkv, proj
+  }
   void shared_buffers(const SlotBuilder& sb, Activations& shared) const override {
     if (spec_.qk_norm) {
       Tensor& tmp = shared.part_scratch.get<QkNormScratch>().tmp;

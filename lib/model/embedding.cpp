@@ -64,7 +64,7 @@ void GPTModel::embed_backward(Activations& a) {
   const Tensor& demb =
       services_->branch_grad(phase, a, services_->hidden_dropout(0, DropoutKind::Embedding, a));
   phase("embedding-backward");
-  be_.embedding_backward(dwte, demb.reshape({N, C}), a.ids, services_->vocab_begin());
+  services_->embedding_grad(dwte, demb.reshape({N, C}), a.ids, services_->vocab_begin());
   if (cfg_.learned_positions()) position_embedding_grad(demb.reshape({a.B, a.T, C}), a);
 }
 

@@ -274,8 +274,8 @@ void GPTModel::head_backward(Activations& a) {
   Tensor dw = params_->grad(output_weight_name());
   PhaseSequence phase;
   phase("lm-head-gemm-backward");
-  be_.matmul_backward(&a.dln, dw, nullptr, a.logits, a.lnf,
-                      params_->compute_param(output_weight_name()));
+  services_->gemm_backward(&a.dln, dw, nullptr, a.logits, a.lnf,
+                           params_->compute_param(output_weight_name()));
   const Tensor dlnf = services_->reduce_rows(phase, a.dln, a);
   phase("layernorm-backward");
   be_.zero(a.dres);
@@ -354,26 +354,47 @@ void GPTModel::remove_observer(PassObserver* o) {
   observers_.erase(std::remove(observers_.begin(), observers_.end(), o), observers_.end());
 }
 
-void GPTModel::backward(Activations& a) {
-  auto ready = [this](int piece) {
-    notify(&PassObserver::grads_ready, piece);
+void GPTModel::backward(Activations& a, bool weights_later) {
+  WeightGradStore& store = services_->weight_grads();
+  if (weights_later) store.begin_pass();
+  auto begin = [&](int piece) {
+    if (weights_later) store.begin_piece(piece);
+  };
+  auto ready = [&](int piece) {
+    if (!weights_later) notify(&PassObserver::grads_ready, piece);  // else after its W pass
     notify(&PassObserver::after_backward, piece);
   };
   if (ends_in_head(a)) {
+    begin(kHeadPiece);
     head_backward(a);
     ready(kHeadPiece);
   } else if (ends_in_mtp(a)) {
+    begin(kHeadPiece);
     mtp_backward(a);
     ready(kHeadPiece);
   }
   for (int l = chunk_layers(a).end - 1; l >= chunk_layers(a).begin; --l) {
+    begin(l);
     block_backward(l, a);
     ready(l);
   }
   if (embeds(a)) {
+    begin(kEmbedPiece);
     embed_backward(a);
     ready(kEmbedPiece);
   }
+  if (weights_later) store.end_pass();
+}
+
+const WeightGradStore& GPTModel::weight_grads() const {
+  return services_->weight_grads();
+}
+
+void GPTModel::weight_backward() {
+  services_->weight_grads().run_oldest([this](int piece) {
+    notify(&PassObserver::before_weights, piece);
+    notify(&PassObserver::grads_ready, piece);
+  });
 }
 
 void GPTModel::reduce_sequence_parallel_grads(int piece) {

@@ -25,6 +25,7 @@
 #include "model/pass_observer.hpp"
 #include "model/recompute.hpp"
 #include "model/step_hooks.hpp"
+#include "model/weight_grads.hpp"
 
 namespace tessera {
 
@@ -119,7 +120,13 @@ class GPTModel {
   void mtp_backward(Activations& a);
   void block_backward(int layer, Activations& a);
   void embed_backward(Activations& a);
-  void backward(Activations& a);
+  // `weights_later`: zero-bubble's B pass (model/weight_grads.hpp): the input gradients now, the
+  // weight-gradient GEMMs recorded for weight_backward, which runs the oldest recorded pass and
+  // only then calls the pieces' grads_ready observers.
+  void backward(Activations& a, bool weights_later = false);
+  void weight_backward();
+  // The deferred passes recorded and not yet run (zero-bubble), and the bytes they hold.
+  const WeightGradStore& weight_grads() const;
 
   // The observers of the passes, piece by piece (model/pass_observer.hpp: the gradient reduction,
   // the overlapped parameter gather, Megatron-FSDP), called in the order they were added.

@@ -109,6 +109,14 @@ class MlaAttention final : public AttentionPart {
     }
   }
 
+  int64_t deferred_elements(const SlotBuilder& sb) const override {
+    const int64_t N = sb.N, C = sb.C, H = sb.heads_l, D = cfg_.head_dim();
+    const int64_t dn = cfg_.qk_head_dim, dr = cfg_.qk_pos_emb_head_dim, dv = cfg_.v_head_dim;
+    const int64_t qr = cfg_.q_lora_rank, kvr = cfg_.kv_lora_rank;
+    const int64_t queries = qr > 0 ? N * (C + qr) + N * (qr + H * D) : N * (C + H * D);
+    // kv_down's two row blocks (the latent, the RoPE key), kv_up, proj
+    return queries + N * (C + kvr) + N * (C + dr) + N * (kvr + H * (dn + dv)) + N * (H * dv + C);
+  }
   void shared_buffers(const SlotBuilder& sb, Activations& shared) const override {
     const int64_t N = sb.N, dr = cfg_.qk_pos_emb_head_dim;
     MlaScratch& sc = shared.part_scratch.get<MlaScratch>();
@@ -309,7 +317,7 @@ class MlaAttention final : public AttentionPart {
     // Keys and values: the up-projection, the latent's norm, the down-projection (its two row
     // blocks: the latent and the RoPE key).
     Tensor dcn = sc.dc_n;
-    be().matmul_backward(&dcn, g.kv_up_w, nullptr, dkv, m.c_n, w.kv_up_w);
+    s().gemm_backward(&dcn, g.kv_up_w, nullptr, dkv, m.c_n, w.kv_up_w);
     Tensor dc = dcn;
     if (spec_.qk_norm) {
       dc = sc.dc;
@@ -318,13 +326,13 @@ class MlaAttention final : public AttentionPart {
                         m.c_mean, m.c_rstd);
     }
     Tensor gc = g.kv_down_w.view(0, {kvr, C}), gpe = g.kv_down_w.view(kvr * C, {dr, C});
-    be().matmul_backward(&a.dln, gc, nullptr, dc, la.ln1, w.kv_down_w.view(0, {kvr, C}));
-    be().matmul_backward(&sc.dln, gpe, nullptr, dkpe, la.ln1, w.kv_down_w.view(kvr * C, {dr, C}));
+    s().gemm_backward(&a.dln, gc, nullptr, dc, la.ln1, w.kv_down_w.view(0, {kvr, C}));
+    s().gemm_backward(&sc.dln, gpe, nullptr, dkpe, la.ln1, w.kv_down_w.view(kvr * C, {dr, C}));
     be().add(a.dln, a.dln, sc.dln);
     // Queries: the up-projection, the latent's norm, the down-projection (or the one projection).
     if (qr > 0) {
       Tensor dqn = sc.dq_n;
-      be().matmul_backward(&dqn, g.q_up_w, nullptr, dq, m.q_lat_n, w.q_up_w);
+      s().gemm_backward(&dqn, g.q_up_w, nullptr, dq, m.q_lat_n, w.q_up_w);
       Tensor dql = dqn;
       if (spec_.qk_norm) {
         dql = sc.dq_lat;
@@ -332,9 +340,9 @@ class MlaAttention final : public AttentionPart {
         s().norm_backward(dql, g.q_down_norm_w, g.q_down_norm_b, dqn, m.q_lat, w.q_down_norm_w,
                           m.q_mean, m.q_rstd);
       }
-      be().matmul_backward(&sc.dln, g.q_down_w, nullptr, dql, la.ln1, w.q_down_w);
+      s().gemm_backward(&sc.dln, g.q_down_w, nullptr, dql, la.ln1, w.q_down_w);
     } else {
-      be().matmul_backward(&sc.dln, g.q_up_w, nullptr, dq, la.ln1, w.q_up_w);
+      s().gemm_backward(&sc.dln, g.q_up_w, nullptr, dq, la.ln1, w.q_up_w);
     }
     be().add(a.dln, a.dln, sc.dln);
   }

@@ -104,6 +104,11 @@ void DenseMlp::bind(const ParamStore& ps, int l) {
   g_ = dense_mlp_bind(ps, l, true, prefix_);
 }
 
+int64_t DenseMlp::deferred_elements(const SlotBuilder& sb) const {
+  const int64_t fl = dense_width(), glu = spec_.activation == MlpActivation::SwiGLU ? 2 : 1;
+  return sb.N * (sb.C + fl * glu) + sb.N * (fl + sb.C);  // fc1, fc2
+}
+
 void DenseMlp::recomputed_buffers(const SlotBuilder& sb, LayerActivations& la,
                                   int64_t width) const {
   dense_mlp_buffers(sb, la, width, spec_.activation, false);
@@ -159,7 +164,7 @@ void DenseMlp::backward_into(PhaseSequence& phase, int l, Activations& a,
   Tensor swiglu =
       spec_.activation == MlpActivation::SwiGLU ? a.dfc1.view(0, la.fc1.shape()) : Tensor();
   if (gelu && !s().fp8_layer(l)) {  // GELU's backward in the GEMM's epilogue where there is one
-    be().matmul_gelu_backward(dfc, g_.fc2_w, opt(g_.fc2_b), dout, la.gelu, w_.fc2_w, la.fc1);
+    s().gemm_gelu_backward(dfc, g_.fc2_w, opt(g_.fc2_b), dout, la.gelu, w_.fc2_w, la.fc1);
   } else {
     s().linear_backward(l, Fp8Gemm::Fc2, &dfc, g_.fc2_w, opt(g_.fc2_b), dout, la.gelu, w_.fc2_w);
     phase(mlp_activation_phase(spec_.activation, true));

@@ -21,6 +21,7 @@ class DenseMlp final : public MlpPart {
   void bind(const ParamStore& ps, int l) override;
   void reduce_tp_grads(int) override {}
   int64_t dense_width() const override { return spec_.dense_width / shard_.tp_size; }
+  int64_t deferred_elements(const SlotBuilder& sb) const override;
   void recomputed_buffers(const SlotBuilder& sb, LayerActivations& la,
                           int64_t width) const override;
   void kept_buffers(const SlotBuilder& sb, LayerActivations& la, int64_t width) const override;

@@ -368,7 +368,7 @@ void MoeMlp::experts_backward(PhaseSequence& phase, int l, Activations& a, Layer
     }
     if (row > 0) {
       phase("moe-expert-fc2-gemm-backward");
-      be().grouped_matmul_backward(g2);
+      s().grouped_gemm_backward(g2);
       Tensor dact = ms.dact.view(0, {row, efl});
       Tensor dfc1 =
           spec_.activation == MlpActivation::SwiGLU ? ms.dfc1.view(0, {row, efc1}) : Tensor();
@@ -385,7 +385,7 @@ void MoeMlp::experts_backward(PhaseSequence& phase, int l, Activations& a, Layer
         g1.push_back({&dx, &experts_g_[j].fc1_w, &x, &d1b, &experts_w_[j].fc1_w});
       }
       phase("moe-expert-fc1-gemm-backward");
-      be().grouped_matmul_backward(g1);
+      s().grouped_gemm_backward(g1);
     }
   }
   if (cfg_.moe_grouped_gemm && !fp8) return;
@@ -478,7 +478,7 @@ void MoeMlp::router_grad(PhaseSequence& phase, Activations& a, LayerActivations&
   }
   const Tensor x_mine = la.ln2.view(rb * C, {nl, C});
   Tensor dx_mine = ms.dx.view(rb * C, {nl, C}), dln_mine = a.dln.view(rb * C, {nl, C});
-  be().matmul_backward(&dx_mine, router_g_, nullptr, dlogits, x_mine, router_w_);
+  s().gemm_backward(&dx_mine, router_g_, nullptr, dlogits, x_mine, router_w_);
   be().add(dln_mine, dln_mine, dx_mine);
 }
 

@@ -83,6 +83,7 @@ class MoeMlp final : public MlpPart, public MoeRouter {
   void reduce_tp_grads(int l) override;
   StepHook* step_hook() override { return routers_; }
   int64_t dense_width() const override { return spec_.dense_width / shard_.tp_size; }
+  int64_t deferred_elements(const SlotBuilder& sb) const override;
 
   void recomputed_buffers(const SlotBuilder& sb, LayerActivations& la,
                           int64_t width) const override;

@@ -59,6 +59,16 @@ MoeMlp::Dims MoeMlp::dims(const SlotBuilder& sb) const {
   return d;
 }
 
+int64_t MoeMlp::deferred_elements(const SlotBuilder& sb) const {
+  const Dims d = dims(sb);
+  const int64_t router = sb.N / shard_.tp_size * (sb.C + d.E);  // this TP rank's routed rows
+  const int64_t experts = d.NK * (sb.C + d.efl * d.glu) + d.NK * (d.efl + sb.C);
+  // The shared expert (a dense MLP of its width; a planning instance has no DenseMlp made).
+  const int64_t fl = dense_width();
+  const int64_t shared = fl > 0 ? sb.N * (sb.C + fl * d.glu) + sb.N * (fl + sb.C) : 0;
+  return router + experts + shared;
+}
+
 void MoeMlp::recomputed_buffers(const SlotBuilder& sb, LayerActivations& la, int64_t width) const {
   MoeBuffers& mb = la.parts.get<MoeBuffers>();
   dense_mlp_buffers(sb, la, width, spec_.activation, false);

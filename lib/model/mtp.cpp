@@ -164,7 +164,7 @@ void MtpHead::backward(Activations& a, const Tensor& hidden, const BlockPass& bl
     const Tensor& h_in = k == 0 ? hidden : s_.acts(l - 1, a).res2;
     // The output layer and the final norm: into the chain's gradient of the depth's output.
     phase("lm-head-gemm-backward");
-    s_.backend().matmul_backward(&a.dln, dhead, nullptr, m.logits, m.lnf, head);
+    s_.gemm_backward(&a.dln, dhead, nullptr, m.logits, m.lnf, head);
     const Tensor dlnf = s_.reduce_rows(phase, a.dln, a);
     phase("layernorm-backward");
     s_.backend().cast(a.dres, a.mtp_dh);
@@ -175,7 +175,7 @@ void MtpHead::backward(Activations& a, const Tensor& hidden, const BlockPass& bl
     phase("mtp-projection");
     const int64_t rows = m.cat.dim(0);
     Tensor gp = G(p + "eh_proj.weight");
-    s_.backend().matmul_backward(&a.mtp_dcat, gp, nullptr, a.dres.reshape({rows, C}), m.cat,
+    s_.gemm_backward(&a.mtp_dcat, gp, nullptr, a.dres.reshape({rows, C}), m.cat,
                                  W(p + "eh_proj.weight"));
     s_.backend().copy_columns(a.mtp_de, 0, a.mtp_dcat, 0, C);
     s_.backend().copy_columns(a.mtp_dhn, 0, a.mtp_dcat, C, C);
@@ -192,7 +192,7 @@ void MtpHead::backward(Activations& a, const Tensor& hidden, const BlockPass& bl
     s_.norm_backward(demb, gw, gb, a.mtp_de, m.emb, W(p + "enorm.weight"), m.e_mean, m.e_rstd);
     s_.gather_rows(phase, a.mtp_demb);  // every row: each TP rank scatters into its vocabulary rows
     phase("embedding-backward");
-    s_.backend().embedding_backward(dwte, a.mtp_demb.reshape({N, C}), m.ids, s_.vocab_begin());
+    s_.embedding_grad(dwte, a.mtp_demb.reshape({N, C}), m.ids, s_.vocab_begin());
   }
   s_.backend().add(a.dres, a.mtp_dmain, a.mtp_dh);
 }

@@ -13,7 +13,7 @@ namespace tessera {
 
 PartServices::PartServices(const GPTConfig& cfg, const ModelShard& shard, Backend& backend,
                            Communicator& tp, DType compute)
-    : cfg_(cfg), shard_(shard), be_(backend), tp_(tp), compute_(compute) {
+    : cfg_(cfg), shard_(shard), be_(backend), tp_(tp), compute_(compute), weight_grads_(backend) {
   const int64_t padded_vocab = cfg_.padded_vocab_size(shard.tp_size);
   vocab_local_ = padded_vocab / shard.tp_size;
   vocab_begin_ = vocab_local_ * shard.tp_rank;
@@ -132,9 +132,10 @@ void PartServices::linear_backward(int l, Fp8Gemm g, Tensor* dinp, Tensor& dw, T
                                    const Tensor& dout, const Tensor& inp, const Tensor& w,
                                    int expert) {
   if (!fp8_layer(l)) {
-    be_.matmul_backward(dinp, dw, dbias, dout, inp, w);
+    gemm_backward(dinp, dw, dbias, dout, inp, w);
     return;
   }
+  // FP8's GEMMs run whole in a zero-bubble B pass (their W half reads quantized operands).
   // The input and weight quantized again as in the forward (the same scales, so the same values);
   // the output gradient's amax joins the step's (a backward is always a training step's).
   const int li = shard_.local_index(l);
@@ -142,6 +143,51 @@ void PartServices::linear_backward(int l, Fp8Gemm g, Tensor* dinp, Tensor& dw, T
   const Backend::Fp8Operand x = fp8_->operand(li, g, Fp8Role::Input, inp, false, expert);
   const Backend::Fp8Operand wq = fp8_->operand(li, g, Fp8Role::Weight, w, false, expert);
   if (inp.dim(0) > 0) be_.fp8_matmul_backward(dinp, dw, dbias, dout, inp, w, go, x, wq);
+}
+
+void PartServices::gemm_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout,
+                                 const Tensor& inp, const Tensor& w) {
+  if (!weight_grads_.recording()) {
+    be_.matmul_backward(dinp, dw, dbias, dout, inp, w);
+    return;
+  }
+  Tensor none;
+  if (dinp) be_.matmul_backward(dinp, none, nullptr, dout, inp, w);
+  weight_grads_.defer(dw, dbias, dout, inp, w);
+}
+
+void PartServices::gemm_gelu_backward(Tensor& dpre, Tensor& dw, Tensor* dbias, const Tensor& dout,
+                                      const Tensor& inp, const Tensor& w, const Tensor& pre) {
+  if (!weight_grads_.recording()) {
+    be_.matmul_gelu_backward(dpre, dw, dbias, dout, inp, w, pre);
+    return;
+  }
+  Tensor none;
+  be_.matmul_gelu_backward(dpre, none, nullptr, dout, inp, w, pre);
+  weight_grads_.defer(dw, dbias, dout, inp, w);
+}
+
+void PartServices::grouped_gemm_backward(const std::vector<Backend::GroupedGemm>& groups) {
+  if (!weight_grads_.recording()) {
+    be_.grouped_matmul_backward(groups);
+    return;
+  }
+  std::vector<Backend::GroupedGemm> inputs;
+  for (Backend::GroupedGemm g : groups)
+    if (g.out) {
+      g.dweight = nullptr;
+      inputs.push_back(g);
+    }
+  if (!inputs.empty()) be_.grouped_matmul_backward(inputs);
+  weight_grads_.defer_grouped(groups);
+}
+
+void PartServices::embedding_grad(Tensor& dtable, const Tensor& dout, const Tensor& ids,
+                                  int64_t row_begin) {
+  if (weight_grads_.recording() && cfg_.tied_head())
+    weight_grads_.defer_embedding(dtable, dout, ids, row_begin);
+  else
+    be_.embedding_backward(dtable, dout, ids, row_begin);
 }
 
 void PartServices::set_fp8(const Fp8Config& c) {

@@ -16,6 +16,7 @@
 #include "model/activations.hpp"
 #include "model/fp8.hpp"
 #include "model/params.hpp"
+#include "model/weight_grads.hpp"
 
 namespace tessera {
 
@@ -70,6 +71,19 @@ class PartServices {
                       const Tensor* bias, const Activations& a, int expert = -1);
   void linear_backward(int l, Fp8Gemm g, Tensor* dinp, Tensor& dw, Tensor* dbias,
                        const Tensor& dout, const Tensor& inp, const Tensor& w, int expert = -1);
+
+  // The GEMMs of a backward outside linear_backward's FP8 (matmul_backward, the MLP's fused
+  // GELU one, the experts' grouped one): run whole, or during a zero-bubble B pass the input
+  // half now and the weight half recorded for the W pass (weight_grads()).
+  void gemm_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout,
+                     const Tensor& inp, const Tensor& w);
+  void gemm_gelu_backward(Tensor& dpre, Tensor& dw, Tensor* dbias, const Tensor& dout,
+                          const Tensor& inp, const Tensor& w, const Tensor& pre);
+  void grouped_gemm_backward(const std::vector<Backend::GroupedGemm>& groups);
+  // The word embedding's gradient (embedding_backward), recorded for the W pass too where the
+  // output layer is tied to it (its GEMM's weight half writes the same gradient).
+  void embedding_grad(Tensor& dtable, const Tensor& dout, const Tensor& ids, int64_t row_begin);
+  WeightGradStore& weight_grads() { return weight_grads_; }
 
   // The configured norm (LayerNorm or RMSNorm; mean and bias unused by RMSNorm; with
   // --apply-layernorm-1p the weight applied is 1 + w). add_norm_forward: sum = a + b, out = the
@@ -174,6 +188,7 @@ class PartServices {
   Communicator* ep_ = nullptr;  // set_expert_comm
   Communicator* cp_ = nullptr;  // set_context_comm
   std::unique_ptr<Fp8Scaling> fp8_;
+  WeightGradStore weight_grads_;  // zero-bubble's deferred weight halves
   bool sp_ = false;  // sequence parallelism on (TP > 1)
   bool recomputing_ = false;
   int64_t heads_local_ = 0, kv_heads_local_ = 0;

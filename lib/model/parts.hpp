@@ -59,6 +59,10 @@ class ModelPart {
   // The part's per-step state (model/step_hooks.hpp), null without; the parts of one kind in a
   // model may share one.
   virtual StepHook* step_hook() { return nullptr; }
+  // Zero-bubble (model/weight_grads.hpp): the elements a B pass of one micro-batch (`sb`'s
+  // shapes) holds for the W pass, the input and the output gradient of each GEMM whose weight
+  // half it defers (a MoE layer's experts at balanced routing: N*K rows).
+  virtual int64_t deferred_elements(const SlotBuilder& sb) const = 0;
 
  protected:
   const GPTConfig& cfg_;

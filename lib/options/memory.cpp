@@ -164,6 +164,16 @@ class MemoryOptions : public OptionGroup {
                   (p + g + adam) / local, p / local, g / local, adam / local,
                   mib(e.activation_layer_bytes), mib(e.activation_shared_bytes));
     out << buf;
+    if (d.o.train.zero_bubble) {
+      std::snprintf(buf, sizeof buf,
+                    "  zero-bubble: %s%d B pass%s' W operands held at most at once, %.2f MiB each "
+                    "(the deferred GEMMs' inputs and output gradients), %.3f GiB in the "
+                    "activations\n",
+                    e.zb_held_passes > 0 ? "" : "each backward whole (as 1F1B's): ",
+                    e.zb_held_passes, e.zb_held_passes == 1 ? "" : "es", mib(e.zb_pass_bytes),
+                    gib(e.zb_held_passes * e.zb_pass_bytes));
+      out << buf;
+    }
     const int tp = d.layout.tp;
     if (tp > 1) {
       std::snprintf(buf, sizeof buf,

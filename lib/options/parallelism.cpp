@@ -55,6 +55,13 @@ class ParallelismOptions : public OptionGroup {
             "transformer layer, m MTP layer, L loss, | between stages (in order of virtual stage, "
             "then pipeline rank), (...)*N and x*N repeat, commas cosmetic, e.g. "
             "\"Et*3|(tt|)*29,mL\"; the virtual stages per rank are its stages / PP")(
+            "pipeline-schedule", po::value(&schedule_)->default_value("1f1b"),
+            "1f1b (the default; interleaved with virtual stages) or zero-bubble: ZB-H1, each "
+            "backward split into its input-gradient pass B and weight-gradient pass W, the W "
+            "passes run later to fill the pipeline's idle time, the same losses bit for bit "
+            "(needs PP > 1)")(
+            "enable-zero-bubble", po::bool_switch(&enable_zero_bubble_),
+            "the zero-bubble fork's name of --pipeline-schedule zero-bubble")(
             "sequence-parallel", po::bool_switch(&t.sequence_parallel),
             "with TP > 1: split the LayerNorm, dropout and residual regions along the tokens "
             "(each rank 1/TP of a micro-batch's) over the tensor-parallel group (all-gather before "
@@ -130,6 +137,7 @@ class ParallelismOptions : public OptionGroup {
     if (virtual_size_ < 0)
       throw ConfigError(concat(vp_name, "=", virtual_size_, " is out of range (allowed: >= 1)"));
     resolve_split(p, o, per_stage, vp_name);
+    resolve_schedule(p, o);
     PipelineSplitOptions& ps = t.pipeline_split;
     if (!ps.layout.empty()) {
       const int v = layout_virtual_stages(ps.layout, o.pp);
@@ -180,6 +188,27 @@ class ParallelismOptions : public OptionGroup {
 
   // The uneven-stage options' values (Megatron's: a count given must be >= 1) and what Megatron
   // refuses beside them.
+  void resolve_schedule(const OptionParser& p, RunOptions& o) const {
+    using detail::concat;
+    TrainConfig& t = o.train;
+    if (schedule_ != "1f1b" && schedule_ != "zero-bubble")
+      throw ConfigError(concat("--pipeline-schedule=", schedule_,
+                               " is not a schedule (allowed: 1f1b, zero-bubble)"));
+    if (enable_zero_bubble_ && p.given("pipeline-schedule") && schedule_ != "zero-bubble")
+      throw ConfigError(concat("--enable-zero-bubble contradicts --pipeline-schedule=", schedule_,
+                               ": give one of them"));
+    t.zero_bubble = enable_zero_bubble_ || schedule_ == "zero-bubble";
+    if (!t.zero_bubble) return;
+    const char* name = enable_zero_bubble_ ? "--enable-zero-bubble" : "--pipeline-schedule=zero-bubble";
+    if (o.pp < 2)
+      throw ConfigError(concat(name, " needs --pipeline-model-parallel-size > 1 (got ", o.pp,
+                               "): one stage has no pipeline bubble to fill"));
+    if (t.megatron_fsdp)
+      throw ConfigError(concat(name, " does not combine with --use-megatron-fsdp (FSDP frees a "
+                                     "piece's gathered gradients before its W pass): use "
+                                     "--use-distributed-optimizer, or --pipeline-schedule=1f1b"));
+  }
+
   void resolve_split(const OptionParser& p, RunOptions& o, int per_stage,
                      const char* vp_name) const {
     using detail::concat;
@@ -230,6 +259,10 @@ class ParallelismOptions : public OptionGroup {
     out << buf;
     if (o.train.pipeline_split.uneven()) split_line(d, out);
     if (layout.cp > 1) context_parallel_line(d, out);
+    if (o.train.zero_bubble)
+      out << "pipeline schedule: zero-bubble (ZB-H1): each backward split into B (input "
+             "gradients) and W (weight gradients), W passes held back to fill the bubble (how many "
+             "per stage below); the same losses as 1F1B\n";
   }
 
   // The stages of an uneven split, as Megatron's pretty_repr groups them: each pipeline rank's
@@ -363,6 +396,8 @@ class ParallelismOptions : public OptionGroup {
   std::string cp_comm_type_, sharding_, outer_sharding_;
   int virtual_size_ = 0, layers_per_virtual_stage_ = 0, virtual_stages_ = 0;
   int first_ = 0, last_ = 0;  // --decoder-first/last-pipeline-num-layers (0: not given)
+  std::string schedule_;            // --pipeline-schedule
+  bool enable_zero_bubble_ = false;  // --enable-zero-bubble
 };
 
 }  // namespace

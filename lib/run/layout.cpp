@@ -51,6 +51,11 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
   if (cfg.ffn() % tp != 0)
     throw ConfigError(concat("--ffn-hidden-size=", cfg.ffn(),
                              " is not divisible by --tensor-model-parallel-size=", tp));
+  if (t.zero_bubble && t.fp8.enabled)
+    throw ConfigError(
+        "--pipeline-schedule=zero-bubble does not combine with FP8 (--fp8-format): an FP8 "
+        "GEMM's weight gradient reads the quantized operands, which a W pass would have to hold; "
+        "use --pipeline-schedule=1f1b with FP8");
   const int V = t.virtual_pipeline_size;
   const PipelineSplitOptions& split = t.pipeline_split;
   if (!split.uneven() && cfg.num_layers % pp != 0)

@@ -58,6 +58,19 @@ void fsdp_memory(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& l
 }
 }  // namespace
 
+ZeroBubbleHold zero_bubble_hold(const GPTConfig& cfg, const ModelShard& shard,
+                                const TrainConfig& t, int pp, int stage, int micro, int T) {
+  ZeroBubbleHold h;
+  const int V = shard.num_chunks();
+  const int B = t.micro_batch_size;
+  const double slot =
+      activation_footprint(cfg, shard, t.recompute, B, T, t.compute_dtype).per_micro_batch / V;
+  for (int c = 0; c < V; ++c)
+    h.pass_bytes += weight_pass_bytes(cfg, shard, B, T, t.compute_dtype, c) / V;
+  h.passes = zero_bubble_held(pp, stage, micro, V, slot, h.pass_bytes);
+  return h;
+}
+
 MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
                                     const GridLayout& layout, int stage, int ep) {
   ParallelContext ctx;
@@ -130,6 +143,12 @@ MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,
   e.activation_bytes = activation_bytes(cfg, shard, t.recompute, t.micro_batch_size, T,
                                         t.compute_dtype, chunk_slots);
   e.activation_shared_bytes = fp.shared;
+  if (t.zero_bubble && layout.pp > 1) {
+    const ZeroBubbleHold h = zero_bubble_hold(cfg, shard, t, layout.pp, stage, micro, T);
+    e.zb_held_passes = h.passes;
+    e.zb_pass_bytes = h.pass_bytes;
+    e.activation_bytes += h.passes * h.pass_bytes;
+  }
   e.stage_layers = shard.num_layers();
   if (t.fp8.enabled) {
     const double H = t.fp8.recipe == Fp8Recipe::Delayed ? t.fp8.amax_history_len : 1;

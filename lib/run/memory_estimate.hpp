@@ -9,6 +9,7 @@
 #include <string>
 
 #include "model/gpt_config.hpp"
+#include "model/params.hpp"
 #include "run/train_config.hpp"
 
 namespace tessera {
@@ -38,11 +39,27 @@ struct MemoryEstimate {
   // grad_bytes count the shards).
   int64_t fsdp_shard_elements = 0;
   double fsdp_pool_bytes = 0;
+  // Zero-bubble (run/pipeline.hpp): the B passes whose W operands the stage holds at most at
+  // once (h_s, the recording one's included; 0: whole backwards) and the bytes of one (the GEMM
+  // operands a B pass copies for its W, averaged over the rank's model chunks); their product is
+  // in activation_bytes.
+  int zb_held_passes = 0;
+  double zb_pass_bytes = 0;
   double total_bytes() const {
     return param_bytes + grad_bytes + optimizer_bytes + activation_bytes + fp8_state_bytes +
            fsdp_pool_bytes;
   }
 };
+
+// Zero-bubble: the B passes whose W operands pipeline rank `stage` of `pp` holds at most at once
+// (run/pipeline.hpp's zero_bubble_held, from the shard's activation slot and W pass sizes at `micro`
+// micro-batches of T tokens per rank) and the bytes of one (averaged over its model chunks).
+struct ZeroBubbleHold {
+  int passes = 0;
+  double pass_bytes = 0;
+};
+ZeroBubbleHold zero_bubble_hold(const GPTConfig& cfg, const ModelShard& shard,
+                                const TrainConfig& t, int pp, int stage, int micro, int T);
 
 // `ep`: the expert-parallel size (MoE), carved out of layout.dp.
 MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,

@@ -1,7 +1,11 @@
-// pipeline.cpp: schedule generation (1F1B and interleaved 1F1B).
+// pipeline.cpp: schedule generation (1F1B, interleaved 1F1B, zero-bubble ZB-H1).
 #include "run/pipeline.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <tuple>
 
 namespace tessera {
 
@@ -43,6 +47,41 @@ std::vector<PipeStep> schedule_interleaved(int pp_size, int pp_rank, int num_mic
   return s;
 }
 
+std::vector<PipeStep> schedule_zero_bubble(int pp_size, int pp_rank, int num_micro,
+                                           int virtual_stages, int held) {
+  if (held <= 0)  // nothing held: each backward whole, 1F1B's steps
+    return schedule_interleaved(pp_size, pp_rank, num_micro, virtual_stages);
+  std::vector<PipeStep> s;
+  std::deque<PipeStep> pending;  // B passes whose W has not run, oldest first
+  for (const PipeStep& p : schedule_interleaved(pp_size, pp_rank, num_micro, virtual_stages)) {
+    if (!p.forward)  // room for this B's operands: at most `held` passes at once
+      for (; static_cast<int>(pending.size()) >= held; pending.pop_front())
+        s.push_back(pending.front());
+    s.push_back(p);
+    if (p.forward) continue;
+    PipeStep w = p;
+    w.weight = true;
+    pending.push_back(w);
+  }
+  s.insert(s.end(), pending.begin(), pending.end());
+  return s;
+}
+
+int zero_bubble_held(int pp_size, int pp_rank, int num_micro, int virtual_stages,
+                     double slot_bytes, double w_bytes) {
+  auto slots = [&](int rank) {
+    if (virtual_stages <= 1) return pipeline_slots(pp_size, rank, num_micro);
+    int n = 0;
+    for (int c : pipeline_chunk_slots(schedule_interleaved(pp_size, rank, num_micro, virtual_stages),
+                                      virtual_stages))
+      n += c;
+    return n;
+  };
+  const int k = std::max(0, slots(0) - slots(pp_rank));
+  if (w_bytes <= 0) return k + 1;
+  return std::min(k + 1, static_cast<int>(std::floor(k * slot_bytes / w_bytes)));
+}
+
 int pipeline_slots(int pp_size, int pp_rank, int num_micro) {
   return std::max(1, std::min(pp_size - pp_rank, num_micro));
 }
@@ -50,6 +89,7 @@ int pipeline_slots(int pp_size, int pp_rank, int num_micro) {
 std::vector<int> pipeline_chunk_slots(const std::vector<PipeStep>& steps, int virtual_stages) {
   std::vector<int> live(static_cast<size_t>(virtual_stages), 0), most(live.size(), 1);
   for (const PipeStep& p : steps) {
+    if (p.weight) continue;  // zero-bubble: the slot is free after B (W holds its own copies)
     int& n = live[static_cast<size_t>(p.chunk)];
     n += p.forward ? 1 : -1;
     most[static_cast<size_t>(p.chunk)] = std::max(most[static_cast<size_t>(p.chunk)], n);
@@ -63,8 +103,64 @@ std::string schedule_string(const std::vector<PipeStep>& steps) {
   std::string out;
   for (const PipeStep& p : steps) {
     if (!out.empty()) out += ' ';
-    out += (p.forward ? "F" : "B") + std::to_string(p.micro);
+    out += (p.forward ? "F" : p.weight ? "W" : "B") + std::to_string(p.micro);
     if (chunks) out += "." + std::to_string(p.chunk);
+  }
+  return out;
+}
+
+std::string schedule_timeline(const std::vector<std::vector<PipeStep>>& stages, int f, int b, int w,
+                              int* makespan) {
+  const int P = static_cast<int>(stages.size());
+  std::vector<bool> split(static_cast<size_t>(P), false);  // the stage runs B and W apart
+  int most = 0;
+  for (int r = 0; r < P; ++r)
+    for (const PipeStep& p : stages[static_cast<size_t>(r)]) {
+      if (p.weight) split[static_cast<size_t>(r)] = true;
+      most = std::max(most, p.micro);
+    }
+  auto length = [&](int r, const PipeStep& p) {
+    return p.forward ? f : p.weight ? w : split[static_cast<size_t>(r)] ? b : b + w;
+  };
+  // Each stage runs its steps in order; F of micro m waits for the previous stage's F of m, a
+  // backward (B) for the next stage's B of m.
+  std::map<std::tuple<int, bool, int>, int> done;  // (stage, forward, micro) -> end time
+  std::vector<size_t> next(static_cast<size_t>(P), 0);
+  std::vector<int> clock(static_cast<size_t>(P), 0);
+  std::vector<std::vector<std::pair<int, const PipeStep*>>> placed(static_cast<size_t>(P));
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int r = 0; r < P; ++r) {
+      const auto& s = stages[static_cast<size_t>(r)];
+      for (size_t& i = next[static_cast<size_t>(r)]; i < s.size(); ++i) {
+        const PipeStep& p = s[i];
+        int ready = clock[static_cast<size_t>(r)];
+        if (!p.weight && (p.forward ? r > 0 : r < P - 1)) {
+          const auto it = done.find({p.forward ? r - 1 : r + 1, p.forward, p.micro});
+          if (it == done.end()) break;
+          ready = std::max(ready, it->second);
+        }
+        placed[static_cast<size_t>(r)].push_back({ready, &p});
+        clock[static_cast<size_t>(r)] = ready + length(r, p);
+        if (!p.weight) done[{r, p.forward, p.micro}] = clock[static_cast<size_t>(r)];
+        moved = true;
+      }
+    }
+  }
+  const int end = *std::max_element(clock.begin(), clock.end());
+  if (makespan) *makespan = end;
+  const size_t width = std::to_string(most).size() + 2;
+  std::string out;
+  for (int r = 0; r < P; ++r) {
+    std::vector<std::string> cells(static_cast<size_t>(end), ".");
+    for (const auto& [start, p] : placed[static_cast<size_t>(r)])
+      for (int t = start; t < start + length(r, *p); ++t)
+        cells[static_cast<size_t>(t)] =
+            (p->forward ? "F" : p->weight ? "W" : "B") + std::to_string(p->micro);
+    std::string row = "stage " + std::to_string(r) + " |";
+    for (const std::string& c : cells) row += c + std::string(width - c.size(), ' ');
+    while (!row.empty() && row.back() == ' ') row.pop_back();
+    out += row + "\n";
   }
   return out;
 }

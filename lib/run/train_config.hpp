@@ -119,6 +119,9 @@ struct TrainConfig {
   // Which layers each stage holds (model/pipeline_split.hpp): uneven first/last stages, the
   // embedding and loss counted as layers, or Megatron's layout string; default an even split.
   PipelineSplitOptions pipeline_split;
+  // --pipeline-schedule zero-bubble (alias --enable-zero-bubble): ZB-H1, each backward split
+  // into its B and W passes (run/pipeline.hpp, model/weight_grads.hpp); false: 1F1B.
+  bool zero_bubble = false;
   // Activation recomputation (--recompute-granularity/-method/-num-layers, model/recompute.hpp).
   RecomputeConfig recompute;
   // FP8 GEMMs in the transformer layers (--fp8-format and friends, model/fp8_config.hpp).

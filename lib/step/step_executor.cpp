@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "comm/collective_names.hpp"
 #include "core/logging.hpp"
 #include "core/nvtx.hpp"
 #include "core/phase_timer.hpp"
@@ -10,6 +11,7 @@
 #include "model/mtp.hpp"
 #include "run/context_parallel.hpp"
 #include "run/layout.hpp"
+#include "run/memory_estimate.hpp"
 
 namespace tessera {
 
@@ -42,6 +44,13 @@ void StepExecutor::shape(int global_batch) {
   pipeline_ = schedule_interleaved(ctx_.pp_size, ctx_.pp_rank, micro, V);
   chunk_slots_ = V > 1 ? pipeline_chunk_slots(pipeline_, V)
                        : std::vector<int>{pipeline_slots(ctx_.pp_size, ctx_.pp_rank, micro)};
+  split_backward_ = false;
+  if (cfg_.zero_bubble) {  // ZB-H1: the same F/B order (and slots), the W passes placed after
+    const ZeroBubbleHold h = zero_bubble_hold(model_.config(), model_.shard(), cfg_, ctx_.pp_size,
+                                              ctx_.pp_rank, micro, local_seq());
+    pipeline_ = schedule_zero_bubble(ctx_.pp_size, ctx_.pp_rank, micro, V, h.passes);
+    split_backward_ = h.passes > 0;
+  }
   slots_.clear();  // the previous shape's buffers go back first (the sends on them completed)
   slots_ = model_.make_activation_slots(cfg_.micro_batch_size, local_seq(), chunk_slots_);
   slot_offset_.clear();
@@ -197,6 +206,10 @@ double StepExecutor::run(bool with_backward, int64_t iteration, int64_t sample_b
   moe_loss_scale_ = moe_loss_scale;
   if (with_backward) {
     for (const PipeStep& p : pipeline_) {
+      if (p.weight) {
+        weight_micro(p.micro, p.chunk);
+        continue;
+      }
       Activations& a = slot(p.chunk, p.micro);
       if (p.forward)
         forward_micro(p.micro, a, micro_grad_scale(p.micro, loss_scale), st);
@@ -208,6 +221,7 @@ double StepExecutor::run(bool with_backward, int64_t iteration, int64_t sample_b
       for (int c = 0; c < cfg_.virtual_pipeline_size; ++c)
         forward_micro(m, slot(c, m), micro_grad_scale(m, loss_scale), st);
   }
+  trace_pipeline_pass(PipePass::None);
   {
     PhaseSequence phase;
     if (ctx_.pp_size > 1) phase("pipeline-p2p");  // the last sends of the step
@@ -305,6 +319,7 @@ void StepExecutor::stage_micro_batch(int micro, Activations& a) {
 void StepExecutor::forward_micro(int micro, Activations& a, float grad_scale, StepStats& st) {
   const int B = cfg_.micro_batch_size, T = local_seq();
   NVTX_RANGE("forward");
+  trace_pipeline_pass(PipePass::Forward, micro, a.chunk);
   const int slot = static_cast<int>(&a - slots_.data());
   PhaseSequence phase;
   if (sends_[slot]) {
@@ -353,10 +368,13 @@ void StepExecutor::forward_micro(int micro, Activations& a, float grad_scale, St
 }
 
 void StepExecutor::backward_micro(int micro, Activations& a, StepStats& st) {
-  NVTX_RANGE("backward");
+  // Zero-bubble's B pass (the input gradients; the W pass later) or the whole backward.
+  NvtxRange range(split_backward_ ? "backward-input" : "backward");
+  trace_pipeline_pass(split_backward_ ? PipePass::InputGrad : PipePass::Backward, micro, a.chunk);
   const int slot = static_cast<int>(&a - slots_.data());
-  // The last micro-batch of its chunk: the chunk's gradients are complete after it.
-  last_backward_ = micro == num_micro_batches() - 1;
+  // The last micro-batch of its chunk: the chunk's gradients are complete after it (after its W
+  // pass with the backward split).
+  last_backward_ = !split_backward_ && micro == num_micro_batches() - 1;
   if (!model_.ends_in_head(a)) {
     TESSERA_PHASE("pipeline-p2p");
     IterationTimers::Scope timed(timers_, IterationTimers::BackwardRecv);
@@ -372,7 +390,7 @@ void StepExecutor::backward_micro(int micro, Activations& a, StepStats& st) {
   }
   {
     IterationTimers::Scope timed(timers_, IterationTimers::BackwardCompute);
-    model_.backward(a);
+    model_.backward(a, split_backward_);
   }
   if (!model_.embeds(a)) {
     TESSERA_PHASE("pipeline-p2p");
@@ -382,6 +400,14 @@ void StepExecutor::backward_micro(int micro, Activations& a, StepStats& st) {
     sends_[slot] = to.comm->send_async(a.dres, to.peer, kTagBackward);
     st.p2p_bytes += a.dres.nbytes();
   }
+}
+
+void StepExecutor::weight_micro(int micro, int chunk) {
+  NVTX_RANGE("backward-weight");
+  trace_pipeline_pass(PipePass::WeightGrad, micro, chunk);
+  last_backward_ = micro == num_micro_batches() - 1;  // the chunk's gradients complete after it
+  IterationTimers::Scope timed(timers_, IterationTimers::BackwardCompute);
+  model_.weight_backward();
 }
 
 double StepExecutor::sum_micro_losses() {

@@ -90,6 +90,9 @@ class StepExecutor {
   const uint8_t* mask_of(int64_t s) const;
   void forward_micro(int micro, Activations& a, float grad_scale, StepStats& st);
   void backward_micro(int micro, Activations& a, StepStats& st);
+  // Zero-bubble's W pass: the oldest B pass's weight-gradient GEMMs (micro-batch `micro` of
+  // model chunk `chunk`), then its pieces' grads_ready observers.
+  void weight_micro(int micro, int chunk);
   double sum_micro_losses();
 
   GPTModel& model_;
@@ -104,6 +107,7 @@ class StepExecutor {
   std::vector<int> chunk_slots_, slot_offset_;  // per model chunk: its slots, the first one's index
   std::vector<std::unique_ptr<PendingOp>> sends_;  // per slot: the last send from its buffers
   bool last_backward_ = false;  // the backward running is the step's last micro-batch's
+  bool split_backward_ = false;  // zero-bubble with W passes deferred: backwards are B passes
   DropoutContext dropout_;      // of the pass run() runs (training: the step's)
   int64_t sample_begin_ = 0;    // the first global sample of the pass's slice
   float moe_loss_scale_ = 1;    // this pass's weight of each micro-batch's MoE losses

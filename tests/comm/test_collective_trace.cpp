@@ -117,3 +117,28 @@ TEST(CollectiveTrace, PointToPointAndDeviceCollectives) {
          record(TraceOp::None, 0, 0, -1, {{kDp, {0, 9}}})};
   EXPECT_EQ(explain_hang(rec, {4, 4}, {true, true}), "");
 }
+
+// The pipeline step each rank runs joins its account: zero-bubble's B and W passes by name.
+TEST(CollectiveTrace, NamesThePipelinePassOfTheRanks) {
+  auto with_step = [](std::vector<int64_t> w, PipePass pass, int micro, int chunk) {
+    trace_pipeline_pass(pass, micro, chunk);
+    w[kTraceWords - 1] = trace_pipeline_word();
+    return w;
+  };
+  // Rank 1 waits for rank 2's input gradient in its B pass; rank 2 computes a W pass.
+  std::vector<std::vector<int64_t>> rec = {
+      record(TraceOp::None, 0, 0, -1, {{kPp, {0, 0}}}),
+      with_step(record(TraceOp::Recv, kPp, 0, 2, {{kPp, {0, 0}}}), PipePass::InputGrad, 3, 0),
+      with_step(record(TraceOp::None, 0, 0, -1, {{kPp, {0, 0}}}), PipePass::WeightGrad, 1, 1),
+  };
+  EXPECT_EQ(explain_hang(rec, {5, 5, 5}, {true, true, true}),
+            "rank 1 waits in recv with rank 2 on the pipeline group in the B pass (input "
+            "gradients) of micro-batch 3 (rank 2: not in a collective (computing after iteration "
+            "5), in the W pass (weight gradients) of micro-batch 1, model chunk 1)");
+  EXPECT_EQ(describe_pipeline_word(with_step(rec[0], PipePass::Backward, 7, 0)[kTraceWords - 1]),
+            "the backward of micro-batch 7");
+  EXPECT_EQ(describe_pipeline_word(with_step(rec[0], PipePass::Forward, 0, 2)[kTraceWords - 1]),
+            "the forward of micro-batch 0, model chunk 2");
+  EXPECT_EQ(describe_pipeline_word(with_step(rec[0], PipePass::None, 0, 0)[kTraceWords - 1]), "");
+  trace_pipeline_pass(PipePass::None);
+}

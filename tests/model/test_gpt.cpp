@@ -1045,3 +1045,85 @@ TEST(GPT, VocabPaddingChangesNothing) {
       ASSERT_NEAR(grads[k][i], grads[0][i], 1e-6 + 1e-5 * std::fabs(grads[0][i])) << i;
   }
 }
+
+// Zero-bubble's split backward (model/weight_grads.hpp): two micro-batches' B passes, then their W
+// passes oldest first, leave every gradient bitwise what two whole backwards leave, for GPT-2
+// (biases, fused GELU backward, tied: the embedding's scatter joins W), Llama (SwiGLU, GQA,
+// untied), Mixtral's MoE (grouped and one-by-one expert GEMMs), DeepSeek-V3's MLA with MTP (its
+// router, shared expert, output layer) and a tied model with two MTP depths; each B
+// pass holds exactly the bytes weight_pass_bytes counts for --dry-run, and the pieces' gradients
+// are announced (grads_ready) only by the W pass.
+TEST(GPT, ZeroBubbleSplitBackwardIsBitwiseTheWholeOne) {
+  struct Case {
+    const char* name;
+    GPTConfig cfg;
+  };
+  GPTConfig grouped = moe_config(0), one_by_one = moe_config(0), tied_mtp = mtp_config(0);
+  grouped.moe_grouped_gemm = true;
+  tied_mtp.untie_embeddings_and_output_weights = false;  // the table takes the embedding's
+  tied_mtp.validate();                                    // scatters in W too
+  std::vector<Case> cases = {{"gpt2", tiny_config()},
+                             {"llama", llama_config(0)},
+                             {"mixtral grouped", grouped},
+                             {"mixtral one by one", one_by_one},
+                             {"deepseek mla + mtp", mtp_config(1)},
+                             {"llama tied + 2 mtp depths", tied_mtp}};
+  struct Ready final : PassObserver {
+    std::vector<int> pieces;
+    void grads_ready(int piece) override { pieces.push_back(piece); }
+  };
+  for (Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const GPTConfig& cfg = c.cfg;
+    const int B = 2, T = 7;
+    auto run = [&](bool split, double* pass_bytes, std::vector<int>* ready_in_b,
+                   std::vector<int>* ready_in_w) {
+      auto be = make_cpu_backend();
+      LocalCommunicator tp;
+      GPTModel model(cfg, whole(cfg), *be, tp);
+      model.init_parameters(7);
+      perturb(model, 3);
+      set_expert_biases(model);
+      Ready ready;
+      model.add_observer(&ready);
+      std::vector<Activations> slots = model.make_activation_slots(B, T, 2);
+      for (int k = 0; k < 2; ++k) {
+        load(slots[k], random_batch(B, T, 50, 11 + k));
+        slots[k].dropout = DropoutContext{true, 5, 1, int64_t(k) * B};
+      }
+      model.zero_grads();
+      if (model.mtp()) model.mtp()->begin_attempt(false);
+      for (Activations& a : slots) model.forward(a, 1.0f / (2 * B * T));
+      for (Activations& a : slots) model.backward(a, split);
+      if (split) {
+        EXPECT_EQ(model.weight_grads().pending(), 2);
+        if (pass_bytes) *pass_bytes = model.weight_grads().oldest_bytes();
+        if (ready_in_b) *ready_in_b = ready.pieces;
+        ready.pieces.clear();
+        model.weight_backward();
+        model.weight_backward();
+        EXPECT_EQ(model.weight_grads().pending(), 0);
+        if (ready_in_w) *ready_in_w = ready.pieces;
+      }
+      model.remove_observer(&ready);
+      const Tensor g = model.params().flat_grads();
+      return std::vector<char>(static_cast<const char*>(g.raw()),
+                               static_cast<const char*>(g.raw()) + g.nbytes());
+    };
+    double bytes = 0;
+    std::vector<int> in_b, in_w;
+    const std::vector<char> whole_grads = run(false, nullptr, nullptr, nullptr);
+    const std::vector<char> split_grads = run(true, &bytes, &in_b, &in_w);
+    EXPECT_TRUE(whole_grads == split_grads) << "the split backward's gradients differ";
+    EXPECT_TRUE(in_b.empty()) << "a B pass announced complete gradients";
+    // Each W pass announces the pieces in the backward's order: head, layers last first, embedding.
+    const int pieces = cfg.num_layers + 2;
+    ASSERT_EQ(static_cast<int>(in_w.size()), 2 * pieces);
+    EXPECT_EQ(in_w.front(), kHeadPiece);
+    EXPECT_EQ(in_w[static_cast<size_t>(pieces - 1)], kEmbedPiece);
+    const double counted =
+        weight_pass_bytes(cfg, whole(cfg), B, T, DType::F32, /*chunk=*/0);
+    EXPECT_GT(bytes, 0);
+    EXPECT_EQ(bytes, counted) << "what a B pass holds and what --dry-run counts";
+  }
+}

@@ -262,18 +262,19 @@ class CpuBackend final : public Backend {
   void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
                        const Tensor& inp, const Tensor& weight) override {
     const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
-    TESSERA_CHECK(
-        dout.numel() == N * OC && dweight.numel() == OC * IC && (!dinp || dinp->numel() == N * IC),
-        "matmul backward shapes");
-    std::unique_ptr<F32> dx, db;
+    const bool weights = dweight.defined();  // else the input gradient alone (a B pass)
+    TESSERA_CHECK(dout.numel() == N * OC && (!weights || dweight.numel() == OC * IC) &&
+                      (!dinp || dinp->numel() == N * IC),
+                  "matmul backward shapes");
+    std::unique_ptr<F32> dx, dw, db;
     if (dinp) dx = std::make_unique<F32>(*dinp, false, true, "dinp");
-    if (dbias) db = std::make_unique<F32>(*dbias, true, true, "dbias");
-    TESSERA_F32_INOUT(dw, dweight);
+    if (weights) dw = std::make_unique<F32>(dweight, true, true, "dweight");
+    if (weights && dbias) db = std::make_unique<F32>(*dbias, true, true, "dbias");
     TESSERA_F32_IN(d, dout);
     TESSERA_F32_IN(x, inp);
     TESSERA_F32_IN(w, weight);
-    cpu::matmul_backward(dx ? dx->get() : nullptr, dw.get(), db ? db->get() : nullptr, d.get(),
-                         x.get(), w.get(), N, IC, OC);
+    cpu::matmul_backward(dx ? dx->get() : nullptr, dw ? dw->get() : nullptr,
+                         db ? db->get() : nullptr, d.get(), x.get(), w.get(), N, IC, OC);
   }
 
   // FP8: the exact emulation (backend/cpu/fp8.hpp): quantized operands dequantized into f32

@@ -307,7 +307,7 @@ class CudaBackend final : public Backend {
   }
   void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor& dout,
                        const Tensor& inp, const Tensor& weight) override {
-    expect_dtype(dweight, DType::F32, "matmul weight gradient");
+    if (dweight.defined()) expect_dtype(dweight, DType::F32, "matmul weight gradient");
     if (dbias) expect_dtype(*dbias, DType::F32, "matmul bias gradient");
     cuda_ops::matmul_backward(dinp, dweight, dbias, dout, inp, weight, blas_->get(), ws_, stream_);
   }
@@ -361,10 +361,10 @@ class CudaBackend final : public Backend {
     for (const GroupedGemm& g : groups) {
       TESSERA_CHECK(cols_of(*g.weight) == cols_of(*g.inp) &&
                         g.dout->numel() == rows_of(*g.inp) * rows_of(*g.weight) &&
-                        g.dweight->numel() == g.weight->numel() &&
+                        (!g.dweight || g.dweight->numel() == g.weight->numel()) &&
                         (!g.out || g.out->numel() == g.inp->numel()),
                     "grouped matmul backward shapes");
-      expect_dtype(*g.dweight, DType::F32, "grouped matmul weight gradient");
+      if (g.dweight) expect_dtype(*g.dweight, DType::F32, "grouped matmul weight gradient");
     }
     cuda_ops::grouped_matmul_backward(groups, blas_->get(), ws_, stream_);
   }
@@ -584,7 +584,7 @@ class CudaBackend final : public Backend {
                       weight.dtype() == dpre.dtype(),
                   "matmul_gelu_backward: dpre, pre and the layer's input must agree");
     if (lt_.dgelu_backward(dpre, dout, weight, pre, ws_, stream_)) {
-      matmul_backward(nullptr, dweight, dbias, dout, inp, weight);
+      if (dweight.defined()) matmul_backward(nullptr, dweight, dbias, dout, inp, weight);
       return;
     }
     Backend::matmul_gelu_backward(dpre, dweight, dbias, dout, inp, weight, pre);

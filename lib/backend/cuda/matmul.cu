@@ -325,6 +325,7 @@ void matmul_backward(Tensor* dinp, Tensor& dweight, Tensor* dbias, const Tensor&
                      cudaStream_t s) {
   const int64_t N = rows_of(inp), IC = cols_of(inp), OC = rows_of(weight);
   if (dinp) gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, weight, IC, dout, OC, 0.f, *dinp, IC);
+  if (!dweight.defined()) return;  // the input gradient alone (zero-bubble's B pass)
   gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, OC, 1.f, dweight, IC);
   if (dbias) bias_backward(*dbias, dout, ws, s);
 }
@@ -449,6 +450,7 @@ void grouped_matmul_backward(const std::vector<Backend::GroupedGemm>& groups, cu
     if (g.out)
       dx.push_back({(int)IC, (int)N, (int)OC, g.weight->raw(), (int)IC, g.dout->raw(), (int)OC,
                     g.out->raw(), (int)IC, g.out->nbytes()});
+    if (!g.dweight) continue;  // input gradients alone (zero-bubble's B pass)
     const size_t k = seen[g.dweight->raw()]++;
     if (k == waves.size()) {
       waves.emplace_back();

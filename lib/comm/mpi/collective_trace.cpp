@@ -138,6 +138,7 @@ void trace_snapshot(int64_t* w) {
     w[5 + 2 * g] = g_leader[g].load(std::memory_order_relaxed);
     w[6 + 2 * g] = g_calls[g].load(std::memory_order_relaxed);
   }
+  w[kTraceWords - 1] = trace_pipeline_word();
 }
 
 std::string explain_hang(const std::vector<std::vector<int64_t>>& rec,
@@ -149,12 +150,12 @@ std::string explain_hang(const std::vector<std::vector<int64_t>>& rec,
   auto calls = [&](int r, int g) { return rec[r][6 + 2 * g]; };
   auto group_name = [](int64_t g) { return trace_group_name(static_cast<TraceGroup>(g)); };
   auto op_name = [](int64_t op) { return trace_op_name(static_cast<TraceOp>(op)); };
-  auto where = [&](int r) -> std::string {
+  auto where_collective = [&](int r) -> std::string {
     if (r < 0 || r >= n) return "unknown";
     if (r < static_cast<int>(answering.size()) && !answering[r])
       return "not answering (dead or stopped)";
     if (!known(r)) return "no record";
-    const std::vector<int64_t>& w = rec[r];
+    const std::vector<int64_t>& w = rec[r];  // the collective it waits in
     if (w[0] == 1 && point_to_point(w[1]))
       return std::string("waiting in ") + op_name(w[1]) + " with rank " + std::to_string(w[4]) +
              " on the " + group_name(w[2]);
@@ -163,6 +164,14 @@ std::string explain_hang(const std::vector<std::vector<int64_t>>& rec,
              group_name(w[2]);
     return "not in a collective (computing after iteration " +
            std::to_string(r < static_cast<int>(iterations.size()) ? iterations[r] : 0) + ")";
+  };
+  // Where rank r is: its collective, and the pipeline step it runs (zero-bubble: B or W).
+  auto where = [&](int r) -> std::string {
+    const std::string s = where_collective(r);
+    const bool alive = !(r < static_cast<int>(answering.size()) && !answering[r]);
+    const std::string step =
+        alive && known(r) ? describe_pipeline_word(rec[r][kTraceWords - 1]) : "";
+    return step.empty() ? s : s + ", in " + step;
   };
   auto members_of = [&](int g, int64_t lead) {
     std::vector<int> m;
@@ -181,8 +190,10 @@ std::string explain_hang(const std::vector<std::vector<int64_t>>& rec,
     if (silent || !known(r) || rec[r][0] != 1) continue;
     const std::vector<int64_t>& w = rec[r];
     if (point_to_point(w[1])) {
+      const std::string step = describe_pipeline_word(w[kTraceWords - 1]);
       parts.push_back("rank " + std::to_string(r) + " waits in " + op_name(w[1]) + " with rank " +
-                      std::to_string(w[4]) + " on the " + group_name(w[2]) + " (rank " +
+                      std::to_string(w[4]) + " on the " + group_name(w[2]) +
+                      (step.empty() ? "" : " in " + step) + " (rank " +
                       std::to_string(w[4]) + ": " + where(static_cast<int>(w[4])) + ")");
       continue;
     }

@@ -67,7 +67,8 @@ class TraceWait {
 void trace_log_iteration(int64_t iteration);
 
 // This rank's record as a fixed number of words (the heartbeat's payload).
-constexpr int kTraceWords = 5 + 2 * static_cast<int>(TraceGroup::Count);
+// The wait (5 words), each group's leader and calls, then the pipeline step (trace_pipeline_word).
+constexpr int kTraceWords = 6 + 2 * static_cast<int>(TraceGroup::Count);
 void trace_snapshot(int64_t* words);
 
 // Rank 0's account of a hang from every rank's last record (`records[r]`: kTraceWords words, empty
