@@ -13,6 +13,7 @@
 #include "plan/collectives.hpp"
 #include "run/context_parallel.hpp"
 #include "run/layout.hpp"
+#include "run/memory_estimate.hpp"
 #include "run/muon_plan.hpp"
 #include "run/pipeline.hpp"
 
@@ -50,6 +51,7 @@ struct LayerTime {
   double tp_fwd = 0, tp_bwd = 0, ep_fwd = 0, ep_bwd = 0, cp = 0;
   double once = 0;         // the TP sums of partial gradients, once a step (last micro-batch)
   double model_flops = 0;  // forward + backward, without recomputation
+  double wgrad = 0;        // of bwd, the GEMMs' weight halves (zero-bubble's W pass)
 };
 
 // The time of a planned call (plan/collectives.hpp) over `link` in a group of `n`: ring
@@ -110,6 +112,7 @@ struct Model {
       const double g = s->expert ? f / (rates.grouped_gemm * 1e12) : gemm_time(f, width);
       l.fwd += g;
       l.bwd += 2 * g;
+      l.wgrad += g;
     }
     if (moe) {  // routing, and the token copies' permutation and its inverse (read and write)
       const double copies = memory_time(4.0 * wb * N * cfg.moe_router_topk * cfg.hidden_size);
@@ -168,6 +171,10 @@ struct Model {
 // the model FLOPs and the data-parallel collectives after its last backward.
 struct StageCost {
   std::vector<double> F, B;
+  // Zero-bubble: of each B, the W pass's share (the GEMMs' weight halves), and the B passes whose
+  // W operands the stage holds (run/memory_estimate.hpp's zero_bubble_hold; 0: whole backwards).
+  std::vector<double> W;
+  int held = 0;
   StepPrediction::Stage compute;
   double tp = 0, cp = 0, ep = 0, flops = 0, dp_grad = 0, dp_param = 0;
   double fsdp = 0;  // Megatron-FSDP's units' gathers and reduce-scatters, every micro-batch
@@ -285,6 +292,7 @@ StageCost stage_cost(const Model& m, int s, int micro, const PieceCalls& plan) {
   StageCost st;
   st.F.assign(size_t(V), 0.0);
   st.B.assign(size_t(V), 0.0);
+  st.W.assign(size_t(V), 0.0);
   ParallelContext ctx;
   ctx.tp_size = TP;
   ctx.pp_size = layout.pp;
@@ -312,6 +320,8 @@ StageCost stage_cost(const Model& m, int s, int micro, const PieceCalls& plan) {
     const LayerTime lt = m.layer(l, by_layer[l], cfg.is_moe_layer(l), plan);
     st.F[size_t(chunk)] += lt.fwd + lt.tp_fwd + lt.ep_fwd + lt.cp / 2;
     st.B[size_t(chunk)] += lt.bwd + lt.recompute + lt.tp_bwd + lt.ep_bwd + lt.cp / 2;
+    st.W[size_t(chunk)] += lt.wgrad;
+    st.compute.weight += micro * lt.wgrad;
     st.compute.forward += micro * lt.fwd;
     st.compute.backward += micro * lt.bwd;
     st.compute.recompute += micro * lt.recompute;
@@ -355,6 +365,8 @@ StageCost stage_cost(const Model& m, int s, int micro, const PieceCalls& plan) {
     const double once = share * m.calls_time(plan.head_backward(true), "tp") - comm_bwd;
     st.F[size_t(last)] += head_fwd + comm_fwd + ep_fwd;
     st.B[size_t(last)] += head_bwd + comm_bwd + ep_bwd;
+    st.W[size_t(last)] += heads * gemm;
+    st.compute.weight += micro * heads * gemm;
     st.tp += micro * (comm_fwd + comm_bwd) + once;
     st.ep += micro * (ep_fwd + ep_bwd);
     st.once += once;
@@ -391,13 +403,15 @@ StageCost stage_cost(const Model& m, int s, int micro, const PieceCalls& plan) {
 
 // The pipeline: each rank runs its schedule's steps in order; a forward needs the previous
 // virtual stage's forward of that micro-batch (and its send, `p2p` seconds), a backward the next
-// one's. Each rank's finish time and busy time.
+// one's; zero-bubble's W pass needs nothing (its B ran before it on the rank), and a stage that
+// splits its backwards sends B's gradient before its W. Each rank's finish time and busy time.
 void simulate_pipeline(const std::vector<StageCost>& cost, int V, int micro, double p2p,
-                       std::vector<double>& finish, std::vector<double>& busy) {
+                       bool zero_bubble, std::vector<double>& finish, std::vector<double>& busy) {
   const int PP = static_cast<int>(cost.size()), stages = PP * V;
   std::vector<std::vector<PipeStep>> order(static_cast<size_t>(PP));
   for (int s = 0; s < PP; ++s)
-    order[size_t(s)] = V > 1 ? schedule_interleaved(PP, s, micro, V) : schedule_1f1b(PP, s, micro);
+    order[size_t(s)] = zero_bubble ? schedule_zero_bubble(PP, s, micro, V, cost[size_t(s)].held)
+                                   : schedule_interleaved(PP, s, micro, V);
   // When (forward, micro-batch, virtual stage) finished; negative: not yet.
   std::vector<double> done(size_t(2) * size_t(micro) * size_t(stages), -1.0);
   auto at = [&](bool forward, int mb, int vs) -> double& {
@@ -411,6 +425,16 @@ void simulate_pipeline(const std::vector<StageCost>& cost, int V, int micro, dou
     for (int s = 0; s < PP; ++s)
       while (next[size_t(s)] < order[size_t(s)].size()) {
         const PipeStep& st = order[size_t(s)][next[size_t(s)]];
+        const StageCost& c = cost[size_t(s)];
+        const bool split = zero_bubble && c.held > 0;
+        if (st.weight) {  // zero-bubble's W: local work
+          const double d = c.W[size_t(st.chunk)];
+          finish[size_t(s)] += d;
+          busy[size_t(s)] += d;
+          ++next[size_t(s)];
+          progress = true;
+          continue;
+        }
         const int vs = st.chunk * PP + s;
         double ready = 0;
         if (st.forward ? vs > 0 : vs < stages - 1) {
@@ -418,8 +442,9 @@ void simulate_pipeline(const std::vector<StageCost>& cost, int V, int micro, dou
           if (prev < 0) break;
           ready = prev + p2p;
         }
-        const double d =
-            st.forward ? cost[size_t(s)].F[size_t(st.chunk)] : cost[size_t(s)].B[size_t(st.chunk)];
+        const double d = st.forward ? c.F[size_t(st.chunk)]
+                         : split    ? c.B[size_t(st.chunk)] - c.W[size_t(st.chunk)]
+                                    : c.B[size_t(st.chunk)];
         finish[size_t(s)] = std::max(finish[size_t(s)], ready) + d;
         busy[size_t(s)] += d;
         at(st.forward, st.micro, vs) = finish[size_t(s)];
@@ -453,18 +478,36 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
   PieceCallsCache own;
   const PieceCalls& calls = (cache ? *cache : own).get(cfg, t, layout, ep);
   std::map<std::string, StageCost> by_shape;
+  std::map<std::pair<std::string, int>, int> held;  // zero-bubble: by shape and slots
   for (int s = 0; s < PP; ++s) {
     const std::string key = pipeline_stage_shape(cfg, t, layout, ep, s);
     auto it = by_shape.find(key);
     if (it == by_shape.end()) it = by_shape.emplace(key, stage_cost(m, s, micro, calls)).first;
     cost.push_back(it->second);
+    if (t.zero_bubble && PP > 1) {  // the W operands it may hold: its shape and position's
+      ParallelContext ctx;
+      ctx.tp_size = TP;
+      ctx.pp_size = PP;
+      ctx.pp_rank = s;
+      ctx.cp_size = CP;
+      ctx.ep_size = ep;
+      const int slots = V > 1 ? 0 : pipeline_slots(PP, s, micro);
+      auto h = held.find({key, V > 1 ? s : slots});
+      if (h == held.end())
+        h = held.emplace(std::make_pair(key, V > 1 ? s : slots),
+                         zero_bubble_hold(cfg, make_model_shard(cfg, ctx, t), t, PP, s, micro,
+                                          cfg.seq_length / CP)
+                             .passes)
+                .first;
+      cost.back().held = h->second;
+    }
   }
   const double M = m.wb * m.N * cfg.hidden_size;
   const double send =
       PP > 1 ? M / (t.sequence_parallel ? TP : 1) / m.pp_link.bw + m.pp_link.lat : 0;
   std::vector<double> finish, busy, finish0, busy0;
-  simulate_pipeline(cost, V, micro, send, finish, busy);
-  simulate_pipeline(cost, V, micro, 0, finish0, busy0);
+  simulate_pipeline(cost, V, micro, send, t.zero_bubble, finish, busy);
+  simulate_pipeline(cost, V, micro, 0, t.zero_bubble, finish0, busy0);
   // Each stage's gradient reduce overlaps its last micro-batch's backward (--overlap-grad-reduce)
   // and the parameter gather the next forward (--overlap-param-gather); the rest is exposed.
   double step = 0, makespan = 0, makespan0 = 0;
@@ -474,8 +517,10 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
   }
   for (int s = 0; s < PP; ++s) {
     const StageCost& c = cost[size_t(s)];
+    // Split backwards complete the gradients in the last W pass, which the reduction overlaps.
+    const double last_backward = t.zero_bubble && c.held > 0 ? c.W[0] : c.B[0];
     const double g =
-        std::max(0.0, c.dp_grad - (t.overlap_grad_reduce ? c.B[0] : 0)) + c.dp_grad_after;
+        std::max(0.0, c.dp_grad - (t.overlap_grad_reduce ? last_backward : 0)) + c.dp_grad_after;
     const double a =
         std::max(0.0, c.dp_param - (t.overlap_param_gather ? c.F[0] : 0)) + c.dp_param_after;
     const double end = finish[size_t(s)] + c.once + g + a + c.compute.optimizer;
@@ -485,6 +530,13 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
       p.dp_grad = g;
       p.dp_param = a;
     }
+  }
+  if (PP > 1) {
+    p.schedule = t.zero_bubble ? "zero-bubble (ZB-H1), W operands held per stage:"
+                 : V > 1       ? "interleaved 1F1B, " + std::to_string(V) + " model chunks per rank"
+                               : "1F1B";
+    if (t.zero_bubble)
+      for (const StageCost& sc : cost) p.schedule += " " + std::to_string(sc.held);
   }
   const StageCost& c = cost[size_t(p.critical_stage)];
   p.step = step;
@@ -524,6 +576,7 @@ std::string prediction_report(const StepPrediction& p, const ClusterSpec& cluste
         int(s) == p.critical_stage ? " (the stage that finishes last)" : "");
     out += buf;
   }
+  if (!p.schedule.empty()) out += "  pipeline schedule: " + p.schedule + "\n";
   std::snprintf(buf, sizeof buf,
                 "  pipeline bubble %.3f s; exposed communication %.3f s: TP/SP %.3f, pipeline "
                 "send/recv %.3f, DP gradient reduce %.3f, DP parameter gather %.3f, CP ring %.3f, "

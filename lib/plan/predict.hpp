@@ -23,6 +23,7 @@ struct StepPrediction {
   // Per pipeline stage, one rank's compute over the step's micro-batches (seconds).
   struct Stage {
     double forward = 0, backward = 0, recompute = 0, optimizer = 0;
+    double weight = 0;  // of backward, the GEMMs' weight halves (zero-bubble's W passes)
   };
   std::vector<Stage> stages;
   int critical_stage = 0;  // the stage that finishes last
@@ -30,6 +31,9 @@ struct StepPrediction {
   double tp = 0, pp = 0, dp_grad = 0, dp_param = 0, cp = 0, ep = 0;
   double fsdp = 0;  // Megatron-FSDP's units' gathers and reduce-scatters, every micro-batch
   int micro_batches = 0;
+  // The pipeline's schedule as the timeline ran it ("" at PP 1): "1F1B", "interleaved 1F1B, 2
+  // model chunks per rank", "zero-bubble (ZB-H1), W operands held per stage: 0 1 2 3".
+  std::string schedule;
 };
 
 // `t` resolved for `layout.dp`; `ep` the expert-parallel size. Each piece's calls come from a

@@ -138,4 +138,12 @@ check layout-pp2-vp2-empty 2 gpt --num-layers 5 --pipeline-model-parallel-size 2
   --pipeline-model-parallel-layout "Et|tt||ttL"
 check deepseek-mtp-layout-pp2 2 deepseek --pipeline-model-parallel-size 2 --mtp-num-layers 1 \
   --pipeline-model-parallel-layout "Et|tttmL"
+# Zero-bubble (issue 72): the W passes issue the pieces' TP sums and start their buckets, after
+# the B passes that no longer do: uneven TP2 + SP x PP3 (the last stage splits its backwards),
+# and PP4 x DP2 with the distributed optimizer's overlapped buckets.
+check zb-tp2sp-pp3 6 gpt --num-layers 5 --tensor-model-parallel-size 2 --sequence-parallel \
+  --pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 1 \
+  --decoder-last-pipeline-num-layers 2 --pipeline-schedule zero-bubble
+check zb-pp4-dp2-distopt 8 gpt --pipeline-model-parallel-size 4 --use-distributed-optimizer \
+  --ddp-bucket-size 3000 --pipeline-schedule zero-bubble
 exit $fail

@@ -1,5 +1,5 @@
 // test_predict.cpp: the step-time predictor (plan/predict.hpp): its pipeline timeline gives the
-// 1F1B and interleaved schedules' idle time, its collectives follow the ring model on the
+// 1F1B, interleaved and zero-bubble schedules' idle time, its collectives follow the ring model on the
 // cluster's fabrics (inside a node, across nodes), the data-parallel reduce hides under the last
 // backward when overlapped, the --dry-run line has the issue's exact form, a 1,024-GPU layout is
 // predicted in under a second; tessera-plan's ranking.
@@ -20,6 +20,7 @@
 #include "plan/dry_run_options.hpp"
 #include "plan/planner.hpp"
 #include "plan/predict.hpp"
+#include "run/memory_estimate.hpp"
 #include "run/pipeline.hpp"
 
 using namespace tessera;
@@ -77,6 +78,42 @@ TEST(Predict, PipelineBubbleIsTheSchedulesIdleTime) {
       p.stages[size_t(p.critical_stage)].forward + p.stages[size_t(p.critical_stage)].backward;
   EXPECT_NEAR(p.bubble / (p.bubble + busy_v), theoretical_bubble(4, 8, 2), 0.01);
   EXPECT_LT(theoretical_bubble(4, 8, 2), theoretical_bubble(4, 8));
+}
+
+// Zero-bubble (issue 72): the timeline runs B and W apart where a stage holds W operands, so the
+// critical stage idles less: (P-1)(F+B-W)+W against (P-1)(F+B+W) in the paper's terms (B the
+// input-gradient pass alone), from the stage's own F, whole backward and W; and the step is
+// shorter; the held passes are the memory estimate's (each stage its slots fewer than stage 0,
+// a W pass about a slot here); no rank's activations exceed 1F1B's first stage's.
+TEST(Predict, ZeroBubbleShrinksTheBubbleWithinOneFOneBsMemory) {
+  const ClusterSpec h100 = load_cluster(kClusters + "dgx-h100.ini");
+  std::vector<std::string> a = layers_model(16);
+  a.insert(a.end(), {"--pipeline-model-parallel-size", "4", "--global-batch-size", "8"});
+  const StepPrediction one = predict(parsed(a), 4, h100);
+  a.insert(a.end(), {"--pipeline-schedule", "zero-bubble"});
+  const RunOptions zo = parsed(a);
+  const StepPrediction zb = predict(zo, 4, h100);
+  EXPECT_EQ(one.schedule, "1F1B");
+  EXPECT_EQ(zb.schedule, "zero-bubble (ZB-H1), W operands held per stage: 0 1 2 3");
+  // The ideal timeline's ratio from the critical stage's per-micro-batch F, B (whole) and W.
+  const StepPrediction::Stage& c = one.stages[size_t(one.critical_stage)];
+  const double F = c.forward, B = c.backward, W = c.weight;
+  EXPECT_GT(W, 0.3 * B);
+  EXPECT_NEAR(zb.bubble / one.bubble, (3 * (F + B - 2 * W) + W) / (3 * (F + B)), 0.03)
+      << zb.bubble << " against " << one.bubble;
+  EXPECT_LT(zb.step, one.step - 0.4 * (one.bubble - zb.bubble));
+  const GridLayout layout = GridLayout::make(4, 1, 4, 1);
+  const TrainConfig t = zo.train.resolved(layout.dp);
+  TrainConfig t1 = t;
+  t1.zero_bubble = false;
+  const double first = estimate_rank_memory(zo.model, t1, layout, 0).activation_bytes;
+  for (int s = 0; s < 4; ++s) {
+    const MemoryEstimate e = estimate_rank_memory(zo.model, t, layout, s);
+    EXPECT_EQ(e.zb_held_passes, s) << "stage " << s;
+    EXPECT_LE(e.activation_bytes, first) << "stage " << s;
+    EXPECT_GT(e.activation_bytes, estimate_rank_memory(zo.model, t1, layout, s).activation_bytes -
+                                      (s == 0 ? 1 : 0));
+  }
 }
 
 // TP 2 without sequence parallelism: two all-reduces of the hidden state per layer forward and
