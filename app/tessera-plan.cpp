@@ -162,7 +162,9 @@ int main(int argc, char** argv) {
                                                "--account-for-loss-in-pipeline-split",
                                                "--pipeline-model-parallel-layout",
                                                "--overlap-param-gather",
-                                               "--num-distributed-optimizer-instances"};
+                                               "--num-distributed-optimizer-instances",
+                                               "--pipeline-schedule",
+                                               "--enable-zero-bubble"};
     std::set<std::string> given;
     std::string passed;
     for (int i = 1; i < argc; ++i) {
@@ -210,6 +212,10 @@ int main(int argc, char** argv) {
       fixed.split_set = true;
       fixed.split = o.train.pipeline_split;
     }
+    if (has("--pipeline-schedule") || has("--enable-zero-bubble")) {
+      fixed.schedule_set = true;
+      fixed.zero_bubble = o.train.zero_bubble;
+    }
     for (const std::string& a : from_file) passed += " " + shell_word(a);  // config.json's
     if (!o.cluster_spec)
       throw ConfigError("give --cluster (dgx-a100, dgx-h100, dgx-h200 or a cluster file)");
@@ -256,17 +262,20 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "\n  #  TP  PP   V  CP  EP   DP  mb  recompute  sharding  memory GiB  step s  "
-        "tokens/s  TFLOP/s/GPU  MFU %%  bubble %%  exposed comm %%  split\n");
+        "tokens/s  TFLOP/s/GPU  MFU %%  bubble %%  exposed comm %%  sched  split\n");
     const size_t n = std::min(r.ranked.size(), size_t(top));
     for (size_t i = 0; i < n; ++i) {
       const PlanCandidate& k = r.ranked[i];
       const StepPrediction& p = k.prediction;
       std::printf(
           "%3zu %3d %3d %3d %3d %3d %4d %3d  %-9s  %-8s  %10.1f  %6.3f  %8.0f  %11.1f  %5.1f  "
-          "%8.1f  %14.1f  %s\n",
+          "%8.1f  %14.1f  %-5s  %s\n",
           i + 1, k.tp, k.pp, k.v, k.cp, k.ep, k.dp, k.micro_batch, recompute_name(k.recompute),
           k.sharding_name().c_str(), k.memory / 1073741824.0, p.step, p.tokens_per_s,
           p.tflops_per_gpu, 100 * p.mfu, 100 * p.bubble / p.step, 100 * p.exposed_comm / p.step,
+          k.pp == 1       ? "-"
+          : k.zero_bubble ? "zb"
+                          : "1f1b",
           k.split_name().c_str());
     }
     const std::string cfg = config.empty() ? "CONFIG.ini" : config;

@@ -373,9 +373,9 @@ class Backend {
   }
   // The MLP's second linear layer's backward through the GELU before it: dweight and dbias (when
   // given; an undefined dweight skips them, as matmul_backward's) accumulated as matmul_backward's,
-  // and dpre = (dout weight) * gelu'(pre) (the gradient at the GELU's input, overwritten). This default composes matmul_backward and gelu_backward;
-  // the CUDA backend in bf16/f16 takes GELU's derivative in cuBLASLt's DGELU epilogue (the product
-  // rounded once, not twice).
+  // and dpre = (dout weight) * gelu'(pre) (the gradient at the GELU's input, overwritten). This
+  // default composes matmul_backward and gelu_backward; the CUDA backend in bf16/f16 takes GELU's
+  // derivative in cuBLASLt's DGELU epilogue (the product rounded once, not twice).
   virtual void matmul_gelu_backward(Tensor& dpre, Tensor& dweight, Tensor* dbias,
                                     const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                     const Tensor& pre) {

@@ -243,8 +243,8 @@ double activation_bytes(const GPTConfig& cfg, const ModelShard& shard, const Rec
   return al.bytes();
 }
 
-double weight_pass_bytes(const GPTConfig& cfg, const ModelShard& shard, int B, int T,
-                         DType compute, int chunk) {
+double weight_pass_bytes(const GPTConfig& cfg, const ModelShard& shard, int B, int T, DType compute,
+                         int chunk) {
   CountingAllocator al;
   const SlotBuilder sb(cfg, shard, B, T, compute, al);
   int64_t n = 0;
@@ -263,7 +263,7 @@ double weight_pass_bytes(const GPTConfig& cfg, const ModelShard& shard, int B, i
   for (int l = c.begin; l < c.end; ++l) layer(l);
   if (chunk == shard.num_chunks() - 1) {
     if (shard.has_head) n += sb.N * (sb.C + sb.vl);  // the output layer
-    for (int k = 0; k < shard.mtp_count; ++k) {  // each depth's output layer, projection, layer
+    for (int k = 0; k < shard.mtp_count; ++k) {      // each depth's output layer, projection, layer
       n += sb.N * (sb.C + sb.vl) + sb.N * (2 * sb.C + sb.C);
       layer(shard.mtp_begin + k);
       embedding();

@@ -208,7 +208,7 @@ double activation_bytes(const GPTConfig& cfg, const ModelShard& shard, const Rec
 // Zero-bubble (model/weight_grads.hpp): the bytes a B pass of a (B,T) micro-batch of model chunk
 // `chunk` holds until its W pass: each deferred GEMM's input and output gradient (the parts'
 // deferred_elements, the output layer's and multi-token prediction's GEMMs).
-double weight_pass_bytes(const GPTConfig& cfg, const ModelShard& shard, int B, int T,
-                         DType compute, int chunk);
+double weight_pass_bytes(const GPTConfig& cfg, const ModelShard& shard, int B, int T, DType compute,
+                         int chunk);
 
 }  // namespace tessera

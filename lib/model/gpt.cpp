@@ -386,10 +386,6 @@ void GPTModel::backward(Activations& a, bool weights_later) {
   if (weights_later) store.end_pass();
 }
 
-const WeightGradStore& GPTModel::weight_grads() const {
-  return services_->weight_grads();
-}
-
 void GPTModel::weight_backward() {
   services_->weight_grads().run_oldest([this](int piece) {
     notify(&PassObserver::before_weights, piece);

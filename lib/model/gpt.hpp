@@ -25,7 +25,6 @@
 #include "model/pass_observer.hpp"
 #include "model/recompute.hpp"
 #include "model/step_hooks.hpp"
-#include "model/weight_grads.hpp"
 
 namespace tessera {
 
@@ -125,8 +124,6 @@ class GPTModel {
   // only then calls the pieces' grads_ready observers.
   void backward(Activations& a, bool weights_later = false);
   void weight_backward();
-  // The deferred passes recorded and not yet run (zero-bubble), and the bytes they hold.
-  const WeightGradStore& weight_grads() const;
 
   // The observers of the passes, piece by piece (model/pass_observer.hpp: the gradient reduction,
   // the overlapped parameter gather, Megatron-FSDP), called in the order they were added.

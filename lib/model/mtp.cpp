@@ -176,7 +176,7 @@ void MtpHead::backward(Activations& a, const Tensor& hidden, const BlockPass& bl
     const int64_t rows = m.cat.dim(0);
     Tensor gp = G(p + "eh_proj.weight");
     s_.gemm_backward(&a.mtp_dcat, gp, nullptr, a.dres.reshape({rows, C}), m.cat,
-                                 W(p + "eh_proj.weight"));
+                     W(p + "eh_proj.weight"));
     s_.backend().copy_columns(a.mtp_de, 0, a.mtp_dcat, 0, C);
     s_.backend().copy_columns(a.mtp_dhn, 0, a.mtp_dcat, C, C);
     phase("layernorm-backward");

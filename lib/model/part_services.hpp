@@ -75,8 +75,8 @@ class PartServices {
   // The GEMMs of a backward outside linear_backward's FP8 (matmul_backward, the MLP's fused
   // GELU one, the experts' grouped one): run whole, or during a zero-bubble B pass the input
   // half now and the weight half recorded for the W pass (weight_grads()).
-  void gemm_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout,
-                     const Tensor& inp, const Tensor& w);
+  void gemm_backward(Tensor* dinp, Tensor& dw, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                     const Tensor& w);
   void gemm_gelu_backward(Tensor& dpre, Tensor& dw, Tensor* dbias, const Tensor& dout,
                           const Tensor& inp, const Tensor& w, const Tensor& pre);
   void grouped_gemm_backward(const std::vector<Backend::GroupedGemm>& groups);
@@ -189,7 +189,7 @@ class PartServices {
   Communicator* cp_ = nullptr;  // set_context_comm
   std::unique_ptr<Fp8Scaling> fp8_;
   WeightGradStore weight_grads_;  // zero-bubble's deferred weight halves
-  bool sp_ = false;  // sequence parallelism on (TP > 1)
+  bool sp_ = false;               // sequence parallelism on (TP > 1)
   bool recomputing_ = false;
   int64_t heads_local_ = 0, kv_heads_local_ = 0;
   int64_t vocab_local_ = 0, vocab_begin_ = 0, valid_cols_ = 0;

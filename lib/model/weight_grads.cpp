@@ -75,7 +75,8 @@ void WeightGradStore::defer_grouped(const std::vector<Backend::GroupedGemm>& gro
   e.piece = static_cast<int>(passes_.back().pieces.size()) - 1;
   e.kind = Kind::Grouped;
   for (const Backend::GroupedGemm& g : groups)
-    if (g.dweight) e.gemms.push_back({*g.dweight, Tensor(), hold(*g.dout), hold(*g.inp), *g.weight});
+    if (g.dweight)
+      e.gemms.push_back({*g.dweight, Tensor(), hold(*g.dout), hold(*g.inp), *g.weight});
   if (!e.gemms.empty()) passes_.back().entries.push_back(std::move(e));
 }
 

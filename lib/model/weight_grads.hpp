@@ -65,8 +65,8 @@ class WeightGradStore {
     int64_t row_begin = 0;    // an embedding's first vocabulary row
   };
   struct Pass {
-    std::vector<int> pieces;     // in the order B met them
-    std::vector<Entry> entries;  // in the order B recorded them
+    std::vector<int> pieces;      // in the order B met them
+    std::vector<Entry> entries;   // in the order B recorded them
     std::vector<Tensor> buffers;  // the copies' storage, back to the pool after W
     double bytes = 0;
   };
@@ -75,8 +75,8 @@ class WeightGradStore {
   Tensor take(DType dtype, const Shape& shape);  // such a buffer, not yet filled
 
   Backend& be_;
-  std::deque<Pass> passes_;   // oldest first; the last is the recording one while recording_
-  std::vector<Tensor> pool_;  // buffers of passes whose W has run
+  std::deque<Pass> passes_;        // oldest first; the last is the recording one while recording_
+  std::vector<Tensor> pool_;       // buffers of passes whose W has run
   std::vector<int32_t> ids_host_;  // defer_embedding's staging
   bool recording_ = false;
   double held_bytes_ = 0;

@@ -59,9 +59,8 @@ class ParallelismOptions : public OptionGroup {
             "1f1b (the default; interleaved with virtual stages) or zero-bubble: ZB-H1, each "
             "backward split into its input-gradient pass B and weight-gradient pass W, the W "
             "passes run later to fill the pipeline's idle time, the same losses bit for bit "
-            "(needs PP > 1)")(
-            "enable-zero-bubble", po::bool_switch(&enable_zero_bubble_),
-            "the zero-bubble fork's name of --pipeline-schedule zero-bubble")(
+            "(needs PP > 1)")("enable-zero-bubble", po::bool_switch(&enable_zero_bubble_),
+                              "the zero-bubble fork's name of --pipeline-schedule zero-bubble")(
             "sequence-parallel", po::bool_switch(&t.sequence_parallel),
             "with TP > 1: split the LayerNorm, dropout and residual regions along the tokens "
             "(each rank 1/TP of a micro-batch's) over the tensor-parallel group (all-gather before "
@@ -136,7 +135,7 @@ class ParallelismOptions : public OptionGroup {
                                " is out of range (allowed: >= 1)"));
     if (virtual_size_ < 0)
       throw ConfigError(concat(vp_name, "=", virtual_size_, " is out of range (allowed: >= 1)"));
-    resolve_split(p, o, per_stage, vp_name);
+    resolve_split(p, o, per_stage);
     resolve_schedule(p, o);
     PipelineSplitOptions& ps = t.pipeline_split;
     if (!ps.layout.empty()) {
@@ -199,18 +198,19 @@ class ParallelismOptions : public OptionGroup {
                                ": give one of them"));
     t.zero_bubble = enable_zero_bubble_ || schedule_ == "zero-bubble";
     if (!t.zero_bubble) return;
-    const char* name = enable_zero_bubble_ ? "--enable-zero-bubble" : "--pipeline-schedule=zero-bubble";
+    const char* name =
+        enable_zero_bubble_ ? "--enable-zero-bubble" : "--pipeline-schedule=zero-bubble";
     if (o.pp < 2)
       throw ConfigError(concat(name, " needs --pipeline-model-parallel-size > 1 (got ", o.pp,
                                "): one stage has no pipeline bubble to fill"));
     if (t.megatron_fsdp)
-      throw ConfigError(concat(name, " does not combine with --use-megatron-fsdp (FSDP frees a "
-                                     "piece's gathered gradients before its W pass): use "
-                                     "--use-distributed-optimizer, or --pipeline-schedule=1f1b"));
+      throw ConfigError(concat(name,
+                               " does not combine with --use-megatron-fsdp (FSDP frees a "
+                               "piece's gathered gradients before its W pass): use "
+                               "--use-distributed-optimizer, or --pipeline-schedule=1f1b"));
   }
 
-  void resolve_split(const OptionParser& p, RunOptions& o, int per_stage,
-                     const char* vp_name) const {
+  void resolve_split(const OptionParser& p, RunOptions& o, int per_stage) const {
     using detail::concat;
     PipelineSplitOptions& ps = o.train.pipeline_split;
     for (const auto& [name, v] :
@@ -236,7 +236,6 @@ class ParallelismOptions : public OptionGroup {
                        : "--decoder-last-pipeline-num-layers",
           "): give the virtual stages per rank with --num-virtual-stages-per-pipeline-rank, as "
           "Megatron-LM asks"));
-    (void)vp_name;
   }
 
   void dry_run(DryRunSection s, const DryRunContext& d, std::ostream& out) const override {
@@ -395,8 +394,8 @@ class ParallelismOptions : public OptionGroup {
 
   std::string cp_comm_type_, sharding_, outer_sharding_;
   int virtual_size_ = 0, layers_per_virtual_stage_ = 0, virtual_stages_ = 0;
-  int first_ = 0, last_ = 0;  // --decoder-first/last-pipeline-num-layers (0: not given)
-  std::string schedule_;            // --pipeline-schedule
+  int first_ = 0, last_ = 0;         // --decoder-first/last-pipeline-num-layers (0: not given)
+  std::string schedule_;             // --pipeline-schedule
   bool enable_zero_bubble_ = false;  // --enable-zero-bubble
 };
 

@@ -148,6 +148,7 @@ std::string PlanCandidate::options() const {
   if (recompute == RecomputeGranularity::Selective) o += " --recompute-granularity selective";
   if (recompute == RecomputeGranularity::Full)
     o += " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1";
+  if (pp > 1) o += zero_bubble ? " --pipeline-schedule zero-bubble" : " --pipeline-schedule 1f1b";
   return o;
 }
 
@@ -176,6 +177,25 @@ PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world
   const std::vector<RecomputeGranularity> recomputes = {
       RecomputeGranularity::None, RecomputeGranularity::Selective, RecomputeGranularity::Full};
   auto held = [](int fixed_value, int x) { return fixed_value == 0 || fixed_value == x; };
+  // The fullest rank's estimate: on the first stage (the most micro-batches in flight, the
+  // embedding) or the last (the output layer, multi-token prediction); with uneven stages, or
+  // zero-bubble's W operands held on the later stages, it may be any.
+  auto fullest = [&](const TrainConfig& t, const GridLayout& layout, int ep) {
+    double most = 0;
+    std::set<std::string> shapes;  // of each shape, the earliest (fullest) stage
+    for (int s = 0; s < layout.pp; ++s)
+      if (s == 0 || s == layout.pp - 1 || t.zero_bubble ||
+          (t.pipeline_split.uneven() &&
+           shapes.insert(pipeline_stage_shape(cfg, t, layout, ep, s)).second))
+        most = std::max(most, estimate_rank_memory(cfg, t, layout, s, ep).total_bytes());
+    return most;
+  };
+  struct Later {  // a fitting pipelined layout, to predict with zero-bubble too
+    PlanCandidate c;
+    TrainConfig t;
+    GridLayout layout;
+  };
+  std::vector<Later> zero_bubble_later;
   const int mtp = cfg.mtp() ? cfg.mtp_num_layers : 0;
   std::map<std::pair<int, int>, std::vector<PipelineSplitOptions>> splits;  // by (pp, v)
   auto splits_of = [&](int pp, int v) -> const std::vector<PipelineSplitOptions>& {
@@ -254,23 +274,36 @@ PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world
                       continue;  // not a layout of this model and batch
                     }
                     ++r.valid;
-                    // The fullest rank is on the first stage (the most micro-batches in flight, the
-                    // embedding) or the last (the output layer, multi-token prediction); with
-                    // uneven stages it may be any.
-                    std::set<std::string> shapes;  // of each shape, the earliest (fullest) stage
-                    for (int s = 0; s < pp; ++s)
-                      if (s == 0 || s == pp - 1 ||
-                          (t.pipeline_split.uneven() &&
-                           shapes.insert(pipeline_stage_shape(cfg, t, layout, ep, s)).second))
-                        c.memory = std::max(
-                            c.memory, estimate_rank_memory(cfg, t, layout, s, ep).total_bytes());
+                    // The zero-bubble schedule where it applies (PP > 1, not FSDP nor FP8).
+                    const bool zb_ok = pp > 1 && !fsdp && !t.fp8.enabled;
+                    if (fixed.schedule_set && fixed.zero_bubble && !zb_ok) continue;
+                    c.zero_bubble = t.zero_bubble = fixed.schedule_set && fixed.zero_bubble;
+                    c.memory = fullest(t, layout, ep);
                     if (c.memory > capacity) continue;
                     ++r.fitting;
                     c.prediction = predict_step(cfg, t, layout, ep, cluster, rates, &pieces);
                     r.ranked.push_back(c);
+                    if (zb_ok && !fixed.schedule_set) zero_bubble_later.push_back({c, t, layout});
                   }
           }
       }
+  // The zero-bubble variants of the fastest pipelined layouts (their held W operands may need
+  // more memory on the later stages: estimated again).
+  std::stable_sort(zero_bubble_later.begin(), zero_bubble_later.end(),
+                   [](const Later& a, const Later& b) {
+                     return a.c.prediction.tokens_per_s > b.c.prediction.tokens_per_s;
+                   });
+  for (size_t i = 0; i < zero_bubble_later.size() && i < size_t(kZeroBubbleTried); ++i) {
+    Later& z = zero_bubble_later[i];
+    z.t.zero_bubble = z.c.zero_bubble = true;
+    ++r.considered;
+    ++r.valid;
+    z.c.memory = fullest(z.t, z.layout, z.c.ep);
+    if (z.c.memory > capacity) continue;
+    ++r.fitting;
+    z.c.prediction = predict_step(cfg, z.t, z.layout, z.c.ep, cluster, rates, &pieces);
+    r.ranked.push_back(z.c);
+  }
   // Fastest first; among equally fast layouts, the one that needs the least memory.
   std::stable_sort(r.ranked.begin(), r.ranked.end(),
                    [](const PlanCandidate& a, const PlanCandidate& b) {

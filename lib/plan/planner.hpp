@@ -25,6 +25,7 @@ struct PlanCandidate {
   // The stage split (model/pipeline_split.hpp): even, the embedding and loss counted, first/last
   // stages, or a layout string (multi-token prediction on a stage of its own).
   PipelineSplitOptions split;
+  bool zero_bubble = false;  // the pipeline schedule: zero-bubble (ZB-H1), else 1F1B
   double memory = 0;  // the fullest rank's estimate, bytes (the runtime reserve not included)
   StepPrediction prediction;
   // The tessera-train options of this layout ("--tensor-model-parallel-size 8 ...").
@@ -45,7 +46,11 @@ struct PlanConstraints {
   PlanCandidate::Sharding sharding = PlanCandidate::Sharding::None;
   bool split_set = false;  // the split options given: that split only
   PipelineSplitOptions split;
+  bool schedule_set = false;  // --pipeline-schedule (or --enable-zero-bubble) given: that one only
+  bool zero_bubble = false;
 };
+
+constexpr int kZeroBubbleTried = 16;
 
 struct PlanResult {
   std::vector<PlanCandidate> ranked;  // the layouts that fit, fastest first
@@ -56,10 +61,11 @@ struct PlanResult {
 // virtual stages, the stage split (plan_splits), EP (MoE), micro-batch (1, 2, 4, 8),
 // recomputation (none, selective, full) and the data-parallel sharding (with DP x CP > 1: the
 // distributed optimizer, Megatron-FSDP, and HSDP with one instance per node when the data-parallel
-// ranks span nodes); sequence parallelism whenever TP > 1; each dimension `fixed` sets is held
-// there. `base` holds the run's global batch, sequence, precision and FP8 settings. A layout fits
-// when its fullest rank's estimate plus kRuntimeReserveGiB fits the cluster's GPU; those are
-// predicted and ranked by tokens/s.
+// ranks span nodes); sequence parallelism whenever TP > 1; the pipeline schedule (1F1B, and the
+// zero-bubble variant of the kZeroBubbleTried fastest pipelined layouts where it applies: not
+// with FSDP or FP8); each dimension `fixed` sets is held there. `base` holds the run's global
+// batch, sequence, precision and FP8 settings. A layout fits when its fullest rank's estimate plus
+// kRuntimeReserveGiB fits the cluster's GPU; those are predicted and ranked by tokens/s.
 PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world,
                         const ClusterSpec& cluster, const PlanConstraints& fixed = {});
 

@@ -58,8 +58,8 @@ void fsdp_memory(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& l
 }
 }  // namespace
 
-ZeroBubbleHold zero_bubble_hold(const GPTConfig& cfg, const ModelShard& shard,
-                                const TrainConfig& t, int pp, int stage, int micro, int T) {
+ZeroBubbleHold zero_bubble_hold(const GPTConfig& cfg, const ModelShard& shard, const TrainConfig& t,
+                                int pp, int stage, int micro, int T) {
   ZeroBubbleHold h;
   const int V = shard.num_chunks();
   const int B = t.micro_batch_size;

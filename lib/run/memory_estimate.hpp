@@ -52,14 +52,15 @@ struct MemoryEstimate {
 };
 
 // Zero-bubble: the B passes whose W operands pipeline rank `stage` of `pp` holds at most at once
-// (run/pipeline.hpp's zero_bubble_held, from the shard's activation slot and W pass sizes at `micro`
-// micro-batches of T tokens per rank) and the bytes of one (averaged over its model chunks).
+// (run/pipeline.hpp's zero_bubble_held, from the shard's activation slot and W pass sizes at
+// `micro` micro-batches of T tokens per rank) and the bytes of one (averaged over its model
+// chunks).
 struct ZeroBubbleHold {
   int passes = 0;
   double pass_bytes = 0;
 };
-ZeroBubbleHold zero_bubble_hold(const GPTConfig& cfg, const ModelShard& shard,
-                                const TrainConfig& t, int pp, int stage, int micro, int T);
+ZeroBubbleHold zero_bubble_hold(const GPTConfig& cfg, const ModelShard& shard, const TrainConfig& t,
+                                int pp, int stage, int micro, int T);
 
 // `ep`: the expert-parallel size (MoE), carved out of layout.dp.
 MemoryEstimate estimate_rank_memory(const GPTConfig& cfg, const TrainConfig& t,

@@ -67,13 +67,13 @@ std::vector<PipeStep> schedule_zero_bubble(int pp_size, int pp_rank, int num_mic
   return s;
 }
 
-int zero_bubble_held(int pp_size, int pp_rank, int num_micro, int virtual_stages,
-                     double slot_bytes, double w_bytes) {
+int zero_bubble_held(int pp_size, int pp_rank, int num_micro, int virtual_stages, double slot_bytes,
+                     double w_bytes) {
   auto slots = [&](int rank) {
     if (virtual_stages <= 1) return pipeline_slots(pp_size, rank, num_micro);
     int n = 0;
-    for (int c : pipeline_chunk_slots(schedule_interleaved(pp_size, rank, num_micro, virtual_stages),
-                                      virtual_stages))
+    for (int c : pipeline_chunk_slots(
+             schedule_interleaved(pp_size, rank, num_micro, virtual_stages), virtual_stages))
       n += c;
     return n;
   };
@@ -155,8 +155,10 @@ std::string schedule_timeline(const std::vector<std::vector<PipeStep>>& stages, 
     std::vector<std::string> cells(static_cast<size_t>(end), ".");
     for (const auto& [start, p] : placed[static_cast<size_t>(r)])
       for (int t = start; t < start + length(r, *p); ++t)
-        cells[static_cast<size_t>(t)] =
-            (p->forward ? "F" : p->weight ? "W" : "B") + std::to_string(p->micro);
+        cells[static_cast<size_t>(t)] = (p->forward  ? "F"
+                                         : p->weight ? "W"
+                                                     : "B") +
+                                        std::to_string(p->micro);
     std::string row = "stage " + std::to_string(r) + " |";
     for (const std::string& c : cells) row += c + std::string(width - c.size(), ' ');
     while (!row.empty() && row.back() == ' ') row.pop_back();

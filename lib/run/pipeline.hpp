@@ -53,8 +53,8 @@ std::vector<PipeStep> schedule_zero_bubble(int pp_size, int pp_rank, int num_mic
 // h_s of stage pp_rank: min(k + 1, floor(k * slot_bytes / w_bytes)), k the activation slots it
 // holds fewer than stage 0 (slot_bytes: a micro-batch's slot of one model chunk; w_bytes: what
 // one B pass holds for its W; each averaged over the rank's chunks).
-int zero_bubble_held(int pp_size, int pp_rank, int num_micro, int virtual_stages,
-                     double slot_bytes, double w_bytes);
+int zero_bubble_held(int pp_size, int pp_rank, int num_micro, int virtual_stages, double slot_bytes,
+                     double w_bytes);
 // Activation slots stage pp_rank needs: the most micro-batches in flight at once.
 int pipeline_slots(int pp_size, int pp_rank, int num_micro);
 // The same for any schedule, per model chunk: the most micro-batches of each chunk in flight at

@@ -106,14 +106,14 @@ class StepExecutor {
   std::vector<Activations> slots_;  // one per micro-batch in flight on this stage, chunk by chunk
   std::vector<int> chunk_slots_, slot_offset_;  // per model chunk: its slots, the first one's index
   std::vector<std::unique_ptr<PendingOp>> sends_;  // per slot: the last send from its buffers
-  bool last_backward_ = false;  // the backward running is the step's last micro-batch's
+  bool last_backward_ = false;   // the backward running is the step's last micro-batch's
   bool split_backward_ = false;  // zero-bubble with W passes deferred: backwards are B passes
-  DropoutContext dropout_;      // of the pass run() runs (training: the step's)
-  int64_t sample_begin_ = 0;    // the first global sample of the pass's slice
-  float moe_loss_scale_ = 1;    // this pass's weight of each micro-batch's MoE losses
-  std::vector<int32_t> batch_;  // (local samples, T+1) tokens of this DP rank's slice of the step
-  std::vector<uint8_t> mask_;   // their loss masks (data with /loss_mask), as batch_
-  bool batch_masked_ = false;   // mask_ holds the loaded batch's masks
+  DropoutContext dropout_;       // of the pass run() runs (training: the step's)
+  int64_t sample_begin_ = 0;     // the first global sample of the pass's slice
+  float moe_loss_scale_ = 1;     // this pass's weight of each micro-batch's MoE losses
+  std::vector<int32_t> batch_;   // (local samples, T+1) tokens of this DP rank's slice of the step
+  std::vector<uint8_t> mask_;    // their loss masks (data with /loss_mask), as batch_
+  bool batch_masked_ = false;    // mask_ holds the loaded batch's masks
   std::vector<int32_t> sample_targets_, cp_ids_;  // one sample's targets; CP's discarded ids
   mutable std::vector<uint8_t> counts_;           // which of one sample's targets count
   std::vector<double> micro_tokens_;              // loss tokens of each local micro-batch

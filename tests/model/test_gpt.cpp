@@ -11,6 +11,7 @@
 #include "model/gpt.hpp"
 #include "model/moe.hpp"
 #include "model/mtp.hpp"
+#include "model/part_services.hpp"
 #include "model/parts.hpp"
 #include "reference_gpt.hpp"
 
@@ -1061,7 +1062,7 @@ TEST(GPT, ZeroBubbleSplitBackwardIsBitwiseTheWholeOne) {
   GPTConfig grouped = moe_config(0), one_by_one = moe_config(0), tied_mtp = mtp_config(0);
   grouped.moe_grouped_gemm = true;
   tied_mtp.untie_embeddings_and_output_weights = false;  // the table takes the embedding's
-  tied_mtp.validate();                                    // scatters in W too
+  tied_mtp.validate();                                   // scatters in W too
   std::vector<Case> cases = {{"gpt2", tiny_config()},
                              {"llama", llama_config(0)},
                              {"mixtral grouped", grouped},
@@ -1096,13 +1097,13 @@ TEST(GPT, ZeroBubbleSplitBackwardIsBitwiseTheWholeOne) {
       for (Activations& a : slots) model.forward(a, 1.0f / (2 * B * T));
       for (Activations& a : slots) model.backward(a, split);
       if (split) {
-        EXPECT_EQ(model.weight_grads().pending(), 2);
-        if (pass_bytes) *pass_bytes = model.weight_grads().oldest_bytes();
+        EXPECT_EQ(model.services().weight_grads().pending(), 2);
+        if (pass_bytes) *pass_bytes = model.services().weight_grads().oldest_bytes();
         if (ready_in_b) *ready_in_b = ready.pieces;
         ready.pieces.clear();
         model.weight_backward();
         model.weight_backward();
-        EXPECT_EQ(model.weight_grads().pending(), 0);
+        EXPECT_EQ(model.services().weight_grads().pending(), 0);
         if (ready_in_w) *ready_in_w = ready.pieces;
       }
       model.remove_observer(&ready);
@@ -1121,8 +1122,7 @@ TEST(GPT, ZeroBubbleSplitBackwardIsBitwiseTheWholeOne) {
     ASSERT_EQ(static_cast<int>(in_w.size()), 2 * pieces);
     EXPECT_EQ(in_w.front(), kHeadPiece);
     EXPECT_EQ(in_w[static_cast<size_t>(pieces - 1)], kEmbedPiece);
-    const double counted =
-        weight_pass_bytes(cfg, whole(cfg), B, T, DType::F32, /*chunk=*/0);
+    const double counted = weight_pass_bytes(cfg, whole(cfg), B, T, DType::F32, /*chunk=*/0);
     EXPECT_GT(bytes, 0);
     EXPECT_EQ(bytes, counted) << "what a B pass holds and what --dry-run counts";
   }

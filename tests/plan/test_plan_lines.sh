@@ -6,7 +6,8 @@
 # GiB); -N times --ntasks-per-node is the world size. The cases: the README's example
 # (llama3-1b.ini sets sequence parallelism, the distributed optimizer and selective
 # recomputation, which rows turn off), a MoE config that sets EP 8 and the distributed optimizer
-# (qwen3-30b-a3b.ini), and 12 GPUs of 8-GPU nodes with the planner's own precision and vocabulary.
+# (qwen3-30b-a3b.ini), and 12 GPUs of 8-GPU nodes with the planner's own precision and vocabulary;
+# stage splits and the pipeline schedule searched and given (issue 72).
 # Usage: test_plan_lines.sh BIN_DIR CONFIG_DIR
 set -u
 bin=$1
@@ -72,6 +73,18 @@ for name in uneven mtp-layout; do
     bad "$name: rows at PP $pps with splits $splits"
   fi
 done
+# The pipeline schedule (issue 72): searched (zero-bubble rows among a pipelined search's, their
+# lines run it and predict the same), and given (every pipelined row zero-bubble).
+check schedule 16 dgx-h100 --config "$configs/gpt2-1.3b.ini" --global-batch-size 64 --bf16 \
+  --vocab-size 50257 --seq-length 1024 --pipeline-model-parallel-size 4 --top 2
+check zero-bubble 16 dgx-h100 --config "$configs/gpt2-1.3b.ini" --global-batch-size 64 --bf16 \
+  --vocab-size 50257 --seq-length 1024 --pipeline-model-parallel-size 4 --pipeline-schedule zero-bubble --top 2
+sched() { grep -E '^ +[0-9]+ +[0-9]+ +[0-9]+ ' "$work/$1.plan" | awk '{ print $(NF - 1) }' | sort -u | tr '\n' ' '; }
+[ "$(sched schedule)" = "zb " ] && grep -q -- "--pipeline-schedule zero-bubble" "$work/schedule.plan" &&
+  ok "schedule: searched, the fastest rows zero-bubble (the same layouts' 1F1B predicted slower)" ||
+  bad "schedule: rows $(sched schedule)"
+[ "$(sched zero-bubble)" = "zb " ] && ok "zero-bubble given: every row zero-bubble" ||
+  bad "zero-bubble given: rows $(sched zero-bubble)"
 grep -q "pipeline-model-parallel-layout 'Et|ttt|m|L'" "$work/mtp-layout.plan" &&
   ok "mtp-layout: the srun line quotes the layout" || bad "mtp-layout: no quoted layout in $(grep srun "$work/mtp-layout.plan" | head -1)"
 # --hf-config (issue 71 point 5): the sequence from rope_scaling's original length, else

@@ -1,8 +1,8 @@
 // test_predict.cpp: the step-time predictor (plan/predict.hpp): its pipeline timeline gives the
-// 1F1B, interleaved and zero-bubble schedules' idle time, its collectives follow the ring model on the
-// cluster's fabrics (inside a node, across nodes), the data-parallel reduce hides under the last
-// backward when overlapped, the --dry-run line has the exact form, a 1,024-GPU layout is
-// predicted in under a second; tessera-plan's ranking.
+// 1F1B, interleaved and zero-bubble schedules' idle time, its collectives follow the ring model on
+// the cluster's fabrics (inside a node, across nodes), the data-parallel reduce hides under the
+// last backward when overlapped, the --dry-run line has the exact form, a 1,024-GPU layout
+// is predicted in under a second; tessera-plan's ranking.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -111,8 +111,8 @@ TEST(Predict, ZeroBubbleShrinksTheBubbleWithinOneFOneBsMemory) {
     const MemoryEstimate e = estimate_rank_memory(zo.model, t, layout, s);
     EXPECT_EQ(e.zb_held_passes, s) << "stage " << s;
     EXPECT_LE(e.activation_bytes, first) << "stage " << s;
-    EXPECT_GT(e.activation_bytes, estimate_rank_memory(zo.model, t1, layout, s).activation_bytes -
-                                      (s == 0 ? 1 : 0));
+    EXPECT_GT(e.activation_bytes,
+              estimate_rank_memory(zo.model, t1, layout, s).activation_bytes - (s == 0 ? 1 : 0));
   }
 }
 

@@ -193,8 +193,8 @@ std::string explain_hang(const std::vector<std::vector<int64_t>>& rec,
       const std::string step = describe_pipeline_word(w[kTraceWords - 1]);
       parts.push_back("rank " + std::to_string(r) + " waits in " + op_name(w[1]) + " with rank " +
                       std::to_string(w[4]) + " on the " + group_name(w[2]) +
-                      (step.empty() ? "" : " in " + step) + " (rank " +
-                      std::to_string(w[4]) + ": " + where(static_cast<int>(w[4])) + ")");
+                      (step.empty() ? "" : " in " + step) + " (rank " + std::to_string(w[4]) +
+                      ": " + where(static_cast<int>(w[4])) + ")");
       continue;
     }
     if (w[2] < 0 || w[2] >= kGroups) continue;
