@@ -105,6 +105,13 @@ void perturb(GPTModel& m, unsigned seed) {
   }
 }
 
+// The tests' starting point: the weights drawn (seed 7), perturbed (seed 3), the experts' biases set.
+void prepare(GPTModel& m) {
+  m.init_parameters(7);
+  perturb(m, 3);
+  set_expert_biases(m);
+}
+
 // The Llama family's options on the tiny model: RoPE (all or half of each head's features, Llama
 // 3 scaling), ALiBi, no position embedding, RMSNorm, SwiGLU, grouped-query attention (2 groups of
 // 2 heads, 3 of 2, or multi-query), an untied head and no biases, together and in mixes with
@@ -352,9 +359,7 @@ double model_loss(const GPTConfig& cfg, double* ref_out, const DocCase* docs = n
   auto be = make_cpu_backend();
   LocalCommunicator tp;
   GPTModel model(cfg, whole(cfg), *be, tp);
-  model.init_parameters(7);
-  perturb(model, 3);
-  set_expert_biases(model);
+  prepare(model);
   const int B = 2, T = 7;
   Batch batch = random_batch(B, T, 50, 11);
   batch.targets[3] = -1;  // a position without loss
@@ -617,9 +622,7 @@ TEST(GPT, EachRouterPartChangesTheLoss) {
   auto be = make_cpu_backend();
   LocalCommunicator tp;
   GPTModel model(base, whole(base), *be, tp);
-  model.init_parameters(7);
-  perturb(model, 3);
-  set_expert_biases(model);
+  prepare(model);
   const Batch batch = random_batch(2, 7, 50, 11);
   RefParams p = to_reference(model);
   for (auto& [name, v] : p)  // louder experts, so that each choice shows in the loss
@@ -713,9 +716,7 @@ TEST(GPT, MtpMatchesIndependentReference) {
     auto be = make_cpu_backend();
     LocalCommunicator tp;
     GPTModel model(cfg, whole(cfg), *be, tp);
-    model.init_parameters(7);
-    perturb(model, 3);
-    set_expert_biases(model);
+    prepare(model);
     const int B = 2, T = 7, N = B * T;
     const Batch batch = random_batch(B, T, 50, 11);
     Activations a = model.make_activations(B, T);
@@ -1082,9 +1083,7 @@ TEST(GPT, ZeroBubbleSplitBackwardIsBitwiseTheWholeOne) {
       auto be = make_cpu_backend();
       LocalCommunicator tp;
       GPTModel model(cfg, whole(cfg), *be, tp);
-      model.init_parameters(7);
-      perturb(model, 3);
-      set_expert_biases(model);
+      prepare(model);
       Ready ready;
       model.add_observer(&ready);
       std::vector<Activations> slots = model.make_activation_slots(B, T, 2);
