@@ -5,18 +5,26 @@
 # travel with every shared library they load except the C/C++ runtime and CUDA's own, plus the
 # Open MPI runtime (plugins, help files, orted, the mpirun launcher) relocated with OPAL_PREFIX,
 # and the CPU runs the NCCL layouts are checked against (scripts/nccl-layouts.sh ref).
-# Usage: [GPU_BUNDLE_TARGETS="PROGRAM ..."] scripts/gpu-bundle.sh [BUILD_DIR=build-gpu]
-#   -> .gpu/tessera-gpu.tar.xz (git-ignored)
-# Then, with the device tool: run "bash scripts/gpu-run.sh" with carry [".gpu"].
+# The programs are those of the next lease's steps (scripts/gpu-manifest through scripts/gpu-plan:
+# the steps not yet passed that fit the lease's deadline, GPU_LEASE_SECONDS, default 540), the
+# same steps scripts/gpu-lease.sh will run; the CPU references only when the nccl2 / nccl4 steps
+# are among them. The commit bundled goes beside the archive (.gpu/commit.txt), for the summary.
+# Usage: [GPU_BUNDLE_TARGETS="PROGRAM ..."] [GPU_LEASE_STEPS="STEP ..."] scripts/gpu-bundle.sh
+#   [BUILD_DIR=build-gpu]  -> .gpu/tessera-gpu.tar.xz (git-ignored)
+# Then, with the device tool: run "bash scripts/gpu-lease.sh" with carry [".gpu"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
 all=(test_cuda_device test_cuda_ops test_cuda_train test_device_staging tessera-train
      bench_gpu_train bench_attention bench_generate bench_fp8 bench_rates test_nccl)
 # Each program carries all of Tessera's kernels (~4 MB compressed): every one of them together
-# passes the device tool's 64 MiB carry limit, so a lease takes the ones its steps run
-# (GPU_BUNDLE_TARGETS="tessera-train test_nccl ..."; default: issue 56's NCCL lease).
-read -r -a targets <<< "${GPU_BUNDLE_TARGETS:-tessera-train test_nccl test_cuda_train test_cuda_ops bench_gpu_train bench_rates}"
+# passes the device tool's 64 MiB carry limit, so a lease takes the ones its steps run.
+plan_args=(--deadline "${GPU_LEASE_SECONDS:-540}")
+[ -n "${GPU_LEASE_STEPS:-}" ] && plan_args+=(--only "$GPU_LEASE_STEPS")
+[ "${GPU_LEASE_ALL:-0}" = 1 ] && plan_args+=(--all)
+steps=$(python3 scripts/gpu-plan steps "${plan_args[@]}" | cut -d'|' -f1 | tr '\n' ' ')
+read -r -a targets <<< "${GPU_BUNDLE_TARGETS:-$(python3 scripts/gpu-plan programs "${plan_args[@]}")}"
+echo "gpu-bundle.sh: the lease's steps: ${steps:-none}; programs: ${targets[*]}"
 for t in "${targets[@]}"; do
   [[ " ${all[*]} " == *" $t "* ]] || { echo "gpu-bundle.sh: error: GPU_BUNDLE_TARGETS: unknown program '$t' (allowed: ${all[*]})" >&2; exit 2; }
 done
@@ -36,6 +44,7 @@ cp configs/gpt2-tiny.ini configs/llama-tiny.ini configs/mixtral-tiny.ini configs
 cp -r configs/clusters configs/rates "$stage/configs/"
 # Issue 56: the CPU MPI runs of every layout scripts/nccl-layouts.sh runs over NCCL there.
 for np in 2 4; do
+  [[ " $steps " == *" nccl$np "* ]] || continue
   NP=$np bash scripts/nccl-layouts.sh ref "$build/bin" "$stage/ref" > "$work/ref$np.log" 2>&1 ||
     { cat "$work/ref$np.log"; echo "gpu-bundle.sh: error: the CPU reference runs failed" >&2; exit 1; }
 done
@@ -67,6 +76,7 @@ while IFS= read -r -d '' f; do collect "$f"; done < <(find "$stage/ompi" -name '
 mkdir -p .gpu
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 tar -C "$work" -cJf .gpu/tessera-gpu.tar.xz tessera-gpu
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!.gpu' || echo '+changes')" > .gpu/commit.txt
 size=$(stat -c %s .gpu/tessera-gpu.tar.xz)
 if [ "$size" -gt $((60 << 20)) ]; then
   echo "gpu-bundle.sh: error: .gpu/tessera-gpu.tar.xz is $((size >> 20)) MiB, over the device tool's 64 MiB carry limit with the working tree; give fewer programs in GPU_BUNDLE_TARGETS (now: ${targets[*]})" >&2

@@ -8,7 +8,9 @@
 # Usage: bash scripts/gpu-run.sh [--no-bench] [--bench-only] [--memory] [--sanitize[=TOOL,...]]
 #        [--steps=STEP,...] [BENCH_ARGS...]
 #
-# --steps picks pieces of the default run: tests (the four CUDA test programs), fused (cuDNN
+# --steps picks pieces of the default run: cuda-short (issue 70's first lease: test_cuda_device,
+# with cuBLAS loaded on first use, and test_device_staging), tests (test_cuda_ops and
+# test_cuda_train), fused (cuDNN
 # attention's tests, with cuDNN's error log), fp8 (issue 38: the FP8 cases of test_cuda_ops and
 # test_cuda_train, then the 1.3B step in bf16 and with FP8 GEMMs one after the other, then
 # bench_fp8's pass-by-pass times at the 1.3B shapes), train (gpt2-tiny
@@ -20,8 +22,10 @@
 # SAVE_INTERVAL), decode-profile (ncu's kernel times of batch-1 decode steps), rerun (issue 39:
 # bench/bench_rerun.sh on GPT-2 124M bf16: result validation's cost when nothing fails, and
 # report_stats's spread on the GPU), nccl2 / nccl4 (issue 56: test_nccl and every layout of 2 or
-# 4 ranks sharing this GPU through NCCL, scripts/nccl-layouts.sh). scripts/gpu-lease.sh
-# runs them one by one under a deadline. GPU_RUN_REUSE=1 keeps an archive already unpacked.
+# 4 ranks sharing this GPU through NCCL, scripts/nccl-layouts.sh), nccl-smoke (test_nccl on two
+# ranks sharing the GPU, two communicators, NCCL's transport printed). scripts/gpu-lease.sh runs
+# the steps of scripts/gpu-manifest one by one under a deadline; a step's programs (the manifest's)
+# must be in the bundle. GPU_RUN_REUSE=1 keeps an archive already unpacked.
 #
 # --memory runs, instead of the tests and the default benchmarks, issue 13's GPU figures on the 1.3B config
 # (bf16): the step at micro-batch 16 without, with selective and with full recomputation (and the
@@ -164,8 +168,8 @@ fi
 if [ -n "$steps" ]; then
   for st in ${steps//,/ }; do
     case $st in
-      tests|fused|fp8|train|save|attention|bench|generate|decode-profile|llama1b|rerun|rates|nccl2|nccl4) ;;
-      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: tests, fused, fp8, train, save, attention, bench, generate, decode-profile, llama1b, rerun, rates, nccl2, nccl4)" >&2; exit 2 ;;
+      cuda-short|nccl-smoke|tests|fused|fp8|train|save|attention|bench|generate|decode-profile|llama1b|rerun|rates|nccl2|nccl4) ;;
+      *) echo "gpu-run.sh: error: --steps: unknown step '$st' (allowed: cuda-short, nccl-smoke, tests, fused, fp8, train, save, attention, bench, generate, decode-profile, llama1b, rerun, rates, nccl2, nccl4)" >&2; exit 2 ;;
     esac
   done
   step() { [[ $steps == *",$1,"* ]]; }
@@ -173,20 +177,36 @@ else
   step() {
     case $1 in
       tests|train) [ $tests -eq 1 ] ;;
-      save|decode-profile|rerun|nccl2|nccl4) false ;;  # only when asked (save: checkpoints of GBs)
+      cuda-short|nccl-smoke|save|decode-profile|rerun|nccl2|nccl4) false ;;  # only when asked
       llama1b) [ $bench -eq 1 ] && [ $memory -eq 0 ] && [ ${#bench_args[@]} -eq 0 ] ;;
       *) [ $bench -eq 1 ] && [ $memory -eq 0 ] ;;
     esac
   }
 fi
-if step nccl2 || step nccl4; then
+# The programs this call's steps need (scripts/gpu-manifest): in the bundle, or one line saying
+# which and how to bundle them (GPU_LEASE_STEP: the manifest step scripts/gpu-lease.sh runs).
+if [ -n "${GPU_LEASE_STEP:-}" ] || [ -n "$steps" ]; then
+  need=$(python3 scripts/gpu-plan need ${GPU_LEASE_STEP:-${steps//,/ }}) || exit 2
+  for p in $need; do
+    [ -x "$root/bin/$p" ] || { echo "gpu-run.sh: error: step ${GPU_LEASE_STEP:-${steps//,/ }} needs $p, which this bundle lacks: build the bundle for this lease here (scripts/gpu-bundle.sh takes the programs of the lease's steps from scripts/gpu-manifest)" >&2; exit 3; }
+  done
+fi
+if step cuda-short; then
+  # Issue 70's first lease: the device, the staging and cuBLAS's loading on first use, in seconds.
+  for t in test_cuda_device test_device_staging; do
+    echo "== $t =="
+    "$root/bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" | grep -vE '^\[20[0-9]{2}-' | tail -20
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+if step nccl-smoke || step nccl2 || step nccl4; then
   # Issue 56: several ranks on this one GPU through NCCL (scripts/nccl-share-gpu.sh gives each its
   # own NCCL_HOSTID). First what could refuse them, in seconds: the compute mode (an exclusive
   # mode takes one process), the launcher (the bundle's Open MPI, not a system one), then a 2-rank
   # run of every collective on two communicators with NCCL's own account of its transport.
   echo "== NCCL on one GPU: compute mode $(nvidia-smi --query-gpu=compute_mode --format=csv,noheader | head -1) =="
   echo "mpirun: $(command -v mpirun) ($(mpirun --version 2>&1 | head -1)); its libraries: $(ldd "$(command -v mpirun)" | awk '/libopen|libmpi/ {print $3}' | tr '\n' ' ')"
-  if step nccl2; then
+  if step nccl-smoke; then
     NCCL_DEBUG=INFO timeout 120 mpirun --oversubscribe --bind-to none -np 2 \
       scripts/nccl-share-gpu.sh "$root/bin/test_nccl" --gtest_brief=1 > "$out/nccl-smoke.log" 2>&1
     rc=$?
@@ -206,8 +226,8 @@ if step rates; then
   "$root/bin/bench_rates" --device cuda --out "$out/rates-gpu.ini" 2>&1 | tail -2 || status=1
   [ -s "$out/rates-gpu.ini" ] && grep -vE '^#' "$out/rates-gpu.ini"
 fi
-if step tests; then
-  for t in test_cuda_device test_cuda_ops test_cuda_train test_device_staging; do
+if step tests; then  # the device and staging tests are cuda-short's
+  for t in test_cuda_ops test_cuda_train; do
     echo "== $t =="
     "$root/bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" | grep -vE '^\[20[0-9]{2}-' | tail -40
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

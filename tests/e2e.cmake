@@ -70,6 +70,13 @@ tessera_e2e(train.uneven_stages 20 TIMEOUT 600 PROCESSORS 2
             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/test_uneven_stages.sh ${CMAKE_BINARY_DIR}/bin
                  ${CMAKE_SOURCE_DIR}/configs)
 
+# The GPU lease's manifest (issue 70): every step's programs bundled and its runner step known,
+# the leases within their deadline (the first one correctness first), each lease's bundle with the
+# tracked tree under the device tool's 64 MiB carry limit, sized from this build's programs; a
+# lease's summary recorded, the next lease continuing after what passed.
+tessera_e2e(scripts.gpu_manifest 15 TIMEOUT 120
+            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_gpu_plan.sh ${CMAKE_BINARY_DIR}/bin)
+
 # The zero-bubble schedule (issue 72): ZB-H1's B/W split gives 1F1B's losses and gradient norms
 # bit for bit beside uneven stages, VP, TP/SP, DP with the distributed optimizer, recomputation,
 # MoE and MTP; W passes where the dry run says; bad combinations refused in one line.

@@ -105,7 +105,8 @@ void perturb(GPTModel& m, unsigned seed) {
   }
 }
 
-// The tests' starting point: the weights drawn (seed 7), perturbed (seed 3), the experts' biases set.
+// The tests' starting point: the weights drawn (seed 7), perturbed (seed 3), the experts' biases
+// set.
 void prepare(GPTModel& m) {
   m.init_parameters(7);
   perturb(m, 3);
