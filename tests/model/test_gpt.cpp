@@ -1099,6 +1099,9 @@ TEST(GPT, ZeroBubbleSplitBackwardIsBitwiseTheWholeOne) {
       if (split) {
         EXPECT_EQ(model.services().weight_grads().pending(), 2);
         if (pass_bytes) *pass_bytes = model.services().weight_grads().oldest_bytes();
+        // The store's buffers: the two passes' operands (an empty expert block takes one element).
+        EXPECT_NEAR(model.services().weight_grads().held_bytes(),
+                    2 * model.services().weight_grads().oldest_bytes(), 1024);
         if (ready_in_b) *ready_in_b = ready.pieces;
         ready.pieces.clear();
         model.weight_backward();
