@@ -175,6 +175,7 @@ struct StageCost {
   // W operands the stage holds (run/memory_estimate.hpp's zero_bubble_hold; 0: whole backwards).
   std::vector<double> W;
   int held = 0;
+  double copy = 0;  // a B pass's copies of its W operands (read and written once), seconds
   StepPrediction::Stage compute;
   double tp = 0, cp = 0, ep = 0, flops = 0, dp_grad = 0, dp_param = 0;
   double fsdp = 0;  // Megatron-FSDP's units' gathers and reduce-scatters, every micro-batch
@@ -443,7 +444,7 @@ void simulate_pipeline(const std::vector<StageCost>& cost, int V, int micro, dou
           ready = prev + p2p;
         }
         const double d = st.forward ? c.F[size_t(st.chunk)]
-                         : split    ? c.B[size_t(st.chunk)] - c.W[size_t(st.chunk)]
+                         : split    ? c.B[size_t(st.chunk)] - c.W[size_t(st.chunk)] + c.copy
                                     : c.B[size_t(st.chunk)];
         finish[size_t(s)] = std::max(finish[size_t(s)], ready) + d;
         busy[size_t(s)] += d;
@@ -478,7 +479,8 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
   PieceCallsCache own;
   const PieceCalls& calls = (cache ? *cache : own).get(cfg, t, layout, ep);
   std::map<std::string, StageCost> by_shape;
-  std::map<std::pair<std::string, int>, int> held;  // zero-bubble: by shape and slots
+  // Zero-bubble: by shape and slots, the W passes held and one pass's bytes.
+  std::map<std::pair<std::string, int>, ZeroBubbleHold> held;
   for (int s = 0; s < PP; ++s) {
     const std::string key = pipeline_stage_shape(cfg, t, layout, ep, s);
     auto it = by_shape.find(key);
@@ -496,10 +498,10 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
       if (h == held.end())
         h = held.emplace(std::make_pair(key, V > 1 ? s : slots),
                          zero_bubble_hold(cfg, make_model_shard(cfg, ctx, t), t, PP, s, micro,
-                                          cfg.seq_length / CP)
-                             .passes)
+                                          cfg.seq_length / CP))
                 .first;
-      cost.back().held = h->second;
+      cost.back().held = h->second.passes;
+      cost.back().copy = h->second.passes > 0 ? m.memory_time(2 * h->second.pass_bytes) : 0;
     }
   }
   const double M = m.wb * m.N * cfg.hidden_size;
