@@ -387,10 +387,8 @@ void GPTModel::backward(Activations& a, bool weights_later) {
 }
 
 void GPTModel::weight_backward() {
-  services_->weight_grads().run_oldest([this](int piece) {
-    notify(&PassObserver::before_weights, piece);
-    notify(&PassObserver::grads_ready, piece);
-  });
+  services_->weight_grads().run_oldest(
+      [this](int piece) { notify(&PassObserver::grads_ready, piece); });
 }
 
 void GPTModel::reduce_sequence_parallel_grads(int piece) {

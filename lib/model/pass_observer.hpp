@@ -18,9 +18,8 @@ class PassObserver {
   // grads_ready (the piece's parameter gradients are complete for this micro-batch), then every
   // observer's after_backward.
   virtual void before_backward(int /*piece*/) {}
-  // Zero-bubble (model/weight_grads.hpp): a piece's deferred weight-gradient GEMMs have run in a
-  // W pass; grads_ready follows (then, not after the B pass's after_backward).
-  virtual void before_weights(int /*piece*/) {}
+  // With zero-bubble's split backward (model/weight_grads.hpp) grads_ready comes after the piece's
+  // W pass, not with the B pass's after_backward.
   virtual void grads_ready(int /*piece*/) {}
   virtual void after_backward(int /*piece*/) {}
 };

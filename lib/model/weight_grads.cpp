@@ -23,24 +23,31 @@ void WeightGradStore::end_pass() {
   recording_ = false;
 }
 
-Tensor WeightGradStore::take(DType dtype, const Shape& shape) {
+Tensor WeightGradStore::take(DType dtype, const Shape& shape, bool headroom) {
   Pass& p = passes_.back();
   const int64_t numel = shape_numel(shape);
   const size_t need = static_cast<size_t>(numel) * dtype_size(dtype);
   // The smallest pooled buffer of the dtype that fits (MoE's expert blocks change size with the
   // routing: a buffer serves any block up to its size).
-  auto best = pool_.end();
-  for (auto it = pool_.begin(); it != pool_.end(); ++it)
-    if (it->dtype() == dtype && it->nbytes() >= need &&
-        (best == pool_.end() || it->nbytes() < best->nbytes()))
-      best = it;
+  auto best = pool_.end(), largest_short = pool_.end();
+  for (auto it = pool_.begin(); it != pool_.end(); ++it) {
+    if (it->dtype() != dtype) continue;
+    if (it->nbytes() >= need && (best == pool_.end() || it->nbytes() < best->nbytes())) best = it;
+    if (it->nbytes() < need &&
+        (largest_short == pool_.end() || it->nbytes() > largest_short->nbytes()))
+      largest_short = it;
+  }
   Tensor buffer;
   if (best != pool_.end()) {
     buffer = *best;
     pool_.erase(best);
   } else {
+    // None fits: a larger one replaces the largest that falls short, so that routing's changing
+    // block sizes do not grow the pool (an expert block's buffer gets a quarter more room).
+    if (largest_short != pool_.end()) pool_.erase(largest_short);
     AllocationLabel label("zero-bubble's weight-gradient operands (held from B to W)");
-    buffer = Tensor({std::max<int64_t>(numel, 1)}, dtype, be_.allocator());
+    const int64_t room = headroom ? numel + numel / 4 : numel;
+    buffer = Tensor({std::max<int64_t>(room, 1)}, dtype, be_.allocator());
     double total = 0;
     for (const Tensor& b : pool_) total += static_cast<double>(b.nbytes());
     for (const Pass& q : passes_)
@@ -52,8 +59,8 @@ Tensor WeightGradStore::take(DType dtype, const Shape& shape) {
   return buffer.view(0, shape);
 }
 
-Tensor WeightGradStore::hold(const Tensor& t) {
-  Tensor copy = take(t.dtype(), t.shape());
+Tensor WeightGradStore::hold(const Tensor& t, bool headroom) {
+  Tensor copy = take(t.dtype(), t.shape(), headroom);
   if (t.numel() > 0) be_.cast(copy, t);
   return copy;
 }
@@ -76,7 +83,7 @@ void WeightGradStore::defer_grouped(const std::vector<Backend::GroupedGemm>& gro
   e.kind = Kind::Grouped;
   for (const Backend::GroupedGemm& g : groups)
     if (g.dweight)
-      e.gemms.push_back({*g.dweight, Tensor(), hold(*g.dout), hold(*g.inp), *g.weight});
+      e.gemms.push_back({*g.dweight, Tensor(), hold(*g.dout, true), hold(*g.inp, true), *g.weight});
   if (!e.gemms.empty()) passes_.back().entries.push_back(std::move(e));
 }
 

@@ -70,9 +70,10 @@ class WeightGradStore {
     std::vector<Tensor> buffers;  // the copies' storage, back to the pool after W
     double bytes = 0;
   };
-  // A copy of `t` in a buffer of the recording pass (reused from the pool where one fits).
-  Tensor hold(const Tensor& t);
-  Tensor take(DType dtype, const Shape& shape);  // such a buffer, not yet filled
+  // A copy of `t` in a buffer of the recording pass (reused from the pool where one fits; with
+  // `headroom`, a new one a quarter larger: an expert block's size changes with the routing).
+  Tensor hold(const Tensor& t, bool headroom = false);
+  Tensor take(DType dtype, const Shape& shape, bool headroom = false);  // not yet filled
 
   Backend& be_;
   std::deque<Pass> passes_;        // oldest first; the last is the recording one while recording_

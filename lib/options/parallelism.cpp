@@ -198,11 +198,9 @@ class ParallelismOptions : public OptionGroup {
                                ": give one of them"));
     t.zero_bubble = enable_zero_bubble_ || schedule_ == "zero-bubble";
     if (!t.zero_bubble) return;
+    // PP 1 is refused with the layout (run/layout.cpp): tessera-plan searches PP with it given.
     const char* name =
         enable_zero_bubble_ ? "--enable-zero-bubble" : "--pipeline-schedule=zero-bubble";
-    if (o.pp < 2)
-      throw ConfigError(concat(name, " needs --pipeline-model-parallel-size > 1 (got ", o.pp,
-                               "): one stage has no pipeline bubble to fill"));
     if (t.megatron_fsdp)
       throw ConfigError(concat(name,
                                " does not combine with --use-megatron-fsdp (FSDP frees a "

@@ -273,10 +273,10 @@ PlanResult plan_layouts(const GPTConfig& cfg, const TrainConfig& base, int world
                     } catch (const ConfigError&) {
                       continue;  // not a layout of this model and batch
                     }
-                    ++r.valid;
                     // The zero-bubble schedule where it applies (PP > 1, not FSDP nor FP8).
                     const bool zb_ok = pp > 1 && !fsdp && !t.fp8.enabled;
                     if (fixed.schedule_set && fixed.zero_bubble && !zb_ok) continue;
+                    ++r.valid;
                     c.zero_bubble = t.zero_bubble = fixed.schedule_set && fixed.zero_bubble;
                     c.memory = fullest(t, layout, ep);
                     if (c.memory > capacity) continue;

@@ -501,7 +501,7 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
                                           cfg.seq_length / CP))
                 .first;
       cost.back().held = h->second.passes;
-      cost.back().copy = h->second.passes > 0 ? m.memory_time(2 * h->second.pass_bytes) : 0;
+      cost.back().copy = h->second.passes > 0 ? m.memory_time(2 * h->second.mean_pass_bytes) : 0;
     }
   }
   const double M = m.wb * m.N * cfg.hidden_size;

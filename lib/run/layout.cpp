@@ -51,6 +51,11 @@ void validate_layout(const GPTConfig& cfg, const TrainConfig& t, int tp, int pp,
   if (cfg.ffn() % tp != 0)
     throw ConfigError(concat("--ffn-hidden-size=", cfg.ffn(),
                              " is not divisible by --tensor-model-parallel-size=", tp));
+  if (t.zero_bubble && pp < 2)
+    throw ConfigError(
+        concat("--pipeline-schedule=zero-bubble needs --pipeline-model-parallel-size "
+               "> 1 (got ",
+               pp, "): one stage has no pipeline bubble to fill"));
   if (t.zero_bubble && t.fp8.enabled)
     throw ConfigError(
         "--pipeline-schedule=zero-bubble does not combine with FP8 (--fp8-format): an FP8 "

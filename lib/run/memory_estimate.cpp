@@ -65,8 +65,11 @@ ZeroBubbleHold zero_bubble_hold(const GPTConfig& cfg, const ModelShard& shard, c
   const int B = t.micro_batch_size;
   const double slot =
       activation_footprint(cfg, shard, t.recompute, B, T, t.compute_dtype).per_micro_batch / V;
-  for (int c = 0; c < V; ++c)
-    h.pass_bytes += weight_pass_bytes(cfg, shard, B, T, t.compute_dtype, c) / V;
+  for (int c = 0; c < V; ++c) {  // the largest chunk's (the last holds the output layer's)
+    const double b = weight_pass_bytes(cfg, shard, B, T, t.compute_dtype, c);
+    h.pass_bytes = std::max(h.pass_bytes, b);
+    h.mean_pass_bytes += b / V;
+  }
   h.passes = zero_bubble_held(pp, stage, micro, V, slot, h.pass_bytes);
   return h;
 }

@@ -41,8 +41,8 @@ struct MemoryEstimate {
   double fsdp_pool_bytes = 0;
   // Zero-bubble (run/pipeline.hpp): the B passes whose W operands the stage holds at most at
   // once (h_s, the recording one's included; 0: whole backwards) and the bytes of one (the GEMM
-  // operands a B pass copies for its W, averaged over the rank's model chunks); their product is
-  // in activation_bytes.
+  // operands a B pass copies for its W, its largest model chunk's); their product is in
+  // activation_bytes.
   int zb_held_passes = 0;
   double zb_pass_bytes = 0;
   double total_bytes() const {
@@ -53,11 +53,11 @@ struct MemoryEstimate {
 
 // Zero-bubble: the B passes whose W operands pipeline rank `stage` of `pp` holds at most at once
 // (run/pipeline.hpp's zero_bubble_held, from the shard's activation slot and W pass sizes at
-// `micro` micro-batches of T tokens per rank) and the bytes of one (averaged over its model
-// chunks).
+// `micro` micro-batches of T tokens per rank) and the bytes of one (its largest model chunk's).
 struct ZeroBubbleHold {
   int passes = 0;
   double pass_bytes = 0;
+  double mean_pass_bytes = 0;  // over the rank's model chunks (what a B pass copies on average)
 };
 ZeroBubbleHold zero_bubble_hold(const GPTConfig& cfg, const ModelShard& shard, const TrainConfig& t,
                                 int pp, int stage, int micro, int T);

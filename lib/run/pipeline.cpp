@@ -78,8 +78,9 @@ int zero_bubble_held(int pp_size, int pp_rank, int num_micro, int virtual_stages
     return n;
   };
   const int k = std::max(0, slots(0) - slots(pp_rank));
+  if (k == 0) return 0;  // no slot to spare: whole backwards
   if (w_bytes <= 0) return k + 1;
-  return std::min(k + 1, static_cast<int>(std::floor(k * slot_bytes / w_bytes)));
+  return static_cast<int>(std::min<double>(k + 1, std::floor(k * slot_bytes / w_bytes)));
 }
 
 int pipeline_slots(int pp_size, int pp_rank, int num_micro) {

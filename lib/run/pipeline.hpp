@@ -51,8 +51,9 @@ std::vector<PipeStep> schedule_interleaved(int pp_size, int pp_rank, int num_mic
 std::vector<PipeStep> schedule_zero_bubble(int pp_size, int pp_rank, int num_micro,
                                            int virtual_stages, int held);
 // h_s of stage pp_rank: min(k + 1, floor(k * slot_bytes / w_bytes)), k the activation slots it
-// holds fewer than stage 0 (slot_bytes: a micro-batch's slot of one model chunk; w_bytes: what
-// one B pass holds for its W; each averaged over the rank's chunks).
+// holds fewer than stage 0 (0 when k is: stage 0 runs whole backwards; slot_bytes: a
+// micro-batch's slot of one model chunk, averaged over the rank's chunks; w_bytes: what one B
+// pass holds for its W, the largest chunk's).
 int zero_bubble_held(int pp_size, int pp_rank, int num_micro, int virtual_stages, double slot_bytes,
                      double w_bytes);
 // Activation slots stage pp_rank needs: the most micro-batches in flight at once.

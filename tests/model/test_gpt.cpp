@@ -1099,9 +1099,13 @@ TEST(GPT, ZeroBubbleSplitBackwardIsBitwiseTheWholeOne) {
       if (split) {
         EXPECT_EQ(model.services().weight_grads().pending(), 2);
         if (pass_bytes) *pass_bytes = model.services().weight_grads().oldest_bytes();
-        // The store's buffers: the two passes' operands (an empty expert block takes one element).
-        EXPECT_NEAR(model.services().weight_grads().held_bytes(),
-                    2 * model.services().weight_grads().oldest_bytes(), 1024);
+        // The store's buffers: the two passes' operands (an empty expert block takes one element;
+        // an expert block's buffer a quarter more room).
+        const double held = model.services().weight_grads().held_bytes(),
+                     pending = model.services().weight_grads().pending_bytes();
+        EXPECT_GE(held, pending);
+        EXPECT_LE(held, 1.25 * pending + 1024);
+        if (!cfg.moe()) EXPECT_NEAR(held, pending, 1024);
         if (ready_in_b) *ready_in_b = ready.pieces;
         ready.pieces.clear();
         model.weight_backward();

@@ -73,21 +73,26 @@ for name in uneven mtp-layout; do
     bad "$name: rows at PP $pps with splits $splits"
   fi
 done
-# The pipeline schedule (issue 72): searched (a wide 16-layer model at PP 4 with 8 micro-batches:
-# zero-bubble saves more idle time than its copies cost: the fastest row, 1F1B next;
-# their lines run them and predict the same), and given (every pipelined row zero-bubble).
+# The pipeline schedule (issue 72): searched (a wide 16-layer model at PP 4 without virtual stages,
+# 8 micro-batches: zero-bubble saves more idle time than its copies cost: the fastest row, 1F1B
+# next;
+# their lines run them and predict the same), and given without a PP (every row pipelined and
+# zero-bubble).
 check schedule 16 dgx-h100 --config "$configs/gpt2-1.3b.ini" --num-layers 16 --hidden-size 8192 \
   --num-attention-heads 64 --seq-length 4096 --max-position-embeddings 4096 --global-batch-size 8 \
-  --bf16 --vocab-size 50257 --pipeline-model-parallel-size 4 --top 2
+  --bf16 --vocab-size 50257 --pipeline-model-parallel-size 4 --virtual-pipeline-model-parallel-size 1 \
+  --top 2
 check zero-bubble 16 dgx-h100 --config "$configs/gpt2-1.3b.ini" --global-batch-size 64 --bf16 \
-  --vocab-size 50257 --seq-length 1024 --pipeline-model-parallel-size 4 --pipeline-schedule zero-bubble --top 2
+  --vocab-size 50257 --seq-length 1024 --pipeline-schedule zero-bubble --top 2
 sched() { grep -E '^ +[0-9]+ +[0-9]+ +[0-9]+ ' "$work/$1.plan" | awk '{ print $(NF - 1) }' | sort -u | tr '\n' ' '; }
 first_two=$(grep -E '^ +[0-9]+ +[0-9]+ +[0-9]+ ' "$work/schedule.plan" | awk '{ print $(NF - 1) }' | head -2 | tr '\n' ' ')
 [ "$first_two" = "zb 1f1b " ] && grep -q -- "--pipeline-schedule zero-bubble" "$work/schedule.plan" &&
   ok "schedule: searched, zero-bubble first and 1F1B second" ||
   bad "schedule: rows $first_two"
-[ "$(sched zero-bubble)" = "zb " ] && ok "zero-bubble given: every row zero-bubble" ||
-  bad "zero-bubble given: rows $(sched zero-bubble)"
+pps=$(grep -E '^ +[0-9]+ +[0-9]+ +[0-9]+ ' "$work/zero-bubble.plan" | awk '$3 < 2 { print "PP " $3 }' | head -1)
+[ "$(sched zero-bubble)" = "zb " ] && [ -z "$pps" ] &&
+  ok "zero-bubble given without a PP: every row pipelined and zero-bubble" ||
+  bad "zero-bubble given: rows $(sched zero-bubble) $pps"
 grep -q "pipeline-model-parallel-layout 'Et|ttt|m|L'" "$work/mtp-layout.plan" &&
   ok "mtp-layout: the srun line quotes the layout" || bad "mtp-layout: no quoted layout in $(grep srun "$work/mtp-layout.plan" | head -1)"
 # --hf-config (issue 71 point 5): the sequence from rope_scaling's original length, else
