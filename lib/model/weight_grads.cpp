@@ -65,22 +65,24 @@ Tensor WeightGradStore::hold(const Tensor& t, bool headroom) {
   return copy;
 }
 
-void WeightGradStore::defer(Tensor& dw, Tensor* dbias, const Tensor& dout, const Tensor& inp,
-                            const Tensor& w) {
+WeightGradStore::Entry WeightGradStore::entry(Kind kind) const {
   TESSERA_CHECK(recording_ && !passes_.back().pieces.empty(),
                 "zero-bubble: a weight gradient deferred outside a B pass's piece");
   Entry e;
   e.piece = static_cast<int>(passes_.back().pieces.size()) - 1;
+  e.kind = kind;
+  return e;
+}
+
+void WeightGradStore::defer(Tensor& dw, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                            const Tensor& w) {
+  Entry e = entry(Kind::Gemm);
   e.gemms.push_back({dw, dbias ? *dbias : Tensor(), hold(dout), hold(inp), w});
   passes_.back().entries.push_back(std::move(e));
 }
 
 void WeightGradStore::defer_grouped(const std::vector<Backend::GroupedGemm>& groups) {
-  TESSERA_CHECK(recording_ && !passes_.back().pieces.empty(),
-                "zero-bubble: a weight gradient deferred outside a B pass's piece");
-  Entry e;
-  e.piece = static_cast<int>(passes_.back().pieces.size()) - 1;
-  e.kind = Kind::Grouped;
+  Entry e = entry(Kind::Grouped);
   for (const Backend::GroupedGemm& g : groups)
     if (g.dweight)
       e.gemms.push_back({*g.dweight, Tensor(), hold(*g.dout, true), hold(*g.inp, true), *g.weight});
@@ -89,11 +91,7 @@ void WeightGradStore::defer_grouped(const std::vector<Backend::GroupedGemm>& gro
 
 void WeightGradStore::defer_embedding(Tensor& dtable, const Tensor& dout, const Tensor& ids,
                                       int64_t row_begin) {
-  TESSERA_CHECK(recording_ && !passes_.back().pieces.empty(),
-                "zero-bubble: a weight gradient deferred outside a B pass's piece");
-  Entry e;
-  e.piece = static_cast<int>(passes_.back().pieces.size()) - 1;
-  e.kind = Kind::Embedding;
+  Entry e = entry(Kind::Embedding);
   e.row_begin = row_begin;
   // The ids go through the host (the backends copy floating-point tensors only): a few
   // thousand integers per micro-batch.

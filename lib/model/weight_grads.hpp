@@ -70,6 +70,8 @@ class WeightGradStore {
     std::vector<Tensor> buffers;  // the copies' storage, back to the pool after W
     double bytes = 0;
   };
+  // A new entry of `kind` in the recording pass's current piece.
+  Entry entry(Kind kind) const;
   // A copy of `t` in a buffer of the recording pass (reused from the pool where one fits; with
   // `headroom`, a new one a quarter larger: an expert block's size changes with the routing).
   Tensor hold(const Tensor& t, bool headroom = false);

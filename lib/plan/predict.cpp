@@ -284,6 +284,18 @@ void data_parallel_cost(const Model& m, const ModelShard& shard,
   st.compute.optimizer = m.memory_time(28 * owned + 14 * (dense + experts));
 }
 
+// The shard of pipeline stage s's first rank in `layout` (EP carved out of its DP).
+ModelShard stage_shard(const GPTConfig& cfg, const TrainConfig& t, const GridLayout& layout, int ep,
+                       int s) {
+  ParallelContext ctx;
+  ctx.tp_size = layout.tp;
+  ctx.pp_size = layout.pp;
+  ctx.pp_rank = s;
+  ctx.cp_size = layout.cp;
+  ctx.ep_size = ep;
+  return make_model_shard(cfg, ctx, t);
+}
+
 StageCost stage_cost(const Model& m, int s, int micro, const PieceCalls& plan) {
   const GPTConfig& cfg = m.cfg;
   const TrainConfig& t = m.t;
@@ -294,13 +306,7 @@ StageCost stage_cost(const Model& m, int s, int micro, const PieceCalls& plan) {
   st.F.assign(size_t(V), 0.0);
   st.B.assign(size_t(V), 0.0);
   st.W.assign(size_t(V), 0.0);
-  ParallelContext ctx;
-  ctx.tp_size = TP;
-  ctx.pp_size = layout.pp;
-  ctx.pp_rank = s;
-  ctx.cp_size = CP;
-  ctx.ep_size = ep;
-  const ModelShard shard = make_model_shard(cfg, ctx, t);
+  const ModelShard shard = stage_shard(cfg, t, layout, ep, s);
   const std::vector<ParamSpec> specs = counted_param_specs(cfg, shard);
   std::map<int, std::vector<const ParamSpec*>> by_layer;
   double dense = 0, experts = 0;
@@ -487,17 +493,11 @@ StepPrediction predict_step(const GPTConfig& cfg, const TrainConfig& t, const Gr
     if (it == by_shape.end()) it = by_shape.emplace(key, stage_cost(m, s, micro, calls)).first;
     cost.push_back(it->second);
     if (t.zero_bubble && PP > 1) {  // the W operands it may hold: its shape and position's
-      ParallelContext ctx;
-      ctx.tp_size = TP;
-      ctx.pp_size = PP;
-      ctx.pp_rank = s;
-      ctx.cp_size = CP;
-      ctx.ep_size = ep;
       const int slots = V > 1 ? 0 : pipeline_slots(PP, s, micro);
       auto h = held.find({key, V > 1 ? s : slots});
       if (h == held.end())
         h = held.emplace(std::make_pair(key, V > 1 ? s : slots),
-                         zero_bubble_hold(cfg, make_model_shard(cfg, ctx, t), t, PP, s, micro,
+                         zero_bubble_hold(cfg, stage_shard(cfg, t, layout, ep, s), t, PP, s, micro,
                                           cfg.seq_length / CP))
                 .first;
       cost.back().held = h->second.passes;
@@ -596,13 +596,7 @@ std::string prediction_report(const StepPrediction& p, const ClusterSpec& cluste
 
 std::string pipeline_stage_shape(const GPTConfig& cfg, const TrainConfig& t,
                                  const GridLayout& layout, int ep, int s) {
-  ParallelContext ctx;
-  ctx.tp_size = layout.tp;
-  ctx.pp_size = layout.pp;
-  ctx.pp_rank = s;
-  ctx.cp_size = layout.cp;
-  ctx.ep_size = ep;
-  const ModelShard shard = make_model_shard(cfg, ctx, t);
+  const ModelShard shard = stage_shard(cfg, t, layout, ep, s);
   std::string key;
   for (const LayerRange& r : shard.chunks) {
     key += '[';
